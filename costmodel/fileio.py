@@ -1,0 +1,55 @@
+"""Reading and writing the files the tool touches: YAML in with ``safe_load``, anything out atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from costmodel.errors import InputError
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never half.
+
+    The text goes to a temporary file in the same directory, is flushed to disk, then renamed over
+    the target (rename is atomic within one filesystem). On any error the temporary file is removed.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_yaml(path: str | os.PathLike[str], field: str) -> Any:
+    """Parse a YAML file with ``safe_load`` (no Python tags), reporting problems as :class:`InputError`.
+
+    ``field`` names the flag or file kind in the error, e.g. ``--hw``.
+    """
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.load(handle, Loader=loader)  # noqa: S506 - CSafeLoader is safe_load's loader
+    except FileNotFoundError:
+        raise InputError(field, f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(field, f"is a directory, expected a YAML file: {path}") from None
+    except UnicodeDecodeError:
+        raise InputError(field, f"not a UTF-8 text file: {path}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(field, f"malformed YAML in {path}{where}: {problem}") from None

@@ -1,0 +1,258 @@
+"""Every formula of the cost model, defined once as a sympy expression (SPEC §3–§4).
+
+This module is the single source of truth. The numbers the CLI prints come from
+:mod:`costmodel.numeric`, which ``python -m costmodel.codegen`` generates from the expressions
+below (a test fails when it is stale); ``cp-plan formulas`` and the docs print them.
+
+In a notebook::
+
+    >>> from costmodel import formulas as f
+    >>> f.intensity_step.expr
+    2*S*c*h/(N*n_kv*p)
+    >>> f.intensity_step.evaluate(S=262144, N=8, h=32, n_kv=8, p=2, c=1)
+    131072
+
+Each quantity is written the way its source writes it (``definition``, in terms of other
+quantities) and also resolved down to the base symbols of :mod:`costmodel.symbols` (``expr``).
+With p = 2 (bf16) the seed's shorter forms reappear: I_step = (h/n_kv)·S/N.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+
+from costmodel.symbols import (
+    B,
+    F,
+    F_peak,
+    N,
+    N_r,
+    N_u,
+    S,
+    alpha,
+    b,
+    c,
+    d,
+    eta,
+    h,
+    n_kv,
+    p,
+    p_acc,
+    r,
+    s_blk,
+)
+
+
+@dataclass(frozen=True)
+class Formula:
+    """One quantity of the model."""
+
+    name: str  # Python identifier; equals the JSON key where the report has one
+    symbol: sympy.Symbol  # left-hand side, used when other formulas refer to this one
+    definition: sympy.Expr  # as the source writes it, may use other formulas' symbols
+    expr: sympy.Expr  # resolved to base symbols only
+    meaning: str
+    unit: str
+    source: str
+    group: str
+
+    @property
+    def latex(self) -> str:
+        """``lhs = definition = expr`` in LaTeX (the middle part only where it differs)."""
+        parts = [sympy.latex(self.symbol)]
+        if self.definition != self.expr:
+            parts.append(sympy.latex(self.definition))
+        parts.append(sympy.latex(self.expr))
+        return " = ".join(parts)
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """Names of the base symbols the resolved expression depends on, in a stable order."""
+        return tuple(sorted(s.name for s in self.expr.free_symbols))
+
+    def evaluate(self, **values: Any) -> Any:
+        """Substitute numbers exactly (sympy arithmetic); for speed use :mod:`costmodel.numeric`."""
+        missing = set(self.args) - set(values)
+        if missing:
+            raise TypeError(f"{self.name} needs {', '.join(sorted(missing))}")
+        subs = {sym: sympy.nsimplify(values[sym.name]) for sym in self.expr.free_symbols}
+        value = self.expr.xreplace(subs)
+        return int(value) if value.is_Integer else float(value)
+
+    def __str__(self) -> str:
+        return f"{self.symbol} = {self.expr}"
+
+
+FORMULAS: dict[str, Formula] = {}
+_RESOLVE: dict[sympy.Symbol, sympy.Expr] = {}
+_group = "memory"
+
+
+def define(
+    name: str,
+    symbol: str,
+    definition: sympy.Expr,
+    meaning: str,
+    unit: str,
+    source: str,
+    at: dict[sympy.Symbol, Any] | None = None,
+) -> sympy.Symbol:
+    """Register a quantity and return its symbol, so later definitions can be written in its terms.
+
+    ``at`` fixes base symbols after resolution (``critical_shard_tokens`` is ``L_r`` at r = 1).
+    """
+    if name in FORMULAS:
+        raise ValueError(f"formula {name!r} defined twice")
+    lhs = sympy.Symbol(symbol, positive=True)
+    if lhs in _RESOLVE:
+        raise ValueError(f"symbol {symbol!r} used by two formulas")
+    expr = sympy.simplify(sympy.sympify(definition).xreplace(_RESOLVE).xreplace(at or {}))
+    _RESOLVE[lhs] = expr
+    FORMULAS[name] = Formula(name, lhs, sympy.sympify(definition), expr, meaning, unit, source, _group)
+    return lhs
+
+
+def _positive_root(equation: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
+    """The root of ``equation = 0`` in ``var`` that is positive for positive inputs."""
+    roots = sympy.solve(equation, var)
+    sample = {s: sympy.Rational(3, 2) + i for i, s in enumerate(sorted(equation.free_symbols - {var}, key=str))}
+    positive = [root for root in roots if root.xreplace(sample) > 0]
+    if len(positive) != 1:
+        raise ValueError(f"expected one positive root of {equation} in {var}, got {roots}")
+    return positive[0]
+
+
+# --- Memory tiers (seed 000 §1): temporaries at three granularities, then the ring's buffers. -----
+_group = "memory"
+L = define("shard_tokens", "L", S / N, "shard length per device", "tokens", "seed 000 §2")
+define("scores_full_bytes", "M_scores", b * h * S**2 * p,
+       "full score matrix, queries x all keys", "B", "seed 000 §1")
+define("scores_query_block_bytes", "M_blk", b * h * s_blk * S * p,
+       "score slice of one query block x all keys", "B", "seed 000 §1")
+define("scores_tile_bytes", "M_tile", b * h * s_blk**2 * p,
+       "score tile of one query block x one key block (the ring's steady-state window)", "B", "seed 000 §1")
+C_step = define("kv_block_bytes", "C_step", b * L * 2 * n_kv * d * p,
+                "K and V of one shard: the block in flight each ring step", "B", "seed 000 §1, §4.1")
+define("kv_tile_bytes", "C_tile", b * s_blk * 2 * n_kv * d * p,
+       "K and V of one compute tile", "B", "seed 000 §1")
+define("softmax_state_bytes", "M_softmax", b * h * L * (d + 2) * p_acc,
+       "online-softmax state (m, l, O) of one shard's queries, fp32", "B", "seed 000 §1, §3.1")
+
+# --- Compute (seed 000 §2 invariant one, §4). c = 1/2 for causal: useful FLOP halve. ------------
+_group = "compute"
+W_pair = define("pair_flops", "W_pair", 4 * b * h * d,
+                "FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add",
+                "FLOP", "seed 000 §2")
+define("total_flops", "F_total", c * S**2 * W_pair, "attention FLOP of one layer, all devices", "FLOP",
+       "seed 000 §2")
+W = define("device_flops_per_layer", "W", c * L * S * W_pair, "FLOP per device per layer", "FLOP",
+           "seed 000 §4")
+W_step = define("step_flops", "W_step", c * L**2 * W_pair,
+                "FLOP per device per ring step (one shard of queries x one KV block)", "FLOP", "seed 000 §4, §4.1")
+
+# --- Ring traffic and intensity (seed 000 §2 invariant two, §4). --------------------------------
+_group = "ring"
+C_recv = define("recv_bytes_per_layer", "C_recv", (N - 1) * C_step,
+                "bytes one device receives per layer (N-1 blocks; its own it keeps)", "B", "seed 000 §2")
+define("send_bytes_per_layer", "C_send", N * C_step,
+       "bytes one device sends per layer counting its own block", "B", "seed 000 §4.1")
+define("intensity_layer", "I", W / C_recv, "layer arithmetic intensity", "FLOP/B", "seed 000 §4")
+define("intensity_step", "I_step", W_step / C_step,
+       "step arithmetic intensity: the quantity to compare with beta", "FLOP/B", "seed 000 §4")
+
+# --- Machine (seed 000 §4, §8 step 2; SPEC §4.2–4.3). -------------------------------------------
+_group = "machine"
+define("effective_flops", "F_eff", eta * F_peak, "FLOP/s at the given efficiency", "FLOP/s", "seed 000 §8")
+define("beta", "beta", F / B, "machine FLOP per byte of one link direction", "FLOP/B", "seed 000 §4")
+
+# --- Times and ratios (seed 000 §4.1, §11; alpha from SPEC §4.2). ------------------------------
+_group = "time"
+t_comp = define("step_compute_s", "t_step", W_step / F, "compute time of one ring step", "s", "seed 000 §4.1")
+t_comm = define("step_comm_s", "tau_step", alpha + C_step / B, "receive time of one KV block", "s",
+                "seed 000 §4.1, SPEC §4.2")
+t_layer = define("layer_compute_s", "t_layer", W / F, "compute time of one layer on one device", "s",
+                 "seed 000 §4")
+tau_layer = define("layer_comm_s", "tau_layer", (N - 1) * t_comm, "receive time of one layer (N-1 blocks)",
+                   "s", "seed 000 §4")
+define("layer_send_s", "tau_send", N * t_comm, "send time of one layer counting the own block", "s",
+       "seed 000 §4.1")
+define("comm_ratio_step", "rho_step", t_comm / t_comp,
+       "step receive time / step compute time: the verdict's ratio (no overlap credit)", "1", "seed 000 §11")
+define("comm_ratio_layer", "rho_layer", tau_layer / t_layer, "layer receive time / layer compute time", "1",
+       "seed 000 §4")
+
+# --- Critical shard length and the largest CP degree (SPEC §4.2, seed 000 §4, seed 001). --------
+# Solve r * t_step(L) = tau_step(L) for the shard length L; with alpha = 0 it is linear.
+_group = "limits"
+_ell = sympy.Symbol("ell", positive=True)
+_at_ell = {S: _ell * N}
+_shard_at_ratio = _positive_root(
+    r * _RESOLVE[t_comp].xreplace(_at_ell) - _RESOLVE[t_comm].xreplace(_at_ell), _ell
+)
+L_r = define("shard_tokens_at_ratio", "L_r", _shard_at_ratio,
+             "shard length at which step comm = r x step compute", "tokens", "SPEC §4.2")
+define("critical_shard_tokens", "L_star", L_r,
+       "shard length L* where step comm = step compute: longer shards hide the link", "tokens",
+       "SPEC §4.2, seed 001", at={r: 1})
+define("n_at_ratio", "N_at_r", S / L_r, "CP degree at which the step comm ratio reaches r", "devices",
+       "seed 000 §4, SPEC §5")
+define("n_max", "N_max", S / L_r,
+       "largest CP degree with step comm <= step compute (seed: (h/n_kv)·S/beta at p = 2)", "devices",
+       "seed 000 §4", at={r: 1})
+
+# --- Ulysses (seed 000 §4.2, §7; SPEC §4.4). KV heads are replicated up to N when N > n_kv. -----
+_group = "ulysses"
+n_kv_u = define("ulysses_kv_heads", "n_kv_U", sympy.Max(n_kv, N),
+                "KV heads after replication to the all-to-all degree", "heads", "SPEC §4.4")
+C_u = define("ulysses_recv_bytes_per_layer", "C_U", (N - 1) / N * b * L * (2 * h + 2 * n_kv_u) * d * p,
+             "all-to-all receive bytes per device per layer: Q, K, V in and O out", "B", "seed 000 §4.2")
+tau_u = define("ulysses_comm_s", "tau_U", 2 * alpha + C_u / B, "time of the two all-to-alls", "s",
+               "seed 000 §7, SPEC §4.2")
+define("ulysses_comm_ratio", "rho_U", tau_u / t_layer,
+       "all-to-all time / layer compute time (the all-to-alls do not overlap attention)", "1", "seed 000 §7")
+
+# --- USP: N = N_u x N_r, all-to-all inside, ring across (SPEC §4.5). ---------------------------
+_group = "usp"
+n_kv_usp = define("usp_kv_heads", "n_kv_USP", sympy.Max(n_kv, N_u),
+                  "KV heads after replication to the all-to-all degree N_u", "heads", "SPEC §4.5")
+C_ua = define("usp_a2a_recv_bytes_per_layer", "C_USP_a2a",
+              (N_u - 1) / N_u * b * S / (N_u * N_r) * (2 * h + 2 * n_kv_usp) * d * p,
+              "all-to-all part of the USP receive bytes", "B", "SPEC §4.5")
+C_ur_step = define("usp_ring_step_recv_bytes", "C_USP_step", b * S / N_r * 2 * (n_kv_usp / N_u) * d * p,
+                   "KV block of one USP ring step", "B", "SPEC §4.5")
+C_ur = define("usp_ring_recv_bytes_per_layer", "C_USP_ring", (N_r - 1) * C_ur_step,
+              "ring part of the USP receive bytes", "B", "SPEC §4.5")
+define("usp_recv_bytes_per_layer", "C_USP", C_ua + C_ur, "USP receive bytes per device per layer", "B",
+       "SPEC §4.5")
+W_ur = define("usp_ring_step_flops", "W_USP_step", c * (S / N_r) ** 2 * W_pair / N_u,
+              "FLOP per device per USP ring step (h/N_u heads)", "FLOP", "SPEC §4.5")
+define("usp_a2a_comm_s", "tau_USP_a2a", 2 * alpha + C_ua / B, "time of the USP all-to-alls", "s", "SPEC §4.5")
+define("usp_ring_comm_ratio_step", "rho_USP_step", (alpha + C_ur_step / B) / (W_ur / F),
+       "USP ring step receive time / step compute time", "1", "SPEC §4.5")
+
+# --- Tensor parallel comparison (seed 000 §13). ------------------------------------------------
+_group = "tp"
+C_tp = define("tp_bytes_per_layer", "C_TP", 4 * b * S * h * d * p,
+              "TP activation traffic per layer (two all-reduces of b·S·h·d)", "B", "seed 000 §13")
+define("tp_to_ring_ratio", "C_TP_over_C_recv", C_tp / C_recv, "TP bytes / ring receive bytes", "1",
+       "seed 000 §13")
+
+# --- Causal load balance, block-granular (seed 000 §6). The tile simulator is costmodel.causal. --
+_group = "causal"
+define("utilization_coarse", "u_coarse", (N + 1) / (2 * N),
+       "contiguous causal utilisation, diagonal block counted whole", "1", "seed 000 §6")
+define("utilization_fine", "u_fine", N / (2 * N - 1),
+       "contiguous causal utilisation, diagonal block counted as half", "1", "seed 000 §6")
+
+GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))
+
+
+def __getattr__(name: str) -> Formula:
+    """``formulas.intensity_step`` is the Formula of that name."""
+    try:
+        return FORMULAS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -1,0 +1,50 @@
+"""Sequence layouts as data: which global token positions each CP rank holds (seed 000 §6).
+
+A layout is nothing but this map. The causal simulator (:mod:`costmodel.causal`) and the torch
+reference kernel both take it as input, so the mask rule and the ring loop are written once.
+
+- ``contiguous``: rank i holds [i·L, (i+1)·L).
+- ``striped`` (Striped Attention): rank i holds i, i+N, i+2N, ...
+- ``zigzag``: the sequence is cut into 2N chunks; rank i holds chunks i and 2N-1-i, pairing an early
+  chunk with a late one so causal work is equal on every rank.
+
+Within a rank the positions are increasing, so a rank's local order is a sorted view of its tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import numpy as np
+
+from costmodel.errors import InputError
+
+Layout = Literal["contiguous", "striped", "zigzag"]
+LAYOUTS: tuple[str, ...] = get_args(Layout)
+
+
+def chunks_per_rank(layout: str) -> int:
+    """How many equal chunks of the sequence each rank holds: S must divide by N times this."""
+    return 2 if layout == "zigzag" else 1
+
+
+def check_divisible(layout: str, seq: int, n: int, field: str = "seq") -> None:
+    """Raise :class:`InputError` unless ``seq`` splits evenly over ``n`` ranks in ``layout``."""
+    if layout not in LAYOUTS:
+        raise InputError("layout", f"unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
+    parts = n * chunks_per_rank(layout)
+    if seq % parts:
+        what = f"2N = {parts}" if layout == "zigzag" else f"N = {n}"
+        raise InputError(field, f"{seq} tokens do not split evenly over {what} ({layout} layout)")
+
+
+def positions(layout: str, seq: int, n: int) -> np.ndarray:
+    """Global positions held by each rank, shape (n, seq // n), increasing along each row."""
+    check_divisible(layout, seq, n)
+    tokens = np.arange(seq, dtype=np.int64)
+    if layout == "contiguous":
+        return tokens.reshape(n, seq // n)
+    if layout == "striped":
+        return np.ascontiguousarray(tokens.reshape(seq // n, n).T)
+    chunks = tokens.reshape(2 * n, seq // (2 * n))
+    return np.concatenate([chunks[:n], chunks[::-1][:n]], axis=1)

@@ -1,0 +1,64 @@
+"""The symbols of the cost model (SPEC §2), each with its meaning, unit and source.
+
+Every formula in :mod:`costmodel.formulas` is an expression over these symbols and nothing else.
+Units are SI throughout: bytes, FLOP, seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+
+@dataclass(frozen=True)
+class SymbolInfo:
+    """A base symbol: the sympy object plus what it stands for."""
+
+    symbol: sympy.Symbol
+    meaning: str
+    unit: str
+    source: str
+
+    @property
+    def name(self) -> str:
+        return self.symbol.name
+
+    @property
+    def latex(self) -> str:
+        return sympy.latex(self.symbol)
+
+
+SYMBOLS: dict[str, SymbolInfo] = {}
+
+
+def _symbol(name: str, meaning: str, unit: str, source: str, **assumptions: bool) -> sympy.Symbol:
+    assumptions = assumptions or {"positive": True}
+    sym = sympy.Symbol(name, **assumptions)
+    SYMBOLS[name] = SymbolInfo(sym, meaning, unit, source)
+    return sym
+
+
+# Workload shape.
+S = _symbol("S", "sequence length", "tokens", "seed 000 §2")
+b = _symbol("b", "batch size", "sequences", "seed 000 §2")
+N = _symbol("N", "CP degree: devices the sequence is split over", "devices", "seed 000 §2")
+h = _symbol("h", "query heads", "heads", "seed 000 §2")
+n_kv = _symbol("n_kv", "key/value heads (GQA when < h)", "heads", "seed 000 §2")
+d = _symbol("d", "head dimension", "elements", "seed 000 §2")
+p = _symbol("p", "bytes per element of Q, K, V, O", "B", "seed 000 §2")
+p_acc = _symbol("p_acc", "bytes per element of the fp32 softmax accumulators (m, l, O)", "B", "seed 000 §1")
+s_blk = _symbol("s_blk", "compute tile rows (not the shard length)", "tokens", "seed 000 §1")
+c = _symbol("c", "causal compute fraction: 1 non-causal, 1/2 causal (useful FLOP halve)", "1", "seed 000 §4")
+
+# Machine.
+F_peak = _symbol("F_peak", "peak dense FLOP/s of one accelerator for the dtype", "FLOP/s", "SPEC §8")
+eta = _symbol("eta", "compute efficiency: effective / peak FLOP/s", "1", "seed 000 §8 step 2")
+F = _symbol("F", "FLOP/s used by the model (effective = eta · peak, or measured)", "FLOP/s", "seed 000 §4")
+B = _symbol("B", "link bandwidth per direction", "B/s", "seed 000 §4")
+alpha = _symbol("alpha", "per-message latency of the link", "s", "SPEC §4.2", nonnegative=True)
+
+# Planning knobs.
+r = _symbol("r", "target ratio of step receive time to step compute time", "1", "SPEC §5")
+N_u = _symbol("N_u", "USP all-to-all (Ulysses) degree", "devices", "SPEC §4.5")
+N_r = _symbol("N_r", "USP ring degree", "devices", "SPEC §4.5")
