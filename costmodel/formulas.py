@@ -78,7 +78,7 @@ class Formula:
         missing = set(self.args) - set(values)
         if missing:
             raise TypeError(f"{self.name} needs {', '.join(sorted(missing))}")
-        subs = {sym: sympy.nsimplify(values[sym.name]) for sym in self.expr.free_symbols}
+        subs = {sym: sympy.Rational(values[sym.name]) for sym in self.expr.free_symbols}  # exact binary value
         value = self.expr.xreplace(subs)
         return int(value) if value.is_Integer else float(value)
 

@@ -138,7 +138,7 @@ def critical_shard_tokens(*, B, F, alpha, b, c, d, h, n_kv, p):
 
 
 def n_at_ratio(*, B, F, S, alpha, b, c, d, h, n_kv, p, r):
-    """N_r_max = 4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p): CP degree at which the step comm ratio reaches r [devices] (seed 000 §4, SPEC §5)."""
+    """N_at_r = 4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p): CP degree at which the step comm ratio reaches r [devices] (seed 000 §4, SPEC §5)."""
     return 4*B*S*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r/(numpy.sqrt(F)*numpy.sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*p)
 
 
@@ -255,7 +255,7 @@ INFO = {
     'comm_ratio_layer': ('rho_layer', 'F*(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h)', '{F}*({N} - 1)*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p})/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', 'layer receive time / layer compute time', '1', 'seed 000 §4', 'time'),
     'shard_tokens_at_ratio': ('L_r', 'sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h*r) + F*n_kv*p/(4*B*c*h*r)', 'sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2)/(4*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r}) + {F}*{n_kv}*{p}/(4*{B}*{c}*{h}*{r})', 'shard length at which step comm = r x step compute', 'tokens', 'SPEC §4.2', 'limits'),
     'critical_shard_tokens': ('L_star', 'sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h) + F*n_kv*p/(4*B*c*h)', 'sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2)/(4*{B}*sqrt({b})*{c}*sqrt({d})*{h}) + {F}*{n_kv}*{p}/(4*{B}*{c}*{h})', 'shard length L* where step comm = step compute: longer shards hide the link', 'tokens', 'SPEC §4.2, seed 001', 'limits'),
-    'n_at_ratio': ('N_r_max', '4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'CP degree at which the step comm ratio reaches r', 'devices', 'seed 000 §4, SPEC §5', 'limits'),
+    'n_at_ratio': ('N_at_r', '4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'CP degree at which the step comm ratio reaches r', 'devices', 'seed 000 §4, SPEC §5', 'limits'),
     'n_max': ('N_max', '4*B*S*sqrt(b)*c*sqrt(d)*h/(sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'largest CP degree with step comm <= step compute (seed: (h/n_kv)·S/beta at p = 2)', 'devices', 'seed 000 §4', 'limits'),
     'ulysses_kv_heads': ('n_kv_U', 'Max(N, n_kv)', 'Max({N}, {n_kv})', 'KV heads after replication to the all-to-all degree', 'heads', 'SPEC §4.4', 'ulysses'),
     'ulysses_recv_bytes_per_layer': ('C_U', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/N**2', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/{N}**2', 'all-to-all receive bytes per device per layer: Q, K, V in and O out', 'B', 'seed 000 §4.2', 'ulysses'),

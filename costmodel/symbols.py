@@ -33,22 +33,26 @@ SYMBOLS: dict[str, SymbolInfo] = {}
 
 
 def _symbol(name: str, meaning: str, unit: str, source: str, **assumptions: bool) -> sympy.Symbol:
-    assumptions = assumptions or {"positive": True}
+    """Positive unless told otherwise; counts (tokens, heads, devices) are also integers."""
+    if "nonnegative" not in assumptions:
+        assumptions = {"positive": True, **assumptions}
     sym = sympy.Symbol(name, **assumptions)
     SYMBOLS[name] = SymbolInfo(sym, meaning, unit, source)
     return sym
 
 
 # Workload shape.
-S = _symbol("S", "sequence length", "tokens", "seed 000 §2")
-b = _symbol("b", "batch size", "sequences", "seed 000 §2")
-N = _symbol("N", "CP degree: devices the sequence is split over", "devices", "seed 000 §2")
-h = _symbol("h", "query heads", "heads", "seed 000 §2")
-n_kv = _symbol("n_kv", "key/value heads (GQA when < h)", "heads", "seed 000 §2")
-d = _symbol("d", "head dimension", "elements", "seed 000 §2")
-p = _symbol("p", "bytes per element of Q, K, V, O", "B", "seed 000 §2")
-p_acc = _symbol("p_acc", "bytes per element of the fp32 softmax accumulators (m, l, O)", "B", "seed 000 §1")
-s_blk = _symbol("s_blk", "compute tile rows (not the shard length)", "tokens", "seed 000 §1")
+S = _symbol("S", "sequence length", "tokens", "seed 000 §2", integer=True)
+b = _symbol("b", "batch size", "sequences", "seed 000 §2", integer=True)
+N = _symbol("N", "CP degree: devices the sequence is split over", "devices", "seed 000 §2", integer=True)
+h = _symbol("h", "query heads", "heads", "seed 000 §2", integer=True)
+n_kv = _symbol("n_kv", "key/value heads (GQA when < h)", "heads", "seed 000 §2", integer=True)
+d = _symbol("d", "head dimension", "elements", "seed 000 §2", integer=True)
+p = _symbol("p", "bytes per element of Q, K, V, O", "B", "seed 000 §2", integer=True)
+p_acc = _symbol(
+    "p_acc", "bytes per element of the fp32 softmax accumulators (m, l, O)", "B", "seed 000 §1", integer=True
+)
+s_blk = _symbol("s_blk", "compute tile rows (not the shard length)", "tokens", "seed 000 §1", integer=True)
 c = _symbol("c", "causal compute fraction: 1 non-causal, 1/2 causal (useful FLOP halve)", "1", "seed 000 §4")
 
 # Machine.
@@ -60,5 +64,5 @@ alpha = _symbol("alpha", "per-message latency of the link", "s", "SPEC §4.2", n
 
 # Planning knobs.
 r = _symbol("r", "target ratio of step receive time to step compute time", "1", "SPEC §5")
-N_u = _symbol("N_u", "USP all-to-all (Ulysses) degree", "devices", "SPEC §4.5")
-N_r = _symbol("N_r", "USP ring degree", "devices", "SPEC §4.5")
+N_u = _symbol("N_u", "USP all-to-all (Ulysses) degree", "devices", "SPEC §4.5", integer=True)
+N_r = _symbol("N_r", "USP ring degree", "devices", "SPEC §4.5", integer=True)

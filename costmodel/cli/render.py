@@ -1,0 +1,231 @@
+"""Turn a :class:`~costmodel.report.Report` into a rich screen, Markdown, JSON or YAML.
+
+Presentation only: every number shown is a field of the report.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from costmodel import numeric
+from costmodel.plan import Evaluation
+from costmodel.report import Report
+from costmodel.units import count, percent, seconds, si
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+COLOURS = {"green": "bold green", "amber": "bold yellow", "red": "bold red"}
+
+
+def to_json(report: Report, trace: list[Evaluation] | None = None) -> str:
+    data = report.model_dump(mode="json", by_alias=True)
+    if trace is not None:
+        data["explain"] = explain_rows(trace)
+    return json.dumps(data, indent=2, allow_nan=False)
+
+
+def to_yaml(report: Report, trace: list[Evaluation] | None = None) -> str:
+    import yaml
+
+    data = json.loads(to_json(report, trace))
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def headline(report: Report) -> str:
+    i = report.inputs
+    gqa = f"GQA {i.heads // i.kv_heads}" if i.kv_heads < i.heads else "MHA"
+    model = f" ({i.model})" if i.model else ""
+    mask = f"causal, {i.layout}" if i.causal else f"non-causal, {i.layout}"
+    return (
+        f"S = {count(i.seq)} · N = {i.n} · h = {i.heads}, n_kv = {i.kv_heads} ({gqa}){model} · d = {i.head_dim}"
+        f" · {i.dtype} · b = {i.batch} · {mask}"
+    )
+
+
+def machine_line(report: Report) -> str:
+    hw = report.hardware
+    eff = "" if hw.effective_flops == hw.peak_flops else f", effective {si(hw.effective_flops, 'FLOP/s')}"
+    latency = f", α {seconds(hw.latency)}" if hw.latency else ""
+    return (
+        f"{hw.name} ({hw.source}): {si(hw.peak_flops, 'FLOP/s', 3)} {report.inputs.dtype} peak{eff} · "
+        f"{hw.link} {si(hw.link_bandwidth, 'B/s', 3)} per direction{latency}, {hw.link_scope}"
+    )
+
+
+def verdict_line(report: Report) -> str:
+    r = report.ring
+    return f"{r.verdict.upper()}: step comm ratio {percent(r.comm_ratio_step)}: {r.verdict_text}"
+
+
+def limits_line(report: Report) -> str:
+    r, hw = report.ring, report.hardware
+    return (
+        f"I_step {count(round(r.intensity_step))} vs β {count(round(hw.beta))} FLOP/B · N_max "
+        f"{count(round(r.n_max, 1))} · largest N green {r.n_max_green}, amber {r.n_max_amber} · "
+        f"L* {count(round(r.critical_shard_tokens))} tokens"
+    )
+
+
+def scheme_rows(report: Report) -> list[list[str]]:
+    """scheme, receive bytes, comm time, comm / compute, verdict, note."""
+    r, u, tp = report.ring, report.ulysses, report.tp
+    rows = [["ring", si(r.recv_bytes_per_layer, "B"), seconds(r.layer_comm_s), f"{percent(r.comm_ratio_step)} step",
+             r.verdict, "overlapped with compute"]]  # fmt: skip
+    if u.feasible:
+        rows.append(["Ulysses", si(u.recv_bytes_per_layer, "B"), seconds(u.comm_s), percent(u.comm_ratio), "",
+                     "not overlapped"])  # fmt: skip
+    else:
+        rows.append(["Ulysses", "", "", "", "infeasible", u.reason])
+    for e in report.usp:
+        if e.n_ulysses == 1 or e.n_ring == 1:
+            continue  # the pure ring and pure Ulysses rows above
+        name = f"USP {e.n_ulysses}x{e.n_ring}"
+        if not e.feasible:
+            rows.append([name, "", "", "", "infeasible", e.reason])
+            continue
+        rows.append([name, si(e.recv_bytes_per_layer, "B"), seconds(e.a2a_comm_s),
+                     f"{percent(e.ring_comm_ratio_step)} step", e.ring_verdict or "",
+                     f"a2a {_short(e.a2a_link_scope)}, ring {_short(e.ring_link_scope)}"])  # fmt: skip
+    ratio = f"{tp.ratio_to_ring:.3g}x the ring's bytes" if tp.ratio_to_ring else ""
+    rows.append(["TP", si(tp.bytes_per_layer, "B"), "", "", "", ratio])
+    return rows
+
+
+def memory_rows(report: Report) -> list[list[str]]:
+    m, i = report.memory, report.inputs
+    return [
+        ["full score matrix, queries x all keys", si(m.scores_full_bytes, "B")],
+        [f"query block ({count(i.block)}) x all keys", si(m.scores_query_block_bytes, "B")],
+        ["one tile, query block x key block", si(m.scores_tile_bytes, "B")],
+        [f"KV block in flight (L = {count(i.seq // i.n)})",
+         f"{si(m.kv_block_bytes, 'B')}  ({si(m.kv_tile_bytes, 'B')} per tile)"],
+        ["softmax state (m, l, O), fp32", si(m.softmax_state_bytes, "B")],
+    ]  # fmt: skip
+
+
+def time_rows(report: Report) -> list[list[str]]:
+    r, c = report.ring, report.compute
+    return [
+        ["step", si(c.step_flops, "FLOP"), seconds(r.step_compute_s), seconds(r.step_comm_s),
+         percent(r.comm_ratio_step)],
+        ["layer", si(c.device_flops_per_layer, "FLOP"), seconds(r.layer_compute_s), seconds(r.layer_comm_s),
+         percent(r.comm_ratio_layer)],
+    ]  # fmt: skip
+
+
+def time_caption(report: Report) -> str:
+    r = report.ring
+    return (
+        f"send side {seconds(r.layer_send_s)} · predicted layer time {seconds(r.layer_time_s)} "
+        f"({report.inputs.layout} schedule, transfers overlapped)"
+    )
+
+
+def causal_line(report: Report) -> str:
+    c = report.causal
+    parts = [f"{name} {percent(value)}" for name, value in c.utilization.model_dump().items() if value is not None]
+    return (
+        f"tile {count(c.tile)}: " + " · ".join(parts)
+        + f" (seed: {percent(c.utilization_coarse)} whole blocks, {percent(c.utilization_fine)} half diagonal)"
+    )
+
+
+def _table(title: str, columns: list[str]):  # noqa: ANN202
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), pad_edge=False, show_edge=False)  # fmt: skip
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 or name in {"verdict", "note"} else "right")
+    return table
+
+
+def render_table(report: Report, console: Console) -> None:
+    from rich.text import Text
+
+    console.print(Text("cp-plan  ", style="bold") + Text(headline(report)))
+    console.print(machine_line(report), style="dim")
+    console.print(Text(verdict_line(report), style=COLOURS[report.ring.verdict]))
+    console.print(limits_line(report))
+    console.print()
+
+    memory = _table("Memory tiers, one layer", ["tier", "bytes"])
+    for row in memory_rows(report):
+        memory.add_row(*row)
+    console.print(memory)
+
+    times = _table("Ring, one device", ["", "FLOP", "compute", "receive", "ratio"])
+    for row in time_rows(report):
+        times.add_row(*row)
+    console.print(times)
+    console.print(time_caption(report), style="dim")
+    console.print()
+
+    schemes = _table("Schemes, per device per layer", ["scheme", "receive", "comm", "comm/compute", "verdict", "note"])
+    for row in scheme_rows(report):
+        row[4] = f"[{COLOURS[row[4]]}]{row[4]}[/]" if row[4] in COLOURS else row[4]
+        schemes.add_row(*row)
+    console.print(schemes)
+    console.print(Text("Causal utilisation ", style="bold") + Text(causal_line(report)))
+    for note in report.notes:
+        console.print(f"• {note}", style="dim")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
+    out = [f"## cp-plan: {headline(report)}", "", machine_line(report), "",
+           f"**{verdict_line(report)}**", "", limits_line(report), "", "### Memory tiers, one layer", ""]  # fmt: skip
+    out += _md_table(["tier", "bytes"], memory_rows(report))
+    out += ["", "### Ring, one device", ""]
+    out += _md_table(["", "FLOP", "compute", "receive", "ratio"], time_rows(report))
+    out += ["", time_caption(report)]
+    out += ["", "### Schemes, per device per layer", ""]
+    out += _md_table(["scheme", "receive", "comm", "comm / compute", "verdict", "note"], scheme_rows(report))
+    out += ["", f"**Causal utilisation** {causal_line(report)}", ""]
+    out += [f"- {note}" for note in report.notes]
+    if trace is not None:
+        out += ["", "### Formulas", ""]
+        out += _md_table(["quantity", "formula", "with values", "value"],
+                         [[r["name"], r["formula"], r["substituted"], r["value"]] for r in explain_rows(trace)])  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def explain_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
+    """Each distinct evaluation: the formula, then the same with values substituted, then the value."""
+    rows, seen = [], set()
+    for e in trace:
+        key = (e.name, tuple(sorted(e.args.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        symbol, expression, template, meaning, unit, source, _ = numeric.INFO[e.name]
+        substituted = template.format(**{k: f"{v:g}" if isinstance(v, float) else v for k, v in e.args.items()})
+        value = float(e.value)
+        rows.append({
+            "name": e.name, "meaning": meaning, "source": source, "formula": f"{symbol} = {expression}",
+            "substituted": substituted, "value": f"{value:.6g} {unit}",
+        })  # fmt: skip
+    return rows
+
+
+def render_explain(trace: list[Evaluation], console: Console) -> None:
+    from rich.text import Text
+
+    console.rule("Formulas, then values (costmodel.formulas)")
+    for row in explain_rows(trace):
+        console.print(Text(row["name"], style="bold") + Text(f"  {row['meaning']}  [{row['source']}]", style="dim"))
+        console.print(f"    {row['formula']}")
+        console.print(f"    = {row['substituted']}")
+        console.print(f"    = {row['value']}", style="bold")
+
+
+def _short(scope: str) -> str:
+    return {"intra-node": "in node", "inter-node": "across nodes"}.get(scope, scope)

@@ -1,0 +1,178 @@
+"""Hardware profiles (SPEC §8): YAML files validated by pydantic.
+
+A profile names its source, gives dense peak FLOP/s per dtype, HBM, devices per node, how many
+consecutive CP ranks share a node, and the intra- and inter-node links with their bandwidth **per
+direction**. Datasheets print NVLink bidirectionally (A100: 600 GB/s = 300 GB/s each way); the
+ring's receive time needs one direction, so every file states both and the two must agree.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from costmodel.errors import InputError, describe_validation
+from costmodel.fileio import load_yaml
+from costmodel.resources import data_dir
+
+Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
+BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Where the numbers come from: a datasheet URL, or a measurement and its circumstances."""
+
+    kind: Literal["datasheet", "measured"]
+    url: str | None = None
+    notes: str | None = None
+    host: str | None = None
+    date: str | None = None
+    backend: str | None = None
+    torch_version: str | None = None
+    nproc: int | None = None
+
+    @model_validator(mode="after")
+    def _cited(self) -> Source:
+        if self.kind == "datasheet" and not self.url:
+            raise ValueError("a datasheet profile must give source.url")
+        if self.kind == "measured" and not (self.host and self.date):
+            raise ValueError("a measured profile must give source.host and source.date")
+        return self
+
+
+class Collective(_Strict):
+    """Measured all-to-all figures of a link (Ulysses), when they differ from point-to-point."""
+
+    bandwidth_per_direction: Positive = Field(description="bytes/s each device receives")
+    latency_s: NonNegative = 0.0
+
+
+class Link(_Strict):
+    name: str
+    bandwidth_per_direction: Positive = Field(description="bytes/s one way; what a ring hop uses")
+    bandwidth_bidirectional: Positive | None = Field(
+        default=None, description="the datasheet's both-ways figure; must be 2 x per direction"
+    )
+    latency_s: NonNegative = Field(default=0.0, description="alpha: per-message latency (0 on datasheets)")
+    alltoall: Collective | None = None
+
+    @model_validator(mode="after")
+    def _directions_agree(self) -> Link:
+        both = self.bandwidth_bidirectional
+        if both is not None and abs(both - 2 * self.bandwidth_per_direction) > 1e-6 * both:
+            raise ValueError(
+                f"bandwidth_bidirectional {both:.4g} is not twice bandwidth_per_direction "
+                f"{self.bandwidth_per_direction:.4g}; per direction is half the datasheet's bidirectional figure"
+            )
+        return self
+
+    def alltoall_bandwidth(self) -> float:
+        return self.alltoall.bandwidth_per_direction if self.alltoall else self.bandwidth_per_direction
+
+    def alltoall_latency(self) -> float:
+        return self.alltoall.latency_s if self.alltoall else self.latency_s
+
+
+class Links(_Strict):
+    intra_node: Link
+    inter_node: Link | None = None
+
+
+class Device(_Strict):
+    name: str
+    peak_flops: dict[Dtype, Positive] = Field(description="dense FLOP/s per dtype, no sparsity")
+    effective_flops: dict[Dtype, Positive] | None = Field(
+        default=None, description="measured attention FLOP/s per dtype (measured profiles)"
+    )
+    hbm_bytes: Positive
+    hbm_bandwidth: Positive | None = None
+
+    @model_validator(mode="after")
+    def _peak_given(self) -> Device:
+        if not self.peak_flops:
+            raise ValueError("peak_flops must list at least one dtype")
+        return self
+
+
+class HardwareProfile(_Strict):
+    name: str
+    description: str = ""
+    source: Source
+    device: Device
+    devices_per_node: Annotated[int, Field(ge=1)]
+    cp_ranks_per_node: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="consecutive CP ranks on one node; default devices_per_node"
+    )
+    links: Links
+
+    @model_validator(mode="after")
+    def _placement(self) -> HardwareProfile:
+        if self.ranks_per_node > self.devices_per_node:
+            raise ValueError("cp_ranks_per_node cannot exceed devices_per_node")
+        return self
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.cp_ranks_per_node or self.devices_per_node
+
+    def crosses_nodes(self, group: int) -> bool:
+        """Does a group of ``group`` consecutive CP ranks span more than one node?"""
+        return group > self.ranks_per_node
+
+    def link_for(self, group: int) -> tuple[Link, str]:
+        """The link a ring or all-to-all over ``group`` ranks waits on, and its scope.
+
+        A ring step is as slow as its slowest hop (SPEC §4.6), so one inter-node hop is enough.
+        """
+        if not self.crosses_nodes(group):
+            return self.links.intra_node, "intra-node"
+        if self.links.inter_node is None:
+            raise InputError(
+                "--hw", f"profile {self.name!r} has no inter_node link but {group} CP ranks span nodes"
+            )
+        return self.links.inter_node, "inter-node"
+
+    def flops(self, dtype: str, efficiency: float) -> tuple[float, float]:
+        """(peak, effective) FLOP/s for ``dtype``; a measured rate wins over peak × efficiency."""
+        if dtype not in self.device.peak_flops:
+            have = ", ".join(self.device.peak_flops)
+            raise InputError("--dtype", f"profile {self.name!r} has no {dtype} FLOP/s; it has: {have}")
+        peak = self.device.peak_flops[dtype]
+        measured = (self.device.effective_flops or {}).get(dtype)
+        return peak, (measured if measured is not None else peak * efficiency)
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in data_dir("hardware").glob("*.yaml"))
+
+
+def parse_profile(data: object, origin: str, field: str = "--hw") -> HardwareProfile:
+    """Validate loaded YAML; any problem becomes one :class:`InputError` line naming the field."""
+    if not isinstance(data, dict):
+        raise InputError(field, f"{origin}: expected a mapping of profile fields, got {type(data).__name__}")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+
+
+def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:
+    """A built-in profile by name, or a YAML file by path."""
+    path = Path(spec)
+    if spec in builtin_names():
+        path = data_dir("hardware") / f"{spec}.yaml"
+    elif not (path.suffix in {".yaml", ".yml"} or os.sep in spec or path.exists()):
+        raise InputError(
+            field, f"unknown hardware {spec!r}; built-in: {', '.join(builtin_names())}, or a path to a YAML file"
+        )
+    return parse_profile(load_yaml(path, field), str(path), field)

@@ -1,0 +1,28 @@
+"""Helpers the tests share: evaluate a plan, round as the seed rounds."""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+from costmodel.hardware import load_profile
+from costmodel.plan import evaluate
+from costmodel.report import Report
+from costmodel.workload import PlanInputs
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def seed_round(value: float, digits: int) -> Decimal:
+    """``value`` to ``digits`` significant digits, halves up (the seed prints 0.5625 as 56.3 %)."""
+    d = Decimal(repr(float(value)))
+    if d == 0:
+        return d
+    exponent = d.adjusted() - digits + 1
+    return d.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_HALF_UP)
+
+
+def plan(hw: str = "a100-nvlink", **overrides: object) -> Report:
+    """The seed example (SPEC §2) with overrides, evaluated on a built-in profile."""
+    fields = {"seq": 262_144, "n": 8, "hw": hw, **overrides}
+    return evaluate(PlanInputs(**fields), load_profile(hw))

@@ -1,0 +1,130 @@
+"""The symbolic model: its identities, its generated numeric twin, and what a notebook can do with it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sympy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import codegen, formulas, numeric
+from costmodel.symbols import SYMBOLS, B, F, N, N_r, N_u, S, alpha, c, h, n_kv, p
+
+f = formulas.FORMULAS
+
+
+def test_generated_numeric_module_is_current() -> None:
+    """numeric.py must be exactly what `python -m costmodel.codegen` writes from formulas.py."""
+    assert codegen.TARGET.read_text(encoding="utf-8") == codegen.render(), "run: python -m costmodel.codegen"
+    assert codegen.main(["--check"]) == 0
+
+
+def test_every_formula_is_documented() -> None:
+    for formula in f.values():
+        assert formula.meaning and formula.unit and formula.source, formula.name
+        assert formula.expr.free_symbols <= {s.symbol for s in SYMBOLS.values()}, formula.name
+    for info in SYMBOLS.values():
+        assert info.meaning and info.unit and info.source
+
+
+def test_notebook_use_print_substitute_differentiate_latex() -> None:
+    i_step = formulas.intensity_step
+    assert str(i_step.expr) == "2*S*c*h/(N*n_kv*p)"
+    assert i_step.evaluate(S=262_144, N=8, h=32, n_kv=8, p=2, c=1) == 131_072
+    assert sympy.diff(i_step.expr, N) == -i_step.expr / N  # halving N doubles the intensity
+    assert r"\frac{2 S c h}{N n_{kv} p}" in i_step.latex
+    assert "I_{step}" in i_step.latex
+
+
+def test_seed_short_forms_at_bf16() -> None:
+    """With p = 2 the seed's forms reappear: I = (h/n_kv)·S/(N-1), I_step = (h/n_kv)·S/N."""
+    bf16 = {p: 2, c: 1}
+    assert sympy.simplify(f["intensity_layer"].expr.subs(bf16) - h / n_kv * S / (N - 1)) == 0
+    assert sympy.simplify(f["intensity_step"].expr.subs(bf16) - h / n_kv * S / N) == 0
+    assert sympy.simplify(f["n_max"].expr.subs({**bf16, alpha: 0}) - h / n_kv * S / (F / B)) == 0
+
+
+def test_intensity_step_is_layer_intensity_times_n_minus_1_over_n() -> None:
+    assert sympy.simplify(f["intensity_step"].expr - (N - 1) / N * f["intensity_layer"].expr) == 0
+
+
+def test_critical_shard_length_closed_form_and_causal_doubling() -> None:
+    """SPEC §4.2: with alpha = 0, L* = beta·n_kv·p/(2·h·c); causal (c = 1/2) doubles it."""
+    l_star = f["critical_shard_tokens"].expr.subs(alpha, 0)
+    assert sympy.simplify(l_star - (F / B) * n_kv * p / (2 * h * c)) == 0
+    assert sympy.simplify(l_star.subs(c, sympy.Rational(1, 2)) / l_star.subs(c, 1)) == 2
+
+
+def test_critical_shard_length_balances_comm_and_compute() -> None:
+    """At L = L*, step comm equals step compute, alpha included."""
+    at = {S: f["critical_shard_tokens"].expr * N}
+    gap = f["step_compute_s"].expr.subs(at) - f["step_comm_s"].expr.subs(at)
+    values = {s.symbol: v for s, v in zip(SYMBOLS.values(), range(3, 40), strict=False)}
+    assert abs(float(gap.subs(values))) < 1e-9 * float(f["step_comm_s"].expr.subs(at).subs(values))
+
+
+def test_usp_reduces_to_ring_and_to_ulysses() -> None:
+    """SPEC §4.5: N_u = 1 is the ring, N_r = 1 is Ulysses."""
+    usp = f["usp_recv_bytes_per_layer"].expr
+    ring = f["recv_bytes_per_layer"].expr
+    ulysses = f["ulysses_recv_bytes_per_layer"].expr
+    assert sympy.simplify(usp.subs({N_u: 1, N_r: N}) - ring) == 0
+    assert sympy.simplify(usp.subs({N_r: 1, N_u: N}) - ulysses) == 0
+    ring_ratio = f["usp_ring_comm_ratio_step"].expr.subs({N_u: 1, N_r: N})
+    assert sympy.simplify(ring_ratio - f["comm_ratio_step"].expr) == 0
+
+
+def test_ulysses_replicates_kv_heads_beyond_n_kv() -> None:
+    assert numeric.ulysses_kv_heads(N=16, n_kv=8) == 16
+    assert numeric.ulysses_kv_heads(N=4, n_kv=8) == 8
+
+
+def test_ring_traffic_independent_of_h_and_layer_intensity_of_d_and_b() -> None:
+    """Seed §4: I depends only on h/n_kv, S, N (and p); not on d or b."""
+    assert not {sympy.Symbol("d", positive=True), sympy.Symbol("b", positive=True)} & f[
+        "intensity_layer"
+    ].expr.free_symbols
+    assert h not in f["recv_bytes_per_layer"].expr.free_symbols
+
+
+def test_utilisation_block_models() -> None:
+    assert f["utilization_coarse"].evaluate(N=8) == pytest.approx(9 / 16)
+    assert f["utilization_fine"].evaluate(N=8) == pytest.approx(8 / 15)
+
+
+positive = st.integers(min_value=1, max_value=64)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seq_per=st.integers(1, 4096), n=positive, heads_per_kv=st.integers(1, 8), kv=st.integers(1, 16),
+    d=st.sampled_from([64, 80, 128, 256]), p_=st.sampled_from([1, 2, 4]), b=st.integers(1, 4),
+    causal=st.booleans(), flops=st.floats(1e11, 2e15), bw=st.floats(1e8, 1e12), lat=st.floats(0, 1e-4),
+)  # fmt: skip
+def test_numeric_twin_matches_exact_sympy(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat) -> None:
+    """Property: every generated function equals the exact sympy evaluation of its formula."""
+    values = {
+        "S": seq_per * n, "N": n, "h": heads_per_kv * kv, "n_kv": kv, "d": d, "p": p_, "b": b,
+        "c": 0.5 if causal else 1, "F": flops, "B": bw, "alpha": lat, "s_blk": 128, "p_acc": 4, "r": 0.05,
+        "eta": 0.5, "F_peak": flops, "N_u": 1, "N_r": n,
+    }  # fmt: skip
+    for name, formula in f.items():
+        args = {a: values[a] for a in numeric.ARGS[name]}
+        if n == 1 and name in {"intensity_layer", "tp_to_ring_ratio"}:
+            continue  # N - 1 = 0: undefined at N = 1, reported as null
+        fast = float(getattr(numeric, name)(**args))
+        exact = formula.evaluate(**args)
+        assert math.isclose(fast, exact, rel_tol=1e-9, abs_tol=1e-300), name
+
+
+@settings(max_examples=60, deadline=None)
+@given(seq_per=st.integers(64, 1 << 16), n=st.integers(2, 256), ratio_edge=st.sampled_from([0.05, 0.15, 1.0]),
+       lat=st.floats(0, 1e-3))  # fmt: skip
+def test_n_at_ratio_inverts_the_step_ratio(seq_per, n, ratio_edge, lat) -> None:
+    """Property: at N = n_at_ratio(r) the step comm ratio is exactly r (the bound is tight)."""
+    common = {"S": seq_per * n, "b": 1, "c": 1, "d": 128, "h": 32, "n_kv": 8, "p": 2, "F": 312e12, "B": 300e9,
+              "alpha": lat}  # fmt: skip
+    bound = numeric.n_at_ratio(r=ratio_edge, **common)
+    assert numeric.comm_ratio_step(N=bound, **common) == pytest.approx(ratio_edge, rel=1e-9)
