@@ -16,9 +16,9 @@ def describe_validation(exc: object) -> str:
     """One line for a pydantic ``ValidationError``: the first field's dotted path and problem."""
     errors = exc.errors()  # type: ignore[attr-defined]
     first = errors[0]
-    loc = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    loc = ".".join(str(part) for part in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     got = first.get("input")
     shown = "" if isinstance(got, dict | list) or first["type"] == "missing" else f" (got {got!r})"
     more = len(errors) - 1
-    return f"{loc}: {msg}{shown}" + (f" (and {more} more)" if more else "")
+    return (f"{loc}: " if loc else "") + f"{msg}{shown}" + (f" (and {more} more)" if more else "")

@@ -136,18 +136,22 @@ def _console():  # noqa: ANN202 - rich is imported only when a screen is drawn
 @hw_app.command("list")
 def hw_list() -> None:
     """List the built-in hardware profiles."""
+    from rich import box
     from rich.table import Table
 
-    table = Table("name", "device", "peak bf16", "intra-node / direction", "inter-node / direction", "source")
     from costmodel.units import si
 
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
+                  caption="links per direction; a ring leaves the node beyond CP/node ranks")  # fmt: skip
+    for column in ("name", "device", "bf16 peak", "intra-node", "inter-node", "CP/node"):
+        table.add_column(column, no_wrap=True)
     for name in builtin_names():
         p = load_profile(name)
         inter = p.links.inter_node
         table.add_row(
-            name, p.device.name, si(p.device.peak_flops.get("bf16"), "FLOP/s"),
-            si(p.links.intra_node.bandwidth_per_direction, "B/s"),
-            si(inter.bandwidth_per_direction, "B/s") if inter else "none", p.source.kind,
+            name, p.device.name, si(p.device.peak_flops.get("bf16"), "FLOP/s", 3),
+            si(p.links.intra_node.bandwidth_per_direction, "B/s", 3),
+            si(inter.bandwidth_per_direction, "B/s", 3) if inter else "none", str(p.ranks_per_node),
         )  # fmt: skip
     _console().print(table)
 
@@ -178,10 +182,10 @@ def formulas_cmd(
         for n in names:
             sys.stdout.write(f"{n}: {formulas.FORMULAS[n].latex}\n")
         return
-    from rich.table import Table
+    from rich.text import Text
 
-    table = Table("name", "formula", "unit", "meaning", "source")
+    console = _console()
     for n in names:
         symbol, expression, _, meaning, unit, source, _ = numeric.INFO[n]
-        table.add_row(n, f"{symbol} = {expression}", unit, meaning, source)
-    _console().print(table)
+        console.print(Text(n, style="bold") + Text(f"  {symbol} = {expression}  [{unit}]"))
+        console.print(Text(f"    {meaning} ({source})", style="dim"))

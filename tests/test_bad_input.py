@@ -1,0 +1,114 @@
+"""Bad input (SPEC §6): exit code 2, one line on stderr naming the flag or field and what is accepted,
+nothing on stdout, never a traceback. One row per distinct mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from costmodel.resources import data_dir
+
+GOOD_PROFILE = (data_dir("hardware") / "a100-nvlink.yaml").read_text()
+
+
+def profile_with(old: str, new: str) -> str:
+    assert old in GOOD_PROFILE
+    return GOOD_PROFILE.replace(old, new, 1)
+
+
+FILES = {  # name: YAML text written to a temporary file and passed as --hw
+    "malformed.yaml": "name: [unclosed\n  device: {",
+    "wrong-type.yaml": profile_with("bandwidth_per_direction: 300.0e+09", 'bandwidth_per_direction: "fast"'),
+    "negative-bw.yaml": profile_with("bandwidth_per_direction: 300.0e+09", "bandwidth_per_direction: -300.0e+09"),
+    "zero-flops.yaml": profile_with("bf16: 312.0e+12", "bf16: 0.0"),
+    "python-tag.yaml": "!!python/object/apply:os.system ['touch {tmp}/pwned']\n",
+    "list.yaml": "- a100\n- h100\n",
+    "typo.yaml": profile_with("devices_per_node: 8", "devices_per_node: 8\ndevice_per_node: 8"),
+    "no-url.yaml": "\n".join(line for line in GOOD_PROFILE.splitlines() if not line.startswith("  url:")),
+    "bidir.yaml": profile_with("bandwidth_bidirectional: 600.0e+09", "bandwidth_bidirectional: 300.0e+09"),
+    "no-devices.yaml": profile_with("devices_per_node: 8", "devices_per_node: 0"),
+    "bad-model.yaml": "name: m\nsource: x\nheads: 32\nkv_heads: 5\nhead_dim: 128\nlayers: 2\nhidden: 4096\n"
+    "ffn_hidden: 1\nvocab: 1\n",
+}
+
+CASES: list[tuple[list[str], str]] = [
+    # lengths
+    (["--seq", "0"], "--seq"),
+    (["--seq", "-5"], "--seq"),
+    (["--seq", "abc"], "accepted: a positive integer"),
+    (["--seq", "12q"], "256k"),
+    (["--seq", "0.5"], "whole number"),
+    (["--seq", ""], "--seq"),
+    (["--n", "0"], "--n: must be a positive integer"),
+    (["--n", "-1"], "--n"),
+    (["--n", "eight"], "--n"),
+    (["--seq", "1024", "--n", "2048", "--block", "1"], "--n: CP degree 2048 exceeds the sequence length"),
+    (["--seq", "1000", "--n", "3", "--block", "8"], "--seq: 1000 tokens do not split evenly over N = 3"),
+    (["--seq", "20", "--n", "4", "--layout", "zigzag", "--block", "1"], "--seq: 20 tokens do not split evenly over 2N = 8"),
+    # shape
+    (["--kv-heads", "64"], "--kv-heads: 64 exceeds --heads 32"),
+    (["--kv-heads", "5"], "--kv-heads: 5 does not divide --heads 32"),
+    (["--heads", "0"], "--heads: must be a positive integer"),
+    (["--head-dim", "0"], "--head-dim"),
+    (["--batch", "0"], "--batch"),
+    (["--block", "65536"], "--block: tile of 65536 tokens is larger than the shard S/N = 32768"),
+    (["--block", "0"], "--block"),
+    # choices
+    (["--dtype", "int4"], "'bf16', 'fp16', 'fp32', 'fp8'"),
+    (["--layout", "spiral"], "'contiguous', 'striped', 'zigzag'"),
+    (["--format", "xml"], "'table', 'json', 'yaml', 'markdown'"),
+    (["--hw", "nosuch"], "unknown hardware 'nosuch'; built-in: a100-ib, a100-nvlink"),
+    (["--hw", "a100-nvlink", "--dtype", "fp8"], "--dtype: profile 'a100-nvlink' has no fp8 FLOP/s"),
+    (["--model", "nosuch"], "presets: llama2-7b, llama3-70b, llama3-8b, seed-example"),
+    (["--efficiency", "0"], "--efficiency: must be in (0, 1]"),
+    (["--efficiency", "1.5"], "--efficiency"),
+    (["--efficiency", "fast"], "--efficiency"),
+    (["--bogus"], "No such option: --bogus"),
+    (["formulas", "nosuch"], "NAME: unknown formula 'nosuch'; known: shard_tokens"),
+    (["hw", "show", "nosuch"], "NAME: unknown hardware 'nosuch'"),
+    # files
+    (["--hw", "missing.yaml"], "--hw: file not found"),
+    (["--hw", "{tmp}/malformed.yaml"], "malformed YAML"),
+    (["--hw", "{tmp}/wrong-type.yaml"], "links.intra_node.bandwidth_per_direction: Input should be a valid number"),
+    (["--hw", "{tmp}/negative-bw.yaml"], "bandwidth_per_direction: Input should be greater than 0"),
+    (["--hw", "{tmp}/zero-flops.yaml"], "device.peak_flops.bf16: Input should be greater than 0"),
+    (["--hw", "{tmp}/python-tag.yaml"], "could not determine a constructor for the tag"),
+    (["--hw", "{tmp}/list.yaml"], "expected a mapping of profile fields, got list"),
+    (["--hw", "{tmp}/typo.yaml"], "device_per_node: Extra inputs are not permitted"),
+    (["--hw", "{tmp}/no-url.yaml"], "source: a datasheet profile must give source.url"),
+    (["--hw", "{tmp}/bidir.yaml"], "is not twice bandwidth_per_direction"),
+    (["--hw", "{tmp}/no-devices.yaml"], "devices_per_node: Input should be greater than or equal to 1"),
+    (["--hw", "{tmp}"], "--hw"),
+    (["--model", "{tmp}/bad-model.yaml"], "--model: {tmp}/bad-model.yaml: kv_heads 5 must divide heads 32"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("bad")
+    for name, text in FILES.items():
+        (folder / name).write_text(text.replace("{tmp}", str(folder)))
+    return folder
+
+
+def test_there_are_at_least_25_distinct_cases() -> None:
+    assert len({tuple(args) for args, _ in CASES}) >= 25
+
+
+@pytest.mark.parametrize(("args", "expected"), CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_input_is_one_line_and_exit_2(cli, bad_files: Path, args: list[str], expected: str) -> None:
+    args = [a.replace("{tmp}", str(bad_files)) for a in args]
+    result = cli(*args)
+    assert result.code == 2, result.err
+    assert result.out == ""
+    lines = result.err.splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("cp-plan: error: ")
+    assert expected.replace("{tmp}", str(bad_files)) in lines[0]
+    assert "Traceback" not in result.err
+
+
+def test_python_tag_is_never_executed(cli, bad_files: Path) -> None:
+    assert cli("--hw", str(bad_files / "python-tag.yaml")).code == 2
+    assert not (bad_files / "pwned").exists()

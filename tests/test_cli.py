@@ -1,0 +1,195 @@
+"""The CLI contract (SPEC §6, §7): the seed example on one screen, the JSON keys, the other formats."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from costmodel.report import SCHEMA
+
+SEED = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink"]
+
+CONTRACT = {  # SPEC §7: at least these keys
+    "inputs": "seq n batch heads kv_heads head_dim bytes_per_element block causal layout hw",
+    "hardware": "peak_flops effective_flops link_bandwidth latency beta",
+    "memory": "scores_full_bytes scores_query_block_bytes scores_tile_bytes kv_block_bytes softmax_state_bytes",
+    "compute": "total_flops device_flops_per_layer step_flops",
+    "ring": "recv_bytes_per_layer send_bytes_per_layer step_recv_bytes intensity_step intensity_layer "
+    "step_compute_s step_comm_s layer_compute_s layer_comm_s comm_ratio_step comm_ratio_layer verdict n_max "
+    "n_max_green n_max_amber critical_shard_tokens",
+    "ulysses": "feasible reason recv_bytes_per_layer",
+    "tp": "bytes_per_layer",
+    "causal": "utilization_coarse utilization_fine utilization",
+}
+
+
+def test_seed_example_table_on_one_screen(cli) -> None:
+    result = cli(*SEED)
+    assert result.code == 0, result.err
+    out = result.out
+    for text in ("4.398 TB", "17.18 GB", "67.11 MB", "134.2 MB", "939.5 MB", "587.2 MB", "8.590 GB",
+                 "56.4 ms", "447 µs", "451 ms", "3.13 ms", "3.58 ms", "0.793 %", "0.694 %", "GREEN",
+                 "overlap headroom", "β 1,040", "131,072", "N_max 1,008.2", "L* 260", "zigzag",
+                 "USP 2x4", "USP 4x2"):  # fmt: skip
+        assert text in out, text
+    assert "dominat" not in out.lower()  # SPEC §5: never "communication dominates"
+    assert len(out.splitlines()) <= 50
+
+
+def test_json_contract(cli) -> None:
+    data = cli(*SEED, "--format", "json").json()
+    assert data["schema"] == SCHEMA
+    for section, keys in CONTRACT.items():
+        for key in keys.split():
+            assert key in data[section], f"{section}.{key}"
+    assert set(data["causal"]["utilization"]) == {"contiguous", "striped", "zigzag"}
+    assert isinstance(data["usp"], list) and len(data["usp"]) == 4  # 1x8, 2x4, 4x2, 8x1
+    # SI and unrounded: the hook's six headline numbers
+    assert data["memory"]["scores_full_bytes"] == 4_398_046_511_104
+    assert data["ring"]["recv_bytes_per_layer"] == 939_524_096
+    assert data["ring"]["intensity_step"] == 131_072
+    assert data["hardware"]["beta"] == 1040
+    assert data["ulysses"]["recv_bytes_per_layer"] == 587_202_560
+    assert data["tp"]["bytes_per_layer"] == 8_589_934_592
+
+
+def test_causal_halves_intensity_and_n_max_but_not_traffic(cli) -> None:
+    plain = cli(*SEED, "-f", "json").json()["ring"]
+    causal = cli(*SEED, "--causal", "-f", "json").json()["ring"]
+    assert causal["intensity_step"] == plain["intensity_step"] / 2
+    assert causal["comm_ratio_step"] == pytest.approx(2 * plain["comm_ratio_step"])
+    assert causal["n_max"] == pytest.approx(plain["n_max"] / 2)
+    assert causal["recv_bytes_per_layer"] == plain["recv_bytes_per_layer"]
+    assert causal["critical_shard_tokens"] == pytest.approx(2 * plain["critical_shard_tokens"])
+
+
+def test_layout_sets_the_causal_layer_time(cli) -> None:
+    times = {
+        layout: cli(*SEED, "--causal", "--layout", layout, "-f", "json").json()["ring"]["layer_time_s"]
+        for layout in ("contiguous", "striped", "zigzag")
+    }
+    balanced = cli(*SEED, "--causal", "-f", "json").json()["ring"]["layer_compute_s"]
+    assert times["zigzag"] == pytest.approx(balanced, rel=0.01)  # 99.6 % utilisation at tile 1,024
+    assert times["contiguous"] == pytest.approx(balanced / 0.532, rel=0.01)
+    assert times["zigzag"] < times["striped"] < times["contiguous"]
+
+
+def test_ring_across_nodes_uses_and_names_the_inter_node_link(cli) -> None:
+    data = cli("--seq", "256k", "--n", "16", "--hw", "a100-nvlink", "-f", "json").json()
+    assert data["hardware"]["link_scope"] == "inter-node"
+    assert data["hardware"]["link_bandwidth"] == 50e9
+    assert any("spans nodes" in note for note in data["notes"])
+    usp = {(e["n_ulysses"], e["n_ring"]): e for e in data["usp"]}
+    assert usp[(8, 2)]["a2a_link_scope"] == "intra-node" and usp[(8, 2)]["ring_link_scope"] == "inter-node"
+    assert usp[(16, 1)]["a2a_link_scope"] == "inter-node"
+
+
+def test_largest_green_and_amber_n_follow_the_topology(cli) -> None:
+    ring = cli(*SEED, "-f", "json").json()["ring"]
+    assert ring["n_max_green"] == 8  # all of the NVLink node; IB at N = 9 is 5.4 %
+    assert ring["n_max_amber"] == 25  # on IB: 25 x 4 x 2 x 8 x 312e12 / (2 x 50e9 x 262144 x 32) = 14.9 %
+
+
+def test_ulysses_infeasible_says_why(cli) -> None:
+    data = cli("--seq", "96k", "--n", "3", "--hw", "a100-nvlink", "-f", "json").json()
+    assert data["ulysses"] == {
+        "feasible": False,
+        "reason": "h = 32 query heads do not split over 3 devices (h mod N = 2)",
+        "kv_heads": None, "recv_bytes_per_layer": None, "comm_s": None, "comm_ratio": None,
+        "link_scope": "intra-node",
+    }  # fmt: skip
+
+
+def test_ulysses_replicates_kv_heads_when_n_exceeds_them(cli) -> None:
+    data = cli("--seq", "256k", "--n", "16", "--hw", "h100-nvlink", "-f", "json").json()["ulysses"]
+    assert data["feasible"] and data["kv_heads"] == 16 and "replicated 2x" in data["reason"]
+    assert data["recv_bytes_per_layer"] == pytest.approx(15 / 16 * 262144 / 16 * (64 + 32) * 128 * 2)
+
+
+def test_model_preset_sets_the_shape_and_flags_override_it(cli) -> None:
+    data = cli(*SEED, "--model", "llama3-70b", "-f", "json").json()["inputs"]
+    assert (data["heads"], data["kv_heads"], data["head_dim"], data["model"]) == (64, 8, 128, "llama3-70b")
+    data = cli(*SEED, "--model", "llama3-70b", "--kv-heads", "64", "-f", "json").json()["inputs"]
+    assert data["kv_heads"] == 64
+
+
+def test_efficiency_shows_both_ratios(cli) -> None:
+    result = cli(*SEED, "--efficiency", "0.4")
+    assert "effective 124.8 TFLOP/s" in result.out
+    data = cli(*SEED, "--efficiency", "0.4", "-f", "json").json()
+    assert data["ring"]["comm_ratio_step"] == pytest.approx(0.4 * data["ring"]["comm_ratio_step_peak"])
+    assert data["hardware"]["beta"] == pytest.approx(416) and data["hardware"]["beta_peak"] == 1040
+
+
+def test_seq_suffixes(cli) -> None:
+    for text, tokens in (("256k", 262_144), ("1M", 1_048_576), ("262144", 262_144), ("0.5M", 524_288)):
+        assert cli("--seq", text, "--n", "8", "-f", "json").json()["inputs"]["seq"] == tokens
+
+
+def test_yaml_and_markdown_carry_the_same_report(cli) -> None:
+    as_json = cli(*SEED, "-f", "json").json()
+    as_yaml = yaml.safe_load(cli(*SEED, "-f", "yaml").out)
+    assert as_yaml == as_json
+    markdown = cli(*SEED, "-f", "markdown").out
+    assert markdown.startswith("## cp-plan:") and "| ring | 939.5 MB |" in markdown
+
+
+def test_explain_prints_formula_then_values(cli) -> None:
+    out = cli(*SEED, "--explain").out
+    assert "I_step = 2*S*c*h/(N*n_kv*p)" in out
+    assert "= 2*262144*1*32/(8*8*2)" in out
+    data = cli(*SEED, "--explain", "-f", "json").json()
+    row = next(r for r in data["explain"] if r["name"] == "intensity_step")
+    assert row["value"] == "131072 FLOP/B"
+
+
+def test_formulas_command(cli) -> None:
+    out = cli("formulas").out
+    assert "intensity_step" in out and "critical_shard_tokens" in out
+    latex = cli("formulas", "intensity_step", "--latex").out
+    assert latex.startswith("intensity_step: I_{step} = ") and r"\frac{2 S c h}{N n_{kv} p}" in latex
+
+
+def test_hw_list_and_show(cli) -> None:
+    listing = cli("hw", "list").out
+    for name in ("a100-nvlink", "h100-ib", "h200-nvlink"):
+        assert name in listing
+    shown = yaml.safe_load(cli("hw", "show", "h100-nvlink").out)
+    assert shown["links"]["intra_node"]["bandwidth_per_direction"] == 450e9
+
+
+def test_help_lists_the_commands(cli) -> None:
+    result = cli("--help")
+    assert result.code == 0
+    for word in ("--seq", "--hw", "--explain", "formulas", "hw"):
+        assert word in result.out
+
+
+@pytest.mark.skipif(shutil.which("cp-plan") is None, reason="console script not installed")
+def test_console_script_from_another_directory(tmp_path) -> None:
+    """The installed script finds its built-in profiles wherever it runs (SPEC §6)."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    done = subprocess.run(["cp-plan", *SEED, "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ring"]["intensity_step"] == 131_072
+    bad = subprocess.run(["cp-plan", "--n", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_numeric_path_imports_neither_sympy_nor_torch() -> None:
+    code = (
+        "import sys, io, contextlib\n"
+        "from costmodel.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()): main(['--format', 'json'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'sympy', 'torch'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
