@@ -1,12 +1,15 @@
-"""Generate :mod:`costmodel.numeric` from the symbolic formulas.
+"""Generate everything derived from the single sources: the numeric module and the reference docs.
 
-    python -m costmodel.codegen          # rewrite costmodel/numeric.py
-    python -m costmodel.codegen --check  # exit 1 if it is stale
+    python -m costmodel.codegen          # rewrite what is stale
+    python -m costmodel.codegen --check  # exit 1 if anything is stale, write nothing
 
-Why generate: importing sympy costs ~0.35 s, the CLI must answer in well under that, and a
-hand-typed numeric copy of a formula is exactly what we never want. The generated functions take
-keyword arguments named after the base symbols and broadcast over numpy arrays, so sweeps use them
-unchanged.
+- ``costmodel/numeric.py`` from :mod:`costmodel.formulas`. Why generate: importing sympy costs
+  ~0.35 s, the CLI must answer faster, and a hand-typed numeric copy of a formula is exactly what we
+  never want. The functions take keyword arguments named after the base symbols and broadcast over
+  numpy arrays, so sweeps use them unchanged.
+- The generated blocks of ``docs/*.md`` (between ``<!-- BEGIN GENERATED: name -->`` and
+  ``<!-- END GENERATED: name -->``) from the formulas and the pydantic models, and
+  ``docs/report.schema.json``. A test runs ``--check``, so docs and model cannot disagree.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from costmodel import formulas
 from costmodel.symbols import SYMBOLS
 
 TARGET = Path(__file__).with_name("numeric.py")
+DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 class _Printer(NumPyPrinter):
@@ -88,22 +92,139 @@ def render() -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m costmodel.codegen", description=__doc__.split("\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if numeric.py is stale, write nothing")
-    args = parser.parse_args(argv)
-    text = render()
-    current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
-    if args.check:
-        if current != text:
-            print(f"{TARGET} is stale: run python -m costmodel.codegen", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        from costmodel.fileio import atomic_write_text
+def _latex_block(f: formulas.Formula) -> str:
+    return f"$$\n{f.latex}\n$$"
 
-        atomic_write_text(TARGET, text)
-        print(f"wrote {TARGET}")
+
+def formula_reference() -> str:
+    """Markdown: the symbols, then every formula by group, in LaTeX, with meaning, unit and source."""
+    out = ["### Symbols", "", "| symbol | name in code | meaning | unit | source |", "|---|---|---|---|---|"]
+    for name, info in SYMBOLS.items():
+        out.append(f"| ${info.latex}$ | `{name}` | {info.meaning} | {info.unit} | {info.source} |")
+    for group in formulas.GROUPS:
+        out += ["", f"### {group.capitalize()}"]
+        for f in formulas.FORMULAS.values():
+            if f.group != group:
+                continue
+            out += ["", f"#### `{f.name}`", "", f"{f.meaning}. Unit: {f.unit}. Source: {f.source}.", "",
+                    _latex_block(f), "", f"Numeric: `costmodel.numeric.{f.name}({', '.join(a + '=' for a in f.args)})`"]
+    return "\n".join(out)
+
+
+def _schema_type(node: dict, defs: dict) -> tuple[str, dict | None]:
+    """A JSON Schema node as a short type text, and the object schema to descend into, if any."""
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        return "object", target
+    if "anyOf" in node:
+        parts = [_schema_type(option, defs) for option in node["anyOf"]]
+        nested = next((sub for _, sub in parts if sub), None)
+        return " or ".join(text for text, _ in parts), nested
+    if "enum" in node:
+        return "one of " + ", ".join(f"`{v}`" for v in node["enum"]), None
+    if "const" in node:
+        return f"`{node['const']}`", None
+    kind = node.get("type", "any")
+    if kind == "array":
+        text, nested = _schema_type(node.get("items", {}), defs)
+        return f"list of {text}", nested
+    if kind == "object" and "additionalProperties" in node:
+        keys = node.get("propertyNames", {}).get("enum")
+        value, _ = _schema_type(node["additionalProperties"], defs)
+        return f"map {'/'.join(keys) if keys else 'string'} to {value}", None
+    bounds = {"exclusiveMinimum": "> {}", "minimum": ">= {}", "maximum": "<= {}"}
+    limits = [fmt.format(node[k]) for k, fmt in bounds.items() if k in node]
+    return kind + (f" ({', '.join(limits)})" if limits else ""), None
+
+
+def _field_table(schema: dict, defs: dict, prefix: str = "") -> list[str]:
+    rows = []
+    required = set(schema.get("required", ()))
+    for key, node in schema.get("properties", {}).items():
+        text, nested = _schema_type(node, defs)
+        description = node.get("description") or (nested or {}).get("description", "")
+        optional = "" if key in required else " (optional)"
+        rows.append(f"| `{prefix}{key}` | {text}{optional} | {' '.join(description.split())} |")
+        if nested:
+            rows += _field_table(nested, defs, f"{prefix}{key}{'[]' if text.startswith('list') else ''}.")
+    return rows
+
+
+def _model_table(model: type) -> list[str]:
+    schema = model.model_json_schema(by_alias=True)  # type: ignore[attr-defined]
+    return ["| key | type | meaning |", "|---|---|---|", *_field_table(schema, schema.get("$defs", {}))]
+
+
+def json_contract() -> str:
+    """Markdown: every key of ``--format json`` with its type and meaning, from the pydantic models."""
+    from costmodel.report import SCHEMA, Report
+
+    head = f"Schema version: `{SCHEMA}`. Units SI (bytes, FLOP, s, FLOP/byte), values unrounded."
+    return "\n".join([head, "", *_model_table(Report)])
+
+
+def hardware_schema() -> str:
+    from costmodel.hardware import HardwareProfile
+
+    return "\n".join(_model_table(HardwareProfile))
+
+
+def report_json_schema() -> str:
+    import json
+
+    from costmodel.report import Report
+
+    return json.dumps(Report.model_json_schema(by_alias=True), indent=2) + "\n"
+
+
+BLOCKS = {  # docs file: {block name: generator}
+    "formulas.md": {"formulas": formula_reference},
+    "json.md": {"json-contract": json_contract},
+    "hardware.md": {"hardware-schema": hardware_schema},
+}
+
+
+def fill(text: str, name: str, content: str) -> str:
+    begin, end = f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
+    head, found, rest = text.partition(begin)
+    if not found:
+        raise ValueError(f"marker {begin!r} missing")
+    _, found, tail = rest.partition(end)
+    if not found:
+        raise ValueError(f"marker {end!r} missing")
+    return f"{head}{begin}\n{content}\n{end}{tail}"
+
+
+def targets() -> dict[Path, str]:
+    """Every generated file and the text it must hold."""
+    out = {TARGET: render(), DOCS / "report.schema.json": report_json_schema()}
+    for filename, blocks in BLOCKS.items():
+        path = DOCS / filename
+        text = path.read_text(encoding="utf-8")
+        for name, generate in blocks.items():
+            text = fill(text, name, generate())
+        out[path] = text
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from costmodel.fileio import atomic_write_text
+
+    parser = argparse.ArgumentParser(prog="python -m costmodel.codegen", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if anything is stale, write nothing")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in targets().items():
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            atomic_write_text(path, text)
+            print(f"wrote {path}")
+    if args.check and stale:
+        print(f"stale: {', '.join(map(str, stale))}; run python -m costmodel.codegen", file=sys.stderr)
+        return 1
     return 0
 
 

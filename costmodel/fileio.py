@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     The text goes to a temporary file in the same directory, is flushed to disk, then renamed over
     the target (rename is atomic within one filesystem). On any error the temporary file is removed.
     """
+    import tempfile
+
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

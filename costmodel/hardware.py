@@ -26,20 +26,20 @@ NonNegative = Annotated[float, Field(ge=0)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Source(_Strict):
     """Where the numbers come from: a datasheet URL, or a measurement and its circumstances."""
 
     kind: Literal["datasheet", "measured"]
-    url: str | None = None
-    notes: str | None = None
-    host: str | None = None
-    date: str | None = None
-    backend: str | None = None
+    url: str | None = Field(default=None, description="datasheet or spec page (required for datasheets)")
+    notes: str | None = Field(default=None, description="assumptions, e.g. NIC per GPU")
+    host: str | None = Field(default=None, description="measured on (required when measured)")
+    date: str | None = Field(default=None, description="ISO date of the measurement (required when measured)")
+    backend: str | None = Field(default=None, description="torch.distributed backend, e.g. nccl, gloo")
     torch_version: str | None = None
-    nproc: int | None = None
+    nproc: int | None = Field(default=None, description="ranks that ran at once")
 
     @model_validator(mode="after")
     def _cited(self) -> Source:
@@ -54,17 +54,19 @@ class Collective(_Strict):
     """Measured all-to-all figures of a link (Ulysses), when they differ from point-to-point."""
 
     bandwidth_per_direction: Positive = Field(description="bytes/s each device receives")
-    latency_s: NonNegative = 0.0
+    latency_s: NonNegative = Field(default=0.0, description="alpha of one all-to-all, s")
 
 
 class Link(_Strict):
-    name: str
+    """One kind of connection between two accelerators."""
+
+    name: str = Field(description="e.g. NVLink 4 (NVSwitch), InfiniBand NDR 400 Gb/s")
     bandwidth_per_direction: Positive = Field(description="bytes/s one way; what a ring hop uses")
     bandwidth_bidirectional: Positive | None = Field(
         default=None, description="the datasheet's both-ways figure; must be 2 x per direction"
     )
     latency_s: NonNegative = Field(default=0.0, description="alpha: per-message latency (0 on datasheets)")
-    alltoall: Collective | None = None
+    alltoall: Collective | None = Field(default=None, description="measured all-to-all, if it differs")
 
     @model_validator(mode="after")
     def _directions_agree(self) -> Link:
@@ -84,18 +86,22 @@ class Link(_Strict):
 
 
 class Links(_Strict):
+    """The links inside a node and between nodes."""
+
     intra_node: Link
-    inter_node: Link | None = None
+    inter_node: Link | None = Field(default=None, description="needed once a CP group spans nodes")
 
 
 class Device(_Strict):
-    name: str
+    """One accelerator."""
+
+    name: str = Field(description="model, e.g. H100-SXM5-80GB")
     peak_flops: dict[Dtype, Positive] = Field(description="dense FLOP/s per dtype, no sparsity")
     effective_flops: dict[Dtype, Positive] | None = Field(
         default=None, description="measured attention FLOP/s per dtype (measured profiles)"
     )
-    hbm_bytes: Positive
-    hbm_bandwidth: Positive | None = None
+    hbm_bytes: Positive = Field(description="memory capacity, bytes (decimal, as datasheets)")
+    hbm_bandwidth: Positive | None = Field(default=None, description="memory bandwidth, bytes/s")
 
     @model_validator(mode="after")
     def _peak_given(self) -> Device:
@@ -105,11 +111,13 @@ class Device(_Strict):
 
 
 class HardwareProfile(_Strict):
-    name: str
-    description: str = ""
+    """A hardware profile (hardware/*.yaml). SI units; link bandwidth per direction."""
+
+    name: str = Field(description="what --hw calls it")
+    description: str = Field(default="", description="one line")
     source: Source
     device: Device
-    devices_per_node: Annotated[int, Field(ge=1)]
+    devices_per_node: Annotated[int, Field(ge=1, description="accelerators per node")]
     cp_ranks_per_node: Annotated[int, Field(ge=1)] | None = Field(
         default=None, description="consecutive CP ranks on one node; default devices_per_node"
     )

@@ -243,7 +243,7 @@ def _notes(inputs: PlanInputs, profile: HardwareProfile, hw: Hardware, ring: Rin
             f"waits on the inter-node link, {hw.link} at {gbps:g} GB/s per direction."
         )
     else:
-        notes.append(f"The ring stays inside one node: {hw.link} at {gbps:g} GB/s per direction.")
+        notes.append(f"The ring stays inside one node ({profile.ranks_per_node} CP ranks per node).")
     if hw.effective_flops != hw.peak_flops:
         notes.append(
             f"Compute at {hw.effective_flops / hw.peak_flops:.0%} of peak: step ratio {ring.comm_ratio_step:.2%} "

@@ -20,6 +20,8 @@ class _Section(BaseModel):
 
 
 class Inputs(_Section):
+    """What was planned, after flags, model preset and defaults were resolved."""
+
     seq: int = Field(description="S, sequence length in tokens")
     n: int = Field(description="N, CP degree")
     batch: int = Field(description="b")
@@ -27,17 +29,19 @@ class Inputs(_Section):
     kv_heads: int = Field(description="n_kv, key/value heads")
     head_dim: int = Field(description="d")
     bytes_per_element: int = Field(description="p, from dtype")
-    dtype: Dtype
+    dtype: Dtype = Field(description="element type of Q, K, V, O")
     block: int = Field(description="s_blk, compute tile rows")
-    causal: bool
-    layout: Layout
+    causal: bool = Field(description="causal mask (useful compute halves)")
+    layout: Layout = Field(description="which tokens each device holds")
     efficiency: float = Field(description="effective / peak FLOP/s asked for (--efficiency)")
     hw: str = Field(description="hardware profile name")
     model: str | None = Field(description="model preset, when the shape came from one")
 
 
 class Hardware(_Section):
-    name: str
+    """The profile's figures this plan uses: the dtype's FLOP/s and the link the ring waits on."""
+
+    name: str = Field(description="profile name")
     source: str = Field(description="datasheet or measured")
     peak_flops: float = Field(description="FLOP/s, dense, for the dtype")
     effective_flops: float = Field(description="FLOP/s the model uses: measured, or peak x efficiency")
@@ -47,11 +51,13 @@ class Hardware(_Section):
     latency: float = Field(description="alpha, s per message")
     beta: float = Field(description="effective FLOP/s / B, FLOP/byte")
     beta_peak: float = Field(description="peak FLOP/s / B, FLOP/byte (the seed's beta)")
-    devices_per_node: int
-    cp_ranks_per_node: int
+    devices_per_node: int = Field(description="accelerators per node")
+    cp_ranks_per_node: int = Field(description="consecutive CP ranks sharing a node")
 
 
 class Memory(_Section):
+    """Memory tiers of one layer (seed 000 §1): attention temporaries at three granularities, ring buffers."""
+
     scores_full_bytes: float = Field(description="b·h·S²·p, full score matrix")
     scores_query_block_bytes: float = Field(description="b·h·s_blk·S·p, query block x all keys")
     scores_tile_bytes: float = Field(description="b·h·s_blk²·p, one tile")
@@ -61,27 +67,31 @@ class Memory(_Section):
 
 
 class Compute(_Section):
+    """Attention FLOP of one layer (seed 000 §2, §4); causal counts the useful half."""
+
     total_flops: float = Field(description="one layer, all devices (causal: useful half)")
     device_flops_per_layer: float = Field(description="W")
     step_flops: float = Field(description="W_step")
 
 
 class Ring(_Section):
-    recv_bytes_per_layer: float
-    send_bytes_per_layer: float
-    step_recv_bytes: float
+    """Ring attention: traffic, intensity, times, the verdict and the limits on N (seed 000 §4, §11)."""
+
+    recv_bytes_per_layer: float = Field(description="C_recv = (N-1) blocks")
+    send_bytes_per_layer: float = Field(description="N blocks, counting the own one")
+    step_recv_bytes: float = Field(description="one KV block, b·L·2·n_kv·d·p")
     intensity_step: float = Field(description="FLOP/byte; causal halves it")
     intensity_layer: float | None = Field(description="FLOP/byte; null at N = 1 (nothing received)")
     step_compute_s: float = Field(description="balanced step compute (seed rule)")
     step_comm_s: float = Field(description="alpha + block / B")
-    layer_compute_s: float
+    layer_compute_s: float = Field(description="balanced layer compute (seed rule)")
     layer_comm_s: float = Field(description="receive side, N-1 blocks")
     layer_send_s: float = Field(description="send side counting the own block")
     comm_ratio_step: float = Field(description="the verdict's ratio, at effective FLOP/s")
     comm_ratio_step_peak: float = Field(description="the same at peak FLOP/s")
-    comm_ratio_layer: float
-    verdict: Colour
-    verdict_text: str
+    comm_ratio_layer: float = Field(description="layer receive / layer compute")
+    verdict: Colour = Field(description="band of comm_ratio_step: green < 5 %, amber <= 15 %, red above")
+    verdict_text: str = Field(description="what the band means")
     n_max: float = Field(description="largest N with ratio <= 100 % on this plan's link (the seed's bound)")
     n_max_intra_node: float | None = Field(description="the bound with the intra-node link")
     n_max_inter_node: float | None = Field(description="the bound with the inter-node link")
@@ -94,43 +104,53 @@ class Ring(_Section):
 
 
 class Ulysses(_Section):
-    feasible: bool
-    reason: str
+    """DeepSpeed-Ulysses all-to-all over the same N devices (seed 000 §4.2, §7; SPEC §4.4)."""
+
+    feasible: bool = Field(description="h mod N = 0 and n_kv splits or replicates evenly")
+    reason: str = Field(description="why, in one sentence")
     kv_heads: int | None = Field(description="KV heads after replication to N")
     recv_bytes_per_layer: float | None
     comm_s: float | None = Field(description="both all-to-alls; not overlapped with attention")
     comm_ratio: float | None = Field(description="comm_s / layer compute")
-    link_scope: str
+    link_scope: str = Field(description="intra-node or inter-node")
 
 
 class USPEntry(_Section):
+    """One factorisation N = N_u x N_r of USP (SPEC §4.5); N_u = 1 is the ring, N_r = 1 is Ulysses."""
+
     n_ulysses: int = Field(description="N_u: all-to-all degree, inside a node where it fits")
     n_ring: int = Field(description="N_r: ring degree")
-    feasible: bool
-    reason: str
-    kv_heads: int | None
-    a2a_recv_bytes_per_layer: float | None
-    ring_recv_bytes_per_layer: float | None
-    recv_bytes_per_layer: float | None
-    a2a_comm_s: float | None
-    ring_comm_ratio_step: float | None
-    ring_verdict: Colour | None
-    a2a_link_scope: str
-    ring_link_scope: str
+    feasible: bool = Field(description="the Ulysses rule at degree N_u")
+    reason: str = Field(description="why, in one sentence")
+    kv_heads: int | None = Field(description="KV heads after replication to N_u")
+    a2a_recv_bytes_per_layer: float | None = Field(description="all-to-all part")
+    ring_recv_bytes_per_layer: float | None = Field(description="ring part")
+    recv_bytes_per_layer: float | None = Field(description="both parts")
+    a2a_comm_s: float | None = Field(description="both all-to-alls, not overlapped")
+    ring_comm_ratio_step: float | None = Field(description="ring step receive / step compute; null at N_r = 1")
+    ring_verdict: Colour | None = Field(description="band of ring_comm_ratio_step")
+    a2a_link_scope: str = Field(description="intra-node, inter-node, or none at N_u = 1")
+    ring_link_scope: str = Field(description="intra-node, inter-node, or none at N_r = 1")
 
 
 class TP(_Section):
+    """Tensor parallelism's activation traffic for comparison (seed 000 §13)."""
+
     bytes_per_layer: float = Field(description="4·b·S·h·d·p")
     ratio_to_ring: float | None = Field(description="null at N = 1")
 
 
 class LayoutUtilization(_Section):
-    contiguous: float | None
-    striped: float | None
+    """Causal utilisation per layout from the tile-level simulator."""
+
+    contiguous: float | None = Field(description="rank i holds [iL, (i+1)L)")
+    striped: float | None = Field(description="rank i holds i, i+N, ...")
     zigzag: float | None = Field(description="null when S does not split into 2N chunks")
 
 
 class Causal(_Section):
+    """Causal load balance (seed 000 §6, SPEC §4.1), reported whether or not --causal is set."""
+
     utilization_coarse: float = Field(description="(N+1)/2N, seed 000 §6")
     utilization_fine: float = Field(description="N/(2N-1), seed 000 §6")
     tile: int = Field(description="tile of the simulator, = --block")
@@ -138,16 +158,18 @@ class Causal(_Section):
 
 
 class Report(_Section):
+    """Everything `cp-plan --format json` prints for one plan."""
+
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
-    schema_: str = Field(SCHEMA, alias="schema")
+    schema_: str = Field(SCHEMA, alias="schema", description="contract version")
     inputs: Inputs
     hardware: Hardware
     memory: Memory
     compute: Compute
     ring: Ring
     ulysses: Ulysses
-    usp: list[USPEntry]
+    usp: list[USPEntry] = Field(description="every factorisation N = N_u x N_r, N_u ascending")
     tp: TP
     causal: Causal
     notes: list[str] = Field(description="topology and caveats, one sentence each")

@@ -41,7 +41,7 @@ def parse_tokens(text: str | int, field: str = "seq") -> int:
 class ModelPreset(BaseModel):
     """A transformer's shape (configs/models/*.yaml)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str
     description: str = ""
@@ -84,7 +84,7 @@ def load_model(spec: str, field: str = "--model") -> ModelPreset:
 class PlanInputs(BaseModel):
     """One attention layer to plan. Field names are the CLI's flags (``kv_heads`` is ``--kv-heads``)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     seq: int = Field(description="S, tokens")
     n: int = Field(description="N, CP degree")

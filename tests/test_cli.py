@@ -121,7 +121,7 @@ def test_model_preset_sets_the_shape_and_flags_override_it(cli) -> None:
 
 def test_efficiency_shows_both_ratios(cli) -> None:
     result = cli(*SEED, "--efficiency", "0.4")
-    assert "effective 124.8 TFLOP/s" in result.out
+    assert "effective 125 TFLOP/s" in result.out
     data = cli(*SEED, "--efficiency", "0.4", "-f", "json").json()
     assert data["ring"]["comm_ratio_step"] == pytest.approx(0.4 * data["ring"]["comm_ratio_step_peak"])
     assert data["hardware"]["beta"] == pytest.approx(416) and data["hardware"]["beta_peak"] == 1040

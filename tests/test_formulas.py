@@ -15,8 +15,8 @@ from costmodel.symbols import SYMBOLS, B, F, N, N_r, N_u, S, alpha, c, h, n_kv, 
 f = formulas.FORMULAS
 
 
-def test_generated_numeric_module_is_current() -> None:
-    """numeric.py must be exactly what `python -m costmodel.codegen` writes from formulas.py."""
+def test_generated_files_are_current() -> None:
+    """numeric.py and the generated docs are exactly what `python -m costmodel.codegen` writes."""
     assert codegen.TARGET.read_text(encoding="utf-8") == codegen.render(), "run: python -m costmodel.codegen"
     assert codegen.main(["--check"]) == 0
 

@@ -35,44 +35,51 @@ def to_yaml(report: Report, trace: list[Evaluation] | None = None) -> str:
 
 def headline(report: Report) -> str:
     i = report.inputs
+    mask = "causal" if i.causal else "non-causal"
+    return f"S = {count(i.seq)} · N = {i.n} · {mask} · {i.layout} layout"
+
+
+def shape_line(report: Report) -> str:
+    i = report.inputs
     gqa = f"GQA {i.heads // i.kv_heads}" if i.kv_heads < i.heads else "MHA"
-    model = f" ({i.model})" if i.model else ""
-    mask = f"causal, {i.layout}" if i.causal else f"non-causal, {i.layout}"
-    return (
-        f"S = {count(i.seq)} · N = {i.n} · h = {i.heads}, n_kv = {i.kv_heads} ({gqa}){model} · d = {i.head_dim}"
-        f" · {i.dtype} · b = {i.batch} · {mask}"
-    )
+    model = f" · {i.model}" if i.model else ""
+    return f"h = {i.heads}, n_kv = {i.kv_heads} ({gqa}) · d = {i.head_dim} · {i.dtype} · b = {i.batch}{model}"
 
 
 def machine_line(report: Report) -> str:
     hw = report.hardware
-    eff = "" if hw.effective_flops == hw.peak_flops else f", effective {si(hw.effective_flops, 'FLOP/s')}"
-    latency = f", α {seconds(hw.latency)}" if hw.latency else ""
-    return (
-        f"{hw.name} ({hw.source}): {si(hw.peak_flops, 'FLOP/s', 3)} {report.inputs.dtype} peak{eff} · "
-        f"{hw.link} {si(hw.link_bandwidth, 'B/s', 3)} per direction{latency}, {hw.link_scope}"
-    )
+    eff = "" if hw.effective_flops == hw.peak_flops else f", effective {si(hw.effective_flops, 'FLOP/s', 3)}"
+    return f"{hw.name} ({hw.source}) · {si(hw.peak_flops, 'FLOP/s', 3)} {report.inputs.dtype} peak{eff}"
+
+
+def link_line(report: Report) -> str:
+    hw = report.hardware
+    latency = f" · α {seconds(hw.latency)}" if hw.latency else ""
+    return f"{hw.link} · {si(hw.link_bandwidth, 'B/s', 3)} per direction{latency} · {hw.link_scope}"
 
 
 def verdict_line(report: Report) -> str:
     r = report.ring
-    return f"{r.verdict.upper()}: step comm ratio {percent(r.comm_ratio_step)}: {r.verdict_text}"
+    return f"step comm ratio {percent(r.comm_ratio_step)}: {r.verdict_text}"
 
 
 def limits_line(report: Report) -> str:
     r, hw = report.ring, report.hardware
     return (
-        f"I_step {count(round(r.intensity_step))} vs β {count(round(hw.beta))} FLOP/B · N_max "
-        f"{count(round(r.n_max, 1))} · largest N green {r.n_max_green}, amber {r.n_max_amber} · "
-        f"L* {count(round(r.critical_shard_tokens))} tokens"
+        f"I_step {count(round(r.intensity_step))} vs β {count(round(hw.beta))} FLOP/B · "
+        f"N_max {count(round(r.n_max, 1))} · L* {count(round(r.critical_shard_tokens))} tokens"
     )
+
+
+def largest_n_line(report: Report) -> str:
+    return f"largest N: green {report.ring.n_max_green}, amber {report.ring.n_max_amber} (topology included)"
 
 
 def scheme_rows(report: Report) -> list[list[str]]:
     """scheme, receive bytes, comm time, comm / compute, verdict, note."""
     r, u, tp = report.ring, report.ulysses, report.tp
-    rows = [["ring", si(r.recv_bytes_per_layer, "B"), seconds(r.layer_comm_s), f"{percent(r.comm_ratio_step)} step",
-             r.verdict, "overlapped with compute"]]  # fmt: skip
+    rows = [["ring", si(r.recv_bytes_per_layer, "B"), seconds(r.layer_comm_s), percent(r.comm_ratio_step),
+             r.verdict, "overlapped"]]  # fmt: skip
     if u.feasible:
         rows.append(["Ulysses", si(u.recv_bytes_per_layer, "B"), seconds(u.comm_s), percent(u.comm_ratio), "",
                      "not overlapped"])  # fmt: skip
@@ -86,7 +93,7 @@ def scheme_rows(report: Report) -> list[list[str]]:
             rows.append([name, "", "", "", "infeasible", e.reason])
             continue
         rows.append([name, si(e.recv_bytes_per_layer, "B"), seconds(e.a2a_comm_s),
-                     f"{percent(e.ring_comm_ratio_step)} step", e.ring_verdict or "",
+                     percent(e.ring_comm_ratio_step), e.ring_verdict or "",
                      f"a2a {_short(e.a2a_link_scope)}, ring {_short(e.ring_link_scope)}"])  # fmt: skip
     ratio = f"{tp.ratio_to_ring:.3g}x the ring's bytes" if tp.ratio_to_ring else ""
     rows.append(["TP", si(tp.bytes_per_layer, "B"), "", "", "", ratio])
@@ -115,20 +122,20 @@ def time_rows(report: Report) -> list[list[str]]:
     ]  # fmt: skip
 
 
+SCHEMES_CAPTION = "ratio: ring and USP per step (verdict); Ulysses all-to-all / layer compute"
+
+
 def time_caption(report: Report) -> str:
     r = report.ring
-    return (
-        f"send side {seconds(r.layer_send_s)} · predicted layer time {seconds(r.layer_time_s)} "
-        f"({report.inputs.layout} schedule, transfers overlapped)"
-    )
+    return f"send side {seconds(r.layer_send_s)} · layer time, {report.inputs.layout} overlapped: {seconds(r.layer_time_s)}"
 
 
-def causal_line(report: Report) -> str:
+def causal_lines(report: Report) -> tuple[str, str]:
     c = report.causal
     parts = [f"{name} {percent(value)}" for name, value in c.utilization.model_dump().items() if value is not None]
     return (
-        f"tile {count(c.tile)}: " + " · ".join(parts)
-        + f" (seed: {percent(c.utilization_coarse)} whole blocks, {percent(c.utilization_fine)} half diagonal)"
+        f"tile {count(c.tile)}: " + " · ".join(parts),
+        f"seed's block model: {percent(c.utilization_coarse)} whole blocks, {percent(c.utilization_fine)} half diagonal",
     )
 
 
@@ -144,18 +151,28 @@ def _table(title: str, columns: list[str]):  # noqa: ANN202
 
 
 def render_table(report: Report, console: Console) -> None:
+    from rich.table import Table
     from rich.text import Text
 
-    console.print(Text("cp-plan  ", style="bold") + Text(headline(report)))
-    console.print(machine_line(report), style="dim")
-    console.print(Text(verdict_line(report), style=COLOURS[report.ring.verdict]))
-    console.print(limits_line(report))
+    verdict = report.ring.verdict
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("cp-plan", headline(report))
+    head.add_row("shape", shape_line(report))
+    head.add_row("machine", machine_line(report))
+    head.add_row("link", link_line(report))
+    head.add_row(Text(verdict.upper(), style=COLOURS[verdict]), Text(verdict_line(report), style=COLOURS[verdict]))
+    head.add_row("limits", limits_line(report))
+    head.add_row("", largest_n_line(report))
+    console.print(head)
     console.print()
 
     memory = _table("Memory tiers, one layer", ["tier", "bytes"])
     for row in memory_rows(report):
         memory.add_row(*row)
     console.print(memory)
+    console.print()
 
     times = _table("Ring, one device", ["", "FLOP", "compute", "receive", "ratio"])
     for row in time_rows(report):
@@ -164,14 +181,23 @@ def render_table(report: Report, console: Console) -> None:
     console.print(time_caption(report), style="dim")
     console.print()
 
-    schemes = _table("Schemes, per device per layer", ["scheme", "receive", "comm", "comm/compute", "verdict", "note"])
+    schemes = _table("Schemes, per device per layer", ["scheme", "receive", "comm", "ratio", "verdict", "note"])
     for row in scheme_rows(report):
         row[4] = f"[{COLOURS[row[4]]}]{row[4]}[/]" if row[4] in COLOURS else row[4]
         schemes.add_row(*row)
     console.print(schemes)
-    console.print(Text("Causal utilisation ", style="bold") + Text(causal_line(report)))
+    console.print(SCHEMES_CAPTION, style="dim")
+    console.print()
+
+    tail = Table.grid(padding=(0, 2))
+    tail.add_column(style="bold")
+    tail.add_column()
+    measured, seed = causal_lines(report)
+    tail.add_row("causal", measured)
+    tail.add_row("", Text(seed, style="dim"))
     for note in report.notes:
-        console.print(f"• {note}", style="dim")
+        tail.add_row("note", Text(note, style="dim"))
+    console.print(tail)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -181,15 +207,20 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
-    out = [f"## cp-plan: {headline(report)}", "", machine_line(report), "",
-           f"**{verdict_line(report)}**", "", limits_line(report), "", "### Memory tiers, one layer", ""]  # fmt: skip
+    verdict = report.ring.verdict
+    out = [f"## cp-plan: {headline(report)}", "", f"- shape: {shape_line(report)}",
+           f"- machine: {machine_line(report)}", f"- link: {link_line(report)}",
+           f"- **{verdict.upper()}**: {verdict_line(report)}", f"- limits: {limits_line(report)}; {largest_n_line(report)}",
+           "", "### Memory tiers, one layer", ""]  # fmt: skip
     out += _md_table(["tier", "bytes"], memory_rows(report))
     out += ["", "### Ring, one device", ""]
     out += _md_table(["", "FLOP", "compute", "receive", "ratio"], time_rows(report))
     out += ["", time_caption(report)]
     out += ["", "### Schemes, per device per layer", ""]
-    out += _md_table(["scheme", "receive", "comm", "comm / compute", "verdict", "note"], scheme_rows(report))
-    out += ["", f"**Causal utilisation** {causal_line(report)}", ""]
+    out += _md_table(["scheme", "receive", "comm", "ratio", "verdict", "note"], scheme_rows(report))
+    out += ["", SCHEMES_CAPTION, ""]
+    measured, seed = causal_lines(report)
+    out += [f"**Causal utilisation**, {measured}; {seed}.", ""]
     out += [f"- {note}" for note in report.notes]
     if trace is not None:
         out += ["", "### Formulas", ""]

@@ -1,0 +1,56 @@
+"""How long `cp-plan ... --format json` takes, beside the cost of starting Python and importing sympy.
+
+    python benchmarks/cli_latency.py [--repeats 21]
+
+The commands run interleaved, round after round, so machine noise hits them alike; the script prints
+each median and its ratio to `python -c pass`. Goal (issue 2): the report path imports neither sympy
+nor torch and finishes in <= 0.25 s median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+REPORT = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--format", "json"]
+
+
+def commands() -> dict[str, list[str]]:
+    script = shutil.which("cp-plan")
+    report = [script, *REPORT] if script else [sys.executable, "-m", "costmodel.cli", *REPORT]
+    return {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        'python -c "import sympy"': [sys.executable, "-c", "import sympy"],
+        "cp-plan ... --format json": report,
+        "  its imports only": [sys.executable, "-c", "import costmodel.cli.app, costmodel.plan, costmodel.cli.render"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    args = parser.parse_args()
+    cmds = commands()
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(args.repeats):
+        for name, cmd in cmds.items():
+            start = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+            times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["python -c pass"])
+    print(f"{'command':32} {'median':>9} {'IQR':>9} {'x python':>9}   ({args.repeats} interleaved runs)")
+    for name, values in times.items():
+        q1, _, q3 = statistics.quantiles(values, n=4)
+        med = statistics.median(values)
+        print(f"{name:32} {med * 1e3:7.0f}ms {(q3 - q1) * 1e3:7.0f}ms {med / base:8.1f}x")
+    report = statistics.median(times["cp-plan ... --format json"])
+    sympy_ = statistics.median(times['python -c "import sympy"'])
+    print(f"\ncp-plan json / import sympy = {report / sympy_:.2f}; goal <= 0.25 s: {'met' if report <= 0.25 else 'missed'}")
+
+
+if __name__ == "__main__":
+    main()
