@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -42,7 +42,7 @@ class Source(_Strict):
     nproc: int | None = Field(default=None, description="ranks that ran at once")
 
     @model_validator(mode="after")
-    def _cited(self) -> Source:
+    def _cited(self) -> Self:
         if self.kind == "datasheet" and not self.url:
             raise ValueError("a datasheet profile must give source.url")
         if self.kind == "measured" and not (self.host and self.date):
@@ -69,7 +69,7 @@ class Link(_Strict):
     alltoall: Collective | None = Field(default=None, description="measured all-to-all, if it differs")
 
     @model_validator(mode="after")
-    def _directions_agree(self) -> Link:
+    def _directions_agree(self) -> Self:
         both = self.bandwidth_bidirectional
         if both is not None and abs(both - 2 * self.bandwidth_per_direction) > 1e-6 * both:
             raise ValueError(
@@ -104,7 +104,7 @@ class Device(_Strict):
     hbm_bandwidth: Positive | None = Field(default=None, description="memory bandwidth, bytes/s")
 
     @model_validator(mode="after")
-    def _peak_given(self) -> Device:
+    def _peak_given(self) -> Self:
         if not self.peak_flops:
             raise ValueError("peak_flops must list at least one dtype")
         return self
@@ -124,7 +124,7 @@ class HardwareProfile(_Strict):
     links: Links
 
     @model_validator(mode="after")
-    def _placement(self) -> HardwareProfile:
+    def _placement(self) -> Self:
         if self.ranks_per_node > self.devices_per_node:
             raise ValueError("cp_ranks_per_node cannot exceed devices_per_node")
         return self

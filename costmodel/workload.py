@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -55,7 +55,7 @@ class ModelPreset(BaseModel):
     vocab: PositiveInt
 
     @model_validator(mode="after")
-    def _gqa(self) -> ModelPreset:
+    def _gqa(self) -> Self:
         if self.kv_heads > self.heads or self.heads % self.kv_heads:
             raise ValueError(f"kv_heads {self.kv_heads} must divide heads {self.heads}")
         return self
@@ -108,7 +108,7 @@ class PlanInputs(BaseModel):
     def shard_tokens(self) -> int:
         return self.seq // self.n
 
-    def check(self) -> PlanInputs:
+    def check(self) -> Self:
         """Raise :class:`InputError` naming the field for anything the model cannot evaluate."""
         for field in ("seq", "n", "batch", "heads", "kv_heads", "head_dim", "block"):
             value = getattr(self, field)
