@@ -9,11 +9,12 @@ from typing import Any
 from costmodel.errors import InputError
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one, never half.
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never half.
 
-    The text goes to a temporary file in the same directory, is flushed to disk, then renamed over
-    the target (rename is atomic within one filesystem). On any error the temporary file is removed.
+    The data goes to a temporary file in the same directory, is flushed to disk, then renamed over
+    the target (rename is atomic within one filesystem). On any error, Ctrl-C included, the temporary
+    file is removed and the target is untouched.
     """
     import tempfile
 
@@ -21,8 +22,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
@@ -30,6 +31,11 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """:func:`atomic_write_bytes` for UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def load_yaml(path: str | os.PathLike[str], field: str) -> Any:

@@ -27,22 +27,38 @@ import sympy
 from costmodel.symbols import (
     B,
     F,
+    F_ffn,
     F_peak,
+    H,
+    M_dev,
     N,
     N_r,
     N_u,
     S,
+    V,
     alpha,
     b,
     c,
     d,
+    delta,
+    e_m,
     eta,
+    g,
     h,
     n_kv,
+    n_L,
     p,
     p_acc,
+    phi,
+    pp,
     r,
+    rho,
     s_blk,
+    sigma,
+    t,
+    z_g,
+    z_o,
+    z_w,
 )
 
 
@@ -109,7 +125,7 @@ def define(
     lhs = sympy.Symbol(symbol, positive=True)
     if lhs in _RESOLVE:
         raise ValueError(f"symbol {symbol!r} used by two formulas")
-    expr = sympy.simplify(sympy.sympify(definition).xreplace(_RESOLVE).xreplace(at or {}))
+    expr = sympy.simplify(sympy.sympify(definition).xreplace(_RESOLVE).doit().xreplace(at or {}))
     _RESOLVE[lhs] = expr
     FORMULAS[name] = Formula(name, lhs, sympy.sympify(definition), expr, meaning, unit, source, _group)
     return lhs
@@ -188,11 +204,15 @@ define("comm_ratio_layer", "rho_layer", tau_layer / t_layer, "layer receive time
 # Solve r * t_step(L) = tau_step(L) for the shard length L; with alpha = 0 it is linear.
 _group = "limits"
 _ell = sympy.Symbol("ell", positive=True)
-_at_ell = {S: _ell * N}
-_shard_at_ratio = _positive_root(
-    r * _RESOLVE[t_comp].xreplace(_at_ell) - _RESOLVE[t_comm].xreplace(_at_ell), _ell
-)
-L_r = define("shard_tokens_at_ratio", "L_r", _shard_at_ratio,
+
+
+def _shard_at_ratio(compute: sympy.Symbol, comm: sympy.Symbol) -> sympy.Expr:
+    """Shard length L at which r x compute(L) = comm(L), with S = L·N substituted."""
+    at = {S: _ell * N}
+    return _positive_root(r * _RESOLVE[compute].xreplace(at) - _RESOLVE[comm].xreplace(at), _ell)
+
+
+L_r = define("shard_tokens_at_ratio", "L_r", _shard_at_ratio(t_comp, t_comm),
              "shard length at which step comm = r x step compute", "tokens", "SPEC §4.2")
 define("critical_shard_tokens", "L_star", L_r,
        "shard length L* where step comm = step compute: longer shards hide the link", "tokens",
@@ -246,6 +266,70 @@ define("utilization_coarse", "u_coarse", (N + 1) / (2 * N),
        "contiguous causal utilisation, diagonal block counted whole", "1", "seed 000 §6")
 define("utilization_fine", "u_fine", N / (2 * N - 1),
        "contiguous causal utilisation, diagonal block counted as half", "1", "seed 000 §6")
+
+# --- Backward pass of ring attention (issue 5). -------------------------------------------------
+# FlashAttention-2 counts the backward as 2.5x the forward FLOP: five matmuls against two, the
+# recomputation of QK^T included. K and V travel the ring again, now with their dK/dV
+# accumulators in fp32 (p_acc bytes): N-1 KV hops and N dK/dV hops (the last one brings them home).
+_group = "backward"
+W_bwd = define("bwd_step_flops", "W_bwd_step", sympy.Rational(5, 2) * W_step,
+               "FLOP per device per backward ring step", "FLOP", "FlashAttention-2 (Dao 2023) §4")
+C_bwd = define("bwd_step_recv_bytes", "C_bwd_step", b * L * 2 * n_kv * d * (p + p_acc),
+               "KV block and its fp32 dK/dV accumulator, received each backward step", "B", "issue 3, issue 5")
+define("bwd_recv_bytes_per_layer", "C_bwd_recv", (N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc,
+       "backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks", "B", "issue 5")
+define("bwd_intensity_step", "I_bwd_step", W_bwd / C_bwd, "backward step arithmetic intensity", "FLOP/B",
+       "issue 5")
+t_bwd = define("bwd_step_compute_s", "t_bwd_step", W_bwd / F, "compute time of one backward step", "s", "issue 5")
+tau_bwd = define("bwd_step_comm_s", "tau_bwd_step", alpha + C_bwd / B, "receive time of one backward step", "s",
+                 "issue 5")
+define("bwd_layer_compute_s", "t_bwd_layer", N * t_bwd, "backward compute time of one layer on one device", "s",
+       "issue 5")
+define("bwd_comm_ratio_step", "rho_bwd_step", tau_bwd / t_bwd, "backward step receive time / step compute time",
+       "1", "issue 5")
+L_bwd_r = define("bwd_shard_tokens_at_ratio", "L_bwd_r", _shard_at_ratio(t_bwd, tau_bwd),
+                 "shard length at which backward step comm = r x its compute", "tokens", "issue 5")
+define("bwd_critical_shard_tokens", "L_bwd_star", L_bwd_r, "backward L*: step comm = step compute", "tokens",
+       "issue 5", at={r: 1})
+define("bwd_n_at_ratio", "N_bwd_at_r", S / L_bwd_r, "CP degree at which the backward step ratio reaches r",
+       "devices", "issue 5")
+
+# --- Memory fit of a training step (issue 5). -------------------------------------------------
+# Activations per layer follow Korthikanti et al. 2022 §4 term by term. Stored per token: the two
+# norm inputs, the QKV and MLP inputs and two dropout masks, which TP splits only with sequence
+# parallelism; Q, K, V, the attention output and the MLP intermediates, which TP splits; and the
+# 5·a·s²·b of attention scores, which flash attention and selective recompute do not keep (phi = 0).
+# With MHA, a 4H GeLU MLP and dropout this is the paper's sbh(34 + 5as/h); GQA and a gated MLP
+# generalise the same terms. Context parallelism leaves S/N tokens per device.
+_group = "fit"
+P = define("params", "P", n_L * (H * d * (2 * h + 2 * n_kv) + (2 + g) * H * F_ffn + 2 * H) + e_m * V * H + H,
+           "parameters: attention, MLP (3 matrices when gated), norms, embeddings", "1", "model arithmetic")
+M_state = define("model_state_bytes", "M_state", P / (t * pp) * (2 * z_w + 4 * z_g + 12 * z_o),
+                 "bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device", "B",
+                 "ZeRO (Rajbhandari et al. 2020); Megatron distributed optimizer")
+_split = sigma / t + 1 - sigma  # the share of the unsplit terms a device keeps
+A_layer = define("layer_activation_bytes", "A_layer",
+                 b * L * ((8 + 2 * delta) * H * _split + (4 * h * d + 4 * n_kv * d + 2 * (2 + g) * F_ffn) / t
+                          + 5 * phi * h * L / t),
+                 "activations one layer keeps for its backward, per device", "B", "Korthikanti et al. 2022 §4.1")
+A_in = define("layer_input_bytes", "A_input", b * L * 2 * H * _split,
+              "the layer input: all a layer keeps under full recompute", "B", "Korthikanti et al. 2022 §5")
+A_out = define("output_activation_bytes", "A_output", b * L * (2 * H + 4 * V / t),
+               "final hidden state and the fp32 softmax of the vocab-parallel cross-entropy", "B",
+               "Megatron vocab-parallel cross-entropy")
+A = define("activation_bytes", "A", n_L * ((1 - rho) * A_layer + rho * A_in) + A_out,
+           "activations per device: n_L layers' worth (the first pipeline stage holds pp micro-batches of "
+           "n_L/pp layers) and the output layer", "B", "Korthikanti et al. 2022 §4.2")
+R_buf = define("ring_buffer_bytes", "M_ring", (2 * C_bwd + b * h * L * d * p_acc) / t,
+               "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, "
+               "for a TP rank's heads", "B", "issue 5")
+M_total = define("training_memory_bytes", "M_total", M_state + A + R_buf,
+                 "model states, activations and ring buffers per device", "B", "issue 5")
+# With flash attention (phi = 0) activations and ring buffers all scale as 1/N, so the smallest N
+# that fits is what they need at N = 1 over the memory the model states leave free.
+define("n_min_memory", "N_min", sympy.Subs(A + R_buf, N, 1) / (M_dev - M_state),
+       "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention", "devices",
+       "issue 5", at={phi: 0})
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))
 

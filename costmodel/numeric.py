@@ -227,6 +227,106 @@ def utilization_fine(*, N):
     return N/(2*N - 1)
 
 
+def bwd_step_flops(*, N, S, b, c, d, h):
+    """W_bwd_step = 10*S**2*b*c*d*h/N**2: FLOP per device per backward ring step [FLOP] (FlashAttention-2 (Dao 2023) §4)."""
+    return 10*S**2*b*c*d*h/N**2
+
+
+def bwd_step_recv_bytes(*, N, S, b, d, n_kv, p, p_acc):
+    """C_bwd_step = 2*S*b*d*n_kv*(p + p_acc)/N: KV block and its fp32 dK/dV accumulator, received each backward step [B] (issue 3, issue 5)."""
+    return 2*S*b*d*n_kv*(p + p_acc)/N
+
+
+def bwd_recv_bytes_per_layer(*, N, S, b, d, n_kv, p, p_acc):
+    """C_bwd_recv = 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N: backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks [B] (issue 5)."""
+    return 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N
+
+
+def bwd_intensity_step(*, N, S, c, h, n_kv, p, p_acc):
+    """I_bwd_step = 5*S*c*h/(N*n_kv*(p + p_acc)): backward step arithmetic intensity [FLOP/B] (issue 5)."""
+    return 5*S*c*h/(N*n_kv*(p + p_acc))
+
+
+def bwd_step_compute_s(*, F, N, S, b, c, d, h):
+    """t_bwd_step = 10*S**2*b*c*d*h/(F*N**2): compute time of one backward step [s] (issue 5)."""
+    return 10*S**2*b*c*d*h/(F*N**2)
+
+
+def bwd_step_comm_s(*, B, N, S, alpha, b, d, n_kv, p, p_acc):
+    """tau_bwd_step = (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N): receive time of one backward step [s] (issue 5)."""
+    return (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)
+
+
+def bwd_layer_compute_s(*, F, N, S, b, c, d, h):
+    """t_bwd_layer = 10*S**2*b*c*d*h/(F*N): backward compute time of one layer on one device [s] (issue 5)."""
+    return 10*S**2*b*c*d*h/(F*N)
+
+
+def bwd_comm_ratio_step(*, B, F, N, S, alpha, b, c, d, h, n_kv, p, p_acc):
+    """rho_bwd_step = F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h): backward step receive time / step compute time [1] (issue 5)."""
+    return (1/10)*F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*S**2*b*c*d*h)
+
+
+def bwd_shard_tokens_at_ratio(*, B, F, alpha, b, c, d, h, n_kv, p, p_acc, r):
+    """L_bwd_r = (sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r): shard length at which backward step comm = r x its compute [tokens] (issue 5)."""
+    return (1/10)*(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r)
+
+
+def bwd_critical_shard_tokens(*, B, F, alpha, b, c, d, h, n_kv, p, p_acc):
+    """L_bwd_star = (sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h): backward L*: step comm = step compute [tokens] (issue 5)."""
+    return (1/10)*(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h)
+
+
+def bwd_n_at_ratio(*, B, F, S, alpha, b, c, d, h, n_kv, p, p_acc, r):
+    """N_bwd_at_r = 10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc)): CP degree at which the backward step ratio reaches r [devices] (issue 5)."""
+    return 10*B*S*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r/(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))
+
+
+def params(*, F_ffn, H, V, d, e_m, g, h, n_L, n_kv):
+    """P = H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1): parameters: attention, MLP (3 matrices when gated), norms, embeddings [1] (model arithmetic)."""
+    return H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)
+
+
+def model_state_bytes(*, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, pp, t, z_g, z_o, z_w):
+    """M_state = 2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t): bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device [B] (ZeRO (Rajbhandari et al. 2020); Megatron distributed optimizer)."""
+    return 2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t)
+
+
+def layer_activation_bytes(*, F_ffn, H, N, S, b, d, delta, g, h, n_kv, phi, sigma, t):
+    """A_layer = S*b*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma + t*(1 - sigma)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)/(N**2*t): activations one layer keeps for its backward, per device [B] (Korthikanti et al. 2022 §4.1)."""
+    return S*b*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma + t*(1 - sigma)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)/(N**2*t)
+
+
+def layer_input_bytes(*, H, N, S, b, sigma, t):
+    """A_input = 2*H*S*b*(sigma + t*(1 - sigma))/(N*t): the layer input: all a layer keeps under full recompute [B] (Korthikanti et al. 2022 §5)."""
+    return 2*H*S*b*(sigma + t*(1 - sigma))/(N*t)
+
+
+def output_activation_bytes(*, H, N, S, V, b, t):
+    """A_output = 2*S*b*(H*t + 2*V)/(N*t): final hidden state and the fp32 softmax of the vocab-parallel cross-entropy [B] (Megatron vocab-parallel cross-entropy)."""
+    return 2*S*b*(H*t + 2*V)/(N*t)
+
+
+def activation_bytes(*, F_ffn, H, N, S, V, b, d, delta, g, h, n_L, n_kv, phi, rho, sigma, t):
+    """A = S*b*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(N**2*t): activations per device: n_L layers' worth (the first pipeline stage holds pp micro-batches of n_L/pp layers) and the output layer [B] (Korthikanti et al. 2022 §4.2)."""
+    return S*b*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(N**2*t)
+
+
+def ring_buffer_bytes(*, N, S, b, d, h, n_kv, p, p_acc, t):
+    """M_ring = S*b*d*(h*p_acc + 4*n_kv*(p + p_acc))/(N*t): ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, for a TP rank's heads [B] (issue 5)."""
+    return S*b*d*(h*p_acc + 4*n_kv*(p + p_acc))/(N*t)
+
+
+def training_memory_bytes(*, F_ffn, H, N, S, V, b, d, delta, e_m, g, h, n_L, n_kv, p, p_acc, phi, pp, rho, sigma, t, z_g, z_o, z_w):
+    """M_total = (2*H*N**2*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + N*S*b*d*pp*(h*p_acc + 4*n_kv*(p + p_acc)) + S*b*pp*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(N**2*pp*t): model states, activations and ring buffers per device [B] (issue 5)."""
+    return (2*H*N**2*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + N*S*b*d*pp*(h*p_acc + 4*n_kv*(p + p_acc)) + S*b*pp*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(N**2*pp*t)
+
+
+def n_min_memory(*, F_ffn, H, M_dev, S, V, b, d, delta, e_m, g, h, n_L, n_kv, p, p_acc, pp, rho, sigma, t, z_g, z_o, z_w):
+    """N_min = -S*b*pp*(2*H*t + 4*V + d*(h*p_acc + 4*n_kv*(p + p_acc)) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - M_dev*pp*t): smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention [devices] (issue 5)."""
+    return -S*b*pp*(2*H*t + 4*V + d*(h*p_acc + 4*n_kv*(p + p_acc)) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - M_dev*pp*t)
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', 'seed 000 §2', 'memory'),
@@ -273,6 +373,26 @@ INFO = {
     'tp_to_ring_ratio': ('C_TP_over_C_recv', '2*N*h/(n_kv*(N - 1))', '2*{N}*{h}/({n_kv}*({N} - 1))', 'TP bytes / ring receive bytes', '1', 'seed 000 §13', 'tp'),
     'utilization_coarse': ('u_coarse', '(N + 1)/(2*N)', '({N} + 1)/(2*{N})', 'contiguous causal utilisation, diagonal block counted whole', '1', 'seed 000 §6', 'causal'),
     'utilization_fine': ('u_fine', 'N/(2*N - 1)', '{N}/(2*{N} - 1)', 'contiguous causal utilisation, diagonal block counted as half', '1', 'seed 000 §6', 'causal'),
+    'bwd_step_flops': ('W_bwd_step', '10*S**2*b*c*d*h/N**2', '10*{S}**2*{b}*{c}*{d}*{h}/{N}**2', 'FLOP per device per backward ring step', 'FLOP', 'FlashAttention-2 (Dao 2023) §4', 'backward'),
+    'bwd_step_recv_bytes': ('C_bwd_step', '2*S*b*d*n_kv*(p + p_acc)/N', '2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc})/{N}', 'KV block and its fp32 dK/dV accumulator, received each backward step', 'B', 'issue 3, issue 5', 'backward'),
+    'bwd_recv_bytes_per_layer': ('C_bwd_recv', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/{N}', 'backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks', 'B', 'issue 5', 'backward'),
+    'bwd_intensity_step': ('I_bwd_step', '5*S*c*h/(N*n_kv*(p + p_acc))', '5*{S}*{c}*{h}/({N}*{n_kv}*({p} + {p_acc}))', 'backward step arithmetic intensity', 'FLOP/B', 'issue 5', 'backward'),
+    'bwd_step_compute_s': ('t_bwd_step', '10*S**2*b*c*d*h/(F*N**2)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N}**2)', 'compute time of one backward step', 's', 'issue 5', 'backward'),
+    'bwd_step_comm_s': ('tau_bwd_step', '(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)', '({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/({B}*{N})', 'receive time of one backward step', 's', 'issue 5', 'backward'),
+    'bwd_layer_compute_s': ('t_bwd_layer', '10*S**2*b*c*d*h/(F*N)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N})', 'backward compute time of one layer on one device', 's', 'issue 5', 'backward'),
+    'bwd_comm_ratio_step': ('rho_bwd_step', 'F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h)', '{F}*{N}*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/(10*{B}*{S}**2*{b}*{c}*{d}*{h})', 'backward step receive time / step compute time', '1', 'issue 5', 'backward'),
+    'bwd_shard_tokens_at_ratio': ('L_bwd_r', '(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r})', 'shard length at which backward step comm = r x its compute', 'tokens', 'issue 5', 'backward'),
+    'bwd_critical_shard_tokens': ('L_bwd_star', '(sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h})', 'backward L*: step comm = step compute', 'tokens', 'issue 5', 'backward'),
+    'bwd_n_at_ratio': ('N_bwd_at_r', '10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))', '10*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))', 'CP degree at which the backward step ratio reaches r', 'devices', 'issue 5', 'backward'),
+    'params': ('P', 'H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)', '{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)', 'parameters: attention, MLP (3 matrices when gated), norms, embeddings', '1', 'model arithmetic', 'fit'),
+    'model_state_bytes': ('M_state', '2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t)', '2*{H}*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({pp}*{t})', 'bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device', 'B', 'ZeRO (Rajbhandari et al. 2020); Megatron distributed optimizer', 'fit'),
+    'layer_activation_bytes': ('A_layer', 'S*b*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma + t*(1 - sigma)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)/(N**2*t)', '{S}*{b}*(2*{N}*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} + {t}*(1 - {sigma})) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi})/({N}**2*{t})', 'activations one layer keeps for its backward, per device', 'B', 'Korthikanti et al. 2022 §4.1', 'fit'),
+    'layer_input_bytes': ('A_input', '2*H*S*b*(sigma + t*(1 - sigma))/(N*t)', '2*{H}*{S}*{b}*({sigma} + {t}*(1 - {sigma}))/({N}*{t})', 'the layer input: all a layer keeps under full recompute', 'B', 'Korthikanti et al. 2022 §5', 'fit'),
+    'output_activation_bytes': ('A_output', '2*S*b*(H*t + 2*V)/(N*t)', '2*{S}*{b}*({H}*{t} + 2*{V})/({N}*{t})', 'final hidden state and the fp32 softmax of the vocab-parallel cross-entropy', 'B', 'Megatron vocab-parallel cross-entropy', 'fit'),
+    'activation_bytes': ('A', 'S*b*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(N**2*t)', '{S}*{b}*(2*{N}*({H}*{t} + 2*{V}) + {n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi})))/({N}**2*{t})', "activations per device: n_L layers' worth (the first pipeline stage holds pp micro-batches of n_L/pp layers) and the output layer", 'B', 'Korthikanti et al. 2022 §4.2', 'fit'),
+    'ring_buffer_bytes': ('M_ring', 'S*b*d*(h*p_acc + 4*n_kv*(p + p_acc))/(N*t)', '{S}*{b}*{d}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc}))/({N}*{t})', "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, for a TP rank's heads", 'B', 'issue 5', 'fit'),
+    'training_memory_bytes': ('M_total', '(2*H*N**2*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + N*S*b*d*pp*(h*p_acc + 4*n_kv*(p + p_acc)) + S*b*pp*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(N**2*pp*t)', '(2*{H}*{N}**2*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {N}*{S}*{b}*{d}*{pp}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc})) + {S}*{b}*{pp}*(2*{N}*({H}*{t} + 2*{V}) + {n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi}))))/({N}**2*{pp}*{t})', 'model states, activations and ring buffers per device', 'B', 'issue 5', 'fit'),
+    'n_min_memory': ('N_min', '-S*b*pp*(2*H*t + 4*V + d*(h*p_acc + 4*n_kv*(p + p_acc)) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - M_dev*pp*t)', '-{S}*{b}*{pp}*(2*{H}*{t} + 4*{V} + {d}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc})) + 2*{n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv})))/(2*{H}*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) - {M_dev}*{pp}*{t})', 'smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention', 'devices', 'issue 5', 'fit'),
 }
 
 ARGS = {
@@ -320,6 +440,26 @@ ARGS = {
     'tp_to_ring_ratio': ('N', 'h', 'n_kv'),
     'utilization_coarse': ('N',),
     'utilization_fine': ('N',),
+    'bwd_step_flops': ('N', 'S', 'b', 'c', 'd', 'h'),
+    'bwd_step_recv_bytes': ('N', 'S', 'b', 'd', 'n_kv', 'p', 'p_acc'),
+    'bwd_recv_bytes_per_layer': ('N', 'S', 'b', 'd', 'n_kv', 'p', 'p_acc'),
+    'bwd_intensity_step': ('N', 'S', 'c', 'h', 'n_kv', 'p', 'p_acc'),
+    'bwd_step_compute_s': ('F', 'N', 'S', 'b', 'c', 'd', 'h'),
+    'bwd_step_comm_s': ('B', 'N', 'S', 'alpha', 'b', 'd', 'n_kv', 'p', 'p_acc'),
+    'bwd_layer_compute_s': ('F', 'N', 'S', 'b', 'c', 'd', 'h'),
+    'bwd_comm_ratio_step': ('B', 'F', 'N', 'S', 'alpha', 'b', 'c', 'd', 'h', 'n_kv', 'p', 'p_acc'),
+    'bwd_shard_tokens_at_ratio': ('B', 'F', 'alpha', 'b', 'c', 'd', 'h', 'n_kv', 'p', 'p_acc', 'r'),
+    'bwd_critical_shard_tokens': ('B', 'F', 'alpha', 'b', 'c', 'd', 'h', 'n_kv', 'p', 'p_acc'),
+    'bwd_n_at_ratio': ('B', 'F', 'S', 'alpha', 'b', 'c', 'd', 'h', 'n_kv', 'p', 'p_acc', 'r'),
+    'params': ('F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
+    'model_state_bytes': ('F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'pp', 't', 'z_g', 'z_o', 'z_w'),
+    'layer_activation_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'delta', 'g', 'h', 'n_kv', 'phi', 'sigma', 't'),
+    'layer_input_bytes': ('H', 'N', 'S', 'b', 'sigma', 't'),
+    'output_activation_bytes': ('H', 'N', 'S', 'V', 'b', 't'),
+    'activation_bytes': ('F_ffn', 'H', 'N', 'S', 'V', 'b', 'd', 'delta', 'g', 'h', 'n_L', 'n_kv', 'phi', 'rho', 'sigma', 't'),
+    'ring_buffer_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p', 'p_acc', 't'),
+    'training_memory_bytes': ('F_ffn', 'H', 'N', 'S', 'V', 'b', 'd', 'delta', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'p_acc', 'phi', 'pp', 'rho', 'sigma', 't', 'z_g', 'z_o', 'z_w'),
+    'n_min_memory': ('F_ffn', 'H', 'M_dev', 'S', 'V', 'b', 'd', 'delta', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'p_acc', 'pp', 'rho', 'sigma', 't', 'z_g', 'z_o', 'z_w'),
 }
 
 # symbol: (meaning, unit, source)
@@ -342,4 +482,20 @@ SYMBOLS = {
     'r': ('target ratio of step receive time to step compute time', '1', 'SPEC §5'),
     'N_u': ('USP all-to-all (Ulysses) degree', 'devices', 'SPEC §4.5'),
     'N_r': ('USP ring degree', 'devices', 'SPEC §4.5'),
+    'H': ('hidden size', 'elements', 'Korthikanti et al. 2022 §4'),
+    'F_ffn': ('MLP inner size', 'elements', 'Korthikanti et al. 2022 §4'),
+    'V': ('vocabulary size', 'tokens', 'Korthikanti et al. 2022 §4'),
+    'n_L': ('transformer layers', 'layers', 'Korthikanti et al. 2022 §4'),
+    'g': ('gated MLP (SwiGLU): 1, plain (GeLU): 0', '1', 'model preset'),
+    'delta': ('dropout masks stored: 1, no dropout: 0', '1', 'Korthikanti et al. 2022 §4'),
+    'phi': ('attention scores kept for backward: 0 with flash attention or selective recompute, 1 otherwise', '1', 'Korthikanti et al. 2022 §4'),
+    'sigma': ('sequence parallel with TP: 1 on, 0 off', '1', 'Korthikanti et al. 2022 §4'),
+    't': ('tensor-parallel degree', 'devices', 'Korthikanti et al. 2022 §4'),
+    'pp': ('pipeline-parallel degree', 'devices', 'issue 5'),
+    'z_w': ('fraction of the bf16 weights a device keeps (1/D under ZeRO-3)', '1', 'ZeRO (Rajbhandari 2020)'),
+    'z_g': ('fraction of the fp32 gradients a device keeps (1/D from ZeRO-2)', '1', 'ZeRO (Rajbhandari 2020)'),
+    'z_o': ('fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)', '1', 'ZeRO (Rajbhandari 2020)'),
+    'rho': ('full activation recompute: 1 (only layer inputs kept), else 0', '1', 'Korthikanti et al. 2022 §4'),
+    'e_m': ('embedding matrices: 2 untied input and output, 1 tied', '1', 'model preset'),
+    'M_dev': ('usable device memory: HBM x (1 - headroom)', 'B', 'issue 5'),
 }

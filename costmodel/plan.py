@@ -17,6 +17,7 @@ from costmodel.hardware import HardwareProfile
 from costmodel.layouts import LAYOUTS, chunks_per_rank
 from costmodel.report import (
     TP,
+    Backward,
     Causal,
     Compute,
     Hardware,
@@ -27,6 +28,7 @@ from costmodel.report import (
     Ring,
     Ulysses,
     USPEntry,
+    Verdict,
 )
 from costmodel.timeline import ring_layer_time
 from costmodel.verdict import AMBER, GREEN, band
@@ -57,6 +59,28 @@ class Evaluator:
         if self.trace is not None:
             self.trace.append(Evaluation(name, args, value))
         return value
+
+
+def plan_values(inputs: PlanInputs, profile: HardwareProfile, n: int | None = None) -> dict[str, Any]:
+    """The base symbols' values for a plan at CP degree ``n`` (default the plan's), on the link n uses."""
+    n = inputs.n if n is None else n
+    link, _ = profile.link_for(n)
+    peak, effective = profile.flops(inputs.dtype, inputs.efficiency)
+    return {
+        "S": inputs.seq, "N": n, "b": inputs.batch, "h": inputs.heads, "n_kv": inputs.kv_heads,
+        "d": inputs.head_dim, "p": inputs.bytes_per_element, "p_acc": ACCUMULATOR_BYTES,
+        "s_blk": inputs.block, "c": 0.5 if inputs.causal else 1, "F": effective, "F_peak": peak,
+        "eta": inputs.efficiency, "B": link.bandwidth_per_direction, "alpha": link.latency_s,
+    }  # fmt: skip
+
+
+PASSES = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd+bwd": ("fwd", "bwd")}
+RATIO = {"fwd": "comm_ratio_step", "bwd": "bwd_comm_ratio_step"}
+
+
+def pass_ratio(ev: Evaluator, pass_: str, **overrides: Any) -> float:
+    """The step comm ratio of a pass; for fwd+bwd the worse one, since every step must hide its transfer."""
+    return max(float(ev(RATIO[phase], **overrides)) for phase in PASSES[pass_])
 
 
 def ulysses_feasibility(heads: int, kv_heads: int, degree: int) -> tuple[bool, str]:
@@ -96,13 +120,7 @@ def evaluate(inputs: PlanInputs, profile: HardwareProfile, trace: list[Evaluatio
     inputs.check()
     link, scope = profile.link_for(inputs.n)
     peak, effective = profile.flops(inputs.dtype, inputs.efficiency)
-    values = {
-        "S": inputs.seq, "N": inputs.n, "b": inputs.batch, "h": inputs.heads, "n_kv": inputs.kv_heads,
-        "d": inputs.head_dim, "p": inputs.bytes_per_element, "p_acc": ACCUMULATOR_BYTES,
-        "s_blk": inputs.block, "c": 0.5 if inputs.causal else 1, "F": effective, "F_peak": peak,
-        "eta": inputs.efficiency, "B": link.bandwidth_per_direction, "alpha": link.latency_s,
-    }  # fmt: skip
-    ev = Evaluator(values, trace)
+    ev = Evaluator(plan_values(inputs, profile), trace)
 
     hardware = Hardware(
         name=profile.name,
@@ -129,6 +147,8 @@ def evaluate(inputs: PlanInputs, profile: HardwareProfile, trace: list[Evaluatio
         ring=ring,
         ulysses=_ulysses(ev, inputs, profile),
         usp=[_usp(ev, inputs, profile, n_u) for n_u in divisors(inputs.n)],
+        backward=_backward(ev),
+        verdict=_verdict(ev, inputs),
         tp=TP(bytes_per_layer=ev("tp_bytes_per_layer"),
                ratio_to_ring=ev("tp_to_ring_ratio") if inputs.n > 1 else None),
         causal=_causal(ev, inputs),
@@ -171,6 +191,28 @@ def _ring(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile, peak: flo
         critical_shard_tokens=ev("critical_shard_tokens"),
         layer_time_s=ring_layer_time(schedule.step_pairs * pair_s, step_comm),
     )
+
+
+def _backward(ev: Evaluator) -> Backward:
+    ratio = float(ev("bwd_comm_ratio_step"))
+    return Backward(
+        step_flops=ev("bwd_step_flops"),
+        step_recv_bytes=ev("bwd_step_recv_bytes"),
+        recv_bytes_per_layer=ev("bwd_recv_bytes_per_layer"),
+        intensity_step=ev("bwd_intensity_step"),
+        step_compute_s=ev("bwd_step_compute_s"),
+        step_comm_s=ev("bwd_step_comm_s"),
+        layer_compute_s=ev("bwd_layer_compute_s"),
+        comm_ratio_step=ratio,
+        verdict=band(ratio).verdict,
+        critical_shard_tokens=ev("bwd_critical_shard_tokens"),
+    )
+
+
+def _verdict(ev: Evaluator, inputs: PlanInputs) -> Verdict:
+    ratio = pass_ratio(ev, inputs.pass_)
+    chosen = band(ratio)
+    return Verdict(pass_=inputs.pass_, comm_ratio_step=ratio, verdict=chosen.verdict, text=chosen.text)
 
 
 def _ulysses(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile) -> Ulysses:

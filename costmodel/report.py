@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.hardware import Dtype
 from costmodel.layouts import Layout
 from costmodel.verdict import Colour
+from costmodel.workload import Pass, PlanInputs, TrainingSetup
 
 SCHEMA = "cp-plan/report/v1"
 
@@ -21,6 +22,8 @@ class _Section(BaseModel):
 
 class Inputs(_Section):
     """What was planned, after flags, model preset and defaults were resolved."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
     seq: int = Field(description="S, sequence length in tokens")
     n: int = Field(description="N, CP degree")
@@ -36,6 +39,7 @@ class Inputs(_Section):
     efficiency: float = Field(description="effective / peak FLOP/s asked for (--efficiency)")
     hw: str = Field(description="hardware profile name")
     model: str | None = Field(description="model preset, when the shape came from one")
+    pass_: Pass = Field(alias="pass", description="which pass the headline verdict covers")
 
 
 class Hardware(_Section):
@@ -103,6 +107,32 @@ class Ring(_Section):
     )
 
 
+class Backward(_Section):
+    """The ring's backward pass (issue 5): 2.5x the forward FLOP; K, V and fp32 dK/dV travel."""
+
+    step_flops: float = Field(description="2.5 x the forward step (FlashAttention-2 count)")
+    step_recv_bytes: float = Field(description="KV block plus its fp32 dK/dV accumulator")
+    recv_bytes_per_layer: float = Field(description="N-1 KV blocks and N dK/dV blocks")
+    intensity_step: float = Field(description="FLOP/byte")
+    step_compute_s: float
+    step_comm_s: float
+    layer_compute_s: float
+    comm_ratio_step: float = Field(description="backward step receive / step compute")
+    verdict: Colour
+    critical_shard_tokens: float = Field(description="backward L*")
+
+
+class Verdict(_Section):
+    """The headline: the band of the step comm ratio for the chosen pass (the worse one for fwd+bwd)."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
+
+    pass_: Pass = Field(alias="pass", description="fwd, bwd, or fwd+bwd")
+    comm_ratio_step: float = Field(description="max over the pass's phases")
+    verdict: Colour
+    text: str
+
+
 class Ulysses(_Section):
     """DeepSpeed-Ulysses all-to-all over the same N devices (seed 000 §4.2, §7; SPEC §4.4)."""
 
@@ -167,9 +197,67 @@ class Report(_Section):
     hardware: Hardware
     memory: Memory
     compute: Compute
+    verdict: Verdict
     ring: Ring
+    backward: Backward
     ulysses: Ulysses
     usp: list[USPEntry] = Field(description="every factorisation N = N_u x N_r, N_u ascending")
     tp: TP
     causal: Causal
     notes: list[str] = Field(description="topology and caveats, one sentence each")
+
+
+class Fit(_Section):
+    """Training memory per device at one CP degree (issue 5; activations after Korthikanti et al. 2022)."""
+
+    n: int = Field(description="the CP degree this fit is for")
+    params: float = Field(description="model parameters")
+    model_state_bytes: float = Field(description="bf16 weights, fp32 grads and Adam states, after TP, PP and ZeRO")
+    activation_bytes: float = Field(description="activations kept for backward, all layers and the output layer")
+    buffer_bytes: float = Field(description="the ring's backward buffers: KV and fp32 dK/dV in flight, fp32 dQ")
+    total_bytes: float
+    device_memory_bytes: float = Field(description="HBM less the headroom")
+    fits: bool
+
+
+class Recommendation(_Section):
+    """The window [N_min(memory), N_max(comm)] and the pick."""
+
+    n_min_memory: int | None = Field(description="smallest usable N whose memory fits; null: none fits")
+    n_min_memory_real: float = Field(description="the real-valued N at which memory just fits (formula)")
+    n_max_comm: int | None = Field(description="largest usable N whose step ratio stays <= 15 %")
+    n_recommended: int | None = Field(description="null when the window is empty")
+    dp: int | None = Field(description="data-parallel degree left: G / (TP x PP x N)")
+    scheme: str | None = Field(description="ring, ulysses or usp")
+    layout: str | None = Field(description="ring layout; zigzag balances a causal mask")
+    n_ulysses: int | None = Field(description="the all-to-all degree (USP N_u; N for Ulysses; 1 for the ring)")
+    reason: str = Field(description="one sentence")
+    fixes: list[str] = Field(description="what would open an empty window, each checked where it can be")
+
+
+class RecommendCandidate(_Section):
+    """One usable CP degree: N divides G / (TP x PP) and S."""
+
+    n: int
+    dp: int
+    fits: bool
+    total_bytes: float
+    ring_comm_ratio_step: float = Field(description="the plain ring's step ratio for the setup's pass; 0 at N = 1")
+    best_scheme: str = Field(description="ring, Ulysses or USP N_u x N_r: the least exposed communication")
+    comm_ratio: float = Field(description="the best scheme's ratio (its ring step, or all-to-all / compute)")
+    verdict: Colour = Field(description="band of comm_ratio")
+    link_scope: str = Field(description="the link a ring over N uses")
+
+
+class RecommendReport(_Section):
+    """What `cp-plan recommend --format json` prints."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
+
+    schema_: str = Field("cp-plan/recommend/v1", alias="schema", description="contract version")
+    inputs: PlanInputs
+    setup: TrainingSetup
+    hw: str
+    fit: Fit = Field(description="at the recommended N, else at N_min(memory), else at the largest N")
+    recommendation: Recommendation
+    candidates: list[RecommendCandidate]

@@ -66,3 +66,26 @@ alpha = _symbol("alpha", "per-message latency of the link", "s", "SPEC §4.2", n
 r = _symbol("r", "target ratio of step receive time to step compute time", "1", "SPEC §5")
 N_u = _symbol("N_u", "USP all-to-all (Ulysses) degree", "devices", "SPEC §4.5", integer=True)
 N_r = _symbol("N_r", "USP ring degree", "devices", "SPEC §4.5", integer=True)
+
+# Whole model and training setup (issue 5: memory fit). Activation terms follow Korthikanti et al.
+# 2022, "Reducing Activation Recomputation in Large Transformer Models", §4.
+KORTHIKANTI = "Korthikanti et al. 2022 §4"
+H = _symbol("H", "hidden size", "elements", KORTHIKANTI, integer=True)
+F_ffn = _symbol("F_ffn", "MLP inner size", "elements", KORTHIKANTI, integer=True)
+V = _symbol("V", "vocabulary size", "tokens", KORTHIKANTI, integer=True)
+n_L = _symbol("n_L", "transformer layers", "layers", KORTHIKANTI, integer=True)
+g = _symbol("g", "gated MLP (SwiGLU): 1, plain (GeLU): 0", "1", "model preset", nonnegative=True, integer=True)
+delta = _symbol("delta", "dropout masks stored: 1, no dropout: 0", "1", KORTHIKANTI, nonnegative=True, integer=True)
+phi = _symbol("phi", "attention scores kept for backward: 0 with flash attention or selective recompute, 1 "
+              "otherwise", "1", KORTHIKANTI, nonnegative=True, integer=True)  # fmt: skip
+sigma = _symbol("sigma", "sequence parallel with TP: 1 on, 0 off", "1", KORTHIKANTI, nonnegative=True, integer=True)
+t = _symbol("t", "tensor-parallel degree", "devices", KORTHIKANTI, integer=True)
+pp = _symbol("pp", "pipeline-parallel degree", "devices", "issue 5", integer=True)
+z_w = _symbol("z_w", "fraction of the bf16 weights a device keeps (1/D under ZeRO-3)", "1", "ZeRO (Rajbhandari 2020)")
+z_g = _symbol("z_g", "fraction of the fp32 gradients a device keeps (1/D from ZeRO-2)", "1", "ZeRO (Rajbhandari 2020)")
+z_o = _symbol("z_o", "fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)", "1",
+              "ZeRO (Rajbhandari 2020)")  # fmt: skip
+rho = _symbol("rho", "full activation recompute: 1 (only layer inputs kept), else 0", "1", KORTHIKANTI,
+              nonnegative=True, integer=True)  # fmt: skip
+e_m = _symbol("e_m", "embedding matrices: 2 untied input and output, 1 tied", "1", "model preset", integer=True)
+M_dev = _symbol("M_dev", "usable device memory: HBM x (1 - headroom)", "B", "issue 5")

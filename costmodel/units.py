@@ -44,6 +44,14 @@ def count(value: float | None) -> str:
     return f"{value:,.1f}"
 
 
+def tokens_label(tokens: int) -> str:
+    """Sequence lengths as people say them: 262144 -> 256k, 1048576 -> 1M (binary multiples)."""
+    for scale, suffix in ((1 << 20, "M"), (1 << 10, "k")):
+        if tokens % scale == 0:
+            return f"{tokens // scale}{suffix}"
+    return f"{tokens:,}"
+
+
 def _sig(x: float, digits: int) -> str:
     """``digits`` significant digits, no exponent, halves rounded up as the seed rounds (56.25 -> 56.3)."""
     if x == 0:

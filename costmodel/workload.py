@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.errors import InputError, describe_validation
 from costmodel.fileio import load_yaml
-from costmodel.hardware import BYTES_PER_ELEMENT, Dtype
+from costmodel.hardware import BYTES_PER_ELEMENT, Dtype, HardwareProfile
 from costmodel.layouts import Layout, check_divisible
 from costmodel.resources import data_dir
 
 PositiveInt = Annotated[int, Field(ge=1)]
+Pass = Literal["fwd", "bwd", "fwd+bwd"]
+Recompute = Literal["none", "selective", "full"]
 
 _TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
 _SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -53,6 +55,9 @@ class ModelPreset(BaseModel):
     hidden: PositiveInt
     ffn_hidden: PositiveInt
     vocab: PositiveInt
+    gated_mlp: bool = Field(True, description="SwiGLU-style MLP with three matrices (Llama); false: GeLU, two")
+    tied_embeddings: bool = Field(False, description="input and output embeddings share one matrix")
+    dropout: bool = Field(False, description="dropout masks are stored for backward (GPT-3 era training)")
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -84,7 +89,7 @@ def load_model(spec: str, field: str = "--model") -> ModelPreset:
 class PlanInputs(BaseModel):
     """One attention layer to plan. Field names are the CLI's flags (``kv_heads`` is ``--kv-heads``)."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True)
+    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
     seq: int = Field(description="S, tokens")
     n: int = Field(description="N, CP degree")
@@ -99,6 +104,7 @@ class PlanInputs(BaseModel):
     efficiency: float = Field(1.0, description="effective / peak FLOP/s")
     hw: str = "a100-nvlink"
     model: str | None = None
+    pass_: Pass = Field("fwd", alias="pass", description="which pass the headline verdict covers")
 
     @property
     def bytes_per_element(self) -> int:
@@ -128,3 +134,47 @@ class PlanInputs(BaseModel):
         if not 0 < self.efficiency <= 1:
             raise InputError("efficiency", f"must be in (0, 1] (got {self.efficiency})")
         return self
+
+
+class TrainingSetup(BaseModel):
+    """How the rest of the job is laid out around CP."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
+
+    gpus: int = Field(description="G: accelerators in the job")
+    tp: int = Field(1, description="tensor-parallel degree (sequence parallel on when > 1)")
+    pp: int = Field(1, description="pipeline-parallel degree")
+    zero: Literal[0, 1, 2, 3] = Field(1, description="ZeRO stage over DP x CP (1 = distributed optimizer)")
+    recompute: Recompute = Field("selective", description="activation recompute")
+    memory_headroom: float = Field(0.10, description="fraction of HBM left free")
+    pass_: Pass = Field("fwd+bwd", alias="pass", description="which passes must hide their transfers")
+
+    def check(self) -> Self:
+        for field in ("gpus", "tp", "pp"):
+            if getattr(self, field) < 1:
+                raise InputError(field, f"must be a positive integer (got {getattr(self, field)})")
+        if self.gpus % (self.tp * self.pp):
+            raise InputError("gpus", f"{self.gpus} GPUs do not split into TP x PP = {self.tp * self.pp} groups")
+        if not 0 <= self.memory_headroom < 1:
+            raise InputError("memory_headroom", f"must be in [0, 1) (got {self.memory_headroom})")
+        return self
+
+    def attention(self, inputs: PlanInputs) -> PlanInputs:
+        """The attention one TP rank runs: h/t query heads and n_kv/t KV heads (at least one, replicated)."""
+        if inputs.heads % self.tp:
+            raise InputError("tp", f"TP {self.tp} does not divide the {inputs.heads} query heads")
+        if self.tp == 1:
+            return inputs
+        return inputs.model_copy(update={"heads": inputs.heads // self.tp,
+                                         "kv_heads": max(inputs.kv_heads // self.tp, 1)})  # fmt: skip
+
+    def placed(self, profile: HardwareProfile) -> HardwareProfile:
+        """The profile as this job lays CP out: TP is innermost (Megatron's order), so a node of
+        ``cp_ranks_per_node`` ranks holds that many over TP CP ranks; TP 8 on 8-GPU nodes puts every
+        CP neighbour on another node."""
+        return profile.model_copy(update={"cp_ranks_per_node": max(1, profile.ranks_per_node // self.tp)})
+
+    @property
+    def shard_group(self) -> int:
+        """D = DP x CP: ranks that hold the same weights, over which ZeRO shards optimizer states."""
+        return self.gpus // (self.tp * self.pp)

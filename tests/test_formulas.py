@@ -109,6 +109,9 @@ def test_numeric_twin_matches_exact_sympy(seq_per, n, heads_per_kv, kv, d, p_, b
         "S": seq_per * n, "N": n, "h": heads_per_kv * kv, "n_kv": kv, "d": d, "p": p_, "b": b,
         "c": 0.5 if causal else 1, "F": flops, "B": bw, "alpha": lat, "s_blk": 128, "p_acc": 4, "r": 0.05,
         "eta": 0.5, "F_peak": flops, "N_u": 1, "N_r": n,
+        "H": heads_per_kv * kv * d, "F_ffn": 4 * heads_per_kv * kv * d, "V": 32_000, "n_L": 32, "g": int(causal),
+        "delta": 1 - int(causal), "phi": int(causal), "sigma": 1, "t": 2, "pp": 2, "z_w": 1, "z_g": 0.25,
+        "z_o": 0.25, "rho": 0, "e_m": 2, "M_dev": 80e9,
     }  # fmt: skip
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

@@ -3,15 +3,35 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from typing import Annotated, Optional
 
 import typer
 
+from costmodel.cli import planning
+from costmodel.cli.options import (
+    SEED,
+    BatchOpt,
+    BlockOpt,
+    CausalOpt,
+    DimOpt,
+    DtypeOpt,
+    EffOpt,
+    ExplainOpt,
+    Format,
+    FormatOpt,
+    HeadsOpt,
+    HwOpt,
+    KvOpt,
+    LayoutOpt,
+    ModelOpt,
+    NOpt,
+    PassOpt,
+    SeqOpt,
+    plan_inputs,
+)
+from costmodel.cli.options import console
 from costmodel.errors import InputError
-from costmodel.hardware import Dtype, builtin_names, load_profile
-from costmodel.layouts import Layout
-from costmodel.workload import TOKENS_HELP, PlanInputs, load_model, parse_tokens
+from costmodel.hardware import builtin_names, load_profile
 
 app = typer.Typer(
     name="cp-plan",
@@ -23,62 +43,9 @@ app = typer.Typer(
 )
 hw_app = typer.Typer(help="Hardware profiles: built-in names or YAML files.", add_completion=False)
 app.add_typer(hw_app, name="hw")
-
-
-class Format(str, Enum):
-    table = "table"
-    json = "json"
-    yaml = "yaml"
-    markdown = "markdown"
-
-
-def _tokens(field: str):  # noqa: ANN202 - a typer parser
-    def parse(text: str) -> int:
-        try:
-            return parse_tokens(text, field)
-        except InputError as exc:
-            raise typer.BadParameter(exc.message) from None
-
-    return parse
-
-
-SEED = PlanInputs(seq=262_144, n=8)  # the defaults: seed 000's worked example
-
-SeqOpt = Annotated[int, typer.Option("--seq", "-s", parser=_tokens("seq"), help=f"S, tokens: {TOKENS_HELP}.")]
-NOpt = Annotated[int, typer.Option("--n", "-n", help="N, the CP degree: devices the sequence is split over.")]
-HwOpt = Annotated[str, typer.Option("--hw", help=f"Hardware: {', '.join(builtin_names())}, or a YAML path.")]
-ModelOpt = Annotated[
-    Optional[str], typer.Option("--model", "-m", help="Model preset name or YAML path; sets heads, kv-heads, head-dim.")
-]
-HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="h, query heads [default: 32 or the model's].")]
-KvOpt = Annotated[Optional[int], typer.Option("--kv-heads", help="n_kv, key/value heads [default: 8 or the model's].")]
-DimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="d, head dimension [default: 128 or the model's].")]
-BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="b, sequences per device.")]
-DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Element type of Q, K, V: sets p and the peak FLOP/s.")]
-BlockOpt = Annotated[int, typer.Option("--block", parser=_tokens("block"), help="s_blk, compute tile rows.")]
-CausalOpt = Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask: useful compute halves.")]
-LayoutOpt = Annotated[Layout, typer.Option("--layout", help="Which tokens each device holds.")]
-EffOpt = Annotated[float, typer.Option("--efficiency", help="Effective / peak FLOP/s, in (0, 1]; 1 = peak.")]
-FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
-ExplainOpt = Annotated[bool, typer.Option("--explain", help="Also print each formula, then with values.")]
-
-
-def plan_inputs(seq: int, n: int, hw: str, model: str | None, heads: int | None, kv_heads: int | None,
-                head_dim: int | None, batch: int, dtype: str, block: int, causal: bool, layout: str,
-                efficiency: float) -> PlanInputs:  # fmt: skip
-    """Flags over model preset over the seed's defaults; checked."""
-    preset = load_model(model) if model else None
-
-    def pick(flag: int | None, name: str) -> int:
-        if flag is not None:
-            return flag
-        return getattr(preset, name) if preset else getattr(SEED, name)
-
-    return PlanInputs(
-        seq=seq, n=n, batch=batch, heads=pick(heads, "heads"), kv_heads=pick(kv_heads, "kv_heads"),
-        head_dim=pick(head_dim, "head_dim"), dtype=dtype, block=block, causal=causal, layout=layout,
-        efficiency=efficiency, hw=hw, model=preset.name if preset else None,
-    ).check()  # fmt: skip
+app.command("recommend")(planning.recommend_cmd)
+app.command("sweep")(planning.sweep_cmd)
+app.command("check")(planning.check_cmd)
 
 
 @app.callback(invoke_without_command=True)
@@ -97,6 +64,7 @@ def report(
     causal: CausalOpt = SEED.causal,
     layout: LayoutOpt = SEED.layout,
     efficiency: EffOpt = SEED.efficiency,
+    pass_: PassOpt = SEED.pass_,
     format: FormatOpt = Format.table,
     explain: ExplainOpt = False,
 ) -> None:
@@ -110,7 +78,7 @@ def report(
     from costmodel.plan import evaluate
 
     inputs = plan_inputs(seq, n, hw, model, heads, kv_heads, head_dim, batch, dtype, block, causal, layout,
-                         efficiency)  # fmt: skip
+                         efficiency, pass_)  # fmt: skip
     profile = load_profile(hw)
     trace: list | None = [] if explain else None
     result = evaluate(inputs, profile, trace)
@@ -121,16 +89,10 @@ def report(
     elif format is Format.markdown:
         sys.stdout.write(render.to_markdown(result, trace))
     else:
-        console = _console()
-        render.render_table(result, console)
+        screen = console()
+        render.render_table(result, screen)
         if trace is not None:
-            render.render_explain(trace, console)
-
-
-def _console():  # noqa: ANN202 - rich is imported only when a screen is drawn
-    from rich.console import Console
-
-    return Console(highlight=False)
+            render.render_explain(trace, screen)
 
 
 @hw_app.command("list")
@@ -153,7 +115,7 @@ def hw_list() -> None:
             si(p.links.intra_node.bandwidth_per_direction, "B/s", 3),
             si(inter.bandwidth_per_direction, "B/s", 3) if inter else "none", str(p.ranks_per_node),
         )  # fmt: skip
-    _console().print(table)
+    console().print(table)
 
 
 @hw_app.command("show")
@@ -184,8 +146,8 @@ def formulas_cmd(
         return
     from rich.text import Text
 
-    console = _console()
+    screen = console()
     for n in names:
         symbol, expression, _, meaning, unit, source, _ = numeric.INFO[n]
-        console.print(Text(n, style="bold") + Text(f"  {symbol} = {expression}  [{unit}]"))
-        console.print(Text(f"    {meaning} ({source})", style="dim"))
+        screen.print(Text(n, style="bold") + Text(f"  {symbol} = {expression}  [{unit}]"))
+        screen.print(Text(f"    {meaning} ({source})", style="dim"))

@@ -59,8 +59,8 @@ def link_line(report: Report) -> str:
 
 
 def verdict_line(report: Report) -> str:
-    r = report.ring
-    return f"step comm ratio {percent(r.comm_ratio_step)}: {r.verdict_text}"
+    v = report.verdict
+    return f"{v.pass_} step comm ratio {percent(v.comm_ratio_step)}: {v.text}"
 
 
 def limits_line(report: Report) -> str:
@@ -113,12 +113,14 @@ def memory_rows(report: Report) -> list[list[str]]:
 
 
 def time_rows(report: Report) -> list[list[str]]:
-    r, c = report.ring, report.compute
+    r, c, bwd = report.ring, report.compute, report.backward
     return [
         ["step", si(c.step_flops, "FLOP"), seconds(r.step_compute_s), seconds(r.step_comm_s),
          percent(r.comm_ratio_step)],
         ["layer", si(c.device_flops_per_layer, "FLOP"), seconds(r.layer_compute_s), seconds(r.layer_comm_s),
          percent(r.comm_ratio_layer)],
+        ["bwd step", si(bwd.step_flops, "FLOP"), seconds(bwd.step_compute_s), seconds(bwd.step_comm_s),
+         percent(bwd.comm_ratio_step)],
     ]  # fmt: skip
 
 
@@ -154,7 +156,7 @@ def render_table(report: Report, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    verdict = report.ring.verdict
+    verdict = report.verdict.verdict
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
@@ -207,7 +209,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
-    verdict = report.ring.verdict
+    verdict = report.verdict.verdict
     out = [f"## cp-plan: {headline(report)}", "", f"- shape: {shape_line(report)}",
            f"- machine: {machine_line(report)}", f"- link: {link_line(report)}",
            f"- **{verdict.upper()}**: {verdict_line(report)}", f"- limits: {limits_line(report)}; {largest_n_line(report)}",

@@ -1,0 +1,285 @@
+"""Planning a training run: `recommend`, `sweep` and `check` (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from costmodel.cli.options import (
+    BatchOpt,
+    BlockOpt,
+    DtypeOpt,
+    EffOpt,
+    HwOpt,
+    SeqOpt,
+    console,
+)
+from costmodel.errors import InputError
+from costmodel.units import percent, si, tokens_label
+from costmodel.workload import Pass, Recompute
+
+COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
+
+ModelReq = Annotated[str, typer.Option("--model", "-m", help="Model preset name or YAML path.")]
+GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="G: accelerators in the job.")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (sequence parallel on when > 1).")]
+PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")]
+ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage over DP x CP (1 = distributed optimizer).")]
+RecomputeOpt = Annotated[Recompute, typer.Option("--recompute", help="Activation recompute (selective = flash's).")]
+HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM to leave free, in [0, 1).")]
+TrainCausalOpt = Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask (training LMs: on).")]
+TrainPassOpt = Annotated[Pass, typer.Option("--pass", help="Passes whose transfers must hide.")]
+
+
+class DataFormat(str, Enum):
+    """Output formats of `recommend`."""
+
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+def recommend_cmd(
+    seq: SeqOpt,
+    model: ModelReq,
+    gpus: GpusOpt,
+    hw: HwOpt = "a100-nvlink",
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    zero: ZeroOpt = 1,
+    recompute: RecomputeOpt = "selective",
+    memory_headroom: HeadroomOpt = 0.10,
+    causal: TrainCausalOpt = True,
+    pass_: TrainPassOpt = "fwd+bwd",
+    dtype: DtypeOpt = "bf16",
+    batch: BatchOpt = 1,
+    block: BlockOpt = 1024,
+    efficiency: EffOpt = 1.0,
+    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+) -> None:
+    """The CP degree to use: the window [N_min(memory), N_max(comm)], the pick, its scheme and why.
+
+    Example: cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
+    """
+    from costmodel.hardware import load_profile
+    from costmodel.training import recommend
+    from costmodel.workload import PlanInputs, TrainingSetup, load_model
+
+    preset = load_model(model)
+    profile = load_profile(hw)
+    setup = TrainingSetup(gpus=gpus, tp=tp, pp=pp, zero=zero, recompute=recompute, memory_headroom=memory_headroom,
+                          pass_=pass_).check()  # fmt: skip
+    inputs = PlanInputs(seq=seq, n=1, batch=batch, heads=preset.heads, kv_heads=preset.kv_heads,
+                        head_dim=preset.head_dim, dtype=dtype, block=min(block, seq), causal=causal,
+                        efficiency=efficiency, hw=profile.name, model=preset.name, pass_=pass_).check()  # fmt: skip
+    report = recommend(inputs, preset, setup, profile)
+    data = report.model_dump(mode="json", by_alias=True)
+    if format is DataFormat.yaml:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
+    elif format is DataFormat.json:
+        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    else:
+        _render_recommendation(report)
+
+
+def _render_recommendation(report) -> None:  # noqa: ANN001
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    out = console()
+    i, s, rec, fit = report.inputs, report.setup, report.recommendation, report.fit
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    mask = "causal" if i.causal else "non-causal"
+    head.add_row("cp-plan", f"recommend · S = {i.seq:,} · {i.model} · {report.hw} · {mask} · {s.pass_}")
+    head.add_row("job", f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "
+                        f"recompute {s.recompute}")  # fmt: skip
+    window = f"[{rec.n_min_memory or '-'}, {rec.n_max_comm or '-'}]"
+    if rec.n_recommended:
+        scheme = {"ring": f"{rec.layout} ring", "ulysses": "Ulysses",
+                  "usp": f"USP {rec.n_ulysses}x{rec.n_recommended // rec.n_ulysses}, {rec.layout} ring"}[rec.scheme]  # fmt: skip
+        head.add_row("use", Text(f"N = {rec.n_recommended}, {scheme}, DP = {rec.dp}", style="bold green"))
+    else:
+        head.add_row("use", Text("no CP degree works", style="bold red"))
+    head.add_row("window", f"N_min(memory) .. N_max(comm) = {window} (memory fits from N = "
+                           f"{rec.n_min_memory_real:.1f})")  # fmt: skip
+    head.add_row("why", rec.reason)
+    head.add_row("memory", f"at N = {fit.n}: states {si(fit.model_state_bytes, 'B', 3)} + activations "
+                           f"{si(fit.activation_bytes, 'B', 3)} + ring buffers {si(fit.buffer_bytes, 'B', 3)} = "
+                           f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable")  # fmt: skip
+    for fix in rec.fixes:
+        head.add_row("fix", fix)
+    out.print(head)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title="Usable CP degrees",
+                  title_justify="left", title_style="bold")  # fmt: skip
+    for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "verdict", "link"):
+        table.add_column(name, justify="right" if name in {"N", "DP", "memory", "ratio"} else "left")
+    for c in report.candidates:
+        table.add_row(str(c.n), str(c.dp), si(c.total_bytes, "B", 3), "yes" if c.fits else "no", c.best_scheme,
+                      percent(c.comm_ratio), f"[{COLOURS[c.verdict]}]{c.verdict}[/]", c.link_scope)  # fmt: skip
+    out.print()
+    out.print(table)
+
+
+class SweepFormat(str, Enum):
+    """Output formats of `sweep`."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def sweep_cmd(
+    seq: Annotated[str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")] = "8k..1M",
+    n: Annotated[str, typer.Option("--n", "-n", help="N values: 8, 2,4,8 or 1..64 (doubling).")] = "1..64",
+    hw: Annotated[str, typer.Option("--hw", help="Profiles, comma-separated.")] = "a100-nvlink",
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset for the shape (and memory).")] = None,
+    heads: Annotated[int, typer.Option("--heads")] = 32,
+    kv_heads: Annotated[int, typer.Option("--kv-heads")] = 8,
+    head_dim: Annotated[int, typer.Option("--head-dim")] = 128,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.")] = False,
+    pass_: Annotated[Pass, typer.Option("--pass", help="Pass whose step ratio is shown.")] = "fwd",
+    dtype: DtypeOpt = "bf16",
+    efficiency: EffOpt = 1.0,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory).")] = None,
+    recompute: RecomputeOpt = "selective",
+    format: Annotated[SweepFormat, typer.Option("--format", "-f", help="Output format.")] = SweepFormat.table,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")] = None,
+) -> None:
+    """The step comm ratio over a grid of S, N and machines, vectorised, with the verdict bands.
+
+    Example: cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
+    """
+    from costmodel.hardware import load_profile
+    from costmodel.sweep import parse_grid, sweep
+    from costmodel.workload import PlanInputs, TrainingSetup, load_model
+
+    seqs, ns = parse_grid(seq, "--seq"), parse_grid(n, "--n")
+    profiles = [load_profile(name.strip()) for name in hw.split(",") if name.strip()]
+    if not profiles:
+        raise InputError("--hw", "give at least one profile")
+    preset = load_model(model) if model else None
+    shape = PlanInputs(seq=1, n=1, heads=preset.heads if preset else heads,
+                       kv_heads=preset.kv_heads if preset else kv_heads,
+                       head_dim=preset.head_dim if preset else head_dim, dtype=dtype, causal=causal,
+                       efficiency=efficiency, pass_=pass_, block=1)  # fmt: skip
+    if shape.kv_heads > shape.heads or shape.heads % shape.kv_heads:
+        raise InputError("--kv-heads", f"{shape.kv_heads} must divide --heads {shape.heads}")
+    setup = TrainingSetup(gpus=gpus, recompute=recompute).check() if (preset and gpus) else None
+    grids = [sweep(shape, seqs, ns, profile, preset, setup) for profile in profiles]
+    if plot is not None:
+        from costmodel.plot import plot_sweep
+
+        written = plot_sweep(grids, plot, shape)
+        if written is None:
+            sys.stderr.write("cp-plan: matplotlib is not installed (pip install 'cp-plan[plot]'); showing the table\n")
+        else:
+            sys.stderr.write(f"wrote {written}\n")
+    rows = [row for grid in grids for row in grid.rows()]
+    if format is SweepFormat.json:
+        sys.stdout.write(json.dumps({"schema": "cp-plan/sweep/v1", "pass": pass_, "causal": causal, "rows": rows},
+                                    indent=2) + "\n")  # fmt: skip
+    elif format is SweepFormat.csv:
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]) if rows else ["hw"])
+        writer.writeheader()
+        writer.writerows(rows)
+    else:
+        _render_sweep(grids, pass_)
+
+
+def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
+    from rich import box
+    from rich.table import Table
+
+    out = console()
+    names = ["green", "amber", "red"]
+    for grid in grids:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left", title_style="bold",
+                      title=f"{grid.profile}: {pass_} step comm ratio (rows S, columns N)")  # fmt: skip
+        table.add_column("S", justify="right")
+        for n in grid.ns:
+            table.add_column(f"{n}{'*' if grid.inter_node[list(grid.ns).index(n)] else ''}", justify="right")
+        table.add_column("N_max", justify="right")
+        verdicts = grid.verdicts()
+        for i, seq in enumerate(grid.seqs):
+            cells = []
+            for j in range(len(grid.ns)):
+                if verdicts[i, j] < 0:
+                    cells.append("")
+                    continue
+                cells.append(f"[{COLOURS[names[verdicts[i, j]]]}]{_short_percent(grid.ratio[i, j])}[/]")
+            table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
+        out.print(table)
+        out.print("* the ring leaves the node", style="dim")
+
+
+def _short_percent(ratio: float) -> str:
+    if ratio == 0:
+        return "0"
+    value = 100 * ratio
+    return f"{value:.2f}%" if value < 1 else f"{value:.1f}%" if value < 100 else f"{value:,.0f}%"
+
+
+class CheckFormat(str, Enum):
+    """Output formats of `check`."""
+
+    table = "table"
+    json = "json"
+    junit = "junit"
+    github = "github"
+
+
+def check_cmd(
+    plans: Annotated[list[str], typer.Argument(help="Capacity-plan YAML files.", show_default=False)],
+    format: Annotated[CheckFormat, typer.Option("--format", "-f", help="Output format.")] = CheckFormat.table,
+) -> None:
+    """Check capacity plans against their expectations: exit 0 all pass, 1 any fails, 2 invalid file.
+
+    Example: cp-plan check configs/plans/*.yaml --format github
+    """
+    from costmodel.check import github, junit, load_plan, run_checks
+
+    located = [load_plan(path) for path in plans]  # every file is valid before anything runs
+    results = [result for plan in located for result in run_checks(plan)]
+    if format is CheckFormat.json:
+        data = {"schema": "cp-plan/check/v1", "passed": all(r.passed for r in results),
+                "results": [r.__dict__ for r in results]}  # fmt: skip
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif format is CheckFormat.junit:
+        sys.stdout.write(junit(results))
+    elif format is CheckFormat.github:
+        sys.stdout.write(github(results))
+    else:
+        _render_checks(results)
+    if not all(r.passed for r in results):
+        raise typer.Exit(1)
+
+
+def _render_checks(results) -> None:  # noqa: ANN001
+    from rich.text import Text
+
+    out = console()
+    by_plan: dict[str, list] = {}
+    for r in results:
+        by_plan.setdefault(r.plan, []).append(r)
+    for path, items in by_plan.items():
+        ok = all(r.passed for r in items)
+        out.print(Text("pass  " if ok else "FAIL  ", style="bold green" if ok else "bold red") + Text(path, style="bold"))
+        out.print(f"      {items[0].name}", style="dim")
+        for r in items:
+            mark = Text("  ✓ " if r.passed else "  ✗ ", style="green" if r.passed else "red")
+            out.print(mark + Text(f"{r.check} (line {r.line}): {r.detail}"))
+    failed = sum(not r.passed for r in results)
+    out.print(f"{len(results) - failed} checks passed, {failed} failed in {len(by_plan)} plans",
+              style="bold red" if failed else "bold green")  # fmt: skip

@@ -1,0 +1,76 @@
+"""Plots of a sweep: step comm ratio against N per S, the verdict bands shaded, N_max marked (issue 5).
+
+matplotlib is an optional extra (`pip install 'cp-plan[plot]'`); without it ``plot_sweep`` returns None
+and the caller prints the table instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from costmodel.errors import InputError
+from costmodel.sweep import Grid
+from costmodel.units import tokens_label
+from costmodel.verdict import AMBER, GREEN
+from costmodel.workload import PlanInputs
+
+
+def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path | None:
+    """One panel per profile; returns the path written, or None when matplotlib is missing."""
+    if path.suffix.lower() not in {".png", ".svg"}:
+        raise InputError("--plot", f"{path.name}: accepted file types are .png and .svg")
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from costmodel.fileio import atomic_write_bytes
+
+    fig, axes = plt.subplots(1, len(grids), figsize=(6.2 * len(grids), 4.6), squeeze=False, sharey=True)
+    colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(grids[0].seqs)))
+    top = max(2.0, max(float(np.nanmax(grid.ratio)) for grid in grids) * 1.5)
+    for ax, grid in zip(axes[0], grids, strict=True):
+        ns = grid.ns.astype(float)
+        ax.axhspan(1e-6, GREEN.upper, color="tab:green", alpha=0.12, lw=0)
+        ax.axhspan(GREEN.upper, AMBER.upper, color="gold", alpha=0.18, lw=0)
+        ax.axhspan(AMBER.upper, top, color="tab:red", alpha=0.10, lw=0)
+        ax.axhline(1.0, color="0.3", lw=0.8, ls=":")
+        for colour, seq, ratio, n_max, n_min in zip(colours, grid.seqs, grid.ratio, grid.n_max,
+                                                    _or_nan(grid.n_min_memory, len(grid.seqs)), strict=True):  # fmt: skip
+            label = f"S = {tokens_label(int(seq))}"
+            ax.plot(ns, np.where(ratio > 0, ratio, np.nan), marker="o", ms=3, color=colour, label=label)
+            if ns[0] <= n_max <= ns[-1]:
+                ax.plot([n_max], [1.0], marker="v", color=colour, ms=8)
+            if np.isfinite(n_min) and ns[0] <= n_min <= ns[-1]:
+                ax.axvline(n_min, color=colour, lw=1, ls="--", alpha=0.7)
+        crossing = grid.ns[grid.inter_node]
+        if crossing.size:
+            ax.axvline(float(crossing[0]) / np.sqrt(2), color="0.5", lw=1)
+            ax.text(float(crossing[0]) / np.sqrt(2), top / 1.6, " ring leaves\n the node", fontsize=8, color="0.35")
+        ax.set(xscale="log", yscale="log", xlabel="CP degree N", title=grid.profile, ylim=(1e-4, top))
+        ax.set_xticks(ns, [str(int(n)) for n in ns])
+        ax.grid(alpha=0.25, which="both")
+    mask = "causal" if shape.causal else "non-causal"
+    axes[0][0].set_ylabel(f"{shape.pass_} step receive / step compute")
+    axes[0][-1].legend(fontsize=8, loc="lower right")
+    fig.suptitle(
+        f"h = {shape.heads}, n_kv = {shape.kv_heads}, d = {shape.head_dim}, {shape.dtype}, {mask}: green < 5 %, "
+        "amber <= 15 %; ▼ N_max (ratio 100 %), dashed: N_min(memory)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=path.suffix.lower().lstrip("."), dpi=130)
+    plt.close(fig)
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def _or_nan(values: np.ndarray | None, size: int) -> np.ndarray:
+    return np.full(size, np.nan) if values is None else values
+
