@@ -7,14 +7,16 @@
   ~0.35 s, the CLI must answer faster, and a hand-typed numeric copy of a formula is exactly what we
   never want. The functions take keyword arguments named after the base symbols and broadcast over
   numpy arrays, so sweeps use them unchanged.
-- The generated blocks of ``docs/*.md`` (between ``<!-- BEGIN GENERATED: name -->`` and
-  ``<!-- END GENERATED: name -->``) from the formulas and the pydantic models, and
-  ``docs/report.schema.json``. A test runs ``--check``, so docs and model cannot disagree.
+- The generated blocks of ``README.md`` and ``docs/*.md`` (between ``<!-- BEGIN GENERATED: name -->``
+  and ``<!-- END GENERATED: name -->``): the formula reference and schemas from the formulas and the
+  pydantic models, and, for a block named ``cp-plan ARGS``, what that command prints. Plus
+  ``docs/report.schema.json``. A test runs ``--check``, so docs, model and CLI cannot disagree.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -177,33 +179,61 @@ def report_json_schema() -> str:
     return json.dumps(Report.model_json_schema(by_alias=True), indent=2) + "\n"
 
 
-BLOCKS = {  # docs file: {block name: generator}
-    "formulas.md": {"formulas": formula_reference},
-    "json.md": {"json-contract": json_contract},
-    "hardware.md": {"hardware-schema": hardware_schema},
+BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output
+    "formulas": formula_reference,
+    "json-contract": json_contract,
+    "hardware-schema": hardware_schema,
 }
+_MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)
 
 
-def fill(text: str, name: str, content: str) -> str:
-    begin, end = f"<!-- BEGIN GENERATED: {name} -->", f"<!-- END GENERATED: {name} -->"
-    head, found, rest = text.partition(begin)
-    if not found:
-        raise ValueError(f"marker {begin!r} missing")
-    _, found, tail = rest.partition(end)
-    if not found:
-        raise ValueError(f"marker {end!r} missing")
-    return f"{head}{begin}\n{content}\n{end}{tail}"
+def cli_output(command: str) -> str:
+    """What ``command`` (``cp-plan ...``, globs expanded) prints at 80 columns, run from the repository."""
+    import contextlib
+    import glob
+    import io
+    import os
+    import shlex
+
+    from costmodel.cli import main as cli_main
+
+    args = [match for arg in shlex.split(command)[1:] for match in (sorted(glob.glob(arg)) or [arg])]
+    out = io.StringIO()
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            cli_main(args)
+    finally:
+        if saved is None:
+            os.environ.pop("COLUMNS")
+        else:
+            os.environ["COLUMNS"] = saved
+    lines = "\n".join(line.rstrip() for line in out.getvalue().rstrip().splitlines())
+    return f"```text\n{lines}\n```"
+
+
+def fill_blocks(text: str) -> str:
+    """Regenerate every marked block of a Markdown file."""
+
+    def block(match: re.Match[str]) -> str:
+        name = match.group(2)
+        content = cli_output(name) if name.startswith("cp-plan ") else BLOCKS[name]()
+        return f"{match.group(1)}{content}\n{match.group(4)}"
+
+    return _MARKER.sub(block, text)
 
 
 def targets() -> dict[Path, str]:
     """Every generated file and the text it must hold."""
+    import contextlib
+
     out = {TARGET: render(), DOCS / "report.schema.json": report_json_schema()}
-    for filename, blocks in BLOCKS.items():
-        path = DOCS / filename
-        text = path.read_text(encoding="utf-8")
-        for name, generate in blocks.items():
-            text = fill(text, name, generate())
-        out[path] = text
+    with contextlib.chdir(DOCS.parent):  # commands in docs name paths from the repository root
+        for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
+            text = path.read_text(encoding="utf-8")
+            if "<!-- BEGIN GENERATED" in text:
+                out[path] = fill_blocks(text)
     return out
 
 

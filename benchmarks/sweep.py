@@ -1,0 +1,66 @@
+"""Sweep throughput: the vectorised grid against a plain Python loop over the same generated formulas.
+
+    python benchmarks/sweep.py
+
+Issue 5's goal: >= 1e6 grid points per second. Both paths evaluate the fwd+bwd step comm ratio with
+the link each N implies; the loop calls the same numeric functions one point at a time on a slice
+of the grid, and the two results are compared before the ratio is printed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from costmodel import numeric
+from costmodel.hardware import load_profile
+from costmodel.sweep import sweep
+from costmodel.workload import PlanInputs
+
+SHAPE = PlanInputs(seq=1, n=1, causal=True, pass_="fwd+bwd", block=1)
+
+
+def loop(seqs: np.ndarray, ns: np.ndarray, profile) -> np.ndarray:  # noqa: ANN001
+    out = np.empty((len(seqs), len(ns)))
+    peak = profile.device.peak_flops["bf16"]
+    for i, s in enumerate(seqs.tolist()):
+        for j, n in enumerate(ns.tolist()):
+            link = profile.links.intra_node if n <= profile.ranks_per_node else profile.links.inter_node
+            common = {"S": s, "N": n, "b": 1, "c": 0.5, "d": 128, "h": 32, "n_kv": 8, "p": 2, "F": peak,
+                      "B": link.bandwidth_per_direction, "alpha": link.latency_s}  # fmt: skip
+            fwd = numeric.comm_ratio_step(**common)
+            bwd = numeric.bwd_comm_ratio_step(**common, p_acc=4)
+            out[i, j] = 0.0 if n == 1 else max(fwd, bwd)
+    return out
+
+
+def best_of(fn, repeats: int) -> float:  # noqa: ANN001
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    profile = load_profile("a100-nvlink")
+    seqs = np.arange(1, 1001) * 1024 * 8  # 1,000 sequence lengths
+    ns = np.arange(1, 1025)  # 1,024 CP degrees: 1,024,000 points
+    vectorised = best_of(lambda: sweep(SHAPE, seqs, ns, profile), 5)
+    grid = sweep(SHAPE, seqs, ns, profile)
+    part_s, part_n = seqs[:40], ns[:256]  # 10,240 points for the loop
+    looped = best_of(lambda: loop(part_s, part_n, profile), 3)
+    valid = ~np.isnan(grid.ratio[:40, :256])
+    assert np.allclose(grid.ratio[:40, :256][valid], loop(part_s, part_n, profile)[valid], rtol=1e-12)
+    fast = seqs.size * ns.size / vectorised
+    slow = part_s.size * part_n.size / looped
+    print(f"vectorised sweep: {seqs.size * ns.size:,} points in {vectorised * 1e3:.0f} ms = {fast:,.0f} points/s")
+    print(f"Python loop:      {part_s.size * part_n.size:,} points in {looped * 1e3:.0f} ms = {slow:,.0f} points/s")
+    print(f"ratio {fast / slow:,.0f}x; goal >= 1e6 points/s: {'met' if fast >= 1e6 else 'missed'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""`cp-plan check`: the example plans, the output formats, invalid files with their line, band edges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from tests.support import REPO
+
+PLANS = sorted((REPO / "configs" / "plans").glob("*.yaml"))
+
+BASE = """name: edge
+model: seed-example
+seq: {seq}
+n: 8
+hw: a100-nvlink
+causal: false
+layout: contiguous
+pass: fwd
+expect:
+  worst_verdict: {worst}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "plan.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_examples_fail_exactly_the_failing_ones(cli) -> None:
+    assert len(PLANS) >= 4
+    for path in PLANS:
+        expected = 1 if path.name.startswith("fail-") else 0
+        result = cli("check", str(path))
+        assert result.code == expected, f"{path.name}: {result.out}"
+    everything = cli("check", *map(str, PLANS), "-f", "json").json()
+    failed_files = {Path(r["plan"]).name for r in everything["results"] if not r["passed"]}
+    assert failed_files == {p.name for p in PLANS if p.name.startswith("fail-")}
+
+
+def test_junit_output(cli) -> None:
+    result = cli("check", *map(str, PLANS), "-f", "junit")
+    root = ET.fromstring(result.out.split("\n", 1)[1])
+    assert root.tag == "testsuites" and int(root.get("failures")) == 2
+    failures = root.findall(".//failure")
+    assert {f.get("message").split(" (")[0] for f in failures} >= {"fwd+bwd verdict red"}
+    assert len(root.findall("testsuite")) == len(PLANS)
+
+
+def test_github_annotations_point_at_the_expectation_line(cli) -> None:
+    path = REPO / "configs" / "plans" / "fail-llama3-8b-128k-h100-ib.yaml"
+    out = cli("check", str(path), "-f", "github").out
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "worst_verdict" in text)
+    assert out.startswith(f"::error file={path},line={line},title=cp-plan worst_verdict::")
+    assert "72.44%25" in out  # '%' escaped as GitHub requires
+
+
+@pytest.mark.parametrize(
+    ("seq", "worst", "code"),
+    [
+        ("41600", "green", 1),  # ratio exactly 5.00 %: amber, green excludes its edge
+        ("41600", "amber", 0),
+        ("41728", "green", 0),  # 4.98 %
+        ("13824", "amber", 1),  # 15.05 %: red
+        ("13888", "amber", 0),  # 14.98 %
+    ],
+)
+def test_plans_at_the_band_edges(cli, tmp_path, seq: str, worst: str, code: int) -> None:
+    assert cli("check", write(tmp_path, BASE.format(seq=seq, worst=worst))).code == code
+
+
+INVALID = [
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  worst_verdict: purple\n", ":7: expect.worst_verdict"),
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: eight\nhw: a100-nvlink\n", ":4: n: Input should be a valid integer"),
+    ("name: x\nmodel: seed-example\nseq: 8q\nn: 8\nhw: a100-nvlink\n", ":3: seq: '8q' is not a length"),
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ncolour: blue\n", ":6: colour: Extra inputs are not permitted"),
+    ("model: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":1: name: Field required"),
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  fits_memory: true\n", "need gpus"),
+    ("name: [x\n", ":2: malformed YAML"),
+    ("!!python/object/apply:os.system ['true']\n", "could not determine a constructor"),
+    ("- a\n- b\n", "expected a mapping of plan fields, got list"),
+    ("name: x\nmodel: nosuch\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":2: model: unknown model 'nosuch'"),
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: nosuch\n", ":5: hw: unknown hardware 'nosuch'"),
+    ("name: x\nmodel: seed-example\nseq: 1000\nn: 3\nhw: a100-nvlink\n", ":3: seq: 1000 tokens do not split"),
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 8\n", ":6: gpus: 12 GPUs do not split"),
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 3\n", ":7: tp: TP 3 does not divide"),
+    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
+     ":4: n: 8 does not divide the 12 ranks"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), INVALID, ids=[e for _, e in INVALID])
+def test_invalid_plan_is_one_line_naming_file_line_field(cli, tmp_path, text: str, expected: str) -> None:
+    path = write(tmp_path, text)
+    result = cli("check", path)
+    assert result.code == 2, result.out
+    assert result.out == "" and len(result.err.splitlines()) == 1
+    assert result.err.startswith(f"cp-plan: error: {path}")
+    assert expected in result.err
+
+
+def test_an_invalid_file_stops_the_run_before_any_check(cli, tmp_path) -> None:
+    good = write(tmp_path, BASE.format(seq="262144", worst="green"), "good.yaml")
+    bad = write(tmp_path, "name: [x\n", "bad.yaml")
+    result = cli("check", good, bad)
+    assert result.code == 2 and result.out == ""
+
+
+def test_missing_file(cli) -> None:
+    result = cli("check", "nowhere.yaml")
+    assert result.code == 2 and "nowhere.yaml: file not found" in result.err
+
+
+def test_pre_commit_hook_runs_cp_plan_check() -> None:
+    import yaml
+
+    (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    assert hook["entry"] == "cp-plan check" and hook["language"] == "python"
+
+
+def test_recommend_cli_json_contract(cli) -> None:
+    data = cli("recommend", "--seq", "128k", "--model", "llama3-8b", "--hw", "a100-nvlink", "--gpus", "64",
+               "--recompute", "full", "-f", "json").json()  # fmt: skip
+    for key in ("model_state_bytes", "activation_bytes", "buffer_bytes", "device_memory_bytes", "fits"):
+        assert key in data["fit"]
+    rec = data["recommendation"]
+    for key in ("n_min_memory", "n_max_comm", "n_recommended", "scheme", "layout", "reason"):
+        assert key in rec
+    assert (rec["n_recommended"], rec["scheme"], rec["layout"]) == (8, "ring", "zigzag")
+
+
+def test_recommend_cli_table(cli) -> None:
+    out = cli("recommend", "--seq", "128k", "--model", "llama3-8b", "--hw", "h100-ib", "--gpus", "64",
+              "--recompute", "full").out  # fmt: skip
+    assert "no CP degree works" in out and "Communication fails" in out and "fix" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [(["--gpus", "12", "--tp", "8"], "--gpus: 12 GPUs do not split into TP x PP = 8 groups"),
+     (["--gpus", "0"], "--gpus: must be a positive integer"),
+     (["--gpus", "8", "--memory-headroom", "1.5"], "--memory-headroom: must be in [0, 1)"),
+     (["--gpus", "8", "--zero", "4"], "--zero"),
+     (["--gpus", "8", "--recompute", "some"], "'none', 'selective', 'full'")],
+)  # fmt: skip
+def test_recommend_bad_input(cli, args: list[str], expected: str) -> None:
+    result = cli("recommend", "--seq", "128k", "--model", "llama3-8b", *args)
+    assert result.code == 2 and expected in result.err and len(result.err.splitlines()) == 1
+
+
+def test_check_json_is_machine_readable(cli) -> None:
+    data = json.loads(cli("check", str(PLANS[0]), "-f", "json").out)
+    assert data["schema"] == "cp-plan/check/v1" and isinstance(data["results"][0]["line"], int)

@@ -1,0 +1,98 @@
+"""Sweeps: the vectorised grid equals the per-plan report point by point; ranges parse; plots are written."""
+
+from __future__ import annotations
+
+import builtins
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from costmodel.errors import InputError
+from costmodel.hardware import load_profile
+from costmodel.sweep import parse_grid, sweep
+from costmodel.workload import PlanInputs
+from tests.support import plan
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [("8k..64k", [8192, 16384, 32768, 65536]), ("1..64", [1, 2, 4, 8, 16, 32, 64]), ("3..24", [3, 6, 12, 24]),
+     ("8k,1M, 32k", [8192, 32768, 1 << 20]), ("256k", [262_144])],
+)  # fmt: skip
+def test_parse_grid(text: str, values: list[int]) -> None:
+    assert parse_grid(text, "--seq") == values
+
+
+@pytest.mark.parametrize(("text", "message"), [("64k..8k", "runs downwards"), ("", "empty"), ("8k..x", "not a length")])
+def test_parse_grid_rejects(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        parse_grid(text, "--seq")
+
+
+@pytest.mark.parametrize("hw", ["a100-nvlink", "h100-ib"])
+@pytest.mark.parametrize(("causal", "pass_"), [(False, "fwd"), (True, "fwd+bwd")])
+def test_grid_equals_the_report_point_by_point(hw: str, causal: bool, pass_: str) -> None:
+    seqs, ns = [16_384, 131_072, 1 << 20], [2, 8, 16, 64]
+    shape = PlanInputs(seq=1, n=1, causal=causal, pass_=pass_, block=1)
+    grid = sweep(shape, seqs, ns, load_profile(hw))
+    for i, seq in enumerate(seqs):
+        for j, n in enumerate(ns):
+            report = plan(hw, seq=seq, n=n, causal=causal, pass_=pass_, block=64)  # block: only the schedule
+            assert grid.ratio[i, j] == pytest.approx(report.verdict.comm_ratio_step, rel=1e-12)
+            assert grid.inter_node[j] == (report.hardware.link_scope == "inter-node")
+        ring, ranks = plan(hw, seq=seq, n=2, causal=causal, block=64).ring, load_profile(hw).ranks_per_node
+        leaves = ring.n_max_inter_node > ranks  # N_max: inter-node bound once past the node, else capped by it
+        expected = ring.n_max_inter_node if leaves else min(ring.n_max_intra_node, ranks)
+        assert grid.n_max[i] == pytest.approx(expected, rel=1e-12)
+
+
+def test_one_device_receives_nothing_and_undivided_cells_are_empty() -> None:
+    grid = sweep(PlanInputs(seq=1, n=1, block=1), [24, 1024], [1, 5, 8], load_profile("a100-nvlink"))
+    assert (grid.ratio[:, 0] == 0).all()
+    assert np.isnan(grid.ratio[0, 1]) and np.isnan(grid.ratio[1, 1]) and np.isfinite(grid.ratio[1, 2])
+    assert [r["n"] for r in grid.rows() if r["seq"] == 24] == [1, 8]
+
+
+def test_sweep_cli_formats(cli) -> None:
+    args = ["sweep", "--seq", "32k..128k", "--n", "4..16", "--hw", "a100-nvlink,h100-ib"]
+    rows = json.loads(cli(*args, "-f", "json").out)["rows"]
+    assert len(rows) == 3 * 3 * 2 and {r["verdict"] for r in rows} <= {"green", "amber", "red"}
+    table = list(csv.DictReader(io.StringIO(cli(*args, "-f", "csv").out)))
+    assert [float(r["comm_ratio_step"]) for r in table] == [r["comm_ratio_step"] for r in rows]
+    screen = cli(*args).out
+    assert "a100-nvlink: fwd step comm ratio" in screen and "16*" in screen and "N_max" in screen
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_plot_is_written(cli, tmp_path, suffix: str) -> None:
+    pytest.importorskip("matplotlib")
+    target = tmp_path / f"sweep{suffix}"
+    result = cli("sweep", "--seq", "8k..1M", "--n", "1..64", "--hw", "a100-nvlink,h100-ib", "--causal",
+                 "--model", "llama3-8b", "--gpus", "64", "--plot", str(target))  # fmt: skip
+    assert result.code == 0, result.err
+    data = target.read_bytes()
+    assert data.startswith(b"\x89PNG") if suffix == ".png" else b"<svg" in data[:500]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_plot_without_matplotlib_falls_back_to_the_table(cli, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_matplotlib(name: str, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("no matplotlib")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    result = cli("sweep", "--seq", "64k", "--n", "8", "--plot", str(tmp_path / "x.png"))
+    assert result.code == 0
+    assert "matplotlib is not installed" in result.err and "pip install 'cp-plan[plot]'" in result.err
+    assert "N_max" in result.out and not (tmp_path / "x.png").exists()
+
+
+def test_plot_rejects_other_file_types(cli, tmp_path) -> None:
+    result = cli("sweep", "--seq", "64k", "--n", "8", "--plot", str(tmp_path / "x.pdf"))
+    assert result.code == 2 and "--plot: x.pdf: accepted file types are .png and .svg" in result.err

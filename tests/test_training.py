@@ -1,0 +1,164 @@
+"""Training plans (issue 5): activation memory against Korthikanti et al. 2022, model states, the
+backward pass, and the recommendation window."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import formulas, numeric
+from costmodel.hardware import load_profile
+from costmodel.symbols import M_dev, N, phi
+from costmodel.training import recommend, training_values, zero_fractions
+from costmodel.workload import PlanInputs, TrainingSetup, load_model
+from tests.support import plan
+
+f = formulas.FORMULAS
+
+
+def gpt_layer(s: int, h: int, a: int, t: int = 1, sp: bool = False, scores: bool = True) -> float:
+    """layer_activation_bytes for the paper's setting: MHA, 4h GeLU MLP, dropout, fp16, b = 1, N = 1."""
+    return numeric.layer_activation_bytes(
+        S=s, N=1, b=1, H=h, h=a, n_kv=a, d=h // a, F_ffn=4 * h, g=0, delta=1, phi=int(scores), sigma=int(sp), t=t
+    )
+
+
+# Korthikanti et al. 2022 Table 3 models at s = 2048: (hidden h, heads a).
+GPT3, MT_NLG = (12288, 96), (20480, 128)
+
+
+def test_table_2_no_parallelism_is_sbh_34_plus_5as_over_h() -> None:
+    h, a = GPT3
+    assert gpt_layer(2048, h, a) == 2048 * h * (34 + 5 * a * 2048 / h)
+
+
+def test_table_2_tensor_parallel_and_sequence_parallel() -> None:
+    h, a, s, t = *GPT3, 2048, 8
+    assert gpt_layer(s, h, a, t=t) == pytest.approx(s * h * (10 + 24 / t + 5 * a * s / (h * t)))
+    assert gpt_layer(s, h, a, t=t, sp=True) == pytest.approx(s * h / t * (34 + 5 * a * s / h))
+    assert gpt_layer(s, h, a, t=t, sp=True, scores=False) == pytest.approx(34 * s * h / t)  # selective
+
+
+def test_full_recompute_keeps_2sbh() -> None:
+    h = GPT3[0]
+    assert numeric.layer_input_bytes(S=2048, N=1, b=1, H=h, sigma=0, t=1) == 2 * 2048 * h
+
+
+@pytest.mark.parametrize(("model", "term", "saved"), [(GPT3, 80, 0.70), (MT_NLG, 64, 0.65)])
+def test_selective_recompute_saves_what_the_paper_says(model: tuple[int, int], term: float, saved: float) -> None:
+    """§4.2: "for GPT-3 5as/h = 80 ... selective recompute saves 70 %"; 65 % for MT-NLG."""
+    h, a = model
+    full, selective = gpt_layer(2048, h, a), gpt_layer(2048, h, a, scores=False)
+    assert full / (2048 * h) - 34 == pytest.approx(term)
+    assert 1 - selective / full == pytest.approx(saved, abs=0.005)
+
+
+def test_sequence_parallel_plus_selective_is_5x_less_than_tp_alone() -> None:
+    """The abstract's "reduces activation memory by 5x" for GPT-3 at t = 8: 23 sbh down to 4.25 sbh."""
+    h, a = GPT3
+    assert gpt_layer(2048, h, a, t=8) / gpt_layer(2048, h, a, t=8, sp=True, scores=False) == pytest.approx(5.41, 0.01)
+
+
+@pytest.mark.parametrize(("preset", "billions"), [("llama3-8b", 8.030), ("llama3-70b", 70.554), ("gpt3-175b", 174.6)])
+def test_parameter_counts(preset: str, billions: float) -> None:
+    m = load_model(preset)
+    params = numeric.params(n_L=m.layers, H=m.hidden, d=m.head_dim, h=m.heads, n_kv=m.kv_heads, g=int(m.gated_mlp),
+                            F_ffn=m.ffn_hidden, e_m=1 if m.tied_embeddings else 2, V=m.vocab)  # fmt: skip
+    assert params / 1e9 == pytest.approx(billions, abs=0.05)
+
+
+@pytest.mark.parametrize(("stage", "bytes_per_param"), [(0, 18), (1, 6 + 12 / 64), (2, 2 + 16 / 64), (3, 18 / 64)])
+def test_zero_stages(stage: int, bytes_per_param: float) -> None:
+    """bf16 weights (2), fp32 grads (4), fp32 master + Adam (12) bytes per parameter, sharded over 64."""
+    z_w, z_g, z_o = zero_fractions(stage, 64)
+    per_param = numeric.model_state_bytes(n_L=1, H=1, d=1, h=1, n_kv=1, g=0, F_ffn=0, e_m=0, V=0, t=1, pp=1,
+                                          z_w=z_w, z_g=z_g, z_o=z_o) / 7  # fmt: skip  # 7 parameters
+    assert per_param == pytest.approx(bytes_per_param)
+
+
+def test_backward_costs_2_5x_flop_and_carries_fp32_dkv() -> None:
+    report = plan()
+    assert report.backward.step_flops == 2.5 * report.compute.step_flops
+    assert report.backward.step_recv_bytes == 3 * report.ring.step_recv_bytes  # bf16 KV + fp32 dK/dV
+    assert report.backward.comm_ratio_step == pytest.approx(6 / 5 * report.ring.comm_ratio_step)
+    assert report.backward.recv_bytes_per_layer == 7 * 134_217_728 + 8 * 2 * 134_217_728
+
+
+def test_fwd_bwd_verdict_takes_the_worse_pass() -> None:
+    both = plan(pass_="fwd+bwd")
+    assert both.verdict.comm_ratio_step == max(both.ring.comm_ratio_step, both.backward.comm_ratio_step)
+
+
+def test_n_min_memory_is_where_memory_just_fits() -> None:
+    total = f["training_memory_bytes"].expr.xreplace({phi: 0})
+    assert sympy.simplify(total.xreplace({N: f["n_min_memory"].expr}) - M_dev) == 0
+
+
+SEED_QUESTION = PlanInputs(seq=131_072, n=1, causal=True, model="llama3-8b")
+
+
+def advise(hw: str, **setup: object):  # noqa: ANN201
+    return recommend(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64, **setup), load_profile(hw))
+
+
+def test_seed_question_on_a100_nvlink_with_full_recompute() -> None:
+    """'An 8-way CP for a 128K training run?' On one A100 NVLink node: yes, N = 8 green."""
+    rec = advise("a100-nvlink", recompute="full").recommendation
+    assert (rec.n_min_memory, rec.n_recommended, rec.scheme, rec.layout, rec.dp) == (8, 8, "ring", "zigzag", 8)
+    assert rec.n_max_comm == 32 and "smallest CP degree whose memory fits" in rec.reason
+
+
+def test_seed_question_on_h100_ib_says_which_side_fails_and_what_fixes_it() -> None:
+    rec = advise("h100-ib", recompute="full").recommendation
+    assert rec.n_recommended is None and rec.n_min_memory == 8 and rec.n_max_comm == 2
+    assert rec.reason.startswith("Communication fails: memory needs N >= 8")
+    assert "ZeRO-3 (--zero 3): N = 2 then works" in rec.fixes
+    fixed = advise("h100-ib", recompute="full", zero=3).recommendation
+    assert fixed.n_recommended == 2
+
+
+def test_usp_opens_the_window_when_the_plain_ring_turns_red() -> None:
+    report = advise("a100-nvlink")
+    rec = report.recommendation
+    assert (rec.n_recommended, rec.scheme, rec.n_ulysses) == (32, "usp", 8)
+    row = next(r for r in report.candidates if r.n == 32)
+    assert row.ring_comm_ratio_step > 0.15 >= row.comm_ratio  # the ring alone is red, USP 8x4 amber
+
+
+def test_memory_failure_names_memory() -> None:
+    rec = advise("a100-nvlink", memory_headroom=0.9).recommendation
+    assert rec.n_min_memory is None and rec.reason.startswith("Memory fails")
+
+
+def test_tensor_parallel_moves_the_cp_ring_across_nodes() -> None:
+    setup = TrainingSetup(gpus=256, tp=8, recompute="full")
+    placed = setup.placed(load_profile("h100-nvlink"))
+    assert placed.ranks_per_node == 1 and placed.link_for(2)[1] == "inter-node"
+    attention = setup.attention(PlanInputs(seq=131_072, n=2, heads=64, kv_heads=8))
+    assert (attention.heads, attention.kv_heads) == (8, 1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seq_k=st.sampled_from([32, 64, 128, 256]), gpus=st.sampled_from([8, 16, 64]),
+       hw=st.sampled_from(["a100-nvlink", "h100-ib", "h200-nvlink"]), zero=st.integers(0, 3),
+       recompute=st.sampled_from(["selective", "full"]))  # fmt: skip
+def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute: str) -> None:
+    """Memory falls and the plain ring's ratio rises with N; the pick lies in the window and fits."""
+    inputs = PlanInputs(seq=seq_k * 1024, n=1, causal=True, model="llama3-8b")
+    report = recommend(inputs, load_model("llama3-8b"), TrainingSetup(gpus=gpus, zero=zero, recompute=recompute),
+                       load_profile(hw))  # fmt: skip
+    rows = report.candidates
+    assert all(a.total_bytes > b.total_bytes for a, b in zip(rows, rows[1:]))
+    assert all(a.ring_comm_ratio_step <= b.ring_comm_ratio_step for a, b in zip(rows, rows[1:]))
+    rec = report.recommendation
+    if rec.n_recommended is not None:
+        assert rec.n_min_memory <= rec.n_recommended <= rec.n_max_comm
+        assert report.fit.fits and rec.dp * rec.n_recommended == gpus
+
+
+def test_training_values_cover_every_fit_formula() -> None:
+    values = training_values(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), load_profile("h100-ib"), 8)
+    for name in ("model_state_bytes", "activation_bytes", "ring_buffer_bytes", "n_min_memory"):
+        assert set(numeric.ARGS[name]) <= set(values), name
