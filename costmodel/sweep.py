@@ -52,7 +52,7 @@ class Grid:
     step_compute_s: np.ndarray
     step_comm_s: np.ndarray
     inter_node: np.ndarray  # (m,) whether the ring over N leaves the node
-    n_max: np.ndarray  # (k,) real N where the ratio reaches 100 %, topology included
+    n_max: np.ndarray  # (k,) real N where the pass's ratio reaches 100 %, topology included
     n_min_memory: np.ndarray | None = field(default=None)  # (k,) real N where training memory fits
 
     def verdicts(self) -> np.ndarray:
@@ -108,10 +108,12 @@ def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.nd
     ratio = np.where(n_row == 1, 0.0, ratio)  # one device receives nothing
     valid = (seq_col % n_row == 0) & (n_row <= seq_col)
     # N_max: the intra-node bound while it stays inside the node, else the inter-node one.
+    bound_of = {"fwd": "n_at_ratio", "bwd": "bwd_n_at_ratio"}  # N where the phase's step ratio reaches r
     bounds = {}
     for scope, link in (("intra", profile.links.intra_node), ("inter", profile.links.inter_node)):
         if link is not None:
-            bounds[scope] = call("n_max", S=seq_col[:, 0], B=link.bandwidth_per_direction, alpha=link.latency_s)
+            over = {"S": seq_col[:, 0], "B": link.bandwidth_per_direction, "alpha": link.latency_s, "r": 1.0}
+            bounds[scope] = np.min([call(bound_of[phase], **over) for phase in PASSES[shape.pass_]], axis=0)
     ranks = profile.ranks_per_node
     n_max = bounds["intra"]
     if "inter" in bounds:

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from costmodel import numeric
 from costmodel.errors import InputError
 from costmodel.hardware import load_profile
 from costmodel.sweep import parse_grid, sweep
@@ -43,10 +44,15 @@ def test_grid_equals_the_report_point_by_point(hw: str, causal: bool, pass_: str
             report = plan(hw, seq=seq, n=n, causal=causal, pass_=pass_, block=64)  # block: only the schedule
             assert grid.ratio[i, j] == pytest.approx(report.verdict.comm_ratio_step, rel=1e-12)
             assert grid.inter_node[j] == (report.hardware.link_scope == "inter-node")
-        ring, ranks = plan(hw, seq=seq, n=2, causal=causal, block=64).ring, load_profile(hw).ranks_per_node
-        leaves = ring.n_max_inter_node > ranks  # N_max: inter-node bound once past the node, else capped by it
-        expected = ring.n_max_inter_node if leaves else min(ring.n_max_intra_node, ranks)
-        assert grid.n_max[i] == pytest.approx(expected, rel=1e-12)
+        # N_max: where the pass's ratio reaches 100 % on the link that N uses, or the node's edge.
+        profile, n_max = load_profile(hw), float(grid.n_max[i])
+        link = profile.links.inter_node if n_max > profile.ranks_per_node else profile.links.intra_node
+        values = {"S": seq, "N": n_max, "b": 1, "c": 0.5 if causal else 1, "d": 128, "h": 32, "n_kv": 8, "p": 2,
+                  "p_acc": 4, "F": 312e12 if hw.startswith("a100") else 989e12,
+                  "B": link.bandwidth_per_direction, "alpha": 0.0}  # fmt: skip
+        worst = max(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+                    for name in (["comm_ratio_step"] + (["bwd_comm_ratio_step"] if pass_ == "fwd+bwd" else [])))  # fmt: skip
+        assert worst == pytest.approx(1.0, rel=1e-9) or (n_max == profile.ranks_per_node and worst < 1)
 
 
 def test_one_device_receives_nothing_and_undivided_cells_are_empty() -> None:
