@@ -229,8 +229,9 @@ n_kv_u = define("ulysses_kv_heads", "n_kv_U", sympy.Max(n_kv, N),
                 "KV heads after replication to the all-to-all degree", "heads", "SPEC §4.4")
 C_u = define("ulysses_recv_bytes_per_layer", "C_U", (N - 1) / N * b * L * (2 * h + 2 * n_kv_u) * d * p,
              "all-to-all receive bytes per device per layer: Q, K, V in and O out", "B", "seed 000 §4.2")
-tau_u = define("ulysses_comm_s", "tau_U", 2 * alpha + C_u / B, "time of the two all-to-alls", "s",
-               "seed 000 §7, SPEC §4.2")
+# Four all_to_all calls (Q, K, V in, O out), as DeepSpeed-Ulysses and the reference kernel make them.
+tau_u = define("ulysses_comm_s", "tau_U", 4 * alpha + C_u / B, "time of the all-to-alls: Q, K, V in and O out",
+               "s", "seed 000 §7, SPEC §4.2")
 define("ulysses_comm_ratio", "rho_U", tau_u / t_layer,
        "all-to-all time / layer compute time (the all-to-alls do not overlap attention)", "1", "seed 000 §7")
 
@@ -249,7 +250,8 @@ define("usp_recv_bytes_per_layer", "C_USP", C_ua + C_ur, "USP receive bytes per 
        "SPEC §4.5")
 W_ur = define("usp_ring_step_flops", "W_USP_step", c * (S / N_r) ** 2 * W_pair / N_u,
               "FLOP per device per USP ring step (h/N_u heads)", "FLOP", "SPEC §4.5")
-define("usp_a2a_comm_s", "tau_USP_a2a", 2 * alpha + C_ua / B, "time of the USP all-to-alls", "s", "SPEC §4.5")
+define("usp_a2a_comm_s", "tau_USP_a2a", 4 * alpha + C_ua / B, "time of the USP all-to-alls (Q, K, V, O)", "s",
+       "SPEC §4.5")
 define("usp_ring_comm_ratio_step", "rho_USP_step", (alpha + C_ur_step / B) / (W_ur / F),
        "USP ring step receive time / step compute time", "1", "SPEC §4.5")
 

@@ -158,13 +158,13 @@ def ulysses_recv_bytes_per_layer(*, N, S, b, d, h, n_kv, p):
 
 
 def ulysses_comm_s(*, B, N, S, alpha, b, d, h, n_kv, p):
-    """tau_U = 2*(B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2): time of the two all-to-alls [s] (seed 000 §7, SPEC §4.2)."""
-    return 2*(B*N**2*alpha + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/(B*N**2)
+    """tau_U = 2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2): time of the all-to-alls: Q, K, V in and O out [s] (seed 000 §7, SPEC §4.2)."""
+    return 2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/(B*N**2)
 
 
 def ulysses_comm_ratio(*, B, F, N, S, alpha, b, c, d, h, n_kv, p):
-    """rho_U = F*(B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h): all-to-all time / layer compute time (the all-to-alls do not overlap attention) [1] (seed 000 §7)."""
-    return (1/2)*F*(B*N**2*alpha + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/(B*N*S**2*b*c*d*h)
+    """rho_U = F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h): all-to-all time / layer compute time (the all-to-alls do not overlap attention) [1] (seed 000 §7)."""
+    return (1/2)*F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/(B*N*S**2*b*c*d*h)
 
 
 def usp_kv_heads(*, N_u, n_kv):
@@ -198,8 +198,8 @@ def usp_ring_step_flops(*, N_r, N_u, S, b, c, d, h):
 
 
 def usp_a2a_comm_s(*, B, N_r, N_u, S, alpha, b, d, h, n_kv, p):
-    """tau_USP_a2a = 2*(B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2): time of the USP all-to-alls [s] (SPEC §4.5)."""
-    return 2*(B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + numpy.maximum(N_u, n_kv)))/(B*N_r*N_u**2)
+    """tau_USP_a2a = 2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2): time of the USP all-to-alls (Q, K, V, O) [s] (SPEC §4.5)."""
+    return 2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + numpy.maximum(N_u, n_kv)))/(B*N_r*N_u**2)
 
 
 def usp_ring_comm_ratio_step(*, B, F, N_r, N_u, S, alpha, b, c, d, h, n_kv, p):
@@ -359,15 +359,15 @@ INFO = {
     'n_max': ('N_max', '4*B*S*sqrt(b)*c*sqrt(d)*h/(sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'largest CP degree with step comm <= step compute (seed: (h/n_kv)·S/beta at p = 2)', 'devices', 'seed 000 §4', 'limits'),
     'ulysses_kv_heads': ('n_kv_U', 'Max(N, n_kv)', 'Max({N}, {n_kv})', 'KV heads after replication to the all-to-all degree', 'heads', 'SPEC §4.4', 'ulysses'),
     'ulysses_recv_bytes_per_layer': ('C_U', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/N**2', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/{N}**2', 'all-to-all receive bytes per device per layer: Q, K, V in and O out', 'B', 'seed 000 §4.2', 'ulysses'),
-    'ulysses_comm_s': ('tau_U', '2*(B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2)', '2*({B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/({B}*{N}**2)', 'time of the two all-to-alls', 's', 'seed 000 §7, SPEC §4.2', 'ulysses'),
-    'ulysses_comm_ratio': ('rho_U', 'F*(B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h)', '{F}*({B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{B}*{N}*{S}**2*{b}*{c}*{d}*{h})', 'all-to-all time / layer compute time (the all-to-alls do not overlap attention)', '1', 'seed 000 §7', 'ulysses'),
+    'ulysses_comm_s': ('tau_U', '2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2)', '2*(2*{B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/({B}*{N}**2)', 'time of the all-to-alls: Q, K, V in and O out', 's', 'seed 000 §7, SPEC §4.2', 'ulysses'),
+    'ulysses_comm_ratio': ('rho_U', 'F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h)', '{F}*(2*{B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{B}*{N}*{S}**2*{b}*{c}*{d}*{h})', 'all-to-all time / layer compute time (the all-to-alls do not overlap attention)', '1', 'seed 000 §7', 'ulysses'),
     'usp_kv_heads': ('n_kv_USP', 'Max(N_u, n_kv)', 'Max({N_u}, {n_kv})', 'KV heads after replication to the all-to-all degree N_u', 'heads', 'SPEC §4.5', 'usp'),
     'usp_a2a_recv_bytes_per_layer': ('C_USP_a2a', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(N_r*N_u**2)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({N_r}*{N_u}**2)', 'all-to-all part of the USP receive bytes', 'B', 'SPEC §4.5', 'usp'),
     'usp_ring_step_recv_bytes': ('C_USP_step', '2*S*b*d*p*Max(N_u, n_kv)/(N_r*N_u)', '2*{S}*{b}*{d}*{p}*Max({N_u}, {n_kv})/({N_r}*{N_u})', 'KV block of one USP ring step', 'B', 'SPEC §4.5', 'usp'),
     'usp_ring_recv_bytes_per_layer': ('C_USP_ring', '2*S*b*d*p*(N_r - 1)*Max(N_u, n_kv)/(N_r*N_u)', '2*{S}*{b}*{d}*{p}*({N_r} - 1)*Max({N_u}, {n_kv})/({N_r}*{N_u})', 'ring part of the USP receive bytes', 'B', 'SPEC §4.5', 'usp'),
     'usp_recv_bytes_per_layer': ('C_USP', '2*S*b*d*p*(N_r*N_u*Max(N_u, n_kv) + N_u*h - h - Max(N_u, n_kv))/(N_r*N_u**2)', '2*{S}*{b}*{d}*{p}*({N_r}*{N_u}*Max({N_u}, {n_kv}) + {N_u}*{h} - {h} - Max({N_u}, {n_kv}))/({N_r}*{N_u}**2)', 'USP receive bytes per device per layer', 'B', 'SPEC §4.5', 'usp'),
     'usp_ring_step_flops': ('W_USP_step', '4*S**2*b*c*d*h/(N_r**2*N_u)', '4*{S}**2*{b}*{c}*{d}*{h}/({N_r}**2*{N_u})', 'FLOP per device per USP ring step (h/N_u heads)', 'FLOP', 'SPEC §4.5', 'usp'),
-    'usp_a2a_comm_s': ('tau_USP_a2a', '2*(B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2)', '2*({B}*{N_r}*{N_u}**2*{alpha} + {S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv})))/({B}*{N_r}*{N_u}**2)', 'time of the USP all-to-alls', 's', 'SPEC §4.5', 'usp'),
+    'usp_a2a_comm_s': ('tau_USP_a2a', '2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2)', '2*(2*{B}*{N_r}*{N_u}**2*{alpha} + {S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv})))/({B}*{N_r}*{N_u}**2)', 'time of the USP all-to-alls (Q, K, V, O)', 's', 'SPEC §4.5', 'usp'),
     'usp_ring_comm_ratio_step': ('rho_USP_step', 'F*N_r*(B*N_r*N_u*alpha + 2*S*b*d*p*Max(N_u, n_kv))/(4*B*S**2*b*c*d*h)', '{F}*{N_r}*({B}*{N_r}*{N_u}*{alpha} + 2*{S}*{b}*{d}*{p}*Max({N_u}, {n_kv}))/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', 'USP ring step receive time / step compute time', '1', 'SPEC §4.5', 'usp'),
     'tp_bytes_per_layer': ('C_TP', '4*S*b*d*h*p', '4*{S}*{b}*{d}*{h}*{p}', 'TP activation traffic per layer (two all-reduces of b·S·h·d)', 'B', 'seed 000 §13', 'tp'),
     'tp_to_ring_ratio': ('C_TP_over_C_recv', '2*N*h/(n_kv*(N - 1))', '2*{N}*{h}/({n_kv}*({N} - 1))', 'TP bytes / ring receive bytes', '1', 'seed 000 §13', 'tp'),

@@ -131,3 +131,4 @@ def test_n_at_ratio_inverts_the_step_ratio(seq_per, n, ratio_edge, lat) -> None:
               "alpha": lat}  # fmt: skip
     bound = numeric.n_at_ratio(r=ratio_edge, **common)
     assert numeric.comm_ratio_step(N=bound, **common) == pytest.approx(ratio_edge, rel=1e-9)
+
