@@ -1,0 +1,224 @@
+"""Run a function on every rank of a process group: N local processes, or this process under torchrun.
+
+``launch(fn, nproc)`` calls ``fn(ctx, *args)`` on each rank with a :class:`RankContext` and returns
+``{rank: result}``. Locally it spawns ``nproc`` processes (``torch.multiprocessing``, a file store, gloo
+on CPU, NCCL when there is a GPU per rank) under a hard timeout: when a rank raises, dies or hangs,
+every process is terminated and :class:`LaunchError` names the rank ("rank 1 exited with code -9",
+"rank 0 did not finish within 120 s"); Ctrl-C tears them all down too. Under ``torchrun`` (RANK and
+WORLD_SIZE set; MASTER_ADDR/MASTER_PORT for the rendezvous) it runs ``fn`` in this process only, so
+the same code spans nodes, and the result holds this rank's entry.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue as queue_module
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from costmodel.errors import InputError
+
+KILL_GRACE_S = 5.0  # after SIGTERM, how long a rank may take to exit before SIGKILL
+FAILURE_GRACE_S = 1.0  # after the first failure, collect the others so the root cause is named first
+
+
+class LaunchError(RuntimeError):
+    """A rank failed, died or hung; the message names it. ``remote_traceback`` holds a raising rank's."""
+
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What ``fn`` gets on each rank."""
+
+    rank: int
+    world_size: int
+    device: Any  # torch.device
+    backend: str  # "gloo" or "nccl"
+    group: Any = None  # the process group (None: the default, WORLD)
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launch(fn: Callable[..., Any], nproc: int | None = None, *, args: tuple = (), timeout_s: float = 120.0,
+           device: str = "auto") -> dict[int, Any]:
+    """Run ``fn(ctx, *args)`` on every rank: under torchrun in this process, else on ``nproc`` local ones."""
+    if under_torchrun():
+        rank = int(os.environ["RANK"])
+        return {rank: run_under_torchrun(fn, args=args, device=device, timeout_s=timeout_s)}
+    if nproc is None:
+        raise InputError("--nproc", "give the number of local processes (or run under torchrun)")
+    return dict(enumerate(run_local(fn, nproc, args=args, timeout_s=timeout_s, device=device)))
+
+
+def _choose_device(device: str, local_rank: int, world_size: int) -> tuple[Any, str]:
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= world_size else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)  # before any NCCL call, or batch_isend_irecv can hang
+        return torch.device("cuda", local_rank), "nccl"
+    if device != "cpu":
+        raise InputError("--device", f"unknown device {device!r}; accepted: auto, cpu, cuda")
+    return torch.device("cpu"), "gloo"
+
+
+def run_under_torchrun(fn: Callable[..., Any], *, args: tuple = (), device: str = "auto",
+                       timeout_s: float = 600.0) -> Any:
+    """Initialise from torchrun's environment (env://), run ``fn`` on this rank, tear down."""
+    import torch.distributed as dist
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    torch_device, backend = _choose_device(device, int(os.environ.get("LOCAL_RANK", "0")), local_world)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        return fn(RankContext(rank, world_size, torch_device, backend), *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit if the launching process goes away (even by SIGKILL), so no rank outlives it."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        time.sleep(0.5)
+
+
+def _rank_main(rank: int, world_size: int, store_path: str, device: str, threads: int, timeout_s: float,
+               parent_pid: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(threads)
+        torch_device, backend = _choose_device(device, rank, world_size)
+        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s))
+        try:
+            result = fn(RankContext(rank, world_size, torch_device, backend), *args)
+            results.put((rank, "returned", None))  # a hang after this is a peer's, not ours
+            dist.barrier()  # nobody tears down while a peer still exchanges with it
+        finally:
+            dist.destroy_process_group()
+        # Plain pickle copies tensors by value: torch's shared-memory handles die with this process.
+        results.put((rank, "ok", pickle.dumps(result)))
+    except InputError as exc:
+        results.put((rank, "input", (exc.field, exc.message)))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent, named by rank
+        results.put((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+
+
+def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s: float = 120.0,
+              device: str = "auto", threads_per_rank: int | None = None) -> list[Any]:
+    """Spawn ``nproc`` ranks running ``fn(ctx, *args)``; return their results in rank order.
+
+    ``fn`` must be importable by name (defined at module level), and its result picklable. The whole
+    run, start-up included, must finish within ``timeout_s``; otherwise all ranks are killed.
+    """
+    import torch.multiprocessing as mp
+
+    if nproc < 1:
+        raise InputError("--nproc", f"must be at least 1, got {nproc}")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = threads_per_rank or max(1, cpus // nproc)
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    store_dir = tempfile.mkdtemp(prefix="cp-plan-store-")
+    store_path = str(Path(store_dir) / "store")
+    processes = [
+        context.Process(target=_rank_main, name=f"cp-plan-rank-{rank}", daemon=True,
+                        args=(rank, nproc, store_path, device, threads, timeout_s, os.getpid(), fn, args, results))
+        for rank in range(nproc)
+    ]
+    try:
+        for process in processes:
+            process.start()
+        return _collect(processes, results, timeout_s)
+    finally:
+        _terminate(processes)
+        results.close()
+        results.join_thread()
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _collect(processes: list, results: Any, timeout_s: float) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    done: dict[int, Any] = {}
+    returned: set[int] = set()
+    failures: dict[int, tuple[str, str]] = {}  # rank -> (one line, remote traceback)
+    input_error: InputError | None = None
+    failed_at: float | None = None
+    silent_exit_at: dict[int, float] = {}  # ranks that exited with code 0 and no result (yet)
+    while len(done) < len(processes):
+        now = time.monotonic()
+        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
+            break
+        if now > deadline:
+            late = [rank for rank in range(len(processes)) if rank not in done and rank not in failures]
+            late = [rank for rank in late if rank not in returned] or late
+            ranks = "rank " + str(late[0]) if len(late) == 1 else "ranks " + ", ".join(map(str, late))
+            failures.setdefault(late[0], (f"{ranks} did not finish within {timeout_s:g} s", ""))
+            break
+        try:
+            rank, status, payload = results.get(timeout=0.05)
+        except queue_module.Empty:
+            rank, status = None, None
+        if status == "returned":
+            returned.add(rank)
+        elif status == "ok":
+            done[rank] = pickle.loads(payload)
+        elif status == "input":
+            input_error = input_error or InputError(*payload)
+        elif status == "error":
+            failures[rank] = (f"rank {rank} raised {payload[0]}", payload[1])
+        for index, process in enumerate(processes):
+            if process.exitcode is None or index in done or index in failures:
+                continue
+            if process.exitcode != 0:
+                failures[index] = (f"rank {index} exited with code {process.exitcode}", "")
+            # Exit code 0 with the result still in the queue is fine; with none after a while, not.
+            elif now - silent_exit_at.setdefault(index, now) > FAILURE_GRACE_S:
+                failures[index] = (f"rank {index} exited with code 0 without a result", "")
+        if (failures or input_error) and failed_at is None:
+            failed_at = time.monotonic()
+    if input_error is not None:
+        raise input_error
+    if failures:
+        # A rank that died is usually the cause; the others then fail talking to it.
+        order = sorted(failures, key=lambda rank: ("exited" not in failures[rank][0], rank))
+        message = "; ".join(failures[rank][0] for rank in order)
+        raise LaunchError(message, "\n".join(failures[rank][1] for rank in order if failures[rank][1]))
+    return [done[rank] for rank in range(len(processes))]
+
+
+def _terminate(processes: list) -> None:
+    """SIGTERM every live rank, then SIGKILL any still alive after a grace period; reap them all."""
+    started = [process for process in processes if process.pid is not None]
+    for process in started:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + KILL_GRACE_S
+    for process in started:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()

@@ -1,0 +1,239 @@
+"""Timings the calibration (and ``benchmarks/kernel.py``) build on: the block kernel on one process, one
+ring exchange, one all-to-all, and whole ring / Ulysses layers.
+
+Every distributed function here is collective: call it on all ranks of ``group`` with the same
+arguments. Each returns the median over ``repeats`` (after ``warmup`` untimed runs) of the slowest
+rank's time, since a synchronous step lasts as long as its slowest rank; ranks line up on a barrier
+before each timed run. Times are seconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from costmodel.kernel.block import block_attention, block_attention_backward
+from costmodel.kernel.comm import RingComm
+from costmodel.kernel.masks import MaskRule, plan_block
+from costmodel.kernel.ring import ring_attention
+from costmodel.kernel.ulysses import ulysses_attention
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _slowest(seconds: float, group: dist.ProcessGroup | None) -> float:
+    if not dist.is_initialized():
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64)
+    if dist.get_backend(group) == "nccl":
+        value = value.cuda()
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return float(value.item())
+
+
+def time_once(run: Callable[[], object], device: torch.device, group: dist.ProcessGroup | None = None) -> float:
+    """Wall time of one ``run()``, ranks lined up on a barrier first; the slowest rank's when distributed."""
+    if dist.is_initialized():
+        dist.barrier(group=group)
+    _synchronize(device)
+    start = time.perf_counter()
+    run()
+    _synchronize(device)
+    return _slowest(time.perf_counter() - start, group)
+
+
+def median_time(run: Callable[[], object], device: torch.device, *, repeats: int = 5, warmup: int = 1,
+                group: dist.ProcessGroup | None = None) -> float:
+    """Median wall time of ``run()`` over ``repeats``; collective when a process group is initialised."""
+    return median_times({"run": run}, device, repeats=repeats, warmup=warmup, group=group)["run"]
+
+
+def median_times(runs: dict[str, Callable[[], object]], device: torch.device, *, repeats: int = 5,
+                 warmup: int = 1, group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    """Median time of each run, measured in interleaved rounds (each run once per round), so that a slow
+    spell of a shared machine hits every figure alike and their ratios stay meaningful."""
+    for _ in range(warmup):
+        for run in runs.values():
+            run()
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            samples[name].append(time_once(run, device, group))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+@dataclass(frozen=True)
+class BlockTiming:
+    forward_s: float
+    backward_s: float  # the backward alone (recompute from out/lse), not forward + backward
+    forward_flops: float  # 4·b·h·(visible pairs)·d: two matmuls of 2 FLOP per multiply-add
+
+
+def random_qkv(batch: int, heads: int, kv_heads: int, tokens: int, head_dim: int, dtype: torch.dtype,
+               device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
+    """q, k, v, dout drawn from one seed: (b, h, L, d) and (b, n_kv, L, d)."""
+    generator = torch.Generator().manual_seed(seed)
+    shapes = [(batch, heads), (batch, kv_heads), (batch, kv_heads), (batch, heads)]
+    return tuple(torch.randn(*shape, tokens, head_dim, generator=generator).to(device, dtype) for shape in shapes)
+
+
+def time_block(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, *,
+               causal: bool = False, batch: int = 1, device: torch.device | str = "cpu",
+               repeats: int = 5, warmup: int = 1) -> BlockTiming:
+    """One ring step's compute on this process: a block of ``tokens`` queries against as many keys, fully
+    visible or with the causal diagonal (the ring's own-block step)."""
+    device = torch.device(device)
+    q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens, head_dim, dtype, device)
+    token = np.arange(tokens)
+    plan = plan_block(MaskRule(causal), token, token)
+    out, lse = block_attention(q, k, v, plan)
+    forward_s = median_time(lambda: block_attention(q, k, v, plan), device, repeats=repeats, warmup=warmup)
+    backward_s = median_time(lambda: block_attention_backward(dout, q, k, v, out, lse, plan), device,
+                             repeats=repeats, warmup=warmup)
+    return BlockTiming(forward_s, backward_s, 4.0 * batch * heads * plan.visible_pairs * head_dim)
+
+
+def time_ring_exchange(nbytes: int, group: dist.ProcessGroup | None = None, *, device: torch.device | str = "cpu",
+                       repeats: int = 5, warmup: int = 1) -> float:
+    """One ring step's communication: every rank sends ``nbytes`` to the next and receives as many from the
+    previous, through :class:`~costmodel.kernel.comm.RingComm` as the ring does."""
+    device = torch.device(device)
+    comm = RingComm(group)
+    send = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    recv = torch.empty_like(send)
+
+    def exchange() -> None:
+        comm.send_recv(send, recv)
+        comm.commit()
+        comm.wait()
+
+    return median_time(exchange, device, repeats=repeats, warmup=warmup, group=group)
+
+
+def time_all_to_all(nbytes: int, group: dist.ProcessGroup | None = None, *, device: torch.device | str = "cpu",
+                    repeats: int = 5, warmup: int = 1) -> float:
+    """One ``all_to_all_single`` in which every rank holds ``nbytes`` (rounded down to a multiple of N) and
+    keeps 1/N of it: the exchange Ulysses makes for each of q, k, v and out."""
+    device = torch.device(device)
+    world_size = dist.get_world_size(group)
+    send = torch.zeros(world_size * max(1, nbytes // world_size), dtype=torch.uint8, device=device)
+    recv = torch.empty_like(send)
+    return median_time(lambda: dist.all_to_all_single(recv, send, group=group), device, repeats=repeats,
+                       warmup=warmup, group=group)
+
+
+@dataclass(frozen=True)
+class AttentionTiming:
+    forward_s: float
+    forward_backward_s: float
+
+
+def time_attention(variant: str, tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int,
+                   dtype: torch.dtype, group: dist.ProcessGroup | None = None, *, layout: str = "contiguous",
+                   causal: bool = False, cu_seqlens: tuple[int, ...] | None = None, batch: int = 1,
+                   device: torch.device | str = "cpu", repeats: int = 5, warmup: int = 1) -> AttentionTiming:
+    """A whole attention layer over the group: ``variant`` "ring" or "ulysses", forward and forward+backward."""
+    device = torch.device(device)
+    attention = {"ring": ring_attention, "ulysses": ulysses_attention}[variant]
+    q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens_per_rank, head_dim, dtype, device,
+                               seed=dist.get_rank(group) if dist.is_initialized() else 0)
+    kwargs = {"group": group, "layout": layout, "causal": causal, "cu_seqlens": cu_seqlens}
+    if variant == "ulysses":
+        kwargs["return_lse"] = False
+    leaves = [x.requires_grad_() for x in (q, k, v)]
+
+    def forward() -> None:
+        with torch.no_grad():
+            attention(*leaves, **kwargs)
+
+    def forward_backward() -> None:
+        out, _ = attention(*leaves, **kwargs)
+        torch.autograd.grad(out, leaves, dout)
+
+    return AttentionTiming(median_time(forward, device, repeats=repeats, warmup=warmup, group=group),
+                           median_time(forward_backward, device, repeats=repeats, warmup=warmup, group=group))
+
+
+@dataclass(frozen=True)
+class RingOverlap:
+    """A measured ring layer against its no-overlap-loss bound Σ_steps max(compute_step, comm_step),
+    where each step's compute and communication are timed on their own (slowest rank each)."""
+
+    measured_s: float
+    compute_step_s: tuple[float, ...]
+    comm_step_s: tuple[float, ...]
+    exposed_s: float = 0.0  # communication nothing can hide (backward: the last dK/dV hop home)
+
+    @property
+    def bound_s(self) -> float:
+        return sum(map(max, self.compute_step_s, self.comm_step_s)) + self.exposed_s
+
+    @property
+    def efficiency(self) -> float:
+        """bound / measured: 1.0 when the ring hides its communication as well as the steps allow."""
+        return self.bound_s / self.measured_s
+
+
+def time_ring_overlap(tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                      group: dist.ProcessGroup | None = None, *, layout: str = "contiguous", causal: bool = False,
+                      backward: bool = False, batch: int = 1, device: torch.device | str = "cpu",
+                      repeats: int = 5, warmup: int = 1) -> RingOverlap:
+    """Ring forward (or backward alone, ``backward=True``) measured, and its steps' compute and
+    communication timed separately with the same block plans and message sizes."""
+    from costmodel.kernel.block import accumulator_dtype, block_backward, block_forward
+    from costmodel.kernel.ring import DKV_TAG, KV_TAG, ring_backward, ring_forward, ring_schedule
+
+    device = torch.device(device)
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world_size < 2:
+        raise ValueError("a ring needs at least 2 ranks")
+    schedule = ring_schedule(MaskRule(causal), layout, tokens_per_rank * world_size, world_size, rank)
+    q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens_per_rank, head_dim, dtype, device, seed=rank)
+    scale = head_dim ** -0.5
+    kv_comm, dkv_comm = RingComm(group, KV_TAG), RingComm(group, DKV_TAG)
+    out, lse = ring_forward(q, k, v, schedule, kv_comm, scale)
+    kv = torch.stack((k, v))
+    dkv = torch.zeros(kv.shape, dtype=accumulator_dtype(dtype), device=device)
+
+    def exchange(*tensors: torch.Tensor) -> Callable[[], None]:
+        receive = [torch.empty_like(t) for t in tensors]
+
+        def run() -> None:
+            for send, recv in zip(tensors, receive, strict=True):
+                kv_comm.send_recv(send, recv)
+            kv_comm.commit()
+            kv_comm.wait()
+        return run
+
+    wide = accumulator_dtype(dtype)
+    if not backward:
+        accumulators = (torch.zeros(q.shape, dtype=wide, device=device),
+                        torch.full(q.shape[:-1], float("-inf"), dtype=wide, device=device))
+        runs = {"measured": lambda: ring_forward(q, k, v, schedule, kv_comm, scale), "kv": exchange(kv)}
+        runs |= {f"compute {j}": (lambda plan=plan: block_forward(q, k, v, plan, scale, *accumulators))
+                 for j, plan in enumerate(schedule.plans)}
+        t = median_times(runs, device, repeats=repeats, warmup=warmup, group=group)
+        compute = tuple(t[f"compute {j}"] for j in range(world_size))
+        return RingOverlap(t["measured"], compute, (t["kv"],) * (world_size - 1) + (0.0,))
+
+    grads = (torch.zeros(q.shape, dtype=wide, device=device), dkv[0], dkv[1])
+    runs = {"measured": lambda: ring_backward(dout, q, k, v, out, lse, schedule, kv_comm, dkv_comm, scale),
+            "kv": exchange(kv), "kv+dkv": exchange(kv, dkv), "dkv": exchange(dkv)}
+    runs |= {f"compute {j}": (lambda plan=plan: block_backward(dout, q, k, v, out, lse, plan, scale, *grads))
+             for j, plan in enumerate(schedule.plans)}
+    t = median_times(runs, device, repeats=repeats, warmup=warmup, group=group)
+    compute = tuple(t[f"compute {j}"] for j in range(world_size))
+    # Under step j's compute fly the next KV block (j < N-1) and the previous step's dK/dV sums (j > 0);
+    # the last sums go home after the last step with nothing left to hide them.
+    comm = tuple(t["kv+dkv"] if 0 < j < world_size - 1 else t["kv"] if j == 0 else t["dkv"]
+                 for j in range(world_size))
+    return RingOverlap(t["measured"], compute, comm, exposed_s=t["dkv"])
