@@ -110,6 +110,85 @@ class Device(_Strict):
         return self
 
 
+class RatePoint(_Strict):
+    """Measured attention throughput of one block of ``tokens`` queries against as many keys."""
+
+    tokens: int = Field(ge=1, description="block edge: queries = keys = tokens")
+    flops: Positive = Field(description="forward FLOP of the call, 4·b·h·pairs·d (pairs: the visible ones)")
+    flops_per_s: Positive = Field(description="forward FLOP per second; for backward 2.5x the forward FLOP per second")
+    spread: NonNegative = Field(description="interquartile range / median over the repeats")
+
+
+class ComputeCurve(_Strict):
+    """Attention FLOP/s against block size, measured with ``concurrency`` ranks computing at once."""
+
+    concurrency: int = Field(ge=1, description="ranks computing at the same time (CPU cores are shared)")
+    causal: bool = Field(description="the block has the causal diagonal (a ring's own-block step)")
+    forward: list[RatePoint]
+    backward: list[RatePoint]
+
+    def rate(self, flops: float, backward: bool = False) -> float:
+        """FLOP/s of a kernel call doing ``flops`` (forward-counted), interpolated in log(work per call) over
+        the measured blocks, flat beyond them. Work per call, not tokens, is what fills the machine, so
+        the curve serves any head count and block shape."""
+        import numpy as np
+
+        points = self.backward if backward else self.forward
+        return float(np.interp(np.log(flops), np.log([p.flops for p in points]), [p.flops_per_s for p in points]))
+
+
+class Sample(_Strict):
+    bytes: int = Field(ge=1, description="bytes each rank sends (point-to-point) or holds (all-to-all)")
+    seconds: Positive = Field(description="median over the repeats, slowest rank")
+    spread: NonNegative = Field(description="interquartile range / median over the repeats")
+
+
+class LinkFit(_Strict):
+    """t = alpha + bytes / bandwidth, least squares over the samples."""
+
+    latency_s: NonNegative
+    bandwidth: Positive = Field(description="bytes/s per direction")
+    r2: float = Field(le=1, description="coefficient of determination of the fit")
+    samples: list[Sample]
+
+
+class OverlapPoint(_Strict):
+    tokens: int = Field(ge=1)
+    compute: Positive = Field(description="s, block compute alone")
+    comm: Positive = Field(description="s, its KV exchange alone")
+    both: Positive = Field(description="s, both at once as a ring step")
+    a2a: Positive = Field(description="s, an all-to-all of its queries alone")
+    compute_then_a2a: Positive = Field(description="s, the compute and then that all-to-all")
+
+
+class Calibration(_Strict):
+    """What `cp-plan calibrate` measured, beside the figures the profile derives from it (issue 4)."""
+
+    dtype: Dtype
+    batch: int = Field(ge=1)
+    heads: int = Field(ge=1)
+    kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    compute: list[ComputeCurve] = Field(description="per concurrency and mask")
+    p2p: dict[Literal["intra-node", "inter-node"], LinkFit] = Field(description="ring exchanges, per scope")
+    alltoall: dict[Literal["intra-node", "inter-node"], LinkFit] = Field(description="all_to_all_single, per scope")
+    overlap: float = Field(ge=0, le=1, description="share of the shorter of compute and transfer that hides "
+                           "under the other in a ring step: 1 fully, 0 none (serial)")
+    step_overhead_s: float = Field(0.0, ge=0, description="fixed cost of a ring step that overlaps a transfer "
+                                   "with compute (thread wake-ups, scheduling), beyond both")
+    sync_overhead_s: float = Field(0.0, ge=0, description="cost of a collective right after compute, beyond "
+                                   "both alone (waiting for the slower rank, waking communication threads)")
+    overlap_samples: list[OverlapPoint] = Field(default_factory=list)
+    layer_overhead_s: dict[str, float] = Field(
+        default_factory=dict, description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
+        "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it")
+
+    def curve(self, concurrency: int, causal: bool) -> ComputeCurve:
+        """The curve measured closest to ``concurrency`` ranks (ties: the busier one) for the mask."""
+        curves = [c for c in self.compute if c.causal == causal] or self.compute
+        return min(curves, key=lambda c: (abs(c.concurrency - concurrency), -c.concurrency))
+
+
 class HardwareProfile(_Strict):
     """A hardware profile (hardware/*.yaml). SI units; link bandwidth per direction."""
 
@@ -122,6 +201,7 @@ class HardwareProfile(_Strict):
         default=None, description="consecutive CP ranks on one node; default devices_per_node"
     )
     links: Links
+    calibration: Calibration | None = Field(default=None, description="the measurements of a measured profile")
 
     @model_validator(mode="after")
     def _placement(self) -> Self:

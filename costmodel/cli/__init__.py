@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail("interrupted", 130)
     except BrokenPipeError:
         return 0
+    if result == 130:  # click turns Ctrl-C into Exit(130) before we see it
+        return fail("interrupted", 130)
     return result if isinstance(result, int) else 0
 
 

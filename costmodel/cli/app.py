@@ -32,6 +32,7 @@ from costmodel.cli.options import (
 from costmodel.cli.options import console
 from costmodel.errors import InputError
 from costmodel.hardware import builtin_names, load_profile
+from costmodel.kernel import cli as kernel_cli
 from costmodel.kernel.cli import app as kernel_app
 
 app = typer.Typer(
@@ -45,6 +46,8 @@ app = typer.Typer(
 hw_app = typer.Typer(help="Hardware profiles: built-in names or YAML files.", add_completion=False)
 app.add_typer(hw_app, name="hw")
 app.add_typer(kernel_app, name="kernel")
+app.command("calibrate")(kernel_cli.calibrate)
+app.command("validate")(kernel_cli.validate)
 app.command("recommend")(planning.recommend_cmd)
 app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)

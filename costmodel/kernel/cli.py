@@ -115,3 +115,173 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
     console = Console()
     console.print(table)
     console.print("[green]passed[/]" if result.passed else "[red]failed[/]")
+
+
+def _dtype_shape(model: str | None, heads: int | None, kv_heads: int | None, head_dim: int | None, batch: int,
+                 dtype: str) -> dict:  # fmt: skip
+    """The attention shape to calibrate: flags over a model preset over 8 heads of 64 (quick on a CPU)."""
+    from costmodel.workload import load_model
+
+    preset = load_model(model) if model else None
+    heads = heads or (preset.heads if preset else 8)
+    kv_heads = kv_heads or (preset.kv_heads if preset else heads)
+    if kv_heads > heads or heads % kv_heads:
+        raise InputError("--kv-heads", f"{kv_heads} must divide --heads {heads}")
+    return {"dtype": dtype, "batch": batch, "heads": heads, "kv_heads": kv_heads,
+            "head_dim": head_dim or (preset.head_dim if preset else 64)}  # fmt: skip
+
+
+def _sizes(text: str | None, field: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    from costmodel.workload import parse_tokens
+
+    return tuple(sorted({parse_tokens(part, field) for part in text.split(",") if part.strip()}))
+
+
+def _require_torch() -> None:
+    try:
+        import torch  # noqa: F401 - only to fail early and clearly without the optional extra
+    except ImportError:
+        raise InputError("cp-plan", "this command needs torch: pip install 'cp-plan[kernel]'") from None
+
+
+BACKENDS = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
+
+
+def _default_dtype(backend: str) -> str:
+    """bf16 where the ranks get GPUs. On CPUs fp32: on ours (an AMD EPYC without AMX) a bf16 matmul ran at
+    0.7 GFLOP/s against fp32's 72, and bf16 attention backward 6x slower than fp32."""
+    import torch
+
+    gpu = backend == "nccl" or (backend == "auto" and torch.cuda.is_available())
+    return "bf16" if gpu else "fp32"
+Backend = Literal["auto", "gloo", "nccl"]
+DtypeName = Literal["bf16", "fp16", "fp32"]
+
+
+def calibrate(
+    out: Annotated[str, typer.Option("--out", "-o", help="The measured profile to write (YAML).")],
+    nproc: Annotated[int, typer.Option(help="Local ranks measuring at once (ignored under torchrun).")] = 2,
+    backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
+    dtype: Annotated[DtypeName | None, typer.Option(
+        help="Element type of Q, K, V [default: bf16 on GPUs, fp32 on CPUs].")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Take heads, kv-heads, head-dim from a preset.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Query heads [default: 8 or the model's].")] = None,
+    kv_heads: Annotated[int | None, typer.Option(help="KV heads [default: --heads or the model's].")] = None,
+    head_dim: Annotated[int | None, typer.Option(help="Head dimension [default: 64 or the model's].")] = None,
+    batch: Annotated[int, typer.Option(help="Sequences per rank.")] = 1,
+    name: Annotated[str | None, typer.Option(help="Profile name [default: the file's stem].")] = None,
+    tokens: Annotated[str | None, typer.Option(help="Block sizes to time, e.g. 128,256,...,4096.")] = None,
+    message_bytes: Annotated[str | None, typer.Option(help="Message sizes (bytes, k = 1,024), >= 6 values.")] = None,
+    repeats: Annotated[int, typer.Option(min=3, help="Timed repeats per figure (medians and spread).")] = 7,
+    timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed, naming the slow one.")] = 300.0,
+) -> None:
+    """Measure this machine's attention FLOP/s per block size, and its links' latency and bandwidth.
+
+    Writes a measured hardware profile that --hw accepts everywhere. The write is atomic: a crash,
+    Ctrl-C, or a rank that dies or hangs leaves no file and no processes behind. Under torchrun the
+    same command spans nodes and measures intra- and inter-node links separately.
+
+    Example: cp-plan calibrate --nproc 2 --out me.yaml
+    """
+    from pathlib import Path
+
+    from costmodel.calibration import build_profile, profile_yaml
+    from costmodel.fileio import atomic_write_text
+
+    _require_torch()
+    from costmodel.kernel.calibrate import CalibrationConfig, measure
+    from costmodel.kernel.launch import LaunchError, launch, under_torchrun
+
+    shape = _dtype_shape(model, heads, kv_heads, head_dim, batch, dtype or _default_dtype(backend))
+    config = CalibrationConfig(**shape, repeats=repeats, **{k: v for k, v in (
+        ("tokens", _sizes(tokens, "--tokens")), ("message_bytes", _sizes(message_bytes, "--message-bytes"))) if v})  # fmt: skip
+    if len(config.message_bytes) < 6:
+        raise InputError("--message-bytes", f"give at least 6 sizes for the alpha-beta fit (got {len(config.message_bytes)})")
+    if not under_torchrun() and nproc < 2:
+        raise InputError("--nproc", f"a link needs at least 2 ranks (got {nproc})")
+    target = Path(out)
+    if target.suffix not in {".yaml", ".yml"}:
+        raise InputError("--out", f"{out}: the profile is YAML; name it .yaml or .yml")
+    try:
+        results = launch(measure, nproc, args=(config,), timeout_s=timeout, device=BACKENDS[backend])
+    except LaunchError as exc:
+        typer.echo(f"cp-plan: error: calibration failed, no profile written: {exc}", err=True)
+        raise typer.Exit(1) from None
+    raw = results.get(0)
+    if raw is None:  # a torchrun rank other than 0: rank 0 writes the profile
+        return
+    profile = build_profile(raw, name or target.stem, shape)
+    atomic_write_text(target, profile_yaml(profile))
+    _print_calibration(profile, target)
+
+
+def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile
+    from rich.console import Console
+
+    from costmodel.units import seconds, si
+
+    cal = profile.calibration
+    console = Console(stderr=True, highlight=False)
+    console.print(f"wrote {target} ({profile.source.nproc} ranks, {profile.source.backend}, {cal.dtype})")
+    busiest = max(c.concurrency for c in cal.compute)
+    full = next(c for c in cal.compute if c.concurrency == busiest and not c.causal)
+    rates = ", ".join(f"{p.tokens}: {si(p.flops_per_s, 'FLOP/s', 3)}" for p in full.forward)
+    console.print(f"  attention forward, {busiest} ranks busy: {rates}")
+    for scope, fit in cal.p2p.items():
+        a2a = cal.alltoall[scope]
+        console.print(f"  {scope} point-to-point: alpha {seconds(fit.latency_s)}, {si(fit.bandwidth, 'B/s', 3)} "
+                      f"(R² {fit.r2:.3f}); all-to-all: alpha {seconds(a2a.latency_s)}, {si(a2a.bandwidth, 'B/s', 3)} "
+                      f"(R² {a2a.r2:.3f})")  # fmt: skip
+
+
+def validate(
+    hw: Annotated[str, typer.Option("--hw", help="A measured profile (from cp-plan calibrate).")],
+    nproc: Annotated[int, typer.Option(help="Local ranks, N (ignored under torchrun).")] = 2,
+    backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
+    max_median_error: Annotated[float, typer.Option(help="Exit 1 when the median |error| exceeds this.")] = 0.10,
+    repeats: Annotated[int, typer.Option(min=3, help="Timed repeats per configuration.")] = 9,
+    timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed.")] = 600.0,
+    output_format: Annotated[Literal["table", "json"], typer.Option("--format", help="Output format.")] = "table",
+) -> None:
+    """Run the kernel over a grid of configurations and compare each time with the model's prediction.
+
+    The grid spans shards on both sides of the profile's critical length L*, causal and not, every
+    layout, Ulysses, forward and forward+backward. Also reports how the datasheet-style model (one
+    peak FLOP/s, no latency, balanced causal halves) fares on the same runs.
+
+    Example: cp-plan validate --hw me.yaml --nproc 2
+    """
+    from costmodel.hardware import load_profile
+    from costmodel.validation import compare, critical_tokens, render_table
+
+    profile = load_profile(hw)
+    if profile.calibration is None:
+        raise InputError("--hw", f"{hw}: validate needs a measured profile (write one with cp-plan calibrate)")
+    _require_torch()
+    from costmodel.kernel.launch import LaunchError, launch, under_torchrun
+    from costmodel.kernel.validate import grid, measure_cases
+
+    world = int(__import__("os").environ["WORLD_SIZE"]) if under_torchrun() else nproc
+    if world < 2:
+        raise InputError("--nproc", f"a ring needs at least 2 ranks (got {world})")
+    cal = profile.calibration
+    shape = {"dtype": cal.dtype, "batch": cal.batch, "heads": cal.heads, "kv_heads": cal.kv_heads,
+             "head_dim": cal.head_dim}  # fmt: skip
+    cases = grid(critical_tokens(profile, world))
+    try:
+        results = launch(measure_cases, nproc, args=(cases, shape, repeats, 1), timeout_s=timeout,
+                         device=BACKENDS[backend])  # fmt: skip
+    except LaunchError as exc:
+        typer.echo(f"cp-plan: error: validation failed: {exc}", err=True)
+        raise typer.Exit(1) from None
+    measured = results.get(0)
+    if measured is None:
+        return
+    report = compare(profile, world, cases, measured, max_median_error)
+    if output_format == "json":
+        typer.echo(json.dumps(report, indent=2))
+    else:
+        render_table(report)
+    raise typer.Exit(0 if report["passed"] else 1)

@@ -9,6 +9,7 @@ before each timed run. Times are seconds.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -61,14 +62,38 @@ def median_times(runs: dict[str, Callable[[], object]], device: torch.device, *,
                  warmup: int = 1, group: dist.ProcessGroup | None = None) -> dict[str, float]:
     """Median time of each run, measured in interleaved rounds (each run once per round), so that a slow
     spell of a shared machine hits every figure alike and their ratios stay meaningful."""
+    samples = sample_times(runs, device, repeats=repeats, warmup=warmup, group=group)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def sample_times(runs: dict[str, Callable[[], object]], device: torch.device, *, repeats: int = 5,
+                 warmup: int = 1, group: dist.ProcessGroup | None = None,
+                 min_total_s: float = 0.0, max_repeats: int = 200,
+                 on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Timed calls of each run (interleaved rounds, slowest rank, one call per sample), for medians and
+    their spread.
+
+    A run shorter than ``min_total_s / repeats`` gets more samples, up to ``max_repeats``: on a shared
+    machine short calls have a long tail of scheduling hiccups, and the median of many single calls
+    says what a call typically costs. The counts come from the slowest rank's warm-up time, so every
+    rank makes the same calls. ``on_round`` is called after each of the first ``repeats`` rounds.
+    """
     for _ in range(warmup):
         for run in runs.values():
             run()
-    samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
+    count = {name: repeats for name in runs}
+    if min_total_s > 0:
         for name, run in runs.items():
-            samples[name].append(time_once(run, device, group))
-    return {name: statistics.median(values) for name, values in samples.items()}
+            typical = max(time_once(run, device, group), 1e-9)
+            count[name] = int(min(max_repeats, max(repeats, math.ceil(min_total_s / typical))))
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for round_index in range(max(count.values())):
+        for name, run in runs.items():
+            if round_index < count[name]:
+                samples[name].append(time_once(run, device, group))
+        if on_round is not None and round_index < repeats:
+            on_round()
+    return samples
 
 
 @dataclass(frozen=True)
@@ -137,11 +162,12 @@ class AttentionTiming:
     forward_backward_s: float
 
 
-def time_attention(variant: str, tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int,
+def attention_runs(variant: str, tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int,
                    dtype: torch.dtype, group: dist.ProcessGroup | None = None, *, layout: str = "contiguous",
                    causal: bool = False, cu_seqlens: tuple[int, ...] | None = None, batch: int = 1,
-                   device: torch.device | str = "cpu", repeats: int = 5, warmup: int = 1) -> AttentionTiming:
-    """A whole attention layer over the group: ``variant`` "ring" or "ulysses", forward and forward+backward."""
+                   device: torch.device | str = "cpu") -> dict[str, Callable[[], None]]:
+    """Closures running one attention layer over the group, ``variant`` "ring" or "ulysses": its
+    "forward" (no autograd) and its "forward_backward", on fixed random inputs. Collective."""
     device = torch.device(device)
     attention = {"ring": ring_attention, "ulysses": ulysses_attention}[variant]
     q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens_per_rank, head_dim, dtype, device,
@@ -159,8 +185,18 @@ def time_attention(variant: str, tokens_per_rank: int, heads: int, kv_heads: int
         out, _ = attention(*leaves, **kwargs)
         torch.autograd.grad(out, leaves, dout)
 
-    return AttentionTiming(median_time(forward, device, repeats=repeats, warmup=warmup, group=group),
-                           median_time(forward_backward, device, repeats=repeats, warmup=warmup, group=group))
+    return {"forward": forward, "forward_backward": forward_backward}
+
+
+def time_attention(variant: str, tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int,
+                   dtype: torch.dtype, group: dist.ProcessGroup | None = None, *, layout: str = "contiguous",
+                   causal: bool = False, cu_seqlens: tuple[int, ...] | None = None, batch: int = 1,
+                   device: torch.device | str = "cpu", repeats: int = 5, warmup: int = 1) -> AttentionTiming:
+    """Median forward and forward+backward times of :func:`attention_runs`, in interleaved rounds."""
+    runs = attention_runs(variant, tokens_per_rank, heads, kv_heads, head_dim, dtype, group, layout=layout,
+                          causal=causal, cu_seqlens=cu_seqlens, batch=batch, device=device)
+    times = median_times(runs, torch.device(device), repeats=repeats, warmup=warmup, group=group)
+    return AttentionTiming(times["forward"], times["forward_backward"])
 
 
 @dataclass(frozen=True)

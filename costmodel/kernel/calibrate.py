@@ -1,0 +1,298 @@
+"""What `cp-plan calibrate` measures on every rank, with all ranks running at once as a real ring would
+(seed 000 §11: effective bandwidth and effective compute, measured on the target machine).
+
+- Compute: the block kernel's forward and backward for a block of L queries against L keys, fully
+  visible and with the causal diagonal, over a range of L, with 1, 2, 4 ... up to N ranks computing
+  at the same time (on a CPU the ranks share cores; on GPUs the curves coincide).
+- Point-to-point: one ring exchange (every rank sends to the next, receives from the previous) over a
+  range of message sizes, through the kernel's own ``RingComm``.
+- All-to-all: one exchange through the kernel's ``all_to_all`` (copies included) over a range of sizes.
+- Layers: a whole ring and a whole Ulysses layer at a tiny shard, for their fixed software cost.
+- Overlap: a block's compute, its KV exchange, and both at once as a ring step runs them: how much
+  of a transfer hides under compute (on GPUs nearly all; on a CPU whose cores the ranks fill, the
+  transfer's copies compete with the compute and little or nothing hides).
+Under torchrun across nodes, the links are measured twice: by the ranks of the first node (intra-node)
+and by the first rank of every node (inter-node).
+
+Rank 0 returns the raw samples; fitting and the profile are the model's job (:mod:`costmodel.calibration`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_attention, block_backward, block_forward
+from costmodel.kernel.comm import RingComm, all_to_all
+from costmodel.kernel.masks import MaskRule, plan_block
+from costmodel.kernel.timing import attention_runs, random_qkv, sample_times
+
+TOKENS = (32, 64, 128, 256, 512, 1024, 2048)
+TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to about this long
+MESSAGE_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    dtype: str = "bf16"  # the CLI's name; costmodel.kernel.TORCH_DTYPE maps it
+    batch: int = 1
+    heads: int = 8
+    kv_heads: int = 8
+    head_dim: int = 64
+    tokens: tuple[int, ...] = TOKENS
+    message_bytes: tuple[int, ...] = MESSAGE_BYTES
+    overlap_tokens: tuple[int, ...] = (32, 64, 128, 256)  # small: the fixed costs show
+    layer_tokens: int = 8  # whole layers this short are all fixed cost
+    repeats: int = 7
+    warmup: int = 1
+    progress: bool = True
+    concurrency: tuple[int, ...] = field(default=())  # empty: 1, 2, 4, ... up to N
+
+    def levels(self, world_size: int) -> tuple[int, ...]:
+        if self.concurrency:
+            return tuple(sorted({min(c, world_size) for c in self.concurrency}))
+        levels, level = [], 1
+        while level < world_size:
+            levels.append(level)
+            level *= 2
+        return (*levels, world_size)
+
+
+class _Progress:
+    """A rich progress bar on rank 0 (stderr), silent elsewhere."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                TimeElapsedColumn(), console=Console(stderr=True), transient=False)  # fmt: skip
+            self.task = self.bar.add_task("calibrating", total=total)
+            self.bar.start()
+
+    def step(self, what: str, advance: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=advance, description=f"calibrating: {what}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _summary(samples: list[float]) -> tuple[float, float]:
+    """(median, interquartile range / median): the figure and how much it moved over the repeats."""
+    q1, median, q3 = np.percentile(samples, [25, 50, 75])
+    return float(median), float((q3 - q1) / median)
+
+
+def _groups(world_size: int) -> dict[str, list[int]]:
+    """Ranks that measure each link scope: the first node's ranks, and the first rank of every node."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    scopes = {"intra-node": list(range(min(per_node, world_size)))}
+    if per_node < world_size:
+        scopes["inter-node"] = list(range(0, world_size, per_node))
+    return scopes
+
+
+def _ring_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, plan: Any) -> tuple[Any, Any]:
+    """What one ring step computes, forward and backward: the block into accumulators that already exist
+    (the ring allocates them once per layer, not per step)."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = block_attention(q, k, v, plan)
+    wide = accumulator_dtype(q.dtype)
+    acc_out = torch.zeros(q.shape, dtype=wide, device=q.device)
+    acc_lse = torch.full(q.shape[:-1], NEG_INF, dtype=wide, device=q.device)
+    grads = (torch.zeros(q.shape, dtype=wide, device=q.device), torch.zeros(k.shape, dtype=wide, device=k.device),
+             torch.zeros(v.shape, dtype=wide, device=v.device))  # fmt: skip
+    forward = functools.partial(block_forward, q, k, v, plan, scale, acc_out, acc_lse)
+    backward = functools.partial(block_backward, dout, q, k, v, out, lse, plan, scale, *grads)
+    return forward, backward
+
+
+def _measure_compute(ctx: Any, config: CalibrationConfig, level: int, group: Any, progress: _Progress) -> list[dict]:
+    """Every block size, forward and backward, full and causal, timed in interleaved rounds."""
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    runs, flops = {}, {}
+    for causal in (False, True):
+        for tokens in config.tokens:
+            q, k, v, dout = random_qkv(config.batch, config.heads, config.kv_heads, tokens, config.head_dim,
+                                       torch_dtype, ctx.device, seed=ctx.rank)  # fmt: skip
+            positions = np.arange(tokens)
+            plan = plan_block(MaskRule(causal), positions, positions)
+            forward_flops = 4.0 * config.batch * config.heads * plan.visible_pairs * config.head_dim
+            runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(q, k, v, dout, plan)
+            flops[(causal, tokens, "forward")] = forward_flops
+            flops[(causal, tokens, "backward")] = 2.5 * forward_flops  # FlashAttention-2's count
+    what = f"compute, {level} rank{'s' if level > 1 else ''} busy"
+    samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, group=group, min_total_s=TOTAL_S,
+                           on_round=lambda: progress.step(what))  # fmt: skip
+    curves = []
+    for causal in (False, True):
+        curve = {"concurrency": level, "causal": causal, "forward": [], "backward": []}
+        for tokens in config.tokens:
+            for phase in ("forward", "backward"):
+                median, spread = _summary(samples[(causal, tokens, phase)])
+                forward_flops = flops[(causal, tokens, "forward")]
+                curve[phase].append({"tokens": tokens, "flops": forward_flops, "spread": spread,
+                                     "flops_per_s": flops[(causal, tokens, phase)] / median})  # fmt: skip
+        curves.append(curve)
+    return curves
+
+
+def _measure_links(ctx: Any, config: CalibrationConfig, group: Any, scope: str, progress: _Progress) -> dict:
+    """Ring exchanges and all-to-alls of every size, in interleaved rounds."""
+    comm = RingComm(group)
+    size = dist.get_world_size(group)
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    runs, held_bytes = {}, {}
+    for nbytes in config.message_bytes:
+        send = torch.zeros(nbytes, dtype=torch.uint8, device=ctx.device)
+        recv = torch.empty_like(send)
+        # A Ulysses exchange as the kernel makes it: a (b, heads, tokens, d) tensor of the calibrated shape
+        # split over heads and gathered over tokens by the kernel's own all_to_all, copies included.
+        per_token = config.batch * config.heads * config.head_dim * torch_dtype.itemsize
+        held = torch.zeros(config.batch, config.heads, max(1, nbytes // per_token), config.head_dim,
+                           dtype=torch_dtype, device=ctx.device)  # fmt: skip
+        held_bytes[nbytes] = held.numel() * torch_dtype.itemsize
+
+        def exchange(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
+            comm.send_recv(send, recv)
+            comm.commit()
+            comm.wait()
+
+        runs[("p2p", nbytes)] = exchange
+        runs[("a2a", nbytes)] = functools.partial(all_to_all, held, 1, 2, group)
+    samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, group=group, min_total_s=TOTAL_S,
+                           on_round=lambda: progress.step(f"{scope} links"))  # fmt: skip
+    out: dict[str, Any] = {"p2p": [], "alltoall": [], "ranks": size}
+    for (kind, nbytes), values in samples.items():
+        median, spread = _summary(values)
+        key = "p2p" if kind == "p2p" else "alltoall"
+        out[key].append({"bytes": nbytes if kind == "p2p" else held_bytes[nbytes], "seconds": median, "spread": spread})
+    return out
+
+
+def _measure_overlap(ctx: Any, config: CalibrationConfig, progress: _Progress) -> list[dict]:
+    """How much of a ring transfer hides under block compute: each block size timed computing alone,
+    exchanging its KV alone, and both at once as a ring step does (post, compute, wait). And what a
+    collective costs right after compute, as Ulysses runs one (compute, then all-to-all) against both
+    alone: the wait for the slower rank and for communication threads to wake."""
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    comm = RingComm(None)
+    runs = {}
+    for tokens in config.overlap_tokens:
+        q, k, v, _ = random_qkv(config.batch, config.heads, config.kv_heads, tokens, config.head_dim, torch_dtype,
+                                ctx.device, seed=ctx.rank)  # fmt: skip
+        plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
+        kv = torch.stack((k, v))
+        recv = torch.empty_like(kv)
+        compute = _ring_step(q, k, v, _, plan)[0]
+
+        def step(compute: Any = compute, kv: torch.Tensor = kv, recv: torch.Tensor = recv, busy: bool = True) -> None:
+            comm.send_recv(kv, recv)
+            comm.commit()
+            if busy:
+                compute()
+            comm.wait()
+
+        exchange = functools.partial(all_to_all, q, 1, 2)
+
+        def compute_then_exchange(compute: Any = compute, exchange: Any = exchange) -> None:
+            compute()
+            exchange()
+
+        runs[(tokens, "compute")] = compute
+        runs[(tokens, "comm")] = functools.partial(step, busy=False)
+        runs[(tokens, "both")] = step
+        runs[(tokens, "a2a")] = exchange
+        runs[(tokens, "compute_then_a2a")] = compute_then_exchange
+    samples = sample_times(runs, ctx.device, repeats=2 * config.repeats, warmup=config.warmup, min_total_s=TOTAL_S,
+                           on_round=lambda: progress.step("overlap"))  # fmt: skip
+    whats = ("compute", "comm", "both", "a2a", "compute_then_a2a")
+    return [{"tokens": tokens, **{what: _summary(samples[(tokens, what)])[0] for what in whats}}
+            for tokens in config.overlap_tokens]  # fmt: skip
+
+
+def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) -> dict:
+    """Whole ring and Ulysses layers at a tiny shard, where compute and transfer are next to nothing:
+    what remains is the layer's fixed software cost (dispatch, allocation, bookkeeping)."""
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    runs = {}
+    for variant in ("ring", "ulysses"):
+        layer = attention_runs(variant, config.layer_tokens, config.heads, config.kv_heads, config.head_dim,
+                               torch_dtype, batch=config.batch, device=ctx.device)  # fmt: skip
+        runs[(variant, "fwd")] = layer["forward"]
+        runs[(variant, "fwd+bwd")] = layer["forward_backward"]
+    samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, min_total_s=TOTAL_S,
+                           on_round=lambda: progress.step("layer overheads"))  # fmt: skip
+    return {"tokens": config.layer_tokens,
+            **{f"{variant} {pass_}": _summary(values)[0] for (variant, pass_), values in samples.items()}}
+
+
+def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
+    """Run on every rank (collective). Rank 0 returns the raw measurements; the others return None."""
+    world_size = dist.get_world_size()
+    levels = config.levels(world_size)
+    scopes = {scope: ranks for scope, ranks in _groups(world_size).items() if len(ranks) > 1}
+    total = (len(levels) + len(scopes) + 3) * config.repeats  # rounds: compute per level, links per scope, the rest
+    progress = _Progress(config.progress and ctx.rank == 0, total)
+    raw: dict[str, Any] = {"compute": [], "links": {}}
+    try:
+        for level in levels:
+            group = dist.new_group(list(range(level)))  # every rank takes part in creating it
+            if ctx.rank < level:
+                raw["compute"] += _measure_compute(ctx, config, level, group, progress)
+            dist.barrier()
+        for scope, ranks in scopes.items():
+            group = dist.new_group(ranks)
+            if ctx.rank in ranks:
+                raw["links"][scope] = _measure_links(ctx, config, group, scope, progress)
+            dist.barrier()
+        raw["overlap"] = _measure_overlap(ctx, config, progress)
+        raw["layers"] = _measure_layers(ctx, config, progress)
+    finally:
+        progress.close()
+    if ctx.rank != 0:
+        return None
+    raw["meta"] = {
+        "host": platform.node(), "torch_version": torch.__version__, "backend": ctx.backend, "nproc": world_size,
+        "device_name": _device_name(ctx.device), "memory_bytes": _memory_bytes(ctx.device),
+        "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+    }  # fmt: skip
+    return raw
+
+
+def _torch_name(dtype: str) -> str:
+    from costmodel.kernel import TORCH_DTYPE
+
+    return TORCH_DTYPE[dtype]
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"CPU {model}"
+
+
+def _memory_bytes(device: torch.device) -> float:
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return 1.0

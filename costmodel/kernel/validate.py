@@ -1,0 +1,78 @@
+"""What `cp-plan validate` runs: the reference kernel over a grid of configurations, timed on every rank.
+
+The grid spans shard lengths on both sides of the critical shard length L* of the profile being
+validated (comm-bound below, compute-bound above), causal and not, every layout, Ulysses, forward and
+forward+backward. The predictions it is compared with come from :mod:`costmodel.predict`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from costmodel.kernel.calibrate import TOTAL_S
+from costmodel.kernel.timing import attention_runs, sample_times
+
+
+@dataclass(frozen=True)
+class Case:
+    """One timed kernel run; both its forward and its forward+backward are compared."""
+
+    variant: str  # ring | ulysses
+    layout: str
+    causal: bool
+    tokens_per_rank: int
+    passes: tuple[str, ...]  # which of "fwd", "fwd+bwd" enter the comparison
+
+
+def _pow2_near(x: float, low: int, high: int) -> int:
+    return int(min(max(2 ** round(math.log2(max(x, 1.0))), low), high))
+
+
+def grid(critical_tokens: float, low: int = 32, high: int = 2048) -> list[Case]:
+    """At least 12 comparisons, shards from about L*/4 to 4 L* (powers of two within [low, high])."""
+    small = _pow2_near(critical_tokens / 4, low, high)
+    mid = _pow2_near(critical_tokens, low, high)
+    large = _pow2_near(critical_tokens * 4, low, high)
+    both, fwd = ("fwd", "fwd+bwd"), ("fwd",)
+    return [
+        Case("ring", "contiguous", False, small, both),
+        Case("ring", "contiguous", False, mid, fwd),
+        Case("ring", "contiguous", False, large, both),
+        Case("ring", "contiguous", True, mid, fwd),
+        Case("ring", "striped", True, mid, fwd),
+        Case("ring", "striped", True, large, both),
+        Case("ring", "zigzag", True, small, fwd),
+        Case("ring", "zigzag", True, mid, both),
+        Case("ulysses", "contiguous", False, mid, fwd),
+        Case("ulysses", "contiguous", True, mid, both),
+    ]
+
+
+def measure_cases(ctx: Any, cases: list[Case], shape: dict[str, Any], repeats: int, warmup: int) -> list[dict] | None:
+    """Run on every rank (collective); rank 0 returns one {fwd, fwd+bwd} timing per case.
+
+    All cases are timed in interleaved rounds, so a slow spell of a shared machine hits them alike.
+    """
+    from costmodel.kernel import TORCH_DTYPE
+
+    dtype = getattr(torch, TORCH_DTYPE[shape["dtype"]])
+    runs = {}
+    for index, case in enumerate(cases):
+        layer = attention_runs(case.variant, case.tokens_per_rank, shape["heads"], shape["kv_heads"],
+                               shape["head_dim"], dtype, layout=case.layout, causal=case.causal,
+                               batch=shape["batch"], device=ctx.device)  # fmt: skip
+        runs[(index, "fwd")] = layer["forward"]
+        if "fwd+bwd" in case.passes:
+            runs[(index, "fwd+bwd")] = layer["forward_backward"]
+    samples = sample_times(runs, ctx.device, repeats=repeats, warmup=warmup, min_total_s=TOTAL_S)
+    if ctx.rank != 0:
+        return None
+    out: list[dict] = [{} for _ in cases]
+    for (index, pass_), values in samples.items():
+        out[index][pass_] = statistics.median(values)
+    return out

@@ -1,0 +1,89 @@
+"""Measured against predicted: the comparison `cp-plan validate` prints (issue 4). No torch here.
+
+Each kernel timing is set beside two predictions of :mod:`costmodel.predict`: the calibrated model
+(measured rates per block size, alpha and B, the tile-level causal schedule) and the datasheet-style
+model (one peak FLOP/s, no alpha, causal halves balanced). Error = predicted / measured - 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from costmodel import numeric
+from costmodel.hardware import HardwareProfile
+from costmodel.plan import plan_values
+from costmodel.predict import predict
+from costmodel.workload import PlanInputs
+
+SCHEMA = "cp-plan/validate/v1"
+
+
+def _inputs(profile: HardwareProfile, n: int, tokens_per_rank: int, causal: bool = False,
+            layout: str = "contiguous") -> PlanInputs:  # fmt: skip
+    cal = profile.calibration
+    assert cal is not None
+    return PlanInputs(seq=tokens_per_rank * n, n=n, batch=cal.batch, heads=cal.heads, kv_heads=cal.kv_heads,
+                      head_dim=cal.head_dim, dtype=cal.dtype, causal=causal, layout=layout, block=1,
+                      hw=profile.name)  # fmt: skip
+
+
+def critical_tokens(profile: HardwareProfile, n: int) -> float:
+    """L* of the calibrated shape, non-causal forward, on the profile's measured rate, alpha and B."""
+    values = plan_values(_inputs(profile, n, 1024), profile)
+    return float(numeric.critical_shard_tokens(**{a: values[a] for a in numeric.ARGS["critical_shard_tokens"]}))
+
+
+def compare(profile: HardwareProfile, n: int, cases: list[Any], measured: list[dict[str, float]],
+            max_median_error: float) -> dict[str, Any]:  # fmt: skip
+    """One row per (case, pass) with both predictions and their errors, and the summary."""
+    l_star = critical_tokens(profile, n)
+    rows = []
+    for case, times in zip(cases, measured, strict=True):
+        inputs = _inputs(profile, n, case.tokens_per_rank, case.causal, case.layout)
+        for pass_ in case.passes:
+            backward = pass_ == "fwd+bwd"
+            model = predict(inputs, profile, case.variant, backward).total_s
+            datasheet = predict(inputs, profile, case.variant, backward, datasheet=True).total_s
+            seconds = times[pass_]
+            rows.append({
+                "variant": case.variant, "layout": case.layout, "causal": case.causal,
+                "tokens_per_rank": case.tokens_per_rank, "shard_over_critical": case.tokens_per_rank / l_star,
+                "pass": pass_, "measured_s": seconds, "predicted_s": model, "error": model / seconds - 1,
+                "datasheet_s": datasheet, "datasheet_error": datasheet / seconds - 1,
+            })  # fmt: skip
+    errors = [abs(r["error"]) for r in rows]
+    datasheet_errors = [abs(r["datasheet_error"]) for r in rows]
+    median, sheet = statistics.median(errors), statistics.median(datasheet_errors)
+    return {
+        "schema": SCHEMA, "hw": profile.name, "nproc": n, "critical_shard_tokens": l_star, "rows": rows,
+        "median_abs_error": median, "max_abs_error": max(errors), "datasheet_median_abs_error": sheet,
+        "datasheet_over_calibrated": sheet / median if median else float("inf"),
+        "max_median_error": max_median_error, "passed": median <= max_median_error,
+    }  # fmt: skip
+
+
+def render_table(report: dict[str, Any]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from costmodel.units import seconds
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left", title_style="bold",
+                  title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
+                        f"L* = {report['critical_shard_tokens']:,.0f} tokens")  # fmt: skip
+    for name in ("kernel", "L/rank", "L/L*", "pass", "measured", "model", "error", "datasheet", "error"):
+        table.add_column(name, justify="left" if name in {"kernel", "pass"} else "right")
+    for r in report["rows"]:
+        kernel = r["variant"] if r["variant"] == "ulysses" else f"ring {r['layout']}"
+        kernel += " causal" if r["causal"] else ""
+        table.add_row(kernel, str(r["tokens_per_rank"]), f"{r['shard_over_critical']:.2f}", r["pass"],
+                      seconds(r["measured_s"]), seconds(r["predicted_s"]), f"{r['error']:+.1%}",
+                      seconds(r["datasheet_s"]), f"{r['datasheet_error']:+.1%}")  # fmt: skip
+    console = Console(highlight=False)
+    console.print(table)
+    verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
+    console.print(f"median |error| {report['median_abs_error']:.1%} ({verdict} {report['max_median_error']:.0%}), "
+                  f"max {report['max_abs_error']:.1%}; datasheet-style model: median "
+                  f"{report['datasheet_median_abs_error']:.1%}, {report['datasheet_over_calibrated']:.1f}x the error")  # fmt: skip

@@ -1,0 +1,147 @@
+"""`cp-plan calibrate` and `cp-plan validate` end to end, and the calibration's fault cases: a killed
+rank, a hung rank and Ctrl-C each leave no profile and no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.slow]
+torch = pytest.importorskip("torch")
+
+CP_PLAN = shutil.which("cp-plan")
+QUICK = ["--nproc", "2", "--tokens", "32,64,128", "--message-bytes", "4k,16k,64k,256k,1M,4M", "--repeats", "3"]
+LONG = ["--nproc", "2", "--tokens", "64,512,2048", "--repeats", "25"]  # runs long enough to be interrupted
+
+
+def cp_plan(*args: str, **kwargs):  # noqa: ANN003, ANN201
+    if CP_PLAN is None:
+        pytest.skip("the cp-plan console script is not installed")
+    return subprocess.run([CP_PLAN, *args], capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("calibrate") / "quick.yaml"
+    done = cp_plan("calibrate", *QUICK, "--out", str(out), timeout=300)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_calibrate_writes_a_measured_profile(profile: Path) -> None:
+    import yaml
+
+    data = yaml.safe_load(profile.read_text())
+    assert data["source"]["kind"] == "measured" and data["source"]["nproc"] == 2
+    assert data["source"]["backend"] == "gloo" and data["source"]["torch_version"] == torch.__version__
+    cal = data["calibration"]
+    assert len(cal["p2p"]["intra-node"]["samples"]) == 6 and cal["p2p"]["intra-node"]["r2"] <= 1
+    assert {c["concurrency"] for c in cal["compute"]} == {1, 2}
+    assert [p["tokens"] for p in cal["compute"][0]["forward"]] == [32, 64, 128]
+    assert not list(profile.parent.glob(".*.tmp"))
+    report = json.loads(cp_plan("--hw", str(profile), "--dtype", "fp32", "--seq", "4k", "--n", "2", "-f", "json").stdout)
+    assert report["hardware"]["source"] == "measured"
+
+
+def test_validate_compares_at_least_12_configurations(profile: Path) -> None:
+    done = cp_plan("validate", "--hw", str(profile), "--nproc", "2", "--repeats", "3", "--format", "json",
+                   "--max-median-error", "10", timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    rows = report["rows"]
+    assert len(rows) >= 12
+    assert {r["variant"] for r in rows} == {"ring", "ulysses"} and {r["pass"] for r in rows} == {"fwd", "fwd+bwd"}
+    assert {r["layout"] for r in rows if r["variant"] == "ring"} == {"contiguous", "striped", "zigzag"}
+    assert min(r["shard_over_critical"] for r in rows) < 1 < max(r["shard_over_critical"] for r in rows)
+    for r in rows:
+        assert r["measured_s"] > 0 and r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
+    assert report["median_abs_error"] <= report["max_abs_error"]
+
+
+def test_validate_fails_past_its_threshold(profile: Path) -> None:
+    done = cp_plan("validate", "--hw", str(profile), "--nproc", "2", "--repeats", "3", "--max-median-error",
+                   "0.000001", timeout=600)  # fmt: skip
+    assert done.returncode == 1 and "median |error|" in done.stdout
+
+
+def _children(pid: int) -> list[int]:
+    """Live (non-zombie) child processes of ``pid`` that run ranks."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if fields.get("PPid", "").strip() == str(pid) and "spawn_main" in cmdline:
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
+    except (OSError, StopIteration):
+        return False
+    return "Z" not in state.split(":", 1)[1]
+
+
+def _calibrate_and(tmp_path: Path, act, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, list[int], Path]:  # noqa: ANN001
+    """Start a long calibration, wait for both ranks to be busy, do ``act(process, ranks)``, wait for the end."""
+    if CP_PLAN is None:
+        pytest.skip("the cp-plan console script is not installed")
+    out = tmp_path / "never.yaml"
+    process = subprocess.Popen([CP_PLAN, "calibrate", *LONG, *extra, "--out", str(out)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(ranks := _children(process.pid)) < 2:
+            assert process.poll() is None and time.monotonic() < deadline, "ranks did not start"
+            time.sleep(0.1)
+        time.sleep(3)  # well into the measurements
+        act(process, ranks)
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return process, ranks, out
+
+
+def _no_leftovers(ranks: list[int], out: Path) -> None:
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in ranks), "a rank outlived the calibration"
+    assert not out.exists() and not list(out.parent.glob(".*.tmp")), "a profile was written"
+
+
+def test_a_killed_rank_leaves_no_profile_and_no_process(tmp_path: Path) -> None:
+    process, ranks, out = _calibrate_and(tmp_path, lambda p, r: os.kill(r[1], signal.SIGKILL))
+    assert process.returncode == 1
+    assert re.search(r"calibration failed, no profile written: rank \d exited with code -9", process.stderr.read())
+    _no_leftovers(ranks, out)
+
+
+def test_a_hung_rank_times_out_and_is_named(tmp_path: Path) -> None:
+    process, ranks, out = _calibrate_and(tmp_path, lambda p, r: os.kill(r[1], signal.SIGSTOP), ("--timeout", "8"))
+    assert process.returncode == 1
+    assert "did not finish within 8 s" in process.stderr.read()
+    _no_leftovers(ranks, out)
+
+
+def test_ctrl_c_leaves_no_profile_and_no_process(tmp_path: Path) -> None:
+    process, ranks, out = _calibrate_and(tmp_path, lambda p, r: os.killpg(p.pid, signal.SIGINT))
+    assert process.returncode == 130
+    assert "interrupted" in process.stderr.read()
+    _no_leftovers(ranks, out)

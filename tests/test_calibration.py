@@ -1,0 +1,152 @@
+"""Calibration (issue 4), the model side: fits, the measured profile, and the time prediction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.calibration import build_profile, fit_link, fit_overlap, fit_sync, profile_yaml
+from costmodel.hardware import load_profile, parse_profile
+from costmodel.predict import predict
+from costmodel.timeline import ring_layer_time
+from costmodel.workload import PlanInputs
+
+
+def samples(alpha: float, bandwidth: float, sizes: list[int], jitter: list[float] | None = None) -> list[dict]:
+    jitter = jitter or [0.0] * len(sizes)
+    return [{"bytes": n, "seconds": (alpha + n / bandwidth) * (1 + j), "spread": 0.01} for n, j in zip(sizes, jitter)]
+
+
+SIZES = [4096 * 4**k for k in range(7)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(alpha=st.floats(1e-6, 1e-3), bandwidth=st.floats(1e8, 1e11))
+def test_fit_link_recovers_alpha_and_bandwidth(alpha: float, bandwidth: float) -> None:
+    fit = fit_link(samples(alpha, bandwidth, SIZES))
+    assert fit.latency_s == pytest.approx(alpha, rel=1e-6, abs=1e-12)
+    assert fit.bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-9)
+
+
+def test_fit_link_on_noisy_samples_reports_the_fit_quality() -> None:
+    fit = fit_link(samples(2e-4, 1e9, SIZES, jitter=[0.3, -0.2, 0.1, -0.1, 0.05, -0.05, 0.02]))
+    assert fit.latency_s == pytest.approx(2e-4, rel=0.35) and fit.bandwidth == pytest.approx(1e9, rel=0.1)
+    assert 0.9 < fit.r2 < 1.0
+
+
+def test_all_to_all_bandwidth_counts_received_bytes() -> None:
+    fit = fit_link(samples(1e-4, 1e9, SIZES), received_fraction=0.5)  # 2 ranks keep half
+    assert fit.bandwidth == pytest.approx(0.5e9, rel=1e-6)
+
+
+def test_fit_overlap_and_sync() -> None:
+    def point(c: float, m: float, o: float, e: float) -> dict:
+        both = max(c, m) + (1 - o) * min(c, m) + e
+        return {"compute": c, "comm": m, "both": both, "a2a": m, "compute_then_a2a": c + m + 2 * e}
+
+    serial = [point(c, m, 0.0, 3e-4) for c, m in ((1e-3, 2e-3), (4e-3, 3e-3), (1e-2, 5e-3), (3e-2, 8e-3))]
+    assert fit_overlap(serial) == pytest.approx((0.0, 3e-4), abs=1e-9)
+    assert fit_sync(serial) == pytest.approx(6e-4)
+    hidden = [point(c, m, 1.0, 0.0) for c, m in ((1e-3, 2e-3), (4e-3, 3e-3), (1e-2, 5e-3))]
+    assert fit_overlap(hidden) == pytest.approx((1.0, 0.0), abs=1e-9)
+
+
+def test_ring_timeline() -> None:
+    assert ring_layer_time([2.0, 2.0, 2.0], 1.0) == 6.0  # compute-bound: the transfers hide
+    assert ring_layer_time([1.0, 1.0, 1.0], 3.0) == 7.0  # comm-bound: 3 + 3 + the last step
+    assert ring_layer_time([2.0, 2.0, 2.0], 1.0, overlap=0.0) == 8.0  # serial
+    assert ring_layer_time([2.0, 2.0], [1.0, 1.0], tail_s=1.0, step_overhead_s=0.5, step_waits=[1, 2],
+                           tail_waits=1) == 2 + 2 + 1 + 0.5 * 4  # fmt: skip
+
+
+def raw_measurements() -> dict:
+    """What rank 0 of a 2-rank calibration returns, made up: 100 GFLOP/s at large blocks."""
+    def curve(causal: bool, level: int) -> dict:
+        points = []
+        for tokens in (64, 256, 1024):
+            flops = 4.0 * 8 * tokens * tokens * 64 * (0.5 if causal else 1.0)
+            rate = 1e11 * tokens / (tokens + 64) / level
+            points.append({"tokens": tokens, "flops": flops, "flops_per_s": rate, "spread": 0.02})
+        return {"concurrency": level, "causal": causal, "forward": points,
+                "backward": [dict(p, flops_per_s=p["flops_per_s"] / 2) for p in points]}  # fmt: skip
+
+    return {
+        "meta": {"host": "box", "torch_version": "2.13.0+cpu", "backend": "gloo", "nproc": 2,
+                 "device_name": "CPU test", "memory_bytes": 64e9, "ranks_per_node": 2},
+        "compute": [curve(causal, level) for level in (1, 2) for causal in (False, True)],
+        "links": {"intra-node": {"ranks": 2, "p2p": samples(1e-4, 2e9, SIZES), "alltoall": samples(2e-4, 1e9, SIZES)}},
+        "overlap": [{"tokens": 64, "compute": 1e-3, "comm": 2e-3, "both": 3.2e-3, "a2a": 2e-3, "compute_then_a2a": 3.3e-3},
+                    {"tokens": 256, "compute": 4e-3, "comm": 3e-3, "both": 7.2e-3, "a2a": 3e-3, "compute_then_a2a": 7.3e-3}],
+        "layers": {"tokens": 8, "ring fwd": 2e-3, "ring fwd+bwd": 5e-3, "ulysses fwd": 3e-3, "ulysses fwd+bwd": 7e-3},
+    }  # fmt: skip
+
+
+SHAPE = {"dtype": "fp32", "batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 64}
+
+
+def test_measured_profile_round_trips_through_yaml(tmp_path) -> None:
+    profile = build_profile(raw_measurements(), "box", SHAPE, date="2026-11-30")
+    assert profile.source.kind == "measured" and profile.source.nproc == 2
+    assert profile.links.intra_node.latency_s == pytest.approx(1e-4)
+    assert profile.links.intra_node.bandwidth_per_direction == pytest.approx(2e9)
+    assert profile.links.intra_node.alltoall.bandwidth_per_direction == pytest.approx(0.5e9)  # received half
+    assert profile.device.effective_flops["fp32"] == pytest.approx(1e11 * 1024 / 1088 / 2)
+    assert profile.calibration.overlap == pytest.approx(0.0, abs=1e-9)
+    assert set(profile.calibration.layer_overhead_s) == {"ring fwd", "ring fwd+bwd", "ulysses fwd", "ulysses fwd+bwd"}
+    path = tmp_path / "box.yaml"
+    path.write_text(profile_yaml(profile))
+    assert yaml.safe_load(path.read_text())["source"]["kind"] == "measured"
+    assert load_profile(str(path)) == profile
+
+
+def test_measured_profile_works_everywhere_hw_does(cli, tmp_path) -> None:
+    path = tmp_path / "box.yaml"
+    path.write_text(profile_yaml(build_profile(raw_measurements(), "box", SHAPE)))
+    report = cli("--seq", "16k", "--n", "2", "--hw", str(path), "--dtype", "fp32", "-f", "json").json()
+    assert report["hardware"]["source"] == "measured" and report["hardware"]["latency"] == pytest.approx(1e-4)
+    assert cli("recommend", "--seq", "16k", "--model", "llama3-8b", "--hw", str(path), "--gpus", "2", "--dtype",
+               "fp32").code == 0  # fmt: skip
+
+
+def test_validate_needs_a_measured_profile(cli) -> None:
+    result = cli("validate", "--hw", "a100-nvlink")
+    assert result.code == 2 and "validate needs a measured profile" in result.err
+
+
+def test_calibrate_bad_input(cli, tmp_path) -> None:
+    assert "--out" in cli("calibrate", "--out", str(tmp_path / "x.txt")).err
+    assert "at least 6 sizes" in cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--message-bytes", "4k,8k").err
+    assert "--kv-heads" in cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--heads", "8", "--kv-heads", "3").err
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_datasheet_prediction_is_the_seed_model(causal: bool) -> None:
+    """With a datasheet profile the prediction is the seed's: N steps at W_step/F, transfers hidden."""
+    inputs = PlanInputs(seq=262_144, n=8, causal=causal)
+    report_step = (0.5 if causal else 1.0) * 4 * 32768**2 * 32 * 128 / 312e12
+    got = predict(inputs, load_profile("a100-nvlink"), datasheet=True)
+    assert got.forward_s == pytest.approx(8 * report_step, rel=1e-12)
+
+
+def test_calibrated_prediction_uses_the_measured_rates() -> None:
+    profile = build_profile(raw_measurements(), "box", SHAPE)
+    inputs = PlanInputs(seq=2048, n=2, heads=8, kv_heads=8, head_dim=64, dtype="fp32", block=1, hw="box")
+    work = 4.0 * 8 * 1024 * 1024 * 64
+    rate = profile.calibration.curve(2, False).rate(work)
+    kv_s = 1e-4 + 2 * 1024 * 8 * 64 * 4 / 2e9
+    cal = profile.calibration
+    expected = work / rate + kv_s + cal.step_overhead_s + work / rate + cal.layer_overhead_s["ring fwd"]
+    assert predict(inputs, profile).forward_s == pytest.approx(expected, rel=1e-9)
+    assert math.isclose(predict(inputs, profile, "ring", backward=True).forward_s, predict(inputs, profile).forward_s)
+
+
+def test_measured_profile_schema_rejects_nonsense() -> None:
+    data = yaml.safe_load(profile_yaml(build_profile(raw_measurements(), "box", SHAPE)))
+    data["calibration"]["overlap"] = 3
+    with pytest.raises(Exception, match="calibration.overlap"):
+        parse_profile(data, "x.yaml")
