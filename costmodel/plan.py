@@ -8,13 +8,11 @@ feasibility rules of SPEC §4.4, and assembling the :class:`~costmodel.report.Re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
-from costmodel import numeric
 from costmodel.causal import simulate
 from costmodel.hardware import HardwareProfile
 from costmodel.layouts import LAYOUTS, chunks_per_rank
+from costmodel.predict import predict
 from costmodel.report import (
     TP,
     Backward,
@@ -30,57 +28,9 @@ from costmodel.report import (
     USPEntry,
     Verdict,
 )
-from costmodel.timeline import ring_layer_time
+from costmodel.values import Evaluation, Evaluator, pass_ratio, plan_values
 from costmodel.verdict import AMBER, GREEN, band
 from costmodel.workload import PlanInputs
-
-ACCUMULATOR_BYTES = 4  # fp32 (m, l, O), seed 000 §3.1
-
-
-@dataclass
-class Evaluation:
-    """One formula evaluated: what ``--explain`` prints."""
-
-    name: str
-    args: dict[str, Any]
-    value: Any
-
-
-@dataclass
-class Evaluator:
-    """Calls generated formulas with the plan's values, overridable per call, and records each call."""
-
-    values: dict[str, Any]
-    trace: list[Evaluation] | None = field(default=None)
-
-    def __call__(self, name: str, **overrides: Any) -> Any:
-        args = {a: overrides.get(a, self.values.get(a)) for a in numeric.ARGS[name]}
-        value = getattr(numeric, name)(**args)
-        if self.trace is not None:
-            self.trace.append(Evaluation(name, args, value))
-        return value
-
-
-def plan_values(inputs: PlanInputs, profile: HardwareProfile, n: int | None = None) -> dict[str, Any]:
-    """The base symbols' values for a plan at CP degree ``n`` (default the plan's), on the link n uses."""
-    n = inputs.n if n is None else n
-    link, _ = profile.link_for(n)
-    peak, effective = profile.flops(inputs.dtype, inputs.efficiency)
-    return {
-        "S": inputs.seq, "N": n, "b": inputs.batch, "h": inputs.heads, "n_kv": inputs.kv_heads,
-        "d": inputs.head_dim, "p": inputs.bytes_per_element, "p_acc": ACCUMULATOR_BYTES,
-        "s_blk": inputs.block, "c": 0.5 if inputs.causal else 1, "F": effective, "F_peak": peak,
-        "eta": inputs.efficiency, "B": link.bandwidth_per_direction, "alpha": link.latency_s,
-    }  # fmt: skip
-
-
-PASSES = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd+bwd": ("fwd", "bwd")}
-RATIO = {"fwd": "comm_ratio_step", "bwd": "bwd_comm_ratio_step"}
-
-
-def pass_ratio(ev: Evaluator, pass_: str, **overrides: Any) -> float:
-    """The step comm ratio of a pass; for fwd+bwd the worse one, since every step must hide its transfer."""
-    return max(float(ev(RATIO[phase], **overrides)) for phase in PASSES[pass_])
 
 
 def ulysses_feasibility(heads: int, kv_heads: int, degree: int) -> tuple[bool, str]:
@@ -164,9 +114,6 @@ def _ring(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile, peak: flo
         by_link[scope] = (
             float(ev("n_max", B=link.bandwidth_per_direction, alpha=link.latency_s)) if link else None
         )
-    schedule = simulate(inputs.layout, inputs.seq, inputs.n, inputs.block, causal=inputs.causal)
-    pair_s = ev("pair_flops") / ev.values["F"]
-    step_comm = float(ev("step_comm_s"))
     return Ring(
         recv_bytes_per_layer=ev("recv_bytes_per_layer"),
         send_bytes_per_layer=ev("send_bytes_per_layer"),
@@ -174,7 +121,7 @@ def _ring(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile, peak: flo
         intensity_step=ev("intensity_step"),
         intensity_layer=ev("intensity_layer") if inputs.n > 1 else None,
         step_compute_s=ev("step_compute_s"),
-        step_comm_s=step_comm,
+        step_comm_s=ev("step_comm_s"),
         layer_compute_s=ev("layer_compute_s"),
         layer_comm_s=ev("layer_comm_s"),
         layer_send_s=ev("layer_send_s"),
@@ -189,7 +136,7 @@ def _ring(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile, peak: flo
         n_max_green=_largest_n_in_band(ev, profile, GREEN.upper, strict=True, seq=inputs.seq),
         n_max_amber=_largest_n_in_band(ev, profile, AMBER.upper, strict=False, seq=inputs.seq),
         critical_shard_tokens=ev("critical_shard_tokens"),
-        layer_time_s=ring_layer_time(schedule.step_pairs * pair_s, step_comm),
+        layer_time_s=predict(inputs, profile).forward_s,
     )
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from costmodel import numeric
 from costmodel.errors import InputError
 from costmodel.hardware import HardwareProfile
-from costmodel.plan import ACCUMULATOR_BYTES, PASSES, RATIO
+from costmodel.values import ACCUMULATOR_BYTES, PASSES, RATIO
 from costmodel.verdict import AMBER, BANDS, GREEN
 from costmodel.workload import TOKENS_HELP, ModelPreset, PlanInputs, TrainingSetup, parse_tokens
 

@@ -12,12 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.causal import simulate
 from costmodel.hardware import HardwareProfile
-from costmodel.plan import Evaluator, divisors, pass_ratio, plan_values, ulysses_feasibility
+from costmodel.plan import divisors, ulysses_feasibility
+from costmodel.predict import predict
 from costmodel.report import Fit, Recommendation, RecommendCandidate, RecommendReport
-from costmodel.timeline import ring_layer_time
 from costmodel.units import si
+from costmodel.values import Evaluator, pass_ratio, plan_values
 from costmodel.verdict import AMBER, BANDS, band
 from costmodel.workload import ModelPreset, PlanInputs, TrainingSetup
 
@@ -68,46 +68,35 @@ class Option:
         return {"ring": "ring", "ulysses": "Ulysses"}.get(self.scheme, f"USP {self.n_ulysses}x{n // self.n_ulysses}")
 
 
-def _ring_exposed(ev: Evaluator, inputs: PlanInputs, layout: str, n: int, pass_: str, **over: Any) -> float:
-    """Wall time the ring adds over its compute in a layer: the tile-level schedule, transfers overlapped."""
-    schedule = simulate(layout, inputs.seq, n, min(inputs.block, inputs.seq // n), causal=inputs.causal)
-    pair_s = float(ev("pair_flops")) / ev.values["F"]
-    exposed = 0.0
-    for phase, (flop_scale, comm) in {"fwd": (1.0, "step_comm_s"), "bwd": (2.5, "bwd_step_comm_s")}.items():
-        if phase in pass_:
-            steps = schedule.step_pairs * pair_s * flop_scale
-            exposed += ring_layer_time(steps, float(ev(comm, **over))) - float(steps.sum())
-    return exposed
-
-
 def options_at(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile, n: int, pass_: str) -> list[Option]:
-    """Ring (zigzag when causal), Ulysses and every USP split that fits the head counts, at CP degree n."""
-    phases = 2 if pass_ == "fwd+bwd" else 1  # all-to-alls run again in backward (grads of Q, K, V and O)
+    """Ring (zigzag when causal), Ulysses and every USP split that fits the head counts, at CP degree n,
+    with the communication each leaves exposed per layer (:func:`costmodel.predict.predict`)."""
+    backward = pass_ == "fwd+bwd"
     compute = sum(float(ev(name)) for phase, name in (("fwd", "layer_compute_s"), ("bwd", "bwd_layer_compute_s"))
                   if phase in pass_)  # fmt: skip
     layout = "zigzag" if inputs.causal and inputs.seq % (2 * n) == 0 else "contiguous"
-    out = [Option("ring", layout, 1, _ring_exposed(ev, inputs, layout, n, pass_), pass_ratio(ev, pass_))]
+    ring = inputs.model_copy(update={"n": n, "layout": layout})
+    out = [Option("ring", layout, 1, predict(ring, profile, "ring", backward).exposed_s, pass_ratio(ev, pass_))]
     for n_u in divisors(n)[1:]:
         ok, _ = ulysses_feasibility(inputs.heads, inputs.kv_heads, n_u)
         if not ok:
             continue
-        a2a_link, _ = profile.link_for(n_u)
-        factors = {"N_u": n_u, "N_r": n // n_u}
-        a2a = phases * float(ev("usp_a2a_comm_s", B=a2a_link.alltoall_bandwidth(),
-                                alpha=a2a_link.alltoall_latency(), **factors))  # fmt: skip
+        # The all-to-all of N_u ranks; on the ring's side, N_r = N/N_u steps over h/N_u heads and
+        # max(n_kv, N_u)/N_u KV heads, on the link a group of all N ranks uses.
+        a2a_only = inputs.model_copy(update={"n": n_u, "seq": inputs.seq // (n // n_u), "layout": "contiguous"})
+        a2a = predict(a2a_only, profile, "ulysses", backward)
         if n_u == n:
-            out.append(Option("ulysses", None, n_u, a2a, a2a / compute))
+            out.append(Option("ulysses", None, n_u, a2a.exposed_s, a2a.exposed_s / compute))
             continue
-        # The USP ring runs N_r steps over h/N_u heads: the plain ring's formulas at N_r, heads h/N_u
-        # and KV heads max(n_kv, N_u)/N_u.
-        sub = PlanInputs(**{**inputs.model_dump(), "n": n // n_u, "heads": inputs.heads // n_u,
-                            "kv_heads": max(inputs.kv_heads, n_u) // n_u})  # fmt: skip
+        sub = inputs.model_copy(update={"n": n // n_u, "heads": inputs.heads // n_u,
+                                        "kv_heads": max(inputs.kv_heads, n_u) // n_u,
+                                        "layout": layout if inputs.seq % (2 * n // n_u) == 0 else "contiguous"})  # fmt: skip
         ring_link, _ = profile.link_for(n)
-        sub_ev = Evaluator({**ev.values, **plan_values(sub, profile, n // n_u),
-                            "B": ring_link.bandwidth_per_direction, "alpha": ring_link.latency_s})  # fmt: skip
-        ring = _ring_exposed(sub_ev, sub, layout if sub.seq % (2 * sub.n) == 0 else "contiguous", sub.n, pass_)
+        sub_ev = Evaluator({**plan_values(sub, profile), "B": ring_link.bandwidth_per_direction,
+                            "alpha": ring_link.latency_s})  # fmt: skip
+        exposed = a2a.exposed_s + predict(sub, profile, "ring", backward, span=n).exposed_s
         # Its ratio adds the all-to-alls' share of compute (not overlapped) to the ring step's (overlapped).
-        out.append(Option("usp", layout, n_u, a2a + ring, pass_ratio(sub_ev, pass_) + a2a / compute))
+        out.append(Option("usp", layout, n_u, exposed, pass_ratio(sub_ev, pass_) + a2a.exposed_s / compute))
     return out
 
 

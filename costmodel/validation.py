@@ -12,7 +12,7 @@ from typing import Any
 
 from costmodel import numeric
 from costmodel.hardware import HardwareProfile
-from costmodel.plan import plan_values
+from costmodel.values import plan_values
 from costmodel.predict import predict
 from costmodel.workload import PlanInputs
 

@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING
 
 from costmodel import numeric
-from costmodel.plan import Evaluation
+from costmodel.values import Evaluation
 from costmodel.report import Report
 from costmodel.units import count, percent, seconds, si
 

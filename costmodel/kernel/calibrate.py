@@ -33,6 +33,7 @@ from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_attention, 
 from costmodel.kernel.comm import RingComm, all_to_all
 from costmodel.kernel.masks import MaskRule, plan_block
 from costmodel.kernel.timing import attention_runs, random_qkv, sample_times
+from costmodel.predict import BACKWARD_FLOP
 
 TOKENS = (32, 64, 128, 256, 512, 1024, 2048)
 TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to about this long
@@ -131,7 +132,7 @@ def _measure_compute(ctx: Any, config: CalibrationConfig, level: int, group: Any
             forward_flops = 4.0 * config.batch * config.heads * plan.visible_pairs * config.head_dim
             runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(q, k, v, dout, plan)
             flops[(causal, tokens, "forward")] = forward_flops
-            flops[(causal, tokens, "backward")] = 2.5 * forward_flops  # FlashAttention-2's count
+            flops[(causal, tokens, "backward")] = BACKWARD_FLOP * forward_flops
     what = f"compute, {level} rank{'s' if level > 1 else ''} busy"
     samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, group=group, min_total_s=TOTAL_S,
                            on_round=lambda: progress.step(what))  # fmt: skip
