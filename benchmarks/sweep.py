@@ -9,10 +9,8 @@ of the grid, and the two results are compared before the ratio is printed.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
+from timing import median_seconds
 
 from costmodel import numeric
 from costmodel.hardware import load_profile
@@ -36,23 +34,14 @@ def loop(seqs: np.ndarray, ns: np.ndarray, profile) -> np.ndarray:  # noqa: ANN0
     return out
 
 
-def best_of(fn, repeats: int) -> float:  # noqa: ANN001
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def main() -> None:
     profile = load_profile("a100-nvlink")
     seqs = np.arange(1, 1001) * 1024 * 8  # 1,000 sequence lengths
     ns = np.arange(1, 1025)  # 1,024 CP degrees: 1,024,000 points
-    vectorised = best_of(lambda: sweep(SHAPE, seqs, ns, profile), 5)
+    vectorised = median_seconds(lambda: sweep(SHAPE, seqs, ns, profile), 5)
     grid = sweep(SHAPE, seqs, ns, profile)
     part_s, part_n = seqs[:40], ns[:256]  # 10,240 points for the loop
-    looped = best_of(lambda: loop(part_s, part_n, profile), 3)
+    looped = median_seconds(lambda: loop(part_s, part_n, profile), 3)
     valid = ~np.isnan(grid.ratio[:40, :256])
     assert np.allclose(grid.ratio[:40, :256][valid], loop(part_s, part_n, profile)[valid], rtol=1e-12)
     fast = seqs.size * ns.size / vectorised

@@ -72,3 +72,24 @@ def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> S
     ranks = np.arange(n)
     src = (ranks[:, None] - ranks[None, :]) % n  # src[i, j]: whose KV rank i holds at step j
     return Schedule(pairs[ranks[:, None], src], seq * (seq + 1) // 2)
+
+
+def simulate_by_definition(layout: str, seq: int, n: int, tile: int) -> np.ndarray:
+    """``rank_step_pairs`` of :func:`simulate` (causal), by the definition, one tile pair at a time.
+
+    Slow on purpose: the oracle the tests check :func:`simulate` against, and the baseline of
+    ``benchmarks/simulator.py``.
+    """
+    pos = positions(layout, seq, n)
+    length = seq // n
+    tiles = [(start, min(start + tile, length)) for start in range(0, length, tile)]
+    out = np.zeros((n, n), dtype=np.int64)
+    for i in range(n):
+        for j in range(n):
+            src = (i - j) % n
+            for q0, q1 in tiles:
+                for k0, k1 in tiles:
+                    if pos[src, k0:k1].min() <= pos[i, q0:q1].max():
+                        out[i, j] += (q1 - q0) * (k1 - k0)
+    return out
+

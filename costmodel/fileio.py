@@ -68,3 +68,18 @@ def load_yaml(path: str | os.PathLike[str], field: str) -> Any:
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(field, f"malformed YAML in {path}{where}: {problem}") from None
+
+
+def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> tuple[Any, str]:
+    """The YAML of a built-in (``spec`` names a file in ``directory``) or of the file at path ``spec``.
+
+    Returns (data, where it came from); unknown names list the built-ins. The caller validates."""
+    builtins = sorted(p.stem for p in directory.glob("*.yaml"))
+    path = directory / f"{spec}.yaml" if spec in builtins else Path(spec)
+    if spec not in builtins and path.suffix not in {".yaml", ".yml"} and os.sep not in spec and not path.exists():
+        raise InputError(field, f"unknown {noun} {spec!r}; built-in: {', '.join(builtins)}, or a path to a YAML file")
+    data = load_yaml(path, field)
+    if not isinstance(data, dict):
+        raise InputError(field, f"{path}: expected a mapping of {noun} fields, got {type(data).__name__}")
+    return data, str(path)
+

@@ -8,14 +8,12 @@ ring's receive time needs one direction, so every file states both and the two m
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.errors import InputError, describe_validation
-from costmodel.fileio import load_yaml
+from costmodel.fileio import load_builtin_or_file
 from costmodel.resources import data_dir
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -247,7 +245,7 @@ def builtin_names() -> list[str]:
 def parse_profile(data: object, origin: str, field: str = "--hw") -> HardwareProfile:
     """Validate loaded YAML; any problem becomes one :class:`InputError` line naming the field."""
     if not isinstance(data, dict):
-        raise InputError(field, f"{origin}: expected a mapping of profile fields, got {type(data).__name__}")
+        raise InputError(field, f"{origin}: expected a mapping of hardware fields, got {type(data).__name__}")
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
@@ -256,11 +254,4 @@ def parse_profile(data: object, origin: str, field: str = "--hw") -> HardwarePro
 
 def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:
     """A built-in profile by name, or a YAML file by path."""
-    path = Path(spec)
-    if spec in builtin_names():
-        path = data_dir("hardware") / f"{spec}.yaml"
-    elif not (path.suffix in {".yaml", ".yml"} or os.sep in spec or path.exists()):
-        raise InputError(
-            field, f"unknown hardware {spec!r}; built-in: {', '.join(builtin_names())}, or a path to a YAML file"
-        )
-    return parse_profile(load_yaml(path, field), str(path), field)
+    return parse_profile(*load_builtin_or_file(spec, data_dir("hardware"), field, "hardware"), field)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.errors import InputError, describe_validation
-from costmodel.fileio import load_yaml
+from costmodel.fileio import load_builtin_or_file
 from costmodel.hardware import BYTES_PER_ELEMENT, Dtype, HardwareProfile
 from costmodel.layouts import Layout, check_divisible
 from costmodel.resources import data_dir
@@ -72,18 +71,11 @@ def builtin_models() -> list[str]:
 
 def load_model(spec: str, field: str = "--model") -> ModelPreset:
     """A preset by name, or a YAML file by path."""
-    path = Path(spec)
-    if spec in builtin_models():
-        path = data_dir("configs") / "models" / f"{spec}.yaml"
-    elif path.suffix not in {".yaml", ".yml"} and not path.exists():
-        raise InputError(field, f"unknown model {spec!r}; presets: {', '.join(builtin_models())}, or a YAML path")
-    data = load_yaml(path, field)
-    if not isinstance(data, dict):
-        raise InputError(field, f"{path}: expected a mapping of model fields, got {type(data).__name__}")
+    data, origin = load_builtin_or_file(spec, data_dir("configs") / "models", field, "model")
     try:
         return ModelPreset.model_validate(data)
     except ValidationError as exc:
-        raise InputError(field, f"{path}: {describe_validation(exc)}") from None
+        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
 
 
 class PlanInputs(BaseModel):
