@@ -26,8 +26,8 @@ import numpy as np
 from costmodel import numeric
 from costmodel.causal import simulate
 from costmodel.hardware import HardwareProfile, LinkFit
-from costmodel.values import plan_values
 from costmodel.timeline import ring_layer_time
+from costmodel.values import plan_values
 from costmodel.workload import PlanInputs
 
 Variant = Literal["ring", "ulysses"]

@@ -128,7 +128,7 @@ def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.nd
         from costmodel.training import training_values
 
         base = training_values(shape, model, setup, profile, 1)
-        grid.n_min_memory = getattr(numeric, "n_min_memory")(
+        grid.n_min_memory = numeric.n_min_memory(
             **{a: (seq_col[:, 0] if a == "S" else base[a]) for a in numeric.ARGS["n_min_memory"]}
         )
     return grid

@@ -8,7 +8,6 @@ the scheme that exposes the least communication.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 

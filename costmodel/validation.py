@@ -12,8 +12,8 @@ from typing import Any
 
 from costmodel import numeric
 from costmodel.hardware import HardwareProfile
-from costmodel.values import plan_values
 from costmodel.predict import predict
+from costmodel.values import plan_values
 from costmodel.workload import PlanInputs
 
 SCHEMA = "cp-plan/validate/v1"

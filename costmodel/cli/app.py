@@ -27,9 +27,9 @@ from costmodel.cli.options import (
     NOpt,
     PassOpt,
     SeqOpt,
+    console,
     plan_inputs,
 )
-from costmodel.cli.options import console
 from costmodel.errors import InputError
 from costmodel.hardware import builtin_names, load_profile
 from costmodel.kernel import cli as kernel_cli

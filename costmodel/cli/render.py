@@ -9,9 +9,9 @@ import json
 from typing import TYPE_CHECKING
 
 from costmodel import numeric
-from costmodel.values import Evaluation
 from costmodel.report import Report
 from costmodel.units import count, percent, seconds, si
+from costmodel.values import Evaluation
 
 if TYPE_CHECKING:
     from rich.console import Console
