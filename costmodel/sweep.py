@@ -14,7 +14,7 @@ import numpy as np
 from costmodel import numeric
 from costmodel.errors import InputError
 from costmodel.hardware import HardwareProfile
-from costmodel.values import ACCUMULATOR_BYTES, PASSES, RATIO
+from costmodel.values import PASSES, RATIO, plan_values
 from costmodel.verdict import AMBER, BANDS, GREEN
 from costmodel.workload import TOKENS_HELP, ModelPreset, PlanInputs, TrainingSetup, parse_tokens
 
@@ -94,12 +94,9 @@ def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.nd
     seq_col = np.asarray(seqs, dtype=float)[:, None]
     n_row = np.asarray(ns, dtype=float)[None, :]
     bandwidth, latency, inter = _link_arrays(profile, np.asarray(ns))
-    peak, effective = profile.flops(shape.dtype, shape.efficiency)
-    values = {
-        "S": seq_col, "N": n_row, "b": shape.batch, "h": shape.heads, "n_kv": shape.kv_heads, "d": shape.head_dim,
-        "p": shape.bytes_per_element, "p_acc": ACCUMULATOR_BYTES, "c": 0.5 if shape.causal else 1.0, "F": effective,
-        "B": bandwidth[None, :], "alpha": latency[None, :],
-    }  # fmt: skip
+    # The plan's binding of inputs to symbols, with S, N and the link each N uses as arrays.
+    values = {**plan_values(shape, profile), "S": seq_col, "N": n_row, "B": bandwidth[None, :],
+              "alpha": latency[None, :]}  # fmt: skip
 
     def call(name: str, **over: object) -> np.ndarray:
         return getattr(numeric, name)(**{a: over.get(a, values.get(a)) for a in numeric.ARGS[name]})

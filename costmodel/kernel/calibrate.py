@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from costmodel import numeric
 from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_attention, block_backward, block_forward
 from costmodel.kernel.comm import RingComm, all_to_all
 from costmodel.kernel.masks import MaskRule, plan_block
@@ -129,7 +130,7 @@ def _measure_compute(ctx: Any, config: CalibrationConfig, level: int, group: Any
                                        torch_dtype, ctx.device, seed=ctx.rank)  # fmt: skip
             positions = np.arange(tokens)
             plan = plan_block(MaskRule(causal), positions, positions)
-            forward_flops = 4.0 * config.batch * config.heads * plan.visible_pairs * config.head_dim
+            forward_flops = plan.visible_pairs * numeric.pair_flops(b=config.batch, d=config.head_dim, h=config.heads)
             runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(q, k, v, dout, plan)
             flops[(causal, tokens, "forward")] = forward_flops
             flops[(causal, tokens, "backward")] = BACKWARD_FLOP * forward_flops
