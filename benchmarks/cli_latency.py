@@ -26,7 +26,7 @@ def commands() -> dict[str, list[str]]:
         "python -c pass": [sys.executable, "-c", "pass"],
         'python -c "import sympy"': [sys.executable, "-c", "import sympy"],
         "cp-plan ... --format json": report,
-        "  its imports only": [sys.executable, "-c", "import costmodel.cli.app, costmodel.plan, costmodel.cli.render"],
+        "  its imports only": [sys.executable, "-c", "import costmodel.cli.app, costmodel.plans.evaluate, costmodel.cli.render"],
     }
 
 

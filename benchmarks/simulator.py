@@ -3,7 +3,7 @@
     python benchmarks/simulator.py
 
 Issue 2's goal: S = 1M tokens, N = 64, tile 128 "well under a second". The baseline,
-`costmodel.causal.simulate_by_definition` (the tests' oracle), counts the same tile pairs one by one;
+`costmodel.schedule.simulator.simulate_by_definition` (the tests' oracle), counts the same tile pairs one by one;
 both run here on the same smaller case, so the ratio is measured side by side.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 from timing import median_seconds
 
-from costmodel.causal import simulate, simulate_by_definition
-from costmodel.layouts import LAYOUTS
+from costmodel.schedule.layouts import LAYOUTS
+from costmodel.schedule.simulator import simulate, simulate_by_definition
 
 
 def main() -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 from timing import median_seconds
 
-from costmodel import numeric
-from costmodel.hardware import load_profile
-from costmodel.sweep import sweep
-from costmodel.workload import PlanInputs
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.inputs import PlanInputs
+from costmodel.symbolic import numeric
+from costmodel.training.sweep import sweep
 
 SHAPE = PlanInputs(seq=1, n=1, causal=True, pass_="fwd+bwd", block=1)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from costmodel.hardware import load_profile
-from costmodel.plan import evaluate
-from costmodel.report import Report
-from costmodel.workload import PlanInputs
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.evaluate import evaluate
+from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.schema import Report
 
 REPO = Path(__file__).resolve().parent.parent
 

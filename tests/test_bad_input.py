@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.resources import data_dir
+from costmodel.core.resources import data_dir
 
 GOOD_PROFILE = (data_dir("hardware") / "a100-nvlink.yaml").read_text()
 

@@ -9,11 +9,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.calibration import build_profile, fit_link, fit_overlap, fit_sync, profile_yaml
-from costmodel.hardware import load_profile, parse_profile
-from costmodel.predict import predict
-from costmodel.timeline import ring_layer_time
-from costmodel.workload import PlanInputs
+from costmodel.calibration.fit import build_profile, fit_link, fit_overlap, fit_sync, profile_yaml
+from costmodel.machines.profiles import load_profile, parse_profile
+from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.timing import predict
+from costmodel.schedule.timeline import ring_layer_time
 
 
 def samples(alpha: float, bandwidth: float, sizes: list[int], jitter: list[float] | None = None) -> list[dict]:

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.causal import simulate, simulate_by_definition
-from costmodel.layouts import LAYOUTS, positions
+from costmodel.schedule.layouts import LAYOUTS, positions
+from costmodel.schedule.simulator import simulate, simulate_by_definition
 
 
 @settings(max_examples=80, deadline=None)

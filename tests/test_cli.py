@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from costmodel.report import SCHEMA
+from costmodel.plans.schema import SCHEMA
 
 SEED = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 def test_atomic_write_keeps_permissions_and_leaves_nothing_behind(tmp_path) -> None:
     import os
 
-    from costmodel.fileio import atomic_write_text
+    from costmodel.core.fileio import atomic_write_text
 
     fresh = atomic_write_text(tmp_path / "new.txt", "a")
     assert fresh.stat().st_mode & 0o777 == 0o666 & ~_umask()

@@ -9,8 +9,9 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel import codegen, formulas, numeric
-from costmodel.symbols import SYMBOLS, B, F, N, N_r, N_u, S, alpha, c, h, n_kv, p
+from costmodel import codegen
+from costmodel.symbolic import formulas, numeric
+from costmodel.symbolic.symbols import SYMBOLS, B, F, N, N_r, N_u, S, alpha, c, h, n_kv, p
 
 f = formulas.FORMULAS
 

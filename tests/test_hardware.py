@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.errors import InputError
-from costmodel.hardware import builtin_names, load_profile
-from costmodel.resources import data_dir
+from costmodel.core.errors import InputError
+from costmodel.core.resources import data_dir
+from costmodel.machines.profiles import builtin_names, load_profile
 
 SPEC_8 = {  # name: (bf16 peak FLOP/s, ring link bandwidth per direction at N = 8, HBM bytes or None)
     "a100-nvlink": (312e12, 300e9, 80e9),

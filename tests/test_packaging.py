@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.hardware import builtin_names
-from costmodel.workload import builtin_models
+from costmodel.machines.profiles import builtin_names
+from costmodel.plans.inputs import builtin_models
 from tests.support import REPO
 
 pytest.importorskip("hatchling", reason="building a wheel offline needs hatchling (the test extra)")
@@ -33,7 +33,7 @@ def test_wheel_carries_profiles_presets_and_generated_module(wheel: zipfile.ZipF
         assert f"costmodel/_data/hardware/{profile}.yaml" in names
     for model in builtin_models():
         assert f"costmodel/_data/configs/models/{model}.yaml" in names
-    assert "costmodel/numeric.py" in names
+    assert "costmodel/symbolic/numeric.py" in names
     assert not any(name.startswith(("tests/", "docs/", "benchmarks/")) for name in names)
 
 

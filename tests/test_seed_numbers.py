@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 
-from costmodel import numeric
+from costmodel.symbolic import numeric
 from tests.support import plan, seed_round
 
 NVLINK = plan("a100-nvlink")

@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from costmodel import numeric
-from costmodel.errors import InputError
-from costmodel.hardware import load_profile
-from costmodel.sweep import parse_grid, sweep
-from costmodel.workload import PlanInputs
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.inputs import PlanInputs
+from costmodel.symbolic import numeric
+from costmodel.training.sweep import parse_grid, sweep
 from tests.support import plan
 
 

@@ -8,11 +8,11 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel import formulas, numeric
-from costmodel.hardware import load_profile
-from costmodel.symbols import M_dev, N, phi
-from costmodel.training import recommend, training_values, zero_fractions
-from costmodel.workload import PlanInputs, TrainingSetup, load_model
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.inputs import PlanInputs, TrainingSetup, load_model
+from costmodel.symbolic import formulas, numeric
+from costmodel.symbolic.symbols import M_dev, N, phi
+from costmodel.training.recommend import recommend, training_values, zero_fractions
 from tests.support import plan
 
 f = formulas.FORMULAS

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     from typer.main import get_command
 
     from costmodel.cli.app import app
-    from costmodel.errors import InputError
+    from costmodel.core.errors import InputError
 
     command = get_command(app)
     try:

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from costmodel.cli import kernel as kernel_cli
 from costmodel.cli import planning
+from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import (
     SEED,
     BatchOpt,
@@ -30,10 +32,8 @@ from costmodel.cli.options import (
     console,
     plan_inputs,
 )
-from costmodel.errors import InputError
-from costmodel.hardware import builtin_names, load_profile
-from costmodel.kernel import cli as kernel_cli
-from costmodel.kernel.cli import app as kernel_app
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import builtin_names, load_profile
 
 app = typer.Typer(
     name="cp-plan",
@@ -80,7 +80,7 @@ def report(
     if ctx.invoked_subcommand is not None:
         return
     from costmodel.cli import render
-    from costmodel.plan import evaluate
+    from costmodel.plans.evaluate import evaluate
 
     inputs = plan_inputs(seq, n, hw, model, heads, kv_heads, head_dim, batch, dtype, block, causal, layout,
                          efficiency, pass_)  # fmt: skip
@@ -106,7 +106,7 @@ def hw_list() -> None:
     from rich import box
     from rich.table import Table
 
-    from costmodel.units import si
+    from costmodel.core.units import si
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   caption="links per direction; a ring leaves the node beyond CP/node ranks")  # fmt: skip
@@ -138,13 +138,13 @@ def formulas_cmd(
     latex: Annotated[bool, typer.Option("--latex", help="LaTeX (imports sympy).")] = False,
 ) -> None:
     """List the model's formulas: name, expression, meaning, unit and source."""
-    from costmodel import numeric
+    from costmodel.symbolic import numeric
 
     if name is not None and name not in numeric.INFO:
         raise InputError("NAME", f"unknown formula {name!r}; known: {', '.join(numeric.INFO)}")
     names = [name] if name else list(numeric.INFO)
     if latex:
-        from costmodel import formulas
+        from costmodel.symbolic import formulas
 
         for n in names:
             sys.stdout.write(f"{n}: {formulas.FORMULAS[n].latex}\n")

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from costmodel.errors import InputError
-from costmodel.hardware import Dtype, builtin_names
-from costmodel.layouts import Layout
-from costmodel.workload import TOKENS_HELP, Pass, PlanInputs, load_model, parse_tokens
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import Dtype, builtin_names
+from costmodel.plans.inputs import TOKENS_HELP, Pass, PlanInputs, load_model, parse_tokens
+from costmodel.schedule.layouts import Layout
 
 if TYPE_CHECKING:
     from rich.console import Console

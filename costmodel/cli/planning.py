@@ -19,9 +19,9 @@ from costmodel.cli.options import (
     SeqOpt,
     console,
 )
-from costmodel.errors import InputError
-from costmodel.units import percent, si, tokens_label
-from costmodel.workload import Pass, Recompute
+from costmodel.core.errors import InputError
+from costmodel.core.units import percent, si, tokens_label
+from costmodel.plans.inputs import Pass, Recompute
 
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
 
@@ -66,9 +66,9 @@ def recommend_cmd(
 
     Example: cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
-    from costmodel.hardware import load_profile
-    from costmodel.training import recommend
-    from costmodel.workload import PlanInputs, TrainingSetup, load_model
+    from costmodel.machines.profiles import load_profile
+    from costmodel.plans.inputs import PlanInputs, TrainingSetup, load_model
+    from costmodel.training.recommend import recommend
 
     preset = load_model(model)
     profile = load_profile(hw)
@@ -159,9 +159,9 @@ def sweep_cmd(
 
     Example: cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
-    from costmodel.hardware import load_profile
-    from costmodel.sweep import parse_grid, sweep
-    from costmodel.workload import PlanInputs, TrainingSetup, load_model
+    from costmodel.machines.profiles import load_profile
+    from costmodel.plans.inputs import PlanInputs, TrainingSetup, load_model
+    from costmodel.training.sweep import parse_grid, sweep
 
     seqs, ns = parse_grid(seq, "--seq"), parse_grid(n, "--n")
     profiles = [load_profile(name.strip()) for name in hw.split(",") if name.strip()]
@@ -177,7 +177,7 @@ def sweep_cmd(
     setup = TrainingSetup(gpus=gpus, recompute=recompute).check() if (preset and gpus) else None
     grids = [sweep(shape, seqs, ns, profile, preset, setup) for profile in profiles]
     if plot is not None:
-        from costmodel.plot import plot_sweep
+        from costmodel.cli.plot import plot_sweep
 
         written = plot_sweep(grids, plot, shape)
         if written is None:
@@ -248,7 +248,7 @@ def check_cmd(
 
     Example: cp-plan check configs/plans/*.yaml --format github
     """
-    from costmodel.check import github, junit, load_plan, run_checks
+    from costmodel.training.check import github, junit, load_plan, run_checks
 
     located = [load_plan(path) for path in plans]  # every file is valid before anything runs
     results = [result for plan in located for result in run_checks(plan)]

@@ -1,4 +1,4 @@
-"""Turn a :class:`~costmodel.report.Report` into a rich screen, Markdown, JSON or YAML.
+"""Turn a :class:`~costmodel.plans.schema.Report` into a rich screen, Markdown, JSON or YAML.
 
 Presentation only: every number shown is a field of the report.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from costmodel import numeric
-from costmodel.report import Report
-from costmodel.units import count, percent, seconds, si
-from costmodel.values import Evaluation
+from costmodel.core.units import count, percent, seconds, si
+from costmodel.plans.bind import Evaluation
+from costmodel.plans.schema import Report
+from costmodel.symbolic import numeric
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -252,7 +252,7 @@ def explain_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
 def render_explain(trace: list[Evaluation], console: Console) -> None:
     from rich.text import Text
 
-    console.rule("Formulas, then values (costmodel.formulas)")
+    console.rule("Formulas, then values (costmodel.symbolic.formulas)")
     for row in explain_rows(trace):
         console.print(Text(row["name"], style="bold") + Text(f"  {row['meaning']}  [{row['source']}]", style="dim"))
         console.print(f"    {row['formula']}")

@@ -12,8 +12,8 @@ Importing this package does not import torch; the modules below do.
 - :mod:`~costmodel.kernel.reference`: float64 naive attention with the same mask rule
 - :mod:`~costmodel.kernel.launch`: run a function on N local processes or under torchrun
 - :mod:`~costmodel.kernel.timing`: timings the calibration builds on
-- :mod:`~costmodel.kernel.selftest`, :mod:`~costmodel.kernel.cli`: ``cp-plan kernel selftest``
+- :mod:`~costmodel.kernel.selftest`, :mod:`~costmodel.cli.kernel`: ``cp-plan kernel selftest``
 """
 
-# The CLI's dtype names (costmodel.hardware.Dtype) to torch's; fp8 has no reference kernel.
+# The CLI's dtype names (costmodel.machines.profiles.Dtype) to torch's; fp8 has no reference kernel.
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

@@ -14,7 +14,7 @@
 Under torchrun across nodes, the links are measured twice: by the ranks of the first node (intra-node)
 and by the first rank of every node (inter-node).
 
-Rank 0 returns the raw samples; fitting and the profile are the model's job (:mod:`costmodel.calibration`).
+Rank 0 returns the raw samples; fitting and the profile are the model's job (:mod:`costmodel.calibration.fit`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from costmodel import numeric
 from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_attention, block_backward, block_forward
 from costmodel.kernel.comm import RingComm, all_to_all
 from costmodel.kernel.masks import MaskRule, plan_block
 from costmodel.kernel.timing import attention_runs, random_qkv, sample_times
-from costmodel.predict import BACKWARD_FLOP
 
 TOKENS = (32, 64, 128, 256, 512, 1024, 2048)
 TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to about this long
@@ -56,6 +54,9 @@ class CalibrationConfig:
     warmup: int = 1
     progress: bool = True
     concurrency: tuple[int, ...] = field(default=())  # empty: 1, 2, 4, ... up to N
+    # How the model counts FLOP, given by the caller so the kernel needs nothing of the model:
+    pair_flops: float = 0.0  # forward FLOP of one (query, key) pair over all heads; 0: 4·b·h·d
+    backward_flop_factor: float = 2.5  # backward FLOP / forward FLOP
 
     def levels(self, world_size: int) -> tuple[int, ...]:
         if self.concurrency:
@@ -130,10 +131,10 @@ def _measure_compute(ctx: Any, config: CalibrationConfig, level: int, group: Any
                                        torch_dtype, ctx.device, seed=ctx.rank)  # fmt: skip
             positions = np.arange(tokens)
             plan = plan_block(MaskRule(causal), positions, positions)
-            forward_flops = plan.visible_pairs * numeric.pair_flops(b=config.batch, d=config.head_dim, h=config.heads)
+            forward_flops = plan.visible_pairs * (config.pair_flops or 4 * config.batch * config.heads * config.head_dim)
             runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(q, k, v, dout, plan)
             flops[(causal, tokens, "forward")] = forward_flops
-            flops[(causal, tokens, "backward")] = BACKWARD_FLOP * forward_flops
+            flops[(causal, tokens, "backward")] = config.backward_flop_factor * forward_flops
     what = f"compute, {level} rank{'s' if level > 1 else ''} busy"
     samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, group=group, min_total_s=TOTAL_S,
                            on_round=lambda: progress.step(what))  # fmt: skip

@@ -25,7 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 
 KILL_GRACE_S = 5.0  # after SIGTERM, how long a rank may take to exit before SIGKILL
 FAILURE_GRACE_S = 1.0  # after the first failure, collect the others so the root cause is named first

@@ -6,7 +6,7 @@ before it. Both conditions bound a range of global positions, so each query sees
 ``[first_visible, last_visible]``. Everything else here is derived from :meth:`MaskRule.visible_range`:
 the dense mask (reference kernel, masked fallback) and the block plan (which fused calls to make).
 
-A layout only decides which positions a rank holds (:func:`costmodel.layouts.positions`, increasing
+A layout only decides which positions a rank holds (:func:`costmodel.schedule.layouts.positions`, increasing
 along each rank), so one rule serves contiguous, striped and zigzag alike. Because a rank's key
 positions are increasing, the keys a query sees form one run ``[lo, hi)`` of *local* key indices;
 :func:`plan_block` cuts the block into rectangles (fused op, no mask) and diagonals (fused op,
@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 
 PieceKind = Literal["full", "causal", "masked"]
 

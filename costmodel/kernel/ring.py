@@ -24,7 +24,7 @@ import torch.distributed as dist
 from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_backward, block_forward
 from costmodel.kernel.comm import RingComm
 from costmodel.kernel.masks import MAX_FUSED_PIECES, BlockPlan, MaskRule, check_cu_seqlens, plan_block
-from costmodel.layouts import positions
+from costmodel.schedule.layouts import positions
 
 KV_TAG, DKV_TAG = 0, 1  # separate tags: KV and dK/dV transfers are in flight at the same time
 

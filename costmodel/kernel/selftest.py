@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from costmodel.errors import InputError
-from costmodel.layouts import LAYOUTS, check_divisible
+from costmodel.core.errors import InputError
+from costmodel.schedule.layouts import LAYOUTS, check_divisible
 
 SCHEMA = "cp-plan.kernel.selftest/1"
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
@@ -77,7 +77,7 @@ def _flag(name: str) -> str:
 
 
 def ulysses_skip_reason(config: SelftestConfig, world_size: int) -> str | None:
-    from costmodel.plan import ulysses_feasibility
+    from costmodel.schedule.layouts import ulysses_feasibility
 
     feasible, reason = ulysses_feasibility(config.heads, config.kv_heads, world_size)
     return None if feasible else reason

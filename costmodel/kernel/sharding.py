@@ -1,11 +1,11 @@
 """Cut a full sequence into a layout's shards and put it back together (layouts are data:
-:func:`costmodel.layouts.positions`)."""
+:func:`costmodel.schedule.layouts.positions`)."""
 
 from __future__ import annotations
 
 import torch
 
-from costmodel.layouts import positions
+from costmodel.schedule.layouts import positions
 
 
 def shard(x: torch.Tensor, layout: str, world_size: int, rank: int, dim: int = 2) -> torch.Tensor:

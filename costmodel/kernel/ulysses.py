@@ -18,12 +18,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 from costmodel.kernel.comm import all_to_all_autograd
 from costmodel.kernel.masks import MAX_FUSED_PIECES
 from costmodel.kernel.ring import check_shapes, local_attention
-from costmodel.layouts import positions
-from costmodel.plan import ulysses_feasibility
+from costmodel.schedule.layouts import positions, ulysses_feasibility
 
 
 def check_ulysses(heads: int, kv_heads: int, world_size: int, field: str = "heads") -> None:

@@ -2,7 +2,7 @@
 
 The grid spans shard lengths on both sides of the critical shard length L* of the profile being
 validated (comm-bound below, compute-bound above), causal and not, every layout, Ulysses, forward and
-forward+backward. The predictions it is compared with come from :mod:`costmodel.predict`.
+forward+backward. The predictions it is compared with come from :mod:`costmodel.plans.timing`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 from costmodel.kernel.ring import ring_attention
 from costmodel.kernel.sharding import shard
 from costmodel.kernel.ulysses import ulysses_attention

@@ -20,7 +20,7 @@ from costmodel.kernel.block import (
 )
 from costmodel.kernel.masks import MaskRule, plan_block
 from costmodel.kernel.reference import reference_attention
-from costmodel.layouts import positions
+from costmodel.schedule.layouts import positions
 
 pytestmark = pytest.mark.kernel
 

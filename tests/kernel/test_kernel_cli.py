@@ -9,8 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from costmodel.errors import InputError
-from costmodel.kernel.cli import app
+from costmodel.cli.kernel import app
+from costmodel.core.errors import InputError
 
 pytestmark = pytest.mark.kernel
 
@@ -22,7 +22,7 @@ def invoke(*args: str):
 
 
 def test_importing_the_cli_does_not_import_torch() -> None:
-    code = "import sys, costmodel.kernel.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, costmodel.cli.kernel; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

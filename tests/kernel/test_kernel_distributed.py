@@ -23,14 +23,13 @@ F = torch.nn.functional
 
 import kernel_workers
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 from costmodel.kernel.launch import LaunchError, run_local
 from costmodel.kernel.masks import MaskRule
 from costmodel.kernel.reference import reference_attention
 from costmodel.kernel.selftest import TOLERANCES
 from costmodel.kernel.sharding import unshard
-from costmodel.layouts import LAYOUTS
-from costmodel.plan import ulysses_feasibility
+from costmodel.schedule.layouts import LAYOUTS, ulysses_feasibility
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 from costmodel.kernel.masks import MaskRule, check_cu_seqlens, plan_block
-from costmodel.layouts import LAYOUTS, chunks_per_rank, positions
+from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank, positions
 
 pytestmark = pytest.mark.kernel
 

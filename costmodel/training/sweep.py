@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel import numeric
-from costmodel.errors import InputError
-from costmodel.hardware import HardwareProfile
-from costmodel.values import PASSES, RATIO, plan_values
-from costmodel.verdict import AMBER, BANDS, GREEN
-from costmodel.workload import TOKENS_HELP, ModelPreset, PlanInputs, TrainingSetup, parse_tokens
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.plans.bind import PASSES, RATIO, plan_values
+from costmodel.plans.inputs import TOKENS_HELP, ModelPreset, PlanInputs, TrainingSetup, parse_tokens
+from costmodel.plans.verdict import AMBER, BANDS, GREEN
+from costmodel.symbolic import numeric
 
 RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 
@@ -122,7 +122,7 @@ def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.nd
         step_comm_s=np.broadcast_to(call("step_comm_s"), ratio.shape).copy(), inter_node=inter, n_max=n_max,
     )  # fmt: skip
     if model is not None and setup is not None:
-        from costmodel.training import training_values
+        from costmodel.training.recommend import training_values
 
         base = training_values(shape, model, setup, profile, 1)
         grid.n_min_memory = numeric.n_min_memory(

@@ -12,9 +12,9 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from costmodel.errors import InputError, describe_validation
-from costmodel.fileio import load_builtin_or_file
-from costmodel.resources import data_dir
+from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.fileio import load_builtin_or_file
+from costmodel.core.resources import data_dir
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
 BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}

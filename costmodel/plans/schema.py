@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.hardware import Dtype
-from costmodel.layouts import Layout
-from costmodel.verdict import Colour
-from costmodel.workload import Pass, PlanInputs, TrainingSetup
+from costmodel.machines.profiles import Dtype
+from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
+from costmodel.plans.verdict import Colour
+from costmodel.schedule.layouts import Layout
 
 SCHEMA = "cp-plan/report/v1"
 

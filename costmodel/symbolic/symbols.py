@@ -1,6 +1,6 @@
 """The symbols of the cost model (SPEC §2), each with its meaning, unit and source.
 
-Every formula in :mod:`costmodel.formulas` is an expression over these symbols and nothing else.
+Every formula in :mod:`costmodel.symbolic.formulas` is an expression over these symbols and nothing else.
 Units are SI throughout: bytes, FLOP, seconds.
 """
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from costmodel.hardware import HardwareProfile
-from costmodel.plan import divisors, ulysses_feasibility
-from costmodel.predict import predict
-from costmodel.report import Fit, Recommendation, RecommendCandidate, RecommendReport
-from costmodel.units import si
-from costmodel.values import Evaluator, pass_ratio, plan_values
-from costmodel.verdict import AMBER, BANDS, band
-from costmodel.workload import ModelPreset, PlanInputs, TrainingSetup
+from costmodel.core.units import si
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.plans.bind import Evaluator, pass_ratio, plan_values
+from costmodel.plans.inputs import ModelPreset, PlanInputs, TrainingSetup
+from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
+from costmodel.plans.timing import predict
+from costmodel.plans.verdict import AMBER, BANDS, band
+from costmodel.schedule.layouts import divisors, ulysses_feasibility
 
 
 def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
@@ -69,7 +69,7 @@ class Option:
 
 def options_at(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile, n: int, pass_: str) -> list[Option]:
     """Ring (zigzag when causal), Ulysses and every USP split that fits the head counts, at CP degree n,
-    with the communication each leaves exposed per layer (:func:`costmodel.predict.predict`)."""
+    with the communication each leaves exposed per layer (:func:`costmodel.plans.timing.predict`)."""
     backward = pass_ == "fwd+bwd"
     compute = sum(float(ev(name)) for phase, name in (("fwd", "layer_compute_s"), ("bwd", "bwd_layer_compute_s"))
                   if phase in pass_)  # fmt: skip

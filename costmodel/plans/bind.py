@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from costmodel import numeric
-from costmodel.hardware import HardwareProfile
-from costmodel.workload import PlanInputs
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.plans.inputs import PlanInputs
+from costmodel.symbolic import numeric
 
 ACCUMULATOR_BYTES = 4  # fp32 (m, l, O), seed 000 §3.1
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layouts import positions
+from costmodel.schedule.layouts import positions
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.hardware import (
+from costmodel.machines.profiles import (
     Calibration,
     ComputeCurve,
     HardwareProfile,
@@ -110,8 +110,8 @@ def build_profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: s
 
 def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> HardwareProfile:
     """Each layer kind's fixed cost: its time at a tiny shard less the model's prediction without it."""
-    from costmodel.predict import predict
-    from costmodel.workload import PlanInputs
+    from costmodel.plans.inputs import PlanInputs
+    from costmodel.plans.timing import predict
 
     cal = profile.calibration
     assert cal is not None

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

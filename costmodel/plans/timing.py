@@ -5,7 +5,7 @@ The report's layer time, the recommendation's choice of scheme and `cp-plan vali
 Ring: per step, the slowest rank's compute (its pairs from the tile-level schedule of SPEC §4.1, at
 the rate measured for that much work with that many ranks busy) against the transfers that overlap it
 (α + bytes/B), with the parts nothing can hide: the first block computes before anything arrives,
-and in backward the last dK/dV hop goes home after the last step (:mod:`costmodel.timeline`).
+and in backward the last dK/dV hop goes home after the last step (:mod:`costmodel.schedule.timeline`).
 Ulysses: its all-to-alls (Q, K, V in; O out) around local attention over the whole sequence for h/N
 heads, none of it overlapped; backward the same exchanges in reverse around the backward's compute.
 
@@ -23,12 +23,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from costmodel import numeric
-from costmodel.causal import simulate
-from costmodel.hardware import HardwareProfile, LinkFit
-from costmodel.timeline import ring_layer_time
-from costmodel.values import plan_values
-from costmodel.workload import PlanInputs
+from costmodel.machines.profiles import HardwareProfile, LinkFit
+from costmodel.plans.bind import plan_values
+from costmodel.plans.inputs import PlanInputs
+from costmodel.schedule.simulator import simulate
+from costmodel.schedule.timeline import ring_layer_time
+from costmodel.symbolic import numeric
 
 Variant = Literal["ring", "ulysses"]
 _UNIT = {"S": 1, "N": 1, "b": 1, "c": 1, "d": 1, "h": 1}

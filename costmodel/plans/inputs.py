@@ -7,11 +7,11 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from costmodel.errors import InputError, describe_validation
-from costmodel.fileio import load_builtin_or_file
-from costmodel.hardware import BYTES_PER_ELEMENT, Dtype, HardwareProfile
-from costmodel.layouts import Layout, check_divisible
-from costmodel.resources import data_dir
+from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.fileio import load_builtin_or_file
+from costmodel.core.resources import data_dir
+from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile
+from costmodel.schedule.layouts import Layout, check_divisible
 
 PositiveInt = Annotated[int, Field(ge=1)]
 Pass = Literal["fwd", "bwd", "fwd+bwd"]

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 from costmodel.kernel import TORCH_DTYPE
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -120,7 +120,7 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
 def _dtype_shape(model: str | None, heads: int | None, kv_heads: int | None, head_dim: int | None, batch: int,
                  dtype: str) -> dict:  # fmt: skip
     """The attention shape to calibrate: flags over a model preset over 8 heads of 64 (quick on a CPU)."""
-    from costmodel.workload import load_model
+    from costmodel.plans.inputs import load_model
 
     preset = load_model(model) if model else None
     heads = heads or (preset.heads if preset else 8)
@@ -134,7 +134,7 @@ def _dtype_shape(model: str | None, heads: int | None, kv_heads: int | None, hea
 def _sizes(text: str | None, field: str) -> tuple[int, ...] | None:
     if text is None:
         return None
-    from costmodel.workload import parse_tokens
+    from costmodel.plans.inputs import parse_tokens
 
     return tuple(sorted({parse_tokens(part, field) for part in text.split(",") if part.strip()}))
 
@@ -187,15 +187,20 @@ def calibrate(
     """
     from pathlib import Path
 
-    from costmodel.calibration import build_profile, profile_yaml
-    from costmodel.fileio import atomic_write_text
+    from costmodel.calibration.fit import build_profile, profile_yaml
+    from costmodel.core.fileio import atomic_write_text
 
     _require_torch()
     from costmodel.kernel.calibrate import CalibrationConfig, measure
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun
 
     shape = _dtype_shape(model, heads, kv_heads, head_dim, batch, dtype or _default_dtype(backend))
-    config = CalibrationConfig(**shape, repeats=repeats, **{k: v for k, v in (
+    from costmodel.plans.timing import BACKWARD_FLOP
+    from costmodel.symbolic import numeric
+
+    pair_flops = float(numeric.pair_flops(b=shape["batch"], h=shape["heads"], d=shape["head_dim"]))
+    config = CalibrationConfig(**shape, repeats=repeats, pair_flops=pair_flops, backward_flop_factor=BACKWARD_FLOP,
+                               **{k: v for k, v in (
         ("tokens", _sizes(tokens, "--tokens")), ("message_bytes", _sizes(message_bytes, "--message-bytes"))) if v})  # fmt: skip
     if len(config.message_bytes) < 6:
         raise InputError("--message-bytes", f"give at least 6 sizes for the alpha-beta fit (got {len(config.message_bytes)})")
@@ -220,7 +225,7 @@ def calibrate(
 def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile
     from rich.console import Console
 
-    from costmodel.units import seconds, si
+    from costmodel.core.units import seconds, si
 
     cal = profile.calibration
     console = Console(stderr=True, highlight=False)
@@ -253,8 +258,8 @@ def validate(
 
     Example: cp-plan validate --hw me.yaml --nproc 2
     """
-    from costmodel.hardware import load_profile
-    from costmodel.validation import compare, critical_tokens, render_table
+    from costmodel.calibration.compare import compare, critical_tokens, render_table
+    from costmodel.machines.profiles import load_profile
 
     profile = load_profile(hw)
     if profile.calibration is None:

@@ -1,6 +1,6 @@
 """Sequence layouts as data: which global token positions each CP rank holds (seed 000 §6).
 
-A layout is nothing but this map. The causal simulator (:mod:`costmodel.causal`) and the torch
+A layout is nothing but this map. The causal simulator (:mod:`costmodel.schedule.simulator`) and the torch
 reference kernel both take it as input, so the mask rule and the ring loop are written once.
 
 - ``contiguous``: rank i holds [i·L, (i+1)·L).
@@ -13,11 +13,12 @@ Within a rank the positions are increasing, so a rank's local order is a sorted 
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import numpy as np
 
-from costmodel.errors import InputError
+from costmodel.core.errors import InputError
 
 Layout = Literal["contiguous", "striped", "zigzag"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -48,3 +49,20 @@ def positions(layout: str, seq: int, n: int) -> np.ndarray:
         return np.ascontiguousarray(tokens.reshape(seq // n, n).T)
     chunks = tokens.reshape(2 * n, seq // (2 * n))
     return np.concatenate([chunks[:n], chunks[::-1][:n]], axis=1)
+
+
+def ulysses_feasibility(heads: int, kv_heads: int, degree: int) -> tuple[bool, str]:
+    """Heads split over an all-to-all of ``degree`` ranks: h mod N = 0, and n_kv mod N = 0 or N mod n_kv = 0 (then KV heads are replicated)."""
+    if heads % degree:
+        return False, f"h = {heads} query heads do not split over {degree} devices (h mod N = {heads % degree})"
+    if kv_heads % degree and degree % kv_heads:
+        return False, f"n_kv = {kv_heads} KV heads neither split over nor replicate evenly to {degree} devices"
+    if degree > kv_heads:
+        return True, f"KV heads replicated {degree // kv_heads}x to {degree}; traffic counts the replicas"
+    return True, "heads split evenly"
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending, in O(sqrt n) steps."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]

@@ -1,6 +1,6 @@
 """Measured against predicted: the comparison `cp-plan validate` prints (issue 4). No torch here.
 
-Each kernel timing is set beside two predictions of :mod:`costmodel.predict`: the calibrated model
+Each kernel timing is set beside two predictions of :mod:`costmodel.plans.timing`: the calibrated model
 (measured rates per block size, alpha and B, the tile-level causal schedule) and the datasheet-style
 model (one peak FLOP/s, no alpha, causal halves balanced). Error = predicted / measured - 1.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from costmodel import numeric
-from costmodel.hardware import HardwareProfile
-from costmodel.predict import predict
-from costmodel.values import plan_values
-from costmodel.workload import PlanInputs
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.plans.bind import plan_values
+from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.timing import predict
+from costmodel.symbolic import numeric
 
 SCHEMA = "cp-plan/validate/v1"
 
@@ -68,7 +68,7 @@ def render_table(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from costmodel.units import seconds
+    from costmodel.core.units import seconds
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left", title_style="bold",
                   title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "

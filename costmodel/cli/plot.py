@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodel.errors import InputError
-from costmodel.sweep import Grid
-from costmodel.units import tokens_label
-from costmodel.verdict import AMBER, GREEN
-from costmodel.workload import PlanInputs
+from costmodel.core.errors import InputError
+from costmodel.core.units import tokens_label
+from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.verdict import AMBER, GREEN
+from costmodel.training.sweep import Grid
 
 
 def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path | None:
@@ -28,7 +28,7 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from costmodel.fileio import atomic_write_bytes
+    from costmodel.core.fileio import atomic_write_bytes
 
     fig, axes = plt.subplots(1, len(grids), figsize=(6.2 * len(grids), 4.6), squeeze=False, sharey=True)
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(grids[0].seqs)))

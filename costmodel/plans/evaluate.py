@@ -1,19 +1,18 @@
 """Evaluate one plan: every number of the report, from the generated formulas and the simulator.
 
-Nothing here restates a formula. Values come from :mod:`costmodel.numeric` (generated from
-:mod:`costmodel.formulas`); what is left is choosing inputs (which link, which dtype rate), the
-feasibility rules of SPEC §4.4, and assembling the :class:`~costmodel.report.Report`.
+Nothing here restates a formula. Values come from :mod:`costmodel.symbolic.numeric` (generated from
+:mod:`costmodel.symbolic.formulas`); what is left is choosing inputs (which link, which dtype rate), the
+feasibility rules of SPEC §4.4, and assembling the :class:`~costmodel.plans.schema.Report`.
 """
 
 from __future__ import annotations
 
 import math
 
-from costmodel.causal import simulate
-from costmodel.hardware import HardwareProfile
-from costmodel.layouts import LAYOUTS, chunks_per_rank
-from costmodel.predict import predict
-from costmodel.report import (
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.plans.bind import Evaluation, Evaluator, pass_ratio, plan_values
+from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.schema import (
     TP,
     Backward,
     Causal,
@@ -28,24 +27,10 @@ from costmodel.report import (
     USPEntry,
     Verdict,
 )
-from costmodel.values import Evaluation, Evaluator, pass_ratio, plan_values
-from costmodel.verdict import AMBER, GREEN, band
-from costmodel.workload import PlanInputs
-
-
-def ulysses_feasibility(heads: int, kv_heads: int, degree: int) -> tuple[bool, str]:
-    """SPEC §4.4: h mod N = 0, and n_kv mod N = 0 or N mod n_kv = 0 (then KV heads are replicated)."""
-    if heads % degree:
-        return False, f"h = {heads} query heads do not split over {degree} devices (h mod N = {heads % degree})"
-    if kv_heads % degree and degree % kv_heads:
-        return False, f"n_kv = {kv_heads} KV heads neither split over nor replicate evenly to {degree} devices"
-    if degree > kv_heads:
-        return True, f"KV heads replicated {degree // kv_heads}x to {degree}; traffic counts the replicas"
-    return True, "heads split evenly"
-
-
-def divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+from costmodel.plans.timing import predict
+from costmodel.plans.verdict import AMBER, GREEN, band
+from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank, divisors, ulysses_feasibility
+from costmodel.schedule.simulator import simulate
 
 
 def _largest_n_in_band(ev: Evaluator, profile: HardwareProfile, upper: float, strict: bool, seq: int) -> int:

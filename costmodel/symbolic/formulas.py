@@ -1,19 +1,19 @@
 """Every formula of the cost model, defined once as a sympy expression (SPEC §3–§4).
 
 This module is the single source of truth. The numbers the CLI prints come from
-:mod:`costmodel.numeric`, which ``python -m costmodel.codegen`` generates from the expressions
+:mod:`costmodel.symbolic.numeric`, which ``python -m costmodel.codegen`` generates from the expressions
 below (a test fails when it is stale); ``cp-plan formulas`` and the docs print them.
 
 In a notebook::
 
-    >>> from costmodel import formulas as f
+    >>> from costmodel.symbolic import formulas as f
     >>> f.intensity_step.expr
     2*S*c*h/(N*n_kv*p)
     >>> f.intensity_step.evaluate(S=262144, N=8, h=32, n_kv=8, p=2, c=1)
     131072
 
 Each quantity is written the way its source writes it (``definition``, in terms of other
-quantities) and also resolved down to the base symbols of :mod:`costmodel.symbols` (``expr``).
+quantities) and also resolved down to the base symbols of :mod:`costmodel.symbolic.symbols` (``expr``).
 With p = 2 (bf16) the seed's shorter forms reappear: I_step = (h/n_kv)·S/N.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import sympy
 
-from costmodel.symbols import (
+from costmodel.symbolic.symbols import (
     B,
     F,
     F_ffn,
@@ -90,7 +90,7 @@ class Formula:
         return tuple(sorted(s.name for s in self.expr.free_symbols))
 
     def evaluate(self, **values: Any) -> Any:
-        """Substitute numbers exactly (sympy arithmetic); for speed use :mod:`costmodel.numeric`."""
+        """Substitute numbers exactly (sympy arithmetic); for speed use :mod:`costmodel.symbolic.numeric`."""
         missing = set(self.args) - set(values)
         if missing:
             raise TypeError(f"{self.name} needs {', '.join(sorted(missing))}")
@@ -262,7 +262,7 @@ C_tp = define("tp_bytes_per_layer", "C_TP", 4 * b * S * h * d * p,
 define("tp_to_ring_ratio", "C_TP_over_C_recv", C_tp / C_recv, "TP bytes / ring receive bytes", "1",
        "seed 000 §13")
 
-# --- Causal load balance, block-granular (seed 000 §6). The tile simulator is costmodel.causal. --
+# --- Causal load balance, block-granular (seed 000 §6). The tile simulator is costmodel.schedule.simulator. --
 _group = "causal"
 define("utilization_coarse", "u_coarse", (N + 1) / (2 * N),
        "contiguous causal utilisation, diagonal block counted whole", "1", "seed 000 §6")

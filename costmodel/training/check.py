@@ -13,12 +13,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from costmodel.errors import InputError, describe_validation
-from costmodel.hardware import Dtype, load_profile
-from costmodel.layouts import Layout
-from costmodel.plan import evaluate
-from costmodel.verdict import BANDS, Colour
-from costmodel.workload import Pass, PlanInputs, Recompute, TrainingSetup, load_model, parse_tokens
+from costmodel.core.errors import InputError, describe_validation
+from costmodel.machines.profiles import Dtype, load_profile
+from costmodel.plans.evaluate import evaluate
+from costmodel.plans.inputs import Pass, PlanInputs, Recompute, TrainingSetup, load_model, parse_tokens
+from costmodel.plans.verdict import BANDS, Colour
+from costmodel.schedule.layouts import Layout
 
 ORDER = [band.verdict for band in BANDS]
 
@@ -182,7 +182,7 @@ def run_checks(located: Located) -> list[CheckResult]:
         add("max_comm_ratio", got.comm_ratio_step <= want.max_comm_ratio,
             f"step comm ratio {got.comm_ratio_step:.2%}; ceiling {want.max_comm_ratio:.2%}")  # fmt: skip
     if plan.gpus is not None and (want.fits_memory or want.in_recommended_window):
-        from costmodel.training import recommend
+        from costmodel.training.recommend import recommend
 
         advice = recommend(inputs, model, setup, profile, suggest=False)
         row = next((r for r in advice.candidates if r.n == plan.n), None)
