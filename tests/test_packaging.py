@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from costmodel.machines.profiles import builtin_names
-from costmodel.plans.inputs import builtin_models
+from costmodel.plans.models import builtin_models
 from tests.support import REPO
 
 pytest.importorskip("hatchling", reason="building a wheel offline needs hatchling (the test extra)")

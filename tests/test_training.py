@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.machines.profiles import load_profile
-from costmodel.plans.inputs import PlanInputs, TrainingSetup, load_model
+from costmodel.plans.inputs import PlanInputs, TrainingSetup
+from costmodel.plans.models import load_model
 from costmodel.symbolic import formulas, numeric
 from costmodel.symbolic.symbols import M_dev, N, phi
 from costmodel.training.recommend import recommend, training_values, zero_fractions

@@ -120,7 +120,7 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
 def _dtype_shape(model: str | None, heads: int | None, kv_heads: int | None, head_dim: int | None, batch: int,
                  dtype: str) -> dict:  # fmt: skip
     """The attention shape to calibrate: flags over a model preset over 8 heads of 64 (quick on a CPU)."""
-    from costmodel.plans.inputs import load_model
+    from costmodel.plans.models import load_model
 
     preset = load_model(model) if model else None
     heads = heads or (preset.heads if preset else 8)

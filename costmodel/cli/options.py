@@ -9,7 +9,8 @@ import typer
 
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import Dtype, builtin_names
-from costmodel.plans.inputs import TOKENS_HELP, Pass, PlanInputs, load_model, parse_tokens
+from costmodel.plans.inputs import TOKENS_HELP, Pass, PlanInputs, parse_tokens
+from costmodel.plans.models import load_model
 from costmodel.schedule.layouts import Layout
 
 if TYPE_CHECKING:

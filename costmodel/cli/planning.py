@@ -67,7 +67,8 @@ def recommend_cmd(
     Example: cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
     from costmodel.machines.profiles import load_profile
-    from costmodel.plans.inputs import PlanInputs, TrainingSetup, load_model
+    from costmodel.plans.inputs import PlanInputs, TrainingSetup
+    from costmodel.plans.models import load_model
     from costmodel.training.recommend import recommend
 
     preset = load_model(model)
@@ -160,7 +161,8 @@ def sweep_cmd(
     Example: cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
     from costmodel.machines.profiles import load_profile
-    from costmodel.plans.inputs import PlanInputs, TrainingSetup, load_model
+    from costmodel.plans.inputs import PlanInputs, TrainingSetup
+    from costmodel.plans.models import load_model
     from costmodel.training.sweep import parse_grid, sweep
 
     seqs, ns = parse_grid(seq, "--seq"), parse_grid(n, "--n")

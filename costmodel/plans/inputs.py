@@ -5,11 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.core.errors import InputError, describe_validation
-from costmodel.core.fileio import load_builtin_or_file
-from costmodel.core.resources import data_dir
+from costmodel.core.errors import InputError
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile
 from costmodel.schedule.layouts import Layout, check_divisible
 
@@ -37,45 +35,6 @@ def parse_tokens(text: str | int, field: str = "seq") -> int:
     if value < 1:
         raise InputError(field, f"must be at least 1 token (got {value})")
     return value
-
-
-class ModelPreset(BaseModel):
-    """A transformer's shape (configs/models/*.yaml)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    name: str
-    description: str = ""
-    source: str = Field(description="where the numbers come from (model card or config URL)")
-    heads: PositiveInt
-    kv_heads: PositiveInt
-    head_dim: PositiveInt
-    layers: PositiveInt
-    hidden: PositiveInt
-    ffn_hidden: PositiveInt
-    vocab: PositiveInt
-    gated_mlp: bool = Field(True, description="SwiGLU-style MLP with three matrices (Llama); false: GeLU, two")
-    tied_embeddings: bool = Field(False, description="input and output embeddings share one matrix")
-    dropout: bool = Field(False, description="dropout masks are stored for backward (GPT-3 era training)")
-
-    @model_validator(mode="after")
-    def _gqa(self) -> Self:
-        if self.kv_heads > self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads {self.kv_heads} must divide heads {self.heads}")
-        return self
-
-
-def builtin_models() -> list[str]:
-    return sorted(p.stem for p in (data_dir("configs") / "models").glob("*.yaml"))
-
-
-def load_model(spec: str, field: str = "--model") -> ModelPreset:
-    """A preset by name, or a YAML file by path."""
-    data, origin = load_builtin_or_file(spec, data_dir("configs") / "models", field, "model")
-    try:
-        return ModelPreset.model_validate(data)
-    except ValidationError as exc:
-        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
 
 
 class PlanInputs(BaseModel):

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.machines.profiles import Dtype, load_profile
 from costmodel.plans.evaluate import evaluate
-from costmodel.plans.inputs import Pass, PlanInputs, Recompute, TrainingSetup, load_model, parse_tokens
+from costmodel.plans.inputs import Pass, PlanInputs, Recompute, TrainingSetup, parse_tokens
+from costmodel.plans.models import load_model
 from costmodel.plans.verdict import BANDS, Colour
 from costmodel.schedule.layouts import Layout
 

@@ -14,7 +14,8 @@ from typing import Any
 from costmodel.core.units import si
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.bind import Evaluator, pass_ratio, plan_values
-from costmodel.plans.inputs import ModelPreset, PlanInputs, TrainingSetup
+from costmodel.plans.inputs import PlanInputs, TrainingSetup
+from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.timing import predict
 from costmodel.plans.verdict import AMBER, BANDS, band

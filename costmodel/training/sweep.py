@@ -14,7 +14,8 @@ import numpy as np
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.bind import PASSES, RATIO, plan_values
-from costmodel.plans.inputs import TOKENS_HELP, ModelPreset, PlanInputs, TrainingSetup, parse_tokens
+from costmodel.plans.inputs import TOKENS_HELP, PlanInputs, TrainingSetup, parse_tokens
+from costmodel.plans.models import ModelPreset
 from costmodel.plans.verdict import AMBER, BANDS, GREEN
 from costmodel.symbolic import numeric
 
