@@ -32,13 +32,19 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 class _Printer(NumPyPrinter):
-    """NumPy code whose Max broadcasts elementwise (sympy's default reduces along an axis)."""
+    """NumPy code whose Max and Min broadcast elementwise (sympy's defaults reduce along an axis)."""
 
     def _print_Max(self, expr: sympy.Max) -> str:
+        return self._pairwise("numpy.maximum", expr)
+
+    def _print_Min(self, expr: sympy.Min) -> str:
+        return self._pairwise("numpy.minimum", expr)
+
+    def _pairwise(self, function: str, expr: sympy.Expr) -> str:
         args = [self._print(a) for a in expr.args]
         out = args[0]
         for arg in args[1:]:
-            out = f"numpy.maximum({out}, {arg})"
+            out = f"{function}({out}, {arg})"
         return out
 
 

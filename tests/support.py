@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import PlanInputs
@@ -23,6 +24,6 @@ def seed_round(value: float, digits: int) -> Decimal:
 
 
 def plan(hw: str = "a100-nvlink", **overrides: object) -> Report:
-    """The seed example (SPEC §2) with overrides, evaluated on a built-in profile."""
-    fields = {"seq": 262_144, "n": 8, "hw": hw, **overrides}
-    return evaluate(PlanInputs(**fields), load_profile(hw))
+    """The worked example (256K tokens over 8 A100s) with overrides, evaluated on a built-in profile."""
+    inputs = PlanInputs(**{"seq": 262_144, "n": 8, "hw": hw, **overrides})
+    return evaluate(inputs, Machine(load_profile(hw), inputs.dtype, inputs.efficiency))

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.calibration.fit import build_profile, fit_link, fit_overlap, fit_sync, profile_yaml
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile, parse_profile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict
@@ -129,7 +130,7 @@ def test_datasheet_prediction_is_the_seed_model(causal: bool) -> None:
     """With a datasheet profile the prediction is the seed's: N steps at W_step/F, transfers hidden."""
     inputs = PlanInputs(seq=262_144, n=8, causal=causal)
     report_step = (0.5 if causal else 1.0) * 4 * 32768**2 * 32 * 128 / 312e12
-    got = predict(inputs, load_profile("a100-nvlink"), datasheet=True)
+    got = predict(inputs, Machine(load_profile("a100-nvlink")).as_datasheet())
     assert got.forward_s == pytest.approx(8 * report_step, rel=1e-12)
 
 
@@ -141,8 +142,9 @@ def test_calibrated_prediction_uses_the_measured_rates() -> None:
     kv_s = 1e-4 + 2 * 1024 * 8 * 64 * 4 / 2e9
     cal = profile.calibration
     expected = work / rate + kv_s + cal.step_overhead_s + work / rate + cal.layer_overhead_s["ring fwd"]
-    assert predict(inputs, profile).forward_s == pytest.approx(expected, rel=1e-9)
-    assert math.isclose(predict(inputs, profile, "ring", backward=True).forward_s, predict(inputs, profile).forward_s)
+    machine = Machine(profile, "fp32")
+    assert predict(inputs, machine).forward_s == pytest.approx(expected, rel=1e-9)
+    assert math.isclose(predict(inputs, machine, "ring", backward=True).forward_s, predict(inputs, machine).forward_s)
 
 
 def test_measured_profile_schema_rejects_nonsense() -> None:

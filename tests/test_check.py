@@ -142,8 +142,8 @@ def test_recommend_cli_table(cli) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [(["--gpus", "12", "--tp", "8"], "--gpus: 12 GPUs do not split into TP x PP = 8 groups"),
-     (["--gpus", "0"], "--gpus: must be a positive integer"),
-     (["--gpus", "8", "--memory-headroom", "1.5"], "--memory-headroom: must be in [0, 1)"),
+     (["--gpus", "0"], "--gpus: must be >= 1 (got 0)"),
+     (["--gpus", "8", "--memory-headroom", "1.5"], "--memory-headroom: must be <= 0.9 (got 1.5)"),
      (["--gpus", "8", "--zero", "4"], "--zero"),
      (["--gpus", "8", "--recompute", "some"], "'none', 'selective', 'full'")],
 )  # fmt: skip

@@ -35,10 +35,11 @@ def test_seed_example_table_on_one_screen(cli) -> None:
     out = result.out
     for text in ("4.398 TB", "17.18 GB", "67.11 MB", "134.2 MB", "939.5 MB", "587.2 MB", "8.590 GB",
                  "56.4 ms", "447 µs", "451 ms", "3.13 ms", "3.58 ms", "0.793 %", "0.694 %", "GREEN",
-                 "overlap headroom", "β 1,040", "131,072", "N_max 1,008.2", "L* 260", "zigzag",
-                 "USP 2x4", "USP 4x2"):  # fmt: skip
+                 "overlap headroom", "β 1,040", "131,072", "comm = compute at N = 1,008", "L* = 260 tokens",
+                 "USP 2x4", "USP 4x2", "for training add --causal --pass fwd+bwd"):  # fmt: skip
         assert text in out, text
-    assert "dominat" not in out.lower()  # SPEC §5: never "communication dominates"
+    assert "dominat" not in out.lower()  # red means not negligible, never "communication dominates"
+    assert "utilisation" not in out  # the causal line is for causal plans only
     assert len(out.splitlines()) <= 50
 
 
@@ -101,7 +102,7 @@ def test_ulysses_infeasible_says_why(cli) -> None:
     assert data["ulysses"] == {
         "feasible": False,
         "reason": "h = 32 query heads do not split over 3 devices (h mod N = 2)",
-        "kv_heads": None, "recv_bytes_per_layer": None, "comm_s": None, "comm_ratio": None,
+        "kv_heads": None, "recv_bytes_per_layer": None, "comm_s": None, "comm_ratio": None, "verdict": None,
         "link_scope": "intra-node",
     }  # fmt: skip
 

@@ -8,6 +8,7 @@ import pytest
 
 from costmodel.core.errors import InputError
 from costmodel.core.resources import data_dir
+from costmodel.machines.binding import LinkBinding, Machine
 from costmodel.machines.profiles import builtin_names, load_profile
 
 SPEC_8 = {  # name: (bf16 peak FLOP/s, ring link bandwidth per direction at N = 8, HBM bytes or None)
@@ -32,7 +33,7 @@ def test_spec_8_figures(name: str) -> None:
     profile = load_profile(name)
     assert profile.name == name
     assert profile.device.peak_flops["bf16"] == peak
-    assert profile.link_for(8)[0].bandwidth_per_direction == link_bw
+    assert Machine(profile).link(8).bandwidth == link_bw
     assert profile.device.hbm_bytes == hbm
 
 
@@ -49,11 +50,18 @@ def test_profile_cites_source_and_states_both_directions(name: str) -> None:
 
 
 def test_ring_leaves_the_node_beyond_cp_ranks_per_node() -> None:
-    nvlink = load_profile("a100-nvlink")
-    assert nvlink.link_for(8)[1] == "intra-node"
-    assert nvlink.link_for(16) == (nvlink.links.inter_node, "inter-node")
-    ib = load_profile("a100-ib")
-    assert ib.link_for(2)[1] == "inter-node"
+    nvlink = Machine(load_profile("a100-nvlink"))
+    assert nvlink.link(8).scope == "intra-node"
+    inter = nvlink.profile.links.inter_node
+    assert nvlink.link(16) == LinkBinding(inter.name, "inter-node", inter.bandwidth_per_direction, 0.0)
+    assert Machine(load_profile("a100-ib")).link(2).scope == "inter-node"
+
+
+def test_tp_placement_moves_cp_neighbours_off_the_node() -> None:
+    """TP innermost: with TP 8 on 8-GPU nodes every CP neighbour is on another node."""
+    placed = Machine(load_profile("h100-nvlink")).placed(8)
+    assert placed.ranks_per_node == 1 and placed.link(2).scope == "inter-node"
+    assert Machine(load_profile("h100-nvlink")).placed(2).link(4).scope == "intra-node"
 
 
 def test_measured_rate_wins_over_peak_times_efficiency(tmp_path: Path) -> None:
@@ -61,10 +69,13 @@ def test_measured_rate_wins_over_peak_times_efficiency(tmp_path: Path) -> None:
     text = text.replace("  hbm_bytes:", "  effective_flops:\n    bf16: 150.0e+12\n  hbm_bytes:")
     path = tmp_path / "measured.yaml"
     path.write_text(text)
-    assert load_profile(str(path)).flops("bf16", 0.5) == (312e12, 150e12)
-    assert load_profile("a100-nvlink").flops("bf16", 0.5) == (312e12, 156e12)
+    measured = Machine(load_profile(str(path)), "bf16", 0.5)
+    assert (measured.peak_flops, measured.effective_flops) == (312e12, 150e12)
+    sheet = Machine(load_profile("a100-nvlink"), "bf16", 0.5)
+    assert (sheet.peak_flops, sheet.effective_flops) == (312e12, 156e12)
+    assert sheet.as_datasheet().effective_flops == 312e12
 
 
 def test_missing_dtype_lists_what_the_profile_has() -> None:
     with pytest.raises(InputError, match="no fp8 FLOP/s; it has: bf16, fp16, fp32"):
-        load_profile("a100-nvlink").flops("fp8", 1.0)
+        Machine(load_profile("a100-nvlink"), "fp8")

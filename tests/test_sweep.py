@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from costmodel.core.errors import InputError
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.symbolic import numeric
@@ -24,13 +25,13 @@ from tests.support import plan
      ("8k,1M, 32k", [8192, 32768, 1 << 20]), ("256k", [262_144])],
 )  # fmt: skip
 def test_parse_grid(text: str, values: list[int]) -> None:
-    assert parse_grid(text, "--seq") == values
+    assert parse_grid(text, "--seq", 1 << 34) == values
 
 
 @pytest.mark.parametrize(("text", "message"), [("64k..8k", "runs downwards"), ("", "empty"), ("8k..x", "not a length")])
 def test_parse_grid_rejects(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
-        parse_grid(text, "--seq")
+        parse_grid(text, "--seq", 1 << 34)
 
 
 @pytest.mark.parametrize("hw", ["a100-nvlink", "h100-ib"])
@@ -38,7 +39,7 @@ def test_parse_grid_rejects(text: str, message: str) -> None:
 def test_grid_equals_the_report_point_by_point(hw: str, causal: bool, pass_: str) -> None:
     seqs, ns = [16_384, 131_072, 1 << 20], [2, 8, 16, 64]
     shape = PlanInputs(seq=1, n=1, causal=causal, pass_=pass_, block=1)
-    grid = sweep(shape, seqs, ns, load_profile(hw))
+    grid = sweep(shape, seqs, ns, Machine(load_profile(hw)))
     for i, seq in enumerate(seqs):
         for j, n in enumerate(ns):
             report = plan(hw, seq=seq, n=n, causal=causal, pass_=pass_, block=64)  # block: only the schedule
@@ -56,7 +57,7 @@ def test_grid_equals_the_report_point_by_point(hw: str, causal: bool, pass_: str
 
 
 def test_one_device_receives_nothing_and_undivided_cells_are_empty() -> None:
-    grid = sweep(PlanInputs(seq=1, n=1, block=1), [24, 1024], [1, 5, 8], load_profile("a100-nvlink"))
+    grid = sweep(PlanInputs(seq=1, n=1, block=1), [24, 1024], [1, 5, 8], Machine(load_profile("a100-nvlink")))
     assert (grid.ratio[:, 0] == 0).all()
     assert np.isnan(grid.ratio[0, 1]) and np.isnan(grid.ratio[1, 1]) and np.isfinite(grid.ratio[1, 2])
     assert [r["n"] for r in grid.rows() if r["seq"] == 24] == [1, 8]
@@ -84,7 +85,7 @@ def test_plot_is_written(cli, tmp_path, suffix: str) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_plot_without_matplotlib_falls_back_to_the_table(cli, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_is_bad_input_and_writes_nothing(cli, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_import = builtins.__import__
 
     def no_matplotlib(name: str, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -94,9 +95,9 @@ def test_plot_without_matplotlib_falls_back_to_the_table(cli, tmp_path, monkeypa
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     result = cli("sweep", "--seq", "64k", "--n", "8", "--plot", str(tmp_path / "x.png"))
-    assert result.code == 0
-    assert "matplotlib is not installed" in result.err and "pip install 'cp-plan[plot]'" in result.err
-    assert "N_max" in result.out and not (tmp_path / "x.png").exists()
+    assert result.code == 2 and result.out == ""
+    assert result.err.startswith("cp-plan: error: --plot: needs matplotlib") and "pip install 'cp-plan[plot]'" in result.err
+    assert not (tmp_path / "x.png").exists()
 
 
 def test_plot_rejects_other_file_types(cli, tmp_path) -> None:

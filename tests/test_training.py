@@ -4,16 +4,15 @@ backward pass, and the recommendation window."""
 from __future__ import annotations
 
 import pytest
-import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
-from costmodel.plans.inputs import PlanInputs, TrainingSetup
+from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
 from costmodel.plans.models import load_model
 from costmodel.symbolic import formulas, numeric
-from costmodel.symbolic.symbols import M_dev, N, phi
-from costmodel.training.recommend import recommend, training_values, zero_fractions
+from costmodel.training.recommend import recommend, schemes_at, training_values, zero_fractions
 from tests.support import plan
 
 f = formulas.FORMULAS
@@ -92,16 +91,25 @@ def test_fwd_bwd_verdict_takes_the_worse_pass() -> None:
     assert both.verdict.comm_ratio_step == max(both.ring.comm_ratio_step, both.backward.comm_ratio_step)
 
 
-def test_n_min_memory_is_where_memory_just_fits() -> None:
-    total = f["training_memory_bytes"].expr.xreplace({phi: 0})
-    assert sympy.simplify(total.xreplace({N: f["n_min_memory"].expr}) - M_dev) == 0
+@pytest.mark.parametrize("pp", [1, 4])
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_n_min_memory_is_where_memory_just_fits(pp: int, recompute: str) -> None:
+    """At N = N_min the most loaded stage's memory equals the usable HBM, to rounding."""
+    setup = TrainingSetup(gpus=64 * pp, pp=pp, recompute=recompute)
+    million = PlanInputs(seq=1 << 20, n=1, causal=True, model="llama3-8b")
+    values = training_values(million, load_model("llama3-8b"), setup, Machine(load_profile("a100-nvlink")), 1)
+    n_min = numeric.n_min_memory(**{a: values[a] for a in numeric.ARGS["n_min_memory"]})
+    assert n_min > 2  # the ring's buffers exist from N = 2 on
+    at = values | {"N": n_min}
+    total = numeric.training_memory_bytes(**{a: at[a] for a in numeric.ARGS["training_memory_bytes"]})
+    assert total == pytest.approx(values["M_dev"], rel=1e-12)
 
 
-SEED_QUESTION = PlanInputs(seq=131_072, n=1, causal=True, model="llama3-8b")
+SEED_QUESTION = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAULTS)
 
 
 def advise(hw: str, **setup: object):  # noqa: ANN201
-    return recommend(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64, **setup), load_profile(hw))
+    return recommend(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64, **setup), Machine(load_profile(hw)))
 
 
 def test_seed_question_on_a100_nvlink_with_full_recompute() -> None:
@@ -120,12 +128,17 @@ def test_seed_question_on_h100_ib_says_which_side_fails_and_what_fixes_it() -> N
     assert fixed.n_recommended == 2
 
 
-def test_usp_opens_the_window_when_the_plain_ring_turns_red() -> None:
+def test_all_to_all_opens_the_window_when_the_plain_ring_turns_red() -> None:
+    """At N = 32 the plain ring is red and an all-to-all scheme amber: N = 32 is usable. The pick is still the
+    scheme that exposes the least (the ring, overlapped), and the reason says it relies on that overlap."""
     report = advise("a100-nvlink")
     rec = report.recommendation
-    assert (rec.n_recommended, rec.scheme, rec.n_ulysses) == (32, "usp", 8)
     row = next(r for r in report.candidates if r.n == 32)
-    assert row.ring_comm_ratio_step > 0.15 >= row.comm_ratio  # the ring alone is red, USP 8x4 amber
+    assert rec.n_recommended == 32 and row.lowest_ratio_scheme in {"Ulysses", "USP 8x4"}
+    assert row.ring_comm_ratio_step > 0.15 >= row.lowest_ratio
+    assert row.exposed_comm_s <= min(s.exposed_s for s in schemes_at(
+        SEED_QUESTION, Machine(load_profile("a100-nvlink")), 32) if s.feasible)  # fmt: skip
+    assert "relies on overlapping" in rec.reason
 
 
 def test_memory_failure_names_memory() -> None:
@@ -135,8 +148,6 @@ def test_memory_failure_names_memory() -> None:
 
 def test_tensor_parallel_moves_the_cp_ring_across_nodes() -> None:
     setup = TrainingSetup(gpus=256, tp=8, recompute="full")
-    placed = setup.placed(load_profile("h100-nvlink"))
-    assert placed.ranks_per_node == 1 and placed.link_for(2)[1] == "inter-node"
     attention = setup.attention(PlanInputs(seq=131_072, n=2, heads=64, kv_heads=8))
     assert (attention.heads, attention.kv_heads) == (8, 1)
 
@@ -149,7 +160,7 @@ def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute:
     """Memory falls and the plain ring's ratio rises with N; the pick lies in the window and fits."""
     inputs = PlanInputs(seq=seq_k * 1024, n=1, causal=True, model="llama3-8b")
     report = recommend(inputs, load_model("llama3-8b"), TrainingSetup(gpus=gpus, zero=zero, recompute=recompute),
-                       load_profile(hw))  # fmt: skip
+                       Machine(load_profile(hw)))  # fmt: skip
     rows = report.candidates
     assert all(a.total_bytes > b.total_bytes for a, b in zip(rows, rows[1:]))
     assert all(a.ring_comm_ratio_step <= b.ring_comm_ratio_step for a, b in zip(rows, rows[1:]))
@@ -160,6 +171,6 @@ def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute:
 
 
 def test_training_values_cover_every_fit_formula() -> None:
-    values = training_values(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), load_profile("h100-ib"), 8)
+    values = training_values(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("h100-ib")), 8)
     for name in ("model_state_bytes", "activation_bytes", "ring_buffer_bytes", "n_min_memory"):
         assert set(numeric.ARGS[name]) <= set(values), name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.bind import plan_values
 from costmodel.plans.inputs import PlanInputs
@@ -28,9 +29,13 @@ def _inputs(profile: HardwareProfile, n: int, tokens_per_rank: int, causal: bool
                       hw=profile.name)  # fmt: skip
 
 
+def _machine(profile: HardwareProfile) -> Machine:
+    return Machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
+
+
 def critical_tokens(profile: HardwareProfile, n: int) -> float:
     """L* of the calibrated shape, non-causal forward, on the profile's measured rate, alpha and B."""
-    values = plan_values(_inputs(profile, n, 1024), profile)
+    values = plan_values(_inputs(profile, n, 1024), _machine(profile))
     return float(numeric.critical_shard_tokens(**{a: values[a] for a in numeric.ARGS["critical_shard_tokens"]}))
 
 
@@ -38,13 +43,14 @@ def compare(profile: HardwareProfile, n: int, cases: list[Any], measured: list[d
             max_median_error: float) -> dict[str, Any]:  # fmt: skip
     """One row per (case, pass) with both predictions and their errors, and the summary."""
     l_star = critical_tokens(profile, n)
+    machine = _machine(profile)
     rows = []
     for case, times in zip(cases, measured, strict=True):
         inputs = _inputs(profile, n, case.tokens_per_rank, case.causal, case.layout)
         for pass_ in case.passes:
             backward = pass_ == "fwd+bwd"
-            model = predict(inputs, profile, case.variant, backward).total_s
-            datasheet = predict(inputs, profile, case.variant, backward, datasheet=True).total_s
+            model = predict(inputs, machine, case.variant, backward).total_s
+            datasheet = predict(inputs, machine.as_datasheet(), case.variant, backward).total_s
             seconds = times[pass_]
             rows.append({
                 "variant": case.variant, "layout": case.layout, "causal": case.causal,

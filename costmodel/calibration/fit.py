@@ -110,6 +110,7 @@ def build_profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: s
 
 def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> HardwareProfile:
     """Each layer kind's fixed cost: its time at a tiny shard less the model's prediction without it."""
+    from costmodel.machines.binding import Machine
     from costmodel.plans.inputs import PlanInputs
     from costmodel.plans.timing import predict
 
@@ -121,7 +122,7 @@ def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> H
     overheads = {}
     for variant in ("ring", "ulysses"):
         for pass_ in ("fwd", "fwd+bwd"):
-            modelled = predict(inputs, profile, variant, backward=pass_ == "fwd+bwd").total_s
+            modelled = predict(inputs, Machine(profile, cal.dtype), variant, backward=pass_ == "fwd+bwd").total_s
             overheads[f"{variant} {pass_}"] = max(0.0, layers[f"{variant} {pass_}"] - modelled)
     return profile.model_copy(update={"calibration": cal.model_copy(update={"layer_overhead_s": overheads})})
 

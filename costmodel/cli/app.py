@@ -10,30 +10,10 @@ import typer
 from costmodel.cli import kernel as kernel_cli
 from costmodel.cli import planning
 from costmodel.cli.kernel import app as kernel_app
-from costmodel.cli.options import (
-    SEED,
-    BatchOpt,
-    BlockOpt,
-    CausalOpt,
-    DimOpt,
-    DtypeOpt,
-    EffOpt,
-    ExplainOpt,
-    Format,
-    FormatOpt,
-    HeadsOpt,
-    HwOpt,
-    KvOpt,
-    LayoutOpt,
-    ModelOpt,
-    NOpt,
-    PassOpt,
-    SeqOpt,
-    console,
-    plan_inputs,
-)
+from costmodel.cli.options import Format, FormatOpt, console, declared
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import builtin_names, load_profile
+from costmodel.plans.inputs import PlanInputs
 
 app = typer.Typer(
     name="cp-plan",
@@ -54,24 +34,12 @@ app.command("check")(planning.check_cmd)
 
 
 @app.callback(invoke_without_command=True)
+@declared(inputs=PlanInputs)
 def report(
     ctx: typer.Context,
-    seq: SeqOpt = SEED.seq,
-    n: NOpt = SEED.n,
-    hw: HwOpt = SEED.hw,
-    model: ModelOpt = None,
-    heads: HeadsOpt = None,
-    kv_heads: KvOpt = None,
-    head_dim: DimOpt = None,
-    batch: BatchOpt = SEED.batch,
-    dtype: DtypeOpt = SEED.dtype,
-    block: BlockOpt = SEED.block,
-    causal: CausalOpt = SEED.causal,
-    layout: LayoutOpt = SEED.layout,
-    efficiency: EffOpt = SEED.efficiency,
-    pass_: PassOpt = SEED.pass_,
+    inputs: PlanInputs,
     format: FormatOpt = Format.table,
-    explain: ExplainOpt = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Also print each formula, then with values.")] = False,
 ) -> None:
     """Report memory tiers, traffic, intensity vs beta, times, the verdict and the CP degree to use.
 
@@ -80,13 +48,12 @@ def report(
     if ctx.invoked_subcommand is not None:
         return
     from costmodel.cli import render
+    from costmodel.machines.binding import Machine
     from costmodel.plans.evaluate import evaluate
 
-    inputs = plan_inputs(seq, n, hw, model, heads, kv_heads, head_dim, batch, dtype, block, causal, layout,
-                         efficiency, pass_)  # fmt: skip
-    profile = load_profile(hw)
+    machine = Machine(load_profile(inputs.hw), inputs.dtype, inputs.efficiency)
     trace: list | None = [] if explain else None
-    result = evaluate(inputs, profile, trace)
+    result = evaluate(inputs, machine, trace)
     if format is Format.json:
         sys.stdout.write(render.to_json(result, trace) + "\n")
     elif format is Format.yaml:

@@ -1,17 +1,25 @@
-"""Options and helpers shared by the commands: one definition per flag."""
+"""Command-line flags built from the declared inputs (:mod:`costmodel.plans.inputs`), and shared helpers.
+
+A command asks for the models it needs (``@declared(inputs=PlanInputs, setup=TrainingSetup)``) and
+receives them built and validated; every flag, its type, default, help and range come from the
+model's field. Nothing here restates a flag.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Iterable
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from costmodel.core.errors import InputError
-from costmodel.machines.profiles import Dtype, builtin_names
-from costmodel.plans.inputs import TOKENS_HELP, Pass, PlanInputs, parse_tokens
-from costmodel.plans.models import load_model
-from costmodel.schedule.layouts import Layout
+from costmodel.plans.inputs import build, flag_name, parse_integer, parse_tokens, shape_from_model
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,51 +41,100 @@ class Format(str, Enum):
     markdown = "markdown"
 
 
-def _tokens(field: str):  # noqa: ANN202 - a typer parser
-    def parse(text: str) -> int:
+FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
+
+
+def _parser(parse: Callable[[str, str], int], field: str) -> Callable[[str], int]:
+    def convert(text: str) -> int:
         try:
-            return parse_tokens(text, field)
+            return parse(text, field)
         except InputError as exc:
             raise typer.BadParameter(exc.message) from None
 
-    return parse
+    return convert
 
 
-SEED = PlanInputs(seq=262_144, n=8)  # the defaults: seed 000's worked example
-
-SeqOpt = Annotated[int, typer.Option("--seq", "-s", parser=_tokens("seq"), help=f"S, tokens: {TOKENS_HELP}.")]
-NOpt = Annotated[int, typer.Option("--n", "-n", help="N, the CP degree: devices the sequence is split over.")]
-HwOpt = Annotated[str, typer.Option("--hw", help=f"Hardware: {', '.join(builtin_names())}, or a YAML path.")]
-ModelOpt = Annotated[
-    Optional[str], typer.Option("--model", "-m", help="Model preset name or YAML path; sets heads, kv-heads, head-dim.")
-]
-HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="h, query heads [default: 32 or the model's].")]
-KvOpt = Annotated[Optional[int], typer.Option("--kv-heads", help="n_kv, key/value heads [default: 8 or the model's].")]
-DimOpt = Annotated[Optional[int], typer.Option("--head-dim", help="d, head dimension [default: 128 or the model's].")]
-BatchOpt = Annotated[int, typer.Option("--batch", "-b", help="b, sequences per device.")]
-DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="Element type of Q, K, V: sets p and the peak FLOP/s.")]
-BlockOpt = Annotated[int, typer.Option("--block", parser=_tokens("block"), help="s_blk, compute tile rows.")]
-CausalOpt = Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask: useful compute halves.")]
-LayoutOpt = Annotated[Layout, typer.Option("--layout", help="Which tokens each device holds.")]
-EffOpt = Annotated[float, typer.Option("--efficiency", help="Effective / peak FLOP/s, in (0, 1]; 1 = peak.")]
-PassOpt = Annotated[Pass, typer.Option("--pass", help="Which pass the verdict covers; fwd+bwd takes the worse.")]
-FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
-ExplainOpt = Annotated[bool, typer.Option("--explain", help="Also print each formula, then with values.")]
+def _base_type(annotation: Any) -> Any:
+    """int for ``Annotated[int, ...]``; the inner type of ``X | None``."""
+    if typing.get_origin(annotation) is Annotated:
+        return _base_type(typing.get_args(annotation)[0])
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if type(None) in typing.get_args(annotation) and len(args) == 1:
+        return _base_type(args[0])
+    return annotation
 
 
-def plan_inputs(seq: int, n: int, hw: str, model: str | None, heads: int | None, kv_heads: int | None,
-                head_dim: int | None, batch: int, dtype: str, block: int, causal: bool, layout: str,
-                efficiency: float, pass_: str = "fwd") -> PlanInputs:  # fmt: skip
-    """Flags over model preset over the seed's defaults; checked."""
-    preset = load_model(model) if model else None
+def _range(info: FieldInfo) -> str:
+    bounds = {}
+    for item in info.metadata:
+        for key in ("ge", "gt", "le", "lt"):
+            if getattr(item, key, None) is not None:
+                bounds[key] = getattr(item, key)
+    low = f"{bounds['ge']:,}" if "ge" in bounds else None
+    high = f"{bounds['le']:,}" if "le" in bounds else None
+    return f" [{low}..{high}]" if low is not None and high is not None and bounds["le"] >= 1024 else ""
 
-    def pick(flag: int | None, name: str) -> int:
-        if flag is not None:
-            return flag
-        return getattr(preset, name) if preset else getattr(SEED, name)
 
-    return PlanInputs(
-        seq=seq, n=n, batch=batch, heads=pick(heads, "heads"), kv_heads=pick(kv_heads, "kv_heads"),
-        head_dim=pick(head_dim, "head_dim"), dtype=dtype, block=block, causal=causal, layout=layout,
-        efficiency=efficiency, hw=hw, model=preset.name if preset else None, pass_=pass_,
-    ).check()  # fmt: skip
+def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any) -> inspect.Parameter:
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    names = [flag_name(model, name)] + ([extra["short"]] if extra.get("short") else [])
+    base = _base_type(info.annotation)
+    help_text = (info.description or "") + _range(info)
+    option: dict[str, Any] = {"help": help_text}
+    if base is int or (typing.get_origin(base) is Literal and all(isinstance(a, int) for a in typing.get_args(base))):
+        option["parser"] = _parser(parse_tokens if extra.get("tokens") else parse_integer, name)
+        base = int
+    if base is bool:
+        names = [f"{names[0]}/--no-{names[0][2:]}"]
+    if extra.get("from_model"):
+        option["help"] = f"{help_text} [default: {info.default} or the model's]"
+        option["show_default"] = False
+        default = None
+    if default is None:
+        base = Optional[base]  # noqa: UP045 - typer reads Optional
+    annotation = Annotated[base, typer.Option(*names, **option)]
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def declared(defaults: dict[str, Any] | None = None, exclude: Iterable[str] = (), only: Iterable[str] | None = None,
+             **models: type[BaseModel]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:  # fmt: skip
+    """Give a command one flag per field of each model, and call it with the models built.
+
+    ``defaults`` replaces declared defaults for this command (training commands default to causal
+    fwd+bwd); ``exclude`` and ``only`` pick fields. The command's own parameters come after."""
+    defaults, exclude = defaults or {}, set(exclude)
+    wanted = None if only is None else set(only)
+
+    def fields(model: type[BaseModel]) -> list[tuple[str, FieldInfo]]:
+        return [(name, info) for name, info in model.model_fields.items()
+                if name not in exclude and (wanted is None or name in wanted)]  # fmt: skip
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+               for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in models]
+        params = [_parameter(model, name, info, defaults.get(name, info.default))
+                  for model in models.values() for name, info in fields(model)]  # fmt: skip
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> Any:
+            built = {}
+            for key, model in models.items():
+                values = {name: kwargs.pop(name) for name, _ in fields(model)}
+                if "model" in values or any(_from_model(info) for _, info in fields(model)):
+                    values = shape_from_model(values)
+                built[key] = build(model, **{k: v for k, v in values.items() if v is not None} | _fixed(model, defaults))
+            return command(**built, **kwargs)
+
+        run.__signature__ = inspect.Signature(params + own)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params + own}
+        return run
+
+    def _fixed(model: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
+        """Defaults of excluded fields that the command sets itself."""
+        return {k: v for k, v in values.items() if k in model.model_fields and k in exclude}
+
+    return wrap
+
+
+def _from_model(info: FieldInfo) -> bool:
+    return bool(isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("from_model"))

@@ -1,4 +1,4 @@
-"""Planning a training run: `recommend`, `sweep` and `check` (issue 5)."""
+"""Planning a training run: `recommend`, `sweep` and `check`. Their flags come from the declared inputs."""
 
 from __future__ import annotations
 
@@ -10,30 +10,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli.options import (
-    BatchOpt,
-    BlockOpt,
-    DtypeOpt,
-    EffOpt,
-    HwOpt,
-    SeqOpt,
-    console,
-)
+from costmodel.cli.options import console, declared
 from costmodel.core.errors import InputError
-from costmodel.core.units import percent, si, tokens_label
-from costmodel.plans.inputs import Pass, Recompute
+from costmodel.core.units import percent, seconds, si, tokens_label
+from costmodel.plans.inputs import (
+    MAX_DEVICES,
+    MAX_TOKENS,
+    TRAINING_DEFAULTS,
+    PlanInputs,
+    TrainingSetup,
+    build,
+)
 
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
-
-ModelReq = Annotated[str, typer.Option("--model", "-m", help="Model preset name or YAML path.")]
-GpusOpt = Annotated[int, typer.Option("--gpus", "-g", help="G: accelerators in the job.")]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (sequence parallel on when > 1).")]
-PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.")]
-ZeroOpt = Annotated[int, typer.Option("--zero", min=0, max=3, help="ZeRO stage over DP x CP (1 = distributed optimizer).")]
-RecomputeOpt = Annotated[Recompute, typer.Option("--recompute", help="Activation recompute (selective = flash's).")]
-HeadroomOpt = Annotated[float, typer.Option("--memory-headroom", help="Fraction of HBM to leave free, in [0, 1).")]
-TrainCausalOpt = Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask (training LMs: on).")]
-TrainPassOpt = Annotated[Pass, typer.Option("--pass", help="Passes whose transfers must hide.")]
 
 
 class DataFormat(str, Enum):
@@ -44,41 +33,32 @@ class DataFormat(str, Enum):
     yaml = "yaml"
 
 
+def _machine(inputs: PlanInputs):  # noqa: ANN202 - a Machine
+    from costmodel.machines.binding import Machine
+    from costmodel.machines.profiles import load_profile
+
+    return Machine(load_profile(inputs.hw), inputs.dtype, inputs.efficiency)
+
+
+@declared(inputs=PlanInputs, setup=TrainingSetup, defaults=TRAINING_DEFAULTS | {"n": 1}, exclude={"n", "layout"})
 def recommend_cmd(
-    seq: SeqOpt,
-    model: ModelReq,
-    gpus: GpusOpt,
-    hw: HwOpt = "a100-nvlink",
-    tp: TpOpt = 1,
-    pp: PpOpt = 1,
-    zero: ZeroOpt = 1,
-    recompute: RecomputeOpt = "selective",
-    memory_headroom: HeadroomOpt = 0.10,
-    causal: TrainCausalOpt = True,
-    pass_: TrainPassOpt = "fwd+bwd",
-    dtype: DtypeOpt = "bf16",
-    batch: BatchOpt = 1,
-    block: BlockOpt = 1024,
-    efficiency: EffOpt = 1.0,
+    inputs: PlanInputs,
+    setup: TrainingSetup,
     format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
 ) -> None:
     """The CP degree to use: the window [N_min(memory), N_max(comm)], the pick, its scheme and why.
 
-    Example: cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
+    Needs --model: layers, hidden and vocabulary sizes set the memory. The scheme at each N is the one
+    that leaves the least communication exposed. Example:
+    cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
-    from costmodel.machines.profiles import load_profile
-    from costmodel.plans.inputs import PlanInputs, TrainingSetup
     from costmodel.plans.models import load_model
     from costmodel.training.recommend import recommend
 
-    preset = load_model(model)
-    profile = load_profile(hw)
-    setup = TrainingSetup(gpus=gpus, tp=tp, pp=pp, zero=zero, recompute=recompute, memory_headroom=memory_headroom,
-                          pass_=pass_).check()  # fmt: skip
-    inputs = PlanInputs(seq=seq, n=1, batch=batch, heads=preset.heads, kv_heads=preset.kv_heads,
-                        head_dim=preset.head_dim, dtype=dtype, block=min(block, seq), causal=causal,
-                        efficiency=efficiency, hw=profile.name, model=preset.name, pass_=pass_).check()  # fmt: skip
-    report = recommend(inputs, preset, setup, profile)
+    if inputs.model is None:
+        raise InputError("--model", "recommend needs a model preset (its layers, hidden and vocabulary sizes set "
+                         "the memory); e.g. --model llama3-8b")  # fmt: skip
+    report = recommend(inputs, load_model(inputs.model), setup, _machine(inputs))
     data = report.model_dump(mode="json", by_alias=True)
     if format is DataFormat.yaml:
         import yaml
@@ -95,24 +75,33 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     from rich.table import Table
     from rich.text import Text
 
+    from costmodel.training.recommend import describe_scheme
+
     out = console()
     i, s, rec, fit = report.inputs, report.setup, report.recommendation, report.fit
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
     mask = "causal" if i.causal else "non-causal"
-    head.add_row("cp-plan", f"recommend · S = {i.seq:,} · {i.model} · {report.hw} · {mask} · {s.pass_}")
+    head.add_row("cp-plan", f"recommend · S = {i.seq:,} · {i.model} · {report.hw} · {mask} · {i.pass_}")
     head.add_row("job", f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "
                         f"recompute {s.recompute}")  # fmt: skip
     window = f"[{rec.n_min_memory or '-'}, {rec.n_max_comm or '-'}]"
     if rec.n_recommended:
-        scheme = {"ring": f"{rec.layout} ring", "ulysses": "Ulysses",
-                  "usp": f"USP {rec.n_ulysses}x{rec.n_recommended // rec.n_ulysses}, {rec.layout} ring"}[rec.scheme]  # fmt: skip
+        scheme = describe_scheme(rec.scheme, rec.layout, rec.n_recommended, rec.n_ulysses)
         head.add_row("use", Text(f"N = {rec.n_recommended}, {scheme}, DP = {rec.dp}", style="bold green"))
     else:
         head.add_row("use", Text("no CP degree works", style="bold red"))
-    head.add_row("window", f"N_min(memory) .. N_max(comm) = {window} (memory fits from N = "
-                           f"{rec.n_min_memory_real:.1f})")  # fmt: skip
+    if rec.n_min_memory_real is None:
+        fits = "the model states alone do not fit"
+    elif rec.n_min_memory_real <= 1:
+        fits = "memory fits without CP"
+    else:
+        fits = f"memory fits from N = {rec.n_min_memory_real:.1f}"
+        largest = report.candidates[-1].n
+        if rec.n_min_memory_real > largest:
+            fits += f", beyond the largest usable N = {largest}"
+    head.add_row("window", f"N_min(memory) .. N_max(comm) = {window} ({fits})")
     head.add_row("why", rec.reason)
     head.add_row("memory", f"at N = {fit.n}: states {si(fit.model_state_bytes, 'B', 3)} + activations "
                            f"{si(fit.activation_bytes, 'B', 3)} + ring buffers {si(fit.buffer_bytes, 'B', 3)} = "
@@ -122,13 +111,16 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     out.print(head)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title="Usable CP degrees",
                   title_justify="left", title_style="bold")  # fmt: skip
-    for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "verdict", "link"):
-        table.add_column(name, justify="right" if name in {"N", "DP", "memory", "ratio"} else "left")
+    for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "exposed", "verdict", "link"):
+        table.add_column(name, justify="right" if name in {"N", "DP", "memory", "ratio", "exposed"} else "left")
     for c in report.candidates:
         table.add_row(str(c.n), str(c.dp), si(c.total_bytes, "B", 3), "yes" if c.fits else "no", c.best_scheme,
-                      percent(c.comm_ratio), f"[{COLOURS[c.verdict]}]{c.verdict}[/]", c.link_scope)  # fmt: skip
+                      percent(c.comm_ratio), seconds(c.exposed_comm_s), f"[{COLOURS[c.verdict]}]{c.verdict}[/]",
+                      c.link_scope)  # fmt: skip
     out.print()
     out.print(table)
+    out.print("best scheme: least exposed communication per layer (then least communication); exposed: per layer, "
+              f"{i.pass_}", style="dim")
 
 
 class SweepFormat(str, Enum):
@@ -139,57 +131,48 @@ class SweepFormat(str, Enum):
     json = "json"
 
 
+@declared(inputs=PlanInputs, setup=TrainingSetup, exclude={"seq", "n", "block", "hw", "gpus"},
+          only={"batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "efficiency", "model", "pass_", "tp",
+                "pp", "zero", "recompute", "sequence_parallel", "flash_attention", "memory_headroom"},
+          defaults={"seq": 1, "n": 1, "block": 1})
 def sweep_cmd(
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory) per S.")] = None,
     seq: Annotated[str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")] = "8k..1M",
     n: Annotated[str, typer.Option("--n", "-n", help="N values: 8, 2,4,8 or 1..64 (doubling).")] = "1..64",
     hw: Annotated[str, typer.Option("--hw", help="Profiles, comma-separated.")] = "a100-nvlink",
-    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Preset for the shape (and memory).")] = None,
-    heads: Annotated[int, typer.Option("--heads")] = 32,
-    kv_heads: Annotated[int, typer.Option("--kv-heads")] = 8,
-    head_dim: Annotated[int, typer.Option("--head-dim")] = 128,
-    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal mask.")] = False,
-    pass_: Annotated[Pass, typer.Option("--pass", help="Pass whose step ratio is shown.")] = "fwd",
-    dtype: DtypeOpt = "bf16",
-    efficiency: EffOpt = 1.0,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory).")] = None,
-    recompute: RecomputeOpt = "selective",
     format: Annotated[SweepFormat, typer.Option("--format", "-f", help="Output format.")] = SweepFormat.table,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")] = None,
 ) -> None:
     """The step comm ratio over a grid of S, N and machines, vectorised, with the verdict bands.
 
-    Example: cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
+    With --model and --gpus it also gives N_min(memory) per S. Example:
+    cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
+    from costmodel.machines.binding import Machine
     from costmodel.machines.profiles import load_profile
-    from costmodel.plans.inputs import PlanInputs, TrainingSetup
     from costmodel.plans.models import load_model
     from costmodel.training.sweep import parse_grid, sweep
 
-    seqs, ns = parse_grid(seq, "--seq"), parse_grid(n, "--n")
-    profiles = [load_profile(name.strip()) for name in hw.split(",") if name.strip()]
-    if not profiles:
+    seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(n, "--n", MAX_DEVICES)
+    names = [name.strip() for name in hw.split(",") if name.strip()]
+    if not names:
         raise InputError("--hw", "give at least one profile")
-    preset = load_model(model) if model else None
-    shape = PlanInputs(seq=1, n=1, heads=preset.heads if preset else heads,
-                       kv_heads=preset.kv_heads if preset else kv_heads,
-                       head_dim=preset.head_dim if preset else head_dim, dtype=dtype, causal=causal,
-                       efficiency=efficiency, pass_=pass_, block=1)  # fmt: skip
-    if shape.kv_heads > shape.heads or shape.heads % shape.kv_heads:
-        raise InputError("--kv-heads", f"{shape.kv_heads} must divide --heads {shape.heads}")
-    setup = TrainingSetup(gpus=gpus, recompute=recompute).check() if (preset and gpus) else None
-    grids = [sweep(shape, seqs, ns, profile, preset, setup) for profile in profiles]
+    machines = [Machine(load_profile(name), inputs.dtype, inputs.efficiency) for name in names]
+    preset = load_model(inputs.model) if inputs.model else None
+    if gpus is not None:
+        setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
+    memory = preset is not None and gpus is not None
+    grids = [sweep(inputs, seqs, ns, machine, preset, setup if memory else None) for machine in machines]
     if plot is not None:
         from costmodel.cli.plot import plot_sweep
 
-        written = plot_sweep(grids, plot, shape)
-        if written is None:
-            sys.stderr.write("cp-plan: matplotlib is not installed (pip install 'cp-plan[plot]'); showing the table\n")
-        else:
-            sys.stderr.write(f"wrote {written}\n")
+        sys.stderr.write(f"wrote {plot_sweep(grids, plot, inputs)}\n")
     rows = [row for grid in grids for row in grid.rows()]
     if format is SweepFormat.json:
-        sys.stdout.write(json.dumps({"schema": "cp-plan/sweep/v1", "pass": pass_, "causal": causal, "rows": rows},
-                                    indent=2) + "\n")  # fmt: skip
+        sys.stdout.write(json.dumps({"schema": "cp-plan/sweep/v1", "pass": inputs.pass_, "causal": inputs.causal,
+                                     "rows": rows}, indent=2, allow_nan=False) + "\n")  # fmt: skip
     elif format is SweepFormat.csv:
         import csv
 
@@ -197,7 +180,7 @@ def sweep_cmd(
         writer.writeheader()
         writer.writerows(rows)
     else:
-        _render_sweep(grids, pass_)
+        _render_sweep(grids, inputs.pass_)
 
 
 def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001

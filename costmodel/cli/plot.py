@@ -17,14 +17,14 @@ from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.training.sweep import Grid
 
 
-def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path | None:
-    """One panel per profile; returns the path written, or None when matplotlib is missing."""
+def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
+    """One panel per profile; returns the path written."""
     if path.suffix.lower() not in {".png", ".svg"}:
         raise InputError("--plot", f"{path.name}: accepted file types are .png and .svg")
     try:
         import matplotlib
     except ImportError:
-        return None
+        raise InputError("--plot", "needs matplotlib: pip install 'cp-plan[plot]'; nothing was written") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

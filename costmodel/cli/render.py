@@ -63,40 +63,44 @@ def verdict_line(report: Report) -> str:
     return f"{v.pass_} step comm ratio {percent(v.comm_ratio_step)}: {v.text}"
 
 
-def limits_line(report: Report) -> str:
+def scope_line(report: Report) -> str | None:
+    """Say loudly when the plan is not a training step."""
+    i = report.inputs
+    if i.causal and i.pass_ == "fwd+bwd":
+        return None
+    missing = " ".join(flag for flag, on in (("--causal", i.causal), ("--pass fwd+bwd", i.pass_ == "fwd+bwd")) if not on)
+    mask = "causal" if i.causal else "no mask"
+    return f"one layer, {i.pass_}, {mask}; for training add {missing}"
+
+
+def limits_lines(report: Report) -> list[str]:
     r, hw = report.ring, report.hardware
-    return (
-        f"I_step {count(round(r.intensity_step))} vs β {count(round(hw.beta))} FLOP/B · "
-        f"N_max {count(round(r.n_max, 1))} · L* {count(round(r.critical_shard_tokens))} tokens"
-    )
-
-
-def largest_n_line(report: Report) -> str:
-    return f"largest N: green {report.ring.n_max_green}, amber {report.ring.n_max_amber} (topology included)"
+    return [
+        f"step intensity {count(round(r.intensity_step))} vs β {count(round(hw.beta))} FLOP per link byte",
+        f"largest N: green {r.n_max_green}, amber {r.n_max_amber} (topology included)",
+        f"comm = compute at N = {count(round(r.n_max))}; L* = {count(round(r.critical_shard_tokens))} tokens "
+        "(shortest shard hiding it)",
+    ]
 
 
 def scheme_rows(report: Report) -> list[list[str]]:
-    """scheme, receive bytes, comm time, comm / compute, verdict, note."""
-    r, u, tp = report.ring, report.ulysses, report.tp
-    rows = [["ring", si(r.recv_bytes_per_layer, "B"), seconds(r.layer_comm_s), percent(r.comm_ratio_step),
-             r.verdict, "overlapped"]]  # fmt: skip
-    if u.feasible:
-        rows.append(["Ulysses", si(u.recv_bytes_per_layer, "B"), seconds(u.comm_s), percent(u.comm_ratio), "",
-                     "not overlapped"])  # fmt: skip
-    else:
-        rows.append(["Ulysses", "", "", "", "infeasible", u.reason])
-    for e in report.usp:
-        if e.n_ulysses == 1 or e.n_ring == 1:
-            continue  # the pure ring and pure Ulysses rows above
-        name = f"USP {e.n_ulysses}x{e.n_ring}"
-        if not e.feasible:
-            rows.append([name, "", "", "", "infeasible", e.reason])
+    """scheme, receive bytes, comm time, ratio, verdict, exposed, note: the scheme comparison, then TP."""
+    rows = []
+    for s in report.schemes:
+        if not s.feasible:
+            rows.append([s.label, "", "", "", "infeasible", "", s.reason])
             continue
-        rows.append([name, si(e.recv_bytes_per_layer, "B"), seconds(e.a2a_comm_s),
-                     percent(e.ring_comm_ratio_step), e.ring_verdict or "",
-                     f"a2a {_short(e.a2a_link_scope)}, ring {_short(e.ring_link_scope)}"])  # fmt: skip
-    ratio = f"{tp.ratio_to_ring:.3g}x the ring's bytes" if tp.ratio_to_ring else ""
-    rows.append(["TP", si(tp.bytes_per_layer, "B"), "", "", "", ratio])
+        if s.scheme == "ring":
+            note = f"{s.layout}, {_short(s.ring_link_scope)}"
+        elif s.scheme == "ulysses":
+            note = _short(s.a2a_link_scope)
+        else:
+            note = f"a2a {_short(s.a2a_link_scope)}, ring {_short(s.ring_link_scope)}"
+        rows.append([s.label, si(s.recv_bytes_per_layer, "B"), seconds(s.comm_s), percent(s.comm_ratio),
+                     s.verdict or "", seconds(s.exposed_comm_s), note])  # fmt: skip
+    tp = report.tp
+    ratio = f"{tp.ratio_to_ring:.3g}x ring fwd" if tp.ratio_to_ring else ""
+    rows.append(["TP", si(tp.bytes_per_layer, "B"), "", "", "", "", ratio])
     return rows
 
 
@@ -124,20 +128,23 @@ def time_rows(report: Report) -> list[list[str]]:
     ]  # fmt: skip
 
 
-SCHEMES_CAPTION = "ratio: ring and USP per step (verdict); Ulysses all-to-all / layer compute"
+SCHEMES_CAPTION = ("comm: all communication of the pass · ratio (the verdict's): ring, step receive / step "
+                   "compute; Ulysses, all-to-all (a2a) / compute; USP, both summed · exposed: what no compute hides")
 
 
 def time_caption(report: Report) -> str:
     r = report.ring
-    return f"send side {seconds(r.layer_send_s)} · layer time, {report.inputs.layout} overlapped: {seconds(r.layer_time_s)}"
+    return (f"sending (own block included) {seconds(r.layer_send_s)} · predicted layer time, {report.inputs.layout} "
+            f"layout, transfers overlapped: {seconds(r.layer_time_s)}")
 
 
 def causal_lines(report: Report) -> tuple[str, str]:
     c = report.causal
     parts = [f"{name} {percent(value)}" for name, value in c.utilization.model_dump().items() if value is not None]
     return (
-        f"tile {count(c.tile)}: " + " · ".join(parts),
-        f"seed's block model: {percent(c.utilization_coarse)} whole blocks, {percent(c.utilization_fine)} half diagonal",
+        f"utilisation at tile {count(c.tile)}: " + " · ".join(parts),
+        f"whole-block count: {percent(c.utilization_coarse)} (diagonal block whole), "
+        f"{percent(c.utilization_fine)} (diagonal half) [A-RingCost §6]",
     )
 
 
@@ -161,12 +168,15 @@ def render_table(report: Report, console: Console) -> None:
     head.add_column(style="bold")
     head.add_column()
     head.add_row("cp-plan", headline(report))
+    scope = scope_line(report)
+    if scope:
+        head.add_row("scope", Text(scope, style="bold yellow"))
     head.add_row("shape", shape_line(report))
     head.add_row("machine", machine_line(report))
     head.add_row("link", link_line(report))
     head.add_row(Text(verdict.upper(), style=COLOURS[verdict]), Text(verdict_line(report), style=COLOURS[verdict]))
-    head.add_row("limits", limits_line(report))
-    head.add_row("", largest_n_line(report))
+    for i, line in enumerate(limits_lines(report)):
+        head.add_row("limits" if i == 0 else "", line)
     console.print(head)
     console.print()
 
@@ -183,7 +193,8 @@ def render_table(report: Report, console: Console) -> None:
     console.print(time_caption(report), style="dim")
     console.print()
 
-    schemes = _table("Schemes, per device per layer", ["scheme", "receive", "comm", "ratio", "verdict", "note"])
+    schemes = _table(f"Schemes, {report.inputs.pass_}, per device per layer",
+                     ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"])  # fmt: skip
     for row in scheme_rows(report):
         row[4] = f"[{COLOURS[row[4]]}]{row[4]}[/]" if row[4] in COLOURS else row[4]
         schemes.add_row(*row)
@@ -194,9 +205,10 @@ def render_table(report: Report, console: Console) -> None:
     tail = Table.grid(padding=(0, 2))
     tail.add_column(style="bold")
     tail.add_column()
-    measured, seed = causal_lines(report)
-    tail.add_row("causal", measured)
-    tail.add_row("", Text(seed, style="dim"))
+    if report.inputs.causal:
+        measured, blocks = causal_lines(report)
+        tail.add_row("causal", measured)
+        tail.add_row("", Text(blocks, style="dim"))
     for note in report.notes:
         tail.add_row("note", Text(note, style="dim"))
     console.print(tail)
@@ -212,17 +224,18 @@ def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
     verdict = report.verdict.verdict
     out = [f"## cp-plan: {headline(report)}", "", f"- shape: {shape_line(report)}",
            f"- machine: {machine_line(report)}", f"- link: {link_line(report)}",
-           f"- **{verdict.upper()}**: {verdict_line(report)}", f"- limits: {limits_line(report)}; {largest_n_line(report)}",
+           f"- **{verdict.upper()}**: {verdict_line(report)}", *[f"- {line}" for line in limits_lines(report)],
            "", "### Memory tiers, one layer", ""]  # fmt: skip
     out += _md_table(["tier", "bytes"], memory_rows(report))
     out += ["", "### Ring, one device", ""]
     out += _md_table(["", "FLOP", "compute", "receive", "ratio"], time_rows(report))
     out += ["", time_caption(report)]
-    out += ["", "### Schemes, per device per layer", ""]
-    out += _md_table(["scheme", "receive", "comm", "ratio", "verdict", "note"], scheme_rows(report))
+    out += ["", f"### Schemes, {report.inputs.pass_}, per device per layer", ""]
+    out += _md_table(["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"], scheme_rows(report))
     out += ["", SCHEMES_CAPTION, ""]
-    measured, seed = causal_lines(report)
-    out += [f"**Causal utilisation**, {measured}; {seed}.", ""]
+    if report.inputs.causal:
+        measured, blocks = causal_lines(report)
+        out += [f"**Causal** {measured}; {blocks}.", ""]
     out += [f"- {note}" for note in report.notes]
     if trace is not None:
         out += ["", "### Formulas", ""]

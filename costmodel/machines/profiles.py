@@ -211,32 +211,6 @@ class HardwareProfile(_Strict):
     def ranks_per_node(self) -> int:
         return self.cp_ranks_per_node or self.devices_per_node
 
-    def crosses_nodes(self, group: int) -> bool:
-        """Does a group of ``group`` consecutive CP ranks span more than one node?"""
-        return group > self.ranks_per_node
-
-    def link_for(self, group: int) -> tuple[Link, str]:
-        """The link a ring or all-to-all over ``group`` ranks waits on, and its scope.
-
-        A ring step is as slow as its slowest hop (SPEC §4.6), so one inter-node hop is enough.
-        """
-        if not self.crosses_nodes(group):
-            return self.links.intra_node, "intra-node"
-        if self.links.inter_node is None:
-            raise InputError(
-                "--hw", f"profile {self.name!r} has no inter_node link but {group} CP ranks span nodes"
-            )
-        return self.links.inter_node, "inter-node"
-
-    def flops(self, dtype: str, efficiency: float) -> tuple[float, float]:
-        """(peak, effective) FLOP/s for ``dtype``; a measured rate wins over peak × efficiency."""
-        if dtype not in self.device.peak_flops:
-            have = ", ".join(self.device.peak_flops)
-            raise InputError("--dtype", f"profile {self.name!r} has no {dtype} FLOP/s; it has: {have}")
-        peak = self.device.peak_flops[dtype]
-        measured = (self.device.effective_flops or {}).get(dtype)
-        return peak, (measured if measured is not None else peak * efficiency)
-
 
 def builtin_names() -> list[str]:
     return sorted(p.stem for p in data_dir("hardware").glob("*.yaml"))

@@ -1,7 +1,8 @@
 """Binding a plan to the formulas: the base symbols' values, and a recorder of evaluated formulas.
 
-Everything that evaluates the model (the report, the time prediction, the recommendation) goes
-through here, so there is one place that says which input is which symbol.
+Everything that evaluates the model (the report, the time model, the schemes, the recommendation,
+sweeps, calibration) takes its values from :func:`plan_values`, so there is one place that says which
+input is which symbol, and the machine binding is the one place that says which link and rate.
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from costmodel.machines.profiles import HardwareProfile
+from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
 from costmodel.symbolic import numeric
 
-ACCUMULATOR_BYTES = 4  # fp32 (m, l, O), seed 000 §3.1
+ACCUMULATOR_BYTES = 4  # fp32 (m, l, O) of the online softmax [OnlineSoftmax]
 
 
 @dataclass
@@ -40,16 +41,17 @@ class Evaluator:
         return value
 
 
-def plan_values(inputs: PlanInputs, profile: HardwareProfile, n: int | None = None) -> dict[str, Any]:
-    """The base symbols' values for a plan at CP degree ``n`` (default the plan's), on the link n uses."""
+def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> dict[str, Any]:
+    """The base symbols' values for a plan at CP degree ``n`` (default the plan's), on the link a ring
+    over n ranks waits on. Counts are floats: products of large shapes stay exact to 2^53 and never wrap
+    around as int64 would."""
     n = inputs.n if n is None else n
-    link, _ = profile.link_for(n)
-    peak, effective = profile.flops(inputs.dtype, inputs.efficiency)
     return {
-        "S": inputs.seq, "N": n, "b": inputs.batch, "h": inputs.heads, "n_kv": inputs.kv_heads,
-        "d": inputs.head_dim, "p": inputs.bytes_per_element, "p_acc": ACCUMULATOR_BYTES,
-        "s_blk": inputs.block, "c": 0.5 if inputs.causal else 1, "F": effective, "F_peak": peak,
-        "eta": inputs.efficiency, "B": link.bandwidth_per_direction, "alpha": link.latency_s,
+        "S": float(inputs.seq), "N": float(n), "b": float(inputs.batch), "h": float(inputs.heads),
+        "n_kv": float(inputs.kv_heads), "d": float(inputs.head_dim), "p": float(inputs.bytes_per_element),
+        "p_acc": float(ACCUMULATOR_BYTES), "s_blk": float(inputs.block), "c": 0.5 if inputs.causal else 1.0,
+        "F": machine.effective_flops, "F_peak": machine.peak_flops, "eta": inputs.efficiency,
+        **machine.link(n).values,
     }  # fmt: skip
 
 

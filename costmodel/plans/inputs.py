@@ -1,62 +1,133 @@
-"""What is being planned: the attention shape (from flags or a model preset) and its checks."""
+"""Every input of a plan, declared once: name, type, unit, default, help, range and check.
+
+The command-line flags (:mod:`costmodel.cli.options` builds them from these fields), capacity-plan
+files, the report's ``inputs``, sweeps and calibration all derive from the two models below. A value
+is validated once, when a model is built (:func:`build`), and any problem becomes one
+:class:`~costmodel.core.errors.InputError` naming the flag. To add a flag, add a field here.
+
+Ranges are the tool's supported limits (docs/limits.md): wide enough for any real job, narrow enough
+that every accepted input is answered in bounded time and memory.
+"""
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Self
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    computed_field,
+    model_validator,
+)
 
 from costmodel.core.errors import InputError
-from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile
+from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype
 from costmodel.schedule.layouts import Layout, check_divisible
 
-PositiveInt = Annotated[int, Field(ge=1)]
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
 Recompute = Literal["none", "selective", "full"]
 
-_TOKENS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
-_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+MAX_TOKENS = 2**34  # 16G tokens: far past any context length in use, small enough for float64 exactness
+MAX_DEVICES = 2**20  # 1M accelerators
+MAX_HEADS = 2**16
 TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 262144, 256k, 1M"
+
+_TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", re.ASCII)
+_INTEGER = re.compile(r"\s*[0-9]+\s*", re.ASCII)
+_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
 def parse_tokens(text: str | int, field: str = "seq") -> int:
-    """``262144``, ``256k`` or ``1M`` (binary multiples, as sequence lengths are) to an int."""
+    """``262144``, ``256k`` or ``1M`` (binary multiples, as sequence lengths are) to an exact int.
+
+    ASCII digits only, computed in decimal so that no length is rounded through a float."""
     if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = _TOKENS.match(str(text))
-        if not match:
-            raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}")
-        number = float(match.group(1)) * _SUFFIX[match.group(2).lower()]
-        if number != int(number):
-            raise InputError(field, f"{text!r} is not a whole number of tokens")
-        value = int(number)
-    if value < 1:
-        raise InputError(field, f"must be at least 1 token (got {value})")
+        return text
+    match = _TOKENS.fullmatch(str(text)) if isinstance(text, str) else None
+    if not match:
+        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}")
+    try:
+        number = Decimal(match.group(1)) * _SUFFIX[match.group(2).lower()]
+    except InvalidOperation:  # pragma: no cover - the pattern admits only plain decimals
+        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}") from None
+    if number != number.to_integral_value():
+        raise InputError(field, f"{text!r} is not a whole number of tokens")
+    return int(number)
+
+
+def parse_integer(text: str | int, field: str) -> int:
+    """A plain count: ASCII digits, exactly."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    if not isinstance(text, str) or not _INTEGER.fullmatch(text):
+        raise InputError(field, f"{text!r} is not a whole number")
+    return int(text)
+
+
+def _tokens(value: Any) -> Any:
+    """Plan files write lengths as people say them (128k); anything else is left to the type check."""
+    if isinstance(value, str):
+        try:
+            return parse_tokens(value)
+        except InputError as exc:
+            raise ValueError(exc.message) from None
     return value
 
 
+def _no_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
+Tokens = Annotated[int, BeforeValidator(_tokens), Strict()]
+Count = Annotated[int, Strict()]
+Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+Flag = Annotated[bool, Strict()]
+
+
+def flag(default: Any, help: str, *, short: str | None = None, unit: str | None = None, tokens: bool = False,
+         from_model: bool = False, **constraints: Any) -> Any:  # fmt: skip
+    """A declared input: the CLI flag is ``--`` + the field name with dashes (``pass_`` is ``--pass``).
+
+    ``from_model``: a model preset fills it when the flag is not given. ``tokens``: accepts 256k, 1M."""
+    extra = {"short": short, "unit": unit, "tokens": tokens, "from_model": from_model}
+    return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **constraints)
+
+
 class PlanInputs(BaseModel):
-    """One attention layer to plan. Field names are the CLI's flags (``kv_heads`` is ``--kv-heads``)."""
+    """One attention layer to plan: the shape, where it runs, and which pass the verdict covers."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, populate_by_name=True)
 
-    seq: int = Field(description="S, tokens")
-    n: int = Field(description="N, CP degree")
-    batch: int = Field(1, description="b, sequences")
-    heads: int = Field(32, description="h, query heads")
-    kv_heads: int = Field(8, description="n_kv, key/value heads")
-    head_dim: int = Field(128, description="d")
-    dtype: Dtype = "bf16"
-    block: int = Field(1024, description="s_blk, compute tile rows")
-    causal: bool = False
-    layout: Layout = "contiguous"
-    efficiency: float = Field(1.0, description="effective / peak FLOP/s")
-    hw: str = "a100-nvlink"
-    model: str | None = None
-    pass_: Pass = Field("fwd", alias="pass", description="which pass the headline verdict covers")
+    seq: Tokens = flag(262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1,
+                       le=MAX_TOKENS)  # fmt: skip
+    n: Count = flag(8, "N, the CP degree: devices the sequence is split over.", short="-n", unit="devices", ge=1,
+                    le=MAX_DEVICES)  # fmt: skip
+    batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_HEADS)
+    heads: Count = flag(32, "h, query heads.", unit="heads", from_model=True, ge=1, le=MAX_HEADS)
+    kv_heads: Count = flag(8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True,
+                           ge=1, le=MAX_HEADS)  # fmt: skip
+    head_dim: Count = flag(128, "d, the head dimension.", unit="elements", from_model=True, ge=1, le=MAX_HEADS)
+    dtype: Dtype = flag("bf16", "Element type of Q, K, V: sets p and the peak FLOP/s.")
+    block: Tokens = flag(1024, "s_blk, compute tile rows (a kernel's query block).", unit="tokens", tokens=True,
+                         ge=1, le=MAX_TOKENS)  # fmt: skip
+    causal: Flag = flag(False, "Causal mask: useful compute halves, traffic does not.")
+    layout: Layout = flag("contiguous", "Which tokens each device holds (zigzag and striped balance a causal mask).")
+    efficiency: Number = flag(1.0, "Effective / peak FLOP/s, in [0.001, 1]; 1 = peak.", ge=0.001, le=1)
+    hw: str = flag("a100-nvlink", "Hardware profile: a built-in name (cp-plan hw list) or a YAML path.",
+                   max_length=4096)  # fmt: skip
+    model: str | None = flag(None, "Model preset name or YAML path; sets heads, kv-heads, head-dim.", short="-m",
+                             max_length=4096)  # fmt: skip
+    pass_: Pass = Field("fwd", alias="pass", description="Which pass the verdict covers; fwd+bwd takes the worse.")
 
+    @computed_field(description="p, bytes per element, from dtype")  # type: ignore[prop-decorator]
     @property
     def bytes_per_element(self) -> int:
         return BYTES_PER_ELEMENT[self.dtype]
@@ -65,12 +136,8 @@ class PlanInputs(BaseModel):
     def shard_tokens(self) -> int:
         return self.seq // self.n
 
-    def check(self) -> Self:
-        """Raise :class:`InputError` naming the field for anything the model cannot evaluate."""
-        for field in ("seq", "n", "batch", "heads", "kv_heads", "head_dim", "block"):
-            value = getattr(self, field)
-            if value < 1:
-                raise InputError(field, f"must be a positive integer (got {value})")
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
         if self.n > self.seq:
             raise InputError("n", f"CP degree {self.n} exceeds the sequence length {self.seq}")
         check_divisible(self.layout, self.seq, self.n)
@@ -79,36 +146,45 @@ class PlanInputs(BaseModel):
         if self.heads % self.kv_heads:
             raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
         if self.block > self.shard_tokens:
-            raise InputError(
-                "block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}"
-            )
-        if not 0 < self.efficiency <= 1:
-            raise InputError("efficiency", f"must be in (0, 1] (got {self.efficiency})")
+            raise InputError("block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}")
         return self
+
+
+# What a training job defaults to, where one attention layer defaults to the forward of a full mask.
+TRAINING_DEFAULTS: dict[str, Any] = {"causal": True, "layout": "zigzag", "pass_": "fwd+bwd"}
 
 
 class TrainingSetup(BaseModel):
     """How the rest of the job is laid out around CP."""
 
-    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    gpus: int = Field(description="G: accelerators in the job")
-    tp: int = Field(1, description="tensor-parallel degree (sequence parallel on when > 1)")
-    pp: int = Field(1, description="pipeline-parallel degree")
-    zero: Literal[0, 1, 2, 3] = Field(1, description="ZeRO stage over DP x CP (1 = distributed optimizer)")
-    recompute: Recompute = Field("selective", description="activation recompute")
-    memory_headroom: float = Field(0.10, description="fraction of HBM left free")
-    pass_: Pass = Field("fwd+bwd", alias="pass", description="which passes must hide their transfers")
+    gpus: Count = flag(8, "G: accelerators in the job.", short="-g", unit="devices", ge=1, le=MAX_DEVICES)
+    tp: Count = flag(1, "Tensor-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
+    pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
+    zero: Literal[0, 1, 2, 3] = flag(1, "ZeRO stage over DP x CP (1 = distributed optimizer).")
+    recompute: Recompute = flag("selective", "Activation recompute: selective recomputes the attention core.")
+    sequence_parallel: Flag | None = flag(
+        None, "Sequence parallelism with TP: splits norms and dropouts too [default: on when TP > 1]."
+    )
+    flash_attention: Flag = flag(True, "Flash attention: the score matrix is never stored for backward.")
+    memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
 
-    def check(self) -> Self:
-        for field in ("gpus", "tp", "pp"):
-            if getattr(self, field) < 1:
-                raise InputError(field, f"must be a positive integer (got {getattr(self, field)})")
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
         if self.gpus % (self.tp * self.pp):
             raise InputError("gpus", f"{self.gpus} GPUs do not split into TP x PP = {self.tp * self.pp} groups")
-        if not 0 <= self.memory_headroom < 1:
-            raise InputError("memory_headroom", f"must be in [0, 1) (got {self.memory_headroom})")
         return self
+
+    @property
+    def sp(self) -> bool:
+        """Sequence parallel in effect: as asked, else on whenever TP splits the layer."""
+        return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel and self.tp > 1
+
+    @property
+    def shard_group(self) -> int:
+        """D = DP x CP: ranks that hold the same weights, over which ZeRO shards optimizer states."""
+        return self.gpus // (self.tp * self.pp)
 
     def attention(self, inputs: PlanInputs) -> PlanInputs:
         """The attention one TP rank runs: h/t query heads and n_kv/t KV heads (at least one, replicated)."""
@@ -116,16 +192,76 @@ class TrainingSetup(BaseModel):
             raise InputError("tp", f"TP {self.tp} does not divide the {inputs.heads} query heads")
         if self.tp == 1:
             return inputs
-        return inputs.model_copy(update={"heads": inputs.heads // self.tp,
-                                         "kv_heads": max(inputs.kv_heads // self.tp, 1)})  # fmt: skip
+        return inputs.model_copy(update={"heads": inputs.heads // self.tp, "kv_heads": max(inputs.kv_heads // self.tp, 1)})
 
-    def placed(self, profile: HardwareProfile) -> HardwareProfile:
-        """The profile as this job lays CP out: TP is innermost (Megatron's order), so a node of
-        ``cp_ranks_per_node`` ranks holds that many over TP CP ranks; TP 8 on 8-GPU nodes puts every
-        CP neighbour on another node."""
-        return profile.model_copy(update={"cp_ranks_per_node": max(1, profile.ranks_per_node // self.tp)})
 
-    @property
-    def shard_group(self) -> int:
-        """D = DP x CP: ranks that hold the same weights, over which ZeRO shards optimizer states."""
-        return self.gpus // (self.tp * self.pp)
+M = TypeVar("M", bound=BaseModel)
+
+
+def flag_name(model: type[BaseModel], field: str) -> str:
+    """The flag of a field: ``kv_heads`` -> ``--kv-heads``; ``pass_`` -> ``--pass``."""
+    info = model.model_fields.get(field)
+    name = info.alias if info is not None and info.alias else field
+    return "--" + name.replace("_", "-")
+
+
+def build(declaration: type[M], /, **values: Any) -> M:
+    """Validate ``values`` into ``model``; the first problem becomes one :class:`InputError` naming its flag."""
+    try:
+        return declaration.model_validate(values)
+    except ValidationError as exc:
+        field, message = problems(exc)[0]
+        raise InputError(flag_name(declaration, field) if field else "input", message) from None
+
+
+def problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """Every error of ``exc`` as (field, message): a check's InputError keeps its field, pydantic's own are
+    put in our words. Unknown keys are named as unknown."""
+    out = []
+    for error in exc.errors():
+        cause = error.get("ctx", {}).get("error")
+        if isinstance(cause, InputError):
+            out.append((cause.field, cause.message))
+            continue
+        loc = ".".join(str(part) for part in error["loc"])
+        out.append((loc, "unknown field" if error["type"] == "extra_forbidden" else _message(error)))
+    return out
+
+
+def shape_from_model(values: dict[str, Any]) -> dict[str, Any]:
+    """Fill the fields a model preset sets (``from_model``) that were not given: from ``values["model"]``
+    when one is named, else from the declared defaults. Returns a new dict."""
+    from costmodel.plans.models import load_model
+
+    filled = dict(values)
+    preset = load_model(values["model"]) if values.get("model") else None
+    for name, info in PlanInputs.model_fields.items():
+        if (info.json_schema_extra or {}).get("from_model") and filled.get(name) is None:
+            filled[name] = getattr(preset, name) if preset else info.default
+    if preset is not None:
+        filled["model"] = preset.name
+    return filled
+
+
+_MESSAGES = {
+    "greater_than_equal": "must be >= {ge}",
+    "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}",
+    "less_than": "must be < {lt}",
+    "int_type": "must be a whole number",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "bool_type": "must be true or false",
+    "string_too_long": "is longer than {max_length} characters",
+}
+
+
+def _message(error: dict[str, Any]) -> str:
+    """pydantic's message in our words, with the value that was given."""
+    template = _MESSAGES.get(error["type"])
+    text = template.format(**error.get("ctx", {})) if template else error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    if error["type"] == "missing" or isinstance(got, dict | list):
+        return text
+    shown = repr(got) if not isinstance(got, str) else repr(got[:60] + ("..." if len(got) > 60 else ""))
+    return f"{text} (got {shown})"

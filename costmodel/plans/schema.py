@@ -8,38 +8,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from costmodel.machines.profiles import Dtype
 from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
 from costmodel.plans.verdict import Colour
-from costmodel.schedule.layouts import Layout
 
 SCHEMA = "cp-plan/report/v1"
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, defer_build=True)
-
-
-class Inputs(_Section):
-    """What was planned, after flags, model preset and defaults were resolved."""
-
-    model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
-
-    seq: int = Field(description="S, sequence length in tokens")
-    n: int = Field(description="N, CP degree")
-    batch: int = Field(description="b")
-    heads: int = Field(description="h, query heads")
-    kv_heads: int = Field(description="n_kv, key/value heads")
-    head_dim: int = Field(description="d")
-    bytes_per_element: int = Field(description="p, from dtype")
-    dtype: Dtype = Field(description="element type of Q, K, V, O")
-    block: int = Field(description="s_blk, compute tile rows")
-    causal: bool = Field(description="causal mask (useful compute halves)")
-    layout: Layout = Field(description="which tokens each device holds")
-    efficiency: float = Field(description="effective / peak FLOP/s asked for (--efficiency)")
-    hw: str = Field(description="hardware profile name")
-    model: str | None = Field(description="model preset, when the shape came from one")
-    pass_: Pass = Field(alias="pass", description="which pass the headline verdict covers")
 
 
 class Hardware(_Section):
@@ -134,14 +110,15 @@ class Verdict(_Section):
 
 
 class Ulysses(_Section):
-    """DeepSpeed-Ulysses all-to-all over the same N devices (seed 000 §4.2, §7; SPEC §4.4)."""
+    """DeepSpeed-Ulysses all-to-all over the same N devices [Ulysses], for the plan's pass."""
 
     feasible: bool = Field(description="h mod N = 0 and n_kv splits or replicates evenly")
     reason: str = Field(description="why, in one sentence")
     kv_heads: int | None = Field(description="KV heads after replication to N")
-    recv_bytes_per_layer: float | None
-    comm_s: float | None = Field(description="both all-to-alls; not overlapped with attention")
-    comm_ratio: float | None = Field(description="comm_s / layer compute")
+    recv_bytes_per_layer: float | None = Field(description="all-to-all receive bytes for the pass")
+    comm_s: float | None = Field(description="the all-to-alls (Q, K, V in; O out) for the pass; not overlapped")
+    comm_ratio: float | None = Field(description="comm_s / attention compute of the pass")
+    verdict: Colour | None = Field(description="band of comm_ratio")
     link_scope: str = Field(description="intra-node or inter-node")
 
 
@@ -159,8 +136,31 @@ class USPEntry(_Section):
     a2a_comm_s: float | None = Field(description="both all-to-alls, not overlapped")
     ring_comm_ratio_step: float | None = Field(description="ring step receive / step compute; null at N_r = 1")
     ring_verdict: Colour | None = Field(description="band of ring_comm_ratio_step")
+    comm_s: float | None = Field(description="all-to-all and ring communication for the pass, per layer")
+    comm_ratio: float | None = Field(description="ring step ratio + all-to-all time / compute: the verdict's ratio")
+    verdict: Colour | None = Field(description="band of comm_ratio")
     a2a_link_scope: str = Field(description="intra-node, inter-node, or none at N_u = 1")
     ring_link_scope: str = Field(description="intra-node, inter-node, or none at N_r = 1")
+
+
+class Scheme(_Section):
+    """One row of the scheme comparison that `cp-plan` prints and `recommend` ranks, for the plan's pass."""
+
+    scheme: str = Field(description="ring, usp or ulysses")
+    label: str = Field(description="ring, USP N_u x N_r, or Ulysses")
+    n_ulysses: int = Field(description="N_u, the all-to-all degree")
+    n_ring: int = Field(description="N_r, the ring degree")
+    layout: str | None = Field(description="the ring's layout; null for Ulysses")
+    feasible: bool
+    reason: str
+    recv_bytes_per_layer: float | None = Field(description="bytes a device receives per layer for the pass")
+    comm_s: float | None = Field(description="communication time per layer for the pass, all of it")
+    comm_ratio: float | None = Field(description="the verdict's ratio (see docs/formulas.md, schemes)")
+    verdict: Colour | None
+    layer_time_s: float | None = Field(description="predicted layer wall time for the pass (time model)")
+    exposed_comm_s: float | None = Field(description="of which communication nothing hides")
+    a2a_link_scope: str
+    ring_link_scope: str
 
 
 class TP(_Section):
@@ -193,7 +193,7 @@ class Report(_Section):
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
     schema_: str = Field(SCHEMA, alias="schema", description="contract version")
-    inputs: Inputs
+    inputs: PlanInputs
     hardware: Hardware
     memory: Memory
     compute: Compute
@@ -202,6 +202,7 @@ class Report(_Section):
     backward: Backward
     ulysses: Ulysses
     usp: list[USPEntry] = Field(description="every factorisation N = N_u x N_r, N_u ascending")
+    schemes: list[Scheme] = Field(description="the scheme comparison: ring, USP splits, Ulysses")
     tp: TP
     causal: Causal
     notes: list[str] = Field(description="topology and caveats, one sentence each")
@@ -224,11 +225,13 @@ class Recommendation(_Section):
     """The window [N_min(memory), N_max(comm)] and the pick."""
 
     n_min_memory: int | None = Field(description="smallest usable N whose memory fits; null: none fits")
-    n_min_memory_real: float = Field(description="the real-valued N at which memory just fits (formula)")
-    n_max_comm: int | None = Field(description="largest usable N whose step ratio stays <= 15 %")
+    n_min_memory_real: float | None = Field(
+        description="the real-valued N at which memory just fits (formula); null when the model states alone do not fit"
+    )
+    n_max_comm: int | None = Field(description="largest usable N where some scheme's ratio stays <= 15 %")
     n_recommended: int | None = Field(description="null when the window is empty")
     dp: int | None = Field(description="data-parallel degree left: G / (TP x PP x N)")
-    scheme: str | None = Field(description="ring, ulysses or usp")
+    scheme: str | None = Field(description="ring, ulysses, usp, or none at N = 1")
     layout: str | None = Field(description="ring layout; zigzag balances a causal mask")
     n_ulysses: int | None = Field(description="the all-to-all degree (USP N_u; N for Ulysses; 1 for the ring)")
     reason: str = Field(description="one sentence")
@@ -243,9 +246,12 @@ class RecommendCandidate(_Section):
     fits: bool
     total_bytes: float
     ring_comm_ratio_step: float = Field(description="the plain ring's step ratio for the setup's pass; 0 at N = 1")
-    best_scheme: str = Field(description="ring, Ulysses or USP N_u x N_r: the least exposed communication")
+    best_scheme: str = Field(description="ring, Ulysses or USP N_u x N_r: the least exposed communication (the pick)")
     comm_ratio: float = Field(description="the best scheme's ratio (its ring step, or all-to-all / compute)")
+    exposed_comm_s: float = Field(description="communication the best scheme leaves exposed, per layer, for the pass")
     verdict: Colour = Field(description="band of comm_ratio")
+    lowest_ratio: float = Field(description="the lowest ratio of any scheme at this N: usable when within 15 %")
+    lowest_ratio_scheme: str = Field(description="the scheme with the lowest ratio")
     link_scope: str = Field(description="the link a ring over N uses")
 
 

@@ -1,8 +1,9 @@
 """Predicted wall time of one attention layer on a profile: the time model, written once.
 
-The report's layer time, the recommendation's choice of scheme and `cp-plan validate` all ask here.
+The report's layer time, the scheme comparison (so `cp-plan` and `recommend` alike) and `cp-plan validate`
+all ask here; rates, links and fixed costs come from the machine binding.
 
-Ring: per step, the slowest rank's compute (its pairs from the tile-level schedule of SPEC §4.1, at
+Ring: per step, the slowest rank's compute (its pairs from the tile-level schedule [Striped §3], at
 the rate measured for that much work with that many ranks busy) against the transfers that overlap it
 (α + bytes/B), with the parts nothing can hide: the first block computes before anything arrives,
 and in backward the last dK/dV hop goes home after the last step (:mod:`costmodel.schedule.timeline`).
@@ -11,9 +12,9 @@ heads, none of it overlapped; backward the same exchanges in reverse around the 
 
 With a measured profile (one with ``calibration``) the rates, α and B are the measured ones, transfers
 hide as much as was measured, and the measured fixed costs are added: per waited transfer in the ring,
-per collective after compute in Ulysses, per layer. Without, or with ``datasheet=True``, this is the
-seed's model: one FLOP/s for every block, transfers hidden, and (datasheet) no α and the causal half
-counted as balanced.
+per collective after compute in Ulysses, per layer. Without, this is the balanced model of
+[A-RingCost §4]: one FLOP/s for every block, transfers hidden; a machine asked as a datasheet
+(``Machine.as_datasheet``) also drops α and counts the causal half as balanced.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from costmodel.machines.profiles import HardwareProfile, LinkFit
+from costmodel.machines.binding import Machine
 from costmodel.plans.bind import plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.schedule.simulator import simulate
@@ -40,6 +41,15 @@ class Prediction:
     forward_s: float
     backward_s: float  # 0 when only the forward was asked for
     compute_s: float  # of which compute (the slowest rank's): total - compute is the exposed communication
+    forward_compute_s: float  # the forward's part of compute_s
+
+    def for_pass(self, pass_: str) -> tuple[float, float]:
+        """(wall time, compute) of one pass: fwd, bwd, or both."""
+        if pass_ == "fwd":
+            return self.forward_s, self.forward_compute_s
+        if pass_ == "bwd":
+            return self.backward_s, self.compute_s - self.forward_compute_s
+        return self.total_s, self.compute_s
 
     @property
     def total_s(self) -> float:
@@ -50,76 +60,32 @@ class Prediction:
         return self.total_s - self.compute_s
 
 
-@dataclass(frozen=True)
-class _Machine:
-    """The rates one prediction uses: measured ones, or the datasheet's constants."""
-
-    profile: HardwareProfile
-    inputs: PlanInputs
-    datasheet: bool
-    span: int  # the group whose link the transfers use (a USP ring spans all N ranks)
-
-    @property
-    def calibrated(self) -> bool:
-        return self.profile.calibration is not None and not self.datasheet
-
-    def rate(self, flops: float, masked: bool, backward: bool, busy: int | None = None) -> float:
-        """FLOP/s of a kernel call of ``flops`` forward FLOP, fully visible or ``masked`` (causal), while
-        ``busy`` ranks compute at once (default all N; fewer contend less for shared CPU cores)."""
-        if not self.calibrated:
-            peak, effective = self.profile.flops(self.inputs.dtype, self.inputs.efficiency)
-            return peak if self.datasheet else effective
-        curve = self.profile.calibration.curve(busy or self.inputs.n, masked)  # type: ignore[union-attr]
-        return curve.rate(flops, backward)
-
-    def link(self, collective: bool) -> dict[str, float]:
-        """alpha and B of the link the group uses; datasheet: no alpha."""
-        link, scope = self.profile.link_for(self.span)
-        if self.calibrated:
-            cal = self.profile.calibration
-            fits: dict[str, LinkFit] = cal.alltoall if collective else cal.p2p  # type: ignore[union-attr]
-            if scope in fits:
-                return {"alpha": fits[scope].latency_s, "B": fits[scope].bandwidth}
-        bandwidth = link.alltoall_bandwidth() if collective else link.bandwidth_per_direction
-        latency = link.alltoall_latency() if collective else link.latency_s
-        return {"alpha": 0.0 if self.datasheet else latency, "B": bandwidth}
-
-    def fixed(self, name: str) -> float:
-        """A measured fixed cost of the calibration (0 on datasheets)."""
-        return float(getattr(self.profile.calibration, name)) if self.calibrated else 0.0
-
-    @property
-    def overlap(self) -> float:
-        return self.profile.calibration.overlap if self.calibrated else 1.0  # type: ignore[union-attr]
-
-
 def _call(name: str, values: dict[str, Any]) -> float:
     return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
 
 
-def predict(inputs: PlanInputs, profile: HardwareProfile, variant: Variant = "ring", backward: bool = False,
-            datasheet: bool = False, span: int | None = None) -> Prediction:  # fmt: skip
+def predict(inputs: PlanInputs, machine: Machine, variant: Variant = "ring", backward: bool = False,
+            span: int | None = None) -> Prediction:  # fmt: skip
     """Predicted seconds of one layer's forward (and backward) on every rank of the CP group.
 
     ``span``: how many ranks the transfers' group spans, when more than ``inputs.n`` (the ring of a
     USP split runs over N/N_u ranks spread over all N).
     """
-    machine = _Machine(profile, inputs, datasheet, span or inputs.n)
-    values = {**plan_values(inputs, profile), **machine.link(collective=variant == "ulysses")}
+    link = machine.link(span or inputs.n, "alltoall" if variant == "ulysses" else "p2p")
+    values = {**plan_values(inputs, machine), **link.values}
     layer = (_ulysses if variant == "ulysses" else _ring)(inputs, machine, values, backward)
-    if not machine.calibrated or inputs.n == 1:
+    if inputs.n == 1:
         return layer
-    fixed = profile.calibration.layer_overhead_s  # type: ignore[union-attr]
-    forward = fixed.get(f"{variant} fwd", 0.0)
-    both = fixed.get(f"{variant} fwd+bwd", forward) if backward else forward
-    return Prediction(layer.forward_s + forward, layer.backward_s + both - forward, layer.compute_s)
+    forward, backward_extra = machine.layer_overhead(variant, backward)
+    return Prediction(layer.forward_s + forward, layer.backward_s + backward_extra, layer.compute_s,
+                      layer.forward_compute_s)
 
 
-def _ring(inputs: PlanInputs, machine: _Machine, values: dict[str, Any], backward: bool) -> Prediction:
+def _ring(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backward: bool) -> Prediction:
     n, length = inputs.n, inputs.seq // inputs.n
     kv_s = _call("step_comm_s", values)  # alpha + KV block / B
     dkv_s = values["alpha"] + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
-    if machine.datasheet:  # the seed: every step balanced at c·L² pairs
+    if machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
         pairs = np.full((n, n), (0.5 if inputs.causal else 1.0) * length * length)
     else:
         tile = min(inputs.block, length)
@@ -138,28 +104,29 @@ def _ring(inputs: PlanInputs, machine: _Machine, values: dict[str, Any], backwar
     forward_steps = step_times(False)
     forward = ring_layer_time(forward_steps, [kv_s] * (n - 1) + [0.0], **timing)
     if not backward:
-        return Prediction(forward, 0.0, float(forward_steps.sum()))
+        return Prediction(forward, 0.0, float(forward_steps.sum()), float(forward_steps.sum()))
     backward_steps = step_times(True)
     compute = float(forward_steps.sum() + backward_steps.sum())
     if n == 1:
-        return Prediction(forward, ring_layer_time(backward_steps, [0.0], **timing), compute)
+        return Prediction(forward, ring_layer_time(backward_steps, [0.0], **timing), compute, float(forward_steps.sum()))
     # Under step j fly the next KV block (j < N-1) and the dK/dV sums of step j-1 (j > 0); the last
     # sums go home after the last step.
     comm = [kv_s if j == 0 else (dkv_s if j == n - 1 else kv_s + dkv_s) for j in range(n)]
     waits = [1 if j in (0, n - 1) else 2 for j in range(n)]
     tail = ring_layer_time(backward_steps, comm, tail_s=dkv_s, step_waits=waits, tail_waits=1, **timing)
-    return Prediction(forward, tail, compute)
+    return Prediction(forward, tail, compute, float(forward_steps.sum()))
 
 
-def _ulysses(inputs: PlanInputs, machine: _Machine, values: dict[str, Any], backward: bool) -> Prediction:
+def _ulysses(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backward: bool) -> Prediction:
     seq, n = inputs.seq, inputs.n
     exchanges = (_call("ulysses_comm_s", values) + machine.fixed("sync_overhead_s")) if n > 1 else 0.0
     pairs = seq * (seq + 1) / 2 if inputs.causal else float(seq) * seq
     if machine.datasheet and inputs.causal:
         pairs = 0.5 * seq * seq
     flops = pairs * _call("pair_flops", {**values, "h": inputs.heads // n})
-    forward_compute = flops / machine.rate(flops, inputs.causal, False)
+    forward_compute = flops / machine.rate(flops, inputs.causal, False, n)
     if not backward:
-        return Prediction(exchanges + forward_compute, 0.0, forward_compute)
-    backward_compute = BACKWARD_FLOP * flops / machine.rate(flops, inputs.causal, True)
-    return Prediction(exchanges + forward_compute, exchanges + backward_compute, forward_compute + backward_compute)
+        return Prediction(exchanges + forward_compute, 0.0, forward_compute, forward_compute)
+    backward_compute = BACKWARD_FLOP * flops / machine.rate(flops, inputs.causal, True, n)
+    return Prediction(exchanges + forward_compute, exchanges + backward_compute, forward_compute + backward_compute,
+                      forward_compute)

@@ -278,7 +278,7 @@ W_bwd = define("bwd_step_flops", "W_bwd_step", sympy.Rational(5, 2) * W_step,
                "FLOP per device per backward ring step", "FLOP", "FlashAttention-2 (Dao 2023) §4")
 C_bwd = define("bwd_step_recv_bytes", "C_bwd_step", b * L * 2 * n_kv * d * (p + p_acc),
                "KV block and its fp32 dK/dV accumulator, received each backward step", "B", "issue 3, issue 5")
-define("bwd_recv_bytes_per_layer", "C_bwd_recv", (N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc,
+C_bwd_recv = define("bwd_recv_bytes_per_layer", "C_bwd_recv", (N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc,
        "backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks", "B", "issue 5")
 define("bwd_intensity_step", "I_bwd_step", W_bwd / C_bwd, "backward step arithmetic intensity", "FLOP/B",
        "issue 5")
@@ -287,6 +287,8 @@ tau_bwd = define("bwd_step_comm_s", "tau_bwd_step", alpha + C_bwd / B, "receive 
                  "issue 5")
 define("bwd_layer_compute_s", "t_bwd_layer", N * t_bwd, "backward compute time of one layer on one device", "s",
        "issue 5")
+define("bwd_layer_comm_s", "tau_bwd_layer", (2 * N - 1) * alpha + C_bwd_recv / B,
+       "backward receive time of one layer: N-1 KV blocks and N dK/dV blocks", "s", "[RingAttn §3]")
 define("bwd_comm_ratio_step", "rho_bwd_step", tau_bwd / t_bwd, "backward step receive time / step compute time",
        "1", "issue 5")
 L_bwd_r = define("bwd_shard_tokens_at_ratio", "L_bwd_r", _shard_at_ratio(t_bwd, tau_bwd),
@@ -304,34 +306,54 @@ define("bwd_n_at_ratio", "N_bwd_at_r", S / L_bwd_r, "CP degree at which the back
 # With MHA, a 4H GeLU MLP and dropout this is the paper's sbh(34 + 5as/h); GQA and a gated MLP
 # generalise the same terms. Context parallelism leaves S/N tokens per device.
 _group = "fit"
-P = define("params", "P", n_L * (H * d * (2 * h + 2 * n_kv) + (2 + g) * H * F_ffn + 2 * H) + e_m * V * H + H,
-           "parameters: attention, MLP (3 matrices when gated), norms, embeddings", "1", "model arithmetic")
-M_state = define("model_state_bytes", "M_state", P / (t * pp) * (2 * z_w + 4 * z_g + 12 * z_o),
-                 "bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device", "B",
-                 "ZeRO (Rajbhandari et al. 2020); Megatron distributed optimizer")
-_split = sigma / t + 1 - sigma  # the share of the unsplit terms a device keeps
+P_layer = define("layer_params", "P_layer", H * d * (2 * h + 2 * n_kv) + (2 + g) * H * F_ffn + 2 * H,
+                 "parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms", "1",
+                 "model arithmetic")
+P = define("params", "P", n_L * P_layer + e_m * V * H + H,
+           "parameters: layers, embeddings (input and, untied, output), final norm", "1", "model arithmetic")
+# Pipeline stages hold n_L/pp layers each; the first adds the input embedding, the last the output layer
+# and final norm (a copy of the embedding when tied, as Megatron keeps one there): the last holds most.
+P_stage = define("stage_params", "P_stage", sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_L / pp * P_layer + V * H + H, True)),
+                 "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the last stage",
+                 "1", "[Megatron21 §2.2]")
+_state_bytes = 2 * z_w + 4 * z_g + 12 * z_o  # bf16 weights, fp32 grads, fp32 master + 2 Adam moments
+M_state = define("model_state_bytes", "M_state", P_stage / t * _state_bytes,
+                 "bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device, on the stage "
+                 "holding the most parameters", "B", "[ZeRO §3]")
+_split = sigma / t + 1 - sigma  # the share of the sequence-parallel terms a device keeps
 A_layer = define("layer_activation_bytes", "A_layer",
                  b * L * ((8 + 2 * delta) * H * _split + (4 * h * d + 4 * n_kv * d + 2 * (2 + g) * F_ffn) / t
                           + 5 * phi * h * L / t),
-                 "activations one layer keeps for its backward, per device", "B", "Korthikanti et al. 2022 §4.1")
+                 "activations one layer keeps for its backward, per device", "B", "[Korthikanti22 §4.1]")
 A_in = define("layer_input_bytes", "A_input", b * L * 2 * H * _split,
-              "the layer input: all a layer keeps under full recompute", "B", "Korthikanti et al. 2022 §5")
+              "the layer input: all a layer keeps under full recompute", "B", "[Korthikanti22 §5]")
 A_out = define("output_activation_bytes", "A_output", b * L * (2 * H + 4 * V / t),
                "final hidden state and the fp32 softmax of the vocab-parallel cross-entropy", "B",
-               "Megatron vocab-parallel cross-entropy")
-A = define("activation_bytes", "A", n_L * ((1 - rho) * A_layer + rho * A_in) + A_out,
-           "activations per device: n_L layers' worth (the first pipeline stage holds pp micro-batches of "
-           "n_L/pp layers) and the output layer", "B", "Korthikanti et al. 2022 §4.2")
-R_buf = define("ring_buffer_bytes", "M_ring", (2 * C_bwd + b * h * L * d * p_acc) / t,
+               "[Korthikanti22 §4.2]")
+A_kept = (1 - rho) * A_layer + rho * A_in  # what one layer keeps for its backward
+# 1F1B: the first stage holds pp micro-batches in flight of n_L/pp layers, n_L layers' worth; the last
+# holds one micro-batch of its n_L/pp layers and the output layer [Korthikanti22 §4.2].
+A = define("activation_bytes", "A", sympy.Piecewise((n_L * A_kept + A_out, sympy.Eq(pp, 1)),
+                                                    (sympy.Max(n_L * A_kept, n_L / pp * A_kept + A_out), True)),
+           "activations per device on the most loaded pipeline stage: n_L layers' worth and the output "
+           "layer at pp = 1; under 1F1B the larger of the first stage (pp micro-batches of n_L/pp layers) and "
+           "the last (one micro-batch and the output layer)", "B", "[Korthikanti22 §4.2]")
+_buffers = (2 * C_bwd + b * h * L * d * p_acc) / t
+R_buf = define("ring_buffer_bytes", "M_ring", sympy.Min(N - 1, 1) * _buffers,
                "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, "
-               "for a TP rank's heads", "B", "issue 5")
-M_total = define("training_memory_bytes", "M_total", M_state + A + R_buf,
-                 "model states, activations and ring buffers per device", "B", "issue 5")
-# With flash attention (phi = 0) activations and ring buffers all scale as 1/N, so the smallest N
-# that fits is what they need at N = 1 over the memory the model states leave free.
-define("n_min_memory", "N_min", sympy.Subs(A + R_buf, N, 1) / (M_dev - M_state),
-       "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention", "devices",
-       "issue 5", at={phi: 0})
+               "for a TP rank's heads; none at N = 1", "B", "[RingAttn §3]")
+define("training_memory_bytes", "M_total", M_state + A + R_buf,
+       "model states, activations and ring buffers per device on the most loaded stage", "B",
+       "[Korthikanti22 §4], [ZeRO §3]")
+# With flash attention (phi = 0) activations and ring buffers all scale as 1/N once N > 1, so a stage
+# fits from N = (its 1/N part at N = 1) / (the memory its states leave free); the most loaded stage sets N.
+define("n_min_memory", "N_min",
+       sympy.Piecewise(
+           (sympy.Subs(n_L * A_kept + A_out + _buffers, N, 1) / (M_dev - M_state), sympy.Eq(pp, 1)),
+           (sympy.Max(sympy.Subs(n_L * A_kept + _buffers, N, 1),
+                      sympy.Subs(n_L / pp * A_kept + A_out + _buffers, N, 1)) / (M_dev - M_state), True)),
+       "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention; negative "
+       "when the model states alone do not fit", "devices", "[Korthikanti22 §4]", at={phi: 0})
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))
 

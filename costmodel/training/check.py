@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic.fields import FieldInfo
 
 from costmodel.core.errors import InputError, describe_validation
-from costmodel.machines.profiles import Dtype, load_profile
+from costmodel.machines.binding import Machine
+from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
-from costmodel.plans.inputs import Pass, PlanInputs, Recompute, TrainingSetup, parse_tokens
+from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup, problems
 from costmodel.plans.models import load_model
 from costmodel.plans.verdict import BANDS, Colour
-from costmodel.schedule.layouts import Layout
 
+M = TypeVar("M", bound=BaseModel)
 ORDER = [band.verdict for band in BANDS]
 
 
@@ -35,44 +37,39 @@ class Expectations(BaseModel):
     in_recommended_window: bool = Field(False, description="N within [N_min(memory), N_max(comm)] (needs gpus)")
 
 
-class PlanFile(BaseModel):
-    """A capacity plan (configs/plans/*.yaml)."""
+class _PlanHead(BaseModel):
+    """What a plan file holds beyond the declared inputs: its name, the required model, expectations."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    name: str = Field(description="what the plan is for")
-    model: str = Field(description="model preset name or YAML path")
-    seq: int = Field(description="S, tokens; 128k and 1M are accepted")
-    n: int = Field(ge=1, description="N, the CP degree")
-    hw: str = Field(description="hardware profile name or YAML path")
-    gpus: int | None = Field(None, ge=1, description="G, accelerators in the job (needed for memory checks)")
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    zero: Literal[0, 1, 2, 3] = 1
-    recompute: Recompute = "selective"
-    memory_headroom: float = Field(0.10, ge=0, lt=1)
-    causal: bool = True
-    layout: Layout = "zigzag"
-    pass_: Pass = Field("fwd+bwd", alias="pass")
-    dtype: Dtype = "bf16"
-    batch: int = Field(1, ge=1)
-    block: int = Field(1024, ge=1)
-    efficiency: float = Field(1.0, gt=0, le=1)
+    name: str = Field(description="what the plan is for", max_length=1000)
+    model: str = Field(description="model preset name or YAML path", max_length=4096)
     expect: Expectations = Field(default_factory=Expectations)
 
-    @field_validator("seq", "block", mode="before")
-    @classmethod
-    def _tokens(cls, value: Any) -> Any:
-        try:
-            return parse_tokens(value) if isinstance(value, str | int) and not isinstance(value, bool) else value
-        except InputError as exc:
-            raise ValueError(exc.message) from None
-
     @model_validator(mode="after")
-    def _memory_checks_need_gpus(self) -> PlanFile:
-        if (self.expect.fits_memory or self.expect.in_recommended_window) and self.gpus is None:
+    def _memory_checks_need_gpus(self) -> _PlanHead:
+        if (self.expect.fits_memory or self.expect.in_recommended_window) and getattr(self, "gpus", None) is None:
             raise ValueError("expect.fits_memory and expect.in_recommended_window need gpus")
         return self
+
+
+def _plan_fields() -> dict[str, Any]:
+    """Every declared input, with the training defaults; gpus optional (memory checks need it)."""
+    fields: dict[str, Any] = {}
+    for declaration in (PlanInputs, TrainingSetup):
+        for name, info in declaration.model_fields.items():
+            if name in _PlanHead.model_fields:
+                continue
+            default = TRAINING_DEFAULTS.get(name, info.default)
+            annotation = info.annotation
+            if name == "gpus":
+                annotation, default = annotation | None, None
+            fields[name] = (annotation, FieldInfo.merge_field_infos(info, default=default))
+    return fields
+
+
+# A capacity plan (configs/plans/*.yaml): the declared inputs, flat, under the names of their flags.
+PlanFile = create_model("PlanFile", __base__=_PlanHead, **_plan_fields())
 
 
 @dataclass(frozen=True)
@@ -145,31 +142,31 @@ class CheckResult:
     line: int
 
 
+def _declared(located: Located, model: type[M], values: dict[str, Any]) -> M:
+    """Build a declared model from the plan's fields; a problem names the file, line and field."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        field, message = problems(exc)[0]
+        raise InputError(f"{located.path}:{located.line(field)}", f"{field}: {message}") from None
+
+
 def run_checks(located: Located) -> list[CheckResult]:
     """Evaluate one plan and compare it with its expectations."""
     plan = located.plan
     model = load_model(plan.model, field=f"{located.path}:{located.line('model')}: model")
-    profile = load_profile(plan.hw, field=f"{located.path}:{located.line('hw')}: hw")
-    inputs = PlanInputs(
-        seq=plan.seq, n=plan.n, batch=plan.batch, heads=model.heads, kv_heads=model.kv_heads,
-        head_dim=model.head_dim, dtype=plan.dtype, block=plan.block, causal=plan.causal, layout=plan.layout,
-        efficiency=plan.efficiency, hw=profile.name, model=model.name, pass_=plan.pass_,
-    )  # fmt: skip
-    try:
-        inputs.check()
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    setup = TrainingSetup(gpus=plan.gpus or plan.tp * plan.pp, tp=plan.tp, pp=plan.pp, zero=plan.zero,
-                          recompute=plan.recompute, memory_headroom=plan.memory_headroom, pass_=plan.pass_)  # fmt: skip
-    try:
-        setup.check()
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
+    fields = plan.model_dump(exclude={"name", "expect"})
+    shape = {"heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim, "model": model.name}
+    inputs = _declared(located, PlanInputs, {k: v for k, v in fields.items() if k in PlanInputs.model_fields} | shape)
+    setup_fields = {k: v for k, v in fields.items() if k in TrainingSetup.model_fields}
+    setup = _declared(located, TrainingSetup, setup_fields | {"gpus": plan.gpus or plan.tp * plan.pp})
     try:
         attention = setup.attention(inputs)
     except InputError as exc:
         raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    report = evaluate(attention, setup.placed(profile))
+    profile = load_profile(plan.hw, field=f"{located.path}:{located.line('hw')}: hw")
+    machine = Machine(profile, inputs.dtype, inputs.efficiency)
+    report = evaluate(attention, machine.placed(setup.tp))
     results = []
 
     def add(key: str, passed: bool, detail: str) -> None:
@@ -185,7 +182,7 @@ def run_checks(located: Located) -> list[CheckResult]:
     if plan.gpus is not None and (want.fits_memory or want.in_recommended_window):
         from costmodel.training.recommend import recommend
 
-        advice = recommend(inputs, model, setup, profile, suggest=False)
+        advice = recommend(inputs, model, setup, machine, suggest=False)
         row = next((r for r in advice.candidates if r.n == plan.n), None)
         if row is None:
             raise InputError(f"{located.path}:{located.line('n')}",

@@ -1,46 +1,53 @@
-"""A training run around the attention layer: memory fit, the CP window and the recommendation (issue 5).
+"""A training run around the attention layer: memory fit, the CP window and the recommendation.
 
-The seed sizes CP from the communication side only (N <= (h/n_kv)·S/beta). A plan also needs the
-other side: the smallest N whose activations fit. Between the two lies the window; the recommended
-N is the smallest one in it (it leaves the most data parallelism and the least traffic), run with
-the scheme that exposes the least communication.
+Communication alone sizes CP from above (N <= (h/n_kv)·S/beta [A-RingCost §4]). A plan also needs the
+other side: the smallest N whose activations fit [Korthikanti22]. Between the two lies the window.
+
+The rules. N is usable for communication when some scheme's ratio is within amber (the band that
+guards the time model's overlap assumption); the window is the usable N whose memory fits. At each N
+the scheme is the one that leaves the least communication exposed (:func:`costmodel.plans.schemes.best`),
+and the row says when a scheme with a lower ratio exists. The recommended N is the smallest in the
+window whose lowest ratio is green, else the smallest in the window. The smallest
+leaves the most data parallelism and the least traffic.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from costmodel.core.errors import InputError
 from costmodel.core.units import si
-from costmodel.machines.profiles import HardwareProfile
-from costmodel.plans.bind import Evaluator, pass_ratio, plan_values
+from costmodel.machines.binding import Machine
+from costmodel.plans.bind import Evaluator, plan_values
 from costmodel.plans.inputs import PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
-from costmodel.plans.timing import predict
-from costmodel.plans.verdict import AMBER, BANDS, band
-from costmodel.schedule.layouts import divisors, ulysses_feasibility
+from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
+from costmodel.plans.verdict import AMBER, GREEN
+from costmodel.schedule.layouts import divisors
 
 
 def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
-    """Fractions of (weights, gradients, optimizer states) one device keeps under a ZeRO stage."""
+    """Fractions of (weights, gradients, optimizer states) one device keeps under a ZeRO stage [ZeRO §5]."""
     shard = 1 / group
     return (shard if stage >= 3 else 1.0, shard if stage >= 2 else 1.0, shard if stage >= 1 else 1.0)
 
 
-def training_values(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, profile: HardwareProfile,
+def training_values(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
                     n: int) -> dict[str, Any]:  # fmt: skip
     """Every symbol the memory-fit formulas need, at CP degree ``n``: the whole model's heads (the
     formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``)."""
     z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
+    # Scores are kept for backward only by an attention that materialises them and is not recomputed.
+    keeps_scores = not setup.flash_attention and setup.recompute == "none"
     return {
-        **plan_values(inputs, profile, n),
-        "h": model.heads, "n_kv": model.kv_heads, "H": model.hidden, "F_ffn": model.ffn_hidden, "V": model.vocab, "n_L": model.layers,
+        **plan_values(inputs, machine, n),
+        "h": float(model.heads), "n_kv": float(model.kv_heads), "H": float(model.hidden),
+        "F_ffn": float(model.ffn_hidden), "V": float(model.vocab), "n_L": float(model.layers),
         "g": int(model.gated_mlp), "delta": int(model.dropout), "e_m": 1 if model.tied_embeddings else 2,
-        "phi": 0,  # flash attention keeps no scores; "selective" recompute is what it does already
-        "sigma": 1 if setup.tp > 1 else 0, "t": setup.tp, "pp": setup.pp, "rho": int(setup.recompute == "full"),
-        "z_w": z_w, "z_g": z_g, "z_o": z_o,
-        "M_dev": profile.device.hbm_bytes * (1 - setup.memory_headroom),
+        "phi": int(keeps_scores), "sigma": int(setup.sp), "t": float(setup.tp), "pp": float(setup.pp),
+        "rho": int(setup.recompute == "full"), "z_w": z_w, "z_g": z_g, "z_o": z_o,
+        "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
     }  # fmt: skip
 
 
@@ -48,148 +55,149 @@ def fit_at(ev: Evaluator) -> Fit:
     state, activations, buffers = ev("model_state_bytes"), ev("activation_bytes"), ev("ring_buffer_bytes")
     total = state + activations + buffers
     return Fit(
-        n=ev.values["N"], params=ev("params"), model_state_bytes=state, activation_bytes=activations,
+        n=int(ev.values["N"]), params=ev("params"), model_state_bytes=state, activation_bytes=activations,
         buffer_bytes=buffers, total_bytes=total, device_memory_bytes=ev.values["M_dev"],
-        fits=total <= ev.values["M_dev"],
+        fits=bool(total <= ev.values["M_dev"]),
     )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Option:
-    """One way to run attention at a given N: its comm ratio and the communication it leaves exposed."""
-
-    scheme: str  # ring, ulysses, usp
-    layout: str | None
-    n_ulysses: int
-    exposed_s: float  # per layer, for the pass
-    ratio: float  # ring step ratio; all-to-all time / compute for Ulysses; the sum of both for USP
-
-    def label(self, n: int) -> str:
-        return {"ring": "ring", "ulysses": "Ulysses"}.get(self.scheme, f"USP {self.n_ulysses}x{n // self.n_ulysses}")
+def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeResult]:
+    """The scheme comparison at CP degree ``n`` for one TP rank's attention: the same one `cp-plan` prints."""
+    layout = "zigzag" if attention.causal else "contiguous"
+    at_n = attention.model_copy(update={"n": n, "layout": layout, "block": min(attention.block, attention.seq // n)})
+    return compare(at_n, machine)
 
 
-def options_at(ev: Evaluator, inputs: PlanInputs, profile: HardwareProfile, n: int, pass_: str) -> list[Option]:
-    """Ring (zigzag when causal), Ulysses and every USP split that fits the head counts, at CP degree n,
-    with the communication each leaves exposed per layer (:func:`costmodel.plans.timing.predict`)."""
-    backward = pass_ == "fwd+bwd"
-    compute = sum(float(ev(name)) for phase, name in (("fwd", "layer_compute_s"), ("bwd", "bwd_layer_compute_s"))
-                  if phase in pass_)  # fmt: skip
-    layout = "zigzag" if inputs.causal and inputs.seq % (2 * n) == 0 else "contiguous"
-    ring = inputs.model_copy(update={"n": n, "layout": layout})
-    out = [Option("ring", layout, 1, predict(ring, profile, "ring", backward).exposed_s, pass_ratio(ev, pass_))]
-    for n_u in divisors(n)[1:]:
-        ok, _ = ulysses_feasibility(inputs.heads, inputs.kv_heads, n_u)
-        if not ok:
-            continue
-        # The all-to-all of N_u ranks; on the ring's side, N_r = N/N_u steps over h/N_u heads and
-        # max(n_kv, N_u)/N_u KV heads, on the link a group of all N ranks uses.
-        a2a_only = inputs.model_copy(update={"n": n_u, "seq": inputs.seq // (n // n_u), "layout": "contiguous"})
-        a2a = predict(a2a_only, profile, "ulysses", backward)
-        if n_u == n:
-            out.append(Option("ulysses", None, n_u, a2a.exposed_s, a2a.exposed_s / compute))
-            continue
-        sub = inputs.model_copy(update={"n": n // n_u, "heads": inputs.heads // n_u,
-                                        "kv_heads": max(inputs.kv_heads, n_u) // n_u,
-                                        "layout": layout if inputs.seq % (2 * n // n_u) == 0 else "contiguous"})  # fmt: skip
-        ring_link, _ = profile.link_for(n)
-        sub_ev = Evaluator({**plan_values(sub, profile), "B": ring_link.bandwidth_per_direction,
-                            "alpha": ring_link.latency_s})  # fmt: skip
-        exposed = a2a.exposed_s + predict(sub, profile, "ring", backward, span=n).exposed_s
-        # Its ratio adds the all-to-alls' share of compute (not overlapped) to the ring step's (overlapped).
-        out.append(Option("usp", layout, n_u, exposed, pass_ratio(sub_ev, pass_) + a2a.exposed_s / compute))
-    return out
-
-
-def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, profile: HardwareProfile,
+def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
               suggest: bool = True) -> RecommendReport:  # fmt: skip
     """The window [N_min(memory), N_max(comm)] over the CP degrees the job can use, and the pick.
 
-    Each usable N is scored by its best scheme (ring, Ulysses or a USP split), so USP can extend the
-    window past where the plain ring turns red. With ``suggest``, an empty window also gets the setup
-    changes that would open it, each checked by re-running this function.
+    With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
+    re-running this function.
     """
-    setup.check()
-    profile = setup.placed(profile)
+    machine = machine.placed(setup.tp)
     attention = setup.attention(inputs)
     candidates = [n for n in divisors(setup.shard_group) if inputs.seq % n == 0]
     rows, best_at, evaluators = [], {}, {}
     for n in candidates:
-        evaluators[n] = Evaluator(training_values(inputs, model, setup, profile, n))
-        ev = Evaluator(plan_values(attention, profile, n))
-        if n == 1:  # one device receives nothing
-            best = Option("ring", None, 1, 0.0, 0.0)
-            ring_ratio = 0.0
-        else:
-            options = options_at(ev, attention, profile, n, setup.pass_)
-            ring_ratio = options[0].ratio
-            best = min(options, key=lambda o: (BANDS.index(band(o.ratio)), o.exposed_s))
-        best_at[n] = best
+        evaluators[n] = Evaluator(training_values(inputs, model, setup, machine, n))
+        results = schemes_at(attention, machine, n)
+        chosen, safest = best(results), lowest_ratio(results)
+        best_at[n] = chosen
         fit = fit_at(evaluators[n])
         rows.append(RecommendCandidate(
             n=n, dp=setup.shard_group // n, fits=fit.fits, total_bytes=fit.total_bytes,
-            ring_comm_ratio_step=ring_ratio, best_scheme=best.label(n), comm_ratio=best.ratio,
-            verdict=band(best.ratio).verdict, link_scope=profile.link_for(n)[1],
+            ring_comm_ratio_step=results[0].ratio or 0.0, best_scheme=_label(chosen, n),
+            comm_ratio=chosen.ratio or 0.0, exposed_comm_s=chosen.exposed_s or 0.0,
+            verdict=chosen.verdict or "green", lowest_ratio=safest.ratio or 0.0,
+            lowest_ratio_scheme=_label(safest, n), link_scope=machine.scope(n) if n > 1 else "none",
         ))  # fmt: skip
     n_min = min((r.n for r in rows if r.fits), default=None)
-    n_max = max((r.n for r in rows if r.comm_ratio <= AMBER.upper), default=None)
-    window = [r for r in rows if r.fits and r.comm_ratio <= AMBER.upper]
-    n_min_real = float(evaluators[candidates[-1]]("n_min_memory"))
+    n_max = max((r.n for r in rows if r.lowest_ratio <= AMBER.upper), default=None)
+    window = [r for r in rows if r.fits and r.lowest_ratio <= AMBER.upper]
+    largest = evaluators[candidates[-1]]
+    states_fit = float(largest("model_state_bytes")) < largest.values["M_dev"]
+    n_min_real = float(largest("n_min_memory")) if states_fit else None
     common = {"n_min_memory": n_min, "n_max_comm": n_max, "n_min_memory_real": n_min_real}
     if window:
-        pick = min(window, key=lambda r: (r.verdict != "green", r.n))
-        best = best_at[pick.n]
+        pick = min(window, key=lambda r: (r.lowest_ratio >= GREEN.upper, r.n))
+        chosen = best_at[pick.n]
+        none = pick.n == 1
         recommendation = Recommendation(
-            **common, n_recommended=pick.n, dp=pick.dp, scheme=best.scheme, layout=best.layout,
-            n_ulysses=best.n_ulysses, reason=_reason(pick, best, n_min, setup), fixes=[],
+            **common, n_recommended=pick.n, dp=pick.dp, scheme="none" if none else chosen.scheme,
+            layout=None if none or chosen.scheme == "ulysses" else chosen.layout,
+            n_ulysses=None if none else chosen.n_ulysses, reason=_reason(pick, chosen, n_min, inputs.pass_),
+            fixes=[],
         )  # fmt: skip
         fit = fit_at(evaluators[pick.n])
     else:
         recommendation = Recommendation(
             **common, n_recommended=None, dp=None, scheme=None, layout=None, n_ulysses=None,
-            reason=_failure(rows, n_min, n_max, setup),
-            fixes=_fixes(inputs, model, setup, profile, n_min, n_max) if suggest else [],
+            reason=_failure(rows, n_min, n_max, largest, inputs.pass_, setup),
+            fixes=_fixes(inputs, model, setup, machine, n_min, n_max) if suggest else [],
         )  # fmt: skip
         fit = fit_at(evaluators[n_min or candidates[-1]])
-    return RecommendReport(inputs=inputs, setup=setup, hw=profile.name, fit=fit, recommendation=recommendation,
+    return RecommendReport(inputs=inputs, setup=setup, hw=machine.name, fit=fit, recommendation=recommendation,
                            candidates=rows)  # fmt: skip
 
 
-def _reason(pick: RecommendCandidate, best: Option, n_min: int | None, setup: TrainingSetup) -> str:
+def _label(scheme: SchemeResult, n: int) -> str:
+    return "none" if n == 1 else scheme.label
+
+
+def describe_scheme(scheme: str | None, layout: str | None, n: int | None, n_ulysses: int | None) -> str:
+    """``zigzag ring``, ``Ulysses``, ``USP 2x4 (all-to-all in node), zigzag ring``, or no CP at N = 1."""
+    if not n or scheme in (None, "none"):
+        return "no context parallelism"
+    if scheme == "ring":
+        return f"{layout} ring"
+    if scheme == "ulysses":
+        return "Ulysses all-to-all"
+    return f"USP {n_ulysses}x{n // (n_ulysses or 1)}: all-to-all over {n_ulysses}, a {layout} ring across"
+
+
+def _reason(pick: RecommendCandidate, chosen: SchemeResult, n_min: int | None, pass_: str) -> str:
     if pick.n == 1:
-        why = f"no CP is needed: {si(pick.total_bytes, 'B', 3)} per device fits on one"
-    elif pick.n == n_min:
+        return (f"N = 1: no CP is needed; {si(pick.total_bytes, 'B', 3)} per device fits on one device, "
+                f"leaving DP = {pick.dp}.")  # fmt: skip
+    if pick.n == n_min:
         why = f"the smallest CP degree whose memory fits ({si(pick.total_bytes, 'B', 3)} of HBM per device)"
     else:
         why = f"the smallest green CP degree that fits (N = {n_min} fits but is amber)"
-    how = {"ring": f"a {best.layout} ring", "ulysses": "Ulysses all-to-all",
-           "usp": f"{best.label(pick.n)}, the all-to-all inside a node and a {best.layout} ring across"}[best.scheme]  # fmt: skip
-    return (f"N = {pick.n} is {why}; with {how} its {setup.pass_} comm ratio is {pick.comm_ratio:.2%} "
-            f"({pick.verdict}, {pick.link_scope}), leaving DP = {pick.dp}.")
+    how = describe_scheme(chosen.scheme, chosen.layout, pick.n, chosen.n_ulysses)
+    text = (f"N = {pick.n} is {why}; {how} exposes the least communication, its {pass_} comm ratio is "
+            f"{pick.comm_ratio:.2%} ({pick.verdict}, {pick.link_scope}), leaving DP = {pick.dp}.")
+    if pick.lowest_ratio_scheme != pick.best_scheme:
+        text += (f" {pick.lowest_ratio_scheme} has the lower ratio ({pick.lowest_ratio:.2%}) but exposes more; "
+                 "the pick relies on overlapping its transfers.")
+    return text
 
 
-def _failure(rows: list[RecommendCandidate], n_min: int | None, n_max: int | None, setup: TrainingSetup) -> str:
+def _failure(rows: list[RecommendCandidate], n_min: int | None, n_max: int | None, largest: Evaluator, pass_: str,
+             setup: TrainingSetup) -> str:  # fmt: skip
     if n_min is None:
-        largest = rows[-1]
-        return (f"Memory fails: even N = {largest.n}, every rank of a TP x PP slice, needs "
-                f"{si(largest.total_bytes, 'B', 3)} per device.")
+        biggest = rows[-1]
+        states, usable = float(largest("model_state_bytes")), largest.values["M_dev"]
+        if states >= usable:
+            return (f"Memory fails: the model states alone need {si(states, 'B', 3)} per device, more than the "
+                    f"{si(usable, 'B', 3)} usable; no CP degree can fit them.")  # fmt: skip
+        real = float(largest("n_min_memory"))
+        return (f"Memory fails: even N = {biggest.n}, every rank of a TP x PP slice (G / (TP x PP) = "
+                f"{setup.shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "
+                f"from N = {real:.1f}, which this job cannot reach.")  # fmt: skip
     at_min = next(r for r in rows if r.n == n_min)
-    return (f"Communication fails: memory needs N >= {n_min}, where the best scheme ({at_min.best_scheme}) has a "
-            f"{setup.pass_} comm ratio of {at_min.comm_ratio:.1%}; it stays within 15 % only up to N = {n_max}.")
+    return (f"Communication fails: memory needs N >= {n_min}, where the lowest comm ratio ({at_min.lowest_ratio_scheme}) "
+            f"is {at_min.lowest_ratio:.1%} for {pass_}; some scheme stays within 15 % only up to N = {n_max}.")
 
 
-def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, profile: HardwareProfile,
+def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
            n_min: int | None, n_max: int | None) -> list[str]:  # fmt: skip
-    """What would open the window; the setup changes are checked by re-running the recommendation."""
-    trials = []
+    """What would open the window; every setup change is checked by re-running the recommendation."""
+    trials: list[tuple[str, dict[str, Any]]] = []
     if setup.recompute != "full":
         trials.append(("full activation recompute (--recompute full)", {"recompute": "full"}))
     if setup.zero < 3:
         trials.append(("ZeRO-3 (--zero 3)", {"zero": 3}))
-    if 2 * setup.tp <= profile.devices_per_node and setup.gpus % (2 * setup.tp * setup.pp) == 0:
-        trials.append((f"TP {2 * setup.tp} (--tp {2 * setup.tp})", {"tp": 2 * setup.tp}))
+    tp2 = 2 * setup.tp
+    if tp2 <= machine.profile.devices_per_node and setup.gpus % (tp2 * setup.pp) == 0 and model.heads % tp2 == 0:
+        trials.append((f"TP {tp2} (--tp {tp2})", {"tp": tp2}))
+    pp2 = 2 * setup.pp
+    if setup.gpus % (setup.tp * pp2) == 0 and model.layers % pp2 == 0:
+        trials.append((f"PP {pp2} (--pp {pp2})", {"pp": pp2}))
+    if n_min is None:
+        trials.append((f"twice the GPUs (--gpus {2 * setup.gpus})", {"gpus": 2 * setup.gpus}))
+        node_tp = max((k for k in divisors(machine.profile.devices_per_node)
+                       if model.heads % k == 0 and setup.gpus % (k * setup.pp) == 0), default=setup.tp)  # fmt: skip
+        combined = {"recompute": "full", "zero": 3, "tp": max(node_tp, setup.tp)}
+        if any(getattr(setup, key) != value for key, value in combined.items()):
+            flags = f"--recompute full --zero 3 --tp {combined['tp']}"
+            trials.append((f"full recompute, ZeRO-3 and TP {combined['tp']} together ({flags})", combined))
     fixes = []
     for text, change in trials:
-        trial = recommend(inputs, model, setup.model_copy(update=change), profile, suggest=False)
+        try:
+            trial = recommend(inputs, model, setup.model_copy(update=change), machine, suggest=False)
+        except InputError:  # the change needs what this machine lacks (an inter-node link, say)
+            continue
         if trial.recommendation.n_recommended:
             fixes.append(f"{text}: N = {trial.recommendation.n_recommended} then works")
     if n_min is not None and (n_max is None or n_min > n_max):
@@ -198,4 +206,6 @@ def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, profile
             f"fewer KV heads (GQA): ring traffic scales with n_kv = {inputs.kv_heads}",
             "longer shards: fewer CP ranks, with more TP or PP to fit memory",
         ]
+    if not fixes:
+        fixes.append("none of full recompute, ZeRO-3, more TP, more PP or more GPUs opens the window alone")
     return fixes

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.core.errors import InputError
-from costmodel.machines.profiles import HardwareProfile
+from costmodel.machines.binding import Machine
 from costmodel.plans.bind import PASSES, RATIO, plan_values
 from costmodel.plans.inputs import TOKENS_HELP, PlanInputs, TrainingSetup, parse_tokens
 from costmodel.plans.models import ModelPreset
@@ -22,20 +22,35 @@ from costmodel.symbolic import numeric
 RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 
 
-def parse_grid(text: str, field: str) -> list[int]:
-    """``8k..1M`` doubles from 8k up to 1M; ``8k,32k`` lists; ``256k`` is one value."""
-    text = text.strip()
+MAX_POINTS = 256  # values per axis: a grid is answered in well under a second
+
+
+def parse_grid(text: str, field: str, upper: int) -> list[int]:
+    """``8k..1M`` doubles from 8k up to 1M; ``8k,32k`` lists; ``256k`` is one value. Each in [1, upper]."""
+    values = _grid(text.strip(), field)
+    if values[0] < 1 or values[-1] > upper:
+        raise InputError(field, f"values must lie in [1, {upper:,}] (got {values[0]:,}..{values[-1]:,})")
+    if len(values) > MAX_POINTS:
+        raise InputError(field, f"{len(values)} values; a sweep takes at most {MAX_POINTS} per axis")
+    return values
+
+
+def _grid(text: str, field: str) -> list[int]:
     if ".." in text:
         low_text, _, high_text = text.partition("..")
         low, high = parse_tokens(low_text, field), parse_tokens(high_text, field)
         if low > high:
             raise InputError(field, f"range {text!r} runs downwards; write low..high")
+        if low < 1:
+            raise InputError(field, f"range {text!r} starts below 1")
         values, value = [], low
-        while value <= high:
+        while value <= high and len(values) <= MAX_POINTS:
             values.append(value)
             value *= 2
         return values
     parts = [p for p in re.split(r"\s*,\s*", text) if p]
+    if len(parts) > MAX_POINTS:
+        raise InputError(field, f"{len(parts)} values; a sweep takes at most {MAX_POINTS} per axis")
     if not parts:
         raise InputError(field, f"empty; accepted: {RANGE_HELP}, each {TOKENS_HELP}")
     return sorted({parse_tokens(p, field) for p in parts})
@@ -79,25 +94,16 @@ class Grid:
         return out
 
 
-def _link_arrays(profile: HardwareProfile, ns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    inter = ns > profile.ranks_per_node
-    intra_link, inter_link = profile.links.intra_node, profile.links.inter_node or profile.links.intra_node
-    if inter.any() and profile.links.inter_node is None:
-        raise InputError("--n", f"profile {profile.name!r} has no inter-node link for N > {profile.ranks_per_node}")
-    bandwidth = np.where(inter, inter_link.bandwidth_per_direction, intra_link.bandwidth_per_direction)
-    latency = np.where(inter, inter_link.latency_s, intra_link.latency_s)
-    return bandwidth, latency, inter
-
-
-def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.ndarray, profile: HardwareProfile,
+def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.ndarray, machine: Machine,
           model: ModelPreset | None = None, setup: TrainingSetup | None = None) -> Grid:  # fmt: skip
-    """The grid for one profile. ``shape`` gives heads, dtype, causal, pass; its seq and n are ignored."""
+    """The grid for one machine. ``shape`` gives heads, dtype, causal, pass; its seq and n are ignored."""
     seq_col = np.asarray(seqs, dtype=float)[:, None]
     n_row = np.asarray(ns, dtype=float)[None, :]
-    bandwidth, latency, inter = _link_arrays(profile, np.asarray(ns))
+    bandwidth, latency, inter = machine.link_arrays(np.asarray(ns))
     # The plan's binding of inputs to symbols, with S, N and the link each N uses as arrays.
-    values = {**plan_values(shape, profile), "S": seq_col, "N": n_row, "B": bandwidth[None, :],
+    values = {**plan_values(shape, machine, 1), "S": seq_col, "N": n_row, "B": bandwidth[None, :],
               "alpha": latency[None, :]}  # fmt: skip
+    profile = machine.profile
 
     def call(name: str, **over: object) -> np.ndarray:
         return getattr(numeric, name)(**{a: over.get(a, values.get(a)) for a in numeric.ARGS[name]})
@@ -108,16 +114,16 @@ def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.nd
     # N_max: the intra-node bound while it stays inside the node, else the inter-node one.
     bound_of = {"fwd": "n_at_ratio", "bwd": "bwd_n_at_ratio"}  # N where the phase's step ratio reaches r
     bounds = {}
-    for scope, link in (("intra", profile.links.intra_node), ("inter", profile.links.inter_node)):
-        if link is not None:
-            over = {"S": seq_col[:, 0], "B": link.bandwidth_per_direction, "alpha": link.latency_s, "r": 1.0}
-            bounds[scope] = np.min([call(bound_of[phase], **over) for phase in PASSES[shape.pass_]], axis=0)
-    ranks = profile.ranks_per_node
+    ranks = machine.ranks_per_node
+    groups = {"intra": 1} | ({"inter": ranks + 1} if profile.links.inter_node is not None else {})
+    for scope, group in groups.items():
+        over = {"S": seq_col[:, 0], **machine.link(group).values, "r": 1.0}
+        bounds[scope] = np.min([call(bound_of[phase], **over) for phase in PASSES[shape.pass_]], axis=0)
     n_max = bounds["intra"]
     if "inter" in bounds:
         n_max = np.where(bounds["inter"] > ranks, bounds["inter"], np.minimum(bounds["intra"], ranks))
     grid = Grid(
-        profile=profile.name, seqs=np.asarray(seqs), ns=np.asarray(ns), ratio=np.where(valid, ratio, np.nan),
+        profile=machine.name, seqs=np.asarray(seqs), ns=np.asarray(ns), ratio=np.where(valid, ratio, np.nan),
         intensity=np.broadcast_to(call("intensity_step"), ratio.shape).copy(),
         step_compute_s=np.broadcast_to(call("step_compute_s"), ratio.shape).copy(),
         step_comm_s=np.broadcast_to(call("step_comm_s"), ratio.shape).copy(), inter_node=inter, n_max=n_max,
@@ -125,7 +131,7 @@ def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.nd
     if model is not None and setup is not None:
         from costmodel.training.recommend import training_values
 
-        base = training_values(shape, model, setup, profile, 1)
+        base = training_values(shape, model, setup, machine, 1)
         grid.n_min_memory = numeric.n_min_memory(
             **{a: (seq_col[:, 0] if a == "S" else base[a]) for a in numeric.ARGS["n_min_memory"]}
         )

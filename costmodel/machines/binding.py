@@ -1,0 +1,152 @@
+"""The one machine binding: everything the model asks of a machine, answered in one place.
+
+For a group of ``group`` consecutive CP ranks doing a collective, which link it waits on and at what
+α and B; how much of a transfer hides under compute; at what FLOP/s a kernel call runs; which fixed
+costs a measured profile adds. Datasheet and measured profiles answer through the same questions, so
+no command picks a link or a rate on its own.
+
+``datasheet=True`` asks the datasheet-style question of a measured profile too: peak FLOP/s for every
+call, no α, transfers fully hidden, no fixed costs (what `cp-plan validate` sets beside the model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import HardwareProfile
+
+if TYPE_CHECKING:
+    import numpy as np
+
+Collective = Literal["p2p", "alltoall"]
+Scope = Literal["intra-node", "inter-node"]
+
+
+@dataclass(frozen=True)
+class LinkBinding:
+    """The link a group waits on, as the model uses it."""
+
+    name: str
+    scope: Scope
+    bandwidth: float  # B: bytes/s per direction (all-to-all: bytes each rank receives per second)
+    latency_s: float  # α: per message (per collective call for all-to-all)
+
+    @property
+    def values(self) -> dict[str, float]:
+        """The formulas' symbols for this link."""
+        return {"B": self.bandwidth, "alpha": self.latency_s}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A profile bound to a dtype and an efficiency, with CP ranks placed ``ranks_per_node`` to a node."""
+
+    profile: HardwareProfile
+    dtype: str = "bf16"
+    efficiency: float = 1.0
+    datasheet: bool = False
+    ranks_per_node: int = 0  # consecutive CP ranks sharing a node; 0: the profile's own placement
+
+    def __post_init__(self) -> None:
+        if self.dtype not in self.profile.device.peak_flops:
+            have = ", ".join(self.profile.device.peak_flops)
+            raise InputError("--dtype", f"profile {self.profile.name!r} has no {self.dtype} FLOP/s; it has: {have}")
+        if not self.ranks_per_node:
+            object.__setattr__(self, "ranks_per_node", self.profile.ranks_per_node)
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def calibrated(self) -> bool:
+        """Measured rates, fits and fixed costs are used (a measured profile, not asked as a datasheet)."""
+        return self.profile.calibration is not None and not self.datasheet
+
+    def placed(self, tp: int) -> Machine:
+        """The machine as a job with tensor parallelism ``tp`` lays CP out: TP innermost (Megatron's rank
+        order), so a node holds ranks_per_node / tp CP ranks; TP 8 on 8-GPU nodes puts every CP neighbour
+        on another node."""
+        return replace(self, ranks_per_node=max(1, self.profile.ranks_per_node // tp))
+
+    def as_datasheet(self) -> Machine:
+        return replace(self, datasheet=True)
+
+    # --- compute --------------------------------------------------------------------------------
+    @property
+    def peak_flops(self) -> float:
+        return self.profile.device.peak_flops[self.dtype]
+
+    @property
+    def effective_flops(self) -> float:
+        """The one FLOP/s of the balanced formulas: measured where the profile has it, else peak x efficiency."""
+        if self.datasheet:
+            return self.peak_flops
+        measured = (self.profile.device.effective_flops or {}).get(self.dtype)
+        return measured if measured is not None else self.peak_flops * self.efficiency
+
+    def rate(self, flops: float, masked: bool, backward: bool, busy: int) -> float:
+        """FLOP/s of one kernel call of ``flops`` forward FLOP, fully visible or ``masked`` (causal), while
+        ``busy`` ranks compute at once (on a CPU they share cores). Measured curves where calibrated."""
+        if not self.calibrated:
+            return self.effective_flops
+        curve = self.profile.calibration.curve(busy, masked)  # type: ignore[union-attr]
+        return curve.rate(flops, backward)
+
+    # --- links ----------------------------------------------------------------------------------
+    def scope(self, group: int) -> Scope:
+        """Where a group of ``group`` consecutive CP ranks sits: one hop off the node is enough to wait on it."""
+        return "intra-node" if group <= self.ranks_per_node else "inter-node"
+
+    def link(self, group: int, collective: Collective = "p2p") -> LinkBinding:
+        """α and B of the link a ring (``p2p``) or all-to-all over ``group`` ranks waits on.
+
+        A ring step is as slow as its slowest hop, so one inter-node hop sets the whole ring's link.
+        """
+        scope = self.scope(group)
+        link = self.profile.links.intra_node if scope == "intra-node" else self.profile.links.inter_node
+        if link is None:
+            raise InputError(
+                "--hw", f"profile {self.name!r} has no inter_node link but {group} CP ranks span nodes "
+                f"({self.ranks_per_node} per node)"
+            )
+        if self.calibrated:
+            cal = self.profile.calibration
+            fits = cal.alltoall if collective == "alltoall" else cal.p2p  # type: ignore[union-attr]
+            if scope in fits:
+                return LinkBinding(link.name, scope, fits[scope].bandwidth, fits[scope].latency_s)
+        if collective == "alltoall":
+            bandwidth, latency = link.alltoall_bandwidth(), link.alltoall_latency()
+        else:
+            bandwidth, latency = link.bandwidth_per_direction, link.latency_s
+        return LinkBinding(link.name, scope, bandwidth, 0.0 if self.datasheet else latency)
+
+    def link_arrays(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(B, α, crosses nodes) for every group size of an array: the vectorised :meth:`link` of sweeps."""
+        import numpy as np
+
+        bindings = [self.link(int(g)) for g in np.asarray(groups).ravel()]
+        shape = np.shape(groups)
+        return (np.reshape([b.bandwidth for b in bindings], shape), np.reshape([b.latency_s for b in bindings], shape),
+                np.reshape([b.scope == "inter-node" for b in bindings], shape))  # fmt: skip
+
+    # --- what a measured profile adds ------------------------------------------------------------
+    @property
+    def overlap(self) -> float:
+        """Share of the shorter of compute and transfer that hides under the other: 1 on datasheets."""
+        return self.profile.calibration.overlap if self.calibrated else 1.0  # type: ignore[union-attr]
+
+    def fixed(self, name: str) -> float:
+        """A measured fixed cost (``step_overhead_s``, ``sync_overhead_s``); 0 on datasheets."""
+        return float(getattr(self.profile.calibration, name)) if self.calibrated else 0.0
+
+    def layer_overhead(self, variant: str, backward: bool) -> tuple[float, float]:
+        """Measured fixed software cost of a whole layer, split (forward, backward); 0 on datasheets."""
+        if not self.calibrated:
+            return 0.0, 0.0
+        fixed = self.profile.calibration.layer_overhead_s  # type: ignore[union-attr]
+        forward = fixed.get(f"{variant} fwd", 0.0)
+        both = fixed.get(f"{variant} fwd+bwd", forward) if backward else forward
+        return forward, both - forward
