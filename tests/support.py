@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
+from costmodel.machines.compose import override
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import PlanInputs
@@ -22,7 +23,8 @@ def seed_round(value: float, digits: int) -> Decimal:
     return d.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_HALF_UP)
 
 
-def plan(hw: str = "a100-nvlink", **overrides: object) -> Report:
-    """The seed example (SPEC §2) with overrides, evaluated on a built-in profile."""
+def plan(hw: str = "a100-nvlink", inter_bandwidth: str | None = None, **overrides: object) -> Report:
+    """The seed example (SPEC §2) with overrides, evaluated on a built-in profile (its inter-node link
+    replaced when ``inter_bandwidth`` is given, as ``--inter-node-bandwidth`` does)."""
     fields = {"seq": 262_144, "n": 8, "hw": hw, **overrides}
-    return evaluate(PlanInputs(**fields), load_profile(hw))
+    return evaluate(PlanInputs(**fields), override(load_profile(hw), inter_bandwidth=inter_bandwidth))

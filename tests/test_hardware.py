@@ -12,7 +12,7 @@ from costmodel.machines.profiles import builtin_names, load_profile
 
 SPEC_8 = {  # name: (bf16 peak FLOP/s, ring link bandwidth per direction at N = 8, HBM bytes or None)
     "a100-nvlink": (312e12, 300e9, 80e9),
-    "a100-ib": (312e12, 50e9, 80e9),
+    "a100-ib": (312e12, 25e9, 80e9),  # HDR 200 Gb/s, one ConnectX-6 per GPU [DGX-A100]
     "h100-nvlink": (989e12, 450e9, 80e9),
     "h100-ib": (989e12, 50e9, 80e9),
     "h800-nvlink": (989e12, 200e9, 80e9),

@@ -33,6 +33,7 @@ from costmodel.cli.options import (
     plan_inputs,
 )
 from costmodel.core.errors import InputError
+from costmodel.machines.compose import BANDWIDTH_HELP, override
 from costmodel.machines.profiles import builtin_names, load_profile
 
 app = typer.Typer(
@@ -51,6 +52,16 @@ app.command("validate")(kernel_cli.validate)
 app.command("recommend")(planning.recommend_cmd)
 app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
+
+# Composition flags: the device and fast domain come from --hw, these replace its links or placement.
+InterBwOpt = Annotated[Optional[str], typer.Option(
+    "--inter-node-bandwidth", help=f"Replace the profile's inter-node link: {BANDWIDTH_HELP}.")]
+IntraBwOpt = Annotated[Optional[str], typer.Option(
+    "--intra-node-bandwidth", help=f"Replace the profile's intra-node link: {BANDWIDTH_HELP}.")]
+DevicesOpt = Annotated[Optional[int], typer.Option(
+    "--devices-per-node", help="Accelerators per node (the fast domain: NVLink, xGMI or ICI slice).")]
+CpRanksOpt = Annotated[Optional[int], typer.Option(
+    "--cp-ranks-per-node", help="Consecutive CP ranks on one node; the ring leaves the node beyond them.")]
 
 
 @app.callback(invoke_without_command=True)
@@ -72,6 +83,10 @@ def report(
     pass_: PassOpt = SEED.pass_,
     format: FormatOpt = Format.table,
     explain: ExplainOpt = False,
+    inter_node_bandwidth: InterBwOpt = None,
+    intra_node_bandwidth: IntraBwOpt = None,
+    devices_per_node: DevicesOpt = None,
+    cp_ranks_per_node: CpRanksOpt = None,
 ) -> None:
     """Report memory tiers, traffic, intensity vs beta, times, the verdict and the CP degree to use.
 
@@ -82,9 +97,12 @@ def report(
     from costmodel.cli import render
     from costmodel.plans.evaluate import evaluate
 
+    if model and model.endswith(".json"):
+        _note_unmapped(model)
     inputs = plan_inputs(seq, n, hw, model, heads, kv_heads, head_dim, batch, dtype, block, causal, layout,
                          efficiency, pass_)  # fmt: skip
-    profile = load_profile(hw)
+    profile = override(load_profile(hw), inter_bandwidth=inter_node_bandwidth, intra_bandwidth=intra_node_bandwidth,
+                       devices_per_node=devices_per_node, cp_ranks_per_node=cp_ranks_per_node)  # fmt: skip
     trace: list | None = [] if explain else None
     result = evaluate(inputs, profile, trace)
     if format is Format.json:
@@ -100,36 +118,80 @@ def report(
             render.render_explain(trace, screen)
 
 
+def _note_unmapped(path: str) -> None:
+    """One line on stderr naming what a Hugging Face config holds that the plan does not use."""
+    from costmodel.plans.models import load_model
+
+    unmapped: list[str] = []
+    load_model(path, unmapped=unmapped)
+    if unmapped:
+        sys.stderr.write(f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}\n")
+
+
 @hw_app.command("list")
-def hw_list() -> None:
-    """List the built-in hardware profiles."""
+def hw_list(format: FormatOpt = Format.table) -> None:
+    """List the built-in hardware profiles, grouped by vendor and generation, with each fast-domain size."""
+    profiles = [load_profile(name) for name in builtin_names()]
+    profiles.sort(key=lambda p: (p.device.vendor or "~", p.device.generation or "", p.name))
+    if format in (Format.json, Format.yaml):
+        listing = {"profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles]}
+        if format is Format.json:
+            import json
+
+            sys.stdout.write(json.dumps(listing, indent=2) + "\n")
+        else:
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(listing, sort_keys=False))
+        return
+    if format is Format.markdown:
+        raise InputError("--format", "hw list prints table, json or yaml")
     from rich import box
     from rich.table import Table
 
-    from costmodel.core.units import si
-
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  caption="links per direction; a ring leaves the node beyond CP/node ranks")  # fmt: skip
-    for column in ("name", "device", "bf16 peak", "intra-node", "inter-node", "CP/node"):
-        table.add_column(column, no_wrap=True)
-    for name in builtin_names():
-        p = load_profile(name)
+                  caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
+                          "slice); a ring leaves the node beyond CP/node ranks")  # fmt: skip
+    table.add_column("name", no_wrap=True)
+    for column in ("bf16\nTFLOP/s", "fp8\nTFLOP/s", "HBM\nGB", "fast\ndomain", "CP/\nnode", "intra\nGB/s",
+                   "inter\nGB/s"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+
+    def number(value: float | None, unit: float) -> str:
+        return "-" if value is None else f"{value / unit:.4g}"
+
+    group = None
+    for p in profiles:
+        family = f"{p.device.vendor or 'other'} {p.device.generation or ''}".strip()
+        if family != group:
+            if group is not None:
+                table.add_section()
+            table.add_row(f"[bold]{family}[/bold]")
+            group = family
         inter = p.links.inter_node
         table.add_row(
-            name, p.device.name, si(p.device.peak_flops.get("bf16"), "FLOP/s", 3),
-            si(p.links.intra_node.bandwidth_per_direction, "B/s", 3),
-            si(inter.bandwidth_per_direction, "B/s", 3) if inter else "none", str(p.ranks_per_node),
+            p.name, number(p.device.peak_flops.get("bf16"), 1e12),
+            number(p.device.peak_flops.get("fp8"), 1e12), number(p.device.hbm_bytes, 1e9), str(p.devices_per_node),
+            str(p.ranks_per_node), number(p.links.intra_node.bandwidth_per_direction, 1e9),
+            number(inter.bandwidth_per_direction if inter else None, 1e9),
         )  # fmt: skip
     console().print(table)
 
 
 @hw_app.command("show")
 def hw_show(name: Annotated[str, typer.Argument(help="Built-in name or YAML path.")]) -> None:
-    """Print one profile as validated YAML (units SI; bandwidth per direction)."""
+    """Print one profile as validated YAML (units SI; bandwidth per direction), its sources first."""
     import yaml
 
     profile = load_profile(name, field="NAME")
-    sys.stdout.write(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    sources = [("profile", profile.source.url or f"measured on {profile.source.host}, {profile.source.date}")]
+    for scope in ("intra_node", "inter_node"):
+        link = getattr(profile.links, scope)
+        if link is not None and link.source:
+            sources.append((f"links.{scope}", link.source))
+    header = "".join(f"# source ({what}): {where}\n" for what, where in sources)
+    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    sys.stdout.write(header + body)
 
 
 @app.command("formulas")
