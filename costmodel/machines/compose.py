@@ -34,18 +34,19 @@ def parse_bandwidth(text: str, field: str) -> float:
     The case of the unit decides bits (``b``) or bytes (``B``); prefixes are decimal, as NIC and link
     datasheets print them (200 Gb/s HDR InfiniBand = 25 GB/s). Anything else is an :class:`InputError`
     naming ``field``."""
+    shown = repr(text if len(text) <= 40 else text[:37] + "...")
     if _BINARY.search(text):
-        raise InputError(field, f"{text!r}: binary prefixes (Gi, Ti) are not accepted; datasheets quote decimal "
+        raise InputError(field, f"{shown}: binary prefixes (Gi, Ti) are not accepted; datasheets quote decimal "
                          f"ones. Accepted: {BANDWIDTH_HELP}")  # fmt: skip
     match = _BANDWIDTH.match(text)
     if not match:
-        raise InputError(field, f"{text!r} is not a bandwidth; accepted: {BANDWIDTH_HELP}")
+        raise InputError(field, f"{shown} is not a bandwidth; accepted: {BANDWIDTH_HELP}")
     number = float(match["number"]) * _PREFIX[match["prefix"]]
     per_second = number / 8 if match["unit"].startswith("b") else number
     if not math.isfinite(per_second) or per_second <= 0:
-        raise InputError(field, f"{text!r} must be a positive, finite bandwidth")
+        raise InputError(field, f"{shown} must be a positive, finite bandwidth")
     if per_second > _MOST_PLAUSIBLE:
-        raise InputError(field, f"{text!r} is {per_second:.3g} bytes/s, beyond any link (1 PB/s); check b vs B")
+        raise InputError(field, f"{shown} is {per_second:.3g} bytes/s, beyond any link (1 PB/s); check b vs B")
     return per_second
 
 
