@@ -82,7 +82,7 @@ def override(
             raise InputError(flag, f"must be a positive, finite bandwidth (got {value!r})")
         old = data["links"].get(scope)
         data["links"][scope] = {
-            "name": f"{'inter' if scope == 'inter_node' else 'intra'}-node link set by {flag}",
+            "name": f"{value.strip() if isinstance(value, str) else _gbytes(bandwidth)} link ({flag})",
             "bandwidth_per_direction": bandwidth,
             "bandwidth_bidirectional": 2 * bandwidth,
             "latency_s": old["latency_s"] if old else 0.0,
