@@ -5,10 +5,8 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from costmodel.machines.binding import Machine
-from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
-from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
 from costmodel.plans.schema import Report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +21,8 @@ def seed_round(value: float, digits: int) -> Decimal:
     return d.quantize(Decimal(1).scaleb(exponent), rounding=ROUND_HALF_UP)
 
 
-def plan(hw: str = "a100-nvlink", **overrides: object) -> Report:
-    """The worked example (256K tokens over 8 A100s) with overrides, evaluated on a built-in profile."""
+def plan(hw: str = "a100-nvlink", inter_bandwidth: str | None = None, **overrides: object) -> Report:
+    """The worked example (256K tokens over 8 A100s) with overrides, evaluated on a built-in profile (its
+    inter-node link replaced when ``inter_bandwidth`` is given, as ``--inter-node-bandwidth`` does)."""
     inputs = PlanInputs(**{"seq": 262_144, "n": 8, "hw": hw, **overrides})
-    return evaluate(inputs, Machine(load_profile(hw), inputs.dtype, inputs.efficiency))
+    return evaluate(inputs, machine_for(inputs, MachineOverrides(inter_node_bandwidth=inter_bandwidth)))

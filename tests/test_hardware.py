@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from costmodel.core.errors import InputError
 from costmodel.core.resources import data_dir
 from costmodel.machines.binding import LinkBinding, Machine
-from costmodel.machines.profiles import builtin_names, load_profile
+from costmodel.machines.profiles import BYTES_PER_ELEMENT, builtin_names, load_profile
 
 SPEC_8 = {  # name: (bf16 peak FLOP/s, ring link bandwidth per direction at N = 8, HBM bytes or None)
     "a100-nvlink": (312e12, 300e9, 80e9),
-    "a100-ib": (312e12, 50e9, 80e9),
+    "a100-ib": (312e12, 25e9, 80e9),  # HDR 200 Gb/s, one ConnectX-6 per GPU [DGX-A100]
     "h100-nvlink": (989e12, 450e9, 80e9),
     "h100-ib": (989e12, 50e9, 80e9),
     "h800-nvlink": (989e12, 200e9, 80e9),
@@ -79,3 +80,94 @@ def test_measured_rate_wins_over_peak_times_efficiency(tmp_path: Path) -> None:
 def test_missing_dtype_lists_what_the_profile_has() -> None:
     with pytest.raises(InputError, match="no fp8 FLOP/s; it has: bf16, fp16, fp32"):
         Machine(load_profile("a100-nvlink"), "fp8")
+
+
+# name: (vendor, intra-node both ways, inter-node per direction, fast domain, first N whose ring leaves it)
+TOPOLOGY = {
+    "a100-ib": ("NVIDIA", 600e9, 25e9, 8, 2),  # one CP rank per node: N = 2 already crosses
+    "a100-nvlink": ("NVIDIA", 600e9, 25e9, 8, 9),  # HDR 200 Gb/s, one ConnectX-6 per GPU [DGX-A100]
+    "a800-nvlink": ("NVIDIA", 400e9, 25e9, 8, 9),
+    "b200-nvlink": ("NVIDIA", 1.8e12, 50e9, 8, 9),  # NVLink 5, 400 Gb/s ConnectX-7 [DGX-B200]
+    "gb200-nvl72": ("NVIDIA", 1.8e12, 50e9, 72, 73),  # the rack is one NVLink domain
+    "h100-ib": ("NVIDIA", 900e9, 50e9, 8, 2),
+    "h100-nvlink": ("NVIDIA", 900e9, 50e9, 8, 9),
+    "h20-nvlink": ("NVIDIA", 900e9, 50e9, 8, 9),
+    "h200-nvlink": ("NVIDIA", 900e9, 50e9, 8, 9),
+    "h800-ib": ("NVIDIA", 400e9, 50e9, 8, 2),
+    "h800-nvlink": ("NVIDIA", 400e9, 50e9, 8, 9),
+    "mi300x-xgmi": ("AMD", 128e9, 50e9, 8, 9),  # one 128 GB/s xGMI link per peer, not the 896 GB/s sum
+    "mi325x-xgmi": ("AMD", 128e9, 50e9, 8, 9),
+    "tpu-v5p-ici": ("Google", 200e9, 6.25e9, 6144, 6145),  # 1200 GB/s per chip over 6 links; DCN 50 Gb/s
+    "tpu-v5e-ici": ("Google", 100e9, 3.125e9, 256, 257),  # 400 GB/s per chip over 4 ports; DCN 25 Gb/s
+}
+
+
+def test_topology_table_covers_every_built_in() -> None:
+    assert set(TOPOLOGY) == set(builtin_names())
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGY))
+def test_links_fast_domain_and_where_the_ring_leaves_it(name: str) -> None:
+    vendor, intra_both, inter_one_way, domain, leaves = TOPOLOGY[name]
+    profile = load_profile(name)
+    assert profile.device.vendor == vendor and profile.device.generation
+    intra, inter = profile.links.intra_node, profile.links.inter_node
+    assert intra.bandwidth_bidirectional == intra_both
+    assert intra.bandwidth_per_direction == pytest.approx(intra_both / 2, rel=1e-12)
+    assert inter.bandwidth_per_direction == inter_one_way
+    assert profile.devices_per_node == domain
+    machine = Machine(profile)
+    assert machine.link(leaves - 1).scope == "intra-node"
+    assert machine.link(leaves).scope == "inter-node" and machine.link(leaves).bandwidth == inter.bandwidth_per_direction
+
+
+PEAKS = {  # name: (dense bf16, dense fp8 or None, dense fp4 or None) FLOP/s, from each source.url
+    "b200-nvlink": (2.25e15, 4.5e15, 9e15),
+    "gb200-nvl72": (2.5e15, 5e15, 10e15),
+    "h20-nvlink": (148e12, 296e12, None),
+    "mi300x-xgmi": (1307.4e12, 2614.9e12, None),
+    "mi325x-xgmi": (1307.4e12, 2614.9e12, None),
+    "tpu-v5p-ici": (459e12, 459e12, None),
+    "tpu-v5e-ici": (197e12, None, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PEAKS))
+def test_new_profiles_dense_peaks(name: str) -> None:
+    bf16, fp8, fp4 = PEAKS[name]
+    device = load_profile(name).device
+    assert device.peak_flops["bf16"] == bf16
+    assert device.peak_flops.get("fp8") == fp8
+    assert (device.low_precision_peak_flops or {}).get("fp4") == fp4
+
+
+def test_fp4_is_shown_but_not_an_attention_dtype(cli) -> None:
+    assert "fp4" not in BYTES_PER_ELEMENT  # half a byte, plus block scales: no whole bytes per element
+    result = cli("--hw", "b200-nvlink", "--dtype", "fp4")
+    assert result.code == 2 and result.err.count("\n") == 1
+    shown = yaml.safe_load(cli("hw", "show", "b200-nvlink").out)
+    assert shown["device"]["low_precision_peak_flops"] == {"fp6": 4.5e15, "fp4": 9e15}
+
+
+def test_hw_show_names_every_source(cli) -> None:
+    out = cli("hw", "show", "a100-ib").out
+    assert out.startswith("# source (profile): https://")
+    assert "# source (links.inter_node): https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/" \
+           "nvidia-dgx-a100-datasheet.pdf" in out  # fmt: skip
+
+
+def test_hw_list_json_lists_every_profile_with_its_fields(cli) -> None:
+    listing = cli("hw", "list", "--format", "json").json()["profiles"]
+    assert sorted(p["name"] for p in listing) == builtin_names()
+    by_name = {p["name"]: p for p in listing}
+    assert by_name["gb200-nvl72"]["devices_per_node"] == 72
+    assert by_name["mi300x-xgmi"]["links"]["intra_node"]["bandwidth_per_direction"] == 64e9
+    assert load_profile("tpu-v5p-ici").model_dump(mode="json", exclude_none=True) == by_name["tpu-v5p-ici"]
+
+
+def test_hw_list_table_groups_by_vendor_and_generation(cli) -> None:
+    out = cli("hw", "list").out
+    order = [out.index(family) for family in ("AMD CDNA 3", "Google TPU v5", "NVIDIA Ampere", "NVIDIA Blackwell",
+                                              "NVIDIA Hopper")]  # fmt: skip
+    assert order == sorted(order)
+    assert out.index("NVIDIA Blackwell") < out.index("gb200-nvl72") < out.index("NVIDIA Hopper")

@@ -16,7 +16,7 @@ from costmodel.symbolic import numeric
 from tests.support import plan, seed_round
 
 NVLINK = plan("a100-nvlink")
-A100_IB = plan("a100-ib")
+A100_IB = plan("a100-ib", inter_bandwidth="400Gb")  # the article's 400 Gb/s; a DGX A100 ships 200 Gb/s HDR
 H100_IB = plan("h100-ib")
 MHA = plan("a100-nvlink", kv_heads=32)
 AT_40 = plan("a100-nvlink", efficiency=0.4)
@@ -42,7 +42,7 @@ ROWS: list[tuple[str, Callable[[], float], str, int]] = [
     ("I_step / I = (N-1)/N", lambda: NVLINK.ring.intensity_step / NVLINK.ring.intensity_layer, "0.875", 3),
     # β for the three seed machines
     ("beta A100 + NVLink 300 GB/s", lambda: NVLINK.hardware.beta, "1040", 4),
-    ("beta A100 + IB 50 GB/s", lambda: A100_IB.hardware.beta, "6240", 4),
+    ("beta A100 + IB 50 GB/s (400 Gb/s override)", lambda: A100_IB.hardware.beta, "6240", 4),
     ("beta H100 + IB", lambda: H100_IB.hardware.beta, "19780", 4),
     ("NVLink / IB bandwidth 6x (seed §13)", lambda: A100_IB.hardware.beta / NVLINK.hardware.beta, "6", 1),
     # §4.1 step times

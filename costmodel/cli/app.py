@@ -1,4 +1,5 @@
-"""The ``cp-plan`` command line (SPEC §6). Each command is a typed function; its docstring is its help."""
+"""The ``cp-plan`` command line. Each command is a typed function; its docstring is its help; its flags come
+from the declared inputs (:mod:`costmodel.plans.inputs`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import Format, FormatOpt, console, declared
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import builtin_names, load_profile
-from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
 
 app = typer.Typer(
     name="cp-plan",
@@ -32,12 +33,12 @@ app.command("recommend")(planning.recommend_cmd)
 app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
 
-
 @app.callback(invoke_without_command=True)
-@declared(inputs=PlanInputs)
+@declared(inputs=PlanInputs, machine_overrides=MachineOverrides)
 def report(
     ctx: typer.Context,
     inputs: PlanInputs,
+    machine_overrides: MachineOverrides,
     format: FormatOpt = Format.table,
     explain: Annotated[bool, typer.Option("--explain", help="Also print each formula, then with values.")] = False,
 ) -> None:
@@ -48,10 +49,9 @@ def report(
     if ctx.invoked_subcommand is not None:
         return
     from costmodel.cli import render
-    from costmodel.machines.binding import Machine
     from costmodel.plans.evaluate import evaluate
 
-    machine = Machine(load_profile(inputs.hw), inputs.dtype, inputs.efficiency)
+    machine = machine_for(inputs, machine_overrides)
     trace: list | None = [] if explain else None
     result = evaluate(inputs, machine, trace)
     if format is Format.json:
@@ -68,35 +68,69 @@ def report(
 
 
 @hw_app.command("list")
-def hw_list() -> None:
-    """List the built-in hardware profiles."""
+def hw_list(format: FormatOpt = Format.table) -> None:
+    """List the built-in hardware profiles, grouped by vendor and generation, with each fast-domain size."""
+    profiles = [load_profile(name) for name in builtin_names()]
+    profiles.sort(key=lambda p: (p.device.vendor or "~", p.device.generation or "", p.name))
+    if format in (Format.json, Format.yaml):
+        listing = {"profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles]}
+        if format is Format.json:
+            import json
+
+            sys.stdout.write(json.dumps(listing, indent=2) + "\n")
+        else:
+            import yaml
+
+            sys.stdout.write(yaml.safe_dump(listing, sort_keys=False))
+        return
+    if format is Format.markdown:
+        raise InputError("--format", "hw list prints table, json or yaml")
     from rich import box
     from rich.table import Table
 
-    from costmodel.core.units import si
-
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  caption="links per direction; a ring leaves the node beyond CP/node ranks")  # fmt: skip
-    for column in ("name", "device", "bf16 peak", "intra-node", "inter-node", "CP/node"):
-        table.add_column(column, no_wrap=True)
-    for name in builtin_names():
-        p = load_profile(name)
+                  caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
+                          "slice); a ring leaves the node beyond CP/node ranks")  # fmt: skip
+    table.add_column("name", no_wrap=True)
+    for column in ("bf16\nTFLOP/s", "fp8\nTFLOP/s", "HBM\nGB", "fast\ndomain", "CP/\nnode", "intra\nGB/s",
+                   "inter\nGB/s"):  # fmt: skip
+        table.add_column(column, justify="right", no_wrap=True)
+
+    def number(value: float | None, unit: float) -> str:
+        return "-" if value is None else f"{value / unit:.4g}"
+
+    group = None
+    for p in profiles:
+        family = f"{p.device.vendor or 'other'} {p.device.generation or ''}".strip()
+        if family != group:
+            if group is not None:
+                table.add_section()
+            table.add_row(f"[bold]{family}[/bold]")
+            group = family
         inter = p.links.inter_node
         table.add_row(
-            name, p.device.name, si(p.device.peak_flops.get("bf16"), "FLOP/s", 3),
-            si(p.links.intra_node.bandwidth_per_direction, "B/s", 3),
-            si(inter.bandwidth_per_direction, "B/s", 3) if inter else "none", str(p.ranks_per_node),
+            p.name, number(p.device.peak_flops.get("bf16"), 1e12),
+            number(p.device.peak_flops.get("fp8"), 1e12), number(p.device.hbm_bytes, 1e9), str(p.devices_per_node),
+            str(p.ranks_per_node), number(p.links.intra_node.bandwidth_per_direction, 1e9),
+            number(inter.bandwidth_per_direction if inter else None, 1e9),
         )  # fmt: skip
     console().print(table)
 
 
 @hw_app.command("show")
 def hw_show(name: Annotated[str, typer.Argument(help="Built-in name or YAML path.")]) -> None:
-    """Print one profile as validated YAML (units SI; bandwidth per direction)."""
+    """Print one profile as validated YAML (units SI; bandwidth per direction), its sources first."""
     import yaml
 
     profile = load_profile(name, field="NAME")
-    sys.stdout.write(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    sources = [("profile", profile.source.url or f"measured on {profile.source.host}, {profile.source.date}")]
+    for scope in ("intra_node", "inter_node"):
+        link = getattr(profile.links, scope)
+        if link is not None and link.source:
+            sources.append((f"links.{scope}", link.source))
+    header = "".join(f"# source ({what}): {where}\n" for what, where in sources)
+    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    sys.stdout.write(header + body)
 
 
 @app.command("formulas")

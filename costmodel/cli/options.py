@@ -121,6 +121,8 @@ def declared(defaults: dict[str, Any] | None = None, exclude: Iterable[str] = ()
             for key, model in models.items():
                 values = {name: kwargs.pop(name) for name, _ in fields(model)}
                 if "model" in values or any(_from_model(info) for _, info in fields(model)):
+                    if str(values.get("model") or "").endswith(".json"):
+                        _note_unmapped(values["model"])
                     values = shape_from_model(values)
                 built[key] = build(model, **{k: v for k, v in values.items() if v is not None} | _fixed(model, defaults))
             return command(**built, **kwargs)
@@ -134,6 +136,18 @@ def declared(defaults: dict[str, Any] | None = None, exclude: Iterable[str] = ()
         return {k: v for k, v in values.items() if k in model.model_fields and k in exclude}
 
     return wrap
+
+
+def _note_unmapped(path: str) -> None:
+    """One line on stderr naming what a Hugging Face config holds that the plan does not use."""
+    import sys
+
+    from costmodel.plans.models import load_model
+
+    unmapped: list[str] = []
+    load_model(path, unmapped=unmapped)
+    if unmapped:
+        sys.stderr.write(f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}\n")
 
 
 def _from_model(info: FieldInfo) -> bool:

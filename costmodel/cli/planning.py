@@ -17,9 +17,11 @@ from costmodel.plans.inputs import (
     MAX_DEVICES,
     MAX_TOKENS,
     TRAINING_DEFAULTS,
+    MachineOverrides,
     PlanInputs,
     TrainingSetup,
     build,
+    machine_for,
 )
 
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
@@ -33,17 +35,12 @@ class DataFormat(str, Enum):
     yaml = "yaml"
 
 
-def _machine(inputs: PlanInputs):  # noqa: ANN202 - a Machine
-    from costmodel.machines.binding import Machine
-    from costmodel.machines.profiles import load_profile
-
-    return Machine(load_profile(inputs.hw), inputs.dtype, inputs.efficiency)
-
-
-@declared(inputs=PlanInputs, setup=TrainingSetup, defaults=TRAINING_DEFAULTS | {"n": 1}, exclude={"n", "layout"})
+@declared(inputs=PlanInputs, setup=TrainingSetup, machine_overrides=MachineOverrides,
+          defaults=TRAINING_DEFAULTS | {"n": 1}, exclude={"n", "layout"})
 def recommend_cmd(
     inputs: PlanInputs,
     setup: TrainingSetup,
+    machine_overrides: MachineOverrides,
     format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
 ) -> None:
     """The CP degree to use: the window [N_min(memory), N_max(comm)], the pick, its scheme and why.
@@ -58,7 +55,7 @@ def recommend_cmd(
     if inputs.model is None:
         raise InputError("--model", "recommend needs a model preset (its layers, hidden and vocabulary sizes set "
                          "the memory); e.g. --model llama3-8b")  # fmt: skip
-    report = recommend(inputs, load_model(inputs.model), setup, _machine(inputs))
+    report = recommend(inputs, load_model(inputs.model), setup, machine_for(inputs, machine_overrides))
     data = report.model_dump(mode="json", by_alias=True)
     if format is DataFormat.yaml:
         import yaml
@@ -131,13 +128,16 @@ class SweepFormat(str, Enum):
     json = "json"
 
 
-@declared(inputs=PlanInputs, setup=TrainingSetup, exclude={"seq", "n", "block", "hw", "gpus"},
+@declared(inputs=PlanInputs, setup=TrainingSetup, machine_overrides=MachineOverrides,
+          exclude={"seq", "n", "block", "hw", "gpus"},
           only={"batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "efficiency", "model", "pass_", "tp",
-                "pp", "zero", "recompute", "sequence_parallel", "flash_attention", "memory_headroom"},
+                "pp", "zero", "recompute", "sequence_parallel", "flash_attention", "memory_headroom",
+                *MachineOverrides.model_fields},
           defaults={"seq": 1, "n": 1, "block": 1})
 def sweep_cmd(
     inputs: PlanInputs,
     setup: TrainingSetup,
+    machine_overrides: MachineOverrides,
     gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory) per S.")] = None,
     seq: Annotated[str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")] = "8k..1M",
     n: Annotated[str, typer.Option("--n", "-n", help="N values: 8, 2,4,8 or 1..64 (doubling).")] = "1..64",
@@ -150,8 +150,6 @@ def sweep_cmd(
     With --model and --gpus it also gives N_min(memory) per S. Example:
     cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
-    from costmodel.machines.binding import Machine
-    from costmodel.machines.profiles import load_profile
     from costmodel.plans.models import load_model
     from costmodel.training.sweep import parse_grid, sweep
 
@@ -159,7 +157,7 @@ def sweep_cmd(
     names = [name.strip() for name in hw.split(",") if name.strip()]
     if not names:
         raise InputError("--hw", "give at least one profile")
-    machines = [Machine(load_profile(name), inputs.dtype, inputs.efficiency) for name in names]
+    machines = [machine_for(inputs.model_copy(update={"hw": name}), machine_overrides) for name in names]
     preset = load_model(inputs.model) if inputs.model else None
     if gpus is not None:
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})

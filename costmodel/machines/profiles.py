@@ -18,6 +18,9 @@ from costmodel.core.resources import data_dir
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
 BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+# Formats a device computes in but attention is not planned in: fp4 and fp6 are sub-byte (and block-scaled,
+# so not even a fixed fraction of a byte per element), so they are recorded, shown, never used for Q, K, V.
+LowPrecision = Literal["fp6", "fp4"]
 
 Positive = Annotated[float, Field(gt=0)]
 NonNegative = Annotated[float, Field(ge=0)]
@@ -65,6 +68,8 @@ class Link(_Strict):
     )
     latency_s: NonNegative = Field(default=0.0, description="alpha: per-message latency (0 on datasheets)")
     alltoall: Collective | None = Field(default=None, description="measured all-to-all, if it differs")
+    source: str | None = Field(default=None, description="where this link's figure comes from when not source.url "
+                               "(e.g. the system datasheet that names the NIC)")
 
     @model_validator(mode="after")
     def _directions_agree(self) -> Self:
@@ -94,7 +99,12 @@ class Device(_Strict):
     """One accelerator."""
 
     name: str = Field(description="model, e.g. H100-SXM5-80GB")
+    vendor: str | None = Field(default=None, description="e.g. NVIDIA, AMD, Google (groups `hw list`)")
+    generation: str | None = Field(default=None, description="architecture, e.g. Hopper, CDNA 3, TPU v5")
     peak_flops: dict[Dtype, Positive] = Field(description="dense FLOP/s per dtype, no sparsity")
+    low_precision_peak_flops: dict[LowPrecision, Positive] | None = Field(
+        default=None, description="dense FLOP/s of sub-byte formats (fp6, fp4): shown, not used to plan attention"
+    )
     effective_flops: dict[Dtype, Positive] | None = Field(
         default=None, description="measured attention FLOP/s per dtype (measured profiles)"
     )

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from costmodel.core.errors import InputError
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype
 from costmodel.schedule.layouts import Layout, check_divisible
 
@@ -148,6 +149,39 @@ class PlanInputs(BaseModel):
         if self.block > self.shard_tokens:
             raise InputError("block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}")
         return self
+
+
+class MachineOverrides(BaseModel):
+    """What a command line changes in a profile: "H100 with 8 GPUs per node over 200 Gb/s RoCE" is
+    ``--hw h100-ib --inter-node-bandwidth 200Gb``, not a new file (:func:`costmodel.machines.compose.override`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    inter_node_bandwidth: str | None = flag(
+        None, "Replace the profile's inter-node link, per direction: 200Gb (bits), 25GB/s (bytes), 1.8TB/s.",
+        max_length=40)  # fmt: skip
+    intra_node_bandwidth: str | None = flag(
+        None, "Replace the profile's intra-node link, per direction, as --inter-node-bandwidth.", max_length=40
+    )
+    devices_per_node: Count | None = flag(
+        None, "Accelerators per node: the fast domain (NVLink, xGMI or ICI slice).", unit="devices", ge=1,
+        le=MAX_DEVICES)  # fmt: skip
+    cp_ranks_per_node: Count | None = flag(
+        None, "Consecutive CP ranks on one node; the ring leaves the node beyond them.", unit="devices", ge=1,
+        le=MAX_DEVICES)  # fmt: skip
+
+
+def machine_for(inputs: PlanInputs, overrides: MachineOverrides | None = None) -> Machine:
+    """The plan's machine: its profile, changed as the command line says, bound to its dtype and efficiency."""
+    from costmodel.machines.compose import override
+    from costmodel.machines.profiles import load_profile
+
+    profile = load_profile(inputs.hw)
+    if overrides is not None and any(value is not None for value in overrides.model_dump().values()):
+        o = overrides
+        profile = override(profile, inter_bandwidth=o.inter_node_bandwidth, intra_bandwidth=o.intra_node_bandwidth,
+                           devices_per_node=o.devices_per_node, cp_ranks_per_node=o.cp_ranks_per_node)  # fmt: skip
+    return Machine(profile, inputs.dtype, inputs.efficiency)
 
 
 # What a training job defaults to, where one attention layer defaults to the forward of a full mask.

@@ -1,8 +1,11 @@
-"""Model presets: a transformer's shape by name (configs/models/*.yaml) or from a YAML file."""
+"""Model presets: a transformer's shape by name (configs/models/*.yaml), from a YAML file, or imported from
+a Hugging Face ``config.json`` (Llama, Qwen2/3, Mistral, Mixtral, Gemma 2/3, GPT-OSS)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+import json
+from pathlib import Path
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -31,11 +34,25 @@ class ModelPreset(BaseModel):
     gated_mlp: bool = Field(True, description="SwiGLU-style MLP with three matrices (Llama); false: GeLU, two")
     tied_embeddings: bool = Field(False, description="input and output embeddings share one matrix")
     dropout: bool = Field(False, description="dropout masks are stored for backward (GPT-3 era training)")
+    sliding_window: PositiveInt | None = Field(
+        None, description="tokens a local-attention layer sees (Gemma, GPT-OSS); recorded, not yet used by the cost model"
+    )
+    local_layers: int = Field(0, ge=0, description="layers with sliding-window attention; the rest attend globally")
+    experts: PositiveInt | None = Field(None, description="routed MoE experts per layer; recorded, not yet used")
+    experts_per_token: PositiveInt | None = Field(None, description="experts each token is routed to")
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
         if self.kv_heads > self.heads or self.heads % self.kv_heads:
             raise ValueError(f"kv_heads {self.kv_heads} must divide heads {self.heads}")
+        if self.local_layers > self.layers:
+            raise ValueError(f"local_layers {self.local_layers} exceeds layers {self.layers}")
+        if self.local_layers and self.sliding_window is None:
+            raise ValueError("local_layers needs sliding_window")
+        if (self.experts is None) != (self.experts_per_token is None):
+            raise ValueError("experts and experts_per_token come together")
+        if self.experts and self.experts_per_token > self.experts:  # type: ignore[operator]
+            raise ValueError(f"experts_per_token {self.experts_per_token} exceeds experts {self.experts}")
         return self
 
 
@@ -43,10 +60,155 @@ def builtin_models() -> list[str]:
     return sorted(p.stem for p in (data_dir("configs") / "models").glob("*.yaml"))
 
 
-def load_model(spec: str, field: str = "--model") -> ModelPreset:
-    """A preset by name, or a YAML file by path."""
-    data, origin = load_builtin_or_file(spec, data_dir("configs") / "models", field, "model")
+def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = None) -> ModelPreset:
+    """A preset by name, a YAML file by path, or a Hugging Face ``config.json`` (a ``.json`` path); what
+    such a config holds that the preset does not use is appended to ``unmapped`` when given."""
+    if spec.endswith(".json"):
+        preset, left = from_hf_config(_read_json(spec, field), origin=spec, field=field)
+        if unmapped is not None:
+            unmapped.extend(left)
+        return preset
+    try:
+        data, origin = load_builtin_or_file(spec, data_dir("configs") / "models", field, "model")
+    except InputError as exc:
+        if exc.message.startswith("unknown model"):
+            raise InputError(field, f"{exc.message}, or a Hugging Face config.json") from None
+        raise
     try:
         return ModelPreset.model_validate(data)
     except ValidationError as exc:
         raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+
+
+def _read_json(path: str, field: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise InputError(field, f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError(field, f"is a directory, expected a config.json: {path}") from None
+    except UnicodeDecodeError:
+        raise InputError(field, f"not a UTF-8 text file: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(field, f"malformed JSON in {path} (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+
+
+# Families whose MLP is gated (three matrices: gate, up, down), whatever the activation is called: Gemma's
+# GeGLU uses gelu, GPT-2's plain MLP does too, so the activation alone does not decide it.
+_GATED = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+          "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3", "olmo2", "phi3", "granite"}
+_UNGATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "gpt_bigcode"}
+# Defaults the published configs leave out because transformers' config classes supply them.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "sliding_window_pattern": 6, "tie_word_embeddings": True},
+    "gemma2": {"sliding_window_pattern": 2, "tie_word_embeddings": True},
+    "gemma": {"tie_word_embeddings": True},
+}
+_MAPPED = {"num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers", "hidden_size",
+           "intermediate_size", "vocab_size", "tie_word_embeddings", "hidden_act", "hidden_activation",
+           "sliding_window", "use_sliding_window", "sliding_window_pattern", "layer_types", "max_window_layers",
+           "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "experts_per_token",
+           "model_type", "text_config", "moe_intermediate_size", "sliding_window_size"}  # fmt: skip
+# Keys that do not change what attention moves or the memory it holds.
+_IRRELEVANT = {"architectures", "transformers_version", "torch_dtype", "dtype", "bos_token_id", "eos_token_id",
+               "pad_token_id", "initializer_range", "rms_norm_eps", "layer_norm_eps", "use_cache", "rope_theta",
+               "max_position_embeddings", "attention_dropout", "attention_bias", "mlp_bias", "pretraining_tp",
+               "_name_or_path", "cache_implementation", "initial_context_length", "output_router_logits",
+               "router_aux_loss_coef", "vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
+               "mm_tokens_per_image", "quantization_config", "tokenizer_class", "auto_map", "rope_scaling",
+               "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping", "swiglu_limit",
+               "rope_local_base_freq", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+               "shared_expert_intermediate_size", "router_jitter_noise", "bos_token", "eos_token"}  # fmt: skip
+# Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the ring could send the compressed latent instead
+# of per-head K and V, a traffic the model does not have yet.
+_MLA = ("kv_lora_rank", "qk_rope_head_dim")
+
+
+def from_hf_config(data: object, origin: str = "config.json", field: str = "--model") -> tuple[ModelPreset, list[str]]:
+    """A preset from a Hugging Face ``config.json`` (already parsed), and what it could not map.
+
+    Head dimension is the config's ``head_dim`` when given (Qwen3 and Gemma set it apart from
+    ``hidden_size / heads``), else that quotient. Sliding windows and MoE counts are recorded in the preset
+    but not yet used by the cost model; they appear in the returned list so the caller can say so.
+    Multi-head latent attention is refused rather than planned as if it were GQA."""
+    if not isinstance(data, dict):
+        raise InputError(field, f"{origin}: expected a JSON object of config fields, got {type(data).__name__}")
+    outer = data
+    if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the LM in text_config
+        data = {**{k: v for k, v in outer.items() if k != "text_config"}, **data["text_config"]}
+    family = str(data.get("model_type", ""))
+    data = {**_DEFAULTS.get(family, {}), **data}
+    if all(key in data for key in _MLA):
+        raise InputError(field, f"{origin}: {family or 'this model'} uses multi-head latent attention (kv_lora_rank "
+                         f"{data['kv_lora_rank']}, qk_rope_head_dim {data['qk_rope_head_dim']}); its ring traffic is "
+                         "not modelled yet: pass --heads, --kv-heads and --head-dim for the K and V you send")  # fmt: skip
+
+    def need(key: str) -> int:
+        value = data.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(field, f"{origin}: {key} must be a positive integer (got {value!r})")
+        return value
+
+    heads = need("num_attention_heads")
+    hidden = need("hidden_size")
+    kv_heads = need("num_key_value_heads") if data.get("num_key_value_heads") is not None else heads
+    if data.get("head_dim") is not None:
+        head_dim = need("head_dim")
+    elif hidden % heads:
+        raise InputError(field, f"{origin}: no head_dim, and hidden_size {hidden} is not a multiple of {heads} heads")
+    else:
+        head_dim = hidden // heads
+    layers = need("num_hidden_layers")
+    notes: list[str] = []
+    activation = data.get("hidden_act") or data.get("hidden_activation")
+    if family in _GATED or family in _UNGATED:
+        gated = family in _GATED
+    else:
+        gated = str(activation).lower() in {"silu", "swish", "swiglu"}
+        notes.append(f"gated_mlp={str(gated).lower()} inferred from hidden_act={activation!r} "
+                     f"(model_type {family!r} not known)")  # fmt: skip
+    window, local = _sliding(data, layers)
+    experts_key = next((k for k in ("num_local_experts", "n_routed_experts", "num_experts") if data.get(k)), None)
+    top_k_key = next((k for k in ("num_experts_per_tok", "experts_per_token") if data.get(k)), None)
+    experts = need(experts_key) if experts_key else None
+    top_k = need(top_k_key) if experts_key and top_k_key else None
+    ffn = need("moe_intermediate_size") if experts and data.get("moe_intermediate_size") else need("intermediate_size")
+    if window:
+        notes.append(f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
+                     f"{window} keys; the plan treats every layer as global)")  # fmt: skip
+    if experts:
+        notes.append(f"MoE: {experts} experts, {top_k} per token (the MLP is sized as one expert, "
+                     f"ffn_hidden={ffn})")  # fmt: skip
+    notes.extend(sorted(k for k in data if k not in _MAPPED | _IRRELEVANT and not k.startswith("_")))
+    path = Path(origin)
+    name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
+    fields = {
+        "name": name, "description": f"imported from {origin} (model_type {family or 'unknown'})",
+        "source": origin, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "layers": layers,
+        "hidden": hidden, "ffn_hidden": ffn, "vocab": need("vocab_size"), "gated_mlp": gated,
+        "tied_embeddings": bool(data.get("tie_word_embeddings", False)), "sliding_window": window,
+        "local_layers": local, "experts": experts, "experts_per_token": top_k,
+    }  # fmt: skip
+    try:
+        return ModelPreset.model_validate(fields), notes
+    except ValidationError as exc:
+        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+
+
+def _sliding(data: dict[str, Any], layers: int) -> tuple[int | None, int]:
+    """(window, layers using it) from ``layer_types``, a local:global pattern, or Qwen's switch."""
+    window = data.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1 or data.get("use_sliding_window") is False:
+        return None, 0
+    types = data.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        local = sum(1 for t in types if t == "sliding_attention")
+    elif isinstance(data.get("sliding_window_pattern"), int) and data["sliding_window_pattern"] >= 1:
+        every = data["sliding_window_pattern"]  # one global layer in each group of ``every``
+        local = layers - layers // every
+    elif data.get("use_sliding_window") and isinstance(data.get("max_window_layers"), int):
+        local = max(0, layers - data["max_window_layers"])  # Qwen2: layers from max_window_layers on are local
+    else:
+        local = layers  # Mistral 7B v0.1: every layer local
+    return (window, local) if local else (None, 0)

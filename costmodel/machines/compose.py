@@ -1,0 +1,136 @@
+"""Profiles compose: a device and its fast domain from a built-in, the links and placement from flags.
+
+"H100 with 8 GPUs per node over 200 Gb/s RoCE" is ``--hw h100-nvlink --inter-node-bandwidth 200Gb``,
+not a new file. :func:`override` returns a validated copy whose description and source notes say what
+was changed, so a report never passes an edited machine off as the datasheet's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import HardwareProfile, parse_profile
+
+BANDWIDTH_HELP = (
+    "a number with a decimal prefix and b (bits) or B (bytes), per second and per direction, "
+    "e.g. 200Gb, 400 Gbit/s, 25GB/s, 1.8TB/s"
+)
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_BANDWIDTH = re.compile(
+    r"^\s*(?P<number>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*"
+    r"(?P<prefix>[kKMGT]?)(?P<unit>bits?|bit|b|bytes?|B)"
+    r"(?:\s*(?:/\s*s|ps|/\s*sec))?\s*$"
+)
+_BINARY = re.compile(r"\d\s*[kKMGT]i")
+# Beyond any link built so far (NVLink 5 is 0.9 TB/s a direction): a bigger figure is a unit slip.
+_MOST_PLAUSIBLE = 1e15
+
+
+def parse_bandwidth(text: str, field: str) -> float:
+    """Bytes per second, per direction, from ``200Gb``, ``400 Gbit/s``, ``25GB/s`` or ``1.8TB/s``.
+
+    The case of the unit decides bits (``b``) or bytes (``B``); prefixes are decimal, as NIC and link
+    datasheets print them (200 Gb/s HDR InfiniBand = 25 GB/s). Anything else is an :class:`InputError`
+    naming ``field``."""
+    shown = repr(text if len(text) <= 40 else text[:37] + "...")
+    if _BINARY.search(text):
+        raise InputError(field, f"{shown}: binary prefixes (Gi, Ti) are not accepted; datasheets quote decimal "
+                         f"ones. Accepted: {BANDWIDTH_HELP}")  # fmt: skip
+    match = _BANDWIDTH.match(text)
+    if not match:
+        raise InputError(field, f"{shown} is not a bandwidth; accepted: {BANDWIDTH_HELP}")
+    number = float(match["number"]) * _PREFIX[match["prefix"]]
+    per_second = number / 8 if match["unit"].startswith("b") else number
+    if not math.isfinite(per_second) or per_second <= 0:
+        raise InputError(field, f"{shown} must be a positive, finite bandwidth")
+    if per_second > _MOST_PLAUSIBLE:
+        raise InputError(field, f"{shown} is {per_second:.3g} bytes/s, beyond any link (1 PB/s); check b vs B")
+    return per_second
+
+
+def _gbytes(value: float) -> str:
+    return f"{value / 1e9:g} GB/s"
+
+
+def override(
+    profile: HardwareProfile,
+    *,
+    inter_bandwidth: float | str | None = None,
+    intra_bandwidth: float | str | None = None,
+    devices_per_node: int | None = None,
+    cp_ranks_per_node: int | None = None,
+    inter_latency: float | None = None,
+) -> HardwareProfile:
+    """``profile`` with other links or placement; validated, and saying so in its description and notes.
+
+    Bandwidths are bytes/s per direction, or strings for :func:`parse_bandwidth`. A new link drops any
+    measured figure of that scope (an all-to-all or a calibration fit of the old link would otherwise
+    still be used). Without ``cp_ranks_per_node``, a profile whose CP ranks filled the node keeps filling
+    it when ``devices_per_node`` changes; one with fewer keeps its count."""
+    flags = {"inter_node": "--inter-node-bandwidth", "intra_node": "--intra-node-bandwidth"}
+    given = {"inter_node": inter_bandwidth, "intra_node": intra_bandwidth}
+    data = profile.model_dump(mode="python", exclude_none=True)
+    changes: list[str] = []
+    for scope, value in given.items():
+        if value is None:
+            continue
+        flag = flags[scope]
+        bandwidth = parse_bandwidth(value, flag) if isinstance(value, str) else float(value)
+        if not math.isfinite(bandwidth) or bandwidth <= 0:
+            raise InputError(flag, f"must be a positive, finite bandwidth (got {value!r})")
+        old = data["links"].get(scope)
+        data["links"][scope] = {
+            "name": f"{value.strip() if isinstance(value, str) else _gbytes(bandwidth)} link ({flag})",
+            "bandwidth_per_direction": bandwidth,
+            "bandwidth_bidirectional": 2 * bandwidth,
+            "latency_s": old["latency_s"] if old else 0.0,
+        }
+        was = f" (was {old['name']}, {_gbytes(old['bandwidth_per_direction'])})" if old else ""
+        changes.append(f"{scope.replace('_', '-')} {_gbytes(bandwidth)} per direction{was}")
+        _drop_measured(data, scope.replace("_", "-"))
+    if inter_latency is not None:
+        if not math.isfinite(inter_latency) or inter_latency < 0:
+            raise InputError("--inter-node-latency", f"must be a non-negative number of seconds (got {inter_latency})")
+        if "inter_node" not in data["links"]:
+            raise InputError("--inter-node-latency", f"profile {profile.name!r} has no inter-node link; "
+                             "give --inter-node-bandwidth too")  # fmt: skip
+        data["links"]["inter_node"]["latency_s"] = inter_latency
+        changes.append(f"inter-node latency {inter_latency:g} s")
+    if devices_per_node is not None:
+        if devices_per_node < 1:
+            raise InputError("--devices-per-node", f"must be at least 1 (got {devices_per_node})")
+        filled = profile.ranks_per_node == profile.devices_per_node
+        data["devices_per_node"] = devices_per_node
+        if cp_ranks_per_node is None:
+            if filled:
+                data.pop("cp_ranks_per_node", None)
+            elif profile.ranks_per_node > devices_per_node:
+                raise InputError("--devices-per-node", f"{devices_per_node} is fewer than the profile's "
+                                 f"{profile.ranks_per_node} CP ranks per node; give --cp-ranks-per-node too")  # fmt: skip
+        changes.append(f"{devices_per_node} devices per node (was {profile.devices_per_node})")
+    if cp_ranks_per_node is not None:
+        if cp_ranks_per_node < 1:
+            raise InputError("--cp-ranks-per-node", f"must be at least 1 (got {cp_ranks_per_node})")
+        if cp_ranks_per_node > data["devices_per_node"]:
+            raise InputError("--cp-ranks-per-node", f"{cp_ranks_per_node} exceeds the {data['devices_per_node']} "
+                             "devices per node")  # fmt: skip
+        data["cp_ranks_per_node"] = cp_ranks_per_node
+        changes.append(f"{cp_ranks_per_node} consecutive CP ranks per node (was {profile.ranks_per_node})")
+    if not changes:
+        return profile
+    said = "; ".join(changes)
+    data["description"] = f"{profile.description} [overridden: {said}]".strip()
+    notes = data["source"].get("notes")
+    data["source"]["notes"] = f"{notes} Overridden on the command line: {said}." if notes else \
+        f"Overridden on the command line: {said}."  # fmt: skip
+    return parse_profile(data, f"{profile.name} with overrides", field="--hw")
+
+
+def _drop_measured(data: dict, scope: str) -> None:
+    """Forget what was measured on the link being replaced (the new link carries no all-to-all figure)."""
+    calibration = data.get("calibration")
+    if calibration:
+        for kind in ("p2p", "alltoall"):
+            calibration.get(kind, {}).pop(scope, None)

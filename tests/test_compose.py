@@ -1,0 +1,144 @@
+"""Profiles compose: bandwidth strings, and a device with other links or placement from flags."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from costmodel.calibration.fit import build_profile
+from costmodel.core.errors import InputError
+from costmodel.machines.binding import Machine
+from costmodel.machines.compose import override, parse_bandwidth
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.timing import predict
+from tests.test_calibration import SHAPE, raw_measurements
+
+BANDWIDTHS = [  # text, bytes/s per direction
+    ("200Gb", 25e9),  # HDR InfiniBand: bits, lower-case b
+    ("200Gb/s", 25e9),
+    ("400 Gbit/s", 50e9),
+    ("400 Gbps", 50e9),
+    ("800Gbits/s", 100e9),
+    ("25GB/s", 25e9),  # bytes, upper-case B
+    ("50GB/s", 50e9),
+    ("1.8TB/s", 1.8e12),
+    ("450 GBps", 450e9),
+    ("100 MB/s", 1e8),
+    ("2.5e1GB/s", 25e9),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BANDWIDTHS)
+def test_bandwidth_strings(text: str, expected: float) -> None:
+    assert parse_bandwidth(text, "--inter-node-bandwidth") == pytest.approx(expected, rel=1e-12)
+
+
+HOSTILE = [
+    ("", "is not a bandwidth"),
+    ("fast", "is not a bandwidth"),
+    ("50", "is not a bandwidth"),  # no unit: bits or bytes is the whole question
+    ("-5GB/s", "is not a bandwidth"),
+    ("nan GB/s", "is not a bandwidth"),
+    ("inf", "is not a bandwidth"),
+    ("1,800GB/s", "is not a bandwidth"),
+    ("50 gb/s", "is not a bandwidth"),  # lower-case g is no decimal prefix
+    ("25GB/s; rm -rf /", "is not a bandwidth"),
+    ("0GB/s", "positive, finite"),
+    ("1e999GB/s", "positive, finite"),
+    ("50 GiB/s", "binary prefixes"),
+    ("2e6TB/s", "beyond any link"),
+    ("9" * 5000 + "GB/s", "positive, finite"),
+]
+
+
+@pytest.mark.parametrize(("text", "why"), HOSTILE)
+def test_hostile_bandwidth_strings_name_the_flag(text: str, why: str) -> None:
+    with pytest.raises(InputError, match=why) as caught:
+        parse_bandwidth(text, "--intra-node-bandwidth")
+    assert caught.value.field == "--intra-node-bandwidth"
+
+
+@given(value=st.floats(1e-3, 999.0), prefix=st.sampled_from(["M", "G", "T"]))
+def test_bits_are_an_eighth_of_bytes(value: float, prefix: str) -> None:
+    bits, octets = parse_bandwidth(f"{value!r}{prefix}b/s", "f"), parse_bandwidth(f"{value!r}{prefix}B/s", "f")
+    assert bits == pytest.approx(octets / 8, rel=1e-12)
+
+
+def test_article_beta_6240_reproduces_on_a100_with_400_gbps(cli) -> None:
+    """F / B = 312e12 / 50e9 = 6,240 FLOP/byte on the inter-node link at N = 16 [A-RingCost §4]."""
+    data = cli("--seq", "256k", "--n", "16", "--hw", "a100-nvlink", "--inter-node-bandwidth", "50GB/s",
+               "-f", "json").json()["hardware"]  # fmt: skip
+    assert data["link_scope"] == "inter-node" and data["link_bandwidth"] == 50e9
+    assert data["beta_peak"] == pytest.approx(6240, rel=1e-12)
+    real = cli("--seq", "256k", "--n", "16", "--hw", "a100-nvlink", "-f", "json").json()["hardware"]
+    assert real["beta_peak"] == pytest.approx(12_480, rel=1e-12)  # HDR 200 Gb/s: 312e12 / 25e9
+
+
+def test_h100_over_200g_roce_is_a_command_line(cli) -> None:
+    data = cli("--seq", "256k", "--n", "16", "--hw", "h100-nvlink", "--inter-node-bandwidth", "200Gb/s",
+               "-f", "json").json()["hardware"]  # fmt: skip
+    assert data["link_bandwidth"] == 25e9 and data["devices_per_node"] == 8
+    assert data["beta_peak"] == pytest.approx(989e12 / 25e9, rel=1e-12)
+
+
+def test_override_is_validated_and_says_so() -> None:
+    base = load_profile("a100-nvlink")
+    changed = override(base, inter_bandwidth="400Gb", intra_bandwidth=150e9, inter_latency=5e-6)
+    assert changed.links.inter_node.bandwidth_per_direction == 50e9
+    assert changed.links.inter_node.bandwidth_bidirectional == 100e9
+    assert changed.links.inter_node.latency_s == 5e-6
+    assert changed.links.intra_node.bandwidth_per_direction == 150e9
+    assert "overridden" in changed.description and "InfiniBand HDR 200 Gb/s" in changed.description
+    assert "Overridden on the command line: inter-node 50 GB/s" in changed.source.notes
+    assert changed.device == base.device and changed.name == base.name
+    assert override(base) is base  # nothing asked, nothing changed
+
+
+def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
+    nvlink = override(load_profile("h100-nvlink"), devices_per_node=4)
+    assert nvlink.ranks_per_node == 4  # CP ranks filled the node and still do
+    assert Machine(nvlink).scope(4) == "intra-node" and Machine(nvlink).scope(5) == "inter-node"
+    ib = override(load_profile("h100-ib"), devices_per_node=4)
+    assert ib.ranks_per_node == 1  # one CP rank per node stays one
+    placed = override(load_profile("h100-nvlink"), cp_ranks_per_node=2)
+    assert placed.devices_per_node == 8 and Machine(placed).scope(3) == "inter-node"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "why"),
+    [
+        ({"devices_per_node": 0}, "--devices-per-node", "at least 1"),
+        ({"cp_ranks_per_node": 9}, "--cp-ranks-per-node", "exceeds the 8 devices"),
+        ({"devices_per_node": 2, "cp_ranks_per_node": 4}, "--cp-ranks-per-node", "exceeds the 2 devices"),
+        ({"inter_bandwidth": -1.0}, "--inter-node-bandwidth", "positive, finite"),
+        ({"inter_bandwidth": float("nan")}, "--inter-node-bandwidth", "positive, finite"),
+        ({"inter_latency": -1.0}, "--inter-node-latency", "non-negative"),
+    ],
+)
+def test_bad_overrides_name_their_flag(kwargs: dict, field: str, why: str) -> None:
+    with pytest.raises(InputError, match=why) as caught:
+        override(load_profile("a100-nvlink"), **kwargs)
+    assert caught.value.field == field
+
+
+def test_a_new_link_forgets_what_was_measured_on_the_old_one() -> None:
+    measured = build_profile(raw_measurements(), "box", SHAPE, date="2026-11-30")
+    inputs = PlanInputs(seq=16_384, n=2, heads=8, kv_heads=8, head_dim=64, dtype="fp32", block=1024)
+    assert "intra-node" in measured.calibration.p2p
+    faster = override(measured, intra_bandwidth="1TB/s")
+    assert "intra-node" not in faster.calibration.p2p and "intra-node" not in faster.calibration.alltoall
+    assert faster.links.intra_node.alltoall is None
+    # the measured compute curve stays; only the link is new, so the layer can only get faster
+    assert predict(inputs, Machine(faster, "fp32")).forward_s < predict(inputs, Machine(measured, "fp32")).forward_s
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--inter-node-bandwidth", "fast"), ("--intra-node-bandwidth", "50"), ("--devices-per-node", "0"),
+     ("--cp-ranks-per-node", "99")],
+)  # fmt: skip
+def test_cli_rejects_bad_composition_in_one_line(cli, flag: str, value: str) -> None:
+    result = cli("--hw", "a100-nvlink", flag, value)
+    assert result.code == 2 and result.err.count("\n") == 1 and flag in result.err
