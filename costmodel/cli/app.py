@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from costmodel.cli import kernel as kernel_cli
-from costmodel.cli import planning
+from costmodel.cli import plan_file, planning
 from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import (
     SEED,
@@ -32,6 +32,7 @@ from costmodel.cli.options import (
     console,
     plan_inputs,
 )
+from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import builtin_names, load_profile
 
@@ -51,6 +52,7 @@ app.command("validate")(kernel_cli.validate)
 app.command("recommend")(planning.recommend_cmd)
 app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
+app.command("report")(plan_file.report_cmd)
 
 
 @app.callback(invoke_without_command=True)
@@ -72,6 +74,7 @@ def report(
     pass_: PassOpt = SEED.pass_,
     format: FormatOpt = Format.table,
     explain: ExplainOpt = False,
+    timeline: TimelineOpt = False,
 ) -> None:
     """Report memory tiers, traffic, intensity vs beta, times, the verdict and the CP degree to use.
 
@@ -85,9 +88,17 @@ def report(
     inputs = plan_inputs(seq, n, hw, model, heads, kv_heads, head_dim, batch, dtype, block, causal, layout,
                          efficiency, pass_)  # fmt: skip
     profile = load_profile(hw)
+    if timeline:
+        from costmodel.cli import timeline as drawing
+
+        drawing.check_request(inputs.n, format.value)
     trace: list | None = [] if explain else None
     result = evaluate(inputs, profile, trace)
-    if format is Format.json:
+    if format is Format.html:
+        from costmodel.cli import html
+
+        sys.stdout.write(html.plan_page(result, inputs, profile, trace))
+    elif format is Format.json:
         sys.stdout.write(render.to_json(result, trace) + "\n")
     elif format is Format.yaml:
         sys.stdout.write(render.to_yaml(result, trace))
@@ -98,6 +109,8 @@ def report(
         render.render_table(result, screen)
         if trace is not None:
             render.render_explain(trace, screen)
+        if timeline:
+            drawing.render(inputs, profile, screen)
 
 
 @hw_app.command("list")

@@ -31,6 +31,7 @@ class Format(str, Enum):
     json = "json"
     yaml = "yaml"
     markdown = "markdown"
+    html = "html"
 
 
 def _tokens(field: str):  # noqa: ANN202 - a typer parser

@@ -137,6 +137,7 @@ class SweepFormat(str, Enum):
     table = "table"
     csv = "csv"
     json = "json"
+    html = "html"
 
 
 def sweep_cmd(
@@ -187,7 +188,11 @@ def sweep_cmd(
         else:
             sys.stderr.write(f"wrote {written}\n")
     rows = [row for grid in grids for row in grid.rows()]
-    if format is SweepFormat.json:
+    if format is SweepFormat.html:
+        from costmodel.cli.html import sweep_page
+
+        sys.stdout.write(sweep_page(grids, shape))
+    elif format is SweepFormat.json:
         sys.stdout.write(json.dumps({"schema": "cp-plan/sweep/v1", "pass": pass_, "causal": causal, "rows": rows},
                                     indent=2) + "\n")  # fmt: skip
     elif format is SweepFormat.csv:

@@ -14,10 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
-from costmodel.machines.profiles import Dtype, load_profile
+from costmodel.machines.profiles import Dtype, HardwareProfile, load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import Pass, PlanInputs, Recompute, TrainingSetup, parse_tokens
-from costmodel.plans.models import load_model
+from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.verdict import BANDS, Colour
 from costmodel.schedule.layouts import Layout
 
@@ -145,8 +145,19 @@ class CheckResult:
     line: int
 
 
-def run_checks(located: Located) -> list[CheckResult]:
-    """Evaluate one plan and compare it with its expectations."""
+@dataclass(frozen=True)
+class Resolved:
+    """A plan file turned into what the model takes: the whole model's shape and one TP rank's attention."""
+
+    model: ModelPreset
+    profile: HardwareProfile  # as named; setup.placed(profile) puts the CP ranks on nodes
+    inputs: PlanInputs  # the model's heads
+    setup: TrainingSetup
+    attention: PlanInputs  # the heads one TP rank runs
+
+
+def resolve(located: Located) -> Resolved:
+    """Inputs, setup and placed profile of one plan; problems name the file and line."""
     plan = located.plan
     model = load_model(plan.model, field=f"{located.path}:{located.line('model')}: model")
     profile = load_profile(plan.hw, field=f"{located.path}:{located.line('hw')}: hw")
@@ -155,21 +166,23 @@ def run_checks(located: Located) -> list[CheckResult]:
         head_dim=model.head_dim, dtype=plan.dtype, block=plan.block, causal=plan.causal, layout=plan.layout,
         efficiency=plan.efficiency, hw=profile.name, model=model.name, pass_=plan.pass_,
     )  # fmt: skip
-    try:
-        inputs.check()
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
     setup = TrainingSetup(gpus=plan.gpus or plan.tp * plan.pp, tp=plan.tp, pp=plan.pp, zero=plan.zero,
                           recompute=plan.recompute, memory_headroom=plan.memory_headroom, pass_=plan.pass_)  # fmt: skip
     try:
+        inputs.check()
         setup.check()
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    try:
         attention = setup.attention(inputs)
     except InputError as exc:
         raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    report = evaluate(attention, setup.placed(profile))
+    return Resolved(model, profile, inputs, setup, attention)
+
+
+def run_checks(located: Located) -> list[CheckResult]:
+    """Evaluate one plan and compare it with its expectations."""
+    plan = located.plan
+    resolved = resolve(located)
+    model, profile, inputs, setup = resolved.model, resolved.profile, resolved.inputs, resolved.setup
+    report = evaluate(resolved.attention, setup.placed(profile))
     results = []
 
     def add(key: str, passed: bool, detail: str) -> None:
