@@ -215,3 +215,14 @@ def test_plan_page_function_escapes_text() -> None:
     page = plan_page(report, PlanInputs(seq=4096, n=2), load_profile("a100-nvlink"), title="a <b> & c")
     assert "<title>a &lt;b&gt; &amp; c</title>" in page
     assert_well_formed(page)
+
+
+def test_docs_show_modest_screenshots() -> None:
+    page = (REPO / "docs" / "report.md").read_text(encoding="utf-8")
+    nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "report.md" in nav
+    shots = re.findall(r"!\[[^\]]+\]\(([\w-]+\.png)\)", page)
+    assert len(shots) == 3
+    for name in shots:
+        data = (REPO / "docs" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 200_000, name

@@ -110,6 +110,10 @@ SCRIPT = """
   body.setAttribute("data-timelines", document.querySelectorAll("svg.gantt").length);
   body.setAttribute("data-rank-rows", document.querySelectorAll("svg.gantt g.rank").length);
   body.setAttribute("data-heatmaps", document.querySelectorAll("svg.heat").length);
+  var timeline = document.getElementById("timeline");
+  if (timeline) {
+    body.setAttribute("data-timeline-top", Math.round(timeline.getBoundingClientRect().top + window.scrollY));
+  }
   body.setAttribute("data-rendered", "true");
 })();
 """
@@ -299,7 +303,7 @@ def _timelines(report: Report, inputs: PlanInputs, profile: HardwareProfile) -> 
     from costmodel.plans.gantt import MAX_RANKS, MEANING
     from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 
-    head = ['<section><h2>Ring timeline of one layer, rank by rank</h2>',
+    head = ['<section id="timeline"><h2>Ring timeline of one layer, rank by rank</h2>',
             '<p class="caption">Each row is a rank, time runs right; all panels share one time scale. '
             "Gaps are waits: idle until the slowest rank of the step is done (the causal imbalance), then on "
             "the link when the next block has not landed (exposed transfer). The top lane marks transfers in "

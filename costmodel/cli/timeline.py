@@ -24,7 +24,7 @@ TimelineOpt = Annotated[
     bool, typer.Option("--timeline", help="Also draw one layer's ring schedule: a row per rank, a column per time slice.")
 ]
 
-GLYPHS = {"compute": "█", "transfer": "▒", "idle": "·", "overhead": "▚"}
+GLYPHS = {"compute": "█", "idle": "·", "transfer": "▒", "overhead": "▚"}
 STYLES = {"compute": "green", "transfer": "red", "idle": "dim", "overhead": "yellow"}
 FLIGHT = {"full": "━", "part": "╸", "none": " "}
 LABEL = 9  # "rank 63  "
@@ -118,7 +118,8 @@ def draw(timeline: Timeline, screen: Console) -> None:
     legend = Text("legend".ljust(LABEL), style="dim")
     for kind, glyph in GLYPHS.items():
         legend.append(glyph, style=STYLES[kind]).append(f" {kind}  ")
-    legend.append(FLIGHT["full"], style="cyan").append(" transfer in flight (╸ part of a character)")
+    legend.append(FLIGHT["full"], style="cyan").append(" in flight")
     screen.print(legend)
-    screen.print(Text(f"one character = {seconds(slice_s)}; c = share of the layer computing; transfer and "
-                      "idle are waits: on the link after the slowest rank, or on the slowest rank", style="dim"))  # fmt: skip
+    screen.print(Text(f"one character = {seconds(slice_s)}; c = share of the layer spent computing", style="dim"))
+    screen.print(Text("· waits on the slowest rank; ▒ then on the link; ╸ in flight for part of one",
+                      style="dim"))  # fmt: skip
