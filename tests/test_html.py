@@ -226,3 +226,9 @@ def test_docs_show_modest_screenshots() -> None:
     for name in shots:
         data = (REPO / "docs" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 200_000, name
+
+
+def test_plan_file_report_on_the_terminal(cli) -> None:
+    result = cli("report", str(PLAN))
+    assert result.code == 0, result.err
+    assert "GREEN" in result.out and "zigzag layout" in result.out

@@ -270,7 +270,7 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
         return left + (width - left - 10) * value / scale
 
     out = ['<h3>Training memory per device at N = ' + str(fit.n) + ("" if fit.fits else " — does not fit") + "</h3>",
-           f'<svg class="chart bars" viewBox="0 0 {width} 58" role="img" aria-label="training memory">',
+           f'<svg class="chart bars" viewBox="0 0 {width} 64" role="img" aria-label="training memory">',
            f'<text x="{left - 6}" y="{height / 2 + 8}" text-anchor="end">'
            f'{"fits" if fit.fits else "does not fit"}</text>',
            f'<rect x="{left}" y="4" width="{x(hbm) - left:.1f}" height="{height}" class="k-idle">'
@@ -282,7 +282,9 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
         at += value
     usable = x(fit.device_memory_bytes)
     out.append(f'<line x1="{usable:.1f}" x2="{usable:.1f}" y1="0" y2="{height + 8}" stroke="#1d2330" />')
-    out.append(f'<text x="{usable:.1f}" y="{height + 20}" text-anchor="middle">usable {si(fit.device_memory_bytes, "B", 3)}</text>')
+    out.append(f'<text x="{usable - 4:.1f}" y="{height + 20}" text-anchor="end">usable {si(fit.device_memory_bytes, "B", 3)}</text>')
+    out.append(f'<line x1="{x(hbm):.1f}" x2="{x(hbm):.1f}" y1="0" y2="{height + 20}" stroke="#1d2330" '
+               'stroke-dasharray="3 2" />')
     out.append(f'<text x="{x(hbm):.1f}" y="{height + 32}" text-anchor="end">HBM {si(hbm, "B", 3)}</text>')
     out.append("</svg>")
     legend = "".join(f'<span><i class="{css}" style="background: var(--{var})"></i>{name} '
