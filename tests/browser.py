@@ -60,7 +60,7 @@ def png_size(png: Path) -> tuple[int, int]:
 
 
 DOCS = {  # file in docs/ -> (cp-plan arguments, size, whether to start at the timelines)
-    "report-seed.png": (["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"],
+    "report-plan.png": (["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"],
                         (1200, 1560), False),
     "report-timeline-ib.png": (["--seq", "64k", "--n", "8", "--hw", "h100-ib", "--causal", "--pass", "fwd+bwd",
                                 "--format", "html"], (1200, 640), True),

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(
     chromium() is None, reason="Chromium is not installed (Debian: apt-get install -y chromium); CI installs it"
 )
 
-SEED_CAUSAL = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"]
+CAUSAL_PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"]
 
 
 def body_attributes(dom: str) -> dict[str, str]:
@@ -33,7 +33,7 @@ def write(cli, tmp_path: Path, *args: str) -> Path:  # noqa: ANN001 - the cli fi
 
 
 def test_plan_page_renders_without_errors(cli, tmp_path) -> None:
-    opened = open_page(write(cli, tmp_path, *SEED_CAUSAL))
+    opened = open_page(write(cli, tmp_path, *CAUSAL_PLAN))
     body = body_attributes(opened.dom)
     assert body.get("data-rendered") == "true", "the page's script did not finish"
     assert "data-js-errors" not in body, body.get("data-js-errors")
@@ -58,7 +58,7 @@ def test_plan_file_and_sweep_pages_render(cli, tmp_path) -> None:
 
 def test_a_script_error_would_be_caught(cli, tmp_path) -> None:
     """The check above can fail: an error thrown by the page lands in the DOM and on the console."""
-    page = write(cli, tmp_path, *SEED_CAUSAL)
+    page = write(cli, tmp_path, *CAUSAL_PLAN)
     text = page.read_text(encoding="utf-8").replace("</body>", "<script>notDefinedAnywhere();</script></body>")
     page.write_text(text, encoding="utf-8")
     opened = open_page(page)
@@ -67,6 +67,6 @@ def test_a_script_error_would_be_caught(cli, tmp_path) -> None:
 
 
 def test_screenshot(cli, tmp_path) -> None:
-    png = screenshot(write(cli, tmp_path, *SEED_CAUSAL), tmp_path / "plan.png", 1200, 1500)
+    png = screenshot(write(cli, tmp_path, *CAUSAL_PLAN), tmp_path / "plan.png", 1200, 1500)
     assert png_size(png) == (1200, 1500)
     assert png.stat().st_size > 20_000  # a blank page compresses to a few kB

@@ -44,7 +44,7 @@ def test_total_on_a_measured_profile_includes_its_fixed_costs(layout: str, n: in
         assert forward.totals(0)["overhead"] > 0
 
 
-def test_seed_example_causal_imbalance_and_balance() -> None:
+def test_causal_imbalance_and_balance_at_256k_on_8() -> None:
     """S = 256k, N = 8 causal at tile 1,024: contiguous leaves rank 0 idle after its diagonal block;
     zigzag keeps every rank computing."""
     contiguous = ring_timeline(PlanInputs(seq=262_144, n=8, causal=True, layout="contiguous"), A100)

@@ -21,7 +21,7 @@ from costmodel.training.recommend import fit_at, training_values
 from costmodel.training.sweep import sweep
 from tests.support import REPO
 
-SEED_CAUSAL = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal"]
+CAUSAL_PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal"]
 VOID = {"meta", "br", "img", "input", "link", "hr", "col", "area", "base", "wbr", "source", "track"}
 PLAN = REPO / "configs" / "plans" / "llama3-8b-128k-a100-nvlink.yaml"
 
@@ -87,8 +87,8 @@ def field(data: dict, path: str) -> object:
     return data
 
 
-def test_seed_page_has_three_timelines_one_row_per_rank(cli) -> None:
-    result = cli(*SEED_CAUSAL, "--format", "html")
+def test_plan_page_has_three_timelines_one_row_per_rank(cli) -> None:
+    result = cli(*CAUSAL_PLAN, "--format", "html")
     assert result.code == 0, result.err
     root = assert_well_formed(result.out)
     assert_self_contained(result.out)
@@ -103,8 +103,8 @@ def test_seed_page_has_three_timelines_one_row_per_rank(cli) -> None:
 
 
 def test_page_numbers_are_the_reports_fields(cli) -> None:
-    page = cli(*SEED_CAUSAL, "--format", "html").out
-    report = cli(*SEED_CAUSAL, "--format", "json").json()
+    page = cli(*CAUSAL_PLAN, "--format", "html").out
+    report = cli(*CAUSAL_PLAN, "--format", "json").json()
     root = xml(page)
     tagged = [e for e in root.iter() if e.get("data-field") and e.get("data-value")]
     paths = {e.get("data-field") for e in tagged}
@@ -119,7 +119,7 @@ def test_page_numbers_are_the_reports_fields(cli) -> None:
 
 
 def test_backward_panels_when_the_pass_has_one(cli) -> None:
-    page = cli(*SEED_CAUSAL, "--pass", "fwd+bwd", "--layout", "zigzag", "--format", "html").out
+    page = cli(*CAUSAL_PLAN, "--pass", "fwd+bwd", "--layout", "zigzag", "--format", "html").out
     root = xml(page)
     backward = [g for g in find(root, "svg", class_="gantt") if g.get("data-pass") == "bwd"]
     assert [g.get("data-layout") for g in backward] == ["contiguous", "striped", "zigzag"]

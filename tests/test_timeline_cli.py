@@ -11,7 +11,7 @@ from costmodel.machines.profiles import load_profile
 from costmodel.plans.gantt import ring_timeline
 from costmodel.plans.inputs import PlanInputs
 
-SEED_CAUSAL = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal"]
+CAUSAL_PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal"]
 
 
 def rank_rows(out: str) -> list[str]:
@@ -33,7 +33,7 @@ def test_one_row_per_rank_and_a_legend(cli, n: int, pass_: str, panels: int) -> 
 
 def test_contiguous_rows_show_the_imbalance(cli) -> None:
     """Rank 0 computes its diagonal block, then idles; rank 7 computes the whole layer."""
-    rows = rank_rows(cli(*SEED_CAUSAL, "--layout", "contiguous", "--timeline").out)
+    rows = rank_rows(cli(*CAUSAL_PLAN, "--layout", "contiguous", "--timeline").out)
     first, last = rows[0], rows[7]
     assert first.count(GLYPHS["idle"]) > 10 * first.count(GLYPHS["compute"])
     assert GLYPHS["idle"] not in last and "100 % c" in last
@@ -59,6 +59,6 @@ def test_too_many_ranks_exits_2_in_one_line(cli) -> None:
 
 
 def test_timeline_needs_a_drawing_format(cli) -> None:
-    result = cli(*SEED_CAUSAL, "--timeline", "--format", "json")
+    result = cli(*CAUSAL_PLAN, "--timeline", "--format", "json")
     assert result.code == 2 and result.err.count("\n") == 1 and "--timeline" in result.err
-    assert cli(*SEED_CAUSAL, "--timeline", "--format", "html").code == 0
+    assert cli(*CAUSAL_PLAN, "--timeline", "--format", "html").code == 0

@@ -463,9 +463,9 @@ def _schemes(report: Report) -> str:
 
 
 def _notes(report: Report) -> str:
-    measured, seed = render.causal_lines(report)
+    measured, blocks = render.causal_lines(report)
     items = "".join(f"<li>{escape(note)}</li>" for note in report.notes)
-    return (f"<section><h2>Notes</h2><p>Causal utilisation, {escape(measured)}; {escape(seed)}.</p>"
+    return (f"<section><h2>Notes</h2><p>Causal utilisation, {escape(measured)}; {escape(blocks)}.</p>"
             f"<ul>{items}</ul></section>")
 
 
