@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from costmodel.cli import render
 from costmodel.core.units import count, percent, seconds, si, tokens_label
@@ -303,7 +303,7 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
 
 def _timelines(report: Report, inputs: PlanInputs, profile: HardwareProfile) -> str:
     from costmodel.plans.gantt import MAX_RANKS, MEANING
-    from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
+    from costmodel.schedule.layouts import LAYOUTS
 
     head = ['<section id="timeline"><h2>Ring timeline of one layer, rank by rank</h2>',
             '<p class="caption">Each row is a rank, time runs right; all panels share one time scale. '
@@ -320,7 +320,7 @@ def _timelines(report: Report, inputs: PlanInputs, profile: HardwareProfile) -> 
     head.append(f'<div class="legend">{legend}</div>')
     passes = [False] + ([True] if inputs.pass_ != "fwd" else [])
     for backward in passes:
-        timelines, skipped = _layout_timelines(inputs, profile, backward, LAYOUTS, chunks_per_rank)
+        timelines, skipped = _layout_timelines(inputs, profile, backward)
         span = max(t.total_s for t in timelines.values())
         head.append(f"<h3>{'Backward' if backward else 'Forward'}</h3>")
         panels = []
@@ -334,12 +334,14 @@ def _timelines(report: Report, inputs: PlanInputs, profile: HardwareProfile) -> 
     return "\n".join(head)
 
 
-def _layout_timelines(inputs: PlanInputs, profile: HardwareProfile, backward: bool, layouts: Sequence[str],
-                      chunks_per_rank: Any) -> tuple[dict[str, Timeline], dict[str, str]]:  # fmt: skip
+def _layout_timelines(inputs: PlanInputs, profile: HardwareProfile,
+                      backward: bool) -> tuple[dict[str, Timeline], dict[str, str]]:  # fmt: skip
+    """The plan under each layout; a layout the sequence does not split into is named with why."""
     from costmodel.plans.gantt import ring_timeline
+    from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 
     timelines, skipped = {}, {}
-    for layout in layouts:
+    for layout in LAYOUTS:
         parts = inputs.n * chunks_per_rank(layout)
         if inputs.seq % parts:
             skipped[layout] = f"S = {inputs.seq:,} does not split into {parts} equal chunks."
