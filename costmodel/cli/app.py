@@ -9,9 +9,10 @@ from typing import Annotated, Optional
 import typer
 
 from costmodel.cli import kernel as kernel_cli
-from costmodel.cli import planning
+from costmodel.cli import plan_file, planning
 from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import Format, FormatOpt, console, declared
+from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import builtin_names, load_profile
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
@@ -32,6 +33,7 @@ app.command("validate")(kernel_cli.validate)
 app.command("recommend")(planning.recommend_cmd)
 app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
+app.command("report")(plan_file.report_cmd)
 
 @app.callback(invoke_without_command=True)
 @declared(inputs=PlanInputs, machine_overrides=MachineOverrides)
@@ -41,6 +43,7 @@ def report(
     machine_overrides: MachineOverrides,
     format: FormatOpt = Format.table,
     explain: Annotated[bool, typer.Option("--explain", help="Also print each formula, then with values.")] = False,
+    timeline: TimelineOpt = False,
 ) -> None:
     """Report memory tiers, traffic, intensity vs beta, times, the verdict and the CP degree to use.
 
@@ -52,9 +55,17 @@ def report(
     from costmodel.plans.evaluate import evaluate
 
     machine = machine_for(inputs, machine_overrides)
+    if timeline:
+        from costmodel.cli import timeline as drawing
+
+        drawing.check_request(inputs.n, format.value)
     trace: list | None = [] if explain else None
     result = evaluate(inputs, machine, trace)
-    if format is Format.json:
+    if format is Format.html:
+        from costmodel.cli import html
+
+        sys.stdout.write(html.plan_page(result, inputs, machine, trace))
+    elif format is Format.json:
         sys.stdout.write(render.to_json(result, trace) + "\n")
     elif format is Format.yaml:
         sys.stdout.write(render.to_yaml(result, trace))
@@ -65,6 +76,8 @@ def report(
         render.render_table(result, screen)
         if trace is not None:
             render.render_explain(trace, screen)
+        if timeline:
+            drawing.render(inputs, machine, screen)
 
 
 @hw_app.command("list")

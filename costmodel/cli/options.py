@@ -39,6 +39,7 @@ class Format(str, Enum):
     json = "json"
     yaml = "yaml"
     markdown = "markdown"
+    html = "html"
 
 
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]

@@ -126,6 +126,7 @@ class SweepFormat(str, Enum):
     table = "table"
     csv = "csv"
     json = "json"
+    html = "html"
 
 
 @declared(inputs=PlanInputs, setup=TrainingSetup, machine_overrides=MachineOverrides,
@@ -168,7 +169,11 @@ def sweep_cmd(
 
         sys.stderr.write(f"wrote {plot_sweep(grids, plot, inputs)}\n")
     rows = [row for grid in grids for row in grid.rows()]
-    if format is SweepFormat.json:
+    if format is SweepFormat.html:
+        from costmodel.cli.html import sweep_page
+
+        sys.stdout.write(sweep_page(grids, inputs))
+    elif format is SweepFormat.json:
         sys.stdout.write(json.dumps({"schema": "cp-plan/sweep/v1", "pass": inputs.pass_, "causal": inputs.causal,
                                      "rows": rows}, indent=2, allow_nan=False) + "\n")  # fmt: skip
     elif format is SweepFormat.csv:

@@ -71,9 +71,11 @@ def predict(inputs: PlanInputs, machine: Machine, variant: Variant = "ring", bac
     ``span``: how many ranks the transfers' group spans, when more than ``inputs.n`` (the ring of a
     USP split runs over N/N_u ranks spread over all N).
     """
-    link = machine.link(span or inputs.n, "alltoall" if variant == "ulysses" else "p2p")
-    values = {**plan_values(inputs, machine), **link.values}
-    layer = (_ulysses if variant == "ulysses" else _ring)(inputs, machine, values, backward)
+    if variant == "ulysses":
+        values = {**plan_values(inputs, machine), **machine.link(span or inputs.n, "alltoall").values}
+        layer = _ulysses(inputs, machine, values, backward)
+    else:
+        layer = _ring(inputs, machine, span or inputs.n, backward)
     if inputs.n == 1:
         return layer
     forward, backward_extra = machine.layer_overhead(variant, backward)
@@ -81,8 +83,36 @@ def predict(inputs: PlanInputs, machine: Machine, variant: Variant = "ring", bac
                       layer.forward_compute_s)
 
 
-def _ring(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backward: bool) -> Prediction:
+@dataclass(frozen=True)
+class RingPass:
+    """One pass of a ring layer unfolded: what each rank computes at each step and what is in flight.
+
+    :func:`predict` sums it into a wall time; :mod:`costmodel.plans.gantt` draws it."""
+
+    pairs: np.ndarray  # (ranks, steps) (query, key) pairs each rank computes at each step
+    compute_s: np.ndarray  # (ranks, steps) seconds of that compute
+    comm_s: list[float]  # the transfer in flight under each step
+    step_waits: list[int] | None  # transfers each step waits for (None: one where there is one)
+    tail_s: float  # what still travels after the last step (backward: the last dK/dV hop home)
+    overlap: float
+    step_overhead_s: float
+
+    @property
+    def step_compute_s(self) -> np.ndarray:
+        """The slowest rank's compute per step: what sets each step."""
+        return self.compute_s.max(axis=0)
+
+    @property
+    def time_s(self) -> float:
+        return ring_layer_time(self.step_compute_s, self.comm_s, tail_s=self.tail_s, step_waits=self.step_waits,
+                               tail_waits=1 if self.tail_s else 0, overlap=self.overlap,
+                               step_overhead_s=self.step_overhead_s)  # fmt: skip
+
+
+def ring_pass(inputs: PlanInputs, machine: Machine, backward: bool = False, span: int | None = None) -> RingPass:
+    """The forward (or backward) pass of a ring over ``inputs.n`` ranks on the link ``span`` ranks use."""
     n, length = inputs.n, inputs.seq // inputs.n
+    values = {**plan_values(inputs, machine), **machine.link(span or n).values}
     kv_s = _call("step_comm_s", values)  # alpha + KV block / B
     dkv_s = values["alpha"] + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
     if machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
@@ -90,31 +120,28 @@ def _ring(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backward
     else:
         tile = min(inputs.block, length)
         pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs.astype(float)
-    pair_flops = _call("pair_flops", values)
-
-    def step_times(bwd: bool) -> np.ndarray:
-        work = pairs * pair_flops  # forward FLOP of each rank's block at each step
-        masked = pairs < length * length
-        busy = np.broadcast_to((pairs > 0).sum(axis=0), pairs.shape)  # ranks computing in each step
-        rate = np.vectorize(lambda w, m, k: machine.rate(max(w, 1.0), bool(m), bwd, int(max(k, 1))))
-        seconds = np.where(pairs > 0, work * (BACKWARD_FLOP if bwd else 1.0) / rate(work, masked, busy), 0.0)
-        return seconds.max(axis=0)  # the slowest rank sets each step
-
-    timing = {"overlap": machine.overlap, "step_overhead_s": machine.fixed("step_overhead_s")}
-    forward_steps = step_times(False)
-    forward = ring_layer_time(forward_steps, [kv_s] * (n - 1) + [0.0], **timing)
+    work = pairs * _call("pair_flops", values)  # forward FLOP of each rank's block at each step
+    masked = pairs < length * length
+    busy = np.broadcast_to((pairs > 0).sum(axis=0), pairs.shape)  # ranks computing in each step
+    rate = np.vectorize(lambda w, m, k: machine.rate(max(w, 1.0), bool(m), backward, int(max(k, 1))))
+    compute = np.where(pairs > 0, work * (BACKWARD_FLOP if backward else 1.0) / rate(work, masked, busy), 0.0)
     if not backward:
-        return Prediction(forward, 0.0, float(forward_steps.sum()), float(forward_steps.sum()))
-    backward_steps = step_times(True)
-    compute = float(forward_steps.sum() + backward_steps.sum())
-    if n == 1:
-        return Prediction(forward, ring_layer_time(backward_steps, [0.0], **timing), compute, float(forward_steps.sum()))
-    # Under step j fly the next KV block (j < N-1) and the dK/dV sums of step j-1 (j > 0); the last
-    # sums go home after the last step.
-    comm = [kv_s if j == 0 else (dkv_s if j == n - 1 else kv_s + dkv_s) for j in range(n)]
-    waits = [1 if j in (0, n - 1) else 2 for j in range(n)]
-    tail = ring_layer_time(backward_steps, comm, tail_s=dkv_s, step_waits=waits, tail_waits=1, **timing)
-    return Prediction(forward, tail, compute, float(forward_steps.sum()))
+        comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0
+    elif n == 1:
+        comm, waits, tail = [0.0], None, 0.0
+    else:  # under step j fly the next KV block (j < N-1) and the dK/dV sums of step j-1 (j > 0)
+        comm = [kv_s if j == 0 else (dkv_s if j == n - 1 else kv_s + dkv_s) for j in range(n)]
+        waits, tail = [1 if j in (0, n - 1) else 2 for j in range(n)], dkv_s
+    return RingPass(pairs, compute, comm, waits, tail, machine.overlap, machine.fixed("step_overhead_s"))
+
+
+def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool) -> Prediction:
+    forward = ring_pass(inputs, machine, False, span)
+    forward_compute = float(forward.step_compute_s.sum())
+    if not backward:
+        return Prediction(forward.time_s, 0.0, forward_compute, forward_compute)
+    back = ring_pass(inputs, machine, True, span)
+    return Prediction(forward.time_s, back.time_s, forward_compute + float(back.step_compute_s.sum()), forward_compute)
 
 
 def _ulysses(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backward: bool) -> Prediction:

@@ -19,7 +19,7 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup, problems
-from costmodel.plans.models import load_model
+from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.verdict import BANDS, Colour
 
 M = TypeVar("M", bound=BaseModel)
@@ -151,8 +151,19 @@ def _declared(located: Located, model: type[M], values: dict[str, Any]) -> M:
         raise InputError(f"{located.path}:{located.line(field)}", f"{field}: {message}") from None
 
 
-def run_checks(located: Located) -> list[CheckResult]:
-    """Evaluate one plan and compare it with its expectations."""
+@dataclass(frozen=True)
+class Resolved:
+    """A plan file turned into what the model takes: the whole model's shape and one TP rank's attention."""
+
+    model: ModelPreset
+    machine: Machine  # CP ranks placed on nodes with TP innermost
+    inputs: PlanInputs  # the model's heads
+    setup: TrainingSetup
+    attention: PlanInputs  # the heads one TP rank runs
+
+
+def resolve(located: Located) -> Resolved:
+    """Inputs, setup and placed machine of one plan; problems name the file and line."""
     plan = located.plan
     model = load_model(plan.model, field=f"{located.path}:{located.line('model')}: model")
     fields = plan.model_dump(exclude={"name", "expect"})
@@ -165,8 +176,16 @@ def run_checks(located: Located) -> list[CheckResult]:
     except InputError as exc:
         raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
     profile = load_profile(plan.hw, field=f"{located.path}:{located.line('hw')}: hw")
-    machine = Machine(profile, inputs.dtype, inputs.efficiency)
-    report = evaluate(attention, machine.placed(setup.tp))
+    machine = Machine(profile, inputs.dtype, inputs.efficiency).placed(setup.tp)
+    return Resolved(model, machine, inputs, setup, attention)
+
+
+def run_checks(located: Located) -> list[CheckResult]:
+    """Evaluate one plan and compare it with its expectations."""
+    plan = located.plan
+    resolved = resolve(located)
+    model, machine, inputs, setup = resolved.model, resolved.machine, resolved.inputs, resolved.setup
+    report = evaluate(resolved.attention, machine)
     results = []
 
     def add(key: str, passed: bool, detail: str) -> None:

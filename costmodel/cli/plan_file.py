@@ -1,0 +1,49 @@
+"""`cp-plan report PLAN.yaml`: one capacity-plan file as a report, on the terminal or as an HTML page."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from costmodel.core.errors import InputError
+
+
+def report_cmd(
+    plan: Annotated[str, typer.Argument(help="A capacity-plan YAML file (configs/plans/*.yaml).", show_default=False)],
+    html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML page here.")] = None,
+) -> None:
+    """Report one capacity plan: its attention per TP rank, training memory, timelines and checks.
+
+    Example: cp-plan report configs/plans/llama3-8b-128k-a100-nvlink.yaml --html plan.html
+    """
+    from costmodel.plans.evaluate import evaluate
+    from costmodel.training.check import load_plan, resolve, run_checks
+
+    located = load_plan(plan)
+    resolved = resolve(located)
+    placed = resolved.machine
+    report = evaluate(resolved.attention, placed)
+    if html is None:
+        from costmodel.cli import render
+        from costmodel.cli.options import console
+
+        render.render_table(report, console())
+        return
+    if html.suffix.lower() not in {".html", ".htm"}:
+        raise InputError("--html", f"{html.name}: accepted file types are .html and .htm")
+    from costmodel.cli import html as page
+    from costmodel.core.fileio import atomic_write_text
+    from costmodel.plans.bind import Evaluator
+    from costmodel.training.recommend import fit_at, training_values
+
+    fit = None
+    if located.plan.gpus is not None:  # ZeRO shards over DP x CP, which needs the job's size
+        values = training_values(resolved.inputs, resolved.model, resolved.setup, placed, resolved.inputs.n)
+        fit = fit_at(Evaluator(values))
+    text = page.plan_page(report, resolved.attention, placed, fit=fit, checks=run_checks(located),
+                          title=located.plan.name)  # fmt: skip
+    written = atomic_write_text(html, text)
+    sys.stderr.write(f"wrote {written}\n")
