@@ -60,7 +60,7 @@ CASES: list[tuple[list[str], str]] = [
     (["--format", "xml"], "'table', 'json', 'yaml', 'markdown'"),
     (["--hw", "nosuch"], "unknown hardware 'nosuch'; built-in: a100-ib, a100-nvlink"),
     (["--hw", "a100-nvlink", "--dtype", "fp8"], "--dtype: profile 'a100-nvlink' has no fp8 FLOP/s"),
-    (["--model", "nosuch"], "built-in: gpt3-175b, llama2-7b, llama3-70b, llama3-8b, seed-example"),
+    (["--model", "nosuch"], "built-in: gpt-1t, gpt-22b, gpt-530b, gpt3-175b, llama2-7b, llama3-405b, llama3-70b, llama3-8b, seed-example"),
     (["--efficiency", "0"], "--efficiency: must be in (0, 1]"),
     (["--efficiency", "1.5"], "--efficiency"),
     (["--efficiency", "fast"], "--efficiency"),

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from costmodel.cli import kernel as kernel_cli
-from costmodel.cli import planning
+from costmodel.cli import planning, step
 from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import (
     SEED,
@@ -51,6 +51,7 @@ app.command("validate")(kernel_cli.validate)
 app.command("recommend")(planning.recommend_cmd)
 app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
+app.command("step")(step.step_cmd)
 
 
 @app.callback(invoke_without_command=True)
