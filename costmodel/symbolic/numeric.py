@@ -512,6 +512,11 @@ def model_flops_per_token(*, F_ffn, H, S, V, d, e_m, g, h, n_L, n_kv):
     return -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L
 
 
+def model_flops_per_token_causal(*, F_ffn, H, S, V, c, d, e_m, g, h, n_L, n_kv):
+    """f_model_c = -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L: model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence [FLOP] ([PaLM] appendix B)."""
+    return -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L
+
+
 def hardware_flops_per_token(*, F_ffn, H, S, V, c, d, g, h, n_L, n_kv, rc_full, rc_sel):
     """f_hw = 6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7)): FLOP a device executes per token, recompute included and the causal half skipped [FLOP] ([Korthikanti22 §6])."""
     return 6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))
@@ -625,6 +630,7 @@ INFO = {
     'zero3_gather_s': ('tau_Z3', '2*H*p*z3*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '2*{H}*{p}*{z3}*({D} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', 'ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch', 's', '[ZeRO §5.3]', 'step'),
     'optimizer_s': ('t_opt', 'H*k_opt*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t)', '{H}*{k_opt}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{D}*{pp}*{t})', "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound", 's', '[ZeRO §5]', 'step'),
     'model_flops_per_token': ('f_model', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{d}*{h}*{n_L}', 'model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S (the full square, causal or not, as published MFUs count it)', 'FLOP', '[PaLM] appendix B, [Megatron21 §5.1]', 'step'),
+    'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', 'model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence', 'FLOP', '[PaLM] appendix B', 'step'),
     'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
 }
@@ -731,6 +737,7 @@ ARGS = {
     'zero3_gather_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'pp', 't', 'z3'),
     'optimizer_s': ('B_hbm', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'k_opt', 'n_L', 'n_kv', 'pp', 't'),
     'model_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
+    'model_flops_per_token_causal': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
     'hardware_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'g', 'h', 'n_L', 'n_kv', 'rc_full', 'rc_sel'),
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
 }

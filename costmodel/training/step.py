@@ -149,7 +149,6 @@ def bind(setup: StepSetup, model: ModelPreset, profile: HardwareProfile) -> dict
     dp, micro = _check(setup, model)
     n_u, n_r = _usp_split(setup, model)
     t, n = setup.tp, setup.cp
-    node = profile.devices_per_node
     kernels = profile.kernels
     causal_ring = setup.layout == "contiguous" and setup.cp_scheme in ("ring", "usp", "allgather") and n > 1
     values: dict[str, Any] = {
@@ -251,6 +250,7 @@ def evaluate_step(setup: StepSetup) -> dict[str, Any]:
             "tokens_per_s_per_gpu": tokens / time_s / setup.gpus,
             "model_tflops_per_gpu": model_flops / time_s / setup.gpus / 1e12,
             "mfu": model_flops / (time_s * peak),
+            "mfu_causal_attention": _call("model_flops_per_token_causal", v) * tokens / (time_s * peak),
             "hfu": hardware_flops / (time_s * peak),
             "bubble_fraction": _call("pipeline_bubble_fraction", v),
             "breakdown": breakdown,
