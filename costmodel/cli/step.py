@@ -96,7 +96,8 @@ def _table(result: dict) -> None:
     screen.print(
         f"step {seconds(step['time_s'])}   {step['tokens_per_s']:,.0f} tokens/s "
         f"({step['tokens_per_s_per_gpu']:,.0f} per GPU)   {step['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU   "
-        f"MFU {step['mfu']:.1%}   HFU {step['hfu']:.1%}"
+        f"MFU {step['mfu']:.1%} ({step['mfu_causal_attention']:.1%} counting causal attention)   "
+        f"HFU {step['hfu']:.1%}"
     )
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   caption="MFU: 6·P·tokens + 12·n_L·h·d·S·tokens model FLOP [PaLM]; HFU: what runs, recompute in")  # fmt: skip

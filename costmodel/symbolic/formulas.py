@@ -451,8 +451,9 @@ define("pipeline_bubble_fraction", "beta_PP", (pp - 1) / (v_pp * m_mb),
        "pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved", "1", "[Megatron21 §2.2]")
 P_dev = define("device_params", "P_dev", P / (t * pp), "parameters one device holds (before ZeRO-3)", "1",
                "[Megatron21 §3]")
-tau_dp = define("dp_comm_s", "tau_DP", 2 * (D - 1) / D * P_dev * p_g / B_dp,
-                "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group", "s",
+tau_dp = define("dp_comm_s", "tau_DP", (2 - z3) * (D - 1) / D * P_dev * p_g / B_dp,
+                "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; "
+                "under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter", "s",
                 "[ZeRO §5]")
 define("dp_exposed_s", "x_DP", tau_dp / n_bkt, "the last gradient bucket, reduced after the backward ends", "s",
        "PyTorch DDP, [Megatron21 §5]")

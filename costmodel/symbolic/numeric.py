@@ -482,19 +482,19 @@ def device_params(*, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, pp, t):
     return H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t)
 
 
-def dp_comm_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_g, pp, t):
-    """tau_DP = 2*H*p_g*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t): gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group [s] ([ZeRO §5])."""
-    return 2*H*p_g*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)
+def dp_comm_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_g, pp, t, z3):
+    """tau_DP = -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t): gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter [s] ([ZeRO §5])."""
+    return -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)
 
 
-def dp_exposed_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t):
-    """x_DP = 2*H*p_g*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the last gradient bucket, reduced after the backward ends [s] (PyTorch DDP, [Megatron21 §5])."""
-    return 2*H*p_g*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
+def dp_exposed_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t, z3):
+    """x_DP = -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the last gradient bucket, reduced after the backward ends [s] (PyTorch DDP, [Megatron21 §5])."""
+    return -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
 
 
-def dp_overflow_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t):
-    """x_DP_over = 2*H*p_g*(D - 1)*(n_bkt - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the other buckets' reduction, to be compared with the last micro-batch's backward that hides it [s] (PyTorch DDP)."""
-    return 2*H*p_g*(D - 1)*(n_bkt - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
+def dp_overflow_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t, z3):
+    """x_DP_over = -H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the other buckets' reduction, to be compared with the last micro-batch's backward that hides it [s] (PyTorch DDP)."""
+    return -H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
 
 
 def zero3_gather_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p, pp, t, z3):
@@ -624,9 +624,9 @@ INFO = {
     'pp_exposed_s': ('x_PP', '-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t)', '-2*{H}*{S}*{b}*{p}*({m_mb}*({o_pp} - 1) - {pp})*({pp}*{v_pp} - 1)/({B_pp}*{N}*{pp}*{t})', 'stage-boundary sends on the critical path: the fill and drain chains, plus the share 1 - o_pp of the steady-state sends', 's', '[Megatron21 §4.1]', 'step'),
     'pipeline_bubble_fraction': ('beta_PP', '(pp - 1)/(m_mb*v_pp)', '({pp} - 1)/({m_mb}*{v_pp})', 'pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved', '1', '[Megatron21 §2.2]', 'step'),
     'device_params': ('P_dev', 'H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t)', '{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({pp}*{t})', 'parameters one device holds (before ZeRO-3)', '1', '[Megatron21 §3]', 'step'),
-    'dp_comm_s': ('tau_DP', '2*H*p_g*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '2*{H}*{p_g}*({D} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group", 's', '[ZeRO §5]', 'step'),
-    'dp_exposed_s': ('x_DP', '2*H*p_g*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '2*{H}*{p_g}*({D} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', 'the last gradient bucket, reduced after the backward ends', 's', 'PyTorch DDP, [Megatron21 §5]', 'step'),
-    'dp_overflow_s': ('x_DP_over', '2*H*p_g*(D - 1)*(n_bkt - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '2*{H}*{p_g}*({D} - 1)*({n_bkt} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it", 's', 'PyTorch DDP', 'step'),
+    'dp_comm_s': ('tau_DP', '-H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '-{H}*{p_g}*({D} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter", 's', '[ZeRO §5]', 'step'),
+    'dp_exposed_s': ('x_DP', '-H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '-{H}*{p_g}*({D} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', 'the last gradient bucket, reduced after the backward ends', 's', 'PyTorch DDP, [Megatron21 §5]', 'step'),
+    'dp_overflow_s': ('x_DP_over', '-H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '-{H}*{p_g}*({D} - 1)*({n_bkt} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it", 's', 'PyTorch DDP', 'step'),
     'zero3_gather_s': ('tau_Z3', '2*H*p*z3*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '2*{H}*{p}*{z3}*({D} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', 'ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch', 's', '[ZeRO §5.3]', 'step'),
     'optimizer_s': ('t_opt', 'H*k_opt*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t)', '{H}*{k_opt}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{D}*{pp}*{t})', "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound", 's', '[ZeRO §5]', 'step'),
     'model_flops_per_token': ('f_model', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{d}*{h}*{n_L}', 'model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S (the full square, causal or not, as published MFUs count it)', 'FLOP', '[PaLM] appendix B, [Megatron21 §5.1]', 'step'),
@@ -731,9 +731,9 @@ ARGS = {
     'pp_exposed_s': ('B_pp', 'H', 'N', 'S', 'b', 'm_mb', 'o_pp', 'p', 'pp', 't', 'v_pp'),
     'pipeline_bubble_fraction': ('m_mb', 'pp', 'v_pp'),
     'device_params': ('F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'pp', 't'),
-    'dp_comm_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_g', 'pp', 't'),
-    'dp_exposed_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't'),
-    'dp_overflow_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't'),
+    'dp_comm_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_g', 'pp', 't', 'z3'),
+    'dp_exposed_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
+    'dp_overflow_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
     'zero3_gather_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'pp', 't', 'z3'),
     'optimizer_s': ('B_hbm', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'k_opt', 'n_L', 'n_kv', 'pp', 't'),
     'model_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
