@@ -154,3 +154,18 @@ def test_bad_step_input_is_one_line_and_exit_2(cli, args: list[str], expected: s
     result = cli(*STEP, *args)
     assert result.code == 2 and result.out == ""
     assert expected in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_profile_without_kernel_tables_needs_efficiency(cli, tmp_path) -> None:
+    """A profile with no kernels: section cannot be read for rates; --efficiency stands in for them."""
+    from costmodel.core.resources import data_dir
+
+    text = (data_dir("hardware") / "h100-nvlink.yaml").read_text(encoding="utf-8")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(text.split("# Published kernel efficiency")[0], encoding="utf-8")
+    args = ["step", "-m", "llama3-8b", "--seq", "8k", "--hw", str(bare), "--gpus", "8", "--global-batch", "8"]
+    missing = cli(*args)
+    assert missing.code == 2 and "has no kernels: section" in missing.err
+    given_ = cli(*args, "--efficiency", "0.5", "-f", "json")
+    assert given_.code == 0, given_.err
+    assert given_.json()["rates"]["gemm_flops_per_s"] == pytest.approx(0.5 * 989e12, rel=1e-12)
