@@ -19,7 +19,9 @@ LLAMA8B = {"H": 4096, "F_ffn": 14336, "V": 128256, "n_L": 32, "g": 1, "h": 32, "
 def test_model_flops_are_six_per_parameter_for_a_short_sequence() -> None:
     """6·P·tokens for a dense model (Llama 3 8B: 7.50 B weights that multiply, input embedding aside)."""
     per_token = numeric.model_flops_per_token(**LLAMA8B, S=1)
-    weights = 32 * (4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336) + 128256 * 4096  # Q, K, V, O, MLP; output
+    weights = (
+        32 * (4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336) + 128256 * 4096
+    )  # Q, K, V, O, MLP; output
     assert per_token == pytest.approx(6 * weights, rel=0.01)
 
 
@@ -93,7 +95,15 @@ def test_breakdown_sums_to_the_step_and_utilisation_is_bounded(s: dict) -> None:
 
 
 def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
-    common = {"model": "llama3-70b", "seq": 8192, "hw": "h100-ib", "gpus": 64, "tp": 8, "pp": 8, "global_batch": 16}
+    common = {
+        "model": "llama3-70b",
+        "seq": 8192,
+        "hw": "h100-ib",
+        "gpus": 64,
+        "tp": 8,
+        "pp": 8,
+        "global_batch": 16,
+    }
     plain = evaluate_step(StepSetup(**common))["step"]
     interleaved = evaluate_step(StepSetup(**common, vpp=5))["step"]
     assert interleaved["breakdown"]["pipeline bubble"] == pytest.approx(plain["breakdown"]["pipeline bubble"] / 5,
@@ -113,7 +123,9 @@ def test_kernel_tables_read_back_their_published_points() -> None:
     h100 = load_profile("h100-nvlink")
     assert attention_rate(h100, "bf16", 8192, 8192, 128, True, False) == pytest.approx(602e12, rel=1e-9)
     assert attention_rate(h100, "bf16", 16384, 16384, 128, False, False) == pytest.approx(648e12, rel=1e-9)
-    assert attention_rate(h100, "bf16", 1 << 20, 1 << 20, 128, False, False) == pytest.approx(648e12, rel=1e-9)
+    assert attention_rate(h100, "bf16", 1 << 20, 1 << 20, 128, False, False) == pytest.approx(
+        648e12, rel=1e-9
+    )
     between = attention_rate(h100, "bf16", 3000, 3000, 128, False, False)
     assert 625e12 < between < 638e12
     assert gemm_rate(h100, "bf16", 8192, 8192, 8192) == pytest.approx(797.51e12, rel=1e-9)
@@ -125,7 +137,15 @@ def test_step_json_contract(cli) -> None:
                  "--cp", "2", "--pp", "2", "--micro-batch", "1", "--global-batch", "8", "--format", "json")  # fmt: skip
     assert result.code == 0, result.err
     step = result.json()["step"]
-    for key in ("time_s", "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "breakdown"):
+    for key in (
+        "time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "model_tflops_per_gpu",
+        "mfu",
+        "hfu",
+        "breakdown",
+    ):
         assert key in step
     assert step["tokens_per_s"] == pytest.approx(8 * 8192 / step["time_s"], rel=1e-12)
 
@@ -140,8 +160,14 @@ STEP = ["step", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink"]
 BAD = [
     (["--gpus", "8", "--tp", "3", "--global-batch", "8"], "--tp: 3 must divide the model's 32 heads"),
     (["--gpus", "12", "--tp", "8", "--global-batch", "8"], "--gpus: 12 is not divisible by tp x cp x pp = 8"),
-    (["--gpus", "8", "--global-batch", "12"], "--global-batch: 12 is not divisible by micro-batch x DP = 1 x 8"),
-    (["--gpus", "8", "--pp", "8", "--global-batch", "4"], "4 micro-batches per pipeline is fewer than --pp 8"),
+    (
+        ["--gpus", "8", "--global-batch", "12"],
+        "--global-batch: 12 is not divisible by micro-batch x DP = 1 x 8",
+    ),
+    (
+        ["--gpus", "8", "--pp", "8", "--global-batch", "4"],
+        "4 micro-batches per pipeline is fewer than --pp 8",
+    ),
     (["--gpus", "8", "--global-batch", "8", "--recompute", "some"], "--recompute"),
     (["--gpus", "8", "--global-batch", "8", "--cp-scheme", "star"], "--cp-scheme"),
     (["--gpus", "8", "--global-batch", "8", "--tp", "0"], "--tp: Input should be greater than or equal to 1"),

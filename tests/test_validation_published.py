@@ -18,4 +18,6 @@ def test_at_least_eight_published_figures_and_every_wide_row_says_why() -> None:
 def test_published_figure(row: Published) -> None:
     """Each published figure within its stated tolerance (15 % unless the row says why not)."""
     predicted = predict(row)
-    assert predicted == pytest.approx(row.published, rel=row.tolerance), f"{row.key}: predicted {predicted:.4g}"
+    assert predicted == pytest.approx(row.published, rel=row.tolerance), (
+        f"{row.key}: predicted {predicted:.4g}"
+    )

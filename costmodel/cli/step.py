@@ -42,12 +42,19 @@ def step_cmd(
     pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 1,
     vpp: Annotated[int, typer.Option("--vpp", help="Virtual stages per device (interleaved 1F1B).")] = 1,
     micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
-    recompute: Annotated[Recompute, typer.Option("--recompute", help="Activation recompute.")] = Recompute.selective,
+    recompute: Annotated[
+        Recompute, typer.Option("--recompute", help="Activation recompute.")
+    ] = Recompute.selective,
     cp_scheme: Annotated[Scheme, typer.Option("--cp-scheme", help="How CP exchanges K and V.")] = Scheme.ring,
-    layout: Annotated[Layout, typer.Option("--layout", help="Which tokens each CP rank holds.")] = Layout.zigzag,
-    zero3: Annotated[bool, typer.Option("--zero3/--no-zero3", help="ZeRO-3 / FSDP parameter sharding.")] = False,
+    layout: Annotated[
+        Layout, typer.Option("--layout", help="Which tokens each CP rank holds.")
+    ] = Layout.zigzag,
+    zero3: Annotated[
+        bool, typer.Option("--zero3/--no-zero3", help="ZeRO-3 / FSDP parameter sharding.")
+    ] = False,
     efficiency: Annotated[
-        Optional[float], typer.Option("--efficiency", help="Override: every kernel at this share of peak, (0, 1].")
+        Optional[float],
+        typer.Option("--efficiency", help="Override: every kernel at this share of peak, (0, 1]."),
     ] = None,
     format: FormatOpt = Format.table,
 ) -> None:

@@ -27,7 +27,9 @@ def _kernels(profile: HardwareProfile) -> Kernels:
 def _dtype_scale(profile: HardwareProfile, dtype: str) -> float:
     peaks = profile.device.peak_flops
     if dtype not in peaks:
-        raise InputError("--dtype", f"profile {profile.name!r} has no {dtype} FLOP/s; it has: {', '.join(peaks)}")
+        raise InputError(
+            "--dtype", f"profile {profile.name!r} has no {dtype} FLOP/s; it has: {', '.join(peaks)}"
+        )
     return peaks[dtype] / peaks.get(TABLE_DTYPE, peaks[dtype])
 
 

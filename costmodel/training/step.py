@@ -54,14 +54,18 @@ class StepSetup(BaseModel):
     cp_scheme: Scheme = "ring"
     layout: Layout = "zigzag"
     dtype: Dtype = "bf16"
-    efficiency: float | None = Field(None, gt=0, le=1, description="override: every kernel at this share of peak")
+    efficiency: float | None = Field(
+        None, gt=0, le=1, description="override: every kernel at this share of peak"
+    )
     zero3: bool = Field(False, description="ZeRO-3 / FSDP: parameters sharded over DP and gathered per layer")
     grad_bytes: int = Field(4, ge=1, description="bytes per gradient element the DP group reduces (fp32)")
     tp_overlap: float = Field(0.0, ge=0, le=1, description="share of TP collectives hidden (async TP)")
     cp_overlap: float = Field(1.0, ge=0, le=1, description="share of ring transfers hidden under attention")
     pp_overlap: float = Field(1.0, ge=0, le=1, description="share of steady-state stage sends hidden")
     bucket_bytes: float = Field(DDP_BUCKET_BYTES, gt=0, description="gradient bucket size, bytes")
-    optimizer_bytes: float = Field(ADAM_BYTES_PER_PARAM, gt=0, description="HBM bytes per parameter, optimizer")
+    optimizer_bytes: float = Field(
+        ADAM_BYTES_PER_PARAM, gt=0, description="HBM bytes per parameter, optimizer"
+    )
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
@@ -81,11 +85,15 @@ def _check(setup: StepSetup, model: ModelPreset) -> tuple[int, int]:
                          f"{setup.micro_batch} x {dp}")  # fmt: skip
     micro = setup.global_batch // (setup.micro_batch * dp)
     if setup.pp > 1 and micro < setup.pp:
-        raise InputError("--global-batch", f"{micro} micro-batches per pipeline is fewer than --pp {setup.pp} stages")
+        raise InputError(
+            "--global-batch", f"{micro} micro-batches per pipeline is fewer than --pp {setup.pp} stages"
+        )
     if setup.vpp > 1 and setup.pp == 1:
         raise InputError("--vpp", "interleaving needs --pp > 1")
     if setup.seq % setup.cp or (setup.layout == "zigzag" and setup.seq % (2 * setup.cp)):
-        raise InputError("--seq", f"{setup.seq} must split evenly over --cp {setup.cp} (zigzag: 2 x cp chunks)")
+        raise InputError(
+            "--seq", f"{setup.seq} must split evenly over --cp {setup.cp} (zigzag: 2 x cp chunks)"
+        )
     if setup.cp_scheme == "ulysses" and (model.heads // setup.tp) % setup.cp:
         raise InputError("--cp-scheme", f"ulysses needs --cp {setup.cp} dividing the {model.heads // setup.tp} "
                          "heads a TP rank holds")  # fmt: skip
@@ -97,7 +105,9 @@ def _link(profile: HardwareProfile, span: int) -> Link:
     if span <= profile.devices_per_node:
         return profile.links.intra_node
     if profile.links.inter_node is None:
-        raise InputError("--hw", f"profile {profile.name!r} has no inter_node link but a group spans {span} GPUs")
+        raise InputError(
+            "--hw", f"profile {profile.name!r} has no inter_node link but a group spans {span} GPUs"
+        )
     return profile.links.inter_node
 
 
@@ -123,7 +133,9 @@ def _rates(setup: StepSetup, model: ModelPreset, profile: HardwareProfile, n_r: 
         (hidden, model.ffn_hidden // t),
     ]
     work = [n * k for n, k in shapes]
-    seconds = sum(w / gemm_rate(profile, setup.dtype, rows, n, k) for w, (n, k) in zip(work, shapes, strict=True))
+    seconds = sum(
+        w / gemm_rate(profile, setup.dtype, rows, n, k) for w, (n, k) in zip(work, shapes, strict=True)
+    )
     f_gemm = sum(work) / seconds
     seq, n = setup.seq, setup.cp
     if n == 1 or setup.cp_scheme == "ulysses":
@@ -138,7 +150,9 @@ def _rates(setup: StepSetup, model: ModelPreset, profile: HardwareProfile, n_r: 
 
     def rate(backward: bool) -> float:
         total = sum(w for *_, w in calls)
-        spent = sum(w / attention_rate(profile, setup.dtype, q, k, d, causal, backward) for q, k, causal, w in calls)
+        spent = sum(
+            w / attention_rate(profile, setup.dtype, q, k, d, causal, backward) for q, k, causal, w in calls
+        )
         return total / spent
 
     return {"F_gemm": f_gemm, "F_attn": rate(False), "F_attn_bwd": rate(True)}
@@ -170,7 +184,9 @@ def bind(setup: StepSetup, model: ModelPreset, profile: HardwareProfile) -> dict
         "z3": int(setup.zero3), "p_g": setup.grad_bytes, "k_opt": setup.optimizer_bytes,
         "N_u": n_u, "N_r": n_r,
     }  # fmt: skip
-    values["n_bkt"] = max(1, math.ceil(_call("device_params", values) * setup.grad_bytes / setup.bucket_bytes))
+    values["n_bkt"] = max(
+        1, math.ceil(_call("device_params", values) * setup.grad_bytes / setup.bucket_bytes)
+    )
     values.update(_rates(setup, model, profile, n_r))
     return values
 
@@ -242,8 +258,11 @@ def evaluate_step(setup: StepSetup) -> dict[str, Any]:
     hardware_flops = _call("hardware_flops_per_token", v) * tokens
     return {
         "inputs": {**setup.model_dump(), "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
-        "rates": {"gemm_flops_per_s": v["F_gemm"], "attention_fwd_flops_per_s": v["F_attn"],
-                  "attention_bwd_flops_per_s": v["F_attn_bwd"]},  # fmt: skip
+        "rates": {
+            "gemm_flops_per_s": v["F_gemm"],
+            "attention_fwd_flops_per_s": v["F_attn"],
+            "attention_bwd_flops_per_s": v["F_attn_bwd"],
+        },  # fmt: skip
         "step": {
             "time_s": time_s,
             "tokens_per_s": tokens / time_s,
