@@ -185,10 +185,17 @@ def report_json_schema() -> str:
     return json.dumps(Report.model_json_schema(by_alias=True), indent=2) + "\n"
 
 
+def validation_table() -> str:
+    from costmodel.training.validation import markdown_table
+
+    return markdown_table()
+
+
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output
     "formulas": formula_reference,
     "json-contract": json_contract,
     "hardware-schema": hardware_schema,
+    "validation-table": validation_table,
 }
 _MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)
 

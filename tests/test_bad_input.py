@@ -60,7 +60,7 @@ CASES: list[tuple[list[str], str]] = [
     (["--format", "xml"], "'table', 'json', 'yaml', 'markdown'"),
     (["--hw", "nosuch"], "unknown hardware 'nosuch'; built-in: a100-ib, a100-nvlink"),
     (["--hw", "a100-nvlink", "--dtype", "fp8"], "--dtype: profile 'a100-nvlink' has no fp8 FLOP/s"),
-    (["--model", "nosuch"], "unknown model 'nosuch'; built-in: gemma-3-27b, gpt3-175b, llama2-7b"),
+    (["--model", "nosuch"], "unknown model 'nosuch'; built-in: gemma-3-27b, gpt-1t, gpt-22b, gpt-530b, gpt3-175b"),
     (["--model", "nosuch"], "or a path to a YAML file, or a Hugging Face config.json"),
     (["--efficiency", "0"], "--efficiency: must be >= 0.001 (got 0.0)"),
     (["--efficiency", "1.5"], "--efficiency"),

@@ -113,6 +113,10 @@ def test_numeric_twin_matches_exact_sympy(seq_per, n, heads_per_kv, kv, d, p_, b
         "H": heads_per_kv * kv * d, "F_ffn": 4 * heads_per_kv * kv * d, "V": 32_000, "n_L": 32, "g": int(causal),
         "delta": 1 - int(causal), "phi": int(causal), "sigma": 1, "t": 2, "pp": 2, "z_w": 1, "z_g": 0.25,
         "z_o": 0.25, "rho": 0, "e_m": 2, "M_dev": 80e9,
+        "m_mb": 8, "v_pp": 2, "D": 4, "B_hbm": 3e12, "F_gemm": 0.7 * flops, "F_attn": 0.6 * flops,
+        "F_attn_bwd": 0.5 * flops, "B_tp": bw, "B_cp": bw, "B_pp": bw / 4, "B_dp": bw / 8, "rc_sel": int(causal),
+        "rc_full": 1 - int(causal), "u_cp": 0.75, "o_tp": 0.0, "o_cp": 1.0, "o_pp": 0.5, "n_bkt": 40, "z3": 1,
+        "p_g": 4, "k_opt": 30, "s_comm": 0.12, "t_launch": 1e-5, "k_copy": 1,
     }  # fmt: skip
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from costmodel.cli import kernel as kernel_cli
-from costmodel.cli import plan_file, planning
+from costmodel.cli import plan_file, planning, step
 from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import Format, FormatOpt, console, declared
 from costmodel.cli.timeline import TimelineOpt
@@ -34,6 +34,8 @@ app.command("recommend")(planning.recommend_cmd)
 app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
 app.command("report")(plan_file.report_cmd)
+app.command("step")(step.step_cmd)
+
 
 @app.callback(invoke_without_command=True)
 @declared(inputs=PlanInputs, machine_overrides=MachineOverrides)

@@ -197,6 +197,52 @@ class Calibration(_Strict):
         return min(curves, key=lambda c: (abs(c.concurrency - concurrency), -c.concurrency))
 
 
+class AttentionCurve(_Strict):
+    """Published attention kernel throughput against sequence length for one shape class.
+
+    Benchmarks of [FA2] and [FA3] keep batch x sequence = 16k tokens and h·d = 2048, so the GPU is full at
+    every length and the length sets how well each tile's fixed costs amortise."""
+
+    head_dim: int = Field(ge=1)
+    causal: bool
+    backward: bool = Field(description="backward pass (FLOP/s of its own 2.5x forward FLOP)")
+    seq: list[int] = Field(min_length=1, description="sequence lengths of the benchmark (queries = keys)")
+    flops_per_s: list[Positive] = Field(min_length=1, description="achieved FLOP/s at each length (bf16/fp16)")
+    source: str = Field(description="figure the numbers are read from, or how they are derived")
+
+    @model_validator(mode="after")
+    def _paired(self) -> Self:
+        if len(self.seq) != len(self.flops_per_s) or self.seq != sorted(self.seq):
+            raise ValueError("seq must be increasing and pair one-to-one with flops_per_s")
+        return self
+
+
+class GemmCurve(_Strict):
+    """Achieved matrix-multiply FLOP/s against the edge of a square problem (m = n = k), bf16/fp16."""
+
+    edge: list[int] = Field(min_length=1)
+    flops_per_s: list[Positive] = Field(min_length=1)
+    source: str
+
+    @model_validator(mode="after")
+    def _paired(self) -> Self:
+        if len(self.edge) != len(self.flops_per_s) or self.edge != sorted(self.edge):
+            raise ValueError("edge must be increasing and pair one-to-one with flops_per_s")
+        return self
+
+
+class Kernels(_Strict):
+    """What real kernels achieve, as published (costmodel.machines.kernels reads these tables)."""
+
+    attention: list[AttentionCurve] = Field(min_length=1)
+    gemm: GemmCurve
+    comm_sm_slowdown: NonNegative = Field(description="share by which compute slows while a communication kernel "
+                                          "runs beside it (SMs NCCL occupies / SMs of the device)")
+    ring_step_launch_s: NonNegative = Field(description="fixed cost per ring step outside the kernels: launches "
+                                            "of the attention, merge and send/recv kernels")
+    notes: str = Field(default="", description="how the numbers were derived")
+
+
 class HardwareProfile(_Strict):
     """A hardware profile (hardware/*.yaml). SI units; link bandwidth per direction."""
 
@@ -210,6 +256,7 @@ class HardwareProfile(_Strict):
     )
     links: Links
     calibration: Calibration | None = Field(default=None, description="the measurements of a measured profile")
+    kernels: Kernels | None = Field(default=None, description="published kernel efficiency tables (step model)")
 
     @model_validator(mode="after")
     def _placement(self) -> Self:

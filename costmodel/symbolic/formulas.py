@@ -26,8 +26,17 @@ import sympy
 
 from costmodel.symbolic.symbols import (
     B,
+    B_cp,
+    B_dp,
+    B_hbm,
+    B_pp,
+    B_tp,
+    D,
     F,
+    F_attn,
+    F_attn_bwd,
     F_ffn,
+    F_gemm,
     F_peak,
     H,
     M_dev,
@@ -45,17 +54,32 @@ from costmodel.symbolic.symbols import (
     eta,
     g,
     h,
+    k_copy,
+    k_opt,
+    m_mb,
+    n_bkt,
     n_kv,
     n_L,
+    o_cp,
+    o_pp,
+    o_tp,
     p,
     p_acc,
+    p_g,
     phi,
     pp,
     r,
+    rc_full,
+    rc_sel,
     rho,
     s_blk,
+    s_comm,
     sigma,
     t,
+    t_launch,
+    u_cp,
+    v_pp,
+    z3,
     z_g,
     z_o,
     z_w,
@@ -354,6 +378,130 @@ define("n_min_memory", "N_min",
                       sympy.Subs(n_L / pp * A_kept + A_out + _buffers, N, 1)) / (M_dev - M_state), True)),
        "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention; negative "
        "when the model states alone do not fit", "devices", "[Korthikanti22 §4]", at={phi: 0})
+
+# --- The whole training step ([Megatron21], [Korthikanti22], [Llama3], [PaLM] appendix B). --------
+# One device, one micro-batch of b sequences: CP leaves b·S/N tokens, TP splits every matrix multiply t
+# ways and, with sequence parallelism, the elementwise work too. Backward costs 2x the forward for the
+# matrix multiplies and 2.5x for attention [FA2 §4]. Every overlap is a named knob (o_*, n_bkt, s_comm).
+_group = "step"
+
+
+def _hidden(comm: sympy.Expr, compute: sympy.Expr, share: sympy.Expr) -> sympy.Expr:
+    """Time of ``comm`` left on the critical path when ``share`` of it can hide under ``compute``; what hides
+    still slows that compute by s_comm (the SMs a communication kernel takes)."""
+    hideable = share * (comm - sympy.Max(comm - compute, 0))  # share x min(comm, compute)
+    return comm - hideable + s_comm * hideable
+
+
+T_mb = define("mb_tokens", "T_mb", b * S / N, "tokens of one micro-batch on one CP rank", "tokens", "[Llama3 §3.3]")
+W_qkv = define("layer_qkv_flops", "W_qkv", 2 * T_mb * H * (h + 2 * n_kv) * d / t,
+               "forward FLOP of the Q, K, V projections (GQA: n_kv heads for K and V), per device", "FLOP",
+               "[Megatron21 §5.1]")
+W_out = define("layer_out_proj_flops", "W_o", 2 * T_mb * h * d * H / t, "forward FLOP of the output projection",
+               "FLOP", "[Megatron21 §5.1]")
+W_mlp = define("layer_mlp_flops", "W_mlp", 2 * (2 + g) * T_mb * H * F_ffn / t,
+               "forward FLOP of the MLP: 3 matrices gated (SwiGLU), 2 plain (GeLU)", "FLOP", "[Megatron21 §5.1]")
+W_gemm = define("layer_gemm_flops", "W_gemm", W_qkv + W_out + W_mlp, "forward FLOP of a layer's matrix multiplies",
+                "FLOP", "[Megatron21 §5.1]")
+W_att = define("layer_attn_flops", "W_att", W / t,
+               "forward FLOP of attention per device: c·S²/N pairs x 4·b·h·d over t (causal c = 1/2)", "FLOP",
+               "[FA2 §4]")
+E_lay = define("layer_elementwise_bytes", "E_layer",
+               T_mb * p * (10 * H + 2 * (h + n_kv) * d + (2 + g) * F_ffn) / t,
+               "forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and "
+               "K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism", "B",
+               "[Korthikanti22 §4]")
+W_head = define("head_flops", "W_head", 2 * T_mb * H * V / t, "forward FLOP of the output layer (vocab-parallel)",
+                "FLOP", "[Megatron21 §5.1]")
+E_loss = define("loss_bytes", "E_loss", 3 * T_mb * 4 * V / t,
+                "HBM bytes of the fp32 softmax cross-entropy over the logits: three passes", "B",
+                "Megatron vocab-parallel cross-entropy")
+tau_tp = define("tp_comm_s", "tau_TP", 4 * (t - 1) / t * T_mb * H * p / B_tp,
+                "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of "
+                "the layer's activations", "s", "[Korthikanti22 §4.2.2]")
+C_ag = define("cp_allgather_bytes", "C_AG", (N - 1) / N * b * S * 2 * n_kv * d * p / t,
+              "all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV "
+              "as many bytes)", "B", "[Llama3 §3.3]")
+t_att_f = define("layer_attn_fwd_s", "t_att_fwd", W_att / (u_cp * F_attn),
+                 "attention forward of one layer, the slowest CP rank", "s", "[FA2 §4], [A-RingCost] §6")
+t_att_b = define("layer_attn_bwd_s", "t_att_bwd", sympy.Rational(5, 2) * W_att / (u_cp * F_attn_bwd),
+                 "attention backward of one layer, the slowest CP rank", "s", "[FA2 §4]")
+M_step = define("ring_merge_bytes", "M_merge", b * L * h * (3 * (d + 1) * p_acc + 2 * k_copy * d * p) / t,
+                "HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and "
+                "copy the queries when the layout shifts the mask", "B", "[ring-flash-attn], [OnlineSoftmax]")
+t_ring_x = define("ring_overhead_s", "t_ring_x", (N - 1) * (M_step / B_hbm + t_launch),
+                  "per layer and pass: the ring's merges, copies and launches beside the attention kernel", "s",
+                  "[ring-flash-attn]")
+tau_ring_f = define("cp_ring_fwd_s", "tau_ring_fwd", C_recv / (t * B_cp),
+                    "ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads)", "s", "[RingAttn §3]")
+tau_ring_b = define("cp_ring_bwd_s", "tau_ring_bwd",
+                    ((N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc) / (t * B_cp),
+                    "ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks", "s",
+                    "[RingAttn §3], [FA2 §4]")
+define("cp_ring_fwd_exposed_s", "x_ring_fwd", _hidden(tau_ring_f, t_att_f, o_cp),
+       "ring forward transfers left on the critical path after hiding o_cp of them under attention", "s",
+       "[RingAttn §3]")
+define("cp_ring_bwd_exposed_s", "x_ring_bwd", _hidden(tau_ring_b, t_att_b, o_cp),
+       "ring backward transfers left on the critical path", "s", "[RingAttn §3]")
+define("cp_allgather_s", "tau_AG", C_ag / B_cp, "all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed",
+       "s", "[Llama3 §3.3]")
+define("cp_ulysses_s", "tau_U_step", C_u / (t * B_cp), "Ulysses all-to-alls of one layer and pass; exposed", "s",
+       "[Ulysses §3]")
+define("cp_usp_a2a_s", "tau_USP_step", C_ua / (t * B_cp), "USP all-to-alls of one layer and pass; exposed", "s",
+       "[USP §3]")
+define("tp_exposed_s", "x_TP", _hidden(tau_tp, W_gemm / F_gemm, o_tp),
+       "TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies", "s",
+       "[Korthikanti22 §4.2.2]")
+define("layer_compute_fwd_s", "t_fwd_c", W_gemm / F_gemm + t_att_f + E_lay / B_hbm,
+       "forward compute of one layer: matrix multiplies, attention, memory-bound elementwise", "s",
+       "[Megatron21 §5.1]")
+define("layer_compute_bwd_s", "t_bwd_c", 2 * W_gemm / F_gemm + t_att_b + 2 * E_lay / B_hbm,
+       "backward compute of one layer (matrix multiplies twice the forward)", "s", "[Megatron21 §5.1]")
+define("layer_recompute_s", "t_rc",
+       rc_sel * t_att_f + rc_full * (W_gemm / F_gemm + t_att_f + E_lay / B_hbm),
+       "recompute of one layer in backward: the attention core (selective) or the whole forward (full)", "s",
+       "[Korthikanti22 §5]")
+define("head_s", "t_head", 3 * W_head / F_gemm + E_loss / B_hbm,
+       "output layer forward and backward with the loss, on the last pipeline stage", "s", "[Megatron21 §5.1]")
+tau_pp = define("pp_send_s", "tau_PP", T_mb * H * p / (t * B_pp),
+                "one stage-boundary send of a micro-batch's activations (or gradients), scattered over TP", "s",
+                "[Megatron21 §4.1]")
+define("pp_exposed_s", "x_PP", (v_pp * pp - 1) * tau_pp * (2 + 2 * (1 - o_pp) * m_mb / pp),
+       "stage-boundary sends on the critical path: the fill and drain chains, plus the share 1 - o_pp of the "
+       "steady-state sends", "s", "[Megatron21 §4.1]")
+define("pipeline_bubble_fraction", "beta_PP", (pp - 1) / (v_pp * m_mb),
+       "pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved", "1", "[Megatron21 §2.2]")
+P_dev = define("device_params", "P_dev", P / (t * pp), "parameters one device holds (before ZeRO-3)", "1",
+               "[Megatron21 §3]")
+tau_dp = define("dp_comm_s", "tau_DP", (2 - z3) * (D - 1) / D * P_dev * p_g / B_dp,
+                "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; "
+                "under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter", "s",
+                "[ZeRO §5]")
+define("dp_exposed_s", "x_DP", tau_dp / n_bkt, "the last gradient bucket, reduced after the backward ends", "s",
+       "PyTorch DDP, [Megatron21 §5]")
+define("dp_overflow_s", "x_DP_over", sympy.Max(tau_dp * (n_bkt - 1) / n_bkt, 0),
+       "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it", "s",
+       "PyTorch DDP")
+define("zero3_gather_s", "tau_Z3", z3 * 2 * (D - 1) / D * P_dev * p / B_dp,
+       "ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch", "s",
+       "[ZeRO §5.3]")
+define("optimizer_s", "t_opt", k_opt * P_dev / (D * B_hbm),
+       "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound", "s", "[ZeRO §5]")
+P_flop = P - (e_m - 1) * V * H  # the input embedding is a lookup, no matmul
+mf_tok = define("model_flops_per_token", "f_model", 6 * P_flop + 12 * n_L * h * d * S,
+                "model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S "
+                "(the full square, causal or not, as published MFUs count it)", "FLOP",
+                "[PaLM] appendix B, [Megatron21 §5.1]")
+define("model_flops_per_token_causal", "f_model_c", 6 * P_flop + 12 * c * n_L * h * d * S,
+       "model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the "
+       "convention some reports use; MFU against it is lower at long sequence", "FLOP", "[PaLM] appendix B")
+define("hardware_flops_per_token", "f_hw",
+       n_L * ((3 + rc_full) * (W_gemm / T_mb * t)
+              + (7 + 2 * rc_sel + 2 * rc_full) * c * 2 * S * h * d) + 6 * H * V,
+       "FLOP a device executes per token, recompute included and the causal half skipped", "FLOP",
+       "[Korthikanti22 §6]")
+define("step_tokens", "T_step", b * S * m_mb * D, "tokens per optimizer step (global batch)", "tokens",
+       "[Megatron21 §5.1]")
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))
 

@@ -342,6 +342,206 @@ def n_min_memory(*, F_ffn, H, M_dev, S, V, b, d, delta, e_m, g, h, n_L, n_kv, p,
     return numpy.select([numpy.equal(pp, 1),True], [-S*b*(2*H*t + 4*V + d*h*p_acc + 4*d*n_kv*(p + p_acc) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - M_dev*t),numpy.select([numpy.equal(pp, 1),True], [-S*b*(2*H*t + 4*V + d*h*p_acc + 4*d*n_kv*(p + p_acc) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - M_dev*t),-pp*t*numpy.maximum(S*b*(d*h*p_acc + 4*d*n_kv*(p + p_acc) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/t, S*b*(2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)) + pp*(2*H*t + 4*V + d*h*p_acc + 4*d*n_kv*(p + p_acc)))/(pp*t))/(2*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))*(2*z_g + 6*z_o + z_w) - M_dev*pp*t)], default=numpy.nan)], default=numpy.nan)
 
 
+def mb_tokens(*, N, S, b):
+    """T_mb = S*b/N: tokens of one micro-batch on one CP rank [tokens] ([Llama3 §3.3])."""
+    return S*b/N
+
+
+def layer_qkv_flops(*, H, N, S, b, d, h, n_kv, t):
+    """W_qkv = 2*H*S*b*d*(h + 2*n_kv)/(N*t): forward FLOP of the Q, K, V projections (GQA: n_kv heads for K and V), per device [FLOP] ([Megatron21 §5.1])."""
+    return 2*H*S*b*d*(h + 2*n_kv)/(N*t)
+
+
+def layer_out_proj_flops(*, H, N, S, b, d, h, t):
+    """W_o = 2*H*S*b*d*h/(N*t): forward FLOP of the output projection [FLOP] ([Megatron21 §5.1])."""
+    return 2*H*S*b*d*h/(N*t)
+
+
+def layer_mlp_flops(*, F_ffn, H, N, S, b, g, t):
+    """W_mlp = 2*F_ffn*H*S*b*(g + 2)/(N*t): forward FLOP of the MLP: 3 matrices gated (SwiGLU), 2 plain (GeLU) [FLOP] ([Megatron21 §5.1])."""
+    return 2*F_ffn*H*S*b*(g + 2)/(N*t)
+
+
+def layer_gemm_flops(*, F_ffn, H, N, S, b, d, g, h, n_kv, t):
+    """W_gemm = 2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(N*t): forward FLOP of a layer's matrix multiplies [FLOP] ([Megatron21 §5.1])."""
+    return 2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(N*t)
+
+
+def layer_attn_flops(*, N, S, b, c, d, h, t):
+    """W_att = 4*S**2*b*c*d*h/(N*t): forward FLOP of attention per device: c·S²/N pairs x 4·b·h·d over t (causal c = 1/2) [FLOP] ([FA2 §4])."""
+    return 4*S**2*b*c*d*h/(N*t)
+
+
+def layer_elementwise_bytes(*, F_ffn, H, N, S, b, d, g, h, n_kv, p, t):
+    """E_layer = S*b*p*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))/(N*t): forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism [B] ([Korthikanti22 §4])."""
+    return S*b*p*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))/(N*t)
+
+
+def head_flops(*, H, N, S, V, b, t):
+    """W_head = 2*H*S*V*b/(N*t): forward FLOP of the output layer (vocab-parallel) [FLOP] ([Megatron21 §5.1])."""
+    return 2*H*S*V*b/(N*t)
+
+
+def loss_bytes(*, N, S, V, b, t):
+    """E_loss = 12*S*V*b/(N*t): HBM bytes of the fp32 softmax cross-entropy over the logits: three passes [B] (Megatron vocab-parallel cross-entropy)."""
+    return 12*S*V*b/(N*t)
+
+
+def tp_comm_s(*, B_tp, H, N, S, b, p, t):
+    """tau_TP = 4*H*S*b*p*(t - 1)/(B_tp*N*t): TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations [s] ([Korthikanti22 §4.2.2])."""
+    return 4*H*S*b*p*(t - 1)/(B_tp*N*t)
+
+
+def cp_allgather_bytes(*, N, S, b, d, n_kv, p, t):
+    """C_AG = 2*S*b*d*n_kv*p*(N - 1)/(N*t): all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV as many bytes) [B] ([Llama3 §3.3])."""
+    return 2*S*b*d*n_kv*p*(N - 1)/(N*t)
+
+
+def layer_attn_fwd_s(*, F_attn, N, S, b, c, d, h, t, u_cp):
+    """t_att_fwd = 4*S**2*b*c*d*h/(F_attn*N*t*u_cp): attention forward of one layer, the slowest CP rank [s] ([FA2 §4], [A-RingCost] §6)."""
+    return 4*S**2*b*c*d*h/(F_attn*N*t*u_cp)
+
+
+def layer_attn_bwd_s(*, F_attn_bwd, N, S, b, c, d, h, t, u_cp):
+    """t_att_bwd = 10*S**2*b*c*d*h/(F_attn_bwd*N*t*u_cp): attention backward of one layer, the slowest CP rank [s] ([FA2 §4])."""
+    return 10*S**2*b*c*d*h/(F_attn_bwd*N*t*u_cp)
+
+
+def ring_merge_bytes(*, N, S, b, d, h, k_copy, p, p_acc, t):
+    """M_merge = S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t): HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and copy the queries when the layout shifts the mask [B] ([ring-flash-attn], [OnlineSoftmax])."""
+    return S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t)
+
+
+def ring_overhead_s(*, B_hbm, N, S, b, d, h, k_copy, p, p_acc, t, t_launch):
+    """t_ring_x = (N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t): per layer and pass: the ring's merges, copies and launches beside the attention kernel [s] ([ring-flash-attn])."""
+    return (N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t)
+
+
+def cp_ring_fwd_s(*, B_cp, N, S, b, d, n_kv, p, t):
+    """tau_ring_fwd = 2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t): ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads) [s] ([RingAttn §3])."""
+    return 2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)
+
+
+def cp_ring_bwd_s(*, B_cp, N, S, b, d, n_kv, p, p_acc, t):
+    """tau_ring_bwd = 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/(B_cp*N*t): ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks [s] ([RingAttn §3], [FA2 §4])."""
+    return 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/(B_cp*N*t)
+
+
+def cp_ring_fwd_exposed_s(*, B_cp, F_attn, N, S, b, c, d, h, n_kv, o_cp, p, s_comm, t, u_cp):
+    """x_ring_fwd = (2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t): ring forward transfers left on the critical path after hiding o_cp of them under attention [s] ([RingAttn §3])."""
+    return (2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)
+
+
+def cp_ring_bwd_exposed_s(*, B_cp, F_attn_bwd, N, S, b, c, d, h, n_kv, o_cp, p, p_acc, s_comm, t, u_cp):
+    """x_ring_bwd = (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t): ring backward transfers left on the critical path [s] ([RingAttn §3])."""
+    return (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)
+
+
+def cp_allgather_s(*, B_cp, N, S, b, d, n_kv, p, t):
+    """tau_AG = 2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t): all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed [s] ([Llama3 §3.3])."""
+    return 2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)
+
+
+def cp_ulysses_s(*, B_cp, N, S, b, d, h, n_kv, p, t):
+    """tau_U_step = 2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(B_cp*N**2*t): Ulysses all-to-alls of one layer and pass; exposed [s] ([Ulysses §3])."""
+    return 2*S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv))/(B_cp*N**2*t)
+
+
+def cp_usp_a2a_s(*, B_cp, N_r, N_u, S, b, d, h, n_kv, p, t):
+    """tau_USP_step = 2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(B_cp*N_r*N_u**2*t): USP all-to-alls of one layer and pass; exposed [s] ([USP §3])."""
+    return 2*S*b*d*p*(N_u - 1)*(h + numpy.maximum(N_u, n_kv))/(B_cp*N_r*N_u**2*t)
+
+
+def tp_exposed_s(*, B_tp, F_ffn, F_gemm, H, N, S, b, d, g, h, n_kv, o_tp, p, s_comm, t):
+    """x_TP = (4*H*S*b*p*(t - 1) - o_tp*s_comm*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t): TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies [s] ([Korthikanti22 §4.2.2])."""
+    return (4*H*S*b*p*(t - 1) - o_tp*s_comm*(B_tp*N*t*numpy.maximum(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(B_tp*N*t*numpy.maximum(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t)
+
+
+def layer_compute_fwd_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, d, g, h, n_kv, p, t, u_cp):
+    """t_fwd_c = S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn*F_gemm*N*t*u_cp): forward compute of one layer: matrix multiplies, attention, memory-bound elementwise [s] ([Megatron21 §5.1])."""
+    return S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn*F_gemm*N*t*u_cp)
+
+
+def layer_compute_bwd_s(*, B_hbm, F_attn_bwd, F_ffn, F_gemm, H, N, S, b, c, d, g, h, n_kv, p, t, u_cp):
+    """t_bwd_c = 2*S*b*(2*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 5*B_hbm*F_gemm*S*c*d*h + F_attn_bwd*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn_bwd*F_gemm*N*t*u_cp): backward compute of one layer (matrix multiplies twice the forward) [s] ([Megatron21 §5.1])."""
+    return 2*S*b*(2*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 5*B_hbm*F_gemm*S*c*d*h + F_attn_bwd*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn_bwd*F_gemm*N*t*u_cp)
+
+
+def layer_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, d, g, h, n_kv, p, rc_full, rc_sel, t, u_cp):
+    """t_rc = S*b*(4*B_hbm*F_gemm*S*c*d*h*rc_sel + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))))/(B_hbm*F_attn*F_gemm*N*t*u_cp): recompute of one layer in backward: the attention core (selective) or the whole forward (full) [s] ([Korthikanti22 §5])."""
+    return S*b*(4*B_hbm*F_gemm*S*c*d*h*rc_sel + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))))/(B_hbm*F_attn*F_gemm*N*t*u_cp)
+
+
+def head_s(*, B_hbm, F_gemm, H, N, S, V, b, t):
+    """t_head = 6*S*V*b*(B_hbm*H + 2*F_gemm)/(B_hbm*F_gemm*N*t): output layer forward and backward with the loss, on the last pipeline stage [s] ([Megatron21 §5.1])."""
+    return 6*S*V*b*(B_hbm*H + 2*F_gemm)/(B_hbm*F_gemm*N*t)
+
+
+def pp_send_s(*, B_pp, H, N, S, b, p, t):
+    """tau_PP = H*S*b*p/(B_pp*N*t): one stage-boundary send of a micro-batch's activations (or gradients), scattered over TP [s] ([Megatron21 §4.1])."""
+    return H*S*b*p/(B_pp*N*t)
+
+
+def pp_exposed_s(*, B_pp, H, N, S, b, m_mb, o_pp, p, pp, t, v_pp):
+    """x_PP = -2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t): stage-boundary sends on the critical path: the fill and drain chains, plus the share 1 - o_pp of the steady-state sends [s] ([Megatron21 §4.1])."""
+    return -2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t)
+
+
+def pipeline_bubble_fraction(*, m_mb, pp, v_pp):
+    """beta_PP = (pp - 1)/(m_mb*v_pp): pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved [1] ([Megatron21 §2.2])."""
+    return (pp - 1)/(m_mb*v_pp)
+
+
+def device_params(*, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, pp, t):
+    """P_dev = H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t): parameters one device holds (before ZeRO-3) [1] ([Megatron21 §3])."""
+    return H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t)
+
+
+def dp_comm_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_g, pp, t, z3):
+    """tau_DP = -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t): gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter [s] ([ZeRO §5])."""
+    return -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)
+
+
+def dp_exposed_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t, z3):
+    """x_DP = -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the last gradient bucket, reduced after the backward ends [s] (PyTorch DDP, [Megatron21 §5])."""
+    return -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
+
+
+def dp_overflow_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t, z3):
+    """x_DP_over = -H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the other buckets' reduction, to be compared with the last micro-batch's backward that hides it [s] (PyTorch DDP)."""
+    return -H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
+
+
+def zero3_gather_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p, pp, t, z3):
+    """tau_Z3 = 2*H*p*z3*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t): ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch [s] ([ZeRO §5.3])."""
+    return 2*H*p*z3*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)
+
+
+def optimizer_s(*, B_hbm, D, F_ffn, H, V, d, e_m, g, h, k_opt, n_L, n_kv, pp, t):
+    """t_opt = H*k_opt*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t): optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound [s] ([ZeRO §5])."""
+    return H*k_opt*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t)
+
+
+def model_flops_per_token(*, F_ffn, H, S, V, d, e_m, g, h, n_L, n_kv):
+    """f_model = -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L: model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S (the full square, causal or not, as published MFUs count it) [FLOP] ([PaLM] appendix B, [Megatron21 §5.1])."""
+    return -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L
+
+
+def model_flops_per_token_causal(*, F_ffn, H, S, V, c, d, e_m, g, h, n_L, n_kv):
+    """f_model_c = -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L: model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence [FLOP] ([PaLM] appendix B)."""
+    return -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L
+
+
+def hardware_flops_per_token(*, F_ffn, H, S, V, c, d, g, h, n_L, n_kv, rc_full, rc_sel):
+    """f_hw = 6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7)): FLOP a device executes per token, recompute included and the causal half skipped [FLOP] ([Korthikanti22 §6])."""
+    return 6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))
+
+
+def step_tokens(*, D, S, b, m_mb):
+    """T_step = D*S*b*m_mb: tokens per optimizer step (global batch) [tokens] ([Megatron21 §5.1])."""
+    return D*S*b*m_mb
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', 'seed 000 §2', 'memory'),
@@ -411,6 +611,46 @@ INFO = {
     'ring_buffer_bytes': ('M_ring', 'S*b*d*(h*p_acc + 4*n_kv*(p + p_acc))*Min(1, N - 1)/(N*t)', '{S}*{b}*{d}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc}))*Min(1, {N} - 1)/({N}*{t})', "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, for a TP rank's heads; none at N = 1", 'B', '[RingAttn §3]', 'fit'),
     'training_memory_bytes': ('M_total', 'Piecewise(((N*(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + S*b*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/N**2) + S*b*d*(h*p_acc + 4*n_kv*(p + p_acc))*Min(1, N - 1))/(N*t), Eq(pp, 1)), ((N*(2*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))*(2*z_g + 6*z_o + z_w) + pp*t*Max(S*b*n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))/(N**2*t), S*b*(2*N*pp*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(N**2*pp*t))) + S*b*d*pp*(h*p_acc + 4*n_kv*(p + p_acc))*Min(1, N - 1))/(N*pp*t), True))', 'Piecewise((({N}*(2*{H}*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {S}*{b}*(2*{N}*({H}*{t} + 2*{V}) + {n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi})))/{N}**2) + {S}*{b}*{d}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc}))*Min(1, {N} - 1))/({N}*{t}), Eq({pp}, 1)), (({N}*(2*{H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))*(2*{z_g} + 6*{z_o} + {z_w}) + {pp}*{t}*Max({S}*{b}*{n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi}))/({N}**2*{t}), {S}*{b}*(2*{N}*{pp}*({H}*{t} + 2*{V}) + {n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi})))/({N}**2*{pp}*{t}))) + {S}*{b}*{d}*{pp}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc}))*Min(1, {N} - 1))/({N}*{pp}*{t}), True))', 'model states, activations and ring buffers per device on the most loaded stage', 'B', '[Korthikanti22 §4], [ZeRO §3]', 'fit'),
     'n_min_memory': ('N_min', 'Piecewise((-S*b*(2*H*t + 4*V + d*h*p_acc + 4*d*n_kv*(p + p_acc) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - M_dev*t), Eq(pp, 1)), (Piecewise((-S*b*(2*H*t + 4*V + d*h*p_acc + 4*d*n_kv*(p + p_acc) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(2*H*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - M_dev*t), Eq(pp, 1)), (-pp*t*Max(S*b*(d*h*p_acc + 4*d*n_kv*(p + p_acc) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/t, S*b*(2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(F_ffn*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)) + pp*(2*H*t + 4*V + d*h*p_acc + 4*d*n_kv*(p + p_acc)))/(pp*t))/(2*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))*(2*z_g + 6*z_o + z_w) - M_dev*pp*t), True)), True))', 'Piecewise((-{S}*{b}*(2*{H}*{t} + 4*{V} + {d}*{h}*{p_acc} + 4*{d}*{n_kv}*({p} + {p_acc}) + 2*{n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv})))/(2*{H}*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) - {M_dev}*{t}), Eq({pp}, 1)), (Piecewise((-{S}*{b}*(2*{H}*{t} + 4*{V} + {d}*{h}*{p_acc} + 4*{d}*{n_kv}*({p} + {p_acc}) + 2*{n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv})))/(2*{H}*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) - {M_dev}*{t}), Eq({pp}, 1)), (-{pp}*{t}*Max({S}*{b}*({d}*{h}*{p_acc} + 4*{d}*{n_kv}*({p} + {p_acc}) + 2*{n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv})))/{t}, {S}*{b}*(2*{n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({F_ffn}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv})) + {pp}*(2*{H}*{t} + 4*{V} + {d}*{h}*{p_acc} + 4*{d}*{n_kv}*({p} + {p_acc})))/({pp}*{t}))/(2*{H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))*(2*{z_g} + 6*{z_o} + {z_w}) - {M_dev}*{pp}*{t}), True)), True))', 'smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention; negative when the model states alone do not fit', 'devices', '[Korthikanti22 §4]', 'fit'),
+    'mb_tokens': ('T_mb', 'S*b/N', '{S}*{b}/{N}', 'tokens of one micro-batch on one CP rank', 'tokens', '[Llama3 §3.3]', 'step'),
+    'layer_qkv_flops': ('W_qkv', '2*H*S*b*d*(h + 2*n_kv)/(N*t)', '2*{H}*{S}*{b}*{d}*({h} + 2*{n_kv})/({N}*{t})', 'forward FLOP of the Q, K, V projections (GQA: n_kv heads for K and V), per device', 'FLOP', '[Megatron21 §5.1]', 'step'),
+    'layer_out_proj_flops': ('W_o', '2*H*S*b*d*h/(N*t)', '2*{H}*{S}*{b}*{d}*{h}/({N}*{t})', 'forward FLOP of the output projection', 'FLOP', '[Megatron21 §5.1]', 'step'),
+    'layer_mlp_flops': ('W_mlp', '2*F_ffn*H*S*b*(g + 2)/(N*t)', '2*{F_ffn}*{H}*{S}*{b}*({g} + 2)/({N}*{t})', 'forward FLOP of the MLP: 3 matrices gated (SwiGLU), 2 plain (GeLU)', 'FLOP', '[Megatron21 §5.1]', 'step'),
+    'layer_gemm_flops': ('W_gemm', '2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(N*t)', '2*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv}))/({N}*{t})', "forward FLOP of a layer's matrix multiplies", 'FLOP', '[Megatron21 §5.1]', 'step'),
+    'layer_attn_flops': ('W_att', '4*S**2*b*c*d*h/(N*t)', '4*{S}**2*{b}*{c}*{d}*{h}/({N}*{t})', 'forward FLOP of attention per device: c·S²/N pairs x 4·b·h·d over t (causal c = 1/2)', 'FLOP', '[FA2 §4]', 'step'),
+    'layer_elementwise_bytes': ('E_layer', 'S*b*p*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))/(N*t)', '{S}*{b}*{p}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv}))/({N}*{t})', 'forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism', 'B', '[Korthikanti22 §4]', 'step'),
+    'head_flops': ('W_head', '2*H*S*V*b/(N*t)', '2*{H}*{S}*{V}*{b}/({N}*{t})', 'forward FLOP of the output layer (vocab-parallel)', 'FLOP', '[Megatron21 §5.1]', 'step'),
+    'loss_bytes': ('E_loss', '12*S*V*b/(N*t)', '12*{S}*{V}*{b}/({N}*{t})', 'HBM bytes of the fp32 softmax cross-entropy over the logits: three passes', 'B', 'Megatron vocab-parallel cross-entropy', 'step'),
+    'tp_comm_s': ('tau_TP', '4*H*S*b*p*(t - 1)/(B_tp*N*t)', '4*{H}*{S}*{b}*{p}*({t} - 1)/({B_tp}*{N}*{t})', "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations", 's', '[Korthikanti22 §4.2.2]', 'step'),
+    'cp_allgather_bytes': ('C_AG', '2*S*b*d*n_kv*p*(N - 1)/(N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({N}*{t})', 'all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV as many bytes)', 'B', '[Llama3 §3.3]', 'step'),
+    'layer_attn_fwd_s': ('t_att_fwd', '4*S**2*b*c*d*h/(F_attn*N*t*u_cp)', '4*{S}**2*{b}*{c}*{d}*{h}/({F_attn}*{N}*{t}*{u_cp})', 'attention forward of one layer, the slowest CP rank', 's', '[FA2 §4], [A-RingCost] §6', 'step'),
+    'layer_attn_bwd_s': ('t_att_bwd', '10*S**2*b*c*d*h/(F_attn_bwd*N*t*u_cp)', '10*{S}**2*{b}*{c}*{d}*{h}/({F_attn_bwd}*{N}*{t}*{u_cp})', 'attention backward of one layer, the slowest CP rank', 's', '[FA2 §4]', 'step'),
+    'ring_merge_bytes': ('M_merge', 'S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t)', '{S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1))/({N}*{t})', 'HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and copy the queries when the layout shifts the mask', 'B', '[ring-flash-attn], [OnlineSoftmax]', 'step'),
+    'ring_overhead_s': ('t_ring_x', '(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t)', '({N} - 1)*({B_hbm}*{N}*{t}*{t_launch} + {S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1)))/({B_hbm}*{N}*{t})', "per layer and pass: the ring's merges, copies and launches beside the attention kernel", 's', '[ring-flash-attn]', 'step'),
+    'cp_ring_fwd_s': ('tau_ring_fwd', '2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({B_cp}*{N}*{t})', "ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads)", 's', '[RingAttn §3]', 'step'),
+    'cp_ring_bwd_s': ('tau_ring_bwd', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/({B_cp}*{N}*{t})', 'ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks', 's', '[RingAttn §3], [FA2 §4]', 'step'),
+    'cp_ring_fwd_exposed_s': ('x_ring_fwd', '(2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-2*{B_cp}*{S}*{c}*{h} + {F_attn}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)) + {o_cp}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-2*{B_cp}*{S}*{c}*{h} + {F_attn}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)))/({B_cp}*{N}*{t})', 'ring forward transfers left on the critical path after hiding o_cp of them under attention', 's', '[RingAttn §3]', 'step'),
+    'cp_ring_bwd_exposed_s': ('x_ring_bwd', '(2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1)) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-5*{B_cp}*{S}*{c}*{h} + {F_attn_bwd}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))) + {o_cp}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-5*{B_cp}*{S}*{c}*{h} + {F_attn_bwd}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))))/({B_cp}*{N}*{t})', 'ring backward transfers left on the critical path', 's', '[RingAttn §3]', 'step'),
+    'cp_allgather_s': ('tau_AG', '2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({B_cp}*{N}*{t})', 'all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed', 's', '[Llama3 §3.3]', 'step'),
+    'cp_ulysses_s': ('tau_U_step', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(B_cp*N**2*t)', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/({B_cp}*{N}**2*{t})', 'Ulysses all-to-alls of one layer and pass; exposed', 's', '[Ulysses §3]', 'step'),
+    'cp_usp_a2a_s': ('tau_USP_step', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(B_cp*N_r*N_u**2*t)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({B_cp}*{N_r}*{N_u}**2*{t})', 'USP all-to-alls of one layer and pass; exposed', 's', '[USP §3]', 'step'),
+    'tp_exposed_s': ('x_TP', '(4*H*S*b*p*(t - 1) - o_tp*s_comm*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t)', '(4*{H}*{S}*{b}*{p}*({t} - 1) - {o_tp}*{s_comm}*({B_tp}*{N}*{t}*Max(0, 2*{H}*{S}*{b}*(-{B_tp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*{p}*({t} - 1))/({B_tp}*{F_gemm}*{N}*{t})) - 4*{H}*{S}*{b}*{p}*({t} - 1)) + {o_tp}*({B_tp}*{N}*{t}*Max(0, 2*{H}*{S}*{b}*(-{B_tp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*{p}*({t} - 1))/({B_tp}*{F_gemm}*{N}*{t})) - 4*{H}*{S}*{b}*{p}*({t} - 1)))/({B_tp}*{N}*{t})', 'TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies', 's', '[Korthikanti22 §4.2.2]', 'step'),
+    'layer_compute_fwd_s': ('t_fwd_c', 'S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn*F_gemm*N*t*u_cp)', '{S}*{b}*(2*{B_hbm}*{F_attn}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 4*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h} + {F_attn}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv})))/({B_hbm}*{F_attn}*{F_gemm}*{N}*{t}*{u_cp})', 'forward compute of one layer: matrix multiplies, attention, memory-bound elementwise', 's', '[Megatron21 §5.1]', 'step'),
+    'layer_compute_bwd_s': ('t_bwd_c', '2*S*b*(2*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 5*B_hbm*F_gemm*S*c*d*h + F_attn_bwd*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn_bwd*F_gemm*N*t*u_cp)', '2*{S}*{b}*(2*{B_hbm}*{F_attn_bwd}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 5*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h} + {F_attn_bwd}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv})))/({B_hbm}*{F_attn_bwd}*{F_gemm}*{N}*{t}*{u_cp})', 'backward compute of one layer (matrix multiplies twice the forward)', 's', '[Megatron21 §5.1]', 'step'),
+    'layer_recompute_s': ('t_rc', 'S*b*(4*B_hbm*F_gemm*S*c*d*h*rc_sel + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))))/(B_hbm*F_attn*F_gemm*N*t*u_cp)', '{S}*{b}*(4*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h}*{rc_sel} + {rc_full}*(2*{B_hbm}*{F_attn}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 4*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h} + {F_attn}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv}))))/({B_hbm}*{F_attn}*{F_gemm}*{N}*{t}*{u_cp})', 'recompute of one layer in backward: the attention core (selective) or the whole forward (full)', 's', '[Korthikanti22 §5]', 'step'),
+    'head_s': ('t_head', '6*S*V*b*(B_hbm*H + 2*F_gemm)/(B_hbm*F_gemm*N*t)', '6*{S}*{V}*{b}*({B_hbm}*{H} + 2*{F_gemm})/({B_hbm}*{F_gemm}*{N}*{t})', 'output layer forward and backward with the loss, on the last pipeline stage', 's', '[Megatron21 §5.1]', 'step'),
+    'pp_send_s': ('tau_PP', 'H*S*b*p/(B_pp*N*t)', '{H}*{S}*{b}*{p}/({B_pp}*{N}*{t})', "one stage-boundary send of a micro-batch's activations (or gradients), scattered over TP", 's', '[Megatron21 §4.1]', 'step'),
+    'pp_exposed_s': ('x_PP', '-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t)', '-2*{H}*{S}*{b}*{p}*({m_mb}*({o_pp} - 1) - {pp})*({pp}*{v_pp} - 1)/({B_pp}*{N}*{pp}*{t})', 'stage-boundary sends on the critical path: the fill and drain chains, plus the share 1 - o_pp of the steady-state sends', 's', '[Megatron21 §4.1]', 'step'),
+    'pipeline_bubble_fraction': ('beta_PP', '(pp - 1)/(m_mb*v_pp)', '({pp} - 1)/({m_mb}*{v_pp})', 'pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved', '1', '[Megatron21 §2.2]', 'step'),
+    'device_params': ('P_dev', 'H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t)', '{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({pp}*{t})', 'parameters one device holds (before ZeRO-3)', '1', '[Megatron21 §3]', 'step'),
+    'dp_comm_s': ('tau_DP', '-H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '-{H}*{p_g}*({D} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter", 's', '[ZeRO §5]', 'step'),
+    'dp_exposed_s': ('x_DP', '-H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '-{H}*{p_g}*({D} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', 'the last gradient bucket, reduced after the backward ends', 's', 'PyTorch DDP, [Megatron21 §5]', 'step'),
+    'dp_overflow_s': ('x_DP_over', '-H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '-{H}*{p_g}*({D} - 1)*({n_bkt} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it", 's', 'PyTorch DDP', 'step'),
+    'zero3_gather_s': ('tau_Z3', '2*H*p*z3*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '2*{H}*{p}*{z3}*({D} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', 'ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch', 's', '[ZeRO §5.3]', 'step'),
+    'optimizer_s': ('t_opt', 'H*k_opt*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t)', '{H}*{k_opt}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{D}*{pp}*{t})', "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound", 's', '[ZeRO §5]', 'step'),
+    'model_flops_per_token': ('f_model', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{d}*{h}*{n_L}', 'model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S (the full square, causal or not, as published MFUs count it)', 'FLOP', '[PaLM] appendix B, [Megatron21 §5.1]', 'step'),
+    'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', 'model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence', 'FLOP', '[PaLM] appendix B', 'step'),
+    'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
+    'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
 }
 
 ARGS = {
@@ -481,6 +721,46 @@ ARGS = {
     'ring_buffer_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p', 'p_acc', 't'),
     'training_memory_bytes': ('F_ffn', 'H', 'N', 'S', 'V', 'b', 'd', 'delta', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'p_acc', 'phi', 'pp', 'rho', 'sigma', 't', 'z_g', 'z_o', 'z_w'),
     'n_min_memory': ('F_ffn', 'H', 'M_dev', 'S', 'V', 'b', 'd', 'delta', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'p_acc', 'pp', 'rho', 'sigma', 't', 'z_g', 'z_o', 'z_w'),
+    'mb_tokens': ('N', 'S', 'b'),
+    'layer_qkv_flops': ('H', 'N', 'S', 'b', 'd', 'h', 'n_kv', 't'),
+    'layer_out_proj_flops': ('H', 'N', 'S', 'b', 'd', 'h', 't'),
+    'layer_mlp_flops': ('F_ffn', 'H', 'N', 'S', 'b', 'g', 't'),
+    'layer_gemm_flops': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 't'),
+    'layer_attn_flops': ('N', 'S', 'b', 'c', 'd', 'h', 't'),
+    'layer_elementwise_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'p', 't'),
+    'head_flops': ('H', 'N', 'S', 'V', 'b', 't'),
+    'loss_bytes': ('N', 'S', 'V', 'b', 't'),
+    'tp_comm_s': ('B_tp', 'H', 'N', 'S', 'b', 'p', 't'),
+    'cp_allgather_bytes': ('N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
+    'layer_attn_fwd_s': ('F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 't', 'u_cp'),
+    'layer_attn_bwd_s': ('F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 't', 'u_cp'),
+    'ring_merge_bytes': ('N', 'S', 'b', 'd', 'h', 'k_copy', 'p', 'p_acc', 't'),
+    'ring_overhead_s': ('B_hbm', 'N', 'S', 'b', 'd', 'h', 'k_copy', 'p', 'p_acc', 't', 't_launch'),
+    'cp_ring_fwd_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
+    'cp_ring_bwd_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 'p_acc', 't'),
+    'cp_ring_fwd_exposed_s': ('B_cp', 'F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 'n_kv', 'o_cp', 'p', 's_comm', 't', 'u_cp'),
+    'cp_ring_bwd_exposed_s': ('B_cp', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'n_kv', 'o_cp', 'p', 'p_acc', 's_comm', 't', 'u_cp'),
+    'cp_allgather_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
+    'cp_ulysses_s': ('B_cp', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
+    'cp_usp_a2a_s': ('B_cp', 'N_r', 'N_u', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
+    'tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'o_tp', 'p', 's_comm', 't'),
+    'layer_compute_fwd_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'n_kv', 'p', 't', 'u_cp'),
+    'layer_compute_bwd_s': ('B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'n_kv', 'p', 't', 'u_cp'),
+    'layer_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'n_kv', 'p', 'rc_full', 'rc_sel', 't', 'u_cp'),
+    'head_s': ('B_hbm', 'F_gemm', 'H', 'N', 'S', 'V', 'b', 't'),
+    'pp_send_s': ('B_pp', 'H', 'N', 'S', 'b', 'p', 't'),
+    'pp_exposed_s': ('B_pp', 'H', 'N', 'S', 'b', 'm_mb', 'o_pp', 'p', 'pp', 't', 'v_pp'),
+    'pipeline_bubble_fraction': ('m_mb', 'pp', 'v_pp'),
+    'device_params': ('F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'pp', 't'),
+    'dp_comm_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_g', 'pp', 't', 'z3'),
+    'dp_exposed_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
+    'dp_overflow_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
+    'zero3_gather_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'pp', 't', 'z3'),
+    'optimizer_s': ('B_hbm', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'k_opt', 'n_L', 'n_kv', 'pp', 't'),
+    'model_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
+    'model_flops_per_token_causal': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
+    'hardware_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'g', 'h', 'n_L', 'n_kv', 'rc_full', 'rc_sel'),
+    'step_tokens': ('D', 'S', 'b', 'm_mb'),
 }
 
 # symbol: (meaning, unit, source)
@@ -519,4 +799,28 @@ SYMBOLS = {
     'rho': ('full activation recompute: 1 (only layer inputs kept), else 0', '1', 'Korthikanti et al. 2022 §4'),
     'e_m': ('embedding matrices: 2 untied input and output, 1 tied', '1', 'model preset'),
     'M_dev': ('usable device memory: HBM x (1 - headroom)', 'B', 'issue 5'),
+    'm_mb': ('micro-batches per step in each pipeline (gradient accumulation)', '1', '[Megatron21]'),
+    'v_pp': ('virtual pipeline stages per device (interleaved schedule; 1: plain 1F1B)', '1', '[Megatron21]'),
+    'D': ('data-parallel degree', 'devices', '[Megatron21]'),
+    'B_hbm': ('HBM bandwidth of one accelerator', 'B/s', 'datasheet'),
+    'F_gemm': ("achieved FLOP/s of the layer's matrix multiplies", 'FLOP/s', 'kernel tables'),
+    'F_attn': ('achieved FLOP/s of the attention kernel, forward', 'FLOP/s', '[FA2], [FA3]'),
+    'F_attn_bwd': ('achieved FLOP/s of the attention kernel, backward (its own FLOP)', 'FLOP/s', '[FA2], [FA3]'),
+    'B_tp': ("per-direction bandwidth of the TP group's link", 'B/s', 'hardware profile'),
+    'B_cp': ("per-direction bandwidth of the CP group's link", 'B/s', 'hardware profile'),
+    'B_pp': ('per-direction bandwidth between pipeline stages', 'B/s', 'hardware profile'),
+    'B_dp': ("per-direction bandwidth of the DP group's link", 'B/s', 'hardware profile'),
+    'rc_sel': ('selective recompute (attention core again in backward): 1, else 0', '1', '[Korthikanti22 §5]'),
+    'rc_full': ('full recompute (the whole layer forward again in backward): 1, else 0', '1', '[Korthikanti22 §5]'),
+    'u_cp': ("causal load balance of the CP layout: useful / slowest rank's attention work", '1', '[A-RingCost] §6'),
+    'o_tp': ("share of TP collectives hidden under compute (0 Megatron's synchronous SP, up to 1 with async TP)", '1', '[Korthikanti22 §4.2.2]'),
+    'o_cp': ("share of the ring's transfers hidden under its attention compute", '1', '[RingAttn §3]'),
+    'o_pp': ('share of stage-boundary sends hidden under compute', '1', '[Megatron21 §4.1]'),
+    'n_bkt': ('gradient buckets: all but the last reduce under the backward', '1', 'PyTorch DDP'),
+    'z3': ('ZeRO-3 / FSDP: parameters gathered per layer in forward and backward: 1, else 0', '1', '[ZeRO]'),
+    'p_g': ('bytes per element of the gradients the DP group reduces', 'B', '[Megatron21]'),
+    'k_opt': ('bytes the optimizer step moves through HBM per parameter (Adam, fp32 states)', 'B', '[ZeRO]'),
+    's_comm': ('slowdown of compute that runs beside a communication kernel (SMs it takes)', '1', 'kernel tables'),
+    't_launch': ('fixed cost of one ring step outside the kernels (launches, stream waits)', 's', 'kernel tables'),
+    'k_copy': ('query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)', '1', '[ring-flash-attn]'),
 }

@@ -89,3 +89,45 @@ rho = _symbol("rho", "full activation recompute: 1 (only layer inputs kept), els
               nonnegative=True, integer=True)  # fmt: skip
 e_m = _symbol("e_m", "embedding matrices: 2 untied input and output, 1 tied", "1", "model preset", integer=True)
 M_dev = _symbol("M_dev", "usable device memory: HBM x (1 - headroom)", "B", "issue 5")
+
+# The whole training step ([Megatron21], [Korthikanti22], [Llama3]). Rates F_gemm and F_attn come from
+# the profile's kernel tables (costmodel.machines.kernels); every overlap is a named knob with a default.
+STEP = "[Megatron21]"
+m_mb = _symbol("m_mb", "micro-batches per step in each pipeline (gradient accumulation)", "1", STEP, integer=True)
+v_pp = _symbol("v_pp", "virtual pipeline stages per device (interleaved schedule; 1: plain 1F1B)", "1", STEP,
+               integer=True)  # fmt: skip
+D = _symbol("D", "data-parallel degree", "devices", STEP, integer=True)
+B_hbm = _symbol("B_hbm", "HBM bandwidth of one accelerator", "B/s", "datasheet")
+F_gemm = _symbol("F_gemm", "achieved FLOP/s of the layer's matrix multiplies", "FLOP/s", "kernel tables")
+F_attn = _symbol("F_attn", "achieved FLOP/s of the attention kernel, forward", "FLOP/s", "[FA2], [FA3]")
+F_attn_bwd = _symbol("F_attn_bwd", "achieved FLOP/s of the attention kernel, backward (its own FLOP)", "FLOP/s",
+                     "[FA2], [FA3]")  # fmt: skip
+B_tp = _symbol("B_tp", "per-direction bandwidth of the TP group's link", "B/s", "hardware profile")
+B_cp = _symbol("B_cp", "per-direction bandwidth of the CP group's link", "B/s", "hardware profile")
+B_pp = _symbol("B_pp", "per-direction bandwidth between pipeline stages", "B/s", "hardware profile")
+B_dp = _symbol("B_dp", "per-direction bandwidth of the DP group's link", "B/s", "hardware profile")
+rc_sel = _symbol("rc_sel", "selective recompute (attention core again in backward): 1, else 0", "1",
+                 "[Korthikanti22 §5]", nonnegative=True, integer=True)  # fmt: skip
+rc_full = _symbol("rc_full", "full recompute (the whole layer forward again in backward): 1, else 0", "1",
+                  "[Korthikanti22 §5]", nonnegative=True, integer=True)  # fmt: skip
+u_cp = _symbol("u_cp", "causal load balance of the CP layout: useful / slowest rank's attention work", "1",
+               "[A-RingCost] §6")  # fmt: skip
+o_tp = _symbol("o_tp", "share of TP collectives hidden under compute (0 Megatron's synchronous SP, up to 1 with "
+               "async TP)", "1", "[Korthikanti22 §4.2.2]", nonnegative=True)  # fmt: skip
+o_cp = _symbol("o_cp", "share of the ring's transfers hidden under its attention compute", "1", "[RingAttn §3]",
+               nonnegative=True)  # fmt: skip
+o_pp = _symbol("o_pp", "share of stage-boundary sends hidden under compute", "1", "[Megatron21 §4.1]",
+               nonnegative=True)  # fmt: skip
+n_bkt = _symbol("n_bkt", "gradient buckets: all but the last reduce under the backward", "1", "PyTorch DDP",
+                integer=True)  # fmt: skip
+z3 = _symbol("z3", "ZeRO-3 / FSDP: parameters gathered per layer in forward and backward: 1, else 0", "1", "[ZeRO]",
+             nonnegative=True, integer=True)  # fmt: skip
+p_g = _symbol("p_g", "bytes per element of the gradients the DP group reduces", "B", "[Megatron21]", integer=True)
+k_opt = _symbol("k_opt", "bytes the optimizer step moves through HBM per parameter (Adam, fp32 states)", "B",
+                "[ZeRO]")  # fmt: skip
+s_comm = _symbol("s_comm", "slowdown of compute that runs beside a communication kernel (SMs it takes)", "1",
+                 "kernel tables", nonnegative=True)  # fmt: skip
+t_launch = _symbol("t_launch", "fixed cost of one ring step outside the kernels (launches, stream waits)", "s",
+                   "kernel tables", nonnegative=True)  # fmt: skip
+k_copy = _symbol("k_copy", "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)", "1",
+                 "[ring-flash-attn]", nonnegative=True)  # fmt: skip

@@ -1,0 +1,197 @@
+"""The whole training step: hand-checked FLOP counts, the pipeline bubble, the breakdown adding up to the
+step, the kernel tables read back, and the CLI contract (JSON keys, one-line bad input)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.machines.kernels import attention_rate, gemm_rate
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.models import load_model
+from costmodel.symbolic import numeric
+from costmodel.training.step import StepSetup, bind, evaluate_step
+
+LLAMA8B = {"H": 4096, "F_ffn": 14336, "V": 128256, "n_L": 32, "g": 1, "h": 32, "n_kv": 8, "d": 128, "e_m": 2}
+
+
+def test_model_flops_are_six_per_parameter_for_a_short_sequence() -> None:
+    """6·P·tokens for a dense model (Llama 3 8B: 7.50 B weights that multiply, input embedding aside)."""
+    per_token = numeric.model_flops_per_token(**LLAMA8B, S=1)
+    weights = (
+        32 * (4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336) + 128256 * 4096
+    )  # Q, K, V, O, MLP; output
+    assert per_token == pytest.approx(6 * weights, rel=0.01)
+
+
+def test_executed_flops_match_model_flops_without_recompute_or_attention() -> None:
+    """With S -> 1 and no recompute, what the device runs per token is 6 per weight (norms aside)."""
+    hw = numeric.hardware_flops_per_token(**{k: v for k, v in LLAMA8B.items() if k != "e_m"}, S=1, c=0.5,
+                                          rc_sel=0, rc_full=0)  # fmt: skip
+    model = numeric.model_flops_per_token(**LLAMA8B, S=1)
+    assert hw == pytest.approx(model, rel=0.001)
+
+
+def test_full_recompute_adds_a_third_of_the_matmul_flops() -> None:
+    """Full recompute runs the forward again: 8 instead of 6 FLOP per weight [Korthikanti22 §6]."""
+    args = {k: v for k, v in LLAMA8B.items() if k != "e_m"} | {"S": 1, "c": 0.5, "rc_sel": 0, "V": 0}
+    assert numeric.hardware_flops_per_token(**args, rc_full=1) / numeric.hardware_flops_per_token(
+        **args, rc_full=0
+    ) == pytest.approx(8 / 6, rel=1e-5)  # S = 1: attention adds a few parts per million
+
+
+def test_attention_flops_count_the_causal_half() -> None:
+    """Causal attention of one layer on one device: c·S²/N pairs x 4·b·h·d / t; 8K tokens, 32 heads."""
+    flops = numeric.layer_attn_flops(S=8192, N=1, b=1, h=32, d=128, c=0.5, t=1)
+    assert flops == 0.5 * 8192**2 * 4 * 32 * 128
+
+
+@pytest.mark.parametrize(("pp", "v", "m", "bubble"), [(1, 1, 8, 0.0), (8, 1, 64, 7 / 64), (8, 2, 64, 7 / 128),
+                                                      (16, 4, 32, 15 / 128)])  # fmt: skip
+def test_pipeline_bubble(pp: int, v: int, m: int, bubble: float) -> None:
+    """(p-1)/m for 1F1B, (p-1)/(v·m) interleaved [Megatron21 §2.2]."""
+    assert numeric.pipeline_bubble_fraction(pp=pp, v_pp=v, m_mb=m) == pytest.approx(bubble, rel=1e-12)
+
+
+def test_ring_exposure_is_zero_when_compute_hides_it_and_all_of_it_with_no_overlap() -> None:
+    base = {"S": 131072, "b": 1, "N": 8, "n_kv": 8, "d": 128, "p": 2, "t": 1, "B_cp": 450e9, "c": 0.5, "h": 64,
+            "u_cp": 1.0, "F_attn": 600e12, "s_comm": 0.0}  # fmt: skip
+    assert numeric.cp_ring_fwd_exposed_s(**base, o_cp=1.0) == 0.0
+    assert numeric.cp_ring_fwd_exposed_s(**base, o_cp=0.0) == pytest.approx(numeric.cp_ring_fwd_s(**{
+        k: base[k] for k in numeric.ARGS["cp_ring_fwd_s"]}), rel=1e-12)  # fmt: skip
+
+
+SETUPS = st.fixed_dictionaries({
+    "model": st.sampled_from(["llama3-8b", "llama3-70b", "llama2-7b"]),
+    "seq": st.sampled_from([4096, 8192, 32768]),
+    "hw": st.sampled_from(["a100-ib", "h100-ib", "h100-nvlink"]),
+    "tp": st.sampled_from([1, 2, 8]),
+    "cp": st.sampled_from([1, 2, 4]),
+    "pp": st.sampled_from([1, 2, 4]),
+    "vpp": st.sampled_from([1, 2]),
+    "dp": st.sampled_from([1, 2, 8]),
+    "m": st.sampled_from([4, 8]),
+    "recompute": st.sampled_from(["none", "selective", "full"]),
+    "cp_scheme": st.sampled_from(["ring", "ulysses", "usp", "allgather"]),
+    "layout": st.sampled_from(["contiguous", "zigzag"]),
+    "zero3": st.booleans(),
+})  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(SETUPS)
+def test_breakdown_sums_to_the_step_and_utilisation_is_bounded(s: dict) -> None:
+    vpp = s["vpp"] if s["pp"] > 1 else 1
+    setup = StepSetup(model=s["model"], seq=s["seq"], hw=s["hw"], gpus=s["tp"] * s["cp"] * s["pp"] * s["dp"],
+                      tp=s["tp"], cp=s["cp"], pp=s["pp"], vpp=vpp, global_batch=s["m"] * s["dp"],
+                      recompute=s["recompute"], cp_scheme="ring" if s["cp_scheme"] == "ulysses" else s["cp_scheme"],
+                      layout=s["layout"], zero3=s["zero3"])  # fmt: skip
+    step = evaluate_step(setup)["step"]
+    assert sum(step["breakdown"].values()) == pytest.approx(step["time_s"], rel=1e-12)
+    assert all(value >= 0 for value in step["breakdown"].values())
+    assert 0 < step["hfu"] < 1 and 0 < step["mfu_causal_attention"] <= step["mfu"]
+    assert step["tokens_per_s_per_gpu"] * setup.gpus == pytest.approx(step["tokens_per_s"], rel=1e-12)
+
+
+def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
+    common = {
+        "model": "llama3-70b",
+        "seq": 8192,
+        "hw": "h100-ib",
+        "gpus": 64,
+        "tp": 8,
+        "pp": 8,
+        "global_batch": 16,
+    }
+    plain = evaluate_step(StepSetup(**common))["step"]
+    interleaved = evaluate_step(StepSetup(**common, vpp=5))["step"]
+    assert interleaved["breakdown"]["pipeline bubble"] == pytest.approx(plain["breakdown"]["pipeline bubble"] / 5,
+                                                                        rel=1e-9)  # fmt: skip
+    assert interleaved["time_s"] < plain["time_s"]
+
+
+def test_contiguous_causal_ring_pays_the_imbalance() -> None:
+    """Contiguous causal: the slowest rank does N - 1/2 blocks for N/2 useful, u = N/(2N-1) [A-RingCost §6]."""
+    values = bind(StepSetup(model="llama3-8b", seq=65536, hw="h100-nvlink", gpus=8, cp=8, global_batch=1,
+                            layout="contiguous"), load_model("llama3-8b"), load_profile("h100-nvlink"))  # fmt: skip
+    assert values["u_cp"] == pytest.approx(8 / 15, rel=1e-12)
+
+
+def test_kernel_tables_read_back_their_published_points() -> None:
+    """[FA3] Fig. 5: FlashAttention-3 forward, head dim 128, causal, 8k: 602 TFLOP/s; non-causal 16k: 648."""
+    h100 = load_profile("h100-nvlink")
+    assert attention_rate(h100, "bf16", 8192, 8192, 128, True, False) == pytest.approx(602e12, rel=1e-9)
+    assert attention_rate(h100, "bf16", 16384, 16384, 128, False, False) == pytest.approx(648e12, rel=1e-9)
+    assert attention_rate(h100, "bf16", 1 << 20, 1 << 20, 128, False, False) == pytest.approx(
+        648e12, rel=1e-9
+    )
+    between = attention_rate(h100, "bf16", 3000, 3000, 128, False, False)
+    assert 625e12 < between < 638e12
+    assert gemm_rate(h100, "bf16", 8192, 8192, 8192) == pytest.approx(797.51e12, rel=1e-9)
+    assert gemm_rate(h100, "fp8", 8192, 8192, 8192) == pytest.approx(2 * 797.51e12, rel=1e-3)
+
+
+def test_step_json_contract(cli) -> None:
+    result = cli("step", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink", "--gpus", "16", "--tp", "2",
+                 "--cp", "2", "--pp", "2", "--micro-batch", "1", "--global-batch", "8", "--format", "json")  # fmt: skip
+    assert result.code == 0, result.err
+    step = result.json()["step"]
+    for key in (
+        "time_s",
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "model_tflops_per_gpu",
+        "mfu",
+        "hfu",
+        "breakdown",
+    ):
+        assert key in step
+    assert step["tokens_per_s"] == pytest.approx(8 * 8192 / step["time_s"], rel=1e-12)
+
+
+def test_step_table_prints_the_headline(cli) -> None:
+    result = cli("step", "-m", "llama3-70b", "--seq", "8k", "--hw", "h100-ib", "--gpus", "64", "--tp", "8",
+                 "--pp", "4", "--vpp", "2", "--global-batch", "32", "--recompute", "full")  # fmt: skip
+    assert result.code == 0 and "MFU" in result.out and "pipeline bubble" in result.out
+
+
+STEP = ["step", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink"]
+BAD = [
+    (["--gpus", "8", "--tp", "3", "--global-batch", "8"], "--tp: 3 must divide the model's 32 heads"),
+    (["--gpus", "12", "--tp", "8", "--global-batch", "8"], "--gpus: 12 is not divisible by tp x cp x pp = 8"),
+    (
+        ["--gpus", "8", "--global-batch", "12"],
+        "--global-batch: 12 is not divisible by micro-batch x DP = 1 x 8",
+    ),
+    (
+        ["--gpus", "8", "--pp", "8", "--global-batch", "4"],
+        "4 micro-batches per pipeline is fewer than --pp 8",
+    ),
+    (["--gpus", "8", "--global-batch", "8", "--recompute", "some"], "--recompute"),
+    (["--gpus", "8", "--global-batch", "8", "--cp-scheme", "star"], "--cp-scheme"),
+    (["--gpus", "8", "--global-batch", "8", "--tp", "0"], "--tp: Input should be greater than or equal to 1"),
+    (["--gpus", "8", "--global-batch", "8", "--vpp", "2"], "--vpp: interleaving needs --pp > 1"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), BAD)
+def test_bad_step_input_is_one_line_and_exit_2(cli, args: list[str], expected: str) -> None:
+    result = cli(*STEP, *args)
+    assert result.code == 2 and result.out == ""
+    assert expected in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_profile_without_kernel_tables_needs_efficiency(cli, tmp_path) -> None:
+    """A profile with no kernels: section cannot be read for rates; --efficiency stands in for them."""
+    from costmodel.core.resources import data_dir
+
+    text = (data_dir("hardware") / "h100-nvlink.yaml").read_text(encoding="utf-8")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(text.split("# Published kernel efficiency")[0], encoding="utf-8")
+    args = ["step", "-m", "llama3-8b", "--seq", "8k", "--hw", str(bare), "--gpus", "8", "--global-batch", "8"]
+    missing = cli(*args)
+    assert missing.code == 2 and "has no kernels: section" in missing.err
+    given_ = cli(*args, "--efficiency", "0.5", "-f", "json")
+    assert given_.code == 0, given_.err
+    assert given_.json()["rates"]["gemm_flops_per_s"] == pytest.approx(0.5 * 989e12, rel=1e-12)
