@@ -3,7 +3,7 @@
     python benchmarks/cli_latency.py [--repeats 21]
 
 The commands run interleaved, round after round, so machine noise hits them alike; the script prints
-each median and its ratio to `python -c pass`. Goal (issue 2): the report path imports neither sympy
+each median and its ratio to `python -c pass`. Goal ([A-RingCost]): the report path imports neither sympy
 nor torch and finishes in <= 0.25 s median.
 """
 

@@ -1,4 +1,4 @@
-"""Benchmarks of the torch reference kernel, ratios measured in one run (issue 3, item 7).
+"""Benchmarks of the torch reference kernel, ratios measured in one run (docs/kernel.md, item 7).
 
 1. Block kernel against torch SDPA on the same shape (goal: throughput >= 0.8x), forward and
    forward+backward, fully visible and causal-diagonal blocks.

@@ -2,7 +2,7 @@
 
     python benchmarks/simulator.py
 
-Issue 2's goal: S = 1M tokens, N = 64, tile 128 "well under a second". The baseline,
+The goal: S = 1M tokens, N = 64, tile 128 "well under a second". The baseline,
 `costmodel.schedule.simulator.simulate_by_definition` (the tests' oracle), counts the same tile pairs one by one;
 both run here on the same smaller case, so the ratio is measured side by side.
 """

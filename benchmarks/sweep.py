@@ -2,7 +2,7 @@
 
     python benchmarks/sweep.py
 
-Issue 5's goal: >= 1e6 grid points per second. Both paths evaluate the fwd+bwd step comm ratio with
+The goal: >= 1e6 grid points per second. Both paths evaluate the fwd+bwd step comm ratio with
 the link each N implies; the loop calls the same numeric functions one point at a time on a slice
 of the grid, and the two results are compared before the ratio is printed.
 """

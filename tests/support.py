@@ -1,4 +1,4 @@
-"""Helpers the tests share: evaluate a plan, round as the seed rounds."""
+"""Helpers the tests share: evaluate a plan, round as the article rounds."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from costmodel.plans.schema import Report
 REPO = Path(__file__).resolve().parent.parent
 
 
-def seed_round(value: float, digits: int) -> Decimal:
-    """``value`` to ``digits`` significant digits, halves up (the seed prints 0.5625 as 56.3 %)."""
+def half_up(value: float, digits: int) -> Decimal:
+    """``value`` to ``digits`` significant digits, halves up ([A-RingCost] prints 0.5625 as 56.3 %)."""
     d = Decimal(repr(float(value)))
     if d == 0:
         return d

@@ -1,4 +1,4 @@
-"""Bad input (SPEC §6): exit code 2, one line on stderr naming the flag or field and what is accepted,
+"""Bad input (docs/index.md): exit code 2, one line on stderr naming the flag or field and what is accepted,
 nothing on stdout, never a traceback. One row per distinct mistake."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Calibration (issue 4), the model side: fits, the measured profile, and the time prediction."""
+"""Calibration (docs/calibration.md), the model side: fits, the measured profile, and the time prediction."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_calibrate_bad_input(cli, tmp_path) -> None:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_datasheet_prediction_is_the_seed_model(causal: bool) -> None:
-    """With a datasheet profile the prediction is the seed's: N steps at W_step/F, transfers hidden."""
+    """With a datasheet profile the prediction is the balanced model of [A-RingCost §4]: N steps at W_step/F, transfers hidden."""
     inputs = PlanInputs(seq=262_144, n=8, causal=causal)
     report_step = (0.5 if causal else 1.0) * 4 * 32768**2 * 32 * 128 / 312e12
     got = predict(inputs, Machine(load_profile("a100-nvlink")).as_datasheet())

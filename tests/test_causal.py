@@ -1,4 +1,4 @@
-"""The tile-granular causal schedule simulator (SPEC §4.1) against a brute-force count and the seed."""
+"""The tile-granular causal schedule simulator ([Striped §3]) against a brute-force count and the article's block counts."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_simulator_matches_brute_force(layout: str, n: int, per: int, tile: int)
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16, 32])
 def test_contiguous_tile_1_is_n_over_2n_minus_1(n: int) -> None:
-    """Seed §6's fine model: exactly (NL+1)/((2N-1)L+1), which tends to N/(2N-1)."""
+    """[A-RingCost §6]'s fine model: exactly (NL+1)/((2N-1)L+1), which tends to N/(2N-1)."""
     length = 512
     u = simulate("contiguous", n * length, n, 1).utilization
     assert u == pytest.approx((n * length + 1) / ((2 * n - 1) * length + 1), rel=1e-12)

@@ -13,7 +13,7 @@ from tests.support import REPO
 PLANS = sorted((REPO / "configs" / "plans").glob("*.yaml"))
 
 BASE = """name: edge
-model: seed-example
+model: worked-example
 seq: {seq}
 n: 8
 hw: a100-nvlink
@@ -74,21 +74,21 @@ def test_plans_at_the_band_edges(cli, tmp_path, seq: str, worst: str, code: int)
 
 
 INVALID = [
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  worst_verdict: purple\n", ":7: expect.worst_verdict"),
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: eight\nhw: a100-nvlink\n", ":4: n: Input should be a valid integer"),
-    ("name: x\nmodel: seed-example\nseq: 8q\nn: 8\nhw: a100-nvlink\n", ":3: seq: '8q' is not a length"),
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ncolour: blue\n", ":6: colour: Extra inputs are not permitted"),
-    ("model: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":1: name: Field required"),
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  fits_memory: true\n", "need gpus"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  worst_verdict: purple\n", ":7: expect.worst_verdict"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: eight\nhw: a100-nvlink\n", ":4: n: Input should be a valid integer"),
+    ("name: x\nmodel: worked-example\nseq: 8q\nn: 8\nhw: a100-nvlink\n", ":3: seq: '8q' is not a length"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ncolour: blue\n", ":6: colour: Extra inputs are not permitted"),
+    ("model: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":1: name: Field required"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  fits_memory: true\n", "need gpus"),
     ("name: [x\n", ":2: malformed YAML"),
     ("!!python/object/apply:os.system ['true']\n", "could not determine a constructor"),
     ("- a\n- b\n", "expected a mapping of plan fields, got list"),
     ("name: x\nmodel: nosuch\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":2: model: unknown model 'nosuch'"),
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: nosuch\n", ":5: hw: unknown hardware 'nosuch'"),
-    ("name: x\nmodel: seed-example\nseq: 1000\nn: 3\nhw: a100-nvlink\n", ":3: seq: 1000 tokens do not split"),
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 8\n", ":6: gpus: 12 GPUs do not split"),
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 3\n", ":7: tp: TP 3 does not divide"),
-    ("name: x\nmodel: seed-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: nosuch\n", ":5: hw: unknown hardware 'nosuch'"),
+    ("name: x\nmodel: worked-example\nseq: 1000\nn: 3\nhw: a100-nvlink\n", ":3: seq: 1000 tokens do not split"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 8\n", ":6: gpus: 12 GPUs do not split"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 3\n", ":7: tp: TP 3 does not divide"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
      ":4: n: 8 does not divide the 12 ranks"),
 ]  # fmt: skip
 

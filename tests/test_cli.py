@@ -1,4 +1,4 @@
-"""The CLI contract (SPEC §6, §7): the seed example on one screen, the JSON keys, the other formats."""
+"""The CLI contract (docs/index.md, docs/json.md): the worked example on one screen, the JSON keys, the other formats."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import yaml
 
 from costmodel.plans.schema import SCHEMA
 
-SEED = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink"]
+WORKED = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink"]
 
-CONTRACT = {  # SPEC §7: at least these keys
+CONTRACT = {  # docs/json.md: at least these keys
     "inputs": "seq n batch heads kv_heads head_dim bytes_per_element block causal layout hw",
     "hardware": "peak_flops effective_flops link_bandwidth latency beta",
     "memory": "scores_full_bytes scores_query_block_bytes scores_tile_bytes kv_block_bytes softmax_state_bytes",
@@ -29,8 +29,8 @@ CONTRACT = {  # SPEC §7: at least these keys
 }
 
 
-def test_seed_example_table_on_one_screen(cli) -> None:
-    result = cli(*SEED)
+def test_worked_example_table_on_one_screen(cli) -> None:
+    result = cli(*WORKED)
     assert result.code == 0, result.err
     out = result.out
     for text in ("4.398 TB", "17.18 GB", "67.11 MB", "134.2 MB", "939.5 MB", "587.2 MB", "8.590 GB",
@@ -44,7 +44,7 @@ def test_seed_example_table_on_one_screen(cli) -> None:
 
 
 def test_json_contract(cli) -> None:
-    data = cli(*SEED, "--format", "json").json()
+    data = cli(*WORKED, "--format", "json").json()
     assert data["schema"] == SCHEMA
     for section, keys in CONTRACT.items():
         for key in keys.split():
@@ -61,8 +61,8 @@ def test_json_contract(cli) -> None:
 
 
 def test_causal_halves_intensity_and_n_max_but_not_traffic(cli) -> None:
-    plain = cli(*SEED, "-f", "json").json()["ring"]
-    causal = cli(*SEED, "--causal", "-f", "json").json()["ring"]
+    plain = cli(*WORKED, "-f", "json").json()["ring"]
+    causal = cli(*WORKED, "--causal", "-f", "json").json()["ring"]
     assert causal["intensity_step"] == plain["intensity_step"] / 2
     assert causal["comm_ratio_step"] == pytest.approx(2 * plain["comm_ratio_step"])
     assert causal["n_max"] == pytest.approx(plain["n_max"] / 2)
@@ -72,10 +72,10 @@ def test_causal_halves_intensity_and_n_max_but_not_traffic(cli) -> None:
 
 def test_layout_sets_the_causal_layer_time(cli) -> None:
     times = {
-        layout: cli(*SEED, "--causal", "--layout", layout, "-f", "json").json()["ring"]["layer_time_s"]
+        layout: cli(*WORKED, "--causal", "--layout", layout, "-f", "json").json()["ring"]["layer_time_s"]
         for layout in ("contiguous", "striped", "zigzag")
     }
-    balanced = cli(*SEED, "--causal", "-f", "json").json()["ring"]["layer_compute_s"]
+    balanced = cli(*WORKED, "--causal", "-f", "json").json()["ring"]["layer_compute_s"]
     assert times["zigzag"] == pytest.approx(balanced, rel=0.01)  # 99.6 % utilisation at tile 1,024
     assert times["contiguous"] == pytest.approx(balanced / 0.532, rel=0.01)
     assert times["zigzag"] < times["striped"] < times["contiguous"]
@@ -92,7 +92,7 @@ def test_ring_across_nodes_uses_and_names_the_inter_node_link(cli) -> None:
 
 
 def test_largest_green_and_amber_n_follow_the_topology(cli) -> None:
-    ring = cli(*SEED, "-f", "json").json()["ring"]
+    ring = cli(*WORKED, "-f", "json").json()["ring"]
     # step ratio on IB = N x 2 n_kv p F / (4 S h B) = N x 2 x 8 x 2 x 312e12 / (4 x 262144 x 32 x 25e9) = N x 1.19 %
     assert ring["n_max_green"] == 8  # all of the NVLink node; IB at N = 9 is 10.7 %
     assert ring["n_max_amber"] == 12  # on HDR IB: 14.3 % at N = 12, 15.5 % at N = 13
@@ -115,16 +115,16 @@ def test_ulysses_replicates_kv_heads_when_n_exceeds_them(cli) -> None:
 
 
 def test_model_preset_sets_the_shape_and_flags_override_it(cli) -> None:
-    data = cli(*SEED, "--model", "llama3-70b", "-f", "json").json()["inputs"]
+    data = cli(*WORKED, "--model", "llama3-70b", "-f", "json").json()["inputs"]
     assert (data["heads"], data["kv_heads"], data["head_dim"], data["model"]) == (64, 8, 128, "llama3-70b")
-    data = cli(*SEED, "--model", "llama3-70b", "--kv-heads", "64", "-f", "json").json()["inputs"]
+    data = cli(*WORKED, "--model", "llama3-70b", "--kv-heads", "64", "-f", "json").json()["inputs"]
     assert data["kv_heads"] == 64
 
 
 def test_efficiency_shows_both_ratios(cli) -> None:
-    result = cli(*SEED, "--efficiency", "0.4")
+    result = cli(*WORKED, "--efficiency", "0.4")
     assert "effective 125 TFLOP/s" in result.out
-    data = cli(*SEED, "--efficiency", "0.4", "-f", "json").json()
+    data = cli(*WORKED, "--efficiency", "0.4", "-f", "json").json()
     assert data["ring"]["comm_ratio_step"] == pytest.approx(0.4 * data["ring"]["comm_ratio_step_peak"])
     assert data["hardware"]["beta"] == pytest.approx(416) and data["hardware"]["beta_peak"] == 1040
 
@@ -135,18 +135,18 @@ def test_seq_suffixes(cli) -> None:
 
 
 def test_yaml_and_markdown_carry_the_same_report(cli) -> None:
-    as_json = cli(*SEED, "-f", "json").json()
-    as_yaml = yaml.safe_load(cli(*SEED, "-f", "yaml").out)
+    as_json = cli(*WORKED, "-f", "json").json()
+    as_yaml = yaml.safe_load(cli(*WORKED, "-f", "yaml").out)
     assert as_yaml == as_json
-    markdown = cli(*SEED, "-f", "markdown").out
+    markdown = cli(*WORKED, "-f", "markdown").out
     assert markdown.startswith("## cp-plan:") and "| ring | 939.5 MB |" in markdown
 
 
 def test_explain_prints_formula_then_values(cli) -> None:
-    out = cli(*SEED, "--explain").out
+    out = cli(*WORKED, "--explain").out
     assert "I_step = 2*S*c*h/(N*n_kv*p)" in out
     assert "= 2*262144*1*32/(8*8*2)" in out
-    data = cli(*SEED, "--explain", "-f", "json").json()
+    data = cli(*WORKED, "--explain", "-f", "json").json()
     row = next(r for r in data["explain"] if r["name"] == "intensity_step")
     assert row["value"] == "131072 FLOP/B"
 
@@ -175,9 +175,9 @@ def test_help_lists_the_commands(cli) -> None:
 
 @pytest.mark.skipif(shutil.which("cp-plan") is None, reason="console script not installed")
 def test_console_script_from_another_directory(tmp_path) -> None:
-    """The installed script finds its built-in profiles wherever it runs (SPEC §6)."""
+    """The installed script finds its built-in profiles wherever it runs (docs/index.md)."""
     env = {**os.environ, "PYTHONPATH": ""}
-    done = subprocess.run(["cp-plan", *SEED, "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
+    done = subprocess.run(["cp-plan", *WORKED, "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
                           env=env, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ring"]["intensity_step"] == 131_072

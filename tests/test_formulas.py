@@ -40,7 +40,7 @@ def test_notebook_use_print_substitute_differentiate_latex() -> None:
 
 
 def test_seed_short_forms_at_bf16() -> None:
-    """With p = 2 the seed's forms reappear: I = (h/n_kv)·S/(N-1), I_step = (h/n_kv)·S/N."""
+    """With p = 2 the article's forms reappear: I = (h/n_kv)·S/(N-1), I_step = (h/n_kv)·S/N."""
     bf16 = {p: 2, c: 1}
     assert sympy.simplify(f["intensity_layer"].expr.subs(bf16) - h / n_kv * S / (N - 1)) == 0
     assert sympy.simplify(f["intensity_step"].expr.subs(bf16) - h / n_kv * S / N) == 0
@@ -52,7 +52,7 @@ def test_intensity_step_is_layer_intensity_times_n_minus_1_over_n() -> None:
 
 
 def test_critical_shard_length_closed_form_and_causal_doubling() -> None:
-    """SPEC §4.2: with alpha = 0, L* = beta·n_kv·p/(2·h·c); causal (c = 1/2) doubles it."""
+    """[A-SPDeep]: with alpha = 0, L* = beta·n_kv·p/(2·h·c); causal (c = 1/2) doubles it."""
     l_star = f["critical_shard_tokens"].expr.subs(alpha, 0)
     assert sympy.simplify(l_star - (F / B) * n_kv * p / (2 * h * c)) == 0
     assert sympy.simplify(l_star.subs(c, sympy.Rational(1, 2)) / l_star.subs(c, 1)) == 2
@@ -67,7 +67,7 @@ def test_critical_shard_length_balances_comm_and_compute() -> None:
 
 
 def test_usp_reduces_to_ring_and_to_ulysses() -> None:
-    """SPEC §4.5: N_u = 1 is the ring, N_r = 1 is Ulysses."""
+    """[USP §3]: N_u = 1 is the ring, N_r = 1 is Ulysses."""
     usp = f["usp_recv_bytes_per_layer"].expr
     ring = f["recv_bytes_per_layer"].expr
     ulysses = f["ulysses_recv_bytes_per_layer"].expr
@@ -83,7 +83,7 @@ def test_ulysses_replicates_kv_heads_beyond_n_kv() -> None:
 
 
 def test_ring_traffic_independent_of_h_and_layer_intensity_of_d_and_b() -> None:
-    """Seed §4: I depends only on h/n_kv, S, N (and p); not on d or b."""
+    """[A-RingCost §4]: I depends only on h/n_kv, S, N (and p); not on d or b."""
     assert not {sympy.Symbol("d", positive=True), sympy.Symbol("b", positive=True)} & f[
         "intensity_layer"
     ].expr.free_symbols

@@ -1,4 +1,4 @@
-"""Hardware profiles: the built-ins validate, cite their source, and carry the SPEC §8 figures."""
+"""Hardware profiles: the built-ins validate, cite their source, and carry the docs/hardware.md figures."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_profile_cites_source_and_states_both_directions(name: str) -> None:
     for link in (profile.links.intra_node, profile.links.inter_node):
         assert link is not None
         assert link.bandwidth_bidirectional == 2 * link.bandwidth_per_direction
-        assert link.latency_s == 0.0  # SPEC §2: datasheet profiles carry no alpha
+        assert link.latency_s == 0.0  # [A-RingCost §2]: datasheet profiles carry no alpha
     text = (data_dir("hardware") / f"{name}.yaml").read_text()
     assert "PER DIRECTION" in text and "bidirectional" in text
 

@@ -1,4 +1,4 @@
-"""Training plans (issue 5): activation memory against Korthikanti et al. 2022, model states, the
+"""Training plans ([Korthikanti22]): activation memory against Korthikanti et al. 2022, model states, the
 backward pass, and the recommendation window."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Measured against predicted: the comparison `cp-plan validate` prints (issue 4). No torch here.
+"""Measured against predicted: the comparison `cp-plan validate` prints (docs/calibration.md). No torch here.
 
 Each kernel timing is set beside two predictions of :mod:`costmodel.plans.timing`: the calibrated model
 (measured rates per block size, alpha and B, the tile-level causal schedule) and the datasheet-style

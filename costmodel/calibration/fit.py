@@ -1,4 +1,4 @@
-"""Turn `cp-plan calibrate`'s raw measurements into a measured hardware profile (issue 4).
+"""Turn `cp-plan calibrate`'s raw measurements into a measured hardware profile (docs/calibration.md).
 
 Links: t = alpha + bytes / B by least squares weighted by 1/t², so that the small messages (where
 alpha shows) and the large ones (where B shows) count alike; R² is reported on the plain times.

@@ -1,6 +1,6 @@
 """Entry point of the ``cp-plan`` console script.
 
-Exit codes (SPEC §6): 0 ok, 1 a check failed, 2 bad input. Bad input is one line on stderr naming
+Exit codes (docs/index.md): 0 ok, 1 a check failed, 2 bad input. Bad input is one line on stderr naming
 the flag or field and what is accepted; never a traceback.
 """
 

@@ -43,7 +43,7 @@ def selftest(
         help="Packed documents as boundaries (cu_seqlens), e.g. 0,100,317,512: documents never see each other.")] = None,
     dtype: Annotated[Literal["fp32", "bf16", "fp16"], typer.Option(help="Input dtype.")] = "fp32",
     variant: Annotated[Literal["ring", "ulysses", "all"], typer.Option(
-        help="Which kernel; 'all' skips Ulysses where SPEC §4.4 rules it out.")] = "all",
+        help="Which kernel; 'all' skips Ulysses where [Ulysses §3] rules it out.")] = "all",
     seed: Annotated[int, typer.Option(help="Random seed of the inputs.")] = 0,
     atol: Annotated[float | None, typer.Option(help="Override the dtype's absolute tolerance.")] = None,
     rtol: Annotated[float | None, typer.Option(help="Override the dtype's relative tolerance.")] = None,

@@ -1,4 +1,4 @@
-"""Plots of a sweep: step comm ratio against N per S, the verdict bands shaded, N_max marked (issue 5).
+"""Plots of a sweep: step comm ratio against N per S, the verdict bands shaded, N_max marked ([Korthikanti22]).
 
 matplotlib is an optional extra (`pip install 'cp-plan[plot]'`); without it ``plot_sweep`` returns None
 and the caller prints the table instead.

@@ -1,4 +1,4 @@
-"""Human-readable numbers: decimal SI prefixes (GB = 1e9 B), as the seed and datasheets write them."""
+"""Human-readable numbers: decimal SI prefixes (GB = 1e9 B), as datasheets write them."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def tokens_label(tokens: int) -> str:
 
 
 def _sig(x: float, digits: int) -> str:
-    """``digits`` significant digits, no exponent, halves rounded up as the seed rounds (56.25 -> 56.3)."""
+    """``digits`` significant digits, no exponent, halves rounded up as [A-RingCost] rounds (56.25 -> 56.3)."""
     if x == 0:
         return "0"
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))

@@ -9,7 +9,7 @@ Pieces (:class:`~costmodel.kernel.masks.Piece`) marked ``full`` or ``causal`` ru
 SDPA op that returns the log-sum-exp (CPU: ``_scaled_dot_product_flash_attention_for_cpu``; CUDA:
 flash for fp16/bf16, memory-efficient otherwise). ``masked`` pieces, and shapes the fused op cannot
 take, run as explicit fp32 matmuls. Every piece is merged into fp32 accumulators with the (O, LSE)
-rule of seed 002; a row no key is visible to keeps LSE = -inf and O = 0, never NaN.
+rule of [A-OnlineNorm]; a row no key is visible to keeps LSE = -inf and O = 0, never NaN.
 
 Backward is recomputation from the *final* out and lse (FlashAttention-2's backward pass): with them, a block's
 probabilities exp(s - lse) and the row term D = rowsum(dO ∘ O) are the global ones, so each block's
@@ -32,20 +32,20 @@ NEG_INF = -math.inf
 
 
 def accumulator_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 for fp32 and the half types (seed 002: merge in fp32); float64 stays float64."""
+    """fp32 for fp32 and the half types ([A-OnlineNorm]: merge in fp32); float64 stays float64."""
     return torch.promote_types(dtype, torch.float32)
 
 
 class MLU(NamedTuple):
-    """Unnormalised softmax state of one block for each query (seed 002): max score, denominator, output."""
+    """Unnormalised softmax state of one block for each query ([A-OnlineNorm]): max score, denominator, output."""
 
     m: torch.Tensor
-    l: torch.Tensor  # the seed's symbol
+    l: torch.Tensor  # the symbol of [A-OnlineNorm]
     u: torch.Tensor
 
 
 def merge_mlu(a: MLU, b: MLU) -> MLU:
-    """Merge two (m, l, u) states: rescale both to m = max(m_A, m_B); O = u / l at the end (seed 002).
+    """Merge two (m, l, u) states: rescale both to m = max(m_A, m_B); O = u / l at the end ([A-OnlineNorm]).
 
     An empty block has m = -inf, l = 0, u = 0; its scale is taken as 0 rather than exp(-inf - -inf).
     """
@@ -56,7 +56,7 @@ def merge_mlu(a: MLU, b: MLU) -> MLU:
 
 
 def merge_lse(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
-    """Merge a normalised block (O_B, LSE_B) into fp32 accumulators (O, LSE), in place (seed 002):
+    """Merge a normalised block (O_B, LSE_B) into fp32 accumulators (O, LSE), in place ([A-OnlineNorm]):
     L = logaddexp(L_A, L_B), O = e^(L_A - L)·O_A + e^(L_B - L)·O_B.
 
     Rows empty on both sides stay LSE = -inf, O = 0: the weights are taken against a finite stand-in

@@ -1,5 +1,5 @@
 """What `cp-plan calibrate` measures on every rank, with all ranks running at once as a real ring would
-(seed 000 §11: effective bandwidth and effective compute, measured on the target machine).
+([A-RingCost §11]: effective bandwidth and effective compute, measured on the target machine).
 
 - Compute: the block kernel's forward and backward for a block of L queries against L keys, fully
   visible and with the causal diagonal, over a range of L, with 1, 2, 4 ... up to N ranks computing

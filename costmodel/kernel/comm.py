@@ -2,7 +2,7 @@
 
 :class:`RingComm` follows ring-flash-attention's: queue ``send_recv`` pairs, ``commit`` them as one
 ``batch_isend_irecv``, ``wait``. Every rank posts the same list (one send to the next rank, one receive
-from the previous, per tensor), so NCCL sees matching grouped calls and cannot deadlock (seed 001,
+from the previous, per tensor), so NCCL sees matching grouped calls and cannot deadlock ([A-SPDeep],
 "环形通信死锁防范"); gloo needs contiguous tensors, so everything sent is made contiguous.
 """
 
@@ -55,7 +55,7 @@ class RingComm:
 def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
                group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Split ``x`` into N chunks along ``scatter_dim``, send chunk j to rank j, and concatenate what
-    arrives (in rank order) along ``gather_dim``. One ``all_to_all_single`` (seed 002, Ulysses)."""
+    arrives (in rank order) along ``gather_dim``. One ``all_to_all_single`` ([A-OnlineNorm], Ulysses)."""
     world_size = dist.get_world_size(group)
     if world_size == 1:
         return x

@@ -1,6 +1,6 @@
 """The one mask rule, by global token position, and how a (query block, key block) pair is computed.
 
-Rule (seed 002, "Varlen、causal 与任意 mask 不等价"): a query sees the keys of its own document
+Rule ([A-OnlineNorm], "Varlen、causal 与任意 mask 不等价"): a query sees the keys of its own document
 (varlen packing, boundaries ``cu_seqlens`` such as ``[0, 2, 5]``) and, when causal, only those at or
 before it. Both conditions bound a range of global positions, so each query sees exactly one range
 ``[first_visible, last_visible]``. Everything else here is derived from :meth:`MaskRule.visible_range`:

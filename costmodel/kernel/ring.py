@@ -1,4 +1,4 @@
-"""Ring attention, forward and backward, one loop for every layout (seed 001; seed 002 "Ring Attention").
+"""Ring attention, forward and backward, one loop for every layout ([A-SPDeep]; [A-OnlineNorm] "Ring Attention").
 
 Each rank keeps its query shard and passes K/V round the ring: at step j it holds the KV block of
 rank (rank - j) mod N. The layout only decides which global positions each shard holds; the mask of
@@ -67,7 +67,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Ri
     spare = torch.empty_like(kv) if schedule.world_size > 1 else None
     for step, plan in enumerate(schedule.plans):
         more = step + 1 < schedule.world_size
-        if more:  # the next block's transfer runs under this block's compute (seed 001)
+        if more:  # the next block's transfer runs under this block's compute ([A-SPDeep])
             incoming = comm.send_recv(kv, spare)
             comm.commit()
         block_forward(q, kv[0], kv[1], plan, scale, out, lse)

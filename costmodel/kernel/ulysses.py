@@ -1,11 +1,11 @@
-"""Ulysses attention: all-to-all from sequence shards to head shards, attend, and back (seed 002, "Ulysses").
+"""Ulysses attention: all-to-all from sequence shards to head shards, attend, and back ([A-OnlineNorm], "Ulysses").
 
 Each rank starts with its sequence shard of every head, (b, h, L, d). The first all-to-all gives it the
 whole sequence for h/N heads, (b, h/N, S, d); it attends locally with the same block kernel and mask rule
 as the ring; the second all-to-all returns the output to (b, h, L, d). Gradients take the same two
 exchanges in reverse (autograd).
 
-GQA (SPEC §4.4): feasible only if h mod N = 0 and (n_kv mod N = 0 or N mod n_kv = 0). When N > n_kv the
+GQA ([Ulysses §3]): feasible only if h mod N = 0 and (n_kv mod N = 0 or N mod n_kv = 0). When N > n_kv the
 KV heads are replicated to N before the exchange, so each rank receives the one KV head its query heads
 use; the replicas are on the wire, as the cost model counts them, and their gradients are summed back.
 
@@ -26,7 +26,7 @@ from costmodel.schedule.layouts import positions, ulysses_feasibility
 
 
 def check_ulysses(heads: int, kv_heads: int, world_size: int, field: str = "heads") -> None:
-    """Raise :class:`InputError` when SPEC §4.4 rules this head split out."""
+    """Raise :class:`InputError` when [Ulysses §3] rules this head split out."""
     feasible, reason = ulysses_feasibility(heads, kv_heads, world_size)
     if not feasible:
         raise InputError(field, f"Ulysses infeasible: {reason}")

@@ -1,4 +1,4 @@
-"""Hardware profiles (SPEC §8): YAML files validated by pydantic.
+"""Hardware profiles (docs/hardware.md): YAML files validated by pydantic.
 
 A profile names its source, gives dense peak FLOP/s per dtype, HBM, devices per node, how many
 consecutive CP ranks share a node, and the intra- and inter-node links with their bandwidth **per
@@ -170,7 +170,7 @@ class OverlapPoint(_Strict):
 
 
 class Calibration(_Strict):
-    """What `cp-plan calibrate` measured, beside the figures the profile derives from it (issue 4)."""
+    """What `cp-plan calibrate` measured, beside the figures the profile derives from it (docs/calibration.md)."""
 
     dtype: Dtype
     batch: int = Field(ge=1)

@@ -1,4 +1,4 @@
-"""The report's schema: what ``cp-plan --format json`` prints (SPEC §7).
+"""The report's schema: what ``cp-plan --format json`` prints (docs/json.md).
 
 Stable and versioned by the top-level ``schema``. All values in SI units (bytes, FLOP, seconds,
 FLOP/byte), unrounded. docs/json-schema.md is generated from these models.
@@ -30,13 +30,13 @@ class Hardware(_Section):
     link_bandwidth: float = Field(description="B, bytes/s per direction")
     latency: float = Field(description="alpha, s per message")
     beta: float = Field(description="effective FLOP/s / B, FLOP/byte")
-    beta_peak: float = Field(description="peak FLOP/s / B, FLOP/byte (the seed's beta)")
+    beta_peak: float = Field(description="peak FLOP/s / B, FLOP/byte (β of [A-RingCost §4])")
     devices_per_node: int = Field(description="accelerators per node")
     cp_ranks_per_node: int = Field(description="consecutive CP ranks sharing a node")
 
 
 class Memory(_Section):
-    """Memory tiers of one layer (seed 000 §1): attention temporaries at three granularities, ring buffers."""
+    """Memory tiers of one layer ([A-RingCost §1]): attention temporaries at three granularities, ring buffers."""
 
     scores_full_bytes: float = Field(description="b·h·S²·p, full score matrix")
     scores_query_block_bytes: float = Field(description="b·h·s_blk·S·p, query block x all keys")
@@ -47,7 +47,7 @@ class Memory(_Section):
 
 
 class Compute(_Section):
-    """Attention FLOP of one layer (seed 000 §2, §4); causal counts the useful half."""
+    """Attention FLOP of one layer ([A-RingCost §2, §4]); causal counts the useful half."""
 
     total_flops: float = Field(description="one layer, all devices (causal: useful half)")
     device_flops_per_layer: float = Field(description="W")
@@ -55,16 +55,16 @@ class Compute(_Section):
 
 
 class Ring(_Section):
-    """Ring attention: traffic, intensity, times, the verdict and the limits on N (seed 000 §4, §11)."""
+    """Ring attention: traffic, intensity, times, the verdict and the limits on N ([A-RingCost §4, §11])."""
 
     recv_bytes_per_layer: float = Field(description="C_recv = (N-1) blocks")
     send_bytes_per_layer: float = Field(description="N blocks, counting the own one")
     step_recv_bytes: float = Field(description="one KV block, b·L·2·n_kv·d·p")
     intensity_step: float = Field(description="FLOP/byte; causal halves it")
     intensity_layer: float | None = Field(description="FLOP/byte; null at N = 1 (nothing received)")
-    step_compute_s: float = Field(description="balanced step compute (seed rule)")
+    step_compute_s: float = Field(description="balanced step compute, W_step / F [A-RingCost §4]")
     step_comm_s: float = Field(description="alpha + block / B")
-    layer_compute_s: float = Field(description="balanced layer compute (seed rule)")
+    layer_compute_s: float = Field(description="balanced layer compute, W / F [A-RingCost §4]")
     layer_comm_s: float = Field(description="receive side, N-1 blocks")
     layer_send_s: float = Field(description="send side counting the own block")
     comm_ratio_step: float = Field(description="the verdict's ratio, at effective FLOP/s")
@@ -72,7 +72,7 @@ class Ring(_Section):
     comm_ratio_layer: float = Field(description="layer receive / layer compute")
     verdict: Colour = Field(description="band of comm_ratio_step: green < 5 %, amber <= 15 %, red above")
     verdict_text: str = Field(description="what the band means")
-    n_max: float = Field(description="largest N with ratio <= 100 % on this plan's link (the seed's bound)")
+    n_max: float = Field(description="largest N with ratio <= 100 % on this plan's link ([A-RingCost §4])")
     n_max_intra_node: float | None = Field(description="the bound with the intra-node link")
     n_max_inter_node: float | None = Field(description="the bound with the inter-node link")
     n_max_green: int = Field(description="largest N whose ratio stays below 5 %, topology included")
@@ -84,7 +84,7 @@ class Ring(_Section):
 
 
 class Backward(_Section):
-    """The ring's backward pass (issue 5): 2.5x the forward FLOP; K, V and fp32 dK/dV travel."""
+    """The ring's backward pass ([Korthikanti22]): 2.5x the forward FLOP; K, V and fp32 dK/dV travel."""
 
     step_flops: float = Field(description="2.5 x the forward step (FlashAttention-2 count)")
     step_recv_bytes: float = Field(description="KV block plus its fp32 dK/dV accumulator")
@@ -123,7 +123,7 @@ class Ulysses(_Section):
 
 
 class USPEntry(_Section):
-    """One factorisation N = N_u x N_r of USP (SPEC §4.5); N_u = 1 is the ring, N_r = 1 is Ulysses."""
+    """One factorisation N = N_u x N_r of USP ([USP §3]); N_u = 1 is the ring, N_r = 1 is Ulysses."""
 
     n_ulysses: int = Field(description="N_u: all-to-all degree, inside a node where it fits")
     n_ring: int = Field(description="N_r: ring degree")
@@ -164,7 +164,7 @@ class Scheme(_Section):
 
 
 class TP(_Section):
-    """Tensor parallelism's activation traffic for comparison (seed 000 §13)."""
+    """Tensor parallelism's activation traffic for comparison ([A-RingCost §13])."""
 
     bytes_per_layer: float = Field(description="4·b·S·h·d·p")
     ratio_to_ring: float | None = Field(description="null at N = 1")
@@ -179,12 +179,12 @@ class LayoutUtilization(_Section):
 
 
 class Causal(_Section):
-    """Causal load balance (seed 000 §6, SPEC §4.1), reported whether or not --causal is set."""
+    """Causal load balance ([A-RingCost §6], [Striped §3]), reported whether or not --causal is set."""
 
-    utilization_coarse: float = Field(description="(N+1)/2N, seed 000 §6")
-    utilization_fine: float = Field(description="N/(2N-1), seed 000 §6")
+    utilization_coarse: float = Field(description="(N+1)/2N, [A-RingCost §6]")
+    utilization_fine: float = Field(description="N/(2N-1), [A-RingCost §6]")
     tile: int = Field(description="tile of the simulator, = --block")
-    utilization: LayoutUtilization = Field(description="tile-level simulator, SPEC §4.1")
+    utilization: LayoutUtilization = Field(description="tile-level simulator, [Striped §3]")
 
 
 class Report(_Section):
@@ -209,7 +209,7 @@ class Report(_Section):
 
 
 class Fit(_Section):
-    """Training memory per device at one CP degree (issue 5; activations after Korthikanti et al. 2022)."""
+    """Training memory per device at one CP degree ([Korthikanti22]; activations after Korthikanti et al. 2022)."""
 
     n: int = Field(description="the CP degree this fit is for")
     params: float = Field(description="model parameters")

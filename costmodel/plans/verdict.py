@@ -1,7 +1,7 @@
-"""Verdict bands on the step comm ratio (seed 000 §11; SPEC §5).
+"""Verdict bands on the step comm ratio ([A-RingCost §11]; [A-RingCost §11]).
 
 The ratio is step receive time ÷ step compute time with no overlap credit. The 5 % and 15 % edges
-are the seed's working heuristic, not a theorem. A red ratio means communication is not negligible,
+are the working heuristic of [A-RingCost §11], not a theorem. A red ratio means communication is not negligible,
 never that it "dominates": at 20 % a fully overlapped ring may still add no wall time.
 """
 

@@ -1,4 +1,4 @@
-"""Sequence layouts as data: which global token positions each CP rank holds (seed 000 §6).
+"""Sequence layouts as data: which global token positions each CP rank holds ([A-RingCost §6]).
 
 A layout is nothing but this map. The causal simulator (:mod:`costmodel.schedule.simulator`) and the torch
 reference kernel both take it as input, so the mask rule and the ring loop are written once.

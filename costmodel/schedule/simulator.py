@@ -1,6 +1,6 @@
-"""Tile-granular simulator of the synchronous ring under a causal mask (SPEC §4.1).
+"""Tile-granular simulator of the synchronous ring under a causal mask ([Striped §3]).
 
-The seed's (N+1)/2N counts whole blocks. A real kernel skips a (query tile, key tile) pair only
+The whole-block count (N+1)/2N of [A-RingCost §6] is coarse. A real kernel skips a (query tile, key tile) pair only
 when every pair of positions in it is masked, so the tile size matters: at tile 1 zigzag balances
 perfectly, at tile = L every layout falls to 1/2 (Striped Attention's "tile too large" point).
 

@@ -1,4 +1,4 @@
-"""Every formula of the cost model, defined once as a sympy expression (SPEC §3–§4).
+"""Every formula of the cost model, defined once as a sympy expression ([A-RingCost]–§4).
 
 This module is the single source of truth. The numbers the CLI prints come from
 :mod:`costmodel.symbolic.numeric`, which ``python -m costmodel.codegen`` generates from the expressions
@@ -14,7 +14,7 @@ In a notebook::
 
 Each quantity is written the way its source writes it (``definition``, in terms of other
 quantities) and also resolved down to the base symbols of :mod:`costmodel.symbolic.symbols` (``expr``).
-With p = 2 (bf16) the seed's shorter forms reappear: I_step = (h/n_kv)·S/N.
+With p = 2 (bf16) the shorter forms of [A-RingCost §4] reappear: I_step = (h/n_kv)·S/N.
 """
 
 from __future__ import annotations
@@ -165,66 +165,66 @@ def _positive_root(equation: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
     return positive[0]
 
 
-# --- Memory tiers (seed 000 §1): temporaries at three granularities, then the ring's buffers. -----
+# --- Memory tiers ([A-RingCost §1]): temporaries at three granularities, then the ring's buffers. -----
 _group = "memory"
-L = define("shard_tokens", "L", S / N, "shard length per device", "tokens", "seed 000 §2")
+L = define("shard_tokens", "L", S / N, "shard length per device", "tokens", "[A-RingCost §2]")
 define("scores_full_bytes", "M_scores", b * h * S**2 * p,
-       "full score matrix, queries x all keys", "B", "seed 000 §1")
+       "full score matrix, queries x all keys", "B", "[A-RingCost §1]")
 define("scores_query_block_bytes", "M_blk", b * h * s_blk * S * p,
-       "score slice of one query block x all keys", "B", "seed 000 §1")
+       "score slice of one query block x all keys", "B", "[A-RingCost §1]")
 define("scores_tile_bytes", "M_tile", b * h * s_blk**2 * p,
-       "score tile of one query block x one key block (the ring's steady-state window)", "B", "seed 000 §1")
+       "score tile of one query block x one key block (the ring's steady-state window)", "B", "[A-RingCost §1]")
 C_step = define("kv_block_bytes", "C_step", b * L * 2 * n_kv * d * p,
-                "K and V of one shard: the block in flight each ring step", "B", "seed 000 §1, §4.1")
+                "K and V of one shard: the block in flight each ring step", "B", "[A-RingCost §1, §4.1]")
 define("kv_tile_bytes", "C_tile", b * s_blk * 2 * n_kv * d * p,
-       "K and V of one compute tile", "B", "seed 000 §1")
+       "K and V of one compute tile", "B", "[A-RingCost §1]")
 define("softmax_state_bytes", "M_softmax", b * h * L * (d + 2) * p_acc,
-       "online-softmax state (m, l, O) of one shard's queries, fp32", "B", "seed 000 §1, §3.1")
+       "online-softmax state (m, l, O) of one shard's queries, fp32", "B", "[A-RingCost §1, §3.1]")
 
-# --- Compute (seed 000 §2 invariant one, §4). c = 1/2 for causal: useful FLOP halve. ------------
+# --- Compute ([A-RingCost §2] invariant one, §4). c = 1/2 for causal: useful FLOP halve. ------------
 _group = "compute"
 W_pair = define("pair_flops", "W_pair", 4 * b * h * d,
                 "FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add",
-                "FLOP", "seed 000 §2")
+                "FLOP", "[A-RingCost §2]")
 define("total_flops", "F_total", c * S**2 * W_pair, "attention FLOP of one layer, all devices", "FLOP",
-       "seed 000 §2")
+       "[A-RingCost §2]")
 W = define("device_flops_per_layer", "W", c * L * S * W_pair, "FLOP per device per layer", "FLOP",
-           "seed 000 §4")
+           "[A-RingCost §4]")
 W_step = define("step_flops", "W_step", c * L**2 * W_pair,
-                "FLOP per device per ring step (one shard of queries x one KV block)", "FLOP", "seed 000 §4, §4.1")
+                "FLOP per device per ring step (one shard of queries x one KV block)", "FLOP", "[A-RingCost §4, §4.1]")
 
-# --- Ring traffic and intensity (seed 000 §2 invariant two, §4). --------------------------------
+# --- Ring traffic and intensity ([A-RingCost §2] invariant two, §4). --------------------------------
 _group = "ring"
 C_recv = define("recv_bytes_per_layer", "C_recv", (N - 1) * C_step,
-                "bytes one device receives per layer (N-1 blocks; its own it keeps)", "B", "seed 000 §2")
+                "bytes one device receives per layer (N-1 blocks; its own it keeps)", "B", "[A-RingCost §2]")
 define("send_bytes_per_layer", "C_send", N * C_step,
-       "bytes one device sends per layer counting its own block", "B", "seed 000 §4.1")
-define("intensity_layer", "I", W / C_recv, "layer arithmetic intensity", "FLOP/B", "seed 000 §4")
+       "bytes one device sends per layer counting its own block", "B", "[A-RingCost §4.1]")
+define("intensity_layer", "I", W / C_recv, "layer arithmetic intensity", "FLOP/B", "[A-RingCost §4]")
 define("intensity_step", "I_step", W_step / C_step,
-       "step arithmetic intensity: the quantity to compare with beta", "FLOP/B", "seed 000 §4")
+       "step arithmetic intensity: the quantity to compare with beta", "FLOP/B", "[A-RingCost §4]")
 
-# --- Machine (seed 000 §4, §8 step 2; SPEC §4.2–4.3). -------------------------------------------
+# --- Machine ([A-RingCost §4, §8] step 2; [A-SPDeep]–4.3). -------------------------------------------
 _group = "machine"
-define("effective_flops", "F_eff", eta * F_peak, "FLOP/s at the given efficiency", "FLOP/s", "seed 000 §8")
-define("beta", "beta", F / B, "machine FLOP per byte of one link direction", "FLOP/B", "seed 000 §4")
+define("effective_flops", "F_eff", eta * F_peak, "FLOP/s at the given efficiency", "FLOP/s", "[A-RingCost §8]")
+define("beta", "beta", F / B, "machine FLOP per byte of one link direction", "FLOP/B", "[A-RingCost §4]")
 
-# --- Times and ratios (seed 000 §4.1, §11; alpha from SPEC §4.2). ------------------------------
+# --- Times and ratios ([A-RingCost §4.1, §11]; alpha from [A-SPDeep]). ------------------------------
 _group = "time"
-t_comp = define("step_compute_s", "t_step", W_step / F, "compute time of one ring step", "s", "seed 000 §4.1")
+t_comp = define("step_compute_s", "t_step", W_step / F, "compute time of one ring step", "s", "[A-RingCost §4.1]")
 t_comm = define("step_comm_s", "tau_step", alpha + C_step / B, "receive time of one KV block", "s",
-                "seed 000 §4.1, SPEC §4.2")
+                "[A-RingCost §4.1], [A-SPDeep]")
 t_layer = define("layer_compute_s", "t_layer", W / F, "compute time of one layer on one device", "s",
-                 "seed 000 §4")
+                 "[A-RingCost §4]")
 tau_layer = define("layer_comm_s", "tau_layer", (N - 1) * t_comm, "receive time of one layer (N-1 blocks)",
-                   "s", "seed 000 §4")
+                   "s", "[A-RingCost §4]")
 define("layer_send_s", "tau_send", N * t_comm, "send time of one layer counting the own block", "s",
-       "seed 000 §4.1")
+       "[A-RingCost §4.1]")
 define("comm_ratio_step", "rho_step", t_comm / t_comp,
-       "step receive time / step compute time: the verdict's ratio (no overlap credit)", "1", "seed 000 §11")
+       "step receive time / step compute time: the verdict's ratio (no overlap credit)", "1", "[A-RingCost §11]")
 define("comm_ratio_layer", "rho_layer", tau_layer / t_layer, "layer receive time / layer compute time", "1",
-       "seed 000 §4")
+       "[A-RingCost §4]")
 
-# --- Critical shard length and the largest CP degree (SPEC §4.2, seed 000 §4, seed 001). --------
+# --- Critical shard length and the largest CP degree ([A-SPDeep], [A-RingCost §4], [A-SPDeep]). --------
 # Solve r * t_step(L) = tau_step(L) for the shard length L; with alpha = 0 it is linear.
 _group = "limits"
 _ell = sympy.Symbol("ell", positive=True)
@@ -237,93 +237,93 @@ def _shard_at_ratio(compute: sympy.Symbol, comm: sympy.Symbol) -> sympy.Expr:
 
 
 L_r = define("shard_tokens_at_ratio", "L_r", _shard_at_ratio(t_comp, t_comm),
-             "shard length at which step comm = r x step compute", "tokens", "SPEC §4.2")
+             "shard length at which step comm = r x step compute", "tokens", "[A-SPDeep]")
 define("critical_shard_tokens", "L_star", L_r,
        "shard length L* where step comm = step compute: longer shards hide the link", "tokens",
-       "SPEC §4.2, seed 001", at={r: 1})
+       "[A-SPDeep]", at={r: 1})
 define("n_at_ratio", "N_at_r", S / L_r, "CP degree at which the step comm ratio reaches r", "devices",
-       "seed 000 §4, SPEC §5")
+       "[A-RingCost §4], [A-RingCost §11]")
 define("n_max", "N_max", S / L_r,
-       "largest CP degree with step comm <= step compute (seed: (h/n_kv)·S/beta at p = 2)", "devices",
-       "seed 000 §4", at={r: 1})
+       "largest CP degree with step comm <= step compute ((h/n_kv)·S/beta at p = 2)", "devices",
+       "[A-RingCost §4]", at={r: 1})
 
-# --- Ulysses (seed 000 §4.2, §7; SPEC §4.4). KV heads are replicated up to N when N > n_kv. -----
+# --- Ulysses ([A-RingCost §4.2, §7]; [Ulysses §3]). KV heads are replicated up to N when N > n_kv. -----
 _group = "ulysses"
 n_kv_u = define("ulysses_kv_heads", "n_kv_U", sympy.Max(n_kv, N),
-                "KV heads after replication to the all-to-all degree", "heads", "SPEC §4.4")
+                "KV heads after replication to the all-to-all degree", "heads", "[Ulysses §3]")
 C_u = define("ulysses_recv_bytes_per_layer", "C_U", (N - 1) / N * b * L * (2 * h + 2 * n_kv_u) * d * p,
-             "all-to-all receive bytes per device per layer: Q, K, V in and O out", "B", "seed 000 §4.2")
+             "all-to-all receive bytes per device per layer: Q, K, V in and O out", "B", "[A-RingCost §4.2]")
 # Four all_to_all calls (Q, K, V in, O out), as DeepSpeed-Ulysses and the reference kernel make them.
 tau_u = define("ulysses_comm_s", "tau_U", 4 * alpha + C_u / B, "time of the all-to-alls: Q, K, V in and O out",
-               "s", "seed 000 §7, SPEC §4.2")
+               "s", "[A-RingCost §7], [A-SPDeep]")
 define("ulysses_comm_ratio", "rho_U", tau_u / t_layer,
-       "all-to-all time / layer compute time (the all-to-alls do not overlap attention)", "1", "seed 000 §7")
+       "all-to-all time / layer compute time (the all-to-alls do not overlap attention)", "1", "[A-RingCost §7]")
 
-# --- USP: N = N_u x N_r, all-to-all inside, ring across (SPEC §4.5). ---------------------------
+# --- USP: N = N_u x N_r, all-to-all inside, ring across ([USP §3]). ---------------------------
 _group = "usp"
 n_kv_usp = define("usp_kv_heads", "n_kv_USP", sympy.Max(n_kv, N_u),
-                  "KV heads after replication to the all-to-all degree N_u", "heads", "SPEC §4.5")
+                  "KV heads after replication to the all-to-all degree N_u", "heads", "[USP §3]")
 C_ua = define("usp_a2a_recv_bytes_per_layer", "C_USP_a2a",
               (N_u - 1) / N_u * b * S / (N_u * N_r) * (2 * h + 2 * n_kv_usp) * d * p,
-              "all-to-all part of the USP receive bytes", "B", "SPEC §4.5")
+              "all-to-all part of the USP receive bytes", "B", "[USP §3]")
 C_ur_step = define("usp_ring_step_recv_bytes", "C_USP_step", b * S / N_r * 2 * (n_kv_usp / N_u) * d * p,
-                   "KV block of one USP ring step", "B", "SPEC §4.5")
+                   "KV block of one USP ring step", "B", "[USP §3]")
 C_ur = define("usp_ring_recv_bytes_per_layer", "C_USP_ring", (N_r - 1) * C_ur_step,
-              "ring part of the USP receive bytes", "B", "SPEC §4.5")
+              "ring part of the USP receive bytes", "B", "[USP §3]")
 define("usp_recv_bytes_per_layer", "C_USP", C_ua + C_ur, "USP receive bytes per device per layer", "B",
-       "SPEC §4.5")
+       "[USP §3]")
 W_ur = define("usp_ring_step_flops", "W_USP_step", c * (S / N_r) ** 2 * W_pair / N_u,
-              "FLOP per device per USP ring step (h/N_u heads)", "FLOP", "SPEC §4.5")
+              "FLOP per device per USP ring step (h/N_u heads)", "FLOP", "[USP §3]")
 define("usp_a2a_comm_s", "tau_USP_a2a", 4 * alpha + C_ua / B, "time of the USP all-to-alls (Q, K, V, O)", "s",
-       "SPEC §4.5")
+       "[USP §3]")
 define("usp_ring_comm_ratio_step", "rho_USP_step", (alpha + C_ur_step / B) / (W_ur / F),
-       "USP ring step receive time / step compute time", "1", "SPEC §4.5")
+       "USP ring step receive time / step compute time", "1", "[USP §3]")
 
-# --- Tensor parallel comparison (seed 000 §13). ------------------------------------------------
+# --- Tensor parallel comparison ([A-RingCost §13]). ------------------------------------------------
 _group = "tp"
 C_tp = define("tp_bytes_per_layer", "C_TP", 4 * b * S * h * d * p,
-              "TP activation traffic per layer (two all-reduces of b·S·h·d)", "B", "seed 000 §13")
+              "TP activation traffic per layer (two all-reduces of b·S·h·d)", "B", "[A-RingCost §13]")
 define("tp_to_ring_ratio", "C_TP_over_C_recv", C_tp / C_recv, "TP bytes / ring receive bytes", "1",
-       "seed 000 §13")
+       "[A-RingCost §13]")
 
-# --- Causal load balance, block-granular (seed 000 §6). The tile simulator is costmodel.schedule.simulator. --
+# --- Causal load balance, block-granular ([A-RingCost §6]). The tile simulator is costmodel.schedule.simulator. --
 _group = "causal"
 define("utilization_coarse", "u_coarse", (N + 1) / (2 * N),
-       "contiguous causal utilisation, diagonal block counted whole", "1", "seed 000 §6")
+       "contiguous causal utilisation, diagonal block counted whole", "1", "[A-RingCost §6]")
 define("utilization_fine", "u_fine", N / (2 * N - 1),
-       "contiguous causal utilisation, diagonal block counted as half", "1", "seed 000 §6")
+       "contiguous causal utilisation, diagonal block counted as half", "1", "[A-RingCost §6]")
 
-# --- Backward pass of ring attention (issue 5). -------------------------------------------------
+# --- Backward pass of ring attention ([Korthikanti22]). -------------------------------------------------
 # FlashAttention-2 counts the backward as 2.5x the forward FLOP: five matmuls against two, the
 # recomputation of QK^T included. K and V travel the ring again, now with their dK/dV
 # accumulators in fp32 (p_acc bytes): N-1 KV hops and N dK/dV hops (the last one brings them home).
 _group = "backward"
 W_bwd = define("bwd_step_flops", "W_bwd_step", sympy.Rational(5, 2) * W_step,
-               "FLOP per device per backward ring step", "FLOP", "FlashAttention-2 (Dao 2023) §4")
+               "FLOP per device per backward ring step", "FLOP", "[FA2 §4]")
 C_bwd = define("bwd_step_recv_bytes", "C_bwd_step", b * L * 2 * n_kv * d * (p + p_acc),
-               "KV block and its fp32 dK/dV accumulator, received each backward step", "B", "issue 3, issue 5")
+               "KV block and its fp32 dK/dV accumulator, received each backward step", "B", "[RingAttn §3]")
 C_bwd_recv = define("bwd_recv_bytes_per_layer", "C_bwd_recv", (N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc,
-       "backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks", "B", "issue 5")
+       "backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks", "B", "[Korthikanti22]")
 define("bwd_intensity_step", "I_bwd_step", W_bwd / C_bwd, "backward step arithmetic intensity", "FLOP/B",
-       "issue 5")
-t_bwd = define("bwd_step_compute_s", "t_bwd_step", W_bwd / F, "compute time of one backward step", "s", "issue 5")
+       "[Korthikanti22]")
+t_bwd = define("bwd_step_compute_s", "t_bwd_step", W_bwd / F, "compute time of one backward step", "s", "[Korthikanti22]")
 tau_bwd = define("bwd_step_comm_s", "tau_bwd_step", alpha + C_bwd / B, "receive time of one backward step", "s",
-                 "issue 5")
+                 "[Korthikanti22]")
 define("bwd_layer_compute_s", "t_bwd_layer", N * t_bwd, "backward compute time of one layer on one device", "s",
-       "issue 5")
+       "[Korthikanti22]")
 define("bwd_layer_comm_s", "tau_bwd_layer", (2 * N - 1) * alpha + C_bwd_recv / B,
        "backward receive time of one layer: N-1 KV blocks and N dK/dV blocks", "s", "[RingAttn §3]")
 define("bwd_comm_ratio_step", "rho_bwd_step", tau_bwd / t_bwd, "backward step receive time / step compute time",
-       "1", "issue 5")
+       "1", "[Korthikanti22]")
 L_bwd_r = define("bwd_shard_tokens_at_ratio", "L_bwd_r", _shard_at_ratio(t_bwd, tau_bwd),
-                 "shard length at which backward step comm = r x its compute", "tokens", "issue 5")
+                 "shard length at which backward step comm = r x its compute", "tokens", "[Korthikanti22]")
 define("bwd_critical_shard_tokens", "L_bwd_star", L_bwd_r, "backward L*: step comm = step compute", "tokens",
-       "issue 5", at={r: 1})
+       "[Korthikanti22]", at={r: 1})
 define("bwd_n_at_ratio", "N_bwd_at_r", S / L_bwd_r, "CP degree at which the backward step ratio reaches r",
-       "devices", "issue 5")
+       "devices", "[Korthikanti22]")
 
-# --- Memory fit of a training step (issue 5). -------------------------------------------------
-# Activations per layer follow Korthikanti et al. 2022 §4 term by term. Stored per token: the two
+# --- Memory fit of a training step ([Korthikanti22]). -------------------------------------------------
+# Activations per layer follow [Korthikanti22 §4] term by term. Stored per token: the two
 # norm inputs, the QKV and MLP inputs and two dropout masks, which TP splits only with sequence
 # parallelism; Q, K, V, the attention output and the MLP intermediates, which TP splits; and the
 # 5·a·s²·b of attention scores, which flash attention and selective recompute do not keep (phi = 0).
@@ -415,7 +415,7 @@ W_head = define("head_flops", "W_head", 2 * T_mb * H * V / t, "forward FLOP of t
                 "FLOP", "[Megatron21 §5.1]")
 E_loss = define("loss_bytes", "E_loss", 3 * T_mb * 4 * V / t,
                 "HBM bytes of the fp32 softmax cross-entropy over the logits: three passes", "B",
-                "Megatron vocab-parallel cross-entropy")
+                "[Korthikanti22 §4.2]")
 tau_tp = define("tp_comm_s", "tau_TP", 4 * (t - 1) / t * T_mb * H * p / B_tp,
                 "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of "
                 "the layer's activations", "s", "[Korthikanti22 §4.2.2]")
@@ -423,7 +423,7 @@ C_ag = define("cp_allgather_bytes", "C_AG", (N - 1) / N * b * S * 2 * n_kv * d *
               "all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV "
               "as many bytes)", "B", "[Llama3 §3.3]")
 t_att_f = define("layer_attn_fwd_s", "t_att_fwd", W_att / (u_cp * F_attn),
-                 "attention forward of one layer, the slowest CP rank", "s", "[FA2 §4], [A-RingCost] §6")
+                 "attention forward of one layer, the slowest CP rank", "s", "[FA2 §4], [A-RingCost §6]")
 t_att_b = define("layer_attn_bwd_s", "t_att_bwd", sympy.Rational(5, 2) * W_att / (u_cp * F_attn_bwd),
                  "attention backward of one layer, the slowest CP rank", "s", "[FA2 §4]")
 M_step = define("ring_merge_bytes", "M_merge", b * L * h * (3 * (d + 1) * p_acc + 2 * k_copy * d * p) / t,

@@ -8,257 +8,257 @@ import numpy
 
 
 def shard_tokens(*, N, S):
-    """L = S/N: shard length per device [tokens] (seed 000 §2)."""
+    """L = S/N: shard length per device [tokens] ([A-RingCost §2])."""
     return S/N
 
 
 def scores_full_bytes(*, S, b, h, p):
-    """M_scores = S**2*b*h*p: full score matrix, queries x all keys [B] (seed 000 §1)."""
+    """M_scores = S**2*b*h*p: full score matrix, queries x all keys [B] ([A-RingCost §1])."""
     return S**2*b*h*p
 
 
 def scores_query_block_bytes(*, S, b, h, p, s_blk):
-    """M_blk = S*b*h*p*s_blk: score slice of one query block x all keys [B] (seed 000 §1)."""
+    """M_blk = S*b*h*p*s_blk: score slice of one query block x all keys [B] ([A-RingCost §1])."""
     return S*b*h*p*s_blk
 
 
 def scores_tile_bytes(*, b, h, p, s_blk):
-    """M_tile = b*h*p*s_blk**2: score tile of one query block x one key block (the ring's steady-state window) [B] (seed 000 §1)."""
+    """M_tile = b*h*p*s_blk**2: score tile of one query block x one key block (the ring's steady-state window) [B] ([A-RingCost §1])."""
     return b*h*p*s_blk**2
 
 
 def kv_block_bytes(*, N, S, b, d, n_kv, p):
-    """C_step = 2*S*b*d*n_kv*p/N: K and V of one shard: the block in flight each ring step [B] (seed 000 §1, §4.1)."""
+    """C_step = 2*S*b*d*n_kv*p/N: K and V of one shard: the block in flight each ring step [B] ([A-RingCost §1, §4.1])."""
     return 2*S*b*d*n_kv*p/N
 
 
 def kv_tile_bytes(*, b, d, n_kv, p, s_blk):
-    """C_tile = 2*b*d*n_kv*p*s_blk: K and V of one compute tile [B] (seed 000 §1)."""
+    """C_tile = 2*b*d*n_kv*p*s_blk: K and V of one compute tile [B] ([A-RingCost §1])."""
     return 2*b*d*n_kv*p*s_blk
 
 
 def softmax_state_bytes(*, N, S, b, d, h, p_acc):
-    """M_softmax = S*b*h*p_acc*(d + 2)/N: online-softmax state (m, l, O) of one shard's queries, fp32 [B] (seed 000 §1, §3.1)."""
+    """M_softmax = S*b*h*p_acc*(d + 2)/N: online-softmax state (m, l, O) of one shard's queries, fp32 [B] ([A-RingCost §1, §3.1])."""
     return S*b*h*p_acc*(d + 2)/N
 
 
 def pair_flops(*, b, d, h):
-    """W_pair = 4*b*d*h: FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add [FLOP] (seed 000 §2)."""
+    """W_pair = 4*b*d*h: FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add [FLOP] ([A-RingCost §2])."""
     return 4*b*d*h
 
 
 def total_flops(*, S, b, c, d, h):
-    """F_total = 4*S**2*b*c*d*h: attention FLOP of one layer, all devices [FLOP] (seed 000 §2)."""
+    """F_total = 4*S**2*b*c*d*h: attention FLOP of one layer, all devices [FLOP] ([A-RingCost §2])."""
     return 4*S**2*b*c*d*h
 
 
 def device_flops_per_layer(*, N, S, b, c, d, h):
-    """W = 4*S**2*b*c*d*h/N: FLOP per device per layer [FLOP] (seed 000 §4)."""
+    """W = 4*S**2*b*c*d*h/N: FLOP per device per layer [FLOP] ([A-RingCost §4])."""
     return 4*S**2*b*c*d*h/N
 
 
 def step_flops(*, N, S, b, c, d, h):
-    """W_step = 4*S**2*b*c*d*h/N**2: FLOP per device per ring step (one shard of queries x one KV block) [FLOP] (seed 000 §4, §4.1)."""
+    """W_step = 4*S**2*b*c*d*h/N**2: FLOP per device per ring step (one shard of queries x one KV block) [FLOP] ([A-RingCost §4, §4.1])."""
     return 4*S**2*b*c*d*h/N**2
 
 
 def recv_bytes_per_layer(*, N, S, b, d, n_kv, p):
-    """C_recv = 2*S*b*d*n_kv*p*(N - 1)/N: bytes one device receives per layer (N-1 blocks; its own it keeps) [B] (seed 000 §2)."""
+    """C_recv = 2*S*b*d*n_kv*p*(N - 1)/N: bytes one device receives per layer (N-1 blocks; its own it keeps) [B] ([A-RingCost §2])."""
     return 2*S*b*d*n_kv*p*(N - 1)/N
 
 
 def send_bytes_per_layer(*, S, b, d, n_kv, p):
-    """C_send = 2*S*b*d*n_kv*p: bytes one device sends per layer counting its own block [B] (seed 000 §4.1)."""
+    """C_send = 2*S*b*d*n_kv*p: bytes one device sends per layer counting its own block [B] ([A-RingCost §4.1])."""
     return 2*S*b*d*n_kv*p
 
 
 def intensity_layer(*, N, S, c, h, n_kv, p):
-    """I = 2*S*c*h/(n_kv*p*(N - 1)): layer arithmetic intensity [FLOP/B] (seed 000 §4)."""
+    """I = 2*S*c*h/(n_kv*p*(N - 1)): layer arithmetic intensity [FLOP/B] ([A-RingCost §4])."""
     return 2*S*c*h/(n_kv*p*(N - 1))
 
 
 def intensity_step(*, N, S, c, h, n_kv, p):
-    """I_step = 2*S*c*h/(N*n_kv*p): step arithmetic intensity: the quantity to compare with beta [FLOP/B] (seed 000 §4)."""
+    """I_step = 2*S*c*h/(N*n_kv*p): step arithmetic intensity: the quantity to compare with beta [FLOP/B] ([A-RingCost §4])."""
     return 2*S*c*h/(N*n_kv*p)
 
 
 def effective_flops(*, F_peak, eta):
-    """F_eff = F_peak*eta: FLOP/s at the given efficiency [FLOP/s] (seed 000 §8)."""
+    """F_eff = F_peak*eta: FLOP/s at the given efficiency [FLOP/s] ([A-RingCost §8])."""
     return F_peak*eta
 
 
 def beta(*, B, F):
-    """beta = F/B: machine FLOP per byte of one link direction [FLOP/B] (seed 000 §4)."""
+    """beta = F/B: machine FLOP per byte of one link direction [FLOP/B] ([A-RingCost §4])."""
     return F/B
 
 
 def step_compute_s(*, F, N, S, b, c, d, h):
-    """t_step = 4*S**2*b*c*d*h/(F*N**2): compute time of one ring step [s] (seed 000 §4.1)."""
+    """t_step = 4*S**2*b*c*d*h/(F*N**2): compute time of one ring step [s] ([A-RingCost §4.1])."""
     return 4*S**2*b*c*d*h/(F*N**2)
 
 
 def step_comm_s(*, B, N, S, alpha, b, d, n_kv, p):
-    """tau_step = alpha + 2*S*b*d*n_kv*p/(B*N): receive time of one KV block [s] (seed 000 §4.1, SPEC §4.2)."""
+    """tau_step = alpha + 2*S*b*d*n_kv*p/(B*N): receive time of one KV block [s] ([A-RingCost §4.1], [A-SPDeep])."""
     return alpha + 2*S*b*d*n_kv*p/(B*N)
 
 
 def layer_compute_s(*, F, N, S, b, c, d, h):
-    """t_layer = 4*S**2*b*c*d*h/(F*N): compute time of one layer on one device [s] (seed 000 §4)."""
+    """t_layer = 4*S**2*b*c*d*h/(F*N): compute time of one layer on one device [s] ([A-RingCost §4])."""
     return 4*S**2*b*c*d*h/(F*N)
 
 
 def layer_comm_s(*, B, N, S, alpha, b, d, n_kv, p):
-    """tau_layer = (N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(B*N): receive time of one layer (N-1 blocks) [s] (seed 000 §4)."""
+    """tau_layer = (N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(B*N): receive time of one layer (N-1 blocks) [s] ([A-RingCost §4])."""
     return (N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(B*N)
 
 
 def layer_send_s(*, B, N, S, alpha, b, d, n_kv, p):
-    """tau_send = N*alpha + 2*S*b*d*n_kv*p/B: send time of one layer counting the own block [s] (seed 000 §4.1)."""
+    """tau_send = N*alpha + 2*S*b*d*n_kv*p/B: send time of one layer counting the own block [s] ([A-RingCost §4.1])."""
     return N*alpha + 2*S*b*d*n_kv*p/B
 
 
 def comm_ratio_step(*, B, F, N, S, alpha, b, c, d, h, n_kv, p):
-    """rho_step = F*N*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h): step receive time / step compute time: the verdict's ratio (no overlap credit) [1] (seed 000 §11)."""
+    """rho_step = F*N*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h): step receive time / step compute time: the verdict's ratio (no overlap credit) [1] ([A-RingCost §11])."""
     return (1/4)*F*N*(B*N*alpha + 2*S*b*d*n_kv*p)/(B*S**2*b*c*d*h)
 
 
 def comm_ratio_layer(*, B, F, N, S, alpha, b, c, d, h, n_kv, p):
-    """rho_layer = F*(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h): layer receive time / layer compute time [1] (seed 000 §4)."""
+    """rho_layer = F*(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h): layer receive time / layer compute time [1] ([A-RingCost §4])."""
     return (1/4)*F*(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(B*S**2*b*c*d*h)
 
 
 def shard_tokens_at_ratio(*, B, F, alpha, b, c, d, h, n_kv, p, r):
-    """L_r = sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h*r) + F*n_kv*p/(4*B*c*h*r): shard length at which step comm = r x step compute [tokens] (SPEC §4.2)."""
+    """L_r = sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h*r) + F*n_kv*p/(4*B*c*h*r): shard length at which step comm = r x step compute [tokens] ([A-SPDeep])."""
     return (1/4)*numpy.sqrt(F)*numpy.sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2)/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r) + (1/4)*F*n_kv*p/(B*c*h*r)
 
 
 def critical_shard_tokens(*, B, F, alpha, b, c, d, h, n_kv, p):
-    """L_star = sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h) + F*n_kv*p/(4*B*c*h): shard length L* where step comm = step compute: longer shards hide the link [tokens] (SPEC §4.2, seed 001)."""
+    """L_star = sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h) + F*n_kv*p/(4*B*c*h): shard length L* where step comm = step compute: longer shards hide the link [tokens] ([A-SPDeep])."""
     return (1/4)*numpy.sqrt(F)*numpy.sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2)/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h) + (1/4)*F*n_kv*p/(B*c*h)
 
 
 def n_at_ratio(*, B, F, S, alpha, b, c, d, h, n_kv, p, r):
-    """N_at_r = 4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p): CP degree at which the step comm ratio reaches r [devices] (seed 000 §4, SPEC §5)."""
+    """N_at_r = 4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p): CP degree at which the step comm ratio reaches r [devices] ([A-RingCost §4], [A-RingCost §11])."""
     return 4*B*S*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r/(numpy.sqrt(F)*numpy.sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*p)
 
 
 def n_max(*, B, F, S, alpha, b, c, d, h, n_kv, p):
-    """N_max = 4*B*S*sqrt(b)*c*sqrt(d)*h/(sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p): largest CP degree with step comm <= step compute (seed: (h/n_kv)·S/beta at p = 2) [devices] (seed 000 §4)."""
+    """N_max = 4*B*S*sqrt(b)*c*sqrt(d)*h/(sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p): largest CP degree with step comm <= step compute ((h/n_kv)·S/beta at p = 2) [devices] ([A-RingCost §4])."""
     return 4*B*S*numpy.sqrt(b)*c*numpy.sqrt(d)*h/(numpy.sqrt(F)*numpy.sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*p)
 
 
 def ulysses_kv_heads(*, N, n_kv):
-    """n_kv_U = Max(N, n_kv): KV heads after replication to the all-to-all degree [heads] (SPEC §4.4)."""
+    """n_kv_U = Max(N, n_kv): KV heads after replication to the all-to-all degree [heads] ([Ulysses §3])."""
     return numpy.maximum(N, n_kv)
 
 
 def ulysses_recv_bytes_per_layer(*, N, S, b, d, h, n_kv, p):
-    """C_U = 2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/N**2: all-to-all receive bytes per device per layer: Q, K, V in and O out [B] (seed 000 §4.2)."""
+    """C_U = 2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/N**2: all-to-all receive bytes per device per layer: Q, K, V in and O out [B] ([A-RingCost §4.2])."""
     return 2*S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv))/N**2
 
 
 def ulysses_comm_s(*, B, N, S, alpha, b, d, h, n_kv, p):
-    """tau_U = 2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2): time of the all-to-alls: Q, K, V in and O out [s] (seed 000 §7, SPEC §4.2)."""
+    """tau_U = 2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2): time of the all-to-alls: Q, K, V in and O out [s] ([A-RingCost §7], [A-SPDeep])."""
     return 2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/(B*N**2)
 
 
 def ulysses_comm_ratio(*, B, F, N, S, alpha, b, c, d, h, n_kv, p):
-    """rho_U = F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h): all-to-all time / layer compute time (the all-to-alls do not overlap attention) [1] (seed 000 §7)."""
+    """rho_U = F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h): all-to-all time / layer compute time (the all-to-alls do not overlap attention) [1] ([A-RingCost §7])."""
     return (1/2)*F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/(B*N*S**2*b*c*d*h)
 
 
 def usp_kv_heads(*, N_u, n_kv):
-    """n_kv_USP = Max(N_u, n_kv): KV heads after replication to the all-to-all degree N_u [heads] (SPEC §4.5)."""
+    """n_kv_USP = Max(N_u, n_kv): KV heads after replication to the all-to-all degree N_u [heads] ([USP §3])."""
     return numpy.maximum(N_u, n_kv)
 
 
 def usp_a2a_recv_bytes_per_layer(*, N_r, N_u, S, b, d, h, n_kv, p):
-    """C_USP_a2a = 2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(N_r*N_u**2): all-to-all part of the USP receive bytes [B] (SPEC §4.5)."""
+    """C_USP_a2a = 2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(N_r*N_u**2): all-to-all part of the USP receive bytes [B] ([USP §3])."""
     return 2*S*b*d*p*(N_u - 1)*(h + numpy.maximum(N_u, n_kv))/(N_r*N_u**2)
 
 
 def usp_ring_step_recv_bytes(*, N_r, N_u, S, b, d, n_kv, p):
-    """C_USP_step = 2*S*b*d*p*Max(N_u, n_kv)/(N_r*N_u): KV block of one USP ring step [B] (SPEC §4.5)."""
+    """C_USP_step = 2*S*b*d*p*Max(N_u, n_kv)/(N_r*N_u): KV block of one USP ring step [B] ([USP §3])."""
     return 2*S*b*d*p*numpy.maximum(N_u, n_kv)/(N_r*N_u)
 
 
 def usp_ring_recv_bytes_per_layer(*, N_r, N_u, S, b, d, n_kv, p):
-    """C_USP_ring = 2*S*b*d*p*(N_r - 1)*Max(N_u, n_kv)/(N_r*N_u): ring part of the USP receive bytes [B] (SPEC §4.5)."""
+    """C_USP_ring = 2*S*b*d*p*(N_r - 1)*Max(N_u, n_kv)/(N_r*N_u): ring part of the USP receive bytes [B] ([USP §3])."""
     return 2*S*b*d*p*(N_r - 1)*numpy.maximum(N_u, n_kv)/(N_r*N_u)
 
 
 def usp_recv_bytes_per_layer(*, N_r, N_u, S, b, d, h, n_kv, p):
-    """C_USP = 2*S*b*d*p*(N_r*N_u*Max(N_u, n_kv) + N_u*h - h - Max(N_u, n_kv))/(N_r*N_u**2): USP receive bytes per device per layer [B] (SPEC §4.5)."""
+    """C_USP = 2*S*b*d*p*(N_r*N_u*Max(N_u, n_kv) + N_u*h - h - Max(N_u, n_kv))/(N_r*N_u**2): USP receive bytes per device per layer [B] ([USP §3])."""
     return 2*S*b*d*p*(N_r*N_u*numpy.maximum(N_u, n_kv) + N_u*h - h - numpy.maximum(N_u, n_kv))/(N_r*N_u**2)
 
 
 def usp_ring_step_flops(*, N_r, N_u, S, b, c, d, h):
-    """W_USP_step = 4*S**2*b*c*d*h/(N_r**2*N_u): FLOP per device per USP ring step (h/N_u heads) [FLOP] (SPEC §4.5)."""
+    """W_USP_step = 4*S**2*b*c*d*h/(N_r**2*N_u): FLOP per device per USP ring step (h/N_u heads) [FLOP] ([USP §3])."""
     return 4*S**2*b*c*d*h/(N_r**2*N_u)
 
 
 def usp_a2a_comm_s(*, B, N_r, N_u, S, alpha, b, d, h, n_kv, p):
-    """tau_USP_a2a = 2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2): time of the USP all-to-alls (Q, K, V, O) [s] (SPEC §4.5)."""
+    """tau_USP_a2a = 2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2): time of the USP all-to-alls (Q, K, V, O) [s] ([USP §3])."""
     return 2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + numpy.maximum(N_u, n_kv)))/(B*N_r*N_u**2)
 
 
 def usp_ring_comm_ratio_step(*, B, F, N_r, N_u, S, alpha, b, c, d, h, n_kv, p):
-    """rho_USP_step = F*N_r*(B*N_r*N_u*alpha + 2*S*b*d*p*Max(N_u, n_kv))/(4*B*S**2*b*c*d*h): USP ring step receive time / step compute time [1] (SPEC §4.5)."""
+    """rho_USP_step = F*N_r*(B*N_r*N_u*alpha + 2*S*b*d*p*Max(N_u, n_kv))/(4*B*S**2*b*c*d*h): USP ring step receive time / step compute time [1] ([USP §3])."""
     return (1/4)*F*N_r*(B*N_r*N_u*alpha + 2*S*b*d*p*numpy.maximum(N_u, n_kv))/(B*S**2*b*c*d*h)
 
 
 def tp_bytes_per_layer(*, S, b, d, h, p):
-    """C_TP = 4*S*b*d*h*p: TP activation traffic per layer (two all-reduces of b·S·h·d) [B] (seed 000 §13)."""
+    """C_TP = 4*S*b*d*h*p: TP activation traffic per layer (two all-reduces of b·S·h·d) [B] ([A-RingCost §13])."""
     return 4*S*b*d*h*p
 
 
 def tp_to_ring_ratio(*, N, h, n_kv):
-    """C_TP_over_C_recv = 2*N*h/(n_kv*(N - 1)): TP bytes / ring receive bytes [1] (seed 000 §13)."""
+    """C_TP_over_C_recv = 2*N*h/(n_kv*(N - 1)): TP bytes / ring receive bytes [1] ([A-RingCost §13])."""
     return 2*N*h/(n_kv*(N - 1))
 
 
 def utilization_coarse(*, N):
-    """u_coarse = (N + 1)/(2*N): contiguous causal utilisation, diagonal block counted whole [1] (seed 000 §6)."""
+    """u_coarse = (N + 1)/(2*N): contiguous causal utilisation, diagonal block counted whole [1] ([A-RingCost §6])."""
     return (1/2)*(N + 1)/N
 
 
 def utilization_fine(*, N):
-    """u_fine = N/(2*N - 1): contiguous causal utilisation, diagonal block counted as half [1] (seed 000 §6)."""
+    """u_fine = N/(2*N - 1): contiguous causal utilisation, diagonal block counted as half [1] ([A-RingCost §6])."""
     return N/(2*N - 1)
 
 
 def bwd_step_flops(*, N, S, b, c, d, h):
-    """W_bwd_step = 10*S**2*b*c*d*h/N**2: FLOP per device per backward ring step [FLOP] (FlashAttention-2 (Dao 2023) §4)."""
+    """W_bwd_step = 10*S**2*b*c*d*h/N**2: FLOP per device per backward ring step [FLOP] ([FA2 §4])."""
     return 10*S**2*b*c*d*h/N**2
 
 
 def bwd_step_recv_bytes(*, N, S, b, d, n_kv, p, p_acc):
-    """C_bwd_step = 2*S*b*d*n_kv*(p + p_acc)/N: KV block and its fp32 dK/dV accumulator, received each backward step [B] (issue 3, issue 5)."""
+    """C_bwd_step = 2*S*b*d*n_kv*(p + p_acc)/N: KV block and its fp32 dK/dV accumulator, received each backward step [B] ([RingAttn §3])."""
     return 2*S*b*d*n_kv*(p + p_acc)/N
 
 
 def bwd_recv_bytes_per_layer(*, N, S, b, d, n_kv, p, p_acc):
-    """C_bwd_recv = 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N: backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks [B] (issue 5)."""
+    """C_bwd_recv = 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N: backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks [B] ([Korthikanti22])."""
     return 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N
 
 
 def bwd_intensity_step(*, N, S, c, h, n_kv, p, p_acc):
-    """I_bwd_step = 5*S*c*h/(N*n_kv*(p + p_acc)): backward step arithmetic intensity [FLOP/B] (issue 5)."""
+    """I_bwd_step = 5*S*c*h/(N*n_kv*(p + p_acc)): backward step arithmetic intensity [FLOP/B] ([Korthikanti22])."""
     return 5*S*c*h/(N*n_kv*(p + p_acc))
 
 
 def bwd_step_compute_s(*, F, N, S, b, c, d, h):
-    """t_bwd_step = 10*S**2*b*c*d*h/(F*N**2): compute time of one backward step [s] (issue 5)."""
+    """t_bwd_step = 10*S**2*b*c*d*h/(F*N**2): compute time of one backward step [s] ([Korthikanti22])."""
     return 10*S**2*b*c*d*h/(F*N**2)
 
 
 def bwd_step_comm_s(*, B, N, S, alpha, b, d, n_kv, p, p_acc):
-    """tau_bwd_step = (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N): receive time of one backward step [s] (issue 5)."""
+    """tau_bwd_step = (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N): receive time of one backward step [s] ([Korthikanti22])."""
     return (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)
 
 
 def bwd_layer_compute_s(*, F, N, S, b, c, d, h):
-    """t_bwd_layer = 10*S**2*b*c*d*h/(F*N): backward compute time of one layer on one device [s] (issue 5)."""
+    """t_bwd_layer = 10*S**2*b*c*d*h/(F*N): backward compute time of one layer on one device [s] ([Korthikanti22])."""
     return 10*S**2*b*c*d*h/(F*N)
 
 
@@ -268,22 +268,22 @@ def bwd_layer_comm_s(*, B, N, S, alpha, b, d, n_kv, p, p_acc):
 
 
 def bwd_comm_ratio_step(*, B, F, N, S, alpha, b, c, d, h, n_kv, p, p_acc):
-    """rho_bwd_step = F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h): backward step receive time / step compute time [1] (issue 5)."""
+    """rho_bwd_step = F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h): backward step receive time / step compute time [1] ([Korthikanti22])."""
     return (1/10)*F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*S**2*b*c*d*h)
 
 
 def bwd_shard_tokens_at_ratio(*, B, F, alpha, b, c, d, h, n_kv, p, p_acc, r):
-    """L_bwd_r = (sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r): shard length at which backward step comm = r x its compute [tokens] (issue 5)."""
+    """L_bwd_r = (sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r): shard length at which backward step comm = r x its compute [tokens] ([Korthikanti22])."""
     return (1/10)*(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r)
 
 
 def bwd_critical_shard_tokens(*, B, F, alpha, b, c, d, h, n_kv, p, p_acc):
-    """L_bwd_star = (sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h): backward L*: step comm = step compute [tokens] (issue 5)."""
+    """L_bwd_star = (sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h): backward L*: step comm = step compute [tokens] ([Korthikanti22])."""
     return (1/10)*(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h)
 
 
 def bwd_n_at_ratio(*, B, F, S, alpha, b, c, d, h, n_kv, p, p_acc, r):
-    """N_bwd_at_r = 10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc)): CP degree at which the backward step ratio reaches r [devices] (issue 5)."""
+    """N_bwd_at_r = 10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc)): CP degree at which the backward step ratio reaches r [devices] ([Korthikanti22])."""
     return 10*B*S*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r/(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))
 
 
@@ -383,7 +383,7 @@ def head_flops(*, H, N, S, V, b, t):
 
 
 def loss_bytes(*, N, S, V, b, t):
-    """E_loss = 12*S*V*b/(N*t): HBM bytes of the fp32 softmax cross-entropy over the logits: three passes [B] (Megatron vocab-parallel cross-entropy)."""
+    """E_loss = 12*S*V*b/(N*t): HBM bytes of the fp32 softmax cross-entropy over the logits: three passes [B] ([Korthikanti22 §4.2])."""
     return 12*S*V*b/(N*t)
 
 
@@ -398,7 +398,7 @@ def cp_allgather_bytes(*, N, S, b, d, n_kv, p, t):
 
 
 def layer_attn_fwd_s(*, F_attn, N, S, b, c, d, h, t, u_cp):
-    """t_att_fwd = 4*S**2*b*c*d*h/(F_attn*N*t*u_cp): attention forward of one layer, the slowest CP rank [s] ([FA2 §4], [A-RingCost] §6)."""
+    """t_att_fwd = 4*S**2*b*c*d*h/(F_attn*N*t*u_cp): attention forward of one layer, the slowest CP rank [s] ([FA2 §4], [A-RingCost §6])."""
     return 4*S**2*b*c*d*h/(F_attn*N*t*u_cp)
 
 
@@ -544,62 +544,62 @@ def step_tokens(*, D, S, b, m_mb):
 
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
-    'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', 'seed 000 §2', 'memory'),
-    'scores_full_bytes': ('M_scores', 'S**2*b*h*p', '{S}**2*{b}*{h}*{p}', 'full score matrix, queries x all keys', 'B', 'seed 000 §1', 'memory'),
-    'scores_query_block_bytes': ('M_blk', 'S*b*h*p*s_blk', '{S}*{b}*{h}*{p}*{s_blk}', 'score slice of one query block x all keys', 'B', 'seed 000 §1', 'memory'),
-    'scores_tile_bytes': ('M_tile', 'b*h*p*s_blk**2', '{b}*{h}*{p}*{s_blk}**2', "score tile of one query block x one key block (the ring's steady-state window)", 'B', 'seed 000 §1', 'memory'),
-    'kv_block_bytes': ('C_step', '2*S*b*d*n_kv*p/N', '2*{S}*{b}*{d}*{n_kv}*{p}/{N}', 'K and V of one shard: the block in flight each ring step', 'B', 'seed 000 §1, §4.1', 'memory'),
-    'kv_tile_bytes': ('C_tile', '2*b*d*n_kv*p*s_blk', '2*{b}*{d}*{n_kv}*{p}*{s_blk}', 'K and V of one compute tile', 'B', 'seed 000 §1', 'memory'),
-    'softmax_state_bytes': ('M_softmax', 'S*b*h*p_acc*(d + 2)/N', '{S}*{b}*{h}*{p_acc}*({d} + 2)/{N}', "online-softmax state (m, l, O) of one shard's queries, fp32", 'B', 'seed 000 §1, §3.1', 'memory'),
-    'pair_flops': ('W_pair', '4*b*d*h', '4*{b}*{d}*{h}', 'FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add', 'FLOP', 'seed 000 §2', 'compute'),
-    'total_flops': ('F_total', '4*S**2*b*c*d*h', '4*{S}**2*{b}*{c}*{d}*{h}', 'attention FLOP of one layer, all devices', 'FLOP', 'seed 000 §2', 'compute'),
-    'device_flops_per_layer': ('W', '4*S**2*b*c*d*h/N', '4*{S}**2*{b}*{c}*{d}*{h}/{N}', 'FLOP per device per layer', 'FLOP', 'seed 000 §4', 'compute'),
-    'step_flops': ('W_step', '4*S**2*b*c*d*h/N**2', '4*{S}**2*{b}*{c}*{d}*{h}/{N}**2', 'FLOP per device per ring step (one shard of queries x one KV block)', 'FLOP', 'seed 000 §4, §4.1', 'compute'),
-    'recv_bytes_per_layer': ('C_recv', '2*S*b*d*n_kv*p*(N - 1)/N', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/{N}', 'bytes one device receives per layer (N-1 blocks; its own it keeps)', 'B', 'seed 000 §2', 'ring'),
-    'send_bytes_per_layer': ('C_send', '2*S*b*d*n_kv*p', '2*{S}*{b}*{d}*{n_kv}*{p}', 'bytes one device sends per layer counting its own block', 'B', 'seed 000 §4.1', 'ring'),
-    'intensity_layer': ('I', '2*S*c*h/(n_kv*p*(N - 1))', '2*{S}*{c}*{h}/({n_kv}*{p}*({N} - 1))', 'layer arithmetic intensity', 'FLOP/B', 'seed 000 §4', 'ring'),
-    'intensity_step': ('I_step', '2*S*c*h/(N*n_kv*p)', '2*{S}*{c}*{h}/({N}*{n_kv}*{p})', 'step arithmetic intensity: the quantity to compare with beta', 'FLOP/B', 'seed 000 §4', 'ring'),
-    'effective_flops': ('F_eff', 'F_peak*eta', '{F_peak}*{eta}', 'FLOP/s at the given efficiency', 'FLOP/s', 'seed 000 §8', 'machine'),
-    'beta': ('beta', 'F/B', '{F}/{B}', 'machine FLOP per byte of one link direction', 'FLOP/B', 'seed 000 §4', 'machine'),
-    'step_compute_s': ('t_step', '4*S**2*b*c*d*h/(F*N**2)', '4*{S}**2*{b}*{c}*{d}*{h}/({F}*{N}**2)', 'compute time of one ring step', 's', 'seed 000 §4.1', 'time'),
-    'step_comm_s': ('tau_step', 'alpha + 2*S*b*d*n_kv*p/(B*N)', '{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p}/({B}*{N})', 'receive time of one KV block', 's', 'seed 000 §4.1, SPEC §4.2', 'time'),
-    'layer_compute_s': ('t_layer', '4*S**2*b*c*d*h/(F*N)', '4*{S}**2*{b}*{c}*{d}*{h}/({F}*{N})', 'compute time of one layer on one device', 's', 'seed 000 §4', 'time'),
-    'layer_comm_s': ('tau_layer', '(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(B*N)', '({N} - 1)*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p})/({B}*{N})', 'receive time of one layer (N-1 blocks)', 's', 'seed 000 §4', 'time'),
-    'layer_send_s': ('tau_send', 'N*alpha + 2*S*b*d*n_kv*p/B', '{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p}/{B}', 'send time of one layer counting the own block', 's', 'seed 000 §4.1', 'time'),
-    'comm_ratio_step': ('rho_step', 'F*N*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h)', '{F}*{N}*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p})/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', "step receive time / step compute time: the verdict's ratio (no overlap credit)", '1', 'seed 000 §11', 'time'),
-    'comm_ratio_layer': ('rho_layer', 'F*(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h)', '{F}*({N} - 1)*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p})/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', 'layer receive time / layer compute time', '1', 'seed 000 §4', 'time'),
-    'shard_tokens_at_ratio': ('L_r', 'sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h*r) + F*n_kv*p/(4*B*c*h*r)', 'sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2)/(4*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r}) + {F}*{n_kv}*{p}/(4*{B}*{c}*{h}*{r})', 'shard length at which step comm = r x step compute', 'tokens', 'SPEC §4.2', 'limits'),
-    'critical_shard_tokens': ('L_star', 'sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h) + F*n_kv*p/(4*B*c*h)', 'sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2)/(4*{B}*sqrt({b})*{c}*sqrt({d})*{h}) + {F}*{n_kv}*{p}/(4*{B}*{c}*{h})', 'shard length L* where step comm = step compute: longer shards hide the link', 'tokens', 'SPEC §4.2, seed 001', 'limits'),
-    'n_at_ratio': ('N_at_r', '4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'CP degree at which the step comm ratio reaches r', 'devices', 'seed 000 §4, SPEC §5', 'limits'),
-    'n_max': ('N_max', '4*B*S*sqrt(b)*c*sqrt(d)*h/(sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'largest CP degree with step comm <= step compute (seed: (h/n_kv)·S/beta at p = 2)', 'devices', 'seed 000 §4', 'limits'),
-    'ulysses_kv_heads': ('n_kv_U', 'Max(N, n_kv)', 'Max({N}, {n_kv})', 'KV heads after replication to the all-to-all degree', 'heads', 'SPEC §4.4', 'ulysses'),
-    'ulysses_recv_bytes_per_layer': ('C_U', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/N**2', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/{N}**2', 'all-to-all receive bytes per device per layer: Q, K, V in and O out', 'B', 'seed 000 §4.2', 'ulysses'),
-    'ulysses_comm_s': ('tau_U', '2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2)', '2*(2*{B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/({B}*{N}**2)', 'time of the all-to-alls: Q, K, V in and O out', 's', 'seed 000 §7, SPEC §4.2', 'ulysses'),
-    'ulysses_comm_ratio': ('rho_U', 'F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h)', '{F}*(2*{B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{B}*{N}*{S}**2*{b}*{c}*{d}*{h})', 'all-to-all time / layer compute time (the all-to-alls do not overlap attention)', '1', 'seed 000 §7', 'ulysses'),
-    'usp_kv_heads': ('n_kv_USP', 'Max(N_u, n_kv)', 'Max({N_u}, {n_kv})', 'KV heads after replication to the all-to-all degree N_u', 'heads', 'SPEC §4.5', 'usp'),
-    'usp_a2a_recv_bytes_per_layer': ('C_USP_a2a', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(N_r*N_u**2)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({N_r}*{N_u}**2)', 'all-to-all part of the USP receive bytes', 'B', 'SPEC §4.5', 'usp'),
-    'usp_ring_step_recv_bytes': ('C_USP_step', '2*S*b*d*p*Max(N_u, n_kv)/(N_r*N_u)', '2*{S}*{b}*{d}*{p}*Max({N_u}, {n_kv})/({N_r}*{N_u})', 'KV block of one USP ring step', 'B', 'SPEC §4.5', 'usp'),
-    'usp_ring_recv_bytes_per_layer': ('C_USP_ring', '2*S*b*d*p*(N_r - 1)*Max(N_u, n_kv)/(N_r*N_u)', '2*{S}*{b}*{d}*{p}*({N_r} - 1)*Max({N_u}, {n_kv})/({N_r}*{N_u})', 'ring part of the USP receive bytes', 'B', 'SPEC §4.5', 'usp'),
-    'usp_recv_bytes_per_layer': ('C_USP', '2*S*b*d*p*(N_r*N_u*Max(N_u, n_kv) + N_u*h - h - Max(N_u, n_kv))/(N_r*N_u**2)', '2*{S}*{b}*{d}*{p}*({N_r}*{N_u}*Max({N_u}, {n_kv}) + {N_u}*{h} - {h} - Max({N_u}, {n_kv}))/({N_r}*{N_u}**2)', 'USP receive bytes per device per layer', 'B', 'SPEC §4.5', 'usp'),
-    'usp_ring_step_flops': ('W_USP_step', '4*S**2*b*c*d*h/(N_r**2*N_u)', '4*{S}**2*{b}*{c}*{d}*{h}/({N_r}**2*{N_u})', 'FLOP per device per USP ring step (h/N_u heads)', 'FLOP', 'SPEC §4.5', 'usp'),
-    'usp_a2a_comm_s': ('tau_USP_a2a', '2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2)', '2*(2*{B}*{N_r}*{N_u}**2*{alpha} + {S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv})))/({B}*{N_r}*{N_u}**2)', 'time of the USP all-to-alls (Q, K, V, O)', 's', 'SPEC §4.5', 'usp'),
-    'usp_ring_comm_ratio_step': ('rho_USP_step', 'F*N_r*(B*N_r*N_u*alpha + 2*S*b*d*p*Max(N_u, n_kv))/(4*B*S**2*b*c*d*h)', '{F}*{N_r}*({B}*{N_r}*{N_u}*{alpha} + 2*{S}*{b}*{d}*{p}*Max({N_u}, {n_kv}))/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', 'USP ring step receive time / step compute time', '1', 'SPEC §4.5', 'usp'),
-    'tp_bytes_per_layer': ('C_TP', '4*S*b*d*h*p', '4*{S}*{b}*{d}*{h}*{p}', 'TP activation traffic per layer (two all-reduces of b·S·h·d)', 'B', 'seed 000 §13', 'tp'),
-    'tp_to_ring_ratio': ('C_TP_over_C_recv', '2*N*h/(n_kv*(N - 1))', '2*{N}*{h}/({n_kv}*({N} - 1))', 'TP bytes / ring receive bytes', '1', 'seed 000 §13', 'tp'),
-    'utilization_coarse': ('u_coarse', '(N + 1)/(2*N)', '({N} + 1)/(2*{N})', 'contiguous causal utilisation, diagonal block counted whole', '1', 'seed 000 §6', 'causal'),
-    'utilization_fine': ('u_fine', 'N/(2*N - 1)', '{N}/(2*{N} - 1)', 'contiguous causal utilisation, diagonal block counted as half', '1', 'seed 000 §6', 'causal'),
-    'bwd_step_flops': ('W_bwd_step', '10*S**2*b*c*d*h/N**2', '10*{S}**2*{b}*{c}*{d}*{h}/{N}**2', 'FLOP per device per backward ring step', 'FLOP', 'FlashAttention-2 (Dao 2023) §4', 'backward'),
-    'bwd_step_recv_bytes': ('C_bwd_step', '2*S*b*d*n_kv*(p + p_acc)/N', '2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc})/{N}', 'KV block and its fp32 dK/dV accumulator, received each backward step', 'B', 'issue 3, issue 5', 'backward'),
-    'bwd_recv_bytes_per_layer': ('C_bwd_recv', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/{N}', 'backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks', 'B', 'issue 5', 'backward'),
-    'bwd_intensity_step': ('I_bwd_step', '5*S*c*h/(N*n_kv*(p + p_acc))', '5*{S}*{c}*{h}/({N}*{n_kv}*({p} + {p_acc}))', 'backward step arithmetic intensity', 'FLOP/B', 'issue 5', 'backward'),
-    'bwd_step_compute_s': ('t_bwd_step', '10*S**2*b*c*d*h/(F*N**2)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N}**2)', 'compute time of one backward step', 's', 'issue 5', 'backward'),
-    'bwd_step_comm_s': ('tau_bwd_step', '(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)', '({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/({B}*{N})', 'receive time of one backward step', 's', 'issue 5', 'backward'),
-    'bwd_layer_compute_s': ('t_bwd_layer', '10*S**2*b*c*d*h/(F*N)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N})', 'backward compute time of one layer on one device', 's', 'issue 5', 'backward'),
+    'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', '[A-RingCost §2]', 'memory'),
+    'scores_full_bytes': ('M_scores', 'S**2*b*h*p', '{S}**2*{b}*{h}*{p}', 'full score matrix, queries x all keys', 'B', '[A-RingCost §1]', 'memory'),
+    'scores_query_block_bytes': ('M_blk', 'S*b*h*p*s_blk', '{S}*{b}*{h}*{p}*{s_blk}', 'score slice of one query block x all keys', 'B', '[A-RingCost §1]', 'memory'),
+    'scores_tile_bytes': ('M_tile', 'b*h*p*s_blk**2', '{b}*{h}*{p}*{s_blk}**2', "score tile of one query block x one key block (the ring's steady-state window)", 'B', '[A-RingCost §1]', 'memory'),
+    'kv_block_bytes': ('C_step', '2*S*b*d*n_kv*p/N', '2*{S}*{b}*{d}*{n_kv}*{p}/{N}', 'K and V of one shard: the block in flight each ring step', 'B', '[A-RingCost §1, §4.1]', 'memory'),
+    'kv_tile_bytes': ('C_tile', '2*b*d*n_kv*p*s_blk', '2*{b}*{d}*{n_kv}*{p}*{s_blk}', 'K and V of one compute tile', 'B', '[A-RingCost §1]', 'memory'),
+    'softmax_state_bytes': ('M_softmax', 'S*b*h*p_acc*(d + 2)/N', '{S}*{b}*{h}*{p_acc}*({d} + 2)/{N}', "online-softmax state (m, l, O) of one shard's queries, fp32", 'B', '[A-RingCost §1, §3.1]', 'memory'),
+    'pair_flops': ('W_pair', '4*b*d*h', '4*{b}*{d}*{h}', 'FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add', 'FLOP', '[A-RingCost §2]', 'compute'),
+    'total_flops': ('F_total', '4*S**2*b*c*d*h', '4*{S}**2*{b}*{c}*{d}*{h}', 'attention FLOP of one layer, all devices', 'FLOP', '[A-RingCost §2]', 'compute'),
+    'device_flops_per_layer': ('W', '4*S**2*b*c*d*h/N', '4*{S}**2*{b}*{c}*{d}*{h}/{N}', 'FLOP per device per layer', 'FLOP', '[A-RingCost §4]', 'compute'),
+    'step_flops': ('W_step', '4*S**2*b*c*d*h/N**2', '4*{S}**2*{b}*{c}*{d}*{h}/{N}**2', 'FLOP per device per ring step (one shard of queries x one KV block)', 'FLOP', '[A-RingCost §4, §4.1]', 'compute'),
+    'recv_bytes_per_layer': ('C_recv', '2*S*b*d*n_kv*p*(N - 1)/N', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/{N}', 'bytes one device receives per layer (N-1 blocks; its own it keeps)', 'B', '[A-RingCost §2]', 'ring'),
+    'send_bytes_per_layer': ('C_send', '2*S*b*d*n_kv*p', '2*{S}*{b}*{d}*{n_kv}*{p}', 'bytes one device sends per layer counting its own block', 'B', '[A-RingCost §4.1]', 'ring'),
+    'intensity_layer': ('I', '2*S*c*h/(n_kv*p*(N - 1))', '2*{S}*{c}*{h}/({n_kv}*{p}*({N} - 1))', 'layer arithmetic intensity', 'FLOP/B', '[A-RingCost §4]', 'ring'),
+    'intensity_step': ('I_step', '2*S*c*h/(N*n_kv*p)', '2*{S}*{c}*{h}/({N}*{n_kv}*{p})', 'step arithmetic intensity: the quantity to compare with beta', 'FLOP/B', '[A-RingCost §4]', 'ring'),
+    'effective_flops': ('F_eff', 'F_peak*eta', '{F_peak}*{eta}', 'FLOP/s at the given efficiency', 'FLOP/s', '[A-RingCost §8]', 'machine'),
+    'beta': ('beta', 'F/B', '{F}/{B}', 'machine FLOP per byte of one link direction', 'FLOP/B', '[A-RingCost §4]', 'machine'),
+    'step_compute_s': ('t_step', '4*S**2*b*c*d*h/(F*N**2)', '4*{S}**2*{b}*{c}*{d}*{h}/({F}*{N}**2)', 'compute time of one ring step', 's', '[A-RingCost §4.1]', 'time'),
+    'step_comm_s': ('tau_step', 'alpha + 2*S*b*d*n_kv*p/(B*N)', '{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p}/({B}*{N})', 'receive time of one KV block', 's', '[A-RingCost §4.1], [A-SPDeep]', 'time'),
+    'layer_compute_s': ('t_layer', '4*S**2*b*c*d*h/(F*N)', '4*{S}**2*{b}*{c}*{d}*{h}/({F}*{N})', 'compute time of one layer on one device', 's', '[A-RingCost §4]', 'time'),
+    'layer_comm_s': ('tau_layer', '(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(B*N)', '({N} - 1)*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p})/({B}*{N})', 'receive time of one layer (N-1 blocks)', 's', '[A-RingCost §4]', 'time'),
+    'layer_send_s': ('tau_send', 'N*alpha + 2*S*b*d*n_kv*p/B', '{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p}/{B}', 'send time of one layer counting the own block', 's', '[A-RingCost §4.1]', 'time'),
+    'comm_ratio_step': ('rho_step', 'F*N*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h)', '{F}*{N}*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p})/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', "step receive time / step compute time: the verdict's ratio (no overlap credit)", '1', '[A-RingCost §11]', 'time'),
+    'comm_ratio_layer': ('rho_layer', 'F*(N - 1)*(B*N*alpha + 2*S*b*d*n_kv*p)/(4*B*S**2*b*c*d*h)', '{F}*({N} - 1)*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*{p})/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', 'layer receive time / layer compute time', '1', '[A-RingCost §4]', 'time'),
+    'shard_tokens_at_ratio': ('L_r', 'sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h*r) + F*n_kv*p/(4*B*c*h*r)', 'sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2)/(4*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r}) + {F}*{n_kv}*{p}/(4*{B}*{c}*{h}*{r})', 'shard length at which step comm = r x step compute', 'tokens', '[A-SPDeep]', 'limits'),
+    'critical_shard_tokens': ('L_star', 'sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2)/(4*B*sqrt(b)*c*sqrt(d)*h) + F*n_kv*p/(4*B*c*h)', 'sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2)/(4*{B}*sqrt({b})*{c}*sqrt({d})*{h}) + {F}*{n_kv}*{p}/(4*{B}*{c}*{h})', 'shard length L* where step comm = step compute: longer shards hide the link', 'tokens', '[A-SPDeep]', 'limits'),
+    'n_at_ratio': ('N_at_r', '4*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(4*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'CP degree at which the step comm ratio reaches r', 'devices', '[A-RingCost §4], [A-RingCost §11]', 'limits'),
+    'n_max': ('N_max', '4*B*S*sqrt(b)*c*sqrt(d)*h/(sqrt(F)*sqrt(4*B**2*alpha*c*h + F*b*d*n_kv**2*p**2) + F*sqrt(b)*sqrt(d)*n_kv*p)', '4*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}/(sqrt({F})*sqrt(4*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*{p})', 'largest CP degree with step comm <= step compute ((h/n_kv)·S/beta at p = 2)', 'devices', '[A-RingCost §4]', 'limits'),
+    'ulysses_kv_heads': ('n_kv_U', 'Max(N, n_kv)', 'Max({N}, {n_kv})', 'KV heads after replication to the all-to-all degree', 'heads', '[Ulysses §3]', 'ulysses'),
+    'ulysses_recv_bytes_per_layer': ('C_U', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/N**2', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/{N}**2', 'all-to-all receive bytes per device per layer: Q, K, V in and O out', 'B', '[A-RingCost §4.2]', 'ulysses'),
+    'ulysses_comm_s': ('tau_U', '2*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(B*N**2)', '2*(2*{B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/({B}*{N}**2)', 'time of the all-to-alls: Q, K, V in and O out', 's', '[A-RingCost §7], [A-SPDeep]', 'ulysses'),
+    'ulysses_comm_ratio': ('rho_U', 'F*(2*B*N**2*alpha + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*B*N*S**2*b*c*d*h)', '{F}*(2*{B}*{N}**2*{alpha} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{B}*{N}*{S}**2*{b}*{c}*{d}*{h})', 'all-to-all time / layer compute time (the all-to-alls do not overlap attention)', '1', '[A-RingCost §7]', 'ulysses'),
+    'usp_kv_heads': ('n_kv_USP', 'Max(N_u, n_kv)', 'Max({N_u}, {n_kv})', 'KV heads after replication to the all-to-all degree N_u', 'heads', '[USP §3]', 'usp'),
+    'usp_a2a_recv_bytes_per_layer': ('C_USP_a2a', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(N_r*N_u**2)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({N_r}*{N_u}**2)', 'all-to-all part of the USP receive bytes', 'B', '[USP §3]', 'usp'),
+    'usp_ring_step_recv_bytes': ('C_USP_step', '2*S*b*d*p*Max(N_u, n_kv)/(N_r*N_u)', '2*{S}*{b}*{d}*{p}*Max({N_u}, {n_kv})/({N_r}*{N_u})', 'KV block of one USP ring step', 'B', '[USP §3]', 'usp'),
+    'usp_ring_recv_bytes_per_layer': ('C_USP_ring', '2*S*b*d*p*(N_r - 1)*Max(N_u, n_kv)/(N_r*N_u)', '2*{S}*{b}*{d}*{p}*({N_r} - 1)*Max({N_u}, {n_kv})/({N_r}*{N_u})', 'ring part of the USP receive bytes', 'B', '[USP §3]', 'usp'),
+    'usp_recv_bytes_per_layer': ('C_USP', '2*S*b*d*p*(N_r*N_u*Max(N_u, n_kv) + N_u*h - h - Max(N_u, n_kv))/(N_r*N_u**2)', '2*{S}*{b}*{d}*{p}*({N_r}*{N_u}*Max({N_u}, {n_kv}) + {N_u}*{h} - {h} - Max({N_u}, {n_kv}))/({N_r}*{N_u}**2)', 'USP receive bytes per device per layer', 'B', '[USP §3]', 'usp'),
+    'usp_ring_step_flops': ('W_USP_step', '4*S**2*b*c*d*h/(N_r**2*N_u)', '4*{S}**2*{b}*{c}*{d}*{h}/({N_r}**2*{N_u})', 'FLOP per device per USP ring step (h/N_u heads)', 'FLOP', '[USP §3]', 'usp'),
+    'usp_a2a_comm_s': ('tau_USP_a2a', '2*(2*B*N_r*N_u**2*alpha + S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv)))/(B*N_r*N_u**2)', '2*(2*{B}*{N_r}*{N_u}**2*{alpha} + {S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv})))/({B}*{N_r}*{N_u}**2)', 'time of the USP all-to-alls (Q, K, V, O)', 's', '[USP §3]', 'usp'),
+    'usp_ring_comm_ratio_step': ('rho_USP_step', 'F*N_r*(B*N_r*N_u*alpha + 2*S*b*d*p*Max(N_u, n_kv))/(4*B*S**2*b*c*d*h)', '{F}*{N_r}*({B}*{N_r}*{N_u}*{alpha} + 2*{S}*{b}*{d}*{p}*Max({N_u}, {n_kv}))/(4*{B}*{S}**2*{b}*{c}*{d}*{h})', 'USP ring step receive time / step compute time', '1', '[USP §3]', 'usp'),
+    'tp_bytes_per_layer': ('C_TP', '4*S*b*d*h*p', '4*{S}*{b}*{d}*{h}*{p}', 'TP activation traffic per layer (two all-reduces of b·S·h·d)', 'B', '[A-RingCost §13]', 'tp'),
+    'tp_to_ring_ratio': ('C_TP_over_C_recv', '2*N*h/(n_kv*(N - 1))', '2*{N}*{h}/({n_kv}*({N} - 1))', 'TP bytes / ring receive bytes', '1', '[A-RingCost §13]', 'tp'),
+    'utilization_coarse': ('u_coarse', '(N + 1)/(2*N)', '({N} + 1)/(2*{N})', 'contiguous causal utilisation, diagonal block counted whole', '1', '[A-RingCost §6]', 'causal'),
+    'utilization_fine': ('u_fine', 'N/(2*N - 1)', '{N}/(2*{N} - 1)', 'contiguous causal utilisation, diagonal block counted as half', '1', '[A-RingCost §6]', 'causal'),
+    'bwd_step_flops': ('W_bwd_step', '10*S**2*b*c*d*h/N**2', '10*{S}**2*{b}*{c}*{d}*{h}/{N}**2', 'FLOP per device per backward ring step', 'FLOP', '[FA2 §4]', 'backward'),
+    'bwd_step_recv_bytes': ('C_bwd_step', '2*S*b*d*n_kv*(p + p_acc)/N', '2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc})/{N}', 'KV block and its fp32 dK/dV accumulator, received each backward step', 'B', '[RingAttn §3]', 'backward'),
+    'bwd_recv_bytes_per_layer': ('C_bwd_recv', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/{N}', 'backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks', 'B', '[Korthikanti22]', 'backward'),
+    'bwd_intensity_step': ('I_bwd_step', '5*S*c*h/(N*n_kv*(p + p_acc))', '5*{S}*{c}*{h}/({N}*{n_kv}*({p} + {p_acc}))', 'backward step arithmetic intensity', 'FLOP/B', '[Korthikanti22]', 'backward'),
+    'bwd_step_compute_s': ('t_bwd_step', '10*S**2*b*c*d*h/(F*N**2)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N}**2)', 'compute time of one backward step', 's', '[Korthikanti22]', 'backward'),
+    'bwd_step_comm_s': ('tau_bwd_step', '(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)', '({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/({B}*{N})', 'receive time of one backward step', 's', '[Korthikanti22]', 'backward'),
+    'bwd_layer_compute_s': ('t_bwd_layer', '10*S**2*b*c*d*h/(F*N)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N})', 'backward compute time of one layer on one device', 's', '[Korthikanti22]', 'backward'),
     'bwd_layer_comm_s': ('tau_bwd_layer', '(B*N*alpha*(2*N - 1) + 2*S*b*d*n_kv*(N*p_acc + p*(N - 1)))/(B*N)', '({B}*{N}*{alpha}*(2*{N} - 1) + 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1)))/({B}*{N})', 'backward receive time of one layer: N-1 KV blocks and N dK/dV blocks', 's', '[RingAttn §3]', 'backward'),
-    'bwd_comm_ratio_step': ('rho_bwd_step', 'F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h)', '{F}*{N}*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/(10*{B}*{S}**2*{b}*{c}*{d}*{h})', 'backward step receive time / step compute time', '1', 'issue 5', 'backward'),
-    'bwd_shard_tokens_at_ratio': ('L_bwd_r', '(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r})', 'shard length at which backward step comm = r x its compute', 'tokens', 'issue 5', 'backward'),
-    'bwd_critical_shard_tokens': ('L_bwd_star', '(sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h})', 'backward L*: step comm = step compute', 'tokens', 'issue 5', 'backward'),
-    'bwd_n_at_ratio': ('N_bwd_at_r', '10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))', '10*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))', 'CP degree at which the backward step ratio reaches r', 'devices', 'issue 5', 'backward'),
+    'bwd_comm_ratio_step': ('rho_bwd_step', 'F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h)', '{F}*{N}*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/(10*{B}*{S}**2*{b}*{c}*{d}*{h})', 'backward step receive time / step compute time', '1', '[Korthikanti22]', 'backward'),
+    'bwd_shard_tokens_at_ratio': ('L_bwd_r', '(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r})', 'shard length at which backward step comm = r x its compute', 'tokens', '[Korthikanti22]', 'backward'),
+    'bwd_critical_shard_tokens': ('L_bwd_star', '(sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h})', 'backward L*: step comm = step compute', 'tokens', '[Korthikanti22]', 'backward'),
+    'bwd_n_at_ratio': ('N_bwd_at_r', '10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))', '10*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))', 'CP degree at which the backward step ratio reaches r', 'devices', '[Korthikanti22]', 'backward'),
     'layer_params': ('P_layer', 'H*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)', '{H}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2)', 'parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms', '1', 'model arithmetic', 'fit'),
     'params': ('P', 'H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)', '{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)', 'parameters: layers, embeddings (input and, untied, output), final norm', '1', 'model arithmetic', 'fit'),
     'stage_params': ('P_stage', 'Piecewise((H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1), Eq(pp, 1)), (H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/pp, True))', 'Piecewise(({H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1), Eq({pp}, 1)), ({H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))/{pp}, True))', 'parameters of the pipeline stage holding the most: the whole model at pp = 1, else the last stage', '1', '[Megatron21 §2.2]', 'fit'),
@@ -619,10 +619,10 @@ INFO = {
     'layer_attn_flops': ('W_att', '4*S**2*b*c*d*h/(N*t)', '4*{S}**2*{b}*{c}*{d}*{h}/({N}*{t})', 'forward FLOP of attention per device: c·S²/N pairs x 4·b·h·d over t (causal c = 1/2)', 'FLOP', '[FA2 §4]', 'step'),
     'layer_elementwise_bytes': ('E_layer', 'S*b*p*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))/(N*t)', '{S}*{b}*{p}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv}))/({N}*{t})', 'forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism', 'B', '[Korthikanti22 §4]', 'step'),
     'head_flops': ('W_head', '2*H*S*V*b/(N*t)', '2*{H}*{S}*{V}*{b}/({N}*{t})', 'forward FLOP of the output layer (vocab-parallel)', 'FLOP', '[Megatron21 §5.1]', 'step'),
-    'loss_bytes': ('E_loss', '12*S*V*b/(N*t)', '12*{S}*{V}*{b}/({N}*{t})', 'HBM bytes of the fp32 softmax cross-entropy over the logits: three passes', 'B', 'Megatron vocab-parallel cross-entropy', 'step'),
+    'loss_bytes': ('E_loss', '12*S*V*b/(N*t)', '12*{S}*{V}*{b}/({N}*{t})', 'HBM bytes of the fp32 softmax cross-entropy over the logits: three passes', 'B', '[Korthikanti22 §4.2]', 'step'),
     'tp_comm_s': ('tau_TP', '4*H*S*b*p*(t - 1)/(B_tp*N*t)', '4*{H}*{S}*{b}*{p}*({t} - 1)/({B_tp}*{N}*{t})', "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations", 's', '[Korthikanti22 §4.2.2]', 'step'),
     'cp_allgather_bytes': ('C_AG', '2*S*b*d*n_kv*p*(N - 1)/(N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({N}*{t})', 'all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV as many bytes)', 'B', '[Llama3 §3.3]', 'step'),
-    'layer_attn_fwd_s': ('t_att_fwd', '4*S**2*b*c*d*h/(F_attn*N*t*u_cp)', '4*{S}**2*{b}*{c}*{d}*{h}/({F_attn}*{N}*{t}*{u_cp})', 'attention forward of one layer, the slowest CP rank', 's', '[FA2 §4], [A-RingCost] §6', 'step'),
+    'layer_attn_fwd_s': ('t_att_fwd', '4*S**2*b*c*d*h/(F_attn*N*t*u_cp)', '4*{S}**2*{b}*{c}*{d}*{h}/({F_attn}*{N}*{t}*{u_cp})', 'attention forward of one layer, the slowest CP rank', 's', '[FA2 §4], [A-RingCost §6]', 'step'),
     'layer_attn_bwd_s': ('t_att_bwd', '10*S**2*b*c*d*h/(F_attn_bwd*N*t*u_cp)', '10*{S}**2*{b}*{c}*{d}*{h}/({F_attn_bwd}*{N}*{t}*{u_cp})', 'attention backward of one layer, the slowest CP rank', 's', '[FA2 §4]', 'step'),
     'ring_merge_bytes': ('M_merge', 'S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t)', '{S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1))/({N}*{t})', 'HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and copy the queries when the layout shifts the mask', 'B', '[ring-flash-attn], [OnlineSoftmax]', 'step'),
     'ring_overhead_s': ('t_ring_x', '(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t)', '({N} - 1)*({B_hbm}*{N}*{t}*{t_launch} + {S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1)))/({B_hbm}*{N}*{t})', "per layer and pass: the ring's merges, copies and launches beside the attention kernel", 's', '[ring-flash-attn]', 'step'),
@@ -765,40 +765,40 @@ ARGS = {
 
 # symbol: (meaning, unit, source)
 SYMBOLS = {
-    'S': ('sequence length', 'tokens', 'seed 000 §2'),
-    'b': ('batch size', 'sequences', 'seed 000 §2'),
-    'N': ('CP degree: devices the sequence is split over', 'devices', 'seed 000 §2'),
-    'h': ('query heads', 'heads', 'seed 000 §2'),
-    'n_kv': ('key/value heads (GQA when < h)', 'heads', 'seed 000 §2'),
-    'd': ('head dimension', 'elements', 'seed 000 §2'),
-    'p': ('bytes per element of Q, K, V, O', 'B', 'seed 000 §2'),
-    'p_acc': ('bytes per element of the fp32 softmax accumulators (m, l, O)', 'B', 'seed 000 §1'),
-    's_blk': ('compute tile rows (not the shard length)', 'tokens', 'seed 000 §1'),
-    'c': ('causal compute fraction: 1 non-causal, 1/2 causal (useful FLOP halve)', '1', 'seed 000 §4'),
-    'F_peak': ('peak dense FLOP/s of one accelerator for the dtype', 'FLOP/s', 'SPEC §8'),
-    'eta': ('compute efficiency: effective / peak FLOP/s', '1', 'seed 000 §8 step 2'),
-    'F': ('FLOP/s used by the model (effective = eta · peak, or measured)', 'FLOP/s', 'seed 000 §4'),
-    'B': ('link bandwidth per direction', 'B/s', 'seed 000 §4'),
-    'alpha': ('per-message latency of the link', 's', 'SPEC §4.2'),
-    'r': ('target ratio of step receive time to step compute time', '1', 'SPEC §5'),
-    'N_u': ('USP all-to-all (Ulysses) degree', 'devices', 'SPEC §4.5'),
-    'N_r': ('USP ring degree', 'devices', 'SPEC §4.5'),
-    'H': ('hidden size', 'elements', 'Korthikanti et al. 2022 §4'),
-    'F_ffn': ('MLP inner size', 'elements', 'Korthikanti et al. 2022 §4'),
-    'V': ('vocabulary size', 'tokens', 'Korthikanti et al. 2022 §4'),
-    'n_L': ('transformer layers', 'layers', 'Korthikanti et al. 2022 §4'),
+    'S': ('sequence length', 'tokens', '[A-RingCost §2]'),
+    'b': ('batch size', 'sequences', '[A-RingCost §2]'),
+    'N': ('CP degree: devices the sequence is split over', 'devices', '[A-RingCost §2]'),
+    'h': ('query heads', 'heads', '[A-RingCost §2]'),
+    'n_kv': ('key/value heads (GQA when < h)', 'heads', '[A-RingCost §2]'),
+    'd': ('head dimension', 'elements', '[A-RingCost §2]'),
+    'p': ('bytes per element of Q, K, V, O', 'B', '[A-RingCost §2]'),
+    'p_acc': ('bytes per element of the fp32 softmax accumulators (m, l, O)', 'B', '[A-RingCost §1]'),
+    's_blk': ('compute tile rows (not the shard length)', 'tokens', '[A-RingCost §1]'),
+    'c': ('causal compute fraction: 1 non-causal, 1/2 causal (useful FLOP halve)', '1', '[A-RingCost §4]'),
+    'F_peak': ('peak dense FLOP/s of one accelerator for the dtype', 'FLOP/s', 'docs/hardware.md'),
+    'eta': ('compute efficiency: effective / peak FLOP/s', '1', '[A-RingCost §8] step 2'),
+    'F': ('FLOP/s used by the model (effective = eta · peak, or measured)', 'FLOP/s', '[A-RingCost §4]'),
+    'B': ('link bandwidth per direction', 'B/s', '[A-RingCost §4]'),
+    'alpha': ('per-message latency of the link', 's', '[A-SPDeep]'),
+    'r': ('target ratio of step receive time to step compute time', '1', '[A-RingCost §11]'),
+    'N_u': ('USP all-to-all (Ulysses) degree', 'devices', '[USP §3]'),
+    'N_r': ('USP ring degree', 'devices', '[USP §3]'),
+    'H': ('hidden size', 'elements', '[Korthikanti22 §4]'),
+    'F_ffn': ('MLP inner size', 'elements', '[Korthikanti22 §4]'),
+    'V': ('vocabulary size', 'tokens', '[Korthikanti22 §4]'),
+    'n_L': ('transformer layers', 'layers', '[Korthikanti22 §4]'),
     'g': ('gated MLP (SwiGLU): 1, plain (GeLU): 0', '1', 'model preset'),
-    'delta': ('dropout masks stored: 1, no dropout: 0', '1', 'Korthikanti et al. 2022 §4'),
-    'phi': ('attention scores kept for backward: 0 with flash attention or selective recompute, 1 otherwise', '1', 'Korthikanti et al. 2022 §4'),
-    'sigma': ('sequence parallel with TP: 1 on, 0 off', '1', 'Korthikanti et al. 2022 §4'),
-    't': ('tensor-parallel degree', 'devices', 'Korthikanti et al. 2022 §4'),
-    'pp': ('pipeline-parallel degree', 'devices', 'issue 5'),
-    'z_w': ('fraction of the bf16 weights a device keeps (1/D under ZeRO-3)', '1', 'ZeRO (Rajbhandari 2020)'),
-    'z_g': ('fraction of the fp32 gradients a device keeps (1/D from ZeRO-2)', '1', 'ZeRO (Rajbhandari 2020)'),
-    'z_o': ('fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)', '1', 'ZeRO (Rajbhandari 2020)'),
-    'rho': ('full activation recompute: 1 (only layer inputs kept), else 0', '1', 'Korthikanti et al. 2022 §4'),
+    'delta': ('dropout masks stored: 1, no dropout: 0', '1', '[Korthikanti22 §4]'),
+    'phi': ('attention scores kept for backward: 0 with flash attention or selective recompute, 1 otherwise', '1', '[Korthikanti22 §4]'),
+    'sigma': ('sequence parallel with TP: 1 on, 0 off', '1', '[Korthikanti22 §4]'),
+    't': ('tensor-parallel degree', 'devices', '[Korthikanti22 §4]'),
+    'pp': ('pipeline-parallel degree', 'devices', '[Korthikanti22]'),
+    'z_w': ('fraction of the bf16 weights a device keeps (1/D under ZeRO-3)', '1', '[ZeRO §5]'),
+    'z_g': ('fraction of the fp32 gradients a device keeps (1/D from ZeRO-2)', '1', '[ZeRO §5]'),
+    'z_o': ('fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)', '1', '[ZeRO §5]'),
+    'rho': ('full activation recompute: 1 (only layer inputs kept), else 0', '1', '[Korthikanti22 §4]'),
     'e_m': ('embedding matrices: 2 untied input and output, 1 tied', '1', 'model preset'),
-    'M_dev': ('usable device memory: HBM x (1 - headroom)', 'B', 'issue 5'),
+    'M_dev': ('usable device memory: HBM x (1 - headroom)', 'B', '[Korthikanti22]'),
     'm_mb': ('micro-batches per step in each pipeline (gradient accumulation)', '1', '[Megatron21]'),
     'v_pp': ('virtual pipeline stages per device (interleaved schedule; 1: plain 1F1B)', '1', '[Megatron21]'),
     'D': ('data-parallel degree', 'devices', '[Megatron21]'),
@@ -812,7 +812,7 @@ SYMBOLS = {
     'B_dp': ("per-direction bandwidth of the DP group's link", 'B/s', 'hardware profile'),
     'rc_sel': ('selective recompute (attention core again in backward): 1, else 0', '1', '[Korthikanti22 §5]'),
     'rc_full': ('full recompute (the whole layer forward again in backward): 1, else 0', '1', '[Korthikanti22 §5]'),
-    'u_cp': ("causal load balance of the CP layout: useful / slowest rank's attention work", '1', '[A-RingCost] §6'),
+    'u_cp': ("causal load balance of the CP layout: useful / slowest rank's attention work", '1', '[A-RingCost §6]'),
     'o_tp': ("share of TP collectives hidden under compute (0 Megatron's synchronous SP, up to 1 with async TP)", '1', '[Korthikanti22 §4.2.2]'),
     'o_cp': ("share of the ring's transfers hidden under its attention compute", '1', '[RingAttn §3]'),
     'o_pp': ('share of stage-boundary sends hidden under compute', '1', '[Megatron21 §4.1]'),

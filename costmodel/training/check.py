@@ -1,4 +1,4 @@
-"""Capacity-plan files and the checks CI gates on (`cp-plan check PLAN.yaml...`, issue 5).
+"""Capacity-plan files and the checks CI gates on (`cp-plan check PLAN.yaml...`, [Korthikanti22]).
 
 A plan file names a model, S, N, hardware and the training layout, and what must hold: the worst
 verdict allowed, a ceiling on the comm ratio, that memory fits, that N lies in the recommended

@@ -1,7 +1,7 @@
-"""Evaluate the model over a grid of sequence lengths, CP degrees and machines, vectorised (issue 5).
+"""Evaluate the model over a grid of sequence lengths, CP degrees and machines, vectorised ([Korthikanti22]).
 
 The generated formulas broadcast over numpy arrays, so a grid is one call per formula: S is a column,
-N a row, and the link each N uses (SPEC §4.6) an array picked per N.
+N a row, and the link each N uses ([A-RingCost §9]) an array picked per N.
 """
 
 from __future__ import annotations

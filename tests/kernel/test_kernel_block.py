@@ -1,4 +1,4 @@
-"""Block attention with LSE and the two merges of seed 002, on one process."""
+"""Block attention with LSE and the two merges of [A-OnlineNorm], on one process."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def scalar(*values: float) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
 
-class TestSeed002Merge:
+class TestOnlineSoftmaxMerge:
     """A holds score 0 with value 2, B score ln 3 with value 10: the global output is 8, not 12 or 6."""
 
     def test_mlu_form(self) -> None:
@@ -53,7 +53,7 @@ class TestSeed002Merge:
 
 
 class TestEmptyContributions:
-    """A fully masked block is an empty contribution (seed 002): never -inf - -inf, never NaN."""
+    """A fully masked block is an empty contribution ([A-OnlineNorm]): never -inf - -inf, never NaN."""
 
     def test_lse_empty_into_empty_stays_empty(self) -> None:
         out, lse = torch.zeros(1, 3), scalar(-math.inf).float()

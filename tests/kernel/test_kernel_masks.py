@@ -15,7 +15,7 @@ pytestmark = pytest.mark.kernel
 
 
 def test_seed_002_documents_never_see_each_other() -> None:
-    """Two sequences of lengths 2 and 3 packed as [0, 2, 5] (seed 002)."""
+    """Two sequences of lengths 2 and 3 packed as [0, 2, 5] ([A-OnlineNorm])."""
     tokens = np.arange(5)
     expected = np.array([[1, 1, 0, 0, 0],
                          [1, 1, 0, 0, 0],

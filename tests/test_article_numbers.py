@@ -1,8 +1,8 @@
-"""Every number of SPEC §3 and seed 000 (§1–§14 and its closing list), to the seed's printed precision.
+"""Every number of [A-RingCost] (§1–§14 and its closing list) and [A-SPDeep], to their printed precision.
 
-Each row: what the seed says, where the number comes from in our report or model, the value printed
-in the seed, and how many significant digits it printed. A row passes when our unrounded number,
-rounded half-up to those digits, is the seed's number.
+Each row: what the article says, where the number comes from in our report or model, the value printed
+in the article, and how many significant digits it printed. A row passes when our unrounded number,
+rounded half-up to those digits, is the article's number.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 
 from costmodel.symbolic import numeric
-from tests.support import plan, seed_round
+from tests.support import half_up, plan
 
 NVLINK = plan("a100-nvlink")
 A100_IB = plan("a100-ib", inter_bandwidth="400Gb")  # the article's 400 Gb/s; a DGX A100 ships 200 Gb/s HDR
@@ -40,11 +40,11 @@ ROWS: list[tuple[str, Callable[[], float], str, int]] = [
     ("layer intensity 149,797 FLOP/B", lambda: NVLINK.ring.intensity_layer, "149797", 6),
     ("step intensity 131,072 FLOP/B", lambda: NVLINK.ring.intensity_step, "131072", 6),
     ("I_step / I = (N-1)/N", lambda: NVLINK.ring.intensity_step / NVLINK.ring.intensity_layer, "0.875", 3),
-    # β for the three seed machines
+    # β for the three article's machines
     ("beta A100 + NVLink 300 GB/s", lambda: NVLINK.hardware.beta, "1040", 4),
     ("beta A100 + IB 50 GB/s (400 Gb/s override)", lambda: A100_IB.hardware.beta, "6240", 4),
     ("beta H100 + IB", lambda: H100_IB.hardware.beta, "19780", 4),
-    ("NVLink / IB bandwidth 6x (seed §13)", lambda: A100_IB.hardware.beta / NVLINK.hardware.beta, "6", 1),
+    ("NVLink / IB bandwidth 6x ([A-RingCost §13])", lambda: A100_IB.hardware.beta / NVLINK.hardware.beta, "6", 1),
     # §4.1 step times
     ("step compute 56.4 ms", lambda: NVLINK.ring.step_compute_s, "0.0564", 3),
     ("step receive NVLink 0.447 ms", lambda: NVLINK.ring.step_comm_s, "0.000447", 3),
@@ -94,26 +94,26 @@ ROWS: list[tuple[str, Callable[[], float], str, int]] = [
 ]
 
 
-@pytest.mark.parametrize(("what", "value", "seed", "digits"), ROWS, ids=[r[0] for r in ROWS])
-def test_seed_number(what: str, value: Callable[[], float], seed: str, digits: int) -> None:
-    assert seed_round(value(), digits) == Decimal(seed)
+@pytest.mark.parametrize(("what", "value", "printed", "digits"), ROWS, ids=[r[0] for r in ROWS])
+def test_article_number(what: str, value: Callable[[], float], printed: str, digits: int) -> None:
+    assert half_up(value(), digits) == Decimal(printed)
 
 
 def test_negative_example_cannot_hide() -> None:
-    """Seed §8: 8K, GQA 4, N = 8 over IB: I_step 4,096 vs β 19,780, comm cannot hide."""
+    """[A-RingCost §8]: 8K, GQA 4, N = 8 over IB: I_step 4,096 vs β 19,780, comm cannot hide."""
     report = plan("h100-ib", seq=8_192)
     assert report.ring.intensity_step < report.hardware.beta
     assert report.ring.comm_ratio_step == pytest.approx(19_780 / 4_096, rel=1e-12)
     assert report.ring.verdict == "red"
 
 
-def test_seed_example_is_green_on_nvlink() -> None:
+def test_worked_example_is_green_on_nvlink() -> None:
     assert NVLINK.ring.verdict == "green"
     assert NVLINK.ring.verdict_text == "overlap headroom"
 
 
 def test_seed_001_claim_2048_tokens_does_not_hide_on_h800_ib() -> None:
-    """Seed 001: "B >= 2,048 tokens hides all communication on H800 + 400 Gb/s". Its own formula
+    """[A-SPDeep]: "B >= 2,048 tokens hides all communication on H800 + 400 Gb/s". Its own formula
     (4·B²·d/F >= 2·B·d·2/BW, i.e. MHA) gives B >= F/BW = beta = 19,780 tokens, not 2,048."""
     mha = plan("h800-ib", seq=16_384, n=8, kv_heads=32)  # shard of 2,048 tokens
     assert mha.ring.critical_shard_tokens == pytest.approx(19_780, rel=1e-9)
@@ -125,8 +125,8 @@ def test_seed_001_claim_2048_tokens_does_not_hide_on_h800_ib() -> None:
 
 
 def test_seed_mha_ring_is_not_094_gb() -> None:
-    """Seed §7 says that under MHA "both are 0.94 GB". Ulysses is, but the ring is not: ring traffic
-    scales with n_kv, so MHA (n_kv = 32) receives 4x the GQA ring's 0.94 GB. The seed compared
+    """[A-RingCost §7] says that under MHA "both are 0.94 GB". Ulysses is, but the ring is not: ring traffic
+    scales with n_kv, so MHA (n_kv = 32) receives 4x the GQA ring's 0.94 GB. The article compared
     Ulysses-MHA with ring-GQA; we keep the formula and record the disagreement here."""
     assert MHA.ring.recv_bytes_per_layer == pytest.approx(4 * NVLINK.ring.recv_bytes_per_layer, rel=1e-12)
-    assert seed_round(MHA.ring.recv_bytes_per_layer, 3) == Decimal("3.76e9")
+    assert half_up(MHA.ring.recv_bytes_per_layer, 3) == Decimal("3.76e9")
