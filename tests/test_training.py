@@ -178,3 +178,85 @@ def test_training_values_cover_every_fit_formula() -> None:
     values = training_values(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("h100-ib")), 8)
     for name in ("model_state_bytes", "activation_bytes", "ring_buffer_bytes", "n_min_memory"):
         assert set(numeric.ARGS[name]) <= set(values), name
+
+
+def _advice(model: str, hw: str, gpus: int, **setup: object):  # noqa: ANN202
+    inputs = PlanInputs(seq=131_072, n=1, model=model, **TRAINING_DEFAULTS)
+    return recommend(inputs, load_model(model), TrainingSetup(gpus=gpus, **setup), Machine(load_profile(hw)))
+
+
+def test_one_device_is_no_context_parallelism_not_a_none_ring(cli) -> None:
+    rec = _advice("llama3-70b", "h100-nvlink", 64, tp=8, zero=3, recompute="full").recommendation
+    assert (rec.n_recommended, rec.scheme, rec.layout, rec.n_ulysses) == (1, "none", None, None)
+    assert rec.reason.startswith("N = 1: no CP is needed") and "None" not in rec.reason
+    out = cli("recommend", "--seq", "128k", "--model", "llama3-70b", "--gpus", "64", "--hw", "h100-nvlink", "--tp", "8",
+              "--zero", "3", "--recompute", "full").out  # fmt: skip
+    assert "N = 1, no context parallelism" in out and "None" not in out
+
+
+def test_memory_failure_says_what_would_fit_and_checks_it() -> None:
+    report = _advice("llama3-70b", "h100-ib", 64)
+    rec = report.recommendation
+    assert rec.n_min_memory is None and rec.n_min_memory_real is None  # never a negative N
+    assert "the model states alone need" in rec.reason
+    combined = next(fix for fix in rec.fixes if "together" in fix)
+    assert combined.endswith("then works")
+    # the fix is real: that setup does recommend a CP degree
+    assert _advice("llama3-70b", "h100-ib", 64, recompute="full", zero=3, tp=8).recommendation.n_recommended
+
+
+def test_memory_beyond_the_largest_usable_n_gets_its_sentence(cli) -> None:
+    out = cli("recommend", "--seq", "1M", "--model", "llama3-8b", "--gpus", "8", "--hw", "a100-nvlink").out
+    assert "beyond the largest usable N = 8" in out and "memory fits from N = " in out
+
+
+def test_ring_buffers_exist_only_with_a_ring() -> None:
+    report = _advice("llama3-8b", "a100-nvlink", 64, recompute="full")
+    buffers = {row.n: row for row in report.candidates}
+    values = training_values(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64),
+                             Machine(load_profile("a100-nvlink")), 1)  # fmt: skip
+    assert numeric.ring_buffer_bytes(**{a: values[a] for a in numeric.ARGS["ring_buffer_bytes"]}) == 0
+    two = values | {"N": 2.0}
+    assert numeric.ring_buffer_bytes(**{a: two[a] for a in numeric.ARGS["ring_buffer_bytes"]}) > 0
+    assert buffers[1].total_bytes > buffers[2].total_bytes
+
+
+def test_pipeline_memory_is_the_most_loaded_stage() -> None:
+    """At pp = 4 the first stage holds 4 micro-batches of 8 layers (32 layers' activations); the last stage
+    holds the output layer's states; the fit takes the larger of the two, not the average."""
+    model, machine = load_model("llama3-8b"), Machine(load_profile("a100-nvlink"))
+    one = training_values(SEED_QUESTION, model, TrainingSetup(gpus=64, pp=1, recompute="full"), machine, 8)
+    four = training_values(SEED_QUESTION, model, TrainingSetup(gpus=256, pp=4, recompute="full"), machine, 8)
+
+    def get(name: str, values: dict) -> float:
+        return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+
+    layer = 4096 * (128 * (2 * 32 + 2 * 8) + 3 * 14336) + 2 * 4096
+    assert get("stage_params", four) == 32 / 4 * layer + 128256 * 4096 + 4096
+    assert get("stage_params", one) == get("params", one)
+    # Full recompute keeps each layer's input. The first stage holds 4 micro-batches of 8 layers (32 inputs);
+    # the last holds 8 inputs and the fp32 logits of the loss, which at 16K tokens per rank are the larger.
+    per_layer_input = 131_072 / 8 * 2 * 4096
+    logits = 131_072 / 8 * (2 * 4096 + 4 * 128_256)
+    assert get("activation_bytes", four) == pytest.approx(max(32 * per_layer_input, 8 * per_layer_input + logits))
+    assert get("activation_bytes", four) == pytest.approx(8 * per_layer_input + logits, rel=1e-12)
+    assert get("activation_bytes", one) == pytest.approx(32 * per_layer_input + logits, rel=1e-12)
+
+
+def test_recompute_none_keeps_scores_only_without_flash_attention() -> None:
+    """Korthikanti's no-SP, no-recompute case: sbh(10 + 24/t + 5as/(ht)) with t = 8, MHA GPT-3 [Korthikanti22 §4]."""
+    model, machine = load_model("gpt3-175b"), Machine(load_profile("a100-nvlink"))
+    shape = PlanInputs(seq=2048, n=1, model="gpt3-175b", heads=model.heads, kv_heads=model.kv_heads,
+                       head_dim=model.head_dim, block=1)  # fmt: skip
+
+    def layer(**setup: object) -> float:
+        values = training_values(shape, model, TrainingSetup(gpus=8, tp=8, **setup), machine, 1)
+        return float(numeric.layer_activation_bytes(**{a: values[a] for a in numeric.ARGS["layer_activation_bytes"]}))
+
+    s, b, h, a, t = 2048, 1, model.hidden, model.heads, 8
+    korthikanti = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert layer(recompute="none", flash_attention=False, sequence_parallel=False) == pytest.approx(korthikanti, rel=1e-12)
+    assert layer(recompute="selective", flash_attention=False, sequence_parallel=False) == pytest.approx(
+        s * b * h * (10 + 24 / t), rel=1e-12)  # fmt: skip
+    assert layer(recompute="none") == layer(recompute="selective")  # flash attention keeps no scores
+    assert layer(recompute="none", sequence_parallel=True) == pytest.approx(s * b * h * 34 / t, rel=1e-12)
