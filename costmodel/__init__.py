@@ -4,4 +4,4 @@
 the generated :mod:`costmodel.symbolic.numeric` so they start without it. Nothing here imports torch.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

@@ -152,3 +152,28 @@ def test_measured_profile_schema_rejects_nonsense() -> None:
     data["calibration"]["overlap"] = 3
     with pytest.raises(Exception, match="calibration.overlap"):
         parse_profile(data, "x.yaml")
+
+
+def test_validate_table_fits_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every cell on one line at 80 columns: no wrapped 'contigu…' and no 'ms' on a line of its own."""
+    import io
+
+    from rich.console import Console
+
+    from costmodel.cli.render import render_validation
+
+    rows = [{"variant": variant, "layout": layout, "causal": causal, "tokens_per_rank": tokens,
+             "shard_over_critical": tokens / 164, "pass": pass_, "measured_s": 0.01234, "predicted_s": 0.01313,
+             "error": 0.0641, "datasheet_s": 0.001, "datasheet_error": -0.8412}
+            for variant, layout in (("ring", "contiguous"), ("ring", "striped"), ("ulysses", "contiguous"))
+            for causal in (False, True) for tokens in (32, 2048) for pass_ in ("fwd", "fwd+bwd")]  # fmt: skip
+    buffer = io.StringIO()
+    report = {"hw": "box", "nproc": 2, "critical_shard_tokens": 164, "rows": rows, "passed": True,
+              "median_abs_error": 0.05, "max_median_error": 0.1, "max_abs_error": 0.2,
+              "datasheet_median_abs_error": 0.8, "datasheet_over_calibrated": 14.6}  # fmt: skip
+    render_validation(report, Console(file=buffer, width=80, highlight=False))
+    lines = buffer.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    body = [line for line in lines if line.startswith(("ring", "Ulysses"))]
+    assert len(body) == len(rows) and not any("…" in line for line in body)
+    assert all(line.rstrip().endswith("%") for line in body)

@@ -67,29 +67,3 @@ def compare(profile: HardwareProfile, n: int, cases: list[Any], measured: list[d
         "datasheet_over_calibrated": sheet / median if median else float("inf"),
         "max_median_error": max_median_error, "passed": median <= max_median_error,
     }  # fmt: skip
-
-
-def render_table(report: dict[str, Any]) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    from costmodel.core.units import seconds
-
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left", title_style="bold",
-                  title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
-                        f"L* = {report['critical_shard_tokens']:,.0f} tokens")  # fmt: skip
-    for name in ("kernel", "L/rank", "L/L*", "pass", "measured", "model", "error", "datasheet", "error"):
-        table.add_column(name, justify="left" if name in {"kernel", "pass"} else "right")
-    for r in report["rows"]:
-        kernel = r["variant"] if r["variant"] == "ulysses" else f"ring {r['layout']}"
-        kernel += " causal" if r["causal"] else ""
-        table.add_row(kernel, str(r["tokens_per_rank"]), f"{r['shard_over_critical']:.2f}", r["pass"],
-                      seconds(r["measured_s"]), seconds(r["predicted_s"]), f"{r['error']:+.1%}",
-                      seconds(r["datasheet_s"]), f"{r['datasheet_error']:+.1%}")  # fmt: skip
-    console = Console(highlight=False)
-    console.print(table)
-    verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
-    console.print(f"median |error| {report['median_abs_error']:.1%} ({verdict} {report['max_median_error']:.0%}), "
-                  f"max {report['max_abs_error']:.1%}; datasheet-style model: median "
-                  f"{report['datasheet_median_abs_error']:.1%}, {report['datasheet_over_calibrated']:.1f}x the error")  # fmt: skip

@@ -20,7 +20,7 @@ from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
 app = typer.Typer(
     name="cp-plan",
     help="Should this sequence be split over N devices, and how? A cost model for context parallelism.",
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
@@ -37,6 +37,14 @@ app.command("report")(plan_file.report_cmd)
 app.command("step")(step.step_cmd)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from costmodel import __version__
+
+        typer.echo(f"cp-plan {__version__}")
+        raise typer.Exit()
+
+
 @app.callback(invoke_without_command=True)
 @declared(inputs=PlanInputs, machine_overrides=MachineOverrides)
 def report(
@@ -46,6 +54,8 @@ def report(
     format: FormatOpt = Format.table,
     explain: Annotated[bool, typer.Option("--explain", help="Also print each formula, then with values.")] = False,
     timeline: TimelineOpt = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                          help="Print the version and exit.")] = False,  # fmt: skip
 ) -> None:
     """Report memory tiers, traffic, intensity vs beta, times, the verdict and the CP degree to use.
 

@@ -258,7 +258,9 @@ def validate(
 
     Example: cp-plan validate --hw me.yaml --nproc 2
     """
-    from costmodel.calibration.compare import compare, critical_tokens, render_table
+    from costmodel.calibration.compare import compare, critical_tokens
+    from costmodel.cli.options import console
+    from costmodel.cli.render import render_validation
     from costmodel.machines.profiles import load_profile
 
     profile = load_profile(hw)
@@ -288,5 +290,5 @@ def validate(
     if output_format == "json":
         typer.echo(json.dumps(report, indent=2))
     else:
-        render_table(report)
+        render_validation(report, console())
     raise typer.Exit(0 if report["passed"] else 1)

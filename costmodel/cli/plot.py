@@ -27,6 +27,7 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
         raise InputError("--plot", "needs matplotlib: pip install 'cp-plan[plot]'; nothing was written") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from costmodel.core.fileio import atomic_write_bytes
 
@@ -38,6 +39,9 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
         ax.axhspan(1e-6, GREEN.upper, color="tab:green", alpha=0.12, lw=0)
         ax.axhspan(GREEN.upper, AMBER.upper, color="gold", alpha=0.18, lw=0)
         ax.axhspan(AMBER.upper, top, color="tab:red", alpha=0.10, lw=0)
+        for y, text in ((GREEN.upper ** 0.5 * 1e-2, "green < 5 %"), ((GREEN.upper * AMBER.upper) ** 0.5, "amber"),
+                        (AMBER.upper * 2.2, "red > 15 %")):  # fmt: skip
+            ax.text(0.015, y, text, transform=ax.get_yaxis_transform(), fontsize=7, color="0.3", va="center")
         ax.axhline(1.0, color="0.3", lw=0.8, ls=":")
         for colour, seq, ratio, n_max, n_min in zip(colours, grid.seqs, grid.ratio, grid.n_max,
                                                     _or_nan(grid.n_min_memory, len(grid.seqs)), strict=True):  # fmt: skip
@@ -50,19 +54,23 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
         crossing = grid.ns[grid.inter_node]
         if crossing.size:
             ax.axvline(float(crossing[0]) / np.sqrt(2), color="0.5", lw=1)
-            ax.text(float(crossing[0]) / np.sqrt(2), top / 1.6, " ring leaves\n the node", fontsize=8, color="0.35")
-        ax.set(xscale="log", yscale="log", xlabel="CP degree N", title=grid.profile, ylim=(1e-4, top))
+            ax.text(float(crossing[0]) / np.sqrt(2), top / 12, " ring leaves\n the node", fontsize=8, color="0.35")
+        ax.set(xscale="log", yscale="log", xlabel="CP degree N", ylim=(1e-4, top))
+        ax.set_title(grid.profile, fontsize=10)
         ax.set_xticks(ns, [str(int(n)) for n in ns])
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{100 * y:g} %"))
+        ax.set_yticks([1e-3, 1e-2, GREEN.upper, AMBER.upper, 1.0])
         ax.grid(alpha=0.25, which="both")
     mask = "causal" if shape.causal else "non-causal"
     axes[0][0].set_ylabel(f"{shape.pass_} step receive / step compute")
     axes[0][-1].legend(fontsize=8, loc="lower right")
+    drawn_n_min = any(grid.n_min_memory is not None for grid in grids)
     fig.suptitle(
-        f"h = {shape.heads}, n_kv = {shape.kv_heads}, d = {shape.head_dim}, {shape.dtype}, {mask}: green < 5 %, "
-        "amber <= 15 %; ▼ N_max (ratio 100 %), dashed: N_min(memory)",
+        f"h = {shape.heads}, n_kv = {shape.kv_heads}, d = {shape.head_dim}, {shape.dtype}, {mask}; "
+        "▼ N_max (ratio 100 %)" + (", dashed: N_min(memory)" if drawn_n_min else ""),
         fontsize=9,
     )
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))  # the title inside the figure
     import io
 
     buffer = io.BytesIO()

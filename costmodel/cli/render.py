@@ -275,3 +275,29 @@ def render_explain(trace: list[Evaluation], console: Console) -> None:
 
 def _short(scope: str) -> str:
     return {"intra-node": "in node", "inter-node": "across nodes"}.get(scope, scope)
+
+
+def render_validation(report: dict, console: Console) -> None:
+    """`cp-plan validate`'s table, kept inside 80 columns: one row per case and pass."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left", title_style="bold",
+                  padding=(0, 0, 0, 1), title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
+                        f"L* = {report['critical_shard_tokens']:,.0f} tokens")  # fmt: skip
+    for name in ("kernel", "mask", "L/rank", "L/L*", "pass", "measured", "model", "error", "sheet"):
+        table.add_column(name, justify="left" if name in {"kernel", "mask", "pass"} else "right", no_wrap=True)
+    short = {"contiguous": "contig", "striped": "striped", "zigzag": "zigzag"}
+    for r in report["rows"]:
+        kernel = "Ulysses" if r["variant"] == "ulysses" else f"ring {short[r['layout']]}"
+        table.add_row(kernel, "causal" if r["causal"] else "full", str(r["tokens_per_rank"]),
+                      f"{r['shard_over_critical']:.3g}", r["pass"],
+                      seconds(r["measured_s"]), seconds(r["predicted_s"]), f"{r['error']:+.1%}",
+                      f"{r['datasheet_error']:+.0%}")  # fmt: skip
+    console.print(table)
+    verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
+    console.print("sheet: error of the datasheet-style model (peak FLOP/s, no α, balanced)", style="dim")
+    console.print(f"median |error| {report['median_abs_error']:.1%} ({verdict} {report['max_median_error']:.0%}), "
+                  f"max {report['max_abs_error']:.1%}")
+    console.print(f"datasheet-style: median {report['datasheet_median_abs_error']:.1%}, "
+                  f"{report['datasheet_over_calibrated']:.1f}x the error")
