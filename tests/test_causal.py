@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.schedule.layouts import LAYOUTS, positions
-from costmodel.schedule.simulator import simulate, simulate_by_definition
+from costmodel.schedule.layouts import LAYOUTS, position_at, positions
+from costmodel.schedule.simulator import SIMULATION_BUDGET, simulate, simulate_by_definition, simulation_tile
 
 
 @settings(max_examples=80, deadline=None)
@@ -66,3 +66,28 @@ def test_layouts_partition_the_sequence(layout: str) -> None:
     pos = positions(layout, 96, 4)
     assert sorted(pos.ravel().tolist()) == list(range(96))
     assert (np.diff(pos, axis=1) > 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(layout=st.sampled_from(["contiguous", "striped", "zigzag"]), n=st.sampled_from([1, 2, 3, 4, 8]),
+       chunks=st.integers(1, 12))  # fmt: skip
+def test_position_at_is_the_layout_without_building_it(layout: str, n: int, chunks: int) -> None:
+    seq = 2 * n * chunks
+    ranks, index = np.arange(n)[:, None], np.arange(seq // n)[None, :]
+    assert (position_at(layout, seq, n, ranks, index) == positions(layout, seq, n)).all()
+
+
+def test_simulation_tile_keeps_memory_bounded_and_is_conservative() -> None:
+    """1M tokens over 1,024 ranks at tile 1: the tile grows until N² x tiles fits; coarser never raises
+    utilisation (fewer masked pairs can be skipped)."""
+    tile = simulation_tile(1 << 20, 1024, 1)
+    assert 1024 * 1024 * (1024 // tile) <= SIMULATION_BUDGET and tile > 1
+    fine, coarse = simulate("zigzag", 1 << 16, 16, 64), simulate("zigzag", 1 << 16, 16, 1024)
+    assert coarse.utilization <= fine.utilization
+    with pytest.raises(ValueError, match="budget"):
+        simulate("zigzag", 1 << 20, 1024, 1)
+
+
+def test_sixteen_billion_tokens_need_no_array_of_positions() -> None:
+    schedule = simulate("zigzag", 1 << 34, 64, simulation_tile(1 << 34, 64, 1024))
+    assert 0.5 < schedule.utilization <= 1.0

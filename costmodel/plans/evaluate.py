@@ -29,7 +29,7 @@ from costmodel.plans.schemes import SchemeResult, compare
 from costmodel.plans.timing import predict
 from costmodel.plans.verdict import AMBER, GREEN, band
 from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
-from costmodel.schedule.simulator import simulate
+from costmodel.schedule.simulator import simulate, simulation_tile
 
 
 def _largest_n_in_band(ev: Evaluator, machine: Machine, upper: float, strict: bool, seq: int) -> int:
@@ -184,16 +184,17 @@ def _scheme(s: SchemeResult) -> Scheme:
 
 
 def _causal(ev: Evaluator, inputs: PlanInputs) -> Causal:
+    tile = simulation_tile(inputs.seq, inputs.n, inputs.block)
     per_layout = {
-        layout: simulate(layout, inputs.seq, inputs.n, inputs.block).utilization
-        if inputs.seq % (inputs.n * chunks_per_rank(layout)) == 0 and inputs.block <= inputs.seq // inputs.n
+        layout: simulate(layout, inputs.seq, inputs.n, tile).utilization
+        if inputs.seq % (inputs.n * chunks_per_rank(layout)) == 0
         else None
         for layout in LAYOUTS
     }
     return Causal(
         utilization_coarse=ev("utilization_coarse"),
         utilization_fine=ev("utilization_fine"),
-        tile=inputs.block,
+        tile=tile,
         utilization=LayoutUtilization(**per_layout),
     )
 
@@ -221,4 +222,8 @@ def _notes(inputs: PlanInputs, machine: Machine, hw: Hardware, ring: Ring) -> li
         )
     if inputs.n == 1:
         notes.append("N = 1: nothing is split and nothing is received; the ring figures are per would-be block.")
+    tile = simulation_tile(inputs.seq, inputs.n, inputs.block)
+    if inputs.causal and tile != min(inputs.block, inputs.seq // inputs.n):
+        notes.append(f"The causal schedule is simulated at tile {tile:,}, the finest whose N x N x tiles arrays fit "
+                     "in memory: a lower bound on the utilisation at your tile.")
     return notes

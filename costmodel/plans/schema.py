@@ -183,7 +183,7 @@ class Causal(_Section):
 
     utilization_coarse: float = Field(description="(N+1)/2N, [A-RingCost §6]")
     utilization_fine: float = Field(description="N/(2N-1), [A-RingCost §6]")
-    tile: int = Field(description="tile of the simulator, = --block")
+    tile: int = Field(description="tile of the simulator: --block, or the finest multiple of it whose arrays fit in memory")
     utilization: LayoutUtilization = Field(description="tile-level simulator, [Striped §3]")
 
 

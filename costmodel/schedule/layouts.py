@@ -39,6 +39,16 @@ def check_divisible(layout: str, seq: int, n: int, field: str = "seq") -> None:
         raise InputError(field, f"{seq} tokens do not split evenly over {what} ({layout} layout)")
 
 
+def position_at(layout: str, seq: int, n: int, rank: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The global position of local token ``index`` of ``rank`` (broadcasting), without building them all."""
+    if layout == "contiguous":
+        return rank * (seq // n) + index
+    if layout == "striped":
+        return index * n + rank
+    chunk = seq // (2 * n)  # zigzag: chunk `rank`, then chunk 2N-1-rank
+    return np.where(index < chunk, rank * chunk + index, (2 * n - 1 - rank) * chunk + index - chunk)
+
+
 def positions(layout: str, seq: int, n: int) -> np.ndarray:
     """Global positions held by each rank, shape (n, seq // n), increasing along each row."""
     check_divisible(layout, seq, n)

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.schedule.layouts import positions
+from costmodel.schedule.layouts import check_divisible, position_at, positions
 
 
 @dataclass(frozen=True)
 class Schedule:
     """Pairs of (query, key) positions each rank computes at each ring step."""
 
-    rank_step_pairs: np.ndarray  # (N ranks, N steps), int64
+    rank_step_pairs: np.ndarray  # (N ranks, N steps), float64 (exact below 2^53 pairs)
     useful_pairs: int  # S(S+1)/2 causal, S² otherwise
 
     @property
@@ -33,27 +33,49 @@ class Schedule:
     @property
     def utilization(self) -> float:
         n = self.rank_step_pairs.shape[0]
-        return self.useful_pairs / (n * int(self.step_pairs.sum()))
+        return self.useful_pairs / (n * float(self.step_pairs.sum()))
 
 
-def _tile_bounds(pos: np.ndarray, tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per rank and tile: smallest position, largest position, tile size."""
-    length = pos.shape[1]
-    starts = np.arange(0, length, tile)
-    sizes = np.diff(np.append(starts, length))
-    return np.minimum.reduceat(pos, starts, axis=1), np.maximum.reduceat(pos, starts, axis=1), sizes
+SIMULATION_BUDGET = 1 << 25  # rank x rank x tile entries of one simulation: a few hundred MB at most
+
+
+def simulation_tile(seq: int, n: int, tile: int) -> int:
+    """The tile the simulator can afford: ``tile``, or its smallest power-of-two multiple for which the
+    N x N x (L / tile) work arrays stay within :data:`SIMULATION_BUDGET`. A coarser tile skips fewer
+    masked pairs, so the utilisation it gives is a lower bound on the one at ``tile``."""
+    length = seq // n
+    tile = max(1, min(tile, length))
+    while tile < length and n * n * -(-length // tile) > SIMULATION_BUDGET:
+        tile = min(2 * tile, length)
+    return tile
+
+
+def _tile_bounds(layout: str, seq: int, n: int, tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank and tile: smallest position, largest position, tile size. A rank's positions increase
+    along its local order, so a tile's bounds are the positions of its first and last token: no array of
+    all S positions is built."""
+    length = seq // n
+    starts = np.arange(0, length, tile, dtype=np.int64)
+    ends = np.minimum(starts + tile, length)
+    ranks = np.arange(n, dtype=np.int64)[:, None]
+    first = position_at(layout, seq, n, ranks, starts[None, :])
+    last = position_at(layout, seq, n, ranks, ends[None, :] - 1)
+    return first, last, ends - starts
 
 
 def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> Schedule:
     """Simulate one layer's ring schedule; vectorised over all rank pairs and tiles."""
     if tile < 1:
         raise ValueError("tile must be >= 1")
-    pos = positions(layout, seq, n)
-    length = pos.shape[1]
+    if n * n * -(-(seq // n) // tile) > SIMULATION_BUDGET:
+        raise ValueError(f"N = {n} with {seq // n // tile} tiles per rank is over the simulator's budget; "
+                         "use simulation_tile()")
+    check_divisible(layout, seq, n)
+    length = seq // n
     if not causal:
-        return Schedule(np.full((n, n), length * length, dtype=np.int64), seq * seq)
+        return Schedule(np.full((n, n), float(length) * length), seq * seq)
 
-    kmin, qmax, sizes = _tile_bounds(pos, tile)
+    kmin, qmax, sizes = _tile_bounds(layout, seq, n, tile)
     tiles = sizes.size
     # Key tiles of every rank sorted by their first position, with running key counts, laid out
     # one rank after another on a number line (rank k offset by k·(seq+1)) so a single
@@ -63,12 +85,13 @@ def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> S
     ksize_sorted = sizes[order]
     offset = np.arange(n, dtype=np.int64)[:, None] * (seq + 1)
     line = (kmin_sorted + offset).ravel()
-    running = np.concatenate([[0], np.cumsum(ksize_sorted.ravel())])
+    running = np.concatenate([[0], np.cumsum(ksize_sorted.ravel())])  # int64: at most S keys
     # queries[i, k, t]: query tile t of rank i placed in the band of key rank k.
     queries = qmax[:, None, :] + offset[None, :, :]
     hit = np.searchsorted(line, queries, side="right")
     keys_seen = running[hit] - running[np.arange(n)[None, :, None] * tiles]
-    pairs = (keys_seen * sizes[None, None, :]).sum(axis=2)  # pairs[i, k]: rank i against rank k's KV
+    # pairs[i, k]: rank i against rank k's KV; float64, since L² passes 2^63 for long shards
+    pairs = (keys_seen.astype(float) * sizes[None, None, :]).sum(axis=2)
     ranks = np.arange(n)
     src = (ranks[:, None] - ranks[None, :]) % n  # src[i, j]: whose KV rank i holds at step j
     return Schedule(pairs[ranks[:, None], src], seq * (seq + 1) // 2)
