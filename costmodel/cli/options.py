@@ -78,7 +78,7 @@ def _range(info: FieldInfo) -> str:
 
 def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any) -> inspect.Parameter:
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    names = [flag_name(model, name)] + ([extra["short"]] if extra.get("short") else [])
+    names = [flag_name(model, name), *extra.get("aliases", ())] + ([extra["short"]] if extra.get("short") else [])
     base = _base_type(info.annotation)
     help_text = (info.description or "") + _range(info)
     option: dict[str, Any] = {"help": help_text}
