@@ -123,8 +123,8 @@ class PlanInputs(BaseModel):
     causal: Flag = flag(False, "Causal mask: useful compute halves, traffic does not.")
     layout: Layout = flag("contiguous", "Which tokens each device holds (zigzag and striped balance a causal mask).")
     efficiency: Number | None = flag(
-        None, "Effective / peak FLOP/s for every kernel, in [0.001, 1]; default: the profile's measured kernel "
-        "tables where it has them, else peak.", ge=0.001, le=1)  # fmt: skip
+        None, "Effective / peak FLOP/s for every kernel, in [0.001, 1]; default: the profile's measured or "
+        "published kernel rates where it has them, else peak.", ge=0.001, le=1)  # fmt: skip
     hw: str = flag("a100-nvlink", "Hardware profile: a built-in name (cp-plan hw list) or a YAML path.",
                    max_length=4096)  # fmt: skip
     model: str | None = flag(None, "Model preset name or YAML path; sets heads, kv-heads, head-dim.", short="-m",
