@@ -3,8 +3,8 @@
 For a group of ``group`` ranks doing a collective, which link it waits on and at what α and B (a
 job's other parallel dimensions place the group: :meth:`Machine.placed`); how much of a transfer hides
 under compute; at what FLOP/s a kernel call runs (measured curves, the profile's published kernel
-tables, or peak x ``--efficiency``); which fixed costs a measured profile adds. Datasheet and measured profiles answer through the same questions, so
-no command picks a link or a rate on its own.
+tables, or peak x ``--efficiency``); which fixed costs a measured profile adds. Datasheet and measured
+profiles answer through the same questions, so no command picks a link or a rate on its own.
 
 ``datasheet=True`` asks the datasheet-style question of a measured profile too: peak FLOP/s for every
 call, no α, transfers fully hidden, no fixed costs (what `cp-plan validate` sets beside the model).
