@@ -3,6 +3,8 @@ step, the kernel tables read back, and the CLI contract (JSON keys, one-line bad
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +13,7 @@ from costmodel.machines.kernels import attention_rate, gemm_rate
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
-from costmodel.training.step import StepSetup, bind, evaluate_step
+from costmodel.training.step import bind, build_step, evaluate_step
 
 LLAMA8B = {"H": 4096, "F_ffn": 14336, "V": 128256, "n_L": 32, "g": 1, "h": 32, "n_kv": 8, "d": 128, "e_m": 2}
 
@@ -83,11 +85,12 @@ SETUPS = st.fixed_dictionaries({
 @given(SETUPS)
 def test_breakdown_sums_to_the_step_and_utilisation_is_bounded(s: dict) -> None:
     vpp = s["vpp"] if s["pp"] > 1 else 1
-    setup = StepSetup(model=s["model"], seq=s["seq"], hw=s["hw"], gpus=s["tp"] * s["cp"] * s["pp"] * s["dp"],
-                      tp=s["tp"], cp=s["cp"], pp=s["pp"], vpp=vpp, global_batch=s["m"] * s["dp"],
-                      recompute=s["recompute"], cp_scheme="ring" if s["cp_scheme"] == "ulysses" else s["cp_scheme"],
-                      layout=s["layout"], zero3=s["zero3"])  # fmt: skip
-    step = evaluate_step(setup)["step"]
+    built = build_step(model=s["model"], seq=s["seq"], hw=s["hw"], gpus=s["tp"] * s["cp"] * s["pp"] * s["dp"],
+                       tp=s["tp"], cp=s["cp"], pp=s["pp"], vpp=vpp, global_batch=s["m"] * s["dp"],
+                       recompute=s["recompute"], cp_scheme="ring" if s["cp_scheme"] == "ulysses" else s["cp_scheme"],
+                       layout=s["layout"], zero=3 if s["zero3"] else 1)  # fmt: skip
+    setup = built[1]
+    step = evaluate_step(*built)["step"]
     assert sum(step["breakdown"].values()) == pytest.approx(step["time_s"], rel=1e-12)
     assert all(value >= 0 for value in step["breakdown"].values())
     assert 0 < step["hfu"] < 1 and 0 < step["mfu_causal_attention"] <= step["mfu"]
@@ -104,8 +107,8 @@ def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
         "pp": 8,
         "global_batch": 16,
     }
-    plain = evaluate_step(StepSetup(**common))["step"]
-    interleaved = evaluate_step(StepSetup(**common, vpp=5))["step"]
+    plain = evaluate_step(*build_step(**common))["step"]
+    interleaved = evaluate_step(*build_step(**common, vpp=5))["step"]
     assert interleaved["breakdown"]["pipeline bubble"] == pytest.approx(plain["breakdown"]["pipeline bubble"] / 5,
                                                                         rel=1e-9)  # fmt: skip
     assert interleaved["time_s"] < plain["time_s"]
@@ -113,8 +116,9 @@ def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
 
 def test_contiguous_causal_ring_pays_the_imbalance() -> None:
     """Contiguous causal: the slowest rank does N - 1/2 blocks for N/2 useful, u = N/(2N-1) [A-RingCost §6]."""
-    values = bind(StepSetup(model="llama3-8b", seq=65536, hw="h100-nvlink", gpus=8, cp=8, global_batch=1,
-                            layout="contiguous"), load_model("llama3-8b"), load_profile("h100-nvlink"))  # fmt: skip
+    inputs, setup, step, machine = build_step(model="llama3-8b", seq=65536, hw="h100-nvlink", gpus=8, cp=8,
+                                              global_batch=1, layout="contiguous")  # fmt: skip
+    values = bind(inputs, setup, step, load_model("llama3-8b"), machine)
     assert values["u_cp"] == pytest.approx(8 / 15, rel=1e-12)
 
 
@@ -158,8 +162,9 @@ def test_step_table_prints_the_headline(cli) -> None:
 
 STEP = ["step", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink"]
 BAD = [
-    (["--gpus", "8", "--tp", "3", "--global-batch", "8"], "--tp: 3 must divide the model's 32 heads"),
-    (["--gpus", "12", "--tp", "8", "--global-batch", "8"], "--gpus: 12 is not divisible by tp x cp x pp = 8"),
+    (["--gpus", "24", "--tp", "3", "--global-batch", "8"], "--tp: 3 must divide the model's 32 heads"),
+    (["--gpus", "12", "--tp", "4", "--cp", "2", "--global-batch", "8"],
+     "--gpus: 12 is not divisible by tp x cp x pp = 8"),
     (
         ["--gpus", "8", "--global-batch", "12"],
         "--global-batch: 12 is not divisible by micro-batch x DP = 1 x 8",
@@ -170,7 +175,7 @@ BAD = [
     ),
     (["--gpus", "8", "--global-batch", "8", "--recompute", "some"], "--recompute"),
     (["--gpus", "8", "--global-batch", "8", "--cp-scheme", "star"], "--cp-scheme"),
-    (["--gpus", "8", "--global-batch", "8", "--tp", "0"], "--tp: Input should be greater than or equal to 1"),
+    (["--gpus", "8", "--global-batch", "8", "--tp", "0"], "--tp: must be >= 1 (got 0)"),
     (["--gpus", "8", "--global-batch", "8", "--vpp", "2"], "--vpp: interleaving needs --pp > 1"),
 ]
 
@@ -195,3 +200,50 @@ def test_profile_without_kernel_tables_needs_efficiency(cli, tmp_path) -> None:
     given_ = cli(*args, "--efficiency", "0.5", "-f", "json")
     assert given_.code == 0, given_.err
     assert given_.json()["rates"]["gemm_flops_per_s"] == pytest.approx(0.5 * 989e12, rel=1e-12)
+
+
+def test_cli_and_hand_built_step_agree(cli) -> None:
+    """`cp-plan step ... --format json` is evaluate_step over build_step of the same flags, number for number."""
+    flags = {"model": "llama3-70b", "seq": "32k", "hw": "h100-ib", "gpus": "64", "tp": "8", "cp": "4", "pp": "2",
+             "vpp": "2", "micro_batch": "1", "global_batch": "16", "recompute": "full", "cp_scheme": "usp",
+             "layout": "striped", "zero": "3"}  # fmt: skip
+    args = [part for name, value in flags.items() for part in ("--" + name.replace("_", "-"), value)]
+    result = cli("step", *args, "--format", "json")
+    assert result.code == 0, result.err
+    typed = {name: value if name in {"model", "hw", "recompute", "cp_scheme", "layout"} else int(value)
+             for name, value in flags.items() if name != "seq"}  # fmt: skip
+    by_hand = evaluate_step(*build_step(**typed, seq=32768))
+    assert result.json() == json.loads(json.dumps(by_hand))  # JSON floats round-trip exactly
+
+
+def test_cp_and_n_are_one_flag(cli) -> None:
+    common = ("step", "-m", "llama3-8b", "--seq", "32k", "--hw", "h100-nvlink", "--gpus", "8", "--global-batch", "2",
+              "-f", "json")  # fmt: skip
+    assert cli(*common, "--cp", "4").json() == cli(*common, "--n", "4").json()
+
+
+def test_groups_wait_on_the_link_their_placement_gives() -> None:
+    """Ranks TP innermost, then CP, DP, PP: on 8-GPU nodes TP 8 stays on NVLink and CP crosses nodes, even on
+    an -ib profile (whose one CP rank per node stands in for that TP); --cp-ranks-per-node moves a CP group
+    off the node."""
+    nvlink, ib = 450e9, 50e9
+    inputs, setup, step, machine = build_step(model="llama3-70b", seq=32768, hw="h100-ib", gpus=128, tp=8, cp=4,
+                                              pp=2, global_batch=4)  # fmt: skip
+    values = bind(inputs, setup, step, load_model("llama3-70b"), machine)
+    assert (values["B_tp"], values["B_cp"], values["B_dp"], values["B_pp"]) == (nvlink, ib, ib, ib)
+    inputs, setup, step, machine = build_step(model="llama3-8b", seq=32768, hw="h100-ib", gpus=8, tp=2, cp=4,
+                                              global_batch=1)  # fmt: skip
+    assert bind(inputs, setup, step, load_model("llama3-8b"), machine)["B_cp"] == nvlink  # 2 x 4 ranks: one node
+    inputs, setup, step, machine = build_step(model="llama3-8b", seq=32768, hw="h100-nvlink", gpus=8, tp=2, cp=4,
+                                              global_batch=1, cp_ranks_per_node=4)  # fmt: skip
+    values = bind(inputs, setup, step, load_model("llama3-8b"), machine)
+    assert (values["B_tp"], values["B_cp"]) == (nvlink, ib)  # 4 ranks a node hold 2 CP ranks of stride 2
+
+
+def test_build_step_names_what_it_does_not_know() -> None:
+    from costmodel.core.errors import InputError
+
+    with pytest.raises(InputError, match="block: not an input of the step"):
+        build_step(model="llama3-8b", global_batch=8, block=512)
+    with pytest.raises(InputError, match="--model"):
+        evaluate_step(*build_step(global_batch=8))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
 from costmodel.plans.inputs import build, flag_name, parse_integer, parse_tokens, shape_from_model
@@ -78,7 +79,7 @@ def _range(info: FieldInfo) -> str:
 
 def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any) -> inspect.Parameter:
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    names = [flag_name(model, name)] + ([extra["short"]] if extra.get("short") else [])
+    names = [flag_name(model, name), *extra.get("aliases", ())] + ([extra["short"]] if extra.get("short") else [])
     base = _base_type(info.annotation)
     help_text = (info.description or "") + _range(info)
     option: dict[str, Any] = {"help": help_text}
@@ -91,6 +92,8 @@ def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any)
         option["help"] = f"{help_text} [default: {info.default} or the model's]"
         option["show_default"] = False
         default = None
+    if default is PydanticUndefined:  # a required input: the flag must be given
+        default = inspect.Parameter.empty
     if default is None:
         base = Optional[base]  # noqa: UP045 - typer reads Optional
     annotation = Annotated[base, typer.Option(*names, **option)]

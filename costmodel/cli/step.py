@@ -1,88 +1,42 @@
-"""``cp-plan step``: the whole training step's time, tokens/s, MFU and HFU, with a breakdown."""
+"""``cp-plan step``: the whole training step's time, tokens/s, MFU and HFU, with a breakdown.
+
+Its flags are the declared inputs: the shape and machine (:class:`~costmodel.plans.inputs.PlanInputs`,
+``--cp`` naming the CP degree ``--n``), the job's layout (:class:`~costmodel.plans.inputs.TrainingSetup`)
+and the step's own knobs (:class:`~costmodel.training.step.StepSetup`)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from costmodel.cli.options import Format, FormatOpt, console
-from costmodel.plans.inputs import parse_tokens
-
-SeqOpt = Annotated[int, typer.Option("--seq", "-s", parser=lambda text: parse_tokens(text), help="S, tokens.")]
-HwOpt = Annotated[str, typer.Option("--hw", help="Hardware profile name or YAML path.")]
-
-
-class Recompute(str, Enum):
-    none = "none"
-    selective = "selective"
-    full = "full"
+from costmodel.cli.options import console, declared
+from costmodel.cli.planning import DataFormat
+from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
+from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup
 
 
-class Scheme(str, Enum):
-    ring = "ring"
-    ulysses = "ulysses"
-    usp = "usp"
-    allgather = "allgather"
-
-
-class Layout(str, Enum):
-    contiguous = "contiguous"
-    striped = "striped"
-    zigzag = "zigzag"
-
-
+@declared(inputs=PlanInputs, setup=TrainingSetup, step=StepSetup, machine_overrides=MachineOverrides,
+          defaults=STEP_DEFAULTS, exclude=STEP_EXCLUDE)  # fmt: skip
 def step_cmd(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model preset name or YAML path.")],
-    seq: SeqOpt,
-    hw: HwOpt,
-    gpus: Annotated[int, typer.Option("--gpus", help="Devices in the job: tp x cp x pp x DP.")],
-    global_batch: Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.")],
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (with sequence parallelism).")] = 1,
-    cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1,
-    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 1,
-    vpp: Annotated[int, typer.Option("--vpp", help="Virtual stages per device (interleaved 1F1B).")] = 1,
-    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
-    recompute: Annotated[
-        Recompute, typer.Option("--recompute", help="Activation recompute.")
-    ] = Recompute.selective,
-    cp_scheme: Annotated[Scheme, typer.Option("--cp-scheme", help="How CP exchanges K and V.")] = Scheme.ring,
-    layout: Annotated[
-        Layout, typer.Option("--layout", help="Which tokens each CP rank holds.")
-    ] = Layout.zigzag,
-    zero3: Annotated[
-        bool, typer.Option("--zero3/--no-zero3", help="ZeRO-3 / FSDP parameter sharding.")
-    ] = False,
-    efficiency: Annotated[
-        Optional[float],
-        typer.Option("--efficiency", help="Override: every kernel at this share of peak, (0, 1]."),
-    ] = None,
-    format: FormatOpt = Format.table,
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    machine_overrides: MachineOverrides,
+    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
 ) -> None:
     """Predict one training step: time, tokens/s, model TFLOP/s per GPU, MFU, HFU and where the time goes.
 
     Example: cp-plan step --model llama3-8b --seq 8192 --hw h100-nvlink --gpus 8 --global-batch 16
     """
-    from pydantic import ValidationError
+    from costmodel.training.step import evaluate_step, step_machine
 
-    from costmodel.core.errors import InputError, describe_validation
-    from costmodel.training.step import StepSetup, evaluate_step
-
-    try:
-        setup = StepSetup(model=model, seq=seq, hw=hw, gpus=gpus, tp=tp, cp=cp, pp=pp, vpp=vpp,
-                          micro_batch=micro_batch, global_batch=global_batch, recompute=recompute.value,
-                          cp_scheme=cp_scheme.value, layout=layout.value, zero3=zero3,
-                          efficiency=efficiency)  # fmt: skip
-    except ValidationError as exc:
-        field = str(exc.errors()[0]["loc"][0]).replace("_", "-")
-        raise InputError(f"--{field}", describe_validation(exc).split(": ", 1)[-1]) from None
-    result = evaluate_step(setup)
-    if format is Format.json:
+    result = evaluate_step(inputs, setup, step, step_machine(inputs, machine_overrides))
+    if format is DataFormat.json:
         sys.stdout.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
-    elif format is Format.yaml:
+    elif format is DataFormat.yaml:
         import yaml
 
         sys.stdout.write(yaml.safe_dump(result, sort_keys=False))

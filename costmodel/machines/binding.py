@@ -1,9 +1,10 @@
 """The one machine binding: everything the model asks of a machine, answered in one place.
 
-For a group of ``group`` consecutive CP ranks doing a collective, which link it waits on and at what
-α and B; how much of a transfer hides under compute; at what FLOP/s a kernel call runs; which fixed
-costs a measured profile adds. Datasheet and measured profiles answer through the same questions, so
-no command picks a link or a rate on its own.
+For a group of ``group`` ranks doing a collective, which link it waits on and at what α and B (a
+job's other parallel dimensions place the group: :meth:`Machine.placed`); how much of a transfer hides
+under compute; at what FLOP/s a kernel call runs (measured curves, the profile's published kernel
+tables, or peak x ``--efficiency``); which fixed costs a measured profile adds. Datasheet and measured
+profiles answer through the same questions, so no command picks a link or a rate on its own.
 
 ``datasheet=True`` asks the datasheet-style question of a measured profile too: peak FLOP/s for every
 call, no α, transfers fully hidden, no fixed costs (what `cp-plan validate` sets beside the model).
@@ -15,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from costmodel.core.errors import InputError
+from costmodel.machines import kernels
 from costmodel.machines.profiles import HardwareProfile
 
 if TYPE_CHECKING:
@@ -41,11 +43,14 @@ class LinkBinding:
 
 @dataclass(frozen=True)
 class Machine:
-    """A profile bound to a dtype and an efficiency, with CP ranks placed ``ranks_per_node`` to a node."""
+    """A profile bound to a dtype and an efficiency, with CP ranks placed ``ranks_per_node`` to a node.
+
+    ``efficiency`` None: no share of peak was asked for, so kernel calls run at the profile's published
+    rates where it has them (the balanced formulas still read peak)."""
 
     profile: HardwareProfile
     dtype: str = "bf16"
-    efficiency: float = 1.0
+    efficiency: float | None = None
     datasheet: bool = False
     ranks_per_node: int = 0  # consecutive CP ranks sharing a node; 0: the profile's own placement
 
@@ -65,11 +70,12 @@ class Machine:
         """Measured rates, fits and fixed costs are used (a measured profile, not asked as a datasheet)."""
         return self.profile.calibration is not None and not self.datasheet
 
-    def placed(self, tp: int) -> Machine:
-        """The machine as a job with tensor parallelism ``tp`` lays CP out: TP innermost (Megatron's rank
-        order), so a node holds ranks_per_node / tp CP ranks; TP 8 on 8-GPU nodes puts every CP neighbour
-        on another node."""
-        return replace(self, ranks_per_node=max(1, self.profile.ranks_per_node // tp))
+    def placed(self, stride: int) -> Machine:
+        """The machine as a job lays out a group whose members are ``stride`` ranks apart: a node holds
+        ranks_per_node / stride of them. Ranks are numbered TP innermost, then CP, DP and PP (Megatron's
+        order), so a TP group has stride 1, CP stride t, DP stride t·N and PP stride t·N·DP; TP 8 on
+        8-GPU nodes puts every CP neighbour on another node."""
+        return replace(self, ranks_per_node=max(1, self.profile.ranks_per_node // stride))
 
     def as_datasheet(self) -> Machine:
         return replace(self, datasheet=True)
@@ -81,19 +87,42 @@ class Machine:
 
     @property
     def effective_flops(self) -> float:
-        """The one FLOP/s of the balanced formulas: measured where the profile has it, else peak x efficiency."""
+        """The one FLOP/s of the balanced formulas: measured where the profile has it, else peak x efficiency
+        (peak when none was given)."""
         if self.datasheet:
             return self.peak_flops
         measured = (self.profile.device.effective_flops or {}).get(self.dtype)
-        return measured if measured is not None else self.peak_flops * self.efficiency
+        if measured is not None:
+            return measured
+        return self.peak_flops * (1.0 if self.efficiency is None else self.efficiency)
 
-    def rate(self, flops: float, masked: bool, backward: bool, busy: int) -> float:
-        """FLOP/s of one kernel call of ``flops`` forward FLOP, fully visible or ``masked`` (causal), while
-        ``busy`` ranks compute at once (on a CPU they share cores). Measured curves where calibrated."""
-        if not self.calibrated:
+    @property
+    def published_rates(self) -> bool:
+        """Kernel calls run at the profile's published tables (``kernels:``): it has them, measured nothing,
+        no --efficiency was given and it is not asked as a datasheet."""
+        measured = (self.profile.device.effective_flops or {}).get(self.dtype) is not None
+        return (self.profile.kernels is not None and self.efficiency is None and not self.datasheet
+                and not self.calibrated and not measured)  # fmt: skip
+
+    def rate(self, flops: float, masked: bool, backward: bool, busy: int, q_tokens: float, k_tokens: float,
+             head_dim: int) -> float:  # fmt: skip
+        """FLOP/s of one attention call of ``flops`` forward FLOP, ``q_tokens`` queries against ``k_tokens``
+        keys of ``head_dim``, fully visible or ``masked`` (causal), while ``busy`` ranks compute at once (on
+        a CPU they share cores). Measured curves where calibrated; else the published kernel tables where
+        the profile has them and no efficiency was given; else :attr:`effective_flops`."""
+        if self.calibrated:
+            curve = self.profile.calibration.curve(busy, masked)  # type: ignore[union-attr]
+            return curve.rate(flops, backward)
+        if self.published_rates:
+            return kernels.attention_rate(self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward)
+        return self.effective_flops
+
+    def gemm_rate(self, m: int, n: int, k: int) -> float:
+        """FLOP/s of an m x k by k x n matrix multiply: :attr:`effective_flops` when an efficiency was given
+        (or asked as a datasheet), else the published tables; a profile without them is an error naming --hw."""
+        if self.efficiency is not None or self.datasheet:
             return self.effective_flops
-        curve = self.profile.calibration.curve(busy, masked)  # type: ignore[union-attr]
-        return curve.rate(flops, backward)
+        return kernels.gemm_rate(self.profile, self.dtype, m, n, k)
 
     # --- links ----------------------------------------------------------------------------------
     def scope(self, group: int) -> Scope:

@@ -94,11 +94,12 @@ Flag = Annotated[bool, Strict()]
 
 
 def flag(default: Any, help: str, *, short: str | None = None, unit: str | None = None, tokens: bool = False,
-         from_model: bool = False, **constraints: Any) -> Any:  # fmt: skip
+         from_model: bool = False, aliases: tuple[str, ...] = (), **constraints: Any) -> Any:  # fmt: skip
     """A declared input: the CLI flag is ``--`` + the field name with dashes (``pass_`` is ``--pass``).
 
-    ``from_model``: a model preset fills it when the flag is not given. ``tokens``: accepts 256k, 1M."""
-    extra = {"short": short, "unit": unit, "tokens": tokens, "from_model": from_model}
+    ``from_model``: a model preset fills it when the flag is not given. ``tokens``: accepts 256k, 1M.
+    ``aliases``: further long flags for the same field (``--cp`` for ``--n``)."""
+    extra = {"short": short, "unit": unit, "tokens": tokens, "from_model": from_model, "aliases": list(aliases)}
     return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **constraints)
 
 
@@ -109,8 +110,8 @@ class PlanInputs(BaseModel):
 
     seq: Tokens = flag(262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1,
                        le=MAX_TOKENS)  # fmt: skip
-    n: Count = flag(8, "N, the CP degree: devices the sequence is split over.", short="-n", unit="devices", ge=1,
-                    le=MAX_DEVICES)  # fmt: skip
+    n: Count = flag(8, "N, the CP degree: devices the sequence is split over.", short="-n", unit="devices",
+                    aliases=("--cp",), ge=1, le=MAX_DEVICES)  # fmt: skip
     batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_HEADS)
     heads: Count = flag(32, "h, query heads.", unit="heads", from_model=True, ge=1, le=MAX_HEADS)
     kv_heads: Count = flag(8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True,
@@ -121,7 +122,9 @@ class PlanInputs(BaseModel):
                          ge=1, le=MAX_TOKENS)  # fmt: skip
     causal: Flag = flag(False, "Causal mask: useful compute halves, traffic does not.")
     layout: Layout = flag("contiguous", "Which tokens each device holds (zigzag and striped balance a causal mask).")
-    efficiency: Number = flag(1.0, "Effective / peak FLOP/s, in [0.001, 1]; 1 = peak.", ge=0.001, le=1)
+    efficiency: Number | None = flag(
+        None, "Effective / peak FLOP/s for every kernel, in [0.001, 1]; default: the profile's measured or "
+        "published kernel rates where it has them, else peak.", ge=0.001, le=1)  # fmt: skip
     hw: str = flag("a100-nvlink", "Hardware profile: a built-in name (cp-plan hw list) or a YAML path.",
                    max_length=4096)  # fmt: skip
     model: str | None = flag(None, "Model preset name or YAML path; sets heads, kv-heads, head-dim.", short="-m",

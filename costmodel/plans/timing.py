@@ -12,13 +12,16 @@ heads, none of it overlapped; backward the same exchanges in reverse around the 
 
 With a measured profile (one with ``calibration``) the rates, α and B are the measured ones, transfers
 hide as much as was measured, and the measured fixed costs are added: per waited transfer in the ring,
-per collective after compute in Ulysses, per layer. Without, this is the balanced model of
-[A-RingCost §4]: one FLOP/s for every block, transfers hidden; a machine asked as a datasheet
-(``Machine.as_datasheet``) also drops α and counts the causal half as balanced.
+per collective after compute in Ulysses, per layer. Without, transfers hide fully and each kernel call
+runs at the profile's published rate for its shape (L queries against the keys the block holds, causal
+when masked: :func:`costmodel.machines.kernels.attention_rate`), or at peak x ``--efficiency`` when given
+or when the profile has no tables; a machine asked as a datasheet (``Machine.as_datasheet``) is the
+balanced model of [A-RingCost §4]: peak for every block, no α, the causal half counted as balanced.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -123,8 +126,14 @@ def ring_pass(inputs: PlanInputs, machine: Machine, backward: bool = False, span
     work = pairs * _call("pair_flops", values)  # forward FLOP of each rank's block at each step
     masked = pairs < length * length
     busy = np.broadcast_to((pairs > 0).sum(axis=0), pairs.shape)  # ranks computing in each step
-    rate = np.vectorize(lambda w, m, k: machine.rate(max(w, 1.0), bool(m), backward, int(max(k, 1))))
-    compute = np.where(pairs > 0, work * (BACKWARD_FLOP if backward else 1.0) / rate(work, masked, busy), 0.0)
+
+    @functools.cache  # a schedule has few distinct blocks; each is one kernel call of L queries
+    def call_rate(flops: float, causal: bool, ranks: int, pairs: float) -> float:
+        keys = max(pairs / length, 1.0)  # the keys a full block of L queries would need for these pairs
+        return machine.rate(max(flops, 1.0), causal, backward, max(ranks, 1), length, keys, inputs.head_dim)
+
+    rate = np.vectorize(lambda w, m, k, p: call_rate(float(w), bool(m), int(k), float(p)))
+    compute = np.where(pairs > 0, work * (BACKWARD_FLOP if backward else 1.0) / rate(work, masked, busy, pairs), 0.0)
     if not backward:
         comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0
     elif n == 1:
@@ -151,9 +160,10 @@ def _ulysses(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backw
     if machine.datasheet and inputs.causal:
         pairs = 0.5 * seq * seq
     flops = pairs * _call("pair_flops", {**values, "h": inputs.heads // n})
-    forward_compute = flops / machine.rate(flops, inputs.causal, False, n)
+    shape = (seq, seq, inputs.head_dim)  # every rank attends its h/N heads over the whole sequence
+    forward_compute = flops / machine.rate(flops, inputs.causal, False, n, *shape)
     if not backward:
         return Prediction(exchanges + forward_compute, 0.0, forward_compute, forward_compute)
-    backward_compute = BACKWARD_FLOP * flops / machine.rate(flops, inputs.causal, True, n)
+    backward_compute = BACKWARD_FLOP * flops / machine.rate(flops, inputs.causal, True, n, *shape)
     return Prediction(exchanges + forward_compute, exchanges + backward_compute, forward_compute + backward_compute,
                       forward_compute)

@@ -19,112 +19,144 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
-from costmodel.machines.kernels import attention_rate, gemm_rate
-from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile, Link, load_profile
+from costmodel.machines.binding import Machine
+from costmodel.plans.inputs import (
+    MAX_HEADS,
+    TRAINING_DEFAULTS,
+    Count,
+    MachineOverrides,
+    Number,
+    PlanInputs,
+    TrainingSetup,
+    build,
+    flag,
+    machine_for,
+    shape_from_model,
+)
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.symbolic import numeric
 
-Recompute = Literal["none", "selective", "full"]
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
-Layout = Literal["contiguous", "striped", "zigzag"]
 
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
 
 
 class StepSetup(BaseModel):
-    """The knobs of one training step. Overlaps are named here with their defaults, never buried."""
+    """The step's own knobs; the shape, the machine and the parallel layout come from
+    :class:`~costmodel.plans.inputs.PlanInputs` (``n`` is the CP degree) and
+    :class:`~costmodel.plans.inputs.TrainingSetup`. Overlaps are named here with their defaults, never buried."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    model: str = Field(description="preset name or YAML path")
-    seq: int = Field(ge=1, description="sequence length, tokens")
-    hw: str = Field(description="hardware profile name or YAML path")
-    gpus: int = Field(ge=1)
-    tp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    vpp: int = Field(1, ge=1, description="virtual stages per device (interleaved 1F1B)")
-    micro_batch: int = Field(1, ge=1, description="sequences per micro-batch")
-    global_batch: int = Field(ge=1, description="sequences per optimizer step")
-    recompute: Recompute = "selective"
-    cp_scheme: Scheme = "ring"
-    layout: Layout = "zigzag"
-    dtype: Dtype = "bf16"
-    efficiency: float | None = Field(
-        None, gt=0, le=1, description="override: every kernel at this share of peak"
-    )
-    zero3: bool = Field(False, description="ZeRO-3 / FSDP: parameters sharded over DP and gathered per layer")
-    grad_bytes: int = Field(4, ge=1, description="bytes per gradient element the DP group reduces (fp32)")
-    tp_overlap: float = Field(0.0, ge=0, le=1, description="share of TP collectives hidden (async TP)")
-    cp_overlap: float = Field(1.0, ge=0, le=1, description="share of ring transfers hidden under attention")
-    pp_overlap: float = Field(1.0, ge=0, le=1, description="share of steady-state stage sends hidden")
-    bucket_bytes: float = Field(DDP_BUCKET_BYTES, gt=0, description="gradient bucket size, bytes")
-    optimizer_bytes: float = Field(
-        ADAM_BYTES_PER_PARAM, gt=0, description="HBM bytes per parameter, optimizer"
-    )
+    vpp: Count = flag(1, "Virtual pipeline stages per device (interleaved 1F1B).", unit="stages", ge=1, le=MAX_HEADS)
+    micro_batch: Count = flag(1, "b, sequences per micro-batch.", unit="sequences", ge=1, le=MAX_HEADS)
+    global_batch: Count = flag(..., "Sequences per optimizer step: micro-batch x DP x micro-batches per pipeline.",
+                               unit="sequences", ge=1, le=2**30)  # fmt: skip
+    cp_scheme: Scheme = flag("ring", "How CP exchanges K and V: ring, ulysses (all-to-all), usp (all-to-all inside "
+                             "a ring), allgather (K, V gathered, as Llama 3).")  # fmt: skip
+    tp_overlap: Number = flag(0.0, "Share of TP collectives hidden under the matrix multiplies (async TP), in [0, 1].",
+                              ge=0, le=1)  # fmt: skip
+    cp_overlap: Number = flag(1.0, "Share of ring transfers hidden under attention, in [0, 1].", ge=0, le=1)
+    pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
+    bucket_bytes: Number = flag(DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", gt=0,
+                                le=2**40)  # fmt: skip
+    optimizer_bytes: Number = flag(ADAM_BYTES_PER_PARAM, "HBM bytes the optimizer step moves per parameter (Adam "
+                                   "with fp32 master weights: 30).", unit="bytes", gt=0, le=1024)  # fmt: skip
+    grad_bytes: Count = flag(4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1,
+                             le=8)  # fmt: skip
+
+
+# What `cp-plan step` and :func:`build_step` default to and leave out: a causal fwd+bwd training layer, no CP
+# unless asked; the step reads no tile size, and the model preset sets the heads.
+STEP_DEFAULTS: dict[str, Any] = TRAINING_DEFAULTS | {"n": 1, "block": 1}
+STEP_EXCLUDE = frozenset({"batch", "heads", "kv_heads", "head_dim", "block", "causal", "pass_", "sequence_parallel",
+                          "flash_attention", "memory_headroom"})  # fmt: skip
+_DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, TrainingSetup, StepSetup, MachineOverrides)
+
+
+def step_machine(inputs: PlanInputs, overrides: MachineOverrides | None = None) -> Machine:
+    """The step's machine: the profile as the command line changes it, with every rank placed by the step.
+
+    A profile's ``cp_ranks_per_node`` stands in for the TP a single-layer plan does not know (the -ib
+    profiles put one CP rank per node: TP fills it); the step states TP, so a node holds devices_per_node
+    consecutive ranks unless ``--cp-ranks-per-node`` says otherwise."""
+    machine = machine_for(inputs, overrides)
+    stated = overrides.cp_ranks_per_node if overrides is not None else None
+    profile = machine.profile.model_copy(update={"cp_ranks_per_node": stated})
+    return Machine(profile, machine.dtype, machine.efficiency)
+
+
+def build_step(**values: Any) -> tuple[PlanInputs, TrainingSetup, StepSetup, Machine]:
+    """The step's inputs from flat keyword values named as the command's flags (``model``, ``seq``, ``hw``,
+    ``gpus``, ``tp``, ``cp`` or ``n``, ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``,
+    ``cp_scheme``, ``layout``, ``zero``, ``efficiency``, ...), with the command's defaults, each model
+    validated once (:func:`~costmodel.plans.inputs.build`): for tests and notebooks."""
+    given = dict(values)
+    if "cp" in given:
+        given["n"] = given.pop("cp")
+    parts: dict[type[BaseModel], dict[str, Any]] = {model: {} for model in _DECLARED}
+    for name, value in given.items():
+        owner = next((m for m in _DECLARED if name in m.model_fields and name not in STEP_EXCLUDE), None)
+        if owner is None:
+            raise InputError(name, "not an input of the step")
+        parts[owner][name] = value
+    defaults = {k: v for k, v in STEP_DEFAULTS.items() if k in PlanInputs.model_fields}
+    inputs = build(PlanInputs, **shape_from_model(defaults | parts[PlanInputs]))
+    overrides = build(MachineOverrides, **parts[MachineOverrides])
+    return (inputs, build(TrainingSetup, **parts[TrainingSetup]), build(StepSetup, **parts[StepSetup]),
+            step_machine(inputs, overrides))  # fmt: skip
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
     return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
 
 
-def _check(setup: StepSetup, model: ModelPreset) -> tuple[int, int]:
+def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset) -> tuple[int, int]:
     """DP degree and micro-batches per step; one line naming the flag for any impossible combination."""
     if model.heads % setup.tp:
         raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
-    group = setup.tp * setup.cp * setup.pp
+    group = setup.tp * inputs.n * setup.pp
     if setup.gpus % group:
         raise InputError("--gpus", f"{setup.gpus} is not divisible by tp x cp x pp = {group}")
     dp = setup.gpus // group
-    if setup.global_batch % (setup.micro_batch * dp):
-        raise InputError("--global-batch", f"{setup.global_batch} is not divisible by micro-batch x DP = "
-                         f"{setup.micro_batch} x {dp}")  # fmt: skip
-    micro = setup.global_batch // (setup.micro_batch * dp)
+    if step.global_batch % (step.micro_batch * dp):
+        raise InputError("--global-batch", f"{step.global_batch} is not divisible by micro-batch x DP = "
+                         f"{step.micro_batch} x {dp}")  # fmt: skip
+    micro = step.global_batch // (step.micro_batch * dp)
     if setup.pp > 1 and micro < setup.pp:
         raise InputError(
             "--global-batch", f"{micro} micro-batches per pipeline is fewer than --pp {setup.pp} stages"
         )
-    if setup.vpp > 1 and setup.pp == 1:
+    if step.vpp > 1 and setup.pp == 1:
         raise InputError("--vpp", "interleaving needs --pp > 1")
-    if setup.seq % setup.cp or (setup.layout == "zigzag" and setup.seq % (2 * setup.cp)):
-        raise InputError(
-            "--seq", f"{setup.seq} must split evenly over --cp {setup.cp} (zigzag: 2 x cp chunks)"
-        )
-    if setup.cp_scheme == "ulysses" and (model.heads // setup.tp) % setup.cp:
-        raise InputError("--cp-scheme", f"ulysses needs --cp {setup.cp} dividing the {model.heads // setup.tp} "
+    if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
+        raise InputError("--cp-scheme", f"ulysses needs --cp {inputs.n} dividing the {model.heads // setup.tp} "
                          "heads a TP rank holds")  # fmt: skip
     return dp, micro
 
 
-def _link(profile: HardwareProfile, span: int) -> Link:
-    """The link a group of ``span`` consecutive ranks waits on: NVLink while it fits in a node."""
-    if span <= profile.devices_per_node:
-        return profile.links.intra_node
-    if profile.links.inter_node is None:
-        raise InputError(
-            "--hw", f"profile {profile.name!r} has no inter_node link but a group spans {span} GPUs"
-        )
-    return profile.links.inter_node
+def _bandwidth(machine: Machine, stride: int, size: int, collective: str = "p2p") -> float:
+    """B of the link a group of ``size`` ranks ``stride`` apart waits on (TP innermost, then CP, DP, PP)."""
+    return machine.placed(stride).link(size, collective).bandwidth  # type: ignore[arg-type]
 
 
-def _usp_split(setup: StepSetup, model: ModelPreset) -> tuple[int, int]:
+def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
     """USP: the largest all-to-all degree dividing the CP degree and the TP rank's KV heads."""
     heads = max(model.kv_heads // setup.tp, 1)
-    n_u = max(u for u in range(1, setup.cp + 1) if setup.cp % u == 0 and heads % u == 0)
-    return n_u, setup.cp // n_u
+    n_u = max(u for u in range(1, inputs.n + 1) if inputs.n % u == 0 and heads % u == 0)
+    return n_u, inputs.n // n_u
 
 
-def _rates(setup: StepSetup, model: ModelPreset, profile: HardwareProfile, n_r: int) -> dict[str, float]:
-    """F_gemm, F_attn, F_attn_bwd: the published kernel tables at this layer's shapes (or --efficiency)."""
-    if setup.efficiency is not None:
-        rate = profile.device.peak_flops[setup.dtype] * setup.efficiency
-        return {"F_gemm": rate, "F_attn": rate, "F_attn_bwd": rate}
+def _rates(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine,
+           n_r: int) -> dict[str, float]:  # fmt: skip
+    """F_gemm, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or --efficiency) at this
+    layer's shapes."""
     t, hidden, d = setup.tp, model.hidden, model.head_dim
-    rows = setup.micro_batch * setup.seq // setup.cp  # sequence parallel gathers the CP rank's tokens
+    rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
     mlp_in = (2 if model.gated_mlp else 1) * model.ffn_hidden
     shapes = [  # (n, k) of the forward multiplies, TP-split
         ((model.heads + 2 * model.kv_heads) * d // t, hidden),
@@ -133,61 +165,59 @@ def _rates(setup: StepSetup, model: ModelPreset, profile: HardwareProfile, n_r: 
         (hidden, model.ffn_hidden // t),
     ]
     work = [n * k for n, k in shapes]
-    seconds = sum(
-        w / gemm_rate(profile, setup.dtype, rows, n, k) for w, (n, k) in zip(work, shapes, strict=True)
-    )
+    seconds = sum(w / machine.gemm_rate(rows, n, k) for w, (n, k) in zip(work, shapes, strict=True))
     f_gemm = sum(work) / seconds
-    seq, n = setup.seq, setup.cp
-    if n == 1 or setup.cp_scheme == "ulysses":
+    seq, n, scheme = inputs.seq, inputs.n, step.cp_scheme
+    if n == 1 or scheme == "ulysses":
         calls = [(seq, seq, True, 1.0)]
-    elif setup.cp_scheme == "allgather":  # local queries against the gathered keys, causal
+    elif scheme == "allgather":  # local queries against the gathered keys, causal
         calls = [(seq // n, seq, True, 1.0)]
     else:  # ring (USP: over its n_r ranks): one causal diagonal step, the rest full blocks
-        block = seq // (n_r if setup.cp_scheme == "usp" else n)
-        other = block // 2 if setup.layout == "zigzag" else block
-        steps = (n_r if setup.cp_scheme == "usp" else n) - 1
-        calls = [(block, block, True, 0.5), (block, other, False, steps * other / block)]
+        ring = n_r if scheme == "usp" else n
+        block = seq // ring
+        other = block // 2 if inputs.layout == "zigzag" else block
+        calls = [(block, block, True, 0.5), (block, other, False, (ring - 1) * other / block)]
+    pair = numeric.pair_flops(b=step.micro_batch, h=model.heads / t, d=d)
 
     def rate(backward: bool) -> float:
         total = sum(w for *_, w in calls)
-        spent = sum(
-            w / attention_rate(profile, setup.dtype, q, k, d, causal, backward) for q, k, causal, w in calls
-        )
+        spent = sum(w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, backward, n, q, k, d)
+                    for q, k, causal, w in calls)  # fmt: skip
         return total / spent
 
     return {"F_gemm": f_gemm, "F_attn": rate(False), "F_attn_bwd": rate(True)}
 
 
-def bind(setup: StepSetup, model: ModelPreset, profile: HardwareProfile) -> dict[str, Any]:
-    """Every base symbol the step formulas need, from the setup, the preset and the profile."""
-    dp, micro = _check(setup, model)
-    n_u, n_r = _usp_split(setup, model)
-    t, n = setup.tp, setup.cp
-    kernels = profile.kernels
-    causal_ring = setup.layout == "contiguous" and setup.cp_scheme in ("ring", "usp", "allgather") and n > 1
+def bind(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset,
+         machine: Machine) -> dict[str, Any]:  # fmt: skip
+    """Every base symbol the step formulas need, from the inputs, the preset and the machine."""
+    dp, micro = _check(inputs, setup, step, model)
+    n_u, n_r = _usp_split(inputs, setup, model)
+    t, n, scheme = setup.tp, inputs.n, step.cp_scheme
+    kernels, device = machine.profile.kernels, machine.profile.device
+    causal_ring = inputs.layout == "contiguous" and scheme in ("ring", "usp", "allgather") and n > 1
     values: dict[str, Any] = {
-        "S": setup.seq, "b": setup.micro_batch, "N": n, "h": model.heads, "n_kv": model.kv_heads,
+        "S": inputs.seq, "b": step.micro_batch, "N": n, "h": model.heads, "n_kv": model.kv_heads,
         "d": model.head_dim, "H": model.hidden, "F_ffn": model.ffn_hidden, "V": model.vocab, "n_L": model.layers,
         "g": int(model.gated_mlp), "e_m": 1 if model.tied_embeddings else 2, "t": t, "pp": setup.pp, "D": dp,
-        "m_mb": micro, "v_pp": setup.vpp, "p": BYTES_PER_ELEMENT[setup.dtype], "p_acc": 4, "c": 0.5,
+        "m_mb": micro, "v_pp": step.vpp, "p": inputs.bytes_per_element, "p_acc": 4, "c": 0.5,
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
-        "k_copy": 1.0 if setup.layout == "zigzag" and setup.cp_scheme in ("ring", "usp") else 0.0,
+        "k_copy": 1.0 if inputs.layout == "zigzag" and scheme in ("ring", "usp") else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
-        "B_hbm": profile.device.hbm_bandwidth or 2e12,
-        "B_tp": _link(profile, t).bandwidth_per_direction,
-        "B_cp": _link(profile, t * n).bandwidth_per_direction,
-        "B_dp": _link(profile, t * n * dp).bandwidth_per_direction,
-        "B_pp": _link(profile, setup.gpus if setup.pp > 1 else 1).bandwidth_per_direction,
+        "B_hbm": device.hbm_bandwidth or 2e12,
+        # Megatron's rank order: TP innermost, then CP, DP, PP; each group on the link its span needs.
+        "B_tp": _bandwidth(machine, 1, t),
+        "B_cp": _bandwidth(machine, t, n, "alltoall" if scheme == "ulysses" else "p2p"),
+        "B_dp": _bandwidth(machine, t * n, dp),
+        "B_pp": _bandwidth(machine, t * n * dp, setup.pp),
         "rc_sel": int(setup.recompute == "selective"), "rc_full": int(setup.recompute == "full"),
-        "o_tp": setup.tp_overlap, "o_cp": setup.cp_overlap, "o_pp": setup.pp_overlap,
-        "z3": int(setup.zero3), "p_g": setup.grad_bytes, "k_opt": setup.optimizer_bytes,
+        "o_tp": step.tp_overlap, "o_cp": step.cp_overlap, "o_pp": step.pp_overlap,
+        "z3": int(setup.zero == 3), "p_g": step.grad_bytes, "k_opt": step.optimizer_bytes,
         "N_u": n_u, "N_r": n_r,
     }  # fmt: skip
-    values["n_bkt"] = max(
-        1, math.ceil(_call("device_params", values) * setup.grad_bytes / setup.bucket_bytes)
-    )
-    values.update(_rates(setup, model, profile, n_r))
+    values["n_bkt"] = max(1, math.ceil(_call("device_params", values) * step.grad_bytes / step.bucket_bytes))
+    values.update(_rates(inputs, setup, step, model, machine, n_r))
     return values
 
 
@@ -212,20 +242,20 @@ def _cp_exposed(scheme: str, values: dict[str, Any]) -> tuple[float, float, floa
             _call("ring_overhead_s", ring))  # fmt: skip
 
 
-def evaluate_step(setup: StepSetup) -> dict[str, Any]:
+def evaluate_step(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine) -> dict[str, Any]:
     """The step's time, throughput, MFU/HFU and breakdown (seconds per component, summing to the step)."""
-    model = load_model(setup.model)
-    profile = load_profile(setup.hw)
-    if setup.dtype not in profile.device.peak_flops:
-        raise InputError("--dtype", f"profile {profile.name!r} has no {setup.dtype} FLOP/s")
-    v = bind(setup, model, profile)
+    if inputs.model is None:
+        raise InputError("--model", "the step needs a model preset (its layers, hidden and vocabulary sizes); "
+                         "e.g. --model llama3-8b")  # fmt: skip
+    model = load_model(inputs.model)
+    v = bind(inputs, setup, step, model, machine)
     m, stage_layers, full = v["m_mb"], model.layers / setup.pp, v["rc_full"]
     gemm = 3 * _call("layer_gemm_flops", v) / v["F_gemm"]
     attention = _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v)
     elementwise = 3 * _call("layer_elementwise_bytes", v) / v["B_hbm"]
     recompute = _call("layer_recompute_s", v)
     tp = (2 + full) * _call("tp_exposed_s", v)
-    cp_fwd, cp_bwd, ring_x = _cp_exposed(setup.cp_scheme, v)
+    cp_fwd, cp_bwd, ring_x = _cp_exposed(step.cp_scheme, v)
     cp = cp_fwd + cp_bwd + full * cp_fwd
     ring = (2 + full) * ring_x
     head = _call("head_s", v)
@@ -234,7 +264,7 @@ def evaluate_step(setup: StepSetup) -> dict[str, Any]:
     backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
     dp = _call("dp_exposed_s", v) + max(0.0, _call("dp_overflow_s", v) - backward_s)
     gather = _call("zero3_gather_s", v)
-    zero3 = m * (max(0.0, gather - micro_batch_s) + gather / stage_layers) if setup.zero3 else 0.0
+    zero3 = m * (max(0.0, gather - micro_batch_s) + gather / stage_layers) if setup.zero == 3 else 0.0
     per = m * stage_layers
     breakdown = {
         "matrix multiplies": per * gemm,
@@ -245,7 +275,7 @@ def evaluate_step(setup: StepSetup) -> dict[str, Any]:
         "exposed TP comm": per * tp,
         "exposed CP comm": per * cp,
         "CP ring overheads (merge, copies, launches)": per * ring,
-        "pipeline bubble": (setup.pp - 1) / setup.vpp * micro_batch_s,
+        "pipeline bubble": (setup.pp - 1) / step.vpp * micro_batch_s,
         "exposed PP sends": _call("pp_exposed_s", v) if setup.pp > 1 else 0.0,
         "exposed DP comm": dp,
         "exposed ZeRO-3 gathers": zero3,
@@ -253,11 +283,14 @@ def evaluate_step(setup: StepSetup) -> dict[str, Any]:
     }
     time_s = sum(breakdown.values())
     tokens = _call("step_tokens", v)
-    peak = profile.device.peak_flops[setup.dtype] * setup.gpus
+    peak = machine.peak_flops * setup.gpus
     model_flops = _call("model_flops_per_token", v) * tokens
     hardware_flops = _call("hardware_flops_per_token", v) * tokens
+    stated = {"model": inputs.model, "seq": inputs.seq, "hw": inputs.hw, "dtype": inputs.dtype,
+              "efficiency": inputs.efficiency, "layout": inputs.layout, "cp": inputs.n,
+              **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute"}), **step.model_dump()}  # fmt: skip
     return {
-        "inputs": {**setup.model_dump(), "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
+        "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
         "rates": {
             "gemm_flops_per_s": v["F_gemm"],
             "attention_fwd_flops_per_s": v["F_attn"],
