@@ -163,9 +163,19 @@ def released_versions() -> list[str]:
     return re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", changelog, flags=re.M)
 
 
-def test_changelog_has_a_section_for_the_package_version() -> None:
-    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M)
-    assert version and version.group(1) in released_versions()
+def test_changelog_matches_the_package_version() -> None:
+    """A release has its section; a development version (0.2.0.dev0) comes after the last release,
+    and its changes wait under [Unreleased]."""
+    from packaging.version import Version
+
+    found = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    assert found
+    version, released = Version(found.group(1)), released_versions()
+    assert released
+    if version.is_devrelease or version.is_prerelease:
+        assert Version(version.base_version) > max(map(Version, released))
+    else:
+        assert str(version) in released
 
 
 def test_ci_install_line_pins_a_released_tag() -> None:
