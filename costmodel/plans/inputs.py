@@ -36,6 +36,7 @@ Recompute = Literal["none", "selective", "full"]
 
 MAX_TOKENS = 2**34  # 16G tokens: far past any context length in use, small enough for float64 exactness
 MAX_DEVICES = 2**20  # 1M accelerators
+MAX_CP = 2**10  # a ring over 1,024 ranks is far past any in use (Llama 3 trained with 16); N x N stays small
 MAX_HEADS = 2**16
 TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 262144, 256k, 1M"
 
@@ -111,7 +112,7 @@ class PlanInputs(BaseModel):
     seq: Tokens = flag(262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1,
                        le=MAX_TOKENS)  # fmt: skip
     n: Count = flag(8, "N, the CP degree: devices the sequence is split over.", short="-n", unit="devices",
-                    aliases=("--cp",), ge=1, le=MAX_DEVICES)  # fmt: skip
+                    aliases=("--cp",), ge=1, le=MAX_CP)  # fmt: skip
     batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_HEADS)
     heads: Count = flag(32, "h, query heads.", unit="heads", from_model=True, ge=1, le=MAX_HEADS)
     kv_heads: Count = flag(8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True,
@@ -275,8 +276,6 @@ def shape_from_model(values: dict[str, Any]) -> dict[str, Any]:
     for name, info in PlanInputs.model_fields.items():
         if (info.json_schema_extra or {}).get("from_model") and filled.get(name) is None:
             filled[name] = getattr(preset, name) if preset else info.default
-    if preset is not None:
-        filled["model"] = preset.name
     return filled
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import plan_values
 from costmodel.plans.inputs import PlanInputs
-from costmodel.schedule.simulator import simulate
+from costmodel.schedule.simulator import simulate, simulation_tile
 from costmodel.schedule.timeline import ring_layer_time
 from costmodel.symbolic import numeric
 
@@ -121,19 +121,29 @@ def ring_pass(inputs: PlanInputs, machine: Machine, backward: bool = False, span
     if machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
         pairs = np.full((n, n), (0.5 if inputs.causal else 1.0) * length * length)
     else:
-        tile = min(inputs.block, length)
-        pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs.astype(float)
-    work = pairs * _call("pair_flops", values)  # forward FLOP of each rank's block at each step
-    masked = pairs < length * length
-    busy = np.broadcast_to((pairs > 0).sum(axis=0), pairs.shape)  # ranks computing in each step
+        tile = simulation_tile(inputs.seq, n, inputs.block)
+        pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
+    pair_flops = _call("pair_flops", values)
+    factor = BACKWARD_FLOP if backward else 1.0
+    full = float(length) * length
 
     @functools.cache  # a schedule has few distinct blocks; each is one kernel call of L queries
-    def call_rate(flops: float, causal: bool, ranks: int, pairs: float) -> float:
-        keys = max(pairs / length, 1.0)  # the keys a full block of L queries would need for these pairs
-        return machine.rate(max(flops, 1.0), causal, backward, max(ranks, 1), length, keys, inputs.head_dim)
+    def seconds(block_pairs: float, diagonal: bool, ranks: int) -> float:
+        """One rank's call at one step. The own block (and every striped block) carries the causal diagonal,
+        a call of L queries against L keys with the mask; a zigzag half block is a full call against L/2 keys."""
+        if block_pairs <= 0:
+            return 0.0
+        masked = block_pairs < full and (diagonal or inputs.layout == "striped")
+        keys = float(length) if masked else max(block_pairs / length, 1.0)
+        flops = block_pairs * pair_flops
+        return flops * factor / machine.rate(flops, masked, backward, ranks, length, keys, inputs.head_dim)
 
-    rate = np.vectorize(lambda w, m, k, p: call_rate(float(w), bool(m), int(k), float(p)))
-    compute = np.where(pairs > 0, work * (BACKWARD_FLOP if backward else 1.0) / rate(work, masked, busy, pairs), 0.0)
+    compute = np.empty_like(pairs, dtype=float)
+    for step in range(n):  # per step: the ranks computing, and the few distinct blocks they hold
+        column = pairs[:, step]
+        blocks, which = np.unique(column, return_inverse=True)
+        busy = int((column > 0).sum())
+        compute[:, step] = np.array([seconds(float(b), step == 0, busy) for b in blocks])[which]
     if not backward:
         comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0
     elif n == 1:

@@ -11,6 +11,7 @@ lasts as long as its slowest rank. Utilisation = useful pairs / (N × Σ_steps s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ class Schedule:
         return self.useful_pairs / (n * float(self.step_pairs.sum()))
 
 
-SIMULATION_BUDGET = 1 << 25  # rank x rank x tile entries of one simulation: a few hundred MB at most
+SIMULATION_BUDGET = 1 << 23  # rank x rank x tile entries of one simulation: ~64 MB per work array
 
 
 def simulation_tile(seq: int, n: int, tile: int) -> int:
@@ -63,8 +64,10 @@ def _tile_bounds(layout: str, seq: int, n: int, tile: int) -> tuple[np.ndarray, 
     return first, last, ends - starts
 
 
+@functools.lru_cache(maxsize=16)  # a report asks for the same schedule several times (passes, schemes, layouts)
 def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> Schedule:
-    """Simulate one layer's ring schedule; vectorised over all rank pairs and tiles."""
+    """Simulate one layer's ring schedule; vectorised over all rank pairs and tiles. The result is shared
+    between callers, so its array is read-only."""
     if tile < 1:
         raise ValueError("tile must be >= 1")
     if n * n * -(-(seq // n) // tile) > SIMULATION_BUDGET:
@@ -73,7 +76,9 @@ def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> S
     check_divisible(layout, seq, n)
     length = seq // n
     if not causal:
-        return Schedule(np.full((n, n), float(length) * length), seq * seq)
+        full = np.full((n, n), float(length) * length)
+        full.flags.writeable = False
+        return Schedule(full, seq * seq)
 
     kmin, qmax, sizes = _tile_bounds(layout, seq, n, tile)
     tiles = sizes.size
@@ -94,7 +99,9 @@ def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> S
     pairs = (keys_seen.astype(float) * sizes[None, None, :]).sum(axis=2)
     ranks = np.arange(n)
     src = (ranks[:, None] - ranks[None, :]) % n  # src[i, j]: whose KV rank i holds at step j
-    return Schedule(pairs[ranks[:, None], src], seq * (seq + 1) // 2)
+    schedule = pairs[ranks[:, None], src]
+    schedule.flags.writeable = False
+    return Schedule(schedule, seq * (seq + 1) // 2)
 
 
 def simulate_by_definition(layout: str, seq: int, n: int, tile: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from costmodel.core.errors import InputError
 from costmodel.core.units import si
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluator, plan_values
-from costmodel.plans.inputs import PlanInputs, TrainingSetup
+from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
@@ -69,7 +69,7 @@ def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeRe
 
 
 def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
-              suggest: bool = True) -> RecommendReport:  # fmt: skip
+              suggest: bool = True, _schemes: dict | None = None) -> RecommendReport:  # fmt: skip
     """The window [N_min(memory), N_max(comm)] over the CP degrees the job can use, and the pick.
 
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
@@ -77,11 +77,16 @@ def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, mach
     """
     machine = machine.placed(setup.tp)
     attention = setup.attention(inputs)
-    candidates = [n for n in divisors(setup.shard_group) if inputs.seq % n == 0]
+    # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.
+    schemes = {} if _schemes is None else _schemes
+    candidates = [n for n in divisors(setup.shard_group) if inputs.seq % n == 0 and n <= MAX_CP]
     rows, best_at, evaluators = [], {}, {}
     for n in candidates:
         evaluators[n] = Evaluator(training_values(inputs, model, setup, machine, n))
-        results = schemes_at(attention, machine, n)
+        key = (attention, machine.ranks_per_node, n)
+        if key not in schemes:
+            schemes[key] = schemes_at(attention, machine, n)
+        results = schemes[key]
         chosen, safest = best(results), lowest_ratio(results)
         best_at[n] = chosen
         fit = fit_at(evaluators[n])
@@ -114,7 +119,7 @@ def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, mach
         recommendation = Recommendation(
             **common, n_recommended=None, dp=None, scheme=None, layout=None, n_ulysses=None,
             reason=_failure(rows, n_min, n_max, largest, inputs.pass_, setup),
-            fixes=_fixes(inputs, model, setup, machine, n_min, n_max) if suggest else [],
+            fixes=_fixes(inputs, model, setup, machine, n_min, n_max, schemes) if suggest else [],
         )  # fmt: skip
         fit = fit_at(evaluators[n_min or candidates[-1]])
     return RecommendReport(inputs=inputs, setup=setup, hw=machine.name, fit=fit, recommendation=recommendation,
@@ -171,7 +176,7 @@ def _failure(rows: list[RecommendCandidate], n_min: int | None, n_max: int | Non
 
 
 def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
-           n_min: int | None, n_max: int | None) -> list[str]:  # fmt: skip
+           n_min: int | None, n_max: int | None, schemes: dict) -> list[str]:  # fmt: skip
     """What would open the window; every setup change is checked by re-running the recommendation."""
     trials: list[tuple[str, dict[str, Any]]] = []
     if setup.recompute != "full":
@@ -195,7 +200,7 @@ def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine
     fixes = []
     for text, change in trials:
         try:
-            trial = recommend(inputs, model, setup.model_copy(update=change), machine, suggest=False)
+            trial = recommend(inputs, model, setup.model_copy(update=change), machine, suggest=False, _schemes=schemes)
         except InputError:  # the change needs what this machine lacks (an inter-node link, say)
             continue
         if trial.recommendation.n_recommended:
