@@ -28,7 +28,9 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from costmodel.core.fileio import atomic_write_bytes
+    from costmodel.core.fileio import atomic_write_bytes, check_writable
+
+    check_writable(path, "--plot")  # before the drawing
 
     fig, axes = plt.subplots(1, len(grids), figsize=(6.2 * len(grids), 4.6), squeeze=False, sharey=True)
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(grids[0].seqs)))
@@ -68,7 +70,7 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path | None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=path.suffix.lower().lstrip("."), dpi=130)
     plt.close(fig)
-    return atomic_write_bytes(path, buffer.getvalue())
+    return atomic_write_bytes(path, buffer.getvalue(), "--plot")
 
 
 def _or_nan(values: np.ndarray | None, size: int) -> np.ndarray:

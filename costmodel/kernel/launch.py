@@ -1,7 +1,8 @@
 """Run a function on every rank of a process group: N local processes, or this process under torchrun.
 
 ``launch(fn, nproc)`` calls ``fn(ctx, *args)`` on each rank with a :class:`RankContext` and returns
-``{rank: result}``. Locally it spawns ``nproc`` processes (``torch.multiprocessing``, a file store, gloo
+``{rank: result}``. Locally it spawns ``nproc`` processes (``torch.multiprocessing``, a TCP store on
+127.0.0.1 that this process hosts on a port the system picks, so a killed run leaves no file; gloo
 on CPU, NCCL when there is a GPU per rank) under a hard timeout: when a rank raises, dies or hangs,
 every process is terminated and :class:`LaunchError` names the rank ("rank 1 exited with code -9",
 "rank 0 did not finish within 120 s"); Ctrl-C tears them all down too. Under ``torchrun`` (RANK and
@@ -14,15 +15,12 @@ from __future__ import annotations
 import os
 import pickle
 import queue as queue_module
-import shutil
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from costmodel.core.errors import InputError
@@ -102,7 +100,7 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _rank_main(rank: int, world_size: int, store_path: str, device: str, threads: int, timeout_s: float,
+def _rank_main(rank: int, world_size: int, store_port: int, device: str, threads: int, timeout_s: float,
                parent_pid: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
@@ -111,7 +109,9 @@ def _rank_main(rank: int, world_size: int, store_path: str, device: str, threads
 
         torch.set_num_threads(threads)
         torch_device, backend = _choose_device(device, rank, world_size)
-        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+        store = dist.TCPStore("127.0.0.1", store_port, world_size, is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
             result = fn(RankContext(rank, world_size, torch_device, backend), *args)
@@ -134,6 +134,7 @@ def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s
     ``fn`` must be importable by name (defined at module level), and its result picklable. The whole
     run, start-up included, must finish within ``timeout_s``; otherwise all ranks are killed.
     """
+    import torch.distributed as dist
     import torch.multiprocessing as mp
 
     if nproc < 1:
@@ -142,11 +143,12 @@ def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s
     threads = threads_per_rank or max(1, cpus // nproc)
     context = mp.get_context("spawn")
     results = context.Queue()
-    store_dir = tempfile.mkdtemp(prefix="cp-plan-store-")
-    store_path = str(Path(store_dir) / "store")
+    # Port 0: the system picks a free one, with no window for another program to take it.
+    store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
     processes = [
         context.Process(target=_rank_main, name=f"cp-plan-rank-{rank}", daemon=True,
-                        args=(rank, nproc, store_path, device, threads, timeout_s, os.getpid(), fn, args, results))
+                        args=(rank, nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args, results))
         for rank in range(nproc)
     ]
     try:
@@ -157,7 +159,7 @@ def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s
         _terminate(processes)
         results.close()
         results.join_thread()
-        shutil.rmtree(store_dir, ignore_errors=True)
+        del store
 
 
 def _collect(processes: list, results: Any, timeout_s: float) -> list[Any]:

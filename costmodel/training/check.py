@@ -7,13 +7,16 @@ window. Problems in a file are reported with its path, the line and the field.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.errors import InputError, validation_problems
+from costmodel.core.fields import Count, NotBool, Positive
+from costmodel.core.fileio import YamlInputError, read_yaml
 from costmodel.machines.profiles import Dtype, load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import Pass, PlanInputs, Recompute, TrainingSetup, parse_tokens
@@ -30,7 +33,7 @@ class Expectations(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     worst_verdict: Colour = Field("amber", description="the worst verdict allowed for the plan's pass")
-    max_comm_ratio: float | None = Field(None, gt=0, description="ceiling on the step comm ratio")
+    max_comm_ratio: Positive | None = Field(None, description="ceiling on the step comm ratio")
     fits_memory: bool = Field(False, description="training memory must fit (needs gpus)")
     in_recommended_window: bool = Field(False, description="N within [N_min(memory), N_max(comm)] (needs gpus)")
 
@@ -42,22 +45,22 @@ class PlanFile(BaseModel):
 
     name: str = Field(description="what the plan is for")
     model: str = Field(description="model preset name or YAML path")
-    seq: int = Field(description="S, tokens; 128k and 1M are accepted")
-    n: int = Field(ge=1, description="N, the CP degree")
+    seq: Count() = Field(description="S, tokens; 128k and 1M are accepted")
+    n: Count(maximum=2**24) = Field(description="N, the CP degree")
     hw: str = Field(description="hardware profile name or YAML path")
-    gpus: int | None = Field(None, ge=1, description="G, accelerators in the job (needed for memory checks)")
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    zero: Literal[0, 1, 2, 3] = 1
+    gpus: Count(maximum=2**24) | None = Field(None, description="G, accelerators in the job (needed for memory checks)")
+    tp: Count(maximum=2**24) = 1
+    pp: Count(maximum=2**24) = 1
+    zero: Annotated[Literal[0, 1, 2, 3], NotBool] = 1
     recompute: Recompute = "selective"
-    memory_headroom: float = Field(0.10, ge=0, lt=1)
+    memory_headroom: Annotated[float, NotBool, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.10
     causal: bool = True
     layout: Layout = "zigzag"
     pass_: Pass = Field("fwd+bwd", alias="pass")
     dtype: Dtype = "bf16"
-    batch: int = Field(1, ge=1)
-    block: int = Field(1024, ge=1)
-    efficiency: float = Field(1.0, gt=0, le=1)
+    batch: Count(maximum=2**24) = 1
+    block: Count() = 1024
+    efficiency: Annotated[float, NotBool, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
     expect: Expectations = Field(default_factory=Expectations)
 
     @field_validator("seq", "block", mode="before")
@@ -67,6 +70,8 @@ class PlanFile(BaseModel):
             return parse_tokens(value) if isinstance(value, str | int) and not isinstance(value, bool) else value
         except InputError as exc:
             raise ValueError(exc.message) from None
+        except (OverflowError, ValueError):  # digits beyond float's range
+            raise ValueError(f"{str(value)[:40]!r} is not a length") from None
 
     @model_validator(mode="after")
     def _memory_checks_need_gpus(self) -> PlanFile:
@@ -90,49 +95,48 @@ class Located:
         return 1
 
 
-def _field_lines(node: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
-    import yaml
+class InvalidPlan(InputError):
+    """Every problem found in plan files as (file, line or None, text): one line for the terminal, and
+    one annotation each under ``--format github``."""
 
-    lines: dict[tuple[str, ...], int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            path = (*prefix, str(key.value))
-            lines[path] = key.start_mark.line + 1
-            lines.update(_field_lines(value, path))
-    return lines
+    def __init__(self, problems: list[tuple[str, int | None, str]]) -> None:
+        def where(path: str, line: int | None) -> str:
+            return path if line is None else f"{path}:{line}"
+
+        (path, line, first), rest = problems[0], problems[1:]
+        super().__init__(where(path, line), "; ".join([first, *(f"{where(p, n)}: {text}" for p, n, text in rest)]))
+        self.problems = problems
 
 
 def load_plan(path: str) -> Located:
-    """Parse with the safe loader, keeping line numbers; any problem is an InputError naming file:line."""
-    import yaml
-
+    """Parse with the hardened loader, keeping line numbers; every problem in the file is reported at once."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(path, "file not found") from None
-    except (IsADirectoryError, UnicodeDecodeError):
-        raise InputError(path, "not a UTF-8 YAML file") from None
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise InputError(f"{path}{where}", f"malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+        document = read_yaml(path, path)
+    except YamlInputError as exc:
+        raise InvalidPlan([(path, exc.line, exc.problem)]) from None
+    data = document.data
     if not isinstance(data, dict):
-        raise InputError(path, f"expected a mapping of plan fields, got {type(data).__name__}")
-    lines = _field_lines(node)
+        raise InvalidPlan([(path, None, f"expected a mapping of plan fields, got {type(data).__name__}")])
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as exc:
-        loc = tuple(str(part) for part in exc.errors()[0]["loc"])
-        line = Located(path, None, lines).line(*loc) if loc else 1  # type: ignore[arg-type]
-        raise InputError(f"{path}:{line}", describe_validation(exc)) from None
-    return Located(path, plan, lines)
+        problems = [(path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
+                    for loc, text in validation_problems(exc)]  # fmt: skip
+        raise InvalidPlan(problems) from None
+    return Located(path, plan, document.lines)
+
+
+def load_plans(paths: list[str]) -> list[Located]:
+    """Every file, each valid, before anything runs; otherwise the problems of all of them."""
+    located, problems = [], []
+    for path in paths:
+        try:
+            located.append(load_plan(path))
+        except InvalidPlan as exc:
+            problems += exc.problems
+    if problems:
+        raise InvalidPlan(problems)
+    return located
 
 
 @dataclass(frozen=True)
@@ -145,31 +149,33 @@ class CheckResult:
     line: int
 
 
+@contextmanager
+def _blame(located: Located) -> Iterator[None]:
+    """Any bad input found while evaluating a plan is reported at the line of the field at fault."""
+    try:
+        yield
+    except InvalidPlan:
+        raise
+    except InputError as exc:
+        field = exc.field.lstrip("-").replace("-", "_")
+        raise InvalidPlan([(located.path, located.line(field), f"{field}: {exc.message}")]) from None
+
+
 def run_checks(located: Located) -> list[CheckResult]:
     """Evaluate one plan and compare it with its expectations."""
     plan = located.plan
-    model = load_model(plan.model, field=f"{located.path}:{located.line('model')}: model")
-    profile = load_profile(plan.hw, field=f"{located.path}:{located.line('hw')}: hw")
-    inputs = PlanInputs(
-        seq=plan.seq, n=plan.n, batch=plan.batch, heads=model.heads, kv_heads=model.kv_heads,
-        head_dim=model.head_dim, dtype=plan.dtype, block=plan.block, causal=plan.causal, layout=plan.layout,
-        efficiency=plan.efficiency, hw=profile.name, model=model.name, pass_=plan.pass_,
-    )  # fmt: skip
-    try:
-        inputs.check()
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    setup = TrainingSetup(gpus=plan.gpus or plan.tp * plan.pp, tp=plan.tp, pp=plan.pp, zero=plan.zero,
-                          recompute=plan.recompute, memory_headroom=plan.memory_headroom, pass_=plan.pass_)  # fmt: skip
-    try:
-        setup.check()
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    try:
-        attention = setup.attention(inputs)
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    report = evaluate(attention, setup.placed(profile))
+    with _blame(located):
+        model = load_model(plan.model, field="model")
+        profile = load_profile(plan.hw, field="hw")
+        inputs = PlanInputs(
+            seq=plan.seq, n=plan.n, batch=plan.batch, heads=model.heads, kv_heads=model.kv_heads,
+            head_dim=model.head_dim, dtype=plan.dtype, block=plan.block, causal=plan.causal, layout=plan.layout,
+            efficiency=plan.efficiency, hw=profile.name, model=model.name, pass_=plan.pass_,
+        ).check()  # fmt: skip
+        setup = TrainingSetup(gpus=plan.gpus or plan.tp * plan.pp, tp=plan.tp, pp=plan.pp, zero=plan.zero,
+                              recompute=plan.recompute, memory_headroom=plan.memory_headroom,
+                              pass_=plan.pass_).check()  # fmt: skip
+        report = evaluate(setup.attention(inputs), setup.placed(profile))
     results = []
 
     def add(key: str, passed: bool, detail: str) -> None:
@@ -185,11 +191,12 @@ def run_checks(located: Located) -> list[CheckResult]:
     if plan.gpus is not None and (want.fits_memory or want.in_recommended_window):
         from costmodel.training.recommend import recommend
 
-        advice = recommend(inputs, model, setup, profile, suggest=False)
+        with _blame(located):
+            advice = recommend(inputs, model, setup, profile, suggest=False)
         row = next((r for r in advice.candidates if r.n == plan.n), None)
         if row is None:
-            raise InputError(f"{located.path}:{located.line('n')}",
-                             f"n: {plan.n} does not divide the {setup.shard_group} ranks of a TP x PP slice")  # fmt: skip
+            raise InvalidPlan([(located.path, located.line("n"),
+                                f"n: {plan.n} does not divide the {setup.shard_group} ranks of a TP x PP slice")])  # fmt: skip
         if want.fits_memory:
             add("fits_memory", row.fits, f"{row.total_bytes / 1e9:.1f} GB per device of "
                 f"{advice.fit.device_memory_bytes / 1e9:.1f} GB usable")  # fmt: skip
@@ -202,36 +209,61 @@ def run_checks(located: Located) -> list[CheckResult]:
     return results
 
 
+def _xml_text(text: str) -> str:
+    """``text`` without the characters XML 1.0 forbids (C0 controls but tab, CR, LF; lone surrogates;
+    U+FFFE, U+FFFF), each shown as its code point instead, so a plan's name cannot break the report [XML-1.0 §2.2]."""
+    import re
+
+    return re.sub("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]",
+                  lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def junit(results: list[CheckResult]) -> str:
     """JUnit XML: one suite per plan file, one case per expectation."""
     from xml.etree import ElementTree as ET
 
+    x = _xml_text
     suites = ET.Element("testsuites", name="cp-plan check", tests=str(len(results)),
                         failures=str(sum(not r.passed for r in results)))  # fmt: skip
     by_file: dict[str, list[CheckResult]] = {}
     for r in results:
         by_file.setdefault(r.plan, []).append(r)
     for path, items in by_file.items():
-        suite = ET.SubElement(suites, "testsuite", name=path, tests=str(len(items)),
+        suite = ET.SubElement(suites, "testsuite", name=x(path), tests=str(len(items)),
                               failures=str(sum(not r.passed for r in items)))  # fmt: skip
         for r in items:
-            case = ET.SubElement(suite, "testcase", classname=r.name, name=r.check, file=path, line=str(r.line))
+            case = ET.SubElement(suite, "testcase", classname=x(r.name), name=r.check, file=x(path), line=str(r.line))
             if not r.passed:
-                ET.SubElement(case, "failure", message=r.detail).text = r.detail
+                ET.SubElement(case, "failure", message=x(r.detail)).text = x(r.detail)
             else:
-                ET.SubElement(case, "system-out").text = r.detail
+                ET.SubElement(case, "system-out").text = x(r.detail)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
+def _escape_data(text: str) -> str:
+    """A workflow command's message [GH-Commands]."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    """A workflow command's property value (file=, title=): ``:`` and ``,`` end it unless escaped."""
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _annotation(level: str, path: str, line: int | None, title: str, message: str) -> str:
+    where = f"file={_escape_property(path)}" + ("" if line is None else f",line={line}")
+    return f"::{level} {where},title={_escape_property(title)}::{_escape_data(message)}"
+
+
 def github(results: list[CheckResult]) -> str:
     """GitHub workflow commands: an error annotation on the failing line, a notice for each pass."""
-
-    def escape(text: str) -> str:
-        return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-    lines = []
-    for r in results:
-        level = "notice" if r.passed else "error"
-        lines.append(f"::{level} file={r.plan},line={r.line},title=cp-plan {r.check}::{escape(f'{r.name}: {r.detail}')}")
+    lines = [_annotation("notice" if r.passed else "error", r.plan, r.line, f"cp-plan {r.check}", f"{r.name}: {r.detail}")
+             for r in results]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def github_problems(error: InvalidPlan) -> str:
+    """An error annotation for every problem of invalid plan files, on its line."""
+    return "".join(_annotation("error", path, line, "cp-plan invalid plan", text) + "\n"
+                   for path, line, text in error.problems)  # fmt: skip
