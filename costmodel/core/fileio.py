@@ -28,7 +28,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "
     try:
         if target.is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(target)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         # mkstemp makes the file private (0600); give it the target's mode, or what a plain open() would.
         os.fchmod(fd, target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask())
@@ -55,12 +55,19 @@ def check_writable(path: str | os.PathLike[str], field: str) -> None:
     try:
         if target.is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_parent(target)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         os.close(fd)
         os.unlink(tmp)
     except (OSError, ValueError) as exc:
         raise InputError(field, f"cannot write {_shorten(str(target))}: {_reason(exc)}") from None
+
+
+def _make_parent(target: Path) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's word for "a folder on the way is a file"
+        raise NotADirectoryError(errno.ENOTDIR, "a folder on the path is a file") from None
 
 
 def _reason(exc: BaseException) -> str:

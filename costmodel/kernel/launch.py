@@ -12,6 +12,7 @@ the same code spans nodes, and the result holds this rank's entry.
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import queue as queue_module
@@ -115,16 +116,16 @@ def _rank_main(rank: int, world_size: int, store_port: int, device: str, threads
                                 timeout=timedelta(seconds=timeout_s))
         try:
             result = fn(RankContext(rank, world_size, torch_device, backend), *args)
-            results.put((rank, "returned", None))  # a hang after this is a peer's, not ours
+            results.send((rank, "returned", None))  # a hang after this is a peer's, not ours
             dist.barrier()  # nobody tears down while a peer still exchanges with it
         finally:
             dist.destroy_process_group()
         # Plain pickle copies tensors by value: torch's shared-memory handles die with this process.
-        results.put((rank, "ok", pickle.dumps(result)))
+        results.send((rank, "ok", pickle.dumps(result)))
     except InputError as exc:
-        results.put((rank, "input", (exc.field, exc.message)))
+        results.send((rank, "input", (exc.field, exc.message)))
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent, named by rank
-        results.put((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        results.send((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
 
 
 def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s: float = 120.0,
@@ -142,27 +143,54 @@ def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = threads_per_rank or max(1, cpus // nproc)
     context = mp.get_context("spawn")
-    results = context.Queue()
+    # One pipe per rank, not a Queue: a Queue's semaphores outlive a SIGKILLed parent as a warning.
+    pipes = [context.Pipe(duplex=False) for _ in range(nproc)]
     # Port 0: the system picks a free one, with no window for another program to take it.
     store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout_s))
     processes = [
         context.Process(target=_rank_main, name=f"cp-plan-rank-{rank}", daemon=True,
-                        args=(rank, nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args, results))
+                        args=(rank, nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args, pipes[rank][1]))
         for rank in range(nproc)
     ]
     try:
         for process in processes:
             process.start()
-        return _collect(processes, results, timeout_s)
+        for _, writer in pipes:
+            writer.close()  # the ranks hold their ends; a dead rank's pipe then reads as closed
+        return _collect(processes, _Inbox([reader for reader, _ in pipes]), timeout_s)
     finally:
         _terminate(processes)
-        results.close()
-        results.join_thread()
+        for reader, writer in pipes:
+            reader.close()
+            writer.close()
         del store
 
 
-def _collect(processes: list, results: Any, timeout_s: float) -> list[Any]:
+class _Inbox:
+    """The messages of every rank's pipe, in arrival order."""
+
+    def __init__(self, readers: list[Any]) -> None:
+        self.open = list(readers)
+        self.pending: collections.deque = collections.deque()
+
+    def get(self, timeout: float) -> tuple[int, str, Any]:
+        from multiprocessing.connection import wait
+
+        if not self.pending:
+            if not self.open:
+                time.sleep(timeout)
+            for reader in wait(self.open, timeout):
+                try:
+                    self.pending.append(reader.recv())
+                except (EOFError, OSError, pickle.UnpicklingError):  # the rank is gone; its exit code says how
+                    self.open.remove(reader)
+        if not self.pending:
+            raise queue_module.Empty
+        return self.pending.popleft()
+
+
+def _collect(processes: list, results: _Inbox, timeout_s: float) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     done: dict[int, Any] = {}
     returned: set[int] = set()
