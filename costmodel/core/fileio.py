@@ -127,8 +127,9 @@ def read_yaml(path: str | os.PathLike[str], field: str) -> YamlDocument:
     text = _read_text(name, field)
     import yaml
 
-    loader = _hardened_loader()(text)
+    loader = None
     try:
+        loader = _hardened_loader()(text)  # checks the characters already
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except _Refused as exc:
@@ -140,7 +141,8 @@ def read_yaml(path: str | os.PathLike[str], field: str) -> YamlDocument:
     except (ValueError, OverflowError) as exc:  # e.g. an integer of more digits than Python converts
         raise YamlInputError(field, name, None, f"unreadable value: {str(exc).splitlines()[0]}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return YamlDocument(data, _key_lines(node) if node is not None else {})
 
 
