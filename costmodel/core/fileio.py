@@ -1,4 +1,4 @@
-"""Reading and writing the files the tool touches: YAML in with ``safe_load``, anything out atomically."""
+"""Reading and writing the files the tool touches: YAML in through one hardened safe loader, anything out atomically."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from costmodel.core.errors import InputError, validation_problems
 from costmodel.core.fields import Count, NotBool, Positive
-from costmodel.core.fileio import YamlInputError, read_yaml
+from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.machines.profiles import Dtype, load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import Pass, PlanInputs, Recompute, TrainingSetup, parse_tokens
@@ -51,16 +51,16 @@ class PlanFile(BaseModel):
     gpus: Count(maximum=2**24) | None = Field(None, description="G, accelerators in the job (needed for memory checks)")
     tp: Count(maximum=2**24) = 1
     pp: Count(maximum=2**24) = 1
-    zero: Annotated[Literal[0, 1, 2, 3], NotBool] = 1
+    zero: Annotated[Literal[0, 1, 2, 3], NotBool] = 1  # YAML's true would pass for 1
     recompute: Recompute = "selective"
-    memory_headroom: Annotated[float, NotBool, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.10
+    memory_headroom: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False), NotBool] = 0.10
     causal: bool = True
     layout: Layout = "zigzag"
     pass_: Pass = Field("fwd+bwd", alias="pass")
     dtype: Dtype = "bf16"
     batch: Count(maximum=2**24) = 1
     block: Count() = 1024
-    efficiency: Annotated[float, NotBool, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+    efficiency: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False), NotBool] = 1.0
     expect: Expectations = Field(default_factory=Expectations)
 
     @field_validator("seq", "block", mode="before")
@@ -86,13 +86,10 @@ class Located:
 
     path: str
     plan: PlanFile
-    lines: dict[tuple[str, ...], int]
+    document: YamlDocument
 
     def line(self, *keys: str) -> int:
-        for end in range(len(keys), 0, -1):
-            if keys[:end] in self.lines:
-                return self.lines[keys[:end]]
-        return 1
+        return self.document.line(*keys)
 
 
 class InvalidPlan(InputError):
@@ -123,7 +120,7 @@ def load_plan(path: str) -> Located:
         problems = [(path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
                     for loc, text in validation_problems(exc)]  # fmt: skip
         raise InvalidPlan(problems) from None
-    return Located(path, plan, document.lines)
+    return Located(path, plan, document)
 
 
 def load_plans(paths: list[str]) -> list[Located]:
