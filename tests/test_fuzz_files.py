@@ -324,7 +324,10 @@ def near(original: Any) -> st.SearchStrategy[Any]:
     if isinstance(original, bool):
         return st.booleans()
     if isinstance(original, int):
-        return st.one_of(st.integers(1, 2 * original + 8), st.sampled_from([1, 2, 4, 8, 2**20, 2**40, 2**41]))
+        # Counts just past every ceiling (2^16, 2^20, 2^34) are refused; S in (2^24, 2^34] is left to
+        # test_a_huge_sequence_is_answered_in_bounded_memory, which fails today.
+        return st.one_of(st.integers(1, 2 * original + 8),
+                         st.sampled_from([1, 2, 4, 8, 2**16, 2**16 + 1, 2**20, 2**20 + 1, 2**34 + 16, 2**41]))
     if isinstance(original, float):
         scaled = st.integers(-40, 40).map(lambda k: original * 10.0**k if original else 10.0**k)
         return st.one_of(scaled, st.floats(original / 2, original * 2) if original else st.just(0.0))
@@ -448,6 +451,15 @@ def test_hostile_documents(kind: str) -> None:
         _fuzz_text(KINDS[kind], case)
 
     fuzz()
+
+
+@pytest.mark.xfail(strict=True, reason="the ring simulator's time and memory grow with S and S/block (it holds "
+                   "all S positions and N x N x tiles counts); S and S/block need ranges it can afford")  # fmt: skip
+@pytest.mark.parametrize(("seq", "n", "block"), [(2**31, 8, 1024), (2**20, 8, 1)])
+def test_a_huge_sequence_is_answered_in_bounded_memory(tmp_path, seq: int, n: int, block: int) -> None:
+    plan = dict(KINDS["plan-file"].base, seq=seq, n=n, block=block)
+    path = _write(tmp_path, yaml.safe_dump(plan).encode())
+    check_outcome(run_cli(["check", path, "-f", "json"], wall_s=20), SCHEMA_NAMES, {path}, f"plan: S = {seq}")
 
 
 def test_the_runner_reports_what_the_cli_did() -> None:

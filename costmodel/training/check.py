@@ -25,6 +25,10 @@ from costmodel.plans.verdict import BANDS, Colour
 from costmodel.schedule.layouts import Layout
 
 ORDER = [band.verdict for band in BANDS]
+# The ranges of the flags of the same names.
+MAX_TOKENS = 2**34  # 16G tokens
+MAX_DEVICES = 2**20
+MAX_DEGREE = 2**16  # TP, PP, batch
 
 
 class Expectations(BaseModel):
@@ -45,12 +49,12 @@ class PlanFile(BaseModel):
 
     name: str = Field(description="what the plan is for")
     model: str = Field(description="model preset name or YAML path")
-    seq: Count() = Field(description="S, tokens; 128k and 1M are accepted")
-    n: Count(maximum=2**24) = Field(description="N, the CP degree")
+    seq: Count(maximum=MAX_TOKENS) = Field(description="S, tokens; 128k and 1M are accepted")
+    n: Count(maximum=MAX_DEVICES) = Field(description="N, the CP degree")
     hw: str = Field(description="hardware profile name or YAML path")
-    gpus: Count(maximum=2**24) | None = Field(None, description="G, accelerators in the job (needed for memory checks)")
-    tp: Count(maximum=2**24) = 1
-    pp: Count(maximum=2**24) = 1
+    gpus: Count(maximum=MAX_DEVICES) | None = Field(None, description="G, accelerators in the job (needed for memory checks)")
+    tp: Count(maximum=MAX_DEGREE) = 1
+    pp: Count(maximum=MAX_DEGREE) = 1
     zero: Annotated[Literal[0, 1, 2, 3], NotBool] = 1  # YAML's true would pass for 1
     recompute: Recompute = "selective"
     memory_headroom: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False), NotBool] = 0.10
@@ -58,8 +62,8 @@ class PlanFile(BaseModel):
     layout: Layout = "zigzag"
     pass_: Pass = Field("fwd+bwd", alias="pass")
     dtype: Dtype = "bf16"
-    batch: Count(maximum=2**24) = 1
-    block: Count() = 1024
+    batch: Count(maximum=MAX_DEGREE) = 1
+    block: Count(maximum=MAX_TOKENS) = 1024
     efficiency: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False), NotBool] = 1.0
     expect: Expectations = Field(default_factory=Expectations)
 
