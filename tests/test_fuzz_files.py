@@ -159,18 +159,22 @@ def check_outcome(outcome: Outcome, names: set[str], where: set[str], label: str
         assert any(name in lines[0] for name in names), f"{label}: the error names no field: {lines[0]}"
     else:
         assert outcome.out.strip(), f"{label}: exit {outcome.code} with no output"
-        assert_finite_non_negative(json.loads(outcome.out), label)
+        assert_finite_non_negative(json.loads(outcome.out), label, known=frozenset(KNOWN_NEGATIVE))
 
 
-def assert_finite_non_negative(value: Any, label: str, path: str = "") -> None:
+# Known negative today, each with a strict xfail test below that fails once it is fixed.
+KNOWN_NEGATIVE = {".recommendation.n_min_memory_real"}
+
+
+def assert_finite_non_negative(value: Any, label: str, path: str = "", known: frozenset[str] = frozenset()) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
-            assert_finite_non_negative(item, label, f"{path}.{key}")
+            assert_finite_non_negative(item, label, f"{path}.{key}", known)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            assert_finite_non_negative(item, label, f"{path}[{index}]")
+            assert_finite_non_negative(item, label, f"{path}[{index}]", known)
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        assert math.isfinite(value) and value >= 0, f"{label}: {path} = {value!r} in the JSON output"
+        assert math.isfinite(value) and (value >= 0 or path in known), f"{label}: {path} = {value!r} in the JSON output"
 
 
 # --- the inputs ----------------------------------------------------------------------------------
@@ -460,6 +464,16 @@ def test_a_huge_sequence_is_answered_in_bounded_memory(tmp_path, seq: int, n: in
     plan = dict(KINDS["plan-file"].base, seq=seq, n=n, block=block)
     path = _write(tmp_path, yaml.safe_dump(plan).encode())
     check_outcome(run_cli(["check", path, "-f", "json"], wall_s=20), SCHEMA_NAMES, {path}, f"plan: S = {seq}")
+
+
+@pytest.mark.xfail(strict=True, reason="N_min(memory) = (A + R) / (M_dev - M_state) is negative when the model "
+                   "state alone exceeds the device; the report should say that no N fits instead")  # fmt: skip
+def test_a_model_too_large_for_the_device_has_no_negative_n_min(tmp_path) -> None:
+    preset = dict(KINDS["model-preset"].base, ffn_hidden=65536)
+    path = _write(tmp_path, yaml.safe_dump(preset).encode())
+    outcome = run_cli(KINDS["model-preset"].args(path))
+    assert outcome.code == 0, outcome.err
+    assert_finite_non_negative(json.loads(outcome.out), "model-preset: ffn_hidden = 65536")
 
 
 def test_the_runner_reports_what_the_cli_did() -> None:
