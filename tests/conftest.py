@@ -5,8 +5,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import settings
 
 from costmodel.cli import main
+
+# `pytest --hypothesis-profile=deep`: long property and fuzz runs (tests/test_fuzz_files.py reads it).
+settings.register_profile("deep", max_examples=2000, deadline=None)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many fuzz cases ran, the slowest and the hungriest."""
+    import sys
+
+    fuzz = sys.modules.get("tests.test_fuzz_files")
+    if fuzz is not None and fuzz.STATS.cases:
+        terminalreporter.write_line(fuzz.STATS.summary())
 
 
 class CLIResult:

@@ -77,7 +77,7 @@ INVALID = [
     ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  worst_verdict: purple\n", ":7: expect.worst_verdict"),
     ("name: x\nmodel: worked-example\nseq: 8k\nn: eight\nhw: a100-nvlink\n", ":4: n: Input should be a valid integer"),
     ("name: x\nmodel: worked-example\nseq: 8q\nn: 8\nhw: a100-nvlink\n", ":3: seq: '8q' is not a length"),
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ncolour: blue\n", ":6: colour: Extra inputs are not permitted"),
+    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ncolour: blue\n", ":6: colour: unknown key"),
     ("model: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":1: name: Field required"),
     ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  fits_memory: true\n", "need gpus"),
     ("name: [x\n", ":2: malformed YAML"),

@@ -19,8 +19,8 @@ import os
 import resource
 import sys
 from contextlib import redirect_stderr, redirect_stdout
+from typing import Any
 
-import click
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,18 +42,19 @@ HOSTILE_TEXT = ["", " ", "0", "-1", "1", "2", "3", "7", "1024", "65537", "1e400"
                 "/dev/zero", "-", "--n"]  # fmt: skip
 
 
-def _options(command: str) -> list[click.Option]:
+def _options(command: str) -> list[Any]:
     from typer.main import get_command
 
     from costmodel.cli.app import app
 
     root = get_command(app)
     node = root if not command else root.commands[command]  # type: ignore[attr-defined]
-    return [p for p in node.params if isinstance(p, click.Option) and not set(p.opts) & SKIP]
+    return [p for p in node.params if p.param_type_name == "option" and not set(p.opts) & SKIP]
 
 
-def _values(option: click.Option) -> st.SearchStrategy[str]:
-    choices = list(getattr(option.type, "choices", []) or [])
+def _values(option: Any) -> st.SearchStrategy[str]:
+    kind = getattr(option, "bare_type", None) or getattr(option, "type", None)
+    choices = list(getattr(kind, "choices", []) or [])
     return st.one_of(st.sampled_from(HOSTILE_TEXT), st.sampled_from([str(c) for c in choices] or ["x"]),
                      st.integers(-(2**70), 2**70).map(str), st.floats(allow_nan=True).map(repr),
                      st.text(max_size=12))  # fmt: skip

@@ -47,7 +47,7 @@ def test_cli_json_inputs_come_from_the_config(cli, name: str, heads: int, kv_hea
     assert (inner["num_attention_heads"], inner["num_key_value_heads"], inner["head_dim"]) == (heads, kv_heads,
                                                                                               head_dim)  # fmt: skip
     data = cli("--seq", "128k", "--n", "8", "--model", str(path), "--format", "json").json()["inputs"]
-    assert (data["heads"], data["kv_heads"], data["head_dim"], data["model"]) == (heads, kv_heads, head_dim, name)
+    assert (data["heads"], data["kv_heads"], data["head_dim"], data["model"]) == (heads, kv_heads, head_dim, str(path))
 
 
 def test_what_is_not_modelled_is_one_line_on_stderr(cli) -> None:

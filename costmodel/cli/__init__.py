@@ -18,8 +18,24 @@ def _flag(field: str) -> str:
 
 
 def fail(message: str, code: int = 2) -> int:
+    # One line whatever the input held: a key or value read from a file may carry line breaks.
+    message = message.replace("\r", "\\r").replace("\n", "\\n")
     sys.stderr.write(f"{PROG}: error: {message}\n")
     return code
+
+
+def _quiet_broken_pipe() -> int:
+    """The reader went away (``cp-plan formulas | head -1``): exit 0 without a word. Python would flush
+    stdout again at exit and fail once more, so point it at /dev/null first."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (tests capture it)
+        pass
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         return fail("interrupted", 130)
     except BrokenPipeError:
-        return 0
+        return _quiet_broken_pipe()
+    except SystemExit as exc:
+        if isinstance(exc.__context__, BrokenPipeError):  # rich's consoles exit 1 when the reader goes
+            return _quiet_broken_pipe()
+        raise
+    try:
+        sys.stdout.flush()  # a broken pipe shows here when the output fit in the buffer
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     if result == 130:  # click turns Ctrl-C into Exit(130) before we see it
         return fail("interrupted", 130)
     return result if isinstance(result, int) else 0

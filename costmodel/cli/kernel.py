@@ -29,14 +29,35 @@ def _parse_varlen(text: str | None) -> tuple[int, ...] | None:
         raise InputError("--varlen", f"expected comma-separated document boundaries such as 0,100,256; got {text!r}") from None
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; beyond it the rendezvous timeout overflows
+MAX_SEED = 2**63 - 1  # torch.manual_seed's range (non-negative part)
+
+
+def _seconds(value: float, flag: str) -> float:
+    """A timeout: finite, positive, at most a week. Checked here, before any rank is spawned."""
+    import math
+
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise InputError(flag, f"must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] (got {value})")
+    return value
+
+
+def _tolerance(value: float | None, flag: str) -> float | None:
+    import math
+
+    if value is not None and not (math.isfinite(value) and value >= 0):
+        raise InputError(flag, f"must be a finite number >= 0 (got {value})")
+    return value
+
+
 @app.command()
 def selftest(
-    nproc: Annotated[int, typer.Option(help="Local processes to spawn (ignored under torchrun).")] = 2,
-    seq: Annotated[int, typer.Option(help="Sequence length S (whole sequence, all ranks).")] = 512,
-    heads: Annotated[int, typer.Option(help="Query heads h.")] = 4,
-    kv_heads: Annotated[int | None, typer.Option(help="Key/value heads n_kv (GQA when < h); defaults to --heads.")] = None,
-    head_dim: Annotated[int, typer.Option(help="Head dimension d.")] = 32,
-    batch: Annotated[int, typer.Option(help="Batch size b.")] = 1,
+    nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local processes to spawn (ignored under torchrun).")] = 2,
+    seq: Annotated[int, typer.Option(min=1, max=2**24, help="Sequence length S (whole sequence, all ranks).")] = 512,
+    heads: Annotated[int, typer.Option(min=1, max=1024, help="Query heads h.")] = 4,
+    kv_heads: Annotated[int | None, typer.Option(min=1, max=1024, help="Key/value heads n_kv (GQA when < h); defaults to --heads.")] = None,
+    head_dim: Annotated[int, typer.Option(min=1, max=1024, help="Head dimension d.")] = 32,
+    batch: Annotated[int, typer.Option(min=1, max=1024, help="Batch size b.")] = 1,
     causal: Annotated[bool, typer.Option(help="Causal mask.")] = False,
     layout: Annotated[Literal["contiguous", "striped", "zigzag"], typer.Option(help="Sequence layout.")] = "contiguous",
     varlen: Annotated[str | None, typer.Option(
@@ -44,7 +65,7 @@ def selftest(
     dtype: Annotated[Literal["fp32", "bf16", "fp16"], typer.Option(help="Input dtype.")] = "fp32",
     variant: Annotated[Literal["ring", "ulysses", "all"], typer.Option(
         help="Which kernel; 'all' skips Ulysses where [Ulysses §3] rules it out.")] = "all",
-    seed: Annotated[int, typer.Option(help="Random seed of the inputs.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Random seed of the inputs.")] = 0,
     atol: Annotated[float | None, typer.Option(help="Override the dtype's absolute tolerance.")] = None,
     rtol: Annotated[float | None, typer.Option(help="Override the dtype's relative tolerance.")] = None,
     device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(
@@ -63,6 +84,8 @@ def selftest(
     from costmodel.kernel.launch import LaunchError
     from costmodel.kernel.selftest import VARIANTS, SelftestConfig, run_selftest
 
+    timeout = _seconds(timeout, "--timeout")
+    atol, rtol = _tolerance(atol, "--atol"), _tolerance(rtol, "--rtol")
     try:
         import torch  # noqa: F401 - only to fail early and clearly without the optional extra
     except ImportError:
@@ -162,19 +185,19 @@ DtypeName = Literal["bf16", "fp16", "fp32"]
 
 def calibrate(
     out: Annotated[str, typer.Option("--out", "-o", help="The measured profile to write (YAML).")],
-    nproc: Annotated[int, typer.Option(help="Local ranks measuring at once (ignored under torchrun).")] = 2,
+    nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local ranks measuring at once (ignored under torchrun).")] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
     dtype: Annotated[DtypeName | None, typer.Option(
         help="Element type of Q, K, V [default: bf16 on GPUs, fp32 on CPUs].")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="Take heads, kv-heads, head-dim from a preset.")] = None,
-    heads: Annotated[int | None, typer.Option(help="Query heads [default: 8 or the model's].")] = None,
-    kv_heads: Annotated[int | None, typer.Option(help="KV heads [default: --heads or the model's].")] = None,
-    head_dim: Annotated[int | None, typer.Option(help="Head dimension [default: 64 or the model's].")] = None,
-    batch: Annotated[int, typer.Option(help="Sequences per rank.")] = 1,
+    heads: Annotated[int | None, typer.Option(min=1, max=1024, help="Query heads [default: 8 or the model's].")] = None,
+    kv_heads: Annotated[int | None, typer.Option(min=1, max=1024, help="KV heads [default: --heads or the model's].")] = None,
+    head_dim: Annotated[int | None, typer.Option(min=1, max=1024, help="Head dimension [default: 64 or the model's].")] = None,
+    batch: Annotated[int, typer.Option(min=1, max=1024, help="Sequences per rank.")] = 1,
     name: Annotated[str | None, typer.Option(help="Profile name [default: the file's stem].")] = None,
     tokens: Annotated[str | None, typer.Option(help="Block sizes to time, e.g. 128,256,...,4096.")] = None,
     message_bytes: Annotated[str | None, typer.Option(help="Message sizes (bytes, k = 1,024), >= 6 values.")] = None,
-    repeats: Annotated[int, typer.Option(min=3, help="Timed repeats per figure (medians and spread).")] = 7,
+    repeats: Annotated[int, typer.Option(min=3, max=1000, help="Timed repeats per figure (medians and spread).")] = 7,
     timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed, naming the slow one.")] = 300.0,
 ) -> None:
     """Measure this machine's attention FLOP/s per block size, and its links' latency and bandwidth.
@@ -188,8 +211,9 @@ def calibrate(
     from pathlib import Path
 
     from costmodel.calibration.fit import build_profile, profile_yaml
-    from costmodel.core.fileio import atomic_write_text
+    from costmodel.core.fileio import atomic_write_text, check_writable
 
+    timeout = _seconds(timeout, "--timeout")
     _require_torch()
     from costmodel.kernel.calibrate import CalibrationConfig, measure
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun
@@ -209,6 +233,7 @@ def calibrate(
     target = Path(out)
     if target.suffix not in {".yaml", ".yml"}:
         raise InputError("--out", f"{out}: the profile is YAML; name it .yaml or .yml")
+    check_writable(target, "--out")  # now, not after minutes of measuring
     try:
         results = launch(measure, nproc, args=(config,), timeout_s=timeout, device=BACKENDS[backend])
     except LaunchError as exc:
@@ -218,7 +243,7 @@ def calibrate(
     if raw is None:  # a torchrun rank other than 0: rank 0 writes the profile
         return
     profile = build_profile(raw, name or target.stem, shape)
-    atomic_write_text(target, profile_yaml(profile))
+    atomic_write_text(target, profile_yaml(profile), "--out")
     _print_calibration(profile, target)
 
 
@@ -243,10 +268,10 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
 
 def validate(
     hw: Annotated[str, typer.Option("--hw", help="A measured profile (from cp-plan calibrate).")],
-    nproc: Annotated[int, typer.Option(help="Local ranks, N (ignored under torchrun).")] = 2,
+    nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local ranks, N (ignored under torchrun).")] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
     max_median_error: Annotated[float, typer.Option(help="Exit 1 when the median |error| exceeds this.")] = 0.10,
-    repeats: Annotated[int, typer.Option(min=3, help="Timed repeats per configuration.")] = 9,
+    repeats: Annotated[int, typer.Option(min=3, max=1000, help="Timed repeats per configuration.")] = 9,
     timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed.")] = 600.0,
     output_format: Annotated[Literal["table", "json"], typer.Option("--format", help="Output format.")] = "table",
 ) -> None:
@@ -263,6 +288,8 @@ def validate(
     from costmodel.cli.render import render_validation
     from costmodel.machines.profiles import load_profile
 
+    timeout = _seconds(timeout, "--timeout")
+    _tolerance(max_median_error, "--max-median-error")
     profile = load_profile(hw)
     if profile.calibration is None:
         raise InputError("--hw", f"{hw}: validate needs a measured profile (write one with cp-plan calibrate)")

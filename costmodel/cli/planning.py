@@ -236,10 +236,15 @@ def check_cmd(
 
     Example: cp-plan check configs/plans/*.yaml --format github
     """
-    from costmodel.training.check import github, junit, load_plan, run_checks
+    from costmodel.training.check import InvalidPlan, github, github_problems, junit, load_plans, run_checks
 
-    located = [load_plan(path) for path in plans]  # every file is valid before anything runs
-    results = [result for plan in located for result in run_checks(plan)]
+    try:
+        located = load_plans(plans)  # every file is valid before anything runs
+        results = [result for plan in located for result in run_checks(plan)]
+    except InvalidPlan as exc:
+        if format is CheckFormat.github:
+            sys.stdout.write(github_problems(exc))
+        raise
     if format is CheckFormat.json:
         data = {"schema": "cp-plan/check/v1", "passed": all(r.passed for r in results),
                 "results": [r.__dict__ for r in results]}  # fmt: skip

@@ -29,7 +29,9 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from costmodel.core.fileio import atomic_write_bytes
+    from costmodel.core.fileio import atomic_write_bytes, check_writable
+
+    check_writable(path, "--plot")  # before the drawing
 
     fig, axes = plt.subplots(1, len(grids), figsize=(6.2 * len(grids), 4.6), squeeze=False, sharey=True)
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(grids[0].seqs)))
@@ -76,7 +78,7 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
     buffer = io.BytesIO()
     fig.savefig(buffer, format=path.suffix.lower().lstrip("."), dpi=130)
     plt.close(fig)
-    return atomic_write_bytes(path, buffer.getvalue())
+    return atomic_write_bytes(path, buffer.getvalue(), "--plot")
 
 
 def _or_nan(values: np.ndarray | None, size: int) -> np.ndarray:

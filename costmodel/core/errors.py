@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class InputError(ValueError):
     """Input the tool cannot accept. ``field`` is the flag or file field at fault."""
@@ -12,13 +14,37 @@ class InputError(ValueError):
         self.message = message
 
 
-def describe_validation(exc: object) -> str:
-    """One line for a pydantic ``ValidationError``: the first field's dotted path and problem."""
-    errors = exc.errors()  # type: ignore[attr-defined]
-    first = errors[0]
-    loc = ".".join(str(part) for part in first["loc"])
-    msg = first["msg"].removeprefix("Value error, ")
-    got = first.get("input")
-    shown = "" if isinstance(got, dict | list) or first["type"] == "missing" else f" (got {got!r})"
-    more = len(errors) - 1
-    return (f"{loc}: " if loc else "") + f"{msg}{shown}" + (f" (and {more} more)" if more else "")
+def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
+    """Every problem of a pydantic ``ValidationError`` as (location, text), unknown keys first.
+
+    An unknown key is usually a misspelt known one (``sequence:`` for ``seq:``), so it is named as
+    unknown before the "Field required" it causes."""
+    problems = []
+    for error in exc.errors():  # type: ignore[attr-defined]
+        loc = tuple(_key(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            problems.append((0, loc, "unknown key"))
+            continue
+        msg = error["msg"].removeprefix("Value error, ")
+        got = error.get("input")
+        shown = "" if isinstance(got, dict | list) or error["type"] == "missing" else f" (got {_short(got)})"
+        problems.append((1, loc, f"{msg}{shown}"))
+    return [(loc, text) for _, loc, text in sorted(problems, key=lambda p: p[0])]
+
+
+def describe_validation(exc: object, line: Callable[..., int] | None = None) -> str:
+    """One line for a pydantic ``ValidationError``: every field's dotted path and problem, ``; ``-separated,
+    each after its line in the file when ``line(*location)`` gives it."""
+    return "; ".join((f"line {line(*loc)}: " if line and loc else "") + (f"{'.'.join(loc)}: " if loc else "") + text
+                     for loc, text in validation_problems(exc))  # fmt: skip
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """``repr`` cut to one short line: a hostile file can hold a megabyte string or control characters."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
+def _key(part: object) -> str:
+    text = str(part)
+    return text if text.isprintable() and len(text) <= 60 else _short(text)

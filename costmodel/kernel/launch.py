@@ -1,7 +1,8 @@
 """Run a function on every rank of a process group: N local processes, or this process under torchrun.
 
 ``launch(fn, nproc)`` calls ``fn(ctx, *args)`` on each rank with a :class:`RankContext` and returns
-``{rank: result}``. Locally it spawns ``nproc`` processes (``torch.multiprocessing``, a file store, gloo
+``{rank: result}``. Locally it spawns ``nproc`` processes (``torch.multiprocessing``, a TCP store on
+127.0.0.1 that this process hosts on a port the system picks, so a killed run leaves no file; gloo
 on CPU, NCCL when there is a GPU per rank) under a hard timeout: when a rank raises, dies or hangs,
 every process is terminated and :class:`LaunchError` names the rank ("rank 1 exited with code -9",
 "rank 0 did not finish within 120 s"); Ctrl-C tears them all down too. Under ``torchrun`` (RANK and
@@ -11,18 +12,16 @@ the same code spans nodes, and the result holds this rank's entry.
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import queue as queue_module
-import shutil
-import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from costmodel.core.errors import InputError
@@ -102,7 +101,7 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _rank_main(rank: int, world_size: int, store_path: str, device: str, threads: int, timeout_s: float,
+def _rank_main(rank: int, world_size: int, store_port: int, device: str, threads: int, timeout_s: float,
                parent_pid: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
@@ -111,20 +110,22 @@ def _rank_main(rank: int, world_size: int, store_path: str, device: str, threads
 
         torch.set_num_threads(threads)
         torch_device, backend = _choose_device(device, rank, world_size)
-        dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+        store = dist.TCPStore("127.0.0.1", store_port, world_size, is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout_s))
         try:
             result = fn(RankContext(rank, world_size, torch_device, backend), *args)
-            results.put((rank, "returned", None))  # a hang after this is a peer's, not ours
+            results.send((rank, "returned", None))  # a hang after this is a peer's, not ours
             dist.barrier()  # nobody tears down while a peer still exchanges with it
         finally:
             dist.destroy_process_group()
         # Plain pickle copies tensors by value: torch's shared-memory handles die with this process.
-        results.put((rank, "ok", pickle.dumps(result)))
+        results.send((rank, "ok", pickle.dumps(result)))
     except InputError as exc:
-        results.put((rank, "input", (exc.field, exc.message)))
+        results.send((rank, "input", (exc.field, exc.message)))
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent, named by rank
-        results.put((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        results.send((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
 
 
 def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s: float = 120.0,
@@ -134,6 +135,7 @@ def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s
     ``fn`` must be importable by name (defined at module level), and its result picklable. The whole
     run, start-up included, must finish within ``timeout_s``; otherwise all ranks are killed.
     """
+    import torch.distributed as dist
     import torch.multiprocessing as mp
 
     if nproc < 1:
@@ -141,26 +143,54 @@ def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = threads_per_rank or max(1, cpus // nproc)
     context = mp.get_context("spawn")
-    results = context.Queue()
-    store_dir = tempfile.mkdtemp(prefix="cp-plan-store-")
-    store_path = str(Path(store_dir) / "store")
+    # One pipe per rank, not a Queue: a Queue's semaphores outlive a SIGKILLed parent as a warning.
+    pipes = [context.Pipe(duplex=False) for _ in range(nproc)]
+    # Port 0: the system picks a free one, with no window for another program to take it.
+    store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=timeout_s))
     processes = [
         context.Process(target=_rank_main, name=f"cp-plan-rank-{rank}", daemon=True,
-                        args=(rank, nproc, store_path, device, threads, timeout_s, os.getpid(), fn, args, results))
+                        args=(rank, nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args, pipes[rank][1]))
         for rank in range(nproc)
     ]
     try:
         for process in processes:
             process.start()
-        return _collect(processes, results, timeout_s)
+        for _, writer in pipes:
+            writer.close()  # the ranks hold their ends; a dead rank's pipe then reads as closed
+        return _collect(processes, _Inbox([reader for reader, _ in pipes]), timeout_s)
     finally:
         _terminate(processes)
-        results.close()
-        results.join_thread()
-        shutil.rmtree(store_dir, ignore_errors=True)
+        for reader, writer in pipes:
+            reader.close()
+            writer.close()
+        del store
 
 
-def _collect(processes: list, results: Any, timeout_s: float) -> list[Any]:
+class _Inbox:
+    """The messages of every rank's pipe, in arrival order."""
+
+    def __init__(self, readers: list[Any]) -> None:
+        self.open = list(readers)
+        self.pending: collections.deque = collections.deque()
+
+    def get(self, timeout: float) -> tuple[int, str, Any]:
+        from multiprocessing.connection import wait
+
+        if not self.pending:
+            if not self.open:
+                time.sleep(timeout)
+            for reader in wait(self.open, timeout):
+                try:
+                    self.pending.append(reader.recv())
+                except (EOFError, OSError, pickle.UnpicklingError):  # the rank is gone; its exit code says how
+                    self.open.remove(reader)
+        if not self.pending:
+            raise queue_module.Empty
+        return self.pending.popleft()
+
+
+def _collect(processes: list, results: _Inbox, timeout_s: float) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     done: dict[int, Any] = {}
     returned: set[int] = set()

@@ -13,7 +13,8 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
-from costmodel.core.fileio import load_builtin_or_file
+from costmodel.core.fields import Count, Finite, NonNegative, Positive
+from costmodel.core.fileio import YamlDocument, load_builtin_or_file
 from costmodel.core.resources import data_dir
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -21,9 +22,6 @@ BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
 # Formats a device computes in but attention is not planned in: fp4 and fp6 are sub-byte (and block-scaled,
 # so not even a fixed fraction of a byte per element), so they are recorded, shown, never used for Q, K, V.
 LowPrecision = Literal["fp6", "fp4"]
-
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -40,7 +38,7 @@ class Source(_Strict):
     date: str | None = Field(default=None, description="ISO date of the measurement (required when measured)")
     backend: str | None = Field(default=None, description="torch.distributed backend, e.g. nccl, gloo")
     torch_version: str | None = None
-    nproc: int | None = Field(default=None, description="ranks that ran at once")
+    nproc: Count() | None = Field(default=None, description="ranks that ran at once")
 
     @model_validator(mode="after")
     def _cited(self) -> Self:
@@ -121,7 +119,7 @@ class Device(_Strict):
 class RatePoint(_Strict):
     """Measured attention throughput of one block of ``tokens`` queries against as many keys."""
 
-    tokens: int = Field(ge=1, description="block edge: queries = keys = tokens")
+    tokens: Count() = Field(description="block edge: queries = keys = tokens")
     flops: Positive = Field(description="forward FLOP of the call, 4·b·h·pairs·d (pairs: the visible ones)")
     flops_per_s: Positive = Field(description="forward FLOP per second; for backward 2.5x the forward FLOP per second")
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
@@ -130,10 +128,10 @@ class RatePoint(_Strict):
 class ComputeCurve(_Strict):
     """Attention FLOP/s against block size, measured with ``concurrency`` ranks computing at once."""
 
-    concurrency: int = Field(ge=1, description="ranks computing at the same time (CPU cores are shared)")
+    concurrency: Count() = Field(description="ranks computing at the same time (CPU cores are shared)")
     causal: bool = Field(description="the block has the causal diagonal (a ring's own-block step)")
-    forward: list[RatePoint]
-    backward: list[RatePoint]
+    forward: list[RatePoint] = Field(min_length=1)
+    backward: list[RatePoint] = Field(min_length=1)
 
     def rate(self, flops: float, backward: bool = False) -> float:
         """FLOP/s of a kernel call doing ``flops`` (forward-counted), interpolated in log(work per call) over
@@ -146,7 +144,7 @@ class ComputeCurve(_Strict):
 
 
 class Sample(_Strict):
-    bytes: int = Field(ge=1, description="bytes each rank sends (point-to-point) or holds (all-to-all)")
+    bytes: Count() = Field(description="bytes each rank sends (point-to-point) or holds (all-to-all)")
     seconds: Positive = Field(description="median over the repeats, slowest rank")
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
 
@@ -156,12 +154,12 @@ class LinkFit(_Strict):
 
     latency_s: NonNegative
     bandwidth: Positive = Field(description="bytes/s per direction")
-    r2: float = Field(le=1, description="coefficient of determination of the fit")
+    r2: Finite = Field(le=1, description="coefficient of determination of the fit")
     samples: list[Sample]
 
 
 class OverlapPoint(_Strict):
-    tokens: int = Field(ge=1)
+    tokens: Count()
     compute: Positive = Field(description="s, block compute alone")
     comm: Positive = Field(description="s, its KV exchange alone")
     both: Positive = Field(description="s, both at once as a ring step")
@@ -173,21 +171,21 @@ class Calibration(_Strict):
     """What `cp-plan calibrate` measured, beside the figures the profile derives from it (docs/calibration.md)."""
 
     dtype: Dtype
-    batch: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    compute: list[ComputeCurve] = Field(description="per concurrency and mask")
+    batch: Count()
+    heads: Count()
+    kv_heads: Count()
+    head_dim: Count()
+    compute: list[ComputeCurve] = Field(min_length=1, description="per concurrency and mask")
     p2p: dict[Literal["intra-node", "inter-node"], LinkFit] = Field(description="ring exchanges, per scope")
     alltoall: dict[Literal["intra-node", "inter-node"], LinkFit] = Field(description="all_to_all_single, per scope")
-    overlap: float = Field(ge=0, le=1, description="share of the shorter of compute and transfer that hides "
+    overlap: NonNegative = Field(le=1, description="share of the shorter of compute and transfer that hides "
                            "under the other in a ring step: 1 fully, 0 none (serial)")
-    step_overhead_s: float = Field(0.0, ge=0, description="fixed cost of a ring step that overlaps a transfer "
+    step_overhead_s: NonNegative = Field(0.0, description="fixed cost of a ring step that overlaps a transfer "
                                    "with compute (thread wake-ups, scheduling), beyond both")
-    sync_overhead_s: float = Field(0.0, ge=0, description="cost of a collective right after compute, beyond "
+    sync_overhead_s: NonNegative = Field(0.0, description="cost of a collective right after compute, beyond "
                                    "both alone (waiting for the slower rank, waking communication threads)")
     overlap_samples: list[OverlapPoint] = Field(default_factory=list)
-    layer_overhead_s: dict[str, float] = Field(
+    layer_overhead_s: dict[str, NonNegative] = Field(
         default_factory=dict, description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
         "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it")
 
@@ -250,8 +248,8 @@ class HardwareProfile(_Strict):
     description: str = Field(default="", description="one line")
     source: Source
     device: Device
-    devices_per_node: Annotated[int, Field(ge=1, description="accelerators per node")]
-    cp_ranks_per_node: Annotated[int, Field(ge=1)] | None = Field(
+    devices_per_node: Annotated[Count(maximum=2**20), Field(description="accelerators per node")]
+    cp_ranks_per_node: Count(maximum=2**20) | None = Field(
         default=None, description="consecutive CP ranks on one node; default devices_per_node"
     )
     links: Links
@@ -273,16 +271,18 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in data_dir("hardware").glob("*.yaml"))
 
 
-def parse_profile(data: object, origin: str, field: str = "--hw") -> HardwareProfile:
-    """Validate loaded YAML; any problem becomes one :class:`InputError` line naming the field."""
+def parse_profile(data: object, origin: str, field: str = "--hw", document: YamlDocument | None = None) -> HardwareProfile:
+    """Validate loaded YAML; any problem becomes one :class:`InputError` line naming the field (and its
+    line, given the ``document`` the data came from)."""
     if not isinstance(data, dict):
         raise InputError(field, f"{origin}: expected a mapping of hardware fields, got {type(data).__name__}")
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
-        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+        raise InputError(field, f"{origin}: {describe_validation(exc, document.line if document else None)}") from None
 
 
 def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:
     """A built-in profile by name, or a YAML file by path."""
-    return parse_profile(*load_builtin_or_file(spec, data_dir("hardware"), field, "hardware"), field)
+    data, origin, document = load_builtin_or_file(spec, data_dir("hardware"), field, "hardware")
+    return parse_profile(data, origin, field, document)

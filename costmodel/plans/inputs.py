@@ -83,13 +83,13 @@ def _tokens(value: Any) -> Any:
 
 
 def _no_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
+    if isinstance(value, bool):  # YAML's true would pass for 1
+        raise ValueError("expected a number, not a boolean")
     return value
 
 
-Tokens = Annotated[int, BeforeValidator(_tokens), Strict()]
-Count = Annotated[int, Strict()]
+Tokens = Annotated[int, BeforeValidator(_tokens), BeforeValidator(_no_bool), Strict()]
+Count = Annotated[int, BeforeValidator(_no_bool), Strict()]
 Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
 Flag = Annotated[bool, Strict()]
 
@@ -200,7 +200,7 @@ class TrainingSetup(BaseModel):
     gpus: Count = flag(8, "G: accelerators in the job.", short="-g", unit="devices", ge=1, le=MAX_DEVICES)
     tp: Count = flag(1, "Tensor-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
     pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
-    zero: Literal[0, 1, 2, 3] = flag(1, "ZeRO stage over DP x CP (1 = distributed optimizer).")
+    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)] = flag(1, "ZeRO stage over DP x CP (1 = distributed optimizer).")
     recompute: Recompute = flag("selective", "Activation recompute: selective recomputes the attention core.")
     sequence_parallel: Flag | None = flag(
         None, "Sequence parallelism with TP: splits norms and dropouts too [default: on when TP > 1]."

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.fields import Count
 from costmodel.core.fileio import load_builtin_or_file
 from costmodel.core.resources import data_dir
 
-PositiveInt = Annotated[int, Field(ge=1)]
+# Ceilings far above any published model that keep products such as layers x hidden x vocab exact.
+Heads = Count(maximum=2**16)
+Width = Count(maximum=2**24)
 
 
 class ModelPreset(BaseModel):
@@ -24,22 +27,22 @@ class ModelPreset(BaseModel):
     name: str
     description: str = ""
     source: str = Field(description="where the numbers come from (model card or config URL)")
-    heads: PositiveInt
-    kv_heads: PositiveInt
-    head_dim: PositiveInt
-    layers: PositiveInt
-    hidden: PositiveInt
-    ffn_hidden: PositiveInt
-    vocab: PositiveInt
+    heads: Heads
+    kv_heads: Heads
+    head_dim: Heads
+    layers: Heads
+    hidden: Width
+    ffn_hidden: Width
+    vocab: Width
     gated_mlp: bool = Field(True, description="SwiGLU-style MLP with three matrices (Llama); false: GeLU, two")
     tied_embeddings: bool = Field(False, description="input and output embeddings share one matrix")
     dropout: bool = Field(False, description="dropout masks are stored for backward (GPT-3 era training)")
-    sliding_window: PositiveInt | None = Field(
+    sliding_window: Width | None = Field(
         None, description="tokens a local-attention layer sees (Gemma, GPT-OSS); recorded, not yet used by the cost model"
     )
     local_layers: int = Field(0, ge=0, description="layers with sliding-window attention; the rest attend globally")
-    experts: PositiveInt | None = Field(None, description="routed MoE experts per layer; recorded, not yet used")
-    experts_per_token: PositiveInt | None = Field(None, description="experts each token is routed to")
+    experts: Width | None = Field(None, description="routed MoE experts per layer; recorded, not yet used")
+    experts_per_token: Width | None = Field(None, description="experts each token is routed to")
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -69,7 +72,7 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
             unmapped.extend(left)
         return preset
     try:
-        data, origin = load_builtin_or_file(spec, data_dir("configs") / "models", field, "model")
+        data, origin, document = load_builtin_or_file(spec, data_dir("configs") / "models", field, "model")
     except InputError as exc:
         if exc.message.startswith("unknown model"):
             raise InputError(field, f"{exc.message}, or a Hugging Face config.json") from None
@@ -77,7 +80,7 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
     try:
         return ModelPreset.model_validate(data)
     except ValidationError as exc:
-        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+        raise InputError(field, f"{origin}: {describe_validation(exc, document.line)}") from None
 
 
 def _read_json(path: str, field: str) -> Any:

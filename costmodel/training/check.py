@@ -1,20 +1,25 @@
-"""Capacity-plan files and the checks CI gates on (`cp-plan check PLAN.yaml...`, [Korthikanti22]).
+"""Capacity-plan files and the checks CI gates on (`cp-plan check PLAN.yaml...`).
 
-A plan file names a model, S, N, hardware and the training layout, and what must hold: the worst
-verdict allowed, a ceiling on the comm ratio, that memory fits, that N lies in the recommended
-window. Problems in a file are reported with its path, the line and the field.
+A plan file holds the declared inputs (:mod:`costmodel.plans.inputs`) flat, under the names of their
+flags, with training defaults, plus its name, the model and what must hold: the worst verdict
+allowed, a ceiling on the comm ratio, that memory fits, that N lies in the recommended window.
+Problems in a file are reported with its path, the line and the field; every problem at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
-from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.errors import InputError, validation_problems
+from costmodel.core.fields import Positive
+from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
@@ -32,7 +37,7 @@ class Expectations(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     worst_verdict: Colour = Field("amber", description="the worst verdict allowed for the plan's pass")
-    max_comm_ratio: float | None = Field(None, gt=0, description="ceiling on the step comm ratio")
+    max_comm_ratio: Positive | None = Field(None, description="ceiling on the step comm ratio")
     fits_memory: bool = Field(False, description="training memory must fit (needs gpus)")
     in_recommended_window: bool = Field(False, description="N within [N_min(memory), N_max(comm)] (needs gpus)")
 
@@ -53,6 +58,9 @@ class _PlanHead(BaseModel):
         return self
 
 
+REQUIRED = ("seq", "n", "hw")  # a plan states what it plans; the flags' defaults are for a first look
+
+
 def _plan_fields() -> dict[str, Any]:
     """Every declared input, with the training defaults; gpus optional (memory checks need it)."""
     fields: dict[str, Any] = {}
@@ -61,10 +69,15 @@ def _plan_fields() -> dict[str, Any]:
             if name in _PlanHead.model_fields:
                 continue
             default = TRAINING_DEFAULTS.get(name, info.default)
-            annotation = info.annotation
-            if name == "gpus":
-                annotation, default = annotation | None, None
-            fields[name] = (annotation, FieldInfo.merge_field_infos(info, default=default))
+            if name in REQUIRED:
+                default = PydanticUndefined
+            if name == "gpus":  # optional here: the constraints go inside the Optional
+                inner = Annotated.__class_getitem__((info.annotation, *info.metadata))  # type: ignore[attr-defined]
+                fields[name] = (inner | None, Field(None, description=info.description))
+                continue
+            field = FieldInfo.merge_field_infos(info)
+            field.default = default  # the plan file's default, or none: required
+            fields[name] = (info.annotation, field)
     return fields
 
 
@@ -78,58 +91,54 @@ class Located:
 
     path: str
     plan: PlanFile
-    lines: dict[tuple[str, ...], int]
+    document: YamlDocument
 
     def line(self, *keys: str) -> int:
-        for end in range(len(keys), 0, -1):
-            if keys[:end] in self.lines:
-                return self.lines[keys[:end]]
-        return 1
+        return self.document.line(*keys)
 
 
-def _field_lines(node: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], int]:
-    import yaml
+class InvalidPlan(InputError):
+    """Every problem found in plan files as (file, line or None, text): one line for the terminal, and
+    one annotation each under ``--format github``."""
 
-    lines: dict[tuple[str, ...], int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            path = (*prefix, str(key.value))
-            lines[path] = key.start_mark.line + 1
-            lines.update(_field_lines(value, path))
-    return lines
+    def __init__(self, problems: list[tuple[str, int | None, str]]) -> None:
+        def where(path: str, line: int | None) -> str:
+            return path if line is None else f"{path}:{line}"
+
+        (path, line, first), rest = problems[0], problems[1:]
+        super().__init__(where(path, line), "; ".join([first, *(f"{where(p, n)}: {text}" for p, n, text in rest)]))
+        self.problems = problems
 
 
 def load_plan(path: str) -> Located:
-    """Parse with the safe loader, keeping line numbers; any problem is an InputError naming file:line."""
-    import yaml
-
+    """Parse with the hardened loader, keeping line numbers; every problem in the file is reported at once."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(path, "file not found") from None
-    except (IsADirectoryError, UnicodeDecodeError):
-        raise InputError(path, "not a UTF-8 YAML file") from None
-    try:
-        loader = yaml.SafeLoader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise InputError(f"{path}{where}", f"malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+        document = read_yaml(path, path)
+    except YamlInputError as exc:
+        raise InvalidPlan([(path, exc.line, exc.problem)]) from None
+    data = document.data
     if not isinstance(data, dict):
-        raise InputError(path, f"expected a mapping of plan fields, got {type(data).__name__}")
-    lines = _field_lines(node)
+        raise InvalidPlan([(path, None, f"expected a mapping of plan fields, got {type(data).__name__}")])
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as exc:
-        loc = tuple(str(part) for part in exc.errors()[0]["loc"])
-        line = Located(path, None, lines).line(*loc) if loc else 1  # type: ignore[arg-type]
-        raise InputError(f"{path}:{line}", describe_validation(exc)) from None
-    return Located(path, plan, lines)
+        problems = [(path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
+                    for loc, text in validation_problems(exc)]  # fmt: skip
+        raise InvalidPlan(problems) from None
+    return Located(path, plan, document)
+
+
+def load_plans(paths: list[str]) -> list[Located]:
+    """Every file, each valid, before anything runs; otherwise the problems of all of them."""
+    located, problems = [], []
+    for path in paths:
+        try:
+            located.append(load_plan(path))
+        except InvalidPlan as exc:
+            problems += exc.problems
+    if problems:
+        raise InvalidPlan(problems)
+    return located
 
 
 @dataclass(frozen=True)
@@ -142,13 +151,25 @@ class CheckResult:
     line: int
 
 
+@contextmanager
+def _blame(located: Located) -> Iterator[None]:
+    """Any bad input found while evaluating a plan is reported at the line of the field at fault."""
+    try:
+        yield
+    except InvalidPlan:
+        raise
+    except InputError as exc:
+        field = exc.field.lstrip("-").replace("-", "_")
+        raise InvalidPlan([(located.path, located.line(field), f"{field}: {exc.message}")]) from None
+
+
 def _declared(located: Located, model: type[M], values: dict[str, Any]) -> M:
-    """Build a declared model from the plan's fields; a problem names the file, line and field."""
+    """Build a declared model from the plan's fields; every problem names the file, line and field."""
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        field, message = problems(exc)[0]
-        raise InputError(f"{located.path}:{located.line(field)}", f"{field}: {message}") from None
+        raise InvalidPlan([(located.path, located.line(field), f"{field}: {message}")
+                           for field, message in problems(exc)]) from None  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -165,18 +186,17 @@ class Resolved:
 def resolve(located: Located) -> Resolved:
     """Inputs, setup and placed machine of one plan; problems name the file and line."""
     plan = located.plan
-    model = load_model(plan.model, field=f"{located.path}:{located.line('model')}: model")
+    with _blame(located):
+        model = load_model(plan.model, field="model")
     fields = plan.model_dump(exclude={"name", "expect"})
-    shape = {"heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim, "model": model.name}
+    shape = {"heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim}
     inputs = _declared(located, PlanInputs, {k: v for k, v in fields.items() if k in PlanInputs.model_fields} | shape)
     setup_fields = {k: v for k, v in fields.items() if k in TrainingSetup.model_fields}
     setup = _declared(located, TrainingSetup, setup_fields | {"gpus": plan.gpus or plan.tp * plan.pp})
-    try:
+    with _blame(located):
         attention = setup.attention(inputs)
-    except InputError as exc:
-        raise InputError(f"{located.path}:{located.line(exc.field)}", f"{exc.field}: {exc.message}") from None
-    profile = load_profile(plan.hw, field=f"{located.path}:{located.line('hw')}: hw")
-    machine = Machine(profile, inputs.dtype, inputs.efficiency).placed(setup.tp)
+        profile = load_profile(plan.hw, field="hw")
+        machine = Machine(profile, inputs.dtype, inputs.efficiency).placed(setup.tp)
     return Resolved(model, machine, inputs, setup, attention)
 
 
@@ -185,7 +205,8 @@ def run_checks(located: Located) -> list[CheckResult]:
     plan = located.plan
     resolved = resolve(located)
     model, machine, inputs, setup = resolved.model, resolved.machine, resolved.inputs, resolved.setup
-    report = evaluate(resolved.attention, machine)
+    with _blame(located):
+        report = evaluate(resolved.attention, machine)
     results = []
 
     def add(key: str, passed: bool, detail: str) -> None:
@@ -201,11 +222,12 @@ def run_checks(located: Located) -> list[CheckResult]:
     if plan.gpus is not None and (want.fits_memory or want.in_recommended_window):
         from costmodel.training.recommend import recommend
 
-        advice = recommend(inputs, model, setup, machine, suggest=False)
+        with _blame(located):
+            advice = recommend(inputs, model, setup, machine, suggest=False)
         row = next((r for r in advice.candidates if r.n == plan.n), None)
         if row is None:
-            raise InputError(f"{located.path}:{located.line('n')}",
-                             f"n: {plan.n} does not divide the {setup.shard_group} ranks of a TP x PP slice")  # fmt: skip
+            raise InvalidPlan([(located.path, located.line("n"),
+                                f"n: {plan.n} does not divide the {setup.shard_group} ranks of a TP x PP slice")])  # fmt: skip
         if want.fits_memory:
             add("fits_memory", row.fits, f"{row.total_bytes / 1e9:.1f} GB per device of "
                 f"{advice.fit.device_memory_bytes / 1e9:.1f} GB usable")  # fmt: skip
@@ -218,36 +240,61 @@ def run_checks(located: Located) -> list[CheckResult]:
     return results
 
 
+def _xml_text(text: str) -> str:
+    """``text`` without the characters XML 1.0 forbids (C0 controls but tab, CR, LF; lone surrogates;
+    U+FFFE, U+FFFF), each shown as its code point instead, so a plan's name cannot break the report [XML-1.0 §2.2]."""
+    import re
+
+    return re.sub("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]",
+                  lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def junit(results: list[CheckResult]) -> str:
     """JUnit XML: one suite per plan file, one case per expectation."""
     from xml.etree import ElementTree as ET
 
+    x = _xml_text
     suites = ET.Element("testsuites", name="cp-plan check", tests=str(len(results)),
                         failures=str(sum(not r.passed for r in results)))  # fmt: skip
     by_file: dict[str, list[CheckResult]] = {}
     for r in results:
         by_file.setdefault(r.plan, []).append(r)
     for path, items in by_file.items():
-        suite = ET.SubElement(suites, "testsuite", name=path, tests=str(len(items)),
+        suite = ET.SubElement(suites, "testsuite", name=x(path), tests=str(len(items)),
                               failures=str(sum(not r.passed for r in items)))  # fmt: skip
         for r in items:
-            case = ET.SubElement(suite, "testcase", classname=r.name, name=r.check, file=path, line=str(r.line))
+            case = ET.SubElement(suite, "testcase", classname=x(r.name), name=r.check, file=x(path), line=str(r.line))
             if not r.passed:
-                ET.SubElement(case, "failure", message=r.detail).text = r.detail
+                ET.SubElement(case, "failure", message=x(r.detail)).text = x(r.detail)
             else:
-                ET.SubElement(case, "system-out").text = r.detail
+                ET.SubElement(case, "system-out").text = x(r.detail)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
+def _escape_data(text: str) -> str:
+    """A workflow command's message [GH-Commands]."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    """A workflow command's property value (file=, title=): ``:`` and ``,`` end it unless escaped."""
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _annotation(level: str, path: str, line: int | None, title: str, message: str) -> str:
+    where = f"file={_escape_property(path)}" + ("" if line is None else f",line={line}")
+    return f"::{level} {where},title={_escape_property(title)}::{_escape_data(message)}"
+
+
 def github(results: list[CheckResult]) -> str:
     """GitHub workflow commands: an error annotation on the failing line, a notice for each pass."""
-
-    def escape(text: str) -> str:
-        return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-    lines = []
-    for r in results:
-        level = "notice" if r.passed else "error"
-        lines.append(f"::{level} file={r.plan},line={r.line},title=cp-plan {r.check}::{escape(f'{r.name}: {r.detail}')}")
+    lines = [_annotation("notice" if r.passed else "error", r.plan, r.line, f"cp-plan {r.check}", f"{r.name}: {r.detail}")
+             for r in results]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def github_problems(error: InvalidPlan) -> str:
+    """An error annotation for every problem of invalid plan files, on its line."""
+    return "".join(_annotation("error", path, line, "cp-plan invalid plan", text) + "\n"
+                   for path, line, text in error.problems)  # fmt: skip
