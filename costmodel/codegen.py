@@ -191,11 +191,32 @@ def validation_table() -> str:
     return markdown_table()
 
 
+def flag_limits() -> str:
+    """Markdown: every declared flag with its accepted range and default, from the pydantic declarations."""
+    from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, flag_name
+    from costmodel.training.step import StepSetup
+
+    rows = ["| flag | accepted | default | declared in |", "|---|---|---|---|"]
+    for model in (PlanInputs, TrainingSetup, MachineOverrides, StepSetup):
+        schema = model.model_json_schema(by_alias=True)["properties"]
+        for name, info in model.model_fields.items():
+            node = schema[info.alias or name]
+            accepted, _ = _schema_type(node, {})
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            names = ", ".join(f"`{n}`" for n in (flag_name(model, name), *extra.get("aliases", ())))
+            if extra.get("tokens"):
+                accepted += "; 256k, 1M, 1G accepted"
+            default = "required" if info.is_required() else f"`{info.default}`"
+            rows.append(f"| {names} | {accepted} | {default} | `{model.__name__}` |")
+    return "\n".join(rows)
+
+
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output
     "formulas": formula_reference,
     "json-contract": json_contract,
     "hardware-schema": hardware_schema,
     "validation-table": validation_table,
+    "flag-limits": flag_limits,
 }
 _MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)
 

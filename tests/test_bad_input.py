@@ -113,3 +113,11 @@ def test_bad_input_is_one_line_and_exit_2(cli, bad_files: Path, args: list[str],
 def test_python_tag_is_never_executed(cli, bad_files: Path) -> None:
     assert cli("--hw", str(bad_files / "python-tag.yaml")).code == 2
     assert not (bad_files / "pwned").exists()
+
+
+def test_names_are_case_insensitive_and_a_near_miss_gets_suggestions(cli) -> None:
+    assert cli("--hw", "H100-NVLink", "--seq", "64k").code == 0
+    assert cli("--model", "Llama3-8B", "--seq", "64k").code == 0
+    err = cli("--hw", "h100").err
+    assert err.startswith("cp-plan: error: --hw: unknown hardware 'h100'; did you mean h100-ib, h100-nvlink")
+    assert "did you mean a100-nvlink" in cli("--hw", "a100-nvlnk").err

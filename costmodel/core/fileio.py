@@ -249,9 +249,17 @@ def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> t
     Returns (data, where it came from, the document with its line map); unknown names list the
     built-ins. The caller validates."""
     builtins = sorted(p.stem for p in directory.glob("*.yaml"))
-    path = directory / f"{spec}.yaml" if spec in builtins else Path(spec)
-    if spec not in builtins and path.suffix not in {".yaml", ".yml"} and os.sep not in spec and not _exists(path):
-        raise InputError(field, f"unknown {noun} {_shorten(spec)!r}; built-in: {', '.join(builtins)}, or a path to a YAML file")
+    named = {name.lower(): name for name in builtins}.get(spec.lower())  # names are case-insensitive
+    path = directory / f"{named}.yaml" if named else Path(spec)
+    if not named and path.suffix not in {".yaml", ".yml"} and os.sep not in spec and not _exists(path):
+        import difflib
+
+        close = [name for name in builtins if spec.lower() in name]  # h100 -> h100-ib, h100-nvlink
+        close += [name for name in difflib.get_close_matches(spec.lower(), builtins, n=3, cutoff=0.5) if name not in close]
+        close = close[:3]
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise InputError(field, f"unknown {noun} {_shorten(spec)!r}; {hint}built-in: {', '.join(builtins)}, "
+                         "or a path to a YAML file")  # fmt: skip
     document = read_yaml(path, field)
     if not isinstance(document.data, dict):
         raise InputError(field, f"{path}: expected a mapping of {noun} fields, got {type(document.data).__name__}")
