@@ -26,7 +26,11 @@ def commands() -> dict[str, list[str]]:
         "python -c pass": [sys.executable, "-c", "pass"],
         'python -c "import sympy"': [sys.executable, "-c", "import sympy"],
         "cp-plan ... --format json": report,
-        "  its imports only": [sys.executable, "-c", "import costmodel.cli.app, costmodel.plans.evaluate, costmodel.cli.render"],
+        "  its imports only": [
+            sys.executable,
+            "-c",
+            "import costmodel.cli.app, costmodel.plans.evaluate, costmodel.cli.render",
+        ],
     }
 
 
@@ -49,7 +53,9 @@ def main() -> None:
         print(f"{name:32} {med * 1e3:7.0f}ms {(q3 - q1) * 1e3:7.0f}ms {med / base:8.1f}x")
     report = statistics.median(times["cp-plan ... --format json"])
     sympy_ = statistics.median(times['python -c "import sympy"'])
-    print(f"\ncp-plan json / import sympy = {report / sympy_:.2f}; goal <= 0.25 s: {'met' if report <= 0.25 else 'missed'}")
+    print(
+        f"\ncp-plan json / import sympy = {report / sympy_:.2f}; goal <= 0.25 s: {'met' if report <= 0.25 else 'missed'}"
+    )
 
 
 if __name__ == "__main__":

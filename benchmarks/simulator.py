@@ -25,9 +25,13 @@ def main() -> None:
     seq, n, tile = 1 << 16, 16, 128
     fast = median_seconds(lambda: simulate("zigzag", seq, n, tile), 7)
     slow = median_seconds(lambda: simulate_by_definition("zigzag", seq, n, tile), 3)
-    assert np.array_equal(simulate("zigzag", seq, n, tile).rank_step_pairs, simulate_by_definition("zigzag", seq, n, tile))
-    print(f"S = {seq:,}, N = {n}, tile {tile}: vectorised {fast * 1e3:.2f} ms, Python loop {slow * 1e3:.0f} ms, "
-          f"speed-up {slow / fast:.0f}x (same counts)")
+    assert np.array_equal(
+        simulate("zigzag", seq, n, tile).rank_step_pairs, simulate_by_definition("zigzag", seq, n, tile)
+    )
+    print(
+        f"S = {seq:,}, N = {n}, tile {tile}: vectorised {fast * 1e3:.2f} ms, Python loop {slow * 1e3:.0f} ms, "
+        f"speed-up {slow / fast:.0f}x (same counts)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,19 @@ def loop(seqs: np.ndarray, ns: np.ndarray, profile) -> np.ndarray:  # noqa: ANN0
     for i, s in enumerate(seqs.tolist()):
         for j, n in enumerate(ns.tolist()):
             link = profile.links.intra_node if n <= profile.ranks_per_node else profile.links.inter_node
-            common = {"S": s, "N": n, "b": 1, "c": 0.5, "d": 128, "h": 32, "n_kv": 8, "p": 2, "F": peak,
-                      "B": link.bandwidth_per_direction, "alpha": link.latency_s}  # fmt: skip
+            common = {
+                "S": s,
+                "N": n,
+                "b": 1,
+                "c": 0.5,
+                "d": 128,
+                "h": 32,
+                "n_kv": 8,
+                "p": 2,
+                "F": peak,
+                "B": link.bandwidth_per_direction,
+                "alpha": link.latency_s,
+            }
             fwd = numeric.comm_ratio_step(**common)
             bwd = numeric.bwd_comm_ratio_step(**common, p_acc=4)
             out[i, j] = 0.0 if n == 1 else max(fwd, bwd)
@@ -46,8 +57,12 @@ def main() -> None:
     assert np.allclose(grid.ratio[:40, :256][valid], loop(part_s, part_n, profile)[valid], rtol=1e-12)
     fast = seqs.size * ns.size / vectorised
     slow = part_s.size * part_n.size / looped
-    print(f"vectorised sweep: {seqs.size * ns.size:,} points in {vectorised * 1e3:.0f} ms = {fast:,.0f} points/s")
-    print(f"Python loop:      {part_s.size * part_n.size:,} points in {looped * 1e3:.0f} ms = {slow:,.0f} points/s")
+    print(
+        f"vectorised sweep: {seqs.size * ns.size:,} points in {vectorised * 1e3:.0f} ms = {fast:,.0f} points/s"
+    )
+    print(
+        f"Python loop:      {part_s.size * part_n.size:,} points in {looped * 1e3:.0f} ms = {slow:,.0f} points/s"
+    )
     print(f"ratio {fast / slow:,.0f}x; goal >= 1e6 points/s: {'met' if fast >= 1e6 else 'missed'}")
 
 

@@ -78,7 +78,9 @@ def render() -> str:
     for f in formulas.FORMULAS.values():
         out.append(_function(f))
         out.append("")
-    out.append("# name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)")
+    out.append(
+        "# name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)"
+    )
     out.append("INFO = {")
     for f in formulas.FORMULAS.values():
         template = _TemplatePrinter().doprint(f.expr)
@@ -114,8 +116,16 @@ def formula_reference() -> str:
         for f in formulas.FORMULAS.values():
             if f.group != group:
                 continue
-            out += ["", f"#### `{f.name}`", "", f"{f.meaning}. Unit: {f.unit}. Source: {f.source}.", "",
-                    _latex_block(f), "", f"Numeric: `costmodel.symbolic.numeric.{f.name}({', '.join(a + '=' for a in f.args)})`"]
+            out += [
+                "",
+                f"#### `{f.name}`",
+                "",
+                f"{f.meaning}. Unit: {f.unit}. Source: {f.source}.",
+                "",
+                _latex_block(f),
+                "",
+                f"Numeric: `costmodel.symbolic.numeric.{f.name}({', '.join(a + '=' for a in f.args)})`",
+            ]
     return "\n".join(out)
 
 

@@ -15,8 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-         "--hide-scrollbars", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=3000",
+]
 
 
 def chromium() -> str | None:
@@ -35,8 +44,12 @@ def _run(page: Path, *flags: str, timeout: int = 90) -> subprocess.CompletedProc
     if browser is None:
         raise RuntimeError("no Chromium on PATH")
     with tempfile.TemporaryDirectory() as profile:
-        return subprocess.run([browser, *FLAGS, f"--user-data-dir={profile}", *flags, page.resolve().as_uri()],
-                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [browser, *FLAGS, f"--user-data-dir={profile}", *flags, page.resolve().as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def open_page(page: Path, width: int = 1200, height: int = 900) -> Opened:
@@ -60,13 +73,33 @@ def png_size(png: Path) -> tuple[int, int]:
 
 
 DOCS = {  # file in docs/ -> (cp-plan arguments, size, whether to start at the timelines)
-    "report-plan.png": (["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"],
-                        (1200, 1560), False),
-    "report-timeline-ib.png": (["--seq", "64k", "--n", "8", "--hw", "h100-ib", "--causal", "--pass", "fwd+bwd",
-                                "--format", "html"], (1200, 640), True),
-    "report-sweep.png": (["sweep", "--seq", "8k..1M", "--n", "1..64", "--hw", "a100-nvlink,h100-ib", "--causal",
-                          "--format", "html"], (1000, 820), False),
-}  # fmt: skip
+    "report-plan.png": (
+        ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"],
+        (1200, 1560),
+        False,
+    ),
+    "report-timeline-ib.png": (
+        ["--seq", "64k", "--n", "8", "--hw", "h100-ib", "--causal", "--pass", "fwd+bwd", "--format", "html"],
+        (1200, 640),
+        True,
+    ),
+    "report-sweep.png": (
+        [
+            "sweep",
+            "--seq",
+            "8k..1M",
+            "--n",
+            "1..64",
+            "--hw",
+            "a100-nvlink,h100-ib",
+            "--causal",
+            "--format",
+            "html",
+        ],
+        (1000, 820),
+        False,
+    ),
+}
 
 
 def refresh_docs(docs: Path) -> list[Path]:
@@ -105,8 +138,9 @@ def _shrink(png: Path, target: Path, top: int = 0) -> Path:
     image = Image.open(png).convert("RGB")
     image = image.crop((0, top, image.width, image.height))
     buffer = io.BytesIO()
-    image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(buffer, format="PNG",
-                                                                                          optimize=True)  # fmt: skip
+    image.quantize(256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(
+        buffer, format="PNG", optimize=True
+    )
     return atomic_write_bytes(target, buffer.getvalue())
 
 

@@ -15,8 +15,17 @@ import pytest
 from tests.support import REPO
 
 PACKAGE = REPO / "costmodel"
-LAYER = {"core": 0, "symbolic": 1, "schedule": 1, "machines": 2, "plans": 3, "training": 4, "calibration": 4,
-         "cli": 5, "codegen": 6}  # fmt: skip
+LAYER = {
+    "core": 0,
+    "symbolic": 1,
+    "schedule": 1,
+    "machines": 2,
+    "plans": 3,
+    "training": 4,
+    "calibration": 4,
+    "cli": 5,
+    "codegen": 6,
+}
 KERNEL_MAY_IMPORT = {"core", "schedule", "kernel"}
 # Entry points that exist to be run, not imported: they start the layer above them.
 ENTRY_POINTS = {PACKAGE / "kernel" / "__main__.py"}
@@ -79,4 +88,6 @@ def test_the_model_layers_import_no_torch_and_no_cli() -> None:
     for path in _modules():
         if _owner(path) in {"core", "symbolic", "schedule", "machines", "plans", "training", "calibration"}:
             imported = _all_imports(path)
-            assert not any(name == "torch" or name.startswith(("torch.", "costmodel.cli")) for name in imported), path
+            assert not any(
+                name == "torch" or name.startswith(("torch.", "costmodel.cli")) for name in imported
+            ), path

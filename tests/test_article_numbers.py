@@ -34,7 +34,12 @@ ROWS: list[tuple[str, Callable[[], float], str, int]] = [
     ("per-step FLOP 17.6 TFLOP", lambda: NVLINK.compute.step_flops, "17.6e12", 3),
     # §2 invariant two, §4.1 receive and send
     ("ring receive per layer 0.9395 GB", lambda: NVLINK.ring.recv_bytes_per_layer, "0.9395e9", 4),
-    ("ring receive is 7 blocks", lambda: NVLINK.ring.recv_bytes_per_layer / NVLINK.ring.step_recv_bytes, "7", 1),
+    (
+        "ring receive is 7 blocks",
+        lambda: NVLINK.ring.recv_bytes_per_layer / NVLINK.ring.step_recv_bytes,
+        "7",
+        1,
+    ),
     ("ring send incl. own block 1.07 GB", lambda: NVLINK.ring.send_bytes_per_layer, "1.07e9", 3),
     # §4 intensities
     ("layer intensity 149,797 FLOP/B", lambda: NVLINK.ring.intensity_layer, "149797", 6),
@@ -44,7 +49,12 @@ ROWS: list[tuple[str, Callable[[], float], str, int]] = [
     ("beta A100 + NVLink 300 GB/s", lambda: NVLINK.hardware.beta, "1040", 4),
     ("beta A100 + IB 50 GB/s (400 Gb/s override)", lambda: A100_IB.hardware.beta, "6240", 4),
     ("beta H100 + IB", lambda: H100_IB.hardware.beta, "19780", 4),
-    ("NVLink / IB bandwidth 6x ([A-RingCost §13])", lambda: A100_IB.hardware.beta / NVLINK.hardware.beta, "6", 1),
+    (
+        "NVLink / IB bandwidth 6x ([A-RingCost §13])",
+        lambda: A100_IB.hardware.beta / NVLINK.hardware.beta,
+        "6",
+        1,
+    ),
     # §4.1 step times
     ("step compute 56.4 ms", lambda: NVLINK.ring.step_compute_s, "0.0564", 3),
     ("step receive NVLink 0.447 ms", lambda: NVLINK.ring.step_comm_s, "0.000447", 3),
@@ -69,10 +79,18 @@ ROWS: list[tuple[str, Callable[[], float], str, int]] = [
     # §4.2 / §7 Ulysses
     ("Ulysses receive GQA 0.587 GB", lambda: NVLINK.ulysses.recv_bytes_per_layer, "0.587e9", 3),
     ("Ulysses receive MHA 0.94 GB", lambda: MHA.ulysses.recv_bytes_per_layer, "0.94e9", 2),
-    ("Ulysses MHA equals the GQA ring's 0.94 GB", lambda: MHA.ulysses.recv_bytes_per_layer
-     / NVLINK.ring.recv_bytes_per_layer, "1", 1),
-    ("Ulysses / ring bytes 0.63", lambda: NVLINK.ulysses.recv_bytes_per_layer / NVLINK.ring.recv_bytes_per_layer,
-     "0.63", 2),
+    (
+        "Ulysses MHA equals the GQA ring's 0.94 GB",
+        lambda: MHA.ulysses.recv_bytes_per_layer / NVLINK.ring.recv_bytes_per_layer,
+        "1",
+        1,
+    ),
+    (
+        "Ulysses / ring bytes 0.63",
+        lambda: NVLINK.ulysses.recv_bytes_per_layer / NVLINK.ring.recv_bytes_per_layer,
+        "0.63",
+        2,
+    ),
     # §13 TP
     ("TP activation traffic 8.59 GB", lambda: NVLINK.tp.bytes_per_layer, "8.59e9", 3),
     ("TP ~9x ring", lambda: NVLINK.tp.ratio_to_ring, "9", 1),

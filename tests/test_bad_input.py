@@ -20,7 +20,9 @@ def profile_with(old: str, new: str) -> str:
 FILES = {  # name: YAML text written to a temporary file and passed as --hw
     "malformed.yaml": "name: [unclosed\n  device: {",
     "wrong-type.yaml": profile_with("bandwidth_per_direction: 300.0e+09", 'bandwidth_per_direction: "fast"'),
-    "negative-bw.yaml": profile_with("bandwidth_per_direction: 300.0e+09", "bandwidth_per_direction: -300.0e+09"),
+    "negative-bw.yaml": profile_with(
+        "bandwidth_per_direction: 300.0e+09", "bandwidth_per_direction: -300.0e+09"
+    ),
     "zero-flops.yaml": profile_with("bf16: 312.0e+12", "bf16: 0.0"),
     "python-tag.yaml": "!!python/object/apply:os.system ['touch {tmp}/pwned']\n",
     "list.yaml": "- a100\n- h100\n",
@@ -45,7 +47,10 @@ CASES: list[tuple[list[str], str]] = [
     (["--n", "eight"], "--n"),
     (["--seq", "512", "--n", "1024", "--block", "1"], "--n: CP degree 1024 exceeds the sequence length"),
     (["--seq", "1000", "--n", "3", "--block", "8"], "--seq: 1000 tokens do not split evenly over N = 3"),
-    (["--seq", "20", "--n", "4", "--layout", "zigzag", "--block", "1"], "--seq: 20 tokens do not split evenly over 2N = 8"),
+    (
+        ["--seq", "20", "--n", "4", "--layout", "zigzag", "--block", "1"],
+        "--seq: 20 tokens do not split evenly over 2N = 8",
+    ),
     # shape
     (["--kv-heads", "64"], "--kv-heads: 64 exceeds --heads 32"),
     (["--kv-heads", "5"], "--kv-heads: 5 does not divide --heads 32"),
@@ -60,7 +65,10 @@ CASES: list[tuple[list[str], str]] = [
     (["--format", "xml"], "'table', 'json', 'yaml', 'markdown'"),
     (["--hw", "nosuch"], "unknown hardware 'nosuch'; built-in: a100-ib, a100-nvlink"),
     (["--hw", "a100-nvlink", "--dtype", "fp8"], "--dtype: profile 'a100-nvlink' has no fp8 FLOP/s"),
-    (["--model", "nosuch"], "unknown model 'nosuch'; built-in: gemma-3-27b, gpt-1t, gpt-22b, gpt-530b, gpt3-175b"),
+    (
+        ["--model", "nosuch"],
+        "unknown model 'nosuch'; built-in: gemma-3-27b, gpt-1t, gpt-22b, gpt-530b, gpt3-175b",
+    ),
     (["--model", "nosuch"], "or a path to a YAML file, or a Hugging Face config.json"),
     (["--efficiency", "0"], "--efficiency: must be >= 0.001 (got 0.0)"),
     (["--efficiency", "1.5"], "--efficiency"),
@@ -71,8 +79,14 @@ CASES: list[tuple[list[str], str]] = [
     # files
     (["--hw", "missing.yaml"], "--hw: missing.yaml: file not found"),
     (["--hw", "{tmp}/malformed.yaml"], "malformed YAML"),
-    (["--hw", "{tmp}/wrong-type.yaml"], "links.intra_node.bandwidth_per_direction: Input should be a valid number"),
-    (["--hw", "{tmp}/negative-bw.yaml"], "bandwidth_per_direction: must be in [1e-30, 1e+30] (got -300000000000.0)"),
+    (
+        ["--hw", "{tmp}/wrong-type.yaml"],
+        "links.intra_node.bandwidth_per_direction: Input should be a valid number",
+    ),
+    (
+        ["--hw", "{tmp}/negative-bw.yaml"],
+        "bandwidth_per_direction: must be in [1e-30, 1e+30] (got -300000000000.0)",
+    ),
     (["--hw", "{tmp}/zero-flops.yaml"], "device.peak_flops.bf16: must be in [1e-30, 1e+30] (got 0.0)"),
     (["--hw", "{tmp}/python-tag.yaml"], "could not determine a constructor for the tag"),
     (["--hw", "{tmp}/list.yaml"], "expected a mapping of hardware fields, got list"),

@@ -12,7 +12,8 @@ from tests.browser import chromium, open_page, png_size, screenshot
 from tests.support import REPO
 
 pytestmark = pytest.mark.skipif(
-    chromium() is None, reason="Chromium is not installed (Debian: apt-get install -y chromium); CI installs it"
+    chromium() is None,
+    reason="Chromium is not installed (Debian: apt-get install -y chromium); CI installs it",
 )
 
 CAUSAL_PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"]
@@ -48,8 +49,20 @@ def test_plan_file_and_sweep_pages_render(cli, tmp_path) -> None:
     body = body_attributes(open_page(page).dom)
     assert body.get("data-rendered") == "true" and "data-js-errors" not in body
     assert body["data-timelines"] == "6"  # forward and backward: the plan's pass is fwd+bwd
-    sweep = write(cli, tmp_path, "sweep", "--seq", "8k..256k", "--n", "1..16", "--hw", "a100-nvlink,h100-ib",
-                  "--causal", "--format", "html")  # fmt: skip
+    sweep = write(
+        cli,
+        tmp_path,
+        "sweep",
+        "--seq",
+        "8k..256k",
+        "--n",
+        "1..16",
+        "--hw",
+        "a100-nvlink,h100-ib",
+        "--causal",
+        "--format",
+        "html",
+    )
     opened = open_page(sweep)
     body = body_attributes(opened.dom)
     assert body.get("data-rendered") == "true" and "data-js-errors" not in body and opened.console == []
@@ -59,7 +72,9 @@ def test_plan_file_and_sweep_pages_render(cli, tmp_path) -> None:
 def test_a_script_error_would_be_caught(cli, tmp_path) -> None:
     """The check above can fail: an error thrown by the page lands in the DOM and on the console."""
     page = write(cli, tmp_path, *CAUSAL_PLAN)
-    text = page.read_text(encoding="utf-8").replace("</body>", "<script>notDefinedAnywhere();</script></body>")
+    text = page.read_text(encoding="utf-8").replace(
+        "</body>", "<script>notDefinedAnywhere();</script></body>"
+    )
     page.write_text(text, encoding="utf-8")
     opened = open_page(page)
     assert "notDefinedAnywhere" in body_attributes(opened.dom).get("data-js-errors", "")

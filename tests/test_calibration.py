@@ -17,9 +17,14 @@ from costmodel.plans.timing import predict
 from costmodel.schedule.timeline import ring_layer_time
 
 
-def samples(alpha: float, bandwidth: float, sizes: list[int], jitter: list[float] | None = None) -> list[dict]:
+def samples(
+    alpha: float, bandwidth: float, sizes: list[int], jitter: list[float] | None = None
+) -> list[dict]:
     jitter = jitter or [0.0] * len(sizes)
-    return [{"bytes": n, "seconds": (alpha + n / bandwidth) * (1 + j), "spread": 0.01} for n, j in zip(sizes, jitter)]
+    return [
+        {"bytes": n, "seconds": (alpha + n / bandwidth) * (1 + j), "spread": 0.01}
+        for n, j in zip(sizes, jitter)
+    ]
 
 
 SIZES = [4096 * 4**k for k in range(7)]
@@ -61,30 +66,74 @@ def test_ring_timeline() -> None:
     assert ring_layer_time([2.0, 2.0, 2.0], 1.0) == 6.0  # compute-bound: the transfers hide
     assert ring_layer_time([1.0, 1.0, 1.0], 3.0) == 7.0  # comm-bound: 3 + 3 + the last step
     assert ring_layer_time([2.0, 2.0, 2.0], 1.0, overlap=0.0) == 8.0  # serial
-    assert ring_layer_time([2.0, 2.0], [1.0, 1.0], tail_s=1.0, step_overhead_s=0.5, step_waits=[1, 2],
-                           tail_waits=1) == 2 + 2 + 1 + 0.5 * 4  # fmt: skip
+    assert (
+        ring_layer_time(
+            [2.0, 2.0], [1.0, 1.0], tail_s=1.0, step_overhead_s=0.5, step_waits=[1, 2], tail_waits=1
+        )
+        == 2 + 2 + 1 + 0.5 * 4
+    )
 
 
 def raw_measurements() -> dict:
     """What rank 0 of a 2-rank calibration returns, made up: 100 GFLOP/s at large blocks."""
+
     def curve(causal: bool, level: int) -> dict:
         points = []
         for tokens in (64, 256, 1024):
             flops = 4.0 * 8 * tokens * tokens * 64 * (0.5 if causal else 1.0)
             rate = 1e11 * tokens / (tokens + 64) / level
             points.append({"tokens": tokens, "flops": flops, "flops_per_s": rate, "spread": 0.02})
-        return {"concurrency": level, "causal": causal, "forward": points,
-                "backward": [dict(p, flops_per_s=p["flops_per_s"] / 2) for p in points]}  # fmt: skip
+        return {
+            "concurrency": level,
+            "causal": causal,
+            "forward": points,
+            "backward": [dict(p, flops_per_s=p["flops_per_s"] / 2) for p in points],
+        }
 
     return {
-        "meta": {"host": "box", "torch_version": "2.13.0+cpu", "backend": "gloo", "nproc": 2,
-                 "device_name": "CPU test", "memory_bytes": 64e9, "ranks_per_node": 2},
+        "meta": {
+            "host": "box",
+            "torch_version": "2.13.0+cpu",
+            "backend": "gloo",
+            "nproc": 2,
+            "device_name": "CPU test",
+            "memory_bytes": 64e9,
+            "ranks_per_node": 2,
+        },
         "compute": [curve(causal, level) for level in (1, 2) for causal in (False, True)],
-        "links": {"intra-node": {"ranks": 2, "p2p": samples(1e-4, 2e9, SIZES), "alltoall": samples(2e-4, 1e9, SIZES)}},
-        "overlap": [{"tokens": 64, "compute": 1e-3, "comm": 2e-3, "both": 3.2e-3, "a2a": 2e-3, "compute_then_a2a": 3.3e-3},
-                    {"tokens": 256, "compute": 4e-3, "comm": 3e-3, "both": 7.2e-3, "a2a": 3e-3, "compute_then_a2a": 7.3e-3}],
-        "layers": {"tokens": 8, "ring fwd": 2e-3, "ring fwd+bwd": 5e-3, "ulysses fwd": 3e-3, "ulysses fwd+bwd": 7e-3},
-    }  # fmt: skip
+        "links": {
+            "intra-node": {
+                "ranks": 2,
+                "p2p": samples(1e-4, 2e9, SIZES),
+                "alltoall": samples(2e-4, 1e9, SIZES),
+            }
+        },
+        "overlap": [
+            {
+                "tokens": 64,
+                "compute": 1e-3,
+                "comm": 2e-3,
+                "both": 3.2e-3,
+                "a2a": 2e-3,
+                "compute_then_a2a": 3.3e-3,
+            },
+            {
+                "tokens": 256,
+                "compute": 4e-3,
+                "comm": 3e-3,
+                "both": 7.2e-3,
+                "a2a": 3e-3,
+                "compute_then_a2a": 7.3e-3,
+            },
+        ],
+        "layers": {
+            "tokens": 8,
+            "ring fwd": 2e-3,
+            "ring fwd+bwd": 5e-3,
+            "ulysses fwd": 3e-3,
+            "ulysses fwd+bwd": 7e-3,
+        },
+    }
 
 
 SHAPE = {"dtype": "fp32", "batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 64}
@@ -98,7 +147,12 @@ def test_measured_profile_round_trips_through_yaml(tmp_path) -> None:
     assert profile.links.intra_node.alltoall.bandwidth_per_direction == pytest.approx(0.5e9)  # received half
     assert profile.device.effective_flops["fp32"] == pytest.approx(1e11 * 1024 / 1088 / 2)
     assert profile.calibration.overlap == pytest.approx(0.0, abs=1e-9)
-    assert set(profile.calibration.layer_overhead_s) == {"ring fwd", "ring fwd+bwd", "ulysses fwd", "ulysses fwd+bwd"}
+    assert set(profile.calibration.layer_overhead_s) == {
+        "ring fwd",
+        "ring fwd+bwd",
+        "ulysses fwd",
+        "ulysses fwd+bwd",
+    }
     path = tmp_path / "box.yaml"
     path.write_text(profile_yaml(profile))
     assert yaml.safe_load(path.read_text())["source"]["kind"] == "measured"
@@ -110,8 +164,22 @@ def test_measured_profile_works_everywhere_hw_does(cli, tmp_path) -> None:
     path.write_text(profile_yaml(build_profile(raw_measurements(), "box", SHAPE)))
     report = cli("--seq", "16k", "--n", "2", "--hw", str(path), "--dtype", "fp32", "-f", "json").json()
     assert report["hardware"]["source"] == "measured" and report["hardware"]["latency"] == pytest.approx(1e-4)
-    assert cli("recommend", "--seq", "16k", "--model", "llama3-8b", "--hw", str(path), "--gpus", "2", "--dtype",
-               "fp32").code == 0  # fmt: skip
+    assert (
+        cli(
+            "recommend",
+            "--seq",
+            "16k",
+            "--model",
+            "llama3-8b",
+            "--hw",
+            str(path),
+            "--gpus",
+            "2",
+            "--dtype",
+            "fp32",
+        ).code
+        == 0
+    )
 
 
 def test_validate_needs_a_measured_profile(cli) -> None:
@@ -121,8 +189,14 @@ def test_validate_needs_a_measured_profile(cli) -> None:
 
 def test_calibrate_bad_input(cli, tmp_path) -> None:
     assert "--out" in cli("calibrate", "--out", str(tmp_path / "x.txt")).err
-    assert "at least 6 sizes" in cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--message-bytes", "4k,8k").err
-    assert "--kv-heads" in cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--heads", "8", "--kv-heads", "3").err
+    assert (
+        "at least 6 sizes"
+        in cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--message-bytes", "4k,8k").err
+    )
+    assert (
+        "--kv-heads"
+        in cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--heads", "8", "--kv-heads", "3").err
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -144,7 +218,9 @@ def test_calibrated_prediction_uses_the_measured_rates() -> None:
     expected = work / rate + kv_s + cal.step_overhead_s + work / rate + cal.layer_overhead_s["ring fwd"]
     machine = Machine(profile, "fp32")
     assert predict(inputs, machine).forward_s == pytest.approx(expected, rel=1e-9)
-    assert math.isclose(predict(inputs, machine, "ring", backward=True).forward_s, predict(inputs, machine).forward_s)
+    assert math.isclose(
+        predict(inputs, machine, "ring", backward=True).forward_s, predict(inputs, machine).forward_s
+    )
 
 
 def test_measured_profile_schema_rejects_nonsense() -> None:
@@ -162,15 +238,38 @@ def test_validate_table_fits_80_columns(monkeypatch: pytest.MonkeyPatch) -> None
 
     from costmodel.cli.render import render_validation
 
-    rows = [{"variant": variant, "layout": layout, "causal": causal, "tokens_per_rank": tokens,
-             "shard_over_critical": tokens / 164, "pass": pass_, "measured_s": 0.01234, "predicted_s": 0.01313,
-             "error": 0.0641, "datasheet_s": 0.001, "datasheet_error": -0.8412}
-            for variant, layout in (("ring", "contiguous"), ("ring", "striped"), ("ulysses", "contiguous"))
-            for causal in (False, True) for tokens in (32, 2048) for pass_ in ("fwd", "fwd+bwd")]  # fmt: skip
+    rows = [
+        {
+            "variant": variant,
+            "layout": layout,
+            "causal": causal,
+            "tokens_per_rank": tokens,
+            "shard_over_critical": tokens / 164,
+            "pass": pass_,
+            "measured_s": 0.01234,
+            "predicted_s": 0.01313,
+            "error": 0.0641,
+            "datasheet_s": 0.001,
+            "datasheet_error": -0.8412,
+        }
+        for variant, layout in (("ring", "contiguous"), ("ring", "striped"), ("ulysses", "contiguous"))
+        for causal in (False, True)
+        for tokens in (32, 2048)
+        for pass_ in ("fwd", "fwd+bwd")
+    ]
     buffer = io.StringIO()
-    report = {"hw": "box", "nproc": 2, "critical_shard_tokens": 164, "rows": rows, "passed": True,
-              "median_abs_error": 0.05, "max_median_error": 0.1, "max_abs_error": 0.2,
-              "datasheet_median_abs_error": 0.8, "datasheet_over_calibrated": 14.6}  # fmt: skip
+    report = {
+        "hw": "box",
+        "nproc": 2,
+        "critical_shard_tokens": 164,
+        "rows": rows,
+        "passed": True,
+        "median_abs_error": 0.05,
+        "max_median_error": 0.1,
+        "max_abs_error": 0.2,
+        "datasheet_median_abs_error": 0.8,
+        "datasheet_over_calibrated": 14.6,
+    }
     render_validation(report, Console(file=buffer, width=80, highlight=False))
     lines = buffer.getvalue().splitlines()
     assert all(len(line) <= 80 for line in lines)

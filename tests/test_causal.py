@@ -69,8 +69,11 @@ def test_layouts_partition_the_sequence(layout: str) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(layout=st.sampled_from(["contiguous", "striped", "zigzag"]), n=st.sampled_from([1, 2, 3, 4, 8]),
-       chunks=st.integers(1, 12))  # fmt: skip
+@given(
+    layout=st.sampled_from(["contiguous", "striped", "zigzag"]),
+    n=st.sampled_from([1, 2, 3, 4, 8]),
+    chunks=st.integers(1, 12),
+)
 def test_position_at_is_the_layout_without_building_it(layout: str, n: int, chunks: int) -> None:
     seq = 2 * n * chunks
     ranks, index = np.arange(n)[:, None], np.arange(seq // n)[None, :]

@@ -74,23 +74,46 @@ def test_plans_at_the_band_edges(cli, tmp_path, seq: str, worst: str, code: int)
 
 
 INVALID = [
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  worst_verdict: purple\n", ":7: expect.worst_verdict"),
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: eight\nhw: a100-nvlink\n", ":4: n: Input should be a valid integer"),
+    (
+        "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  worst_verdict: purple\n",
+        ":7: expect.worst_verdict",
+    ),
+    (
+        "name: x\nmodel: worked-example\nseq: 8k\nn: eight\nhw: a100-nvlink\n",
+        ":4: n: Input should be a valid integer",
+    ),
     ("name: x\nmodel: worked-example\nseq: 8q\nn: 8\nhw: a100-nvlink\n", ":3: seq: '8q' is not a length"),
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ncolour: blue\n", ":6: colour: unknown key"),
+    (
+        "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ncolour: blue\n",
+        ":6: colour: unknown key",
+    ),
     ("model: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":1: name: Field required"),
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  fits_memory: true\n", "need gpus"),
+    (
+        "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\nexpect:\n  fits_memory: true\n",
+        "need gpus",
+    ),
     ("name: [x\n", ":2: malformed YAML"),
     ("!!python/object/apply:os.system ['true']\n", "could not determine a constructor"),
     ("- a\n- b\n", "expected a mapping of plan fields, got list"),
     ("name: x\nmodel: nosuch\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":2: model: unknown model 'nosuch'"),
     ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: nosuch\n", ":5: hw: unknown hardware 'nosuch'"),
-    ("name: x\nmodel: worked-example\nseq: 1000\nn: 3\nhw: a100-nvlink\n", ":3: seq: 1000 tokens do not split"),
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 8\n", ":6: gpus: 12 GPUs do not split"),
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 3\n", ":7: tp: TP 3 does not divide"),
-    ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
-     ":4: n: 8 does not divide the 12 ranks"),
-]  # fmt: skip
+    (
+        "name: x\nmodel: worked-example\nseq: 1000\nn: 3\nhw: a100-nvlink\n",
+        ":3: seq: 1000 tokens do not split",
+    ),
+    (
+        "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 8\n",
+        ":6: gpus: 12 GPUs do not split",
+    ),
+    (
+        "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 3\n",
+        ":7: tp: TP 3 does not divide",
+    ),
+    (
+        "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
+        ":4: n: 8 does not divide the 12 ranks",
+    ),
+]
 
 
 @pytest.mark.parametrize(("text", "expected"), INVALID, ids=[e for _, e in INVALID])
@@ -123,8 +146,21 @@ def test_pre_commit_hook_runs_cp_plan_check() -> None:
 
 
 def test_recommend_cli_json_contract(cli) -> None:
-    data = cli("recommend", "--seq", "128k", "--model", "llama3-8b", "--hw", "a100-nvlink", "--gpus", "64",
-               "--recompute", "full", "-f", "json").json()  # fmt: skip
+    data = cli(
+        "recommend",
+        "--seq",
+        "128k",
+        "--model",
+        "llama3-8b",
+        "--hw",
+        "a100-nvlink",
+        "--gpus",
+        "64",
+        "--recompute",
+        "full",
+        "-f",
+        "json",
+    ).json()
     for key in ("model_state_bytes", "activation_bytes", "buffer_bytes", "device_memory_bytes", "fits"):
         assert key in data["fit"]
     rec = data["recommendation"]
@@ -134,19 +170,32 @@ def test_recommend_cli_json_contract(cli) -> None:
 
 
 def test_recommend_cli_table(cli) -> None:
-    out = cli("recommend", "--seq", "128k", "--model", "llama3-8b", "--hw", "h100-ib", "--gpus", "64",
-              "--recompute", "full").out  # fmt: skip
+    out = cli(
+        "recommend",
+        "--seq",
+        "128k",
+        "--model",
+        "llama3-8b",
+        "--hw",
+        "h100-ib",
+        "--gpus",
+        "64",
+        "--recompute",
+        "full",
+    ).out
     assert "no CP degree works" in out and "Communication fails" in out and "fix" in out
 
 
 @pytest.mark.parametrize(
     ("args", "expected"),
-    [(["--gpus", "12", "--tp", "8"], "--gpus: 12 GPUs do not split into TP x PP = 8 groups"),
-     (["--gpus", "0"], "--gpus: must be >= 1 (got 0)"),
-     (["--gpus", "8", "--memory-headroom", "1.5"], "--memory-headroom: must be <= 0.9 (got 1.5)"),
-     (["--gpus", "8", "--zero", "4"], "--zero"),
-     (["--gpus", "8", "--recompute", "some"], "'none', 'selective', 'full'")],
-)  # fmt: skip
+    [
+        (["--gpus", "12", "--tp", "8"], "--gpus: 12 GPUs do not split into TP x PP = 8 groups"),
+        (["--gpus", "0"], "--gpus: must be >= 1 (got 0)"),
+        (["--gpus", "8", "--memory-headroom", "1.5"], "--memory-headroom: must be <= 0.9 (got 1.5)"),
+        (["--gpus", "8", "--zero", "4"], "--zero"),
+        (["--gpus", "8", "--recompute", "some"], "'none', 'selective', 'full'"),
+    ],
+)
 def test_recommend_bad_input(cli, args: list[str], expected: str) -> None:
     result = cli("recommend", "--seq", "128k", "--model", "llama3-8b", *args)
     assert result.code == 2 and expected in result.err and len(result.err.splitlines()) == 1

@@ -33,10 +33,31 @@ def test_worked_example_table_on_one_screen(cli) -> None:
     result = cli(*WORKED)
     assert result.code == 0, result.err
     out = result.out
-    for text in ("4.398 TB", "17.18 GB", "67.11 MB", "134.2 MB", "939.5 MB", "587.2 MB", "8.590 GB",
-                 "56.4 ms", "447 µs", "451 ms", "3.13 ms", "3.58 ms", "0.793 %", "0.694 %", "GREEN",
-                 "overlap headroom", "β 1,040", "131,072", "comm = compute at N = 1,008", "L* = 260 tokens",
-                 "USP 2x4", "USP 4x2", "for training add --causal --pass fwd+bwd"):  # fmt: skip
+    for text in (
+        "4.398 TB",
+        "17.18 GB",
+        "67.11 MB",
+        "134.2 MB",
+        "939.5 MB",
+        "587.2 MB",
+        "8.590 GB",
+        "56.4 ms",
+        "447 µs",
+        "451 ms",
+        "3.13 ms",
+        "3.58 ms",
+        "0.793 %",
+        "0.694 %",
+        "GREEN",
+        "overlap headroom",
+        "β 1,040",
+        "131,072",
+        "comm = compute at N = 1,008",
+        "L* = 260 tokens",
+        "USP 2x4",
+        "USP 4x2",
+        "for training add --causal --pass fwd+bwd",
+    ):
         assert text in out, text
     assert "dominat" not in out.lower()  # red means not negligible, never "communication dominates"
     assert "utilisation" not in out  # the causal line is for causal plans only
@@ -73,10 +94,11 @@ def test_causal_halves_intensity_and_n_max_but_not_traffic(cli) -> None:
 def test_layout_sets_the_causal_layer_time(cli) -> None:
     """At one rate for every block (--efficiency 1: peak), the layout's schedule alone sets the layer time."""
     times = {
-        layout: cli(*WORKED, "--causal", "--layout", layout, "--efficiency", "1", "-f", "json").json()["ring"][
-            "layer_time_s"]
+        layout: cli(*WORKED, "--causal", "--layout", layout, "--efficiency", "1", "-f", "json").json()[
+            "ring"
+        ]["layer_time_s"]
         for layout in ("contiguous", "striped", "zigzag")
-    }  # fmt: skip
+    }
     balanced = cli(*WORKED, "--causal", "-f", "json").json()["ring"]["layer_compute_s"]
     assert times["zigzag"] == pytest.approx(balanced, rel=0.01)  # 99.6 % utilisation at tile 1,024
     assert times["contiguous"] == pytest.approx(balanced / 0.532, rel=0.01)
@@ -92,13 +114,26 @@ def test_published_kernel_rates_set_the_layer_time_not_peak(cli) -> None:
     from costmodel.machines.profiles import load_profile
     from costmodel.schedule.simulator import simulate
 
-    args = ["--seq", "128k", "--n", "8", "--hw", "h100-nvlink", "--causal", "--layout", "zigzag", "-f", "json"]
+    args = [
+        "--seq",
+        "128k",
+        "--n",
+        "8",
+        "--hw",
+        "h100-nvlink",
+        "--causal",
+        "--layout",
+        "zigzag",
+        "-f",
+        "json",
+    ]
     tables, peak = cli(*args).json(), cli(*args, "--efficiency", "1").json()
     h100, length = load_profile("h100-nvlink"), 16_384
     steps = simulate("zigzag", 131_072, 8, 1024).step_pairs
     pair_flops = 4 * 32 * 128
-    expected = (steps[0] * pair_flops / attention_rate(h100, "bf16", length, length, 128, True, False)
-                + sum(steps[1:]) * pair_flops / attention_rate(h100, "bf16", length, length // 2, 128, False, False))
+    expected = steps[0] * pair_flops / attention_rate(h100, "bf16", length, length, 128, True, False) + sum(
+        steps[1:]
+    ) * pair_flops / attention_rate(h100, "bf16", length, length // 2, 128, False, False)
     assert tables["ring"]["layer_time_s"] == pytest.approx(expected, rel=1e-9)
     assert tables["ring"]["layer_time_s"] / peak["ring"]["layer_time_s"] > 1.4  # 989 TFLOP/s is not what runs
     assert tables["ring"]["layer_compute_s"] == peak["ring"]["layer_compute_s"]
@@ -126,9 +161,13 @@ def test_ulysses_infeasible_says_why(cli) -> None:
     assert data["ulysses"] == {
         "feasible": False,
         "reason": "h = 32 query heads do not split over 3 devices (h mod N = 2)",
-        "kv_heads": None, "recv_bytes_per_layer": None, "comm_s": None, "comm_ratio": None, "verdict": None,
+        "kv_heads": None,
+        "recv_bytes_per_layer": None,
+        "comm_s": None,
+        "comm_ratio": None,
+        "verdict": None,
         "link_scope": "intra-node",
-    }  # fmt: skip
+    }
 
 
 def test_ulysses_replicates_kv_heads_when_n_exceeds_them(cli) -> None:
@@ -200,8 +239,14 @@ def test_help_lists_the_commands(cli) -> None:
 def test_console_script_from_another_directory(tmp_path) -> None:
     """The installed script finds its built-in profiles wherever it runs (docs/index.md)."""
     env = {**os.environ, "PYTHONPATH": ""}
-    done = subprocess.run(["cp-plan", *WORKED, "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
-                          env=env, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["cp-plan", *WORKED, "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["ring"]["intensity_step"] == 131_072
     bad = subprocess.run(["cp-plan", "--n", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=60)

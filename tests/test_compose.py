@@ -62,14 +62,18 @@ def test_hostile_bandwidth_strings_name_the_flag(text: str, why: str) -> None:
 
 @given(value=st.floats(1e-3, 999.0), prefix=st.sampled_from(["M", "G", "T"]))
 def test_bits_are_an_eighth_of_bytes(value: float, prefix: str) -> None:
-    bits, octets = parse_bandwidth(f"{value!r}{prefix}b/s", "f"), parse_bandwidth(f"{value!r}{prefix}B/s", "f")
+    bits, octets = (
+        parse_bandwidth(f"{value!r}{prefix}b/s", "f"),
+        parse_bandwidth(f"{value!r}{prefix}B/s", "f"),
+    )
     assert bits == pytest.approx(octets / 8, rel=1e-12)
 
 
 def test_article_beta_6240_reproduces_on_a100_with_400_gbps(cli) -> None:
     """F / B = 312e12 / 50e9 = 6,240 FLOP/byte on the inter-node link at N = 16 [A-RingCost §4]."""
-    data = cli("--seq", "256k", "--n", "16", "--hw", "a100-nvlink", "--inter-node-bandwidth", "50GB/s",
-               "-f", "json").json()["hardware"]  # fmt: skip
+    data = cli(
+        "--seq", "256k", "--n", "16", "--hw", "a100-nvlink", "--inter-node-bandwidth", "50GB/s", "-f", "json"
+    ).json()["hardware"]
     assert data["link_scope"] == "inter-node" and data["link_bandwidth"] == 50e9
     assert data["beta_peak"] == pytest.approx(6240, rel=1e-12)
     real = cli("--seq", "256k", "--n", "16", "--hw", "a100-nvlink", "-f", "json").json()["hardware"]
@@ -77,8 +81,9 @@ def test_article_beta_6240_reproduces_on_a100_with_400_gbps(cli) -> None:
 
 
 def test_h100_over_200g_roce_is_a_command_line(cli) -> None:
-    data = cli("--seq", "256k", "--n", "16", "--hw", "h100-nvlink", "--inter-node-bandwidth", "200Gb/s",
-               "-f", "json").json()["hardware"]  # fmt: skip
+    data = cli(
+        "--seq", "256k", "--n", "16", "--hw", "h100-nvlink", "--inter-node-bandwidth", "200Gb/s", "-f", "json"
+    ).json()["hardware"]
     assert data["link_bandwidth"] == 25e9 and data["devices_per_node"] == 8
     assert data["beta_peak"] == pytest.approx(989e12 / 25e9, rel=1e-12)
 
@@ -131,14 +136,21 @@ def test_a_new_link_forgets_what_was_measured_on_the_old_one() -> None:
     assert "intra-node" not in faster.calibration.p2p and "intra-node" not in faster.calibration.alltoall
     assert faster.links.intra_node.alltoall is None
     # the measured compute curve stays; only the link is new, so the layer can only get faster
-    assert predict(inputs, Machine(faster, "fp32")).forward_s < predict(inputs, Machine(measured, "fp32")).forward_s
+    assert (
+        predict(inputs, Machine(faster, "fp32")).forward_s
+        < predict(inputs, Machine(measured, "fp32")).forward_s
+    )
 
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--inter-node-bandwidth", "fast"), ("--intra-node-bandwidth", "50"), ("--devices-per-node", "0"),
-     ("--cp-ranks-per-node", "99")],
-)  # fmt: skip
+    [
+        ("--inter-node-bandwidth", "fast"),
+        ("--intra-node-bandwidth", "50"),
+        ("--devices-per-node", "0"),
+        ("--cp-ranks-per-node", "99"),
+    ],
+)
 def test_cli_rejects_bad_composition_in_one_line(cli, flag: str, value: str) -> None:
     result = cli("--hw", "a100-nvlink", flag, value)
     assert result.code == 2 and result.err.count("\n") == 1 and flag in result.err

@@ -26,8 +26,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site as ``mkdocs build --strict`` writes it (any warning fails the build)."""
     pytest.importorskip("mkdocs", reason="the docs extra is part of the test extra")
     site_dir = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     return site_dir
 
@@ -81,7 +86,9 @@ def test_formulas_page_loads_the_vendored_mathjax(site: Path) -> None:
     assert (site / "javascript" / "mathjax" / "LICENSE").exists()  # shipped beside the file it covers
 
 
-@pytest.mark.skipif(chromium() is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)")
+@pytest.mark.skipif(
+    chromium() is None, reason="Chromium is not installed (Debian: apt-get install -y chromium)"
+)
 def test_formulas_render_offline_in_chromium(site: Path) -> None:
     page = site / "formulas" / "index.html"
     source = page.read_text(encoding="utf-8")
@@ -90,9 +97,20 @@ def test_formulas_render_offline_in_chromium(site: Path) -> None:
     # every host name fails to resolve: the page gets only what the site itself holds
     flags = [f for f in FLAGS if not f.startswith("--virtual-time-budget")]
     with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run([chromium(), *flags, "--virtual-time-budget=10000", "--host-resolver-rules=MAP * ~NOTFOUND",
-                               f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [
+                chromium(),
+                *flags,
+                "--virtual-time-budget=10000",
+                "--host-resolver-rules=MAP * ~NOTFOUND",
+                f"--user-data-dir={profile}",
+                "--dump-dom",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     dom, console = done.stdout, [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     assert dom.count("<mjx-container") == formulas, console
     assert 'jax="SVG"' in dom
@@ -115,8 +133,9 @@ def test_numbered_steps_number_on() -> None:
     config = load_config(str(REPO / "mkdocs.yml"))
     restarted = []
     for md in sources():
-        converter = markdown.Markdown(extensions=[*config.markdown_extensions, "sane_lists"],
-                                      extension_configs=config.mdx_configs)  # fmt: skip
+        converter = markdown.Markdown(
+            extensions=[*config.markdown_extensions, "sane_lists"], extension_configs=config.mdx_configs
+        )
         html = converter.convert(md.read_text(encoding="utf-8"))
         restarted += [f"{md.name}: item {n}" for n in re.findall(r'<ol start="(\d+)">', html)]
     assert not restarted, f"list items cut off from their list: {restarted}"
@@ -182,7 +201,9 @@ def test_ci_install_line_pins_a_released_tag() -> None:
     """cp-plan is not on PyPI: the CI snippet installs from git at a tag the changelog lists."""
     planning = (DOCS / "planning.md").read_text(encoding="utf-8")
     assert not re.search(r"pip install ['\"]?cp-plan\b(?! @)", planning)
-    tags = re.findall(r'pip install "cp-plan @ git\+https://<git-host>/<org>/cp-plan\.git@v([\d.]+)"', planning)
+    tags = re.findall(
+        r'pip install "cp-plan @ git\+https://<git-host>/<org>/cp-plan\.git@v([\d.]+)"', planning
+    )
     assert tags and set(tags) <= set(released_versions())
 
 
@@ -204,8 +225,9 @@ def test_quickstart_notebook_runs_with_a_real_kernel() -> None:
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     notebook = nbformat.read(REPO / "docs" / "notebooks" / "quickstart.ipynb", as_version=4)
-    client = nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
-                                     resources={"metadata": {"path": str(REPO)}})  # fmt: skip
+    client = nbclient.NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+    )
     client.execute()  # raises CellExecutionError on the first failing assert
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for o in outputs)

@@ -84,9 +84,10 @@ def test_ulysses_replicates_kv_heads_beyond_n_kv() -> None:
 
 def test_ring_traffic_independent_of_h_and_layer_intensity_of_d_and_b() -> None:
     """[A-RingCost §4]: I depends only on h/n_kv, S, N (and p); not on d or b."""
-    assert not {sympy.Symbol("d", positive=True), sympy.Symbol("b", positive=True)} & f[
-        "intensity_layer"
-    ].expr.free_symbols
+    assert (
+        not {sympy.Symbol("d", positive=True), sympy.Symbol("b", positive=True)}
+        & f["intensity_layer"].expr.free_symbols
+    )
     assert h not in f["recv_bytes_per_layer"].expr.free_symbols
 
 
@@ -100,24 +101,82 @@ positive = st.integers(min_value=1, max_value=64)
 
 @settings(max_examples=30, deadline=None)
 @given(
-    seq_per=st.integers(1, 4096), n=positive, heads_per_kv=st.integers(1, 8), kv=st.integers(1, 16),
-    d=st.sampled_from([64, 80, 128, 256]), p_=st.sampled_from([1, 2, 4]), b=st.integers(1, 4),
-    causal=st.booleans(), flops=st.floats(1e11, 2e15), bw=st.floats(1e8, 1e12), lat=st.floats(0, 1e-4),
-)  # fmt: skip
-def test_numeric_twin_matches_exact_sympy(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat) -> None:
+    seq_per=st.integers(1, 4096),
+    n=positive,
+    heads_per_kv=st.integers(1, 8),
+    kv=st.integers(1, 16),
+    d=st.sampled_from([64, 80, 128, 256]),
+    p_=st.sampled_from([1, 2, 4]),
+    b=st.integers(1, 4),
+    causal=st.booleans(),
+    flops=st.floats(1e11, 2e15),
+    bw=st.floats(1e8, 1e12),
+    lat=st.floats(0, 1e-4),
+)
+def test_numeric_twin_matches_exact_sympy(
+    seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat
+) -> None:
     """Property: every generated function equals the exact sympy evaluation of its formula."""
     values = {
-        "S": seq_per * n, "N": n, "h": heads_per_kv * kv, "n_kv": kv, "d": d, "p": p_, "b": b,
-        "c": 0.5 if causal else 1, "F": flops, "B": bw, "alpha": lat, "s_blk": 128, "p_acc": 4, "r": 0.05,
-        "eta": 0.5, "F_peak": flops, "N_u": 1, "N_r": n,
-        "H": heads_per_kv * kv * d, "F_ffn": 4 * heads_per_kv * kv * d, "V": 32_000, "n_L": 32, "g": int(causal),
-        "delta": 1 - int(causal), "phi": int(causal), "sigma": 1, "t": 2, "pp": 2, "z_w": 1, "z_g": 0.25,
-        "z_o": 0.25, "rho": 0, "e_m": 2, "M_dev": 80e9,
-        "m_mb": 8, "v_pp": 2, "D": 4, "B_hbm": 3e12, "F_gemm": 0.7 * flops, "F_attn": 0.6 * flops,
-        "F_attn_bwd": 0.5 * flops, "B_tp": bw, "B_cp": bw, "B_pp": bw / 4, "B_dp": bw / 8, "rc_sel": int(causal),
-        "rc_full": 1 - int(causal), "u_cp": 0.75, "o_tp": 0.0, "o_cp": 1.0, "o_pp": 0.5, "n_bkt": 40, "z3": 1,
-        "p_g": 4, "k_opt": 30, "s_comm": 0.12, "t_launch": 1e-5, "k_copy": 1,
-    }  # fmt: skip
+        "S": seq_per * n,
+        "N": n,
+        "h": heads_per_kv * kv,
+        "n_kv": kv,
+        "d": d,
+        "p": p_,
+        "b": b,
+        "c": 0.5 if causal else 1,
+        "F": flops,
+        "B": bw,
+        "alpha": lat,
+        "s_blk": 128,
+        "p_acc": 4,
+        "r": 0.05,
+        "eta": 0.5,
+        "F_peak": flops,
+        "N_u": 1,
+        "N_r": n,
+        "H": heads_per_kv * kv * d,
+        "F_ffn": 4 * heads_per_kv * kv * d,
+        "V": 32_000,
+        "n_L": 32,
+        "g": int(causal),
+        "delta": 1 - int(causal),
+        "phi": int(causal),
+        "sigma": 1,
+        "t": 2,
+        "pp": 2,
+        "z_w": 1,
+        "z_g": 0.25,
+        "z_o": 0.25,
+        "rho": 0,
+        "e_m": 2,
+        "M_dev": 80e9,
+        "m_mb": 8,
+        "v_pp": 2,
+        "D": 4,
+        "B_hbm": 3e12,
+        "F_gemm": 0.7 * flops,
+        "F_attn": 0.6 * flops,
+        "F_attn_bwd": 0.5 * flops,
+        "B_tp": bw,
+        "B_cp": bw,
+        "B_pp": bw / 4,
+        "B_dp": bw / 8,
+        "rc_sel": int(causal),
+        "rc_full": 1 - int(causal),
+        "u_cp": 0.75,
+        "o_tp": 0.0,
+        "o_cp": 1.0,
+        "o_pp": 0.5,
+        "n_bkt": 40,
+        "z3": 1,
+        "p_g": 4,
+        "k_opt": 30,
+        "s_comm": 0.12,
+        "t_launch": 1e-5,
+        "k_copy": 1,
+    }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}
         if n == 1 and name in {"intensity_layer", "tp_to_ring_ratio"}:
@@ -128,12 +187,25 @@ def test_numeric_twin_matches_exact_sympy(seq_per, n, heads_per_kv, kv, d, p_, b
 
 
 @settings(max_examples=60, deadline=None)
-@given(seq_per=st.integers(64, 1 << 16), n=st.integers(2, 256), ratio_edge=st.sampled_from([0.05, 0.15, 1.0]),
-       lat=st.floats(0, 1e-3))  # fmt: skip
+@given(
+    seq_per=st.integers(64, 1 << 16),
+    n=st.integers(2, 256),
+    ratio_edge=st.sampled_from([0.05, 0.15, 1.0]),
+    lat=st.floats(0, 1e-3),
+)
 def test_n_at_ratio_inverts_the_step_ratio(seq_per, n, ratio_edge, lat) -> None:
     """Property: at N = n_at_ratio(r) the step comm ratio is exactly r (the bound is tight)."""
-    common = {"S": seq_per * n, "b": 1, "c": 1, "d": 128, "h": 32, "n_kv": 8, "p": 2, "F": 312e12, "B": 300e9,
-              "alpha": lat}  # fmt: skip
+    common = {
+        "S": seq_per * n,
+        "b": 1,
+        "c": 1,
+        "d": 128,
+        "h": 32,
+        "n_kv": 8,
+        "p": 2,
+        "F": 312e12,
+        "B": 300e9,
+        "alpha": lat,
+    }
     bound = numeric.n_at_ratio(r=ratio_edge, **common)
     assert numeric.comm_ratio_step(N=bound, **common) == pytest.approx(ratio_edge, rel=1e-9)
-

@@ -34,12 +34,58 @@ BASELINES = {
     "recommend": ["recommend", "--seq", "32k", "--model", "llama3-8b", "--gpus", "16"],
     "sweep": ["sweep", "--seq", "8k..64k", "--n", "1..16", "--hw", "a100-nvlink"],
 }
-SKIP = {"--help", "--install-completion", "--show-completion", "--version", "--plot", "--explain", "--timeline"}
+SKIP = {
+    "--help",
+    "--install-completion",
+    "--show-completion",
+    "--version",
+    "--plot",
+    "--explain",
+    "--timeline",
+}
 
-HOSTILE_TEXT = ["", " ", "0", "-1", "1", "2", "3", "7", "1024", "65537", "1e400", "1e-320", "5e-324", "nan", "inf",
-                "-inf", "0.0", "1.5", "true", "None", "256k", "1M", "1G", "16G", "1T", "2" * 30, str(2**62),
-                str(2**70), "１２", "٣", "8.5k", "0x10", "1_000", "\x00", "é" * 300, "a" * 300, "../../etc/passwd",
-                "/dev/zero", "-", "--n"]  # fmt: skip
+HOSTILE_TEXT = [
+    "",
+    " ",
+    "0",
+    "-1",
+    "1",
+    "2",
+    "3",
+    "7",
+    "1024",
+    "65537",
+    "1e400",
+    "1e-320",
+    "5e-324",
+    "nan",
+    "inf",
+    "-inf",
+    "0.0",
+    "1.5",
+    "true",
+    "None",
+    "256k",
+    "1M",
+    "1G",
+    "16G",
+    "1T",
+    "2" * 30,
+    str(2**62),
+    str(2**70),
+    "１２",
+    "٣",
+    "8.5k",
+    "0x10",
+    "1_000",
+    "\x00",
+    "é" * 300,
+    "a" * 300,
+    "../../etc/passwd",
+    "/dev/zero",
+    "-",
+    "--n",
+]
 
 
 def _options(command: str) -> list[Any]:
@@ -55,9 +101,13 @@ def _options(command: str) -> list[Any]:
 def _values(option: Any) -> st.SearchStrategy[str]:
     kind = getattr(option, "bare_type", None) or getattr(option, "type", None)
     choices = list(getattr(kind, "choices", []) or [])
-    return st.one_of(st.sampled_from(HOSTILE_TEXT), st.sampled_from([str(c) for c in choices] or ["x"]),
-                     st.integers(-(2**70), 2**70).map(str), st.floats(allow_nan=True).map(repr),
-                     st.text(max_size=12))  # fmt: skip
+    return st.one_of(
+        st.sampled_from(HOSTILE_TEXT),
+        st.sampled_from([str(c) for c in choices] or ["x"]),
+        st.integers(-(2**70), 2**70).map(str),
+        st.floats(allow_nan=True).map(repr),
+        st.text(max_size=12),
+    )
 
 
 def _case(command: str) -> st.SearchStrategy[list[str]]:
@@ -131,15 +181,18 @@ def check_promise(args: list[str]) -> None:
     if code == 2:
         lines = err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("cp-plan: error: "), shown
-        assert "--" in lines[0] or ":" in lines[0][len("cp-plan: error: "):], shown
+        assert "--" in lines[0] or ":" in lines[0][len("cp-plan: error: ") :], shown
     if code == 0 and ("json" in args):
         for number in _numbers(json.loads(out)):
             assert math.isfinite(number), shown
     sys.stdout.flush()
 
 
-FUZZ = settings(max_examples=int(os.environ.get("CP_PLAN_FUZZ_EXAMPLES", "25")), deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+FUZZ = settings(
+    max_examples=int(os.environ.get("CP_PLAN_FUZZ_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 @pytest.mark.parametrize("command", sorted(BASELINES))
@@ -177,18 +230,45 @@ EXTREMES = [
     ["--seq", "1M", "--n", "1048576", "--block", "1"],
     ["--seq", "1G", "--n", "1048576"],
     ["--seq", "16G", "--n", "1048576", "--format", "json"],
-    ["--seq", "128M", "--n", "1024", "--heads", "1024", "--kv-heads", "1024", "--head-dim", "256", "--dtype", "fp32",
-     "--batch", "64", "--block", "128k", "--format", "json"],
+    [
+        "--seq",
+        "128M",
+        "--n",
+        "1024",
+        "--heads",
+        "1024",
+        "--kv-heads",
+        "1024",
+        "--head-dim",
+        "256",
+        "--dtype",
+        "fp32",
+        "--batch",
+        "64",
+        "--block",
+        "128k",
+        "--format",
+        "json",
+    ],
     ["recommend", "--seq", "128k", "--model", "llama3-8b", "--gpus", "8192"],
     ["recommend", "--seq", "128k", "--model", "llama3-8b", "--gpus", str(2**20)],
     ["recommend", "--seq", "128k", "--model", "llama3-8b", "--gpus", str(2**70)],
     ["recommend", "--seq", "128k", "--model", "llama3-8b", "--gpus", "1"],
     ["sweep", "--seq", "1..16G", "--n", "1..1M"],
-    ["sweep", "--kv-heads", "0"], ["sweep", "--efficiency", "nan", "--format", "json"], ["sweep", "--efficiency", "0"],
-    ["sweep", "--heads", "-8"], ["sweep", "-m", "llama3-8b", "--heads", "7"], ["sweep", "--gpus", "0", "-m", "llama3-8b"],
-    ["--head-dim", str(2**62)], ["--efficiency", "5e-324"], ["--hw", "h" * 300], ["--model", "m" * 300],
-    ["--seq", "１２８k"], ["--n", "８"], ["--seq", str(2**53 + 1)],
-]  # fmt: skip
+    ["sweep", "--kv-heads", "0"],
+    ["sweep", "--efficiency", "nan", "--format", "json"],
+    ["sweep", "--efficiency", "0"],
+    ["sweep", "--heads", "-8"],
+    ["sweep", "-m", "llama3-8b", "--heads", "7"],
+    ["sweep", "--gpus", "0", "-m", "llama3-8b"],
+    ["--head-dim", str(2**62)],
+    ["--efficiency", "5e-324"],
+    ["--hw", "h" * 300],
+    ["--model", "m" * 300],
+    ["--seq", "１２８k"],
+    ["--n", "８"],
+    ["--seq", str(2**53 + 1)],
+]
 
 
 @pytest.mark.parametrize("args", EXTREMES, ids=[" ".join(a)[:60] for a in EXTREMES])

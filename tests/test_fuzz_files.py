@@ -35,8 +35,12 @@ from costmodel.core.resources import data_dir
 
 DEEP = settings.default.max_examples >= 1000  # the "deep" profile of tests/conftest.py
 EXAMPLES = settings.default.max_examples if DEEP else 30
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 MEMORY_HEADROOM = 2 << 30  # bytes of address space a case may add to the forked parent's
 WALL_S = 60  # seconds a case may run; the slowest default case takes well under one
@@ -64,9 +68,11 @@ class Stats:
 
     def summary(self) -> str:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return (f"fuzz: {self.cases} cases, exit codes {dict(sorted(self.codes.items(), key=str))}; "
-                f"slowest {self.slowest[0]:.2f} s ({self.slowest[1][:120]}); peak RSS of a case "
-                f"{self.peak[0] / 2**20:.0f} MiB ({self.peak[1][:120]}); pytest itself {base / 2**20:.0f} MiB")
+        return (
+            f"fuzz: {self.cases} cases, exit codes {dict(sorted(self.codes.items(), key=str))}; "
+            f"slowest {self.slowest[0]:.2f} s ({self.slowest[1][:120]}); peak RSS of a case "
+            f"{self.peak[0] / 2**20:.0f} MiB ({self.peak[1][:120]}); pytest itself {base / 2**20:.0f} MiB"
+        )
 
     def add(self, outcome: Outcome, label: str) -> None:
         self.cases += 1
@@ -112,9 +118,11 @@ def run_cli(args: list[str], wall_s: int = WALL_S) -> Outcome:
         return Outcome(
             code=os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-            out=out_path.read_text(errors="replace"), err=err_path.read_text(errors="replace"),
-            wall_s=wall, peak_rss_bytes=usage.ru_maxrss * 1024,
-        )  # fmt: skip
+            out=out_path.read_text(errors="replace"),
+            err=err_path.read_text(errors="replace"),
+            wall_s=wall,
+            peak_rss_bytes=usage.ru_maxrss * 1024,
+        )
 
 
 def _limit_child(wall_s: int) -> None:
@@ -148,14 +156,17 @@ def check_outcome(outcome: Outcome, names: set[str], where: set[str], label: str
     """``where``: the file or flag the error names; a flag of the command also does, since a file's field
     can clash with one (a profile without the ``--dtype`` asked for). ``names``: the fields it may name."""
     STATS.add(outcome, label)
-    assert outcome.signal is None, f"{label}: killed by signal {outcome.signal} (time or memory limit)\n{outcome.err}"
+    assert outcome.signal is None, (
+        f"{label}: killed by signal {outcome.signal} (time or memory limit)\n{outcome.err}"
+    )
     assert "Traceback" not in outcome.err, f"{label}:\n{outcome.err}"
     assert outcome.code in (0, 1, 2), f"{label}: exit {outcome.code}\n{outcome.err}"
     if outcome.code == 2:
         lines = outcome.err.splitlines()
         assert len(lines) == 1 and lines[0].startswith("cp-plan: error: "), f"{label}:\n{outcome.err}"
         assert any(w in lines[0] for w in where) or re.match(r"cp-plan: error: --[a-z][a-z-]*: ", lines[0]), (
-            f"{label}: the error names none of {where}: {lines[0]}")
+            f"{label}: the error names none of {where}: {lines[0]}"
+        )
         assert any(name in lines[0] for name in names), f"{label}: the error names no field: {lines[0]}"
     else:
         assert outcome.out.strip(), f"{label}: exit {outcome.code} with no output"
@@ -165,7 +176,9 @@ def check_outcome(outcome: Outcome, names: set[str], where: set[str], label: str
 KNOWN_NEGATIVE: set[str] = set()  # none: every number of every answer is finite and not negative
 
 
-def assert_finite_non_negative(value: Any, label: str, path: str = "", known: frozenset[str] = frozenset()) -> None:
+def assert_finite_non_negative(
+    value: Any, label: str, path: str = "", known: frozenset[str] = frozenset()
+) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             assert_finite_non_negative(item, label, f"{path}.{key}", known)
@@ -173,7 +186,9 @@ def assert_finite_non_negative(value: Any, label: str, path: str = "", known: fr
         for index, item in enumerate(value):
             assert_finite_non_negative(item, label, f"{path}[{index}]", known)
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        assert math.isfinite(value) and (value >= 0 or path in known), f"{label}: {path} = {value!r} in the JSON output"
+        assert math.isfinite(value) and (value >= 0 or path in known), (
+            f"{label}: {path} = {value!r} in the JSON output"
+        )
 
 
 # --- the inputs ----------------------------------------------------------------------------------
@@ -207,30 +222,95 @@ class Kind:
 
 KINDS = {
     "datasheet-profile": Kind(
-        "datasheet-profile", _load(data_dir("hardware") / "a100-nvlink.yaml"),
-        ("--seq", "256k", "--n", "16", "--hw", "{path}", "--causal", "--layout", "zigzag", "--pass", "fwd+bwd",
-         "-f", "json"),
+        "datasheet-profile",
+        _load(data_dir("hardware") / "a100-nvlink.yaml"),
+        (
+            "--seq",
+            "256k",
+            "--n",
+            "16",
+            "--hw",
+            "{path}",
+            "--causal",
+            "--layout",
+            "zigzag",
+            "--pass",
+            "fwd+bwd",
+            "-f",
+            "json",
+        ),
         "--hw",
-        (("cp_ranks_per_node",), ("device", "effective_flops", "bf16"), ("device", "peak_flops", "fp8"),
-         ("links", "intra_node", "alltoall", "bandwidth_per_direction"), ("links", "intra_node", "alltoall", "latency_s"),
-         ("links", "inter_node"), ("calibration",), ("source", "host"), ("source", "nproc")),
+        (
+            ("cp_ranks_per_node",),
+            ("device", "effective_flops", "bf16"),
+            ("device", "peak_flops", "fp8"),
+            ("links", "intra_node", "alltoall", "bandwidth_per_direction"),
+            ("links", "intra_node", "alltoall", "latency_s"),
+            ("links", "inter_node"),
+            ("calibration",),
+            ("source", "host"),
+            ("source", "nproc"),
+        ),
     ),
     "measured-profile": Kind(
-        "measured-profile", {}, ("--seq", "16k", "--n", "2", "--hw", "{path}", "--dtype", "fp32", "--causal",
-                                 "--pass", "fwd+bwd", "-f", "json"), "--hw",
+        "measured-profile",
+        {},
+        (
+            "--seq",
+            "16k",
+            "--n",
+            "2",
+            "--hw",
+            "{path}",
+            "--dtype",
+            "fp32",
+            "--causal",
+            "--pass",
+            "fwd+bwd",
+            "-f",
+            "json",
+        ),
+        "--hw",
     ),
     "model-preset": Kind(
-        "model-preset", _load(data_dir("configs") / "models" / "llama3-8b.yaml"),
-        ("recommend", "--seq", "128k", "--model", "{path}", "--hw", "a100-nvlink", "--gpus", "64", "-f", "json"),
-        "--model", (("gated_mlp",), ("tied_embeddings",), ("dropout",), ("description",)),
+        "model-preset",
+        _load(data_dir("configs") / "models" / "llama3-8b.yaml"),
+        (
+            "recommend",
+            "--seq",
+            "128k",
+            "--model",
+            "{path}",
+            "--hw",
+            "a100-nvlink",
+            "--gpus",
+            "64",
+            "-f",
+            "json",
+        ),
+        "--model",
+        (("gated_mlp",), ("tied_embeddings",), ("dropout",), ("description",)),
     ),
     "plan-file": Kind(
-        "plan-file", _load(data_dir("configs") / "plans" / "llama3-8b-128k-a100-nvlink.yaml"),
-        ("check", "{path}", "-f", "json"), None,
-        (("tp",), ("pp",), ("zero",), ("memory_headroom",), ("dtype",), ("batch",), ("block",), ("efficiency",),
-         ("expect", "max_comm_ratio"), ("model",), ("hw",)),
+        "plan-file",
+        _load(data_dir("configs") / "plans" / "llama3-8b-128k-a100-nvlink.yaml"),
+        ("check", "{path}", "-f", "json"),
+        None,
+        (
+            ("tp",),
+            ("pp",),
+            ("zero",),
+            ("memory_headroom",),
+            ("dtype",),
+            ("batch",),
+            ("block",),
+            ("efficiency",),
+            ("expect", "max_comm_ratio"),
+            ("model",),
+            ("hw",),
+        ),
     ),
-}  # fmt: skip
+}
 
 
 def _base(kind: Kind) -> dict:
@@ -291,18 +371,71 @@ def all_paths(kind: Kind) -> list[tuple]:
 
 
 SPECIAL = [
-    0, -1, 1, 2, 3, 7, 8, 1024, 2**31, 2**53 + 1, 2**63, 2**64, 10**30, 10**300, -(10**300),
-    0.0, -0.0, 0.5, 1e-30, 1e30, 1.0000001e30, 1e-320, 5e-324, 1e300, 1.7976931348623157e308,
-    math.inf, -math.inf, math.nan, True, False, None, "", "0", "8k", "1M", "1e400", "-1", "nan", ".inf",
-    "x" * 5000, "a\nb", "\x00\x1b", [], {}, [1], [[[]]], {"a": 1}, {"bf16": True}, b"\x00\xff",
-]  # fmt: skip
+    0,
+    -1,
+    1,
+    2,
+    3,
+    7,
+    8,
+    1024,
+    2**31,
+    2**53 + 1,
+    2**63,
+    2**64,
+    10**30,
+    10**300,
+    -(10**300),
+    0.0,
+    -0.0,
+    0.5,
+    1e-30,
+    1e30,
+    1.0000001e30,
+    1e-320,
+    5e-324,
+    1e300,
+    1.7976931348623157e308,
+    math.inf,
+    -math.inf,
+    math.nan,
+    True,
+    False,
+    None,
+    "",
+    "0",
+    "8k",
+    "1M",
+    "1e400",
+    "-1",
+    "nan",
+    ".inf",
+    "x" * 5000,
+    "a\nb",
+    "\x00\x1b",
+    [],
+    {},
+    [1],
+    [[[]]],
+    {"a": 1},
+    {"bf16": True},
+    b"\x00\xff",
+]
 
 scalars = st.one_of(
-    st.sampled_from(SPECIAL), st.integers(), st.floats(), st.text(max_size=30), st.booleans(),
-    st.integers(min_value=1, max_value=2**20), st.floats(min_value=1e-6, max_value=1e16),
+    st.sampled_from(SPECIAL),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=30),
+    st.booleans(),
+    st.integers(min_value=1, max_value=2**20),
+    st.floats(min_value=1e-6, max_value=1e16),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                             max_size=3), max_leaves=6)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 @dataclass(frozen=True)
@@ -329,8 +462,10 @@ def near(original: Any) -> st.SearchStrategy[Any]:
     if isinstance(original, int):
         # Counts just past every ceiling (2^16, 2^20, 2^34) are refused. S in (2^24, 2^34] and N or G
         # near 2^20 are left to test_a_huge_plan_is_answered_in_bounded_time_and_memory, which fails today.
-        return st.one_of(st.integers(1, 2 * original + 8),
-                         st.sampled_from([1, 2, 4, 8, 2**16, 2**16 + 1, 2**20 + 1, 2**34 + 16, 2**41]))
+        return st.one_of(
+            st.integers(1, 2 * original + 8),
+            st.sampled_from([1, 2, 4, 8, 2**16, 2**16 + 1, 2**20 + 1, 2**34 + 16, 2**41]),
+        )
     if isinstance(original, float):
         scaled = st.integers(-40, 40).map(lambda k: original * 10.0**k if original else 10.0**k)
         return st.one_of(scaled, st.floats(original / 2, original * 2) if original else st.just(0.0))
@@ -391,15 +526,23 @@ def hostile_text(kind: Kind) -> st.SearchStrategy[tuple[str, bytes]]:
     return st.one_of(
         st.integers(1, 25).map(lambda n: ("alias-bomb", (alias_bomb(n) + valid).encode())),
         st.just(("anchor", valid.replace(f"{first_key}:", f"{first_key}: &x", 1).encode())),
-        st.integers(60, 200_000).map(lambda n: ("deep-flow", f"{first_key}: {'[' * n}{']' * n}\n{valid}".encode())),
-        st.integers(60, 300).map(lambda n: ("deep-block", ("".join("  " * i + f"k{i}:\n" for i in range(n))
-                                                           + "  " * n + "v\n").encode())),  # fmt: skip
+        st.integers(60, 200_000).map(
+            lambda n: ("deep-flow", f"{first_key}: {'[' * n}{']' * n}\n{valid}".encode())
+        ),
+        st.integers(60, 300).map(
+            lambda n: (
+                "deep-block",
+                ("".join("  " * i + f"k{i}:\n" for i in range(n)) + "  " * n + "v\n").encode(),
+            )
+        ),
         st.sampled_from(leaf_paths(_base(kind))).map(
-            lambda p: ("duplicate-key", (valid + f"{p[0]}: 1\n").encode())),
+            lambda p: ("duplicate-key", (valid + f"{p[0]}: 1\n").encode())
+        ),
         st.binary(max_size=300).map(lambda b: ("binary", b)),
         st.integers(0, len(valid)).map(lambda n: ("truncated", valid[:n].encode())),
         st.tuples(st.integers(0, len(valid)), st.text(min_size=1, max_size=3)).map(
-            lambda t: ("corrupted", (valid[: t[0]] + t[1] + valid[t[0]:]).encode())),
+            lambda t: ("corrupted", (valid[: t[0]] + t[1] + valid[t[0] :]).encode())
+        ),
         st.just(("oversize", valid.encode() + b"#" * (1 << 20) + b"\n")),
         st.just(("empty", b"")),
     )
@@ -422,8 +565,10 @@ def _fuzz_fields(kind: Kind, changes: list[Mutation]) -> None:
         path = _write(Path(folder), yaml.safe_dump(data, sort_keys=False, allow_unicode=False).encode())
         names = {str(part) for change in changes for part in change.path if isinstance(part, str)}
         names |= {f"{name}x" for name in names} | SCHEMA_NAMES
-        label = f"{kind.name}: " + ", ".join(f"{c.action} {'.'.join(map(str, c.path))}"
-                                             + (f" = {c.value!r:.60}" if c.action == "set" else "") for c in changes)
+        label = f"{kind.name}: " + ", ".join(
+            f"{c.action} {'.'.join(map(str, c.path))}" + (f" = {c.value!r:.60}" if c.action == "set" else "")
+            for c in changes
+        )
         check_outcome(run_cli(kind.args(path)), names, {kind.flag or path}, label)
 
 
@@ -432,8 +577,9 @@ def _fuzz_text(kind: Kind, case: tuple[str, bytes]) -> None:
     with tempfile.TemporaryDirectory(prefix="cp-plan-fuzz-in-") as folder:
         path = _write(Path(folder), text)
         # A hostile document is named by its file; a field need not be at fault.
-        check_outcome(run_cli(kind.args(path)), {path}, {kind.flag or path},
-                      f"{kind.name}: {what} ({len(text)} bytes)")
+        check_outcome(
+            run_cli(kind.args(path)), {path}, {kind.flag or path}, f"{kind.name}: {what} ({len(text)} bytes)"
+        )
 
 
 @pytest.mark.parametrize("kind", list(KINDS), ids=list(KINDS))
@@ -457,12 +603,20 @@ def test_hostile_documents(kind: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("seq", "n", "block", "gpus"), [(2**31, 8, 1024, 64), (2**20, 8, 1, 64), (2**17, 8, 1024, 2**20)])
-def test_a_huge_plan_is_answered_in_bounded_time_and_memory(tmp_path, seq: int, n: int, block: int, gpus: int) -> None:
+@pytest.mark.parametrize(
+    ("seq", "n", "block", "gpus"), [(2**31, 8, 1024, 64), (2**20, 8, 1, 64), (2**17, 8, 1024, 2**20)]
+)
+def test_a_huge_plan_is_answered_in_bounded_time_and_memory(
+    tmp_path, seq: int, n: int, block: int, gpus: int
+) -> None:
     plan = dict(KINDS["plan-file"].base, seq=seq, n=n, block=block, gpus=gpus)
     path = _write(tmp_path, yaml.safe_dump(plan).encode())
-    check_outcome(run_cli(["check", path, "-f", "json"], wall_s=10), SCHEMA_NAMES, {path},
-                  f"plan: S = {seq}, N = {n}, block = {block}, G = {gpus}")
+    check_outcome(
+        run_cli(["check", path, "-f", "json"], wall_s=10),
+        SCHEMA_NAMES,
+        {path},
+        f"plan: S = {seq}, N = {n}, block = {block}, G = {gpus}",
+    )
 
 
 def test_a_model_too_large_for_the_device_has_no_negative_n_min(tmp_path) -> None:

@@ -15,28 +15,44 @@ from costmodel.plans.timing import predict
 from costmodel.schedule.layouts import LAYOUTS
 from tests.test_calibration import SHAPE, raw_measurements
 
-A100 = Machine(load_profile("a100-nvlink"), efficiency=1.0)  # one rate for every block: tile counts set the ratios
+A100 = Machine(
+    load_profile("a100-nvlink"), efficiency=1.0
+)  # one rate for every block: tile counts set the ratios
 MEASURED = Machine(build_profile(raw_measurements(), "box", SHAPE), "fp32")
 TIGHT = 1e-12  # the same floating-point operations, summed step by step
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize(("hw", "n"), [("a100-nvlink", 8), ("a100-nvlink", 1), ("h100-ib", 16), ("h100-ib", 2)])
+@pytest.mark.parametrize(
+    ("hw", "n"), [("a100-nvlink", 8), ("a100-nvlink", 1), ("h100-ib", 16), ("h100-ib", 2)]
+)
 def test_total_is_the_predicted_layer_time(layout: str, causal: bool, hw: str, n: int) -> None:
     profile = Machine(load_profile(hw))
     inputs = PlanInputs(seq=65_536, n=n, causal=causal, layout=layout, hw=hw)
     predicted = predict(inputs, profile, backward=True)
     assert ring_timeline(inputs, profile).total_s == pytest.approx(predicted.forward_s, rel=TIGHT)
-    assert ring_timeline(inputs, profile, backward=True).total_s == pytest.approx(predicted.backward_s, rel=TIGHT)
+    assert ring_timeline(inputs, profile, backward=True).total_s == pytest.approx(
+        predicted.backward_s, rel=TIGHT
+    )
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("n", [1, 2])
 def test_total_on_a_measured_profile_includes_its_fixed_costs(layout: str, n: int) -> None:
     """Overlap 0, per-step and per-layer overheads: the overhead segments carry exactly these."""
-    inputs = PlanInputs(seq=4096, n=n, causal=True, layout=layout, dtype="fp32", heads=8, kv_heads=8, head_dim=64,
-                        block=256, hw="box")  # fmt: skip
+    inputs = PlanInputs(
+        seq=4096,
+        n=n,
+        causal=True,
+        layout=layout,
+        dtype="fp32",
+        heads=8,
+        kv_heads=8,
+        head_dim=64,
+        block=256,
+        hw="box",
+    )
     predicted = predict(inputs, MEASURED, backward=True)
     forward, backward = ring_timeline(inputs, MEASURED), ring_timeline(inputs, MEASURED, backward=True)
     assert forward.total_s == pytest.approx(predicted.forward_s, rel=TIGHT)
@@ -55,8 +71,9 @@ def test_causal_imbalance_and_balance_at_256k_on_8() -> None:
     # In tiles (T = 32 per shard): rank 0 computes its diagonal block's T(T+1)/2 tile pairs, rank 7 those
     # plus 7 full blocks of T² each.
     diagonal = 32 * 33 / 2
-    assert contiguous.totals(0)["compute"] / last["compute"] == pytest.approx(diagonal / (diagonal + 7 * 32**2),
-                                                                              rel=1e-9)  # fmt: skip
+    assert contiguous.totals(0)["compute"] / last["compute"] == pytest.approx(
+        diagonal / (diagonal + 7 * 32**2), rel=1e-9
+    )
     for rank in range(8):
         assert zigzag.totals(rank)["idle"] / zigzag.total_s < 0.01  # 99.6 % utilisation
         assert zigzag.totals(rank)["transfer"] == 0.0  # NVLink hides every block
@@ -73,9 +90,16 @@ def test_exposed_transfer_shows_on_a_slow_link() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(layout=st.sampled_from(LAYOUTS), n=st.sampled_from([1, 2, 3, 4, 8]), blocks=st.integers(1, 8),
-       causal=st.booleans(), backward=st.booleans())  # fmt: skip
-def test_each_rank_row_is_contiguous_and_adds_up(layout: str, n: int, blocks: int, causal: bool, backward: bool) -> None:
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    n=st.sampled_from([1, 2, 3, 4, 8]),
+    blocks=st.integers(1, 8),
+    causal=st.booleans(),
+    backward=st.booleans(),
+)
+def test_each_rank_row_is_contiguous_and_adds_up(
+    layout: str, n: int, blocks: int, causal: bool, backward: bool
+) -> None:
     seq = 2 * n * 64 * blocks
     timeline = ring_timeline(PlanInputs(seq=seq, n=n, causal=causal, layout=layout, block=64), A100, backward)
     for rank in range(n):

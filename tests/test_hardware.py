@@ -118,7 +118,10 @@ def test_links_fast_domain_and_where_the_ring_leaves_it(name: str) -> None:
     assert profile.devices_per_node == domain
     machine = Machine(profile)
     assert machine.link(leaves - 1).scope == "intra-node"
-    assert machine.link(leaves).scope == "inter-node" and machine.link(leaves).bandwidth == inter.bandwidth_per_direction
+    assert (
+        machine.link(leaves).scope == "inter-node"
+        and machine.link(leaves).bandwidth == inter.bandwidth_per_direction
+    )
 
 
 PEAKS = {  # name: (dense bf16, dense fp8 or None, dense fp4 or None) FLOP/s, from each source.url
@@ -152,8 +155,10 @@ def test_fp4_is_shown_but_not_an_attention_dtype(cli) -> None:
 def test_hw_show_names_every_source(cli) -> None:
     out = cli("hw", "show", "a100-ib").out
     assert out.startswith("# source (profile): https://")
-    assert "# source (links.inter_node): https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/" \
-           "nvidia-dgx-a100-datasheet.pdf" in out  # fmt: skip
+    assert (
+        "# source (links.inter_node): https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/"
+        "nvidia-dgx-a100-datasheet.pdf" in out
+    )
 
 
 def test_hw_list_json_lists_every_profile_with_its_fields(cli) -> None:
@@ -167,7 +172,9 @@ def test_hw_list_json_lists_every_profile_with_its_fields(cli) -> None:
 
 def test_hw_list_table_groups_by_vendor_and_generation(cli) -> None:
     out = cli("hw", "list").out
-    order = [out.index(family) for family in ("AMD CDNA 3", "Google TPU v5", "NVIDIA Ampere", "NVIDIA Blackwell",
-                                              "NVIDIA Hopper")]  # fmt: skip
+    order = [
+        out.index(family)
+        for family in ("AMD CDNA 3", "Google TPU v5", "NVIDIA Ampere", "NVIDIA Blackwell", "NVIDIA Hopper")
+    ]
     assert order == sorted(order)
     assert out.index("NVIDIA Blackwell") < out.index("gb200-nvl72") < out.index("NVIDIA Hopper")

@@ -84,12 +84,17 @@ DPN = PROFILE.splitlines().index("devices_per_node: 8") + 1  # its line in the p
     ("entry", "text", "expected"),
     [
         ("check", PLAN + "n: 4\n", ":6: duplicate key 'n' on lines 4 and 6"),
-        ("--hw", PROFILE.replace("devices_per_node: 8\n", "devices_per_node: 8\ndevices_per_node: 4\n"),
-         f"dup.yaml:{DPN + 1}: duplicate key 'devices_per_node' on lines {DPN} and {DPN + 1}"),
+        (
+            "--hw",
+            PROFILE.replace("devices_per_node: 8\n", "devices_per_node: 8\ndevices_per_node: 4\n"),
+            f"dup.yaml:{DPN + 1}: duplicate key 'devices_per_node' on lines {DPN} and {DPN + 1}",
+        ),
         ("--model", MODEL + "heads: 64\n", "duplicate key 'heads' on lines 4 and 11"),
     ],
-)  # fmt: skip
-def test_duplicate_keys_name_the_key_and_both_lines(cli, tmp_path, entry: str, text: str, expected: str) -> None:
+)
+def test_duplicate_keys_name_the_key_and_both_lines(
+    cli, tmp_path, entry: str, text: str, expected: str
+) -> None:
     args, _ = ENTRIES[entry]
     one_line_error(cli(*args(write(tmp_path, "dup.yaml", text))), expected)
 
@@ -97,8 +102,14 @@ def test_duplicate_keys_name_the_key_and_both_lines(cli, tmp_path, entry: str, t
 def test_the_line_map_visits_each_node_once_and_knows_list_items(tmp_path) -> None:
     doc = fileio.read_yaml(write(tmp_path, "a.yaml", "a:\n  b: 1\n  c:\n    - x\n    - y: 2\n"), "--hw")
     assert doc.data == {"a": {"b": 1, "c": ["x", {"y": 2}]}}
-    assert doc.lines == {("a",): 1, ("a", "b"): 2, ("a", "c"): 3, ("a", "c", "0"): 4, ("a", "c", "1"): 5,
-                         ("a", "c", "1", "y"): 5}  # fmt: skip
+    assert doc.lines == {
+        ("a",): 1,
+        ("a", "b"): 2,
+        ("a", "c"): 3,
+        ("a", "c", "0"): 4,
+        ("a", "c", "1"): 5,
+        ("a", "c", "1", "y"): 5,
+    }
     assert doc.line("a", "c", 1, "y") == 5 and doc.line("a", "nosuch") == 1 and doc.line("nosuch") == 1
 
 
@@ -109,6 +120,7 @@ def test_an_unreadable_file_is_one_line(cli, tmp_path, monkeypatch, entry: str) 
     path = write(tmp_path, "locked.yaml", PLAN)
     os.chmod(path, 0)
     if os.geteuid() == 0:
+
         def denied(name, *rest, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
             raise PermissionError(13, "Permission denied", name)
 
@@ -130,7 +142,9 @@ SWEEP = ["sweep", "--seq", "8k", "--n", "1..4"]
 def test_plot_into_a_folder_that_is_a_file_or_onto_a_folder(cli, tmp_path) -> None:
     pytest.importorskip("matplotlib")
     (tmp_path / "file").write_text("")
-    one_line_error(cli(*SWEEP, "--plot", str(tmp_path / "file" / "x.png")), "--plot: cannot write", "is a file")
+    one_line_error(
+        cli(*SWEEP, "--plot", str(tmp_path / "file" / "x.png")), "--plot: cannot write", "is a file"
+    )
     one_line_error(cli(*SWEEP, "--plot", str(tmp_path / "file" / "a" / "x.png")), "--plot: cannot write")
     (tmp_path / "d.png").mkdir()
     one_line_error(cli(*SWEEP, "--plot", str(tmp_path / "d.png")), "--plot: cannot write", "Is a directory")
@@ -178,15 +192,28 @@ def _must_not_launch(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         ("bf16: 312.0e+12", "bf16: 1.0e-320", "device.peak_flops.bf16: must be in [1e-30, 1e+30]"),
         ("bf16: 312.0e+12", "bf16: .nan", "device.peak_flops.bf16: Input should be a finite number"),
         ("bf16: 312.0e+12", "bf16: true", "device.peak_flops.bf16: expected a number, not a boolean"),
-        ("latency_s: 0.0", "latency_s: 1.0e-320", "links.intra_node.latency_s: must be 0 or in [1e-30, 1e+30]"),
+        (
+            "latency_s: 0.0",
+            "latency_s: 1.0e-320",
+            "links.intra_node.latency_s: must be 0 or in [1e-30, 1e+30]",
+        ),
         ("latency_s: 0.0", "latency_s: .inf", "links.intra_node.latency_s: Input should be a finite number"),
-        ("bandwidth_bidirectional: 600.0e+09", "bandwidth_bidirectional: .inf",
-         "links.intra_node.bandwidth_bidirectional: Input should be a finite number"),
+        (
+            "bandwidth_bidirectional: 600.0e+09",
+            "bandwidth_bidirectional: .inf",
+            "links.intra_node.bandwidth_bidirectional: Input should be a finite number",
+        ),
         ("hbm_bytes: 80.0e+9", "hbm_bytes: 1.0e+31", "device.hbm_bytes: must be in [1e-30, 1e+30]"),
-        ("devices_per_node: 8", "devices_per_node: true", "devices_per_node: expected a number, not a boolean"),
+        (
+            "devices_per_node: 8",
+            "devices_per_node: true",
+            "devices_per_node: expected a number, not a boolean",
+        ),
     ],
-)  # fmt: skip
-def test_profile_numbers_are_finite_in_range_and_not_booleans(cli, tmp_path, old: str, new: str, field: str) -> None:
+)
+def test_profile_numbers_are_finite_in_range_and_not_booleans(
+    cli, tmp_path, old: str, new: str, field: str
+) -> None:
     assert old in PROFILE
     path = write(tmp_path, "p.yaml", PROFILE.replace(old, new, 1))
     one_line_error(cli("--hw", path), "--hw: ", field)
@@ -209,7 +236,11 @@ def test_plan_numbers_are_finite_in_range_and_not_booleans(cli, tmp_path, text: 
 
 def test_model_counts_are_not_booleans(cli, tmp_path) -> None:
     path = write(tmp_path, "m.yaml", MODEL.replace("kv_heads: 8", "kv_heads: true"))
-    one_line_error(cli("--model", path, "--seq", "128k"), "--model: ", "line 5: kv_heads: expected a number, not a boolean")
+    one_line_error(
+        cli("--model", path, "--seq", "128k"),
+        "--model: ",
+        "line 5: kv_heads: expected a number, not a boolean",
+    )
 
 
 # --- check: every problem, unknown keys, its output formats ---------------------------------------
@@ -218,8 +249,10 @@ def test_model_counts_are_not_booleans(cli, tmp_path) -> None:
 def test_check_lists_every_problem_and_names_an_unknown_key(cli, tmp_path) -> None:
     path = write(tmp_path, "plan.yaml", PLAN.replace("seq:", "sequence:") + "tp: 0\ncolour: blue\n")
     line = one_line_error(cli("check", path))
-    assert line == (f"cp-plan: error: {path}:3: sequence: unknown key; {path}:7: colour: unknown key; "
-                    f"{path}:1: seq: Field required; {path}:6: tp: Input should be greater than or equal to 1 (got 0)")
+    assert line == (
+        f"cp-plan: error: {path}:3: sequence: unknown key; {path}:7: colour: unknown key; "
+        f"{path}:1: seq: Field required; {path}:6: tp: Input should be greater than or equal to 1 (got 0)"
+    )
 
 
 def test_check_annotates_invalid_plans_for_github(cli, tmp_path) -> None:
@@ -239,7 +272,9 @@ def test_github_properties_escape_colon_and_comma(cli, tmp_path) -> None:
     path = write(tmp_path, "x,y:z.yaml", PLAN.replace("name: x", "name: 'a: b, c'"))
     out = cli("check", path, "-f", "github").out
     escaped = path.replace(":", "%3A").replace(",", "%2C")
-    assert out.startswith(f"::error file={escaped},line=1,title=cp-plan worst_verdict::a: b, c: fwd+bwd verdict red")
+    assert out.startswith(
+        f"::error file={escaped},line=1,title=cp-plan worst_verdict::a: b, c: fwd+bwd verdict red"
+    )
 
 
 def test_junit_stays_valid_xml_with_control_characters_in_the_name(cli, tmp_path) -> None:
@@ -270,7 +305,7 @@ def test_junit_stays_valid_xml_with_control_characters_in_the_name(cli, tmp_path
         (["validate", "--hw", "a100-nvlink", "--timeout", "0"], "--timeout"),
         (["validate", "--hw", "a100-nvlink", "--max-median-error", "nan"], "--max-median-error"),
     ],
-)  # fmt: skip
+)
 def test_kernel_flags_are_checked_at_the_edge(cli, monkeypatch, args: list[str], expected: str) -> None:
     import costmodel.kernel.launch
 
@@ -286,9 +321,27 @@ def test_a_killed_run_leaves_no_store_and_no_semaphore(tmp_path) -> None:
     import time
 
     before = set(Path("/tmp").glob("cp-plan-store-*"))
-    run = subprocess.Popen([sys.executable, "-c", "from costmodel.cli import main; main()", "kernel", "selftest",
-                            "--nproc", "2", "--seq", "4096", "--head-dim", "64", "--timeout", "120"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from costmodel.cli import main; main()",
+            "kernel",
+            "selftest",
+            "--nproc",
+            "2",
+            "--seq",
+            "4096",
+            "--head-dim",
+            "64",
+            "--timeout",
+            "120",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     time.sleep(5)  # the ranks are up and computing
     run.send_signal(signal.SIGKILL)
     _, err = run.communicate(timeout=60)
@@ -309,9 +362,13 @@ def test_a_closed_pipe_exits_quietly(args: list[str]) -> None:
         pytest.skip("pipe size cannot be set here")
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
-    run = subprocess.Popen([sys.executable, "-c", "from costmodel.cli import main; raise SystemExit(main())", *args],
-                           stdout=write_end, stderr=subprocess.PIPE, cwd=REPO,
-                           env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"})  # fmt: skip
+    run = subprocess.Popen(
+        [sys.executable, "-c", "from costmodel.cli import main; raise SystemExit(main())", *args],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"},
+    )
     os.close(write_end)
     assert os.read(read_end, 100)
     os.close(read_end)

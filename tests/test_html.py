@@ -78,8 +78,15 @@ def local(tag: str) -> str:
 
 
 def find(root: ET.Element, tag: str, **attrs: str) -> list[ET.Element]:
-    return [e for e in root.iter() if local(e.tag) == tag and all(
-        attr in (e.get("class") or "").split() if key == "class_" else e.get(key) == attr for key, attr in attrs.items())]  # fmt: skip
+    return [
+        e
+        for e in root.iter()
+        if local(e.tag) == tag
+        and all(
+            attr in (e.get("class") or "").split() if key == "class_" else e.get(key) == attr
+            for key, attr in attrs.items()
+        )
+    ]
 
 
 def field(data: dict, path: str) -> object:
@@ -109,10 +116,18 @@ def test_page_numbers_are_the_reports_fields(cli) -> None:
     root = xml(page)
     tagged = [e for e in root.iter() if e.get("data-field") and e.get("data-value")]
     paths = {e.get("data-field") for e in tagged}
-    assert {"verdict.comm_ratio_step", "ring.layer_time_s", "ring.n_max_green", "ring.step_comm_s",
-            "memory.scores_full_bytes", "causal.utilization.zigzag"} <= paths  # fmt: skip
+    assert {
+        "verdict.comm_ratio_step",
+        "ring.layer_time_s",
+        "ring.n_max_green",
+        "ring.step_comm_s",
+        "memory.scores_full_bytes",
+        "causal.utilization.zigzag",
+    } <= paths
     for element in tagged:
-        assert float(element.get("data-value")) == pytest.approx(field(report, element.get("data-field")), rel=1e-15)
+        assert float(element.get("data-value")) == pytest.approx(
+            field(report, element.get("data-field")), rel=1e-15
+        )
     # The plan's own layout: its timeline's total is the report's layer time.
     contiguous = next(g for g in find(root, "svg", class_="gantt") if g.get("data-layout") == "contiguous")
     assert float(contiguous.get("data-total-s")) == pytest.approx(report["ring"]["layer_time_s"], rel=1e-12)
@@ -154,8 +169,18 @@ def test_plan_file_page_is_written_with_training_memory(cli, tmp_path) -> None:
     placed = resolved.machine
     fit = fit_at(Evaluator(training_values(resolved.inputs, resolved.model, resolved.setup, placed, 8)))
     report = evaluate(resolved.attention, placed).model_dump(mode="json", by_alias=True)
-    values = {e.get("data-field"): float(e.get("data-value")) for e in root.iter() if e.get("data-field") and e.get("data-value")}
-    for name in ("model_state_bytes", "activation_bytes", "buffer_bytes", "total_bytes", "device_memory_bytes"):
+    values = {
+        e.get("data-field"): float(e.get("data-value"))
+        for e in root.iter()
+        if e.get("data-field") and e.get("data-value")
+    }
+    for name in (
+        "model_state_bytes",
+        "activation_bytes",
+        "buffer_bytes",
+        "total_bytes",
+        "device_memory_bytes",
+    ):
         assert values[f"fit.{name}"] == pytest.approx(getattr(fit, name), rel=1e-15)
     assert values["verdict.comm_ratio_step"] == pytest.approx(report["verdict"]["comm_ratio_step"], rel=1e-15)
     assert "Checks: 3 of 3 pass" in page
@@ -172,8 +197,18 @@ def test_plan_file_report_bad_input(cli, tmp_path) -> None:
 
 
 def test_sweep_heatmap_cells_carry_the_grid(cli) -> None:
-    result = cli("sweep", "--seq", "8k..64k", "--n", "1,2,4,8,16", "--hw", "a100-nvlink,h100-ib", "--causal",
-                 "--format", "html")  # fmt: skip
+    result = cli(
+        "sweep",
+        "--seq",
+        "8k..64k",
+        "--n",
+        "1,2,4,8,16",
+        "--hw",
+        "a100-nvlink,h100-ib",
+        "--causal",
+        "--format",
+        "html",
+    )
     assert result.code == 0, result.err
     root = assert_well_formed(result.out)
     assert_self_contained(result.out)
@@ -213,7 +248,9 @@ def test_core_cli_does_not_import_the_html_module() -> None:
 
 def test_plan_page_function_escapes_text() -> None:
     report = evaluate(PlanInputs(seq=4096, n=2), Machine(load_profile("a100-nvlink")))
-    page = plan_page(report, PlanInputs(seq=4096, n=2), Machine(load_profile("a100-nvlink")), title="a <b> & c")
+    page = plan_page(
+        report, PlanInputs(seq=4096, n=2), Machine(load_profile("a100-nvlink")), title="a <b> & c"
+    )
     assert "<title>a &lt;b&gt; &amp; c</title>" in page
     assert_well_formed(page)
 

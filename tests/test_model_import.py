@@ -18,15 +18,70 @@ HF = REPO / "tests" / "data" / "hf"
 # file: heads, kv_heads, head_dim, layers, hidden, ffn_hidden, vocab, gated, tied, window, local layers, experts, top-k
 IMPORTS = {
     "llama-3.1-8b": (32, 8, 128, 32, 4096, 14336, 128256, True, False, None, 0, None, None),
-    "qwen2.5-72b": (64, 8, 128, 80, 8192, 29568, 152064, True, False, None, 0, None, None),  # window switched off
-    "qwen3-32b": (64, 8, 128, 64, 5120, 25600, 151936, True, False, None, 0, None, None),  # d = 128, not 5120/64
+    "qwen2.5-72b": (
+        64,
+        8,
+        128,
+        80,
+        8192,
+        29568,
+        152064,
+        True,
+        False,
+        None,
+        0,
+        None,
+        None,
+    ),  # window switched off
+    "qwen3-32b": (
+        64,
+        8,
+        128,
+        64,
+        5120,
+        25600,
+        151936,
+        True,
+        False,
+        None,
+        0,
+        None,
+        None,
+    ),  # d = 128, not 5120/64
     "mistral-large-2411": (96, 8, 128, 88, 12288, 28672, 32768, True, False, None, 0, None, None),
     "gemma-2-27b": (32, 16, 128, 46, 4608, 36864, 256000, True, True, 4096, 23, None, None),  # alternating
-    "gemma-3-27b": (32, 16, 128, 62, 5376, 21504, 262208, True, True, 1024, 52, None, None),  # 5 local : 1 global
+    "gemma-3-27b": (
+        32,
+        16,
+        128,
+        62,
+        5376,
+        21504,
+        262208,
+        True,
+        True,
+        1024,
+        52,
+        None,
+        None,
+    ),  # 5 local : 1 global
     "gpt-oss-120b": (64, 8, 64, 36, 2880, 2880, 201088, True, False, 128, 18, 128, 4),
 }
-FIELDS = ("heads", "kv_heads", "head_dim", "layers", "hidden", "ffn_hidden", "vocab", "gated_mlp",
-          "tied_embeddings", "sliding_window", "local_layers", "experts", "experts_per_token")  # fmt: skip
+FIELDS = (
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "layers",
+    "hidden",
+    "ffn_hidden",
+    "vocab",
+    "gated_mlp",
+    "tied_embeddings",
+    "sliding_window",
+    "local_layers",
+    "experts",
+    "experts_per_token",
+)
 
 
 @pytest.mark.parametrize("name", sorted(IMPORTS))
@@ -36,24 +91,42 @@ def test_config_json_maps_to_the_preset_fields(name: str) -> None:
     assert preset.name == name and preset.source.endswith(f"{name}.json")
 
 
-@pytest.mark.parametrize(("name", "heads", "kv_heads", "head_dim"), [
-    ("qwen3-32b", 64, 8, 128), ("gemma-3-27b", 32, 16, 128), ("gpt-oss-120b", 64, 8, 64),
-    ("mistral-large-2411", 96, 8, 128),
-])  # fmt: skip
-def test_cli_json_inputs_come_from_the_config(cli, name: str, heads: int, kv_heads: int, head_dim: int) -> None:
+@pytest.mark.parametrize(
+    ("name", "heads", "kv_heads", "head_dim"),
+    [
+        ("qwen3-32b", 64, 8, 128),
+        ("gemma-3-27b", 32, 16, 128),
+        ("gpt-oss-120b", 64, 8, 64),
+        ("mistral-large-2411", 96, 8, 128),
+    ],
+)
+def test_cli_json_inputs_come_from_the_config(
+    cli, name: str, heads: int, kv_heads: int, head_dim: int
+) -> None:
     path = HF / f"{name}.json"
     config = json.loads(path.read_text())
     inner = config.get("text_config", config)
-    assert (inner["num_attention_heads"], inner["num_key_value_heads"], inner["head_dim"]) == (heads, kv_heads,
-                                                                                              head_dim)  # fmt: skip
+    assert (inner["num_attention_heads"], inner["num_key_value_heads"], inner["head_dim"]) == (
+        heads,
+        kv_heads,
+        head_dim,
+    )
     data = cli("--seq", "128k", "--n", "8", "--model", str(path), "--format", "json").json()["inputs"]
-    assert (data["heads"], data["kv_heads"], data["head_dim"], data["model"]) == (heads, kv_heads, head_dim, str(path))
+    assert (data["heads"], data["kv_heads"], data["head_dim"], data["model"]) == (
+        heads,
+        kv_heads,
+        head_dim,
+        str(path),
+    )
 
 
 def test_what_is_not_modelled_is_one_line_on_stderr(cli) -> None:
     result = cli("--seq", "128k", "--n", "8", "--model", str(HF / "gpt-oss-120b.json"), "-f", "json")
     assert result.code == 0 and result.err.count("\n") == 1
-    assert "sliding_window=128 on 18 of 36 layers" in result.err and "MoE: 128 experts, 4 per token" in result.err
+    assert (
+        "sliding_window=128 on 18 of 36 layers" in result.err
+        and "MoE: 128 experts, 4 per token" in result.err
+    )
     json.loads(result.out)  # stdout stays clean JSON
     quiet = cli("--seq", "128k", "--n", "8", "--model", str(HF / "llama-3.1-8b.json"), "-f", "json")
     assert quiet.err == ""
@@ -78,13 +151,16 @@ def test_head_dim_defaults_to_hidden_over_heads_and_unknown_families_say_what_wa
     assert "novel_attention_knob" in from_hf_config(config)[1]
 
 
-@pytest.mark.parametrize(("mutate", "why"), [
-    (lambda c: c.pop("num_attention_heads"), "num_attention_heads must be a positive integer"),
-    (lambda c: c.update(num_key_value_heads=5), "kv_heads 5 must divide heads 32"),
-    (lambda c: c.update(hidden_size=4001, head_dim=None), "not a multiple of 32 heads"),
-    (lambda c: c.update(num_hidden_layers=True), "num_hidden_layers must be a positive integer"),
-    (lambda c: c.update(vocab_size=-1), "vocab_size must be a positive integer"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mutate", "why"),
+    [
+        (lambda c: c.pop("num_attention_heads"), "num_attention_heads must be a positive integer"),
+        (lambda c: c.update(num_key_value_heads=5), "kv_heads 5 must divide heads 32"),
+        (lambda c: c.update(hidden_size=4001, head_dim=None), "not a multiple of 32 heads"),
+        (lambda c: c.update(num_hidden_layers=True), "num_hidden_layers must be a positive integer"),
+        (lambda c: c.update(vocab_size=-1), "vocab_size must be a positive integer"),
+    ],
+)
 def test_bad_configs_name_the_key(mutate, why: str) -> None:
     config = json.loads((HF / "llama-3.1-8b.json").read_text())
     mutate(config)
@@ -93,7 +169,9 @@ def test_bad_configs_name_the_key(mutate, why: str) -> None:
     assert caught.value.field == "--model"
 
 
-@pytest.mark.parametrize(("text", "why"), [("{not json", "malformed JSON"), ("[1, 2]", "expected a JSON object")])
+@pytest.mark.parametrize(
+    ("text", "why"), [("{not json", "malformed JSON"), ("[1, 2]", "expected a JSON object")]
+)
 def test_unreadable_config_files(tmp_path: Path, cli, text: str, why: str) -> None:
     path = tmp_path / "config.json"
     path.write_text(text)
@@ -102,21 +180,39 @@ def test_unreadable_config_files(tmp_path: Path, cli, text: str, why: str) -> No
     assert cli("--model", str(tmp_path / "missing.json")).code == 2
 
 
-@given(kv=st.sampled_from([1, 2, 4, 8]), groups=st.integers(1, 16), head_dim=st.sampled_from([64, 80, 128, 256]),
-       layers=st.integers(1, 128))  # fmt: skip
+@given(
+    kv=st.sampled_from([1, 2, 4, 8]),
+    groups=st.integers(1, 16),
+    head_dim=st.sampled_from([64, 80, 128, 256]),
+    layers=st.integers(1, 128),
+)
 def test_llama_like_configs_round_trip(kv: int, groups: int, head_dim: int, layers: int) -> None:
     heads = kv * groups
-    config = {"model_type": "llama", "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
-              "hidden_size": 4096, "num_hidden_layers": layers, "intermediate_size": 11008, "vocab_size": 32000,
-              "hidden_act": "silu", "tie_word_embeddings": False}  # fmt: skip
+    config = {
+        "model_type": "llama",
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": head_dim,
+        "hidden_size": 4096,
+        "num_hidden_layers": layers,
+        "intermediate_size": 11008,
+        "vocab_size": 32000,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    }
     preset, notes = from_hf_config(config)
     assert (preset.heads, preset.kv_heads, preset.head_dim, preset.layers) == (heads, kv, head_dim, layers)
     assert notes == []
 
 
-@pytest.mark.parametrize(("preset", "config"), [
-    ("qwen2.5-72b", "qwen2.5-72b"), ("mistral-large", "mistral-large-2411"), ("gemma-3-27b", "gemma-3-27b"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("preset", "config"),
+    [
+        ("qwen2.5-72b", "qwen2.5-72b"),
+        ("mistral-large", "mistral-large-2411"),
+        ("gemma-3-27b", "gemma-3-27b"),
+    ],
+)
 def test_new_presets_agree_with_their_configs(preset: str, config: str) -> None:
     built_in, imported = load_model(preset), load_model(str(HF / f"{config}.json"))
     assert {f: getattr(built_in, f) for f in FIELDS} == {f: getattr(imported, f) for f in FIELDS}

@@ -20,9 +20,21 @@ pytest.importorskip("hatchling", reason="building a wheel offline needs hatchlin
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
-        check=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
+    )
     (path,) = Path(out).glob("cp_plan-*.whl")
     return zipfile.ZipFile(path)
 

@@ -24,7 +24,9 @@ GRID = [  # (hw, seq, gpus, tp, pass)
 
 
 @pytest.mark.parametrize(("hw", "seq", "gpus", "tp", "pass_"), GRID)
-def test_recommend_and_the_report_agree_on_every_scheme(hw: str, seq: int, gpus: int, tp: int, pass_: str) -> None:
+def test_recommend_and_the_report_agree_on_every_scheme(
+    hw: str, seq: int, gpus: int, tp: int, pass_: str
+) -> None:
     """Every usable N of a recommendation, evaluated as a plan of its own, shows the same ratio and exposure."""
     inputs = PlanInputs(seq=seq, n=1, model="llama3-8b", **TRAINING_DEFAULTS | {"pass_": pass_})
     setup = TrainingSetup(gpus=gpus, tp=tp, recompute="full")
@@ -37,7 +39,9 @@ def test_recommend_and_the_report_agree_on_every_scheme(hw: str, seq: int, gpus:
         report = evaluate(attention, machine.placed(tp))
         shown = {s.label: s for s in report.schemes if s.feasible}
         assert shown[row.best_scheme].comm_ratio == pytest.approx(row.comm_ratio, rel=1e-12)
-        assert shown[row.best_scheme].exposed_comm_s == pytest.approx(row.exposed_comm_s, rel=1e-12, abs=1e-15)
+        assert shown[row.best_scheme].exposed_comm_s == pytest.approx(
+            row.exposed_comm_s, rel=1e-12, abs=1e-15
+        )
         assert min(s.comm_ratio for s in shown.values()) == pytest.approx(row.lowest_ratio, rel=1e-12)
         least = min(shown.values(), key=lambda s: (s.exposed_comm_s, s.comm_s))
         assert least.exposed_comm_s == pytest.approx(row.exposed_comm_s, rel=1e-12, abs=1e-15)
@@ -46,10 +50,14 @@ def test_recommend_and_the_report_agree_on_every_scheme(hw: str, seq: int, gpus:
 def test_usp_row_counts_its_all_to_all_and_its_ring() -> None:
     inputs = PlanInputs(seq=262_144, n=8, causal=True, layout="zigzag", pass_="fwd+bwd")
     # at one rate for every kernel, so that the ratio's balanced compute and the time model's agree
-    usp = next(s for s in compare(inputs, Machine(load_profile("a100-nvlink"), "bf16", 1.0)) if s.label == "USP 2x4")
+    usp = next(
+        s for s in compare(inputs, Machine(load_profile("a100-nvlink"), "bf16", 1.0)) if s.label == "USP 2x4"
+    )
     assert usp.comm_s == pytest.approx(usp.a2a_comm_s + usp.ring_comm_s, rel=1e-12)
     assert usp.a2a_comm_s > 0 and usp.ring_comm_s > 0
-    assert usp.ratio == pytest.approx(usp.ring_ratio + usp.a2a_comm_s / (usp.time_s - usp.exposed_s), rel=0.05)
+    assert usp.ratio == pytest.approx(
+        usp.ring_ratio + usp.a2a_comm_s / (usp.time_s - usp.exposed_s), rel=0.05
+    )
 
 
 def test_ulysses_has_a_verdict_and_its_all_to_alls_are_exposed() -> None:

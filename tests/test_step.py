@@ -29,8 +29,9 @@ def test_model_flops_are_six_per_parameter_for_a_short_sequence() -> None:
 
 def test_executed_flops_match_model_flops_without_recompute_or_attention() -> None:
     """With S -> 1 and no recompute, what the device runs per token is 6 per weight (norms aside)."""
-    hw = numeric.hardware_flops_per_token(**{k: v for k, v in LLAMA8B.items() if k != "e_m"}, S=1, c=0.5,
-                                          rc_sel=0, rc_full=0)  # fmt: skip
+    hw = numeric.hardware_flops_per_token(
+        **{k: v for k, v in LLAMA8B.items() if k != "e_m"}, S=1, c=0.5, rc_sel=0, rc_full=0
+    )
     model = numeric.model_flops_per_token(**LLAMA8B, S=1)
     assert hw == pytest.approx(model, rel=0.001)
 
@@ -49,46 +50,75 @@ def test_attention_flops_count_the_causal_half() -> None:
     assert flops == 0.5 * 8192**2 * 4 * 32 * 128
 
 
-@pytest.mark.parametrize(("pp", "v", "m", "bubble"), [(1, 1, 8, 0.0), (8, 1, 64, 7 / 64), (8, 2, 64, 7 / 128),
-                                                      (16, 4, 32, 15 / 128)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("pp", "v", "m", "bubble"),
+    [(1, 1, 8, 0.0), (8, 1, 64, 7 / 64), (8, 2, 64, 7 / 128), (16, 4, 32, 15 / 128)],
+)
 def test_pipeline_bubble(pp: int, v: int, m: int, bubble: float) -> None:
     """(p-1)/m for 1F1B, (p-1)/(v·m) interleaved [Megatron21 §2.2]."""
     assert numeric.pipeline_bubble_fraction(pp=pp, v_pp=v, m_mb=m) == pytest.approx(bubble, rel=1e-12)
 
 
 def test_ring_exposure_is_zero_when_compute_hides_it_and_all_of_it_with_no_overlap() -> None:
-    base = {"S": 131072, "b": 1, "N": 8, "n_kv": 8, "d": 128, "p": 2, "t": 1, "B_cp": 450e9, "c": 0.5, "h": 64,
-            "u_cp": 1.0, "F_attn": 600e12, "s_comm": 0.0}  # fmt: skip
+    base = {
+        "S": 131072,
+        "b": 1,
+        "N": 8,
+        "n_kv": 8,
+        "d": 128,
+        "p": 2,
+        "t": 1,
+        "B_cp": 450e9,
+        "c": 0.5,
+        "h": 64,
+        "u_cp": 1.0,
+        "F_attn": 600e12,
+        "s_comm": 0.0,
+    }
     assert numeric.cp_ring_fwd_exposed_s(**base, o_cp=1.0) == 0.0
-    assert numeric.cp_ring_fwd_exposed_s(**base, o_cp=0.0) == pytest.approx(numeric.cp_ring_fwd_s(**{
-        k: base[k] for k in numeric.ARGS["cp_ring_fwd_s"]}), rel=1e-12)  # fmt: skip
+    assert numeric.cp_ring_fwd_exposed_s(**base, o_cp=0.0) == pytest.approx(
+        numeric.cp_ring_fwd_s(**{k: base[k] for k in numeric.ARGS["cp_ring_fwd_s"]}), rel=1e-12
+    )
 
 
-SETUPS = st.fixed_dictionaries({
-    "model": st.sampled_from(["llama3-8b", "llama3-70b", "llama2-7b"]),
-    "seq": st.sampled_from([4096, 8192, 32768]),
-    "hw": st.sampled_from(["a100-ib", "h100-ib", "h100-nvlink"]),
-    "tp": st.sampled_from([1, 2, 8]),
-    "cp": st.sampled_from([1, 2, 4]),
-    "pp": st.sampled_from([1, 2, 4]),
-    "vpp": st.sampled_from([1, 2]),
-    "dp": st.sampled_from([1, 2, 8]),
-    "m": st.sampled_from([4, 8]),
-    "recompute": st.sampled_from(["none", "selective", "full"]),
-    "cp_scheme": st.sampled_from(["ring", "ulysses", "usp", "allgather"]),
-    "layout": st.sampled_from(["contiguous", "zigzag"]),
-    "zero3": st.booleans(),
-})  # fmt: skip
+SETUPS = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["llama3-8b", "llama3-70b", "llama2-7b"]),
+        "seq": st.sampled_from([4096, 8192, 32768]),
+        "hw": st.sampled_from(["a100-ib", "h100-ib", "h100-nvlink"]),
+        "tp": st.sampled_from([1, 2, 8]),
+        "cp": st.sampled_from([1, 2, 4]),
+        "pp": st.sampled_from([1, 2, 4]),
+        "vpp": st.sampled_from([1, 2]),
+        "dp": st.sampled_from([1, 2, 8]),
+        "m": st.sampled_from([4, 8]),
+        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "cp_scheme": st.sampled_from(["ring", "ulysses", "usp", "allgather"]),
+        "layout": st.sampled_from(["contiguous", "zigzag"]),
+        "zero3": st.booleans(),
+    }
+)
 
 
 @settings(max_examples=40, deadline=None)
 @given(SETUPS)
 def test_breakdown_sums_to_the_step_and_utilisation_is_bounded(s: dict) -> None:
     vpp = s["vpp"] if s["pp"] > 1 else 1
-    built = build_step(model=s["model"], seq=s["seq"], hw=s["hw"], gpus=s["tp"] * s["cp"] * s["pp"] * s["dp"],
-                       tp=s["tp"], cp=s["cp"], pp=s["pp"], vpp=vpp, global_batch=s["m"] * s["dp"],
-                       recompute=s["recompute"], cp_scheme="ring" if s["cp_scheme"] == "ulysses" else s["cp_scheme"],
-                       layout=s["layout"], zero=3 if s["zero3"] else 1)  # fmt: skip
+    built = build_step(
+        model=s["model"],
+        seq=s["seq"],
+        hw=s["hw"],
+        gpus=s["tp"] * s["cp"] * s["pp"] * s["dp"],
+        tp=s["tp"],
+        cp=s["cp"],
+        pp=s["pp"],
+        vpp=vpp,
+        global_batch=s["m"] * s["dp"],
+        recompute=s["recompute"],
+        cp_scheme="ring" if s["cp_scheme"] == "ulysses" else s["cp_scheme"],
+        layout=s["layout"],
+        zero=3 if s["zero3"] else 1,
+    )
     setup = built[1]
     step = evaluate_step(*built)["step"]
     assert sum(step["breakdown"].values()) == pytest.approx(step["time_s"], rel=1e-12)
@@ -109,15 +139,17 @@ def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
     }
     plain = evaluate_step(*build_step(**common))["step"]
     interleaved = evaluate_step(*build_step(**common, vpp=5))["step"]
-    assert interleaved["breakdown"]["pipeline bubble"] == pytest.approx(plain["breakdown"]["pipeline bubble"] / 5,
-                                                                        rel=1e-9)  # fmt: skip
+    assert interleaved["breakdown"]["pipeline bubble"] == pytest.approx(
+        plain["breakdown"]["pipeline bubble"] / 5, rel=1e-9
+    )
     assert interleaved["time_s"] < plain["time_s"]
 
 
 def test_contiguous_causal_ring_pays_the_imbalance() -> None:
     """Contiguous causal: the slowest rank does N - 1/2 blocks for N/2 useful, u = N/(2N-1) [A-RingCost §6]."""
-    inputs, setup, step, machine = build_step(model="llama3-8b", seq=65536, hw="h100-nvlink", gpus=8, cp=8,
-                                              global_batch=1, layout="contiguous")  # fmt: skip
+    inputs, setup, step, machine = build_step(
+        model="llama3-8b", seq=65536, hw="h100-nvlink", gpus=8, cp=8, global_batch=1, layout="contiguous"
+    )
     values = bind(inputs, setup, step, load_model("llama3-8b"), machine)
     assert values["u_cp"] == pytest.approx(8 / 15, rel=1e-12)
 
@@ -137,8 +169,29 @@ def test_kernel_tables_read_back_their_published_points() -> None:
 
 
 def test_step_json_contract(cli) -> None:
-    result = cli("step", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink", "--gpus", "16", "--tp", "2",
-                 "--cp", "2", "--pp", "2", "--micro-batch", "1", "--global-batch", "8", "--format", "json")  # fmt: skip
+    result = cli(
+        "step",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "8k",
+        "--hw",
+        "h100-nvlink",
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--cp",
+        "2",
+        "--pp",
+        "2",
+        "--micro-batch",
+        "1",
+        "--global-batch",
+        "8",
+        "--format",
+        "json",
+    )
     assert result.code == 0, result.err
     step = result.json()["step"]
     for key in (
@@ -155,16 +208,37 @@ def test_step_json_contract(cli) -> None:
 
 
 def test_step_table_prints_the_headline(cli) -> None:
-    result = cli("step", "-m", "llama3-70b", "--seq", "8k", "--hw", "h100-ib", "--gpus", "64", "--tp", "8",
-                 "--pp", "4", "--vpp", "2", "--global-batch", "32", "--recompute", "full")  # fmt: skip
+    result = cli(
+        "step",
+        "-m",
+        "llama3-70b",
+        "--seq",
+        "8k",
+        "--hw",
+        "h100-ib",
+        "--gpus",
+        "64",
+        "--tp",
+        "8",
+        "--pp",
+        "4",
+        "--vpp",
+        "2",
+        "--global-batch",
+        "32",
+        "--recompute",
+        "full",
+    )
     assert result.code == 0 and "MFU" in result.out and "pipeline bubble" in result.out
 
 
 STEP = ["step", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink"]
 BAD = [
     (["--gpus", "24", "--tp", "3", "--global-batch", "8"], "--tp: 3 must divide the model's 32 heads"),
-    (["--gpus", "12", "--tp", "4", "--cp", "2", "--global-batch", "8"],
-     "--gpus: 12 is not divisible by tp x cp x pp = 8"),
+    (
+        ["--gpus", "12", "--tp", "4", "--cp", "2", "--global-batch", "8"],
+        "--gpus: 12 is not divisible by tp x cp x pp = 8",
+    ),
     (
         ["--gpus", "8", "--global-batch", "12"],
         "--global-batch: 12 is not divisible by micro-batch x DP = 1 x 8",
@@ -204,21 +278,50 @@ def test_profile_without_kernel_tables_needs_efficiency(cli, tmp_path) -> None:
 
 def test_cli_and_hand_built_step_agree(cli) -> None:
     """`cp-plan step ... --format json` is evaluate_step over build_step of the same flags, number for number."""
-    flags = {"model": "llama3-70b", "seq": "32k", "hw": "h100-ib", "gpus": "64", "tp": "8", "cp": "4", "pp": "2",
-             "vpp": "2", "micro_batch": "1", "global_batch": "16", "recompute": "full", "cp_scheme": "usp",
-             "layout": "striped", "zero": "3"}  # fmt: skip
+    flags = {
+        "model": "llama3-70b",
+        "seq": "32k",
+        "hw": "h100-ib",
+        "gpus": "64",
+        "tp": "8",
+        "cp": "4",
+        "pp": "2",
+        "vpp": "2",
+        "micro_batch": "1",
+        "global_batch": "16",
+        "recompute": "full",
+        "cp_scheme": "usp",
+        "layout": "striped",
+        "zero": "3",
+    }
     args = [part for name, value in flags.items() for part in ("--" + name.replace("_", "-"), value)]
     result = cli("step", *args, "--format", "json")
     assert result.code == 0, result.err
-    typed = {name: value if name in {"model", "hw", "recompute", "cp_scheme", "layout"} else int(value)
-             for name, value in flags.items() if name != "seq"}  # fmt: skip
+    typed = {
+        name: value if name in {"model", "hw", "recompute", "cp_scheme", "layout"} else int(value)
+        for name, value in flags.items()
+        if name != "seq"
+    }
     by_hand = evaluate_step(*build_step(**typed, seq=32768))
     assert result.json() == json.loads(json.dumps(by_hand))  # JSON floats round-trip exactly
 
 
 def test_cp_and_n_are_one_flag(cli) -> None:
-    common = ("step", "-m", "llama3-8b", "--seq", "32k", "--hw", "h100-nvlink", "--gpus", "8", "--global-batch", "2",
-              "-f", "json")  # fmt: skip
+    common = (
+        "step",
+        "-m",
+        "llama3-8b",
+        "--seq",
+        "32k",
+        "--hw",
+        "h100-nvlink",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "2",
+        "-f",
+        "json",
+    )
     assert cli(*common, "--cp", "4").json() == cli(*common, "--n", "4").json()
 
 
@@ -227,15 +330,27 @@ def test_groups_wait_on_the_link_their_placement_gives() -> None:
     an -ib profile (whose one CP rank per node stands in for that TP); --cp-ranks-per-node moves a CP group
     off the node."""
     nvlink, ib = 450e9, 50e9
-    inputs, setup, step, machine = build_step(model="llama3-70b", seq=32768, hw="h100-ib", gpus=128, tp=8, cp=4,
-                                              pp=2, global_batch=4)  # fmt: skip
+    inputs, setup, step, machine = build_step(
+        model="llama3-70b", seq=32768, hw="h100-ib", gpus=128, tp=8, cp=4, pp=2, global_batch=4
+    )
     values = bind(inputs, setup, step, load_model("llama3-70b"), machine)
     assert (values["B_tp"], values["B_cp"], values["B_dp"], values["B_pp"]) == (nvlink, ib, ib, ib)
-    inputs, setup, step, machine = build_step(model="llama3-8b", seq=32768, hw="h100-ib", gpus=8, tp=2, cp=4,
-                                              global_batch=1)  # fmt: skip
-    assert bind(inputs, setup, step, load_model("llama3-8b"), machine)["B_cp"] == nvlink  # 2 x 4 ranks: one node
-    inputs, setup, step, machine = build_step(model="llama3-8b", seq=32768, hw="h100-nvlink", gpus=8, tp=2, cp=4,
-                                              global_batch=1, cp_ranks_per_node=4)  # fmt: skip
+    inputs, setup, step, machine = build_step(
+        model="llama3-8b", seq=32768, hw="h100-ib", gpus=8, tp=2, cp=4, global_batch=1
+    )
+    assert (
+        bind(inputs, setup, step, load_model("llama3-8b"), machine)["B_cp"] == nvlink
+    )  # 2 x 4 ranks: one node
+    inputs, setup, step, machine = build_step(
+        model="llama3-8b",
+        seq=32768,
+        hw="h100-nvlink",
+        gpus=8,
+        tp=2,
+        cp=4,
+        global_batch=1,
+        cp_ranks_per_node=4,
+    )
     values = bind(inputs, setup, step, load_model("llama3-8b"), machine)
     assert (values["B_tp"], values["B_cp"]) == (nvlink, ib)  # 4 ranks a node hold 2 CP ranks of stride 2
 

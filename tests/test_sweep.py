@@ -21,14 +21,21 @@ from tests.support import plan
 
 @pytest.mark.parametrize(
     ("text", "values"),
-    [("8k..64k", [8192, 16384, 32768, 65536]), ("1..64", [1, 2, 4, 8, 16, 32, 64]), ("3..24", [3, 6, 12, 24]),
-     ("8k,1M, 32k", [8192, 32768, 1 << 20]), ("256k", [262_144])],
-)  # fmt: skip
+    [
+        ("8k..64k", [8192, 16384, 32768, 65536]),
+        ("1..64", [1, 2, 4, 8, 16, 32, 64]),
+        ("3..24", [3, 6, 12, 24]),
+        ("8k,1M, 32k", [8192, 32768, 1 << 20]),
+        ("256k", [262_144]),
+    ],
+)
 def test_parse_grid(text: str, values: list[int]) -> None:
     assert parse_grid(text, "--seq", 1 << 34) == values
 
 
-@pytest.mark.parametrize(("text", "message"), [("64k..8k", "runs downwards"), ("", "empty"), ("8k..x", "not a length")])
+@pytest.mark.parametrize(
+    ("text", "message"), [("64k..8k", "runs downwards"), ("", "empty"), ("8k..x", "not a length")]
+)
 def test_parse_grid_rejects(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         parse_grid(text, "--seq", 1 << 34)
@@ -48,11 +55,24 @@ def test_grid_equals_the_report_point_by_point(hw: str, causal: bool, pass_: str
         # N_max: where the pass's ratio reaches 100 % on the link that N uses, or the node's edge.
         profile, n_max = load_profile(hw), float(grid.n_max[i])
         link = profile.links.inter_node if n_max > profile.ranks_per_node else profile.links.intra_node
-        values = {"S": seq, "N": n_max, "b": 1, "c": 0.5 if causal else 1, "d": 128, "h": 32, "n_kv": 8, "p": 2,
-                  "p_acc": 4, "F": 312e12 if hw.startswith("a100") else 989e12,
-                  "B": link.bandwidth_per_direction, "alpha": 0.0}  # fmt: skip
-        worst = max(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
-                    for name in (["comm_ratio_step"] + (["bwd_comm_ratio_step"] if pass_ == "fwd+bwd" else [])))  # fmt: skip
+        values = {
+            "S": seq,
+            "N": n_max,
+            "b": 1,
+            "c": 0.5 if causal else 1,
+            "d": 128,
+            "h": 32,
+            "n_kv": 8,
+            "p": 2,
+            "p_acc": 4,
+            "F": 312e12 if hw.startswith("a100") else 989e12,
+            "B": link.bandwidth_per_direction,
+            "alpha": 0.0,
+        }
+        worst = max(
+            getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+            for name in (["comm_ratio_step"] + (["bwd_comm_ratio_step"] if pass_ == "fwd+bwd" else []))
+        )
         assert worst == pytest.approx(1.0, rel=1e-9) or (n_max == profile.ranks_per_node and worst < 1)
 
 
@@ -77,15 +97,31 @@ def test_sweep_cli_formats(cli) -> None:
 def test_plot_is_written(cli, tmp_path, suffix: str) -> None:
     pytest.importorskip("matplotlib")
     target = tmp_path / f"sweep{suffix}"
-    result = cli("sweep", "--seq", "8k..1M", "--n", "1..64", "--hw", "a100-nvlink,h100-ib", "--causal",
-                 "--model", "llama3-8b", "--gpus", "64", "--plot", str(target))  # fmt: skip
+    result = cli(
+        "sweep",
+        "--seq",
+        "8k..1M",
+        "--n",
+        "1..64",
+        "--hw",
+        "a100-nvlink,h100-ib",
+        "--causal",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "64",
+        "--plot",
+        str(target),
+    )
     assert result.code == 0, result.err
     data = target.read_bytes()
     assert data.startswith(b"\x89PNG") if suffix == ".png" else b"<svg" in data[:500]
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_plot_without_matplotlib_is_bad_input_and_writes_nothing(cli, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_is_bad_input_and_writes_nothing(
+    cli, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     real_import = builtins.__import__
 
     def no_matplotlib(name: str, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
@@ -96,7 +132,10 @@ def test_plot_without_matplotlib_is_bad_input_and_writes_nothing(cli, tmp_path, 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     result = cli("sweep", "--seq", "64k", "--n", "8", "--plot", str(tmp_path / "x.png"))
     assert result.code == 2 and result.out == ""
-    assert result.err.startswith("cp-plan: error: --plot: needs matplotlib") and "pip install 'cp-plan[plot]'" in result.err
+    assert (
+        result.err.startswith("cp-plan: error: --plot: needs matplotlib")
+        and "pip install 'cp-plan[plot]'" in result.err
+    )
     assert not (tmp_path / "x.png").exists()
 
 

@@ -21,7 +21,9 @@ def rank_rows(out: str) -> list[str]:
 
 @pytest.mark.parametrize(("n", "pass_", "panels"), [(8, "fwd", 1), (4, "fwd+bwd", 2), (1, "fwd", 1)])
 def test_one_row_per_rank_and_a_legend(cli, n: int, pass_: str, panels: int) -> None:
-    result = cli("--seq", "256k", "--n", str(n), "--causal", "--layout", "contiguous", "--pass", pass_, "--timeline")
+    result = cli(
+        "--seq", "256k", "--n", str(n), "--causal", "--layout", "contiguous", "--pass", pass_, "--timeline"
+    )
     assert result.code == 0, result.err
     rows = rank_rows(result.out)
     assert len(rows) == n * panels
@@ -42,14 +44,17 @@ def test_contiguous_rows_show_the_imbalance(cli) -> None:
 
 def test_columns_follow_the_segments() -> None:
     """Slices of an 8-rank zigzag forward on NVLink are all compute: nothing idles, nothing waits."""
-    timeline = ring_timeline(PlanInputs(seq=262_144, n=8, causal=True, layout="zigzag"), Machine(load_profile("a100-nvlink")))
+    timeline = ring_timeline(
+        PlanInputs(seq=262_144, n=8, causal=True, layout="zigzag"), Machine(load_profile("a100-nvlink"))
+    )
     for rank in range(8):
         assert set(columns(timeline, rank, 60)) == {"compute"}
 
 
 def test_exposed_transfer_on_a_slow_link(cli) -> None:
-    rows = rank_rows(cli("--seq", "32k", "--n", "8", "--hw", "h100-ib", "--causal", "--layout", "zigzag",
-                         "--timeline").out)  # fmt: skip
+    rows = rank_rows(
+        cli("--seq", "32k", "--n", "8", "--hw", "h100-ib", "--causal", "--layout", "zigzag", "--timeline").out
+    )
     assert all(GLYPHS["transfer"] in row for row in rows)
 
 

@@ -22,7 +22,19 @@ f = formulas.FORMULAS
 def gpt_layer(s: int, h: int, a: int, t: int = 1, sp: bool = False, scores: bool = True) -> float:
     """layer_activation_bytes for the paper's setting: MHA, 4h GeLU MLP, dropout, fp16, b = 1, N = 1."""
     return numeric.layer_activation_bytes(
-        S=s, N=1, b=1, H=h, h=a, n_kv=a, d=h // a, F_ffn=4 * h, g=0, delta=1, phi=int(scores), sigma=int(sp), t=t
+        S=s,
+        N=1,
+        b=1,
+        H=h,
+        h=a,
+        n_kv=a,
+        d=h // a,
+        F_ffn=4 * h,
+        g=0,
+        delta=1,
+        phi=int(scores),
+        sigma=int(sp),
+        t=t,
     )
 
 
@@ -48,7 +60,9 @@ def test_full_recompute_keeps_2sbh() -> None:
 
 
 @pytest.mark.parametrize(("model", "term", "saved"), [(GPT3, 80, 0.70), (MT_NLG, 64, 0.65)])
-def test_selective_recompute_saves_what_the_paper_says(model: tuple[int, int], term: float, saved: float) -> None:
+def test_selective_recompute_saves_what_the_paper_says(
+    model: tuple[int, int], term: float, saved: float
+) -> None:
     """§4.2: "for GPT-3 5as/h = 80 ... selective recompute saves 70 %"; 65 % for MT-NLG."""
     h, a = model
     full, selective = gpt_layer(2048, h, a), gpt_layer(2048, h, a, scores=False)
@@ -59,18 +73,33 @@ def test_selective_recompute_saves_what_the_paper_says(model: tuple[int, int], t
 def test_sequence_parallel_plus_selective_is_5x_less_than_tp_alone() -> None:
     """The abstract's "reduces activation memory by 5x" for GPT-3 at t = 8: 23 sbh down to 4.25 sbh."""
     h, a = GPT3
-    assert gpt_layer(2048, h, a, t=8) / gpt_layer(2048, h, a, t=8, sp=True, scores=False) == pytest.approx(5.41, 0.01)
+    assert gpt_layer(2048, h, a, t=8) / gpt_layer(2048, h, a, t=8, sp=True, scores=False) == pytest.approx(
+        5.41, 0.01
+    )
 
 
-@pytest.mark.parametrize(("preset", "billions"), [("llama3-8b", 8.030), ("llama3-70b", 70.554), ("gpt3-175b", 174.6)])
+@pytest.mark.parametrize(
+    ("preset", "billions"), [("llama3-8b", 8.030), ("llama3-70b", 70.554), ("gpt3-175b", 174.6)]
+)
 def test_parameter_counts(preset: str, billions: float) -> None:
     m = load_model(preset)
-    params = numeric.params(n_L=m.layers, H=m.hidden, d=m.head_dim, h=m.heads, n_kv=m.kv_heads, g=int(m.gated_mlp),
-                            F_ffn=m.ffn_hidden, e_m=1 if m.tied_embeddings else 2, V=m.vocab)  # fmt: skip
+    params = numeric.params(
+        n_L=m.layers,
+        H=m.hidden,
+        d=m.head_dim,
+        h=m.heads,
+        n_kv=m.kv_heads,
+        g=int(m.gated_mlp),
+        F_ffn=m.ffn_hidden,
+        e_m=1 if m.tied_embeddings else 2,
+        V=m.vocab,
+    )
     assert params / 1e9 == pytest.approx(billions, abs=0.05)
 
 
-@pytest.mark.parametrize(("stage", "bytes_per_param"), [(0, 18), (1, 6 + 12 / 64), (2, 2 + 16 / 64), (3, 18 / 64)])
+@pytest.mark.parametrize(
+    ("stage", "bytes_per_param"), [(0, 18), (1, 6 + 12 / 64), (2, 2 + 16 / 64), (3, 18 / 64)]
+)
 def test_zero_stages(stage: int, bytes_per_param: float) -> None:
     """bf16 weights (2), fp32 grads (4), fp32 master + Adam (12) bytes per parameter, sharded over 64."""
     z_w, z_g, z_o = zero_fractions(stage, 64)
@@ -110,13 +139,21 @@ SEED_QUESTION = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAU
 
 
 def advise(hw: str, **setup: object):  # noqa: ANN201
-    return recommend(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64, **setup), Machine(load_profile(hw)))
+    return recommend(
+        SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64, **setup), Machine(load_profile(hw))
+    )
 
 
 def test_seed_question_on_a100_nvlink_with_full_recompute() -> None:
     """'An 8-way CP for a 128K training run?' On one A100 NVLink node: yes, N = 8 green."""
     rec = advise("a100-nvlink", recompute="full").recommendation
-    assert (rec.n_min_memory, rec.n_recommended, rec.scheme, rec.layout, rec.dp) == (8, 8, "ring", "zigzag", 8)
+    assert (rec.n_min_memory, rec.n_recommended, rec.scheme, rec.layout, rec.dp) == (
+        8,
+        8,
+        "ring",
+        "zigzag",
+        8,
+    )
     # window ends at 16: USP 8x2 is amber there (12.4 %), while at 32 every scheme has a ring across
     # HDR 200 Gb/s [DGX-A100] and turns red (92 %)
     assert rec.n_max_comm == 16 and "smallest CP degree whose memory fits" in rec.reason
@@ -141,7 +178,9 @@ def test_all_to_all_opens_the_window_when_the_plain_ring_turns_red() -> None:
     row = next(r for r in report.candidates if r.n == 32)
     assert rec.n_recommended == 32 and row.lowest_ratio_scheme in {"Ulysses", "USP 8x4"}
     assert row.ring_comm_ratio_step > 0.15 >= row.lowest_ratio
-    assert row.exposed_comm_s <= min(s.exposed_s for s in schemes_at(SEED_QUESTION, machine, 32) if s.feasible)
+    assert row.exposed_comm_s <= min(
+        s.exposed_s for s in schemes_at(SEED_QUESTION, machine, 32) if s.feasible
+    )
     assert "relies on overlapping" in rec.reason
 
 
@@ -157,14 +196,22 @@ def test_tensor_parallel_moves_the_cp_ring_across_nodes() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(seq_k=st.sampled_from([32, 64, 128, 256]), gpus=st.sampled_from([8, 16, 64]),
-       hw=st.sampled_from(["a100-nvlink", "h100-ib", "h200-nvlink"]), zero=st.integers(0, 3),
-       recompute=st.sampled_from(["selective", "full"]))  # fmt: skip
+@given(
+    seq_k=st.sampled_from([32, 64, 128, 256]),
+    gpus=st.sampled_from([8, 16, 64]),
+    hw=st.sampled_from(["a100-nvlink", "h100-ib", "h200-nvlink"]),
+    zero=st.integers(0, 3),
+    recompute=st.sampled_from(["selective", "full"]),
+)
 def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute: str) -> None:
     """Memory falls and the plain ring's ratio rises with N; the pick lies in the window and fits."""
     inputs = PlanInputs(seq=seq_k * 1024, n=1, causal=True, model="llama3-8b")
-    report = recommend(inputs, load_model("llama3-8b"), TrainingSetup(gpus=gpus, zero=zero, recompute=recompute),
-                       Machine(load_profile(hw)))  # fmt: skip
+    report = recommend(
+        inputs,
+        load_model("llama3-8b"),
+        TrainingSetup(gpus=gpus, zero=zero, recompute=recompute),
+        Machine(load_profile(hw)),
+    )
     rows = report.candidates
     assert all(a.total_bytes > b.total_bytes for a, b in zip(rows, rows[1:]))
     assert all(a.ring_comm_ratio_step <= b.ring_comm_ratio_step for a, b in zip(rows, rows[1:]))
@@ -175,7 +222,9 @@ def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute:
 
 
 def test_training_values_cover_every_fit_formula() -> None:
-    values = training_values(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("h100-ib")), 8)
+    values = training_values(
+        SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("h100-ib")), 8
+    )
     for name in ("model_state_bytes", "activation_bytes", "ring_buffer_bytes", "n_min_memory"):
         assert set(numeric.ARGS[name]) <= set(values), name
 
@@ -189,8 +238,23 @@ def test_one_device_is_no_context_parallelism_not_a_none_ring(cli) -> None:
     rec = _advice("llama3-70b", "h100-nvlink", 64, tp=8, zero=3, recompute="full").recommendation
     assert (rec.n_recommended, rec.scheme, rec.layout, rec.n_ulysses) == (1, "none", None, None)
     assert rec.reason.startswith("N = 1: no CP is needed") and "None" not in rec.reason
-    out = cli("recommend", "--seq", "128k", "--model", "llama3-70b", "--gpus", "64", "--hw", "h100-nvlink", "--tp", "8",
-              "--zero", "3", "--recompute", "full").out  # fmt: skip
+    out = cli(
+        "recommend",
+        "--seq",
+        "128k",
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "64",
+        "--hw",
+        "h100-nvlink",
+        "--tp",
+        "8",
+        "--zero",
+        "3",
+        "--recompute",
+        "full",
+    ).out
     assert "N = 1, no context parallelism" in out and "None" not in out
 
 
@@ -213,8 +277,13 @@ def test_memory_beyond_the_largest_usable_n_gets_its_sentence(cli) -> None:
 def test_ring_buffers_exist_only_with_a_ring() -> None:
     report = _advice("llama3-8b", "a100-nvlink", 64, recompute="full")
     buffers = {row.n: row for row in report.candidates}
-    values = training_values(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64),
-                             Machine(load_profile("a100-nvlink")), 1)  # fmt: skip
+    values = training_values(
+        SEED_QUESTION,
+        load_model("llama3-8b"),
+        TrainingSetup(gpus=64),
+        Machine(load_profile("a100-nvlink")),
+        1,
+    )
     assert numeric.ring_buffer_bytes(**{a: values[a] for a in numeric.ARGS["ring_buffer_bytes"]}) == 0
     two = values | {"N": 2.0}
     assert numeric.ring_buffer_bytes(**{a: two[a] for a in numeric.ARGS["ring_buffer_bytes"]}) > 0
@@ -238,7 +307,9 @@ def test_pipeline_memory_is_the_most_loaded_stage() -> None:
     # the last holds 8 inputs and the fp32 logits of the loss, which at 16K tokens per rank are the larger.
     per_layer_input = 131_072 / 8 * 2 * 4096
     logits = 131_072 / 8 * (2 * 4096 + 4 * 128_256)
-    assert get("activation_bytes", four) == pytest.approx(max(32 * per_layer_input, 8 * per_layer_input + logits))
+    assert get("activation_bytes", four) == pytest.approx(
+        max(32 * per_layer_input, 8 * per_layer_input + logits)
+    )
     assert get("activation_bytes", four) == pytest.approx(8 * per_layer_input + logits, rel=1e-12)
     assert get("activation_bytes", one) == pytest.approx(32 * per_layer_input + logits, rel=1e-12)
 
@@ -246,17 +317,29 @@ def test_pipeline_memory_is_the_most_loaded_stage() -> None:
 def test_recompute_none_keeps_scores_only_without_flash_attention() -> None:
     """Korthikanti's no-SP, no-recompute case: sbh(10 + 24/t + 5as/(ht)) with t = 8, MHA GPT-3 [Korthikanti22 §4]."""
     model, machine = load_model("gpt3-175b"), Machine(load_profile("a100-nvlink"))
-    shape = PlanInputs(seq=2048, n=1, model="gpt3-175b", heads=model.heads, kv_heads=model.kv_heads,
-                       head_dim=model.head_dim, block=1)  # fmt: skip
+    shape = PlanInputs(
+        seq=2048,
+        n=1,
+        model="gpt3-175b",
+        heads=model.heads,
+        kv_heads=model.kv_heads,
+        head_dim=model.head_dim,
+        block=1,
+    )
 
     def layer(**setup: object) -> float:
         values = training_values(shape, model, TrainingSetup(gpus=8, tp=8, **setup), machine, 1)
-        return float(numeric.layer_activation_bytes(**{a: values[a] for a in numeric.ARGS["layer_activation_bytes"]}))
+        return float(
+            numeric.layer_activation_bytes(**{a: values[a] for a in numeric.ARGS["layer_activation_bytes"]})
+        )
 
     s, b, h, a, t = 2048, 1, model.hidden, model.heads, 8
     korthikanti = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    assert layer(recompute="none", flash_attention=False, sequence_parallel=False) == pytest.approx(korthikanti, rel=1e-12)
+    assert layer(recompute="none", flash_attention=False, sequence_parallel=False) == pytest.approx(
+        korthikanti, rel=1e-12
+    )
     assert layer(recompute="selective", flash_attention=False, sequence_parallel=False) == pytest.approx(
-        s * b * h * (10 + 24 / t), rel=1e-12)  # fmt: skip
+        s * b * h * (10 + 24 / t), rel=1e-12
+    )
     assert layer(recompute="none") == layer(recompute="selective")  # flash attention keeps no scores
     assert layer(recompute="none", sequence_parallel=True) == pytest.approx(s * b * h * 34 / t, rel=1e-12)

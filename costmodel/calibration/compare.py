@@ -20,13 +20,24 @@ from costmodel.symbolic import numeric
 SCHEMA = "cp-plan/validate/v1"
 
 
-def _inputs(profile: HardwareProfile, n: int, tokens_per_rank: int, causal: bool = False,
-            layout: str = "contiguous") -> PlanInputs:  # fmt: skip
+def _inputs(
+    profile: HardwareProfile, n: int, tokens_per_rank: int, causal: bool = False, layout: str = "contiguous"
+) -> PlanInputs:
     cal = profile.calibration
     assert cal is not None
-    return PlanInputs(seq=tokens_per_rank * n, n=n, batch=cal.batch, heads=cal.heads, kv_heads=cal.kv_heads,
-                      head_dim=cal.head_dim, dtype=cal.dtype, causal=causal, layout=layout, block=1,
-                      hw=profile.name)  # fmt: skip
+    return PlanInputs(
+        seq=tokens_per_rank * n,
+        n=n,
+        batch=cal.batch,
+        heads=cal.heads,
+        kv_heads=cal.kv_heads,
+        head_dim=cal.head_dim,
+        dtype=cal.dtype,
+        causal=causal,
+        layout=layout,
+        block=1,
+        hw=profile.name,
+    )
 
 
 def _machine(profile: HardwareProfile) -> Machine:
@@ -36,11 +47,18 @@ def _machine(profile: HardwareProfile) -> Machine:
 def critical_tokens(profile: HardwareProfile, n: int) -> float:
     """L* of the calibrated shape, non-causal forward, on the profile's measured rate, alpha and B."""
     values = plan_values(_inputs(profile, n, 1024), _machine(profile))
-    return float(numeric.critical_shard_tokens(**{a: values[a] for a in numeric.ARGS["critical_shard_tokens"]}))
+    return float(
+        numeric.critical_shard_tokens(**{a: values[a] for a in numeric.ARGS["critical_shard_tokens"]})
+    )
 
 
-def compare(profile: HardwareProfile, n: int, cases: list[Any], measured: list[dict[str, float]],
-            max_median_error: float) -> dict[str, Any]:  # fmt: skip
+def compare(
+    profile: HardwareProfile,
+    n: int,
+    cases: list[Any],
+    measured: list[dict[str, float]],
+    max_median_error: float,
+) -> dict[str, Any]:
     """One row per (case, pass) with both predictions and their errors, and the summary."""
     l_star = critical_tokens(profile, n)
     machine = _machine(profile)
@@ -52,18 +70,34 @@ def compare(profile: HardwareProfile, n: int, cases: list[Any], measured: list[d
             model = predict(inputs, machine, case.variant, backward).total_s
             datasheet = predict(inputs, machine.as_datasheet(), case.variant, backward).total_s
             seconds = times[pass_]
-            rows.append({
-                "variant": case.variant, "layout": case.layout, "causal": case.causal,
-                "tokens_per_rank": case.tokens_per_rank, "shard_over_critical": case.tokens_per_rank / l_star,
-                "pass": pass_, "measured_s": seconds, "predicted_s": model, "error": model / seconds - 1,
-                "datasheet_s": datasheet, "datasheet_error": datasheet / seconds - 1,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "variant": case.variant,
+                    "layout": case.layout,
+                    "causal": case.causal,
+                    "tokens_per_rank": case.tokens_per_rank,
+                    "shard_over_critical": case.tokens_per_rank / l_star,
+                    "pass": pass_,
+                    "measured_s": seconds,
+                    "predicted_s": model,
+                    "error": model / seconds - 1,
+                    "datasheet_s": datasheet,
+                    "datasheet_error": datasheet / seconds - 1,
+                }
+            )
     errors = [abs(r["error"]) for r in rows]
     datasheet_errors = [abs(r["datasheet_error"]) for r in rows]
     median, sheet = statistics.median(errors), statistics.median(datasheet_errors)
     return {
-        "schema": SCHEMA, "hw": profile.name, "nproc": n, "critical_shard_tokens": l_star, "rows": rows,
-        "median_abs_error": median, "max_abs_error": max(errors), "datasheet_median_abs_error": sheet,
+        "schema": SCHEMA,
+        "hw": profile.name,
+        "nproc": n,
+        "critical_shard_tokens": l_star,
+        "rows": rows,
+        "median_abs_error": median,
+        "max_abs_error": max(errors),
+        "datasheet_median_abs_error": sheet,
         "datasheet_over_calibrated": sheet / median if median else float("inf"),
-        "max_median_error": max_median_error, "passed": median <= max_median_error,
-    }  # fmt: skip
+        "max_median_error": max_median_error,
+        "passed": median <= max_median_error,
+    }

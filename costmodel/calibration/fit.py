@@ -37,8 +37,12 @@ def fit_link(samples: list[dict[str, float]], received_fraction: float = 1.0) ->
     alpha = max(float(alpha), 0.0)
     predicted = alpha + x * inverse_bw
     r2 = 1.0 - float(np.sum((t - predicted) ** 2) / np.sum((t - t.mean()) ** 2)) if len(t) > 1 else 1.0
-    return LinkFit(latency_s=alpha, bandwidth=1.0 / float(inverse_bw), r2=r2,
-                   samples=[Sample(bytes=int(s["bytes"]), seconds=s["seconds"], spread=s["spread"]) for s in samples])  # fmt: skip
+    return LinkFit(
+        latency_s=alpha,
+        bandwidth=1.0 / float(inverse_bw),
+        r2=r2,
+        samples=[Sample(bytes=int(s["bytes"]), seconds=s["seconds"], spread=s["spread"]) for s in samples],
+    )
 
 
 def fit_overlap(points: list[dict[str, float]]) -> tuple[float, float]:
@@ -57,17 +61,20 @@ def fit_sync(points: list[dict[str, float]]) -> float:
     return max(0.0, float(np.median([p["compute_then_a2a"] - p["compute"] - p["a2a"] for p in points])))
 
 
-def build_profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | None = None) -> HardwareProfile:
+def build_profile(
+    raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | None = None
+) -> HardwareProfile:
     """A profile `--hw FILE` accepts everywhere, from rank 0's raw measurements."""
     meta = raw["meta"]
     curves = [
         ComputeCurve(
-            concurrency=c["concurrency"], causal=c["causal"],
+            concurrency=c["concurrency"],
+            causal=c["causal"],
             forward=[RatePoint(**point) for point in c["forward"]],
             backward=[RatePoint(**point) for point in c["backward"]],
         )
         for c in raw["compute"]
-    ]  # fmt: skip
+    ]
     p2p, alltoall = {}, {}
     for scope, links in raw["links"].items():
         ranks = links["ranks"]
@@ -84,26 +91,49 @@ def build_profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: s
 
     def link(scope: str, label: str) -> dict[str, Any]:
         fit, collective = p2p[scope], alltoall[scope]
-        return {"name": f"{meta['backend']} {label} (measured)", "bandwidth_per_direction": fit.bandwidth,
-                "latency_s": fit.latency_s,
-                "alltoall": {"bandwidth_per_direction": collective.bandwidth, "latency_s": collective.latency_s}}  # fmt: skip
+        return {
+            "name": f"{meta['backend']} {label} (measured)",
+            "bandwidth_per_direction": fit.bandwidth,
+            "latency_s": fit.latency_s,
+            "alltoall": {"bandwidth_per_direction": collective.bandwidth, "latency_s": collective.latency_s},
+        }
 
     data = {
         "name": name,
         "description": f"measured by cp-plan calibrate: {meta['nproc']} ranks, {meta['backend']}, {dtype}",
-        "source": {"kind": "measured", "host": meta["host"], "date": date or datetime.date.today().isoformat(),
-                   "backend": meta["backend"], "torch_version": meta["torch_version"], "nproc": meta["nproc"],
-                   "notes": f"{meta['device_name']}; peak_flops is the best attention rate measured, not a datasheet figure"},
-        "device": {"name": meta["device_name"], "peak_flops": {dtype: peak}, "effective_flops": {dtype: effective},
-                   "hbm_bytes": meta["memory_bytes"]},
+        "source": {
+            "kind": "measured",
+            "host": meta["host"],
+            "date": date or datetime.date.today().isoformat(),
+            "backend": meta["backend"],
+            "torch_version": meta["torch_version"],
+            "nproc": meta["nproc"],
+            "notes": f"{meta['device_name']}; peak_flops is the best attention rate measured, not a datasheet figure",
+        },
+        "device": {
+            "name": meta["device_name"],
+            "peak_flops": {dtype: peak},
+            "effective_flops": {dtype: effective},
+            "hbm_bytes": meta["memory_bytes"],
+        },
         "devices_per_node": meta["ranks_per_node"],
         "links": {"intra_node": link("intra-node", "intra-node")}
         | ({"inter_node": link("inter-node", "inter-node")} if "inter-node" in p2p else {}),
-        "calibration": Calibration(dtype=dtype, batch=shape["batch"], heads=shape["heads"], kv_heads=shape["kv_heads"],
-                                   head_dim=shape["head_dim"], compute=curves, p2p=p2p, alltoall=alltoall,
-                                   overlap=overlap, step_overhead_s=step_overhead,
-                                   sync_overhead_s=fit_sync(raw["overlap"]), overlap_samples=raw["overlap"]),
-    }  # fmt: skip
+        "calibration": Calibration(
+            dtype=dtype,
+            batch=shape["batch"],
+            heads=shape["heads"],
+            kv_heads=shape["kv_heads"],
+            head_dim=shape["head_dim"],
+            compute=curves,
+            p2p=p2p,
+            alltoall=alltoall,
+            overlap=overlap,
+            step_overhead_s=step_overhead,
+            sync_overhead_s=fit_sync(raw["overlap"]),
+            overlap_samples=raw["overlap"],
+        ),
+    }
     profile = HardwareProfile.model_validate(data)
     return _with_layer_overheads(profile, raw["layers"])
 
@@ -117,12 +147,23 @@ def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> H
     cal = profile.calibration
     assert cal is not None
     n = profile.source.nproc or profile.devices_per_node
-    inputs = PlanInputs(seq=layers["tokens"] * n, n=n, batch=cal.batch, heads=cal.heads, kv_heads=cal.kv_heads,
-                        head_dim=cal.head_dim, dtype=cal.dtype, block=1, hw=profile.name)  # fmt: skip
+    inputs = PlanInputs(
+        seq=layers["tokens"] * n,
+        n=n,
+        batch=cal.batch,
+        heads=cal.heads,
+        kv_heads=cal.kv_heads,
+        head_dim=cal.head_dim,
+        dtype=cal.dtype,
+        block=1,
+        hw=profile.name,
+    )
     overheads = {}
     for variant in ("ring", "ulysses"):
         for pass_ in ("fwd", "fwd+bwd"):
-            modelled = predict(inputs, Machine(profile, cal.dtype), variant, backward=pass_ == "fwd+bwd").total_s
+            modelled = predict(
+                inputs, Machine(profile, cal.dtype), variant, backward=pass_ == "fwd+bwd"
+            ).total_s
             overheads[f"{variant} {pass_}"] = max(0.0, layers[f"{variant} {pass_}"] - modelled)
     return profile.model_copy(update={"calibration": cal.model_copy(update={"layer_overhead_s": overheads})})
 
@@ -132,7 +173,9 @@ def profile_yaml(profile: HardwareProfile) -> str:
     import yaml
 
     body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
-    head = (f"# Measured hardware profile written by `cp-plan calibrate` on {profile.source.date}.\n"
-            "# Units are SI: FLOP/s, bytes, bytes/s, seconds. Bandwidths are PER DIRECTION (a ring step's receive);\n"
-            "# all-to-all bandwidth counts the bytes each rank receives. Use it anywhere: --hw this-file.yaml\n")  # fmt: skip
+    head = (
+        f"# Measured hardware profile written by `cp-plan calibrate` on {profile.source.date}.\n"
+        "# Units are SI: FLOP/s, bytes, bytes/s, seconds. Bandwidths are PER DIRECTION (a ring step's receive);\n"
+        "# all-to-all bandwidth counts the bytes each rank receives. Use it anywhere: --hw this-file.yaml\n"
+    )
     return head + body

@@ -52,10 +52,13 @@ def report(
     inputs: PlanInputs,
     machine_overrides: MachineOverrides,
     format: FormatOpt = Format.table,
-    explain: Annotated[bool, typer.Option("--explain", help="Also print each formula, then with values.")] = False,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Also print each formula, then with values.")
+    ] = False,
     timeline: TimelineOpt = False,
-    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
-                                          help="Print the version and exit.")] = False,  # fmt: skip
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Report memory tiers, traffic, intensity vs beta, times, the verdict and the CP degree to use.
 
@@ -113,12 +116,23 @@ def hw_list(format: FormatOpt = Format.table) -> None:
     from rich import box
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
-                          "slice); a ring leaves the node beyond CP/node ranks")  # fmt: skip
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
+        "slice); a ring leaves the node beyond CP/node ranks",
+    )
     table.add_column("name", no_wrap=True)
-    for column in ("bf16\nTFLOP/s", "fp8\nTFLOP/s", "HBM\nGB", "fast\ndomain", "CP/\nnode", "intra\nGB/s",
-                   "inter\nGB/s"):  # fmt: skip
+    for column in (
+        "bf16\nTFLOP/s",
+        "fp8\nTFLOP/s",
+        "HBM\nGB",
+        "fast\ndomain",
+        "CP/\nnode",
+        "intra\nGB/s",
+        "inter\nGB/s",
+    ):
         table.add_column(column, justify="right", no_wrap=True)
 
     def number(value: float | None, unit: float) -> str:
@@ -134,11 +148,15 @@ def hw_list(format: FormatOpt = Format.table) -> None:
             group = family
         inter = p.links.inter_node
         table.add_row(
-            p.name, number(p.device.peak_flops.get("bf16"), 1e12),
-            number(p.device.peak_flops.get("fp8"), 1e12), number(p.device.hbm_bytes, 1e9), str(p.devices_per_node),
-            str(p.ranks_per_node), number(p.links.intra_node.bandwidth_per_direction, 1e9),
+            p.name,
+            number(p.device.peak_flops.get("bf16"), 1e12),
+            number(p.device.peak_flops.get("fp8"), 1e12),
+            number(p.device.hbm_bytes, 1e9),
+            str(p.devices_per_node),
+            str(p.ranks_per_node),
+            number(p.links.intra_node.bandwidth_per_direction, 1e9),
             number(inter.bandwidth_per_direction if inter else None, 1e9),
-        )  # fmt: skip
+        )
     console().print(table)
 
 

@@ -126,24 +126,26 @@ def _field(path: str, value: float | int | None, text: str) -> str:
 
 
 def _page(title: str, body: Iterable[str]) -> str:
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8" />',
-        '<meta name="viewport" content="width=device-width, initial-scale=1" />',
-        f"<title>{escape(title)}</title>",
-        f"<style>/*<![CDATA[*/{STYLE}/*]]>*/</style>",
-        f"<script>//<![CDATA[\n{ERROR_HOOK}//]]></script>",
-        "</head>",
-        "<body>",
-        *body,
-        '<footer>Made by cp-plan from its cost model; self-contained: no network needed to view or print.</footer>',
-        f"<script>//<![CDATA[\n{SCRIPT}//]]></script>",
-        "</body>",
-        "</html>",
-        "",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en">',
+            "<head>",
+            '<meta charset="utf-8" />',
+            '<meta name="viewport" content="width=device-width, initial-scale=1" />',
+            f"<title>{escape(title)}</title>",
+            f"<style>/*<![CDATA[*/{STYLE}/*]]>*/</style>",
+            f"<script>//<![CDATA[\n{ERROR_HOOK}//]]></script>",
+            "</head>",
+            "<body>",
+            *body,
+            "<footer>Made by cp-plan from its cost model; self-contained: no network needed to view or print.</footer>",
+            f"<script>//<![CDATA[\n{SCRIPT}//]]></script>",
+            "</body>",
+            "</html>",
+            "",
+        ]
+    )
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]], text_columns: Sequence[int] = ()) -> str:
@@ -151,7 +153,9 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]], text_columns: S
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = []
     for row in rows:
-        cells = "".join(f'<td class="text">{c}</td>' if i in text_columns else f"<td>{c}</td>" for i, c in enumerate(row))
+        cells = "".join(
+            f'<td class="text">{c}</td>' if i in text_columns else f"<td>{c}</td>" for i, c in enumerate(row)
+        )
         body.append(f"<tr>{cells}</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -165,8 +169,15 @@ def _chip(verdict: str) -> str:
 # --- the plan page -------------------------------------------------------------------------------
 
 
-def plan_page(report: Report, inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | None = None,
-              fit: Fit | None = None, checks: list[CheckResult] | None = None, title: str | None = None) -> str:  # fmt: skip
+def plan_page(
+    report: Report,
+    inputs: PlanInputs,
+    machine: Machine,
+    trace: list[Evaluation] | None = None,
+    fit: Fit | None = None,
+    checks: list[CheckResult] | None = None,
+    title: str | None = None,
+) -> str:
     """The whole report of one plan as one page: verdict first, memory, timelines, schemes, notes."""
     heading = title or f"cp-plan: {render.headline(report)}"
     body = [
@@ -188,44 +199,65 @@ def plan_page(report: Report, inputs: PlanInputs, machine: Machine, trace: list[
 def _verdict(report: Report, checks: list[CheckResult] | None) -> str:
     v, r, i = report.verdict, report.ring, report.inputs
     rows = [
-        ("verdict", f"{escape(v.pass_)} step comm ratio {_field('verdict.comm_ratio_step', v.comm_ratio_step, percent(v.comm_ratio_step))}: "
-                    f"{escape(v.text)}"),
-        ("answer", f"N = {i.n} is {escape(v.verdict)}; largest N green {_field('ring.n_max_green', r.n_max_green, str(r.n_max_green))}, "
-                   f"amber {_field('ring.n_max_amber', r.n_max_amber, str(r.n_max_amber))} (topology included)"),
-        ("layer", f"{escape(i.layout)} ring, forward, overlapped: "
-                  f"{_field('ring.layer_time_s', r.layer_time_s, seconds(r.layer_time_s))} per layer"),
+        (
+            "verdict",
+            f"{escape(v.pass_)} step comm ratio {_field('verdict.comm_ratio_step', v.comm_ratio_step, percent(v.comm_ratio_step))}: "
+            f"{escape(v.text)}",
+        ),
+        (
+            "answer",
+            f"N = {i.n} is {escape(v.verdict)}; largest N green {_field('ring.n_max_green', r.n_max_green, str(r.n_max_green))}, "
+            f"amber {_field('ring.n_max_amber', r.n_max_amber, str(r.n_max_amber))} (topology included)",
+        ),
+        (
+            "layer",
+            f"{escape(i.layout)} ring, forward, overlapped: "
+            f"{_field('ring.layer_time_s', r.layer_time_s, seconds(r.layer_time_s))} per layer",
+        ),
         *[("limits" if k == 0 else "", escape(line)) for k, line in enumerate(render.limits_lines(report))],
-    ]  # fmt: skip
+    ]
     answer = "".join(f"<b>{escape(k)}</b><span>{html}</span>" for k, html in rows)
-    out = [f'<section class="verdict"><div class="badge v-{v.verdict}" data-field="verdict.verdict">'
-           f"{escape(v.verdict.upper())}</div><div class=\"answer\">{answer}</div></section>"]  # fmt: skip
+    out = [
+        f'<section class="verdict"><div class="badge v-{v.verdict}" data-field="verdict.verdict">'
+        f'{escape(v.verdict.upper())}</div><div class="answer">{answer}</div></section>'
+    ]
     if checks:
-        items = "".join(f'<li class="{"pass" if c.passed else "fail"}"><b>{escape(c.check)}</b>: {escape(c.detail)}</li>'
-                        for c in checks)  # fmt: skip
+        items = "".join(
+            f'<li class="{"pass" if c.passed else "fail"}"><b>{escape(c.check)}</b>: {escape(c.detail)}</li>'
+            for c in checks
+        )
         passed = sum(c.passed for c in checks)
-        out.append(f'<section><h2>Checks: {passed} of {len(checks)} pass</h2><ul class="checks">{items}</ul></section>')
+        out.append(
+            f'<section><h2>Checks: {passed} of {len(checks)} pass</h2><ul class="checks">{items}</ul></section>'
+        )
     return "\n".join(out)
 
 
 def _memory(report: Report, profile: Any, fit: Fit | None) -> str:
     hbm = profile.device.hbm_bytes
     m = report.memory
-    tiers = [("full score matrix", "memory.scores_full_bytes", m.scores_full_bytes),
-             ("query block x all keys", "memory.scores_query_block_bytes", m.scores_query_block_bytes),
-             ("one tile", "memory.scores_tile_bytes", m.scores_tile_bytes),
-             ("KV block in flight", "memory.kv_block_bytes", m.kv_block_bytes),
-             ("softmax state (fp32)", "memory.softmax_state_bytes", m.softmax_state_bytes)]  # fmt: skip
-    parts = ['<section><h2>Memory per device</h2>',
-             f'<p class="caption">Attention temporaries of one layer against {escape(profile.device.name)}\'s '
-             f"{si(hbm, 'B', 3)} of HBM (log scale; the line is HBM). Flash attention keeps the tile tier; "
-             "the full matrix is what it avoids.</p>",
-             _tier_bars(tiers, hbm)]  # fmt: skip
+    tiers = [
+        ("full score matrix", "memory.scores_full_bytes", m.scores_full_bytes),
+        ("query block x all keys", "memory.scores_query_block_bytes", m.scores_query_block_bytes),
+        ("one tile", "memory.scores_tile_bytes", m.scores_tile_bytes),
+        ("KV block in flight", "memory.kv_block_bytes", m.kv_block_bytes),
+        ("softmax state (fp32)", "memory.softmax_state_bytes", m.softmax_state_bytes),
+    ]
+    parts = [
+        "<section><h2>Memory per device</h2>",
+        f'<p class="caption">Attention temporaries of one layer against {escape(profile.device.name)}\'s '
+        f"{si(hbm, 'B', 3)} of HBM (log scale; the line is HBM). Flash attention keeps the tile tier; "
+        "the full matrix is what it avoids.</p>",
+        _tier_bars(tiers, hbm),
+    ]
     if fit is not None:
         parts.append(_fit_bar(fit, hbm))
     else:
-        parts.append('<p class="note">Training memory (weights, gradients, optimizer states, activations) needs '
-                     "a model and a job size: <code>cp-plan report PLAN.yaml --html OUT.html</code> with "
-                     "<code>gpus</code> in the plan.</p>")  # fmt: skip
+        parts.append(
+            '<p class="note">Training memory (weights, gradients, optimizer states, activations) needs '
+            "a model and a job size: <code>cp-plan report PLAN.yaml --html OUT.html</code> with "
+            "<code>gpus</code> in the plan.</p>"
+        )
     parts.append(_table(["tier", "bytes"], ([escape(a), escape(b)] for a, b in render.memory_rows(report))))
     parts.append("</section>")
     return "\n".join(parts)
@@ -241,19 +273,25 @@ def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
     def x(value: float) -> float:
         return label + (width - label - 10) * (math.log10(max(value, 10**low)) - low) / (high - low)
 
-    out = [f'<svg class="chart bars" viewBox="0 0 {width} {len(tiers) * row + 24}" role="img" '
-           'aria-label="memory tiers against HBM">']  # fmt: skip
+    out = [
+        f'<svg class="chart bars" viewBox="0 0 {width} {len(tiers) * row + 24}" role="img" '
+        'aria-label="memory tiers against HBM">'
+    ]
     for k, (name, path, value) in enumerate(tiers):
         y = k * row + 4
         over = value > hbm
         out.append(f'<text x="{label - 6}" y="{y + 12}" text-anchor="end">{escape(name)}</text>')
-        out.append(f'<rect x="{label}" y="{y}" width="{x(value) - label:.1f}" height="{row - 6}" '
-                   f'class="{"k-transfer" if over else "k-compute"}" data-field="{path}" data-value="{float(value)!r}">'
-                   f"<title>{escape(name)}: {si(value, 'B')}{' — more than HBM' if over else ''}</title></rect>")  # fmt: skip
+        out.append(
+            f'<rect x="{label}" y="{y}" width="{x(value) - label:.1f}" height="{row - 6}" '
+            f'class="{"k-transfer" if over else "k-compute"}" data-field="{path}" data-value="{float(value)!r}">'
+            f"<title>{escape(name)}: {si(value, 'B')}{' — more than HBM' if over else ''}</title></rect>"
+        )
         out.append(f'<text x="{x(value) + 4:.1f}" y="{y + 12}">{si(value, "B", 3)}</text>')
     hx = x(hbm)
     bottom = len(tiers) * row + 4
-    out.append(f'<line x1="{hx:.1f}" x2="{hx:.1f}" y1="0" y2="{bottom}" stroke="#1d2330" stroke-dasharray="3 2" />')
+    out.append(
+        f'<line x1="{hx:.1f}" x2="{hx:.1f}" y1="0" y2="{bottom}" stroke="#1d2330" stroke-dasharray="3 2" />'
+    )
     out.append(f'<text x="{hx:.1f}" y="{bottom + 14}" text-anchor="middle">HBM {si(hbm, "B", 3)}</text>')
     out.append("</svg>")
     return "".join(out)
@@ -262,38 +300,55 @@ def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
 def _fit_bar(fit: Fit, hbm: float) -> str:
     width, left, height = 760, 170, 26
     scale = max(fit.total_bytes, hbm) * 1.02
-    parts = [("model states", "k-compute", fit.model_state_bytes, "fit.model_state_bytes"),
-             ("activations", "k-flight", fit.activation_bytes, "fit.activation_bytes"),
-             ("ring buffers", "k-overhead", fit.buffer_bytes, "fit.buffer_bytes")]  # fmt: skip
+    parts = [
+        ("model states", "k-compute", fit.model_state_bytes, "fit.model_state_bytes"),
+        ("activations", "k-flight", fit.activation_bytes, "fit.activation_bytes"),
+        ("ring buffers", "k-overhead", fit.buffer_bytes, "fit.buffer_bytes"),
+    ]
 
     def x(value: float) -> float:
         return left + (width - left - 10) * value / scale
 
-    out = ['<h3>Training memory per device at N = ' + str(fit.n) + ("" if fit.fits else " — does not fit") + "</h3>",
-           f'<svg class="chart bars" viewBox="0 0 {width} 64" role="img" aria-label="training memory">',
-           f'<text x="{left - 6}" y="{height / 2 + 8}" text-anchor="end">'
-           f'{"fits" if fit.fits else "does not fit"}</text>',
-           f'<rect x="{left}" y="4" width="{x(hbm) - left:.1f}" height="{height}" class="k-idle">'
-           f"<title>HBM {si(hbm, 'B', 4)}</title></rect>"]  # fmt: skip
+    out = [
+        "<h3>Training memory per device at N = "
+        + str(fit.n)
+        + ("" if fit.fits else " — does not fit")
+        + "</h3>",
+        f'<svg class="chart bars" viewBox="0 0 {width} 64" role="img" aria-label="training memory">',
+        f'<text x="{left - 6}" y="{height / 2 + 8}" text-anchor="end">'
+        f"{'fits' if fit.fits else 'does not fit'}</text>",
+        f'<rect x="{left}" y="4" width="{x(hbm) - left:.1f}" height="{height}" class="k-idle">'
+        f"<title>HBM {si(hbm, 'B', 4)}</title></rect>",
+    ]
     at = 0.0
     for name, css, value, path in parts:
-        out.append(f'<rect x="{x(at):.1f}" y="4" width="{x(at + value) - x(at):.1f}" height="{height}" class="{css}" '
-                   f'data-field="{path}" data-value="{float(value)!r}"><title>{name}: {si(value, "B", 4)}</title></rect>')  # fmt: skip
+        out.append(
+            f'<rect x="{x(at):.1f}" y="4" width="{x(at + value) - x(at):.1f}" height="{height}" class="{css}" '
+            f'data-field="{path}" data-value="{float(value)!r}"><title>{name}: {si(value, "B", 4)}</title></rect>'
+        )
         at += value
     usable = x(fit.device_memory_bytes)
     out.append(f'<line x1="{usable:.1f}" x2="{usable:.1f}" y1="0" y2="{height + 8}" stroke="#1d2330" />')
-    out.append(f'<text x="{usable - 4:.1f}" y="{height + 20}" text-anchor="end">usable {si(fit.device_memory_bytes, "B", 3)}</text>')
-    out.append(f'<line x1="{x(hbm):.1f}" x2="{x(hbm):.1f}" y1="0" y2="{height + 20}" stroke="#1d2330" '
-               'stroke-dasharray="3 2" />')
+    out.append(
+        f'<text x="{usable - 4:.1f}" y="{height + 20}" text-anchor="end">usable {si(fit.device_memory_bytes, "B", 3)}</text>'
+    )
+    out.append(
+        f'<line x1="{x(hbm):.1f}" x2="{x(hbm):.1f}" y1="0" y2="{height + 20}" stroke="#1d2330" '
+        'stroke-dasharray="3 2" />'
+    )
     out.append(f'<text x="{x(hbm):.1f}" y="{height + 32}" text-anchor="end">HBM {si(hbm, "B", 3)}</text>')
     out.append("</svg>")
-    legend = "".join(f'<span><i class="{css}" style="background: var(--{var})"></i>{name} '
-                     f"{_field(path, value, si(value, 'B', 3))}</span>"
-                     for (name, css, value, path), var in zip(parts, ("compute", "flight", "overhead"), strict=True))  # fmt: skip
+    legend = "".join(
+        f'<span><i class="{css}" style="background: var(--{var})"></i>{name} '
+        f"{_field(path, value, si(value, 'B', 3))}</span>"
+        for (name, css, value, path), var in zip(parts, ("compute", "flight", "overhead"), strict=True)
+    )
     headroom = fit.device_memory_bytes - fit.total_bytes
-    legend += (f'<span>total {_field("fit.total_bytes", fit.total_bytes, si(fit.total_bytes, "B", 3))} of '
-               f"{_field('fit.device_memory_bytes', fit.device_memory_bytes, si(fit.device_memory_bytes, 'B', 3))} usable; "
-               f"{'headroom ' + si(headroom, 'B', 3) if headroom >= 0 else 'over by ' + si(-headroom, 'B', 3)}</span>")  # fmt: skip
+    legend += (
+        f"<span>total {_field('fit.total_bytes', fit.total_bytes, si(fit.total_bytes, 'B', 3))} of "
+        f"{_field('fit.device_memory_bytes', fit.device_memory_bytes, si(fit.device_memory_bytes, 'B', 3))} usable; "
+        f"{'headroom ' + si(headroom, 'B', 3) if headroom >= 0 else 'over by ' + si(-headroom, 'B', 3)}</span>"
+    )
     out.append(f'<div class="legend">{legend}</div>')
     return "\n".join(out)
 
@@ -305,17 +360,23 @@ def _timelines(report: Report, inputs: PlanInputs, machine: Machine) -> str:
     from costmodel.plans.gantt import MAX_RANKS, MEANING
     from costmodel.schedule.layouts import LAYOUTS
 
-    head = ['<section id="timeline"><h2>Ring timeline of one layer, rank by rank</h2>',
-            '<p class="caption">Each row is a rank, time runs right; all panels share one time scale. '
-            "Gaps are waits: idle until the slowest rank of the step is done (the causal imbalance), then on "
-            "the link when the next block has not landed (exposed transfer). The top lane marks transfers in "
-            "flight. Hover for values.</p>"]  # fmt: skip
+    head = [
+        '<section id="timeline"><h2>Ring timeline of one layer, rank by rank</h2>',
+        '<p class="caption">Each row is a rank, time runs right; all panels share one time scale. '
+        "Gaps are waits: idle until the slowest rank of the step is done (the causal imbalance), then on "
+        "the link when the next block has not landed (exposed transfer). The top lane marks transfers in "
+        "flight. Hover for values.</p>",
+    ]
     if inputs.n > MAX_RANKS:
-        head.append(f'<p class="omitted">Not drawn: one row per rank reads up to N = {MAX_RANKS} ranks; this plan '
-                    f"has N = {inputs.n}.</p></section>")  # fmt: skip
+        head.append(
+            f'<p class="omitted">Not drawn: one row per rank reads up to N = {MAX_RANKS} ranks; this plan '
+            f"has N = {inputs.n}.</p></section>"
+        )
         return "\n".join(head)
-    legend = "".join(f'<span title="{escape(MEANING[k])}"><i style="background: var(--{k})"></i>{KIND_LABEL[k]}</span>'
-                     for k in KIND_CLASS)  # fmt: skip
+    legend = "".join(
+        f'<span title="{escape(MEANING[k])}"><i style="background: var(--{k})"></i>{KIND_LABEL[k]}</span>'
+        for k in KIND_CLASS
+    )
     legend += '<span><i style="background: var(--flight)"></i>transfer in flight (link lane)</span>'
     head.append(f'<div class="legend">{legend}</div>')
     passes = [False] + ([True] if inputs.pass_ != "fwd" else [])
@@ -328,14 +389,17 @@ def _timelines(report: Report, inputs: PlanInputs, machine: Machine) -> str:
             if layout in timelines:
                 panels.append(_panel(timelines[layout], span, report, chosen=layout == inputs.layout))
             else:
-                panels.append(f'<div class="panel"><h3>{layout}</h3><p class="omitted">{escape(skipped[layout])}</p></div>')
+                panels.append(
+                    f'<div class="panel"><h3>{layout}</h3><p class="omitted">{escape(skipped[layout])}</p></div>'
+                )
         head.append(f'<div class="panels">{"".join(panels)}</div>')
     head.append('<div class="readout" id="readout">Hover a bar for its rank, step and time.</div></section>')
     return "\n".join(head)
 
 
-def _layout_timelines(inputs: PlanInputs, machine: Machine,
-                      backward: bool) -> tuple[dict[str, Timeline], dict[str, str]]:  # fmt: skip
+def _layout_timelines(
+    inputs: PlanInputs, machine: Machine, backward: bool
+) -> tuple[dict[str, Timeline], dict[str, str]]:
     """The plan under each layout; a layout the sequence does not split into is named with why."""
     from costmodel.plans.gantt import ring_timeline
     from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
@@ -355,7 +419,11 @@ def _merged(timeline: Timeline, rank: int) -> list[tuple[str, float, float, list
     (kind, start, end, steps)."""
     out: list[tuple[str, float, float, list[int]]] = []
     for s in timeline.segments(rank):
-        if out and out[-1][0] == s.kind != "compute" and abs(out[-1][2] - s.start_s) <= 1e-12 * timeline.total_s:
+        if (
+            out
+            and out[-1][0] == s.kind != "compute"
+            and abs(out[-1][2] - s.start_s) <= 1e-12 * timeline.total_s
+        ):
             kind, start, _, steps = out[-1]
             out[-1] = (kind, start, s.end_s, steps + [s.step])
         else:
@@ -383,9 +451,11 @@ def _panel(timeline: Timeline, span_s: float, report: Report, chosen: bool) -> s
     def x(t: float) -> float:
         return LABEL_WIDTH + t * scale
 
-    svg = [f'<svg class="chart gantt" viewBox="0 0 {PANEL_WIDTH} {height:.0f}" role="img" '
-           f'aria-label="{timeline.layout} ring timeline" data-layout="{timeline.layout}" '
-           f'data-pass="{"bwd" if timeline.backward else "fwd"}" data-total-s="{timeline.total_s!r}" data-ranks="{n}">']  # fmt: skip
+    svg = [
+        f'<svg class="chart gantt" viewBox="0 0 {PANEL_WIDTH} {height:.0f}" role="img" '
+        f'aria-label="{timeline.layout} ring timeline" data-layout="{timeline.layout}" '
+        f'data-pass="{"bwd" if timeline.backward else "fwd"}" data-total-s="{timeline.total_s!r}" data-ranks="{n}">'
+    ]
     svg.append(f'<text x="{LABEL_WIDTH - 4}" y="{lane}" text-anchor="end">link</text>')
     svg.append(f'<rect x="{LABEL_WIDTH}" y="1" width="{plot}" height="{lane - 1}" fill="#f5f6f8" />')
     starts = [float(t) for t in timeline.step_start_s]
@@ -394,26 +464,38 @@ def _panel(timeline: Timeline, span_s: float, report: Report, chosen: bool) -> s
         flights.append((starts[-1], starts[-1] + timeline.tail_s, "after the last step"))
     what = "KV block" if not timeline.backward else "KV block and dK/dV"
     for a, b, label in flights:
-        svg.append(f'<rect x="{x(a):.2f}" y="1" width="{max((b - a) * scale, 0.4):.2f}" height="{lane - 1}" '
-                   f'class="k-flight"><title>link, {label}: {what} in flight {seconds(b - a)}</title></rect>')  # fmt: skip
+        svg.append(
+            f'<rect x="{x(a):.2f}" y="1" width="{max((b - a) * scale, 0.4):.2f}" height="{lane - 1}" '
+            f'class="k-flight"><title>link, {label}: {what} in flight {seconds(b - a)}</title></rect>'
+        )
     for rank in range(n):
         y = top + rank * row
         svg.append(f'<g class="rank" data-rank="{rank}">')
         if n <= 16 or rank % max(1, n // 8) == 0:
-            svg.append(f'<text x="{LABEL_WIDTH - 4}" y="{y + row * 0.75:.1f}" text-anchor="end">rank {rank}</text>')
+            svg.append(
+                f'<text x="{LABEL_WIDTH - 4}" y="{y + row * 0.75:.1f}" text-anchor="end">rank {rank}</text>'
+            )
         for kind, start, end, steps in _merged(timeline, rank):
             tip = f"rank {rank} · {_steps_label(steps)} · {KIND_LABEL[kind]} {seconds(end - start)}"
             if kind == "compute" and len(steps) == 1 and steps[0] >= 0:
                 tip += f" · {count(int(timeline.pairs[rank, steps[0]]))} pairs"
-            svg.append(f'<rect x="{x(start):.2f}" y="{y:.1f}" width="{max((end - start) * scale, 0.3):.2f}" '
-                       f'height="{row - 1:.1f}" class="{KIND_CLASS[kind]}"><title>{escape(tip)}</title></rect>')  # fmt: skip
+            svg.append(
+                f'<rect x="{x(start):.2f}" y="{y:.1f}" width="{max((end - start) * scale, 0.3):.2f}" '
+                f'height="{row - 1:.1f}" class="{KIND_CLASS[kind]}"><title>{escape(tip)}</title></rect>'
+            )
         svg.append("</g>")
     axis_y = top + n * row + 2
     for tick in _ticks(span_s):
-        svg.append(f'<line x1="{x(tick):.2f}" x2="{x(tick):.2f}" y1="{axis_y}" y2="{axis_y + 4}" stroke="#9aa1ad" />')
-        svg.append(f'<text x="{x(tick):.2f}" y="{axis_y + 15}" text-anchor="middle">{seconds(tick, 2) if tick else "0"}</text>')
+        svg.append(
+            f'<line x1="{x(tick):.2f}" x2="{x(tick):.2f}" y1="{axis_y}" y2="{axis_y + 4}" stroke="#9aa1ad" />'
+        )
+        svg.append(
+            f'<text x="{x(tick):.2f}" y="{axis_y + 15}" text-anchor="middle">{seconds(tick, 2) if tick else "0"}</text>'
+        )
     end = x(timeline.total_s)
-    svg.append(f'<line x1="{end:.2f}" x2="{end:.2f}" y1="{top - 2}" y2="{axis_y}" stroke="#1d2330" stroke-width="1" />')
+    svg.append(
+        f'<line x1="{end:.2f}" x2="{end:.2f}" y1="{top - 2}" y2="{axis_y}" stroke="#1d2330" stroke-width="1" />'
+    )
     svg.append("</svg>")
 
     totals = [timeline.totals(r) for r in range(n)]
@@ -421,13 +503,20 @@ def _panel(timeline: Timeline, span_s: float, report: Report, chosen: bool) -> s
     exposed = max(t["transfer"] for t in totals)
     utilization = getattr(report.causal.utilization, timeline.layout)
     field = f"causal.utilization.{timeline.layout}"
-    util = (f" · utilisation {_field(field, utilization, percent(utilization))}" if utilization is not None and
-            report.inputs.causal and not timeline.backward else "")  # fmt: skip
+    util = (
+        f" · utilisation {_field(field, utilization, percent(utilization))}"
+        if utilization is not None and report.inputs.causal and not timeline.backward
+        else ""
+    )
     mark = " <span>(this plan)</span>" if chosen else ""
-    caption = (f'<p class="caption">{seconds(timeline.total_s)} · ranks computing {percent(busy)} of the time'
-               f"{util} · exposed transfer {seconds(exposed) if exposed else 'none'}</p>")
-    return (f'<div class="panel{" chosen" if chosen else ""}" data-layout="{timeline.layout}">'
-            f"<h3>{timeline.layout}{mark}</h3>{''.join(svg)}{caption}</div>")  # fmt: skip
+    caption = (
+        f'<p class="caption">{seconds(timeline.total_s)} · ranks computing {percent(busy)} of the time'
+        f"{util} · exposed transfer {seconds(exposed) if exposed else 'none'}</p>"
+    )
+    return (
+        f'<div class="panel{" chosen" if chosen else ""}" data-layout="{timeline.layout}">'
+        f"<h3>{timeline.layout}{mark}</h3>{''.join(svg)}{caption}</div>"
+    )
 
 
 def _ticks(span_s: float) -> list[float]:
@@ -449,33 +538,47 @@ def _schemes(report: Report) -> str:
         cells = [escape(c) for c in row]
         cells[4] = _chip(row[4])
         rows.append(cells)
-    ring = _table(["", "FLOP", "compute", "receive", "ratio"],
-                  ([escape(c) for c in row] for row in render.time_rows(report)))  # fmt: skip
+    ring = _table(
+        ["", "FLOP", "compute", "receive", "ratio"],
+        ([escape(c) for c in row] for row in render.time_rows(report)),
+    )
     r = report.ring
-    return "\n".join([
-        f"<section><h2>Schemes, {escape(report.inputs.pass_)}, per device per layer</h2>",
-        _table(["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"], rows, text_columns=(6,)),
-        f'<p class="caption">{escape(render.SCHEMES_CAPTION)}</p>',
-        "<h3>Ring, one device</h3>", ring,
-        f'<p class="caption">step receive {_field("ring.step_comm_s", r.step_comm_s, seconds(r.step_comm_s))} · '
-        f"step compute {_field('ring.step_compute_s', r.step_compute_s, seconds(r.step_compute_s))} · "
-        f"{escape(render.time_caption(report))}</p>",
-        "</section>",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"<section><h2>Schemes, {escape(report.inputs.pass_)}, per device per layer</h2>",
+            _table(
+                ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"], rows, text_columns=(6,)
+            ),
+            f'<p class="caption">{escape(render.SCHEMES_CAPTION)}</p>',
+            "<h3>Ring, one device</h3>",
+            ring,
+            f'<p class="caption">step receive {_field("ring.step_comm_s", r.step_comm_s, seconds(r.step_comm_s))} · '
+            f"step compute {_field('ring.step_compute_s', r.step_compute_s, seconds(r.step_compute_s))} · "
+            f"{escape(render.time_caption(report))}</p>",
+            "</section>",
+        ]
+    )
 
 
 def _notes(report: Report) -> str:
     measured, blocks = render.causal_lines(report)
     items = "".join(f"<li>{escape(note)}</li>" for note in report.notes)
-    return (f"<section><h2>Notes</h2><p>Causal utilisation, {escape(measured)}; {escape(blocks)}.</p>"
-            f"<ul>{items}</ul></section>")
+    return (
+        f"<section><h2>Notes</h2><p>Causal utilisation, {escape(measured)}; {escape(blocks)}.</p>"
+        f"<ul>{items}</ul></section>"
+    )
 
 
 def _explain(trace: list[Evaluation]) -> str:
-    rows = ([escape(r["name"]), escape(r["formula"]), escape(r["substituted"]), escape(r["value"])]
-            for r in render.explain_rows(trace))  # fmt: skip
-    return "<section><h2>Formulas, then values</h2>" + _table(["quantity", "formula", "with values", "value"], rows,
-                                                              text_columns=(1, 2)) + "</section>"  # fmt: skip
+    rows = (
+        [escape(r["name"]), escape(r["formula"]), escape(r["substituted"]), escape(r["value"])]
+        for r in render.explain_rows(trace)
+    )
+    return (
+        "<section><h2>Formulas, then values</h2>"
+        + _table(["quantity", "formula", "with values", "value"], rows, text_columns=(1, 2))
+        + "</section>"
+    )
 
 
 # --- the sweep page ------------------------------------------------------------------------------
@@ -484,14 +587,19 @@ def _explain(trace: list[Evaluation]) -> str:
 def sweep_page(grids: list[Grid], shape: PlanInputs) -> str:
     """One heatmap per profile: S down, N across, each cell the verdict's colour and the step ratio."""
     mask = "causal" if shape.causal else "non-causal"
-    sub = (f"h = {shape.heads}, n_kv = {shape.kv_heads}, d = {shape.head_dim} · {shape.dtype} · {mask} · "
-           f"{shape.pass_} step comm ratio · green &lt; 5 %, amber ≤ 15 %, red above")  # fmt: skip
-    body = ["<header><h1>cp-plan sweep</h1>", f'<p class="sub">{sub}</p></header>',
-            '<div class="legend"><span><i class="v-green"></i>green: overlap headroom</span>'
-            '<span><i class="v-amber"></i>amber: measure end-to-end</span>'
-            '<span><i class="v-red"></i>red: communication not negligible</span>'
-            '<span><i style="background: #f0f1f3"></i>N does not split S</span>'
-            "<span>* the ring leaves the node</span></div>"]  # fmt: skip
+    sub = (
+        f"h = {shape.heads}, n_kv = {shape.kv_heads}, d = {shape.head_dim} · {shape.dtype} · {mask} · "
+        f"{shape.pass_} step comm ratio · green &lt; 5 %, amber ≤ 15 %, red above"
+    )
+    body = [
+        "<header><h1>cp-plan sweep</h1>",
+        f'<p class="sub">{sub}</p></header>',
+        '<div class="legend"><span><i class="v-green"></i>green: overlap headroom</span>'
+        '<span><i class="v-amber"></i>amber: measure end-to-end</span>'
+        '<span><i class="v-red"></i>red: communication not negligible</span>'
+        '<span><i style="background: #f0f1f3"></i>N does not split S</span>'
+        "<span>* the ring leaves the node</span></div>",
+    ]
     for grid in grids:
         body.append(f"<section><h2>{escape(grid.profile)}</h2>{_heatmap(grid)}</section>")
     body.append('<div class="readout" id="readout">Hover a cell for its values.</div>')
@@ -509,16 +617,22 @@ def _heatmap(grid: Grid) -> str:
     verdicts = grid.verdicts()
     width = left + cell_w * len(grid.ns) + 90
     height = top + cell_h * len(grid.seqs) + 8
-    svg = [f'<svg class="chart heat" viewBox="0 0 {width} {height}" role="img" '
-           f'aria-label="{escape(grid.profile)} step comm ratio heatmap" style="max-width: {width * 1.3:.0f}px">',
-           f'<text x="{left - 8}" y="{top - 10}" text-anchor="end">S \\ N</text>',
-           f'<text x="{left + cell_w * len(grid.ns) + 8}" y="{top - 10}">N_max</text>']  # fmt: skip
+    svg = [
+        f'<svg class="chart heat" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(grid.profile)} step comm ratio heatmap" style="max-width: {width * 1.3:.0f}px">',
+        f'<text x="{left - 8}" y="{top - 10}" text-anchor="end">S \\ N</text>',
+        f'<text x="{left + cell_w * len(grid.ns) + 8}" y="{top - 10}">N_max</text>',
+    ]
     for j, n in enumerate(grid.ns):
         star = "*" if grid.inter_node[j] else ""
-        svg.append(f'<text x="{left + cell_w * (j + 0.5)}" y="{top - 10}" text-anchor="middle">{int(n)}{star}</text>')
+        svg.append(
+            f'<text x="{left + cell_w * (j + 0.5)}" y="{top - 10}" text-anchor="middle">{int(n)}{star}</text>'
+        )
     for i, seq in enumerate(grid.seqs):
         y = top + i * cell_h
-        svg.append(f'<text x="{left - 8}" y="{y + cell_h * 0.65}" text-anchor="end">{tokens_label(int(seq))}</text>')
+        svg.append(
+            f'<text x="{left - 8}" y="{y + cell_h * 0.65}" text-anchor="end">{tokens_label(int(seq))}</text>'
+        )
         for j, n in enumerate(grid.ns):
             code = int(verdicts[i, j])
             ratio = float(grid.ratio[i, j])
@@ -528,19 +642,26 @@ def _heatmap(grid: Grid) -> str:
                 label = ""
             else:
                 scope = "inter-node" if grid.inter_node[j] else "intra-node"
-                tip = (f"S = {tokens_label(int(seq))}, N = {int(n)}: step comm ratio {percent(ratio)}, {names[code]}, "
-                       f"{scope}; step compute {seconds(float(grid.step_compute_s[i, j]))}, step receive "
-                       f"{seconds(float(grid.step_comm_s[i, j]))}")  # fmt: skip
+                tip = (
+                    f"S = {tokens_label(int(seq))}, N = {int(n)}: step comm ratio {percent(ratio)}, {names[code]}, "
+                    f"{scope}; step compute {seconds(float(grid.step_compute_s[i, j]))}, step receive "
+                    f"{seconds(float(grid.step_comm_s[i, j]))}"
+                )
                 label = short_percent(ratio)
             value = "null" if math.isnan(ratio) else repr(ratio)
-            svg.append(f'<rect x="{x + 1}" y="{y + 1}" width="{cell_w - 2}" height="{cell_h - 2}" rx="2" '
-                       f'fill="{fills[code]}" data-seq="{int(seq)}" data-n="{int(n)}" data-value="{value}" '
-                       f'data-verdict="{names[code] if code >= 0 else ""}"><title>{escape(tip)}</title></rect>')  # fmt: skip
+            svg.append(
+                f'<rect x="{x + 1}" y="{y + 1}" width="{cell_w - 2}" height="{cell_h - 2}" rx="2" '
+                f'fill="{fills[code]}" data-seq="{int(seq)}" data-n="{int(n)}" data-value="{value}" '
+                f'data-verdict="{names[code] if code >= 0 else ""}"><title>{escape(tip)}</title></rect>'
+            )
             if label:
-                svg.append(f'<text x="{x + cell_w / 2}" y="{y + cell_h * 0.66}" text-anchor="middle" '
-                           f'style="fill: #fff; pointer-events: none">{label}</text>')  # fmt: skip
-        svg.append(f'<text x="{left + cell_w * len(grid.ns) + 8}" y="{y + cell_h * 0.65}">'
-                   f"{grid.n_max[i]:,.1f}</text>")  # fmt: skip
+                svg.append(
+                    f'<text x="{x + cell_w / 2}" y="{y + cell_h * 0.66}" text-anchor="middle" '
+                    f'style="fill: #fff; pointer-events: none">{label}</text>'
+                )
+        svg.append(
+            f'<text x="{left + cell_w * len(grid.ns) + 8}" y="{y + cell_h * 0.65}">'
+            f"{grid.n_max[i]:,.1f}</text>"
+        )
     svg.append("</svg>")
     return "".join(svg)
-

@@ -11,8 +11,9 @@ import typer
 from costmodel.core.errors import InputError
 from costmodel.kernel import TORCH_DTYPE
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False
+)
 
 
 @app.callback()
@@ -26,7 +27,9 @@ def _parse_varlen(text: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(part) for part in text.replace(" ", "").split(","))
     except ValueError:
-        raise InputError("--varlen", f"expected comma-separated document boundaries such as 0,100,256; got {text!r}") from None
+        raise InputError(
+            "--varlen", f"expected comma-separated document boundaries such as 0,100,256; got {text!r}"
+        ) from None
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; beyond it the rendezvous timeout overflows
@@ -52,26 +55,47 @@ def _tolerance(value: float | None, flag: str) -> float | None:
 
 @app.command()
 def selftest(
-    nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local processes to spawn (ignored under torchrun).")] = 2,
-    seq: Annotated[int, typer.Option(min=1, max=2**24, help="Sequence length S (whole sequence, all ranks).")] = 512,
+    nproc: Annotated[
+        int, typer.Option(min=1, max=1024, help="Local processes to spawn (ignored under torchrun).")
+    ] = 2,
+    seq: Annotated[
+        int, typer.Option(min=1, max=2**24, help="Sequence length S (whole sequence, all ranks).")
+    ] = 512,
     heads: Annotated[int, typer.Option(min=1, max=1024, help="Query heads h.")] = 4,
-    kv_heads: Annotated[int | None, typer.Option(min=1, max=1024, help="Key/value heads n_kv (GQA when < h); defaults to --heads.")] = None,
+    kv_heads: Annotated[
+        int | None,
+        typer.Option(min=1, max=1024, help="Key/value heads n_kv (GQA when < h); defaults to --heads."),
+    ] = None,
     head_dim: Annotated[int, typer.Option(min=1, max=1024, help="Head dimension d.")] = 32,
     batch: Annotated[int, typer.Option(min=1, max=1024, help="Batch size b.")] = 1,
     causal: Annotated[bool, typer.Option(help="Causal mask.")] = False,
-    layout: Annotated[Literal["contiguous", "striped", "zigzag"], typer.Option(help="Sequence layout.")] = "contiguous",
-    varlen: Annotated[str | None, typer.Option(
-        help="Packed documents as boundaries (cu_seqlens), e.g. 0,100,317,512: documents never see each other.")] = None,
+    layout: Annotated[
+        Literal["contiguous", "striped", "zigzag"], typer.Option(help="Sequence layout.")
+    ] = "contiguous",
+    varlen: Annotated[
+        str | None,
+        typer.Option(
+            help="Packed documents as boundaries (cu_seqlens), e.g. 0,100,317,512: documents never see each other."
+        ),
+    ] = None,
     dtype: Annotated[Literal["fp32", "bf16", "fp16"], typer.Option(help="Input dtype.")] = "fp32",
-    variant: Annotated[Literal["ring", "ulysses", "all"], typer.Option(
-        help="Which kernel; 'all' skips Ulysses where [Ulysses §3] rules it out.")] = "all",
+    variant: Annotated[
+        Literal["ring", "ulysses", "all"],
+        typer.Option(help="Which kernel; 'all' skips Ulysses where [Ulysses §3] rules it out."),
+    ] = "all",
     seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Random seed of the inputs.")] = 0,
     atol: Annotated[float | None, typer.Option(help="Override the dtype's absolute tolerance.")] = None,
     rtol: Annotated[float | None, typer.Option(help="Override the dtype's relative tolerance.")] = None,
-    device: Annotated[Literal["auto", "cpu", "cuda"], typer.Option(
-        help="auto: one GPU per rank with NCCL when there are enough, else CPU with gloo.")] = "auto",
-    timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed (deadlock guard).")] = 300.0,
-    output_format: Annotated[Literal["table", "json"], typer.Option("--format", help="Output format.")] = "table",
+    device: Annotated[
+        Literal["auto", "cpu", "cuda"],
+        typer.Option(help="auto: one GPU per rank with NCCL when there are enough, else CPU with gloo."),
+    ] = "auto",
+    timeout: Annotated[
+        float, typer.Option(help="Seconds before every rank is killed (deadlock guard).")
+    ] = 300.0,
+    output_format: Annotated[
+        Literal["table", "json"], typer.Option("--format", help="Output format.")
+    ] = "table",
 ) -> None:
     """Run ring and Ulysses attention on random inputs against a float64 reference, forward and backward.
 
@@ -92,9 +116,21 @@ def selftest(
         raise InputError("cp-plan kernel", "needs torch: pip install 'cp-plan[kernel]'") from None
 
     config = SelftestConfig(
-        seq=seq, heads=heads, kv_heads=heads if kv_heads is None else kv_heads, head_dim=head_dim, batch=batch,
-        causal=causal, layout=layout, varlen=_parse_varlen(varlen), dtype=TORCH_DTYPE[dtype],
-        variants=VARIANTS if variant == "all" else (variant,), seed=seed, atol=atol, rtol=rtol, device=device)
+        seq=seq,
+        heads=heads,
+        kv_heads=heads if kv_heads is None else kv_heads,
+        head_dim=head_dim,
+        batch=batch,
+        causal=causal,
+        layout=layout,
+        varlen=_parse_varlen(varlen),
+        dtype=TORCH_DTYPE[dtype],
+        variants=VARIANTS if variant == "all" else (variant,),
+        seed=seed,
+        atol=atol,
+        rtol=rtol,
+        device=device,
+    )
     try:
         result = run_selftest(config, nproc, timeout_s=timeout)
     except LaunchError as exc:
@@ -120,11 +156,15 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
 
     config = result.config
     atol, rtol = config.tolerance()
-    shape = (f"S={config.seq} b={config.batch} h={config.heads} n_kv={config.kv_heads} d={config.head_dim} "
-             f"{config.dtype} {config.layout}{' causal' if config.causal else ''}"
-             f"{f' varlen={list(config.varlen)}' if config.varlen else ''}")
-    table = Table(title=f"kernel selftest: N={result.world_size} ({result.backend}, {result.device}), {shape}",
-                  caption=f"tolerance = {atol:g} + {rtol:g}·max|reference|")
+    shape = (
+        f"S={config.seq} b={config.batch} h={config.heads} n_kv={config.kv_heads} d={config.head_dim} "
+        f"{config.dtype} {config.layout}{' causal' if config.causal else ''}"
+        f"{f' varlen={list(config.varlen)}' if config.varlen else ''}"
+    )
+    table = Table(
+        title=f"kernel selftest: N={result.world_size} ({result.backend}, {result.device}), {shape}",
+        caption=f"tolerance = {atol:g} + {rtol:g}·max|reference|",
+    )
     for column in ("variant", "output", "max abs error", "tolerance", "result"):
         table.add_column(column, justify="right" if column in ("max abs error", "tolerance") else "left")
     for name, variant in result.variants.items():
@@ -133,15 +173,21 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
             continue
         for output, error in variant.errors.items():
             ok = error <= variant.tolerances[output]
-            table.add_row(name, output, f"{error:.3e}", f"{variant.tolerances[output]:.3e}",
-                          "[green]pass[/]" if ok else "[red]FAIL[/]")
+            table.add_row(
+                name,
+                output,
+                f"{error:.3e}",
+                f"{variant.tolerances[output]:.3e}",
+                "[green]pass[/]" if ok else "[red]FAIL[/]",
+            )
     console = Console()
     console.print(table)
     console.print("[green]passed[/]" if result.passed else "[red]failed[/]")
 
 
-def _dtype_shape(model: str | None, heads: int | None, kv_heads: int | None, head_dim: int | None, batch: int,
-                 dtype: str) -> dict:  # fmt: skip
+def _dtype_shape(
+    model: str | None, heads: int | None, kv_heads: int | None, head_dim: int | None, batch: int, dtype: str
+) -> dict:
     """The attention shape to calibrate: flags over a model preset over 8 heads of 64 (quick on a CPU)."""
     from costmodel.plans.models import load_model
 
@@ -150,8 +196,13 @@ def _dtype_shape(model: str | None, heads: int | None, kv_heads: int | None, hea
     kv_heads = kv_heads or (preset.kv_heads if preset else heads)
     if kv_heads > heads or heads % kv_heads:
         raise InputError("--kv-heads", f"{kv_heads} must divide --heads {heads}")
-    return {"dtype": dtype, "batch": batch, "heads": heads, "kv_heads": kv_heads,
-            "head_dim": head_dim or (preset.head_dim if preset else 64)}  # fmt: skip
+    return {
+        "dtype": dtype,
+        "batch": batch,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim or (preset.head_dim if preset else 64),
+    }
 
 
 def _sizes(text: str | None, field: str) -> tuple[int, ...] | None:
@@ -179,26 +230,45 @@ def _default_dtype(backend: str) -> str:
 
     gpu = backend == "nccl" or (backend == "auto" and torch.cuda.is_available())
     return "bf16" if gpu else "fp32"
+
+
 Backend = Literal["auto", "gloo", "nccl"]
 DtypeName = Literal["bf16", "fp16", "fp32"]
 
 
 def calibrate(
     out: Annotated[str, typer.Option("--out", "-o", help="The measured profile to write (YAML).")],
-    nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local ranks measuring at once (ignored under torchrun).")] = 2,
+    nproc: Annotated[
+        int, typer.Option(min=1, max=1024, help="Local ranks measuring at once (ignored under torchrun).")
+    ] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
-    dtype: Annotated[DtypeName | None, typer.Option(
-        help="Element type of Q, K, V [default: bf16 on GPUs, fp32 on CPUs].")] = None,
-    model: Annotated[str | None, typer.Option("--model", "-m", help="Take heads, kv-heads, head-dim from a preset.")] = None,
-    heads: Annotated[int | None, typer.Option(min=1, max=1024, help="Query heads [default: 8 or the model's].")] = None,
-    kv_heads: Annotated[int | None, typer.Option(min=1, max=1024, help="KV heads [default: --heads or the model's].")] = None,
-    head_dim: Annotated[int | None, typer.Option(min=1, max=1024, help="Head dimension [default: 64 or the model's].")] = None,
+    dtype: Annotated[
+        DtypeName | None, typer.Option(help="Element type of Q, K, V [default: bf16 on GPUs, fp32 on CPUs].")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Take heads, kv-heads, head-dim from a preset.")
+    ] = None,
+    heads: Annotated[
+        int | None, typer.Option(min=1, max=1024, help="Query heads [default: 8 or the model's].")
+    ] = None,
+    kv_heads: Annotated[
+        int | None, typer.Option(min=1, max=1024, help="KV heads [default: --heads or the model's].")
+    ] = None,
+    head_dim: Annotated[
+        int | None, typer.Option(min=1, max=1024, help="Head dimension [default: 64 or the model's].")
+    ] = None,
     batch: Annotated[int, typer.Option(min=1, max=1024, help="Sequences per rank.")] = 1,
     name: Annotated[str | None, typer.Option(help="Profile name [default: the file's stem].")] = None,
     tokens: Annotated[str | None, typer.Option(help="Block sizes to time, e.g. 128,256,...,4096.")] = None,
-    message_bytes: Annotated[str | None, typer.Option(help="Message sizes (bytes, k = 1,024), >= 6 values.")] = None,
-    repeats: Annotated[int, typer.Option(min=3, max=1000, help="Timed repeats per figure (medians and spread).")] = 7,
-    timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed, naming the slow one.")] = 300.0,
+    message_bytes: Annotated[
+        str | None, typer.Option(help="Message sizes (bytes, k = 1,024), >= 6 values.")
+    ] = None,
+    repeats: Annotated[
+        int, typer.Option(min=3, max=1000, help="Timed repeats per figure (medians and spread).")
+    ] = 7,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds before every rank is killed, naming the slow one.")
+    ] = 300.0,
 ) -> None:
     """Measure this machine's attention FLOP/s per block size, and its links' latency and bandwidth.
 
@@ -223,11 +293,25 @@ def calibrate(
     from costmodel.symbolic import numeric
 
     pair_flops = float(numeric.pair_flops(b=shape["batch"], h=shape["heads"], d=shape["head_dim"]))
-    config = CalibrationConfig(**shape, repeats=repeats, pair_flops=pair_flops, backward_flop_factor=BACKWARD_FLOP,
-                               **{k: v for k, v in (
-        ("tokens", _sizes(tokens, "--tokens")), ("message_bytes", _sizes(message_bytes, "--message-bytes"))) if v})  # fmt: skip
+    config = CalibrationConfig(
+        **shape,
+        repeats=repeats,
+        pair_flops=pair_flops,
+        backward_flop_factor=BACKWARD_FLOP,
+        **{
+            k: v
+            for k, v in (
+                ("tokens", _sizes(tokens, "--tokens")),
+                ("message_bytes", _sizes(message_bytes, "--message-bytes")),
+            )
+            if v
+        },
+    )
     if len(config.message_bytes) < 6:
-        raise InputError("--message-bytes", f"give at least 6 sizes for the alpha-beta fit (got {len(config.message_bytes)})")
+        raise InputError(
+            "--message-bytes",
+            f"give at least 6 sizes for the alpha-beta fit (got {len(config.message_bytes)})",
+        )
     if not under_torchrun() and nproc < 2:
         raise InputError("--nproc", f"a link needs at least 2 ranks (got {nproc})")
     target = Path(out)
@@ -261,19 +345,25 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
     console.print(f"  attention forward, {busiest} ranks busy: {rates}")
     for scope, fit in cal.p2p.items():
         a2a = cal.alltoall[scope]
-        console.print(f"  {scope} point-to-point: alpha {seconds(fit.latency_s)}, {si(fit.bandwidth, 'B/s', 3)} "
-                      f"(R² {fit.r2:.3f}); all-to-all: alpha {seconds(a2a.latency_s)}, {si(a2a.bandwidth, 'B/s', 3)} "
-                      f"(R² {a2a.r2:.3f})")  # fmt: skip
+        console.print(
+            f"  {scope} point-to-point: alpha {seconds(fit.latency_s)}, {si(fit.bandwidth, 'B/s', 3)} "
+            f"(R² {fit.r2:.3f}); all-to-all: alpha {seconds(a2a.latency_s)}, {si(a2a.bandwidth, 'B/s', 3)} "
+            f"(R² {a2a.r2:.3f})"
+        )
 
 
 def validate(
     hw: Annotated[str, typer.Option("--hw", help="A measured profile (from cp-plan calibrate).")],
     nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local ranks, N (ignored under torchrun).")] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
-    max_median_error: Annotated[float, typer.Option(help="Exit 1 when the median |error| exceeds this.")] = 0.10,
+    max_median_error: Annotated[
+        float, typer.Option(help="Exit 1 when the median |error| exceeds this.")
+    ] = 0.10,
     repeats: Annotated[int, typer.Option(min=3, max=1000, help="Timed repeats per configuration.")] = 9,
     timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed.")] = 600.0,
-    output_format: Annotated[Literal["table", "json"], typer.Option("--format", help="Output format.")] = "table",
+    output_format: Annotated[
+        Literal["table", "json"], typer.Option("--format", help="Output format.")
+    ] = "table",
 ) -> None:
     """Run the kernel over a grid of configurations and compare each time with the model's prediction.
 
@@ -292,7 +382,9 @@ def validate(
     _tolerance(max_median_error, "--max-median-error")
     profile = load_profile(hw)
     if profile.calibration is None:
-        raise InputError("--hw", f"{hw}: validate needs a measured profile (write one with cp-plan calibrate)")
+        raise InputError(
+            "--hw", f"{hw}: validate needs a measured profile (write one with cp-plan calibrate)"
+        )
     _require_torch()
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun
     from costmodel.kernel.validate import grid, measure_cases
@@ -301,12 +393,18 @@ def validate(
     if world < 2:
         raise InputError("--nproc", f"a ring needs at least 2 ranks (got {world})")
     cal = profile.calibration
-    shape = {"dtype": cal.dtype, "batch": cal.batch, "heads": cal.heads, "kv_heads": cal.kv_heads,
-             "head_dim": cal.head_dim}  # fmt: skip
+    shape = {
+        "dtype": cal.dtype,
+        "batch": cal.batch,
+        "heads": cal.heads,
+        "kv_heads": cal.kv_heads,
+        "head_dim": cal.head_dim,
+    }
     cases = grid(critical_tokens(profile, world))
     try:
-        results = launch(measure_cases, nproc, args=(cases, shape, repeats, 1), timeout_s=timeout,
-                         device=BACKENDS[backend])  # fmt: skip
+        results = launch(
+            measure_cases, nproc, args=(cases, shape, repeats, 1), timeout_s=timeout, device=BACKENDS[backend]
+        )
     except LaunchError as exc:
         typer.echo(f"cp-plan: error: validation failed: {exc}", err=True)
         raise typer.Exit(1) from None

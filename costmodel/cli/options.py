@@ -79,11 +79,15 @@ def _range(info: FieldInfo) -> str:
 
 def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any) -> inspect.Parameter:
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    names = [flag_name(model, name), *extra.get("aliases", ())] + ([extra["short"]] if extra.get("short") else [])
+    names = [flag_name(model, name), *extra.get("aliases", ())] + (
+        [extra["short"]] if extra.get("short") else []
+    )
     base = _base_type(info.annotation)
     help_text = (info.description or "") + _range(info)
     option: dict[str, Any] = {"help": help_text}
-    if base is int or (typing.get_origin(base) is Literal and all(isinstance(a, int) for a in typing.get_args(base))):
+    if base is int or (
+        typing.get_origin(base) is Literal and all(isinstance(a, int) for a in typing.get_args(base))
+    ):
         option["parser"] = _parser(parse_tokens if extra.get("tokens") else parse_integer, name)
         base = int
     if base is bool:
@@ -100,8 +104,12 @@ def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def declared(defaults: dict[str, Any] | None = None, exclude: Iterable[str] = (), only: Iterable[str] | None = None,
-             **models: type[BaseModel]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:  # fmt: skip
+def declared(
+    defaults: dict[str, Any] | None = None,
+    exclude: Iterable[str] = (),
+    only: Iterable[str] | None = None,
+    **models: type[BaseModel],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command one flag per field of each model, and call it with the models built.
 
     ``defaults`` replaces declared defaults for this command (training commands default to causal
@@ -110,14 +118,23 @@ def declared(defaults: dict[str, Any] | None = None, exclude: Iterable[str] = ()
     wanted = None if only is None else set(only)
 
     def fields(model: type[BaseModel]) -> list[tuple[str, FieldInfo]]:
-        return [(name, info) for name, info in model.model_fields.items()
-                if name not in exclude and (wanted is None or name in wanted)]  # fmt: skip
+        return [
+            (name, info)
+            for name, info in model.model_fields.items()
+            if name not in exclude and (wanted is None or name in wanted)
+        ]
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-               for p in inspect.signature(command, eval_str=True).parameters.values() if p.name not in models]
-        params = [_parameter(model, name, info, defaults.get(name, info.default))
-                  for model in models.values() for name, info in fields(model)]  # fmt: skip
+        own = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for p in inspect.signature(command, eval_str=True).parameters.values()
+            if p.name not in models
+        ]
+        params = [
+            _parameter(model, name, info, defaults.get(name, info.default))
+            for model in models.values()
+            for name, info in fields(model)
+        ]
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
@@ -128,7 +145,9 @@ def declared(defaults: dict[str, Any] | None = None, exclude: Iterable[str] = ()
                     if str(values.get("model") or "").endswith(".json"):
                         _note_unmapped(values["model"])
                     values = shape_from_model(values)
-                built[key] = build(model, **{k: v for k, v in values.items() if v is not None} | _fixed(model, defaults))
+                built[key] = build(
+                    model, **{k: v for k, v in values.items() if v is not None} | _fixed(model, defaults)
+                )
             return command(**built, **kwargs)
 
         run.__signature__ = inspect.Signature(params + own)  # type: ignore[attr-defined]
@@ -151,7 +170,9 @@ def _note_unmapped(path: str) -> None:
     unmapped: list[str] = []
     load_model(path, unmapped=unmapped)
     if unmapped:
-        sys.stderr.write(f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}\n")
+        sys.stderr.write(
+            f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}\n"
+        )
 
 
 def _from_model(info: FieldInfo) -> bool:

@@ -12,8 +12,12 @@ from costmodel.core.errors import InputError
 
 
 def report_cmd(
-    plan: Annotated[str, typer.Argument(help="A capacity-plan YAML file (configs/plans/*.yaml).", show_default=False)],
-    html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML page here.")] = None,
+    plan: Annotated[
+        str, typer.Argument(help="A capacity-plan YAML file (configs/plans/*.yaml).", show_default=False)
+    ],
+    html: Annotated[
+        Optional[Path], typer.Option("--html", help="Write a self-contained HTML page here.")
+    ] = None,
 ) -> None:
     """Report one capacity plan: its attention per TP rank, training memory, timelines and checks.
 
@@ -43,7 +47,8 @@ def report_cmd(
     if located.plan.gpus is not None:  # ZeRO shards over DP x CP, which needs the job's size
         values = training_values(resolved.inputs, resolved.model, resolved.setup, placed, resolved.inputs.n)
         fit = fit_at(Evaluator(values))
-    text = page.plan_page(report, resolved.attention, placed, fit=fit, checks=run_checks(located),
-                          title=located.plan.name)  # fmt: skip
+    text = page.plan_page(
+        report, resolved.attention, placed, fit=fit, checks=run_checks(located), title=located.plan.name
+    )
     written = atomic_write_text(html, text)
     sys.stderr.write(f"wrote {written}\n")

@@ -35,8 +35,13 @@ class DataFormat(str, Enum):
     yaml = "yaml"
 
 
-@declared(inputs=PlanInputs, setup=TrainingSetup, machine_overrides=MachineOverrides,
-          defaults=TRAINING_DEFAULTS | {"n": 1}, exclude={"n", "layout"})
+@declared(
+    inputs=PlanInputs,
+    setup=TrainingSetup,
+    machine_overrides=MachineOverrides,
+    defaults=TRAINING_DEFAULTS | {"n": 1},
+    exclude={"n", "layout"},
+)
 def recommend_cmd(
     inputs: PlanInputs,
     setup: TrainingSetup,
@@ -53,8 +58,11 @@ def recommend_cmd(
     from costmodel.training.recommend import recommend
 
     if inputs.model is None:
-        raise InputError("--model", "recommend needs a model preset (its layers, hidden and vocabulary sizes set "
-                         "the memory); e.g. --model llama3-8b")  # fmt: skip
+        raise InputError(
+            "--model",
+            "recommend needs a model preset (its layers, hidden and vocabulary sizes set "
+            "the memory); e.g. --model llama3-8b",
+        )
     report = recommend(inputs, load_model(inputs.model), setup, machine_for(inputs, machine_overrides))
     data = report.model_dump(mode="json", by_alias=True)
     if format is DataFormat.yaml:
@@ -81,8 +89,11 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     head.add_column()
     mask = "causal" if i.causal else "non-causal"
     head.add_row("cp-plan", f"recommend · S = {i.seq:,} · {i.model} · {report.hw} · {mask} · {i.pass_}")
-    head.add_row("job", f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "
-                        f"recompute {s.recompute}")  # fmt: skip
+    head.add_row(
+        "job",
+        f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "
+        f"recompute {s.recompute}",
+    )
     window = f"[{rec.n_min_memory or '-'}, {rec.n_max_comm or '-'}]"
     if rec.n_recommended:
         scheme = describe_scheme(rec.scheme, rec.layout, rec.n_recommended, rec.n_ulysses)
@@ -100,24 +111,46 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
             fits += f", beyond the largest usable N = {largest}"
     head.add_row("window", f"N_min(memory) .. N_max(comm) = {window} ({fits})")
     head.add_row("why", rec.reason)
-    head.add_row("memory", f"at N = {fit.n}: states {si(fit.model_state_bytes, 'B', 3)} + activations "
-                           f"{si(fit.activation_bytes, 'B', 3)} + ring buffers {si(fit.buffer_bytes, 'B', 3)} = "
-                           f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable")  # fmt: skip
+    head.add_row(
+        "memory",
+        f"at N = {fit.n}: states {si(fit.model_state_bytes, 'B', 3)} + activations "
+        f"{si(fit.activation_bytes, 'B', 3)} + ring buffers {si(fit.buffer_bytes, 'B', 3)} = "
+        f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable",
+    )
     for fix in rec.fixes:
         head.add_row("fix", fix)
     out.print(head)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title="Usable CP degrees",
-                  title_justify="left", title_style="bold")  # fmt: skip
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        title="Usable CP degrees",
+        title_justify="left",
+        title_style="bold",
+    )
     for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "exposed", "verdict", "link"):
-        table.add_column(name, justify="right" if name in {"N", "DP", "memory", "ratio", "exposed"} else "left")
+        table.add_column(
+            name, justify="right" if name in {"N", "DP", "memory", "ratio", "exposed"} else "left"
+        )
     for c in report.candidates:
-        table.add_row(str(c.n), str(c.dp), si(c.total_bytes, "B", 3), "yes" if c.fits else "no", c.best_scheme,
-                      percent(c.comm_ratio), seconds(c.exposed_comm_s), f"[{COLOURS[c.verdict]}]{c.verdict}[/]",
-                      c.link_scope)  # fmt: skip
+        table.add_row(
+            str(c.n),
+            str(c.dp),
+            si(c.total_bytes, "B", 3),
+            "yes" if c.fits else "no",
+            c.best_scheme,
+            percent(c.comm_ratio),
+            seconds(c.exposed_comm_s),
+            f"[{COLOURS[c.verdict]}]{c.verdict}[/]",
+            c.link_scope,
+        )
     out.print()
     out.print(table)
-    out.print("best scheme: least exposed communication per layer (then least communication); exposed: per layer, "
-              f"{i.pass_}", style="dim")
+    out.print(
+        "best scheme: least exposed communication per layer (then least communication); exposed: per layer, "
+        f"{i.pass_}",
+        style="dim",
+    )
 
 
 class SweepFormat(str, Enum):
@@ -129,22 +162,48 @@ class SweepFormat(str, Enum):
     html = "html"
 
 
-@declared(inputs=PlanInputs, setup=TrainingSetup, machine_overrides=MachineOverrides,
-          exclude={"seq", "n", "block", "hw", "gpus"},
-          only={"batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "efficiency", "model", "pass_", "tp",
-                "pp", "zero", "recompute", "sequence_parallel", "flash_attention", "memory_headroom",
-                *MachineOverrides.model_fields},
-          defaults={"seq": 1, "n": 1, "block": 1})
+@declared(
+    inputs=PlanInputs,
+    setup=TrainingSetup,
+    machine_overrides=MachineOverrides,
+    exclude={"seq", "n", "block", "hw", "gpus"},
+    only={
+        "batch",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "dtype",
+        "causal",
+        "efficiency",
+        "model",
+        "pass_",
+        "tp",
+        "pp",
+        "zero",
+        "recompute",
+        "sequence_parallel",
+        "flash_attention",
+        "memory_headroom",
+        *MachineOverrides.model_fields,
+    },
+    defaults={"seq": 1, "n": 1, "block": 1},
+)
 def sweep_cmd(
     inputs: PlanInputs,
     setup: TrainingSetup,
     machine_overrides: MachineOverrides,
-    gpus: Annotated[Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory) per S.")] = None,
-    seq: Annotated[str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")] = "8k..1M",
+    gpus: Annotated[
+        Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory) per S.")
+    ] = None,
+    seq: Annotated[
+        str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")
+    ] = "8k..1M",
     n: Annotated[str, typer.Option("--n", "-n", help="N values: 8, 2,4,8 or 1..64 (doubling).")] = "1..64",
     hw: Annotated[str, typer.Option("--hw", help="Profiles, comma-separated.")] = "a100-nvlink",
     format: Annotated[SweepFormat, typer.Option("--format", "-f", help="Output format.")] = SweepFormat.table,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")
+    ] = None,
 ) -> None:
     """The step comm ratio over a grid of S, N and machines, vectorised, with the verdict bands.
 
@@ -174,8 +233,14 @@ def sweep_cmd(
 
         sys.stdout.write(sweep_page(grids, inputs))
     elif format is SweepFormat.json:
-        sys.stdout.write(json.dumps({"schema": "cp-plan/sweep/v1", "pass": inputs.pass_, "causal": inputs.causal,
-                                     "rows": rows}, indent=2, allow_nan=False) + "\n")  # fmt: skip
+        sys.stdout.write(
+            json.dumps(
+                {"schema": "cp-plan/sweep/v1", "pass": inputs.pass_, "causal": inputs.causal, "rows": rows},
+                indent=2,
+                allow_nan=False,
+            )
+            + "\n"
+        )
     elif format is SweepFormat.csv:
         import csv
 
@@ -193,8 +258,14 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
     out = console()
     names = ["green", "amber", "red"]
     for grid in grids:
-        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left", title_style="bold",
-                      title=f"{grid.profile}: {pass_} step comm ratio (rows S, columns N)")  # fmt: skip
+        table = Table(
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            show_edge=False,
+            title_justify="left",
+            title_style="bold",
+            title=f"{grid.profile}: {pass_} step comm ratio (rows S, columns N)",
+        )
         table.add_column("S", justify="right")
         for n in grid.ns:
             table.add_column(f"{n}{'*' if grid.inter_node[list(grid.ns).index(n)] else ''}", justify="right")
@@ -246,8 +317,11 @@ def check_cmd(
             sys.stdout.write(github_problems(exc))
         raise
     if format is CheckFormat.json:
-        data = {"schema": "cp-plan/check/v1", "passed": all(r.passed for r in results),
-                "results": [r.__dict__ for r in results]}  # fmt: skip
+        data = {
+            "schema": "cp-plan/check/v1",
+            "passed": all(r.passed for r in results),
+            "results": [r.__dict__ for r in results],
+        }
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     elif format is CheckFormat.junit:
         sys.stdout.write(junit(results))
@@ -268,11 +342,16 @@ def _render_checks(results) -> None:  # noqa: ANN001
         by_plan.setdefault(r.plan, []).append(r)
     for path, items in by_plan.items():
         ok = all(r.passed for r in items)
-        out.print(Text("pass  " if ok else "FAIL  ", style="bold green" if ok else "bold red") + Text(path, style="bold"))
+        out.print(
+            Text("pass  " if ok else "FAIL  ", style="bold green" if ok else "bold red")
+            + Text(path, style="bold")
+        )
         out.print(f"      {items[0].name}", style="dim")
         for r in items:
             mark = Text("  ✓ " if r.passed else "  ✗ ", style="green" if r.passed else "red")
             out.print(mark + Text(f"{r.check} (line {r.line}): {r.detail}"))
     failed = sum(not r.passed for r in results)
-    out.print(f"{len(results) - failed} checks passed, {failed} failed in {len(by_plan)} plans",
-              style="bold red" if failed else "bold green")  # fmt: skip
+    out.print(
+        f"{len(results) - failed} checks passed, {failed} failed in {len(by_plan)} plans",
+        style="bold red" if failed else "bold green",
+    )

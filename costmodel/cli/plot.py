@@ -24,7 +24,9 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
     try:
         import matplotlib
     except ImportError:
-        raise InputError("--plot", "needs matplotlib: pip install 'cp-plan[plot]'; nothing was written") from None
+        raise InputError(
+            "--plot", "needs matplotlib: pip install 'cp-plan[plot]'; nothing was written"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
@@ -41,12 +43,21 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
         ax.axhspan(1e-6, GREEN.upper, color="tab:green", alpha=0.12, lw=0)
         ax.axhspan(GREEN.upper, AMBER.upper, color="gold", alpha=0.18, lw=0)
         ax.axhspan(AMBER.upper, top, color="tab:red", alpha=0.10, lw=0)
-        for y, text in ((GREEN.upper ** 0.5 * 1e-2, "green < 5 %"), ((GREEN.upper * AMBER.upper) ** 0.5, "amber"),
-                        (AMBER.upper * 2.2, "red > 15 %")):  # fmt: skip
+        for y, text in (
+            (GREEN.upper**0.5 * 1e-2, "green < 5 %"),
+            ((GREEN.upper * AMBER.upper) ** 0.5, "amber"),
+            (AMBER.upper * 2.2, "red > 15 %"),
+        ):
             ax.text(0.015, y, text, transform=ax.get_yaxis_transform(), fontsize=7, color="0.3", va="center")
         ax.axhline(1.0, color="0.3", lw=0.8, ls=":")
-        for colour, seq, ratio, n_max, n_min in zip(colours, grid.seqs, grid.ratio, grid.n_max,
-                                                    _or_nan(grid.n_min_memory, len(grid.seqs)), strict=True):  # fmt: skip
+        for colour, seq, ratio, n_max, n_min in zip(
+            colours,
+            grid.seqs,
+            grid.ratio,
+            grid.n_max,
+            _or_nan(grid.n_min_memory, len(grid.seqs)),
+            strict=True,
+        ):
             label = f"S = {tokens_label(int(seq))}"
             ax.plot(ns, np.where(ratio > 0, ratio, np.nan), marker="o", ms=3, color=colour, label=label)
             if ns[0] <= n_max <= ns[-1]:
@@ -56,7 +67,9 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
         crossing = grid.ns[grid.inter_node]
         if crossing.size:
             ax.axvline(float(crossing[0]) / np.sqrt(2), color="0.5", lw=1)
-            ax.text(float(crossing[0]) / np.sqrt(2), top / 12, " ring leaves\n the node", fontsize=8, color="0.35")
+            ax.text(
+                float(crossing[0]) / np.sqrt(2), top / 12, " ring leaves\n the node", fontsize=8, color="0.35"
+            )
         ax.set(xscale="log", yscale="log", xlabel="CP degree N", ylim=(1e-4, top))
         ax.set_title(grid.profile, fontsize=10)
         ax.set_xticks(ns, [str(int(n)) for n in ns])
@@ -83,4 +96,3 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
 
 def _or_nan(values: np.ndarray | None, size: int) -> np.ndarray:
     return np.full(size, np.nan) if values is None else values
-

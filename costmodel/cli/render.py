@@ -68,7 +68,9 @@ def scope_line(report: Report) -> str | None:
     i = report.inputs
     if i.causal and i.pass_ == "fwd+bwd":
         return None
-    missing = " ".join(flag for flag, on in (("--causal", i.causal), ("--pass fwd+bwd", i.pass_ == "fwd+bwd")) if not on)
+    missing = " ".join(
+        flag for flag, on in (("--causal", i.causal), ("--pass fwd+bwd", i.pass_ == "fwd+bwd")) if not on
+    )
     mask = "causal" if i.causal else "no mask"
     return f"one layer, {i.pass_}, {mask}; for training add {missing}"
 
@@ -96,8 +98,17 @@ def scheme_rows(report: Report) -> list[list[str]]:
             note = _short(s.a2a_link_scope)
         else:
             note = f"a2a {_short(s.a2a_link_scope)}, ring {_short(s.ring_link_scope)}"
-        rows.append([s.label, si(s.recv_bytes_per_layer, "B"), seconds(s.comm_s), percent(s.comm_ratio),
-                     s.verdict or "", seconds(s.exposed_comm_s), note])  # fmt: skip
+        rows.append(
+            [
+                s.label,
+                si(s.recv_bytes_per_layer, "B"),
+                seconds(s.comm_s),
+                percent(s.comm_ratio),
+                s.verdict or "",
+                seconds(s.exposed_comm_s),
+                note,
+            ]
+        )
     tp = report.tp
     ratio = f"{tp.ratio_to_ring:.3g}x ring fwd" if tp.ratio_to_ring else ""
     rows.append(["TP", si(tp.bytes_per_layer, "B"), "", "", "", "", ratio])
@@ -110,37 +121,60 @@ def memory_rows(report: Report) -> list[list[str]]:
         ["full score matrix, queries x all keys", si(m.scores_full_bytes, "B")],
         [f"query block ({count(i.block)}) x all keys", si(m.scores_query_block_bytes, "B")],
         ["one tile, query block x key block", si(m.scores_tile_bytes, "B")],
-        [f"KV block in flight (L = {count(i.seq // i.n)})",
-         f"{si(m.kv_block_bytes, 'B')}  ({si(m.kv_tile_bytes, 'B')} per tile)"],
+        [
+            f"KV block in flight (L = {count(i.seq // i.n)})",
+            f"{si(m.kv_block_bytes, 'B')}  ({si(m.kv_tile_bytes, 'B')} per tile)",
+        ],
         ["softmax state (m, l, O), fp32", si(m.softmax_state_bytes, "B")],
-    ]  # fmt: skip
+    ]
 
 
 def time_rows(report: Report) -> list[list[str]]:
     r, c, bwd = report.ring, report.compute, report.backward
     return [
-        ["step", si(c.step_flops, "FLOP"), seconds(r.step_compute_s), seconds(r.step_comm_s),
-         percent(r.comm_ratio_step)],
-        ["layer", si(c.device_flops_per_layer, "FLOP"), seconds(r.layer_compute_s), seconds(r.layer_comm_s),
-         percent(r.comm_ratio_layer)],
-        ["bwd step", si(bwd.step_flops, "FLOP"), seconds(bwd.step_compute_s), seconds(bwd.step_comm_s),
-         percent(bwd.comm_ratio_step)],
-    ]  # fmt: skip
+        [
+            "step",
+            si(c.step_flops, "FLOP"),
+            seconds(r.step_compute_s),
+            seconds(r.step_comm_s),
+            percent(r.comm_ratio_step),
+        ],
+        [
+            "layer",
+            si(c.device_flops_per_layer, "FLOP"),
+            seconds(r.layer_compute_s),
+            seconds(r.layer_comm_s),
+            percent(r.comm_ratio_layer),
+        ],
+        [
+            "bwd step",
+            si(bwd.step_flops, "FLOP"),
+            seconds(bwd.step_compute_s),
+            seconds(bwd.step_comm_s),
+            percent(bwd.comm_ratio_step),
+        ],
+    ]
 
 
-SCHEMES_CAPTION = ("comm: all communication of the pass · ratio (the verdict's): ring, step receive / step "
-                   "compute; Ulysses, all-to-all (a2a) / compute; USP, both summed · exposed: what no compute hides")
+SCHEMES_CAPTION = (
+    "comm: all communication of the pass · ratio (the verdict's): ring, step receive / step "
+    "compute; Ulysses, all-to-all (a2a) / compute; USP, both summed · exposed: what no compute hides"
+)
 
 
 def time_caption(report: Report) -> str:
     r = report.ring
-    return (f"sending (own block included) {seconds(r.layer_send_s)} · predicted layer time, {report.inputs.layout} "
-            f"layout, transfers overlapped: {seconds(r.layer_time_s)}")
+    return (
+        f"sending (own block included) {seconds(r.layer_send_s)} · predicted layer time, {report.inputs.layout} "
+        f"layout, transfers overlapped: {seconds(r.layer_time_s)}"
+    )
 
 
 def causal_lines(report: Report) -> tuple[str, str]:
     c = report.causal
-    parts = [f"{name} {percent(value)}" for name, value in c.utilization.model_dump().items() if value is not None]
+    parts = [
+        f"{name} {percent(value)}" for name, value in c.utilization.model_dump().items() if value is not None
+    ]
     return (
         f"utilisation at tile {count(c.tile)}: " + " · ".join(parts),
         f"whole-block count: {percent(c.utilization_coarse)} (diagonal block whole), "
@@ -152,8 +186,15 @@ def _table(title: str, columns: list[str]):  # noqa: ANN202
     from rich import box
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
-                  padding=(0, 1), pad_edge=False, show_edge=False)  # fmt: skip
+    table = Table(
+        title=title,
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+        show_edge=False,
+    )
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 or name in {"verdict", "note"} else "right")
     return table
@@ -174,7 +215,9 @@ def render_table(report: Report, console: Console) -> None:
     head.add_row("shape", shape_line(report))
     head.add_row("machine", machine_line(report))
     head.add_row("link", link_line(report))
-    head.add_row(Text(verdict.upper(), style=COLOURS[verdict]), Text(verdict_line(report), style=COLOURS[verdict]))
+    head.add_row(
+        Text(verdict.upper(), style=COLOURS[verdict]), Text(verdict_line(report), style=COLOURS[verdict])
+    )
     for i, line in enumerate(limits_lines(report)):
         head.add_row("limits" if i == 0 else "", line)
     console.print(head)
@@ -193,8 +236,10 @@ def render_table(report: Report, console: Console) -> None:
     console.print(time_caption(report), style="dim")
     console.print()
 
-    schemes = _table(f"Schemes, {report.inputs.pass_}, per device per layer",
-                     ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"])  # fmt: skip
+    schemes = _table(
+        f"Schemes, {report.inputs.pass_}, per device per layer",
+        ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"],
+    )
     for row in scheme_rows(report):
         row[4] = f"[{COLOURS[row[4]]}]{row[4]}[/]" if row[4] in COLOURS else row[4]
         schemes.add_row(*row)
@@ -222,16 +267,26 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
     verdict = report.verdict.verdict
-    out = [f"## cp-plan: {headline(report)}", "", f"- shape: {shape_line(report)}",
-           f"- machine: {machine_line(report)}", f"- link: {link_line(report)}",
-           f"- **{verdict.upper()}**: {verdict_line(report)}", *[f"- {line}" for line in limits_lines(report)],
-           "", "### Memory tiers, one layer", ""]  # fmt: skip
+    out = [
+        f"## cp-plan: {headline(report)}",
+        "",
+        f"- shape: {shape_line(report)}",
+        f"- machine: {machine_line(report)}",
+        f"- link: {link_line(report)}",
+        f"- **{verdict.upper()}**: {verdict_line(report)}",
+        *[f"- {line}" for line in limits_lines(report)],
+        "",
+        "### Memory tiers, one layer",
+        "",
+    ]
     out += _md_table(["tier", "bytes"], memory_rows(report))
     out += ["", "### Ring, one device", ""]
     out += _md_table(["", "FLOP", "compute", "receive", "ratio"], time_rows(report))
     out += ["", time_caption(report)]
     out += ["", f"### Schemes, {report.inputs.pass_}, per device per layer", ""]
-    out += _md_table(["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"], scheme_rows(report))
+    out += _md_table(
+        ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"], scheme_rows(report)
+    )
     out += ["", SCHEMES_CAPTION, ""]
     if report.inputs.causal:
         measured, blocks = causal_lines(report)
@@ -239,8 +294,10 @@ def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
     out += [f"- {note}" for note in report.notes]
     if trace is not None:
         out += ["", "### Formulas", ""]
-        out += _md_table(["quantity", "formula", "with values", "value"],
-                         [[r["name"], r["formula"], r["substituted"], r["value"]] for r in explain_rows(trace)])  # fmt: skip
+        out += _md_table(
+            ["quantity", "formula", "with values", "value"],
+            [[r["name"], r["formula"], r["substituted"], r["value"]] for r in explain_rows(trace)],
+        )
     return "\n".join(out) + "\n"
 
 
@@ -253,12 +310,20 @@ def explain_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
             continue
         seen.add(key)
         symbol, expression, template, meaning, unit, source, _ = numeric.INFO[e.name]
-        substituted = template.format(**{k: f"{v:g}" if isinstance(v, float) else v for k, v in e.args.items()})
+        substituted = template.format(
+            **{k: f"{v:g}" if isinstance(v, float) else v for k, v in e.args.items()}
+        )
         value = float(e.value)
-        rows.append({
-            "name": e.name, "meaning": meaning, "source": source, "formula": f"{symbol} = {expression}",
-            "substituted": substituted, "value": f"{value:.6g} {unit}",
-        })  # fmt: skip
+        rows.append(
+            {
+                "name": e.name,
+                "meaning": meaning,
+                "source": source,
+                "formula": f"{symbol} = {expression}",
+                "substituted": substituted,
+                "value": f"{value:.6g} {unit}",
+            }
+        )
     return rows
 
 
@@ -267,7 +332,9 @@ def render_explain(trace: list[Evaluation], console: Console) -> None:
 
     console.rule("Formulas, then values (costmodel.symbolic.formulas)")
     for row in explain_rows(trace):
-        console.print(Text(row["name"], style="bold") + Text(f"  {row['meaning']}  [{row['source']}]", style="dim"))
+        console.print(
+            Text(row["name"], style="bold") + Text(f"  {row['meaning']}  [{row['source']}]", style="dim")
+        )
         console.print(f"    {row['formula']}")
         console.print(f"    = {row['substituted']}")
         console.print(f"    = {row['value']}", style="bold")
@@ -282,22 +349,42 @@ def render_validation(report: dict, console: Console) -> None:
     from rich import box
     from rich.table import Table
 
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, title_justify="left", title_style="bold",
-                  padding=(0, 0, 0, 1), title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
-                        f"L* = {report['critical_shard_tokens']:,.0f} tokens")  # fmt: skip
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        title_justify="left",
+        title_style="bold",
+        padding=(0, 0, 0, 1),
+        title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
+        f"L* = {report['critical_shard_tokens']:,.0f} tokens",
+    )
     for name in ("kernel", "mask", "L/rank", "L/L*", "pass", "measured", "model", "error", "sheet"):
-        table.add_column(name, justify="left" if name in {"kernel", "mask", "pass"} else "right", no_wrap=True)
+        table.add_column(
+            name, justify="left" if name in {"kernel", "mask", "pass"} else "right", no_wrap=True
+        )
     short = {"contiguous": "contig", "striped": "striped", "zigzag": "zigzag"}
     for r in report["rows"]:
         kernel = "Ulysses" if r["variant"] == "ulysses" else f"ring {short[r['layout']]}"
-        table.add_row(kernel, "causal" if r["causal"] else "full", str(r["tokens_per_rank"]),
-                      f"{r['shard_over_critical']:.3g}", r["pass"],
-                      seconds(r["measured_s"]), seconds(r["predicted_s"]), f"{r['error']:+.1%}",
-                      f"{r['datasheet_error']:+.0%}")  # fmt: skip
+        table.add_row(
+            kernel,
+            "causal" if r["causal"] else "full",
+            str(r["tokens_per_rank"]),
+            f"{r['shard_over_critical']:.3g}",
+            r["pass"],
+            seconds(r["measured_s"]),
+            seconds(r["predicted_s"]),
+            f"{r['error']:+.1%}",
+            f"{r['datasheet_error']:+.0%}",
+        )
     console.print(table)
     verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
     console.print("sheet: error of the datasheet-style model (peak FLOP/s, no α, balanced)", style="dim")
-    console.print(f"median |error| {report['median_abs_error']:.1%} ({verdict} {report['max_median_error']:.0%}), "
-                  f"max {report['max_abs_error']:.1%}")
-    console.print(f"datasheet-style: median {report['datasheet_median_abs_error']:.1%}, "
-                  f"{report['datasheet_over_calibrated']:.1f}x the error")
+    console.print(
+        f"median |error| {report['median_abs_error']:.1%} ({verdict} {report['max_median_error']:.0%}), "
+        f"max {report['max_abs_error']:.1%}"
+    )
+    console.print(
+        f"datasheet-style: median {report['datasheet_median_abs_error']:.1%}, "
+        f"{report['datasheet_over_calibrated']:.1f}x the error"
+    )

@@ -18,8 +18,14 @@ from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
 from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup
 
 
-@declared(inputs=PlanInputs, setup=TrainingSetup, step=StepSetup, machine_overrides=MachineOverrides,
-          defaults=STEP_DEFAULTS, exclude=STEP_EXCLUDE)  # fmt: skip
+@declared(
+    inputs=PlanInputs,
+    setup=TrainingSetup,
+    step=StepSetup,
+    machine_overrides=MachineOverrides,
+    defaults=STEP_DEFAULTS,
+    exclude=STEP_EXCLUDE,
+)
 def step_cmd(
     inputs: PlanInputs,
     setup: TrainingSetup,
@@ -64,8 +70,12 @@ def _table(result: dict) -> None:
         f"MFU {step['mfu']:.1%} ({step['mfu_causal_attention']:.1%} counting causal attention)   "
         f"HFU {step['hfu']:.1%}"
     )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  caption="MFU: 6·P·tokens + 12·n_L·h·d·S·tokens model FLOP [PaLM]; HFU: what runs, recompute in")  # fmt: skip
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        caption="MFU: 6·P·tokens + 12·n_L·h·d·S·tokens model FLOP [PaLM]; HFU: what runs, recompute in",
+    )
     for column in ("component", "time", "share"):
         table.add_column(column, justify="left" if column == "component" else "right")
     for name, value in step["breakdown"].items():

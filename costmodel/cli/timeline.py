@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from costmodel.plans.inputs import PlanInputs
 
 TimelineOpt = Annotated[
-    bool, typer.Option("--timeline", help="Also draw one layer's ring schedule: a row per rank, a column per time slice.")
+    bool,
+    typer.Option(
+        "--timeline", help="Also draw one layer's ring schedule: a row per rank, a column per time slice."
+    ),
 ]
 
 GLYPHS = {"compute": "█", "idle": "·", "transfer": "▒", "overhead": "▚"}
@@ -35,8 +38,10 @@ MIN_COLUMNS = 20
 def check_request(n: int, format: str) -> None:
     """Before any work: the terminal draws it (an HTML page always holds it), one row per rank."""
     if format not in ("table", "html"):
-        raise InputError("timeline", f"draws on the terminal (--format table); an html page always holds it; "
-                                     f"{format} output cannot")  # fmt: skip
+        raise InputError(
+            "timeline",
+            f"draws on the terminal (--format table); an html page always holds it; {format} output cannot",
+        )
     if format == "table":
         check_rows(n)
 
@@ -46,8 +51,11 @@ def check_rows(n: int) -> None:
     from costmodel.plans.gantt import MAX_RANKS
 
     if n > MAX_RANKS:
-        raise InputError("timeline", f"draws one row per rank, at most {MAX_RANKS} (N = {n}); lower --n, or "
-                                     "read the per-layout layer times in the report")  # fmt: skip
+        raise InputError(
+            "timeline",
+            f"draws one row per rank, at most {MAX_RANKS} (N = {n}); lower --n, or "
+            "read the per-layout layer times in the report",
+        )
 
 
 def columns(timeline: Timeline, rank: int, width: int) -> list[str]:
@@ -67,7 +75,9 @@ def columns(timeline: Timeline, rank: int, width: int) -> list[str]:
 def in_flight(timeline: Timeline, width: int) -> list[str]:
     """Per slice: a transfer in flight for at least half of it, for some of it, or none."""
     slice_s = timeline.total_s / width
-    spans = [(float(start), float(start + comm)) for start, comm in zip(timeline.step_start_s, timeline.comm_s)]
+    spans = [
+        (float(start), float(start + comm)) for start, comm in zip(timeline.step_start_s, timeline.comm_s)
+    ]
     end = float(timeline.step_start_s[-1])
     spans.append((end, end + timeline.tail_s))
     flags = []
@@ -97,14 +107,19 @@ def draw(timeline: Timeline, screen: Console) -> None:
     width = max(MIN_COLUMNS, screen.width - LABEL - SHARE)
     slice_s = timeline.total_s / width
     name = "backward" if timeline.backward else "forward"
-    screen.print(Text(f"Ring timeline, one layer {name} · {timeline.layout} · {seconds(timeline.total_s)} · "
-                      f"{timeline.ranks} ranks x {len(timeline.step_s)} steps", style="bold"))  # fmt: skip
+    screen.print(
+        Text(
+            f"Ring timeline, one layer {name} · {timeline.layout} · {seconds(timeline.total_s)} · "
+            f"{timeline.ranks} ranks x {len(timeline.step_s)} steps",
+            style="bold",
+        )
+    )
     ticks = [" "] * width
     for j, start in enumerate(timeline.step_start_s[:-1]):
         k = min(int(start / slice_s), width - 1)
         label = str(j)
-        if all(c == " " for c in ticks[max(k - 1, 0): k + len(label) + 1]):
-            ticks[k: k + len(label)] = label
+        if all(c == " " for c in ticks[max(k - 1, 0) : k + len(label) + 1]):
+            ticks[k : k + len(label)] = label
     screen.print(Text("step".ljust(LABEL) + "".join(ticks)[:width], style="dim"))
     link = "".join(FLIGHT[f] for f in in_flight(timeline, width))
     screen.print(Text("link".ljust(LABEL), style="bold") + Text(link, style="cyan"))
@@ -120,6 +135,9 @@ def draw(timeline: Timeline, screen: Console) -> None:
         legend.append(glyph, style=STYLES[kind]).append(f" {kind}  ")
     legend.append(FLIGHT["full"], style="cyan").append(" in flight")
     screen.print(legend)
-    screen.print(Text(f"one character = {seconds(slice_s)}; c = share of the layer spent computing", style="dim"))
-    screen.print(Text("· waits on the slowest rank; ▒ then on the link; ╸ in flight for part of one",
-                      style="dim"))  # fmt: skip
+    screen.print(
+        Text(f"one character = {seconds(slice_s)}; c = share of the layer spent computing", style="dim")
+    )
+    screen.print(
+        Text("· waits on the slowest rank; ▒ then on the link; ╸ in flight for part of one", style="dim")
+    )

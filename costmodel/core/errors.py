@@ -35,14 +35,16 @@ def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
 def describe_validation(exc: object, line: Callable[..., int] | None = None) -> str:
     """One line for a pydantic ``ValidationError``: every field's dotted path and problem, ``; ``-separated,
     each after its line in the file when ``line(*location)`` gives it."""
-    return "; ".join((f"line {line(*loc)}: " if line and loc else "") + (f"{'.'.join(loc)}: " if loc else "") + text
-                     for loc, text in validation_problems(exc))  # fmt: skip
+    return "; ".join(
+        (f"line {line(*loc)}: " if line and loc else "") + (f"{'.'.join(loc)}: " if loc else "") + text
+        for loc, text in validation_problems(exc)
+    )
 
 
 def _short(value: object, limit: int = 60) -> str:
     """``repr`` cut to one short line: a hostile file can hold a megabyte string or control characters."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _key(part: object) -> str:

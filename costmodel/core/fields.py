@@ -45,19 +45,33 @@ def _finite(value: float) -> float:
 NotBool = BeforeValidator(_not_bool)
 
 # The bounds are checked by the validators (for a readable message) and shown in the JSON schema (for the docs).
-Positive = Annotated[float, Field(allow_inf_nan=False, json_schema_extra={"minimum": FLOOR, "maximum": CEILING}),
-                     AfterValidator(_positive), NotBool]
+Positive = Annotated[
+    float,
+    Field(allow_inf_nan=False, json_schema_extra={"minimum": FLOOR, "maximum": CEILING}),
+    AfterValidator(_positive),
+    NotBool,
+]
 """A quantity in [1e-30, 1e30]."""
 
-NonNegative = Annotated[float, Field(allow_inf_nan=False, json_schema_extra={"minimum": 0, "maximum": CEILING}),
-                        AfterValidator(_non_negative), NotBool]
+NonNegative = Annotated[
+    float,
+    Field(allow_inf_nan=False, json_schema_extra={"minimum": 0, "maximum": CEILING}),
+    AfterValidator(_non_negative),
+    NotBool,
+]
 """0, or a quantity in [1e-30, 1e30]."""
 
-Finite = Annotated[float, Field(allow_inf_nan=False, json_schema_extra={"minimum": -CEILING, "maximum": CEILING}),
-                   AfterValidator(_finite), NotBool]
+Finite = Annotated[
+    float,
+    Field(allow_inf_nan=False, json_schema_extra={"minimum": -CEILING, "maximum": CEILING}),
+    AfterValidator(_finite),
+    NotBool,
+]
 """Any real number of magnitude at most 1e30."""
 
 
 def Count(minimum: int = 1, maximum: int = MAX_COUNT) -> Any:  # noqa: N802 - reads as a type
     """A whole number in [minimum, maximum], not a boolean."""
-    return Annotated[int, Field(ge=minimum, le=maximum), NotBool]  # NotBool last: it runs first, Field shows in the schema
+    return Annotated[
+        int, Field(ge=minimum, le=maximum), NotBool
+    ]  # NotBool last: it runs first, Field shows in the schema

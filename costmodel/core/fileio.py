@@ -137,7 +137,9 @@ def read_yaml(path: str | os.PathLike[str], field: str) -> YamlDocument:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise YamlInputError(field, name, mark.line + 1 if mark else None, f"malformed YAML: {problem}") from None
+        raise YamlInputError(
+            field, name, mark.line + 1 if mark else None, f"malformed YAML: {problem}"
+        ) from None
     except (ValueError, OverflowError) as exc:  # e.g. an integer of more digits than Python converts
         raise YamlInputError(field, name, None, f"unreadable value: {str(exc).splitlines()[0]}") from None
     finally:
@@ -175,7 +177,7 @@ def _read_text(name: str, field: str) -> str:
 
 
 def _shorten(name: str, limit: int = 80) -> str:
-    return name if len(name) <= limit else f"{name[:limit - 3]}..."
+    return name if len(name) <= limit else f"{name[: limit - 3]}..."
 
 
 class _Refused(Exception):
@@ -215,7 +217,9 @@ def _hardened_loader() -> type:
                     raise _Refused(key, "keys must be plain names, not lists or mappings")
                 line = key.start_mark.line + 1
                 if (key.tag, key.value) in seen:
-                    raise _Refused(key, f"duplicate key {key.value!r} on lines {seen[key.tag, key.value]} and {line}")
+                    raise _Refused(
+                        key, f"duplicate key {key.value!r} on lines {seen[key.tag, key.value]} and {line}"
+                    )
                 seen[key.tag, key.value] = line
             return node
 
@@ -255,14 +259,23 @@ def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> t
         import difflib
 
         close = [name for name in builtins if spec.lower() in name]  # h100 -> h100-ib, h100-nvlink
-        close += [name for name in difflib.get_close_matches(spec.lower(), builtins, n=3, cutoff=0.5) if name not in close]
+        close += [
+            name
+            for name in difflib.get_close_matches(spec.lower(), builtins, n=3, cutoff=0.5)
+            if name not in close
+        ]
         close = close[:3]
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise InputError(field, f"unknown {noun} {_shorten(spec)!r}; {hint}built-in: {', '.join(builtins)}, "
-                         "or a path to a YAML file")  # fmt: skip
+        raise InputError(
+            field,
+            f"unknown {noun} {_shorten(spec)!r}; {hint}built-in: {', '.join(builtins)}, "
+            "or a path to a YAML file",
+        )
     document = read_yaml(path, field)
     if not isinstance(document.data, dict):
-        raise InputError(field, f"{path}: expected a mapping of {noun} fields, got {type(document.data).__name__}")
+        raise InputError(
+            field, f"{path}: expected a mapping of {noun} fields, got {type(document.data).__name__}"
+        )
     return document.data, str(path), document
 
 

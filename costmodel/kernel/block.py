@@ -85,16 +85,33 @@ def _fused_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 def _fused_backward(dout, q, k, v, out, lse, causal: bool, scale: float):
     if q.device.type == "cpu":
         return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout, q, k, v, out, lse, 0.0, causal, scale=scale)
+            dout, q, k, v, out, lse, 0.0, causal, scale=scale
+        )
     # Without dropout the flash and efficient backward never read the RNG state, and the
     # cumulative sequence lengths are undefined (None) for dense, non-nested inputs. Pieces are
     # strided views of the shard; the CUDA kernels want dense rows.
     dout, q, k, v, out, lse = (x.contiguous() for x in (dout, q, k, v, out, lse))
     if _cuda_flash_applies(q):
         return aten._scaled_dot_product_flash_attention_backward(
-            dout, q, k, v, out, lse, None, None, q.shape[-2], k.shape[-2], 0.0, causal, None, None, scale=scale)
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            None,
+            None,
+            q.shape[-2],
+            k.shape[-2],
+            0.0,
+            causal,
+            None,
+            None,
+            scale=scale,
+        )
     dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-        dout, q, k, v, None, out, lse, None, None, 0.0, [True, True, True, False], causal, scale=scale)
+        dout, q, k, v, None, out, lse, None, None, 0.0, [True, True, True, False], causal, scale=scale
+    )
     return dq, dk, dv
 
 
@@ -115,7 +132,7 @@ def fused_support(device_type: str, dtype: torch.dtype, head_dim: int) -> FusedS
     device = torch.device(device_type)
     gen = torch.Generator().manual_seed(0)
     q, k, v, dout = (torch.randn(1, h, 5, head_dim, generator=gen).to(device, dtype) for h in (2, 1, 1, 2))
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     rtol = 2.0**-6 if dtype in (torch.float16, torch.bfloat16) else 1e-4  # a few units in the last place
 
     def exact(kk: torch.Tensor, vv: torch.Tensor) -> bool:
@@ -126,15 +143,21 @@ def fused_support(device_type: str, dtype: torch.dtype, head_dim: int) -> FusedS
         ref_grads = masked_backward(dout, q, k, v, out, lse, mask, scale)
         got_grads = (dq, reduce_kv_heads(dk, 1), reduce_kv_heads(dv, 1))
         pairs = [(out, ref_out), (lse, ref_lse), *zip(got_grads, ref_grads, strict=True)]
-        return all(bool(((a.double() - b.double()).abs() <= rtol * (1 + b.double().abs())).all()) for a, b in pairs)
+        return all(
+            bool(((a.double() - b.double()).abs() <= rtol * (1 + b.double().abs())).all()) for a, b in pairs
+        )
 
     try:
         usable = exact(expand_kv_heads(k, 2), expand_kv_heads(v, 2))
     except (RuntimeError, NotImplementedError):
         usable = False
     if not usable:
-        warnings.warn(f"fused SDPA op unusable for {device_type} {dtype} head_dim={head_dim}: "
-                      "using the slower fp32 matmul path", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"fused SDPA op unusable for {device_type} {dtype} head_dim={head_dim}: "
+            "using the slower fp32 matmul path",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return FusedSupport(False, False)
     try:
         return FusedSupport(True, exact(k, v))
@@ -198,8 +221,15 @@ def _piece_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, support: FusedS
     return expand_kv_heads(k, q.shape[1]), expand_kv_heads(v, q.shape[1])
 
 
-def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, scale: float,
-                  out: torch.Tensor, lse: torch.Tensor) -> None:
+def block_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: BlockPlan,
+    scale: float,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+) -> None:
     """Attend ``q`` to one KV block as ``plan`` says and merge into the fp32 accumulators ``out``, ``lse``."""
     support = fused_support(q.device.type, q.dtype, q.shape[-1])
     for piece in plan.pieces:
@@ -212,9 +242,19 @@ def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: Block
         merge_lse(out[:, :, piece.rows], lse[:, :, piece.rows], piece_out, piece_lse)
 
 
-def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   out: torch.Tensor, lse: torch.Tensor, plan: BlockPlan, scale: float,
-                   dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+def block_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    plan: BlockPlan,
+    scale: float,
+    dq: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+) -> None:
     """Add this KV block's gradient contributions into fp32 ``dq`` (query shard) and ``dk``, ``dv`` (KV block).
 
     ``out`` and ``lse`` are the final (merged) forward results for ``q``, ``out`` in ``q``'s dtype.
@@ -223,21 +263,31 @@ def block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     kv_heads = k.shape[1]
     for piece in plan.pieces:
         rows, keys = piece.rows, piece.keys
-        args = (dout[:, :, rows], q[:, :, rows], k[:, :, keys], v[:, :, keys], out[:, :, rows], lse[:, :, rows])
+        args = (
+            dout[:, :, rows],
+            q[:, :, rows],
+            k[:, :, keys],
+            v[:, :, keys],
+            out[:, :, rows],
+            lse[:, :, rows],
+        )
         if piece.kind == "masked" or not support.usable:
             dq_p, dk_p, dv_p = masked_backward(*args, _piece_mask(piece, q.device), scale)
         else:
             dout_p, q_p, k_p, v_p, out_p, lse_p = args
             k_p, v_p = _piece_kv(q_p, k_p, v_p, support)
-            dq_p, dk_p, dv_p = _fused_backward(dout_p, q_p, k_p, v_p, out_p, lse_p, piece.kind == "causal", scale)
+            dq_p, dk_p, dv_p = _fused_backward(
+                dout_p, q_p, k_p, v_p, out_p, lse_p, piece.kind == "causal", scale
+            )
             dk_p, dv_p = reduce_kv_heads(dk_p, kv_heads), reduce_kv_heads(dv_p, kv_heads)
         dq[:, :, rows] += dq_p
         dk[:, :, keys] += dk_p
         dv[:, :, keys] += dv_p
 
 
-def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan,
-                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: BlockPlan, scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One block on its own: (out in q's dtype, lse fp32). What the ring does per step, for timing."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     wide = accumulator_dtype(q.dtype)

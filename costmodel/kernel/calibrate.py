@@ -77,8 +77,14 @@ class _Progress:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                TimeElapsedColumn(), console=Console(stderr=True), transient=False)  # fmt: skip
+            self.bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
             self.task = self.bar.add_task("calibrating", total=total)
             self.bar.start()
 
@@ -106,7 +112,9 @@ def _groups(world_size: int) -> dict[str, list[int]]:
     return scopes
 
 
-def _ring_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, plan: Any) -> tuple[Any, Any]:
+def _ring_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, plan: Any
+) -> tuple[Any, Any]:
     """What one ring step computes, forward and backward: the block into accumulators that already exist
     (the ring allocates them once per layer, not per step)."""
     scale = q.shape[-1] ** -0.5
@@ -114,30 +122,54 @@ def _ring_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Te
     wide = accumulator_dtype(q.dtype)
     acc_out = torch.zeros(q.shape, dtype=wide, device=q.device)
     acc_lse = torch.full(q.shape[:-1], NEG_INF, dtype=wide, device=q.device)
-    grads = (torch.zeros(q.shape, dtype=wide, device=q.device), torch.zeros(k.shape, dtype=wide, device=k.device),
-             torch.zeros(v.shape, dtype=wide, device=v.device))  # fmt: skip
+    grads = (
+        torch.zeros(q.shape, dtype=wide, device=q.device),
+        torch.zeros(k.shape, dtype=wide, device=k.device),
+        torch.zeros(v.shape, dtype=wide, device=v.device),
+    )
     forward = functools.partial(block_forward, q, k, v, plan, scale, acc_out, acc_lse)
     backward = functools.partial(block_backward, dout, q, k, v, out, lse, plan, scale, *grads)
     return forward, backward
 
 
-def _measure_compute(ctx: Any, config: CalibrationConfig, level: int, group: Any, progress: _Progress) -> list[dict]:
+def _measure_compute(
+    ctx: Any, config: CalibrationConfig, level: int, group: Any, progress: _Progress
+) -> list[dict]:
     """Every block size, forward and backward, full and causal, timed in interleaved rounds."""
     torch_dtype = getattr(torch, _torch_name(config.dtype))
     runs, flops = {}, {}
     for causal in (False, True):
         for tokens in config.tokens:
-            q, k, v, dout = random_qkv(config.batch, config.heads, config.kv_heads, tokens, config.head_dim,
-                                       torch_dtype, ctx.device, seed=ctx.rank)  # fmt: skip
+            q, k, v, dout = random_qkv(
+                config.batch,
+                config.heads,
+                config.kv_heads,
+                tokens,
+                config.head_dim,
+                torch_dtype,
+                ctx.device,
+                seed=ctx.rank,
+            )
             positions = np.arange(tokens)
             plan = plan_block(MaskRule(causal), positions, positions)
-            forward_flops = plan.visible_pairs * (config.pair_flops or 4 * config.batch * config.heads * config.head_dim)
-            runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(q, k, v, dout, plan)
+            forward_flops = plan.visible_pairs * (
+                config.pair_flops or 4 * config.batch * config.heads * config.head_dim
+            )
+            runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(
+                q, k, v, dout, plan
+            )
             flops[(causal, tokens, "forward")] = forward_flops
             flops[(causal, tokens, "backward")] = config.backward_flop_factor * forward_flops
     what = f"compute, {level} rank{'s' if level > 1 else ''} busy"
-    samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, group=group, min_total_s=TOTAL_S,
-                           on_round=lambda: progress.step(what))  # fmt: skip
+    samples = sample_times(
+        runs,
+        ctx.device,
+        repeats=config.repeats,
+        warmup=config.warmup,
+        group=group,
+        min_total_s=TOTAL_S,
+        on_round=lambda: progress.step(what),
+    )
     curves = []
     for causal in (False, True):
         curve = {"concurrency": level, "causal": causal, "forward": [], "backward": []}
@@ -145,8 +177,14 @@ def _measure_compute(ctx: Any, config: CalibrationConfig, level: int, group: Any
             for phase in ("forward", "backward"):
                 median, spread = _summary(samples[(causal, tokens, phase)])
                 forward_flops = flops[(causal, tokens, "forward")]
-                curve[phase].append({"tokens": tokens, "flops": forward_flops, "spread": spread,
-                                     "flops_per_s": flops[(causal, tokens, phase)] / median})  # fmt: skip
+                curve[phase].append(
+                    {
+                        "tokens": tokens,
+                        "flops": forward_flops,
+                        "spread": spread,
+                        "flops_per_s": flops[(causal, tokens, phase)] / median,
+                    }
+                )
         curves.append(curve)
     return curves
 
@@ -163,8 +201,14 @@ def _measure_links(ctx: Any, config: CalibrationConfig, group: Any, scope: str, 
         # A Ulysses exchange as the kernel makes it: a (b, heads, tokens, d) tensor of the calibrated shape
         # split over heads and gathered over tokens by the kernel's own all_to_all, copies included.
         per_token = config.batch * config.heads * config.head_dim * torch_dtype.itemsize
-        held = torch.zeros(config.batch, config.heads, max(1, nbytes // per_token), config.head_dim,
-                           dtype=torch_dtype, device=ctx.device)  # fmt: skip
+        held = torch.zeros(
+            config.batch,
+            config.heads,
+            max(1, nbytes // per_token),
+            config.head_dim,
+            dtype=torch_dtype,
+            device=ctx.device,
+        )
         held_bytes[nbytes] = held.numel() * torch_dtype.itemsize
 
         def exchange(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
@@ -174,13 +218,22 @@ def _measure_links(ctx: Any, config: CalibrationConfig, group: Any, scope: str, 
 
         runs[("p2p", nbytes)] = exchange
         runs[("a2a", nbytes)] = functools.partial(all_to_all, held, 1, 2, group)
-    samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, group=group, min_total_s=TOTAL_S,
-                           on_round=lambda: progress.step(f"{scope} links"))  # fmt: skip
+    samples = sample_times(
+        runs,
+        ctx.device,
+        repeats=config.repeats,
+        warmup=config.warmup,
+        group=group,
+        min_total_s=TOTAL_S,
+        on_round=lambda: progress.step(f"{scope} links"),
+    )
     out: dict[str, Any] = {"p2p": [], "alltoall": [], "ranks": size}
     for (kind, nbytes), values in samples.items():
         median, spread = _summary(values)
         key = "p2p" if kind == "p2p" else "alltoall"
-        out[key].append({"bytes": nbytes if kind == "p2p" else held_bytes[nbytes], "seconds": median, "spread": spread})
+        out[key].append(
+            {"bytes": nbytes if kind == "p2p" else held_bytes[nbytes], "seconds": median, "spread": spread}
+        )
     return out
 
 
@@ -193,14 +246,24 @@ def _measure_overlap(ctx: Any, config: CalibrationConfig, progress: _Progress) -
     comm = RingComm(None)
     runs = {}
     for tokens in config.overlap_tokens:
-        q, k, v, _ = random_qkv(config.batch, config.heads, config.kv_heads, tokens, config.head_dim, torch_dtype,
-                                ctx.device, seed=ctx.rank)  # fmt: skip
+        q, k, v, _ = random_qkv(
+            config.batch,
+            config.heads,
+            config.kv_heads,
+            tokens,
+            config.head_dim,
+            torch_dtype,
+            ctx.device,
+            seed=ctx.rank,
+        )
         plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
         kv = torch.stack((k, v))
         recv = torch.empty_like(kv)
         compute = _ring_step(q, k, v, _, plan)[0]
 
-        def step(compute: Any = compute, kv: torch.Tensor = kv, recv: torch.Tensor = recv, busy: bool = True) -> None:
+        def step(
+            compute: Any = compute, kv: torch.Tensor = kv, recv: torch.Tensor = recv, busy: bool = True
+        ) -> None:
             comm.send_recv(kv, recv)
             comm.commit()
             if busy:
@@ -218,11 +281,19 @@ def _measure_overlap(ctx: Any, config: CalibrationConfig, progress: _Progress) -
         runs[(tokens, "both")] = step
         runs[(tokens, "a2a")] = exchange
         runs[(tokens, "compute_then_a2a")] = compute_then_exchange
-    samples = sample_times(runs, ctx.device, repeats=2 * config.repeats, warmup=config.warmup, min_total_s=TOTAL_S,
-                           on_round=lambda: progress.step("overlap"))  # fmt: skip
+    samples = sample_times(
+        runs,
+        ctx.device,
+        repeats=2 * config.repeats,
+        warmup=config.warmup,
+        min_total_s=TOTAL_S,
+        on_round=lambda: progress.step("overlap"),
+    )
     whats = ("compute", "comm", "both", "a2a", "compute_then_a2a")
-    return [{"tokens": tokens, **{what: _summary(samples[(tokens, what)])[0] for what in whats}}
-            for tokens in config.overlap_tokens]  # fmt: skip
+    return [
+        {"tokens": tokens, **{what: _summary(samples[(tokens, what)])[0] for what in whats}}
+        for tokens in config.overlap_tokens
+    ]
 
 
 def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) -> dict:
@@ -231,14 +302,30 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
     torch_dtype = getattr(torch, _torch_name(config.dtype))
     runs = {}
     for variant in ("ring", "ulysses"):
-        layer = attention_runs(variant, config.layer_tokens, config.heads, config.kv_heads, config.head_dim,
-                               torch_dtype, batch=config.batch, device=ctx.device)  # fmt: skip
+        layer = attention_runs(
+            variant,
+            config.layer_tokens,
+            config.heads,
+            config.kv_heads,
+            config.head_dim,
+            torch_dtype,
+            batch=config.batch,
+            device=ctx.device,
+        )
         runs[(variant, "fwd")] = layer["forward"]
         runs[(variant, "fwd+bwd")] = layer["forward_backward"]
-    samples = sample_times(runs, ctx.device, repeats=config.repeats, warmup=config.warmup, min_total_s=TOTAL_S,
-                           on_round=lambda: progress.step("layer overheads"))  # fmt: skip
-    return {"tokens": config.layer_tokens,
-            **{f"{variant} {pass_}": _summary(values)[0] for (variant, pass_), values in samples.items()}}
+    samples = sample_times(
+        runs,
+        ctx.device,
+        repeats=config.repeats,
+        warmup=config.warmup,
+        min_total_s=TOTAL_S,
+        on_round=lambda: progress.step("layer overheads"),
+    )
+    return {
+        "tokens": config.layer_tokens,
+        **{f"{variant} {pass_}": _summary(values)[0] for (variant, pass_), values in samples.items()},
+    }
 
 
 def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
@@ -246,7 +333,9 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     world_size = dist.get_world_size()
     levels = config.levels(world_size)
     scopes = {scope: ranks for scope, ranks in _groups(world_size).items() if len(ranks) > 1}
-    total = (len(levels) + len(scopes) + 3) * config.repeats  # rounds: compute per level, links per scope, the rest
+    total = (
+        len(levels) + len(scopes) + 3
+    ) * config.repeats  # rounds: compute per level, links per scope, the rest
     progress = _Progress(config.progress and ctx.rank == 0, total)
     raw: dict[str, Any] = {"compute": [], "links": {}}
     try:
@@ -267,10 +356,14 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     if ctx.rank != 0:
         return None
     raw["meta"] = {
-        "host": platform.node(), "torch_version": torch.__version__, "backend": ctx.backend, "nproc": world_size,
-        "device_name": _device_name(ctx.device), "memory_bytes": _memory_bytes(ctx.device),
+        "host": platform.node(),
+        "torch_version": torch.__version__,
+        "backend": ctx.backend,
+        "nproc": world_size,
+        "device_name": _device_name(ctx.device),
+        "memory_bytes": _memory_bytes(ctx.device),
         "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-    }  # fmt: skip
+    }
     return raw
 
 
@@ -286,7 +379,9 @@ def _device_name(device: torch.device) -> str:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model)
+            model = next(
+                (line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), model
+            )
     except OSError:
         pass
     return f"CPU {model}"

@@ -24,7 +24,9 @@ class RingComm:
         self.recv_from = self._global_rank((self.rank - 1) % self.world_size)
         self._ops: list[dist.P2POp] = []
         self._requests: list = []
-        self._in_flight: list[torch.Tensor] = []  # alive until wait(): a contiguous copy may be all that holds one
+        self._in_flight: list[
+            torch.Tensor
+        ] = []  # alive until wait(): a contiguous copy may be all that holds one
 
     def _global_rank(self, group_rank: int) -> int:
         return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
@@ -52,8 +54,9 @@ class RingComm:
         self._requests, self._in_flight = [], []
 
 
-def all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int,
-               group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def all_to_all(
+    x: torch.Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Split ``x`` into N chunks along ``scatter_dim``, send chunk j to rank j, and concatenate what
     arrives (in rank order) along ``gather_dim``. One ``all_to_all_single`` ([A-OnlineNorm], Ulysses)."""
     world_size = dist.get_world_size(group)
@@ -79,7 +82,8 @@ class _AllToAll(torch.autograd.Function):
         return all_to_all(grad, gather_dim, scatter_dim, ctx.group), None, None, None
 
 
-def all_to_all_autograd(x: torch.Tensor, scatter_dim: int, gather_dim: int,
-                        group: dist.ProcessGroup | None = None) -> torch.Tensor:
+def all_to_all_autograd(
+    x: torch.Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Differentiable :func:`all_to_all`."""
     return _AllToAll.apply(x, scatter_dim, gather_dim, group)

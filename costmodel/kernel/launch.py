@@ -53,8 +53,14 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch(fn: Callable[..., Any], nproc: int | None = None, *, args: tuple = (), timeout_s: float = 120.0,
-           device: str = "auto") -> dict[int, Any]:
+def launch(
+    fn: Callable[..., Any],
+    nproc: int | None = None,
+    *,
+    args: tuple = (),
+    timeout_s: float = 120.0,
+    device: str = "auto",
+) -> dict[int, Any]:
     """Run ``fn(ctx, *args)`` on every rank: under torchrun in this process, else on ``nproc`` local ones."""
     if under_torchrun():
         rank = int(os.environ["RANK"])
@@ -77,16 +83,18 @@ def _choose_device(device: str, local_rank: int, world_size: int) -> tuple[Any, 
     return torch.device("cpu"), "gloo"
 
 
-def run_under_torchrun(fn: Callable[..., Any], *, args: tuple = (), device: str = "auto",
-                       timeout_s: float = 600.0) -> Any:
+def run_under_torchrun(
+    fn: Callable[..., Any], *, args: tuple = (), device: str = "auto", timeout_s: float = 600.0
+) -> Any:
     """Initialise from torchrun's environment (env://), run ``fn`` on this rank, tear down."""
     import torch.distributed as dist
 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
     torch_device, backend = _choose_device(device, int(os.environ.get("LOCAL_RANK", "0")), local_world)
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, init_method="env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+    )
     try:
         return fn(RankContext(rank, world_size, torch_device, backend), *args)
     finally:
@@ -101,8 +109,18 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _rank_main(rank: int, world_size: int, store_port: int, device: str, threads: int, timeout_s: float,
-               parent_pid: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+def _rank_main(
+    rank: int,
+    world_size: int,
+    store_port: int,
+    device: str,
+    threads: int,
+    timeout_s: float,
+    parent_pid: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    results: Any,
+) -> None:
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     try:
         import torch
@@ -110,10 +128,12 @@ def _rank_main(rank: int, world_size: int, store_port: int, device: str, threads
 
         torch.set_num_threads(threads)
         torch_device, backend = _choose_device(device, rank, world_size)
-        store = dist.TCPStore("127.0.0.1", store_port, world_size, is_master=False,
-                              timeout=timedelta(seconds=timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s))
+        store = dist.TCPStore(
+            "127.0.0.1", store_port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
+        )
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        )
         try:
             result = fn(RankContext(rank, world_size, torch_device, backend), *args)
             results.send((rank, "returned", None))  # a hang after this is a peer's, not ours
@@ -128,8 +148,15 @@ def _rank_main(rank: int, world_size: int, store_port: int, device: str, threads
         results.send((rank, "error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
 
 
-def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s: float = 120.0,
-              device: str = "auto", threads_per_rank: int | None = None) -> list[Any]:
+def run_local(
+    fn: Callable[..., Any],
+    nproc: int,
+    *,
+    args: tuple = (),
+    timeout_s: float = 120.0,
+    device: str = "auto",
+    threads_per_rank: int | None = None,
+) -> list[Any]:
     """Spawn ``nproc`` ranks running ``fn(ctx, *args)``; return their results in rank order.
 
     ``fn`` must be importable by name (defined at module level), and its result picklable. The whole
@@ -146,11 +173,16 @@ def run_local(fn: Callable[..., Any], nproc: int, *, args: tuple = (), timeout_s
     # One pipe per rank, not a Queue: a Queue's semaphores outlive a SIGKILLed parent as a warning.
     pipes = [context.Pipe(duplex=False) for _ in range(nproc)]
     # Port 0: the system picks a free one, with no window for another program to take it.
-    store = dist.TCPStore("127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        "127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
     processes = [
-        context.Process(target=_rank_main, name=f"cp-plan-rank-{rank}", daemon=True,
-                        args=(rank, nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args, pipes[rank][1]))
+        context.Process(
+            target=_rank_main,
+            name=f"cp-plan-rank-{rank}",
+            daemon=True,
+            args=(rank, nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args, pipes[rank][1]),
+        )
         for rank in range(nproc)
     ]
     try:
@@ -183,7 +215,11 @@ class _Inbox:
             for reader in wait(self.open, timeout):
                 try:
                     self.pending.append(reader.recv())
-                except (EOFError, OSError, pickle.UnpicklingError):  # the rank is gone; its exit code says how
+                except (
+                    EOFError,
+                    OSError,
+                    pickle.UnpicklingError,
+                ):  # the rank is gone; its exit code says how
                     self.open.remove(reader)
         if not self.pending:
             raise queue_module.Empty

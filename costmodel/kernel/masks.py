@@ -30,11 +30,15 @@ PieceKind = Literal["full", "causal", "masked"]
 MAX_FUSED_PIECES = 32
 
 
-def check_cu_seqlens(cu_seqlens: tuple[int, ...] | list[int], seq: int, field: str = "cu_seqlens") -> tuple[int, ...]:
+def check_cu_seqlens(
+    cu_seqlens: tuple[int, ...] | list[int], seq: int, field: str = "cu_seqlens"
+) -> tuple[int, ...]:
     """Validate document boundaries of a packed sequence: starts at 0, strictly increasing, ends at ``seq``."""
     bounds = tuple(int(b) for b in cu_seqlens)
     if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != seq:
-        raise InputError(field, f"document boundaries must run from 0 to the sequence length {seq}, got {list(bounds)}")
+        raise InputError(
+            field, f"document boundaries must run from 0 to the sequence length {seq}, got {list(bounds)}"
+        )
     if any(b <= a for a, b in itertools.pairwise(bounds)):
         raise InputError(field, f"document boundaries must be strictly increasing, got {list(bounds)}")
     return bounds
@@ -120,8 +124,9 @@ class BlockPlan:
         return covered.astype(bool)
 
 
-def plan_block(rule: MaskRule, q_pos: np.ndarray, k_pos: np.ndarray,
-               max_fused_pieces: int = MAX_FUSED_PIECES) -> BlockPlan:
+def plan_block(
+    rule: MaskRule, q_pos: np.ndarray, k_pos: np.ndarray, max_fused_pieces: int = MAX_FUSED_PIECES
+) -> BlockPlan:
     """Cut the (q_pos × k_pos) block into fused calls; vectorised over rows, a Python loop only over pieces."""
     lo, hi = rule.key_runs(q_pos, k_pos)
     rows, keys = len(lo), len(k_pos)

@@ -13,9 +13,15 @@ from costmodel.kernel.block import expand_kv_heads
 from costmodel.kernel.masks import MaskRule
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rule: MaskRule,
-                        scale: float | None = None, q_pos: np.ndarray | None = None,
-                        k_pos: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rule: MaskRule,
+    scale: float | None = None,
+    q_pos: np.ndarray | None = None,
+    k_pos: np.ndarray | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) in float64 for q (b, h, Lq, d) and k, v (b, n_kv, Lk, d) at global positions ``q_pos``,
     ``k_pos`` (default: the whole sequence in order). Rows that see no key give out = 0, lse = -inf,
     and zero gradients, like the kernel."""

@@ -43,12 +43,20 @@ class RingSchedule:
 
 
 @functools.lru_cache(maxsize=256)
-def ring_schedule(rule: MaskRule, layout: str, seq: int, world_size: int, rank: int,
-                  max_fused_pieces: int = MAX_FUSED_PIECES) -> RingSchedule:
+def ring_schedule(
+    rule: MaskRule,
+    layout: str,
+    seq: int,
+    world_size: int,
+    rank: int,
+    max_fused_pieces: int = MAX_FUSED_PIECES,
+) -> RingSchedule:
     """The schedule of ``rank`` for a sequence of ``seq`` tokens laid out over ``world_size`` ranks."""
     held = positions(layout, seq, world_size)
-    plans = tuple(plan_block(rule, held[rank], held[(rank - step) % world_size], max_fused_pieces)
-                  for step in range(world_size))
+    plans = tuple(
+        plan_block(rule, held[rank], held[(rank - step) % world_size], max_fused_pieces)
+        for step in range(world_size)
+    )
     return RingSchedule(rank, plans)
 
 
@@ -57,8 +65,14 @@ def local_schedule(rule: MaskRule, seq: int, max_fused_pieces: int = MAX_FUSED_P
     return ring_schedule(rule, "contiguous", seq, 1, 0, max_fused_pieces)
 
 
-def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: RingSchedule,
-                 comm: RingComm | None, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def ring_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    schedule: RingSchedule,
+    comm: RingComm | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's out (q's dtype) and lse (fp32) against the whole sequence."""
     wide = accumulator_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=wide, device=q.device)
@@ -77,9 +91,18 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Ri
     return out.to(q.dtype), lse
 
 
-def ring_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  out: torch.Tensor, lse: torch.Tensor, schedule: RingSchedule,
-                  kv_comm: RingComm | None, dkv_comm: RingComm | None, scale: float):
+def ring_backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    schedule: RingSchedule,
+    kv_comm: RingComm | None,
+    dkv_comm: RingComm | None,
+    scale: float,
+):
     """dq, dk, dv of this rank's shards; dK/dV partial sums travel with the KV blocks, in fp32."""
     world_size = schedule.world_size
     wide = accumulator_dtype(q.dtype)
@@ -130,23 +153,36 @@ class _RingAttention(torch.autograd.Function):
         many = ctx.schedule.world_size > 1
         kv_comm = RingComm(ctx.group, KV_TAG) if many else None
         dkv_comm = RingComm(ctx.group, DKV_TAG) if many else None
-        dq, dk, dv = ring_backward(dout.contiguous(), q, k, v, out, lse, ctx.schedule, kv_comm, dkv_comm, ctx.scale)
+        dq, dk, dv = ring_backward(
+            dout.contiguous(), q, k, v, out, lse, ctx.schedule, kv_comm, dkv_comm, ctx.scale
+        )
         return dq, dk, dv, None, None, None
 
 
 def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
-        raise ValueError(f"expected q (b, h, L, d) and k, v (b, n_kv, L, d); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"expected q (b, h, L, d) and k, v (b, n_kv, L, d); got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] or q.shape[1] % k.shape[1]:
-        raise ValueError(f"q {tuple(q.shape)} and k/v {tuple(k.shape)} do not match (heads must be a "
-                         "multiple of kv_heads)")
+        raise ValueError(
+            f"q {tuple(q.shape)} and k/v {tuple(k.shape)} do not match (heads must be a multiple of kv_heads)"
+        )
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                   group: dist.ProcessGroup | None = None, layout: str = "contiguous", causal: bool = False,
-                   cu_seqlens: tuple[int, ...] | list[int] | None = None, scale: float | None = None,
-                   max_fused_pieces: int = MAX_FUSED_PIECES) -> tuple[torch.Tensor, torch.Tensor]:
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    layout: str = "contiguous",
+    causal: bool = False,
+    cu_seqlens: tuple[int, ...] | list[int] | None = None,
+    scale: float | None = None,
+    max_fused_pieces: int = MAX_FUSED_PIECES,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of this rank's query shard to the whole sequence, passing K/V round the ring.
 
     ``q`` (b, h, L, d) and ``k``, ``v`` (b, n_kv, L, d) are this rank's shard: the tokens at
@@ -165,14 +201,21 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return _RingAttention.apply(q, k.contiguous(), v.contiguous(), schedule, group, scale)
 
 
-def local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    cu_seqlens: tuple[int, ...] | list[int] | None = None, scale: float | None = None,
-                    max_fused_pieces: int = MAX_FUSED_PIECES) -> tuple[torch.Tensor, torch.Tensor]:
+def local_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    cu_seqlens: tuple[int, ...] | list[int] | None = None,
+    scale: float | None = None,
+    max_fused_pieces: int = MAX_FUSED_PIECES,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same kernel on one process over a whole sequence in order (used by Ulysses after its all-to-all)."""
     check_shapes(q, k, v)
     seq = q.shape[2]
     rule = MaskRule(causal, None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, seq))
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _RingAttention.apply(q, k.contiguous(), v.contiguous(), local_schedule(rule, seq, max_fused_pieces),
-                                None, scale)
-
+    return _RingAttention.apply(
+        q, k.contiguous(), v.contiguous(), local_schedule(rule, seq, max_fused_pieces), None, scale
+    )

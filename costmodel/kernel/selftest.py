@@ -108,7 +108,11 @@ class SelftestResult:
 
     def to_json(self) -> dict[str, Any]:
         atol, rtol = self.config.tolerance()
-        config = asdict(self.config) | {"nproc": self.world_size, "backend": self.backend, "device": self.device}
+        config = asdict(self.config) | {
+            "nproc": self.world_size,
+            "backend": self.backend,
+            "device": self.device,
+        }
         config["varlen"] = list(self.config.varlen) if self.config.varlen else None
         config["variants"] = list(self.config.variants)
         import torch
@@ -120,11 +124,25 @@ class SelftestResult:
                 continue
             variants[name] = {
                 "passed": result.passed,
-                "outputs": {o: {"max_abs_error": result.errors[o], "tolerance": result.tolerances[o],
-                                "passed": result.errors[o] <= result.tolerances[o]} for o in result.errors},
+                "outputs": {
+                    o: {
+                        "max_abs_error": result.errors[o],
+                        "tolerance": result.tolerances[o],
+                        "passed": result.errors[o] <= result.tolerances[o],
+                    }
+                    for o in result.errors
+                },
             }
-        return {"schema": SCHEMA, "passed": self.passed, "config": config, "torch": torch.__version__,
-                "tolerance_rule": TOLERANCE_RULE, "atol": atol, "rtol": rtol, "variants": variants}
+        return {
+            "schema": SCHEMA,
+            "passed": self.passed,
+            "config": config,
+            "torch": torch.__version__,
+            "tolerance_rule": TOLERANCE_RULE,
+            "atol": atol,
+            "rtol": rtol,
+            "variants": variants,
+        }
 
 
 def selftest_rank(ctx: Any, config: SelftestConfig) -> dict[str, Any]:
@@ -161,11 +179,16 @@ def selftest_rank(ctx: Any, config: SelftestConfig) -> dict[str, Any]:
             continue
         attention = ring_attention if variant == "ring" else ulysses_attention
         local = [mine(x).requires_grad_() for x in (q, k, v)]
-        out, lse = attention(*local, group=ctx.group, layout=config.layout, causal=config.causal,
-                             cu_seqlens=config.varlen)
+        out, lse = attention(
+            *local, group=ctx.group, layout=config.layout, causal=config.causal, cu_seqlens=config.varlen
+        )
         grads = torch.autograd.grad(out, local, mine(dout))
-        errors = torch.stack([(got.double() - mine(ref.detach())).abs().max()
-                              for got, ref in zip((out, lse, *grads), references, strict=True)])
+        errors = torch.stack(
+            [
+                (got.double() - mine(ref.detach())).abs().max()
+                for got, ref in zip((out, lse, *grads), references, strict=True)
+            ]
+        )
         errors = torch.nan_to_num(errors, nan=torch.inf)  # a NaN anywhere must fail, not compare False
         dist.all_reduce(errors, op=dist.ReduceOp.MAX, group=ctx.group)
         scales = [ref.detach().abs().max().item() for ref in references]
@@ -190,6 +213,8 @@ def run_selftest(config: SelftestConfig, nproc: int | None, timeout_s: float = 3
         raise InputError("--heads", f"Ulysses infeasible: {reason}")
     by_rank = launch(selftest_rank, nproc, args=(config,), timeout_s=timeout_s, device=config.device)
     report = next(iter(by_rank.values()))
-    variants = {name: VariantResult(**entry) if "errors" in entry else VariantResult(skipped=entry["skipped"])
-                for name, entry in report["variants"].items()}
+    variants = {
+        name: VariantResult(**entry) if "errors" in entry else VariantResult(skipped=entry["skipped"])
+        for name, entry in report["variants"].items()
+    }
     return SelftestResult(config, world_size, report["backend"], report["device"], variants)

@@ -41,7 +41,9 @@ def _slowest(seconds: float, group: dist.ProcessGroup | None) -> float:
     return float(value.item())
 
 
-def time_once(run: Callable[[], object], device: torch.device, group: dist.ProcessGroup | None = None) -> float:
+def time_once(
+    run: Callable[[], object], device: torch.device, group: dist.ProcessGroup | None = None
+) -> float:
     """Wall time of one ``run()``, ranks lined up on a barrier first; the slowest rank's when distributed."""
     if dist.is_initialized():
         dist.barrier(group=group)
@@ -52,24 +54,43 @@ def time_once(run: Callable[[], object], device: torch.device, group: dist.Proce
     return _slowest(time.perf_counter() - start, group)
 
 
-def median_time(run: Callable[[], object], device: torch.device, *, repeats: int = 5, warmup: int = 1,
-                group: dist.ProcessGroup | None = None) -> float:
+def median_time(
+    run: Callable[[], object],
+    device: torch.device,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    group: dist.ProcessGroup | None = None,
+) -> float:
     """Median wall time of ``run()`` over ``repeats``; collective when a process group is initialised."""
     return median_times({"run": run}, device, repeats=repeats, warmup=warmup, group=group)["run"]
 
 
-def median_times(runs: dict[str, Callable[[], object]], device: torch.device, *, repeats: int = 5,
-                 warmup: int = 1, group: dist.ProcessGroup | None = None) -> dict[str, float]:
+def median_times(
+    runs: dict[str, Callable[[], object]],
+    device: torch.device,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    group: dist.ProcessGroup | None = None,
+) -> dict[str, float]:
     """Median time of each run, measured in interleaved rounds (each run once per round), so that a slow
     spell of a shared machine hits every figure alike and their ratios stay meaningful."""
     samples = sample_times(runs, device, repeats=repeats, warmup=warmup, group=group)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def sample_times(runs: dict[str, Callable[[], object]], device: torch.device, *, repeats: int = 5,
-                 warmup: int = 1, group: dist.ProcessGroup | None = None,
-                 min_total_s: float = 0.0, max_repeats: int = 200,
-                 on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
+def sample_times(
+    runs: dict[str, Callable[[], object]],
+    device: torch.device,
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    group: dist.ProcessGroup | None = None,
+    min_total_s: float = 0.0,
+    max_repeats: int = 200,
+    on_round: Callable[[], None] | None = None,
+) -> dict[str, list[float]]:
     """Timed calls of each run (interleaved rounds, slowest rank, one call per sample), for medians and
     their spread.
 
@@ -103,17 +124,37 @@ class BlockTiming:
     forward_flops: float  # 4·b·h·(visible pairs)·d: two matmuls of 2 FLOP per multiply-add
 
 
-def random_qkv(batch: int, heads: int, kv_heads: int, tokens: int, head_dim: int, dtype: torch.dtype,
-               device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
+def random_qkv(
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    tokens: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> tuple[torch.Tensor, ...]:
     """q, k, v, dout drawn from one seed: (b, h, L, d) and (b, n_kv, L, d)."""
     generator = torch.Generator().manual_seed(seed)
     shapes = [(batch, heads), (batch, kv_heads), (batch, kv_heads), (batch, heads)]
-    return tuple(torch.randn(*shape, tokens, head_dim, generator=generator).to(device, dtype) for shape in shapes)
+    return tuple(
+        torch.randn(*shape, tokens, head_dim, generator=generator).to(device, dtype) for shape in shapes
+    )
 
 
-def time_block(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, *,
-               causal: bool = False, batch: int = 1, device: torch.device | str = "cpu",
-               repeats: int = 5, warmup: int = 1) -> BlockTiming:
+def time_block(
+    tokens: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    *,
+    causal: bool = False,
+    batch: int = 1,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+) -> BlockTiming:
     """One ring step's compute on this process: a block of ``tokens`` queries against as many keys, fully
     visible or with the causal diagonal (the ring's own-block step)."""
     device = torch.device(device)
@@ -122,13 +163,23 @@ def time_block(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype: tor
     plan = plan_block(MaskRule(causal), token, token)
     out, lse = block_attention(q, k, v, plan)
     forward_s = median_time(lambda: block_attention(q, k, v, plan), device, repeats=repeats, warmup=warmup)
-    backward_s = median_time(lambda: block_attention_backward(dout, q, k, v, out, lse, plan), device,
-                             repeats=repeats, warmup=warmup)
+    backward_s = median_time(
+        lambda: block_attention_backward(dout, q, k, v, out, lse, plan),
+        device,
+        repeats=repeats,
+        warmup=warmup,
+    )
     return BlockTiming(forward_s, backward_s, 4.0 * batch * heads * plan.visible_pairs * head_dim)
 
 
-def time_ring_exchange(nbytes: int, group: dist.ProcessGroup | None = None, *, device: torch.device | str = "cpu",
-                       repeats: int = 5, warmup: int = 1) -> float:
+def time_ring_exchange(
+    nbytes: int,
+    group: dist.ProcessGroup | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+) -> float:
     """One ring step's communication: every rank sends ``nbytes`` to the next and receives as many from the
     previous, through :class:`~costmodel.kernel.comm.RingComm` as the ring does."""
     device = torch.device(device)
@@ -144,16 +195,27 @@ def time_ring_exchange(nbytes: int, group: dist.ProcessGroup | None = None, *, d
     return median_time(exchange, device, repeats=repeats, warmup=warmup, group=group)
 
 
-def time_all_to_all(nbytes: int, group: dist.ProcessGroup | None = None, *, device: torch.device | str = "cpu",
-                    repeats: int = 5, warmup: int = 1) -> float:
+def time_all_to_all(
+    nbytes: int,
+    group: dist.ProcessGroup | None = None,
+    *,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+) -> float:
     """One ``all_to_all_single`` in which every rank holds ``nbytes`` (rounded down to a multiple of N) and
     keeps 1/N of it: the exchange Ulysses makes for each of q, k, v and out."""
     device = torch.device(device)
     world_size = dist.get_world_size(group)
     send = torch.zeros(world_size * max(1, nbytes // world_size), dtype=torch.uint8, device=device)
     recv = torch.empty_like(send)
-    return median_time(lambda: dist.all_to_all_single(recv, send, group=group), device, repeats=repeats,
-                       warmup=warmup, group=group)
+    return median_time(
+        lambda: dist.all_to_all_single(recv, send, group=group),
+        device,
+        repeats=repeats,
+        warmup=warmup,
+        group=group,
+    )
 
 
 @dataclass(frozen=True)
@@ -162,16 +224,35 @@ class AttentionTiming:
     forward_backward_s: float
 
 
-def attention_runs(variant: str, tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int,
-                   dtype: torch.dtype, group: dist.ProcessGroup | None = None, *, layout: str = "contiguous",
-                   causal: bool = False, cu_seqlens: tuple[int, ...] | None = None, batch: int = 1,
-                   device: torch.device | str = "cpu") -> dict[str, Callable[[], None]]:
+def attention_runs(
+    variant: str,
+    tokens_per_rank: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    group: dist.ProcessGroup | None = None,
+    *,
+    layout: str = "contiguous",
+    causal: bool = False,
+    cu_seqlens: tuple[int, ...] | None = None,
+    batch: int = 1,
+    device: torch.device | str = "cpu",
+) -> dict[str, Callable[[], None]]:
     """Closures running one attention layer over the group, ``variant`` "ring" or "ulysses": its
     "forward" (no autograd) and its "forward_backward", on fixed random inputs. Collective."""
     device = torch.device(device)
     attention = {"ring": ring_attention, "ulysses": ulysses_attention}[variant]
-    q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens_per_rank, head_dim, dtype, device,
-                               seed=dist.get_rank(group) if dist.is_initialized() else 0)
+    q, k, v, dout = random_qkv(
+        batch,
+        heads,
+        kv_heads,
+        tokens_per_rank,
+        head_dim,
+        dtype,
+        device,
+        seed=dist.get_rank(group) if dist.is_initialized() else 0,
+    )
     kwargs = {"group": group, "layout": layout, "causal": causal, "cu_seqlens": cu_seqlens}
     if variant == "ulysses":
         kwargs["return_lse"] = False
@@ -188,13 +269,38 @@ def attention_runs(variant: str, tokens_per_rank: int, heads: int, kv_heads: int
     return {"forward": forward, "forward_backward": forward_backward}
 
 
-def time_attention(variant: str, tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int,
-                   dtype: torch.dtype, group: dist.ProcessGroup | None = None, *, layout: str = "contiguous",
-                   causal: bool = False, cu_seqlens: tuple[int, ...] | None = None, batch: int = 1,
-                   device: torch.device | str = "cpu", repeats: int = 5, warmup: int = 1) -> AttentionTiming:
+def time_attention(
+    variant: str,
+    tokens_per_rank: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    group: dist.ProcessGroup | None = None,
+    *,
+    layout: str = "contiguous",
+    causal: bool = False,
+    cu_seqlens: tuple[int, ...] | None = None,
+    batch: int = 1,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+) -> AttentionTiming:
     """Median forward and forward+backward times of :func:`attention_runs`, in interleaved rounds."""
-    runs = attention_runs(variant, tokens_per_rank, heads, kv_heads, head_dim, dtype, group, layout=layout,
-                          causal=causal, cu_seqlens=cu_seqlens, batch=batch, device=device)
+    runs = attention_runs(
+        variant,
+        tokens_per_rank,
+        heads,
+        kv_heads,
+        head_dim,
+        dtype,
+        group,
+        layout=layout,
+        causal=causal,
+        cu_seqlens=cu_seqlens,
+        batch=batch,
+        device=device,
+    )
     times = median_times(runs, torch.device(device), repeats=repeats, warmup=warmup, group=group)
     return AttentionTiming(times["forward"], times["forward_backward"])
 
@@ -219,10 +325,22 @@ class RingOverlap:
         return self.bound_s / self.measured_s
 
 
-def time_ring_overlap(tokens_per_rank: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                      group: dist.ProcessGroup | None = None, *, layout: str = "contiguous", causal: bool = False,
-                      backward: bool = False, batch: int = 1, device: torch.device | str = "cpu",
-                      repeats: int = 5, warmup: int = 1) -> RingOverlap:
+def time_ring_overlap(
+    tokens_per_rank: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    group: dist.ProcessGroup | None = None,
+    *,
+    layout: str = "contiguous",
+    causal: bool = False,
+    backward: bool = False,
+    batch: int = 1,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+) -> RingOverlap:
     """Ring forward (or backward alone, ``backward=True``) measured, and its steps' compute and
     communication timed separately with the same block plans and message sizes."""
     from costmodel.kernel.block import accumulator_dtype, block_backward, block_forward
@@ -234,7 +352,7 @@ def time_ring_overlap(tokens_per_rank: int, heads: int, kv_heads: int, head_dim:
         raise ValueError("a ring needs at least 2 ranks")
     schedule = ring_schedule(MaskRule(causal), layout, tokens_per_rank * world_size, world_size, rank)
     q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens_per_rank, head_dim, dtype, device, seed=rank)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     kv_comm, dkv_comm = RingComm(group, KV_TAG), RingComm(group, DKV_TAG)
     out, lse = ring_forward(q, k, v, schedule, kv_comm, scale)
     kv = torch.stack((k, v))
@@ -248,28 +366,40 @@ def time_ring_overlap(tokens_per_rank: int, heads: int, kv_heads: int, head_dim:
                 kv_comm.send_recv(send, recv)
             kv_comm.commit()
             kv_comm.wait()
+
         return run
 
     wide = accumulator_dtype(dtype)
     if not backward:
-        accumulators = (torch.zeros(q.shape, dtype=wide, device=device),
-                        torch.full(q.shape[:-1], float("-inf"), dtype=wide, device=device))
+        accumulators = (
+            torch.zeros(q.shape, dtype=wide, device=device),
+            torch.full(q.shape[:-1], float("-inf"), dtype=wide, device=device),
+        )
         runs = {"measured": lambda: ring_forward(q, k, v, schedule, kv_comm, scale), "kv": exchange(kv)}
-        runs |= {f"compute {j}": (lambda plan=plan: block_forward(q, k, v, plan, scale, *accumulators))
-                 for j, plan in enumerate(schedule.plans)}
+        runs |= {
+            f"compute {j}": (lambda plan=plan: block_forward(q, k, v, plan, scale, *accumulators))
+            for j, plan in enumerate(schedule.plans)
+        }
         t = median_times(runs, device, repeats=repeats, warmup=warmup, group=group)
         compute = tuple(t[f"compute {j}"] for j in range(world_size))
         return RingOverlap(t["measured"], compute, (t["kv"],) * (world_size - 1) + (0.0,))
 
     grads = (torch.zeros(q.shape, dtype=wide, device=device), dkv[0], dkv[1])
-    runs = {"measured": lambda: ring_backward(dout, q, k, v, out, lse, schedule, kv_comm, dkv_comm, scale),
-            "kv": exchange(kv), "kv+dkv": exchange(kv, dkv), "dkv": exchange(dkv)}
-    runs |= {f"compute {j}": (lambda plan=plan: block_backward(dout, q, k, v, out, lse, plan, scale, *grads))
-             for j, plan in enumerate(schedule.plans)}
+    runs = {
+        "measured": lambda: ring_backward(dout, q, k, v, out, lse, schedule, kv_comm, dkv_comm, scale),
+        "kv": exchange(kv),
+        "kv+dkv": exchange(kv, dkv),
+        "dkv": exchange(dkv),
+    }
+    runs |= {
+        f"compute {j}": (lambda plan=plan: block_backward(dout, q, k, v, out, lse, plan, scale, *grads))
+        for j, plan in enumerate(schedule.plans)
+    }
     t = median_times(runs, device, repeats=repeats, warmup=warmup, group=group)
     compute = tuple(t[f"compute {j}"] for j in range(world_size))
     # Under step j's compute fly the next KV block (j < N-1) and the previous step's dK/dV sums (j > 0);
     # the last sums go home after the last step with nothing left to hide them.
-    comm = tuple(t["kv+dkv"] if 0 < j < world_size - 1 else t["kv"] if j == 0 else t["dkv"]
-                 for j in range(world_size))
+    comm = tuple(
+        t["kv+dkv"] if 0 < j < world_size - 1 else t["kv"] if j == 0 else t["dkv"] for j in range(world_size)
+    )
     return RingOverlap(t["measured"], compute, comm, exposed_s=t["dkv"])

@@ -32,11 +32,19 @@ def check_ulysses(heads: int, kv_heads: int, world_size: int, field: str = "head
         raise InputError(field, f"Ulysses infeasible: {reason}")
 
 
-def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                      group: dist.ProcessGroup | None = None, layout: str = "contiguous", causal: bool = False,
-                      cu_seqlens: tuple[int, ...] | list[int] | None = None, scale: float | None = None,
-                      return_lse: bool = True,
-                      max_fused_pieces: int = MAX_FUSED_PIECES) -> tuple[torch.Tensor, torch.Tensor | None]:
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None = None,
+    layout: str = "contiguous",
+    causal: bool = False,
+    cu_seqlens: tuple[int, ...] | list[int] | None = None,
+    scale: float | None = None,
+    return_lse: bool = True,
+    max_fused_pieces: int = MAX_FUSED_PIECES,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact attention of this rank's sequence shard, by two all-to-alls over heads.
 
     Same arguments and results as :func:`~costmodel.kernel.ring.ring_attention`. ``lse`` costs a third
@@ -61,8 +69,15 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         x = x if in_order is None else x.index_select(2, arrival)
         return all_to_all_autograd(x, scatter_dim=2, gather_dim=1, group=group)
 
-    out, lse = local_attention(to_heads(q), to_heads(k), to_heads(v), causal=causal, cu_seqlens=cu_seqlens,
-                               scale=scale, max_fused_pieces=max_fused_pieces)
+    out, lse = local_attention(
+        to_heads(q),
+        to_heads(k),
+        to_heads(v),
+        causal=causal,
+        cu_seqlens=cu_seqlens,
+        scale=scale,
+        max_fused_pieces=max_fused_pieces,
+    )
     out = to_sequence(out)
     if not return_lse:
         return out, None

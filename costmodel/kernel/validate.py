@@ -53,7 +53,9 @@ def grid(critical_tokens: float, low: int = 32, high: int = 2048) -> list[Case]:
     ]
 
 
-def measure_cases(ctx: Any, cases: list[Case], shape: dict[str, Any], repeats: int, warmup: int) -> list[dict] | None:
+def measure_cases(
+    ctx: Any, cases: list[Case], shape: dict[str, Any], repeats: int, warmup: int
+) -> list[dict] | None:
     """Run on every rank (collective); rank 0 returns one {fwd, fwd+bwd} timing per case.
 
     All cases are timed in interleaved rounds, so a slow spell of a shared machine hits them alike.
@@ -63,9 +65,18 @@ def measure_cases(ctx: Any, cases: list[Case], shape: dict[str, Any], repeats: i
     dtype = getattr(torch, TORCH_DTYPE[shape["dtype"]])
     runs = {}
     for index, case in enumerate(cases):
-        layer = attention_runs(case.variant, case.tokens_per_rank, shape["heads"], shape["kv_heads"],
-                               shape["head_dim"], dtype, layout=case.layout, causal=case.causal,
-                               batch=shape["batch"], device=ctx.device)  # fmt: skip
+        layer = attention_runs(
+            case.variant,
+            case.tokens_per_rank,
+            shape["heads"],
+            shape["kv_heads"],
+            shape["head_dim"],
+            dtype,
+            layout=case.layout,
+            causal=case.causal,
+            batch=shape["batch"],
+            device=ctx.device,
+        )
         runs[(index, "fwd")] = layer["forward"]
         if "fwd+bwd" in case.passes:
             runs[(index, "fwd+bwd")] = layer["forward_backward"]

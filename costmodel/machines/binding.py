@@ -57,7 +57,9 @@ class Machine:
     def __post_init__(self) -> None:
         if self.dtype not in self.profile.device.peak_flops:
             have = ", ".join(self.profile.device.peak_flops)
-            raise InputError("--dtype", f"profile {self.profile.name!r} has no {self.dtype} FLOP/s; it has: {have}")
+            raise InputError(
+                "--dtype", f"profile {self.profile.name!r} has no {self.dtype} FLOP/s; it has: {have}"
+            )
         if not self.ranks_per_node:
             object.__setattr__(self, "ranks_per_node", self.profile.ranks_per_node)
 
@@ -101,11 +103,24 @@ class Machine:
         """Kernel calls run at the profile's published tables (``kernels:``): it has them, measured nothing,
         no --efficiency was given and it is not asked as a datasheet."""
         measured = (self.profile.device.effective_flops or {}).get(self.dtype) is not None
-        return (self.profile.kernels is not None and self.efficiency is None and not self.datasheet
-                and not self.calibrated and not measured)  # fmt: skip
+        return (
+            self.profile.kernels is not None
+            and self.efficiency is None
+            and not self.datasheet
+            and not self.calibrated
+            and not measured
+        )
 
-    def rate(self, flops: float, masked: bool, backward: bool, busy: int, q_tokens: float, k_tokens: float,
-             head_dim: int) -> float:  # fmt: skip
+    def rate(
+        self,
+        flops: float,
+        masked: bool,
+        backward: bool,
+        busy: int,
+        q_tokens: float,
+        k_tokens: float,
+        head_dim: int,
+    ) -> float:
         """FLOP/s of one attention call of ``flops`` forward FLOP, ``q_tokens`` queries against ``k_tokens``
         keys of ``head_dim``, fully visible or ``masked`` (causal), while ``busy`` ranks compute at once (on
         a CPU they share cores). Measured curves where calibrated; else the published kernel tables where
@@ -114,7 +129,9 @@ class Machine:
             curve = self.profile.calibration.curve(busy, masked)  # type: ignore[union-attr]
             return curve.rate(flops, backward)
         if self.published_rates:
-            return kernels.attention_rate(self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward)
+            return kernels.attention_rate(
+                self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward
+            )
         return self.effective_flops
 
     def gemm_rate(self, m: int, n: int, k: int) -> float:
@@ -138,8 +155,9 @@ class Machine:
         link = self.profile.links.intra_node if scope == "intra-node" else self.profile.links.inter_node
         if link is None:
             raise InputError(
-                "--hw", f"profile {self.name!r} has no inter_node link but {group} CP ranks span nodes "
-                f"({self.ranks_per_node} per node)"
+                "--hw",
+                f"profile {self.name!r} has no inter_node link but {group} CP ranks span nodes "
+                f"({self.ranks_per_node} per node)",
             )
         if self.calibrated:
             cal = self.profile.calibration
@@ -158,8 +176,11 @@ class Machine:
 
         bindings = [self.link(int(g)) for g in np.asarray(groups).ravel()]
         shape = np.shape(groups)
-        return (np.reshape([b.bandwidth for b in bindings], shape), np.reshape([b.latency_s for b in bindings], shape),
-                np.reshape([b.scope == "inter-node" for b in bindings], shape))  # fmt: skip
+        return (
+            np.reshape([b.bandwidth for b in bindings], shape),
+            np.reshape([b.latency_s for b in bindings], shape),
+            np.reshape([b.scope == "inter-node" for b in bindings], shape),
+        )
 
     # --- what a measured profile adds ------------------------------------------------------------
     @property

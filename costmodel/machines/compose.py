@@ -36,8 +36,11 @@ def parse_bandwidth(text: str, field: str) -> float:
     naming ``field``."""
     shown = repr(text if len(text) <= 40 else text[:37] + "...")
     if _BINARY.search(text):
-        raise InputError(field, f"{shown}: binary prefixes (Gi, Ti) are not accepted; datasheets quote decimal "
-                         f"ones. Accepted: {BANDWIDTH_HELP}")  # fmt: skip
+        raise InputError(
+            field,
+            f"{shown}: binary prefixes (Gi, Ti) are not accepted; datasheets quote decimal "
+            f"ones. Accepted: {BANDWIDTH_HELP}",
+        )
     match = _BANDWIDTH.match(text)
     if not match:
         raise InputError(field, f"{shown} is not a bandwidth; accepted: {BANDWIDTH_HELP}")
@@ -46,7 +49,9 @@ def parse_bandwidth(text: str, field: str) -> float:
     if not math.isfinite(per_second) or per_second <= 0:
         raise InputError(field, f"{shown} must be a positive, finite bandwidth")
     if per_second > _MOST_PLAUSIBLE:
-        raise InputError(field, f"{shown} is {per_second:.3g} bytes/s, beyond any link (1 PB/s); check b vs B")
+        raise InputError(
+            field, f"{shown} is {per_second:.3g} bytes/s, beyond any link (1 PB/s); check b vs B"
+        )
     return per_second
 
 
@@ -92,10 +97,14 @@ def override(
         _drop_measured(data, scope.replace("_", "-"))
     if inter_latency is not None:
         if not math.isfinite(inter_latency) or inter_latency < 0:
-            raise InputError("--inter-node-latency", f"must be a non-negative number of seconds (got {inter_latency})")
+            raise InputError(
+                "--inter-node-latency", f"must be a non-negative number of seconds (got {inter_latency})"
+            )
         if "inter_node" not in data["links"]:
-            raise InputError("--inter-node-latency", f"profile {profile.name!r} has no inter-node link; "
-                             "give --inter-node-bandwidth too")  # fmt: skip
+            raise InputError(
+                "--inter-node-latency",
+                f"profile {profile.name!r} has no inter-node link; give --inter-node-bandwidth too",
+            )
         data["links"]["inter_node"]["latency_s"] = inter_latency
         changes.append(f"inter-node latency {inter_latency:g} s")
     if devices_per_node is not None:
@@ -107,15 +116,20 @@ def override(
             if filled:
                 data.pop("cp_ranks_per_node", None)
             elif profile.ranks_per_node > devices_per_node:
-                raise InputError("--devices-per-node", f"{devices_per_node} is fewer than the profile's "
-                                 f"{profile.ranks_per_node} CP ranks per node; give --cp-ranks-per-node too")  # fmt: skip
+                raise InputError(
+                    "--devices-per-node",
+                    f"{devices_per_node} is fewer than the profile's "
+                    f"{profile.ranks_per_node} CP ranks per node; give --cp-ranks-per-node too",
+                )
         changes.append(f"{devices_per_node} devices per node (was {profile.devices_per_node})")
     if cp_ranks_per_node is not None:
         if cp_ranks_per_node < 1:
             raise InputError("--cp-ranks-per-node", f"must be at least 1 (got {cp_ranks_per_node})")
         if cp_ranks_per_node > data["devices_per_node"]:
-            raise InputError("--cp-ranks-per-node", f"{cp_ranks_per_node} exceeds the {data['devices_per_node']} "
-                             "devices per node")  # fmt: skip
+            raise InputError(
+                "--cp-ranks-per-node",
+                f"{cp_ranks_per_node} exceeds the {data['devices_per_node']} devices per node",
+            )
         data["cp_ranks_per_node"] = cp_ranks_per_node
         changes.append(f"{cp_ranks_per_node} consecutive CP ranks per node (was {profile.ranks_per_node})")
     if not changes:
@@ -123,8 +137,11 @@ def override(
     said = "; ".join(changes)
     data["description"] = f"{profile.description} [overridden: {said}]".strip()
     notes = data["source"].get("notes")
-    data["source"]["notes"] = f"{notes} Overridden on the command line: {said}." if notes else \
-        f"Overridden on the command line: {said}."  # fmt: skip
+    data["source"]["notes"] = (
+        f"{notes} Overridden on the command line: {said}."
+        if notes
+        else f"Overridden on the command line: {said}."
+    )
     return parse_profile(data, f"{profile.name} with overrides", field="--hw")
 
 

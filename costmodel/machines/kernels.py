@@ -19,8 +19,11 @@ TABLE_DTYPE = "bf16"
 
 def _kernels(profile: HardwareProfile) -> Kernels:
     if profile.kernels is None:
-        raise InputError("--hw", f"profile {profile.name!r} has no kernels: section (published kernel tables); "
-                         "give --efficiency instead")  # fmt: skip
+        raise InputError(
+            "--hw",
+            f"profile {profile.name!r} has no kernels: section (published kernel tables); "
+            "give --efficiency instead",
+        )
     return profile.kernels
 
 
@@ -44,8 +47,15 @@ def _curve(kernels: Kernels, head_dim: int, causal: bool, backward: bool) -> Att
     return min(same, key=lambda c: (abs(c.head_dim - head_dim), -c.head_dim))
 
 
-def attention_rate(profile: HardwareProfile, dtype: str, q_tokens: int, k_tokens: int, head_dim: int,
-                   causal: bool, backward: bool) -> float:  # fmt: skip
+def attention_rate(
+    profile: HardwareProfile,
+    dtype: str,
+    q_tokens: int,
+    k_tokens: int,
+    head_dim: int,
+    causal: bool,
+    backward: bool,
+) -> float:
     """Achieved FLOP/s of one attention call (FLOP counted over the visible pairs; backward: its 2.5x).
 
     The published benchmarks hold queries = keys = length with the GPU full (batch x length = 16k); a call

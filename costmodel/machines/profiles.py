@@ -66,8 +66,11 @@ class Link(_Strict):
     )
     latency_s: NonNegative = Field(default=0.0, description="alpha: per-message latency (0 on datasheets)")
     alltoall: Collective | None = Field(default=None, description="measured all-to-all, if it differs")
-    source: str | None = Field(default=None, description="where this link's figure comes from when not source.url "
-                               "(e.g. the system datasheet that names the NIC)")
+    source: str | None = Field(
+        default=None,
+        description="where this link's figure comes from when not source.url "
+        "(e.g. the system datasheet that names the NIC)",
+    )
 
     @model_validator(mode="after")
     def _directions_agree(self) -> Self:
@@ -101,7 +104,8 @@ class Device(_Strict):
     generation: str | None = Field(default=None, description="architecture, e.g. Hopper, CDNA 3, TPU v5")
     peak_flops: dict[Dtype, Positive] = Field(description="dense FLOP/s per dtype, no sparsity")
     low_precision_peak_flops: dict[LowPrecision, Positive] | None = Field(
-        default=None, description="dense FLOP/s of sub-byte formats (fp6, fp4): shown, not used to plan attention"
+        default=None,
+        description="dense FLOP/s of sub-byte formats (fp6, fp4): shown, not used to plan attention",
     )
     effective_flops: dict[Dtype, Positive] | None = Field(
         default=None, description="measured attention FLOP/s per dtype (measured profiles)"
@@ -121,7 +125,9 @@ class RatePoint(_Strict):
 
     tokens: Count() = Field(description="block edge: queries = keys = tokens")
     flops: Positive = Field(description="forward FLOP of the call, 4·b·h·pairs·d (pairs: the visible ones)")
-    flops_per_s: Positive = Field(description="forward FLOP per second; for backward 2.5x the forward FLOP per second")
+    flops_per_s: Positive = Field(
+        description="forward FLOP per second; for backward 2.5x the forward FLOP per second"
+    )
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
 
 
@@ -140,7 +146,9 @@ class ComputeCurve(_Strict):
         import numpy as np
 
         points = self.backward if backward else self.forward
-        return float(np.interp(np.log(flops), np.log([p.flops for p in points]), [p.flops_per_s for p in points]))
+        return float(
+            np.interp(np.log(flops), np.log([p.flops for p in points]), [p.flops_per_s for p in points])
+        )
 
 
 class Sample(_Strict):
@@ -177,17 +185,30 @@ class Calibration(_Strict):
     head_dim: Count()
     compute: list[ComputeCurve] = Field(min_length=1, description="per concurrency and mask")
     p2p: dict[Literal["intra-node", "inter-node"], LinkFit] = Field(description="ring exchanges, per scope")
-    alltoall: dict[Literal["intra-node", "inter-node"], LinkFit] = Field(description="all_to_all_single, per scope")
-    overlap: NonNegative = Field(le=1, description="share of the shorter of compute and transfer that hides "
-                           "under the other in a ring step: 1 fully, 0 none (serial)")
-    step_overhead_s: NonNegative = Field(0.0, description="fixed cost of a ring step that overlaps a transfer "
-                                   "with compute (thread wake-ups, scheduling), beyond both")
-    sync_overhead_s: NonNegative = Field(0.0, description="cost of a collective right after compute, beyond "
-                                   "both alone (waiting for the slower rank, waking communication threads)")
+    alltoall: dict[Literal["intra-node", "inter-node"], LinkFit] = Field(
+        description="all_to_all_single, per scope"
+    )
+    overlap: NonNegative = Field(
+        le=1,
+        description="share of the shorter of compute and transfer that hides "
+        "under the other in a ring step: 1 fully, 0 none (serial)",
+    )
+    step_overhead_s: NonNegative = Field(
+        0.0,
+        description="fixed cost of a ring step that overlaps a transfer "
+        "with compute (thread wake-ups, scheduling), beyond both",
+    )
+    sync_overhead_s: NonNegative = Field(
+        0.0,
+        description="cost of a collective right after compute, beyond "
+        "both alone (waiting for the slower rank, waking communication threads)",
+    )
     overlap_samples: list[OverlapPoint] = Field(default_factory=list)
     layer_overhead_s: dict[str, NonNegative] = Field(
-        default_factory=dict, description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
-        "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it")
+        default_factory=dict,
+        description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
+        "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it",
+    )
 
     def curve(self, concurrency: int, causal: bool) -> ComputeCurve:
         """The curve measured closest to ``concurrency`` ranks (ties: the busier one) for the mask."""
@@ -205,7 +226,9 @@ class AttentionCurve(_Strict):
     causal: bool
     backward: bool = Field(description="backward pass (FLOP/s of its own 2.5x forward FLOP)")
     seq: list[int] = Field(min_length=1, description="sequence lengths of the benchmark (queries = keys)")
-    flops_per_s: list[Positive] = Field(min_length=1, description="achieved FLOP/s at each length (bf16/fp16)")
+    flops_per_s: list[Positive] = Field(
+        min_length=1, description="achieved FLOP/s at each length (bf16/fp16)"
+    )
     source: str = Field(description="figure the numbers are read from, or how they are derived")
 
     @model_validator(mode="after")
@@ -234,10 +257,14 @@ class Kernels(_Strict):
 
     attention: list[AttentionCurve] = Field(min_length=1)
     gemm: GemmCurve
-    comm_sm_slowdown: NonNegative = Field(description="share by which compute slows while a communication kernel "
-                                          "runs beside it (SMs NCCL occupies / SMs of the device)")
-    ring_step_launch_s: NonNegative = Field(description="fixed cost per ring step outside the kernels: launches "
-                                            "of the attention, merge and send/recv kernels")
+    comm_sm_slowdown: NonNegative = Field(
+        description="share by which compute slows while a communication kernel "
+        "runs beside it (SMs NCCL occupies / SMs of the device)"
+    )
+    ring_step_launch_s: NonNegative = Field(
+        description="fixed cost per ring step outside the kernels: launches "
+        "of the attention, merge and send/recv kernels"
+    )
     notes: str = Field(default="", description="how the numbers were derived")
 
 
@@ -253,8 +280,12 @@ class HardwareProfile(_Strict):
         default=None, description="consecutive CP ranks on one node; default devices_per_node"
     )
     links: Links
-    calibration: Calibration | None = Field(default=None, description="the measurements of a measured profile")
-    kernels: Kernels | None = Field(default=None, description="published kernel efficiency tables (step model)")
+    calibration: Calibration | None = Field(
+        default=None, description="the measurements of a measured profile"
+    )
+    kernels: Kernels | None = Field(
+        default=None, description="published kernel efficiency tables (step model)"
+    )
 
     @model_validator(mode="after")
     def _placement(self) -> Self:
@@ -271,7 +302,9 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in data_dir("hardware").glob("*.yaml"))
 
 
-def parse_profile(data: object, origin: str, field: str = "--hw", document: YamlDocument | None = None) -> HardwareProfile:
+def parse_profile(
+    data: object, origin: str, field: str = "--hw", document: YamlDocument | None = None
+) -> HardwareProfile:
     """Validate loaded YAML; any problem becomes one :class:`InputError` line naming the field (and its
     line, given the ``document`` the data came from)."""
     if not isinstance(data, dict):
@@ -279,7 +312,9 @@ def parse_profile(data: object, origin: str, field: str = "--hw", document: Yaml
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
-        raise InputError(field, f"{origin}: {describe_validation(exc, document.line if document else None)}") from None
+        raise InputError(
+            field, f"{origin}: {describe_validation(exc, document.line if document else None)}"
+        ) from None
 
 
 def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:

@@ -47,12 +47,21 @@ def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> d
     around as int64 would."""
     n = inputs.n if n is None else n
     return {
-        "S": float(inputs.seq), "N": float(n), "b": float(inputs.batch), "h": float(inputs.heads),
-        "n_kv": float(inputs.kv_heads), "d": float(inputs.head_dim), "p": float(inputs.bytes_per_element),
-        "p_acc": float(ACCUMULATOR_BYTES), "s_blk": float(inputs.block), "c": 0.5 if inputs.causal else 1.0,
-        "F": machine.effective_flops, "F_peak": machine.peak_flops, "eta": 1.0 if inputs.efficiency is None else inputs.efficiency,
+        "S": float(inputs.seq),
+        "N": float(n),
+        "b": float(inputs.batch),
+        "h": float(inputs.heads),
+        "n_kv": float(inputs.kv_heads),
+        "d": float(inputs.head_dim),
+        "p": float(inputs.bytes_per_element),
+        "p_acc": float(ACCUMULATOR_BYTES),
+        "s_blk": float(inputs.block),
+        "c": 0.5 if inputs.causal else 1.0,
+        "F": machine.effective_flops,
+        "F_peak": machine.peak_flops,
+        "eta": 1.0 if inputs.efficiency is None else inputs.efficiency,
         **machine.link(n).values,
-    }  # fmt: skip
+    }
 
 
 PASSES = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd+bwd": ("fwd", "bwd")}

@@ -86,8 +86,10 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         schemes=[_scheme(s) for s in schemes],
         backward=_backward(ev),
         verdict=_verdict(ev, inputs),
-        tp=TP(bytes_per_layer=ev("tp_bytes_per_layer"),
-               ratio_to_ring=ev("tp_to_ring_ratio") if inputs.n > 1 else None),  # fmt: skip
+        tp=TP(
+            bytes_per_layer=ev("tp_bytes_per_layer"),
+            ratio_to_ring=ev("tp_to_ring_ratio") if inputs.n > 1 else None,
+        ),
         causal=_causal(ev, inputs),
         notes=_notes(inputs, machine, hardware, ring),
     )
@@ -97,7 +99,10 @@ def _ring(ev: Evaluator, inputs: PlanInputs, machine: Machine, ring: SchemeResul
     ratio = float(ev("comm_ratio_step"))
     verdict = band(ratio)
     bounds = {}
-    for scope, link in (("intra", machine.profile.links.intra_node), ("inter", machine.profile.links.inter_node)):
+    for scope, link in (
+        ("intra", machine.profile.links.intra_node),
+        ("inter", machine.profile.links.inter_node),
+    ):
         alpha = 0.0 if machine.datasheet else link.latency_s if link else 0.0
         bounds[scope] = float(ev("n_max", B=link.bandwidth_per_direction, alpha=alpha)) if link else None
     return Ring(
@@ -152,35 +157,85 @@ def _ulysses(result: SchemeResult | None, machine: Machine, n: int) -> Ulysses:
     """The all-to-all over all N devices [Ulysses], from the scheme comparison (N = 1: nothing to split)."""
     if result is None or not result.feasible:
         reason = result.reason if result else "one device: nothing to exchange"
-        return Ulysses(feasible=False, reason=reason, kv_heads=None, recv_bytes_per_layer=None, comm_s=None,
-                       comm_ratio=None, verdict=None, link_scope=machine.scope(n))  # fmt: skip
-    return Ulysses(feasible=True, reason=result.reason, kv_heads=result.kv_heads,
-                   recv_bytes_per_layer=result.a2a_recv_bytes, comm_s=result.a2a_comm_s, comm_ratio=result.ratio,
-                   verdict=result.verdict, link_scope=result.a2a_scope)  # fmt: skip
+        return Ulysses(
+            feasible=False,
+            reason=reason,
+            kv_heads=None,
+            recv_bytes_per_layer=None,
+            comm_s=None,
+            comm_ratio=None,
+            verdict=None,
+            link_scope=machine.scope(n),
+        )
+    return Ulysses(
+        feasible=True,
+        reason=result.reason,
+        kv_heads=result.kv_heads,
+        recv_bytes_per_layer=result.a2a_recv_bytes,
+        comm_s=result.a2a_comm_s,
+        comm_ratio=result.ratio,
+        verdict=result.verdict,
+        link_scope=result.a2a_scope,
+    )
 
 
 def _usp(ev: Evaluator, s: SchemeResult, machine: Machine) -> USPEntry:
     """One factorisation N = N_u x N_r [USP]; N_u = 1 is the ring, N_r = 1 is Ulysses."""
-    entry = {"n_ulysses": s.n_ulysses, "n_ring": s.n_ring, "feasible": s.feasible, "reason": s.reason,
-             "a2a_link_scope": s.a2a_scope, "ring_link_scope": s.ring_scope}  # fmt: skip
+    entry = {
+        "n_ulysses": s.n_ulysses,
+        "n_ring": s.n_ring,
+        "feasible": s.feasible,
+        "reason": s.reason,
+        "a2a_link_scope": s.a2a_scope,
+        "ring_link_scope": s.ring_scope,
+    }
     if not s.feasible:
-        nothing = ("kv_heads", "a2a_recv_bytes_per_layer", "ring_recv_bytes_per_layer", "recv_bytes_per_layer",
-                   "a2a_comm_s", "ring_comm_ratio_step", "ring_verdict", "comm_s", "comm_ratio", "verdict")  # fmt: skip
+        nothing = (
+            "kv_heads",
+            "a2a_recv_bytes_per_layer",
+            "ring_recv_bytes_per_layer",
+            "recv_bytes_per_layer",
+            "a2a_comm_s",
+            "ring_comm_ratio_step",
+            "ring_verdict",
+            "comm_s",
+            "comm_ratio",
+            "verdict",
+        )
         return USPEntry(**entry, **dict.fromkeys(nothing))
     return USPEntry(
-        **entry, kv_heads=s.kv_heads, a2a_recv_bytes_per_layer=s.a2a_recv_bytes or 0.0,
-        ring_recv_bytes_per_layer=s.ring_recv_bytes or 0.0, recv_bytes_per_layer=s.recv_bytes,
-        a2a_comm_s=s.a2a_comm_s or 0.0, ring_comm_ratio_step=s.ring_ratio if s.n_ring > 1 else None,
+        **entry,
+        kv_heads=s.kv_heads,
+        a2a_recv_bytes_per_layer=s.a2a_recv_bytes or 0.0,
+        ring_recv_bytes_per_layer=s.ring_recv_bytes or 0.0,
+        recv_bytes_per_layer=s.recv_bytes,
+        a2a_comm_s=s.a2a_comm_s or 0.0,
+        ring_comm_ratio_step=s.ring_ratio if s.n_ring > 1 else None,
         ring_verdict=band(s.ring_ratio).verdict if s.n_ring > 1 and s.ring_ratio is not None else None,
-        comm_s=s.comm_s, comm_ratio=s.ratio, verdict=s.verdict,
-    )  # fmt: skip
+        comm_s=s.comm_s,
+        comm_ratio=s.ratio,
+        verdict=s.verdict,
+    )
 
 
 def _scheme(s: SchemeResult) -> Scheme:
-    return Scheme(scheme=s.scheme, label=s.label, n_ulysses=s.n_ulysses, n_ring=s.n_ring, layout=s.layout,
-                  feasible=s.feasible, reason=s.reason, recv_bytes_per_layer=s.recv_bytes, comm_s=s.comm_s,
-                  comm_ratio=s.ratio, verdict=s.verdict, layer_time_s=s.time_s, exposed_comm_s=s.exposed_s,
-                  a2a_link_scope=s.a2a_scope, ring_link_scope=s.ring_scope)  # fmt: skip
+    return Scheme(
+        scheme=s.scheme,
+        label=s.label,
+        n_ulysses=s.n_ulysses,
+        n_ring=s.n_ring,
+        layout=s.layout,
+        feasible=s.feasible,
+        reason=s.reason,
+        recv_bytes_per_layer=s.recv_bytes,
+        comm_s=s.comm_s,
+        comm_ratio=s.ratio,
+        verdict=s.verdict,
+        layer_time_s=s.time_s,
+        exposed_comm_s=s.exposed_s,
+        a2a_link_scope=s.a2a_scope,
+        ring_link_scope=s.ring_scope,
+    )
 
 
 def _causal(ev: Evaluator, inputs: PlanInputs) -> Causal:
@@ -221,9 +276,13 @@ def _notes(inputs: PlanInputs, machine: Machine, hw: Hardware, ring: Ring) -> li
             f"compute [A-RingCost §4]; the {inputs.layout} layout's tile-level schedule sets the layer time."
         )
     if inputs.n == 1:
-        notes.append("N = 1: nothing is split and nothing is received; the ring figures are per would-be block.")
+        notes.append(
+            "N = 1: nothing is split and nothing is received; the ring figures are per would-be block."
+        )
     tile = simulation_tile(inputs.seq, inputs.n, inputs.block)
     if inputs.causal and tile != min(inputs.block, inputs.seq // inputs.n):
-        notes.append(f"The causal schedule is simulated at tile {tile:,}, the finest whose N x N x tiles arrays fit "
-                     "in memory: a lower bound on the utilisation at your tile.")
+        notes.append(
+            f"The causal schedule is simulated at tile {tile:,}, the finest whose N x N x tiles arrays fit "
+            "in memory: a lower bound on the utilisation at your tile."
+        )
     return notes

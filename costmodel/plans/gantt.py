@@ -112,13 +112,25 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
     """The ring timeline of ``inputs`` (its layout) on ``machine``: forward, or with ``backward`` the
     backward pass, exactly as :func:`~costmodel.plans.timing.predict` times it."""
     unfolded = ring_pass(inputs, machine, backward)
-    steps = [ring_layer_time([c], [m], overlap=unfolded.overlap, step_overhead_s=unfolded.step_overhead_s,
-                             step_waits=None if unfolded.step_waits is None else [unfolded.step_waits[j]])
-             for j, (c, m) in enumerate(zip(unfolded.step_compute_s, unfolded.comm_s, strict=True))]  # fmt: skip
+    steps = [
+        ring_layer_time(
+            [c],
+            [m],
+            overlap=unfolded.overlap,
+            step_overhead_s=unfolded.step_overhead_s,
+            step_waits=None if unfolded.step_waits is None else [unfolded.step_waits[j]],
+        )
+        for j, (c, m) in enumerate(zip(unfolded.step_compute_s, unfolded.comm_s, strict=True))
+    ]
     forward, backward_extra = machine.layer_overhead("ring", backward) if inputs.n > 1 else (0.0, 0.0)
     return Timeline(
-        layout=inputs.layout, backward=backward, pairs=unfolded.pairs, compute_s=unfolded.compute_s,
-        comm_s=np.asarray(unfolded.comm_s), step_s=np.asarray(steps), tail_s=unfolded.tail_s,
+        layout=inputs.layout,
+        backward=backward,
+        pairs=unfolded.pairs,
+        compute_s=unfolded.compute_s,
+        comm_s=np.asarray(unfolded.comm_s),
+        step_s=np.asarray(steps),
+        tail_s=unfolded.tail_s,
         tail_overhead_s=unfolded.step_overhead_s if unfolded.tail_s else 0.0,
         layer_overhead_s=backward_extra if backward else forward,
-    )  # fmt: skip
+    )

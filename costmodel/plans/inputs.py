@@ -94,14 +94,31 @@ Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
 Flag = Annotated[bool, Strict()]
 
 
-def flag(default: Any, help: str, *, short: str | None = None, unit: str | None = None, tokens: bool = False,
-         from_model: bool = False, aliases: tuple[str, ...] = (), **constraints: Any) -> Any:  # fmt: skip
+def flag(
+    default: Any,
+    help: str,
+    *,
+    short: str | None = None,
+    unit: str | None = None,
+    tokens: bool = False,
+    from_model: bool = False,
+    aliases: tuple[str, ...] = (),
+    **constraints: Any,
+) -> Any:
     """A declared input: the CLI flag is ``--`` + the field name with dashes (``pass_`` is ``--pass``).
 
     ``from_model``: a model preset fills it when the flag is not given. ``tokens``: accepts 256k, 1M.
     ``aliases``: further long flags for the same field (``--cp`` for ``--n``)."""
-    extra = {"short": short, "unit": unit, "tokens": tokens, "from_model": from_model, "aliases": list(aliases)}
-    return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **constraints)
+    extra = {
+        "short": short,
+        "unit": unit,
+        "tokens": tokens,
+        "from_model": from_model,
+        "aliases": list(aliases),
+    }
+    return Field(
+        default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **constraints
+    )
 
 
 class PlanInputs(BaseModel):
@@ -109,28 +126,55 @@ class PlanInputs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, populate_by_name=True)
 
-    seq: Tokens = flag(262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1,
-                       le=MAX_TOKENS)  # fmt: skip
-    n: Count = flag(8, "N, the CP degree: devices the sequence is split over.", short="-n", unit="devices",
-                    aliases=("--cp",), ge=1, le=MAX_CP)  # fmt: skip
+    seq: Tokens = flag(
+        262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1, le=MAX_TOKENS
+    )
+    n: Count = flag(
+        8,
+        "N, the CP degree: devices the sequence is split over.",
+        short="-n",
+        unit="devices",
+        aliases=("--cp",),
+        ge=1,
+        le=MAX_CP,
+    )
     batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_HEADS)
     heads: Count = flag(32, "h, query heads.", unit="heads", from_model=True, ge=1, le=MAX_HEADS)
-    kv_heads: Count = flag(8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True,
-                           ge=1, le=MAX_HEADS)  # fmt: skip
-    head_dim: Count = flag(128, "d, the head dimension.", unit="elements", from_model=True, ge=1, le=MAX_HEADS)
+    kv_heads: Count = flag(
+        8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True, ge=1, le=MAX_HEADS
+    )
+    head_dim: Count = flag(
+        128, "d, the head dimension.", unit="elements", from_model=True, ge=1, le=MAX_HEADS
+    )
     dtype: Dtype = flag("bf16", "Element type of Q, K, V: sets p and the peak FLOP/s.")
-    block: Tokens = flag(1024, "s_blk, compute tile rows (a kernel's query block).", unit="tokens", tokens=True,
-                         ge=1, le=MAX_TOKENS)  # fmt: skip
+    block: Tokens = flag(
+        1024,
+        "s_blk, compute tile rows (a kernel's query block).",
+        unit="tokens",
+        tokens=True,
+        ge=1,
+        le=MAX_TOKENS,
+    )
     causal: Flag = flag(False, "Causal mask: useful compute halves, traffic does not.")
-    layout: Layout = flag("contiguous", "Which tokens each device holds (zigzag and striped balance a causal mask).")
+    layout: Layout = flag(
+        "contiguous", "Which tokens each device holds (zigzag and striped balance a causal mask)."
+    )
     efficiency: Number | None = flag(
-        None, "Effective / peak FLOP/s for every kernel, in [0.001, 1]; default: the profile's measured or "
-        "published kernel rates where it has them, else peak.", ge=0.001, le=1)  # fmt: skip
-    hw: str = flag("a100-nvlink", "Hardware profile: a built-in name (cp-plan hw list) or a YAML path.",
-                   max_length=4096)  # fmt: skip
-    model: str | None = flag(None, "Model preset name or YAML path; sets heads, kv-heads, head-dim.", short="-m",
-                             max_length=4096)  # fmt: skip
-    pass_: Pass = Field("fwd", alias="pass", description="Which pass the verdict covers; fwd+bwd takes the worse.")
+        None,
+        "Effective / peak FLOP/s for every kernel, in [0.001, 1]; default: the profile's measured or "
+        "published kernel rates where it has them, else peak.",
+        ge=0.001,
+        le=1,
+    )
+    hw: str = flag(
+        "a100-nvlink", "Hardware profile: a built-in name (cp-plan hw list) or a YAML path.", max_length=4096
+    )
+    model: str | None = flag(
+        None, "Model preset name or YAML path; sets heads, kv-heads, head-dim.", short="-m", max_length=4096
+    )
+    pass_: Pass = Field(
+        "fwd", alias="pass", description="Which pass the verdict covers; fwd+bwd takes the worse."
+    )
 
     @computed_field(description="p, bytes per element, from dtype")  # type: ignore[prop-decorator]
     @property
@@ -151,7 +195,9 @@ class PlanInputs(BaseModel):
         if self.heads % self.kv_heads:
             raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
         if self.block > self.shard_tokens:
-            raise InputError("block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}")
+            raise InputError(
+                "block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}"
+            )
         return self
 
 
@@ -162,17 +208,29 @@ class MachineOverrides(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     inter_node_bandwidth: str | None = flag(
-        None, "Replace the profile's inter-node link, per direction: 200Gb (bits), 25GB/s (bytes), 1.8TB/s.",
-        max_length=40)  # fmt: skip
+        None,
+        "Replace the profile's inter-node link, per direction: 200Gb (bits), 25GB/s (bytes), 1.8TB/s.",
+        max_length=40,
+    )
     intra_node_bandwidth: str | None = flag(
-        None, "Replace the profile's intra-node link, per direction, as --inter-node-bandwidth.", max_length=40
+        None,
+        "Replace the profile's intra-node link, per direction, as --inter-node-bandwidth.",
+        max_length=40,
     )
     devices_per_node: Count | None = flag(
-        None, "Accelerators per node: the fast domain (NVLink, xGMI or ICI slice).", unit="devices", ge=1,
-        le=MAX_DEVICES)  # fmt: skip
+        None,
+        "Accelerators per node: the fast domain (NVLink, xGMI or ICI slice).",
+        unit="devices",
+        ge=1,
+        le=MAX_DEVICES,
+    )
     cp_ranks_per_node: Count | None = flag(
-        None, "Consecutive CP ranks on one node; the ring leaves the node beyond them.", unit="devices", ge=1,
-        le=MAX_DEVICES)  # fmt: skip
+        None,
+        "Consecutive CP ranks on one node; the ring leaves the node beyond them.",
+        unit="devices",
+        ge=1,
+        le=MAX_DEVICES,
+    )
 
 
 def machine_for(inputs: PlanInputs, overrides: MachineOverrides | None = None) -> Machine:
@@ -183,8 +241,13 @@ def machine_for(inputs: PlanInputs, overrides: MachineOverrides | None = None) -
     profile = load_profile(inputs.hw)
     if overrides is not None and any(value is not None for value in overrides.model_dump().values()):
         o = overrides
-        profile = override(profile, inter_bandwidth=o.inter_node_bandwidth, intra_bandwidth=o.intra_node_bandwidth,
-                           devices_per_node=o.devices_per_node, cp_ranks_per_node=o.cp_ranks_per_node)  # fmt: skip
+        profile = override(
+            profile,
+            inter_bandwidth=o.inter_node_bandwidth,
+            intra_bandwidth=o.intra_node_bandwidth,
+            devices_per_node=o.devices_per_node,
+            cp_ranks_per_node=o.cp_ranks_per_node,
+        )
     return Machine(profile, inputs.dtype, inputs.efficiency)
 
 
@@ -200,7 +263,9 @@ class TrainingSetup(BaseModel):
     gpus: Count = flag(8, "G: accelerators in the job.", short="-g", unit="devices", ge=1, le=MAX_DEVICES)
     tp: Count = flag(1, "Tensor-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
     pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
-    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)] = flag(1, "ZeRO stage over DP x CP (1 = distributed optimizer).")
+    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)] = flag(
+        1, "ZeRO stage over DP x CP (1 = distributed optimizer)."
+    )
     recompute: Recompute = flag("selective", "Activation recompute: selective recomputes the attention core.")
     sequence_parallel: Flag | None = flag(
         None, "Sequence parallelism with TP: splits norms and dropouts too [default: on when TP > 1]."
@@ -211,7 +276,9 @@ class TrainingSetup(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.gpus % (self.tp * self.pp):
-            raise InputError("gpus", f"{self.gpus} GPUs do not split into TP x PP = {self.tp * self.pp} groups")
+            raise InputError(
+                "gpus", f"{self.gpus} GPUs do not split into TP x PP = {self.tp * self.pp} groups"
+            )
         return self
 
     @property
@@ -230,7 +297,9 @@ class TrainingSetup(BaseModel):
             raise InputError("tp", f"TP {self.tp} does not divide the {inputs.heads} query heads")
         if self.tp == 1:
             return inputs
-        return inputs.model_copy(update={"heads": inputs.heads // self.tp, "kv_heads": max(inputs.kv_heads // self.tp, 1)})
+        return inputs.model_copy(
+            update={"heads": inputs.heads // self.tp, "kv_heads": max(inputs.kv_heads // self.tp, 1)}
+        )
 
 
 M = TypeVar("M", bound=BaseModel)

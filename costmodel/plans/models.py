@@ -34,13 +34,18 @@ class ModelPreset(BaseModel):
     hidden: Width
     ffn_hidden: Width
     vocab: Width
-    gated_mlp: bool = Field(True, description="SwiGLU-style MLP with three matrices (Llama); false: GeLU, two")
+    gated_mlp: bool = Field(
+        True, description="SwiGLU-style MLP with three matrices (Llama); false: GeLU, two"
+    )
     tied_embeddings: bool = Field(False, description="input and output embeddings share one matrix")
     dropout: bool = Field(False, description="dropout masks are stored for backward (GPT-3 era training)")
     sliding_window: Width | None = Field(
-        None, description="tokens a local-attention layer sees (Gemma, GPT-OSS); recorded, not yet used by the cost model"
+        None,
+        description="tokens a local-attention layer sees (Gemma, GPT-OSS); recorded, not yet used by the cost model",
     )
-    local_layers: int = Field(0, ge=0, description="layers with sliding-window attention; the rest attend globally")
+    local_layers: int = Field(
+        0, ge=0, description="layers with sliding-window attention; the rest attend globally"
+    )
     experts: Width | None = Field(None, description="routed MoE experts per layer; recorded, not yet used")
     experts_per_token: Width | None = Field(None, description="experts each token is routed to")
 
@@ -94,13 +99,32 @@ def _read_json(path: str, field: str) -> Any:
     except UnicodeDecodeError:
         raise InputError(field, f"not a UTF-8 text file: {path}") from None
     except json.JSONDecodeError as exc:
-        raise InputError(field, f"malformed JSON in {path} (line {exc.lineno}, column {exc.colno}): {exc.msg}") from None
+        raise InputError(
+            field, f"malformed JSON in {path} (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
 
 
 # Families whose MLP is gated (three matrices: gate, up, down), whatever the activation is called: Gemma's
 # GeGLU uses gelu, GPT-2's plain MLP does too, so the activation alone does not decide it.
-_GATED = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
-          "gemma3_text", "gpt_oss", "deepseek_v2", "deepseek_v3", "olmo2", "phi3", "granite"}
+_GATED = {
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "gpt_oss",
+    "deepseek_v2",
+    "deepseek_v3",
+    "olmo2",
+    "phi3",
+    "granite",
+}
 _UNGATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "gpt_bigcode"}
 # Defaults the published configs leave out because transformers' config classes supply them.
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -108,27 +132,86 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma2": {"sliding_window_pattern": 2, "tie_word_embeddings": True},
     "gemma": {"tie_word_embeddings": True},
 }
-_MAPPED = {"num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers", "hidden_size",
-           "intermediate_size", "vocab_size", "tie_word_embeddings", "hidden_act", "hidden_activation",
-           "sliding_window", "use_sliding_window", "sliding_window_pattern", "layer_types", "max_window_layers",
-           "num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "experts_per_token",
-           "model_type", "text_config", "moe_intermediate_size", "sliding_window_size"}  # fmt: skip
+_MAPPED = {
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "tie_word_embeddings",
+    "hidden_act",
+    "hidden_activation",
+    "sliding_window",
+    "use_sliding_window",
+    "sliding_window_pattern",
+    "layer_types",
+    "max_window_layers",
+    "num_local_experts",
+    "num_experts",
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "experts_per_token",
+    "model_type",
+    "text_config",
+    "moe_intermediate_size",
+    "sliding_window_size",
+}
 # Keys that do not change what attention moves or the memory it holds.
-_IRRELEVANT = {"architectures", "transformers_version", "torch_dtype", "dtype", "bos_token_id", "eos_token_id",
-               "pad_token_id", "initializer_range", "rms_norm_eps", "layer_norm_eps", "use_cache", "rope_theta",
-               "max_position_embeddings", "attention_dropout", "attention_bias", "mlp_bias", "pretraining_tp",
-               "_name_or_path", "cache_implementation", "initial_context_length", "output_router_logits",
-               "router_aux_loss_coef", "vision_config", "boi_token_index", "eoi_token_index", "image_token_index",
-               "mm_tokens_per_image", "quantization_config", "tokenizer_class", "auto_map", "rope_scaling",
-               "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping", "swiglu_limit",
-               "rope_local_base_freq", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
-               "shared_expert_intermediate_size", "router_jitter_noise", "bos_token", "eos_token"}  # fmt: skip
+_IRRELEVANT = {
+    "architectures",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "use_cache",
+    "rope_theta",
+    "max_position_embeddings",
+    "attention_dropout",
+    "attention_bias",
+    "mlp_bias",
+    "pretraining_tp",
+    "_name_or_path",
+    "cache_implementation",
+    "initial_context_length",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "vision_config",
+    "boi_token_index",
+    "eoi_token_index",
+    "image_token_index",
+    "mm_tokens_per_image",
+    "quantization_config",
+    "tokenizer_class",
+    "auto_map",
+    "rope_scaling",
+    "query_pre_attn_scalar",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "swiglu_limit",
+    "rope_local_base_freq",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "shared_expert_intermediate_size",
+    "router_jitter_noise",
+    "bos_token",
+    "eos_token",
+}
 # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the ring could send the compressed latent instead
 # of per-head K and V, a traffic the model does not have yet.
 _MLA = ("kv_lora_rank", "qk_rope_head_dim")
 
 
-def from_hf_config(data: object, origin: str = "config.json", field: str = "--model") -> tuple[ModelPreset, list[str]]:
+def from_hf_config(
+    data: object, origin: str = "config.json", field: str = "--model"
+) -> tuple[ModelPreset, list[str]]:
     """A preset from a Hugging Face ``config.json`` (already parsed), and what it could not map.
 
     Head dimension is the config's ``head_dim`` when given (Qwen3 and Gemma set it apart from
@@ -136,16 +219,21 @@ def from_hf_config(data: object, origin: str = "config.json", field: str = "--mo
     but not yet used by the cost model; they appear in the returned list so the caller can say so.
     Multi-head latent attention is refused rather than planned as if it were GQA."""
     if not isinstance(data, dict):
-        raise InputError(field, f"{origin}: expected a JSON object of config fields, got {type(data).__name__}")
+        raise InputError(
+            field, f"{origin}: expected a JSON object of config fields, got {type(data).__name__}"
+        )
     outer = data
     if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the LM in text_config
         data = {**{k: v for k, v in outer.items() if k != "text_config"}, **data["text_config"]}
     family = str(data.get("model_type", ""))
     data = {**_DEFAULTS.get(family, {}), **data}
     if all(key in data for key in _MLA):
-        raise InputError(field, f"{origin}: {family or 'this model'} uses multi-head latent attention (kv_lora_rank "
-                         f"{data['kv_lora_rank']}, qk_rope_head_dim {data['qk_rope_head_dim']}); its ring traffic is "
-                         "not modelled yet: pass --heads, --kv-heads and --head-dim for the K and V you send")  # fmt: skip
+        raise InputError(
+            field,
+            f"{origin}: {family or 'this model'} uses multi-head latent attention (kv_lora_rank "
+            f"{data['kv_lora_rank']}, qk_rope_head_dim {data['qk_rope_head_dim']}); its ring traffic is "
+            "not modelled yet: pass --heads, --kv-heads and --head-dim for the K and V you send",
+        )
 
     def need(key: str) -> int:
         value = data.get(key)
@@ -159,7 +247,9 @@ def from_hf_config(data: object, origin: str = "config.json", field: str = "--mo
     if data.get("head_dim") is not None:
         head_dim = need("head_dim")
     elif hidden % heads:
-        raise InputError(field, f"{origin}: no head_dim, and hidden_size {hidden} is not a multiple of {heads} heads")
+        raise InputError(
+            field, f"{origin}: no head_dim, and hidden_size {hidden} is not a multiple of {heads} heads"
+        )
     else:
         head_dim = hidden // heads
     layers = need("num_hidden_layers")
@@ -169,30 +259,52 @@ def from_hf_config(data: object, origin: str = "config.json", field: str = "--mo
         gated = family in _GATED
     else:
         gated = str(activation).lower() in {"silu", "swish", "swiglu"}
-        notes.append(f"gated_mlp={str(gated).lower()} inferred from hidden_act={activation!r} "
-                     f"(model_type {family!r} not known)")  # fmt: skip
+        notes.append(
+            f"gated_mlp={str(gated).lower()} inferred from hidden_act={activation!r} "
+            f"(model_type {family!r} not known)"
+        )
     window, local = _sliding(data, layers)
-    experts_key = next((k for k in ("num_local_experts", "n_routed_experts", "num_experts") if data.get(k)), None)
+    experts_key = next(
+        (k for k in ("num_local_experts", "n_routed_experts", "num_experts") if data.get(k)), None
+    )
     top_k_key = next((k for k in ("num_experts_per_tok", "experts_per_token") if data.get(k)), None)
     experts = need(experts_key) if experts_key else None
     top_k = need(top_k_key) if experts_key and top_k_key else None
-    ffn = need("moe_intermediate_size") if experts and data.get("moe_intermediate_size") else need("intermediate_size")
+    ffn = (
+        need("moe_intermediate_size")
+        if experts and data.get("moe_intermediate_size")
+        else need("intermediate_size")
+    )
     if window:
-        notes.append(f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
-                     f"{window} keys; the plan treats every layer as global)")  # fmt: skip
+        notes.append(
+            f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
+            f"{window} keys; the plan treats every layer as global)"
+        )
     if experts:
-        notes.append(f"MoE: {experts} experts, {top_k} per token (the MLP is sized as one expert, "
-                     f"ffn_hidden={ffn})")  # fmt: skip
+        notes.append(
+            f"MoE: {experts} experts, {top_k} per token (the MLP is sized as one expert, ffn_hidden={ffn})"
+        )
     notes.extend(sorted(k for k in data if k not in _MAPPED | _IRRELEVANT and not k.startswith("_")))
     path = Path(origin)
     name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
     fields = {
-        "name": name, "description": f"imported from {origin} (model_type {family or 'unknown'})",
-        "source": origin, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim, "layers": layers,
-        "hidden": hidden, "ffn_hidden": ffn, "vocab": need("vocab_size"), "gated_mlp": gated,
-        "tied_embeddings": bool(data.get("tie_word_embeddings", False)), "sliding_window": window,
-        "local_layers": local, "experts": experts, "experts_per_token": top_k,
-    }  # fmt: skip
+        "name": name,
+        "description": f"imported from {origin} (model_type {family or 'unknown'})",
+        "source": origin,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "layers": layers,
+        "hidden": hidden,
+        "ffn_hidden": ffn,
+        "vocab": need("vocab_size"),
+        "gated_mlp": gated,
+        "tied_embeddings": bool(data.get("tie_word_embeddings", False)),
+        "sliding_window": window,
+        "local_layers": local,
+        "experts": experts,
+        "experts_per_token": top_k,
+    }
     try:
         return ModelPreset.model_validate(fields), notes
     except ValidationError as exc:
@@ -202,7 +314,12 @@ def from_hf_config(data: object, origin: str = "config.json", field: str = "--mo
 def _sliding(data: dict[str, Any], layers: int) -> tuple[int | None, int]:
     """(window, layers using it) from ``layer_types``, a local:global pattern, or Qwen's switch."""
     window = data.get("sliding_window")
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1 or data.get("use_sliding_window") is False:
+    if (
+        not isinstance(window, int)
+        or isinstance(window, bool)
+        or window < 1
+        or data.get("use_sliding_window") is False
+    ):
         return None, 0
     types = data.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
@@ -211,7 +328,9 @@ def _sliding(data: dict[str, Any], layers: int) -> tuple[int | None, int]:
         every = data["sliding_window_pattern"]  # one global layer in each group of ``every``
         local = layers - layers // every
     elif data.get("use_sliding_window") and isinstance(data.get("max_window_layers"), int):
-        local = max(0, layers - data["max_window_layers"])  # Qwen2: layers from max_window_layers on are local
+        local = max(
+            0, layers - data["max_window_layers"]
+        )  # Qwen2: layers from max_window_layers on are local
     else:
         local = layers  # Mistral 7B v0.1: every layer local
     return (window, local) if local else (None, 0)

@@ -116,7 +116,9 @@ class Ulysses(_Section):
     reason: str = Field(description="why, in one sentence")
     kv_heads: int | None = Field(description="KV heads after replication to N")
     recv_bytes_per_layer: float | None = Field(description="all-to-all receive bytes for the pass")
-    comm_s: float | None = Field(description="the all-to-alls (Q, K, V in; O out) for the pass; not overlapped")
+    comm_s: float | None = Field(
+        description="the all-to-alls (Q, K, V in; O out) for the pass; not overlapped"
+    )
     comm_ratio: float | None = Field(description="comm_s / attention compute of the pass")
     verdict: Colour | None = Field(description="band of comm_ratio")
     link_scope: str = Field(description="intra-node or inter-node")
@@ -134,10 +136,14 @@ class USPEntry(_Section):
     ring_recv_bytes_per_layer: float | None = Field(description="ring part")
     recv_bytes_per_layer: float | None = Field(description="both parts")
     a2a_comm_s: float | None = Field(description="both all-to-alls, not overlapped")
-    ring_comm_ratio_step: float | None = Field(description="ring step receive / step compute; null at N_r = 1")
+    ring_comm_ratio_step: float | None = Field(
+        description="ring step receive / step compute; null at N_r = 1"
+    )
     ring_verdict: Colour | None = Field(description="band of ring_comm_ratio_step")
     comm_s: float | None = Field(description="all-to-all and ring communication for the pass, per layer")
-    comm_ratio: float | None = Field(description="ring step ratio + all-to-all time / compute: the verdict's ratio")
+    comm_ratio: float | None = Field(
+        description="ring step ratio + all-to-all time / compute: the verdict's ratio"
+    )
     verdict: Colour | None = Field(description="band of comm_ratio")
     a2a_link_scope: str = Field(description="intra-node, inter-node, or none at N_u = 1")
     ring_link_scope: str = Field(description="intra-node, inter-node, or none at N_r = 1")
@@ -183,7 +189,9 @@ class Causal(_Section):
 
     utilization_coarse: float = Field(description="(N+1)/2N, [A-RingCost §6]")
     utilization_fine: float = Field(description="N/(2N-1), [A-RingCost §6]")
-    tile: int = Field(description="tile of the simulator: --block, or the finest multiple of it whose arrays fit in memory")
+    tile: int = Field(
+        description="tile of the simulator: --block, or the finest multiple of it whose arrays fit in memory"
+    )
     utilization: LayoutUtilization = Field(description="tile-level simulator, [Striped §3]")
 
 
@@ -213,9 +221,15 @@ class Fit(_Section):
 
     n: int = Field(description="the CP degree this fit is for")
     params: float = Field(description="model parameters")
-    model_state_bytes: float = Field(description="bf16 weights, fp32 grads and Adam states, after TP, PP and ZeRO")
-    activation_bytes: float = Field(description="activations kept for backward, all layers and the output layer")
-    buffer_bytes: float = Field(description="the ring's backward buffers: KV and fp32 dK/dV in flight, fp32 dQ")
+    model_state_bytes: float = Field(
+        description="bf16 weights, fp32 grads and Adam states, after TP, PP and ZeRO"
+    )
+    activation_bytes: float = Field(
+        description="activations kept for backward, all layers and the output layer"
+    )
+    buffer_bytes: float = Field(
+        description="the ring's backward buffers: KV and fp32 dK/dV in flight, fp32 dQ"
+    )
     total_bytes: float
     device_memory_bytes: float = Field(description="HBM less the headroom")
     fits: bool
@@ -233,7 +247,9 @@ class Recommendation(_Section):
     dp: int | None = Field(description="data-parallel degree left: G / (TP x PP x N)")
     scheme: str | None = Field(description="ring, ulysses, usp, or none at N = 1")
     layout: str | None = Field(description="ring layout; zigzag balances a causal mask")
-    n_ulysses: int | None = Field(description="the all-to-all degree (USP N_u; N for Ulysses; 1 for the ring)")
+    n_ulysses: int | None = Field(
+        description="the all-to-all degree (USP N_u; N for Ulysses; 1 for the ring)"
+    )
     reason: str = Field(description="one sentence")
     fixes: list[str] = Field(description="what would open an empty window, each checked where it can be")
 
@@ -245,12 +261,20 @@ class RecommendCandidate(_Section):
     dp: int
     fits: bool
     total_bytes: float
-    ring_comm_ratio_step: float = Field(description="the plain ring's step ratio for the setup's pass; 0 at N = 1")
-    best_scheme: str = Field(description="ring, Ulysses or USP N_u x N_r: the least exposed communication (the pick)")
+    ring_comm_ratio_step: float = Field(
+        description="the plain ring's step ratio for the setup's pass; 0 at N = 1"
+    )
+    best_scheme: str = Field(
+        description="ring, Ulysses or USP N_u x N_r: the least exposed communication (the pick)"
+    )
     comm_ratio: float = Field(description="the best scheme's ratio (its ring step, or all-to-all / compute)")
-    exposed_comm_s: float = Field(description="communication the best scheme leaves exposed, per layer, for the pass")
+    exposed_comm_s: float = Field(
+        description="communication the best scheme leaves exposed, per layer, for the pass"
+    )
     verdict: Colour = Field(description="band of comm_ratio")
-    lowest_ratio: float = Field(description="the lowest ratio of any scheme at this N: usable when within 15 %")
+    lowest_ratio: float = Field(
+        description="the lowest ratio of any scheme at this N: usable when within 15 %"
+    )
     lowest_ratio_scheme: str = Field(description="the scheme with the lowest ratio")
     link_scope: str = Field(description="the link a ring over N uses")
 

@@ -120,15 +120,40 @@ def _ring(inputs: PlanInputs, machine: Machine, pass_: str) -> SchemeResult:
     scope = machine.scope(n) if n > 1 else "none"
     if n == 1:
         time, _ = predict(ring, machine, "ring", pass_ != "fwd").for_pass(pass_)
-        return SchemeResult("ring", 1, 1, ring.layout, True, "one device: nothing is split", kv_heads=inputs.kv_heads,
-                            ring_recv_bytes=0.0, ring_comm_s=0.0, ring_ratio=0.0, ratio=0.0, time_s=time,
-                            exposed_s=0.0)  # fmt: skip
+        return SchemeResult(
+            "ring",
+            1,
+            1,
+            ring.layout,
+            True,
+            "one device: nothing is split",
+            kv_heads=inputs.kv_heads,
+            ring_recv_bytes=0.0,
+            ring_comm_s=0.0,
+            ring_ratio=0.0,
+            ratio=0.0,
+            time_s=time,
+            exposed_s=0.0,
+        )
     ratio = pass_ratio(ev, pass_)
     time, compute = predict(ring, machine, "ring", pass_ != "fwd").for_pass(pass_)
     recv, comm = _ring_traffic(ev, pass_)
-    return SchemeResult("ring", 1, n, ring.layout, True, "every device passes its KV block on", kv_heads=inputs.kv_heads,
-                        ring_recv_bytes=recv, ring_comm_s=comm, ring_ratio=ratio,
-                        ratio=ratio, time_s=time, exposed_s=max(0.0, time - compute), ring_scope=scope)  # fmt: skip
+    return SchemeResult(
+        "ring",
+        1,
+        n,
+        ring.layout,
+        True,
+        "every device passes its KV block on",
+        kv_heads=inputs.kv_heads,
+        ring_recv_bytes=recv,
+        ring_comm_s=comm,
+        ring_ratio=ratio,
+        ratio=ratio,
+        time_s=time,
+        exposed_s=max(0.0, time - compute),
+        ring_scope=scope,
+    )
 
 
 def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: str) -> SchemeResult:
@@ -142,21 +167,42 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
     a2a_s = a2a_each * len(PASSES[pass_])  # the same exchanges again, reversed, in backward
     compute_s = _pass_sum(ev, _LAYER_COMPUTE, pass_)
     # The all-to-all alone: N_u ranks, each holding S/N of every head, as a Ulysses layer over S·N_u/N.
-    a2a_only = inputs.model_copy(update={"n": n_u, "seq": inputs.seq // n_r, "layout": "contiguous", "block": 1})
+    a2a_only = inputs.model_copy(
+        update={"n": n_u, "seq": inputs.seq // n_r, "layout": "contiguous", "block": 1}
+    )
     a2a_time, a2a_compute = predict(a2a_only, machine, "ulysses", backward).for_pass(pass_)
-    common = {"n_ulysses": n_u, "n_ring": n_r, "feasible": True, "reason": reason,
-              "kv_heads": int(ev("usp_kv_heads", **factors)), "a2a_scope": a2a_link.scope}  # fmt: skip
+    common = {
+        "n_ulysses": n_u,
+        "n_ring": n_r,
+        "feasible": True,
+        "reason": reason,
+        "kv_heads": int(ev("usp_kv_heads", **factors)),
+        "a2a_scope": a2a_link.scope,
+    }
     if n_r == 1:  # Ulysses
         ratio = a2a_s / compute_s
-        return SchemeResult("ulysses", layout=None, a2a_recv_bytes=float(ev("ulysses_recv_bytes_per_layer")) * len(PASSES[pass_]),
-                            a2a_comm_s=a2a_s, ring_comm_s=0.0, ratio=ratio, time_s=a2a_time,
-                            exposed_s=max(0.0, a2a_time - a2a_compute), **common)  # fmt: skip
+        return SchemeResult(
+            "ulysses",
+            layout=None,
+            a2a_recv_bytes=float(ev("ulysses_recv_bytes_per_layer")) * len(PASSES[pass_]),
+            a2a_comm_s=a2a_s,
+            ring_comm_s=0.0,
+            ratio=ratio,
+            time_s=a2a_time,
+            exposed_s=max(0.0, a2a_time - a2a_compute),
+            **common,
+        )
     # The ring across: N_r steps over h/N_u query heads and max(n_kv, N_u)/N_u KV heads, on the link a
     # group of all N ranks uses (its neighbours sit N_u ranks apart).
-    sub = inputs.model_copy(update={
-        "n": n_r, "heads": inputs.heads // n_u, "kv_heads": max(inputs.kv_heads, n_u) // n_u,
-        "layout": ring_layout(inputs, n_r), "block": min(inputs.block, inputs.seq // n_r),
-    })  # fmt: skip
+    sub = inputs.model_copy(
+        update={
+            "n": n_r,
+            "heads": inputs.heads // n_u,
+            "kv_heads": max(inputs.kv_heads, n_u) // n_u,
+            "layout": ring_layout(inputs, n_r),
+            "block": min(inputs.block, inputs.seq // n_r),
+        }
+    )
     ring_link = machine.link(n)
     sub_ev = Evaluator({**plan_values(sub, machine), **ring_link.values})
     ring_ratio = pass_ratio(sub_ev, pass_)
@@ -167,6 +213,11 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
         SchemeResult("usp", layout=sub.layout, **common),
         a2a_recv_bytes=float(ev("usp_a2a_recv_bytes_per_layer", **factors)) * len(PASSES[pass_]),
         ring_recv_bytes=ring_bytes,
-        a2a_comm_s=a2a_s, ring_comm_s=ring_s, ring_ratio=ring_ratio, ratio=ring_ratio + a2a_s / compute_s,
-        time_s=ring_compute + exposed, exposed_s=exposed, ring_scope=ring_link.scope,
+        a2a_comm_s=a2a_s,
+        ring_comm_s=ring_s,
+        ring_ratio=ring_ratio,
+        ratio=ring_ratio + a2a_s / compute_s,
+        time_s=ring_compute + exposed,
+        exposed_s=exposed,
+        ring_scope=ring_link.scope,
     )

@@ -67,8 +67,13 @@ def _call(name: str, values: dict[str, Any]) -> float:
     return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
 
 
-def predict(inputs: PlanInputs, machine: Machine, variant: Variant = "ring", backward: bool = False,
-            span: int | None = None) -> Prediction:  # fmt: skip
+def predict(
+    inputs: PlanInputs,
+    machine: Machine,
+    variant: Variant = "ring",
+    backward: bool = False,
+    span: int | None = None,
+) -> Prediction:
     """Predicted seconds of one layer's forward (and backward) on every rank of the CP group.
 
     ``span``: how many ranks the transfers' group spans, when more than ``inputs.n`` (the ring of a
@@ -82,8 +87,9 @@ def predict(inputs: PlanInputs, machine: Machine, variant: Variant = "ring", bac
     if inputs.n == 1:
         return layer
     forward, backward_extra = machine.layer_overhead(variant, backward)
-    return Prediction(layer.forward_s + forward, layer.backward_s + backward_extra, layer.compute_s,
-                      layer.forward_compute_s)
+    return Prediction(
+        layer.forward_s + forward, layer.backward_s + backward_extra, layer.compute_s, layer.forward_compute_s
+    )
 
 
 @dataclass(frozen=True)
@@ -107,17 +113,28 @@ class RingPass:
 
     @property
     def time_s(self) -> float:
-        return ring_layer_time(self.step_compute_s, self.comm_s, tail_s=self.tail_s, step_waits=self.step_waits,
-                               tail_waits=1 if self.tail_s else 0, overlap=self.overlap,
-                               step_overhead_s=self.step_overhead_s)  # fmt: skip
+        return ring_layer_time(
+            self.step_compute_s,
+            self.comm_s,
+            tail_s=self.tail_s,
+            step_waits=self.step_waits,
+            tail_waits=1 if self.tail_s else 0,
+            overlap=self.overlap,
+            step_overhead_s=self.step_overhead_s,
+        )
 
 
-def ring_pass(inputs: PlanInputs, machine: Machine, backward: bool = False, span: int | None = None) -> RingPass:
+def ring_pass(
+    inputs: PlanInputs, machine: Machine, backward: bool = False, span: int | None = None
+) -> RingPass:
     """The forward (or backward) pass of a ring over ``inputs.n`` ranks on the link ``span`` ranks use."""
     n, length = inputs.n, inputs.seq // inputs.n
     values = {**plan_values(inputs, machine), **machine.link(span or n).values}
     kv_s = _call("step_comm_s", values)  # alpha + KV block / B
-    dkv_s = values["alpha"] + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
+    dkv_s = (
+        values["alpha"]
+        + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
+    )
     if machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
         pairs = np.full((n, n), (0.5 if inputs.causal else 1.0) * length * length)
     else:
@@ -160,7 +177,9 @@ def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool) -> Pr
     if not backward:
         return Prediction(forward.time_s, 0.0, forward_compute, forward_compute)
     back = ring_pass(inputs, machine, True, span)
-    return Prediction(forward.time_s, back.time_s, forward_compute + float(back.step_compute_s.sum()), forward_compute)
+    return Prediction(
+        forward.time_s, back.time_s, forward_compute + float(back.step_compute_s.sum()), forward_compute
+    )
 
 
 def _ulysses(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backward: bool) -> Prediction:
@@ -175,5 +194,9 @@ def _ulysses(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backw
     if not backward:
         return Prediction(exchanges + forward_compute, 0.0, forward_compute, forward_compute)
     backward_compute = BACKWARD_FLOP * flops / machine.rate(flops, inputs.causal, True, n, *shape)
-    return Prediction(exchanges + forward_compute, exchanges + backward_compute, forward_compute + backward_compute,
-                      forward_compute)
+    return Prediction(
+        exchanges + forward_compute,
+        exchanges + backward_compute,
+        forward_compute + backward_compute,
+        forward_compute,
+    )

@@ -64,9 +64,15 @@ def positions(layout: str, seq: int, n: int) -> np.ndarray:
 def ulysses_feasibility(heads: int, kv_heads: int, degree: int) -> tuple[bool, str]:
     """Heads split over an all-to-all of ``degree`` ranks: h mod N = 0, and n_kv mod N = 0 or N mod n_kv = 0 (then KV heads are replicated)."""
     if heads % degree:
-        return False, f"h = {heads} query heads do not split over {degree} devices (h mod N = {heads % degree})"
+        return (
+            False,
+            f"h = {heads} query heads do not split over {degree} devices (h mod N = {heads % degree})",
+        )
     if kv_heads % degree and degree % kv_heads:
-        return False, f"n_kv = {kv_heads} KV heads neither split over nor replicate evenly to {degree} devices"
+        return (
+            False,
+            f"n_kv = {kv_heads} KV heads neither split over nor replicate evenly to {degree} devices",
+        )
     if degree > kv_heads:
         return True, f"KV heads replicated {degree // kv_heads}x to {degree}; traffic counts the replicas"
     return True, "heads split evenly"

@@ -64,15 +64,19 @@ def _tile_bounds(layout: str, seq: int, n: int, tile: int) -> tuple[np.ndarray, 
     return first, last, ends - starts
 
 
-@functools.lru_cache(maxsize=16)  # a report asks for the same schedule several times (passes, schemes, layouts)
+@functools.lru_cache(
+    maxsize=16
+)  # a report asks for the same schedule several times (passes, schemes, layouts)
 def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> Schedule:
     """Simulate one layer's ring schedule; vectorised over all rank pairs and tiles. The result is shared
     between callers, so its array is read-only."""
     if tile < 1:
         raise ValueError("tile must be >= 1")
     if n * n * -(-(seq // n) // tile) > SIMULATION_BUDGET:
-        raise ValueError(f"N = {n} with {seq // n // tile} tiles per rank is over the simulator's budget; "
-                         "use simulation_tile()")
+        raise ValueError(
+            f"N = {n} with {seq // n // tile} tiles per rank is over the simulator's budget; "
+            "use simulation_tile()"
+        )
     check_divisible(layout, seq, n)
     length = seq // n
     if not causal:
@@ -122,4 +126,3 @@ def simulate_by_definition(layout: str, seq: int, n: int, tile: int) -> np.ndarr
                     if pos[src, k0:k1].min() <= pos[i, q0:q1].max():
                         out[i, j] += (q1 - q0) * (k1 - k0)
     return out
-

@@ -16,9 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def ring_layer_time(step_compute_s: Sequence[float], step_comm_s: Sequence[float] | float, tail_s: float = 0.0,
-                    overlap: float = 1.0, step_overhead_s: float = 0.0, step_waits: Sequence[int] | None = None,
-                    tail_waits: int = 0) -> float:
+def ring_layer_time(
+    step_compute_s: Sequence[float],
+    step_comm_s: Sequence[float] | float,
+    tail_s: float = 0.0,
+    overlap: float = 1.0,
+    step_overhead_s: float = 0.0,
+    step_waits: Sequence[int] | None = None,
+    tail_waits: int = 0,
+) -> float:
     """``step_waits[j]``: how many transfers step j waits for (default 1 where it has one), each costing
     ``step_overhead_s``; ``tail_waits`` likewise for the tail."""
     steps = [float(t) for t in step_compute_s]
@@ -31,6 +37,8 @@ def ring_layer_time(step_compute_s: Sequence[float], step_comm_s: Sequence[float
     if len(comm) != len(steps):
         raise ValueError("one transfer time per step")
     waits = list(step_waits) if step_waits is not None else [1 if c > 0 else 0 for c in comm]
-    busy = [max(t, c) + (1 - overlap) * min(t, c) + w * step_overhead_s
-            for t, c, w in zip(steps, comm, waits, strict=True)]
+    busy = [
+        max(t, c) + (1 - overlap) * min(t, c) + w * step_overhead_s
+        for t, c, w in zip(steps, comm, waits, strict=True)
+    ]
     return sum(busy) + tail_s + tail_waits * step_overhead_s

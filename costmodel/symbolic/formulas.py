@@ -158,7 +158,9 @@ def define(
 def _positive_root(equation: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
     """The root of ``equation = 0`` in ``var`` that is positive for positive inputs."""
     roots = sympy.solve(equation, var)
-    sample = {s: sympy.Rational(3, 2) + i for i, s in enumerate(sorted(equation.free_symbols - {var}, key=str))}
+    sample = {
+        s: sympy.Rational(3, 2) + i for i, s in enumerate(sorted(equation.free_symbols - {var}, key=str))
+    }
     positive = [root for root in roots if root.xreplace(sample) > 0]
     if len(positive) != 1:
         raise ValueError(f"expected one positive root of {equation} in {var}, got {roots}")
@@ -168,61 +170,168 @@ def _positive_root(equation: sympy.Expr, var: sympy.Symbol) -> sympy.Expr:
 # --- Memory tiers ([A-RingCost §1]): temporaries at three granularities, then the ring's buffers. -----
 _group = "memory"
 L = define("shard_tokens", "L", S / N, "shard length per device", "tokens", "[A-RingCost §2]")
-define("scores_full_bytes", "M_scores", b * h * S**2 * p,
-       "full score matrix, queries x all keys", "B", "[A-RingCost §1]")
-define("scores_query_block_bytes", "M_blk", b * h * s_blk * S * p,
-       "score slice of one query block x all keys", "B", "[A-RingCost §1]")
-define("scores_tile_bytes", "M_tile", b * h * s_blk**2 * p,
-       "score tile of one query block x one key block (the ring's steady-state window)", "B", "[A-RingCost §1]")
-C_step = define("kv_block_bytes", "C_step", b * L * 2 * n_kv * d * p,
-                "K and V of one shard: the block in flight each ring step", "B", "[A-RingCost §1, §4.1]")
-define("kv_tile_bytes", "C_tile", b * s_blk * 2 * n_kv * d * p,
-       "K and V of one compute tile", "B", "[A-RingCost §1]")
-define("softmax_state_bytes", "M_softmax", b * h * L * (d + 2) * p_acc,
-       "online-softmax state (m, l, O) of one shard's queries, fp32", "B", "[A-RingCost §1, §3.1]")
+define(
+    "scores_full_bytes",
+    "M_scores",
+    b * h * S**2 * p,
+    "full score matrix, queries x all keys",
+    "B",
+    "[A-RingCost §1]",
+)
+define(
+    "scores_query_block_bytes",
+    "M_blk",
+    b * h * s_blk * S * p,
+    "score slice of one query block x all keys",
+    "B",
+    "[A-RingCost §1]",
+)
+define(
+    "scores_tile_bytes",
+    "M_tile",
+    b * h * s_blk**2 * p,
+    "score tile of one query block x one key block (the ring's steady-state window)",
+    "B",
+    "[A-RingCost §1]",
+)
+C_step = define(
+    "kv_block_bytes",
+    "C_step",
+    b * L * 2 * n_kv * d * p,
+    "K and V of one shard: the block in flight each ring step",
+    "B",
+    "[A-RingCost §1, §4.1]",
+)
+define(
+    "kv_tile_bytes",
+    "C_tile",
+    b * s_blk * 2 * n_kv * d * p,
+    "K and V of one compute tile",
+    "B",
+    "[A-RingCost §1]",
+)
+define(
+    "softmax_state_bytes",
+    "M_softmax",
+    b * h * L * (d + 2) * p_acc,
+    "online-softmax state (m, l, O) of one shard's queries, fp32",
+    "B",
+    "[A-RingCost §1, §3.1]",
+)
 
 # --- Compute ([A-RingCost §2] invariant one, §4). c = 1/2 for causal: useful FLOP halve. ------------
 _group = "compute"
-W_pair = define("pair_flops", "W_pair", 4 * b * h * d,
-                "FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add",
-                "FLOP", "[A-RingCost §2]")
-define("total_flops", "F_total", c * S**2 * W_pair, "attention FLOP of one layer, all devices", "FLOP",
-       "[A-RingCost §2]")
-W = define("device_flops_per_layer", "W", c * L * S * W_pair, "FLOP per device per layer", "FLOP",
-           "[A-RingCost §4]")
-W_step = define("step_flops", "W_step", c * L**2 * W_pair,
-                "FLOP per device per ring step (one shard of queries x one KV block)", "FLOP", "[A-RingCost §4, §4.1]")
+W_pair = define(
+    "pair_flops",
+    "W_pair",
+    4 * b * h * d,
+    "FLOP per (query, key) pair over all heads: QK^T and PV, 2 FLOP per multiply-add",
+    "FLOP",
+    "[A-RingCost §2]",
+)
+define(
+    "total_flops",
+    "F_total",
+    c * S**2 * W_pair,
+    "attention FLOP of one layer, all devices",
+    "FLOP",
+    "[A-RingCost §2]",
+)
+W = define(
+    "device_flops_per_layer", "W", c * L * S * W_pair, "FLOP per device per layer", "FLOP", "[A-RingCost §4]"
+)
+W_step = define(
+    "step_flops",
+    "W_step",
+    c * L**2 * W_pair,
+    "FLOP per device per ring step (one shard of queries x one KV block)",
+    "FLOP",
+    "[A-RingCost §4, §4.1]",
+)
 
 # --- Ring traffic and intensity ([A-RingCost §2] invariant two, §4). --------------------------------
 _group = "ring"
-C_recv = define("recv_bytes_per_layer", "C_recv", (N - 1) * C_step,
-                "bytes one device receives per layer (N-1 blocks; its own it keeps)", "B", "[A-RingCost §2]")
-define("send_bytes_per_layer", "C_send", N * C_step,
-       "bytes one device sends per layer counting its own block", "B", "[A-RingCost §4.1]")
+C_recv = define(
+    "recv_bytes_per_layer",
+    "C_recv",
+    (N - 1) * C_step,
+    "bytes one device receives per layer (N-1 blocks; its own it keeps)",
+    "B",
+    "[A-RingCost §2]",
+)
+define(
+    "send_bytes_per_layer",
+    "C_send",
+    N * C_step,
+    "bytes one device sends per layer counting its own block",
+    "B",
+    "[A-RingCost §4.1]",
+)
 define("intensity_layer", "I", W / C_recv, "layer arithmetic intensity", "FLOP/B", "[A-RingCost §4]")
-define("intensity_step", "I_step", W_step / C_step,
-       "step arithmetic intensity: the quantity to compare with beta", "FLOP/B", "[A-RingCost §4]")
+define(
+    "intensity_step",
+    "I_step",
+    W_step / C_step,
+    "step arithmetic intensity: the quantity to compare with beta",
+    "FLOP/B",
+    "[A-RingCost §4]",
+)
 
 # --- Machine ([A-RingCost §4, §8] step 2; [A-SPDeep]–4.3). -------------------------------------------
 _group = "machine"
-define("effective_flops", "F_eff", eta * F_peak, "FLOP/s at the given efficiency", "FLOP/s", "[A-RingCost §8]")
+define(
+    "effective_flops", "F_eff", eta * F_peak, "FLOP/s at the given efficiency", "FLOP/s", "[A-RingCost §8]"
+)
 define("beta", "beta", F / B, "machine FLOP per byte of one link direction", "FLOP/B", "[A-RingCost §4]")
 
 # --- Times and ratios ([A-RingCost §4.1, §11]; alpha from [A-SPDeep]). ------------------------------
 _group = "time"
-t_comp = define("step_compute_s", "t_step", W_step / F, "compute time of one ring step", "s", "[A-RingCost §4.1]")
-t_comm = define("step_comm_s", "tau_step", alpha + C_step / B, "receive time of one KV block", "s",
-                "[A-RingCost §4.1], [A-SPDeep]")
-t_layer = define("layer_compute_s", "t_layer", W / F, "compute time of one layer on one device", "s",
-                 "[A-RingCost §4]")
-tau_layer = define("layer_comm_s", "tau_layer", (N - 1) * t_comm, "receive time of one layer (N-1 blocks)",
-                   "s", "[A-RingCost §4]")
-define("layer_send_s", "tau_send", N * t_comm, "send time of one layer counting the own block", "s",
-       "[A-RingCost §4.1]")
-define("comm_ratio_step", "rho_step", t_comm / t_comp,
-       "step receive time / step compute time: the verdict's ratio (no overlap credit)", "1", "[A-RingCost §11]")
-define("comm_ratio_layer", "rho_layer", tau_layer / t_layer, "layer receive time / layer compute time", "1",
-       "[A-RingCost §4]")
+t_comp = define(
+    "step_compute_s", "t_step", W_step / F, "compute time of one ring step", "s", "[A-RingCost §4.1]"
+)
+t_comm = define(
+    "step_comm_s",
+    "tau_step",
+    alpha + C_step / B,
+    "receive time of one KV block",
+    "s",
+    "[A-RingCost §4.1], [A-SPDeep]",
+)
+t_layer = define(
+    "layer_compute_s", "t_layer", W / F, "compute time of one layer on one device", "s", "[A-RingCost §4]"
+)
+tau_layer = define(
+    "layer_comm_s",
+    "tau_layer",
+    (N - 1) * t_comm,
+    "receive time of one layer (N-1 blocks)",
+    "s",
+    "[A-RingCost §4]",
+)
+define(
+    "layer_send_s",
+    "tau_send",
+    N * t_comm,
+    "send time of one layer counting the own block",
+    "s",
+    "[A-RingCost §4.1]",
+)
+define(
+    "comm_ratio_step",
+    "rho_step",
+    t_comm / t_comp,
+    "step receive time / step compute time: the verdict's ratio (no overlap credit)",
+    "1",
+    "[A-RingCost §11]",
+)
+define(
+    "comm_ratio_layer",
+    "rho_layer",
+    tau_layer / t_layer,
+    "layer receive time / layer compute time",
+    "1",
+    "[A-RingCost §4]",
+)
 
 # --- Critical shard length and the largest CP degree ([A-SPDeep], [A-RingCost §4], [A-SPDeep]). --------
 # Solve r * t_step(L) = tau_step(L) for the shard length L; with alpha = 0 it is linear.
@@ -236,91 +345,279 @@ def _shard_at_ratio(compute: sympy.Symbol, comm: sympy.Symbol) -> sympy.Expr:
     return _positive_root(r * _RESOLVE[compute].xreplace(at) - _RESOLVE[comm].xreplace(at), _ell)
 
 
-L_r = define("shard_tokens_at_ratio", "L_r", _shard_at_ratio(t_comp, t_comm),
-             "shard length at which step comm = r x step compute", "tokens", "[A-SPDeep]")
-define("critical_shard_tokens", "L_star", L_r,
-       "shard length L* where step comm = step compute: longer shards hide the link", "tokens",
-       "[A-SPDeep]", at={r: 1})
-define("n_at_ratio", "N_at_r", S / L_r, "CP degree at which the step comm ratio reaches r", "devices",
-       "[A-RingCost §4], [A-RingCost §11]")
-define("n_max", "N_max", S / L_r,
-       "largest CP degree with step comm <= step compute ((h/n_kv)·S/beta at p = 2)", "devices",
-       "[A-RingCost §4]", at={r: 1})
+L_r = define(
+    "shard_tokens_at_ratio",
+    "L_r",
+    _shard_at_ratio(t_comp, t_comm),
+    "shard length at which step comm = r x step compute",
+    "tokens",
+    "[A-SPDeep]",
+)
+define(
+    "critical_shard_tokens",
+    "L_star",
+    L_r,
+    "shard length L* where step comm = step compute: longer shards hide the link",
+    "tokens",
+    "[A-SPDeep]",
+    at={r: 1},
+)
+define(
+    "n_at_ratio",
+    "N_at_r",
+    S / L_r,
+    "CP degree at which the step comm ratio reaches r",
+    "devices",
+    "[A-RingCost §4], [A-RingCost §11]",
+)
+define(
+    "n_max",
+    "N_max",
+    S / L_r,
+    "largest CP degree with step comm <= step compute ((h/n_kv)·S/beta at p = 2)",
+    "devices",
+    "[A-RingCost §4]",
+    at={r: 1},
+)
 
 # --- Ulysses ([A-RingCost §4.2, §7]; [Ulysses §3]). KV heads are replicated up to N when N > n_kv. -----
 _group = "ulysses"
-n_kv_u = define("ulysses_kv_heads", "n_kv_U", sympy.Max(n_kv, N),
-                "KV heads after replication to the all-to-all degree", "heads", "[Ulysses §3]")
-C_u = define("ulysses_recv_bytes_per_layer", "C_U", (N - 1) / N * b * L * (2 * h + 2 * n_kv_u) * d * p,
-             "all-to-all receive bytes per device per layer: Q, K, V in and O out", "B", "[A-RingCost §4.2]")
+n_kv_u = define(
+    "ulysses_kv_heads",
+    "n_kv_U",
+    sympy.Max(n_kv, N),
+    "KV heads after replication to the all-to-all degree",
+    "heads",
+    "[Ulysses §3]",
+)
+C_u = define(
+    "ulysses_recv_bytes_per_layer",
+    "C_U",
+    (N - 1) / N * b * L * (2 * h + 2 * n_kv_u) * d * p,
+    "all-to-all receive bytes per device per layer: Q, K, V in and O out",
+    "B",
+    "[A-RingCost §4.2]",
+)
 # Four all_to_all calls (Q, K, V in, O out), as DeepSpeed-Ulysses and the reference kernel make them.
-tau_u = define("ulysses_comm_s", "tau_U", 4 * alpha + C_u / B, "time of the all-to-alls: Q, K, V in and O out",
-               "s", "[A-RingCost §7], [A-SPDeep]")
-define("ulysses_comm_ratio", "rho_U", tau_u / t_layer,
-       "all-to-all time / layer compute time (the all-to-alls do not overlap attention)", "1", "[A-RingCost §7]")
+tau_u = define(
+    "ulysses_comm_s",
+    "tau_U",
+    4 * alpha + C_u / B,
+    "time of the all-to-alls: Q, K, V in and O out",
+    "s",
+    "[A-RingCost §7], [A-SPDeep]",
+)
+define(
+    "ulysses_comm_ratio",
+    "rho_U",
+    tau_u / t_layer,
+    "all-to-all time / layer compute time (the all-to-alls do not overlap attention)",
+    "1",
+    "[A-RingCost §7]",
+)
 
 # --- USP: N = N_u x N_r, all-to-all inside, ring across ([USP §3]). ---------------------------
 _group = "usp"
-n_kv_usp = define("usp_kv_heads", "n_kv_USP", sympy.Max(n_kv, N_u),
-                  "KV heads after replication to the all-to-all degree N_u", "heads", "[USP §3]")
-C_ua = define("usp_a2a_recv_bytes_per_layer", "C_USP_a2a",
-              (N_u - 1) / N_u * b * S / (N_u * N_r) * (2 * h + 2 * n_kv_usp) * d * p,
-              "all-to-all part of the USP receive bytes", "B", "[USP §3]")
-C_ur_step = define("usp_ring_step_recv_bytes", "C_USP_step", b * S / N_r * 2 * (n_kv_usp / N_u) * d * p,
-                   "KV block of one USP ring step", "B", "[USP §3]")
-C_ur = define("usp_ring_recv_bytes_per_layer", "C_USP_ring", (N_r - 1) * C_ur_step,
-              "ring part of the USP receive bytes", "B", "[USP §3]")
-define("usp_recv_bytes_per_layer", "C_USP", C_ua + C_ur, "USP receive bytes per device per layer", "B",
-       "[USP §3]")
-W_ur = define("usp_ring_step_flops", "W_USP_step", c * (S / N_r) ** 2 * W_pair / N_u,
-              "FLOP per device per USP ring step (h/N_u heads)", "FLOP", "[USP §3]")
-define("usp_a2a_comm_s", "tau_USP_a2a", 4 * alpha + C_ua / B, "time of the USP all-to-alls (Q, K, V, O)", "s",
-       "[USP §3]")
-define("usp_ring_comm_ratio_step", "rho_USP_step", (alpha + C_ur_step / B) / (W_ur / F),
-       "USP ring step receive time / step compute time", "1", "[USP §3]")
+n_kv_usp = define(
+    "usp_kv_heads",
+    "n_kv_USP",
+    sympy.Max(n_kv, N_u),
+    "KV heads after replication to the all-to-all degree N_u",
+    "heads",
+    "[USP §3]",
+)
+C_ua = define(
+    "usp_a2a_recv_bytes_per_layer",
+    "C_USP_a2a",
+    (N_u - 1) / N_u * b * S / (N_u * N_r) * (2 * h + 2 * n_kv_usp) * d * p,
+    "all-to-all part of the USP receive bytes",
+    "B",
+    "[USP §3]",
+)
+C_ur_step = define(
+    "usp_ring_step_recv_bytes",
+    "C_USP_step",
+    b * S / N_r * 2 * (n_kv_usp / N_u) * d * p,
+    "KV block of one USP ring step",
+    "B",
+    "[USP §3]",
+)
+C_ur = define(
+    "usp_ring_recv_bytes_per_layer",
+    "C_USP_ring",
+    (N_r - 1) * C_ur_step,
+    "ring part of the USP receive bytes",
+    "B",
+    "[USP §3]",
+)
+define(
+    "usp_recv_bytes_per_layer",
+    "C_USP",
+    C_ua + C_ur,
+    "USP receive bytes per device per layer",
+    "B",
+    "[USP §3]",
+)
+W_ur = define(
+    "usp_ring_step_flops",
+    "W_USP_step",
+    c * (S / N_r) ** 2 * W_pair / N_u,
+    "FLOP per device per USP ring step (h/N_u heads)",
+    "FLOP",
+    "[USP §3]",
+)
+define(
+    "usp_a2a_comm_s",
+    "tau_USP_a2a",
+    4 * alpha + C_ua / B,
+    "time of the USP all-to-alls (Q, K, V, O)",
+    "s",
+    "[USP §3]",
+)
+define(
+    "usp_ring_comm_ratio_step",
+    "rho_USP_step",
+    (alpha + C_ur_step / B) / (W_ur / F),
+    "USP ring step receive time / step compute time",
+    "1",
+    "[USP §3]",
+)
 
 # --- Tensor parallel comparison ([A-RingCost §13]). ------------------------------------------------
 _group = "tp"
-C_tp = define("tp_bytes_per_layer", "C_TP", 4 * b * S * h * d * p,
-              "TP activation traffic per layer (two all-reduces of b·S·h·d)", "B", "[A-RingCost §13]")
-define("tp_to_ring_ratio", "C_TP_over_C_recv", C_tp / C_recv, "TP bytes / ring receive bytes", "1",
-       "[A-RingCost §13]")
+C_tp = define(
+    "tp_bytes_per_layer",
+    "C_TP",
+    4 * b * S * h * d * p,
+    "TP activation traffic per layer (two all-reduces of b·S·h·d)",
+    "B",
+    "[A-RingCost §13]",
+)
+define(
+    "tp_to_ring_ratio",
+    "C_TP_over_C_recv",
+    C_tp / C_recv,
+    "TP bytes / ring receive bytes",
+    "1",
+    "[A-RingCost §13]",
+)
 
 # --- Causal load balance, block-granular ([A-RingCost §6]). The tile simulator is costmodel.schedule.simulator. --
 _group = "causal"
-define("utilization_coarse", "u_coarse", (N + 1) / (2 * N),
-       "contiguous causal utilisation, diagonal block counted whole", "1", "[A-RingCost §6]")
-define("utilization_fine", "u_fine", N / (2 * N - 1),
-       "contiguous causal utilisation, diagonal block counted as half", "1", "[A-RingCost §6]")
+define(
+    "utilization_coarse",
+    "u_coarse",
+    (N + 1) / (2 * N),
+    "contiguous causal utilisation, diagonal block counted whole",
+    "1",
+    "[A-RingCost §6]",
+)
+define(
+    "utilization_fine",
+    "u_fine",
+    N / (2 * N - 1),
+    "contiguous causal utilisation, diagonal block counted as half",
+    "1",
+    "[A-RingCost §6]",
+)
 
 # --- Backward pass of ring attention ([Korthikanti22]). -------------------------------------------------
 # FlashAttention-2 counts the backward as 2.5x the forward FLOP: five matmuls against two, the
 # recomputation of QK^T included. K and V travel the ring again, now with their dK/dV
 # accumulators in fp32 (p_acc bytes): N-1 KV hops and N dK/dV hops (the last one brings them home).
 _group = "backward"
-W_bwd = define("bwd_step_flops", "W_bwd_step", sympy.Rational(5, 2) * W_step,
-               "FLOP per device per backward ring step", "FLOP", "[FA2 §4]")
-C_bwd = define("bwd_step_recv_bytes", "C_bwd_step", b * L * 2 * n_kv * d * (p + p_acc),
-               "KV block and its fp32 dK/dV accumulator, received each backward step", "B", "[RingAttn §3]")
-C_bwd_recv = define("bwd_recv_bytes_per_layer", "C_bwd_recv", (N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc,
-       "backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks", "B", "[Korthikanti22]")
-define("bwd_intensity_step", "I_bwd_step", W_bwd / C_bwd, "backward step arithmetic intensity", "FLOP/B",
-       "[Korthikanti22]")
-t_bwd = define("bwd_step_compute_s", "t_bwd_step", W_bwd / F, "compute time of one backward step", "s", "[Korthikanti22]")
-tau_bwd = define("bwd_step_comm_s", "tau_bwd_step", alpha + C_bwd / B, "receive time of one backward step", "s",
-                 "[Korthikanti22]")
-define("bwd_layer_compute_s", "t_bwd_layer", N * t_bwd, "backward compute time of one layer on one device", "s",
-       "[Korthikanti22]")
-define("bwd_layer_comm_s", "tau_bwd_layer", (2 * N - 1) * alpha + C_bwd_recv / B,
-       "backward receive time of one layer: N-1 KV blocks and N dK/dV blocks", "s", "[RingAttn §3]")
-define("bwd_comm_ratio_step", "rho_bwd_step", tau_bwd / t_bwd, "backward step receive time / step compute time",
-       "1", "[Korthikanti22]")
-L_bwd_r = define("bwd_shard_tokens_at_ratio", "L_bwd_r", _shard_at_ratio(t_bwd, tau_bwd),
-                 "shard length at which backward step comm = r x its compute", "tokens", "[Korthikanti22]")
-define("bwd_critical_shard_tokens", "L_bwd_star", L_bwd_r, "backward L*: step comm = step compute", "tokens",
-       "[Korthikanti22]", at={r: 1})
-define("bwd_n_at_ratio", "N_bwd_at_r", S / L_bwd_r, "CP degree at which the backward step ratio reaches r",
-       "devices", "[Korthikanti22]")
+W_bwd = define(
+    "bwd_step_flops",
+    "W_bwd_step",
+    sympy.Rational(5, 2) * W_step,
+    "FLOP per device per backward ring step",
+    "FLOP",
+    "[FA2 §4]",
+)
+C_bwd = define(
+    "bwd_step_recv_bytes",
+    "C_bwd_step",
+    b * L * 2 * n_kv * d * (p + p_acc),
+    "KV block and its fp32 dK/dV accumulator, received each backward step",
+    "B",
+    "[RingAttn §3]",
+)
+C_bwd_recv = define(
+    "bwd_recv_bytes_per_layer",
+    "C_bwd_recv",
+    (N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc,
+    "backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks",
+    "B",
+    "[Korthikanti22]",
+)
+define(
+    "bwd_intensity_step",
+    "I_bwd_step",
+    W_bwd / C_bwd,
+    "backward step arithmetic intensity",
+    "FLOP/B",
+    "[Korthikanti22]",
+)
+t_bwd = define(
+    "bwd_step_compute_s", "t_bwd_step", W_bwd / F, "compute time of one backward step", "s", "[Korthikanti22]"
+)
+tau_bwd = define(
+    "bwd_step_comm_s",
+    "tau_bwd_step",
+    alpha + C_bwd / B,
+    "receive time of one backward step",
+    "s",
+    "[Korthikanti22]",
+)
+define(
+    "bwd_layer_compute_s",
+    "t_bwd_layer",
+    N * t_bwd,
+    "backward compute time of one layer on one device",
+    "s",
+    "[Korthikanti22]",
+)
+define(
+    "bwd_layer_comm_s",
+    "tau_bwd_layer",
+    (2 * N - 1) * alpha + C_bwd_recv / B,
+    "backward receive time of one layer: N-1 KV blocks and N dK/dV blocks",
+    "s",
+    "[RingAttn §3]",
+)
+define(
+    "bwd_comm_ratio_step",
+    "rho_bwd_step",
+    tau_bwd / t_bwd,
+    "backward step receive time / step compute time",
+    "1",
+    "[Korthikanti22]",
+)
+L_bwd_r = define(
+    "bwd_shard_tokens_at_ratio",
+    "L_bwd_r",
+    _shard_at_ratio(t_bwd, tau_bwd),
+    "shard length at which backward step comm = r x its compute",
+    "tokens",
+    "[Korthikanti22]",
+)
+define(
+    "bwd_critical_shard_tokens",
+    "L_bwd_star",
+    L_bwd_r,
+    "backward L*: step comm = step compute",
+    "tokens",
+    "[Korthikanti22]",
+    at={r: 1},
+)
+define(
+    "bwd_n_at_ratio",
+    "N_bwd_at_r",
+    S / L_bwd_r,
+    "CP degree at which the backward step ratio reaches r",
+    "devices",
+    "[Korthikanti22]",
+)
 
 # --- Memory fit of a training step ([Korthikanti22]). -------------------------------------------------
 # Activations per layer follow [Korthikanti22 §4] term by term. Stored per token: the two
@@ -330,54 +627,128 @@ define("bwd_n_at_ratio", "N_bwd_at_r", S / L_bwd_r, "CP degree at which the back
 # With MHA, a 4H GeLU MLP and dropout this is the paper's sbh(34 + 5as/h); GQA and a gated MLP
 # generalise the same terms. Context parallelism leaves S/N tokens per device.
 _group = "fit"
-P_layer = define("layer_params", "P_layer", H * d * (2 * h + 2 * n_kv) + (2 + g) * H * F_ffn + 2 * H,
-                 "parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms", "1",
-                 "model arithmetic")
-P = define("params", "P", n_L * P_layer + e_m * V * H + H,
-           "parameters: layers, embeddings (input and, untied, output), final norm", "1", "model arithmetic")
+P_layer = define(
+    "layer_params",
+    "P_layer",
+    H * d * (2 * h + 2 * n_kv) + (2 + g) * H * F_ffn + 2 * H,
+    "parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms",
+    "1",
+    "model arithmetic",
+)
+P = define(
+    "params",
+    "P",
+    n_L * P_layer + e_m * V * H + H,
+    "parameters: layers, embeddings (input and, untied, output), final norm",
+    "1",
+    "model arithmetic",
+)
 # Pipeline stages hold n_L/pp layers each; the first adds the input embedding, the last the output layer
 # and final norm (a copy of the embedding when tied, as Megatron keeps one there): the last holds most.
-P_stage = define("stage_params", "P_stage", sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_L / pp * P_layer + V * H + H, True)),
-                 "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the last stage",
-                 "1", "[Megatron21 §2.2]")
+P_stage = define(
+    "stage_params",
+    "P_stage",
+    sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_L / pp * P_layer + V * H + H, True)),
+    "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the last stage",
+    "1",
+    "[Megatron21 §2.2]",
+)
 _state_bytes = 2 * z_w + 4 * z_g + 12 * z_o  # bf16 weights, fp32 grads, fp32 master + 2 Adam moments
-M_state = define("model_state_bytes", "M_state", P_stage / t * _state_bytes,
-                 "bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device, on the stage "
-                 "holding the most parameters", "B", "[ZeRO §3]")
+M_state = define(
+    "model_state_bytes",
+    "M_state",
+    P_stage / t * _state_bytes,
+    "bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device, on the stage "
+    "holding the most parameters",
+    "B",
+    "[ZeRO §3]",
+)
 _split = sigma / t + 1 - sigma  # the share of the sequence-parallel terms a device keeps
-A_layer = define("layer_activation_bytes", "A_layer",
-                 b * L * ((8 + 2 * delta) * H * _split + (4 * h * d + 4 * n_kv * d + 2 * (2 + g) * F_ffn) / t
-                          + 5 * phi * h * L / t),
-                 "activations one layer keeps for its backward, per device", "B", "[Korthikanti22 §4.1]")
-A_in = define("layer_input_bytes", "A_input", b * L * 2 * H * _split,
-              "the layer input: all a layer keeps under full recompute", "B", "[Korthikanti22 §5]")
-A_out = define("output_activation_bytes", "A_output", b * L * (2 * H + 4 * V / t),
-               "final hidden state and the fp32 softmax of the vocab-parallel cross-entropy", "B",
-               "[Korthikanti22 §4.2]")
+A_layer = define(
+    "layer_activation_bytes",
+    "A_layer",
+    b
+    * L
+    * (
+        (8 + 2 * delta) * H * _split
+        + (4 * h * d + 4 * n_kv * d + 2 * (2 + g) * F_ffn) / t
+        + 5 * phi * h * L / t
+    ),
+    "activations one layer keeps for its backward, per device",
+    "B",
+    "[Korthikanti22 §4.1]",
+)
+A_in = define(
+    "layer_input_bytes",
+    "A_input",
+    b * L * 2 * H * _split,
+    "the layer input: all a layer keeps under full recompute",
+    "B",
+    "[Korthikanti22 §5]",
+)
+A_out = define(
+    "output_activation_bytes",
+    "A_output",
+    b * L * (2 * H + 4 * V / t),
+    "final hidden state and the fp32 softmax of the vocab-parallel cross-entropy",
+    "B",
+    "[Korthikanti22 §4.2]",
+)
 A_kept = (1 - rho) * A_layer + rho * A_in  # what one layer keeps for its backward
 # 1F1B: the first stage holds pp micro-batches in flight of n_L/pp layers, n_L layers' worth; the last
 # holds one micro-batch of its n_L/pp layers and the output layer [Korthikanti22 §4.2].
-A = define("activation_bytes", "A", sympy.Piecewise((n_L * A_kept + A_out, sympy.Eq(pp, 1)),
-                                                    (sympy.Max(n_L * A_kept, n_L / pp * A_kept + A_out), True)),
-           "activations per device on the most loaded pipeline stage: n_L layers' worth and the output "
-           "layer at pp = 1; under 1F1B the larger of the first stage (pp micro-batches of n_L/pp layers) and "
-           "the last (one micro-batch and the output layer)", "B", "[Korthikanti22 §4.2]")
+A = define(
+    "activation_bytes",
+    "A",
+    sympy.Piecewise(
+        (n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(n_L * A_kept, n_L / pp * A_kept + A_out), True)
+    ),
+    "activations per device on the most loaded pipeline stage: n_L layers' worth and the output "
+    "layer at pp = 1; under 1F1B the larger of the first stage (pp micro-batches of n_L/pp layers) and "
+    "the last (one micro-batch and the output layer)",
+    "B",
+    "[Korthikanti22 §4.2]",
+)
 _buffers = (2 * C_bwd + b * h * L * d * p_acc) / t
-R_buf = define("ring_buffer_bytes", "M_ring", sympy.Min(N - 1, 1) * _buffers,
-               "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, "
-               "for a TP rank's heads; none at N = 1", "B", "[RingAttn §3]")
-define("training_memory_bytes", "M_total", M_state + A + R_buf,
-       "model states, activations and ring buffers per device on the most loaded stage", "B",
-       "[Korthikanti22 §4], [ZeRO §3]")
+R_buf = define(
+    "ring_buffer_bytes",
+    "M_ring",
+    sympy.Min(N - 1, 1) * _buffers,
+    "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, "
+    "for a TP rank's heads; none at N = 1",
+    "B",
+    "[RingAttn §3]",
+)
+define(
+    "training_memory_bytes",
+    "M_total",
+    M_state + A + R_buf,
+    "model states, activations and ring buffers per device on the most loaded stage",
+    "B",
+    "[Korthikanti22 §4], [ZeRO §3]",
+)
 # With flash attention (phi = 0) activations and ring buffers all scale as 1/N once N > 1, so a stage
 # fits from N = (its 1/N part at N = 1) / (the memory its states leave free); the most loaded stage sets N.
-define("n_min_memory", "N_min",
-       sympy.Piecewise(
-           (sympy.Subs(n_L * A_kept + A_out + _buffers, N, 1) / (M_dev - M_state), sympy.Eq(pp, 1)),
-           (sympy.Max(sympy.Subs(n_L * A_kept + _buffers, N, 1),
-                      sympy.Subs(n_L / pp * A_kept + A_out + _buffers, N, 1)) / (M_dev - M_state), True)),
-       "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention; negative "
-       "when the model states alone do not fit", "devices", "[Korthikanti22 §4]", at={phi: 0})
+define(
+    "n_min_memory",
+    "N_min",
+    sympy.Piecewise(
+        (sympy.Subs(n_L * A_kept + A_out + _buffers, N, 1) / (M_dev - M_state), sympy.Eq(pp, 1)),
+        (
+            sympy.Max(
+                sympy.Subs(n_L * A_kept + _buffers, N, 1),
+                sympy.Subs(n_L / pp * A_kept + A_out + _buffers, N, 1),
+            )
+            / (M_dev - M_state),
+            True,
+        ),
+    ),
+    "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention; negative "
+    "when the model states alone do not fit",
+    "devices",
+    "[Korthikanti22 §4]",
+    at={phi: 0},
+)
 
 # --- The whole training step ([Megatron21], [Korthikanti22], [Llama3], [PaLM] appendix B). --------
 # One device, one micro-batch of b sequences: CP leaves b·S/N tokens, TP splits every matrix multiply t
@@ -393,115 +764,331 @@ def _hidden(comm: sympy.Expr, compute: sympy.Expr, share: sympy.Expr) -> sympy.E
     return comm - hideable + s_comm * hideable
 
 
-T_mb = define("mb_tokens", "T_mb", b * S / N, "tokens of one micro-batch on one CP rank", "tokens", "[Llama3 §3.3]")
-W_qkv = define("layer_qkv_flops", "W_qkv", 2 * T_mb * H * (h + 2 * n_kv) * d / t,
-               "forward FLOP of the Q, K, V projections (GQA: n_kv heads for K and V), per device", "FLOP",
-               "[Megatron21 §5.1]")
-W_out = define("layer_out_proj_flops", "W_o", 2 * T_mb * h * d * H / t, "forward FLOP of the output projection",
-               "FLOP", "[Megatron21 §5.1]")
-W_mlp = define("layer_mlp_flops", "W_mlp", 2 * (2 + g) * T_mb * H * F_ffn / t,
-               "forward FLOP of the MLP: 3 matrices gated (SwiGLU), 2 plain (GeLU)", "FLOP", "[Megatron21 §5.1]")
-W_gemm = define("layer_gemm_flops", "W_gemm", W_qkv + W_out + W_mlp, "forward FLOP of a layer's matrix multiplies",
-                "FLOP", "[Megatron21 §5.1]")
-W_att = define("layer_attn_flops", "W_att", W / t,
-               "forward FLOP of attention per device: c·S²/N pairs x 4·b·h·d over t (causal c = 1/2)", "FLOP",
-               "[FA2 §4]")
-E_lay = define("layer_elementwise_bytes", "E_layer",
-               T_mb * p * (10 * H + 2 * (h + n_kv) * d + (2 + g) * F_ffn) / t,
-               "forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and "
-               "K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism", "B",
-               "[Korthikanti22 §4]")
-W_head = define("head_flops", "W_head", 2 * T_mb * H * V / t, "forward FLOP of the output layer (vocab-parallel)",
-                "FLOP", "[Megatron21 §5.1]")
-E_loss = define("loss_bytes", "E_loss", 3 * T_mb * 4 * V / t,
-                "HBM bytes of the fp32 softmax cross-entropy over the logits: three passes", "B",
-                "[Korthikanti22 §4.2]")
-tau_tp = define("tp_comm_s", "tau_TP", 4 * (t - 1) / t * T_mb * H * p / B_tp,
-                "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of "
-                "the layer's activations", "s", "[Korthikanti22 §4.2.2]")
-C_ag = define("cp_allgather_bytes", "C_AG", (N - 1) / N * b * S * 2 * n_kv * d * p / t,
-              "all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV "
-              "as many bytes)", "B", "[Llama3 §3.3]")
-t_att_f = define("layer_attn_fwd_s", "t_att_fwd", W_att / (u_cp * F_attn),
-                 "attention forward of one layer, the slowest CP rank", "s", "[FA2 §4], [A-RingCost §6]")
-t_att_b = define("layer_attn_bwd_s", "t_att_bwd", sympy.Rational(5, 2) * W_att / (u_cp * F_attn_bwd),
-                 "attention backward of one layer, the slowest CP rank", "s", "[FA2 §4]")
-M_step = define("ring_merge_bytes", "M_merge", b * L * h * (3 * (d + 1) * p_acc + 2 * k_copy * d * p) / t,
-                "HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and "
-                "copy the queries when the layout shifts the mask", "B", "[ring-flash-attn], [OnlineSoftmax]")
-t_ring_x = define("ring_overhead_s", "t_ring_x", (N - 1) * (M_step / B_hbm + t_launch),
-                  "per layer and pass: the ring's merges, copies and launches beside the attention kernel", "s",
-                  "[ring-flash-attn]")
-tau_ring_f = define("cp_ring_fwd_s", "tau_ring_fwd", C_recv / (t * B_cp),
-                    "ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads)", "s", "[RingAttn §3]")
-tau_ring_b = define("cp_ring_bwd_s", "tau_ring_bwd",
-                    ((N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc) / (t * B_cp),
-                    "ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks", "s",
-                    "[RingAttn §3], [FA2 §4]")
-define("cp_ring_fwd_exposed_s", "x_ring_fwd", _hidden(tau_ring_f, t_att_f, o_cp),
-       "ring forward transfers left on the critical path after hiding o_cp of them under attention", "s",
-       "[RingAttn §3]")
-define("cp_ring_bwd_exposed_s", "x_ring_bwd", _hidden(tau_ring_b, t_att_b, o_cp),
-       "ring backward transfers left on the critical path", "s", "[RingAttn §3]")
-define("cp_allgather_s", "tau_AG", C_ag / B_cp, "all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed",
-       "s", "[Llama3 §3.3]")
-define("cp_ulysses_s", "tau_U_step", C_u / (t * B_cp), "Ulysses all-to-alls of one layer and pass; exposed", "s",
-       "[Ulysses §3]")
-define("cp_usp_a2a_s", "tau_USP_step", C_ua / (t * B_cp), "USP all-to-alls of one layer and pass; exposed", "s",
-       "[USP §3]")
-define("tp_exposed_s", "x_TP", _hidden(tau_tp, W_gemm / F_gemm, o_tp),
-       "TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies", "s",
-       "[Korthikanti22 §4.2.2]")
-define("layer_compute_fwd_s", "t_fwd_c", W_gemm / F_gemm + t_att_f + E_lay / B_hbm,
-       "forward compute of one layer: matrix multiplies, attention, memory-bound elementwise", "s",
-       "[Megatron21 §5.1]")
-define("layer_compute_bwd_s", "t_bwd_c", 2 * W_gemm / F_gemm + t_att_b + 2 * E_lay / B_hbm,
-       "backward compute of one layer (matrix multiplies twice the forward)", "s", "[Megatron21 §5.1]")
-define("layer_recompute_s", "t_rc",
-       rc_sel * t_att_f + rc_full * (W_gemm / F_gemm + t_att_f + E_lay / B_hbm),
-       "recompute of one layer in backward: the attention core (selective) or the whole forward (full)", "s",
-       "[Korthikanti22 §5]")
-define("head_s", "t_head", 3 * W_head / F_gemm + E_loss / B_hbm,
-       "output layer forward and backward with the loss, on the last pipeline stage", "s", "[Megatron21 §5.1]")
-tau_pp = define("pp_send_s", "tau_PP", T_mb * H * p / (t * B_pp),
-                "one stage-boundary send of a micro-batch's activations (or gradients), scattered over TP", "s",
-                "[Megatron21 §4.1]")
-define("pp_exposed_s", "x_PP", (v_pp * pp - 1) * tau_pp * (2 + 2 * (1 - o_pp) * m_mb / pp),
-       "stage-boundary sends on the critical path: the fill and drain chains, plus the share 1 - o_pp of the "
-       "steady-state sends", "s", "[Megatron21 §4.1]")
-define("pipeline_bubble_fraction", "beta_PP", (pp - 1) / (v_pp * m_mb),
-       "pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved", "1", "[Megatron21 §2.2]")
-P_dev = define("device_params", "P_dev", P / (t * pp), "parameters one device holds (before ZeRO-3)", "1",
-               "[Megatron21 §3]")
-tau_dp = define("dp_comm_s", "tau_DP", (2 - z3) * (D - 1) / D * P_dev * p_g / B_dp,
-                "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; "
-                "under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter", "s",
-                "[ZeRO §5]")
-define("dp_exposed_s", "x_DP", tau_dp / n_bkt, "the last gradient bucket, reduced after the backward ends", "s",
-       "PyTorch DDP, [Megatron21 §5]")
-define("dp_overflow_s", "x_DP_over", sympy.Max(tau_dp * (n_bkt - 1) / n_bkt, 0),
-       "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it", "s",
-       "PyTorch DDP")
-define("zero3_gather_s", "tau_Z3", z3 * 2 * (D - 1) / D * P_dev * p / B_dp,
-       "ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch", "s",
-       "[ZeRO §5.3]")
-define("optimizer_s", "t_opt", k_opt * P_dev / (D * B_hbm),
-       "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound", "s", "[ZeRO §5]")
+T_mb = define(
+    "mb_tokens", "T_mb", b * S / N, "tokens of one micro-batch on one CP rank", "tokens", "[Llama3 §3.3]"
+)
+W_qkv = define(
+    "layer_qkv_flops",
+    "W_qkv",
+    2 * T_mb * H * (h + 2 * n_kv) * d / t,
+    "forward FLOP of the Q, K, V projections (GQA: n_kv heads for K and V), per device",
+    "FLOP",
+    "[Megatron21 §5.1]",
+)
+W_out = define(
+    "layer_out_proj_flops",
+    "W_o",
+    2 * T_mb * h * d * H / t,
+    "forward FLOP of the output projection",
+    "FLOP",
+    "[Megatron21 §5.1]",
+)
+W_mlp = define(
+    "layer_mlp_flops",
+    "W_mlp",
+    2 * (2 + g) * T_mb * H * F_ffn / t,
+    "forward FLOP of the MLP: 3 matrices gated (SwiGLU), 2 plain (GeLU)",
+    "FLOP",
+    "[Megatron21 §5.1]",
+)
+W_gemm = define(
+    "layer_gemm_flops",
+    "W_gemm",
+    W_qkv + W_out + W_mlp,
+    "forward FLOP of a layer's matrix multiplies",
+    "FLOP",
+    "[Megatron21 §5.1]",
+)
+W_att = define(
+    "layer_attn_flops",
+    "W_att",
+    W / t,
+    "forward FLOP of attention per device: c·S²/N pairs x 4·b·h·d over t (causal c = 1/2)",
+    "FLOP",
+    "[FA2 §4]",
+)
+E_lay = define(
+    "layer_elementwise_bytes",
+    "E_layer",
+    T_mb * p * (10 * H + 2 * (h + n_kv) * d + (2 + g) * F_ffn) / t,
+    "forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and "
+    "K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism",
+    "B",
+    "[Korthikanti22 §4]",
+)
+W_head = define(
+    "head_flops",
+    "W_head",
+    2 * T_mb * H * V / t,
+    "forward FLOP of the output layer (vocab-parallel)",
+    "FLOP",
+    "[Megatron21 §5.1]",
+)
+E_loss = define(
+    "loss_bytes",
+    "E_loss",
+    3 * T_mb * 4 * V / t,
+    "HBM bytes of the fp32 softmax cross-entropy over the logits: three passes",
+    "B",
+    "[Korthikanti22 §4.2]",
+)
+tau_tp = define(
+    "tp_comm_s",
+    "tau_TP",
+    4 * (t - 1) / t * T_mb * H * p / B_tp,
+    "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of "
+    "the layer's activations",
+    "s",
+    "[Korthikanti22 §4.2.2]",
+)
+C_ag = define(
+    "cp_allgather_bytes",
+    "C_AG",
+    (N - 1) / N * b * S * 2 * n_kv * d * p / t,
+    "all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV "
+    "as many bytes)",
+    "B",
+    "[Llama3 §3.3]",
+)
+t_att_f = define(
+    "layer_attn_fwd_s",
+    "t_att_fwd",
+    W_att / (u_cp * F_attn),
+    "attention forward of one layer, the slowest CP rank",
+    "s",
+    "[FA2 §4], [A-RingCost §6]",
+)
+t_att_b = define(
+    "layer_attn_bwd_s",
+    "t_att_bwd",
+    sympy.Rational(5, 2) * W_att / (u_cp * F_attn_bwd),
+    "attention backward of one layer, the slowest CP rank",
+    "s",
+    "[FA2 §4]",
+)
+M_step = define(
+    "ring_merge_bytes",
+    "M_merge",
+    b * L * h * (3 * (d + 1) * p_acc + 2 * k_copy * d * p) / t,
+    "HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and "
+    "copy the queries when the layout shifts the mask",
+    "B",
+    "[ring-flash-attn], [OnlineSoftmax]",
+)
+t_ring_x = define(
+    "ring_overhead_s",
+    "t_ring_x",
+    (N - 1) * (M_step / B_hbm + t_launch),
+    "per layer and pass: the ring's merges, copies and launches beside the attention kernel",
+    "s",
+    "[ring-flash-attn]",
+)
+tau_ring_f = define(
+    "cp_ring_fwd_s",
+    "tau_ring_fwd",
+    C_recv / (t * B_cp),
+    "ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads)",
+    "s",
+    "[RingAttn §3]",
+)
+tau_ring_b = define(
+    "cp_ring_bwd_s",
+    "tau_ring_bwd",
+    ((N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc) / (t * B_cp),
+    "ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks",
+    "s",
+    "[RingAttn §3], [FA2 §4]",
+)
+define(
+    "cp_ring_fwd_exposed_s",
+    "x_ring_fwd",
+    _hidden(tau_ring_f, t_att_f, o_cp),
+    "ring forward transfers left on the critical path after hiding o_cp of them under attention",
+    "s",
+    "[RingAttn §3]",
+)
+define(
+    "cp_ring_bwd_exposed_s",
+    "x_ring_bwd",
+    _hidden(tau_ring_b, t_att_b, o_cp),
+    "ring backward transfers left on the critical path",
+    "s",
+    "[RingAttn §3]",
+)
+define(
+    "cp_allgather_s",
+    "tau_AG",
+    C_ag / B_cp,
+    "all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed",
+    "s",
+    "[Llama3 §3.3]",
+)
+define(
+    "cp_ulysses_s",
+    "tau_U_step",
+    C_u / (t * B_cp),
+    "Ulysses all-to-alls of one layer and pass; exposed",
+    "s",
+    "[Ulysses §3]",
+)
+define(
+    "cp_usp_a2a_s",
+    "tau_USP_step",
+    C_ua / (t * B_cp),
+    "USP all-to-alls of one layer and pass; exposed",
+    "s",
+    "[USP §3]",
+)
+define(
+    "tp_exposed_s",
+    "x_TP",
+    _hidden(tau_tp, W_gemm / F_gemm, o_tp),
+    "TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies",
+    "s",
+    "[Korthikanti22 §4.2.2]",
+)
+define(
+    "layer_compute_fwd_s",
+    "t_fwd_c",
+    W_gemm / F_gemm + t_att_f + E_lay / B_hbm,
+    "forward compute of one layer: matrix multiplies, attention, memory-bound elementwise",
+    "s",
+    "[Megatron21 §5.1]",
+)
+define(
+    "layer_compute_bwd_s",
+    "t_bwd_c",
+    2 * W_gemm / F_gemm + t_att_b + 2 * E_lay / B_hbm,
+    "backward compute of one layer (matrix multiplies twice the forward)",
+    "s",
+    "[Megatron21 §5.1]",
+)
+define(
+    "layer_recompute_s",
+    "t_rc",
+    rc_sel * t_att_f + rc_full * (W_gemm / F_gemm + t_att_f + E_lay / B_hbm),
+    "recompute of one layer in backward: the attention core (selective) or the whole forward (full)",
+    "s",
+    "[Korthikanti22 §5]",
+)
+define(
+    "head_s",
+    "t_head",
+    3 * W_head / F_gemm + E_loss / B_hbm,
+    "output layer forward and backward with the loss, on the last pipeline stage",
+    "s",
+    "[Megatron21 §5.1]",
+)
+tau_pp = define(
+    "pp_send_s",
+    "tau_PP",
+    T_mb * H * p / (t * B_pp),
+    "one stage-boundary send of a micro-batch's activations (or gradients), scattered over TP",
+    "s",
+    "[Megatron21 §4.1]",
+)
+define(
+    "pp_exposed_s",
+    "x_PP",
+    (v_pp * pp - 1) * tau_pp * (2 + 2 * (1 - o_pp) * m_mb / pp),
+    "stage-boundary sends on the critical path: the fill and drain chains, plus the share 1 - o_pp of the "
+    "steady-state sends",
+    "s",
+    "[Megatron21 §4.1]",
+)
+define(
+    "pipeline_bubble_fraction",
+    "beta_PP",
+    (pp - 1) / (v_pp * m_mb),
+    "pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved",
+    "1",
+    "[Megatron21 §2.2]",
+)
+P_dev = define(
+    "device_params",
+    "P_dev",
+    P / (t * pp),
+    "parameters one device holds (before ZeRO-3)",
+    "1",
+    "[Megatron21 §3]",
+)
+tau_dp = define(
+    "dp_comm_s",
+    "tau_DP",
+    (2 - z3) * (D - 1) / D * P_dev * p_g / B_dp,
+    "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; "
+    "under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter",
+    "s",
+    "[ZeRO §5]",
+)
+define(
+    "dp_exposed_s",
+    "x_DP",
+    tau_dp / n_bkt,
+    "the last gradient bucket, reduced after the backward ends",
+    "s",
+    "PyTorch DDP, [Megatron21 §5]",
+)
+define(
+    "dp_overflow_s",
+    "x_DP_over",
+    sympy.Max(tau_dp * (n_bkt - 1) / n_bkt, 0),
+    "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it",
+    "s",
+    "PyTorch DDP",
+)
+define(
+    "zero3_gather_s",
+    "tau_Z3",
+    z3 * 2 * (D - 1) / D * P_dev * p / B_dp,
+    "ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch",
+    "s",
+    "[ZeRO §5.3]",
+)
+define(
+    "optimizer_s",
+    "t_opt",
+    k_opt * P_dev / (D * B_hbm),
+    "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound",
+    "s",
+    "[ZeRO §5]",
+)
 P_flop = P - (e_m - 1) * V * H  # the input embedding is a lookup, no matmul
-mf_tok = define("model_flops_per_token", "f_model", 6 * P_flop + 12 * n_L * h * d * S,
-                "model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S "
-                "(the full square, causal or not, as published MFUs count it)", "FLOP",
-                "[PaLM] appendix B, [Megatron21 §5.1]")
-define("model_flops_per_token_causal", "f_model_c", 6 * P_flop + 12 * c * n_L * h * d * S,
-       "model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the "
-       "convention some reports use; MFU against it is lower at long sequence", "FLOP", "[PaLM] appendix B")
-define("hardware_flops_per_token", "f_hw",
-       n_L * ((3 + rc_full) * (W_gemm / T_mb * t)
-              + (7 + 2 * rc_sel + 2 * rc_full) * c * 2 * S * h * d) + 6 * H * V,
-       "FLOP a device executes per token, recompute included and the causal half skipped", "FLOP",
-       "[Korthikanti22 §6]")
-define("step_tokens", "T_step", b * S * m_mb * D, "tokens per optimizer step (global batch)", "tokens",
-       "[Megatron21 §5.1]")
+mf_tok = define(
+    "model_flops_per_token",
+    "f_model",
+    6 * P_flop + 12 * n_L * h * d * S,
+    "model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S "
+    "(the full square, causal or not, as published MFUs count it)",
+    "FLOP",
+    "[PaLM] appendix B, [Megatron21 §5.1]",
+)
+define(
+    "model_flops_per_token_causal",
+    "f_model_c",
+    6 * P_flop + 12 * c * n_L * h * d * S,
+    "model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the "
+    "convention some reports use; MFU against it is lower at long sequence",
+    "FLOP",
+    "[PaLM] appendix B",
+)
+define(
+    "hardware_flops_per_token",
+    "f_hw",
+    n_L * ((3 + rc_full) * (W_gemm / T_mb * t) + (7 + 2 * rc_sel + 2 * rc_full) * c * 2 * S * h * d)
+    + 6 * H * V,
+    "FLOP a device executes per token, recompute included and the causal half skipped",
+    "FLOP",
+    "[Korthikanti22 §6]",
+)
+define(
+    "step_tokens",
+    "T_step",
+    b * S * m_mb * D,
+    "tokens per optimizer step (global batch)",
+    "tokens",
+    "[Megatron21 §5.1]",
+)
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))
 

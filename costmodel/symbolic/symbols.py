@@ -50,15 +50,25 @@ n_kv = _symbol("n_kv", "key/value heads (GQA when < h)", "heads", "[A-RingCost �
 d = _symbol("d", "head dimension", "elements", "[A-RingCost §2]", integer=True)
 p = _symbol("p", "bytes per element of Q, K, V, O", "B", "[A-RingCost §2]", integer=True)
 p_acc = _symbol(
-    "p_acc", "bytes per element of the fp32 softmax accumulators (m, l, O)", "B", "[A-RingCost §1]", integer=True
+    "p_acc",
+    "bytes per element of the fp32 softmax accumulators (m, l, O)",
+    "B",
+    "[A-RingCost §1]",
+    integer=True,
 )
-s_blk = _symbol("s_blk", "compute tile rows (not the shard length)", "tokens", "[A-RingCost §1]", integer=True)
-c = _symbol("c", "causal compute fraction: 1 non-causal, 1/2 causal (useful FLOP halve)", "1", "[A-RingCost §4]")
+s_blk = _symbol(
+    "s_blk", "compute tile rows (not the shard length)", "tokens", "[A-RingCost §1]", integer=True
+)
+c = _symbol(
+    "c", "causal compute fraction: 1 non-causal, 1/2 causal (useful FLOP halve)", "1", "[A-RingCost §4]"
+)
 
 # Machine.
 F_peak = _symbol("F_peak", "peak dense FLOP/s of one accelerator for the dtype", "FLOP/s", "docs/hardware.md")
 eta = _symbol("eta", "compute efficiency: effective / peak FLOP/s", "1", "[A-RingCost §8] step 2")
-F = _symbol("F", "FLOP/s used by the model (effective = eta · peak, or measured)", "FLOP/s", "[A-RingCost §4]")
+F = _symbol(
+    "F", "FLOP/s used by the model (effective = eta · peak, or measured)", "FLOP/s", "[A-RingCost §4]"
+)
 B = _symbol("B", "link bandwidth per direction", "B/s", "[A-RingCost §4]")
 alpha = _symbol("alpha", "per-message latency of the link", "s", "[A-SPDeep]", nonnegative=True)
 
@@ -73,60 +83,141 @@ H = _symbol("H", "hidden size", "elements", KORTHIKANTI, integer=True)
 F_ffn = _symbol("F_ffn", "MLP inner size", "elements", KORTHIKANTI, integer=True)
 V = _symbol("V", "vocabulary size", "tokens", KORTHIKANTI, integer=True)
 n_L = _symbol("n_L", "transformer layers", "layers", KORTHIKANTI, integer=True)
-g = _symbol("g", "gated MLP (SwiGLU): 1, plain (GeLU): 0", "1", "model preset", nonnegative=True, integer=True)
-delta = _symbol("delta", "dropout masks stored: 1, no dropout: 0", "1", KORTHIKANTI, nonnegative=True, integer=True)
-phi = _symbol("phi", "attention scores kept for backward: 0 with flash attention or selective recompute, 1 "
-              "otherwise", "1", KORTHIKANTI, nonnegative=True, integer=True)  # fmt: skip
-sigma = _symbol("sigma", "sequence parallel with TP: 1 on, 0 off", "1", KORTHIKANTI, nonnegative=True, integer=True)
+g = _symbol(
+    "g", "gated MLP (SwiGLU): 1, plain (GeLU): 0", "1", "model preset", nonnegative=True, integer=True
+)
+delta = _symbol(
+    "delta", "dropout masks stored: 1, no dropout: 0", "1", KORTHIKANTI, nonnegative=True, integer=True
+)
+phi = _symbol(
+    "phi",
+    "attention scores kept for backward: 0 with flash attention or selective recompute, 1 otherwise",
+    "1",
+    KORTHIKANTI,
+    nonnegative=True,
+    integer=True,
+)
+sigma = _symbol(
+    "sigma", "sequence parallel with TP: 1 on, 0 off", "1", KORTHIKANTI, nonnegative=True, integer=True
+)
 t = _symbol("t", "tensor-parallel degree", "devices", KORTHIKANTI, integer=True)
 pp = _symbol("pp", "pipeline-parallel degree", "devices", "[Korthikanti22]", integer=True)
 z_w = _symbol("z_w", "fraction of the bf16 weights a device keeps (1/D under ZeRO-3)", "1", "[ZeRO §5]")
 z_g = _symbol("z_g", "fraction of the fp32 gradients a device keeps (1/D from ZeRO-2)", "1", "[ZeRO §5]")
-z_o = _symbol("z_o", "fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)", "1",
-              "[ZeRO §5]")  # fmt: skip
-rho = _symbol("rho", "full activation recompute: 1 (only layer inputs kept), else 0", "1", KORTHIKANTI,
-              nonnegative=True, integer=True)  # fmt: skip
-e_m = _symbol("e_m", "embedding matrices: 2 untied input and output, 1 tied", "1", "model preset", integer=True)
+z_o = _symbol(
+    "z_o", "fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)", "1", "[ZeRO §5]"
+)
+rho = _symbol(
+    "rho",
+    "full activation recompute: 1 (only layer inputs kept), else 0",
+    "1",
+    KORTHIKANTI,
+    nonnegative=True,
+    integer=True,
+)
+e_m = _symbol(
+    "e_m", "embedding matrices: 2 untied input and output, 1 tied", "1", "model preset", integer=True
+)
 M_dev = _symbol("M_dev", "usable device memory: HBM x (1 - headroom)", "B", "[Korthikanti22]")
 
 # The whole training step ([Megatron21], [Korthikanti22], [Llama3]). Rates F_gemm and F_attn come from
 # the profile's kernel tables (costmodel.machines.kernels); every overlap is a named knob with a default.
 STEP = "[Megatron21]"
-m_mb = _symbol("m_mb", "micro-batches per step in each pipeline (gradient accumulation)", "1", STEP, integer=True)
-v_pp = _symbol("v_pp", "virtual pipeline stages per device (interleaved schedule; 1: plain 1F1B)", "1", STEP,
-               integer=True)  # fmt: skip
+m_mb = _symbol(
+    "m_mb", "micro-batches per step in each pipeline (gradient accumulation)", "1", STEP, integer=True
+)
+v_pp = _symbol(
+    "v_pp",
+    "virtual pipeline stages per device (interleaved schedule; 1: plain 1F1B)",
+    "1",
+    STEP,
+    integer=True,
+)
 D = _symbol("D", "data-parallel degree", "devices", STEP, integer=True)
 B_hbm = _symbol("B_hbm", "HBM bandwidth of one accelerator", "B/s", "datasheet")
 F_gemm = _symbol("F_gemm", "achieved FLOP/s of the layer's matrix multiplies", "FLOP/s", "kernel tables")
 F_attn = _symbol("F_attn", "achieved FLOP/s of the attention kernel, forward", "FLOP/s", "[FA2], [FA3]")
-F_attn_bwd = _symbol("F_attn_bwd", "achieved FLOP/s of the attention kernel, backward (its own FLOP)", "FLOP/s",
-                     "[FA2], [FA3]")  # fmt: skip
+F_attn_bwd = _symbol(
+    "F_attn_bwd", "achieved FLOP/s of the attention kernel, backward (its own FLOP)", "FLOP/s", "[FA2], [FA3]"
+)
 B_tp = _symbol("B_tp", "per-direction bandwidth of the TP group's link", "B/s", "hardware profile")
 B_cp = _symbol("B_cp", "per-direction bandwidth of the CP group's link", "B/s", "hardware profile")
 B_pp = _symbol("B_pp", "per-direction bandwidth between pipeline stages", "B/s", "hardware profile")
 B_dp = _symbol("B_dp", "per-direction bandwidth of the DP group's link", "B/s", "hardware profile")
-rc_sel = _symbol("rc_sel", "selective recompute (attention core again in backward): 1, else 0", "1",
-                 "[Korthikanti22 §5]", nonnegative=True, integer=True)  # fmt: skip
-rc_full = _symbol("rc_full", "full recompute (the whole layer forward again in backward): 1, else 0", "1",
-                  "[Korthikanti22 §5]", nonnegative=True, integer=True)  # fmt: skip
-u_cp = _symbol("u_cp", "causal load balance of the CP layout: useful / slowest rank's attention work", "1",
-               "[A-RingCost §6]")  # fmt: skip
-o_tp = _symbol("o_tp", "share of TP collectives hidden under compute (0 Megatron's synchronous SP, up to 1 with "
-               "async TP)", "1", "[Korthikanti22 §4.2.2]", nonnegative=True)  # fmt: skip
-o_cp = _symbol("o_cp", "share of the ring's transfers hidden under its attention compute", "1", "[RingAttn §3]",
-               nonnegative=True)  # fmt: skip
-o_pp = _symbol("o_pp", "share of stage-boundary sends hidden under compute", "1", "[Megatron21 §4.1]",
-               nonnegative=True)  # fmt: skip
-n_bkt = _symbol("n_bkt", "gradient buckets: all but the last reduce under the backward", "1", "PyTorch DDP",
-                integer=True)  # fmt: skip
-z3 = _symbol("z3", "ZeRO-3 / FSDP: parameters gathered per layer in forward and backward: 1, else 0", "1", "[ZeRO]",
-             nonnegative=True, integer=True)  # fmt: skip
-p_g = _symbol("p_g", "bytes per element of the gradients the DP group reduces", "B", "[Megatron21]", integer=True)
-k_opt = _symbol("k_opt", "bytes the optimizer step moves through HBM per parameter (Adam, fp32 states)", "B",
-                "[ZeRO]")  # fmt: skip
-s_comm = _symbol("s_comm", "slowdown of compute that runs beside a communication kernel (SMs it takes)", "1",
-                 "kernel tables", nonnegative=True)  # fmt: skip
-t_launch = _symbol("t_launch", "fixed cost of one ring step outside the kernels (launches, stream waits)", "s",
-                   "kernel tables", nonnegative=True)  # fmt: skip
-k_copy = _symbol("k_copy", "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)", "1",
-                 "[ring-flash-attn]", nonnegative=True)  # fmt: skip
+rc_sel = _symbol(
+    "rc_sel",
+    "selective recompute (attention core again in backward): 1, else 0",
+    "1",
+    "[Korthikanti22 §5]",
+    nonnegative=True,
+    integer=True,
+)
+rc_full = _symbol(
+    "rc_full",
+    "full recompute (the whole layer forward again in backward): 1, else 0",
+    "1",
+    "[Korthikanti22 §5]",
+    nonnegative=True,
+    integer=True,
+)
+u_cp = _symbol(
+    "u_cp",
+    "causal load balance of the CP layout: useful / slowest rank's attention work",
+    "1",
+    "[A-RingCost §6]",
+)
+o_tp = _symbol(
+    "o_tp",
+    "share of TP collectives hidden under compute (0 Megatron's synchronous SP, up to 1 with async TP)",
+    "1",
+    "[Korthikanti22 §4.2.2]",
+    nonnegative=True,
+)
+o_cp = _symbol(
+    "o_cp",
+    "share of the ring's transfers hidden under its attention compute",
+    "1",
+    "[RingAttn §3]",
+    nonnegative=True,
+)
+o_pp = _symbol(
+    "o_pp", "share of stage-boundary sends hidden under compute", "1", "[Megatron21 §4.1]", nonnegative=True
+)
+n_bkt = _symbol(
+    "n_bkt", "gradient buckets: all but the last reduce under the backward", "1", "PyTorch DDP", integer=True
+)
+z3 = _symbol(
+    "z3",
+    "ZeRO-3 / FSDP: parameters gathered per layer in forward and backward: 1, else 0",
+    "1",
+    "[ZeRO]",
+    nonnegative=True,
+    integer=True,
+)
+p_g = _symbol(
+    "p_g", "bytes per element of the gradients the DP group reduces", "B", "[Megatron21]", integer=True
+)
+k_opt = _symbol(
+    "k_opt", "bytes the optimizer step moves through HBM per parameter (Adam, fp32 states)", "B", "[ZeRO]"
+)
+s_comm = _symbol(
+    "s_comm",
+    "slowdown of compute that runs beside a communication kernel (SMs it takes)",
+    "1",
+    "kernel tables",
+    nonnegative=True,
+)
+t_launch = _symbol(
+    "t_launch",
+    "fixed cost of one ring step outside the kernels (launches, stream waits)",
+    "s",
+    "kernel tables",
+    nonnegative=True,
+)
+k_copy = _symbol(
+    "k_copy",
+    "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)",
+    "1",
+    "[ring-flash-attn]",
+    nonnegative=True,
+)

@@ -39,7 +39,9 @@ class Expectations(BaseModel):
     worst_verdict: Colour = Field("amber", description="the worst verdict allowed for the plan's pass")
     max_comm_ratio: Positive | None = Field(None, description="ceiling on the step comm ratio")
     fits_memory: bool = Field(False, description="training memory must fit (needs gpus)")
-    in_recommended_window: bool = Field(False, description="N within [N_min(memory), N_max(comm)] (needs gpus)")
+    in_recommended_window: bool = Field(
+        False, description="N within [N_min(memory), N_max(comm)] (needs gpus)"
+    )
 
 
 class _PlanHead(BaseModel):
@@ -53,7 +55,9 @@ class _PlanHead(BaseModel):
 
     @model_validator(mode="after")
     def _memory_checks_need_gpus(self) -> _PlanHead:
-        if (self.expect.fits_memory or self.expect.in_recommended_window) and getattr(self, "gpus", None) is None:
+        if (self.expect.fits_memory or self.expect.in_recommended_window) and getattr(
+            self, "gpus", None
+        ) is None:
             raise ValueError("expect.fits_memory and expect.in_recommended_window need gpus")
         return self
 
@@ -106,7 +110,9 @@ class InvalidPlan(InputError):
             return path if line is None else f"{path}:{line}"
 
         (path, line, first), rest = problems[0], problems[1:]
-        super().__init__(where(path, line), "; ".join([first, *(f"{where(p, n)}: {text}" for p, n, text in rest)]))
+        super().__init__(
+            where(path, line), "; ".join([first, *(f"{where(p, n)}: {text}" for p, n, text in rest)])
+        )
         self.problems = problems
 
 
@@ -122,8 +128,10 @@ def load_plan(path: str) -> Located:
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as exc:
-        problems = [(path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
-                    for loc, text in validation_problems(exc)]  # fmt: skip
+        problems = [
+            (path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
+            for loc, text in validation_problems(exc)
+        ]
         raise InvalidPlan(problems) from None
     return Located(path, plan, document)
 
@@ -168,8 +176,9 @@ def _declared(located: Located, model: type[M], values: dict[str, Any]) -> M:
     try:
         return model.model_validate(values)
     except ValidationError as exc:
-        raise InvalidPlan([(located.path, located.line(field), f"{field}: {message}")
-                           for field, message in problems(exc)]) from None  # fmt: skip
+        raise InvalidPlan(
+            [(located.path, located.line(field), f"{field}: {message}") for field, message in problems(exc)]
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -190,7 +199,9 @@ def resolve(located: Located) -> Resolved:
         model = load_model(plan.model, field="model")
     fields = plan.model_dump(exclude={"name", "expect"})
     shape = {"heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim}
-    inputs = _declared(located, PlanInputs, {k: v for k, v in fields.items() if k in PlanInputs.model_fields} | shape)
+    inputs = _declared(
+        located, PlanInputs, {k: v for k, v in fields.items() if k in PlanInputs.model_fields} | shape
+    )
     setup_fields = {k: v for k, v in fields.items() if k in TrainingSetup.model_fields}
     setup = _declared(located, TrainingSetup, setup_fields | {"gpus": plan.gpus or plan.tp * plan.pp})
     with _blame(located):
@@ -214,11 +225,17 @@ def run_checks(located: Located) -> list[CheckResult]:
 
     want = plan.expect
     got = report.verdict
-    add("worst_verdict", ORDER.index(got.verdict) <= ORDER.index(want.worst_verdict),
-        f"{got.pass_} verdict {got.verdict} ({got.comm_ratio_step:.2%}); allowed up to {want.worst_verdict}")  # fmt: skip
+    add(
+        "worst_verdict",
+        ORDER.index(got.verdict) <= ORDER.index(want.worst_verdict),
+        f"{got.pass_} verdict {got.verdict} ({got.comm_ratio_step:.2%}); allowed up to {want.worst_verdict}",
+    )
     if want.max_comm_ratio is not None:
-        add("max_comm_ratio", got.comm_ratio_step <= want.max_comm_ratio,
-            f"step comm ratio {got.comm_ratio_step:.2%}; ceiling {want.max_comm_ratio:.2%}")  # fmt: skip
+        add(
+            "max_comm_ratio",
+            got.comm_ratio_step <= want.max_comm_ratio,
+            f"step comm ratio {got.comm_ratio_step:.2%}; ceiling {want.max_comm_ratio:.2%}",
+        )
     if plan.gpus is not None and (want.fits_memory or want.in_recommended_window):
         from costmodel.training.recommend import recommend
 
@@ -226,17 +243,34 @@ def run_checks(located: Located) -> list[CheckResult]:
             advice = recommend(inputs, model, setup, machine, suggest=False)
         row = next((r for r in advice.candidates if r.n == plan.n), None)
         if row is None:
-            raise InvalidPlan([(located.path, located.line("n"),
-                                f"n: {plan.n} does not divide the {setup.shard_group} ranks of a TP x PP slice")])  # fmt: skip
+            raise InvalidPlan(
+                [
+                    (
+                        located.path,
+                        located.line("n"),
+                        f"n: {plan.n} does not divide the {setup.shard_group} ranks of a TP x PP slice",
+                    )
+                ]
+            )
         if want.fits_memory:
-            add("fits_memory", row.fits, f"{row.total_bytes / 1e9:.1f} GB per device of "
-                f"{advice.fit.device_memory_bytes / 1e9:.1f} GB usable")  # fmt: skip
+            add(
+                "fits_memory",
+                row.fits,
+                f"{row.total_bytes / 1e9:.1f} GB per device of "
+                f"{advice.fit.device_memory_bytes / 1e9:.1f} GB usable",
+            )
         if want.in_recommended_window:
             rec = advice.recommendation
-            inside = rec.n_min_memory is not None and rec.n_max_comm is not None and (
-                rec.n_min_memory <= plan.n <= rec.n_max_comm)
-            add("in_recommended_window", inside,
-                f"N = {plan.n}; window [{rec.n_min_memory}, {rec.n_max_comm}], recommended {rec.n_recommended}")  # fmt: skip
+            inside = (
+                rec.n_min_memory is not None
+                and rec.n_max_comm is not None
+                and (rec.n_min_memory <= plan.n <= rec.n_max_comm)
+            )
+            add(
+                "in_recommended_window",
+                inside,
+                f"N = {plan.n}; window [{rec.n_min_memory}, {rec.n_max_comm}], recommended {rec.n_recommended}",
+            )
     return results
 
 
@@ -245,8 +279,9 @@ def _xml_text(text: str) -> str:
     U+FFFE, U+FFFF), each shown as its code point instead, so a plan's name cannot break the report [XML-1.0 §2.2]."""
     import re
 
-    return re.sub("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]",
-                  lambda m: f"\\u{ord(m.group()):04x}", text)
+    return re.sub(
+        "[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]", lambda m: f"\\u{ord(m.group()):04x}", text
+    )
 
 
 def junit(results: list[CheckResult]) -> str:
@@ -254,16 +289,27 @@ def junit(results: list[CheckResult]) -> str:
     from xml.etree import ElementTree as ET
 
     x = _xml_text
-    suites = ET.Element("testsuites", name="cp-plan check", tests=str(len(results)),
-                        failures=str(sum(not r.passed for r in results)))  # fmt: skip
+    suites = ET.Element(
+        "testsuites",
+        name="cp-plan check",
+        tests=str(len(results)),
+        failures=str(sum(not r.passed for r in results)),
+    )
     by_file: dict[str, list[CheckResult]] = {}
     for r in results:
         by_file.setdefault(r.plan, []).append(r)
     for path, items in by_file.items():
-        suite = ET.SubElement(suites, "testsuite", name=x(path), tests=str(len(items)),
-                              failures=str(sum(not r.passed for r in items)))  # fmt: skip
+        suite = ET.SubElement(
+            suites,
+            "testsuite",
+            name=x(path),
+            tests=str(len(items)),
+            failures=str(sum(not r.passed for r in items)),
+        )
         for r in items:
-            case = ET.SubElement(suite, "testcase", classname=x(r.name), name=r.check, file=x(path), line=str(r.line))
+            case = ET.SubElement(
+                suite, "testcase", classname=x(r.name), name=r.check, file=x(path), line=str(r.line)
+            )
             if not r.passed:
                 ET.SubElement(case, "failure", message=x(r.detail)).text = x(r.detail)
             else:
@@ -289,12 +335,18 @@ def _annotation(level: str, path: str, line: int | None, title: str, message: st
 
 def github(results: list[CheckResult]) -> str:
     """GitHub workflow commands: an error annotation on the failing line, a notice for each pass."""
-    lines = [_annotation("notice" if r.passed else "error", r.plan, r.line, f"cp-plan {r.check}", f"{r.name}: {r.detail}")
-             for r in results]  # fmt: skip
+    lines = [
+        _annotation(
+            "notice" if r.passed else "error", r.plan, r.line, f"cp-plan {r.check}", f"{r.name}: {r.detail}"
+        )
+        for r in results
+    ]
     return "\n".join(lines) + "\n"
 
 
 def github_problems(error: InvalidPlan) -> str:
     """An error annotation for every problem of invalid plan files, on its line."""
-    return "".join(_annotation("error", path, line, "cp-plan invalid plan", text) + "\n"
-                   for path, line, text in error.problems)  # fmt: skip
+    return "".join(
+        _annotation("error", path, line, "cp-plan invalid plan", text) + "\n"
+        for path, line, text in error.problems
+    )

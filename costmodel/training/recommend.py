@@ -33,8 +33,9 @@ def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
     return (shard if stage >= 3 else 1.0, shard if stage >= 2 else 1.0, shard if stage >= 1 else 1.0)
 
 
-def training_values(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
-                    n: int) -> dict[str, Any]:  # fmt: skip
+def training_values(
+    inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine, n: int
+) -> dict[str, Any]:
     """Every symbol the memory-fit formulas need, at CP degree ``n``: the whole model's heads (the
     formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``)."""
     z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
@@ -42,34 +43,59 @@ def training_values(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup
     keeps_scores = not setup.flash_attention and setup.recompute == "none"
     return {
         **plan_values(inputs, machine, n),
-        "h": float(model.heads), "n_kv": float(model.kv_heads), "H": float(model.hidden),
-        "F_ffn": float(model.ffn_hidden), "V": float(model.vocab), "n_L": float(model.layers),
-        "g": int(model.gated_mlp), "delta": int(model.dropout), "e_m": 1 if model.tied_embeddings else 2,
-        "phi": int(keeps_scores), "sigma": int(setup.sp), "t": float(setup.tp), "pp": float(setup.pp),
-        "rho": int(setup.recompute == "full"), "z_w": z_w, "z_g": z_g, "z_o": z_o,
+        "h": float(model.heads),
+        "n_kv": float(model.kv_heads),
+        "H": float(model.hidden),
+        "F_ffn": float(model.ffn_hidden),
+        "V": float(model.vocab),
+        "n_L": float(model.layers),
+        "g": int(model.gated_mlp),
+        "delta": int(model.dropout),
+        "e_m": 1 if model.tied_embeddings else 2,
+        "phi": int(keeps_scores),
+        "sigma": int(setup.sp),
+        "t": float(setup.tp),
+        "pp": float(setup.pp),
+        "rho": int(setup.recompute == "full"),
+        "z_w": z_w,
+        "z_g": z_g,
+        "z_o": z_o,
         "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
-    }  # fmt: skip
+    }
 
 
 def fit_at(ev: Evaluator) -> Fit:
     state, activations, buffers = ev("model_state_bytes"), ev("activation_bytes"), ev("ring_buffer_bytes")
     total = state + activations + buffers
     return Fit(
-        n=int(ev.values["N"]), params=ev("params"), model_state_bytes=state, activation_bytes=activations,
-        buffer_bytes=buffers, total_bytes=total, device_memory_bytes=ev.values["M_dev"],
+        n=int(ev.values["N"]),
+        params=ev("params"),
+        model_state_bytes=state,
+        activation_bytes=activations,
+        buffer_bytes=buffers,
+        total_bytes=total,
+        device_memory_bytes=ev.values["M_dev"],
         fits=bool(total <= ev.values["M_dev"]),
-    )  # fmt: skip
+    )
 
 
 def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeResult]:
     """The scheme comparison at CP degree ``n`` for one TP rank's attention: the same one `cp-plan` prints."""
     layout = "zigzag" if attention.causal else "contiguous"
-    at_n = attention.model_copy(update={"n": n, "layout": layout, "block": min(attention.block, attention.seq // n)})
+    at_n = attention.model_copy(
+        update={"n": n, "layout": layout, "block": min(attention.block, attention.seq // n)}
+    )
     return compare(at_n, machine)
 
 
-def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
-              suggest: bool = True, _schemes: dict | None = None) -> RecommendReport:  # fmt: skip
+def recommend(
+    inputs: PlanInputs,
+    model: ModelPreset,
+    setup: TrainingSetup,
+    machine: Machine,
+    suggest: bool = True,
+    _schemes: dict | None = None,
+) -> RecommendReport:
     """The window [N_min(memory), N_max(comm)] over the CP degrees the job can use, and the pick.
 
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
@@ -90,13 +116,22 @@ def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, mach
         chosen, safest = best(results), lowest_ratio(results)
         best_at[n] = chosen
         fit = fit_at(evaluators[n])
-        rows.append(RecommendCandidate(
-            n=n, dp=setup.shard_group // n, fits=fit.fits, total_bytes=fit.total_bytes,
-            ring_comm_ratio_step=results[0].ratio or 0.0, best_scheme=_label(chosen, n),
-            comm_ratio=chosen.ratio or 0.0, exposed_comm_s=chosen.exposed_s or 0.0,
-            verdict=chosen.verdict or "green", lowest_ratio=safest.ratio or 0.0,
-            lowest_ratio_scheme=_label(safest, n), link_scope=machine.scope(n) if n > 1 else "none",
-        ))  # fmt: skip
+        rows.append(
+            RecommendCandidate(
+                n=n,
+                dp=setup.shard_group // n,
+                fits=fit.fits,
+                total_bytes=fit.total_bytes,
+                ring_comm_ratio_step=results[0].ratio or 0.0,
+                best_scheme=_label(chosen, n),
+                comm_ratio=chosen.ratio or 0.0,
+                exposed_comm_s=chosen.exposed_s or 0.0,
+                verdict=chosen.verdict or "green",
+                lowest_ratio=safest.ratio or 0.0,
+                lowest_ratio_scheme=_label(safest, n),
+                link_scope=machine.scope(n) if n > 1 else "none",
+            )
+        )
     n_min = min((r.n for r in rows if r.fits), default=None)
     n_max = max((r.n for r in rows if r.lowest_ratio <= AMBER.upper), default=None)
     window = [r for r in rows if r.fits and r.lowest_ratio <= AMBER.upper]
@@ -109,21 +144,31 @@ def recommend(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, mach
         chosen = best_at[pick.n]
         none = pick.n == 1
         recommendation = Recommendation(
-            **common, n_recommended=pick.n, dp=pick.dp, scheme="none" if none else chosen.scheme,
+            **common,
+            n_recommended=pick.n,
+            dp=pick.dp,
+            scheme="none" if none else chosen.scheme,
             layout=None if none or chosen.scheme == "ulysses" else chosen.layout,
-            n_ulysses=None if none else chosen.n_ulysses, reason=_reason(pick, chosen, n_min, inputs.pass_),
+            n_ulysses=None if none else chosen.n_ulysses,
+            reason=_reason(pick, chosen, n_min, inputs.pass_),
             fixes=[],
-        )  # fmt: skip
+        )
         fit = fit_at(evaluators[pick.n])
     else:
         recommendation = Recommendation(
-            **common, n_recommended=None, dp=None, scheme=None, layout=None, n_ulysses=None,
+            **common,
+            n_recommended=None,
+            dp=None,
+            scheme=None,
+            layout=None,
+            n_ulysses=None,
             reason=_failure(rows, n_min, n_max, largest, inputs.pass_, setup),
             fixes=_fixes(inputs, model, setup, machine, n_min, n_max, schemes) if suggest else [],
-        )  # fmt: skip
+        )
         fit = fit_at(evaluators[n_min or candidates[-1]])
-    return RecommendReport(inputs=inputs, setup=setup, hw=machine.name, fit=fit, recommendation=recommendation,
-                           candidates=rows)  # fmt: skip
+    return RecommendReport(
+        inputs=inputs, setup=setup, hw=machine.name, fit=fit, recommendation=recommendation, candidates=rows
+    )
 
 
 def _label(scheme: SchemeResult, n: int) -> str:
@@ -143,40 +188,65 @@ def describe_scheme(scheme: str | None, layout: str | None, n: int | None, n_uly
 
 def _reason(pick: RecommendCandidate, chosen: SchemeResult, n_min: int | None, pass_: str) -> str:
     if pick.n == 1:
-        return (f"N = 1: no CP is needed; {si(pick.total_bytes, 'B', 3)} per device fits on one device, "
-                f"leaving DP = {pick.dp}.")  # fmt: skip
+        return (
+            f"N = 1: no CP is needed; {si(pick.total_bytes, 'B', 3)} per device fits on one device, "
+            f"leaving DP = {pick.dp}."
+        )
     if pick.n == n_min:
         why = f"the smallest CP degree whose memory fits ({si(pick.total_bytes, 'B', 3)} of HBM per device)"
     else:
         why = f"the smallest green CP degree that fits (N = {n_min} fits but is amber)"
     how = describe_scheme(chosen.scheme, chosen.layout, pick.n, chosen.n_ulysses)
-    text = (f"N = {pick.n} is {why}; {how} exposes the least communication, its {pass_} comm ratio is "
-            f"{pick.comm_ratio:.2%} ({pick.verdict}, {pick.link_scope}), leaving DP = {pick.dp}.")
+    text = (
+        f"N = {pick.n} is {why}; {how} exposes the least communication, its {pass_} comm ratio is "
+        f"{pick.comm_ratio:.2%} ({pick.verdict}, {pick.link_scope}), leaving DP = {pick.dp}."
+    )
     if pick.lowest_ratio_scheme != pick.best_scheme:
-        text += (f" {pick.lowest_ratio_scheme} has the lower ratio ({pick.lowest_ratio:.2%}) but exposes more; "
-                 "the pick relies on overlapping its transfers.")
+        text += (
+            f" {pick.lowest_ratio_scheme} has the lower ratio ({pick.lowest_ratio:.2%}) but exposes more; "
+            "the pick relies on overlapping its transfers."
+        )
     return text
 
 
-def _failure(rows: list[RecommendCandidate], n_min: int | None, n_max: int | None, largest: Evaluator, pass_: str,
-             setup: TrainingSetup) -> str:  # fmt: skip
+def _failure(
+    rows: list[RecommendCandidate],
+    n_min: int | None,
+    n_max: int | None,
+    largest: Evaluator,
+    pass_: str,
+    setup: TrainingSetup,
+) -> str:
     if n_min is None:
         biggest = rows[-1]
         states, usable = float(largest("model_state_bytes")), largest.values["M_dev"]
         if states >= usable:
-            return (f"Memory fails: the model states alone need {si(states, 'B', 3)} per device, more than the "
-                    f"{si(usable, 'B', 3)} usable; no CP degree can fit them.")  # fmt: skip
+            return (
+                f"Memory fails: the model states alone need {si(states, 'B', 3)} per device, more than the "
+                f"{si(usable, 'B', 3)} usable; no CP degree can fit them."
+            )
         real = float(largest("n_min_memory"))
-        return (f"Memory fails: even N = {biggest.n}, every rank of a TP x PP slice (G / (TP x PP) = "
-                f"{setup.shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "
-                f"from N = {real:.1f}, which this job cannot reach.")  # fmt: skip
+        return (
+            f"Memory fails: even N = {biggest.n}, every rank of a TP x PP slice (G / (TP x PP) = "
+            f"{setup.shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "
+            f"from N = {real:.1f}, which this job cannot reach."
+        )
     at_min = next(r for r in rows if r.n == n_min)
-    return (f"Communication fails: memory needs N >= {n_min}, where the lowest comm ratio ({at_min.lowest_ratio_scheme}) "
-            f"is {at_min.lowest_ratio:.1%} for {pass_}; some scheme stays within 15 % only up to N = {n_max}.")
+    return (
+        f"Communication fails: memory needs N >= {n_min}, where the lowest comm ratio ({at_min.lowest_ratio_scheme}) "
+        f"is {at_min.lowest_ratio:.1%} for {pass_}; some scheme stays within 15 % only up to N = {n_max}."
+    )
 
 
-def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine,
-           n_min: int | None, n_max: int | None, schemes: dict) -> list[str]:  # fmt: skip
+def _fixes(
+    inputs: PlanInputs,
+    model: ModelPreset,
+    setup: TrainingSetup,
+    machine: Machine,
+    n_min: int | None,
+    n_max: int | None,
+    schemes: dict,
+) -> list[str]:
     """What would open the window; every setup change is checked by re-running the recommendation."""
     trials: list[tuple[str, dict[str, Any]]] = []
     if setup.recompute != "full":
@@ -184,15 +254,25 @@ def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine
     if setup.zero < 3:
         trials.append(("ZeRO-3 (--zero 3)", {"zero": 3}))
     tp2 = 2 * setup.tp
-    if tp2 <= machine.profile.devices_per_node and setup.gpus % (tp2 * setup.pp) == 0 and model.heads % tp2 == 0:
+    if (
+        tp2 <= machine.profile.devices_per_node
+        and setup.gpus % (tp2 * setup.pp) == 0
+        and model.heads % tp2 == 0
+    ):
         trials.append((f"TP {tp2} (--tp {tp2})", {"tp": tp2}))
     pp2 = 2 * setup.pp
     if setup.gpus % (setup.tp * pp2) == 0 and model.layers % pp2 == 0:
         trials.append((f"PP {pp2} (--pp {pp2})", {"pp": pp2}))
     if n_min is None:
         trials.append((f"twice the GPUs (--gpus {2 * setup.gpus})", {"gpus": 2 * setup.gpus}))
-        node_tp = max((k for k in divisors(machine.profile.devices_per_node)
-                       if model.heads % k == 0 and setup.gpus % (k * setup.pp) == 0), default=setup.tp)  # fmt: skip
+        node_tp = max(
+            (
+                k
+                for k in divisors(machine.profile.devices_per_node)
+                if model.heads % k == 0 and setup.gpus % (k * setup.pp) == 0
+            ),
+            default=setup.tp,
+        )
         combined = {"recompute": "full", "zero": 3, "tp": max(node_tp, setup.tp)}
         if any(getattr(setup, key) != value for key, value in combined.items()):
             flags = f"--recompute full --zero 3 --tp {combined['tp']}"
@@ -200,7 +280,9 @@ def _fixes(inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine
     fixes = []
     for text, change in trials:
         try:
-            trial = recommend(inputs, model, setup.model_copy(update=change), machine, suggest=False, _schemes=schemes)
+            trial = recommend(
+                inputs, model, setup.model_copy(update=change), machine, suggest=False, _schemes=schemes
+            )
         except InputError:  # the change needs what this machine lacks (an inter-node link, say)
             continue
         if trial.recommendation.n_recommended:

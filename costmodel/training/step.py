@@ -52,29 +52,59 @@ class StepSetup(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    vpp: Count = flag(1, "Virtual pipeline stages per device (interleaved 1F1B).", unit="stages", ge=1, le=MAX_HEADS)
+    vpp: Count = flag(
+        1, "Virtual pipeline stages per device (interleaved 1F1B).", unit="stages", ge=1, le=MAX_HEADS
+    )
     micro_batch: Count = flag(1, "b, sequences per micro-batch.", unit="sequences", ge=1, le=MAX_HEADS)
-    global_batch: Count = flag(..., "Sequences per optimizer step: micro-batch x DP x micro-batches per pipeline.",
-                               unit="sequences", ge=1, le=2**30)  # fmt: skip
-    cp_scheme: Scheme = flag("ring", "How CP exchanges K and V: ring, ulysses (all-to-all), usp (all-to-all inside "
-                             "a ring), allgather (K, V gathered, as Llama 3).")  # fmt: skip
-    tp_overlap: Number = flag(0.0, "Share of TP collectives hidden under the matrix multiplies (async TP), in [0, 1].",
-                              ge=0, le=1)  # fmt: skip
+    global_batch: Count = flag(
+        ...,
+        "Sequences per optimizer step: micro-batch x DP x micro-batches per pipeline.",
+        unit="sequences",
+        ge=1,
+        le=2**30,
+    )
+    cp_scheme: Scheme = flag(
+        "ring",
+        "How CP exchanges K and V: ring, ulysses (all-to-all), usp (all-to-all inside "
+        "a ring), allgather (K, V gathered, as Llama 3).",
+    )
+    tp_overlap: Number = flag(
+        0.0, "Share of TP collectives hidden under the matrix multiplies (async TP), in [0, 1].", ge=0, le=1
+    )
     cp_overlap: Number = flag(1.0, "Share of ring transfers hidden under attention, in [0, 1].", ge=0, le=1)
     pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
-    bucket_bytes: Number = flag(DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", gt=0,
-                                le=2**40)  # fmt: skip
-    optimizer_bytes: Number = flag(ADAM_BYTES_PER_PARAM, "HBM bytes the optimizer step moves per parameter (Adam "
-                                   "with fp32 master weights: 30).", unit="bytes", gt=0, le=1024)  # fmt: skip
-    grad_bytes: Count = flag(4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1,
-                             le=8)  # fmt: skip
+    bucket_bytes: Number = flag(
+        DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", gt=0, le=2**40
+    )
+    optimizer_bytes: Number = flag(
+        ADAM_BYTES_PER_PARAM,
+        "HBM bytes the optimizer step moves per parameter (Adam with fp32 master weights: 30).",
+        unit="bytes",
+        gt=0,
+        le=1024,
+    )
+    grad_bytes: Count = flag(
+        4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1, le=8
+    )
 
 
 # What `cp-plan step` and :func:`build_step` default to and leave out: a causal fwd+bwd training layer, no CP
 # unless asked; the step reads no tile size, and the model preset sets the heads.
 STEP_DEFAULTS: dict[str, Any] = TRAINING_DEFAULTS | {"n": 1, "block": 1}
-STEP_EXCLUDE = frozenset({"batch", "heads", "kv_heads", "head_dim", "block", "causal", "pass_", "sequence_parallel",
-                          "flash_attention", "memory_headroom"})  # fmt: skip
+STEP_EXCLUDE = frozenset(
+    {
+        "batch",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "block",
+        "causal",
+        "pass_",
+        "sequence_parallel",
+        "flash_attention",
+        "memory_headroom",
+    }
+)
 _DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, TrainingSetup, StepSetup, MachineOverrides)
 
 
@@ -107,8 +137,12 @@ def build_step(**values: Any) -> tuple[PlanInputs, TrainingSetup, StepSetup, Mac
     defaults = {k: v for k, v in STEP_DEFAULTS.items() if k in PlanInputs.model_fields}
     inputs = build(PlanInputs, **shape_from_model(defaults | parts[PlanInputs]))
     overrides = build(MachineOverrides, **parts[MachineOverrides])
-    return (inputs, build(TrainingSetup, **parts[TrainingSetup]), build(StepSetup, **parts[StepSetup]),
-            step_machine(inputs, overrides))  # fmt: skip
+    return (
+        inputs,
+        build(TrainingSetup, **parts[TrainingSetup]),
+        build(StepSetup, **parts[StepSetup]),
+        step_machine(inputs, overrides),
+    )
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
@@ -124,8 +158,10 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
         raise InputError("--gpus", f"{setup.gpus} is not divisible by tp x cp x pp = {group}")
     dp = setup.gpus // group
     if step.global_batch % (step.micro_batch * dp):
-        raise InputError("--global-batch", f"{step.global_batch} is not divisible by micro-batch x DP = "
-                         f"{step.micro_batch} x {dp}")  # fmt: skip
+        raise InputError(
+            "--global-batch",
+            f"{step.global_batch} is not divisible by micro-batch x DP = {step.micro_batch} x {dp}",
+        )
     micro = step.global_batch // (step.micro_batch * dp)
     if setup.pp > 1 and micro < setup.pp:
         raise InputError(
@@ -134,8 +170,10 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
     if step.vpp > 1 and setup.pp == 1:
         raise InputError("--vpp", "interleaving needs --pp > 1")
     if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
-        raise InputError("--cp-scheme", f"ulysses needs --cp {inputs.n} dividing the {model.heads // setup.tp} "
-                         "heads a TP rank holds")  # fmt: skip
+        raise InputError(
+            "--cp-scheme",
+            f"ulysses needs --cp {inputs.n} dividing the {model.heads // setup.tp} heads a TP rank holds",
+        )
     return dp, micro
 
 
@@ -151,8 +189,9 @@ def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> 
     return n_u, inputs.n // n_u
 
 
-def _rates(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine,
-           n_r: int) -> dict[str, float]:  # fmt: skip
+def _rates(
+    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine, n_r: int
+) -> dict[str, float]:
     """F_gemm, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or --efficiency) at this
     layer's shapes."""
     t, hidden, d = setup.tp, model.hidden, model.head_dim
@@ -181,15 +220,18 @@ def _rates(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
 
     def rate(backward: bool) -> float:
         total = sum(w for *_, w in calls)
-        spent = sum(w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, backward, n, q, k, d)
-                    for q, k, causal, w in calls)  # fmt: skip
+        spent = sum(
+            w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, backward, n, q, k, d)
+            for q, k, causal, w in calls
+        )
         return total / spent
 
     return {"F_gemm": f_gemm, "F_attn": rate(False), "F_attn_bwd": rate(True)}
 
 
-def bind(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset,
-         machine: Machine) -> dict[str, Any]:  # fmt: skip
+def bind(
+    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
+) -> dict[str, Any]:
     """Every base symbol the step formulas need, from the inputs, the preset and the machine."""
     dp, micro = _check(inputs, setup, step, model)
     n_u, n_r = _usp_split(inputs, setup, model)
@@ -197,10 +239,26 @@ def bind(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Model
     kernels, device = machine.profile.kernels, machine.profile.device
     causal_ring = inputs.layout == "contiguous" and scheme in ("ring", "usp", "allgather") and n > 1
     values: dict[str, Any] = {
-        "S": inputs.seq, "b": step.micro_batch, "N": n, "h": model.heads, "n_kv": model.kv_heads,
-        "d": model.head_dim, "H": model.hidden, "F_ffn": model.ffn_hidden, "V": model.vocab, "n_L": model.layers,
-        "g": int(model.gated_mlp), "e_m": 1 if model.tied_embeddings else 2, "t": t, "pp": setup.pp, "D": dp,
-        "m_mb": micro, "v_pp": step.vpp, "p": inputs.bytes_per_element, "p_acc": 4, "c": 0.5,
+        "S": inputs.seq,
+        "b": step.micro_batch,
+        "N": n,
+        "h": model.heads,
+        "n_kv": model.kv_heads,
+        "d": model.head_dim,
+        "H": model.hidden,
+        "F_ffn": model.ffn_hidden,
+        "V": model.vocab,
+        "n_L": model.layers,
+        "g": int(model.gated_mlp),
+        "e_m": 1 if model.tied_embeddings else 2,
+        "t": t,
+        "pp": setup.pp,
+        "D": dp,
+        "m_mb": micro,
+        "v_pp": step.vpp,
+        "p": inputs.bytes_per_element,
+        "p_acc": 4,
+        "c": 0.5,
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
         "k_copy": 1.0 if inputs.layout == "zigzag" and scheme in ("ring", "usp") else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
@@ -211,11 +269,17 @@ def bind(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Model
         "B_cp": _bandwidth(machine, t, n, "alltoall" if scheme == "ulysses" else "p2p"),
         "B_dp": _bandwidth(machine, t * n, dp),
         "B_pp": _bandwidth(machine, t * n * dp, setup.pp),
-        "rc_sel": int(setup.recompute == "selective"), "rc_full": int(setup.recompute == "full"),
-        "o_tp": step.tp_overlap, "o_cp": step.cp_overlap, "o_pp": step.pp_overlap,
-        "z3": int(setup.zero == 3), "p_g": step.grad_bytes, "k_opt": step.optimizer_bytes,
-        "N_u": n_u, "N_r": n_r,
-    }  # fmt: skip
+        "rc_sel": int(setup.recompute == "selective"),
+        "rc_full": int(setup.recompute == "full"),
+        "o_tp": step.tp_overlap,
+        "o_cp": step.cp_overlap,
+        "o_pp": step.pp_overlap,
+        "z3": int(setup.zero == 3),
+        "p_g": step.grad_bytes,
+        "k_opt": step.optimizer_bytes,
+        "N_u": n_u,
+        "N_r": n_r,
+    }
     values["n_bkt"] = max(1, math.ceil(_call("device_params", values) * step.grad_bytes / step.bucket_bytes))
     values.update(_rates(inputs, setup, step, model, machine, n_r))
     return values
@@ -226,8 +290,11 @@ def _cp_exposed(scheme: str, values: dict[str, Any]) -> tuple[float, float, floa
     if values["N"] == 1:
         return 0.0, 0.0, 0.0
     if scheme == "ring":
-        return (_call("cp_ring_fwd_exposed_s", values), _call("cp_ring_bwd_exposed_s", values),
-                _call("ring_overhead_s", values))  # fmt: skip
+        return (
+            _call("cp_ring_fwd_exposed_s", values),
+            _call("cp_ring_bwd_exposed_s", values),
+            _call("ring_overhead_s", values),
+        )
     if scheme == "allgather":  # all-gather K, V forward; again and reduce-scatter dK, dV backward
         gather = _call("cp_allgather_s", values)
         return gather, 2 * gather, 0.0
@@ -238,15 +305,22 @@ def _cp_exposed(scheme: str, values: dict[str, Any]) -> tuple[float, float, floa
     ring = {**values, "N": values["N_r"], "S": values["S"] * values["N_r"] // values["N"], "t": values["t"]}
     if values["N_r"] == 1:
         return a2a, a2a, 0.0
-    return (a2a + _call("cp_ring_fwd_exposed_s", ring), a2a + _call("cp_ring_bwd_exposed_s", ring),
-            _call("ring_overhead_s", ring))  # fmt: skip
+    return (
+        a2a + _call("cp_ring_fwd_exposed_s", ring),
+        a2a + _call("cp_ring_bwd_exposed_s", ring),
+        _call("ring_overhead_s", ring),
+    )
 
 
-def evaluate_step(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine) -> dict[str, Any]:
+def evaluate_step(
+    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine
+) -> dict[str, Any]:
     """The step's time, throughput, MFU/HFU and breakdown (seconds per component, summing to the step)."""
     if inputs.model is None:
-        raise InputError("--model", "the step needs a model preset (its layers, hidden and vocabulary sizes); "
-                         "e.g. --model llama3-8b")  # fmt: skip
+        raise InputError(
+            "--model",
+            "the step needs a model preset (its layers, hidden and vocabulary sizes); e.g. --model llama3-8b",
+        )
     model = load_model(inputs.model)
     v = bind(inputs, setup, step, model, machine)
     m, stage_layers, full = v["m_mb"], model.layers / setup.pp, v["rc_full"]
@@ -286,16 +360,24 @@ def evaluate_step(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, mac
     peak = machine.peak_flops * setup.gpus
     model_flops = _call("model_flops_per_token", v) * tokens
     hardware_flops = _call("hardware_flops_per_token", v) * tokens
-    stated = {"model": inputs.model, "seq": inputs.seq, "hw": inputs.hw, "dtype": inputs.dtype,
-              "efficiency": inputs.efficiency, "layout": inputs.layout, "cp": inputs.n,
-              **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute"}), **step.model_dump()}  # fmt: skip
+    stated = {
+        "model": inputs.model,
+        "seq": inputs.seq,
+        "hw": inputs.hw,
+        "dtype": inputs.dtype,
+        "efficiency": inputs.efficiency,
+        "layout": inputs.layout,
+        "cp": inputs.n,
+        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute"}),
+        **step.model_dump(),
+    }
     return {
         "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
         "rates": {
             "gemm_flops_per_s": v["F_gemm"],
             "attention_fwd_flops_per_s": v["F_attn"],
             "attention_bwd_flops_per_s": v["F_attn_bwd"],
-        },  # fmt: skip
+        },
         "step": {
             "time_s": time_s,
             "tokens_per_s": tokens / time_s,

@@ -85,24 +85,42 @@ class Grid:
             for j, n in enumerate(self.ns):
                 if np.isnan(self.ratio[i, j]):
                     continue
-                out.append({
-                    "hw": self.profile, "seq": int(seq), "n": int(n), "comm_ratio_step": float(self.ratio[i, j]),
-                    "verdict": names[verdicts[i, j]], "intensity_step": float(self.intensity[i, j]),
-                    "step_compute_s": float(self.step_compute_s[i, j]), "step_comm_s": float(self.step_comm_s[i, j]),
-                    "link_scope": "inter-node" if self.inter_node[j] else "intra-node",
-                })  # fmt: skip
+                out.append(
+                    {
+                        "hw": self.profile,
+                        "seq": int(seq),
+                        "n": int(n),
+                        "comm_ratio_step": float(self.ratio[i, j]),
+                        "verdict": names[verdicts[i, j]],
+                        "intensity_step": float(self.intensity[i, j]),
+                        "step_compute_s": float(self.step_compute_s[i, j]),
+                        "step_comm_s": float(self.step_comm_s[i, j]),
+                        "link_scope": "inter-node" if self.inter_node[j] else "intra-node",
+                    }
+                )
         return out
 
 
-def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.ndarray, machine: Machine,
-          model: ModelPreset | None = None, setup: TrainingSetup | None = None) -> Grid:  # fmt: skip
+def sweep(
+    shape: PlanInputs,
+    seqs: list[int] | np.ndarray,
+    ns: list[int] | np.ndarray,
+    machine: Machine,
+    model: ModelPreset | None = None,
+    setup: TrainingSetup | None = None,
+) -> Grid:
     """The grid for one machine. ``shape`` gives heads, dtype, causal, pass; its seq and n are ignored."""
     seq_col = np.asarray(seqs, dtype=float)[:, None]
     n_row = np.asarray(ns, dtype=float)[None, :]
     bandwidth, latency, inter = machine.link_arrays(np.asarray(ns))
     # The plan's binding of inputs to symbols, with S, N and the link each N uses as arrays.
-    values = {**plan_values(shape, machine, 1), "S": seq_col, "N": n_row, "B": bandwidth[None, :],
-              "alpha": latency[None, :]}  # fmt: skip
+    values = {
+        **plan_values(shape, machine, 1),
+        "S": seq_col,
+        "N": n_row,
+        "B": bandwidth[None, :],
+        "alpha": latency[None, :],
+    }
     profile = machine.profile
 
     def call(name: str, **over: object) -> np.ndarray:
@@ -123,11 +141,16 @@ def sweep(shape: PlanInputs, seqs: list[int] | np.ndarray, ns: list[int] | np.nd
     if "inter" in bounds:
         n_max = np.where(bounds["inter"] > ranks, bounds["inter"], np.minimum(bounds["intra"], ranks))
     grid = Grid(
-        profile=machine.name, seqs=np.asarray(seqs), ns=np.asarray(ns), ratio=np.where(valid, ratio, np.nan),
+        profile=machine.name,
+        seqs=np.asarray(seqs),
+        ns=np.asarray(ns),
+        ratio=np.where(valid, ratio, np.nan),
         intensity=np.broadcast_to(call("intensity_step"), ratio.shape).copy(),
         step_compute_s=np.broadcast_to(call("step_compute_s"), ratio.shape).copy(),
-        step_comm_s=np.broadcast_to(call("step_comm_s"), ratio.shape).copy(), inter_node=inter, n_max=n_max,
-    )  # fmt: skip
+        step_comm_s=np.broadcast_to(call("step_comm_s"), ratio.shape).copy(),
+        inter_node=inter,
+        n_max=n_max,
+    )
     if model is not None and setup is not None:
         from costmodel.training.recommend import training_values
 

@@ -19,8 +19,10 @@ def full_inputs(case: dict) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(case["seed"])
     dtype = getattr(torch, case["dtype"])
     shapes = [case["heads"], case["kv_heads"], case["kv_heads"], case["heads"]]
-    return tuple(torch.randn(case["batch"], h, case["seq"], case["head_dim"], generator=generator).to(dtype)
-                 for h in shapes)
+    return tuple(
+        torch.randn(case["batch"], h, case["seq"], case["head_dim"], generator=generator).to(dtype)
+        for h in shapes
+    )
 
 
 def run_cases(ctx, cases: list[dict]) -> list[tuple[torch.Tensor, ...]]:

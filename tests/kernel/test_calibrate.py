@@ -18,7 +18,16 @@ pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 torch = pytest.importorskip("torch")
 
 CP_PLAN = shutil.which("cp-plan")
-QUICK = ["--nproc", "2", "--tokens", "32,64,128", "--message-bytes", "4k,16k,64k,256k,1M,4M", "--repeats", "3"]
+QUICK = [
+    "--nproc",
+    "2",
+    "--tokens",
+    "32,64,128",
+    "--message-bytes",
+    "4k,16k,64k,256k,1M,4M",
+    "--repeats",
+    "3",
+]
 LONG = ["--nproc", "2", "--tokens", "64,512,2048", "--repeats", "25"]  # runs long enough to be interrupted
 
 
@@ -47,18 +56,35 @@ def test_calibrate_writes_a_measured_profile(profile: Path) -> None:
     assert {c["concurrency"] for c in cal["compute"]} == {1, 2}
     assert [p["tokens"] for p in cal["compute"][0]["forward"]] == [32, 64, 128]
     assert not list(profile.parent.glob(".*.tmp"))
-    report = json.loads(cp_plan("--hw", str(profile), "--dtype", "fp32", "--seq", "4k", "--n", "2", "-f", "json").stdout)
+    report = json.loads(
+        cp_plan("--hw", str(profile), "--dtype", "fp32", "--seq", "4k", "--n", "2", "-f", "json").stdout
+    )
     assert report["hardware"]["source"] == "measured"
 
 
 def test_validate_compares_at_least_12_configurations(profile: Path) -> None:
-    done = cp_plan("validate", "--hw", str(profile), "--nproc", "2", "--repeats", "3", "--format", "json",
-                   "--max-median-error", "10", timeout=600)  # fmt: skip
+    done = cp_plan(
+        "validate",
+        "--hw",
+        str(profile),
+        "--nproc",
+        "2",
+        "--repeats",
+        "3",
+        "--format",
+        "json",
+        "--max-median-error",
+        "10",
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     rows = report["rows"]
     assert len(rows) >= 12
-    assert {r["variant"] for r in rows} == {"ring", "ulysses"} and {r["pass"] for r in rows} == {"fwd", "fwd+bwd"}
+    assert {r["variant"] for r in rows} == {"ring", "ulysses"} and {r["pass"] for r in rows} == {
+        "fwd",
+        "fwd+bwd",
+    }
     assert {r["layout"] for r in rows if r["variant"] == "ring"} == {"contiguous", "striped", "zigzag"}
     assert min(r["shard_over_critical"] for r in rows) < 1 < max(r["shard_over_critical"] for r in rows)
     for r in rows:
@@ -67,8 +93,18 @@ def test_validate_compares_at_least_12_configurations(profile: Path) -> None:
 
 
 def test_validate_fails_past_its_threshold(profile: Path) -> None:
-    done = cp_plan("validate", "--hw", str(profile), "--nproc", "2", "--repeats", "3", "--max-median-error",
-                   "0.000001", timeout=600)  # fmt: skip
+    done = cp_plan(
+        "validate",
+        "--hw",
+        str(profile),
+        "--nproc",
+        "2",
+        "--repeats",
+        "3",
+        "--max-median-error",
+        "0.000001",
+        timeout=600,
+    )
     assert done.returncode == 1 and "median |error|" in done.stdout
 
 
@@ -91,19 +127,28 @@ def _children(pid: int) -> list[int]:
 
 def _alive(pid: int) -> bool:
     try:
-        state = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State"))
+        state = next(
+            line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State")
+        )
     except (OSError, StopIteration):
         return False
     return "Z" not in state.split(":", 1)[1]
 
 
-def _calibrate_and(tmp_path: Path, act, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, list[int], Path]:  # noqa: ANN001
+def _calibrate_and(
+    tmp_path: Path, act, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, list[int], Path]:  # noqa: ANN001
     """Start a long calibration, wait for both ranks to be busy, do ``act(process, ranks)``, wait for the end."""
     if CP_PLAN is None:
         pytest.skip("the cp-plan console script is not installed")
     out = tmp_path / "never.yaml"
-    process = subprocess.Popen([CP_PLAN, "calibrate", *LONG, *extra, "--out", str(out)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    process = subprocess.Popen(
+        [CP_PLAN, "calibrate", *LONG, *extra, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(ranks := _children(process.pid)) < 2:
@@ -129,12 +174,16 @@ def _no_leftovers(ranks: list[int], out: Path) -> None:
 def test_a_killed_rank_leaves_no_profile_and_no_process(tmp_path: Path) -> None:
     process, ranks, out = _calibrate_and(tmp_path, lambda p, r: os.kill(r[1], signal.SIGKILL))
     assert process.returncode == 1
-    assert re.search(r"calibration failed, no profile written: rank \d exited with code -9", process.stderr.read())
+    assert re.search(
+        r"calibration failed, no profile written: rank \d exited with code -9", process.stderr.read()
+    )
     _no_leftovers(ranks, out)
 
 
 def test_a_hung_rank_times_out_and_is_named(tmp_path: Path) -> None:
-    process, ranks, out = _calibrate_and(tmp_path, lambda p, r: os.kill(r[1], signal.SIGSTOP), ("--timeout", "8"))
+    process, ranks, out = _calibrate_and(
+        tmp_path, lambda p, r: os.kill(r[1], signal.SIGSTOP), ("--timeout", "8")
+    )
     assert process.returncode == 1
     assert "did not finish within 8 s" in process.stderr.read()
     _no_leftovers(ranks, out)

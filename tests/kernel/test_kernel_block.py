@@ -92,8 +92,15 @@ class TestEmptyContributions:
 
 # (layout, N, query rank, key rank): blocks whose mask is a rectangle, a diagonal, a strict lower
 # triangle (striped, key rank after query rank), half blocks (zigzag), and the same with documents.
-BLOCKS = [("contiguous", 2, 1, 1), ("contiguous", 4, 3, 1), ("striped", 4, 1, 2), ("striped", 4, 2, 1),
-          ("zigzag", 2, 0, 1), ("zigzag", 4, 2, 0), ("zigzag", 4, 1, 1)]
+BLOCKS = [
+    ("contiguous", 2, 1, 1),
+    ("contiguous", 4, 3, 1),
+    ("striped", 4, 1, 2),
+    ("striped", 4, 2, 1),
+    ("zigzag", 2, 0, 1),
+    ("zigzag", 4, 2, 0),
+    ("zigzag", 4, 1, 1),
+]
 
 
 @pytest.mark.parametrize("layout,n,q_rank,k_rank", BLOCKS)

@@ -29,8 +29,9 @@ def test_importing_the_cli_does_not_import_torch() -> None:
 @pytest.mark.slow
 def test_selftest_passes_and_reports_every_output_as_json() -> None:
     pytest.importorskip("torch")
-    result = invoke("--nproc", "2", *SMALL, "--causal", "--layout", "zigzag", "--varlen", "0,10,40,64",
-                    "--format", "json")
+    result = invoke(
+        "--nproc", "2", *SMALL, "--causal", "--layout", "zigzag", "--varlen", "0,10,40,64", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["schema"] == "cp-plan.kernel.selftest/1" and report["passed"] is True
@@ -49,14 +50,17 @@ def test_selftest_past_tolerance_exits_1_with_a_table() -> None:
     assert "FAIL" in result.output and "failed" in result.output
 
 
-@pytest.mark.parametrize("args,field", [
-    (["--heads", "4", "--kv-heads", "3"], "--kv-heads"),
-    (["--seq", "30", "--nproc", "4"], "--seq"),
-    (["--seq", "36", "--nproc", "4", "--layout", "zigzag"], "--seq"),
-    (["--seq", "64", "--varlen", "0,10,70"], "--varlen"),
-    (["--seq", "64", "--varlen", "0,x,64"], "--varlen"),
-    (["--heads", "6", "--kv-heads", "2", "--nproc", "4", "--variant", "ulysses"], "--heads"),
-])
+@pytest.mark.parametrize(
+    "args,field",
+    [
+        (["--heads", "4", "--kv-heads", "3"], "--kv-heads"),
+        (["--seq", "30", "--nproc", "4"], "--seq"),
+        (["--seq", "36", "--nproc", "4", "--layout", "zigzag"], "--seq"),
+        (["--seq", "64", "--varlen", "0,10,70"], "--varlen"),
+        (["--seq", "64", "--varlen", "0,x,64"], "--varlen"),
+        (["--heads", "6", "--kv-heads", "2", "--nproc", "4", "--variant", "ulysses"], "--heads"),
+    ],
+)
 def test_bad_input_raises_input_error_naming_the_flag(args: list[str], field: str) -> None:
     """The main CLI turns InputError into one line and exit code 2; no rank is started for these."""
     pytest.importorskip("torch")  # without torch the command stops earlier, at its own InputError

@@ -44,17 +44,43 @@ def cases_for(n: int) -> list[dict]:
     varlen = (0, 3, seq // 2 + 1, seq)  # boundaries that cut across shards
     cases = []
     for layout, causal, packed, (heads, kv_heads, head_dim), variant in itertools.product(
-            LAYOUTS, (False, True), (False, True), GQA, ("ring", "ulysses")):
+        LAYOUTS, (False, True), (False, True), GQA, ("ring", "ulysses")
+    ):
         if variant == "ulysses" and not ulysses_feasibility(heads, kv_heads, n)[0]:
             continue
-        cases.append({"seq": seq, "batch": 2, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim,
-                      "layout": layout, "causal": causal, "varlen": varlen if packed else None,
-                      "variant": variant, "dtype": "float32", "seed": len(cases)})
+        cases.append(
+            {
+                "seq": seq,
+                "batch": 2,
+                "heads": heads,
+                "kv_heads": kv_heads,
+                "head_dim": head_dim,
+                "layout": layout,
+                "causal": causal,
+                "varlen": varlen if packed else None,
+                "variant": variant,
+                "dtype": "float32",
+                "seed": len(cases),
+            }
+        )
     for layout, variant in itertools.product(LAYOUTS, ("ring", "ulysses")):
         if variant == "ulysses" and not ulysses_feasibility(4, 2, n)[0]:
             continue
-        cases.append({"seq": seq, "batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "layout": layout,
-                      "causal": True, "varlen": None, "variant": variant, "dtype": "bfloat16", "seed": len(cases)})
+        cases.append(
+            {
+                "seq": seq,
+                "batch": 1,
+                "heads": 4,
+                "kv_heads": 2,
+                "head_dim": 16,
+                "layout": layout,
+                "causal": True,
+                "varlen": None,
+                "variant": variant,
+                "dtype": "bfloat16",
+                "seed": len(cases),
+            }
+        )
     return cases
 
 
@@ -101,7 +127,10 @@ def test_ring_and_ulysses_are_exact(n: int) -> None:
 
 
 def test_results_come_back_in_rank_order() -> None:
-    assert run_local(kernel_workers.rank_and_size, 2, timeout_s=SPAWN_TIMEOUT_S, device="cpu") == [(0, 2), (1, 2)]
+    assert run_local(kernel_workers.rank_and_size, 2, timeout_s=SPAWN_TIMEOUT_S, device="cpu") == [
+        (0, 2),
+        (1, 2),
+    ]
 
 
 def assert_reaped(pids: list[int]) -> None:

@@ -17,11 +17,9 @@ pytestmark = pytest.mark.kernel
 def test_seed_002_documents_never_see_each_other() -> None:
     """Two sequences of lengths 2 and 3 packed as [0, 2, 5] ([A-OnlineNorm])."""
     tokens = np.arange(5)
-    expected = np.array([[1, 1, 0, 0, 0],
-                         [1, 1, 0, 0, 0],
-                         [0, 0, 1, 1, 1],
-                         [0, 0, 1, 1, 1],
-                         [0, 0, 1, 1, 1]], dtype=bool)
+    expected = np.array(
+        [[1, 1, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 1, 1, 1]], dtype=bool
+    )
     assert (MaskRule(cu_seqlens=(0, 2, 5)).dense(tokens, tokens) == expected).all()
     assert (MaskRule(causal=True, cu_seqlens=(0, 2, 5)).dense(tokens, tokens) == np.tril(expected)).all()
 
@@ -30,8 +28,12 @@ def test_causal_is_by_global_position_not_local_index() -> None:
     """Striped rank 0 holds 0, 2, 4, 6; rank 1 holds 1, 3, 5, 7. Rank 0's query 2 sees rank 1's key 1."""
     held = positions("striped", 8, 2)
     mask = MaskRule(causal=True).dense(held[0], held[1])
-    assert mask.tolist() == [[False] * 4, [True, False, False, False], [True, True, False, False],
-                             [True, True, True, False]]
+    assert mask.tolist() == [
+        [False] * 4,
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, True, True, False],
+    ]
 
 
 @pytest.mark.parametrize("bounds", [(0, 2), (1, 5), (0, 3, 3, 5), (0, 4, 2, 5), ()])

@@ -21,7 +21,11 @@ from costmodel.kernel.selftest import TOLERANCES
 pytestmark = pytest.mark.kernel
 
 SHAPES = [  # (heads, kv_heads, head_dim): MHA, GQA 4/2 and 6/1, odd head counts and head dims
-    (4, 4, 16), (4, 2, 32), (6, 1, 8), (3, 3, 5), (5, 1, 12),
+    (4, 4, 16),
+    (4, 2, 32),
+    (6, 1, 8),
+    (3, 3, 5),
+    (5, 1, 12),
 ]
 
 
@@ -32,10 +36,14 @@ def assert_within(got: torch.Tensor, want: torch.Tensor, dtype: str) -> None:
     assert error <= bound, f"max abs error {error:.3e} > tolerance {bound:.3e}"
 
 
-def draw(heads: int, kv_heads: int, head_dim: int, seq: int = 48, batch: int = 2, dtype=torch.float32, seed=0):
+def draw(
+    heads: int, kv_heads: int, head_dim: int, seq: int = 48, batch: int = 2, dtype=torch.float32, seed=0
+):
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, h, seq, head_dim, generator=generator).to(dtype)
-            for h in (heads, kv_heads, kv_heads, heads)]
+    return [
+        torch.randn(batch, h, seq, head_dim, generator=generator).to(dtype)
+        for h in (heads, kv_heads, kv_heads, heads)
+    ]
 
 
 def sdpa_with_grads(q, k, v, dout, causal: bool):
@@ -63,7 +71,9 @@ def test_matches_sdpa_and_its_autograd_fp32(heads: int, kv_heads: int, head_dim:
 @pytest.mark.parametrize("heads,kv_heads,head_dim", SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_matches_float64_reference(heads: int, kv_heads: int, head_dim: int, causal: bool, dtype: str) -> None:
+def test_matches_float64_reference(
+    heads: int, kv_heads: int, head_dim: int, causal: bool, dtype: str
+) -> None:
     """Against float64 on the same (rounded) inputs; lse too. bf16 gets the looser stated tolerance."""
     q, k, v, dout = draw(heads, kv_heads, head_dim, dtype=getattr(torch, dtype))
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
@@ -97,8 +107,16 @@ def test_float64_kernel_is_exact() -> None:
     ref_out, ref_lse = reference_attention(*leaves, rule)
     want = (ref_out, ref_lse, *torch.autograd.grad(ref_out, leaves, dout))
     for max_pieces in (32, 0):
-        got = kernel_with_grads(local_attention, q, k, v, dout, causal=True, cu_seqlens=rule.cu_seqlens,
-                                max_fused_pieces=max_pieces)
+        got = kernel_with_grads(
+            local_attention,
+            q,
+            k,
+            v,
+            dout,
+            causal=True,
+            cu_seqlens=rule.cu_seqlens,
+            max_fused_pieces=max_pieces,
+        )
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-12)
 
