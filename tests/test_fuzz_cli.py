@@ -184,7 +184,7 @@ def check_promise(args: list[str]) -> None:
         assert "--" in lines[0] or ":" in lines[0][len("cp-plan: error: ") :], shown
     if code == 0 and ("json" in args):
         for number in _numbers(json.loads(out)):
-            assert math.isfinite(number), shown
+            assert math.isfinite(number) and number >= 0, shown
     sys.stdout.flush()
 
 

@@ -53,13 +53,30 @@ def _tolerance(value: float | None, flag: str) -> float | None:
     return value
 
 
+def _kernel_tokens(text: str) -> int:
+    """A sequence length as the planner takes it (4k, 1M), within what one machine can hold."""
+    from costmodel.plans.inputs import parse_tokens
+
+    try:
+        value = parse_tokens(text, "--seq")
+    except InputError as exc:
+        raise typer.BadParameter(exc.message) from None
+    if not 1 <= value <= 2**24:
+        raise typer.BadParameter(f"must be in [1, 16M] (got {value:,})")
+    return value
+
+
 @app.command()
 def selftest(
     nproc: Annotated[
         int, typer.Option(min=1, max=1024, help="Local processes to spawn (ignored under torchrun).")
     ] = 2,
     seq: Annotated[
-        int, typer.Option(min=1, max=2**24, help="Sequence length S (whole sequence, all ranks).")
+        int,
+        typer.Option(
+            parser=_kernel_tokens,
+            help="Sequence length S (whole sequence, all ranks): 512, 4k, ... up to 16M.",
+        ),
     ] = 512,
     heads: Annotated[int, typer.Option(min=1, max=1024, help="Query heads h.")] = 4,
     kv_heads: Annotated[
