@@ -20,9 +20,10 @@ from costmodel.symbolic import numeric
 SCHEMA = "cp-plan/validate/v1"
 
 
-def _inputs(
+def calibrated_inputs(
     profile: HardwareProfile, n: int, tokens_per_rank: int, causal: bool = False, layout: str = "contiguous"
 ) -> PlanInputs:
+    """A plan in the shape the profile was measured with, ``tokens_per_rank`` on each of ``n`` ranks."""
     cal = profile.calibration
     assert cal is not None
     return PlanInputs(
@@ -40,13 +41,14 @@ def _inputs(
     )
 
 
-def _machine(profile: HardwareProfile) -> Machine:
+def calibrated_machine(profile: HardwareProfile) -> Machine:
+    """The measured profile bound to the dtype it was measured in."""
     return Machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
 
 
 def critical_tokens(profile: HardwareProfile, n: int) -> float:
     """L* of the calibrated shape, non-causal forward, on the profile's measured rate, alpha and B."""
-    values = plan_values(_inputs(profile, n, 1024), _machine(profile))
+    values = plan_values(calibrated_inputs(profile, n, 1024), calibrated_machine(profile))
     return float(
         numeric.critical_shard_tokens(**{a: values[a] for a in numeric.ARGS["critical_shard_tokens"]})
     )
@@ -61,10 +63,10 @@ def compare(
 ) -> dict[str, Any]:
     """One row per (case, pass) with both predictions and their errors, and the summary."""
     l_star = critical_tokens(profile, n)
-    machine = _machine(profile)
+    machine = calibrated_machine(profile)
     rows = []
     for case, times in zip(cases, measured, strict=True):
-        inputs = _inputs(profile, n, case.tokens_per_rank, case.causal, case.layout)
+        inputs = calibrated_inputs(profile, n, case.tokens_per_rank, case.causal, case.layout)
         for pass_ in case.passes:
             backward = pass_ == "fwd+bwd"
             model = predict(inputs, machine, case.variant, backward).total_s

@@ -140,30 +140,18 @@ def build_profile(
 
 def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> HardwareProfile:
     """Each layer kind's fixed cost: its time at a tiny shard less the model's prediction without it."""
-    from costmodel.machines.binding import Machine
-    from costmodel.plans.inputs import PlanInputs
+    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
     from costmodel.plans.timing import predict
 
     cal = profile.calibration
     assert cal is not None
     n = profile.source.nproc or profile.devices_per_node
-    inputs = PlanInputs(
-        seq=layers["tokens"] * n,
-        n=n,
-        batch=cal.batch,
-        heads=cal.heads,
-        kv_heads=cal.kv_heads,
-        head_dim=cal.head_dim,
-        dtype=cal.dtype,
-        block=1,
-        hw=profile.name,
-    )
+    inputs = calibrated_inputs(profile, n, layers["tokens"])
+    machine = calibrated_machine(profile)
     overheads = {}
     for variant in ("ring", "ulysses"):
         for pass_ in ("fwd", "fwd+bwd"):
-            modelled = predict(
-                inputs, Machine(profile, cal.dtype), variant, backward=pass_ == "fwd+bwd"
-            ).total_s
+            modelled = predict(inputs, machine, variant, backward=pass_ == "fwd+bwd").total_s
             overheads[f"{variant} {pass_}"] = max(0.0, layers[f"{variant} {pass_}"] - modelled)
     return profile.model_copy(update={"calibration": cal.model_copy(update={"layer_overhead_s": overheads})})
 
