@@ -33,7 +33,7 @@ def _parse_varlen(text: str | None) -> tuple[int, ...] | None:
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; beyond it the rendezvous timeout overflows
-MAX_SEED = 2**63 - 1  # torch.manual_seed's range (non-negative part)
+MAX_SEED = 2**63 - 1  # the non-negative range torch.manual_seed takes
 
 
 def _seconds(value: float, flag: str) -> float:
