@@ -1,5 +1,5 @@
 """The torch reference kernel (optional: ``pip install '.[kernel]'``): exact ring, striped, zigzag and
-Ulysses attention over torch.distributed. docs/calibration.md; docs/kernel.md walks through each variant.
+Ulysses attention over torch.distributed; docs/kernel.md walks through each variant.
 
 Importing this package does not import torch; the modules below do.
 

@@ -548,7 +548,7 @@ C_bwd_recv = define(
     (N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc,
     "backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks",
     "B",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
 )
 define(
     "bwd_intensity_step",
@@ -556,10 +556,15 @@ define(
     W_bwd / C_bwd,
     "backward step arithmetic intensity",
     "FLOP/B",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
 )
 t_bwd = define(
-    "bwd_step_compute_s", "t_bwd_step", W_bwd / F, "compute time of one backward step", "s", "[Korthikanti22]"
+    "bwd_step_compute_s",
+    "t_bwd_step",
+    W_bwd / F,
+    "compute time of one backward step",
+    "s",
+    "[RingAttn §3], [FA2 §4]",
 )
 tau_bwd = define(
     "bwd_step_comm_s",
@@ -567,7 +572,7 @@ tau_bwd = define(
     alpha + C_bwd / B,
     "receive time of one backward step",
     "s",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
 )
 define(
     "bwd_layer_compute_s",
@@ -575,7 +580,7 @@ define(
     N * t_bwd,
     "backward compute time of one layer on one device",
     "s",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
 )
 define(
     "bwd_layer_comm_s",
@@ -591,7 +596,7 @@ define(
     tau_bwd / t_bwd,
     "backward step receive time / step compute time",
     "1",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
 )
 L_bwd_r = define(
     "bwd_shard_tokens_at_ratio",
@@ -599,7 +604,7 @@ L_bwd_r = define(
     _shard_at_ratio(t_bwd, tau_bwd),
     "shard length at which backward step comm = r x its compute",
     "tokens",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
 )
 define(
     "bwd_critical_shard_tokens",
@@ -607,7 +612,7 @@ define(
     L_bwd_r,
     "backward L*: step comm = step compute",
     "tokens",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
     at={r: 1},
 )
 define(
@@ -616,7 +621,7 @@ define(
     S / L_bwd_r,
     "CP degree at which the backward step ratio reaches r",
     "devices",
-    "[Korthikanti22]",
+    "[RingAttn §3], [FA2 §4]",
 )
 
 # --- Memory fit of a training step ([Korthikanti22]). -------------------------------------------------

@@ -238,27 +238,27 @@ def bwd_step_recv_bytes(*, N, S, b, d, n_kv, p, p_acc):
 
 
 def bwd_recv_bytes_per_layer(*, N, S, b, d, n_kv, p, p_acc):
-    """C_bwd_recv = 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N: backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks [B] ([Korthikanti22])."""
+    """C_bwd_recv = 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N: backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks [B] ([RingAttn §3], [FA2 §4])."""
     return 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N
 
 
 def bwd_intensity_step(*, N, S, c, h, n_kv, p, p_acc):
-    """I_bwd_step = 5*S*c*h/(N*n_kv*(p + p_acc)): backward step arithmetic intensity [FLOP/B] ([Korthikanti22])."""
+    """I_bwd_step = 5*S*c*h/(N*n_kv*(p + p_acc)): backward step arithmetic intensity [FLOP/B] ([RingAttn §3], [FA2 §4])."""
     return 5*S*c*h/(N*n_kv*(p + p_acc))
 
 
 def bwd_step_compute_s(*, F, N, S, b, c, d, h):
-    """t_bwd_step = 10*S**2*b*c*d*h/(F*N**2): compute time of one backward step [s] ([Korthikanti22])."""
+    """t_bwd_step = 10*S**2*b*c*d*h/(F*N**2): compute time of one backward step [s] ([RingAttn §3], [FA2 §4])."""
     return 10*S**2*b*c*d*h/(F*N**2)
 
 
 def bwd_step_comm_s(*, B, N, S, alpha, b, d, n_kv, p, p_acc):
-    """tau_bwd_step = (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N): receive time of one backward step [s] ([Korthikanti22])."""
+    """tau_bwd_step = (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N): receive time of one backward step [s] ([RingAttn §3], [FA2 §4])."""
     return (B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)
 
 
 def bwd_layer_compute_s(*, F, N, S, b, c, d, h):
-    """t_bwd_layer = 10*S**2*b*c*d*h/(F*N): backward compute time of one layer on one device [s] ([Korthikanti22])."""
+    """t_bwd_layer = 10*S**2*b*c*d*h/(F*N): backward compute time of one layer on one device [s] ([RingAttn §3], [FA2 §4])."""
     return 10*S**2*b*c*d*h/(F*N)
 
 
@@ -268,22 +268,22 @@ def bwd_layer_comm_s(*, B, N, S, alpha, b, d, n_kv, p, p_acc):
 
 
 def bwd_comm_ratio_step(*, B, F, N, S, alpha, b, c, d, h, n_kv, p, p_acc):
-    """rho_bwd_step = F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h): backward step receive time / step compute time [1] ([Korthikanti22])."""
+    """rho_bwd_step = F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h): backward step receive time / step compute time [1] ([RingAttn §3], [FA2 §4])."""
     return (1/10)*F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*S**2*b*c*d*h)
 
 
 def bwd_shard_tokens_at_ratio(*, B, F, alpha, b, c, d, h, n_kv, p, p_acc, r):
-    """L_bwd_r = (sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r): shard length at which backward step comm = r x its compute [tokens] ([Korthikanti22])."""
+    """L_bwd_r = (sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r): shard length at which backward step comm = r x its compute [tokens] ([RingAttn §3], [FA2 §4])."""
     return (1/10)*(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r)
 
 
 def bwd_critical_shard_tokens(*, B, F, alpha, b, c, d, h, n_kv, p, p_acc):
-    """L_bwd_star = (sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h): backward L*: step comm = step compute [tokens] ([Korthikanti22])."""
+    """L_bwd_star = (sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h): backward L*: step comm = step compute [tokens] ([RingAttn §3], [FA2 §4])."""
     return (1/10)*(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))/(B*numpy.sqrt(b)*c*numpy.sqrt(d)*h)
 
 
 def bwd_n_at_ratio(*, B, F, S, alpha, b, c, d, h, n_kv, p, p_acc, r):
-    """N_bwd_at_r = 10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc)): CP degree at which the backward step ratio reaches r [devices] ([Korthikanti22])."""
+    """N_bwd_at_r = 10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc)): CP degree at which the backward step ratio reaches r [devices] ([RingAttn §3], [FA2 §4])."""
     return 10*B*S*numpy.sqrt(b)*c*numpy.sqrt(d)*h*r/(numpy.sqrt(F)*numpy.sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*numpy.sqrt(b)*numpy.sqrt(d)*n_kv*(p + p_acc))
 
 
@@ -590,16 +590,16 @@ INFO = {
     'utilization_fine': ('u_fine', 'N/(2*N - 1)', '{N}/(2*{N} - 1)', 'contiguous causal utilisation, diagonal block counted as half', '1', '[A-RingCost §6]', 'causal'),
     'bwd_step_flops': ('W_bwd_step', '10*S**2*b*c*d*h/N**2', '10*{S}**2*{b}*{c}*{d}*{h}/{N}**2', 'FLOP per device per backward ring step', 'FLOP', '[FA2 §4]', 'backward'),
     'bwd_step_recv_bytes': ('C_bwd_step', '2*S*b*d*n_kv*(p + p_acc)/N', '2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc})/{N}', 'KV block and its fp32 dK/dV accumulator, received each backward step', 'B', '[RingAttn §3]', 'backward'),
-    'bwd_recv_bytes_per_layer': ('C_bwd_recv', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/{N}', 'backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks', 'B', '[Korthikanti22]', 'backward'),
-    'bwd_intensity_step': ('I_bwd_step', '5*S*c*h/(N*n_kv*(p + p_acc))', '5*{S}*{c}*{h}/({N}*{n_kv}*({p} + {p_acc}))', 'backward step arithmetic intensity', 'FLOP/B', '[Korthikanti22]', 'backward'),
-    'bwd_step_compute_s': ('t_bwd_step', '10*S**2*b*c*d*h/(F*N**2)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N}**2)', 'compute time of one backward step', 's', '[Korthikanti22]', 'backward'),
-    'bwd_step_comm_s': ('tau_bwd_step', '(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)', '({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/({B}*{N})', 'receive time of one backward step', 's', '[Korthikanti22]', 'backward'),
-    'bwd_layer_compute_s': ('t_bwd_layer', '10*S**2*b*c*d*h/(F*N)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N})', 'backward compute time of one layer on one device', 's', '[Korthikanti22]', 'backward'),
+    'bwd_recv_bytes_per_layer': ('C_bwd_recv', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/N', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/{N}', 'backward receive bytes per device per layer: N-1 KV blocks and N dK/dV blocks', 'B', '[RingAttn §3], [FA2 §4]', 'backward'),
+    'bwd_intensity_step': ('I_bwd_step', '5*S*c*h/(N*n_kv*(p + p_acc))', '5*{S}*{c}*{h}/({N}*{n_kv}*({p} + {p_acc}))', 'backward step arithmetic intensity', 'FLOP/B', '[RingAttn §3], [FA2 §4]', 'backward'),
+    'bwd_step_compute_s': ('t_bwd_step', '10*S**2*b*c*d*h/(F*N**2)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N}**2)', 'compute time of one backward step', 's', '[RingAttn §3], [FA2 §4]', 'backward'),
+    'bwd_step_comm_s': ('tau_bwd_step', '(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(B*N)', '({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/({B}*{N})', 'receive time of one backward step', 's', '[RingAttn §3], [FA2 §4]', 'backward'),
+    'bwd_layer_compute_s': ('t_bwd_layer', '10*S**2*b*c*d*h/(F*N)', '10*{S}**2*{b}*{c}*{d}*{h}/({F}*{N})', 'backward compute time of one layer on one device', 's', '[RingAttn §3], [FA2 §4]', 'backward'),
     'bwd_layer_comm_s': ('tau_bwd_layer', '(B*N*alpha*(2*N - 1) + 2*S*b*d*n_kv*(N*p_acc + p*(N - 1)))/(B*N)', '({B}*{N}*{alpha}*(2*{N} - 1) + 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1)))/({B}*{N})', 'backward receive time of one layer: N-1 KV blocks and N dK/dV blocks', 's', '[RingAttn §3]', 'backward'),
-    'bwd_comm_ratio_step': ('rho_bwd_step', 'F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h)', '{F}*{N}*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/(10*{B}*{S}**2*{b}*{c}*{d}*{h})', 'backward step receive time / step compute time', '1', '[Korthikanti22]', 'backward'),
-    'bwd_shard_tokens_at_ratio': ('L_bwd_r', '(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r})', 'shard length at which backward step comm = r x its compute', 'tokens', '[Korthikanti22]', 'backward'),
-    'bwd_critical_shard_tokens': ('L_bwd_star', '(sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h})', 'backward L*: step comm = step compute', 'tokens', '[Korthikanti22]', 'backward'),
-    'bwd_n_at_ratio': ('N_bwd_at_r', '10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))', '10*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))', 'CP degree at which the backward step ratio reaches r', 'devices', '[Korthikanti22]', 'backward'),
+    'bwd_comm_ratio_step': ('rho_bwd_step', 'F*N*(B*N*alpha + 2*S*b*d*n_kv*(p + p_acc))/(10*B*S**2*b*c*d*h)', '{F}*{N}*({B}*{N}*{alpha} + 2*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}))/(10*{B}*{S}**2*{b}*{c}*{d}*{h})', 'backward step receive time / step compute time', '1', '[RingAttn §3], [FA2 §4]', 'backward'),
+    'bwd_shard_tokens_at_ratio': ('L_bwd_r', '(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h*r)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h}*{r})', 'shard length at which backward step comm = r x its compute', 'tokens', '[RingAttn §3], [FA2 §4]', 'backward'),
+    'bwd_critical_shard_tokens': ('L_bwd_star', '(sqrt(F)*sqrt(10*B**2*alpha*c*h + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))/(10*B*sqrt(b)*c*sqrt(d)*h)', '(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))/(10*{B}*sqrt({b})*{c}*sqrt({d})*{h})', 'backward L*: step comm = step compute', 'tokens', '[RingAttn §3], [FA2 §4]', 'backward'),
+    'bwd_n_at_ratio': ('N_bwd_at_r', '10*B*S*sqrt(b)*c*sqrt(d)*h*r/(sqrt(F)*sqrt(10*B**2*alpha*c*h*r + F*b*d*n_kv**2*p**2 + 2*F*b*d*n_kv**2*p*p_acc + F*b*d*n_kv**2*p_acc**2) + F*sqrt(b)*sqrt(d)*n_kv*(p + p_acc))', '10*{B}*{S}*sqrt({b})*{c}*sqrt({d})*{h}*{r}/(sqrt({F})*sqrt(10*{B}**2*{alpha}*{c}*{h}*{r} + {F}*{b}*{d}*{n_kv}**2*{p}**2 + 2*{F}*{b}*{d}*{n_kv}**2*{p}*{p_acc} + {F}*{b}*{d}*{n_kv}**2*{p_acc}**2) + {F}*sqrt({b})*sqrt({d})*{n_kv}*({p} + {p_acc}))', 'CP degree at which the backward step ratio reaches r', 'devices', '[RingAttn §3], [FA2 §4]', 'backward'),
     'layer_params': ('P_layer', 'H*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)', '{H}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2)', 'parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms', '1', 'model arithmetic', 'fit'),
     'params': ('P', 'H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)', '{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)', 'parameters: layers, embeddings (input and, untied, output), final norm', '1', 'model arithmetic', 'fit'),
     'stage_params': ('P_stage', 'Piecewise((H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1), Eq(pp, 1)), (H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/pp, True))', 'Piecewise(({H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1), Eq({pp}, 1)), ({H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))/{pp}, True))', 'parameters of the pipeline stage holding the most: the whole model at pp = 1, else the last stage', '1', '[Megatron21 §2.2]', 'fit'),
@@ -792,13 +792,13 @@ SYMBOLS = {
     'phi': ('attention scores kept for backward: 0 with flash attention or selective recompute, 1 otherwise', '1', '[Korthikanti22 §4]'),
     'sigma': ('sequence parallel with TP: 1 on, 0 off', '1', '[Korthikanti22 §4]'),
     't': ('tensor-parallel degree', 'devices', '[Korthikanti22 §4]'),
-    'pp': ('pipeline-parallel degree', 'devices', '[Korthikanti22]'),
+    'pp': ('pipeline-parallel degree', 'devices', '[Megatron21 §2.2]'),
     'z_w': ('fraction of the bf16 weights a device keeps (1/D under ZeRO-3)', '1', '[ZeRO §5]'),
     'z_g': ('fraction of the fp32 gradients a device keeps (1/D from ZeRO-2)', '1', '[ZeRO §5]'),
     'z_o': ('fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)', '1', '[ZeRO §5]'),
     'rho': ('full activation recompute: 1 (only layer inputs kept), else 0', '1', '[Korthikanti22 §4]'),
     'e_m': ('embedding matrices: 2 untied input and output, 1 tied', '1', 'model preset'),
-    'M_dev': ('usable device memory: HBM x (1 - headroom)', 'B', '[Korthikanti22]'),
+    'M_dev': ('usable device memory: HBM x (1 - headroom)', 'B', 'hardware profile'),
     'm_mb': ('micro-batches per step in each pipeline (gradient accumulation)', '1', '[Megatron21]'),
     'v_pp': ('virtual pipeline stages per device (interleaved schedule; 1: plain 1F1B)', '1', '[Megatron21]'),
     'D': ('data-parallel degree', 'devices', '[Megatron21]'),

@@ -101,7 +101,7 @@ sigma = _symbol(
     "sigma", "sequence parallel with TP: 1 on, 0 off", "1", KORTHIKANTI, nonnegative=True, integer=True
 )
 t = _symbol("t", "tensor-parallel degree", "devices", KORTHIKANTI, integer=True)
-pp = _symbol("pp", "pipeline-parallel degree", "devices", "[Korthikanti22]", integer=True)
+pp = _symbol("pp", "pipeline-parallel degree", "devices", "[Megatron21 §2.2]", integer=True)
 z_w = _symbol("z_w", "fraction of the bf16 weights a device keeps (1/D under ZeRO-3)", "1", "[ZeRO §5]")
 z_g = _symbol("z_g", "fraction of the fp32 gradients a device keeps (1/D from ZeRO-2)", "1", "[ZeRO §5]")
 z_o = _symbol(
@@ -118,7 +118,7 @@ rho = _symbol(
 e_m = _symbol(
     "e_m", "embedding matrices: 2 untied input and output, 1 tied", "1", "model preset", integer=True
 )
-M_dev = _symbol("M_dev", "usable device memory: HBM x (1 - headroom)", "B", "[Korthikanti22]")
+M_dev = _symbol("M_dev", "usable device memory: HBM x (1 - headroom)", "B", "hardware profile")
 
 # The whole training step ([Megatron21], [Korthikanti22], [Llama3]). Rates F_gemm and F_attn come from
 # the profile's kernel tables (costmodel.machines.kernels); every overlap is a named knob with a default.
