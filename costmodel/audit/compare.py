@@ -43,7 +43,7 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
 }
 # Kernels that slow down together (clocks, power capping, a slower library build) and by how much.
 COMPUTE_KERNELS = ("matrix multiplies", "attention", "elementwise (memory-bound)", "recompute", "output layer and loss")
-COMPUTE_TOGETHER = (-0.15, 0.5)
+COMPUTE_TOGETHER = (-0.15, 1.0)  # a power-capped or mis-built cluster at half the published rates
 TOLERANCE = 0.10  # |measured / predicted - 1| within which the model is taken to agree
 FAR_BELOW = 0.25  # measured step this much slower than predicted: a warning
 CP_EXPOSED_SHARE = 0.05  # predicted exposed CP communication beyond this share of the step

@@ -1,0 +1,288 @@
+"""cp-plan audit and hw from-nccl-tests on logs and tables in the frameworks' printed formats (tests/data/audit,
+written by its generate.py from a known cluster: kernels at 82 % of the published tables, links at 70 %,
+2 % host overhead, ±1.5 % noise)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.audit.config import match_preset, resolve, torchtitan_config
+from costmodel.audit.logs import parse_log, summary
+from costmodel.audit.nccl import bus_factor, fit_table, parse_table
+from costmodel.cli import main
+from costmodel.machines.profiles import load_profile
+
+DATA = Path(__file__).parent / "data" / "audit"
+MEGATRON = sorted(str(p) for p in DATA.glob("megatron_*.log"))
+TRUE_COMPUTE, TRUE_COMM, HOST = 0.82, 0.70, 1.02  # generate.py's cluster
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def audit_json(*args: str) -> dict:
+    code, out, err = cli("audit", *args, "--format", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+# --- reading logs -------------------------------------------------------------------------------------
+
+
+def test_megatron_log_gives_its_arguments_and_steady_intervals() -> None:
+    log = parse_log(DATA / "megatron_tp2_cp2_8k.log")
+    assert log.framework == "megatron"
+    assert log.config.items() >= {"tp": 2, "cp": 2, "pp": 1, "gpus": 8, "seq": 8192, "global_batch": 16}.items()
+    assert log.config["recompute"] == "selective" and log.config["cp_scheme"] == "ring"
+    assert log.model_shape == {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336, "head_dim": 128}
+    assert len(log.intervals) == 10 and len(log.steady()) == 9  # iteration 10 is warm-up
+    assert log.memory_bytes == pytest.approx(46100.0 * 1024**2)
+    assert log.skipped > 0  # NCCL INFO and warning lines, counted
+
+
+def test_restart_opens_a_segment_whose_first_interval_is_warm_up() -> None:
+    log = parse_log(DATA / "megatron_tp2_cp8_128k.log")
+    assert log.restarts == 1
+    assert [i.iteration for i in log.intervals if i.warmup] == [10, 40]
+    assert {i.segment for i in log.intervals} == {0, 1}
+
+
+def test_torchtitan_log_through_colours_and_rank_prefixes() -> None:
+    log = parse_log(DATA / "titan_cp2_16k.log")
+    assert log.framework == "torchtitan" and log.model_name == "llama3 8B"
+    assert log.config == {"tp": 1, "cp": 2, "pp": 1, "gpus": 8}
+    assert log.duplicates == 5  # rank 1 repeats every other step
+    assert log.ranks == {0, 1, 2, 3}
+    first = log.steady()[0]
+    assert first.iteration == 10 and first.mfu is not None and 0.4 < first.mfu < 0.7
+    assert log.memory_bytes == pytest.approx(52.31 * 1024**3)
+
+
+def test_torchtitan_toml_names_the_step_flags() -> None:
+    import tomllib
+
+    config, preset = torchtitan_config(tomllib.loads((DATA / "titan_cp2_16k.toml").read_text()))
+    assert preset == "llama3-8b"
+    assert config.items() >= {"tp": 1, "cp": 2, "gpus": 8, "seq": 16384, "zero": 3, "cp_scheme": "allgather"}.items()
+
+
+def test_megatron_shape_matches_its_preset() -> None:
+    assert match_preset({"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336}) == "llama3-8b"
+    assert match_preset({"layers": 31, "hidden": 4096, "heads": 32}) is None
+
+
+def test_flags_override_the_log() -> None:
+    log = parse_log(DATA / "megatron_tp2_cp2_8k.log")
+    values = resolve(log, {"hw": "h100-nvlink", "global_batch": 32, "model": None})
+    assert values["global_batch"] == 32 and values["model"] == "llama3-8b" and values["tp"] == 2
+
+
+def test_interleaved_and_truncated_lines(tmp_path: Path) -> None:
+    text = (DATA / "megatron_tp2_cp2_8k.log").read_text()
+    cut = text[: text.rindex("elapsed time per iteration") + 40]  # the last iteration line cut mid-number
+    path = tmp_path / "cut.log"
+    path.write_text(cut + "\n[default3]: garbage \x1b[31m line\n" + "x" * 200_000 + "\n" + cut.splitlines()[-1])
+    log = parse_log(path)
+    assert log.truncated_last_line and log.cut == 1
+    # iterations 10..100 once each: the unfinished copy of the last line is another print of 100, not a new one
+    assert len(log.intervals) == 10 and log.duplicates == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"", "empty file"),
+        (b"\x7fELF\x00\x00\x01" + bytes(range(256)) * 40, "binary"),
+        (b"hello\nno iterations here\n", "no iteration lines"),
+        (b" [2026-11-21 10:10:00] iteration       10/     500 | consumed samples:    160 | elapsed time per it", "no iteration lines"),
+    ],
+    ids=["empty", "binary", "no-iterations", "truncated-mid-line"],
+)
+def test_bad_logs_exit_2_with_one_line(tmp_path: Path, content: bytes, said: str) -> None:
+    path = tmp_path / "bad.log"
+    path.write_bytes(content)
+    code, out, err = cli("audit", path, "--hw", "h100-nvlink")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and said in err
+
+
+def test_a_log_without_a_stated_batch_names_the_flag(tmp_path: Path) -> None:
+    lines = [line for line in (DATA / "titan_cp2_16k.log").read_text().splitlines()]
+    path = tmp_path / "run.log"  # no TOML beside it: the sequence and batch are unknown
+    path.write_text("\n".join(lines) + "\n")
+    code, _, err = cli("audit", path)
+    assert code == 2 and "--seq" in err and len(err.strip().splitlines()) == 1
+
+
+@given(st.lists(st.floats(min_value=0.1, max_value=10), min_size=1, max_size=40))
+@settings(max_examples=50, deadline=None)
+def test_summary_median_lies_between_min_and_max(values: list[float]) -> None:
+    s = summary(values)
+    assert s["min"] <= s["median"] <= s["max"] and s["spread"] >= 0 and s["count"] == len(values)
+
+
+# --- the audit ----------------------------------------------------------------------------------------
+
+
+def test_megatron_audit_contract_and_numbers() -> None:
+    audit = audit_json(DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-nvlink")["audit"]
+    measured, predicted = audit["measured"], audit["predicted"]
+    assert isinstance(audit["findings"], list)
+    assert all({"severity", "message"} <= f.keys() for f in audit["findings"])
+    # the cluster runs kernels at 0.82 and carries 2 % overhead: about 0.80 of the predicted rate (±3 %)
+    assert measured["model_tflops_per_gpu"] / predicted["tflops_per_gpu"] == pytest.approx(0.80, rel=0.03)
+    # the log's own count is 0.98 of ours (generate.py), within 1.5 % noise
+    assert measured["tflops_per_gpu"] / measured["model_tflops_per_gpu"] == pytest.approx(0.98, abs=0.015)
+    assert audit["comparison"]["attribution"]["component"] in ("every compute kernel alike", "matrix multiplies")
+
+
+def test_torchtitan_audit_end_to_end() -> None:
+    audit = audit_json(DATA / "titan_cp2_16k.log")["audit"]  # hw from the log's device line, config from TOML
+    assert audit["config"]["hw"] == "h100-nvlink" and audit["config"]["cp"] == 2
+    assert audit["measured"]["tflops_per_gpu"] / audit["predicted"]["tflops_per_gpu"] == pytest.approx(0.80, rel=0.03)
+    assert not [f for f in audit["findings"] if f["severity"] == "critical"]
+
+
+def test_over_peak_run_is_flagged_critical() -> None:
+    audit = audit_json(DATA / "titan_cp4_over_peak.log")["audit"]
+    assert audit["measured"]["tflops_per_gpu"] > 989
+    kinds = [(f["severity"], f["kind"]) for f in audit["findings"]]
+    assert kinds[0] == ("critical", "over-peak")
+    assert "CP not active" in audit["findings"][0]["message"]
+
+
+def test_slow_run_names_a_component(tmp_path: Path) -> None:
+    text = (DATA / "megatron_tp1_cp4_32k.log").read_text()
+    slow = tmp_path / "slow.log"  # every step 1.3x longer: far below the prediction
+    import re
+
+    slow.write_text(
+        re.sub(r"elapsed time per iteration \(ms\): ([\d.]+)", lambda m: f"elapsed time per iteration (ms): {float(m[1]) * 1.3:.1f}", text)
+    )
+    audit = audit_json(slow, "--hw", "h100-nvlink")["audit"]
+    below = [f for f in audit["findings"] if f["kind"] == "below-prediction"]
+    assert below and below[0]["severity"] == "warning"
+    assert audit["comparison"]["attribution"]["component"] is not None
+    assert "most likely" in below[0]["message"]
+
+
+def test_cp_that_cannot_hide_is_flagged() -> None:
+    # CP 8 behind TP 2 on h100-ib: every ring hop crosses the 50 GB/s NIC; 1k tokens a rank cannot hide it
+    audit = audit_json(
+        DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-ib", "--cp", "8", "--gpus", "16", "--global-batch", "8"
+    )["audit"]
+    assert any(f["kind"] == "cp-exposed" for f in audit["findings"])
+
+
+def test_memory_beyond_the_plan_is_flagged(tmp_path: Path) -> None:
+    text = (DATA / "megatron_tp2_cp2_8k.log").read_text().replace("max reserved: 46100.0", "max reserved: 76100.0")
+    path = tmp_path / "memory.log"
+    path.write_text(text)
+    audit = audit_json(path, "--hw", "h100-nvlink")["audit"]
+    assert any(f["kind"] == "memory" and f["severity"] == "warning" for f in audit["findings"])
+
+
+# --- fitting a profile to logs ------------------------------------------------------------------------
+
+
+def test_fit_from_several_runs_predicts_the_left_out_one(tmp_path: Path) -> None:
+    out = tmp_path / "fitted.yaml"
+    document = audit_json(*MEGATRON, DATA / "titan_cp2_16k.log", "--hw", "h100-nvlink", "--fit-profile", out)
+    fit = document["fit"]
+    assert len(document["audits"]) == 5
+    # the cluster's kernels run at 0.82 with 2 % host overhead on top: the compute factor within 3 %
+    assert fit["compute_factor"] == pytest.approx(TRUE_COMPUTE / HOST, rel=0.03)
+    assert fit["base_median_abs_error"] > 0.15  # the published tables are 20 % optimistic here
+    assert fit["left_out_median_abs_error"] < 0.02 and fit["left_out_max_abs_error"] < 0.03
+    profile = load_profile(str(out))
+    assert profile.source.kind == "measured" and "megatron_tp2_cp2_8k.log" in profile.source.notes
+    code, text, _ = cli("step", "--model", "llama3-8b", "--seq", "8192", "--hw", out, "--gpus", "8", "--tp", "2", "--cp", "2", "--global-batch", "16", "--format", "json")
+    assert code == 0
+    measured = document["audits"][1]["measured"]["step_time_s"]["median"]  # megatron_tp2_cp2_8k
+    assert json.loads(text)["step"]["time_s"] == pytest.approx(measured, rel=0.02)
+
+
+def test_fit_from_one_run_fits_compute_alone(tmp_path: Path) -> None:
+    fit = audit_json(MEGATRON[0], "--hw", "h100-nvlink", "--fit-profile", tmp_path / "one.yaml")["fit"]
+    assert fit["comm_factor"] == 1.0 and fit["left_out_median_abs_error"] is None
+    assert abs(fit["runs"][0]["fitted_error"]) < 0.02
+
+
+# --- nccl-tests ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("collective", "ranks", "factor"),
+    [("all_reduce", 8, 1.75), ("all_gather", 8, 0.875), ("reduce_scatter", 16, 0.9375), ("alltoall", 8, 0.875), ("sendrecv", 8, 1.0)],
+)
+def test_bus_bandwidth_factors_of_nccl_tests(collective: str, ranks: int, factor: float) -> None:
+    assert bus_factor(collective, ranks) == pytest.approx(factor, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("name", "collective", "ranks", "hosts", "alpha", "busbw"),
+    [
+        ("nccl_1node_all_reduce_perf.txt", "all_reduce", 8, 1, 18e-6, 360e9),
+        ("nccl_1node_sendrecv_perf.txt", "sendrecv", 8, 1, 8e-6, 330e9),
+        ("nccl_1node_alltoall_perf.txt", "alltoall", 8, 1, 15e-6, 320e9),
+        ("nccl_2node_all_gather_perf.txt", "all_gather", 16, 2, 30e-6, 42e9),
+    ],
+)
+def test_nccl_tables_fit_their_alpha_and_bus_bandwidth(name: str, collective: str, ranks: int, hosts: int, alpha: float, busbw: float) -> None:
+    table = parse_table(str(DATA / name))
+    assert (table.collective, table.ranks, len(table.hosts), len(table.rows)) == (collective, ranks, hosts, 31)
+    fit = fit_table(table)
+    assert fit.bandwidth == pytest.approx(busbw, rel=0.02)  # ±2 % noise in the table
+    assert fit.latency_s == pytest.approx(alpha, rel=0.05)
+
+
+def test_from_nccl_tests_writes_a_profile_cp_plan_uses(tmp_path: Path) -> None:
+    out = tmp_path / "measured.yaml"
+    files = sorted(DATA.glob("nccl_*.txt"))
+    code, text, err = cli("hw", "from-nccl-tests", *files, "--base", "h100-nvlink", "--out", out, "--format", "json")
+    assert code == 0, err
+    fits = json.loads(text)["fits"]
+    assert {(f["collective"], f["scope"]) for f in fits} >= {("sendrecv", "intra-node"), ("sendrecv", "inter-node")}
+    profile = load_profile(str(out))
+    intra, inter = profile.links.intra_node, profile.links.inter_node
+    assert intra.bandwidth_per_direction == pytest.approx(330e9, rel=0.02)  # sendrecv preferred
+    assert inter is not None and inter.bandwidth_per_direction == pytest.approx(45e9, rel=0.02)
+    assert inter.alltoall is not None and inter.alltoall.bandwidth_per_direction == pytest.approx(38e9, rel=0.02)
+    assert "nccl_2node_sendrecv_perf.txt" in profile.source.notes and profile.source.host == "node001, node002"
+    assert profile.kernels == load_profile("h100-nvlink").kernels
+    code, report, _ = cli("--hw", out, "--seq", "131072", "--n", "16", "--format", "json")
+    assert code == 0
+    assert json.loads(report)["hardware"]["link_bandwidth"] == pytest.approx(inter.bandwidth_per_direction)
+    assert yaml.safe_load(out.read_text())["source"]["kind"] == "measured"
+
+
+def test_nccl_single_node_only_keeps_the_base_inter_node_link(tmp_path: Path) -> None:
+    out = tmp_path / "one-node.yaml"
+    code, _, err = cli("hw", "from-nccl-tests", DATA / "nccl_1node_all_gather_perf.txt", "--out", out)
+    assert code == 0, err
+    profile = load_profile(str(out))
+    assert profile.links.intra_node.bandwidth_per_direction == pytest.approx(350e9, rel=0.02)
+    assert profile.links.inter_node == load_profile("h100-nvlink").links.inter_node
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [(b"", "empty"), (b"# nThread 1 nGpus 8\njust words\n", "cannot tell which collective"), (b"\x00\x01\x02" * 100, "binary")],
+)
+def test_bad_nccl_tables_exit_2(tmp_path: Path, content: bytes, said: str) -> None:
+    path = tmp_path / "out.txt"
+    path.write_bytes(content)
+    code, _, err = cli("hw", "from-nccl-tests", path)
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1
