@@ -62,7 +62,8 @@ def test_restart_opens_a_segment_whose_first_interval_is_warm_up() -> None:
 def test_torchtitan_log_through_colours_and_rank_prefixes() -> None:
     log = parse_log(DATA / "titan_cp2_16k.log")
     assert log.framework == "torchtitan" and log.model_name == "llama3 8B"
-    assert log.config == {"tp": 1, "cp": 2, "pp": 1, "gpus": 8}
+    assert log.config == {"tp": 1, "cp": 2, "pp": 1, "gpus": 8, "cp_scheme": "allgather", "zero": 3, "global_batch": 4, "seq": 16384, "_local_batch": 1}
+    assert log.peak_flops == pytest.approx(989e12)
     assert log.duplicates == 5  # rank 1 repeats every other step
     assert log.ranks == {0, 1, 2, 3}
     first = log.steady()[0]
@@ -119,8 +120,8 @@ def test_bad_logs_exit_2_with_one_line(tmp_path: Path, content: bytes, said: str
 
 
 def test_a_log_without_a_stated_batch_names_the_flag(tmp_path: Path) -> None:
-    lines = [line for line in (DATA / "titan_cp2_16k.log").read_text().splitlines()]
-    path = tmp_path / "run.log"  # no TOML beside it: the sequence and batch are unknown
+    lines = [line for line in (DATA / "titan_cp2_16k.log").read_text().splitlines() if "Trainer is" not in line]
+    path = tmp_path / "run.log"  # no TOML beside it and no trainer line: the sequence and batch are unknown
     path.write_text("\n".join(lines) + "\n")
     code, _, err = cli("audit", path)
     assert code == 2 and "--seq" in err and len(err.strip().splitlines()) == 1
@@ -153,6 +154,14 @@ def test_torchtitan_audit_end_to_end() -> None:
     assert audit["config"]["hw"] == "h100-nvlink" and audit["config"]["cp"] == 2
     assert audit["measured"]["tflops_per_gpu"] / audit["predicted"]["tflops_per_gpu"] == pytest.approx(0.80, rel=0.03)
     assert not [f for f in audit["findings"] if f["severity"] == "critical"]
+
+
+def test_torchtitan_log_alone_states_its_run(tmp_path: Path) -> None:
+    log = tmp_path / "titan.log"  # no TOML beside it: the log's mesh, model and trainer lines suffice
+    log.write_text((DATA / "titan_cp2_16k.log").read_text())
+    alone, with_toml = audit_json(log)["audit"], audit_json(DATA / "titan_cp2_16k.log")["audit"]
+    assert alone["config"] == with_toml["config"]
+    assert alone["predicted"]["step_time_s"] == pytest.approx(with_toml["predicted"]["step_time_s"], rel=1e-12)
 
 
 def test_over_peak_run_is_flagged_critical() -> None:

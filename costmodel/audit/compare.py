@@ -221,6 +221,13 @@ def findings(
                 f"the framework's TFLOP/s is {accounting:.2f}x ours for the same step time: it counts FLOP "
                 "differently (causal half of attention, recompute, embeddings)",
             )
+    if log.peak_flops and abs(log.peak_flops / peak - 1) > 0.05:
+        add(
+            "info",
+            "peak",
+            f"the framework's MFU divides by {log.peak_flops / 1e12:.0f} TFLOP/s, the profile's dense peak is "
+            f"{peak_t:.0f}: the two MFUs differ by that ratio",
+        )
     spread = measured["step_time_s"]["spread"]
     if spread > 0.10:
         add("info", "noisy", f"step times spread {spread:.0%} (interquartile range / median) over the steady intervals")

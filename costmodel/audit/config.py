@@ -128,6 +128,8 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
             values.update(found)
             preset = match_preset(shape) or preset
     local = values.pop("_local_batch", None)
+    if local is not None and values.get("pp", 1) == 1:
+        values.setdefault("micro_batch", local)
     if "global_batch" not in values and local is not None and "gpus" in values:
         dp = values["gpus"] // (values.get("tp", 1) * values.get("cp", 1) * values.get("pp", 1))
         values["global_batch"] = local * max(dp, 1)

@@ -13,7 +13,9 @@ What each framework prints, and where:
   grad_norm: g  memory: M GiB(P%)  tps: T  tflops: F  mfu: U%`` (in ANSI colours, behind the
   ``[titan] date - root - INFO -`` logger prefix and torchrun's ``[rankR]:``); ``torchtitan/train.py``
   ``Trainer``: ``Training starts at step N``, ``Building 2-D device mesh with [names], [sizes]`` and
-  ``Building llama3 8B with ...``; the run's settings are its TOML file (``--config``).
+  ``Building llama3 8B with ...``, ``Trainer is initialized with local batch size b, global batch size B,
+  gradient accumulation steps a, sequence length S, ...`` and ``Peak FLOPS used for computing MFU: P``;
+  the rest of the run's settings are its TOML file (``--config``).
 
 Lines are read in bounded pieces (a binary blob or a megabyte line never lands in memory whole); lines of
 neither format are skipped and counted. A restart (the iteration count going back, or torchtitan saying
@@ -53,6 +55,11 @@ _TITAN_MEMORY = re.compile(r"\bmemory:\s*([\d.]+)GiB\(([\d.]+)%\)")
 _TITAN_START = re.compile(r"Training starts at step (\d+)")
 _TITAN_MESH = re.compile(r"Building (\d+)-D device mesh with \[([^\]]*)\], \[([^\]]*)\]")
 _TITAN_MODEL = re.compile(r"Building (\w+) (\w+) with ")
+_TITAN_BATCH = re.compile(
+    r"initialized with local batch size (\d+), global batch size (\d+), gradient accumulation steps (\d+), "
+    r"sequence length (\d+)"
+)
+_TITAN_PEAK = re.compile(r"Peak FLOPS used for computing MFU: ([\d.eE+]+)")
 _TITAN_DEVICE = re.compile(r"(?:CUDA|ROCm|XPU) capacity: (.+?) with ([\d.]+)GiB memory")
 
 
@@ -82,6 +89,7 @@ class ParsedLog:
     model_shape: dict[str, int] = field(default_factory=dict)  # layers, hidden, heads, ... when printed
     model_name: str | None = None  # torchtitan's "llama3 8B"
     device_name: str | None = None
+    peak_flops: float | None = None  # the peak the framework's MFU divides by (torchtitan prints it)
     memory_bytes: float | None = None  # the largest peak memory any rank reported
     lines: int = 0
     skipped: int = 0  # lines of neither format (kept count, not kept)
@@ -236,9 +244,19 @@ class _Reader:
             for size in sizes:
                 gpus *= size
             self.log.config.setdefault("gpus", gpus)
+            self.log.config.setdefault("cp_scheme", "allgather")  # context_parallel_rotate_method's default
+            if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
+                self.log.config.setdefault("zero", 3)
             return True
         if (m := _TITAN_MODEL.search(text)) is not None:
             self.log.model_name = self.log.model_name or f"{m.group(1)} {m.group(2)}"
+            return True
+        if (m := _TITAN_BATCH.search(text)) is not None:
+            local, batch, _, seq = (int(g) for g in m.groups())
+            self.log.config.update({"global_batch": batch, "seq": seq, "_local_batch": local})
+            return True
+        if (m := _TITAN_PEAK.search(text)) is not None:
+            self.log.peak_flops = _number(m.group(1))
             return True
         if (m := _TITAN_DEVICE.search(text)) is not None:
             self.log.device_name = m.group(1).strip()

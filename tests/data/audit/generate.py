@@ -165,7 +165,11 @@ def titan_log(name: str, shard: int, tp: int, cp: int, seq: int, local: int, cp_
         out += [p + "Starting job: Llama 3 8B training", p + f"Building {sum(x > 1 for x in (shard, cp, tp))}-D device mesh with "
                 f"['dp_shard', 'cp', 'tp'], [{shard}, {cp}, {tp}]", p + "CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory",
                 p + "Building llama3 8B with TransformerModelArgs(_enforced='This field is used to enforce all fields have defaults.', dim=4096, n_layers=32)"]
-    out.append("[rank0]:[titan] 2026-11-30 09:00:10,000 - root - INFO - Training starts at step 1.")
+    p = "[rank0]:[titan] 2026-11-30 09:00:09,000 - root - INFO - "
+    out += [p + "Peak FLOPS used for computing MFU: 9.890e+14",
+            p + f"Trainer is initialized with local batch size {local}, global batch size {local * shard}, gradient "
+            f"accumulation steps 1, sequence length {seq}, total steps 100 (warmup 200).",
+            "[rank0]:[titan] 2026-11-30 09:00:10,000 - root - INFO - Training starts at step 1."]
     for s in [1] + list(range(10, 101, 10)):
         t = step["time_s"] * HOST_OVERHEAD * (1 + NOISE.uniform(-0.015, 0.015)) * (3.0 if s == 1 else 1.0)
         tps = tokens / (t * gpus)
