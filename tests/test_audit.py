@@ -44,9 +44,18 @@ def audit_json(*args: str) -> dict:
 def test_megatron_log_gives_its_arguments_and_steady_intervals() -> None:
     log = parse_log(DATA / "megatron_tp2_cp2_8k.log")
     assert log.framework == "megatron"
-    assert log.config.items() >= {"tp": 2, "cp": 2, "pp": 1, "gpus": 8, "seq": 8192, "global_batch": 16}.items()
+    assert (
+        log.config.items() >= {"tp": 2, "cp": 2, "pp": 1, "gpus": 8, "seq": 8192, "global_batch": 16}.items()
+    )
     assert log.config["recompute"] == "selective" and log.config["cp_scheme"] == "ring"
-    assert log.model_shape == {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336, "head_dim": 128}
+    assert log.model_shape == {
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 32,
+        "kv_heads": 8,
+        "ffn_hidden": 14336,
+        "head_dim": 128,
+    }
     assert len(log.intervals) == 10 and len(log.steady()) == 9  # iteration 10 is warm-up
     assert log.memory_bytes == pytest.approx(46100.0 * 1024**2)
     assert log.skipped > 0  # NCCL INFO and warning lines, counted
@@ -62,7 +71,17 @@ def test_restart_opens_a_segment_whose_first_interval_is_warm_up() -> None:
 def test_torchtitan_log_through_colours_and_rank_prefixes() -> None:
     log = parse_log(DATA / "titan_cp2_16k.log")
     assert log.framework == "torchtitan" and log.model_name == "llama3 8B"
-    assert log.config == {"tp": 1, "cp": 2, "pp": 1, "gpus": 8, "cp_scheme": "allgather", "zero": 3, "global_batch": 4, "seq": 16384, "_local_batch": 1}
+    assert log.config == {
+        "tp": 1,
+        "cp": 2,
+        "pp": 1,
+        "gpus": 8,
+        "cp_scheme": "allgather",
+        "zero": 3,
+        "global_batch": 4,
+        "seq": 16384,
+        "_local_batch": 1,
+    }
     assert log.peak_flops == pytest.approx(989e12)
     assert log.duplicates == 5  # rank 1 repeats every other step
     assert log.ranks == {0, 1, 2, 3}
@@ -76,11 +95,17 @@ def test_torchtitan_toml_names_the_step_flags() -> None:
 
     config, preset = torchtitan_config(tomllib.loads((DATA / "titan_cp2_16k.toml").read_text()))
     assert preset == "llama3-8b"
-    assert config.items() >= {"tp": 1, "cp": 2, "gpus": 8, "seq": 16384, "zero": 3, "cp_scheme": "allgather"}.items()
+    assert (
+        config.items()
+        >= {"tp": 1, "cp": 2, "gpus": 8, "seq": 16384, "zero": 3, "cp_scheme": "allgather"}.items()
+    )
 
 
 def test_megatron_shape_matches_its_preset() -> None:
-    assert match_preset({"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336}) == "llama3-8b"
+    assert (
+        match_preset({"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336})
+        == "llama3-8b"
+    )
     assert match_preset({"layers": 31, "hidden": 4096, "heads": 32}) is None
 
 
@@ -94,7 +119,9 @@ def test_interleaved_and_truncated_lines(tmp_path: Path) -> None:
     text = (DATA / "megatron_tp2_cp2_8k.log").read_text()
     cut = text[: text.rindex("elapsed time per iteration") + 40]  # the last iteration line cut mid-number
     path = tmp_path / "cut.log"
-    path.write_text(cut + "\n[default3]: garbage \x1b[31m line\n" + "x" * 200_000 + "\n" + cut.splitlines()[-1])
+    path.write_text(
+        cut + "\n[default3]: garbage \x1b[31m line\n" + "x" * 200_000 + "\n" + cut.splitlines()[-1]
+    )
     log = parse_log(path)
     assert log.truncated_last_line and log.cut == 1
     # iterations 10..100 once each: the unfinished copy of the last line is another print of 100, not a new one
@@ -107,7 +134,10 @@ def test_interleaved_and_truncated_lines(tmp_path: Path) -> None:
         (b"", "empty file"),
         (b"\x7fELF\x00\x00\x01" + bytes(range(256)) * 40, "binary"),
         (b"hello\nno iterations here\n", "no iteration lines"),
-        (b" [2026-11-21 10:10:00] iteration       10/     500 | consumed samples:    160 | elapsed time per it", "no iteration lines"),
+        (
+            b" [2026-11-21 10:10:00] iteration       10/     500 | consumed samples:    160 | elapsed time per it",
+            "no iteration lines",
+        ),
     ],
     ids=["empty", "binary", "no-iterations", "truncated-mid-line"],
 )
@@ -120,7 +150,9 @@ def test_bad_logs_exit_2_with_one_line(tmp_path: Path, content: bytes, said: str
 
 
 def test_a_log_without_a_stated_batch_names_the_flag(tmp_path: Path) -> None:
-    lines = [line for line in (DATA / "titan_cp2_16k.log").read_text().splitlines() if "Trainer is" not in line]
+    lines = [
+        line for line in (DATA / "titan_cp2_16k.log").read_text().splitlines() if "Trainer is" not in line
+    ]
     path = tmp_path / "run.log"  # no TOML beside it and no trainer line: the sequence and batch are unknown
     path.write_text("\n".join(lines) + "\n")
     code, _, err = cli("audit", path)
@@ -146,13 +178,18 @@ def test_megatron_audit_contract_and_numbers() -> None:
     assert measured["model_tflops_per_gpu"] / predicted["tflops_per_gpu"] == pytest.approx(0.80, rel=0.03)
     # the log's own count is 0.98 of ours (generate.py), within 1.5 % noise
     assert measured["tflops_per_gpu"] / measured["model_tflops_per_gpu"] == pytest.approx(0.98, abs=0.015)
-    assert audit["comparison"]["attribution"]["component"] in ("every compute kernel alike", "matrix multiplies")
+    assert audit["comparison"]["attribution"]["component"] in (
+        "every compute kernel alike",
+        "matrix multiplies",
+    )
 
 
 def test_torchtitan_audit_end_to_end() -> None:
     audit = audit_json(DATA / "titan_cp2_16k.log")["audit"]  # hw from the log's device line, config from TOML
     assert audit["config"]["hw"] == "h100-nvlink" and audit["config"]["cp"] == 2
-    assert audit["measured"]["tflops_per_gpu"] / audit["predicted"]["tflops_per_gpu"] == pytest.approx(0.80, rel=0.03)
+    assert audit["measured"]["tflops_per_gpu"] / audit["predicted"]["tflops_per_gpu"] == pytest.approx(
+        0.80, rel=0.03
+    )
     assert not [f for f in audit["findings"] if f["severity"] == "critical"]
 
 
@@ -161,7 +198,9 @@ def test_torchtitan_log_alone_states_its_run(tmp_path: Path) -> None:
     log.write_text((DATA / "titan_cp2_16k.log").read_text())
     alone, with_toml = audit_json(log)["audit"], audit_json(DATA / "titan_cp2_16k.log")["audit"]
     assert alone["config"] == with_toml["config"]
-    assert alone["predicted"]["step_time_s"] == pytest.approx(with_toml["predicted"]["step_time_s"], rel=1e-12)
+    assert alone["predicted"]["step_time_s"] == pytest.approx(
+        with_toml["predicted"]["step_time_s"], rel=1e-12
+    )
 
 
 def test_over_peak_run_is_flagged_critical() -> None:
@@ -178,7 +217,11 @@ def test_slow_run_names_a_component(tmp_path: Path) -> None:
     import re
 
     slow.write_text(
-        re.sub(r"elapsed time per iteration \(ms\): ([\d.]+)", lambda m: f"elapsed time per iteration (ms): {float(m[1]) * 1.3:.1f}", text)
+        re.sub(
+            r"elapsed time per iteration \(ms\): ([\d.]+)",
+            lambda m: f"elapsed time per iteration (ms): {float(m[1]) * 1.3:.1f}",
+            text,
+        )
     )
     audit = audit_json(slow, "--hw", "h100-nvlink")["audit"]
     below = [f for f in audit["findings"] if f["kind"] == "below-prediction"]
@@ -190,13 +233,25 @@ def test_slow_run_names_a_component(tmp_path: Path) -> None:
 def test_cp_that_cannot_hide_is_flagged() -> None:
     # CP 8 behind TP 2 on h100-ib: every ring hop crosses the 50 GB/s NIC; 1k tokens a rank cannot hide it
     audit = audit_json(
-        DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-ib", "--cp", "8", "--gpus", "16", "--global-batch", "8"
+        DATA / "megatron_tp2_cp2_8k.log",
+        "--hw",
+        "h100-ib",
+        "--cp",
+        "8",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "8",
     )["audit"]
     assert any(f["kind"] == "cp-exposed" for f in audit["findings"])
 
 
 def test_memory_beyond_the_plan_is_flagged(tmp_path: Path) -> None:
-    text = (DATA / "megatron_tp2_cp2_8k.log").read_text().replace("max reserved: 46100.0", "max reserved: 76100.0")
+    text = (
+        (DATA / "megatron_tp2_cp2_8k.log")
+        .read_text()
+        .replace("max reserved: 46100.0", "max reserved: 76100.0")
+    )
     path = tmp_path / "memory.log"
     path.write_text(text)
     audit = audit_json(path, "--hw", "h100-nvlink")["audit"]
@@ -217,7 +272,25 @@ def test_fit_from_several_runs_predicts_the_left_out_one(tmp_path: Path) -> None
     assert fit["left_out_median_abs_error"] < 0.02 and fit["left_out_max_abs_error"] < 0.03
     profile = load_profile(str(out))
     assert profile.source.kind == "measured" and "megatron_tp2_cp2_8k.log" in profile.source.notes
-    code, text, _ = cli("step", "--model", "llama3-8b", "--seq", "8192", "--hw", out, "--gpus", "8", "--tp", "2", "--cp", "2", "--global-batch", "16", "--format", "json")
+    code, text, _ = cli(
+        "step",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "8192",
+        "--hw",
+        out,
+        "--gpus",
+        "8",
+        "--tp",
+        "2",
+        "--cp",
+        "2",
+        "--global-batch",
+        "16",
+        "--format",
+        "json",
+    )
     assert code == 0
     measured = document["audits"][1]["measured"]["step_time_s"]["median"]  # megatron_tp2_cp2_8k
     assert json.loads(text)["step"]["time_s"] == pytest.approx(measured, rel=0.02)
@@ -234,7 +307,13 @@ def test_fit_from_one_run_fits_compute_alone(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("collective", "ranks", "factor"),
-    [("all_reduce", 8, 1.75), ("all_gather", 8, 0.875), ("reduce_scatter", 16, 0.9375), ("alltoall", 8, 0.875), ("sendrecv", 8, 1.0)],
+    [
+        ("all_reduce", 8, 1.75),
+        ("all_gather", 8, 0.875),
+        ("reduce_scatter", 16, 0.9375),
+        ("alltoall", 8, 0.875),
+        ("sendrecv", 8, 1.0),
+    ],
 )
 def test_bus_bandwidth_factors_of_nccl_tests(collective: str, ranks: int, factor: float) -> None:
     assert bus_factor(collective, ranks) == pytest.approx(factor, rel=1e-12)
@@ -249,9 +328,16 @@ def test_bus_bandwidth_factors_of_nccl_tests(collective: str, ranks: int, factor
         ("nccl_2node_all_gather_perf.txt", "all_gather", 16, 2, 30e-6, 42e9),
     ],
 )
-def test_nccl_tables_fit_their_alpha_and_bus_bandwidth(name: str, collective: str, ranks: int, hosts: int, alpha: float, busbw: float) -> None:
+def test_nccl_tables_fit_their_alpha_and_bus_bandwidth(
+    name: str, collective: str, ranks: int, hosts: int, alpha: float, busbw: float
+) -> None:
     table = parse_table(str(DATA / name))
-    assert (table.collective, table.ranks, len(table.hosts), len(table.rows)) == (collective, ranks, hosts, 31)
+    assert (table.collective, table.ranks, len(table.hosts), len(table.rows)) == (
+        collective,
+        ranks,
+        hosts,
+        31,
+    )
     fit = fit_table(table)
     assert fit.bandwidth == pytest.approx(busbw, rel=0.02)  # ±2 % noise in the table
     assert fit.latency_s == pytest.approx(alpha, rel=0.05)
@@ -260,16 +346,25 @@ def test_nccl_tables_fit_their_alpha_and_bus_bandwidth(name: str, collective: st
 def test_from_nccl_tests_writes_a_profile_cp_plan_uses(tmp_path: Path) -> None:
     out = tmp_path / "measured.yaml"
     files = sorted(DATA.glob("nccl_*.txt"))
-    code, text, err = cli("hw", "from-nccl-tests", *files, "--base", "h100-nvlink", "--out", out, "--format", "json")
+    code, text, err = cli(
+        "hw", "from-nccl-tests", *files, "--base", "h100-nvlink", "--out", out, "--format", "json"
+    )
     assert code == 0, err
     fits = json.loads(text)["fits"]
-    assert {(f["collective"], f["scope"]) for f in fits} >= {("sendrecv", "intra-node"), ("sendrecv", "inter-node")}
+    assert {(f["collective"], f["scope"]) for f in fits} >= {
+        ("sendrecv", "intra-node"),
+        ("sendrecv", "inter-node"),
+    }
     profile = load_profile(str(out))
     intra, inter = profile.links.intra_node, profile.links.inter_node
     assert intra.bandwidth_per_direction == pytest.approx(330e9, rel=0.02)  # sendrecv preferred
     assert inter is not None and inter.bandwidth_per_direction == pytest.approx(45e9, rel=0.02)
-    assert inter.alltoall is not None and inter.alltoall.bandwidth_per_direction == pytest.approx(38e9, rel=0.02)
-    assert "nccl_2node_sendrecv_perf.txt" in profile.source.notes and profile.source.host == "node001, node002"
+    assert inter.alltoall is not None and inter.alltoall.bandwidth_per_direction == pytest.approx(
+        38e9, rel=0.02
+    )
+    assert (
+        "nccl_2node_sendrecv_perf.txt" in profile.source.notes and profile.source.host == "node001, node002"
+    )
     assert profile.kernels == load_profile("h100-nvlink").kernels
     code, report, _ = cli("--hw", out, "--seq", "131072", "--n", "16", "--format", "json")
     assert code == 0
@@ -288,10 +383,23 @@ def test_nccl_single_node_only_keeps_the_base_inter_node_link(tmp_path: Path) ->
 
 @pytest.mark.parametrize(
     ("content", "said"),
-    [(b"", "empty"), (b"# nThread 1 nGpus 8\njust words\n", "cannot tell which collective"), (b"\x00\x01\x02" * 100, "binary")],
+    [
+        (b"", "empty"),
+        (b"# nThread 1 nGpus 8\njust words\n", "cannot tell which collective"),
+        (b"\x00\x01\x02" * 100, "binary"),
+    ],
 )
 def test_bad_nccl_tables_exit_2(tmp_path: Path, content: bytes, said: str) -> None:
     path = tmp_path / "out.txt"
     path.write_bytes(content)
     code, _, err = cli("hw", "from-nccl-tests", path)
     assert code == 2 and said in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_with_a_critical_finding_is_not_fitted(tmp_path: Path) -> None:
+    over = str(DATA / "titan_cp4_over_peak.log")
+    fit = audit_json(*MEGATRON, over, "--hw", "h100-nvlink", "--fit-profile", tmp_path / "f.yaml")["fit"]
+    assert fit["left_out_runs"] == ["titan_cp4_over_peak.log"] and len(fit["runs"]) == len(MEGATRON)
+    assert fit["left_out_median_abs_error"] < 0.02
+    code, _, err = cli("audit", over, "--fit-profile", tmp_path / "g.yaml")
+    assert code == 2 and "critical" in err

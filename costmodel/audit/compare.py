@@ -42,7 +42,13 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "optimizer step": (-0.5, 2.0),
 }
 # Kernels that slow down together (clocks, power capping, a slower library build) and by how much.
-COMPUTE_KERNELS = ("matrix multiplies", "attention", "elementwise (memory-bound)", "recompute", "output layer and loss")
+COMPUTE_KERNELS = (
+    "matrix multiplies",
+    "attention",
+    "elementwise (memory-bound)",
+    "recompute",
+    "output layer and loss",
+)
 COMPUTE_TOGETHER = (-0.15, 1.0)  # a power-capped or mis-built cluster at half the published rates
 TOLERANCE = 0.10  # |measured / predicted - 1| within which the model is taken to agree
 FAR_BELOW = 0.25  # measured step this much slower than predicted: a warning
@@ -69,11 +75,17 @@ def _unhidden(built: dict[str, Any], hidden: dict[str, float]) -> dict[str, floa
     return {k: max(0.0, bare[k] - hidden[k]) for k in hidden}
 
 
-def attribute(difference_s: float, breakdown: dict[str, float], unhidden: dict[str, float], time_s: float) -> dict[str, Any]:
+def attribute(
+    difference_s: float, breakdown: dict[str, float], unhidden: dict[str, float], time_s: float
+) -> dict[str, Any]:
     """The component whose plausible range covers ``difference_s`` (measured - predicted) with the least of
     it used; every covering component listed."""
     if abs(difference_s) <= TOLERANCE * time_s:
-        return {"component": None, "explanation": f"within the model's {TOLERANCE:.0%} tolerance", "candidates": []}
+        return {
+            "component": None,
+            "explanation": f"within the model's {TOLERANCE:.0%} tolerance",
+            "candidates": [],
+        }
     candidates = []
     for name, seconds in breakdown.items():
         low, high = PLAUSIBLE.get(name, (-0.5, 1.0))
@@ -84,7 +96,11 @@ def attribute(difference_s: float, breakdown: dict[str, float], unhidden: dict[s
     together = compute * (COMPUTE_TOGETHER[1] if difference_s > 0 else COMPUTE_TOGETHER[0])
     if together and 0 < difference_s / together <= 1.0:
         candidates.append(
-            {"component": "every compute kernel alike", "share_of_range": difference_s / together, "range_s": together}
+            {
+                "component": "every compute kernel alike",
+                "share_of_range": difference_s / together,
+                "range_s": together,
+            }
         )
     candidates.sort(key=lambda c: c["share_of_range"])
     if candidates:
@@ -146,7 +162,14 @@ def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -
 
 
 def findings(
-    log: ParsedLog, measured: dict[str, Any], predicted: dict[str, Any], attribution: dict[str, Any], peak: float, memory: dict[str, float], cp: int, scheme: str
+    log: ParsedLog,
+    measured: dict[str, Any],
+    predicted: dict[str, Any],
+    attribution: dict[str, Any],
+    peak: float,
+    memory: dict[str, float],
+    cp: int,
+    scheme: str,
 ) -> list[dict[str, str]]:
     """What a reader must know, most severe first: critical (the numbers cannot be right), warning
     (something costs time or memory), info (how the log was read)."""
@@ -203,7 +226,11 @@ def findings(
                 "un-recomputed activations, communication buffers)",
             )
         if not memory["fits"]:
-            add("warning", "memory", f"the plan says this configuration does not fit ({planned / 1e9:.1f} GB of {hbm / 1e9:.1f} GB usable)")
+            add(
+                "warning",
+                "memory",
+                f"the plan says this configuration does not fit ({planned / 1e9:.1f} GB of {hbm / 1e9:.1f} GB usable)",
+            )
     share = step["breakdown"].get("exposed CP comm", 0.0) / step["time_s"]
     if cp > 1 and share > CP_EXPOSED_SHARE:
         add(
@@ -230,7 +257,11 @@ def findings(
         )
     spread = measured["step_time_s"]["spread"]
     if spread > 0.10:
-        add("info", "noisy", f"step times spread {spread:.0%} (interquartile range / median) over the steady intervals")
+        add(
+            "info",
+            "noisy",
+            f"step times spread {spread:.0%} (interquartile range / median) over the steady intervals",
+        )
     read = f"{log.lines} lines: {len(log.intervals)} intervals, {log.skipped} other lines skipped"
     extras = [
         (log.restarts, f"{log.restarts} restart(s), each segment's first interval left out as warm-up"),
@@ -273,5 +304,7 @@ def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
             "difference_s": difference,
             "attribution": attribution,
         },
-        "findings": findings(log, measured, predicted, attribution, peak, memory, inputs.n, built["step"].cp_scheme),
+        "findings": findings(
+            log, measured, predicted, attribution, peak, memory, inputs.n, built["step"].cp_scheme
+        ),
     }

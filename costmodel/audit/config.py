@@ -48,7 +48,10 @@ def torchtitan_config(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]
         "pp": par.get("pipeline_parallel_degree", 1),
     }
     out.update({k: int(v) for k, v in degrees.items()})
-    shard, replicate = int(par.get("data_parallel_shard_degree", -1)), int(par.get("data_parallel_replicate_degree", 1))
+    shard, replicate = (
+        int(par.get("data_parallel_shard_degree", -1)),
+        int(par.get("data_parallel_replicate_degree", 1)),
+    )
     out["zero"] = 3  # FSDP2 shards parameters, gradients and optimizer states
     if shard > 0:
         out["gpus"] = shard * replicate * out["tp"] * out["cp"] * out["pp"]
@@ -84,7 +87,9 @@ def megatron_flags(path: str, field: str) -> tuple[dict[str, Any], dict[str, int
             try:
                 config[flag] = convert(given[name])
             except ValueError:
-                raise InputError(field, f"{path}: --{name.replace('_', '-')} {given[name]!r} is not valid") from None
+                raise InputError(
+                    field, f"{path}: --{name.replace('_', '-')} {given[name]!r} is not valid"
+                ) from None
     for name, key in _MEGATRON_SHAPE.items():
         if given.get(name, "").isdigit():
             shape[key] = int(given[name])
@@ -136,8 +141,12 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
     values.update({k: v for k, v in given.items() if v is not None})
     if not values.get("model"):
         if preset is None or preset not in builtin_models():
-            shape = ", ".join(f"{k} {v}" for k, v in log.model_shape.items()) or log.model_name or "not printed"
-            raise InputError("--model", f"the log's model ({shape}) matches no preset; name one, e.g. --model llama3-8b")
+            shape = (
+                ", ".join(f"{k} {v}" for k, v in log.model_shape.items()) or log.model_name or "not printed"
+            )
+            raise InputError(
+                "--model", f"the log's model ({shape}) matches no preset; name one, e.g. --model llama3-8b"
+            )
         values["model"] = preset
     if not values.get("hw"):
         values["hw"] = _profile_for(log.device_name)
@@ -159,7 +168,9 @@ def _profile_for(device: str | None) -> str:
     if device:
         for name in builtin_names():
             chip = name.split("-")[0]
-            if re.search(rf"\b{re.escape(chip)}\b", device, re.IGNORECASE) and name.endswith(("-nvlink", "-xgmi")):
+            if re.search(rf"\b{re.escape(chip)}\b", device, re.IGNORECASE) and name.endswith(
+                ("-nvlink", "-xgmi")
+            ):
                 return name
     said = f"names {device!r}, which no built-in profile matches" if device else "does not name the device"
     raise InputError("--hw", f"the log {said}; give --hw, e.g. --hw h100-nvlink or a profile YAML")

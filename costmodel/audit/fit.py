@@ -76,7 +76,9 @@ def predict(run: Run, profile: HardwareProfile | None = None) -> dict[str, Any]:
     """The step model for ``run``, on its own profile or on ``profile``."""
     inputs, setup, step, machine = build_step(**run.values)
     if profile is not None:
-        machine = Machine(profile.model_copy(update={"cp_ranks_per_node": None}), machine.dtype, machine.efficiency)
+        machine = Machine(
+            profile.model_copy(update={"cp_ranks_per_node": None}), machine.dtype, machine.efficiency
+        )
     return evaluate_step(inputs, setup, step, machine)["step"]
 
 

@@ -118,7 +118,9 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
             f"no name in the file name); accepted: {', '.join(c + '_perf' for c in COLLECTIVES)}",
         )
     if not rows:
-        raise InputError(field_name, f"{path}: no rows of an nccl-tests table (size count type ... time algbw busbw)")
+        raise InputError(
+            field_name, f"{path}: no rows of an nccl-tests table (size count type ... time algbw busbw)"
+        )
     count = len(ranks) or threads_gpus or 0
     if count < 2:
         raise InputError(field_name, f"{path}: {count or 'unknown'} ranks; a link needs at least 2")
@@ -131,7 +133,9 @@ def fit_table(table: Table) -> LinkFit:
         {
             "bytes": r["bytes"],
             "seconds": r["out_of_place_s"],
-            "spread": abs(r["in_place_s"] - r["out_of_place_s"]) / r["out_of_place_s"] if r["in_place_s"] else 0.0,
+            "spread": abs(r["in_place_s"] - r["out_of_place_s"]) / r["out_of_place_s"]
+            if r["in_place_s"]
+            else 0.0,
         }
         for r in table.rows
     ]
@@ -199,7 +203,10 @@ def measured_profile(
             ),
         }
         if a2a is not None:
-            link["alltoall"] = {"bandwidth_per_direction": a2a["bus_bandwidth"], "latency_s": a2a["latency_s"]}
+            link["alltoall"] = {
+                "bandwidth_per_direction": a2a["bus_bandwidth"],
+                "latency_s": a2a["latency_s"],
+            }
         data["links"][key] = link
         said.append(f"{scope} from {chosen['collective']}_perf")
     if not said:

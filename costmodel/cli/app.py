@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli import kernel as kernel_cli
 from costmodel.cli import audit, plan_file, planning, step
+from costmodel.cli import kernel as kernel_cli
 from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import Format, FormatOpt, console, declared
 from costmodel.cli.timeline import TimelineOpt

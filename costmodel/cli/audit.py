@@ -18,7 +18,9 @@ from costmodel.cli.options import console
 from costmodel.cli.planning import DataFormat
 from costmodel.core.errors import InputError
 
-LogsArg = Annotated[list[str], typer.Argument(help="Training logs of Megatron-LM or torchtitan.", show_default=False)]
+LogsArg = Annotated[
+    list[str], typer.Argument(help="Training logs of Megatron-LM or torchtitan.", show_default=False)
+]
 
 
 def _option(help: str) -> Any:
@@ -85,7 +87,7 @@ def audit_cmd(
         "recompute": recompute,
         "cp_scheme": cp_scheme,
     }
-    results, runs = [], []
+    results, runs, left_out = [], [], []
     for index, path in enumerate(logs):
         log = parse_log(path)
         sibling = Path(path).with_suffix(".toml")
@@ -93,8 +95,17 @@ def audit_cmd(
         values = resolve(log, given, file)
         result = audit(log, values)
         results.append(result)
-        runs.append((Path(path).name, values, result["measured"]["step_time_s"]["median"]))
-    fit = _fit(runs, fit_profile) if fit_profile is not None else None
+        if any(f["severity"] == "critical" for f in result["findings"]):
+            left_out.append(
+                Path(path).name
+            )  # its numbers cannot be right: it would teach the profile nonsense
+        else:
+            runs.append((Path(path).name, values, result["measured"]["step_time_s"]["median"]))
+    fit = None
+    if fit_profile is not None:
+        if not runs:
+            raise InputError("--fit-profile", "every log has a critical finding; none can be fitted to")
+        fit = _fit(runs, fit_profile) | {"left_out_runs": left_out}
     document: dict[str, Any] = {"audit": results[0]} if len(results) == 1 else {"audits": results}
     if len(results) > 1:
         document["audit"] = results[0]
@@ -107,8 +118,10 @@ def audit_cmd(
 
         sys.stdout.write(yaml.safe_dump(json.loads(json.dumps(document, default=str)), sort_keys=False))
     else:
-        for result in results:
-            _table(result)
+        if len(results) == 1:
+            _table(results[0])
+        else:
+            _summary(results)
         if fit is not None:
             _fit_table(fit)
 
@@ -121,12 +134,19 @@ def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, A
 
     profiles = {values["hw"] for _, values, _ in runs}
     if len(profiles) > 1:
-        raise InputError("--fit-profile", f"the logs name several profiles ({', '.join(sorted(profiles))}); fit one --hw at a time")
+        raise InputError(
+            "--fit-profile",
+            f"the logs name several profiles ({', '.join(sorted(profiles))}); fit one --hw at a time",
+        )
     base = load_profile(profiles.pop())
     result = calibrate([Run(label, values, seconds) for label, values, seconds in runs], base)
     name = Path(out).stem
     profile = fitted_profile(result, base, name, datetime.date.today().isoformat())
-    atomic_write_text(out, profile_yaml(profile).replace("measured with nccl-tests", "fitted to training logs"), "--fit-profile")
+    atomic_write_text(
+        out,
+        profile_yaml(profile).replace("measured with nccl-tests", "fitted to training logs"),
+        "--fit-profile",
+    )
     return {k: v for k, v in result.items() if k != "profile"} | {"written": out, "base": base.name}
 
 
@@ -162,12 +182,40 @@ def _table(result: dict[str, Any]) -> None:
         table.add_row("TFLOP/s per GPU (log)", f"{m['tflops_per_gpu']:.0f}", "", "")
     table.add_row("MFU", f"{m['mfu']:.1%}", f"{p['mfu']:.1%}", "")
     if m["memory_bytes"] is not None:
-        table.add_row("peak memory", f"{m['memory_bytes'] / 1e9:.1f} GB", f"{p['memory_bytes'] / 1e9:.1f} GB", "")
+        table.add_row(
+            "peak memory", f"{m['memory_bytes'] / 1e9:.1f} GB", f"{p['memory_bytes'] / 1e9:.1f} GB", ""
+        )
     screen.print(table)
     screen.print(f"difference: {result['comparison']['attribution']['explanation']}")
     for finding in result["findings"]:
         screen.print(f"  {finding['severity']:<8} {finding['message']}")
     screen.print()
+
+
+def _summary(results: list[dict[str, Any]]) -> None:
+    """One row per log: measured and predicted step, their ratio, and the most severe finding."""
+    from rich import box
+    from rich.table import Table
+
+    from costmodel.core.units import seconds
+
+    table = Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, caption="cp-plan audit LOG for one run in full"
+    )
+    table.add_column("log", no_wrap=True, max_width=28)
+    for column in ("measured", "predicted", "ratio", "most severe finding"):
+        table.add_column(column, justify="right" if column in ("measured", "predicted", "ratio") else "left")
+    for result in results:
+        time = result["measured"]["step_time_s"]["median"]
+        worst = result["findings"][0]
+        table.add_row(
+            Path(result["log"]).name,
+            seconds(time),
+            seconds(result["predicted"]["step_time_s"]),
+            f"{time / result['predicted']['step_time_s']:.2f}",
+            "-" if worst["kind"] == "read" else f"{worst['severity']} {worst['kind']}",
+        )
+    console().print(table)
 
 
 def _fit_table(fit: dict[str, Any]) -> None:
@@ -187,9 +235,15 @@ def _fit_table(fit: dict[str, Any]) -> None:
     for row in fit["runs"]:
         left = f"{row['left_out_error']:+.1%}" if "left_out_error" in row else "-"
         table.add_row(
-            row["run"], seconds(row["measured_s"]), f"{row['base_error']:+.1%}", f"{row['fitted_error']:+.1%}", left
+            row["run"],
+            seconds(row["measured_s"]),
+            f"{row['base_error']:+.1%}",
+            f"{row['fitted_error']:+.1%}",
+            left,
         )
     screen.print(table)
+    if fit["left_out_runs"]:
+        screen.print(f"not fitted (a critical finding): {', '.join(fit['left_out_runs'])}")
     loo = fit["left_out_median_abs_error"]
     screen.print(
         f"median |error|: base {fit['base_median_abs_error']:.1%}, fitted {fit['fitted_median_abs_error']:.1%}"
@@ -198,9 +252,16 @@ def _fit_table(fit: dict[str, Any]) -> None:
 
 
 def from_nccl_tests(
-    files: Annotated[list[str], typer.Argument(help="Outputs of nccl-tests' *_perf binaries.", show_default=False)],
-    base: Annotated[str, typer.Option("--base", help="Profile whose device and kernel tables are kept.")] = "h100-nvlink",
-    out: Annotated[Optional[str], typer.Option("--out", help="Write the measured profile here (YAML).", show_default=False)] = None,
+    files: Annotated[
+        list[str], typer.Argument(help="Outputs of nccl-tests' *_perf binaries.", show_default=False)
+    ],
+    base: Annotated[
+        str, typer.Option("--base", help="Profile whose device and kernel tables are kept.")
+    ] = "h100-nvlink",
+    out: Annotated[
+        Optional[str],
+        typer.Option("--out", help="Write the measured profile here (YAML).", show_default=False),
+    ] = None,
     format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
 ) -> None:
     """Fit α and bus bandwidth per collective and scope to nccl-tests outputs (all_reduce, all_gather,

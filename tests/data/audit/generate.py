@@ -80,9 +80,12 @@ def megatron_log(name: str, cfg: dict, restart_at: int | None = None) -> None:
     ours = evaluate_step(inputs, setup, stp, machine)["step"]
     flops_per_step = ours["model_tflops_per_gpu"] * ours["time_s"]  # TFLOP per GPU per step
     base = step["time_s"] * HOST_OVERHEAD
-    out = ["WARNING: one_logger package is required to enable e2e metrics tracking.", "using world size: "
-           f"{cfg['gpus']}, data-parallel size: {cfg['gpus'] // (cfg['tp'] * cfg['cp'])}, context-parallel size: "
-           f"{cfg['cp']}, tensor-model-parallel size: {cfg['tp']}, pipeline-model-parallel size: 1"]
+    out = [
+        "WARNING: one_logger package is required to enable e2e metrics tracking.",
+        "using world size: "
+        f"{cfg['gpus']}, data-parallel size: {cfg['gpus'] // (cfg['tp'] * cfg['cp'])}, context-parallel size: "
+        f"{cfg['cp']}, tensor-model-parallel size: {cfg['tp']}, pipeline-model-parallel size: 1",
+    ]
     out += megatron_args(cfg)
     out += ["> initializing torch distributed ...", "[default1]:NCCL INFO Bootstrap : Using eth0:10.0.0.2<0>"]
 
@@ -105,7 +108,9 @@ def megatron_log(name: str, cfg: dict, restart_at: int | None = None) -> None:
                     f"[default0]:[Rank 0] (after {it} iterations) memory (MB) | allocated: 30000.1 | max allocated: "
                     f"41234.5 | reserved: 45000.0 | max reserved: 46100.0"
                 )
-            out.append(f"[default{NOISE.randrange(cfg['gpus'])}]:NCCL INFO comm 0x5555 rank 3 nranks 8 - Init COMPLETE")
+            out.append(
+                f"[default{NOISE.randrange(cfg['gpus'])}]:NCCL INFO comm 0x5555 rank 3 nranks 8 - Init COMPLETE"
+            )
 
     iterations(10, restart_at or 100, 1)
     if restart_at:
@@ -140,14 +145,32 @@ pipeline_parallel_degree = 1
 [activation_checkpoint]
 mode = "selective"
 """
-COLOURS = {"red": "\x1b[31m", "green": "\x1b[32m", "orange": "\x1b[33m", "turquoise": "\x1b[36m", "blue": "\x1b[34m",
-           "cyan": "\x1b[36m", "magenta": "\x1b[35m", "reset": "\x1b[39m"}
+COLOURS = {
+    "red": "\x1b[31m",
+    "green": "\x1b[32m",
+    "orange": "\x1b[33m",
+    "turquoise": "\x1b[36m",
+    "blue": "\x1b[34m",
+    "cyan": "\x1b[36m",
+    "magenta": "\x1b[35m",
+    "reset": "\x1b[39m",
+}
 
 
-def titan_log(name: str, shard: int, tp: int, cp: int, seq: int, local: int, cp_inactive: bool = False) -> None:
+def titan_log(
+    name: str, shard: int, tp: int, cp: int, seq: int, local: int, cp_inactive: bool = False
+) -> None:
     gpus = shard * tp * cp
-    values = {"model": "llama3-8b", "hw": "h100-nvlink", "gpus": gpus, "tp": tp, "cp": cp, "seq": seq,
-              "global_batch": local * shard, "cp_scheme": "allgather"}
+    values = {
+        "model": "llama3-8b",
+        "hw": "h100-nvlink",
+        "gpus": gpus,
+        "tp": tp,
+        "cp": cp,
+        "seq": seq,
+        "global_batch": local * shard,
+        "cp_scheme": "allgather",
+    }
     step = true_step(values)
     if cp_inactive:  # CP silently off: each rank attends only within its own chunk, nothing is exchanged
         skipped = ("attention", "exposed CP comm", "CP ring overheads (merge, copies, launches)", "recompute")
@@ -157,19 +180,29 @@ def titan_log(name: str, shard: int, tp: int, cp: int, seq: int, local: int, cp_
     ours = evaluate_step(inputs, setup, stp, machine)["step"]
     flop_per_token = ours["model_tflops_per_gpu"] * 1e12 / ours["tokens_per_s_per_gpu"]
     tokens = local * shard * seq
-    (HERE / f"{name}.toml").write_text(TITAN_TOML.format(local=local, seq=seq, shard=shard, tp=tp, cp=cp), encoding="utf-8")
+    (HERE / f"{name}.toml").write_text(
+        TITAN_TOML.format(local=local, seq=seq, shard=shard, tp=tp, cp=cp), encoding="utf-8"
+    )
     c = COLOURS
     out = []
     for rank in range(min(gpus, 4)):
         p = f"[rank{rank}]:[titan] 2026-11-30 09:00:0{rank},000 - root - INFO - "
-        out += [p + "Starting job: Llama 3 8B training", p + f"Building {sum(x > 1 for x in (shard, cp, tp))}-D device mesh with "
-                f"['dp_shard', 'cp', 'tp'], [{shard}, {cp}, {tp}]", p + "CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory",
-                p + "Building llama3 8B with TransformerModelArgs(_enforced='This field is used to enforce all fields have defaults.', dim=4096, n_layers=32)"]
+        out += [
+            p + "Starting job: Llama 3 8B training",
+            p + f"Building {sum(x > 1 for x in (shard, cp, tp))}-D device mesh with "
+            f"['dp_shard', 'cp', 'tp'], [{shard}, {cp}, {tp}]",
+            p + "CUDA capacity: NVIDIA H100 80GB HBM3 with 79.19GiB memory",
+            p
+            + "Building llama3 8B with TransformerModelArgs(_enforced='This field is used to enforce all fields have defaults.', dim=4096, n_layers=32)",
+        ]
     p = "[rank0]:[titan] 2026-11-30 09:00:09,000 - root - INFO - "
-    out += [p + "Peak FLOPS used for computing MFU: 9.890e+14",
-            p + f"Trainer is initialized with local batch size {local}, global batch size {local * shard}, gradient "
-            f"accumulation steps 1, sequence length {seq}, total steps 100 (warmup 200).",
-            "[rank0]:[titan] 2026-11-30 09:00:10,000 - root - INFO - Training starts at step 1."]
+    out += [
+        p + "Peak FLOPS used for computing MFU: 9.890e+14",
+        p
+        + f"Trainer is initialized with local batch size {local}, global batch size {local * shard}, gradient "
+        f"accumulation steps 1, sequence length {seq}, total steps 100 (warmup 200).",
+        "[rank0]:[titan] 2026-11-30 09:00:10,000 - root - INFO - Training starts at step 1.",
+    ]
     for s in [1] + list(range(10, 101, 10)):
         t = step["time_s"] * HOST_OVERHEAD * (1 + NOISE.uniform(-0.015, 0.015)) * (3.0 if s == 1 else 1.0)
         tps = tokens / (t * gpus)
@@ -188,16 +221,24 @@ def titan_log(name: str, shard: int, tp: int, cp: int, seq: int, local: int, cp_
 def nccl(name: str, collective: str, ranks: int, hosts: list[str], alpha: float, busbw: float) -> None:
     factor = {"all_reduce": 2 * (ranks - 1) / ranks, "sendrecv": 1.0}.get(collective, (ranks - 1) / ranks)
     redop = "sum" if collective in ("all_reduce", "reduce_scatter") else "none"
-    lines = ["# nccl-tests version 2.17.6 nccl-headers=22602 nccl-library=22602",
-             f"# Collective test starting: {collective}_perf",
-             "# nThread 1 nGpus 1 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0",
-             "#", "# Using devices"]
+    lines = [
+        "# nccl-tests version 2.17.6 nccl-headers=22602 nccl-library=22602",
+        f"# Collective test starting: {collective}_perf",
+        "# nThread 1 nGpus 1 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0",
+        "#",
+        "# Using devices",
+    ]
     per = ranks // len(hosts)
     for r in range(ranks):
-        lines.append(f"#  Rank {r:2d} Group  0 Pid {4000 + r:6d} on {hosts[r // per]:>10} device {r % per:2d} [0000:{r:02x}:00] NVIDIA H100 80GB HBM3")
-    lines += ["#", "#                                                              out-of-place                       in-place          ",
-              "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-              "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       "]
+        lines.append(
+            f"#  Rank {r:2d} Group  0 Pid {4000 + r:6d} on {hosts[r // per]:>10} device {r % per:2d} [0000:{r:02x}:00] NVIDIA H100 80GB HBM3"
+        )
+    lines += [
+        "#",
+        "#                                                              out-of-place                       in-place          ",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ",
+    ]
     size = 8
     while size <= 8 * 1024**3:
         row = f"{size:12d}  {size // 4:12d}     float  {redop:>6}      -1"
