@@ -57,7 +57,8 @@ def test_megatron_log_gives_its_arguments_and_steady_intervals() -> None:
         "head_dim": 128,
     }
     assert len(log.intervals) == 10 and len(log.steady()) == 9  # iteration 10 is warm-up
-    assert log.memory_bytes == pytest.approx(46100.0 * 1024**2)
+    # the plan's fit and 8 % more, printed in MB
+    assert log.memory_bytes == pytest.approx(46.4e9 * 1.08, rel=0.01)
     assert log.skipped > 0  # NCCL INFO and warning lines, counted
 
 
@@ -87,7 +88,7 @@ def test_torchtitan_log_through_colours_and_rank_prefixes() -> None:
     assert log.ranks == {0, 1, 2, 3}
     first = log.steady()[0]
     assert first.iteration == 10 and first.mfu is not None and 0.4 < first.mfu < 0.7
-    assert log.memory_bytes == pytest.approx(52.31 * 1024**3)
+    assert log.memory_bytes == pytest.approx(59.2e9 * 1.08, rel=0.01)  # the plan's fit and 8 %, in GiB
 
 
 def test_torchtitan_toml_names_the_step_flags() -> None:
@@ -212,7 +213,7 @@ def test_over_peak_run_is_flagged_critical() -> None:
 
 
 def test_slow_run_names_a_component(tmp_path: Path) -> None:
-    text = (DATA / "megatron_tp1_cp4_32k.log").read_text()
+    text = (DATA / "megatron_tp2_cp4_32k.log").read_text()
     slow = tmp_path / "slow.log"  # every step 1.3x longer: far below the prediction
     import re
 
@@ -247,10 +248,10 @@ def test_cp_that_cannot_hide_is_flagged() -> None:
 
 
 def test_memory_beyond_the_plan_is_flagged(tmp_path: Path) -> None:
-    text = (
-        (DATA / "megatron_tp2_cp2_8k.log")
-        .read_text()
-        .replace("max reserved: 46100.0", "max reserved: 76100.0")
+    import re
+
+    text = re.sub(
+        r"max reserved: [\d.]+", "max reserved: 76100.0", (DATA / "megatron_tp2_cp2_8k.log").read_text()
     )
     path = tmp_path / "memory.log"
     path.write_text(text)

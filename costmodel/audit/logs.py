@@ -2,14 +2,14 @@
 
 What each framework prints, and where:
 
-- Megatron-LM, ``megatron/training/training.py`` ``training_log()``: one line per logging interval,
+- Megatron-LM [Megatron-LM], ``megatron/training/training.py`` ``training_log()``: one line per logging interval,
   ``[date] iteration  N/ T | consumed samples: ... | elapsed time per iteration (ms): X |
   throughput per GPU (TFLOP/s/GPU): Y | learning rate: ... | global batch size: G | lm loss: ... |``
   (printed by the last rank); ``megatron/training/utils.py`` ``report_memory()``: ``[Rank r] (after N
   iterations) memory (MB) | allocated: ... | max allocated: ... | reserved: ... | max reserved: ...``;
   ``megatron/training/arguments.py`` ``_print_args()``: the run's arguments between
   ``---- arguments ----`` and ``---- end of arguments ----``, one ``  name ..... value`` a line.
-- torchtitan, ``torchtitan/components/metrics.py`` ``MetricsProcessor.log()``: ``step: N  loss: L
+- torchtitan [torchtitan-code], ``torchtitan/components/metrics.py`` ``MetricsProcessor.log()``: ``step: N  loss: L
   grad_norm: g  memory: M GiB(P%)  tps: T  tflops: F  mfu: U%`` (in ANSI colours, behind the
   ``[titan] date - root - INFO -`` logger prefix and torchrun's ``[rankR]:``); ``torchtitan/train.py``
   ``Trainer``: ``Training starts at step N``, ``Building 2-D device mesh with [names], [sizes]`` and

@@ -1,6 +1,6 @@
 """nccl-tests tables read back and fitted: α and B per collective and scope, and a profile whose links are measured.
 
-The table is the one ``src/common.cu`` of NVIDIA/nccl-tests prints: ``# Collective test starting: NAME``,
+The table is the one ``src/common.cu`` of nccl-tests prints [nccl-tests]: ``# Collective test starting: NAME``,
 ``# nThread ... nGpus ...``, one ``#  Rank  r Group g Pid p on HOST device d ...`` line per rank, then per
 message size ``size count type redop root | time algbw busbw #wrong`` out of place, then the same in place
 (older versions have no ``root`` column; ``#wrong`` reads ``N/A`` without validation). Time is in µs,

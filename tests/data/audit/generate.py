@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from costmodel.audit.compare import _memory_fit
+from costmodel.audit.compare import predict as predict_with_inputs
 from costmodel.audit.fit import Run, predict, scaled_profile
 from costmodel.machines.profiles import load_profile
 from costmodel.training.step import build_step, evaluate_step
@@ -22,7 +24,7 @@ TRUE = scaled_profile(load_profile("h100-nvlink"), TRUE_COMPUTE, TRUE_COMM)
 
 MEGATRON_RUNS = {
     "megatron_tp2_cp2_8k": dict(gpus=8, tp=2, cp=2, seq=8192, global_batch=16, cp_comm="p2p"),
-    "megatron_tp1_cp4_32k": dict(gpus=8, tp=1, cp=4, seq=32768, global_batch=8, cp_comm="p2p"),
+    "megatron_tp2_cp4_32k": dict(gpus=8, tp=2, cp=4, seq=32768, global_batch=8, cp_comm="p2p"),
     "megatron_tp2_cp8_128k": dict(gpus=16, tp=2, cp=8, seq=131072, global_batch=2, cp_comm="p2p"),
     "megatron_tp4_cp1_4k_full": dict(gpus=8, tp=4, cp=1, seq=4096, global_batch=64, recompute="full"),
 }
@@ -30,6 +32,11 @@ MEGATRON_RUNS = {
 
 def true_step(values: dict) -> dict:
     return predict(Run("truth", values, 1.0), TRUE)
+
+
+def reserved_bytes(values: dict) -> float:
+    """What the allocator holds at peak: the plan's fit and 8 % more (caching, fragmentation)."""
+    return _memory_fit(predict_with_inputs(values)[1])["total_bytes"] * 1.08
 
 
 def megatron_args(cfg: dict) -> list[str]:
@@ -80,6 +87,7 @@ def megatron_log(name: str, cfg: dict, restart_at: int | None = None) -> None:
     ours = evaluate_step(inputs, setup, stp, machine)["step"]
     flops_per_step = ours["model_tflops_per_gpu"] * ours["time_s"]  # TFLOP per GPU per step
     base = step["time_s"] * HOST_OVERHEAD
+    reserved_mb = reserved_bytes(values) / 1024**2
     out = [
         "WARNING: one_logger package is required to enable e2e metrics tracking.",
         "using world size: "
@@ -106,7 +114,7 @@ def megatron_log(name: str, cfg: dict, restart_at: int | None = None) -> None:
             if it == start:
                 out.append(
                     f"[default0]:[Rank 0] (after {it} iterations) memory (MB) | allocated: 30000.1 | max allocated: "
-                    f"41234.5 | reserved: 45000.0 | max reserved: 46100.0"
+                    f"{reserved_mb * 0.9:.1f} | reserved: {reserved_mb * 0.98:.1f} | max reserved: {reserved_mb:.1f}"
                 )
             out.append(
                 f"[default{NOISE.randrange(cfg['gpus'])}]:NCCL INFO comm 0x5555 rank 3 nranks 8 - Init COMPLETE"
@@ -170,6 +178,7 @@ def titan_log(
         "seq": seq,
         "global_batch": local * shard,
         "cp_scheme": "allgather",
+        "zero": 3,
     }
     step = true_step(values)
     if cp_inactive:  # CP silently off: each rank attends only within its own chunk, nothing is exchanged
@@ -179,6 +188,7 @@ def titan_log(
     inputs, setup, stp, machine = build_step(**values)
     ours = evaluate_step(inputs, setup, stp, machine)["step"]
     flop_per_token = ours["model_tflops_per_gpu"] * 1e12 / ours["tokens_per_s_per_gpu"]
+    reserved_gib = reserved_bytes(values) / 1024**3
     tokens = local * shard * seq
     (HERE / f"{name}.toml").write_text(
         TITAN_TOML.format(local=local, seq=seq, shard=shard, tp=tp, cp=cp), encoding="utf-8"
@@ -211,7 +221,7 @@ def titan_log(
             out.append(
                 f"[rank{rank}]:[titan] 2026-11-30 09:{s // 60:02d}:{s % 60:02d},123 - root - INFO - {c['red']}step: {s:2}  "
                 f"{c['green']}loss: {10.5 - s / 20:7.4f}  {c['orange']}grad_norm: {1.2:7.4f}  {c['turquoise']}memory: "
-                f"{52.31:5.2f}GiB({66.06:.2f}%)  {c['blue']}tps: {round(tps):,}  {c['cyan']}tflops: {tflops:,.2f}  "
+                f"{reserved_gib:5.2f}GiB({100 * reserved_gib / 79.19:.2f}%)  {c['blue']}tps: {round(tps):,}  {c['cyan']}tflops: {tflops:,.2f}  "
                 f"{c['magenta']}mfu: {100 * tflops / 989:.2f}%{c['reset']}"
             )
         out.append("[rank3]:[titan] 2026-11-30 09:00:00,000 - root - WARNING - Dataset c4 is being re-looped")
