@@ -22,6 +22,7 @@ from costmodel.machines.profiles import load_profile
 
 DATA = Path(__file__).parent / "data" / "audit"
 MEGATRON = sorted(str(p) for p in DATA.glob("megatron_*.log"))
+COLLECTIVE_NAMES = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv"]
 TRUE_COMPUTE, TRUE_COMM, HOST = 0.82, 0.70, 1.02  # generate.py's cluster
 
 
@@ -406,3 +407,68 @@ def test_a_run_with_a_critical_finding_is_not_fitted(tmp_path: Path) -> None:
     assert fit["left_out_median_abs_error"] < 0.02
     code, _, err = cli("audit", over, "--fit-profile", tmp_path / "g.yaml")
     assert code == 2 and "critical" in err
+
+
+def test_megatron_launch_flags_stand_in_for_a_missing_arguments_block(tmp_path: Path) -> None:
+    lines = (DATA / "megatron_tp2_cp2_8k.log").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "---- arguments ----" in line)
+    end = next(i for i, line in enumerate(lines) if "end of arguments" in line)
+    log = tmp_path / "bare.log"
+    log.write_text("\n".join(lines[:start] + lines[end + 1 :]) + "\n")
+    script = tmp_path / "launch.sh"
+    script.write_text(
+        "torchrun --nproc-per-node 8 pretrain_gpt.py \\\n  --tensor-model-parallel-size 2 --context-parallel-size 2 \\\n"
+        "  --num-layers 32 --hidden-size 4096 --num-attention-heads 32 --group-query-attention \\\n"
+        "  --num-query-groups 8 --ffn-hidden-size 14336 --seq-length 8192 --micro-batch-size 1 \\\n"
+        "  --global-batch-size 16 --recompute-granularity selective --world-size 8 --bf16\n"
+    )
+    bare = audit_json(log, "--config", script, "--hw", "h100-nvlink")["audit"]
+    full = audit_json(DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-nvlink")["audit"]
+    assert bare["predicted"]["step_time_s"] == pytest.approx(full["predicted"]["step_time_s"], rel=1e-12)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.text(max_size=200),
+            st.sampled_from(
+                [
+                    " iteration       20/     500 | elapsed time per iteration (ms): 1806.4 |",
+                    " iteration       10/     500 | elapsed time per iteration (ms): nan |",
+                    "step: 10  loss:  9.0  memory: 1.00GiB(1.00%)  tps: 1,000  tflops: 1.00  mfu: 1.00%",
+                    "step: x  loss: tps: ,",
+                    "------------------------ arguments ------------------------",
+                    "Building 2-D device mesh with ['cp'], [two]",
+                ]
+            ),
+        ),
+        max_size=30,
+    )
+)
+@settings(max_examples=60, deadline=None)
+def test_any_text_is_read_or_refused_with_one_input_error(tmp_path_factory, lines: list[str]) -> None:
+    from costmodel.core.errors import InputError
+
+    path = tmp_path_factory.mktemp("fuzz") / "any.log"
+    path.write_text("\n".join(lines), encoding="utf-8", errors="surrogatepass")
+    try:
+        log = parse_log(path)
+    except InputError:
+        return
+    assert log.intervals and all(i.step_s is None or i.step_s > 0 for i in log.intervals)
+
+
+@given(st.lists(st.text(max_size=120), max_size=20), st.sampled_from(COLLECTIVE_NAMES))
+@settings(max_examples=60, deadline=None)
+def test_any_text_as_an_nccl_table_is_read_or_refused(tmp_path_factory, lines: list[str], name: str) -> None:
+    from costmodel.core.errors import InputError
+
+    row = "     1048576        262144     float     sum      -1    25.00   41.94   73.40      0    24.00   43.69   76.46      0"
+    path = tmp_path_factory.mktemp("nccl") / f"{name}_perf.txt"
+    path.write_text("\n".join(["# nThread 1 nGpus 8", *lines, row]), encoding="utf-8", errors="surrogatepass")
+    try:
+        table = parse_table(str(path))
+    except InputError:
+        return
+    fit = fit_table(table)
+    assert fit.bandwidth > 0 and fit.latency_s >= 0

@@ -75,7 +75,7 @@ _FLAG = re.compile(r"--([a-z0-9-]+)(?:[ =]+([^\s\\-][^\s\\]*))?")
 
 def megatron_flags(path: str, field: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Step flags and model shape from a Megatron launch script or flag file (``--tensor-model-parallel-size 2``)."""
-    from costmodel.audit.logs import _MEGATRON_ARGS, _MEGATRON_SHAPE
+    from costmodel.audit.logs import _MEGATRON_ARGS, _MEGATRON_SHAPE, count
 
     given: dict[str, str] = {}
     for text, _ in read_lines(path, field):
@@ -91,8 +91,9 @@ def megatron_flags(path: str, field: str) -> tuple[dict[str, Any], dict[str, int
                     field, f"{path}: --{name.replace('_', '-')} {given[name]!r} is not valid"
                 ) from None
     for name, key in _MEGATRON_SHAPE.items():
-        if given.get(name, "").isdigit():
-            shape[key] = int(given[name])
+        value = count(given.get(name, ""))
+        if value:
+            shape[key] = value
     if "recompute_activations" in given and "recompute" not in config:
         config["recompute"] = "selective"
     return config, shape
@@ -125,7 +126,10 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
         preset = log.model_name.replace(" ", "-").lower()
     if config_file is not None:
         if config_file.endswith(".toml"):
-            found, named = torchtitan_config(_toml(config_file, "--config"))
+            try:
+                found, named = torchtitan_config(_toml(config_file, "--config"))
+            except (ValueError, TypeError, AttributeError, KeyError) as exc:
+                raise InputError("--config", f"{config_file}: not a torchtitan job file: {exc}") from None
             values.update({k: v for k, v in found.items() if not (k == "gpus" and "gpus" in values)})
             preset = named or preset
         else:

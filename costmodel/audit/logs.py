@@ -24,6 +24,7 @@ where training starts) opens a new segment; each segment's first logged interval
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Iterator
@@ -140,10 +141,18 @@ def read_lines(path: str | Path, field: str = "LOG") -> Iterator[tuple[str, bool
 
 
 def _number(text: str) -> float | None:
+    """A finite number as printed (thousands commas allowed), else None: a log may print nan or inf."""
     try:
-        return float(text.replace(",", "").strip())
+        value = float(text.replace(",", "").strip())
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
+
+
+def count(text: str) -> int | None:
+    """A plain ASCII count, else None (``str.isdigit`` admits superscripts ``int`` refuses)."""
+    text = text.strip()
+    return int(text) if re.fullmatch(r"[0-9]{1,12}", text) else None
 
 
 def _megatron_fields(rest: str) -> dict[str, str]:
@@ -169,7 +178,7 @@ _MEGATRON_ARGS = {
     "tensor_model_parallel_size": ("tp", int),
     "pipeline_model_parallel_size": ("pp", int),
     "context_parallel_size": ("cp", int),
-    "virtual_pipeline_model_parallel_size": ("vpp", lambda v: int(v) if v.isdigit() else 1),
+    "virtual_pipeline_model_parallel_size": ("vpp", lambda v: count(v) or 1),
     "world_size": ("gpus", int),
     "seq_length": ("seq", int),
     "micro_batch_size": ("micro_batch", int),
@@ -235,7 +244,9 @@ class _Reader:
             return True
         if (m := _TITAN_MESH.search(text)) is not None:
             names = [n.strip(" '\"") for n in m.group(2).split(",")]
-            sizes = [int(s) for s in m.group(3).split(",") if s.strip()]
+            sizes = [count(s) for s in m.group(3).split(",")]
+            if len(sizes) != len(names) or not all(sizes):
+                return False
             mesh = dict(zip(names, sizes, strict=False))
             self.log.config.setdefault("tp", mesh.get("tp", 1))
             self.log.config.setdefault("cp", mesh.get("cp", 1))
@@ -325,9 +336,9 @@ class _Reader:
             except ValueError:
                 continue
         for name, key in _MEGATRON_SHAPE.items():
-            value = self.args.get(name, "None")
-            if value.isdigit():
-                self.log.model_shape[key] = int(value)
+            value = count(self.args.get(name, "None"))
+            if value:
+                self.log.model_shape[key] = value
         if self.args.get("group_query_attention") != "True":
             self.log.model_shape.pop("kv_heads", None)
         self.log.config["zero"] = 1 if self.args.get("use_distributed_optimizer") == "True" else 0
@@ -342,7 +353,10 @@ def parse_log(path: str | Path, field: str = "LOG") -> ParsedLog:
     for number, (text, complete) in enumerate(read_lines(path, field), start=1):
         if complete is None:
             reader.log.cut += 1
-        understood = reader.feed(number, text)
+        try:
+            understood = reader.feed(number, text)
+        except (ValueError, OverflowError):  # a number of more digits than Python converts
+            understood = False
         if complete is False:  # the file ends mid-line: a job still writing, or a copy cut short
             reader.log.truncated_last_line = True
             if understood and reader.log.intervals and reader.log.intervals[-1].line == number:

@@ -18,12 +18,13 @@ printed) outnumber the base profile's devices per node.
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from costmodel.audit.logs import read_lines
+from costmodel.audit.logs import count, read_lines
 from costmodel.calibration.fit import fit_link
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, LinkFit, parse_profile
@@ -67,9 +68,10 @@ class Table:
 
 def _float(text: str) -> float | None:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         return None
+    return value if math.isfinite(value) else None
 
 
 def _collective_from_name(path: str) -> str | None:
@@ -85,20 +87,20 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
         if (m := _START.search(text)) is not None:
             collective = m.group(1)
             continue
-        if (m := _HEADER.search(text)) is not None:
+        if (m := _HEADER.search(text)) is not None and len(text) < 1000:
             threads_gpus = int(m.group(1)) * int(m.group(2))
             continue
-        if (m := _RANK.search(text)) is not None:
+        if (m := _RANK.search(text)) is not None and len(text) < 1000:
             ranks[int(m.group(1))] = m.group(2)
             if m.group(2) not in hosts:
                 hosts.append(m.group(2))
             continue
         tokens = text.split()
-        if not tokens or text.lstrip().startswith("#") or not tokens[0].isdigit() or len(tokens) < 12:
+        size = count(tokens[0]) if tokens and not text.lstrip().startswith("#") else None
+        if size is None or len(tokens) < 12:
             skipped += 1
             continue
         out_time, in_time = _float(tokens[-8]), _float(tokens[-4])
-        size = int(tokens[0])
         if out_time is None or out_time <= 0 or size <= 0:
             skipped += 1
             continue
@@ -121,10 +123,10 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
         raise InputError(
             field_name, f"{path}: no rows of an nccl-tests table (size count type ... time algbw busbw)"
         )
-    count = len(ranks) or threads_gpus or 0
-    if count < 2:
-        raise InputError(field_name, f"{path}: {count or 'unknown'} ranks; a link needs at least 2")
-    return Table(path, collective, count, hosts, rows, skipped)
+    size = len(ranks) or threads_gpus or 0
+    if size < 2:
+        raise InputError(field_name, f"{path}: {size or 'unknown'} ranks; a link needs at least 2")
+    return Table(path, collective, size, hosts, rows, skipped)
 
 
 def fit_table(table: Table) -> LinkFit:
