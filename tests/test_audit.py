@@ -23,7 +23,23 @@ from costmodel.machines.profiles import load_profile
 DATA = Path(__file__).parent / "data" / "audit"
 MEGATRON = sorted(str(p) for p in DATA.glob("megatron_*.log"))
 COLLECTIVE_NAMES = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv"]
-TRUE_COMPUTE, TRUE_COMM, HOST = 0.82, 0.70, 1.02  # generate.py's cluster
+
+
+def _generator():  # noqa: ANN202 - the module that wrote the data, to know the true step
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("audit_data", DATA / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GENERATOR = _generator()
+
+
+def true_step_s(**values: object) -> float:
+    """The step the test cluster really takes (generate.py): its own profile plus the host's 60 ms."""
+    return GENERATOR.true_step({"model": "llama3-8b", "hw": "h100-nvlink", **values})["time_s"]
 
 
 def cli(*args: str) -> tuple[int, str, str]:
@@ -176,8 +192,13 @@ def test_megatron_audit_contract_and_numbers() -> None:
     measured, predicted = audit["measured"], audit["predicted"]
     assert isinstance(audit["findings"], list)
     assert all({"severity", "message"} <= f.keys() for f in audit["findings"])
-    # the cluster runs kernels at 0.82 and carries 2 % overhead: about 0.80 of the predicted rate (±3 %)
-    assert measured["model_tflops_per_gpu"] / predicted["tflops_per_gpu"] == pytest.approx(0.80, rel=0.03)
+    # the median step is the true one within the ±1.5 % noise; the published tables are 20 % optimistic
+    truth = true_step_s(gpus=8, tp=2, cp=2, seq=8192, global_batch=16)
+    assert measured["step_time_s"]["median"] == pytest.approx(truth, rel=0.015)
+    assert predicted["step_time_s"] / truth == pytest.approx(0.79, abs=0.02)
+    assert measured["model_tflops_per_gpu"] / predicted["tflops_per_gpu"] == pytest.approx(
+        predicted["step_time_s"] / measured["step_time_s"]["median"], rel=1e-9
+    )
     # the log's own count is 0.98 of ours (generate.py), within 1.5 % noise
     assert measured["tflops_per_gpu"] / measured["model_tflops_per_gpu"] == pytest.approx(0.98, abs=0.015)
     assert audit["comparison"]["attribution"]["component"] in (
@@ -189,9 +210,8 @@ def test_megatron_audit_contract_and_numbers() -> None:
 def test_torchtitan_audit_end_to_end() -> None:
     audit = audit_json(DATA / "titan_cp2_16k.log")["audit"]  # hw from the log's device line, config from TOML
     assert audit["config"]["hw"] == "h100-nvlink" and audit["config"]["cp"] == 2
-    assert audit["measured"]["tflops_per_gpu"] / audit["predicted"]["tflops_per_gpu"] == pytest.approx(
-        0.80, rel=0.03
-    )
+    truth = true_step_s(gpus=8, cp=2, seq=16384, global_batch=4, cp_scheme="allgather", zero=3)
+    assert audit["measured"]["step_time_s"]["median"] == pytest.approx(truth, rel=0.015)
     assert not [f for f in audit["findings"] if f["severity"] == "critical"]
 
 
@@ -268,10 +288,11 @@ def test_fit_from_several_runs_predicts_the_left_out_one(tmp_path: Path) -> None
     document = audit_json(*MEGATRON, DATA / "titan_cp2_16k.log", "--hw", "h100-nvlink", "--fit-profile", out)
     fit = document["fit"]
     assert len(document["audits"]) == 5
-    # the cluster's kernels run at 0.82 with 2 % host overhead on top: the compute factor within 3 %
-    assert fit["compute_factor"] == pytest.approx(TRUE_COMPUTE / HOST, rel=0.03)
-    assert fit["base_median_abs_error"] > 0.15  # the published tables are 20 % optimistic here
-    assert fit["left_out_median_abs_error"] < 0.02 and fit["left_out_max_abs_error"] < 0.03
+    # multiplies at 0.85, attention at 0.72, 60 ms a step: two factors land between, 0.70 to 0.85
+    assert 0.70 < fit["compute_factor"] < 0.85
+    assert fit["base_median_abs_error"] > 0.15  # the published tables are 20-26 % optimistic here
+    # what two factors cannot describe (attention apart from multiplies, a fixed 60 ms) is what is left
+    assert fit["left_out_median_abs_error"] < 0.05 and fit["left_out_max_abs_error"] < 0.08
     profile = load_profile(str(out))
     assert profile.source.kind == "measured" and "megatron_tp2_cp2_8k.log" in profile.source.notes
     code, text, _ = cli(
@@ -297,13 +318,13 @@ def test_fit_from_several_runs_predicts_the_left_out_one(tmp_path: Path) -> None
     measured = next(a for a in document["audits"] if a["log"].endswith("tp2_cp2_8k.log"))["measured"][
         "step_time_s"
     ]["median"]  # megatron_tp2_cp2_8k
-    assert json.loads(text)["step"]["time_s"] == pytest.approx(measured, rel=0.02)
+    assert json.loads(text)["step"]["time_s"] == pytest.approx(measured, rel=0.05)
 
 
 def test_fit_from_one_run_fits_compute_alone(tmp_path: Path) -> None:
     fit = audit_json(MEGATRON[0], "--hw", "h100-nvlink", "--fit-profile", tmp_path / "one.yaml")["fit"]
     assert fit["comm_factor"] == 1.0 and fit["left_out_median_abs_error"] is None
-    assert abs(fit["runs"][0]["fitted_error"]) < 0.02
+    assert abs(fit["runs"][0]["fitted_error"]) < 0.01  # one run, one factor: matched
 
 
 # --- nccl-tests ---------------------------------------------------------------------------------------
@@ -404,7 +425,7 @@ def test_a_run_with_a_critical_finding_is_not_fitted(tmp_path: Path) -> None:
     over = str(DATA / "titan_cp4_over_peak.log")
     fit = audit_json(*MEGATRON, over, "--hw", "h100-nvlink", "--fit-profile", tmp_path / "f.yaml")["fit"]
     assert fit["left_out_runs"] == ["titan_cp4_over_peak.log"] and len(fit["runs"]) == len(MEGATRON)
-    assert fit["left_out_median_abs_error"] < 0.02
+    assert fit["left_out_median_abs_error"] < 0.05
     code, _, err = cli("audit", over, "--fit-profile", tmp_path / "g.yaml")
     assert code == 2 and "critical" in err
 
