@@ -493,3 +493,16 @@ def test_any_text_as_an_nccl_table_is_read_or_refused(tmp_path_factory, lines: l
         return
     fit = fit_table(table)
     assert fit.bandwidth > 0 and fit.latency_s >= 0
+
+
+def test_torchtitan_resumed_from_a_checkpoint(tmp_path: Path) -> None:
+    lines = (DATA / "titan_cp2_16k.log").read_text().splitlines()
+    steps = [line for line in lines if line.startswith("[rank0]") and "tps:" in line]
+    resumed = [line.replace("step: 50", "step: 41").replace("step: 60", "step: 50") for line in steps[5:7]]
+    path = tmp_path / "resumed.log"
+    start = "[rank0]:[titan] 2026-11-30 10:00:00,000 - root - INFO - Training starts at step 41."
+    path.write_text("\n".join([*lines, start, *resumed]) + "\n")
+    log = parse_log(path)
+    assert log.restarts == 1
+    assert [(i.segment, i.iteration) for i in log.intervals if i.warmup] == [(0, 1), (1, 41)]
+    assert len(log.steady()) == len(parse_log(DATA / "titan_cp2_16k.log").steady()) + 1
