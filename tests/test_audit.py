@@ -266,6 +266,11 @@ def test_cp_that_cannot_hide_is_flagged() -> None:
         "8",
     )["audit"]
     assert any(f["kind"] == "cp-exposed" for f in audit["findings"])
+    # 1k tokens a rank against a 50 GB/s NIC: the transfer is ~12x the block's attention [A-RingCost §11]
+    assert audit["comparison"]["plan_ring_comm_ratio"] == pytest.approx(11.59, rel=0.01)
+    plain = audit_json(DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-nvlink")["audit"]
+    assert plain["comparison"]["plan_ring_comm_ratio"] < 1
+    assert not any(f["kind"] == "cp-exposed" for f in plain["findings"])
 
 
 def test_memory_beyond_the_plan_is_flagged(tmp_path: Path) -> None:

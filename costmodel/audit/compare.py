@@ -161,6 +161,22 @@ def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -
     }
 
 
+def ring_ratio(built: dict[str, Any]) -> float | None:
+    """The plan's step comm ratio of the run's ring (ring or USP's ring part), fwd+bwd: transfer time over the
+    attention it hides under ([A-RingCost §11]); None when the run has no ring."""
+    from costmodel.plans.schemes import compare
+
+    inputs, setup, step = built["inputs"], built["setup"], built["step"]
+    if inputs.n == 1 or step.cp_scheme not in ("ring", "usp"):
+        return None
+    attention = setup.attention(inputs).model_copy(update={"batch": step.micro_batch})
+    schemes = compare(attention, built["machine"].placed(setup.tp), "fwd+bwd")
+    if step.cp_scheme == "ring":
+        return schemes[0].ring_ratio
+    feasible = [s for s in schemes if s.scheme == "usp" and s.feasible and s.ring_ratio is not None]
+    return max(feasible, key=lambda s: s.n_ulysses).ring_ratio if feasible else None
+
+
 def findings(
     log: ParsedLog,
     measured: dict[str, Any],
@@ -170,6 +186,7 @@ def findings(
     memory: dict[str, float],
     cp: int,
     scheme: str,
+    plan_ratio: float | None = None,
 ) -> list[dict[str, str]]:
     """What a reader must know, most severe first: critical (the numbers cannot be right), warning
     (something costs time or memory), info (how the log was read)."""
@@ -232,12 +249,17 @@ def findings(
                 f"the plan says this configuration does not fit ({planned / 1e9:.1f} GB of {hbm / 1e9:.1f} GB usable)",
             )
     share = step["breakdown"].get("exposed CP comm", 0.0) / step["time_s"]
-    if cp > 1 and share > CP_EXPOSED_SHARE:
+    if cp > 1 and (share > CP_EXPOSED_SHARE or (plan_ratio is not None and plan_ratio > 1)):
+        ratio_said = (
+            f"each ring step's transfer takes {plan_ratio:.2g}x the attention it hides under; "
+            if plan_ratio is not None and plan_ratio > 1
+            else ""
+        )
         add(
             "warning",
             "cp-exposed",
-            f"CP {cp} ({scheme}) cannot hide its communication here: {share:.1%} of the step is exposed CP "
-            "traffic; a smaller CP degree, another scheme (cp-plan recommend) or a faster link",
+            f"CP {cp} ({scheme}) cannot hide its communication here: {ratio_said}{share:.1%} of the step is "
+            "exposed CP traffic; a smaller CP degree, another scheme (cp-plan recommend) or a faster link",
         )
     if measured["tflops_per_gpu_source"] == "log":
         accounting = measured["tflops_per_gpu"] / measured["model_tflops_per_gpu"]
@@ -285,6 +307,7 @@ def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
     unhidden = _unhidden(built, step["breakdown"]) if difference > 0 else {}
     attribution = attribute(difference, step["breakdown"], unhidden, step["time_s"])
     memory = _memory_fit(built)
+    plan_ratio = ring_ratio(built)
     return {
         "schema": SCHEMA,
         "log": log.path,
@@ -300,11 +323,12 @@ def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
             "breakdown": step["breakdown"],
         },
         "comparison": {
+            "plan_ring_comm_ratio": plan_ratio,
             "step_time_ratio": measured["step_time_s"]["median"] / step["time_s"],
             "difference_s": difference,
             "attribution": attribution,
         },
         "findings": findings(
-            log, measured, predicted, attribution, peak, memory, inputs.n, built["step"].cp_scheme
+            log, measured, predicted, attribution, peak, memory, inputs.n, built["step"].cp_scheme, plan_ratio
         ),
     }
