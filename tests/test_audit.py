@@ -511,3 +511,24 @@ def test_torchtitan_resumed_from_a_checkpoint(tmp_path: Path) -> None:
     assert log.restarts == 1
     assert [(i.segment, i.iteration) for i in log.intervals if i.warmup] == [(0, 1), (1, 41)]
     assert len(log.steady()) == len(parse_log(DATA / "titan_cp2_16k.log").steady()) + 1
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--recompute", "bogus"], "--recompute"),
+        (["--cp-scheme", "x"], "--cp-scheme"),
+        (["--seq", "8q"], "--seq"),
+        (["--model", "nope"], "--model"),
+        (["--fit-profile", "/dev/null/x.yaml"], "--fit-profile"),
+        (["--config", "a.toml", "--config", "b.toml"], "--config"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str) -> None:
+    code, out, err = cli("audit", DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-nvlink", *args)
+    assert code == 2 and out == "" and flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_seq_flag_takes_a_length_as_every_length_flag() -> None:
+    audit = audit_json(DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-nvlink", "--seq", "16k")["audit"]
+    assert audit["config"]["seq"] == 16384

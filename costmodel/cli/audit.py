@@ -27,6 +27,15 @@ def _option(help: str) -> Any:
     return typer.Option(help=f"{help} [default: as the log or --config says]", show_default=False)
 
 
+def _tokens(text: str) -> int:
+    from costmodel.plans.inputs import parse_tokens
+
+    try:
+        return parse_tokens(text, "--seq")
+    except InputError as exc:
+        raise typer.BadParameter(exc.message) from None
+
+
 def audit_cmd(
     logs: LogsArg,
     config: Annotated[
@@ -44,7 +53,14 @@ def audit_cmd(
     tp: Annotated[Optional[int], _option("Tensor-parallel degree.")] = None,
     cp: Annotated[Optional[int], _option("Context-parallel degree.")] = None,
     pp: Annotated[Optional[int], _option("Pipeline-parallel degree.")] = None,
-    seq: Annotated[Optional[int], _option("Sequence length, tokens.")] = None,
+    seq: Annotated[
+        Optional[int],
+        typer.Option(
+            parser=_tokens,
+            help="Sequence length, tokens: 8192, 8k, 1M. [default: as the log or --config says]",
+            show_default=False,
+        ),
+    ] = None,
     global_batch: Annotated[Optional[int], _option("Sequences per optimizer step.")] = None,
     micro_batch: Annotated[Optional[int], _option("Sequences per micro-batch.")] = None,
     recompute: Annotated[Optional[str], _option("Activation recompute: none, selective, full.")] = None,
