@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from costmodel.cli import audit, plan_file, planning, step
 from costmodel.cli import kernel as kernel_cli
-from costmodel.cli import plan_file, planning, step
 from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import Format, FormatOpt, console, declared
 from costmodel.cli.timeline import TimelineOpt
@@ -35,6 +35,8 @@ app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
 app.command("report")(plan_file.report_cmd)
 app.command("step")(step.step_cmd)
+app.command("audit")(audit.audit_cmd)
+hw_app.command("from-nccl-tests")(audit.from_nccl_tests)
 
 
 def _version(value: bool) -> None:

@@ -1,0 +1,334 @@
+"""A logged run against the step model: measured and predicted step time, TFLOP/s per GPU, MFU and memory;
+where the difference most likely sits; findings with a severity.
+
+Measured figures are medians over the steady intervals (each segment's first interval is warm-up), with
+their spread (interquartile range / median). The step time is the framework's own (Megatron's elapsed
+time per iteration) or follows from its throughput (torchtitan: tokens per step / (tps x GPUs)). Model
+TFLOP/s per GPU and MFU are recomputed from that time with the step model's FLOP count ([PaLM] appendix
+B), so measured and predicted are counted alike; the framework's own figures are kept beside them.
+
+Where a difference sits: each component of the predicted breakdown has a plausible range of error,
+below as a share of its own time (published kernel rates are not every cluster's; overlap can fail),
+plus, for communication the model hides, what it would cost unhidden. The component whose range covers
+the difference with the least of its range used is named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from costmodel.audit.logs import ParsedLog, summary
+from costmodel.core.errors import InputError
+from costmodel.plans.bind import Evaluator
+from costmodel.plans.models import load_model
+from costmodel.training.recommend import fit_at, training_values
+from costmodel.training.step import build_step, evaluate_step
+
+SCHEMA = "cp-plan/audit/v1"
+# (share below, share above) of each component's predicted time that a real run plausibly differs by.
+PLAUSIBLE: dict[str, tuple[float, float]] = {
+    "matrix multiplies": (-0.15, 0.6),  # cuBLAS off the published curve: odd shapes, clocks, power capping
+    "attention": (-0.2, 1.0),  # a slower kernel than FA3 (FA2, SDPA's math path) doubles it
+    "elementwise (memory-bound)": (-0.3, 1.5),  # unfused norms, rotary, casts
+    "recompute": (-0.3, 1.0),
+    "output layer and loss": (-0.3, 1.0),
+    "exposed TP comm": (-1.0, 1.5),
+    "exposed CP comm": (-1.0, 1.0),
+    "CP ring overheads (merge, copies, launches)": (-0.5, 3.0),  # launch-bound on small shards
+    "pipeline bubble": (-0.3, 1.0),
+    "exposed PP sends": (-1.0, 1.0),
+    "exposed DP comm": (-1.0, 3.0),
+    "exposed ZeRO-3 gathers": (-1.0, 2.0),
+    "optimizer step": (-0.5, 2.0),
+}
+# Kernels that slow down together (clocks, power capping, a slower library build) and by how much.
+COMPUTE_KERNELS = (
+    "matrix multiplies",
+    "attention",
+    "elementwise (memory-bound)",
+    "recompute",
+    "output layer and loss",
+)
+COMPUTE_TOGETHER = (-0.15, 1.0)  # a power-capped or mis-built cluster at half the published rates
+TOLERANCE = 0.10  # |measured / predicted - 1| within which the model is taken to agree
+FAR_BELOW = 0.25  # measured step this much slower than predicted: a warning
+CP_EXPOSED_SHARE = 0.05  # predicted exposed CP communication beyond this share of the step
+MEMORY_MARGIN = 1.25  # reserved memory beyond the plan's fit by this factor (allocator caching allowed)
+ACCOUNTING_BAND = (0.85, 1.15)  # framework's TFLOP/s over ours from the same time
+
+
+def predict(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the step model's result, the built inputs) for flat step values."""
+    inputs, setup, step, machine = build_step(**values)
+    return evaluate_step(inputs, setup, step, machine), {
+        "inputs": inputs,
+        "setup": setup,
+        "step": step,
+        "machine": machine,
+    }
+
+
+def _unhidden(built: dict[str, Any], hidden: dict[str, float]) -> dict[str, float]:
+    """What each communication component would add if nothing of it were hidden (overlaps 0)."""
+    step = built["step"].model_copy(update={"cp_overlap": 0.0, "pp_overlap": 0.0, "tp_overlap": 0.0})
+    bare = evaluate_step(built["inputs"], built["setup"], step, built["machine"])["step"]["breakdown"]
+    return {k: max(0.0, bare[k] - hidden[k]) for k in hidden}
+
+
+def attribute(
+    difference_s: float, breakdown: dict[str, float], unhidden: dict[str, float], time_s: float
+) -> dict[str, Any]:
+    """The component whose plausible range covers ``difference_s`` (measured - predicted) with the least of
+    it used; every covering component listed."""
+    if abs(difference_s) <= TOLERANCE * time_s:
+        return {
+            "component": None,
+            "explanation": f"within the model's {TOLERANCE:.0%} tolerance",
+            "candidates": [],
+        }
+    candidates = []
+    for name, seconds in breakdown.items():
+        low, high = PLAUSIBLE.get(name, (-0.5, 1.0))
+        reach = seconds * high + unhidden.get(name, 0.0) if difference_s > 0 else seconds * low
+        if reach and (difference_s / reach) <= 1.0 and difference_s / reach > 0:
+            candidates.append({"component": name, "share_of_range": difference_s / reach, "range_s": reach})
+    compute = sum(breakdown.get(k, 0.0) for k in COMPUTE_KERNELS)
+    together = compute * (COMPUTE_TOGETHER[1] if difference_s > 0 else COMPUTE_TOGETHER[0])
+    if together and 0 < difference_s / together <= 1.0:
+        candidates.append(
+            {
+                "component": "every compute kernel alike",
+                "share_of_range": difference_s / together,
+                "range_s": together,
+            }
+        )
+    candidates.sort(key=lambda c: c["share_of_range"])
+    if candidates:
+        best = candidates[0]
+        word = "slower" if difference_s > 0 else "faster"
+        return {
+            "component": best["component"],
+            "explanation": f"{best['component']} {word} than modelled covers it, using "
+            f"{best['share_of_range']:.0%} of its plausible range ({best['range_s'] * 1e3:.3g} ms)",
+            "candidates": candidates,
+        }
+    return {
+        "component": None,
+        "explanation": "no single component's plausible range covers it: look outside the model (data "
+        "loading, stragglers, host overhead, clocks) or at the configuration",
+        "candidates": [],
+    }
+
+
+def _memory_fit(built: dict[str, Any]) -> dict[str, float]:
+    inputs, setup, step = built["inputs"], built["setup"], built["step"]
+    model = load_model(inputs.model)
+    attention = inputs.model_copy(update={"batch": step.micro_batch})
+    fit = fit_at(Evaluator(training_values(attention, model, setup, built["machine"], inputs.n)))
+    return {"total_bytes": fit.total_bytes, "device_memory_bytes": fit.device_memory_bytes, "fits": fit.fits}
+
+
+def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -> dict[str, Any]:
+    """The log's steady intervals as step time, TFLOP/s per GPU and MFU: the framework's and ours."""
+    step = predicted["step"]
+    tokens = step["tokens_per_s"] * step["time_s"]
+    flops = step["model_tflops_per_gpu"] * 1e12 * gpus * step["time_s"]
+    steady = log.steady()
+    times = []
+    for interval in steady:
+        if interval.step_s is not None:
+            times.append(interval.step_s)
+        elif interval.tokens_per_s_per_gpu:
+            times.append(tokens / (interval.tokens_per_s_per_gpu * gpus))
+    if not times:
+        raise InputError("LOG", f"{log.path}: no interval states a step time or a throughput")
+    time = summary(times)
+    reported = [i.tflops_per_gpu for i in steady if i.tflops_per_gpu is not None]
+    mfu = [i.mfu for i in steady if i.mfu is not None]
+    ours = flops / time["median"] / gpus / 1e12
+    return {
+        "step_time_s": time,
+        "tflops_per_gpu": summary(reported)["median"] if reported else ours,
+        "tflops_per_gpu_source": "log" if reported else "step model's FLOP count over the measured time",
+        "reported_tflops_spread": summary(reported)["spread"] if reported else None,
+        "model_tflops_per_gpu": ours,
+        "mfu": ours * 1e12 / peak,
+        "reported_mfu": summary(mfu)["median"] if mfu else None,
+        "tokens_per_s_per_gpu": tokens / time["median"] / gpus,
+        "memory_bytes": log.memory_bytes,
+        "intervals": len(steady),
+        "warmup_intervals": len(log.intervals) - len(steady),
+    }
+
+
+def ring_ratio(built: dict[str, Any]) -> float | None:
+    """The plan's step comm ratio of the run's ring (ring or USP's ring part), fwd+bwd: transfer time over the
+    attention it hides under ([A-RingCost §11]); None when the run has no ring."""
+    from costmodel.plans.schemes import compare
+
+    inputs, setup, step = built["inputs"], built["setup"], built["step"]
+    if inputs.n == 1 or step.cp_scheme not in ("ring", "usp"):
+        return None
+    attention = setup.attention(inputs).model_copy(update={"batch": step.micro_batch})
+    schemes = compare(attention, built["machine"].placed(setup.tp), "fwd+bwd")
+    if step.cp_scheme == "ring":
+        return schemes[0].ring_ratio
+    feasible = [s for s in schemes if s.scheme == "usp" and s.feasible and s.ring_ratio is not None]
+    return max(feasible, key=lambda s: s.n_ulysses).ring_ratio if feasible else None
+
+
+def findings(
+    log: ParsedLog,
+    measured: dict[str, Any],
+    predicted: dict[str, Any],
+    attribution: dict[str, Any],
+    peak: float,
+    memory: dict[str, float],
+    cp: int,
+    scheme: str,
+    plan_ratio: float | None = None,
+) -> list[dict[str, str]]:
+    """What a reader must know, most severe first: critical (the numbers cannot be right), warning
+    (something costs time or memory), info (how the log was read)."""
+    out: list[dict[str, str]] = []
+
+    def add(severity: str, kind: str, message: str) -> None:
+        out.append({"severity": severity, "kind": kind, "message": message})
+
+    peak_t = peak / 1e12
+    if measured["tflops_per_gpu_source"] == "log" and measured["tflops_per_gpu"] > peak_t:
+        add(
+            "critical",
+            "over-peak",
+            f"reported {measured['tflops_per_gpu']:.0f} TFLOP/s per GPU exceeds the device's dense peak "
+            f"{peak_t:.0f}: the run does less work than its configuration says (CP not active, a shorter "
+            "sequence, layers skipped) or the framework counts FLOP wrongly",
+        )
+    if measured["reported_mfu"] is not None and measured["reported_mfu"] > 1:
+        add("critical", "over-peak", f"reported MFU {measured['reported_mfu']:.0%} is above 100%")
+    if measured["model_tflops_per_gpu"] > peak_t:
+        add(
+            "critical",
+            "over-peak",
+            f"the measured step ({measured['step_time_s']['median'] * 1e3:.4g} ms) is shorter than the "
+            f"hardware allows for this configuration ({measured['model_tflops_per_gpu']:.0f} model TFLOP/s "
+            f"per GPU against a {peak_t:.0f} peak): the run is not the configuration stated (CP or "
+            "sequence length), or the log's rank count is wrong",
+        )
+    step = predicted["step"]
+    ratio = measured["step_time_s"]["median"] / step["time_s"]
+    if ratio > 1 + FAR_BELOW:
+        add(
+            "critical" if ratio > 2 else "warning",
+            "below-prediction",
+            f"steps take {ratio:.2f}x the predicted {step['time_s'] * 1e3:.4g} ms "
+            f"({measured['model_tflops_per_gpu']:.0f} vs {step['model_tflops_per_gpu']:.0f} model TFLOP/s per "
+            f"GPU); most likely: {attribution['explanation']}",
+        )
+    elif ratio < 1 - FAR_BELOW and not any(f["kind"] == "over-peak" for f in out):
+        add(
+            "info",
+            "above-prediction",
+            f"steps take {ratio:.2f}x the predicted time: the profile's rates are conservative for this "
+            "cluster (fit them: --fit-profile), or the configuration is not what ran",
+        )
+    if measured["memory_bytes"] is not None:
+        used, planned, hbm = measured["memory_bytes"], memory["total_bytes"], memory["device_memory_bytes"]
+        if used > planned * MEMORY_MARGIN:
+            add(
+                "warning",
+                "memory",
+                f"peak memory {used / 1e9:.1f} GB is {used / planned:.2f}x the plan's fit "
+                f"({planned / 1e9:.1f} GB): buffers the plan does not count (allocator fragmentation, "
+                "un-recomputed activations, communication buffers)",
+            )
+        if not memory["fits"]:
+            add(
+                "warning",
+                "memory",
+                f"the plan says this configuration does not fit ({planned / 1e9:.1f} GB of {hbm / 1e9:.1f} GB usable)",
+            )
+    share = step["breakdown"].get("exposed CP comm", 0.0) / step["time_s"]
+    if cp > 1 and (share > CP_EXPOSED_SHARE or (plan_ratio is not None and plan_ratio > 1)):
+        ratio_said = (
+            f"each ring step's transfer takes {plan_ratio:.2g}x the attention it hides under; "
+            if plan_ratio is not None and plan_ratio > 1
+            else ""
+        )
+        add(
+            "warning",
+            "cp-exposed",
+            f"CP {cp} ({scheme}) cannot hide its communication here: {ratio_said}{share:.1%} of the step is "
+            "exposed CP traffic; a smaller CP degree, another scheme (cp-plan recommend) or a faster link",
+        )
+    if measured["tflops_per_gpu_source"] == "log":
+        accounting = measured["tflops_per_gpu"] / measured["model_tflops_per_gpu"]
+        if not ACCOUNTING_BAND[0] <= accounting <= ACCOUNTING_BAND[1]:
+            add(
+                "info",
+                "flop-accounting",
+                f"the framework's TFLOP/s is {accounting:.2f}x ours for the same step time: it counts FLOP "
+                "differently (causal half of attention, recompute, embeddings)",
+            )
+    if log.peak_flops and abs(log.peak_flops / peak - 1) > 0.05:
+        add(
+            "info",
+            "peak",
+            f"the framework's MFU divides by {log.peak_flops / 1e12:.0f} TFLOP/s, the profile's dense peak is "
+            f"{peak_t:.0f}: the two MFUs differ by that ratio",
+        )
+    spread = measured["step_time_s"]["spread"]
+    if spread > 0.10:
+        add(
+            "info",
+            "noisy",
+            f"step times spread {spread:.0%} (interquartile range / median) over the steady intervals",
+        )
+    read = f"{log.lines} lines: {len(log.intervals)} intervals, {log.skipped} other lines skipped"
+    extras = [
+        (log.restarts, f"{log.restarts} restart(s), each segment's first interval left out as warm-up"),
+        (log.duplicates, f"{log.duplicates} interval(s) printed again by another rank"),
+        (log.cut, f"{log.cut} over-long line(s) read in part"),
+        (log.truncated_last_line, "the last line is cut mid-line (a job still writing?) and was left out"),
+    ]
+    add("info", "read", "; ".join([read] + [text for flag, text in extras if flag]))
+    order = {"critical": 0, "warning": 1, "info": 2}
+    return sorted(out, key=lambda f: order[f["severity"]])
+
+
+def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
+    """One run: measured, predicted, the comparison and the findings."""
+    predicted, built = predict(values)
+    machine, setup, inputs = built["machine"], built["setup"], built["inputs"]
+    peak = machine.peak_flops
+    measured = measure(log, predicted, setup.gpus, peak)
+    step = predicted["step"]
+    difference = measured["step_time_s"]["median"] - step["time_s"]
+    unhidden = _unhidden(built, step["breakdown"]) if difference > 0 else {}
+    attribution = attribute(difference, step["breakdown"], unhidden, step["time_s"])
+    memory = _memory_fit(built)
+    plan_ratio = ring_ratio(built)
+    return {
+        "schema": SCHEMA,
+        "log": log.path,
+        "framework": log.framework,
+        "config": predicted["inputs"],
+        "measured": measured,
+        "predicted": {
+            "step_time_s": step["time_s"],
+            "tflops_per_gpu": step["model_tflops_per_gpu"],
+            "mfu": step["mfu"],
+            "tokens_per_s_per_gpu": step["tokens_per_s_per_gpu"],
+            "memory_bytes": memory["total_bytes"],
+            "breakdown": step["breakdown"],
+        },
+        "comparison": {
+            "plan_ring_comm_ratio": plan_ratio,
+            "step_time_ratio": measured["step_time_s"]["median"] / step["time_s"],
+            "difference_s": difference,
+            "attribution": attribution,
+        },
+        "findings": findings(
+            log, measured, predicted, attribution, peak, memory, inputs.n, built["step"].cp_scheme, plan_ratio
+        ),
+    }

@@ -1,0 +1,393 @@
+"""Training logs read back: Megatron-LM and torchtitan, streamed line by line.
+
+What each framework prints, and where:
+
+- Megatron-LM [Megatron-LM], ``megatron/training/training.py`` ``training_log()``: one line per logging interval,
+  ``[date] iteration  N/ T | consumed samples: ... | elapsed time per iteration (ms): X |
+  throughput per GPU (TFLOP/s/GPU): Y | learning rate: ... | global batch size: G | lm loss: ... |``
+  (printed by the last rank); ``megatron/training/utils.py`` ``report_memory()``: ``[Rank r] (after N
+  iterations) memory (MB) | allocated: ... | max allocated: ... | reserved: ... | max reserved: ...``;
+  ``megatron/training/arguments.py`` ``_print_args()``: the run's arguments between
+  ``---- arguments ----`` and ``---- end of arguments ----``, one ``  name ..... value`` a line.
+- torchtitan [torchtitan-code], ``torchtitan/components/metrics.py`` ``MetricsProcessor.log()``: ``step: N  loss: L
+  grad_norm: g  memory: M GiB(P%)  tps: T  tflops: F  mfu: U%`` (in ANSI colours, behind the
+  ``[titan] date - root - INFO -`` logger prefix and torchrun's ``[rankR]:``); ``torchtitan/train.py``
+  ``Trainer``: ``Training starts at step N``, ``Building 2-D device mesh with [names], [sizes]`` and
+  ``Building llama3 8B with ...``, ``Trainer is initialized with local batch size b, global batch size B,
+  gradient accumulation steps a, sequence length S, ...`` and ``Peak FLOPS used for computing MFU: P``;
+  the rest of the run's settings are its TOML file (``--config``).
+
+Lines are read in bounded pieces (a binary blob or a megabyte line never lands in memory whole); lines of
+neither format are skipped and counted. A restart (the iteration count going back, or torchtitan saying
+where training starts) opens a new segment; each segment's first logged interval is warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from costmodel.core.errors import InputError
+
+Framework = Literal["megatron", "torchtitan"]
+MAX_LINE_BYTES = 64 * 1024  # Megatron's longest line (an argument holding a file list) fits
+SNIFF_BYTES = 8 * 1024
+GIB = 1024**3
+MIB = 1024**2
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# torchrun --tee prefix, srun --label, mpirun --tag-output: which rank printed the line.
+_RANK = re.compile(r"^\s*(?:\[rank(\d+)\]:|\[default(\d+)\]:|(\d+):\s|\[\d+,(\d+)\]<std\w+>:)")
+_MEGATRON_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*(\d+)\s*\|(.*)$")
+_MEGATRON_MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \((MB|GB)\)(.*)$")
+_ARGS_START = re.compile(r"-{8,} arguments -{8,}")
+_ARGS_END = re.compile(r"-{8,} end of arguments -{8,}")
+_ARG_LINE = re.compile(r"^\s*(\w+) \.+ ?(.*?)\s*$")
+_TITAN_STEP = re.compile(
+    r"\bstep:\s*(\d+)\s+loss:\s*(\S+)(?P<rest>.*?)\btps:\s*([\d,]+)(?:\s+tflops:\s*([\d,.]+))?"
+    r"(?:\s+mfu:\s*([\d.]+)%)?"
+)
+_TITAN_MEMORY = re.compile(r"\bmemory:\s*([\d.]+)GiB\(([\d.]+)%\)")
+_TITAN_START = re.compile(r"Training starts at step (\d+)")
+_TITAN_MESH = re.compile(r"Building (\d+)-D device mesh with \[([^\]]*)\], \[([^\]]*)\]")
+_TITAN_MODEL = re.compile(r"Building (\w+) (\w+) with ")
+_TITAN_BATCH = re.compile(
+    r"initialized with local batch size (\d+), global batch size (\d+), gradient accumulation steps (\d+), "
+    r"sequence length (\d+)"
+)
+_TITAN_PEAK = re.compile(r"Peak FLOPS used for computing MFU: ([\d.eE+]+)")
+_TITAN_DEVICE = re.compile(r"(?:CUDA|ROCm|XPU) capacity: (.+?) with ([\d.]+)GiB memory")
+
+
+@dataclass
+class Interval:
+    """One logged interval: what the framework printed for it, as numbers."""
+
+    iteration: int
+    segment: int
+    line: int
+    step_s: float | None = None  # Megatron: elapsed time per iteration
+    tflops_per_gpu: float | None = None  # as the framework counts FLOP
+    tokens_per_s_per_gpu: float | None = None  # torchtitan's tps
+    mfu: float | None = None  # fraction, as the framework counts it
+    memory_bytes: float | None = None  # torchtitan: max reserved since the last log
+    warmup: bool = False
+
+
+@dataclass
+class ParsedLog:
+    """A log as read: its intervals, the configuration it states, and what was skipped."""
+
+    path: str
+    framework: Framework | None = None
+    intervals: list[Interval] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)  # named as cp-plan step's flags
+    model_shape: dict[str, int] = field(default_factory=dict)  # layers, hidden, heads, ... when printed
+    model_name: str | None = None  # torchtitan's "llama3 8B"
+    device_name: str | None = None
+    peak_flops: float | None = None  # the peak the framework's MFU divides by (torchtitan prints it)
+    memory_bytes: float | None = None  # the largest peak memory any rank reported
+    lines: int = 0
+    skipped: int = 0  # lines of neither format (kept count, not kept)
+    cut: int = 0  # lines longer than MAX_LINE_BYTES, read up to it
+    duplicates: int = 0  # the same interval printed again by another rank
+    restarts: int = 0
+    truncated_last_line: bool = False
+    ranks: set[int] = field(default_factory=set)
+
+    def steady(self) -> list[Interval]:
+        return [i for i in self.intervals if not i.warmup]
+
+
+def read_lines(path: str | Path, field: str = "LOG") -> Iterator[tuple[str, bool]]:
+    """(line, complete) for every line of ``path``, decoded leniently, cut at :data:`MAX_LINE_BYTES`.
+
+    A file that is not text (a NUL byte, or mostly undecodable bytes, in its first 8 KiB) is refused as
+    one :class:`InputError`; so are missing, unreadable and empty files."""
+    name = str(path)
+    try:
+        handle = open(name, "rb")  # noqa: SIM115 - closed below, after the generator is exhausted
+    except FileNotFoundError:
+        raise InputError(field, f"{name}: file not found") from None
+    except IsADirectoryError:
+        raise InputError(field, f"{name}: is a directory, expected a log file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(field, f"{name}: cannot read: {exc}") from None
+    with handle:
+        head = handle.read(SNIFF_BYTES)
+        if not head:
+            raise InputError(field, f"{name}: empty file, expected a training log")
+        undecodable = head.decode("utf-8", errors="replace").count("\ufffd")
+        if b"\x00" in head or undecodable > len(head) // 20:
+            raise InputError(field, f"{name}: a binary file, expected a text training log")
+        handle.seek(0)
+        while True:
+            raw = handle.readline(MAX_LINE_BYTES)
+            if not raw:
+                return
+            complete = raw.endswith(b"\n")
+            if not complete and len(raw) == MAX_LINE_BYTES:
+                while True:  # the rest of an over-long line is dropped without holding it
+                    rest = handle.readline(MAX_LINE_BYTES)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+                complete = None  # type: ignore[assignment]  # cut, not truncated
+            yield raw.decode("utf-8", errors="replace").rstrip("\r\n"), complete  # type: ignore[misc]
+
+
+def _number(text: str) -> float | None:
+    """A finite number as printed (thousands commas allowed), else None: a log may print nan or inf."""
+    try:
+        value = float(text.replace(",", "").strip())
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def count(text: str) -> int | None:
+    """A plain ASCII count, else None (``str.isdigit`` admits superscripts ``int`` refuses)."""
+    text = text.strip()
+    return int(text) if re.fullmatch(r"[0-9]{1,12}", text) else None
+
+
+def _megatron_fields(rest: str) -> dict[str, str]:
+    out = {}
+    for part in rest.split("|"):
+        key, sep, value = part.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+# Megatron argument -> (cp-plan step flag, conversion)
+def _recompute(value: str) -> str:
+    return {"none": "none", "selective": "selective", "full": "full"}.get(value.lower(), "none")
+
+
+def _cp_comm(value: str) -> str:
+    first = re.sub(r"[\[\]'\" ]", "", value).split(",")[0]
+    return {"p2p": "ring", "a2a": "ulysses", "allgather": "allgather", "a2a+p2p": "usp"}.get(first, "ring")
+
+
+_MEGATRON_ARGS = {
+    "tensor_model_parallel_size": ("tp", int),
+    "pipeline_model_parallel_size": ("pp", int),
+    "context_parallel_size": ("cp", int),
+    "virtual_pipeline_model_parallel_size": ("vpp", lambda v: count(v) or 1),
+    "world_size": ("gpus", int),
+    "seq_length": ("seq", int),
+    "micro_batch_size": ("micro_batch", int),
+    "global_batch_size": ("global_batch", int),
+    "recompute_granularity": ("recompute", _recompute),
+    "cp_comm_type": ("cp_scheme", _cp_comm),
+}
+_MEGATRON_SHAPE = {
+    "num_layers": "layers",
+    "hidden_size": "hidden",
+    "num_attention_heads": "heads",
+    "num_query_groups": "kv_heads",
+    "ffn_hidden_size": "ffn_hidden",
+    "kv_channels": "head_dim",
+}
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.log = ParsedLog(path)
+        self.segment = 0
+        self.last_iteration = -1
+        self.in_args = False
+        self.args: dict[str, str] = {}
+
+    def feed(self, number: int, text: str) -> bool:
+        """Read one line; True when it was understood."""
+        rank = _RANK.match(text)
+        if rank:
+            self.log.ranks.add(int(next(g for g in rank.groups() if g is not None)))
+        text = _ANSI.sub("", text)
+        if self.in_args:
+            if _ARGS_END.search(text):
+                self.in_args = False
+                self._use_args()
+                return True
+            match = _ARG_LINE.match(text[rank.end() :] if rank else text)
+            if match:
+                self.args[match.group(1)] = match.group(2)
+                return True
+            return False
+        if _ARGS_START.search(text):
+            self.in_args, self.args = True, {}
+            if self.log.intervals and self.last_iteration >= 0:  # Megatron started again
+                self._restart()
+            self.log.framework = self.log.framework or "megatron"
+            return True
+        if (m := _MEGATRON_ITERATION.search(text)) is not None:
+            return self._megatron_iteration(number, int(m.group(1)), m.group(3))
+        if (m := _TITAN_STEP.search(text)) is not None:
+            return self._titan_step(number, m)
+        if (m := _MEGATRON_MEMORY.search(text)) is not None:
+            fields = _megatron_fields(m.group(4))
+            peak = _number(fields.get("max reserved", fields.get("reserved", "")) or "")
+            if peak is not None:
+                scale = MIB if m.group(3) == "MB" else 1e9
+                self.log.memory_bytes = max(self.log.memory_bytes or 0.0, peak * scale)
+            return True
+        if (m := _TITAN_START.search(text)) is not None:
+            self.log.framework = "torchtitan"
+            if self.log.intervals:
+                self._restart()
+            return True
+        if (m := _TITAN_MESH.search(text)) is not None:
+            names = [n.strip(" '\"") for n in m.group(2).split(",")]
+            sizes = [count(s) for s in m.group(3).split(",")]
+            if len(sizes) != len(names) or not all(sizes):
+                return False
+            mesh = dict(zip(names, sizes, strict=False))
+            self.log.config.setdefault("tp", mesh.get("tp", 1))
+            self.log.config.setdefault("cp", mesh.get("cp", 1))
+            self.log.config.setdefault("pp", mesh.get("pp", 1))
+            gpus = 1
+            for size in sizes:
+                gpus *= size
+            self.log.config.setdefault("gpus", gpus)
+            self.log.config.setdefault("cp_scheme", "allgather")  # context_parallel_rotate_method's default
+            if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
+                self.log.config.setdefault("zero", 3)
+            return True
+        if (m := _TITAN_MODEL.search(text)) is not None:
+            self.log.model_name = self.log.model_name or f"{m.group(1)} {m.group(2)}"
+            return True
+        if (m := _TITAN_BATCH.search(text)) is not None:
+            local, batch, _, seq = (int(g) for g in m.groups())
+            self.log.config.update({"global_batch": batch, "seq": seq, "_local_batch": local})
+            return True
+        if (m := _TITAN_PEAK.search(text)) is not None:
+            self.log.peak_flops = _number(m.group(1))
+            return True
+        if (m := _TITAN_DEVICE.search(text)) is not None:
+            self.log.device_name = m.group(1).strip()
+            return True
+        return False
+
+    def _restart(self) -> None:
+        self.segment += 1
+        self.log.restarts += 1
+        self.last_iteration = -1
+
+    def _add(self, interval: Interval) -> bool:
+        recent = [i.iteration for i in self.log.intervals[-4:] if i.segment == self.segment]
+        if interval.iteration in recent:  # another rank printed the same interval
+            self.log.duplicates += 1
+            return True
+        if interval.iteration <= self.last_iteration:  # resumed from a checkpoint
+            self._restart()
+            interval.segment = self.segment
+        interval.warmup = not any(i.segment == self.segment for i in self.log.intervals)
+        self.last_iteration = interval.iteration
+        self.log.intervals.append(interval)
+        return True
+
+    def _megatron_iteration(self, number: int, iteration: int, rest: str) -> bool:
+        fields = _megatron_fields(rest)
+        elapsed = _number(fields.get("elapsed time per iteration (ms)", ""))
+        if elapsed is None or elapsed <= 0:
+            return False
+        self.log.framework = self.log.framework or "megatron"
+        tflops = _number(fields.get("throughput per GPU (TFLOP/s/GPU)", ""))
+        batch = _number(fields.get("global batch size", ""))
+        if batch is not None:
+            self.log.config.setdefault("global_batch", int(batch))
+        return self._add(
+            Interval(iteration, self.segment, number, step_s=elapsed / 1e3, tflops_per_gpu=tflops)
+        )
+
+    def _titan_step(self, number: int, m: re.Match[str]) -> bool:
+        tps = _number(m.group(4))
+        if tps is None or tps <= 0:
+            return False
+        self.log.framework = "torchtitan"
+        memory = _TITAN_MEMORY.search(m.group("rest"))
+        mfu = _number(m.group(6)) if m.group(6) else None
+        interval = Interval(
+            int(m.group(1)),
+            self.segment,
+            number,
+            tokens_per_s_per_gpu=tps,
+            tflops_per_gpu=_number(m.group(5)) if m.group(5) else None,
+            mfu=mfu / 100 if mfu is not None else None,
+            memory_bytes=float(memory.group(1)) * GIB if memory else None,
+        )
+        if interval.memory_bytes is not None:
+            self.log.memory_bytes = max(self.log.memory_bytes or 0.0, interval.memory_bytes)
+        return self._add(interval)
+
+    def _use_args(self) -> None:
+        for name, (flag, convert) in _MEGATRON_ARGS.items():
+            value = self.args.get(name)
+            if value is None or value == "None":
+                continue
+            try:
+                self.log.config[flag] = convert(value)
+            except ValueError:
+                continue
+        for name, key in _MEGATRON_SHAPE.items():
+            value = count(self.args.get(name, "None"))
+            if value:
+                self.log.model_shape[key] = value
+        if self.args.get("group_query_attention") != "True":
+            self.log.model_shape.pop("kv_heads", None)
+        self.log.config["zero"] = 1 if self.args.get("use_distributed_optimizer") == "True" else 0
+        if self.args.get("fp8") not in (None, "None"):
+            self.log.config["dtype"] = "fp8"
+
+
+def parse_log(path: str | Path, field: str = "LOG") -> ParsedLog:
+    """Read one log; a file with no interval of either framework is an :class:`InputError`."""
+    reader = _Reader(str(path))
+    number = 0
+    for number, (text, complete) in enumerate(read_lines(path, field), start=1):
+        if complete is None:
+            reader.log.cut += 1
+        try:
+            understood = reader.feed(number, text)
+        except (ValueError, OverflowError):  # a number of more digits than Python converts
+            understood = False
+        if complete is False:  # the file ends mid-line: a job still writing, or a copy cut short
+            reader.log.truncated_last_line = True
+            if understood and reader.log.intervals and reader.log.intervals[-1].line == number:
+                reader.log.intervals.pop()  # its numbers may be cut mid-digit
+        if not understood:
+            reader.log.skipped += 1
+    reader.log.lines = number
+    if not reader.log.intervals:
+        raise InputError(
+            field,
+            f"{path}: no iteration lines of Megatron-LM ('iteration N/ T | ... elapsed time per iteration "
+            f"(ms): ...') or torchtitan ('step: N  loss: ...  tps: ...') in {number} lines",
+        )
+    if not reader.log.steady():  # only warm-up intervals: use them rather than nothing
+        for interval in reader.log.intervals:
+            interval.warmup = False
+    return reader.log
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, spread (interquartile range / median), min, max and count of ``values``."""
+    ordered = sorted(values)
+    median = statistics.median(ordered)
+    if len(ordered) >= 4:
+        q1, _, q3 = statistics.quantiles(ordered, n=4)
+    else:
+        q1, q3 = ordered[0], ordered[-1]
+    return {
+        "median": median,
+        "spread": (q3 - q1) / median if median else 0.0,
+        "min": ordered[0],
+        "max": ordered[-1],
+        "count": len(ordered),
+    }

@@ -1,0 +1,242 @@
+"""nccl-tests tables read back and fitted: α and B per collective and scope, and a profile whose links are measured.
+
+The table is the one ``src/common.cu`` of nccl-tests prints [nccl-tests]: ``# Collective test starting: NAME``,
+``# nThread ... nGpus ...``, one ``#  Rank  r Group g Pid p on HOST device d ...`` line per rank, then per
+message size ``size count type redop root | time algbw busbw #wrong`` out of place, then the same in place
+(older versions have no ``root`` column; ``#wrong`` reads ``N/A`` without validation). Time is in µs,
+bandwidths in GB/s.
+
+Which bandwidth: nccl-tests' doc/PERFORMANCE.md defines algbw = size / time and busbw = algbw x a factor
+that makes it the rate each link carries, comparable across rank counts and with the hardware's peak:
+2(n-1)/n for all_reduce; (n-1)/n for all_gather, reduce_scatter and alltoall; 1 for sendrecv. That link
+rate is what cp-plan's B means (a ring hop's bytes per second per direction; for all-to-all, the bytes
+a rank receives per second), so each fit is t = α + size·factor / B over the out-of-place times: B is a
+bus bandwidth. A run's scope is inter-node when its ranks sit on more than one host, or (hosts not
+printed) outnumber the base profile's devices per node.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from costmodel.audit.logs import count, read_lines
+from costmodel.calibration.fit import fit_link
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import HardwareProfile, LinkFit, parse_profile
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv")
+Scope = Literal["intra-node", "inter-node"]
+# Where a ring hop's B comes from, best first: a point-to-point exchange, then ring collectives.
+P2P_PREFERENCE = ("sendrecv", "all_gather", "reduce_scatter", "all_reduce")
+
+_START = re.compile(r"#\s*Collective test starting:\s*(\w+?)(?:_perf)?(?:_mpi)?\s*$")
+_HEADER = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
+_RANK = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)")
+
+
+def bus_factor(collective: str, ranks: int) -> float:
+    """busbw / algbw of nccl-tests doc/PERFORMANCE.md."""
+    n = ranks
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass
+class Table:
+    """One nccl-tests run: which collective, over how many ranks on which hosts, and its rows."""
+
+    path: str
+    collective: str
+    ranks: int
+    hosts: list[str]
+    rows: list[dict[str, float]] = field(default_factory=list)  # bytes, out/in-place time s, busbw
+    skipped: int = 0
+
+    def scope(self, devices_per_node: int) -> Scope:
+        if self.hosts:
+            return "inter-node" if len(self.hosts) > 1 else "intra-node"
+        return "inter-node" if self.ranks > devices_per_node else "intra-node"
+
+
+def _float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _collective_from_name(path: str) -> str | None:
+    stem = Path(path).name.lower()
+    return next((c for c in COLLECTIVES if c in stem or c.replace("_", "") in stem), None)
+
+
+def parse_table(path: str, field_name: str = "FILE") -> Table:
+    """Read one nccl-tests output; anything but the table and its header is skipped and counted."""
+    collective, threads_gpus, ranks, hosts = None, None, {}, []
+    rows, skipped = [], 0
+    for text, _ in read_lines(path, field_name):
+        if (m := _START.search(text)) is not None:
+            collective = m.group(1)
+            continue
+        if (m := _HEADER.search(text)) is not None and len(text) < 1000:
+            threads_gpus = int(m.group(1)) * int(m.group(2))
+            continue
+        if (m := _RANK.search(text)) is not None and len(text) < 1000:
+            ranks[int(m.group(1))] = m.group(2)
+            if m.group(2) not in hosts:
+                hosts.append(m.group(2))
+            continue
+        tokens = text.split()
+        size = count(tokens[0]) if tokens and not text.lstrip().startswith("#") else None
+        if size is None or len(tokens) < 12:
+            skipped += 1
+            continue
+        out_time, in_time = _float(tokens[-8]), _float(tokens[-4])
+        if out_time is None or out_time <= 0 or size <= 0:
+            skipped += 1
+            continue
+        rows.append(
+            {
+                "bytes": size,
+                "out_of_place_s": out_time * 1e-6,
+                "in_place_s": in_time * 1e-6 if in_time and in_time > 0 else None,
+                "busbw": (_float(tokens[-6]) or 0.0) * 1e9,
+            }
+        )
+    collective = collective or _collective_from_name(path)
+    if collective not in COLLECTIVES:
+        raise InputError(
+            field_name,
+            f"{path}: cannot tell which collective this is (no '# Collective test starting:' line and "
+            f"no name in the file name); accepted: {', '.join(c + '_perf' for c in COLLECTIVES)}",
+        )
+    if not rows:
+        raise InputError(
+            field_name, f"{path}: no rows of an nccl-tests table (size count type ... time algbw busbw)"
+        )
+    size = len(ranks) or threads_gpus or 0
+    if size < 2:
+        raise InputError(field_name, f"{path}: {size or 'unknown'} ranks; a link needs at least 2")
+    return Table(path, collective, size, hosts, rows, skipped)
+
+
+def fit_table(table: Table) -> LinkFit:
+    """α and bus bandwidth B of t = α + size·factor / B over the out-of-place times (weighted by 1/t)."""
+    samples = [
+        {
+            "bytes": r["bytes"],
+            "seconds": r["out_of_place_s"],
+            "spread": abs(r["in_place_s"] - r["out_of_place_s"]) / r["out_of_place_s"]
+            if r["in_place_s"]
+            else 0.0,
+        }
+        for r in table.rows
+    ]
+    return fit_link(samples, received_fraction=bus_factor(table.collective, table.ranks))
+
+
+def fit_all(paths: list[str], base: HardwareProfile) -> list[dict[str, Any]]:
+    """One fit per file: collective, scope, ranks, hosts, α, B, R²; the largest run of a (collective, scope)
+    first."""
+    fits = []
+    for path in paths:
+        table = parse_table(path)
+        fit = fit_table(table)
+        fits.append(
+            {
+                "file": path,
+                "collective": table.collective,
+                "scope": table.scope(base.devices_per_node),
+                "ranks": table.ranks,
+                "hosts": table.hosts,
+                "latency_s": fit.latency_s,
+                "bus_bandwidth": fit.bandwidth,
+                "r2": fit.r2,
+                "sizes": len(table.rows),
+                "skipped_lines": table.skipped,
+                "largest_busbw": max(r["busbw"] for r in table.rows),
+            }
+        )
+    return sorted(fits, key=lambda f: (f["scope"], f["collective"], -f["ranks"]))
+
+
+def _pick(fits: list[dict[str, Any]], scope: str, collectives: tuple[str, ...]) -> dict[str, Any] | None:
+    for collective in collectives:
+        found = [f for f in fits if f["scope"] == scope and f["collective"] == collective]
+        if found:
+            return found[0]
+    return None
+
+
+def measured_profile(
+    base: HardwareProfile, fits: list[dict[str, Any]], name: str, date: str | None = None
+) -> HardwareProfile:
+    """``base`` with every link that nccl-tests measured replaced: the point-to-point B and α from the best
+    collective (:data:`P2P_PREFERENCE`), the all-to-all from alltoall_perf; device and kernel tables kept."""
+    data = base.model_dump(mode="python", exclude_none=True)
+    said = []
+    for scope in ("intra-node", "inter-node"):
+        key = scope.replace("-", "_")
+        p2p = _pick(fits, scope, P2P_PREFERENCE)
+        a2a = _pick(fits, scope, ("alltoall",))
+        if p2p is None and a2a is None:
+            continue
+        old = data["links"].get(key) or {"name": f"{scope} link"}
+        chosen = p2p or a2a
+        assert chosen is not None
+        link: dict[str, Any] = {
+            "name": f"{old['name']} (measured by nccl-tests)",
+            "bandwidth_per_direction": chosen["bus_bandwidth"],
+            "latency_s": chosen["latency_s"],
+            "source": "; ".join(
+                f"{f['collective']}_perf {Path(f['file']).name}: {f['ranks']} ranks, "
+                f"alpha {f['latency_s'] * 1e6:.1f} us, busbw {f['bus_bandwidth'] / 1e9:.1f} GB/s"
+                for f in (p2p, a2a)
+                if f is not None
+            ),
+        }
+        if a2a is not None:
+            link["alltoall"] = {
+                "bandwidth_per_direction": a2a["bus_bandwidth"],
+                "latency_s": a2a["latency_s"],
+            }
+        data["links"][key] = link
+        said.append(f"{scope} from {chosen['collective']}_perf")
+    if not said:
+        raise InputError("FILE", "no run measured a link")
+    hosts = sorted({h for f in fits for h in f["hosts"]}) or ["unknown host"]
+    files = ", ".join(Path(f["file"]).name for f in fits)
+    data["name"] = name
+    data["description"] = f"{base.description} [links measured by nccl-tests: {'; '.join(said)}]".strip()
+    data["source"] = {
+        "kind": "measured",
+        "url": base.source.url,
+        "host": ", ".join(hosts[:4]) + (f" and {len(hosts) - 4} more" if len(hosts) > 4 else ""),
+        "date": date or datetime.date.today().isoformat(),
+        "backend": "nccl",
+        "nproc": max(f["ranks"] for f in fits),
+        "notes": f"Links fitted to nccl-tests outputs ({files}): t = alpha + size x busbw factor / B, "
+        f"out-of-place times; B is the bus bandwidth of nccl-tests doc/PERFORMANCE.md. Device and kernel "
+        f"tables from {base.name}.",
+    }
+    return parse_profile(data, f"profile measured from {files}", field="--out")
+
+
+def profile_yaml(profile: HardwareProfile) -> str:
+    import yaml
+
+    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
+    head = (
+        "# Hardware profile whose links were measured with nccl-tests (`cp-plan hw from-nccl-tests`).\n"
+        "# Units are SI; bandwidths are bus bandwidths (nccl-tests busbw), per direction. Use: --hw this-file.yaml\n"
+    )
+    return head + body

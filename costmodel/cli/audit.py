@@ -1,0 +1,331 @@
+"""``cp-plan audit LOG...``: training logs against the step model, and ``--fit-profile`` to learn from them;
+``cp-plan hw from-nccl-tests FILE...``: a profile whose links nccl-tests measured (docs/audit.md).
+
+The flags here override what a log states, so each defaults to "as the log says" (None), not to the
+step's own defaults; ``cp-plan step`` documents each."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from costmodel.cli.options import console
+from costmodel.cli.planning import DataFormat
+from costmodel.core.errors import InputError
+
+LogsArg = Annotated[
+    list[str], typer.Argument(help="Training logs of Megatron-LM or torchtitan.", show_default=False)
+]
+
+
+def _option(help: str) -> Any:
+    return typer.Option(help=f"{help} [default: as the log or --config says]", show_default=False)
+
+
+def _tokens(text: str) -> int:
+    from costmodel.plans.inputs import parse_tokens
+
+    try:
+        return parse_tokens(text, "--seq")
+    except InputError as exc:
+        raise typer.BadParameter(exc.message) from None
+
+
+def audit_cmd(
+    logs: LogsArg,
+    config: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--config",
+            help="The framework's file for each log, in order: torchtitan's TOML, or a Megatron launch script "
+            "or flag file. A LOG.toml beside a log is read without it.",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[Optional[str], _option("Model preset or YAML (cp-plan step --model).")] = None,
+    hw: Annotated[Optional[str], _option("Hardware profile (cp-plan hw list) or a YAML path.")] = None,
+    gpus: Annotated[Optional[int], _option("Accelerators in the job.")] = None,
+    tp: Annotated[Optional[int], _option("Tensor-parallel degree.")] = None,
+    cp: Annotated[Optional[int], _option("Context-parallel degree.")] = None,
+    pp: Annotated[Optional[int], _option("Pipeline-parallel degree.")] = None,
+    seq: Annotated[
+        Optional[int],
+        typer.Option(
+            parser=_tokens,
+            help="Sequence length, tokens: 8192, 8k, 1M. [default: as the log or --config says]",
+            show_default=False,
+        ),
+    ] = None,
+    global_batch: Annotated[Optional[int], _option("Sequences per optimizer step.")] = None,
+    micro_batch: Annotated[Optional[int], _option("Sequences per micro-batch.")] = None,
+    recompute: Annotated[Optional[str], _option("Activation recompute: none, selective, full.")] = None,
+    cp_scheme: Annotated[Optional[str], _option("ring, ulysses, usp or allgather.")] = None,
+    fit_profile: Annotated[
+        Optional[str],
+        typer.Option(
+            "--fit-profile",
+            help="Write a profile whose kernel rates and link bandwidths are fitted to the logs (all on one "
+            "--hw), with the leave-one-out error across them.",
+            show_default=False,
+        ),
+    ] = None,
+    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+) -> None:
+    """Compare training logs with the step model: measured vs predicted step time, TFLOP/s per GPU and MFU,
+    where the difference most likely sits, and findings (over peak, far below the plan, memory, CP exposed).
+
+    Example: cp-plan audit train.log --hw h100-nvlink
+    """
+    from costmodel.audit.compare import audit
+    from costmodel.audit.config import resolve
+    from costmodel.audit.logs import parse_log
+    from costmodel.core.fileio import check_writable
+
+    if config and len(config) != len(logs):
+        raise InputError("--config", f"give one per log ({len(logs)}), in the same order; got {len(config)}")
+    if fit_profile is not None:
+        check_writable(fit_profile, "--fit-profile")
+    given = {
+        "model": model,
+        "hw": hw,
+        "gpus": gpus,
+        "tp": tp,
+        "cp": cp,
+        "pp": pp,
+        "seq": seq,
+        "global_batch": global_batch,
+        "micro_batch": micro_batch,
+        "recompute": recompute,
+        "cp_scheme": cp_scheme,
+    }
+    results, runs, left_out = [], [], []
+    for index, path in enumerate(logs):
+        log = parse_log(path)
+        sibling = Path(path).with_suffix(".toml")
+        file = config[index] if config else (str(sibling) if sibling.is_file() else None)
+        values = resolve(log, given, file)
+        result = audit(log, values)
+        results.append(result)
+        if any(f["severity"] == "critical" for f in result["findings"]):
+            left_out.append(
+                Path(path).name
+            )  # its numbers cannot be right: it would teach the profile nonsense
+        else:
+            runs.append((Path(path).name, values, result["measured"]["step_time_s"]["median"]))
+    fit = None
+    if fit_profile is not None:
+        if not runs:
+            raise InputError("--fit-profile", "every log has a critical finding; none can be fitted to")
+        fit = _fit(runs, fit_profile) | {"left_out_runs": left_out}
+    document: dict[str, Any] = {"audit": results[0]} if len(results) == 1 else {"audits": results}
+    if len(results) > 1:
+        document["audit"] = results[0]
+    if fit is not None:
+        document["fit"] = fit
+    if format is DataFormat.json:
+        sys.stdout.write(json.dumps(document, indent=2, allow_nan=False, default=str) + "\n")
+    elif format is DataFormat.yaml:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(json.loads(json.dumps(document, default=str)), sort_keys=False))
+    else:
+        if len(results) == 1:
+            _table(results[0])
+        else:
+            _summary(results)
+        if fit is not None:
+            _fit_table(fit)
+
+
+def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, Any]:
+    from costmodel.audit.fit import Run, calibrate, fitted_profile
+    from costmodel.audit.nccl import profile_yaml
+    from costmodel.core.fileio import atomic_write_text
+    from costmodel.machines.profiles import load_profile
+
+    profiles = {values["hw"] for _, values, _ in runs}
+    if len(profiles) > 1:
+        raise InputError(
+            "--fit-profile",
+            f"the logs name several profiles ({', '.join(sorted(profiles))}); fit one --hw at a time",
+        )
+    base = load_profile(profiles.pop())
+    result = calibrate([Run(label, values, seconds) for label, values, seconds in runs], base)
+    name = Path(out).stem
+    profile = fitted_profile(result, base, name, datetime.date.today().isoformat())
+    atomic_write_text(
+        out,
+        profile_yaml(profile).replace("measured with nccl-tests", "fitted to training logs"),
+        "--fit-profile",
+    )
+    return {k: v for k, v in result.items() if k != "profile"} | {"written": out, "base": base.name}
+
+
+def _table(result: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from costmodel.core.units import seconds
+
+    screen = console()
+    c, m, p = result["config"], result["measured"], result["predicted"]
+    screen.print(
+        f"{result['log']} ({result['framework']}): {c['model']} S={c['seq']} on {c['gpus']} x {c['hw']}, "
+        f"tp {c['tp']}, cp {c['cp']} ({c['cp_scheme']}), pp {c['pp']}, dp {c['dp']}, recompute {c['recompute']}"
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in ("", "measured", "predicted", "ratio"):
+        table.add_column(column, justify="left" if not column else "right")
+    time = m["step_time_s"]
+    table.add_row(
+        "step time",
+        f"{seconds(time['median'])} ±{time['spread']:.0%}",
+        seconds(p["step_time_s"]),
+        f"{time['median'] / p['step_time_s']:.2f}",
+    )
+    table.add_row(
+        "model TFLOP/s per GPU",
+        f"{m['model_tflops_per_gpu']:.0f}",
+        f"{p['tflops_per_gpu']:.0f}",
+        f"{m['model_tflops_per_gpu'] / p['tflops_per_gpu']:.2f}",
+    )
+    if m["tflops_per_gpu_source"] == "log":
+        table.add_row("TFLOP/s per GPU (log)", f"{m['tflops_per_gpu']:.0f}", "", "")
+    table.add_row("MFU", f"{m['mfu']:.1%}", f"{p['mfu']:.1%}", "")
+    if m["memory_bytes"] is not None:
+        table.add_row(
+            "peak memory", f"{m['memory_bytes'] / 1e9:.1f} GB", f"{p['memory_bytes'] / 1e9:.1f} GB", ""
+        )
+    screen.print(table)
+    screen.print(f"difference: {result['comparison']['attribution']['explanation']}")
+    for finding in result["findings"]:
+        screen.print(f"  {finding['severity']:<8} {finding['message']}")
+    screen.print()
+
+
+def _summary(results: list[dict[str, Any]]) -> None:
+    """One row per log: measured and predicted step, their ratio, and the most severe finding."""
+    from rich import box
+    from rich.table import Table
+
+    from costmodel.core.units import seconds
+
+    table = Table(
+        box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, caption="cp-plan audit LOG for one run in full"
+    )
+    table.add_column("log", no_wrap=True, max_width=28)
+    for column in ("measured", "predicted", "ratio", "most severe finding"):
+        table.add_column(column, justify="right" if column in ("measured", "predicted", "ratio") else "left")
+    for result in results:
+        time = result["measured"]["step_time_s"]["median"]
+        worst = result["findings"][0]
+        table.add_row(
+            Path(result["log"]).name,
+            seconds(time),
+            seconds(result["predicted"]["step_time_s"]),
+            f"{time / result['predicted']['step_time_s']:.2f}",
+            "-" if worst["kind"] == "read" else f"{worst['severity']} {worst['kind']}",
+        )
+    console().print(table)
+
+
+def _fit_table(fit: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from costmodel.core.units import seconds
+
+    screen = console()
+    screen.print(
+        f"fitted {fit['base']}: kernel rates x {fit['compute_factor']:.3f}, links x {fit['comm_factor']:.3f} "
+        f"-> {fit['written']}"
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in ("run", "measured", "base", "fitted", "left out"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for row in fit["runs"]:
+        left = f"{row['left_out_error']:+.1%}" if "left_out_error" in row else "-"
+        table.add_row(
+            row["run"],
+            seconds(row["measured_s"]),
+            f"{row['base_error']:+.1%}",
+            f"{row['fitted_error']:+.1%}",
+            left,
+        )
+    screen.print(table)
+    if fit["left_out_runs"]:
+        screen.print(f"not fitted (a critical finding): {', '.join(fit['left_out_runs'])}")
+    loo = fit["left_out_median_abs_error"]
+    screen.print(
+        f"median |error|: base {fit['base_median_abs_error']:.1%}, fitted {fit['fitted_median_abs_error']:.1%}"
+        + (f", left out {loo:.1%} (max {fit['left_out_max_abs_error']:.1%})" if loo is not None else "")
+    )
+
+
+def from_nccl_tests(
+    files: Annotated[
+        list[str], typer.Argument(help="Outputs of nccl-tests' *_perf binaries.", show_default=False)
+    ],
+    base: Annotated[
+        str, typer.Option("--base", help="Profile whose device and kernel tables are kept.")
+    ] = "h100-nvlink",
+    out: Annotated[
+        Optional[str],
+        typer.Option("--out", help="Write the measured profile here (YAML).", show_default=False),
+    ] = None,
+    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+) -> None:
+    """Fit α and bus bandwidth per collective and scope to nccl-tests outputs (all_reduce, all_gather,
+    reduce_scatter, alltoall, sendrecv) and write a profile whose links are measured.
+
+    Example: cp-plan hw from-nccl-tests all_gather.txt sendrecv.txt --base h100-nvlink --out my.yaml
+    """
+    from costmodel.audit.nccl import fit_all, measured_profile, profile_yaml
+    from costmodel.core.fileio import atomic_write_text, check_writable
+    from costmodel.machines.profiles import load_profile
+
+    if out is not None:
+        check_writable(out, "--out")
+    profile = load_profile(base, field="--base")
+    fits = fit_all(files, profile)
+    measured = measured_profile(profile, fits, Path(out).stem if out else f"{profile.name}-measured")
+    if out is not None:
+        atomic_write_text(out, profile_yaml(measured), "--out")
+    if format is DataFormat.json:
+        sys.stdout.write(json.dumps({"fits": fits, "written": out}, indent=2) + "\n")
+        return
+    if format is DataFormat.yaml:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump({"fits": fits, "written": out}, sort_keys=False))
+        return
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        caption="t = α + size·factor / B over out-of-place times; B is nccl-tests' busbw",
+    )
+    for column in ("file", "collective", "scope", "ranks", "α µs", "B GB/s", "R²"):
+        table.add_column(column, justify="left" if column in ("file", "collective", "scope") else "right")
+    for f in fits:
+        table.add_row(
+            Path(f["file"]).name,
+            f["collective"],
+            f["scope"],
+            str(f["ranks"]),
+            f"{f['latency_s'] * 1e6:.1f}",
+            f"{f['bus_bandwidth'] / 1e9:.1f}",
+            f"{f['r2']:.4f}",
+        )
+    screen = console()
+    screen.print(table)
+    if out is not None:
+        screen.print(f"wrote {out}: use it anywhere as --hw {out}")
