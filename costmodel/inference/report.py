@@ -38,7 +38,9 @@ class SchemeTime(_Strict):
 
     ttft_s: float = Field(description="time to first token with this scheme")
     exposed_comm_s: float = Field(description="CP communication left on the critical path, whole prefill")
-    step_bytes: float = Field(description="bytes each TP rank sends per ring step (all-gather: receives per layer)")
+    step_bytes: float = Field(
+        description="bytes each TP rank sends per ring step (all-gather: receives per layer)"
+    )
 
 
 class Prefill(_Strict):
@@ -59,7 +61,9 @@ class Prefill(_Strict):
     gemm_flops_per_s: float = Field(description="F_gemm of the first chunk, at the weight dtype")
     attention_flops_per_s: float = Field(description="F_attn of the first chunk")
     schemes: dict[str, SchemeTime] = Field(description="every scheme, timed (N = 1: one entry, no CP)")
-    breakdown: dict[str, float] = Field(description="seconds per component of the chosen scheme, summing to ttft_s")
+    breakdown: dict[str, float] = Field(
+        description="seconds per component of the chosen scheme, summing to ttft_s"
+    )
 
 
 class Decode(_Strict):
@@ -78,7 +82,9 @@ class Decode(_Strict):
     cp_latency_gain_s: float = Field(
         description="tpot at CP 1 minus tpot at this CP, same TP and cache: < 0 when CP only adds latency"
     )
-    max_batch_at_cp1: int = Field(description="max_batch with the cache on one CP rank: what CP adds in capacity")
+    max_batch_at_cp1: int = Field(
+        description="max_batch with the cache on one CP rank: what CP adds in capacity"
+    )
 
 
 class Target(_Strict):

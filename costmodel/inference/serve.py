@@ -225,8 +225,15 @@ def prefill(
     return sum(breakdown.values()), breakdown, rates
 
 
-def _decode_at(values: dict[str, Any], context: int, setup: InferenceSetup, gemm_rate: float, attn_rate: float):
-    v = {**values, "S_kv": _kv_tokens(context, values["N"], setup.page), "F_gemm": gemm_rate, "F_attn": attn_rate}
+def _decode_at(
+    values: dict[str, Any], context: int, setup: InferenceSetup, gemm_rate: float, attn_rate: float
+):
+    v = {
+        **values,
+        "S_kv": _kv_tokens(context, values["N"], setup.page),
+        "F_gemm": gemm_rate,
+        "F_attn": attn_rate,
+    }
     return v, _call("tpot_s", v)
 
 
@@ -286,7 +293,9 @@ def memory(values: dict[str, Any], setup: InferenceSetup, chunk: int, machine: M
     }
 
 
-def _rule(values: dict[str, Any], setup: InferenceSetup, attention_rate: float) -> tuple[str, float, float, float]:
+def _rule(
+    values: dict[str, Any], setup: InferenceSetup, attention_rate: float
+) -> tuple[str, float, float, float]:
     """The published pass-KV / pass-Q rule on the whole request: pass-KV once its ring step hides under
     attention or once new tokens are a large enough share that its steps are the smaller ([CP-Infer])."""
     v = {**values, "T_n": setup.prompt, "K_c": setup.cached, "F_attn": attention_rate}
@@ -297,7 +306,9 @@ def _rule(values: dict[str, Any], setup: InferenceSetup, attention_rate: float) 
     return scheme, hide, share, fraction
 
 
-def _machines(inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None) -> tuple[Machine, Machine]:
+def _machines(
+    inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None
+) -> tuple[Machine, Machine]:
     attention = step_machine(inputs, overrides)
     return attention, _machine(attention, setup.weights, "--weights")
 
@@ -342,7 +353,10 @@ def evaluate_infer(
 ) -> InferenceReport:
     """Memory, TTFT with every CP scheme and the one chosen, TPOT, and the target search when asked."""
     if inputs.model is None:
-        raise InputError("--model", "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b")
+        raise InputError(
+            "--model",
+            "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b",
+        )
     model = load_model(inputs.model)
     chunk = _check(inputs, setup, model)
     attention, gemm = _machines(inputs, setup, overrides)
@@ -361,7 +375,9 @@ def evaluate_infer(
         s: SchemeTime(
             ttft_s=t,
             exposed_comm_s=parts.get("exposed CP comm", 0.0),
-            step_bytes=_call(step_bytes[s], {**whole, "T_n": chunk, "K_c": setup.cached + setup.prompt - chunk})
+            step_bytes=_call(
+                step_bytes[s], {**whole, "T_n": chunk, "K_c": setup.cached + setup.prompt - chunk}
+            )
             if values["N"] > 1
             else 0.0,
         )

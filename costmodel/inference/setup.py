@@ -60,7 +60,11 @@ class InferenceSetup(BaseModel):
     )
     tp: Count = flag(1, "Tensor-parallel degree (inside a node).", unit="devices", ge=1, le=MAX_HEADS)
     cp: Count = flag(
-        1, "Context-parallel degree: ranks the prompt and the KV cache are split over.", unit="devices", ge=1, le=MAX_CP
+        1,
+        "Context-parallel degree: ranks the prompt and the KV cache are split over.",
+        unit="devices",
+        ge=1,
+        le=MAX_CP,
     )
     pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
     weights: CacheDtype = flag(
