@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from costmodel.cli import infer as infer_cli
 from costmodel.cli import kernel as kernel_cli
 from costmodel.cli import plan_file, planning, step
 from costmodel.cli.kernel import app as kernel_app
@@ -35,6 +36,7 @@ app.command("sweep")(planning.sweep_cmd)
 app.command("check")(planning.check_cmd)
 app.command("report")(plan_file.report_cmd)
 app.command("step")(step.step_cmd)
+app.command("infer")(infer_cli.infer_cmd)
 
 
 def _version(value: bool) -> None:
