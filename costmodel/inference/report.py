@@ -29,7 +29,9 @@ class Memory(_Strict):
     prefill_activation_bytes: float = Field(description="working set of the largest prefill chunk, one layer")
     free_bytes: float = Field(description="usable - weights - KV cache - prefill working set; < 0: no fit")
     fits: bool = Field(description="free_bytes >= 0")
-    max_batch: int = Field(description="sequences of this length whose caches fit beside the weights")
+    max_batch: int = Field(
+        description="sequences of this length whose caches and prefill working set fit beside the weights"
+    )
     max_context_tokens: int = Field(description="cache tokens per sequence that fit at this batch")
 
 

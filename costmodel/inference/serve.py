@@ -288,7 +288,7 @@ def memory(values: dict[str, Any], setup: InferenceSetup, chunk: int, machine: M
         "prefill_activation_bytes": working,
         "free_bytes": room - kv - working,
         "fits": room - kv - working >= 0,
-        "max_batch": max(0, math.floor((room - working_one) / one)),
+        "max_batch": max(0, math.floor(room / (one + working_one))),  # both scale with the batch
         "max_context_tokens": max_tokens * values["N"],
     }
 
