@@ -23,6 +23,7 @@ LAYER = {
     "plans": 3,
     "training": 4,
     "calibration": 4,
+    "inference": 4,
     "cli": 5,
     "codegen": 6,
 }
