@@ -73,7 +73,12 @@ def _table(report: dict) -> None:
         f"TTFT {seconds(out['ttft_s'])} with {pre['scheme']} (rule: {pre['rule_scheme']}; new share "
         f"{pre['new_fraction']:.3g} vs 2·n_kv/h = {pre['passq_max_new_fraction']:.3g}, pass-KV hides from "
         f"{pre['passkv_hidden_min_new_tokens']:,.0f} new tokens)   TPOT {seconds(out['tpot_s'])} "
-        f"({dec['tokens_per_s']:,.1f} tokens/s); CP saves {seconds(dec['cp_latency_gain_s'])} per token"
+        f"({dec['tokens_per_s']:,.1f} tokens/s); against CP 1, CP "
+        + (
+            f"saves {seconds(dec['cp_latency_saved_s'])} per token"
+            if dec["cp_latency_saved_s"] > 0
+            else f"adds {seconds(dec['cp_latency_added_s'])} per token"
+        )
     )
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, caption="prefill, chosen scheme")
     for column in ("component", "time", "share"):

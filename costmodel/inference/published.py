@@ -48,7 +48,7 @@ class PublishedPrefill:
 ROWS = [
     PublishedPrefill(
         "cp-infer-405b-1m",
-        "[CP-Infer] abstract, §4",
+        "[CP-Infer] abstract",
         "Llama 3 405B, 1M-token prefill, 16 hosts x 8 H100 (TP 8, CP 16)",
         77.0,
         GOAL,
@@ -56,7 +56,7 @@ ROWS = [
     ),
     PublishedPrefill(
         "cp-infer-405b-128k",
-        "[CP-Infer] abstract, §4",
+        "[CP-Infer] abstract",
         "Llama 3 405B, 128K-token prefill, 16 hosts x 8 H100 (TP 8, CP 16)",
         3.8,
         0.60,

@@ -286,7 +286,8 @@ def memory(values: dict[str, Any], setup: InferenceSetup, chunk: int, machine: M
         "kv_cache_bytes_per_device": kv,
         "kv_cache_tokens_per_rank": kv_tokens,
         "prefill_activation_bytes": working,
-        "free_bytes": room - kv - working,
+        "free_bytes": max(0.0, room - kv - working),
+        "shortfall_bytes": max(0.0, kv + working - room),
         "fits": room - kv - working >= 0,
         "max_batch": max(0, math.floor(room / (one + working_one))),  # both scale with the batch
         "max_context_tokens": max_tokens * values["N"],
@@ -389,6 +390,7 @@ def evaluate_infer(
     at_one = decode(solo, setup, attention, gemm, model) if setup.cp > 1 else dec
     mem_one = memory(solo, setup, chunk, attention) if setup.cp > 1 else mem
     tpot = (dec["first"] + dec["last"]) / 2  # linear in the cache between the first and the last token
+    gain = (at_one["first"] + at_one["last"]) / 2 - tpot
     stated = {
         "model": inputs.model,
         "hw": inputs.hw,
@@ -431,7 +433,8 @@ def evaluate_infer(
                 cp_merge_s=dec["cp_merge_s"],
                 tp_s=dec["tp_s"],
                 merge_bytes_per_layer=dec["merge_bytes_per_layer"],
-                cp_latency_gain_s=(at_one["first"] + at_one["last"]) / 2 - tpot,
+                cp_latency_saved_s=max(0.0, gain),
+                cp_latency_added_s=max(0.0, -gain),
                 max_batch_at_cp1=mem_one["max_batch"],
             ),
             target=_target(inputs, setup, model, attention, gemm) if setup.target_ttft is not None else None,
