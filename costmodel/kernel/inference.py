@@ -85,6 +85,7 @@ def pass_q_prefill(
     *,
     group: dist.ProcessGroup | None = None,
     causal: bool = True,
+    cu_seqlens: tuple[int, ...] | list[int] | None = None,
     scale: float | None = None,
     max_fused_pieces: int = MAX_FUSED_PIECES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,12 +93,12 @@ def pass_q_prefill(
 
     ``q`` (b, h, Lq, d) are this rank's new tokens at global ``q_positions`` (Lq the same on every rank);
     ``k``, ``v`` (b, n_kv, Lk, d) its share of the cache and of the new tokens at increasing global
-    ``k_positions`` (Lk may differ between ranks). Returns ``out`` (like ``q``) and ``lse`` (b, h, Lq) fp32.
+    ``k_positions`` (Lk may differ between ranks); ``cu_seqlens``: global document boundaries (varlen). Returns ``out`` (like ``q``) and ``lse`` (b, h, Lq) fp32.
     """
     _check(q, k, v, q_positions, k_positions)
     world_size, rank = _world(group)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    rule = MaskRule(causal)
+    rule = MaskRule(causal, None if cu_seqlens is None else tuple(int(x) for x in cu_seqlens))
     origins = _gather_positions(q_positions, world_size, group)
     k, v = k.contiguous(), v.contiguous()
     comm = RingComm(group, Q_TAG) if world_size > 1 else None

@@ -126,3 +126,24 @@ def test_pass_q_ring_and_decode_merge_over_gloo(n: int) -> None:
             assert within(out, sdpa[:, :, rows], case["dtype"]), (case, rank)
             assert within(lse, want_lse[:, :, rows], "float32"), (case, rank)
             assert within(dec, decode, case["dtype"]), (case, rank)
+
+
+@pytest.mark.slow  # spawns two processes
+def test_selftest_runs_the_inference_variants_in_bf16() -> None:
+    from costmodel.kernel.selftest import SelftestConfig, run_selftest
+
+    config = SelftestConfig(
+        seq=32,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        causal=True,
+        layout="zigzag",
+        dtype="bfloat16",
+        variants=("pass-q", "decode"),
+        device="cpu",
+    )
+    result = run_selftest(config, 2, timeout_s=240.0)
+    assert result.passed
+    assert set(result.variants) == {"pass-q", "decode"}
+    assert all(set(v.errors) == {"out", "lse"} for v in result.variants.values())
