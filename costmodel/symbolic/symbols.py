@@ -224,7 +224,9 @@ k_copy = _symbol(
 
 # Inference: a prefill of new tokens against a cached prefix, and decode, under TP x CP x PP ([CP-Infer]).
 INFER = "[CP-Infer]"
-T_n = _symbol("T_n", "new tokens per sequence in one prefill (or prefill chunk)", "tokens", INFER, integer=True)
+T_n = _symbol(
+    "T_n", "new tokens per sequence in one prefill (or prefill chunk)", "tokens", INFER, integer=True
+)
 K_c = _symbol(
     "K_c",
     "tokens already in the KV cache before that prefill (cached prefix, earlier chunks)",
