@@ -210,8 +210,8 @@ def prefill(
     for new, cached in _chunks(setup, chunk):
         v = {**values, "T_n": new, "K_c": cached}
         layer = _chunk_layer(v, scheme, attention, gemm, model)
-        rates = rates or {"attention": layer.pop("_F_attn"), "gemm": layer.pop("_F_gemm")}
-        layer = {k: x for k, x in layer.items() if not k.startswith("_")}
+        chunk_rates = {"attention": layer.pop("_F_attn"), "gemm": layer.pop("_F_gemm")}
+        rates = rates or chunk_rates  # the first chunk's, as reported
         for name, seconds in layer.items():
             breakdown[name] = breakdown.get(name, 0.0) + stage_layers * seconds
         stages.append(stage_layers * sum(layer.values()))
@@ -268,9 +268,10 @@ def memory(values: dict[str, Any], setup: InferenceSetup, chunk: int, machine: M
     context = setup.cached + setup.prompt + setup.output
     kv_tokens = _kv_tokens(context, values["N"], setup.page)
     weights = _call("weight_bytes_per_device", values)
+    chunks = _chunks(setup, chunk)
     working = max(  # the first chunk computes the most new tokens, the last carries the most cache
         _call("prefill_activation_bytes", {**values, "T_n": new, "K_c": cached})
-        for new, cached in (_chunks(setup, chunk)[0], _chunks(setup, chunk)[-1])
+        for new, cached in (chunks[0], chunks[-1])
     )
     kv = _call("kv_cache_bytes_per_device", {**values, "S_kv": kv_tokens})
     one = _call("kv_cache_bytes_per_device", {**values, "S_kv": kv_tokens, "b": 1})
