@@ -236,3 +236,18 @@ def test_prompt_longer_than_the_presets_context(cli, tmp_path: Path) -> None:
     assert (
         "--prompt: cached + prompt + output = 4,097 tokens exceeds the model's context of 4,096" in result.err
     )
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    cached=st.sampled_from([0, 4096, 1 << 20]),
+    prompt=st.sampled_from([4096, 65536, 1 << 20]),
+    cp=st.sampled_from([2, 8, 16]),
+)
+def test_auto_takes_the_fastest_scheme_and_an_asked_one_is_kept(cached: int, prompt: int, cp: int) -> None:
+    auto = infer(**H405, prompt=prompt, cached=cached, cp=cp).prefill
+    assert auto.schemes[auto.scheme].ttft_s == min(s.ttft_s for s in auto.schemes.values())
+    for scheme in ("pass-kv", "pass-q", "allgather"):
+        asked = infer(**H405, prompt=prompt, cached=cached, cp=cp, prefill_scheme=scheme)
+        assert asked.prefill.scheme == scheme
+        assert asked.ttft_s == pytest.approx(auto.schemes[scheme].ttft_s, rel=1e-12)
