@@ -203,11 +203,12 @@ def validation_table() -> str:
 
 def flag_limits() -> str:
     """Markdown: every declared flag with its accepted range and default, from the pydantic declarations."""
+    from costmodel.inference.setup import InferenceSetup
     from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, flag_name
     from costmodel.training.step import StepSetup
 
     rows = ["| flag | accepted | default | declared in |", "|---|---|---|---|"]
-    for model in (PlanInputs, TrainingSetup, MachineOverrides, StepSetup):
+    for model in (PlanInputs, TrainingSetup, MachineOverrides, StepSetup, InferenceSetup):
         schema = model.model_json_schema(by_alias=True)["properties"]
         for name, info in model.model_fields.items():
             node = schema[info.alias or name]
@@ -221,12 +222,28 @@ def flag_limits() -> str:
     return "\n".join(rows)
 
 
+def inference_contract() -> str:
+    """Markdown: every key of ``cp-plan infer --format json``, from its pydantic models."""
+    from costmodel.inference.report import SCHEMA, InferenceReport
+
+    head = f"Schema version: `{SCHEMA}`. Units SI (bytes, FLOP, s), values unrounded."
+    return "\n".join([head, "", *_model_table(InferenceReport)])
+
+
+def inference_published() -> str:
+    from costmodel.inference.published import markdown_table
+
+    return markdown_table()
+
+
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output
     "formulas": formula_reference,
     "json-contract": json_contract,
     "hardware-schema": hardware_schema,
     "validation-table": validation_table,
     "flag-limits": flag_limits,
+    "inference-json-contract": inference_contract,
+    "inference-published": inference_published,
 }
 _MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)
 

@@ -24,6 +24,7 @@ LAYER = {
     "training": 4,
     "calibration": 4,
     "audit": 4,
+    "inference": 4,
     "cli": 5,
     "codegen": 6,
 }

@@ -176,6 +176,12 @@ def test_numeric_twin_matches_exact_sympy(
         "s_comm": 0.12,
         "t_launch": 1e-5,
         "k_copy": 1,
+        "T_n": seq_per * n,
+        "K_c": 3 * seq_per,
+        "S_kv": seq_per + 7,
+        "p_w": 1,
+        "p_kv": p_,
+        "alpha_tp": lat / 2,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

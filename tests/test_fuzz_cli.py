@@ -33,6 +33,7 @@ BASELINES = {
     "": ["--seq", "64k", "--n", "8", "--hw", "a100-nvlink"],
     "recommend": ["recommend", "--seq", "32k", "--model", "llama3-8b", "--gpus", "16"],
     "sweep": ["sweep", "--seq", "8k..64k", "--n", "1..16", "--hw", "a100-nvlink"],
+    "infer": ["infer", "--model", "llama3-8b", "--prompt", "64k", "--hw", "h100-ib", "--cp", "4"],
 }
 SKIP = {
     "--help",
@@ -200,6 +201,12 @@ def test_every_option_of_the_baseline_is_fuzzable(command: str) -> None:
     assert _options(command), command
     code, _, err = run_isolated(BASELINES[command])
     assert code == 0, err
+
+
+@FUZZ
+@given(args=_case("infer"))
+def test_fuzz_infer_flags_as_json(args: list[str]) -> None:
+    check_promise([*args, "--format", "json"] if "--format" not in args and "-f" not in args else args)
 
 
 @FUZZ

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from costmodel.cli import audit, plan_file, planning, step
+from costmodel.cli import infer as infer_cli
 from costmodel.cli import kernel as kernel_cli
 from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import Format, FormatOpt, console, declared
@@ -37,6 +38,7 @@ app.command("report")(plan_file.report_cmd)
 app.command("step")(step.step_cmd)
 app.command("audit")(audit.audit_cmd)
 hw_app.command("from-nccl-tests")(audit.from_nccl_tests)
+app.command("infer")(infer_cli.infer_cmd)
 
 
 def _version(value: bool) -> None:

@@ -97,8 +97,11 @@ def selftest(
     ] = None,
     dtype: Annotated[Literal["fp32", "bf16", "fp16"], typer.Option(help="Input dtype.")] = "fp32",
     variant: Annotated[
-        Literal["ring", "ulysses", "all"],
-        typer.Option(help="Which kernel; 'all' skips Ulysses where [Ulysses §3] rules it out."),
+        Literal["ring", "ulysses", "pass-q", "decode", "all"],
+        typer.Option(
+            help="Which kernel (pass-q: the inference prefill passing queries; decode: the (O, LSE) merge "
+            "over cache shards); 'all' skips Ulysses where [Ulysses §3] rules it out."
+        ),
     ] = "all",
     seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Random seed of the inputs.")] = 0,
     atol: Annotated[float | None, typer.Option(help="Override the dtype's absolute tolerance.")] = None,

@@ -8,6 +8,7 @@ Importing this package does not import torch; the modules below do.
 - :mod:`~costmodel.kernel.comm`: ``RingComm`` (batched isend/irecv) and all-to-all
 - :mod:`~costmodel.kernel.ring`: ring attention forward and backward, one loop for every layout
 - :mod:`~costmodel.kernel.ulysses`: Ulysses all-to-all attention
+- :mod:`~costmodel.kernel.inference`: the inference variants: pass-Q ring prefill, decode merge of (O, LSE)
 - :mod:`~costmodel.kernel.sharding`: layout shard / unshard of full tensors
 - :mod:`~costmodel.kernel.reference`: float64 naive attention with the same mask rule
 - :mod:`~costmodel.kernel.launch`: run a function on N local processes or under torchrun

@@ -16,7 +16,8 @@ from costmodel.schedule.layouts import LAYOUTS, check_divisible
 
 SCHEMA = "cp-plan.kernel.selftest/1"
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
-VARIANTS = ("ring", "ulysses")
+VARIANTS = ("ring", "ulysses", "pass-q", "decode")
+INFERENCE_VARIANTS = ("pass-q", "decode")  # forward only: out and lse
 # (atol, rtol) per input dtype. fp32 kernels agree with float64 to ~1e-6. Half-precision fused
 # kernels round probabilities before the P·V and dS·Q matmuls and return each block in bf16/fp16, so
 # they get four units in the last place of the largest value (torch's own SDPA needs about as much).
@@ -177,6 +178,9 @@ def selftest_rank(ctx: Any, config: SelftestConfig) -> dict[str, Any]:
         if variant == "ulysses" and (reason := ulysses_skip_reason(config, ctx.world_size)):
             results[variant] = {"skipped": reason}
             continue
+        if variant in INFERENCE_VARIANTS:
+            results[variant] = _inference_errors(variant, ctx, config, q, k, v, references, mine)
+            continue
         attention = ring_attention if variant == "ring" else ulysses_attention
         local = [mine(x).requires_grad_() for x in (q, k, v)]
         out, lse = attention(
@@ -197,6 +201,46 @@ def selftest_rank(ctx: Any, config: SelftestConfig) -> dict[str, Any]:
             "tolerances": {o: atol + rtol * scale for o, scale in zip(OUTPUTS, scales, strict=True)},
         }
     return {"variants": results, "backend": ctx.backend, "device": str(ctx.device)}
+
+
+def _inference_errors(variant, ctx, config, q, k, v, references, mine) -> dict[str, Any]:
+    """pass-q: the whole sequence prefilled by passing the queries (keys stay in the layout's shards);
+    decode: the last token's query against the cache sharded by the layout, every key visible."""
+    import torch
+    import torch.distributed as dist
+
+    from costmodel.kernel.inference import decode_attention, pass_q_prefill
+    from costmodel.kernel.masks import MaskRule
+    from costmodel.kernel.reference import reference_attention
+    from costmodel.schedule.layouts import positions
+
+    held = positions(config.layout, config.seq, ctx.world_size)[ctx.rank]
+    if variant == "pass-q":
+        got = pass_q_prefill(
+            mine(q),
+            mine(k),
+            mine(v),
+            held,
+            held,
+            group=ctx.group,
+            causal=config.causal,
+            cu_seqlens=config.varlen,
+        )
+        wanted = [mine(ref.detach()) for ref in references[:2]]
+    else:
+        last = q[:, :, -1:].contiguous()
+        got = decode_attention(last, mine(k), mine(v), group=ctx.group)
+        wanted = list(reference_attention(last.double(), k.double(), v.double(), MaskRule(False)))
+    errors = torch.stack([(g.double() - w).abs().max() for g, w in zip(got, wanted, strict=True)])
+    errors = torch.nan_to_num(errors, nan=torch.inf)
+    dist.all_reduce(errors, op=dist.ReduceOp.MAX, group=ctx.group)
+    atol, rtol = config.tolerance()
+    return {
+        "errors": dict(zip(OUTPUTS[:2], errors.tolist(), strict=True)),
+        "tolerances": {
+            o: atol + rtol * w.abs().max().item() for o, w in zip(OUTPUTS[:2], wanted, strict=True)
+        },
+    }
 
 
 def run_selftest(config: SelftestConfig, nproc: int | None, timeout_s: float = 300.0) -> SelftestResult:

@@ -46,6 +46,9 @@ class ModelPreset(BaseModel):
     local_layers: int = Field(
         0, ge=0, description="layers with sliding-window attention; the rest attend globally"
     )
+    context_length: Width | None = Field(
+        None, description="longest context the model serves, tokens; inference refuses longer requests"
+    )
     experts: Width | None = Field(None, description="routed MoE experts per layer; recorded, not yet used")
     experts_per_token: Width | None = Field(None, description="experts each token is routed to")
 

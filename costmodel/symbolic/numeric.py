@@ -542,6 +542,126 @@ def step_tokens(*, D, S, b, m_mb):
     return D*S*b*m_mb
 
 
+def weight_bytes_per_device(*, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_w, pp, t):
+    """M_w = Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/t, Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(pp*t), True)): weights one device holds: its pipeline stage's parameters over TP, at p_w bytes each [B] ([Megatron21 §3])."""
+    return numpy.select([numpy.equal(pp, 1),True], [H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/t,H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(pp*t)], default=numpy.nan)
+
+
+def kv_cache_bytes_per_device(*, S_kv, b, d, n_L, n_kv, p_kv, pp, t):
+    """M_kv = 2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/pp: KV cache one device holds: b sequences x S_kv tokens x K and V of the TP rank's KV heads, for its stage's layers [B] ([CP-Infer])."""
+    return 2*S_kv*b*d*n_L*p_kv*numpy.maximum(1, n_kv/t)/pp
+
+
+def prefill_activation_bytes(*, F_ffn, H, K_c, N, T_n, b, d, g, h, n_kv, p, p_acc, t):
+    """A_prefill = b*(T_n*(h*p_acc*(d + 1) + p*(F_ffn*(g + 2) + 2*H*t + d*(h + 2*n_kv))) + 4*d*p*t*(K_c + T_n)*Max(1, n_kv/t))/(N*t): working set of one layer's prefill per device (no backward keeps anything): the residual and normed input, the QKV and MLP intermediates, two KV blocks in flight and the fp32 (O, LSE) accumulators [B] ([Korthikanti22 §4.1], [RingAttn §3])."""
+    return b*(T_n*(h*p_acc*(d + 1) + p*(F_ffn*(g + 2) + 2*H*t + d*(h + 2*n_kv))) + 4*d*p*t*(K_c + T_n)*numpy.maximum(1, n_kv/t))/(N*t)
+
+
+def prefill_attn_flops(*, K_c, N, T_n, b, c, d, h, t):
+    """W_prefill = 4*T_n*b*d*h*(K_c + T_n*c)/(N*t): attention FLOP of one layer's prefill per device: T_n new queries see the K_c cached keys and, causally (c = 1/2), the new ones; balanced over the N ranks [FLOP] ([CP-Infer], [FA2 §4])."""
+    return 4*T_n*b*d*h*(K_c + T_n*c)/(N*t)
+
+
+def passkv_step_bytes(*, K_c, N, T_n, b, d, n_kv, p, t):
+    """C_passKV = 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)/N: pass-KV: K and V of one rank's cached and new tokens, sent by each TP rank every ring step [B] ([CP-Infer])."""
+    return 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t)/N
+
+
+def passq_step_bytes(*, N, T_n, b, d, h, p, t):
+    """C_passQ = T_n*b*d*h*p/(N*t): pass-Q: the queries of one rank's new tokens, sent by each TP rank every ring step [B] ([CP-Infer])."""
+    return T_n*b*d*h*p/(N*t)
+
+
+def passq_return_bytes(*, N, T_n, b, d, h, p, p_acc, t):
+    """C_passQ_out = T_n*b*h*(N - 1)*(d*p + p_acc)/(N*t): pass-Q: partial outputs and their fp32 LSE that one rank receives back from the others by one all-to-all [B] ([CP-Infer], [OnlineSoftmax])."""
+    return T_n*b*h*(N - 1)*(d*p + p_acc)/(N*t)
+
+
+def prefill_allgather_bytes(*, K_c, N, T_n, b, d, n_kv, p, t):
+    """C_AG_prefill = 2*b*d*p*(K_c + T_n)*(N - 1)*Max(1, n_kv/t)/N: all-gather: K and V of every other rank's cached and new tokens, received before attention [B] ([Llama3 §3.3], [CP-Infer])."""
+    return 2*b*d*p*(K_c + T_n)*(N - 1)*numpy.maximum(1, n_kv/t)/N
+
+
+def prefill_attn_s(*, F_attn, K_c, N, T_n, b, c, d, h, t):
+    """t_att_prefill = 4*T_n*b*d*h*(K_c + T_n*c)/(F_attn*N*t): attention of one layer's prefill on one device [s] ([FA2 §4])."""
+    return 4*T_n*b*d*h*(K_c + T_n*c)/(F_attn*N*t)
+
+
+def passkv_comm_s(*, B_cp, K_c, N, T_n, alpha, b, d, n_kv, p, t):
+    """tau_passKV = (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))/(B_cp*N): pass-KV ring transfers of one layer: N-1 steps [s] ([CP-Infer], [RingAttn §3])."""
+    return (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t))/(B_cp*N)
+
+
+def passq_comm_s(*, B_cp, N, T_n, alpha, b, d, h, p, t):
+    """tau_passQ = (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)/(B_cp*N*t): pass-Q ring transfers of one layer: N-1 steps [s] ([CP-Infer])."""
+    return (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)/(B_cp*N*t)
+
+
+def passkv_exposed_s(*, B_cp, F_attn, K_c, N, T_n, alpha, b, c, d, h, n_kv, o_cp, p, s_comm, t):
+    """x_passKV = (-o_cp*s_comm*(B_cp*N*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*t*(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))) + o_cp*(B_cp*N*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*t*(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))) + (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)))/(B_cp*N): pass-KV transfers left on the critical path after hiding o_cp of them under the attention [s] ([CP-Infer], [RingAttn §3])."""
+    return (-o_cp*s_comm*(B_cp*N*numpy.maximum(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*t*(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t)))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t))) + o_cp*(B_cp*N*numpy.maximum(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*t*(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t)))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t))) + (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t)))/(B_cp*N)
+
+
+def passq_exposed_s(*, B_cp, F_attn, K_c, N, T_n, alpha, b, c, d, h, o_cp, p, p_acc, s_comm, t):
+    """x_passQ = (B_cp*N*alpha*t + T_n*b*h*(N - 1)*(d*p + p_acc) - o_cp*s_comm*(B_cp*N*t*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*(N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)) + o_cp*(B_cp*N*t*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*(N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)) + (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*N*t): pass-Q: the query ring left after hiding under the attention, plus the all-to-all of partial outputs, which waits for the last step [s] ([CP-Infer])."""
+    return (B_cp*N*alpha*t + T_n*b*h*(N - 1)*(d*p + p_acc) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*(N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)) + o_cp*(B_cp*N*t*numpy.maximum(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*(N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)) + (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*N*t)
+
+
+def prefill_allgather_s(*, B_cp, K_c, N, T_n, alpha, b, d, n_kv, p, t):
+    """tau_AG_prefill = (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))/(B_cp*N): all-gather of K and V before attention, exposed [s] ([Llama3 §3.3])."""
+    return (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*numpy.maximum(1, n_kv/t))/(B_cp*N)
+
+
+def passkv_hidden_min_new_tokens(*, B_cp, F_attn, N, h, n_kv, p, t):
+    """T_hide = F_attn*N*p*t*Max(1, n_kv/t)/(2*B_cp*h): new tokens per sequence from which a pass-KV ring step hides under its attention step (every pair visible, alpha = 0): from there pass-KV costs nothing extra and wins [tokens] ([CP-Infer] (pass-KV vs pass-Q heuristic))."""
+    return (1/2)*F_attn*N*p*t*numpy.maximum(1, n_kv/t)/(B_cp*h)
+
+
+def passq_max_new_fraction(*, h, n_kv, t):
+    """f_passQ = 2*t*Max(1, n_kv/t)/h: share of new tokens T_n/(T_n + K_c) below which a pass-Q ring step moves fewer bytes than a pass-KV step: 2·n_kv/h [1] ([CP-Infer] (pass-KV vs pass-Q heuristic))."""
+    return 2*t*numpy.maximum(1, n_kv/t)/h
+
+
+def layer_weight_read_s(*, B_hbm, F_ffn, H, d, g, h, n_kv, p_w, t):
+    """t_w_layer = H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t): reading one layer's weights from HBM once: the floor under its matrix multiplies [s] ([Roofline])."""
+    return H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t)
+
+
+def decode_weight_read_s(*, B_hbm, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_w, pp, t):
+    """t_w_decode = Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*t), Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(B_hbm*pp*t), True)): reading one stage's weights from HBM once per decode step [s] ([Roofline])."""
+    return numpy.select([numpy.equal(pp, 1),True], [H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*t),H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(B_hbm*pp*t)], default=numpy.nan)
+
+
+def decode_kv_read_s(*, B_hbm, S_kv, b, d, n_L, n_kv, p_kv, pp, t):
+    """t_kv_decode = 2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/(B_hbm*pp): reading one device's KV cache once per decode step [s] ([Roofline], [CP-Infer])."""
+    return 2*S_kv*b*d*n_L*p_kv*numpy.maximum(1, n_kv/t)/(B_hbm*pp)
+
+
+def decode_compute_s(*, F_attn, F_ffn, F_gemm, H, S_kv, V, b, d, e_m, g, h, n_L, n_kv, pp, t):
+    """t_c_decode = Piecewise((2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t), Eq(pp, 1)), (2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t), True)): FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the rank's cache [s] ([Roofline])."""
+    return numpy.select([numpy.equal(pp, 1),True], [2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t),2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t)], default=numpy.nan)
+
+
+def decode_merge_bytes(*, N, b, d, h, p, p_acc, t):
+    """C_merge = b*h*(N - 1)*(d*p + p_acc)/t: decode under CP, one layer: the partial output and fp32 LSE of every other CP rank for the new token, received by an all-gather and merged by log-sum-exp [B] ([CP-Infer], [OnlineSoftmax])."""
+    return b*h*(N - 1)*(d*p + p_acc)/t
+
+
+def decode_merge_s(*, B_cp, N, alpha, b, d, h, p, p_acc, t):
+    """tau_merge = (N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))/(B_cp*t): all-gather of (O, LSE) for one layer: N-1 ring steps of alpha each, latency-bound at decode sizes [s] ([CP-Infer], [A-SPDeep])."""
+    return (N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))/(B_cp*t)
+
+
+def decode_tp_s(*, B_tp, H, alpha_tp, b, p, t):
+    """tau_TP_decode = 4*(t - 1)*(B_tp*alpha_tp*t + H*b*p)/(B_tp*t): two ring all-reduces (attention and MLP outputs) of the new tokens' hidden states per layer, 2(t-1) steps each [s] ([Megatron21 §3], [A-SPDeep])."""
+    return 4*(t - 1)*(B_tp*alpha_tp*t + H*b*p)/(B_tp*t)
+
+
+def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alpha, alpha_tp, b, d, e_m, g, h, n_L, n_kv, p, p_acc, p_kv, p_w, pp, t):
+    """t_token = Piecewise(((B_cp*B_tp*t*Max((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*S_kv*b*d*n_L*p_kv*t*Max(1, n_kv/t))/(B_hbm*t), 2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t)) + n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_tp*t), Eq(pp, 1)), ((B_cp*B_pp*B_tp*pp*t*Max((H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*S_kv*b*d*n_L*p_kv*t*Max(1, n_kv/t))/(B_hbm*pp*t), 2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t)) + B_cp*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + B_pp*n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_pp*B_tp*t), True)): time per output token: each stage in turn reads its weights and KV cache (or computes, when slower), every layer merges over CP and all-reduces over TP, and the stages hand the token on [s] ([Roofline], [CP-Infer])."""
+    return numpy.select([numpy.equal(pp, 1),True], [(B_cp*B_tp*t*numpy.maximum(2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t), (H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*S_kv*b*d*n_L*p_kv*t*numpy.maximum(1, n_kv/t))/(B_hbm*t)) + n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_tp*t),(B_cp*B_pp*B_tp*pp*t*numpy.maximum(2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*S_kv*b*d*n_L*p_kv*t*numpy.maximum(1, n_kv/t))/(B_hbm*pp*t)) + B_cp*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + B_pp*n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_pp*B_tp*t)], default=numpy.nan)
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', '[A-RingCost §2]', 'memory'),
@@ -651,6 +771,30 @@ INFO = {
     'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', 'model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence', 'FLOP', '[PaLM] appendix B', 'step'),
     'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
+    'weight_bytes_per_device': ('M_w', 'Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/t, Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(pp*t), True))', 'Piecewise(({H}*{p_w}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/{t}, Eq({pp}, 1)), ({H}*{p_w}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))/({pp}*{t}), True))', "weights one device holds: its pipeline stage's parameters over TP, at p_w bytes each", 'B', '[Megatron21 §3]', 'inference'),
+    'kv_cache_bytes_per_device': ('M_kv', '2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/pp', '2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*Max(1, {n_kv}/{t})/{pp}', "KV cache one device holds: b sequences x S_kv tokens x K and V of the TP rank's KV heads, for its stage's layers", 'B', '[CP-Infer]', 'inference'),
+    'prefill_activation_bytes': ('A_prefill', 'b*(T_n*(h*p_acc*(d + 1) + p*(F_ffn*(g + 2) + 2*H*t + d*(h + 2*n_kv))) + 4*d*p*t*(K_c + T_n)*Max(1, n_kv/t))/(N*t)', '{b}*({T_n}*({h}*{p_acc}*({d} + 1) + {p}*({F_ffn}*({g} + 2) + 2*{H}*{t} + {d}*({h} + 2*{n_kv}))) + 4*{d}*{p}*{t}*({K_c} + {T_n})*Max(1, {n_kv}/{t}))/({N}*{t})', "working set of one layer's prefill per device (no backward keeps anything): the residual and normed input, the QKV and MLP intermediates, two KV blocks in flight and the fp32 (O, LSE) accumulators", 'B', '[Korthikanti22 §4.1], [RingAttn §3]', 'inference'),
+    'prefill_attn_flops': ('W_prefill', '4*T_n*b*d*h*(K_c + T_n*c)/(N*t)', '4*{T_n}*{b}*{d}*{h}*({K_c} + {T_n}*{c})/({N}*{t})', "attention FLOP of one layer's prefill per device: T_n new queries see the K_c cached keys and, causally (c = 1/2), the new ones; balanced over the N ranks", 'FLOP', '[CP-Infer], [FA2 §4]', 'inference'),
+    'passkv_step_bytes': ('C_passKV', '2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)/N', '2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t})/{N}', "pass-KV: K and V of one rank's cached and new tokens, sent by each TP rank every ring step", 'B', '[CP-Infer]', 'inference'),
+    'passq_step_bytes': ('C_passQ', 'T_n*b*d*h*p/(N*t)', '{T_n}*{b}*{d}*{h}*{p}/({N}*{t})', "pass-Q: the queries of one rank's new tokens, sent by each TP rank every ring step", 'B', '[CP-Infer]', 'inference'),
+    'passq_return_bytes': ('C_passQ_out', 'T_n*b*h*(N - 1)*(d*p + p_acc)/(N*t)', '{T_n}*{b}*{h}*({N} - 1)*({d}*{p} + {p_acc})/({N}*{t})', 'pass-Q: partial outputs and their fp32 LSE that one rank receives back from the others by one all-to-all', 'B', '[CP-Infer], [OnlineSoftmax]', 'inference'),
+    'prefill_allgather_bytes': ('C_AG_prefill', '2*b*d*p*(K_c + T_n)*(N - 1)*Max(1, n_kv/t)/N', '2*{b}*{d}*{p}*({K_c} + {T_n})*({N} - 1)*Max(1, {n_kv}/{t})/{N}', "all-gather: K and V of every other rank's cached and new tokens, received before attention", 'B', '[Llama3 §3.3], [CP-Infer]', 'inference'),
+    'prefill_attn_s': ('t_att_prefill', '4*T_n*b*d*h*(K_c + T_n*c)/(F_attn*N*t)', '4*{T_n}*{b}*{d}*{h}*({K_c} + {T_n}*{c})/({F_attn}*{N}*{t})', "attention of one layer's prefill on one device", 's', '[FA2 §4]', 'inference'),
+    'passkv_comm_s': ('tau_passKV', '(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))/(B_cp*N)', '({N} - 1)*({B_cp}*{N}*{alpha} + 2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t}))/({B_cp}*{N})', 'pass-KV ring transfers of one layer: N-1 steps', 's', '[CP-Infer], [RingAttn §3]', 'inference'),
+    'passq_comm_s': ('tau_passQ', '(N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)/(B_cp*N*t)', '({N} - 1)*({B_cp}*{N}*{alpha}*{t} + {T_n}*{b}*{d}*{h}*{p})/({B_cp}*{N}*{t})', 'pass-Q ring transfers of one layer: N-1 steps', 's', '[CP-Infer]', 'inference'),
+    'passkv_exposed_s': ('x_passKV', '(-o_cp*s_comm*(B_cp*N*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*t*(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))) + o_cp*(B_cp*N*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*t*(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))) + (N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t)))/(B_cp*N)', '(-{o_cp}*{s_comm}*({B_cp}*{N}*Max(0, (-4*{B_cp}*{T_n}*{b}*{d}*{h}*({K_c} + {T_n}*{c}) + {F_attn}*{t}*({N} - 1)*({B_cp}*{N}*{alpha} + 2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t})))/({B_cp}*{F_attn}*{N}*{t})) - ({N} - 1)*({B_cp}*{N}*{alpha} + 2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t}))) + {o_cp}*({B_cp}*{N}*Max(0, (-4*{B_cp}*{T_n}*{b}*{d}*{h}*({K_c} + {T_n}*{c}) + {F_attn}*{t}*({N} - 1)*({B_cp}*{N}*{alpha} + 2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t})))/({B_cp}*{F_attn}*{N}*{t})) - ({N} - 1)*({B_cp}*{N}*{alpha} + 2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t}))) + ({N} - 1)*({B_cp}*{N}*{alpha} + 2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t})))/({B_cp}*{N})', 'pass-KV transfers left on the critical path after hiding o_cp of them under the attention', 's', '[CP-Infer], [RingAttn §3]', 'inference'),
+    'passq_exposed_s': ('x_passQ', '(B_cp*N*alpha*t + T_n*b*h*(N - 1)*(d*p + p_acc) - o_cp*s_comm*(B_cp*N*t*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*(N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)) + o_cp*(B_cp*N*t*Max(0, (-4*B_cp*T_n*b*d*h*(K_c + T_n*c) + F_attn*(N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*F_attn*N*t)) - (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p)) + (N - 1)*(B_cp*N*alpha*t + T_n*b*d*h*p))/(B_cp*N*t)', '({B_cp}*{N}*{alpha}*{t} + {T_n}*{b}*{h}*({N} - 1)*({d}*{p} + {p_acc}) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, (-4*{B_cp}*{T_n}*{b}*{d}*{h}*({K_c} + {T_n}*{c}) + {F_attn}*({N} - 1)*({B_cp}*{N}*{alpha}*{t} + {T_n}*{b}*{d}*{h}*{p}))/({B_cp}*{F_attn}*{N}*{t})) - ({N} - 1)*({B_cp}*{N}*{alpha}*{t} + {T_n}*{b}*{d}*{h}*{p})) + {o_cp}*({B_cp}*{N}*{t}*Max(0, (-4*{B_cp}*{T_n}*{b}*{d}*{h}*({K_c} + {T_n}*{c}) + {F_attn}*({N} - 1)*({B_cp}*{N}*{alpha}*{t} + {T_n}*{b}*{d}*{h}*{p}))/({B_cp}*{F_attn}*{N}*{t})) - ({N} - 1)*({B_cp}*{N}*{alpha}*{t} + {T_n}*{b}*{d}*{h}*{p})) + ({N} - 1)*({B_cp}*{N}*{alpha}*{t} + {T_n}*{b}*{d}*{h}*{p}))/({B_cp}*{N}*{t})', 'pass-Q: the query ring left after hiding under the attention, plus the all-to-all of partial outputs, which waits for the last step', 's', '[CP-Infer]', 'inference'),
+    'prefill_allgather_s': ('tau_AG_prefill', '(N - 1)*(B_cp*N*alpha + 2*b*d*p*(K_c + T_n)*Max(1, n_kv/t))/(B_cp*N)', '({N} - 1)*({B_cp}*{N}*{alpha} + 2*{b}*{d}*{p}*({K_c} + {T_n})*Max(1, {n_kv}/{t}))/({B_cp}*{N})', 'all-gather of K and V before attention, exposed', 's', '[Llama3 §3.3]', 'inference'),
+    'passkv_hidden_min_new_tokens': ('T_hide', 'F_attn*N*p*t*Max(1, n_kv/t)/(2*B_cp*h)', '{F_attn}*{N}*{p}*{t}*Max(1, {n_kv}/{t})/(2*{B_cp}*{h})', 'new tokens per sequence from which a pass-KV ring step hides under its attention step (every pair visible, alpha = 0): from there pass-KV costs nothing extra and wins', 'tokens', '[CP-Infer] (pass-KV vs pass-Q heuristic)', 'inference'),
+    'passq_max_new_fraction': ('f_passQ', '2*t*Max(1, n_kv/t)/h', '2*{t}*Max(1, {n_kv}/{t})/{h}', 'share of new tokens T_n/(T_n + K_c) below which a pass-Q ring step moves fewer bytes than a pass-KV step: 2·n_kv/h', '1', '[CP-Infer] (pass-KV vs pass-Q heuristic)', 'inference'),
+    'layer_weight_read_s': ('t_w_layer', 'H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t)', '{H}*{p_w}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2)/({B_hbm}*{t})', "reading one layer's weights from HBM once: the floor under its matrix multiplies", 's', '[Roofline]', 'inference'),
+    'decode_weight_read_s': ('t_w_decode', 'Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*t), Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(B_hbm*pp*t), True))', 'Piecewise(({H}*{p_w}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{t}), Eq({pp}, 1)), ({H}*{p_w}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))/({B_hbm}*{pp}*{t}), True))', "reading one stage's weights from HBM once per decode step", 's', '[Roofline]', 'inference'),
+    'decode_kv_read_s': ('t_kv_decode', '2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/(B_hbm*pp)', '2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*Max(1, {n_kv}/{t})/({B_hbm}*{pp})', "reading one device's KV cache once per decode step", 's', '[Roofline], [CP-Infer]', 'inference'),
+    'decode_compute_s': ('t_c_decode', 'Piecewise((2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t), Eq(pp, 1)), (2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t), True))', 'Piecewise((2*{b}*({F_attn}*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{t}), Eq({pp}, 1)), (2*{b}*({F_attn}*{H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1)) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{pp}*{t}), True))', "FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the rank's cache", 's', '[Roofline]', 'inference'),
+    'decode_merge_bytes': ('C_merge', 'b*h*(N - 1)*(d*p + p_acc)/t', '{b}*{h}*({N} - 1)*({d}*{p} + {p_acc})/{t}', 'decode under CP, one layer: the partial output and fp32 LSE of every other CP rank for the new token, received by an all-gather and merged by log-sum-exp', 'B', '[CP-Infer], [OnlineSoftmax]', 'inference'),
+    'decode_merge_s': ('tau_merge', '(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))/(B_cp*t)', '({N} - 1)*({B_cp}*{alpha}*{t} + {b}*{h}*({d}*{p} + {p_acc}))/({B_cp}*{t})', 'all-gather of (O, LSE) for one layer: N-1 ring steps of alpha each, latency-bound at decode sizes', 's', '[CP-Infer], [A-SPDeep]', 'inference'),
+    'decode_tp_s': ('tau_TP_decode', '4*(t - 1)*(B_tp*alpha_tp*t + H*b*p)/(B_tp*t)', '4*({t} - 1)*({B_tp}*{alpha_tp}*{t} + {H}*{b}*{p})/({B_tp}*{t})', "two ring all-reduces (attention and MLP outputs) of the new tokens' hidden states per layer, 2(t-1) steps each", 's', '[Megatron21 §3], [A-SPDeep]', 'inference'),
+    'tpot_s': ('t_token', 'Piecewise(((B_cp*B_tp*t*Max((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*S_kv*b*d*n_L*p_kv*t*Max(1, n_kv/t))/(B_hbm*t), 2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t)) + n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_tp*t), Eq(pp, 1)), ((B_cp*B_pp*B_tp*pp*t*Max((H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*S_kv*b*d*n_L*p_kv*t*Max(1, n_kv/t))/(B_hbm*pp*t), 2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t)) + B_cp*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + B_pp*n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_pp*B_tp*t), True))', 'Piecewise((({B_cp}*{B_tp}*{t}*Max(({H}*{p_w}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*{t}*Max(1, {n_kv}/{t}))/({B_hbm}*{t}), 2*{b}*({F_attn}*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{t})) + {n_L}*(4*{B_cp}*({t} - 1)*({B_tp}*{alpha_tp}*{t} + {H}*{b}*{p}) + {B_tp}*({N} - 1)*({B_cp}*{alpha}*{t} + {b}*{h}*({d}*{p} + {p_acc}))))/({B_cp}*{B_tp}*{t}), Eq({pp}, 1)), (({B_cp}*{B_pp}*{B_tp}*{pp}*{t}*Max(({H}*{p_w}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1)) + 2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*{t}*Max(1, {n_kv}/{t}))/({B_hbm}*{pp}*{t}), 2*{b}*({F_attn}*{H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1)) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{pp}*{t})) + {B_cp}*{B_tp}*{t}*({pp} - 1)*({B_pp}*{alpha} + {H}*{b}*{p}) + {B_pp}*{n_L}*(4*{B_cp}*({t} - 1)*({B_tp}*{alpha_tp}*{t} + {H}*{b}*{p}) + {B_tp}*({N} - 1)*({B_cp}*{alpha}*{t} + {b}*{h}*({d}*{p} + {p_acc}))))/({B_cp}*{B_pp}*{B_tp}*{t}), True))', 'time per output token: each stage in turn reads its weights and KV cache (or computes, when slower), every layer merges over CP and all-reduces over TP, and the stages hand the token on', 's', '[Roofline], [CP-Infer]', 'inference'),
 }
 
 ARGS = {
@@ -761,6 +905,30 @@ ARGS = {
     'model_flops_per_token_causal': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
     'hardware_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'g', 'h', 'n_L', 'n_kv', 'rc_full', 'rc_sel'),
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
+    'weight_bytes_per_device': ('F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_w', 'pp', 't'),
+    'kv_cache_bytes_per_device': ('S_kv', 'b', 'd', 'n_L', 'n_kv', 'p_kv', 'pp', 't'),
+    'prefill_activation_bytes': ('F_ffn', 'H', 'K_c', 'N', 'T_n', 'b', 'd', 'g', 'h', 'n_kv', 'p', 'p_acc', 't'),
+    'prefill_attn_flops': ('K_c', 'N', 'T_n', 'b', 'c', 'd', 'h', 't'),
+    'passkv_step_bytes': ('K_c', 'N', 'T_n', 'b', 'd', 'n_kv', 'p', 't'),
+    'passq_step_bytes': ('N', 'T_n', 'b', 'd', 'h', 'p', 't'),
+    'passq_return_bytes': ('N', 'T_n', 'b', 'd', 'h', 'p', 'p_acc', 't'),
+    'prefill_allgather_bytes': ('K_c', 'N', 'T_n', 'b', 'd', 'n_kv', 'p', 't'),
+    'prefill_attn_s': ('F_attn', 'K_c', 'N', 'T_n', 'b', 'c', 'd', 'h', 't'),
+    'passkv_comm_s': ('B_cp', 'K_c', 'N', 'T_n', 'alpha', 'b', 'd', 'n_kv', 'p', 't'),
+    'passq_comm_s': ('B_cp', 'N', 'T_n', 'alpha', 'b', 'd', 'h', 'p', 't'),
+    'passkv_exposed_s': ('B_cp', 'F_attn', 'K_c', 'N', 'T_n', 'alpha', 'b', 'c', 'd', 'h', 'n_kv', 'o_cp', 'p', 's_comm', 't'),
+    'passq_exposed_s': ('B_cp', 'F_attn', 'K_c', 'N', 'T_n', 'alpha', 'b', 'c', 'd', 'h', 'o_cp', 'p', 'p_acc', 's_comm', 't'),
+    'prefill_allgather_s': ('B_cp', 'K_c', 'N', 'T_n', 'alpha', 'b', 'd', 'n_kv', 'p', 't'),
+    'passkv_hidden_min_new_tokens': ('B_cp', 'F_attn', 'N', 'h', 'n_kv', 'p', 't'),
+    'passq_max_new_fraction': ('h', 'n_kv', 't'),
+    'layer_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'd', 'g', 'h', 'n_kv', 'p_w', 't'),
+    'decode_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_w', 'pp', 't'),
+    'decode_kv_read_s': ('B_hbm', 'S_kv', 'b', 'd', 'n_L', 'n_kv', 'p_kv', 'pp', 't'),
+    'decode_compute_s': ('F_attn', 'F_ffn', 'F_gemm', 'H', 'S_kv', 'V', 'b', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'pp', 't'),
+    'decode_merge_bytes': ('N', 'b', 'd', 'h', 'p', 'p_acc', 't'),
+    'decode_merge_s': ('B_cp', 'N', 'alpha', 'b', 'd', 'h', 'p', 'p_acc', 't'),
+    'decode_tp_s': ('B_tp', 'H', 'alpha_tp', 'b', 'p', 't'),
+    'tpot_s': ('B_cp', 'B_hbm', 'B_pp', 'B_tp', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S_kv', 'V', 'alpha', 'alpha_tp', 'b', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'p_acc', 'p_kv', 'p_w', 'pp', 't'),
 }
 
 # symbol: (meaning, unit, source)
@@ -823,4 +991,10 @@ SYMBOLS = {
     's_comm': ('slowdown of compute that runs beside a communication kernel (SMs it takes)', '1', 'kernel tables'),
     't_launch': ('fixed cost of one ring step outside the kernels (launches, stream waits)', 's', 'kernel tables'),
     'k_copy': ('query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)', '1', '[ring-flash-attn]'),
+    'T_n': ('new tokens per sequence in one prefill (or prefill chunk)', 'tokens', '[CP-Infer]'),
+    'K_c': ('tokens already in the KV cache before that prefill (cached prefix, earlier chunks)', 'tokens', '[CP-Infer]'),
+    'S_kv': ('KV-cache tokens one CP rank holds per sequence (rounded up to whole pages when paged)', 'tokens', '[CP-Infer]'),
+    'p_w': ('bytes per weight element (bf16: 2, fp8: 1)', 'B', '[CP-Infer]'),
+    'p_kv': ('bytes per KV-cache element (bf16: 2, fp8: 1)', 'B', '[CP-Infer]'),
+    'alpha_tp': ('latency of one step of a TP collective (per message)', 's', '[A-SPDeep]'),
 }

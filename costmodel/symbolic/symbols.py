@@ -221,3 +221,29 @@ k_copy = _symbol(
     "[ring-flash-attn]",
     nonnegative=True,
 )
+
+# Inference: a prefill of new tokens against a cached prefix, and decode, under TP x CP x PP ([CP-Infer]).
+INFER = "[CP-Infer]"
+T_n = _symbol(
+    "T_n", "new tokens per sequence in one prefill (or prefill chunk)", "tokens", INFER, integer=True
+)
+K_c = _symbol(
+    "K_c",
+    "tokens already in the KV cache before that prefill (cached prefix, earlier chunks)",
+    "tokens",
+    INFER,
+    nonnegative=True,
+    integer=True,
+)
+S_kv = _symbol(
+    "S_kv",
+    "KV-cache tokens one CP rank holds per sequence (rounded up to whole pages when paged)",
+    "tokens",
+    INFER,
+    integer=True,
+)
+p_w = _symbol("p_w", "bytes per weight element (bf16: 2, fp8: 1)", "B", INFER, integer=True)
+p_kv = _symbol("p_kv", "bytes per KV-cache element (bf16: 2, fp8: 1)", "B", INFER, integer=True)
+alpha_tp = _symbol(
+    "alpha_tp", "latency of one step of a TP collective (per message)", "s", "[A-SPDeep]", nonnegative=True
+)

@@ -189,23 +189,29 @@ def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> 
     return n_u, inputs.n // n_u
 
 
+def layer_gemm_rate(model: ModelPreset, machine: Machine, tp: int, rows: int) -> float:
+    """F_gemm: the FLOP-weighted rate of a layer's four forward multiplies, TP-split, on ``rows`` tokens."""
+    hidden, d = model.hidden, model.head_dim
+    mlp_in = (2 if model.gated_mlp else 1) * model.ffn_hidden
+    shapes = [  # (n, k) of the forward multiplies, TP-split
+        ((model.heads + 2 * model.kv_heads) * d // tp, hidden),
+        (hidden, model.heads * d // tp),
+        (mlp_in // tp, hidden),
+        (hidden, model.ffn_hidden // tp),
+    ]
+    work = [n * k for n, k in shapes]
+    seconds = sum(w / machine.gemm_rate(max(rows, 1), n, k) for w, (n, k) in zip(work, shapes, strict=True))
+    return sum(work) / seconds
+
+
 def _rates(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine, n_r: int
 ) -> dict[str, float]:
     """F_gemm, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or --efficiency) at this
     layer's shapes."""
-    t, hidden, d = setup.tp, model.hidden, model.head_dim
+    t, d = setup.tp, model.head_dim
     rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
-    mlp_in = (2 if model.gated_mlp else 1) * model.ffn_hidden
-    shapes = [  # (n, k) of the forward multiplies, TP-split
-        ((model.heads + 2 * model.kv_heads) * d // t, hidden),
-        (hidden, model.heads * d // t),
-        (mlp_in // t, hidden),
-        (hidden, model.ffn_hidden // t),
-    ]
-    work = [n * k for n, k in shapes]
-    seconds = sum(w / machine.gemm_rate(rows, n, k) for w, (n, k) in zip(work, shapes, strict=True))
-    f_gemm = sum(work) / seconds
+    f_gemm = layer_gemm_rate(model, machine, t, rows)
     seq, n, scheme = inputs.seq, inputs.n, step.cp_scheme
     if n == 1 or scheme == "ulysses":
         calls = [(seq, seq, True, 1.0)]

@@ -1,0 +1,106 @@
+"""``cp-plan infer``: memory, time to first token and time per output token of a long-context request.
+
+Its flags are the declared inputs: the model, profile, dtype, efficiency and batch of
+:class:`~costmodel.plans.inputs.PlanInputs`, the request and serving layout of
+:class:`~costmodel.inference.setup.InferenceSetup`, and the profile overrides."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from costmodel.cli.options import console, declared
+from costmodel.cli.planning import DataFormat
+from costmodel.inference.setup import INFER_SHARED, InferenceSetup
+from costmodel.plans.inputs import MachineOverrides, PlanInputs
+
+
+@declared(
+    inputs=PlanInputs,
+    setup=InferenceSetup,
+    machine_overrides=MachineOverrides,
+    only=INFER_SHARED | set(InferenceSetup.model_fields) | set(MachineOverrides.model_fields),
+)
+def infer_cmd(
+    inputs: PlanInputs,
+    setup: InferenceSetup,
+    machine_overrides: MachineOverrides,
+    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+) -> None:
+    """Plan long-context inference: KV cache and memory per device, the prefill's CP scheme (pass-KV,
+    pass-Q or all-gather) and time to first token, and the time per output token of decode.
+
+    Example: cp-plan infer --model llama3-405b --prompt 1M --hw h100-ib --tp 8 --cp 16 --weights fp8
+    """
+    from costmodel.inference.serve import evaluate_infer
+
+    report = evaluate_infer(inputs, setup, machine_overrides).model_dump(mode="json", by_alias=True)
+    if format is DataFormat.json:
+        sys.stdout.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    elif format is DataFormat.yaml:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(report, sort_keys=False))
+    else:
+        _table(report)
+
+
+def _table(report: dict) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from costmodel.core.units import seconds, si
+
+    given, out = report["inputs"], report["inference"]
+    mem, pre, dec = out["memory"], out["prefill"], out["decode"]
+    screen = console()
+    screen.print(
+        f"{given['model']} on {out['gpus']} x {given['hw']}: tp {given['tp']}, cp {given['cp']}, "
+        f"pp {given['pp']}; batch {given['batch']}, prompt {given['prompt']:,} after {given['cached']:,} "
+        f"cached, {given['output']:,} out; weights {given['weights']}, KV cache {given['kv_dtype']}"
+    )
+    fit = "fits" if mem["fits"] else "DOES NOT FIT"
+    screen.print(
+        f"memory per device: weights {si(mem['weight_bytes_per_device'], 'B')}, KV cache "
+        f"{si(mem['kv_cache_bytes_per_device'], 'B')}, prefill working set "
+        f"{si(mem['prefill_activation_bytes'], 'B')} of {si(mem['usable_bytes'], 'B')}: {fit}; "
+        f"max batch {mem['max_batch']}, max context {mem['max_context_tokens']:,} tokens"
+    )
+    screen.print(
+        f"TTFT {seconds(out['ttft_s'])} with {pre['scheme']} (rule: {pre['rule_scheme']}; new share "
+        f"{pre['new_fraction']:.3g} vs 2·n_kv/h = {pre['passq_max_new_fraction']:.3g}, pass-KV hides from "
+        f"{pre['passkv_hidden_min_new_tokens']:,.0f} new tokens)   TPOT {seconds(out['tpot_s'])} "
+        f"({dec['tokens_per_s']:,.1f} tokens/s); against CP 1, CP "
+        + (
+            f"saves {seconds(dec['cp_latency_saved_s'])} per token"
+            if dec["cp_latency_saved_s"] > 0
+            else f"adds {seconds(dec['cp_latency_added_s'])} per token"
+        )
+    )
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, caption="prefill, chosen scheme")
+    for column in ("component", "time", "share"):
+        table.add_column(column, justify="left" if column == "component" else "right")
+    for name, value in pre["breakdown"].items():
+        if value > 0:
+            table.add_row(name, seconds(value), f"{value / out['ttft_s']:.1%}")
+    screen.print(table)
+    schemes = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    for column in ("scheme", "TTFT", "exposed CP comm", "bytes per step"):
+        schemes.add_column(column, justify="left" if column == "scheme" else "right")
+    for name, row in pre["schemes"].items():
+        schemes.add_row(
+            name, seconds(row["ttft_s"]), seconds(row["exposed_comm_s"]), si(row["step_bytes"], "B")
+        )
+    screen.print(schemes)
+    if out["target"] is not None:
+        target = out["target"]
+        if target["cp"] is None:
+            screen.print(f"no CP degree prefills within {seconds(target['target_ttft_s'])} and fits")
+        else:
+            screen.print(
+                f"within {seconds(target['target_ttft_s'])}: cp {target['cp']} ({target['gpus']} GPUs), "
+                f"{target['scheme']}, TTFT {seconds(target['ttft_s'])}"
+            )

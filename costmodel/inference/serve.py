@@ -1,0 +1,443 @@
+"""Memory, time to first token and time per output token of one long-context request ([CP-Infer]).
+
+Every quantity is a formula of the "inference" group of :mod:`costmodel.symbolic.formulas` or of the
+training step's ("step" group, evaluated at the prefill's new tokens); this module binds them to the model
+preset and the machine (links and kernel rates through :class:`~costmodel.machines.binding.Machine`, as
+:mod:`costmodel.training.step` does) and adds the terms.
+
+Ranks are placed TP innermost, then CP, then PP. A prefill of ``prompt`` new tokens after ``cached`` ones
+runs in chunks; each chunk's queries see the cache and the chunks before it. The stages of a pipeline
+take a chunk in turn, so with PP the chunks overlap and the prefill costs the chunks' sum plus the
+slowest chunk once per further stage. Decode keeps the cache sharded over CP ranks and merges their
+partial (O, LSE) for every new token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from costmodel.core.errors import InputError
+from costmodel.inference.report import (
+    SCHEMA,
+    Decode,
+    Inference,
+    InferenceReport,
+    Memory,
+    Prefill,
+    SchemeTime,
+    Target,
+)
+from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
+from costmodel.machines.binding import Machine
+from costmodel.machines.profiles import BYTES_PER_ELEMENT
+from costmodel.plans.inputs import MAX_CP, MachineOverrides, PlanInputs
+from costmodel.plans.models import ModelPreset, load_model
+from costmodel.symbolic import numeric
+from costmodel.training.step import layer_gemm_rate, step_machine
+
+SCHEMES = ("pass-kv", "pass-q", "allgather")
+# A datasheet profile states no latency; a few microseconds per step is the order of NCCL's low-latency
+# protocol on NVLink and InfiniBand. A stated assumption: calibrate the profile or pass --comm-latency.
+DEFAULT_LATENCY_S = 5e-6
+
+
+def _call(name: str, values: dict[str, Any]) -> float:
+    return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+
+
+def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int:
+    """The chunk size; one line naming the flag for any impossible combination."""
+    if model.heads % setup.tp:
+        raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
+    if setup.prompt % setup.cp:
+        raise InputError("--prompt", f"{setup.prompt} tokens do not split evenly over --cp {setup.cp} ranks")
+    if setup.pp > model.layers:
+        raise InputError("--pp", f"{setup.pp} stages exceed the model's {model.layers} layers")
+    context = setup.cached + setup.prompt + setup.output
+    if model.context_length is not None and context > model.context_length:
+        raise InputError(
+            "--prompt",
+            f"cached + prompt + output = {context:,} tokens exceeds the model's context of "
+            f"{model.context_length:,}",
+        )
+    chunk = setup.prompt if setup.chunk is None else setup.chunk
+    if chunk > setup.prompt:
+        raise InputError("--chunk", f"{chunk} is longer than the prompt of {setup.prompt} tokens")
+    if chunk % setup.cp:
+        raise InputError("--chunk", f"{chunk} tokens do not split evenly over --cp {setup.cp} ranks")
+    if -(-setup.prompt // chunk) > MAX_CHUNKS:
+        raise InputError("--chunk", f"{chunk} cuts the prompt into more than {MAX_CHUNKS} chunks")
+    return chunk
+
+
+def _machine(machine: Machine, dtype: str, flag: str) -> Machine:
+    if dtype not in machine.profile.device.peak_flops:
+        raise InputError(flag, f"profile {machine.name!r} has no {dtype} FLOP/s")
+    return Machine(machine.profile, dtype, machine.efficiency, machine.datasheet, machine.ranks_per_node)
+
+
+def _link(machine: Machine, stride: int, size: int, latency: float | None) -> tuple[float, float]:
+    """(B, alpha) of a group of ``size`` ranks ``stride`` apart."""
+    link = machine.placed(stride).link(size)
+    alpha = latency if latency is not None else (link.latency_s or DEFAULT_LATENCY_S)
+    return link.bandwidth, alpha
+
+
+def bind(
+    inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset, machine: Machine, cp: int | None = None
+) -> dict[str, Any]:
+    """The base symbols every inference formula shares (the chunk's T_n, K_c, S, F_attn, F_gemm are set
+    per chunk). ``cp`` replaces the CP degree (decode's comparison with CP 1, the target search)."""
+    t, n, pp = setup.tp, setup.cp if cp is None else cp, setup.pp
+    device, kernels = machine.profile.device, machine.profile.kernels
+    if device.hbm_bandwidth is None:
+        raise InputError("--hw", f"profile {machine.name!r} states no hbm_bandwidth; decode reads HBM")
+    b_tp, alpha_tp = _link(machine, 1, t, setup.comm_latency)
+    b_cp, alpha_cp = _link(machine, t, n, setup.comm_latency)
+    b_pp, _ = _link(machine, t * n, pp, setup.comm_latency)
+    return {
+        "b": inputs.batch,
+        "N": n,
+        "h": model.heads,
+        "n_kv": model.kv_heads,
+        "d": model.head_dim,
+        "H": model.hidden,
+        "F_ffn": model.ffn_hidden,
+        "V": model.vocab,
+        "n_L": model.layers,
+        "g": int(model.gated_mlp),
+        "e_m": 1 if model.tied_embeddings else 2,
+        "t": t,
+        "pp": pp,
+        "p": inputs.bytes_per_element,
+        "p_acc": 4,
+        "p_w": BYTES_PER_ELEMENT[setup.weights],
+        "p_kv": BYTES_PER_ELEMENT[setup.kv_dtype],
+        "c": 0.5,
+        "k_copy": 1.0,  # a load-balanced (zigzag) shard copies its queries per step, as training's ring
+        "B_hbm": device.hbm_bandwidth,
+        "B_tp": b_tp,
+        "B_cp": b_cp,
+        "B_pp": b_pp,
+        "alpha": alpha_cp,
+        "alpha_tp": alpha_tp,
+        "o_tp": setup.tp_overlap,
+        "o_cp": setup.cp_overlap,
+        "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
+        "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
+        "rc_sel": 0,
+        "rc_full": 0,
+    }
+
+
+def _pages(tokens: int, page: int) -> int:
+    return -(-tokens // page) * page if page else tokens
+
+
+def _kv_tokens(context: int, n: int, page: int) -> int:
+    """Cache tokens per sequence on the CP rank holding most, rounded up to whole pages."""
+    return _pages(-(-context // n), page)
+
+
+def _attention_rate(machine: Machine, scheme: str, values: dict[str, Any]) -> float:
+    """F_attn of a chunk: per ring step T_n/N queries against (T_n + K_c)/N keys, causal on the own block
+    when nothing is cached; all-gather: one call against every key."""
+    n, d = values["N"], values["d"]
+    queries, keys = values["T_n"] / n, (values["T_n"] + values["K_c"]) / n
+    pair = numeric.pair_flops(b=values["b"], h=values["h"] / values["t"], d=d)
+    own_causal = values["K_c"] == 0
+    if scheme == "allgather" or n == 1:
+        calls = [(queries, keys * n, True, 1.0)]
+    else:
+        calls = [(queries, keys, own_causal, 1.0), (queries, keys, False, n - 1.0)]
+    spent = sum(
+        w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, False, n, q, k, d)
+        for q, k, causal, w in calls
+    )
+    return sum(w for *_, w in calls) / spent
+
+
+def _chunk_layer(
+    values: dict[str, Any], scheme: str, attention: Machine, gemm: Machine, model: ModelPreset
+) -> dict[str, float]:
+    """Seconds per component of one layer of one chunk (``values`` holds its T_n and K_c)."""
+    v = {**values, "S": values["T_n"]}  # the step formulas read the chunk's tokens as S
+    v["F_attn"] = _attention_rate(attention, scheme, v)
+    v["F_gemm"] = layer_gemm_rate(model, gemm, v["t"], v["b"] * v["T_n"] // v["N"])
+    ring = v["N"] > 1 and scheme != "allgather"
+    if v["N"] == 1:
+        cp = 0.0
+    else:
+        cp = _call(
+            {"pass-kv": "passkv_exposed_s", "pass-q": "passq_exposed_s", "allgather": "prefill_allgather_s"}[
+                scheme
+            ],
+            v,
+        )
+    return {
+        "matrix multiplies": max(_call("layer_gemm_flops", v) / v["F_gemm"], _call("layer_weight_read_s", v)),
+        "attention": _call("prefill_attn_s", v),
+        "elementwise (memory-bound)": _call("layer_elementwise_bytes", v) / v["B_hbm"],
+        "exposed TP comm": _call("tp_exposed_s", v) if v["t"] > 1 else 0.0,
+        "exposed CP comm": cp,
+        "CP ring overheads (merge, copies, launches)": _call("ring_overhead_s", v) if ring else 0.0,
+        "_F_attn": v["F_attn"],
+        "_F_gemm": v["F_gemm"],
+    }
+
+
+def _chunks(setup: InferenceSetup, chunk: int) -> list[tuple[int, int]]:
+    """(new tokens, cached tokens before it) of every chunk."""
+    return [
+        (min(chunk, setup.prompt - start), setup.cached + start) for start in range(0, setup.prompt, chunk)
+    ]
+
+
+def prefill(
+    values: dict[str, Any],
+    setup: InferenceSetup,
+    chunk: int,
+    scheme: str,
+    attention: Machine,
+    gemm: Machine,
+    model: ModelPreset,
+) -> tuple[float, dict[str, float], dict[str, float]]:
+    """(TTFT, breakdown summing to it, rates of the first chunk) of the prefill with ``scheme``."""
+    stage_layers = model.layers / setup.pp
+    breakdown: dict[str, float] = {}
+    stages, rates = [], {}
+    for new, cached in _chunks(setup, chunk):
+        v = {**values, "T_n": new, "K_c": cached}
+        layer = _chunk_layer(v, scheme, attention, gemm, model)
+        chunk_rates = {"attention": layer.pop("_F_attn"), "gemm": layer.pop("_F_gemm")}
+        rates = rates or chunk_rates  # the first chunk's, as reported
+        for name, seconds in layer.items():
+            breakdown[name] = breakdown.get(name, 0.0) + stage_layers * seconds
+        stages.append(stage_layers * sum(layer.values()))
+        if setup.pp > 1:
+            send = (setup.pp - 1) * (v["alpha"] + _call("pp_send_s", {**v, "S": new}))
+            breakdown["pipeline sends"] = breakdown.get("pipeline sends", 0.0) + send
+    if setup.pp > 1:  # chunks flow through the stages: each further stage adds the slowest chunk once
+        breakdown["pipeline fill"] = (setup.pp - 1) * max(stages)
+    # The first token's logits: one token per sequence through the output layer.
+    breakdown["output layer"] = _call("head_flops", {**values, "S": 1, "N": 1}) / rates["gemm"]
+    return sum(breakdown.values()), breakdown, rates
+
+
+def _decode_at(
+    values: dict[str, Any], context: int, setup: InferenceSetup, gemm_rate: float, attn_rate: float
+):
+    v = {
+        **values,
+        "S_kv": _kv_tokens(context, values["N"], setup.page),
+        "F_gemm": gemm_rate,
+        "F_attn": attn_rate,
+    }
+    return v, _call("tpot_s", v)
+
+
+def decode(
+    values: dict[str, Any], setup: InferenceSetup, attention: Machine, gemm: Machine, model: ModelPreset
+) -> dict[str, Any]:
+    """TPOT over the output, its parts at the last token, and what CP changes against CP 1."""
+    start = setup.cached + setup.prompt
+    end = start + max(setup.output - 1, 0)
+    gemm_rate = layer_gemm_rate(model, gemm, setup.tp, values["b"])
+    attn_rate = attention.rate(1.0, False, False, values["N"], 1, max(start // values["N"], 1), values["d"])
+    _, first = _decode_at(values, start, setup, gemm_rate, attn_rate)
+    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate)
+    pp, layers = setup.pp, model.layers
+    return {
+        "first": first,
+        "last": last,
+        "weight_read_s": pp * _call("decode_weight_read_s", last_v),
+        "kv_read_s": pp * _call("decode_kv_read_s", last_v),
+        "compute_s": pp * _call("decode_compute_s", last_v),
+        "cp_merge_s": layers * _call("decode_merge_s", last_v),
+        "tp_s": layers * _call("decode_tp_s", last_v),
+        "merge_bytes_per_layer": _call("decode_merge_bytes", last_v),
+        "rates": (gemm_rate, attn_rate),
+    }
+
+
+def memory(values: dict[str, Any], setup: InferenceSetup, chunk: int, machine: Machine) -> dict[str, Any]:
+    """Weights, cache at the end of the output, the largest chunk's working set, and the largest batch
+    and context that fit."""
+    usable = machine.profile.device.hbm_bytes * (1 - setup.memory_headroom)
+    context = setup.cached + setup.prompt + setup.output
+    kv_tokens = _kv_tokens(context, values["N"], setup.page)
+    weights = _call("weight_bytes_per_device", values)
+    chunks = _chunks(setup, chunk)
+    working = max(  # the first chunk computes the most new tokens, the last carries the most cache
+        _call("prefill_activation_bytes", {**values, "T_n": new, "K_c": cached})
+        for new, cached in (chunks[0], chunks[-1])
+    )
+    kv = _call("kv_cache_bytes_per_device", {**values, "S_kv": kv_tokens})
+    one = _call("kv_cache_bytes_per_device", {**values, "S_kv": kv_tokens, "b": 1})
+    per_token = _call("kv_cache_bytes_per_device", {**values, "S_kv": 1})
+    working_one = working / values["b"]
+    room = usable - weights
+    max_tokens = max(0, math.floor((room - working) / per_token)) if per_token else 0
+    if setup.page:
+        max_tokens -= max_tokens % setup.page
+    return {
+        "usable_bytes": usable,
+        "weight_bytes_per_device": weights,
+        "kv_cache_bytes_per_device": kv,
+        "kv_cache_tokens_per_rank": kv_tokens,
+        "prefill_activation_bytes": working,
+        "free_bytes": max(0.0, room - kv - working),
+        "shortfall_bytes": max(0.0, kv + working - room),
+        "fits": room - kv - working >= 0,
+        "max_batch": max(0, math.floor(room / (one + working_one))),  # both scale with the batch
+        "max_context_tokens": max_tokens * values["N"],
+    }
+
+
+def _rule(
+    values: dict[str, Any], setup: InferenceSetup, attention_rate: float
+) -> tuple[str, float, float, float]:
+    """The published pass-KV / pass-Q rule on the whole request: pass-KV once its ring step hides under
+    attention or once new tokens are a large enough share that its steps are the smaller ([CP-Infer])."""
+    v = {**values, "T_n": setup.prompt, "K_c": setup.cached, "F_attn": attention_rate}
+    hide = _call("passkv_hidden_min_new_tokens", v)
+    share = _call("passq_max_new_fraction", v)
+    fraction = setup.prompt / (setup.prompt + setup.cached)
+    scheme = "pass-kv" if setup.prompt >= hide or fraction >= share else "pass-q"
+    return scheme, hide, share, fraction
+
+
+def _machines(
+    inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None
+) -> tuple[Machine, Machine]:
+    attention = step_machine(inputs, overrides)
+    return attention, _machine(attention, setup.weights, "--weights")
+
+
+def _ttft_schemes(values, setup, chunk, attention, gemm, model) -> dict[str, tuple[float, dict, dict]]:
+    schemes = SCHEMES if values["N"] > 1 else ("pass-kv",)
+    if setup.prefill_scheme != "auto" and values["N"] > 1:
+        schemes = (setup.prefill_scheme, *(s for s in SCHEMES if s != setup.prefill_scheme))
+    return {s: prefill(values, setup, chunk, s, attention, gemm, model) for s in schemes}
+
+
+def _chosen(setup: InferenceSetup, timed: dict[str, tuple[float, dict, dict]]) -> str:
+    if setup.prefill_scheme != "auto" and setup.prefill_scheme in timed:
+        return setup.prefill_scheme
+    return min(timed, key=lambda s: timed[s][0])
+
+
+def _target(inputs, setup, model, attention, gemm) -> Target:
+    """The fewest CP ranks, powers of two, whose prefill meets --target-ttft and whose memory fits."""
+    goal = setup.target_ttft
+    n = 1
+    while n <= MAX_CP:
+        chunk = setup.prompt if setup.chunk is None else setup.chunk
+        if setup.prompt % n == 0 and chunk % n == 0 and n <= setup.prompt:
+            try:
+                values = bind(inputs, setup, model, attention, cp=n)
+            except InputError:  # the profile has no link for a group this large
+                break
+            timed = _ttft_schemes(values, setup, chunk, attention, gemm, model)
+            scheme = _chosen(setup, timed)
+            ttft = timed[scheme][0]
+            if ttft <= goal and memory(values, setup, chunk, attention)["fits"]:
+                return Target(
+                    target_ttft_s=goal, cp=n, gpus=setup.tp * n * setup.pp, ttft_s=ttft, scheme=scheme
+                )
+        n *= 2
+    return Target(target_ttft_s=goal, cp=None, gpus=None, ttft_s=None, scheme=None)
+
+
+def evaluate_infer(
+    inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None = None
+) -> InferenceReport:
+    """Memory, TTFT with every CP scheme and the one chosen, TPOT, and the target search when asked."""
+    if inputs.model is None:
+        raise InputError(
+            "--model",
+            "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b",
+        )
+    model = load_model(inputs.model)
+    chunk = _check(inputs, setup, model)
+    attention, gemm = _machines(inputs, setup, overrides)
+    values = bind(inputs, setup, model, attention)
+    timed = _ttft_schemes(values, setup, chunk, attention, gemm, model)
+    scheme = _chosen(setup, timed)
+    ttft, breakdown, rates = timed[scheme]
+    rule, hide, share, fraction = _rule(values, setup, rates["attention"])
+    step_bytes = {
+        "pass-kv": "passkv_step_bytes",
+        "pass-q": "passq_step_bytes",
+        "allgather": "prefill_allgather_bytes",
+    }
+    whole = {**values, "T_n": setup.prompt, "K_c": setup.cached}
+    schemes = {
+        s: SchemeTime(
+            ttft_s=t,
+            exposed_comm_s=parts.get("exposed CP comm", 0.0),
+            step_bytes=_call(
+                step_bytes[s], {**whole, "T_n": chunk, "K_c": setup.cached + setup.prompt - chunk}
+            )
+            if values["N"] > 1
+            else 0.0,
+        )
+        for s, (t, parts, _) in timed.items()
+    }
+    mem = memory(values, setup, chunk, attention)
+    dec = decode(values, setup, attention, gemm, model)
+    solo = bind(inputs, setup, model, attention, cp=1)
+    at_one = decode(solo, setup, attention, gemm, model) if setup.cp > 1 else dec
+    mem_one = memory(solo, setup, chunk, attention) if setup.cp > 1 else mem
+    tpot = (dec["first"] + dec["last"]) / 2  # linear in the cache between the first and the last token
+    gain = (at_one["first"] + at_one["last"]) / 2 - tpot
+    stated = {
+        "model": inputs.model,
+        "hw": inputs.hw,
+        "dtype": inputs.dtype,
+        "efficiency": inputs.efficiency,
+        "batch": inputs.batch,
+        **setup.model_dump(),
+        **{k: v for k, v in (overrides.model_dump() if overrides else {}).items() if v is not None},
+    }
+    return InferenceReport(
+        schema=SCHEMA,
+        inputs=stated,
+        inference=Inference(
+            kv_cache_bytes_per_device=mem["kv_cache_bytes_per_device"],
+            ttft_s=ttft,
+            tpot_s=tpot,
+            gpus=setup.tp * setup.cp * setup.pp,
+            memory=Memory(**mem),
+            prefill=Prefill(
+                scheme=scheme if values["N"] > 1 else "pass-kv",
+                rule_scheme=rule,
+                new_fraction=fraction,
+                passkv_hidden_min_new_tokens=hide,
+                passq_max_new_fraction=share,
+                chunks=len(_chunks(setup, chunk)),
+                chunk_tokens=chunk,
+                gemm_flops_per_s=rates["gemm"],
+                attention_flops_per_s=rates["attention"],
+                schemes=schemes,
+                breakdown=breakdown,
+            ),
+            decode=Decode(
+                tpot_s=tpot,
+                tpot_first_s=dec["first"],
+                tpot_last_s=dec["last"],
+                tokens_per_s=inputs.batch / tpot,
+                weight_read_s=dec["weight_read_s"],
+                kv_read_s=dec["kv_read_s"],
+                compute_s=dec["compute_s"],
+                cp_merge_s=dec["cp_merge_s"],
+                tp_s=dec["tp_s"],
+                merge_bytes_per_layer=dec["merge_bytes_per_layer"],
+                cp_latency_saved_s=max(0.0, gain),
+                cp_latency_added_s=max(0.0, -gain),
+                max_batch_at_cp1=mem_one["max_batch"],
+            ),
+            target=_target(inputs, setup, model, attention, gemm) if setup.target_ttft is not None else None,
+        ),
+    )

@@ -1,0 +1,145 @@
+"""The inputs of ``cp-plan infer``, declared once: the serving layout, the request and the knobs.
+
+The model, the profile, the attention dtype, the efficiency and the batch are the shared fields of
+:class:`~costmodel.plans.inputs.PlanInputs` (``INFER_SHARED``); everything an inference asks beyond them is
+a field of :class:`InferenceSetup`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from costmodel.core.errors import InputError
+from costmodel.plans.inputs import (
+    MAX_CP,
+    MAX_HEADS,
+    MAX_TOKENS,
+    Count,
+    MachineOverrides,
+    Number,
+    PlanInputs,
+    Tokens,
+    build,
+    flag,
+    shape_from_model,
+)
+
+CacheDtype = Literal["bf16", "fp8"]
+PrefillScheme = Literal["auto", "pass-kv", "pass-q", "allgather"]
+MAX_CHUNKS = 1024  # chunks of one prefill the model walks one by one
+
+# What PlanInputs contributes to `cp-plan infer`; its other fields (one attention layer's shape) are left out.
+INFER_SHARED = frozenset({"model", "hw", "dtype", "efficiency", "batch"})
+
+
+class InferenceSetup(BaseModel):
+    """One inference request and where it runs: the prompt, its cached prefix and output, and TP x CP x PP."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    prompt: Tokens = flag(
+        ...,
+        "New prompt tokens per sequence to prefill (after any cached prefix).",
+        unit="tokens",
+        tokens=True,
+        ge=1,
+        le=MAX_TOKENS,
+    )
+    cached: Tokens = flag(
+        0,
+        "Tokens per sequence already in the KV cache (a cached prefix or earlier turns).",
+        unit="tokens",
+        tokens=True,
+        ge=0,
+        le=MAX_TOKENS,
+    )
+    output: Tokens = flag(
+        1, "Tokens to generate per sequence.", unit="tokens", tokens=True, ge=0, le=MAX_TOKENS
+    )
+    tp: Count = flag(1, "Tensor-parallel degree (inside a node).", unit="devices", ge=1, le=MAX_HEADS)
+    cp: Count = flag(
+        1,
+        "Context-parallel degree: ranks the prompt and the KV cache are split over.",
+        unit="devices",
+        ge=1,
+        le=MAX_CP,
+    )
+    pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
+    weights: CacheDtype = flag(
+        "bf16", "Weight element type; fp8 also runs the matrix multiplies at the profile's fp8 rate."
+    )
+    kv_dtype: CacheDtype = flag("bf16", "KV-cache element type.")
+    chunk: Tokens | None = flag(
+        None,
+        "Chunked prefill: new tokens per chunk, each attending to the cache and the chunks before it "
+        "[default: the whole prompt at once].",
+        unit="tokens",
+        tokens=True,
+        ge=1,
+        le=MAX_TOKENS,
+    )
+    page: Count = flag(
+        0,
+        "KV-cache page in tokens (paged attention; vLLM uses 16): each rank's cache rounds up to whole "
+        "pages; 0 keeps exact token counts.",
+        unit="tokens",
+        ge=0,
+        le=2**20,
+    )
+    prefill_scheme: PrefillScheme = flag(
+        "auto",
+        "How CP brings keys to queries in the prefill: pass-kv (ring of K, V), pass-q (ring of queries, "
+        "partial outputs returned), allgather (K, V gathered first); auto takes the fastest.",
+    )
+    memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
+    comm_latency: Number | None = flag(
+        None,
+        "alpha, seconds per message of a TP or CP collective step; default: the profile's link latency, "
+        "else 5 us.",
+        unit="s",
+        ge=0,
+        le=1,
+    )
+    tp_overlap: Number = flag(
+        0.0, "Share of TP collectives hidden under the prefill's matrix multiplies, in [0, 1].", ge=0, le=1
+    )
+    cp_overlap: Number = flag(
+        1.0, "Share of the prefill's ring transfers hidden under attention, in [0, 1].", ge=0, le=1
+    )
+    target_ttft: Number | None = flag(
+        None,
+        "Also find the fewest CP ranks (powers of two at this TP and PP) that prefill within this many "
+        "seconds and fit in memory.",
+        unit="s",
+        gt=0,
+        le=1e9,
+    )
+
+
+_DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, InferenceSetup, MachineOverrides)
+
+
+def build_infer(**values: Any) -> tuple[PlanInputs, InferenceSetup, MachineOverrides]:
+    """The inference inputs from flat keyword values named as the command's flags (``model``, ``prompt``,
+    ``hw``, ``tp``, ``cp``, ``batch``, ``cached``, ``weights``, ...), each model validated once: for tests
+    and notebooks."""
+    parts: dict[type[BaseModel], dict[str, Any]] = {model: {} for model in _DECLARED}
+    for name, value in values.items():
+        owner = next(
+            (
+                m
+                for m in _DECLARED
+                if name in m.model_fields and (m is not PlanInputs or name in INFER_SHARED)
+            ),
+            None,
+        )
+        if owner is None:
+            raise InputError(name, "not an input of the inference plan")
+        parts[owner][name] = value
+    return (
+        build(PlanInputs, **shape_from_model(parts[PlanInputs])),
+        build(InferenceSetup, **parts[InferenceSetup]),
+        build(MachineOverrides, **parts[MachineOverrides]),
+    )

@@ -1,0 +1,253 @@
+"""``cp-plan infer``: memory per device, the prefill's CP scheme and TTFT, decode's TPOT ([CP-Infer]).
+
+Hand-checked numbers first, then the pass-KV / pass-Q rule, properties, published figures, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.inference.published import ROWS
+from costmodel.inference.serve import evaluate_infer
+from costmodel.inference.setup import build_infer
+from costmodel.symbolic import numeric
+
+H405 = {"model": "llama3-405b", "hw": "h100-ib", "tp": 8, "weights": "fp8", "output": 0}
+
+
+def infer(**values):
+    return evaluate_infer(*build_infer(**values)).inference
+
+
+# --- memory ----------------------------------------------------------------------------------------
+
+
+def test_kv_cache_of_405b_at_1m_over_cp_16_by_hand() -> None:
+    # 65,536 tokens per rank x K and V x 1 KV head per TP rank (8 over TP 8) x 128 x 2 B x 126 layers
+    out = infer(**H405, prompt="1M", cp=16)
+    assert out.kv_cache_bytes_per_device == 65_536 * 2 * 1 * 128 * 2 * 126
+    assert out.memory.kv_cache_tokens_per_rank == 65_536
+
+
+def test_fp8_cache_halves_and_pages_round_up() -> None:
+    bf16 = infer(model="llama3-8b", hw="h100-nvlink", prompt=1000, cp=1, output=0)
+    fp8 = infer(model="llama3-8b", hw="h100-nvlink", prompt=1000, cp=1, output=0, kv_dtype="fp8")
+    paged = infer(model="llama3-8b", hw="h100-nvlink", prompt=1000, cp=1, output=0, page=16)
+    assert fp8.kv_cache_bytes_per_device == pytest.approx(bf16.kv_cache_bytes_per_device / 2, rel=1e-12)
+    assert paged.memory.kv_cache_tokens_per_rank == 1008  # 63 pages of 16
+    assert paged.kv_cache_bytes_per_device == 1008 * 2 * 8 * 128 * 2 * 32
+
+
+def test_tp_beyond_kv_heads_replicates_one_head_per_rank() -> None:
+    # llama3-8b has 8 KV heads; TP 16 leaves each rank one (replicated), not half of one
+    out = infer(model="llama3-8b", hw="h100-nvlink", prompt=4096, tp=16, output=0)
+    assert out.kv_cache_bytes_per_device == 4096 * 2 * 1 * 128 * 2 * 32
+
+
+def test_weights_per_device_by_hand() -> None:
+    out = infer(**H405, prompt="1M", cp=16)
+    params = numeric.params(n_L=126, H=16384, h=128, n_kv=8, d=128, F_ffn=53248, g=1, V=128256, e_m=2)
+    assert out.memory.weight_bytes_per_device == pytest.approx(params / 8 * 1, rel=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(cp=st.sampled_from([1, 2, 4, 8]), prompt=st.sampled_from([8192, 65536, 262144]))
+def test_max_batch_is_the_largest_that_fits(cp: int, prompt: int) -> None:
+    setup = {"model": "llama3-8b", "hw": "h100-nvlink", "prompt": prompt, "cp": cp, "output": 0}
+    best = infer(**setup).memory.max_batch
+    if best > 0:
+        assert infer(**setup, batch=best).memory.fits
+    assert not infer(**setup, batch=best + 1).memory.fits
+
+
+# --- the prefill ----------------------------------------------------------------------------------
+
+
+def test_pass_kv_hiding_threshold_by_hand() -> None:
+    # T_hide = N·(n_kv/t)·p·F_attn / (2·(h/t)·B) = 16 · 1 · 2 · F / (2 · 16 · 50e9)
+    pre = infer(**H405, prompt="1M", cp=16).prefill
+    assert pre.passkv_hidden_min_new_tokens == pytest.approx(
+        16 * 2 * pre.attention_flops_per_s / (2 * 16 * 50e9), rel=1e-12
+    )
+    assert pre.passq_max_new_fraction == pytest.approx(2 * 8 / 128, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    new=st.integers(1, 2**20),
+    cached=st.integers(0, 2**22),
+    heads_kv=st.sampled_from([(32, 32), (32, 8), (64, 8), (128, 8), (128, 1)]),
+)
+def test_pass_q_moves_fewer_bytes_exactly_below_2_nkv_over_h(new: int, cached: int, heads_kv) -> None:
+    h, n_kv = heads_kv
+    v = {"b": 1, "N": 8, "t": 1, "h": h, "n_kv": n_kv, "d": 128, "p": 2, "T_n": new, "K_c": cached}
+    q = numeric.passq_step_bytes(**{a: v[a] for a in numeric.ARGS["passq_step_bytes"]})
+    kv = numeric.passkv_step_bytes(**{a: v[a] for a in numeric.ARGS["passkv_step_bytes"]})
+    share = numeric.passq_max_new_fraction(h=h, n_kv=n_kv, t=1)
+    fraction = new / (new + cached)
+    if fraction != share:
+        assert (q < kv) == (fraction < share)
+
+
+def test_scheme_rule_and_timing_agree_far_from_the_boundary() -> None:
+    full = infer(**H405, prompt="1M", cp=16).prefill
+    assert (full.scheme, full.rule_scheme) == ("pass-kv", "pass-kv")
+    # a 4K follow-up after a 1M cached prefix: 0.4 % new tokens, far below 2·8/128 = 12.5 %
+    follow = infer(**H405, prompt="4k", cached="1M", cp=16).prefill
+    assert (follow.scheme, follow.rule_scheme) == ("pass-q", "pass-q")
+    assert follow.schemes["pass-q"].ttft_s < 0.5 * follow.schemes["pass-kv"].ttft_s
+
+
+def test_mha_pass_q_steps_are_always_the_smaller() -> None:
+    # n_kv = h: a query block is half a KV block, so 2·n_kv/h = 2 exceeds any new-token share; pass-KV
+    # wins only where its steps hide under attention (T >= T_hide)
+    follow = infer(model="llama2-7b", hw="h100-ib", prompt="8k", cached="1M", cp=8, output=0).prefill
+    assert follow.passq_max_new_fraction == 2
+    assert follow.passkv_hidden_min_new_tokens > 8192 and follow.rule_scheme == "pass-q"
+    full = infer(model="llama2-7b", hw="h100-ib", prompt="1M", cp=8, output=0).prefill
+    assert full.passkv_hidden_min_new_tokens < 2**20 and full.rule_scheme == "pass-kv"
+
+
+def test_chunked_prefill_does_the_same_attention_work() -> None:
+    # sum over chunks of T_i (K_i + T_i/2) = T²/2 exactly when the chunks cover the prompt
+    v = {"b": 1, "N": 4, "t": 1, "h": 32, "d": 128, "c": 0.5}
+    whole = numeric.prefill_attn_flops(**v, T_n=65536, K_c=1000)
+    parts = sum(numeric.prefill_attn_flops(**v, T_n=8192, K_c=1000 + i * 8192) for i in range(8))
+    assert parts == pytest.approx(whole, rel=1e-12)
+    one = infer(model="llama3-8b", hw="h100-nvlink", prompt="64k", cp=4, output=0)
+    chunked = infer(model="llama3-8b", hw="h100-nvlink", prompt="64k", cp=4, output=0, chunk="8k")
+    assert chunked.prefill.chunks == 8
+    assert chunked.ttft_s >= one.ttft_s  # same FLOP on smaller kernels
+
+
+def test_breakdown_sums_to_ttft() -> None:
+    out = infer(**H405, prompt="128k", cp=4, pp=2, chunk="32k")
+    assert sum(out.prefill.breakdown.values()) == pytest.approx(out.ttft_s, rel=1e-12)
+
+
+def test_cp_shortens_a_long_prefill_nearly_linearly() -> None:
+    two, sixteen = (infer(**H405, prompt="1M", cp=n).ttft_s for n in (2, 16))
+    assert 6.5 < two / sixteen <= 8.5
+
+
+# --- decode ---------------------------------------------------------------------------------------
+
+
+def test_decode_merge_bytes_by_hand() -> None:
+    # (N-1) ranks x 16 query heads per TP rank x (128 x 2 B of O + 4 B of LSE)
+    dec = infer(**H405, prompt="1M", cp=16).decode
+    assert dec.merge_bytes_per_layer == 15 * 16 * (128 * 2 + 4)
+
+
+def test_decode_is_a_memory_roofline_without_parallelism() -> None:
+    out = infer(model="llama3-8b", hw="h100-nvlink", prompt="32k", output=1)
+    dec = out.decode
+    assert dec.cp_merge_s == 0 and dec.tp_s == 0
+    assert dec.tpot_s == pytest.approx(dec.weight_read_s + dec.kv_read_s, rel=1e-12)
+
+
+def test_cp_for_decode_pays_at_1m_and_only_adds_latency_at_4k() -> None:
+    long = infer(**H405, prompt="1M", cp=16).decode
+    assert long.cp_latency_saved_s > 0 and long.cp_latency_added_s == 0 and long.max_batch_at_cp1 == 0
+    short = infer(model="llama3-8b", hw="h100-ib", prompt="4k", cp=8, output=0).decode
+    assert short.cp_latency_added_s > 0 and short.cp_latency_saved_s == 0
+
+
+# --- published figures ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.key)
+def test_published_prefill_times(row) -> None:
+    assert abs(row.error()) <= row.tolerance, (
+        f"{row.key}: {row.predicted():.3g} s vs {row.published_ttft_s} s"
+    )
+
+
+def test_target_finds_the_fewest_ranks() -> None:
+    out = infer(**H405, prompt="1M", cp=16, target_ttft=100.0)
+    assert out.target.cp == 16 and out.target.gpus == 128
+    assert infer(**H405, prompt="1M", cp=8).ttft_s > 100.0
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def test_json_contract(cli) -> None:
+    result = cli(
+        "infer",
+        "--model",
+        "llama3-70b",
+        "--prompt",
+        "256k",
+        "--hw",
+        "h100-ib",
+        "--tp",
+        "8",
+        "--cp",
+        "4",
+        "--batch",
+        "2",
+        "--cached",
+        "16k",
+        "--output",
+        "512",
+        "--kv-dtype",
+        "fp8",
+        "--format",
+        "json",
+    )
+    assert result.code == 0, result.err
+    out = json.loads(result.out)
+    assert out["schema"] == "cp-plan/inference/v1"
+    inference = out["inference"]
+    assert inference["prefill"]["scheme"] in ("pass-kv", "pass-q", "allgather")
+    for key in ("kv_cache_bytes_per_device", "ttft_s", "tpot_s"):
+        assert inference[key] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--batch", "0"], "--batch: must be >= 1"),
+        (["--prompt", "1000", "--cp", "16"], "--prompt: 1000 tokens do not split evenly over --cp 16"),
+        (["--tp", "3"], "--tp: 3 must divide"),
+        (["--chunk", "6", "--cp", "4"], "--chunk: 6 tokens do not split evenly"),
+        (["--weights", "fp8", "--hw", "a100-nvlink"], "--weights: profile 'a100-nvlink' has no fp8"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(cli, args: list[str], message: str) -> None:
+    result = cli("infer", "--model", "llama3-8b", "--prompt", "64k", *args)
+    assert result.code == 2 and result.out == ""
+    assert message in result.err and result.err.count("\n") == 1
+
+
+def test_prompt_longer_than_the_presets_context(cli, tmp_path: Path) -> None:
+    preset = tmp_path / "short.yaml"
+    preset.write_text(
+        "name: short\nsource: test\nheads: 8\nkv_heads: 2\nhead_dim: 64\nlayers: 2\nhidden: 512\n"
+        "ffn_hidden: 1024\nvocab: 1000\ncontext_length: 4096\n"
+    )
+    result = cli("infer", "--model", str(preset), "--prompt", "4096", "--output", "1", "--hw", "h100-nvlink")
+    assert result.code == 2
+    assert (
+        "--prompt: cached + prompt + output = 4,097 tokens exceeds the model's context of 4,096" in result.err
+    )
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    cached=st.sampled_from([0, 4096, 1 << 20]),
+    prompt=st.sampled_from([4096, 65536, 1 << 20]),
+    cp=st.sampled_from([2, 8, 16]),
+)
+def test_auto_takes_the_fastest_scheme_and_an_asked_one_is_kept(cached: int, prompt: int, cp: int) -> None:
+    auto = infer(**H405, prompt=prompt, cached=cached, cp=cp).prefill
+    assert auto.schemes[auto.scheme].ttft_s == min(s.ttft_s for s in auto.schemes.values())
+    for scheme in ("pass-kv", "pass-q", "allgather"):
+        asked = infer(**H405, prompt=prompt, cached=cached, cp=cp, prefill_scheme=scheme)
+        assert asked.prefill.scheme == scheme
+        assert asked.ttft_s == pytest.approx(auto.schemes[scheme].ttft_s, rel=1e-12)
