@@ -1,0 +1,463 @@
+"""The fastest training layout that fits: every TP x CP x PP (x virtual stages) x DP x micro-batch x recompute x
+CP scheme and layout of a job, ranked by the whole step's time.
+
+Each plan is the step of :mod:`costmodel.training.step`, each memory the fit of
+:mod:`costmodel.training.recommend` (the most loaded pipeline stage); both are the generated formulas, here
+evaluated on numpy arrays holding every candidate at once. What varies per candidate but is not a formula
+(kernel rates at the layer's shapes, the link a group's placement gives) is bound once per distinct shape
+by :func:`costmodel.training.step.bind` itself and gathered into the arrays. :func:`search_loop` is the
+plain reference: one :func:`~costmodel.training.step.evaluate_step` per candidate; a test holds the two to
+the same ranking.
+
+The global batch is an input (sequences per optimizer step). Left out, it is 4M tokens' worth of sequences
+(at least one), the batch Llama 3 405B started its pre-training with [Llama3 §3.4].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel.core.errors import InputError
+from costmodel.machines.binding import Machine
+from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
+from costmodel.plans.models import ModelPreset, load_model
+from costmodel.schedule.layouts import chunks_per_rank, divisors
+from costmodel.symbolic import numeric
+from costmodel.training.recommend import training_values, zero_fractions
+from costmodel.training.step import StepSetup, bind, buckets, step_breakdown
+
+DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
+MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
+RECOMPUTE = ("none", "selective", "full")
+# (scheme, layout) pairs whose step times differ: Ulysses runs whole sequences per head, so its layout does
+# not enter; an all-gather's zigzag and striped shards see the same keys.
+SCHEMES: tuple[tuple[str, str], ...] = (
+    ("ring", "zigzag"),
+    ("ring", "striped"),
+    ("ring", "contiguous"),
+    ("usp", "zigzag"),
+    ("usp", "striped"),
+    ("usp", "contiguous"),
+    ("ulysses", "zigzag"),
+    ("allgather", "zigzag"),
+    ("allgather", "contiguous"),
+)
+# What each framework runs: Megatron-LM's --cp-comm-type (p2p, a2a, allgather, a2a+p2p) over its
+# load-balanced (zigzag) split; torchtitan's context_parallel_rotate_method (alltoall: the ring's shuffles,
+# allgather) over its head-tail (zigzag) split.
+FRAMEWORKS: dict[str, frozenset[tuple[str, str]]] = {
+    "megatron": frozenset(
+        {("ring", "zigzag"), ("ulysses", "zigzag"), ("allgather", "zigzag"), ("usp", "zigzag")}
+    ),
+    "torchtitan": frozenset({("ring", "zigzag"), ("allgather", "zigzag")}),
+}
+EXPOSED = {  # exposed communication by kind, from the step's breakdown
+    "TP": ("exposed TP comm",),
+    "CP": ("exposed CP comm", "CP ring overheads (merge, copies, launches)"),
+    "PP": ("exposed PP sends", "pipeline bubble"),
+    "DP": ("exposed DP comm", "exposed ZeRO-3 gathers"),
+}
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Dimensions the user fixed (None: searched)."""
+
+    tp: int | None = None
+    cp: int | None = None
+    pp: int | None = None
+    vpp: int | None = None
+    micro_batch: int | None = None
+    recompute: str | None = None
+    cp_scheme: str | None = None
+    layout: str | None = None
+    framework: str = "any"
+
+    def given(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None and k != "framework"}
+
+
+@dataclass
+class Table:
+    """Candidates as columns: one numpy array per dimension, and the scheme/layout pair's index."""
+
+    columns: dict[str, np.ndarray]
+    pairs: list[tuple[str, str]]
+
+    def __len__(self) -> int:
+        return len(self.columns["tp"])
+
+    def take(self, keep: np.ndarray) -> Table:
+        return Table({k: v[keep] for k, v in self.columns.items()}, self.pairs)
+
+    def plan(self, i: int) -> dict[str, Any]:
+        c = self.columns
+        scheme, layout = self.pairs[int(c["pair"][i])]
+        plan = {k: int(c[k][i]) for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch")}
+        return plan | {"recompute": RECOMPUTE[int(c["rc"][i])], "cp_scheme": scheme, "layout": layout}
+
+
+@dataclass
+class SearchResult:
+    """Every feasible plan, fastest first, with what each constraint removed."""
+
+    plans: list[dict[str, Any]]
+    considered: int
+    fits: int
+    global_batch: int
+    removed: dict[str, int] = field(default_factory=dict)
+    empty_reason: str | None = None
+
+
+def default_global_batch(seq: int) -> int:
+    return max(1, DEFAULT_BATCH_TOKENS // seq)
+
+
+def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
+    """Constraints no plan can meet, as one line naming the flag."""
+    if c.tp is not None and model.heads % c.tp:
+        raise InputError("--tp", f"{c.tp} does not divide the model's {model.heads} heads")
+    if c.pp is not None and model.layers % c.pp:
+        raise InputError("--pp", f"{c.pp} does not divide the model's {model.layers} layers")
+    fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
+    if fixed > gpus:
+        raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
+    if gpus % fixed:
+        raise InputError("--gpus", f"{gpus} GPUs are not divisible by the fixed tp x cp x pp = {fixed}")
+    if c.framework not in ("any", *FRAMEWORKS):
+        raise InputError("--framework", f"unknown {c.framework!r}; accepted: any, {', '.join(FRAMEWORKS)}")
+
+
+def enumerate_plans(
+    model: ModelPreset, seq: int, gpus: int, global_batch: int, c: Constraints
+) -> tuple[Table, dict[str, int]]:
+    """Every layout of ``gpus`` the constraints allow, and how many each structural rule removed."""
+    removed: dict[str, int] = {}
+    allowed = [
+        (s, lay)
+        for s, lay in SCHEMES
+        if (c.cp_scheme is None or s == c.cp_scheme)
+        and (c.layout is None or lay == c.layout or s == "ulysses")
+        and (c.framework == "any" or (s, lay) in FRAMEWORKS[c.framework])
+    ]
+    if not allowed:
+        raise InputError("--cp-scheme", f"no CP scheme and layout of {c.framework} matches the constraints")
+    pairs = list(SCHEMES)
+    rows: list[tuple[int, ...]] = []
+    kv_heads = model.kv_heads
+    for tp in divisors(gpus):
+        if (c.tp is not None and tp != c.tp) or model.heads % tp:
+            continue
+        for cp in divisors(gpus // tp):
+            if (c.cp is not None and cp != c.cp) or cp > MAX_CP or cp > seq:
+                continue
+            for pp in divisors(gpus // (tp * cp)):
+                if (c.pp is not None and pp != c.pp) or model.layers % pp:
+                    continue
+                dp = gpus // (tp * cp * pp)
+                if global_batch % dp:
+                    removed["global batch not divisible by DP"] = (
+                        removed.get("global batch not divisible by DP", 0) + 1
+                    )
+                    continue
+                stages = divisors(model.layers // pp) if pp > 1 else [1]
+                for vpp in stages:
+                    if c.vpp is not None and vpp != c.vpp:
+                        continue
+                    for mb in MICRO_BATCHES:
+                        if (c.micro_batch is not None and mb != c.micro_batch) or (global_batch // dp) % mb:
+                            continue
+                        if pp > 1 and global_batch // (dp * mb) < pp:
+                            continue
+                        for rc, recompute in enumerate(RECOMPUTE):
+                            if c.recompute is not None and recompute != c.recompute:
+                                continue
+                            for scheme, layout in allowed if cp > 1 else [allowed[0]]:
+                                if cp > 1:
+                                    if seq % (cp * chunks_per_rank(layout)):
+                                        continue
+                                    if scheme == "ulysses" and (model.heads // tp) % cp:
+                                        continue
+                                    if scheme == "usp":
+                                        n_u = _usp_degree(kv_heads, tp, cp)
+                                        if n_u in (1, cp):  # the plain ring or Ulysses, already listed
+                                            continue
+                                rows.append((tp, cp, pp, vpp, dp, mb, rc, pairs.index((scheme, layout))))
+    names = ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")
+    data = np.array(rows, dtype=np.int64).reshape(-1, len(names))
+    return Table({name: data[:, i] for i, name in enumerate(names)}, pairs), removed
+
+
+def _usp_degree(kv_heads: int, tp: int, cp: int) -> int:
+    heads = max(kv_heads // tp, 1)
+    return max(u for u in divisors(cp) if heads % u == 0)
+
+
+class _Shapes:
+    """The step's symbols for one (tp, cp, micro-batch, scheme, layout), from :func:`bind` itself: rates,
+    the TP and CP links, the USP split; and the DP and PP links per (stride, size)."""
+
+    def __init__(
+        self, inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
+    ) -> None:
+        self.inputs, self.setup, self.step, self.model, self.machine = inputs, setup, step, model, machine
+        self.cache: dict[tuple, dict[str, Any]] = {}
+        self.links: dict[tuple[int, int], float] = {}
+
+    def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
+        key = (tp, cp, mb, scheme, layout)
+        if key not in self.cache:
+            inputs = self.inputs.model_copy(update={"n": cp, "layout": layout})
+            setup = self.setup.model_copy(update={"gpus": tp * cp, "tp": tp, "pp": 1})
+            step = self.step.model_copy(
+                update={
+                    "micro_batch": mb,
+                    "global_batch": mb,
+                    "vpp": 1,
+                    "cp_scheme": scheme if cp > 1 else "ring",
+                }
+            )
+            self.cache[key] = bind(inputs, setup, step, self.model, self.machine)
+        return self.cache[key]
+
+    def link(self, stride: int, size: int) -> float:
+        if (stride, size) not in self.links:
+            self.links[(stride, size)] = self.machine.placed(stride).link(size, "p2p").bandwidth
+        return self.links[(stride, size)]
+
+    def links_of(self, strides: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        """B of every (stride, size) group, looked up once per distinct pair."""
+        pairs, index = np.unique(np.stack([strides, sizes], axis=1), axis=0, return_inverse=True)
+        return np.array([self.link(int(s), int(g)) for s, g in pairs])[index.ravel()]
+
+
+PER_SHAPE = ("u_cp", "k_copy", "B_tp", "B_cp", "N_u", "N_r", "F_gemm", "F_attn", "F_attn_bwd")
+
+
+def evaluate_table(
+    table: Table,
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    model: ModelPreset,
+    machine: Machine,
+    shapes: _Shapes | None = None,
+) -> dict[str, Any]:
+    """Step time, its breakdown, MFU and memory of every candidate, as arrays."""
+    c = table.columns
+    shapes = shapes or _Shapes(inputs, setup, step, model, machine)
+    keys = np.stack([c["tp"], c["cp"], c["micro_batch"], c["pair"]], axis=1)
+    unique, index = np.unique(keys, axis=0, return_inverse=True)
+    index = index.ravel()
+    bound = [shapes.values(int(t), int(n), int(b), *table.pairs[int(p)]) for t, n, b, p in unique]
+    base = bound[0]
+    v: dict[str, Any] = dict(base)
+    for name in PER_SHAPE:
+        v[name] = np.array([b[name] for b in bound], dtype=float)[index]
+    tp, cp, pp, dp = (c[k].astype(float) for k in ("tp", "cp", "pp", "dp"))
+    v |= {
+        "t": tp,
+        "N": cp,
+        "pp": pp,
+        "D": dp,
+        "b": c["micro_batch"].astype(float),
+        "v_pp": c["vpp"].astype(float),
+        "m_mb": step.global_batch / (c["micro_batch"] * c["dp"]),
+        "rc_sel": (c["rc"] == 1).astype(float),
+        "rc_full": (c["rc"] == 2).astype(float),
+    }
+    v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"])
+    v["B_pp"] = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"])
+    v["n_bkt"] = buckets(v, step)
+    breakdown = {name: np.zeros(len(table)) for name in step_breakdown(base, "ring")}
+    for p, (scheme, _) in enumerate(table.pairs):
+        rows = c["pair"] == p
+        if rows.any():
+            part = step_breakdown(
+                {k: a[rows] if isinstance(a, np.ndarray) else a for k, a in v.items()}, scheme
+            )
+            for name, value in part.items():
+                breakdown[name][rows] = value
+    time_s = sum(breakdown.values())
+    tokens = numeric.step_tokens(**{a: v[a] for a in numeric.ARGS["step_tokens"]})
+    model_flops = numeric.model_flops_per_token(**{a: v[a] for a in numeric.ARGS["model_flops_per_token"]})
+    mfu = model_flops * tokens / (time_s * machine.peak_flops * setup.gpus)
+    return {
+        "time_s": time_s,
+        "mfu": mfu,
+        "breakdown": breakdown,
+        "memory": memory_table(table, inputs, setup, model, machine),
+    }
+
+
+def memory_table(
+    table: Table, inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset, machine: Machine
+) -> dict[str, np.ndarray]:
+    """Training memory per device on the most loaded stage [Korthikanti22 §4], and the usable HBM."""
+    c = table.columns
+    values = training_values(inputs, model, setup, machine, 1)
+    group = (c["dp"] * c["cp"]).astype(float)
+    z_w, z_g, z_o = zero_fractions(setup.zero, group)  # type: ignore[arg-type]
+    ones = np.ones(len(table))
+    values |= {
+        "N": c["cp"].astype(float),
+        "t": c["tp"].astype(float),
+        "pp": c["pp"].astype(float),
+        "b": c["micro_batch"].astype(float),
+        "rho": (c["rc"] == 2).astype(float),
+        "phi": ((c["rc"] == 0) & (not setup.flash_attention)).astype(float),
+        "sigma": (c["tp"] > 1).astype(float)
+        if setup.sequence_parallel is None
+        else (c["tp"] > 1) & setup.sequence_parallel,
+        "z_w": z_w * ones,
+        "z_g": z_g * ones,
+        "z_o": z_o * ones,
+    }
+    total = numeric.training_memory_bytes(**{a: values[a] for a in numeric.ARGS["training_memory_bytes"]})
+    return {"total_bytes": np.asarray(total, dtype=float) * ones, "device_bytes": values["M_dev"]}
+
+
+def search(
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    machine: Machine,
+    constraints: Constraints = Constraints(),
+    top: int | None = 10,
+) -> SearchResult:
+    """The ``top`` fastest plans of ``setup.gpus`` that the constraints allow and that fit (None: all)."""
+    model = _model(inputs)
+    check_constraints(model, setup.gpus, constraints)
+    table, removed = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, constraints)
+    considered = len(table)
+    if not considered:
+        return SearchResult(
+            [],
+            0,
+            0,
+            step.global_batch,
+            removed,
+            _empty_reason(model, inputs, setup, step, constraints, machine),
+        )
+    result = evaluate_table(table, inputs, setup, step, model, machine)
+    fits = result["memory"]["total_bytes"] <= result["memory"]["device_bytes"]
+    order = np.lexsort((result["memory"]["total_bytes"], result["time_s"]))
+    order = order[fits[order]]
+    if top is not None:
+        order = order[:top]
+    plans = [_row(table, result, int(i)) for i in order]
+    reason = None
+    if not plans:
+        smallest = float(result["memory"]["total_bytes"].min())
+        reason = (
+            f"no plan fits memory: the smallest needs {smallest / 2**30:.1f} GiB of the "
+            f"{result['memory']['device_bytes'] / 2**30:.1f} GiB usable per device"
+        )
+        reason += _blame(model, inputs, setup, step, constraints, machine)
+    return SearchResult(plans, considered, int(fits.sum()), step.global_batch, removed, reason)
+
+
+def _row(table: Table, result: dict[str, Any], i: int) -> dict[str, Any]:
+    breakdown = {k: float(v[i]) for k, v in result["breakdown"].items()}
+    return table.plan(i) | {
+        "step_time_s": float(result["time_s"][i]),
+        "mfu": float(result["mfu"][i]),
+        "memory_bytes": float(result["memory"]["total_bytes"][i]),
+        "device_memory_bytes": float(result["memory"]["device_bytes"]),
+        "exposed_s": {kind: sum(breakdown[n] for n in names) for kind, names in EXPOSED.items()},
+        "breakdown": breakdown,
+    }
+
+
+def _model(inputs: PlanInputs) -> ModelPreset:
+    if inputs.model is None:
+        raise InputError("--model", "the layout search needs a model preset; e.g. --model llama3-8b")
+    return load_model(inputs.model)
+
+
+def _empty_reason(
+    model: ModelPreset,
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    c: Constraints,
+    machine: Machine,
+) -> str:
+    return (
+        "no layout of the job meets every rule (divisibility of heads, layers, sequence and batch)"
+        + _blame(model, inputs, setup, step, c, machine)
+    )
+
+
+def _blame(
+    model: ModelPreset,
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    c: Constraints,
+    machine: Machine,
+) -> str:
+    """Which single fixed dimension, freed, gives plans that fit: the constraint that empties the set."""
+    culprits = []
+    for name in c.given():
+        freed = Constraints(**(c.__dict__ | {name: None}))
+        table, _ = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, freed)
+        if (
+            len(table)
+            and (
+                memory_table(table, inputs, setup, model, machine)["total_bytes"]
+                <= _usable(inputs, setup, model, machine)
+            ).any()
+        ):
+            culprits.append("--" + name.replace("_", "-"))
+    if culprits:
+        return f"; the constraint that empties it: {', '.join(culprits)} (plans fit without it)"
+    return "; no single constraint is to blame: more GPUs, ZeRO-3 or a shorter sequence would be needed"
+
+
+def _usable(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset, machine: Machine) -> float:
+    return float(training_values(inputs, model, setup, machine, 1)["M_dev"])
+
+
+def search_loop(
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    machine: Machine,
+    constraints: Constraints = Constraints(),
+) -> list[dict[str, Any]]:
+    """The plain reference: one :func:`~costmodel.training.step.evaluate_step` and one memory fit per
+    candidate, fastest first among those that fit."""
+    from costmodel.plans.bind import Evaluator
+    from costmodel.training.recommend import fit_at
+    from costmodel.training.step import evaluate_step
+
+    model = _model(inputs)
+    check_constraints(model, setup.gpus, constraints)
+    table, _ = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, constraints)
+    rows = []
+    for i in range(len(table)):
+        plan = table.plan(i)
+        at = inputs.model_copy(update={"n": plan["cp"], "layout": plan["layout"]})
+        job = setup.model_copy(update={"tp": plan["tp"], "pp": plan["pp"], "recompute": plan["recompute"]})
+        knobs = step.model_copy(
+            update={
+                "vpp": plan["vpp"],
+                "micro_batch": plan["micro_batch"],
+                "cp_scheme": plan["cp_scheme"] if plan["cp"] > 1 else "ring",
+            }
+        )
+        result = evaluate_step(at, job, knobs, machine)["step"]
+        values = training_values(
+            at.model_copy(update={"batch": plan["micro_batch"]}), model, job, machine, plan["cp"]
+        )
+        fit = fit_at(Evaluator(values))
+        if fit.fits:
+            rows.append(
+                plan
+                | {"step_time_s": result["time_s"], "mfu": result["mfu"], "memory_bytes": fit.total_bytes}
+            )
+    return sorted(rows, key=lambda r: (r["step_time_s"], r["memory_bytes"]))
