@@ -154,6 +154,7 @@ def enumerate_plans(
         for cp in divisors(gpus // tp):
             if (c.cp is not None and cp != c.cp) or cp > MAX_CP or cp > seq:
                 continue
+            usp = _usp_degree(kv_heads, tp, cp) not in (1, cp)
             for pp in divisors(gpus // (tp * cp)):
                 if (c.pp is not None and pp != c.pp) or model.layers % pp:
                     continue
@@ -181,10 +182,8 @@ def enumerate_plans(
                                         continue
                                     if scheme == "ulysses" and (model.heads // tp) % cp:
                                         continue
-                                    if scheme == "usp":
-                                        n_u = _usp_degree(kv_heads, tp, cp)
-                                        if n_u in (1, cp):  # the plain ring or Ulysses, already listed
-                                            continue
+                                    if scheme == "usp" and not usp:  # the plain ring or Ulysses
+                                        continue
                                 rows.append((tp, cp, pp, vpp, dp, mb, rc, pairs.index((scheme, layout))))
     names = ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")
     data = np.array(rows, dtype=np.int64).reshape(-1, len(names))
@@ -230,8 +229,17 @@ class _Shapes:
 
     def links_of(self, strides: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         """B of every (stride, size) group, looked up once per distinct pair."""
-        pairs, index = np.unique(np.stack([strides, sizes], axis=1), axis=0, return_inverse=True)
-        return np.array([self.link(int(s), int(g)) for s, g in pairs])[index.ravel()]
+        _, first, index = np.unique(_key(strides, sizes), return_index=True, return_inverse=True)
+        return np.array([self.link(int(strides[i]), int(sizes[i])) for i in first])[index]
+
+
+def _key(*columns: np.ndarray) -> np.ndarray:
+    """One int64 per row of non-negative integer columns (mixed radix; every product here stays below
+    2^63: a job's degrees multiply to at most its GPUs), for a fast np.unique."""
+    key = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        key = key * (int(column.max(initial=0)) + 1) + column
+    return key
 
 
 PER_SHAPE = ("u_cp", "k_copy", "B_tp", "B_cp", "N_u", "N_r", "F_gemm", "F_attn", "F_attn_bwd")
@@ -249,10 +257,14 @@ def evaluate_table(
     """Step time, its breakdown, MFU and memory of every candidate, as arrays."""
     c = table.columns
     shapes = shapes or _Shapes(inputs, setup, step, model, machine)
-    keys = np.stack([c["tp"], c["cp"], c["micro_batch"], c["pair"]], axis=1)
-    unique, index = np.unique(keys, axis=0, return_inverse=True)
-    index = index.ravel()
-    bound = [shapes.values(int(t), int(n), int(b), *table.pairs[int(p)]) for t, n, b, p in unique]
+    keys = _key(c["tp"], c["cp"], c["micro_batch"], c["pair"])
+    unique, first, index = np.unique(keys, return_index=True, return_inverse=True)
+    bound = [
+        shapes.values(
+            int(c["tp"][i]), int(c["cp"][i]), int(c["micro_batch"][i]), *table.pairs[int(c["pair"][i])]
+        )
+        for i in first
+    ]
     base = bound[0]
     v: dict[str, Any] = dict(base)
     for name in PER_SHAPE:
