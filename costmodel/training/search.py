@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.core.errors import InputError
+from costmodel.core.units import seconds
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
@@ -86,18 +87,30 @@ class Table:
 
     columns: dict[str, np.ndarray]
     pairs: list[tuple[str, str]]
+    kv_heads: int
 
     def __len__(self) -> int:
         return len(self.columns["tp"])
 
     def take(self, keep: np.ndarray) -> Table:
-        return Table({k: v[keep] for k, v in self.columns.items()}, self.pairs)
+        return Table({k: v[keep] for k, v in self.columns.items()}, self.pairs, self.kv_heads)
 
     def plan(self, i: int) -> dict[str, Any]:
         c = self.columns
         scheme, layout = self.pairs[int(c["pair"][i])]
         plan = {k: int(c[k][i]) for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch")}
-        return plan | {"recompute": RECOMPUTE[int(c["rc"][i])], "cp_scheme": scheme, "layout": layout}
+        if plan["cp"] == 1:
+            scheme, layout = "none", None
+        ulysses = {"ring": 1, "allgather": 1, "ulysses": plan["cp"], "none": 1}.get(scheme)
+        if ulysses is None:
+            ulysses = _usp_degree(self.kv_heads, plan["tp"], plan["cp"])
+        return plan | {
+            "recompute": RECOMPUTE[int(c["rc"][i])],
+            "cp_scheme": scheme,
+            "layout": layout,
+            "cp_ulysses": ulysses,
+            "cp_ring": plan["cp"] // ulysses,
+        }
 
 
 @dataclass
@@ -187,7 +200,7 @@ def enumerate_plans(
                                 rows.append((tp, cp, pp, vpp, dp, mb, rc, pairs.index((scheme, layout))))
     names = ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")
     data = np.array(rows, dtype=np.int64).reshape(-1, len(names))
-    return Table({name: data[:, i] for i, name in enumerate(names)}, pairs), removed
+    return Table({name: data[:, i] for i, name in enumerate(names)}, pairs, kv_heads), removed
 
 
 def _usp_degree(kv_heads: int, tp: int, cp: int) -> int:
@@ -453,13 +466,13 @@ def search_loop(
     rows = []
     for i in range(len(table)):
         plan = table.plan(i)
-        at = inputs.model_copy(update={"n": plan["cp"], "layout": plan["layout"]})
+        at = inputs.model_copy(update={"n": plan["cp"], "layout": plan["layout"] or inputs.layout})
         job = setup.model_copy(update={"tp": plan["tp"], "pp": plan["pp"], "recompute": plan["recompute"]})
         knobs = step.model_copy(
             update={
                 "vpp": plan["vpp"],
                 "micro_batch": plan["micro_batch"],
-                "cp_scheme": plan["cp_scheme"] if plan["cp"] > 1 else "ring",
+                "cp_scheme": "ring" if plan["cp_scheme"] == "none" else plan["cp_scheme"],
             }
         )
         result = evaluate_step(at, job, knobs, machine)["step"]
@@ -473,3 +486,174 @@ def search_loop(
                 | {"step_time_s": result["time_s"], "mfu": result["mfu"], "memory_bytes": fit.total_bytes}
             )
     return sorted(rows, key=lambda r: (r["step_time_s"], r["memory_bytes"]))
+
+
+SHORT = {  # breakdown components as a table cell names them
+    "matrix multiplies": "matmuls",
+    "elementwise (memory-bound)": "elementwise",
+    "output layer and loss": "output layer",
+    "exposed TP comm": "TP comm",
+    "exposed CP comm": "CP comm",
+    "CP ring overheads (merge, copies, launches)": "ring overheads",
+    "exposed PP sends": "PP sends",
+    "exposed DP comm": "DP comm",
+    "exposed ZeRO-3 gathers": "ZeRO-3 gathers",
+    "optimizer step": "optimizer",
+}
+
+
+def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
+    """Where a runner-up spends more than the pick: the two components that grow most."""
+    behind = plan["step_time_s"] - best["step_time_s"]
+    deltas = sorted(
+        ((plan["breakdown"][k] - best["breakdown"][k], k) for k in plan["breakdown"]), reverse=True
+    )
+    worse = [f"{SHORT.get(name, name)} +{seconds(delta, 2)}" for delta, name in deltas[:2] if delta > 0]
+    return f"+{behind / best['step_time_s']:.1%}: " + ", ".join(worse)
+
+
+def table_of(plans: list[dict[str, Any]], kv_heads: int) -> Table:
+    """Plans (as :meth:`Table.plan` gives them) back as a table, to evaluate them again elsewhere."""
+    pairs = list(SCHEMES)
+    columns = {
+        k: np.array([p[k] for p in plans], dtype=np.int64)
+        for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch")
+    }
+    columns["rc"] = np.array([RECOMPUTE.index(p["recompute"]) for p in plans], dtype=np.int64)
+    columns["pair"] = np.array(
+        [pairs.index((p["cp_scheme"], p["layout"])) if p["cp"] > 1 else 0 for p in plans], dtype=np.int64
+    )
+    return Table(columns, pairs, kv_heads)
+
+
+def evaluate_plan(
+    plan: dict[str, Any], inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine
+) -> dict[str, Any]:
+    """One plan's row (time, MFU, memory, breakdown) on possibly other inputs or another machine."""
+    model = _model(inputs)
+    table = table_of([plan], model.kv_heads)
+    return _row(table, evaluate_table(table, inputs, setup, step, model, machine), 0)
+
+
+def sensitivity(
+    plan: dict[str, Any],
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    machine: Machine,
+    constraints: Constraints = Constraints(),
+) -> list[dict[str, Any]]:
+    """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence and one more
+    recompute level, and whether another plan would then be fastest."""
+    from costmodel.machines.compose import override
+
+    out = []
+    inter = machine.profile.links.inter_node
+    if inter is not None:
+        slower = Machine(
+            override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
+            machine.dtype,
+            machine.efficiency,
+        )
+        out.append(_scenario("inter-node link 2x slower", plan, inputs, setup, step, slower, constraints))
+    unit = 2 * plan["cp"]
+    longer = -(-inputs.seq * 11 // (10 * unit)) * unit
+    out.append(
+        _scenario(
+            f"sequence 10 % longer ({longer:,} tokens)",
+            plan,
+            inputs.model_copy(update={"seq": longer}),
+            setup,
+            step,
+            machine,
+            constraints,
+        )
+    )
+    level = RECOMPUTE.index(plan["recompute"])
+    if level + 1 < len(RECOMPUTE):
+        more = plan | {"recompute": RECOMPUTE[level + 1]}
+        row = evaluate_plan(more, inputs, setup, step, machine)
+        out.append(
+            _describe(f"recompute {RECOMPUTE[level + 1]} instead of {plan['recompute']}", plan, row, None)
+        )
+    else:
+        out.append(
+            {"change": "one more recompute level", "text": "none left: the pick already recomputes fully"}
+        )
+    return out
+
+
+def _scenario(
+    change: str,
+    plan: dict[str, Any],
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    machine: Machine,
+    constraints: Constraints,
+) -> dict[str, Any]:
+    row = evaluate_plan(plan, inputs, setup, step, machine)
+    best = search(inputs, setup, step, machine, constraints, top=1).plans
+    return _describe(change, plan, row, best[0] if best else None)
+
+
+def _describe(
+    change: str, plan: dict[str, Any], row: dict[str, Any], best: dict[str, Any] | None
+) -> dict[str, Any]:
+    before, after = plan["step_time_s"], row["step_time_s"]
+    fits = row["memory_bytes"] <= row["device_memory_bytes"]
+    text = (
+        f"step {seconds(before)} -> {seconds(after)} ({after / before - 1:+.1%}), memory "
+        f"{plan['memory_bytes'] / 2**30:.1f} -> {row['memory_bytes'] / 2**30:.1f} GiB"
+        + ("" if fits else " (no longer fits)")
+    )
+    new_best = None
+    if best is not None:
+        same = all(
+            best[k] == plan[k]
+            for k in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute", "cp_scheme", "layout")
+        )
+        if same and fits:
+            text += "; the pick stays the fastest"
+        else:
+            new_best = best
+            text += f"; the fastest becomes {label(best)} at {seconds(best['step_time_s'])}"
+    return {
+        "change": change,
+        "step_time_s": after,
+        "step_time_change": after / before - 1,
+        "memory_bytes": row["memory_bytes"],
+        "fits": bool(fits),
+        "best": None if new_best is None else {k: new_best[k] for k in PLAN_KEYS},
+        "text": text,
+    }
+
+
+PLAN_KEYS = (
+    "tp",
+    "cp",
+    "pp",
+    "vpp",
+    "dp",
+    "micro_batch",
+    "recompute",
+    "cp_scheme",
+    "layout",
+    "step_time_s",
+    "mfu",
+)
+
+
+def label(plan: dict[str, Any]) -> str:
+    """``TP 8 · CP 4 (zigzag ring) · PP 2 (v 2) · DP 16 · mb 1 · recompute full``."""
+    cp = f"CP {plan['cp']}"
+    if plan["cp"] > 1:
+        scheme = {"usp": f"USP {plan.get('cp_ulysses', '?')}x{plan.get('cp_ring', '?')}"}.get(
+            plan["cp_scheme"], plan["cp_scheme"]
+        )
+        cp += f" ({scheme}" + (f", {plan['layout']})" if plan["cp_scheme"] != "ulysses" else ")")
+    pp = f"PP {plan['pp']}" + (f" (v {plan['vpp']})" if plan["vpp"] > 1 else "")
+    return (
+        f"TP {plan['tp']} · {cp} · {pp} · DP {plan['dp']} · mb {plan['micro_batch']} · "
+        f"recompute {plan['recompute']}"
+    )
