@@ -167,6 +167,8 @@ def enumerate_plans(
         for cp in divisors(gpus // tp):
             if (c.cp is not None and cp != c.cp) or cp > MAX_CP or cp > seq:
                 continue
+            if cp == 1 and (c.cp_scheme is not None or c.layout is not None):  # a fixed scheme means CP
+                continue
             usp = _usp_degree(kv_heads, tp, cp) not in (1, cp)
             for pp in divisors(gpus // (tp * cp)):
                 if (c.pp is not None and pp != c.pp) or model.layers % pp:
