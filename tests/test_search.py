@@ -295,3 +295,18 @@ def test_torchtitan_export_is_its_job_file(cli, extra: list[str]) -> None:
     assert job["training"]["seq_len"] == 131072
     if "--zero" in extra:
         assert par["data_parallel_replicate_degree"] == 1
+
+
+def test_sweep_step_time_is_the_fastest_fitting_plan_at_each_n(cli) -> None:
+    """`sweep --model --gpus` gains step_time_s: at each (S, N) the search's best with CP fixed to N."""
+    args = ["sweep", "-m", "llama3-8b", "--gpus", "64", "--seq", "32k,128k", "--n", "2,8", "--hw", "h100-ib"]
+    rows = cli(*args, "--tp", "2", "-f", "json").json()["rows"]
+    assert len(rows) == 4
+    for row in rows:
+        inputs, setup, step, machine = build_step(
+            model="llama3-8b", seq=row["seq"], hw="h100-ib", gpus=64, tp=2, global_batch=2**22 // row["seq"]
+        )
+        fixed = Constraints(tp=2, pp=1, cp=row["n"], recompute="selective", framework="megatron")
+        best = search(inputs, setup, step, machine, fixed, top=1).plans
+        expected = best[0]["step_time_s"] if best else None
+        assert row["step_time_s"] == (pytest.approx(expected, rel=1e-12) if expected else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -268,10 +269,12 @@ def sweep_cmd(
     plot: Annotated[
         Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")
     ] = None,
+    global_batch: GlobalOpt = None,
 ) -> None:
     """The step comm ratio over a grid of S, N and machines, vectorised, with the verdict bands.
 
-    With --model and --gpus it also gives N_min(memory) per S. Example:
+    With --model and --gpus it also gives N_min(memory) per S and the whole step's time per (S, N): the
+    fastest plan that fits at that CP degree, with the stated --tp, --pp and --recompute. Example:
     cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
     from costmodel.plans.models import load_model
@@ -287,6 +290,13 @@ def sweep_cmd(
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
     memory = preset is not None and gpus is not None
     grids = [sweep(inputs, seqs, ns, machine, preset, setup if memory else None) for machine in machines]
+    if memory:
+        from costmodel.training.step import step_machine
+        from costmodel.training.sweep import step_times
+
+        for grid, name in zip(grids, names, strict=True):
+            at = inputs.model_copy(update={"hw": name})
+            step_times(grid, at, setup, step_machine(at, machine_overrides), global_batch)
     if plot is not None:
         from costmodel.cli.plot import plot_sweep
 
@@ -345,6 +355,29 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
         out.print("* the ring leaves the node", style="dim")
+        if grid.step_time_s is not None:
+            _render_step_times(grid)
+
+
+def _render_step_times(grid) -> None:  # noqa: ANN001
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        title_justify="left",
+        title_style="bold",
+        title=f"{grid.profile}: step time, the fastest plan that fits at each N (rows S, columns N)",
+    )
+    table.add_column("S", justify="right")
+    for n in grid.ns:
+        table.add_column(str(n), justify="right")
+    for i, seq in enumerate(grid.seqs):
+        cells = ["" if math.isnan(t) else seconds(float(t)) for t in grid.step_time_s[i]]
+        table.add_row(tokens_label(int(seq)), *cells)
+    console().print(table)
 
 
 def _short_percent(ratio: float) -> str:

@@ -659,3 +659,30 @@ def label(plan: dict[str, Any]) -> str:
         f"TP {plan['tp']} · {cp} · {pp} · DP {plan['dp']} · mb {plan['micro_batch']} · "
         f"recompute {plan['recompute']}"
     )
+
+
+def fastest_by_cp(
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    machine: Machine,
+    ns: list[int] | np.ndarray,
+    global_batch: int | None = None,
+) -> np.ndarray:
+    """The fastest fitting step at each CP degree of ``ns``, with the job's TP, PP and recompute held and
+    micro-batch, virtual stages and CP scheme searched (Megatron-LM's plans); NaN where none fits."""
+    from costmodel.plans.inputs import build
+
+    model = _model(inputs)
+    step = build(StepSetup, global_batch=global_batch or default_global_batch(inputs.seq))
+    fixed = Constraints(tp=setup.tp, pp=setup.pp, recompute=setup.recompute, framework="megatron")
+    out = np.full(len(ns), np.nan)
+    try:
+        check_constraints(model, setup.gpus, fixed)
+    except InputError:
+        return out
+    wanted = {int(n): j for j, n in enumerate(ns)}
+    for plan in search(inputs, setup, step, machine, fixed, top=None).plans:
+        j = wanted.get(plan["cp"])
+        if j is not None and np.isnan(out[j]):  # fastest first
+            out[j] = plan["step_time_s"]
+    return out
