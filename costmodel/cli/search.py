@@ -128,11 +128,13 @@ def run_search(
     top: int,
 ) -> dict[str, Any]:
     """The search's JSON section: the top plans with why each lost, and the pick's sensitivity."""
+    from costmodel.cli import _flag
     from costmodel.plans.inputs import build
     from costmodel.plans.models import load_model
     from costmodel.training.search import (
         PLAN_KEYS,
         Constraints,
+        SearchResult,
         check_constraints,
         default_global_batch,
         search,
@@ -146,7 +148,10 @@ def run_search(
     batch = global_batch or default_global_batch(inputs.seq)
     step = build(StepSetup, global_batch=batch)
     machine = step_machine(inputs, overrides)
-    found = search(inputs, setup, step, machine, constraints, top=top)
+    try:
+        found = search(inputs, setup, step, machine, constraints, top=top)
+    except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
+        found = SearchResult([], 0, 0, batch, empty_reason=f"{_flag(exc.field)}: {exc.message}")
     plans = found.plans
     for plan in plans[1:]:
         plan["why_lost"] = why_lost(plan, plans[0])
@@ -250,15 +255,14 @@ def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSe
     from costmodel.training.export import megatron_arguments, megatron_command, torchtitan_toml
 
     if not data["plans"]:
+        reason = data["empty_reason"] or "no plan"
+        named = [f"--{k.replace('_', '-')}" for k in data["constraints"]]
         blamed = next(
-            (
-                f"--{k.replace('_', '-')}"
-                for k in data["constraints"]
-                if f"--{k.replace('_', '-')}" in (data["empty_reason"] or "")
-            ),
-            "--gpus",
+            (flag for flag in named if f"{flag} (plans fit" in reason or f"{flag}," in reason), None
         )
-        raise InputError(blamed, f"nothing to export: {data['empty_reason']}")
+        if reason.startswith("--"):  # the search could not run: its own error names the flag
+            blamed, _, reason = reason.partition(": ")
+        raise InputError(blamed or "--gpus", f"nothing to export: {reason}")
     plan = data["plans"][0]
     if fmt == "megatron":
         return megatron_command(megatron_arguments(plan, inputs.seq, data["global_batch"], setup.zero))

@@ -367,7 +367,7 @@ def search(
             0,
             step.global_batch,
             removed,
-            _empty_reason(model, inputs, setup, step, constraints, machine),
+            _empty_reason(model, inputs, setup, step, constraints, machine, removed),
         )
     result = evaluate_table(table, inputs, setup, step, model, machine)
     fits = result["memory"]["total_bytes"] <= result["memory"]["device_bytes"]
@@ -412,11 +412,16 @@ def _empty_reason(
     step: StepSetup,
     c: Constraints,
     machine: Machine,
+    removed: dict[str, int],
 ) -> str:
-    return (
-        "no layout of the job meets every rule (divisibility of heads, layers, sequence and batch)"
-        + _blame(model, inputs, setup, step, c, machine)
-    )
+    text = "no layout of the job meets every rule (divisibility of heads, layers, sequence and batch)"
+    batch = removed.get("global batch not divisible by DP", 0)
+    if batch:
+        text += (
+            f"; {batch} factorisations leave a DP degree that does not divide the global batch of "
+            f"{step.global_batch} sequences (--global-batch)"
+        )
+    return text + _blame(model, inputs, setup, step, c, machine)
 
 
 def _blame(
