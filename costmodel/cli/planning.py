@@ -115,7 +115,9 @@ def recommend_cmd(
         "cp_scheme": cp_scheme.value if cp_scheme else None,
         "layout": layout.value if layout else None,
     }
-    chosen = framework.value if framework else "torchtitan" if format is RecommendFormat.torchtitan else "megatron"
+    chosen = (
+        framework.value if framework else "torchtitan" if format is RecommendFormat.torchtitan else "megatron"
+    )
     found = run_search(inputs, setup, machine_overrides, fixed, global_batch, chosen, top)
     if format in (RecommendFormat.megatron, RecommendFormat.torchtitan):
         sys.stdout.write(export(found, format.value, inputs, setup))

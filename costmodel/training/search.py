@@ -115,7 +115,8 @@ class Table:
 
 @dataclass
 class SearchResult:
-    """Every feasible plan, fastest first, with what each constraint removed."""
+    """The plans that fit (the ``top`` fastest, or all), fastest first; how many were considered and fit,
+    how many layouts each structural rule ruled out, and why nothing fits when nothing does."""
 
     plans: list[dict[str, Any]]
     considered: int
