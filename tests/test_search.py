@@ -215,7 +215,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
     [
         [],
         ["--tp", "8", "--cp-scheme", "usp", "--model", "llama2-7b"],
-        ["--cp-scheme", "ulysses", "--recompute", "full"],
+        ["--cp-scheme", "ulysses", "--recompute", "full", "--model", "llama2-7b"],  # MHA: 32 KV heads
         ["--pp", "4", "--zero", "0", "--cp-scheme", "allgather"],
     ],
 )
@@ -310,3 +310,13 @@ def test_sweep_step_time_is_the_fastest_fitting_plan_at_each_n(cli) -> None:
         best = search(inputs, setup, step, machine, fixed, top=1).plans
         expected = best[0]["step_time_s"] if best else None
         assert row["step_time_s"] == (pytest.approx(expected, rel=1e-12) if expected else None)
+
+
+def test_megatron_ulysses_splits_the_kv_heads_too() -> None:
+    """Transformer Engine's a2a asserts KV heads % CP == 0: with 8 KV heads and TP 4, Ulysses stops at CP 2."""
+    built = _job(gpus=32, global_batch=32)
+    ulysses = Constraints(tp=4, cp_scheme="ulysses")
+    megatron = search(*built, Constraints(**ulysses.__dict__ | {"framework": "megatron"}), top=None).plans
+    anywhere = search(*built, Constraints(**ulysses.__dict__ | {"framework": "any"}), top=None).plans
+    assert {p["cp"] for p in megatron} == {2}
+    assert {p["cp"] for p in anywhere} == {2, 4, 8}

@@ -162,6 +162,8 @@ def enumerate_plans(
     pairs = list(SCHEMES)
     rows: list[tuple[int, ...]] = []
     kv_heads = model.kv_heads
+    # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
+    a2a_kv = c.framework == "megatron"
     for tp in divisors(gpus):
         if (c.tp is not None and tp != c.tp) or model.heads % tp:
             continue
@@ -197,6 +199,8 @@ def enumerate_plans(
                                     if seq % (cp * chunks_per_rank(layout)):
                                         continue
                                     if scheme == "ulysses" and (model.heads // tp) % cp:
+                                        continue
+                                    if scheme == "ulysses" and a2a_kv and max(kv_heads // tp, 1) % cp:
                                         continue
                                     if scheme == "usp" and not usp:  # the plain ring or Ulysses
                                         continue
