@@ -585,9 +585,10 @@ def sensitivity(
     if level + 1 < len(RECOMPUTE):
         more = plan | {"recompute": RECOMPUTE[level + 1]}
         row = evaluate_plan(more, inputs, setup, step, machine)
-        out.append(
-            _describe(f"recompute {RECOMPUTE[level + 1]} instead of {plan['recompute']}", plan, row, None)
-        )
+        item = _describe(f"recompute {RECOMPUTE[level + 1]} instead of {plan['recompute']}", plan, row, None)
+        if row["memory_bytes"] >= plan["memory_bytes"]:  # flash attention keeps no scores to drop
+            item["text"] += ": it saves no memory"
+        out.append(item)
     else:
         out.append(
             {"change": "one more recompute level", "text": "none left: the pick already recomputes fully"}
