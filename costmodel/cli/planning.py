@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from enum import Enum
 from pathlib import Path
@@ -11,6 +12,19 @@ from typing import Annotated, Optional
 import typer
 
 from costmodel.cli.options import console, declared
+from costmodel.cli.search import (
+    CpOpt,
+    FrameworkOpt,
+    GlobalOpt,
+    LayoutOpt,
+    MicroOpt,
+    PpOpt,
+    RecomputeOpt,
+    SchemeOpt,
+    TopOpt,
+    TpOpt,
+    VppOpt,
+)
 from costmodel.core.errors import InputError
 from costmodel.core.units import percent, seconds, si, tokens_label
 from costmodel.plans.inputs import (
@@ -35,25 +49,51 @@ class DataFormat(str, Enum):
     yaml = "yaml"
 
 
+class RecommendFormat(str, Enum):
+    """Output formats of `recommend`: the report, or the searched plan in a framework's own words."""
+
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+    megatron = "megatron"
+    torchtitan = "torchtitan"
+
+
 @declared(
     inputs=PlanInputs,
     setup=TrainingSetup,
     machine_overrides=MachineOverrides,
     defaults=TRAINING_DEFAULTS | {"n": 1},
-    exclude={"n", "layout"},
+    exclude={"n", "layout", "tp", "pp", "recompute"},
 )
 def recommend_cmd(
     inputs: PlanInputs,
     setup: TrainingSetup,
     machine_overrides: MachineOverrides,
-    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    cp: CpOpt = None,
+    vpp: VppOpt = None,
+    micro_batch: MicroOpt = None,
+    global_batch: GlobalOpt = None,
+    recompute: RecomputeOpt = None,
+    cp_scheme: SchemeOpt = None,
+    layout: LayoutOpt = None,
+    framework: FrameworkOpt = None,
+    top: TopOpt = 5,
+    format: Annotated[
+        RecommendFormat, typer.Option("--format", "-f", help="Output format.")
+    ] = RecommendFormat.table,
 ) -> None:
-    """The CP degree to use: the window [N_min(memory), N_max(comm)], the pick, its scheme and why.
+    """The fastest layout that fits, and the CP degree to use: the plan over every TP x CP x PP x DP,
+    micro-batch, recompute and CP scheme, and the window [N_min(memory), N_max(comm)] at the stated TP, PP.
 
-    Needs --model: layers, hidden and vocabulary sizes set the memory. The scheme at each N is the one
-    that leaves the least communication exposed. Example:
+    Needs --model: layers, hidden and vocabulary sizes set the memory and the step. --tp, --cp, --pp and
+    the other layout flags fix a dimension of the search. --format megatron or torchtitan prints the plan
+    as that framework's arguments. Example:
     cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
+    from costmodel.cli.search import export, render_search, run_search
     from costmodel.plans.models import load_model
     from costmodel.training.recommend import recommend
 
@@ -63,16 +103,43 @@ def recommend_cmd(
             "recommend needs a model preset (its layers, hidden and vocabulary sizes set "
             "the memory); e.g. --model llama3-8b",
         )
+    stated = {"tp": tp or 1, "pp": pp or 1, "recompute": recompute.value if recompute else "selective"}
+    setup = build(TrainingSetup, **setup.model_dump() | stated)
+    fixed = {
+        "tp": tp,
+        "cp": cp,
+        "pp": pp,
+        "vpp": vpp,
+        "micro_batch": micro_batch,
+        "recompute": recompute.value if recompute else None,
+        "cp_scheme": cp_scheme.value if cp_scheme else None,
+        "layout": layout.value if layout else None,
+    }
+    chosen = (
+        framework.value if framework else "torchtitan" if format is RecommendFormat.torchtitan else "megatron"
+    )
+    found = run_search(inputs, setup, machine_overrides, fixed, global_batch, chosen, top)
+    if format in (RecommendFormat.megatron, RecommendFormat.torchtitan):
+        sys.stdout.write(export(found, format.value, inputs, setup))
+        return
     report = recommend(inputs, load_model(inputs.model), setup, machine_for(inputs, machine_overrides))
+    if found["pick"] is not None:
+        pick = found["pick"] | {"global_batch": found["global_batch"]}
+        report = report.model_copy(
+            update={"recommendation": report.recommendation.model_copy(update=pick), "search": found}
+        )
+    else:
+        report = report.model_copy(update={"search": found})
     data = report.model_dump(mode="json", by_alias=True)
-    if format is DataFormat.yaml:
+    if format is RecommendFormat.yaml:
         import yaml
 
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
-    elif format is DataFormat.json:
+    elif format is RecommendFormat.json:
         sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
     else:
         _render_recommendation(report)
+        render_search(found)
 
 
 def _render_recommendation(report) -> None:  # noqa: ANN001
@@ -204,10 +271,12 @@ def sweep_cmd(
     plot: Annotated[
         Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")
     ] = None,
+    global_batch: GlobalOpt = None,
 ) -> None:
     """The step comm ratio over a grid of S, N and machines, vectorised, with the verdict bands.
 
-    With --model and --gpus it also gives N_min(memory) per S. Example:
+    With --model and --gpus it also gives N_min(memory) per S and the whole step's time per (S, N): the
+    fastest plan that fits at that CP degree, with the stated --tp, --pp and --recompute. Example:
     cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
     from costmodel.plans.models import load_model
@@ -223,6 +292,13 @@ def sweep_cmd(
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
     memory = preset is not None and gpus is not None
     grids = [sweep(inputs, seqs, ns, machine, preset, setup if memory else None) for machine in machines]
+    if memory:
+        from costmodel.training.step import step_machine
+        from costmodel.training.sweep import step_times
+
+        for grid, name in zip(grids, names, strict=True):
+            at = inputs.model_copy(update={"hw": name})
+            step_times(grid, at, setup, step_machine(at, machine_overrides), global_batch)
     if plot is not None:
         from costmodel.cli.plot import plot_sweep
 
@@ -281,6 +357,29 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
         out.print("* the ring leaves the node", style="dim")
+        if grid.step_time_s is not None:
+            _render_step_times(grid)
+
+
+def _render_step_times(grid) -> None:  # noqa: ANN001
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        title_justify="left",
+        title_style="bold",
+        title=f"{grid.profile}: step time, the fastest plan that fits at each N (rows S, columns N)",
+    )
+    table.add_column("S", justify="right")
+    for n in grid.ns:
+        table.add_column(str(n), justify="right")
+    for i, seq in enumerate(grid.seqs):
+        cells = ["" if math.isnan(t) else seconds(float(t)) for t in grid.step_time_s[i]]
+        table.add_row(tokens_label(int(seq)), *cells)
+    console().print(table)
 
 
 def _short_percent(ratio: float) -> str:

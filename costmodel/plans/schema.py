@@ -6,6 +6,8 @@ FLOP/byte), unrounded. docs/json-schema.md is generated from these models.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
@@ -252,6 +254,19 @@ class Recommendation(_Section):
     )
     reason: str = Field(description="one sentence")
     fixes: list[str] = Field(description="what would open an empty window, each checked where it can be")
+    # The layout search (`cp-plan recommend` with a model): the fastest plan that fits; null when none
+    # does. Where it ran, dp and layout above are this plan's; n_recommended and scheme stay the CP
+    # window's answer at the stated --tp and --pp.
+    tp: int | None = Field(None, description="searched plan: tensor-parallel degree")
+    cp: int | None = Field(None, description="searched plan: context-parallel degree")
+    pp: int | None = Field(None, description="searched plan: pipeline-parallel degree")
+    vpp: int | None = Field(None, description="searched plan: virtual pipeline stages per device")
+    micro_batch: int | None = Field(None, description="searched plan: sequences per micro-batch")
+    global_batch: int | None = Field(None, description="sequences per optimizer step the search held fixed")
+    recompute: str | None = Field(None, description="searched plan: none, selective or full")
+    cp_scheme: str | None = Field(None, description="searched plan: ring, ulysses, usp, allgather, or none")
+    step_time_s: float | None = Field(None, description="searched plan: predicted step time (cp-plan step)")
+    mfu: float | None = Field(None, description="searched plan: model FLOP utilisation")
 
 
 class RecommendCandidate(_Section):
@@ -291,3 +306,8 @@ class RecommendReport(_Section):
     fit: Fit = Field(description="at the recommended N, else at N_min(memory), else at the largest N")
     recommendation: Recommendation
     candidates: list[RecommendCandidate]
+    search: dict[str, Any] | None = Field(
+        None,
+        description="the layout search: global batch, constraints, candidates counted, the top plans with "
+        "their breakdown and why each lost, the pick's sensitivity; empty_reason when nothing fits",
+    )

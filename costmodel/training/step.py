@@ -16,9 +16,10 @@ recompute included, the causal half skipped.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy
 from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
@@ -145,8 +146,9 @@ def build_step(**values: Any) -> tuple[PlanInputs, TrainingSetup, StepSetup, Mac
     )
 
 
-def _call(name: str, values: dict[str, Any]) -> float:
-    return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+def _call(name: str, values: Mapping[str, Any]) -> Any:
+    """A step formula at ``values``: a number, or an array when any value is one."""
+    return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
 
 
 def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset) -> tuple[int, int]:
@@ -286,36 +288,77 @@ def bind(
         "N_u": n_u,
         "N_r": n_r,
     }
-    values["n_bkt"] = max(1, math.ceil(_call("device_params", values) * step.grad_bytes / step.bucket_bytes))
+    values["n_bkt"] = int(buckets(values, step))
     values.update(_rates(inputs, setup, step, model, machine, n_r))
     return values
 
 
-def _cp_exposed(scheme: str, values: dict[str, Any]) -> tuple[float, float, float]:
-    """(forward, backward) CP communication left on the critical path, and the ring's per-pass overheads."""
-    if values["N"] == 1:
-        return 0.0, 0.0, 0.0
+def buckets(values: Mapping[str, Any], step: StepSetup) -> Any:
+    """n_bkt: the gradient buckets of the parameters a device holds, at least one."""
+    return numpy.maximum(1, numpy.ceil(_call("device_params", values) * step.grad_bytes / step.bucket_bytes))
+
+
+def _cp_exposed(scheme: str, values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """(forward, backward) CP communication left on the critical path, and the ring's per-pass overheads;
+    numbers, or arrays over many plans of one scheme (none where N = 1)."""
+    cp = numpy.asarray(values["N"]) > 1
     if scheme == "ring":
-        return (
-            _call("cp_ring_fwd_exposed_s", values),
-            _call("cp_ring_bwd_exposed_s", values),
-            _call("ring_overhead_s", values),
-        )
-    if scheme == "allgather":  # all-gather K, V forward; again and reduce-scatter dK, dV backward
+        fwd = _call("cp_ring_fwd_exposed_s", values)
+        bwd = _call("cp_ring_bwd_exposed_s", values)
+        ring = _call("ring_overhead_s", values)
+    elif scheme == "allgather":  # all-gather K, V forward; again and reduce-scatter dK, dV backward
         gather = _call("cp_allgather_s", values)
-        return gather, 2 * gather, 0.0
-    if scheme == "ulysses":
+        fwd, bwd, ring = gather, 2 * gather, 0.0
+    elif scheme == "ulysses":
         a2a = _call("cp_ulysses_s", values)
-        return a2a, a2a, 0.0
-    a2a = _call("cp_usp_a2a_s", values) if values["N_u"] > 1 else 0.0
-    ring = {**values, "N": values["N_r"], "S": values["S"] * values["N_r"] // values["N"], "t": values["t"]}
-    if values["N_r"] == 1:
-        return a2a, a2a, 0.0
-    return (
-        a2a + _call("cp_ring_fwd_exposed_s", ring),
-        a2a + _call("cp_ring_bwd_exposed_s", ring),
-        _call("ring_overhead_s", ring),
-    )
+        fwd, bwd, ring = a2a, a2a, 0.0
+    else:
+        a2a = numpy.where(numpy.asarray(values["N_u"]) > 1, _call("cp_usp_a2a_s", values), 0.0)
+        n_r = numpy.asarray(values["N_r"])
+        ring_values = {**values, "N": n_r, "S": values["S"] * n_r // values["N"]}
+        across = n_r > 1
+        fwd = a2a + numpy.where(across, _call("cp_ring_fwd_exposed_s", ring_values), 0.0)
+        bwd = a2a + numpy.where(across, _call("cp_ring_bwd_exposed_s", ring_values), 0.0)
+        ring = numpy.where(across, _call("ring_overhead_s", ring_values), 0.0)
+    return tuple(numpy.where(cp, part, 0.0) for part in (fwd, bwd, ring))  # type: ignore[return-value]
+
+
+def step_breakdown(values: Mapping[str, Any], scheme: str) -> dict[str, Any]:
+    """Seconds per component of one step, summing to the step, from the bound symbols (:func:`bind`):
+    numbers, or numpy arrays over many plans of one CP scheme at once (the layout search)."""
+    v = values
+    m, stage_layers, full = v["m_mb"], v["n_L"] / v["pp"], v["rc_full"]
+    gemm = 3 * _call("layer_gemm_flops", v) / v["F_gemm"]
+    attention = _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v)
+    elementwise = 3 * _call("layer_elementwise_bytes", v) / v["B_hbm"]
+    recompute = _call("layer_recompute_s", v)
+    tp = (2 + full) * _call("tp_exposed_s", v)
+    cp_fwd, cp_bwd, ring_x = _cp_exposed(scheme, v)
+    cp = cp_fwd + cp_bwd + full * cp_fwd
+    ring = (2 + full) * ring_x
+    head = _call("head_s", v)
+    layer = gemm + attention + elementwise + recompute + tp + cp + ring
+    micro_batch_s = stage_layers * layer + head
+    backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
+    dp = _call("dp_exposed_s", v) + numpy.maximum(0.0, _call("dp_overflow_s", v) - backward_s)
+    gather = _call("zero3_gather_s", v)  # zero unless ZeRO-3
+    zero3 = m * (numpy.maximum(0.0, gather - micro_batch_s) + gather / stage_layers)
+    per = m * stage_layers
+    return {
+        "matrix multiplies": per * gemm,
+        "attention": per * attention,
+        "elementwise (memory-bound)": per * elementwise,
+        "recompute": per * recompute,
+        "output layer and loss": m * head,
+        "exposed TP comm": per * tp,
+        "exposed CP comm": per * cp,
+        "CP ring overheads (merge, copies, launches)": per * ring,
+        "pipeline bubble": (v["pp"] - 1) / v["v_pp"] * micro_batch_s,
+        "exposed PP sends": numpy.where(numpy.asarray(v["pp"]) > 1, _call("pp_exposed_s", v), 0.0),
+        "exposed DP comm": dp,
+        "exposed ZeRO-3 gathers": zero3,
+        "optimizer step": _call("optimizer_s", v),
+    }
 
 
 def evaluate_step(
@@ -329,38 +372,8 @@ def evaluate_step(
         )
     model = load_model(inputs.model)
     v = bind(inputs, setup, step, model, machine)
-    m, stage_layers, full = v["m_mb"], model.layers / setup.pp, v["rc_full"]
-    gemm = 3 * _call("layer_gemm_flops", v) / v["F_gemm"]
-    attention = _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v)
-    elementwise = 3 * _call("layer_elementwise_bytes", v) / v["B_hbm"]
-    recompute = _call("layer_recompute_s", v)
-    tp = (2 + full) * _call("tp_exposed_s", v)
-    cp_fwd, cp_bwd, ring_x = _cp_exposed(step.cp_scheme, v)
-    cp = cp_fwd + cp_bwd + full * cp_fwd
-    ring = (2 + full) * ring_x
-    head = _call("head_s", v)
-    layer = gemm + attention + elementwise + recompute + tp + cp + ring
-    micro_batch_s = stage_layers * layer + head
-    backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
-    dp = _call("dp_exposed_s", v) + max(0.0, _call("dp_overflow_s", v) - backward_s)
-    gather = _call("zero3_gather_s", v)
-    zero3 = m * (max(0.0, gather - micro_batch_s) + gather / stage_layers) if setup.zero == 3 else 0.0
-    per = m * stage_layers
-    breakdown = {
-        "matrix multiplies": per * gemm,
-        "attention": per * attention,
-        "elementwise (memory-bound)": per * elementwise,
-        "recompute": per * recompute,
-        "output layer and loss": m * head,
-        "exposed TP comm": per * tp,
-        "exposed CP comm": per * cp,
-        "CP ring overheads (merge, copies, launches)": per * ring,
-        "pipeline bubble": (setup.pp - 1) / step.vpp * micro_batch_s,
-        "exposed PP sends": _call("pp_exposed_s", v) if setup.pp > 1 else 0.0,
-        "exposed DP comm": dp,
-        "exposed ZeRO-3 gathers": zero3,
-        "optimizer step": _call("optimizer_s", v),
-    }
+    m = v["m_mb"]
+    breakdown = {name: float(value) for name, value in step_breakdown(v, step.cp_scheme).items()}
     time_s = sum(breakdown.values())
     tokens = _call("step_tokens", v)
     peak = machine.peak_flops * setup.gpus

@@ -70,6 +70,7 @@ class Grid:
     inter_node: np.ndarray  # (m,) whether the ring over N leaves the node
     n_max: np.ndarray  # (k,) real N where the pass's ratio reaches 100 %, topology included
     n_min_memory: np.ndarray | None = field(default=None)  # (k,) real N where training memory fits
+    step_time_s: np.ndarray | None = field(default=None)  # (k, m) fastest fitting step; NaN: none fits
 
     def verdicts(self) -> np.ndarray:
         """0 green, 1 amber, 2 red, -1 where undefined."""
@@ -98,6 +99,9 @@ class Grid:
                         "link_scope": "inter-node" if self.inter_node[j] else "intra-node",
                     }
                 )
+                if self.step_time_s is not None:
+                    step = self.step_time_s[i, j]
+                    out[-1]["step_time_s"] = None if np.isnan(step) else float(step)
         return out
 
 
@@ -158,4 +162,22 @@ def sweep(
         grid.n_min_memory = numeric.n_min_memory(
             **{a: (seq_col[:, 0] if a == "S" else base[a]) for a in numeric.ARGS["n_min_memory"]}
         )
+    return grid
+
+
+def step_times(
+    grid: Grid, shape: PlanInputs, setup: TrainingSetup, machine: Machine, global_batch: int | None = None
+) -> Grid:
+    """``grid`` with the whole step's time per (S, N): the fastest plan of the job at that CP degree that
+    fits, its TP, PP and recompute as ``setup`` states them (:func:`costmodel.training.search.fastest_by_cp`)."""
+    from costmodel.training.search import fastest_by_cp
+
+    grid.step_time_s = np.array(
+        [
+            fastest_by_cp(
+                shape.model_copy(update={"seq": int(seq), "n": 1}), setup, machine, grid.ns, global_batch
+            )
+            for seq in grid.seqs
+        ]
+    )
     return grid

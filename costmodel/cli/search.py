@@ -1,0 +1,270 @@
+"""The layout search behind `cp-plan recommend`: its flags, its JSON section, its table and its exports.
+
+`recommend` answers two questions: the CP window at the stated --tp and --pp (:mod:`costmodel.training.recommend`)
+and, over every layout of the job, the fastest plan that fits (:mod:`costmodel.training.search`). This module
+runs the second and draws it."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Optional
+
+import typer
+
+from costmodel.cli.options import console
+from costmodel.core.errors import InputError
+from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
+
+
+class Framework(str, Enum):
+    """Which framework's plans the search keeps."""
+
+    megatron = "megatron"
+    torchtitan = "torchtitan"
+    any = "any"
+
+
+class Scheme(str, Enum):
+    ring = "ring"
+    ulysses = "ulysses"
+    usp = "usp"
+    allgather = "allgather"
+
+
+class LayoutChoice(str, Enum):
+    contiguous = "contiguous"
+    striped = "striped"
+    zigzag = "zigzag"
+
+
+class RecomputeChoice(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+def _count(flag: str) -> Any:
+    def check(value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise typer.BadParameter(f"must be >= 1 (got {value})")
+        if value is not None and value > 2**30:
+            raise typer.BadParameter(f"must be <= {2**30:,} (got {value:,})")
+        return value
+
+    return check
+
+
+TpOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--tp",
+        help="Fix the tensor-parallel degree [default: searched; the CP window reads 1].",
+        callback=_count("--tp"),
+    ),
+]
+PpOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--pp",
+        help="Fix the pipeline-parallel degree [default: searched; the CP window reads 1].",
+        callback=_count("--pp"),
+    ),
+]
+CpOpt = Annotated[
+    Optional[int],
+    typer.Option("--cp", help="Fix the CP degree of the layout search.", callback=_count("--cp")),
+]
+VppOpt = Annotated[
+    Optional[int],
+    typer.Option("--vpp", help="Fix the virtual pipeline stages per device.", callback=_count("--vpp")),
+]
+MicroOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--micro-batch",
+        help="Fix the sequences per micro-batch [default: 1, 2, 4, 8 searched].",
+        callback=_count("--micro-batch"),
+    ),
+]
+GlobalOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--global-batch",
+        help="Sequences per optimizer step, held fixed across plans [default: 4M tokens' worth, at least 1].",
+        callback=_count("--global-batch"),
+    ),
+]
+RecomputeOpt = Annotated[
+    Optional[RecomputeChoice],
+    typer.Option(
+        "--recompute", help="Fix activation recompute [default: searched; the CP window reads selective]."
+    ),
+]
+SchemeOpt = Annotated[
+    Optional[Scheme], typer.Option("--cp-scheme", help="Fix the CP scheme of the layout search.")
+]
+LayoutOpt = Annotated[
+    Optional[LayoutChoice], typer.Option("--layout", help="Fix the CP layout of the layout search.")
+]
+FrameworkOpt = Annotated[
+    Optional[Framework],
+    typer.Option(
+        "--framework",
+        help="Keep the plans this framework runs (megatron: zigzag with p2p, a2a, allgather, a2a+p2p; torchtitan: "
+        "zigzag ring or all-gather; any: also striped and contiguous) [default: megatron, torchtitan with "
+        "--format torchtitan].",
+    ),
+]
+TopOpt = Annotated[int, typer.Option("--top", help="Plans shown side by side.", min=1, max=50)]
+
+
+def run_search(
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    overrides: MachineOverrides,
+    fixed: dict[str, Any],
+    global_batch: int | None,
+    framework: str,
+    top: int,
+) -> dict[str, Any]:
+    """The search's JSON section: the top plans with why each lost, and the pick's sensitivity."""
+    from costmodel.cli import _flag
+    from costmodel.plans.inputs import build
+    from costmodel.plans.models import load_model
+    from costmodel.training.search import (
+        PLAN_KEYS,
+        Constraints,
+        SearchResult,
+        check_constraints,
+        default_global_batch,
+        search,
+        sensitivity,
+        why_lost,
+    )
+    from costmodel.training.step import StepSetup, step_machine
+
+    constraints = Constraints(**fixed, framework=framework)
+    check_constraints(load_model(inputs.model), setup.gpus, constraints)  # type: ignore[arg-type]
+    batch = global_batch or default_global_batch(inputs.seq)
+    step = build(StepSetup, global_batch=batch)
+    machine = step_machine(inputs, overrides)
+    try:
+        found = search(inputs, setup, step, machine, constraints, top=top)
+    except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
+        found = SearchResult([], 0, 0, batch, empty_reason=f"{_flag(exc.field)}: {exc.message}")
+    plans = found.plans
+    for plan in plans[1:]:
+        plan["why_lost"] = why_lost(plan, plans[0])
+    return {
+        "global_batch": batch,
+        "global_batch_given": global_batch is not None,
+        "framework": framework,
+        "constraints": constraints.given(),
+        "considered": found.considered,
+        "fit": found.fits,
+        "plans": plans,
+        "sensitivity": sensitivity(plans[0], inputs, setup, step, machine, constraints) if plans else [],
+        "empty_reason": found.empty_reason,
+        "pick": {k: plans[0][k] for k in PLAN_KEYS} if plans else None,
+    }
+
+
+def _ms(value: float) -> str:
+    ms = value * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
+def _layout(plan: dict[str, Any]) -> str:
+    pp = str(plan["pp"]) + (f"v{plan['vpp']}" if plan["vpp"] > 1 else "")
+    return f"{plan['tp']}x{plan['cp']}x{pp}x{plan['dp']}"
+
+
+LAYOUT_SHORT = {"zigzag": "zz", "striped": "st", "contiguous": "ct"}
+
+
+def render_search(data: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from costmodel.training.search import label
+
+    out = console()
+    out.print()
+    title = (
+        f"Layout search: {data['considered']:,} plans of the job ({data['framework']} plans, global batch "
+        f"{data['global_batch']:,} sequences), {data['fit']:,} fit"
+    )
+    out.print(Text(title, style="bold"))
+    if not data["plans"]:
+        out.print(Text(f"no plan: {data['empty_reason']}", style="bold red"))
+        return
+    best = data["plans"][0]
+    out.print(Text(f"use   {label(best)}", style="bold green"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1), collapse_padding=True)
+    for name in (
+        "#",
+        "layout",
+        "mb",
+        "CP",
+        "rc",
+        "step s",
+        "MFU",
+        "GiB",
+        "xTP",
+        "xCP",
+        "xPP",
+        "xDP",
+    ):
+        wide = max(len(_layout(plan)) for plan in data["plans"]) if name == "layout" else None
+        table.add_column(name, justify="left" if name in {"CP", "rc"} else "right", min_width=wide)
+    for i, plan in enumerate(data["plans"], 1):
+        exposed = plan["exposed_s"]
+        scheme = "-" if plan["cp"] == 1 else plan["cp_scheme"]
+        if plan["cp"] > 1 and plan["cp_scheme"] == "usp":
+            scheme = f"usp{plan['cp_ulysses']}x{plan['cp_ring']}"
+        if plan["cp"] > 1 and plan["cp_scheme"] != "ulysses":
+            scheme += "/" + LAYOUT_SHORT[plan["layout"]]
+        table.add_row(
+            str(i),
+            _layout(plan),
+            str(plan["micro_batch"]),
+            scheme,
+            {"selective": "sel"}.get(plan["recompute"], plan["recompute"]),
+            f"{plan['step_time_s']:.4g}",
+            f"{plan['mfu']:.0%}",
+            f"{plan['memory_bytes'] / 2**30:.0f}",
+            *(_ms(exposed[k]) for k in ("TP", "CP", "PP", "DP")),
+        )
+    out.print(table)
+    out.print(
+        "layout: TPxCPxPPxDP; mb: micro-batch; rc: recompute; PP 2v4: 2 stages of 4 virtual; zz zigzag, st striped, ct "
+        "contiguous; GiB: memory on the most loaded stage; xTP..xDP: ms of communication left exposed per "
+        "step (xPP with the pipeline bubble)",
+        style="dim",
+    )
+    for i, plan in enumerate(data["plans"][1:], 2):
+        out.print(f"#{i} lost by {plan['why_lost']}")
+    for item in data["sensitivity"]:
+        out.print(f"if    {item['change']}: {item['text']}")
+
+
+def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSetup) -> str:
+    """The pick as Megatron-LM arguments or torchtitan TOML; no plan is a one-line error."""
+    from costmodel.plans.models import load_model
+    from costmodel.training.export import megatron_arguments, megatron_command, torchtitan_toml
+
+    if not data["plans"]:
+        reason = data["empty_reason"] or "no plan"
+        named = [f"--{k.replace('_', '-')}" for k in data["constraints"]]
+        blamed = next(
+            (flag for flag in named if f"{flag} (plans fit" in reason or f"{flag}," in reason), None
+        )
+        if reason.startswith("--"):  # the search could not run: its own error names the flag
+            blamed, _, reason = reason.partition(": ")
+        raise InputError(blamed or "--gpus", f"nothing to export: {reason}")
+    plan = data["plans"][0]
+    if fmt == "megatron":
+        return megatron_command(megatron_arguments(plan, inputs.seq, data["global_batch"], setup.zero))
+    layers = load_model(inputs.model).layers  # type: ignore[arg-type]
+    return torchtitan_toml(plan, inputs.seq, data["global_batch"], setup.zero, layers)

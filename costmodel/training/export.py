@@ -1,0 +1,125 @@
+"""A searched plan in a framework's own words: Megatron-LM command-line arguments, a torchtitan TOML section.
+
+Every name was read from the frameworks' sources (docs/search.md cites the files and commits):
+
+- Megatron-LM ``megatron/training/arguments.py``: ``--cp-comm-type``, ``--use-distributed-optimizer``,
+  ``--overlap-grad-reduce``, ``--overlap-param-gather``, ``--num-virtual-stages-per-pipeline-rank``,
+  ``--seq-length`` are declared there; the parallel sizes, ``--sequence-parallel`` and the
+  ``--recompute-*`` flags are generated from the fields of ``megatron/core/model_parallel_config.py`` and
+  ``megatron/core/transformer/transformer_config.py`` (``megatron/training/argument_utils.py``: a field
+  ``x_y`` is ``--x-y``, a list is ``nargs='+'``, a false boolean is ``store_true``), the batch sizes from
+  ``megatron/training/config/training_config.py``.
+- torchtitan ``torchtitan/config/job_config.py``: the ``[training]``, ``[parallelism]`` and
+  ``[activation_checkpoint]`` tables of its TOML job files. Later torchtitan configures jobs in Python
+  (``torchtitan/config/configs.py``: the parallel degrees keep these names; batches are counted in tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Megatron-LM --cp-comm-type for each scheme: p2p is the ring, a2a Ulysses, a2a+p2p USP.
+MEGATRON_CP_COMM = {"ring": "p2p", "ulysses": "a2a", "allgather": "allgather", "usp": "a2a+p2p"}
+# torchtitan's context_parallel_rotate_method: alltoall shuffles K, V shards round the ring.
+TORCHTITAN_ROTATE = {"ring": "alltoall", "allgather": "allgather"}
+
+
+def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: int) -> list[str]:
+    """The plan as arguments of Megatron-LM's ``pretrain_gpt.py`` (model shape and data flags left to the user)."""
+    args = [
+        "--tensor-model-parallel-size",
+        str(plan["tp"]),
+        "--pipeline-model-parallel-size",
+        str(plan["pp"]),
+        "--context-parallel-size",
+        str(plan["cp"]),
+    ]
+    if plan["vpp"] > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(plan["vpp"])]
+    if plan["cp"] > 1:
+        args += ["--cp-comm-type", MEGATRON_CP_COMM[plan["cp_scheme"]]]
+        if plan["cp_scheme"] == "usp":
+            args += ["--hierarchical-context-parallel-sizes", str(plan["cp_ulysses"]), str(plan["cp_ring"])]
+    if plan["tp"] > 1:
+        args.append("--sequence-parallel")
+    args += [
+        "--micro-batch-size",
+        str(plan["micro_batch"]),
+        "--global-batch-size",
+        str(global_batch),
+        "--seq-length",
+        str(seq),
+    ]
+    if plan["recompute"] == "full":
+        args += [
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "1",
+        ]
+    elif (
+        plan["recompute"] == "selective"
+    ):  # Megatron's default module for it is core_attn: the attention core
+        args += ["--recompute-granularity", "selective"]
+    if zero >= 1:  # the distributed optimizer shards optimizer states (and, reduce-scattered, gradients)
+        args.append("--use-distributed-optimizer")
+    if plan["dp"] * plan["cp"] > 1:  # the step model hides all but the last gradient bucket
+        args.append("--overlap-grad-reduce")
+        if zero >= 1:
+            args.append("--overlap-param-gather")
+    return args
+
+
+def megatron_command(args: list[str]) -> str:
+    """One argument per line, as launch scripts write them."""
+    lines, current = [], []
+    for token in args:
+        if token.startswith("--") and current:
+            lines.append(" ".join(current))
+            current = []
+        current.append(token)
+    lines.append(" ".join(current))
+    return " \\\n".join(lines) + "\n"
+
+
+def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int, layers: int) -> str:
+    """The plan as torchtitan job-file tables; FSDP (ZeRO-3) shards over DP when ``zero`` is 3, else DP
+    replicates (torchtitan has no ZeRO-1 or -2)."""
+    dp, shard = plan["dp"], zero == 3
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": 1 if shard else dp,
+        "data_parallel_shard_degree": dp if shard else 1,
+        "tensor_parallel_degree": plan["tp"],
+        "pipeline_parallel_degree": plan["pp"],
+        "context_parallel_degree": plan["cp"],
+    }
+    if plan["pp"] > 1:
+        parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan["vpp"] > 1 else "1F1B"
+        parallelism["pipeline_parallel_microbatch_size"] = plan["micro_batch"]
+        parallelism["pipeline_parallel_layers_per_stage"] = layers // (plan["pp"] * plan["vpp"])
+    if plan["cp"] > 1:
+        parallelism["context_parallel_rotate_method"] = TORCHTITAN_ROTATE[plan["cp_scheme"]]
+    # With PP the local batch is split into micro-batches; without, it is one forward and torchtitan
+    # accumulates gradients up to the global batch.
+    local = global_batch // dp if plan["pp"] > 1 else plan["micro_batch"]
+    training = {"local_batch_size": local, "global_batch_size": global_batch, "seq_len": seq}
+    checkpoint: dict[str, Any] = {"mode": plan["recompute"]}
+    if plan["recompute"] == "selective":
+        checkpoint["selective_ac_option"] = "op"
+    tables = {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
+    text = []
+    for name, table in tables.items():
+        text.append(f"[{name}]")
+        text += [f"{key} = {_toml(value)}" for key, value in table.items()]
+        text.append("")
+    return "\n".join(text)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)

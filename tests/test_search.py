@@ -1,0 +1,322 @@
+"""The layout search: the vectorised ranking is the plain loop's, constraints fix what they name, an empty
+set names its culprit, and the exports carry only the frameworks' own argument names."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import tomllib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.training.search import (
+    FRAMEWORKS,
+    Constraints,
+    evaluate_plan,
+    search,
+    search_loop,
+    sensitivity,
+)
+from costmodel.training.step import build_step, evaluate_step
+
+KEYS = ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "recompute", "cp_scheme", "layout")
+
+
+def _job(model: str = "llama3-8b", seq: int = 32768, hw: str = "h100-ib", gpus: int = 16, **extra):  # noqa: ANN202
+    return build_step(
+        model=model, seq=seq, hw=hw, gpus=gpus, global_batch=extra.pop("global_batch", 16), **extra
+    )
+
+
+@pytest.mark.parametrize(
+    ("job", "constraints"),
+    [
+        ({}, Constraints()),  # GQA (8 KV heads): ring, USP 2x4 and Ulysses all appear
+        ({"model": "llama2-7b", "gpus": 8, "zero": 3, "global_batch": 8}, Constraints(recompute="selective")),
+    ],
+)
+def test_vectorised_search_ranks_as_the_plain_loop(job: dict, constraints: Constraints) -> None:
+    """Every plan that fits, in the same order, each step time equal to evaluate_step's to 1e-12."""
+    built = _job(**job)
+    fast = search(*built, constraints, top=None).plans
+    slow = search_loop(*built, constraints)
+    assert len(fast) == len(slow) > 100
+    assert [tuple(p[k] for k in KEYS) for p in fast] == [
+        tuple(p[k] if p["cp"] > 1 else {"cp_scheme": "none", "layout": None}.get(k, p[k]) for k in KEYS)
+        for p in slow
+    ]
+    for a, b in zip(fast, slow, strict=True):
+        assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
+        assert a["memory_bytes"] == pytest.approx(b["memory_bytes"], rel=1e-12)
+        assert a["mfu"] == pytest.approx(b["mfu"], rel=1e-12)
+
+
+def test_the_pick_is_the_step_of_its_own_flags() -> None:
+    """`cp-plan step` with the picked layout predicts the same time the search ranked it by."""
+    inputs, setup, step, machine = _job(model="llama3-70b", seq=131072, gpus=256, global_batch=32)
+    best = search(inputs, setup, step, machine, top=1).plans[0]
+    again = build_step(
+        model="llama3-70b",
+        seq=131072,
+        hw="h100-ib",
+        gpus=256,
+        global_batch=32,
+        tp=best["tp"],
+        cp=best["cp"],
+        pp=best["pp"],
+        vpp=best["vpp"],
+        micro_batch=best["micro_batch"],
+        recompute=best["recompute"],
+        cp_scheme=best["cp_scheme"] if best["cp"] > 1 else "ring",
+        layout=best["layout"] or "zigzag",
+    )
+    assert evaluate_step(*again)["step"]["time_s"] == pytest.approx(best["step_time_s"], rel=1e-12)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    gpus=st.sampled_from([8, 16, 32]),
+    fixed=st.sampled_from([{"tp": 2}, {"cp": 4}, {"pp": 2}, {"recompute": "full"}, {"cp_scheme": "ulysses"}]),
+)
+def test_fixing_a_dimension_keeps_it_and_never_beats_the_free_search(gpus: int, fixed: dict) -> None:
+    built = _job(gpus=gpus, global_batch=32)
+    free = search(*built, top=None)
+    held = search(*built, Constraints(**fixed), top=None)
+    assert all(p[k] == v for p in held.plans for k, v in fixed.items())
+    times = [p["step_time_s"] for p in free.plans]
+    assert times == sorted(times) and all(p["memory_bytes"] <= p["device_memory_bytes"] for p in free.plans)
+    if held.plans:
+        assert held.plans[0]["step_time_s"] >= free.plans[0]["step_time_s"] * (1 - 1e-12)
+
+
+def test_frameworks_keep_only_what_they_run() -> None:
+    built = _job(gpus=32, global_batch=32)
+    for name, runs in FRAMEWORKS.items():
+        plans = search(*built, Constraints(framework=name), top=None).plans
+        assert plans and all((p["cp_scheme"], p["layout"]) in runs for p in plans if p["cp"] > 1)
+    every = search(*built, Constraints(framework="any"), top=None).plans
+    assert {p["layout"] for p in every if p["cp"] > 1} == {"zigzag", "striped", "contiguous"}
+
+
+def test_sensitivity_moves_the_right_way() -> None:
+    """A slower inter-node link never speeds the pick up; 10 % more tokens cost at least 10 % more time;
+    one more recompute level costs time and saves no memory it did not already save."""
+    built = _job(model="llama3-70b", seq=65536, gpus=64, global_batch=16)
+    pick = search(*built, top=1).plans[0]
+    link, longer, recompute = sensitivity(pick, *built)
+    assert link["step_time_change"] >= 0
+    assert longer["step_time_change"] >= 0.10
+    if pick["recompute"] != "full":
+        assert recompute["step_time_change"] > 0 and recompute["memory_bytes"] <= pick["memory_bytes"]
+    again = evaluate_plan(pick, *built)
+    assert again["step_time_s"] == pytest.approx(pick["step_time_s"], rel=1e-12)
+
+
+RECOMMEND = ["recommend", "--model", "llama3-8b", "--seq", "128k", "--hw", "h100-ib", "--gpus", "1024"]
+
+
+def test_recommend_json_contract(cli) -> None:
+    result = cli(*RECOMMEND, "--tp", "8", "--format", "json")
+    assert result.code == 0, result.err
+    data = result.json()
+    rec = data["recommendation"]
+    for key in (
+        "tp",
+        "cp",
+        "pp",
+        "dp",
+        "micro_batch",
+        "recompute",
+        "cp_scheme",
+        "layout",
+        "step_time_s",
+        "mfu",
+    ):
+        assert rec[key] is not None, key
+    assert rec["tp"] == 8 and rec["tp"] * rec["cp"] * rec["pp"] * rec["dp"] == 1024
+    assert rec["global_batch"] == 32  # 4M tokens of 128k sequences
+    search_ = data["search"]
+    assert len(search_["plans"]) == 5 and search_["plans"][0]["step_time_s"] == rec["step_time_s"]
+    assert all("why_lost" in p for p in search_["plans"][1:])
+    assert [s["change"].split(" ")[0] for s in search_["sensitivity"]] == [
+        "inter-node",
+        "sequence",
+        "recompute",
+    ]
+    assert set(search_["plans"][0]["exposed_s"]) == {"TP", "CP", "PP", "DP"}
+
+
+def test_recommend_table_shows_the_plans_side_by_side(cli) -> None:
+    out = cli(*RECOMMEND).out
+    assert "Layout search" in out and "#2 lost by" in out and "inter-node link 2x slower" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--gpus", "48", "--tp", "3"], "--tp: 3 does not divide the model's 32 heads"),
+        (["--gpus", "8", "--cp", "16"], "--gpus: 8 GPUs are fewer than the fixed tp x cp x pp = 16"),
+        (["--gpus", "24", "--cp", "16"], "--gpus: 24 GPUs are not divisible by the fixed tp x cp x pp = 16"),
+        (["--gpus", "8", "--pp", "3"], "--gpus"),
+        (["--gpus", "64", "--pp", "64"], "--pp: 64 does not divide the model's 32 layers"),
+        (["--gpus", "8", "--cp", "0"], "--cp"),
+    ],
+)
+def test_bad_constraints_are_one_line_and_exit_2(cli, args: list[str], expected: str) -> None:
+    result = cli("recommend", "--model", "llama3-8b", "--seq", "32k", *args)
+    assert result.code == 2 and result.out == ""
+    assert expected in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_an_empty_set_names_the_constraint_that_empties_it(cli) -> None:
+    args = ["recommend", "--model", "llama3-70b", "--seq", "128k", "--hw", "h100-ib", "--gpus", "64"]
+    data = cli(*args, "--tp", "1", "--pp", "1", "-f", "json").json()
+    reason = data["search"]["empty_reason"]
+    assert data["recommendation"]["step_time_s"] is None
+    assert reason.startswith("no plan fits memory") and "empties it: --tp (plans fit without it)" in reason
+    exported = cli(*args, "--tp", "1", "--format", "megatron")
+    assert exported.code == 2 and exported.err.startswith("cp-plan: error: --tp: nothing to export")
+
+
+# Megatron-LM's arguments as megatron/training/arguments.py declares them (commit d98e8a64, 2026-08-22): the
+# literal add_argument calls, and the fields of ModelParallelConfig, TransformerConfig and TrainingConfig
+# that its ArgumentGroupFactory turns into flags (x_y -> --x-y; list -> nargs='+'; False bool -> store_true).
+MEGATRON = {
+    "--tensor-model-parallel-size": {"type": int},
+    "--pipeline-model-parallel-size": {"type": int},
+    "--context-parallel-size": {"type": int},
+    "--num-virtual-stages-per-pipeline-rank": {"type": int},
+    "--cp-comm-type": {"nargs": "+", "choices": ["p2p", "a2a", "allgather", "a2a+p2p"]},
+    "--hierarchical-context-parallel-sizes": {"nargs": "+", "type": int},
+    "--sequence-parallel": {"action": "store_true"},
+    "--micro-batch-size": {"type": int},
+    "--global-batch-size": {"type": int},
+    "--seq-length": {"type": int},
+    "--recompute-granularity": {"choices": ["full", "selective"]},
+    "--recompute-method": {"choices": ["uniform", "block"]},
+    "--recompute-num-layers": {"type": int},
+    "--use-distributed-optimizer": {"action": "store_true"},
+    "--overlap-grad-reduce": {"action": "store_true"},
+    "--overlap-param-gather": {"action": "store_true"},
+}
+
+
+def _megatron_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    for name, spec in MEGATRON.items():
+        parser.add_argument(name, **spec)
+    return parser
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--tp", "8", "--cp-scheme", "usp", "--model", "llama2-7b"],
+        ["--cp-scheme", "ulysses", "--recompute", "full", "--model", "llama2-7b"],  # MHA: 32 KV heads
+        ["--pp", "4", "--zero", "0", "--cp-scheme", "allgather"],
+    ],
+)
+def test_megatron_export_parses_as_megatron_arguments(cli, extra: list[str]) -> None:
+    args = [*RECOMMEND, *extra]
+    if "--model" in extra:
+        args = args[:1] + args[3:]
+    result = cli(*args, "--format", "megatron")
+    assert result.code == 0, result.err
+    parsed = _megatron_parser().parse_args(shlex.split(result.out.replace("\\\n", " ")))
+    plan = cli(*args, "--format", "json").json()["recommendation"]
+    assert parsed.tensor_model_parallel_size == plan["tp"] and parsed.context_parallel_size == plan["cp"]
+    assert (
+        parsed.pipeline_model_parallel_size == plan["pp"] and parsed.micro_batch_size == plan["micro_batch"]
+    )
+    assert parsed.seq_length == 131072 and parsed.global_batch_size == 32
+    if plan["cp"] > 1:
+        comm = {"ring": "p2p", "ulysses": "a2a", "allgather": "allgather", "usp": "a2a+p2p"}[
+            plan["cp_scheme"]
+        ]
+        assert parsed.cp_comm_type == [comm]
+    if plan["cp_scheme"] == "usp":
+        assert len(parsed.hierarchical_context_parallel_sizes) == 2
+        assert (
+            parsed.hierarchical_context_parallel_sizes[0] * parsed.hierarchical_context_parallel_sizes[1]
+            == plan["cp"]
+        )
+    assert parsed.sequence_parallel == (plan["tp"] > 1)
+    assert parsed.recompute_granularity == {"none": None}.get(plan["recompute"], plan["recompute"])
+    if parsed.overlap_param_gather:  # Megatron asserts both with the distributed optimizer
+        assert parsed.overlap_grad_reduce and parsed.use_distributed_optimizer
+
+
+# torchtitan's TOML job-file tables as torchtitan/config/job_config.py declares them (its last version,
+# 238fa995, 2026-02-23, before jobs moved to Python configs).
+TORCHTITAN = {
+    "training": {"local_batch_size", "global_batch_size", "seq_len"},
+    "parallelism": {
+        "data_parallel_replicate_degree",
+        "data_parallel_shard_degree",
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "pipeline_parallel_schedule",
+        "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_layers_per_stage",
+        "context_parallel_degree",
+        "context_parallel_rotate_method",
+    },
+    "activation_checkpoint": {"mode", "selective_ac_option"},
+}
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--zero", "3", "--pp", "2", "--model", "llama3-70b"], ["--recompute", "selective"]]
+)
+def test_torchtitan_export_is_its_job_file(cli, extra: list[str]) -> None:
+    args = [*RECOMMEND, *extra]
+    if "--model" in extra:
+        args = args[:1] + args[3:]
+    result = cli(*args, "--format", "torchtitan")
+    assert result.code == 0, result.err
+    job = tomllib.loads(result.out)
+    assert set(job) == set(TORCHTITAN)
+    for table, keys in TORCHTITAN.items():
+        assert set(job[table]) <= keys, table
+    par = job["parallelism"]
+    degrees = (
+        par["data_parallel_replicate_degree"]
+        * par["data_parallel_shard_degree"]
+        * par["tensor_parallel_degree"]
+        * par["pipeline_parallel_degree"]
+        * par["context_parallel_degree"]
+    )
+    assert degrees == 1024
+    assert par.get("context_parallel_rotate_method", "alltoall") in {"allgather", "alltoall"}
+    assert job["activation_checkpoint"]["mode"] in {"none", "selective", "full"}
+    assert job["training"]["seq_len"] == 131072
+    if "--zero" in extra:
+        assert par["data_parallel_replicate_degree"] == 1
+
+
+def test_sweep_step_time_is_the_fastest_fitting_plan_at_each_n(cli) -> None:
+    """`sweep --model --gpus` gains step_time_s: at each (S, N) the search's best with CP fixed to N."""
+    args = ["sweep", "-m", "llama3-8b", "--gpus", "64", "--seq", "32k,128k", "--n", "2,8", "--hw", "h100-ib"]
+    rows = cli(*args, "--tp", "2", "-f", "json").json()["rows"]
+    assert len(rows) == 4
+    for row in rows:
+        inputs, setup, step, machine = build_step(
+            model="llama3-8b", seq=row["seq"], hw="h100-ib", gpus=64, tp=2, global_batch=2**22 // row["seq"]
+        )
+        fixed = Constraints(tp=2, pp=1, cp=row["n"], recompute="selective", framework="megatron")
+        best = search(inputs, setup, step, machine, fixed, top=1).plans
+        expected = best[0]["step_time_s"] if best else None
+        assert row["step_time_s"] == (pytest.approx(expected, rel=1e-12) if expected else None)
+
+
+def test_megatron_ulysses_splits_the_kv_heads_too() -> None:
+    """Transformer Engine's a2a asserts KV heads % CP == 0: with 8 KV heads and TP 4, Ulysses stops at CP 2."""
+    built = _job(gpus=32, global_batch=32)
+    ulysses = Constraints(tp=4, cp_scheme="ulysses")
+    megatron = search(*built, Constraints(**ulysses.__dict__ | {"framework": "megatron"}), top=None).plans
+    anywhere = search(*built, Constraints(**ulysses.__dict__ | {"framework": "any"}), top=None).plans
+    assert {p["cp"] for p in megatron} == {2}
+    assert {p["cp"] for p in anywhere} == {2, 4, 8}
