@@ -176,6 +176,17 @@ def test_numeric_twin_matches_exact_sympy(
         "s_comm": 0.12,
         "t_launch": 1e-5,
         "k_copy": 1,
+        "B_l": bw,
+        "n_l": 6,
+        "l_h": 1,
+        "P_g": 8,
+        "B_bis": 2 * bw,
+        "w_t": 2,
+        "L_t": 4,
+        "D_g": 2,
+        "B_nic": bw / 8,
+        "n_nic": 2,
+        "o_x": 1.5,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}
