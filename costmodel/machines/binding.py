@@ -216,6 +216,42 @@ class Machine:
             latency = link.latency_s
         return LinkBinding(link.name, scope, bandwidth, 0.0 if self.datasheet else latency)
 
+    def group_links(
+        self, order: str, sizes: dict[str, int], collectives: dict[str, Collective] | None = None
+    ) -> dict[str, LinkBinding]:
+        """The link each parallel group waits on when ranks are numbered by ``order`` (innermost first):
+        a group's members are as many ranks apart as the product of the degrees inside it."""
+        strides = topology.strides(order, sizes)
+        wanted = collectives or {}
+        return {
+            dim: self.placed(strides[dim]).link(size, wanted.get(dim, "p2p"))
+            for dim, size in sizes.items()
+            if dim in strides
+        }
+
+    def describe_groups(
+        self, order: str, sizes: dict[str, int], collectives: dict[str, Collective] | None = None
+    ) -> dict[str, object]:
+        """The topology, the rank order and where each group lies, as the step and recommend state them."""
+        strides = topology.strides(order, sizes)
+        links = self.group_links(order, sizes, collectives)
+        cp_per_domain = max(1, self.profile.ranks_per_node // strides.get("cp", 1))
+        return {
+            **topology.summary(self.profile),
+            "rank_order": order,
+            "cp_ring_leaves_fast_domain_at": topology.leaves_domain_at(cp_per_domain),
+            "groups": {
+                dim: {
+                    "size": sizes[dim],
+                    "stride": strides[dim],
+                    "scope": links[dim].scope,
+                    "link": links[dim].name,
+                    "bandwidth": links[dim].bandwidth,
+                }
+                for dim in links
+            },
+        }
+
     def link_arrays(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(B, α, crosses nodes) for every group size of an array: the vectorised :meth:`link` of sweeps."""
         import numpy as np

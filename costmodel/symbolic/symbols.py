@@ -257,7 +257,9 @@ L_t = _symbol(
     "L_t", "chips along the group's longest torus dimension", "devices", "[Dally-Towles §3.3]", integer=True
 )
 D_g = _symbol("D_g", "torus dimensions the group spans", "1", "[ScalingBook]", integer=True)
-B_nic = _symbol("B_nic", "per-direction bandwidth of one NIC of the inter-node fabric", "B/s", "hardware profile")
+B_nic = _symbol(
+    "B_nic", "per-direction bandwidth of one NIC of the inter-node fabric", "B/s", "hardware profile"
+)
 n_nic = _symbol("n_nic", "NICs a device drives at once", "NICs", "hardware profile")
 o_x = _symbol(
     "o_x",

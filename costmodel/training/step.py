@@ -177,9 +177,18 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
     return dp, micro
 
 
-def _bandwidth(machine: Machine, stride: int, size: int, collective: str = "p2p") -> float:
-    """B of the link a group of ``size`` ranks ``stride`` apart waits on (TP innermost, then CP, DP, PP)."""
-    return machine.placed(stride).link(size, collective).bandwidth  # type: ignore[arg-type]
+def _group_sizes(setup: TrainingSetup, n: int, dp: int) -> dict[str, int]:
+    return {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp}
+
+
+def _cp_collective(step: StepSetup) -> dict[str, Any]:
+    """The collective CP waits on: all-to-all for Ulysses, all-gather for Llama 3's scheme, else ring sends."""
+    return {"cp": {"ulysses": "alltoall", "allgather": "allgather"}.get(step.cp_scheme, "p2p")}
+
+
+def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int, dp: int) -> dict[str, Any]:
+    """The link of every group, its members placed by ``--rank-order`` (:meth:`Machine.group_links`)."""
+    return machine.group_links(setup.rank_order, _group_sizes(setup, n, dp), _cp_collective(step))
 
 
 def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
@@ -264,11 +273,8 @@ def bind(
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
-        # Megatron's rank order: TP innermost, then CP, DP, PP; each group on the link its span needs.
-        "B_tp": _bandwidth(machine, 1, t),
-        "B_cp": _bandwidth(machine, t, n, "alltoall" if scheme == "ulysses" else "p2p"),
-        "B_dp": _bandwidth(machine, t * n, dp),
-        "B_pp": _bandwidth(machine, t * n * dp, setup.pp),
+        # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
+        **{f"B_{dim}": link.bandwidth for dim, link in _group_links(setup, step, machine, n, dp).items()},
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
         "o_tp": step.tp_overlap,
@@ -368,15 +374,19 @@ def evaluate_step(
         "efficiency": inputs.efficiency,
         "layout": inputs.layout,
         "cp": inputs.n,
-        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute"}),
+        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "rank_order"}),
         **step.model_dump(),
     }
     return {
         "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
+        "topology": machine.describe_groups(
+            setup.rank_order, _group_sizes(setup, inputs.n, v["D"]), _cp_collective(step)
+        ),
         "rates": {
             "gemm_flops_per_s": v["F_gemm"],
             "attention_fwd_flops_per_s": v["F_attn"],
             "attention_bwd_flops_per_s": v["F_attn_bwd"],
+            "source": machine.rate_source,
         },
         "step": {
             "time_s": time_s,
