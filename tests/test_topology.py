@@ -3,6 +3,8 @@ collective gets there (ring hop, all-to-all bisection, all-gather on a torus, NI
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from costmodel.machines.compose import override
 from costmodel.machines.profiles import builtin_names, load_profile, parse_profile
 from costmodel.machines.topology import MEGATRON_ORDER, parse_order, strides
 from costmodel.training.step import build_step, evaluate_step
+from tests.support import REPO
 
 GB = 1e9
 
@@ -194,3 +197,35 @@ def test_bad_rank_order(text: str) -> None:
 
 def test_megatron_is_the_default_order() -> None:
     assert parse_order(MEGATRON_ORDER) == ("tp", "cp", "dp", "pp")
+
+
+DONE_WHEN = [  # the three plans of the issue: each command runs with no extra flag and states the topology
+    (
+        "llama3.1-405b",
+        "gb200-nvl72",
+        ["--gpus", "1152", "--tp", "8", "--pp", "9"],
+        ["--cp", "8"],
+        "NVLink domain of 72",
+    ),
+    ("qwen2.5-72b", "mi300x-xgmi", ["--gpus", "64", "--tp", "8"], ["--cp", "2"], "full mesh of 8"),
+    (
+        str(REPO / "tests/data/hf/gemma-3-27b.json"),
+        "tpu-v5p-ici",
+        ["--gpus", "128", "--tp", "4"],
+        ["--cp", "8"],
+        "3D torus",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "hw", "job", "cp", "shape"), DONE_WHEN)
+def test_plans_run_end_to_end_and_state_the_topology(
+    cli, model: str, hw: str, job: list, cp: list, shape: str
+) -> None:
+    common = ["--model", model, "--hw", hw, "--seq", "128k"]
+    report = cli(*common, "--n", "8", "-f", "json")
+    assert report.code == 0 and shape in json.loads(report.out)["hardware"]["topology"]
+    recommend = cli("recommend", *common, *job, "-f", "json")
+    assert recommend.code == 0 and shape in json.loads(recommend.out)["topology"]
+    step = cli("step", *common, *job, *cp, "--global-batch", "64")
+    assert step.code == 0 and f"topology: {shape}" in step.out.replace("\n", " ")
