@@ -1095,7 +1095,7 @@ define(
     "[Megatron21 §5.1]",
 )
 
-# --- Topology: the links a group's collective waits on, from the network's shape ([Dally-Towles §3.3], ----
+# --- Topology: the links a group's collective waits on, from the network's shape ([Dally-Towles ch. 3], ----
 # [ScalingBook], [RailOnly]). A group's shape in the fast domain comes from costmodel.machines.topology.
 from costmodel.symbolic.symbols import B_bis, B_l, B_nic, D_g, L_t, P_g, l_h, n_l, n_nic, o_x, w_t  # noqa: E402
 
@@ -1114,7 +1114,7 @@ define(
     n_l * B_l,
     "bytes/s a device can receive at once over all its links of the fast domain",
     "B/s",
-    "[Dally-Towles §3.3]",
+    "[Dally-Towles ch. 3]",
 )
 define(
     "switch_bisection_bandwidth",
@@ -1122,7 +1122,7 @@ define(
     P_g * B_l / 2,
     "bisection of a non-blocking switch: half the group sends to the other half at its full port rate",
     "B/s",
-    "[Dally-Towles §3.3]",
+    "[Dally-Towles ch. 3]",
 )
 define(
     "mesh_bisection_bandwidth",
@@ -1130,7 +1130,7 @@ define(
     P_g**2 * B_l / 4,
     "bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link",
     "B/s",
-    "[Dally-Towles §3.3]",
+    "[Dally-Towles ch. 3]",
 )
 define(
     "torus_bisection_bandwidth",
@@ -1139,7 +1139,7 @@ define(
     "bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, "
     "each twice with wraparound",
     "B/s",
-    "[Dally-Towles §3.3]",
+    "[Dally-Towles ch. 3]",
 )
 define(
     "alltoall_bandwidth",
@@ -1148,7 +1148,7 @@ define(
     "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every "
     "rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)",
     "B/s",
-    "[Dally-Towles §3.3], [ScalingBook]",
+    "[Dally-Towles ch. 3], [ScalingBook]",
 )
 define(
     "torus_allgather_bandwidth",

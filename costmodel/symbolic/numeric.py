@@ -548,27 +548,27 @@ def ring_hop_bandwidth(*, B_l, l_h):
 
 
 def injection_bandwidth(*, B_l, n_l):
-    """B_inj = B_l*n_l: bytes/s a device can receive at once over all its links of the fast domain [B/s] ([Dally-Towles §3.3])."""
+    """B_inj = B_l*n_l: bytes/s a device can receive at once over all its links of the fast domain [B/s] ([Dally-Towles ch. 3])."""
     return B_l*n_l
 
 
 def switch_bisection_bandwidth(*, B_l, P_g):
-    """B_bis_sw = B_l*P_g/2: bisection of a non-blocking switch: half the group sends to the other half at its full port rate [B/s] ([Dally-Towles §3.3])."""
+    """B_bis_sw = B_l*P_g/2: bisection of a non-blocking switch: half the group sends to the other half at its full port rate [B/s] ([Dally-Towles ch. 3])."""
     return (1/2)*B_l*P_g
 
 
 def mesh_bisection_bandwidth(*, B_l, P_g):
-    """B_bis_mesh = B_l*P_g**2/4: bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link [B/s] ([Dally-Towles §3.3])."""
+    """B_bis_mesh = B_l*P_g**2/4: bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link [B/s] ([Dally-Towles ch. 3])."""
     return (1/4)*B_l*P_g**2
 
 
 def torus_bisection_bandwidth(*, B_l, L_t, P_g, w_t):
-    """B_bis_torus = B_l*P_g*w_t/L_t: bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, each twice with wraparound [B/s] ([Dally-Towles §3.3])."""
+    """B_bis_torus = B_l*P_g*w_t/L_t: bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, each twice with wraparound [B/s] ([Dally-Towles ch. 3])."""
     return B_l*P_g*w_t/L_t
 
 
 def alltoall_bandwidth(*, B_bis, B_l, P_g, n_l):
-    """B_a2a = Min(4*B_bis/P_g, B_l*n_l): bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it) [B/s] ([Dally-Towles §3.3], [ScalingBook])."""
+    """B_a2a = Min(4*B_bis/P_g, B_l*n_l): bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it) [B/s] ([Dally-Towles ch. 3], [ScalingBook])."""
     return numpy.minimum(B_l*n_l, 4*B_bis/P_g)
 
 
@@ -692,11 +692,11 @@ INFO = {
     'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
     'ring_hop_bandwidth': ('B_hop', 'B_l*l_h', '{B_l}*{l_h}', 'bytes/s a ring hop moves one way: the links it sends over (a switch port, or one mesh or torus link)', 'B/s', '[RingAttn §3]', 'topology'),
-    'injection_bandwidth': ('B_inj', 'B_l*n_l', '{B_l}*{n_l}', 'bytes/s a device can receive at once over all its links of the fast domain', 'B/s', '[Dally-Towles §3.3]', 'topology'),
-    'switch_bisection_bandwidth': ('B_bis_sw', 'B_l*P_g/2', '{B_l}*{P_g}/2', 'bisection of a non-blocking switch: half the group sends to the other half at its full port rate', 'B/s', '[Dally-Towles §3.3]', 'topology'),
-    'mesh_bisection_bandwidth': ('B_bis_mesh', 'B_l*P_g**2/4', '{B_l}*{P_g}**2/4', 'bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link', 'B/s', '[Dally-Towles §3.3]', 'topology'),
-    'torus_bisection_bandwidth': ('B_bis_torus', 'B_l*P_g*w_t/L_t', '{B_l}*{P_g}*{w_t}/{L_t}', 'bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, each twice with wraparound', 'B/s', '[Dally-Towles §3.3]', 'topology'),
-    'alltoall_bandwidth': ('B_a2a', 'Min(4*B_bis/P_g, B_l*n_l)', 'Min(4*{B_bis}/{P_g}, {B_l}*{n_l})', "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)", 'B/s', '[Dally-Towles §3.3], [ScalingBook]', 'topology'),
+    'injection_bandwidth': ('B_inj', 'B_l*n_l', '{B_l}*{n_l}', 'bytes/s a device can receive at once over all its links of the fast domain', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'switch_bisection_bandwidth': ('B_bis_sw', 'B_l*P_g/2', '{B_l}*{P_g}/2', 'bisection of a non-blocking switch: half the group sends to the other half at its full port rate', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'mesh_bisection_bandwidth': ('B_bis_mesh', 'B_l*P_g**2/4', '{B_l}*{P_g}**2/4', 'bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'torus_bisection_bandwidth': ('B_bis_torus', 'B_l*P_g*w_t/L_t', '{B_l}*{P_g}*{w_t}/{L_t}', 'bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, each twice with wraparound', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'alltoall_bandwidth': ('B_a2a', 'Min(4*B_bis/P_g, B_l*n_l)', 'Min(4*{B_bis}/{P_g}, {B_l}*{n_l})', "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)", 'B/s', '[Dally-Towles ch. 3], [ScalingBook]', 'topology'),
     'torus_allgather_bandwidth': ('B_ag_torus', 'B_l*D_g*w_t', '{B_l}*{D_g}*{w_t}', 'bytes/s each chip of a torus all-gather receives: a ring per dimension it spans, both ways round with wraparound', 'B/s', '[ScalingBook]', 'topology'),
     'inter_node_bandwidth': ('B_out', 'B_nic*n_nic/o_x', '{B_nic}*{n_nic}/{o_x}', "bytes/s a device moves one way beyond the fast domain: its NICs, divided by the spine oversubscription when the group's traffic leaves a rail", 'B/s', '[RailOnly]', 'topology'),
 }
@@ -882,10 +882,10 @@ SYMBOLS = {
     'B_l': ('per-direction bandwidth of one link of the fast domain: a switch port, one mesh or torus link', 'B/s', 'hardware profile'),
     'n_l': ('links a device drives at once: 1 into a switch, P_g - 1 in a full mesh, 2 per torus dimension', 'links', 'hardware profile'),
     'l_h': ('links one ring hop sends over (a one-way ring: 1)', 'links', '[RingAttn §3]'),
-    'P_g': ('ranks of one communication group', 'devices', '[Dally-Towles §3.3]'),
-    'B_bis': ('bisection bandwidth of the group: bytes/s one way across the worst cut into two halves', 'B/s', '[Dally-Towles §3.3]'),
+    'P_g': ('ranks of one communication group', 'devices', '[Dally-Towles ch. 3]'),
+    'B_bis': ('bisection bandwidth of the group: bytes/s one way across the worst cut into two halves', 'B/s', '[Dally-Towles ch. 3]'),
     'w_t': ('links a torus ring has across a cut: 2 with wraparound, 1 on a line', 'links', '[ScalingBook]'),
-    'L_t': ("chips along the group's longest torus dimension", 'devices', '[Dally-Towles §3.3]'),
+    'L_t': ("chips along the group's longest torus dimension", 'devices', '[Dally-Towles ch. 3]'),
     'D_g': ('torus dimensions the group spans', '1', '[ScalingBook]'),
     'B_nic': ('per-direction bandwidth of one NIC of the inter-node fabric', 'B/s', 'hardware profile'),
     'n_nic': ('NICs a device drives at once', 'NICs', 'hardware profile'),

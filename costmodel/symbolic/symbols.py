@@ -239,12 +239,12 @@ n_l = _symbol(
 l_h = _symbol(
     "l_h", "links one ring hop sends over (a one-way ring: 1)", "links", "[RingAttn §3]", integer=True
 )
-P_g = _symbol("P_g", "ranks of one communication group", "devices", "[Dally-Towles §3.3]", integer=True)
+P_g = _symbol("P_g", "ranks of one communication group", "devices", "[Dally-Towles ch. 3]", integer=True)
 B_bis = _symbol(
     "B_bis",
     "bisection bandwidth of the group: bytes/s one way across the worst cut into two halves",
     "B/s",
-    "[Dally-Towles §3.3]",
+    "[Dally-Towles ch. 3]",
 )
 w_t = _symbol(
     "w_t",
@@ -254,7 +254,7 @@ w_t = _symbol(
     integer=True,
 )
 L_t = _symbol(
-    "L_t", "chips along the group's longest torus dimension", "devices", "[Dally-Towles §3.3]", integer=True
+    "L_t", "chips along the group's longest torus dimension", "devices", "[Dally-Towles ch. 3]", integer=True
 )
 D_g = _symbol("D_g", "torus dimensions the group spans", "1", "[ScalingBook]", integer=True)
 B_nic = _symbol(
