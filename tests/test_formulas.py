@@ -187,6 +187,12 @@ def test_numeric_twin_matches_exact_sympy(
         "B_nic": bw / 8,
         "n_nic": 2,
         "o_x": 1.5,
+        "n_E": 64,
+        "k_E": 8,
+        "F_sh": 1024,
+        "E_p": 8,
+        "C_f": 1.25,
+        "B_ep": bw,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

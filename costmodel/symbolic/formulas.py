@@ -1169,6 +1169,62 @@ define(
     "[RailOnly]",
 )
 
+# --- Mixture of experts: the MLP of an MoE layer, its all-to-all and its routing imbalance ([Switch §2.2], --
+# [GShard §2, §3]). The dense step formulas read F_ffn as the active width (k experts plus any shared one).
+from costmodel.symbolic.symbols import B_ep, C_f, E_p, F_sh, k_E, n_E  # noqa: E402
+
+_group = "moe"
+define(
+    "moe_active_ffn",
+    "F_act",
+    k_E * F_ffn + F_sh,
+    "FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert",
+    "elements",
+    "[Switch §2], [GShard §2]",
+)
+define(
+    "moe_device_expert_params",
+    "P_exp",
+    n_L / pp * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
+    "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
+    "parameters",
+    "[GShard §2]",
+)
+T_route = define(
+    "moe_device_tokens",
+    "T_r",
+    b * S / (N * t),
+    "tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism",
+    "tokens",
+    "[Korthikanti22 §4.2.2]",
+)
+C_disp = define(
+    "moe_dispatch_bytes",
+    "C_ep",
+    T_route * k_E * H * p * (E_p - 1) / E_p,
+    "bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them "
+    "on other ranks (the combine returns as many)",
+    "B",
+    "[GShard §2]",
+)
+define(
+    "moe_alltoall_s",
+    "t_ep",
+    2 * C_disp / B_ep,
+    "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute",
+    "s",
+    "[GShard §2]",
+)
+define(
+    "moe_imbalance_s",
+    "t_imb",
+    (C_f - 1) * 2 * (2 + g) * k_E * T_route * H * F_ffn / F_gemm,
+    "forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, "
+    "as a capacity-bound expert computes its full capacity",
+    "s",
+    "[Switch §2.2]",
+)
+
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))
 
 

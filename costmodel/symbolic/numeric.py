@@ -582,6 +582,36 @@ def inter_node_bandwidth(*, B_nic, n_nic, o_x):
     return B_nic*n_nic/o_x
 
 
+def moe_active_ffn(*, F_ffn, F_sh, k_E):
+    """F_act = F_ffn*k_E + F_sh: FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert [elements] ([Switch §2], [GShard §2])."""
+    return F_ffn*k_E + F_sh
+
+
+def moe_device_expert_params(*, E_p, F_ffn, H, g, n_E, n_L, pp, t):
+    """P_exp = H*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(E_p*pp*t): expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers [parameters] ([GShard §2])."""
+    return H*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(E_p*pp*t)
+
+
+def moe_device_tokens(*, N, S, b, t):
+    """T_r = S*b/(N*t): tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism [tokens] ([Korthikanti22 §4.2.2])."""
+    return S*b/(N*t)
+
+
+def moe_dispatch_bytes(*, E_p, H, N, S, b, k_E, p, t):
+    """C_ep = H*S*b*k_E*p*(E_p - 1)/(E_p*N*t): bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them on other ranks (the combine returns as many) [B] ([GShard §2])."""
+    return H*S*b*k_E*p*(E_p - 1)/(E_p*N*t)
+
+
+def moe_alltoall_s(*, B_ep, E_p, H, N, S, b, k_E, p, t):
+    """t_ep = 2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t): one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute [s] ([GShard §2])."""
+    return 2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t)
+
+
+def moe_imbalance_s(*, C_f, F_ffn, F_gemm, H, N, S, b, g, k_E, t):
+    """t_imb = 2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t): forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, as a capacity-bound expert computes its full capacity [s] ([Switch §2.2])."""
+    return 2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', '[A-RingCost §2]', 'memory'),
@@ -699,6 +729,12 @@ INFO = {
     'alltoall_bandwidth': ('B_a2a', 'Min(4*B_bis/P_g, B_l*n_l)', 'Min(4*{B_bis}/{P_g}, {B_l}*{n_l})', "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)", 'B/s', '[Dally-Towles ch. 3], [ScalingBook]', 'topology'),
     'torus_allgather_bandwidth': ('B_ag_torus', 'B_l*D_g*w_t', '{B_l}*{D_g}*{w_t}', 'bytes/s each chip of a torus all-gather receives: a ring per dimension it spans, both ways round with wraparound', 'B/s', '[ScalingBook]', 'topology'),
     'inter_node_bandwidth': ('B_out', 'B_nic*n_nic/o_x', '{B_nic}*{n_nic}/{o_x}', "bytes/s a device moves one way beyond the fast domain: its NICs, divided by the spine oversubscription when the group's traffic leaves a rail", 'B/s', '[RailOnly]', 'topology'),
+    'moe_active_ffn': ('F_act', 'F_ffn*k_E + F_sh', '{F_ffn}*{k_E} + {F_sh}', 'FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert', 'elements', '[Switch §2], [GShard §2]', 'moe'),
+    'moe_device_expert_params': ('P_exp', 'H*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(E_p*pp*t)', '{H}*{n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))/({E_p}*{pp}*{t})', "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers", 'parameters', '[GShard §2]', 'moe'),
+    'moe_device_tokens': ('T_r', 'S*b/(N*t)', '{S}*{b}/({N}*{t})', 'tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism', 'tokens', '[Korthikanti22 §4.2.2]', 'moe'),
+    'moe_dispatch_bytes': ('C_ep', 'H*S*b*k_E*p*(E_p - 1)/(E_p*N*t)', '{H}*{S}*{b}*{k_E}*{p}*({E_p} - 1)/({E_p}*{N}*{t})', "bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them on other ranks (the combine returns as many)", 'B', '[GShard §2]', 'moe'),
+    'moe_alltoall_s': ('t_ep', '2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t)', '2*{H}*{S}*{b}*{k_E}*{p}*({E_p} - 1)/({B_ep}*{E_p}*{N}*{t})', "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute", 's', '[GShard §2]', 'moe'),
+    'moe_imbalance_s': ('t_imb', '2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)', '2*{F_ffn}*{H}*{S}*{b}*{k_E}*({C_f} - 1)*({g} + 2)/({F_gemm}*{N}*{t})', 'forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, as a capacity-bound expert computes its full capacity', 's', '[Switch §2.2]', 'moe'),
 }
 
 ARGS = {
@@ -817,6 +853,12 @@ ARGS = {
     'alltoall_bandwidth': ('B_bis', 'B_l', 'P_g', 'n_l'),
     'torus_allgather_bandwidth': ('B_l', 'D_g', 'w_t'),
     'inter_node_bandwidth': ('B_nic', 'n_nic', 'o_x'),
+    'moe_active_ffn': ('F_ffn', 'F_sh', 'k_E'),
+    'moe_device_expert_params': ('E_p', 'F_ffn', 'H', 'g', 'n_E', 'n_L', 'pp', 't'),
+    'moe_device_tokens': ('N', 'S', 'b', 't'),
+    'moe_dispatch_bytes': ('E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 't'),
+    'moe_alltoall_s': ('B_ep', 'E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 't'),
+    'moe_imbalance_s': ('C_f', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'g', 'k_E', 't'),
 }
 
 # symbol: (meaning, unit, source)
@@ -890,4 +932,10 @@ SYMBOLS = {
     'B_nic': ('per-direction bandwidth of one NIC of the inter-node fabric', 'B/s', 'hardware profile'),
     'n_nic': ('NICs a device drives at once', 'NICs', 'hardware profile'),
     'o_x': ("spine oversubscription the group's inter-node traffic meets (1 when it stays on one rail's leaf)", '1', '[RailOnly]'),
+    'n_E': ('routed experts per MoE layer', 'experts', '[Switch §2]'),
+    'k_E': ('experts each token is routed to (top-k)', 'experts', '[GShard §2]'),
+    'F_sh': ('FFN width of the always-active shared expert(s), 0 without', 'elements', '[Qwen-MoE]'),
+    'E_p': ('expert-parallel degree: ranks the experts are split over', 'devices', '[GShard §2]'),
+    'C_f': ('capacity factor: tokens an expert may take, as a multiple of the mean; the most loaded expert rank computes C_f x the mean', '1', '[Switch §2.2]'),
+    'B_ep': ('bytes/s each rank of the EP all-to-all receives', 'B/s', 'hardware profile'),
 }

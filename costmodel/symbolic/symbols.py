@@ -267,3 +267,24 @@ o_x = _symbol(
     "1",
     "[RailOnly]",
 )
+
+# Mixture of experts ([Switch §2.2], [GShard §2]).
+n_E = _symbol("n_E", "routed experts per MoE layer", "experts", "[Switch §2]", integer=True)
+k_E = _symbol("k_E", "experts each token is routed to (top-k)", "experts", "[GShard §2]", integer=True)
+F_sh = _symbol(
+    "F_sh",
+    "FFN width of the always-active shared expert(s), 0 without",
+    "elements",
+    "[Qwen-MoE]",
+    nonnegative=True,
+)
+E_p = _symbol(
+    "E_p", "expert-parallel degree: ranks the experts are split over", "devices", "[GShard §2]", integer=True
+)
+C_f = _symbol(
+    "C_f",
+    "capacity factor: tokens an expert may take, as a multiple of the mean; the most loaded expert rank computes C_f x the mean",
+    "1",
+    "[Switch §2.2]",
+)
+B_ep = _symbol("B_ep", "bytes/s each rank of the EP all-to-all receives", "B/s", "hardware profile")

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
+from costmodel.machines.topology import strides
 from costmodel.plans.inputs import (
     MAX_HEADS,
     TRAINING_DEFAULTS,
@@ -38,6 +39,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.symbolic import numeric
+from costmodel.training import moe
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
 
@@ -85,6 +87,19 @@ class StepSetup(BaseModel):
     )
     grad_bytes: Count = flag(
         4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1, le=8
+    )
+    ep: Count = flag(
+        1,
+        "Expert-parallel degree of an MoE model: ranks its experts are split over, out of DP.",
+        unit="devices",
+        ge=1,
+        le=MAX_HEADS,
+    )
+    capacity_factor: Number = flag(
+        1.25,
+        "MoE capacity factor: the most loaded expert rank computes this x the mean tokens (Switch: 1.25).",
+        ge=1,
+        le=16,
     )
 
 
@@ -169,6 +184,7 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
         )
     if step.vpp > 1 and setup.pp == 1:
         raise InputError("--vpp", "interleaving needs --pp > 1")
+    moe.check(model, step.ep, dp)
     if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
         raise InputError(
             "--cp-scheme",
@@ -177,18 +193,30 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
     return dp, micro
 
 
-def _group_sizes(setup: TrainingSetup, n: int, dp: int) -> dict[str, int]:
-    return {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp}
+def _groups(setup: TrainingSetup, step: StepSetup, n: int, dp: int) -> tuple[str, dict[str, int]]:
+    """The rank order and every group's size (EP split out of DP for an MoE model)."""
+    sizes = {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp}
+    return moe.order_and_sizes(setup.rank_order, sizes, step.ep)
 
 
-def _cp_collective(step: StepSetup) -> dict[str, Any]:
-    """The collective CP waits on: all-to-all for Ulysses, all-gather for Llama 3's scheme, else ring sends."""
-    return {"cp": {"ulysses": "alltoall", "allgather": "allgather"}.get(step.cp_scheme, "p2p")}
+def _collectives(step: StepSetup) -> dict[str, Any]:
+    """The collective CP waits on (all-to-all for Ulysses, all-gather for Llama 3's scheme, else ring sends),
+    and EP's all-to-all."""
+    return {
+        "cp": {"ulysses": "alltoall", "allgather": "allgather"}.get(step.cp_scheme, "p2p"),
+        "ep": "alltoall",
+    }
 
 
 def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int, dp: int) -> dict[str, Any]:
-    """The link of every group, its members placed by ``--rank-order`` (:meth:`Machine.group_links`)."""
-    return machine.group_links(setup.rank_order, _group_sizes(setup, n, dp), _cp_collective(step))
+    """The link of every group, its members placed by ``--rank-order`` (:meth:`Machine.group_links`); the
+    dense gradients of an MoE model reduce over EP x DP, from EP's stride."""
+    order, sizes = _groups(setup, step, n, dp)
+    links = machine.group_links(order, sizes, _collectives(step))
+    if "ep" in sizes:
+        placed = strides(order, sizes)
+        links["dp"] = machine.placed(min(placed["ep"], placed["dp"])).link(dp)
+    return links
 
 
 def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
@@ -286,6 +314,9 @@ def bind(
         "N_u": n_u,
         "N_r": n_r,
     }
+    values.setdefault("B_ep", values["B_dp"])
+    values.update(moe.values(model, step.ep, step.capacity_factor, values["B_ep"]))
+    values["F_ffn"] = moe.active_ffn(model)
     values["n_bkt"] = max(1, math.ceil(_call("device_params", values) * step.grad_bytes / step.bucket_bytes))
     values.update(_rates(inputs, setup, step, model, machine, n_r))
     return values
@@ -336,10 +367,21 @@ def evaluate_step(
     recompute = _call("layer_recompute_s", v)
     tp = (2 + full) * _call("tp_exposed_s", v)
     cp_fwd, cp_bwd, ring_x = _cp_exposed(step.cp_scheme, v)
+    ep_a2a, imbalance = moe.per_layer(v, model.ffn_hidden)
     cp = cp_fwd + cp_bwd + full * cp_fwd
     ring = (2 + full) * ring_x
     head = _call("head_s", v)
-    layer = gemm + attention + elementwise + recompute + tp + cp + ring
+    layer = (
+        gemm
+        + attention
+        + elementwise
+        + recompute
+        + tp
+        + cp
+        + ring
+        + (2 + full) * ep_a2a
+        + (3 + full) * imbalance
+    )
     micro_batch_s = stage_layers * layer + head
     backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
     dp = _call("dp_exposed_s", v) + max(0.0, _call("dp_overflow_s", v) - backward_s)
@@ -355,6 +397,8 @@ def evaluate_step(
         "exposed TP comm": per * tp,
         "exposed CP comm": per * cp,
         "CP ring overheads (merge, copies, launches)": per * ring,
+        "exposed EP all-to-all (MoE)": per * (2 + full) * ep_a2a,
+        "MoE routing imbalance": per * (3 + full) * imbalance,
         "pipeline bubble": (setup.pp - 1) / step.vpp * micro_batch_s,
         "exposed PP sends": _call("pp_exposed_s", v) if setup.pp > 1 else 0.0,
         "exposed DP comm": dp,
@@ -379,9 +423,8 @@ def evaluate_step(
     }
     return {
         "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
-        "topology": machine.describe_groups(
-            setup.rank_order, _group_sizes(setup, inputs.n, v["D"]), _cp_collective(step)
-        ),
+        "topology": machine.describe_groups(*_groups(setup, step, inputs.n, v["D"]), _collectives(step)),
+        "moe": moe.summary(model, v, machine, *_groups(setup, step, inputs.n, v["D"])),
         "rates": {
             "gemm_flops_per_s": v["F_gemm"],
             "attention_fwd_flops_per_s": v["F_attn"],
