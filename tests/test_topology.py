@@ -229,3 +229,19 @@ def test_plans_run_end_to_end_and_state_the_topology(
     assert recommend.code == 0 and shape in json.loads(recommend.out)["topology"]
     step = cli("step", *common, *job, *cp, "--global-batch", "64")
     assert step.code == 0 and f"topology: {shape}" in step.out.replace("\n", " ")
+
+
+def test_hw_show_prints_the_composed_profile_with_every_source(cli) -> None:
+    import yaml
+
+    result = cli("hw", "show", "tpu-v5p-ici", "--torus-dims", "4x4x8")
+    assert result.code == 0
+    shown = yaml.safe_load(result.out)
+    assert shown["devices_per_node"] == 128 and shown["topology"]["dims"] == [4, 4, 8]
+    assert "Overridden on the command line: torus 4x4x8" in shown["source"]["notes"]
+    sources = [line for line in result.out.splitlines() if line.startswith("# source")]
+    assert [s.split(")")[0] for s in sources] == [
+        "# source (profile",
+        "# source (topology",
+        "# source (fallback_efficiency",
+    ]

@@ -170,11 +170,28 @@ def _domain(profile: HardwareProfile) -> str:
 
 
 @hw_app.command("show")
-def hw_show(name: Annotated[str, typer.Argument(help="Built-in name or YAML path.")]) -> None:
-    """Print one profile as validated YAML (units SI; bandwidth per direction), its sources first."""
+@declared(machine_overrides=MachineOverrides)
+def hw_show(
+    machine_overrides: MachineOverrides,
+    name: Annotated[str, typer.Argument(help="Built-in name or YAML path.")],
+) -> None:
+    """Print one profile as validated YAML (units SI; bandwidth per direction), its sources first; with the
+    composition flags, the profile as they change it (e.g. --inter-node-bandwidth 800Gb, --torus-dims 4x4x8)."""
     import yaml
 
+    from costmodel.machines.compose import override
+
     profile = load_profile(name, field="NAME")
+    o = machine_overrides
+    if any(value is not None for value in o.model_dump().values()):
+        profile = override(
+            profile,
+            inter_bandwidth=o.inter_node_bandwidth,
+            intra_bandwidth=o.intra_node_bandwidth,
+            devices_per_node=o.devices_per_node,
+            cp_ranks_per_node=o.cp_ranks_per_node,
+            torus_dims=o.torus_dims,
+        )
     sources = [("profile", profile.source.url or f"measured on {profile.source.host}, {profile.source.date}")]
     for scope in ("intra_node", "inter_node"):
         link = getattr(profile.links, scope)
