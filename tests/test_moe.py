@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.core.errors import InputError
+from costmodel.machines.profiles import load_profile
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
 from costmodel.training import moe
@@ -92,3 +93,14 @@ def test_bad_ep_names_the_flag(values: dict, why: str) -> None:
     with pytest.raises(InputError) as error:
         _step(**values)
     assert error.value.field == "--ep" and why in error.value.message
+
+
+def test_optimizer_reads_the_experts_a_device_holds() -> None:
+    """Mixtral, TP 2, EP 4: a device holds 2 experts of 32 layers, TP-split, and the routers: 5.64e9 weights,
+    their Adam states sharded over DP / EP = 4 ranks at 30 bytes each through HBM."""
+    result = _step(ep=4)
+    held = 32 * (2 * 3 * 4096 * 14336 / 2 + 4096 * 8)
+    assert result["moe"]["expert_params_per_device"] == pytest.approx(held, rel=1e-12)
+    hbm = load_profile("h100-nvlink").device.hbm_bandwidth
+    experts = 30 * held / (16 / 4 * hbm)
+    assert experts < result["step"]["breakdown"]["optimizer step"] < 1.1 * experts

@@ -1182,7 +1182,7 @@ define(
     "elements",
     "[Switch §2], [GShard §2]",
 )
-define(
+P_exp = define(
     "moe_device_expert_params",
     "P_exp",
     n_L / pp * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
@@ -1214,6 +1214,15 @@ define(
     "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute",
     "s",
     "[GShard §2]",
+)
+define(
+    "moe_optimizer_s",
+    "t_opt_exp",
+    k_opt * P_exp * E_p / (D * B_hbm),
+    "optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p "
+    "ranks that hold the same experts, memory-bound",
+    "s",
+    "[ZeRO §5], [GShard §2]",
 )
 define(
     "moe_imbalance_s",

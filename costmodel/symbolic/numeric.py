@@ -607,6 +607,11 @@ def moe_alltoall_s(*, B_ep, E_p, H, N, S, b, k_E, p, t):
     return 2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t)
 
 
+def moe_optimizer_s(*, B_hbm, D, E_p, F_ffn, H, g, k_opt, n_E, n_L, pp, t):
+    """t_opt_exp = H*k_opt*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(B_hbm*D*pp*t): optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p ranks that hold the same experts, memory-bound [s] ([ZeRO §5], [GShard §2])."""
+    return H*k_opt*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(B_hbm*D*pp*t)
+
+
 def moe_imbalance_s(*, C_f, F_ffn, F_gemm, H, N, S, b, g, k_E, t):
     """t_imb = 2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t): forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, as a capacity-bound expert computes its full capacity [s] ([Switch §2.2])."""
     return 2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)
@@ -734,6 +739,7 @@ INFO = {
     'moe_device_tokens': ('T_r', 'S*b/(N*t)', '{S}*{b}/({N}*{t})', 'tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism', 'tokens', '[Korthikanti22 §4.2.2]', 'moe'),
     'moe_dispatch_bytes': ('C_ep', 'H*S*b*k_E*p*(E_p - 1)/(E_p*N*t)', '{H}*{S}*{b}*{k_E}*{p}*({E_p} - 1)/({E_p}*{N}*{t})', "bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them on other ranks (the combine returns as many)", 'B', '[GShard §2]', 'moe'),
     'moe_alltoall_s': ('t_ep', '2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t)', '2*{H}*{S}*{b}*{k_E}*{p}*({E_p} - 1)/({B_ep}*{E_p}*{N}*{t})', "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute", 's', '[GShard §2]', 'moe'),
+    'moe_optimizer_s': ('t_opt_exp', 'H*k_opt*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(B_hbm*D*pp*t)', '{H}*{k_opt}*{n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))/({B_hbm}*{D}*{pp}*{t})', "optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p ranks that hold the same experts, memory-bound", 's', '[ZeRO §5], [GShard §2]', 'moe'),
     'moe_imbalance_s': ('t_imb', '2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)', '2*{F_ffn}*{H}*{S}*{b}*{k_E}*({C_f} - 1)*({g} + 2)/({F_gemm}*{N}*{t})', 'forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, as a capacity-bound expert computes its full capacity', 's', '[Switch §2.2]', 'moe'),
 }
 
@@ -858,6 +864,7 @@ ARGS = {
     'moe_device_tokens': ('N', 'S', 'b', 't'),
     'moe_dispatch_bytes': ('E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 't'),
     'moe_alltoall_s': ('B_ep', 'E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 't'),
+    'moe_optimizer_s': ('B_hbm', 'D', 'E_p', 'F_ffn', 'H', 'g', 'k_opt', 'n_E', 'n_L', 'pp', 't'),
     'moe_imbalance_s': ('C_f', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'g', 'k_E', 't'),
 }
 

@@ -81,6 +81,15 @@ def per_layer(v: dict[str, Any], expert_ffn: int) -> tuple[float, float]:
     return a2a, _call("moe_imbalance_s", moe)
 
 
+def optimizer_s(v: dict[str, Any], model: ModelPreset) -> float:
+    """The optimizer step: the dense formula for a dense model; for an MoE model its non-expert weights (and
+    any shared expert) sharded over DP, plus its experts sharded over the D/E_p ranks holding the same ones."""
+    if not model.experts:
+        return _call("optimizer_s", v)
+    dense = _call("optimizer_s", {**v, "F_ffn": model.shared_expert_ffn or 0})
+    return dense + _call("moe_optimizer_s", {**v, "F_ffn": model.ffn_hidden})
+
+
 def summary(
     model: ModelPreset, v: dict[str, Any], machine: Machine, order: str, sizes: dict[str, int]
 ) -> dict:
