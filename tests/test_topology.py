@@ -245,3 +245,17 @@ def test_hw_show_prints_the_composed_profile_with_every_source(cli) -> None:
         "# source (topology",
         "# source (fallback_efficiency",
     ]
+
+
+@pytest.mark.parametrize(
+    ("hw", "dims", "group", "expected"),
+    [
+        ("tpu-v5p-ici", "4x4x8", 4, 200 * GB),  # a cube's edge closes: both ways round
+        ("tpu-v5p-ici", "2x2x1", 2, 100 * GB),  # under a cube: an open line, one way
+        ("tpu-v5e-ici", "16x16", 16, 100 * GB),  # the pod's 16 closes
+        ("tpu-v5e-ici", "4x8", 4, 50 * GB),  # a smaller slice is open
+    ],
+)
+def test_short_torus_dimensions_are_open(hw: str, dims: str, group: int, expected: float) -> None:
+    machine = Machine(override(load_profile(hw), torus_dims=dims))
+    assert machine.link(group, "allgather").bandwidth == pytest.approx(expected, rel=1e-12)

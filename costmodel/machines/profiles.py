@@ -288,6 +288,10 @@ class Topology(_Strict):
     wraparound: bool = Field(
         default=True, description="torus only: the last chip of each dimension links back to the first"
     )
+    wraparound_min: Count(maximum=2**20) = Field(
+        default=1,
+        description="torus only: the shortest dimension that closes its ring (v5p: 4, a cube's edge; v5e: 16)",
+    )
     nics_per_device: Positive = Field(
         default=1.0, description="NICs of links.inter_node each device drives at once (rail count per device)"
     )

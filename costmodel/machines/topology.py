@@ -93,7 +93,9 @@ def place(profile: HardwareProfile, size: int, stride: int, per_domain: int) -> 
 
 
 def _wraps(shape: Topology, extents: tuple[int, ...], axis: int) -> bool:
-    return shape.wraparound and shape.dims is not None and extents[axis] == shape.dims[axis] > 2
+    if not shape.wraparound or shape.dims is None:
+        return False
+    return extents[axis] == shape.dims[axis] > 2 and shape.dims[axis] >= shape.wraparound_min
 
 
 def fast_bandwidth(
@@ -144,7 +146,15 @@ def describe(profile: HardwareProfile) -> str:
     shape, size = profile.shape, profile.devices_per_node
     if shape.kind == "torus":
         dims = "x".join(map(str, shape.dims or ()))
-        domain = f"{len(shape.dims or ())}D torus {dims} ({size:,} chips{', wraparound' if shape.wraparound else ''})"
+        closed = [d for d in shape.dims or () if shape.wraparound and d >= shape.wraparound_min and d > 2]
+        wrap = (
+            ", wraparound"
+            if len(closed) == len(shape.dims or ())
+            else ", open on some dimensions"
+            if closed
+            else ""
+        )
+        domain = f"{len(shape.dims or ())}D torus {dims} ({size:,} chips{wrap})"
     elif shape.kind == "mesh":
         domain = f"full mesh of {size} (one link per peer)"
     elif shape.kind == "nvlink-domain":
