@@ -304,6 +304,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m costmodel.codegen", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if anything is stale, write nothing")
     args = parser.parse_args(argv)
+    if not args.check:  # the documents run the CLI, which must see the formulas just generated
+        import importlib
+
+        from costmodel.symbolic import numeric
+
+        source = render()
+        if TARGET.read_text(encoding="utf-8") != source:
+            atomic_write_text(TARGET, source)
+            importlib.reload(numeric)
     stale = []
     for path, text in targets().items():
         current = path.read_text(encoding="utf-8") if path.exists() else ""

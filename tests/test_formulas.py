@@ -182,6 +182,23 @@ def test_numeric_twin_matches_exact_sympy(
         "p_w": 1,
         "p_kv": p_,
         "alpha_tp": lat / 2,
+        "B_l": bw,
+        "n_l": 6,
+        "l_h": 1,
+        "P_g": 8,
+        "B_bis": 2 * bw,
+        "w_t": 2,
+        "L_t": 4,
+        "D_g": 2,
+        "B_nic": bw / 8,
+        "n_nic": 2,
+        "o_x": 1.5,
+        "n_E": 64,
+        "k_E": 8,
+        "F_sh": 1024,
+        "E_p": 8,
+        "C_f": 1.25,
+        "B_ep": bw,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

@@ -217,3 +217,11 @@ def test_new_presets_agree_with_their_configs(preset: str, config: str) -> None:
     built_in, imported = load_model(preset), load_model(str(HF / f"{config}.json"))
     assert {f: getattr(built_in, f) for f in FIELDS} == {f: getattr(imported, f) for f in FIELDS}
     assert built_in.source.startswith("https://huggingface.co/")
+
+
+def test_fields_it_cannot_map_are_reported_by_name() -> None:
+    """A key the importer neither maps nor knows to be irrelevant is named, never silently dropped."""
+    config = json.loads((HF / "qwen3-32b.json").read_text())
+    config |= {"attn_temperature_tuning": True, "num_nextn_predict_layers": 1}
+    _, notes = from_hf_config(config)
+    assert notes == ["attn_temperature_tuning", "num_nextn_predict_layers"]

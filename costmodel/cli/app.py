@@ -15,7 +15,7 @@ from costmodel.cli.kernel import app as kernel_app
 from costmodel.cli.options import Format, FormatOpt, console, declared
 from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
-from costmodel.machines.profiles import builtin_names, load_profile
+from costmodel.machines.profiles import HardwareProfile, builtin_names, load_profile
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
 
 app = typer.Typer(
@@ -125,7 +125,7 @@ def hw_list(format: FormatOpt = Format.table) -> None:
         pad_edge=False,
         show_edge=False,
         caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
-        "slice); a ring leaves the node beyond CP/node ranks",
+        "slice; NVL: a switched NVLink rack, mesh: one link per peer, AxBxC: a torus); a ring leaves the node beyond CP/node ranks",
     )
     table.add_column("name", no_wrap=True)
     for column in (
@@ -156,7 +156,7 @@ def hw_list(format: FormatOpt = Format.table) -> None:
             number(p.device.peak_flops.get("bf16"), 1e12),
             number(p.device.peak_flops.get("fp8"), 1e12),
             number(p.device.hbm_bytes, 1e9),
-            str(p.devices_per_node),
+            _domain(p),
             str(p.ranks_per_node),
             number(p.links.intra_node.bandwidth_per_direction, 1e9),
             number(inter.bandwidth_per_direction if inter else None, 1e9),
@@ -164,17 +164,47 @@ def hw_list(format: FormatOpt = Format.table) -> None:
     console().print(table)
 
 
+def _domain(profile: HardwareProfile) -> str:
+    """The fast domain in a few characters: 8 (a switched node), 72 NVL, 8 mesh, 16x16x24 (a torus)."""
+    shape = profile.shape
+    if shape.dims:
+        return "x".join(map(str, shape.dims))
+    suffix = {"nvlink-domain": " NVL", "mesh": " mesh"}.get(shape.kind, "")
+    return f"{profile.devices_per_node}{suffix}"
+
+
 @hw_app.command("show")
-def hw_show(name: Annotated[str, typer.Argument(help="Built-in name or YAML path.")]) -> None:
-    """Print one profile as validated YAML (units SI; bandwidth per direction), its sources first."""
+@declared(machine_overrides=MachineOverrides)
+def hw_show(
+    machine_overrides: MachineOverrides,
+    name: Annotated[str, typer.Argument(help="Built-in name or YAML path.")],
+) -> None:
+    """Print one profile as validated YAML (units SI; bandwidth per direction), its sources first; with the
+    composition flags, the profile as they change it (e.g. --inter-node-bandwidth 800Gb, --torus-dims 4x4x8)."""
     import yaml
 
+    from costmodel.machines.compose import override
+
     profile = load_profile(name, field="NAME")
+    o = machine_overrides
+    if any(value is not None for value in o.model_dump().values()):
+        profile = override(
+            profile,
+            inter_bandwidth=o.inter_node_bandwidth,
+            intra_bandwidth=o.intra_node_bandwidth,
+            devices_per_node=o.devices_per_node,
+            cp_ranks_per_node=o.cp_ranks_per_node,
+            torus_dims=o.torus_dims,
+        )
     sources = [("profile", profile.source.url or f"measured on {profile.source.host}, {profile.source.date}")]
     for scope in ("intra_node", "inter_node"):
         link = getattr(profile.links, scope)
         if link is not None and link.source:
             sources.append((f"links.{scope}", link.source))
+    for part in ("topology", "fallback_efficiency"):
+        cited = getattr(profile, part)
+        if cited is not None and cited.source:
+            sources.append((part, cited.source))
     header = "".join(f"# source ({what}): {where}\n" for what, where in sources)
     body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False)
     sys.stdout.write(header + body)

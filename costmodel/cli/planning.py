@@ -156,6 +156,8 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     head.add_column()
     mask = "causal" if i.causal else "non-causal"
     head.add_row("cp-plan", f"recommend · S = {i.seq:,} · {i.model} · {report.hw} · {mask} · {i.pass_}")
+    if report.topology:
+        head.add_row("topology", report.topology)
     head.add_row(
         "job",
         f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "

@@ -215,6 +215,7 @@ def render_table(report: Report, console: Console) -> None:
     head.add_row("shape", shape_line(report))
     head.add_row("machine", machine_line(report))
     head.add_row("link", link_line(report))
+    head.add_row("topology", report.hardware.topology)
     head.add_row(
         Text(verdict.upper(), style=COLOURS[verdict]), Text(verdict_line(report), style=COLOURS[verdict])
     )
@@ -273,6 +274,7 @@ def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
         f"- shape: {shape_line(report)}",
         f"- machine: {machine_line(report)}",
         f"- link: {link_line(report)}",
+        f"- topology: {report.hardware.topology}",
         f"- **{verdict.upper()}**: {verdict_line(report)}",
         *[f"- {line}" for line in limits_lines(report)],
         "",
@@ -388,3 +390,18 @@ def render_validation(report: dict, console: Console) -> None:
         f"datasheet-style: median {report['datasheet_median_abs_error']:.1%}, "
         f"{report['datasheet_over_calibrated']:.1f}x the error"
     )
+
+
+def topology_lines(topology: dict) -> list[str]:
+    """The network's shape, the rank order and the link every parallel group waits on, as two lines."""
+    groups = []
+    for dim, group in topology["groups"].items():
+        if group["size"] > 1:
+            where = "inside the fast domain" if group["scope"] == "intra-node" else "across domains"
+            groups.append(f"{dim.upper()} {group['size']} {where}, {group['bandwidth'] / 1e9:g} GB/s")
+    leaves = topology["cp_ring_leaves_fast_domain_at"]
+    return [
+        f"topology: {topology['text']}",
+        f"ranks {topology['rank_order']}: {'; '.join(groups) or 'one device'}; a CP ring leaves the fast domain "
+        f"at {leaves} ranks",
+    ]

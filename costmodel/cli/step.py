@@ -54,6 +54,7 @@ def _table(result: dict) -> None:
     from rich import box
     from rich.table import Table
 
+    from costmodel.cli.render import topology_lines
     from costmodel.core.units import seconds
 
     step, inputs = result["step"], result["inputs"]
@@ -64,6 +65,9 @@ def _table(result: dict) -> None:
         f"dp {inputs['dp']}, {inputs['micro_batches']} micro-batches of {inputs['micro_batch']}, "
         f"recompute {inputs['recompute']}"
     )
+    for line in topology_lines(result["topology"]):
+        screen.print(line)
+    screen.print(f"kernel rates: {result['rates']['source']}")
     screen.print(
         f"step {seconds(step['time_s'])}   {step['tokens_per_s']:,.0f} tokens/s "
         f"({step['tokens_per_s_per_gpu']:,.0f} per GPU)   {step['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU   "

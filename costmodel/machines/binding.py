@@ -3,7 +3,7 @@
 For a group of ``group`` ranks doing a collective, which link it waits on and at what α and B (a
 job's other parallel dimensions place the group: :meth:`Machine.placed`); how much of a transfer hides
 under compute; at what FLOP/s a kernel call runs (measured curves, the profile's published kernel
-tables, or peak x ``--efficiency``); which fixed costs a measured profile adds. Datasheet and measured
+tables, its stated fallback efficiency, or peak x ``--efficiency``); which fixed costs a measured profile adds. Datasheet and measured
 profiles answer through the same questions, so no command picks a link or a rate on its own.
 
 ``datasheet=True`` asks the datasheet-style question of a measured profile too: peak FLOP/s for every
@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from costmodel.core.errors import InputError
-from costmodel.machines import kernels
+from costmodel.machines import kernels, topology
 from costmodel.machines.profiles import HardwareProfile
 
 if TYPE_CHECKING:
     import numpy as np
 
-Collective = Literal["p2p", "alltoall"]
+Collective = Literal["p2p", "alltoall", "allgather"]
 Scope = Literal["intra-node", "inter-node"]
 
 
@@ -53,6 +53,7 @@ class Machine:
     efficiency: float | None = None
     datasheet: bool = False
     ranks_per_node: int = 0  # consecutive CP ranks sharing a node; 0: the profile's own placement
+    stride: int = 1  # ranks between a group's members (:meth:`placed`); sets the torus block and the rail
 
     def __post_init__(self) -> None:
         if self.dtype not in self.profile.device.peak_flops:
@@ -77,7 +78,7 @@ class Machine:
         ranks_per_node / stride of them. Ranks are numbered TP innermost, then CP, DP and PP (Megatron's
         order), so a TP group has stride 1, CP stride t, DP stride t·N and PP stride t·N·DP; TP 8 on
         8-GPU nodes puts every CP neighbour on another node."""
-        return replace(self, ranks_per_node=max(1, self.profile.ranks_per_node // stride))
+        return replace(self, ranks_per_node=max(1, self.profile.ranks_per_node // stride), stride=stride)
 
     def as_datasheet(self) -> Machine:
         return replace(self, datasheet=True)
@@ -111,6 +112,34 @@ class Machine:
             and not measured
         )
 
+    @property
+    def fallback_rates(self) -> bool:
+        """Kernel calls run at the profile's stated ``fallback_efficiency`` x peak: it has no kernel tables, and
+        nothing measured or asked for overrides it."""
+        measured = (self.profile.device.effective_flops or {}).get(self.dtype) is not None
+        return (
+            self.profile.kernels is None
+            and self.profile.fallback_efficiency is not None
+            and self.efficiency is None
+            and not self.datasheet
+            and not self.calibrated
+            and not measured
+        )
+
+    @property
+    def rate_source(self) -> str:
+        """Where the kernel rates come from, as the step states it."""
+        if self.calibrated:
+            return "measured curves (calibration)"
+        if self.published_rates:
+            return "published kernel tables (kernels:)"
+        if self.fallback_rates:
+            fallback = self.profile.fallback_efficiency
+            return f"{fallback.value:g} of peak, the profile's fallback_efficiency: {fallback.source}"  # type: ignore[union-attr]
+        if self.efficiency is not None and not self.datasheet:
+            return f"--efficiency {self.efficiency:g} of peak"
+        return "peak"
+
     def rate(
         self,
         flops: float,
@@ -132,6 +161,8 @@ class Machine:
             return kernels.attention_rate(
                 self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward
             )
+        if self.fallback_rates:
+            return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
         return self.effective_flops
 
     def gemm_rate(self, m: int, n: int, k: int) -> float:
@@ -139,6 +170,8 @@ class Machine:
         (or asked as a datasheet), else the published tables; a profile without them is an error naming --hw."""
         if self.efficiency is not None or self.datasheet:
             return self.effective_flops
+        if self.fallback_rates:
+            return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
         return kernels.gemm_rate(self.profile, self.dtype, m, n, k)
 
     # --- links ----------------------------------------------------------------------------------
@@ -146,10 +179,17 @@ class Machine:
         """Where a group of ``group`` consecutive CP ranks sits: one hop off the node is enough to wait on it."""
         return "intra-node" if group <= self.ranks_per_node else "inter-node"
 
-    def link(self, group: int, collective: Collective = "p2p") -> LinkBinding:
-        """α and B of the link a ring (``p2p``) or all-to-all over ``group`` ranks waits on.
+    def placement(self, group: int) -> topology.Placement:
+        """Where a group of ``group`` members :attr:`stride` ranks apart lies on the network."""
+        return topology.place(self.profile, group, self.stride, self.ranks_per_node)
 
-        A ring step is as slow as its slowest hop, so one inter-node hop sets the whole ring's link.
+    def link(self, group: int, collective: Collective = "p2p") -> LinkBinding:
+        """α and B of the link a ring (``p2p``), all-to-all or all-gather over ``group`` ranks waits on.
+
+        A ring step is as slow as its slowest hop, so one inter-node hop sets the whole ring's link. B
+        follows from the topology (:mod:`costmodel.machines.topology`): a ring hop is one link or port, an
+        all-to-all is held to the bisection of the block the group occupies, and beyond the fast domain
+        a device has its NICs, less the spine's oversubscription off its rail.
         """
         scope = self.scope(group)
         link = self.profile.links.intra_node if scope == "intra-node" else self.profile.links.inter_node
@@ -164,11 +204,53 @@ class Machine:
             fits = cal.alltoall if collective == "alltoall" else cal.p2p  # type: ignore[union-attr]
             if scope in fits:
                 return LinkBinding(link.name, scope, fits[scope].bandwidth, fits[scope].latency_s)
-        if collective == "alltoall":
-            bandwidth, latency = link.alltoall_bandwidth(), link.alltoall_latency()
+        if collective == "alltoall" and link.alltoall is not None:  # measured: it already holds the fabric
+            bandwidth, latency = link.alltoall.bandwidth_per_direction, link.alltoall.latency_s
         else:
-            bandwidth, latency = link.bandwidth_per_direction, link.latency_s
+            placement, per_link = self.placement(group), link.bandwidth_per_direction
+            bandwidth = (
+                topology.fast_bandwidth(self.profile, placement, per_link, collective)
+                if scope == "intra-node"
+                else topology.outer_bandwidth(self.profile, placement, per_link)
+            )
+            latency = link.latency_s
         return LinkBinding(link.name, scope, bandwidth, 0.0 if self.datasheet else latency)
+
+    def group_links(
+        self, order: str, sizes: dict[str, int], collectives: dict[str, Collective] | None = None
+    ) -> dict[str, LinkBinding]:
+        """The link each parallel group waits on when ranks are numbered by ``order`` (innermost first):
+        a group's members are as many ranks apart as the product of the degrees inside it."""
+        strides = topology.strides(order, sizes)
+        wanted = collectives or {}
+        return {
+            dim: self.placed(strides[dim]).link(size, wanted.get(dim, "p2p"))
+            for dim, size in sizes.items()
+            if dim in strides
+        }
+
+    def describe_groups(
+        self, order: str, sizes: dict[str, int], collectives: dict[str, Collective] | None = None
+    ) -> dict[str, object]:
+        """The topology, the rank order and where each group lies, as the step and recommend state them."""
+        strides = topology.strides(order, sizes)
+        links = self.group_links(order, sizes, collectives)
+        cp_per_domain = max(1, self.profile.ranks_per_node // strides.get("cp", 1))
+        return {
+            **topology.summary(self.profile),
+            "rank_order": order,
+            "cp_ring_leaves_fast_domain_at": topology.leaves_domain_at(cp_per_domain),
+            "groups": {
+                dim: {
+                    "size": sizes[dim],
+                    "stride": strides[dim],
+                    "scope": links[dim].scope,
+                    "link": links[dim].name,
+                    "bandwidth": links[dim].bandwidth,
+                }
+                for dim in links
+            },
+        }
 
     def link_arrays(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(B, α, crosses nodes) for every group size of an array: the vectorised :meth:`link` of sweeps."""

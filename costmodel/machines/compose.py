@@ -55,6 +55,19 @@ def parse_bandwidth(text: str, field: str) -> float:
     return per_second
 
 
+def parse_dims(text: str, field: str = "--torus-dims") -> list[int]:
+    """``4x4x8`` as [4, 4, 8]: one to three positive chip counts joined by x."""
+    parts = text.lower().replace(" ", "").split("x")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise InputError(
+            field, f"{text!r} is not a torus shape; give 1 to 3 chip counts joined by x, e.g. 4x4x8"
+        )
+    dims = [int(p) for p in parts]
+    if math.prod(dims) > 2**20:
+        raise InputError(field, f"{text!r} holds {math.prod(dims):,} chips, more than 1,048,576")
+    return dims
+
+
 def _gbytes(value: float) -> str:
     return f"{value / 1e9:g} GB/s"
 
@@ -67,6 +80,7 @@ def override(
     devices_per_node: int | None = None,
     cp_ranks_per_node: int | None = None,
     inter_latency: float | None = None,
+    torus_dims: str | None = None,
 ) -> HardwareProfile:
     """``profile`` with other links or placement; validated, and saying so in its description and notes.
 
@@ -107,6 +121,26 @@ def override(
             )
         data["links"]["inter_node"]["latency_s"] = inter_latency
         changes.append(f"inter-node latency {inter_latency:g} s")
+    torus = data.get("topology", {}).get("kind") == "torus"
+    if torus_dims is not None:
+        dims = parse_dims(torus_dims)
+        if not torus:
+            raise InputError(
+                "--torus-dims", f"profile {profile.name!r} is not a torus; use --devices-per-node"
+            )
+        if devices_per_node is not None and devices_per_node != math.prod(dims):
+            raise InputError(
+                "--devices-per-node",
+                f"{devices_per_node} is not the {math.prod(dims)} chips of --torus-dims {torus_dims}",
+            )
+        data["topology"]["dims"] = dims
+        devices_per_node = math.prod(dims)
+        changes.append(f"torus {'x'.join(map(str, dims))}")
+    elif torus and devices_per_node is not None:
+        raise InputError(
+            "--devices-per-node",
+            f"profile {profile.name!r} is a torus: give its slice's shape with --torus-dims (e.g. 4x4x8) instead",
+        )
     if devices_per_node is not None:
         if devices_per_node < 1:
             raise InputError("--devices-per-node", f"must be at least 1 (got {devices_per_node})")

@@ -8,6 +8,7 @@ ring's receive time needs one direction, so every file states both and the two m
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -268,6 +269,58 @@ class Kernels(_Strict):
     notes: str = Field(default="", description="how the numbers were derived")
 
 
+TopologyKind = Literal["switch", "nvlink-domain", "mesh", "torus"]
+
+
+class Topology(_Strict):
+    """The network's shape (docs/hardware.md, "Topology"): what the fast domain is built as, and how a
+    device reaches the slower fabric beyond it. The fast domain's size is ``devices_per_node``.
+
+    ``switch``: every device has one port of ``links.intra_node`` into a non-blocking switch (an 8-GPU
+    NVSwitch node); ``nvlink-domain``: the same at rack scale (GB200 NVL72); ``mesh``: every device has
+    one link of ``links.intra_node`` to each peer (MI300X xGMI); ``torus``: ``dims`` chips wired to their
+    neighbours along each dimension by one link of ``links.intra_node`` each way (TPU ICI)."""
+
+    kind: TopologyKind = Field(description="switch, nvlink-domain, mesh or torus")
+    dims: list[Count(maximum=2**20)] | None = Field(
+        default=None, description="torus only: chips along each dimension; their product is devices_per_node"
+    )
+    wraparound: bool = Field(
+        default=True, description="torus only: the last chip of each dimension links back to the first"
+    )
+    wraparound_min: Count(maximum=2**20) = Field(
+        default=1,
+        description="torus only: the shortest dimension that closes its ring (v5p: 4, a cube's edge; v5e: 16)",
+    )
+    nics_per_device: Positive = Field(
+        default=1.0, description="NICs of links.inter_node each device drives at once (rail count per device)"
+    )
+    rail_optimized: bool = Field(
+        default=False,
+        description="NIC i of every node hangs off leaf switch i: traffic between devices of the same "
+        "local index stays on one leaf, any other crosses the spine",
+    )
+    spine_oversubscription: Positive = Field(
+        default=1.0, ge=1.0, description="leaf down-links / up-links; 1 for a non-blocking fat tree"
+    )
+    source: str | None = Field(default=None, description="where the shape comes from when not source.url")
+
+    @model_validator(mode="after")
+    def _shape(self) -> Self:
+        if self.kind == "torus" and not self.dims:
+            raise ValueError("a torus topology must give dims (chips along each dimension)")
+        if self.kind != "torus" and self.dims:
+            raise ValueError(f"dims describe a torus, not a {self.kind}")
+        return self
+
+
+class FallbackEfficiency(_Strict):
+    """The share of peak every kernel runs at when a profile has no published kernel tables."""
+
+    value: Positive = Field(le=1, description="achieved / peak FLOP/s, in (0, 1]")
+    source: str = Field(description="the published figure it is read from, or why it is assumed")
+
+
 class HardwareProfile(_Strict):
     """A hardware profile (hardware/*.yaml). SI units; link bandwidth per direction."""
 
@@ -286,12 +339,29 @@ class HardwareProfile(_Strict):
     kernels: Kernels | None = Field(
         default=None, description="published kernel efficiency tables (step model)"
     )
+    topology: Topology | None = Field(
+        default=None, description="the network's shape; default a switch of devices_per_node"
+    )
+    fallback_efficiency: FallbackEfficiency | None = Field(
+        default=None, description="share of peak kernels run at where no kernels: tables are given"
+    )
 
     @model_validator(mode="after")
     def _placement(self) -> Self:
         if self.ranks_per_node > self.devices_per_node:
             raise ValueError("cp_ranks_per_node cannot exceed devices_per_node")
+        dims = self.topology.dims if self.topology else None
+        if dims and math.prod(dims) != self.devices_per_node:
+            shape = "x".join(map(str, dims))
+            raise ValueError(
+                f"topology.dims {shape} hold {math.prod(dims)} chips, not devices_per_node {self.devices_per_node}"
+            )
         return self
+
+    @property
+    def shape(self) -> Topology:
+        """The topology, defaulting to a non-blocking switch of devices_per_node with one NIC per device."""
+        return self.topology or Topology(kind="switch")
 
     @property
     def ranks_per_node(self) -> int:

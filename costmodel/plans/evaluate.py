@@ -7,6 +7,7 @@ one scheme comparison; what is left is assembling the :class:`~costmodel.plans.s
 
 from __future__ import annotations
 
+from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluation, Evaluator, pass_ratio, plan_values
 from costmodel.plans.inputs import PlanInputs
@@ -72,6 +73,7 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         beta_peak=ev("beta", F=machine.peak_flops),
         devices_per_node=profile.devices_per_node,
         cp_ranks_per_node=machine.ranks_per_node,
+        topology=topology.describe(profile),
     )
     schemes = compare(inputs, machine)
     ring = _ring(ev, inputs, machine, schemes[0])

@@ -23,6 +23,7 @@ from pydantic import (
     Strict,
     ValidationError,
     computed_field,
+    field_validator,
     model_validator,
 )
 
@@ -231,6 +232,11 @@ class MachineOverrides(BaseModel):
         ge=1,
         le=MAX_DEVICES,
     )
+    torus_dims: str | None = flag(
+        None,
+        "A torus profile's slice shape, e.g. 4x4x8 (TPU v5p) or 4x8 (v5e): sets the fast domain to its chips.",
+        max_length=40,
+    )
 
 
 def machine_for(inputs: PlanInputs, overrides: MachineOverrides | None = None) -> Machine:
@@ -247,6 +253,7 @@ def machine_for(inputs: PlanInputs, overrides: MachineOverrides | None = None) -
             intra_bandwidth=o.intra_node_bandwidth,
             devices_per_node=o.devices_per_node,
             cp_ranks_per_node=o.cp_ranks_per_node,
+            torus_dims=o.torus_dims,
         )
     return Machine(profile, inputs.dtype, inputs.efficiency)
 
@@ -272,6 +279,11 @@ class TrainingSetup(BaseModel):
     )
     flash_attention: Flag = flag(True, "Flash attention: the score matrix is never stored for backward.")
     memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
+    rank_order: str = flag(
+        "tp-cp-dp-pp",
+        "How ranks are numbered, innermost first: the inner groups share the fast domain (Megatron: tp-cp-dp-pp).",
+        max_length=40,
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -280,6 +292,16 @@ class TrainingSetup(BaseModel):
                 "gpus", f"{self.gpus} GPUs do not split into TP x PP = {self.tp * self.pp} groups"
             )
         return self
+
+    @field_validator("rank_order")
+    @classmethod
+    def _order(cls, value: str) -> str:
+        from costmodel.machines.topology import parse_order
+
+        try:
+            return "-".join(parse_order(value))
+        except InputError as exc:
+            raise ValueError(exc.message) from None
 
     @property
     def sp(self) -> bool:

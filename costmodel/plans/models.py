@@ -49,8 +49,14 @@ class ModelPreset(BaseModel):
     context_length: Width | None = Field(
         None, description="longest context the model serves, tokens; inference refuses longer requests"
     )
-    experts: Width | None = Field(None, description="routed MoE experts per layer; recorded, not yet used")
+    experts: Width | None = Field(
+        None,
+        description="routed MoE experts per layer (ffn_hidden is then one expert's width); the step uses them",
+    )
     experts_per_token: Width | None = Field(None, description="experts each token is routed to")
+    shared_expert_ffn: Width | None = Field(
+        None, description="FFN width of the always-active shared expert(s) of an MoE layer (Qwen-MoE)"
+    )
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -64,6 +70,8 @@ class ModelPreset(BaseModel):
             raise ValueError("experts and experts_per_token come together")
         if self.experts and self.experts_per_token > self.experts:  # type: ignore[operator]
             raise ValueError(f"experts_per_token {self.experts_per_token} exceeds experts {self.experts}")
+        if self.shared_expert_ffn and not self.experts:
+            raise ValueError("shared_expert_ffn needs experts")
         return self
 
 
@@ -160,6 +168,7 @@ _MAPPED = {
     "text_config",
     "moe_intermediate_size",
     "sliding_window_size",
+    "shared_expert_intermediate_size",
 }
 # Keys that do not change what attention moves or the memory it holds.
 _IRRELEVANT = {
@@ -202,7 +211,6 @@ _IRRELEVANT = {
     "norm_topk_prob",
     "decoder_sparse_step",
     "mlp_only_layers",
-    "shared_expert_intermediate_size",
     "router_jitter_noise",
     "bos_token",
     "eos_token",
@@ -218,8 +226,9 @@ def from_hf_config(
     """A preset from a Hugging Face ``config.json`` (already parsed), and what it could not map.
 
     Head dimension is the config's ``head_dim`` when given (Qwen3 and Gemma set it apart from
-    ``hidden_size / heads``), else that quotient. Sliding windows and MoE counts are recorded in the preset
-    but not yet used by the cost model; they appear in the returned list so the caller can say so.
+    ``hidden_size / heads``), else that quotient. Sliding windows are recorded in the preset but not yet used
+    by the cost model; MoE counts are used by the step only; both appear in the returned list so the caller
+    can say so.
     Multi-head latent attention is refused rather than planned as if it were GQA."""
     if not isinstance(data, dict):
         raise InputError(
@@ -283,9 +292,13 @@ def from_hf_config(
             f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
             f"{window} keys; the plan treats every layer as global)"
         )
+    shared = data.get("shared_expert_intermediate_size") if experts else None
+    shared = need("shared_expert_intermediate_size") if shared else None
     if experts:
         notes.append(
-            f"MoE: {experts} experts, {top_k} per token (the MLP is sized as one expert, ffn_hidden={ffn})"
+            f"MoE: {experts} experts, {top_k} per token, ffn_hidden={ffn} each"
+            + (f", shared expert {shared}" if shared else "")
+            + " (step: --ep and --capacity-factor; the single-layer plan reads attention only)"
         )
     notes.extend(sorted(k for k in data if k not in _MAPPED | _IRRELEVANT and not k.startswith("_")))
     path = Path(origin)
@@ -307,6 +320,7 @@ def from_hf_config(
         "local_layers": local,
         "experts": experts,
         "experts_per_token": top_k,
+        "shared_expert_ffn": shared,
     }
     try:
         return ModelPreset.model_validate(fields), notes

@@ -35,6 +35,9 @@ class Hardware(_Section):
     beta_peak: float = Field(description="peak FLOP/s / B, FLOP/byte (β of [A-RingCost §4])")
     devices_per_node: int = Field(description="accelerators per node")
     cp_ranks_per_node: int = Field(description="consecutive CP ranks sharing a node")
+    topology: str = Field(
+        default="", description="the fast domain's shape and size, and how devices reach the fabric beyond it"
+    )
 
 
 class Memory(_Section):
@@ -303,6 +306,9 @@ class RecommendReport(_Section):
     inputs: PlanInputs
     setup: TrainingSetup
     hw: str
+    topology: str = Field(
+        default="", description="the fast domain's shape and size, and how devices reach the fabric beyond it"
+    )
     fit: Fit = Field(description="at the recommended N, else at N_min(memory), else at the largest N")
     recommendation: Recommendation
     candidates: list[RecommendCandidate]

@@ -26,24 +26,34 @@ import sympy
 
 from costmodel.symbolic.symbols import (
     B,
+    B_bis,
     B_cp,
     B_dp,
+    B_ep,
     B_hbm,
+    B_l,
+    B_nic,
     B_pp,
     B_tp,
+    C_f,
     D,
+    D_g,
+    E_p,
     F,
     F_attn,
     F_attn_bwd,
     F_ffn,
     F_gemm,
     F_peak,
+    F_sh,
     H,
     K_c,
+    L_t,
     M_dev,
     N,
     N_r,
     N_u,
+    P_g,
     S,
     S_kv,
     T_n,
@@ -59,14 +69,20 @@ from costmodel.symbolic.symbols import (
     g,
     h,
     k_copy,
+    k_E,
     k_opt,
+    l_h,
     m_mb,
     n_bkt,
+    n_E,
     n_kv,
     n_L,
+    n_l,
+    n_nic,
     o_cp,
     o_pp,
     o_tp,
+    o_x,
     p,
     p_acc,
     p_g,
@@ -85,6 +101,7 @@ from costmodel.symbolic.symbols import (
     t_launch,
     u_cp,
     v_pp,
+    w_t,
     z3,
     z_g,
     z_o,
@@ -1318,6 +1335,143 @@ define(
     "slower), every layer merges over CP and all-reduces over TP, and the stages hand the token on",
     "s",
     "[Roofline], [CP-Infer]",
+)
+
+# --- Topology: the links a group's collective waits on, from the network's shape ([Dally-Towles ch. 3], ----
+# [ScalingBook], [RailOnly]). A group's shape in the fast domain comes from costmodel.machines.topology.
+
+_group = "topology"
+define(
+    "ring_hop_bandwidth",
+    "B_hop",
+    l_h * B_l,
+    "bytes/s a ring hop moves one way: the links it sends over (a switch port, or one mesh or torus link)",
+    "B/s",
+    "[RingAttn §3]",
+)
+define(
+    "injection_bandwidth",
+    "B_inj",
+    n_l * B_l,
+    "bytes/s a device can receive at once over all its links of the fast domain",
+    "B/s",
+    "[Dally-Towles ch. 3]",
+)
+define(
+    "switch_bisection_bandwidth",
+    "B_bis_sw",
+    P_g * B_l / 2,
+    "bisection of a non-blocking switch: half the group sends to the other half at its full port rate",
+    "B/s",
+    "[Dally-Towles ch. 3]",
+)
+define(
+    "mesh_bisection_bandwidth",
+    "B_bis_mesh",
+    P_g**2 * B_l / 4,
+    "bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link",
+    "B/s",
+    "[Dally-Towles ch. 3]",
+)
+define(
+    "torus_bisection_bandwidth",
+    "B_bis_torus",
+    w_t * P_g / L_t * B_l,
+    "bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, "
+    "each twice with wraparound",
+    "B/s",
+    "[Dally-Towles ch. 3]",
+)
+define(
+    "alltoall_bandwidth",
+    "B_a2a",
+    sympy.Min(n_l * B_l, 4 * B_bis / P_g),
+    "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every "
+    "rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)",
+    "B/s",
+    "[Dally-Towles ch. 3], [ScalingBook]",
+)
+define(
+    "torus_allgather_bandwidth",
+    "B_ag_torus",
+    w_t * D_g * B_l,
+    "bytes/s each chip of a torus all-gather receives: a ring per dimension it spans, both ways round "
+    "with wraparound",
+    "B/s",
+    "[ScalingBook]",
+)
+define(
+    "inter_node_bandwidth",
+    "B_out",
+    n_nic * B_nic / o_x,
+    "bytes/s a device moves one way beyond the fast domain: its NICs, divided by the spine oversubscription "
+    "when the group's traffic leaves a rail",
+    "B/s",
+    "[RailOnly]",
+)
+
+# --- Mixture of experts: the MLP of an MoE layer, its all-to-all and its routing imbalance ([Switch §2.2], --
+# [GShard §2, §3]). The dense step formulas read F_ffn as the active width (k experts plus any shared one).
+
+_group = "moe"
+define(
+    "moe_active_ffn",
+    "F_act",
+    k_E * F_ffn + F_sh,
+    "FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert",
+    "elements",
+    "[Switch §2], [GShard §2]",
+)
+P_exp = define(
+    "moe_device_expert_params",
+    "P_exp",
+    n_L / pp * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
+    "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
+    "parameters",
+    "[GShard §2]",
+)
+T_route = define(
+    "moe_device_tokens",
+    "T_r",
+    b * S / (N * t),
+    "tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism",
+    "tokens",
+    "[Korthikanti22 §4.2.2]",
+)
+C_disp = define(
+    "moe_dispatch_bytes",
+    "C_ep",
+    T_route * k_E * H * p * (E_p - 1) / E_p,
+    "bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them "
+    "on other ranks (the combine returns as many)",
+    "B",
+    "[GShard §2]",
+)
+define(
+    "moe_alltoall_s",
+    "t_ep",
+    2 * C_disp / B_ep,
+    "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute",
+    "s",
+    "[GShard §2]",
+)
+define(
+    "moe_optimizer_s",
+    "t_opt_exp",
+    k_opt * P_exp * E_p / (D * B_hbm),
+    "optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p "
+    "ranks that hold the same experts, memory-bound",
+    "s",
+    "[ZeRO §5], [GShard §2]",
+)
+define(
+    "moe_imbalance_s",
+    "t_imb",
+    (C_f - 1) * 2 * (2 + g) * k_E * T_route * H * F_ffn / F_gemm,
+    "forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, "
+    "as a capacity-bound expert computes its full capacity",
+    "s",
+    "[Switch §2.2]",
 )
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))

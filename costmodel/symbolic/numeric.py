@@ -662,6 +662,81 @@ def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alp
     return numpy.select([numpy.equal(pp, 1),True], [(B_cp*B_tp*t*numpy.maximum(2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t), (H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*S_kv*b*d*n_L*p_kv*t*numpy.maximum(1, n_kv/t))/(B_hbm*t)) + n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_tp*t),(B_cp*B_pp*B_tp*pp*t*numpy.maximum(2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*S_kv*b*d*n_L*p_kv*t*numpy.maximum(1, n_kv/t))/(B_hbm*pp*t)) + B_cp*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + B_pp*n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_pp*B_tp*t)], default=numpy.nan)
 
 
+def ring_hop_bandwidth(*, B_l, l_h):
+    """B_hop = B_l*l_h: bytes/s a ring hop moves one way: the links it sends over (a switch port, or one mesh or torus link) [B/s] ([RingAttn §3])."""
+    return B_l*l_h
+
+
+def injection_bandwidth(*, B_l, n_l):
+    """B_inj = B_l*n_l: bytes/s a device can receive at once over all its links of the fast domain [B/s] ([Dally-Towles ch. 3])."""
+    return B_l*n_l
+
+
+def switch_bisection_bandwidth(*, B_l, P_g):
+    """B_bis_sw = B_l*P_g/2: bisection of a non-blocking switch: half the group sends to the other half at its full port rate [B/s] ([Dally-Towles ch. 3])."""
+    return (1/2)*B_l*P_g
+
+
+def mesh_bisection_bandwidth(*, B_l, P_g):
+    """B_bis_mesh = B_l*P_g**2/4: bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link [B/s] ([Dally-Towles ch. 3])."""
+    return (1/4)*B_l*P_g**2
+
+
+def torus_bisection_bandwidth(*, B_l, L_t, P_g, w_t):
+    """B_bis_torus = B_l*P_g*w_t/L_t: bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, each twice with wraparound [B/s] ([Dally-Towles ch. 3])."""
+    return B_l*P_g*w_t/L_t
+
+
+def alltoall_bandwidth(*, B_bis, B_l, P_g, n_l):
+    """B_a2a = Min(4*B_bis/P_g, B_l*n_l): bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it) [B/s] ([Dally-Towles ch. 3], [ScalingBook])."""
+    return numpy.minimum(B_l*n_l, 4*B_bis/P_g)
+
+
+def torus_allgather_bandwidth(*, B_l, D_g, w_t):
+    """B_ag_torus = B_l*D_g*w_t: bytes/s each chip of a torus all-gather receives: a ring per dimension it spans, both ways round with wraparound [B/s] ([ScalingBook])."""
+    return B_l*D_g*w_t
+
+
+def inter_node_bandwidth(*, B_nic, n_nic, o_x):
+    """B_out = B_nic*n_nic/o_x: bytes/s a device moves one way beyond the fast domain: its NICs, divided by the spine oversubscription when the group's traffic leaves a rail [B/s] ([RailOnly])."""
+    return B_nic*n_nic/o_x
+
+
+def moe_active_ffn(*, F_ffn, F_sh, k_E):
+    """F_act = F_ffn*k_E + F_sh: FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert [elements] ([Switch §2], [GShard §2])."""
+    return F_ffn*k_E + F_sh
+
+
+def moe_device_expert_params(*, E_p, F_ffn, H, g, n_E, n_L, pp, t):
+    """P_exp = H*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(E_p*pp*t): expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers [parameters] ([GShard §2])."""
+    return H*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(E_p*pp*t)
+
+
+def moe_device_tokens(*, N, S, b, t):
+    """T_r = S*b/(N*t): tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism [tokens] ([Korthikanti22 §4.2.2])."""
+    return S*b/(N*t)
+
+
+def moe_dispatch_bytes(*, E_p, H, N, S, b, k_E, p, t):
+    """C_ep = H*S*b*k_E*p*(E_p - 1)/(E_p*N*t): bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them on other ranks (the combine returns as many) [B] ([GShard §2])."""
+    return H*S*b*k_E*p*(E_p - 1)/(E_p*N*t)
+
+
+def moe_alltoall_s(*, B_ep, E_p, H, N, S, b, k_E, p, t):
+    """t_ep = 2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t): one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute [s] ([GShard §2])."""
+    return 2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t)
+
+
+def moe_optimizer_s(*, B_hbm, D, E_p, F_ffn, H, g, k_opt, n_E, n_L, pp, t):
+    """t_opt_exp = H*k_opt*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(B_hbm*D*pp*t): optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p ranks that hold the same experts, memory-bound [s] ([ZeRO §5], [GShard §2])."""
+    return H*k_opt*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(B_hbm*D*pp*t)
+
+
+def moe_imbalance_s(*, C_f, F_ffn, F_gemm, H, N, S, b, g, k_E, t):
+    """t_imb = 2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t): forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, as a capacity-bound expert computes its full capacity [s] ([Switch §2.2])."""
+    return 2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', '[A-RingCost §2]', 'memory'),
@@ -795,6 +870,21 @@ INFO = {
     'decode_merge_s': ('tau_merge', '(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))/(B_cp*t)', '({N} - 1)*({B_cp}*{alpha}*{t} + {b}*{h}*({d}*{p} + {p_acc}))/({B_cp}*{t})', 'all-gather of (O, LSE) for one layer: N-1 ring steps of alpha each, latency-bound at decode sizes', 's', '[CP-Infer], [A-SPDeep]', 'inference'),
     'decode_tp_s': ('tau_TP_decode', '4*(t - 1)*(B_tp*alpha_tp*t + H*b*p)/(B_tp*t)', '4*({t} - 1)*({B_tp}*{alpha_tp}*{t} + {H}*{b}*{p})/({B_tp}*{t})', "two ring all-reduces (attention and MLP outputs) of the new tokens' hidden states per layer, 2(t-1) steps each", 's', '[Megatron21 §3], [A-SPDeep]', 'inference'),
     'tpot_s': ('t_token', 'Piecewise(((B_cp*B_tp*t*Max((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*S_kv*b*d*n_L*p_kv*t*Max(1, n_kv/t))/(B_hbm*t), 2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t)) + n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_tp*t), Eq(pp, 1)), ((B_cp*B_pp*B_tp*pp*t*Max((H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*S_kv*b*d*n_L*p_kv*t*Max(1, n_kv/t))/(B_hbm*pp*t), 2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t)) + B_cp*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + B_pp*n_L*(4*B_cp*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_pp*B_tp*t), True))', 'Piecewise((({B_cp}*{B_tp}*{t}*Max(({H}*{p_w}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*{t}*Max(1, {n_kv}/{t}))/({B_hbm}*{t}), 2*{b}*({F_attn}*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{t})) + {n_L}*(4*{B_cp}*({t} - 1)*({B_tp}*{alpha_tp}*{t} + {H}*{b}*{p}) + {B_tp}*({N} - 1)*({B_cp}*{alpha}*{t} + {b}*{h}*({d}*{p} + {p_acc}))))/({B_cp}*{B_tp}*{t}), Eq({pp}, 1)), (({B_cp}*{B_pp}*{B_tp}*{pp}*{t}*Max(({H}*{p_w}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1)) + 2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*{t}*Max(1, {n_kv}/{t}))/({B_hbm}*{pp}*{t}), 2*{b}*({F_attn}*{H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1)) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{pp}*{t})) + {B_cp}*{B_tp}*{t}*({pp} - 1)*({B_pp}*{alpha} + {H}*{b}*{p}) + {B_pp}*{n_L}*(4*{B_cp}*({t} - 1)*({B_tp}*{alpha_tp}*{t} + {H}*{b}*{p}) + {B_tp}*({N} - 1)*({B_cp}*{alpha}*{t} + {b}*{h}*({d}*{p} + {p_acc}))))/({B_cp}*{B_pp}*{B_tp}*{t}), True))', 'time per output token: each stage in turn reads its weights and KV cache (or computes, when slower), every layer merges over CP and all-reduces over TP, and the stages hand the token on', 's', '[Roofline], [CP-Infer]', 'inference'),
+    'ring_hop_bandwidth': ('B_hop', 'B_l*l_h', '{B_l}*{l_h}', 'bytes/s a ring hop moves one way: the links it sends over (a switch port, or one mesh or torus link)', 'B/s', '[RingAttn §3]', 'topology'),
+    'injection_bandwidth': ('B_inj', 'B_l*n_l', '{B_l}*{n_l}', 'bytes/s a device can receive at once over all its links of the fast domain', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'switch_bisection_bandwidth': ('B_bis_sw', 'B_l*P_g/2', '{B_l}*{P_g}/2', 'bisection of a non-blocking switch: half the group sends to the other half at its full port rate', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'mesh_bisection_bandwidth': ('B_bis_mesh', 'B_l*P_g**2/4', '{B_l}*{P_g}**2/4', 'bisection of a full mesh: every one of (P_g/2)² pairs across the cut has its own link', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'torus_bisection_bandwidth': ('B_bis_torus', 'B_l*P_g*w_t/L_t', '{B_l}*{P_g}*{w_t}/{L_t}', 'bisection of a torus block: the cut across its longest dimension crosses P_g/L_t rings, each twice with wraparound', 'B/s', '[Dally-Towles ch. 3]', 'topology'),
+    'alltoall_bandwidth': ('B_a2a', 'Min(4*B_bis/P_g, B_l*n_l)', 'Min(4*{B_bis}/{P_g}, {B_l}*{n_l})', "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)", 'B/s', '[Dally-Towles ch. 3], [ScalingBook]', 'topology'),
+    'torus_allgather_bandwidth': ('B_ag_torus', 'B_l*D_g*w_t', '{B_l}*{D_g}*{w_t}', 'bytes/s each chip of a torus all-gather receives: a ring per dimension it spans, both ways round with wraparound', 'B/s', '[ScalingBook]', 'topology'),
+    'inter_node_bandwidth': ('B_out', 'B_nic*n_nic/o_x', '{B_nic}*{n_nic}/{o_x}', "bytes/s a device moves one way beyond the fast domain: its NICs, divided by the spine oversubscription when the group's traffic leaves a rail", 'B/s', '[RailOnly]', 'topology'),
+    'moe_active_ffn': ('F_act', 'F_ffn*k_E + F_sh', '{F_ffn}*{k_E} + {F_sh}', 'FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert', 'elements', '[Switch §2], [GShard §2]', 'moe'),
+    'moe_device_expert_params': ('P_exp', 'H*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(E_p*pp*t)', '{H}*{n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))/({E_p}*{pp}*{t})', "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers", 'parameters', '[GShard §2]', 'moe'),
+    'moe_device_tokens': ('T_r', 'S*b/(N*t)', '{S}*{b}/({N}*{t})', 'tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism', 'tokens', '[Korthikanti22 §4.2.2]', 'moe'),
+    'moe_dispatch_bytes': ('C_ep', 'H*S*b*k_E*p*(E_p - 1)/(E_p*N*t)', '{H}*{S}*{b}*{k_E}*{p}*({E_p} - 1)/({E_p}*{N}*{t})', "bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them on other ranks (the combine returns as many)", 'B', '[GShard §2]', 'moe'),
+    'moe_alltoall_s': ('t_ep', '2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t)', '2*{H}*{S}*{b}*{k_E}*{p}*({E_p} - 1)/({B_ep}*{E_p}*{N}*{t})', "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute", 's', '[GShard §2]', 'moe'),
+    'moe_optimizer_s': ('t_opt_exp', 'H*k_opt*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(B_hbm*D*pp*t)', '{H}*{k_opt}*{n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))/({B_hbm}*{D}*{pp}*{t})', "optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p ranks that hold the same experts, memory-bound", 's', '[ZeRO §5], [GShard §2]', 'moe'),
+    'moe_imbalance_s': ('t_imb', '2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)', '2*{F_ffn}*{H}*{S}*{b}*{k_E}*({C_f} - 1)*({g} + 2)/({F_gemm}*{N}*{t})', 'forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, as a capacity-bound expert computes its full capacity', 's', '[Switch §2.2]', 'moe'),
 }
 
 ARGS = {
@@ -929,6 +1019,21 @@ ARGS = {
     'decode_merge_s': ('B_cp', 'N', 'alpha', 'b', 'd', 'h', 'p', 'p_acc', 't'),
     'decode_tp_s': ('B_tp', 'H', 'alpha_tp', 'b', 'p', 't'),
     'tpot_s': ('B_cp', 'B_hbm', 'B_pp', 'B_tp', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S_kv', 'V', 'alpha', 'alpha_tp', 'b', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'p_acc', 'p_kv', 'p_w', 'pp', 't'),
+    'ring_hop_bandwidth': ('B_l', 'l_h'),
+    'injection_bandwidth': ('B_l', 'n_l'),
+    'switch_bisection_bandwidth': ('B_l', 'P_g'),
+    'mesh_bisection_bandwidth': ('B_l', 'P_g'),
+    'torus_bisection_bandwidth': ('B_l', 'L_t', 'P_g', 'w_t'),
+    'alltoall_bandwidth': ('B_bis', 'B_l', 'P_g', 'n_l'),
+    'torus_allgather_bandwidth': ('B_l', 'D_g', 'w_t'),
+    'inter_node_bandwidth': ('B_nic', 'n_nic', 'o_x'),
+    'moe_active_ffn': ('F_ffn', 'F_sh', 'k_E'),
+    'moe_device_expert_params': ('E_p', 'F_ffn', 'H', 'g', 'n_E', 'n_L', 'pp', 't'),
+    'moe_device_tokens': ('N', 'S', 'b', 't'),
+    'moe_dispatch_bytes': ('E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 't'),
+    'moe_alltoall_s': ('B_ep', 'E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 't'),
+    'moe_optimizer_s': ('B_hbm', 'D', 'E_p', 'F_ffn', 'H', 'g', 'k_opt', 'n_E', 'n_L', 'pp', 't'),
+    'moe_imbalance_s': ('C_f', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'g', 'k_E', 't'),
 }
 
 # symbol: (meaning, unit, source)
@@ -997,4 +1102,21 @@ SYMBOLS = {
     'p_w': ('bytes per weight element (bf16: 2, fp8: 1)', 'B', '[CP-Infer]'),
     'p_kv': ('bytes per KV-cache element (bf16: 2, fp8: 1)', 'B', '[CP-Infer]'),
     'alpha_tp': ('latency of one step of a TP collective (per message)', 's', '[A-SPDeep]'),
+    'B_l': ('per-direction bandwidth of one link of the fast domain: a switch port, one mesh or torus link', 'B/s', 'hardware profile'),
+    'n_l': ('links a device drives at once: 1 into a switch, P_g - 1 in a full mesh, 2 per torus dimension', 'links', 'hardware profile'),
+    'l_h': ('links one ring hop sends over (a one-way ring: 1)', 'links', '[RingAttn §3]'),
+    'P_g': ('ranks of one communication group', 'devices', '[Dally-Towles ch. 3]'),
+    'B_bis': ('bisection bandwidth of the group: bytes/s one way across the worst cut into two halves', 'B/s', '[Dally-Towles ch. 3]'),
+    'w_t': ('links a torus ring has across a cut: 2 with wraparound, 1 on a line', 'links', '[ScalingBook]'),
+    'L_t': ("chips along the group's longest torus dimension", 'devices', '[Dally-Towles ch. 3]'),
+    'D_g': ('torus dimensions the group spans', '1', '[ScalingBook]'),
+    'B_nic': ('per-direction bandwidth of one NIC of the inter-node fabric', 'B/s', 'hardware profile'),
+    'n_nic': ('NICs a device drives at once', 'NICs', 'hardware profile'),
+    'o_x': ("spine oversubscription the group's inter-node traffic meets (1 when it stays on one rail's leaf)", '1', '[RailOnly]'),
+    'n_E': ('routed experts per MoE layer', 'experts', '[Switch §2]'),
+    'k_E': ('experts each token is routed to (top-k)', 'experts', '[GShard §2]'),
+    'F_sh': ('FFN width of the always-active shared expert(s), 0 without', 'elements', '[Qwen-MoE]'),
+    'E_p': ('expert-parallel degree: ranks the experts are split over', 'devices', '[GShard §2]'),
+    'C_f': ('capacity factor: tokens an expert may take, as a multiple of the mean; the most loaded expert rank computes C_f x the mean', '1', '[Switch §2.2]'),
+    'B_ep': ('bytes/s each rank of the EP all-to-all receives', 'B/s', 'hardware profile'),
 }

@@ -247,3 +247,69 @@ p_kv = _symbol("p_kv", "bytes per KV-cache element (bf16: 2, fp8: 1)", "B", INFE
 alpha_tp = _symbol(
     "alpha_tp", "latency of one step of a TP collective (per message)", "s", "[A-SPDeep]", nonnegative=True
 )
+# Topology of the fast domain and the fabric beyond it (docs/hardware.md, "Topology").
+B_l = _symbol(
+    "B_l",
+    "per-direction bandwidth of one link of the fast domain: a switch port, one mesh or torus link",
+    "B/s",
+    "hardware profile",
+)
+n_l = _symbol(
+    "n_l",
+    "links a device drives at once: 1 into a switch, P_g - 1 in a full mesh, 2 per torus dimension",
+    "links",
+    "hardware profile",
+    integer=True,
+)
+l_h = _symbol(
+    "l_h", "links one ring hop sends over (a one-way ring: 1)", "links", "[RingAttn §3]", integer=True
+)
+P_g = _symbol("P_g", "ranks of one communication group", "devices", "[Dally-Towles ch. 3]", integer=True)
+B_bis = _symbol(
+    "B_bis",
+    "bisection bandwidth of the group: bytes/s one way across the worst cut into two halves",
+    "B/s",
+    "[Dally-Towles ch. 3]",
+)
+w_t = _symbol(
+    "w_t",
+    "links a torus ring has across a cut: 2 with wraparound, 1 on a line",
+    "links",
+    "[ScalingBook]",
+    integer=True,
+)
+L_t = _symbol(
+    "L_t", "chips along the group's longest torus dimension", "devices", "[Dally-Towles ch. 3]", integer=True
+)
+D_g = _symbol("D_g", "torus dimensions the group spans", "1", "[ScalingBook]", integer=True)
+B_nic = _symbol(
+    "B_nic", "per-direction bandwidth of one NIC of the inter-node fabric", "B/s", "hardware profile"
+)
+n_nic = _symbol("n_nic", "NICs a device drives at once", "NICs", "hardware profile")
+o_x = _symbol(
+    "o_x",
+    "spine oversubscription the group's inter-node traffic meets (1 when it stays on one rail's leaf)",
+    "1",
+    "[RailOnly]",
+)
+
+# Mixture of experts ([Switch §2.2], [GShard §2]).
+n_E = _symbol("n_E", "routed experts per MoE layer", "experts", "[Switch §2]", integer=True)
+k_E = _symbol("k_E", "experts each token is routed to (top-k)", "experts", "[GShard §2]", integer=True)
+F_sh = _symbol(
+    "F_sh",
+    "FFN width of the always-active shared expert(s), 0 without",
+    "elements",
+    "[Qwen-MoE]",
+    nonnegative=True,
+)
+E_p = _symbol(
+    "E_p", "expert-parallel degree: ranks the experts are split over", "devices", "[GShard §2]", integer=True
+)
+C_f = _symbol(
+    "C_f",
+    "capacity factor: tokens an expert may take, as a multiple of the mean; the most loaded expert rank computes C_f x the mean",
+    "1",
+    "[Switch §2.2]",
+)
+B_ep = _symbol("B_ep", "bytes/s each rank of the EP all-to-all receives", "B/s", "hardware profile")

@@ -17,6 +17,7 @@ from typing import Any
 
 from costmodel.core.errors import InputError
 from costmodel.core.units import si
+from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluator, plan_values
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
@@ -167,7 +168,13 @@ def recommend(
         )
         fit = fit_at(evaluators[n_min or candidates[-1]])
     return RecommendReport(
-        inputs=inputs, setup=setup, hw=machine.name, fit=fit, recommendation=recommendation, candidates=rows
+        inputs=inputs,
+        setup=setup,
+        hw=machine.name,
+        topology=topology.describe(machine.profile),
+        fit=fit,
+        recommendation=recommendation,
+        candidates=rows,
     )
 
 

@@ -304,12 +304,12 @@ def evaluate_table(
     v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"])
     v["B_pp"] = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"])
     v["n_bkt"] = buckets(v, step)
-    breakdown = {name: np.zeros(len(table)) for name in step_breakdown(base, "ring")}
+    breakdown = {name: np.zeros(len(table)) for name in step_breakdown(base, "ring", model)}
     for p, (scheme, _) in enumerate(table.pairs):
         rows = c["pair"] == p
         if rows.any():
             part = step_breakdown(
-                {k: a[rows] if isinstance(a, np.ndarray) else a for k, a in v.items()}, scheme
+                {k: a[rows] if isinstance(a, np.ndarray) else a for k, a in v.items()}, scheme, model
             )
             for name, value in part.items():
                 breakdown[name][rows] = value

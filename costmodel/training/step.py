@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
+from costmodel.machines.topology import strides
 from costmodel.plans.inputs import (
     MAX_HEADS,
     TRAINING_DEFAULTS,
@@ -39,6 +40,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.symbolic import numeric
+from costmodel.training import moe
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
 
@@ -86,6 +88,19 @@ class StepSetup(BaseModel):
     )
     grad_bytes: Count = flag(
         4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1, le=8
+    )
+    ep: Count = flag(
+        1,
+        "Expert-parallel degree of an MoE model: ranks its experts are split over, out of DP.",
+        unit="devices",
+        ge=1,
+        le=MAX_HEADS,
+    )
+    capacity_factor: Number = flag(
+        1.25,
+        "MoE capacity factor: the most loaded expert rank computes this x the mean tokens (Switch: 1.25).",
+        ge=1,
+        le=16,
     )
 
 
@@ -171,6 +186,7 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
         )
     if step.vpp > 1 and setup.pp == 1:
         raise InputError("--vpp", "interleaving needs --pp > 1")
+    moe.check(model, step.ep, dp)
     if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
         raise InputError(
             "--cp-scheme",
@@ -179,9 +195,30 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
     return dp, micro
 
 
-def _bandwidth(machine: Machine, stride: int, size: int, collective: str = "p2p") -> float:
-    """B of the link a group of ``size`` ranks ``stride`` apart waits on (TP innermost, then CP, DP, PP)."""
-    return machine.placed(stride).link(size, collective).bandwidth  # type: ignore[arg-type]
+def _groups(setup: TrainingSetup, step: StepSetup, n: int, dp: int) -> tuple[str, dict[str, int]]:
+    """The rank order and every group's size (EP split out of DP for an MoE model)."""
+    sizes = {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp}
+    return moe.order_and_sizes(setup.rank_order, sizes, step.ep)
+
+
+def _collectives(step: StepSetup) -> dict[str, Any]:
+    """The collective CP waits on (all-to-all for Ulysses, all-gather for Llama 3's scheme, else ring sends),
+    and EP's all-to-all."""
+    return {
+        "cp": {"ulysses": "alltoall", "allgather": "allgather"}.get(step.cp_scheme, "p2p"),
+        "ep": "alltoall",
+    }
+
+
+def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int, dp: int) -> dict[str, Any]:
+    """The link of every group, its members placed by ``--rank-order`` (:meth:`Machine.group_links`); the
+    dense gradients of an MoE model reduce over EP x DP, from EP's stride."""
+    order, sizes = _groups(setup, step, n, dp)
+    links = machine.group_links(order, sizes, _collectives(step))
+    if "ep" in sizes:
+        placed = strides(order, sizes)
+        links["dp"] = machine.placed(min(placed["ep"], placed["dp"])).link(dp)
+    return links
 
 
 def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
@@ -272,11 +309,8 @@ def bind(
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
-        # Megatron's rank order: TP innermost, then CP, DP, PP; each group on the link its span needs.
-        "B_tp": _bandwidth(machine, 1, t),
-        "B_cp": _bandwidth(machine, t, n, "alltoall" if scheme == "ulysses" else "p2p"),
-        "B_dp": _bandwidth(machine, t * n, dp),
-        "B_pp": _bandwidth(machine, t * n * dp, setup.pp),
+        # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
+        **{f"B_{dim}": link.bandwidth for dim, link in _group_links(setup, step, machine, n, dp).items()},
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
         "o_tp": step.tp_overlap,
@@ -288,6 +322,9 @@ def bind(
         "N_u": n_u,
         "N_r": n_r,
     }
+    values.setdefault("B_ep", values["B_dp"])
+    values.update(moe.values(model, step.ep, step.capacity_factor, values["B_ep"]))
+    values["F_ffn"] = moe.active_ffn(model)
     values["n_bkt"] = int(buckets(values, step))
     values.update(_rates(inputs, setup, step, model, machine, n_r))
     return values
@@ -323,7 +360,7 @@ def _cp_exposed(scheme: str, values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return tuple(numpy.where(cp, part, 0.0) for part in (fwd, bwd, ring))  # type: ignore[return-value]
 
 
-def step_breakdown(values: Mapping[str, Any], scheme: str) -> dict[str, Any]:
+def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> dict[str, Any]:
     """Seconds per component of one step, summing to the step, from the bound symbols (:func:`bind`):
     numbers, or numpy arrays over many plans of one CP scheme at once (the layout search)."""
     v = values
@@ -336,8 +373,10 @@ def step_breakdown(values: Mapping[str, Any], scheme: str) -> dict[str, Any]:
     cp_fwd, cp_bwd, ring_x = _cp_exposed(scheme, v)
     cp = cp_fwd + cp_bwd + full * cp_fwd
     ring = (2 + full) * ring_x
+    ep_a2a, imbalance = moe.per_layer(v, model.ffn_hidden)
+    ep_a2a, imbalance = (2 + full) * ep_a2a, (3 + full) * imbalance
     head = _call("head_s", v)
-    layer = gemm + attention + elementwise + recompute + tp + cp + ring
+    layer = gemm + attention + elementwise + recompute + tp + cp + ring + ep_a2a + imbalance
     micro_batch_s = stage_layers * layer + head
     backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
     dp = _call("dp_exposed_s", v) + numpy.maximum(0.0, _call("dp_overflow_s", v) - backward_s)
@@ -353,11 +392,13 @@ def step_breakdown(values: Mapping[str, Any], scheme: str) -> dict[str, Any]:
         "exposed TP comm": per * tp,
         "exposed CP comm": per * cp,
         "CP ring overheads (merge, copies, launches)": per * ring,
+        "exposed EP all-to-all (MoE)": per * ep_a2a,
+        "MoE routing imbalance": per * imbalance,
         "pipeline bubble": (v["pp"] - 1) / v["v_pp"] * micro_batch_s,
         "exposed PP sends": numpy.where(numpy.asarray(v["pp"]) > 1, _call("pp_exposed_s", v), 0.0),
         "exposed DP comm": dp,
         "exposed ZeRO-3 gathers": zero3,
-        "optimizer step": _call("optimizer_s", v),
+        "optimizer step": moe.optimizer_s(v, model),
     }
 
 
@@ -373,7 +414,7 @@ def evaluate_step(
     model = load_model(inputs.model)
     v = bind(inputs, setup, step, model, machine)
     m = v["m_mb"]
-    breakdown = {name: float(value) for name, value in step_breakdown(v, step.cp_scheme).items()}
+    breakdown = {name: float(value) for name, value in step_breakdown(v, step.cp_scheme, model).items()}
     time_s = sum(breakdown.values())
     tokens = _call("step_tokens", v)
     peak = machine.peak_flops * setup.gpus
@@ -387,15 +428,18 @@ def evaluate_step(
         "efficiency": inputs.efficiency,
         "layout": inputs.layout,
         "cp": inputs.n,
-        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute"}),
+        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "rank_order"}),
         **step.model_dump(),
     }
     return {
         "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
+        "topology": machine.describe_groups(*_groups(setup, step, inputs.n, v["D"]), _collectives(step)),
+        "moe": moe.summary(model, v, machine, *_groups(setup, step, inputs.n, v["D"])),
         "rates": {
             "gemm_flops_per_s": v["F_gemm"],
             "attention_fwd_flops_per_s": v["F_attn"],
             "attention_bwd_flops_per_s": v["F_attn_bwd"],
+            "source": machine.rate_source,
         },
         "step": {
             "time_s": time_s,

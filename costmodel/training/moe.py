@@ -1,0 +1,114 @@
+"""Mixture-of-experts layers in the training step: active FLOP, the EP all-to-all, the routing imbalance.
+
+An MoE model's MLP is ``experts`` FFNs of ``ffn_hidden`` each (plus any shared expert), of which every
+token runs ``experts_per_token``. The step's dense formulas then read the active width (formula
+``moe_active_ffn``); this module adds what the dense layer does not have, each a formula of the "moe"
+group: the dispatch and combine all-to-alls over the expert-parallel group (``moe_alltoall_s``), and
+the time the most loaded expert rank computes beyond the balanced share at a stated capacity factor
+(``moe_imbalance_s``) — routing imbalance on top of the causal imbalance CP already balances.
+
+Expert parallelism is carved out of data parallelism, as in Megatron-LM: EP ranks hold different
+experts and the same dense weights. In the rank order EP sits inside DP (``tp-cp-ep-dp-pp`` unless
+``--rank-order`` places ``ep`` elsewhere), so on a fast domain it competes with CP for the NVLink or
+xGMI ranks: CP x EP ranks beyond the domain put one of the two on the slower fabric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from costmodel.core.errors import InputError
+from costmodel.machines.binding import Machine
+from costmodel.plans.models import ModelPreset
+from costmodel.symbolic import numeric
+
+
+def check(model: ModelPreset, ep: int, dp: int) -> None:
+    """One line naming --ep for an EP degree the model or the layout cannot take."""
+    if ep == 1:
+        return
+    if not model.experts:
+        raise InputError("--ep", f"{ep} needs an MoE model; {model.name} has no experts")
+    if model.experts % ep:
+        raise InputError("--ep", f"{ep} must divide the model's {model.experts} experts")
+    if dp % ep:
+        raise InputError("--ep", f"{ep} must divide the data-parallel degree {dp} (EP is carved out of DP)")
+
+
+def order_and_sizes(order: str, sizes: dict[str, int], ep: int) -> tuple[str, dict[str, int]]:
+    """The rank order and group sizes with EP split out of DP (inside it, next to CP, unless placed)."""
+    if ep == 1:
+        return order, sizes
+    dims = order.split("-")
+    if "ep" not in dims:
+        dims.insert(dims.index("dp"), "ep")
+    return "-".join(dims), {**sizes, "ep": ep, "dp": sizes["dp"] // ep}
+
+
+def values(model: ModelPreset, ep: int, capacity_factor: float, b_ep: float) -> dict[str, Any]:
+    """The "moe" group's symbols; a dense model gets one expert of its FFN, no EP, no imbalance."""
+    return {
+        "n_E": model.experts or 1,
+        "k_E": model.experts_per_token or 1,
+        "F_sh": model.shared_expert_ffn or 0,
+        "E_p": ep,
+        "C_f": capacity_factor if model.experts else 1.0,
+        "B_ep": b_ep,
+    }
+
+
+def active_ffn(model: ModelPreset) -> float:
+    """The FFN width a token computes through (``moe_active_ffn``); the dense width for a dense model."""
+    if not model.experts:
+        return model.ffn_hidden
+    return float(
+        numeric.moe_active_ffn(
+            k_E=model.experts_per_token, F_ffn=model.ffn_hidden, F_sh=model.shared_expert_ffn or 0
+        )
+    )
+
+
+def _call(name: str, v: Mapping[str, Any]) -> Any:
+    """A formula at ``v``: a number, or an array over plans when any value is one (the layout search)."""
+    return getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]})
+
+
+def per_layer(v: Mapping[str, Any], expert_ffn: int) -> tuple[Any, Any]:
+    """(all-to-all, imbalance) seconds of one MoE layer's forward on one micro-batch; 0 for a dense model."""
+    if v["n_E"] == 1:
+        return 0.0, 0.0
+    moe = {**v, "F_ffn": expert_ffn}
+    a2a = _call("moe_alltoall_s", moe) if v["E_p"] > 1 else 0.0
+    return a2a, _call("moe_imbalance_s", moe)
+
+
+def optimizer_s(v: Mapping[str, Any], model: ModelPreset) -> Any:
+    """The optimizer step: the dense formula for a dense model; for an MoE model its non-expert weights (and
+    any shared expert) sharded over DP, plus its experts sharded over the D/E_p ranks holding the same ones."""
+    if not model.experts:
+        return _call("optimizer_s", v)
+    dense = _call("optimizer_s", {**v, "F_ffn": model.shared_expert_ffn or 0})
+    return dense + _call("moe_optimizer_s", {**v, "F_ffn": model.ffn_hidden})
+
+
+def summary(
+    model: ModelPreset, v: dict[str, Any], machine: Machine, order: str, sizes: dict[str, int]
+) -> dict:
+    """What the step states about the MoE layers: routing, EP placement and the expert weights a device holds."""
+    if not model.experts:
+        return {}
+    params = _call("moe_device_expert_params", {**v, "F_ffn": model.ffn_hidden})
+    link = machine.group_links(order, sizes, {"ep": "alltoall"}).get("ep")
+    return {
+        "experts": model.experts,
+        "experts_per_token": model.experts_per_token,
+        "shared_expert_ffn": model.shared_expert_ffn,
+        "ep": v["E_p"],
+        "capacity_factor": v["C_f"],
+        "active_ffn": active_ffn(model),
+        "expert_params_per_device": params,
+        "expert_weight_bytes_per_device": params * v["p"],
+        "ep_scope": link.scope if link and v["E_p"] > 1 else "none",
+        "ep_bandwidth": link.bandwidth if link and v["E_p"] > 1 else None,
+    }
