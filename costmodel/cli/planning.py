@@ -164,11 +164,23 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
         f"recompute {s.recompute}",
     )
     window = f"[{rec.n_min_memory or '-'}, {rec.n_max_comm or '-'}]"
+    label = "use"
+    if report.search and report.search.get("pick"):  # the whole job's answer first; the CP window is at TP/PP as stated
+        head.add_row(
+            "use",
+            Text(
+                f"TP {rec.tp} · CP {rec.cp} ({rec.cp_scheme}, {rec.layout}) · PP {rec.pp} · DP {rec.dp} · "
+                f"recompute {rec.recompute}: the fastest plan that fits (layout search below)",
+                style="bold green",
+            ),
+        )
+        label = f"at TP {s.tp}·PP {s.pp}"
     if rec.n_recommended:
-        scheme = describe_scheme(rec.scheme, rec.layout, rec.n_recommended, rec.n_ulysses)
-        head.add_row("use", Text(f"N = {rec.n_recommended}, {scheme}, DP = {rec.dp}", style="bold green"))
+        scheme = describe_scheme(rec.scheme, i.layout, rec.n_recommended, rec.n_ulysses)
+        dp = next(c.dp for c in report.candidates if c.n == rec.n_recommended)
+        head.add_row(label, Text(f"N = {rec.n_recommended}, {scheme}, DP = {dp}", style="bold green"))
     else:
-        head.add_row("use", Text("no CP degree works", style="bold red"))
+        head.add_row(label, Text("no CP degree works", style="bold red"))
     if rec.n_min_memory_real is None:
         fits = "the model states alone do not fit"
     elif rec.n_min_memory_real <= 1:
