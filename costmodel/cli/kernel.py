@@ -335,6 +335,7 @@ def calibrate(
     if target.suffix not in {".yaml", ".yml"}:
         raise InputError("--out", f"{out}: the profile is YAML; name it .yaml or .yml")
     check_writable(target, "--out")  # now, not after minutes of measuring
+    load_before = _load()  # before our ranks start: what else runs on this machine
     try:
         results = launch(measure, nproc, args=(config,), timeout_s=timeout, device=BACKENDS[backend])
     except LaunchError as exc:
@@ -343,9 +344,22 @@ def calibrate(
     raw = results.get(0)
     if raw is None:  # a torchrun rank other than 0: rank 0 writes the profile
         return
+    import os
+
+    raw["meta"] |= {"load_before": load_before, "load_after": _load(), "cpus": os.cpu_count()}
     profile = build_profile(raw, name or target.stem, shape)
     atomic_write_text(target, profile_yaml(profile), "--out")
     _print_calibration(profile, target)
+
+
+def _load() -> float | None:
+    """The 1-minute load average, where the system has one."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile
@@ -366,7 +380,34 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
             f"  {scope} point-to-point: alpha {seconds(fit.latency_s)}, {si(fit.bandwidth, 'B/s', 3)} "
             f"(R² {fit.r2:.3f}); all-to-all: alpha {seconds(a2a.latency_s)}, {si(a2a.bandwidth, 'B/s', 3)} "
             f"(R² {a2a.r2:.3f})"
+            + (
+                f", past {si(a2a.knee_bytes, 'B', 3)} +1 s per {si(a2a.bandwidth_beyond_knee, 'B', 3)}"
+                if a2a.knee_bytes
+                else ""
+            )
         )
+    console.print("  fitted quantities ± half the interquartile range over resampled repeats:")
+    for key, fit in cal.fits.items():
+        value = (
+            seconds(fit.value)
+            if fit.unit == "s"
+            else si(fit.value, fit.unit, 3)
+            if fit.unit != "1"
+            else f"{fit.value:.2f}"
+        )
+        console.print(
+            f"    {key:<40} {value:>12} ± {fit.relative:.0%}" if fit.value else f"    {key:<40} {value:>12}"
+        )
+    quality = cal.quality
+    if quality is not None and not quality.trusted:
+        console.print(
+            f"[red]warning: {target} is too noisy to trust[/] (written, and marked so in the file):"
+        )
+        for reason in quality.reasons:
+            console.print(f"  - {reason}")
+        console.print("  calibrate again on a quiet machine, or with more --repeats.")
+    elif quality is not None:
+        console.print(f"  fits steady: link R² ≥ {quality.r2_min}, spreads ≤ {quality.spread_max:.0%}")
 
 
 def validate(
@@ -417,7 +458,7 @@ def validate(
         "kv_heads": cal.kv_heads,
         "head_dim": cal.head_dim,
     }
-    cases = grid(critical_tokens(profile, world))
+    cases = grid(critical_tokens(profile, world), fitted_tokens=cal.layer_tokens)
     try:
         results = launch(
             measure_cases, nproc, args=(cases, shape, repeats, 1), timeout_s=timeout, device=BACKENDS[backend]

@@ -359,14 +359,19 @@ def render_validation(report: dict, console: Console) -> None:
         title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
         f"L* = {report['critical_shard_tokens']:,.0f} tokens",
     )
-    for name in ("kernel", "mask", "L/rank", "L/L*", "pass", "measured", "model", "error", "sheet"):
+    uncertain = any("uncertainty" in r for r in report["rows"])
+    names = ("kernel", "mask", "L/rank", "L/L*", "pass", "measured", "model", "±", "error", "sheet")
+    for name in names if uncertain else tuple(n for n in names if n != "±"):
         table.add_column(
             name, justify="left" if name in {"kernel", "mask", "pass"} else "right", no_wrap=True
         )
     short = {"contiguous": "contig", "striped": "striped", "zigzag": "zigzag"}
-    for r in report["rows"]:
+    rows = sorted(report["rows"], key=lambda r: not r.get("held_out", True))  # held out first
+    for index, r in enumerate(rows):
+        if index and rows[index - 1].get("held_out", True) and not r.get("held_out", True):
+            table.add_section()
         kernel = "Ulysses" if r["variant"] == "ulysses" else f"ring {short[r['layout']]}"
-        table.add_row(
+        cells = [
             kernel,
             "causal" if r["causal"] else "full",
             str(r["tokens_per_rank"]),
@@ -374,16 +379,36 @@ def render_validation(report: dict, console: Console) -> None:
             r["pass"],
             seconds(r["measured_s"]),
             seconds(r["predicted_s"]),
+            *([f"{r['uncertainty']:.0%}"] if uncertain else []),
             f"{r['error']:+.1%}",
             f"{r['datasheet_error']:+.0%}",
-        )
+        ]
+        table.add_row(*cells)
     console.print(table)
     verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
     console.print("sheet: error of the datasheet-style model (peak FLOP/s, no α, balanced)", style="dim")
+    if uncertain:
+        console.print(
+            "±: the model's uncertainty from the profile's spreads; below the line: the shapes calibrate "
+            "fitted fixed costs on",
+            style="dim",
+        )
     console.print(
-        f"median |error| {report['median_abs_error']:.1%} ({verdict} {report['max_median_error']:.0%}), "
-        f"max {report['max_abs_error']:.1%}"
+        f"held-out median |error| {report['median_abs_error']:.1%} ({verdict} "
+        f"{report['max_median_error']:.0%}), max {report['max_abs_error']:.1%}"
+        + (f"; {report['held_out_rows']} rows" if "held_out_rows" in report else "")
     )
+    if report.get("fitted_rows"):
+        console.print(
+            f"fitted shapes: median |error| {report['fitted_median_abs_error']:.1%}, "
+            f"max {report['fitted_max_abs_error']:.1%}; {report['fitted_rows']} rows; "
+            f"{report['within_uncertainty']:.0%} of all rows within their ±"
+        )
+    quality = report.get("quality")
+    if quality and not quality["trusted"]:
+        console.print("[red]this profile was flagged as too noisy to trust:[/]")
+        for reason in quality["reasons"]:
+            console.print(f"  - {reason}")
     console.print(
         f"datasheet-style: median {report['datasheet_median_abs_error']:.1%}, "
         f"{report['datasheet_over_calibrated']:.1f}x the error"

@@ -26,11 +26,14 @@ import sympy
 
 from costmodel.symbolic.symbols import (
     B,
+    B_bk_b,
+    B_bk_f,
     B_cp,
     B_dp,
     B_hbm,
     B_pp,
     B_tp,
+    B_x,
     D,
     F,
     F_attn,
@@ -45,6 +48,7 @@ from costmodel.symbolic.symbols import (
     N_u,
     S,
     V,
+    X_k,
     alpha,
     b,
     c,
@@ -1093,6 +1097,50 @@ define(
     "tokens per optimizer step (global batch)",
     "tokens",
     "[Megatron21 §5.1]",
+)
+
+# --- Calibrated terms ([A-RingCost §11]): what a measured profile adds, each measured by calibrate. ----
+_group = "calibration"
+m_u = define(
+    "ulysses_exchange_recv_bytes",
+    "m_U",
+    C_u / 4,
+    "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)",
+    "B",
+    "[A-RingCost §4.2]",
+)
+tau_ux = define(
+    "alltoall_excess_s",
+    "tau_Ux",
+    4 * sympy.Max(0, m_u - X_k) / B_x,
+    "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta "
+    "(added to tau_U on a measured profile)",
+    "s",
+    "[A-RingCost §11]",
+)
+qkvo_bytes = define(
+    "shard_qkvo_bytes",
+    "C_qkvo",
+    b * L * (2 * h + 2 * n_kv) * d * p,
+    "Q, K, V and O of one rank's share of a layer (its shard of every head, or all tokens of h/N heads)",
+    "B",
+    "[A-RingCost §1]",
+)
+define(
+    "fwd_bookkeeping_s",
+    "t_bk_f",
+    qkvo_bytes / B_bk_f,
+    "forward time of a layer beyond its block kernels: accumulators allocated, K and V stacked, output cast",
+    "s",
+    "[A-RingCost §11]",
+)
+define(
+    "bwd_bookkeeping_s",
+    "t_bk_b",
+    qkvo_bytes / B_bk_b,
+    "backward time of a layer beyond its block kernels: gradient buffers zeroed, summed and cast, autograd",
+    "s",
+    "[A-RingCost §11]",
 )
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))

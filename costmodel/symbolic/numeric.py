@@ -542,6 +542,31 @@ def step_tokens(*, D, S, b, m_mb):
     return D*S*b*m_mb
 
 
+def ulysses_exchange_recv_bytes(*, N, S, b, d, h, n_kv, p):
+    """m_U = S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2): bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA) [B] ([A-RingCost §4.2])."""
+    return (1/2)*S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv))/N**2
+
+
+def alltoall_excess_s(*, B_x, N, S, X_k, b, d, h, n_kv, p):
+    """tau_Ux = 4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x: extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile) [s] ([A-RingCost §11])."""
+    return 4*numpy.maximum(0, (1/2)*(-2*N**2*X_k + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/N**2)/B_x
+
+
+def shard_qkvo_bytes(*, N, S, b, d, h, n_kv, p):
+    """C_qkvo = 2*S*b*d*p*(h + n_kv)/N: Q, K, V and O of one rank's share of a layer (its shard of every head, or all tokens of h/N heads) [B] ([A-RingCost §1])."""
+    return 2*S*b*d*p*(h + n_kv)/N
+
+
+def fwd_bookkeeping_s(*, B_bk_f, N, S, b, d, h, n_kv, p):
+    """t_bk_f = 2*S*b*d*p*(h + n_kv)/(B_bk_f*N): forward time of a layer beyond its block kernels: accumulators allocated, K and V stacked, output cast [s] ([A-RingCost §11])."""
+    return 2*S*b*d*p*(h + n_kv)/(B_bk_f*N)
+
+
+def bwd_bookkeeping_s(*, B_bk_b, N, S, b, d, h, n_kv, p):
+    """t_bk_b = 2*S*b*d*p*(h + n_kv)/(B_bk_b*N): backward time of a layer beyond its block kernels: gradient buffers zeroed, summed and cast, autograd [s] ([A-RingCost §11])."""
+    return 2*S*b*d*p*(h + n_kv)/(B_bk_b*N)
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', '[A-RingCost §2]', 'memory'),
@@ -651,6 +676,11 @@ INFO = {
     'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', 'model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence', 'FLOP', '[PaLM] appendix B', 'step'),
     'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
+    'ulysses_exchange_recv_bytes': ('m_U', 'S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2)', '{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/(2*{N}**2)', "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)", 'B', '[A-RingCost §4.2]', 'calibration'),
+    'alltoall_excess_s': ('tau_Ux', '4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x', '4*Max(0, (-2*{N}**2*{X_k} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{N}**2))/{B_x}', "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile)", 's', '[A-RingCost §11]', 'calibration'),
+    'shard_qkvo_bytes': ('C_qkvo', '2*S*b*d*p*(h + n_kv)/N', '2*{S}*{b}*{d}*{p}*({h} + {n_kv})/{N}', "Q, K, V and O of one rank's share of a layer (its shard of every head, or all tokens of h/N heads)", 'B', '[A-RingCost §1]', 'calibration'),
+    'fwd_bookkeeping_s': ('t_bk_f', '2*S*b*d*p*(h + n_kv)/(B_bk_f*N)', '2*{S}*{b}*{d}*{p}*({h} + {n_kv})/({B_bk_f}*{N})', 'forward time of a layer beyond its block kernels: accumulators allocated, K and V stacked, output cast', 's', '[A-RingCost §11]', 'calibration'),
+    'bwd_bookkeeping_s': ('t_bk_b', '2*S*b*d*p*(h + n_kv)/(B_bk_b*N)', '2*{S}*{b}*{d}*{p}*({h} + {n_kv})/({B_bk_b}*{N})', 'backward time of a layer beyond its block kernels: gradient buffers zeroed, summed and cast, autograd', 's', '[A-RingCost §11]', 'calibration'),
 }
 
 ARGS = {
@@ -761,6 +791,11 @@ ARGS = {
     'model_flops_per_token_causal': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
     'hardware_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'g', 'h', 'n_L', 'n_kv', 'rc_full', 'rc_sel'),
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
+    'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
+    'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
+    'shard_qkvo_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
+    'fwd_bookkeeping_s': ('B_bk_f', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
+    'bwd_bookkeeping_s': ('B_bk_b', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
 }
 
 # symbol: (meaning, unit, source)
@@ -823,4 +858,8 @@ SYMBOLS = {
     's_comm': ('slowdown of compute that runs beside a communication kernel (SMs it takes)', '1', 'kernel tables'),
     't_launch': ('fixed cost of one ring step outside the kernels (launches, stream waits)', 's', 'kernel tables'),
     'k_copy': ('query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)', '1', '[ring-flash-attn]'),
+    'X_k': ("all-to-all knee: bytes a rank receives per exchange beyond which the kernel's copies cost extra", 'B', '[A-RingCost §11]'),
+    'B_x': ('all-to-all rate of the extra cost beyond the knee (copies into fresh memory)', 'B/s', '[A-RingCost §11]'),
+    'B_bk_f': ("forward bookkeeping rate: bytes of a rank's Q, K, V, O per second of the allocation, stacking and casting a layer's forward does beyond its block kernels", 'B/s', '[A-RingCost §11]'),
+    'B_bk_b': ('backward bookkeeping rate: the same for the backward (gradient buffers zeroed, summed, cast; autograd)', 'B/s', '[A-RingCost §11]'),
 }

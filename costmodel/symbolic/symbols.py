@@ -221,3 +221,30 @@ k_copy = _symbol(
     "[ring-flash-attn]",
     nonnegative=True,
 )
+
+# Measured by `cp-plan calibrate` on the target machine (docs/calibration.md, [A-RingCost §11]).
+X_k = _symbol(
+    "X_k",
+    "all-to-all knee: bytes a rank receives per exchange beyond which the kernel's copies cost extra",
+    "B",
+    "[A-RingCost §11]",
+)
+B_x = _symbol(
+    "B_x",
+    "all-to-all rate of the extra cost beyond the knee (copies into fresh memory)",
+    "B/s",
+    "[A-RingCost §11]",
+)
+B_bk_f = _symbol(
+    "B_bk_f",
+    "forward bookkeeping rate: bytes of a rank's Q, K, V, O per second of the allocation, stacking and "
+    "casting a layer's forward does beyond its block kernels",
+    "B/s",
+    "[A-RingCost §11]",
+)
+B_bk_b = _symbol(
+    "B_bk_b",
+    "backward bookkeeping rate: the same for the backward (gradient buffers zeroed, summed, cast; autograd)",
+    "B/s",
+    "[A-RingCost §11]",
+)
