@@ -109,6 +109,7 @@ def compare(
                     "pass": pass_,
                     "held_out": not getattr(case, "fitted", False),
                     "measured_s": seconds,
+                    "measured_spread": times.get(f"{pass_} spread"),
                     "predicted_s": model,
                     "uncertainty_s": uncertainty,
                     "uncertainty": uncertainty / model,
@@ -124,6 +125,7 @@ def compare(
     datasheet_errors = [abs(r["datasheet_error"]) for r in held_out]
     median, sheet = statistics.median(errors), statistics.median(datasheet_errors)
     quality = profile.calibration.quality  # type: ignore[union-attr]
+    spreads = [r["measured_spread"] for r in rows if r["measured_spread"] is not None]
     return {
         "schema": SCHEMA,
         "hw": profile.name,
@@ -143,4 +145,5 @@ def compare(
         "max_median_error": max_median_error,
         "passed": median <= max_median_error,
         "quality": quality.model_dump(mode="json") if quality is not None else None,
+        "measured_spread": statistics.median(spreads) if spreads else None,  # IQR / median, median row
     }

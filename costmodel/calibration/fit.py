@@ -101,8 +101,10 @@ def fit_knee_link(samples: list[dict[str, Any]], received_fraction: float = 1.0)
 
 
 def fit_bookkeeping(points: list[dict[str, Any]], phase: str) -> LinkFit | None:
-    """A one-rank layer's time beyond its block kernels against its Q, K, V, O bytes (unweighted least
-    squares: the small differences are the noisy ones). None when it does not grow with the bytes."""
+    """A one-rank layer's time beyond its block kernels, the forward's against its Q, K, V, O bytes and
+    the backward's against its FLOP (unweighted least squares: the small differences are the noisy
+    ones). The intercept is a fixed cost, left to the layer overheads; the rate is the slope's inverse.
+    None when the excess does not grow."""
     rows = []
     for p in points:
         m = {what: float(np.median(values)) for what, values in p["samples"].items()}
@@ -111,7 +113,10 @@ def fit_bookkeeping(points: list[dict[str, Any]], phase: str) -> LinkFit | None:
             if phase == "forward"
             else m["local fwd+bwd"] - m["local fwd"] - m["block bwd"]
         )
-        rows.append({"bytes": p["bytes"], "seconds": max(beyond, 1e-7), "spread": 0.0})
+        size = p["bytes"] if phase == "forward" else p.get("backward_flops")
+        if size is None:
+            return None
+        rows.append({"bytes": size, "seconds": max(beyond, 1e-7), "spread": 0.0})
     if len(rows) < 2:
         return None
     fit = fit_link(rows, weighted=False)
@@ -359,7 +364,10 @@ def _fit_paths(cal: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], str]]:
     paths["step overhead"] = (("step_overhead_s",), "s")
     paths["sync overhead"] = (("sync_overhead_s",), "s")
     for phase in cal.get("bookkeeping", {}):
-        paths[f"bookkeeping {phase} B"] = (("bookkeeping", phase, "bandwidth"), "B/s")
+        paths[f"bookkeeping {phase} rate"] = (
+            ("bookkeeping", phase, "bandwidth"),
+            "B/s" if phase == "forward" else "FLOP/s",
+        )
     for key in cal.get("layer_overhead_s", {}):
         paths[f"layer {key}"] = (("layer_overhead_s", key), "s")
     return paths

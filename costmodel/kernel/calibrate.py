@@ -157,9 +157,7 @@ def _measure_compute(
             )
             positions = np.arange(tokens)
             plan = plan_block(MaskRule(causal), positions, positions)
-            forward_flops = plan.visible_pairs * (
-                config.pair_flops or 4 * config.batch * config.heads * config.head_dim
-            )
+            forward_flops = plan.visible_pairs * _pair_flops(config)
             runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(
                 q, k, v, dout, plan
             )
@@ -368,8 +366,9 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
 
 def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progress) -> list[dict]:
     """A whole one-rank layer (the local attention Ulysses runs, allocations and autograd included)
-    against the block kernels it calls, timed alike: what a layer does beyond its kernels grows with
-    the bytes of its Q, K, V, O, and this measures how fast. Every rank runs it at once."""
+    against the block kernels it calls, timed alike, at a few sizes: what a layer does beyond its
+    kernels, for the forward against the bytes of its Q, K, V, O and for the backward against its
+    FLOP (there the excess grows with the work). Every rank runs it at once."""
     from costmodel.kernel.ring import local_attention
 
     torch_dtype = getattr(torch, _torch_name(config.dtype))
@@ -403,7 +402,10 @@ def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progres
             (tokens, "local fwd"): local_fwd,
             (tokens, "local fwd+bwd"): local_fwd_bwd,
         }
-        sizes[tokens] = (q.numel() * 2 + k.numel() + v.numel()) * torch_dtype.itemsize
+        sizes[tokens] = (
+            (q.numel() * 2 + k.numel() + v.numel()) * torch_dtype.itemsize,
+            config.backward_flop_factor * plan.visible_pairs * _pair_flops(config),
+        )
     samples = sample_times(
         runs,
         ctx.device,
@@ -461,6 +463,10 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
         "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
     }
     return raw
+
+
+def _pair_flops(config: CalibrationConfig) -> float:
+    return config.pair_flops or 4 * config.batch * config.heads * config.head_dim
 
 
 def _torch_name(dtype: str) -> str:

@@ -96,5 +96,7 @@ def measure_cases(
         return None
     out: list[dict] = [{} for _ in cases]
     for (index, pass_), values in samples.items():
+        q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
         out[index][pass_] = statistics.median(values)
+        out[index][f"{pass_} spread"] = (q3 - q1) / median  # how much validate's own timing moved
     return out

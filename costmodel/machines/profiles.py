@@ -254,8 +254,9 @@ class Calibration(_Strict):
     )
     bookkeeping: dict[Literal["forward", "backward"], LinkFit] = Field(
         default_factory=dict,
-        description="a layer's time beyond its block kernels against the bytes of its Q, K, V, O "
-        "(alpha: fixed part, folded into the layer overhead; bandwidth: the bookkeeping rate)",
+        description="a one-rank layer's time beyond its block kernels: forward against the bytes of its "
+        "Q, K, V, O (bandwidth: B/s), backward against its FLOP (bandwidth: FLOP/s); the intercept is a "
+        "fixed cost the layer overheads already hold",
     )
     fits: dict[str, FitSpread] = Field(
         default_factory=dict,

@@ -26,7 +26,6 @@ import sympy
 
 from costmodel.symbolic.symbols import (
     B,
-    B_bk_b,
     B_bk_f,
     B_cp,
     B_dp,
@@ -41,6 +40,7 @@ from costmodel.symbolic.symbols import (
     F_ffn,
     F_gemm,
     F_peak,
+    F_x,
     H,
     M_dev,
     N,
@@ -48,6 +48,7 @@ from costmodel.symbolic.symbols import (
     N_u,
     S,
     V,
+    W_b,
     X_k,
     alpha,
     b,
@@ -1135,10 +1136,11 @@ define(
     "[A-RingCost §11]",
 )
 define(
-    "bwd_bookkeeping_s",
-    "t_bk_b",
-    qkvo_bytes / B_bk_b,
-    "backward time of a layer beyond its block kernels: gradient buffers zeroed, summed and cast, autograd",
+    "bwd_excess_s",
+    "t_x_b",
+    W_b / F_x,
+    "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: "
+    "a one-rank layer's backward against the block backward at the same size)",
     "s",
     "[A-RingCost §11]",
 )

@@ -242,9 +242,16 @@ B_bk_f = _symbol(
     "B/s",
     "[A-RingCost §11]",
 )
-B_bk_b = _symbol(
-    "B_bk_b",
-    "backward bookkeeping rate: the same for the backward (gradient buffers zeroed, summed, cast; autograd)",
-    "B/s",
+F_x = _symbol(
+    "F_x",
+    "rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the "
+    "backward as the layer runs it under autograd, against the block backward calibrate times)",
+    "FLOP/s",
     "[A-RingCost §11]",
+)
+W_b = _symbol(
+    "W_b",
+    "backward FLOP of the busiest rank's layer: its visible pairs x 4·b·h·d x 2.5",
+    "FLOP",
+    "[FA2 §3.1]",
 )
