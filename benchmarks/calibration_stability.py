@@ -4,7 +4,8 @@ For each run it prints the held-out median and max |error| (shapes calibrate nev
 the shapes calibrate fitted on, how many rows fall within their predicted uncertainty, the machine's
 load, and calibrate's own verdict on its fits. Then the drift of every fitted quantity from profile 1
 to profile 2, beside the spread each profile claimed for it: a drift much larger than the claimed
-spreads means the spreads under-state the noise. Goal (docs/calibration.md): on a quiet machine both
+spreads means the spreads under-state the noise. And, per run, the held-out error with each calibrated
+term taken out in turn (same timings, no new measurement): a term earns its place where it lowers it. Goal (docs/calibration.md): on a quiet machine both
 runs give median <= 10 % and max <= 25 %; on a busy one calibrate flags its profile.
 
 Both commands run as subprocesses, exactly as a user runs them; profiles and JSON reports are kept in
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,6 +114,61 @@ def drift(first: dict, second: dict) -> list[dict]:
     return sorted(rows, key=lambda row: -abs(row["drift"]))
 
 
+TERMS = ("all-to-all knee", "forward bookkeeping", "backward excess", "fixed cost per kind")
+
+
+def without(profile_path: str, term: str):  # noqa: ANN201 - a HardwareProfile
+    """The profile with one calibrated term taken out (the all-to-all refitted as plain alpha-beta; the
+    layer kinds' fixed costs replaced by the contiguous, unmasked kind's, as one cost per variant)."""
+    from costmodel.calibration.fit import fit_link
+    from costmodel.machines.profiles import HardwareProfile, layer_key, load_profile
+
+    profile = load_profile(profile_path)
+    data = profile.model_dump(mode="json", exclude_none=True)
+    cal = data["calibration"]
+    if term == "all-to-all knee":
+        n = profile.source.nproc or 2
+        for scope, fit in cal["alltoall"].items():
+            points = [dict(s, bytes=s["bytes"] * n / (n - 1)) for s in fit["samples"]]  # held bytes again
+            cal["alltoall"][scope] = fit_link(points, (n - 1) / n).model_dump(mode="json", exclude_none=True)
+    elif term == "forward bookkeeping":
+        cal.get("bookkeeping", {}).pop("forward", None)
+    elif term == "backward excess":
+        cal.get("bookkeeping", {}).pop("backward", None)
+    elif term == "fixed cost per kind":
+        fixed = cal["layer_overhead_s"]
+        cal["layer_overhead_s"] = {
+            f"{variant} {pass_}": fixed.get(layer_key(variant, "contiguous", False, pass_), 0.0)
+            for variant in ("ring", "ulysses")
+            for pass_ in ("fwd", "fwd+bwd")
+        }
+    return HardwareProfile.model_validate(data)
+
+
+def ablation(run: dict) -> dict[str, tuple[float, float]]:
+    """Held-out (median, max) |error| of this run's measured times with every term, and with each one out:
+    a term earns its place where taking it out raises the error on shapes it was not fitted on."""
+    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
+    from costmodel.machines.profiles import load_profile
+    from costmodel.plans.timing import predict
+
+    report = run["report"]
+    rows = [r for r in report["rows"] if r.get("held_out", True)]
+    out = {}
+    for term in ("(none)", *TERMS):
+        profile = load_profile(run["profile"]) if term == "(none)" else without(run["profile"], term)
+        machine = calibrated_machine(profile)
+        errors = []
+        for r in rows:
+            inputs = calibrated_inputs(
+                profile, report["nproc"], r["tokens_per_rank"], r["causal"], r["layout"]
+            )
+            predicted = predict(inputs, machine, r["variant"], r["pass"] == "fwd+bwd").total_s
+            errors.append(abs(predicted / r["measured_s"] - 1))
+        out[term] = (statistics.median(errors), max(errors))
+    return out
+
+
 def _kernel(row: dict) -> str:
     mask = " causal" if row["causal"] else ""
     name = "ulysses" if row["variant"] == "ulysses" else f"ring {row['layout']}"
@@ -159,6 +216,12 @@ def main() -> None:
             print(f"      flagged: {reason}")
         for row in s["worst"]:
             print(f"      worst: {_kernel(row):<40} {row['error']:+.1%} (± {row.get('uncertainty', 0):.0%})")
+    print("\nEach calibrated term taken out in turn (held-out median / max |error| of the same timings):")
+    print(f"{'term taken out':<24}" + "".join(f"{'run ' + str(i):>17}" for i in range(1, len(runs) + 1)))
+    ablations = [ablation(run) for run in runs]
+    for term in ("(none)", *TERMS):
+        cells = "".join(f"{a[term][0]:>8.1%} /{a[term][1]:>7.1%}" for a in ablations)
+        print(f"{term:<24}{cells}")
     drifts = []
     if len(runs) >= 2:
         drifts = drift(runs[0], runs[1])
@@ -172,7 +235,9 @@ def main() -> None:
                 f"{row['spread1']:>8.1%} {row['spread2']:>8.1%}"
             )
     if args.json:
-        Path(args.json).write_text(json.dumps({"runs": summaries, "drift": drifts}, indent=2, default=str))
+        Path(args.json).write_text(
+            json.dumps({"runs": summaries, "drift": drifts, "ablation": ablations}, indent=2, default=str)
+        )
     print(f"\nprofiles and reports: {folder}")
 
 

@@ -347,7 +347,15 @@ def calibrate(
     import os
 
     raw["meta"] |= {"load_before": load_before, "load_after": _load(), "cpus": os.cpu_count()}
-    profile = build_profile(raw, name or target.stem, shape)
+    try:
+        profile = build_profile(raw, name or target.stem, shape)
+    except (ValueError, ArithmeticError) as exc:  # keep minutes of measurement for a later look
+        kept = target.with_suffix(".raw.json")
+        atomic_write_text(kept, json.dumps(raw, default=float), "--out")
+        typer.echo(
+            f"cp-plan: error: fitting failed, no profile written ({exc}); raw measurements: {kept}", err=True
+        )
+        raise typer.Exit(1) from None
     atomic_write_text(target, profile_yaml(profile), "--out")
     _print_calibration(profile, target)
 

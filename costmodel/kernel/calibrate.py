@@ -418,7 +418,8 @@ def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progres
     return [
         {
             "tokens": tokens,
-            "bytes": sizes[tokens],
+            "bytes": sizes[tokens][0],
+            "backward_flops": sizes[tokens][1],
             "samples": {what: samples[(tokens, what)] for what in whats},
         }
         for tokens in config.bookkeeping_tokens
