@@ -215,7 +215,9 @@ def test_calibrated_prediction_uses_the_measured_rates() -> None:
     rate = profile.calibration.curve(2, False).rate(work)
     kv_s = 1e-4 + 2 * 1024 * 8 * 64 * 4 / 2e9
     cal = profile.calibration
-    expected = work / rate + kv_s + cal.step_overhead_s + work / rate + cal.layer_overhead_s["ring contiguous fwd"]
+    expected = (
+        work / rate + kv_s + cal.step_overhead_s + work / rate + cal.layer_overhead_s["ring contiguous fwd"]
+    )
     machine = Machine(profile, "fp32")
     assert predict(inputs, machine).forward_s == pytest.approx(expected, rel=1e-9)
     assert math.isclose(

@@ -176,6 +176,11 @@ def test_numeric_twin_matches_exact_sympy(
         "s_comm": 0.12,
         "t_launch": 1e-5,
         "k_copy": 1,
+        "X_k": 2e6,
+        "B_x": bw / 3,
+        "B_bk_f": 2 * bw,
+        "F_x": 1.3 * flops,
+        "W_b": 2.5 * flops * 1e-3,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}
