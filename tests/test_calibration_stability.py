@@ -215,3 +215,17 @@ def test_validate_reports_uncertainty_and_keeps_the_verdict_on_held_out_rows() -
     assert report["passed"] and report["held_out_rows"] == sum(len(c.passes) for c in held_out)
     assert all(r["uncertainty_s"] > 0 for r in report["rows"])
     assert report["quality"]["trusted"] is False  # 20 % noise on every sample
+
+
+def test_a_machine_that_changed_speed_is_flagged() -> None:
+    """Resampling sees the noise within a run; the same compute and exchange timed at the start and at
+    the end see a job that started in between."""
+    raw = with_samples(raw_measurements(), noise=0.01)
+    raw["sentinel"] = {
+        "start": {"compute": 1e-3, "exchange": 5e-4},
+        "end": {"compute": 1.4e-3, "exchange": 5.2e-4},
+    }
+    quality = build_profile(raw, "box", SHAPE).calibration.quality
+    assert quality.reasons == [
+        "the machine changed speed while calibrating: the same compute took +40% longer at the end than at the start"
+    ]

@@ -37,6 +37,7 @@ from costmodel.machines.profiles import (
 R2_MIN = 0.95  # a link fit explaining less than this of its times is not alpha-beta: too noisy to trust
 SPREAD_MAX = 0.15  # relative spread of a link's alpha or B, or of the median compute point, to trust
 FIXED_SPREAD_MAX = 0.10  # a fixed cost's spread, against the tiny layer it was measured on
+DRIFT_MAX = 0.15  # the same compute or exchange timed at the start and the end may differ by this
 REPLICAS = 40  # resampled refits behind every spread
 
 
@@ -408,7 +409,9 @@ def with_compute_scaled(profile: HardwareProfile, sign: float = 1.0) -> Hardware
 def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
     """Trusted unless a link fit's R² is under :data:`R2_MIN`, a link's alpha or B or the median compute
     point moves by more than :data:`SPREAD_MAX` over resampled repeats, a fixed cost moves by more than
-    :data:`FIXED_SPREAD_MAX` of the tiny layer it was measured on, or the machine was busy before."""
+    :data:`FIXED_SPREAD_MAX` of the tiny layer it was measured on, the same compute or exchange took
+    more than :data:`DRIFT_MAX` longer or shorter at the end than at the start, or the machine was busy
+    before. Resampling sees the noise within a run; the last two see a machine that changed under it."""
     reasons = []
     for kind, fits in (("point-to-point", cal.p2p), ("all-to-all", cal.alltoall)):
         for scope, fit in fits.items():
@@ -433,6 +436,15 @@ def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
                 reasons.append(
                     f"{key} moves ±{fit.spread * 1e3:.2f} ms, > {FIXED_SPREAD_MAX:.0%} of its "
                     f"{scale * 1e3:.2f} ms layer"
+                )
+    sentinel = raw.get("sentinel")
+    if sentinel:
+        for what, start in sentinel["start"].items():
+            change = sentinel["end"][what] / start - 1
+            if abs(change) > DRIFT_MAX:
+                reasons.append(
+                    f"the machine changed speed while calibrating: the same {what} took {change:+.0%} "
+                    "longer at the end than at the start"
                 )
     meta = raw["meta"]
     cpus, before = meta.get("cpus"), meta.get("load_before")

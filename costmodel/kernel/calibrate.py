@@ -426,6 +426,31 @@ def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progres
     ]
 
 
+def _measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
+    """A block's compute and a ring exchange, timed alike at the start and at the end of a calibration:
+    a machine that changed speed in between (a job started or ended) shows as their ratio."""
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    tokens = config.overlap_tokens[-1]
+    q, k, v, dout = random_qkv(
+        config.batch, config.heads, config.kv_heads, tokens, config.head_dim, torch_dtype, ctx.device
+    )
+    plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
+    comm = RingComm(None)
+    kv = torch.stack((k, v))
+    recv = torch.empty_like(kv)
+
+    def exchange() -> None:
+        comm.send_recv(kv, recv)
+        comm.commit()
+        comm.wait()
+
+    runs = {"compute": _ring_step(q, k, v, dout, plan)[0], "exchange": exchange}
+    samples = sample_times(
+        runs, ctx.device, repeats=config.repeats, warmup=config.warmup, min_total_s=TOTAL_S / 2
+    )
+    return {name: float(np.median(values)) for name, values in samples.items()}
+
+
 def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     """Run on every rank (collective). Rank 0 returns the raw measurements; the others return None."""
     world_size = dist.get_world_size()
@@ -437,6 +462,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     progress = _Progress(config.progress and ctx.rank == 0, total)
     raw: dict[str, Any] = {"compute": [], "links": {}}
     try:
+        sentinel = {"start": _measure_sentinel(ctx, config)}
         for level in levels:
             group = dist.new_group(list(range(level)))  # every rank takes part in creating it
             if ctx.rank < level:
@@ -450,6 +476,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
         raw["overlap"] = _measure_overlap(ctx, config, progress)
         raw["layers"] = _measure_layers(ctx, config, progress)
         raw["bookkeeping"] = _measure_bookkeeping(ctx, config, progress)
+        raw["sentinel"] = sentinel | {"end": _measure_sentinel(ctx, config)}
     finally:
         progress.close()
     if ctx.rank != 0:
