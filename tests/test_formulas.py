@@ -178,7 +178,6 @@ def test_numeric_twin_matches_exact_sympy(
         "k_copy": 1,
         "X_k": 2e6,
         "B_x": bw / 3,
-        "B_bk_f": 2 * bw,
         "F_x": 1.3 * flops,
         "W_b": 2.5 * flops * 1e-3,
     }

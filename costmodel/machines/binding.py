@@ -224,8 +224,8 @@ class Machine:
         return forward, both - forward
 
     def bookkeeping_rate(self, phase: str) -> float:
-        """What a layer does beyond its kernels, as a rate: forward B_bk_f (bytes of Q, K, V, O per
-        second), backward F_x (backward FLOP per second); infinite (no cost) where not measured."""
+        """What a layer does beyond its kernels, as a rate: backward F_x (backward FLOP per second);
+        infinite (no cost) where not measured."""
         if not self.calibrated:
             return float("inf")
         fit = self.profile.calibration.bookkeeping.get(phase)  # type: ignore[union-attr]

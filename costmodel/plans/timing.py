@@ -13,8 +13,8 @@ heads, none of it overlapped; backward the same exchanges in reverse around the 
 With a measured profile (one with ``calibration``) the rates, α and B are the measured ones, transfers
 hide as much as was measured, and the measured fixed costs are added: per waited transfer in the ring,
 per collective after compute in Ulysses, per layer of each kind; a layer's bookkeeping beyond its
-kernels (forward: per byte of its Q, K, V, O; backward: per FLOP of its work) and the all-to-all's
-excess past its knee are added at their measured rates. Without, transfers hide fully and each kernel call
+kernels (the backward's, per FLOP of its work) and the all-to-all's excess past its knee are added at
+their measured rates. Without, transfers hide fully and each kernel call
 runs at the profile's published rate for its shape (L queries against the keys the block holds, causal
 when masked: :func:`costmodel.machines.kernels.attention_rate`), or at peak x ``--efficiency`` when given
 or when the profile has no tables; a machine asked as a datasheet (``Machine.as_datasheet``) is the
@@ -102,12 +102,10 @@ def layer_fixed_s(
     backward: bool,
     values: dict[str, Any] | None = None,
 ) -> tuple[float, float]:
-    """(forward, backward) seconds a measured layer adds beyond its steps: the kind's fixed cost, the
-    forward's bookkeeping per byte of Q, K, V, O, and the backward's excess per FLOP of its work; (0, 0)
-    on a datasheet or a profile that measured none of them."""
+    """(forward, backward) seconds a measured layer adds beyond its steps: the kind's fixed cost and the
+    backward's excess per FLOP of its work; (0, 0) on a datasheet or a profile that measured neither."""
     values = values if values is not None else plan_values(inputs, machine)
     forward, backward_extra = machine.layer_overhead(variant, backward, inputs.layout, inputs.causal)
-    forward += _call("fwd_bookkeeping_s", {**values, "B_bk_f": machine.bookkeeping_rate("forward")})
     rate = machine.bookkeeping_rate("backward")
     if backward and rate < float("inf"):
         work = {**values, "W_b": _backward_flops(inputs, machine, variant, values), "F_x": rate}

@@ -26,7 +26,6 @@ import sympy
 
 from costmodel.symbolic.symbols import (
     B,
-    B_bk_f,
     B_cp,
     B_dp,
     B_hbm,
@@ -1116,22 +1115,6 @@ tau_ux = define(
     4 * sympy.Max(0, m_u - X_k) / B_x,
     "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta "
     "(added to tau_U on a measured profile)",
-    "s",
-    "[A-RingCost §11]",
-)
-qkvo_bytes = define(
-    "shard_qkvo_bytes",
-    "C_qkvo",
-    b * L * (2 * h + 2 * n_kv) * d * p,
-    "Q, K, V and O of one rank's share of a layer (its shard of every head, or all tokens of h/N heads)",
-    "B",
-    "[A-RingCost §1]",
-)
-define(
-    "fwd_bookkeeping_s",
-    "t_bk_f",
-    qkvo_bytes / B_bk_f,
-    "forward time of a layer beyond its block kernels: accumulators allocated, K and V stacked, output cast",
     "s",
     "[A-RingCost §11]",
 )

@@ -552,16 +552,6 @@ def alltoall_excess_s(*, B_x, N, S, X_k, b, d, h, n_kv, p):
     return 4*numpy.maximum(0, (1/2)*(-2*N**2*X_k + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/N**2)/B_x
 
 
-def shard_qkvo_bytes(*, N, S, b, d, h, n_kv, p):
-    """C_qkvo = 2*S*b*d*p*(h + n_kv)/N: Q, K, V and O of one rank's share of a layer (its shard of every head, or all tokens of h/N heads) [B] ([A-RingCost §1])."""
-    return 2*S*b*d*p*(h + n_kv)/N
-
-
-def fwd_bookkeeping_s(*, B_bk_f, N, S, b, d, h, n_kv, p):
-    """t_bk_f = 2*S*b*d*p*(h + n_kv)/(B_bk_f*N): forward time of a layer beyond its block kernels: accumulators allocated, K and V stacked, output cast [s] ([A-RingCost §11])."""
-    return 2*S*b*d*p*(h + n_kv)/(B_bk_f*N)
-
-
 def bwd_excess_s(*, F_x, W_b):
     """t_x_b = W_b/F_x: backward time of a layer beyond its block kernels, which grows with the backward's work (measured: a one-rank layer's backward against the block backward at the same size) [s] ([A-RingCost §11])."""
     return W_b/F_x
@@ -678,8 +668,6 @@ INFO = {
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
     'ulysses_exchange_recv_bytes': ('m_U', 'S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2)', '{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/(2*{N}**2)', "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)", 'B', '[A-RingCost §4.2]', 'calibration'),
     'alltoall_excess_s': ('tau_Ux', '4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x', '4*Max(0, (-2*{N}**2*{X_k} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{N}**2))/{B_x}', "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile)", 's', '[A-RingCost §11]', 'calibration'),
-    'shard_qkvo_bytes': ('C_qkvo', '2*S*b*d*p*(h + n_kv)/N', '2*{S}*{b}*{d}*{p}*({h} + {n_kv})/{N}', "Q, K, V and O of one rank's share of a layer (its shard of every head, or all tokens of h/N heads)", 'B', '[A-RingCost §1]', 'calibration'),
-    'fwd_bookkeeping_s': ('t_bk_f', '2*S*b*d*p*(h + n_kv)/(B_bk_f*N)', '2*{S}*{b}*{d}*{p}*({h} + {n_kv})/({B_bk_f}*{N})', 'forward time of a layer beyond its block kernels: accumulators allocated, K and V stacked, output cast', 's', '[A-RingCost §11]', 'calibration'),
     'bwd_excess_s': ('t_x_b', 'W_b/F_x', '{W_b}/{F_x}', "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: a one-rank layer's backward against the block backward at the same size)", 's', '[A-RingCost §11]', 'calibration'),
 }
 
@@ -793,8 +781,6 @@ ARGS = {
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
     'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
     'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
-    'shard_qkvo_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
-    'fwd_bookkeeping_s': ('B_bk_f', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
     'bwd_excess_s': ('F_x', 'W_b'),
 }
 
@@ -860,7 +846,6 @@ SYMBOLS = {
     'k_copy': ('query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)', '1', '[ring-flash-attn]'),
     'X_k': ("all-to-all knee: bytes a rank receives per exchange beyond which the kernel's copies cost extra", 'B', '[A-RingCost §11]'),
     'B_x': ('all-to-all rate of the extra cost beyond the knee (copies into fresh memory)', 'B/s', '[A-RingCost §11]'),
-    'B_bk_f': ("forward bookkeeping rate: bytes of a rank's Q, K, V, O per second of the allocation, stacking and casting a layer's forward does beyond its block kernels", 'B/s', '[A-RingCost §11]'),
     'F_x': ("rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the backward as the layer runs it under autograd, against the block backward calibrate times)", 'FLOP/s', '[A-RingCost §11]'),
     'W_b': ("backward FLOP of the busiest rank's layer: its visible pairs x 4·b·h·d x 2.5", 'FLOP', '[FA2 §3.1]'),
 }

@@ -235,13 +235,6 @@ B_x = _symbol(
     "B/s",
     "[A-RingCost §11]",
 )
-B_bk_f = _symbol(
-    "B_bk_f",
-    "forward bookkeeping rate: bytes of a rank's Q, K, V, O per second of the allocation, stacking and "
-    "casting a layer's forward does beyond its block kernels",
-    "B/s",
-    "[A-RingCost §11]",
-)
 F_x = _symbol(
     "F_x",
     "rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the "
