@@ -229,3 +229,38 @@ def test_a_machine_that_changed_speed_is_flagged() -> None:
     assert quality.reasons == [
         "the machine changed speed while calibrating: the same compute took +40% longer at the end than at the start"
     ]
+
+
+def test_the_validate_table_with_uncertainty_fits_80_columns_and_names_the_flags() -> None:
+    import io
+
+    from rich.console import Console
+
+    from costmodel.cli.render import render_validation
+    from costmodel.kernel.validate import grid
+
+    profile = build_profile(with_samples(raw_measurements(), noise=0.2), "box", SHAPE)
+    cases = grid(164, fitted_tokens=8)
+    machine = calibrated_machine(profile)
+    measured = [
+        {
+            p: 1.1
+            * predict(
+                calibrated_inputs(profile, 2, c.tokens_per_rank, c.causal, c.layout),
+                machine,
+                c.variant,
+                p == "fwd+bwd",
+            ).total_s
+            for p in c.passes
+        }
+        | {f"{p} spread": 0.4 for p in c.passes}
+        for c in cases
+    ]
+    buffer = io.StringIO()
+    render_validation(
+        compare(profile, 2, cases, measured, 0.10), Console(file=buffer, width=80, highlight=False)
+    )
+    text = buffer.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "held-out median |error| 9.1%" in text and "fitted shapes: median |error| 9.1%" in text
+    assert "too noisy to trust" in text and "validate's own timings moved ±40%" in text
