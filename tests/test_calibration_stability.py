@@ -153,8 +153,18 @@ def test_spreads_grow_with_the_noise_and_the_verdict_follows() -> None:
 
 
 def test_a_busy_machine_is_flagged_however_steady_the_fits() -> None:
+    """Judged by the CPU share others used just before; a high load average alone (a job that has just
+    ended) does not flag it. Without that share, by the load average."""
     raw = with_samples(raw_measurements(), noise=0.01)
-    raw["meta"] |= {"load_before": 4.5, "load_after": 6.0, "cpus": 2}
+    raw["meta"] |= {"load_before": 4.5, "busy_before": 0.9, "load_after": 6.0, "cpus": 2}
+    quality = build_profile(raw, "box", SHAPE).calibration.quality
+    assert not quality.trusted
+    assert quality.reasons == [
+        "the machine was busy before calibrating: other processes used 90% of its CPUs"
+    ]
+    raw["meta"]["busy_before"] = 0.05
+    assert build_profile(raw, "box", SHAPE).calibration.quality.trusted
+    del raw["meta"]["busy_before"]
     quality = build_profile(raw, "box", SHAPE).calibration.quality
     assert not quality.trusted and quality.reasons == [
         "the machine was busy before calibrating: load 4.5 on 2 CPUs"

@@ -38,6 +38,7 @@ R2_MIN = 0.95  # a link fit explaining less than this of its times is not alpha-
 SPREAD_MAX = 0.15  # relative spread of a link's alpha or B, or of the median compute point, to trust
 FIXED_SPREAD_MAX = 0.10  # a fixed cost's spread, against the tiny layer it was measured on
 DRIFT_MAX = 0.15  # the same compute or exchange timed at the start and the end may differ by this
+BUSY_MAX = 0.5  # share of the CPUs other processes may use before calibrating
 REPLICAS = 40  # resampled refits behind every spread
 
 
@@ -447,8 +448,13 @@ def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
                     "longer at the end than at the start"
                 )
     meta = raw["meta"]
-    cpus, before = meta.get("cpus"), meta.get("load_before")
-    if cpus and before is not None and before > 0.5 * cpus:
+    cpus, before, busy = meta.get("cpus"), meta.get("load_before"), meta.get("busy_before")
+    if busy is not None:  # measured just before: a job that has just ended does not count
+        if busy > BUSY_MAX:
+            reasons.append(
+                f"the machine was busy before calibrating: other processes used {busy:.0%} of its CPUs"
+            )
+    elif cpus and before is not None and before > BUSY_MAX * cpus:
         reasons.append(f"the machine was busy before calibrating: load {before:.1f} on {cpus} CPUs")
     return Quality(
         trusted=not reasons,
@@ -456,6 +462,7 @@ def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
         r2_min=R2_MIN,
         spread_max=SPREAD_MAX,
         load_before=before,
+        busy_before=busy,
         load_after=meta.get("load_after"),
         cpus=cpus,
     )

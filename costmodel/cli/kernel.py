@@ -335,7 +335,7 @@ def calibrate(
     if target.suffix not in {".yaml", ".yml"}:
         raise InputError("--out", f"{out}: the profile is YAML; name it .yaml or .yml")
     check_writable(target, "--out")  # now, not after minutes of measuring
-    load_before = _load()  # before our ranks start: what else runs on this machine
+    load_before, busy_before = _load(), _busy_share()  # before our ranks start: what else runs here
     try:
         results = launch(measure, nproc, args=(config,), timeout_s=timeout, device=BACKENDS[backend])
     except LaunchError as exc:
@@ -346,7 +346,12 @@ def calibrate(
         return
     import os
 
-    raw["meta"] |= {"load_before": load_before, "load_after": _load(), "cpus": os.cpu_count()}
+    raw["meta"] |= {
+        "load_before": load_before,
+        "busy_before": busy_before,
+        "load_after": _load(),
+        "cpus": os.cpu_count(),
+    }
     try:
         profile = build_profile(raw, name or target.stem, shape)
     except (ValueError, ArithmeticError) as exc:  # keep minutes of measurement for a later look
@@ -368,6 +373,28 @@ def _load() -> float | None:
         return os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
+
+
+def _busy_share(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs' time that other processes used over the next ``seconds`` (from /proc/stat;
+    None elsewhere). Unlike the load average it does not remember a job that just ended."""
+    import time
+
+    def ticks() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as handle:
+                fields = [int(v) for v in handle.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    first = ticks()
+    time.sleep(seconds)
+    second = ticks()
+    if first is None or second is None or second[0] == first[0]:
+        return None
+    return 1.0 - (second[1] - first[1]) / (second[0] - first[0])
 
 
 def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile

@@ -210,6 +210,11 @@ class Quality(_Strict):
     r2_min: Finite = Field(description="bound a link fit's R² must reach")
     spread_max: NonNegative = Field(description="bound on a link's relative spread and the compute's")
     load_before: NonNegative | None = Field(None, description="1-min load average before the ranks started")
+    busy_before: NonNegative | None = Field(
+        None,
+        le=1,
+        description="share of CPU time other processes used in the second before the ranks started",
+    )
     load_after: NonNegative | None = Field(None, description="1-min load average after (own ranks included)")
     cpus: Count() | None = None
 
