@@ -147,11 +147,11 @@ def test_measured_profile_round_trips_through_yaml(tmp_path) -> None:
     assert profile.links.intra_node.alltoall.bandwidth_per_direction == pytest.approx(0.5e9)  # received half
     assert profile.device.effective_flops["fp32"] == pytest.approx(1e11 * 1024 / 1088 / 2)
     assert profile.calibration.overlap == pytest.approx(0.0, abs=1e-9)
-    assert set(profile.calibration.layer_overhead_s) == {
-        "ring fwd",
-        "ring fwd+bwd",
-        "ulysses fwd",
-        "ulysses fwd+bwd",
+    assert set(profile.calibration.layer_overhead_s) == {  # raw from before kinds: contiguous, no mask
+        "ring contiguous fwd",
+        "ring contiguous fwd+bwd",
+        "ulysses contiguous fwd",
+        "ulysses contiguous fwd+bwd",
     }
     path = tmp_path / "box.yaml"
     path.write_text(profile_yaml(profile))
@@ -215,7 +215,9 @@ def test_calibrated_prediction_uses_the_measured_rates() -> None:
     rate = profile.calibration.curve(2, False).rate(work)
     kv_s = 1e-4 + 2 * 1024 * 8 * 64 * 4 / 2e9
     cal = profile.calibration
-    expected = work / rate + kv_s + cal.step_overhead_s + work / rate + cal.layer_overhead_s["ring fwd"]
+    expected = (
+        work / rate + kv_s + cal.step_overhead_s + work / rate + cal.layer_overhead_s["ring contiguous fwd"]
+    )
     machine = Machine(profile, "fp32")
     assert predict(inputs, machine).forward_s == pytest.approx(expected, rel=1e-9)
     assert math.isclose(

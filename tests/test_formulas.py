@@ -199,6 +199,10 @@ def test_numeric_twin_matches_exact_sympy(
         "E_p": 8,
         "C_f": 1.25,
         "B_ep": bw,
+        "X_k": 2e6,
+        "B_x": bw / 3,
+        "F_x": 1.3 * flops,
+        "W_b": 2.5 * flops * 1e-3,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

@@ -3,10 +3,16 @@
 Each kernel timing is set beside two predictions of :mod:`costmodel.plans.timing`: the calibrated model
 (measured rates per block size, alpha and B, the tile-level causal schedule) and the datasheet-style
 model (one peak FLOP/s, no alpha, causal halves balanced). Error = predicted / measured - 1.
+
+Each prediction carries its uncertainty: every fitted quantity of the profile moved by its spread over
+resampled repeats (and the compute rates by theirs), one at a time, the changes added in quadrature.
+Rows are split into held-out shapes, which calibrate never ran, and the shapes its fixed costs were
+fitted on; the verdict is on the held-out ones.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -54,6 +60,23 @@ def critical_tokens(profile: HardwareProfile, n: int) -> float:
     )
 
 
+def perturbed_machines(profile: HardwareProfile) -> list[tuple[str, Machine]]:
+    """The profile with each fitted quantity moved by its spread, one at a time, and with the compute
+    rates moved by theirs: what a prediction's uncertainty is made of."""
+    from costmodel.calibration.fit import with_compute_scaled, with_fit
+
+    cal = profile.calibration
+    assert cal is not None
+    out = [
+        (key, calibrated_machine(with_fit(profile, key, fit.value + fit.spread)))
+        for key, fit in cal.fits.items()
+        if fit.spread > 0
+    ]
+    if any(p.uncertainty for c in cal.compute for p in (*c.forward, *c.backward)):
+        out.append(("compute", calibrated_machine(with_compute_scaled(profile, -1.0))))
+    return out
+
+
 def compare(
     profile: HardwareProfile,
     n: int,
@@ -61,9 +84,11 @@ def compare(
     measured: list[dict[str, float]],
     max_median_error: float,
 ) -> dict[str, Any]:
-    """One row per (case, pass) with both predictions and their errors, and the summary."""
+    """One row per (case, pass) with both predictions, the model's uncertainty and both errors, and the
+    summary of held-out rows (the verdict) and of the rows on fitted shapes."""
     l_star = critical_tokens(profile, n)
     machine = calibrated_machine(profile)
+    moved = perturbed_machines(profile)
     rows = []
     for case, times in zip(cases, measured, strict=True):
         inputs = calibrated_inputs(profile, n, case.tokens_per_rank, case.causal, case.layout)
@@ -71,6 +96,8 @@ def compare(
             backward = pass_ == "fwd+bwd"
             model = predict(inputs, machine, case.variant, backward).total_s
             datasheet = predict(inputs, machine.as_datasheet(), case.variant, backward).total_s
+            changes = {key: predict(inputs, m, case.variant, backward).total_s - model for key, m in moved}
+            uncertainty = math.sqrt(sum(c * c for c in changes.values()))
             seconds = times[pass_]
             rows.append(
                 {
@@ -80,26 +107,43 @@ def compare(
                     "tokens_per_rank": case.tokens_per_rank,
                     "shard_over_critical": case.tokens_per_rank / l_star,
                     "pass": pass_,
+                    "held_out": not getattr(case, "fitted", False),
                     "measured_s": seconds,
+                    "measured_spread": times.get(f"{pass_} spread"),
                     "predicted_s": model,
+                    "uncertainty_s": uncertainty,
+                    "uncertainty": uncertainty / model,
+                    "largest_source": max(changes, key=lambda k: abs(changes[k])) if changes else None,
                     "error": model / seconds - 1,
                     "datasheet_s": datasheet,
                     "datasheet_error": datasheet / seconds - 1,
                 }
             )
-    errors = [abs(r["error"]) for r in rows]
-    datasheet_errors = [abs(r["datasheet_error"]) for r in rows]
+    held_out = [r for r in rows if r["held_out"]] or rows
+    fitted = [r for r in rows if not r["held_out"]]
+    errors = [abs(r["error"]) for r in held_out]
+    datasheet_errors = [abs(r["datasheet_error"]) for r in held_out]
     median, sheet = statistics.median(errors), statistics.median(datasheet_errors)
+    quality = profile.calibration.quality  # type: ignore[union-attr]
+    spreads = [r["measured_spread"] for r in rows if r["measured_spread"] is not None]
     return {
         "schema": SCHEMA,
         "hw": profile.name,
         "nproc": n,
         "critical_shard_tokens": l_star,
         "rows": rows,
-        "median_abs_error": median,
+        "median_abs_error": median,  # held-out rows: shapes calibrate never ran
         "max_abs_error": max(errors),
+        "held_out_rows": len(held_out),
+        "fitted_rows": len(fitted),
+        "fitted_median_abs_error": statistics.median([abs(r["error"]) for r in fitted]) if fitted else None,
+        "fitted_max_abs_error": max(abs(r["error"]) for r in fitted) if fitted else None,
+        "within_uncertainty": sum(abs(r["predicted_s"] - r["measured_s"]) <= r["uncertainty_s"] for r in rows)
+        / len(rows),
         "datasheet_median_abs_error": sheet,
         "datasheet_over_calibrated": sheet / median if median else float("inf"),
         "max_median_error": max_median_error,
         "passed": median <= max_median_error,
+        "quality": quality.model_dump(mode="json") if quality is not None else None,
+        "measured_spread": statistics.median(spreads) if spreads else None,  # IQR / median, median row
     }

@@ -338,6 +338,7 @@ def calibrate(
     if target.suffix not in {".yaml", ".yml"}:
         raise InputError("--out", f"{out}: the profile is YAML; name it .yaml or .yml")
     check_writable(target, "--out")  # now, not after minutes of measuring
+    load_before, busy_before = _load(), _busy_share()  # before our ranks start: what else runs here
     try:
         results = launch(measure, nproc, args=(config,), timeout_s=timeout, device=BACKENDS[backend])
     except LaunchError as exc:
@@ -346,9 +347,57 @@ def calibrate(
     raw = results.get(0)
     if raw is None:  # a torchrun rank other than 0: rank 0 writes the profile
         return
-    profile = build_profile(raw, name or target.stem, shape)
+    import os
+
+    raw["meta"] |= {
+        "load_before": load_before,
+        "busy_before": busy_before,
+        "load_after": _load(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        profile = build_profile(raw, name or target.stem, shape)
+    except (ValueError, ArithmeticError) as exc:  # keep minutes of measurement for a later look
+        kept = target.with_suffix(".raw.json")
+        atomic_write_text(kept, json.dumps(raw, default=float), "--out")
+        typer.echo(
+            f"cp-plan: error: fitting failed, no profile written ({exc}); raw measurements: {kept}", err=True
+        )
+        raise typer.Exit(1) from None
     atomic_write_text(target, profile_yaml(profile), "--out")
     _print_calibration(profile, target)
+
+
+def _load() -> float | None:
+    """The 1-minute load average, where the system has one."""
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _busy_share(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs' time that other processes used over the next ``seconds`` (from /proc/stat;
+    None elsewhere). Unlike the load average it does not remember a job that just ended."""
+    import time
+
+    def ticks() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as handle:
+                fields = [int(v) for v in handle.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    first = ticks()
+    time.sleep(seconds)
+    second = ticks()
+    if first is None or second is None or second[0] == first[0]:
+        return None
+    return 1.0 - (second[1] - first[1]) / (second[0] - first[0])
 
 
 def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile
@@ -369,7 +418,34 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
             f"  {scope} point-to-point: alpha {seconds(fit.latency_s)}, {si(fit.bandwidth, 'B/s', 3)} "
             f"(R² {fit.r2:.3f}); all-to-all: alpha {seconds(a2a.latency_s)}, {si(a2a.bandwidth, 'B/s', 3)} "
             f"(R² {a2a.r2:.3f})"
+            + (
+                f", past {si(a2a.knee_bytes, 'B', 3)} +1 s per {si(a2a.bandwidth_beyond_knee, 'B', 3)}"
+                if a2a.knee_bytes
+                else ""
+            )
         )
+    console.print("  fitted quantities ± half the interquartile range over resampled repeats:")
+    for key, fit in cal.fits.items():
+        value = (
+            seconds(fit.value)
+            if fit.unit == "s"
+            else si(fit.value, fit.unit, 3)
+            if fit.unit != "1"
+            else f"{fit.value:.2f}"
+        )
+        console.print(
+            f"    {key:<40} {value:>12} ± {fit.relative:.0%}" if fit.value else f"    {key:<40} {value:>12}"
+        )
+    quality = cal.quality
+    if quality is not None and not quality.trusted:
+        console.print(
+            f"[red]warning: {target} is too noisy to trust[/] (written, and marked so in the file):"
+        )
+        for reason in quality.reasons:
+            console.print(f"  - {reason}")
+        console.print("  calibrate again on a quiet machine, or with more --repeats.")
+    elif quality is not None:
+        console.print(f"  fits steady: link R² ≥ {quality.r2_min}, spreads ≤ {quality.spread_max:.0%}")
 
 
 def validate(
@@ -420,7 +496,7 @@ def validate(
         "kv_heads": cal.kv_heads,
         "head_dim": cal.head_dim,
     }
-    cases = grid(critical_tokens(profile, world))
+    cases = grid(critical_tokens(profile, world), fitted_tokens=cal.layer_tokens)
     try:
         results = launch(
             measure_cases, nproc, args=(cases, shape, repeats, 1), timeout_s=timeout, device=BACKENDS[backend]

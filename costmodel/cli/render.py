@@ -346,6 +346,9 @@ def _short(scope: str) -> str:
     return {"intra-node": "in node", "inter-node": "across nodes"}.get(scope, scope)
 
 
+NOISY_TIMINGS = 0.25  # validate's own IQR / median above which its errors are the machine's as much
+
+
 def render_validation(report: dict, console: Console) -> None:
     """`cp-plan validate`'s table, kept inside 80 columns: one row per case and pass."""
     from rich import box
@@ -361,14 +364,20 @@ def render_validation(report: dict, console: Console) -> None:
         title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
         f"L* = {report['critical_shard_tokens']:,.0f} tokens",
     )
-    for name in ("kernel", "mask", "L/rank", "L/L*", "pass", "measured", "model", "error", "sheet"):
+    uncertain = any("uncertainty" in r for r in report["rows"])
+    # With the uncertainty column the datasheet's per-row error gives way (80 columns); its median stays.
+    names = ("kernel", "mask", "L/rank", "L/L*", "pass", "measured", "model", "±", "error", "sheet")
+    for name in tuple(n for n in names if n != ("sheet" if uncertain else "±")):
         table.add_column(
             name, justify="left" if name in {"kernel", "mask", "pass"} else "right", no_wrap=True
         )
     short = {"contiguous": "contig", "striped": "striped", "zigzag": "zigzag"}
-    for r in report["rows"]:
+    rows = sorted(report["rows"], key=lambda r: not r.get("held_out", True))  # held out first
+    for index, r in enumerate(rows):
+        if index and rows[index - 1].get("held_out", True) and not r.get("held_out", True):
+            table.add_section()
         kernel = "Ulysses" if r["variant"] == "ulysses" else f"ring {short[r['layout']]}"
-        table.add_row(
+        cells = [
             kernel,
             "causal" if r["causal"] else "full",
             str(r["tokens_per_rank"]),
@@ -376,18 +385,45 @@ def render_validation(report: dict, console: Console) -> None:
             r["pass"],
             seconds(r["measured_s"]),
             seconds(r["predicted_s"]),
+            *([f"{r['uncertainty']:.0%}"] if uncertain else []),
             f"{r['error']:+.1%}",
-            f"{r['datasheet_error']:+.0%}",
-        )
+            *([] if uncertain else [f"{r['datasheet_error']:+.0%}"]),
+        ]
+        table.add_row(*cells)
     console.print(table)
     verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
-    console.print("sheet: error of the datasheet-style model (peak FLOP/s, no α, balanced)", style="dim")
+    if uncertain:
+        console.print(
+            "±: the model's uncertainty from the profile's spreads. Above the line: held-out\n"
+            "shapes calibrate never ran; below it: the shapes it fitted fixed costs on.",
+            style="dim",
+        )
+    else:
+        console.print("sheet: error of the datasheet-style model (peak FLOP/s, no α, balanced)", style="dim")
     console.print(
-        f"median |error| {report['median_abs_error']:.1%} ({verdict} {report['max_median_error']:.0%}), "
-        f"max {report['max_abs_error']:.1%}"
+        f"held-out median |error| {report['median_abs_error']:.1%} ({verdict} "
+        f"{report['max_median_error']:.0%}), max {report['max_abs_error']:.1%}"
+        + (f"; {report['held_out_rows']} rows" if "held_out_rows" in report else "")
     )
+    if report.get("fitted_rows"):
+        console.print(
+            f"fitted shapes: median |error| {report['fitted_median_abs_error']:.1%}, "
+            f"max {report['fitted_max_abs_error']:.1%}; {report['fitted_rows']} rows; "
+            f"{report['within_uncertainty']:.0%} of all rows within their ±"
+        )
+    noise = report.get("measured_spread")
+    if noise is not None and noise > NOISY_TIMINGS:
+        console.print(
+            f"[yellow]validate's own timings moved ±{noise:.0%} (IQR / median, median row): the machine "
+            "is busy, and these errors say as much about it as about the model[/]"
+        )
+    quality = report.get("quality")
+    if quality and not quality["trusted"]:
+        console.print("[red]this profile was flagged as too noisy to trust:[/]")
+        for reason in quality["reasons"]:
+            console.print(f"  - {reason}")
     console.print(
-        f"datasheet-style: median {report['datasheet_median_abs_error']:.1%}, "
+        f"datasheet-style model (peak FLOP/s, no α, balanced): median {report['datasheet_median_abs_error']:.1%}, "
         f"{report['datasheet_over_calibrated']:.1f}x the error"
     )
 

@@ -7,14 +7,18 @@
 - Point-to-point: one ring exchange (every rank sends to the next, receives from the previous) over a
   range of message sizes, through the kernel's own ``RingComm``.
 - All-to-all: one exchange through the kernel's ``all_to_all`` (copies included) over a range of sizes.
-- Layers: a whole ring and a whole Ulysses layer at a tiny shard, for their fixed software cost.
+- Layers: every kind of layer `cp-plan validate` runs (ring per layout and mask, Ulysses), whole, at a
+  tiny shard, for each kind's fixed software cost.
+- Bookkeeping: a one-rank layer (allocations, stacking, casting, autograd) against the block kernels it
+  calls, at a few sizes: what a layer does beyond its kernels, per byte of its Q, K, V, O.
 - Overlap: a block's compute, its KV exchange, and both at once as a ring step runs them: how much
   of a transfer hides under compute (on GPUs nearly all; on a CPU whose cores the ranks fill, the
   transfer's copies compete with the compute and little or nothing hides).
 Under torchrun across nodes, the links are measured twice: by the ranks of the first node (intra-node)
 and by the first rank of every node (inter-node).
 
-Rank 0 returns the raw samples; fitting and the profile are the model's job (:mod:`costmodel.calibration.fit`).
+Rank 0 returns the medians and every single-call sample behind them (the fits' spread is the spread of
+refits over resampled samples); fitting and the profile are the model's job (:mod:`costmodel.calibration.fit`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ class CalibrationConfig:
     message_bytes: tuple[int, ...] = MESSAGE_BYTES
     overlap_tokens: tuple[int, ...] = (32, 64, 128, 256)  # small: the fixed costs show
     layer_tokens: int = 8  # whole layers this short are all fixed cost
+    # One-rank layers against their kernels; larger ones swung 20x between busy runs (allocations).
+    bookkeeping_tokens: tuple[int, ...] = (64, 128, 256)
     repeats: int = 7
     warmup: int = 1
     progress: bool = True
@@ -152,9 +158,7 @@ def _measure_compute(
             )
             positions = np.arange(tokens)
             plan = plan_block(MaskRule(causal), positions, positions)
-            forward_flops = plan.visible_pairs * (
-                config.pair_flops or 4 * config.batch * config.heads * config.head_dim
-            )
+            forward_flops = plan.visible_pairs * _pair_flops(config)
             runs[(causal, tokens, "forward")], runs[(causal, tokens, "backward")] = _ring_step(
                 q, k, v, dout, plan
             )
@@ -183,6 +187,7 @@ def _measure_compute(
                         "flops": forward_flops,
                         "spread": spread,
                         "flops_per_s": flops[(causal, tokens, phase)] / median,
+                        "samples": samples[(causal, tokens, phase)],  # seconds, for the fits' spread
                     }
                 )
         curves.append(curve)
@@ -232,7 +237,12 @@ def _measure_links(ctx: Any, config: CalibrationConfig, group: Any, scope: str, 
         median, spread = _summary(values)
         key = "p2p" if kind == "p2p" else "alltoall"
         out[key].append(
-            {"bytes": nbytes if kind == "p2p" else held_bytes[nbytes], "seconds": median, "spread": spread}
+            {
+                "bytes": nbytes if kind == "p2p" else held_bytes[nbytes],
+                "seconds": median,
+                "spread": spread,
+                "samples": values,
+            }
         )
     return out
 
@@ -291,17 +301,32 @@ def _measure_overlap(ctx: Any, config: CalibrationConfig, progress: _Progress) -
     )
     whats = ("compute", "comm", "both", "a2a", "compute_then_a2a")
     return [
-        {"tokens": tokens, **{what: _summary(samples[(tokens, what)])[0] for what in whats}}
+        {
+            "tokens": tokens,
+            **{what: _summary(samples[(tokens, what)])[0] for what in whats},
+            "samples": {what: samples[(tokens, what)] for what in whats},
+        }
         for tokens in config.overlap_tokens
     ]
 
 
+# The layer kinds `cp-plan validate` runs, each timed whole at a tiny shard for its own fixed cost.
+LAYER_KINDS = (
+    ("ring", "contiguous", False),
+    ("ring", "contiguous", True),
+    ("ring", "striped", True),
+    ("ring", "zigzag", True),
+    ("ulysses", "contiguous", False),
+    ("ulysses", "contiguous", True),
+)
+
+
 def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) -> dict:
-    """Whole ring and Ulysses layers at a tiny shard, where compute and transfer are next to nothing:
-    what remains is the layer's fixed software cost (dispatch, allocation, bookkeeping)."""
+    """Whole layers of every kind at a tiny shard, where compute and transfer are next to nothing:
+    what remains is each kind's fixed software cost (dispatch, allocation, per-step waits, mask pieces)."""
     torch_dtype = getattr(torch, _torch_name(config.dtype))
     runs = {}
-    for variant in ("ring", "ulysses"):
+    for variant, layout, causal in LAYER_KINDS:
         layer = attention_runs(
             variant,
             config.layer_tokens,
@@ -309,11 +334,13 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
             config.kv_heads,
             config.head_dim,
             torch_dtype,
+            layout=layout,
+            causal=causal,
             batch=config.batch,
             device=ctx.device,
         )
-        runs[(variant, "fwd")] = layer["forward"]
-        runs[(variant, "fwd+bwd")] = layer["forward_backward"]
+        runs[(variant, layout, causal, "fwd")] = layer["forward"]
+        runs[(variant, layout, causal, "fwd+bwd")] = layer["forward_backward"]
     samples = sample_times(
         runs,
         ctx.device,
@@ -324,8 +351,105 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
     )
     return {
         "tokens": config.layer_tokens,
-        **{f"{variant} {pass_}": _summary(values)[0] for (variant, pass_), values in samples.items()},
+        "kinds": [
+            {
+                "variant": variant,
+                "layout": layout,
+                "causal": causal,
+                "pass": pass_,
+                "seconds": _summary(values)[0],
+                "samples": values,
+            }
+            for (variant, layout, causal, pass_), values in samples.items()
+        ],
     }
+
+
+def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progress) -> list[dict]:
+    """A whole one-rank layer (the local attention Ulysses runs, allocations and autograd included)
+    against the block kernels it calls, timed alike, at a few sizes: what a layer does beyond its
+    kernels, for the forward against the bytes of its Q, K, V, O and for the backward against its
+    FLOP (there the excess grows with the work). Every rank runs it at once."""
+    from costmodel.kernel.ring import local_attention
+
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    runs, sizes = {}, {}
+    for tokens in config.bookkeeping_tokens:
+        q, k, v, dout = random_qkv(
+            config.batch,
+            config.heads,
+            config.kv_heads,
+            tokens,
+            config.head_dim,
+            torch_dtype,
+            ctx.device,
+            seed=ctx.rank,
+        )
+        plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
+        block_fwd, block_bwd = _ring_step(q, k, v, dout, plan)
+        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+
+        def local_fwd(leaves: list = leaves) -> None:
+            with torch.no_grad():
+                local_attention(*leaves)
+
+        def local_fwd_bwd(leaves: list = leaves, dout: torch.Tensor = dout) -> None:
+            out, _ = local_attention(*leaves)
+            torch.autograd.grad(out, leaves, dout)
+
+        runs |= {
+            (tokens, "block fwd"): block_fwd,
+            (tokens, "block bwd"): block_bwd,
+            (tokens, "local fwd"): local_fwd,
+            (tokens, "local fwd+bwd"): local_fwd_bwd,
+        }
+        sizes[tokens] = (
+            (q.numel() * 2 + k.numel() + v.numel()) * torch_dtype.itemsize,
+            config.backward_flop_factor * plan.visible_pairs * _pair_flops(config),
+        )
+    samples = sample_times(
+        runs,
+        ctx.device,
+        repeats=config.repeats,
+        warmup=config.warmup,
+        min_total_s=TOTAL_S,
+        on_round=lambda: progress.step("layer bookkeeping"),
+    )
+    whats = ("block fwd", "block bwd", "local fwd", "local fwd+bwd")
+    return [
+        {
+            "tokens": tokens,
+            "bytes": sizes[tokens][0],
+            "backward_flops": sizes[tokens][1],
+            "samples": {what: samples[(tokens, what)] for what in whats},
+        }
+        for tokens in config.bookkeeping_tokens
+    ]
+
+
+def _measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
+    """A block's compute and a ring exchange, timed alike at the start and at the end of a calibration:
+    a machine that changed speed in between (a job started or ended) shows as their ratio."""
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    tokens = config.overlap_tokens[-1]
+    q, k, v, dout = random_qkv(
+        config.batch, config.heads, config.kv_heads, tokens, config.head_dim, torch_dtype, ctx.device
+    )
+    plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
+    comm = RingComm(None)
+    kv = torch.stack((k, v))
+    recv = torch.empty_like(kv)
+
+    def exchange() -> None:
+        comm.send_recv(kv, recv)
+        comm.commit()
+        comm.wait()
+
+    runs = {"compute": _ring_step(q, k, v, dout, plan)[0], "exchange": exchange}
+    samples = sample_times(
+        runs, ctx.device, repeats=config.repeats, warmup=config.warmup, min_total_s=TOTAL_S / 2
+    )
+    return {name: float(np.median(values)) for name, values in samples.items()}
 
 
 def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
@@ -334,11 +458,12 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     levels = config.levels(world_size)
     scopes = {scope: ranks for scope, ranks in _groups(world_size).items() if len(ranks) > 1}
     total = (
-        len(levels) + len(scopes) + 3
+        len(levels) + len(scopes) + 4
     ) * config.repeats  # rounds: compute per level, links per scope, the rest
     progress = _Progress(config.progress and ctx.rank == 0, total)
     raw: dict[str, Any] = {"compute": [], "links": {}}
     try:
+        sentinel = {"start": _measure_sentinel(ctx, config)}
         for level in levels:
             group = dist.new_group(list(range(level)))  # every rank takes part in creating it
             if ctx.rank < level:
@@ -351,6 +476,8 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
             dist.barrier()
         raw["overlap"] = _measure_overlap(ctx, config, progress)
         raw["layers"] = _measure_layers(ctx, config, progress)
+        raw["bookkeeping"] = _measure_bookkeeping(ctx, config, progress)
+        raw["sentinel"] = sentinel | {"end": _measure_sentinel(ctx, config)}
     finally:
         progress.close()
     if ctx.rank != 0:
@@ -365,6 +492,10 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
         "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
     }
     return raw
+
+
+def _pair_flops(config: CalibrationConfig) -> float:
+    return config.pair_flops or 4 * config.batch * config.heads * config.head_dim
 
 
 def _torch_name(dtype: str) -> str:

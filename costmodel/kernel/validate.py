@@ -2,7 +2,8 @@
 
 The grid spans shard lengths on both sides of the critical shard length L* of the profile being
 validated (comm-bound below, compute-bound above), causal and not, every layout, Ulysses, forward and
-forward+backward. The predictions it is compared with come from :mod:`costmodel.plans.timing`.
+forward+backward: shapes calibrate never ran (held out). Beside them, every layer kind at the tiny shard
+whose time calibrate fitted the kinds' fixed costs on (``fitted``), to tell in-sample from held-out error. The predictions it is compared with come from :mod:`costmodel.plans.timing`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from costmodel.kernel.calibrate import TOTAL_S
+from costmodel.kernel.calibrate import LAYER_KINDS, TOTAL_S
 from costmodel.kernel.timing import attention_runs, sample_times
 
 
@@ -27,18 +28,27 @@ class Case:
     causal: bool
     tokens_per_rank: int
     passes: tuple[str, ...]  # which of "fwd", "fwd+bwd" enter the comparison
+    fitted: bool = False  # a shape calibrate fitted on (else held out: never seen by calibrate)
 
 
 def _pow2_near(x: float, low: int, high: int) -> int:
     return int(min(max(2 ** round(math.log2(max(x, 1.0))), low), high))
 
 
-def grid(critical_tokens: float, low: int = 32, high: int = 2048) -> list[Case]:
-    """At least 12 comparisons, shards from about L*/4 to 4 L* (powers of two within [low, high])."""
+def grid(
+    critical_tokens: float, low: int = 32, high: int = 2048, fitted_tokens: int | None = None
+) -> list[Case]:
+    """At least 12 held-out comparisons, shards from about L*/4 to 4 L* (powers of two within [low, high]),
+    and, given the profile's ``fitted_tokens``, every layer kind at that shard (fitted, below ``low``)."""
     small = _pow2_near(critical_tokens / 4, low, high)
     mid = _pow2_near(critical_tokens, low, high)
     large = _pow2_near(critical_tokens * 4, low, high)
     both, fwd = ("fwd", "fwd+bwd"), ("fwd",)
+    fitted = [
+        Case(variant, layout, causal, fitted_tokens, both, fitted=True)
+        for variant, layout, causal in LAYER_KINDS
+        if fitted_tokens is not None
+    ]
     return [
         Case("ring", "contiguous", False, small, both),
         Case("ring", "contiguous", False, mid, fwd),
@@ -50,6 +60,7 @@ def grid(critical_tokens: float, low: int = 32, high: int = 2048) -> list[Case]:
         Case("ring", "zigzag", True, mid, both),
         Case("ulysses", "contiguous", False, mid, fwd),
         Case("ulysses", "contiguous", True, mid, both),
+        *fitted,
     ]
 
 
@@ -85,5 +96,7 @@ def measure_cases(
         return None
     out: list[dict] = [{} for _ in cases]
     for (index, pass_), values in samples.items():
+        q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
         out[index][pass_] = statistics.median(values)
+        out[index][f"{pass_} spread"] = (q3 - q1) / median  # how much validate's own timing moved
     return out

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from costmodel.core.errors import InputError
 from costmodel.machines import kernels, topology
-from costmodel.machines.profiles import HardwareProfile
+from costmodel.machines.profiles import HardwareProfile, layer_key
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,11 +34,18 @@ class LinkBinding:
     scope: Scope
     bandwidth: float  # B: bytes/s per direction (all-to-all: bytes each rank receives per second)
     latency_s: float  # α: per message (per collective call for all-to-all)
+    knee_bytes: float = float("inf")  # X_k: a measured all-to-all bends upward past it
+    bandwidth_beyond_knee: float = float("inf")  # B_x: rate of the extra cost past the knee
 
     @property
     def values(self) -> dict[str, float]:
         """The formulas' symbols for this link."""
         return {"B": self.bandwidth, "alpha": self.latency_s}
+
+    @property
+    def knee_values(self) -> dict[str, float]:
+        """The knee's symbols (no knee: infinite, so the excess is 0)."""
+        return {"X_k": self.knee_bytes, "B_x": self.bandwidth_beyond_knee}
 
 
 @dataclass(frozen=True)
@@ -203,7 +210,13 @@ class Machine:
             cal = self.profile.calibration
             fits = cal.alltoall if collective == "alltoall" else cal.p2p  # type: ignore[union-attr]
             if scope in fits:
-                return LinkBinding(link.name, scope, fits[scope].bandwidth, fits[scope].latency_s)
+                fit = fits[scope]
+                knee = (
+                    (fit.knee_bytes, fit.bandwidth_beyond_knee)
+                    if fit.knee_bytes and fit.bandwidth_beyond_knee
+                    else (float("inf"), float("inf"))
+                )
+                return LinkBinding(link.name, scope, fit.bandwidth, fit.latency_s, *knee)
         if collective == "alltoall" and link.alltoall is not None:  # measured: it already holds the fabric
             bandwidth, latency = link.alltoall.bandwidth_per_direction, link.alltoall.latency_s
         else:
@@ -274,11 +287,28 @@ class Machine:
         """A measured fixed cost (``step_overhead_s``, ``sync_overhead_s``); 0 on datasheets."""
         return float(getattr(self.profile.calibration, name)) if self.calibrated else 0.0
 
-    def layer_overhead(self, variant: str, backward: bool) -> tuple[float, float]:
-        """Measured fixed software cost of a whole layer, split (forward, backward); 0 on datasheets."""
+    def layer_overhead(
+        self, variant: str, backward: bool, layout: str = "contiguous", causal: bool = False
+    ) -> tuple[float, float]:
+        """Measured fixed software cost of a whole layer of this kind, split (forward, backward); 0 on
+        datasheets. Profiles measured before kinds were told apart have one cost per variant."""
         if not self.calibrated:
             return 0.0, 0.0
         fixed = self.profile.calibration.layer_overhead_s  # type: ignore[union-attr]
-        forward = fixed.get(f"{variant} fwd", 0.0)
-        both = fixed.get(f"{variant} fwd+bwd", forward) if backward else forward
+        layout = "contiguous" if variant == "ulysses" else layout
+
+        def cost(pass_: str, default: float) -> float:
+            key = layer_key(variant, layout, causal, pass_)
+            return fixed.get(key, fixed.get(f"{variant} {pass_}", default))
+
+        forward = cost("fwd", 0.0)
+        both = cost("fwd+bwd", forward) if backward else forward
         return forward, both - forward
+
+    def bookkeeping_rate(self, phase: str) -> float:
+        """What a layer does beyond its kernels, as a rate: backward F_x (backward FLOP per second);
+        infinite (no cost) where not measured."""
+        if not self.calibrated:
+            return float("inf")
+        fit = self.profile.calibration.bookkeeping.get(phase)  # type: ignore[union-attr]
+        return fit.bandwidth if fit is not None else float("inf")

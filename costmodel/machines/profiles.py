@@ -130,6 +130,9 @@ class RatePoint(_Strict):
         description="forward FLOP per second; for backward 2.5x the forward FLOP per second"
     )
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
+    uncertainty: NonNegative = Field(
+        0.0, description="half the interquartile range of the median over resampled repeats, / the median"
+    )
 
 
 class ComputeCurve(_Strict):
@@ -165,6 +168,13 @@ class LinkFit(_Strict):
     bandwidth: Positive = Field(description="bytes/s per direction")
     r2: Finite = Field(le=1, description="coefficient of determination of the fit")
     samples: list[Sample]
+    knee_bytes: Positive | None = Field(
+        None,
+        description="bytes beyond which time grows faster than alpha-beta (all-to-all copies); None: none",
+    )
+    bandwidth_beyond_knee: Positive | None = Field(
+        None, description="bytes/s of the extra cost beyond the knee: t += (bytes - knee) / this"
+    )
 
 
 class OverlapPoint(_Strict):
@@ -174,6 +184,40 @@ class OverlapPoint(_Strict):
     both: Positive = Field(description="s, both at once as a ring step")
     a2a: Positive = Field(description="s, an all-to-all of its queries alone")
     compute_then_a2a: Positive = Field(description="s, the compute and then that all-to-all")
+
+
+def layer_key(variant: str, layout: str, causal: bool, pass_: str) -> str:
+    """Name of one layer kind's fixed cost: 'ring zigzag causal fwd', 'ulysses contiguous fwd+bwd'."""
+    return f"{variant} {layout}{' causal' if causal else ''} {pass_}"
+
+
+class FitSpread(_Strict):
+    """A fitted quantity and how far it moves when the repeats behind it are resampled."""
+
+    value: Finite
+    spread: NonNegative = Field(description="half the interquartile range over the resamples (value's unit)")
+    unit: str = ""
+
+    @property
+    def relative(self) -> float:
+        return self.spread / abs(self.value) if self.value else (0.0 if not self.spread else float("inf"))
+
+
+class Quality(_Strict):
+    """Calibrate's verdict on its own fits: noisy ones are written, flagged, never silently."""
+
+    trusted: bool
+    reasons: list[str] = Field(default_factory=list, description="each check that failed, in words")
+    r2_min: Finite = Field(description="bound a link fit's R² must reach")
+    spread_max: NonNegative = Field(description="bound on a link's relative spread and the compute's")
+    load_before: NonNegative | None = Field(None, description="1-min load average before the ranks started")
+    busy_before: NonNegative | None = Field(
+        None,
+        le=1,
+        description="share of CPU time other processes used in the second before the ranks started",
+    )
+    load_after: NonNegative | None = Field(None, description="1-min load average after (own ranks included)")
+    cpus: Count() | None = None
 
 
 class Calibration(_Strict):
@@ -210,6 +254,21 @@ class Calibration(_Strict):
         description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
         "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it",
     )
+
+    layer_tokens: Count() | None = Field(
+        None, description="shard length of the layers timed for their fixed cost"
+    )
+    bookkeeping: dict[Literal["forward", "backward"], LinkFit] = Field(
+        default_factory=dict,
+        description="a one-rank layer's time beyond its block kernels: forward against the bytes of its "
+        "Q, K, V, O (bandwidth: B/s), backward against its FLOP (bandwidth: FLOP/s); the intercept is a "
+        "fixed cost the layer overheads already hold",
+    )
+    fits: dict[str, FitSpread] = Field(
+        default_factory=dict,
+        description="every fitted quantity with its spread over resampled repeats, by name",
+    )
+    quality: Quality | None = Field(None, description="whether the fits are steady enough to trust")
 
     def curve(self, concurrency: int, causal: bool) -> ComputeCurve:
         """The curve measured closest to ``concurrency`` ranks (ties: the busier one) for the mask."""

@@ -35,6 +35,7 @@ from costmodel.symbolic.symbols import (
     B_nic,
     B_pp,
     B_tp,
+    B_x,
     C_f,
     D,
     D_g,
@@ -46,6 +47,7 @@ from costmodel.symbolic.symbols import (
     F_gemm,
     F_peak,
     F_sh,
+    F_x,
     H,
     K_c,
     L_t,
@@ -58,6 +60,8 @@ from costmodel.symbolic.symbols import (
     S_kv,
     T_n,
     V,
+    W_b,
+    X_k,
     alpha,
     alpha_tp,
     b,
@@ -1472,6 +1476,35 @@ define(
     "as a capacity-bound expert computes its full capacity",
     "s",
     "[Switch §2.2]",
+)
+
+# --- Calibrated terms ([A-RingCost §11]): what a measured profile adds, each measured by calibrate. ----
+_group = "calibration"
+m_u = define(
+    "ulysses_exchange_recv_bytes",
+    "m_U",
+    C_u / 4,
+    "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)",
+    "B",
+    "[A-RingCost §4.2]",
+)
+tau_ux = define(
+    "alltoall_excess_s",
+    "tau_Ux",
+    4 * sympy.Max(0, m_u - X_k) / B_x,
+    "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta "
+    "(added to tau_U on a measured profile)",
+    "s",
+    "[A-RingCost §11]",
+)
+define(
+    "bwd_excess_s",
+    "t_x_b",
+    W_b / F_x,
+    "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: "
+    "a one-rank layer's backward against the block backward at the same size)",
+    "s",
+    "[A-RingCost §11]",
 )
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))

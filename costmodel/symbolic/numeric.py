@@ -737,6 +737,21 @@ def moe_imbalance_s(*, C_f, F_ffn, F_gemm, H, N, S, b, g, k_E, t):
     return 2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)
 
 
+def ulysses_exchange_recv_bytes(*, N, S, b, d, h, n_kv, p):
+    """m_U = S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2): bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA) [B] ([A-RingCost §4.2])."""
+    return (1/2)*S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv))/N**2
+
+
+def alltoall_excess_s(*, B_x, N, S, X_k, b, d, h, n_kv, p):
+    """tau_Ux = 4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x: extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile) [s] ([A-RingCost §11])."""
+    return 4*numpy.maximum(0, (1/2)*(-2*N**2*X_k + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/N**2)/B_x
+
+
+def bwd_excess_s(*, F_x, W_b):
+    """t_x_b = W_b/F_x: backward time of a layer beyond its block kernels, which grows with the backward's work (measured: a one-rank layer's backward against the block backward at the same size) [s] ([A-RingCost §11])."""
+    return W_b/F_x
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', '[A-RingCost §2]', 'memory'),
@@ -885,6 +900,9 @@ INFO = {
     'moe_alltoall_s': ('t_ep', '2*H*S*b*k_E*p*(E_p - 1)/(B_ep*E_p*N*t)', '2*{H}*{S}*{b}*{k_E}*{p}*({E_p} - 1)/({B_ep}*{E_p}*{N}*{t})', "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute", 's', '[GShard §2]', 'moe'),
     'moe_optimizer_s': ('t_opt_exp', 'H*k_opt*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(B_hbm*D*pp*t)', '{H}*{k_opt}*{n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))/({B_hbm}*{D}*{pp}*{t})', "optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p ranks that hold the same experts, memory-bound", 's', '[ZeRO §5], [GShard §2]', 'moe'),
     'moe_imbalance_s': ('t_imb', '2*F_ffn*H*S*b*k_E*(C_f - 1)*(g + 2)/(F_gemm*N*t)', '2*{F_ffn}*{H}*{S}*{b}*{k_E}*({C_f} - 1)*({g} + 2)/({F_gemm}*{N}*{t})', 'forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, as a capacity-bound expert computes its full capacity', 's', '[Switch §2.2]', 'moe'),
+    'ulysses_exchange_recv_bytes': ('m_U', 'S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2)', '{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/(2*{N}**2)', "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)", 'B', '[A-RingCost §4.2]', 'calibration'),
+    'alltoall_excess_s': ('tau_Ux', '4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x', '4*Max(0, (-2*{N}**2*{X_k} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{N}**2))/{B_x}', "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile)", 's', '[A-RingCost §11]', 'calibration'),
+    'bwd_excess_s': ('t_x_b', 'W_b/F_x', '{W_b}/{F_x}', "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: a one-rank layer's backward against the block backward at the same size)", 's', '[A-RingCost §11]', 'calibration'),
 }
 
 ARGS = {
@@ -1034,6 +1052,9 @@ ARGS = {
     'moe_alltoall_s': ('B_ep', 'E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 't'),
     'moe_optimizer_s': ('B_hbm', 'D', 'E_p', 'F_ffn', 'H', 'g', 'k_opt', 'n_E', 'n_L', 'pp', 't'),
     'moe_imbalance_s': ('C_f', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'g', 'k_E', 't'),
+    'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
+    'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
+    'bwd_excess_s': ('F_x', 'W_b'),
 }
 
 # symbol: (meaning, unit, source)
@@ -1119,4 +1140,8 @@ SYMBOLS = {
     'E_p': ('expert-parallel degree: ranks the experts are split over', 'devices', '[GShard §2]'),
     'C_f': ('capacity factor: tokens an expert may take, as a multiple of the mean; the most loaded expert rank computes C_f x the mean', '1', '[Switch §2.2]'),
     'B_ep': ('bytes/s each rank of the EP all-to-all receives', 'B/s', 'hardware profile'),
+    'X_k': ("all-to-all knee: bytes a rank receives per exchange beyond which the kernel's copies cost extra", 'B', '[A-RingCost §11]'),
+    'B_x': ('all-to-all rate of the extra cost beyond the knee (copies into fresh memory)', 'B/s', '[A-RingCost §11]'),
+    'F_x': ("rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the backward as the layer runs it under autograd, against the block backward calibrate times)", 'FLOP/s', '[A-RingCost §11]'),
+    'W_b': ("backward FLOP of the busiest rank's layer: its visible pairs x 4·b·h·d x 2.5", 'FLOP', '[FA2 §3.1]'),
 }

@@ -313,3 +313,29 @@ C_f = _symbol(
     "[Switch §2.2]",
 )
 B_ep = _symbol("B_ep", "bytes/s each rank of the EP all-to-all receives", "B/s", "hardware profile")
+# Measured by `cp-plan calibrate` on the target machine (docs/calibration.md, [A-RingCost §11]).
+X_k = _symbol(
+    "X_k",
+    "all-to-all knee: bytes a rank receives per exchange beyond which the kernel's copies cost extra",
+    "B",
+    "[A-RingCost §11]",
+)
+B_x = _symbol(
+    "B_x",
+    "all-to-all rate of the extra cost beyond the knee (copies into fresh memory)",
+    "B/s",
+    "[A-RingCost §11]",
+)
+F_x = _symbol(
+    "F_x",
+    "rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the "
+    "backward as the layer runs it under autograd, against the block backward calibrate times)",
+    "FLOP/s",
+    "[A-RingCost §11]",
+)
+W_b = _symbol(
+    "W_b",
+    "backward FLOP of the busiest rank's layer: its visible pairs x 4·b·h·d x 2.5",
+    "FLOP",
+    "[FA2 §3.1]",
+)

@@ -55,6 +55,13 @@ def test_calibrate_writes_a_measured_profile(profile: Path) -> None:
     assert len(cal["p2p"]["intra-node"]["samples"]) == 6 and cal["p2p"]["intra-node"]["r2"] <= 1
     assert {c["concurrency"] for c in cal["compute"]} == {1, 2}
     assert [p["tokens"] for p in cal["compute"][0]["forward"]] == [32, 64, 128]
+    # every fitted quantity with its spread over resampled repeats, and calibrate's verdict on them
+    assert {"p2p intra-node alpha", "alltoall intra-node B", "layer ring zigzag causal fwd"} <= set(
+        cal["fits"]
+    )
+    assert all(fit["spread"] >= 0 for fit in cal["fits"].values())
+    assert cal["quality"]["r2_min"] == 0.95 and isinstance(cal["quality"]["trusted"], bool)
+    assert cal["quality"]["trusted"] == (not cal["quality"]["reasons"])
     assert not list(profile.parent.glob(".*.tmp"))
     report = json.loads(
         cp_plan("--hw", str(profile), "--dtype", "fp32", "--seq", "4k", "--n", "2", "-f", "json").stdout
@@ -90,6 +97,11 @@ def test_validate_compares_at_least_12_configurations(profile: Path) -> None:
     for r in rows:
         assert r["measured_s"] > 0 and r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
     assert report["median_abs_error"] <= report["max_abs_error"]
+    # held-out shapes (calibrate never ran them) carry the verdict; the fitted ones are reported apart
+    held_out = [r for r in rows if r["held_out"]]
+    assert len(held_out) >= 12 and report["held_out_rows"] == len(held_out)
+    assert {r["tokens_per_rank"] for r in rows if not r["held_out"]} == {8}
+    assert all(r["uncertainty_s"] >= 0 and r["measured_spread"] >= 0 for r in rows)
 
 
 def test_validate_fails_past_its_threshold(profile: Path) -> None:
