@@ -32,6 +32,8 @@ from costmodel.symbolic.symbols import (
     B_pp,
     B_tp,
     D,
+    E_m,
+    E_w,
     F,
     F_attn,
     F_attn_bwd,
@@ -44,6 +46,7 @@ from costmodel.symbolic.symbols import (
     N_r,
     N_u,
     S,
+    T_w,
     V,
     alpha,
     b,
@@ -56,6 +59,8 @@ from costmodel.symbolic.symbols import (
     h,
     k_copy,
     k_opt,
+    l_max,
+    l_rest,
     m_mb,
     n_bkt,
     n_kv,
@@ -1093,6 +1098,43 @@ define(
     "tokens per optimizer step (global batch)",
     "tokens",
     "[Megatron21 §5.1]",
+)
+
+# --- Packed documents ([A-RingCost §5]): the two branches and the long-tail lock. --------------------
+_group = "packing"
+define(
+    "packed_compute_fraction",
+    "c_x",
+    c * E_m / E_w,
+    "compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the "
+    "branch executes (dense: all of them, so c; varlen: the unmasked tiles)",
+    "1",
+    "[A-RingCost §5]",
+)
+N_long = define(
+    "doc_cp_degree",
+    "N_doc",
+    sympy.ceiling(l_max * N / S),
+    "CP degree the longest document needs alone at the plan's tokens per device S/N",
+    "devices",
+    "[A-RingCost §5]",
+)
+N_rest = define(
+    "rest_cp_degree",
+    "N_rest",
+    sympy.ceiling(l_rest * N / S),
+    "CP degree the rest of the batch needs: its longest document at S/N tokens per device",
+    "devices",
+    "[A-RingCost §5]",
+)
+define(
+    "dynamic_cp_recv_share",
+    "chi_dyn",
+    (l_max * (N_long - 1) + (T_w - l_max) * (N_rest - 1)) / (T_w * (N - 1)),
+    "share of the ring's KV traffic left when each document runs at the CP degree it needs (every "
+    "token's KV visits N_x - 1 other ranks) instead of all at N",
+    "1",
+    "[A-RingCost §5]",
 )
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))

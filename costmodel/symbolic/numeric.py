@@ -542,6 +542,26 @@ def step_tokens(*, D, S, b, m_mb):
     return D*S*b*m_mb
 
 
+def packed_compute_fraction(*, E_m, E_w, c):
+    """c_x = E_m*c/E_w: compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the branch executes (dense: all of them, so c; varlen: the unmasked tiles) [1] ([A-RingCost §5])."""
+    return E_m*c/E_w
+
+
+def doc_cp_degree(*, N, S, l_max):
+    """N_doc = ceiling(N*l_max/S): CP degree the longest document needs alone at the plan's tokens per device S/N [devices] ([A-RingCost §5])."""
+    return numpy.ceil(N*l_max/S)
+
+
+def rest_cp_degree(*, N, S, l_rest):
+    """N_rest = ceiling(N*l_rest/S): CP degree the rest of the batch needs: its longest document at S/N tokens per device [devices] ([A-RingCost §5])."""
+    return numpy.ceil(N*l_rest/S)
+
+
+def dynamic_cp_recv_share(*, N, S, T_w, l_max, l_rest):
+    """chi_dyn = (l_max*(ceiling(N*l_max/S) - 1) + (T_w - l_max)*(ceiling(N*l_rest/S) - 1))/(T_w*(N - 1)): share of the ring's KV traffic left when each document runs at the CP degree it needs (every token's KV visits N_x - 1 other ranks) instead of all at N [1] ([A-RingCost §5])."""
+    return (l_max*(numpy.ceil(N*l_max/S) - 1) + (T_w - l_max)*(numpy.ceil(N*l_rest/S) - 1))/(T_w*(N - 1))
+
+
 # name: (symbol, expression, template with {symbol} placeholders, meaning, unit, source, group)
 INFO = {
     'shard_tokens': ('L', 'S/N', '{S}/{N}', 'shard length per device', 'tokens', '[A-RingCost §2]', 'memory'),
@@ -651,6 +671,10 @@ INFO = {
     'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', 'model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence', 'FLOP', '[PaLM] appendix B', 'step'),
     'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
+    'packed_compute_fraction': ('c_x', 'E_m*c/E_w', '{E_m}*{c}/{E_w}', "compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the branch executes (dense: all of them, so c; varlen: the unmasked tiles)", '1', '[A-RingCost §5]', 'packing'),
+    'doc_cp_degree': ('N_doc', 'ceiling(N*l_max/S)', 'ceiling({N}*{l_max}/{S})', "CP degree the longest document needs alone at the plan's tokens per device S/N", 'devices', '[A-RingCost §5]', 'packing'),
+    'rest_cp_degree': ('N_rest', 'ceiling(N*l_rest/S)', 'ceiling({N}*{l_rest}/{S})', 'CP degree the rest of the batch needs: its longest document at S/N tokens per device', 'devices', '[A-RingCost §5]', 'packing'),
+    'dynamic_cp_recv_share': ('chi_dyn', '(l_max*(ceiling(N*l_max/S) - 1) + (T_w - l_max)*(ceiling(N*l_rest/S) - 1))/(T_w*(N - 1))', '({l_max}*(ceiling({N}*{l_max}/{S}) - 1) + ({T_w} - {l_max})*(ceiling({N}*{l_rest}/{S}) - 1))/({T_w}*({N} - 1))', "share of the ring's KV traffic left when each document runs at the CP degree it needs (every token's KV visits N_x - 1 other ranks) instead of all at N", '1', '[A-RingCost §5]', 'packing'),
 }
 
 ARGS = {
@@ -761,6 +785,10 @@ ARGS = {
     'model_flops_per_token_causal': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
     'hardware_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'g', 'h', 'n_L', 'n_kv', 'rc_full', 'rc_sel'),
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
+    'packed_compute_fraction': ('E_m', 'E_w', 'c'),
+    'doc_cp_degree': ('N', 'S', 'l_max'),
+    'rest_cp_degree': ('N', 'S', 'l_rest'),
+    'dynamic_cp_recv_share': ('N', 'S', 'T_w', 'l_max', 'l_rest'),
 }
 
 # symbol: (meaning, unit, source)
@@ -823,4 +851,9 @@ SYMBOLS = {
     's_comm': ('slowdown of compute that runs beside a communication kernel (SMs it takes)', '1', 'kernel tables'),
     't_launch': ('fixed cost of one ring step outside the kernels (launches, stream waits)', 's', 'kernel tables'),
     'k_copy': ('query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)', '1', '[ring-flash-attn]'),
+    'E_m': ("(query, key) pairs one layer executes under the branch's mask, all ranks, tile rule", 'pairs', '[A-RingCost §5]'),
+    'E_w': ('(query, key) pairs one layer executes over the plain (causal) window, all ranks', 'pairs', '[A-RingCost §5]'),
+    'l_max': ('tokens of the longest document in the window', 'tokens', '[A-RingCost §5]'),
+    'l_rest': ('tokens of the longest of the other documents', 'tokens', '[A-RingCost §5]'),
+    'T_w': ('document tokens in the window (padding excluded)', 'tokens', '[A-RingCost §5]'),
 }
