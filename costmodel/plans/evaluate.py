@@ -10,6 +10,7 @@ from __future__ import annotations
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluation, Evaluator, pass_ratio, plan_values
 from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.packed_report import mask_section, masked_utilization, packing_section
 from costmodel.plans.schema import (
     TP,
     Backward,
@@ -92,6 +93,8 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         ),
         causal=_causal(ev, inputs),
         notes=_notes(inputs, machine, hardware, ring),
+        packing=packing_section(ev, inputs, machine),
+        mask=mask_section(ev, inputs),
     )
 
 
@@ -246,6 +249,8 @@ def _causal(ev: Evaluator, inputs: PlanInputs) -> Causal:
         else None
         for layout in LAYOUTS
     }
+    if inputs.masked:  # under the plan's mask and branch ([A-RingCost §5])
+        per_layout = masked_utilization(inputs)
     return Causal(
         utilization_coarse=ev("utilization_coarse"),
         utilization_fine=ev("utilization_fine"),
