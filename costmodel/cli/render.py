@@ -498,7 +498,8 @@ def render_validation(report: dict, console: Console) -> None:
         kernel = "Ulysses" if r["variant"] == "ulysses" else f"ring {short[r['layout']]}"
         table.add_row(
             kernel,
-            "causal" if r["causal"] else "full",
+            ("causal" if r["causal"] else "full")
+            + (f" {r['documents']}d" if r.get("documents", 1) > 1 else ""),
             str(r["tokens_per_rank"]),
             f"{r['shard_over_critical']:.3g}",
             r["pass"],
