@@ -88,6 +88,12 @@ class Placement:
         counts = _count_below(self.split, n, lengths[:, None], lengths[:, None], ranks[None, :])
         self.before = np.vstack([np.zeros((1, n), dtype=np.int64), np.cumsum(counts, axis=0)])
         self.lengths = self.before[-1]  # L_k: tokens rank k holds (equal for window-level layouts)
+        # Per segment and rank, the runs of offsets it holds (contiguous: one, zigzag: two), as
+        # (start, length) tables, so counting is clipping rather than dividing per (interval, rank).
+        edge = lambda j: j * lengths[:, None] // (n * chunks)  # noqa: E731
+        chunks = 2 if self.split == "zigzag" else 1
+        owned = [ranks[None, :]] + ([2 * n - 1 - ranks[None, :]] if chunks == 2 else [])
+        self.runs = [(edge(j), edge(j + 1) - edge(j)) for j in owned]
 
     def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment, offset in it, its length) of each global position x (x = S: the end of the last)."""
@@ -97,12 +103,22 @@ class Placement:
     def index_below(
         self, located: tuple[np.ndarray, np.ndarray, np.ndarray], ranks: np.ndarray
     ) -> np.ndarray:
-        """(positions, ranks): how many positions each rank holds below each located global position."""
-        seg, off, length = located
-        inside = _count_below(self.split, self.n, length[:, None], off[:, None], ranks[None, :])
-        if len(self.bounds) == 2:  # one segment: nothing before it
-            return inside
-        return inside + np.take(self.before, seg[:, None] * self.n + ranks[None, :])
+        """(ranks, positions): how many positions each rank holds below each located global position."""
+        seg, off, _ = located
+        one = len(self.bounds) == 2
+        flat = None if one else seg[None, :] * self.n + ranks[:, None]
+
+        def table(values: np.ndarray) -> np.ndarray:
+            return values[0, ranks][:, None] if one else np.take(values, flat)
+
+        off = off[None, :]
+        if self.split == "striped":
+            inside = np.maximum((off - ranks[:, None] + self.n - 1) // self.n, 0)
+        else:
+            inside = sum(
+                np.minimum(np.maximum(off - table(start), 0), table(size)) for start, size in self.runs
+            )
+        return inside if one else inside + table(self.before)
 
     def positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every token's global position in rank-major, local order, and the rank offsets into it."""
@@ -185,25 +201,29 @@ def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) ->
     if first.size == 0:  # nothing but padding
         return Schedule(np.zeros((n, n)), 0.0)
     span = int(placement.lengths.max()) + 1
-    base = q_tile * span  # each query tile in its own band, so one running max serves every tile
-    rank_end = np.searchsorted(q_rank, np.arange(n), side="right")
+    # Each query tile in its own band of key indices, so one running max along the intervals serves every
+    # tile; int32 where the bands fit (half the memory traffic).
+    wide = (int(q_tile[-1]) + 1) * span >= 1 << 31
+    dtype = np.int64 if wide else np.int32
+    base = (q_tile * span).astype(dtype)[None, :]
+    present = np.flatnonzero(np.bincount(q_rank, minlength=n))
+    group_start = np.searchsorted(q_rank, present)
+    weight = q_size.astype(np.float64)[None, :]
     pairs = np.zeros((n, n))
     step = max(1, _CHUNK // max(first.size, 1))
     starts, ends = placement.locate(first), placement.locate(last + 1)
     for k0 in range(0, n, step):
         ranks = np.arange(k0, min(n, k0 + step), dtype=np.int64)
-        lo, hi = placement.index_below(starts, ranks), placement.index_below(ends, ranks)
-        empty = hi <= lo
-        t_lo = np.where(empty, 0, lo // tile * tile) + base[:, None]
-        t_hi = np.where(empty, 0, np.minimum(-(-hi // tile) * tile, placement.lengths[ranks])) + base[:, None]
-        reached = np.maximum.accumulate(t_hi, axis=0)
-        before = np.vstack([np.full((1, ranks.size), -1, dtype=np.int64), reached[:-1]])
-        keys = np.maximum(t_hi - np.maximum(t_lo, before), 0)
-        total = np.vstack(
-            [np.zeros((1, ranks.size)), np.cumsum(keys * q_size[:, None].astype(float), axis=0)]
-        )
-        at_end = total[rank_end]
-        pairs[:, ranks] = np.diff(np.vstack([np.zeros((1, ranks.size)), at_end]), axis=0)
+        lo = placement.index_below(starts, ranks).astype(dtype)  # (key ranks, intervals)
+        hi = placement.index_below(ends, ranks).astype(dtype)
+        t_lo = lo // tile * tile
+        t_hi = np.where(hi > lo, np.minimum(-(-hi // tile) * tile, placement.lengths[ranks, None]), t_lo)
+        t_lo += base
+        t_hi += base
+        reached = np.maximum.accumulate(t_hi, axis=1)
+        t_lo[:, 1:] = np.maximum(t_lo[:, 1:], reached[:, :-1])
+        keys = np.maximum(t_hi - t_lo, 0) * weight  # pairs: new key indices x query tile size
+        pairs[present[:, None], ranks[None, :]] = np.add.reduceat(keys, group_start, axis=1).T
     ranks = np.arange(n)
     schedule = pairs[ranks[:, None], (ranks[:, None] - ranks[None, :]) % n]
     schedule.flags.writeable = False
