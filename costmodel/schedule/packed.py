@@ -93,7 +93,11 @@ class Placement:
         edge = lambda j: j * lengths[:, None] // (n * chunks)  # noqa: E731
         chunks = 2 if self.split == "zigzag" else 1
         owned = [ranks[None, :]] + ([2 * n - 1 - ranks[None, :]] if chunks == 2 else [])
-        self.runs = [(edge(j), edge(j + 1) - edge(j)) for j in owned]
+        # Stored rank-major (rank, segment): along an interval row the segments mostly increase, so the
+        # gathers of index_below walk memory in order.
+        small = np.int32 if seq < 1 << 31 else np.int64  # counts below S: half the memory traffic
+        self.runs = [(edge(j).T.astype(small), (edge(j + 1) - edge(j)).T.astype(small)) for j in owned]
+        self.before_by_rank = self.before[:-1].T.astype(small)
 
     def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(segment, offset in it, its length) of each global position x (x = S: the end of the last)."""
@@ -106,19 +110,19 @@ class Placement:
         """(ranks, positions): how many positions each rank holds below each located global position."""
         seg, off, _ = located
         one = len(self.bounds) == 2
-        flat = None if one else seg[None, :] * self.n + ranks[:, None]
+        flat = None if one else ranks[:, None] * (len(self.bounds) - 1) + seg[None, :]
 
-        def table(values: np.ndarray) -> np.ndarray:
-            return values[0, ranks][:, None] if one else np.take(values, flat)
+        def table(by_rank: np.ndarray) -> np.ndarray:
+            return by_rank[ranks, :1] if one else np.take(by_rank, flat)
 
-        off = off[None, :]
+        off = off.astype(self.before_by_rank.dtype)[None, :]
         if self.split == "striped":
             inside = np.maximum((off - ranks[:, None] + self.n - 1) // self.n, 0)
         else:
             inside = sum(
                 np.minimum(np.maximum(off - table(start), 0), table(size)) for start, size in self.runs
             )
-        return inside if one else inside + table(self.before)
+        return inside if one else inside + table(self.before_by_rank)
 
     def positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every token's global position in rank-major, local order, and the rank offsets into it."""
