@@ -280,6 +280,15 @@ def _notes(inputs: PlanInputs, machine: Machine, hw: Hardware, ring: Ring) -> li
             "Causal: useful FLOP halve and traffic does not, so intensity, ratio and N_max use half the "
             f"compute [A-RingCost §4]; the {inputs.layout} layout's tile-level schedule sets the layer time."
         )
+    if inputs.masked:
+        what = {
+            "dense": "blanks the document mask's scores and executes the causal window's tiles",
+            "varlen": "skips every tile with no visible pair",
+        }[inputs.packing]
+        notes.append(
+            f"Masked ({inputs.packing} branch): the kernel {what}; compute, intensity, ratios and the layer "
+            "time follow what it executes, traffic does not change [A-RingCost §5] (docs/packing.md)."
+        )
     if inputs.n == 1:
         notes.append(
             "N = 1: nothing is split and nothing is received; the ring figures are per would-be block."
