@@ -156,3 +156,18 @@ def test_the_step_model_takes_the_branch(cli) -> None:
     }
     assert time["one"] == time["plain"] == time["dense"]
     assert 0.15 < time["varlen"] / time["plain"] < 0.4
+
+
+def test_sweep_takes_the_distribution_per_cell(cli) -> None:
+    """Packed into every S: one document of 64k is the unpacked sweep; sixteen of 4k, each cell's ratio
+    grows by its executed share (the same plan as `cp-plan` at that S and N)."""
+    base = ["sweep", "--seq", "64k", "--n", "2,8", "--hw", "h100-nvlink", "--causal"]
+    plain = {r["n"]: r["comm_ratio_step"] for r in _json(cli, *base)["rows"]}
+    one = {r["n"]: r["comm_ratio_step"] for r in _json(cli, *base, "--docs", "64k")["rows"]}
+    many = {r["n"]: r["comm_ratio_step"] for r in _json(cli, *base, "--docs", "4kx16")["rows"]}
+    assert one == plain
+    for n in (2, 8):
+        report = _json(
+            cli, "--seq", "64k", "--n", str(n), "--hw", "h100-nvlink", "--causal", "--docs", "4kx16"
+        )
+        assert many[n] == pytest.approx(report["ring"]["comm_ratio_step"], rel=1e-12)

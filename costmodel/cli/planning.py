@@ -184,6 +184,9 @@ class SweepFormat(str, Enum):
         "sequence_parallel",
         "flash_attention",
         "memory_headroom",
+        "packing",
+        "window",
+        "chunk",
         *MachineOverrides.model_fields,
     },
     defaults={"seq": 1, "n": 1, "block": 1},
@@ -204,6 +207,12 @@ def sweep_cmd(
     plot: Annotated[
         Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")
     ] = None,
+    docs: Annotated[
+        Optional[str],
+        typer.Option(
+            "--docs", help="Packed documents, as for cp-plan, packed into every S (docs/packing.md)."
+        ),
+    ] = None,
 ) -> None:
     """The step comm ratio over a grid of S, N and machines, vectorised, with the verdict bands.
 
@@ -222,7 +231,9 @@ def sweep_cmd(
     if gpus is not None:
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
     memory = preset is not None and gpus is not None
-    grids = [sweep(inputs, seqs, ns, machine, preset, setup if memory else None) for machine in machines]
+    grids = [
+        sweep(inputs, seqs, ns, machine, preset, setup if memory else None, docs=docs) for machine in machines
+    ]
     if plot is not None:
         from costmodel.cli.plot import plot_sweep
 
