@@ -171,3 +171,14 @@ def test_sweep_takes_the_distribution_per_cell(cli) -> None:
             cli, "--seq", "64k", "--n", str(n), "--hw", "h100-nvlink", "--causal", "--docs", "4kx16"
         )
         assert many[n] == pytest.approx(report["ring"]["comm_ratio_step"], rel=1e-12)
+
+
+def test_plan_files_take_the_distribution(cli, tmp_path: Path) -> None:
+    """The same 1M window over 8 H100s as a plan file: green as one document, red packed varlen."""
+    body = "name: x\nmodel: llama3-8b\nseq: 1M\nn: 8\ngpus: 8\nhw: h100-nvlink\ncausal: true\n{extra}"
+    body += "expect:\n  worst_verdict: green\n"
+    (tmp_path / "one.yaml").write_text(body.format(extra="docs: 1M\n"))
+    (tmp_path / "packed.yaml").write_text(body.format(extra="docs: 4kx256\npacking: varlen\n"))
+    assert cli("check", str(tmp_path / "one.yaml")).code == 0
+    result = cli("check", str(tmp_path / "packed.yaml"))
+    assert result.code == 1 and "red" in result.out
