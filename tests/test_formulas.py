@@ -203,10 +203,15 @@ def test_numeric_twin_matches_exact_sympy(
         "B_x": bw / 3,
         "F_x": 1.3 * flops,
         "W_b": 2.5 * flops * 1e-3,
+        "E_m": 0.3 * seq_per * n * seq_per,
+        "E_w": 0.6 * seq_per * n * seq_per,
+        "l_max": seq_per * n // 2 + 1,
+        "l_rest": max(1, seq_per * n // 7),
+        "T_w": seq_per * n,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}
-        if n == 1 and name in {"intensity_layer", "tp_to_ring_ratio"}:
+        if n == 1 and name in {"intensity_layer", "tp_to_ring_ratio", "dynamic_cp_recv_share"}:
             continue  # N - 1 = 0: undefined at N = 1, reported as null
         fast = float(getattr(numeric, name)(**args))
         exact = formula.evaluate(**args)

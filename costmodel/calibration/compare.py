@@ -92,6 +92,9 @@ def compare(
     rows = []
     for case, times in zip(cases, measured, strict=True):
         inputs = calibrated_inputs(profile, n, case.tokens_per_rank, case.causal, case.layout)
+        documents = getattr(case, "documents", 1)
+        if documents > 1:  # the same window packed with equal documents, varlen
+            inputs = inputs.model_copy(update={"docs": f"{inputs.seq // documents}x{documents}"})
         for pass_ in case.passes:
             backward = pass_ == "fwd+bwd"
             model = predict(inputs, machine, case.variant, backward).total_s
@@ -105,6 +108,7 @@ def compare(
                     "layout": case.layout,
                     "causal": case.causal,
                     "tokens_per_rank": case.tokens_per_rank,
+                    "documents": documents,
                     "shard_over_critical": case.tokens_per_rank / l_star,
                     "pass": pass_,
                     "held_out": not getattr(case, "fitted", False),

@@ -165,7 +165,9 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     )
     window = f"[{rec.n_min_memory or '-'}, {rec.n_max_comm or '-'}]"
     label = "use"
-    if report.search and report.search.get("pick"):  # the whole job's answer first; the CP window is at TP/PP as stated
+    if report.search and report.search.get(
+        "pick"
+    ):  # the whole job's answer first; the CP window is at TP/PP as stated
         head.add_row(
             "use",
             Text(
@@ -265,6 +267,9 @@ class SweepFormat(str, Enum):
         "sequence_parallel",
         "flash_attention",
         "memory_headroom",
+        "packing",
+        "window",
+        "attention_chunk",
         *MachineOverrides.model_fields,
     },
     defaults={"seq": 1, "n": 1, "block": 1},
@@ -286,6 +291,12 @@ def sweep_cmd(
         Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")
     ] = None,
     global_batch: GlobalOpt = None,
+    docs: Annotated[
+        Optional[str],
+        typer.Option(
+            "--docs", help="Packed documents, as for cp-plan, packed into every S (docs/packing.md)."
+        ),
+    ] = None,
 ) -> None:
     """The step comm ratio over a grid of S, N and machines, vectorised, with the verdict bands.
 
@@ -305,7 +316,9 @@ def sweep_cmd(
     if gpus is not None:
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
     memory = preset is not None and gpus is not None
-    grids = [sweep(inputs, seqs, ns, machine, preset, setup if memory else None) for machine in machines]
+    grids = [
+        sweep(inputs, seqs, ns, machine, preset, setup if memory else None, docs=docs) for machine in machines
+    ]
     if memory:
         from costmodel.training.step import step_machine
         from costmodel.training.sweep import step_times

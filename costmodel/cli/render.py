@@ -182,6 +182,106 @@ def causal_lines(report: Report) -> tuple[str, str]:
     )
 
 
+def packing_title(report: Report) -> str:
+    p = report.packing
+    assert p is not None
+    return (
+        f"Packed window {p.window + 1} of {p.windows}: {p.window_documents:,} documents, "
+        f"{p.window_tokens:,} tokens ({p.source}); plan's branch: {p.branch}"
+    )
+
+
+def packing_branch_rows(report: Report) -> list[list[str]]:
+    p = report.packing
+    assert p is not None
+    rows = []
+    for name in ("dense", "varlen"):
+        b = getattr(p, name)
+        rows.append(
+            [
+                name + (" (plan)" if name == p.branch else ""),
+                si(b.executed_flops, "FLOP"),
+                percent(b.executed_share),
+                percent(b.useful_share),
+                f"{b.intensity_step:,.0f}",
+                percent(b.comm_ratio_step),
+                b.verdict,
+            ]
+        )
+    return rows
+
+
+def packing_layout_rows(report: Report) -> list[list[str]]:
+    p = report.packing
+    assert p is not None
+    rows = []
+    for row in p.layouts:
+        if not row.feasible:
+            rows.append([row.layout, "S does not split evenly", "", "", "", "", ""])
+            continue
+        rows.append(
+            [
+                row.layout,
+                percent(row.utilization_dense),
+                percent(row.utilization_varlen),
+                percent(row.balance),
+                f"{row.waiting_steps} / {row.idle_steps}",
+                seconds(row.exposed_s),
+                seconds(row.layer_time_s),
+            ]
+        )
+    return rows
+
+
+def long_tail_line(report: Report) -> str:
+    t = report.packing.long_tail if report.packing else None
+    assert t is not None
+    line = (
+        f"the longest document ({t.longest_doc_tokens:,} tokens) needs N = {t.n_longest}, the rest of the "
+        f"batch N = {t.n_rest}; the plan runs every document at N = {report.inputs.n}"
+    )
+    if t.dynamic_recv_share is not None:
+        line += (
+            f"; dynamic CP per micro-batch would send {percent(t.dynamic_recv_share)} of the ring's KV "
+            f"traffic ({si(t.dynamic_recv_bytes_saved_per_layer, 'B')} less per device per layer)"
+        )
+    return line
+
+
+def mask_rows(report: Report) -> list[list[str]]:
+    m = report.mask
+    assert m is not None
+    return [
+        [
+            t.kind,
+            f"{t.compute_fraction:.4g}",
+            percent(t.comm_ratio_step),
+            t.verdict,
+            f"{t.n_max:,.1f}",
+            str(t.skippable_steps),
+        ]
+        for t in m.layer_types
+    ]
+
+
+PACKING_BRANCH_COLUMNS = ["branch", "executed", "of window", "useful", "I_step", "ratio", "verdict"]
+PACKING_LAYOUT_COLUMNS = [
+    "layout",
+    "util dense",
+    "util varlen",
+    "balance",
+    "wait / idle",
+    "exposed",
+    "layer fwd",
+]
+MASK_COLUMNS = ["layers", "c", "ratio", "verdict", "N_max", "skippable steps"]
+PACKING_CAPTION = (
+    "executed: FLOP one layer runs, all devices · of window: share of the causal window's tiles · "
+    "util: useful / (N x slowest rank per step) · balance: mean / slowest rank's varlen work · "
+    "wait: steps shorter than their transfer · idle: steps with no work (docs/packing.md)"
+)
+
+
 def _table(title: str, columns: list[str]):  # noqa: ANN202
     from rich import box
     from rich.table import Table
@@ -248,6 +348,26 @@ def render_table(report: Report, console: Console) -> None:
     console.print(SCHEMES_CAPTION, style="dim")
     console.print()
 
+    if report.packing is not None:
+        for title, columns, rows in (
+            (packing_title(report), PACKING_BRANCH_COLUMNS, packing_branch_rows(report)),
+            ("Layouts of the packed window, fwd", PACKING_LAYOUT_COLUMNS, packing_layout_rows(report)),
+        ):
+            table = _table(title, columns)
+            for row in rows:
+                row = [f"[{COLOURS[c]}]{c}[/]" if c in COLOURS else c for c in row]
+                table.add_row(*row)
+            console.print(table)
+        console.print(PACKING_CAPTION, style="dim")
+        console.print(Text("long tail: " + long_tail_line(report)))
+        console.print()
+    if report.mask is not None and report.mask.layer_types:
+        table = _table("Global and local layers", MASK_COLUMNS)
+        for row in mask_rows(report):
+            table.add_row(*row)
+        console.print(table)
+        console.print()
+
     tail = Table.grid(padding=(0, 2))
     tail.add_column(style="bold")
     tail.add_column()
@@ -290,6 +410,16 @@ def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
         ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"], scheme_rows(report)
     )
     out += ["", SCHEMES_CAPTION, ""]
+    if report.packing is not None:
+        out += [f"### {packing_title(report)}", ""]
+        out += _md_table(PACKING_BRANCH_COLUMNS, packing_branch_rows(report))
+        out += ["", "### Layouts of the packed window, fwd", ""]
+        out += _md_table(PACKING_LAYOUT_COLUMNS, packing_layout_rows(report))
+        out += ["", PACKING_CAPTION, "", f"**Long tail** {long_tail_line(report)}.", ""]
+    if report.mask is not None and report.mask.layer_types:
+        out += ["### Global and local layers", ""]
+        out += _md_table(MASK_COLUMNS, mask_rows(report))
+        out += [""]
     if report.inputs.causal:
         measured, blocks = causal_lines(report)
         out += [f"**Causal** {measured}; {blocks}.", ""]
@@ -379,7 +509,8 @@ def render_validation(report: dict, console: Console) -> None:
         kernel = "Ulysses" if r["variant"] == "ulysses" else f"ring {short[r['layout']]}"
         cells = [
             kernel,
-            "causal" if r["causal"] else "full",
+            ("causal" if r["causal"] else "full")
+            + (f" {r['documents']}d" if r.get("documents", 1) > 1 else ""),
             str(r["tokens_per_rank"]),
             f"{r['shard_over_critical']:.3g}",
             r["pass"],

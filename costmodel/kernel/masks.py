@@ -1,9 +1,10 @@
-"""The one mask rule, by global token position, and how a (query block, key block) pair is computed.
+"""How a (query block, key block) pair is computed under the one mask rule by global token position.
 
-Rule ([A-OnlineNorm], "Varlen、causal 与任意 mask 不等价"): a query sees the keys of its own document
-(varlen packing, boundaries ``cu_seqlens`` such as ``[0, 2, 5]``) and, when causal, only those at or
-before it. Both conditions bound a range of global positions, so each query sees exactly one range
-``[first_visible, last_visible]``. Everything else here is derived from :meth:`MaskRule.visible_range`:
+The rule (:class:`costmodel.schedule.masks.MaskRule`, shared with the simulator): a query sees the keys
+of its own document (varlen packing, ``cu_seqlens``), when causal only those at or before it, within a
+sliding window and an aligned chunk when given. Each query sees exactly one range
+``[first_visible, last_visible]`` of global positions. Everything else here is derived from
+:meth:`MaskRule.visible_range`:
 the dense mask (reference kernel, masked fallback) and the block plan (which fused calls to make).
 
 A layout only decides which positions a rank holds (:func:`costmodel.schedule.layouts.positions`, increasing
@@ -15,71 +16,20 @@ positions are increasing, the keys a query sees form one run ``[lo, hi)`` of *lo
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from costmodel.core.errors import InputError
+from costmodel.schedule.masks import MaskRule, check_cu_seqlens
+
+__all__ = ["MaskRule", "check_cu_seqlens", "BlockPlan", "Piece", "plan_block", "executed_tile_pairs"]
 
 PieceKind = Literal["full", "causal", "masked"]
 
 # Beyond this many fused calls per block (many short documents in one block), one masked fp32 call
 # over the block's bounding box is cheaper than the per-call overhead.
 MAX_FUSED_PIECES = 32
-
-
-def check_cu_seqlens(
-    cu_seqlens: tuple[int, ...] | list[int], seq: int, field: str = "cu_seqlens"
-) -> tuple[int, ...]:
-    """Validate document boundaries of a packed sequence: starts at 0, strictly increasing, ends at ``seq``."""
-    bounds = tuple(int(b) for b in cu_seqlens)
-    if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != seq:
-        raise InputError(
-            field, f"document boundaries must run from 0 to the sequence length {seq}, got {list(bounds)}"
-        )
-    if any(b <= a for a, b in itertools.pairwise(bounds)):
-        raise InputError(field, f"document boundaries must be strictly increasing, got {list(bounds)}")
-    return bounds
-
-
-@dataclass(frozen=True)
-class MaskRule:
-    """Which keys a query may see: causal and/or varlen documents (``cu_seqlens``, global positions)."""
-
-    causal: bool = False
-    cu_seqlens: tuple[int, ...] | None = None
-
-    def visible_range(self, q_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """First and last global key position (inclusive) each query position may see."""
-        q_pos = np.asarray(q_pos, dtype=np.int64)
-        if self.cu_seqlens is None:
-            first = np.zeros_like(q_pos)
-            last = np.full_like(q_pos, np.iinfo(np.int64).max)
-        else:
-            bounds = np.asarray(self.cu_seqlens, dtype=np.int64)
-            doc = np.searchsorted(bounds, q_pos, side="right") - 1
-            first, last = bounds[doc], bounds[doc + 1] - 1
-        if self.causal:
-            last = np.minimum(last, q_pos)
-        return first, last
-
-    def dense(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
-        """Boolean (queries, keys) mask, True where the query sees the key. For small blocks and tests."""
-        first, last = self.visible_range(q_pos)
-        k_pos = np.asarray(k_pos, dtype=np.int64)[None, :]
-        return (k_pos >= first[:, None]) & (k_pos <= last[:, None])
-
-    def key_runs(self, q_pos: np.ndarray, k_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per query, the run ``[lo, hi)`` of local key indices it sees; ``k_pos`` must be increasing."""
-        k_pos = np.asarray(k_pos, dtype=np.int64)
-        if k_pos.size > 1 and not np.all(np.diff(k_pos) > 0):
-            raise ValueError("key positions must be strictly increasing (a layout's local order)")
-        first, last = self.visible_range(q_pos)
-        lo = np.searchsorted(k_pos, first, side="left")
-        hi = np.maximum(np.searchsorted(k_pos, last, side="right"), lo)
-        return lo, hi
 
 
 @dataclass(frozen=True)
@@ -179,3 +129,19 @@ def _masked_piece(lo: np.ndarray, hi: np.ndarray) -> Piece:
     key_index = np.arange(key0, key1)[None, :]
     mask = (key_index >= lo[row0:row1, None]) & (key_index < hi[row0:row1, None])
     return Piece(slice(row0, row1), slice(key0, key1), "masked", mask)
+
+
+def executed_tile_pairs(plan: BlockPlan, rows: int, keys: int, tile: int) -> int:
+    """(query, key) pairs in the ``tile`` x ``tile`` tiles of a block that its pieces reach with a visible
+    pair: what a tiled kernel running this plan executes ("a tile pair costs if any pair in it is
+    unmasked"). The simulator's per-rank, per-step counts must equal this."""
+    if plan.skip:
+        return 0
+    covered = plan.dense(rows, keys)
+    q_tiles, k_tiles = -(-rows // tile), -(-keys // tile)
+    padded = np.zeros((q_tiles * tile, k_tiles * tile), dtype=bool)
+    padded[:rows, :keys] = covered
+    hit = padded.reshape(q_tiles, tile, k_tiles, tile).any(axis=(1, 3))
+    q_sizes = np.minimum(tile, rows - np.arange(q_tiles) * tile)
+    k_sizes = np.minimum(tile, keys - np.arange(k_tiles) * tile)
+    return int((q_sizes[:, None] * k_sizes[None, :] * hit).sum())

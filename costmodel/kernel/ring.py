@@ -182,12 +182,15 @@ def ring_attention(
     cu_seqlens: tuple[int, ...] | list[int] | None = None,
     scale: float | None = None,
     max_fused_pieces: int = MAX_FUSED_PIECES,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of this rank's query shard to the whole sequence, passing K/V round the ring.
 
     ``q`` (b, h, L, d) and ``k``, ``v`` (b, n_kv, L, d) are this rank's shard: the tokens at
     ``positions(layout, L·N, N)[rank]``, in that order (:func:`~costmodel.kernel.sharding.shard`).
-    ``cu_seqlens`` are global document boundaries of the packed sequence (varlen). Returns ``out``
+    ``cu_seqlens`` are global document boundaries of the packed sequence (varlen); ``window`` (keys
+    within W positions) and ``chunk`` (aligned local chunks) narrow it further (:class:`MaskRule`). Returns ``out``
     (like ``q``, differentiable) and ``lse`` (b, h, L) fp32. With no process group initialised it runs
     on this process alone.
     """
@@ -195,7 +198,7 @@ def ring_attention(
     world_size = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     seq = q.shape[2] * world_size
-    rule = MaskRule(causal, None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, seq))
+    rule = MaskRule(causal, None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, seq), window, chunk)
     schedule = ring_schedule(rule, layout, seq, world_size, rank, max_fused_pieces)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _RingAttention.apply(q, k.contiguous(), v.contiguous(), schedule, group, scale)
@@ -210,11 +213,13 @@ def local_attention(
     cu_seqlens: tuple[int, ...] | list[int] | None = None,
     scale: float | None = None,
     max_fused_pieces: int = MAX_FUSED_PIECES,
+    window: int | None = None,
+    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same kernel on one process over a whole sequence in order (used by Ulysses after its all-to-all)."""
     check_shapes(q, k, v)
     seq = q.shape[2]
-    rule = MaskRule(causal, None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, seq))
+    rule = MaskRule(causal, None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, seq), window, chunk)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     return _RingAttention.apply(
         q, k.contiguous(), v.contiguous(), local_schedule(rule, seq, max_fused_pieces), None, scale

@@ -29,6 +29,14 @@ class Case:
     tokens_per_rank: int
     passes: tuple[str, ...]  # which of "fwd", "fwd+bwd" enter the comparison
     fitted: bool = False  # a shape calibrate fitted on (else held out: never seen by calibrate)
+    documents: int = 1  # equal documents packed in the window, run varlen ([A-RingCost §5])
+
+    def cu_seqlens(self, world_size: int) -> tuple[int, ...] | None:
+        """Boundaries of the packed documents over the whole window; None for one document."""
+        if self.documents == 1:
+            return None
+        seq = self.tokens_per_rank * world_size
+        return tuple(range(0, seq + 1, seq // self.documents))
 
 
 def _pow2_near(x: float, low: int, high: int) -> int:
@@ -60,6 +68,9 @@ def grid(
         Case("ring", "zigzag", True, mid, both),
         Case("ulysses", "contiguous", False, mid, fwd),
         Case("ulysses", "contiguous", True, mid, both),
+        # Packed: 4N equal documents, so every rank holds whole ones and the varlen kernel skips the rest.
+        Case("ring", "zigzag", True, mid, fwd, documents=8),
+        Case("ring", "contiguous", True, large, fwd, documents=8),
         *fitted,
     ]
 
@@ -85,6 +96,7 @@ def measure_cases(
             dtype,
             layout=case.layout,
             causal=case.causal,
+            cu_seqlens=case.cu_seqlens(ctx.world_size),
             batch=shape["batch"],
             device=ctx.device,
         )

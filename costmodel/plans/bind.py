@@ -12,6 +12,7 @@ from typing import Any
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.packing import compute_fraction
 from costmodel.symbolic import numeric
 
 ACCUMULATOR_BYTES = 4  # fp32 (m, l, O) of the online softmax [OnlineSoftmax]
@@ -56,7 +57,7 @@ def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> d
         "p": float(inputs.bytes_per_element),
         "p_acc": float(ACCUMULATOR_BYTES),
         "s_blk": float(inputs.block),
-        "c": 0.5 if inputs.causal else 1.0,
+        "c": compute_fraction(inputs, n),  # packed or windowed: the share the kernel executes
         "F": machine.effective_flops,
         "F_peak": machine.peak_flops,
         "eta": 1.0 if inputs.efficiency is None else inputs.efficiency,

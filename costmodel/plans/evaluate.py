@@ -11,6 +11,7 @@ from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluation, Evaluator, pass_ratio, plan_values
 from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.packed_report import mask_section, masked_utilization, packing_section
 from costmodel.plans.schema import (
     TP,
     Backward,
@@ -94,6 +95,8 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         ),
         causal=_causal(ev, inputs),
         notes=_notes(inputs, machine, hardware, ring),
+        packing=packing_section(ev, inputs, machine),
+        mask=mask_section(ev, inputs),
     )
 
 
@@ -248,6 +251,8 @@ def _causal(ev: Evaluator, inputs: PlanInputs) -> Causal:
         else None
         for layout in LAYOUTS
     }
+    if inputs.masked:  # under the plan's mask and branch ([A-RingCost §5])
+        per_layout = masked_utilization(inputs)
     return Causal(
         utilization_coarse=ev("utilization_coarse"),
         utilization_fine=ev("utilization_fine"),
@@ -276,6 +281,15 @@ def _notes(inputs: PlanInputs, machine: Machine, hw: Hardware, ring: Ring) -> li
         notes.append(
             "Causal: useful FLOP halve and traffic does not, so intensity, ratio and N_max use half the "
             f"compute [A-RingCost §4]; the {inputs.layout} layout's tile-level schedule sets the layer time."
+        )
+    if inputs.masked:
+        what = {
+            "dense": "blanks the document mask's scores and executes the causal window's tiles",
+            "varlen": "skips every tile with no visible pair",
+        }[inputs.packing]
+        notes.append(
+            f"Masked ({inputs.packing} branch): the kernel {what}; compute, intensity, ratios and the layer "
+            "time follow what it executes, traffic does not change [A-RingCost §5] (docs/packing.md)."
         )
     if inputs.n == 1:
         notes.append(

@@ -176,6 +176,34 @@ class PlanInputs(BaseModel):
     pass_: Pass = Field(
         "fwd", alias="pass", description="Which pass the verdict covers; fwd+bwd takes the worse."
     )
+    docs: str | None = flag(
+        None,
+        "Packed documents in windows of S: lengths (200k,4kx16,512x40), a file (a length per line, or a "
+        "JSON/CSV histogram), or lognormal:mean=4k,sigma=1,count=200,seed=0; first-fit in order "
+        "(docs/packing.md).",
+        max_length=4096,
+    )
+    packing: Literal["dense", "varlen"] = flag(
+        "varlen",
+        "How the kernel treats the document mask: dense blanks scores and computes the causal window, "
+        "varlen skips masked tiles.",
+    )
+    window: Tokens | None = flag(
+        None,
+        "Sliding window W: a query sees keys within W tokens.",
+        unit="tokens",
+        tokens=True,
+        ge=1,
+        le=MAX_TOKENS,
+    )
+    attention_chunk: Tokens | None = flag(
+        None,
+        "Chunked (local) attention: a query sees keys in its aligned chunk of C tokens.",
+        unit="tokens",
+        tokens=True,
+        ge=1,
+        le=MAX_TOKENS,
+    )
 
     @computed_field(description="p, bytes per element, from dtype")  # type: ignore[prop-decorator]
     @property
@@ -186,6 +214,11 @@ class PlanInputs(BaseModel):
     def shard_tokens(self) -> int:
         return self.seq // self.n
 
+    @property
+    def masked(self) -> bool:
+        """Documents, a sliding window or chunks: the schedule comes from the mask simulator."""
+        return self.docs is not None or self.window is not None or self.attention_chunk is not None
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         if self.n > self.seq:
@@ -195,6 +228,18 @@ class PlanInputs(BaseModel):
             raise InputError("kv_heads", f"{self.kv_heads} exceeds --heads {self.heads}")
         if self.heads % self.kv_heads:
             raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
+        if self.docs is not None:
+            from costmodel.plans.packing import pack
+
+            pack(self.docs, self.seq)
+        if self.masked:
+            from costmodel.schedule.packed import MAX_MASKED_TOKENS
+
+            if self.seq > MAX_MASKED_TOKENS:
+                raise InputError(
+                    "docs" if self.docs else "window" if self.window else "attention_chunk",
+                    f"packed and windowed masks are simulated up to S = {MAX_MASKED_TOKENS:,} tokens",
+                )
         if self.block > self.shard_tokens:
             raise InputError(
                 "block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}"

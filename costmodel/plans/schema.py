@@ -200,6 +200,105 @@ class Causal(_Section):
     utilization: LayoutUtilization = Field(description="tile-level simulator, [Striped §3]")
 
 
+class PackingBranch(_Section):
+    """One branch of a packed window ([A-RingCost §5]): what the kernel executes and what it means for CP."""
+
+    executed_flops: float = Field(description="FLOP one layer executes, all devices (forward)")
+    device_flops_per_layer: float = Field(description="executed FLOP per device per layer, mean")
+    executed_share: float = Field(description="E_m / E_w: executed tiles over the plain causal window's")
+    useful_share: float = Field(description="useful FLOP / executed FLOP")
+    compute_fraction: float = Field(description="c_x, the c every formula of this branch uses")
+    intensity_step: float = Field(description="FLOP/byte of a mean step: falls with the executed work")
+    comm_ratio_step: float = Field(description="step receive / mean step compute")
+    verdict: Colour = Field(description="band of comm_ratio_step")
+
+
+class PackedLayoutRow(_Section):
+    """One layout of the packed window under the plan's branch, forward ([A-RingCost §5], [Striped §3])."""
+
+    layout: str = Field(
+        description="window-level contiguous/striped/zigzag, or per-document doc-striped/doc-zigzag"
+    )
+    feasible: bool = Field(description="S splits evenly (window-level layouts need N or 2N to divide S)")
+    utilization_dense: float | None = Field(
+        description="useful / (N x sum of the slowest rank's executed pairs), dense"
+    )
+    utilization_varlen: float | None = Field(description="the same, varlen")
+    balance: float | None = Field(
+        description="sum over steps of the mean rank's varlen work / the slowest rank's: how even the useful work lies"
+    )
+    rank_executed_flops: list[float] | None = Field(description="executed FLOP per rank, plan's branch")
+    rank_useful_flops: list[float] | None = Field(description="useful FLOP per rank")
+    step_slowest_s: list[float] | None = Field(
+        description="the slowest rank's compute per ring step, plan's branch"
+    )
+    step_comm_s: float | None = Field(description="the KV transfer under each step but the last")
+    waiting_steps: int | None = Field(
+        description="steps whose slowest rank computes for less than the transfer"
+    )
+    idle_steps: int | None = Field(description="steps no rank has work in: pure waiting, or skippable")
+    exposed_s: float | None = Field(description="communication left exposed per layer, forward")
+    layer_time_s: float | None = Field(description="forward layer time (time model)")
+
+
+class LongTail(_Section):
+    """The long tail locks the CP degree ([A-RingCost §5]): N is set by the longest document's activations."""
+
+    longest_doc_tokens: int
+    rest_longest_doc_tokens: int = Field(description="the longest of the other documents (0: none)")
+    n_longest: int = Field(description="CP degree the longest document needs alone at S/N tokens per device")
+    n_rest: int = Field(description="CP degree the rest of the batch needs")
+    dynamic_recv_share: float | None = Field(
+        description="share of the ring's KV traffic left with dynamic CP per micro-batch; null at N = 1"
+    )
+    dynamic_recv_bytes_saved_per_layer: float | None = Field(
+        description="per device, what dynamic CP would not send; null at N = 1"
+    )
+
+
+class Packing(_Section):
+    """Packed documents: the window described, both branches, the layouts and the long-tail lock."""
+
+    source: str = Field(description="where the lengths came from")
+    rule: str = Field(description="how documents are packed into windows")
+    documents: int
+    tokens: int = Field(description="document tokens over all windows")
+    windows: int = Field(description="windows of S the documents fill")
+    window: int = Field(description="the window described: the one holding the longest document")
+    window_documents: int
+    window_tokens: int = Field(description="document tokens in it; the rest is padding")
+    branch: str = Field(description="the plan's branch (--packing): its numbers are the report's")
+    useful_flops: float = Field(description="FLOP of the visible pairs, one layer, all devices")
+    dense: PackingBranch
+    varlen: PackingBranch
+    layouts: list[PackedLayoutRow]
+    long_tail: LongTail
+
+
+class LayerType(_Section):
+    """Global or local (sliding-window / chunked) layers of a model that alternates them."""
+
+    kind: str = Field(description="global or local")
+    compute_fraction: float = Field(description="c of this layer type, plan's layout and branch")
+    comm_ratio_step: float = Field(description="step receive / mean step compute")
+    verdict: Colour
+    n_max: float = Field(description="largest N with ratio <= 100 %, at this layer's compute fraction")
+    skippable_steps: int = Field(description="ring steps no rank has work in (their transfer can be skipped)")
+
+
+class MaskSection(_Section):
+    """The mask the plan's kernel runs ([A-RingCost §5]): documents, window, chunk."""
+
+    causal: bool
+    documents: bool = Field(description="a block-diagonal document mask (varlen honours it, dense blanks it)")
+    window: int | None = Field(description="sliding window W, tokens")
+    chunk: int | None = Field(description="aligned chunk C, tokens")
+    skippable_steps: int = Field(description="ring steps with no work on any rank, plan's layout and branch")
+    layer_types: list[LayerType] = Field(
+        description="global and local layers, when --window or --attention-chunk is set"
+    )
+
+
 class Report(_Section):
     """Everything `cp-plan --format json` prints for one plan."""
 
@@ -219,6 +318,10 @@ class Report(_Section):
     tp: TP
     causal: Causal
     notes: list[str] = Field(description="topology and caveats, one sentence each")
+    packing: Packing | None = Field(
+        None, description="packed documents (--docs): both branches, layouts, long tail"
+    )
+    mask: MaskSection | None = Field(None, description="documents, window, chunk: what the kernel skips")
 
 
 class Fit(_Section):

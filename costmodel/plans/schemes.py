@@ -166,9 +166,16 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
     a2a_each = float(ev("usp_a2a_comm_s", **a2a_link.values, **factors))
     a2a_s = a2a_each * len(PASSES[pass_])  # the same exchanges again, reversed, in backward
     compute_s = _pass_sum(ev, _LAYER_COMPUTE, pass_)
-    # The all-to-all alone: N_u ranks, each holding S/N of every head, as a Ulysses layer over S·N_u/N.
+    # The all-to-all alone: N_u ranks, each holding S/N of every head, as a Ulysses layer over S·N_u/N
+    # (its exchanges only: a packed window's documents do not cut into S·N_u/N).
     a2a_only = inputs.model_copy(
-        update={"n": n_u, "seq": inputs.seq // n_r, "layout": "contiguous", "block": 1}
+        update={
+            "n": n_u,
+            "seq": inputs.seq // n_r,
+            "layout": "contiguous",
+            "block": 1,
+            **dict.fromkeys(("docs", "window", "attention_chunk")),
+        }
     )
     a2a_time, a2a_compute = predict(a2a_only, machine, "ulysses", backward).for_pass(pass_)
     common = {

@@ -32,6 +32,7 @@ import numpy as np
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import plan_values
 from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.packing import schedule_for
 from costmodel.schedule.simulator import simulate, simulation_tile
 from costmodel.schedule.timeline import ring_layer_time
 from costmodel.symbolic import numeric
@@ -159,9 +160,14 @@ class RingPass:
 
 
 def ring_pass(
-    inputs: PlanInputs, machine: Machine, backward: bool = False, span: int | None = None
+    inputs: PlanInputs,
+    machine: Machine,
+    backward: bool = False,
+    span: int | None = None,
+    pairs: np.ndarray | None = None,
 ) -> RingPass:
-    """The forward (or backward) pass of a ring over ``inputs.n`` ranks on the link ``span`` ranks use."""
+    """The forward (or backward) pass of a ring over ``inputs.n`` ranks on the link ``span`` ranks use;
+    ``pairs`` (ranks, steps) replaces the plan's own schedule (another layout of a packed window)."""
     n, length = inputs.n, inputs.seq // inputs.n
     values = {**plan_values(inputs, machine), **machine.link(span or n).values}
     kv_s = _call("step_comm_s", values)  # alpha + KV block / B
@@ -169,8 +175,12 @@ def ring_pass(
         values["alpha"]
         + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
     )
-    if machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
-        pairs = np.full((n, n), (0.5 if inputs.causal else 1.0) * length * length)
+    if pairs is not None:
+        pass
+    elif machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
+        pairs = np.full((n, n), values["c"] * length * length)
+    elif inputs.masked:  # documents, windows, chunks: the branch's tiles ([A-RingCost §5])
+        pairs = schedule_for(inputs, inputs.layout, inputs.packing).rank_step_pairs
     else:
         tile = simulation_tile(inputs.seq, n, inputs.block)
         pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
@@ -228,8 +238,8 @@ def _ulysses(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backw
         else 0.0
     )
     pairs = seq * (seq + 1) / 2 if inputs.causal else float(seq) * seq
-    if machine.datasheet and inputs.causal:
-        pairs = 0.5 * seq * seq
+    if (machine.datasheet and inputs.causal) or inputs.masked:
+        pairs = values["c"] * seq * seq
     flops = pairs * _call("pair_flops", {**values, "h": inputs.heads // n})
     shape = (seq, seq, inputs.head_dim)  # every rank attends its h/N heads over the whole sequence
     forward_compute = flops / machine.rate(flops, inputs.causal, False, n, *shape)

@@ -39,7 +39,9 @@ from costmodel.symbolic.symbols import (
     C_f,
     D,
     D_g,
+    E_m,
     E_p,
+    E_w,
     F,
     F_attn,
     F_attn_bwd,
@@ -59,6 +61,7 @@ from costmodel.symbolic.symbols import (
     S,
     S_kv,
     T_n,
+    T_w,
     V,
     W_b,
     X_k,
@@ -76,6 +79,8 @@ from costmodel.symbolic.symbols import (
     k_E,
     k_opt,
     l_h,
+    l_max,
+    l_rest,
     m_mb,
     n_bkt,
     n_E,
@@ -1505,6 +1510,43 @@ define(
     "a one-rank layer's backward against the block backward at the same size)",
     "s",
     "[A-RingCost §11]",
+)
+
+# --- Packed documents ([A-RingCost §5]): the two branches and the long-tail lock. --------------------
+_group = "packing"
+define(
+    "packed_compute_fraction",
+    "c_x",
+    c * E_m / E_w,
+    "compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the "
+    "branch executes (dense: all of them, so c; varlen: the unmasked tiles)",
+    "1",
+    "[A-RingCost §5]",
+)
+N_long = define(
+    "doc_cp_degree",
+    "N_doc",
+    sympy.ceiling(l_max * N / S),
+    "CP degree the longest document needs alone at the plan's tokens per device S/N",
+    "devices",
+    "[A-RingCost §5]",
+)
+N_rest = define(
+    "rest_cp_degree",
+    "N_rest",
+    sympy.ceiling(l_rest * N / S),
+    "CP degree the rest of the batch needs: its longest document at S/N tokens per device",
+    "devices",
+    "[A-RingCost §5]",
+)
+define(
+    "dynamic_cp_recv_share",
+    "chi_dyn",
+    (l_max * (N_long - 1) + (T_w - l_max) * (N_rest - 1)) / (T_w * (N - 1)),
+    "share of the ring's KV traffic left when each document runs at the CP degree it needs (every "
+    "token's KV visits N_x - 1 other ranks) instead of all at N",
+    "1",
+    "[A-RingCost §5]",
 )
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))

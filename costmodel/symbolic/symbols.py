@@ -339,3 +339,27 @@ W_b = _symbol(
     "FLOP",
     "[FA2 §3.1]",
 )
+
+# Packed documents and masks ([A-RingCost §5]): counts the simulator measures on one window.
+E_m = _symbol(
+    "E_m",
+    "(query, key) pairs one layer executes under the branch's mask, all ranks, tile rule",
+    "pairs",
+    "[A-RingCost §5]",
+    nonnegative=True,
+)
+E_w = _symbol(
+    "E_w",
+    "(query, key) pairs one layer executes over the plain (causal) window, all ranks",
+    "pairs",
+    "[A-RingCost §5]",
+)
+l_max = _symbol(
+    "l_max", "tokens of the longest document in the window", "tokens", "[A-RingCost §5]", integer=True
+)
+l_rest = _symbol(
+    "l_rest", "tokens of the longest of the other documents", "tokens", "[A-RingCost §5]", integer=True
+)
+T_w = _symbol(
+    "T_w", "document tokens in the window (padding excluded)", "tokens", "[A-RingCost §5]", integer=True
+)

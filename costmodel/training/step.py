@@ -39,6 +39,7 @@ from costmodel.plans.inputs import (
     shape_from_model,
 )
 from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.packing import compute_fraction
 from costmodel.symbolic import numeric
 from costmodel.training import moe
 
@@ -303,7 +304,8 @@ def bind(
         "v_pp": step.vpp,
         "p": inputs.bytes_per_element,
         "p_acc": 4,
-        "c": 0.5,
+        # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
+        "c": compute_fraction(inputs) if inputs.masked else 0.5,
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
         "k_copy": 1.0 if inputs.layout == "zigzag" and scheme in ("ring", "usp") else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,

@@ -112,19 +112,25 @@ def sweep(
     machine: Machine,
     model: ModelPreset | None = None,
     setup: TrainingSetup | None = None,
+    docs: str | None = None,
 ) -> Grid:
-    """The grid for one machine. ``shape`` gives heads, dtype, causal, pass; its seq and n are ignored."""
+    """The grid for one machine. ``shape`` gives heads, dtype, causal, pass; its seq and n are ignored.
+    ``docs`` (and the shape's packing, window, chunk) make c each cell's compute fraction ([A-RingCost §5])."""
     seq_col = np.asarray(seqs, dtype=float)[:, None]
     n_row = np.asarray(ns, dtype=float)[None, :]
     bandwidth, latency, inter = machine.link_arrays(np.asarray(ns))
     # The plan's binding of inputs to symbols, with S, N and the link each N uses as arrays.
     values = {
-        **plan_values(shape, machine, 1),
+        **plan_values(shape.model_copy(update=dict.fromkeys(("docs", "window", "attention_chunk"))), machine, 1),
         "S": seq_col,
         "N": n_row,
         "B": bandwidth[None, :],
         "alpha": latency[None, :],
     }
+    c_row = None
+    if docs is not None or shape.masked:
+        values["c"] = _compute_fractions(shape, seqs, ns, docs)
+        c_row = _last_valid(values["c"])  # N_max per S at the compute fraction of the largest N swept
     profile = machine.profile
 
     def call(name: str, **over: object) -> np.ndarray:
@@ -140,6 +146,8 @@ def sweep(
     groups = {"intra": 1} | ({"inter": ranks + 1} if profile.links.inter_node is not None else {})
     for scope, group in groups.items():
         over = {"S": seq_col[:, 0], **machine.link(group).values, "r": 1.0}
+        if c_row is not None:
+            over["c"] = c_row
         bounds[scope] = np.min([call(bound_of[phase], **over) for phase in PASSES[shape.pass_]], axis=0)
     n_max = bounds["intra"]
     if "inter" in bounds:
@@ -181,3 +189,41 @@ def step_times(
         ]
     )
     return grid
+
+
+def _compute_fractions(shape: PlanInputs, seqs, ns, docs: str | None) -> np.ndarray:  # noqa: ANN001
+    """c of every (S, N) cell with the documents packed into S (nan where N does not divide S), at the
+    plan's default tile."""
+    from costmodel.plans.packing import compute_fraction, pack
+    from costmodel.schedule.layouts import chunks_per_rank
+
+    out = np.full((len(seqs), len(ns)), np.nan)
+    tile = PlanInputs.model_fields["block"].default  # the sweep has no --block: the plan's default tile
+    for i, seq in enumerate(int(s) for s in seqs):
+        if docs is not None:
+            pack(docs, seq)  # a document longer than this S is an error on --docs
+        for j, n in enumerate(int(x) for x in ns):
+            if seq % n or n > seq:
+                continue
+            layout = shape.layout if seq % (n * chunks_per_rank(shape.layout)) == 0 else "contiguous"
+            cell = shape.model_copy(
+                update={
+                    "seq": seq,
+                    "n": n,
+                    "block": min(tile, seq // n),
+                    "layout": layout,
+                    "docs": docs,
+                }
+            )
+            out[i, j] = compute_fraction(cell)
+    return out
+
+
+def _last_valid(grid: np.ndarray) -> np.ndarray:
+    """Per row, the last value that is not nan (1 where the whole row is)."""
+    out = np.ones(grid.shape[0])
+    for i, row in enumerate(grid):
+        valid = row[~np.isnan(row)]
+        if valid.size:
+            out[i] = valid[-1]
+    return out

@@ -94,6 +94,7 @@ def test_validate_compares_at_least_12_configurations(profile: Path) -> None:
     }
     assert {r["layout"] for r in rows if r["variant"] == "ring"} == {"contiguous", "striped", "zigzag"}
     assert min(r["shard_over_critical"] for r in rows) < 1 < max(r["shard_over_critical"] for r in rows)
+    assert {r["layout"] for r in rows if r["documents"] > 1} == {"contiguous", "zigzag"}  # packed, varlen
     for r in rows:
         assert r["measured_s"] > 0 and r["error"] == pytest.approx(r["predicted_s"] / r["measured_s"] - 1)
     assert report["median_abs_error"] <= report["max_abs_error"]

@@ -1,0 +1,283 @@
+"""Packed documents: the length distribution, the packing into windows of S, and the plan's mask.
+
+A distribution is given as lengths (``200k,4kx16,512x40``: ``xK`` repeats), a file (one length per line;
+a JSON list of lengths, a JSON object ``{length: count}`` or list of ``[length, count]``; a CSV of
+``length,count`` rows), or a seeded synthetic one (``lognormal:mean=4k,sigma=1,count=200,seed=0``;
+without ``count`` it draws until one window is full). Documents are packed into windows of S tokens
+first-fit in the given order: each goes to the first window with room for it, else opens a new one;
+nothing splits a document, so one longer than S is an error. What is left of a window is padding,
+masked out. The report describes the window that holds the longest document: it sets the CP degree
+([A-RingCost §5], "长尾会把并行度锁死").
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from costmodel.core.errors import InputError
+from costmodel.schedule.masks import MaskRule
+
+Branch = Literal["dense", "varlen"]
+BRANCHES: tuple[Branch, ...] = ("dense", "varlen")
+FIELD = "docs"
+MAX_DOCS = 1 << 20
+MAX_WINDOWS = 4096
+MAX_FILE_BYTES = 16 << 20
+RULE = "first-fit in the given order; a document is never split; the rest of a window is padding"
+
+_REPEAT = re.compile(r"^\s*([^x×*]+?)\s*(?:[x×*]\s*([0-9]+)\s*)?$")
+_SYNTHETIC = re.compile(r"^\s*lognormal\s*:(.*)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Documents packed into windows of ``seq`` tokens; ``windows[w]`` lists the lengths in window w."""
+
+    seq: int
+    lengths: tuple[int, ...]
+    windows: tuple[tuple[int, ...], ...]
+    source: str
+
+    @property
+    def window(self) -> int:
+        """The window the report describes: the one holding the longest document (the first such)."""
+        longest = max(self.lengths)
+        return next(w for w, docs in enumerate(self.windows) if longest in docs)
+
+    @property
+    def cu_seqlens(self) -> tuple[int, ...]:
+        """Document boundaries of the described window; the last is below S when the rest is padding."""
+        return tuple(int(x) for x in np.r_[0, np.cumsum(self.windows[self.window])])
+
+    @property
+    def window_docs(self) -> tuple[int, ...]:
+        return self.windows[self.window]
+
+    @property
+    def longest_other(self) -> int:
+        """The longest document of the batch but the longest one (0 when there is only one)."""
+        rest = sorted(self.lengths, reverse=True)[1:]
+        return rest[0] if rest else 0
+
+
+def _tokens(text: str) -> int:
+    from costmodel.plans.inputs import parse_tokens
+
+    value = parse_tokens(text.strip(), FIELD)
+    if value < 1:
+        raise InputError(FIELD, f"document lengths must be positive, got {text.strip()!r}")
+    return value
+
+
+def _lengths_from_list(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        match = _REPEAT.match(part)
+        if not part.strip() or not match:
+            raise InputError(FIELD, f"{part.strip()!r} is not a length or LENGTHxCOUNT (e.g. 4kx16)")
+        count = int(match.group(2)) if match.group(2) else 1
+        if count < 1:
+            raise InputError(FIELD, f"{part.strip()!r}: a repeat count must be at least 1")
+        if len(out) + count > MAX_DOCS:
+            raise InputError(FIELD, f"more than {MAX_DOCS:,} documents")
+        out.extend([_tokens(match.group(1))] * count)
+    return out
+
+
+def _histogram(pairs: list[tuple[object, object]], where: str) -> list[int]:
+    out: list[int] = []
+    for length, count in pairs:
+        n = _whole(count, where)
+        if n < 1:
+            raise InputError(FIELD, f"{where}: counts must be at least 1, got {count!r}")
+        if len(out) + n > MAX_DOCS:
+            raise InputError(FIELD, f"{where}: more than {MAX_DOCS:,} documents")
+        out.extend([_length(length, where)] * n)
+    return out
+
+
+def _whole(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise InputError(FIELD, f"{where}: {value!r} is not a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise InputError(FIELD, f"{where}: {value!r} is not a whole number")
+        return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        raise InputError(FIELD, f"{where}: {value!r} is not a whole number") from None
+
+
+def _length(value: object, where: str) -> int:
+    if isinstance(value, str):
+        return _tokens(value)
+    n = _whole(value, where)
+    if n < 1:
+        raise InputError(FIELD, f"{where}: document lengths must be positive, got {value!r}")
+    return n
+
+
+def _lengths_from_file(path: Path) -> list[int]:
+    where = path.name
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise InputError(FIELD, f"cannot read {where}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise InputError(FIELD, f"{where} is larger than {MAX_FILE_BYTES >> 20} MiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(FIELD, f"{where} is not a UTF-8 text file") from None
+    stripped = text.strip()
+    if not stripped:
+        raise InputError(FIELD, f"{where} holds no document lengths")
+    if stripped[0] in "[{":
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise InputError(FIELD, f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        if isinstance(data, dict):
+            return _histogram(list(data.items()), where)
+        if isinstance(data, list) and all(isinstance(x, list) and len(x) == 2 for x in data) and data:
+            return _histogram([tuple(x) for x in data], where)
+        if isinstance(data, list) and data:
+            return [_length(x, where) for x in data[: MAX_DOCS + 1]][:MAX_DOCS]
+        raise InputError(FIELD, f"{where}: expected a list of lengths or a {{length: count}} histogram")
+    rows = [row for row in csv.reader(io.StringIO(stripped)) if row and any(c.strip() for c in row)]
+    if all(len(row) == 1 for row in rows):
+        return [_length(row[0], where) for row in rows[: MAX_DOCS + 1]][:MAX_DOCS]
+    if rows and not rows[0][0].strip()[:1].isdigit():
+        rows = rows[1:]  # a header such as length,count
+    if any(len(row) != 2 for row in rows):
+        raise InputError(FIELD, f"{where}: CSV rows must be length,count")
+    return _histogram([(row[0], row[1]) for row in rows], where)
+
+
+def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
+    given: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in params.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in {"mean", "sigma", "count", "seed"}:
+            raise InputError(FIELD, f"lognormal takes mean=, sigma=, count=, seed=; got {part!r}")
+        given[key.strip()] = value.strip()
+    if "mean" not in given:
+        raise InputError(FIELD, "lognormal needs mean= (e.g. lognormal:mean=4k,sigma=1,seed=0)")
+    mean = _tokens(given["mean"])
+    try:
+        sigma = float(given.get("sigma", "1"))
+    except ValueError:
+        raise InputError(FIELD, f"sigma={given['sigma']!r} is not a number") from None
+    if not (math.isfinite(sigma) and 0 <= sigma <= 4):
+        raise InputError(FIELD, f"sigma must be in [0, 4], got {sigma}")
+    seed = _whole(given.get("seed", "0"), "lognormal")
+    rng = np.random.default_rng(seed)
+    mu = math.log(mean) - sigma**2 / 2  # so the distribution's mean is `mean`
+    if "count" in given:
+        count = _whole(given["count"], "lognormal")
+        if not 1 <= count <= MAX_DOCS:
+            raise InputError(FIELD, f"count must be in [1, {MAX_DOCS:,}], got {count}")
+        lengths = np.maximum(1, np.rint(rng.lognormal(mu, sigma, count))).astype(np.int64)
+        lengths = np.minimum(lengths, seq)  # a draw past S is cut to one window
+    else:  # fill one window: draw until S is reached, the last document cut to fit
+        draws = np.maximum(1, np.rint(rng.lognormal(mu, sigma, min(MAX_DOCS, 4 * seq // mean + 16))))
+        ends = np.cumsum(np.minimum(draws, seq).astype(np.int64))
+        keep = int(np.searchsorted(ends, seq, side="left")) + 1
+        lengths = np.diff(np.r_[0, np.minimum(ends[:keep], seq)])
+        lengths = lengths[lengths > 0]
+    label = f"lognormal mean {mean:,}, sigma {sigma:g}, seed {seed}, {lengths.size:,} documents"
+    return [int(x) for x in lengths], label
+
+
+def first_fit(lengths: list[int], seq: int) -> tuple[tuple[int, ...], ...]:
+    """Pack in order: each document into the first window with room, else a new window."""
+    room = np.empty(0, dtype=np.int64)
+    windows: list[list[int]] = []
+    for length in lengths:
+        if length > seq:
+            raise InputError(FIELD, f"a document of {length:,} tokens is longer than the window S = {seq:,}")
+        fits = np.flatnonzero(room >= length)
+        if fits.size:
+            windows[int(fits[0])].append(length)
+            room[fits[0]] -= length
+            continue
+        if len(windows) == MAX_WINDOWS:
+            raise InputError(FIELD, f"the documents fill more than {MAX_WINDOWS:,} windows of S = {seq:,}")
+        windows.append([length])
+        room = np.append(room, seq - length)
+    return tuple(tuple(w) for w in windows)
+
+
+@functools.lru_cache(maxsize=16)
+def pack(spec: str, seq: int) -> Packed:
+    """Parse ``spec`` and pack it into windows of ``seq`` tokens; any problem is one InputError on --docs."""
+    synthetic = _SYNTHETIC.match(spec)
+    if synthetic:
+        lengths, source = _synthetic(synthetic.group(1), seq)
+    elif Path(spec).is_file():
+        lengths, source = _lengths_from_file(Path(spec)), f"file {Path(spec).name}"
+    elif re.fullmatch(r"[\s0-9.kKmMgGx×*,]+", spec):
+        lengths, source = _lengths_from_list(spec), "list"
+    else:
+        raise InputError(
+            FIELD,
+            f"{spec[:60]!r} is neither lengths (200k,4kx16), a readable file, nor lognormal:mean=...,sigma=...",
+        )
+    if not lengths:
+        raise InputError(FIELD, "no documents")
+    return Packed(seq, tuple(lengths), first_fit(lengths, seq), source)
+
+
+def plan_rule(
+    causal: bool, packed: Packed | None, window: int | None, chunk: int | None, branch: Branch
+) -> MaskRule:
+    """The mask a branch's kernel executes: varlen honours the documents, dense only blanks their scores
+    (so it executes the causal window's tiles); windows and chunks are native to both."""
+    documents = packed.cu_seqlens if packed is not None and branch == "varlen" else None
+    return MaskRule(causal, documents, window, chunk)
+
+
+def useful_rule(causal: bool, packed: Packed | None, window: int | None, chunk: int | None) -> MaskRule:
+    """The mask of the work that matters: documents, padding, window and chunk all applied."""
+    return plan_rule(causal, packed, window, chunk, "varlen")
+
+
+def packed_of(inputs) -> Packed | None:  # noqa: ANN001 - PlanInputs, imported lazily (it imports us)
+    return pack(inputs.docs, inputs.seq) if inputs.docs is not None else None
+
+
+def schedule_for(inputs, layout: str, branch: Branch, n: int | None = None):  # noqa: ANN001, ANN201
+    """The ring schedule of one layer in ``layout`` under the branch's mask, at the simulator's tile."""
+    from costmodel.schedule.packed import simulate_masked
+    from costmodel.schedule.simulator import simulation_tile
+
+    n = inputs.n if n is None else n
+    rule = plan_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk, branch)
+    return simulate_masked(layout, inputs.seq, n, simulation_tile(inputs.seq, n, inputs.block), rule)
+
+
+def compute_fraction(inputs, n: int | None = None, branch: Branch | None = None) -> float:  # noqa: ANN001
+    """c of the plan: the plain c, or c_x = c·E_m/E_w with the tiles the branch executes in the plan's layout."""
+    from costmodel.schedule.simulator import simulate, simulation_tile
+    from costmodel.symbolic import numeric
+
+    c = 0.5 if inputs.causal else 1.0
+    if not inputs.masked:
+        return c
+    n = inputs.n if n is None else n
+    tile = simulation_tile(inputs.seq, n, inputs.block)
+    window = simulate(inputs.layout, inputs.seq, n, tile, inputs.causal).rank_step_pairs.sum()
+    executed = schedule_for(inputs, inputs.layout, branch or inputs.packing, n).rank_step_pairs.sum()
+    return float(numeric.packed_compute_fraction(c=c, E_m=float(executed), E_w=float(window)))

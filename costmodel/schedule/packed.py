@@ -1,0 +1,251 @@
+"""The tile-level ring schedule under any mask of :mod:`costmodel.schedule.masks`, for packed layouts.
+
+Layouts as data, generalised: the window of S tokens is cut into *segments* and each segment is split
+over the N ranks by one rule (contiguous, striped, zigzag). Window-level layouts have one segment, the
+whole window (the layouts of :mod:`costmodel.schedule.layouts`, position for position); per-document
+layouts (``doc-zigzag``, ``doc-striped``) have one segment per document, as Megatron's THD path and
+ring-flash-attention's varlen functions split every document over all ranks ([ring-flash-attn]).
+A rank holds its parts of every segment in order, so its positions increase along its local order.
+
+The tile rule is the simulator's ([Striped §3]): a (query tile, key tile) pair costs s_q·s_k when any
+pair of positions in it is visible. Vectorised as follows. Each query sees one range of global key
+positions whose ends never decrease (:class:`~costmodel.schedule.masks.MaskRule`); the ranges of a
+query tile's queries merge into a few intervals (one per tile, plus one per document gap). For each
+key rank, an interval maps to a run of local key indices by a closed-form count, the run widens to
+whole key tiles, and the union over a tile's intervals is a running maximum. Work: intervals x N, with
+no N x N x tiles x tiles array and nothing per (query, key) pair.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Literal, get_args
+
+import numpy as np
+
+from costmodel.core.errors import InputError
+from costmodel.schedule.layouts import LAYOUTS
+from costmodel.schedule.masks import MaskRule
+from costmodel.schedule.simulator import Schedule, simulate, simulation_tile
+
+Split = Literal["contiguous", "striped", "zigzag"]
+DOC_LAYOUTS: tuple[str, ...] = ("doc-striped", "doc-zigzag")
+PackedLayout = Literal["contiguous", "striped", "zigzag", "doc-striped", "doc-zigzag"]
+PACKED_LAYOUTS: tuple[str, ...] = get_args(PackedLayout)
+
+MAX_MASKED_TOKENS = 1 << 24  # the query side is per token: a few int64 arrays of S
+MASKED_BUDGET = 1 << 28  # intervals x key ranks of one simulation (~1 minute at worst)
+_CHUNK = 1 << 22  # intervals x key ranks per work array (~32 MB)
+
+
+def split_of(layout: str) -> Split:
+    """The rule that splits each segment: ``doc-zigzag`` splits every document as ``zigzag`` does the window."""
+    return layout.removeprefix("doc-")  # type: ignore[return-value]
+
+
+def segments_of(layout: str, seq: int, cu_seqlens: tuple[int, ...] | None) -> np.ndarray:
+    """Segment boundaries: the whole window, or every document and the padding after the last one."""
+    if layout not in PACKED_LAYOUTS:
+        raise InputError("layout", f"unknown layout {layout!r}; accepted: {', '.join(PACKED_LAYOUTS)}")
+    if layout in LAYOUTS or cu_seqlens is None:
+        return np.array([0, seq], dtype=np.int64)
+    bounds = list(cu_seqlens) + ([seq] if cu_seqlens[-1] < seq else [])
+    return np.asarray(bounds, dtype=np.int64)
+
+
+def _count_below(split: Split, n: int, length: np.ndarray, off: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """How many of the positions ``rank`` holds in a segment of ``length`` lie before offset ``off``."""
+    if split == "contiguous":
+        start, end = rank * length // n, (rank + 1) * length // n
+        return np.clip(off - start, 0, end - start)
+    if split == "striped":
+        return np.maximum((off - rank + n - 1) // n, 0)
+    edge = lambda j: j * length // (2 * n)  # noqa: E731 - zigzag chunk j starts here
+    late = 2 * n - 1 - rank
+    return np.clip(off - edge(rank), 0, edge(rank + 1) - edge(rank)) + np.clip(
+        off - edge(late), 0, edge(late + 1) - edge(late)
+    )
+
+
+def _owner(split: Split, n: int, length: np.ndarray, off: np.ndarray) -> np.ndarray:
+    """The rank that holds offset ``off`` of a segment of ``length``."""
+    if split == "contiguous":
+        return ((off + 1) * n + length - 1) // length - 1
+    if split == "striped":
+        return off % n
+    chunk = ((off + 1) * 2 * n + length - 1) // length - 1
+    return np.where(chunk < n, chunk, 2 * n - 1 - chunk)
+
+
+class Placement:
+    """Where every token of the window lives: segments, per-rank counts, and the inverse map."""
+
+    def __init__(self, layout: str, seq: int, n: int, cu_seqlens: tuple[int, ...] | None = None):
+        self.split, self.seq, self.n = split_of(layout), seq, n
+        self.bounds = segments_of(layout, seq, cu_seqlens)
+        lengths = np.diff(self.bounds)
+        ranks = np.arange(n, dtype=np.int64)
+        counts = _count_below(self.split, n, lengths[:, None], lengths[:, None], ranks[None, :])
+        self.before = np.vstack([np.zeros((1, n), dtype=np.int64), np.cumsum(counts, axis=0)])
+        self.lengths = self.before[-1]  # L_k: tokens rank k holds (equal for window-level layouts)
+        # Per segment and rank, the runs of offsets it holds (contiguous: one, zigzag: two), as
+        # (start, length) tables, so counting is clipping rather than dividing per (interval, rank).
+        edge = lambda j: j * lengths[:, None] // (n * chunks)  # noqa: E731
+        chunks = 2 if self.split == "zigzag" else 1
+        owned = [ranks[None, :]] + ([2 * n - 1 - ranks[None, :]] if chunks == 2 else [])
+        # Stored rank-major (rank, segment): along an interval row the segments mostly increase, so the
+        # gathers of index_below walk memory in order.
+        small = np.int32 if seq < 1 << 31 else np.int64  # counts below S: half the memory traffic
+        self.runs = [(edge(j).T.astype(small), (edge(j + 1) - edge(j)).T.astype(small)) for j in owned]
+        self.before_by_rank = self.before[:-1].T.astype(small)
+
+    def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment, offset in it, its length) of each global position x (x = S: the end of the last)."""
+        seg = np.clip(np.searchsorted(self.bounds, x, side="right") - 1, 0, len(self.bounds) - 2)
+        return seg, x - self.bounds[seg], self.bounds[seg + 1] - self.bounds[seg]
+
+    def index_below(
+        self, located: tuple[np.ndarray, np.ndarray, np.ndarray], ranks: np.ndarray
+    ) -> np.ndarray:
+        """(ranks, positions): how many positions each rank holds below each located global position."""
+        seg, off, _ = located
+        one = len(self.bounds) == 2
+        flat = None if one else ranks[:, None] * (len(self.bounds) - 1) + seg[None, :]
+
+        def table(by_rank: np.ndarray) -> np.ndarray:
+            return by_rank[ranks, :1] if one else np.take(by_rank, flat)
+
+        off = off.astype(self.before_by_rank.dtype)[None, :]
+        if self.split == "striped":
+            inside = np.maximum((off - ranks[:, None] + self.n - 1) // self.n, 0)
+        else:
+            inside = sum(
+                np.minimum(np.maximum(off - table(start), 0), table(size)) for start, size in self.runs
+            )
+        return inside if one else inside + table(self.before_by_rank)
+
+    def positions(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every token's global position in rank-major, local order, and the rank offsets into it."""
+        x = np.arange(self.seq, dtype=np.int64)
+        seg = np.searchsorted(self.bounds, x, side="right") - 1
+        off, length = x - self.bounds[seg], self.bounds[seg + 1] - self.bounds[seg]
+        owner = _owner(self.split, self.n, length, off)
+        local = self.before[seg, owner] + _count_below(self.split, self.n, length, off, owner)
+        starts = np.r_[0, np.cumsum(self.lengths)]
+        ordered = np.empty_like(x)
+        ordered[starts[owner] + local] = x
+        return ordered, starts
+
+    def rank_positions(self) -> list[np.ndarray]:
+        """Each rank's global positions in its local order (small cases: tests and the kernel)."""
+        ordered, starts = self.positions()
+        return [ordered[starts[k] : starts[k + 1]] for k in range(self.n)]
+
+
+def _query_intervals(placement: Placement, rule: MaskRule, tile: int):
+    """The merged visible intervals of every query tile: (first, last, query rank, tile size, tile id)."""
+    ordered, starts = placement.positions()
+    n, seq = placement.n, placement.seq
+    rank = np.repeat(np.arange(n, dtype=np.int64), placement.lengths)
+    local = np.arange(seq, dtype=np.int64) - starts[rank]
+    tile_starts = np.r_[0, np.cumsum(-(-placement.lengths // tile))]
+    tile_id = tile_starts[rank] + local // tile
+    first, last = rule.visible_range(ordered)
+    last = np.minimum(last, seq - 1)
+    seen = first <= last
+    first, last, rank, tile_id, local = first[seen], last[seen], rank[seen], tile_id[seen], local[seen]
+    # A new interval where the tile changes or a query's range starts past the previous one's end + 1.
+    new = np.r_[True, (tile_id[1:] != tile_id[:-1]) | (first[1:] > last[:-1] + 1)]
+    begin = np.flatnonzero(new)
+    end = np.r_[begin[1:], first.size] - 1
+    if placement.split == "striped" and begin.size > 1:
+        # Bridge a gap between two intervals of one tile when that cannot add a key tile: each interval
+        # holds N consecutive positions of one segment (a key of every rank) and the gap holds fewer than
+        # `tile` keys of any rank, so every key tile reaching into the gap also reaches an interval.
+        a, b = first[begin], last[end]
+        seg_a = np.searchsorted(placement.bounds, a, side="right") - 1
+        seg_b = np.searchsorted(placement.bounds, b, side="right") - 1
+        full = (np.minimum(b + 1, placement.bounds[seg_a + 1]) - a >= n) | (
+            b + 1 - np.maximum(a, placement.bounds[seg_b]) >= n
+        )
+        gap = a[1:] - b[:-1] - 1
+        pieces = seg_a[1:] - seg_b[:-1] + 1
+        same_tile = tile_id[begin[1:]] == tile_id[begin[:-1]]
+        bridge = same_tile & full[1:] & full[:-1] & ((gap + n - 1) // n + pieces < tile)
+        begin = begin[np.r_[True, ~bridge]]
+        end = np.r_[begin[1:], first.size] - 1
+    q_rank = rank[begin]
+    tile_start = (local[begin] // tile) * tile
+    q_size = np.minimum(tile, placement.lengths[q_rank] - tile_start)
+    return first[begin], last[end], q_rank, q_size, tile_id[begin]
+
+
+@functools.lru_cache(maxsize=32)
+def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) -> Schedule:
+    """The ring schedule of one layer under ``rule`` in ``layout`` (window-level or per-document).
+
+    ``rank_step_pairs[i, j]``: (query, key) pairs rank i executes at step j, against the KV of rank
+    (i - j) mod N, counting every tile pair that holds a visible pair. A plain causal (or full) mask in a
+    window-level layout takes the closed-form :func:`~costmodel.schedule.simulator.simulate`."""
+    if tile < 1:
+        raise ValueError("tile must be >= 1")
+    if layout in LAYOUTS and rule.plain(seq):
+        return simulate(layout, seq, n, simulation_tile(seq, n, tile), rule.causal)
+    if seq > MAX_MASKED_TOKENS:
+        raise InputError(
+            "seq", f"a packed or windowed mask is simulated up to {MAX_MASKED_TOKENS:,} tokens, got {seq:,}"
+        )
+    placement = Placement(layout, seq, n, rule.cu_seqlens)
+    first, last, q_rank, q_size, q_tile = _query_intervals(placement, rule, tile)
+    if first.size * n > MASKED_BUDGET:
+        raise InputError(
+            "docs",
+            f"{first.size:,} query intervals x N = {n} is over the simulator's budget; use a larger --block",
+        )
+    if first.size == 0:  # nothing but padding
+        return Schedule(np.zeros((n, n)), 0.0)
+    span = int(placement.lengths.max()) + 1
+    # Each query tile in its own band of key indices, so one running max along the intervals serves every
+    # tile; int32 where the bands fit (half the memory traffic).
+    wide = (int(q_tile[-1]) + 1) * span >= 1 << 31
+    dtype = np.int64 if wide else np.int32
+    base = (q_tile * span).astype(dtype)[None, :]
+    present = np.flatnonzero(np.bincount(q_rank, minlength=n))
+    group_start = np.searchsorted(q_rank, present)
+    weight = q_size.astype(np.float64)[None, :]
+    pairs = np.zeros((n, n))
+    step = max(1, _CHUNK // max(first.size, 1))
+    starts, ends = placement.locate(first), placement.locate(last + 1)
+    for k0 in range(0, n, step):
+        ranks = np.arange(k0, min(n, k0 + step), dtype=np.int64)
+        lo = placement.index_below(starts, ranks).astype(dtype)  # (key ranks, intervals)
+        hi = placement.index_below(ends, ranks).astype(dtype)
+        t_lo = lo // tile * tile
+        t_hi = np.where(hi > lo, np.minimum(-(-hi // tile) * tile, placement.lengths[ranks, None]), t_lo)
+        t_lo += base
+        t_hi += base
+        reached = np.maximum.accumulate(t_hi, axis=1)
+        t_lo[:, 1:] = np.maximum(t_lo[:, 1:], reached[:, :-1])
+        keys = np.maximum(t_hi - t_lo, 0) * weight  # pairs: new key indices x query tile size
+        pairs[present[:, None], ranks[None, :]] = np.add.reduceat(keys, group_start, axis=1).T
+    ranks = np.arange(n)
+    schedule = pairs[ranks[:, None], (ranks[:, None] - ranks[None, :]) % n]
+    schedule.flags.writeable = False
+    return Schedule(schedule, rule.useful_pairs(seq))
+
+
+def executed_by_definition(layout: str, seq: int, n: int, tile: int, rule: MaskRule) -> np.ndarray:
+    """``rank_step_pairs`` of :func:`simulate_masked` by the definition, one tile pair at a time (the
+    tests' oracle; slow on purpose)."""
+    held = Placement(layout, seq, n, rule.cu_seqlens).rank_positions()
+    out = np.zeros((n, n), dtype=np.int64)
+    for i in range(n):
+        for j in range(n):
+            keys = held[(i - j) % n]
+            for q0 in range(0, held[i].size, tile):
+                q = held[i][q0 : q0 + tile]
+                for k0 in range(0, keys.size, tile):
+                    k = keys[k0 : k0 + tile]
+                    if rule.dense(q, k).any():
+                        out[i, j] += q.size * k.size
+    return out
