@@ -41,7 +41,9 @@ from costmodel.schedule.packed import DOC_LAYOUTS, PACKED_LAYOUTS, Placement
 
 def useful_pairs(inputs: PlanInputs) -> float:
     """(query, key) pairs the full mask leaves visible in the window."""
-    return useful_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk).useful_pairs(inputs.seq)
+    return useful_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk).useful_pairs(
+        inputs.seq
+    )
 
 
 def feasible(layout: str, inputs: PlanInputs) -> bool:

@@ -121,7 +121,9 @@ def sweep(
     bandwidth, latency, inter = machine.link_arrays(np.asarray(ns))
     # The plan's binding of inputs to symbols, with S, N and the link each N uses as arrays.
     values = {
-        **plan_values(shape.model_copy(update=dict.fromkeys(("docs", "window", "attention_chunk"))), machine, 1),
+        **plan_values(
+            shape.model_copy(update=dict.fromkeys(("docs", "window", "attention_chunk"))), machine, 1
+        ),
         "S": seq_col,
         "N": n_row,
         "B": bandwidth[None, :],
