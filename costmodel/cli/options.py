@@ -15,7 +15,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -102,6 +102,30 @@ def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any)
         base = Optional[base]  # noqa: UP045 - typer reads Optional
     annotation = Annotated[base, typer.Option(*names, **option)]
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def searched(model: type[BaseModel], name: str, default: str, names: tuple[str, ...] = ()) -> Any:
+    """The flag of a declared field that a search fills when it is absent: the field's type, help and
+    range, ``None`` by default and checked against the field when given. ``default`` says what the
+    command does without it; ``names`` replaces the field's flag names."""
+    info = model.model_fields[name]
+    base, option = typing.get_args(_parameter(model, name, info, None).annotation)
+    option.help = f"{info.description} [default: {default}]"
+    if names:  # typer keeps the first name where a default would go
+        option.default, option.param_decls = names[0], names[1:]
+    base_type = _base_type(info.annotation)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        field = TypeAdapter(Annotated[base_type, *info.metadata] if info.metadata else base_type)
+        try:
+            return field.validate_python(value)
+        except ValidationError as exc:
+            raise typer.BadParameter(exc.errors()[0]["msg"]) from None
+
+    option.callback = check
+    return Annotated[base, option]
 
 
 def declared(

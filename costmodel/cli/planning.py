@@ -103,7 +103,7 @@ def recommend_cmd(
             "recommend needs a model preset (its layers, hidden and vocabulary sizes set "
             "the memory); e.g. --model llama3-8b",
         )
-    stated = {"tp": tp or 1, "pp": pp or 1, "recompute": recompute.value if recompute else "selective"}
+    stated = {"tp": tp or 1, "pp": pp or 1, "recompute": recompute or "selective"}
     setup = build(TrainingSetup, **setup.model_dump() | stated)
     fixed = {
         "tp": tp,
@@ -111,9 +111,9 @@ def recommend_cmd(
         "pp": pp,
         "vpp": vpp,
         "micro_batch": micro_batch,
-        "recompute": recompute.value if recompute else None,
-        "cp_scheme": cp_scheme.value if cp_scheme else None,
-        "layout": layout.value if layout else None,
+        "recompute": recompute,
+        "cp_scheme": cp_scheme,
+        "layout": layout,
     }
     chosen = (
         framework.value if framework else "torchtitan" if format is RecommendFormat.torchtitan else "megatron"

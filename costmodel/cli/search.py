@@ -11,9 +11,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from costmodel.cli.options import console
+from costmodel.cli.options import console, searched
 from costmodel.core.errors import InputError
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
+from costmodel.training.step import StepSetup
 
 
 class Framework(str, Enum):
@@ -24,88 +25,15 @@ class Framework(str, Enum):
     any = "any"
 
 
-class Scheme(str, Enum):
-    ring = "ring"
-    ulysses = "ulysses"
-    usp = "usp"
-    allgather = "allgather"
-
-
-class LayoutChoice(str, Enum):
-    contiguous = "contiguous"
-    striped = "striped"
-    zigzag = "zigzag"
-
-
-class RecomputeChoice(str, Enum):
-    none = "none"
-    selective = "selective"
-    full = "full"
-
-
-def _count(flag: str) -> Any:
-    def check(value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise typer.BadParameter(f"must be >= 1 (got {value})")
-        if value is not None and value > 2**30:
-            raise typer.BadParameter(f"must be <= {2**30:,} (got {value:,})")
-        return value
-
-    return check
-
-
-TpOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--tp",
-        help="Fix the tensor-parallel degree [default: searched; the CP window reads 1].",
-        callback=_count("--tp"),
-    ),
-]
-PpOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--pp",
-        help="Fix the pipeline-parallel degree [default: searched; the CP window reads 1].",
-        callback=_count("--pp"),
-    ),
-]
-CpOpt = Annotated[
-    Optional[int],
-    typer.Option("--cp", help="Fix the CP degree of the layout search.", callback=_count("--cp")),
-]
-VppOpt = Annotated[
-    Optional[int],
-    typer.Option("--vpp", help="Fix the virtual pipeline stages per device.", callback=_count("--vpp")),
-]
-MicroOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--micro-batch",
-        help="Fix the sequences per micro-batch [default: 1, 2, 4, 8 searched].",
-        callback=_count("--micro-batch"),
-    ),
-]
-GlobalOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--global-batch",
-        help="Sequences per optimizer step, held fixed across plans [default: 4M tokens' worth, at least 1].",
-        callback=_count("--global-batch"),
-    ),
-]
-RecomputeOpt = Annotated[
-    Optional[RecomputeChoice],
-    typer.Option(
-        "--recompute", help="Fix activation recompute [default: searched; the CP window reads selective]."
-    ),
-]
-SchemeOpt = Annotated[
-    Optional[Scheme], typer.Option("--cp-scheme", help="Fix the CP scheme of the layout search.")
-]
-LayoutOpt = Annotated[
-    Optional[LayoutChoice], typer.Option("--layout", help="Fix the CP layout of the layout search.")
-]
+TpOpt = searched(TrainingSetup, "tp", "searched; the CP window reads 1")
+PpOpt = searched(TrainingSetup, "pp", "searched; the CP window reads 1")
+CpOpt = searched(PlanInputs, "n", "searched", names=("--cp",))
+VppOpt = searched(StepSetup, "vpp", "searched")
+MicroOpt = searched(StepSetup, "micro_batch", "1, 2, 4, 8 searched")
+GlobalOpt = searched(StepSetup, "global_batch", "4M tokens' worth, at least 1")
+RecomputeOpt = searched(TrainingSetup, "recompute", "searched; the CP window reads selective")
+SchemeOpt = searched(StepSetup, "cp_scheme", "searched")
+LayoutOpt = searched(PlanInputs, "layout", "searched")
 FrameworkOpt = Annotated[
     Optional[Framework],
     typer.Option(
