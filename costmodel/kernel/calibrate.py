@@ -142,20 +142,10 @@ def _measure_compute(
     ctx: Any, config: CalibrationConfig, level: int, group: Any, progress: _Progress
 ) -> list[dict]:
     """Every block size, forward and backward, full and causal, timed in interleaved rounds."""
-    torch_dtype = getattr(torch, _torch_name(config.dtype))
     runs, flops = {}, {}
     for causal in (False, True):
         for tokens in config.tokens:
-            q, k, v, dout = random_qkv(
-                config.batch,
-                config.heads,
-                config.kv_heads,
-                tokens,
-                config.head_dim,
-                torch_dtype,
-                ctx.device,
-                seed=ctx.rank,
-            )
+            q, k, v, dout = _inputs(config, tokens, ctx)
             positions = np.arange(tokens)
             plan = plan_block(MaskRule(causal), positions, positions)
             forward_flops = plan.visible_pairs * _pair_flops(config)
@@ -247,25 +237,23 @@ def _measure_links(ctx: Any, config: CalibrationConfig, group: Any, scope: str, 
     return out
 
 
+def _inputs(config: CalibrationConfig, tokens: int, ctx: Any) -> tuple[torch.Tensor, ...]:
+    """Random q, k, v and an output gradient of the calibrated shape, seeded by the rank."""
+    dtype = getattr(torch, _torch_name(config.dtype))
+    return random_qkv(
+        config.batch, config.heads, config.kv_heads, tokens, config.head_dim, dtype, ctx.device, seed=ctx.rank
+    )
+
+
 def _measure_overlap(ctx: Any, config: CalibrationConfig, progress: _Progress) -> list[dict]:
     """How much of a ring transfer hides under block compute: each block size timed computing alone,
     exchanging its KV alone, and both at once as a ring step does (post, compute, wait). And what a
     collective costs right after compute, as Ulysses runs one (compute, then all-to-all) against both
     alone: the wait for the slower rank and for communication threads to wake."""
-    torch_dtype = getattr(torch, _torch_name(config.dtype))
     comm = RingComm(None)
     runs = {}
     for tokens in config.overlap_tokens:
-        q, k, v, _ = random_qkv(
-            config.batch,
-            config.heads,
-            config.kv_heads,
-            tokens,
-            config.head_dim,
-            torch_dtype,
-            ctx.device,
-            seed=ctx.rank,
-        )
+        q, k, v, _ = _inputs(config, tokens, ctx)
         plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
         kv = torch.stack((k, v))
         recv = torch.empty_like(kv)
@@ -375,16 +363,7 @@ def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progres
     torch_dtype = getattr(torch, _torch_name(config.dtype))
     runs, sizes = {}, {}
     for tokens in config.bookkeeping_tokens:
-        q, k, v, dout = random_qkv(
-            config.batch,
-            config.heads,
-            config.kv_heads,
-            tokens,
-            config.head_dim,
-            torch_dtype,
-            ctx.device,
-            seed=ctx.rank,
-        )
+        q, k, v, dout = _inputs(config, tokens, ctx)
         plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
         block_fwd, block_bwd = _ring_step(q, k, v, dout, plan)
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -430,11 +409,8 @@ def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progres
 def _measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
     """A block's compute and a ring exchange, timed alike at the start and at the end of a calibration:
     a machine that changed speed in between (a job started or ended) shows as their ratio."""
-    torch_dtype = getattr(torch, _torch_name(config.dtype))
     tokens = config.overlap_tokens[-1]
-    q, k, v, dout = random_qkv(
-        config.batch, config.heads, config.kv_heads, tokens, config.head_dim, torch_dtype, ctx.device
-    )
+    q, k, v, dout = _inputs(config, tokens, ctx)
     plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
     comm = RingComm(None)
     kv = torch.stack((k, v))
