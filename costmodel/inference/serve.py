@@ -40,6 +40,9 @@ SCHEMES = ("pass-kv", "pass-q", "allgather")
 # A datasheet profile states no latency; a few microseconds per step is the order of NCCL's low-latency
 # protocol on NVLink and InfiniBand. A stated assumption: calibrate the profile or pass --comm-latency.
 DEFAULT_LATENCY_S = 5e-6
+# B_hbm of a profile that states none (a measured CPU profile): so large that the memory terms vanish, and
+# finite, since the compiled formulas' simplified forms would divide infinity by infinity.
+UNSTATED_HBM_BANDWIDTH = 1e30
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
@@ -113,7 +116,7 @@ def attention_bind(
 ) -> dict[str, Any]:
     """The symbols of the attention layers and the links, without the model's weights: what `cp-plan
     validate` predicts the reference kernel's inference runs with. A profile stating no HBM bandwidth
-    (a measured CPU profile) gets no memory floor: its measured rates already include the kernel's reads."""
+    (a measured CPU profile) gets no memory terms: its measured rates already include the kernel's reads."""
     t, n, pp = setup.tp, setup.cp if cp is None else cp, setup.pp
     device, kernels = machine.profile.device, machine.profile.kernels
     b_tp, alpha_tp = _link(machine, 1, t, setup.comm_latency)
@@ -137,7 +140,7 @@ def attention_bind(
         "p_kv": BYTES_PER_ELEMENT[setup.kv_dtype],
         "c": 0.5,
         "k_copy": 1.0,  # a load-balanced (zigzag) shard copies its queries per step, as training's ring
-        "B_hbm": device.hbm_bandwidth or math.inf,
+        "B_hbm": device.hbm_bandwidth or UNSTATED_HBM_BANDWIDTH,
         "B_tp": b_tp,
         "B_cp": b_cp,
         "B_pp": b_pp,
