@@ -109,3 +109,16 @@ def test_decode_is_the_attention_over_the_rank_s_cache_plus_the_merge(profile) -
     merge = link.latency_s + 8 * (64 * 4 + 4) / link.bandwidth
     want = 4 * 8 * 64 * 1024 / rate + merge
     assert predict_run(inputs, machine, "decode", 1, 1024) == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.slow  # spawns two processes
+def test_the_kernel_times_every_inference_run_on_two_ranks() -> None:
+    from costmodel.kernel.launch import run_local
+    from costmodel.kernel.validate import measure_cases
+
+    shape = {"dtype": "fp32", "batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16}
+    cases = inference_grid(32, low=8, high=64)
+    by_rank = run_local(measure_cases, 2, args=(cases, shape, 3, 1), timeout_s=240.0, device="cpu")
+    times = by_rank[0]
+    assert by_rank[1] is None and len(times) == len(cases) == 3
+    assert all(math.isfinite(t["fwd"]) and t["fwd"] > 0 and t["fwd spread"] >= 0 for t in times)
