@@ -8,14 +8,21 @@ Each prediction carries its uncertainty: every fitted quantity of the profile mo
 resampled repeats (and the compute rates by theirs), one at a time, the changes added in quadrature.
 Rows are split into held-out shapes, which calibrate never ran, and the shapes its fixed costs were
 fitted on; the verdict is on the held-out ones.
+
+Inference runs (a pass-KV and a pass-Q prefill after a cached prefix, a decode step) are compared apart,
+in ``inference_rows``: held out too, predicted by `cp-plan infer`'s formulas
+(:mod:`costmodel.inference.kernel_runs`) on the same machine binding, and kept out of the verdict, which
+judges the training layer model (docs/calibration.md).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
+from costmodel.inference.kernel_runs import FORMULAS, predict_run
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.bind import plan_values
@@ -77,15 +84,55 @@ def perturbed_machines(profile: HardwareProfile) -> list[tuple[str, Machine]]:
     return out
 
 
+def inference_rows(
+    profile: HardwareProfile, n: int, runs: Sequence[tuple[Any, dict[str, float]]]
+) -> list[dict[str, Any]]:
+    """One row per timed inference run (case, {"fwd": seconds, "fwd spread": ...}): the inference model's
+    prediction on the calibrated machine and as a datasheet, its uncertainty, and both errors."""
+    machine = calibrated_machine(profile)
+    moved = perturbed_machines(profile)
+    inputs = calibrated_inputs(profile, n, 1)
+    rows = []
+    for case, times in runs:
+        shape = (case.scheme, case.new_per_rank, case.cached_per_rank)
+        model = predict_run(inputs, machine, *shape)
+        datasheet = predict_run(inputs, machine.as_datasheet(), *shape)
+        changes = {key: predict_run(inputs, m, *shape) - model for key, m in moved}
+        uncertainty = math.sqrt(sum(c * c for c in changes.values()))
+        seconds = times["fwd"]
+        rows.append(
+            {
+                "scheme": case.scheme,
+                "new_per_rank": case.new_per_rank,
+                "cached_per_rank": case.cached_per_rank,
+                "pass": "fwd",
+                "held_out": True,
+                "formulas": list(FORMULAS[case.scheme]),
+                "measured_s": seconds,
+                "measured_spread": times.get("fwd spread"),
+                "predicted_s": model,
+                "uncertainty_s": uncertainty,
+                "uncertainty": uncertainty / model,
+                "largest_source": max(changes, key=lambda k: abs(changes[k])) if changes else None,
+                "error": model / seconds - 1,
+                "datasheet_s": datasheet,
+                "datasheet_error": datasheet / seconds - 1,
+            }
+        )
+    return rows
+
+
 def compare(
     profile: HardwareProfile,
     n: int,
     cases: list[Any],
     measured: list[dict[str, float]],
     max_median_error: float,
+    inference: Sequence[tuple[Any, dict[str, float]]] = (),
 ) -> dict[str, Any]:
     """One row per (case, pass) with both predictions, the model's uncertainty and both errors, and the
-    summary of held-out rows (the verdict) and of the rows on fitted shapes."""
+    summary of held-out rows (the verdict) and of the rows on fitted shapes; ``inference``: timed inference
+    runs, compared in rows of their own that do not enter the verdict."""
     l_star = critical_tokens(profile, n)
     machine = calibrated_machine(profile)
     moved = perturbed_machines(profile)
@@ -130,6 +177,8 @@ def compare(
     median, sheet = statistics.median(errors), statistics.median(datasheet_errors)
     quality = profile.calibration.quality  # type: ignore[union-attr]
     spreads = [r["measured_spread"] for r in rows if r["measured_spread"] is not None]
+    served = inference_rows(profile, n, inference)
+    served_errors = [abs(r["error"]) for r in served]
     return {
         "schema": SCHEMA,
         "hw": profile.name,
@@ -150,4 +199,7 @@ def compare(
         "passed": median <= max_median_error,
         "quality": quality.model_dump(mode="json") if quality is not None else None,
         "measured_spread": statistics.median(spreads) if spreads else None,  # IQR / median, median row
+        "inference_rows": served,  # held out, not in the verdict
+        "inference_median_abs_error": statistics.median(served_errors) if served_errors else None,
+        "inference_max_abs_error": max(served_errors) if served_errors else None,
     }

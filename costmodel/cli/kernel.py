@@ -465,7 +465,9 @@ def validate(
 
     The grid spans shards on both sides of the profile's critical length L*, causal and not, every
     layout, Ulysses, forward and forward+backward. Also reports how the datasheet-style model (one
-    peak FLOP/s, no latency, balanced causal halves) fares on the same runs.
+    peak FLOP/s, no latency, balanced causal halves) fares on the same runs, and, apart from the
+    verdict, inference runs (pass-KV and pass-Q prefill after a cached prefix, decode) against the
+    predictions of cp-plan infer.
 
     Example: cp-plan validate --hw me.yaml --nproc 2
     """
@@ -483,7 +485,7 @@ def validate(
         )
     _require_torch()
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun
-    from costmodel.kernel.validate import grid, measure_cases
+    from costmodel.kernel.validate import grid, inference_grid, measure_cases
 
     world = int(__import__("os").environ["WORLD_SIZE"]) if under_torchrun() else nproc
     if world < 2:
@@ -496,10 +498,15 @@ def validate(
         "kv_heads": cal.kv_heads,
         "head_dim": cal.head_dim,
     }
-    cases = grid(critical_tokens(profile, world), fitted_tokens=cal.layer_tokens)
-    try:
+    l_star = critical_tokens(profile, world)
+    cases, served = grid(l_star, fitted_tokens=cal.layer_tokens), inference_grid(l_star)
+    try:  # one launch, so the training layers and the inference runs are timed in the same rounds
         results = launch(
-            measure_cases, nproc, args=(cases, shape, repeats, 1), timeout_s=timeout, device=BACKENDS[backend]
+            measure_cases,
+            nproc,
+            args=(cases + served, shape, repeats, 1),
+            timeout_s=timeout,
+            device=BACKENDS[backend],
         )
     except LaunchError as exc:
         typer.echo(f"cp-plan: error: validation failed: {exc}", err=True)
@@ -507,7 +514,10 @@ def validate(
     measured = results.get(0)
     if measured is None:
         return
-    report = compare(profile, world, cases, measured, max_median_error)
+    trained = len(cases)
+    report = compare(
+        profile, world, cases, measured[:trained], max_median_error, list(zip(served, measured[trained:]))
+    )
     if output_format == "json":
         typer.echo(json.dumps(report, indent=2))
     else:

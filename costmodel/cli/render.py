@@ -557,6 +557,43 @@ def render_validation(report: dict, console: Console) -> None:
         f"datasheet-style model (peak FLOP/s, no α, balanced): median {report['datasheet_median_abs_error']:.1%}, "
         f"{report['datasheet_over_calibrated']:.1f}x the error"
     )
+    if report.get("inference_rows"):
+        _render_inference_validation(report, console)
+
+
+def _render_inference_validation(report: dict, console: Console) -> None:
+    """validate's inference runs against `cp-plan infer`'s formulas: held out, outside the verdict."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        show_edge=False,
+        title_justify="left",
+        title_style="bold",
+        padding=(0, 0, 0, 1),
+        title="inference runs vs cp-plan infer's formulas (held out, not in the verdict)",
+    )
+    for name in ("kernel", "new/rank", "cached/rank", "measured", "model", "±", "error", "sheet"):
+        table.add_column(name, justify="left" if name == "kernel" else "right", no_wrap=True)
+    names = {"pass-kv": "pass-KV prefill", "pass-q": "pass-Q prefill", "decode": "decode"}
+    for r in report["inference_rows"]:
+        table.add_row(
+            names[r["scheme"]],
+            str(r["new_per_rank"]),
+            str(r["cached_per_rank"]),
+            seconds(r["measured_s"]),
+            seconds(r["predicted_s"]),
+            f"{r['uncertainty']:.0%}",
+            f"{r['error']:+.1%}",
+            f"{r['datasheet_error']:+.0%}",
+        )
+    console.print(table)
+    console.print(
+        f"inference median |error| {report['inference_median_abs_error']:.1%}, "
+        f"max {report['inference_max_abs_error']:.1%}; {len(report['inference_rows'])} rows"
+    )
 
 
 def topology_lines(topology: dict) -> list[str]:

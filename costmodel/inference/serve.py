@@ -40,6 +40,9 @@ SCHEMES = ("pass-kv", "pass-q", "allgather")
 # A datasheet profile states no latency; a few microseconds per step is the order of NCCL's low-latency
 # protocol on NVLink and InfiniBand. A stated assumption: calibrate the profile or pass --comm-latency.
 DEFAULT_LATENCY_S = 5e-6
+# B_hbm of a profile that states none (a measured CPU profile): so large that the memory terms vanish, and
+# finite, since the compiled formulas' simplified forms would divide infinity by infinity.
+UNSTATED_HBM_BANDWIDTH = 1e30
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
@@ -89,25 +92,46 @@ def bind(
 ) -> dict[str, Any]:
     """The base symbols every inference formula shares (the chunk's T_n, K_c, S, F_attn, F_gemm are set
     per chunk). ``cp`` replaces the CP degree (decode's comparison with CP 1, the target search)."""
-    t, n, pp = setup.tp, setup.cp if cp is None else cp, setup.pp
-    device, kernels = machine.profile.device, machine.profile.kernels
-    if device.hbm_bandwidth is None:
+    if machine.profile.device.hbm_bandwidth is None:
         raise InputError("--hw", f"profile {machine.name!r} states no hbm_bandwidth; decode reads HBM")
-    b_tp, alpha_tp = _link(machine, 1, t, setup.comm_latency)
-    b_cp, alpha_cp = _link(machine, t, n, setup.comm_latency)
-    b_pp, _ = _link(machine, t * n, pp, setup.comm_latency)
     return {
-        "b": inputs.batch,
-        "N": n,
-        "h": model.heads,
-        "n_kv": model.kv_heads,
-        "d": model.head_dim,
+        **attention_bind(inputs, setup, machine, model.heads, model.kv_heads, model.head_dim, cp),
         "H": model.hidden,
         "F_ffn": model.ffn_hidden,
         "V": model.vocab,
         "n_L": model.layers,
         "g": int(model.gated_mlp),
         "e_m": 1 if model.tied_embeddings else 2,
+    }
+
+
+def attention_bind(
+    inputs: PlanInputs,
+    setup: InferenceSetup,
+    machine: Machine,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    cp: int | None = None,
+) -> dict[str, Any]:
+    """The symbols of the attention layers and the links, without the model's weights: what `cp-plan
+    validate` predicts the reference kernel's inference runs with. A profile stating no HBM bandwidth
+    (a measured CPU profile) gets no memory terms: its measured rates already include the kernel's reads."""
+    t, n, pp = setup.tp, setup.cp if cp is None else cp, setup.pp
+    device, kernels = machine.profile.device, machine.profile.kernels
+    b_tp, alpha_tp = _link(machine, 1, t, setup.comm_latency)
+    b_cp, alpha_cp = _link(machine, t, n, setup.comm_latency)
+    b_pp, _ = _link(machine, t * n, pp, setup.comm_latency)
+    if machine.calibrated:  # the measured fixed cost per waited ring step
+        launch = machine.fixed("step_overhead_s")
+    else:
+        launch = kernels.ring_step_launch_s if kernels else 0.0
+    return {
+        "b": inputs.batch,
+        "N": n,
+        "h": heads,
+        "n_kv": kv_heads,
+        "d": head_dim,
         "t": t,
         "pp": pp,
         "p": inputs.bytes_per_element,
@@ -116,7 +140,7 @@ def bind(
         "p_kv": BYTES_PER_ELEMENT[setup.kv_dtype],
         "c": 0.5,
         "k_copy": 1.0,  # a load-balanced (zigzag) shard copies its queries per step, as training's ring
-        "B_hbm": device.hbm_bandwidth,
+        "B_hbm": device.hbm_bandwidth or UNSTATED_HBM_BANDWIDTH,
         "B_tp": b_tp,
         "B_cp": b_cp,
         "B_pp": b_pp,
@@ -125,7 +149,7 @@ def bind(
         "o_tp": setup.tp_overlap,
         "o_cp": setup.cp_overlap,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
-        "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
+        "t_launch": launch,
         "rc_sel": 0,
         "rc_full": 0,
     }
@@ -158,13 +182,11 @@ def _attention_rate(machine: Machine, scheme: str, values: dict[str, Any]) -> fl
     return sum(w for *_, w in calls) / spent
 
 
-def _chunk_layer(
-    values: dict[str, Any], scheme: str, attention: Machine, gemm: Machine, model: ModelPreset
-) -> dict[str, float]:
-    """Seconds per component of one layer of one chunk (``values`` holds its T_n and K_c)."""
+def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -> dict[str, float]:
+    """Seconds of one layer's attention in a chunk with ``scheme``, per component, and its rate ``_F_attn``
+    (``values`` holds the chunk's T_n and K_c)."""
     v = {**values, "S": values["T_n"]}  # the step formulas read the chunk's tokens as S
     v["F_attn"] = _attention_rate(attention, scheme, v)
-    v["F_gemm"] = layer_gemm_rate(model, gemm, v["t"], v["b"] * v["T_n"] // v["N"])
     ring = v["N"] > 1 and scheme != "allgather"
     if v["N"] == 1:
         cp = 0.0
@@ -176,13 +198,28 @@ def _chunk_layer(
             v,
         )
     return {
-        "matrix multiplies": max(_call("layer_gemm_flops", v) / v["F_gemm"], _call("layer_weight_read_s", v)),
         "attention": _call("prefill_attn_s", v),
-        "elementwise (memory-bound)": _call("layer_elementwise_bytes", v) / v["B_hbm"],
-        "exposed TP comm": _call("tp_exposed_s", v) if v["t"] > 1 else 0.0,
         "exposed CP comm": cp,
         "CP ring overheads (merge, copies, launches)": _call("ring_overhead_s", v) if ring else 0.0,
         "_F_attn": v["F_attn"],
+    }
+
+
+def _chunk_layer(
+    values: dict[str, Any], scheme: str, attention: Machine, gemm: Machine, model: ModelPreset
+) -> dict[str, float]:
+    """Seconds per component of one layer of one chunk (``values`` holds its T_n and K_c)."""
+    v = {**values, "S": values["T_n"]}  # the step formulas read the chunk's tokens as S
+    parts = prefill_attention(values, scheme, attention)
+    v["F_gemm"] = layer_gemm_rate(model, gemm, v["t"], v["b"] * v["T_n"] // v["N"])
+    return {
+        "matrix multiplies": max(_call("layer_gemm_flops", v) / v["F_gemm"], _call("layer_weight_read_s", v)),
+        "attention": parts["attention"],
+        "elementwise (memory-bound)": _call("layer_elementwise_bytes", v) / v["B_hbm"],
+        "exposed TP comm": _call("tp_exposed_s", v) if v["t"] > 1 else 0.0,
+        "exposed CP comm": parts["exposed CP comm"],
+        "CP ring overheads (merge, copies, launches)": parts["CP ring overheads (merge, copies, launches)"],
+        "_F_attn": parts["_F_attn"],
         "_F_gemm": v["F_gemm"],
     }
 
@@ -225,15 +262,27 @@ def prefill(
     return sum(breakdown.values()), breakdown, rates
 
 
-def _decode_at(
-    values: dict[str, Any], context: int, setup: InferenceSetup, gemm_rate: float, attn_rate: float
-):
-    v = {
+def decode_attention_rate(attention: Machine, values: dict[str, Any], context: int) -> float:
+    """F_attn of a decode step: the new token's query against the rank's share of ``context`` cached keys."""
+    return attention.rate(1.0, False, False, values["N"], 1, max(context // values["N"], 1), values["d"])
+
+
+def decode_values(
+    values: dict[str, Any], context: int, page: int, gemm_rate: float, attn_rate: float
+) -> dict[str, Any]:
+    """The symbols of a decode step with ``context`` tokens cached (each rank's share rounded up to pages)."""
+    return {
         **values,
-        "S_kv": _kv_tokens(context, values["N"], setup.page),
+        "S_kv": _kv_tokens(context, values["N"], page),
         "F_gemm": gemm_rate,
         "F_attn": attn_rate,
     }
+
+
+def _decode_at(
+    values: dict[str, Any], context: int, setup: InferenceSetup, gemm_rate: float, attn_rate: float
+):
+    v = decode_values(values, context, setup.page, gemm_rate, attn_rate)
     return v, _call("tpot_s", v)
 
 
@@ -244,7 +293,7 @@ def decode(
     start = setup.cached + setup.prompt
     end = start + max(setup.output - 1, 0)
     gemm_rate = layer_gemm_rate(model, gemm, setup.tp, values["b"])
-    attn_rate = attention.rate(1.0, False, False, values["N"], 1, max(start // values["N"], 1), values["d"])
+    attn_rate = decode_attention_rate(attention, values, start)
     _, first = _decode_at(values, start, setup, gemm_rate, attn_rate)
     last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate)
     pp, layers = setup.pp, model.layers

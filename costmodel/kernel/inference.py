@@ -1,4 +1,8 @@
-"""Inference attention under CP: the pass-Q ring prefill and the decode merge ([CP-Infer]).
+"""Inference attention under CP: the pass-KV and pass-Q ring prefills and the decode merge ([CP-Infer]).
+
+Prefill with a cached prefix (pass-KV): every rank keeps its new queries and passes its KV shard (cached
+and new tokens) round the ring, the training ring's loop (:func:`~costmodel.kernel.ring.ring_forward`)
+with fewer queries than keys; each step's mask again comes from global positions.
 
 Prefill with a cached prefix (pass-Q): every rank keeps its KV shard (cached and new tokens) and passes
 its new queries round the ring; at step j it holds the queries of rank (rank - j) mod N and attends them
@@ -23,6 +27,7 @@ import torch.distributed as dist
 from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_forward, merge_lse
 from costmodel.kernel.comm import RingComm, all_to_all
 from costmodel.kernel.masks import MAX_FUSED_PIECES, MaskRule, plan_block
+from costmodel.kernel.ring import KV_TAG, RingSchedule, ring_forward
 
 Q_TAG = 2  # apart from the training ring's KV and dK/dV tags
 
@@ -47,7 +52,7 @@ def _world(group: dist.ProcessGroup | None) -> tuple[int, int]:
 
 
 def _gather_positions(positions: np.ndarray, world_size: int, group) -> list[np.ndarray]:
-    """Every rank's query positions (each rank holds as many queries; a small int64 all-gather)."""
+    """Every rank's query or key positions (each rank holds as many; a small int64 all-gather)."""
     mine = torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64))
     if world_size == 1:
         return [mine.numpy()]
@@ -73,6 +78,40 @@ def _attend(q, k, v, q_pos, k_pos, rule, scale, max_fused_pieces):
     lse = torch.full(q.shape[:-1], NEG_INF, dtype=wide, device=q.device)
     block_forward(q, k, v, plan_block(rule, q_pos, k_pos, max_fused_pieces), scale, out, lse)
     return out, lse
+
+
+@torch.no_grad()
+def pass_kv_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: np.ndarray,
+    k_positions: np.ndarray,
+    *,
+    group: dist.ProcessGroup | None = None,
+    causal: bool = True,
+    cu_seqlens: tuple[int, ...] | list[int] | None = None,
+    scale: float | None = None,
+    max_fused_pieces: int = MAX_FUSED_PIECES,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention of this rank's new queries to every rank's keys, passing K and V round the ring.
+
+    Arguments as :func:`pass_q_prefill`, except that every rank must hold as many keys (the blocks travel).
+    Returns ``out`` (like ``q``) and ``lse`` (b, h, Lq) fp32.
+    """
+    _check(q, k, v, q_positions, k_positions)
+    world_size, rank = _world(group)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    rule = MaskRule(causal, None if cu_seqlens is None else tuple(int(x) for x in cu_seqlens))
+    keys = _gather_positions(k_positions, world_size, group)
+    plans = tuple(
+        plan_block(rule, q_positions, keys[(rank - step) % world_size], max_fused_pieces)
+        for step in range(world_size)
+    )
+    comm = RingComm(group, KV_TAG) if world_size > 1 else None
+    return ring_forward(
+        q.contiguous(), k.contiguous(), v.contiguous(), RingSchedule(rank, plans), comm, scale
+    )
 
 
 @torch.no_grad()
@@ -102,7 +141,8 @@ def pass_q_prefill(
     origins = _gather_positions(q_positions, world_size, group)
     k, v = k.contiguous(), v.contiguous()
     comm = RingComm(group, Q_TAG) if world_size > 1 else None
-    current, spare = q.contiguous(), torch.empty_like(q) if world_size > 1 else None
+    # The ring receives into its two buffers in turn; a copy of q keeps the caller's q intact (N > 2).
+    current, spare = (q.clone(), torch.empty_like(q)) if world_size > 1 else (q.contiguous(), None)
     partial_out = torch.empty((world_size, *q.shape), dtype=q.dtype, device=q.device)
     partial_lse = torch.empty((world_size, *q.shape[:-1]), dtype=accumulator_dtype(q.dtype), device=q.device)
     for step in range(world_size):

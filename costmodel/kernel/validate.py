@@ -4,6 +4,10 @@ The grid spans shard lengths on both sides of the critical shard length L* of th
 validated (comm-bound below, compute-bound above), causal and not, every layout, Ulysses, forward and
 forward+backward: shapes calibrate never ran (held out). Beside them, every layer kind at the tiny shard
 whose time calibrate fitted the kinds' fixed costs on (``fitted``), to tell in-sample from held-out error. The predictions it is compared with come from :mod:`costmodel.plans.timing`.
+
+Beside the training layers, a few inference runs (:class:`InferenceCase`, forward only, held out): a
+pass-KV and a pass-Q prefill after a cached prefix and a decode step against a sharded cache, predicted by
+`cp-plan infer`'s formulas (:mod:`costmodel.inference.kernel_runs`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from costmodel.kernel.calibrate import LAYER_KINDS, TOTAL_S
-from costmodel.kernel.timing import attention_runs, sample_times
+from costmodel.kernel.timing import attention_runs, random_qkv, sample_times
+from costmodel.schedule.layouts import positions
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,58 @@ class Case:
             return None
         seq = self.tokens_per_rank * world_size
         return tuple(range(0, seq + 1, seq // self.documents))
+
+
+@dataclass(frozen=True)
+class InferenceCase:
+    """One timed inference run, forward only. pass-kv, pass-q: a causal prefill of ``new_per_rank`` new
+    tokens on each rank (the zigzag share of the new tokens) after a prefix of which each rank caches
+    ``cached_per_rank`` (contiguous shares); decode: ``new_per_rank`` tokens per sequence, the same on
+    every rank, against a cache of ``cached_per_rank`` tokens on each rank."""
+
+    scheme: str  # pass-kv | pass-q | decode
+    new_per_rank: int
+    cached_per_rank: int
+    passes: tuple[str, ...] = ("fwd",)
+
+
+def inference_grid(critical_tokens: float, low: int = 32, high: int = 2048) -> list[InferenceCase]:
+    """Three held-out inference runs about the training grid's shards: a pass-KV prefill of L* new tokens
+    per rank after 4 L* cached, a pass-Q prefill of a short follow-up (L*/4) after the same prefix, and
+    the decode of one token against it."""
+    small = _pow2_near(critical_tokens / 4, low, high)
+    mid = _pow2_near(critical_tokens, low, high)
+    large = _pow2_near(critical_tokens * 4, low, high)
+    return [
+        InferenceCase("pass-kv", mid, large),
+        InferenceCase("pass-q", small, large),
+        InferenceCase("decode", 1, large),
+    ]
+
+
+def _inference_run(case: InferenceCase, ctx: Any, shape: dict[str, Any], dtype: torch.dtype):
+    """A closure running ``case`` once on this rank (collective), on fixed random inputs."""
+    from costmodel.kernel.inference import decode_attention, pass_kv_prefill, pass_q_prefill
+
+    n, rank, new, cached = ctx.world_size, ctx.rank, case.new_per_rank, case.cached_per_rank
+    q, k, v, _ = random_qkv(
+        shape["batch"],
+        shape["heads"],
+        shape["kv_heads"],
+        cached + new,
+        shape["head_dim"],
+        dtype,
+        ctx.device,
+        rank,
+    )
+    q = q[:, :, :new].contiguous()
+    if case.scheme == "decode":
+        k, v = k[:, :, :cached].contiguous(), v[:, :, :cached].contiguous()
+        return lambda: decode_attention(q, k, v)
+    q_pos = n * cached + positions("zigzag", n * new, n)[rank]
+    k_pos = np.concatenate([np.arange(rank * cached, (rank + 1) * cached), q_pos])
+    prefill = {"pass-kv": pass_kv_prefill, "pass-q": pass_q_prefill}[case.scheme]
+    return lambda: prefill(q, k, v, q_pos, k_pos)
 
 
 def _pow2_near(x: float, low: int, high: int) -> int:
@@ -76,7 +134,7 @@ def grid(
 
 
 def measure_cases(
-    ctx: Any, cases: list[Case], shape: dict[str, Any], repeats: int, warmup: int
+    ctx: Any, cases: list[Case | InferenceCase], shape: dict[str, Any], repeats: int, warmup: int
 ) -> list[dict] | None:
     """Run on every rank (collective); rank 0 returns one {fwd, fwd+bwd} timing per case.
 
@@ -87,6 +145,9 @@ def measure_cases(
     dtype = getattr(torch, TORCH_DTYPE[shape["dtype"]])
     runs = {}
     for index, case in enumerate(cases):
+        if isinstance(case, InferenceCase):
+            runs[(index, "fwd")] = _inference_run(case, ctx, shape, dtype)
+            continue
         layer = attention_runs(
             case.variant,
             case.tokens_per_rank,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from costmodel.kernel.inference import decode_attention, pass_q_prefill
+from costmodel.kernel.inference import decode_attention, pass_kv_prefill, pass_q_prefill
 from costmodel.schedule.layouts import positions
 
 
@@ -35,21 +35,23 @@ def held(case: dict, world_size: int, rank: int) -> tuple[np.ndarray, np.ndarray
 
 
 def run(ctx, cases: list[dict]) -> list[tuple[torch.Tensor, ...]]:
-    """This rank's (prefill out, prefill lse, decode out) for every case."""
+    """This rank's (pass-Q out, pass-Q lse, decode out, pass-KV out, pass-KV lse) for every case."""
     results = []
     for case in cases:
         q, k, v, q1 = problem(case)
         q_pos, k_pos = held(case, ctx.world_size, ctx.rank)
         index = torch.from_numpy(k_pos)
-        out, lse = pass_q_prefill(
+        mine = (
             q[:, :, torch.from_numpy(q_pos - case["cached"])].contiguous(),
             k.index_select(2, index).contiguous(),
             v.index_select(2, index).contiguous(),
             q_pos,
             k_pos,
         )
+        out, lse = pass_q_prefill(*mine)
+        kv_out, kv_lse = pass_kv_prefill(*mine)
         share = np.array_split(np.arange(k.shape[2]), ctx.world_size)[ctx.rank]  # uneven shards
         cache = torch.from_numpy(share)
         dec, _ = decode_attention(q1, k.index_select(2, cache), v.index_select(2, cache))
-        results.append((out, lse, dec))
+        results.append((out, lse, dec, kv_out, kv_lse))
     return results

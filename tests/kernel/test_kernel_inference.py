@@ -1,4 +1,4 @@
-"""The inference kernel: pass-Q ring prefill after a cached prefix and the decode merge of (O, LSE) over
+"""The inference kernel: pass-Q and pass-KV ring prefills after a cached prefix and the decode merge of (O, LSE) over
 ranks, exact against float64 and torch SDPA in fp32 and bf16."""
 
 from __future__ import annotations
@@ -12,7 +12,13 @@ F = torch.nn.functional
 import inference_workers
 
 from costmodel.kernel.block import merge_lse
-from costmodel.kernel.inference import _attend, _merge, decode_attention, pass_q_prefill
+from costmodel.kernel.inference import (
+    _attend,
+    _merge,
+    decode_attention,
+    pass_kv_prefill,
+    pass_q_prefill,
+)
 from costmodel.kernel.launch import run_local
 from costmodel.kernel.masks import MaskRule
 from costmodel.kernel.reference import reference_attention
@@ -110,22 +116,26 @@ def test_one_rank_prefill_and_decode_equal_sdpa(case: dict) -> None:
     assert within(out, want_out, case["dtype"]) and within(out, sdpa, case["dtype"])
     assert within(lse, want_lse, "float32")
     assert within(decode_attention(q1, k, v)[0], decode, case["dtype"])
+    kv_out, kv_lse = pass_kv_prefill(q, k, v, q_pos, np.arange(k.shape[2]))
+    assert within(kv_out, want_out, case["dtype"]) and within(kv_lse, want_lse, "float32")
 
 
 @pytest.mark.slow  # spawns three processes
 @pytest.mark.parametrize("n", [3])
-def test_pass_q_ring_and_decode_merge_over_gloo(n: int) -> None:
+def test_pass_q_and_pass_kv_rings_and_decode_merge_over_gloo(n: int) -> None:
     by_rank = run_local(inference_workers.run, n, args=(CASES,), timeout_s=240.0, device="cpu")
     for index, case in enumerate(CASES):
         want_out, want_lse, sdpa, decode = expected(case)
         for rank in range(n):
             q_pos, _ = inference_workers.held(case, n, rank)
             rows = torch.from_numpy(q_pos - case["cached"])
-            out, lse, dec = by_rank[rank][index]
+            out, lse, dec, kv_out, kv_lse = by_rank[rank][index]
             assert within(out, want_out[:, :, rows], case["dtype"]), (case, rank)
             assert within(out, sdpa[:, :, rows], case["dtype"]), (case, rank)
             assert within(lse, want_lse[:, :, rows], "float32"), (case, rank)
             assert within(dec, decode, case["dtype"]), (case, rank)
+            assert within(kv_out, want_out[:, :, rows], case["dtype"]), (case, rank)
+            assert within(kv_lse, want_lse[:, :, rows], "float32"), (case, rank)
 
 
 @pytest.mark.slow  # spawns two processes
