@@ -86,7 +86,8 @@ def twin(name: str, v: Mapping[str, Any]) -> str:
 def counted(name: str, v: Mapping[str, Any], model: ModelPreset) -> Any:
     """A dense formula of the step that counts parameters, with every expert counted: ``v`` binds F_ffn to the
     active width, the twin reads one expert's."""
-    return _call(twin(name, v), {**v, "F_ffn": model.ffn_hidden})
+    chosen = twin(name, v)
+    return _call(chosen, v if chosen == name else {**v, "F_ffn": model.ffn_hidden})
 
 
 def active_ffn(model: ModelPreset) -> float:
