@@ -22,7 +22,7 @@ from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
 from costmodel.training import moe
 from costmodel.training.recommend import fit_at, memory, recommend, training_values
-from costmodel.training.search import search
+from costmodel.training.search import Constraints, search, search_loop
 from costmodel.training.step import StepSetup, bind, build_step, evaluate_step, step_machine
 from tests.support import REPO
 
@@ -39,6 +39,15 @@ def test_dense_part_and_total_by_hand() -> None:
     assert total == pytest.approx(46.7e9, abs=0.05e9)  # as Mistral AI publishes it
     v = {**training_values(_inputs(1), load_model(MIXTRAL), TrainingSetup(gpus=8), _h100(), 1)}
     assert memory(Evaluator(v), "params") == pytest.approx(total, rel=1e-12)
+
+
+def test_shared_expert_joins_the_dense_part() -> None:
+    """Qwen1.5-MoE-A2.7B: 60 experts of 1408 and a shared one of 5632 on 24 layers are 14.3B weights, as the
+    Qwen team publishes them (to 0.05B; the attention biases and the shared expert's gate are left out)."""
+    path = str(REPO / "tests" / "data" / "hf" / "qwen1.5-moe-a2.7b.json")
+    inputs = PlanInputs(seq=4096, n=1, model=path, hw="h100-ib", **TRAINING_DEFAULTS)
+    values = training_values(inputs, load_model(path), TrainingSetup(gpus=8), _h100(), 1)
+    assert memory(Evaluator(values), "params") == pytest.approx(14.3e9, abs=0.05e9)
 
 
 def _inputs(n: int, seq: int = 32768) -> PlanInputs:
@@ -215,3 +224,18 @@ def test_recommend_mixtral_plans_with_every_expert(cli) -> None:
     assert pick["memory_bytes"] > 6 * experts_held
     assert pick["memory_bytes"] <= pick["device_memory_bytes"]
     assert "EP 1" in data["search"]["notes"][0]
+
+
+def test_vectorised_search_counts_experts_as_the_plain_loop() -> None:
+    """Qwen1.5-MoE (60 experts and a shared one) on 8 GPUs: the array search and one evaluate_step plus one
+    fit per plan keep the same plans in the same order, time and memory equal to 1e-12."""
+    qwen = str(REPO / "tests" / "data" / "hf" / "qwen1.5-moe-a2.7b.json")
+    built = build_step(model=qwen, seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
+    fast = search(*built, Constraints(recompute="selective"), top=None).plans
+    slow = search_loop(*built, Constraints(recompute="selective"))
+    assert len(fast) == len(slow) > 100
+    keys = ("tp", "cp", "pp", "vpp", "dp", "micro_batch")
+    assert [tuple(p[k] for k in keys) for p in fast] == [tuple(p[k] for k in keys) for p in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
+        assert a["memory_bytes"] == pytest.approx(b["memory_bytes"], rel=1e-12)
