@@ -239,3 +239,15 @@ def test_vectorised_search_counts_experts_as_the_plain_loop() -> None:
     for a, b in zip(fast, slow, strict=True):
         assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
         assert a["memory_bytes"] == pytest.approx(b["memory_bytes"], rel=1e-12)
+
+
+@pytest.mark.parametrize(("pp", "recompute"), [(1, "selective"), (4, "selective"), (1, "full")])
+def test_moe_n_min_memory_is_where_memory_just_fits(pp: int, recompute: str) -> None:
+    """Mixtral at 1M tokens, TP 8 (PP 4 with full recompute fits without CP): at N = N_min the most loaded stage's memory, every expert counted, equals the
+    usable HBM, to rounding."""
+    setup = TrainingSetup(gpus=64 * pp, tp=8, pp=pp, recompute=recompute)
+    values = training_values(_inputs(1, seq=1 << 20), load_model(MIXTRAL), setup, _h100(), 1)
+    n_min = _at(moe.twin("n_min_memory", values), values)
+    assert n_min > 2  # the ring's buffers exist from N = 2 on
+    total = _at("moe_training_memory_bytes", values | {"N": n_min})
+    assert total == pytest.approx(values["M_dev"], rel=1e-12)
