@@ -93,6 +93,7 @@ def run_search(
         "plans": plans,
         "sensitivity": sensitivity(plans[0], inputs, setup, step, machine, constraints) if plans else [],
         "empty_reason": found.empty_reason,
+        "notes": found.notes,
         "pick": {k: plans[0][k] for k in PLAN_KEYS} if plans else None,
     }
 
@@ -124,6 +125,8 @@ def render_search(data: dict[str, Any]) -> None:
         f"{data['global_batch']:,} sequences), {data['fit']:,} fit"
     )
     out.print(Text(title, style="bold"))
+    for note in data.get("notes", []):
+        out.print(Text(note, style="dim"))
     if not data["plans"]:
         out.print(Text(f"no plan: {data['empty_reason']}", style="bold red"))
         return

@@ -298,7 +298,8 @@ def from_hf_config(
         notes.append(
             f"MoE: {experts} experts, {top_k} per token, ffn_hidden={ffn} each"
             + (f", shared expert {shared}" if shared else "")
-            + " (step: --ep and --capacity-factor; the single-layer plan reads attention only)"
+            + " (step: --ep and --capacity-factor; memory counts every expert; the single-layer plan reads"
+            " attention only)"
         )
     notes.extend(sorted(k for k in data if k not in _MAPPED | _IRRELEVANT and not k.startswith("_")))
     path = Path(origin)

@@ -1482,6 +1482,112 @@ define(
     "s",
     "[Switch §2.2]",
 )
+# What an MoE model puts on a device. Its dense part (attention, norms, any shared expert, embeddings) is
+# the dense formulas' at the shared expert's width, split by TP and PP; its experts are P_exp, n_E/E_p of
+# them per rank and each split by TP as Megatron-Core does [MoE-Folding]. The D/E_p ranks holding the same
+# experts reduce their gradients and shard their ZeRO states. Every formula below reads F_ffn as ONE
+# expert's width, and the fit and the layout search call them in place of their dense twins.
+P_moe = define(
+    "moe_params",
+    "P_moe",
+    sympy.Subs(P, F_ffn, F_sh) + sympy.Subs(P_exp, (E_p, t, pp), (1, 1, 1)),
+    "parameters of an MoE model: its dense part (attention, norms, any shared expert, embeddings) and "
+    "every expert and router of every layer",
+    "1",
+    "[GShard §2]",
+)
+define(
+    "moe_device_params",
+    "P_dev_moe",
+    sympy.Subs(P_dev, F_ffn, F_sh) + P_exp,
+    "parameters one device holds of an MoE model (before ZeRO-3): its share of the dense part and its experts",
+    "1",
+    "[Megatron21 §3], [MoE-Folding]",
+)
+# ZeRO shards expert states over the ranks holding the same experts, E_p times fewer: E_p times the share.
+_expert_state_bytes = 2 * sympy.Min(1, E_p * z_w) + 4 * sympy.Min(1, E_p * z_g) + 12 * sympy.Min(1, E_p * z_o)
+M_state_moe = define(
+    "moe_model_state_bytes",
+    "M_state_moe",
+    sympy.Subs(M_state, F_ffn, F_sh) + P_exp * _expert_state_bytes,
+    "model states per device of an MoE model on the stage holding the most: the dense part's, and its "
+    "experts' with ZeRO sharding over the ranks that hold the same experts",
+    "B",
+    "[ZeRO §3], [MoE-Folding]",
+)
+# A token's k_E routed copies, padded to C_f, each keep their dispatched hidden state (whole on every TP
+# rank: the dispatcher gathers a TP group's tokens for its experts) and their expert's intermediates (TP-
+# split): as a width, F_ffn + t·H/(2+g) per copy, since a dense layer keeps 2(2+g)F/t bytes per token.
+F_mem = define(
+    "moe_activation_ffn",
+    "F_mem",
+    F_sh + C_f * k_E * (F_ffn + t * H / (2 + g)),
+    "MLP width whose dense activations equal an MoE layer's: the shared expert's, and for each of a "
+    "token's k_E routed copies, times C_f, its dispatched hidden state and its expert's intermediates",
+    "elements",
+    "[Switch §2.2], [MoE-Folding]",
+)
+A_moe = define(
+    "moe_activation_bytes",
+    "A_moe",
+    sympy.Subs(A, F_ffn, F_mem),
+    "activations per device on the most loaded pipeline stage of an MoE model: the dense layers' at the "
+    "width F_mem",
+    "B",
+    "[Korthikanti22 §4.2], [Switch §2.2]",
+)
+define(
+    "moe_training_memory_bytes",
+    "M_total_moe",
+    M_state_moe + A_moe + R_buf,
+    "model states, activations and ring buffers per device of an MoE model on the most loaded stage",
+    "B",
+    "[Korthikanti22 §4], [ZeRO §3]",
+)
+define(
+    "moe_n_min_memory",
+    "N_min_moe",
+    sympy.Subs(A + _buffers, (N, F_ffn), (1, F_mem)) / (M_dev - M_state_moe),
+    "smallest CP degree (real-valued) whose training memory of an MoE model fits M_dev, with flash "
+    "attention; negative when the model states alone do not fit",
+    "devices",
+    "[Korthikanti22 §4]",
+    at={phi: 0},
+)
+tau_dp_moe = define(
+    "moe_dp_comm_s",
+    "tau_DP_moe",
+    sympy.Subs(tau_dp, F_ffn, F_sh) + (2 - z3) * (D - E_p) / D * P_exp * p_g / B_dp,
+    "gradient reduction of an MoE model: its dense part over the D ranks, each expert's over the D/E_p "
+    "ranks that hold it",
+    "s",
+    "[ZeRO §5], [GShard §2]",
+)
+define(
+    "moe_dp_exposed_s",
+    "x_DP_moe",
+    tau_dp_moe / n_bkt,
+    "the last gradient bucket of an MoE model, reduced after the backward ends",
+    "s",
+    "PyTorch DDP, [Megatron21 §5]",
+)
+define(
+    "moe_dp_overflow_s",
+    "x_DP_over_moe",
+    sympy.Max(tau_dp_moe * (n_bkt - 1) / n_bkt, 0),
+    "the other buckets' reduction of an MoE model, to be compared with the backward that hides it",
+    "s",
+    "PyTorch DDP",
+)
+define(
+    "moe_zero3_gather_s",
+    "tau_Z3_moe",
+    sympy.Subs(FORMULAS["zero3_gather_s"].symbol, F_ffn, F_sh) + z3 * 2 * (D - E_p) / D * P_exp * p / B_dp,
+    "ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over D ranks, the "
+    "experts over D/E_p",
+    "s",
+    "[ZeRO §5.3], [GShard §2]",
+)
 
 # --- Calibrated terms ([A-RingCost §11]): what a measured profile adds, each measured by calibrate. ----
 _group = "calibration"

@@ -7,6 +7,11 @@ group: the dispatch and combine all-to-alls over the expert-parallel group (``mo
 the time the most loaded expert rank computes beyond the balanced share at a stated capacity factor
 (``moe_imbalance_s``) — routing imbalance on top of the causal imbalance CP already balances.
 
+What counts parameters or memory counts every expert: each such dense formula has an MoE twin
+(:data:`TWINS`) that splits the model into its dense part and its experts, n_E/E_p per rank. The step
+(gradient reduction, buckets, ZeRO-3 gathers), the memory fit of ``recommend`` and the layout search call
+the twin for an MoE model, at one expert's width.
+
 Expert parallelism is carved out of data parallelism, as in Megatron-LM: EP ranks hold different
 experts and the same dense weights. In the rank order EP sits inside DP (``tp-cp-ep-dp-pp`` unless
 ``--rank-order`` places ``ep`` elsewhere), so on a fast domain it competes with CP for the NVLink or
@@ -46,7 +51,23 @@ def order_and_sizes(order: str, sizes: dict[str, int], ep: int) -> tuple[str, di
     return "-".join(dims), {**sizes, "ep": ep, "dp": sizes["dp"] // ep}
 
 
-def values(model: ModelPreset, ep: int, capacity_factor: float, b_ep: float) -> dict[str, Any]:
+CAPACITY_FACTOR = 1.25  # [Switch §2.2]: the most loaded expert computes 1.25x the mean tokens
+
+# Formulas counting parameters or memory, and their twins counting every expert of an MoE model.
+TWINS = {
+    "params": "moe_params",
+    "device_params": "moe_device_params",
+    "dp_exposed_s": "moe_dp_exposed_s",
+    "dp_overflow_s": "moe_dp_overflow_s",
+    "zero3_gather_s": "moe_zero3_gather_s",
+    "model_state_bytes": "moe_model_state_bytes",
+    "activation_bytes": "moe_activation_bytes",
+    "training_memory_bytes": "moe_training_memory_bytes",
+    "n_min_memory": "moe_n_min_memory",
+}
+
+
+def values(model: ModelPreset, ep: int = 1, capacity_factor: float = CAPACITY_FACTOR) -> dict[str, Any]:
     """The "moe" group's symbols; a dense model gets one expert of its FFN, no EP, no imbalance."""
     return {
         "n_E": model.experts or 1,
@@ -54,8 +75,19 @@ def values(model: ModelPreset, ep: int, capacity_factor: float, b_ep: float) -> 
         "F_sh": model.shared_expert_ffn or 0,
         "E_p": ep,
         "C_f": capacity_factor if model.experts else 1.0,
-        "B_ep": b_ep,
     }
+
+
+def twin(name: str, v: Mapping[str, Any]) -> str:
+    """The formula to call for ``name`` at values ``v``: its MoE twin when they describe routed experts."""
+    return TWINS[name] if v.get("n_E", 1) > 1 else name
+
+
+def counted(name: str, v: Mapping[str, Any], model: ModelPreset) -> Any:
+    """A dense formula of the step that counts parameters, with every expert counted: ``v`` binds F_ffn to the
+    active width, the twin reads one expert's."""
+    chosen = twin(name, v)
+    return _call(chosen, v if chosen == name else {**v, "F_ffn": model.ffn_hidden})
 
 
 def active_ffn(model: ModelPreset) -> float:
@@ -98,9 +130,12 @@ def summary(
     """What the step states about the MoE layers: routing, EP placement and the expert weights a device holds."""
     if not model.experts:
         return {}
-    params = _call("moe_device_expert_params", {**v, "F_ffn": model.ffn_hidden})
+    expert = {**v, "F_ffn": model.ffn_hidden}
+    params = _call("moe_device_expert_params", expert)
     link = machine.group_links(order, sizes, {"ep": "alltoall"}).get("ep")
     return {
+        "params": _call("moe_params", expert),
+        "params_per_device": _call("moe_device_params", expert),
         "experts": model.experts,
         "experts_per_token": model.experts_per_token,
         "shared_expert_ffn": model.shared_expert_ffn,

@@ -26,6 +26,7 @@ from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, Reco
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
 from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.schedule.layouts import divisors
+from costmodel.training import moe
 
 
 def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
@@ -38,7 +39,8 @@ def training_values(
     inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine, n: int
 ) -> dict[str, Any]:
     """Every symbol the memory-fit formulas need, at CP degree ``n``: the whole model's heads (the
-    formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``)."""
+    formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``).
+    An MoE model's experts are not split (EP 1) and its capacity factor is the default."""
     z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
     # Scores are kept for backward only by an attention that materialises them and is not recomputed.
     keeps_scores = not setup.flash_attention and setup.recompute == "none"
@@ -62,15 +64,22 @@ def training_values(
         "z_g": z_g,
         "z_o": z_o,
         "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
+        **moe.values(model),
     }
 
 
+def memory(ev: Evaluator, name: str) -> Any:
+    """A fit formula at the evaluator's values; for an MoE model its twin, counting every expert."""
+    return ev(moe.twin(name, ev.values))
+
+
 def fit_at(ev: Evaluator) -> Fit:
-    state, activations, buffers = ev("model_state_bytes"), ev("activation_bytes"), ev("ring_buffer_bytes")
+    state, activations = memory(ev, "model_state_bytes"), memory(ev, "activation_bytes")
+    buffers = ev("ring_buffer_bytes")
     total = state + activations + buffers
     return Fit(
         n=int(ev.values["N"]),
-        params=ev("params"),
+        params=memory(ev, "params"),
         model_state_bytes=state,
         activation_bytes=activations,
         buffer_bytes=buffers,
@@ -137,8 +146,8 @@ def recommend(
     n_max = max((r.n for r in rows if r.lowest_ratio <= AMBER.upper), default=None)
     window = [r for r in rows if r.fits and r.lowest_ratio <= AMBER.upper]
     largest = evaluators[candidates[-1]]
-    states_fit = float(largest("model_state_bytes")) < largest.values["M_dev"]
-    n_min_real = float(largest("n_min_memory")) if states_fit else None
+    states_fit = float(memory(largest, "model_state_bytes")) < largest.values["M_dev"]
+    n_min_real = float(memory(largest, "n_min_memory")) if states_fit else None
     common = {"n_min_memory": n_min, "n_max_comm": n_max, "n_min_memory_real": n_min_real}
     if window:
         pick = min(window, key=lambda r: (r.lowest_ratio >= GREEN.upper, r.n))
@@ -226,13 +235,13 @@ def _failure(
 ) -> str:
     if n_min is None:
         biggest = rows[-1]
-        states, usable = float(largest("model_state_bytes")), largest.values["M_dev"]
+        states, usable = float(memory(largest, "model_state_bytes")), largest.values["M_dev"]
         if states >= usable:
             return (
                 f"Memory fails: the model states alone need {si(states, 'B', 3)} per device, more than the "
                 f"{si(usable, 'B', 3)} usable; no CP degree can fit them."
             )
-        real = float(largest("n_min_memory"))
+        real = float(memory(largest, "n_min_memory"))
         return (
             f"Memory fails: even N = {biggest.n}, every rank of a TP x PP slice (G / (TP x PP) = "
             f"{setup.shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "

@@ -27,6 +27,7 @@ from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
+from costmodel.training import moe
 from costmodel.training.recommend import training_values, zero_fractions
 from costmodel.training.step import StepSetup, bind, buckets, step_breakdown
 
@@ -124,6 +125,7 @@ class SearchResult:
     global_batch: int
     removed: dict[str, int] = field(default_factory=dict)
     empty_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def default_global_batch(seq: int) -> int:
@@ -303,7 +305,7 @@ def evaluate_table(
     }
     v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"])
     v["B_pp"] = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"])
-    v["n_bkt"] = buckets(v, step)
+    v["n_bkt"] = buckets(v, step, model)
     breakdown = {name: np.zeros(len(table)) for name in step_breakdown(base, "ring", model)}
     for p, (scheme, _) in enumerate(table.pairs):
         rows = c["pair"] == p
@@ -348,7 +350,8 @@ def memory_table(
         "z_g": z_g * ones,
         "z_o": z_o * ones,
     }
-    total = numeric.training_memory_bytes(**{a: values[a] for a in numeric.ARGS["training_memory_bytes"]})
+    name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, EP 1
+    total = getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
     return {"total_bytes": np.asarray(total, dtype=float) * ones, "device_bytes": values["M_dev"]}
 
 
@@ -389,7 +392,17 @@ def search(
             f"{result['memory']['device_bytes'] / 2**30:.1f} GiB usable per device"
         )
         reason += _blame(model, inputs, setup, step, constraints, machine)
-    return SearchResult(plans, considered, int(fits.sum()), step.global_batch, removed, reason)
+    return SearchResult(plans, considered, int(fits.sum()), step.global_batch, removed, reason, _notes(model))
+
+
+def _notes(model: ModelPreset) -> list[str]:
+    """What the search holds fixed that a user may expect searched."""
+    if not model.experts:
+        return []
+    return [
+        f"MoE: every plan keeps all {model.experts} experts on each TP x PP slice (EP 1: the search does not "
+        "split experts; cp-plan step --ep times a plan with EP)"
+    ]
 
 
 def _row(table: Table, result: dict[str, Any], i: int) -> dict[str, Any]:

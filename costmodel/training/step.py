@@ -98,7 +98,7 @@ class StepSetup(BaseModel):
         le=MAX_HEADS,
     )
     capacity_factor: Number = flag(
-        1.25,
+        moe.CAPACITY_FACTOR,
         "MoE capacity factor: the most loaded expert rank computes this x the mean tokens (Switch: 1.25).",
         ge=1,
         le=16,
@@ -325,16 +325,17 @@ def bind(
         "N_r": n_r,
     }
     values.setdefault("B_ep", values["B_dp"])
-    values.update(moe.values(model, step.ep, step.capacity_factor, values["B_ep"]))
+    values.update(moe.values(model, step.ep, step.capacity_factor))
     values["F_ffn"] = moe.active_ffn(model)
-    values["n_bkt"] = int(buckets(values, step))
+    values["n_bkt"] = int(buckets(values, step, model))
     values.update(_rates(inputs, setup, step, model, machine, n_r))
     return values
 
 
-def buckets(values: Mapping[str, Any], step: StepSetup) -> Any:
-    """n_bkt: the gradient buckets of the parameters a device holds, at least one."""
-    return numpy.maximum(1, numpy.ceil(_call("device_params", values) * step.grad_bytes / step.bucket_bytes))
+def buckets(values: Mapping[str, Any], step: StepSetup, model: ModelPreset) -> Any:
+    """n_bkt: the gradient buckets of the parameters a device holds (every expert it holds), at least one."""
+    held = moe.counted("device_params", values, model)
+    return numpy.maximum(1, numpy.ceil(held * step.grad_bytes / step.bucket_bytes))
 
 
 def _cp_exposed(scheme: str, values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
@@ -381,8 +382,11 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
     layer = gemm + attention + elementwise + recompute + tp + cp + ring + ep_a2a + imbalance
     micro_batch_s = stage_layers * layer + head
     backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
-    dp = _call("dp_exposed_s", v) + numpy.maximum(0.0, _call("dp_overflow_s", v) - backward_s)
-    gather = _call("zero3_gather_s", v)  # zero unless ZeRO-3
+    # Gradients and ZeRO-3 gathers move every weight a device holds: all its experts, not the active ones.
+    dp = moe.counted("dp_exposed_s", v, model) + numpy.maximum(
+        0.0, moe.counted("dp_overflow_s", v, model) - backward_s
+    )
+    gather = moe.counted("zero3_gather_s", v, model)  # zero unless ZeRO-3
     zero3 = m * (numpy.maximum(0.0, gather - micro_batch_s) + gather / stage_layers)
     per = m * stage_layers
     return {

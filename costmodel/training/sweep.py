@@ -166,11 +166,13 @@ def sweep(
         n_max=n_max,
     )
     if model is not None and setup is not None:
+        from costmodel.training import moe
         from costmodel.training.recommend import training_values
 
         base = training_values(shape, model, setup, machine, 1)
-        grid.n_min_memory = numeric.n_min_memory(
-            **{a: (seq_col[:, 0] if a == "S" else base[a]) for a in numeric.ARGS["n_min_memory"]}
+        name = moe.twin("n_min_memory", base)  # an MoE model's every expert
+        grid.n_min_memory = getattr(numeric, name)(
+            **{a: (seq_col[:, 0] if a == "S" else base[a]) for a in numeric.ARGS[name]}
         )
     return grid
 

@@ -1,0 +1,253 @@
+"""MoE memory and gradient traffic count every expert: the fit, the search and the step's DP reduction.
+
+Mixtral 8x7B by hand: a dense part of 1,604,587,520 weights (attention, norms, embeddings; no shared
+expert) and 32 layers of 8 experts of 3 x 4096 x 14336 plus a 4096 x 8 router: 46.7B in all, of which a
+token runs 12.9B. Dense models keep every number they had before MoE memory was modelled (pinned below).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.machines.binding import Machine
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.bind import Evaluator
+from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup, build
+from costmodel.plans.models import load_model
+from costmodel.symbolic import numeric
+from costmodel.training import moe
+from costmodel.training.recommend import fit_at, memory, recommend, training_values
+from costmodel.training.search import Constraints, search, search_loop
+from costmodel.training.step import StepSetup, bind, build_step, evaluate_step, step_machine
+from tests.support import REPO
+
+MIXTRAL = str(REPO / "tests" / "data" / "hf" / "mixtral-8x7b.json")
+H, F, LAYERS, EXPERTS = 4096, 14336, 32, 8
+DENSE = LAYERS * (H * 128 * (2 * 32 + 2 * 8) + 2 * H) + 2 * 32000 * H + H  # attention, norms, embeddings
+EXPERT = 3 * H * F  # one gated expert
+ROUTER = H * EXPERTS
+
+
+def test_dense_part_and_total_by_hand() -> None:
+    assert DENSE == 1_604_587_520
+    total = DENSE + LAYERS * (EXPERTS * EXPERT + ROUTER)
+    assert total == pytest.approx(46.7e9, abs=0.05e9)  # as Mistral AI publishes it
+    v = {**training_values(_inputs(1), load_model(MIXTRAL), TrainingSetup(gpus=8), _h100(), 1)}
+    assert memory(Evaluator(v), "params") == pytest.approx(total, rel=1e-12)
+
+
+def test_shared_expert_joins_the_dense_part() -> None:
+    """Qwen1.5-MoE-A2.7B: 60 experts of 1408 and a shared one of 5632 on 24 layers are 14.3B weights, as the
+    Qwen team publishes them (to 0.05B; the attention biases and the shared expert's gate are left out)."""
+    path = str(REPO / "tests" / "data" / "hf" / "qwen1.5-moe-a2.7b.json")
+    inputs = PlanInputs(seq=4096, n=1, model=path, hw="h100-ib", **TRAINING_DEFAULTS)
+    values = training_values(inputs, load_model(path), TrainingSetup(gpus=8), _h100(), 1)
+    assert memory(Evaluator(values), "params") == pytest.approx(14.3e9, abs=0.05e9)
+
+
+def _inputs(n: int, seq: int = 32768) -> PlanInputs:
+    return PlanInputs(seq=seq, n=n, model=MIXTRAL, hw="h100-ib", **TRAINING_DEFAULTS)
+
+
+def _h100() -> Machine:
+    return Machine(load_profile("h100-ib"))
+
+
+def test_mixtral_memory_per_device_by_hand() -> None:
+    """S = 32k over CP 8, TP 8 (sequence parallel), 64 GPUs (DP 1), ZeRO-1, selective recompute, flash attention.
+
+    States: the dense part / 8 and every expert / 8 (each TP-split; routers whole) at 2 + 4 + 12/8 bytes.
+    Activations per layer, per token of the L = 4096 a device holds: the dense layer's (8H + 4hd + 4 n_kv d)/t
+    and, for each of 2 routed copies times the 1.25 capacity factor, the dispatched hidden state (2H bytes,
+    whole on each TP rank) and the expert's gated intermediates 2 x 3F / t; plus the output layer's
+    L (2H + 4V/t). Ring buffers are the dense formula's. To 1e-9 relative (float arithmetic)."""
+    setup = TrainingSetup(gpus=64, tp=8)
+    ev = Evaluator(training_values(_inputs(8), load_model(MIXTRAL), setup, _h100(), 8))
+    fit = fit_at(ev)
+    held = DENSE / 8 + LAYERS * (EXPERTS * EXPERT / 8 + ROUTER)
+    assert held == 5_838_766_592
+    states = held * (2 + 4 + 12 / 8)
+    tokens, t = 4096, 8
+    per_token = (8 * H + 4 * 32 * 128 + 4 * 8 * 128) / t + 1.25 * 2 * (2 * H + 2 * 3 * F / t)
+    activations = LAYERS * tokens * per_token + tokens * (2 * H + 4 * 32000 / t)
+    assert fit.model_state_bytes == pytest.approx(states, rel=1e-9)
+    assert fit.activation_bytes == pytest.approx(activations, rel=1e-9)
+    assert fit.total_bytes == pytest.approx(states + activations + ev("ring_buffer_bytes"), rel=1e-9)
+    assert fit.total_bytes == pytest.approx(51.0e9, abs=0.05e9) and fit.fits  # of 72 GB usable
+    # One expert of width F, as the fit counted before, left 6.45x fewer weights.
+    assert held / (DENSE / 8 + LAYERS * EXPERT / 8) == pytest.approx(6.45, abs=0.01)
+
+
+def test_capacity_factor_pads_the_routed_activations() -> None:
+    """At C_f = 1 the routed copies keep 2 x (2H + 6F/t) bytes per token; 1.25 keeps a quarter more of that."""
+    base = training_values(_inputs(8), load_model(MIXTRAL), TrainingSetup(gpus=64, tp=8), _h100(), 8)
+    one, padded = ({**base, "C_f": c} for c in (1.0, 1.25))
+    routed = LAYERS * 4096 * 2 * (2 * H + 2 * 3 * F / 8)
+    grown = numeric.moe_activation_bytes(**{a: padded[a] for a in numeric.ARGS["moe_activation_bytes"]}) - (
+        numeric.moe_activation_bytes(**{a: one[a] for a in numeric.ARGS["moe_activation_bytes"]})
+    )
+    assert grown == pytest.approx(0.25 * routed, rel=1e-9)
+
+
+def test_expert_states_shard_over_the_ranks_holding_the_same_experts() -> None:
+    """ZeRO-1 over D x N = 8 ranks; with EP 4 the 2 ranks holding the same experts share the experts' fp32
+    states: each keeps 2 of 8 experts (a quarter) at 2 + 4 + 12/2 bytes."""
+    values = training_values(_inputs(8), load_model(MIXTRAL), TrainingSetup(gpus=64, tp=8), _h100(), 8)
+    at_ep4 = {**values, "E_p": 4}
+    states = numeric.moe_model_state_bytes(**{a: at_ep4[a] for a in numeric.ARGS["moe_model_state_bytes"]})
+    experts = LAYERS * (2 * EXPERT / 8 + ROUTER)
+    assert states == pytest.approx(DENSE / 8 * (6 + 12 / 8) + experts * (6 + 12 / 2), rel=1e-9)
+
+
+def test_step_reduces_every_expert_gradient() -> None:
+    """Mixtral, TP 2, 32 GPUs (DP 16), EP 1: a device holds 23.35e9 weights, all 8 experts, in 3,737 buckets
+    of 25 MB fp32 gradients; the last bucket's share of 2 x 15/16 of them over the DP link stays exposed.
+    EP 4: the experts' gradients reduce over the 4 ranks holding the same ones, 12/16 of the bytes."""
+    for ep, expert_share in ((1, 15 / 16), (4, 12 / 16)):
+        built = build_step(model=MIXTRAL, seq=32768, hw="h100-nvlink", gpus=32, tp=2, global_batch=16, ep=ep)
+        model = load_model(MIXTRAL)
+        v = bind(built[0], built[1], built[2], model, built[3])
+        experts = LAYERS * (EXPERTS // ep * EXPERT / 2 + ROUTER)
+        held = DENSE / 2 + experts
+        assert v["n_bkt"] == math.ceil(held * 4 / 25e6)
+        tau = 2 * (15 / 16 * DENSE / 2 + expert_share * experts) * 4 / v["B_dp"]
+        assert moe.counted("dp_exposed_s", v, model) == pytest.approx(tau / v["n_bkt"], rel=1e-9)
+        exposed = evaluate_step(*built)["step"]["breakdown"]["exposed DP comm"]
+        assert tau / v["n_bkt"] <= exposed <= tau * (1 + 1e-9)
+    assert v["n_bkt"] == 1031 and (ep, EXPERTS // ep) == (4, 2)
+
+
+def test_step_reports_total_and_held_parameters() -> None:
+    result = evaluate_step(
+        *build_step(model=MIXTRAL, seq=32768, hw="h100-nvlink", gpus=32, tp=2, global_batch=16)
+    )
+    assert result["moe"]["params"] == pytest.approx(DENSE + LAYERS * (EXPERTS * EXPERT + ROUTER), rel=1e-12)
+    assert result["moe"]["params_per_device"] == pytest.approx(
+        DENSE / 2 + LAYERS * (EXPERTS * EXPERT / 2 + ROUTER), rel=1e-12
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    experts=st.sampled_from([4, 8, 16, 64]),
+    shared=st.sampled_from([0, 1408, 5632]),
+    ep=st.sampled_from([1, 2, 4]),
+    t=st.sampled_from([1, 2, 8]),
+    pp=st.sampled_from([1, 2, 4]),
+)
+def test_one_device_of_one_rank_holds_the_whole_model(
+    experts: int, shared: int, ep: int, t: int, pp: int
+) -> None:
+    """Without TP, PP or EP a device holds every parameter, and 18 bytes of unsharded state each; splitting
+    by EP never adds memory, and the devices of an EP group hold every expert once."""
+    shape = {"H": 2048, "V": 50000, "d": 128, "e_m": 2, "g": 1, "h": 16, "n_L": 8, "n_kv": 4, "F_ffn": 1408}
+    shape |= {"n_E": experts, "F_sh": shared}
+    total = numeric.moe_params(**shape)
+    one = shape | {"t": 1, "pp": 1, "E_p": 1}
+    assert numeric.moe_device_params(**one) == pytest.approx(total, rel=1e-12)
+    assert numeric.moe_model_state_bytes(**one, z_w=1, z_g=1, z_o=1) == pytest.approx(18 * total, rel=1e-12)
+    split = shape | {"t": t, "pp": pp}
+    ep_values = [e for e in (1, ep) if experts % e == 0]
+    held = [_at("moe_device_expert_params", split | {"E_p": e}) for e in ep_values]
+    assert held == sorted(held, reverse=True)
+    full = _at("moe_device_expert_params", split | {"E_p": 1})
+    routers = shape["n_L"] / pp * shape["H"] * experts
+    assert (held[-1] - routers) * ep_values[-1] == pytest.approx(full - routers, rel=1e-12)
+
+
+def _at(name: str, values: dict) -> float:
+    return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+
+
+# Dense models: the numbers the fit, the step and the search gave before MoE memory was modelled.
+def test_dense_fit_is_unchanged() -> None:
+    inputs = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAULTS)
+    report = recommend(
+        inputs, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("a100-nvlink"))
+    )
+    fit = report.fit
+    assert (fit.params, fit.model_state_bytes, fit.activation_bytes, fit.total_bytes) == pytest.approx(
+        (8030261248.0, 49687241472.0, 20388511744.0, 70243525376.0), rel=1e-12
+    )
+    assert report.recommendation.n_min_memory_real == pytest.approx(29.48093953074129, rel=1e-12)
+
+
+def test_dense_step_is_unchanged() -> None:
+    built = build_step(
+        model="llama3-70b", seq=32768, hw="h100-ib", gpus=64, tp=8, pp=2, zero=3, global_batch=32
+    )
+    step = evaluate_step(*built)["step"]
+    parts = step["breakdown"]
+    assert (
+        step["time_s"],
+        parts["exposed DP comm"],
+        parts["exposed ZeRO-3 gathers"],
+        parts["optimizer step"],
+    ) == pytest.approx(
+        (19.65166760809994, 0.0003747541067422096, 0.052915279871999996, 0.009872253707462687), rel=1e-12
+    )
+
+
+def test_dense_search_is_unchanged() -> None:
+    inputs = PlanInputs(seq=32768, n=1, model="llama3-8b", hw="h100-ib", **TRAINING_DEFAULTS)
+    found = search(
+        inputs, TrainingSetup(gpus=16), build(StepSetup, global_batch=32), step_machine(inputs), top=3
+    )
+    assert [(p["tp"], p["cp"], p["pp"], p["dp"], p["cp_scheme"]) for p in found.plans] == [
+        (2, 2, 1, 4, "ring"),
+        (2, 2, 1, 4, "ring"),
+        (2, 2, 1, 4, "allgather"),
+    ]
+    assert [p["step_time_s"] for p in found.plans] == pytest.approx(
+        [7.921173237058705, 7.973836629300978, 8.01451034789658], rel=1e-12
+    )
+    assert [p["memory_bytes"] for p in found.plans] == pytest.approx([71293156352.0] * 3, rel=1e-12)
+    assert found.notes == []
+
+
+def test_recommend_mixtral_plans_with_every_expert(cli) -> None:
+    """`cp-plan recommend` on 64 H100s at 32k: the fit counts 46.7B weights; the searched plan's memory holds at
+    least its experts' bf16 weights and fp32 gradients (6 bytes each), and the search says it keeps EP 1."""
+    result = cli(
+        "recommend", "--model", MIXTRAL, "--seq", "32k", "--hw", "h100-ib", "--gpus", "64", "--format", "json"
+    )
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["fit"]["params"] == pytest.approx(46.7e9, abs=0.05e9)
+    pick = data["search"]["plans"][0]
+    experts_held = LAYERS / pick["pp"] * (EXPERTS * EXPERT / pick["tp"] + ROUTER)
+    assert pick["memory_bytes"] > 6 * experts_held
+    assert pick["memory_bytes"] <= pick["device_memory_bytes"]
+    assert "EP 1" in data["search"]["notes"][0]
+
+
+def test_vectorised_search_counts_experts_as_the_plain_loop() -> None:
+    """Qwen1.5-MoE (60 experts and a shared one) on 8 GPUs: the array search and one evaluate_step plus one
+    fit per plan keep the same plans in the same order, time and memory equal to 1e-12."""
+    qwen = str(REPO / "tests" / "data" / "hf" / "qwen1.5-moe-a2.7b.json")
+    built = build_step(model=qwen, seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
+    fast = search(*built, Constraints(recompute="selective"), top=None).plans
+    slow = search_loop(*built, Constraints(recompute="selective"))
+    assert len(fast) == len(slow) > 100
+    keys = ("tp", "cp", "pp", "vpp", "dp", "micro_batch")
+    assert [tuple(p[k] for k in keys) for p in fast] == [tuple(p[k] for k in keys) for p in slow]
+    for a, b in zip(fast, slow, strict=True):
+        assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
+        assert a["memory_bytes"] == pytest.approx(b["memory_bytes"], rel=1e-12)
+
+
+@pytest.mark.parametrize(("pp", "recompute"), [(1, "selective"), (4, "selective"), (1, "full")])
+def test_moe_n_min_memory_is_where_memory_just_fits(pp: int, recompute: str) -> None:
+    """Mixtral at 1M tokens, TP 8 (PP 4 with full recompute fits without CP): at N = N_min the most loaded stage's memory, every expert counted, equals the
+    usable HBM, to rounding."""
+    setup = TrainingSetup(gpus=64 * pp, tp=8, pp=pp, recompute=recompute)
+    values = training_values(_inputs(1, seq=1 << 20), load_model(MIXTRAL), setup, _h100(), 1)
+    n_min = _at(moe.twin("n_min_memory", values), values)
+    assert n_min > 2  # the ring's buffers exist from N = 2 on
+    total = _at("moe_training_memory_bytes", values | {"N": n_min})
+    assert total == pytest.approx(values["M_dev"], rel=1e-12)
