@@ -238,6 +238,13 @@ def test_prompt_longer_than_the_presets_context(cli, tmp_path: Path) -> None:
     )
 
 
+def test_a_mixture_of_experts_is_refused_not_undercounted(cli) -> None:
+    mixtral = Path(__file__).parent / "data" / "hf" / "mixtral-8x7b.json"
+    result = cli("infer", "--model", str(mixtral), "--prompt", "32k", "--hw", "h100-ib", "--tp", "8")
+    assert result.code == 2 and result.out == ""
+    assert "--model:" in result.err and "mixture of experts (8 experts)" in result.err
+
+
 @settings(max_examples=12, deadline=None)
 @given(
     cached=st.sampled_from([0, 4096, 1 << 20]),
