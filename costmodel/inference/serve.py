@@ -409,7 +409,9 @@ def evaluate_infer(
             "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b",
         )
     model = load_model(inputs.model)
-    if model.experts:  # its weights, reads and FLOP per token differ from a dense layer's: refuse, never undercount
+    if (
+        model.experts
+    ):  # its weights, reads and FLOP per token differ from a dense layer's: refuse, never undercount
         raise InputError(
             "--model",
             f"{inputs.model} is a mixture of experts ({model.experts} experts); infer models dense layers only "
