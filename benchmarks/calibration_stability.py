@@ -159,7 +159,12 @@ def ablation(run: dict) -> dict[str, tuple[float, float]]:
         errors = []
         for r in rows:
             inputs = calibrated_inputs(
-                profile, report["nproc"], r["tokens_per_rank"], r["causal"], r["layout"]
+                profile,
+                report["nproc"],
+                r["tokens_per_rank"],
+                r["causal"],
+                r["layout"],
+                r.get("documents", 1),
             )
             predicted = predict(inputs, machine, r["variant"], r["pass"] == "fwd+bwd").total_s
             errors.append(abs(predicted / r["measured_s"] - 1))

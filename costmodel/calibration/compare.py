@@ -34,9 +34,15 @@ SCHEMA = "cp-plan/validate/v1"
 
 
 def calibrated_inputs(
-    profile: HardwareProfile, n: int, tokens_per_rank: int, causal: bool = False, layout: str = "contiguous"
+    profile: HardwareProfile,
+    n: int,
+    tokens_per_rank: int,
+    causal: bool = False,
+    layout: str = "contiguous",
+    documents: int = 1,
 ) -> PlanInputs:
-    """A plan in the shape the profile was measured with, ``tokens_per_rank`` on each of ``n`` ranks."""
+    """A plan in the shape the profile was measured with, ``tokens_per_rank`` on each of ``n`` ranks; the
+    window packed with ``documents`` equal documents (varlen) when more than one."""
     cal = profile.calibration
     assert cal is not None
     return PlanInputs(
@@ -51,6 +57,7 @@ def calibrated_inputs(
         layout=layout,
         block=1,
         hw=profile.name,
+        docs=f"{tokens_per_rank * n // documents}x{documents}" if documents > 1 else None,
     )
 
 
@@ -138,10 +145,8 @@ def compare(
     moved = perturbed_machines(profile)
     rows = []
     for case, times in zip(cases, measured, strict=True):
-        inputs = calibrated_inputs(profile, n, case.tokens_per_rank, case.causal, case.layout)
         documents = getattr(case, "documents", 1)
-        if documents > 1:  # the same window packed with equal documents, varlen
-            inputs = inputs.model_copy(update={"docs": f"{inputs.seq // documents}x{documents}"})
+        inputs = calibrated_inputs(profile, n, case.tokens_per_rank, case.causal, case.layout, documents)
         for pass_ in case.passes:
             backward = pass_ == "fwd+bwd"
             model = predict(inputs, machine, case.variant, backward).total_s

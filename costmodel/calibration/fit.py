@@ -36,7 +36,7 @@ from costmodel.machines.profiles import (
 
 R2_MIN = 0.95  # a link fit explaining less than this of its times is not alpha-beta: too noisy to trust
 SPREAD_MAX = 0.15  # relative spread of a link's alpha or B, or of the median compute point, to trust
-FIXED_SPREAD_MAX = 0.10  # a fixed cost's spread, against the tiny layer it was measured on
+FIXED_SPREAD_MAX = 0.15  # a fixed cost's spread against its tiny layer (a quiet run here reached 12 %)
 DRIFT_MAX = 0.15  # the same compute or exchange timed at the start and the end may differ by this
 BUSY_MAX = 0.5  # share of the CPUs other processes may use before calibrating
 REPLICAS = 40  # resampled refits behind every spread
