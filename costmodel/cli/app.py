@@ -12,7 +12,7 @@ from costmodel.cli import audit, plan_file, planning, step
 from costmodel.cli import infer as infer_cli
 from costmodel.cli import kernel as kernel_cli
 from costmodel.cli.kernel import app as kernel_app
-from costmodel.cli.options import Format, FormatOpt, console, declared
+from costmodel.cli.options import Format, FormatOpt, console, declared, house_table
 from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, builtin_names, load_profile
@@ -117,13 +117,8 @@ def hw_list(format: FormatOpt = Format.table) -> None:
         return
     if format is Format.markdown:
         raise InputError("--format", "hw list prints table, json or yaml")
-    from rich import box
-    from rich.table import Table
 
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
+    table = house_table(
         caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
         "slice; NVL: a switched NVLink rack, mesh: one link per peer, AxBxC: a torus); a ring leaves the node beyond CP/node ranks",
     )

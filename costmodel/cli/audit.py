@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from costmodel.cli.options import console
+from costmodel.cli.options import console, house_table
 from costmodel.cli.planning import DataFormat
 from costmodel.core.errors import InputError
 
@@ -167,8 +167,6 @@ def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, A
 
 
 def _table(result: dict[str, Any]) -> None:
-    from rich import box
-    from rich.table import Table
 
     from costmodel.core.units import seconds
 
@@ -178,7 +176,7 @@ def _table(result: dict[str, Any]) -> None:
         f"{result['log']} ({result['framework']}): {c['model']} S={c['seq']} on {c['gpus']} x {c['hw']}, "
         f"tp {c['tp']}, cp {c['cp']} ({c['cp_scheme']}), pp {c['pp']}, dp {c['dp']}, recompute {c['recompute']}"
     )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = house_table()
     for column in ("", "measured", "predicted", "ratio"):
         table.add_column(column, justify="left" if not column else "right")
     time = m["step_time_s"]
@@ -210,14 +208,10 @@ def _table(result: dict[str, Any]) -> None:
 
 def _summary(results: list[dict[str, Any]]) -> None:
     """One row per log: measured and predicted step, their ratio, and the most severe finding."""
-    from rich import box
-    from rich.table import Table
 
     from costmodel.core.units import seconds
 
-    table = Table(
-        box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, caption="cp-plan audit LOG for one run in full"
-    )
+    table = house_table(caption="cp-plan audit LOG for one run in full")
     table.add_column("log", no_wrap=True, max_width=28)
     for column in ("measured", "predicted", "ratio", "most severe finding"):
         table.add_column(column, justify="right" if column in ("measured", "predicted", "ratio") else "left")
@@ -235,8 +229,6 @@ def _summary(results: list[dict[str, Any]]) -> None:
 
 
 def _fit_table(fit: dict[str, Any]) -> None:
-    from rich import box
-    from rich.table import Table
 
     from costmodel.core.units import seconds
 
@@ -245,7 +237,7 @@ def _fit_table(fit: dict[str, Any]) -> None:
         f"fitted {fit['base']}: kernel rates x {fit['compute_factor']:.3f}, links x {fit['comm_factor']:.3f} "
         f"-> {fit['written']}"
     )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = house_table()
     for column in ("run", "measured", "base", "fitted", "left out"):
         table.add_column(column, justify="left" if column == "run" else "right")
     for row in fit["runs"]:
@@ -304,13 +296,8 @@ def from_nccl_tests(
 
         sys.stdout.write(yaml.safe_dump({"fits": fits, "written": out}, sort_keys=False))
         return
-    from rich import box
-    from rich.table import Table
 
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
+    table = house_table(
         caption="t = α + size·factor / B over out-of-place times; B is nccl-tests' busbw",
     )
     for column in ("file", "collective", "scope", "ranks", "α µs", "B GB/s", "R²"):

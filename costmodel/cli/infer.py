@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from costmodel.cli.options import console, declared
+from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.planning import DataFormat
 from costmodel.inference.setup import INFER_SHARED, InferenceSetup
 from costmodel.plans.inputs import MachineOverrides, PlanInputs
@@ -49,8 +49,6 @@ def infer_cmd(
 
 
 def _table(report: dict) -> None:
-    from rich import box
-    from rich.table import Table
 
     from costmodel.core.units import seconds, si
 
@@ -80,14 +78,14 @@ def _table(report: dict) -> None:
             else f"adds {seconds(dec['cp_latency_added_s'])} per token"
         )
     )
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, caption="prefill, chosen scheme")
+    table = house_table(caption="prefill, chosen scheme")
     for column in ("component", "time", "share"):
         table.add_column(column, justify="left" if column == "component" else "right")
     for name, value in pre["breakdown"].items():
         if value > 0:
             table.add_row(name, seconds(value), f"{value / out['ttft_s']:.1%}")
     screen.print(table)
-    schemes = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    schemes = house_table()
     for column in ("scheme", "TTFT", "exposed CP comm", "bytes per step"):
         schemes.add_column(column, justify="left" if column == "scheme" else "right")
     for name, row in pre["schemes"].items():

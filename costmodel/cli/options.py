@@ -43,6 +43,16 @@ class Format(str, Enum):
     html = "html"
 
 
+def house_table(**options: Any) -> Any:
+    """A rich Table in the house style (a rule under the header, no outer edge, bold left titles);
+    ``options`` adds columns' padding, a title or a caption."""
+    from rich import box
+    from rich.table import Table
+
+    style = {"box": box.SIMPLE_HEAD, "pad_edge": False, "show_edge": False}
+    return Table(**style | {"title_justify": "left", "title_style": "bold"} | options)
+
+
 FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli.options import console, declared
+from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.search import (
     CpOpt,
     FrameworkOpt,
@@ -143,7 +143,6 @@ def recommend_cmd(
 
 
 def _render_recommendation(report) -> None:  # noqa: ANN001
-    from rich import box
     from rich.table import Table
     from rich.text import Text
 
@@ -203,13 +202,8 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     for fix in rec.fixes:
         head.add_row("fix", fix)
     out.print(head)
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
+    table = house_table(
         title="Usable CP degrees",
-        title_justify="left",
-        title_style="bold",
     )
     for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "exposed", "verdict", "link"):
         table.add_column(
@@ -355,18 +349,11 @@ def sweep_cmd(
 
 
 def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
-    from rich import box
-    from rich.table import Table
 
     out = console()
     names = ["green", "amber", "red"]
     for grid in grids:
-        table = Table(
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-            show_edge=False,
-            title_justify="left",
-            title_style="bold",
+        table = house_table(
             title=f"{grid.profile}: {pass_} step comm ratio (rows S, columns N)",
         )
         table.add_column("S", justify="right")
@@ -389,15 +376,8 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
 
 
 def _render_step_times(grid) -> None:  # noqa: ANN001
-    from rich import box
-    from rich.table import Table
 
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        title_justify="left",
-        title_style="bold",
+    table = house_table(
         title=f"{grid.profile}: step time, the fastest plan that fits at each N (rows S, columns N)",
     )
     table.add_column("S", justify="right")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from costmodel.cli.options import house_table
 from costmodel.core.units import count, percent, seconds, si
 from costmodel.plans.bind import Evaluation
 from costmodel.plans.schema import Report
@@ -283,18 +284,7 @@ PACKING_CAPTION = (
 
 
 def _table(title: str, columns: list[str]):  # noqa: ANN202
-    from rich import box
-    from rich.table import Table
-
-    table = Table(
-        title=title,
-        title_justify="left",
-        title_style="bold",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        pad_edge=False,
-        show_edge=False,
-    )
+    table = house_table(title=title, padding=(0, 1))
     for i, name in enumerate(columns):
         table.add_column(name, justify="left" if i == 0 or name in {"verdict", "note"} else "right")
     return table
@@ -481,15 +471,8 @@ NOISY_TIMINGS = 0.25  # validate's own IQR / median above which its errors are t
 
 def render_validation(report: dict, console: Console) -> None:
     """`cp-plan validate`'s table, kept inside 80 columns: one row per case and pass."""
-    from rich import box
-    from rich.table import Table
 
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        title_justify="left",
-        title_style="bold",
+    table = house_table(
         padding=(0, 0, 0, 1),
         title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
         f"L* = {report['critical_shard_tokens']:,.0f} tokens",
@@ -563,15 +546,8 @@ def render_validation(report: dict, console: Console) -> None:
 
 def _render_inference_validation(report: dict, console: Console) -> None:
     """validate's inference runs against `cp-plan infer`'s formulas: held out, outside the verdict."""
-    from rich import box
-    from rich.table import Table
 
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
-        title_justify="left",
-        title_style="bold",
+    table = house_table(
         padding=(0, 0, 0, 1),
         title="inference runs vs cp-plan infer's formulas (held out, not in the verdict)",
     )

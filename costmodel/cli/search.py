@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from costmodel.cli.options import console, searched
+from costmodel.cli.options import console, house_table, searched
 from costmodel.core.errors import InputError
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
 from costmodel.training.step import StepSetup
@@ -112,8 +112,6 @@ LAYOUT_SHORT = {"zigzag": "zz", "striped": "st", "contiguous": "ct"}
 
 
 def render_search(data: dict[str, Any]) -> None:
-    from rich import box
-    from rich.table import Table
     from rich.text import Text
 
     from costmodel.training.search import label
@@ -132,7 +130,7 @@ def render_search(data: dict[str, Any]) -> None:
         return
     best = data["plans"][0]
     out.print(Text(f"use   {label(best)}", style="bold green"))
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1), collapse_padding=True)
+    table = house_table(padding=(0, 1), collapse_padding=True)
     for name in (
         "#",
         "layout",

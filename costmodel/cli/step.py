@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from costmodel.cli.options import console, declared
+from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.planning import DataFormat
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
 from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup
@@ -51,8 +51,6 @@ def step_cmd(
 
 
 def _table(result: dict) -> None:
-    from rich import box
-    from rich.table import Table
 
     from costmodel.cli.render import topology_lines
     from costmodel.core.units import seconds
@@ -74,10 +72,7 @@ def _table(result: dict) -> None:
         f"MFU {step['mfu']:.1%} ({step['mfu_causal_attention']:.1%} counting causal attention)   "
         f"HFU {step['hfu']:.1%}"
     )
-    table = Table(
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        show_edge=False,
+    table = house_table(
         caption="MFU: 6·P·tokens + 12·n_L·h·d·S·tokens model FLOP [PaLM]; HFU: what runs, recompute in",
     )
     for column in ("component", "time", "share"):
