@@ -208,6 +208,7 @@ def test_numeric_twin_matches_exact_sympy(
         "l_max": seq_per * n // 2 + 1,
         "l_rest": max(1, seq_per * n // 7),
         "T_w": seq_per * n,
+        "l_w": seq_per / 3 + 1,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

@@ -182,3 +182,9 @@ def test_plan_files_take_the_distribution(cli, tmp_path: Path) -> None:
     assert cli("check", str(tmp_path / "one.yaml")).code == 0
     result = cli("check", str(tmp_path / "packed.yaml"))
     assert result.code == 1 and "red" in result.out
+
+
+def test_a_list_too_long_for_a_file_name_is_still_a_list(cli) -> None:
+    """600 lengths (2,400 characters) are longer than any file name the OS looks up: still lengths."""
+    report = _json(cli, "--seq", "64k", "--n", "8", "--causal", "--docs", ",".join(["100"] * 600))
+    assert report["packing"]["documents"] == 600

@@ -74,3 +74,29 @@ def gemm_rate(profile: HardwareProfile, dtype: str, m: int, n: int, k: int) -> f
     table = _kernels(profile).gemm
     edge = (float(m) * n * k) ** (1.0 / 3.0)
     return _interp(edge, table.edge, table.flops_per_s) * _dtype_scale(profile, dtype)
+
+
+def measured_attention(rows: list[dict], backend: str, source: str) -> list[AttentionCurve]:
+    """Attention curves from one backend's timings on the papers' grid (``benchmarks/gpu_kernels.py
+    measure``): one curve per head dimension, mask and pass, to put in a profile's ``kernels:`` in place of
+    the published ones."""
+    curves = []
+    timed = [r for r in rows if r["backend"] == backend and "error" not in r]
+    for head_dim in sorted({r["head_dim"] for r in timed}):
+        for causal in (False, True):
+            points = sorted(
+                (r["seq"], r) for r in timed if r["head_dim"] == head_dim and r["causal"] == causal
+            )
+            for backward, key in ((False, "fwd_tflops"), (True, "bwd_tflops")):
+                if points:
+                    curves.append(
+                        AttentionCurve(
+                            head_dim=head_dim,
+                            causal=causal,
+                            backward=backward,
+                            seq=[seq for seq, _ in points],
+                            flops_per_s=[r[key] * 1e12 for _, r in points],
+                            source=source,
+                        )
+                    )
+    return curves

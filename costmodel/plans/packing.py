@@ -220,13 +220,20 @@ def first_fit(lengths: list[int], seq: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(w) for w in windows)
 
 
+def _is_file(spec: str) -> bool:
+    try:
+        return Path(spec).is_file()
+    except (OSError, ValueError):  # a long list of lengths is no path the OS can even look up
+        return False
+
+
 @functools.lru_cache(maxsize=16)
 def pack(spec: str, seq: int) -> Packed:
     """Parse ``spec`` and pack it into windows of ``seq`` tokens; any problem is one InputError on --docs."""
     synthetic = _SYNTHETIC.match(spec)
     if synthetic:
         lengths, source = _synthetic(synthetic.group(1), seq)
-    elif Path(spec).is_file():
+    elif _is_file(spec):
         lengths, source = _lengths_from_file(Path(spec)), f"file {Path(spec).name}"
     elif re.fullmatch(r"[\s0-9.kKmMgGx×*,]+", spec):
         lengths, source = _lengths_from_list(spec), "list"
@@ -256,6 +263,19 @@ def useful_rule(causal: bool, packed: Packed | None, window: int | None, chunk: 
 
 def packed_of(inputs) -> Packed | None:  # noqa: ANN001 - PlanInputs, imported lazily (it imports us)
     return pack(inputs.docs, inputs.seq) if inputs.docs is not None else None
+
+
+def call_tokens(inputs) -> float | None:  # noqa: ANN001
+    """L_call of a varlen plan with documents: the piece one kernel call computes; None otherwise (dense
+    blocks, windows and chunks run whole blocks)."""
+    packed = packed_of(inputs)
+    if packed is None or inputs.packing != "varlen":
+        return None
+    from costmodel.symbolic import numeric
+
+    lengths = np.asarray(packed.window_docs, dtype=np.float64)
+    weighted = float((lengths**3).sum() / (lengths**2).sum())
+    return float(numeric.packed_call_tokens(l_w=weighted, S=inputs.seq, N=inputs.n))
 
 
 def schedule_for(inputs, layout: str, branch: Branch, n: int | None = None):  # noqa: ANN001, ANN201

@@ -32,7 +32,7 @@ import numpy as np
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import plan_values
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.packing import schedule_for
+from costmodel.plans.packing import call_tokens, schedule_for
 from costmodel.schedule.simulator import simulate, simulation_tile
 from costmodel.schedule.timeline import ring_layer_time
 from costmodel.symbolic import numeric
@@ -175,12 +175,14 @@ def ring_pass(
         values["alpha"]
         + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
     )
+    call = None  # the tokens of one call where packed documents cut blocks into calls
     if pairs is not None:
         pass
     elif machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
         pairs = np.full((n, n), values["c"] * length * length)
     elif inputs.masked:  # documents, windows, chunks: the branch's tiles ([A-RingCost §5])
         pairs = schedule_for(inputs, inputs.layout, inputs.packing).rank_step_pairs
+        call = call_tokens(inputs)
     else:
         tile = simulation_tile(inputs.seq, n, inputs.block)
         pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
@@ -191,13 +193,18 @@ def ring_pass(
     @functools.cache  # a schedule has few distinct blocks; each is one kernel call of L queries
     def seconds(block_pairs: float, diagonal: bool, ranks: int) -> float:
         """One rank's call at one step. The own block (and every striped block) carries the causal diagonal,
-        a call of L queries against L keys with the mask; a zigzag half block is a full call against L/2 keys."""
+        a call of L queries against L keys with the mask; a zigzag half block is a full call against L/2 keys.
+        Packed short documents (varlen): the block runs as calls of L_call tokens, at their rate."""
         if block_pairs <= 0:
             return 0.0
         masked = block_pairs < full and (diagonal or inputs.layout == "striped")
-        keys = float(length) if masked else max(block_pairs / length, 1.0)
-        flops = block_pairs * pair_flops
-        return flops * factor / machine.rate(flops, masked, backward, ranks, length, keys, inputs.head_dim)
+        queries, keys = float(length), float(length) if masked else max(block_pairs / length, 1.0)
+        flops = call_flops = block_pairs * pair_flops
+        if call is not None and call < length:
+            queries = keys = call
+            call_flops = min(block_pairs, call * call * (0.5 if masked else 1.0)) * pair_flops
+        rate = machine.rate(call_flops, masked, backward, ranks, queries, keys, inputs.head_dim)
+        return flops * factor / rate
 
     compute = np.empty_like(pairs, dtype=float)
     for step in range(n):  # per step: the ranks computing, and the few distinct blocks they hold

@@ -81,6 +81,7 @@ from costmodel.symbolic.symbols import (
     l_h,
     l_max,
     l_rest,
+    l_w,
     m_mb,
     n_bkt,
     n_E,
@@ -1643,6 +1644,15 @@ N_rest = define(
     sympy.ceiling(l_rest * N / S),
     "CP degree the rest of the batch needs: its longest document at S/N tokens per device",
     "devices",
+    "[A-RingCost §5]",
+)
+define(
+    "packed_call_tokens",
+    "L_call",
+    sympy.Min(l_w, L),
+    "tokens of one kernel call's document piece in the varlen branch: a block of short documents runs "
+    "at the rate of calls that long, as a batch of short sequences does [FA2 §4.1]",
+    "tokens",
     "[A-RingCost §5]",
 )
 define(

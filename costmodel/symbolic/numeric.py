@@ -822,6 +822,11 @@ def rest_cp_degree(*, N, S, l_rest):
     return numpy.ceil(N*l_rest/S)
 
 
+def packed_call_tokens(*, N, S, l_w):
+    """L_call = Min(l_w, S/N): tokens of one kernel call's document piece in the varlen branch: a block of short documents runs at the rate of calls that long, as a batch of short sequences does [FA2 §4.1] [tokens] ([A-RingCost §5])."""
+    return numpy.minimum(l_w, S/N)
+
+
 def dynamic_cp_recv_share(*, N, S, T_w, l_max, l_rest):
     """chi_dyn = (l_max*(ceiling(N*l_max/S) - 1) + (T_w - l_max)*(ceiling(N*l_rest/S) - 1))/(T_w*(N - 1)): share of the ring's KV traffic left when each document runs at the CP degree it needs (every token's KV visits N_x - 1 other ranks) instead of all at N [1] ([A-RingCost §5])."""
     return (l_max*(numpy.ceil(N*l_max/S) - 1) + (T_w - l_max)*(numpy.ceil(N*l_rest/S) - 1))/(T_w*(N - 1))
@@ -992,6 +997,7 @@ INFO = {
     'packed_compute_fraction': ('c_x', 'E_m*c/E_w', '{E_m}*{c}/{E_w}', "compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the branch executes (dense: all of them, so c; varlen: the unmasked tiles)", '1', '[A-RingCost §5]', 'packing'),
     'doc_cp_degree': ('N_doc', 'ceiling(N*l_max/S)', 'ceiling({N}*{l_max}/{S})', "CP degree the longest document needs alone at the plan's tokens per device S/N", 'devices', '[A-RingCost §5]', 'packing'),
     'rest_cp_degree': ('N_rest', 'ceiling(N*l_rest/S)', 'ceiling({N}*{l_rest}/{S})', 'CP degree the rest of the batch needs: its longest document at S/N tokens per device', 'devices', '[A-RingCost §5]', 'packing'),
+    'packed_call_tokens': ('L_call', 'Min(l_w, S/N)', 'Min({l_w}, {S}/{N})', "tokens of one kernel call's document piece in the varlen branch: a block of short documents runs at the rate of calls that long, as a batch of short sequences does [FA2 §4.1]", 'tokens', '[A-RingCost §5]', 'packing'),
     'dynamic_cp_recv_share': ('chi_dyn', '(l_max*(ceiling(N*l_max/S) - 1) + (T_w - l_max)*(ceiling(N*l_rest/S) - 1))/(T_w*(N - 1))', '({l_max}*(ceiling({N}*{l_max}/{S}) - 1) + ({T_w} - {l_max})*(ceiling({N}*{l_rest}/{S}) - 1))/({T_w}*({N} - 1))', "share of the ring's KV traffic left when each document runs at the CP degree it needs (every token's KV visits N_x - 1 other ranks) instead of all at N", '1', '[A-RingCost §5]', 'packing'),
 }
 
@@ -1159,6 +1165,7 @@ ARGS = {
     'packed_compute_fraction': ('E_m', 'E_w', 'c'),
     'doc_cp_degree': ('N', 'S', 'l_max'),
     'rest_cp_degree': ('N', 'S', 'l_rest'),
+    'packed_call_tokens': ('N', 'S', 'l_w'),
     'dynamic_cp_recv_share': ('N', 'S', 'T_w', 'l_max', 'l_rest'),
 }
 
@@ -1254,4 +1261,5 @@ SYMBOLS = {
     'l_max': ('tokens of the longest document in the window', 'tokens', '[A-RingCost §5]'),
     'l_rest': ('tokens of the longest of the other documents', 'tokens', '[A-RingCost §5]'),
     'T_w': ('document tokens in the window (padding excluded)', 'tokens', '[A-RingCost §5]'),
+    'l_w': ('work-weighted document length of the window, sum l_i^3 / sum l_i^2 (each document weighted by the pairs it computes)', 'tokens', '[A-RingCost §5]'),
 }

@@ -363,3 +363,10 @@ l_rest = _symbol(
 T_w = _symbol(
     "T_w", "document tokens in the window (padding excluded)", "tokens", "[A-RingCost §5]", integer=True
 )
+l_w = _symbol(
+    "l_w",
+    "work-weighted document length of the window, sum l_i^3 / sum l_i^2 (each document weighted by the "
+    "pairs it computes)",
+    "tokens",
+    "[A-RingCost §5]",
+)

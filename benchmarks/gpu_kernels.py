@@ -1,0 +1,394 @@
+"""What one GPU's attention kernels achieve, beside what cp-plan assumes: measure on a CUDA machine, compare here.
+
+    python benchmarks/gpu_kernels.py measure --out gpu.json      # on the GPU (torch only; ~2 minutes)
+    python benchmarks/gpu_kernels.py compare gpu.json --hw h200-nvlink   # anywhere: the model beside it
+
+``measure`` times, in bf16:
+
+- torch's scaled_dot_product_attention per backend (flash, cuDNN) over the FlashAttention papers' grid
+  (batch x length = 16k tokens, 2,048 = heads x head_dim), forward and forward+backward, FLOP counted as
+  those papers count them (forward 4·b·h·d·L² halved when causal, backward 2.5x the forward);
+- packed windows and sliding windows through FlexAttention, whose block mask skips the 128 x 128 tiles
+  with no visible pair, the rule cp-plan's simulator counts ("a tile pair costs if any pair in it is
+  unmasked"); the block counts are saved with the timings, and torch's varlen kernel on the same
+  documents where this torch has it;
+- square bf16 matrix products.
+
+``compare`` reads that file and prints: the simulator's executed tiles against FlexAttention's block
+counts (they must be equal), the measured time of each mask against the time its executed tiles predict
+at the causal window's rate per tile, the varlen kernel against the rate cp-plan reads for a block of
+short documents (the rate at their work-weighted length), and the measured curves against the profile's
+published kernel tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TILE = 128
+
+
+# --- measure (torch only: the CUDA machine need not have cp-plan's dependencies) -----------------------
+def _timer(device):  # noqa: ANN001, ANN202
+    import torch
+
+    def median_ms(fn, repeats: int = 10, warmup: int = 3) -> float:  # noqa: ANN001
+        for _ in range(warmup):
+            fn()
+        if device.type != "cuda":
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                samples.append((time.perf_counter() - start) * 1e3)
+            return statistics.median(samples)
+        samples = []
+        for _ in range(repeats):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(begin.elapsed_time(end))
+        return statistics.median(samples)
+
+    return median_ms
+
+
+def _fwd_bwd(fn, q, k, v):  # noqa: ANN001, ANN202
+    """forward and forward+backward closures of fn(q, k, v) with fresh gradients each call."""
+    grad = None
+
+    def forward():  # noqa: ANN202
+        with __import__("torch").no_grad():
+            return fn(q, k, v)
+
+    def both():  # noqa: ANN202
+        nonlocal grad
+        if not q.requires_grad:  # FlexAttention has no CPU backward: the smoke run times the forward
+            return forward()
+        for t in (q, k, v):
+            t.grad = None
+        out = fn(q, k, v)
+        if grad is None:
+            grad = __import__("torch").randn_like(out)
+        out.backward(grad)
+
+    return forward, both
+
+
+def attention_flops(batch: int, heads: int, head_dim: int, q_len: int, k_len: int, causal: bool) -> float:
+    """Forward FLOP as the FlashAttention papers count them (causal: half)."""
+    return 4.0 * batch * heads * head_dim * q_len * k_len / (2 if causal else 1)
+
+
+def measure_sdpa(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    median_ms = _timer(device)
+    backends = (
+        {"math": SDPBackend.MATH}
+        if smoke
+        else {
+            "flash": SDPBackend.FLASH_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION,
+        }
+    )
+    total, width = (1024, 128) if smoke else (16384, 2048)
+    lengths = [256, 512] if smoke else [512, 1024, 2048, 4096, 8192, 16384]
+    rows = []
+    for name, backend in backends.items():
+        for head_dim in (64, 128):
+            heads = width // head_dim
+            for causal in (False, True):
+                for length in lengths:
+                    batch = total // length
+                    q, k, v = (
+                        torch.randn(
+                            batch, heads, length, head_dim, device=device, dtype=dtype, requires_grad=True
+                        )
+                        for _ in range(3)
+                    )
+
+                    def call(q, k, v, causal=causal, backend=backend):  # noqa: ANN001, ANN202
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    forward, both = _fwd_bwd(call, q, k, v)
+                    try:
+                        fwd_ms, both_ms = median_ms(forward), median_ms(both)
+                    except RuntimeError as error:  # a backend that does not take this shape
+                        rows.append(
+                            {
+                                "backend": name,
+                                "head_dim": head_dim,
+                                "causal": causal,
+                                "seq": length,
+                                "error": str(error).splitlines()[0][:200],
+                            }
+                        )
+                        continue
+                    flops = attention_flops(batch, heads, head_dim, length, length, causal)
+                    rows.append(
+                        {
+                            "backend": name,
+                            "head_dim": head_dim,
+                            "heads": heads,
+                            "batch": batch,
+                            "causal": causal,
+                            "seq": length,
+                            "fwd_ms": fwd_ms,
+                            "fwd_bwd_ms": both_ms,
+                            "fwd_tflops": flops / fwd_ms / 1e9,
+                            "bwd_tflops": 2.5 * flops / max(both_ms - fwd_ms, 1e-9) / 1e9,
+                        }
+                    )
+                    print(
+                        f"sdpa {name:5} d={head_dim:3} causal={causal!s:5} L={length:6}: "
+                        f"fwd {rows[-1]['fwd_tflops']:6.1f}, bwd {rows[-1]['bwd_tflops']:6.1f} TFLOP/s",
+                        flush=True,
+                    )
+                    del q, k, v
+    return rows
+
+
+def lognormal_documents(seq: int, count: int, sigma: float, seed: int) -> list[int]:
+    """``count`` log-normal lengths scaled to fill ``seq`` exactly (each at least 1 token)."""
+    draws = np.random.default_rng(seed).lognormal(0.0, sigma, count)
+    lengths = np.maximum(1, (draws / draws.sum() * seq).astype(np.int64))
+    lengths[-1] += seq - lengths.sum()
+    return [int(x) for x in lengths]
+
+
+def mask_cases(seq: int) -> list[dict]:
+    """The packed and windowed masks timed: every one causal, on one window of ``seq`` tokens."""
+    k = seq // 32
+    return [
+        {"name": "causal", "docs": [seq]},
+        {"name": f"{seq // 4}x4", "docs": [seq // 4] * 4},
+        {"name": f"{k}x32", "docs": [k] * 32},
+        {"name": "long+short", "docs": [seq // 2] + [seq // 8] * 2 + [seq // 64] * 16},
+        {"name": "lognormal 64", "docs": lognormal_documents(seq, 64, 1.0, 0)},
+        {"name": "lognormal 512", "docs": lognormal_documents(seq, 512, 1.0, 1)},
+        {"name": "padded 3/4", "docs": [seq // 8] * 6},
+        {"name": f"window {seq // 8}", "docs": [seq], "window": seq // 8},
+        {"name": f"window {seq // 32}", "docs": [seq], "window": seq // 32},
+    ]
+
+
+def measure_masks(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    median_ms = _timer(device)
+    seq, heads, head_dim = (1024, 2, 64) if smoke else (32768, 16, 128)
+    flex = flex_attention if smoke else torch.compile(flex_attention, dynamic=False)
+    # One mask function over two buffers refilled in place for every case: one compilation serves all
+    # (a closure per case would recompile per case, and past the recompile limit fall back to eager).
+    doc = torch.full((seq,), -1, dtype=torch.int64, device=device)
+    window = torch.full((), seq, dtype=torch.int64, device=device)
+
+    def mask_mod(b, h, q, kv):  # noqa: ANN001, ANN202
+        return (doc[q] == doc[kv]) & (doc[q] >= 0) & (q >= kv) & (q - kv < window)
+
+    rows = []
+    for case in mask_cases(seq):
+        bounds = np.r_[0, np.cumsum(case["docs"])]
+        doc_ids = np.full(seq, -1, dtype=np.int64)  # padding: -1, sees nothing
+        for i in range(len(case["docs"])):
+            doc_ids[bounds[i] : bounds[i + 1]] = i
+        doc.copy_(torch.from_numpy(doc_ids))
+        window.fill_(case.get("window") or seq)
+        block_mask = create_block_mask(
+            mask_mod, None, None, seq, seq, device=device, BLOCK_SIZE=TILE, _compile=not smoke
+        )
+        partial = int(block_mask.kv_num_blocks.sum())
+        full = int(block_mask.full_kv_num_blocks.sum()) if block_mask.full_kv_num_blocks is not None else 0
+        q, k, v = (
+            torch.randn(1, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=not smoke)
+            for _ in range(3)
+        )
+        forward, both = _fwd_bwd(lambda q, k, v, m=block_mask: flex(q, k, v, block_mask=m), q, k, v)
+        row = {
+            "name": case["name"],
+            "seq": seq,
+            "heads": heads,
+            "head_dim": head_dim,
+            "cu_seqlens": [int(x) for x in bounds],
+            "window": case.get("window"),
+            "partial_blocks": partial,
+            "full_blocks": full,
+            "flex_fwd_ms": median_ms(forward),
+            "flex_fwd_bwd_ms": median_ms(both),
+        }
+        row.update(_varlen(device, dtype, case["docs"], heads, head_dim, case.get("window"), median_ms))
+        rows.append(row)
+        print(
+            f"mask {case['name']:14}: blocks {partial + full:6} (full {full:6}), flex fwd {row['flex_fwd_ms']:7.2f} ms, "
+            f"fwd+bwd {row['flex_fwd_bwd_ms']:7.2f} ms, varlen fwd {row.get('varlen_fwd_ms', float('nan')):7.2f} ms",
+            flush=True,
+        )
+    return rows
+
+
+def _varlen(device, dtype, docs, heads, head_dim, window, median_ms) -> dict:  # noqa: ANN001
+    """torch's varlen (FlashAttention) kernel on the same documents, where this torch and device have it."""
+    import torch
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return {}
+    if device.type != "cuda":
+        return {}
+    tokens = sum(docs)
+    cu = torch.tensor([0, *np.cumsum(docs)], device=device, dtype=torch.int32)
+    q, k, v = (
+        torch.randn(tokens, heads, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+    )
+    params = inspect.signature(varlen_attn).parameters
+    extra = (
+        {"window_size": ((window - 1) if window else -1, 0)}
+        if "window_size" in params
+        else {"is_causal": True}
+    )
+    if window and "window_size" not in params:
+        return {}
+
+    def call(q, k, v):  # noqa: ANN001, ANN202
+        return varlen_attn(q, k, v, cu, cu, max(docs), max(docs), **extra)
+
+    forward, both = _fwd_bwd(call, q, k, v)
+    try:
+        return {"varlen_fwd_ms": median_ms(forward), "varlen_fwd_bwd_ms": median_ms(both)}
+    except Exception as error:  # noqa: BLE001 - an older torch's varlen may lack a backward or a mask
+        return {"varlen_error": f"{type(error).__name__}: {error}".splitlines()[0][:200]}
+
+
+def measure_gemm(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
+    import torch
+
+    median_ms = _timer(device)
+    rows = []
+    for edge in (256, 512) if smoke else (1024, 2048, 4096, 8192, 16384):
+        a, b = (
+            torch.randn(edge, edge, device=device, dtype=dtype),
+            torch.randn(edge, edge, device=device, dtype=dtype),
+        )
+        ms = median_ms(lambda a=a, b=b: a @ b)
+        rows.append({"edge": edge, "ms": ms, "tflops": 2.0 * edge**3 / ms / 1e9})
+        print(f"gemm {edge:6}: {rows[-1]['tflops']:7.1f} TFLOP/s", flush=True)
+    return rows
+
+
+def measure(out: str, smoke: bool) -> None:
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    path = Path(out)
+    for section, run in (("gemm", measure_gemm), ("masks", measure_masks), ("sdpa", measure_sdpa)):
+        try:
+            result[section] = run(device, dtype, smoke)
+        except Exception as error:  # noqa: BLE001 - a lease is short: keep what the other sections measure
+            result[section] = []
+            result[f"{section}_error"] = f"{type(error).__name__}: {error}"[:2000]
+            print(f"{section} failed: {result[f'{section}_error']}", flush=True)
+        result["seconds"] = time.perf_counter() - started
+        path.with_suffix(".tmp").write_text(json.dumps(result, indent=1))  # written after every section
+        path.with_suffix(".tmp").replace(path)
+    print(f"wrote {out} in {result['seconds']:.0f} s")
+
+
+# --- compare (cp-plan's model beside the measurement) --------------------------------------------------
+def compare(path: str, hw: str) -> None:
+    from costmodel.calibration.gpu import check_masks
+    from costmodel.machines.kernels import attention_rate, gemm_rate
+    from costmodel.machines.profiles import load_profile
+
+    data = json.loads(Path(path).read_text())
+    profile = load_profile(hw)
+    print(f"{data['device']}, torch {data['torch']}, {data['dtype']}; model: {hw}\n")
+
+    print("Packed and windowed masks, one window of one rank: FlexAttention's 128 x 128 block mask against")
+    print("the simulator, and each time against cp-plan's forward on the measured SDPA flash curves:")
+    print(
+        f"{'mask':14} {'tiles':>7} {'simulated':>9} {'predicted':>9} {'varlen':>8} {'error':>7} {'flex':>8} {'error':>7}"
+    )
+    checks = check_masks(profile, data)
+    for c in checks:
+        varlen = f"{c.varlen_ms:8.2f} {c.varlen_error:+7.1%}" if c.varlen_ms else f"{'-':>8} {'-':>7}"
+        print(
+            f"{c.name:14} {c.tiles_measured:7} {c.tiles_simulated:9} {c.predicted_ms:9.2f} {varlen} "
+            f"{c.flex_ms:8.2f} {c.flex_error:+7.1%}"
+        )
+    varlen = [abs(c.varlen_error) for c in checks if c.varlen_error is not None]
+    if varlen:
+        print(f"varlen: median |error| {statistics.median(varlen):.1%}, max {max(varlen):.1%}\n")
+
+    print("SDPA against the profile's kernel tables (TFLOP/s; table = what cp-plan reads for that call):")
+    print(
+        f"{'backend':7} {'d':>4} {'mask':6} {'L':>6} {'fwd':>6} {'table':>6} {'ratio':>6} {'bwd':>6} {'table':>6} {'ratio':>6}"
+    )
+    for row in data["sdpa"]:
+        if "error" in row:
+            print(
+                f"{row['backend']:7} {row['head_dim']:4} {'causal' if row['causal'] else 'full':6} "
+                f"{row['seq']:6}  {row['error'][:60]}"
+            )
+            continue
+        L, d, causal = row["seq"], row["head_dim"], row["causal"]
+        fwd_table = attention_rate(profile, "bf16", L, L, d, causal, False) / 1e12
+        bwd_table = attention_rate(profile, "bf16", L, L, d, causal, True) / 1e12
+        print(
+            f"{row['backend']:7} {d:4} {'causal' if causal else 'full':6} {L:6} {row['fwd_tflops']:6.0f} "
+            f"{fwd_table:6.0f} {row['fwd_tflops'] / fwd_table:6.2f} {row['bwd_tflops']:6.0f} {bwd_table:6.0f} "
+            f"{row['bwd_tflops'] / bwd_table:6.2f}"
+        )
+    print("\nbf16 matrix products against the profile's GEMM table (TFLOP/s):")
+    peak = profile.device.peak_flops["bf16"]
+    for row in data["gemm"]:
+        table = gemm_rate(profile, "bf16", row["edge"], row["edge"], row["edge"]) / 1e12
+        print(
+            f"  {row['edge']:6}: measured {row['tflops']:6.0f}, table {table:6.0f}, ratio {row['tflops'] / table:5.2f}, "
+            f"of peak {row['tflops'] * 1e12 / peak:5.1%}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--out", required=True)
+    m.add_argument(
+        "--smoke", action="store_true", help="tiny shapes on the CPU: checks the script, not a GPU"
+    )
+    c = sub.add_parser("compare")
+    c.add_argument("file")
+    c.add_argument("--hw", default="h200-nvlink")
+    args = parser.parse_args()
+    if args.command == "measure":
+        measure(args.out, args.smoke)
+    else:
+        compare(args.file, args.hw)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
