@@ -69,16 +69,6 @@ def _count_below(split: Split, n: int, length: np.ndarray, off: np.ndarray, rank
     )
 
 
-def _owner(split: Split, n: int, length: np.ndarray, off: np.ndarray) -> np.ndarray:
-    """The rank that holds offset ``off`` of a segment of ``length``."""
-    if split == "contiguous":
-        return ((off + 1) * n + length - 1) // length - 1
-    if split == "striped":
-        return off % n
-    chunk = ((off + 1) * 2 * n + length - 1) // length - 1
-    return np.where(chunk < n, chunk, 2 * n - 1 - chunk)
-
-
 class Placement:
     """Where every token of the window lives: segments, per-rank counts, and the inverse map."""
 
@@ -90,15 +80,21 @@ class Placement:
         counts = _count_below(self.split, n, lengths[:, None], lengths[:, None], ranks[None, :])
         self.before = np.vstack([np.zeros((1, n), dtype=np.int64), np.cumsum(counts, axis=0)])
         self.lengths = self.before[-1]  # L_k: tokens rank k holds (equal for window-level layouts)
-        # Per segment and rank, the runs of offsets it holds (contiguous: one, zigzag: two), as
-        # (start, length) tables, so counting is clipping rather than dividing per (interval, rank).
-        edge = lambda j: j * lengths[:, None] // (n * chunks)  # noqa: E731
-        chunks = 2 if self.split == "zigzag" else 1
-        owned = [ranks[None, :]] + ([2 * n - 1 - ranks[None, :]] if chunks == 2 else [])
+        # Per segment and rank, the offsets it holds as runs of (first offset, count) that step by
+        # `stride`: contiguous one run, zigzag two (chunks k and 2N - 1 - k), striped one of step N. So
+        # counting is clipping rather than dividing, and positions() lays the runs end to end.
+        self.stride = n if self.split == "striped" else 1
+        if self.split == "striped":
+            tables = [(np.broadcast_to(ranks, counts.shape), counts)]
+        else:
+            chunks = 2 if self.split == "zigzag" else 1
+            edge = lambda j: j * lengths[:, None] // (n * chunks)  # noqa: E731
+            owned = [ranks[None, :]] + ([2 * n - 1 - ranks[None, :]] if chunks == 2 else [])
+            tables = [(edge(j), edge(j + 1) - edge(j)) for j in owned]
         # Stored rank-major (rank, segment), C-contiguous: one flat gather per lookup.
         small = np.int32 if seq < 1 << 31 else np.int64  # counts below S: half the memory traffic
         by_rank = lambda table: np.ascontiguousarray(table.T, dtype=small)  # noqa: E731
-        self.runs = [(by_rank(edge(j)), by_rank(edge(j + 1) - edge(j))) for j in owned]
+        self.runs = [(by_rank(start), by_rank(size)) for start, size in tables]
         self.before_by_rank = by_rank(self.before[:-1])
 
     def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -122,15 +118,12 @@ class Placement:
 
     def positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every token's global position in rank-major, local order, and the rank offsets into it."""
-        x = np.arange(self.seq, dtype=np.int64)
-        seg = np.searchsorted(self.bounds, x, side="right") - 1
-        off, length = x - self.bounds[seg], self.bounds[seg + 1] - self.bounds[seg]
-        owner = _owner(self.split, self.n, length, off)
-        local = self.before[seg, owner] + _count_below(self.split, self.n, length, off, owner)
-        starts = np.r_[0, np.cumsum(self.lengths)]
-        ordered = np.empty_like(x)
-        ordered[starts[owner] + local] = x
-        return ordered, starts
+        # The runs in local order: by rank, then segment, then run (a rank's chunks increase).
+        first = np.stack([start + self.bounds[None, :-1] for start, _ in self.runs], axis=-1).ravel()
+        count = np.stack([size for _, size in self.runs], axis=-1).ravel().astype(np.int64)
+        begin = np.cumsum(count) - count  # where each run starts in the output
+        ordered = np.repeat(first - self.stride * begin, count) + self.stride * np.arange(self.seq)
+        return ordered, np.r_[0, np.cumsum(self.lengths)]
 
     def rank_positions(self) -> list[np.ndarray]:
         """Each rank's global positions in its local order (small cases: tests and the kernel)."""
@@ -170,37 +163,41 @@ def _walk_key_tiles(
 ) -> np.ndarray:
     """(query tiles, ``ranks``): how many keys of each rank the key tiles each query tile reaches hold.
 
-    ``intervals``: (first, last, query tile id, head), ``head`` each query tile's first interval.
-    Exact by this invariant, per
-    (query tile, key rank): every visible key below index x is counted, and x is a key tile's start or
-    the first key of an interval. One step: find the first interval of the query tile ending at or past
-    key x's position p. If it starts at or before p, key x is visible: count its key tile and move x to
-    the next tile's start (the rest of the tile adds nothing). Otherwise the positions from p up to that
-    interval's start are hidden, and x moves to the first key at or past the start. A walk stops past
-    the rank's keys or past the query tile's last interval."""
+    ``intervals``: (first, last, query tile id, head), ``head`` each query tile's first interval. Per
+    (query tile, key rank), a walk over key indices x keeps this invariant: every key tile holding a
+    visible key below x is counted. One step: the first interval of the query tile that ends at or past
+    key x's position p is found by binary search; the keys before it are hidden. If it starts past p,
+    the keys from x up to its start are hidden too, and x moves to the first key at or past its start.
+    If key x then lies in the interval, it is visible: its key tile is counted and x moves to the next
+    tile's start (the rest of the tile adds nothing); otherwise the next search looks further on. A
+    walk ends past the rank's keys or past the query tile's last interval (no search needed there)."""
     first, last, q_tile, head = intervals
     lengths, scale = placement.lengths, placement.seq + 1
     sort_key = q_tile * scale + last  # every interval by (query tile, last position): increasing
-    tail = np.r_[head[1:], first.size]  # one past each query tile's last interval
+    base, tail = q_tile[head] * scale, np.r_[head[1:], first.size]  # tail: past a query tile's last
     row = np.arange(head.size * ranks.size)  # (query tile, key rank), tile-major: searches go in order
-    q, k = np.divmod(row, ranks.size)
-    k = ranks[k]
-    x = placement.index_below(first[head[q]], k).astype(np.int64)
-    offset = q_tile[head[q]] * scale  # the query tile's part of the sort key
+    q, k = row // ranks.size, np.tile(ranks, head.size)
+    j = head[q]
+    x = placement.index_below(first[j], k).astype(np.int64)
     reached = np.zeros(row.size)
-    while row.size:
+    while True:
         live = x < lengths[k]
-        row, q, k, x, offset = row[live], q[live], k[live], x[live], offset[live]
+        row, q, k, x, j = row[live], q[live], k[live], x[live], j[live]
+        if not row.size:
+            break
         pos = ordered[starts[k] + x]
-        j = np.searchsorted(sort_key, offset + pos)
-        live = j < tail[q]
-        row, q, k, x, offset, j, pos = row[live], q[live], k[live], x[live], offset[live], j[live], pos[live]
-        hit = first[j] <= pos
+        live = pos <= last[tail[q] - 1]  # else past the query tile's last interval: the walk ends
+        row, q, k, x, j, pos = row[live], q[live], k[live], x[live], j[live], pos[live]
+        far = pos > last[j]  # else the last step's interval is still the first to reach key x
+        j[far] = np.searchsorted(sort_key, base[q[far]] + pos[far])
+        jump = first[j] > pos
+        x[jump] = placement.index_below(first[j[jump]], k[jump])
+        pos[jump] = ordered[starts[k[jump]] + np.minimum(x[jump], lengths[k[jump]] - 1)]
+        seen = (x < lengths[k]) & (pos <= last[j])
         tile_start = x // tile * tile
         size = np.minimum(tile, lengths[k] - tile_start)
-        reached += np.bincount(row[hit], weights=size[hit], minlength=reached.size)
-        x = np.where(hit, tile_start + tile, x)
-        x[~hit] = placement.index_below(first[j[~hit]], k[~hit])
+        reached += np.bincount(row[seen], weights=size[seen], minlength=reached.size)
+        x = np.where(seen, tile_start + tile, x)
     return reached.reshape(head.size, ranks.size)
 
 
