@@ -131,26 +131,25 @@ class Placement:
         return [ordered[starts[k] : starts[k + 1]] for k in range(self.n)]
 
 
-def _query_intervals(placement: Placement, ordered: np.ndarray, starts: np.ndarray, rule: MaskRule, tile: int):
+def _query_intervals(placement: Placement, ordered: np.ndarray, rule: MaskRule, tile: int):
     """The merged visible intervals of every query tile, in tile order and increasing within a tile:
-    (first, last, query rank, tile size, tile id). ``ordered``, ``starts``: :meth:`Placement.positions`."""
+    (first, last, query rank, tile size, tile id). ``ordered``: :meth:`Placement.positions`."""
     n, seq = placement.n, placement.seq
-    rank = np.repeat(np.arange(n, dtype=np.int64), placement.lengths)
-    local = np.arange(seq, dtype=np.int64) - starts[rank]
-    tile_starts = np.r_[0, np.cumsum(-(-placement.lengths // tile))]
-    tile_id = tile_starts[rank] + local // tile
+    per_rank = -(-placement.lengths // tile)  # query tiles of each rank, rank-major; the last may be short
+    tile_rank = np.repeat(np.arange(n, dtype=np.int64), per_rank)
+    in_rank = np.arange(tile_rank.size) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank)
+    tile_size = np.minimum(tile, placement.lengths[tile_rank] - in_rank * tile)
+    tile_id = np.repeat(np.arange(tile_rank.size, dtype=np.int64), tile_size)
     first, last = rule.visible_range(ordered)
     last = np.minimum(last, seq - 1)
     seen = first <= last
-    first, last, rank, tile_id, local = first[seen], last[seen], rank[seen], tile_id[seen], local[seen]
+    first, last, tile_id = first[seen], last[seen], tile_id[seen]
     # A new interval where the tile changes or a query's range starts past the previous one's end + 1.
     new = np.r_[True, (tile_id[1:] != tile_id[:-1]) | (first[1:] > last[:-1] + 1)]
     begin = np.flatnonzero(new)
     end = np.r_[begin[1:], first.size] - 1
-    q_rank = rank[begin]
-    tile_start = (local[begin] // tile) * tile
-    q_size = np.minimum(tile, placement.lengths[q_rank] - tile_start)
-    return first[begin], last[end], q_rank, q_size, tile_id[begin]
+    q_tile = tile_id[begin]
+    return first[begin], last[end], tile_rank[q_tile], tile_size[q_tile], q_tile
 
 
 def _walk_key_tiles(
@@ -174,30 +173,31 @@ def _walk_key_tiles(
     first, last, q_tile, head = intervals
     lengths, scale = placement.lengths, placement.seq + 1
     sort_key = q_tile * scale + last  # every interval by (query tile, last position): increasing
-    base, tail = q_tile[head] * scale, np.r_[head[1:], first.size]  # tail: past a query tile's last
+    tail = np.r_[head[1:], first.size]  # one past each query tile's last interval
+    base, end = q_tile[head] * scale, last[tail - 1]
+    at = np.r_[ordered, placement.seq]  # key x of rank k lies at at[starts[k] + x], for x <= L_k
     row = np.arange(head.size * ranks.size)  # (query tile, key rank), tile-major: searches go in order
     q, k = row // ranks.size, np.tile(ranks, head.size)
     j = head[q]
     x = placement.index_below(first[j], k).astype(np.int64)
+    pos = at[starts[k] + x]
     reached = np.zeros(row.size)
     while True:
-        live = x < lengths[k]
-        row, q, k, x, j = row[live], q[live], k[live], x[live], j[live]
+        live = (x < lengths[k]) & (pos <= end[q])  # else past the rank's keys or the query tile's reach
+        row, q, k, x, j, pos = row[live], q[live], k[live], x[live], j[live], pos[live]
         if not row.size:
             break
-        pos = ordered[starts[k] + x]
-        live = pos <= last[tail[q] - 1]  # else past the query tile's last interval: the walk ends
-        row, q, k, x, j, pos = row[live], q[live], k[live], x[live], j[live], pos[live]
         far = pos > last[j]  # else the last step's interval is still the first to reach key x
         j[far] = np.searchsorted(sort_key, base[q[far]] + pos[far])
         jump = first[j] > pos
         x[jump] = placement.index_below(first[j[jump]], k[jump])
-        pos[jump] = ordered[starts[k[jump]] + np.minimum(x[jump], lengths[k[jump]] - 1)]
+        pos[jump] = at[starts[k[jump]] + x[jump]]
         seen = (x < lengths[k]) & (pos <= last[j])
-        tile_start = x // tile * tile
-        size = np.minimum(tile, lengths[k] - tile_start)
-        reached += np.bincount(row[seen], weights=size[seen], minlength=reached.size)
-        x = np.where(seen, tile_start + tile, x)
+        tile_start = x[seen] // tile * tile
+        size = np.minimum(tile, lengths[k[seen]] - tile_start)
+        reached += np.bincount(row[seen], weights=size, minlength=reached.size)
+        x[seen] = tile_start + size  # the next key tile's start, or L_k
+        pos[seen] = at[starts[k[seen]] + x[seen]]
     return reached.reshape(head.size, ranks.size)
 
 
@@ -218,7 +218,7 @@ def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) ->
         )
     placement = Placement(layout, seq, n, rule.cu_seqlens)
     ordered, starts = placement.positions()
-    first, last, q_rank, q_size, q_tile = _query_intervals(placement, ordered, starts, rule, tile)
+    first, last, q_rank, q_size, q_tile = _query_intervals(placement, ordered, rule, tile)
     if first.size * n > MASKED_BUDGET:
         raise InputError(
             "docs",
