@@ -11,11 +11,14 @@ The tile rule is the simulator's ([Striped §3]): a (query tile, key tile) pair 
 pair of positions in it is visible. Each query sees one range of global key positions whose ends never
 decrease (:class:`~costmodel.schedule.masks.MaskRule`); the ranges of a query tile's queries merge into
 sorted, disjoint intervals. For every (query tile, key rank) the simulator then walks the key tiles it
-reaches, one binary search over the tile's intervals per step: from a key index x, the first interval
-ending at or after key x's position either holds key x (its key tile is reached; jump to the next key
-tile) or starts past it (every key from x up to that start is hidden; jump there). Work: a few steps
-per (query tile, key rank), about one per reached key tile or hidden stretch of keys, whatever the
-number of intervals; no N x N x tiles x tiles array and nothing per (query, key) pair.
+reaches: from key index x, the first interval of the query tile ending at or past key x's position
+either holds key x (its key tile is reached: count it, go to the next tile's start) or starts past it
+(the keys up to its start are hidden: go to the first key at or past it). Each step counts a key tile
+or passes an interval, and the walks of all (query tile, key rank) pairs advance together as arrays.
+Work: a few steps per (query tile, key rank) where documents or windows leave few gaps (at most one
+per interval where they leave many), never N x N x tiles x tiles and nothing per (query, key) pair.
+Striped and per-document layouts spread a tile's queries over many documents, so their intervals are
+many (about one per document a tile touches) while each rank's key tiles they reach stay few.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ PackedLayout = Literal["contiguous", "striped", "zigzag", "doc-striped", "doc-zi
 PACKED_LAYOUTS: tuple[str, ...] = get_args(PackedLayout)
 
 MAX_MASKED_TOKENS = 1 << 24  # the query side is per token: a few int64 arrays of S
-MASKED_BUDGET = 1 << 28  # intervals x key ranks: bounds the steps of the key-tile walk
-_CHUNK = 1 << 22  # (query tile, key rank) walks per work array (~32 MB a column)
+MASKED_BUDGET = 1 << 28  # intervals x key ranks of one simulation: bounds the steps of its walks
+_CHUNK = 1 << 22  # (query tile, key rank) walks per work array (~32 MB an int64 array)
 
 
 def split_of(layout: str) -> Split:
@@ -163,13 +166,14 @@ def _walk_key_tiles(
     """(query tiles, ``ranks``): how many keys of each rank the key tiles each query tile reaches hold.
 
     ``intervals``: (first, last, query tile id, head), ``head`` each query tile's first interval. Per
-    (query tile, key rank), a walk over key indices x keeps this invariant: every key tile holding a
-    visible key below x is counted. One step: the first interval of the query tile that ends at or past
-    key x's position p is found by binary search; the keys before it are hidden. If it starts past p,
-    the keys from x up to its start are hidden too, and x moves to the first key at or past its start.
-    If key x then lies in the interval, it is visible: its key tile is counted and x moves to the next
-    tile's start (the rest of the tile adds nothing); otherwise the next search looks further on. A
-    walk ends past the rank's keys or past the query tile's last interval (no search needed there)."""
+    (query tile, key rank), a walk over the rank's key indices x keeps one invariant: every key tile
+    holding a visible key below x is counted; so the count is exact when the walk ends, past the rank's
+    last key or past the query tile's last interval. A step takes the first interval of the query tile
+    that ends at or past key x's position (the last step's interval while it still does, else a binary
+    search): the intervals before it end before key x, so no key from x up to its start is visible, and
+    x moves to the first key at or past its start. If key x then lies in the interval, it is visible: its
+    key tile is counted and x moves to the next tile's start. Otherwise key x lies past the interval, and
+    the next step looks further on. Each step counts a key tile or passes an interval."""
     first, last, q_tile, head = intervals
     lengths, scale = placement.lengths, placement.seq + 1
     sort_key = q_tile * scale + last  # every interval by (query tile, last position): increasing
