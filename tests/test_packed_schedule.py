@@ -55,7 +55,7 @@ def many_short_documents(draw):
     seq = draw(st.integers(n, 160))
     if layout in LAYOUTS:  # the closed-form simulator takes whole shards
         seq = max(1, seq // (2 * n)) * 2 * n
-    end = seq - draw(st.integers(0, 5))
+    end = seq - draw(st.integers(0, min(5, seq - 1)))  # the rest is padding
     lengths = draw(st.lists(st.integers(1, 3 * n), min_size=1, max_size=40))
     cu = tuple(sorted({0, end, *(b for b in np.cumsum(lengths).tolist() if b < end)}))
     rule = MaskRule(
