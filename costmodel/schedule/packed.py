@@ -100,14 +100,14 @@ class Placement:
         self.runs = [(by_rank(start), by_rank(size)) for start, size in tables]
         self.before_by_rank = by_rank(self.before[:-1])
 
-    def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(segment, offset in it, its length) of each global position x (x = S: the end of the last)."""
+    def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(segment, offset in it) of each global position x (x = S: the end of the last segment)."""
         seg = np.clip(np.searchsorted(self.bounds, x, side="right") - 1, 0, len(self.bounds) - 2)
-        return seg, x - self.bounds[seg], self.bounds[seg + 1] - self.bounds[seg]
+        return seg, x - self.bounds[seg]
 
     def index_below(self, x: np.ndarray, rank: np.ndarray) -> np.ndarray:
         """How many positions ``rank`` holds below global position ``x`` (elementwise, x = S allowed)."""
-        seg, off, _ = self.locate(x)
+        seg, off = self.locate(x)
         flat = rank * (len(self.bounds) - 1) + seg
         if self.split == "striped":
             inside = np.maximum((off - rank + self.n - 1) // self.n, 0)
