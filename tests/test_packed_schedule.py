@@ -3,12 +3,15 @@ layout against the tile rule by definition, and against the tiles the reference 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.kernel.masks import executed_tile_pairs, plan_block
+from costmodel.schedule import packed
 from costmodel.schedule.layouts import LAYOUTS, positions
 from costmodel.schedule.masks import MaskRule
 from costmodel.schedule.packed import PACKED_LAYOUTS, Placement, executed_by_definition, simulate_masked
@@ -41,6 +44,64 @@ def test_simulator_counts_every_tile_pair_holding_a_visible_pair(case) -> None:
     layout, seq, n, tile, rule = case
     got = simulate_fresh(layout, seq, n, tile, rule).rank_step_pairs
     assert np.array_equal(got, executed_by_definition(layout, seq, n, tile, rule))
+
+
+@st.composite
+def many_short_documents(draw):
+    """More ranks than most documents have tokens, and windows or chunks shorter than N: the walks
+    over key tiles then cross many hidden stretches."""
+    n = draw(st.integers(2, 12))
+    layout = draw(st.sampled_from(PACKED_LAYOUTS))
+    seq = draw(st.integers(n, 160))
+    if layout in LAYOUTS:  # the closed-form simulator takes whole shards
+        seq = max(1, seq // (2 * n)) * 2 * n
+    end = seq - draw(st.integers(0, min(5, seq - 1)))  # the rest is padding
+    lengths = draw(st.lists(st.integers(1, 3 * n), min_size=1, max_size=40))
+    cu = tuple(sorted({0, end, *(b for b in np.cumsum(lengths).tolist() if b < end)}))
+    rule = MaskRule(
+        draw(st.booleans()),
+        draw(st.sampled_from([cu, None])),
+        draw(st.sampled_from([None, 1, 2, 5, 17])),
+        draw(st.sampled_from([None, 3, 16])),
+    )
+    return layout, seq, n, draw(st.integers(1, 16)), rule
+
+
+@settings(max_examples=80, deadline=None)
+@given(many_short_documents(), st.integers(1, 40))
+def test_the_key_tile_walk_counts_every_reached_tile_in_any_column_chunk(case, chunk) -> None:
+    """Many short documents over up to 12 ranks, the walks split into column chunks of few key ranks."""
+    layout, seq, n, tile, rule = case
+    with mock.patch.object(packed, "_CHUNK", chunk):
+        got = simulate_fresh(layout, seq, n, tile, rule).rank_step_pairs
+    assert np.array_equal(got, executed_by_definition(layout, seq, n, tile, rule))
+
+
+def owner_by_definition(split: str, length: int, n: int, offset: int) -> int:
+    """The rank that holds ``offset`` of a segment: N (contiguous) or 2N (zigzag) near-equal chunks, or
+    offset mod N (striped)."""
+    if split == "striped":
+        return offset % n
+    parts = n if split == "contiguous" else 2 * n
+    chunk = max(j for j in range(parts) if j * length // parts <= offset)
+    return chunk if chunk < n else 2 * n - 1 - chunk
+
+
+@settings(max_examples=60, deadline=None)
+@given(many_short_documents(), st.data())
+def test_placement_holds_every_segment_by_its_split_and_counts_below_any_position(case, data) -> None:
+    layout, seq, n, _, rule = case
+    placement = Placement(layout, seq, n, rule.cu_seqlens)
+    expected = [[] for _ in range(n)]
+    for start, stop in zip(placement.bounds[:-1], placement.bounds[1:], strict=True):
+        for offset in range(stop - start):
+            expected[owner_by_definition(placement.split, stop - start, n, offset)].append(start + offset)
+    held = placement.rank_positions()
+    assert all(np.array_equal(a, b) for a, b in zip(held, expected, strict=True))
+    x = np.array(data.draw(st.lists(st.integers(0, seq), min_size=1, max_size=20)))
+    rank = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=x.size, max_size=x.size)))
+    below = [np.searchsorted(held[k], p) for p, k in zip(x, rank, strict=True)]
+    assert np.array_equal(placement.index_below(x, rank), below)
 
 
 @settings(max_examples=60, deadline=None)

@@ -8,12 +8,17 @@ ring-flash-attention's varlen functions split every document over all ranks ([ri
 A rank holds its parts of every segment in order, so its positions increase along its local order.
 
 The tile rule is the simulator's ([Striped §3]): a (query tile, key tile) pair costs s_q·s_k when any
-pair of positions in it is visible. Vectorised as follows. Each query sees one range of global key
-positions whose ends never decrease (:class:`~costmodel.schedule.masks.MaskRule`); the ranges of a
-query tile's queries merge into a few intervals (one per tile, plus one per document gap). For each
-key rank, an interval maps to a run of local key indices by a closed-form count, the run widens to
-whole key tiles, and the union over a tile's intervals is a running maximum. Work: intervals x N, with
-no N x N x tiles x tiles array and nothing per (query, key) pair.
+pair of positions in it is visible. Each query sees one range of global key positions whose ends never
+decrease (:class:`~costmodel.schedule.masks.MaskRule`); the ranges of a query tile's queries merge into
+sorted, disjoint intervals. For every (query tile, key rank) the simulator then walks the key tiles it
+reaches: from key index x, the first interval of the query tile ending at or past key x's position
+either holds key x (its key tile is reached: count it, go to the next tile's start) or starts past it
+(the keys up to its start are hidden: go to the first key at or past it). Each step counts a key tile
+or passes an interval, and the walks of all (query tile, key rank) pairs advance together as arrays.
+Work: a few steps per (query tile, key rank) where documents or windows leave few gaps (at most one
+per interval where they leave many), never N x N x tiles x tiles and nothing per (query, key) pair.
+Striped and per-document layouts spread a tile's queries over many documents, so their intervals are
+many (about one per document a tile touches) while each rank's key tiles they reach stay few.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ PackedLayout = Literal["contiguous", "striped", "zigzag", "doc-striped", "doc-zi
 PACKED_LAYOUTS: tuple[str, ...] = get_args(PackedLayout)
 
 MAX_MASKED_TOKENS = 1 << 24  # the query side is per token: a few int64 arrays of S
-MASKED_BUDGET = 1 << 28  # intervals x key ranks of one simulation (~1 minute at worst)
-_CHUNK = 1 << 22  # intervals x key ranks per work array (~32 MB)
+MASKED_BUDGET = 1 << 28  # intervals x key ranks of one simulation: bounds the steps of its walks
+_CHUNK = 1 << 22  # (query tile, key rank) walks per work array (~32 MB an int64 array)
 
 
 def split_of(layout: str) -> Split:
@@ -67,16 +72,6 @@ def _count_below(split: Split, n: int, length: np.ndarray, off: np.ndarray, rank
     )
 
 
-def _owner(split: Split, n: int, length: np.ndarray, off: np.ndarray) -> np.ndarray:
-    """The rank that holds offset ``off`` of a segment of ``length``."""
-    if split == "contiguous":
-        return ((off + 1) * n + length - 1) // length - 1
-    if split == "striped":
-        return off % n
-    chunk = ((off + 1) * 2 * n + length - 1) // length - 1
-    return np.where(chunk < n, chunk, 2 * n - 1 - chunk)
-
-
 class Placement:
     """Where every token of the window lives: segments, per-rank counts, and the inverse map."""
 
@@ -88,53 +83,50 @@ class Placement:
         counts = _count_below(self.split, n, lengths[:, None], lengths[:, None], ranks[None, :])
         self.before = np.vstack([np.zeros((1, n), dtype=np.int64), np.cumsum(counts, axis=0)])
         self.lengths = self.before[-1]  # L_k: tokens rank k holds (equal for window-level layouts)
-        # Per segment and rank, the runs of offsets it holds (contiguous: one, zigzag: two), as
-        # (start, length) tables, so counting is clipping rather than dividing per (interval, rank).
-        edge = lambda j: j * lengths[:, None] // (n * chunks)  # noqa: E731
-        chunks = 2 if self.split == "zigzag" else 1
-        owned = [ranks[None, :]] + ([2 * n - 1 - ranks[None, :]] if chunks == 2 else [])
-        # Stored rank-major (rank, segment): along an interval row the segments mostly increase, so the
-        # gathers of index_below walk memory in order.
-        small = np.int32 if seq < 1 << 31 else np.int64  # counts below S: half the memory traffic
-        self.runs = [(edge(j).T.astype(small), (edge(j + 1) - edge(j)).T.astype(small)) for j in owned]
-        self.before_by_rank = self.before[:-1].T.astype(small)
-
-    def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(segment, offset in it, its length) of each global position x (x = S: the end of the last)."""
-        seg = np.clip(np.searchsorted(self.bounds, x, side="right") - 1, 0, len(self.bounds) - 2)
-        return seg, x - self.bounds[seg], self.bounds[seg + 1] - self.bounds[seg]
-
-    def index_below(
-        self, located: tuple[np.ndarray, np.ndarray, np.ndarray], ranks: np.ndarray
-    ) -> np.ndarray:
-        """(ranks, positions): how many positions each rank holds below each located global position."""
-        seg, off, _ = located
-        one = len(self.bounds) == 2
-        flat = None if one else ranks[:, None] * (len(self.bounds) - 1) + seg[None, :]
-
-        def table(by_rank: np.ndarray) -> np.ndarray:
-            return by_rank[ranks, :1] if one else np.take(by_rank, flat)
-
-        off = off.astype(self.before_by_rank.dtype)[None, :]
+        # Per segment and rank, the offsets it holds as runs of (first offset, count) that step by
+        # `stride`: contiguous one run, zigzag two (chunks k and 2N - 1 - k), striped one of step N. So
+        # counting is clipping rather than dividing, and positions() lays the runs end to end.
+        self.stride = n if self.split == "striped" else 1
         if self.split == "striped":
-            inside = np.maximum((off - ranks[:, None] + self.n - 1) // self.n, 0)
+            tables = [(np.broadcast_to(ranks, counts.shape), counts)]
         else:
+            chunks = 2 if self.split == "zigzag" else 1
+            edge = lambda j: j * lengths[:, None] // (n * chunks)  # noqa: E731
+            owned = [ranks[None, :]] + ([2 * n - 1 - ranks[None, :]] if chunks == 2 else [])
+            tables = [(edge(j), edge(j + 1) - edge(j)) for j in owned]
+        # Stored rank-major (rank, segment), C-contiguous: one flat gather per lookup.
+        small = np.int32 if seq < 1 << 31 else np.int64  # counts below S: half the memory traffic
+        by_rank = lambda table: np.ascontiguousarray(table.T, dtype=small)  # noqa: E731
+        self.runs = [(by_rank(start), by_rank(size)) for start, size in tables]
+        self.before_by_rank = by_rank(self.before[:-1])
+
+    def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(segment, offset in it) of each global position x (x = S: the end of the last segment)."""
+        seg = np.clip(np.searchsorted(self.bounds, x, side="right") - 1, 0, len(self.bounds) - 2)
+        return seg, x - self.bounds[seg]
+
+    def index_below(self, x: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        """How many positions ``rank`` holds below global position ``x`` (elementwise, x = S allowed)."""
+        seg, off = self.locate(x)
+        flat = rank * (len(self.bounds) - 1) + seg
+        if self.split == "striped":
+            inside = np.maximum((off - rank + self.n - 1) // self.n, 0)
+        else:
+            off = off.astype(self.before_by_rank.dtype)
             inside = sum(
-                np.minimum(np.maximum(off - table(start), 0), table(size)) for start, size in self.runs
+                np.minimum(np.maximum(off - np.take(start, flat), 0), np.take(size, flat))
+                for start, size in self.runs
             )
-        return inside if one else inside + table(self.before_by_rank)
+        return inside + np.take(self.before_by_rank, flat)
 
     def positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every token's global position in rank-major, local order, and the rank offsets into it."""
-        x = np.arange(self.seq, dtype=np.int64)
-        seg = np.searchsorted(self.bounds, x, side="right") - 1
-        off, length = x - self.bounds[seg], self.bounds[seg + 1] - self.bounds[seg]
-        owner = _owner(self.split, self.n, length, off)
-        local = self.before[seg, owner] + _count_below(self.split, self.n, length, off, owner)
-        starts = np.r_[0, np.cumsum(self.lengths)]
-        ordered = np.empty_like(x)
-        ordered[starts[owner] + local] = x
-        return ordered, starts
+        # The runs in local order: by rank, then segment, then run (a rank's chunks increase).
+        first = np.stack([start + self.bounds[None, :-1] for start, _ in self.runs], axis=-1).ravel()
+        count = np.stack([size for _, size in self.runs], axis=-1).ravel().astype(np.int64)
+        begin = np.cumsum(count) - count  # where each run starts in the output
+        ordered = np.repeat(first - self.stride * begin, count) + self.stride * np.arange(self.seq)
+        return ordered, np.r_[0, np.cumsum(self.lengths)]
 
     def rank_positions(self) -> list[np.ndarray]:
         """Each rank's global positions in its local order (small cases: tests and the kernel)."""
@@ -142,42 +134,75 @@ class Placement:
         return [ordered[starts[k] : starts[k + 1]] for k in range(self.n)]
 
 
-def _query_intervals(placement: Placement, rule: MaskRule, tile: int):
-    """The merged visible intervals of every query tile: (first, last, query rank, tile size, tile id)."""
-    ordered, starts = placement.positions()
+def _query_intervals(placement: Placement, ordered: np.ndarray, rule: MaskRule, tile: int):
+    """The merged visible intervals of every query tile, in tile order and increasing within a tile:
+    (first, last, query rank, tile size, tile id). ``ordered``: :meth:`Placement.positions`."""
     n, seq = placement.n, placement.seq
-    rank = np.repeat(np.arange(n, dtype=np.int64), placement.lengths)
-    local = np.arange(seq, dtype=np.int64) - starts[rank]
-    tile_starts = np.r_[0, np.cumsum(-(-placement.lengths // tile))]
-    tile_id = tile_starts[rank] + local // tile
+    per_rank = -(-placement.lengths // tile)  # query tiles of each rank, rank-major; the last may be short
+    tile_rank = np.repeat(np.arange(n, dtype=np.int64), per_rank)
+    in_rank = np.arange(tile_rank.size) - np.repeat(np.cumsum(per_rank) - per_rank, per_rank)
+    tile_size = np.minimum(tile, placement.lengths[tile_rank] - in_rank * tile)
+    tile_id = np.repeat(np.arange(tile_rank.size, dtype=np.int64), tile_size)
     first, last = rule.visible_range(ordered)
     last = np.minimum(last, seq - 1)
     seen = first <= last
-    first, last, rank, tile_id, local = first[seen], last[seen], rank[seen], tile_id[seen], local[seen]
+    first, last, tile_id = first[seen], last[seen], tile_id[seen]
     # A new interval where the tile changes or a query's range starts past the previous one's end + 1.
     new = np.r_[True, (tile_id[1:] != tile_id[:-1]) | (first[1:] > last[:-1] + 1)]
     begin = np.flatnonzero(new)
     end = np.r_[begin[1:], first.size] - 1
-    if placement.split == "striped" and begin.size > 1:
-        # Bridge a gap between two intervals of one tile when that cannot add a key tile: each interval
-        # holds N consecutive positions of one segment (a key of every rank) and the gap holds fewer than
-        # `tile` keys of any rank, so every key tile reaching into the gap also reaches an interval.
-        a, b = first[begin], last[end]
-        seg_a = np.searchsorted(placement.bounds, a, side="right") - 1
-        seg_b = np.searchsorted(placement.bounds, b, side="right") - 1
-        full = (np.minimum(b + 1, placement.bounds[seg_a + 1]) - a >= n) | (
-            b + 1 - np.maximum(a, placement.bounds[seg_b]) >= n
-        )
-        gap = a[1:] - b[:-1] - 1
-        pieces = seg_a[1:] - seg_b[:-1] + 1
-        same_tile = tile_id[begin[1:]] == tile_id[begin[:-1]]
-        bridge = same_tile & full[1:] & full[:-1] & ((gap + n - 1) // n + pieces < tile)
-        begin = begin[np.r_[True, ~bridge]]
-        end = np.r_[begin[1:], first.size] - 1
-    q_rank = rank[begin]
-    tile_start = (local[begin] // tile) * tile
-    q_size = np.minimum(tile, placement.lengths[q_rank] - tile_start)
-    return first[begin], last[end], q_rank, q_size, tile_id[begin]
+    q_tile = tile_id[begin]
+    return first[begin], last[end], tile_rank[q_tile], tile_size[q_tile], q_tile
+
+
+def _walk_key_tiles(
+    placement: Placement,
+    ordered: np.ndarray,
+    starts: np.ndarray,
+    intervals: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    tile: int,
+    ranks: np.ndarray,
+) -> np.ndarray:
+    """(query tiles, ``ranks``): how many keys of each rank the key tiles each query tile reaches hold.
+
+    ``intervals``: (first, last, query tile id, head), ``head`` each query tile's first interval. Per
+    (query tile, key rank), a walk over the rank's key indices x keeps one invariant: every key tile
+    holding a visible key below x is counted; so the count is exact when the walk ends, past the rank's
+    last key or past the query tile's last interval. A step takes the first interval of the query tile
+    that ends at or past key x's position (the last step's interval while it still does, else a binary
+    search): the intervals before it end before key x, so no key from x up to its start is visible, and
+    x moves to the first key at or past its start. If key x then lies in the interval, it is visible: its
+    key tile is counted and x moves to the next tile's start. Otherwise key x lies past the interval, and
+    the next step looks further on. Each step counts a key tile or passes an interval."""
+    first, last, q_tile, head = intervals
+    lengths, scale = placement.lengths, placement.seq + 1
+    sort_key = q_tile * scale + last  # every interval by (query tile, last position): increasing
+    tail = np.r_[head[1:], first.size]  # one past each query tile's last interval
+    base, end = q_tile[head] * scale, last[tail - 1]
+    at = np.r_[ordered, placement.seq]  # key x of rank k lies at at[starts[k] + x], for x <= L_k
+    row = np.arange(head.size * ranks.size)  # (query tile, key rank), tile-major: searches go in order
+    q, k = row // ranks.size, np.tile(ranks, head.size)
+    j = head[q]
+    x = placement.index_below(first[j], k).astype(np.int64)
+    pos = at[starts[k] + x]
+    reached = np.zeros(row.size)
+    while True:
+        live = (x < lengths[k]) & (pos <= end[q])  # else past the rank's keys or the query tile's reach
+        row, q, k, x, j, pos = row[live], q[live], k[live], x[live], j[live], pos[live]
+        if not row.size:
+            break
+        far = pos > last[j]  # else the last step's interval is still the first to reach key x
+        j[far] = np.searchsorted(sort_key, base[q[far]] + pos[far])
+        jump = first[j] > pos
+        x[jump] = placement.index_below(first[j[jump]], k[jump])
+        pos[jump] = at[starts[k[jump]] + x[jump]]
+        seen = (x < lengths[k]) & (pos <= last[j])
+        tile_start = x[seen] // tile * tile
+        size = np.minimum(tile, lengths[k[seen]] - tile_start)
+        reached += np.bincount(row[seen], weights=size, minlength=reached.size)
+        x[seen] = tile_start + size  # the next key tile's start, or L_k
+        pos[seen] = at[starts[k[seen]] + x[seen]]
+    return reached.reshape(head.size, ranks.size)
 
 
 @functools.lru_cache(maxsize=32)
@@ -196,7 +221,8 @@ def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) ->
             "seq", f"a packed or windowed mask is simulated up to {MAX_MASKED_TOKENS:,} tokens, got {seq:,}"
         )
     placement = Placement(layout, seq, n, rule.cu_seqlens)
-    first, last, q_rank, q_size, q_tile = _query_intervals(placement, rule, tile)
+    ordered, starts = placement.positions()
+    first, last, q_rank, q_size, q_tile = _query_intervals(placement, ordered, rule, tile)
     if first.size * n > MASKED_BUDGET:
         raise InputError(
             "docs",
@@ -204,30 +230,17 @@ def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) ->
         )
     if first.size == 0:  # nothing but padding
         return Schedule(np.zeros((n, n)), 0.0)
-    span = int(placement.lengths.max()) + 1
-    # Each query tile in its own band of key indices, so one running max along the intervals serves every
-    # tile; int32 where the bands fit (half the memory traffic).
-    wide = (int(q_tile[-1]) + 1) * span >= 1 << 31
-    dtype = np.int64 if wide else np.int32
-    base = (q_tile * span).astype(dtype)[None, :]
-    present = np.flatnonzero(np.bincount(q_rank, minlength=n))
-    group_start = np.searchsorted(q_rank, present)
-    weight = q_size.astype(np.float64)[None, :]
-    pairs = np.zeros((n, n))
-    step = max(1, _CHUNK // max(first.size, 1))
-    starts, ends = placement.locate(first), placement.locate(last + 1)
+    head = np.flatnonzero(np.r_[True, q_tile[1:] != q_tile[:-1]])
+    intervals = (first, last, q_tile, head)
+    keys = np.zeros((head.size, n))
+    step = max(1, _CHUNK // head.size)
     for k0 in range(0, n, step):
         ranks = np.arange(k0, min(n, k0 + step), dtype=np.int64)
-        lo = placement.index_below(starts, ranks).astype(dtype)  # (key ranks, intervals)
-        hi = placement.index_below(ends, ranks).astype(dtype)
-        t_lo = lo // tile * tile
-        t_hi = np.where(hi > lo, np.minimum(-(-hi // tile) * tile, placement.lengths[ranks, None]), t_lo)
-        t_lo += base
-        t_hi += base
-        reached = np.maximum.accumulate(t_hi, axis=1)
-        t_lo[:, 1:] = np.maximum(t_lo[:, 1:], reached[:, :-1])
-        keys = np.maximum(t_hi - t_lo, 0) * weight  # pairs: new key indices x query tile size
-        pairs[present[:, None], ranks[None, :]] = np.add.reduceat(keys, group_start, axis=1).T
+        keys[:, ranks] = _walk_key_tiles(placement, ordered, starts, intervals, tile, ranks)
+    # pairs: reached keys x query tile size, summed over each query rank's tiles (sorted by rank)
+    present = np.flatnonzero(np.bincount(q_rank[head], minlength=n))
+    pairs = np.zeros((n, n))
+    pairs[present] = np.add.reduceat(keys * q_size[head, None], np.searchsorted(q_rank[head], present))
     ranks = np.arange(n)
     schedule = pairs[ranks[:, None], (ranks[:, None] - ranks[None, :]) % n]
     schedule.flags.writeable = False
