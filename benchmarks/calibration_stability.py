@@ -114,13 +114,12 @@ def drift(first: dict, second: dict) -> list[dict]:
     return sorted(rows, key=lambda row: -abs(row["drift"]))
 
 
-TERMS = ("all-to-all knee", "backward excess", "fixed cost per kind", "packed block shared cost")
+TERMS = ("all-to-all knee", "backward excess", "fixed cost per kind")
 
 
 def without(profile_path: str, term: str):  # noqa: ANN201 - a HardwareProfile
     """The profile with one calibrated term taken out (the all-to-all refitted as plain alpha-beta; the
-    layer kinds' fixed costs replaced by the contiguous, unmasked kind's, as one cost per variant; a
-    packed block's calls sharing nothing)."""
+    layer kinds' fixed costs replaced by the contiguous, unmasked kind's, as one cost per variant)."""
     from costmodel.calibration.fit import fit_link
     from costmodel.machines.profiles import HardwareProfile, layer_key, load_profile
 
@@ -134,8 +133,6 @@ def without(profile_path: str, term: str):  # noqa: ANN201 - a HardwareProfile
             cal["alltoall"][scope] = fit_link(points, (n - 1) / n).model_dump(mode="json", exclude_none=True)
     elif term == "backward excess":
         cal.get("bookkeeping", {}).pop("backward", None)
-    elif term == "packed block shared cost":
-        cal.pop("piece_shared_s", None)
     elif term == "fixed cost per kind":
         fixed = cal["layer_overhead_s"]
         cal["layer_overhead_s"] = {

@@ -209,9 +209,6 @@ def test_numeric_twin_matches_exact_sympy(
         "l_rest": max(1, seq_per * n // 7),
         "T_w": seq_per * n,
         "l_w": seq_per / 3 + 1,
-        "t_sh": 1e-4,
-        "n_call": 6,
-        "t_call": 3e-4,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

@@ -128,20 +128,6 @@ def fit_bookkeeping(points: list[dict[str, Any]], phase: str) -> LinkFit | None:
     return fit if slope > 0 else None
 
 
-def fit_piece_shared(points: list[dict[str, Any]], phase: str) -> float | None:
-    """t_sh of one pass: per block size, (m·one call − the block of m calls) / (m − 1) from the medians;
-    the median over sizes, at least 0. None when calibrate timed no packed blocks."""
-    if not points:
-        return None
-    tag = "fwd" if phase == "forward" else "bwd"
-    shared = []
-    for p in points:
-        m = p["pieces"]
-        one, block = (float(np.median(p["samples"][f"{what} {tag}"])) for what in ("one", "pieces"))
-        shared.append((m * one - block) / (m - 1))
-    return max(0.0, float(np.median(shared)))
-
-
 def fit_overlap(points: list[dict[str, float]]) -> tuple[float, float]:
     """(overlap o, step overhead e) of ``both = max(c, m) + (1 - o)·min(c, m) + e``: o from the least-squares
     slope (clipped to [0, 1]), e the median of what o leaves unexplained (at least 0), robust to one
@@ -227,10 +213,6 @@ def _resampled(raw: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     if "bookkeeping" in raw:
         out["bookkeeping"] = [
             {**p, "samples": {what: again(v) for what, v in p["samples"].items()}} for p in raw["bookkeeping"]
-        ]
-    if "pieces" in raw:
-        out["pieces"] = [
-            {**p, "samples": {what: again(v) for what, v in p["samples"].items()}} for p in raw["pieces"]
         ]
     return out
 
@@ -326,11 +308,6 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
             overlap_samples=[{k: v for k, v in p.items() if k != "samples"} for p in raw["overlap"]],
             layer_tokens=raw["layers"]["tokens"],
             bookkeeping=bookkeeping,
-            piece_shared_s={
-                phase: shared
-                for phase in ("forward", "backward")
-                if (shared := fit_piece_shared(raw.get("pieces", []), phase)) is not None
-            },
         ),
     }
     profile = HardwareProfile.model_validate(data)
@@ -393,8 +370,6 @@ def _fit_paths(cal: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], str]]:
             ("bookkeeping", phase, "bandwidth"),
             "B/s" if phase == "forward" else "FLOP/s",
         )
-    for phase in cal.get("piece_shared_s", {}):
-        paths[f"packed block shared {phase}"] = (("piece_shared_s", phase), "s")
     for key in cal.get("layer_overhead_s", {}):
         paths[f"layer {key}"] = (("layer_overhead_s", key), "s")
     return paths

@@ -11,8 +11,6 @@
   tiny shard, for each kind's fixed software cost.
 - Bookkeeping: a one-rank layer (allocations, stacking, casting, autograd) against the block kernels it
   calls, at a few sizes: what a layer does beyond its kernels, per byte of its Q, K, V, O.
-- Packed blocks: a block of equal causal documents (one call each) against one document's call: what
-  the calls of one block pay once between them.
 - Overlap: a block's compute, its KV exchange, and both at once as a ring step runs them: how much
   of a transfer hides under compute (on GPUs nearly all; on a CPU whose cores the ranks fill, the
   transfer's copies compete with the compute and little or nothing hides).
@@ -58,7 +56,6 @@ class CalibrationConfig:
     layer_tokens: int = 8  # whole layers this short are all fixed cost
     # One-rank layers against their kernels; larger ones swung 20x between busy runs (allocations).
     bookkeeping_tokens: tuple[int, ...] = (64, 128, 256)
-    piece_tokens: tuple[int, ...] = (128, 256, 512)  # blocks cut into PIECES documents of 32 to 128
     repeats: int = 7
     warmup: int = 1
     progress: bool = True
@@ -409,39 +406,6 @@ def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progres
     ]
 
 
-PIECES = 4  # equal causal documents in the block a piece measurement times
-
-
-def _measure_pieces(ctx: Any, config: CalibrationConfig, progress: _Progress) -> list[dict]:
-    """A block of :data:`PIECES` equal causal documents (one call each, as a packed ring step makes them)
-    against one causal call of a document's length, timed alike: every rank at once, the slowest rank's
-    time, as the compute curves are. What the calls of a block share (the ranks lining up, the wait for
-    the slowest) the single call pays in full; the difference shows it."""
-    runs = {}
-    for tokens in config.piece_tokens:
-        q, k, v, dout = _inputs(config, tokens, ctx)
-        positions = np.arange(tokens)
-        plan = plan_block(MaskRule(True, tuple(range(0, tokens + 1, tokens // PIECES))), positions, positions)
-        runs[(tokens, "pieces fwd")], runs[(tokens, "pieces bwd")] = _ring_step(q, k, v, dout, plan)
-        one = tokens // PIECES
-        q, k, v, dout = _inputs(config, one, ctx)
-        plan = plan_block(MaskRule(True), np.arange(one), np.arange(one))
-        runs[(tokens, "one fwd")], runs[(tokens, "one bwd")] = _ring_step(q, k, v, dout, plan)
-    samples = sample_times(
-        runs,
-        ctx.device,
-        repeats=config.repeats,
-        warmup=config.warmup,
-        min_total_s=TOTAL_S,
-        on_round=lambda: progress.step("packed blocks"),
-    )
-    whats = ("one fwd", "one bwd", "pieces fwd", "pieces bwd")
-    return [
-        {"tokens": tokens, "pieces": PIECES, "samples": {what: samples[(tokens, what)] for what in whats}}
-        for tokens in config.piece_tokens
-    ]
-
-
 def _measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
     """A block's compute and a ring exchange, timed alike at the start and at the end of a calibration:
     a machine that changed speed in between (a job started or ended) shows as their ratio."""
@@ -470,7 +434,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     levels = config.levels(world_size)
     scopes = {scope: ranks for scope, ranks in _groups(world_size).items() if len(ranks) > 1}
     total = (
-        len(levels) + len(scopes) + 5
+        len(levels) + len(scopes) + 4
     ) * config.repeats  # rounds: compute per level, links per scope, the rest
     progress = _Progress(config.progress and ctx.rank == 0, total)
     raw: dict[str, Any] = {"compute": [], "links": {}}
@@ -489,7 +453,6 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
         raw["overlap"] = _measure_overlap(ctx, config, progress)
         raw["layers"] = _measure_layers(ctx, config, progress)
         raw["bookkeeping"] = _measure_bookkeeping(ctx, config, progress)
-        raw["pieces"] = _measure_pieces(ctx, config, progress)
         raw["sentinel"] = sentinel | {"end": _measure_sentinel(ctx, config)}
     finally:
         progress.close()

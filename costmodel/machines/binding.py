@@ -172,13 +172,6 @@ class Machine:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
         return self.effective_flops
 
-    def piece_shared_s(self, backward: bool) -> float:
-        """t_sh: what the calls of one block share, measured; 0 elsewhere (a varlen kernel is one launch)."""
-        if not self.calibrated:
-            return 0.0
-        phase = "backward" if backward else "forward"
-        return self.profile.calibration.piece_shared_s.get(phase, 0.0)  # type: ignore[union-attr]
-
     def gemm_rate(self, m: int, n: int, k: int) -> float:
         """FLOP/s of an m x k by k x n matrix multiply: :attr:`effective_flops` when an efficiency was given
         (or asked as a datasheet), else the published tables; a profile without them is an error naming --hw."""

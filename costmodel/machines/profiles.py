@@ -264,12 +264,6 @@ class Calibration(_Strict):
         "Q, K, V, O (bandwidth: B/s), backward against its FLOP (bandwidth: FLOP/s); the intercept is a "
         "fixed cost the layer overheads already hold",
     )
-    piece_shared_s: dict[Literal["forward", "backward"], NonNegative] = Field(
-        default_factory=dict,
-        description="seconds the calls of one block (a block of packed documents, one call per document) "
-        "pay once between them, which one call timed alone pays in full: the ranks lining up and waiting "
-        "for the slowest (t_sh; none measured: 0)",
-    )
     fits: dict[str, FitSpread] = Field(
         default_factory=dict,
         description="every fitted quantity with its spread over resampled repeats, by name",

@@ -194,25 +194,17 @@ def ring_pass(
     def seconds(block_pairs: float, diagonal: bool, ranks: int) -> float:
         """One rank's call at one step. The own block (and every striped block) carries the causal diagonal,
         a call of L queries against L keys with the mask; a zigzag half block is a full call against L/2 keys.
-        Packed short documents (varlen): the block runs as calls of L_call tokens, each at its rate, which
-        share the measured t_sh between them."""
+        Packed short documents (varlen): the block runs as calls of L_call tokens, at their rate."""
         if block_pairs <= 0:
             return 0.0
         masked = block_pairs < full and (diagonal or inputs.layout == "striped")
         queries, keys = float(length), float(length) if masked else max(block_pairs / length, 1.0)
-        flops = block_pairs * pair_flops
-        if call is None or call >= length:
-            return (
-                flops * factor / machine.rate(flops, masked, backward, ranks, queries, keys, inputs.head_dim)
-            )
-        call_flops = min(block_pairs, call * (call + 1) / 2 if masked else call * call) * pair_flops
-        one = (
-            call_flops
-            * factor
-            / machine.rate(call_flops, masked, backward, ranks, call, call, inputs.head_dim)
-        )
-        shared = min(one, machine.piece_shared_s(backward))
-        return _call("packed_block_s", {"t_sh": shared, "n_call": flops / call_flops, "t_call": one})
+        flops = call_flops = block_pairs * pair_flops
+        if call is not None and call < length:
+            queries = keys = call
+            call_flops = min(block_pairs, call * call * (0.5 if masked else 1.0)) * pair_flops
+        rate = machine.rate(call_flops, masked, backward, ranks, queries, keys, inputs.head_dim)
+        return flops * factor / rate
 
     compute = np.empty_like(pairs, dtype=float)
     for step in range(n):  # per step: the ranks computing, and the few distinct blocks they hold

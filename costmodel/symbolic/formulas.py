@@ -84,7 +84,6 @@ from costmodel.symbolic.symbols import (
     l_w,
     m_mb,
     n_bkt,
-    n_call,
     n_E,
     n_kv,
     n_L,
@@ -109,9 +108,7 @@ from costmodel.symbolic.symbols import (
     s_comm,
     sigma,
     t,
-    t_call,
     t_launch,
-    t_sh,
     u_cp,
     v_pp,
     w_t,
@@ -1618,15 +1615,6 @@ define(
     W_b / F_x,
     "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: "
     "a one-rank layer's backward against the block backward at the same size)",
-    "s",
-    "[A-RingCost §11]",
-)
-define(
-    "packed_block_s",
-    "t_blk",
-    t_sh + n_call * (t_call - t_sh),
-    "seconds of a block of packed documents: n_call calls of L_call tokens, which share t_sh between them "
-    "(0 for published kernel tables: one varlen launch)",
     "s",
     "[A-RingCost §11]",
 )

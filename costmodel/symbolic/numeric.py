@@ -807,11 +807,6 @@ def bwd_excess_s(*, F_x, W_b):
     return W_b/F_x
 
 
-def packed_block_s(*, n_call, t_call, t_sh):
-    """t_blk = n_call*(t_call - t_sh) + t_sh: seconds of a block of packed documents: n_call calls of L_call tokens, which share t_sh between them (0 for published kernel tables: one varlen launch) [s] ([A-RingCost §11])."""
-    return n_call*(t_call - t_sh) + t_sh
-
-
 def packed_compute_fraction(*, E_m, E_w, c):
     """c_x = E_m*c/E_w: compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the branch executes (dense: all of them, so c; varlen: the unmasked tiles) [1] ([A-RingCost §5])."""
     return E_m*c/E_w
@@ -999,7 +994,6 @@ INFO = {
     'ulysses_exchange_recv_bytes': ('m_U', 'S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2)', '{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/(2*{N}**2)', "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)", 'B', '[A-RingCost §4.2]', 'calibration'),
     'alltoall_excess_s': ('tau_Ux', '4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x', '4*Max(0, (-2*{N}**2*{X_k} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{N}**2))/{B_x}', "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile)", 's', '[A-RingCost §11]', 'calibration'),
     'bwd_excess_s': ('t_x_b', 'W_b/F_x', '{W_b}/{F_x}', "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: a one-rank layer's backward against the block backward at the same size)", 's', '[A-RingCost §11]', 'calibration'),
-    'packed_block_s': ('t_blk', 'n_call*(t_call - t_sh) + t_sh', '{n_call}*({t_call} - {t_sh}) + {t_sh}', 'seconds of a block of packed documents: n_call calls of L_call tokens, which share t_sh between them (0 for published kernel tables: one varlen launch)', 's', '[A-RingCost §11]', 'calibration'),
     'packed_compute_fraction': ('c_x', 'E_m*c/E_w', '{E_m}*{c}/{E_w}', "compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the branch executes (dense: all of them, so c; varlen: the unmasked tiles)", '1', '[A-RingCost §5]', 'packing'),
     'doc_cp_degree': ('N_doc', 'ceiling(N*l_max/S)', 'ceiling({N}*{l_max}/{S})', "CP degree the longest document needs alone at the plan's tokens per device S/N", 'devices', '[A-RingCost §5]', 'packing'),
     'rest_cp_degree': ('N_rest', 'ceiling(N*l_rest/S)', 'ceiling({N}*{l_rest}/{S})', 'CP degree the rest of the batch needs: its longest document at S/N tokens per device', 'devices', '[A-RingCost §5]', 'packing'),
@@ -1168,7 +1162,6 @@ ARGS = {
     'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
     'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
     'bwd_excess_s': ('F_x', 'W_b'),
-    'packed_block_s': ('n_call', 't_call', 't_sh'),
     'packed_compute_fraction': ('E_m', 'E_w', 'c'),
     'doc_cp_degree': ('N', 'S', 'l_max'),
     'rest_cp_degree': ('N', 'S', 'l_rest'),
@@ -1263,9 +1256,6 @@ SYMBOLS = {
     'B_x': ('all-to-all rate of the extra cost beyond the knee (copies into fresh memory)', 'B/s', '[A-RingCost §11]'),
     'F_x': ("rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the backward as the layer runs it under autograd, against the block backward calibrate times)", 'FLOP/s', '[A-RingCost §11]'),
     'W_b': ("backward FLOP of the busiest rank's layer: its visible pairs x 4·b·h·d x 2.5", 'FLOP', '[FA2 §3.1]'),
-    't_call': ('seconds of one kernel call of L_call tokens alone, at the rate measured for its work', 's', '[A-RingCost §11]'),
-    't_sh': ("seconds the calls of one block pay once between them (measured: a block of equal causal documents against one document's call, every rank at once, the slowest rank's time)", 's', '[A-RingCost §11]'),
-    'n_call': ("kernel calls one block makes: its executed pairs over one call's", '1', '[A-RingCost §5]'),
     'E_m': ("(query, key) pairs one layer executes under the branch's mask, all ranks, tile rule", 'pairs', '[A-RingCost §5]'),
     'E_w': ('(query, key) pairs one layer executes over the plain (causal) window, all ranks', 'pairs', '[A-RingCost §5]'),
     'l_max': ('tokens of the longest document in the window', 'tokens', '[A-RingCost §5]'),

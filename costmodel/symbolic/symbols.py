@@ -340,27 +340,6 @@ W_b = _symbol(
     "[FA2 §3.1]",
 )
 
-t_call = _symbol(
-    "t_call",
-    "seconds of one kernel call of L_call tokens alone, at the rate measured for its work",
-    "s",
-    "[A-RingCost §11]",
-)
-t_sh = _symbol(
-    "t_sh",
-    "seconds the calls of one block pay once between them (measured: a block of equal causal documents "
-    "against one document's call, every rank at once, the slowest rank's time)",
-    "s",
-    "[A-RingCost §11]",
-    nonnegative=True,
-)
-n_call = _symbol(
-    "n_call",
-    "kernel calls one block makes: its executed pairs over one call's",
-    "1",
-    "[A-RingCost §5]",
-)
-
 # Packed documents and masks ([A-RingCost §5]): counts the simulator measures on one window.
 E_m = _symbol(
     "E_m",
