@@ -114,7 +114,7 @@ def drift(first: dict, second: dict) -> list[dict]:
     return sorted(rows, key=lambda row: -abs(row["drift"]))
 
 
-TERMS = ("all-to-all knee", "backward excess", "fixed cost per kind")
+TERMS = ("all-to-all knee", "fixed cost per kind")
 
 
 def without(profile_path: str, term: str):  # noqa: ANN201 - a HardwareProfile
@@ -131,8 +131,6 @@ def without(profile_path: str, term: str):  # noqa: ANN201 - a HardwareProfile
         for scope, fit in cal["alltoall"].items():
             points = [dict(s, bytes=s["bytes"] * n / (n - 1)) for s in fit["samples"]]  # held bytes again
             cal["alltoall"][scope] = fit_link(points, (n - 1) / n).model_dump(mode="json", exclude_none=True)
-    elif term == "backward excess":
-        cal.get("bookkeeping", {}).pop("backward", None)
     elif term == "fixed cost per kind":
         fixed = cal["layer_overhead_s"]
         cal["layer_overhead_s"] = {

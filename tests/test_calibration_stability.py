@@ -1,5 +1,5 @@
-"""Calibration that says how far to trust it (docs/calibration.md): the all-to-all knee, the bookkeeping
-rate, per-kind fixed costs, spreads over resampled repeats, the noise verdict, and validate's
+"""Calibration that says how far to trust it (docs/calibration.md): the all-to-all knee, per-kind fixed
+costs, spreads over resampled repeats, the noise verdict, and validate's
 uncertainty and held-out split. No torch: made-up raw measurements with single-call samples."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from costmodel.calibration.compare import calibrated_inputs, calibrated_machine,
 from costmodel.calibration.fit import (
     R2_MIN,
     build_profile,
-    fit_bookkeeping,
     fit_knee_link,
     fitted_values,
     with_fit,
@@ -27,7 +26,7 @@ from tests.test_calibration import SHAPE, SIZES, raw_measurements, samples
 
 def with_samples(raw: dict, noise: float, seed: int = 0, count: int = 25) -> dict:
     """The raw measurements with ``count`` single-call samples behind every median, spread by ``noise``
-    (relative), and per-kind tiny layers and bookkeeping points, as calibrate now returns them."""
+    (relative), and per-kind tiny layers, as calibrate now returns them."""
     rng = np.random.default_rng(seed)
     raw = copy.deepcopy(raw)
 
@@ -65,24 +64,6 @@ def with_samples(raw: dict, noise: float, seed: int = 0, count: int = 25) -> dic
             for pass_, seconds in (("fwd", base), ("fwd+bwd", 2.5 * base))
         ],
     }
-    qkvo = 4 * 8 * 64 * 4  # bytes of Q, K, V, O per token of the shape
-    work = 2.5 * 4 * 8 * 64  # backward FLOP per (query, key) pair
-    raw["bookkeeping"] = [
-        {
-            "tokens": tokens,
-            "bytes": qkvo * tokens,
-            "backward_flops": work * tokens * tokens,
-            "samples": {
-                "block fwd": draw(1e-3 * tokens / 64),
-                "block bwd": draw(2e-3 * tokens / 64),
-                "local fwd": draw(1e-3 * tokens / 64 + 1e-4 + qkvo * tokens / 2e9),
-                "local fwd+bwd": draw(
-                    3e-3 * tokens / 64 + 3e-4 + qkvo * tokens / 2e9 + work * tokens * tokens / 1e11
-                ),
-            },
-        }
-        for tokens in (64, 256, 1024)
-    ]
     return raw
 
 
@@ -130,14 +111,6 @@ def test_the_measured_bend_lifts_r2() -> None:
     plain = fit_link(points, 0.5)
     assert plain.r2 == pytest.approx(0.84, abs=0.02)
     assert knee.knee_bytes == SIZES[5] / 2 and knee.r2 > 0.99
-
-
-def test_bookkeeping_rate_is_the_slope_beyond_the_kernels() -> None:
-    """Forward: seconds beyond the kernels per byte of Q, K, V, O; backward: per FLOP of its work."""
-    raw = with_samples(raw_measurements(), noise=0.0)
-    forward, backward = (fit_bookkeeping(raw["bookkeeping"], phase) for phase in ("forward", "backward"))
-    assert forward.bandwidth == pytest.approx(2e9, rel=1e-6) and forward.latency_s == pytest.approx(1e-4)
-    assert backward.bandwidth == pytest.approx(1e11, rel=1e-6) and backward.latency_s == pytest.approx(2e-4)
 
 
 def test_spreads_grow_with_the_noise_and_the_verdict_follows() -> None:
@@ -206,7 +179,7 @@ def test_a_perturbed_fit_moves_the_prediction_the_right_way() -> None:
 def test_validate_reports_uncertainty_and_keeps_the_verdict_on_held_out_rows() -> None:
     from costmodel.kernel.validate import grid
 
-    profile = build_profile(with_samples(raw_measurements(), noise=0.2), "box", SHAPE)
+    profile = build_profile(with_samples(raw_measurements(), noise=0.5), "box", SHAPE)
     cases = grid(164, fitted_tokens=8)
     held_out = [c for c in cases if not c.fitted]
     assert len(held_out) >= 10 and all(c.tokens_per_rank >= 32 for c in held_out)
@@ -224,7 +197,7 @@ def test_validate_reports_uncertainty_and_keeps_the_verdict_on_held_out_rows() -
     assert report["fitted_median_abs_error"] == pytest.approx(1 - 1 / 1.5, rel=1e-6)
     assert report["passed"] and report["held_out_rows"] == sum(len(c.passes) for c in held_out)
     assert all(r["uncertainty_s"] > 0 for r in report["rows"])
-    assert report["quality"]["trusted"] is False  # 20 % noise on every sample
+    assert report["quality"]["trusted"] is False  # 50 % noise on every sample
 
 
 def test_a_machine_that_changed_speed_is_flagged() -> None:
@@ -249,7 +222,7 @@ def test_the_validate_table_with_uncertainty_fits_80_columns_and_names_the_flags
     from costmodel.cli.render import render_validation
     from costmodel.kernel.validate import grid
 
-    profile = build_profile(with_samples(raw_measurements(), noise=0.2), "box", SHAPE)
+    profile = build_profile(with_samples(raw_measurements(), noise=0.5), "box", SHAPE)
     cases = grid(164, fitted_tokens=8)
     machine = calibrated_machine(profile)
     measured = [

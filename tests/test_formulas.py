@@ -201,8 +201,6 @@ def test_numeric_twin_matches_exact_sympy(
         "B_ep": bw,
         "X_k": 2e6,
         "B_x": bw / 3,
-        "F_x": 1.3 * flops,
-        "W_b": 2.5 * flops * 1e-3,
         "E_m": 0.3 * seq_per * n * seq_per,
         "E_w": 0.6 * seq_per * n * seq_per,
         "l_max": seq_per * n // 2 + 1,

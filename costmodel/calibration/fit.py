@@ -102,32 +102,6 @@ def fit_knee_link(samples: list[dict[str, Any]], received_fraction: float = 1.0)
     )
 
 
-def fit_bookkeeping(points: list[dict[str, Any]], phase: str) -> LinkFit | None:
-    """A one-rank layer's time beyond its block kernels, the forward's against its Q, K, V, O bytes and
-    the backward's against its FLOP (unweighted least squares: the small differences are the noisy
-    ones). The intercept is a fixed cost, left to the layer overheads; the rate is the slope's inverse.
-    None when the excess does not grow."""
-    rows = []
-    for p in points:
-        m = {what: float(np.median(values)) for what, values in p["samples"].items()}
-        beyond = (
-            m["local fwd"] - m["block fwd"]
-            if phase == "forward"
-            else m["local fwd+bwd"] - m["local fwd"] - m["block bwd"]
-        )
-        size = p["bytes"] if phase == "forward" else p.get("backward_flops")
-        if size is None:
-            return None
-        rows.append({"bytes": size, "seconds": max(beyond, 1e-7), "spread": 0.0})
-    if len(rows) < 2:
-        return None
-    fit = fit_link(rows, weighted=False)
-    x = np.array([r["bytes"] for r in rows], dtype=float)
-    t = np.array([r["seconds"] for r in rows], dtype=float)
-    slope = np.polyfit(x, t, 1)[0]
-    return fit if slope > 0 else None
-
-
 def fit_overlap(points: list[dict[str, float]]) -> tuple[float, float]:
     """(overlap o, step overhead e) of ``both = max(c, m) + (1 - o)·min(c, m) + e``: o from the least-squares
     slope (clipped to [0, 1]), e the median of what o leaves unexplained (at least 0), robust to one
@@ -210,10 +184,6 @@ def _resampled(raw: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
             **layers,
             "kinds": [dict(k, seconds=median(again(k["samples"]))) for k in layers["kinds"]],
         }
-    if "bookkeeping" in raw:
-        out["bookkeeping"] = [
-            {**p, "samples": {what: again(v) for what, v in p["samples"].items()}} for p in raw["bookkeeping"]
-        ]
     return out
 
 
@@ -257,11 +227,6 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
     peak = max(p.flops_per_s for c in curves for p in c.forward)
     dtype = shape["dtype"]
     overlap, step_overhead = fit_overlap(raw["overlap"])
-    bookkeeping = {
-        phase: fit
-        for phase in ("backward",)  # the forward's excess followed neither bytes nor FLOP: not modelled
-        if (fit := fit_bookkeeping(raw.get("bookkeeping", []), phase)) is not None
-    }
 
     def link(scope: str, label: str) -> dict[str, Any]:
         fit, collective = p2p[scope], alltoall[scope]
@@ -307,7 +272,6 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
             sync_overhead_s=fit_sync(raw["overlap"]),
             overlap_samples=[{k: v for k, v in p.items() if k != "samples"} for p in raw["overlap"]],
             layer_tokens=raw["layers"]["tokens"],
-            bookkeeping=bookkeeping,
         ),
     }
     profile = HardwareProfile.model_validate(data)
@@ -365,11 +329,6 @@ def _fit_paths(cal: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], str]]:
     paths["overlap"] = (("overlap",), "1")
     paths["step overhead"] = (("step_overhead_s",), "s")
     paths["sync overhead"] = (("sync_overhead_s",), "s")
-    for phase in cal.get("bookkeeping", {}):
-        paths[f"bookkeeping {phase} rate"] = (
-            ("bookkeeping", phase, "bandwidth"),
-            "B/s" if phase == "forward" else "FLOP/s",
-        )
     for key in cal.get("layer_overhead_s", {}):
         paths[f"layer {key}"] = (("layer_overhead_s", key), "s")
     return paths

@@ -9,8 +9,6 @@
 - All-to-all: one exchange through the kernel's ``all_to_all`` (copies included) over a range of sizes.
 - Layers: every kind of layer `cp-plan validate` runs (ring per layout and mask, Ulysses), whole, at a
   tiny shard, for each kind's fixed software cost.
-- Bookkeeping: a one-rank layer (allocations, stacking, casting, autograd) against the block kernels it
-  calls, at a few sizes: what a layer does beyond its kernels, per byte of its Q, K, V, O.
 - Overlap: a block's compute, its KV exchange, and both at once as a ring step runs them: how much
   of a transfer hides under compute (on GPUs nearly all; on a CPU whose cores the ranks fill, the
   transfer's copies compete with the compute and little or nothing hides).
@@ -54,8 +52,6 @@ class CalibrationConfig:
     message_bytes: tuple[int, ...] = MESSAGE_BYTES
     overlap_tokens: tuple[int, ...] = (32, 64, 128, 256)  # small: the fixed costs show
     layer_tokens: int = 8  # whole layers this short are all fixed cost
-    # One-rank layers against their kernels; larger ones swung 20x between busy runs (allocations).
-    bookkeeping_tokens: tuple[int, ...] = (64, 128, 256)
     repeats: int = 7
     warmup: int = 1
     progress: bool = True
@@ -353,59 +349,6 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
     }
 
 
-def _measure_bookkeeping(ctx: Any, config: CalibrationConfig, progress: _Progress) -> list[dict]:
-    """A whole one-rank layer (the local attention Ulysses runs, allocations and autograd included)
-    against the block kernels it calls, timed alike, at a few sizes: what a layer does beyond its
-    kernels, for the forward against the bytes of its Q, K, V, O and for the backward against its
-    FLOP (there the excess grows with the work). Every rank runs it at once."""
-    from costmodel.kernel.ring import local_attention
-
-    torch_dtype = getattr(torch, _torch_name(config.dtype))
-    runs, sizes = {}, {}
-    for tokens in config.bookkeeping_tokens:
-        q, k, v, dout = _inputs(config, tokens, ctx)
-        plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
-        block_fwd, block_bwd = _ring_step(q, k, v, dout, plan)
-        leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-
-        def local_fwd(leaves: list = leaves) -> None:
-            with torch.no_grad():
-                local_attention(*leaves)
-
-        def local_fwd_bwd(leaves: list = leaves, dout: torch.Tensor = dout) -> None:
-            out, _ = local_attention(*leaves)
-            torch.autograd.grad(out, leaves, dout)
-
-        runs |= {
-            (tokens, "block fwd"): block_fwd,
-            (tokens, "block bwd"): block_bwd,
-            (tokens, "local fwd"): local_fwd,
-            (tokens, "local fwd+bwd"): local_fwd_bwd,
-        }
-        sizes[tokens] = (
-            (q.numel() * 2 + k.numel() + v.numel()) * torch_dtype.itemsize,
-            config.backward_flop_factor * plan.visible_pairs * _pair_flops(config),
-        )
-    samples = sample_times(
-        runs,
-        ctx.device,
-        repeats=config.repeats,
-        warmup=config.warmup,
-        min_total_s=TOTAL_S,
-        on_round=lambda: progress.step("layer bookkeeping"),
-    )
-    whats = ("block fwd", "block bwd", "local fwd", "local fwd+bwd")
-    return [
-        {
-            "tokens": tokens,
-            "bytes": sizes[tokens][0],
-            "backward_flops": sizes[tokens][1],
-            "samples": {what: samples[(tokens, what)] for what in whats},
-        }
-        for tokens in config.bookkeeping_tokens
-    ]
-
-
 def _measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
     """A block's compute and a ring exchange, timed alike at the start and at the end of a calibration:
     a machine that changed speed in between (a job started or ended) shows as their ratio."""
@@ -434,7 +377,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     levels = config.levels(world_size)
     scopes = {scope: ranks for scope, ranks in _groups(world_size).items() if len(ranks) > 1}
     total = (
-        len(levels) + len(scopes) + 4
+        len(levels) + len(scopes) + 3
     ) * config.repeats  # rounds: compute per level, links per scope, the rest
     progress = _Progress(config.progress and ctx.rank == 0, total)
     raw: dict[str, Any] = {"compute": [], "links": {}}
@@ -452,7 +395,6 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
             dist.barrier()
         raw["overlap"] = _measure_overlap(ctx, config, progress)
         raw["layers"] = _measure_layers(ctx, config, progress)
-        raw["bookkeeping"] = _measure_bookkeeping(ctx, config, progress)
         raw["sentinel"] = sentinel | {"end": _measure_sentinel(ctx, config)}
     finally:
         progress.close()

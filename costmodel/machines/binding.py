@@ -304,11 +304,3 @@ class Machine:
         forward = cost("fwd", 0.0)
         both = cost("fwd+bwd", forward) if backward else forward
         return forward, both - forward
-
-    def bookkeeping_rate(self, phase: str) -> float:
-        """What a layer does beyond its kernels, as a rate: backward F_x (backward FLOP per second);
-        infinite (no cost) where not measured."""
-        if not self.calibrated:
-            return float("inf")
-        fit = self.profile.calibration.bookkeeping.get(phase)  # type: ignore[union-attr]
-        return fit.bandwidth if fit is not None else float("inf")

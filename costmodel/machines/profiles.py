@@ -9,7 +9,7 @@ ring's receive time needs one direction, so every file states both and the two m
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -258,17 +258,17 @@ class Calibration(_Strict):
     layer_tokens: Count() | None = Field(
         None, description="shard length of the layers timed for their fixed cost"
     )
-    bookkeeping: dict[Literal["forward", "backward"], LinkFit] = Field(
-        default_factory=dict,
-        description="a one-rank layer's time beyond its block kernels: forward against the bytes of its "
-        "Q, K, V, O (bandwidth: B/s), backward against its FLOP (bandwidth: FLOP/s); the intercept is a "
-        "fixed cost the layer overheads already hold",
-    )
     fits: dict[str, FitSpread] = Field(
         default_factory=dict,
         description="every fitted quantity with its spread over resampled repeats, by name",
     )
     quality: Quality | None = Field(None, description="whether the fits are steady enough to trust")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """Profiles measured before the backward's excess term was retired carry ``bookkeeping``: ignored."""
+        return {k: v for k, v in data.items() if k != "bookkeeping"} if isinstance(data, dict) else data
 
     def curve(self, concurrency: int, causal: bool) -> ComputeCurve:
         """The curve measured closest to ``concurrency`` ranks (ties: the busier one) for the mask."""

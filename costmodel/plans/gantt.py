@@ -21,7 +21,7 @@ import numpy as np
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.timing import layer_fixed_s, ring_pass
+from costmodel.plans.timing import ring_pass
 from costmodel.schedule.timeline import ring_layer_time
 
 Kind = Literal["compute", "transfer", "idle", "overhead"]
@@ -122,7 +122,9 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
         )
         for j, (c, m) in enumerate(zip(unfolded.step_compute_s, unfolded.comm_s, strict=True))
     ]
-    forward, backward_extra = layer_fixed_s(inputs, machine, "ring", backward) if inputs.n > 1 else (0.0, 0.0)
+    forward, backward_extra = (
+        machine.layer_overhead("ring", backward, inputs.layout, inputs.causal) if inputs.n > 1 else (0.0, 0.0)
+    )
     return Timeline(
         layout=inputs.layout,
         backward=backward,

@@ -12,9 +12,8 @@ heads, none of it overlapped; backward the same exchanges in reverse around the 
 
 With a measured profile (one with ``calibration``) the rates, α and B are the measured ones, transfers
 hide as much as was measured, and the measured fixed costs are added: per waited transfer in the ring,
-per collective after compute in Ulysses, per layer of each kind; a layer's bookkeeping beyond its
-kernels (the backward's, per FLOP of its work) and the all-to-all's excess past its knee are added at
-their measured rates. Without, transfers hide fully and each kernel call
+per collective after compute in Ulysses, per layer of each kind; the all-to-all's excess past its knee
+is added at its measured rate. Without, transfers hide fully and each kernel call
 runs at the profile's published rate for its shape (L queries against the keys the block holds, causal
 when masked: :func:`costmodel.machines.kernels.attention_rate`), or at peak x ``--efficiency`` when given
 or when the profile has no tables; a machine asked as a datasheet (``Machine.as_datasheet``) is the
@@ -90,41 +89,10 @@ def predict(
         layer = _ring(inputs, machine, span or inputs.n, backward)
     if inputs.n == 1:
         return layer
-    forward, backward_extra = layer_fixed_s(inputs, machine, variant, backward, values)
+    forward, backward_extra = machine.layer_overhead(variant, backward, inputs.layout, inputs.causal)
     return Prediction(
         layer.forward_s + forward, layer.backward_s + backward_extra, layer.compute_s, layer.forward_compute_s
     )
-
-
-def layer_fixed_s(
-    inputs: PlanInputs,
-    machine: Machine,
-    variant: Variant,
-    backward: bool,
-    values: dict[str, Any] | None = None,
-) -> tuple[float, float]:
-    """(forward, backward) seconds a measured layer adds beyond its steps: the kind's fixed cost and the
-    backward's excess per FLOP of its work; (0, 0) on a datasheet or a profile that measured neither."""
-    values = values if values is not None else plan_values(inputs, machine)
-    forward, backward_extra = machine.layer_overhead(variant, backward, inputs.layout, inputs.causal)
-    rate = machine.bookkeeping_rate("backward")
-    if backward and rate < float("inf"):
-        work = {**values, "W_b": _backward_flops(inputs, machine, variant, values), "F_x": rate}
-        backward_extra += _call("bwd_excess_s", work)
-    return forward, backward_extra
-
-
-def _backward_flops(inputs: PlanInputs, machine: Machine, variant: Variant, values: dict[str, Any]) -> float:
-    """Backward FLOP of the busiest rank's layer: its visible pairs (the tile schedule's for a ring, the
-    whole sequence's for h/N heads in Ulysses) at 4·b·h·d FLOP each, x 2.5."""
-    if variant == "ulysses":
-        seq = inputs.seq
-        pairs = seq * (seq + 1) / 2 if inputs.causal else float(seq) * seq
-        return BACKWARD_FLOP * pairs * _call("pair_flops", {**values, "h": inputs.heads // inputs.n})
-    tile = simulation_tile(inputs.seq, inputs.n, inputs.block)
-    schedule = simulate(inputs.layout, inputs.seq, inputs.n, tile, causal=inputs.causal)
-    busiest = float(np.asarray(schedule.rank_step_pairs).sum(axis=1).max())
-    return BACKWARD_FLOP * busiest * _call("pair_flops", values)
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,6 @@ from costmodel.symbolic.symbols import (
     F_gemm,
     F_peak,
     F_sh,
-    F_x,
     H,
     K_c,
     L_t,
@@ -63,7 +62,6 @@ from costmodel.symbolic.symbols import (
     T_n,
     T_w,
     V,
-    W_b,
     X_k,
     alpha,
     alpha_tp,
@@ -1606,15 +1604,6 @@ tau_ux = define(
     4 * sympy.Max(0, m_u - X_k) / B_x,
     "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta "
     "(added to tau_U on a measured profile)",
-    "s",
-    "[A-RingCost §11]",
-)
-define(
-    "bwd_excess_s",
-    "t_x_b",
-    W_b / F_x,
-    "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: "
-    "a one-rank layer's backward against the block backward at the same size)",
     "s",
     "[A-RingCost §11]",
 )

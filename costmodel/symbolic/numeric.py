@@ -802,11 +802,6 @@ def alltoall_excess_s(*, B_x, N, S, X_k, b, d, h, n_kv, p):
     return 4*numpy.maximum(0, (1/2)*(-2*N**2*X_k + S*b*d*p*(N - 1)*(h + numpy.maximum(N, n_kv)))/N**2)/B_x
 
 
-def bwd_excess_s(*, F_x, W_b):
-    """t_x_b = W_b/F_x: backward time of a layer beyond its block kernels, which grows with the backward's work (measured: a one-rank layer's backward against the block backward at the same size) [s] ([A-RingCost §11])."""
-    return W_b/F_x
-
-
 def packed_compute_fraction(*, E_m, E_w, c):
     """c_x = E_m*c/E_w: compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the branch executes (dense: all of them, so c; varlen: the unmasked tiles) [1] ([A-RingCost §5])."""
     return E_m*c/E_w
@@ -993,7 +988,6 @@ INFO = {
     'moe_zero3_gather_s': ('tau_Z3_moe', '2*H*p*z3*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*pp*t)', '2*{H}*{p}*{z3}*({E_p}*({D} - 1)*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({D} - {E_p})*({E_p}*{t} + {F_ffn}*({g} + 2)))/({B_dp}*{D}*{E_p}*{pp}*{t})', 'ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over D ranks, the experts over D/E_p', 's', '[ZeRO §5.3], [GShard §2]', 'moe'),
     'ulysses_exchange_recv_bytes': ('m_U', 'S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2)', '{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/(2*{N}**2)', "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)", 'B', '[A-RingCost §4.2]', 'calibration'),
     'alltoall_excess_s': ('tau_Ux', '4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x', '4*Max(0, (-2*{N}**2*{X_k} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{N}**2))/{B_x}', "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile)", 's', '[A-RingCost §11]', 'calibration'),
-    'bwd_excess_s': ('t_x_b', 'W_b/F_x', '{W_b}/{F_x}', "backward time of a layer beyond its block kernels, which grows with the backward's work (measured: a one-rank layer's backward against the block backward at the same size)", 's', '[A-RingCost §11]', 'calibration'),
     'packed_compute_fraction': ('c_x', 'E_m*c/E_w', '{E_m}*{c}/{E_w}', "compute fraction of the branch: the plain model's c scaled by the share of the window's tiles the branch executes (dense: all of them, so c; varlen: the unmasked tiles)", '1', '[A-RingCost §5]', 'packing'),
     'doc_cp_degree': ('N_doc', 'ceiling(N*l_max/S)', 'ceiling({N}*{l_max}/{S})', "CP degree the longest document needs alone at the plan's tokens per device S/N", 'devices', '[A-RingCost §5]', 'packing'),
     'rest_cp_degree': ('N_rest', 'ceiling(N*l_rest/S)', 'ceiling({N}*{l_rest}/{S})', 'CP degree the rest of the batch needs: its longest document at S/N tokens per device', 'devices', '[A-RingCost §5]', 'packing'),
@@ -1161,7 +1155,6 @@ ARGS = {
     'moe_zero3_gather_s': ('B_dp', 'D', 'E_p', 'F_ffn', 'F_sh', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_E', 'n_L', 'n_kv', 'p', 'pp', 't', 'z3'),
     'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
     'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
-    'bwd_excess_s': ('F_x', 'W_b'),
     'packed_compute_fraction': ('E_m', 'E_w', 'c'),
     'doc_cp_degree': ('N', 'S', 'l_max'),
     'rest_cp_degree': ('N', 'S', 'l_rest'),
@@ -1254,8 +1247,6 @@ SYMBOLS = {
     'B_ep': ('bytes/s each rank of the EP all-to-all receives', 'B/s', 'hardware profile'),
     'X_k': ("all-to-all knee: bytes a rank receives per exchange beyond which the kernel's copies cost extra", 'B', '[A-RingCost §11]'),
     'B_x': ('all-to-all rate of the extra cost beyond the knee (copies into fresh memory)', 'B/s', '[A-RingCost §11]'),
-    'F_x': ("rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the backward as the layer runs it under autograd, against the block backward calibrate times)", 'FLOP/s', '[A-RingCost §11]'),
-    'W_b': ("backward FLOP of the busiest rank's layer: its visible pairs x 4·b·h·d x 2.5", 'FLOP', '[FA2 §3.1]'),
     'E_m': ("(query, key) pairs one layer executes under the branch's mask, all ranks, tile rule", 'pairs', '[A-RingCost §5]'),
     'E_w': ('(query, key) pairs one layer executes over the plain (causal) window, all ranks', 'pairs', '[A-RingCost §5]'),
     'l_max': ('tokens of the longest document in the window', 'tokens', '[A-RingCost §5]'),

@@ -326,19 +326,6 @@ B_x = _symbol(
     "B/s",
     "[A-RingCost §11]",
 )
-F_x = _symbol(
-    "F_x",
-    "rate of a layer's backward work beyond its block kernels: backward FLOP per extra second (the "
-    "backward as the layer runs it under autograd, against the block backward calibrate times)",
-    "FLOP/s",
-    "[A-RingCost §11]",
-)
-W_b = _symbol(
-    "W_b",
-    "backward FLOP of the busiest rank's layer: its visible pairs x 4·b·h·d x 2.5",
-    "FLOP",
-    "[FA2 §3.1]",
-)
 
 # Packed documents and masks ([A-RingCost §5]): counts the simulator measures on one window.
 E_m = _symbol(
