@@ -267,8 +267,14 @@ class Calibration(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _retired(cls, data: Any) -> Any:
-        """Profiles measured before the backward's excess term was retired carry ``bookkeeping``: ignored."""
-        return {k: v for k, v in data.items() if k != "bookkeeping"} if isinstance(data, dict) else data
+        """Profiles measured before the backward's excess term was retired carry ``bookkeeping`` and its fit
+        (``fits["bookkeeping backward rate"]``): both ignored."""
+        if not isinstance(data, dict) or "bookkeeping" not in data:
+            return data
+        fits = {k: v for k, v in data.get("fits", {}).items() if not k.startswith("bookkeeping ")}
+        return {k: v for k, v in data.items() if k != "bookkeeping"} | (
+            {"fits": fits} if "fits" in data else {}
+        )
 
     def curve(self, concurrency: int, causal: bool) -> ComputeCurve:
         """The curve measured closest to ``concurrency`` ranks (ties: the busier one) for the mask."""
