@@ -96,3 +96,23 @@ def test_sliding_windows_stay_within_25_percent_on_the_h200(h200: list) -> None:
     assert len(windows) == 2
     for check in windows:
         assert abs(check.varlen_error) <= 0.25, (check.name, check.varlen_error)
+
+
+@pytest.mark.slow
+def test_the_gpu_benchmark_runs_its_smoke_case_on_the_cpu(tmp_path: Path) -> None:
+    """`benchmarks/gpu_kernels.py measure --smoke` (tiny shapes, CPU, FlexAttention unfused) keeps the
+    measuring code honest where no GPU is: its block counts equal the simulator's, and compare prints."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = Path(__file__).parent.parent / "benchmarks" / "gpu_kernels.py"
+    out = tmp_path / "smoke.json"
+    for args in (["measure", "--smoke", "--out", str(out)], ["compare", str(out)]):
+        done = subprocess.run(
+            [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    checks = check_masks(load_profile("h200-nvlink"), json.loads(out.read_text()))
+    assert len(checks) == 9
+    assert [c.tiles_simulated for c in checks] == [c.tiles_measured for c in checks]

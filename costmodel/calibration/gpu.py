@@ -26,8 +26,11 @@ from costmodel.schedule.packed import simulate_masked
 TILE = 128  # FlexAttention's BLOCK_SIZE in the measurement
 
 
-def measured_profile(profile: HardwareProfile, data: dict, backend: str = "flash") -> HardwareProfile:
-    """``profile`` with its attention curves replaced by ``backend``'s measured ones."""
+def measured_profile(profile: HardwareProfile, data: dict, backend: str | None = None) -> HardwareProfile:
+    """``profile`` with its attention curves replaced by ``backend``'s measured ones (default: flash, the
+    varlen kernel's family, where it was timed; else the first backend timed)."""
+    timed = [r["backend"] for r in data["sdpa"] if "error" not in r]
+    backend = backend or ("flash" if "flash" in timed else timed[0])
     if profile.kernels is None:
         raise ValueError(f"profile {profile.name!r} has no kernels: section to replace")
     source = f"{data['device']}, torch {data['torch']} SDPA {backend}, measured (benchmarks/gpu_kernels.py)"
@@ -74,7 +77,7 @@ class MaskCheck:
         return self.predicted_ms / self.flex_ms - 1
 
 
-def check_masks(profile: HardwareProfile, data: dict, backend: str = "flash") -> list[MaskCheck]:
+def check_masks(profile: HardwareProfile, data: dict, backend: str | None = None) -> list[MaskCheck]:
     """Every measured window: block counts against the simulator, times against the prediction."""
     machine = Machine(measured_profile(profile, data, backend), "bf16")
     out = []
