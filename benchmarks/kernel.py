@@ -5,7 +5,7 @@
 2. Ring attention at N=2 (local processes, gloo on CPU): measured forward / backward time against
    Σ_steps max(compute_step, comm_step) with each timed on its own (overlap efficiency; goal >= 0.85).
 
-Timings vary up to 2x run to run on a shared CPU: every figure is a median, and the ring's figures are
+Timings vary up to 2x run to run on a shared CPU: every figure is the lower quartile of single calls, and the ring's figures are
 measured in interleaved rounds so that a slow spell hits all of them alike.
 
     python benchmarks/kernel.py [--tokens 2048 --ring-tokens 1024 256 --heads 8 --kv-heads 8 --head-dim 64
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from costmodel.kernel.block import block_attention, block_attention_backward
 from costmodel.kernel.launch import run_local
 from costmodel.kernel.masks import MaskRule, plan_block
-from costmodel.kernel.timing import median_times, random_qkv, time_ring_overlap
+from costmodel.kernel.timing import random_qkv, time_ring_overlap, typical_times
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -54,7 +54,7 @@ def block_and_sdpa_times(q, k, v, dout, causal: bool, repeats: int) -> dict[str,
         "ours fwd+bwd": ours_fwd_bwd,
         "sdpa fwd+bwd": sdpa_fwd_bwd,
     }
-    times = median_times(runs, torch.device("cpu"), repeats=repeats)
+    times = typical_times(runs, torch.device("cpu"), repeats=repeats)
     times["flops"] = 4.0 * q.shape[0] * q.shape[1] * plan.visible_pairs * q.shape[3]
     return times
 

@@ -200,6 +200,31 @@ def test_validate_reports_uncertainty_and_keeps_the_verdict_on_held_out_rows() -
     assert report["quality"]["trusted"] is False  # 50 % noise on every sample
 
 
+@pytest.mark.parametrize("quantile", [0.25, 0.5])
+def test_spreads_are_taken_around_the_profiles_own_quantile(quantile: float) -> None:
+    """Every figure is one quantile of its samples (new profiles: the lower quartile); resampling must
+    retake that quantile, or the spreads would be centred on another figure than the profile's."""
+    from costmodel.calibration.fit import _resampled
+
+    raw = with_samples(raw_measurements(), noise=0.3, count=101)
+    raw["meta"]["quantile"] = quantile
+    for kind in raw["layers"]["kinds"]:
+        kind["seconds"] = float(np.quantile(kind["samples"], quantile))
+    assert build_profile(raw, "box", SHAPE).calibration.quantile == quantile
+    rng = np.random.default_rng(0)
+    kind = raw["layers"]["kinds"][0]
+    again = [_resampled(raw, rng)["layers"]["kinds"][0]["seconds"] for _ in range(200)]
+    assert float(np.median(again)) == pytest.approx(kind["seconds"], rel=0.03)
+    # the two figures differ by far more than that tolerance (log-normal noise 0.3: p25 ≈ 0.82 x median)
+    assert np.quantile(kind["samples"], 0.25) < 0.9 * np.median(kind["samples"])
+
+
+def test_profiles_measured_before_the_quantile_was_recorded_read_as_medians() -> None:
+    raw = with_samples(raw_measurements(), noise=0.01)
+    raw["meta"].pop("quantile", None)
+    assert build_profile(raw, "box", SHAPE).calibration.quantile == 0.5
+
+
 def test_a_machine_that_changed_speed_is_flagged() -> None:
     """Resampling sees the noise within a run; the same compute and exchange timed at the start and at
     the end see a job that started in between."""

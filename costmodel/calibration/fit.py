@@ -144,21 +144,27 @@ def _has_samples(raw: dict[str, Any]) -> bool:
     return any("samples" in s for links in raw["links"].values() for s in links["p2p"])
 
 
+def _quantile(raw: dict[str, Any]) -> float:
+    """Which quantile of its samples each figure of ``raw`` is (measurements before it was recorded: 0.5)."""
+    return float(raw["meta"].get("quantile", 0.5))
+
+
 def _resampled(raw: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    """The raw measurements with every median retaken over its samples drawn again with replacement."""
+    """The raw measurements with every figure retaken over its samples drawn again with replacement."""
+    quantile = _quantile(raw)
 
     def again(values: list[float]) -> list[float]:
         return list(rng.choice(values, size=len(values), replace=True))
 
-    def median(values: list[float]) -> float:
-        return float(np.median(values))
+    def figure(values: list[float]) -> float:
+        return float(np.quantile(values, quantile))
 
     out = {**raw, "compute": [], "links": {}}
     for curve in raw["compute"]:
         phases = {}
         for phase in ("forward", "backward"):
             phases[phase] = [
-                dict(p, flops_per_s=p["flops_per_s"] * median(p["samples"]) / median(again(p["samples"])))
+                dict(p, flops_per_s=p["flops_per_s"] * figure(p["samples"]) / figure(again(p["samples"])))
                 if "samples" in p
                 else p
                 for p in curve[phase]
@@ -169,31 +175,31 @@ def _resampled(raw: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
             **links,
             **{
                 kind: [
-                    dict(s, seconds=median(again(s["samples"]))) if "samples" in s else s for s in links[kind]
+                    dict(s, seconds=figure(again(s["samples"]))) if "samples" in s else s for s in links[kind]
                 ]
                 for kind in ("p2p", "alltoall")
             },
         }
     out["overlap"] = [
-        {**p, **{what: median(again(v)) for what, v in p["samples"].items()}} if "samples" in p else p
+        {**p, **{what: figure(again(v)) for what, v in p["samples"].items()}} if "samples" in p else p
         for p in raw["overlap"]
     ]
     layers = raw["layers"]
     if "kinds" in layers:
         out["layers"] = {
             **layers,
-            "kinds": [dict(k, seconds=median(again(k["samples"]))) for k in layers["kinds"]],
+            "kinds": [dict(k, seconds=figure(again(k["samples"]))) for k in layers["kinds"]],
         }
     return out
 
 
-def _rate_uncertainty(point: dict[str, Any], rng: np.random.Generator) -> float:
-    """Half the interquartile range of the median over resampled samples, over the median."""
+def _rate_uncertainty(point: dict[str, Any], rng: np.random.Generator, quantile: float) -> float:
+    """Half the interquartile range of the figure (the ``quantile``) over resampled samples, over the figure."""
     values = point.get("samples")
     if not values or len(values) < 2:
         return 0.0
-    medians = np.median(rng.choice(values, size=(REPLICAS, len(values)), replace=True), axis=1)
-    return float(np.subtract(*np.percentile(medians, [75, 25])) / 2 / np.median(values))
+    figures = np.quantile(rng.choice(values, size=(REPLICAS, len(values)), replace=True), quantile, axis=1)
+    return float(np.subtract(*np.percentile(figures, [75, 25])) / 2 / np.quantile(values, quantile))
 
 
 def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | None) -> HardwareProfile:
@@ -202,7 +208,8 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
 
     def point(p: dict[str, Any]) -> RatePoint:
         return RatePoint(
-            **{k: v for k, v in p.items() if k != "samples"}, uncertainty=_rate_uncertainty(p, rng)
+            **{k: v for k, v in p.items() if k != "samples"},
+            uncertainty=_rate_uncertainty(p, rng, _quantile(raw)),
         )
 
     curves = [
@@ -272,6 +279,7 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
             sync_overhead_s=fit_sync(raw["overlap"]),
             overlap_samples=[{k: v for k, v in p.items() if k != "samples"} for p in raw["overlap"]],
             layer_tokens=raw["layers"]["tokens"],
+            quantile=_quantile(raw),
         ),
     }
     profile = HardwareProfile.model_validate(data)

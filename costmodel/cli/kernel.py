@@ -284,7 +284,7 @@ def calibrate(
         str | None, typer.Option(help="Message sizes (bytes, k = 1,024), >= 6 values.")
     ] = None,
     repeats: Annotated[
-        int, typer.Option(min=3, max=1000, help="Timed repeats per figure (medians and spread).")
+        int, typer.Option(min=3, max=1000, help="Timed repeats per figure (its lower quartile and spread).")
     ] = 7,
     timeout: Annotated[
         float, typer.Option(help="Seconds before every rank is killed, naming the slow one.")
@@ -504,7 +504,7 @@ def validate(
         results = launch(
             measure_cases,
             nproc,
-            args=(cases + served, shape, repeats, 1),
+            args=(cases + served, shape, repeats, 1, cal.quantile),
             timeout_s=timeout,
             device=BACKENDS[backend],
         )

@@ -15,7 +15,7 @@
 Under torchrun across nodes, the links are measured twice: by the ranks of the first node (intra-node)
 and by the first rank of every node (inter-node).
 
-Rank 0 returns the medians and every single-call sample behind them (the fits' spread is the spread of
+Rank 0 returns each figure (:func:`~costmodel.kernel.timing.typical` of its samples) and every single-call sample behind it (the fits' spread is the spread of
 refits over resampled samples); fitting and the profile are the model's job (:mod:`costmodel.calibration.fit`).
 """
 
@@ -34,7 +34,7 @@ import torch.distributed as dist
 from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_attention, block_backward, block_forward
 from costmodel.kernel.comm import RingComm, all_to_all
 from costmodel.kernel.masks import MaskRule, plan_block
-from costmodel.kernel.timing import attention_runs, random_qkv, sample_times
+from costmodel.kernel.timing import QUANTILE, attention_runs, random_qkv, sample_times, summary, typical
 
 TOKENS = (32, 64, 128, 256, 512, 1024, 2048)
 TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to about this long
@@ -99,12 +99,6 @@ class _Progress:
             self.bar.stop()
 
 
-def _summary(samples: list[float]) -> tuple[float, float]:
-    """(median, interquartile range / median): the figure and how much it moved over the repeats."""
-    q1, median, q3 = np.percentile(samples, [25, 50, 75])
-    return float(median), float((q3 - q1) / median)
-
-
 def _groups(world_size: int) -> dict[str, list[int]]:
     """Ranks that measure each link scope: the first node's ranks, and the first rank of every node."""
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
@@ -165,14 +159,14 @@ def _measure_compute(
         curve = {"concurrency": level, "causal": causal, "forward": [], "backward": []}
         for tokens in config.tokens:
             for phase in ("forward", "backward"):
-                median, spread = _summary(samples[(causal, tokens, phase)])
+                seconds, spread = summary(samples[(causal, tokens, phase)])
                 forward_flops = flops[(causal, tokens, "forward")]
                 curve[phase].append(
                     {
                         "tokens": tokens,
                         "flops": forward_flops,
                         "spread": spread,
-                        "flops_per_s": flops[(causal, tokens, phase)] / median,
+                        "flops_per_s": flops[(causal, tokens, phase)] / seconds,
                         "samples": samples[(causal, tokens, phase)],  # seconds, for the fits' spread
                     }
                 )
@@ -220,12 +214,12 @@ def _measure_links(ctx: Any, config: CalibrationConfig, group: Any, scope: str, 
     )
     out: dict[str, Any] = {"p2p": [], "alltoall": [], "ranks": size}
     for (kind, nbytes), values in samples.items():
-        median, spread = _summary(values)
+        seconds, spread = summary(values)
         key = "p2p" if kind == "p2p" else "alltoall"
         out[key].append(
             {
                 "bytes": nbytes if kind == "p2p" else held_bytes[nbytes],
-                "seconds": median,
+                "seconds": seconds,
                 "spread": spread,
                 "samples": values,
             }
@@ -287,7 +281,7 @@ def _measure_overlap(ctx: Any, config: CalibrationConfig, progress: _Progress) -
     return [
         {
             "tokens": tokens,
-            **{what: _summary(samples[(tokens, what)])[0] for what in whats},
+            **{what: summary(samples[(tokens, what)])[0] for what in whats},
             "samples": {what: samples[(tokens, what)] for what in whats},
         }
         for tokens in config.overlap_tokens
@@ -341,7 +335,7 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
                 "layout": layout,
                 "causal": causal,
                 "pass": pass_,
-                "seconds": _summary(values)[0],
+                "seconds": summary(values)[0],
                 "samples": values,
             }
             for (variant, layout, causal, pass_), values in samples.items()
@@ -368,7 +362,7 @@ def _measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
     samples = sample_times(
         runs, ctx.device, repeats=config.repeats, warmup=config.warmup, min_total_s=TOTAL_S / 2
     )
-    return {name: float(np.median(values)) for name, values in samples.items()}
+    return {name: typical(values) for name, values in samples.items()}
 
 
 def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
@@ -408,6 +402,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
         "device_name": _device_name(ctx.device),
         "memory_bytes": _memory_bytes(ctx.device),
         "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+        "quantile": QUANTILE,
     }
     return raw
 

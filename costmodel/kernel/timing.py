@@ -2,15 +2,14 @@
 ring exchange, one all-to-all, and whole ring / Ulysses layers.
 
 Every distributed function here is collective: call it on all ranks of ``group`` with the same
-arguments. Each returns the median over ``repeats`` (after ``warmup`` untimed runs) of the slowest
-rank's time, since a synchronous step lasts as long as its slowest rank; ranks line up on a barrier
-before each timed run. Times are seconds.
+arguments. Each returns the :data:`QUANTILE` over ``repeats`` (after ``warmup`` untimed runs) of the
+slowest rank's time, since a synchronous step lasts as long as its slowest rank; ranks line up on a
+barrier before each timed run. Times are seconds.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +23,24 @@ from costmodel.kernel.comm import RingComm
 from costmodel.kernel.masks import MaskRule, plan_block
 from costmodel.kernel.ring import ring_attention
 from costmodel.kernel.ulysses import ulysses_attention
+
+# Each figure is the lower quartile of its single-call samples, not their median. On a shared machine
+# noise only adds time, and a call's lower quartile is the steadier figure: the same layers timed by
+# calibrate and again by validate minutes later disagreed by up to 21 % at the lower quartile, 40 % at
+# the median (docs/calibration.md, "Which figure of the samples").
+QUANTILE = 0.25
+
+
+def typical(samples: list[float], quantile: float = QUANTILE) -> float:
+    """The figure a timing reports: the ``quantile`` of its single-call samples."""
+    return float(np.quantile(samples, quantile))
+
+
+def summary(samples: list[float], quantile: float = QUANTILE) -> tuple[float, float]:
+    """(figure, spread): :func:`typical`, and the interquartile range over the median (how much the
+    samples moved)."""
+    q1, median, q3 = np.quantile(samples, [0.25, 0.5, 0.75])
+    return typical(samples, quantile), float((q3 - q1) / median)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -54,7 +71,7 @@ def time_once(
     return _slowest(time.perf_counter() - start, group)
 
 
-def median_time(
+def typical_time(
     run: Callable[[], object],
     device: torch.device,
     *,
@@ -62,11 +79,11 @@ def median_time(
     warmup: int = 1,
     group: dist.ProcessGroup | None = None,
 ) -> float:
-    """Median wall time of ``run()`` over ``repeats``; collective when a process group is initialised."""
-    return median_times({"run": run}, device, repeats=repeats, warmup=warmup, group=group)["run"]
+    """:func:`typical` wall time of ``run()`` over ``repeats``; collective when a process group is initialised."""
+    return typical_times({"run": run}, device, repeats=repeats, warmup=warmup, group=group)["run"]
 
 
-def median_times(
+def typical_times(
     runs: dict[str, Callable[[], object]],
     device: torch.device,
     *,
@@ -74,10 +91,10 @@ def median_times(
     warmup: int = 1,
     group: dist.ProcessGroup | None = None,
 ) -> dict[str, float]:
-    """Median time of each run, measured in interleaved rounds (each run once per round), so that a slow
-    spell of a shared machine hits every figure alike and their ratios stay meaningful."""
+    """:func:`typical` time of each run, measured in interleaved rounds (each run once per round), so that
+    a slow spell of a shared machine hits every figure alike and their ratios stay meaningful."""
     samples = sample_times(runs, device, repeats=repeats, warmup=warmup, group=group)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: typical(values) for name, values in samples.items()}
 
 
 def sample_times(
@@ -91,12 +108,12 @@ def sample_times(
     max_repeats: int = 200,
     on_round: Callable[[], None] | None = None,
 ) -> dict[str, list[float]]:
-    """Timed calls of each run (interleaved rounds, slowest rank, one call per sample), for medians and
-    their spread.
+    """Timed calls of each run (interleaved rounds, slowest rank, one call per sample), for their
+    :func:`summary`.
 
     A run shorter than ``min_total_s / repeats`` gets more samples, up to ``max_repeats``: on a shared
-    machine short calls have a long tail of scheduling hiccups, and the median of many single calls
-    says what a call typically costs. The counts come from the slowest rank's warm-up time, so every
+    machine short calls have a long tail of scheduling hiccups, and many single calls pin down the
+    quantile that says what a call typically costs. The counts come from the slowest rank's warm-up time, so every
     rank makes the same calls. ``on_round`` is called after each of the first ``repeats`` rounds.
     """
     for _ in range(warmup):
@@ -162,8 +179,8 @@ def time_block(
     token = np.arange(tokens)
     plan = plan_block(MaskRule(causal), token, token)
     out, lse = block_attention(q, k, v, plan)
-    forward_s = median_time(lambda: block_attention(q, k, v, plan), device, repeats=repeats, warmup=warmup)
-    backward_s = median_time(
+    forward_s = typical_time(lambda: block_attention(q, k, v, plan), device, repeats=repeats, warmup=warmup)
+    backward_s = typical_time(
         lambda: block_attention_backward(dout, q, k, v, out, lse, plan),
         device,
         repeats=repeats,
@@ -192,7 +209,7 @@ def time_ring_exchange(
         comm.commit()
         comm.wait()
 
-    return median_time(exchange, device, repeats=repeats, warmup=warmup, group=group)
+    return typical_time(exchange, device, repeats=repeats, warmup=warmup, group=group)
 
 
 def time_all_to_all(
@@ -209,7 +226,7 @@ def time_all_to_all(
     world_size = dist.get_world_size(group)
     send = torch.zeros(world_size * max(1, nbytes // world_size), dtype=torch.uint8, device=device)
     recv = torch.empty_like(send)
-    return median_time(
+    return typical_time(
         lambda: dist.all_to_all_single(recv, send, group=group),
         device,
         repeats=repeats,
@@ -286,7 +303,7 @@ def time_attention(
     repeats: int = 5,
     warmup: int = 1,
 ) -> AttentionTiming:
-    """Median forward and forward+backward times of :func:`attention_runs`, in interleaved rounds."""
+    """Typical forward and forward+backward times of :func:`attention_runs`, in interleaved rounds."""
     runs = attention_runs(
         variant,
         tokens_per_rank,
@@ -301,7 +318,7 @@ def time_attention(
         batch=batch,
         device=device,
     )
-    times = median_times(runs, torch.device(device), repeats=repeats, warmup=warmup, group=group)
+    times = typical_times(runs, torch.device(device), repeats=repeats, warmup=warmup, group=group)
     return AttentionTiming(times["forward"], times["forward_backward"])
 
 
@@ -380,7 +397,7 @@ def time_ring_overlap(
             f"compute {j}": (lambda plan=plan: block_forward(q, k, v, plan, scale, *accumulators))
             for j, plan in enumerate(schedule.plans)
         }
-        t = median_times(runs, device, repeats=repeats, warmup=warmup, group=group)
+        t = typical_times(runs, device, repeats=repeats, warmup=warmup, group=group)
         compute = tuple(t[f"compute {j}"] for j in range(world_size))
         return RingOverlap(t["measured"], compute, (t["kv"],) * (world_size - 1) + (0.0,))
 
@@ -395,7 +412,7 @@ def time_ring_overlap(
         f"compute {j}": (lambda plan=plan: block_backward(dout, q, k, v, out, lse, plan, scale, *grads))
         for j, plan in enumerate(schedule.plans)
     }
-    t = median_times(runs, device, repeats=repeats, warmup=warmup, group=group)
+    t = typical_times(runs, device, repeats=repeats, warmup=warmup, group=group)
     compute = tuple(t[f"compute {j}"] for j in range(world_size))
     # Under step j's compute fly the next KV block (j < N-1) and the previous step's dK/dV sums (j > 0);
     # the last sums go home after the last step with nothing left to hide them.

@@ -13,7 +13,6 @@ pass-KV and a pass-Q prefill after a cached prefix and a decode step against a s
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from costmodel.kernel.calibrate import LAYER_KINDS, TOTAL_S
-from costmodel.kernel.timing import attention_runs, random_qkv, sample_times
+from costmodel.kernel.timing import QUANTILE, attention_runs, random_qkv, sample_times, summary
 from costmodel.schedule.layouts import positions
 
 
@@ -134,9 +133,15 @@ def grid(
 
 
 def measure_cases(
-    ctx: Any, cases: list[Case | InferenceCase], shape: dict[str, Any], repeats: int, warmup: int
+    ctx: Any,
+    cases: list[Case | InferenceCase],
+    shape: dict[str, Any],
+    repeats: int,
+    warmup: int,
+    quantile: float = QUANTILE,
 ) -> list[dict] | None:
-    """Run on every rank (collective); rank 0 returns one {fwd, fwd+bwd} timing per case.
+    """Run on every rank (collective); rank 0 returns one {fwd, fwd+bwd} timing per case, each the
+    ``quantile`` of its samples (the one the profile's figures are: compare like with like).
 
     All cases are timed in interleaved rounds, so a slow spell of a shared machine hits them alike.
     """
@@ -169,7 +174,6 @@ def measure_cases(
         return None
     out: list[dict] = [{} for _ in cases]
     for (index, pass_), values in samples.items():
-        q1, median, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
-        out[index][pass_] = statistics.median(values)
-        out[index][f"{pass_} spread"] = (q3 - q1) / median  # how much validate's own timing moved
+        # the spread: how much validate's own timing moved
+        out[index][pass_], out[index][f"{pass_} spread"] = summary(values, quantile)
     return out

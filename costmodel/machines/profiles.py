@@ -157,7 +157,7 @@ class ComputeCurve(_Strict):
 
 class Sample(_Strict):
     bytes: Count() = Field(description="bytes each rank sends (point-to-point) or holds (all-to-all)")
-    seconds: Positive = Field(description="median over the repeats, slowest rank")
+    seconds: Positive = Field(description="the calibration's quantile over the repeats, slowest rank")
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
 
 
@@ -257,6 +257,14 @@ class Calibration(_Strict):
 
     layer_tokens: Count() | None = Field(
         None, description="shard length of the layers timed for their fixed cost"
+    )
+    quantile: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="which quantile of its single-call samples every timed figure is (0.25: the lower "
+        "quartile, as calibrate measures now; 0.5: the median, profiles measured before); validate "
+        "times its runs with the same",
     )
     fits: dict[str, FitSpread] = Field(
         default_factory=dict,

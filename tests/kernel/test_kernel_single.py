@@ -144,3 +144,13 @@ def test_block_timing_counts_visible_flops() -> None:
     assert full.forward_s > 0 and full.backward_s > 0
     assert full.forward_flops == 4 * 4 * 32 * 32 * 8
     assert causal.forward_flops == 4 * 4 * (32 * 33 // 2) * 8
+
+
+def test_a_timing_figure_is_the_lower_quartile_and_its_spread_the_iqr_over_the_median() -> None:
+    from costmodel.kernel.timing import QUANTILE, summary, typical
+
+    samples = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert QUANTILE == 0.25
+    assert typical(samples) == 2.0
+    assert typical(samples, 0.5) == 3.0
+    assert summary(samples) == (2.0, pytest.approx((4.0 - 2.0) / 3.0, rel=1e-12))
