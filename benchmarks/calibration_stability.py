@@ -2,7 +2,8 @@
 
 For each run it prints the held-out median and max |error| (shapes calibrate never ran), the same on
 the shapes calibrate fitted on, how many rows fall within their predicted uncertainty, the machine's
-load, and calibrate's own verdict on its fits. Then the drift of every fitted quantity from profile 1
+load, calibrate's own verdict on its fits, and how far the machine's speed moved from calibrate to
+validate. Then the drift of every fitted quantity from profile 1
 to profile 2, beside the spread each profile claimed for it: a drift much larger than the claimed
 spreads means the spreads under-state the noise. And, per run, the held-out error with each calibrated
 term taken out in turn (same timings, no new measurement): a term earns its place where it lowers it. Goal (docs/calibration.md): on a quiet machine both
@@ -87,6 +88,7 @@ def summary(run: dict) -> dict:
         "trusted": quality.get("trusted"),
         "reasons": quality.get("reasons", []),
         "goal_met": r["median_abs_error"] <= GOAL_MEDIAN and r["max_abs_error"] <= GOAL_MAX,
+        "machine_drift": r.get("machine_drift"),
         "worst": sorted(
             (row for row in r["rows"] if row.get("held_out", True)), key=lambda row: -abs(row["error"])
         )[:3],
@@ -215,6 +217,12 @@ def main() -> None:
         )
         for reason in s["reasons"]:
             print(f"      flagged: {reason}")
+        if s["machine_drift"]:
+            moved = s["machine_drift"]
+            print(
+                f"      machine since calibrate: compute {moved['compute']:+.1%}, exchange {moved['exchange']:+.1%}"
+                + (" (moved)" if moved["moved"] else "")
+            )
         for row in s["worst"]:
             print(f"      worst: {_kernel(row):<40} {row['error']:+.1%} (± {row.get('uncertainty', 0):.0%})")
     print("\nEach calibrated term taken out in turn (held-out median / max |error| of the same timings):")

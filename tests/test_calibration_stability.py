@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.calibration.compare import calibrated_inputs, calibrated_machine, compare
+from costmodel.calibration.compare import calibrated_inputs, calibrated_machine, compare, machine_drift
 from costmodel.calibration.fit import (
     R2_MIN,
     build_profile,
@@ -239,6 +239,29 @@ def test_a_machine_that_changed_speed_is_flagged() -> None:
     ]
 
 
+def test_validate_reports_how_far_the_machine_moved_since_calibrate() -> None:
+    """calibrate keeps its sentinel's end figures; validate times the same compute and exchange before and
+    after its runs and reports the drift of their mean (a machine slower since: positive)."""
+    raw = with_samples(raw_measurements(), noise=0.01)
+    raw["sentinel"] = {
+        "tokens": 256,
+        "start": {"compute": 1.1e-3, "exchange": 5e-4},
+        "end": {"compute": 1e-3, "exchange": 5e-4},
+    }
+    profile = build_profile(raw, "box", SHAPE)
+    assert (profile.calibration.sentinel.tokens, profile.calibration.sentinel.compute_s) == (256, 1e-3)
+    steady = {when: {"compute": 1.05e-3, "exchange": 4.5e-4} for when in ("start", "end")}
+    drift = machine_drift(profile, steady)
+    assert drift["compute"] == pytest.approx(0.05, rel=1e-9)
+    assert drift["exchange"] == pytest.approx(-0.10, rel=1e-9)
+    assert drift["moved"] is False and drift["bound"] == 0.15
+    slower = {"start": {"compute": 1.1e-3, "exchange": 5e-4}, "end": {"compute": 1.3e-3, "exchange": 5e-4}}
+    assert machine_drift(profile, slower)["moved"] is True  # +20 % on the mean of before and after
+    assert machine_drift(profile, None) is None
+    raw.pop("sentinel")  # profiles measured before the sentinel was kept
+    assert machine_drift(build_profile(raw, "box", SHAPE), steady) is None
+
+
 def test_the_validate_table_with_uncertainty_fits_80_columns_and_names_the_flags() -> None:
     import io
 
@@ -247,7 +270,11 @@ def test_the_validate_table_with_uncertainty_fits_80_columns_and_names_the_flags
     from costmodel.cli.render import render_validation
     from costmodel.kernel.validate import grid
 
-    profile = build_profile(with_samples(raw_measurements(), noise=0.5), "box", SHAPE)
+    raw = with_samples(raw_measurements(), noise=0.5)
+    raw["sentinel"] = {"tokens": 256} | {
+        when: {"compute": 1e-3, "exchange": 5e-4} for when in ("start", "end")
+    }
+    profile = build_profile(raw, "box", SHAPE)
     cases = grid(164, fitted_tokens=8)
     machine = calibrated_machine(profile)
     measured = [
@@ -265,10 +292,14 @@ def test_the_validate_table_with_uncertainty_fits_80_columns_and_names_the_flags
         for c in cases
     ]
     buffer = io.StringIO()
+    sentinel = {when: {"compute": 1.3e-3, "exchange": 5.1e-4} for when in ("start", "end")}
     render_validation(
-        compare(profile, 2, cases, measured, 0.10), Console(file=buffer, width=80, highlight=False)
+        compare(profile, 2, cases, measured, 0.10, sentinel=sentinel),
+        Console(file=buffer, width=80, highlight=False),
     )
-    text = buffer.getvalue()
-    assert all(len(line) <= 80 for line in text.splitlines())
+    text = " ".join(buffer.getvalue().split())
+    assert all(len(line) <= 80 for line in buffer.getvalue().splitlines())
+    assert "since calibrate, the same block compute takes +30% and its exchange +2%" in text
+    assert "the machine changed speed (> ±15%)" in text
     assert "held-out median |error| 9.1%" in text and "fitted shapes: median |error| 9.1%" in text
     assert "too noisy to trust" in text and "validate's own timings moved ±40%" in text

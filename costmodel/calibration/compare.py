@@ -136,10 +136,12 @@ def compare(
     measured: list[dict[str, float]],
     max_median_error: float,
     inference: Sequence[tuple[Any, dict[str, float]]] = (),
+    sentinel: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """One row per (case, pass) with both predictions, the model's uncertainty and both errors, and the
     summary of held-out rows (the verdict) and of the rows on fitted shapes; ``inference``: timed inference
-    runs, compared in rows of their own that do not enter the verdict."""
+    runs, compared in rows of their own that do not enter the verdict; ``sentinel``: calibrate's sentinel
+    timed again by validate ({"start", "end"} x {"compute", "exchange"}), for the machine's drift."""
     l_star = critical_tokens(profile, n)
     machine = calibrated_machine(profile)
     moved = perturbed_machines(profile)
@@ -207,4 +209,19 @@ def compare(
         "inference_rows": served,  # held out, not in the verdict
         "inference_median_abs_error": statistics.median(served_errors) if served_errors else None,
         "inference_max_abs_error": max(served_errors) if served_errors else None,
+        "machine_drift": machine_drift(profile, sentinel),
     }
+
+
+def machine_drift(profile: HardwareProfile, sentinel: dict[str, dict[str, float]] | None) -> dict | None:
+    """How much slower (+) or faster (-) the machine ran the same block compute and ring exchange while
+    validating (mean of before and after the runs) than at the end of calibrate; ``moved``: either by
+    more than calibrate itself tolerates within one run. None without a sentinel on both sides."""
+    from costmodel.calibration.fit import DRIFT_MAX
+
+    kept = profile.calibration.sentinel  # type: ignore[union-attr]
+    if kept is None or sentinel is None:
+        return None
+    then = {"compute": kept.compute_s, "exchange": kept.exchange_s}
+    drift = {what: (sentinel["start"][what] + sentinel["end"][what]) / 2 / then[what] - 1 for what in then}
+    return drift | {"moved": any(abs(x) > DRIFT_MAX for x in drift.values()), "bound": DRIFT_MAX}

@@ -31,6 +31,7 @@ from costmodel.machines.profiles import (
     Quality,
     RatePoint,
     Sample,
+    Sentinel,
     layer_key,
 )
 
@@ -280,10 +281,20 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
             overlap_samples=[{k: v for k, v in p.items() if k != "samples"} for p in raw["overlap"]],
             layer_tokens=raw["layers"]["tokens"],
             quantile=_quantile(raw),
+            sentinel=_sentinel(raw),
         ),
     }
     profile = HardwareProfile.model_validate(data)
     return _with_layer_overheads(profile, raw["layers"])
+
+
+def _sentinel(raw: dict[str, Any]) -> Sentinel | None:
+    """The sentinel's end-of-calibration figures, for validate to time again (None before they were kept)."""
+    sentinel = raw.get("sentinel")
+    if not sentinel or "tokens" not in sentinel:
+        return None
+    end = sentinel["end"]
+    return Sentinel(tokens=sentinel["tokens"], compute_s=end["compute"], exchange_s=end["exchange"])
 
 
 def layer_kinds(layers: dict[str, Any]) -> list[dict[str, Any]]:

@@ -504,19 +504,25 @@ def validate(
         results = launch(
             measure_cases,
             nproc,
-            args=(cases + served, shape, repeats, 1, cal.quantile),
+            args=(cases + served, shape, repeats, 1, cal.quantile, cal.sentinel and cal.sentinel.tokens),
             timeout_s=timeout,
             device=BACKENDS[backend],
         )
     except LaunchError as exc:
         typer.echo(f"cp-plan: error: validation failed: {exc}", err=True)
         raise typer.Exit(1) from None
-    measured = results.get(0)
-    if measured is None:
+    result = results.get(0)
+    if result is None:
         return
-    trained = len(cases)
+    measured, trained = result["cases"], len(cases)
     report = compare(
-        profile, world, cases, measured[:trained], max_median_error, list(zip(served, measured[trained:]))
+        profile,
+        world,
+        cases,
+        measured[:trained],
+        max_median_error,
+        list(zip(served, measured[trained:])),
+        sentinel=result["sentinel"],
     )
     if output_format == "json":
         typer.echo(json.dumps(report, indent=2))

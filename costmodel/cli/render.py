@@ -531,6 +531,19 @@ def render_validation(report: dict, console: Console) -> None:
             f"[yellow]validate's own timings moved ±{noise:.0%} (IQR / median, median row): the machine "
             "is busy, and these errors say as much about it as about the model[/]"
         )
+    drift = report.get("machine_drift")
+    if drift is not None:
+        line = (
+            f"since calibrate, the same block compute takes {drift['compute']:+.0%} and its exchange "
+            f"{drift['exchange']:+.0%}"
+        )
+        if drift["moved"]:
+            console.print(
+                f"[yellow]{line}: the machine changed speed (> ±{drift['bound']:.0%}), and errors of that "
+                "size are the machine's, not the model's[/]"
+            )
+        else:
+            console.print(line, style="dim")
     quality = report.get("quality")
     if quality and not quality["trusted"]:
         console.print("[red]this profile was flagged as too noisy to trust:[/]")

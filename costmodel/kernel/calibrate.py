@@ -343,9 +343,10 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
     }
 
 
-def _measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
-    """A block's compute and a ring exchange, timed alike at the start and at the end of a calibration:
-    a machine that changed speed in between (a job started or ended) shows as their ratio."""
+def measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
+    """A block's compute and a ring exchange (at the largest overlap size), timed alike at the start and
+    at the end of a calibration, and again by validate: a machine that changed speed in between (a job
+    started or ended) shows as their ratio. Collective over the default group."""
     tokens = config.overlap_tokens[-1]
     q, k, v, dout = _inputs(config, tokens, ctx)
     plan = plan_block(MaskRule(False), np.arange(tokens), np.arange(tokens))
@@ -376,7 +377,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     progress = _Progress(config.progress and ctx.rank == 0, total)
     raw: dict[str, Any] = {"compute": [], "links": {}}
     try:
-        sentinel = {"start": _measure_sentinel(ctx, config)}
+        sentinel = {"tokens": config.overlap_tokens[-1], "start": measure_sentinel(ctx, config)}
         for level in levels:
             group = dist.new_group(list(range(level)))  # every rank takes part in creating it
             if ctx.rank < level:
@@ -389,7 +390,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
             dist.barrier()
         raw["overlap"] = _measure_overlap(ctx, config, progress)
         raw["layers"] = _measure_layers(ctx, config, progress)
-        raw["sentinel"] = sentinel | {"end": _measure_sentinel(ctx, config)}
+        raw["sentinel"] = sentinel | {"end": measure_sentinel(ctx, config)}
     finally:
         progress.close()
     if ctx.rank != 0:

@@ -139,12 +139,24 @@ def measure_cases(
     repeats: int,
     warmup: int,
     quantile: float = QUANTILE,
-) -> list[dict] | None:
-    """Run on every rank (collective); rank 0 returns one {fwd, fwd+bwd} timing per case, each the
-    ``quantile`` of its samples (the one the profile's figures are: compare like with like).
+    sentinel_tokens: int | None = None,
+) -> dict[str, Any] | None:
+    """Run on every rank (collective); rank 0 returns {"cases": one {fwd, fwd+bwd} timing per case, each
+    the ``quantile`` of its samples (the one the profile's figures are: compare like with like),
+    "sentinel": calibrate's sentinel timed again before and after them (given its block size), or None}.
 
     All cases are timed in interleaved rounds, so a slow spell of a shared machine hits them alike.
     """
+    from costmodel.kernel.calibrate import CalibrationConfig, measure_sentinel
+
+    config = CalibrationConfig(
+        **{k: shape[k] for k in ("dtype", "batch", "heads", "kv_heads", "head_dim")},
+        overlap_tokens=(sentinel_tokens or 1,),
+        repeats=repeats,
+        warmup=warmup,
+        progress=False,
+    )
+    sentinel = {"start": measure_sentinel(ctx, config)} if sentinel_tokens else None
     from costmodel.kernel import TORCH_DTYPE
 
     dtype = getattr(torch, TORCH_DTYPE[shape["dtype"]])
@@ -170,10 +182,12 @@ def measure_cases(
         if "fwd+bwd" in case.passes:
             runs[(index, "fwd+bwd")] = layer["forward_backward"]
     samples = sample_times(runs, ctx.device, repeats=repeats, warmup=warmup, min_total_s=TOTAL_S)
+    if sentinel is not None:
+        sentinel["end"] = measure_sentinel(ctx, config)
     if ctx.rank != 0:
         return None
     out: list[dict] = [{} for _ in cases]
     for (index, pass_), values in samples.items():
         # the spread: how much validate's own timing moved
         out[index][pass_], out[index][f"{pass_} spread"] = summary(values, quantile)
-    return out
+    return {"cases": out, "sentinel": sentinel}

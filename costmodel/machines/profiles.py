@@ -220,6 +220,15 @@ class Quality(_Strict):
     cpus: Count() | None = None
 
 
+class Sentinel(_Strict):
+    """The same block compute and ring exchange timed at the end of calibrate and again by validate: how
+    far the machine's speed moved in between."""
+
+    tokens: Count() = Field(description="block size of the sentinel's compute and exchange")
+    compute_s: Positive = Field(description="s, the block's forward compute")
+    exchange_s: Positive = Field(description="s, its KV exchange")
+
+
 class Calibration(_Strict):
     """What `cp-plan calibrate` measured, beside the figures the profile derives from it (docs/calibration.md)."""
 
@@ -271,6 +280,7 @@ class Calibration(_Strict):
         description="every fitted quantity with its spread over resampled repeats, by name",
     )
     quality: Quality | None = Field(None, description="whether the fits are steady enough to trust")
+    sentinel: Sentinel | None = Field(None, description="the machine's speed at the end of calibrate")
 
     @model_validator(mode="before")
     @classmethod

@@ -118,7 +118,9 @@ def test_the_kernel_times_every_inference_run_on_two_ranks() -> None:
 
     shape = {"dtype": "fp32", "batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16}
     cases = inference_grid(32, low=8, high=64)
-    by_rank = run_local(measure_cases, 2, args=(cases, shape, 3, 1), timeout_s=240.0, device="cpu")
-    times = by_rank[0]
+    by_rank = run_local(measure_cases, 2, args=(cases, shape, 3, 1, 0.25, 16), timeout_s=240.0, device="cpu")
+    times, sentinel = by_rank[0]["cases"], by_rank[0]["sentinel"]
     assert by_rank[1] is None and len(times) == len(cases) == 3
     assert all(math.isfinite(t["fwd"]) and t["fwd"] > 0 and t["fwd spread"] >= 0 for t in times)
+    # calibrate's sentinel, timed again before and after the runs
+    assert all(sentinel[when][what] > 0 for when in ("start", "end") for what in ("compute", "exchange"))
