@@ -3,11 +3,12 @@
 For each run it prints the held-out median and max |error| (shapes calibrate never ran), the same on
 the shapes calibrate fitted on, how many rows fall within their predicted uncertainty, the machine's
 load, calibrate's own verdict on its fits, and how far the machine's speed moved from calibrate to
-validate. Then the drift of every fitted quantity from profile 1
-to profile 2, beside the spread each profile claimed for it: a drift much larger than the claimed
-spreads means the spreads under-state the noise. And, per run, the held-out error with each calibrated
-term taken out in turn (same timings, no new measurement): a term earns its place where it lowers it. Goal (docs/calibration.md): on a quiet machine both
-runs give median <= 10 % and max <= 25 %; on a busy one calibrate flags its profile.
+validate. Then the drift of every fitted quantity from profile 1 to profile 2, beside the spread each
+profile claimed for it: a drift much larger than the claimed spreads means the spreads under-state the
+noise. And, per run, the held-out error with each calibrated term taken out in turn (same timings, no
+new measurement): a term earns its place where it lowers it. Goal (docs/calibration.md): on a quiet
+machine both runs give a held-out median <= 10 % and a max <= 25 % over the whole grid (held-out and
+fitted rows); on a busy one calibrate flags its profile.
 
 Both commands run as subprocesses, exactly as a user runs them; profiles and JSON reports are kept in
 --keep (default: a temporary folder, removed).
@@ -87,7 +88,9 @@ def summary(run: dict) -> dict:
         "within_uncertainty": r.get("within_uncertainty"),
         "trusted": quality.get("trusted"),
         "reasons": quality.get("reasons", []),
-        "goal_met": r["median_abs_error"] <= GOAL_MEDIAN and r["max_abs_error"] <= GOAL_MAX,
+        # the median on held-out rows (validate's gate), the max over the whole grid, fitted rows included
+        "goal_met": r["median_abs_error"] <= GOAL_MEDIAN
+        and max(r["max_abs_error"], r.get("fitted_max_abs_error") or 0.0) <= GOAL_MAX,
         "machine_drift": r.get("machine_drift"),
         "worst": sorted(
             (row for row in r["rows"] if row.get("held_out", True)), key=lambda row: -abs(row["error"])
@@ -192,7 +195,10 @@ def main() -> None:
     for index in range(1, args.runs + 1):
         print(f"run {index}: calibrate --nproc {args.nproc} + validate (load {_load()}) ...", flush=True)
         runs.append(one_run(index, folder, args.nproc, args.calibrate_args))
-    print(f"\nGoal per run: held-out median <= {GOAL_MEDIAN:.0%} and max <= {GOAL_MAX:.0%}")
+    print(
+        f"\nGoal per run: held-out median <= {GOAL_MEDIAN:.0%} and max <= {GOAL_MAX:.0%} over the whole grid"
+        " (held-out and fitted rows)"
+    )
     print(
         f"{'run':>3} {'median':>7} {'max':>7} {'fit med':>7} {'fit max':>7} {'in ±':>5} {'load':>9} {'s':>5}  verdict"
     )

@@ -131,7 +131,8 @@ class RatePoint(_Strict):
     )
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
     uncertainty: NonNegative = Field(
-        0.0, description="half the interquartile range of the median over resampled repeats, / the median"
+        0.0,
+        description="half the interquartile range of the figure (the calibration's quantile) over resampled repeats, / the figure",
     )
 
 
