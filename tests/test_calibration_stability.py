@@ -5,6 +5,7 @@ uncertainty and held-out split. No torch: made-up raw measurements with single-c
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -198,6 +199,18 @@ def test_validate_reports_uncertainty_and_keeps_the_verdict_on_held_out_rows() -
     assert report["passed"] and report["held_out_rows"] == sum(len(c.passes) for c in held_out)
     assert all(r["uncertainty_s"] > 0 for r in report["rows"])
     assert report["quality"]["trusted"] is False  # 50 % noise on every sample
+    # how far a timing repeats (the fitted rows re-time calibrate's own layers) widens every ±
+    assert report["repeatability"] == pytest.approx(1 - 1 / 1.5, rel=1e-6)
+    for r in report["rows"]:
+        floor = report["repeatability"] * r["predicted_s"]
+        assert r["uncertainty_s"] == pytest.approx(math.hypot(r["fit_uncertainty_s"], floor), rel=1e-12)
+        # the largest single source: repeatability where no one fitted quantity moves the row more
+        assert r["largest_source_s"] >= floor
+        assert (r["largest_source"] == "repeatability") == (r["largest_source_s"] == floor)
+    assert sum(r["largest_source"] == "repeatability" for r in report["rows"]) > len(report["rows"]) / 2
+    held = [r for r in report["rows"] if r["held_out"] and r["error"] == pytest.approx(1 / 1.05 - 1)]
+    assert all(abs(r["measured_s"] - r["predicted_s"]) <= r["uncertainty_s"] for r in held)
+    assert len(held) >= 10  # those 5 % off (the packed ones were timed as unpacked here), inside their ±
 
 
 @pytest.mark.parametrize("quantile", [0.25, 0.5])

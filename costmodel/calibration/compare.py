@@ -121,6 +121,7 @@ def inference_rows(
                 "uncertainty_s": uncertainty,
                 "uncertainty": uncertainty / model,
                 "largest_source": max(changes, key=lambda k: abs(changes[k])) if changes else None,
+                "largest_source_s": max(map(abs, changes.values()), default=0.0),
                 "error": model / seconds - 1,
                 "datasheet_s": datasheet,
                 "datasheet_error": datasheet / seconds - 1,
@@ -172,6 +173,7 @@ def compare(
                     "uncertainty_s": uncertainty,
                     "uncertainty": uncertainty / model,
                     "largest_source": max(changes, key=lambda k: abs(changes[k])) if changes else None,
+                    "largest_source_s": max(map(abs, changes.values()), default=0.0),
                     "error": model / seconds - 1,
                     "datasheet_s": datasheet,
                     "datasheet_error": datasheet / seconds - 1,
@@ -179,12 +181,15 @@ def compare(
             )
     held_out = [r for r in rows if r["held_out"]] or rows
     fitted = [r for r in rows if not r["held_out"]]
+    repeatability = statistics.median([abs(r["error"]) for r in fitted]) if fitted else None
+    served = inference_rows(profile, n, inference)
+    for row in (*rows, *served):
+        with_repeatability(row, repeatability)
     errors = [abs(r["error"]) for r in held_out]
     datasheet_errors = [abs(r["datasheet_error"]) for r in held_out]
     median, sheet = statistics.median(errors), statistics.median(datasheet_errors)
     quality = profile.calibration.quality  # type: ignore[union-attr]
     spreads = [r["measured_spread"] for r in rows if r["measured_spread"] is not None]
-    served = inference_rows(profile, n, inference)
     served_errors = [abs(r["error"]) for r in served]
     return {
         "schema": SCHEMA,
@@ -198,6 +203,7 @@ def compare(
         "fitted_rows": len(fitted),
         "fitted_median_abs_error": statistics.median([abs(r["error"]) for r in fitted]) if fitted else None,
         "fitted_max_abs_error": max(abs(r["error"]) for r in fitted) if fitted else None,
+        "repeatability": repeatability,
         "within_uncertainty": sum(abs(r["predicted_s"] - r["measured_s"]) <= r["uncertainty_s"] for r in rows)
         / len(rows),
         "datasheet_median_abs_error": sheet,
@@ -211,6 +217,21 @@ def compare(
         "inference_max_abs_error": max(served_errors) if served_errors else None,
         "machine_drift": machine_drift(profile, sentinel),
     }
+
+
+def with_repeatability(row: dict[str, Any], repeatability: float | None) -> None:
+    """Widen a row's uncertainty by how far a timing repeats: the fitted rows re-time the very layers
+    calibrate fitted on, so their median |error| is how much one figure moves minutes later, which the
+    profile's spreads (noise within one run) cannot see. Added in quadrature, relative to the prediction;
+    the spreads' part stays as ``fit_uncertainty_s``."""
+    row["fit_uncertainty_s"] = row["uncertainty_s"]
+    if not repeatability:
+        return
+    floor = repeatability * row["predicted_s"]
+    row["uncertainty_s"] = math.hypot(row["uncertainty_s"], floor)
+    row["uncertainty"] = row["uncertainty_s"] / row["predicted_s"]
+    if floor > row["largest_source_s"]:
+        row["largest_source"], row["largest_source_s"] = "repeatability", floor
 
 
 def machine_drift(profile: HardwareProfile, sentinel: dict[str, dict[str, float]] | None) -> dict | None:

@@ -508,8 +508,9 @@ def render_validation(report: dict, console: Console) -> None:
     verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
     if uncertain:
         console.print(
-            "±: the model's uncertainty from the profile's spreads. Above the line: held-out\n"
-            "shapes calibrate never ran; below it: the shapes it fitted fixed costs on.",
+            "±: the model's uncertainty from the profile's spreads and how far a timing repeats\n"
+            "(the fitted rows' median |error|). Above the line: held-out shapes calibrate never\n"
+            "ran; below it: the shapes it fitted fixed costs on, re-timed.",
             style="dim",
         )
     else:
