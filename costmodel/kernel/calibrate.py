@@ -15,8 +15,9 @@
 Under torchrun across nodes, the links are measured twice: by the ranks of the first node (intra-node)
 and by the first rank of every node (inter-node).
 
-Rank 0 returns each figure (:func:`~costmodel.kernel.timing.typical` of its samples) and every single-call sample behind it (the fits' spread is the spread of
-refits over resampled samples); fitting and the profile are the model's job (:mod:`costmodel.calibration.fit`).
+Rank 0 returns each figure (:func:`~costmodel.kernel.timing.typical` of its samples) and every
+single-call sample behind it (the fits' spread is the spread of refits over resampled samples); fitting
+and the profile are the model's job (:mod:`costmodel.calibration.fit`).
 """
 
 from __future__ import annotations

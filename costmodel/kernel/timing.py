@@ -27,7 +27,7 @@ from costmodel.kernel.ulysses import ulysses_attention
 # Each figure is the lower quartile of its single-call samples, not their median. On a shared machine
 # noise only adds time, and a call's lower quartile is the steadier figure: the same layers timed by
 # calibrate and again by validate minutes later disagreed by up to 21 % at the lower quartile, 40 % at
-# the median (docs/calibration.md, "Which figure of the samples").
+# the median (docs/calibration.md, "Fourth round: which figure of the samples").
 QUANTILE = 0.25
 
 
@@ -79,7 +79,8 @@ def typical_time(
     warmup: int = 1,
     group: dist.ProcessGroup | None = None,
 ) -> float:
-    """:func:`typical` wall time of ``run()`` over ``repeats``; collective when a process group is initialised."""
+    """:func:`typical` wall time of ``run()`` over ``repeats``; collective when a process group is
+    initialised."""
     return typical_times({"run": run}, device, repeats=repeats, warmup=warmup, group=group)["run"]
 
 
@@ -113,8 +114,9 @@ def sample_times(
 
     A run shorter than ``min_total_s / repeats`` gets more samples, up to ``max_repeats``: on a shared
     machine short calls have a long tail of scheduling hiccups, and many single calls pin down the
-    quantile that says what a call typically costs. The counts come from the slowest rank's warm-up time, so every
-    rank makes the same calls. ``on_round`` is called after each of the first ``repeats`` rounds.
+    quantile that says what a call typically costs. The counts come from the slowest rank's warm-up
+    time, so every rank makes the same calls. ``on_round`` is called after each of the first
+    ``repeats`` rounds.
     """
     for _ in range(warmup):
         for run in runs.values():

@@ -149,14 +149,16 @@ def measure_cases(
     """
     from costmodel.kernel.calibrate import CalibrationConfig, measure_sentinel
 
-    config = CalibrationConfig(
-        **{k: shape[k] for k in ("dtype", "batch", "heads", "kv_heads", "head_dim")},
-        overlap_tokens=(sentinel_tokens or 1,),
-        repeats=repeats,
-        warmup=warmup,
-        progress=False,
-    )
-    sentinel = {"start": measure_sentinel(ctx, config)} if sentinel_tokens else None
+    sentinel, config = None, None
+    if sentinel_tokens:
+        config = CalibrationConfig(
+            **{k: shape[k] for k in ("dtype", "batch", "heads", "kv_heads", "head_dim")},
+            overlap_tokens=(sentinel_tokens,),
+            repeats=repeats,
+            warmup=warmup,
+            progress=False,
+        )
+        sentinel = {"start": measure_sentinel(ctx, config)}
     from costmodel.kernel import TORCH_DTYPE
 
     dtype = getattr(torch, TORCH_DTYPE[shape["dtype"]])
