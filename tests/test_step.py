@@ -74,6 +74,9 @@ def test_ring_exposure_is_zero_when_compute_hides_it_and_all_of_it_with_no_overl
         "u_cp": 1.0,
         "F_attn": 600e12,
         "s_comm": 0.0,
+        "x_att": 1.0,  # a fused kernel: no score matrix through HBM
+        "k_sf": 0.0,
+        "B_hbm": 3.35e12,
     }
     assert numeric.cp_ring_fwd_exposed_s(**base, o_cp=1.0) == 0.0
     assert numeric.cp_ring_fwd_exposed_s(**base, o_cp=0.0) == pytest.approx(
@@ -244,8 +247,8 @@ BAD = [
         "--global-batch: 12 is not divisible by micro-batch x DP = 1 x 8",
     ),
     (
-        ["--gpus", "8", "--pp", "8", "--global-batch", "4"],
-        "4 micro-batches per pipeline is fewer than --pp 8",
+        ["--gpus", "8", "--attention-kernel", "unfused", "--cp", "2", "--global-batch", "4"],
+        "--attention-kernel",
     ),
     (["--gpus", "8", "--global-batch", "8", "--recompute", "some"], "--recompute"),
     (["--gpus", "8", "--global-batch", "8", "--cp-scheme", "star"], "--cp-scheme"),
@@ -362,3 +365,26 @@ def test_build_step_names_what_it_does_not_know() -> None:
         build_step(model="llama3-8b", global_batch=8, block=512)
     with pytest.raises(InputError, match="--model"):
         evaluate_step(*build_step(global_batch=8))
+
+
+def test_fewer_micro_batches_than_stages_is_a_legal_job_with_its_bubble() -> None:
+    """Megatron runs m < pp (the stages wait): 1F1B takes (m + pp - 1) slots of a stage's layers, so the
+    bubble is (pp - 1)/m of the layers' time over the m micro-batches; the output layer, on the last stage
+    alone, is not in the fill and drain."""
+    parts = build_step(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, pp=8, global_batch=4)
+    step = evaluate_step(*parts)["step"]
+    assert step["bubble_fraction"] == pytest.approx(7 / 4, rel=1e-12)
+    per_layer = (
+        "matrix multiplies",
+        "attention",
+        "elementwise (memory-bound)",
+        "waiting on the host (kernel launches)",
+        "recompute",
+        "exposed TP comm",
+        "exposed CP comm",
+        "CP ring overheads (merge, copies, launches)",
+        "exposed EP all-to-all (MoE)",
+        "MoE routing imbalance",
+    )
+    layers = sum(step["breakdown"][k] for k in per_layer)
+    assert step["breakdown"]["pipeline bubble"] == pytest.approx(7 / 4 * layers, rel=1e-9)

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from costmodel.training.validation import GOAL, ROWS, Published, predict
 
 
-def test_at_least_eight_published_figures_and_every_wide_row_says_why() -> None:
+def test_at_least_eight_published_figures_and_most_held_to_the_goal() -> None:
     assert len(ROWS) >= 8 and len({row.key for row in ROWS}) == len(ROWS)
-    assert sum(row.tolerance <= GOAL for row in ROWS) >= 6
-    for row in ROWS:
-        assert row.tolerance <= GOAL or row.misses, row.key
+    assert sum(not row.misses for row in ROWS) >= 6
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[row.key for row in ROWS])
+def test_median_error_over_the_table_is_within_ten_percent() -> None:
+    errors = sorted(abs(predict(row) / row.published - 1) for row in ROWS)
+    assert statistics.median(errors) <= 0.10
+
+
+KNOWN = [
+    pytest.param(row, marks=pytest.mark.xfail(strict=True, reason=row.misses)) if row.misses else row
+    for row in ROWS
+]
+
+
+@pytest.mark.parametrize("row", KNOWN, ids=[row.key for row in ROWS])
 def test_published_figure(row: Published) -> None:
-    """Each published figure within its stated tolerance (15 % unless the row says why not)."""
+    """Each published figure within 15 %; a known miss is a strict expected failure, so it fails the day
+    the model starts to meet it (then its reason goes)."""
     predicted = predict(row)
-    assert predicted == pytest.approx(row.published, rel=row.tolerance), (
-        f"{row.key}: predicted {predicted:.4g}"
-    )
+    assert predicted == pytest.approx(row.published, rel=GOAL), f"{row.key}: predicted {predicted:.4g}"
 
 
 def test_korthikanti_rows_agree_with_the_papers_own_abstract() -> None:

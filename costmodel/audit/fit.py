@@ -165,3 +165,257 @@ def fitted_profile(result: dict[str, Any], base: HardwareProfile, name: str, dat
         "notes": f"{base.source.notes or ''} Fitted by cp-plan audit --fit-profile: {said}.".strip(),
     }
     return parse_profile(data, "fitted profile", field="--fit-profile")
+
+
+# --- Named machine terms fitted to a table of measured runs, with k-fold cross-validation ---------------
+# Each term is one field of the profile; the step reads it through the machine binding, so a fitted profile
+# changes every command alike. A term is fitted only where the runs move the prediction by it.
+
+
+@dataclass(frozen=True)
+class Term:
+    """A profile field the fit may set: where it lives, what it means, the range a fit may give it."""
+
+    path: tuple[str, ...]
+    meaning: str
+    unit: str
+    bounds: tuple[float, float]
+
+
+TERMS: dict[str, Term] = {
+    "gemm_scale": Term(
+        ("kernels", "gemm_scale"), "factor on the matrix-multiply tables' rates", "1", (0.1, 2.0)
+    ),
+    "attention_scale": Term(
+        ("kernels", "attention_scale"), "factor on the fused attention tables' rates", "1", (0.1, 2.0)
+    ),
+    "launch_s": Term(
+        ("kernels", "launch_s"),
+        "host time per kernel launch (the device waits when it is ahead)",
+        "s",
+        (0.0, 1e-3),
+    ),
+    "intra_node_collective_efficiency": Term(
+        ("links", "intra_node", "collective_efficiency"),
+        "ring collectives' bus bandwidth inside a node, share of the link",
+        "1",
+        (0.05, 1.0),
+    ),
+    "inter_node_collective_efficiency": Term(
+        ("links", "inter_node", "collective_efficiency"),
+        "ring collectives' bus bandwidth across nodes, share of the NICs",
+        "1",
+        (0.05, 1.0),
+    ),
+}
+IDENTIFIED = 1e-3  # a term that moves no run's prediction by 0.1 % anywhere in its range is not fitted
+
+
+def term_value(profile: HardwareProfile, name: str) -> float:
+    node: Any = profile
+    for part in TERMS[name].path:
+        node = getattr(node, part)
+    return float(node)
+
+
+def with_terms(profile: HardwareProfile, terms: dict[str, float]) -> HardwareProfile:
+    """``profile`` with the named terms set."""
+    data = profile.model_dump(mode="python", exclude_none=True)
+    for name, value in terms.items():
+        *parents, leaf = TERMS[name].path
+        node = data
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return parse_profile(data, f"{profile.name} fitted", field="--fit-profile")
+
+
+class FastSteps:
+    """Step times of many runs at any term values, from one binding of each run: a term only scales bound
+    rates and bandwidths or sets the launch cost, so the formulas are re-evaluated, not re-bound, and runs
+    of one CP scheme are evaluated together as arrays."""
+
+    def __init__(self, bound: list[dict[str, Any]], base: HardwareProfile) -> None:
+        from costmodel.training.step import step_breakdown
+
+        self.breakdown = step_breakdown
+        self.base = {name: term_value(base, name) for name in TERMS}
+        self.groups: list[tuple[list[int], dict[str, Any], str, Any]] = []
+        keyed: dict[tuple[str, bool], list[int]] = {}
+        for i, b in enumerate(bound):
+            keyed.setdefault((b["scheme"], b["model"].experts is not None), []).append(i)
+        for (scheme, moe), rows in keyed.items():
+            for part in [[i] for i in rows] if moe else [rows]:
+                values = {
+                    key: self._column([bound[i]["values"][key] for i in part])
+                    for key in bound[part[0]]["values"]
+                }
+                flags = {
+                    key: np.array([bound[i][key] for i in part], dtype=float)
+                    for key in ("unfused", "tp_inter", "dp_inter")
+                }
+                self.groups.append((part, values | {"_flags": flags}, scheme, bound[part[0]]["model"]))
+        self.n = len(bound)
+
+    @staticmethod
+    def _column(items: list[Any]) -> Any:
+        first = items[0]
+        if all(isinstance(x, (int, float)) and x == first for x in items):
+            return first
+        return np.array(items, dtype=float)
+
+    def times(self, terms: dict[str, float]) -> np.ndarray:
+        """Step time of every run, seconds, with ``terms`` (unnamed terms at the base profile's values)."""
+        ratio = {name: terms.get(name, base) / base if base else 0.0 for name, base in self.base.items()}
+        out = np.empty(self.n)
+        for rows, values, scheme, model in self.groups:
+            flags = values["_flags"]
+            v = {k: a for k, a in values.items() if k != "_flags"}
+            g, a = ratio["gemm_scale"], ratio["attention_scale"]
+            for key in ("F_gemm", "F_gemm_b", "F_head"):
+                v[key] = v[key] * g
+            attn = np.where(flags["unfused"] > 0, g, a)
+            v["F_attn"], v["F_attn_bwd"] = v["F_attn"] * attn, v["F_attn_bwd"] * attn
+            v["t_k"] = terms.get("launch_s", self.base["launch_s"])
+            intra, inter = (
+                ratio["intra_node_collective_efficiency"],
+                ratio["inter_node_collective_efficiency"],
+            )
+            v["B_tp"] = v["B_tp"] * np.where(flags["tp_inter"] > 0, inter, intra)
+            v["B_dp"] = v["B_dp"] * np.where(flags["dp_inter"] > 0, inter, intra)
+            parts = self.breakdown(v, scheme, model)
+            out[rows] = np.broadcast_to(sum(parts.values()), (len(rows),))
+        return out
+
+
+def _squash(u: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    lo, hi = bounds.T
+    return lo + (hi - lo) / (1 + np.exp(-np.clip(u, -50, 50)))
+
+
+def _unsquash(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    lo, hi = bounds.T
+    share = np.clip((x - lo) / (hi - lo), 1e-6, 1 - 1e-6)
+    return np.log(share / (1 - share))
+
+
+def _grid(name: str) -> np.ndarray:
+    lo, hi = TERMS[name].bounds
+    return np.geomspace(max(lo, hi * 1e-4), hi, 13)
+
+
+def _objective(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, terms: dict[str, float]) -> float:
+    r = np.log(steps.times(terms)[rows] / measured)
+    return float(r @ r)
+
+
+def _start(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str]) -> dict[str, float]:
+    """A starting point off any flat region (a launch cost the device hides has no gradient): each term in
+    turn at the best of a coarse grid over its range, the others where they stand."""
+    terms = {n: min(max(steps.base[n], TERMS[n].bounds[0]), TERMS[n].bounds[1]) for n in names}
+    for name in names:
+        trials = [terms[name], *_grid(name)]
+        terms[name] = min(trials, key=lambda x: _objective(steps, rows, measured, {**terms, name: x}))
+    return terms
+
+
+def fit_terms(
+    steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str], iterations: int = 60
+) -> dict[str, float]:
+    """Terms minimising the squared log error of the runs ``rows`` (Levenberg-Marquardt from
+    :func:`_start`, each term kept in its range by a logistic change of variable)."""
+    bounds = np.array([TERMS[n].bounds for n in names], dtype=float)
+    start = _start(steps, rows, measured, names)
+    u = _unsquash(np.array([start[n] for n in names]), bounds)
+
+    def residual(u: np.ndarray) -> np.ndarray:
+        terms = dict(zip(names, _squash(u, bounds), strict=True))
+        return np.log(steps.times(terms)[rows] / measured)
+
+    r, damping = residual(u), 1e-2
+    for _ in range(iterations):
+        jac = np.empty((len(rows), len(names)))
+        for j in range(len(names)):
+            du = np.zeros_like(u)
+            du[j] = 1e-4
+            jac[:, j] = (residual(u + du) - r) / 1e-4
+        normal = jac.T @ jac
+        step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -jac.T @ r)
+        trial = residual(u + step)
+        if trial @ trial < r @ r:
+            u, r, damping = u + step, trial, damping / 3
+            if np.max(np.abs(step)) < 1e-6:
+                break
+        else:
+            damping *= 4
+            if damping > 1e8:
+                break
+    return dict(zip(names, (float(x) for x in _squash(u, bounds)), strict=True))
+
+
+def identified(steps: FastSteps, rows: np.ndarray, candidates: list[str]) -> list[str]:
+    """The terms that move some run's prediction somewhere in their range: the others the runs cannot pin
+    down (no run crosses nodes, no run uses a fused attention kernel, ...)."""
+    base = steps.times({})[rows]
+    return [
+        name
+        for name in candidates
+        if any(np.max(np.abs(steps.times({name: x})[rows] / base - 1)) > IDENTIFIED for x in _grid(name))
+    ]
+
+
+def kfold_fit(
+    steps: FastSteps, measured: np.ndarray, rows: np.ndarray, folds: int, seed: int = 0
+) -> dict[str, Any]:
+    """Fit on all ``rows`` and, by k-fold cross-validation, the error on runs each fit did not see; every
+    term's spread is half the interquartile range of its fold fits."""
+    if len(rows) < max(folds, 2):
+        raise InputError("--folds", f"{len(rows)} single-node runs cannot be split into {folds} folds")
+    names = identified(steps, rows, list(TERMS))
+    if not names:
+        raise InputError("--fit-profile", "no machine term moves these runs' predictions")
+    order = np.random.default_rng(seed).permutation(rows)
+    held = np.empty(steps.n)
+    fold_terms = []
+    for part in np.array_split(order, folds):
+        train = np.setdiff1d(rows, part)
+        terms = fit_terms(steps, train, measured[train], names)
+        fold_terms.append(terms)
+        held[part] = steps.times(terms)[part]
+    final = fit_terms(steps, rows, measured[rows], names)
+    cv_errors = held[rows] / measured[rows] - 1
+    spread = {n: float(np.subtract(*np.percentile([t[n] for t in fold_terms], [75, 25])) / 2) for n in names}
+    return {
+        "terms": {
+            n: {
+                "value": final[n],
+                "spread": spread[n],
+                "unit": TERMS[n].unit,
+                "meaning": TERMS[n].meaning,
+                "base": steps.base[n],
+            }
+            for n in names
+        },
+        "not_fitted": [n for n in TERMS if n not in names],
+        "folds": folds,
+        "cv_errors": cv_errors,
+        "held_out_s": held[rows],
+    }
+
+
+def runs_profile(
+    base: HardwareProfile, terms: dict[str, float], name: str, said: str, date: str
+) -> HardwareProfile:
+    """The base profile with fitted terms, its source saying what it was fitted to and how well it predicts."""
+    fitted = with_terms(base, terms)
+    data = fitted.model_dump(mode="python", exclude_none=True)
+    data["name"] = name
+    data["description"] = f"{base.description} [terms fitted to measured runs]".strip()
+    data["source"] = {
+        "kind": "measured",
+        "url": base.source.url,
+        "host": "measured training runs",
+        "date": date,
+        "notes": f"{base.source.notes or ''} Fitted by cp-plan audit --runs --fit-profile: {said}.".strip(),
+    }
+    return parse_profile(data, "fitted profile", field="--fit-profile")

@@ -19,7 +19,8 @@ from costmodel.cli.planning import DataFormat
 from costmodel.core.errors import InputError
 
 LogsArg = Annotated[
-    list[str], typer.Argument(help="Training logs of Megatron-LM or torchtitan.", show_default=False)
+    Optional[list[str]],
+    typer.Argument(help="Training logs of Megatron-LM or torchtitan.", show_default=False),
 ]
 
 
@@ -37,7 +38,28 @@ def _tokens(text: str) -> int:
 
 
 def audit_cmd(
-    logs: LogsArg,
+    logs: LogsArg = None,
+    runs: Annotated[
+        Optional[str],
+        typer.Option(
+            "--runs",
+            help="A CSV table of measured runs, one per row (docs/audit.md: the columns; vTrain's header as it "
+            "is), each predicted and compared; with --fit-profile, machine terms fitted to its single-node runs.",
+            show_default=False,
+        ),
+    ] = None,
+    assume: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--assume",
+            help="COLUMN=VALUE for a column the --runs table lacks, for every row (repeat), e.g. recompute=full.",
+            show_default=False,
+        ),
+    ] = None,
+    folds: Annotated[
+        int,
+        typer.Option("--folds", min=2, max=50, help="Folds of the cross-validation of a --runs fit."),
+    ] = 5,
     config: Annotated[
         Optional[list[str]],
         typer.Option(
@@ -86,6 +108,13 @@ def audit_cmd(
     from costmodel.audit.logs import parse_log
     from costmodel.core.fileio import check_writable
 
+    if runs is not None:
+        if logs:
+            raise InputError("--runs", "give training logs or one --runs table, not both")
+        _runs(runs, assume or [], hw, fit_profile, folds, format)
+        return
+    if not logs:
+        raise InputError("LOG", "give training logs (Megatron-LM, torchtitan), or --runs TABLE.csv")
     if config and len(config) != len(logs):
         raise InputError("--config", f"give one per log ({len(logs)}), in the same order; got {len(config)}")
     if fit_profile is not None:
@@ -140,6 +169,92 @@ def audit_cmd(
             _summary(results)
         if fit is not None:
             _fit_table(fit)
+
+
+def _runs(
+    path: str, assume: list[str], hw: str | None, out: str | None, folds: int, format: DataFormat
+) -> None:
+    """``audit --runs``: every measured run against the step model, and the fit when ``out`` is given."""
+    from costmodel.audit.nccl import profile_yaml
+    from costmodel.audit.runs import SCHEMA, Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
+    from costmodel.core.fileio import atomic_write_text, check_writable
+    from costmodel.machines.profiles import load_profile
+
+    if out is not None:
+        check_writable(out, "--fit-profile")
+    table = read_runs(path, parse_assumptions(assume), hw)
+    document: dict[str, Any] = {"schema": SCHEMA, "runs": audit_runs(table, Profiles())}
+    if out is not None:
+        names = {run.values["hw"] for run in table.runs}
+        if len(names) > 1:
+            raise InputError("--fit-profile", f"the runs name several profiles ({', '.join(sorted(names))})")
+        base = load_profile(names.pop())
+        fit = fit_runs(table, base, folds, Path(out).stem, datetime.date.today().isoformat())
+        atomic_write_text(out, profile_yaml(fit.pop("profile")), "--fit-profile")
+        document["fit"] = fit | {"base": base.name, "written": out}
+    if format is DataFormat.json:
+        sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")
+    elif format is DataFormat.yaml:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(json.loads(json.dumps(document)), sort_keys=False))
+    else:
+        _runs_table(document)
+
+
+def _errors_line(label: str, s: dict[str, Any]) -> str:
+    return (
+        f"{label}: {s['n']} runs, MAPE {s['mape']:.1%}, median |error| {s['median_abs_error']:.1%}, worst "
+        f"{s['max_abs_error']:.1%}, signed median {s['signed_median']:+.1%}, {s['within_15']:.0%} within 15 %"
+    )
+
+
+def _runs_table(document: dict[str, Any]) -> None:
+    from costmodel.core.units import seconds
+
+    screen, result = console(), document["runs"]
+    if result["assumed"]:
+        screen.print("assumed for every row: " + ", ".join(f"{k}={v}" for k, v in result["assumed"].items()))
+    screen.print(_errors_line(f"{result['path']}, built-in profile", result))
+    groups = house_table(caption="error by group: runs, MAPE, signed median")
+    for column in ("group", "value", "runs", "MAPE", "signed median"):
+        groups.add_column(column, justify="left" if column in ("group", "value") else "right")
+    for name, values in result["groups"].items():
+        for value, s in values.items():
+            groups.add_row(name, value, str(s["n"]), f"{s['mape']:.1%}", f"{s['signed_median']:+.1%}")
+    screen.print(groups)
+    worst = sorted(result["rows"], key=lambda row: -abs(row["error"]))[:10]
+    misses = house_table(caption="the ten largest misses and the component each most likely sits in")
+    for column in ("run", "tp·pp·dp", "measured", "predicted", "error", "largest component (x needed)"):
+        misses.add_column(
+            column, justify="left" if column in ("run", "largest component (x needed)") else "right"
+        )
+    for row in worst:
+        miss = row.get("miss")
+        misses.add_row(
+            row["label"],
+            f"{row['tp']}·{row['pp']}·{row['dp']}",
+            seconds(row["measured_s"]),
+            seconds(row["predicted_s"]),
+            f"{row['error']:+.1%}",
+            f"{miss['component']} ({miss['needed_factor']:.2f}x)" if miss else "-",
+        )
+    screen.print(misses)
+    fit = document.get("fit")
+    if fit is None:
+        return
+    terms = house_table(caption=f"fitted to {fit['fitted_runs']} single-node runs -> {fit['written']}")
+    for column in ("term", "base", "fitted", "± (fold spread)"):
+        terms.add_column(column, justify="left" if column == "term" else "right")
+    for name, t in fit["terms"].items():
+        terms.add_row(name, f"{t['base']:.4g}", f"{t['value']:.4g}", f"{t['spread']:.2g}")
+    screen.print(terms)
+    if fit["not_fitted"]:
+        screen.print("not fitted (no run moves them): " + ", ".join(fit["not_fitted"]))
+    screen.print(_errors_line(f"held out, {fit['folds']}-fold", fit["cv"]))
+    screen.print(_errors_line("fitted, in sample", fit["in_sample"]))
+    if fit["transfer"] is not None:
+        screen.print(_errors_line("groups spanning nodes, predicted from the fit", fit["transfer"]))
 
 
 def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, Any]:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Literal
 
 from costmodel.core.errors import InputError
 from costmodel.machines import kernels, topology
-from costmodel.machines.profiles import HardwareProfile, layer_key
+from costmodel.machines.profiles import BYTES_PER_ELEMENT, HardwareProfile, layer_key
 
 if TYPE_CHECKING:
     import numpy as np
 
-Collective = Literal["p2p", "alltoall", "allgather"]
+Collective = topology.Collective
 Scope = Literal["intra-node", "inter-node"]
 
 
@@ -172,14 +172,22 @@ class Machine:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
         return self.effective_flops
 
-    def gemm_rate(self, m: int, n: int, k: int) -> float:
-        """FLOP/s of an m x k by k x n matrix multiply: :attr:`effective_flops` when an efficiency was given
-        (or asked as a datasheet), else the published tables; a profile without them is an error naming --hw."""
+    def gemm_rate(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """FLOP/s of ``batch`` m x k by k x n matrix multiplies: :attr:`effective_flops` when an efficiency
+        was given (or asked as a datasheet), else the published tables at the problem's shape; a profile
+        without them is an error naming --hw."""
         if self.efficiency is not None or self.datasheet:
             return self.effective_flops
         if self.fallback_rates:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
-        return kernels.gemm_rate(self.profile, self.dtype, m, n, k)
+        size = BYTES_PER_ELEMENT.get(self.dtype, 2)
+        return kernels.gemm_rate(self.profile, self.dtype, m, n, k, batch, size)
+
+    @property
+    def launch_s(self) -> float:
+        """Fixed cost of one kernel on a step's critical path (the profile's kernels:), 0 as a datasheet."""
+        kernels_ = self.profile.kernels
+        return 0.0 if self.datasheet or kernels_ is None else kernels_.launch_s
 
     # --- links ----------------------------------------------------------------------------------
     def scope(self, group: int) -> Scope:
@@ -224,9 +232,18 @@ class Machine:
             bandwidth = (
                 topology.fast_bandwidth(self.profile, placement, per_link, collective)
                 if scope == "intra-node"
-                else topology.outer_bandwidth(self.profile, placement, per_link)
+                else topology.outer_bandwidth(
+                    self.profile,
+                    placement,
+                    per_link,
+                    collective,
+                    self.profile.links.intra_node.bandwidth_per_direction,
+                )
             )
             latency = link.latency_s
+            if collective in topology.RING_COLLECTIVES:  # NCCL's ring: its bus bandwidth and latency per hop
+                bandwidth *= link.collective_efficiency
+                latency = link.hop_latency_s or latency
         return LinkBinding(link.name, scope, bandwidth, 0.0 if self.datasheet else latency)
 
     def group_links(

@@ -63,17 +63,54 @@ def attention_rate(
     square calls of a ring step and weights a long key loop (all-gather CP) by its own amortisation.
     A causal call whose keys lie wholly before its queries (a ring step past the diagonal) is full.
     """
-    curve = _curve(_kernels(profile), head_dim, causal, backward)
+    kernels = _kernels(profile)
+    curve = _curve(kernels, head_dim, causal, backward)
     length = math.sqrt(max(q_tokens, 1) * max(k_tokens, 1))
-    return _interp(length, curve.seq, curve.flops_per_s) * _dtype_scale(profile, dtype)
+    return (
+        _interp(length, curve.seq, curve.flops_per_s) * _dtype_scale(profile, dtype) * kernels.attention_scale
+    )
 
 
-def gemm_rate(profile: HardwareProfile, dtype: str, m: int, n: int, k: int) -> float:
-    """Achieved FLOP/s of an m x k by k x n matrix multiply, read at the edge of the square problem with
-    as many multiply-adds, (m·n·k)^(1/3)."""
-    table = _kernels(profile).gemm
+# Output tiles a tuned BLAS picks between for large bf16 multiplies on Ampere and Hopper (rows x columns of
+# C one thread block computes) [CUTLASS]; the best of them for a shape sets how full its waves run.
+GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+
+
+def tile_utilisation(m: int, n: int, sms: int, batch: int = 1) -> float:
+    """Share of the device's tile slots a multiply's useful output fills with the best tile: its tiles run
+    in waves of one per SM, and a partial tile or a partial last wave costs a whole one ("wave
+    quantization" [CUTLASS])."""
+    best = 0.0
+    for rows, cols in GEMM_TILES:
+        tiles = batch * math.ceil(m / rows) * math.ceil(n / cols)
+        slots = math.ceil(tiles / sms) * sms * rows * cols
+        best = max(best, batch * m * n / slots)
+    return best
+
+
+def gemm_rate(
+    profile: HardwareProfile, dtype: str, m: int, n: int, k: int, batch: int = 1, element_bytes: int = 2
+) -> float:
+    """Achieved FLOP/s of ``batch`` m x k by k x n matrix multiplies.
+
+    The table holds square problems; a problem is read at the edge of the square with as many
+    multiply-adds, (m·n·k)^(1/3), then scaled by how well its own output fills the SMs' waves against that
+    square's (:func:`tile_utilisation`; a skinny TP shard of a few hundred columns loses here), and held
+    under what HBM can feed (its operands and result read and written once)."""
+    kernels = _kernels(profile)
+    table = kernels.gemm
+    m, n, k = max(m, 1), max(n, 1), max(k, 1)
     edge = (float(m) * n * k) ** (1.0 / 3.0)
-    return _interp(edge, table.edge, table.flops_per_s) * _dtype_scale(profile, dtype)
+    rate = _interp(edge, table.edge, table.flops_per_s) * _dtype_scale(profile, dtype)
+    sms = profile.device.sm_count
+    if sms:
+        square = round(edge)
+        rate *= tile_utilisation(m, n, sms, batch) / tile_utilisation(square, square, sms)
+    bandwidth = profile.device.hbm_bandwidth
+    if bandwidth:
+        moved = element_bytes * (m * k + k * n + m * n)
+        rate = min(rate, 2.0 * m * n * k * bandwidth / moved)
+    return rate * kernels.gemm_scale  # a fitted factor on the kernel as run, memory-bound or not
 
 
 def measured_attention(rows: list[dict], backend: str, source: str) -> list[AttentionCurve]:

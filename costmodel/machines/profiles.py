@@ -67,6 +67,15 @@ class Link(_Strict):
     )
     latency_s: NonNegative = Field(default=0.0, description="alpha: per-message latency (0 on datasheets)")
     alltoall: Collective | None = Field(default=None, description="measured all-to-all, if it differs")
+    collective_efficiency: Positive = Field(
+        default=1.0,
+        le=1,
+        description="bus bandwidth an NCCL ring collective (all-reduce, reduce-scatter, all-gather) reaches "
+        "over this link, as a share of bandwidth_per_direction",
+    )
+    hop_latency_s: NonNegative = Field(
+        default=0.0, description="latency one step of a ring collective adds on this link (NCCL's model), s"
+    )
     source: str | None = Field(
         default=None,
         description="where this link's figure comes from when not source.url "
@@ -113,6 +122,11 @@ class Device(_Strict):
     )
     hbm_bytes: Positive = Field(description="memory capacity, bytes (decimal, as datasheets)")
     hbm_bandwidth: Positive | None = Field(default=None, description="memory bandwidth, bytes/s")
+    sm_count: Count() | None = Field(
+        default=None,
+        description="streaming multiprocessors (compute units): a matrix multiply's output tiles run in "
+        "waves over them",
+    )
 
     @model_validator(mode="after")
     def _peak_given(self) -> Self:
@@ -349,6 +363,17 @@ class Kernels(_Strict):
     ring_step_launch_s: NonNegative = Field(
         description="fixed cost per ring step outside the kernels: launches "
         "of the attention, merge and send/recv kernels"
+    )
+    launch_s: NonNegative = Field(
+        default=0.0,
+        description="fixed cost of one kernel on a training step's critical path: its launch and the "
+        "framework's dispatch, when the host does not run ahead of the device",
+    )
+    gemm_scale: Positive = Field(
+        default=1.0, description="factor on the gemm table's rates (a fitted profile's GEMM efficiency)"
+    )
+    attention_scale: Positive = Field(
+        default=1.0, description="factor on the attention tables' rates (a fitted profile's kernel factor)"
     )
     notes: str = Field(default="", description="how the numbers were derived")
 

@@ -20,7 +20,10 @@ from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, Topology
 from costmodel.symbolic import numeric
 
-Collective = Literal["p2p", "alltoall", "allgather"]
+# p2p: one send to the next rank (a CP ring); ring: an NCCL ring collective (all-reduce, reduce-scatter,
+# all-gather of TP, DP and PP groups); alltoall; allgather (Llama 3's CP, a ring collective too).
+Collective = Literal["p2p", "ring", "alltoall", "allgather"]
+RING_COLLECTIVES = ("ring", "allgather")
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 MEGATRON_ORDER = "tp-cp-dp-pp"  # Megatron-LM's default rank order, innermost first (EP, when used, after CP)
 
@@ -103,7 +106,7 @@ def fast_bandwidth(
 ) -> float:
     """Bytes/s per rank of a collective inside the fast domain, from the domain's shape."""
     shape, size, b_l = profile.shape, placement.size, link_bandwidth
-    if collective == "p2p" or size == 1:
+    if collective in ("p2p", "ring") or size == 1:
         return float(numeric.ring_hop_bandwidth(l_h=1, B_l=b_l))
     if shape.kind == "mesh":
         links = size - 1  # one link to each peer of the group, all at once
@@ -127,18 +130,26 @@ def fast_bandwidth(
     return float(numeric.alltoall_bandwidth(n_l=links, B_l=b_l, B_bis=bisection, P_g=size))
 
 
-def outer_bandwidth(profile: HardwareProfile, placement: Placement, nic_bandwidth: float) -> float:
+def outer_bandwidth(
+    profile: HardwareProfile,
+    placement: Placement,
+    nic_bandwidth: float,
+    collective: Collective = "p2p",
+    fast_bandwidth: float = float("inf"),
+) -> float:
     """Bytes/s per rank one way beyond the fast domain: its NICs, and the spine's oversubscription unless
-    a rail-optimised fabric keeps the group on one rail's leaf."""
+    a rail-optimised fabric keeps the group on one rail's leaf. A ring collective's members on one node
+    pool their NICs (one NCCL ring per NIC), up to what the fast domain carries between them."""
     shape = profile.shape
     on_rail = shape.rail_optimized and placement.rail_aligned
-    return float(
-        numeric.inter_node_bandwidth(
-            n_nic=shape.nics_per_device,
-            B_nic=nic_bandwidth,
-            o_x=1.0 if on_rail else shape.spine_oversubscription,
+    o_x = 1.0 if on_rail else shape.spine_oversubscription
+    if collective in RING_COLLECTIVES:
+        members = max(1, min(placement.per_domain, placement.size))
+        pooled = numeric.ring_collective_inter_node_bandwidth(
+            k_n=members, n_nic=shape.nics_per_device, B_nic=nic_bandwidth, o_x=o_x
         )
-    )
+        return float(min(pooled, fast_bandwidth))
+    return float(numeric.inter_node_bandwidth(n_nic=shape.nics_per_device, B_nic=nic_bandwidth, o_x=o_x))
 
 
 def describe(profile: HardwareProfile) -> str:

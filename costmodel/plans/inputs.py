@@ -29,7 +29,7 @@ from pydantic import (
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
-from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype
+from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile
 from costmodel.schedule.layouts import Layout, check_divisible
 
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
@@ -284,12 +284,15 @@ class MachineOverrides(BaseModel):
     )
 
 
-def machine_for(inputs: PlanInputs, overrides: MachineOverrides | None = None) -> Machine:
-    """The plan's machine: its profile, changed as the command line says, bound to its dtype and efficiency."""
+def machine_for(
+    inputs: PlanInputs, overrides: MachineOverrides | None = None, profile: HardwareProfile | None = None
+) -> Machine:
+    """The plan's machine: its profile (``inputs.hw``, or ``profile`` already loaded), changed as the command
+    line says, bound to its dtype and efficiency."""
     from costmodel.machines.compose import override
     from costmodel.machines.profiles import load_profile
 
-    profile = load_profile(inputs.hw)
+    profile = profile or load_profile(inputs.hw)
     if overrides is not None and any(value is not None for value in overrides.model_dump().values()):
         o = overrides
         profile = override(

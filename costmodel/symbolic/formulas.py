@@ -47,6 +47,8 @@ from costmodel.symbolic.symbols import (
     F_attn_bwd,
     F_ffn,
     F_gemm,
+    F_gemm_b,
+    F_head,
     F_peak,
     F_sh,
     H,
@@ -75,7 +77,10 @@ from costmodel.symbolic.symbols import (
     h,
     k_copy,
     k_E,
+    k_n,
     k_opt,
+    k_sb,
+    k_sf,
     l_h,
     l_max,
     l_rest,
@@ -83,11 +88,14 @@ from costmodel.symbolic.symbols import (
     m_mb,
     n_bkt,
     n_E,
+    n_kb,
+    n_kf,
     n_kv,
     n_L,
     n_l,
     n_nic,
     o_cp,
+    o_dp,
     o_pp,
     o_tp,
     o_x,
@@ -106,10 +114,13 @@ from costmodel.symbolic.symbols import (
     s_comm,
     sigma,
     t,
+    t_dev,
+    t_k,
     t_launch,
     u_cp,
     v_pp,
     w_t,
+    x_att,
     z3,
     z_g,
     z_o,
@@ -871,9 +882,9 @@ E_loss = define(
 tau_tp = define(
     "tp_comm_s",
     "tau_TP",
-    4 * (t - 1) / t * T_mb * H * p / B_tp,
+    4 * (t - 1) / t * T_mb * H * p / B_tp + 4 * (t - 1) * alpha_tp,
     "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of "
-    "the layer's activations",
+    "the layer's activations (without it, two all-reduces: the same bytes), t - 1 ring hops each",
     "s",
     "[Korthikanti22 §4.2.2]",
 )
@@ -886,18 +897,27 @@ C_ag = define(
     "B",
     "[Llama3 §3.3]",
 )
+Z_sc = define(
+    "layer_score_elements",
+    "Z_sc",
+    x_att * W_att / (4 * d),
+    "score-matrix elements one device's attention computes per layer (an unfused kernel: the whole square)",
+    "1",
+    "[FA2 §3]",
+)
 t_att_f = define(
     "layer_attn_fwd_s",
     "t_att_fwd",
-    W_att / (u_cp * F_attn),
-    "attention forward of one layer, the slowest CP rank",
+    (x_att * W_att / F_attn + k_sf * Z_sc / B_hbm) / u_cp,
+    "attention forward of one layer, the slowest CP rank: the kernel's FLOP, and an unfused kernel's passes "
+    "over the score matrix (scores, softmax, dropout) through HBM",
     "s",
     "[FA2 §4], [A-RingCost §6]",
 )
 t_att_b = define(
     "layer_attn_bwd_s",
     "t_att_bwd",
-    sympy.Rational(5, 2) * W_att / (u_cp * F_attn_bwd),
+    (sympy.Rational(5, 2) * x_att * W_att / F_attn_bwd + k_sb * Z_sc / B_hbm) / u_cp,
     "attention backward of one layer, the slowest CP rank",
     "s",
     "[FA2 §4]",
@@ -983,10 +1003,26 @@ define(
     "s",
     "[Korthikanti22 §4.2.2]",
 )
-define(
+t_mm_f = define(
+    "layer_gemm_fwd_s",
+    "t_mm_fwd",
+    W_gemm / F_gemm,
+    "forward matrix multiplies of one layer, each at its own (m, n, k) per TP shard",
+    "s",
+    "[Megatron21 §5.1]",
+)
+t_mm_b = define(
+    "layer_gemm_bwd_s",
+    "t_mm_bwd",
+    2 * W_gemm / F_gemm_b,
+    "backward matrix multiplies of one layer: the input and the weight gradient of each, at their shapes",
+    "s",
+    "[Megatron21 §5.1]",
+)
+t_fwd_c = define(
     "layer_compute_fwd_s",
     "t_fwd_c",
-    W_gemm / F_gemm + t_att_f + E_lay / B_hbm,
+    t_mm_f + t_att_f + E_lay / B_hbm,
     "forward compute of one layer: matrix multiplies, attention, memory-bound elementwise",
     "s",
     "[Megatron21 §5.1]",
@@ -994,7 +1030,7 @@ define(
 define(
     "layer_compute_bwd_s",
     "t_bwd_c",
-    2 * W_gemm / F_gemm + t_att_b + 2 * E_lay / B_hbm,
+    t_mm_b + t_att_b + 2 * E_lay / B_hbm,
     "backward compute of one layer (matrix multiplies twice the forward)",
     "s",
     "[Megatron21 §5.1]",
@@ -1002,15 +1038,33 @@ define(
 define(
     "layer_recompute_s",
     "t_rc",
-    rc_sel * t_att_f + rc_full * (W_gemm / F_gemm + t_att_f + E_lay / B_hbm),
+    rc_sel * t_att_f + rc_full * t_fwd_c,
     "recompute of one layer in backward: the attention core (selective) or the whole forward (full)",
     "s",
     "[Korthikanti22 §5]",
 )
+t_host = define(
+    "layer_host_s",
+    "t_host",
+    (n_kf * (1 + rc_full) + n_kb) * t_k,
+    "host time to launch one layer's kernels for one micro-batch: its forward, the forward again under full "
+    "recompute, its backward",
+    "s",
+    "[Brrr], [CUDA-Graphs]",
+)
+define(
+    "layer_host_wait_s",
+    "t_wait",
+    sympy.Max(t_host - t_dev, 0),
+    "time the device waits on the host in one layer's passes: the host issues kernels one after another and "
+    "the device cannot run ahead of it, so a layer takes the longer of the two",
+    "s",
+    "[Brrr]",
+)
 define(
     "head_s",
     "t_head",
-    3 * W_head / F_gemm + E_loss / B_hbm,
+    3 * W_head / F_head + E_loss / B_hbm,
     "output layer forward and backward with the loss, on the last pipeline stage",
     "s",
     "[Megatron21 §5.1]",
@@ -1060,15 +1114,16 @@ tau_dp = define(
 define(
     "dp_exposed_s",
     "x_DP",
-    tau_dp / n_bkt,
-    "the last gradient bucket, reduced after the backward ends",
+    tau_dp * (1 - o_dp + o_dp / n_bkt),
+    "the gradient reduction after the backward ends: the last bucket of the overlapped share o_dp, and all "
+    "the rest (Megatron reduces after the backward unless told to overlap)",
     "s",
     "PyTorch DDP, [Megatron21 §5]",
 )
 define(
     "dp_overflow_s",
     "x_DP_over",
-    sympy.Max(tau_dp * (n_bkt - 1) / n_bkt, 0),
+    sympy.Max(o_dp * tau_dp * (n_bkt - 1) / n_bkt, 0),
     "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it",
     "s",
     "PyTorch DDP",
@@ -1417,6 +1472,16 @@ define(
     "B/s",
     "[RailOnly]",
 )
+define(
+    "ring_collective_inter_node_bandwidth",
+    "B_out_ring",
+    k_n * n_nic * B_nic / o_x,
+    "bytes/s per member of a ring collective (all-reduce, reduce-scatter, all-gather) whose group spans "
+    "nodes: NCCL lays one ring per NIC, so the k_n members on a node drive all k_n·n_nic NICs they hold; "
+    "the groups running at once on a node each keep their own members' NICs",
+    "B/s",
+    "[NCCL-Tuning]",
+)
 
 # --- Mixture of experts: the MLP of an MoE layer, its all-to-all and its routing imbalance ([Switch §2.2], --
 # [GShard §2, §3]). The dense step formulas read F_ffn as the active width (k experts plus any shared one).
@@ -1565,15 +1630,15 @@ tau_dp_moe = define(
 define(
     "moe_dp_exposed_s",
     "x_DP_moe",
-    tau_dp_moe / n_bkt,
-    "the last gradient bucket of an MoE model, reduced after the backward ends",
+    tau_dp_moe * (1 - o_dp + o_dp / n_bkt),
+    "the gradient reduction of an MoE model after the backward ends (as dp_exposed_s)",
     "s",
     "PyTorch DDP, [Megatron21 §5]",
 )
 define(
     "moe_dp_overflow_s",
     "x_DP_over_moe",
-    sympy.Max(tau_dp_moe * (n_bkt - 1) / n_bkt, 0),
+    sympy.Max(o_dp * tau_dp_moe * (n_bkt - 1) / n_bkt, 0),
     "the other buckets' reduction of an MoE model, to be compared with the backward that hides it",
     "s",
     "PyTorch DDP",

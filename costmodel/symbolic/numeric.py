@@ -387,9 +387,9 @@ def loss_bytes(*, N, S, V, b, t):
     return 12*S*V*b/(N*t)
 
 
-def tp_comm_s(*, B_tp, H, N, S, b, p, t):
-    """tau_TP = 4*H*S*b*p*(t - 1)/(B_tp*N*t): TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations [s] ([Korthikanti22 §4.2.2])."""
-    return 4*H*S*b*p*(t - 1)/(B_tp*N*t)
+def tp_comm_s(*, B_tp, H, N, S, alpha_tp, b, p, t):
+    """tau_TP = 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)/(B_tp*N*t): TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations (without it, two all-reduces: the same bytes), t - 1 ring hops each [s] ([Korthikanti22 §4.2.2])."""
+    return 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)/(B_tp*N*t)
 
 
 def cp_allgather_bytes(*, N, S, b, d, n_kv, p, t):
@@ -397,14 +397,19 @@ def cp_allgather_bytes(*, N, S, b, d, n_kv, p, t):
     return 2*S*b*d*n_kv*p*(N - 1)/(N*t)
 
 
-def layer_attn_fwd_s(*, F_attn, N, S, b, c, d, h, t, u_cp):
-    """t_att_fwd = 4*S**2*b*c*d*h/(F_attn*N*t*u_cp): attention forward of one layer, the slowest CP rank [s] ([FA2 §4], [A-RingCost §6])."""
-    return 4*S**2*b*c*d*h/(F_attn*N*t*u_cp)
+def layer_score_elements(*, N, S, b, c, h, t, x_att):
+    """Z_sc = S**2*b*c*h*x_att/(N*t): score-matrix elements one device's attention computes per layer (an unfused kernel: the whole square) [1] ([FA2 §3])."""
+    return S**2*b*c*h*x_att/(N*t)
 
 
-def layer_attn_bwd_s(*, F_attn_bwd, N, S, b, c, d, h, t, u_cp):
-    """t_att_bwd = 10*S**2*b*c*d*h/(F_attn_bwd*N*t*u_cp): attention backward of one layer, the slowest CP rank [s] ([FA2 §4])."""
-    return 10*S**2*b*c*d*h/(F_attn_bwd*N*t*u_cp)
+def layer_attn_fwd_s(*, B_hbm, F_attn, N, S, b, c, d, h, k_sf, t, u_cp, x_att):
+    """t_att_fwd = S**2*b*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)/(B_hbm*F_attn*N*t*u_cp): attention forward of one layer, the slowest CP rank: the kernel's FLOP, and an unfused kernel's passes over the score matrix (scores, softmax, dropout) through HBM [s] ([FA2 §4], [A-RingCost §6])."""
+    return S**2*b*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)/(B_hbm*F_attn*N*t*u_cp)
+
+
+def layer_attn_bwd_s(*, B_hbm, F_attn_bwd, N, S, b, c, d, h, k_sb, t, u_cp, x_att):
+    """t_att_bwd = S**2*b*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)/(B_hbm*F_attn_bwd*N*t*u_cp): attention backward of one layer, the slowest CP rank [s] ([FA2 §4])."""
+    return S**2*b*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)/(B_hbm*F_attn_bwd*N*t*u_cp)
 
 
 def ring_merge_bytes(*, N, S, b, d, h, k_copy, p, p_acc, t):
@@ -427,14 +432,14 @@ def cp_ring_bwd_s(*, B_cp, N, S, b, d, n_kv, p, p_acc, t):
     return 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/(B_cp*N*t)
 
 
-def cp_ring_fwd_exposed_s(*, B_cp, F_attn, N, S, b, c, d, h, n_kv, o_cp, p, s_comm, t, u_cp):
-    """x_ring_fwd = (2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t): ring forward transfers left on the critical path after hiding o_cp of them under attention [s] ([RingAttn §3])."""
-    return (2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)
+def cp_ring_fwd_exposed_s(*, B_cp, B_hbm, F_attn, N, S, b, c, d, h, k_sf, n_kv, o_cp, p, s_comm, t, u_cp, x_att):
+    """x_ring_fwd = (2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t): ring forward transfers left on the critical path after hiding o_cp of them under attention [s] ([RingAttn §3])."""
+    return (2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)
 
 
-def cp_ring_bwd_exposed_s(*, B_cp, F_attn_bwd, N, S, b, c, d, h, n_kv, o_cp, p, p_acc, s_comm, t, u_cp):
-    """x_ring_bwd = (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t): ring backward transfers left on the critical path [s] ([RingAttn §3])."""
-    return (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*numpy.maximum(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)
+def cp_ring_bwd_exposed_s(*, B_cp, B_hbm, F_attn_bwd, N, S, b, c, d, h, k_sb, n_kv, o_cp, p, p_acc, s_comm, t, u_cp, x_att):
+    """x_ring_bwd = (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t): ring backward transfers left on the critical path [s] ([RingAttn §3])."""
+    return (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)
 
 
 def cp_allgather_s(*, B_cp, N, S, b, d, n_kv, p, t):
@@ -452,29 +457,49 @@ def cp_usp_a2a_s(*, B_cp, N_r, N_u, S, b, d, h, n_kv, p, t):
     return 2*S*b*d*p*(N_u - 1)*(h + numpy.maximum(N_u, n_kv))/(B_cp*N_r*N_u**2*t)
 
 
-def tp_exposed_s(*, B_tp, F_ffn, F_gemm, H, N, S, b, d, g, h, n_kv, o_tp, p, s_comm, t):
-    """x_TP = (4*H*S*b*p*(t - 1) - o_tp*s_comm*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t): TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies [s] ([Korthikanti22 §4.2.2])."""
-    return (4*H*S*b*p*(t - 1) - o_tp*s_comm*(B_tp*N*t*numpy.maximum(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(B_tp*N*t*numpy.maximum(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t)
+def tp_exposed_s(*, B_tp, F_ffn, F_gemm, H, N, S, alpha_tp, b, d, g, h, n_kv, o_tp, p, s_comm, t):
+    """x_TP = (-o_tp*s_comm*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + o_tp*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*N*t): TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies [s] ([Korthikanti22 §4.2.2])."""
+    return (-o_tp*s_comm*(B_tp*N*t*numpy.maximum(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + o_tp*(B_tp*N*t*numpy.maximum(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*N*t)
 
 
-def layer_compute_fwd_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, d, g, h, n_kv, p, t, u_cp):
-    """t_fwd_c = S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn*F_gemm*N*t*u_cp): forward compute of one layer: matrix multiplies, attention, memory-bound elementwise [s] ([Megatron21 §5.1])."""
-    return S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn*F_gemm*N*t*u_cp)
+def layer_gemm_fwd_s(*, F_ffn, F_gemm, H, N, S, b, d, g, h, n_kv, t):
+    """t_mm_fwd = 2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm*N*t): forward matrix multiplies of one layer, each at its own (m, n, k) per TP shard [s] ([Megatron21 §5.1])."""
+    return 2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm*N*t)
 
 
-def layer_compute_bwd_s(*, B_hbm, F_attn_bwd, F_ffn, F_gemm, H, N, S, b, c, d, g, h, n_kv, p, t, u_cp):
-    """t_bwd_c = 2*S*b*(2*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 5*B_hbm*F_gemm*S*c*d*h + F_attn_bwd*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn_bwd*F_gemm*N*t*u_cp): backward compute of one layer (matrix multiplies twice the forward) [s] ([Megatron21 §5.1])."""
-    return 2*S*b*(2*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 5*B_hbm*F_gemm*S*c*d*h + F_attn_bwd*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn_bwd*F_gemm*N*t*u_cp)
+def layer_gemm_bwd_s(*, F_ffn, F_gemm_b, H, N, S, b, d, g, h, n_kv, t):
+    """t_mm_bwd = 4*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm_b*N*t): backward matrix multiplies of one layer: the input and the weight gradient of each, at their shapes [s] ([Megatron21 §5.1])."""
+    return 4*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm_b*N*t)
 
 
-def layer_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, d, g, h, n_kv, p, rc_full, rc_sel, t, u_cp):
-    """t_rc = S*b*(4*B_hbm*F_gemm*S*c*d*h*rc_sel + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))))/(B_hbm*F_attn*F_gemm*N*t*u_cp): recompute of one layer in backward: the attention core (selective) or the whole forward (full) [s] ([Korthikanti22 §5])."""
-    return S*b*(4*B_hbm*F_gemm*S*c*d*h*rc_sel + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))))/(B_hbm*F_attn*F_gemm*N*t*u_cp)
+def layer_compute_fwd_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, d, g, h, k_sf, n_kv, p, t, u_cp, x_att):
+    """t_fwd_c = S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_gemm*N*t*u_cp): forward compute of one layer: matrix multiplies, attention, memory-bound elementwise [s] ([Megatron21 §5.1])."""
+    return S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_gemm*N*t*u_cp)
 
 
-def head_s(*, B_hbm, F_gemm, H, N, S, V, b, t):
-    """t_head = 6*S*V*b*(B_hbm*H + 2*F_gemm)/(B_hbm*F_gemm*N*t): output layer forward and backward with the loss, on the last pipeline stage [s] ([Megatron21 §5.1])."""
-    return 6*S*V*b*(B_hbm*H + 2*F_gemm)/(B_hbm*F_gemm*N*t)
+def layer_compute_bwd_s(*, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, H, N, S, b, c, d, g, h, k_sb, n_kv, p, t, u_cp, x_att):
+    """t_bwd_c = S*b*(4*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_attn_bwd*F_gemm_b*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp): backward compute of one layer (matrix multiplies twice the forward) [s] ([Megatron21 §5.1])."""
+    return S*b*(4*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_attn_bwd*F_gemm_b*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp)
+
+
+def layer_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, d, g, h, k_sf, n_kv, p, rc_full, rc_sel, t, u_cp, x_att):
+    """t_rc = S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf) + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)))/(B_hbm*F_attn*F_gemm*N*t*u_cp): recompute of one layer in backward: the attention core (selective) or the whole forward (full) [s] ([Korthikanti22 §5])."""
+    return S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf) + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)))/(B_hbm*F_attn*F_gemm*N*t*u_cp)
+
+
+def layer_host_s(*, n_kb, n_kf, rc_full, t_k):
+    """t_host = t_k*(n_kb + n_kf*(rc_full + 1)): host time to launch one layer's kernels for one micro-batch: its forward, the forward again under full recompute, its backward [s] ([Brrr], [CUDA-Graphs])."""
+    return t_k*(n_kb + n_kf*(rc_full + 1))
+
+
+def layer_host_wait_s(*, n_kb, n_kf, rc_full, t_dev, t_k):
+    """t_wait = Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1))): time the device waits on the host in one layer's passes: the host issues kernels one after another and the device cannot run ahead of it, so a layer takes the longer of the two [s] ([Brrr])."""
+    return numpy.maximum(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1)))
+
+
+def head_s(*, B_hbm, F_head, H, N, S, V, b, t):
+    """t_head = 6*S*V*b*(B_hbm*H + 2*F_head)/(B_hbm*F_head*N*t): output layer forward and backward with the loss, on the last pipeline stage [s] ([Megatron21 §5.1])."""
+    return 6*S*V*b*(B_hbm*H + 2*F_head)/(B_hbm*F_head*N*t)
 
 
 def pp_send_s(*, B_pp, H, N, S, b, p, t):
@@ -502,14 +527,14 @@ def dp_comm_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_g, pp, t, z3):
     return -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)
 
 
-def dp_exposed_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t, z3):
-    """x_DP = -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the last gradient bucket, reduced after the backward ends [s] (PyTorch DDP, [Megatron21 §5])."""
-    return -H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
+def dp_exposed_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, o_dp, p_g, pp, t, z3):
+    """x_DP = H*p_g*(D - 1)*(z3 - 2)*(n_bkt*(o_dp - 1) - o_dp)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the gradient reduction after the backward ends: the last bucket of the overlapped share o_dp, and all the rest (Megatron reduces after the backward unless told to overlap) [s] (PyTorch DDP, [Megatron21 §5])."""
+    return H*p_g*(D - 1)*(z3 - 2)*(n_bkt*(o_dp - 1) - o_dp)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
 
 
-def dp_overflow_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, p_g, pp, t, z3):
-    """x_DP_over = -H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the other buckets' reduction, to be compared with the last micro-batch's backward that hides it [s] (PyTorch DDP)."""
-    return -H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
+def dp_overflow_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_bkt, n_kv, o_dp, p_g, pp, t, z3):
+    """x_DP_over = -H*o_dp*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t): the other buckets' reduction, to be compared with the last micro-batch's backward that hides it [s] (PyTorch DDP)."""
+    return -H*o_dp*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)
 
 
 def zero3_gather_s(*, B_dp, D, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p, pp, t, z3):
@@ -702,6 +727,11 @@ def inter_node_bandwidth(*, B_nic, n_nic, o_x):
     return B_nic*n_nic/o_x
 
 
+def ring_collective_inter_node_bandwidth(*, B_nic, k_n, n_nic, o_x):
+    """B_out_ring = B_nic*k_n*n_nic/o_x: bytes/s per member of a ring collective (all-reduce, reduce-scatter, all-gather) whose group spans nodes: NCCL lays one ring per NIC, so the k_n members on a node drive all k_n·n_nic NICs they hold; the groups running at once on a node each keep their own members' NICs [B/s] ([NCCL-Tuning])."""
+    return B_nic*k_n*n_nic/o_x
+
+
 def moe_active_ffn(*, F_ffn, F_sh, k_E):
     """F_act = F_ffn*k_E + F_sh: FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert [elements] ([Switch §2], [GShard §2])."""
     return F_ffn*k_E + F_sh
@@ -777,14 +807,14 @@ def moe_dp_comm_s(*, B_dp, D, E_p, F_ffn, F_sh, H, V, d, e_m, g, h, n_E, n_L, n_
     return H*p_g*(z3 - 2)*(-E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*pp*t)
 
 
-def moe_dp_exposed_s(*, B_dp, D, E_p, F_ffn, F_sh, H, V, d, e_m, g, h, n_E, n_L, n_bkt, n_kv, p_g, pp, t, z3):
-    """x_DP_moe = -H*p_g*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t): the last gradient bucket of an MoE model, reduced after the backward ends [s] (PyTorch DDP, [Megatron21 §5])."""
-    return -H*p_g*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)
+def moe_dp_exposed_s(*, B_dp, D, E_p, F_ffn, F_sh, H, V, d, e_m, g, h, n_E, n_L, n_bkt, n_kv, o_dp, p_g, pp, t, z3):
+    """x_DP_moe = H*p_g*(z3 - 2)*(n_bkt*(o_dp - 1) - o_dp)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t): the gradient reduction of an MoE model after the backward ends (as dp_exposed_s) [s] (PyTorch DDP, [Megatron21 §5])."""
+    return H*p_g*(z3 - 2)*(n_bkt*(o_dp - 1) - o_dp)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)
 
 
-def moe_dp_overflow_s(*, B_dp, D, E_p, F_ffn, F_sh, H, V, d, e_m, g, h, n_E, n_L, n_bkt, n_kv, p_g, pp, t, z3):
-    """x_DP_over_moe = -H*p_g*(n_bkt - 1)*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t): the other buckets' reduction of an MoE model, to be compared with the backward that hides it [s] (PyTorch DDP)."""
-    return -H*p_g*(n_bkt - 1)*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)
+def moe_dp_overflow_s(*, B_dp, D, E_p, F_ffn, F_sh, H, V, d, e_m, g, h, n_E, n_L, n_bkt, n_kv, o_dp, p_g, pp, t, z3):
+    """x_DP_over_moe = -H*o_dp*p_g*(n_bkt - 1)*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t): the other buckets' reduction of an MoE model, to be compared with the backward that hides it [s] (PyTorch DDP)."""
+    return -H*o_dp*p_g*(n_bkt - 1)*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)
 
 
 def moe_zero3_gather_s(*, B_dp, D, E_p, F_ffn, F_sh, H, V, d, e_m, g, h, n_E, n_L, n_kv, p, pp, t, z3):
@@ -905,31 +935,36 @@ INFO = {
     'layer_elementwise_bytes': ('E_layer', 'S*b*p*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))/(N*t)', '{S}*{b}*{p}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv}))/({N}*{t})', 'forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism', 'B', '[Korthikanti22 §4]', 'step'),
     'head_flops': ('W_head', '2*H*S*V*b/(N*t)', '2*{H}*{S}*{V}*{b}/({N}*{t})', 'forward FLOP of the output layer (vocab-parallel)', 'FLOP', '[Megatron21 §5.1]', 'step'),
     'loss_bytes': ('E_loss', '12*S*V*b/(N*t)', '12*{S}*{V}*{b}/({N}*{t})', 'HBM bytes of the fp32 softmax cross-entropy over the logits: three passes', 'B', '[Korthikanti22 §4.2]', 'step'),
-    'tp_comm_s': ('tau_TP', '4*H*S*b*p*(t - 1)/(B_tp*N*t)', '4*{H}*{S}*{b}*{p}*({t} - 1)/({B_tp}*{N}*{t})', "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations", 's', '[Korthikanti22 §4.2.2]', 'step'),
+    'tp_comm_s': ('tau_TP', '4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)/(B_tp*N*t)', '4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})/({B_tp}*{N}*{t})', "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations (without it, two all-reduces: the same bytes), t - 1 ring hops each", 's', '[Korthikanti22 §4.2.2]', 'step'),
     'cp_allgather_bytes': ('C_AG', '2*S*b*d*n_kv*p*(N - 1)/(N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({N}*{t})', 'all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV as many bytes)', 'B', '[Llama3 §3.3]', 'step'),
-    'layer_attn_fwd_s': ('t_att_fwd', '4*S**2*b*c*d*h/(F_attn*N*t*u_cp)', '4*{S}**2*{b}*{c}*{d}*{h}/({F_attn}*{N}*{t}*{u_cp})', 'attention forward of one layer, the slowest CP rank', 's', '[FA2 §4], [A-RingCost §6]', 'step'),
-    'layer_attn_bwd_s': ('t_att_bwd', '10*S**2*b*c*d*h/(F_attn_bwd*N*t*u_cp)', '10*{S}**2*{b}*{c}*{d}*{h}/({F_attn_bwd}*{N}*{t}*{u_cp})', 'attention backward of one layer, the slowest CP rank', 's', '[FA2 §4]', 'step'),
+    'layer_score_elements': ('Z_sc', 'S**2*b*c*h*x_att/(N*t)', '{S}**2*{b}*{c}*{h}*{x_att}/({N}*{t})', "score-matrix elements one device's attention computes per layer (an unfused kernel: the whole square)", '1', '[FA2 §3]', 'step'),
+    'layer_attn_fwd_s': ('t_att_fwd', 'S**2*b*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)/(B_hbm*F_attn*N*t*u_cp)', '{S}**2*{b}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf})/({B_hbm}*{F_attn}*{N}*{t}*{u_cp})', "attention forward of one layer, the slowest CP rank: the kernel's FLOP, and an unfused kernel's passes over the score matrix (scores, softmax, dropout) through HBM", 's', '[FA2 §4], [A-RingCost §6]', 'step'),
+    'layer_attn_bwd_s': ('t_att_bwd', 'S**2*b*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)/(B_hbm*F_attn_bwd*N*t*u_cp)', '{S}**2*{b}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb})/({B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})', 'attention backward of one layer, the slowest CP rank', 's', '[FA2 §4]', 'step'),
     'ring_merge_bytes': ('M_merge', 'S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t)', '{S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1))/({N}*{t})', 'HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and copy the queries when the layout shifts the mask', 'B', '[ring-flash-attn], [OnlineSoftmax]', 'step'),
     'ring_overhead_s': ('t_ring_x', '(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t)', '({N} - 1)*({B_hbm}*{N}*{t}*{t_launch} + {S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1)))/({B_hbm}*{N}*{t})', "per layer and pass: the ring's merges, copies and launches beside the attention kernel", 's', '[ring-flash-attn]', 'step'),
     'cp_ring_fwd_s': ('tau_ring_fwd', '2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({B_cp}*{N}*{t})', "ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads)", 's', '[RingAttn §3]', 'step'),
     'cp_ring_bwd_s': ('tau_ring_bwd', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/({B_cp}*{N}*{t})', 'ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks', 's', '[RingAttn §3], [FA2 §4]', 'step'),
-    'cp_ring_fwd_exposed_s': ('x_ring_fwd', '(2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-2*B_cp*S*c*h + F_attn*n_kv*p*u_cp*(N - 1))/(B_cp*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-2*{B_cp}*{S}*{c}*{h} + {F_attn}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)) + {o_cp}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-2*{B_cp}*{S}*{c}*{h} + {F_attn}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)))/({B_cp}*{N}*{t})', 'ring forward transfers left on the critical path after hiding o_cp of them under attention', 's', '[RingAttn §3]', 'step'),
-    'cp_ring_bwd_exposed_s': ('x_ring_bwd', '(2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, 2*S*b*d*(-5*B_cp*S*c*h + F_attn_bwd*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1)) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-5*{B_cp}*{S}*{c}*{h} + {F_attn_bwd}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))) + {o_cp}*({B_cp}*{N}*{t}*Max(0, 2*{S}*{b}*{d}*(-5*{B_cp}*{S}*{c}*{h} + {F_attn_bwd}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))))/({B_cp}*{N}*{t})', 'ring backward transfers left on the critical path', 's', '[RingAttn §3]', 'step'),
+    'cp_ring_fwd_exposed_s': ('x_ring_fwd', '(2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}) + 2*{B_hbm}*{F_attn}*{d}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{B_hbm}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)) + {o_cp}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}) + 2*{B_hbm}*{F_attn}*{d}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{B_hbm}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)))/({B_cp}*{N}*{t})', 'ring forward transfers left on the critical path after hiding o_cp of them under attention', 's', '[RingAttn §3]', 'step'),
+    'cp_ring_bwd_exposed_s': ('x_ring_bwd', '(2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1)) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb}) + 2*{B_hbm}*{F_attn_bwd}*{d}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))) + {o_cp}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb}) + 2*{B_hbm}*{F_attn_bwd}*{d}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))))/({B_cp}*{N}*{t})', 'ring backward transfers left on the critical path', 's', '[RingAttn §3]', 'step'),
     'cp_allgather_s': ('tau_AG', '2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({B_cp}*{N}*{t})', 'all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed', 's', '[Llama3 §3.3]', 'step'),
     'cp_ulysses_s': ('tau_U_step', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(B_cp*N**2*t)', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/({B_cp}*{N}**2*{t})', 'Ulysses all-to-alls of one layer and pass; exposed', 's', '[Ulysses §3]', 'step'),
     'cp_usp_a2a_s': ('tau_USP_step', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(B_cp*N_r*N_u**2*t)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({B_cp}*{N_r}*{N_u}**2*{t})', 'USP all-to-alls of one layer and pass; exposed', 's', '[USP §3]', 'step'),
-    'tp_exposed_s': ('x_TP', '(4*H*S*b*p*(t - 1) - o_tp*s_comm*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(B_tp*N*t*Max(0, 2*H*S*b*(-B_tp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*p*(t - 1))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t)', '(4*{H}*{S}*{b}*{p}*({t} - 1) - {o_tp}*{s_comm}*({B_tp}*{N}*{t}*Max(0, 2*{H}*{S}*{b}*(-{B_tp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*{p}*({t} - 1))/({B_tp}*{F_gemm}*{N}*{t})) - 4*{H}*{S}*{b}*{p}*({t} - 1)) + {o_tp}*({B_tp}*{N}*{t}*Max(0, 2*{H}*{S}*{b}*(-{B_tp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*{p}*({t} - 1))/({B_tp}*{F_gemm}*{N}*{t})) - 4*{H}*{S}*{b}*{p}*({t} - 1)))/({B_tp}*{N}*{t})', 'TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies', 's', '[Korthikanti22 §4.2.2]', 'step'),
-    'layer_compute_fwd_s': ('t_fwd_c', 'S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn*F_gemm*N*t*u_cp)', '{S}*{b}*(2*{B_hbm}*{F_attn}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 4*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h} + {F_attn}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv})))/({B_hbm}*{F_attn}*{F_gemm}*{N}*{t}*{u_cp})', 'forward compute of one layer: matrix multiplies, attention, memory-bound elementwise', 's', '[Megatron21 §5.1]', 'step'),
-    'layer_compute_bwd_s': ('t_bwd_c', '2*S*b*(2*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 5*B_hbm*F_gemm*S*c*d*h + F_attn_bwd*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)))/(B_hbm*F_attn_bwd*F_gemm*N*t*u_cp)', '2*{S}*{b}*(2*{B_hbm}*{F_attn_bwd}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 5*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h} + {F_attn_bwd}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv})))/({B_hbm}*{F_attn_bwd}*{F_gemm}*{N}*{t}*{u_cp})', 'backward compute of one layer (matrix multiplies twice the forward)', 's', '[Megatron21 §5.1]', 'step'),
-    'layer_recompute_s': ('t_rc', 'S*b*(4*B_hbm*F_gemm*S*c*d*h*rc_sel + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 4*B_hbm*F_gemm*S*c*d*h + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))))/(B_hbm*F_attn*F_gemm*N*t*u_cp)', '{S}*{b}*(4*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h}*{rc_sel} + {rc_full}*(2*{B_hbm}*{F_attn}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 4*{B_hbm}*{F_gemm}*{S}*{c}*{d}*{h} + {F_attn}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv}))))/({B_hbm}*{F_attn}*{F_gemm}*{N}*{t}*{u_cp})', 'recompute of one layer in backward: the attention core (selective) or the whole forward (full)', 's', '[Korthikanti22 §5]', 'step'),
-    'head_s': ('t_head', '6*S*V*b*(B_hbm*H + 2*F_gemm)/(B_hbm*F_gemm*N*t)', '6*{S}*{V}*{b}*({B_hbm}*{H} + 2*{F_gemm})/({B_hbm}*{F_gemm}*{N}*{t})', 'output layer forward and backward with the loss, on the last pipeline stage', 's', '[Megatron21 §5.1]', 'step'),
+    'tp_exposed_s': ('x_TP', '(-o_tp*s_comm*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + o_tp*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*N*t)', '(-{o_tp}*{s_comm}*({B_tp}*{N}*{t}*Max(0, 2*(-{B_tp}*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{F_gemm}*{N}*{t})) - 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})) + {o_tp}*({B_tp}*{N}*{t}*Max(0, 2*(-{B_tp}*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{F_gemm}*{N}*{t})) - 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})) + 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{N}*{t})', 'TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies', 's', '[Korthikanti22 §4.2.2]', 'step'),
+    'layer_gemm_fwd_s': ('t_mm_fwd', '2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm*N*t)', '2*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv}))/({F_gemm}*{N}*{t})', 'forward matrix multiplies of one layer, each at its own (m, n, k) per TP shard', 's', '[Megatron21 §5.1]', 'step'),
+    'layer_gemm_bwd_s': ('t_mm_bwd', '4*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm_b*N*t)', '4*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv}))/({F_gemm_b}*{N}*{t})', 'backward matrix multiplies of one layer: the input and the weight gradient of each, at their shapes', 's', '[Megatron21 §5.1]', 'step'),
+    'layer_compute_fwd_s': ('t_fwd_c', 'S*b*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_gemm*N*t*u_cp)', '{S}*{b}*(2*{B_hbm}*{F_attn}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {F_attn}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv})) + {F_gemm}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}))/({B_hbm}*{F_attn}*{F_gemm}*{N}*{t}*{u_cp})', 'forward compute of one layer: matrix multiplies, attention, memory-bound elementwise', 's', '[Megatron21 §5.1]', 'step'),
+    'layer_compute_bwd_s': ('t_bwd_c', 'S*b*(4*B_hbm*F_attn_bwd*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_attn_bwd*F_gemm_b*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp)', '{S}*{b}*(4*{B_hbm}*{F_attn_bwd}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_attn_bwd}*{F_gemm_b}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv})) + {F_gemm_b}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb}))/({B_hbm}*{F_attn_bwd}*{F_gemm_b}*{N}*{t}*{u_cp})', 'backward compute of one layer (matrix multiplies twice the forward)', 's', '[Megatron21 §5.1]', 'step'),
+    'layer_recompute_s': ('t_rc', 'S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf) + rc_full*(2*B_hbm*F_attn*H*u_cp*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_attn*F_gemm*p*u_cp*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)))/(B_hbm*F_attn*F_gemm*N*t*u_cp)', '{S}*{b}*({F_gemm}*{S}*{c}*{h}*{rc_sel}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}) + {rc_full}*(2*{B_hbm}*{F_attn}*{H}*{u_cp}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {F_attn}*{F_gemm}*{p}*{u_cp}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv})) + {F_gemm}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf})))/({B_hbm}*{F_attn}*{F_gemm}*{N}*{t}*{u_cp})', 'recompute of one layer in backward: the attention core (selective) or the whole forward (full)', 's', '[Korthikanti22 §5]', 'step'),
+    'layer_host_s': ('t_host', 't_k*(n_kb + n_kf*(rc_full + 1))', '{t_k}*({n_kb} + {n_kf}*({rc_full} + 1))', "host time to launch one layer's kernels for one micro-batch: its forward, the forward again under full recompute, its backward", 's', '[Brrr], [CUDA-Graphs]', 'step'),
+    'layer_host_wait_s': ('t_wait', 'Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1)))', 'Max(0, -{t_dev} + {t_k}*({n_kb} + {n_kf}*({rc_full} + 1)))', "time the device waits on the host in one layer's passes: the host issues kernels one after another and the device cannot run ahead of it, so a layer takes the longer of the two", 's', '[Brrr]', 'step'),
+    'head_s': ('t_head', '6*S*V*b*(B_hbm*H + 2*F_head)/(B_hbm*F_head*N*t)', '6*{S}*{V}*{b}*({B_hbm}*{H} + 2*{F_head})/({B_hbm}*{F_head}*{N}*{t})', 'output layer forward and backward with the loss, on the last pipeline stage', 's', '[Megatron21 §5.1]', 'step'),
     'pp_send_s': ('tau_PP', 'H*S*b*p/(B_pp*N*t)', '{H}*{S}*{b}*{p}/({B_pp}*{N}*{t})', "one stage-boundary send of a micro-batch's activations (or gradients), scattered over TP", 's', '[Megatron21 §4.1]', 'step'),
     'pp_exposed_s': ('x_PP', '-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t)', '-2*{H}*{S}*{b}*{p}*({m_mb}*({o_pp} - 1) - {pp})*({pp}*{v_pp} - 1)/({B_pp}*{N}*{pp}*{t})', 'stage-boundary sends on the critical path: the fill and drain chains, plus the share 1 - o_pp of the steady-state sends', 's', '[Megatron21 §4.1]', 'step'),
     'pipeline_bubble_fraction': ('beta_PP', '(pp - 1)/(m_mb*v_pp)', '({pp} - 1)/({m_mb}*{v_pp})', 'pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved', '1', '[Megatron21 §2.2]', 'step'),
     'device_params': ('P_dev', 'H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(pp*t)', '{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({pp}*{t})', 'parameters one device holds (before ZeRO-3)', '1', '[Megatron21 §3]', 'step'),
     'dp_comm_s': ('tau_DP', '-H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '-{H}*{p_g}*({D} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter", 's', '[ZeRO §5]', 'step'),
-    'dp_exposed_s': ('x_DP', '-H*p_g*(D - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '-{H}*{p_g}*({D} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', 'the last gradient bucket, reduced after the backward ends', 's', 'PyTorch DDP, [Megatron21 §5]', 'step'),
-    'dp_overflow_s': ('x_DP_over', '-H*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '-{H}*{p_g}*({D} - 1)*({n_bkt} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it", 's', 'PyTorch DDP', 'step'),
+    'dp_exposed_s': ('x_DP', 'H*p_g*(D - 1)*(z3 - 2)*(n_bkt*(o_dp - 1) - o_dp)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '{H}*{p_g}*({D} - 1)*({z3} - 2)*({n_bkt}*({o_dp} - 1) - {o_dp})*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', 'the gradient reduction after the backward ends: the last bucket of the overlapped share o_dp, and all the rest (Megatron reduces after the backward unless told to overlap)', 's', 'PyTorch DDP, [Megatron21 §5]', 'step'),
+    'dp_overflow_s': ('x_DP_over', '-H*o_dp*p_g*(D - 1)*(n_bkt - 1)*(z3 - 2)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*n_bkt*pp*t)', '-{H}*{o_dp}*{p_g}*({D} - 1)*({n_bkt} - 1)*({z3} - 2)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{n_bkt}*{pp}*{t})', "the other buckets' reduction, to be compared with the last micro-batch's backward that hides it", 's', 'PyTorch DDP', 'step'),
     'zero3_gather_s': ('tau_Z3', '2*H*p*z3*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '2*{H}*{p}*{z3}*({D} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', 'ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch', 's', '[ZeRO §5.3]', 'step'),
     'optimizer_s': ('t_opt', 'H*k_opt*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t)', '{H}*{k_opt}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{D}*{pp}*{t})', "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound", 's', '[ZeRO §5]', 'step'),
     'model_flops_per_token': ('f_model', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{d}*{h}*{n_L}', 'model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S (the full square, causal or not, as published MFUs count it)', 'FLOP', '[PaLM] appendix B, [Megatron21 §5.1]', 'step'),
@@ -968,6 +1003,7 @@ INFO = {
     'alltoall_bandwidth': ('B_a2a', 'Min(4*B_bis/P_g, B_l*n_l)', 'Min(4*{B_bis}/{P_g}, {B_l}*{n_l})', "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)", 'B/s', '[Dally-Towles ch. 3], [ScalingBook]', 'topology'),
     'torus_allgather_bandwidth': ('B_ag_torus', 'B_l*D_g*w_t', '{B_l}*{D_g}*{w_t}', 'bytes/s each chip of a torus all-gather receives: a ring per dimension it spans, both ways round with wraparound', 'B/s', '[ScalingBook]', 'topology'),
     'inter_node_bandwidth': ('B_out', 'B_nic*n_nic/o_x', '{B_nic}*{n_nic}/{o_x}', "bytes/s a device moves one way beyond the fast domain: its NICs, divided by the spine oversubscription when the group's traffic leaves a rail", 'B/s', '[RailOnly]', 'topology'),
+    'ring_collective_inter_node_bandwidth': ('B_out_ring', 'B_nic*k_n*n_nic/o_x', '{B_nic}*{k_n}*{n_nic}/{o_x}', "bytes/s per member of a ring collective (all-reduce, reduce-scatter, all-gather) whose group spans nodes: NCCL lays one ring per NIC, so the k_n members on a node drive all k_n·n_nic NICs they hold; the groups running at once on a node each keep their own members' NICs", 'B/s', '[NCCL-Tuning]', 'topology'),
     'moe_active_ffn': ('F_act', 'F_ffn*k_E + F_sh', '{F_ffn}*{k_E} + {F_sh}', 'FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert', 'elements', '[Switch §2], [GShard §2]', 'moe'),
     'moe_device_expert_params': ('P_exp', 'H*n_E*n_L*(E_p*t + F_ffn*(g + 2))/(E_p*pp*t)', '{H}*{n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))/({E_p}*{pp}*{t})', "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers", 'parameters', '[GShard §2]', 'moe'),
     'moe_device_tokens': ('T_r', 'S*b/(N*t)', '{S}*{b}/({N}*{t})', 'tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism', 'tokens', '[Korthikanti22 §4.2.2]', 'moe'),
@@ -983,8 +1019,8 @@ INFO = {
     'moe_training_memory_bytes': ('M_total_moe', 'Piecewise(((E_p*S*b*d*(h*p_acc + 4*n_kv*(p + p_acc))*Min(1, N - 1) + N*(E_p*S*b*(2*N*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(C_f*k_E*(F_ffn*(g + 2) + H*t) + F_sh*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/N**2 + 2*H*(E_p*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(E_p*t + F_ffn*(g + 2))*(2*Min(1, E_p*z_g) + 6*Min(1, E_p*z_o) + Min(1, E_p*z_w)))))/(E_p*N*t), Eq(pp, 1)), ((E_p*S*b*d*pp*(h*p_acc + 4*n_kv*(p + p_acc))*Min(1, N - 1) + N*(E_p*pp*t*Max(S*b*n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(C_f*k_E*(F_ffn*(g + 2) + H*t) + F_sh*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))/(N**2*t), S*b*(2*N*pp*(H*t + 2*V) + n_L*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(2*N*(C_f*k_E*(F_ffn*(g + 2) + H*t) + F_sh*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(N**2*pp*t)) + 2*H*(E_p*(n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))*(2*z_g + 6*z_o + z_w) + n_E*n_L*(E_p*t + F_ffn*(g + 2))*(2*Min(1, E_p*z_g) + 6*Min(1, E_p*z_o) + Min(1, E_p*z_w)))))/(E_p*N*pp*t), True))', 'Piecewise((({E_p}*{S}*{b}*{d}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc}))*Min(1, {N} - 1) + {N}*({E_p}*{S}*{b}*(2*{N}*({H}*{t} + 2*{V}) + {n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({C_f}*{k_E}*({F_ffn}*({g} + 2) + {H}*{t}) + {F_sh}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi})))/{N}**2 + 2*{H}*({E_p}*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))*(2*Min(1, {E_p}*{z_g}) + 6*Min(1, {E_p}*{z_o}) + Min(1, {E_p}*{z_w})))))/({E_p}*{N}*{t}), Eq({pp}, 1)), (({E_p}*{S}*{b}*{d}*{pp}*({h}*{p_acc} + 4*{n_kv}*({p} + {p_acc}))*Min(1, {N} - 1) + {N}*({E_p}*{pp}*{t}*Max({S}*{b}*{n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({C_f}*{k_E}*({F_ffn}*({g} + 2) + {H}*{t}) + {F_sh}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi}))/({N}**2*{t}), {S}*{b}*(2*{N}*{pp}*({H}*{t} + 2*{V}) + {n_L}*(2*{H}*{N}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*(2*{N}*({C_f}*{k_E}*({F_ffn}*({g} + 2) + {H}*{t}) + {F_sh}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}) + 5*{S}*{h}*{phi})))/({N}**2*{pp}*{t})) + 2*{H}*({E_p}*({n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))*(2*{z_g} + 6*{z_o} + {z_w}) + {n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))*(2*Min(1, {E_p}*{z_g}) + 6*Min(1, {E_p}*{z_o}) + Min(1, {E_p}*{z_w})))))/({E_p}*{N}*{pp}*{t}), True))', 'model states, activations and ring buffers per device of an MoE model on the most loaded stage', 'B', '[Korthikanti22 §4], [ZeRO §3]', 'moe'),
     'moe_n_min_memory': ('N_min_moe', 'Piecewise((E_p*S*b*(2*H*t + 4*V + d*h*p_acc + 4*d*n_kv*(p + p_acc) + 2*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(C_f*k_E*(F_ffn*(g + 2) + H*t) + F_sh*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)))/(E_p*M_dev*t - 2*H*(E_p*(2*z_g + 6*z_o + z_w)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(E_p*t + F_ffn*(g + 2))*(2*Min(1, E_p*z_g) + 6*Min(1, E_p*z_o) + Min(1, E_p*z_w)))), Eq(pp, 1)), (E_p*pp*(S*b*d*h*p_acc + 4*S*b*d*n_kv*(p + p_acc) + t*Max(2*S*b*n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(C_f*k_E*(F_ffn*(g + 2) + H*t) + F_sh*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv))/t, 2*S*b*(n_L*(H*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(C_f*k_E*(F_ffn*(g + 2) + H*t) + F_sh*(g + 2) + H*(delta + 4)*(sigma - t*(sigma - 1)) + 2*d*h + 2*d*n_kv)) + pp*(H*t + 2*V))/(pp*t)))/(E_p*M_dev*pp*t - 2*H*(E_p*(n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))*(2*z_g + 6*z_o + z_w) + n_E*n_L*(E_p*t + F_ffn*(g + 2))*(2*Min(1, E_p*z_g) + 6*Min(1, E_p*z_o) + Min(1, E_p*z_w)))), True))', 'Piecewise(({E_p}*{S}*{b}*(2*{H}*{t} + 4*{V} + {d}*{h}*{p_acc} + 4*{d}*{n_kv}*({p} + {p_acc}) + 2*{n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({C_f}*{k_E}*({F_ffn}*({g} + 2) + {H}*{t}) + {F_sh}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv})))/({E_p}*{M_dev}*{t} - 2*{H}*({E_p}*(2*{z_g} + 6*{z_o} + {z_w})*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))*(2*Min(1, {E_p}*{z_g}) + 6*Min(1, {E_p}*{z_o}) + Min(1, {E_p}*{z_w})))), Eq({pp}, 1)), ({E_p}*{pp}*({S}*{b}*{d}*{h}*{p_acc} + 4*{S}*{b}*{d}*{n_kv}*({p} + {p_acc}) + {t}*Max(2*{S}*{b}*{n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({C_f}*{k_E}*({F_ffn}*({g} + 2) + {H}*{t}) + {F_sh}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv}))/{t}, 2*{S}*{b}*({n_L}*({H}*{rho}*({sigma} - {t}*({sigma} - 1)) - ({rho} - 1)*({C_f}*{k_E}*({F_ffn}*({g} + 2) + {H}*{t}) + {F_sh}*({g} + 2) + {H}*({delta} + 4)*({sigma} - {t}*({sigma} - 1)) + 2*{d}*{h} + 2*{d}*{n_kv})) + {pp}*({H}*{t} + 2*{V}))/({pp}*{t})))/({E_p}*{M_dev}*{pp}*{t} - 2*{H}*({E_p}*({n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))*(2*{z_g} + 6*{z_o} + {z_w}) + {n_E}*{n_L}*({E_p}*{t} + {F_ffn}*({g} + 2))*(2*Min(1, {E_p}*{z_g}) + 6*Min(1, {E_p}*{z_o}) + Min(1, {E_p}*{z_w})))), True))', 'smallest CP degree (real-valued) whose training memory of an MoE model fits M_dev, with flash attention; negative when the model states alone do not fit', 'devices', '[Korthikanti22 §4]', 'moe'),
     'moe_dp_comm_s': ('tau_DP_moe', 'H*p_g*(z3 - 2)*(-E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) - n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*pp*t)', '{H}*{p_g}*({z3} - 2)*(-{E_p}*({D} - 1)*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) - {n_E}*{n_L}*({D} - {E_p})*({E_p}*{t} + {F_ffn}*({g} + 2)))/({B_dp}*{D}*{E_p}*{pp}*{t})', "gradient reduction of an MoE model: its dense part over the D ranks, each expert's over the D/E_p ranks that hold it", 's', '[ZeRO §5], [GShard §2]', 'moe'),
-    'moe_dp_exposed_s': ('x_DP_moe', '-H*p_g*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)', '-{H}*{p_g}*({z3} - 2)*({E_p}*({D} - 1)*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({D} - {E_p})*({E_p}*{t} + {F_ffn}*({g} + 2)))/({B_dp}*{D}*{E_p}*{n_bkt}*{pp}*{t})', 'the last gradient bucket of an MoE model, reduced after the backward ends', 's', 'PyTorch DDP, [Megatron21 §5]', 'moe'),
-    'moe_dp_overflow_s': ('x_DP_over_moe', '-H*p_g*(n_bkt - 1)*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)', '-{H}*{p_g}*({n_bkt} - 1)*({z3} - 2)*({E_p}*({D} - 1)*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({D} - {E_p})*({E_p}*{t} + {F_ffn}*({g} + 2)))/({B_dp}*{D}*{E_p}*{n_bkt}*{pp}*{t})', "the other buckets' reduction of an MoE model, to be compared with the backward that hides it", 's', 'PyTorch DDP', 'moe'),
+    'moe_dp_exposed_s': ('x_DP_moe', 'H*p_g*(z3 - 2)*(n_bkt*(o_dp - 1) - o_dp)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)', '{H}*{p_g}*({z3} - 2)*({n_bkt}*({o_dp} - 1) - {o_dp})*({E_p}*({D} - 1)*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({D} - {E_p})*({E_p}*{t} + {F_ffn}*({g} + 2)))/({B_dp}*{D}*{E_p}*{n_bkt}*{pp}*{t})', 'the gradient reduction of an MoE model after the backward ends (as dp_exposed_s)', 's', 'PyTorch DDP, [Megatron21 §5]', 'moe'),
+    'moe_dp_overflow_s': ('x_DP_over_moe', '-H*o_dp*p_g*(n_bkt - 1)*(z3 - 2)*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*n_bkt*pp*t)', '-{H}*{o_dp}*{p_g}*({n_bkt} - 1)*({z3} - 2)*({E_p}*({D} - 1)*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({D} - {E_p})*({E_p}*{t} + {F_ffn}*({g} + 2)))/({B_dp}*{D}*{E_p}*{n_bkt}*{pp}*{t})', "the other buckets' reduction of an MoE model, to be compared with the backward that hides it", 's', 'PyTorch DDP', 'moe'),
     'moe_zero3_gather_s': ('tau_Z3_moe', '2*H*p*z3*(E_p*(D - 1)*(V*e_m + n_L*(F_sh*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + n_E*n_L*(D - E_p)*(E_p*t + F_ffn*(g + 2)))/(B_dp*D*E_p*pp*t)', '2*{H}*{p}*{z3}*({E_p}*({D} - 1)*({V}*{e_m} + {n_L}*({F_sh}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {n_E}*{n_L}*({D} - {E_p})*({E_p}*{t} + {F_ffn}*({g} + 2)))/({B_dp}*{D}*{E_p}*{pp}*{t})', 'ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over D ranks, the experts over D/E_p', 's', '[ZeRO §5.3], [GShard §2]', 'moe'),
     'ulysses_exchange_recv_bytes': ('m_U', 'S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(2*N**2)', '{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/(2*{N}**2)', "bytes a rank receives in one of Ulysses' four all-to-alls (their mean under GQA)", 'B', '[A-RingCost §4.2]', 'calibration'),
     'alltoall_excess_s': ('tau_Ux', '4*Max(0, (-2*N**2*X_k + S*b*d*p*(N - 1)*(h + Max(N, n_kv)))/(2*N**2))/B_x', '4*Max(0, (-2*{N}**2*{X_k} + {S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv})))/(2*{N}**2))/{B_x}', "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta (added to tau_U on a measured profile)", 's', '[A-RingCost §11]', 'calibration'),
@@ -1072,31 +1108,36 @@ ARGS = {
     'layer_elementwise_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'p', 't'),
     'head_flops': ('H', 'N', 'S', 'V', 'b', 't'),
     'loss_bytes': ('N', 'S', 'V', 'b', 't'),
-    'tp_comm_s': ('B_tp', 'H', 'N', 'S', 'b', 'p', 't'),
+    'tp_comm_s': ('B_tp', 'H', 'N', 'S', 'alpha_tp', 'b', 'p', 't'),
     'cp_allgather_bytes': ('N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
-    'layer_attn_fwd_s': ('F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 't', 'u_cp'),
-    'layer_attn_bwd_s': ('F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 't', 'u_cp'),
+    'layer_score_elements': ('N', 'S', 'b', 'c', 'h', 't', 'x_att'),
+    'layer_attn_fwd_s': ('B_hbm', 'F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sf', 't', 'u_cp', 'x_att'),
+    'layer_attn_bwd_s': ('B_hbm', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 't', 'u_cp', 'x_att'),
     'ring_merge_bytes': ('N', 'S', 'b', 'd', 'h', 'k_copy', 'p', 'p_acc', 't'),
     'ring_overhead_s': ('B_hbm', 'N', 'S', 'b', 'd', 'h', 'k_copy', 'p', 'p_acc', 't', 't_launch'),
     'cp_ring_fwd_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
     'cp_ring_bwd_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 'p_acc', 't'),
-    'cp_ring_fwd_exposed_s': ('B_cp', 'F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 'n_kv', 'o_cp', 'p', 's_comm', 't', 'u_cp'),
-    'cp_ring_bwd_exposed_s': ('B_cp', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'n_kv', 'o_cp', 'p', 'p_acc', 's_comm', 't', 'u_cp'),
+    'cp_ring_fwd_exposed_s': ('B_cp', 'B_hbm', 'F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sf', 'n_kv', 'o_cp', 'p', 's_comm', 't', 'u_cp', 'x_att'),
+    'cp_ring_bwd_exposed_s': ('B_cp', 'B_hbm', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 'n_kv', 'o_cp', 'p', 'p_acc', 's_comm', 't', 'u_cp', 'x_att'),
     'cp_allgather_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
     'cp_ulysses_s': ('B_cp', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
     'cp_usp_a2a_s': ('B_cp', 'N_r', 'N_u', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
-    'tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'o_tp', 'p', 's_comm', 't'),
-    'layer_compute_fwd_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'n_kv', 'p', 't', 'u_cp'),
-    'layer_compute_bwd_s': ('B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'n_kv', 'p', 't', 'u_cp'),
-    'layer_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'n_kv', 'p', 'rc_full', 'rc_sel', 't', 'u_cp'),
-    'head_s': ('B_hbm', 'F_gemm', 'H', 'N', 'S', 'V', 'b', 't'),
+    'tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'alpha_tp', 'b', 'd', 'g', 'h', 'n_kv', 'o_tp', 'p', 's_comm', 't'),
+    'layer_gemm_fwd_s': ('F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 't'),
+    'layer_gemm_bwd_s': ('F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 't'),
+    'layer_compute_fwd_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'k_sf', 'n_kv', 'p', 't', 'u_cp', 'x_att'),
+    'layer_compute_bwd_s': ('B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'k_sb', 'n_kv', 'p', 't', 'u_cp', 'x_att'),
+    'layer_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'd', 'g', 'h', 'k_sf', 'n_kv', 'p', 'rc_full', 'rc_sel', 't', 'u_cp', 'x_att'),
+    'layer_host_s': ('n_kb', 'n_kf', 'rc_full', 't_k'),
+    'layer_host_wait_s': ('n_kb', 'n_kf', 'rc_full', 't_dev', 't_k'),
+    'head_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 't'),
     'pp_send_s': ('B_pp', 'H', 'N', 'S', 'b', 'p', 't'),
     'pp_exposed_s': ('B_pp', 'H', 'N', 'S', 'b', 'm_mb', 'o_pp', 'p', 'pp', 't', 'v_pp'),
     'pipeline_bubble_fraction': ('m_mb', 'pp', 'v_pp'),
     'device_params': ('F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'pp', 't'),
     'dp_comm_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_g', 'pp', 't', 'z3'),
-    'dp_exposed_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
-    'dp_overflow_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
+    'dp_exposed_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 't', 'z3'),
+    'dp_overflow_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 't', 'z3'),
     'zero3_gather_s': ('B_dp', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p', 'pp', 't', 'z3'),
     'optimizer_s': ('B_hbm', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'k_opt', 'n_L', 'n_kv', 'pp', 't'),
     'model_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
@@ -1135,6 +1176,7 @@ ARGS = {
     'alltoall_bandwidth': ('B_bis', 'B_l', 'P_g', 'n_l'),
     'torus_allgather_bandwidth': ('B_l', 'D_g', 'w_t'),
     'inter_node_bandwidth': ('B_nic', 'n_nic', 'o_x'),
+    'ring_collective_inter_node_bandwidth': ('B_nic', 'k_n', 'n_nic', 'o_x'),
     'moe_active_ffn': ('F_ffn', 'F_sh', 'k_E'),
     'moe_device_expert_params': ('E_p', 'F_ffn', 'H', 'g', 'n_E', 'n_L', 'pp', 't'),
     'moe_device_tokens': ('N', 'S', 'b', 't'),
@@ -1150,8 +1192,8 @@ ARGS = {
     'moe_training_memory_bytes': ('C_f', 'E_p', 'F_ffn', 'F_sh', 'H', 'N', 'S', 'V', 'b', 'd', 'delta', 'e_m', 'g', 'h', 'k_E', 'n_E', 'n_L', 'n_kv', 'p', 'p_acc', 'phi', 'pp', 'rho', 'sigma', 't', 'z_g', 'z_o', 'z_w'),
     'moe_n_min_memory': ('C_f', 'E_p', 'F_ffn', 'F_sh', 'H', 'M_dev', 'S', 'V', 'b', 'd', 'delta', 'e_m', 'g', 'h', 'k_E', 'n_E', 'n_L', 'n_kv', 'p', 'p_acc', 'pp', 'rho', 'sigma', 't', 'z_g', 'z_o', 'z_w'),
     'moe_dp_comm_s': ('B_dp', 'D', 'E_p', 'F_ffn', 'F_sh', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_E', 'n_L', 'n_kv', 'p_g', 'pp', 't', 'z3'),
-    'moe_dp_exposed_s': ('B_dp', 'D', 'E_p', 'F_ffn', 'F_sh', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_E', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
-    'moe_dp_overflow_s': ('B_dp', 'D', 'E_p', 'F_ffn', 'F_sh', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_E', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 't', 'z3'),
+    'moe_dp_exposed_s': ('B_dp', 'D', 'E_p', 'F_ffn', 'F_sh', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_E', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 't', 'z3'),
+    'moe_dp_overflow_s': ('B_dp', 'D', 'E_p', 'F_ffn', 'F_sh', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_E', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 't', 'z3'),
     'moe_zero3_gather_s': ('B_dp', 'D', 'E_p', 'F_ffn', 'F_sh', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_E', 'n_L', 'n_kv', 'p', 'pp', 't', 'z3'),
     'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
     'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
@@ -1222,6 +1264,16 @@ SYMBOLS = {
     's_comm': ('slowdown of compute that runs beside a communication kernel (SMs it takes)', '1', 'kernel tables'),
     't_launch': ('fixed cost of one ring step outside the kernels (launches, stream waits)', 's', 'kernel tables'),
     'k_copy': ('query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)', '1', '[ring-flash-attn]'),
+    'F_gemm_b': ("achieved FLOP/s of the layer's backward multiplies (input and weight gradients, at their shapes)", 'FLOP/s', 'kernel tables'),
+    'F_head': ("achieved FLOP/s of the output layer's multiply", 'FLOP/s', 'kernel tables'),
+    'x_att': ('score pairs the attention kernel computes per visible pair (fused: 1; unfused: 1/c, the whole square)', '1', '[FA2 §3]'),
+    'k_sf': ("HBM bytes per score element an unfused attention's forward moves (scores, softmax, dropout; fused: 0)", 'B', '[Megatron21 §3]'),
+    'k_sb': ("HBM bytes per score element an unfused attention's backward moves (fused: 0)", 'B', '[Megatron21 §3]'),
+    'n_kf': ("kernels one layer's forward launches on a device", '1', '[Megatron21 §3]'),
+    'n_kb': ("kernels one layer's backward launches on a device", '1', '[Megatron21 §3]'),
+    't_k': ('fixed cost of one kernel launch on the critical path (launch, framework dispatch, the gap between kernels)', 's', 'kernel tables'),
+    't_dev': ("device time of one layer's passes for one micro-batch (compute and exposed communication)", 's', '[Megatron21 §3]'),
+    'o_dp': ('share of the gradient reduction that overlaps the backward (1: bucketed as PyTorch DDP; 0: after it)', '1', 'PyTorch DDP, [Megatron21 §5]'),
     'T_n': ('new tokens per sequence in one prefill (or prefill chunk)', 'tokens', '[CP-Infer]'),
     'K_c': ('tokens already in the KV cache before that prefill (cached prefix, earlier chunks)', 'tokens', '[CP-Infer]'),
     'S_kv': ('KV-cache tokens one CP rank holds per sequence (rounded up to whole pages when paged)', 'tokens', '[CP-Infer]'),
@@ -1238,6 +1290,7 @@ SYMBOLS = {
     'D_g': ('torus dimensions the group spans', '1', '[ScalingBook]'),
     'B_nic': ('per-direction bandwidth of one NIC of the inter-node fabric', 'B/s', 'hardware profile'),
     'n_nic': ('NICs a device drives at once', 'NICs', 'hardware profile'),
+    'k_n': ('members of a group on one node (they share the NICs they hold)', 'devices', '[NCCL-Tuning]'),
     'o_x': ("spine oversubscription the group's inter-node traffic meets (1 when it stays on one rail's leaf)", '1', '[RailOnly]'),
     'n_E': ('routed experts per MoE layer', 'experts', '[Switch §2]'),
     'k_E': ('experts each token is routed to (top-k)', 'experts', '[GShard §2]'),

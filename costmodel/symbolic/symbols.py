@@ -221,6 +221,61 @@ k_copy = _symbol(
     "[ring-flash-attn]",
     nonnegative=True,
 )
+# What real runs pay beyond the FLOP: each multiply at its own shape, an unfused attention's score matrix,
+# a fixed cost per kernel, collective latency per hop, and a gradient reduction that may not overlap.
+F_gemm_b = _symbol(
+    "F_gemm_b",
+    "achieved FLOP/s of the layer's backward multiplies (input and weight gradients, at their shapes)",
+    "FLOP/s",
+    "kernel tables",
+)
+F_head = _symbol("F_head", "achieved FLOP/s of the output layer's multiply", "FLOP/s", "kernel tables")
+x_att = _symbol(
+    "x_att",
+    "score pairs the attention kernel computes per visible pair (fused: 1; unfused: 1/c, the whole square)",
+    "1",
+    "[FA2 §3]",
+)
+k_sf = _symbol(
+    "k_sf",
+    "HBM bytes per score element an unfused attention's forward moves (scores, softmax, dropout; fused: 0)",
+    "B",
+    "[Megatron21 §3]",
+    nonnegative=True,
+)
+k_sb = _symbol(
+    "k_sb",
+    "HBM bytes per score element an unfused attention's backward moves (fused: 0)",
+    "B",
+    "[Megatron21 §3]",
+    nonnegative=True,
+)
+n_kf = _symbol(
+    "n_kf", "kernels one layer's forward launches on a device", "1", "[Megatron21 §3]", integer=True
+)
+n_kb = _symbol(
+    "n_kb", "kernels one layer's backward launches on a device", "1", "[Megatron21 §3]", integer=True
+)
+t_k = _symbol(
+    "t_k",
+    "fixed cost of one kernel launch on the critical path (launch, framework dispatch, the gap between kernels)",
+    "s",
+    "kernel tables",
+    nonnegative=True,
+)
+t_dev = _symbol(
+    "t_dev",
+    "device time of one layer's passes for one micro-batch (compute and exposed communication)",
+    "s",
+    "[Megatron21 §3]",
+)
+o_dp = _symbol(
+    "o_dp",
+    "share of the gradient reduction that overlaps the backward (1: bucketed as PyTorch DDP; 0: after it)",
+    "1",
+    "PyTorch DDP, [Megatron21 §5]",
+    nonnegative=True,
+)
 
 # Inference: a prefill of new tokens against a cached prefix, and decode, under TP x CP x PP ([CP-Infer]).
 INFER = "[CP-Infer]"
@@ -286,6 +341,9 @@ B_nic = _symbol(
     "B_nic", "per-direction bandwidth of one NIC of the inter-node fabric", "B/s", "hardware profile"
 )
 n_nic = _symbol("n_nic", "NICs a device drives at once", "NICs", "hardware profile")
+k_n = _symbol(
+    "k_n", "members of a group on one node (they share the NICs they hold)", "devices", "[NCCL-Tuning]"
+)
 o_x = _symbol(
     "o_x",
     "spine oversubscription the group's inter-node traffic meets (1 when it stays on one rail's leaf)",

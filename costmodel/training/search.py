@@ -22,7 +22,7 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import Collective, Machine
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.schedule.layouts import chunks_per_rank, divisors
@@ -226,7 +226,7 @@ class _Shapes:
     ) -> None:
         self.inputs, self.setup, self.step, self.model, self.machine = inputs, setup, step, model, machine
         self.cache: dict[tuple, dict[str, Any]] = {}
-        self.links: dict[tuple[int, int], float] = {}
+        self.links: dict[tuple[int, int, Collective], float] = {}
 
     def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
         key = (tp, cp, mb, scheme, layout)
@@ -244,15 +244,17 @@ class _Shapes:
             self.cache[key] = bind(inputs, setup, step, self.model, self.machine)
         return self.cache[key]
 
-    def link(self, stride: int, size: int) -> float:
-        if (stride, size) not in self.links:
-            self.links[(stride, size)] = self.machine.placed(stride).link(size, "p2p").bandwidth
-        return self.links[(stride, size)]
+    def link(self, stride: int, size: int, collective: Collective) -> float:
+        if (stride, size, collective) not in self.links:
+            self.links[(stride, size, collective)] = (
+                self.machine.placed(stride).link(size, collective).bandwidth
+            )
+        return self.links[(stride, size, collective)]
 
-    def links_of(self, strides: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        """B of every (stride, size) group, looked up once per distinct pair."""
+    def links_of(self, strides: np.ndarray, sizes: np.ndarray, collective: Collective) -> np.ndarray:
+        """B of every (stride, size) group's ``collective``, looked up once per distinct pair."""
         _, first, index = np.unique(_key(strides, sizes), return_index=True, return_inverse=True)
-        return np.array([self.link(int(strides[i]), int(sizes[i])) for i in first])[index]
+        return np.array([self.link(int(strides[i]), int(sizes[i]), collective) for i in first])[index]
 
 
 def _key(*columns: np.ndarray) -> np.ndarray:
@@ -264,7 +266,20 @@ def _key(*columns: np.ndarray) -> np.ndarray:
     return key
 
 
-PER_SHAPE = ("u_cp", "k_copy", "B_tp", "B_cp", "N_u", "N_r", "F_gemm", "F_attn", "F_attn_bwd")
+PER_SHAPE = (
+    "u_cp",
+    "k_copy",
+    "B_tp",
+    "alpha_tp",
+    "B_cp",
+    "N_u",
+    "N_r",
+    "F_gemm",
+    "F_gemm_b",
+    "F_head",
+    "F_attn",
+    "F_attn_bwd",
+)
 
 
 def evaluate_table(
@@ -303,8 +318,8 @@ def evaluate_table(
         "rc_sel": (c["rc"] == 1).astype(float),
         "rc_full": (c["rc"] == 2).astype(float),
     }
-    v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"])
-    v["B_pp"] = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"])
+    v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring")
+    v["B_pp"] = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"], "p2p")
     v["n_bkt"] = buckets(v, step, model)
     breakdown = {name: np.zeros(len(table)) for name in step_breakdown(base, "ring", model)}
     for p, (scheme, _) in enumerate(table.pairs):

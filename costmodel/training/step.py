@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
+from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans.inputs import (
     MAX_HEADS,
@@ -44,6 +45,7 @@ from costmodel.symbolic import numeric
 from costmodel.training import moe
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
+AttentionKernel = Literal["flash", "unfused"]
 
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
@@ -76,6 +78,18 @@ class StepSetup(BaseModel):
         0.0, "Share of TP collectives hidden under the matrix multiplies (async TP), in [0, 1].", ge=0, le=1
     )
     cp_overlap: Number = flag(1.0, "Share of ring transfers hidden under attention, in [0, 1].", ge=0, le=1)
+    dp_overlap: Number = flag(
+        1.0,
+        "Share of the gradient reduction overlapped with the backward, in [0, 1]: 1 bucketed (PyTorch DDP, "
+        "FSDP, Megatron's --overlap-grad-reduce), 0 reduced after it (Megatron's default).",
+        ge=0,
+        le=1,
+    )
+    attention_kernel: AttentionKernel = flag(
+        "flash",
+        "The attention kernel: flash (fused, the profile's attention tables) or unfused (Megatron's core "
+        "attention: batched multiplies with the score matrix through HBM, softmax and dropout; no CP).",
+    )
     pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
     bucket_bytes: Number = flag(
         DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", gt=0, le=2**40
@@ -125,23 +139,28 @@ STEP_EXCLUDE = frozenset(
 _DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, TrainingSetup, StepSetup, MachineOverrides)
 
 
-def step_machine(inputs: PlanInputs, overrides: MachineOverrides | None = None) -> Machine:
+def step_machine(
+    inputs: PlanInputs, overrides: MachineOverrides | None = None, profile: HardwareProfile | None = None
+) -> Machine:
     """The step's machine: the profile as the command line changes it, with every rank placed by the step.
 
     A profile's ``cp_ranks_per_node`` stands in for the TP a single-layer plan does not know (the -ib
     profiles put one CP rank per node: TP fills it); the step states TP, so a node holds devices_per_node
     consecutive ranks unless ``--cp-ranks-per-node`` says otherwise."""
-    machine = machine_for(inputs, overrides)
+    machine = machine_for(inputs, overrides, profile)
     stated = overrides.cp_ranks_per_node if overrides is not None else None
     profile = machine.profile.model_copy(update={"cp_ranks_per_node": stated})
     return Machine(profile, machine.dtype, machine.efficiency)
 
 
-def build_step(**values: Any) -> tuple[PlanInputs, TrainingSetup, StepSetup, Machine]:
+def build_step(
+    profile: HardwareProfile | None = None, **values: Any
+) -> tuple[PlanInputs, TrainingSetup, StepSetup, Machine]:
     """The step's inputs from flat keyword values named as the command's flags (``model``, ``seq``, ``hw``,
     ``gpus``, ``tp``, ``cp`` or ``n``, ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``,
     ``cp_scheme``, ``layout``, ``zero``, ``efficiency``, ...), with the command's defaults, each model
-    validated once (:func:`~costmodel.plans.inputs.build`): for tests and notebooks."""
+    validated once (:func:`~costmodel.plans.inputs.build`): for tests and notebooks. ``profile``, already
+    loaded, stands in for reading ``hw`` again (many runs on one machine)."""
     given = dict(values)
     if "cp" in given:
         given["n"] = given.pop("cp")
@@ -158,7 +177,7 @@ def build_step(**values: Any) -> tuple[PlanInputs, TrainingSetup, StepSetup, Mac
         inputs,
         build(TrainingSetup, **parts[TrainingSetup]),
         build(StepSetup, **parts[StepSetup]),
-        step_machine(inputs, overrides),
+        step_machine(inputs, overrides, profile),
     )
 
 
@@ -181,12 +200,10 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
             f"{step.global_batch} is not divisible by micro-batch x DP = {step.micro_batch} x {dp}",
         )
     micro = step.global_batch // (step.micro_batch * dp)
-    if setup.pp > 1 and micro < setup.pp:
-        raise InputError(
-            "--global-batch", f"{micro} micro-batches per pipeline is fewer than --pp {setup.pp} stages"
-        )
     if step.vpp > 1 and setup.pp == 1:
         raise InputError("--vpp", "interleaving needs --pp > 1")
+    if step.attention_kernel == "unfused" and inputs.n > 1:
+        raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     moe.check(model, step.ep, dp)
     if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
         raise InputError(
@@ -206,8 +223,10 @@ def _collectives(step: StepSetup) -> dict[str, Any]:
     """The collective CP waits on (all-to-all for Ulysses, all-gather for Llama 3's scheme, else ring sends),
     and EP's all-to-all."""
     return {
+        "tp": "ring",
         "cp": {"ulysses": "alltoall", "allgather": "allgather"}.get(step.cp_scheme, "p2p"),
         "ep": "alltoall",
+        "dp": "ring",
     }
 
 
@@ -218,7 +237,7 @@ def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int
     links = machine.group_links(order, sizes, _collectives(step))
     if "ep" in sizes:
         placed = strides(order, sizes)
-        links["dp"] = machine.placed(min(placed["ep"], placed["dp"])).link(dp)
+        links["dp"] = machine.placed(min(placed["ep"], placed["dp"])).link(dp, "ring")
     return links
 
 
@@ -229,29 +248,75 @@ def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> 
     return n_u, inputs.n // n_u
 
 
-def layer_gemm_rate(model: ModelPreset, machine: Machine, tp: int, rows: int) -> float:
-    """F_gemm: the FLOP-weighted rate of a layer's four forward multiplies, TP-split, on ``rows`` tokens."""
+# Kernels one layer launches on a device, (forward, backward), counted from Megatron-LM's GPT layer
+# [Megatron21 §3]: two norms, four multiplies (each twice in backward: input and weight gradient), the
+# attention (fused: one kernel and two layout copies; unfused: batched QK^T, the fused scale-mask softmax,
+# dropout, the batched product with V and a copy), bias-GeLU, two bias-dropout-adds, two TP collectives, and
+# in backward the bias gradients and each elementwise kernel's own backward.
+LAYER_KERNELS: dict[str, tuple[int, int]] = {"flash": (14, 28), "unfused": (17, 31)}
+
+
+def _layer_shapes(model: ModelPreset, tp: int) -> list[tuple[int, int]]:
+    """(n, k) of a layer's four forward multiplies on one TP shard: QKV, output projection, MLP in, out."""
     hidden, d = model.hidden, model.head_dim
     mlp_in = (2 if model.gated_mlp else 1) * model.ffn_hidden
-    shapes = [  # (n, k) of the forward multiplies, TP-split
+    return [
         ((model.heads + 2 * model.kv_heads) * d // tp, hidden),
         (hidden, model.heads * d // tp),
         (mlp_in // tp, hidden),
         (hidden, model.ffn_hidden // tp),
     ]
-    work = [n * k for n, k in shapes]
-    seconds = sum(w / machine.gemm_rate(max(rows, 1), n, k) for w, (n, k) in zip(work, shapes, strict=True))
+
+
+def gemm_calls_rate(machine: Machine, calls: list[tuple[int, int, int]], batch: int = 1) -> float:
+    """The FLOP-weighted rate of (m, n, k) multiplies run one after another, each at its own shape."""
+    work = [2.0 * m * n * k for m, n, k in calls]
+    seconds = sum(w / machine.gemm_rate(m, n, k, batch) for w, (m, n, k) in zip(work, calls, strict=True))
     return sum(work) / seconds
+
+
+def layer_gemm_rate(
+    model: ModelPreset, machine: Machine, tp: int, rows: int, backward: bool = False
+) -> float:
+    """F_gemm (or F_gemm_b): the rate of a layer's forward multiplies, TP-split, on ``rows`` tokens; backward,
+    of their input gradients (rows x k from rows x n) and weight gradients (k x n over the rows)."""
+    rows = max(rows, 1)
+    shapes = _layer_shapes(model, tp)
+    if backward:
+        calls = [call for n, k in shapes for call in ((rows, k, n), (k, n, rows))]
+    else:
+        calls = [(rows, n, k) for n, k in shapes]
+    return gemm_calls_rate(machine, calls)
+
+
+def _unfused_rates(seq: int, heads: int, d: int, machine: Machine) -> tuple[float, float]:
+    """(F_attn, F_attn_bwd) of Megatron's unfused attention: batched multiplies over the whole S x S square,
+    one per head of the micro-batch (the score matrix's HBM passes are the formulas' k_sf, k_sb). The
+    backward's rate is over 2.5x the forward FLOP, as the attention formulas count it."""
+    forward = [(seq, seq, d), (seq, d, seq)]  # scores QK^T, then probabilities x V
+    backward = [(seq, d, seq), (seq, d, seq), (seq, seq, d), (seq, d, seq)]  # dQ, dK, dP, dV
+    f_fwd = gemm_calls_rate(machine, forward, heads)
+    flops_fwd = sum(2.0 * m * n * k for m, n, k in forward)
+    flops_bwd = sum(2.0 * m * n * k for m, n, k in backward)
+    f_bwd = gemm_calls_rate(machine, backward, heads)
+    return f_fwd, 2.5 * flops_fwd / (flops_bwd / f_bwd)
 
 
 def _rates(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine, n_r: int
 ) -> dict[str, float]:
-    """F_gemm, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or --efficiency) at this
-    layer's shapes."""
+    """F_gemm, F_gemm_b, F_head, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or
+    --efficiency) at this layer's shapes."""
     t, d = setup.tp, model.head_dim
     rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
-    f_gemm = layer_gemm_rate(model, machine, t, rows)
+    rates = {
+        "F_gemm": layer_gemm_rate(model, machine, t, rows),
+        "F_gemm_b": layer_gemm_rate(model, machine, t, rows, backward=True),
+        "F_head": gemm_calls_rate(machine, [(rows, max(model.vocab // t, 1), model.hidden)]),
+    }
+    if step.attention_kernel == "unfused":
+        f_attn, f_attn_bwd = _unfused_rates(inputs.seq, step.micro_batch * model.heads // t, d, machine)
+        return rates | {"F_attn": f_attn, "F_attn_bwd": f_attn_bwd}
     seq, n, scheme = inputs.seq, inputs.n, step.cp_scheme
     if n == 1 or scheme == "ulysses":
         calls = [(seq, seq, True, 1.0)]
@@ -272,7 +337,25 @@ def _rates(
         )
         return total / spent
 
-    return {"F_gemm": f_gemm, "F_attn": rate(False), "F_attn_bwd": rate(True)}
+    return rates | {"F_attn": rate(False), "F_attn_bwd": rate(True)}
+
+
+def _attention_kernel_values(step: StepSetup, model: ModelPreset, c: float) -> dict[str, Any]:
+    """x_att, k_sf, k_sb, n_kf, n_kb of the chosen attention kernel. Unfused, the score matrix is computed
+    whole (x_att = 1/c) and passes through HBM: the softmax reads and writes it (2p), dropout writes its
+    result and a one-byte mask (2p + 1); backward, dropout's gradient (2p + 1) and softmax's (3p), p = 2. The
+    batched multiplies' own reads and writes are in their rates."""
+    launches = LAYER_KERNELS[step.attention_kernel]
+    if step.attention_kernel == "flash":
+        return {"x_att": 1.0, "k_sf": 0.0, "k_sb": 0.0, "n_kf": launches[0], "n_kb": launches[1]}
+    p, dropout = 2, int(model.dropout)
+    return {
+        "x_att": 1.0 / c,
+        "k_sf": 2 * p + dropout * (2 * p + 1),
+        "k_sb": 3 * p + dropout * (2 * p + 1),
+        "n_kf": launches[0],
+        "n_kb": launches[1],
+    }
 
 
 def bind(
@@ -283,6 +366,7 @@ def bind(
     n_u, n_r = _usp_split(inputs, setup, model)
     t, n, scheme = setup.tp, inputs.n, step.cp_scheme
     kernels, device = machine.profile.kernels, machine.profile.device
+    links = _group_links(setup, step, machine, n, dp)
     causal_ring = inputs.layout == "contiguous" and scheme in ("ring", "usp", "allgather") and n > 1
     values: dict[str, Any] = {
         "S": inputs.seq,
@@ -311,13 +395,16 @@ def bind(
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
+        "t_k": machine.launch_s,
         # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
-        **{f"B_{dim}": link.bandwidth for dim, link in _group_links(setup, step, machine, n, dp).items()},
+        **{f"B_{dim}": link.bandwidth for dim, link in links.items()},
+        "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
         "o_tp": step.tp_overlap,
         "o_cp": step.cp_overlap,
         "o_pp": step.pp_overlap,
+        "o_dp": step.dp_overlap,
         "z3": int(setup.zero == 3),
         "p_g": step.grad_bytes,
         "k_opt": step.optimizer_bytes,
@@ -329,6 +416,7 @@ def bind(
     values["F_ffn"] = moe.active_ffn(model)
     values["n_bkt"] = int(buckets(values, step, model))
     values.update(_rates(inputs, setup, step, model, machine, n_r))
+    values.update(_attention_kernel_values(step, model, values["c"]))
     return values
 
 
@@ -368,7 +456,7 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
     numbers, or numpy arrays over many plans of one CP scheme at once (the layout search)."""
     v = values
     m, stage_layers, full = v["m_mb"], v["n_L"] / v["pp"], v["rc_full"]
-    gemm = 3 * _call("layer_gemm_flops", v) / v["F_gemm"]
+    gemm = _call("layer_gemm_fwd_s", v) + _call("layer_gemm_bwd_s", v)
     attention = _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v)
     elementwise = 3 * _call("layer_elementwise_bytes", v) / v["B_hbm"]
     recompute = _call("layer_recompute_s", v)
@@ -379,7 +467,9 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
     ep_a2a, imbalance = moe.per_layer(v, model.ffn_hidden)
     ep_a2a, imbalance = (2 + full) * ep_a2a, (3 + full) * imbalance
     head = _call("head_s", v)
-    layer = gemm + attention + elementwise + recompute + tp + cp + ring + ep_a2a + imbalance
+    device = gemm + attention + elementwise + recompute + tp + cp + ring + ep_a2a + imbalance
+    host_wait = _call("layer_host_wait_s", {**v, "t_dev": device})
+    layer = device + host_wait
     micro_batch_s = stage_layers * layer + head
     backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
     # Gradients and ZeRO-3 gathers move every weight a device holds: all its experts, not the active ones.
@@ -393,6 +483,7 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
         "matrix multiplies": per * gemm,
         "attention": per * attention,
         "elementwise (memory-bound)": per * elementwise,
+        "waiting on the host (kernel launches)": per * host_wait,
         "recompute": per * recompute,
         "output layer and loss": m * head,
         "exposed TP comm": per * tp,
@@ -400,7 +491,8 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
         "CP ring overheads (merge, copies, launches)": per * ring,
         "exposed EP all-to-all (MoE)": per * ep_a2a,
         "MoE routing imbalance": per * imbalance,
-        "pipeline bubble": (v["pp"] - 1) / v["v_pp"] * micro_batch_s,
+        # The fill and drain run through the other stages, which hold layers but not the output layer.
+        "pipeline bubble": (v["pp"] - 1) / v["v_pp"] * stage_layers * layer,
         "exposed PP sends": numpy.where(numpy.asarray(v["pp"]) > 1, _call("pp_exposed_s", v), 0.0),
         "exposed DP comm": dp,
         "exposed ZeRO-3 gathers": zero3,
@@ -409,15 +501,22 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
 
 
 def evaluate_step(
-    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    machine: Machine,
+    model: ModelPreset | None = None,
 ) -> dict[str, Any]:
-    """The step's time, throughput, MFU/HFU and breakdown (seconds per component, summing to the step)."""
-    if inputs.model is None:
-        raise InputError(
-            "--model",
-            "the step needs a model preset (its layers, hidden and vocabulary sizes); e.g. --model llama3-8b",
-        )
-    model = load_model(inputs.model)
+    """The step's time, throughput, MFU/HFU and breakdown (seconds per component, summing to the step);
+    ``model``, already built, stands in for ``inputs.model``."""
+    if model is None:
+        if inputs.model is None:
+            raise InputError(
+                "--model",
+                "the step needs a model preset (its layers, hidden and vocabulary sizes); e.g. --model "
+                "llama3-8b",
+            )
+        model = load_model(inputs.model)
     v = bind(inputs, setup, step, model, machine)
     m = v["m_mb"]
     breakdown = {name: float(value) for name, value in step_breakdown(v, step.cp_scheme, model).items()}

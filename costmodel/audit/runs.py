@@ -1,0 +1,425 @@
+"""Measured training runs as data: a table of runs, each predicted by the step model and held against its
+measured iteration time, with the error over the table and by group (docs/audit.md, "Measured runs").
+
+One row is one run: the model (a preset, a YAML or config.json, or its shape as columns), the parallel
+layout, the batch, recompute and precision, and what was measured. Columns take the names below or the
+header of the vTrain dataset ([vTrain]) exactly as it is; a column the table lacks takes the value of
+``--assume COLUMN=VALUE`` or the step's default, and the report says which were assumed. A row given by its
+shape is a GPT model as Megatron-LM builds it: GeLU MLP of 4 x hidden, tied embeddings, the GPT-2
+vocabulary (50,257 tokens) and dropout.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from costmodel.core.errors import InputError
+from costmodel.machines.profiles import HardwareProfile, load_profile
+from costmodel.plans.models import ModelPreset, load_model
+from costmodel.symbolic import numeric
+from costmodel.training.step import bind, build_step, evaluate_step
+
+SCHEMA = "cp-plan/runs/v1"
+LARGE_MISS = 0.15  # |error| beyond which a row's miss is explained by component
+MAX_ROWS = 100_000
+GPT_VOCAB = 50257  # the GPT-2 tokenizer's, as Megatron-LM's GPT examples use
+
+# column: (type, what it holds). Every name is also accepted with spaces for underscores.
+COLUMNS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "label": (str, "a name for the run (default: its row number)"),
+    "model": (str, "model preset, YAML or config.json (else give hidden, heads, layers)"),
+    "hidden": (int, "hidden size"),
+    "heads": (int, "attention heads"),
+    "kv_heads": (int, "key/value heads (default: heads)"),
+    "layers": (int, "transformer layers"),
+    "ffn_hidden": (int, "MLP inner size (default: 4 x hidden)"),
+    "vocab": (int, f"vocabulary (default: {GPT_VOCAB:,})"),
+    "seq": (int, "sequence length, tokens"),
+    "gpus": (int, "accelerators in the job"),
+    "tp": (int, "tensor-parallel degree"),
+    "cp": (int, "context-parallel degree (default 1)"),
+    "pp": (int, "pipeline-parallel degree (default 1)"),
+    "vpp": (int, "virtual pipeline stages (default 1)"),
+    "dp": (int, "data-parallel degree, checked against gpus / (tp x cp x pp)"),
+    "micro_batch": (int, "sequences per micro-batch"),
+    "global_batch": (int, "sequences per optimizer step"),
+    "recompute": (str, "none, selective or full (default none)"),
+    "precision": (str, "bf16 or fp16 (default bf16); fp16 reduces fp16 gradients, bf16 fp32 ones"),
+    "attention_kernel": (str, "flash or unfused (default flash)"),
+    "dp_overlap": (float, "share of the gradient reduction overlapped with the backward (default 1)"),
+    "cp_scheme": (str, "ring, ulysses, usp or allgather (default ring)"),
+    "zero": (int, "ZeRO stage 0-3 (default 0)"),
+    "hw": (str, "hardware profile of the run (default --hw)"),
+    "iteration_ms": (float, "measured time per iteration, ms"),
+    "iteration_s": (float, "measured time per iteration, s"),
+    "tokens_per_s": (float, "measured tokens per second, whole job"),
+    "params_b": (float, "parameters, billions (stated; the model's own count is used)"),
+}
+# vTrain's headers (data/ground_truth_single.csv and ground_truth_multi.csv), lower-cased.
+ALIASES = {
+    "# gpus": "gpus",
+    "global batch": "global_batch",
+    "micro batch": "micro_batch",
+    "hidden size": "hidden",
+    "attention heads": "heads",
+    "# layers": "layers",
+    "sequence length": "seq",
+    "tensor parallelism": "tp",
+    "data parallelism": "dp",
+    "pipeline parallelism": "pp",
+    "iteration time (ms)": "iteration_ms",
+    "parameters (billion)": "params_b",
+}
+MEASURED = ("iteration_ms", "iteration_s", "tokens_per_s")
+STEP_KEYS = ("seq", "gpus", "tp", "cp", "pp", "vpp", "micro_batch", "global_batch", "recompute")
+STEP_KEYS += ("attention_kernel", "dp_overlap", "cp_scheme", "zero")
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One row: the step's keyword values (``cp-plan step``'s flags), its model and its measured step time."""
+
+    label: str
+    values: dict[str, Any]
+    model: ModelPreset
+    measured_s: float
+
+
+@dataclass
+class RunTable:
+    """The runs of one table and what was assumed for the columns it lacks."""
+
+    path: str
+    runs: list[MeasuredRun]
+    assumed: dict[str, str] = field(default_factory=dict)
+
+
+def _column(name: str) -> str:
+    key = name.strip().lower()
+    return ALIASES.get(key, key.replace(" ", "_"))
+
+
+def parse_assumptions(items: Iterable[str]) -> dict[str, str]:
+    """``--assume COLUMN=VALUE`` pairs, each a known column."""
+    out: dict[str, str] = {}
+    for item in items:
+        column, sep, value = item.partition("=")
+        column = _column(column)
+        if not sep or not value.strip():
+            raise InputError("--assume", f"{item!r} is not COLUMN=VALUE, e.g. recompute=full")
+        if column not in COLUMNS:
+            raise InputError("--assume", f"unknown column {column!r}; columns: {', '.join(COLUMNS)}")
+        out[column] = value.strip()
+    return out
+
+
+def _typed(column: str, text: str, where: str) -> Any:
+    kind = COLUMNS[column][0]
+    try:
+        value = kind(text.strip())
+    except ValueError:
+        raise InputError(
+            "--runs", f"{where}: column {column} is {text!r}, expected {kind.__name__}"
+        ) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError("--runs", f"{where}: column {column} is {text!r}, expected a finite number")
+    return value
+
+
+def _gpt(row: dict[str, Any], where: str) -> ModelPreset:
+    """A GPT model as Megatron-LM builds it, from the row's shape columns."""
+    missing = [c for c in ("hidden", "heads", "layers") if c not in row]
+    if missing:
+        raise InputError("--runs", f"{where}: give a model column or {', '.join(missing)}")
+    hidden, heads = row["hidden"], row["heads"]
+    if heads < 1 or hidden % heads:
+        raise InputError("--runs", f"{where}: heads {heads} must divide hidden {hidden}")
+    from pydantic import ValidationError
+
+    try:
+        return ModelPreset(
+            name=f"gpt-{hidden}x{row['layers']}",
+            source="shape from the runs table: a GPT layer as Megatron-LM builds it",
+            heads=heads,
+            kv_heads=row.get("kv_heads", heads),
+            head_dim=hidden // heads,
+            layers=row["layers"],
+            hidden=hidden,
+            ffn_hidden=row.get("ffn_hidden", 4 * hidden),
+            vocab=row.get("vocab", GPT_VOCAB),
+            gated_mlp=False,
+            tied_embeddings=True,
+            dropout=True,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InputError("--runs", f"{where}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def _measured_s(row: dict[str, Any], where: str) -> float:
+    if "iteration_ms" in row:
+        seconds = row["iteration_ms"] / 1e3
+    elif "iteration_s" in row:
+        seconds = row["iteration_s"]
+    elif "tokens_per_s" in row:
+        seconds = row["global_batch"] * row["seq"] / row["tokens_per_s"] if row["tokens_per_s"] else 0.0
+    else:
+        raise InputError("--runs", f"{where}: no measured column ({', '.join(MEASURED)})")
+    if not seconds > 0:
+        raise InputError("--runs", f"{where}: the measured time must be positive")
+    return float(seconds)
+
+
+def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = None) -> RunTable:
+    """The runs of a CSV table (see the module's docstring), every value checked with its row named."""
+    assume = assume or {}
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as handle:  # vTrain's tables open with a BOM
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if header is None:
+                raise InputError("--runs", f"{path} is empty; expected a header row and one row per run")
+            columns = [_column(name) for name in header]
+            unknown = [header[i] for i, c in enumerate(columns) if c not in COLUMNS]
+            if unknown:
+                raise InputError(
+                    "--runs", f"{path}: unknown column(s) {', '.join(map(repr, unknown))}; see docs/audit.md"
+                )
+            rows = []
+            for number, cells in enumerate(reader, start=2):
+                if not any(cell.strip() for cell in cells):
+                    continue
+                if len(cells) != len(columns):
+                    raise InputError(
+                        "--runs", f"{path} line {number}: {len(cells)} cells for {len(columns)} columns"
+                    )
+                if len(rows) >= MAX_ROWS:
+                    raise InputError("--runs", f"{path}: more than {MAX_ROWS:,} runs")
+                rows.append((number, dict(zip(columns, cells, strict=True))))
+    except FileNotFoundError:
+        raise InputError("--runs", f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise InputError("--runs", f"is a directory, expected a CSV table: {path}") from None
+    except UnicodeDecodeError:
+        raise InputError("--runs", f"not a UTF-8 text file: {path}") from None
+    except csv.Error as exc:
+        raise InputError("--runs", f"{path}: malformed CSV: {exc}") from None
+    if not rows:
+        raise InputError("--runs", f"{path} has a header but no runs")
+    lacking = {c: v for c, v in assume.items() if c not in columns}
+    models: dict[str, ModelPreset] = {}
+    runs = []
+    for number, cells in rows:
+        where = f"{path} line {number}"
+        row = {c: _typed(c, text, where) for c, text in {**lacking, **cells}.items() if text.strip()}
+        spec = row.get("model")
+        if spec is not None:
+            if spec not in models:
+                models[spec] = load_model(spec, field="--runs")
+            model = models[spec]
+        else:
+            model = _gpt(row, where)
+        missing = [c for c in ("seq", "gpus", "tp", "micro_batch", "global_batch") if c not in row]
+        if missing:
+            raise InputError("--runs", f"{where}: missing {', '.join(missing)}")
+        degrees = row["tp"] * row.get("cp", 1) * row.get("pp", 1)
+        if "dp" in row and row["dp"] * degrees != row["gpus"]:
+            raise InputError(
+                "--runs", f"{where}: tp x cp x pp x dp = {row['dp'] * degrees} is not the {row['gpus']} GPUs"
+            )
+        precision = row.get("precision", "bf16")
+        if precision not in ("bf16", "fp16"):
+            raise InputError("--runs", f"{where}: precision {precision!r}; give bf16 or fp16")
+        values = {k: row[k] for k in STEP_KEYS if k in row}
+        run_hw = row.get("hw", hw)
+        if run_hw is None:
+            raise InputError("--hw", "give the runs' hardware profile (or an hw column)")
+        values |= {"hw": run_hw, "dtype": precision, "grad_bytes": 2 if precision == "fp16" else 4}
+        label = str(row.get("label", f"line {number}"))
+        runs.append(MeasuredRun(label, values, model, _measured_s(row, where)))
+    return RunTable(path, runs, lacking)
+
+
+class Profiles:
+    """Each named profile loaded once (many runs share one; reading a profile's YAML is the slow part)."""
+
+    def __init__(self, override: HardwareProfile | None = None) -> None:
+        self.override = override
+        self.loaded: dict[str, HardwareProfile] = {}
+
+    def __call__(self, name: str) -> HardwareProfile:
+        if self.override is not None:
+            return self.override
+        if name not in self.loaded:
+            self.loaded[name] = load_profile(name)
+        return self.loaded[name]
+
+
+def predict(run: MeasuredRun, profiles: Profiles) -> dict[str, Any]:
+    """The step model's report for one run."""
+    parts = build_step(profile=profiles(run.values["hw"]), **run.values)
+    return evaluate_step(*parts, model=run.model)
+
+
+def bound(run: MeasuredRun, profiles: Profiles, report: dict[str, Any]) -> dict[str, Any]:
+    """One run's bound step symbols and what a fit needs to know of them (:class:`~costmodel.audit.fit.FastSteps`)."""
+    inputs, setup, step, machine = build_step(profile=profiles(run.values["hw"]), **run.values)
+    groups = report["topology"]["groups"]
+    return {
+        "values": bind(inputs, setup, step, run.model, machine),
+        "scheme": step.cp_scheme,
+        "model": run.model,
+        "unfused": step.attention_kernel == "unfused",
+        "tp_inter": groups["tp"]["scope"] == "inter-node",
+        "dp_inter": groups["dp"]["scope"] == "inter-node",
+    }
+
+
+def _params(model: ModelPreset) -> float:
+    return float(
+        numeric.params(
+            H=model.hidden,
+            F_ffn=model.ffn_hidden,
+            V=model.vocab,
+            d=model.head_dim,
+            e_m=1 if model.tied_embeddings else 2,
+            g=int(model.gated_mlp),
+            h=model.heads,
+            n_L=model.layers,
+            n_kv=model.kv_heads,
+        )
+    )
+
+
+def size_group(params: float) -> str:
+    for bound, name in ((1e9, "< 1B"), (10e9, "1-10B"), (100e9, "10-100B")):
+        if params < bound:
+            return name
+    return ">= 100B"
+
+
+def spans_nodes(report: dict[str, Any]) -> bool:
+    """Whether any parallel group of the run crosses the fast domain (its collectives use the NICs)."""
+    groups = report["topology"]["groups"]
+    return any(g["size"] > 1 and g["scope"] == "inter-node" for g in groups.values())
+
+
+def explain(breakdown: dict[str, float], predicted: float, measured: float) -> dict[str, Any]:
+    """The component a large miss most likely sits in: the largest one, and the factor it would need for
+    the prediction to meet the measurement (the other components as predicted)."""
+    name, seconds = max(breakdown.items(), key=lambda item: item[1])
+    needed = (seconds + measured - predicted) / seconds if seconds > 0 else math.inf
+    return {"component": name, "share": seconds / predicted, "needed_factor": needed}
+
+
+def compare_row(run: MeasuredRun, report: dict[str, Any]) -> dict[str, Any]:
+    """One run's measured and predicted step time, its error, groups and, for a large miss, its component."""
+    predicted = report["step"]["time_s"]
+    error = predicted / run.measured_s - 1
+    row = {
+        "label": run.label,
+        "model": run.model.name,
+        "params": _params(run.model),
+        **{k: report["inputs"][k] for k in ("gpus", "tp", "cp", "pp", "dp", "micro_batch", "global_batch")},
+        "measured_s": run.measured_s,
+        "predicted_s": predicted,
+        "error": error,
+        "spans_nodes": spans_nodes(report),
+    }
+    if abs(error) > LARGE_MISS:
+        row["miss"] = explain(report["step"]["breakdown"], predicted, run.measured_s)
+    return row
+
+
+def errors_summary(errors: list[float]) -> dict[str, Any]:
+    """MAPE, median and worst |error|, signed median and the share within 15 % of a list of relative errors."""
+    absolute = [abs(e) for e in errors]
+    return {
+        "n": len(errors),
+        "mape": statistics.fmean(absolute),
+        "median_abs_error": statistics.median(absolute),
+        "max_abs_error": max(absolute),
+        "signed_median": statistics.median(errors),
+        "within_15": sum(a <= LARGE_MISS for a in absolute) / len(absolute),
+    }
+
+
+GROUPS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "model size": lambda row: size_group(row["params"]),
+    "groups span nodes": lambda row: "yes" if row["spans_nodes"] else "no",
+    "pipeline": lambda row: "PP > 1" if row["pp"] > 1 else "PP = 1",
+    "tensor parallel": lambda row: f"TP {row['tp']}",
+}
+
+
+def grouped(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The error summary of every value of every grouping."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, key in GROUPS.items():
+        buckets: dict[str, list[float]] = {}
+        for row in rows:
+            buckets.setdefault(key(row), []).append(row["error"])
+        out[name] = {value: errors_summary(errs) for value, errs in sorted(buckets.items())}
+    return out
+
+
+def audit_runs(table: RunTable, profiles: Profiles) -> dict[str, Any]:
+    """Every run of ``table`` predicted and compared, the error over the table and by group."""
+    rows = [compare_row(run, predict(run, profiles)) for run in table.runs]
+    return summarise(table, rows)
+
+
+def summarise(table: RunTable, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "path": table.path,
+        "assumed": table.assumed,
+        **errors_summary([row["error"] for row in rows]),
+        "groups": grouped(rows),
+        "rows": rows,
+    }
+
+
+def fit_runs(table: RunTable, base: HardwareProfile, folds: int, name: str, date: str) -> dict[str, Any]:
+    """Named machine terms of ``base`` fitted to the table's single-node runs by k-fold cross-validation; the
+    runs whose groups span nodes are never fitted to, only predicted with the fit (how it transfers)."""
+    from costmodel.audit import fit
+
+    profiles = Profiles(base)
+    reports = [predict(run, profiles) for run in table.runs]
+    inside = [i for i, report in enumerate(reports) if not spans_nodes(report)]
+    if not inside:
+        raise InputError(
+            "--fit-profile", "no run stays inside one node; the fit learns from single-node runs"
+        )
+    import numpy as np
+
+    steps = fit.FastSteps([bound(run, profiles, r) for run, r in zip(table.runs, reports, strict=True)], base)
+    measured = np.array([run.measured_s for run in table.runs])
+    result = fit.kfold_fit(steps, measured, np.array(inside), folds)
+    terms = {n: t["value"] for n, t in result["terms"].items()}
+    cv = errors_summary([float(e) for e in result["cv_errors"]])
+    said = (
+        ", ".join(f"{n} {t['value']:.4g}" for n, t in result["terms"].items())
+        + f"; fitted to {len(inside)} single-node runs of {table.path}, {folds}-fold MAPE {cv['mape']:.1%}"
+    )
+    profile = fit.runs_profile(base, terms, name, said, date)
+    fitted = Profiles(profile)
+    rows = [compare_row(run, predict(run, fitted)) for run in table.runs]
+    across = [rows[i]["error"] for i in range(len(rows)) if i not in set(inside)]
+    return {
+        "terms": result["terms"],
+        "not_fitted": result["not_fitted"],
+        "folds": folds,
+        "fitted_runs": len(inside),
+        "cv": cv,
+        "cv_mape": cv["mape"],
+        "in_sample": errors_summary([rows[i]["error"] for i in inside]),
+        "transfer": errors_summary(across) if across else None,
+        "profile": profile,
+        "rows": rows,
+    }
