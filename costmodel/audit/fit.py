@@ -195,6 +195,12 @@ TERMS: dict[str, Term] = {
         "s",
         (0.0, 1e-3),
     ),
+    "step_s": Term(
+        ("kernels", "step_s"),
+        "fixed host time per optimizer step (the framework between iterations)",
+        "s",
+        (0.0, 1.0),
+    ),
     "intra_node_collective_efficiency": Term(
         ("links", "intra_node", "collective_efficiency"),
         "ring collectives' bus bandwidth inside a node, share of the link",
@@ -277,6 +283,7 @@ class FastSteps:
             attn = np.where(flags["unfused"] > 0, g, a)
             v["F_attn"], v["F_attn_bwd"] = v["F_attn"] * attn, v["F_attn_bwd"] * attn
             v["t_k"] = terms.get("launch_s", self.base["launch_s"])
+            v["t_step"] = terms.get("step_s", self.base["step_s"])
             intra, inter = (
                 ratio["intra_node_collective_efficiency"],
                 ratio["inter_node_collective_efficiency"],
@@ -300,19 +307,28 @@ def _unsquash(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
 
 
 def _grid(name: str) -> np.ndarray:
+    """Trial values across a term's range, short of its ends (where the logistic change of variable is flat)."""
     lo, hi = TERMS[name].bounds
-    return np.geomspace(max(lo, hi * 1e-4), hi, 13)
+    return np.geomspace(max(lo, hi * 1e-4) * 1.05, hi * 0.95, 13)
+
+
+HUBER = 0.01  # log errors below 1 % count squared, above it as their size: the fit minimises about the MAPE
+
+
+def _robust(log_error: np.ndarray) -> np.ndarray:
+    """Residuals whose squares sum to twice the pseudo-Huber loss of the log errors (a smooth |error|)."""
+    return np.sign(log_error) * np.sqrt(2 * (np.sqrt(log_error**2 + HUBER**2) - HUBER))
 
 
 def _objective(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, terms: dict[str, float]) -> float:
-    r = np.log(steps.times(terms)[rows] / measured)
+    r = _robust(np.log(steps.times(terms)[rows] / measured))
     return float(r @ r)
 
 
 def _start(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str]) -> dict[str, float]:
     """A starting point off any flat region (a launch cost the device hides has no gradient): each term in
     turn at the best of a coarse grid over its range, the others where they stand."""
-    terms = {n: min(max(steps.base[n], TERMS[n].bounds[0]), TERMS[n].bounds[1]) for n in names}
+    terms = {n: float(np.clip(steps.base[n], *_grid(n)[[0, -1]])) for n in names}
     for name in names:
         trials = [terms[name], *_grid(name)]
         terms[name] = min(trials, key=lambda x: _objective(steps, rows, measured, {**terms, name: x}))
@@ -322,15 +338,15 @@ def _start(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list
 def fit_terms(
     steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str], iterations: int = 60
 ) -> dict[str, float]:
-    """Terms minimising the squared log error of the runs ``rows`` (Levenberg-Marquardt from
-    :func:`_start`, each term kept in its range by a logistic change of variable)."""
+    """Terms minimising the runs' robust log error (:func:`_robust`, Levenberg-Marquardt from :func:`_start`,
+    each term kept in its range by a logistic change of variable)."""
     bounds = np.array([TERMS[n].bounds for n in names], dtype=float)
     start = _start(steps, rows, measured, names)
     u = _unsquash(np.array([start[n] for n in names]), bounds)
 
     def residual(u: np.ndarray) -> np.ndarray:
         terms = dict(zip(names, _squash(u, bounds), strict=True))
-        return np.log(steps.times(terms)[rows] / measured)
+        return _robust(np.log(steps.times(terms)[rows] / measured))
 
     r, damping = residual(u), 1e-2
     for _ in range(iterations):
@@ -364,27 +380,72 @@ def identified(steps: FastSteps, rows: np.ndarray, candidates: list[str]) -> lis
     ]
 
 
-def kfold_fit(
-    steps: FastSteps, measured: np.ndarray, rows: np.ndarray, folds: int, seed: int = 0
-) -> dict[str, Any]:
-    """Fit on all ``rows`` and, by k-fold cross-validation, the error on runs each fit did not see; every
-    term's spread is half the interquartile range of its fold fits."""
-    if len(rows) < max(folds, 2):
-        raise InputError("--folds", f"{len(rows)} single-node runs cannot be split into {folds} folds")
-    names = identified(steps, rows, list(TERMS))
-    if not names:
-        raise InputError("--fit-profile", "no machine term moves these runs' predictions")
+@dataclass(frozen=True)
+class CrossValidation:
+    """Each run's prediction by the fit that did not see it, and each fold's fitted terms."""
+
+    held_s: np.ndarray
+    fold_terms: list[dict[str, float]]
+    fold_mape: list[float]
+
+    @property
+    def mape(self) -> float:
+        return float(np.mean(self.fold_mape))
+
+    @property
+    def standard_error(self) -> float:
+        return float(np.std(self.fold_mape, ddof=1) / np.sqrt(len(self.fold_mape)))
+
+
+def cross_validate(
+    steps: FastSteps, measured: np.ndarray, rows: np.ndarray, names: list[str], folds: int, seed: int = 0
+) -> CrossValidation:
     order = np.random.default_rng(seed).permutation(rows)
     held = np.empty(steps.n)
-    fold_terms = []
+    fold_terms, fold_mape = [], []
     for part in np.array_split(order, folds):
         train = np.setdiff1d(rows, part)
         terms = fit_terms(steps, train, measured[train], names)
         fold_terms.append(terms)
         held[part] = steps.times(terms)[part]
+        fold_mape.append(float(np.mean(np.abs(held[part] / measured[part] - 1))))
+    return CrossValidation(held, fold_terms, fold_mape)
+
+
+def kfold_fit(
+    steps: FastSteps,
+    measured: np.ndarray,
+    rows: np.ndarray,
+    folds: int,
+    candidates: list[str] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Fit on all ``rows`` and, by k-fold cross-validation, the error on runs each fit did not see; every
+    term's spread is half the interquartile range of its fold fits.
+
+    Terms are chosen on these runs alone, fewest first: of the terms that move the predictions, each in turn
+    is dropped (kept at the base profile's value) when the held-out MAPE without it is within one standard
+    error of the folds' MAPE with it, so no term is fitted that the held-out runs do not ask for."""
+    if len(rows) < max(folds, 2):
+        raise InputError("--folds", f"{len(rows)} single-node runs cannot be split into {folds} folds")
+    moving = identified(steps, rows, candidates or list(TERMS))
+    if not moving:
+        raise InputError("--fit-profile", "no machine term moves these runs' predictions")
+    names = list(moving)
+    cv = cross_validate(steps, measured, rows, names, folds, seed)
+    dropped = []
+    for name in list(moving):
+        if len(names) == 1:
+            break
+        trial = cross_validate(steps, measured, rows, [n for n in names if n != name], folds, seed)
+        if trial.mape <= cv.mape + cv.standard_error:
+            names.remove(name)
+            dropped.append(name)
+            cv = trial
     final = fit_terms(steps, rows, measured[rows], names)
-    cv_errors = held[rows] / measured[rows] - 1
-    spread = {n: float(np.subtract(*np.percentile([t[n] for t in fold_terms], [75, 25])) / 2) for n in names}
+    spread = {
+        n: float(np.subtract(*np.percentile([t[n] for t in cv.fold_terms], [75, 25])) / 2) for n in names
+    }
     return {
         "terms": {
             n: {
@@ -396,10 +457,12 @@ def kfold_fit(
             }
             for n in names
         },
-        "not_fitted": [n for n in TERMS if n not in names],
+        "not_fitted": [n for n in candidates or TERMS if n not in moving],
+        "not_needed": dropped,
         "folds": folds,
-        "cv_errors": cv_errors,
-        "held_out_s": held[rows],
+        "cv_errors": cv.held_s[rows] / measured[rows] - 1,
+        "cv_standard_error": cv.standard_error,
+        "held_out_s": cv.held_s[rows],
     }
 
 

@@ -384,7 +384,14 @@ def summarise(table: RunTable, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def fit_runs(table: RunTable, base: HardwareProfile, folds: int, name: str, date: str) -> dict[str, Any]:
+def fit_runs(
+    table: RunTable,
+    base: HardwareProfile,
+    folds: int,
+    name: str,
+    date: str,
+    terms: list[str] | None = None,
+) -> dict[str, Any]:
     """Named machine terms of ``base`` fitted to the table's single-node runs by k-fold cross-validation; the
     runs whose groups span nodes are never fitted to, only predicted with the fit (how it transfers)."""
     from costmodel.audit import fit
@@ -400,20 +407,21 @@ def fit_runs(table: RunTable, base: HardwareProfile, folds: int, name: str, date
 
     steps = fit.FastSteps([bound(run, profiles, r) for run, r in zip(table.runs, reports, strict=True)], base)
     measured = np.array([run.measured_s for run in table.runs])
-    result = fit.kfold_fit(steps, measured, np.array(inside), folds)
-    terms = {n: t["value"] for n, t in result["terms"].items()}
+    result = fit.kfold_fit(steps, measured, np.array(inside), folds, terms)
+    fitted_terms = {n: t["value"] for n, t in result["terms"].items()}
     cv = errors_summary([float(e) for e in result["cv_errors"]])
     said = (
         ", ".join(f"{n} {t['value']:.4g}" for n, t in result["terms"].items())
         + f"; fitted to {len(inside)} single-node runs of {table.path}, {folds}-fold MAPE {cv['mape']:.1%}"
     )
-    profile = fit.runs_profile(base, terms, name, said, date)
+    profile = fit.runs_profile(base, fitted_terms, name, said, date)
     fitted = Profiles(profile)
     rows = [compare_row(run, predict(run, fitted)) for run in table.runs]
     across = [rows[i]["error"] for i in range(len(rows)) if i not in set(inside)]
     return {
         "terms": result["terms"],
         "not_fitted": result["not_fitted"],
+        "not_needed": result["not_needed"],
         "folds": folds,
         "fitted_runs": len(inside),
         "cv": cv,

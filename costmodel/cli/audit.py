@@ -251,6 +251,10 @@ def _runs_table(document: dict[str, Any]) -> None:
     screen.print(terms)
     if fit["not_fitted"]:
         screen.print("not fitted (no run moves them): " + ", ".join(fit["not_fitted"]))
+    if fit["not_needed"]:
+        screen.print(
+            "kept at the base profile (held-out error no worse without): " + ", ".join(fit["not_needed"])
+        )
     screen.print(_errors_line(f"held out, {fit['folds']}-fold", fit["cv"]))
     screen.print(_errors_line("fitted, in sample", fit["in_sample"]))
     if fit["transfer"] is not None:

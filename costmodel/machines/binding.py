@@ -184,6 +184,12 @@ class Machine:
         return kernels.gemm_rate(self.profile, self.dtype, m, n, k, batch, size)
 
     @property
+    def step_s(self) -> float:
+        """Fixed host time of one optimizer step (the profile's kernels:), 0 as a datasheet."""
+        kernels_ = self.profile.kernels
+        return 0.0 if self.datasheet or kernels_ is None else kernels_.step_s
+
+    @property
     def launch_s(self) -> float:
         """Fixed cost of one kernel on a step's critical path (the profile's kernels:), 0 as a datasheet."""
         kernels_ = self.profile.kernels

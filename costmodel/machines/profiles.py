@@ -369,6 +369,11 @@ class Kernels(_Strict):
         description="fixed cost of one kernel on a training step's critical path: its launch and the "
         "framework's dispatch, when the host does not run ahead of the device",
     )
+    step_s: NonNegative = Field(
+        default=0.0,
+        description="fixed host time of one optimizer step beyond its kernels' work: the framework's "
+        "bookkeeping between iterations (0: not known without measured runs)",
+    )
     gemm_scale: Positive = Field(
         default=1.0, description="factor on the gemm table's rates (a fitted profile's GEMM efficiency)"
     )

@@ -396,6 +396,7 @@ def bind(
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
         "t_k": machine.launch_s,
+        "t_step": machine.step_s,
         # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
         **{f"B_{dim}": link.bandwidth for dim, link in links.items()},
         "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
@@ -497,6 +498,7 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
         "exposed DP comm": dp,
         "exposed ZeRO-3 gathers": zero3,
         "optimizer step": moe.optimizer_s(v, model),
+        "framework time per step": numpy.zeros_like(m, dtype=float) + v["t_step"],
     }
 
 

@@ -1,0 +1,111 @@
+"""How well the step model predicts measured runs, in one run: the built-in profile, a fit from single-node
+runs (k-fold), runs kept aside from the fit, multi-node runs predicted from it, and the published table.
+
+    python benchmarks/fidelity.py --data DIR     # DIR holds vTrain's ground_truth_single.csv, _multi.csv
+    python benchmarks/fidelity.py --smoke        # a synthetic table: checks the pipeline, not the model
+
+The measured runs are the vTrain dataset ([vTrain], data/ of its repository, MIT licence): 1,440 runs on
+one 8-GPU A100 node and 109 on up to 512 A100s, Megatron-DeepSpeed, GPT 0.15-175B, fp16, full recompute,
+unfused attention, gradients reduced after the backward. One fifth of the single-node runs (every fifth
+row) is kept aside before anything is fitted and predicted only at the end. The multi-node runs are never
+fitted to: they say how a fit from one node transfers to the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from costmodel.audit.runs import (
+    Profiles,
+    RunTable,
+    audit_runs,
+    compare_row,
+    errors_summary,
+    fit_runs,
+    parse_assumptions,
+    predict,
+    read_runs,
+)
+from costmodel.machines.profiles import load_profile
+from costmodel.training.validation import ROWS
+from costmodel.training.validation import predict as published
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "tests" / "data" / "runs" / "a100-vtrain.yaml"  # the cluster vTrain's configurations state
+VTRAIN = ["recompute=full", "precision=fp16", "attention_kernel=unfused", "dp_overlap=0"]
+
+
+def line(label: str, s: dict) -> str:
+    return (
+        f"{label:<44} {s['n']:>5} runs  MAPE {s['mape']:6.1%}  median {s['median_abs_error']:6.1%}  "
+        f"worst {s['max_abs_error']:6.1%}  signed {s['signed_median']:+6.1%}"
+    )
+
+
+def smoke_table(directory: Path) -> tuple[Path, Path]:
+    """Two small tables timed by the model itself on a slower profile, to run the pipeline end to end."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from tests.test_runs import synthetic
+
+    truth = {"gemm_scale": 0.8, "launch_s": 5e-5}
+    single = synthetic(directory, truth, noise=0.03)
+    multi = synthetic(directory / "multi", truth, noise=0.03, max_gpus=32, hw=str(CLUSTER))
+    return single, multi
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default=os.environ.get("CP_PLAN_VTRAIN"), help="folder of vTrain's tables")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="a synthetic table instead of the dataset")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp())
+    if args.smoke:
+        (work / "multi").mkdir()
+        single_path, multi_path = smoke_table(work)
+    elif args.data:
+        single_path = Path(args.data) / "ground_truth_single.csv"
+        multi_path = Path(args.data) / "ground_truth_multi.csv"
+    else:
+        raise SystemExit(
+            "give --data DIR with vTrain's data/ground_truth_single.csv and ground_truth_multi.csv "
+            "(github.com/VIA-Research/vTrain), or --smoke"
+        )
+    assume = parse_assumptions(VTRAIN)
+    single = read_runs(str(single_path), assume, str(CLUSTER))
+    multi = read_runs(str(multi_path), assume, str(CLUSTER)) if multi_path.is_file() else None
+    builtin = Profiles()
+    print(line("single node, built-in profile", audit_runs(single, builtin)))
+    if multi is not None:
+        print(line("multi-node, built-in profile", audit_runs(multi, builtin)))
+
+    aside = single.runs[4::5]
+    kept = [run for i, run in enumerate(single.runs) if i % 5 != 4]
+    table = RunTable(single.path, kept + (multi.runs if multi else []), single.assumed)
+    base = load_profile(str(CLUSTER))
+    fit = fit_runs(table, base, args.folds, "a100-vtrain-fitted", datetime.date.today().isoformat())
+    terms = ", ".join(f"{n} {t['value']:.4g} ± {t['spread']:.2g}" for n, t in fit["terms"].items())
+    print(f"fitted on {fit['fitted_runs']} single-node runs: {terms}")
+    print(line(f"single node, held out ({args.folds}-fold)", fit["cv"]))
+    fitted = Profiles(fit["profile"])
+    aside_rows = [compare_row(run, predict(run, fitted)) for run in aside]
+    print(line("single node, kept aside (every 5th row)", errors_summary([r["error"] for r in aside_rows])))
+    if fit["transfer"] is not None:
+        print(line("multi-node, predicted from the single-node fit", fit["transfer"]))
+    errors = [abs(published(row) / row.published - 1) for row in ROWS]
+    known = sum(bool(row.misses) for row in ROWS)
+    print(
+        f"published table (docs/validation.md): {len(ROWS)} rows, median |error| {statistics.median(errors):.1%}, "
+        f"{sum(e <= 0.15 for e in errors)} within 15 %, {known} named known misses"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""Measured runs as data (`cp-plan audit --runs`), the machine terms fitted to them, and the step costs
+real runs pay, each checked from first principles."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from costmodel.audit import fit
+from costmodel.audit.runs import Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
+from costmodel.core.errors import InputError
+from costmodel.machines.binding import Machine
+from costmodel.machines.kernels import gemm_rate, tile_utilisation
+from costmodel.machines.profiles import load_profile
+from costmodel.symbolic import numeric
+from costmodel.training.step import bind, build_step, evaluate_step
+
+DATA = Path(__file__).parent / "data" / "runs"
+VTRAIN_CLUSTER = DATA / "a100-vtrain.yaml"  # the A100 cluster vTrain's configurations state
+# vTrain's published tables ([vTrain] data/ground_truth_*.csv) open with a byte-order mark and this header.
+VTRAIN_HEADER = (
+    "\ufeff# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+    "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)"
+)
+VTRAIN = ["recompute=full", "precision=fp16", "attention_kernel=unfused", "dp_overlap=0"]
+
+
+def layouts(max_gpus: int = 8) -> list[dict[str, int]]:
+    """GPT layouts of the kind vTrain measured: 0.15-1.2B models, 2-``max_gpus`` GPUs, TP x PP x DP, micro
+    and global batch varied, seq 1,024."""
+    out = []
+    gpus = 2
+    while gpus <= max_gpus:
+        for tp in (1, 2, 4, 8, 16):
+            for pp in (1, 2, 4):
+                if gpus % (tp * pp):
+                    continue
+                dp = gpus // (tp * pp)
+                for hidden, layers in ((1024, 12), (1024, 24), (2048, 16)):
+                    for micro in (1, 2, 8):
+                        out.append(
+                            dict(
+                                gpus=gpus,
+                                tp=tp,
+                                pp=pp,
+                                dp=dp,
+                                micro_batch=micro,
+                                global_batch=micro * dp * 4,
+                                hidden=hidden,
+                                heads=16,
+                                layers=layers,
+                                seq=1024,
+                            )
+                        )
+        gpus *= 2
+    return out
+
+
+def write_table(path: Path, rows: list[dict[str, int]], times_s: list[float]) -> Path:
+    """A runs table in vTrain's header, exactly as it publishes it."""
+    lines = [VTRAIN_HEADER]
+    for r, t in zip(rows, times_s, strict=True):
+        lines.append(
+            f"{r['gpus']},{r['global_batch']},{r['micro_batch']},{r['hidden']},{r['heads']},{r['layers']},"
+            f"{r['seq']},{r['tp']},{r['dp']},{r['pp']},{t * 1e3:.12g}"
+        )
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def synthetic(
+    tmp_path: Path, truth: dict[str, float], noise: float, max_gpus: int = 8, hw: str = "a100-nvlink"
+) -> Path:
+    """Layouts timed by the step model on a profile with ``truth`` terms, times lognormal noise: what a fit
+    must give back."""
+    rows = layouts(max_gpus)
+    base = load_profile(hw)
+    placeholder = write_table(tmp_path / "layouts.csv", rows, [1.0] * len(rows))
+    runs = read_runs(str(placeholder), parse_assumptions(VTRAIN), hw).runs
+    truth_profile = fit.with_terms(base, truth)
+    rng = np.random.default_rng(7)
+    times = [
+        evaluate_step(*build_step(profile=truth_profile, **r.values), model=r.model)["step"]["time_s"]
+        * math.exp(rng.normal(0, noise))
+        for r in runs
+    ]
+    return write_table(tmp_path / "synthetic.csv", rows, times)
+
+
+def test_vtrain_header_is_read_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text(VTRAIN_HEADER + "\n2,16,8,1024,16,24,1024,1,1,2,372.160408\n", encoding="utf-8")
+    table = read_runs(str(path), parse_assumptions(VTRAIN), "a100-nvlink")
+    (first,) = table.runs
+    assert first.measured_s == pytest.approx(0.372160408, rel=1e-12)
+    stated = {"gpus": 2, "global_batch": 16, "micro_batch": 8, "seq": 1024, "tp": 1, "pp": 2}
+    assert {k: first.values[k] for k in stated} == stated
+    assert (first.model.hidden, first.model.heads, first.model.layers) == (1024, 16, 24)
+    assert (first.model.ffn_hidden, first.model.vocab, first.model.tied_embeddings) == (4096, 50257, True)
+    assert first.values["grad_bytes"] == 2  # fp16 reduces fp16 gradients
+    assert table.assumed == dict(item.split("=") for item in VTRAIN)
+
+
+def test_a_row_is_predicted_as_the_step_command_predicts_it(cli, tmp_path: Path) -> None:
+    path = synthetic(tmp_path, {}, noise=0.0)
+    table = read_runs(str(path), parse_assumptions(VTRAIN), "a100-nvlink")
+    rows = audit_runs(table, Profiles())["rows"]
+    assert max(abs(row["error"]) for row in rows) < 1e-9  # times made by the model, read back by it
+    run, row = table.runs[7], rows[7]
+    model = tmp_path / "gpt.yaml"
+    model.write_text(yaml.safe_dump(run.model.model_dump(exclude_none=True)))
+    args = ["step", "--model", str(model), "--format", "json"]
+    for key, value in run.values.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    result = cli(*args)
+    assert result.code == 0, result.err
+    assert row["predicted_s"] == pytest.approx(result.json()["step"]["time_s"], rel=1e-9)
+
+
+BAD = [
+    ("gpus,tp,bogus\n8,1,2\n", "unknown column(s) 'bogus'"),
+    ("# GPUs,tensor parallelism\n8,1,2\n", "3 cells for 2 columns"),
+    (
+        "# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+        "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)\n"
+        "8,16,1,1024,16,24,1024,2,2,1,100\n",
+        "tp x cp x pp x dp = 4 is not the 8 GPUs",
+    ),
+    (
+        "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers\n8,1,1024,1,8,1024,16,24\n",
+        "no measured column",
+    ),
+    (
+        "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers,iteration_ms\n8,x,1024,1,8,1024,16,24,5\n",
+        "column tp is 'x', expected int",
+    ),
+    (
+        "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers,iteration_ms\n8,1,1024,1,8,1000,16,24,5\n",
+        "heads 16 must divide hidden 1000",
+    ),
+    (
+        "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers,iteration_ms\n8,1,1024,1,8,1024,16,24,nan\n",
+        "expected a finite number",
+    ),
+    ("gpus,tp\n", "has a header but no runs"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), BAD)
+def test_a_bad_table_is_one_line_naming_runs_and_exit_2(
+    cli, tmp_path: Path, text: str, expected: str
+) -> None:
+    path = tmp_path / "runs.csv"
+    path.write_text(text, encoding="utf-8")
+    result = cli("audit", "--runs", str(path), "--hw", "a100-nvlink")
+    assert result.code == 2 and result.out == ""
+    assert result.err.count("\n") == 1 and "--runs" in result.err and expected in result.err, result.err
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--assume", "recompute"], "is not COLUMN=VALUE"),
+        (["--assume", "colour=red"], "unknown column 'colour'"),
+        (["train.log"], "not both"),
+    ],
+)
+def test_bad_runs_flags_are_one_line(cli, tmp_path: Path, args: list[str], expected: str) -> None:
+    path = write_table(tmp_path / "runs.csv", layouts(2)[:2], [0.1, 0.2])
+    result = cli("audit", "--runs", str(path), "--hw", "a100-nvlink", *args)
+    assert result.code == 2 and expected in result.err and result.err.count("\n") == 1, result.err
+
+
+def test_the_fit_gives_back_the_terms_that_made_the_times(tmp_path: Path) -> None:
+    truth = {"gemm_scale": 0.8, "launch_s": 3.0e-5, "intra_node_collective_efficiency": 0.6}
+    path = synthetic(tmp_path, truth, noise=0.02)
+    table = read_runs(str(path), parse_assumptions(VTRAIN), "a100-nvlink")
+    result = fit_runs(table, load_profile("a100-nvlink"), 5, "fitted", "2026-12-01")
+    terms = {name: t["value"] for name, t in result["terms"].items()}
+    assert set(result["not_fitted"]) == {"attention_scale", "inter_node_collective_efficiency"}
+    assert terms["gemm_scale"] == pytest.approx(0.8, rel=0.03)
+    assert terms["launch_s"] == pytest.approx(3.0e-5, rel=0.05)
+    assert terms["intra_node_collective_efficiency"] == pytest.approx(0.6, rel=0.15)
+    # 2 % lognormal noise: held-out MAPE near sqrt(2/pi) x 2 % = 1.6 %
+    assert result["cv"]["mape"] == pytest.approx(0.016, abs=0.006)
+    assert result["fitted_runs"] == len(table.runs) and result["transfer"] is None
+
+
+def test_fit_profile_is_written_and_step_reads_it(cli, tmp_path: Path) -> None:
+    small = synthetic(tmp_path, {"gemm_scale": 0.7, "launch_s": 5e-5}, noise=0.03)
+    out = tmp_path / "fitted.yaml"
+    args = [
+        "audit",
+        "--runs",
+        str(small),
+        "--hw",
+        "a100-nvlink",
+        "--fit-profile",
+        str(out),
+        "--format",
+        "json",
+    ]
+    for item in VTRAIN:
+        args += ["--assume", item]
+    result = cli(*args)
+    assert result.code == 0, result.err
+    document = result.json()
+    assert document["schema"] == "cp-plan/runs/v1" and document["fit"]["written"] == str(out)
+    assert 0 < document["fit"]["cv_mape"] < document["runs"]["mape"]
+    profile = load_profile(str(out))
+    assert profile.source.kind == "measured"
+    assert profile.kernels.launch_s == pytest.approx(document["fit"]["terms"]["launch_s"]["value"])
+    table = read_runs(str(small), parse_assumptions(VTRAIN), str(out))
+    run = table.runs[0]
+    again = evaluate_step(*build_step(**run.values), model=run.model)["step"]["time_s"]
+    assert again == pytest.approx(document["fit"]["rows"][0]["predicted_s"], rel=1e-9)
+
+
+def test_runs_spanning_nodes_are_predicted_from_the_fit_never_fitted(tmp_path: Path) -> None:
+    truth = {"gemm_scale": 0.8, "launch_s": 5e-5, "inter_node_collective_efficiency": 0.5}
+    path = synthetic(tmp_path, truth, noise=0.02, max_gpus=32, hw=str(VTRAIN_CLUSTER))
+    table = read_runs(str(path), parse_assumptions(VTRAIN), str(VTRAIN_CLUSTER))
+    result = fit_runs(table, load_profile(str(VTRAIN_CLUSTER)), 3, "fitted", "2026-12-01")
+    inside = sum(r["gpus"] <= 8 for r in layouts(32))
+    assert result["fitted_runs"] == inside and result["transfer"]["n"] == len(table.runs) - inside
+    assert "inter_node_collective_efficiency" in result["not_fitted"]  # no single-node run crosses nodes
+    # the fit never saw the cross-node efficiency of 0.5: its runs come out fast, by as much as they move
+    assert result["transfer"]["signed_median"] < -0.01
+
+
+# --- the costs, from first principles -------------------------------------------------------------------
+
+
+def test_wave_quantization_by_hand() -> None:
+    # 4096 x 4096 output in 128 x 256 tiles: 512 tiles over 108 SMs run in 5 waves (540 slots)
+    assert tile_utilisation(4096, 4096, 108) == pytest.approx(512 / 540, rel=1e-12)
+    # a 128 x 256 output runs best as two 128 x 128 tiles: 2 of 108 SMs busy in its one wave
+    assert tile_utilisation(128, 256, 108) == pytest.approx(2 / 108, rel=1e-12)
+
+
+def test_a_skinny_tp_shard_runs_slower_than_the_square_of_as_many_multiply_adds() -> None:
+    profile = load_profile("a100-nvlink")
+    m, n, k = 8192, 385, 3072  # a QKV shard of a 3.6B model at TP 8, one column past a tile
+    edge = round((m * n * k) ** (1 / 3))
+    assert gemm_rate(profile, "bf16", m, n, k) < 0.8 * gemm_rate(profile, "bf16", edge, edge, edge)
+
+
+def test_a_ring_collective_across_nodes_pools_the_nics_its_members_hold() -> None:
+    """TP 16 over two 8-GPU nodes: NCCL lays a ring per NIC, so the 8 members on a node drive 8 NICs; DP
+    with TP 8 inside the node has one member per node and one NIC; a CP ring's send is one NIC."""
+    machine = Machine(load_profile("a100-ib"), ranks_per_node=8)
+    nic = machine.profile.links.inter_node.bandwidth_per_direction
+    assert machine.link(16, "ring").bandwidth == pytest.approx(8 * nic, rel=1e-12)
+    assert machine.placed(8).link(4, "ring").bandwidth == pytest.approx(nic, rel=1e-12)
+    assert machine.link(16, "p2p").bandwidth == pytest.approx(nic, rel=1e-12)
+
+
+def test_a100_ring_collectives_run_at_nccls_bus_bandwidth_with_its_hop_latency() -> None:
+    machine = Machine(load_profile("a100-nvlink"))
+    link = machine.link(8, "ring")
+    assert link.bandwidth == pytest.approx(0.783 * 300e9, rel=1e-12)
+    assert link.latency_s == pytest.approx(1.9e-6, rel=1e-12)
+
+
+def test_megatrons_default_reduces_every_gradient_after_the_backward() -> None:
+    v = _bound(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
+
+    def call(name: str, **changed: float) -> float:
+        return float(getattr(numeric, name)(**{a: {**v, **changed}[a] for a in numeric.ARGS[name]}))
+
+    reduction = call("dp_comm_s")
+    assert call("dp_exposed_s", o_dp=0.0) == pytest.approx(reduction, rel=1e-12)
+    assert call("dp_exposed_s", o_dp=1.0) == pytest.approx(reduction / v["n_bkt"], rel=1e-12)
+    assert call("dp_overflow_s", o_dp=0.0) == 0.0
+
+
+def _bound(**values):
+    parts = build_step(**values)
+    from costmodel.plans.models import load_model
+
+    return bind(*parts[:3], load_model(parts[0].model), parts[3])
+
+
+def test_a_host_bound_layer_grows_by_its_kernel_count_times_the_launch_cost() -> None:
+    """Once the host is slower than the device, one more microsecond per launch costs every kernel of every
+    layer pass on the critical path: (n_kf (1 + full) + n_kb) x layers x (m + pp - 1) slots."""
+    flags = dict(
+        model="llama3-8b", seq=1024, hw="a100-nvlink", gpus=8, tp=8, global_batch=2, recompute="full"
+    )
+    times = []
+    for launch in (2e-4, 3e-4):
+        profile = load_profile("a100-nvlink")
+        profile = profile.model_copy(
+            update={"kernels": profile.kernels.model_copy(update={"launch_s": launch})}
+        )
+        times.append(evaluate_step(*build_step(profile=profile, **flags))["step"]["time_s"])
+    v = _bound(**flags)
+    kernels = v["n_kf"] * 2 + v["n_kb"]
+    assert times[1] - times[0] == pytest.approx(kernels * 32 * 2 * 1e-4, rel=1e-9)
+
+
+def test_unfused_attention_by_hand() -> None:
+    """Megatron's core attention computes the whole S x S square and passes the scores through HBM:
+    softmax reads and writes them (2p), dropout writes its result and a byte mask (2p + 1)."""
+    flags = dict(model="gpt3-175b", seq=2048, hw="a100-nvlink", gpus=8, tp=8, global_batch=8)
+    v = _bound(**flags, attention_kernel="unfused")
+    square = 2048 * 2048 * 1 * 96 / 8  # score elements of one micro-batch per device
+    flop = 4 * 2048 * 2048 * 128 * 96 / 8  # QK^T and PV over the whole square
+    expected = flop / v["F_attn"] + (2 * 2 + 2 * 2 + 1) * square / v["B_hbm"]
+    assert float(numeric.layer_attn_fwd_s(**{a: v[a] for a in numeric.ARGS["layer_attn_fwd_s"]})) == (
+        pytest.approx(expected, rel=1e-12)
+    )
+    with pytest.raises(InputError, match="CP needs flash"):
+        build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused") and evaluate_step(
+            *build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused")
+        )
