@@ -40,6 +40,8 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "exposed DP comm": (-1.0, 3.0),
     "exposed ZeRO-3 gathers": (-1.0, 2.0),
     "optimizer step": (-0.5, 2.0),
+    "waiting on the host (kernel launches)": (-1.0, 3.0),  # an eager framework's host time per kernel
+    "framework time per step": (-1.0, 3.0),
 }
 # Kernels that slow down together (clocks, power capping, a slower library build) and by how much.
 COMPUTE_KERNELS = (

@@ -310,11 +310,12 @@ def spans_nodes(report: dict[str, Any]) -> bool:
 
 
 def explain(breakdown: dict[str, float], predicted: float, measured: float) -> dict[str, Any]:
-    """The component a large miss most likely sits in: the largest one, and the factor it would need for
-    the prediction to meet the measurement (the other components as predicted)."""
-    name, seconds = max(breakdown.items(), key=lambda item: item[1])
-    needed = (seconds + measured - predicted) / seconds if seconds > 0 else math.inf
-    return {"component": name, "share": seconds / predicted, "needed_factor": needed}
+    """Where a large miss most likely sits: the component whose plausible range covers it with the least of
+    that range used, as ``cp-plan audit LOG`` attributes a logged run's difference."""
+    from costmodel.audit.compare import attribute
+
+    found = attribute(measured - predicted, breakdown, {}, predicted)
+    return {"component": found["component"], "explanation": found["explanation"]}
 
 
 def compare_row(run: MeasuredRun, report: dict[str, Any]) -> dict[str, Any]:

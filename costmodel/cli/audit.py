@@ -225,10 +225,8 @@ def _runs_table(document: dict[str, Any]) -> None:
     screen.print(groups)
     worst = sorted(result["rows"], key=lambda row: -abs(row["error"]))[:10]
     misses = house_table(caption="the ten largest misses and the component each most likely sits in")
-    for column in ("run", "tp·pp·dp", "measured", "predicted", "error", "largest component (x needed)"):
-        misses.add_column(
-            column, justify="left" if column in ("run", "largest component (x needed)") else "right"
-        )
+    for column in ("run", "tp·pp·dp", "measured", "predicted", "error", "most likely in"):
+        misses.add_column(column, justify="left" if column in ("run", "most likely in") else "right")
     for row in worst:
         miss = row.get("miss")
         misses.add_row(
@@ -237,7 +235,7 @@ def _runs_table(document: dict[str, Any]) -> None:
             seconds(row["measured_s"]),
             seconds(row["predicted_s"]),
             f"{row['error']:+.1%}",
-            f"{miss['component']} ({miss['needed_factor']:.2f}x)" if miss else "-",
+            (miss["component"] or "outside the model") if miss else "-",
         )
     screen.print(misses)
     fit = document.get("fit")
