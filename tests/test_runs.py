@@ -1,5 +1,4 @@
-"""Measured runs as data (`cp-plan audit --runs`), the machine terms fitted to them, and the step costs
-real runs pay, each checked from first principles."""
+"""Measured runs as data (`cp-plan audit --runs`) and the machine terms fitted to them."""
 
 from __future__ import annotations
 
@@ -12,12 +11,8 @@ import yaml
 
 from costmodel.audit import fit
 from costmodel.audit.runs import Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
-from costmodel.core.errors import InputError
-from costmodel.machines.binding import Machine
-from costmodel.machines.kernels import gemm_rate, tile_utilisation
 from costmodel.machines.profiles import load_profile
-from costmodel.symbolic import numeric
-from costmodel.training.step import bind, build_step, evaluate_step
+from costmodel.training.step import build_step, evaluate_step
 
 DATA = Path(__file__).parent / "data" / "runs"
 VTRAIN_CLUSTER = DATA / "a100-vtrain.yaml"  # the A100 cluster vTrain's configurations state
@@ -230,91 +225,3 @@ def test_runs_spanning_nodes_are_predicted_from_the_fit_never_fitted(tmp_path: P
     assert "inter_node_collective_efficiency" in result["not_fitted"]  # no single-node run crosses nodes
     # the fit never saw the cross-node efficiency of 0.5: its runs come out fast, by as much as they move
     assert result["transfer"]["signed_median"] < -0.01
-
-
-# --- the costs, from first principles -------------------------------------------------------------------
-
-
-def test_wave_quantization_by_hand() -> None:
-    # 4096 x 4096 output in 128 x 256 tiles: 512 tiles over 108 SMs run in 5 waves (540 slots)
-    assert tile_utilisation(4096, 4096, 108) == pytest.approx(512 / 540, rel=1e-12)
-    # a 128 x 256 output runs best as two 128 x 128 tiles: 2 of 108 SMs busy in its one wave
-    assert tile_utilisation(128, 256, 108) == pytest.approx(2 / 108, rel=1e-12)
-
-
-def test_a_skinny_tp_shard_runs_slower_than_the_square_of_as_many_multiply_adds() -> None:
-    profile = load_profile("a100-nvlink")
-    m, n, k = 8192, 385, 3072  # a QKV shard of a 3.6B model at TP 8, one column past a tile
-    edge = round((m * n * k) ** (1 / 3))
-    assert gemm_rate(profile, "bf16", m, n, k) < 0.8 * gemm_rate(profile, "bf16", edge, edge, edge)
-
-
-def test_a_ring_collective_across_nodes_pools_the_nics_its_members_hold() -> None:
-    """TP 16 over two 8-GPU nodes: NCCL lays a ring per NIC, so the 8 members on a node drive 8 NICs; DP
-    with TP 8 inside the node has one member per node and one NIC; a CP ring's send is one NIC."""
-    machine = Machine(load_profile("a100-ib"), ranks_per_node=8)
-    nic = machine.profile.links.inter_node.bandwidth_per_direction
-    assert machine.link(16, "ring").bandwidth == pytest.approx(8 * nic, rel=1e-12)
-    assert machine.placed(8).link(4, "ring").bandwidth == pytest.approx(nic, rel=1e-12)
-    assert machine.link(16, "p2p").bandwidth == pytest.approx(nic, rel=1e-12)
-
-
-def test_a100_ring_collectives_run_at_nccls_bus_bandwidth_with_its_hop_latency() -> None:
-    machine = Machine(load_profile("a100-nvlink"))
-    link = machine.link(8, "ring")
-    assert link.bandwidth == pytest.approx(0.783 * 300e9, rel=1e-12)
-    assert link.latency_s == pytest.approx(1.9e-6, rel=1e-12)
-
-
-def test_megatrons_default_reduces_every_gradient_after_the_backward() -> None:
-    v = _bound(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
-
-    def call(name: str, **changed: float) -> float:
-        return float(getattr(numeric, name)(**{a: {**v, **changed}[a] for a in numeric.ARGS[name]}))
-
-    reduction = call("dp_comm_s")
-    assert call("dp_exposed_s", o_dp=0.0) == pytest.approx(reduction, rel=1e-12)
-    assert call("dp_exposed_s", o_dp=1.0) == pytest.approx(reduction / v["n_bkt"], rel=1e-12)
-    assert call("dp_overflow_s", o_dp=0.0) == 0.0
-
-
-def _bound(**values):
-    parts = build_step(**values)
-    from costmodel.plans.models import load_model
-
-    return bind(*parts[:3], load_model(parts[0].model), parts[3])
-
-
-def test_a_host_bound_layer_grows_by_its_kernel_count_times_the_launch_cost() -> None:
-    """Once the host is slower than the device, one more microsecond per launch costs every kernel of every
-    layer pass on the critical path: (n_kf (1 + full) + n_kb) x layers x (m + pp - 1) slots."""
-    flags = dict(
-        model="llama3-8b", seq=1024, hw="a100-nvlink", gpus=8, tp=8, global_batch=2, recompute="full"
-    )
-    times = []
-    for launch in (2e-4, 3e-4):
-        profile = load_profile("a100-nvlink")
-        profile = profile.model_copy(
-            update={"kernels": profile.kernels.model_copy(update={"launch_s": launch})}
-        )
-        times.append(evaluate_step(*build_step(profile=profile, **flags))["step"]["time_s"])
-    v = _bound(**flags)
-    kernels = v["n_kf"] * 2 + v["n_kb"]
-    assert times[1] - times[0] == pytest.approx(kernels * 32 * 2 * 1e-4, rel=1e-9)
-
-
-def test_unfused_attention_by_hand() -> None:
-    """Megatron's core attention computes the whole S x S square and passes the scores through HBM:
-    softmax reads and writes them (2p), dropout writes its result and a byte mask (2p + 1)."""
-    flags = dict(model="gpt3-175b", seq=2048, hw="a100-nvlink", gpus=8, tp=8, global_batch=8)
-    v = _bound(**flags, attention_kernel="unfused")
-    square = 2048 * 2048 * 1 * 96 / 8  # score elements of one micro-batch per device
-    flop = 4 * 2048 * 2048 * 128 * 96 / 8  # QK^T and PV over the whole square
-    expected = flop / v["F_attn"] + (2 * 2 + 2 * 2 + 1) * square / v["B_hbm"]
-    assert float(numeric.layer_attn_fwd_s(**{a: v[a] for a in numeric.ARGS["layer_attn_fwd_s"]})) == (
-        pytest.approx(expected, rel=1e-12)
-    )
-    with pytest.raises(InputError, match="CP needs flash"):
-        build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused") and evaluate_step(
-            *build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused")
-        )

@@ -156,6 +156,7 @@ class Machine:
         q_tokens: float,
         k_tokens: float,
         head_dim: int,
+        kernel: str | None = None,
     ) -> float:
         """FLOP/s of one attention call of ``flops`` forward FLOP, ``q_tokens`` queries against ``k_tokens``
         keys of ``head_dim``, fully visible or ``masked`` (causal), while ``busy`` ranks compute at once (on
@@ -166,7 +167,7 @@ class Machine:
             return curve.rate(flops, backward)
         if self.published_rates:
             return kernels.attention_rate(
-                self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward
+                self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward, kernel
             )
         if self.fallback_rates:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]

@@ -40,10 +40,20 @@ def _interp(x: float, xs: list[int], ys: list[float]) -> float:
     return float(np.interp(math.log(max(x, 1.0)), np.log(xs), ys))
 
 
-def _curve(kernels: Kernels, head_dim: int, causal: bool, backward: bool) -> AttentionCurve:
-    """The curve of the same mask and pass with the nearest head dimension (ties: the larger)."""
-    same = [c for c in kernels.attention if c.causal == causal and c.backward == backward]
-    same = same or [c for c in kernels.attention if c.backward == backward] or list(kernels.attention)
+def attention_kernels(profile: HardwareProfile) -> list[str]:
+    """The named attention kernels whose tables the profile holds (beside its default ones)."""
+    if profile.kernels is None:
+        return []
+    return sorted({c.kernel for c in profile.kernels.attention if c.kernel is not None})
+
+
+def _curve(
+    kernels: Kernels, head_dim: int, causal: bool, backward: bool, kernel: str | None = None
+) -> AttentionCurve:
+    """The curve of the kernel, mask and pass with the nearest head dimension (ties: the larger)."""
+    named = [c for c in kernels.attention if c.kernel == kernel] or list(kernels.attention)
+    same = [c for c in named if c.causal == causal and c.backward == backward]
+    same = same or [c for c in named if c.backward == backward] or named
     return min(same, key=lambda c: (abs(c.head_dim - head_dim), -c.head_dim))
 
 
@@ -55,6 +65,7 @@ def attention_rate(
     head_dim: int,
     causal: bool,
     backward: bool,
+    kernel: str | None = None,
 ) -> float:
     """Achieved FLOP/s of one attention call (FLOP counted over the visible pairs; backward: its 2.5x).
 
@@ -64,7 +75,7 @@ def attention_rate(
     A causal call whose keys lie wholly before its queries (a ring step past the diagonal) is full.
     """
     kernels = _kernels(profile)
-    curve = _curve(kernels, head_dim, causal, backward)
+    curve = _curve(kernels, head_dim, causal, backward, kernel)
     length = math.sqrt(max(q_tokens, 1) * max(k_tokens, 1))
     return (
         _interp(length, curve.seq, curve.flops_per_s) * _dtype_scale(profile, dtype) * kernels.attention_scale
@@ -113,7 +124,9 @@ def gemm_rate(
     return rate * kernels.gemm_scale  # a fitted factor on the kernel as run, memory-bound or not
 
 
-def measured_attention(rows: list[dict], backend: str, source: str) -> list[AttentionCurve]:
+def measured_attention(
+    rows: list[dict], backend: str, source: str, kernel: str | None = None
+) -> list[AttentionCurve]:
     """Attention curves from one backend's timings on the papers' grid (``benchmarks/gpu_kernels.py
     measure``): one curve per head dimension, mask and pass, to put in a profile's ``kernels:`` in place of
     the published ones."""
@@ -134,6 +147,7 @@ def measured_attention(rows: list[dict], backend: str, source: str) -> list[Atte
                             seq=[seq for seq, _ in points],
                             flops_per_s=[r[key] * 1e12 for _, r in points],
                             source=source,
+                            kernel=kernel,
                         )
                     )
     return curves

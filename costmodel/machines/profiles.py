@@ -324,6 +324,12 @@ class AttentionCurve(_Strict):
     head_dim: int = Field(ge=1)
     causal: bool
     backward: bool = Field(description="backward pass (FLOP/s of its own 2.5x forward FLOP)")
+    kernel: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+        description="the kernel these figures are of when the profile holds several (--attention-kernel "
+        "NAME, e.g. sdpa-cudnn); unnamed: the profile's default tables",
+    )
     seq: list[int] = Field(min_length=1, description="sequence lengths of the benchmark (queries = keys)")
     flops_per_s: list[Positive] = Field(
         min_length=1, description="achieved FLOP/s at each length (bf16/fp16)"

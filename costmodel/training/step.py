@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
+from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans.inputs import (
@@ -45,7 +46,6 @@ from costmodel.symbolic import numeric
 from costmodel.training import moe
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
-AttentionKernel = Literal["flash", "unfused"]
 
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
@@ -85,10 +85,12 @@ class StepSetup(BaseModel):
         ge=0,
         le=1,
     )
-    attention_kernel: AttentionKernel = flag(
+    attention_kernel: str = flag(
         "flash",
-        "The attention kernel: flash (fused, the profile's attention tables) or unfused (Megatron's core "
-        "attention: batched multiplies with the score matrix through HBM, softmax and dropout; no CP).",
+        "The attention kernel: flash (fused, the profile's attention tables), unfused (Megatron's core "
+        "attention: batched multiplies with the score matrix through HBM, softmax and dropout; no CP), or "
+        "a kernel whose tables the profile holds (cp-plan hw show: e.g. sdpa-cudnn).",
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
     )
     pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
     bucket_bytes: Number = flag(
@@ -186,7 +188,9 @@ def _call(name: str, values: Mapping[str, Any]) -> Any:
     return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
 
 
-def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset) -> tuple[int, int]:
+def _check(
+    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
+) -> tuple[int, int]:
     """DP degree and micro-batches per step; one line naming the flag for any impossible combination."""
     if model.heads % setup.tp:
         raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
@@ -202,6 +206,13 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
     micro = step.global_batch // (step.micro_batch * dp)
     if step.vpp > 1 and setup.pp == 1:
         raise InputError("--vpp", "interleaving needs --pp > 1")
+    named = attention_kernels(machine.profile)
+    if step.attention_kernel not in ("flash", "unfused", *named):
+        accepted = ", ".join(["flash", "unfused", *named])
+        raise InputError(
+            "--attention-kernel",
+            f"{step.attention_kernel!r}: profile {machine.name!r} has tables for {accepted}",
+        )
     if step.attention_kernel == "unfused" and inputs.n > 1:
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     moe.check(model, step.ep, dp)
@@ -328,11 +339,12 @@ def _rates(
         other = block // 2 if inputs.layout == "zigzag" else block
         calls = [(block, block, True, 0.5), (block, other, False, (ring - 1) * other / block)]
     pair = numeric.pair_flops(b=step.micro_batch, h=model.heads / t, d=d)
+    kernel = None if step.attention_kernel == "flash" else step.attention_kernel
 
     def rate(backward: bool) -> float:
         total = sum(w for *_, w in calls)
         spent = sum(
-            w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, backward, n, q, k, d)
+            w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, backward, n, q, k, d, kernel)
             for q, k, causal, w in calls
         )
         return total / spent
@@ -345,8 +357,8 @@ def _attention_kernel_values(step: StepSetup, model: ModelPreset, c: float) -> d
     whole (x_att = 1/c) and passes through HBM: the softmax reads and writes it (2p), dropout writes its
     result and a one-byte mask (2p + 1); backward, dropout's gradient (2p + 1) and softmax's (3p), p = 2. The
     batched multiplies' own reads and writes are in their rates."""
-    launches = LAYER_KERNELS[step.attention_kernel]
-    if step.attention_kernel == "flash":
+    launches = LAYER_KERNELS["unfused" if step.attention_kernel == "unfused" else "flash"]
+    if step.attention_kernel != "unfused":
         return {"x_att": 1.0, "k_sf": 0.0, "k_sb": 0.0, "n_kf": launches[0], "n_kb": launches[1]}
     p, dropout = 2, int(model.dropout)
     return {
@@ -362,7 +374,7 @@ def bind(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
 ) -> dict[str, Any]:
     """Every base symbol the step formulas need, from the inputs, the preset and the machine."""
-    dp, micro = _check(inputs, setup, step, model)
+    dp, micro = _check(inputs, setup, step, model, machine)
     n_u, n_r = _usp_split(inputs, setup, model)
     t, n, scheme = setup.tp, inputs.n, step.cp_scheme
     kernels, device = machine.profile.kernels, machine.profile.device
