@@ -112,3 +112,35 @@ def test_a_named_attention_kernel_reads_its_own_tables() -> None:
     assert 0.4 < slow["F_attn"] / default["F_attn"] < 0.75  # FA2's path against the FA3 tables
     with pytest.raises(InputError, match="has tables for flash, unfused, sdpa-cudnn, sdpa-flash"):
         evaluate_step(*build_step(**flags, attention_kernel="fa9"))
+
+
+def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
+    """--gemm-dtype fp8: the multiplies read the table at the fp8 peak (twice bf16's on H100), attention and
+    the output layer stay bf16, and each layer moves its casts through HBM: inputs and output gradients
+    from 2 bytes to 1, the weights once a micro-batch, transposed copies for the backward."""
+    flags = dict(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, tp=2, global_batch=8)
+    bf16, fp8 = _bound(**flags), _bound(**flags, gemm_dtype="fp8")
+    # twice bf16's, a little more where HBM held a bf16 multiply back (fp8 moves half the bytes)
+    assert 2.0 <= fp8["F_gemm"] / bf16["F_gemm"] < 2.01
+    assert (fp8["F_attn"], fp8["F_head"]) == (bf16["F_attn"], bf16["F_head"])
+    model = load_model("llama3-8b")
+    t, rows, d = 2, 8192, model.head_dim
+    inputs = 2 * model.hidden + model.heads * d / t + model.ffn_hidden / t
+    outputs = (model.heads + 2 * model.kv_heads) * d / t + 2 * model.hidden + 2 * model.ffn_hidden / t
+    weights = sum(
+        n * k
+        for n, k in [
+            ((model.heads + 2 * model.kv_heads) * d / t, model.hidden),
+            (model.hidden, model.heads * d / t),
+            (2 * model.ffn_hidden / t, model.hidden),
+            (model.hidden, model.ffn_hidden / t),
+        ]
+    )
+    by_hand = rows * inputs * 3 + weights * 3 + rows * outputs * 3 + 2 * rows * inputs + 2 * weights
+    casts = float(numeric.layer_fp8_cast_bytes(**{a: fp8[a] for a in numeric.ARGS["layer_fp8_cast_bytes"]}))
+    assert casts == pytest.approx(by_hand, rel=1e-12)
+    assert (
+        float(numeric.layer_fp8_cast_bytes(**{a: bf16[a] for a in numeric.ARGS["layer_fp8_cast_bytes"]})) == 0
+    )
+    with pytest.raises(InputError, match="mxfp8 runs on Blackwell"):
+        evaluate_step(*build_step(**flags, gemm_dtype="mxfp8"))

@@ -592,7 +592,9 @@ def topology_lines(topology: dict) -> list[str]:
     for dim, group in topology["groups"].items():
         if group["size"] > 1:
             where = "inside the fast domain" if group["scope"] == "intra-node" else "across domains"
-            groups.append(f"{dim.upper()} {group['size']} {where}, {group['bandwidth'] / 1e9:g} GB/s")
+            nics = group.get("nics_per_node")
+            over = f" over {nics:g} NIC{'s' if nics != 1 else ''} a node" if nics else ""
+            groups.append(f"{dim.upper()} {group['size']} {where}, {group['bandwidth'] / 1e9:g} GB/s{over}")
     leaves = topology["cp_ring_leaves_fast_domain_at"]
     return [
         f"topology: {topology['text']}",

@@ -272,7 +272,17 @@ class Machine:
         """The topology, the rank order and where each group lies, as the step and recommend state them."""
         strides = topology.strides(order, sizes)
         links = self.group_links(order, sizes, collectives)
+        wanted = collectives or {}
         cp_per_domain = max(1, self.profile.ranks_per_node // strides.get("cp", 1))
+
+        def nics(dim: str) -> float | None:
+            """NICs a node's members of the group drive at once (None inside the fast domain)."""
+            if links[dim].scope == "intra-node":
+                return None
+            members = max(1, min(self.profile.ranks_per_node // strides[dim], sizes[dim]))
+            pooled = wanted.get(dim, "p2p") in topology.RING_COLLECTIVES
+            return self.profile.shape.nics_per_device * (members if pooled else 1)
+
         return {
             **topology.summary(self.profile),
             "rank_order": order,
@@ -284,6 +294,7 @@ class Machine:
                     "scope": links[dim].scope,
                     "link": links[dim].name,
                     "bandwidth": links[dim].bandwidth,
+                    "nics_per_node": nics(dim),
                 }
                 for dim in links
             },

@@ -66,6 +66,7 @@ from costmodel.symbolic.symbols import (
     V,
     X_k,
     alpha,
+    alpha_cp,
     alpha_tp,
     b,
     c,
@@ -73,6 +74,7 @@ from costmodel.symbolic.symbols import (
     delta,
     e_m,
     eta,
+    f8,
     g,
     h,
     k_copy,
@@ -103,6 +105,7 @@ from costmodel.symbolic.symbols import (
     p_acc,
     p_g,
     p_kv,
+    p_s,
     p_w,
     phi,
     pp,
@@ -863,6 +866,47 @@ E_lay = define(
     "B",
     "[Korthikanti22 §4]",
 )
+K_in = define(
+    "layer_gemm_input_width",
+    "K_in",
+    H + h * d / t + H + F_ffn / t,
+    "widths of the four multiplies' inputs on one TP shard (QKV, output projection, MLP in, MLP out)",
+    "elements",
+    "[Megatron21 §3]",
+)
+N_out = define(
+    "layer_gemm_output_width",
+    "N_out",
+    (h + 2 * n_kv) * d / t + H + (1 + g) * F_ffn / t + H,
+    "widths of the four multiplies' outputs on one TP shard",
+    "elements",
+    "[Megatron21 §3]",
+)
+W_el = define(
+    "layer_gemm_weight_elements",
+    "W_el",
+    ((h + 2 * n_kv) * d * H + H * h * d + (1 + g) * F_ffn * H + H * F_ffn) / t,
+    "weight elements of the four multiplies on one TP shard",
+    "1",
+    "[Megatron21 §3]",
+)
+define(
+    "layer_fp8_cast_bytes",
+    "E_f8",
+    f8
+    * (
+        T_mb * K_in * (p + 1 + p_s)
+        + W_el * (p + 1 + p_s)
+        + T_mb * N_out * (p + 1 + p_s)
+        + 2 * T_mb * K_in
+        + 2 * W_el
+    ),
+    "HBM bytes one layer's forward and backward move to run its multiplies in FP8: each input cast from p "
+    "bytes to one (with its scales), the weights cast once a micro-batch, each output gradient cast, and "
+    "transposed FP8 copies of the inputs and weights for the backward's multiplies",
+    "B",
+    "[FP8-Formats], [MX-Formats]",
+)
 W_head = define(
     "head_flops",
     "W_head",
@@ -974,8 +1018,8 @@ define(
 define(
     "cp_allgather_s",
     "tau_AG",
-    C_ag / B_cp,
-    "all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed",
+    C_ag / B_cp + (N - 1) * alpha_cp,
+    "all-gather of K, V (forward) or reduce-scatter of dK, dV, N - 1 ring steps; exposed",
     "s",
     "[Llama3 §3.3]",
 )

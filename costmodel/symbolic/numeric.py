@@ -377,6 +377,26 @@ def layer_elementwise_bytes(*, F_ffn, H, N, S, b, d, g, h, n_kv, p, t):
     return S*b*p*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))/(N*t)
 
 
+def layer_gemm_input_width(*, F_ffn, H, d, h, t):
+    """K_in = (F_ffn + 2*H*t + d*h)/t: widths of the four multiplies' inputs on one TP shard (QKV, output projection, MLP in, MLP out) [elements] ([Megatron21 §3])."""
+    return (F_ffn + 2*H*t + d*h)/t
+
+
+def layer_gemm_output_width(*, F_ffn, H, d, g, h, n_kv, t):
+    """N_out = (F_ffn*(g + 1) + 2*H*t + d*(h + 2*n_kv))/t: widths of the four multiplies' outputs on one TP shard [elements] ([Megatron21 §3])."""
+    return (F_ffn*(g + 1) + 2*H*t + d*(h + 2*n_kv))/t
+
+
+def layer_gemm_weight_elements(*, F_ffn, H, d, g, h, n_kv, t):
+    """W_el = H*(F_ffn*(g + 1) + F_ffn + d*h + d*(h + 2*n_kv))/t: weight elements of the four multiplies on one TP shard [1] ([Megatron21 §3])."""
+    return H*(F_ffn*(g + 1) + F_ffn + d*h + d*(h + 2*n_kv))/t
+
+
+def layer_fp8_cast_bytes(*, F_ffn, H, N, S, b, d, f8, g, h, n_kv, p, p_s, t):
+    """E_f8 = f8*(H*N*(p + p_s + 3)*(F_ffn*(g + 1) + F_ffn + d*h + d*(h + 2*n_kv)) + S*b*(2*F_ffn + 4*H*t + 2*d*h + (F_ffn + 2*H*t + d*h)*(p + p_s + 1) + (p + p_s + 1)*(F_ffn*(g + 1) + 2*H*t + d*(h + 2*n_kv))))/(N*t): HBM bytes one layer's forward and backward move to run its multiplies in FP8: each input cast from p bytes to one (with its scales), the weights cast once a micro-batch, each output gradient cast, and transposed FP8 copies of the inputs and weights for the backward's multiplies [B] ([FP8-Formats], [MX-Formats])."""
+    return f8*(H*N*(p + p_s + 3)*(F_ffn*(g + 1) + F_ffn + d*h + d*(h + 2*n_kv)) + S*b*(2*F_ffn + 4*H*t + 2*d*h + (F_ffn + 2*H*t + d*h)*(p + p_s + 1) + (p + p_s + 1)*(F_ffn*(g + 1) + 2*H*t + d*(h + 2*n_kv))))/(N*t)
+
+
 def head_flops(*, H, N, S, V, b, t):
     """W_head = 2*H*S*V*b/(N*t): forward FLOP of the output layer (vocab-parallel) [FLOP] ([Megatron21 §5.1])."""
     return 2*H*S*V*b/(N*t)
@@ -442,9 +462,9 @@ def cp_ring_bwd_exposed_s(*, B_cp, B_hbm, F_attn_bwd, N, S, b, c, d, h, k_sb, n_
     return (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)
 
 
-def cp_allgather_s(*, B_cp, N, S, b, d, n_kv, p, t):
-    """tau_AG = 2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t): all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed [s] ([Llama3 §3.3])."""
-    return 2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)
+def cp_allgather_s(*, B_cp, N, S, alpha_cp, b, d, n_kv, p, t):
+    """tau_AG = (N - 1)*(B_cp*N*alpha_cp*t + 2*S*b*d*n_kv*p)/(B_cp*N*t): all-gather of K, V (forward) or reduce-scatter of dK, dV, N - 1 ring steps; exposed [s] ([Llama3 §3.3])."""
+    return (N - 1)*(B_cp*N*alpha_cp*t + 2*S*b*d*n_kv*p)/(B_cp*N*t)
 
 
 def cp_ulysses_s(*, B_cp, N, S, b, d, h, n_kv, p, t):
@@ -933,6 +953,10 @@ INFO = {
     'layer_gemm_flops': ('W_gemm', '2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(N*t)', '2*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv}))/({N}*{t})', "forward FLOP of a layer's matrix multiplies", 'FLOP', '[Megatron21 §5.1]', 'step'),
     'layer_attn_flops': ('W_att', '4*S**2*b*c*d*h/(N*t)', '4*{S}**2*{b}*{c}*{d}*{h}/({N}*{t})', 'forward FLOP of attention per device: c·S²/N pairs x 4·b·h·d over t (causal c = 1/2)', 'FLOP', '[FA2 §4]', 'step'),
     'layer_elementwise_bytes': ('E_layer', 'S*b*p*(F_ffn*(g + 2) + 10*H + 2*d*(h + n_kv))/(N*t)', '{S}*{b}*{p}*({F_ffn}*({g} + 2) + 10*{H} + 2*{d}*({h} + {n_kv}))/({N}*{t})', 'forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism', 'B', '[Korthikanti22 §4]', 'step'),
+    'layer_gemm_input_width': ('K_in', '(F_ffn + 2*H*t + d*h)/t', '({F_ffn} + 2*{H}*{t} + {d}*{h})/{t}', "widths of the four multiplies' inputs on one TP shard (QKV, output projection, MLP in, MLP out)", 'elements', '[Megatron21 §3]', 'step'),
+    'layer_gemm_output_width': ('N_out', '(F_ffn*(g + 1) + 2*H*t + d*(h + 2*n_kv))/t', '({F_ffn}*({g} + 1) + 2*{H}*{t} + {d}*({h} + 2*{n_kv}))/{t}', "widths of the four multiplies' outputs on one TP shard", 'elements', '[Megatron21 §3]', 'step'),
+    'layer_gemm_weight_elements': ('W_el', 'H*(F_ffn*(g + 1) + F_ffn + d*h + d*(h + 2*n_kv))/t', '{H}*({F_ffn}*({g} + 1) + {F_ffn} + {d}*{h} + {d}*({h} + 2*{n_kv}))/{t}', 'weight elements of the four multiplies on one TP shard', '1', '[Megatron21 §3]', 'step'),
+    'layer_fp8_cast_bytes': ('E_f8', 'f8*(H*N*(p + p_s + 3)*(F_ffn*(g + 1) + F_ffn + d*h + d*(h + 2*n_kv)) + S*b*(2*F_ffn + 4*H*t + 2*d*h + (F_ffn + 2*H*t + d*h)*(p + p_s + 1) + (p + p_s + 1)*(F_ffn*(g + 1) + 2*H*t + d*(h + 2*n_kv))))/(N*t)', '{f8}*({H}*{N}*({p} + {p_s} + 3)*({F_ffn}*({g} + 1) + {F_ffn} + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{b}*(2*{F_ffn} + 4*{H}*{t} + 2*{d}*{h} + ({F_ffn} + 2*{H}*{t} + {d}*{h})*({p} + {p_s} + 1) + ({p} + {p_s} + 1)*({F_ffn}*({g} + 1) + 2*{H}*{t} + {d}*({h} + 2*{n_kv}))))/({N}*{t})', "HBM bytes one layer's forward and backward move to run its multiplies in FP8: each input cast from p bytes to one (with its scales), the weights cast once a micro-batch, each output gradient cast, and transposed FP8 copies of the inputs and weights for the backward's multiplies", 'B', '[FP8-Formats], [MX-Formats]', 'step'),
     'head_flops': ('W_head', '2*H*S*V*b/(N*t)', '2*{H}*{S}*{V}*{b}/({N}*{t})', 'forward FLOP of the output layer (vocab-parallel)', 'FLOP', '[Megatron21 §5.1]', 'step'),
     'loss_bytes': ('E_loss', '12*S*V*b/(N*t)', '12*{S}*{V}*{b}/({N}*{t})', 'HBM bytes of the fp32 softmax cross-entropy over the logits: three passes', 'B', '[Korthikanti22 §4.2]', 'step'),
     'tp_comm_s': ('tau_TP', '4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)/(B_tp*N*t)', '4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})/({B_tp}*{N}*{t})', "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of the layer's activations (without it, two all-reduces: the same bytes), t - 1 ring hops each", 's', '[Korthikanti22 §4.2.2]', 'step'),
@@ -946,7 +970,7 @@ INFO = {
     'cp_ring_bwd_s': ('tau_ring_bwd', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/({B_cp}*{N}*{t})', 'ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks', 's', '[RingAttn §3], [FA2 §4]', 'step'),
     'cp_ring_fwd_exposed_s': ('x_ring_fwd', '(2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}) + 2*{B_hbm}*{F_attn}*{d}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{B_hbm}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)) + {o_cp}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}) + 2*{B_hbm}*{F_attn}*{d}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{B_hbm}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)))/({B_cp}*{N}*{t})', 'ring forward transfers left on the critical path after hiding o_cp of them under attention', 's', '[RingAttn §3]', 'step'),
     'cp_ring_bwd_exposed_s': ('x_ring_bwd', '(2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1)) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb}) + 2*{B_hbm}*{F_attn_bwd}*{d}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))) + {o_cp}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb}) + 2*{B_hbm}*{F_attn_bwd}*{d}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))))/({B_cp}*{N}*{t})', 'ring backward transfers left on the critical path', 's', '[RingAttn §3]', 'step'),
-    'cp_allgather_s': ('tau_AG', '2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({B_cp}*{N}*{t})', 'all-gather of K, V (forward) or reduce-scatter of dK, dV; exposed', 's', '[Llama3 §3.3]', 'step'),
+    'cp_allgather_s': ('tau_AG', '(N - 1)*(B_cp*N*alpha_cp*t + 2*S*b*d*n_kv*p)/(B_cp*N*t)', '({N} - 1)*({B_cp}*{N}*{alpha_cp}*{t} + 2*{S}*{b}*{d}*{n_kv}*{p})/({B_cp}*{N}*{t})', 'all-gather of K, V (forward) or reduce-scatter of dK, dV, N - 1 ring steps; exposed', 's', '[Llama3 §3.3]', 'step'),
     'cp_ulysses_s': ('tau_U_step', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(B_cp*N**2*t)', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/({B_cp}*{N}**2*{t})', 'Ulysses all-to-alls of one layer and pass; exposed', 's', '[Ulysses §3]', 'step'),
     'cp_usp_a2a_s': ('tau_USP_step', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(B_cp*N_r*N_u**2*t)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({B_cp}*{N_r}*{N_u}**2*{t})', 'USP all-to-alls of one layer and pass; exposed', 's', '[USP §3]', 'step'),
     'tp_exposed_s': ('x_TP', '(-o_tp*s_comm*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + o_tp*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*N*t)', '(-{o_tp}*{s_comm}*({B_tp}*{N}*{t}*Max(0, 2*(-{B_tp}*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{F_gemm}*{N}*{t})) - 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})) + {o_tp}*({B_tp}*{N}*{t}*Max(0, 2*(-{B_tp}*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{F_gemm}*{N}*{t})) - 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})) + 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{N}*{t})', 'TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies', 's', '[Korthikanti22 §4.2.2]', 'step'),
@@ -1106,6 +1130,10 @@ ARGS = {
     'layer_gemm_flops': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 't'),
     'layer_attn_flops': ('N', 'S', 'b', 'c', 'd', 'h', 't'),
     'layer_elementwise_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'p', 't'),
+    'layer_gemm_input_width': ('F_ffn', 'H', 'd', 'h', 't'),
+    'layer_gemm_output_width': ('F_ffn', 'H', 'd', 'g', 'h', 'n_kv', 't'),
+    'layer_gemm_weight_elements': ('F_ffn', 'H', 'd', 'g', 'h', 'n_kv', 't'),
+    'layer_fp8_cast_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'f8', 'g', 'h', 'n_kv', 'p', 'p_s', 't'),
     'head_flops': ('H', 'N', 'S', 'V', 'b', 't'),
     'loss_bytes': ('N', 'S', 'V', 'b', 't'),
     'tp_comm_s': ('B_tp', 'H', 'N', 'S', 'alpha_tp', 'b', 'p', 't'),
@@ -1119,7 +1147,7 @@ ARGS = {
     'cp_ring_bwd_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 'p_acc', 't'),
     'cp_ring_fwd_exposed_s': ('B_cp', 'B_hbm', 'F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sf', 'n_kv', 'o_cp', 'p', 's_comm', 't', 'u_cp', 'x_att'),
     'cp_ring_bwd_exposed_s': ('B_cp', 'B_hbm', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 'n_kv', 'o_cp', 'p', 'p_acc', 's_comm', 't', 'u_cp', 'x_att'),
-    'cp_allgather_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
+    'cp_allgather_s': ('B_cp', 'N', 'S', 'alpha_cp', 'b', 'd', 'n_kv', 'p', 't'),
     'cp_ulysses_s': ('B_cp', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
     'cp_usp_a2a_s': ('B_cp', 'N_r', 'N_u', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
     'tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'alpha_tp', 'b', 'd', 'g', 'h', 'n_kv', 'o_tp', 'p', 's_comm', 't'),
@@ -1273,12 +1301,15 @@ SYMBOLS = {
     'n_kb': ("kernels one layer's backward launches on a device", '1', '[Megatron21 §3]'),
     't_k': ('fixed cost of one kernel launch on the critical path (launch, framework dispatch, the gap between kernels)', 's', 'kernel tables'),
     't_dev': ("device time of one layer's passes for one micro-batch (compute and exposed communication)", 's', '[Megatron21 §3]'),
+    'f8': ("the linear layers' multiplies run in FP8 (Transformer Engine, torchao Float8; attention stays at p): 1, else 0", '1', '[FP8-Formats]'),
+    'p_s': ('scale bytes per FP8 element (MXFP8: one byte per block of 32; per-tensor FP8: 0)', 'B', '[MX-Formats]'),
     'o_dp': ('share of the gradient reduction that overlaps the backward (1: bucketed as PyTorch DDP; 0: after it)', '1', 'PyTorch DDP, [Megatron21 §5]'),
     'T_n': ('new tokens per sequence in one prefill (or prefill chunk)', 'tokens', '[CP-Infer]'),
     'K_c': ('tokens already in the KV cache before that prefill (cached prefix, earlier chunks)', 'tokens', '[CP-Infer]'),
     'S_kv': ('KV-cache tokens one CP rank holds per sequence (rounded up to whole pages when paged)', 'tokens', '[CP-Infer]'),
     'p_w': ('bytes per weight element (bf16: 2, fp8: 1)', 'B', '[CP-Infer]'),
     'p_kv': ('bytes per KV-cache element (bf16: 2, fp8: 1)', 'B', '[CP-Infer]'),
+    'alpha_cp': ("latency of one step of the CP group's ring collective (all-gather CP)", 's', '[NCCL-Tuning]'),
     'alpha_tp': ('latency of one step of a TP collective (per message)', 's', '[A-SPDeep]'),
     'B_l': ('per-direction bandwidth of one link of the fast domain: a switch port, one mesh or torus link', 'B/s', 'hardware profile'),
     'n_l': ('links a device drives at once: 1 into a switch, P_g - 1 in a full mesh, 2 per torus dimension', 'links', 'hardware profile'),

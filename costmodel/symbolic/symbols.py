@@ -269,6 +269,22 @@ t_dev = _symbol(
     "s",
     "[Megatron21 §3]",
 )
+f8 = _symbol(
+    "f8",
+    "the linear layers' multiplies run in FP8 (Transformer Engine, torchao Float8; attention stays at p): 1, "
+    "else 0",
+    "1",
+    "[FP8-Formats]",
+    nonnegative=True,
+    integer=True,
+)
+p_s = _symbol(
+    "p_s",
+    "scale bytes per FP8 element (MXFP8: one byte per block of 32; per-tensor FP8: 0)",
+    "B",
+    "[MX-Formats]",
+    nonnegative=True,
+)
 o_dp = _symbol(
     "o_dp",
     "share of the gradient reduction that overlaps the backward (1: bucketed as PyTorch DDP; 0: after it)",
@@ -299,6 +315,13 @@ S_kv = _symbol(
 )
 p_w = _symbol("p_w", "bytes per weight element (bf16: 2, fp8: 1)", "B", INFER, integer=True)
 p_kv = _symbol("p_kv", "bytes per KV-cache element (bf16: 2, fp8: 1)", "B", INFER, integer=True)
+alpha_cp = _symbol(
+    "alpha_cp",
+    "latency of one step of the CP group's ring collective (all-gather CP)",
+    "s",
+    "[NCCL-Tuning]",
+    nonnegative=True,
+)
 alpha_tp = _symbol(
     "alpha_tp", "latency of one step of a TP collective (per message)", "s", "[A-SPDeep]", nonnegative=True
 )

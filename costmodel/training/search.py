@@ -271,6 +271,7 @@ PER_SHAPE = (
     "k_copy",
     "B_tp",
     "alpha_tp",
+    "alpha_cp",
     "B_cp",
     "N_u",
     "N_r",

@@ -17,6 +17,7 @@ recompute included, the causal half skipped.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy
@@ -84,6 +85,11 @@ class StepSetup(BaseModel):
         "FSDP, Megatron's --overlap-grad-reduce), 0 reduced after it (Megatron's default).",
         ge=0,
         le=1,
+    )
+    gemm_dtype: Literal["fp8", "mxfp8"] | None = flag(
+        None,
+        "Precision of the linear layers' multiplies when it differs from --dtype: fp8 (Transformer Engine, "
+        "torchao Float8) or mxfp8 (block-scaled, Blackwell); attention and the output layer stay at --dtype.",
     )
     attention_kernel: str = flag(
         "flash",
@@ -213,6 +219,14 @@ def _check(
             "--attention-kernel",
             f"{step.attention_kernel!r}: profile {machine.name!r} has tables for {accepted}",
         )
+    if step.gemm_dtype is not None:
+        device = machine.profile.device
+        if "fp8" not in device.peak_flops:
+            raise InputError("--gemm-dtype", f"profile {machine.name!r} states no fp8 FLOP/s")
+        if step.gemm_dtype == "mxfp8" and device.generation != "Blackwell":
+            raise InputError(
+                "--gemm-dtype", f"mxfp8 runs on Blackwell tensor cores; {device.name} is {device.generation}"
+            )
     if step.attention_kernel == "unfused" and inputs.n > 1:
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     moe.check(model, step.ep, dp)
@@ -320,9 +334,10 @@ def _rates(
     --efficiency) at this layer's shapes."""
     t, d = setup.tp, model.head_dim
     rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
+    linear = machine if step.gemm_dtype is None else replace(machine, dtype="fp8")
     rates = {
-        "F_gemm": layer_gemm_rate(model, machine, t, rows),
-        "F_gemm_b": layer_gemm_rate(model, machine, t, rows, backward=True),
+        "F_gemm": layer_gemm_rate(model, linear, t, rows),
+        "F_gemm_b": layer_gemm_rate(model, linear, t, rows, backward=True),
         "F_head": gemm_calls_rate(machine, [(rows, max(model.vocab // t, 1), model.hidden)]),
     }
     if step.attention_kernel == "unfused":
@@ -412,12 +427,15 @@ def bind(
         # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
         **{f"B_{dim}": link.bandwidth for dim, link in links.items()},
         "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
+        "alpha_cp": links["cp"].latency_s if n > 1 and scheme == "allgather" else 0.0,
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
         "o_tp": step.tp_overlap,
         "o_cp": step.cp_overlap,
         "o_pp": step.pp_overlap,
         "o_dp": step.dp_overlap,
+        "f8": int(step.gemm_dtype is not None),
+        "p_s": 1 / 32 if step.gemm_dtype == "mxfp8" else 0.0,
         "z3": int(setup.zero == 3),
         "p_g": step.grad_bytes,
         "k_opt": step.optimizer_bytes,
@@ -471,7 +489,7 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
     m, stage_layers, full = v["m_mb"], v["n_L"] / v["pp"], v["rc_full"]
     gemm = _call("layer_gemm_fwd_s", v) + _call("layer_gemm_bwd_s", v)
     attention = _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v)
-    elementwise = 3 * _call("layer_elementwise_bytes", v) / v["B_hbm"]
+    elementwise = (3 * _call("layer_elementwise_bytes", v) + _call("layer_fp8_cast_bytes", v)) / v["B_hbm"]
     recompute = _call("layer_recompute_s", v)
     tp = (2 + full) * _call("tp_exposed_s", v)
     cp_fwd, cp_bwd, ring_x = _cp_exposed(scheme, v)
