@@ -146,7 +146,6 @@ def calibrate(runs: list[Run], base: HardwareProfile) -> dict[str, Any]:
 def fitted_profile(result: dict[str, Any], base: HardwareProfile, name: str, date: str) -> HardwareProfile:
     """The fitted profile, its source saying which runs it was fitted to and how well it predicts."""
     profile: HardwareProfile = result["profile"]
-    data = profile.model_dump(mode="python", exclude_none=True)
     runs = ", ".join(r["run"] for r in result["runs"])
     loo = result["left_out_median_abs_error"]
     said = (
@@ -155,14 +154,23 @@ def fitted_profile(result: dict[str, Any], base: HardwareProfile, name: str, dat
         f"{result['base_median_abs_error']:.1%} before, {result['fitted_median_abs_error']:.1%} after"
         + (f", {loo:.1%} left out" if loo is not None else "")
     )
+    return as_fitted(profile, base, name, "training logs", "cp-plan audit --fit-profile", said, date)
+
+
+def as_fitted(
+    profile: HardwareProfile, base: HardwareProfile, name: str, host: str, command: str, said: str, date: str
+) -> HardwareProfile:
+    """``profile`` named and sourced as a measured one: what it was fitted to (``host``), by which command,
+    and how well it predicts (``said``)."""
+    data = profile.model_dump(mode="python", exclude_none=True)
     data["name"] = name
-    data["description"] = f"{base.description} [efficiency fitted to training logs]".strip()
+    data["description"] = f"{base.description} [fitted to {host}]".strip()
     data["source"] = {
         "kind": "measured",
         "url": base.source.url,
-        "host": "training logs",
+        "host": host,
         "date": date,
-        "notes": f"{base.source.notes or ''} Fitted by cp-plan audit --fit-profile: {said}.".strip(),
+        "notes": f"{base.source.notes or ''} Fitted by {command}: {said}.".strip(),
     }
     return parse_profile(data, "fitted profile", field="--fit-profile")
 
@@ -471,14 +479,6 @@ def runs_profile(
 ) -> HardwareProfile:
     """The base profile with fitted terms, its source saying what it was fitted to and how well it predicts."""
     fitted = with_terms(base, terms)
-    data = fitted.model_dump(mode="python", exclude_none=True)
-    data["name"] = name
-    data["description"] = f"{base.description} [terms fitted to measured runs]".strip()
-    data["source"] = {
-        "kind": "measured",
-        "url": base.source.url,
-        "host": "measured training runs",
-        "date": date,
-        "notes": f"{base.source.notes or ''} Fitted by cp-plan audit --runs --fit-profile: {said}.".strip(),
-    }
-    return parse_profile(data, "fitted profile", field="--fit-profile")
+    return as_fitted(
+        fitted, base, name, "measured training runs", "cp-plan audit --runs --fit-profile", said, date
+    )
