@@ -222,12 +222,29 @@ TERMS: dict[str, Term] = {
         (0.05, 1.0),
     ),
 }
+# A term that changes which rate each multiply reads cannot be applied to bound rates: it is fitted over a
+# grid of values, the runs re-bound at each.
+GRID_TERMS: dict[str, tuple[Term, tuple[float, ...]]] = {
+    "gemm_size_exponent": (
+        Term(
+            ("kernels", "gemm_size_exponent"),
+            "slope of the matrix multiplies' efficiency in problem size below a 4096 edge",
+            "1",
+            (0.0, 0.6),
+        ),
+        (0.0, 0.15, 0.3, 0.45, 0.6),
+    ),
+}
 IDENTIFIED = 1e-3  # a term that moves no run's prediction by 0.1 % anywhere in its range is not fitted
+
+
+def _term(name: str) -> Term:
+    return TERMS[name] if name in TERMS else GRID_TERMS[name][0]
 
 
 def term_value(profile: HardwareProfile, name: str) -> float:
     node: Any = profile
-    for part in TERMS[name].path:
+    for part in _term(name).path:
         node = getattr(node, part)
     return float(node)
 
@@ -236,7 +253,7 @@ def with_terms(profile: HardwareProfile, terms: dict[str, float]) -> HardwarePro
     """``profile`` with the named terms set."""
     data = profile.model_dump(mode="python", exclude_none=True)
     for name, value in terms.items():
-        *parents, leaf = TERMS[name].path
+        *parents, leaf = _term(name).path
         node = data
         for part in parents:
             node = node[part]
@@ -303,6 +320,24 @@ class FastSteps:
         return out
 
 
+class Steps:
+    """:class:`FastSteps` at each value of the grid terms (the runs bound once per value)."""
+
+    def __init__(self, bind: Any, base: HardwareProfile) -> None:
+        ((name, (_, grid)),) = GRID_TERMS.items()
+        self.grid_name, self.grid = name, grid
+        start = term_value(base, name)
+        values = sorted({start, *grid})
+        self.by_value = {g: FastSteps(bind(with_terms(base, {name: g})), base) for g in values}
+        self.start = start
+        first = self.by_value[start]
+        self.base = {**first.base, name: start}
+        self.n = first.n
+
+    def times(self, terms: dict[str, float]) -> np.ndarray:
+        return self.by_value[terms.get(self.grid_name, self.start)].times(terms)
+
+
 def _squash(u: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     lo, hi = bounds.T
     return lo + (hi - lo) / (1 + np.exp(-np.clip(u, -50, 50)))
@@ -328,7 +363,7 @@ def _robust(log_error: np.ndarray) -> np.ndarray:
     return np.sign(log_error) * np.sqrt(2 * (np.sqrt(log_error**2 + HUBER**2) - HUBER))
 
 
-def _objective(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, terms: dict[str, float]) -> float:
+def _objective(steps: Any, rows: np.ndarray, measured: np.ndarray, terms: dict[str, float]) -> float:
     r = _robust(np.log(steps.times(terms)[rows] / measured))
     return float(r @ r)
 
@@ -344,6 +379,26 @@ def _start(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list
 
 
 def fit_terms(
+    steps: Steps, rows: np.ndarray, measured: np.ndarray, names: list[str], iterations: int = 60
+) -> dict[str, float]:
+    """The terms ``names`` fitted to the runs ``rows``: a grid term at the best of its values, each with the
+    continuous terms fitted at it (:func:`fit_continuous`)."""
+    continuous = [n for n in names if n in TERMS]
+    if steps.grid_name not in names:
+        return fit_continuous(steps.by_value[steps.start], rows, measured, continuous, iterations)
+    best: tuple[float, dict[str, float]] | None = None
+    for value in steps.grid:
+        fast = steps.by_value[value]
+        terms = fit_continuous(fast, rows, measured, continuous, iterations) if continuous else {}
+        terms[steps.grid_name] = value
+        score = _objective(steps, rows, measured, terms)
+        if best is None or score < best[0]:
+            best = (score, terms)
+    assert best is not None
+    return best[1]
+
+
+def fit_continuous(
     steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str], iterations: int = 60
 ) -> dict[str, float]:
     """Terms minimising the runs' robust log error (:func:`_robust`, Levenberg-Marquardt from :func:`_start`,
@@ -377,14 +432,18 @@ def fit_terms(
     return dict(zip(names, (float(x) for x in _squash(u, bounds)), strict=True))
 
 
-def identified(steps: FastSteps, rows: np.ndarray, candidates: list[str]) -> list[str]:
+def identified(steps: Steps, rows: np.ndarray, candidates: list[str]) -> list[str]:
     """The terms that move some run's prediction somewhere in their range: the others the runs cannot pin
     down (no run crosses nodes, no run uses a fused attention kernel, ...)."""
     base = steps.times({})[rows]
+
+    def trials(name: str) -> Any:
+        return steps.grid if name == steps.grid_name else _grid(name)
+
     return [
         name
         for name in candidates
-        if any(np.max(np.abs(steps.times({name: x})[rows] / base - 1)) > IDENTIFIED for x in _grid(name))
+        if any(np.max(np.abs(steps.times({name: x})[rows] / base - 1)) > IDENTIFIED for x in trials(name))
     ]
 
 
@@ -406,7 +465,7 @@ class CrossValidation:
 
 
 def cross_validate(
-    steps: FastSteps, measured: np.ndarray, rows: np.ndarray, names: list[str], folds: int, seed: int = 0
+    steps: Steps, measured: np.ndarray, rows: np.ndarray, names: list[str], folds: int, seed: int = 0
 ) -> CrossValidation:
     order = np.random.default_rng(seed).permutation(rows)
     held = np.empty(steps.n)
@@ -421,7 +480,7 @@ def cross_validate(
 
 
 def kfold_fit(
-    steps: FastSteps,
+    steps: Steps,
     measured: np.ndarray,
     rows: np.ndarray,
     folds: int,
@@ -436,7 +495,7 @@ def kfold_fit(
     error of the folds' MAPE with it, so no term is fitted that the held-out runs do not ask for."""
     if len(rows) < max(folds, 2):
         raise InputError("--folds", f"{len(rows)} single-node runs cannot be split into {folds} folds")
-    moving = identified(steps, rows, candidates or list(TERMS))
+    moving = identified(steps, rows, candidates or [*TERMS, *GRID_TERMS])
     if not moving:
         raise InputError("--fit-profile", "no machine term moves these runs' predictions")
     names = list(moving)
@@ -459,13 +518,13 @@ def kfold_fit(
             n: {
                 "value": final[n],
                 "spread": spread[n],
-                "unit": TERMS[n].unit,
-                "meaning": TERMS[n].meaning,
+                "unit": _term(n).unit,
+                "meaning": _term(n).meaning,
                 "base": steps.base[n],
             }
             for n in names
         },
-        "not_fitted": [n for n in candidates or TERMS if n not in moving],
+        "not_fitted": [n for n in candidates or [*TERMS, *GRID_TERMS] if n not in moving],
         "not_needed": dropped,
         "folds": folds,
         "cv_errors": cv.held_s[rows] / measured[rows] - 1,

@@ -406,7 +406,11 @@ def fit_runs(
         )
     import numpy as np
 
-    steps = fit.FastSteps([bound(run, profiles, r) for run, r in zip(table.runs, reports, strict=True)], base)
+    def bind_all(profile: HardwareProfile) -> list[dict[str, Any]]:
+        at = Profiles(profile)
+        return [bound(run, at, r) for run, r in zip(table.runs, reports, strict=True)]
+
+    steps = fit.Steps(bind_all, base)
     measured = np.array([run.measured_s for run in table.runs])
     result = fit.kfold_fit(steps, measured, np.array(inside), folds, terms)
     fitted_terms = {n: t["value"] for n, t in result["terms"].items()}

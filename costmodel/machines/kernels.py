@@ -85,6 +85,7 @@ def attention_rate(
 # Output tiles a tuned BLAS picks between for large bf16 multiplies on Ampere and Hopper (rows x columns of
 # C one thread block computes) [CUTLASS]; the best of them for a shape sets how full its waves run.
 GEMM_TILES = ((128, 256), (256, 128), (128, 128))
+GEMM_SIZE_REFERENCE = 4096.0  # the edge at which a fitted size exponent leaves the rate unchanged
 
 
 def tile_utilisation(m: int, n: int, sms: int, batch: int = 1) -> float:
@@ -121,7 +122,10 @@ def gemm_rate(
     if bandwidth:
         moved = element_bytes * (m * k + k * n + m * n)
         rate = min(rate, 2.0 * m * n * k * bandwidth / moved)
-    return rate * kernels.gemm_scale  # a fitted factor on the kernel as run, memory-bound or not
+    # fitted factors on the kernel as run, memory-bound or not: its level, and its slope in problem size
+    # below the reference edge (above it the table's own plateau holds: a fit never extrapolates a slope)
+    slope = min(1.0, edge / GEMM_SIZE_REFERENCE) ** kernels.gemm_size_exponent
+    return rate * kernels.gemm_scale * slope
 
 
 def measured_attention(

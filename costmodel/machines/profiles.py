@@ -383,6 +383,12 @@ class Kernels(_Strict):
     gemm_scale: Positive = Field(
         default=1.0, description="factor on the gemm table's rates (a fitted profile's GEMM efficiency)"
     )
+    gemm_size_exponent: Finite = Field(
+        default=0.0,
+        ge=-1,
+        le=1,
+        description="how a fitted profile's GEMM efficiency grows with problem size: rates x (edge / 4096)^this",
+    )
     attention_scale: Positive = Field(
         default=1.0, description="factor on the attention tables' rates (a fitted profile's kernel factor)"
     )
