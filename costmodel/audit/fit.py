@@ -242,6 +242,18 @@ def _term(name: str) -> Term:
     return TERMS[name] if name in TERMS else GRID_TERMS[name][0]
 
 
+def term_bounds(profile: HardwareProfile) -> dict[str, tuple[float, float]]:
+    """Each term's range on this profile: the multiply table may be scaled up only as far as the most a
+    tuned matmul reaches on the device (``device.max_matmul_flops``, [MAMF]; else its dense peak)."""
+    out = {name: term.bounds for name, term in TERMS.items()}
+    kernels = profile.kernels
+    if kernels is not None:
+        ceiling = profile.device.max_matmul_flops or profile.device.peak_flops.get("bf16")
+        if ceiling:
+            out["gemm_scale"] = (TERMS["gemm_scale"].bounds[0], ceiling / max(kernels.gemm.flops_per_s))
+    return out
+
+
 def term_value(profile: HardwareProfile, name: str) -> float:
     node: Any = profile
     for part in _term(name).path:
@@ -271,6 +283,7 @@ class FastSteps:
 
         self.breakdown = step_breakdown
         self.base = {name: term_value(base, name) for name in TERMS}
+        self.bounds = term_bounds(base)
         self.groups: list[tuple[list[int], dict[str, Any], str, Any]] = []
         keyed: dict[tuple[str, bool], list[int]] = {}
         for i, b in enumerate(bound):
@@ -331,6 +344,7 @@ class Steps:
         self.by_value = {g: FastSteps(bind(with_terms(base, {name: g})), base) for g in values}
         self.start = start
         first = self.by_value[start]
+        self.base_steps = first
         self.base = {**first.base, name: start}
         self.n = first.n
 
@@ -349,9 +363,9 @@ def _unsquash(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return np.log(share / (1 - share))
 
 
-def _grid(name: str) -> np.ndarray:
+def _grid(name: str, bounds: dict[str, tuple[float, float]]) -> np.ndarray:
     """Trial values across a term's range, short of its ends (where the logistic change of variable is flat)."""
-    lo, hi = TERMS[name].bounds
+    lo, hi = bounds[name]
     return np.geomspace(max(lo, hi * 1e-4) * 1.05, hi * 0.95, 13)
 
 
@@ -371,9 +385,9 @@ def _objective(steps: Any, rows: np.ndarray, measured: np.ndarray, terms: dict[s
 def _start(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str]) -> dict[str, float]:
     """A starting point off any flat region (a launch cost the device hides has no gradient): each term in
     turn at the best of a coarse grid over its range, the others where they stand."""
-    terms = {n: float(np.clip(steps.base[n], *_grid(n)[[0, -1]])) for n in names}
+    terms = {n: float(np.clip(steps.base[n], *_grid(n, steps.bounds)[[0, -1]])) for n in names}
     for name in names:
-        trials = [terms[name], *_grid(name)]
+        trials = [terms[name], *_grid(name, steps.bounds)]
         terms[name] = min(trials, key=lambda x: _objective(steps, rows, measured, {**terms, name: x}))
     return terms
 
@@ -403,7 +417,7 @@ def fit_continuous(
 ) -> dict[str, float]:
     """Terms minimising the runs' robust log error (:func:`_robust`, Levenberg-Marquardt from :func:`_start`,
     each term kept in its range by a logistic change of variable)."""
-    bounds = np.array([TERMS[n].bounds for n in names], dtype=float)
+    bounds = np.array([steps.bounds[n] for n in names], dtype=float)
     start = _start(steps, rows, measured, names)
     u = _unsquash(np.array([start[n] for n in names]), bounds)
 
@@ -438,7 +452,7 @@ def identified(steps: Steps, rows: np.ndarray, candidates: list[str]) -> list[st
     base = steps.times({})[rows]
 
     def trials(name: str) -> Any:
-        return steps.grid if name == steps.grid_name else _grid(name)
+        return steps.grid if name == steps.grid_name else _grid(name, steps.base_steps.bounds)
 
     return [
         name

@@ -122,6 +122,11 @@ class Device(_Strict):
     )
     hbm_bytes: Positive = Field(description="memory capacity, bytes (decimal, as datasheets)")
     hbm_bandwidth: Positive | None = Field(default=None, description="memory bandwidth, bytes/s")
+    max_matmul_flops: Positive | None = Field(
+        default=None,
+        description="the most a tuned bf16 matmul reaches on the device (maximum achievable matmul FLOP/s "
+        "[MAMF]): the ceiling a fit may scale the multiply table to",
+    )
     sm_count: Count() | None = Field(
         default=None,
         description="streaming multiprocessors (compute units): a matrix multiply's output tiles run in "
