@@ -159,6 +159,46 @@ def test_measured_profile_round_trips_through_yaml(tmp_path) -> None:
     assert load_profile(str(path)) == profile
 
 
+def test_inference_fixed_costs_are_the_tiny_layers_less_the_model() -> None:
+    """Each scheme's fixed cost is its tiny layer's time less what the inference formulas predict for it
+    without one; validate's prediction at that very shape then returns the time measured, and a datasheet
+    ignores it."""
+    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
+    from costmodel.inference.kernel_runs import predict_run
+
+    raw = raw_measurements()
+    times = {"pass-kv": 4e-3, "pass-q": 6e-3, "decode": 2.5e-3}
+    raw["inference"] = {
+        "tokens": 8,
+        "kinds": [
+            {"scheme": s, "new_per_rank": 1 if s == "decode" else 8, "cached_per_rank": 8, "seconds": t}
+            for s, t in times.items()
+        ],
+    }
+    plain = build_profile(raw_measurements(), "box", SHAPE, date="2026-11-30")
+    profile = build_profile(raw, "box", SHAPE, date="2026-11-30")
+    assert plain.calibration.inference_overhead_s == {}
+    inputs = calibrated_inputs(profile, 2, 1)
+    for scheme, seconds in times.items():
+        new = 1 if scheme == "decode" else 8
+        without = predict_run(inputs, calibrated_machine(plain), scheme, new, 8)
+        assert 0 < without < seconds
+        assert profile.calibration.inference_overhead_s[scheme] == pytest.approx(seconds - without, rel=1e-9)
+        assert predict_run(inputs, calibrated_machine(profile), scheme, new, 8) == pytest.approx(
+            seconds, rel=1e-9
+        )
+        # at a larger shape the fixed cost is added once, unchanged
+        big = predict_run(inputs, calibrated_machine(profile), scheme, new * 8, 64)
+        assert big - predict_run(inputs, calibrated_machine(plain), scheme, new * 8, 64) == pytest.approx(
+            seconds - without, rel=1e-9
+        )
+        assert predict_run(
+            inputs, calibrated_machine(profile).as_datasheet(), scheme, new, 8
+        ) == pytest.approx(
+            predict_run(inputs, calibrated_machine(plain).as_datasheet(), scheme, new, 8), rel=1e-12
+        )
+
+
 def test_measured_profile_works_everywhere_hw_does(cli, tmp_path) -> None:
     path = tmp_path / "box.yaml"
     path.write_text(profile_yaml(build_profile(raw_measurements(), "box", SHAPE)))

@@ -146,8 +146,10 @@ def test_decode_merge_bytes_by_hand() -> None:
 def test_decode_is_a_memory_roofline_without_parallelism() -> None:
     out = infer(model="llama3-8b", hw="h100-nvlink", prompt="32k", output=1)
     dec = out.decode
-    assert dec.cp_merge_s == 0 and dec.tp_s == 0
-    assert dec.tpot_s == pytest.approx(dec.weight_read_s + dec.kv_read_s, rel=1e-12)
+    assert dec.cp_merge_s == 0 and dec.tp_s == 0 and dec.partial_merge_s == 0 and dec.fixed_s == 0
+    # sampling reads the fp32 logits twice: 2 x 128,256 x 4 B at 3.35 TB/s
+    assert dec.sampling_s == pytest.approx(2 * 128_256 * 4 / 3.35e12, rel=1e-12)
+    assert dec.tpot_s == pytest.approx(dec.weight_read_s + dec.kv_read_s + dec.sampling_s, rel=1e-12)
 
 
 def test_cp_for_decode_pays_at_1m_and_only_adds_latency_at_4k() -> None:
@@ -202,7 +204,7 @@ def test_json_contract(cli) -> None:
     )
     assert result.code == 0, result.err
     out = json.loads(result.out)
-    assert out["schema"] == "cp-plan/inference/v1"
+    assert out["schema"] == "cp-plan/inference/v2"
     inference = out["inference"]
     assert inference["prefill"]["scheme"] in ("pass-kv", "pass-q", "allgather")
     for key in ("kv_cache_bytes_per_device", "ttft_s", "tpot_s"):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA = "cp-plan/inference/v1"
+SCHEMA = "cp-plan/inference/v2"
 Scheme = Literal["pass-kv", "pass-q", "allgather"]
 
 
@@ -81,6 +81,15 @@ class Decode(_Strict):
     compute_s: float = Field(description="FLOP per token at the achieved rates, all stages")
     cp_merge_s: float = Field(description="all-gathers of (O, LSE) over CP, every layer, per token")
     tp_s: float = Field(description="TP all-reduces, every layer, per token")
+    partial_merge_s: float = Field(
+        description="merging the CP ranks' partial (O, LSE) by log-sum-exp, every layer, per token"
+    )
+    fixed_s: float = Field(
+        description="fixed costs of every layer per token: launches the device waits for, and on a "
+        "calibrated profile the decode step's measured fixed cost"
+    )
+    sampling_s: float = Field(description="reading the logits to sample one token per sequence")
+    host_s: float = Field(description="the serving framework's host time per step not overlapped")
     merge_bytes_per_layer: float = Field(description="(O, LSE) bytes one device receives per layer and token")
     cp_latency_saved_s: float = Field(
         description="per token, what CP saves against CP 1 at the same TP and cache (reading 1/N of it)"

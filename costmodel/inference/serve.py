@@ -152,6 +152,11 @@ def attention_bind(
         "t_launch": launch,
         "rc_sel": 0,
         "rc_full": 0,
+        "t_lf": 0.0,  # a calibrated machine's fixed cost per scheme: set where the scheme is known
+        "n_kl": 0,
+        "t_kl": 0.0,
+        "t_host": 0.0,
+        "g_pg": int(setup.page > 0),
     }
 
 
@@ -165,21 +170,26 @@ def _kv_tokens(context: int, n: int, page: int) -> int:
 
 
 def _attention_rate(machine: Machine, scheme: str, values: dict[str, Any]) -> float:
-    """F_attn of a chunk: per ring step T_n/N queries against (T_n + K_c)/N keys, causal on the own block
-    when nothing is cached; all-gather: one call against every key."""
+    """F_attn of a chunk: its FLOP over the seconds of its kernel calls. A ring step's queries are a rank's
+    T_n/N new tokens: at the own step one call against the rank's K_c/N cached keys and one, causal,
+    against its own new ones; at each other step one call against the keys it sees there, the cached
+    ones and (load-balanced) c of the new ones. All-gather: one call against every key."""
     n, d = values["N"], values["d"]
-    queries, keys = values["T_n"] / n, (values["T_n"] + values["K_c"]) / n
+    queries, cached, new = values["T_n"] / n, values["K_c"] / n, values["T_n"] / n
     pair = numeric.pair_flops(b=values["b"], h=values["h"] / values["t"], d=d)
-    own_causal = values["K_c"] == 0
     if scheme == "allgather" or n == 1:
-        calls = [(queries, keys * n, True, 1.0)]
+        calls = [(queries, (cached + new) * n, True, 1.0)]
     else:
-        calls = [(queries, keys, own_causal, 1.0), (queries, keys, False, n - 1.0)]
-    spent = sum(
-        w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, False, n, q, k, d)
-        for q, k, causal, w in calls
-    )
-    return sum(w for *_, w in calls) / spent
+        calls = [(queries, cached, False, 1.0), (queries, new, True, 1.0)]
+        calls.append((queries, cached + values["c"] * new, False, n - 1.0))
+    work = spent = 0.0
+    for q, k, causal, count in calls:
+        if q * k <= 0:
+            continue
+        flops = pair * q * k * (0.5 if causal else 1.0)
+        work += count * flops
+        spent += count * flops / machine.rate(flops, causal, False, n, q, k, d)
+    return work / spent
 
 
 def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -> dict[str, float]:
@@ -197,10 +207,15 @@ def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -
             ],
             v,
         )
+    gather = _call("passkv_page_gather_s", v) if ring and scheme == "pass-kv" else 0.0
     return {
         "attention": _call("prefill_attn_s", v),
         "exposed CP comm": cp,
-        "CP ring overheads (merge, copies, launches)": _call("ring_overhead_s", v) if ring else 0.0,
+        "CP ring overheads (merge, copies, launches)": (_call("ring_overhead_s", v) if ring else 0.0)
+        + gather,
+        "fixed costs (launches, host work)": _call(
+            "inference_layer_fixed_s", {**v, "t_lf": attention.inference_overhead(scheme)}
+        ),
         "_F_attn": v["F_attn"],
     }
 
@@ -219,6 +234,7 @@ def _chunk_layer(
         "exposed TP comm": _call("tp_exposed_s", v) if v["t"] > 1 else 0.0,
         "exposed CP comm": parts["exposed CP comm"],
         "CP ring overheads (merge, copies, launches)": parts["CP ring overheads (merge, copies, launches)"],
+        "fixed costs (launches, host work)": parts["fixed costs (launches, host work)"],
         "_F_attn": parts["_F_attn"],
         "_F_gemm": v["F_gemm"],
     }
@@ -263,26 +279,41 @@ def prefill(
 
 
 def decode_attention_rate(attention: Machine, values: dict[str, Any], context: int) -> float:
-    """F_attn of a decode step: the new token's query against the rank's share of ``context`` cached keys."""
-    return attention.rate(1.0, False, False, values["N"], 1, max(context // values["N"], 1), values["d"])
+    """F_attn of a decode step: the new token's query against the rank's share of ``context`` cached keys,
+    one call of that many FLOP."""
+    keys = max(context // values["N"], 1)
+    flops = numeric.pair_flops(b=values["b"], h=values["h"] / values["t"], d=values["d"]) * keys
+    return attention.rate(flops, False, False, values["N"], 1, keys, values["d"])
 
 
 def decode_values(
-    values: dict[str, Any], context: int, page: int, gemm_rate: float, attn_rate: float
+    values: dict[str, Any],
+    context: int,
+    page: int,
+    gemm_rate: float,
+    attn_rate: float,
+    attention: Machine | None = None,
 ) -> dict[str, Any]:
-    """The symbols of a decode step with ``context`` tokens cached (each rank's share rounded up to pages)."""
+    """The symbols of a decode step with ``context`` tokens cached (each rank's share rounded up to pages);
+    ``attention``: the machine whose measured decode fixed cost it pays."""
     return {
         **values,
         "S_kv": _kv_tokens(context, values["N"], page),
         "F_gemm": gemm_rate,
         "F_attn": attn_rate,
+        "t_lf": attention.inference_overhead("decode") if attention is not None else values.get("t_lf", 0.0),
     }
 
 
 def _decode_at(
-    values: dict[str, Any], context: int, setup: InferenceSetup, gemm_rate: float, attn_rate: float
+    values: dict[str, Any],
+    context: int,
+    setup: InferenceSetup,
+    gemm_rate: float,
+    attn_rate: float,
+    attention: Machine,
 ):
-    v = decode_values(values, context, setup.page, gemm_rate, attn_rate)
+    v = decode_values(values, context, setup.page, gemm_rate, attn_rate, attention)
     return v, _call("tpot_s", v)
 
 
@@ -294,8 +325,8 @@ def decode(
     end = start + max(setup.output - 1, 0)
     gemm_rate = layer_gemm_rate(model, gemm, setup.tp, values["b"])
     attn_rate = decode_attention_rate(attention, values, start)
-    _, first = _decode_at(values, start, setup, gemm_rate, attn_rate)
-    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate)
+    _, first = _decode_at(values, start, setup, gemm_rate, attn_rate, attention)
+    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate, attention)
     pp, layers = setup.pp, model.layers
     return {
         "first": first,
@@ -305,6 +336,10 @@ def decode(
         "compute_s": pp * _call("decode_compute_s", last_v),
         "cp_merge_s": layers * _call("decode_merge_s", last_v),
         "tp_s": layers * _call("decode_tp_s", last_v),
+        "partial_merge_s": layers * _call("decode_partial_merge_s", last_v),
+        "fixed_s": layers * _call("inference_layer_fixed_s", last_v),
+        "sampling_s": _call("decode_sampling_s", last_v),
+        "host_s": last_v["t_host"],
         "merge_bytes_per_layer": _call("decode_merge_bytes", last_v),
         "rates": (gemm_rate, attn_rate),
     }
@@ -490,6 +525,10 @@ def evaluate_infer(
                 compute_s=dec["compute_s"],
                 cp_merge_s=dec["cp_merge_s"],
                 tp_s=dec["tp_s"],
+                partial_merge_s=dec["partial_merge_s"],
+                fixed_s=dec["fixed_s"],
+                sampling_s=dec["sampling_s"],
+                host_s=dec["host_s"],
                 merge_bytes_per_layer=dec["merge_bytes_per_layer"],
                 cp_latency_saved_s=max(0.0, gain),
                 cp_latency_added_s=max(0.0, -gain),

@@ -287,6 +287,13 @@ class Machine:
         """A measured fixed cost (``step_overhead_s``, ``sync_overhead_s``); 0 on datasheets."""
         return float(getattr(self.profile.calibration, name)) if self.calibrated else 0.0
 
+    def inference_overhead(self, scheme: str) -> float:
+        """Measured fixed cost of a whole inference attention layer of ``scheme`` (pass-kv, pass-q, decode);
+        0 on datasheets and on profiles measured before it was."""
+        if not self.calibrated:
+            return 0.0
+        return float(self.profile.calibration.inference_overhead_s.get(scheme, 0.0))  # type: ignore[union-attr]
+
     def layer_overhead(
         self, variant: str, backward: bool, layout: str = "contiguous", causal: bool = False
     ) -> tuple[float, float]:

@@ -264,7 +264,11 @@ class Calibration(_Strict):
         description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
         "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it",
     )
-
+    inference_overhead_s: dict[Literal["pass-kv", "pass-q", "decode"], NonNegative] = Field(
+        default_factory=dict,
+        description="fixed cost of a whole inference attention layer, by scheme: a tiny pass-KV or pass-Q "
+        "prefill, or a decode step, less what the inference formulas predict for it",
+    )
     layer_tokens: Count() | None = Field(
         None, description="shard length of the layers timed for their fixed cost"
     )

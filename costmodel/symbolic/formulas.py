@@ -72,6 +72,7 @@ from costmodel.symbolic.symbols import (
     e_m,
     eta,
     g,
+    g_pg,
     h,
     k_copy,
     k_E,
@@ -83,6 +84,7 @@ from costmodel.symbolic.symbols import (
     m_mb,
     n_bkt,
     n_E,
+    n_kl,
     n_kv,
     n_L,
     n_l,
@@ -106,7 +108,10 @@ from costmodel.symbolic.symbols import (
     s_comm,
     sigma,
     t,
+    t_host,
+    t_kl,
     t_launch,
+    t_lf,
     u_cp,
     v_pp,
     w_t,
@@ -1333,14 +1338,52 @@ tau_tp_dec = define(
     "s",
     "[Megatron21 §3], [A-SPDeep]",
 )
+t_fix = define(
+    "inference_layer_fixed_s",
+    "t_fix",
+    t_lf + n_kl * t_kl,
+    "fixed cost of one inference layer beyond its modelled work: the scheme's measured fixed cost on a "
+    "calibrated machine, plus the launches the device waits for",
+    "s",
+    "[A-RingCost §11], [CUDA-Graphs]",
+)
+define(
+    "passkv_page_gather_s",
+    "t_gather",
+    g_pg * 2 * C_pkv / B_hbm,
+    "pass-KV over a paged cache, one layer: each rank reads its KV pages and writes them into one "
+    "contiguous block before the ring sends it (the kernel's stack of K and V)",
+    "s",
+    "[PagedAttention], [CP-Infer]",
+)
+t_pmerge = define(
+    "decode_partial_merge_s",
+    "t_merge_decode",
+    (N - 1) * b * (h / t) * 3 * (d + 1) * p_acc / B_hbm,
+    "decode under CP, one layer: merging the N-1 other ranks' partial (O, LSE) of the new token into the "
+    "own by log-sum-exp, in fp32 (each merge reads two and writes one)",
+    "s",
+    "[OnlineSoftmax], [CP-Infer]",
+)
+t_sample = define(
+    "decode_sampling_s",
+    "t_sample",
+    2 * b * V * p_acc / B_hbm,
+    "sampling one token per sequence: the fp32 logits read by the softmax and again by the sampler",
+    "s",
+    "[Roofline]",
+)
 define(
     "tpot_s",
     "t_token",
     pp * sympy.Max(t_w_dec + t_kv_dec, t_c_dec)
-    + n_L * (tau_merge + tau_tp_dec)
-    + (pp - 1) * (alpha + b * H * p / B_pp),
+    + n_L * (tau_merge + tau_tp_dec + t_pmerge + t_fix)
+    + (pp - 1) * (alpha + b * H * p / B_pp)
+    + t_sample
+    + t_host,
     "time per output token: each stage in turn reads its weights and KV cache (or computes, when "
-    "slower), every layer merges over CP and all-reduces over TP, and the stages hand the token on",
+    "slower), every layer merges over CP, all-reduces over TP and pays its fixed cost, the stages hand "
+    "the token on, it is sampled, and the host prepares the next step",
     "s",
     "[Roofline], [CP-Infer]",
 )
