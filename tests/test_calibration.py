@@ -318,3 +318,25 @@ def test_validate_table_fits_80_columns(monkeypatch: pytest.MonkeyPatch) -> None
     body = [line for line in lines if line.startswith(("ring", "Ulysses"))]
     assert len(body) == len(rows) and not any("…" in line for line in body)
     assert all(line.rstrip().endswith("%") for line in body)
+
+
+def test_calls_of_fewer_queries_than_keys_run_at_their_measured_rate() -> None:
+    """A fully visible call of q queries against 4q keys runs at the rate measured for that shape; at one
+    key per query it is the square curve's; between measured shapes the slowdown is interpolated."""
+    raw = raw_measurements()
+    square = build_profile(raw, "box", SHAPE, date="2026-11-30").calibration.curve(2, False)
+    calls = []
+    for queries, keys in ((64, 256), (256, 1024)):
+        flops = 4.0 * 8 * 64 * queries * keys
+        calls.append({"queries": queries, "keys": keys, "flops": flops, "spread": 0.0})
+        calls[-1]["flops_per_s"] = square.rate(flops) / 1.5  # measured 1.5x slower than a square block
+    raw["inference"] = {"tokens": 8, "kinds": [], "calls": calls}
+    cal = build_profile(raw, "box", SHAPE, date="2026-11-30").calibration
+    for call in calls:
+        assert cal.call_rate(call["flops"], 2, call["queries"], call["keys"]) == pytest.approx(
+            call["flops_per_s"], rel=1e-12
+        )
+    flops = 4.0 * 8 * 64 * 128 * 128
+    assert cal.call_rate(flops, 2, 128, 128) == pytest.approx(square.rate(flops), rel=1e-12)
+    between = cal.call_rate(flops, 2, 128, 256)  # 2 keys per query: half way in log(aspect)
+    assert between == pytest.approx(square.rate(flops) / 1.25, rel=1e-9)

@@ -219,6 +219,8 @@ def test_json_contract(cli) -> None:
         (["--tp", "3"], "--tp: 3 must divide"),
         (["--chunk", "6", "--cp", "4"], "--chunk: 6 tokens do not split evenly"),
         (["--weights", "fp8", "--hw", "a100-nvlink"], "--weights: profile 'a100-nvlink' has no fp8"),
+        (["--target-tpot", "0"], "--target-tpot: must be > 0"),
+        (["--host-overhead", "-1"], "--host-overhead: must be >= 0"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(cli, args: list[str], message: str) -> None:
@@ -260,3 +262,52 @@ def test_auto_takes_the_fastest_scheme_and_an_asked_one_is_kept(cached: int, pro
         asked = infer(**H405, prompt=prompt, cached=cached, cp=cp, prefill_scheme=scheme)
         assert asked.prefill.scheme == scheme
         assert asked.ttft_s == pytest.approx(auto.schemes[scheme].ttft_s, rel=1e-12)
+
+
+# --- decode's fixed costs and the TPOT target --------------------------------------------------------
+
+
+def test_eager_decode_pays_every_layer_s_launches_and_the_host_its_time() -> None:
+    # llama3-8b, TP 1: 32 layers x 12 kernels x the profile's 5 us per launch; the host's 0.2 ms once
+    base = {"model": "llama3-8b", "hw": "h100-nvlink", "prompt": "32k", "output": 1}
+    graphs = infer(**base).decode
+    eager = infer(**base, cuda_graphs=False).decode
+    host = infer(**base, host_overhead=2e-4).decode
+    assert graphs.fixed_s == 0 and eager.fixed_s == pytest.approx(32 * 12 * 5e-6, rel=1e-12)
+    assert eager.tpot_s - graphs.tpot_s == pytest.approx(32 * 12 * 5e-6, rel=1e-9)
+    assert host.host_s == 2e-4 and host.tpot_s - graphs.tpot_s == pytest.approx(2e-4, rel=1e-9)
+
+
+def test_decode_merges_the_other_ranks_partials_in_fp32() -> None:
+    # 15 other ranks x 16 heads per TP rank x 3 x 129 x 4 B through HBM at 3.35 TB/s, 126 layers
+    dec = infer(**H405, prompt="1M", cp=16).decode
+    assert dec.partial_merge_s == pytest.approx(126 * 15 * 16 * 3 * 129 * 4 / 3.35e12, rel=1e-12)
+
+
+@settings(max_examples=8, deadline=None)
+@given(target=st.sampled_from([0.008, 0.012, 0.02, 0.05]), cp=st.sampled_from([2, 4]))
+def test_target_tpot_is_the_largest_batch_within_it(target: float, cp: int) -> None:
+    setup = {"model": "llama3-8b", "hw": "h100-nvlink", "prompt": "32k", "output": 256, "cp": cp}
+    layout = infer(**setup, target_tpot=target).decode_target.cp_layout
+    assert (layout.tp, layout.cp) == (1, cp)
+    if layout.max_batch:
+        best = infer(**setup, batch=layout.max_batch)
+        assert best.memory.fits and best.tpot_s <= target
+        assert best.tpot_s == pytest.approx(layout.tpot_at_max_batch_s, rel=1e-12)
+        assert layout.tokens_per_s == pytest.approx(layout.max_batch / best.tpot_s, rel=1e-12)
+    beyond = infer(**setup, batch=layout.max_batch + 1)
+    assert not beyond.memory.fits or beyond.tpot_s > target
+    assert layout.limited_by == ("memory" if not beyond.memory.fits else "tpot")
+
+
+def test_cp_over_the_cache_beats_tp_only_where_the_cache_needs_it() -> None:
+    # 405B at 1M: the whole cache on every TP rank of 128 does not fit, the CP shards do
+    long = infer(**{**H405, "output": 1024}, prompt="1M", cp=16, target_tpot=0.06).decode_target
+    assert long.tp_layout.max_batch == 0 and long.tp_layout.limited_by == "none"
+    assert long.cp_layout.max_batch >= 1 and long.cp_beats_tp
+    # 70B at 32K on one node: TP 8 reads a quarter of the weights per GPU that TP 2 does, and the cache fits
+    short = infer(
+        model="llama3-70b", hw="h100-nvlink", prompt="32k", tp=2, cp=4, output=256, batch=8, target_tpot=0.03
+    ).decode_target
+    assert short.tp_layout.tp == 8 and short.tp_layout.cp == 1
+    assert short.tp_layout.tokens_per_s > short.cp_layout.tokens_per_s and short.cp_beats_tp is False

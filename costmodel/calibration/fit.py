@@ -285,6 +285,7 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
             sync_overhead_s=fit_sync(raw["overlap"]),
             overlap_samples=[{k: v for k, v in p.items() if k != "samples"} for p in raw["overlap"]],
             layer_tokens=raw["layers"]["tokens"],
+            call_rates=(raw.get("inference") or {}).get("calls", []),
             quantile=_quantile(raw),
             sentinel=_sentinel(raw),
         ),

@@ -112,6 +112,34 @@ class Target(_Strict):
     scheme: Scheme | None
 
 
+class DecodeLayout(_Strict):
+    """Decode of this request mix on one layout of the GPUs: the largest batch within --target-tpot."""
+
+    tp: int
+    cp: int
+    tpot_s: float | None = Field(description="mean TPOT at the asked batch; null when it does not fit")
+    max_batch: int = Field(description="largest batch within the target that fits; 0: none")
+    tpot_at_max_batch_s: float | None
+    tokens_per_s: float = Field(description="max_batch / tpot_at_max_batch_s: the replica's output rate")
+    limited_by: Literal["tpot", "memory", "none"] = Field(
+        description="what stops a larger batch: the target, memory, or nothing fits at batch 1 ('none')"
+    )
+
+
+class DecodeTarget(_Strict):
+    """--target-tpot: the largest batch within it, with CP over the KV cache and with TP over the same GPUs."""
+
+    target_tpot_s: float
+    cp_layout: DecodeLayout = Field(description="the asked TP x CP")
+    tp_layout: DecodeLayout | None = Field(
+        description="TP x CP GPUs all in TP, CP 1 (null when that TP does not divide the heads)"
+    )
+    cp_beats_tp: bool | None = Field(
+        description="CP serves more tokens/s within the target (at equal rates: the lower TPOT at the asked "
+        "batch); null without a TP layout"
+    )
+
+
 class Inference(_Strict):
     """The answer of ``cp-plan infer``."""
 
@@ -123,6 +151,7 @@ class Inference(_Strict):
     prefill: Prefill
     decode: Decode
     target: Target | None = Field(default=None, description="only with --target-ttft")
+    decode_target: DecodeTarget | None = Field(default=None, description="only with --target-tpot")
 
 
 class InferenceReport(_Strict):

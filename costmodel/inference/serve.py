@@ -21,6 +21,8 @@ from costmodel.core.errors import InputError
 from costmodel.inference.report import (
     SCHEMA,
     Decode,
+    DecodeLayout,
+    DecodeTarget,
     Inference,
     InferenceReport,
     Memory,
@@ -43,6 +45,11 @@ DEFAULT_LATENCY_S = 5e-6
 # B_hbm of a profile that states none (a measured CPU profile): so large that the memory terms vanish, and
 # finite, since the compiled formulas' simplified forms would divide infinity by infinity.
 UNSTATED_HBM_BANDWIDTH = 1e30
+# Kernels one decode layer launches in an eager framework, without TP: two norms, the QKV projection, the
+# rotary embedding, the cache write, attention, the output projection and its residual add, the gate-up
+# projection, the activation, the down projection and its residual add (TP adds two all-reduces). Counted
+# from the layer's operations, as unfused kernels; a fused implementation launches fewer.
+LAYER_KERNELS = 12
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
@@ -102,6 +109,7 @@ def bind(
         "n_L": model.layers,
         "g": int(model.gated_mlp),
         "e_m": 1 if model.tied_embeddings else 2,
+        "n_kl": 0 if setup.cuda_graphs else LAYER_KERNELS + (2 if setup.tp > 1 else 0),
     }
 
 
@@ -153,9 +161,9 @@ def attention_bind(
         "rc_sel": 0,
         "rc_full": 0,
         "t_lf": 0.0,  # a calibrated machine's fixed cost per scheme: set where the scheme is known
-        "n_kl": 0,
-        "t_kl": 0.0,
-        "t_host": 0.0,
+        "n_kl": 0,  # set by bind: a model's layer launches when decode runs without CUDA graphs
+        "t_kl": kernels.kernel_launch_s if kernels else 0.0,
+        "t_host": setup.host_overhead,
         "g_pg": int(setup.page > 0),
     }
 
@@ -188,7 +196,7 @@ def _attention_rate(machine: Machine, scheme: str, values: dict[str, Any]) -> fl
             continue
         flops = pair * q * k * (0.5 if causal else 1.0)
         work += count * flops
-        spent += count * flops / machine.rate(flops, causal, False, n, q, k, d)
+        spent += count * flops / machine.call_rate(flops, causal, n, q, k, d)
     return work / spent
 
 
@@ -283,7 +291,7 @@ def decode_attention_rate(attention: Machine, values: dict[str, Any], context: i
     one call of that many FLOP."""
     keys = max(context // values["N"], 1)
     flops = numeric.pair_flops(b=values["b"], h=values["h"] / values["t"], d=values["d"]) * keys
-    return attention.rate(flops, False, False, values["N"], 1, keys, values["d"])
+    return attention.call_rate(flops, False, values["N"], 1, keys, values["d"])
 
 
 def decode_values(
@@ -434,6 +442,70 @@ def _target(inputs, setup, model, attention, gemm) -> Target:
     return Target(target_ttft_s=goal, cp=None, gpus=None, ttft_s=None, scheme=None)
 
 
+def _mean_tpot(values, setup, attention, gemm, model) -> float:
+    dec = decode(values, setup, attention, gemm, model)
+    return (dec["first"] + dec["last"]) / 2
+
+
+def _decode_layout(inputs, setup, model, attention, gemm, chunk, tp: int, cp: int) -> DecodeLayout | None:
+    """The largest batch within --target-tpot whose caches fit, on TP x CP; None when TP does not divide
+    the heads or the profile has no link for the group."""
+    if model.heads % tp or setup.prompt % cp or chunk % cp:
+        return None
+    layout = setup.model_copy(update={"tp": tp, "cp": cp})
+    try:
+        base = bind(inputs, layout, model, attention)
+    except InputError:
+        return None
+    goal = setup.target_tpot
+
+    def at(batch: int) -> tuple[float, bool]:
+        values = {**base, "b": batch}
+        return _mean_tpot(values, layout, attention, gemm, model), memory(values, layout, chunk, attention)[
+            "fits"
+        ]
+
+    asked, asked_fits = at(inputs.batch)
+    cap = memory({**base, "b": 1}, layout, chunk, attention)["max_batch"]
+    low, high = 0, cap  # the largest batch within the target: TPOT grows with the batch
+    while low < high:
+        middle = (low + high + 1) // 2
+        seconds, fits = at(middle)
+        if seconds <= goal and fits:
+            low = middle
+        else:
+            high = middle - 1
+    best = at(low)[0] if low else None
+    limited = "none" if cap == 0 else ("memory" if low == cap else "tpot")
+    return DecodeLayout(
+        tp=tp,
+        cp=cp,
+        tpot_s=asked if asked_fits else None,
+        max_batch=low,
+        tpot_at_max_batch_s=best,
+        tokens_per_s=low / best if best else 0.0,
+        limited_by=limited,
+    )
+
+
+def _decode_target(inputs, setup, model, attention, gemm, chunk) -> DecodeTarget:
+    """--target-tpot on the asked layout and on its GPUs all in TP."""
+    mine = _decode_layout(inputs, setup, model, attention, gemm, chunk, setup.tp, setup.cp)
+    assert mine is not None  # the asked layout was checked
+    other = (
+        _decode_layout(inputs, setup, model, attention, gemm, chunk, setup.tp * setup.cp, 1)
+        if setup.cp > 1
+        else None
+    )
+    beats = None
+    if other is not None:
+        if mine.tokens_per_s != other.tokens_per_s:
+            beats = mine.tokens_per_s > other.tokens_per_s
+        else:
+            beats = (mine.tpot_s or math.inf) < (other.tpot_s or math.inf)
+    return DecodeTarget(target_tpot_s=setup.target_tpot, cp_layout=mine, tp_layout=other, cp_beats_tp=beats)
+
+
 def evaluate_infer(
     inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None = None
 ) -> InferenceReport:
@@ -535,5 +607,8 @@ def evaluate_infer(
                 max_batch_at_cp1=mem_one["max_batch"],
             ),
             target=_target(inputs, setup, model, attention, gemm) if setup.target_ttft is not None else None,
+            decode_target=_decode_target(inputs, setup, model, attention, gemm, chunk)
+            if setup.target_tpot is not None
+            else None,
         ),
     )

@@ -40,6 +40,8 @@ from costmodel.kernel.timing import QUANTILE, attention_runs, random_qkv, sample
 TOKENS = (32, 64, 128, 256, 512, 1024, 2048)
 TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to about this long
 MESSAGE_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
+# (queries, keys) of the inference calls timed beside the square blocks: 4x and 16x as many keys
+INFERENCE_CALLS = ((16, 64), (64, 256), (256, 1024), (16, 256), (64, 1024), (128, 2048))
 
 
 @dataclass(frozen=True)
@@ -355,7 +357,7 @@ def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress)
     shape = {k: getattr(config, k) for k in ("batch", "heads", "kv_heads", "head_dim")}
     tokens = config.layer_tokens
     world_size = dist.get_world_size()
-    runs = {
+    runs: dict[Any, Any] = {
         scheme: inference_run(
             scheme,
             1 if scheme == "decode" else tokens,
@@ -368,6 +370,12 @@ def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress)
         )
         for scheme in SCHEMES
     }
+    flops = {}
+    for queries, keys in INFERENCE_CALLS:  # a block of new queries against a longer cache, every rank busy
+        q, k, v, _ = _inputs(config, keys, ctx)
+        plan = plan_block(MaskRule(False), np.arange(queries), np.arange(keys))
+        runs[(queries, keys)] = _ring_step(q[:, :, :queries].contiguous(), k, v, None, plan)[0]
+        flops[(queries, keys)] = plan.visible_pairs * _pair_flops(config)
     samples = sample_times(
         runs,
         ctx.device,
@@ -376,7 +384,14 @@ def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress)
         min_total_s=TOTAL_S,
         on_round=lambda: progress.step("inference overheads"),
     )
+    calls = []
+    for (queries, keys), work in flops.items():
+        seconds, spread = summary(samples.pop((queries, keys)))
+        calls.append(
+            {"queries": queries, "keys": keys, "flops": work, "flops_per_s": work / seconds, "spread": spread}
+        )
     return {
+        "calls": calls,
         "tokens": tokens,
         "kinds": [
             {

@@ -172,6 +172,15 @@ class Machine:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
         return self.effective_flops
 
+    def call_rate(
+        self, flops: float, masked: bool, busy: int, q_tokens: float, k_tokens: float, head_dim: int
+    ) -> float:
+        """:meth:`rate` of a forward call, with a calibrated profile's measured rates of calls of fewer
+        queries than keys (an inference step's shapes) where it has them."""
+        if self.calibrated and not masked:
+            return self.profile.calibration.call_rate(flops, busy, q_tokens, k_tokens)  # type: ignore[union-attr]
+        return self.rate(flops, masked, False, busy, q_tokens, k_tokens, head_dim)
+
     def gemm_rate(self, m: int, n: int, k: int) -> float:
         """FLOP/s of an m x k by k x n matrix multiply: :attr:`effective_flops` when an efficiency was given
         (or asked as a datasheet), else the published tables; a profile without them is an error naming --hw."""
