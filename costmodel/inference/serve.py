@@ -221,8 +221,9 @@ def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -
         "exposed CP comm": cp,
         "CP ring overheads (merge, copies, launches)": (_call("ring_overhead_s", v) if ring else 0.0)
         + gather,
+        # a prefill's launches hide under its long kernels: only a calibrated scheme's fixed cost is charged
         "fixed costs (launches, host work)": _call(
-            "inference_layer_fixed_s", {**v, "t_lf": attention.inference_overhead(scheme)}
+            "inference_layer_fixed_s", {**v, "t_lf": attention.inference_overhead(scheme), "n_kl": 0}
         ),
         "_F_attn": v["F_attn"],
     }
