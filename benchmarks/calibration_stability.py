@@ -92,6 +92,13 @@ def summary(run: dict) -> dict:
         "goal_met": r["median_abs_error"] <= GOAL_MEDIAN
         and max(r["max_abs_error"], r.get("fitted_max_abs_error") or 0.0) <= GOAL_MAX,
         "machine_drift": r.get("machine_drift"),
+        # the inference rows, held to the same goal when the profile measured their fixed costs
+        "inference_median": r.get("inference_median_abs_error"),
+        "inference_max": r.get("inference_max_abs_error"),
+        "inference_in_verdict": r.get("inference_in_verdict"),
+        "inference_goal_met": r.get("inference_median_abs_error") is not None
+        and r["inference_median_abs_error"] <= GOAL_MEDIAN
+        and r["inference_max_abs_error"] <= GOAL_MAX,
         "worst": sorted(
             (row for row in r["rows"] if row.get("held_out", True)), key=lambda row: -abs(row["error"])
         )[:3],
@@ -231,6 +238,12 @@ def main() -> None:
             )
         for row in s["worst"]:
             print(f"      worst: {_kernel(row):<40} {row['error']:+.1%} (± {row.get('uncertainty', 0):.0%})")
+        if s["inference_median"] is not None:
+            print(
+                f"      inference rows: median {s['inference_median']:.1%}, max {s['inference_max']:.1%} "
+                + ("(in the verdict; " if s["inference_in_verdict"] else "(not in the verdict; ")
+                + ("goal met)" if s["inference_goal_met"] else "goal missed)")
+            )
     print("\nEach calibrated term taken out in turn (held-out median / max |error| of the same timings):")
     print(f"{'term taken out':<24}" + "".join(f"{'run ' + str(i):>17}" for i in range(1, len(runs) + 1)))
     ablations = [ablation(run) for run in runs]

@@ -159,6 +159,46 @@ def test_measured_profile_round_trips_through_yaml(tmp_path) -> None:
     assert load_profile(str(path)) == profile
 
 
+def test_inference_fixed_costs_are_the_tiny_layers_less_the_model() -> None:
+    """Each scheme's fixed cost is its tiny layer's time less what the inference formulas predict for it
+    without one; validate's prediction at that very shape then returns the time measured, and a datasheet
+    ignores it."""
+    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
+    from costmodel.inference.kernel_runs import predict_run
+
+    raw = raw_measurements()
+    times = {"pass-kv": 4e-3, "pass-q": 6e-3, "decode": 2.5e-3}
+    raw["inference"] = {
+        "tokens": 8,
+        "kinds": [
+            {"scheme": s, "new_per_rank": 1 if s == "decode" else 8, "cached_per_rank": 8, "seconds": t}
+            for s, t in times.items()
+        ],
+    }
+    plain = build_profile(raw_measurements(), "box", SHAPE, date="2026-11-30")
+    profile = build_profile(raw, "box", SHAPE, date="2026-11-30")
+    assert plain.calibration.inference_overhead_s == {}
+    inputs = calibrated_inputs(profile, 2, 1)
+    for scheme, seconds in times.items():
+        new = 1 if scheme == "decode" else 8
+        without = predict_run(inputs, calibrated_machine(plain), scheme, new, 8)
+        assert 0 < without < seconds
+        assert profile.calibration.inference_overhead_s[scheme] == pytest.approx(seconds - without, rel=1e-9)
+        assert predict_run(inputs, calibrated_machine(profile), scheme, new, 8) == pytest.approx(
+            seconds, rel=1e-9
+        )
+        # at a larger shape the fixed cost is added once, unchanged
+        big = predict_run(inputs, calibrated_machine(profile), scheme, new * 8, 64)
+        assert big - predict_run(inputs, calibrated_machine(plain), scheme, new * 8, 64) == pytest.approx(
+            seconds - without, rel=1e-9
+        )
+        assert predict_run(
+            inputs, calibrated_machine(profile).as_datasheet(), scheme, new, 8
+        ) == pytest.approx(
+            predict_run(inputs, calibrated_machine(plain).as_datasheet(), scheme, new, 8), rel=1e-12
+        )
+
+
 def test_measured_profile_works_everywhere_hw_does(cli, tmp_path) -> None:
     path = tmp_path / "box.yaml"
     path.write_text(profile_yaml(build_profile(raw_measurements(), "box", SHAPE)))
@@ -278,3 +318,25 @@ def test_validate_table_fits_80_columns(monkeypatch: pytest.MonkeyPatch) -> None
     body = [line for line in lines if line.startswith(("ring", "Ulysses"))]
     assert len(body) == len(rows) and not any("…" in line for line in body)
     assert all(line.rstrip().endswith("%") for line in body)
+
+
+def test_calls_of_fewer_queries_than_keys_run_at_their_measured_rate() -> None:
+    """A fully visible call of q queries against 4q keys runs at the rate measured for that shape; at one
+    key per query it is the square curve's; between measured shapes the slowdown is interpolated."""
+    raw = raw_measurements()
+    square = build_profile(raw, "box", SHAPE, date="2026-11-30").calibration.curve(2, False)
+    calls = []
+    for queries, keys in ((64, 256), (256, 1024)):
+        flops = 4.0 * 8 * 64 * queries * keys
+        calls.append({"queries": queries, "keys": keys, "flops": flops, "spread": 0.0})
+        calls[-1]["flops_per_s"] = square.rate(flops) / 1.5  # measured 1.5x slower than a square block
+    raw["inference"] = {"tokens": 8, "kinds": [], "calls": calls}
+    cal = build_profile(raw, "box", SHAPE, date="2026-11-30").calibration
+    for call in calls:
+        assert cal.call_rate(call["flops"], 2, call["queries"], call["keys"]) == pytest.approx(
+            call["flops_per_s"], rel=1e-12
+        )
+    flops = 4.0 * 8 * 64 * 128 * 128
+    assert cal.call_rate(flops, 2, 128, 128) == pytest.approx(square.rate(flops), rel=1e-12)
+    between = cal.call_rate(flops, 2, 128, 256)  # 2 keys per query: half way in log(aspect)
+    assert between == pytest.approx(square.rate(flops) / 1.25, rel=1e-9)

@@ -185,6 +185,11 @@ def _resampled(raw: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
         {**p, **{what: figure(again(v)) for what, v in p["samples"].items()}} if "samples" in p else p
         for p in raw["overlap"]
     ]
+    if raw.get("inference"):
+        out["inference"] = {
+            **raw["inference"],
+            "kinds": [dict(k, seconds=figure(again(k["samples"]))) for k in raw["inference"]["kinds"]],
+        }
     layers = raw["layers"]
     if "kinds" in layers:
         out["layers"] = {
@@ -280,12 +285,14 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
             sync_overhead_s=fit_sync(raw["overlap"]),
             overlap_samples=[{k: v for k, v in p.items() if k != "samples"} for p in raw["overlap"]],
             layer_tokens=raw["layers"]["tokens"],
+            call_rates=(raw.get("inference") or {}).get("calls", []),
             quantile=_quantile(raw),
             sentinel=_sentinel(raw),
         ),
     }
     profile = HardwareProfile.model_validate(data)
-    return _with_layer_overheads(profile, raw["layers"])
+    profile = _with_layer_overheads(profile, raw["layers"])
+    return _with_inference_overheads(profile, raw.get("inference"))
 
 
 def _sentinel(raw: dict[str, Any]) -> Sentinel | None:
@@ -334,6 +341,32 @@ def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> H
     return profile.model_copy(update={"calibration": cal.model_copy(update={"layer_overhead_s": overheads})})
 
 
+def _with_inference_overheads(profile: HardwareProfile, inference: dict[str, Any] | None) -> HardwareProfile:
+    """Each inference scheme's fixed cost: its whole layer's time at a tiny shard less what the inference
+    formulas predict for it without one (profiles measured before it: none)."""
+    if not inference:
+        return profile
+    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
+    from costmodel.inference.kernel_runs import predict_run
+
+    cal = profile.calibration
+    assert cal is not None
+    n = profile.source.nproc or profile.devices_per_node
+    machine = calibrated_machine(profile)
+    inputs = calibrated_inputs(profile, n, 1)
+    overheads = {
+        kind["scheme"]: max(
+            0.0,
+            kind["seconds"]
+            - predict_run(inputs, machine, kind["scheme"], kind["new_per_rank"], kind["cached_per_rank"]),
+        )
+        for kind in inference["kinds"]
+    }
+    return profile.model_copy(
+        update={"calibration": cal.model_copy(update={"inference_overhead_s": overheads})}
+    )
+
+
 # --- Every fitted quantity by name: what the spreads are of, and what validate perturbs. ----------------
 def _fit_paths(cal: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], str]]:
     """Fitted quantity -> (its path in the dumped calibration, its unit)."""
@@ -350,6 +383,8 @@ def _fit_paths(cal: dict[str, Any]) -> dict[str, tuple[tuple[str, ...], str]]:
     paths["sync overhead"] = (("sync_overhead_s",), "s")
     for key in cal.get("layer_overhead_s", {}):
         paths[f"layer {key}"] = (("layer_overhead_s", key), "s")
+    for key in cal.get("inference_overhead_s", {}):
+        paths[f"inference {key}"] = (("inference_overhead_s", key), "s")
     return paths
 
 
@@ -408,8 +443,9 @@ def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
         for k in layer_kinds(raw["layers"])
     }
     smallest = min(tiny.values()) if tiny else None
+    tiny |= {f"inference {k['scheme']}": k["seconds"] for k in (raw.get("inference") or {}).get("kinds", [])}
     for key, fit in cal.fits.items():
-        if key.startswith("layer ") or key in ("step overhead", "sync overhead"):
+        if key.startswith(("layer ", "inference ")) or key in ("step overhead", "sync overhead"):
             scale = tiny.get(key.removeprefix("layer "), smallest)
             if scale and fit.spread > FIXED_SPREAD_MAX * scale:
                 reasons.append(

@@ -93,6 +93,8 @@ def _table(report: dict) -> None:
             name, seconds(row["ttft_s"]), seconds(row["exposed_comm_s"]), si(row["step_bytes"], "B")
         )
     screen.print(schemes)
+    if out.get("decode_target") is not None:
+        _decode_target_lines(out["decode_target"], screen)
     if out["target"] is not None:
         target = out["target"]
         if target["cp"] is None:
@@ -102,3 +104,29 @@ def _table(report: dict) -> None:
                 f"within {seconds(target['target_ttft_s'])}: cp {target['cp']} ({target['gpus']} GPUs), "
                 f"{target['scheme']}, TTFT {seconds(target['ttft_s'])}"
             )
+
+
+def _decode_target_lines(target: dict, screen) -> None:  # noqa: ANN001
+    """--target-tpot: the largest batch within it on the asked layout and with every GPU in TP."""
+    from costmodel.core.units import seconds
+
+    goal = seconds(target["target_tpot_s"])
+    for key in ("cp_layout", "tp_layout"):
+        layout = target[key]
+        if layout is None:
+            continue
+        name = f"tp {layout['tp']} x cp {layout['cp']}"
+        if layout["max_batch"] == 0:
+            why = "nothing fits" if layout["limited_by"] == "none" else "batch 1 is slower"
+            screen.print(f"decode within {goal}, {name}: no batch ({why})")
+            continue
+        screen.print(
+            f"decode within {goal}, {name}: max batch {layout['max_batch']:,} (by {layout['limited_by']}), "
+            f"TPOT {seconds(layout['tpot_at_max_batch_s'])}, {layout['tokens_per_s']:,.0f} tokens/s"
+        )
+    if target["cp_beats_tp"] is not None:
+        screen.print(
+            "CP over the KV cache "
+            + ("beats" if target["cp_beats_tp"] else "does not beat")
+            + " TP over the same GPUs for this request mix"
+        )

@@ -559,11 +559,13 @@ def render_validation(report: dict, console: Console) -> None:
 
 
 def _render_inference_validation(report: dict, console: Console) -> None:
-    """validate's inference runs against `cp-plan infer`'s formulas: held out, outside the verdict."""
-
+    """validate's inference runs against `cp-plan infer`'s formulas: held out, in the verdict when the
+    profile measured the schemes' fixed costs."""
+    gated = report.get("inference_in_verdict")
     table = house_table(
         padding=(0, 0, 0, 1),
-        title="inference runs vs cp-plan infer's formulas (held out, not in the verdict)",
+        title="inference runs vs cp-plan infer's formulas (held out, "
+        + ("in the verdict)" if gated else "not in the verdict)"),
     )
     for name in ("kernel", "new/rank", "cached/rank", "measured", "model", "±", "error", "sheet"):
         table.add_column(name, justify="left" if name == "kernel" else "right", no_wrap=True)
@@ -580,10 +582,16 @@ def _render_inference_validation(report: dict, console: Console) -> None:
             f"{r['datasheet_error']:+.0%}",
         )
     console.print(table)
-    console.print(
+    line = (
         f"inference median |error| {report['inference_median_abs_error']:.1%}, "
         f"max {report['inference_max_abs_error']:.1%}; {len(report['inference_rows'])} rows"
     )
+    if gated:
+        verdict = "within" if report["inference_passed"] else "[red]above[/]"
+        console.print(f"{line} ({verdict} {report['max_median_error']:.0%})")
+    else:
+        console.print(line)
+        console.print(f"not in the verdict: {report.get('inference_not_in_verdict_because')}", style="dim")
 
 
 def topology_lines(topology: dict) -> list[str]:

@@ -25,8 +25,14 @@ from costmodel.symbolic import numeric
 
 # The inference formulas each run's prediction is made of (JSON rows name them).
 FORMULAS = {
-    "pass-kv": ("prefill_attn_s", "passkv_exposed_s", "ring_overhead_s"),
-    "pass-q": ("prefill_attn_s", "passq_exposed_s", "ring_overhead_s"),
+    "pass-kv": (
+        "prefill_attn_s",
+        "passkv_exposed_s",
+        "ring_overhead_s",
+        "passkv_page_gather_s",
+        "inference_layer_fixed_s",
+    ),
+    "pass-q": ("prefill_attn_s", "passq_exposed_s", "ring_overhead_s", "inference_layer_fixed_s"),
     "decode": ("tpot_s",),
 }
 # One attention layer and nothing else: no weights to read or multiply.
@@ -63,7 +69,7 @@ def predict_run(
         values = _values(inputs, machine, new_per_rank, cached)
         rate = decode_attention_rate(machine, values, cached)
         # No weights, so the matrix-multiply rate cancels; any finite one will do.
-        step = decode_values(values, cached, 0, machine.effective_flops, rate)
+        step = decode_values(values, cached, 0, machine.effective_flops, rate, machine)
         return float(numeric.tpot_s(**{a: step[a] for a in numeric.ARGS["tpot_s"]}))
     new = new_per_rank * n
     values = {**_values(inputs, machine, new, cached), "T_n": new, "K_c": cached}

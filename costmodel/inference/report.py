@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA = "cp-plan/inference/v1"
+SCHEMA = "cp-plan/inference/v2"
 Scheme = Literal["pass-kv", "pass-q", "allgather"]
 
 
@@ -81,6 +81,15 @@ class Decode(_Strict):
     compute_s: float = Field(description="FLOP per token at the achieved rates, all stages")
     cp_merge_s: float = Field(description="all-gathers of (O, LSE) over CP, every layer, per token")
     tp_s: float = Field(description="TP all-reduces, every layer, per token")
+    partial_merge_s: float = Field(
+        description="merging the CP ranks' partial (O, LSE) by log-sum-exp, every layer, per token"
+    )
+    fixed_s: float = Field(
+        description="fixed costs of every layer per token: launches the device waits for, and on a "
+        "calibrated profile the decode step's measured fixed cost"
+    )
+    sampling_s: float = Field(description="reading the logits to sample one token per sequence")
+    host_s: float = Field(description="the serving framework's host time per step not overlapped")
     merge_bytes_per_layer: float = Field(description="(O, LSE) bytes one device receives per layer and token")
     cp_latency_saved_s: float = Field(
         description="per token, what CP saves against CP 1 at the same TP and cache (reading 1/N of it)"
@@ -103,6 +112,34 @@ class Target(_Strict):
     scheme: Scheme | None
 
 
+class DecodeLayout(_Strict):
+    """Decode of this request mix on one layout of the GPUs: the largest batch within --target-tpot."""
+
+    tp: int
+    cp: int
+    tpot_s: float | None = Field(description="mean TPOT at the asked batch; null when it does not fit")
+    max_batch: int = Field(description="largest batch within the target that fits; 0: none")
+    tpot_at_max_batch_s: float | None
+    tokens_per_s: float = Field(description="max_batch / tpot_at_max_batch_s: the replica's output rate")
+    limited_by: Literal["tpot", "memory", "none"] = Field(
+        description="what stops a larger batch: the target, memory, or nothing fits at batch 1 ('none')"
+    )
+
+
+class DecodeTarget(_Strict):
+    """--target-tpot: the largest batch within it, with CP over the KV cache and with TP over the same GPUs."""
+
+    target_tpot_s: float
+    cp_layout: DecodeLayout = Field(description="the asked TP x CP")
+    tp_layout: DecodeLayout | None = Field(
+        description="TP x CP GPUs all in TP, CP 1 (null when that TP does not divide the heads)"
+    )
+    cp_beats_tp: bool | None = Field(
+        description="CP serves more tokens/s within the target (at equal rates: the lower TPOT at the asked "
+        "batch); null without a TP layout"
+    )
+
+
 class Inference(_Strict):
     """The answer of ``cp-plan infer``."""
 
@@ -114,6 +151,7 @@ class Inference(_Strict):
     prefill: Prefill
     decode: Decode
     target: Target | None = Field(default=None, description="only with --target-ttft")
+    decode_target: DecodeTarget | None = Field(default=None, description="only with --target-tpot")
 
 
 class InferenceReport(_Strict):

@@ -21,6 +21,8 @@ from costmodel.core.errors import InputError
 from costmodel.inference.report import (
     SCHEMA,
     Decode,
+    DecodeLayout,
+    DecodeTarget,
     Inference,
     InferenceReport,
     Memory,
@@ -43,6 +45,11 @@ DEFAULT_LATENCY_S = 5e-6
 # B_hbm of a profile that states none (a measured CPU profile): so large that the memory terms vanish, and
 # finite, since the compiled formulas' simplified forms would divide infinity by infinity.
 UNSTATED_HBM_BANDWIDTH = 1e30
+# Kernels one decode layer launches in an eager framework, without TP: two norms, the QKV projection, the
+# rotary embedding, the cache write, attention, the output projection and its residual add, the gate-up
+# projection, the activation, the down projection and its residual add (TP adds two all-reduces). Counted
+# from the layer's operations, as unfused kernels; a fused implementation launches fewer.
+LAYER_KERNELS = 12
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
@@ -102,6 +109,7 @@ def bind(
         "n_L": model.layers,
         "g": int(model.gated_mlp),
         "e_m": 1 if model.tied_embeddings else 2,
+        "n_kl": 0 if setup.cuda_graphs else LAYER_KERNELS + (2 if setup.tp > 1 else 0),
     }
 
 
@@ -152,6 +160,11 @@ def attention_bind(
         "t_launch": launch,
         "rc_sel": 0,
         "rc_full": 0,
+        "t_lf": 0.0,  # a calibrated machine's fixed cost per scheme: set where the scheme is known
+        "n_kl": 0,  # set by bind: a model's layer launches when decode runs without CUDA graphs
+        "t_k": kernels.launch_s if kernels else 0.0,
+        "t_host": setup.host_overhead,
+        "g_pg": int(setup.page > 0),
     }
 
 
@@ -165,21 +178,26 @@ def _kv_tokens(context: int, n: int, page: int) -> int:
 
 
 def _attention_rate(machine: Machine, scheme: str, values: dict[str, Any]) -> float:
-    """F_attn of a chunk: per ring step T_n/N queries against (T_n + K_c)/N keys, causal on the own block
-    when nothing is cached; all-gather: one call against every key."""
+    """F_attn of a chunk: its FLOP over the seconds of its kernel calls. A ring step's queries are a rank's
+    T_n/N new tokens: at the own step one call against the rank's K_c/N cached keys and one, causal,
+    against its own new ones; at each other step one call against the keys it sees there, the cached
+    ones and (load-balanced) c of the new ones. All-gather: one call against every key."""
     n, d = values["N"], values["d"]
-    queries, keys = values["T_n"] / n, (values["T_n"] + values["K_c"]) / n
+    queries, cached, new = values["T_n"] / n, values["K_c"] / n, values["T_n"] / n
     pair = numeric.pair_flops(b=values["b"], h=values["h"] / values["t"], d=d)
-    own_causal = values["K_c"] == 0
     if scheme == "allgather" or n == 1:
-        calls = [(queries, keys * n, True, 1.0)]
+        calls = [(queries, (cached + new) * n, True, 1.0)]
     else:
-        calls = [(queries, keys, own_causal, 1.0), (queries, keys, False, n - 1.0)]
-    spent = sum(
-        w / machine.rate(pair * q * k * (0.5 if causal else 1.0), causal, False, n, q, k, d)
-        for q, k, causal, w in calls
-    )
-    return sum(w for *_, w in calls) / spent
+        calls = [(queries, cached, False, 1.0), (queries, new, True, 1.0)]
+        calls.append((queries, cached + values["c"] * new, False, n - 1.0))
+    work = spent = 0.0
+    for q, k, causal, count in calls:
+        if q * k <= 0:
+            continue
+        flops = pair * q * k * (0.5 if causal else 1.0)
+        work += count * flops
+        spent += count * flops / machine.call_rate(flops, causal, n, q, k, d)
+    return work / spent
 
 
 def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -> dict[str, float]:
@@ -197,10 +215,16 @@ def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -
             ],
             v,
         )
+    gather = _call("passkv_page_gather_s", v) if ring and scheme == "pass-kv" else 0.0
     return {
         "attention": _call("prefill_attn_s", v),
         "exposed CP comm": cp,
-        "CP ring overheads (merge, copies, launches)": _call("ring_overhead_s", v) if ring else 0.0,
+        "CP ring overheads (merge, copies, launches)": (_call("ring_overhead_s", v) if ring else 0.0)
+        + gather,
+        # a prefill's launches hide under its long kernels: only a calibrated scheme's fixed cost is charged
+        "fixed costs (launches, host work)": _call(
+            "inference_layer_fixed_s", {**v, "t_lf": attention.inference_overhead(scheme), "n_kl": 0}
+        ),
         "_F_attn": v["F_attn"],
     }
 
@@ -219,6 +243,7 @@ def _chunk_layer(
         "exposed TP comm": _call("tp_exposed_s", v) if v["t"] > 1 else 0.0,
         "exposed CP comm": parts["exposed CP comm"],
         "CP ring overheads (merge, copies, launches)": parts["CP ring overheads (merge, copies, launches)"],
+        "fixed costs (launches, host work)": parts["fixed costs (launches, host work)"],
         "_F_attn": parts["_F_attn"],
         "_F_gemm": v["F_gemm"],
     }
@@ -263,26 +288,41 @@ def prefill(
 
 
 def decode_attention_rate(attention: Machine, values: dict[str, Any], context: int) -> float:
-    """F_attn of a decode step: the new token's query against the rank's share of ``context`` cached keys."""
-    return attention.rate(1.0, False, False, values["N"], 1, max(context // values["N"], 1), values["d"])
+    """F_attn of a decode step: the new token's query against the rank's share of ``context`` cached keys,
+    one call of that many FLOP."""
+    keys = max(context // values["N"], 1)
+    flops = numeric.pair_flops(b=values["b"], h=values["h"] / values["t"], d=values["d"]) * keys
+    return attention.call_rate(flops, False, values["N"], 1, keys, values["d"])
 
 
 def decode_values(
-    values: dict[str, Any], context: int, page: int, gemm_rate: float, attn_rate: float
+    values: dict[str, Any],
+    context: int,
+    page: int,
+    gemm_rate: float,
+    attn_rate: float,
+    attention: Machine | None = None,
 ) -> dict[str, Any]:
-    """The symbols of a decode step with ``context`` tokens cached (each rank's share rounded up to pages)."""
+    """The symbols of a decode step with ``context`` tokens cached (each rank's share rounded up to pages);
+    ``attention``: the machine whose measured decode fixed cost it pays."""
     return {
         **values,
         "S_kv": _kv_tokens(context, values["N"], page),
         "F_gemm": gemm_rate,
         "F_attn": attn_rate,
+        "t_lf": attention.inference_overhead("decode") if attention is not None else values.get("t_lf", 0.0),
     }
 
 
 def _decode_at(
-    values: dict[str, Any], context: int, setup: InferenceSetup, gemm_rate: float, attn_rate: float
+    values: dict[str, Any],
+    context: int,
+    setup: InferenceSetup,
+    gemm_rate: float,
+    attn_rate: float,
+    attention: Machine,
 ):
-    v = decode_values(values, context, setup.page, gemm_rate, attn_rate)
+    v = decode_values(values, context, setup.page, gemm_rate, attn_rate, attention)
     return v, _call("tpot_s", v)
 
 
@@ -294,8 +334,8 @@ def decode(
     end = start + max(setup.output - 1, 0)
     gemm_rate = layer_gemm_rate(model, gemm, setup.tp, values["b"])
     attn_rate = decode_attention_rate(attention, values, start)
-    _, first = _decode_at(values, start, setup, gemm_rate, attn_rate)
-    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate)
+    _, first = _decode_at(values, start, setup, gemm_rate, attn_rate, attention)
+    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate, attention)
     pp, layers = setup.pp, model.layers
     return {
         "first": first,
@@ -305,6 +345,10 @@ def decode(
         "compute_s": pp * _call("decode_compute_s", last_v),
         "cp_merge_s": layers * _call("decode_merge_s", last_v),
         "tp_s": layers * _call("decode_tp_s", last_v),
+        "partial_merge_s": layers * _call("decode_partial_merge_s", last_v),
+        "fixed_s": layers * _call("inference_layer_fixed_s", last_v),
+        "sampling_s": _call("decode_sampling_s", last_v),
+        "host_s": last_v["t_host"],
         "merge_bytes_per_layer": _call("decode_merge_bytes", last_v),
         "rates": (gemm_rate, attn_rate),
     }
@@ -399,6 +443,70 @@ def _target(inputs, setup, model, attention, gemm) -> Target:
     return Target(target_ttft_s=goal, cp=None, gpus=None, ttft_s=None, scheme=None)
 
 
+def _mean_tpot(values, setup, attention, gemm, model) -> float:
+    dec = decode(values, setup, attention, gemm, model)
+    return (dec["first"] + dec["last"]) / 2
+
+
+def _decode_layout(inputs, setup, model, attention, gemm, chunk, tp: int, cp: int) -> DecodeLayout | None:
+    """The largest batch within --target-tpot whose caches fit, on TP x CP; None when TP does not divide
+    the heads or the profile has no link for the group."""
+    if model.heads % tp or setup.prompt % cp or chunk % cp:
+        return None
+    layout = setup.model_copy(update={"tp": tp, "cp": cp})
+    try:
+        base = bind(inputs, layout, model, attention)
+    except InputError:
+        return None
+    goal = setup.target_tpot
+
+    def at(batch: int) -> tuple[float, bool]:
+        values = {**base, "b": batch}
+        return _mean_tpot(values, layout, attention, gemm, model), memory(values, layout, chunk, attention)[
+            "fits"
+        ]
+
+    asked, asked_fits = at(inputs.batch)
+    cap = memory({**base, "b": 1}, layout, chunk, attention)["max_batch"]
+    low, high = 0, cap  # the largest batch within the target: TPOT grows with the batch
+    while low < high:
+        middle = (low + high + 1) // 2
+        seconds, fits = at(middle)
+        if seconds <= goal and fits:
+            low = middle
+        else:
+            high = middle - 1
+    best = at(low)[0] if low else None
+    limited = "none" if cap == 0 else ("memory" if low == cap else "tpot")
+    return DecodeLayout(
+        tp=tp,
+        cp=cp,
+        tpot_s=asked if asked_fits else None,
+        max_batch=low,
+        tpot_at_max_batch_s=best,
+        tokens_per_s=low / best if best else 0.0,
+        limited_by=limited,
+    )
+
+
+def _decode_target(inputs, setup, model, attention, gemm, chunk) -> DecodeTarget:
+    """--target-tpot on the asked layout and on its GPUs all in TP."""
+    mine = _decode_layout(inputs, setup, model, attention, gemm, chunk, setup.tp, setup.cp)
+    assert mine is not None  # the asked layout was checked
+    other = (
+        _decode_layout(inputs, setup, model, attention, gemm, chunk, setup.tp * setup.cp, 1)
+        if setup.cp > 1
+        else None
+    )
+    beats = None
+    if other is not None:
+        if mine.tokens_per_s != other.tokens_per_s:
+            beats = mine.tokens_per_s > other.tokens_per_s
+        else:
+            beats = (mine.tpot_s or math.inf) < (other.tpot_s or math.inf)
+    return DecodeTarget(target_tpot_s=setup.target_tpot, cp_layout=mine, tp_layout=other, cp_beats_tp=beats)
+
+
 def evaluate_infer(
     inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None = None
 ) -> InferenceReport:
@@ -490,11 +598,18 @@ def evaluate_infer(
                 compute_s=dec["compute_s"],
                 cp_merge_s=dec["cp_merge_s"],
                 tp_s=dec["tp_s"],
+                partial_merge_s=dec["partial_merge_s"],
+                fixed_s=dec["fixed_s"],
+                sampling_s=dec["sampling_s"],
+                host_s=dec["host_s"],
                 merge_bytes_per_layer=dec["merge_bytes_per_layer"],
                 cp_latency_saved_s=max(0.0, gain),
                 cp_latency_added_s=max(0.0, -gain),
                 max_batch_at_cp1=mem_one["max_batch"],
             ),
             target=_target(inputs, setup, model, attention, gemm) if setup.target_ttft is not None else None,
+            decode_target=_decode_target(inputs, setup, model, attention, gemm, chunk)
+            if setup.target_tpot is not None
+            else None,
         ),
     )

@@ -117,6 +117,29 @@ class InferenceSetup(BaseModel):
         le=1e9,
     )
 
+    target_tpot: Number | None = flag(
+        None,
+        "Also find the largest batch whose mean time per output token is within this many seconds and "
+        "whose caches fit, and whether CP over the KV cache or TP over the same GPUs serves more tokens/s "
+        "within it.",
+        unit="s",
+        gt=0,
+        le=1e3,
+    )
+    cuda_graphs: bool = flag(
+        True,
+        "Decode runs as CUDA graphs (vLLM, SGLang and TensorRT-LLM do by default): no per-kernel launch "
+        "cost; --no-cuda-graphs pays the profile's launch cost for every kernel of every layer.",
+    )
+    host_overhead: Number = flag(
+        0.0,
+        "Serving framework's host time per decode step that the device waits for (0: an overlap "
+        "scheduler hides it).",
+        unit="s",
+        ge=0,
+        le=1,
+    )
+
 
 _DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, InferenceSetup, MachineOverrides)
 

@@ -40,6 +40,8 @@ from costmodel.kernel.timing import QUANTILE, attention_runs, random_qkv, sample
 TOKENS = (32, 64, 128, 256, 512, 1024, 2048)
 TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to about this long
 MESSAGE_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
+# (queries, keys) of the inference calls timed beside the square blocks: 4x and 16x as many keys
+INFERENCE_CALLS = ((16, 64), (64, 256), (256, 1024), (16, 256), (64, 1024), (128, 2048))
 
 
 @dataclass(frozen=True)
@@ -344,6 +346,66 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
     }
 
 
+def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress) -> dict:
+    """Every inference layer `cp-plan validate` runs (a pass-KV and a pass-Q prefill after a cached
+    prefix, a decode step), whole, at a tiny shard (``layer_tokens`` new and cached tokens per rank; one
+    decode token): what remains is each scheme's fixed cost (launches, host work, the position and
+    partial-output collectives' fixed part, the merges' dispatch)."""
+    from costmodel.kernel.inference import SCHEMES, inference_run
+
+    torch_dtype = getattr(torch, _torch_name(config.dtype))
+    shape = {k: getattr(config, k) for k in ("batch", "heads", "kv_heads", "head_dim")}
+    tokens = config.layer_tokens
+    world_size = dist.get_world_size()
+    runs: dict[Any, Any] = {
+        scheme: inference_run(
+            scheme,
+            1 if scheme == "decode" else tokens,
+            tokens,
+            shape,
+            world_size,
+            ctx.rank,
+            torch_dtype,
+            ctx.device,
+        )
+        for scheme in SCHEMES
+    }
+    flops = {}
+    for queries, keys in INFERENCE_CALLS:  # a block of new queries against a longer cache, every rank busy
+        q, k, v, _ = _inputs(config, keys, ctx)
+        plan = plan_block(MaskRule(False), np.arange(queries), np.arange(keys))
+        runs[(queries, keys)] = _ring_step(q[:, :, :queries].contiguous(), k, v, None, plan)[0]
+        flops[(queries, keys)] = plan.visible_pairs * _pair_flops(config)
+    samples = sample_times(
+        runs,
+        ctx.device,
+        repeats=config.repeats,
+        warmup=config.warmup,
+        min_total_s=TOTAL_S,
+        on_round=lambda: progress.step("inference overheads"),
+    )
+    calls = []
+    for (queries, keys), work in flops.items():
+        seconds, spread = summary(samples.pop((queries, keys)))
+        calls.append(
+            {"queries": queries, "keys": keys, "flops": work, "flops_per_s": work / seconds, "spread": spread}
+        )
+    return {
+        "calls": calls,
+        "tokens": tokens,
+        "kinds": [
+            {
+                "scheme": scheme,
+                "new_per_rank": 1 if scheme == "decode" else tokens,
+                "cached_per_rank": tokens,
+                "seconds": summary(values)[0],
+                "samples": values,
+            }
+            for scheme, values in samples.items()
+        ],
+    }
+
+
 def measure_sentinel(ctx: Any, config: CalibrationConfig) -> dict[str, float]:
     """A block's compute and a ring exchange (at the largest overlap size), timed alike at the start and
     at the end of a calibration, and again by validate: a machine that changed speed in between (a job
@@ -373,7 +435,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
     levels = config.levels(world_size)
     scopes = {scope: ranks for scope, ranks in _groups(world_size).items() if len(ranks) > 1}
     total = (
-        len(levels) + len(scopes) + 3
+        len(levels) + len(scopes) + 4
     ) * config.repeats  # rounds: compute per level, links per scope, the rest
     progress = _Progress(config.progress and ctx.rank == 0, total)
     raw: dict[str, Any] = {"compute": [], "links": {}}
@@ -391,6 +453,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
             dist.barrier()
         raw["overlap"] = _measure_overlap(ctx, config, progress)
         raw["layers"] = _measure_layers(ctx, config, progress)
+        raw["inference"] = _measure_inference(ctx, config, progress)
         raw["sentinel"] = sentinel | {"end": measure_sentinel(ctx, config)}
     finally:
         progress.close()

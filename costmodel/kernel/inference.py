@@ -28,6 +28,8 @@ from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_forward, me
 from costmodel.kernel.comm import RingComm, all_to_all
 from costmodel.kernel.masks import MAX_FUSED_PIECES, MaskRule, plan_block
 from costmodel.kernel.ring import KV_TAG, RingSchedule, ring_forward
+from costmodel.kernel.timing import random_qkv
+from costmodel.schedule.layouts import positions
 
 Q_TAG = 2  # apart from the training ring's KV and dK/dV tags
 
@@ -196,3 +198,45 @@ def decode_attention(
     dist.all_gather(outs, out, group=group)
     dist.all_gather(lses, lse.contiguous(), group=group)
     return _merge(torch.stack(outs), torch.stack(lses), q.dtype)
+
+
+SCHEMES = ("pass-kv", "pass-q", "decode")
+
+
+def inference_run(
+    scheme: str,
+    new_per_rank: int,
+    cached_per_rank: int,
+    shape: dict,
+    world_size: int,
+    rank: int,
+    dtype: torch.dtype,
+    device: torch.device,
+):
+    """A closure running one inference layer on this rank (collective), on fixed random inputs: what
+    `cp-plan calibrate` times at a tiny shard for each scheme's fixed cost and `cp-plan validate` times at
+    its held-out shapes. pass-kv, pass-q: a causal prefill of ``new_per_rank`` new tokens on each rank (the
+    zigzag share) after a prefix of which each rank caches ``cached_per_rank`` (contiguous shares);
+    decode: ``new_per_rank`` tokens per sequence, the same on every rank, against ``cached_per_rank``
+    cached tokens on each rank."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme {scheme!r}: expected one of {', '.join(SCHEMES)}")
+    n, new, cached = world_size, new_per_rank, cached_per_rank
+    q, k, v, _ = random_qkv(
+        shape["batch"],
+        shape["heads"],
+        shape["kv_heads"],
+        cached + new,
+        shape["head_dim"],
+        dtype,
+        device,
+        rank,
+    )
+    q = q[:, :, :new].contiguous()
+    if scheme == "decode":
+        k, v = k[:, :, :cached].contiguous(), v[:, :, :cached].contiguous()
+        return lambda: decode_attention(q, k, v)
+    q_pos = n * cached + positions("zigzag", n * new, n)[rank]
+    k_pos = np.concatenate([np.arange(rank * cached, (rank + 1) * cached), q_pos])
+    prefill = pass_kv_prefill if scheme == "pass-kv" else pass_q_prefill
+    return lambda: prefill(q, k, v, q_pos, k_pos)

@@ -16,12 +16,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from costmodel.kernel.calibrate import LAYER_KINDS, TOTAL_S
-from costmodel.kernel.timing import QUANTILE, attention_runs, random_qkv, sample_times, summary
-from costmodel.schedule.layouts import positions
+from costmodel.kernel.timing import QUANTILE, attention_runs, sample_times, summary
 
 
 @dataclass(frozen=True)
@@ -58,9 +56,9 @@ class InferenceCase:
 
 
 def inference_grid(critical_tokens: float, low: int = 32, high: int = 2048) -> list[InferenceCase]:
-    """Three held-out inference runs about the training grid's shards: a pass-KV prefill of L* new tokens
-    per rank after 4 L* cached, a pass-Q prefill of a short follow-up (L*/4) after the same prefix, and
-    the decode of one token against it."""
+    """Six held-out inference runs about the training grid's shards: pass-KV prefills of L* new tokens
+    per rank after 4 L* cached and of L*/4 after L*, pass-Q prefills of a short follow-up (L*/4) and of
+    L* after 4 L* cached, and the decode of one token against 4 L* and against L* cached tokens."""
     small = _pow2_near(critical_tokens / 4, low, high)
     mid = _pow2_near(critical_tokens, low, high)
     large = _pow2_near(critical_tokens * 4, low, high)
@@ -68,32 +66,26 @@ def inference_grid(critical_tokens: float, low: int = 32, high: int = 2048) -> l
         InferenceCase("pass-kv", mid, large),
         InferenceCase("pass-q", small, large),
         InferenceCase("decode", 1, large),
+        InferenceCase("pass-kv", small, mid),
+        InferenceCase("pass-q", mid, large),
+        InferenceCase("decode", 1, mid),
     ]
 
 
 def _inference_run(case: InferenceCase, ctx: Any, shape: dict[str, Any], dtype: torch.dtype):
     """A closure running ``case`` once on this rank (collective), on fixed random inputs."""
-    from costmodel.kernel.inference import decode_attention, pass_kv_prefill, pass_q_prefill
+    from costmodel.kernel.inference import inference_run
 
-    n, rank, new, cached = ctx.world_size, ctx.rank, case.new_per_rank, case.cached_per_rank
-    q, k, v, _ = random_qkv(
-        shape["batch"],
-        shape["heads"],
-        shape["kv_heads"],
-        cached + new,
-        shape["head_dim"],
+    return inference_run(
+        case.scheme,
+        case.new_per_rank,
+        case.cached_per_rank,
+        shape,
+        ctx.world_size,
+        ctx.rank,
         dtype,
         ctx.device,
-        rank,
     )
-    q = q[:, :, :new].contiguous()
-    if case.scheme == "decode":
-        k, v = k[:, :, :cached].contiguous(), v[:, :, :cached].contiguous()
-        return lambda: decode_attention(q, k, v)
-    q_pos = n * cached + positions("zigzag", n * new, n)[rank]
-    k_pos = np.concatenate([np.arange(rank * cached, (rank + 1) * cached), q_pos])
-    prefill = {"pass-kv": pass_kv_prefill, "pass-q": pass_q_prefill}[case.scheme]
-    return lambda: prefill(q, k, v, q_pos, k_pos)
 
 
 def _pow2_near(x: float, low: int, high: int) -> int:

@@ -173,6 +173,15 @@ class Machine:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
         return self.effective_flops
 
+    def call_rate(
+        self, flops: float, masked: bool, busy: int, q_tokens: float, k_tokens: float, head_dim: int
+    ) -> float:
+        """:meth:`rate` of a forward call, with a calibrated profile's measured rates of calls of fewer
+        queries than keys (an inference step's shapes) where it has them."""
+        if self.calibrated and not masked:
+            return self.profile.calibration.call_rate(flops, busy, q_tokens, k_tokens)  # type: ignore[union-attr]
+        return self.rate(flops, masked, False, busy, q_tokens, k_tokens, head_dim)
+
     def gemm_rate(self, m: int, n: int, k: int, batch: int = 1) -> float:
         """FLOP/s of ``batch`` m x k by k x n matrix multiplies: :attr:`effective_flops` when an efficiency
         was given (or asked as a datasheet), else the published tables at the problem's shape; a profile
@@ -321,6 +330,13 @@ class Machine:
     def fixed(self, name: str) -> float:
         """A measured fixed cost (``step_overhead_s``, ``sync_overhead_s``); 0 on datasheets."""
         return float(getattr(self.profile.calibration, name)) if self.calibrated else 0.0
+
+    def inference_overhead(self, scheme: str) -> float:
+        """Measured fixed cost of a whole inference attention layer of ``scheme`` (pass-kv, pass-q, decode);
+        0 on datasheets and on profiles measured before it was."""
+        if not self.calibrated:
+            return 0.0
+        return float(self.profile.calibration.inference_overhead_s.get(scheme, 0.0))  # type: ignore[union-attr]
 
     def layer_overhead(
         self, variant: str, backward: bool, layout: str = "contiguous", causal: bool = False

@@ -175,6 +175,31 @@ class ComputeCurve(_Strict):
         )
 
 
+class CallRate(_Strict):
+    """Measured forward throughput of one fully visible call of fewer queries than keys, every rank busy:
+    the shapes of an inference step (new tokens against a cached prefix, a decode query against a cache)."""
+
+    queries: Count()
+    keys: Count()
+    flops: Positive = Field(description="forward FLOP of the call")
+    flops_per_s: Positive
+    spread: NonNegative = Field(description="interquartile range / median over the repeats")
+
+
+def _call_factor(points: list[CallRate], square: Any, flops: float, aspect: float) -> float:
+    """How much slower than the square curve a call ``aspect`` times as many keys as queries runs: 1 at
+    aspect 1, the measured ratios in between and beyond, interpolated in log(aspect) and log(FLOP)."""
+    import numpy as np
+
+    aspects = sorted({p.keys / p.queries for p in points})
+    factors = [1.0]
+    for a in aspects:
+        row = sorted((p for p in points if p.keys / p.queries == a), key=lambda p: p.flops)
+        ratios = [square.rate(p.flops) / p.flops_per_s for p in row]
+        factors.append(float(np.interp(np.log(flops), np.log([p.flops for p in row]), ratios)))
+    return float(np.interp(np.log(max(aspect, 1.0)), np.log([1.0, *aspects]), factors))
+
+
 class Sample(_Strict):
     bytes: Count() = Field(description="bytes each rank sends (point-to-point) or holds (all-to-all)")
     seconds: Positive = Field(description="the calibration's quantile over the repeats, slowest rank")
@@ -283,7 +308,15 @@ class Calibration(_Strict):
         description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
         "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it",
     )
-
+    call_rates: list[CallRate] = Field(
+        default_factory=list,
+        description="forward calls of fewer queries than keys (4x and 16x), fully visible, every rank busy",
+    )
+    inference_overhead_s: dict[Literal["pass-kv", "pass-q", "decode"], NonNegative] = Field(
+        default_factory=dict,
+        description="fixed cost of a whole inference attention layer, by scheme: a tiny pass-KV or pass-Q "
+        "prefill, or a decode step, less what the inference formulas predict for it",
+    )
     layer_tokens: Count() | None = Field(
         None, description="shard length of the layers timed for their fixed cost"
     )
@@ -313,6 +346,15 @@ class Calibration(_Strict):
         return {k: v for k, v in data.items() if k != "bookkeeping"} | (
             {"fits": fits} if "fits" in data else {}
         )
+
+    def call_rate(self, flops: float, concurrency: int, queries: float, keys: float) -> float:
+        """FLOP/s of a fully visible forward call of ``queries`` against ``keys``: the square curve's rate at
+        its FLOP, slowed by what calls of that shape measured (none measured, or no more keys than
+        queries: the square curve's)."""
+        square = self.curve(concurrency, False)
+        if not self.call_rates or keys <= queries:
+            return square.rate(flops)
+        return square.rate(flops) / _call_factor(self.call_rates, square, flops, keys / queries)
 
     def curve(self, concurrency: int, causal: bool) -> ComputeCurve:
         """The curve measured closest to ``concurrency`` ranks (ties: the busier one) for the mask."""

@@ -76,6 +76,7 @@ from costmodel.symbolic.symbols import (
     eta,
     f8,
     g,
+    g_pg,
     h,
     k_copy,
     k_E,
@@ -92,6 +93,7 @@ from costmodel.symbolic.symbols import (
     n_E,
     n_kb,
     n_kf,
+    n_kl,
     n_kv,
     n_L,
     n_l,
@@ -118,8 +120,10 @@ from costmodel.symbolic.symbols import (
     sigma,
     t,
     t_dev,
+    t_host,
     t_k,
     t_launch,
+    t_lf,
     u_cp,
     v_pp,
     w_t,
@@ -1087,9 +1091,9 @@ define(
     "s",
     "[Korthikanti22 §5]",
 )
-t_host = define(
+t_hl = define(
     "layer_host_s",
-    "t_host",
+    "t_hl",
     (n_kf * (1 + rc_full) + n_kb) * t_k,
     "host time to launch one layer's kernels for one micro-batch: its forward, the forward again under full "
     "recompute, its backward",
@@ -1099,7 +1103,7 @@ t_host = define(
 define(
     "layer_host_wait_s",
     "t_wait",
-    sympy.Max(t_host - t_dev, 0),
+    sympy.Max(t_hl - t_dev, 0),
     "time the device waits on the host in one layer's passes: the host issues kernels one after another and "
     "the device cannot run ahead of it, so a layer takes the longer of the two",
     "s",
@@ -1432,14 +1436,52 @@ tau_tp_dec = define(
     "s",
     "[Megatron21 §3], [A-SPDeep]",
 )
+t_fix = define(
+    "inference_layer_fixed_s",
+    "t_fix",
+    t_lf + n_kl * t_k,
+    "fixed cost of one inference layer beyond its modelled work: the scheme's measured fixed cost on a "
+    "calibrated machine, plus the launches the device waits for",
+    "s",
+    "[A-RingCost §11], [CUDA-Graphs]",
+)
+define(
+    "passkv_page_gather_s",
+    "t_gather",
+    g_pg * 2 * C_pkv / B_hbm,
+    "pass-KV over a paged cache, one layer: each rank reads its KV pages and writes them into one "
+    "contiguous block before the ring sends it (the kernel's stack of K and V)",
+    "s",
+    "[PagedAttention], [CP-Infer]",
+)
+t_pmerge = define(
+    "decode_partial_merge_s",
+    "t_merge_decode",
+    (N - 1) * b * (h / t) * 3 * (d + 1) * p_acc / B_hbm,
+    "decode under CP, one layer: merging the N-1 other ranks' partial (O, LSE) of the new token into the "
+    "own by log-sum-exp, in fp32 (each merge reads two and writes one)",
+    "s",
+    "[OnlineSoftmax], [CP-Infer]",
+)
+t_sample = define(
+    "decode_sampling_s",
+    "t_sample",
+    2 * b * V * p_acc / B_hbm,
+    "sampling one token per sequence: the fp32 logits read by the softmax and again by the sampler",
+    "s",
+    "[Roofline]",
+)
 define(
     "tpot_s",
     "t_token",
     pp * sympy.Max(t_w_dec + t_kv_dec, t_c_dec)
-    + n_L * (tau_merge + tau_tp_dec)
-    + (pp - 1) * (alpha + b * H * p / B_pp),
+    + n_L * (tau_merge + tau_tp_dec + t_pmerge + t_fix)
+    + (pp - 1) * (alpha + b * H * p / B_pp)
+    + t_sample
+    + t_host,
     "time per output token: each stage in turn reads its weights and KV cache (or computes, when "
-    "slower), every layer merges over CP and all-reduces over TP, and the stages hand the token on",
+    "slower), every layer merges over CP, all-reduces over TP and pays its fixed cost, the stages hand "
+    "the token on, it is sampled, and the host prepares the next step",
     "s",
     "[Roofline], [CP-Infer]",
 )

@@ -322,6 +322,39 @@ alpha_cp = _symbol(
     "[NCCL-Tuning]",
     nonnegative=True,
 )
+t_lf = _symbol(
+    "t_lf",
+    "fixed cost of one inference attention layer of its scheme beyond its modelled work (host dispatch, "
+    "position and partial-output collectives' fixed part, merges' dispatch): a tiny layer timed whole by "
+    "calibrate, less the model; 0 on a datasheet",
+    "s",
+    "[A-RingCost §11]",
+    nonnegative=True,
+)
+n_kl = _symbol(
+    "n_kl",
+    "kernel launches per layer the host issues one by one and the device waits for (eager decode: the "
+    "layer's kernels; CUDA graphs or a prefill whose kernels outlast their launch: 0)",
+    "1",
+    "[CUDA-Graphs]",
+    nonnegative=True,
+)
+t_host = _symbol(
+    "t_host",
+    "serving framework's host time per decode step not overlapped with the device (scheduling, input "
+    "preparation, stop checks); 0 under an overlap scheduler",
+    "s",
+    "[TRTLLM-Overlap]",
+    nonnegative=True,
+)
+g_pg = _symbol(
+    "g_pg",
+    "1 when the KV cache is paged (its blocks gathered into a contiguous buffer before a ring sends "
+    "them), else 0",
+    "1",
+    "[PagedAttention]",
+    nonnegative=True,
+)
 alpha_tp = _symbol(
     "alpha_tp", "latency of one step of a TP collective (per message)", "s", "[A-SPDeep]", nonnegative=True
 )

@@ -60,6 +60,10 @@ def test_calibrate_writes_a_measured_profile(profile: Path) -> None:
         cal["fits"]
     )
     assert all(fit["spread"] >= 0 for fit in cal["fits"].values())
+    # each inference scheme's fixed cost, with its spread, and the short-query calls' measured rates
+    assert set(cal["inference_overhead_s"]) == {"pass-kv", "pass-q", "decode"}
+    assert {"inference pass-kv", "inference pass-q", "inference decode"} <= set(cal["fits"])
+    assert {(c["queries"], c["keys"]) for c in cal["call_rates"]} >= {(64, 256), (64, 1024)}
     assert cal["quality"]["r2_min"] == 0.95 and isinstance(cal["quality"]["trusted"], bool)
     assert cal["quality"]["trusted"] == (not cal["quality"]["reasons"])
     assert not list(profile.parent.glob(".*.tmp"))
@@ -103,6 +107,10 @@ def test_validate_compares_at_least_12_configurations(profile: Path) -> None:
     assert len(held_out) >= 12 and report["held_out_rows"] == len(held_out)
     assert {r["tokens_per_rank"] for r in rows if not r["held_out"]} == {8}
     assert all(r["uncertainty_s"] >= 0 and r["measured_spread"] >= 0 for r in rows)
+    # a fresh profile measured every scheme's fixed cost: the six inference rows are in the verdict
+    assert [r["scheme"] for r in report["inference_rows"]] == ["pass-kv", "pass-q", "decode"] * 2
+    assert report["inference_in_verdict"] and report["inference_not_in_verdict_because"] is None
+    assert report["passed"] == (report["training_passed"] and report["inference_passed"])
 
 
 def test_validate_fails_past_its_threshold(profile: Path) -> None:
