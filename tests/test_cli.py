@@ -263,3 +263,25 @@ def test_numeric_path_imports_neither_sympy_nor_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "command"),
+    [
+        (["--seq", "8k", "--hw", "h100-ib", "step", "--model", "llama3-8b", "--gpus", "8"], "--seq", "step"),
+        (["--hw", "h100-ib", "recommend", "--seq", "8k"], "--hw", "recommend"),
+        (["--format", "json", "hw", "list"], "--format", "hw"),
+        (["--causal", "check", "plan.yaml"], "--causal", "check"),
+    ],
+)
+def test_root_options_before_a_subcommand_are_an_error_naming_the_flag(cli, args, flag, command) -> None:
+    """A root option given before a subcommand is never silently dropped: one line naming it, exit 2."""
+    result = cli(*args)
+    assert result.code == 2 and result.out == ""
+    assert result.err.startswith(f"cp-plan: error: {flag}: given before the subcommand {command!r}")
+    assert result.err.count("\n") == 1
+
+
+def test_root_options_still_apply_without_a_subcommand(cli) -> None:
+    assert cli("--seq", "8k", "--n", "2", "-f", "json").json()["inputs"]["seq"] == 8192
+    assert cli("--version").code == 0
