@@ -69,11 +69,12 @@ def _table(result: dict) -> None:
     screen.print(
         f"step {seconds(step['time_s'])}   {step['tokens_per_s']:,.0f} tokens/s "
         f"({step['tokens_per_s_per_gpu']:,.0f} per GPU)   {step['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU   "
-        f"MFU {step['mfu']:.1%} ({step['mfu_causal_attention']:.1%} counting causal attention)   "
-        f"HFU {step['hfu']:.1%}"
+        f"MFU {step['mfu']:.1%} (attention over the mask's pairs, c = {step['attention_fraction']:.4g}; "
+        f"full S² square: {step['mfu_full_square']:.1%})   HFU {step['hfu']:.1%}"
     )
     table = house_table(
-        caption="MFU: 6·P·tokens + 12·n_L·h·d·S·tokens model FLOP [PaLM]; HFU: what runs, recompute in",
+        caption="MFU: 6·P + 12·n_L·h·d·S·c model FLOP per token, c the share of the S² square the mask keeps "
+        "[PaLM]; HFU: what runs, recompute in",
     )
     for column in ("component", "time", "share"):
         table.add_column(column, justify="left" if column == "component" else "right")

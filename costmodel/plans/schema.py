@@ -405,7 +405,7 @@ class RecommendReport(_Section):
 
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
-    schema_: str = Field("cp-plan/recommend/v1", alias="schema", description="contract version")
+    schema_: str = Field("cp-plan/recommend/v2", alias="schema", description="contract version")
     inputs: PlanInputs
     setup: TrainingSetup
     hw: str

@@ -1184,8 +1184,8 @@ define(
     "model_flops_per_token_causal",
     "f_model_c",
     6 * P_flop + 12 * c * n_L * h * d * S,
-    "model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the "
-    "convention some reports use; MFU against it is lower at long sequence",
+    "model FLOP per token with attention counted over the pairs the trained mask keeps (c = 1/2 causal; "
+    "packed documents and windows: the share of the window's tiles the kernel executes): what MFU counts",
     "FLOP",
     "[PaLM] appendix B",
 )

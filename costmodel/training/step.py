@@ -45,6 +45,7 @@ from costmodel.training import moe
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
 
+SCHEMA = "cp-plan/step/v2"  # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
 
@@ -408,6 +409,33 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
     }
 
 
+def mfu_convention(fraction: float) -> str:
+    """How the model FLOP of MFU count attention: the share of the S x S square the trained mask keeps."""
+    mask = {1.0: "full mask", 0.5: "causal"}.get(fraction, "packed documents or window")
+    return f"6·P + 12·n_L·h·d·S·c per token, attention over the pairs the mask keeps (c = {fraction:.4g}, {mask})"
+
+
+def check_physical(hfu: Any, v: Mapping[str, Any], machine: Machine) -> None:
+    """An error, not a number, where the step would run faster than the device's peak: HFU counts what runs,
+    so above 1 a kernel rate of the profile (or the model's FLOP count) cannot be right."""
+    worst = float(numpy.max(hfu))
+    if worst <= 1 + 1e-9:
+        return
+    peak = machine.peak_flops
+    fast = {k: float(numpy.max(v[k])) for k in ("F_gemm", "F_attn", "F_attn_bwd") if numpy.max(v[k]) > peak}
+    if fast:
+        name, rate = max(fast.items(), key=lambda item: item[1])
+        raise InputError(
+            "--hw",
+            f"the profile's {name} rate {rate / 1e12:.4g} TFLOP/s exceeds its {peak / 1e12:.4g} TFLOP/s peak: "
+            f"HFU would be {worst:.1%}",
+        )
+    raise InputError(
+        "--model",
+        f"the step would execute {worst:.1%} of the device's peak FLOP/s: its FLOP count is not physical",
+    )
+
+
 def evaluate_step(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine
 ) -> dict[str, Any]:
@@ -424,8 +452,12 @@ def evaluate_step(
     time_s = sum(breakdown.values())
     tokens = _call("step_tokens", v)
     peak = machine.peak_flops * setup.gpus
-    model_flops = _call("model_flops_per_token", v) * tokens
+    # Model FLOP follow the trained mask (attention over c of the S x S square); the full square only as
+    # a labelled second figure, the convention of published MFUs ([PaLM] appendix B, [Megatron21 §5.1]).
+    model_flops = _call("model_flops_per_token_causal", v) * tokens
+    square_flops = _call("model_flops_per_token", v) * tokens
     hardware_flops = _call("hardware_flops_per_token", v) * tokens
+    check_physical(hardware_flops / (time_s * peak), v, machine)
     stated = {
         "model": inputs.model,
         "seq": inputs.seq,
@@ -438,6 +470,7 @@ def evaluate_step(
         **step.model_dump(),
     }
     return {
+        "schema": SCHEMA,
         "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
         "topology": machine.describe_groups(*_groups(setup, step, inputs.n, v["D"]), _collectives(step)),
         "moe": moe.summary(model, v, machine, *_groups(setup, step, inputs.n, v["D"])),
@@ -453,7 +486,10 @@ def evaluate_step(
             "tokens_per_s_per_gpu": tokens / time_s / setup.gpus,
             "model_tflops_per_gpu": model_flops / time_s / setup.gpus / 1e12,
             "mfu": model_flops / (time_s * peak),
-            "mfu_causal_attention": _call("model_flops_per_token_causal", v) * tokens / (time_s * peak),
+            "mfu_convention": mfu_convention(float(v["c"])),
+            "attention_fraction": float(v["c"]),
+            "model_tflops_per_gpu_full_square": square_flops / time_s / setup.gpus / 1e12,
+            "mfu_full_square": square_flops / (time_s * peak),
             "hfu": hardware_flops / (time_s * peak),
             "bubble_fraction": _call("pipeline_bubble_fraction", v),
             "breakdown": breakdown,
