@@ -362,3 +362,64 @@ def test_build_step_names_what_it_does_not_know() -> None:
         build_step(model="llama3-8b", global_batch=8, block=512)
     with pytest.raises(InputError, match="--model"):
         evaluate_step(*build_step(global_batch=8))
+
+
+def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> None:
+    """Llama 3 70B at 128K, no CP, TP or PP, no recompute: 3.38 TB per device (what recommend sizes the
+    same layout at) of 72 GB usable. The step is marked, JSON says fits: false, --strict exits 1."""
+    args = (
+        "step",
+        "--model",
+        "llama3-70b",
+        "--seq",
+        "128k",
+        "--hw",
+        "h100-ib",
+        "--gpus",
+        "64",
+        "--tp",
+        "1",
+        "--cp",
+        "1",
+        "--pp",
+        "1",
+        "--global-batch",
+        "64",
+        "--recompute",
+        "none",
+    )
+    data = cli(*args, "-f", "json").json()
+    assert data["schema"] == "cp-plan/step/v2"
+    assert data["fits"] is False and data["memory"]["fits"] is False
+    assert data["memory"]["bytes_per_device"] == pytest.approx(3.384e12, rel=1e-3)
+    assert data["memory"]["device_memory_bytes"] == pytest.approx(72e9, rel=1e-9)
+    table = cli(*args)
+    assert table.code == 0 and "3.384 TB of 72.00 GB usable: DOES NOT FIT" in " ".join(table.out.split())
+    assert cli(*args, "--strict").code == 1
+    assert cli(*args, "--strict", "-f", "json").code == 1
+    recommend = cli("recommend", *args[1:], "-f", "json").json()
+    sized = {c["n"]: c["total_bytes"] for c in recommend["candidates"]}
+    assert sized[1] == pytest.approx(data["memory"]["bytes_per_device"], rel=1e-9)
+
+
+def test_strict_passes_a_plan_that_fits(cli) -> None:
+    args = (
+        "step",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "8k",
+        "--hw",
+        "h100-ib",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--zero",
+        "3",
+        "--strict",
+        "-f",
+        "json",
+    )
+    result = cli(*args)
+    assert result.code == 0 and result.json()["fits"] is True

@@ -436,6 +436,26 @@ def check_physical(hfu: Any, v: Mapping[str, Any], machine: Machine) -> None:
     )
 
 
+def step_memory(
+    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
+) -> dict[str, Any]:
+    """Memory per device on the most loaded stage [Korthikanti22 §4], the fit ``recommend`` and the layout
+    search size plans with, at this micro-batch and CP degree, and whether it fits the usable HBM."""
+    from costmodel.plans.bind import Evaluator
+    from costmodel.training.recommend import fit_at, training_values
+
+    attention = inputs.model_copy(update={"batch": step.micro_batch})
+    fit = fit_at(Evaluator(training_values(attention, model, setup, machine, inputs.n)))
+    return {
+        "bytes_per_device": fit.total_bytes,
+        "model_state_bytes": fit.model_state_bytes,
+        "activation_bytes": fit.activation_bytes,
+        "buffer_bytes": fit.buffer_bytes,
+        "device_memory_bytes": fit.device_memory_bytes,
+        "fits": fit.fits,
+    }
+
+
 def evaluate_step(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine
 ) -> dict[str, Any]:
@@ -469,8 +489,11 @@ def evaluate_step(
         **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "rank_order"}),
         **step.model_dump(),
     }
+    memory = step_memory(inputs, setup, step, model, machine)
     return {
         "schema": SCHEMA,
+        "fits": memory["fits"],
+        "memory": memory,
         "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
         "topology": machine.describe_groups(*_groups(setup, step, inputs.n, v["D"]), _collectives(step)),
         "moe": moe.summary(model, v, machine, *_groups(setup, step, inputs.n, v["D"])),
