@@ -125,7 +125,12 @@ def _memory_fit(built: dict[str, Any]) -> dict[str, float]:
     model = load_model(inputs.model)
     attention = inputs.model_copy(update={"batch": step.micro_batch})
     fit = fit_at(Evaluator(training_values(attention, model, setup, built["machine"], inputs.n)))
-    return {"total_bytes": fit.total_bytes, "device_memory_bytes": fit.device_memory_bytes, "fits": fit.fits}
+    return {
+        "total_bytes": fit.total_bytes,
+        "device_memory_bytes": fit.device_memory_bytes,
+        "hbm_bytes": built["machine"].profile.device.hbm_bytes,
+        "fits": fit.fits,
+    }
 
 
 def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -> dict[str, Any]:
@@ -235,6 +240,14 @@ def findings(
         )
     if measured["memory_bytes"] is not None:
         used, planned, hbm = measured["memory_bytes"], memory["total_bytes"], memory["device_memory_bytes"]
+        device = memory.get("hbm_bytes")
+        if device and used > device:
+            add(
+                "critical",
+                "memory",
+                f"peak memory {used / 1e9:.1f} GB exceeds the device's {device / 1e9:.1f} GB of HBM: the log's "
+                "figure is not one device's, or the profile is not the device that ran",
+            )
         if used > planned * MEMORY_MARGIN:
             add(
                 "warning",

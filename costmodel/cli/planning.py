@@ -413,7 +413,15 @@ def check_cmd(
 
     Example: cp-plan check configs/plans/*.yaml --format github
     """
-    from costmodel.training.check import InvalidPlan, github, github_problems, junit, load_plans, run_checks
+    from costmodel.training.check import (
+        InvalidPlan,
+        github,
+        github_problems,
+        junit,
+        junit_problems,
+        load_plans,
+        run_checks,
+    )
 
     try:
         located = load_plans(plans)  # every file is valid before anything runs
@@ -421,6 +429,8 @@ def check_cmd(
     except InvalidPlan as exc:
         if format is CheckFormat.github:
             sys.stdout.write(github_problems(exc))
+        elif format is CheckFormat.junit:  # `> report.xml` made the file already: never leave it empty
+            sys.stdout.write(junit_problems(exc))
         raise
     if format is CheckFormat.json:
         data = {

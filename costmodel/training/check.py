@@ -318,6 +318,32 @@ def junit(results: list[CheckResult]) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 
 
+def junit_problems(error: InvalidPlan) -> str:
+    """JUnit XML for plan files that did not load: one erroring case per problem, so a CI reader gets a
+    parseable report that names them, never an empty file."""
+    from xml.etree import ElementTree as ET
+
+    x = _xml_text
+    suites = ET.Element(
+        "testsuites", name="cp-plan check", tests=str(len(error.problems)), errors=str(len(error.problems))
+    )
+    by_file: dict[str, list[tuple[int | None, str]]] = {}
+    for path, line, text in error.problems:
+        by_file.setdefault(path, []).append((line, text))
+    for path, items in by_file.items():
+        suite = ET.SubElement(
+            suites, "testsuite", name=x(path), tests=str(len(items)), errors=str(len(items))
+        )
+        for line, text in items:
+            where = {"file": x(path)} | ({} if line is None else {"line": str(line)})
+            case = ET.SubElement(
+                suite, "testcase", classname="cp-plan invalid plan", name="valid plan", **where
+            )
+            ET.SubElement(case, "error", message=x(text)).text = x(text)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
 def _escape_data(text: str) -> str:
     """A workflow command's message [GH-Commands]."""
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
