@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from costmodel.plans.schema import SCHEMA
+from tests.support import REPO
 
 WORKED = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink"]
 
@@ -285,3 +286,97 @@ def test_root_options_before_a_subcommand_are_an_error_naming_the_flag(cli, args
 def test_root_options_still_apply_without_a_subcommand(cli) -> None:
     assert cli("--seq", "8k", "--n", "2", "-f", "json").json()["inputs"]["seq"] == 8192
     assert cli("--version").code == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--seq", "256k", "--n", "8", "--hw", "a100-nvlink"],
+        ["--seq", "128k", "--n", "8", "--hw", "h100-ib", "--causal", "--pass", "fwd+bwd", "--explain"],
+        ["step", "--model", "llama3-8b", "--seq", "8k", "--gpus", "8", "--global-batch", "8"],
+        ["recommend", "--model", "llama3-8b", "--seq", "128k", "--hw", "h100-ib", "--gpus", "64"],
+        ["infer", "--model", "llama3-70b", "--hw", "h100-nvlink", "--tp", "8", "--prompt", "128k"],
+        ["hw", "list"],
+        ["sweep", "--hw", "h100-ib"],
+    ],
+    ids=lambda args: " ".join(args[:1]),
+)
+def test_piped_output_has_no_trailing_spaces(cli, args) -> None:
+    """Redirected to a file or a pipe, no line ends in the spaces rich pads tables to the width with."""
+    result = cli(*args)
+    assert result.code == 0, result.err
+    padded = [line for line in result.out.splitlines() if line != line.rstrip(" ")]
+    assert len(result.out.splitlines()) > 5 and padded == []
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, keeping what was written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_counts_seconds_on_a_terminal_and_stays_quiet_in_a_pipe(capsys) -> None:
+    import io
+    import time
+
+    from costmodel.cli.options import working
+
+    terminal = _Terminal()
+    with working("validate: timing 24 cases on 2 ranks", terminal):
+        time.sleep(1.3)
+    assert terminal.text.startswith("cp-plan: validate: timing 24 cases on 2 ranks...")
+    assert "\rcp-plan: validate: timing 24 cases on 2 ranks... 1 s" in terminal.text
+    assert terminal.text.endswith(" s\n")
+    pipe = io.StringIO()
+    with working("validate", pipe):
+        time.sleep(0.01)
+    assert pipe.getvalue() == ""
+
+
+def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> None:
+    """The two commands that wait on other processes for many seconds say what they wait for."""
+    import contextlib
+
+    pytest.importorskip("torch")
+    from costmodel.cli import options
+    from costmodel.kernel import selftest
+
+    seen = []
+
+    @contextlib.contextmanager
+    def recording(what, stream=None):  # noqa: ANN001, ANN202
+        seen.append(what)
+        yield
+
+    class Result:
+        passed = True
+
+        def to_json(self) -> dict:
+            return {"passed": True}
+
+    monkeypatch.setattr(options, "working", recording)
+    monkeypatch.setattr(selftest, "run_selftest", lambda config, nproc, timeout_s: Result())
+    assert cli("kernel", "selftest", "--nproc", "2", "--format", "json").code == 0
+    assert seen == [f"selftest of {len(selftest.VARIANTS)} variants on 2 ranks"]
+
+    from costmodel.kernel import launch
+
+    def failing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise launch.LaunchError("no ranks here")
+
+    monkeypatch.setattr(launch, "launch", failing)
+    profile = next((REPO / "tests" / "data" / "calibrated").glob("*.yaml"))
+    result = cli("validate", "--hw", str(profile), "--nproc", "2")
+    assert result.code == 1 and "no ranks here" in result.err
+    assert seen[1].startswith("validate: timing ") and seen[1].endswith(" cases on 2 ranks")
