@@ -380,3 +380,28 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
     result = cli("validate", "--hw", str(profile), "--nproc", "2")
     assert result.code == 1 and "no ranks here" in result.err
     assert seen[1].startswith("validate: timing ") and seen[1].endswith(" cases on 2 ranks")
+
+
+@pytest.mark.parametrize(
+    ("args", "schema"),
+    [
+        (["--seq", "8k"], "cp-plan/report/v1"),
+        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v2"),
+        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v2"),
+        (["sweep"], "cp-plan/sweep/v1"),
+        (["hw", "list"], "cp-plan/hw-list/v1"),
+        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v1"),
+        (
+            ["step", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k", "--global-batch", "8"],
+            "cp-plan/step/v2",
+        ),
+        (["check", "configs/plans/fail-llama3-8b-128k-h100-ib.yaml"], "cp-plan/check/v1"),
+        (["audit", "tests/data/audit/titan_cp2_16k.log"], "cp-plan/audit/v1"),
+    ],
+    ids=lambda value: value[0] if isinstance(value, list) else None,
+)
+def test_every_json_output_names_its_schema(cli, monkeypatch, args, schema) -> None:
+    monkeypatch.chdir(REPO)
+    result = cli(*args, "--format", "json")
+    assert result.code in (0, 1), result.err
+    assert result.json()["schema"] == schema

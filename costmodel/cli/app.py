@@ -121,7 +121,10 @@ def hw_list(format: FormatOpt = Format.table) -> None:
     profiles = [load_profile(name) for name in builtin_names()]
     profiles.sort(key=lambda p: (p.device.vendor or "~", p.device.generation or "", p.name))
     if format in (Format.json, Format.yaml):
-        listing = {"profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles]}
+        listing = {
+            "schema": "cp-plan/hw-list/v1",
+            "profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles],
+        }
         if format is Format.json:
             import json
 
