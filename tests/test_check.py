@@ -182,6 +182,8 @@ def test_recommend_cli_table(cli) -> None:
         "64",
         "--recompute",
         "full",
+        "--cp-ranks-per-node",
+        "1",  # every CP rank on its own node: the ring crosses IB at any N
     ).out
     assert "no CP degree works" in out and "Communication fails" in out and "fix" in out
 

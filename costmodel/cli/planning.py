@@ -35,6 +35,7 @@ from costmodel.plans.inputs import (
     PlanInputs,
     TrainingSetup,
     build,
+    job_machine,
     machine_for,
 )
 
@@ -122,7 +123,7 @@ def recommend_cmd(
     if format in (RecommendFormat.megatron, RecommendFormat.torchtitan):
         sys.stdout.write(export(found, format.value, inputs, setup))
         return
-    report = recommend(inputs, load_model(inputs.model), setup, machine_for(inputs, machine_overrides))
+    report = recommend(inputs, load_model(inputs.model), setup, job_machine(inputs, machine_overrides))
     if found["pick"] is not None:
         pick = found["pick"] | {"global_batch": found["global_batch"]}
         report = report.model_copy(

@@ -35,7 +35,7 @@ from costmodel.plans.inputs import (
     TrainingSetup,
     build,
     flag,
-    machine_for,
+    job_machine,
     shape_from_model,
 )
 from costmodel.plans.models import ModelPreset, load_model
@@ -127,15 +127,9 @@ _DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, TrainingSetup, StepSetup, 
 
 
 def step_machine(inputs: PlanInputs, overrides: MachineOverrides | None = None) -> Machine:
-    """The step's machine: the profile as the command line changes it, with every rank placed by the step.
-
-    A profile's ``cp_ranks_per_node`` stands in for the TP a single-layer plan does not know (the -ib
-    profiles put one CP rank per node: TP fills it); the step states TP, so a node holds devices_per_node
-    consecutive ranks unless ``--cp-ranks-per-node`` says otherwise."""
-    machine = machine_for(inputs, overrides)
-    stated = overrides.cp_ranks_per_node if overrides is not None else None
-    profile = machine.profile.model_copy(update={"cp_ranks_per_node": stated})
-    return Machine(profile, machine.dtype, machine.efficiency)
+    """The step's machine: every rank placed by the job's layout (:func:`~costmodel.plans.inputs.job_machine`,
+    the placement recommend, check and report use too)."""
+    return job_machine(inputs, overrides)
 
 
 def build_step(**values: Any) -> tuple[PlanInputs, TrainingSetup, StepSetup, Machine]:
