@@ -42,9 +42,11 @@ def test_worked_example_table_on_one_screen(cli) -> None:
         "939.5 MB",
         "587.2 MB",
         "8.590 GB",
-        "56.4 ms",
+        "56.4 ms",  # the balanced step at peak, the verdict's denominator (in the caption)
         "447 µs",
-        "451 ms",
+        "76.5 ms",  # the step, layer and backward step at the kernel tables' rates, as the layer time
+        "612 ms",
+        "220 ms",
         "3.13 ms",
         "3.58 ms",
         "0.793 %",
@@ -63,6 +65,23 @@ def test_worked_example_table_on_one_screen(cli) -> None:
     assert "dominat" not in out.lower()  # red means not negligible, never "communication dominates"
     assert "utilisation" not in out  # the causal line is for causal plans only
     assert len(out.splitlines()) <= 50
+
+
+def test_ring_compute_column_reads_the_layer_times_rates_and_peak_only_when_asked(cli) -> None:
+    """The compute column and the predicted layer time read the same rates: the kernel tables by default
+    (layer 612 ms = the layer time, transfers hidden), peak x --efficiency when asked (the article's
+    451 ms); the verdict's ratio stays receive over the balanced compute at peak either way."""
+    import re
+
+    for extra, layer in (([], "612 ms"), (["--efficiency", "1"], "451 ms")):
+        out = cli(*WORKED, *extra).out
+        row = next(line for line in out.splitlines() if line.startswith("layer "))
+        assert row.split()[3:5] == layer.split() and "0.694 %" in row
+        assert re.search(rf"transfers\s+overlapped: {layer}", out)
+        assert "0.793 %" in out
+    data = cli(*WORKED, "-f", "json").json()["ring"]
+    assert data["layer_compute_kernel_s"] == pytest.approx(data["layer_time_s"], rel=1e-9)
+    assert data["layer_compute_s"] == pytest.approx(0.451, abs=5e-4)
 
 
 def test_json_contract(cli) -> None:

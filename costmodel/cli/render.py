@@ -136,21 +136,21 @@ def time_rows(report: Report) -> list[list[str]]:
         [
             "step",
             si(c.step_flops, "FLOP"),
-            seconds(r.step_compute_s),
+            seconds(r.step_compute_kernel_s),
             seconds(r.step_comm_s),
             percent(r.comm_ratio_step),
         ],
         [
             "layer",
             si(c.device_flops_per_layer, "FLOP"),
-            seconds(r.layer_compute_s),
+            seconds(r.layer_compute_kernel_s),
             seconds(r.layer_comm_s),
             percent(r.comm_ratio_layer),
         ],
         [
             "bwd step",
             si(bwd.step_flops, "FLOP"),
-            seconds(bwd.step_compute_s),
+            seconds(bwd.step_compute_kernel_s),
             seconds(bwd.step_comm_s),
             percent(bwd.comm_ratio_step),
         ],
@@ -164,10 +164,15 @@ SCHEMES_CAPTION = (
 
 
 def time_caption(report: Report) -> str:
-    r = report.ring
+    r, h = report.ring, report.hardware
+    rate = "peak" if h.effective_flops == h.peak_flops else "effective"
+    e = report.inputs.efficiency
+    rates = "the profile's kernel rates" if e is None else f"{e:g} x peak (--efficiency)"
     return (
-        f"sending (own block included) {seconds(r.layer_send_s)} · predicted layer time, {report.inputs.layout} "
-        f"layout, transfers overlapped: {seconds(r.layer_time_s)}"
+        f"compute at {rates}, as the layer time; ratio (the verdict's): receive / compute "
+        f"balanced at {rate} FLOP/s ({seconds(r.step_compute_s)} a step) · sending (own block included) "
+        f"{seconds(r.layer_send_s)} · predicted layer time, {report.inputs.layout} layout, transfers "
+        f"overlapped: {seconds(r.layer_time_s)}"
     )
 
 

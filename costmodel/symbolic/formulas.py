@@ -1363,6 +1363,15 @@ define(
     "s",
     "[Roofline]",
 )
+define(
+    "output_weight_read_s",
+    "t_w_out",
+    V * H * p_w / (t * B_hbm),
+    "reading the output layer's weights (vocabulary x hidden, vocab-parallel) from HBM once: the floor "
+    "under the first token's logits",
+    "s",
+    "[Roofline]",
+)
 t_w_dec = define(
     "decode_weight_read_s",
     "t_w_decode",

@@ -627,6 +627,11 @@ def layer_weight_read_s(*, B_hbm, F_ffn, H, d, g, h, n_kv, p_w, t):
     return H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t)
 
 
+def output_weight_read_s(*, B_hbm, H, V, p_w, t):
+    """t_w_out = H*V*p_w/(B_hbm*t): reading the output layer's weights (vocabulary x hidden, vocab-parallel) from HBM once: the floor under the first token's logits [s] ([Roofline])."""
+    return H*V*p_w/(B_hbm*t)
+
+
 def decode_weight_read_s(*, B_hbm, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_w, pp, t):
     """t_w_decode = Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*t), Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(B_hbm*pp*t), True)): reading one stage's weights from HBM once per decode step [s] ([Roofline])."""
     return numpy.select([numpy.equal(pp, 1),True], [H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*t),H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(B_hbm*pp*t)], default=numpy.nan)
@@ -953,6 +958,7 @@ INFO = {
     'passkv_hidden_min_new_tokens': ('T_hide', 'F_attn*N*p*t*Max(1, n_kv/t)/(2*B_cp*h)', '{F_attn}*{N}*{p}*{t}*Max(1, {n_kv}/{t})/(2*{B_cp}*{h})', 'new tokens per sequence from which a pass-KV ring step hides under its attention step (every pair visible, alpha = 0): from there pass-KV costs nothing extra and wins', 'tokens', '[CP-Infer] (pass-KV vs pass-Q heuristic)', 'inference'),
     'passq_max_new_fraction': ('f_passQ', '2*t*Max(1, n_kv/t)/h', '2*{t}*Max(1, {n_kv}/{t})/{h}', 'share of new tokens T_n/(T_n + K_c) below which a pass-Q ring step moves fewer bytes than a pass-KV step: 2·n_kv/h', '1', '[CP-Infer] (pass-KV vs pass-Q heuristic)', 'inference'),
     'layer_weight_read_s': ('t_w_layer', 'H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t)', '{H}*{p_w}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2)/({B_hbm}*{t})', "reading one layer's weights from HBM once: the floor under its matrix multiplies", 's', '[Roofline]', 'inference'),
+    'output_weight_read_s': ('t_w_out', 'H*V*p_w/(B_hbm*t)', '{H}*{V}*{p_w}/({B_hbm}*{t})', "reading the output layer's weights (vocabulary x hidden, vocab-parallel) from HBM once: the floor under the first token's logits", 's', '[Roofline]', 'inference'),
     'decode_weight_read_s': ('t_w_decode', 'Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*t), Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(B_hbm*pp*t), True))', 'Piecewise(({H}*{p_w}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{t}), Eq({pp}, 1)), ({H}*{p_w}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))/({B_hbm}*{pp}*{t}), True))', "reading one stage's weights from HBM once per decode step", 's', '[Roofline]', 'inference'),
     'decode_kv_read_s': ('t_kv_decode', '2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/(B_hbm*pp)', '2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*Max(1, {n_kv}/{t})/({B_hbm}*{pp})', "reading one device's KV cache once per decode step", 's', '[Roofline], [CP-Infer]', 'inference'),
     'decode_compute_s': ('t_c_decode', 'Piecewise((2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t), Eq(pp, 1)), (2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t), True))', 'Piecewise((2*{b}*({F_attn}*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{t}), Eq({pp}, 1)), (2*{b}*({F_attn}*{H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1)) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{pp}*{t}), True))', "FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the rank's cache", 's', '[Roofline]', 'inference'),
@@ -1120,6 +1126,7 @@ ARGS = {
     'passkv_hidden_min_new_tokens': ('B_cp', 'F_attn', 'N', 'h', 'n_kv', 'p', 't'),
     'passq_max_new_fraction': ('h', 'n_kv', 't'),
     'layer_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'd', 'g', 'h', 'n_kv', 'p_w', 't'),
+    'output_weight_read_s': ('B_hbm', 'H', 'V', 'p_w', 't'),
     'decode_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_w', 'pp', 't'),
     'decode_kv_read_s': ('B_hbm', 'S_kv', 'b', 'd', 'n_L', 'n_kv', 'p_kv', 'pp', 't'),
     'decode_compute_s': ('F_attn', 'F_ffn', 'F_gemm', 'H', 'S_kv', 'V', 'b', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'pp', 't'),
