@@ -195,7 +195,10 @@ def main() -> None:
     parser.add_argument("--keep", help="folder for the profiles and reports (kept)")
     parser.add_argument("--json", help="write every figure here")
     parser.add_argument("calibrate_args", nargs="*", help="passed to calibrate after --, e.g. -- --repeats 9")
+    parser.add_argument("--smoke", action="store_true", help="one short run: the suite runs it")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.calibrate_args = 1, ["--repeats", "3", *args.calibrate_args]
     folder = Path(args.keep or tempfile.mkdtemp(prefix="cp-plan-stability-"))
     folder.mkdir(parents=True, exist_ok=True)
     runs = []

@@ -1,6 +1,6 @@
 """How long `cp-plan ... --format json` takes, beside the cost of starting Python and importing sympy.
 
-    python benchmarks/cli_latency.py [--repeats 21]
+    python benchmarks/cli_latency.py [--repeats 21] [--smoke]
 
 The commands run interleaved, round after round, so machine noise hits them alike; the script prints
 each median and its ratio to `python -c pass`. Goals: the report path imports neither sympy nor torch,
@@ -50,7 +50,10 @@ def _llm_analysis() -> dict[str, list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--smoke", action="store_true", help="two rounds: the suite runs it")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 2  # the fewest the quartiles take
     cmds = commands()
     times: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(args.repeats):

@@ -146,7 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ring-repeats", type=int, default=9, help="ring: interleaved rounds per figure")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes, one timing each: the suite runs it"
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.tokens, args.ring_tokens, args.heads, args.kv_heads, args.head_dim = 64, [64], 2, 2, 16
+        args.dtypes, args.repeats, args.ring_repeats = ["float32"], 1, 1
 
     shape = f"b=1 h={args.heads} n_kv={args.kv_heads} d={args.head_dim}"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")

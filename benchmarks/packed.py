@@ -1,6 +1,6 @@
 """The mask simulator on a packed window: S = 1M tokens from 10,000 documents, N = 64, tile 128.
 
-    python benchmarks/packed.py
+    python benchmarks/packed.py [--smoke]
 
 Times `costmodel.schedule.packed.simulate_masked` (without its cache) for every packed layout, and its
 speed-up over the definition (`executed_by_definition`, the tests' oracle) on a smaller case where both
@@ -9,6 +9,7 @@ run, with the counts asserted equal.
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -29,19 +30,24 @@ def documents(seq: int, count: int, seed: int = 0) -> tuple[int, ...]:
     return tuple(int(x) for x in np.r_[0, np.cumsum(lengths)])
 
 
-def main() -> None:
-    seq, n, tile = 1 << 20, 64, 128
-    rule = MaskRule(True, documents(seq, 10_000))
-    print(f"S = {seq:,} from 10,000 documents (causal, varlen), N = {n}, tile {tile}:")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="small sizes, one timing: the suite runs it")
+    smoke = parser.parse_args(argv).smoke
+    seq, n, tile, count = (1 << 14, 8, 128, 200) if smoke else (1 << 20, 64, 128, 10_000)
+    rule = MaskRule(True, documents(seq, count))
+    print(f"S = {seq:,} from {count:,} documents (causal, varlen), N = {n}, tile {tile}:")
     for layout in PACKED_LAYOUTS:
-        seconds = median_seconds(lambda layout=layout: simulate(layout, seq, n, tile, rule), 3)
+        seconds = median_seconds(
+            lambda layout=layout: simulate(layout, seq, n, tile, rule), 1 if smoke else 3
+        )
         cpu = time.process_time()
         u = simulate(layout, seq, n, tile, rule).utilization
         cpu = time.process_time() - cpu  # a shared machine's wall time varies; this process's CPU less
         print(f"  {layout:11} {seconds * 1e3:8.1f} ms wall, {cpu * 1e3:8.1f} ms CPU   utilisation {u:.4f}")
     seq, n, tile = 4096, 8, 32
     small = MaskRule(True, documents(seq, 40), window=700)
-    fast = median_seconds(lambda: simulate("doc-zigzag", seq, n, tile, small), 5)
+    fast = median_seconds(lambda: simulate("doc-zigzag", seq, n, tile, small), 1 if smoke else 5)
     slow = median_seconds(lambda: executed_by_definition("doc-zigzag", seq, n, tile, small), 1)
     assert np.array_equal(
         simulate("doc-zigzag", seq, n, tile, small).rank_step_pairs,

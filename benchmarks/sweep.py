@@ -1,6 +1,6 @@
 """Sweep throughput: the vectorised grid against a plain Python loop over the same generated formulas.
 
-    python benchmarks/sweep.py
+    python benchmarks/sweep.py [--smoke]
 
 The goal: >= 1e6 grid points per second. Both paths evaluate the fwd+bwd step comm ratio with
 the link each N implies; the loop calls the same numeric functions one point at a time on a slice
@@ -9,9 +9,12 @@ of the grid, and the two results are compared before the ratio is printed.
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 from timing import median_seconds
 
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.symbolic import numeric
@@ -45,16 +48,21 @@ def loop(seqs: np.ndarray, ns: np.ndarray, profile) -> np.ndarray:  # noqa: ANN0
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a small grid, one timing: the suite runs it")
+    smoke = parser.parse_args(argv).smoke
     profile = load_profile("a100-nvlink")
-    seqs = np.arange(1, 1001) * 1024 * 8  # 1,000 sequence lengths
-    ns = np.arange(1, 1025)  # 1,024 CP degrees: 1,024,000 points
-    vectorised = median_seconds(lambda: sweep(SHAPE, seqs, ns, profile), 5)
-    grid = sweep(SHAPE, seqs, ns, profile)
-    part_s, part_n = seqs[:40], ns[:256]  # 10,240 points for the loop
-    looped = median_seconds(lambda: loop(part_s, part_n, profile), 3)
-    valid = ~np.isnan(grid.ratio[:40, :256])
-    assert np.allclose(grid.ratio[:40, :256][valid], loop(part_s, part_n, profile)[valid], rtol=1e-12)
+    machine = Machine(profile)  # the sweep binds a profile to a dtype and an efficiency first
+    seqs = np.arange(1, 21 if smoke else 1001) * 1024 * 8  # 1,000 sequence lengths
+    ns = np.arange(1, 65 if smoke else 1025)  # 1,024 CP degrees: 1,024,000 points
+    vectorised = median_seconds(lambda: sweep(SHAPE, seqs, ns, machine), 1 if smoke else 5)
+    grid = sweep(SHAPE, seqs, ns, machine)
+    part_s, part_n = seqs[: 4 if smoke else 40], ns[: 16 if smoke else 256]  # 10,240 points for the loop
+    looped = median_seconds(lambda: loop(part_s, part_n, profile), 1 if smoke else 3)
+    ours = grid.ratio[: part_s.size, : part_n.size]
+    valid = ~np.isnan(ours)
+    assert valid.any() and np.allclose(ours[valid], loop(part_s, part_n, profile)[valid], rtol=1e-12)
     fast = seqs.size * ns.size / vectorised
     slow = part_s.size * part_n.size / looped
     print(

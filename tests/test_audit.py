@@ -532,3 +532,49 @@ def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str) -> None:
 def test_seq_flag_takes_a_length_as_every_length_flag() -> None:
     audit = audit_json(DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-nvlink", "--seq", "16k")["audit"]
     assert audit["config"]["seq"] == 16384
+
+
+# --- CI gates ------------------------------------------------------------------------------------------
+
+
+def test_audit_json_carries_its_schema_at_the_top() -> None:
+    document = audit_json(DATA / "titan_cp2_16k.log")
+    assert document["schema"] == "cp-plan/audit/v1" == document["audit"]["schema"]
+
+
+def test_fail_on_critical_exits_1_on_the_over_peak_run() -> None:
+    over = str(DATA / "titan_cp4_over_peak.log")
+    assert cli("audit", over)[0] == 0  # findings are reported, the exit is asked for
+    code, out, err = cli("audit", over, "--fail-on", "critical")
+    assert code == 1 and "critical" in out and err == ""
+    assert cli("audit", over, "--fail-on", "critical", "--format", "json")[0] == 1
+
+
+def test_fail_on_warning_also_fails_a_warning_and_critical_passes_it() -> None:
+    log = str(DATA / "titan_cp2_16k.log")
+    severities = {f["severity"] for f in audit_json(log)["audit"]["findings"]}
+    assert "critical" not in severities
+    assert cli("audit", log, "--fail-on", "critical")[0] == 0
+    assert cli("audit", log, "--fail-on", "warning")[0] == (1 if "warning" in severities else 0)
+
+
+def test_fail_on_refuses_another_severity() -> None:
+    code, _, err = cli("audit", str(DATA / "titan_cp2_16k.log"), "--fail-on", "info")
+    assert code == 2 and "--fail-on" in err
+
+
+def test_measured_memory_beyond_the_devices_hbm_is_critical(tmp_path) -> None:
+    """A 108 GiB peak on an 80 GB H100 cannot be one device's memory."""
+    text = (
+        (DATA / "titan_cp2_16k.log")
+        .read_text(encoding="utf-8")
+        .replace("59.53GiB(75.17%)", "108.00GiB(136.4%)")
+    )
+    log = tmp_path / "titan_cp2_16k.log"
+    log.write_text(text, encoding="utf-8")
+    (tmp_path / "titan_cp2_16k.toml").write_text((DATA / "titan_cp2_16k.toml").read_text(encoding="utf-8"))
+    findings = audit_json(str(log))["audit"]["findings"]
+    memory = [f for f in findings if f["kind"] == "memory" and f["severity"] == "critical"]
+    assert len(memory) == 1
+    assert "116.0 GB exceeds the device's 80.0 GB of HBM" in memory[0]["message"]
+    assert cli("audit", str(log), "--fail-on", "critical")[0] == 1

@@ -340,3 +340,57 @@ def test_calls_of_fewer_queries_than_keys_run_at_their_measured_rate() -> None:
     assert cal.call_rate(flops, 2, 128, 128) == pytest.approx(square.rate(flops), rel=1e-12)
     between = cal.call_rate(flops, 2, 128, 256)  # 2 keys per query: half way in log(aspect)
     assert between == pytest.approx(square.rate(flops) / 1.25, rel=1e-9)
+
+
+@pytest.mark.parametrize("uncertain", [True, False])
+def test_validate_table_keeps_every_digit_at_80_columns_in_the_widest_rows(uncertain: bool) -> None:
+    """The widest cells validate prints (ring striped, 12 documents, 100,000 tokens per rank, L/L* in the
+    thousands, errors past 1000 %): nothing cut to '…' at 80 columns, every digit there."""
+    import io
+
+    from rich.console import Console
+
+    from costmodel.cli.render import render_validation
+
+    rows = [
+        {
+            "variant": variant,
+            "layout": layout,
+            "causal": True,
+            "documents": 12,
+            "held_out": held_out,
+            "tokens_per_rank": tokens,
+            "shard_over_critical": tokens / 16.4,
+            "pass": "fwd+bwd",
+            "measured_s": 0.0001234,
+            "predicted_s": 0.0001313,
+            "error": error,
+            "datasheet_s": 0.001,
+            "datasheet_error": 12.3,
+            **({"uncertainty": 1.23} if uncertain else {}),
+        }
+        for variant, layout in (("ring", "striped"), ("ring", "contiguous"), ("ulysses", "contiguous"))
+        for tokens in (131072, 100000)
+        for error in (-0.999, 12.345)
+        for held_out in (True, False)
+    ]
+    report = {
+        "hw": "my-calibrated-cluster-h100",
+        "nproc": 8,
+        "critical_shard_tokens": 164.0,
+        "rows": rows,
+        "passed": True,
+        "median_abs_error": 0.05,
+        "max_median_error": 0.1,
+        "max_abs_error": 0.2,
+        "datasheet_median_abs_error": 0.8,
+        "datasheet_over_calibrated": 14.6,
+    }
+    buffer = io.StringIO()
+    render_validation(report, Console(file=buffer, width=80, highlight=False))
+    lines = buffer.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines) and not any("…" in line for line in lines)
+    body = " ".join(line for line in lines if line.startswith(("ring", "Ulysses")))
+    for cell in ("100,000", "128k", "6,098", "7,992", "+1234%", "-99.9%", "123 µs", "131 µs", "causal 12d"):
+        assert cell in body
+    assert ("123%" in body) == uncertain and ("+1230%" in body) != uncertain

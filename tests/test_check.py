@@ -182,6 +182,8 @@ def test_recommend_cli_table(cli) -> None:
         "64",
         "--recompute",
         "full",
+        "--cp-ranks-per-node",
+        "1",  # every CP rank on its own node: the ring crosses IB at any N
     ).out
     assert "no CP degree works" in out and "Communication fails" in out and "fix" in out
 
@@ -204,3 +206,16 @@ def test_recommend_bad_input(cli, args: list[str], expected: str) -> None:
 def test_check_json_is_machine_readable(cli) -> None:
     data = json.loads(cli("check", str(PLANS[0]), "-f", "json").out)
     assert data["schema"] == "cp-plan/check/v1" and isinstance(data["results"][0]["line"], int)
+
+
+def test_junit_of_an_invalid_plan_is_a_parseable_report_not_an_empty_file(cli, tmp_path) -> None:
+    """`check bad.yaml --format junit > x.xml`: the shell makes x.xml before cp-plan runs, so the error is
+    written into it as an erroring case (exit 2, the line on stderr), never left 0 bytes."""
+    path = write(tmp_path, "name: x\nbogus: 1\n")
+    result = cli("check", path, "-f", "junit")
+    assert result.code == 2 and "bogus: unknown key" in result.err
+    root = ET.fromstring(result.out)
+    assert root.get("errors") == root.get("tests") and int(root.get("tests")) >= 1
+    errors = root.findall(".//testcase/error")
+    assert errors[0].get("message") == "bogus: unknown key"
+    assert root.find(".//testcase").get("line") == "2"

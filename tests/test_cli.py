@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from costmodel.plans.schema import SCHEMA
+from tests.support import REPO
 
 WORKED = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink"]
 
@@ -41,9 +42,11 @@ def test_worked_example_table_on_one_screen(cli) -> None:
         "939.5 MB",
         "587.2 MB",
         "8.590 GB",
-        "56.4 ms",
+        "56.4 ms",  # the balanced step at peak, the verdict's denominator (in the caption)
         "447 µs",
-        "451 ms",
+        "76.5 ms",  # the step, layer and backward step at the kernel tables' rates, as the layer time
+        "612 ms",
+        "220 ms",
         "3.13 ms",
         "3.58 ms",
         "0.793 %",
@@ -62,6 +65,23 @@ def test_worked_example_table_on_one_screen(cli) -> None:
     assert "dominat" not in out.lower()  # red means not negligible, never "communication dominates"
     assert "utilisation" not in out  # the causal line is for causal plans only
     assert len(out.splitlines()) <= 50
+
+
+def test_ring_compute_column_reads_the_layer_times_rates_and_peak_only_when_asked(cli) -> None:
+    """The compute column and the predicted layer time read the same rates: the kernel tables by default
+    (layer 612 ms = the layer time, transfers hidden), peak x --efficiency when asked (the article's
+    451 ms); the verdict's ratio stays receive over the balanced compute at peak either way."""
+    import re
+
+    for extra, layer in (([], "612 ms"), (["--efficiency", "1"], "451 ms")):
+        out = cli(*WORKED, *extra).out
+        row = next(line for line in out.splitlines() if line.startswith("layer "))
+        assert row.split()[3:5] == layer.split() and "0.694 %" in row
+        assert re.search(rf"transfers\s+overlapped: {layer}", out)
+        assert "0.793 %" in out
+    data = cli(*WORKED, "-f", "json").json()["ring"]
+    assert data["layer_compute_kernel_s"] == pytest.approx(data["layer_time_s"], rel=1e-9)
+    assert data["layer_compute_s"] == pytest.approx(0.451, abs=5e-4)
 
 
 def test_json_contract(cli) -> None:
@@ -263,3 +283,144 @@ def test_numeric_path_imports_neither_sympy_nor_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "command"),
+    [
+        (["--seq", "8k", "--hw", "h100-ib", "step", "--model", "llama3-8b", "--gpus", "8"], "--seq", "step"),
+        (["--hw", "h100-ib", "recommend", "--seq", "8k"], "--hw", "recommend"),
+        (["--format", "json", "hw", "list"], "--format", "hw"),
+        (["--causal", "check", "plan.yaml"], "--causal", "check"),
+    ],
+)
+def test_root_options_before_a_subcommand_are_an_error_naming_the_flag(cli, args, flag, command) -> None:
+    """A root option given before a subcommand is never silently dropped: one line naming it, exit 2."""
+    result = cli(*args)
+    assert result.code == 2 and result.out == ""
+    assert result.err.startswith(f"cp-plan: error: {flag}: given before the subcommand {command!r}")
+    assert result.err.count("\n") == 1
+
+
+def test_root_options_still_apply_without_a_subcommand(cli) -> None:
+    assert cli("--seq", "8k", "--n", "2", "-f", "json").json()["inputs"]["seq"] == 8192
+    assert cli("--version").code == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--seq", "256k", "--n", "8", "--hw", "a100-nvlink"],
+        ["--seq", "128k", "--n", "8", "--hw", "h100-ib", "--causal", "--pass", "fwd+bwd", "--explain"],
+        ["step", "--model", "llama3-8b", "--seq", "8k", "--gpus", "8", "--global-batch", "8"],
+        ["recommend", "--model", "llama3-8b", "--seq", "128k", "--hw", "h100-ib", "--gpus", "64"],
+        ["infer", "--model", "llama3-70b", "--hw", "h100-nvlink", "--tp", "8", "--prompt", "128k"],
+        ["hw", "list"],
+        ["sweep", "--hw", "h100-ib"],
+    ],
+    ids=lambda args: " ".join(args[:1]),
+)
+def test_piped_output_has_no_trailing_spaces(cli, args) -> None:
+    """Redirected to a file or a pipe, no line ends in the spaces rich pads tables to the width with."""
+    result = cli(*args)
+    assert result.code == 0, result.err
+    padded = [line for line in result.out.splitlines() if line != line.rstrip(" ")]
+    assert len(result.out.splitlines()) > 5 and padded == []
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, keeping what was written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_counts_seconds_on_a_terminal_and_stays_quiet_in_a_pipe(capsys) -> None:
+    import io
+    import time
+
+    from costmodel.cli.options import working
+
+    terminal = _Terminal()
+    with working("validate: timing 24 cases on 2 ranks", terminal):
+        time.sleep(1.3)
+    assert terminal.text.startswith("cp-plan: validate: timing 24 cases on 2 ranks...")
+    assert "\rcp-plan: validate: timing 24 cases on 2 ranks... 1 s" in terminal.text
+    assert terminal.text.endswith(" s\n")
+    pipe = io.StringIO()
+    with working("validate", pipe):
+        time.sleep(0.01)
+    assert pipe.getvalue() == ""
+
+
+def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> None:
+    """The two commands that wait on other processes for many seconds say what they wait for."""
+    import contextlib
+
+    pytest.importorskip("torch")
+    from costmodel.cli import options
+    from costmodel.kernel import selftest
+
+    seen = []
+
+    @contextlib.contextmanager
+    def recording(what, stream=None):  # noqa: ANN001, ANN202
+        seen.append(what)
+        yield
+
+    class Result:
+        passed = True
+
+        def to_json(self) -> dict:
+            return {"passed": True}
+
+    monkeypatch.setattr(options, "working", recording)
+    monkeypatch.setattr(selftest, "run_selftest", lambda config, nproc, timeout_s: Result())
+    assert cli("kernel", "selftest", "--nproc", "2", "--format", "json").code == 0
+    assert seen == [f"selftest of {len(selftest.VARIANTS)} variants on 2 ranks"]
+
+    from costmodel.kernel import launch
+
+    def failing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise launch.LaunchError("no ranks here")
+
+    monkeypatch.setattr(launch, "launch", failing)
+    profile = next((REPO / "tests" / "data" / "calibrated").glob("*.yaml"))
+    result = cli("validate", "--hw", str(profile), "--nproc", "2")
+    assert result.code == 1 and "no ranks here" in result.err
+    assert seen[1].startswith("validate: timing ") and seen[1].endswith(" cases on 2 ranks")
+
+
+@pytest.mark.parametrize(
+    ("args", "schema"),
+    [
+        (["--seq", "8k"], "cp-plan/report/v1"),
+        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v2"),
+        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v2"),
+        (["sweep"], "cp-plan/sweep/v1"),
+        (["hw", "list"], "cp-plan/hw-list/v1"),
+        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v1"),
+        (
+            ["step", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k", "--global-batch", "8"],
+            "cp-plan/step/v2",
+        ),
+        (["check", "configs/plans/fail-llama3-8b-128k-h100-ib.yaml"], "cp-plan/check/v1"),
+        (["audit", "tests/data/audit/titan_cp2_16k.log"], "cp-plan/audit/v1"),
+    ],
+    ids=lambda value: value[0] if isinstance(value, list) else None,
+)
+def test_every_json_output_names_its_schema(cli, monkeypatch, args, schema) -> None:
+    monkeypatch.chdir(REPO)
+    result = cli(*args, "--format", "json")
+    assert result.code in (0, 1), result.err
+    assert result.json()["schema"] == schema

@@ -212,12 +212,32 @@ def python_blocks(md: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
+def run_checking_comments(block: str, where: str) -> int:
+    """Run a docs example statement by statement; an expression line whose comment is one word (no
+    spaces: ``f.intensity_step.expr  # 2*S*c*h/(N*n_kv*p)``) must print as that word. Returns the
+    number of lines so checked."""
+    import ast
+
+    lines, scope, checked = block.splitlines(), {}, 0
+    for node in ast.parse(block).body:
+        code = compile(ast.Module([node], []), where, "exec")
+        comment = lines[node.end_lineno - 1].partition("  # ")[2].strip()
+        if isinstance(node, ast.Expr) and comment and " " not in comment:
+            value = eval(compile(ast.Expression(node.value), where, "eval"), scope)  # noqa: S307
+            assert str(value) == comment, (
+                f"{where}: {ast.unparse(node)} gives {value}, the docs say {comment}"
+            )
+            checked += 1
+        else:
+            exec(code, scope)  # noqa: S102 - our own docs' examples
+    return checked
+
+
 @pytest.mark.parametrize("name", ["index.md", "formulas.md"])
 def test_python_examples_in_the_docs_run(name: str) -> None:
     blocks = python_blocks(DOCS / name)
     assert blocks
-    for block in blocks:
-        exec(compile(block, f"docs/{name}", "exec"), {})  # noqa: S102 - our own docs' examples
+    assert sum(run_checking_comments(block, f"docs/{name}") for block in blocks) >= 1
 
 
 def test_quickstart_notebook_runs_with_a_real_kernel() -> None:

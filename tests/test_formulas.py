@@ -39,6 +39,44 @@ def test_notebook_use_print_substitute_differentiate_latex() -> None:
     assert "I_{step}" in i_step.latex
 
 
+def test_symbols_are_reachable_by_name() -> None:
+    """``subs`` takes base symbols by their names in code; a string given to sympy's own subs is not the
+    symbol (it would leave alpha in), so the documented call is ``subs(alpha=0)``."""
+    l_star = formulas.critical_shard_tokens
+    assert l_star.subs(alpha=0) == F * n_kv * p / (2 * B * c * h)
+    assert alpha in l_star.expr.free_symbols and alpha not in l_star.subs(alpha=0).free_symbols
+    assert l_star.subs(alpha=0, c=sympy.Rational(1, 2)) == F * n_kv * p / (B * h)
+    with pytest.raises(TypeError, match="no symbol named beta_x"):
+        l_star.subs(beta_x=1)
+
+
+def test_module_docstring_examples_run() -> None:
+    import doctest
+
+    failures, tried = doctest.testmod(formulas, verbose=False)
+    assert tried >= 3 and failures == 0
+
+
+def test_notebook_import_takes_about_a_second_and_reads_the_cache() -> None:
+    """Importing the formulas builds nothing: every simplified form comes from the generated cache. CPU
+    time of the child (not wall clock, which a loaded machine stretches), sympy's own import included."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import resource\n"
+        "from costmodel.symbolic import formulas as f\n"
+        "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "print(u.ru_utime + u.ru_stime)\n"
+        "[x.expr for x in f.FORMULAS.values()]\n"
+        "print(len(f.COMPUTED))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    import_cpu_s, computed = out.split()
+    assert float(import_cpu_s) < 1.5
+    assert int(computed) == 0, "the cache is stale: run python -m costmodel.codegen"
+
+
 def test_seed_short_forms_at_bf16() -> None:
     """With p = 2 the article's forms reappear: I = (h/n_kv)·S/(N-1), I_step = (h/n_kv)·S/N."""
     bf16 = {p: 2, c: 1}

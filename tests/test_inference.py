@@ -334,3 +334,24 @@ def test_cp_over_the_cache_beats_tp_only_where_the_cache_needs_it() -> None:
     assert (tp.tp, tp.cp) == (8, 1) and cp.limited_by == tp.limited_by == "memory"
     assert tp.max_batch > cp.max_batch > 8 and tp.tpot_at_max_batch_s <= 0.03
     assert tp.tokens_per_s > cp.tokens_per_s and short.cp_beats_tp is False
+
+
+@pytest.mark.parametrize(("weights", "tp"), [("bf16", 8), ("bf16", 2), ("fp8", 8)])
+def test_the_output_layer_reads_its_weights(weights: str, tp: int) -> None:
+    """The first token's logits read the whole vocab-parallel output matrix from HBM: Llama 3 70B's
+    128,256 x 8,192 at 3.35 TB/s is 78.4 µs in bf16 over TP 8 (its FLOP alone took 1.3 µs)."""
+    report = evaluate_infer(*build_infer(model="llama3-70b", hw="h100-nvlink", tp=tp, prompt=131072,
+                                         weights=weights))  # fmt: skip
+    head = report.inference.prefill.breakdown["output layer"]
+    per_weight = {"bf16": 2, "fp8": 1}[weights]
+    assert head == pytest.approx(128_256 * 8_192 * per_weight / (tp * 3.35e12), rel=1e-6)
+
+
+def test_infer_strict_exits_1_when_the_request_does_not_fit(cli) -> None:
+    """405B with a 1M prompt on one node of H100s needs 222 GB more than the 72 GB usable per device."""
+    args = ("infer", "--model", "llama3-405b", "--hw", "h100-nvlink", "--tp", "8", "--prompt", "1M")
+    data = cli(*args, "-f", "json").json()["inference"]["memory"]
+    assert data["fits"] is False and data["shortfall_bytes"] == pytest.approx(2.2227e11, rel=1e-4)
+    assert cli(*args).code == 0 and "DOES NOT FIT" in cli(*args).out
+    assert cli(*args, "--strict").code == 1
+    assert cli("infer", "--model", "llama3-8b", "--hw", "h100-nvlink", "--prompt", "8k", "--strict").code == 0

@@ -20,3 +20,20 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "pytest" in install_and_test
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert install_and_test in ci.splitlines()
+
+
+def test_readme_says_how_long_the_suite_takes_and_gives_the_fast_subset() -> None:
+    """The fast subset it names selects by a marker the suite declares, and leaves tests out."""
+    import tomllib
+
+    assert re.search(r"whole suite .* takes about \d+ minutes", README, flags=re.S)
+    fast = re.search(r'`(python -m pytest -m "not slow")`', README)
+    assert fast is not None
+    markers = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"][
+        "ini_options"
+    ]["markers"]
+    assert any(marker.startswith("slow:") for marker in markers)
+    slow = sum(
+        "pytest.mark.slow" in path.read_text(encoding="utf-8") for path in (REPO / "tests").rglob("test_*.py")
+    )
+    assert slow >= 5  # the marker is in use

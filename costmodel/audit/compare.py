@@ -127,14 +127,20 @@ def _memory_fit(built: dict[str, Any]) -> dict[str, float]:
     model = load_model(inputs.model)
     attention = inputs.model_copy(update={"batch": step.micro_batch})
     fit = fit_at(Evaluator(training_values(attention, model, setup, built["machine"], inputs.n)))
-    return {"total_bytes": fit.total_bytes, "device_memory_bytes": fit.device_memory_bytes, "fits": fit.fits}
+    return {
+        "total_bytes": fit.total_bytes,
+        "device_memory_bytes": fit.device_memory_bytes,
+        "hbm_bytes": built["machine"].profile.device.hbm_bytes,
+        "fits": fit.fits,
+    }
 
 
 def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -> dict[str, Any]:
     """The log's steady intervals as step time, TFLOP/s per GPU and MFU: the framework's and ours."""
     step = predicted["step"]
     tokens = step["tokens_per_s"] * step["time_s"]
-    flops = step["model_tflops_per_gpu"] * 1e12 * gpus * step["time_s"]
+    # Megatron-LM and torchtitan log TFLOP/s and MFU over the full S x S square: compare in their convention.
+    flops = step["model_tflops_per_gpu_full_square"] * 1e12 * gpus * step["time_s"]
     steady = log.steady()
     times = []
     for interval in steady:
@@ -224,7 +230,7 @@ def findings(
             "critical" if ratio > 2 else "warning",
             "below-prediction",
             f"steps take {ratio:.2f}x the predicted {step['time_s'] * 1e3:.4g} ms "
-            f"({measured['model_tflops_per_gpu']:.0f} vs {step['model_tflops_per_gpu']:.0f} model TFLOP/s per "
+            f"({measured['model_tflops_per_gpu']:.0f} vs {step['model_tflops_per_gpu_full_square']:.0f} model TFLOP/s per "
             f"GPU); most likely: {attribution['explanation']}",
         )
     elif ratio < 1 - FAR_BELOW and not any(f["kind"] == "over-peak" for f in out):
@@ -236,6 +242,14 @@ def findings(
         )
     if measured["memory_bytes"] is not None:
         used, planned, hbm = measured["memory_bytes"], memory["total_bytes"], memory["device_memory_bytes"]
+        device = memory.get("hbm_bytes")
+        if device and used > device:
+            add(
+                "critical",
+                "memory",
+                f"peak memory {used / 1e9:.1f} GB exceeds the device's {device / 1e9:.1f} GB of HBM: the log's "
+                "figure is not one device's, or the profile is not the device that ran",
+            )
         if used > planned * MEMORY_MARGIN:
             add(
                 "warning",
@@ -318,8 +332,8 @@ def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
         "measured": measured,
         "predicted": {
             "step_time_s": step["time_s"],
-            "tflops_per_gpu": step["model_tflops_per_gpu"],
-            "mfu": step["mfu"],
+            "tflops_per_gpu": step["model_tflops_per_gpu_full_square"],
+            "mfu": step["mfu_full_square"],
             "tokens_per_s_per_gpu": step["tokens_per_s_per_gpu"],
             "memory_bytes": memory["total_bytes"],
             "breakdown": step["breakdown"],

@@ -69,6 +69,7 @@ def report(
     Example: cp-plan --seq 262144 --n 8 --hw a100-nvlink
     """
     if ctx.invoked_subcommand is not None:
+        _refuse_root_options(ctx)
         return
     from costmodel.cli import render
     from costmodel.plans.evaluate import evaluate
@@ -99,13 +100,31 @@ def report(
             drawing.render(inputs, machine, screen)
 
 
+def _refuse_root_options(ctx: typer.Context) -> None:
+    """The root options feed the single-layer report only; one given before a subcommand would be
+    silently dropped (``cp-plan --seq 8k step ...`` planning the default S), so it is an error."""
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            flag = max(param.opts, key=len)
+            raise InputError(
+                flag,
+                f"given before the subcommand {ctx.invoked_subcommand!r}, where it would not apply; "
+                f"root options belong to the single-layer report: give it after the subcommand "
+                f"(cp-plan {ctx.invoked_subcommand} {flag} ...) if that command takes it",
+            )
+
+
 @hw_app.command("list")
 def hw_list(format: FormatOpt = Format.table) -> None:
     """List the built-in hardware profiles, grouped by vendor and generation, with each fast-domain size."""
     profiles = [load_profile(name) for name in builtin_names()]
     profiles.sort(key=lambda p: (p.device.vendor or "~", p.device.generation or "", p.name))
     if format in (Format.json, Format.yaml):
-        listing = {"profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles]}
+        listing = {
+            "schema": "cp-plan/hw-list/v1",
+            "profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles],
+        }
         if format is Format.json:
             import json
 

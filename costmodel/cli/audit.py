@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -35,6 +36,13 @@ def _tokens(text: str) -> int:
         return parse_tokens(text, "--seq")
     except InputError as exc:
         raise typer.BadParameter(exc.message) from None
+
+
+class FailOn(str, Enum):
+    """The least severe finding that fails ``audit --fail-on``."""
+
+    critical = "critical"
+    warning = "warning"
 
 
 def audit_cmd(
@@ -97,6 +105,15 @@ def audit_cmd(
         ),
     ] = None,
     format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    fail_on: Annotated[
+        Optional[FailOn],
+        typer.Option(
+            "--fail-on",
+            help="Exit 1 when any log has a finding this severe or worse (critical; warning: warning or "
+            "critical), for CI. [default: exit 0 whatever the findings]",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Compare training logs with the step model: measured vs predicted step time, TFLOP/s per GPU and MFU,
     where the difference most likely sits, and findings (over peak, far below the plan, memory, CP exposed).
@@ -151,7 +168,10 @@ def audit_cmd(
         if not runs:
             raise InputError("--fit-profile", "every log has a critical finding; none can be fitted to")
         fit = _fit(runs, fit_profile) | {"left_out_runs": left_out}
-    document: dict[str, Any] = {"audit": results[0]} if len(results) == 1 else {"audits": results}
+    from costmodel.audit.compare import SCHEMA
+
+    document: dict[str, Any] = {"schema": SCHEMA}
+    document |= {"audit": results[0]} if len(results) == 1 else {"audits": results}
     if len(results) > 1:
         document["audit"] = results[0]
     if fit is not None:
@@ -169,6 +189,9 @@ def audit_cmd(
             _summary(results)
         if fit is not None:
             _fit_table(fit)
+    failing = {"critical"} if fail_on is FailOn.critical else {"critical", "warning"} if fail_on else set()
+    if any(f["severity"] in failing for result in results for f in result["findings"]):
+        raise typer.Exit(1)
 
 
 def _runs(

@@ -553,7 +553,7 @@ def _schemes(report: Report) -> str:
             "<h3>Ring, one device</h3>",
             ring,
             f'<p class="caption">step receive {_field("ring.step_comm_s", r.step_comm_s, seconds(r.step_comm_s))} · '
-            f"step compute {_field('ring.step_compute_s', r.step_compute_s, seconds(r.step_compute_s))} · "
+            f"balanced step compute {_field('ring.step_compute_s', r.step_compute_s, seconds(r.step_compute_s))} · "
             f"{escape(render.time_caption(report))}</p>",
             "</section>",
         ]

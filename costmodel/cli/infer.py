@@ -29,6 +29,9 @@ def infer_cmd(
     setup: InferenceSetup,
     machine_overrides: MachineOverrides,
     format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 1 when the request does not fit the device's memory.")
+    ] = False,
 ) -> None:
     """Plan long-context inference: KV cache and memory per device, the prefill's CP scheme (pass-KV,
     pass-Q or all-gather) and time to first token, and the time per output token of decode.
@@ -46,6 +49,8 @@ def infer_cmd(
         sys.stdout.write(yaml.safe_dump(report, sort_keys=False))
     else:
         _table(report)
+    if strict and not report["inference"]["memory"]["fits"]:
+        raise typer.Exit(1)
 
 
 def _table(report: dict) -> None:

@@ -151,8 +151,11 @@ def selftest(
         rtol=rtol,
         device=device,
     )
+    from costmodel.cli.options import working
+
     try:
-        result = run_selftest(config, nproc, timeout_s=timeout)
+        with working(f"selftest of {len(config.variants)} variants on {nproc} ranks"):
+            result = run_selftest(config, nproc, timeout_s=timeout)
     except LaunchError as exc:
         typer.echo(f"cp-plan: error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -171,8 +174,9 @@ def _is_rank_zero() -> bool:
 
 
 def _print_table(result) -> None:  # a SelftestResult, imported lazily
-    from rich.console import Console
     from rich.table import Table
+
+    from costmodel.cli.options import console
 
     config = result.config
     atol, rtol = config.tolerance()
@@ -200,9 +204,9 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
                 f"{variant.tolerances[output]:.3e}",
                 "[green]pass[/]" if ok else "[red]FAIL[/]",
             )
-    console = Console()
-    console.print(table)
-    console.print("[green]passed[/]" if result.passed else "[red]failed[/]")
+    screen = console()
+    screen.print(table)
+    screen.print("[green]passed[/]" if result.passed else "[red]failed[/]")
 
 
 def _dtype_shape(
@@ -500,14 +504,17 @@ def validate(
     }
     l_star = critical_tokens(profile, world)
     cases, served = grid(l_star, fitted_tokens=cal.layer_tokens), inference_grid(l_star)
+    from costmodel.cli.options import working
+
     try:  # one launch, so the training layers and the inference runs are timed in the same rounds
-        results = launch(
-            measure_cases,
-            nproc,
-            args=(cases + served, shape, repeats, 1, cal.quantile, cal.sentinel and cal.sentinel.tokens),
-            timeout_s=timeout,
-            device=BACKENDS[backend],
-        )
+        with working(f"validate: timing {len(cases) + len(served)} cases on {world} ranks"):
+            results = launch(
+                measure_cases,
+                nproc,
+                args=(cases + served, shape, repeats, 1, cal.quantile, cal.sentinel and cal.sentinel.tokens),
+                timeout_s=timeout,
+                device=BACKENDS[backend],
+            )
     except LaunchError as exc:
         typer.echo(f"cp-plan: error: validation failed: {exc}", err=True)
         raise typer.Exit(1) from None

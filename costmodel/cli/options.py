@@ -7,10 +7,11 @@ model's field. Nothing here restates a flag.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
@@ -27,10 +28,75 @@ if TYPE_CHECKING:
 
 
 def console() -> Console:
-    """rich is imported only when a screen is drawn."""
+    """rich is imported only when a screen is drawn. Piped or redirected, rich pads table and grid rows
+    to the width with spaces: the lines go out trimmed, as a file or a diff wants them."""
+    import sys
+
     from rich.console import Console
 
-    return Console(highlight=False)
+    out = sys.stdout
+    return Console(highlight=False, file=None if out.isatty() else _Trimmed(out))
+
+
+@contextlib.contextmanager
+def working(what: str, stream: Any = None) -> Iterator[None]:
+    """Progress of a command that runs for many seconds while its ranks work in other processes: on a
+    terminal, ``cp-plan: {what}... 12 s`` on stderr, counting every second, then how long it took;
+    nothing when stderr is a pipe or a file (a CI log keeps only the result)."""
+    import os
+    import sys
+    import threading
+    import time
+
+    out = stream or sys.stderr
+    if not out.isatty() or os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks
+        yield
+        return
+    start, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(1.0):
+            out.write(f"\rcp-plan: {what}... {time.monotonic() - start:.0f} s")
+            out.flush()
+
+    out.write(f"cp-plan: {what}...")
+    out.flush()
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        out.write(f"\rcp-plan: {what}: {time.monotonic() - start:.1f} s\n")
+        out.flush()
+
+
+class _Trimmed:
+    """A text stream that drops the spaces ending each line it passes on (held until the line goes on)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out, self.held = out, ""
+
+    def write(self, text: str) -> int:
+        *lines, last = (self.held + text).split("\n")
+        kept = last.rstrip(" ")
+        self.held = last[len(kept) :]
+        self.out.write("".join(line.rstrip(" ") + "\n" for line in lines) + kept)
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.out.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.out, "encoding", None) or "utf-8"
 
 
 class Format(str, Enum):

@@ -35,6 +35,7 @@ from costmodel.plans.inputs import (
     PlanInputs,
     TrainingSetup,
     build,
+    job_machine,
     machine_for,
 )
 
@@ -122,7 +123,7 @@ def recommend_cmd(
     if format in (RecommendFormat.megatron, RecommendFormat.torchtitan):
         sys.stdout.write(export(found, format.value, inputs, setup))
         return
-    report = recommend(inputs, load_model(inputs.model), setup, machine_for(inputs, machine_overrides))
+    report = recommend(inputs, load_model(inputs.model), setup, job_machine(inputs, machine_overrides))
     if found["pick"] is not None:
         pick = found["pick"] | {"global_batch": found["global_batch"]}
         report = report.model_copy(
@@ -413,7 +414,15 @@ def check_cmd(
 
     Example: cp-plan check configs/plans/*.yaml --format github
     """
-    from costmodel.training.check import InvalidPlan, github, github_problems, junit, load_plans, run_checks
+    from costmodel.training.check import (
+        InvalidPlan,
+        github,
+        github_problems,
+        junit,
+        junit_problems,
+        load_plans,
+        run_checks,
+    )
 
     try:
         located = load_plans(plans)  # every file is valid before anything runs
@@ -421,6 +430,8 @@ def check_cmd(
     except InvalidPlan as exc:
         if format is CheckFormat.github:
             sys.stdout.write(github_problems(exc))
+        elif format is CheckFormat.junit:  # `> report.xml` made the file already: never leave it empty
+            sys.stdout.write(junit_problems(exc))
         raise
     if format is CheckFormat.json:
         data = {

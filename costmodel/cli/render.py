@@ -9,7 +9,7 @@ import json
 from typing import TYPE_CHECKING
 
 from costmodel.cli.options import house_table
-from costmodel.core.units import count, percent, seconds, si
+from costmodel.core.units import count, percent, seconds, si, tokens_label
 from costmodel.plans.bind import Evaluation
 from costmodel.plans.schema import Report
 from costmodel.symbolic import numeric
@@ -136,21 +136,21 @@ def time_rows(report: Report) -> list[list[str]]:
         [
             "step",
             si(c.step_flops, "FLOP"),
-            seconds(r.step_compute_s),
+            seconds(r.step_compute_kernel_s),
             seconds(r.step_comm_s),
             percent(r.comm_ratio_step),
         ],
         [
             "layer",
             si(c.device_flops_per_layer, "FLOP"),
-            seconds(r.layer_compute_s),
+            seconds(r.layer_compute_kernel_s),
             seconds(r.layer_comm_s),
             percent(r.comm_ratio_layer),
         ],
         [
             "bwd step",
             si(bwd.step_flops, "FLOP"),
-            seconds(bwd.step_compute_s),
+            seconds(bwd.step_compute_kernel_s),
             seconds(bwd.step_comm_s),
             percent(bwd.comm_ratio_step),
         ],
@@ -164,10 +164,15 @@ SCHEMES_CAPTION = (
 
 
 def time_caption(report: Report) -> str:
-    r = report.ring
+    r, h = report.ring, report.hardware
+    rate = "peak" if h.effective_flops == h.peak_flops else "effective"
+    e = report.inputs.efficiency
+    rates = "the profile's kernel rates" if e is None else f"{e:g} x peak (--efficiency)"
     return (
-        f"sending (own block included) {seconds(r.layer_send_s)} · predicted layer time, {report.inputs.layout} "
-        f"layout, transfers overlapped: {seconds(r.layer_time_s)}"
+        f"compute at {rates}, as the layer time; ratio (the verdict's): receive / compute "
+        f"balanced at {rate} FLOP/s ({seconds(r.step_compute_s)} a step) · sending (own block included) "
+        f"{seconds(r.layer_send_s)} · predicted layer time, {report.inputs.layout} layout, transfers "
+        f"overlapped: {seconds(r.layer_time_s)}"
     )
 
 
@@ -469,11 +474,21 @@ def _short(scope: str) -> str:
 NOISY_TIMINGS = 0.25  # validate's own IQR / median above which its errors are the machine's as much
 
 
+def _compact_ratio(value: float) -> str:
+    """Three significant digits, never an exponent (7,992 rather than 7.99e+03): 80 columns hold it."""
+    return f"{value:.3g}" if value < 1000 else f"{value:,.0f}"
+
+
+def _compact_error(value: float) -> str:
+    """A signed percentage, one decimal below ±1000 %, whole percents beyond (four digits either way)."""
+    return f"{value:+.1%}" if abs(value) < 10 else f"{value:+.0%}"
+
+
 def render_validation(report: dict, console: Console) -> None:
     """`cp-plan validate`'s table, kept inside 80 columns: one row per case and pass."""
 
     table = house_table(
-        padding=(0, 0, 0, 1),
+        padding=(0, 0, 0, 0),  # the column divider is the one space: 80 columns hold every digit
         title=f"{report['hw']}: measured vs predicted, N = {report['nproc']}, "
         f"L* = {report['critical_shard_tokens']:,.0f} tokens",
     )
@@ -482,7 +497,9 @@ def render_validation(report: dict, console: Console) -> None:
     names = ("kernel", "mask", "L/rank", "L/L*", "pass", "measured", "model", "±", "error", "sheet")
     for name in tuple(n for n in names if n != ("sheet" if uncertain else "±")):
         table.add_column(
-            name, justify="left" if name in {"kernel", "mask", "pass"} else "right", no_wrap=True
+            f" {name}" if name in {"mask", "pass"} else name,  # two spaces before a text column
+            justify="left" if name in {"kernel", "mask", "pass"} else "right",
+            no_wrap=True,
         )
     short = {"contiguous": "contig", "striped": "striped", "zigzag": "zigzag"}
     rows = sorted(report["rows"], key=lambda r: not r.get("held_out", True))  # held out first
@@ -492,15 +509,15 @@ def render_validation(report: dict, console: Console) -> None:
         kernel = "Ulysses" if r["variant"] == "ulysses" else f"ring {short[r['layout']]}"
         cells = [
             kernel,
-            ("causal" if r["causal"] else "full")
+            (" causal" if r["causal"] else " full")
             + (f" {r['documents']}d" if r.get("documents", 1) > 1 else ""),
-            str(r["tokens_per_rank"]),
-            f"{r['shard_over_critical']:.3g}",
-            r["pass"],
+            tokens_label(r["tokens_per_rank"]),
+            _compact_ratio(r["shard_over_critical"]),
+            f" {r['pass']}",
             seconds(r["measured_s"]),
             seconds(r["predicted_s"]),
             *([f"{r['uncertainty']:.0%}"] if uncertain else []),
-            f"{r['error']:+.1%}",
+            _compact_error(r["error"]),
             *([] if uncertain else [f"{r['datasheet_error']:+.0%}"]),
         ]
         table.add_row(*cells)
@@ -578,7 +595,7 @@ def _render_inference_validation(report: dict, console: Console) -> None:
             seconds(r["measured_s"]),
             seconds(r["predicted_s"]),
             f"{r['uncertainty']:.0%}",
-            f"{r['error']:+.1%}",
+            _compact_error(r["error"]),
             f"{r['datasheet_error']:+.0%}",
         )
     console.print(table)

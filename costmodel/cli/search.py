@@ -168,8 +168,9 @@ def render_search(data: dict[str, Any]) -> None:
     out.print(table)
     out.print(
         "layout: TPxCPxPPxDP; mb: micro-batch; rc: recompute; PP 2v4: 2 stages of 4 virtual; zz zigzag, st striped, ct "
-        "contiguous; GiB: memory on the most loaded stage; xTP..xDP: ms of communication left exposed per "
-        "step (xPP with the pipeline bubble)",
+        "contiguous; MFU: attention counted over the mask's pairs (causal: half the S² square); GiB: memory on "
+        "the most loaded stage; xTP..xDP: ms of communication left exposed per step (xPP with the pipeline "
+        "bubble)",
         style="dim",
     )
     for i, plan in enumerate(data["plans"][1:], 2):

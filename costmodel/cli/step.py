@@ -32,6 +32,9 @@ def step_cmd(
     step: StepSetup,
     machine_overrides: MachineOverrides,
     format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="Exit 1 when the plan does not fit the device's memory.")
+    ] = False,
 ) -> None:
     """Predict one training step: time, tokens/s, model TFLOP/s per GPU, MFU, HFU and where the time goes.
 
@@ -48,12 +51,14 @@ def step_cmd(
         sys.stdout.write(yaml.safe_dump(result, sort_keys=False))
     else:
         _table(result)
+    if strict and not result["fits"]:
+        raise typer.Exit(1)
 
 
 def _table(result: dict) -> None:
 
     from costmodel.cli.render import topology_lines
-    from costmodel.core.units import seconds
+    from costmodel.core.units import seconds, si
 
     step, inputs = result["step"], result["inputs"]
     screen = console()
@@ -66,14 +71,22 @@ def _table(result: dict) -> None:
     for line in topology_lines(result["topology"]):
         screen.print(line)
     screen.print(f"kernel rates: {result['rates']['source']}")
+    memory = result["memory"]
+    screen.print(
+        f"memory per device (most loaded stage): states {si(memory['model_state_bytes'], 'B')} + activations "
+        f"{si(memory['activation_bytes'], 'B')} + ring buffers {si(memory['buffer_bytes'], 'B')} = "
+        f"{si(memory['bytes_per_device'], 'B')} of {si(memory['device_memory_bytes'], 'B')} usable: "
+        + ("fits" if result["fits"] else "DOES NOT FIT")
+    )
     screen.print(
         f"step {seconds(step['time_s'])}   {step['tokens_per_s']:,.0f} tokens/s "
         f"({step['tokens_per_s_per_gpu']:,.0f} per GPU)   {step['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU   "
-        f"MFU {step['mfu']:.1%} ({step['mfu_causal_attention']:.1%} counting causal attention)   "
-        f"HFU {step['hfu']:.1%}"
+        f"MFU {step['mfu']:.1%} (attention over the mask's pairs, c = {step['attention_fraction']:.4g}; "
+        f"full S² square: {step['mfu_full_square']:.1%})   HFU {step['hfu']:.1%}"
     )
     table = house_table(
-        caption="MFU: 6·P·tokens + 12·n_L·h·d·S·tokens model FLOP [PaLM]; HFU: what runs, recompute in",
+        caption="MFU: 6·P + 12·n_L·h·d·S·c model FLOP per token, c the share of the S² square the mask keeps "
+        "[PaLM]; HFU: what runs, recompute in",
     )
     for column in ("component", "time", "share"):
         table.add_column(column, justify="left" if column == "component" else "right")

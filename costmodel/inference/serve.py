@@ -282,8 +282,12 @@ def prefill(
             breakdown["pipeline sends"] = breakdown.get("pipeline sends", 0.0) + send
     if setup.pp > 1:  # chunks flow through the stages: each further stage adds the slowest chunk once
         breakdown["pipeline fill"] = (setup.pp - 1) * max(stages)
-    # The first token's logits: one token per sequence through the output layer.
-    breakdown["output layer"] = _call("head_flops", {**values, "S": 1, "N": 1}) / rates["gemm"]
+    # The first token's logits: one token per sequence through the output layer, which reads all its
+    # weights (the HBM floor; at one token the FLOP alone take microseconds).
+    head = {**values, "S": 1, "N": 1}
+    breakdown["output layer"] = max(
+        _call("head_flops", head) / rates["gemm"], _call("output_weight_read_s", head)
+    )
     return sum(breakdown.values()), breakdown, rates
 
 

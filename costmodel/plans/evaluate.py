@@ -28,7 +28,7 @@ from costmodel.plans.schema import (
     Verdict,
 )
 from costmodel.plans.schemes import SchemeResult, compare
-from costmodel.plans.timing import predict
+from costmodel.plans.timing import Prediction, predict
 from costmodel.plans.verdict import AMBER, GREEN, band
 from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 from costmodel.schedule.simulator import simulate, simulation_tile
@@ -77,7 +77,8 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         topology=topology.describe(profile),
     )
     schemes = compare(inputs, machine)
-    ring = _ring(ev, inputs, machine, schemes[0])
+    kernel = predict(inputs, machine, backward=True)  # compute at the rates the layer time reads
+    ring = _ring(ev, inputs, machine, schemes[0], kernel)
     return Report(
         inputs=inputs,
         hardware=hardware,
@@ -87,7 +88,7 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         ulysses=_ulysses(schemes[-1] if inputs.n > 1 else None, machine, inputs.n),
         usp=[_usp(ev, s, machine) for s in schemes],
         schemes=[_scheme(s) for s in schemes],
-        backward=_backward(ev),
+        backward=_backward(ev, (kernel.compute_s - kernel.forward_compute_s) / inputs.n),
         verdict=_verdict(ev, inputs),
         tp=TP(
             bytes_per_layer=ev("tp_bytes_per_layer"),
@@ -100,7 +101,9 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
     )
 
 
-def _ring(ev: Evaluator, inputs: PlanInputs, machine: Machine, ring: SchemeResult) -> Ring:
+def _ring(
+    ev: Evaluator, inputs: PlanInputs, machine: Machine, ring: SchemeResult, kernel: Prediction
+) -> Ring:
     ratio = float(ev("comm_ratio_step"))
     verdict = band(ratio)
     bounds = {}
@@ -132,11 +135,13 @@ def _ring(ev: Evaluator, inputs: PlanInputs, machine: Machine, ring: SchemeResul
         n_max_green=_largest_n_in_band(ev, machine, GREEN.upper, strict=True, seq=inputs.seq),
         n_max_amber=_largest_n_in_band(ev, machine, AMBER.upper, strict=False, seq=inputs.seq),
         critical_shard_tokens=ev("critical_shard_tokens"),
-        layer_time_s=predict(inputs, machine).forward_s,
+        layer_time_s=kernel.forward_s,
+        layer_compute_kernel_s=kernel.forward_compute_s,
+        step_compute_kernel_s=kernel.forward_compute_s / inputs.n,
     )
 
 
-def _backward(ev: Evaluator) -> Backward:
+def _backward(ev: Evaluator, step_compute_kernel_s: float) -> Backward:
     ratio = float(ev("bwd_comm_ratio_step"))
     return Backward(
         step_flops=ev("bwd_step_flops"),
@@ -146,6 +151,7 @@ def _backward(ev: Evaluator) -> Backward:
         step_compute_s=ev("bwd_step_compute_s"),
         step_comm_s=ev("bwd_step_comm_s"),
         layer_compute_s=ev("bwd_layer_compute_s"),
+        step_compute_kernel_s=step_compute_kernel_s,
         comm_ratio_step=ratio,
         verdict=band(ratio).verdict,
         critical_shard_tokens=ev("bwd_critical_shard_tokens"),

@@ -306,6 +306,30 @@ def machine_for(
     return Machine(profile, inputs.dtype, inputs.efficiency)
 
 
+def job_machine(
+    inputs: PlanInputs, overrides: MachineOverrides | None = None, profile: HardwareProfile | None = None
+) -> Machine:
+    """The machine of a job that states its layout (`step`, `recommend`, `check`, `report`, the HTML page).
+
+    A profile's ``cp_ranks_per_node`` stands in for the TP a single-layer plan does not know (the -ib
+    profiles put one CP rank per node: TP fills it). A job states TP and the rank order, so a node holds
+    devices_per_node consecutive ranks, and every group is placed from them, unless ``cp_ranks_per_node``
+    is given (``--cp-ranks-per-node``, a plan file's key). ``profile``, already loaded, stands in for
+    reading ``inputs.hw`` again."""
+    machine = machine_for(inputs, overrides, profile)
+    stated = overrides.cp_ranks_per_node if overrides is not None else None
+    profile = machine.profile.model_copy(update={"cp_ranks_per_node": stated})
+    return Machine(profile, machine.dtype, machine.efficiency)
+
+
+def cp_stride(setup: TrainingSetup, n: int) -> int:
+    """Ranks between CP neighbours under the job's rank order (TP's degree in Megatron's tp-cp-dp-pp)."""
+    from costmodel.machines.topology import strides
+
+    dp = max(1, setup.gpus // (setup.tp * n * setup.pp))
+    return strides(setup.rank_order, {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp})["cp"]
+
+
 # What a training job defaults to, where one attention layer defaults to the forward of a full mask.
 TRAINING_DEFAULTS: dict[str, Any] = {"causal": True, "layout": "zigzag", "pass_": "fwd+bwd"}
 

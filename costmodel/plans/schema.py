@@ -86,6 +86,11 @@ class Ring(_Section):
     layer_time_s: float = Field(
         description="predicted layer wall time: tile-level causal schedule of this layout, transfers overlapped"
     )
+    layer_compute_kernel_s: float = Field(
+        description="the layer's compute at the rates layer_time_s reads (kernel tables; peak x efficiency "
+        "when asked), the schedule's slowest rank per step"
+    )
+    step_compute_kernel_s: float = Field(description="layer_compute_kernel_s / N: a ring step at those rates")
 
 
 class Backward(_Section):
@@ -98,6 +103,9 @@ class Backward(_Section):
     step_compute_s: float
     step_comm_s: float
     layer_compute_s: float
+    step_compute_kernel_s: float = Field(
+        description="a backward ring step at the kernel rates the layer time reads (as the forward's)"
+    )
     comm_ratio_step: float = Field(description="backward step receive / step compute")
     verdict: Colour
     critical_shard_tokens: float = Field(description="backward L*")
@@ -405,7 +413,7 @@ class RecommendReport(_Section):
 
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
-    schema_: str = Field("cp-plan/recommend/v1", alias="schema", description="contract version")
+    schema_: str = Field("cp-plan/recommend/v2", alias="schema", description="contract version")
     inputs: PlanInputs
     setup: TrainingSetup
     hw: str

@@ -573,7 +573,7 @@ def model_flops_per_token(*, F_ffn, H, S, V, d, e_m, g, h, n_L, n_kv):
 
 
 def model_flops_per_token_causal(*, F_ffn, H, S, V, c, d, e_m, g, h, n_L, n_kv):
-    """f_model_c = -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L: model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence [FLOP] ([PaLM] appendix B)."""
+    """f_model_c = -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L: model FLOP per token with attention counted over the pairs the trained mask keeps (c = 1/2 causal; packed documents and windows: the share of the window's tiles the kernel executes): what MFU counts [FLOP] ([PaLM] appendix B)."""
     return -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L
 
 
@@ -670,6 +670,11 @@ def passq_max_new_fraction(*, h, n_kv, t):
 def layer_weight_read_s(*, B_hbm, F_ffn, H, d, g, h, n_kv, p_w, t):
     """t_w_layer = H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t): reading one layer's weights from HBM once: the floor under its matrix multiplies [s] ([Roofline])."""
     return H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t)
+
+
+def output_weight_read_s(*, B_hbm, H, V, p_w, t):
+    """t_w_out = H*V*p_w/(B_hbm*t): reading the output layer's weights (vocabulary x hidden, vocab-parallel) from HBM once: the floor under the first token's logits [s] ([Roofline])."""
+    return H*V*p_w/(B_hbm*t)
 
 
 def decode_weight_read_s(*, B_hbm, F_ffn, H, V, d, e_m, g, h, n_L, n_kv, p_w, pp, t):
@@ -1012,7 +1017,7 @@ INFO = {
     'zero3_gather_s': ('tau_Z3', '2*H*p*z3*(D - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_dp*D*pp*t)', '2*{H}*{p}*{z3}*({D} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_dp}*{D}*{pp}*{t})', 'ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch', 's', '[ZeRO §5.3]', 'step'),
     'optimizer_s': ('t_opt', 'H*k_opt*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t)', '{H}*{k_opt}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{D}*{pp}*{t})', "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound", 's', '[ZeRO §5]', 'step'),
     'model_flops_per_token': ('f_model', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{d}*{h}*{n_L}', 'model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S (the full square, causal or not, as published MFUs count it)', 'FLOP', '[PaLM] appendix B, [Megatron21 §5.1]', 'step'),
-    'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', 'model FLOP per token with attention counted over the visible pairs only (c = 1/2 causal), the convention some reports use; MFU against it is lower at long sequence', 'FLOP', '[PaLM] appendix B', 'step'),
+    'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', "model FLOP per token with attention counted over the pairs the trained mask keeps (c = 1/2 causal; packed documents and windows: the share of the window's tiles the kernel executes): what MFU counts", 'FLOP', '[PaLM] appendix B', 'step'),
     'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
     'weight_bytes_per_device': ('M_w', 'Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/t, Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(pp*t), True))', 'Piecewise(({H}*{p_w}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/{t}, Eq({pp}, 1)), ({H}*{p_w}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))/({pp}*{t}), True))', "weights one device holds: its pipeline stage's parameters over TP, at p_w bytes each", 'B', '[Megatron21 §3]', 'inference'),
@@ -1032,6 +1037,7 @@ INFO = {
     'passkv_hidden_min_new_tokens': ('T_hide', 'F_attn*N*p*t*Max(1, n_kv/t)/(2*B_cp*h)', '{F_attn}*{N}*{p}*{t}*Max(1, {n_kv}/{t})/(2*{B_cp}*{h})', 'new tokens per sequence from which a pass-KV ring step hides under its attention step (every pair visible, alpha = 0): from there pass-KV costs nothing extra and wins', 'tokens', '[CP-Infer] (pass-KV vs pass-Q heuristic)', 'inference'),
     'passq_max_new_fraction': ('f_passQ', '2*t*Max(1, n_kv/t)/h', '2*{t}*Max(1, {n_kv}/{t})/{h}', 'share of new tokens T_n/(T_n + K_c) below which a pass-Q ring step moves fewer bytes than a pass-KV step: 2·n_kv/h', '1', '[CP-Infer] (pass-KV vs pass-Q heuristic)', 'inference'),
     'layer_weight_read_s': ('t_w_layer', 'H*p_w*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2)/(B_hbm*t)', '{H}*{p_w}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2)/({B_hbm}*{t})', "reading one layer's weights from HBM once: the floor under its matrix multiplies", 's', '[Roofline]', 'inference'),
+    'output_weight_read_s': ('t_w_out', 'H*V*p_w/(B_hbm*t)', '{H}*{V}*{p_w}/({B_hbm}*{t})', "reading the output layer's weights (vocabulary x hidden, vocab-parallel) from HBM once: the floor under the first token's logits", 's', '[Roofline]', 'inference'),
     'decode_weight_read_s': ('t_w_decode', 'Piecewise((H*p_w*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*t), Eq(pp, 1)), (H*p_w*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1))/(B_hbm*pp*t), True))', 'Piecewise(({H}*{p_w}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{t}), Eq({pp}, 1)), ({H}*{p_w}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1))/({B_hbm}*{pp}*{t}), True))', "reading one stage's weights from HBM once per decode step", 's', '[Roofline]', 'inference'),
     'decode_kv_read_s': ('t_kv_decode', '2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/(B_hbm*pp)', '2*{S_kv}*{b}*{d}*{n_L}*{p_kv}*Max(1, {n_kv}/{t})/({B_hbm}*{pp})', "reading one device's KV cache once per decode step", 's', '[Roofline], [CP-Infer]', 'inference'),
     'decode_compute_s': ('t_c_decode', 'Piecewise((2*b*(F_attn*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t), Eq(pp, 1)), (2*b*(F_attn*H*(n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + pp*(V + 1)) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t), True))', 'Piecewise((2*{b}*({F_attn}*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{t}), Eq({pp}, 1)), (2*{b}*({F_attn}*{H}*({n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + {pp}*({V} + 1)) + 2*{F_gemm}*{S_kv}*{d}*{h}*{n_L})/({F_attn}*{F_gemm}*{pp}*{t}), True))', "FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the rank's cache", 's', '[Roofline]', 'inference'),
@@ -1213,6 +1219,7 @@ ARGS = {
     'passkv_hidden_min_new_tokens': ('B_cp', 'F_attn', 'N', 'h', 'n_kv', 'p', 't'),
     'passq_max_new_fraction': ('h', 'n_kv', 't'),
     'layer_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'd', 'g', 'h', 'n_kv', 'p_w', 't'),
+    'output_weight_read_s': ('B_hbm', 'H', 'V', 'p_w', 't'),
     'decode_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'p_w', 'pp', 't'),
     'decode_kv_read_s': ('B_hbm', 'S_kv', 'b', 'd', 'n_L', 'n_kv', 'p_kv', 'pp', 't'),
     'decode_compute_s': ('F_attn', 'F_ffn', 'F_gemm', 'H', 'S_kv', 'V', 'b', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'pp', 't'),

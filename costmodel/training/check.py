@@ -23,7 +23,15 @@ from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
-from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup, problems
+from costmodel.plans.inputs import (
+    TRAINING_DEFAULTS,
+    MachineOverrides,
+    PlanInputs,
+    TrainingSetup,
+    cp_stride,
+    job_machine,
+    problems,
+)
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.verdict import BANDS, Colour
 
@@ -66,16 +74,20 @@ REQUIRED = ("seq", "n", "hw")  # a plan states what it plans; the flags' default
 
 
 def _plan_fields() -> dict[str, Any]:
-    """Every declared input, with the training defaults; gpus optional (memory checks need it)."""
+    """Every declared input, with the training defaults: the attention's, the job's layout, the step's
+    knobs (vpp, micro-batch, CP scheme, overlaps) and the machine's changes (cp_ranks_per_node, links),
+    so a plan file says whatever `cp-plan step` and `recommend` are told; gpus and global_batch optional."""
+    from costmodel.training.step import StepSetup
+
     fields: dict[str, Any] = {}
-    for declaration in (PlanInputs, TrainingSetup):
+    for declaration in (PlanInputs, TrainingSetup, StepSetup, MachineOverrides):
         for name, info in declaration.model_fields.items():
-            if name in _PlanHead.model_fields:
+            if name in _PlanHead.model_fields or name in fields:
                 continue
             default = TRAINING_DEFAULTS.get(name, info.default)
             if name in REQUIRED:
                 default = PydanticUndefined
-            if name == "gpus":  # optional here: the constraints go inside the Optional
+            if name in ("gpus", "global_batch"):  # optional here: the constraints go inside the Optional
                 inner = Annotated.__class_getitem__((info.annotation, *info.metadata))  # type: ignore[attr-defined]
                 fields[name] = (inner | None, Field(None, description=info.description))
                 continue
@@ -204,10 +216,15 @@ def resolve(located: Located) -> Resolved:
     )
     setup_fields = {k: v for k, v in fields.items() if k in TrainingSetup.model_fields}
     setup = _declared(located, TrainingSetup, setup_fields | {"gpus": plan.gpus or plan.tp * plan.pp})
+    overrides = _declared(
+        located, MachineOverrides, {k: v for k, v in fields.items() if k in MachineOverrides.model_fields}
+    )
     with _blame(located):
         attention = setup.attention(inputs)
-        profile = load_profile(plan.hw, field="hw")
-        machine = Machine(profile, inputs.dtype, inputs.efficiency).placed(setup.tp)
+        load_profile(plan.hw, field="hw")
+        # The job's placement, as `cp-plan step` and `recommend` make it: ranks by the rank order, a node
+        # holding devices_per_node of them unless the plan states cp_ranks_per_node.
+        machine = job_machine(inputs, overrides).placed(cp_stride(setup, inputs.n))
     return Resolved(model, machine, inputs, setup, attention)
 
 
@@ -314,6 +331,32 @@ def junit(results: list[CheckResult]) -> str:
                 ET.SubElement(case, "failure", message=x(r.detail)).text = x(r.detail)
             else:
                 ET.SubElement(case, "system-out").text = x(r.detail)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def junit_problems(error: InvalidPlan) -> str:
+    """JUnit XML for plan files that did not load: one erroring case per problem, so a CI reader gets a
+    parseable report that names them, never an empty file."""
+    from xml.etree import ElementTree as ET
+
+    x = _xml_text
+    suites = ET.Element(
+        "testsuites", name="cp-plan check", tests=str(len(error.problems)), errors=str(len(error.problems))
+    )
+    by_file: dict[str, list[tuple[int | None, str]]] = {}
+    for path, line, text in error.problems:
+        by_file.setdefault(path, []).append((line, text))
+    for path, items in by_file.items():
+        suite = ET.SubElement(
+            suites, "testsuite", name=x(path), tests=str(len(items)), errors=str(len(items))
+        )
+        for line, text in items:
+            where = {"file": x(path)} | ({} if line is None else {"line": str(line)})
+            case = ET.SubElement(
+                suite, "testcase", classname="cp-plan invalid plan", name="valid plan", **where
+            )
+            ET.SubElement(case, "error", message=x(text)).text = x(text)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
 

@@ -20,7 +20,7 @@ from costmodel.core.units import si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluator, plan_values
-from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
+from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
@@ -111,15 +111,16 @@ def recommend(
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
     re-running this function.
     """
-    machine = machine.placed(setup.tp)
     attention = setup.attention(inputs)
+    base = machine
     # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.
     schemes = {} if _schemes is None else _schemes
     candidates = [n for n in divisors(setup.shard_group) if inputs.seq % n == 0 and n <= MAX_CP]
     rows, best_at, evaluators = [], {}, {}
     for n in candidates:
+        machine = base.placed(cp_stride(setup, n))  # CP neighbours as far apart as the rank order puts them
         evaluators[n] = Evaluator(training_values(inputs, model, setup, machine, n))
-        key = (attention, machine.ranks_per_node, n)
+        key = (attention, machine.ranks_per_node, machine.stride, n)
         if key not in schemes:
             schemes[key] = schemes_at(attention, machine, n)
         results = schemes[key]
@@ -173,7 +174,7 @@ def recommend(
             layout=None,
             n_ulysses=None,
             reason=_failure(rows, n_min, n_max, largest, inputs.pass_, setup),
-            fixes=_fixes(inputs, model, setup, machine, n_min, n_max, schemes) if suggest else [],
+            fixes=_fixes(inputs, model, setup, base, n_min, n_max, schemes) if suggest else [],
         )
         fit = fit_at(evaluators[n_min or candidates[-1]])
     return RecommendReport(

@@ -29,7 +29,7 @@ from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe
 from costmodel.training.recommend import training_values, zero_fractions
-from costmodel.training.step import StepSetup, bind, buckets, step_breakdown
+from costmodel.training.step import StepSetup, bind, buckets, check_physical, step_breakdown
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -266,7 +266,9 @@ def _key(*columns: np.ndarray) -> np.ndarray:
     return key
 
 
+# c too: a packed or windowed mask's executed share depends on the CP degree and the layout.
 PER_SHAPE = (
+    "c",
     "u_cp",
     "k_copy",
     "B_tp",
@@ -333,11 +335,18 @@ def evaluate_table(
                 breakdown[name][rows] = value
     time_s = sum(breakdown.values())
     tokens = numeric.step_tokens(**{a: v[a] for a in numeric.ARGS["step_tokens"]})
-    model_flops = numeric.model_flops_per_token(**{a: v[a] for a in numeric.ARGS["model_flops_per_token"]})
-    mfu = model_flops * tokens / (time_s * machine.peak_flops * setup.gpus)
+    peak = machine.peak_flops * setup.gpus
+
+    def per_token(name: str) -> Any:
+        return getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]})
+
+    # MFU counts the trained mask's pairs, as `cp-plan step` does (costmodel.training.step.evaluate_step).
+    hfu = per_token("hardware_flops_per_token") * tokens / (time_s * peak)
+    check_physical(hfu, v, machine)
     return {
         "time_s": time_s,
-        "mfu": mfu,
+        "mfu": per_token("model_flops_per_token_causal") * tokens / (time_s * peak),
+        "hfu": hfu,
         "breakdown": breakdown,
         "memory": memory_table(table, inputs, setup, model, machine),
     }

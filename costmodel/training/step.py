@@ -38,7 +38,7 @@ from costmodel.plans.inputs import (
     TrainingSetup,
     build,
     flag,
-    machine_for,
+    job_machine,
     shape_from_model,
 )
 from costmodel.plans.models import ModelPreset, load_model
@@ -48,6 +48,7 @@ from costmodel.training import moe
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
 
+SCHEMA = "cp-plan/step/v2"  # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
 
@@ -150,15 +151,9 @@ _DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, TrainingSetup, StepSetup, 
 def step_machine(
     inputs: PlanInputs, overrides: MachineOverrides | None = None, profile: HardwareProfile | None = None
 ) -> Machine:
-    """The step's machine: the profile as the command line changes it, with every rank placed by the step.
-
-    A profile's ``cp_ranks_per_node`` stands in for the TP a single-layer plan does not know (the -ib
-    profiles put one CP rank per node: TP fills it); the step states TP, so a node holds devices_per_node
-    consecutive ranks unless ``--cp-ranks-per-node`` says otherwise."""
-    machine = machine_for(inputs, overrides, profile)
-    stated = overrides.cp_ranks_per_node if overrides is not None else None
-    profile = machine.profile.model_copy(update={"cp_ranks_per_node": stated})
-    return Machine(profile, machine.dtype, machine.efficiency)
+    """The step's machine: every rank placed by the job's layout (:func:`~costmodel.plans.inputs.job_machine`,
+    the placement recommend, check and report use too)."""
+    return job_machine(inputs, overrides, profile)
 
 
 def build_step(
@@ -532,6 +527,53 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
     }
 
 
+def mfu_convention(fraction: float) -> str:
+    """How the model FLOP of MFU count attention: the share of the S x S square the trained mask keeps."""
+    mask = {1.0: "full mask", 0.5: "causal"}.get(fraction, "packed documents or window")
+    return f"6·P + 12·n_L·h·d·S·c per token, attention over the pairs the mask keeps (c = {fraction:.4g}, {mask})"
+
+
+def check_physical(hfu: Any, v: Mapping[str, Any], machine: Machine) -> None:
+    """An error, not a number, where the step would run faster than the device's peak: HFU counts what runs,
+    so above 1 a kernel rate of the profile (or the model's FLOP count) cannot be right."""
+    worst = float(numpy.max(hfu))
+    if worst <= 1 + 1e-9:
+        return
+    peak = machine.peak_flops
+    fast = {k: float(numpy.max(v[k])) for k in ("F_gemm", "F_attn", "F_attn_bwd") if numpy.max(v[k]) > peak}
+    if fast:
+        name, rate = max(fast.items(), key=lambda item: item[1])
+        raise InputError(
+            "--hw",
+            f"the profile's {name} rate {rate / 1e12:.4g} TFLOP/s exceeds its {peak / 1e12:.4g} TFLOP/s peak: "
+            f"HFU would be {worst:.1%}",
+        )
+    raise InputError(
+        "--model",
+        f"the step would execute {worst:.1%} of the device's peak FLOP/s: its FLOP count is not physical",
+    )
+
+
+def step_memory(
+    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
+) -> dict[str, Any]:
+    """Memory per device on the most loaded stage [Korthikanti22 §4], the fit ``recommend`` and the layout
+    search size plans with, at this micro-batch and CP degree, and whether it fits the usable HBM."""
+    from costmodel.plans.bind import Evaluator
+    from costmodel.training.recommend import fit_at, training_values
+
+    attention = inputs.model_copy(update={"batch": step.micro_batch})
+    fit = fit_at(Evaluator(training_values(attention, model, setup, machine, inputs.n)))
+    return {
+        "bytes_per_device": fit.total_bytes,
+        "model_state_bytes": fit.model_state_bytes,
+        "activation_bytes": fit.activation_bytes,
+        "buffer_bytes": fit.buffer_bytes,
+        "device_memory_bytes": fit.device_memory_bytes,
+        "fits": fit.fits,
+    }
+
+
 def evaluate_step(
     inputs: PlanInputs,
     setup: TrainingSetup,
@@ -555,8 +597,12 @@ def evaluate_step(
     time_s = sum(breakdown.values())
     tokens = _call("step_tokens", v)
     peak = machine.peak_flops * setup.gpus
-    model_flops = _call("model_flops_per_token", v) * tokens
+    # Model FLOP follow the trained mask (attention over c of the S x S square); the full square only as
+    # a labelled second figure, the convention of published MFUs ([PaLM] appendix B, [Megatron21 §5.1]).
+    model_flops = _call("model_flops_per_token_causal", v) * tokens
+    square_flops = _call("model_flops_per_token", v) * tokens
     hardware_flops = _call("hardware_flops_per_token", v) * tokens
+    check_physical(hardware_flops / (time_s * peak), v, machine)
     stated = {
         "model": inputs.model,
         "seq": inputs.seq,
@@ -568,7 +614,11 @@ def evaluate_step(
         **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "rank_order"}),
         **step.model_dump(),
     }
+    memory = step_memory(inputs, setup, step, model, machine)
     return {
+        "schema": SCHEMA,
+        "fits": memory["fits"],
+        "memory": memory,
         "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
         "topology": machine.describe_groups(*_groups(setup, step, inputs.n, v["D"]), _collectives(step)),
         "moe": moe.summary(model, v, machine, *_groups(setup, step, inputs.n, v["D"])),
@@ -584,7 +634,10 @@ def evaluate_step(
             "tokens_per_s_per_gpu": tokens / time_s / setup.gpus,
             "model_tflops_per_gpu": model_flops / time_s / setup.gpus / 1e12,
             "mfu": model_flops / (time_s * peak),
-            "mfu_causal_attention": _call("model_flops_per_token_causal", v) * tokens / (time_s * peak),
+            "mfu_convention": mfu_convention(float(v["c"])),
+            "attention_fraction": float(v["c"]),
+            "model_tflops_per_gpu_full_square": square_flops / time_s / setup.gpus / 1e12,
+            "mfu_full_square": square_flops / (time_s * peak),
             "hfu": hardware_flops / (time_s * peak),
             "bubble_fraction": _call("pipeline_bubble_fraction", v),
             "breakdown": breakdown,
