@@ -104,32 +104,32 @@ class ParsedLog:
         return [i for i in self.intervals if not i.warmup]
 
 
-def read_lines(path: str | Path, field: str = "LOG") -> Iterator[tuple[str, bool]]:
+def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Iterator[tuple[str, bool]]:
     """(line, complete) for every line of ``path``, decoded leniently, cut at :data:`MAX_LINE_BYTES`.
 
-    A file that is not text (a NUL byte, or mostly undecodable bytes, in its first 8 KiB) is refused as
-    one :class:`InputError`; so are missing, unreadable and empty files."""
+    The file is opened by the one reader (:func:`costmodel.core.fileio.open_input`: a regular file
+    under the kind's size bound, or ``-`` for standard input). A file that is not text (a NUL byte, or
+    mostly undecodable bytes, in its first 8 KiB) is refused as one :class:`InputError`; so are missing,
+    unreadable and empty files."""
+    from costmodel.core.fileio import KINDS, open_input
+
     name = str(path)
-    try:
-        handle = open(name, "rb")  # noqa: SIM115 - closed below, after the generator is exhausted
-    except FileNotFoundError:
-        raise InputError(field, f"{name}: file not found") from None
-    except IsADirectoryError:
-        raise InputError(field, f"{name}: is a directory, expected a log file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(field, f"{name}: cannot read: {exc}") from None
+    noun, bound = KINDS[kind].noun, KINDS[kind].max_bytes
+    handle = open_input(name, field, kind)
     with handle:
         head = handle.read(SNIFF_BYTES)
         if not head:
-            raise InputError(field, f"{name}: empty file, expected a training log")
+            raise InputError(field, f"{name}: empty file, expected a {noun}")
         undecodable = head.decode("utf-8", errors="replace").count("\ufffd")
         if b"\x00" in head or undecodable > len(head) // 20:
-            raise InputError(field, f"{name}: a binary file, expected a text training log")
-        handle.seek(0)
+            raise InputError(field, f"{name}: a binary file, expected a text {noun}")
+        handle.seek(0)  # a regular file, or standard input already read into memory
         while True:
             raw = handle.readline(MAX_LINE_BYTES)
             if not raw:
                 return
+            if handle.tell() > bound:  # the file grew past its bound while it was read
+                raise InputError(field, f"{name}: larger than {bound >> 20} MiB, the bound for a {noun}")
             complete = raw.endswith(b"\n")
             if not complete and len(raw) == MAX_LINE_BYTES:
                 while True:  # the rest of an over-long line is dropped without holding it
@@ -287,7 +287,10 @@ class _Reader:
         if interval.iteration <= self.last_iteration:  # resumed from a checkpoint
             self._restart()
             interval.segment = self.segment
-        interval.warmup = not any(i.segment == self.segment for i in self.log.intervals)
+        # Intervals arrive in segment order: the segment's first is the last one's successor (constant
+        # time a line, where scanning every interval made a log of many restarts quadratic).
+        last = self.log.intervals[-1] if self.log.intervals else None
+        interval.warmup = last is None or last.segment != self.segment
         self.last_iteration = interval.iteration
         self.log.intervals.append(interval)
         return True

@@ -83,7 +83,7 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
     """Read one nccl-tests output; anything but the table and its header is skipped and counted."""
     collective, threads_gpus, ranks, hosts = None, None, {}, []
     rows, skipped = [], 0
-    for text, _ in read_lines(path, field_name):
+    for text, _ in read_lines(path, field_name, kind="nccl"):
         if (m := _START.search(text)) is not None:
             collective = m.group(1)
             continue

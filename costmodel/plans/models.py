@@ -3,7 +3,6 @@ a Hugging Face ``config.json`` (Llama, Qwen2/3, Mistral, Mixtral, Gemma 2/3, GPT
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Self
 
@@ -100,19 +99,9 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
 
 
 def _read_json(path: str, field: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise InputError(field, f"file not found: {path}") from None
-    except IsADirectoryError:
-        raise InputError(field, f"is a directory, expected a config.json: {path}") from None
-    except UnicodeDecodeError:
-        raise InputError(field, f"not a UTF-8 text file: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            field, f"malformed JSON in {path} (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-        ) from None
+    from costmodel.core.fileio import read_json
+
+    return read_json(path, field)
 
 
 # Families whose MLP is gated (three matrices: gate, up, down), whatever the activation is called: Gemma's

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -129,41 +128,42 @@ def _length(value: object, where: str) -> int:
 
 
 def _lengths_from_file(path: Path) -> list[int]:
+    from costmodel.core.fileio import read_input_text
+
     where = path.name
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(FIELD, f"cannot read {where}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(FIELD, f"{where} is larger than {MAX_FILE_BYTES >> 20} MiB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(FIELD, f"{where} is not a UTF-8 text file") from None
+    text = read_input_text(path, FIELD, "docs")
     stripped = text.strip()
     if not stripped:
         raise InputError(FIELD, f"{where} holds no document lengths")
     if stripped[0] in "[{":
-        try:
-            data = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise InputError(FIELD, f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        from costmodel.core.fileio import parse_json
+
+        data = parse_json(stripped, FIELD, where, "docs")
         if isinstance(data, dict):
             return _histogram(list(data.items()), where)
         if isinstance(data, list) and all(isinstance(x, list) and len(x) == 2 for x in data) and data:
             return _histogram([tuple(x) for x in data], where)
         if isinstance(data, list) and data:
-            return [_length(x, where) for x in data[: MAX_DOCS + 1]][:MAX_DOCS]
+            _at_most(len(data), where)
+            return [_length(x, where) for x in data]
         raise InputError(FIELD, f"{where}: expected a list of lengths or a {{length: count}} histogram")
-    rows = [row for row in csv.reader(io.StringIO(stripped)) if row and any(c.strip() for c in row)]
+    try:
+        rows = [row for row in csv.reader(io.StringIO(stripped)) if row and any(c.strip() for c in row)]
+    except csv.Error as exc:  # a field past csv's 131,072 characters, a NUL byte
+        raise InputError(FIELD, f"{where}: not a readable CSV file: {exc}") from None
     if all(len(row) == 1 for row in rows):
-        return [_length(row[0], where) for row in rows[: MAX_DOCS + 1]][:MAX_DOCS]
+        _at_most(len(rows), where)
+        return [_length(row[0], where) for row in rows]
     if rows and not rows[0][0].strip()[:1].isdigit():
         rows = rows[1:]  # a header such as length,count
     if any(len(row) != 2 for row in rows):
         raise InputError(FIELD, f"{where}: CSV rows must be length,count")
     return _histogram([(row[0], row[1]) for row in rows], where)
+
+
+def _at_most(count: int, where: str) -> None:
+    if count > MAX_DOCS:
+        raise InputError(FIELD, f"{where}: {count:,} documents; at most {MAX_DOCS:,} are packed")
 
 
 def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
