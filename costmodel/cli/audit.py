@@ -143,7 +143,7 @@ def audit_cmd(
 
 
 def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, Any]:
-    from costmodel.audit.fit import Run, calibrate, fitted_profile
+    from costmodel.audit.fit import Run, calibrate, fit_problem, fitted_profile
     from costmodel.audit.nccl import profile_yaml
     from costmodel.core.fileio import atomic_write_text
     from costmodel.machines.profiles import load_profile
@@ -156,6 +156,9 @@ def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, A
         )
     base = load_profile(profiles.pop())
     result = calibrate([Run(label, values, seconds) for label, values, seconds in runs], base)
+    problem = fit_problem(result, base)
+    if problem is not None:  # refused, not written with a flag
+        raise InputError("--fit-profile", f"not written: {problem}")
     name = Path(out).stem
     profile = fitted_profile(result, base, name, datetime.date.today().isoformat())
     atomic_write_text(
