@@ -25,6 +25,7 @@ from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup, problems
 from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.stages import check_stages
 from costmodel.plans.verdict import BANDS, Colour
 
 M = TypeVar("M", bound=BaseModel)
@@ -205,6 +206,7 @@ def resolve(located: Located) -> Resolved:
     setup_fields = {k: v for k, v in fields.items() if k in TrainingSetup.model_fields}
     setup = _declared(located, TrainingSetup, setup_fields | {"gpus": plan.gpus or plan.tp * plan.pp})
     with _blame(located):
+        check_stages(model.layers, setup.pp, pp_field="pp")
         attention = setup.attention(inputs)
         profile = load_profile(plan.hw, field="hw")
         machine = Machine(profile, inputs.dtype, inputs.efficiency).placed(setup.tp)

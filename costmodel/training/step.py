@@ -40,6 +40,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.packing import compute_fraction
+from costmodel.plans.stages import check_stages
 from costmodel.symbolic import numeric
 from costmodel.training import moe
 
@@ -185,8 +186,7 @@ def _check(inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: Mod
         raise InputError(
             "--global-batch", f"{micro} micro-batches per pipeline is fewer than --pp {setup.pp} stages"
         )
-    if step.vpp > 1 and setup.pp == 1:
-        raise InputError("--vpp", "interleaving needs --pp > 1")
+    check_stages(model.layers, setup.pp, step.vpp)
     moe.check(model, step.ep, dp)
     if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
         raise InputError(
