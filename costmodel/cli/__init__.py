@@ -59,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     from typer.main import get_command
 
     from costmodel.cli.app import app
+    from costmodel.cli.options import NOTES
     from costmodel.core.errors import InputError
     from costmodel.core.fileio import Terminated
 
+    NOTES.clear()
     command = get_command(app)
     if sys.stdout is None:  # started with stdout closed (>&-): nowhere to put an answer
         return fail("stdout: closed; redirect it to a file or /dev/null")
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc.__context__, OSError | ValueError) and _is_stdout_failure(exc.__context__):
             return _stdout_failed(exc.__context__)
         raise
+    _notes()
     try:
         sys.stdout.flush()  # a broken pipe shows here when the output fit in the buffer
     except BrokenPipeError:
@@ -97,6 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     if result == 130:  # click turns Ctrl-C into Exit(130) before we see it
         return fail("interrupted", 130)
     return result if isinstance(result, int) else 0
+
+
+def _notes() -> None:
+    """The notes a command left for after its answer (an error instead would have been the only line)."""
+    from costmodel.cli.options import NOTES
+
+    for note in NOTES:
+        try:
+            sys.stderr.write(note.replace("\n", "\\n") + "\n")
+        except (AttributeError, OSError, ValueError):
+            break
+    NOTES.clear()
 
 
 def _is_stdout_failure(exc: BaseException) -> bool:
