@@ -183,6 +183,8 @@ def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
     if not (math.isfinite(sigma) and 0 <= sigma <= 4):
         raise InputError(FIELD, f"sigma must be in [0, 4], got {sigma}")
     seed = _whole(given.get("seed", "0"), "lognormal")
+    if not 0 <= seed < 2**64:  # numpy's generator takes a 64-bit unsigned word
+        raise InputError(FIELD, f"lognormal: seed={given['seed']} must be a whole number from 0 to 2^64 - 1")
     rng = np.random.default_rng(seed)
     mu = math.log(mean) - sigma**2 / 2  # so the distribution's mean is `mean`
     if "count" in given:

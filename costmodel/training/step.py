@@ -79,7 +79,7 @@ class StepSetup(BaseModel):
     cp_overlap: Number = flag(1.0, "Share of ring transfers hidden under attention, in [0, 1].", ge=0, le=1)
     pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
     bucket_bytes: Number = flag(
-        DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", gt=0, le=2**40
+        DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", ge=1, le=2**40
     )
     optimizer_bytes: Number = flag(
         ADAM_BYTES_PER_PARAM,
