@@ -18,6 +18,10 @@ from costmodel.cli.options import console, house_table
 from costmodel.cli.planning import DataFormat
 from costmodel.core.errors import InputError
 
+MAX_FILES = (
+    64  # logs or nccl-tests tables a run: each is parsed and fitted or evaluated in well under a second
+)
+
 LogsArg = Annotated[
     list[str], typer.Argument(help="Training logs of Megatron-LM or torchtitan.", show_default=False)
 ]
@@ -86,6 +90,8 @@ def audit_cmd(
     from costmodel.audit.logs import parse_log
     from costmodel.core.fileio import check_writable
 
+    if len(logs) > MAX_FILES:
+        raise InputError("LOG", f"{len(logs):,} logs; audit takes at most {MAX_FILES} a run")
     if config and len(config) != len(logs):
         raise InputError("--config", f"give one per log ({len(logs)}), in the same order; got {len(config)}")
     if fit_profile is not None:
@@ -284,6 +290,8 @@ def from_nccl_tests(
     from costmodel.core.fileio import atomic_write_text, check_writable
     from costmodel.machines.profiles import load_profile
 
+    if len(files) > MAX_FILES:
+        raise InputError("FILE", f"{len(files):,} tables; from-nccl-tests takes at most {MAX_FILES} a run")
     if out is not None:
         check_writable(out, "--out")
     profile = load_profile(base, field="--base")

@@ -29,7 +29,7 @@ from costmodel.schedule.masks import MaskRule
 Branch = Literal["dense", "varlen"]
 BRANCHES: tuple[Branch, ...] = ("dense", "varlen")
 FIELD = "docs"
-MAX_DOCS = 1 << 20
+MAX_DOCS = 1 << 16  # 65,536 documents: packing is a Python loop over them, then a simulation per layout
 MAX_WINDOWS = 4096
 MAX_FILE_BYTES = 16 << 20
 RULE = "first-fit in the given order; a document is never split; the rest of a window is padding"
@@ -47,13 +47,13 @@ class Packed:
     windows: tuple[tuple[int, ...], ...]
     source: str
 
-    @property
+    @functools.cached_property  # asked per layout and branch: computed once (a frozen dataclass has a __dict__)
     def window(self) -> int:
         """The window the report describes: the one holding the longest document (the first such)."""
         longest = max(self.lengths)
         return next(w for w, docs in enumerate(self.windows) if longest in docs)
 
-    @property
+    @functools.cached_property
     def cu_seqlens(self) -> tuple[int, ...]:
         """Document boundaries of the described window; the last is below S when the rest is padding."""
         return tuple(int(x) for x in np.r_[0, np.cumsum(self.windows[self.window])])

@@ -137,8 +137,15 @@ def load_plan(path: str) -> Located:
     return Located(path, plan, document)
 
 
+MAX_PLANS = 64  # plan files a run: each is about 50 ms here (2 cores), so a run stays within seconds
+
+
 def load_plans(paths: list[str]) -> list[Located]:
     """Every file, each valid, before anything runs; otherwise the problems of all of them."""
+    if len(paths) > MAX_PLANS:
+        raise InputError(
+            "PLAN", f"{len(paths):,} plan files; check takes at most {MAX_PLANS} a run (split them)"
+        )
     located, problems = [], []
     for path in paths:
         try:
