@@ -39,6 +39,7 @@ PackedLayout = Literal["contiguous", "striped", "zigzag", "doc-striped", "doc-zi
 PACKED_LAYOUTS: tuple[str, ...] = get_args(PackedLayout)
 
 MAX_MASKED_TOKENS = 1 << 21  # the query side is per token: 2M tokens simulate in a few seconds, 250 MB
+MAX_MASKED_WORK = 1 << 24  # S x N: the walks are per (query tile, key rank); 2M at N = 8, 256k at N = 64
 MASKED_BUDGET = 1 << 28  # intervals x key ranks of one simulation: bounds the steps of its walks
 _CHUNK = 1 << 22  # (query tile, key rank) walks per work array (~32 MB an int64 array)
 
@@ -216,9 +217,11 @@ def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) ->
         raise ValueError("tile must be >= 1")
     if layout in LAYOUTS and rule.plain(seq):
         return simulate(layout, seq, n, simulation_tile(seq, n, tile), rule.causal)
-    if seq > MAX_MASKED_TOKENS:
+    if seq > MAX_MASKED_TOKENS or seq * n > MAX_MASKED_WORK:
         raise InputError(
-            "seq", f"a packed or windowed mask is simulated up to {MAX_MASKED_TOKENS:,} tokens, got {seq:,}"
+            "seq",
+            f"a packed or windowed mask is simulated up to {MAX_MASKED_TOKENS:,} tokens and S x N = "
+            f"{MAX_MASKED_WORK:,}, got S = {seq:,}, N = {n}",
         )
     placement = Placement(layout, seq, n, rule.cu_seqlens)
     ordered, starts = placement.positions()
