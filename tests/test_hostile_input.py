@@ -1114,3 +1114,30 @@ def test_messages_name_the_flag_the_user_gave(target: str, seed: str, _: str) ->
         config.write_text((REPO / "tests" / "data" / "hf" / "gemma-3-27b.json").read_text())
         both = _run("exit codes", ["--model", config, "--seq", "0"], "note and error")
         assert both.code == 2 and "note" not in both.err, both.err
+
+
+@settings(max_examples=4, deadline=None, database=None)
+@given(st.sampled_from(["--hw", "--model"]), st.booleans())
+def test_dash_reads_standard_input_once(flag: str, twice: bool) -> None:
+    """``-`` is standard input, bounded like a file; given to two flags, the second is refused."""
+    CASES["hangs"] += 1
+    source = PROFILE if flag == "--hw" else MODEL
+    args = [flag, "-", "--seq", "64k", "-f", "json"] + (
+        ["--hw" if flag == "--model" else "--model", "-"] if twice else []
+    )
+    with tempfile.TemporaryFile() as stdin:
+        stdin.write(source.encode())
+        stdin.seek(0)
+        run = subprocess.run(
+            [sys.executable, "-c", "from costmodel.cli import main; raise SystemExit(main())", *args],
+            stdin=stdin,
+            capture_output=True,
+            cwd=REPO,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    if twice:
+        # whichever flag is read first takes the stream: the other is refused, or its text fails as that kind
+        assert run.returncode == 2 and len(run.stderr.splitlines()) == 1 and b": -" in run.stderr, run.stderr
+    else:
+        assert run.returncode == 0 and json.loads(run.stdout)["inputs"]["seq"] == 65536, run.stderr
