@@ -114,8 +114,9 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
         preset = log.model_name.replace(" ", "-").lower()
     if config_file is not None:
         if config_file.endswith(".toml"):
+            data = _toml(config_file, "--config")  # its own refusals name the file already
             try:
-                found, named = torchtitan_config(_toml(config_file, "--config"))
+                found, named = torchtitan_config(data)
             except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 raise InputError("--config", f"{config_file}: not a torchtitan job file: {exc}") from None
             values.update({k: v for k, v in found.items() if not (k == "gpus" and "gpus" in values)})
