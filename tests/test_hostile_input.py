@@ -1141,3 +1141,63 @@ def test_dash_reads_standard_input_once(flag: str, twice: bool) -> None:
         assert run.returncode == 2 and len(run.stderr.splitlines()) == 1 and b": -" in run.stderr, run.stderr
     else:
         assert run.returncode == 0 and json.loads(run.stdout)["inputs"]["seq"] == 65536, run.stderr
+
+
+@settings(max_examples=8, deadline=None, database=None)
+@given(st.one_of(st.floats(1e-4, 0.02), st.floats(60, 1e4), st.floats(0.9, 1.1)))
+def test_fit_profile_writes_nothing_from_a_fit_it_would_flag(scale: float) -> None:
+    """Step times scaled far off the model pin a factor at the end of its range (or trip a critical
+    finding): refused, nothing written. Near the logged times the fit is written."""
+    import re as regex
+
+    text = regex.sub(
+        r"(elapsed time per iteration \(ms\): )([\d.]+)",
+        lambda m: f"{m[1]}{float(m[2]) * scale:.6g}",
+        (AUDIT / "megatron_tp2_cp2_8k.log").read_text(),
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        log, out = Path(folder) / "run.log", Path(folder) / "fit.yaml"
+        log.write_text(text)
+        outcome = _run(
+            "fits", ["audit", log, "--hw", "h100-nvlink", "--fit-profile", out, "-f", "json"], f"x {scale:g}"
+        )
+        if 0.9 <= scale <= 1.1:
+            assert outcome.code in (0, 1) and out.exists(), outcome.err
+            fit = json.loads(outcome.out)["fit"]
+            assert 0.05 < fit["compute_factor"] < 20 and fit["comm_factor"] <= 2
+        else:
+            assert outcome.code == 2 and "--fit-profile" in outcome.err and not out.exists(), outcome.err
+            assert sorted(p.name for p in Path(folder).iterdir()) == ["run.log"]
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(
+    st.floats(0.01, 30),
+    st.floats(0.01, 30),
+    st.floats(0, 1),
+)
+def test_a_log_fit_is_flagged_exactly_outside_its_bounds(compute: float, comm: float, error: float) -> None:
+    """`--fit-profile`'s gate, on any factors and error: a reason iff a factor touches the ends of
+    0.05..20, links pass 2x, or the median error passes 25 %; and then nothing is written."""
+    from costmodel.audit import fit as log_fit
+    from costmodel.cli import audit as audit_cli
+    from costmodel.machines.profiles import load_profile
+
+    CASES["fits"] += 1
+    base = load_profile("h100-nvlink")
+    result = {
+        "compute_factor": compute,
+        "comm_factor": comm,
+        "fitted_median_abs_error": error,
+        "base_median_abs_error": 0.2,
+    }
+    flagged = not (0.05 < compute < 20 and 0.05 < comm < 20) or comm > 2 or error > 0.25
+    assert (log_fit.fit_problem(result, base) is not None) == flagged
+    if not flagged:
+        return
+    with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(log_fit, "calibrate", lambda runs, profile: result | {"runs": [], "profile": profile})
+        out = Path(folder) / "fit.yaml"
+        with pytest.raises(fileio.InputError, match="not written"):
+            audit_cli._fit([("run.log", {"hw": "h100-nvlink"}, 1.0)], str(out))
+        assert not out.exists()
