@@ -20,6 +20,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     fuzz = sys.modules.get("tests.test_fuzz_files")
     if fuzz is not None and fuzz.STATS.cases:
         terminalreporter.write_line(fuzz.STATS.summary())
+    hostile = sys.modules.get("tests.test_hostile_input")
+    if hostile is not None and hostile.CASES:
+        terminalreporter.write_line(f"hostile cases per class: {dict(sorted(hostile.CASES.items()))}")
+        for seconds, rss, label in hostile.SLOWEST[:3]:
+            terminalreporter.write_line(
+                f"slow accepted input: {seconds:.2f} s, {rss / 2**20:.0f} MiB ({label})"
+            )
 
 
 class CLIResult:

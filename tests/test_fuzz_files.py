@@ -19,6 +19,7 @@ import os
 import re
 import resource
 import signal
+import stat
 import sys
 import tempfile
 import time
@@ -646,3 +647,55 @@ def test_the_runner_reports_what_the_cli_did() -> None:
         assert stuck.signal == signal.SIGALRM
     with pytest.raises(AssertionError, match="in the JSON output"):
         assert_finite_non_negative({"a": -1}, "probe")
+
+
+# --- every reader against files that are not regular files ---------------------------------------
+
+AUDIT = Path(__file__).parent / "data" / "audit"
+LOG = str(AUDIT / "megatron_tp2_cp2_8k.log")
+# Where each kind of file enters, "{path}" the hostile file, and the flag or field its refusal names.
+READERS = {
+    "--hw": (["--hw", "{path}", "--seq", "64k"], "--hw"),
+    "--model yaml": (["--model", "{path}", "--seq", "64k"], "--model"),
+    "--model json": (["--model", "{path}.json", "--seq", "64k"], "--model"),
+    "check": (["check", "{path}"], "{path}"),
+    "hw show": (["hw", "show", "{path}"], "NAME"),
+    "audit log": (["audit", "{path}", "--hw", "h100-nvlink"], "LOG"),
+    "audit toml": (["audit", LOG, "--config", "{path}.toml", "--hw", "h100-nvlink"], "--config"),
+    "audit flags": (["audit", LOG, "--config", "{path}.sh", "--hw", "h100-nvlink"], "--config"),
+    "nccl table": (["hw", "from-nccl-tests", "{path}"], "FILE"),
+    "--docs": (["--seq", "64k", "--docs", "{path}"], "--docs"),
+}
+SPECIAL = ["fifo", "link to /dev/zero", "link to /dev/urandom", "folder", "device", "link to a fifo"]
+
+
+def _special(kind: str, path: Path) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link to a fifo":
+        os.mkfifo(path.with_name("pipe"))
+        path.symlink_to(path.with_name("pipe"))
+    elif kind.startswith("link to /dev/"):
+        path.symlink_to(kind.removeprefix("link to "))
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # a copy of /dev/zero
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None)
+@given(st.sampled_from(sorted(READERS)), st.sampled_from(SPECIAL))
+def test_no_reader_waits_on_a_pipe_or_reads_a_device_for_ever(reader: str, kind: str) -> None:
+    """A FIFO blocks an open() for ever and /dev/zero never ends: each reader refuses them at once."""
+    if kind == "device" and os.geteuid() != 0:
+        return  # mknod needs root
+    args, names = READERS[reader]
+    with tempfile.TemporaryDirectory() as folder:
+        template = str(Path(folder) / "input")
+        path = Path(args[[i for i, a in enumerate(args) if "{path}" in a][0]].replace("{path}", template))
+        _special(kind, path)
+        argv = [a.replace("{path}", template) for a in args]
+        outcome = run_cli(argv, wall_s=20)
+        where = names.replace("{path}", str(path))
+        check_outcome(outcome, {where, "input"}, {where, str(path), "input"}, f"{reader} on a {kind}")
+        assert outcome.code == 2 and outcome.wall_s < 10, (reader, kind, outcome.wall_s, outcome.err)

@@ -138,17 +138,109 @@ def test_multi_head_latent_attention_is_refused_not_planned_as_gqa(cli) -> None:
     assert "multi-head latent attention (kv_lora_rank 512, qk_rope_head_dim 64)" in result.err
 
 
-def test_head_dim_defaults_to_hidden_over_heads_and_unknown_families_say_what_was_guessed() -> None:
+def test_head_dim_defaults_to_hidden_over_heads_and_unknown_families_are_refused() -> None:
     config = json.loads((HF / "llama-3.1-8b.json").read_text())
     config.pop("head_dim", None)
-    config["model_type"] = "somethingnew"
-    preset, notes = from_hf_config(config)
+    preset, _ = from_hf_config(config)
     assert preset.head_dim == 4096 // 32 and preset.gated_mlp
-    assert "gated_mlp=true inferred from hidden_act='silu'" in notes[0]
-    config["hidden_act"] = "gelu"
-    assert not from_hf_config(config)[0].gated_mlp
     config["novel_attention_knob"] = 3
     assert "novel_attention_knob" in from_hf_config(config)[1]
+    for family in ("somethingnew", None, 7):
+        config["model_type"] = family
+        with pytest.raises(InputError, match="is not a family the import knows|no model_type"):
+            from_hf_config(config)
+
+
+FALCON_7B = {  # tiiuae/falcon-7b: multi-query attention, the first decoder
+    "model_type": "falcon",
+    "hidden_size": 4544,
+    "num_attention_heads": 71,
+    "num_hidden_layers": 32,
+    "multi_query": True,
+    "new_decoder_architecture": False,
+    "vocab_size": 65024,
+}
+FALCON_40B = {  # tiiuae/falcon-40b: grouped K/V in the new decoder
+    "model_type": "falcon",
+    "hidden_size": 8192,
+    "num_attention_heads": 128,
+    "num_kv_heads": 8,
+    "num_hidden_layers": 60,
+    "new_decoder_architecture": True,
+    "vocab_size": 65024,
+}
+REFINED_WEB = {  # the first Falcon 40B config: n_head, n_layer, n_head_kv
+    "model_type": "RefinedWeb",
+    "hidden_size": 8192,
+    "n_head": 128,
+    "n_head_kv": 8,
+    "n_layer": 60,
+    "vocab_size": 65024,
+}
+BIGCODE = {  # bigcode/starcoder: GPT-2 names, multi-query by default
+    "model_type": "gpt_bigcode",
+    "n_embd": 6144,
+    "n_head": 48,
+    "n_layer": 40,
+    "n_inner": 24576,
+    "vocab_size": 49152,
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "shape"),
+    [
+        (FALCON_7B, (71, 1, 64, 32, 4544, 4 * 4544)),
+        ({**FALCON_7B, "multi_query": False}, (71, 71, 64, 32, 4544, 4 * 4544)),
+        (FALCON_40B, (128, 8, 64, 60, 8192, 4 * 8192)),
+        (REFINED_WEB, (128, 8, 64, 60, 8192, 4 * 8192)),
+        (BIGCODE, (48, 1, 128, 40, 6144, 24576)),
+        ({**BIGCODE, "multi_query": False}, (48, 48, 128, 40, 6144, 24576)),
+        (
+            {"model_type": "llava", "text_config": {"text_config": {**FALCON_40B}}},
+            (128, 8, 64, 60, 8192, 32768),
+        ),
+    ],
+)
+def test_every_family_key_of_the_attention_shape_is_read(config: dict, shape: tuple) -> None:
+    preset, notes = from_hf_config(config)
+    got = (preset.heads, preset.kv_heads, preset.head_dim, preset.layers, preset.hidden, preset.ffn_hidden)
+    assert got == shape
+    assert not any(k in " ".join(notes) for k in ("multi_query", "num_kv_heads", "n_head", "n_layer"))
+
+
+@given(
+    family=st.sampled_from(["falcon", "RefinedWeb", "gpt_bigcode", "llama", "gpt2"]),
+    names=st.sampled_from(
+        [
+            ("num_attention_heads", "num_hidden_layers", "hidden_size"),
+            ("n_head", "n_layer", "n_embd"),
+            ("num_heads", "num_layers", "d_model"),
+        ]
+    ),
+    kv_key=st.sampled_from(["num_key_value_heads", "num_kv_heads", "n_head_kv"]),
+    groups=st.integers(1, 8),
+    kv=st.sampled_from([1, 2, 4, 8]),
+    nest=st.integers(0, 3),
+)
+def test_kv_heads_are_read_under_any_name_at_any_nesting(family, names, kv_key, groups, kv, nest) -> None:
+    heads = kv * groups
+    inner = {
+        "model_type": family,
+        names[0]: heads,
+        names[1]: 4,
+        names[2]: heads * 64,
+        kv_key: kv,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "new_decoder_architecture": True,
+        "multi_query": False,
+    }
+    config = inner
+    for _ in range(nest):
+        config = {"model_type": "llava", "text_config": config}
+    preset, _ = from_hf_config(config)
+    assert (preset.heads, preset.kv_heads, preset.head_dim, preset.layers) == (heads, kv, 64, 4)
 
 
 @pytest.mark.parametrize(

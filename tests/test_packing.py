@@ -118,7 +118,7 @@ BAD = [
     (["--docs", "books"], "neither lengths"),
     (["--docs", "lognormal:sigma=1"], "needs mean="),
     (["--docs", "lognormal:mean=4k,sigma=nan"], "sigma"),
-    (["--docs", "{tmp}/bad.json"], "not valid JSON"),
+    (["--docs", "{tmp}/bad.json"], "malformed JSON"),
     (["--docs", "{tmp}/bad.csv"], "length,count"),
     (["--docs", "{tmp}/zero.txt"], "positive"),
     (["--docs", "{tmp}/empty.txt"], "no document lengths"),

@@ -160,7 +160,8 @@ def test_recommend_table_shows_the_plans_side_by_side(cli) -> None:
         (["--gpus", "8", "--cp", "16"], "--gpus: 8 GPUs are fewer than the fixed tp x cp x pp = 16"),
         (["--gpus", "24", "--cp", "16"], "--gpus: 24 GPUs are not divisible by the fixed tp x cp x pp = 16"),
         (["--gpus", "8", "--pp", "3"], "--gpus"),
-        (["--gpus", "64", "--pp", "64"], "--pp: 64 does not divide the model's 32 layers"),
+        (["--gpus", "64", "--pp", "64"], "--pp: 64 pipeline stages exceed the model's 32 layers"),
+        (["--gpus", "48", "--pp", "3"], "--pp: 3 does not divide the model's 32 layers"),
         (["--gpus", "8", "--cp", "0"], "--cp"),
     ],
 )

@@ -17,23 +17,11 @@ from costmodel.audit.logs import ParsedLog, read_lines
 from costmodel.core.errors import InputError
 from costmodel.plans.models import builtin_models, load_model
 
-MAX_CONFIG_BYTES = 1 << 20
-
 
 def _toml(path: str, field: str) -> dict[str, Any]:
-    import tomllib
+    from costmodel.core.fileio import read_toml
 
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise InputError(field, f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise InputError(field, f"{path}: larger than 1 MiB; a training config is a few kilobytes")
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(field, f"{path}: not a readable TOML file: {str(exc).splitlines()[0]}") from None
+    return read_toml(path, field)
 
 
 def torchtitan_config(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -78,7 +66,7 @@ def megatron_flags(path: str, field: str) -> tuple[dict[str, Any], dict[str, int
     from costmodel.audit.logs import _MEGATRON_ARGS, _MEGATRON_SHAPE, count
 
     given: dict[str, str] = {}
-    for text, _ in read_lines(path, field):
+    for text, _ in read_lines(path, field, kind="flags"):
         for name, value in _FLAG.findall(text):
             given[name.replace("-", "_")] = value or "True"
     config, shape = {}, {}
@@ -126,8 +114,9 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
         preset = log.model_name.replace(" ", "-").lower()
     if config_file is not None:
         if config_file.endswith(".toml"):
+            data = _toml(config_file, "--config")  # its own refusals name the file already
             try:
-                found, named = torchtitan_config(_toml(config_file, "--config"))
+                found, named = torchtitan_config(data)
             except (ValueError, TypeError, AttributeError, KeyError) as exc:
                 raise InputError("--config", f"{config_file}: not a torchtitan job file: {exc}") from None
             values.update({k: v for k, v in found.items() if not (k == "gpus" and "gpus" in values)})

@@ -34,6 +34,8 @@ COMPUTE = (
 )
 COMM = ("exposed TP comm", "exposed CP comm", "exposed PP sends", "exposed DP comm", "exposed ZeRO-3 gathers")
 FACTOR_RANGE = (0.05, 20.0)  # outside it a fitted factor says the runs do not pin it down
+LINK_FACTOR = 2.0  # links may be fitted up to this many times the profile's rate per direction, no more
+ERROR_MAX = 0.25  # a fitted profile that still misses its own runs by a median 25 % has learnt nothing
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,33 @@ def calibrate(runs: list[Run], base: HardwareProfile) -> dict[str, Any]:
         "left_out_max_abs_error": max(loo) if loo else None,
         "profile": fitted,
     }
+
+
+def fit_problem(result: dict[str, Any], base: HardwareProfile) -> str | None:
+    """Why a fit must not become a profile, or None: a factor at the end of :data:`FACTOR_RANGE` (the runs
+    do not pin it down; the fit clipped it), links above :data:`LINK_FACTOR` x the profile's, a non-finite
+    number, or a median error over the fitted runs above :data:`ERROR_MAX`."""
+    compute, comm = result["compute_factor"], result["comm_factor"]
+    numbers = [compute, comm, result["fitted_median_abs_error"], result["base_median_abs_error"]]
+    if not all(np.isfinite(numbers)):
+        return "the fit is not finite; the logs' step times admit no profile"
+    for name, value in (("kernel-rate", compute), ("link", comm)):
+        if not FACTOR_RANGE[0] < value < FACTOR_RANGE[1]:
+            return (
+                f"the {name} factor reached {value:g}, the end of the range {FACTOR_RANGE[0]:g} to "
+                f"{FACTOR_RANGE[1]:g}: the runs do not pin it down"
+            )
+    if comm > LINK_FACTOR:
+        return (
+            f"links x {comm:.3f} would carry more than {LINK_FACTOR:g} x {base.name}'s link rates; "
+            "measure the links with nccl-tests instead (cp-plan hw from-nccl-tests)"
+        )
+    if result["fitted_median_abs_error"] > ERROR_MAX:
+        return (
+            f"the fitted profile still misses its runs by a median {result['fitted_median_abs_error']:.0%} "
+            f"(more than {ERROR_MAX:.0%}): the step model does not describe these runs"
+        )
+    return None
 
 
 def fitted_profile(result: dict[str, Any], base: HardwareProfile, name: str, date: str) -> HardwareProfile:

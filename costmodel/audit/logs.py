@@ -37,6 +37,10 @@ from costmodel.core.errors import InputError
 Framework = Literal["megatron", "torchtitan"]
 MAX_LINE_BYTES = 64 * 1024  # Megatron's longest line (an argument holding a file list) fits
 SNIFF_BYTES = 8 * 1024
+# A logged step takes from a microsecond to a day, a device from one to 10^12 tokens a second: values
+# outside (1e-300 ms, 5e-324) are no step, and their quotients would overflow.
+STEP_MS = (1e-3, 86_400e3)
+TPS = (1e-3, 1e12)
 GIB = 1024**3
 MIB = 1024**2
 
@@ -104,32 +108,32 @@ class ParsedLog:
         return [i for i in self.intervals if not i.warmup]
 
 
-def read_lines(path: str | Path, field: str = "LOG") -> Iterator[tuple[str, bool]]:
+def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Iterator[tuple[str, bool]]:
     """(line, complete) for every line of ``path``, decoded leniently, cut at :data:`MAX_LINE_BYTES`.
 
-    A file that is not text (a NUL byte, or mostly undecodable bytes, in its first 8 KiB) is refused as
-    one :class:`InputError`; so are missing, unreadable and empty files."""
+    The file is opened by the one reader (:func:`costmodel.core.fileio.open_input`: a regular file
+    under the kind's size bound, or ``-`` for standard input). A file that is not text (a NUL byte, or
+    mostly undecodable bytes, in its first 8 KiB) is refused as one :class:`InputError`; so are missing,
+    unreadable and empty files."""
+    from costmodel.core.fileio import KINDS, open_input
+
     name = str(path)
-    try:
-        handle = open(name, "rb")  # noqa: SIM115 - closed below, after the generator is exhausted
-    except FileNotFoundError:
-        raise InputError(field, f"{name}: file not found") from None
-    except IsADirectoryError:
-        raise InputError(field, f"{name}: is a directory, expected a log file") from None
-    except (OSError, ValueError) as exc:
-        raise InputError(field, f"{name}: cannot read: {exc}") from None
+    noun, bound = KINDS[kind].noun, KINDS[kind].max_bytes
+    handle = open_input(name, field, kind)
     with handle:
         head = handle.read(SNIFF_BYTES)
         if not head:
-            raise InputError(field, f"{name}: empty file, expected a training log")
+            raise InputError(field, f"{name}: empty file, expected a {noun}")
         undecodable = head.decode("utf-8", errors="replace").count("\ufffd")
         if b"\x00" in head or undecodable > len(head) // 20:
-            raise InputError(field, f"{name}: a binary file, expected a text training log")
-        handle.seek(0)
+            raise InputError(field, f"{name}: a binary file, expected a text {noun}")
+        handle.seek(0)  # a regular file, or standard input already read into memory
         while True:
             raw = handle.readline(MAX_LINE_BYTES)
             if not raw:
                 return
+            if handle.tell() > bound:  # the file grew past its bound while it was read
+                raise InputError(field, f"{name}: larger than {bound >> 20} MiB, the bound for a {noun}")
             complete = raw.endswith(b"\n")
             if not complete and len(raw) == MAX_LINE_BYTES:
                 while True:  # the rest of an over-long line is dropped without holding it
@@ -147,6 +151,11 @@ def _number(text: str) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def _bounded(value: float | None, high: float) -> float | None:
+    """``value`` when it is from 0 to ``high`` (TFLOP/s up to 10^6, MFU up to 10^4 %), else None."""
+    return value if value is not None and 0 <= value <= high else None
 
 
 def count(text: str) -> int | None:
@@ -196,6 +205,10 @@ _MEGATRON_SHAPE = {
 }
 
 
+class TwoRuns(Exception):  # noqa: N818 - not a ValueError: parse_log turns it into one InputError
+    """The log holds two runs: a stated configuration changes after intervals were logged."""
+
+
 class _Reader:
     def __init__(self, path: str) -> None:
         self.log = ParsedLog(path)
@@ -203,6 +216,7 @@ class _Reader:
         self.last_iteration = -1
         self.in_args = False
         self.args: dict[str, str] = {}
+        self.args_line = 0
 
     def feed(self, number: int, text: str) -> bool:
         """Read one line; True when it was understood."""
@@ -213,6 +227,7 @@ class _Reader:
         if self.in_args:
             if _ARGS_END.search(text):
                 self.in_args = False
+                self.args_line = number
                 self._use_args()
                 return True
             match = _ARG_LINE.match(text[rank.end() :] if rank else text)
@@ -248,13 +263,12 @@ class _Reader:
             if len(sizes) != len(names) or not all(sizes):
                 return False
             mesh = dict(zip(names, sizes, strict=False))
-            self.log.config.setdefault("tp", mesh.get("tp", 1))
-            self.log.config.setdefault("cp", mesh.get("cp", 1))
-            self.log.config.setdefault("pp", mesh.get("pp", 1))
+            for key in ("tp", "cp", "pp"):
+                self._state(number, key, mesh.get(key, 1))
             gpus = 1
             for size in sizes:
                 gpus *= size
-            self.log.config.setdefault("gpus", gpus)
+            self._state(number, "gpus", gpus)
             self.log.config.setdefault("cp_scheme", "allgather")  # context_parallel_rotate_method's default
             if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
                 self.log.config.setdefault("zero", 3)
@@ -264,7 +278,8 @@ class _Reader:
             return True
         if (m := _TITAN_BATCH.search(text)) is not None:
             local, batch, _, seq = (int(g) for g in m.groups())
-            self.log.config.update({"global_batch": batch, "seq": seq, "_local_batch": local})
+            for key, value in (("global_batch", batch), ("seq", seq), ("_local_batch", local)):
+                self._state(number, key, value)
             return True
         if (m := _TITAN_PEAK.search(text)) is not None:
             self.log.peak_flops = _number(m.group(1))
@@ -273,6 +288,17 @@ class _Reader:
             self.log.device_name = m.group(1).strip()
             return True
         return False
+
+    def _state(self, number: int, key: str, value: Any) -> None:
+        """Record a configuration value the log states; a different value after intervals were logged is
+        a second run in the same file (its step times must not be pooled with the first's)."""
+        before = self.log.config.get(key)
+        if before is not None and before != value and self.log.intervals:
+            raise TwoRuns(
+                f"line {number}: {key.lstrip('_').replace('_', ' ')} {value} after {before} (set by the "
+                f"run logged before it): two runs in one file; audit each run's log on its own"
+            )
+        self.log.config[key] = value
 
     def _restart(self) -> None:
         self.segment += 1
@@ -287,7 +313,10 @@ class _Reader:
         if interval.iteration <= self.last_iteration:  # resumed from a checkpoint
             self._restart()
             interval.segment = self.segment
-        interval.warmup = not any(i.segment == self.segment for i in self.log.intervals)
+        # Intervals arrive in segment order: the segment's first is the last one's successor (constant
+        # time a line, where scanning every interval made a log of many restarts quadratic).
+        last = self.log.intervals[-1] if self.log.intervals else None
+        interval.warmup = last is None or last.segment != self.segment
         self.last_iteration = interval.iteration
         self.log.intervals.append(interval)
         return True
@@ -295,30 +324,30 @@ class _Reader:
     def _megatron_iteration(self, number: int, iteration: int, rest: str) -> bool:
         fields = _megatron_fields(rest)
         elapsed = _number(fields.get("elapsed time per iteration (ms)", ""))
-        if elapsed is None or elapsed <= 0:
+        if elapsed is None or not STEP_MS[0] <= elapsed <= STEP_MS[1]:
             return False
         self.log.framework = self.log.framework or "megatron"
-        tflops = _number(fields.get("throughput per GPU (TFLOP/s/GPU)", ""))
+        tflops = _bounded(_number(fields.get("throughput per GPU (TFLOP/s/GPU)", "")), 1e6)
         batch = _number(fields.get("global batch size", ""))
         if batch is not None:
-            self.log.config.setdefault("global_batch", int(batch))
+            self.log.config.setdefault("global_batch", int(batch))  # may ramp up within one run
         return self._add(
             Interval(iteration, self.segment, number, step_s=elapsed / 1e3, tflops_per_gpu=tflops)
         )
 
     def _titan_step(self, number: int, m: re.Match[str]) -> bool:
         tps = _number(m.group(4))
-        if tps is None or tps <= 0:
+        if tps is None or not TPS[0] <= tps <= TPS[1]:
             return False
         self.log.framework = "torchtitan"
         memory = _TITAN_MEMORY.search(m.group("rest"))
-        mfu = _number(m.group(6)) if m.group(6) else None
+        mfu = _bounded(_number(m.group(6)), 1e4) if m.group(6) else None
         interval = Interval(
             int(m.group(1)),
             self.segment,
             number,
             tokens_per_s_per_gpu=tps,
-            tflops_per_gpu=_number(m.group(5)) if m.group(5) else None,
+            tflops_per_gpu=_bounded(_number(m.group(5)), 1e6) if m.group(5) else None,
             mfu=mfu / 100 if mfu is not None else None,
             memory_bytes=float(memory.group(1)) * GIB if memory else None,
         )
@@ -332,12 +361,19 @@ class _Reader:
             if value is None or value == "None":
                 continue
             try:
-                self.log.config[flag] = convert(value)
+                converted = convert(value)
             except ValueError:
                 continue
+            self._state(self.args_line, flag, converted)
         for name, key in _MEGATRON_SHAPE.items():
             value = count(self.args.get(name, "None"))
             if value:
+                before = self.log.model_shape.get(key)
+                if before is not None and before != value and self.log.intervals:
+                    raise TwoRuns(
+                        f"line {self.args_line}: {name} {value} after {before}: two runs of different models "
+                        "in one file; audit each run's log on its own"
+                    )
                 self.log.model_shape[key] = value
         if self.args.get("group_query_attention") != "True":
             self.log.model_shape.pop("kv_heads", None)
@@ -357,6 +393,8 @@ def parse_log(path: str | Path, field: str = "LOG") -> ParsedLog:
             understood = reader.feed(number, text)
         except (ValueError, OverflowError):  # a number of more digits than Python converts
             understood = False
+        except TwoRuns as exc:
+            raise InputError(field, f"{path}: {exc}") from None
         if complete is False:  # the file ends mid-line: a job still writing, or a copy cut short
             reader.log.truncated_last_line = True
             if understood and reader.log.intervals and reader.log.intervals[-1].line == number:
@@ -364,6 +402,7 @@ def parse_log(path: str | Path, field: str = "LOG") -> ParsedLog:
         if not understood:
             reader.log.skipped += 1
     reader.log.lines = number
+    _one_run(reader.log, field)
     if not reader.log.intervals:
         raise InputError(
             field,
@@ -374,6 +413,41 @@ def parse_log(path: str | Path, field: str = "LOG") -> ParsedLog:
         for interval in reader.log.intervals:
             interval.warmup = False
     return reader.log
+
+
+RUN_RATIO = 1.5  # a segment started over whose median step differs from the first's by this is another run
+
+
+def _one_run(log: ParsedLog, field: str) -> None:
+    """Refuse a log that starts over from its first iteration at another speed: a second run (a resumed
+    one continues past its checkpoint, and a run's speed does not jump by half at a restart)."""
+    if not log.restarts or not log.intervals:
+        return
+    first = log.intervals[0].iteration
+    per_segment: dict[int, list[Interval]] = {}
+    for interval in log.intervals:
+        per_segment.setdefault(interval.segment, []).append(interval)
+
+    def speed(intervals: list[Interval]) -> float | None:
+        steps = [i.step_s for i in intervals if i.step_s is not None]
+        if steps:
+            return statistics.median(steps)
+        rates = [i.tokens_per_s_per_gpu for i in intervals if i.tokens_per_s_per_gpu is not None]
+        return 1 / statistics.median(rates) if rates else None
+
+    segments = list(per_segment.values())
+    base = speed(segments[0])
+    for intervals in segments[1:]:
+        other = speed(intervals)
+        if intervals[0].iteration > first or base is None or other is None:
+            continue  # resumed from a checkpoint: the same run
+        if max(base, other) > RUN_RATIO * min(base, other):
+            raise InputError(
+                field,
+                f"{log.path}:{intervals[0].line}: the iteration count starts over at {intervals[0].iteration} "
+                f"and the steps take {max(base, other) / min(base, other):.1f}x as long or short: two runs "
+                "in one file; audit each run's log on its own",
+            )
 
 
 def summary(values: list[float]) -> dict[str, float]:

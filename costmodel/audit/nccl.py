@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from costmodel.audit.logs import count, read_lines
 from costmodel.calibration.fit import fit_link
 from costmodel.core.errors import InputError
@@ -79,12 +81,35 @@ def _collective_from_name(path: str) -> str | None:
     return next((c for c in COLLECTIVES if c in stem or c.replace("_", "") in stem), None)
 
 
+MIN_SIZES = 4  # message sizes a table needs: two pin a line exactly (R² = 1 whatever the times)
+ROW_WIDTHS = (12, 13)  # tokens of a row: without and with the root column
+TIME_RANGE_US = (1e-3, 1e9)  # a nanosecond to a quarter of an hour: beyond it a time is not a transfer
+R2_MIN = 0.95  # a fit explaining less than this of its times is not alpha-beta
+LINK_FACTOR = 2.0  # B may exceed the base profile's link rate per direction by this (both directions)
+DIP = 0.8  # a time may dip to this fraction of a smaller message's (noise at the latency floor)
+RISE = 1.2  # the largest message must take this many times the smallest's: else no bandwidth shows
+
+
 def parse_table(path: str, field_name: str = "FILE") -> Table:
-    """Read one nccl-tests output; anything but the table and its header is skipped and counted."""
+    """Read one nccl-tests output; anything but the table and its header is skipped and counted.
+
+    The table must be one: one collective (a second ``# Collective test starting`` is refused, not
+    pooled), every row as wide as the first (12 or 13 columns), sizes strictly increasing, times positive,
+    within :data:`TIME_RANGE_US` and rising (:data:`DIP`, :data:`RISE`), algbw = size / time as printed,
+    and at least :data:`MIN_SIZES` sizes. Each refusal is one :class:`InputError` with its line."""
     collective, threads_gpus, ranks, hosts = None, None, {}, []
-    rows, skipped = [], 0
-    for text, _ in read_lines(path, field_name):
+    rows, skipped, width = [], 0, None
+
+    def refuse(line: int, problem: str) -> InputError:
+        return InputError(field_name, f"{path}:{line}: {problem}")
+
+    for number, (text, _) in enumerate(read_lines(path, field_name, kind="nccl"), start=1):
         if (m := _START.search(text)) is not None:
+            if collective is not None or rows:
+                raise refuse(
+                    number,
+                    f"a second table ({m.group(1)}) after {collective or 'the first'}; one collective per file",
+                )
             collective = m.group(1)
             continue
         if (m := _HEADER.search(text)) is not None and len(text) < 1000:
@@ -100,15 +125,43 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
         if size is None or len(tokens) < 12:
             skipped += 1
             continue
-        out_time, in_time = _float(tokens[-8]), _float(tokens[-4])
-        if out_time is None or out_time <= 0 or size <= 0:
-            skipped += 1
-            continue
+        if len(tokens) not in ROW_WIDTHS or (width is not None and len(tokens) != width):
+            raise refuse(
+                number,
+                f"a row of {len(tokens)} columns"
+                + (f" after rows of {width}" if width is not None else "")
+                + "; nccl-tests rows have 12 or 13 (size count type redop [root] then time algbw busbw #wrong twice)",
+            )
+        width = len(tokens)
+        out_time, algbw, in_time = _float(tokens[-8]), _float(tokens[-7]), _float(tokens[-4])
+        if out_time is None or not TIME_RANGE_US[0] <= out_time <= TIME_RANGE_US[1] or size <= 0:
+            raise refuse(
+                number,
+                f"time {tokens[-8]!r} us: times must be numbers from {TIME_RANGE_US[0]:g} to "
+                f"{TIME_RANGE_US[1]:g} us, sizes positive",
+            )
+        if rows and size <= rows[-1]["bytes"]:
+            raise refuse(
+                number, f"size {size} after {rows[-1]['bytes']}: sizes must increase (one table, one run)"
+            )
+        expected = size / (out_time * 1e3)  # GB/s, as nccl-tests computes algbw
+        if algbw is None or abs(algbw - expected) > 0.05 * expected + 0.02:
+            raise refuse(
+                number,
+                f"algbw {tokens[-7]} GB/s is not size / time = {expected:.2f} GB/s: the columns are not nccl-tests'",
+            )
+        floor = max(r["out_of_place_s"] for r in rows) * DIP if rows else 0.0
+        if out_time * 1e-6 < floor:
+            raise refuse(
+                number, f"time {out_time:g} us falls below smaller messages' times: times must rise with size"
+            )
         rows.append(
             {
                 "bytes": size,
                 "out_of_place_s": out_time * 1e-6,
-                "in_place_s": in_time * 1e-6 if in_time and in_time > 0 else None,
+                "in_place_s": in_time * 1e-6
+                if in_time and TIME_RANGE_US[0] <= in_time <= TIME_RANGE_US[1]
+                else None,
                 "busbw": (_float(tokens[-6]) or 0.0) * 1e9,
             }
         )
@@ -122,6 +175,14 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
     if not rows:
         raise InputError(
             field_name, f"{path}: no rows of an nccl-tests table (size count type ... time algbw busbw)"
+        )
+    if len(rows) < MIN_SIZES:
+        raise InputError(field_name, f"{path}: {len(rows)} message sizes; a fit needs at least {MIN_SIZES}")
+    if rows[-1]["out_of_place_s"] < RISE * rows[0]["out_of_place_s"]:
+        raise InputError(
+            field_name,
+            f"{path}: the largest message takes {rows[-1]['out_of_place_s'] * 1e6:g} us, the smallest "
+            f"{rows[0]['out_of_place_s'] * 1e6:g} us: times must rise at least {RISE}x to show a bandwidth",
         )
     size = len(ranks) or threads_gpus or 0
     if size < 2:
@@ -141,7 +202,40 @@ def fit_table(table: Table) -> LinkFit:
         }
         for r in table.rows
     ]
-    return fit_link(samples, received_fraction=bus_factor(table.collective, table.ranks))
+    from pydantic import ValidationError
+
+    try:
+        return fit_link(samples, received_fraction=bus_factor(table.collective, table.ranks))
+    except (ValidationError, np.linalg.LinAlgError, ValueError, ZeroDivisionError):  # B past 1e30 B/s, ...
+        raise InputError("FILE", f"{table.path}: the times admit no fit of t = α + size / B") from None
+
+
+def _unclamped_alpha(table: Table) -> float:
+    """The weighted least-squares α before :func:`fit_link` clips it at 0."""
+    x = np.array([r["bytes"] for r in table.rows], dtype=float) * bus_factor(table.collective, table.ranks)
+    t = np.array([r["out_of_place_s"] for r in table.rows])
+    design = np.stack([np.ones_like(x), x], axis=1) / t[:, None]
+    (alpha, _), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    return float(alpha)
+
+
+def fit_problem(table: Table, fit: LinkFit, base: HardwareProfile) -> str | None:
+    """Why a fit cannot stand for a link, or None: R² under :data:`R2_MIN`, a negative α (the least-squares
+    line crosses below zero), or B above :data:`LINK_FACTOR` x the base profile's link of that scope."""
+    scope = table.scope(base.devices_per_node)
+    link = (base.links.inter_node if scope == "inter-node" else None) or base.links.intra_node
+    cap = LINK_FACTOR * link.bandwidth_per_direction
+    if not (math.isfinite(fit.r2) and fit.r2 >= R2_MIN):
+        return f"the fit's R² is {fit.r2:.3f}, under {R2_MIN}: the times do not follow t = α + size / B"
+    alpha = _unclamped_alpha(table)
+    if alpha < -0.01 * table.rows[0]["out_of_place_s"]:
+        return f"the fit's α is {alpha * 1e6:.2f} us, below 0: the small messages are too fast for the large"
+    if not (math.isfinite(fit.bandwidth) and fit.bandwidth <= cap):
+        return (
+            f"bus bandwidth {fit.bandwidth / 1e9:.4g} GB/s exceeds {LINK_FACTOR:g} x the {scope} link of "
+            f"{base.name} ({link.bandwidth_per_direction / 1e9:.4g} GB/s per direction)"
+        )
+    return None
 
 
 def fit_all(paths: list[str], base: HardwareProfile) -> list[dict[str, Any]]:
@@ -151,6 +245,9 @@ def fit_all(paths: list[str], base: HardwareProfile) -> list[dict[str, Any]]:
     for path in paths:
         table = parse_table(path)
         fit = fit_table(table)
+        problem = fit_problem(table, fit, base)
+        if problem is not None:  # refused, not flagged: no profile is written from it
+            raise InputError("FILE", f"{path}: {problem}")
         fits.append(
             {
                 "file": path,

@@ -177,9 +177,14 @@ def _measured_s(row: dict[str, Any], where: str) -> float:
 
 def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = None) -> RunTable:
     """The runs of a CSV table (see the module's docstring), every value checked with its row named."""
+    import io
+
+    from costmodel.core.fileio import read_input_text
+
     assume = assume or {}
+    text = read_input_text(path, "--runs", "runs").removeprefix("\ufeff")  # vTrain's tables open with a BOM
     try:
-        with open(path, encoding="utf-8-sig", newline="") as handle:  # vTrain's tables open with a BOM
+        with io.StringIO(text, newline="") as handle:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None:
@@ -201,12 +206,6 @@ def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = 
                 if len(rows) >= MAX_ROWS:
                     raise InputError("--runs", f"{path}: more than {MAX_ROWS:,} runs")
                 rows.append((number, dict(zip(columns, cells, strict=True))))
-    except FileNotFoundError:
-        raise InputError("--runs", f"file not found: {path}") from None
-    except IsADirectoryError:
-        raise InputError("--runs", f"is a directory, expected a CSV table: {path}") from None
-    except UnicodeDecodeError:
-        raise InputError("--runs", f"not a UTF-8 text file: {path}") from None
     except csv.Error as exc:
         raise InputError("--runs", f"{path}: malformed CSV: {exc}") from None
     if not rows:

@@ -20,8 +20,24 @@ def _flag(field: str) -> str:
 def fail(message: str, code: int = 2) -> int:
     # One line whatever the input held: a key or value read from a file may carry line breaks.
     message = message.replace("\r", "\\r").replace("\n", "\\n")
-    sys.stderr.write(f"{PROG}: error: {message}\n")
+    try:
+        sys.stderr.write(f"{PROG}: error: {message}\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # stderr closed (2>&-) or full: the exit code still says it
+        pass
     return code
+
+
+def _stdout_failed(exc: BaseException) -> int:
+    """Standard output cannot take the answer (a full disk, a closed descriptor, text its encoding lacks):
+    one line and exit 2. What is still buffered goes to /dev/null so that the exit's flush stays quiet."""
+    if isinstance(exc, UnicodeEncodeError):
+        encoding = getattr(sys.stdout, "encoding", None) or exc.encoding
+        reason = f"the answer holds {exc.object[exc.start : exc.end]!r}, which {encoding} cannot encode; set PYTHONIOENCODING=utf-8"
+    else:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    _quiet_broken_pipe()
+    return fail(f"stdout: cannot write the answer: {reason}")
 
 
 def _quiet_broken_pipe() -> int:
@@ -43,9 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     from typer.main import get_command
 
     from costmodel.cli.app import app
+    from costmodel.cli.options import NOTES
     from costmodel.core.errors import InputError
+    from costmodel.core.fileio import Terminated
 
+    NOTES.clear()
     command = get_command(app)
+    if sys.stdout is None:  # started with stdout closed (>&-): nowhere to put an answer
+        return fail("stdout: closed; redirect it to a file or /dev/null")
     try:
         result = command.main(args=argv, prog_name=PROG, standalone_mode=False)
     except InputError as exc:
@@ -55,19 +76,53 @@ def main(argv: list[str] | None = None) -> int:
         return fail(message, getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt):
         return fail("interrupted", 130)
+    except Terminated:
+        return fail("terminated", 143)
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except (OSError, ValueError) as exc:  # only a write to stdout gets here: inputs fail as InputError
+        if _is_stdout_failure(exc):
+            return _stdout_failed(exc)
+        raise
     except SystemExit as exc:
         if isinstance(exc.__context__, BrokenPipeError):  # rich's consoles exit 1 when the reader goes
             return _quiet_broken_pipe()
+        if isinstance(exc.__context__, OSError | ValueError) and _is_stdout_failure(exc.__context__):
+            return _stdout_failed(exc.__context__)
         raise
+    _notes()
     try:
         sys.stdout.flush()  # a broken pipe shows here when the output fit in the buffer
     except BrokenPipeError:
         return _quiet_broken_pipe()
+    except (OSError, ValueError) as exc:
+        return _stdout_failed(exc)
     if result == 130:  # click turns Ctrl-C into Exit(130) before we see it
         return fail("interrupted", 130)
     return result if isinstance(result, int) else 0
+
+
+def _notes() -> None:
+    """The notes a command left for after its answer (an error instead would have been the only line)."""
+    from costmodel.cli.options import NOTES
+
+    for note in NOTES:
+        try:
+            sys.stderr.write(note.replace("\n", "\\n") + "\n")
+        except (AttributeError, OSError, ValueError):
+            break
+    NOTES.clear()
+
+
+def _is_stdout_failure(exc: BaseException) -> bool:
+    """A write error of standard output: an encoding error, ENOSPC/EIO/EBADF, a closed file object."""
+    import errno
+
+    if isinstance(exc, UnicodeEncodeError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EIO, errno.EBADF, errno.EDQUOT, errno.EFBIG)
+    return "closed file" in str(exc)
 
 
 if __name__ == "__main__":

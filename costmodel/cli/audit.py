@@ -19,6 +19,10 @@ from costmodel.cli.options import console, house_table
 from costmodel.cli.planning import DataFormat
 from costmodel.core.errors import InputError
 
+MAX_FILES = (
+    64  # logs or nccl-tests tables a run: each is parsed and fitted or evaluated in well under a second
+)
+
 LogsArg = Annotated[
     Optional[list[str]],
     typer.Argument(help="Training logs of Megatron-LM or torchtitan.", show_default=False),
@@ -132,6 +136,8 @@ def audit_cmd(
         return
     if not logs:
         raise InputError("LOG", "give training logs (Megatron-LM, torchtitan), or --runs TABLE.csv")
+    if len(logs) > MAX_FILES:
+        raise InputError("LOG", f"{len(logs):,} logs; audit takes at most {MAX_FILES} a run")
     if config and len(config) != len(logs):
         raise InputError("--config", f"give one per log ({len(logs)}), in the same order; got {len(config)}")
     if fit_profile is not None:
@@ -283,7 +289,7 @@ def _runs_table(document: dict[str, Any]) -> None:
 
 
 def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, Any]:
-    from costmodel.audit.fit import Run, calibrate, fitted_profile
+    from costmodel.audit.fit import Run, calibrate, fit_problem, fitted_profile
     from costmodel.audit.nccl import profile_yaml
     from costmodel.core.fileio import atomic_write_text
     from costmodel.machines.profiles import load_profile
@@ -296,6 +302,9 @@ def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, A
         )
     base = load_profile(profiles.pop())
     result = calibrate([Run(label, values, seconds) for label, values, seconds in runs], base)
+    problem = fit_problem(result, base)
+    if problem is not None:  # refused, not written with a flag
+        raise InputError("--fit-profile", f"not written: {problem}")
     name = Path(out).stem
     profile = fitted_profile(result, base, name, datetime.date.today().isoformat())
     atomic_write_text(
@@ -421,6 +430,8 @@ def from_nccl_tests(
     from costmodel.core.fileio import atomic_write_text, check_writable
     from costmodel.machines.profiles import load_profile
 
+    if len(files) > MAX_FILES:
+        raise InputError("FILE", f"{len(files):,} tables; from-nccl-tests takes at most {MAX_FILES} a run")
     if out is not None:
         check_writable(out, "--out")
     profile = load_profile(base, field="--base")

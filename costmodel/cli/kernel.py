@@ -151,6 +151,7 @@ def selftest(
         rtol=rtol,
         device=device,
     )
+    _check_device(device, nproc, "--device")
     from costmodel.cli.options import working
 
     try:
@@ -229,12 +230,45 @@ def _dtype_shape(
     }
 
 
+SIZE_BOUNDS = {"--tokens": (3, 65_536), "--message-bytes": (6, 1 << 30)}  # (fewest sizes, largest size)
+MAX_SIZES = 32  # sizes a list may name: each is timed for seconds on every rank
+
+
 def _sizes(text: str | None, field: str) -> tuple[int, ...] | None:
+    """Distinct, increasing, positive sizes, enough for the fit and each within its bound; checked here,
+    before any rank starts."""
     if text is None:
         return None
     from costmodel.plans.inputs import parse_tokens
 
-    return tuple(sorted({parse_tokens(part, field) for part in text.split(",") if part.strip()}))
+    fewest, largest = SIZE_BOUNDS[field]
+    sizes = [parse_tokens(part.strip(), field) for part in text.split(",") if part.strip()]
+    if len(sizes) > MAX_SIZES:
+        raise InputError(field, f"{len(sizes)} sizes; at most {MAX_SIZES}")
+    for size in sizes:
+        if not 1 <= size <= largest:
+            raise InputError(field, f"{size} is out of range; each size is from 1 to {largest:,}")
+    if len(set(sizes)) != len(sizes):
+        twice = next(size for size in sizes if sizes.count(size) > 1)
+        raise InputError(field, f"{twice} is given twice; name each size once")
+    if len(sizes) < fewest:
+        raise InputError(field, f"give at least {fewest} sizes for the fit, each once (got {len(sizes)})")
+    return tuple(sorted(sizes))
+
+
+def _check_device(asked: str, nproc: int, flag: str) -> None:
+    """A GPU run (``--device cuda``, ``--backend nccl``) where torch sees fewer GPUs than ranks fails now,
+    not after the ranks time out. Under torchrun each rank has its own GPU: not checked."""
+    import torch
+
+    from costmodel.kernel.launch import under_torchrun
+
+    if asked in ("cuda", "nccl") and not under_torchrun():
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found < nproc:
+            raise InputError(
+                flag, f"{asked} needs one GPU per rank: --nproc {nproc}, but torch sees {found} GPU(s)"
+            )
 
 
 def _require_torch() -> None:
@@ -338,6 +372,7 @@ def calibrate(
         )
     if not under_torchrun() and nproc < 2:
         raise InputError("--nproc", f"a link needs at least 2 ranks (got {nproc})")
+    _check_device(backend, nproc, "--backend")
     target = Path(out)
     if target.suffix not in {".yaml", ".yml"}:
         raise InputError("--out", f"{out}: the profile is YAML; name it .yaml or .yml")
@@ -502,6 +537,7 @@ def validate(
         "kv_heads": cal.kv_heads,
         "head_dim": cal.head_dim,
     }
+    _check_device(backend, nproc, "--backend")
     l_star = critical_tokens(profile, world)
     cases, served = grid(l_star, fitted_tokens=cal.layer_tokens), inference_grid(l_star)
     from costmodel.cli.options import working

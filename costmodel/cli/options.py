@@ -263,16 +263,15 @@ def declared(
 
 def _note_unmapped(path: str) -> None:
     """One line on stderr naming what a Hugging Face config holds that the plan does not use."""
-    import sys
-
     from costmodel.plans.models import load_model
 
     unmapped: list[str] = []
     load_model(path, unmapped=unmapped)
-    if unmapped:
-        sys.stderr.write(
-            f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}\n"
-        )
+    if unmapped:  # said once the command has answered: an error after it stays the only line
+        NOTES.append(f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}")
+
+
+NOTES: list[str] = []  # lines for stderr after a command's answer (cli.main writes them, or drops them)
 
 
 def _from_model(info: FieldInfo) -> bool:

@@ -50,5 +50,5 @@ def report_cmd(
     text = page.plan_page(
         report, resolved.attention, placed, fit=fit, checks=run_checks(located), title=located.plan.name
     )
-    written = atomic_write_text(html, text)
+    written = atomic_write_text(html, text, "--html")
     sys.stderr.write(f"wrote {written}\n")

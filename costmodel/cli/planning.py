@@ -303,6 +303,10 @@ def sweep_cmd(
     from costmodel.training.sweep import parse_grid, sweep
 
     seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(n, "--n", MAX_DEVICES)
+    from costmodel.training.sweep import MAX_PROFILES
+
+    if hw.count(",") >= MAX_PROFILES:  # before splitting: a huge list is refused without building it
+        raise InputError("--hw", f"{hw.count(',') + 1} profiles; a sweep takes at most {MAX_PROFILES}")
     names = [name.strip() for name in hw.split(",") if name.strip()]
     if not names:
         raise InputError("--hw", "give at least one profile")

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
+import io
+import math
 import os
+import re
+import stat
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from costmodel.core.errors import InputError
 
@@ -16,27 +23,30 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never half.
 
     The data goes to a temporary file in the same directory, is flushed to disk, then renamed over
-    the target (rename is atomic within one filesystem). On any error, Ctrl-C included, the temporary
-    file is removed and the target is untouched. A destination that cannot be written (a read-only
-    folder, a parent that is a file, a target that is a folder, a full disk) is an :class:`InputError`
-    naming ``field``, the flag that chose the path.
+    the target (rename is atomic within one filesystem). Only a regular file or a new path is replaced:
+    a symbolic link, a device (``/dev/null``), a FIFO or a folder is refused, so a link is never followed
+    nor replaced. On any error, Ctrl-C and SIGTERM included, the temporary file is removed and the target
+    is untouched. A destination that cannot be written (a read-only folder, a parent that is a file, a full
+    disk) is an :class:`InputError` naming ``field``, the flag that chose the path.
     """
     import tempfile
 
     target = Path(path)
     tmp: str | None = None
     try:
-        if target.is_dir():
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        _make_parent(target)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        # mkstemp makes the file private (0600); give it the target's mode, or what a plain open() would.
-        os.fchmod(fd, target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        with _signals_raise():
+            existing = _replaceable(target)
+            _make_parent(target)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            # mkstemp makes the file private (0600); give it the target's mode, or what a plain open() would.
+            os.fchmod(fd, existing.st_mode & 0o7777 if existing else 0o666 & ~_umask())
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            _replaceable(target)  # still not a link or a device: rename replaces the entry, never its target
+            os.replace(tmp, target)
+            tmp = None
     except BaseException as exc:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
@@ -53,14 +63,57 @@ def check_writable(path: str | os.PathLike[str], field: str) -> None:
 
     target = Path(path)
     try:
-        if target.is_dir():
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        _replaceable(target)
         _make_parent(target)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
         os.close(fd)
         os.unlink(tmp)
     except (OSError, ValueError) as exc:
         raise InputError(field, f"cannot write {_shorten(str(target))}: {_reason(exc)}") from None
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a file was being written (its temporary file is removed on the way out)."""
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` and SIGINT ``KeyboardInterrupt`` while a file is written, so the
+    writer's cleanup runs; the handlers before are restored after (signals only reach the main thread)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, terminate), signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+
+
+def _replaceable(target: Path) -> os.stat_result | None:
+    """The target's own status (a link not followed), None for a new path; anything but a regular file
+    is refused."""
+    try:
+        info = os.lstat(target)
+    except (FileNotFoundError, NotADirectoryError):  # a new path; a file on the way is named by mkdir
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(info.st_mode) else _what(info.st_mode)
+        raise ValueError(f"it is {kind}; only a regular file or a new path is replaced")
+    return info
 
 
 def _make_parent(target: Path) -> None:
@@ -107,24 +160,248 @@ class YamlDocument:
         return 1
 
 
-class YamlInputError(InputError):
-    """A YAML input that cannot be read: ``problem`` at ``line`` (None: the whole file) of ``path``."""
+@dataclass(frozen=True)
+class Kind:
+    """One kind of input file: what it is called in messages and the bounds it is read under."""
+
+    noun: str
+    max_bytes: int
+    max_depth: int = 64  # nested objects and lists (JSON, TOML; YAML has its own)
+
+
+KINDS = {
+    "yaml": Kind("YAML file", MAX_YAML_BYTES, MAX_YAML_DEPTH),
+    "json": Kind("config.json", 1 << 20),  # a Hugging Face config is a few kilobytes
+    "toml": Kind("TOML file", 1 << 20),  # a training config is a few kilobytes
+    "docs": Kind("document-length file", 16 << 20),  # a million lengths in CSV or JSON
+    "log": Kind("training log", 64 << 20),  # about 600k lines: parsed in a few seconds
+    "flags": Kind("launch script or flag file", 1 << 20),
+    "nccl": Kind("nccl-tests output", 1 << 20),  # a table is a few kilobytes
+    "runs": Kind("runs table", 16 << 20),  # 100,000 runs of a few hundred bytes
+}
+STDIN = "-"
+_stdin_read: tuple[str, bytes] | None = None  # (field, bytes): standard input is read once, then kept
+
+
+class FileInputError(InputError):
+    """An input file that cannot be read: ``problem`` at ``line`` (None: the whole file) of ``path``."""
 
     def __init__(self, field: str, path: str, line: int | None, problem: str) -> None:
         super().__init__(field, f"{path}{'' if line is None else f':{line}'}: {problem}")
         self.path, self.line, self.problem = path, line, problem
 
 
+YamlInputError = FileInputError  # the name the plan checker knows
+
+
+def open_input(path: str | os.PathLike[str], field: str, kind: str) -> BinaryIO:
+    """A binary stream of one input file, refused unless it can be read whole in bounded time.
+
+    Only a regular file is opened (a FIFO would block for ever, a device such as /dev/zero never ends),
+    or ``-``: standard input, read once, up to the kind's size cap, into memory. A file over the cap
+    (:data:`KINDS`) is refused before it is read. Every refusal is one :class:`FileInputError`."""
+    name = os.fspath(path)
+    bound = KINDS[kind]
+    shown = _shorten(name)
+
+    def refuse(problem: str) -> FileInputError:
+        return FileInputError(field, shown, None, problem)
+
+    too_big = f"larger than {_size(bound.max_bytes)}, the bound for a {bound.noun}"
+    if name == STDIN:
+        return io.BytesIO(_stdin(field, kind, refuse, too_big))
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; cleared again for a regular file.
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise refuse("file not found") from None
+    except IsADirectoryError:
+        raise refuse(f"is a directory, expected a {bound.noun}") from None
+    except PermissionError:
+        raise refuse("permission denied") from None
+    except (OSError, ValueError) as exc:  # name too long, a loop of links, a NUL in the name, ...
+        raise refuse(f"cannot read: {_reason(exc)}") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise refuse(f"is a directory, expected a {bound.noun}")
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse(f"is {_what(info.st_mode)}, not a regular file (- reads standard input)")
+        if info.st_size > bound.max_bytes:
+            raise refuse(too_big)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _stdin(field: str, kind: str, refuse: Any, too_big: str) -> bytes:
+    """Standard input, read once up to the kind's bound; a second read for the same flag gets the same
+    bytes (a command may load its profile twice), another flag is refused (one stream, one file)."""
+    global _stdin_read
+    if _stdin_read is not None:
+        if _stdin_read[0] != field:
+            raise refuse(f"standard input (-) is already read for {_stdin_read[0]}; name a file here")
+        return _stdin_read[1]
+    stream = sys.stdin.buffer if sys.stdin is not None else None
+    if stream is None:
+        raise refuse("standard input is closed")
+    try:
+        raw = stream.read(KINDS[kind].max_bytes + 1)
+    except (OSError, ValueError) as exc:
+        raise refuse(f"cannot read standard input: {_reason(exc)}") from None
+    if len(raw) > KINDS[kind].max_bytes:
+        raise refuse(too_big)
+    _stdin_read = (field, raw)
+    return raw
+
+
+def read_input(path: str | os.PathLike[str], field: str, kind: str) -> bytes:
+    """The bytes of one input file (:func:`open_input`), at most the kind's size cap."""
+    bound = KINDS[kind]
+    with open_input(path, field, kind) as handle:
+        try:
+            raw = handle.read(bound.max_bytes + 1)
+        except OSError as exc:
+            raise FileInputError(
+                field, _shorten(os.fspath(path)), None, f"cannot read: {_reason(exc)}"
+            ) from None
+    if len(raw) > bound.max_bytes:  # the file grew while it was read
+        raise FileInputError(
+            field,
+            _shorten(os.fspath(path)),
+            None,
+            f"larger than {_size(bound.max_bytes)}, the bound for a {bound.noun}",
+        )
+    return raw
+
+
+def read_input_text(path: str | os.PathLike[str], field: str, kind: str) -> str:
+    """:func:`read_input` decoded as UTF-8; anything else is refused."""
+    raw = read_input(path, field, kind)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileInputError(field, _shorten(os.fspath(path)), None, "not a UTF-8 text file") from None
+
+
+def read_json(path: str | os.PathLike[str], field: str, kind: str = "json") -> Any:
+    """One JSON document, read as strictly as YAML is: duplicate keys, ``NaN`` and ``Infinity``, nesting
+    past the kind's depth and integers of more digits than Python converts are refused, naming the file."""
+    return parse_json(read_input_text(path, field, kind), field, _shorten(os.fspath(path)), kind)
+
+
+def parse_json(text: str, field: str, name: str, kind: str = "json") -> Any:
+    """:func:`read_json` of text already read from the file ``name``."""
+    import json
+
+    depth = KINDS[kind].max_depth
+    if _nesting(text) > depth:  # before parsing: the decoder recurses once per level
+        raise FileInputError(field, name, None, f"nested deeper than {depth} levels")
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in items:
+            if key in seen:
+                raise _Refused(
+                    None, f"duplicate key {_short_key(key)}; JSON would silently keep the last one"
+                )
+            seen[key] = value
+        return seen
+
+    def constant(word: str) -> Any:
+        raise _Refused(None, f"{word} is not a number JSON allows; numbers must be finite")
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except _Refused as exc:
+        raise FileInputError(field, name, None, exc.message) from None
+    except json.JSONDecodeError as exc:
+        raise FileInputError(
+            field, name, exc.lineno, f"malformed JSON (column {exc.colno}): {exc.msg}"
+        ) from None
+    except (ValueError, RecursionError) as exc:  # an integer of more than 4,300 digits
+        raise FileInputError(field, name, None, f"unreadable value: {str(exc).splitlines()[0]}") from None
+
+
+def read_toml(path: str | os.PathLike[str], field: str) -> dict[str, Any]:
+    """One TOML document: nesting past 64 levels, ``inf`` and ``nan`` are refused, naming the file."""
+    import tomllib
+
+    name = _shorten(os.fspath(path))
+    text = read_input_text(path, field, "toml")
+    depth = KINDS["toml"].max_depth
+    if _nesting(text) > depth:
+        raise FileInputError(field, name, None, f"nested deeper than {depth} levels")
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError, ValueError) as exc:
+        raise FileInputError(
+            field, name, None, f"not a readable TOML file: {str(exc).splitlines()[0]}"
+        ) from None
+    for where, value in _leaves(data):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FileInputError(field, name, None, f"{where}: {value} is not a finite number")
+    return data
+
+
+def _leaves(data: Any) -> Iterator[tuple[str, Any]]:
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        else:
+            yield where, value
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of brackets and braces outside quoted strings (JSON and TOML alike)."""
+    import numpy as np
+
+    bare = re.sub(r'"(?:[^"\\\n]|\\.)*"' + r"|'[^'\n]*'", "", text)  # strings may hold brackets
+    codes = np.frombuffer(bare.encode("utf-8"), dtype=np.uint8)
+    steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64)) - np.isin(codes, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _short_key(key: str) -> str:
+    text = repr(key)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _what(mode: int) -> str:
+    for test, word in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
+    ):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
+def _size(limit: int) -> str:
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 else f"{limit >> 10} KiB"
+
+
 def read_yaml(path: str | os.PathLike[str], field: str) -> YamlDocument:
     """Read one YAML document with the safe loader, hardened against hostile files.
 
     Refused, each as one :class:`YamlInputError` naming ``field`` (a flag such as ``--hw``) and the
-    file: files over :data:`MAX_YAML_BYTES`, nesting deeper than :data:`MAX_YAML_DEPTH`, anchors and
-    aliases (an alias bomb expands a few hundred bytes into gigabytes), duplicate keys (YAML would keep
-    the last one silently), Python tags, unreadable or missing files and text that is not UTF-8.
+    file: anything :func:`open_input` refuses (not a regular file, over :data:`MAX_YAML_BYTES`),
+    nesting deeper than :data:`MAX_YAML_DEPTH`, anchors and aliases (an alias bomb expands a few
+    hundred bytes into gigabytes), duplicate keys (YAML would keep the last one silently), Python
+    tags and text that is not UTF-8. Numbers follow YAML 1.2's core schema: ``020000`` is twenty
+    thousand and ``2:16:32`` is text, not YAML 1.1's octal and base 60.
     """
     name = os.fspath(path)
-    text = _read_text(name, field)
+    text = read_input_text(name, field, "yaml")
     import yaml
 
     loader = None
@@ -153,29 +430,6 @@ def load_yaml(path: str | os.PathLike[str], field: str) -> Any:
     return read_yaml(path, field).data
 
 
-def _read_text(name: str, field: str) -> str:
-    def refuse(problem: str) -> YamlInputError:
-        return YamlInputError(field, _shorten(name), None, problem)
-
-    try:
-        with open(name, "rb") as handle:
-            raw = handle.read(MAX_YAML_BYTES + 1)
-    except FileNotFoundError:
-        raise refuse("file not found") from None
-    except IsADirectoryError:
-        raise refuse("is a directory, expected a YAML file") from None
-    except PermissionError:
-        raise refuse("permission denied") from None
-    except (OSError, ValueError) as exc:  # name too long, a loop of links, a NUL in the name, ...
-        raise refuse(f"cannot read: {_reason(exc)}") from None
-    if len(raw) > MAX_YAML_BYTES:
-        raise refuse(f"larger than {MAX_YAML_BYTES // 1024} KiB; a YAML input is a few hundred bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise refuse("not a UTF-8 text file") from None
-
-
 def _shorten(name: str, limit: int = 80) -> str:
     return name if len(name) <= limit else f"{name[: limit - 3]}..."
 
@@ -183,7 +437,7 @@ def _shorten(name: str, limit: int = 80) -> str:
 class _Refused(Exception):
     def __init__(self, node_or_event: Any, message: str) -> None:
         super().__init__(message)
-        self.line = node_or_event.start_mark.line + 1
+        self.line = node_or_event.start_mark.line + 1 if node_or_event is not None else None
         self.message = message
 
 
@@ -223,7 +477,32 @@ def _hardened_loader() -> type:
                 seen[key.tag, key.value] = line
             return node
 
+    _core_schema_numbers(Loader)
     return Loader
+
+
+# YAML 1.2's core schema [YAML-1.2 §10.3.2]: decimal integers (leading zeros are decimal), 0o octal and
+# 0x hexadecimal; no 1.1 base 60 (2:16:32) or 0-prefixed octal, which read plausible lengths as others.
+_INT_12 = r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"
+_FLOAT_12 = r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+
+
+def _core_schema_numbers(loader: type) -> None:
+    int_tag, float_tag = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+    loader.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (int_tag, float_tag)]
+        for first, resolvers in loader.yaml_implicit_resolvers.items()
+    }
+    loader.add_implicit_resolver(int_tag, re.compile(_INT_12), list("-+0123456789"))
+    loader.add_implicit_resolver(float_tag, re.compile(_FLOAT_12), list("-+.0123456789"))
+
+    def construct_int(self: Any, node: Any) -> int:
+        text = str(self.construct_scalar(node))
+        if text.startswith(("0o", "0x")):
+            return int(text[2:], 8 if text[1] == "o" else 16)
+        return int(text, 10)  # an explicit !!int of another form is refused as unreadable
+
+    loader.add_constructor(int_tag, construct_int)
 
 
 def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
@@ -255,7 +534,13 @@ def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> t
     builtins = sorted(p.stem for p in directory.glob("*.yaml"))
     named = {name.lower(): name for name in builtins}.get(spec.lower())  # names are case-insensitive
     path = directory / f"{named}.yaml" if named else Path(spec)
-    if not named and path.suffix not in {".yaml", ".yml"} and os.sep not in spec and not _exists(path):
+    if (
+        not named
+        and spec != STDIN
+        and path.suffix not in {".yaml", ".yml"}
+        and os.sep not in spec
+        and not _exists(path)
+    ):
         import difflib
 
         close = [name for name in builtins if spec.lower() in name]  # h100 -> h100-ib, h100-nvlink

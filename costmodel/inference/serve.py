@@ -35,6 +35,7 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.stages import check_stages
 from costmodel.symbolic import numeric
 from costmodel.training.step import layer_gemm_rate, step_machine
 
@@ -62,8 +63,7 @@ def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int
         raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
     if setup.prompt % setup.cp:
         raise InputError("--prompt", f"{setup.prompt} tokens do not split evenly over --cp {setup.cp} ranks")
-    if setup.pp > model.layers:
-        raise InputError("--pp", f"{setup.pp} stages exceed the model's {model.layers} layers")
+    check_stages(model.layers, setup.pp)
     context = setup.cached + setup.prompt + setup.output
     if model.context_length is not None and context > model.context_length:
         raise InputError(

@@ -228,18 +228,19 @@ class PlanInputs(BaseModel):
             raise InputError("kv_heads", f"{self.kv_heads} exceeds --heads {self.heads}")
         if self.heads % self.kv_heads:
             raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
+        if self.masked:  # before packing: a refused S reads no documents
+            from costmodel.schedule.packed import MAX_MASKED_TOKENS, MAX_MASKED_WORK
+
+            if self.seq > MAX_MASKED_TOKENS or self.seq * self.n > MAX_MASKED_WORK:
+                raise InputError(
+                    "docs" if self.docs else "window" if self.window else "attention_chunk",
+                    f"packed and windowed masks are simulated up to S = {MAX_MASKED_TOKENS:,} tokens and "
+                    f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.n})",
+                )
         if self.docs is not None:
             from costmodel.plans.packing import pack
 
             pack(self.docs, self.seq)
-        if self.masked:
-            from costmodel.schedule.packed import MAX_MASKED_TOKENS
-
-            if self.seq > MAX_MASKED_TOKENS:
-                raise InputError(
-                    "docs" if self.docs else "window" if self.window else "attention_chunk",
-                    f"packed and windowed masks are simulated up to S = {MAX_MASKED_TOKENS:,} tokens",
-                )
         if self.block > self.shard_tokens:
             raise InputError(
                 "block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}"

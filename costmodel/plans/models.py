@@ -3,7 +3,6 @@ a Hugging Face ``config.json`` (Llama, Qwen2/3, Mistral, Mixtral, Gemma 2/3, GPT
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Self
 
@@ -100,19 +99,9 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
 
 
 def _read_json(path: str, field: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise InputError(field, f"file not found: {path}") from None
-    except IsADirectoryError:
-        raise InputError(field, f"is a directory, expected a config.json: {path}") from None
-    except UnicodeDecodeError:
-        raise InputError(field, f"not a UTF-8 text file: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            field, f"malformed JSON in {path} (line {exc.lineno}, column {exc.colno}): {exc.msg}"
-        ) from None
+    from costmodel.core.fileio import read_json
+
+    return read_json(path, field)
 
 
 # Families whose MLP is gated (three matrices: gate, up, down), whatever the activation is called: Gemma's
@@ -136,7 +125,31 @@ _GATED = {
     "phi3",
     "granite",
 }
-_UNGATED = {"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "gpt_bigcode"}
+_UNGATED = {
+    "gpt2",
+    "gpt_neox",
+    "gptj",
+    "opt",
+    "bloom",
+    "falcon",
+    "gpt_bigcode",
+    "RefinedWeb",
+    "RefinedWebModel",
+}
+_KNOWN = _GATED | _UNGATED
+# Other names the families give the shape, as transformers' attribute_map reads them [HF-Transformers]:
+# GPT-2, GPT-J and BigCode say n_embd, n_head, n_layer, n_inner; BLOOM and Falcon's first configs n_head and
+# n_layer; Falcon num_kv_heads (RefinedWeb n_head_kv); OPT ffn_dim.
+_ALIASES = {
+    "num_attention_heads": ("n_head", "num_heads"),
+    "num_hidden_layers": ("n_layer", "num_layers"),
+    "hidden_size": ("n_embd", "d_model"),
+    "intermediate_size": ("n_inner", "ffn_dim", "ffn_hidden_size"),
+    "num_key_value_heads": ("num_kv_heads", "n_head_kv"),
+}
+# Families whose configs may leave the MLP width out: transformers then uses 4 x hidden.
+_FOUR_X_FFN = {"gpt2", "gptj", "gpt_bigcode", "bloom", "falcon", "RefinedWeb", "RefinedWebModel"}
+MAX_NESTING = 4  # text_config inside text_config: multimodal wrappers nest one or two deep
 # Defaults the published configs leave out because transformers' config classes supply them.
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"vocab_size": 262_208, "sliding_window_pattern": 6, "tie_word_embeddings": True},
@@ -169,6 +182,9 @@ _MAPPED = {
     "moe_intermediate_size",
     "sliding_window_size",
     "shared_expert_intermediate_size",
+    "multi_query",
+    "new_decoder_architecture",
+    *(alias for names in _ALIASES.values() for alias in names),
 }
 # Keys that do not change what attention moves or the memory it holds.
 _IRRELEVANT = {
@@ -234,11 +250,32 @@ def from_hf_config(
         raise InputError(
             field, f"{origin}: expected a JSON object of config fields, got {type(data).__name__}"
         )
-    outer = data
-    if isinstance(data.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the LM in text_config
-        data = {**{k: v for k, v in outer.items() if k != "text_config"}, **data["text_config"]}
-    family = str(data.get("model_type", ""))
+    for _ in range(MAX_NESTING):  # multimodal wrappers (Gemma 3, LLaVA) keep the LM in text_config
+        if not isinstance(data.get("text_config"), dict):
+            break
+        data = {**{k: v for k, v in data.items() if k != "text_config"}, **data["text_config"]}
+    else:
+        raise InputError(field, f"{origin}: text_config nested more than {MAX_NESTING} deep")
+    family = data.get("model_type")
+    if not isinstance(family, str) or family not in _KNOWN:
+        shown = repr(family)[:60] if family is not None else "no model_type"
+        raise InputError(
+            field,
+            f"{origin}: {shown} is not a family the import knows (known: {', '.join(sorted(_KNOWN))}); "
+            "write a preset YAML with heads, kv_heads, head_dim, layers, hidden, ffn_hidden and vocab",
+        )
     data = {**_DEFAULTS.get(family, {}), **data}
+    for key, names in _ALIASES.items():  # the canonical name wins; an alias stands in when it is absent
+        if data.get(key) is None:
+            alias = next((name for name in names if data.get(name) is not None), None)
+            if alias is not None:
+                data[key] = data[alias]
+    if (
+        data.get("intermediate_size") is None
+        and family in _FOUR_X_FFN
+        and isinstance(data.get("hidden_size"), int)
+    ):
+        data["intermediate_size"] = 4 * data["hidden_size"]
     if all(key in data for key in _MLA):
         raise InputError(
             field,
@@ -255,7 +292,7 @@ def from_hf_config(
 
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
-    kv_heads = need("num_key_value_heads") if data.get("num_key_value_heads") is not None else heads
+    kv_heads = _kv_heads(data, family, heads, need, field)
     if data.get("head_dim") is not None:
         head_dim = need("head_dim")
     elif hidden % heads:
@@ -266,15 +303,7 @@ def from_hf_config(
         head_dim = hidden // heads
     layers = need("num_hidden_layers")
     notes: list[str] = []
-    activation = data.get("hidden_act") or data.get("hidden_activation")
-    if family in _GATED or family in _UNGATED:
-        gated = family in _GATED
-    else:
-        gated = str(activation).lower() in {"silu", "swish", "swiglu"}
-        notes.append(
-            f"gated_mlp={str(gated).lower()} inferred from hidden_act={activation!r} "
-            f"(model_type {family!r} not known)"
-        )
+    gated = family in _GATED
     window, local = _sliding(data, layers)
     experts_key = next(
         (k for k in ("num_local_experts", "n_routed_experts", "num_experts") if data.get(k)), None
@@ -327,6 +356,23 @@ def from_hf_config(
         return ModelPreset.model_validate(fields), notes
     except ValidationError as exc:
         raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+
+
+def _kv_heads(data: dict[str, Any], family: str, heads: int, need: Any, field: str) -> int:
+    """K/V heads: Falcon's rule (its new decoder reads num_kv_heads; else multi_query means one), else the
+    count under any of its names, else multi_query's one (GPT-BigCode defaults to it), else every head."""
+    multi_query = data.get("multi_query", family == "gpt_bigcode")
+    if not isinstance(multi_query, bool):
+        raise InputError(field, f"multi_query must be true or false (got {str(multi_query)[:40]!r})")
+    if family in ("falcon", "RefinedWeb", "RefinedWebModel") and not data.get("new_decoder_architecture"):
+        if family == "falcon" and "multi_query" not in data:
+            multi_query = True  # transformers' FalconConfig default
+        if multi_query:
+            return 1
+        return heads if data.get("num_key_value_heads") is None else need("num_key_value_heads")
+    if data.get("num_key_value_heads") is not None:
+        return need("num_key_value_heads")
+    return 1 if multi_query else heads
 
 
 def _sliding(data: dict[str, Any], layers: int) -> tuple[int | None, int]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from costmodel.schedule.masks import MaskRule
 Branch = Literal["dense", "varlen"]
 BRANCHES: tuple[Branch, ...] = ("dense", "varlen")
 FIELD = "docs"
-MAX_DOCS = 1 << 20
+MAX_DOCS = 1 << 16  # 65,536 documents: packing is a Python loop over them, then a simulation per layout
 MAX_WINDOWS = 4096
 MAX_FILE_BYTES = 16 << 20
 RULE = "first-fit in the given order; a document is never split; the rest of a window is padding"
@@ -48,13 +47,13 @@ class Packed:
     windows: tuple[tuple[int, ...], ...]
     source: str
 
-    @property
+    @functools.cached_property  # asked per layout and branch: computed once (a frozen dataclass has a __dict__)
     def window(self) -> int:
         """The window the report describes: the one holding the longest document (the first such)."""
         longest = max(self.lengths)
         return next(w for w, docs in enumerate(self.windows) if longest in docs)
 
-    @property
+    @functools.cached_property
     def cu_seqlens(self) -> tuple[int, ...]:
         """Document boundaries of the described window; the last is below S when the rest is padding."""
         return tuple(int(x) for x in np.r_[0, np.cumsum(self.windows[self.window])])
@@ -129,41 +128,42 @@ def _length(value: object, where: str) -> int:
 
 
 def _lengths_from_file(path: Path) -> list[int]:
+    from costmodel.core.fileio import read_input_text
+
     where = path.name
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise InputError(FIELD, f"cannot read {where}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise InputError(FIELD, f"{where} is larger than {MAX_FILE_BYTES >> 20} MiB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(FIELD, f"{where} is not a UTF-8 text file") from None
+    text = read_input_text(path, FIELD, "docs")
     stripped = text.strip()
     if not stripped:
         raise InputError(FIELD, f"{where} holds no document lengths")
     if stripped[0] in "[{":
-        try:
-            data = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise InputError(FIELD, f"{where} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        from costmodel.core.fileio import parse_json
+
+        data = parse_json(stripped, FIELD, where, "docs")
         if isinstance(data, dict):
             return _histogram(list(data.items()), where)
         if isinstance(data, list) and all(isinstance(x, list) and len(x) == 2 for x in data) and data:
             return _histogram([tuple(x) for x in data], where)
         if isinstance(data, list) and data:
-            return [_length(x, where) for x in data[: MAX_DOCS + 1]][:MAX_DOCS]
+            _at_most(len(data), where)
+            return [_length(x, where) for x in data]
         raise InputError(FIELD, f"{where}: expected a list of lengths or a {{length: count}} histogram")
-    rows = [row for row in csv.reader(io.StringIO(stripped)) if row and any(c.strip() for c in row)]
+    try:
+        rows = [row for row in csv.reader(io.StringIO(stripped)) if row and any(c.strip() for c in row)]
+    except csv.Error as exc:  # a field past csv's 131,072 characters, a NUL byte
+        raise InputError(FIELD, f"{where}: not a readable CSV file: {exc}") from None
     if all(len(row) == 1 for row in rows):
-        return [_length(row[0], where) for row in rows[: MAX_DOCS + 1]][:MAX_DOCS]
+        _at_most(len(rows), where)
+        return [_length(row[0], where) for row in rows]
     if rows and not rows[0][0].strip()[:1].isdigit():
         rows = rows[1:]  # a header such as length,count
     if any(len(row) != 2 for row in rows):
         raise InputError(FIELD, f"{where}: CSV rows must be length,count")
     return _histogram([(row[0], row[1]) for row in rows], where)
+
+
+def _at_most(count: int, where: str) -> None:
+    if count > MAX_DOCS:
+        raise InputError(FIELD, f"{where}: {count:,} documents; at most {MAX_DOCS:,} are packed")
 
 
 def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
@@ -183,6 +183,8 @@ def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
     if not (math.isfinite(sigma) and 0 <= sigma <= 4):
         raise InputError(FIELD, f"sigma must be in [0, 4], got {sigma}")
     seed = _whole(given.get("seed", "0"), "lognormal")
+    if not 0 <= seed < 2**64:  # numpy's generator takes a 64-bit unsigned word
+        raise InputError(FIELD, f"lognormal: seed={given['seed']} must be a whole number from 0 to 2^64 - 1")
     rng = np.random.default_rng(seed)
     mu = math.log(mean) - sigma**2 / 2  # so the distribution's mean is `mean`
     if "count" in given:

@@ -38,7 +38,10 @@ DOC_LAYOUTS: tuple[str, ...] = ("doc-striped", "doc-zigzag")
 PackedLayout = Literal["contiguous", "striped", "zigzag", "doc-striped", "doc-zigzag"]
 PACKED_LAYOUTS: tuple[str, ...] = get_args(PackedLayout)
 
-MAX_MASKED_TOKENS = 1 << 24  # the query side is per token: a few int64 arrays of S
+MAX_MASKED_TOKENS = 1 << 21  # the query side is per token: 2M tokens simulate in a few seconds, 250 MB
+# S x N of a plan (checked with its inputs): the walks are per (query tile, key rank), and a window of one
+# token at S = 2M over N = 64 took 30 s; 2M at N = 8 or 256k at N = 64 take a few seconds.
+MAX_MASKED_WORK = 1 << 24
 MASKED_BUDGET = 1 << 28  # intervals x key ranks of one simulation: bounds the steps of its walks
 _CHUNK = 1 << 22  # (query tile, key rank) walks per work array (~32 MB an int64 array)
 

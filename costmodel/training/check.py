@@ -33,6 +33,7 @@ from costmodel.plans.inputs import (
     problems,
 )
 from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.stages import check_stages
 from costmodel.plans.verdict import BANDS, Colour
 
 M = TypeVar("M", bound=BaseModel)
@@ -148,8 +149,15 @@ def load_plan(path: str) -> Located:
     return Located(path, plan, document)
 
 
+MAX_PLANS = 64  # plan files a run: each is about 50 ms here (2 cores), so a run stays within seconds
+
+
 def load_plans(paths: list[str]) -> list[Located]:
     """Every file, each valid, before anything runs; otherwise the problems of all of them."""
+    if len(paths) > MAX_PLANS:
+        raise InputError(
+            "PLAN", f"{len(paths):,} plan files; check takes at most {MAX_PLANS} a run (split them)"
+        )
     located, problems = [], []
     for path in paths:
         try:
@@ -220,6 +228,7 @@ def resolve(located: Located) -> Resolved:
         located, MachineOverrides, {k: v for k, v in fields.items() if k in MachineOverrides.model_fields}
     )
     with _blame(located):
+        check_stages(model.layers, setup.pp, pp_field="pp")
         attention = setup.attention(inputs)
         load_profile(plan.hw, field="hw")
         # The job's placement, as `cp-plan step` and `recommend` make it: ranks by the rank order, a node

@@ -24,6 +24,7 @@ from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
+from costmodel.plans.stages import check_stages
 from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.schedule.layouts import divisors
 from costmodel.training import moe
@@ -111,6 +112,7 @@ def recommend(
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
     re-running this function.
     """
+    check_stages(model.layers, setup.pp)
     attention = setup.attention(inputs)
     base = machine
     # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.

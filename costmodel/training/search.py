@@ -25,6 +25,7 @@ from costmodel.core.units import seconds
 from costmodel.machines.binding import Collective, Machine
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.stages import check_stages
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe
@@ -136,6 +137,8 @@ def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
     """Constraints no plan can meet, as one line naming the flag."""
     if c.tp is not None and model.heads % c.tp:
         raise InputError("--tp", f"{c.tp} does not divide the model's {model.heads} heads")
+    if c.pp is not None:
+        check_stages(model.layers, c.pp, c.vpp or 1)
     if c.pp is not None and model.layers % c.pp:
         raise InputError("--pp", f"{c.pp} does not divide the model's {model.layers} layers")
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)

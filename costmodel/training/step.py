@@ -43,6 +43,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.packing import compute_fraction
+from costmodel.plans.stages import check_stages
 from costmodel.symbolic import numeric
 from costmodel.training import moe
 
@@ -101,7 +102,7 @@ class StepSetup(BaseModel):
     )
     pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
     bucket_bytes: Number = flag(
-        DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", gt=0, le=2**40
+        DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", ge=1, le=2**40
     )
     optimizer_bytes: Number = flag(
         ADAM_BYTES_PER_PARAM,
@@ -205,8 +206,7 @@ def _check(
             f"{step.global_batch} is not divisible by micro-batch x DP = {step.micro_batch} x {dp}",
         )
     micro = step.global_batch // (step.micro_batch * dp)
-    if step.vpp > 1 and setup.pp == 1:
-        raise InputError("--vpp", "interleaving needs --pp > 1")
+    check_stages(model.layers, setup.pp, step.vpp)
     named = attention_kernels(machine.profile)
     if step.attention_kernel not in ("flash", "unfused", *named):
         accepted = ", ".join(["flash", "unfused", *named])

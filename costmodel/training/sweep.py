@@ -23,6 +23,7 @@ RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 
 
 MAX_POINTS = 256  # values per axis: a grid is answered in well under a second
+MAX_PROFILES = 16  # --hw entries: each is loaded, bound and swept (there are 15 built-in profiles)
 
 
 def parse_grid(text: str, field: str, upper: int) -> list[int]:
