@@ -148,10 +148,11 @@ def test_one_device_of_one_rank_holds_the_whole_model(
     shape = {"H": 2048, "V": 50000, "d": 128, "e_m": 2, "g": 1, "h": 16, "n_L": 8, "n_kv": 4, "F_ffn": 1408}
     shape |= {"n_E": experts, "F_sh": shared}
     total = numeric.moe_params(**shape)
-    one = shape | {"t": 1, "pp": 1, "E_p": 1}
+    one = shape | {"t": 1, "pp": 1, "E_p": 1, "n_first": 8, "n_mid": 0, "n_last": 8}
     assert numeric.moe_device_params(**one) == pytest.approx(total, rel=1e-12)
     assert numeric.moe_model_state_bytes(**one, z_w=1, z_g=1, z_o=1) == pytest.approx(18 * total, rel=1e-12)
-    split = shape | {"t": t, "pp": pp}
+    even = shape["n_L"] // pp  # every stage holds as many layers
+    split = shape | {"t": t, "pp": pp, "n_first": even, "n_mid": even if pp > 2 else 0, "n_last": even}
     ep_values = [e for e in (1, ep) if experts % e == 0]
     held = [_at("moe_device_expert_params", split | {"E_p": e}) for e in ep_values]
     assert held == sorted(held, reverse=True)

@@ -50,13 +50,57 @@ def test_attention_flops_count_the_causal_half() -> None:
     assert flops == 0.5 * 8192**2 * 4 * 32 * 128
 
 
+# The output layer's symbols; V = 0 leaves no output layer, so stages differ by their layers only.
+HEAD = {"B_hbm": 3.35e12, "F_head": 6e14, "H": 16384, "N": 1, "S": 8192, "V": 128256, "b": 1, "t": 8}
+
+
+def _pipeline(name: str, pp: int, first: int, middle: int, last: int, **values: float) -> float:
+    stages = {"n_first": first, "n_mid": middle, "n_last": last, "n_L": first + (pp - 2) * middle + last}
+    given = HEAD | values | stages
+    return getattr(numeric, name)(**{a: given[a] for a in numeric.ARGS[name]})
+
+
 @pytest.mark.parametrize(
     ("pp", "v", "m", "bubble"),
-    [(1, 1, 8, 0.0), (8, 1, 64, 7 / 64), (8, 2, 64, 7 / 128), (16, 4, 32, 15 / 128)],
+    [(2, 1, 8, 1 / 8), (8, 1, 64, 7 / 64), (8, 2, 64, 7 / 128), (16, 4, 32, 15 / 128)],
 )
-def test_pipeline_bubble(pp: int, v: int, m: int, bubble: float) -> None:
-    """(p-1)/m for 1F1B, (p-1)/(v·m) interleaved [Megatron21 §2.2]."""
-    assert numeric.pipeline_bubble_fraction(pp=pp, v_pp=v, m_mb=m) == pytest.approx(bubble, rel=1e-12)
+def test_pipeline_bubble_over_even_stages(pp: int, v: int, m: int, bubble: float) -> None:
+    """(p-1)/m for 1F1B, (p-1)/(v·m) interleaved [Megatron21 §2.2], when the stages are alike."""
+    fraction = _pipeline("pipeline_bubble_fraction", pp, 4, 4, 4, V=0, t_lay=1e-3, v_pp=v, m_mb=m)
+    assert fraction == pytest.approx(bubble, rel=1e-12)
+
+
+def test_one_stage_has_no_bubble() -> None:
+    values = {"n_first": 32, "n_mid": 0, "n_last": 32, "n_L": 32}
+    assert numeric.pipeline_bubble_s(**(HEAD | values | {"t_lay": 1e-3, "v_pp": 1})) == 0.0
+
+
+def test_slowest_stage_sets_the_pace_and_the_rest_is_the_bubble() -> None:
+    """Llama 3 405B's split, 7 + 14 x 8 + 7 of 126 layers: with an output layer worth half a layer the
+    middle stages (8 layers) are slowest; worth two layers, the last (7 layers and the output layer) is."""
+    head = numeric.head_s(**{a: HEAD[a] for a in numeric.ARGS["head_s"]})
+    for layers_worth, crit, on_last in ((0.5, 8, 0), (2.0, 7, 1)):
+        t_lay = head / layers_worth
+        args = {"t_lay": t_lay, "v_pp": 2}
+        assert _pipeline("critical_stage_layers", 16, 7, 8, 7, **args) == crit
+        assert _pipeline("critical_stage_head", 16, 7, 8, 7, **args) == on_last
+        slowest = max(8 * t_lay, 7 * t_lay + head)
+        assert _pipeline("stage_max_s", 16, 7, 8, 7, **args) == pytest.approx(slowest, rel=1e-12)
+        bubble = (126 * t_lay + head - slowest) / 2
+        assert _pipeline("pipeline_bubble_s", 16, 7, 8, 7, **args) == pytest.approx(bubble, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("pp", "v", "m", "in_flight"),
+    [
+        (4, 1, 8, 4),  # 1F1B: the warm-up's pp - 1 forwards and one more
+        (4, 1, 2, 2),  # fewer micro-batches than stages: all of them
+        (4, 2, 8, 4 * (1 + 3 / 8)),  # interleaved: 1 + (pp - 1)/(pp·v) times more [Korthikanti22 §4.2]
+        (8, 4, 64, 8 * (1 + 7 / 32)),
+    ],
+)
+def test_first_stage_keeps_its_warm_up_in_flight(pp: int, v: int, m: int, in_flight: float) -> None:
+    assert numeric.first_stage_in_flight(pp=pp, v_pp=v, m_mb=m) == pytest.approx(in_flight, rel=1e-12)
 
 
 def test_ring_exposure_is_zero_when_compute_hides_it_and_all_of_it_with_no_overlap() -> None:
@@ -370,10 +414,9 @@ def test_build_step_names_what_it_does_not_know() -> None:
 def test_fewer_micro_batches_than_stages_is_a_legal_job_with_its_bubble() -> None:
     """Megatron runs m < pp (the stages wait): 1F1B takes (m + pp - 1) slots of a stage's layers, so the
     bubble is (pp - 1)/m of the layers' time over the m micro-batches; the output layer, on the last stage
-    alone, is not in the fill and drain."""
+    alone, is not in the fill and drain, and the bubble fraction is over the busy time, output layer and all."""
     parts = build_step(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, pp=8, global_batch=4)
     step = evaluate_step(*parts)["step"]
-    assert step["bubble_fraction"] == pytest.approx(7 / 4, rel=1e-12)
     per_layer = (
         "matrix multiplies",
         "attention",
@@ -388,6 +431,8 @@ def test_fewer_micro_batches_than_stages_is_a_legal_job_with_its_bubble() -> Non
     )
     layers = sum(step["breakdown"][k] for k in per_layer)
     assert step["breakdown"]["pipeline bubble"] == pytest.approx(7 / 4 * layers, rel=1e-9)
+    busy = layers + step["breakdown"]["output layer and loss"]
+    assert step["bubble_fraction"] == pytest.approx(step["breakdown"]["pipeline bubble"] / busy, rel=1e-9)
 
 
 def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> None:
@@ -415,7 +460,7 @@ def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> No
         "none",
     )
     data = cli(*args, "-f", "json").json()
-    assert data["schema"] == "cp-plan/step/v2"
+    assert data["schema"] == "cp-plan/step/v3"
     assert data["fits"] is False and data["memory"]["fits"] is False
     assert data["memory"]["bytes_per_device"] == pytest.approx(3.384e12, rel=1e-3)
     assert data["memory"]["device_memory_bytes"] == pytest.approx(72e9, rel=1e-9)

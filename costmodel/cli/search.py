@@ -181,7 +181,6 @@ def render_search(data: dict[str, Any]) -> None:
 
 def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSetup) -> str:
     """The pick as Megatron-LM arguments or torchtitan TOML; no plan is a one-line error."""
-    from costmodel.plans.models import load_model
     from costmodel.training.export import megatron_arguments, megatron_command, torchtitan_toml
 
     if not data["plans"]:
@@ -196,5 +195,4 @@ def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSe
     plan = data["plans"][0]
     if fmt == "megatron":
         return megatron_command(megatron_arguments(plan, inputs.seq, data["global_batch"], setup.zero))
-    layers = load_model(inputs.model).layers  # type: ignore[arg-type]
-    return torchtitan_toml(plan, inputs.seq, data["global_batch"], setup.zero, layers)
+    return torchtitan_toml(plan, inputs.seq, data["global_batch"], setup.zero)

@@ -59,12 +59,17 @@ def _table(result: dict) -> None:
 
     from costmodel.cli.render import topology_lines
     from costmodel.core.units import seconds, si
+    from costmodel.plans.stages import StageSplit
 
     step, inputs = result["step"], result["inputs"]
+    split = StageSplit(
+        inputs["pp"], inputs["first_stage_layers"], inputs["middle_stage_layers"], inputs["last_stage_layers"]
+    ).text()
+    stages = f"{split} layers, v {inputs['vpp']}" if split else f"v {inputs['vpp']}"
     screen = console()
     screen.print(
         f"{inputs['model']} S={inputs['seq']} on {inputs['gpus']} x {inputs['hw']}: tp {inputs['tp']}, "
-        f"cp {inputs['cp']} ({inputs['cp_scheme']}, {inputs['layout']}), pp {inputs['pp']} (v {inputs['vpp']}), "
+        f"cp {inputs['cp']} ({inputs['cp_scheme']}, {inputs['layout']}), pp {inputs['pp']} ({stages}), "
         f"dp {inputs['dp']}, {inputs['micro_batches']} micro-batches of {inputs['micro_batch']}, "
         f"recompute {inputs['recompute']}"
     )

@@ -36,7 +36,7 @@ FORMULAS = {
     "decode": ("tpot_s",),
 }
 # One attention layer and nothing else: no weights to read or multiply.
-_NO_WEIGHTS = {"H": 0, "F_ffn": 0, "V": 0, "n_L": 1, "g": 0, "e_m": 1}
+_NO_WEIGHTS = {"H": 0, "F_ffn": 0, "V": 0, "n_L": 1, "n_first": 1, "n_mid": 0, "n_last": 1, "g": 0, "e_m": 1}
 
 
 def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens: int) -> dict[str, Any]:

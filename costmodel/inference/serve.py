@@ -107,6 +107,7 @@ def bind(
         "F_ffn": model.ffn_hidden,
         "V": model.vocab,
         "n_L": model.layers,
+        **check_stages(model.layers, setup.pp).values(),  # the most loaded stage holds the weights to read
         "g": int(model.gated_mlp),
         "e_m": 1 if model.tied_embeddings else 2,
         "n_kl": 0 if setup.cuda_graphs else LAYER_KERNELS + (2 if setup.tp > 1 else 0),

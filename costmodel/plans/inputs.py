@@ -30,6 +30,7 @@ from pydantic import (
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile
+from costmodel.plans.stages import StageSplit, split_stages
 from costmodel.schedule.layouts import Layout, check_divisible
 
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
@@ -343,6 +344,22 @@ class TrainingSetup(BaseModel):
     gpus: Count = flag(8, "G: accelerators in the job.", short="-g", unit="devices", ge=1, le=MAX_DEVICES)
     tp: Count = flag(1, "Tensor-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
     pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
+    first_stage_layers: Count | None = flag(
+        None,
+        "Layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); the middle "
+        "stages share the rest evenly [default: the balanced split].",
+        unit="layers",
+        ge=1,
+        le=MAX_HEADS,
+    )
+    last_stage_layers: Count | None = flag(
+        None,
+        "Layers on the last pipeline stage, which also runs the output layer and loss (Megatron's "
+        "--decoder-last-pipeline-num-layers) [default: the balanced split].",
+        unit="layers",
+        ge=1,
+        le=MAX_HEADS,
+    )
     zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)] = flag(
         1, "ZeRO stage over DP x CP (1 = distributed optimizer)."
     )
@@ -380,6 +397,10 @@ class TrainingSetup(BaseModel):
     def sp(self) -> bool:
         """Sequence parallel in effect: as asked, else on whenever TP splits the layer."""
         return self.tp > 1 if self.sequence_parallel is None else self.sequence_parallel and self.tp > 1
+
+    def stages(self, layers: int, vpp: int = 1) -> StageSplit:
+        """The pipeline split of ``layers``: the first and last stages' counts as given, else balanced."""
+        return split_stages(layers, self.pp, vpp, self.first_stage_layers, self.last_stage_layers)
 
     @property
     def shard_group(self) -> int:

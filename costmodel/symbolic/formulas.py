@@ -98,12 +98,15 @@ from costmodel.symbolic.symbols import (
     m_mb,
     n_bkt,
     n_E,
+    n_first,
     n_kb,
     n_kf,
     n_kl,
     n_kv,
     n_L,
     n_l,
+    n_last,
+    n_mid,
     n_nic,
     o_cp,
     o_dp,
@@ -130,6 +133,7 @@ from costmodel.symbolic.symbols import (
     t_host,
     t_k,
     t_launch,
+    t_lay,
     t_lf,
     u_cp,
     v_pp,
@@ -778,13 +782,18 @@ P = define(
     "1",
     "model arithmetic",
 )
-# Pipeline stages hold n_L/pp layers each; the first adds the input embedding, the last the output layer
-# and final norm (a copy of the embedding when tied, as Megatron keeps one there): the last holds most.
+# The first stage holds its layers and the input embedding, the last its layers, the output layer and final
+# norm (a copy of the embedding when tied, as Megatron keeps one there), a middle stage its layers only.
 P_stage = define(
     "stage_params",
     "P_stage",
-    sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_L / pp * P_layer + V * H + H, True)),
-    "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the last stage",
+    sympy.Piecewise(
+        (P, sympy.Eq(pp, 1)),
+        (sympy.Max(n_first * P_layer + V * H, n_mid * P_layer, n_last * P_layer + V * H + H), True),
+    ),
+    "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the largest of the "
+    "first (its layers and the input embedding), a middle and the last stage (its layers, the output layer "
+    "and the final norm)",
     "1",
     "[Megatron21 §2.2]",
 )
@@ -830,17 +839,42 @@ A_out = define(
     "[Korthikanti22 §4.2]",
 )
 A_kept = (1 - rho) * A_layer + rho * A_in  # what one layer keeps for its backward
-# 1F1B: the first stage holds pp micro-batches in flight of n_L/pp layers, n_L layers' worth; the last
-# holds one micro-batch of its n_L/pp layers and the output layer [Korthikanti22 §4.2].
+
+
+def _in_flight(rank: sympy.Expr) -> sympy.Expr:
+    """Micro-batches' worth of its layers that pipeline stage ``rank`` (0 the first) keeps for backward at
+    the peak. 1F1B: the warm-up's pp - rank - 1 forwards and one more, at most m [Megatron21 §2.2].
+    Interleaved: 2(pp - rank - 1) + (v - 1)·pp + 1 model chunks of 1/v of its layers, at most the m·v
+    there are; on the first stage 1 + (pp - 1)/(pp·v) times the 1F1B figure [Korthikanti22 §4.2]."""
+    return sympy.Piecewise(
+        (sympy.Min(m_mb, pp - rank), sympy.Eq(v_pp, 1)),
+        (sympy.Min(m_mb * v_pp, 2 * (pp - rank - 1) + (v_pp - 1) * pp + 1) / v_pp, True),
+    )
+
+
+I_first = define(
+    "first_stage_in_flight",
+    "I_1",
+    _in_flight(0),
+    "micro-batches' worth of its layers the first pipeline stage keeps for backward at the peak: pp under "
+    "1F1B, fewer when the step has fewer micro-batches, 1 + (pp - 1)/(pp·v) times more interleaved",
+    "1",
+    "[Korthikanti22 §4.2]",
+)
+# The stage that keeps the most: the first (most micro-batches in flight), the second (the first middle
+# stage, which may hold more layers) or the last (one micro-batch, and the output layer's logits).
+_stage_activations = (
+    I_first * n_first * A_kept,
+    _in_flight(1) * n_mid * A_kept,
+    _in_flight(pp - 1) * n_last * A_kept + A_out,
+)
 A = define(
     "activation_bytes",
     "A",
-    sympy.Piecewise(
-        (n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(n_L * A_kept, n_L / pp * A_kept + A_out), True)
-    ),
+    sympy.Piecewise((n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations), True)),
     "activations per device on the most loaded pipeline stage: n_L layers' worth and the output "
-    "layer at pp = 1; under 1F1B the larger of the first stage (pp micro-batches of n_L/pp layers) and "
-    "the last (one micro-batch and the output layer)",
+    "layer at pp = 1; else the largest of the first stage (I_1 micro-batches of its layers), the second "
+    "and the last (its layers and the output layer)",
     "B",
     "[Korthikanti22 §4.2]",
 )
@@ -870,10 +904,7 @@ define(
     sympy.Piecewise(
         (sympy.Subs(n_L * A_kept + A_out + _buffers, N, 1) / (M_dev - M_state), sympy.Eq(pp, 1)),
         (
-            sympy.Max(
-                sympy.Subs(n_L * A_kept + _buffers, N, 1),
-                sympy.Subs(n_L / pp * A_kept + A_out + _buffers, N, 1),
-            )
+            sympy.Max(*(sympy.Subs(stage + _buffers, N, 1) for stage in _stage_activations))
             / (M_dev - M_state),
             True,
         ),
@@ -1190,7 +1221,7 @@ define(
     "s",
     "[Brrr]",
 )
-define(
+t_head = define(
     "head_s",
     "t_head",
     3 * W_head / F_head + E_loss / B_hbm,
@@ -1215,11 +1246,50 @@ define(
     "s",
     "[Megatron21 §4.1]",
 )
+# The pipeline: a micro-batch's pass through stage i takes L_i·t_lay, plus the output layer on the last.
+# 1F1B runs m micro-batches through the slowest stage and fills and drains through the others, so a step
+# takes m·T_stage + (sum of the stages - T_stage); interleaving cuts the fill and drain v-fold
+# [Megatron21 §2.2]. With even stages the bubble is the textbook (pp - 1)/(v·m) of the busy time.
+_last_slowest = n_last * t_lay + t_head >= sympy.Max(n_first, n_mid) * t_lay
+n_crit = define(
+    "critical_stage_layers",
+    "n_c",
+    sympy.Piecewise((n_last, _last_slowest), (sympy.Max(n_first, n_mid), True)),
+    "layers on the pipeline stage slowest per micro-batch: the last, which also runs the output layer and "
+    "the loss, unless another holds enough more layers",
+    "layers",
+    "[Megatron21 §2.2]",
+)
+h_crit = define(
+    "critical_stage_head",
+    "h_c",
+    sympy.Piecewise((1, _last_slowest), (0, True)),
+    "1 when the slowest pipeline stage is the last (it runs the output layer and loss), else 0",
+    "1",
+    "[Megatron21 §2.2]",
+)
+T_stage = define(
+    "stage_max_s",
+    "T_stage",
+    n_crit * t_lay + h_crit * t_head,
+    "one micro-batch through the slowest pipeline stage, forward and backward",
+    "s",
+    "[Megatron21 §2.2]",
+)
+T_bubble = define(
+    "pipeline_bubble_s",
+    "T_bubble",
+    (n_L * t_lay + t_head - T_stage) / v_pp,
+    "pipeline fill and drain: the other stages' share of one micro-batch's pass, cut v-fold by interleaving",
+    "s",
+    "[Megatron21 §2.2]",
+)
 define(
     "pipeline_bubble_fraction",
     "beta_PP",
-    (pp - 1) / (v_pp * m_mb),
-    "pipeline bubble over ideal time: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved",
+    T_bubble / (m_mb * T_stage),
+    "pipeline bubble over the busy time m·T_stage: (p-1)/m for 1F1B over even stages, (p-1)/(v·m) "
+    "interleaved",
     "1",
     "[Megatron21 §2.2]",
 )
@@ -1674,7 +1744,7 @@ define(
 P_exp = define(
     "moe_device_expert_params",
     "P_exp",
-    n_L / pp * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
+    sympy.Max(n_first, n_mid, n_last) * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
     "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
     "parameters",
     "[GShard §2]",
@@ -1730,7 +1800,7 @@ define(
 P_moe = define(
     "moe_params",
     "P_moe",
-    sympy.Subs(P, F_ffn, F_sh) + sympy.Subs(P_exp, (E_p, t, pp), (1, 1, 1)),
+    sympy.Subs(P, F_ffn, F_sh) + sympy.Subs(P_exp, (E_p, t, n_first, n_mid, n_last), (1, 1, n_L, 0, n_L)),
     "parameters of an MoE model: its dense part (attention, norms, any shared expert, embeddings) and "
     "every expert and router of every layer",
     "1",

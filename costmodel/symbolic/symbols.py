@@ -134,6 +134,27 @@ v_pp = _symbol(
     integer=True,
 )
 D = _symbol("D", "data-parallel degree", "devices", STEP, integer=True)
+n_first = _symbol(
+    "n_first", "layers on the first pipeline stage (all of them at pp = 1)", "layers", STEP, integer=True
+)
+n_mid = _symbol(
+    "n_mid",
+    "layers on each middle pipeline stage (none below three stages)",
+    "layers",
+    STEP,
+    integer=True,
+    nonnegative=True,
+)
+n_last = _symbol(
+    "n_last", "layers on the last pipeline stage (all of them at pp = 1)", "layers", STEP, integer=True
+)
+t_lay = _symbol(
+    "t_lay",
+    "one layer's forward, backward and recompute for one micro-batch on one device, with its exposed "
+    "communication and any wait on the host",
+    "s",
+    STEP,
+)
 B_hbm = _symbol("B_hbm", "HBM bandwidth of one accelerator", "B/s", "datasheet")
 F_gemm = _symbol("F_gemm", "achieved FLOP/s of the layer's matrix multiplies", "FLOP/s", "kernel tables")
 F_attn = _symbol("F_attn", "achieved FLOP/s of the attention kernel, forward", "FLOP/s", "[FA2], [FA3]")

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from costmodel.plans.stages import StageSplit
+
 # Megatron-LM --cp-comm-type for each scheme: p2p is the ring, a2a Ulysses, a2a+p2p USP.
 MEGATRON_CP_COMM = {"ring": "p2p", "ulysses": "a2a", "allgather": "allgather", "usp": "a2a+p2p"}
 # torchtitan's context_parallel_rotate_method: alltoall shuffles K, V shards round the ring.
@@ -36,6 +38,8 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
     ]
     if plan["vpp"] > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan["vpp"])]
+    for flag, value in _split(plan).megatron_args().items():  # an uneven split: its first and last stages
+        args += [f"--{flag}", str(value)]
     if plan["cp"] > 1:
         args += ["--cp-comm-type", MEGATRON_CP_COMM[plan["cp_scheme"]]]
         if plan["cp_scheme"] == "usp":
@@ -84,7 +88,7 @@ def megatron_command(args: list[str]) -> str:
     return " \\\n".join(lines) + "\n"
 
 
-def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int, layers: int) -> str:
+def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int) -> str:
     """The plan as torchtitan job-file tables; FSDP (ZeRO-3) shards over DP when ``zero`` is 3, else DP
     replicates (torchtitan has no ZeRO-1 or -2)."""
     dp, shard = plan["dp"], zero == 3
@@ -98,7 +102,7 @@ def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int
     if plan["pp"] > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan["vpp"] > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = plan["micro_batch"]
-        parallelism["pipeline_parallel_layers_per_stage"] = layers // (plan["pp"] * plan["vpp"])
+        parallelism.update(_torchtitan_stages(_split(plan), plan["vpp"]))
     if plan["cp"] > 1:
         parallelism["context_parallel_rotate_method"] = TORCHTITAN_ROTATE[plan["cp_scheme"]]
     # With PP the local batch is split into micro-batches; without, it is one forward and torchtitan
@@ -115,6 +119,25 @@ def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int
         text += [f"{key} = {_toml(value)}" for key, value in table.items()]
         text.append("")
     return "\n".join(text)
+
+
+def _split(plan: dict[str, Any]) -> StageSplit:
+    return StageSplit(
+        plan["pp"], plan["first_stage_layers"], plan["middle_stage_layers"], plan["last_stage_layers"]
+    )
+
+
+def _torchtitan_stages(split: StageSplit, vpp: int) -> dict[str, int]:
+    """torchtitan's split: model chunks of ``layers_per_stage`` layers, the first and the last chunk
+    ``first/last_stage_less_layers`` fewer (its defaults, 1 and 1, stand in for the embedding and the loss:
+    stated always, so the chunks are the plan's)."""
+    widest = max(split.first, split.last, split.middle if split.pp > 2 else 0)
+    per = -(-widest // vpp)
+    return {
+        "pipeline_parallel_layers_per_stage": per,
+        "pipeline_parallel_first_stage_less_layers": vpp * per - split.first,
+        "pipeline_parallel_last_stage_less_layers": vpp * per - split.last,
+    }
 
 
 def _toml(value: Any) -> str:

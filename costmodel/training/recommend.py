@@ -24,7 +24,6 @@ from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
-from costmodel.plans.stages import check_stages
 from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.schedule.layouts import divisors
 from costmodel.training import moe
@@ -37,11 +36,18 @@ def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
 
 
 def training_values(
-    inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine, n: int
+    inputs: PlanInputs,
+    model: ModelPreset,
+    setup: TrainingSetup,
+    machine: Machine,
+    n: int,
+    micro_batches: int | None = None,
+    vpp: int = 1,
 ) -> dict[str, Any]:
     """Every symbol the memory-fit formulas need, at CP degree ``n``: the whole model's heads (the
     formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``).
-    An MoE model's experts are not split (EP 1) and its capacity factor is the default."""
+    An MoE model's experts are not split (EP 1) and its capacity factor is the default. The pipeline's
+    micro-batches default to its stages (1F1B's steady state: the first stage keeps pp in flight)."""
     z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
     # Scores are kept for backward only by an attention that materialises them and is not recomputed.
     keeps_scores = not setup.flash_attention and setup.recompute == "none"
@@ -60,6 +66,9 @@ def training_values(
         "sigma": int(setup.sp),
         "t": float(setup.tp),
         "pp": float(setup.pp),
+        **setup.stages(model.layers, vpp).values(),
+        "m_mb": setup.pp if micro_batches is None else micro_batches,
+        "v_pp": vpp,
         "rho": int(setup.recompute == "full"),
         "z_w": z_w,
         "z_g": z_g,
@@ -112,7 +121,7 @@ def recommend(
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
     re-running this function.
     """
-    check_stages(model.layers, setup.pp)
+    setup.stages(model.layers)  # one line naming the flag for a split that leaves a stage empty
     attention = setup.attention(inputs)
     base = machine
     # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.

@@ -25,7 +25,7 @@ from costmodel.core.units import seconds
 from costmodel.machines.binding import Collective, Machine
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
-from costmodel.plans.stages import check_stages
+from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe
@@ -57,6 +57,9 @@ FRAMEWORKS: dict[str, frozenset[tuple[str, str]]] = {
     ),
     "torchtitan": frozenset({("ring", "zigzag"), ("allgather", "zigzag")}),
 }
+# A plan's layout: the parallel degrees, the pipeline's stage split and the micro-batch size.
+STRUCTURE = ("tp", "cp", "pp", "first_stage_layers", "middle_stage_layers", "last_stage_layers", "vpp", "dp",
+             "micro_batch")  # fmt: skip
 EXPOSED = {  # exposed communication by kind, from the step's breakdown
     "TP": ("exposed TP comm",),
     "CP": ("exposed CP comm", "CP ring overheads (merge, copies, launches)"),
@@ -90,17 +93,20 @@ class Table:
     columns: dict[str, np.ndarray]
     pairs: list[tuple[str, str]]
     kv_heads: int
+    global_batch: int
 
     def __len__(self) -> int:
         return len(self.columns["tp"])
 
     def take(self, keep: np.ndarray) -> Table:
-        return Table({k: v[keep] for k, v in self.columns.items()}, self.pairs, self.kv_heads)
+        return Table(
+            {k: v[keep] for k, v in self.columns.items()}, self.pairs, self.kv_heads, self.global_batch
+        )
 
     def plan(self, i: int) -> dict[str, Any]:
         c = self.columns
         scheme, layout = self.pairs[int(c["pair"][i])]
-        plan = {k: int(c[k][i]) for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch")}
+        plan = {k: int(c[k][i]) for k in (*STRUCTURE, "gpus")}
         if plan["cp"] == 1:
             scheme, layout = "none", None
         ulysses = {"ring": 1, "allgather": 1, "ulysses": plan["cp"], "none": 1}.get(scheme)
@@ -138,14 +144,10 @@ def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
     if c.tp is not None and model.heads % c.tp:
         raise InputError("--tp", f"{c.tp} does not divide the model's {model.heads} heads")
     if c.pp is not None:
-        check_stages(model.layers, c.pp, c.vpp or 1)
-    if c.pp is not None and model.layers % c.pp:
-        raise InputError("--pp", f"{c.pp} does not divide the model's {model.layers} layers")
+        split_stages(model.layers, c.pp, c.vpp or 1)
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
-    if gpus % fixed:
-        raise InputError("--gpus", f"{gpus} GPUs are not divisible by the fixed tp x cp x pp = {fixed}")
     if c.framework not in ("any", *FRAMEWORKS):
         raise InputError("--framework", f"unknown {c.framework!r}; accepted: any, {', '.join(FRAMEWORKS)}")
 
@@ -153,8 +155,11 @@ def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
 def enumerate_plans(
     model: ModelPreset, seq: int, gpus: int, global_batch: int, c: Constraints
 ) -> tuple[Table, dict[str, int]]:
-    """Every layout of ``gpus`` the constraints allow, and how many each structural rule removed."""
-    removed: dict[str, int] = {}
+    """Every layout of at most ``gpus`` the constraints allow: TP dividing the heads, CP the sequence, any
+    number of pipeline stages (each of the splits :func:`candidate_splits` gives, with the virtual stages
+    that leave no chunk empty and any micro-batch count) and, for each, the largest DP whose micro-batches
+    divide the global batch on the GPUs left (more DP never slows a step: fewer micro-batches each). A plan
+    uses fewer GPUs than given where no layout of them all divides; the step says how many."""
     allowed = [
         (s, lay)
         for s, lay in SCHEMES
@@ -165,54 +170,109 @@ def enumerate_plans(
     if not allowed:
         raise InputError("--cp-scheme", f"no CP scheme and layout of {c.framework} matches the constraints")
     pairs = list(SCHEMES)
-    rows: list[tuple[int, ...]] = []
     kv_heads = model.kv_heads
     # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
     a2a_kv = c.framework == "megatron"
-    for tp in divisors(gpus):
-        if (c.tp is not None and tp != c.tp) or model.heads % tp:
+    splits = _Splits(model.layers)
+    dp_of = _LargestDp()
+    structure: list[tuple[int, ...]] = []
+    shape_pairs: dict[tuple[int, int], list[int]] = {}
+    for tp in divisors(model.heads):
+        if (c.tp is not None and tp != c.tp) or tp > gpus:
             continue
-        for cp in divisors(gpus // tp):
-            if (c.cp is not None and cp != c.cp) or cp > MAX_CP or cp > seq:
+        for cp in divisors(seq):
+            if cp > MAX_CP or tp * cp > gpus:
+                break
+            if (c.cp is not None and cp != c.cp) or (cp == 1 and (c.cp_scheme or c.layout)):
+                continue  # a fixed scheme means CP
+            valid = _valid_pairs(allowed, pairs, model, seq, tp, cp, a2a_kv) if cp > 1 else [0]
+            if not valid:
                 continue
-            if cp == 1 and (c.cp_scheme is not None or c.layout is not None):  # a fixed scheme means CP
-                continue
-            usp = _usp_degree(kv_heads, tp, cp) not in (1, cp)
-            for pp in divisors(gpus // (tp * cp)):
-                if (c.pp is not None and pp != c.pp) or model.layers % pp:
+            shape_pairs[(tp, cp)] = valid
+            for pp in range(1, min(model.layers, gpus // (tp * cp)) + 1):
+                if c.pp is not None and pp != c.pp:
                     continue
-                dp = gpus // (tp * cp * pp)
-                if global_batch % dp:
-                    removed["global batch not divisible by DP"] = (
-                        removed.get("global batch not divisible by DP", 0) + 1
-                    )
-                    continue
-                stages = divisors(model.layers // pp) if pp > 1 else [1]
-                for vpp in stages:
-                    if c.vpp is not None and vpp != c.vpp:
+                room = gpus // (tp * cp * pp)
+                for mb in MICRO_BATCHES:
+                    if (c.micro_batch is not None and mb != c.micro_batch) or global_batch % mb:
                         continue
-                    for mb in MICRO_BATCHES:
-                        if (c.micro_batch is not None and mb != c.micro_batch) or (global_batch // dp) % mb:
-                            continue
-                        if pp > 1 and global_batch // (dp * mb) < pp:
-                            continue
-                        for rc, recompute in enumerate(RECOMPUTE):
-                            if c.recompute is not None and recompute != c.recompute:
+                    dp = dp_of(global_batch // mb, room)
+                    micro = global_batch // (mb * dp)
+                    for split, vpps in splits(pp):
+                        for vpp in vpps:
+                            if (c.vpp is not None and vpp != c.vpp) or (vpp > 1 and micro < pp):
                                 continue
-                            for scheme, layout in allowed if cp > 1 else [allowed[0]]:
-                                if cp > 1:
-                                    if seq % (cp * chunks_per_rank(layout)):
-                                        continue
-                                    if scheme == "ulysses" and (model.heads // tp) % cp:
-                                        continue
-                                    if scheme == "ulysses" and a2a_kv and max(kv_heads // tp, 1) % cp:
-                                        continue
-                                    if scheme == "usp" and not usp:  # the plain ring or Ulysses
-                                        continue
-                                rows.append((tp, cp, pp, vpp, dp, mb, rc, pairs.index((scheme, layout))))
-    names = ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")
-    data = np.array(rows, dtype=np.int64).reshape(-1, len(names))
-    return Table({name: data[:, i] for i, name in enumerate(names)}, pairs, kv_heads), removed
+                            structure.append((tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb))
+    names = (*STRUCTURE, "rc", "pair")
+    base = np.array(structure, dtype=np.int64).reshape(-1, len(STRUCTURE))
+    levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
+    blocks = []
+    for (tp, cp), valid in shape_pairs.items():
+        rows = base[(base[:, 0] == tp) & (base[:, 1] == cp)]
+        for rc in levels:
+            for pair in valid:
+                blocks.append(np.column_stack([rows, np.full((len(rows), 2), (rc, pair))]))
+    data = np.concatenate(blocks) if blocks else np.zeros((0, len(names)), dtype=np.int64)
+    columns = {name: data[:, i] for i, name in enumerate(names)}
+    columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
+    return Table(columns, pairs, kv_heads, global_batch), {}
+
+
+def _valid_pairs(
+    allowed: list[tuple[str, str]],
+    pairs: list[tuple[str, str]],
+    model: ModelPreset,
+    seq: int,
+    tp: int,
+    cp: int,
+    a2a_kv: bool,
+) -> list[int]:
+    """The (scheme, layout) pairs that run at this TP and CP degree."""
+    usp = _usp_degree(model.kv_heads, tp, cp) not in (1, cp)
+    valid = []
+    for scheme, layout in allowed:
+        if seq % (cp * chunks_per_rank(layout)):
+            continue
+        if scheme == "ulysses" and (model.heads // tp) % cp:
+            continue
+        if scheme == "ulysses" and a2a_kv and max(model.kv_heads // tp, 1) % cp:
+            continue
+        if scheme == "usp" and not usp:  # the plain ring or Ulysses
+            continue
+        valid.append(pairs.index((scheme, layout)))
+    return valid
+
+
+class _Splits:
+    """The stage splits the search tries at each pipeline depth, each with its virtual-stage counts: 1, and
+    the divisors of the stages' layer count that leave no model chunk empty."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = layers
+        self.cache: dict[int, list[tuple[StageSplit, list[int]]]] = {}
+
+    def __call__(self, pp: int) -> list[tuple[StageSplit, list[int]]]:
+        if pp not in self.cache:
+            out = []
+            for split in candidate_splits(self.layers, pp):
+                sizes = [split.first, split.last] + ([split.middle] if pp > 2 else [])
+                vpps = [1] + ([v for v in divisors(max(sizes)) if 1 < v <= min(sizes)] if pp > 1 else [])
+                out.append((split, vpps))
+            self.cache[pp] = out
+        return self.cache[pp]
+
+
+class _LargestDp:
+    """The largest DP degree that divides ``sequences`` (a global batch's micro-batches) within ``room``."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[int, int], int] = {}
+
+    def __call__(self, sequences: int, room: int) -> int:
+        key = (sequences, room)
+        if key not in self.cache:
+            self.cache[key] = max(d for d in divisors(sequences) if d <= room)
+        return self.cache[key]
 
 
 def _usp_degree(kv_heads: int, tp: int, cp: int) -> int:
@@ -229,6 +289,7 @@ class _Shapes:
     ) -> None:
         self.inputs, self.setup, self.step, self.model, self.machine = inputs, setup, step, model, machine
         self.cache: dict[tuple, dict[str, Any]] = {}
+        self.gemms: dict[tuple, dict[str, float]] = {}
         self.links: dict[tuple[int, int, Collective], float] = {}
 
     def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
@@ -244,7 +305,7 @@ class _Shapes:
                     "cp_scheme": scheme if cp > 1 else "ring",
                 }
             )
-            self.cache[key] = bind(inputs, setup, step, self.model, self.machine)
+            self.cache[key] = bind(inputs, setup, step, self.model, self.machine, self.gemms)
         return self.cache[key]
 
     def link(self, stride: int, size: int, collective: Collective) -> float:
@@ -313,6 +374,7 @@ def evaluate_table(
     for name in PER_SHAPE:
         v[name] = np.array([b[name] for b in bound], dtype=float)[index]
     tp, cp, pp, dp = (c[k].astype(float) for k in ("tp", "cp", "pp", "dp"))
+    v |= _stage_columns(c)
     v |= {
         "t": tp,
         "N": cp,
@@ -338,7 +400,7 @@ def evaluate_table(
                 breakdown[name][rows] = value
     time_s = sum(breakdown.values())
     tokens = numeric.step_tokens(**{a: v[a] for a in numeric.ARGS["step_tokens"]})
-    peak = machine.peak_flops * setup.gpus
+    peak = machine.peak_flops * c["gpus"]
 
     def per_token(name: str) -> Any:
         return getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]})
@@ -352,6 +414,15 @@ def evaluate_table(
         "hfu": hfu,
         "breakdown": breakdown,
         "memory": memory_table(table, inputs, setup, model, machine),
+    }
+
+
+def _stage_columns(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """n_first, n_mid, n_last of the pipeline formulas (no middle stage below three stages)."""
+    return {
+        "n_first": c["first_stage_layers"].astype(float),
+        "n_mid": np.where(c["pp"] > 2, c["middle_stage_layers"], 0).astype(float),
+        "n_last": c["last_stage_layers"].astype(float),
     }
 
 
@@ -369,6 +440,9 @@ def memory_table(
         "t": c["tp"].astype(float),
         "pp": c["pp"].astype(float),
         "b": c["micro_batch"].astype(float),
+        **_stage_columns(c),
+        "m_mb": (table.global_batch // (c["micro_batch"] * c["dp"])).astype(float),
+        "v_pp": c["vpp"].astype(float),
         "rho": (c["rc"] == 2).astype(float),
         "phi": ((c["rc"] == 0) & (not setup.flash_attention)).astype(float),
         "sigma": (c["tp"] > 1).astype(float)
@@ -405,22 +479,82 @@ def search(
             removed,
             _empty_reason(model, inputs, setup, step, constraints, machine, removed),
         )
-    result = evaluate_table(table, inputs, setup, step, model, machine)
-    fits = result["memory"]["total_bytes"] <= result["memory"]["device_bytes"]
-    order = np.lexsort((result["memory"]["total_bytes"], result["time_s"]))
-    order = order[fits[order]]
-    if top is not None:
-        order = order[:top]
-    plans = [_row(table, result, int(i)) for i in order]
-    reason = None
-    if not plans:
-        smallest = float(result["memory"]["total_bytes"].min())
+    memory = memory_table(table, inputs, setup, model, machine)
+    fits = memory["total_bytes"] <= memory["device_bytes"]
+    if not fits.any():
         reason = (
-            f"no plan fits memory: the smallest needs {smallest / 2**30:.1f} GiB of the "
-            f"{result['memory']['device_bytes'] / 2**30:.1f} GiB usable per device"
+            f"no plan fits memory: the smallest needs {float(memory['total_bytes'].min()) / 2**30:.1f} GiB of "
+            f"the {float(memory['device_bytes']) / 2**30:.1f} GiB usable per device"
         )
         reason += _blame(model, inputs, setup, step, constraints, machine)
-    return SearchResult(plans, considered, int(fits.sum()), step.global_batch, removed, reason, _notes(model))
+        return SearchResult([], considered, 0, step.global_batch, removed, reason, _notes(model))
+    table = table.take(fits)
+    shapes = _Shapes(inputs, setup, step, model, machine)
+    if top is not None:
+        table = _contenders(table, top, inputs, setup, step, model, machine, shapes)
+    result = evaluate_table(table, inputs, setup, step, model, machine, shapes)
+    order = np.lexsort((table.columns["gpus"], result["memory"]["total_bytes"], result["time_s"]))
+    if top is not None:  # of plans that differ only in their stage split, the fastest split speaks for all
+        c = table.columns
+        layout = _key(*(c[k][order] for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")))
+        order = order[np.sort(np.unique(layout, return_index=True)[1])][:top]
+    plans = [_row(table, result, int(i)) for i in order]
+    return SearchResult(plans, considered, int(fits.sum()), step.global_batch, removed, None, _notes(model))
+
+
+FIRST_ROUND = 4096  # plans timed before the bound prunes the rest
+
+
+def _contenders(
+    table: Table,
+    top: int,
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    model: ModelPreset,
+    machine: Machine,
+    shapes: _Shapes,
+) -> Table:
+    """The plans that can be among the ``top`` fastest: a step is never shorter than its slowest stage's
+    matrix multiplies and attention for every micro-batch, so after timing the plans with the lowest such
+    bound, any plan whose bound exceeds the ``top``-th time found cannot place (branch and bound)."""
+    if len(table) <= FIRST_ROUND:
+        return table
+    bound = _compute_bound(table, shapes)
+    first = np.argsort(bound, kind="stable")[: max(FIRST_ROUND, 64 * top)]
+    times = evaluate_table(table.take(first), inputs, setup, step, model, machine, shapes)["time_s"]
+    threshold = np.sort(times)[min(top, len(times)) - 1]
+    return table.take(bound <= threshold * (1 + 1e-12))
+
+
+def _compute_bound(table: Table, shapes: _Shapes) -> np.ndarray:
+    """m x (the most layers a stage holds) x one layer's multiplies and attention, forward and backward:
+    a lower bound on every plan's step."""
+    c = table.columns
+    _, first, index = np.unique(
+        _key(c["tp"], c["cp"], c["micro_batch"], c["pair"]), return_index=True, return_inverse=True
+    )
+    per_layer = np.array(
+        [
+            _layer_compute_s(
+                shapes.values(
+                    int(c["tp"][i]),
+                    int(c["cp"][i]),
+                    int(c["micro_batch"][i]),
+                    *table.pairs[int(c["pair"][i])],
+                )
+            )
+            for i in first
+        ]
+    )[index]
+    stage = np.maximum(np.maximum(c["first_stage_layers"], c["last_stage_layers"]), c["middle_stage_layers"])
+    micro = table.global_batch // (c["micro_batch"] * c["dp"])
+    return micro * stage * per_layer
+
+
+def _layer_compute_s(values: dict[str, Any]) -> float:
+    names = ("layer_gemm_fwd_s", "layer_gemm_bwd_s", "layer_attn_fwd_s", "layer_attn_bwd_s")
+    return float(sum(getattr(numeric, n)(**{a: values[a] for a in numeric.ARGS[n]}) for n in names))
 
 
 def _notes(model: ModelPreset) -> list[str]:
@@ -500,6 +634,31 @@ def _usable(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset, machin
     return float(training_values(inputs, model, setup, machine, 1)["M_dev"])
 
 
+def plan_setup(
+    plan: dict[str, Any], inputs: PlanInputs, setup: TrainingSetup, step: StepSetup
+) -> tuple[PlanInputs, TrainingSetup, StepSetup]:
+    """The inputs of `cp-plan step` for a searched plan: the same flags give the same step."""
+    at = inputs.model_copy(update={"n": plan["cp"], "layout": plan["layout"] or inputs.layout})
+    job = setup.model_copy(
+        update={
+            "gpus": plan["gpus"],
+            "tp": plan["tp"],
+            "pp": plan["pp"],
+            "first_stage_layers": plan["first_stage_layers"] if plan["pp"] > 1 else None,
+            "last_stage_layers": plan["last_stage_layers"] if plan["pp"] > 1 else None,
+            "recompute": plan["recompute"],
+        }
+    )
+    knobs = step.model_copy(
+        update={
+            "vpp": plan["vpp"],
+            "micro_batch": plan["micro_batch"],
+            "cp_scheme": "ring" if plan["cp_scheme"] == "none" else plan["cp_scheme"],
+        }
+    )
+    return at, job, knobs
+
+
 def search_loop(
     inputs: PlanInputs,
     setup: TrainingSetup,
@@ -509,8 +668,6 @@ def search_loop(
 ) -> list[dict[str, Any]]:
     """The plain reference: one :func:`~costmodel.training.step.evaluate_step` and one memory fit per
     candidate, fastest first among those that fit."""
-    from costmodel.plans.bind import Evaluator
-    from costmodel.training.recommend import fit_at
     from costmodel.training.step import evaluate_step
 
     model = _model(inputs)
@@ -519,24 +676,16 @@ def search_loop(
     rows = []
     for i in range(len(table)):
         plan = table.plan(i)
-        at = inputs.model_copy(update={"n": plan["cp"], "layout": plan["layout"] or inputs.layout})
-        job = setup.model_copy(update={"tp": plan["tp"], "pp": plan["pp"], "recompute": plan["recompute"]})
-        knobs = step.model_copy(
-            update={
-                "vpp": plan["vpp"],
-                "micro_batch": plan["micro_batch"],
-                "cp_scheme": "ring" if plan["cp_scheme"] == "none" else plan["cp_scheme"],
-            }
-        )
-        result = evaluate_step(at, job, knobs, machine)["step"]
-        values = training_values(
-            at.model_copy(update={"batch": plan["micro_batch"]}), model, job, machine, plan["cp"]
-        )
-        fit = fit_at(Evaluator(values))
-        if fit.fits:
+        at, job, knobs = plan_setup(plan, inputs, setup, step)
+        result = evaluate_step(at, job, knobs, machine)
+        if result["fits"]:
             rows.append(
                 plan
-                | {"step_time_s": result["time_s"], "mfu": result["mfu"], "memory_bytes": fit.total_bytes}
+                | {
+                    "step_time_s": result["step"]["time_s"],
+                    "mfu": result["step"]["mfu"],
+                    "memory_bytes": result["memory"]["bytes_per_device"],
+                }
             )
     return sorted(rows, key=lambda r: (r["step_time_s"], r["memory_bytes"]))
 
@@ -565,18 +714,15 @@ def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
     return f"+{behind / best['step_time_s']:.1%}: " + ", ".join(worse)
 
 
-def table_of(plans: list[dict[str, Any]], kv_heads: int) -> Table:
+def table_of(plans: list[dict[str, Any]], kv_heads: int, global_batch: int) -> Table:
     """Plans (as :meth:`Table.plan` gives them) back as a table, to evaluate them again elsewhere."""
     pairs = list(SCHEMES)
-    columns = {
-        k: np.array([p[k] for p in plans], dtype=np.int64)
-        for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch")
-    }
+    columns = {k: np.array([p[k] for p in plans], dtype=np.int64) for k in (*STRUCTURE, "gpus")}
     columns["rc"] = np.array([RECOMPUTE.index(p["recompute"]) for p in plans], dtype=np.int64)
     columns["pair"] = np.array(
         [pairs.index((p["cp_scheme"], p["layout"])) if p["cp"] > 1 else 0 for p in plans], dtype=np.int64
     )
-    return Table(columns, pairs, kv_heads)
+    return Table(columns, pairs, kv_heads, global_batch)
 
 
 def evaluate_plan(
@@ -584,7 +730,7 @@ def evaluate_plan(
 ) -> dict[str, Any]:
     """One plan's row (time, MFU, memory, breakdown) on possibly other inputs or another machine."""
     model = _model(inputs)
-    table = table_of([plan], model.kv_heads)
+    table = table_of([plan], model.kv_heads, step.global_batch)
     return _row(table, evaluate_table(table, inputs, setup, step, model, machine), 0)
 
 
@@ -663,10 +809,7 @@ def _describe(
     )
     new_best = None
     if best is not None:
-        same = all(
-            best[k] == plan[k]
-            for k in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute", "cp_scheme", "layout")
-        )
+        same = all(best[k] == plan[k] for k in (*STRUCTURE, "recompute", "cp_scheme", "layout"))
         if same and fits:
             text += "; the pick stays the fastest"
         else:
@@ -684,9 +827,13 @@ def _describe(
 
 
 PLAN_KEYS = (
+    "gpus",
     "tp",
     "cp",
     "pp",
+    "first_stage_layers",
+    "middle_stage_layers",
+    "last_stage_layers",
     "vpp",
     "dp",
     "micro_batch",
@@ -706,10 +853,19 @@ def label(plan: dict[str, Any]) -> str:
             plan["cp_scheme"], plan["cp_scheme"]
         )
         cp += f" ({scheme}" + (f", {plan['layout']})" if plan["cp_scheme"] != "ulysses" else ")")
-    pp = f"PP {plan['pp']}" + (f" (v {plan['vpp']})" if plan["vpp"] > 1 else "")
+    split = stage_split(plan).text()
+    stages = ", ".join(part for part in (split, f"v {plan['vpp']}" if plan["vpp"] > 1 else "") if part)
+    pp = f"PP {plan['pp']}" + (f" ({stages})" if stages else "")
     return (
         f"TP {plan['tp']} · {cp} · {pp} · DP {plan['dp']} · mb {plan['micro_batch']} · "
         f"recompute {plan['recompute']}"
+    )
+
+
+def stage_split(plan: dict[str, Any]) -> StageSplit:
+    """The plan's pipeline split (layers on the first, each middle and the last stage)."""
+    return StageSplit(
+        plan["pp"], plan["first_stage_layers"], plan["middle_stage_layers"], plan["last_stage_layers"]
     )
 
 

@@ -43,13 +43,15 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.packing import compute_fraction
-from costmodel.plans.stages import check_stages
+from costmodel.plans.stages import StageSplit
 from costmodel.symbolic import numeric
 from costmodel.training import moe
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
 
-SCHEMA = "cp-plan/step/v2"  # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square
+# v2: mfu counts the trained mask's pairs; the full square is mfu_full_square. v3: the pipeline's stage split
+# in inputs (first/middle/last_stage_layers); bubble_fraction over the slowest stage's busy time.
+SCHEMA = "cp-plan/step/v3"
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
 
@@ -206,7 +208,13 @@ def _check(
             f"{step.global_batch} is not divisible by micro-batch x DP = {step.micro_batch} x {dp}",
         )
     micro = step.global_batch // (step.micro_batch * dp)
-    check_stages(model.layers, setup.pp, step.vpp)
+    setup.stages(model.layers, step.vpp)
+    if step.vpp > 1 and micro < setup.pp:  # the interleaved schedule fills every stage before it steadies
+        raise InputError(
+            "--vpp",
+            f"interleaving needs at least --pp {setup.pp} micro-batches per pipeline; the step has {micro} "
+            "(--global-batch / (--micro-batch x DP))",
+        )
     named = attention_kernels(machine.profile)
     if step.attention_kernel not in ("flash", "unfused", *named):
         accepted = ", ".join(["flash", "unfused", *named])
@@ -323,18 +331,31 @@ def _unfused_rates(seq: int, heads: int, d: int, machine: Machine) -> tuple[floa
 
 
 def _rates(
-    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine, n_r: int
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    model: ModelPreset,
+    machine: Machine,
+    n_r: int,
+    gemms: dict[tuple, dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """F_gemm, F_gemm_b, F_head, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or
-    --efficiency) at this layer's shapes."""
+    --efficiency) at this layer's shapes; ``gemms`` keeps the multiplies' rates by shape across calls (the
+    layout search binds the same shapes under many CP schemes)."""
     t, d = setup.tp, model.head_dim
     rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
-    linear = machine if step.gemm_dtype is None else replace(machine, dtype="fp8")
-    rates = {
-        "F_gemm": layer_gemm_rate(model, linear, t, rows),
-        "F_gemm_b": layer_gemm_rate(model, linear, t, rows, backward=True),
-        "F_head": gemm_calls_rate(machine, [(rows, max(model.vocab // t, 1), model.hidden)]),
-    }
+    key = (t, rows, step.gemm_dtype)
+    if gemms is None or key not in gemms:
+        linear = machine if step.gemm_dtype is None else replace(machine, dtype="fp8")
+        found = {
+            "F_gemm": layer_gemm_rate(model, linear, t, rows),
+            "F_gemm_b": layer_gemm_rate(model, linear, t, rows, backward=True),
+            "F_head": gemm_calls_rate(machine, [(rows, max(model.vocab // t, 1), model.hidden)]),
+        }
+        if gemms is None:
+            gemms = {}
+        gemms[key] = found
+    rates = dict(gemms[key])
     if step.attention_kernel == "unfused":
         f_attn, f_attn_bwd = _unfused_rates(inputs.seq, step.micro_batch * model.heads // t, d, machine)
         return rates | {"F_attn": f_attn, "F_attn_bwd": f_attn_bwd}
@@ -381,9 +402,15 @@ def _attention_kernel_values(step: StepSetup, model: ModelPreset, c: float) -> d
 
 
 def bind(
-    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    model: ModelPreset,
+    machine: Machine,
+    gemms: dict[tuple, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Every base symbol the step formulas need, from the inputs, the preset and the machine."""
+    """Every base symbol the step formulas need, from the inputs, the preset and the machine; ``gemms``
+    carries the multiplies' rates between calls on one machine and model (see :func:`_rates`)."""
     dp, micro = _check(inputs, setup, step, model, machine)
     n_u, n_r = _usp_split(inputs, setup, model)
     t, n, scheme = setup.tp, inputs.n, step.cp_scheme
@@ -405,6 +432,7 @@ def bind(
         "e_m": 1 if model.tied_embeddings else 2,
         "t": t,
         "pp": setup.pp,
+        **setup.stages(model.layers, step.vpp).values(),
         "D": dp,
         "m_mb": micro,
         "v_pp": step.vpp,
@@ -441,7 +469,7 @@ def bind(
     values.update(moe.values(model, step.ep, step.capacity_factor))
     values["F_ffn"] = moe.active_ffn(model)
     values["n_bkt"] = int(buckets(values, step, model))
-    values.update(_rates(inputs, setup, step, model, machine, n_r))
+    values.update(_rates(inputs, setup, step, model, machine, n_r, gemms))
     values.update(_attention_kernel_values(step, model, values["c"]))
     return values
 
@@ -477,26 +505,49 @@ def _cp_exposed(scheme: str, values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return tuple(numpy.where(cp, part, 0.0) for part in (fwd, bwd, ring))  # type: ignore[return-value]
 
 
+def _layer(v: Mapping[str, Any], scheme: str, model: ModelPreset) -> tuple[dict[str, Any], Any]:
+    """One layer's passes for one micro-batch on one device, by component (the host wait included), and
+    the CP communication its backward leaves exposed."""
+    full = v["rc_full"]
+    cp_fwd, cp_bwd, ring_x = _cp_exposed(scheme, v)
+    ep_a2a, imbalance = moe.per_layer(v, model.ffn_hidden)
+    parts = {
+        "matrix multiplies": _call("layer_gemm_fwd_s", v) + _call("layer_gemm_bwd_s", v),
+        "attention": _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v),
+        "elementwise (memory-bound)": (
+            3 * _call("layer_elementwise_bytes", v) + _call("layer_fp8_cast_bytes", v)
+        )
+        / v["B_hbm"],
+        "recompute": _call("layer_recompute_s", v),
+        "exposed TP comm": (2 + full) * _call("tp_exposed_s", v),
+        "exposed CP comm": cp_fwd + cp_bwd + full * cp_fwd,
+        "CP ring overheads (merge, copies, launches)": (2 + full) * ring_x,
+        "exposed EP all-to-all (MoE)": (2 + full) * ep_a2a,
+        "MoE routing imbalance": (3 + full) * imbalance,
+    }
+    wait = _call("layer_host_wait_s", {**v, "t_dev": sum(parts.values())})
+    order = list(parts)
+    order.insert(order.index("recompute"), "waiting on the host (kernel launches)")
+    parts["waiting on the host (kernel launches)"] = wait
+    return {name: parts[name] for name in order}, cp_bwd
+
+
+def pipeline_values(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> dict[str, Any]:
+    """The bound symbols with t_lay, one layer's time per micro-batch, for the pipeline formulas."""
+    parts, _ = _layer(values, scheme, model)
+    return {**values, "t_lay": sum(parts.values())}
+
+
 def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> dict[str, Any]:
     """Seconds per component of one step, summing to the step, from the bound symbols (:func:`bind`):
     numbers, or numpy arrays over many plans of one CP scheme at once (the layout search)."""
     v = values
-    m, stage_layers, full = v["m_mb"], v["n_L"] / v["pp"], v["rc_full"]
-    gemm = _call("layer_gemm_fwd_s", v) + _call("layer_gemm_bwd_s", v)
-    attention = _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v)
-    elementwise = (3 * _call("layer_elementwise_bytes", v) + _call("layer_fp8_cast_bytes", v)) / v["B_hbm"]
-    recompute = _call("layer_recompute_s", v)
-    tp = (2 + full) * _call("tp_exposed_s", v)
-    cp_fwd, cp_bwd, ring_x = _cp_exposed(scheme, v)
-    cp = cp_fwd + cp_bwd + full * cp_fwd
-    ring = (2 + full) * ring_x
-    ep_a2a, imbalance = moe.per_layer(v, model.ffn_hidden)
-    ep_a2a, imbalance = (2 + full) * ep_a2a, (3 + full) * imbalance
-    head = _call("head_s", v)
-    device = gemm + attention + elementwise + recompute + tp + cp + ring + ep_a2a + imbalance
-    host_wait = _call("layer_host_wait_s", {**v, "t_dev": device})
-    layer = device + host_wait
-    micro_batch_s = stage_layers * layer + head
+    m = v["m_mb"]
+    parts, cp_bwd = _layer(v, scheme, model)
+    pipeline = {**v, "t_lay": sum(parts.values())}
+    # The slowest stage runs every micro-batch (the components below); the others' share is the bubble.
+    stage_layers, on_last = _call("critical_stage_layers", pipeline), _call("critical_stage_head", pipeline)
+    micro_batch_s = _call("stage_max_s", pipeline)
     backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
     # Gradients and ZeRO-3 gathers move every weight a device holds: all its experts, not the active ones.
     dp = moe.counted("dp_exposed_s", v, model) + numpy.maximum(
@@ -505,25 +556,25 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
     gather = moe.counted("zero3_gather_s", v, model)  # zero unless ZeRO-3
     zero3 = m * (numpy.maximum(0.0, gather - micro_batch_s) + gather / stage_layers)
     per = m * stage_layers
+    busy = {name: per * part for name, part in parts.items()}
     return {
-        "matrix multiplies": per * gemm,
-        "attention": per * attention,
-        "elementwise (memory-bound)": per * elementwise,
-        "waiting on the host (kernel launches)": per * host_wait,
-        "recompute": per * recompute,
-        "output layer and loss": m * head,
-        "exposed TP comm": per * tp,
-        "exposed CP comm": per * cp,
-        "CP ring overheads (merge, copies, launches)": per * ring,
-        "exposed EP all-to-all (MoE)": per * ep_a2a,
-        "MoE routing imbalance": per * imbalance,
-        # The fill and drain run through the other stages, which hold layers but not the output layer.
-        "pipeline bubble": (v["pp"] - 1) / v["v_pp"] * stage_layers * layer,
+        **busy,
+        "output layer and loss": m * on_last * _call("head_s", v),
+        "pipeline bubble": _call("pipeline_bubble_s", pipeline),
         "exposed PP sends": numpy.where(numpy.asarray(v["pp"]) > 1, _call("pp_exposed_s", v), 0.0),
         "exposed DP comm": dp,
         "exposed ZeRO-3 gathers": zero3,
         "optimizer step": moe.optimizer_s(v, model),
         "framework time per step": numpy.zeros_like(m, dtype=float) + v["t_step"],
+    }
+
+
+def _stage_inputs(split: StageSplit) -> dict[str, int]:
+    """The pipeline's split as the step resolved it (the balanced one unless the first or last was given)."""
+    return {
+        "first_stage_layers": split.first,
+        "middle_stage_layers": split.middle,
+        "last_stage_layers": split.last,
     }
 
 
@@ -563,7 +614,9 @@ def step_memory(
     from costmodel.training.recommend import fit_at, training_values
 
     attention = inputs.model_copy(update={"batch": step.micro_batch})
-    fit = fit_at(Evaluator(training_values(attention, model, setup, machine, inputs.n)))
+    dp = setup.gpus // (setup.tp * inputs.n * setup.pp)
+    micro = step.global_batch // (step.micro_batch * dp)
+    fit = fit_at(Evaluator(training_values(attention, model, setup, machine, inputs.n, micro, step.vpp)))
     return {
         "bytes_per_device": fit.total_bytes,
         "model_state_bytes": fit.model_state_bytes,
@@ -619,7 +672,13 @@ def evaluate_step(
         "schema": SCHEMA,
         "fits": memory["fits"],
         "memory": memory,
-        "inputs": {**stated, "dp": v["D"], "micro_batches": m, "usp_ulysses_degree": v["N_u"]},
+        "inputs": {
+            **stated,
+            **_stage_inputs(setup.stages(model.layers, step.vpp)),
+            "dp": v["D"],
+            "micro_batches": m,
+            "usp_ulysses_degree": v["N_u"],
+        },
         "topology": machine.describe_groups(*_groups(setup, step, inputs.n, v["D"]), _collectives(step)),
         "moe": moe.summary(model, v, machine, *_groups(setup, step, inputs.n, v["D"])),
         "rates": {
@@ -639,7 +698,9 @@ def evaluate_step(
             "model_tflops_per_gpu_full_square": square_flops / time_s / setup.gpus / 1e12,
             "mfu_full_square": square_flops / (time_s * peak),
             "hfu": hardware_flops / (time_s * peak),
-            "bubble_fraction": _call("pipeline_bubble_fraction", v),
+            "bubble_fraction": float(
+                _call("pipeline_bubble_fraction", pipeline_values(v, step.cp_scheme, model))
+            ),
             "breakdown": breakdown,
         },
     }
