@@ -162,9 +162,9 @@ def _given(ctx: typer.Context, *names: str) -> bool:
 
 
 def _plan_flags(report) -> str:  # noqa: ANN001
-    from costmodel.training.recommend import plan_flags
-
-    return plan_flags(report.setup, report.recommendation.micro_batch)
+    """``TP 1 · PP 2 · mb 1 · recompute full``: where a searched plan's window is evaluated."""
+    s = report.setup
+    return f"TP {s.tp} · PP {s.pp} · mb {report.recommendation.micro_batch} · recompute {s.recompute}"
 
 
 def _header(report):  # noqa: ANN001, ANN202

@@ -9,6 +9,9 @@ the scheme is the one that leaves the least communication exposed (:func:`costmo
 and the row says when a scheme with a lower ratio exists. The recommended N is the smallest in the
 window whose lowest ratio is green, else the smallest in the window. The smallest
 leaves the most data parallelism and the least traffic.
+
+Where the layout search has picked a plan, :func:`recommend_plan` makes it the recommendation and
+evaluates the window at its TP, PP, recompute and micro-batch, so that a report gives one answer.
 """
 
 from __future__ import annotations
@@ -231,11 +234,6 @@ def recommend_plan(
         mfu=plan["mfu"],
     )
     return window.model_copy(update={"fit": fit, "recommendation": recommendation, "search": search})
-
-
-def plan_flags(setup: TrainingSetup, micro_batch: int) -> str:
-    """``TP 1 · PP 2 · mb 1 · recompute full``: where a searched plan's window is evaluated."""
-    return f"TP {setup.tp} · PP {setup.pp} · mb {micro_batch} · recompute {setup.recompute}"
 
 
 def _plan_reason(
