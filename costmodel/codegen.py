@@ -165,7 +165,8 @@ def _schema_type(node: dict, defs: dict) -> tuple[str, dict | None]:
         return f"list of {text}", nested
     if kind == "object" and "additionalProperties" in node:
         keys = node.get("propertyNames", {}).get("enum")
-        value, _ = _schema_type(node["additionalProperties"], defs)
+        extra = node["additionalProperties"]  # True for a free-form dict[str, Any]
+        value, _ = _schema_type(extra if isinstance(extra, dict) else {}, defs)
         return f"map {'/'.join(keys) if keys else 'string'} to {value}", None
     bounds = {"exclusiveMinimum": "> {}", "minimum": ">= {}", "maximum": "<= {}"}
     limits = [fmt.format(node[k]) for k, fmt in bounds.items() if k in node]
@@ -247,6 +248,15 @@ def inference_contract() -> str:
     return "\n".join([head, "", *_model_table(InferenceReport)])
 
 
+def recommend_contract() -> str:
+    """Markdown: every key of ``cp-plan recommend --format json``, from its pydantic models."""
+    from costmodel.plans.schema import RecommendReport
+
+    version = RecommendReport.model_fields["schema_"].default
+    head = f"Schema version: `{version}`. Units SI (bytes, s), values unrounded."
+    return "\n".join([head, "", *_model_table(RecommendReport)])
+
+
 def inference_published() -> str:
     from costmodel.inference.published import markdown_table
 
@@ -260,6 +270,7 @@ BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's r
     "validation-table": validation_table,
     "flag-limits": flag_limits,
     "inference-json-contract": inference_contract,
+    "recommend-json-contract": recommend_contract,
     "inference-published": inference_published,
 }
 _MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)

@@ -170,22 +170,16 @@ def test_recommend_cli_json_contract(cli) -> None:
 
 
 def test_recommend_cli_table(cli) -> None:
-    out = cli(
-        "recommend",
-        "--seq",
-        "128k",
-        "--model",
-        "llama3-8b",
-        "--hw",
-        "h100-ib",
-        "--gpus",
-        "64",
-        "--recompute",
-        "full",
-        "--cp-ranks-per-node",
-        "1",  # every CP rank on its own node: the ring crosses IB at any N
-    ).out
+    """Without --gpus the window at the stated flags is the answer, with its fixes; with --gpus the searched
+    plan is, and the window beside it says where the plan's CP lies, with no fix for a plan that works."""
+    job = ["recommend", "--seq", "128k", "--model", "llama3-8b", "--hw", "h100-ib", "--recompute", "full"]
+    job += ["--cp-ranks-per-node", "1"]  # every CP rank on its own node: the ring crosses IB at any N
+    out = cli(*job, "--zero", "3").out  # on the default 8 GPUs, ZeRO-3 lets N = 4 fit
     assert "no CP degree works" in out and "Communication fails" in out and "fix" in out
+    assert "Layout search" not in out
+    out = " ".join(cli(*job, "--gpus", "64").out.split())
+    assert "use TP 1 · CP 8 (ring, zigzag) · PP 1 · DP 8" in out and "CP 8 is past N_max(comm)" in out
+    assert "Communication fails" not in out and "fix " not in out and "no CP degree works" not in out
 
 
 @pytest.mark.parametrize(

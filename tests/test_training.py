@@ -239,24 +239,18 @@ def test_one_device_is_no_context_parallelism_not_a_none_ring(cli) -> None:
     rec = _advice("llama3-70b", "h100-nvlink", 64, tp=8, zero=3, recompute="full").recommendation
     assert (rec.n_recommended, rec.scheme, rec.layout, rec.n_ulysses) == (1, "none", None, None)
     assert rec.reason.startswith("N = 1: no CP is needed") and "None" not in rec.reason
-    out = cli(
-        "recommend",
-        "--seq",
-        "128k",
-        "--model",
-        "llama3-70b",
-        "--gpus",
-        "64",
-        "--hw",
-        "h100-nvlink",
-        "--tp",
-        "8",
-        "--zero",
-        "3",
-        "--recompute",
-        "full",
-    ).out
-    assert "N = 1, no context parallelism" in out and "None" not in out
+    # The searched plan at CP 1 follows the window's words: no scheme, no layout, no all-to-all degree.
+    args = ["recommend", "--seq", "128k", "--model", "llama3-70b", "--gpus", "64", "--hw", "h100-nvlink"]
+    args += ["--tp", "8", "--zero", "3", "--recompute", "full", "--cp", "1"]
+    out = cli(*args).out
+    assert "CP 1: memory fits without context parallelism" in " ".join(out.split()) and "None" not in out
+    searched = cli(*args, "-f", "json").json()["recommendation"]
+    assert (searched["n_recommended"], searched["scheme"], searched["layout"], searched["n_ulysses"]) == (
+        1,
+        "none",
+        None,
+        None,
+    )
 
 
 def test_memory_failure_says_what_would_fit_and_checks_it() -> None:

@@ -68,6 +68,7 @@ class RecommendFormat(str, Enum):
     exclude={"n", "layout", "tp", "pp", "recompute"},
 )
 def recommend_cmd(
+    ctx: typer.Context,
     inputs: PlanInputs,
     setup: TrainingSetup,
     machine_overrides: MachineOverrides,
@@ -86,8 +87,9 @@ def recommend_cmd(
         RecommendFormat, typer.Option("--format", "-f", help="Output format.")
     ] = RecommendFormat.table,
 ) -> None:
-    """The fastest layout that fits, and the CP degree to use: the plan over every TP x CP x PP x DP,
-    micro-batch, recompute and CP scheme, and the window [N_min(memory), N_max(comm)] at the stated TP, PP.
+    """The fastest layout that fits, and the CP degree to use: with --gpus, the plan over every
+    TP x CP x PP x DP, micro-batch, recompute and CP scheme, then the window [N_min(memory), N_max(comm)]
+    at that plan's TP, PP and recompute; without it, the window at the stated TP and PP.
 
     Needs --model: layers, hidden and vocabulary sizes set the memory and the step. --tp, --cp, --pp and
     the other layout flags fix a dimension of the search. --format megatron or torchtitan prints the plan
@@ -96,7 +98,7 @@ def recommend_cmd(
     """
     from costmodel.cli.search import export, render_search, run_search
     from costmodel.plans.models import load_model
-    from costmodel.training.recommend import recommend
+    from costmodel.training.recommend import recommend, recommend_plan
 
     if inputs.model is None:
         raise InputError(
@@ -119,18 +121,21 @@ def recommend_cmd(
     chosen = (
         framework.value if framework else "torchtitan" if format is RecommendFormat.torchtitan else "megatron"
     )
-    found = run_search(inputs, setup, machine_overrides, fixed, global_batch, chosen, top)
-    if format in (RecommendFormat.megatron, RecommendFormat.torchtitan):
+    exporting = format in (RecommendFormat.megatron, RecommendFormat.torchtitan)
+    # The job is laid out when it is stated: its size, a flag only the search reads, or a plan to export.
+    found = None
+    if exporting or _given(
+        ctx, "gpus", "cp", "vpp", "micro_batch", "global_batch", "cp_scheme", "layout", "framework", "top"
+    ):
+        found = run_search(inputs, setup, machine_overrides, fixed, global_batch, chosen, top)
+    if exporting:
         sys.stdout.write(export(found, format.value, inputs, setup))
         return
-    report = recommend(inputs, load_model(inputs.model), setup, job_machine(inputs, machine_overrides))
-    if found["pick"] is not None:
-        pick = found["pick"] | {"global_batch": found["global_batch"]}
-        report = report.model_copy(
-            update={"recommendation": report.recommendation.model_copy(update=pick), "search": found}
-        )
+    model, machine = load_model(inputs.model), job_machine(inputs, machine_overrides)
+    if found is not None and found["pick"] is not None:
+        report = recommend_plan(inputs, model, setup, machine, found)
     else:
-        report = report.model_copy(update={"search": found})
+        report = recommend(inputs, model, setup, machine).model_copy(update={"search": found})
     data = report.model_dump(mode="json", by_alias=True)
     if format is RecommendFormat.yaml:
         import yaml
@@ -138,19 +143,34 @@ def recommend_cmd(
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
     elif format is RecommendFormat.json:
         sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
+    elif report.recommendation.step_time_s is not None:
+        _render_plan(report)
+        _render_window(
+            report, f"Usable CP degrees at {_plan_flags(report)}", plan_cp=report.recommendation.cp
+        )
+        render_search(found)
     else:
         _render_recommendation(report)
-        render_search(found)
+        if found is not None:
+            render_search(found)
 
 
-def _render_recommendation(report) -> None:  # noqa: ANN001
+def _given(ctx: typer.Context, *names: str) -> bool:
+    """Whether any of these flags was given, rather than left at its default."""
+    sources = (ctx.get_parameter_source(name) for name in names)
+    return any(source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT") for source in sources)
+
+
+def _plan_flags(report) -> str:  # noqa: ANN001
+    """``TP 1 · PP 2 · mb 1 · recompute full``: where a searched plan's window is evaluated."""
+    s = report.setup
+    return f"TP {s.tp} · PP {s.pp} · mb {report.recommendation.micro_batch} · recompute {s.recompute}"
+
+
+def _header(report):  # noqa: ANN001, ANN202
     from rich.table import Table
-    from rich.text import Text
 
-    from costmodel.training.recommend import describe_scheme
-
-    out = console()
-    i, s, rec, fit = report.inputs, report.setup, report.recommendation, report.fit
+    i = report.inputs
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
@@ -158,31 +178,20 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     head.add_row("cp-plan", f"recommend · S = {i.seq:,} · {i.model} · {report.hw} · {mask} · {i.pass_}")
     if report.topology:
         head.add_row("topology", report.topology)
-    head.add_row(
-        "job",
-        f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "
-        f"recompute {s.recompute}",
+    return head
+
+
+def _memory_line(fit) -> str:  # noqa: ANN001
+    return (
+        f"at N = {fit.n}: states {si(fit.model_state_bytes, 'B', 3)} + activations "
+        f"{si(fit.activation_bytes, 'B', 3)} + ring buffers {si(fit.buffer_bytes, 'B', 3)} = "
+        f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable"
     )
+
+
+def _window_line(report) -> str:  # noqa: ANN001
+    rec = report.recommendation
     window = f"[{rec.n_min_memory or '-'}, {rec.n_max_comm or '-'}]"
-    label = "use"
-    if report.search and report.search.get(
-        "pick"
-    ):  # the whole job's answer first; the CP window is at TP/PP as stated
-        head.add_row(
-            "use",
-            Text(
-                f"TP {rec.tp} · CP {rec.cp} ({rec.cp_scheme}, {rec.layout}) · PP {rec.pp} · DP {rec.dp} · "
-                f"recompute {rec.recompute}: the fastest plan that fits (layout search below)",
-                style="bold green",
-            ),
-        )
-        label = f"at TP {s.tp}·PP {s.pp}"
-    if rec.n_recommended:
-        scheme = describe_scheme(rec.scheme, i.layout, rec.n_recommended, rec.n_ulysses)
-        dp = next(c.dp for c in report.candidates if c.n == rec.n_recommended)
-        head.add_row(label, Text(f"N = {rec.n_recommended}, {scheme}, DP = {dp}", style="bold green"))
-    else:
-        head.add_row(label, Text("no CP degree works", style="bold red"))
     if rec.n_min_memory_real is None:
         fits = "the model states alone do not fit"
     elif rec.n_min_memory_real <= 1:
@@ -192,20 +201,62 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
         largest = report.candidates[-1].n
         if rec.n_min_memory_real > largest:
             fits += f", beyond the largest usable N = {largest}"
-    head.add_row("window", f"N_min(memory) .. N_max(comm) = {window} ({fits})")
-    head.add_row("why", rec.reason)
+    return f"N_min(memory) .. N_max(comm) = {window} ({fits})"
+
+
+def _render_plan(report) -> None:  # noqa: ANN001
+    """The searched plan first, then the window at its TP, PP, recompute and micro-batch."""
+    from rich.text import Text
+
+    from costmodel.training.search import label
+
+    s, rec, search = report.setup, report.recommendation, report.search
+    head = _header(report)
     head.add_row(
-        "memory",
-        f"at N = {fit.n}: states {si(fit.model_state_bytes, 'B', 3)} + activations "
-        f"{si(fit.activation_bytes, 'B', 3)} + ring buffers {si(fit.buffer_bytes, 'B', 3)} = "
-        f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable",
+        "job",
+        f"{s.gpus} GPUs · ZeRO-{s.zero} · global batch {rec.global_batch:,} sequences · "
+        f"{search['framework']} plans",
     )
+    head.add_row("use", Text(label(search["plans"][0]), style="bold green"))
+    head.add_row("step", f"{seconds(rec.step_time_s)} · MFU {rec.mfu:.0%} (layout search below)")
+    head.add_row("memory", _memory_line(report.fit))
+    head.add_row("window", f"at {_plan_flags(report)}: {_window_line(report)}")
+    head.add_row("why", rec.reason)
+    console().print(head)
+
+
+def _render_recommendation(report) -> None:  # noqa: ANN001
+    """The CP window at the stated TP and PP, and its pick."""
+    from rich.text import Text
+
+    from costmodel.training.recommend import describe_scheme
+
+    i, s, rec = report.inputs, report.setup, report.recommendation
+    head = _header(report)
+    head.add_row(
+        "job",
+        f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "
+        f"recompute {s.recompute}",
+    )
+    if rec.n_recommended:
+        scheme = describe_scheme(rec.scheme, i.layout, rec.n_recommended, rec.n_ulysses)
+        dp = next(c.dp for c in report.candidates if c.n == rec.n_recommended)
+        head.add_row("use", Text(f"N = {rec.n_recommended}, {scheme}, DP = {dp}", style="bold green"))
+    else:
+        head.add_row("use", Text("no CP degree works", style="bold red"))
+    head.add_row("window", _window_line(report))
+    head.add_row("why", rec.reason)
+    head.add_row("memory", _memory_line(report.fit))
     for fix in rec.fixes:
         head.add_row("fix", fix)
-    out.print(head)
-    table = house_table(
-        title="Usable CP degrees",
-    )
+    console().print(head)
+    _render_window(report, "Usable CP degrees")
+
+
+def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # noqa: ANN001
+    """One row per usable CP degree; the plan's, where there is one, in bold."""
+    out = console()
+    table = house_table(title=title)
     for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "exposed", "verdict", "link"):
         table.add_column(
             name, justify="right" if name in {"N", "DP", "memory", "ratio", "exposed"} else "left"
@@ -221,12 +272,13 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
             seconds(c.exposed_comm_s),
             f"[{COLOURS[c.verdict]}]{c.verdict}[/]",
             c.link_scope,
+            style="bold" if c.n == plan_cp else None,
         )
     out.print()
     out.print(table)
     out.print(
         "best scheme: least exposed communication per layer (then least communication); exposed: per layer, "
-        f"{i.pass_}",
+        f"{report.inputs.pass_}",
         style="dim",
     )
 

@@ -1,8 +1,8 @@
 """The layout search behind `cp-plan recommend`: its flags, its JSON section, its table and its exports.
 
-`recommend` answers two questions: the CP window at the stated --tp and --pp (:mod:`costmodel.training.recommend`)
-and, over every layout of the job, the fastest plan that fits (:mod:`costmodel.training.search`). This module
-runs the second and draws it."""
+With --gpus, `recommend` answers with the fastest plan of the job that fits (:mod:`costmodel.training.search`)
+and shows the CP window at that plan's TP and PP (:mod:`costmodel.training.recommend`); without it, the window at
+the stated --tp and --pp. This module runs the search and draws its ranking."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ class Framework(str, Enum):
     any = "any"
 
 
-TpOpt = searched(TrainingSetup, "tp", "searched; the CP window reads 1")
-PpOpt = searched(TrainingSetup, "pp", "searched; the CP window reads 1")
+TpOpt = searched(TrainingSetup, "tp", "searched with --gpus, else 1")
+PpOpt = searched(TrainingSetup, "pp", "searched with --gpus, else 1")
 CpOpt = searched(PlanInputs, "n", "searched", names=("--cp",))
 VppOpt = searched(StepSetup, "vpp", "searched")
 MicroOpt = searched(StepSetup, "micro_batch", "1, 2, 4, 8 searched")
 GlobalOpt = searched(StepSetup, "global_batch", "4M tokens' worth, at least 1")
-RecomputeOpt = searched(TrainingSetup, "recompute", "searched; the CP window reads selective")
+RecomputeOpt = searched(TrainingSetup, "recompute", "searched with --gpus, else selective")
 SchemeOpt = searched(StepSetup, "cp_scheme", "searched")
 LayoutOpt = searched(PlanInputs, "layout", "searched")
 FrameworkOpt = Annotated[
@@ -112,9 +112,8 @@ LAYOUT_SHORT = {"zigzag": "zz", "striped": "st", "contiguous": "ct"}
 
 
 def render_search(data: dict[str, Any]) -> None:
+    """The ranking under the screen's answer: the top plans side by side, why each lost, the sensitivity."""
     from rich.text import Text
-
-    from costmodel.training.search import label
 
     out = console()
     out.print()
@@ -128,8 +127,6 @@ def render_search(data: dict[str, Any]) -> None:
     if not data["plans"]:
         out.print(Text(f"no plan: {data['empty_reason']}", style="bold red"))
         return
-    best = data["plans"][0]
-    out.print(Text(f"use   {label(best)}", style="bold green"))
     table = house_table(padding=(0, 1), collapse_padding=True)
     for name in (
         "#",

@@ -352,25 +352,28 @@ class Fit(_Section):
 
 
 class Recommendation(_Section):
-    """The window [N_min(memory), N_max(comm)] and the pick."""
+    """The plan to use: the layout search's pick where it ran and found one, else the CP degree the window
+    [N_min(memory), N_max(comm)] gives at the stated TP and PP. The window is always the one at this plan's
+    TP, PP, recompute and micro-batch."""
 
     n_min_memory: int | None = Field(description="smallest usable N whose memory fits; null: none fits")
     n_min_memory_real: float | None = Field(
         description="the real-valued N at which memory just fits (formula); null when the model states alone do not fit"
     )
     n_max_comm: int | None = Field(description="largest usable N where some scheme's ratio stays <= 15 %")
-    n_recommended: int | None = Field(description="null when the window is empty")
+    n_recommended: int | None = Field(
+        description="the CP degree to use (the searched plan's cp where there is one); null when the window is empty"
+    )
     dp: int | None = Field(description="data-parallel degree left: G / (TP x PP x N)")
-    scheme: str | None = Field(description="ring, ulysses, usp, or none at N = 1")
+    scheme: str | None = Field(description="ring, ulysses, usp, allgather, or none at N = 1")
     layout: str | None = Field(description="ring layout; zigzag balances a causal mask")
     n_ulysses: int | None = Field(
         description="the all-to-all degree (USP N_u; N for Ulysses; 1 for the ring)"
     )
-    reason: str = Field(description="one sentence")
+    reason: str = Field(description="why this plan, and where its CP degree lies in the window")
     fixes: list[str] = Field(description="what would open an empty window, each checked where it can be")
-    # The layout search (`cp-plan recommend` with a model): the fastest plan that fits; null when none
-    # does. Where it ran, dp and layout above are this plan's; n_recommended and scheme stay the CP
-    # window's answer at the stated --tp and --pp.
+    # The layout search (`cp-plan recommend --gpus G`): the fastest plan that fits; null where the search
+    # did not run or nothing fits. Where it found one, every field above describes it.
     tp: int | None = Field(None, description="searched plan: tensor-parallel degree")
     cp: int | None = Field(None, description="searched plan: context-parallel degree")
     pp: int | None = Field(None, description="searched plan: pipeline-parallel degree")
@@ -413,18 +416,23 @@ class RecommendReport(_Section):
 
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
-    schema_: str = Field("cp-plan/recommend/v2", alias="schema", description="contract version")
-    inputs: PlanInputs
-    setup: TrainingSetup
+    schema_: str = Field("cp-plan/recommend/v3", alias="schema", description="contract version")
+    inputs: PlanInputs = Field(
+        description="the layer, with the searched plan's micro-batch as b where there is one"
+    )
+    setup: TrainingSetup = Field(
+        description="the job; where the search found a plan, with its TP, PP and recompute (the flags given "
+        "are search.constraints)"
+    )
     hw: str
     topology: str = Field(
         default="", description="the fast domain's shape and size, and how devices reach the fabric beyond it"
     )
     fit: Fit = Field(description="at the recommended N, else at N_min(memory), else at the largest N")
     recommendation: Recommendation
-    candidates: list[RecommendCandidate]
+    candidates: list[RecommendCandidate] = Field(description="every usable CP degree at setup's TP and PP")
     search: dict[str, Any] | None = Field(
         None,
-        description="the layout search: global batch, constraints, candidates counted, the top plans with "
-        "their breakdown and why each lost, the pick's sensitivity; empty_reason when nothing fits",
+        description="the layout search (with --gpus): global batch, constraints, candidates counted, the top "
+        "plans with their breakdown and why each lost, the pick's sensitivity; empty_reason when nothing fits",
     )

@@ -9,6 +9,9 @@ the scheme is the one that leaves the least communication exposed (:func:`costmo
 and the row says when a scheme with a lower ratio exists. The recommended N is the smallest in the
 window whose lowest ratio is green, else the smallest in the window. The smallest
 leaves the most data parallelism and the least traffic.
+
+Where the layout search has picked a plan, :func:`recommend_plan` makes it the recommendation and
+evaluates the window at its TP, PP, recompute and micro-batch, so that a report gives one answer.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from costmodel.core.errors import InputError
-from costmodel.core.units import si
+from costmodel.core.units import seconds, si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluator, plan_values
@@ -196,6 +199,78 @@ def recommend(
         fit=fit,
         recommendation=recommendation,
         candidates=rows,
+    )
+
+
+def plan_job(
+    inputs: PlanInputs, setup: TrainingSetup, plan: dict[str, Any]
+) -> tuple[PlanInputs, TrainingSetup]:
+    """The inputs and setup a searched plan runs at: its TP, PP, recompute and micro-batch (b, which
+    activations and the ring's traffic scale with)."""
+    return (
+        inputs.model_copy(update={"batch": plan["micro_batch"]}),
+        setup.model_copy(update={"tp": plan["tp"], "pp": plan["pp"], "recompute": plan["recompute"]}),
+    )
+
+
+def recommend_plan(
+    inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine, search: dict[str, Any]
+) -> RecommendReport:
+    """The report of the layout search's pick (``search["plans"][0]``): the window, its rows and the fit
+    are at the plan's TP, PP, recompute and micro-batch, and ``recommendation`` is the plan itself, so
+    that the report gives one answer."""
+    plan = search["plans"][0]
+    at_inputs, at_setup = plan_job(inputs, setup, plan)
+    window = recommend(at_inputs, model, at_setup, machine, suggest=False)
+    cp = plan["cp"]
+    row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
+    fit = fit_at(Evaluator(training_values(at_inputs, model, at_setup, machine, cp)))
+    rec = window.recommendation
+    recommendation = Recommendation(
+        n_min_memory=rec.n_min_memory,
+        n_min_memory_real=rec.n_min_memory_real,
+        n_max_comm=rec.n_max_comm,
+        n_recommended=cp,
+        dp=plan["dp"],
+        scheme="none" if cp == 1 else plan["cp_scheme"],
+        layout=None if cp == 1 or plan["cp_scheme"] == "ulysses" else plan["layout"],
+        n_ulysses=None if cp == 1 else plan["cp_ulysses"],
+        reason=_plan_reason(plan, search, row, rec, fit, at_inputs.pass_),
+        fixes=[],
+        **{k: plan[k] for k in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute", "cp_scheme")},
+        global_batch=search["global_batch"],
+        step_time_s=plan["step_time_s"],
+        mfu=plan["mfu"],
+    )
+    return window.model_copy(update={"fit": fit, "recommendation": recommendation, "search": search})
+
+
+def _plan_reason(
+    plan: dict[str, Any],
+    search: dict[str, Any],
+    row: RecommendCandidate,
+    window: Recommendation,
+    fit: Fit,
+    pass_: str,
+) -> str:
+    cp = plan["cp"]
+    text = (
+        f"The fastest of the {search['fit']:,} plans that fit, of {search['considered']:,}: "
+        f"{seconds(plan['step_time_s'])} per step at {plan['mfu']:.0%} MFU, "
+        f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable per device. "
+    )
+    span = f"[{window.n_min_memory or '-'}, {window.n_max_comm or '-'}]"
+    lowest = (
+        f"its lowest {pass_} comm ratio ({row.lowest_ratio_scheme}, {row.lowest_ratio:.2%}, {row.link_scope})"
+    )
+    if cp == 1:
+        return text + f"CP 1: memory fits without context parallelism, in the window {span}."
+    if row.lowest_ratio <= AMBER.upper:
+        return text + f"CP {cp} lies in the window {span}: memory fits and {lowest} is within 15 %."
+    # The window caps a layer's comm ratio; the step charges only what stays exposed, and can still win.
+    return (
+        text + f"CP {cp} is past N_max(comm) of the window {span}: {lowest} is above 15 %; the step time "
+        "counts the communication the plan leaves exposed."
     )
 
 
