@@ -23,6 +23,7 @@ balanced model of [A-RingCost §4]: peak for every block, no α, the causal half
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -174,12 +175,7 @@ def ring_pass(
         rate = machine.rate(call_flops, masked, backward, ranks, queries, keys, inputs.head_dim)
         return flops * factor / rate
 
-    compute = np.empty_like(pairs, dtype=float)
-    for step in range(n):  # per step: the ranks computing, and the few distinct blocks they hold
-        column = pairs[:, step]
-        blocks, which = np.unique(column, return_inverse=True)
-        busy = int((column > 0).sum())
-        compute[:, step] = np.array([seconds(float(b), step == 0, busy) for b in blocks])[which]
+    compute = time_calls(pairs, seconds)
     if not backward:
         comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0
     elif n == 1:
@@ -188,6 +184,22 @@ def ring_pass(
         comm = [kv_s if j == 0 else (dkv_s if j == n - 1 else kv_s + dkv_s) for j in range(n)]
         waits, tail = [1 if j in (0, n - 1) else 2 for j in range(n)], dkv_s
     return RingPass(pairs, compute, comm, waits, tail, machine.overlap, machine.fixed("step_overhead_s"))
+
+
+def time_calls(pairs: np.ndarray, seconds: Callable[[float, bool, int], float]) -> np.ndarray:
+    """(ranks, steps) seconds of every rank's call at every step: ``seconds(pairs, first step, ranks busy at
+    that step)``. A schedule has few distinct (block, first step, busy) calls, so each is timed once for the
+    whole pass, not once per step: the window times passes of up to MAX_CP steps."""
+    blocks, which = np.unique(pairs, return_inverse=True)
+    which = which.reshape(pairs.shape)
+    steps = pairs.shape[1]
+    kinds, kind = np.unique(2 * (pairs > 0).sum(axis=0) + (np.arange(steps) == 0), return_inverse=True)
+    used = np.zeros((len(blocks), len(kinds)), dtype=bool)
+    used[which, kind[None, :]] = True
+    table = np.zeros(used.shape)
+    for b, k in zip(*np.nonzero(used), strict=True):
+        table[b, k] = seconds(float(blocks[b]), bool(kinds[k] % 2), int(kinds[k] // 2))
+    return table[which, kind[None, :]]
 
 
 def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool) -> Prediction:
