@@ -190,8 +190,8 @@ def time_calls(pairs: np.ndarray, seconds: Callable[[float, bool, int], float]) 
     """(ranks, steps) seconds of every rank's call at every step: ``seconds(pairs, first step, ranks busy at
     that step)``. A schedule has few distinct (block, first step, busy) calls, so each is timed once for the
     whole pass, not once per step: the window times passes of up to MAX_CP steps."""
-    blocks, which = np.unique(pairs, return_inverse=True)
-    which = which.reshape(pairs.shape)
+    blocks = np.unique(pairs)
+    which = np.searchsorted(blocks, pairs)  # cheaper than unique's inverse: its argsort of N² entries
     steps = pairs.shape[1]
     kinds, kind = np.unique(2 * (pairs > 0).sum(axis=0) + (np.arange(steps) == 0), return_inverse=True)
     used = np.zeros((len(blocks), len(kinds)), dtype=bool)
