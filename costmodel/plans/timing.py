@@ -145,6 +145,7 @@ def ring_pass(
         + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
     )
     call = None  # the tokens of one call where packed documents cut blocks into calls
+    calls = None
     if pairs is not None:
         pass
     elif machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
@@ -155,6 +156,7 @@ def ring_pass(
     else:
         tile = simulation_tile(inputs.seq, n, inputs.block)
         pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
+        calls = _simulated_calls(inputs.layout, inputs.seq, n, tile, inputs.causal)
     pair_flops = _call("pair_flops", values)
     factor = BACKWARD_FLOP if backward else 1.0
     full = float(length) * length
@@ -175,7 +177,7 @@ def ring_pass(
         rate = machine.rate(call_flops, masked, backward, ranks, queries, keys, inputs.head_dim)
         return flops * factor / rate
 
-    compute = time_calls(pairs, seconds)
+    compute = time_calls(calls or distinct_calls(pairs), seconds)
     if not backward:
         comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0
     elif n == 1:
@@ -186,20 +188,42 @@ def ring_pass(
     return RingPass(pairs, compute, comm, waits, tail, machine.overlap, machine.fixed("step_overhead_s"))
 
 
-def time_calls(pairs: np.ndarray, seconds: Callable[[float, bool, int], float]) -> np.ndarray:
-    """(ranks, steps) seconds of every rank's call at every step: ``seconds(pairs, first step, ranks busy at
-    that step)``. A schedule has few distinct (block, first step, busy) calls, so each is timed once for the
-    whole pass, not once per step: the window times passes of up to MAX_CP steps."""
+@dataclass(frozen=True)
+class Calls:
+    """A schedule's distinct kernel calls, each (block pairs, first step, ranks busy at that step), and the
+    one each rank runs at each step (``index``, ranks x steps)."""
+
+    calls: tuple[tuple[float, bool, int], ...]
+    index: np.ndarray
+
+
+def distinct_calls(pairs: np.ndarray) -> Calls:
+    """The calls of a (ranks, steps) schedule. It has few distinct ones, so each is timed once for the whole
+    pass rather than once per step: the window times passes of up to MAX_CP steps."""
     blocks = np.unique(pairs)
-    which = np.searchsorted(blocks, pairs)  # cheaper than unique's inverse: its argsort of N² entries
-    steps = pairs.shape[1]
-    kinds, kind = np.unique(2 * (pairs > 0).sum(axis=0) + (np.arange(steps) == 0), return_inverse=True)
-    used = np.zeros((len(blocks), len(kinds)), dtype=bool)
-    used[which, kind[None, :]] = True
-    table = np.zeros(used.shape)
-    for b, k in zip(*np.nonzero(used), strict=True):
-        table[b, k] = seconds(float(blocks[b]), bool(kinds[k] % 2), int(kinds[k] // 2))
-    return table[which, kind[None, :]]
+    which = np.searchsorted(blocks, pairs)  # cheaper than unique's inverse, an argsort of N² entries
+    first = np.arange(pairs.shape[1]) == 0
+    kinds, kind = np.unique(2 * (pairs > 0).sum(axis=0) + first, return_inverse=True)  # per step
+    present = np.zeros((len(blocks), len(kinds)), dtype=bool)
+    present[which, kind[None, :]] = True
+    number = np.cumsum(present.ravel()).reshape(present.shape) - 1  # row-major, as np.nonzero lists them
+    calls = tuple(
+        (float(blocks[b]), bool(kinds[k] % 2), int(kinds[k] // 2))
+        for b, k in zip(*np.nonzero(present), strict=True)
+    )
+    index = number[which, kind[None, :]].astype(np.min_scalar_type(len(calls)))
+    index.flags.writeable = False
+    return Calls(calls, index)
+
+
+@functools.lru_cache(maxsize=64)  # beside simulate's: both passes, every scheme and every fix share one
+def _simulated_calls(layout: str, seq: int, n: int, tile: int, causal: bool) -> Calls:
+    return distinct_calls(simulate(layout, seq, n, tile, causal=causal).rank_step_pairs)
+
+
+def time_calls(calls: Calls, seconds: Callable[[float, bool, int], float]) -> np.ndarray:
+    """(ranks, steps) seconds of every rank's call at every step, ``seconds`` timing each distinct call."""
+    return np.array([seconds(*call) for call in calls.calls])[calls.index]
 
 
 def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool) -> Prediction:
