@@ -15,7 +15,7 @@ The global batch is an input (sequences per optimizer step). Left out, it is 4M 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -127,6 +127,32 @@ class SearchResult:
     removed: dict[str, int] = field(default_factory=dict)
     empty_reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    # The candidates and their bound shapes, for what-ifs that re-evaluate them (:func:`sensitivity`).
+    evaluated: Evaluated | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """Candidates evaluated on one machine: the table, its arrays (:func:`evaluate_table`), and the shapes
+    bound for it."""
+
+    table: Table
+    result: dict[str, Any]
+    shapes: _Shapes
+
+    def ranked(self) -> np.ndarray:
+        """The rows that fit memory, fastest first, then the least memory: the search's ranking."""
+        memory = self.result["memory"]
+        fits = memory["total_bytes"] <= memory["device_bytes"]
+        order = np.lexsort((memory["total_bytes"], self.result["time_s"]))
+        return order[fits[order]]
+
+    def row_of(self, plan: dict[str, Any]) -> dict[str, Any] | None:
+        """The plan's row (as :func:`evaluate_plan` gives it), or None when the table lacks the plan."""
+        one = table_of([plan], self.table.kv_heads).columns
+        c = self.table.columns
+        match = np.flatnonzero(np.logical_and.reduce([c[k] == one[k][0] for k in one]))
+        return _row(self.table, self.result, int(match[0])) if len(match) else None
 
 
 def default_global_batch(seq: int) -> int:
@@ -405,10 +431,11 @@ def search(
             removed,
             _empty_reason(model, inputs, setup, step, constraints, machine, removed),
         )
-    result = evaluate_table(table, inputs, setup, step, model, machine)
+    shapes = _Shapes(inputs, setup, step, model, machine)
+    evaluated = Evaluated(table, evaluate_table(table, inputs, setup, step, model, machine, shapes), shapes)
+    result = evaluated.result
     fits = result["memory"]["total_bytes"] <= result["memory"]["device_bytes"]
-    order = np.lexsort((result["memory"]["total_bytes"], result["time_s"]))
-    order = order[fits[order]]
+    order = evaluated.ranked()
     if top is not None:
         order = order[:top]
     plans = [_row(table, result, int(i)) for i in order]
@@ -420,7 +447,9 @@ def search(
             f"{result['memory']['device_bytes'] / 2**30:.1f} GiB usable per device"
         )
         reason += _blame(model, inputs, setup, step, constraints, machine)
-    return SearchResult(plans, considered, int(fits.sum()), step.global_batch, removed, reason, _notes(model))
+    return SearchResult(
+        plans, considered, int(fits.sum()), step.global_batch, removed, reason, _notes(model), evaluated
+    )
 
 
 def _notes(model: ModelPreset) -> list[str]:
@@ -595,20 +624,37 @@ def sensitivity(
     step: StepSetup,
     machine: Machine,
     constraints: Constraints = Constraints(),
+    found: SearchResult | None = None,
 ) -> list[dict[str, Any]]:
     """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence and one more
-    recompute level, and whether another plan would then be fastest."""
+    recompute level, and whether another plan would then be fastest. ``found``: the search of these same
+    arguments, whose candidates and bound shapes the what-ifs reuse."""
     from costmodel.machines.compose import override
 
     out = []
+    model = _model(inputs)
+    base = found.evaluated if found is not None else None
     inter = machine.profile.links.inter_node
     if inter is not None:
+        change = "inter-node link 2x slower"
         slower = Machine(
             override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
             machine.dtype,
             machine.efficiency,
         )
-        out.append(_scenario("inter-node link 2x slower", plan, inputs, setup, step, slower, constraints))
+        only_the_link = replace(slower, profile=machine.profile) == machine
+        if only_the_link and not _reaches_inter_node(setup, machine):
+            out.append(_describe(change, plan, plan, plan))  # no group waits on that link: nothing moves
+        else:  # the same candidates on other links: the table stands, and so do shapes inside one node
+            table = base.table if base is not None else None
+            shapes = _Shapes(inputs, setup, step, model, slower)
+            if base is not None and only_the_link:
+                shapes.cache |= {
+                    key: values
+                    for key, values in base.shapes.cache.items()
+                    if key[0] * key[1] <= machine.profile.ranks_per_node
+                }
+            out.append(_scenario(change, plan, inputs, setup, step, slower, constraints, table, shapes))
     unit = 2 * plan["cp"]
     longer = -(-inputs.seq * 11 // (10 * unit)) * unit
     out.append(
@@ -625,7 +671,9 @@ def sensitivity(
     level = RECOMPUTE.index(plan["recompute"])
     if level + 1 < len(RECOMPUTE):
         more = plan | {"recompute": RECOMPUTE[level + 1]}
-        row = evaluate_plan(more, inputs, setup, step, machine)
+        row = (base.row_of(more) if base is not None else None) or evaluate_plan(
+            more, inputs, setup, step, machine
+        )
         item = _describe(f"recompute {RECOMPUTE[level + 1]} instead of {plan['recompute']}", plan, row, None)
         if row["memory_bytes"] >= plan["memory_bytes"]:  # flash attention keeps no scores to drop
             item["text"] += ": it saves no memory"
@@ -637,6 +685,12 @@ def sensitivity(
     return out
 
 
+def _reaches_inter_node(setup: TrainingSetup, machine: Machine) -> bool:
+    """Whether some group of the job can wait on the inter-node link: a group's members all lie within the
+    job's GPUs, so a job inside one node never does (:meth:`Machine.link`)."""
+    return setup.gpus > machine.profile.ranks_per_node
+
+
 def _scenario(
     change: str,
     plan: dict[str, Any],
@@ -645,10 +699,22 @@ def _scenario(
     step: StepSetup,
     machine: Machine,
     constraints: Constraints,
+    table: Table | None = None,
+    shapes: _Shapes | None = None,
 ) -> dict[str, Any]:
-    row = evaluate_plan(plan, inputs, setup, step, machine)
-    best = search(inputs, setup, step, machine, constraints, top=1).plans
-    return _describe(change, plan, row, best[0] if best else None)
+    """The pick and the fastest plan under changed inputs, from one evaluation of every candidate (``table``,
+    when they are the search's own; ``shapes``, bindings still valid there)."""
+    model = _model(inputs)
+    if table is None:
+        table, _ = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, constraints)
+    if not len(table):
+        return _describe(change, plan, evaluate_plan(plan, inputs, setup, step, machine), None)
+    shapes = shapes or _Shapes(inputs, setup, step, model, machine)
+    evaluated = Evaluated(table, evaluate_table(table, inputs, setup, step, model, machine, shapes), shapes)
+    order = evaluated.ranked()
+    best = _row(table, evaluated.result, int(order[0])) if len(order) else None
+    row = evaluated.row_of(plan) or evaluate_plan(plan, inputs, setup, step, machine)
+    return _describe(change, plan, row, best)
 
 
 def _describe(
