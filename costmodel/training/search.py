@@ -654,7 +654,9 @@ def sensitivity(
                     for key, values in base.shapes.cache.items()
                     if key[0] * key[1] <= machine.profile.ranks_per_node
                 }
-            out.append(_scenario(change, plan, inputs, setup, step, slower, constraints, table, shapes))
+            out.append(
+                _scenario(change, plan, inputs, setup, step, slower, constraints, model, table, shapes)
+            )
     unit = 2 * plan["cp"]
     longer = -(-inputs.seq * 11 // (10 * unit)) * unit
     out.append(
@@ -666,6 +668,7 @@ def sensitivity(
             step,
             machine,
             constraints,
+            model,
         )
     )
     level = RECOMPUTE.index(plan["recompute"])
@@ -699,12 +702,12 @@ def _scenario(
     step: StepSetup,
     machine: Machine,
     constraints: Constraints,
+    model: ModelPreset,
     table: Table | None = None,
     shapes: _Shapes | None = None,
 ) -> dict[str, Any]:
     """The pick and the fastest plan under changed inputs, from one evaluation of every candidate (``table``,
     when they are the search's own; ``shapes``, bindings still valid there)."""
-    model = _model(inputs)
     if table is None:
         table, _ = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, constraints)
     if not len(table):
