@@ -61,7 +61,9 @@ def search_against_loop(rounds: int, smoke: bool) -> None:
         looped.append(cpu_seconds(lambda: search_loop(*small, every)))
     fast_rate = plans / statistics.median(vectorised)
     slow_rate = plans / statistics.median(looped)
-    print(f"(a) {small[1].gpus} GPUs, S = {small[0].seq:,}: {plans:,} plans, the same ranking; {rounds} rounds")
+    print(
+        f"(a) {small[1].gpus} GPUs, S = {small[0].seq:,}: {plans:,} plans, the same ranking; {rounds} rounds"
+    )
     print(f"    search  {fast_rate:>10,.0f} plans per CPU-second")
     print(f"    loop    {slow_rate:>10,.0f} plans per CPU-second")
     print(f"    ratio   {fast_rate / slow_rate:>10,.0f}x")
@@ -93,7 +95,9 @@ def _child(out: str, args: list[str]) -> None:
 
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*a: Any, **k: Any) -> Any:
-            if active:  # called from inside a phase (sensitivity's searches, the window's fixes): counted there
+            if (
+                active
+            ):  # called from inside a phase (sensitivity's searches, the window's fixes): counted there
                 return fn(*a, **k)
             active.append(name)
             start = time.perf_counter()
