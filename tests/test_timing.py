@@ -8,7 +8,7 @@ import pytest
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.timing import distinct_calls, ring_pass, time_calls
+from costmodel.plans.timing import distinct_calls, ring_pass
 
 
 def _step_by_step(pairs: np.ndarray, seconds) -> np.ndarray:  # noqa: ANN001
@@ -32,7 +32,11 @@ def _probe(block: float, first: bool, busy: int) -> float:
 def test_calls_timed_once_are_the_step_by_step_loop(n: int, values: int) -> None:
     rng = np.random.default_rng(n * 10 + values)
     pairs = rng.integers(0, values + 1, size=(n, n)).astype(float) * 4096.0  # zeros: idle ranks
-    assert np.array_equal(time_calls(distinct_calls(pairs), _probe), _step_by_step(pairs, _probe))
+    calls = distinct_calls(pairs)
+    call_s = np.array([_probe(*call) for call in calls.calls])
+    expected = _step_by_step(pairs, _probe)
+    assert np.array_equal(calls.per_rank(call_s), expected)
+    assert np.array_equal(calls.slowest(call_s), expected.max(axis=0))
 
 
 CASES = [
