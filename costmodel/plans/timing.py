@@ -182,7 +182,8 @@ def ring_pass(
         rate = machine.rate(call_flops, masked, backward, ranks, queries, keys, inputs.head_dim)
         return flops * factor / rate
 
-    calls = calls or distinct_calls(pairs)
+    if calls is None:
+        calls = distinct_calls(pairs)
     call_s = np.array([seconds(*call) for call in calls.calls])
     if not backward:
         comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0

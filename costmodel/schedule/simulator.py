@@ -66,7 +66,7 @@ def _tile_bounds(layout: str, seq: int, n: int, tile: int) -> tuple[np.ndarray, 
 
 # A report asks for the same schedule several times (passes, schemes, layouts); recommend's window asks for
 # ~32 (each CP degree up to MAX_CP at its tiles) and again per fix it tries. An entry is N x N float64:
-# 8 MB at N = 1,024, a few MB for one report's whole set.
+# 8 MB at N = 1,024, about 14 MB for the window's whole set.
 @functools.lru_cache(maxsize=64)
 def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> Schedule:
     """Simulate one layer's ring schedule; vectorised over all rank pairs and tiles. The result is shared
