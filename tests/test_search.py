@@ -178,6 +178,61 @@ def test_sensitivity_moves_the_right_way() -> None:
     assert again["step_time_s"] == pytest.approx(pick["step_time_s"], rel=1e-12)
 
 
+def _sensitivity_by_search(plan: dict, inputs, setup, step, machine, constraints: Constraints) -> list[dict]:  # noqa: ANN001
+    """The what-ifs the straightforward way: the pick evaluated again and a whole search per scenario."""
+    from costmodel.machines.binding import Machine
+    from costmodel.machines.compose import override
+
+    inter = machine.profile.links.inter_node
+    slower = Machine(
+        override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
+        machine.dtype,
+        machine.efficiency,
+    )
+    unit = 2 * plan["cp"]
+    longer = inputs.model_copy(update={"seq": -(-inputs.seq * 11 // (10 * unit)) * unit})
+    out = []
+    for at, on in ((inputs, slower), (longer, machine)):
+        row = evaluate_plan(plan, at, setup, step, on)
+        best = search(at, setup, step, on, constraints, top=1).plans
+        out.append((row, best[0] if best else None))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("job", "constraints"),
+    [
+        ({"gpus": 64, "global_batch": 64}, Constraints()),  # shapes inside one node keep their binding
+        ({"hw": "h100-nvlink", "gpus": 8, "global_batch": 8}, Constraints()),  # no group reaches the link
+        ({"model": "llama3-70b", "seq": 65536, "gpus": 64}, Constraints(recompute="selective")),
+        ({"gpus": 128, "global_batch": 32}, Constraints(framework="torchtitan", tp=4)),
+    ],
+)
+@pytest.mark.parametrize("reuse", [True, False])
+def test_sensitivity_is_a_search_per_scenario(job: dict, constraints: Constraints, reuse: bool) -> None:
+    """Reusing the search's candidates and shapes, or skipping a scenario that cannot move anything, gives
+    what a whole search per scenario gives, to 1e-9."""
+    built = _job(**job)
+    found = search(*built, constraints, top=1)
+    pick = found.plans[0]
+    got = sensitivity(pick, *built, constraints, found if reuse else None)
+    for item, (row, best) in zip(got, _sensitivity_by_search(pick, *built, constraints), strict=False):
+        assert item["step_time_s"] == pytest.approx(row["step_time_s"], rel=1e-9)
+        assert item["memory_bytes"] == pytest.approx(row["memory_bytes"], rel=1e-9)
+        assert item["fits"] == (row["memory_bytes"] <= row["device_memory_bytes"])
+        if item["best"] is None:  # the pick stays the fastest
+            assert best is not None and all(best[k] == pick[k] for k in KEYS if k != "dp")
+        else:
+            assert {k: item["best"][k] for k in KEYS} == {k: best[k] for k in KEYS}
+            assert item["best"]["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-9)
+    recompute = got[2]
+    if pick["recompute"] != "full":
+        again = evaluate_plan(
+            pick | {"recompute": "selective" if pick["recompute"] == "none" else "full"}, *built
+        )
+        assert recompute["step_time_s"] == pytest.approx(again["step_time_s"], rel=1e-9)
+
+
 RECOMMEND = ["recommend", "--model", "llama3-8b", "--seq", "128k", "--hw", "h100-ib", "--gpus", "1024"]
 
 

@@ -91,7 +91,9 @@ def run_search(
         "considered": found.considered,
         "fit": found.fits,
         "plans": plans,
-        "sensitivity": sensitivity(plans[0], inputs, setup, step, machine, constraints) if plans else [],
+        "sensitivity": sensitivity(plans[0], inputs, setup, step, machine, constraints, found)
+        if plans
+        else [],
         "empty_reason": found.empty_reason,
         "notes": found.notes,
         "pick": {k: plans[0][k] for k in PLAN_KEYS} if plans else None,

@@ -102,17 +102,23 @@ class RingPass:
     :func:`predict` sums it into a wall time; :mod:`costmodel.plans.gantt` draws it."""
 
     pairs: np.ndarray  # (ranks, steps) (query, key) pairs each rank computes at each step
-    compute_s: np.ndarray  # (ranks, steps) seconds of that compute
+    calls: Calls  # the distinct kernel calls among them
+    call_s: np.ndarray  # seconds of each distinct call
     comm_s: list[float]  # the transfer in flight under each step
     step_waits: list[int] | None  # transfers each step waits for (None: one where there is one)
     tail_s: float  # what still travels after the last step (backward: the last dK/dV hop home)
     overlap: float
     step_overhead_s: float
 
-    @property
+    @functools.cached_property
+    def compute_s(self) -> np.ndarray:
+        """(ranks, steps) seconds of each rank's compute at each step."""
+        return self.calls.per_rank(self.call_s)
+
+    @functools.cached_property
     def step_compute_s(self) -> np.ndarray:
         """The slowest rank's compute per step: what sets each step."""
-        return self.compute_s.max(axis=0)
+        return self.calls.slowest(self.call_s)
 
     @property
     def time_s(self) -> float:
@@ -144,6 +150,7 @@ def ring_pass(
         + (_call("bwd_step_recv_bytes", values) - _call("kv_block_bytes", values)) / values["B"]
     )
     call = None  # the tokens of one call where packed documents cut blocks into calls
+    calls = None
     if pairs is not None:
         pass
     elif machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
@@ -154,6 +161,7 @@ def ring_pass(
     else:
         tile = simulation_tile(inputs.seq, n, inputs.block)
         pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
+        calls = _simulated_calls(inputs.layout, inputs.seq, n, tile, inputs.causal)
     pair_flops = _call("pair_flops", values)
     factor = BACKWARD_FLOP if backward else 1.0
     full = float(length) * length
@@ -174,12 +182,9 @@ def ring_pass(
         rate = machine.rate(call_flops, masked, backward, ranks, queries, keys, inputs.head_dim)
         return flops * factor / rate
 
-    compute = np.empty_like(pairs, dtype=float)
-    for step in range(n):  # per step: the ranks computing, and the few distinct blocks they hold
-        column = pairs[:, step]
-        blocks, which = np.unique(column, return_inverse=True)
-        busy = int((column > 0).sum())
-        compute[:, step] = np.array([seconds(float(b), step == 0, busy) for b in blocks])[which]
+    if calls is None:
+        calls = distinct_calls(pairs)
+    call_s = np.array([seconds(*call) for call in calls.calls])
     if not backward:
         comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0
     elif n == 1:
@@ -187,7 +192,54 @@ def ring_pass(
     else:  # under step j fly the next KV block (j < N-1) and the dK/dV sums of step j-1 (j > 0)
         comm = [kv_s if j == 0 else (dkv_s if j == n - 1 else kv_s + dkv_s) for j in range(n)]
         waits, tail = [1 if j in (0, n - 1) else 2 for j in range(n)], dkv_s
-    return RingPass(pairs, compute, comm, waits, tail, machine.overlap, machine.fixed("step_overhead_s"))
+    return RingPass(
+        pairs, calls, call_s, comm, waits, tail, machine.overlap, machine.fixed("step_overhead_s")
+    )
+
+
+@dataclass(frozen=True)
+class Calls:
+    """A schedule's distinct kernel calls, each (block pairs, first step, ranks busy at that step); the one
+    each rank runs at each step (``index``, ranks x steps) and those some rank runs at each step
+    (``at_step``, calls x steps)."""
+
+    calls: tuple[tuple[float, bool, int], ...]
+    index: np.ndarray
+    at_step: np.ndarray
+
+    def per_rank(self, call_s: np.ndarray) -> np.ndarray:
+        """(ranks, steps) seconds, from each distinct call's."""
+        return call_s[self.index]
+
+    def slowest(self, call_s: np.ndarray) -> np.ndarray:
+        """The slowest rank's seconds per step, without unfolding every rank."""
+        return np.where(self.at_step, call_s[:, None], -np.inf).max(axis=0)
+
+
+def distinct_calls(pairs: np.ndarray) -> Calls:
+    """The calls of a (ranks, steps) schedule. It has few distinct ones, so each is timed once for the whole
+    pass rather than once per step: the window times passes of up to MAX_CP steps."""
+    blocks = np.unique(pairs)
+    which = np.searchsorted(blocks, pairs)  # cheaper than unique's inverse, an argsort of N² entries
+    first = np.arange(pairs.shape[1]) == 0
+    kinds, kind = np.unique(2 * (pairs > 0).sum(axis=0) + first, return_inverse=True)  # per step
+    present = np.zeros((len(blocks), len(kinds)), dtype=bool)
+    present[which, kind[None, :]] = True
+    number = np.cumsum(present.ravel()).reshape(present.shape) - 1  # row-major, as np.nonzero lists them
+    calls = tuple(
+        (float(blocks[b]), bool(kinds[k] % 2), int(kinds[k] // 2))
+        for b, k in zip(*np.nonzero(present), strict=True)
+    )
+    index = number[which, kind[None, :]].astype(np.min_scalar_type(len(calls)))
+    at_step = np.zeros((len(calls), pairs.shape[1]), dtype=bool)
+    at_step[index, np.arange(pairs.shape[1])[None, :]] = True
+    index.flags.writeable = at_step.flags.writeable = False
+    return Calls(calls, index, at_step)
+
+
+@functools.lru_cache(maxsize=64)  # beside simulate's: both passes, every scheme and every fix share one
+def _simulated_calls(layout: str, seq: int, n: int, tile: int, causal: bool) -> Calls:
+    return distinct_calls(simulate(layout, seq, n, tile, causal=causal).rank_step_pairs)
 
 
 def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool) -> Prediction:

@@ -64,9 +64,10 @@ def _tile_bounds(layout: str, seq: int, n: int, tile: int) -> tuple[np.ndarray, 
     return first, last, ends - starts
 
 
-@functools.lru_cache(
-    maxsize=16
-)  # a report asks for the same schedule several times (passes, schemes, layouts)
+# A report asks for the same schedule several times (passes, schemes, layouts); recommend's window asks for
+# ~32 (each CP degree up to MAX_CP at its tiles) and again per fix it tries. An entry is N x N float64:
+# 8 MB at N = 1,024, about 14 MB for the window's whole set.
+@functools.lru_cache(maxsize=64)
 def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> Schedule:
     """Simulate one layer's ring schedule; vectorised over all rank pairs and tiles. The result is shared
     between callers, so its array is read-only."""

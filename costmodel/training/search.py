@@ -15,7 +15,7 @@ The global batch is an input (sequences per optimizer step). Left out, it is 4M 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -133,6 +133,8 @@ class SearchResult:
     removed: dict[str, int] = field(default_factory=dict)
     empty_reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    # The shapes bound on the search's machine, for what-ifs that can reuse them (:func:`sensitivity`).
+    shapes: _Shapes | None = field(default=None, repr=False, compare=False)
 
 
 def default_global_batch(seq: int) -> int:
@@ -464,8 +466,10 @@ def search(
     machine: Machine,
     constraints: Constraints = Constraints(),
     top: int | None = 10,
+    shapes: _Shapes | None = None,
 ) -> SearchResult:
-    """The ``top`` fastest plans of ``setup.gpus`` that the constraints allow and that fit (None: all)."""
+    """The ``top`` fastest plans of ``setup.gpus`` that the constraints allow and that fit (None: all);
+    ``shapes``, bound on this machine and inputs already, are reused."""
     model = _model(inputs)
     check_constraints(model, setup.gpus, constraints)
     table, removed = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, constraints)
@@ -489,7 +493,7 @@ def search(
         reason += _blame(model, inputs, setup, step, constraints, machine)
         return SearchResult([], considered, 0, step.global_batch, removed, reason, _notes(model))
     table = table.take(fits)
-    shapes = _Shapes(inputs, setup, step, model, machine)
+    shapes = shapes or _Shapes(inputs, setup, step, model, machine)
     if top is not None:
         table = _contenders(table, top, inputs, setup, step, model, machine, shapes)
     result = evaluate_table(table, inputs, setup, step, model, machine, shapes)
@@ -499,7 +503,8 @@ def search(
         layout = _key(*(c[k][order] for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")))
         order = order[np.sort(np.unique(layout, return_index=True)[1])][:top]
     plans = [_row(table, result, int(i)) for i in order]
-    return SearchResult(plans, considered, int(fits.sum()), step.global_batch, removed, None, _notes(model))
+    fit = int(fits.sum())
+    return SearchResult(plans, considered, fit, step.global_batch, removed, None, _notes(model), shapes)
 
 
 FIRST_ROUND = 4096  # plans timed before the bound prunes the rest
@@ -741,20 +746,35 @@ def sensitivity(
     step: StepSetup,
     machine: Machine,
     constraints: Constraints = Constraints(),
+    found: SearchResult | None = None,
 ) -> list[dict[str, Any]]:
     """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence and one more
-    recompute level, and whether another plan would then be fastest."""
+    recompute level, and whether another plan would then be fastest. ``found``: the search of these same
+    arguments, whose shapes bound inside one node the slower link leaves as they are."""
     from costmodel.machines.compose import override
 
     out = []
     inter = machine.profile.links.inter_node
     if inter is not None:
+        change = "inter-node link 2x slower"
         slower = Machine(
             override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
             machine.dtype,
             machine.efficiency,
         )
-        out.append(_scenario("inter-node link 2x slower", plan, inputs, setup, step, slower, constraints))
+        only_the_link = replace(slower, profile=machine.profile) == machine
+        if only_the_link and not _reaches_inter_node(setup, machine):
+            out.append(_describe(change, plan, plan, plan))  # no group waits on that link: nothing moves
+        else:
+            shapes = _Shapes(inputs, setup, step, _model(inputs), slower)
+            if found is not None and found.shapes is not None and only_the_link:
+                shapes.cache |= {
+                    key: values
+                    for key, values in found.shapes.cache.items()
+                    if key[0] * key[1] <= machine.profile.ranks_per_node
+                }
+                shapes.gemms = found.shapes.gemms  # kernel rates do not depend on the links
+            out.append(_scenario(change, plan, inputs, setup, step, slower, constraints, shapes))
     unit = 2 * plan["cp"]
     longer = -(-inputs.seq * 11 // (10 * unit)) * unit
     out.append(
@@ -783,6 +803,12 @@ def sensitivity(
     return out
 
 
+def _reaches_inter_node(setup: TrainingSetup, machine: Machine) -> bool:
+    """Whether some group of the job can wait on the inter-node link: a group's members all lie within the
+    job's GPUs, so a job inside one node never does (:meth:`Machine.link`)."""
+    return setup.gpus > machine.profile.ranks_per_node
+
+
 def _scenario(
     change: str,
     plan: dict[str, Any],
@@ -791,9 +817,11 @@ def _scenario(
     step: StepSetup,
     machine: Machine,
     constraints: Constraints,
+    shapes: _Shapes | None = None,
 ) -> dict[str, Any]:
+    """The pick and the fastest plan under changed inputs: the pick evaluated again, and the search."""
     row = evaluate_plan(plan, inputs, setup, step, machine)
-    best = search(inputs, setup, step, machine, constraints, top=1).plans
+    best = search(inputs, setup, step, machine, constraints, top=1, shapes=shapes).plans
     return _describe(change, plan, row, best[0] if best else None)
 
 
