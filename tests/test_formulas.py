@@ -205,6 +205,10 @@ def test_numeric_twin_matches_exact_sympy(
         "n_kf": 17,
         "n_kb": 31,
         "t_dev": 1e-3,
+        "t_lay": 2e-3,
+        "n_first": 15,  # pp = 2: a first and a last stage, uneven
+        "n_mid": 0,
+        "n_last": 17,
         "t_step": 1e-2,
         "o_dp": 0.5,
         "f8": 1,

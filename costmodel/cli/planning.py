@@ -214,10 +214,12 @@ def _render_plan(report) -> None:  # noqa: ANN001
     head = _header(report)
     head.add_row(
         "job",
-        f"{s.gpus} GPUs · ZeRO-{s.zero} · global batch {rec.global_batch:,} sequences · "
+        f"{search['gpus']} GPUs · ZeRO-{s.zero} · global batch {rec.global_batch:,} sequences · "
         f"{search['framework']} plans",
     )
-    head.add_row("use", Text(label(search["plans"][0]), style="bold green"))
+    pick = search["plans"][0]
+    used = f" · on {pick['gpus']:,} of the {search['gpus']:,} GPUs" if pick["gpus"] < search["gpus"] else ""
+    head.add_row("use", Text(label(pick) + used, style="bold green"))
     head.add_row("step", f"{seconds(rec.step_time_s)} · MFU {rec.mfu:.0%} (layout search below)")
     head.add_row("memory", _memory_line(report.fit))
     head.add_row("window", f"at {_plan_flags(report)}: {_window_line(report)}")

@@ -84,6 +84,7 @@ def run_search(
     for plan in plans[1:]:
         plan["why_lost"] = why_lost(plan, plans[0])
     return {
+        "gpus": setup.gpus,
         "global_batch": batch,
         "global_batch_given": global_batch is not None,
         "framework": framework,

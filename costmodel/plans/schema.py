@@ -374,9 +374,19 @@ class Recommendation(_Section):
     fixes: list[str] = Field(description="what would open an empty window, each checked where it can be")
     # The layout search (`cp-plan recommend --gpus G`): the fastest plan that fits; null where the search
     # did not run or nothing fits. Where it found one, every field above describes it.
+    gpus: int | None = Field(
+        None,
+        description="searched plan: GPUs it uses (fewer than --gpus where no layout of them all is faster)",
+    )
     tp: int | None = Field(None, description="searched plan: tensor-parallel degree")
     cp: int | None = Field(None, description="searched plan: context-parallel degree")
     pp: int | None = Field(None, description="searched plan: pipeline-parallel degree")
+    first_stage_layers: int | None = Field(
+        None, description="searched plan: layers on the first pipeline stage"
+    )
+    last_stage_layers: int | None = Field(
+        None, description="searched plan: layers on the last pipeline stage"
+    )
     vpp: int | None = Field(None, description="searched plan: virtual pipeline stages per device")
     micro_batch: int | None = Field(None, description="searched plan: sequences per micro-batch")
     global_batch: int | None = Field(None, description="sequences per optimizer step the search held fixed")

@@ -207,9 +207,14 @@ def plan_job(
 ) -> tuple[PlanInputs, TrainingSetup]:
     """The inputs and setup a searched plan runs at: its TP, PP, recompute and micro-batch (b, which
     activations and the ring's traffic scale with)."""
+    stages = {"first_stage_layers", "last_stage_layers"}
+    split = {k: plan[k] if plan["pp"] > 1 else None for k in stages}
     return (
         inputs.model_copy(update={"batch": plan["micro_batch"]}),
-        setup.model_copy(update={"tp": plan["tp"], "pp": plan["pp"], "recompute": plan["recompute"]}),
+        setup.model_copy(
+            update={"gpus": plan["gpus"], "tp": plan["tp"], "pp": plan["pp"], "recompute": plan["recompute"]}
+            | split
+        ),
     )
 
 
@@ -224,7 +229,8 @@ def recommend_plan(
     window = recommend(at_inputs, model, at_setup, machine, suggest=False)
     cp = plan["cp"]
     row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
-    fit = fit_at(Evaluator(training_values(at_inputs, model, at_setup, machine, cp)))
+    micro = search["global_batch"] // (plan["micro_batch"] * plan["dp"])
+    fit = fit_at(Evaluator(training_values(at_inputs, model, at_setup, machine, cp, micro, plan["vpp"])))
     rec = window.recommendation
     recommendation = Recommendation(
         n_min_memory=rec.n_min_memory,
@@ -235,9 +241,23 @@ def recommend_plan(
         scheme="none" if cp == 1 else plan["cp_scheme"],
         layout=None if cp == 1 or plan["cp_scheme"] == "ulysses" else plan["layout"],
         n_ulysses=None if cp == 1 else plan["cp_ulysses"],
-        reason=_plan_reason(plan, search, row, rec, fit, at_inputs.pass_),
+        reason=_plan_reason(plan, search, row, rec, fit, at_inputs.pass_, setup.gpus),
         fixes=[],
-        **{k: plan[k] for k in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute", "cp_scheme")},
+        **{
+            k: plan[k]
+            for k in (
+                "gpus",
+                "tp",
+                "cp",
+                "pp",
+                "first_stage_layers",
+                "last_stage_layers",
+                "vpp",
+                "micro_batch",
+                "recompute",
+                "cp_scheme",
+            )
+        },
         global_batch=search["global_batch"],
         step_time_s=plan["step_time_s"],
         mfu=plan["mfu"],
@@ -252,6 +272,7 @@ def _plan_reason(
     window: Recommendation,
     fit: Fit,
     pass_: str,
+    gpus: int,
 ) -> str:
     cp = plan["cp"]
     text = (
@@ -259,6 +280,8 @@ def _plan_reason(
         f"{seconds(plan['step_time_s'])} per step at {plan['mfu']:.0%} MFU, "
         f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable per device. "
     )
+    if plan["gpus"] < gpus:  # no layout of every GPU divides the batch and the model as fast
+        text += f"It uses {plan['gpus']:,} of the {gpus:,} GPUs. "
     span = f"[{window.n_min_memory or '-'}, {window.n_max_comm or '-'}]"
     lowest = (
         f"its lowest {pass_} comm ratio ({row.lowest_ratio_scheme}, {row.lowest_ratio:.2%}, {row.link_scope})"

@@ -155,13 +155,15 @@ def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
 
 
 def enumerate_plans(
-    model: ModelPreset, seq: int, gpus: int, global_batch: int, c: Constraints
-) -> tuple[Table, dict[str, int]]:
+    model: ModelPreset, seq: int, gpus: int, global_batch: int, c: Constraints, expand: bool = True
+) -> tuple[Table, dict[tuple[int, int], list[int]]]:
     """Every layout of at most ``gpus`` the constraints allow: TP dividing the heads, CP the sequence, any
     number of pipeline stages (each of the splits :func:`candidate_splits` gives, with the virtual stages
     that leave no chunk empty and any micro-batch count) and, for each, the largest DP whose micro-batches
     divide the global batch on the GPUs left (more DP never slows a step: fewer micro-batches each). A plan
-    uses fewer GPUs than given where no layout of them all divides; the step says how many."""
+    uses fewer GPUs than given where no layout of them all divides; the step says how many. Returned with
+    the (scheme, layout) pairs each (TP, CP) runs; ``expand`` False leaves one row per layout (its memory
+    does not depend on the scheme) for :func:`with_pairs` to expand."""
     allowed = [
         (s, lay)
         for s, lay in SCHEMES
@@ -205,19 +207,35 @@ def enumerate_plans(
                             if (c.vpp is not None and vpp != c.vpp) or (vpp > 1 and micro < pp):
                                 continue
                             structure.append((tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb))
-    names = (*STRUCTURE, "rc", "pair")
     base = np.array(structure, dtype=np.int64).reshape(-1, len(STRUCTURE))
     levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
+    data = np.concatenate([np.column_stack([base, np.full(len(base), rc)]) for rc in levels])
+    columns = {name: data[:, i] for i, name in enumerate((*STRUCTURE, "rc"))}
+    columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
+    columns["pair"] = np.full(len(data), -1, dtype=np.int64)  # each row stands for its shape's valid pairs
+    layouts = Table(columns, pairs, kv_heads, global_batch)
+    return (with_pairs(layouts, shape_pairs) if expand else layouts), shape_pairs
+
+
+def _tp_cp_counts(table: Table) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The (TP, CP) degrees of a table's rows and how many rows hold each."""
+    c = table.columns
+    pairs, counts = np.unique(np.column_stack([c["tp"], c["cp"]]), axis=0, return_counts=True)
+    return [(int(tp), int(cp)) for tp, cp in pairs], counts
+
+
+def with_pairs(table: Table, shape_pairs: dict[tuple[int, int], list[int]]) -> Table:
+    """Each layout of ``table`` once per (scheme, layout) pair its TP and CP degrees run."""
+    c = table.columns
+    tp_cp = _key(c["tp"], c["cp"])
     blocks = []
     for (tp, cp), valid in shape_pairs.items():
-        rows = base[(base[:, 0] == tp) & (base[:, 1] == cp)]
-        for rc in levels:
-            for pair in valid:
-                blocks.append(np.column_stack([rows, np.full((len(rows), 2), (rc, pair))]))
-    data = np.concatenate(blocks) if blocks else np.zeros((0, len(names)), dtype=np.int64)
-    columns = {name: data[:, i] for i, name in enumerate(names)}
-    columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
-    return Table(columns, pairs, kv_heads, global_batch), {}
+        rows = np.flatnonzero(tp_cp == _key(np.array([tp]), np.array([cp]), bases=(c["tp"], c["cp"]))[0])
+        blocks += [(rows, pair) for pair in valid]
+    index = np.concatenate([rows for rows, _ in blocks]) if blocks else np.zeros(0, dtype=np.int64)
+    columns = {k: v[index] for k, v in c.items()}
+    columns["pair"] = np.concatenate([np.full(len(rows), pair) for rows, pair in blocks]) if blocks else index
+    return Table(columns, table.pairs, table.kv_heads, table.global_batch)
 
 
 def _valid_pairs(
@@ -323,12 +341,13 @@ class _Shapes:
         return np.array([self.link(int(strides[i]), int(sizes[i]), collective) for i in first])[index]
 
 
-def _key(*columns: np.ndarray) -> np.ndarray:
+def _key(*columns: np.ndarray, bases: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
     """One int64 per row of non-negative integer columns (mixed radix; every product here stays below
-    2^63: a job's degrees multiply to at most its GPUs), for a fast np.unique."""
+    2^63: a job's degrees multiply to at most its GPUs), for a fast np.unique; ``bases``: the columns whose
+    largest values set the radices, to compare keys across tables."""
     key = np.zeros(len(columns[0]), dtype=np.int64)
-    for column in columns:
-        key = key * (int(column.max(initial=0)) + 1) + column
+    for column, base in zip(columns, bases or columns, strict=True):
+        key = key * (int(base.max(initial=0)) + 1) + column
     return key
 
 
@@ -472,8 +491,12 @@ def search(
     ``shapes``, bound on this machine and inputs already, are reused."""
     model = _model(inputs)
     check_constraints(model, setup.gpus, constraints)
-    table, removed = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, constraints)
-    considered = len(table)
+    removed: dict[str, int] = {}
+    table, shape_pairs = enumerate_plans(
+        model, inputs.seq, setup.gpus, step.global_batch, constraints, expand=False
+    )
+    runs = {key: len(valid) for key, valid in shape_pairs.items()}
+    considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(table), strict=True))
     if not considered:
         return SearchResult(
             [],
@@ -481,7 +504,7 @@ def search(
             0,
             step.global_batch,
             removed,
-            _empty_reason(model, inputs, setup, step, constraints, machine, removed),
+            _empty_reason(model, inputs, setup, step, constraints, machine),
         )
     memory = memory_table(table, inputs, setup, model, machine)
     fits = memory["total_bytes"] <= memory["device_bytes"]
@@ -492,7 +515,8 @@ def search(
         )
         reason += _blame(model, inputs, setup, step, constraints, machine)
         return SearchResult([], considered, 0, step.global_batch, removed, reason, _notes(model))
-    table = table.take(fits)
+    table = with_pairs(table.take(fits), shape_pairs)  # memory does not depend on the CP scheme
+    fit = len(table)
     shapes = shapes or _Shapes(inputs, setup, step, model, machine)
     if top is not None:
         table = _contenders(table, top, inputs, setup, step, model, machine, shapes)
@@ -503,7 +527,6 @@ def search(
         layout = _key(*(c[k][order] for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")))
         order = order[np.sort(np.unique(layout, return_index=True)[1])][:top]
     plans = [_row(table, result, int(i)) for i in order]
-    fit = int(fits.sum())
     return SearchResult(plans, considered, fit, step.global_batch, removed, None, _notes(model), shapes)
 
 
@@ -597,15 +620,10 @@ def _empty_reason(
     step: StepSetup,
     c: Constraints,
     machine: Machine,
-    removed: dict[str, int],
 ) -> str:
-    text = "no layout of the job meets every rule (divisibility of heads, layers, sequence and batch)"
-    batch = removed.get("global batch not divisible by DP", 0)
-    if batch:
-        text += (
-            f"; {batch} factorisations leave a DP degree that does not divide the global batch of "
-            f"{step.global_batch} sequences (--global-batch)"
-        )
+    text = (
+        "no layout of the job meets every rule (TP dividing the heads, CP the sequence, the scheme's heads)"
+    )
     return text + _blame(model, inputs, setup, step, c, machine)
 
 
