@@ -213,7 +213,8 @@ def test_dense_search_is_unchanged() -> None:
 
 def test_recommend_mixtral_plans_with_every_expert(cli) -> None:
     """`cp-plan recommend` on 64 H100s at 32k: the fit counts 46.7B weights; the searched plan's memory holds at
-    least its experts' bf16 weights and fp32 gradients (6 bytes each), and the search says it keeps EP 1."""
+    least its experts' bf16 weights and fp32 gradients (6 bytes each), n_E/EP of them, and the search says it
+    searches EP."""
     result = cli(
         "recommend", "--model", MIXTRAL, "--seq", "32k", "--hw", "h100-ib", "--gpus", "64", "--format", "json"
     )
@@ -221,10 +222,11 @@ def test_recommend_mixtral_plans_with_every_expert(cli) -> None:
     data = json.loads(result.out)
     assert data["fit"]["params"] == pytest.approx(46.7e9, abs=0.05e9)
     pick = data["search"]["plans"][0]
-    experts_held = LAYERS / pick["pp"] * (EXPERTS * EXPERT / pick["tp"] + ROUTER)
+    layers = max(pick["first_stage_layers"], pick["middle_stage_layers"], pick["last_stage_layers"])
+    experts_held = layers * (EXPERTS / pick["ep"] * EXPERT / pick["tp"] + ROUTER)
     assert pick["memory_bytes"] > 6 * experts_held
     assert pick["memory_bytes"] <= pick["device_memory_bytes"]
-    assert "EP 1" in data["search"]["notes"][0]
+    assert "EP searched" in data["search"]["notes"][0]
 
 
 def test_vectorised_search_counts_experts_as_the_plain_loop() -> None:
@@ -235,8 +237,9 @@ def test_vectorised_search_counts_experts_as_the_plain_loop() -> None:
     fast = search(*built, Constraints(recompute="selective"), top=None).plans
     slow = search_loop(*built, Constraints(recompute="selective"))
     assert len(fast) == len(slow) > 100
-    keys = ("tp", "cp", "pp", "vpp", "dp", "micro_batch")
+    keys = ("tp", "cp", "pp", "vpp", "dp", "ep", "micro_batch")
     assert [tuple(p[k] for k in keys) for p in fast] == [tuple(p[k] for k in keys) for p in slow]
+    assert {p["ep"] for p in fast} == {1, 2, 4}  # EP divides DP and the 60 experts
     for a, b in zip(fast, slow, strict=True):
         assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
         assert a["memory_bytes"] == pytest.approx(b["memory_bytes"], rel=1e-12)

@@ -108,7 +108,8 @@ def _ms(value: float) -> str:
 
 def _layout(plan: dict[str, Any]) -> str:
     pp = str(plan["pp"]) + (f"v{plan['vpp']}" if plan["vpp"] > 1 else "")
-    return f"{plan['tp']}x{plan['cp']}x{pp}x{plan['dp']}"
+    ep = f"e{plan['ep']}" if plan.get("ep", 1) > 1 else ""
+    return f"{plan['tp']}x{plan['cp']}x{pp}x{plan['dp']}{ep}"
 
 
 LAYOUT_SHORT = {"zigzag": "zz", "striped": "st", "contiguous": "ct"}
@@ -167,7 +168,7 @@ def render_search(data: dict[str, Any]) -> None:
         )
     out.print(table)
     out.print(
-        "layout: TPxCPxPPxDP; mb: micro-batch; rc: recompute; PP 2v4: 2 stages of 4 virtual; zz zigzag, st striped, ct "
+        "layout: TPxCPxPPxDP (eN: EP N); mb: micro-batch; rc: recompute; PP 2v4: 2 stages of 4 virtual; zz zigzag, st striped, ct "
         "contiguous; MFU: attention counted over the mask's pairs (causal: half the S² square); GiB: memory on "
         "the most loaded stage; xTP..xDP: ms of communication left exposed per step (xPP with the pipeline "
         "bubble)",

@@ -40,6 +40,8 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan["vpp"])]
     for flag, value in _split(plan).megatron_args().items():  # an uneven split: its first and last stages
         args += [f"--{flag}", str(value)]
+    if plan.get("ep", 1) > 1:
+        args += ["--expert-model-parallel-size", str(plan["ep"])]
     if plan["cp"] > 1:
         args += ["--cp-comm-type", MEGATRON_CP_COMM[plan["cp_scheme"]]]
         if plan["cp_scheme"] == "usp":

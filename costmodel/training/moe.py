@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
 from costmodel.plans.models import ModelPreset
@@ -111,7 +113,7 @@ def per_layer(v: Mapping[str, Any], expert_ffn: int) -> tuple[Any, Any]:
     if v["n_E"] == 1:
         return 0.0, 0.0
     moe = {**v, "F_ffn": expert_ffn}
-    a2a = _call("moe_alltoall_s", moe) if v["E_p"] > 1 else 0.0
+    a2a = np.where(np.asarray(v["E_p"]) > 1, _call("moe_alltoall_s", moe), 0.0)
     return a2a, _call("moe_imbalance_s", moe)
 
 

@@ -46,10 +46,11 @@ def training_values(
     n: int,
     micro_batches: int | None = None,
     vpp: int = 1,
+    ep: int = 1,
 ) -> dict[str, Any]:
     """Every symbol the memory-fit formulas need, at CP degree ``n``: the whole model's heads (the
     formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``).
-    An MoE model's experts are not split (EP 1) and its capacity factor is the default. The pipeline's
+    An MoE model's experts are split ``ep`` ways and its capacity factor is the default. The pipeline's
     micro-batches default to its stages (1F1B's steady state: the first stage keeps pp in flight)."""
     z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
     # Scores are kept for backward only by an attention that materialises them and is not recomputed.
@@ -77,7 +78,7 @@ def training_values(
         "z_g": z_g,
         "z_o": z_o,
         "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
-        **moe.values(model),
+        **moe.values(model, ep),
     }
 
 
@@ -230,7 +231,8 @@ def recommend_plan(
     cp = plan["cp"]
     row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
     micro = search["global_batch"] // (plan["micro_batch"] * plan["dp"])
-    fit = fit_at(Evaluator(training_values(at_inputs, model, at_setup, machine, cp, micro, plan["vpp"])))
+    values = training_values(at_inputs, model, at_setup, machine, cp, micro, plan["vpp"], plan["ep"])
+    fit = fit_at(Evaluator(values))
     rec = window.recommendation
     recommendation = Recommendation(
         n_min_memory=rec.n_min_memory,

@@ -59,7 +59,7 @@ FRAMEWORKS: dict[str, frozenset[tuple[str, str]]] = {
 }
 # A plan's layout: the parallel degrees, the pipeline's stage split and the micro-batch size.
 STRUCTURE = ("tp", "cp", "pp", "first_stage_layers", "middle_stage_layers", "last_stage_layers", "vpp", "dp",
-             "micro_batch")  # fmt: skip
+             "micro_batch", "ep")  # fmt: skip
 EXPOSED = {  # exposed communication by kind, from the step's breakdown
     "TP": ("exposed TP comm",),
     "CP": ("exposed CP comm", "CP ring overheads (merge, copies, launches)"),
@@ -80,6 +80,7 @@ class Constraints:
     recompute: str | None = None
     cp_scheme: str | None = None
     layout: str | None = None
+    ep: int | None = None
     framework: str = "any"
 
     def given(self) -> dict[str, Any]:
@@ -179,6 +180,14 @@ def enumerate_plans(
     a2a_kv = c.framework == "megatron"
     splits = _Splits(model.layers)
     dp_of = _LargestDp()
+
+    def experts(dp: int) -> list[int]:
+        """EP degrees: carved out of DP, dividing the experts (Megatron-LM); 1 for a dense model, and for
+        torchtitan, which carves EP out of its FSDP shard and CP ranks instead."""
+        if not model.experts or c.framework == "torchtitan":
+            return [1]
+        return [e for e in divisors(dp) if model.experts % e == 0 and (c.ep is None or e == c.ep)]
+
     structure: list[tuple[int, ...]] = []
     shape_pairs: dict[tuple[int, int], list[int]] = {}
     for tp in divisors(model.heads):
@@ -206,7 +215,10 @@ def enumerate_plans(
                         for vpp in vpps:
                             if (c.vpp is not None and vpp != c.vpp) or (vpp > 1 and micro < pp):
                                 continue
-                            structure.append((tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb))
+                            for ep in experts(dp):
+                                structure.append(
+                                    (tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb, ep)
+                                )
     base = np.array(structure, dtype=np.int64).reshape(-1, len(STRUCTURE))
     levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
     data = np.concatenate([np.column_stack([base, np.full(len(base), rc)]) for rc in levels])
@@ -407,7 +419,10 @@ def evaluate_table(
         "rc_sel": (c["rc"] == 1).astype(float),
         "rc_full": (c["rc"] == 2).astype(float),
     }
-    v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring")
+    v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring")  # with EP: the dense gradients' group
+    if model.experts:  # EP inside DP, next to CP (tp-cp-ep-dp-pp): its all-to-all over those ranks
+        v["E_p"] = c["ep"].astype(float)
+        v["B_ep"] = shapes.links_of(c["tp"] * c["cp"], c["ep"], "alltoall")
     v["B_pp"] = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"], "p2p")
     v["n_bkt"] = buckets(v, step, model)
     breakdown = {name: np.zeros(len(table)) for name in step_breakdown(base, "ring", model)}
@@ -473,7 +488,8 @@ def memory_table(
         "z_g": z_g * ones,
         "z_o": z_o * ones,
     }
-    name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, EP 1
+    values["E_p"] = c["ep"].astype(float)
+    name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, n_E/E_p per rank
     total = getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
     return {"total_bytes": np.asarray(total, dtype=float) * ones, "device_bytes": values["M_dev"]}
 
@@ -586,12 +602,12 @@ def _layer_compute_s(values: dict[str, Any]) -> float:
 
 
 def _notes(model: ModelPreset) -> list[str]:
-    """What the search holds fixed that a user may expect searched."""
+    """How the search treats what a user may expect it to hold fixed."""
     if not model.experts:
         return []
     return [
-        f"MoE: every plan keeps all {model.experts} experts on each TP x PP slice (EP 1: the search does not "
-        "split experts; cp-plan step --ep times a plan with EP)"
+        f"MoE: EP searched over the divisors of DP that divide the {model.experts} experts (carved out of DP, "
+        "next to CP in the rank order: tp-cp-ep-dp-pp)"
     ]
 
 
@@ -677,6 +693,7 @@ def plan_setup(
             "vpp": plan["vpp"],
             "micro_batch": plan["micro_batch"],
             "cp_scheme": "ring" if plan["cp_scheme"] == "none" else plan["cp_scheme"],
+            "ep": plan["ep"],
         }
     )
     return at, job, knobs
@@ -892,7 +909,7 @@ PLAN_KEYS = (
 
 
 def label(plan: dict[str, Any]) -> str:
-    """``TP 8 · CP 4 (zigzag ring) · PP 2 (v 2) · DP 16 · mb 1 · recompute full``."""
+    """``TP 8 · CP 4 (zigzag ring) · PP 2 (v 2) · DP 16 · mb 1 · recompute full`` (``EP 8`` after DP)."""
     cp = f"CP {plan['cp']}"
     if plan["cp"] > 1:
         scheme = {"usp": f"USP {plan.get('cp_ulysses', '?')}x{plan.get('cp_ring', '?')}"}.get(
@@ -902,8 +919,9 @@ def label(plan: dict[str, Any]) -> str:
     split = stage_split(plan).text()
     stages = ", ".join(part for part in (split, f"v {plan['vpp']}" if plan["vpp"] > 1 else "") if part)
     pp = f"PP {plan['pp']}" + (f" ({stages})" if stages else "")
+    ep = f" · EP {plan['ep']}" if plan.get("ep", 1) > 1 else ""
     return (
-        f"TP {plan['tp']} · {cp} · {pp} · DP {plan['dp']} · mb {plan['micro_batch']} · "
+        f"TP {plan['tp']} · {cp} · {pp} · DP {plan['dp']}{ep} · mb {plan['micro_batch']} · "
         f"recompute {plan['recompute']}"
     )
 

@@ -616,7 +616,8 @@ def step_memory(
     attention = inputs.model_copy(update={"batch": step.micro_batch})
     dp = setup.gpus // (setup.tp * inputs.n * setup.pp)
     micro = step.global_batch // (step.micro_batch * dp)
-    fit = fit_at(Evaluator(training_values(attention, model, setup, machine, inputs.n, micro, step.vpp)))
+    values = training_values(attention, model, setup, machine, inputs.n, micro, step.vpp, step.ep)
+    fit = fit_at(Evaluator(values))
     return {
         "bytes_per_device": fit.total_bytes,
         "model_state_bytes": fit.model_state_bytes,
