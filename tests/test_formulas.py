@@ -206,6 +206,7 @@ def test_numeric_twin_matches_exact_sympy(
         "n_kb": 31,
         "t_dev": 1e-3,
         "t_lay": 2e-3,
+        "k_tp": 4,
         "n_first": 15,  # pp = 2: a first and a last stage, uneven
         "n_mid": 0,
         "n_last": 17,

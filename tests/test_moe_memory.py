@@ -197,7 +197,12 @@ def test_dense_step_is_unchanged() -> None:
 def test_dense_search_is_unchanged() -> None:
     inputs = PlanInputs(seq=32768, n=1, model="llama3-8b", hw="h100-ib", **TRAINING_DEFAULTS)
     found = search(
-        inputs, TrainingSetup(gpus=16), build(StepSetup, global_batch=32), step_machine(inputs), top=3
+        inputs,
+        TrainingSetup(gpus=16),
+        build(StepSetup, global_batch=32),
+        step_machine(inputs),
+        Constraints(tp_comm_overlap=False),  # the dimension searched since
+        top=3,
     )
     assert [(p["tp"], p["cp"], p["pp"], p["dp"], p["cp_scheme"]) for p in found.plans] == [
         (2, 2, 1, 4, "ring"),

@@ -66,6 +66,8 @@ def test_the_pick_is_the_step_of_its_own_flags(cli) -> None:
     for name in ("gpus", "tp", "cp", "pp", "vpp", "micro_batch", "recompute", "first_stage_layers",
                  "last_stage_layers", "cp_scheme", "layout"):  # fmt: skip
         flags.append(f"--{name.replace('_', '-')}={best[name]}")
+    if best["tp_comm_overlap"]:
+        flags.append("--tp-comm-overlap")
     step = cli("step", *flags, "--format", "json").json()["step"]
     assert step["time_s"] == pytest.approx(best["step_time_s"], rel=1e-9)
 
@@ -316,6 +318,8 @@ MEGATRON = {
     "--recompute-method": {"choices": ["uniform", "block"]},
     "--recompute-num-layers": {"type": int},
     "--decoder-first-pipeline-num-layers": {"type": int},
+    "--tp-comm-overlap": {"action": "store_true"},
+    "--expert-model-parallel-size": {"type": int},
     "--decoder-last-pipeline-num-layers": {"type": int},
     "--use-distributed-optimizer": {"action": "store_true"},
     "--overlap-grad-reduce": {"action": "store_true"},
@@ -381,6 +385,7 @@ TORCHTITAN = {
         "pipeline_parallel_schedule",
         "pipeline_parallel_microbatch_size",
         "pipeline_parallel_layers_per_stage",
+        "enable_async_tensor_parallel",
         "pipeline_parallel_first_stage_less_layers",
         "pipeline_parallel_last_stage_less_layers",
         "context_parallel_degree",

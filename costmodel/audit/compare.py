@@ -72,7 +72,7 @@ def predict(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _unhidden(built: dict[str, Any], hidden: dict[str, float]) -> dict[str, float]:
     """What each communication component would add if nothing of it were hidden (overlaps 0)."""
-    step = built["step"].model_copy(update={"cp_overlap": 0.0, "pp_overlap": 0.0, "tp_overlap": 0.0})
+    step = built["step"].model_copy(update={"cp_overlap": 0.0, "pp_overlap": 0.0, "tp_comm_overlap": False})
     bare = evaluate_step(built["inputs"], built["setup"], step, built["machine"])["step"]["breakdown"]
     return {k: max(0.0, bare[k] - hidden[k]) for k in hidden}
 

@@ -91,6 +91,7 @@ from costmodel.symbolic.symbols import (
     k_opt,
     k_sb,
     k_sf,
+    k_tp,
     l_h,
     l_max,
     l_rest,
@@ -1154,6 +1155,18 @@ define(
     "USP all-to-alls of one layer and pass; exposed",
     "s",
     "[USP §3]",
+)
+# Pipelining a collective with its multiply in k chunks hides all but the first chunk's transfer where the
+# multiply is the longer, and (k - 1)/k of the multiply's time where the collective is: the share of
+# _hidden, with its limit (one chunk stays exposed) built in.
+define(
+    "tp_overlap_share",
+    "o_TP_k",
+    (k_tp - 1) / k_tp,
+    "share of the TP collectives that can hide under the matrix multiplies when both are split into k_tp "
+    "chunks and pipelined: 0 unchunked, (t - 1)/t with Transformer Engine's userbuffers or AsyncTP",
+    "1",
+    "[Korthikanti22 §4.2.2], [AsyncTP]",
 )
 define(
     "tp_exposed_s",

@@ -482,6 +482,11 @@ def cp_usp_a2a_s(*, B_cp, N_r, N_u, S, b, d, h, n_kv, p, t):
     return 2*S*b*d*p*(N_u - 1)*(h + numpy.maximum(N_u, n_kv))/(B_cp*N_r*N_u**2*t)
 
 
+def tp_overlap_share(*, k_tp):
+    """o_TP_k = (k_tp - 1)/k_tp: share of the TP collectives that can hide under the matrix multiplies when both are split into k_tp chunks and pipelined: 0 unchunked, (t - 1)/t with Transformer Engine's userbuffers or AsyncTP [1] ([Korthikanti22 §4.2.2], [AsyncTP])."""
+    return (k_tp - 1)/k_tp
+
+
 def tp_exposed_s(*, B_tp, F_ffn, F_gemm, H, N, S, alpha_tp, b, d, g, h, n_kv, o_tp, p, s_comm, t):
     """x_TP = (-o_tp*s_comm*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + o_tp*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*N*t): TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies [s] ([Korthikanti22 §4.2.2])."""
     return (-o_tp*s_comm*(B_tp*N*t*numpy.maximum(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + o_tp*(B_tp*N*t*numpy.maximum(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*N*t)
@@ -1024,6 +1029,7 @@ INFO = {
     'cp_allgather_s': ('tau_AG', '(N - 1)*(B_cp*N*alpha_cp*t + 2*S*b*d*n_kv*p)/(B_cp*N*t)', '({N} - 1)*({B_cp}*{N}*{alpha_cp}*{t} + 2*{S}*{b}*{d}*{n_kv}*{p})/({B_cp}*{N}*{t})', 'all-gather of K, V (forward) or reduce-scatter of dK, dV, N - 1 ring steps; exposed', 's', '[Llama3 §3.3]', 'step'),
     'cp_ulysses_s': ('tau_U_step', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(B_cp*N**2*t)', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/({B_cp}*{N}**2*{t})', 'Ulysses all-to-alls of one layer and pass; exposed', 's', '[Ulysses §3]', 'step'),
     'cp_usp_a2a_s': ('tau_USP_step', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(B_cp*N_r*N_u**2*t)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({B_cp}*{N_r}*{N_u}**2*{t})', 'USP all-to-alls of one layer and pass; exposed', 's', '[USP §3]', 'step'),
+    'tp_overlap_share': ('o_TP_k', '(k_tp - 1)/k_tp', '({k_tp} - 1)/{k_tp}', "share of the TP collectives that can hide under the matrix multiplies when both are split into k_tp chunks and pipelined: 0 unchunked, (t - 1)/t with Transformer Engine's userbuffers or AsyncTP", '1', '[Korthikanti22 §4.2.2], [AsyncTP]', 'step'),
     'tp_exposed_s': ('x_TP', '(-o_tp*s_comm*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + o_tp*(B_tp*N*t*Max(0, 2*(-B_tp*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_gemm*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*F_gemm*N*t)) - 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p)) + 4*(t - 1)*(B_tp*N*alpha_tp*t + H*S*b*p))/(B_tp*N*t)', '(-{o_tp}*{s_comm}*({B_tp}*{N}*{t}*Max(0, 2*(-{B_tp}*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{F_gemm}*{N}*{t})) - 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})) + {o_tp}*({B_tp}*{N}*{t}*Max(0, 2*(-{B_tp}*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_gemm}*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{F_gemm}*{N}*{t})) - 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p})) + 4*({t} - 1)*({B_tp}*{N}*{alpha_tp}*{t} + {H}*{S}*{b}*{p}))/({B_tp}*{N}*{t})', 'TP collectives of one layer and pass left after hiding o_tp of them under the matrix multiplies', 's', '[Korthikanti22 §4.2.2]', 'step'),
     'layer_gemm_fwd_s': ('t_mm_fwd', '2*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm*N*t)', '2*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv}))/({F_gemm}*{N}*{t})', 'forward matrix multiplies of one layer, each at its own (m, n, k) per TP shard', 's', '[Megatron21 §5.1]', 'step'),
     'layer_gemm_bwd_s': ('t_mm_bwd', '4*H*S*b*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv))/(F_gemm_b*N*t)', '4*{H}*{S}*{b}*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv}))/({F_gemm_b}*{N}*{t})', 'backward matrix multiplies of one layer: the input and the weight gradient of each, at their shapes', 's', '[Megatron21 §5.1]', 'step'),
@@ -1211,6 +1217,7 @@ ARGS = {
     'cp_allgather_s': ('B_cp', 'N', 'S', 'alpha_cp', 'b', 'd', 'n_kv', 'p', 't'),
     'cp_ulysses_s': ('B_cp', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
     'cp_usp_a2a_s': ('B_cp', 'N_r', 'N_u', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
+    'tp_overlap_share': ('k_tp',),
     'tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'alpha_tp', 'b', 'd', 'g', 'h', 'n_kv', 'o_tp', 'p', 's_comm', 't'),
     'layer_gemm_fwd_s': ('F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 't'),
     'layer_gemm_bwd_s': ('F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 't'),
@@ -1357,6 +1364,7 @@ SYMBOLS = {
     'rc_full': ('full recompute (the whole layer forward again in backward): 1, else 0', '1', '[Korthikanti22 §5]'),
     'u_cp': ("causal load balance of the CP layout: useful / slowest rank's attention work", '1', '[A-RingCost §6]'),
     'o_tp': ("share of TP collectives hidden under compute (0 Megatron's synchronous SP, up to 1 with async TP)", '1', '[Korthikanti22 §4.2.2]'),
+    'k_tp': ("chunks each TP collective and its matrix multiply are split into and pipelined: t with Transformer Engine's userbuffers or torch's AsyncTP (the collective decomposed into its ring steps), 1 without", '1', '[Korthikanti22 §4.2.2]'),
     'o_cp': ("share of the ring's transfers hidden under its attention compute", '1', '[RingAttn §3]'),
     'o_pp': ('share of stage-boundary sends hidden under compute', '1', '[Megatron21 §4.1]'),
     'n_bkt': ('gradient buckets: all but the last reduce under the backward', '1', 'PyTorch DDP'),

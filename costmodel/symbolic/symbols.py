@@ -194,6 +194,14 @@ o_tp = _symbol(
     "[Korthikanti22 §4.2.2]",
     nonnegative=True,
 )
+k_tp = _symbol(
+    "k_tp",
+    "chunks each TP collective and its matrix multiply are split into and pipelined: t with Transformer "
+    "Engine's userbuffers or torch's AsyncTP (the collective decomposed into its ring steps), 1 without",
+    "1",
+    "[Korthikanti22 §4.2.2]",
+    integer=True,
+)
 o_cp = _symbol(
     "o_cp",
     "share of the ring's transfers hidden under its attention compute",

@@ -48,6 +48,8 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
             args += ["--hierarchical-context-parallel-sizes", str(plan["cp_ulysses"]), str(plan["cp_ring"])]
     if plan["tp"] > 1:
         args.append("--sequence-parallel")
+    if plan.get("tp_comm_overlap"):  # Transformer Engine's userbuffers: TP collectives pipelined with GEMMs
+        args.append("--tp-comm-overlap")
     args += [
         "--micro-batch-size",
         str(plan["micro_batch"]),
@@ -101,6 +103,8 @@ def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int
         "pipeline_parallel_degree": plan["pp"],
         "context_parallel_degree": plan["cp"],
     }
+    if plan.get("tp_comm_overlap"):  # AsyncTP: the TP collectives decomposed and pipelined with the matmuls
+        parallelism["enable_async_tensor_parallel"] = True
     if plan["pp"] > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan["vpp"] > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = plan["micro_batch"]

@@ -81,6 +81,7 @@ class Constraints:
     cp_scheme: str | None = None
     layout: str | None = None
     ep: int | None = None
+    tp_comm_overlap: bool | None = None
     framework: str = "any"
 
     def given(self) -> dict[str, Any]:
@@ -114,6 +115,7 @@ class Table:
         if ulysses is None:
             ulysses = _usp_degree(self.kv_heads, plan["tp"], plan["cp"])
         return plan | {
+            "tp_comm_overlap": bool(c["tpo"][i]),
             "recompute": RECOMPUTE[int(c["rc"][i])],
             "cp_scheme": scheme,
             "layout": layout,
@@ -226,7 +228,7 @@ def enumerate_plans(
     columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
     columns["pair"] = np.full(len(data), -1, dtype=np.int64)  # each row stands for its shape's valid pairs
     layouts = Table(columns, pairs, kv_heads, global_batch)
-    return (with_pairs(layouts, shape_pairs) if expand else layouts), shape_pairs
+    return (with_pairs(layouts, shape_pairs, c.tp_comm_overlap) if expand else layouts), shape_pairs
 
 
 def _tp_cp_counts(table: Table) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -236,17 +238,28 @@ def _tp_cp_counts(table: Table) -> tuple[list[tuple[int, int]], np.ndarray]:
     return [(int(tp), int(cp)) for tp, cp in pairs], counts
 
 
-def with_pairs(table: Table, shape_pairs: dict[tuple[int, int], list[int]]) -> Table:
-    """Each layout of ``table`` once per (scheme, layout) pair its TP and CP degrees run."""
+def _overlaps(tp: int, fixed: bool | None) -> tuple[int, ...]:
+    """TP collectives unchunked (0) and pipelined with the multiplies (1): both where TP > 1, unless fixed."""
+    if tp == 1:
+        return (0,)
+    return (0, 1) if fixed is None else (int(fixed),)
+
+
+def with_pairs(
+    table: Table, shape_pairs: dict[tuple[int, int], list[int]], overlap: bool | None = None
+) -> Table:
+    """Each layout of ``table`` once per (scheme, layout) pair its TP and CP degrees run, and with TP > 1
+    once more with its collectives pipelined into its multiplies (``tpo``: neither changes memory)."""
     c = table.columns
     tp_cp = _key(c["tp"], c["cp"])
     blocks = []
     for (tp, cp), valid in shape_pairs.items():
         rows = np.flatnonzero(tp_cp == _key(np.array([tp]), np.array([cp]), bases=(c["tp"], c["cp"]))[0])
-        blocks += [(rows, pair) for pair in valid]
-    index = np.concatenate([rows for rows, _ in blocks]) if blocks else np.zeros(0, dtype=np.int64)
+        blocks += [(rows, pair, tpo) for pair in valid for tpo in _overlaps(tp, overlap)]
+    index = np.concatenate([b[0] for b in blocks]) if blocks else np.zeros(0, dtype=np.int64)
     columns = {k: v[index] for k, v in c.items()}
-    columns["pair"] = np.concatenate([np.full(len(rows), pair) for rows, pair in blocks]) if blocks else index
+    for name, at in (("pair", 1), ("tpo", 2)):
+        columns[name] = np.concatenate([np.full(len(b[0]), b[at]) for b in blocks]) if blocks else index
     return Table(columns, table.pairs, table.kv_heads, table.global_batch)
 
 
@@ -418,6 +431,7 @@ def evaluate_table(
         "m_mb": step.global_batch / (c["micro_batch"] * c["dp"]),
         "rc_sel": (c["rc"] == 1).astype(float),
         "rc_full": (c["rc"] == 2).astype(float),
+        "o_tp": numeric.tp_overlap_share(k_tp=np.where(c["tpo"] == 1, c["tp"], 1).astype(float)),
     }
     v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring")  # with EP: the dense gradients' group
     if model.experts:  # EP inside DP, next to CP (tp-cp-ep-dp-pp): its all-to-all over those ranks
@@ -511,7 +525,8 @@ def search(
     table, shape_pairs = enumerate_plans(
         model, inputs.seq, setup.gpus, step.global_batch, constraints, expand=False
     )
-    runs = {key: len(valid) for key, valid in shape_pairs.items()}
+    fixed = constraints.tp_comm_overlap
+    runs = {(tp, cp): len(valid) * len(_overlaps(tp, fixed)) for (tp, cp), valid in shape_pairs.items()}
     considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(table), strict=True))
     if not considered:
         return SearchResult(
@@ -531,7 +546,7 @@ def search(
         )
         reason += _blame(model, inputs, setup, step, constraints, machine)
         return SearchResult([], considered, 0, step.global_batch, removed, reason, _notes(model))
-    table = with_pairs(table.take(fits), shape_pairs)  # memory does not depend on the CP scheme
+    table = with_pairs(table.take(fits), shape_pairs, fixed)  # memory depends on neither
     fit = len(table)
     shapes = shapes or _Shapes(inputs, setup, step, model, machine)
     if top is not None:
@@ -540,7 +555,9 @@ def search(
     order = np.lexsort((table.columns["gpus"], result["memory"]["total_bytes"], result["time_s"]))
     if top is not None:  # of plans that differ only in their stage split, the fastest split speaks for all
         c = table.columns
-        layout = _key(*(c[k][order] for k in ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "rc", "pair")))
+        layout = _key(
+            *(c[k][order] for k in ("tp", "cp", "pp", "vpp", "dp", "ep", "micro_batch", "rc", "pair", "tpo"))
+        )
         order = order[np.sort(np.unique(layout, return_index=True)[1])][:top]
     plans = [_row(table, result, int(i)) for i in order]
     return SearchResult(plans, considered, fit, step.global_batch, removed, None, _notes(model), shapes)
@@ -694,6 +711,7 @@ def plan_setup(
             "micro_batch": plan["micro_batch"],
             "cp_scheme": "ring" if plan["cp_scheme"] == "none" else plan["cp_scheme"],
             "ep": plan["ep"],
+            "tp_comm_overlap": plan["tp_comm_overlap"],
         }
     )
     return at, job, knobs
@@ -759,6 +777,7 @@ def table_of(plans: list[dict[str, Any]], kv_heads: int, global_batch: int) -> T
     pairs = list(SCHEMES)
     columns = {k: np.array([p[k] for p in plans], dtype=np.int64) for k in (*STRUCTURE, "gpus")}
     columns["rc"] = np.array([RECOMPUTE.index(p["recompute"]) for p in plans], dtype=np.int64)
+    columns["tpo"] = np.array([int(p["tp_comm_overlap"]) for p in plans], dtype=np.int64)
     columns["pair"] = np.array(
         [pairs.index((p["cp_scheme"], p["layout"])) if p["cp"] > 1 else 0 for p in plans], dtype=np.int64
     )
@@ -872,7 +891,9 @@ def _describe(
     )
     new_best = None
     if best is not None:
-        same = all(best[k] == plan[k] for k in (*STRUCTURE, "recompute", "cp_scheme", "layout"))
+        same = all(
+            best[k] == plan[k] for k in (*STRUCTURE, "recompute", "cp_scheme", "layout", "tp_comm_overlap")
+        )
         if same and fits:
             text += "; the pick stays the fastest"
         else:
@@ -892,6 +913,7 @@ def _describe(
 PLAN_KEYS = (
     "gpus",
     "tp",
+    "tp_comm_overlap",
     "cp",
     "pp",
     "first_stage_layers",
@@ -920,9 +942,9 @@ def label(plan: dict[str, Any]) -> str:
     stages = ", ".join(part for part in (split, f"v {plan['vpp']}" if plan["vpp"] > 1 else "") if part)
     pp = f"PP {plan['pp']}" + (f" ({stages})" if stages else "")
     ep = f" · EP {plan['ep']}" if plan.get("ep", 1) > 1 else ""
+    tp = f"TP {plan['tp']}" + (" (overlapped)" if plan.get("tp_comm_overlap") else "")
     return (
-        f"TP {plan['tp']} · {cp} · {pp} · DP {plan['dp']}{ep} · mb {plan['micro_batch']} · "
-        f"recompute {plan['recompute']}"
+        f"{tp} · {cp} · {pp} · DP {plan['dp']}{ep} · mb {plan['micro_batch']} · recompute {plan['recompute']}"
     )
 
 

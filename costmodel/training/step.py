@@ -32,6 +32,7 @@ from costmodel.plans.inputs import (
     MAX_HEADS,
     TRAINING_DEFAULTS,
     Count,
+    Flag,
     MachineOverrides,
     Number,
     PlanInputs,
@@ -79,8 +80,10 @@ class StepSetup(BaseModel):
         "How CP exchanges K and V: ring, ulysses (all-to-all), usp (all-to-all inside "
         "a ring), allgather (K, V gathered, as Llama 3).",
     )
-    tp_overlap: Number = flag(
-        0.0, "Share of TP collectives hidden under the matrix multiplies (async TP), in [0, 1].", ge=0, le=1
+    tp_comm_overlap: Flag = flag(
+        False,
+        "TP collectives pipelined with their matrix multiplies in t chunks (Megatron's --tp-comm-overlap, "
+        "Transformer Engine's userbuffers; torch's AsyncTP): all but one chunk's transfer can hide.",
     )
     cp_overlap: Number = flag(1.0, "Share of ring transfers hidden under attention, in [0, 1].", ge=0, le=1)
     dp_overlap: Number = flag(
@@ -453,7 +456,7 @@ def bind(
         "alpha_cp": links["cp"].latency_s if n > 1 and scheme == "allgather" else 0.0,
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
-        "o_tp": step.tp_overlap,
+        "o_tp": float(numeric.tp_overlap_share(k_tp=t if step.tp_comm_overlap else 1)),
         "o_cp": step.cp_overlap,
         "o_pp": step.pp_overlap,
         "o_dp": step.dp_overlap,
