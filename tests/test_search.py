@@ -121,6 +121,7 @@ def _legal_plans(draw: st.DrawFn) -> dict:
         "vpp": draw(st.sampled_from(vpps)),
         "micro_batch": mb,
         "recompute": draw(st.sampled_from(["none", "selective", "full"])),
+        "tp_comm_overlap": tp > 1 and draw(st.booleans()),
     }
     if pp > 1:
         plan |= {"first_stage_layers": split.first, "last_stage_layers": split.last}
