@@ -234,8 +234,8 @@ def enumerate_plans(
 def _tp_cp_counts(table: Table) -> tuple[list[tuple[int, int]], np.ndarray]:
     """The (TP, CP) degrees of a table's rows and how many rows hold each."""
     c = table.columns
-    pairs, counts = np.unique(np.column_stack([c["tp"], c["cp"]]), axis=0, return_counts=True)
-    return [(int(tp), int(cp)) for tp, cp in pairs], counts
+    _, first, counts = np.unique(_key(c["tp"], c["cp"]), return_index=True, return_counts=True)
+    return [(int(c["tp"][i]), int(c["cp"][i])) for i in first], counts
 
 
 def _overlaps(tp: int, fixed: bool | None) -> tuple[int, ...]:

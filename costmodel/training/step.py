@@ -343,8 +343,28 @@ def _rates(
     gemms: dict[tuple, dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """F_gemm, F_gemm_b, F_head, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or
-    --efficiency) at this layer's shapes; ``gemms`` keeps the multiplies' rates by shape across calls (the
-    layout search binds the same shapes under many CP schemes)."""
+    --efficiency) at this layer's shapes; ``gemms`` keeps them by shape across calls on one machine's
+    kernels (the layout search binds the same multiplies under many CP schemes, and the same shapes again
+    where only a link changes)."""
+    whole = (setup.tp, inputs.seq, inputs.n, inputs.layout, step.micro_batch, step.gemm_dtype, step.attention_kernel,
+             step.cp_scheme, n_r)  # fmt: skip
+    if gemms is not None and whole in gemms:
+        return dict(gemms[whole])
+    found = _computed_rates(inputs, setup, step, model, machine, n_r, gemms)
+    if gemms is not None:
+        gemms[whole] = found
+    return dict(found)
+
+
+def _computed_rates(
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    model: ModelPreset,
+    machine: Machine,
+    n_r: int,
+    gemms: dict[tuple, dict[str, float]] | None,
+) -> dict[str, float]:
     t, d = setup.tp, model.head_dim
     rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
     key = (t, rows, step.gemm_dtype)
