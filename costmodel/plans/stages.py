@@ -114,8 +114,8 @@ def _given(layers: int, pp: int, first: int | None, last: int | None) -> StageSp
         fixed = first if first is not None else last
         assert fixed is not None
         rest = layers - fixed
-        middle = -(-rest // (pp - 1)) if inner > 0 else 0
-        other = rest - inner * middle
+        middles = (-(-rest // (pp - 1)), rest // (pp - 1)) if inner > 0 else (0,)
+        other = next((rest - inner * m for m in middles if rest - inner * m >= 1), rest - inner * middles[-1])
         first, last = (fixed, other) if first is not None else (other, fixed)
     rest = layers - first - last
     if (
