@@ -115,7 +115,6 @@ class HostLink(_Strict):
     bandwidth_bidirectional: Positive | None = Field(
         default=None, description="both ways; must be 2 x per direction"
     )
-    latency_s: NonNegative = Field(default=0.0, description="per-copy latency (0 on datasheets)")
     devices_per_host: Count(maximum=2**20) | None = Field(
         default=None,
         description="devices whose offloaded optimizer one host's CPUs run; default devices_per_node",
