@@ -6,8 +6,10 @@ chooses the inputs (model preset, profile links and kernel rates, parallel layou
 One device's step is the pipeline's: m micro-batches through the heaviest (last) stage, each a forward,
 a backward and any recompute of n_L/pp layers plus the output layer, the bubble (p-1)/(v·m) of that
 [Megatron21 §2.2], then what the step cannot hide: stage-boundary sends of the fill and drain, the last
-gradient bucket, ZeRO-3 gathers beyond prefetch, and the optimizer. Ranks are placed TP innermost, then
-CP, DP and PP outermost (Megatron's order); a group stays on NVLink while it fits in a node.
+gradient bucket, ZeRO-3 gathers beyond prefetch, and the optimizer; with ``--offload``, the host link's
+copies beyond the compute that hides them and the CPU's Adam step (:mod:`costmodel.training.offload`).
+Ranks are placed TP innermost, then CP, DP and PP outermost (Megatron's order); a group stays on NVLink
+while it fits in a node.
 
 MFU counts model FLOP as 6·P per token plus attention 12·n_L·h·d·S per token ([PaLM] appendix B,
 [Megatron21 §5.1]; the input embedding, a lookup, is left out of P). HFU counts what the devices run:
@@ -688,7 +690,7 @@ def evaluate_step(
         "efficiency": inputs.efficiency,
         "layout": inputs.layout,
         "cp": inputs.n,
-        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "rank_order"}),
+        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "offload", "rank_order"}),
         **step.model_dump(),
     }
     memory = step_memory(inputs, setup, step, model, machine)
