@@ -269,6 +269,12 @@ def test_numeric_twin_matches_exact_sympy(
         "l_rest": max(1, seq_per * n // 7),
         "T_w": seq_per * n,
         "l_w": seq_per / 3 + 1,
+        "o_opt": 1,
+        "o_par": 1,
+        "o_act": 1,
+        "B_h": bw / 2,
+        "R_h": 1.4e9,
+        "n_h": 4,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

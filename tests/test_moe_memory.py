@@ -150,7 +150,9 @@ def test_one_device_of_one_rank_holds_the_whole_model(
     total = numeric.moe_params(**shape)
     one = shape | {"t": 1, "pp": 1, "E_p": 1, "n_first": 8, "n_mid": 0, "n_last": 8}
     assert numeric.moe_device_params(**one) == pytest.approx(total, rel=1e-12)
-    assert numeric.moe_model_state_bytes(**one, z_w=1, z_g=1, z_o=1) == pytest.approx(18 * total, rel=1e-12)
+    assert numeric.moe_model_state_bytes(**one, z_w=1, z_g=1, z_o=1, o_opt=0, o_par=0) == pytest.approx(
+        18 * total, rel=1e-12
+    )
     even = shape["n_L"] // pp  # every stage holds as many layers
     split = shape | {"t": t, "pp": pp, "n_first": even, "n_mid": even if pp > 2 else 0, "n_last": even}
     ep_values = [e for e in (1, ep) if experts % e == 0]

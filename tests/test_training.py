@@ -105,7 +105,7 @@ def test_zero_stages(stage: int, bytes_per_param: float) -> None:
     z_w, z_g, z_o = zero_fractions(stage, 64)
     per_param = numeric.model_state_bytes(n_L=1, H=1, d=1, h=1, n_kv=1, g=0, F_ffn=0, e_m=0, V=0, t=1, pp=1,
                                           n_first=1, n_mid=0, n_last=1,
-                                          z_w=z_w, z_g=z_g, z_o=z_o) / 7  # fmt: skip  # 7 parameters
+                                          z_w=z_w, z_g=z_g, z_o=z_o, o_opt=0, o_par=0) / 7  # fmt: skip  # 7 parameters
     assert per_param == pytest.approx(bytes_per_param)
 
 

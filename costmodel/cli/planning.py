@@ -313,6 +313,7 @@ class SweepFormat(str, Enum):
         "pp",
         "zero",
         "recompute",
+        "offload",
         "sequence_parallel",
         "flash_attention",
         "memory_headroom",

@@ -72,6 +72,7 @@ def _table(result: dict) -> None:
         f"cp {inputs['cp']} ({inputs['cp_scheme']}, {inputs['layout']}), pp {inputs['pp']} ({stages}), "
         f"dp {inputs['dp']}, {inputs['micro_batches']} micro-batches of {inputs['micro_batch']}, "
         f"recompute {inputs['recompute']}"
+        + (f", offload {inputs['offload']}" if inputs.get("offload", "none") != "none" else "")
     )
     for line in topology_lines(result["topology"]):
         screen.print(line)

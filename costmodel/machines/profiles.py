@@ -99,11 +99,49 @@ class Link(_Strict):
         return self.alltoall.latency_s if self.alltoall else self.latency_s
 
 
+# One host's CPU Adam throughput where a profile states none: DeepSpeed's CPU-Adam updated an 11.6B-parameter
+# GPT-2 in 8.2 s [DeepSpeed-CPUAdam]. An assumption for other hosts: the step is bound by host memory.
+CPU_ADAM_PARAMS_PER_S = 11.6e9 / 8.2
+
+
+class HostLink(_Strict):
+    """The link between an accelerator and its host's memory, and the host's optimizer throughput: what
+    optimizer, parameter and activation offload pay for [ZeRO-Offload]."""
+
+    name: str = Field(description="e.g. PCIe Gen5 x16, NVLink-C2C")
+    bandwidth_per_direction: Positive = Field(
+        description="bytes/s one device copies to or from pinned host memory, achievable, each way"
+    )
+    bandwidth_bidirectional: Positive | None = Field(
+        default=None, description="both ways; must be 2 x per direction"
+    )
+    devices_per_host: Count(maximum=2**20) | None = Field(
+        default=None,
+        description="devices whose offloaded optimizer one host's CPUs run; default devices_per_node",
+    )
+    optimizer_params_per_s: Positive = Field(
+        default=CPU_ADAM_PARAMS_PER_S,
+        description="parameters one host's CPUs update per second with CPU Adam (DeepSpeed's figure by default)",
+    )
+    source: str = Field(description="where the bandwidth comes from: datasheet or measurement, by its key")
+
+    @model_validator(mode="after")
+    def _directions_agree(self) -> Self:
+        both = self.bandwidth_bidirectional
+        if both is not None and abs(both - 2 * self.bandwidth_per_direction) > 1e-6 * both:
+            raise ValueError(
+                f"bandwidth_bidirectional {both:.4g} is not twice bandwidth_per_direction "
+                f"{self.bandwidth_per_direction:.4g}"
+            )
+        return self
+
+
 class Links(_Strict):
-    """The links inside a node and between nodes."""
+    """The links inside a node and between nodes, and to the host."""
 
     intra_node: Link
     inter_node: Link | None = Field(default=None, description="needed once a CP group spans nodes")
+    host: HostLink | None = Field(default=None, description="device to host memory: needed by --offload")
 
 
 class Device(_Strict):
@@ -523,6 +561,9 @@ class HardwareProfile(_Strict):
     def _placement(self) -> Self:
         if self.ranks_per_node > self.devices_per_node:
             raise ValueError("cp_ranks_per_node cannot exceed devices_per_node")
+        host = self.links.host
+        if host and host.devices_per_host and host.devices_per_host > self.devices_per_node:
+            raise ValueError("links.host.devices_per_host cannot exceed devices_per_node")
         dims = self.topology.dims if self.topology else None
         if dims and math.prod(dims) != self.devices_per_node:
             shape = "x".join(map(str, dims))

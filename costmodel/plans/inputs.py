@@ -35,6 +35,7 @@ from costmodel.schedule.layouts import Layout, check_divisible
 
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
 Recompute = Literal["none", "selective", "full"]
+Offload = Literal["none", "optimizer", "optimizer+params", "activations", "all"]
 
 MAX_TOKENS = 2**34  # 16G tokens: far past any context length in use, small enough for float64 exactness
 MAX_DEVICES = 2**20  # 1M accelerators
@@ -364,6 +365,13 @@ class TrainingSetup(BaseModel):
         1, "ZeRO stage over DP x CP (1 = distributed optimizer)."
     )
     recompute: Recompute = flag("selective", "Activation recompute: selective recomputes the attention core.")
+    offload: Offload = flag(
+        "none",
+        "What lives in host memory over the profile's host link: optimizer (fp32 master weights and Adam "
+        "moments; the CPU runs Adam, as ZeRO-Offload), optimizer+params (the weights too, fetched per layer, "
+        "as ZeRO-3 or FSDP CPU offload), activations (each layer's copied out in the forward, back in the "
+        "backward), all.",
+    )
     sequence_parallel: Flag | None = flag(
         None, "Sequence parallelism with TP: splits norms and dropouts too [default: on when TP > 1]."
     )
@@ -392,6 +400,17 @@ class TrainingSetup(BaseModel):
             return "-".join(parse_order(value))
         except InputError as exc:
             raise ValueError(exc.message) from None
+
+    @property
+    def offloaded(self) -> dict[str, int]:
+        """o_opt, o_par, o_act of the offload formulas: what ``offload`` keeps in host memory."""
+        parts = {"all": "optimizer+params+activations"}.get(self.offload, self.offload).split("+")
+        params = "params" in parts
+        return {
+            "o_opt": int(params or "optimizer" in parts),
+            "o_par": int(params),
+            "o_act": int("activations" in parts),
+        }
 
     @property
     def sp(self) -> bool:

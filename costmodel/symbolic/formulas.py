@@ -37,6 +37,7 @@ from costmodel.symbolic.symbols import (
     B_cp,
     B_dp,
     B_ep,
+    B_h,
     B_hbm,
     B_l,
     B_nic,
@@ -66,6 +67,7 @@ from costmodel.symbolic.symbols import (
     N_r,
     N_u,
     P_g,
+    R_h,
     S,
     S_kv,
     T_n,
@@ -100,6 +102,7 @@ from costmodel.symbolic.symbols import (
     n_bkt,
     n_E,
     n_first,
+    n_h,
     n_kb,
     n_kf,
     n_kl,
@@ -109,8 +112,11 @@ from costmodel.symbolic.symbols import (
     n_last,
     n_mid,
     n_nic,
+    o_act,
     o_cp,
     o_dp,
+    o_opt,
+    o_par,
     o_pp,
     o_tp,
     o_x,
@@ -798,15 +804,18 @@ P_stage = define(
     "1",
     "[Megatron21 §2.2]",
 )
-_state_bytes = 2 * z_w + 4 * z_g + 12 * z_o  # bf16 weights, fp32 grads, fp32 master + 2 Adam moments
+# bf16 weights, fp32 grads, fp32 master + 2 Adam moments; offload moves the optimizer's 12 bytes to the host
+# (o_opt), and the weights and gradients too (o_par), leaving two layers' gathered ones in flight.
+_state_bytes = (1 - o_par) * (2 * z_w + 4 * z_g) + (1 - o_opt) * 12 * z_o
 M_state = define(
     "model_state_bytes",
     "M_state",
-    P_stage / t * _state_bytes,
+    P_stage / t * _state_bytes + o_par * 2 * P_layer / t * (2 + 4),
     "bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device, on the stage "
-    "holding the most parameters",
+    "holding the most parameters; what offload keeps in host memory is left out (two layers' weights and "
+    "gradients stay in flight under parameter offload)",
     "B",
-    "[ZeRO §3]",
+    "[ZeRO §3], [ZeRO-Offload §4], [ZeRO-Infinity §5]",
 )
 _split = sigma / t + 1 - sigma  # the share of the sequence-parallel terms a device keeps
 A_layer = define(
@@ -869,15 +878,20 @@ _stage_activations = (
     _in_flight(1) * n_mid * A_kept,
     _in_flight(pp - 1) * n_last * A_kept + A_out,
 )
+# Activation offload (o_act) keeps about two layers' in flight on the device: the one computing and the one
+# whose copy to (forward) or from (backward) the host is under way [ZeRO-Infinity §5].
 A = define(
     "activation_bytes",
     "A",
-    sympy.Piecewise((n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations), True)),
+    (1 - o_act)
+    * sympy.Piecewise((n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations), True))
+    + o_act * (2 * A_kept + A_out),
     "activations per device on the most loaded pipeline stage: n_L layers' worth and the output "
     "layer at pp = 1; else the largest of the first stage (I_1 micro-batches of its layers), the second "
-    "and the last (its layers and the output layer)",
+    "and the last (its layers and the output layer); two layers' and the output layer under activation "
+    "offload",
     "B",
-    "[Korthikanti22 §4.2]",
+    "[Korthikanti22 §4.2], [ZeRO-Infinity §5]",
 )
 _buffers = (2 * C_bwd + b * h * L * d * p_acc) / t
 R_buf = define(
@@ -902,14 +916,7 @@ define(
 define(
     "n_min_memory",
     "N_min",
-    sympy.Piecewise(
-        (sympy.Subs(n_L * A_kept + A_out + _buffers, N, 1) / (M_dev - M_state), sympy.Eq(pp, 1)),
-        (
-            sympy.Max(*(sympy.Subs(stage + _buffers, N, 1) for stage in _stage_activations))
-            / (M_dev - M_state),
-            True,
-        ),
-    ),
+    sympy.Subs(A + _buffers, N, 1) / (M_dev - M_state),
     "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention; negative "
     "when the model states alone do not fit",
     "devices",
@@ -1351,8 +1358,9 @@ define(
 define(
     "optimizer_s",
     "t_opt",
-    k_opt * P_dev / (D * B_hbm),
-    "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound",
+    (1 - o_opt) * k_opt * P_dev / (D * B_hbm),
+    "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound; none on the device under "
+    "optimizer offload",
     "s",
     "[ZeRO §5]",
 )
@@ -1391,6 +1399,85 @@ define(
     "tokens per optimizer step (global batch)",
     "tokens",
     "[Megatron21 §5.1]",
+)
+
+# --- Offload over the host link ([ZeRO-Offload], [ZeRO-Infinity], PyTorch FSDP CPUOffload). -------------
+# The plain schedule: the gradients of the device's optimizer share go to the host during the last
+# micro-batch's backward; the CPU's Adam step and the upload of the updated bf16 weights follow the backward
+# on the critical path (ZeRO-Offload's one-step delayed update, which hides them, is not modelled).
+# Parameter offload fetches each layer's weight shard before its forward and again before its backward;
+# activation offload copies a layer's kept activations out in the forward and back in the backward. Each
+# direction of the host link is its own lane: in the forward the weights come in while the activations go
+# out; in the backward both come in on one lane, one layer ahead of the compute that needs them.
+_group = "offload"
+t_bwd_c = FORMULAS["layer_compute_bwd_s"].symbol
+t_rc = FORMULAS["layer_recompute_s"].symbol
+tau_g2h = define(
+    "offload_grad_copy_s",
+    "tau_g2h",
+    o_opt * z_o * P_dev * p / B_h,
+    "gradients of the device's optimizer share copied to the host, bf16, once a step",
+    "s",
+    "[ZeRO-Offload §4.1]",
+)
+define(
+    "offload_grad_exposed_s",
+    "x_g2h",
+    sympy.Max(tau_g2h - n_crit * t_bwd_c, 0),
+    "the gradient copy left after hiding it under the last micro-batch's backward on the slowest stage",
+    "s",
+    "[ZeRO-Offload §4.1]",
+)
+define(
+    "host_adam_s",
+    "t_cpu",
+    o_opt * n_h * z_o * P_dev / R_h,
+    "the CPU's Adam step over the optimizer shares of the n_h devices sharing one host, after the backward",
+    "s",
+    "[ZeRO-Offload §4.2], [DeepSpeed-CPUAdam]",
+)
+define(
+    "offload_weight_upload_s",
+    "tau_w_h2d",
+    o_opt * (1 - o_par) * z_o * P_dev * p / B_h,
+    "updated bf16 weights of the device's share copied back to it after the CPU step (none under parameter "
+    "offload: the next step fetches them layer by layer)",
+    "s",
+    "[ZeRO-Offload §4.1]",
+)
+tau_pf = define(
+    "offload_param_fetch_s",
+    "tau_p_h2d",
+    o_par * z_w * P_layer * p / (t * B_h),
+    "one layer's bf16 weight shard fetched from the host, before its forward and again before its backward",
+    "s",
+    "[ZeRO-Infinity §5]",
+)
+tau_act = define(
+    "offload_activation_copy_s",
+    "tau_act",
+    o_act * A_kept / B_h,
+    "one layer's kept activations copied to the host (forward) or back (backward)",
+    "s",
+    "[ZeRO-Infinity §5]",
+)
+define(
+    "offload_layer_fwd_exposed_s",
+    "x_off_fwd",
+    sympy.Max(sympy.Max(tau_pf, tau_act) - t_fwd_c, 0),
+    "one layer's forward copies left on the critical path: the weights in and the activations out, each on "
+    "its own direction of the link, beyond the layer's forward compute",
+    "s",
+    "[ZeRO-Infinity §5]",
+)
+define(
+    "offload_layer_bwd_exposed_s",
+    "x_off_bwd",
+    sympy.Max(tau_pf + tau_act - t_bwd_c - t_rc, 0),
+    "one layer's backward copies left on the critical path: the weights and the activations in, one after "
+    "the other on the inbound direction, beyond the layer's backward and recompute",
+    "s",
+    "[ZeRO-Infinity §5]",
 )
 
 # --- Inference: prefill against a cached prefix, and decode, under TP x CP x PP ([CP-Infer]). ---------

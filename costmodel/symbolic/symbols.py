@@ -322,6 +322,50 @@ o_dp = _symbol(
     nonnegative=True,
 )
 
+# Offload over the host link ([ZeRO-Offload], [ZeRO-Infinity]): what lives in host memory, and the link to it.
+o_opt = _symbol(
+    "o_opt",
+    "optimizer offload: fp32 master weights and Adam moments in host memory, the CPU runs Adam: 1, else 0",
+    "1",
+    "[ZeRO-Offload §4]",
+    nonnegative=True,
+    integer=True,
+)
+o_par = _symbol(
+    "o_par",
+    "parameter offload: the bf16 weights and gradients in host memory, each layer's fetched before its "
+    "forward and backward: 1, else 0",
+    "1",
+    "[ZeRO-Infinity §5]",
+    nonnegative=True,
+    integer=True,
+)
+o_act = _symbol(
+    "o_act",
+    "activation offload: each layer's kept activations copied to host memory in the forward and back in the "
+    "backward: 1, else 0",
+    "1",
+    "[ZeRO-Infinity §5]",
+    nonnegative=True,
+    integer=True,
+)
+B_h = _symbol(
+    "B_h", "host link bandwidth of one device, per direction (PCIe, NVLink-C2C)", "B/s", "profile links.host"
+)
+R_h = _symbol(
+    "R_h",
+    "parameters one host's CPUs update per second with CPU Adam (all its cores)",
+    "params/s",
+    "[DeepSpeed-CPUAdam]",
+)
+n_h = _symbol(
+    "n_h",
+    "devices of the job sharing one host's CPUs for the offloaded optimizer step",
+    "devices",
+    "profile links.host",
+    integer=True,
+)
+
 # Inference: a prefill of new tokens against a cached prefix, and decode, under TP x CP x PP ([CP-Infer]).
 INFER = "[CP-Infer]"
 T_n = _symbol(

@@ -29,7 +29,7 @@ from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, Reco
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
 from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.schedule.layouts import divisors
-from costmodel.training import moe
+from costmodel.training import moe, offload
 
 
 def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
@@ -79,6 +79,7 @@ def training_values(
         "z_o": z_o,
         "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
         **moe.values(model, ep),
+        **offload.values(setup, machine, model),
     }
 
 

@@ -28,7 +28,7 @@ from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
-from costmodel.training import moe
+from costmodel.training import moe, offload
 from costmodel.training.recommend import training_values, zero_fractions
 from costmodel.training.step import StepSetup, bind, buckets, check_physical, step_breakdown
 
@@ -432,6 +432,8 @@ def evaluate_table(
         "rc_sel": (c["rc"] == 1).astype(float),
         "rc_full": (c["rc"] == 2).astype(float),
         "o_tp": numeric.tp_overlap_share(k_tp=np.where(c["tpo"] == 1, c["tp"], 1).astype(float)),
+        **_kept_columns(c, setup),
+        "n_h": np.minimum(offload.devices_per_host(machine), c["gpus"]).astype(float),
     }
     v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring")  # with EP: the dense gradients' group
     if model.experts:  # EP inside DP, next to CP (tp-cp-ep-dp-pp): its all-to-all over those ranks
@@ -476,14 +478,29 @@ def _stage_columns(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
+def _kept_columns(c: dict[str, np.ndarray], setup: TrainingSetup) -> dict[str, np.ndarray]:
+    """Per plan: the activations a layer keeps (full recompute, stored scores, sequence parallel) and the ZeRO
+    shares over DP x CP, as the memory fit and the offload copies read them."""
+    ones = np.ones(len(c["tp"]))
+    z_w, z_g, z_o = zero_fractions(setup.zero, (c["dp"] * c["cp"]).astype(float))  # type: ignore[arg-type]
+    return {
+        "rho": (c["rc"] == 2).astype(float),
+        "phi": ((c["rc"] == 0) & (not setup.flash_attention)).astype(float),
+        "sigma": (c["tp"] > 1).astype(float)
+        if setup.sequence_parallel is None
+        else (c["tp"] > 1) & setup.sequence_parallel,
+        "z_w": z_w * ones,
+        "z_g": z_g * ones,
+        "z_o": z_o * ones,
+    }
+
+
 def memory_table(
     table: Table, inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset, machine: Machine
 ) -> dict[str, np.ndarray]:
     """Training memory per device on the most loaded stage [Korthikanti22 §4], and the usable HBM."""
     c = table.columns
     values = training_values(inputs, model, setup, machine, 1)
-    group = (c["dp"] * c["cp"]).astype(float)
-    z_w, z_g, z_o = zero_fractions(setup.zero, group)  # type: ignore[arg-type]
     ones = np.ones(len(table))
     values |= {
         "N": c["cp"].astype(float),
@@ -493,14 +510,7 @@ def memory_table(
         **_stage_columns(c),
         "m_mb": (table.global_batch // (c["micro_batch"] * c["dp"])).astype(float),
         "v_pp": c["vpp"].astype(float),
-        "rho": (c["rc"] == 2).astype(float),
-        "phi": ((c["rc"] == 0) & (not setup.flash_attention)).astype(float),
-        "sigma": (c["tp"] > 1).astype(float)
-        if setup.sequence_parallel is None
-        else (c["tp"] > 1) & setup.sequence_parallel,
-        "z_w": z_w * ones,
-        "z_g": z_g * ones,
-        "z_o": z_o * ones,
+        **_kept_columns(c, setup),
     }
     values["E_p"] = c["ep"].astype(float)
     name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, n_E/E_p per rank
@@ -759,6 +769,9 @@ SHORT = {  # breakdown components as a table cell names them
     "exposed DP comm": "DP comm",
     "exposed ZeRO-3 gathers": "ZeRO-3 gathers",
     "optimizer step": "optimizer",
+    "exposed offload copies (layers)": "offload copies",
+    "exposed offload copies (gradients, weights)": "offload grads/weights",
+    "host optimizer step (CPU Adam)": "host Adam",
 }
 
 

@@ -6,8 +6,10 @@ chooses the inputs (model preset, profile links and kernel rates, parallel layou
 One device's step is the pipeline's: m micro-batches through the heaviest (last) stage, each a forward,
 a backward and any recompute of n_L/pp layers plus the output layer, the bubble (p-1)/(v·m) of that
 [Megatron21 §2.2], then what the step cannot hide: stage-boundary sends of the fill and drain, the last
-gradient bucket, ZeRO-3 gathers beyond prefetch, and the optimizer. Ranks are placed TP innermost, then
-CP, DP and PP outermost (Megatron's order); a group stays on NVLink while it fits in a node.
+gradient bucket, ZeRO-3 gathers beyond prefetch, and the optimizer; with ``--offload``, the host link's
+copies beyond the compute that hides them and the CPU's Adam step (:mod:`costmodel.training.offload`).
+Ranks are placed TP innermost, then CP, DP and PP outermost (Megatron's order); a group stays on NVLink
+while it fits in a node.
 
 MFU counts model FLOP as 6·P per token plus attention 12·n_L·h·d·S per token ([PaLM] appendix B,
 [Megatron21 §5.1]; the input embedding, a lookup, is left out of P). HFU counts what the devices run:
@@ -46,7 +48,7 @@ from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.packing import compute_fraction
 from costmodel.plans.stages import StageSplit
 from costmodel.symbolic import numeric
-from costmodel.training import moe
+from costmodel.training import moe, offload
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
 
@@ -487,6 +489,8 @@ def bind(
         "k_opt": step.optimizer_bytes,
         "N_u": n_u,
         "N_r": n_r,
+        **offload_kept(setup, model),
+        **offload.values(setup, machine, model),
     }
     values.setdefault("B_ep", values["B_dp"])
     values.update(moe.values(model, step.ep, step.capacity_factor))
@@ -495,6 +499,22 @@ def bind(
     values.update(_rates(inputs, setup, step, model, machine, n_r, gemms))
     values.update(_attention_kernel_values(step, model, values["c"]))
     return values
+
+
+def offload_kept(setup: TrainingSetup, model: ModelPreset) -> dict[str, Any]:
+    """What the offload copies size themselves by, as the memory fit reads it: the activations a layer keeps
+    (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of weights and states."""
+    from costmodel.training.recommend import zero_fractions
+
+    z_w, _, z_o = zero_fractions(setup.zero, setup.shard_group)
+    return {
+        "sigma": int(setup.sp),
+        "delta": int(model.dropout),
+        "phi": int(not setup.flash_attention and setup.recompute == "none"),
+        "rho": int(setup.recompute == "full"),
+        "z_w": z_w,
+        "z_o": z_o,
+    }
 
 
 def buckets(values: Mapping[str, Any], step: StepSetup, model: ModelPreset) -> Any:
@@ -547,6 +567,8 @@ def _layer(v: Mapping[str, Any], scheme: str, model: ModelPreset) -> tuple[dict[
         "CP ring overheads (merge, copies, launches)": (2 + full) * ring_x,
         "exposed EP all-to-all (MoE)": (2 + full) * ep_a2a,
         "MoE routing imbalance": (3 + full) * imbalance,
+        "exposed offload copies (layers)": _call("offload_layer_fwd_exposed_s", v)
+        + _call("offload_layer_bwd_exposed_s", v),
     }
     wait = _call("layer_host_wait_s", {**v, "t_dev": sum(parts.values())})
     order = list(parts)
@@ -588,6 +610,10 @@ def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -
         "exposed DP comm": dp,
         "exposed ZeRO-3 gathers": zero3,
         "optimizer step": moe.optimizer_s(v, model),
+        # Optimizer offload: gradients out beyond the last backward, the CPU step, the weights back.
+        "exposed offload copies (gradients, weights)": _call("offload_grad_exposed_s", pipeline)
+        + _call("offload_weight_upload_s", v),
+        "host optimizer step (CPU Adam)": _call("host_adam_s", v),
         "framework time per step": numpy.zeros_like(m, dtype=float) + v["t_step"],
     }
 
@@ -688,7 +714,7 @@ def evaluate_step(
         "efficiency": inputs.efficiency,
         "layout": inputs.layout,
         "cp": inputs.n,
-        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "rank_order"}),
+        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "offload", "rank_order"}),
         **step.model_dump(),
     }
     memory = step_memory(inputs, setup, step, model, machine)
