@@ -448,3 +448,25 @@ def test_megatron_ulysses_splits_the_kv_heads_too() -> None:
     anywhere = search(*built, Constraints(**ulysses.__dict__ | {"framework": "any"}), top=None).plans
     assert {p["cp"] for p in megatron} == {2}
     assert {p["cp"] for p in anywhere} == {2, 4, 8}
+
+
+def test_recommend_plans_fp8_linear_layers_when_asked(cli) -> None:
+    """--gemm-dtype fp8 runs every plan's linear layers in FP8: the pick is faster than in bf16, and
+    `cp-plan step` on its flags with --gemm-dtype fp8 gives its time."""
+    job = ["--model", "llama3-70b", "--seq", "32k", "--hw", "h100-ib", "--gpus", "64", "--global-batch", "64"]
+    fp8 = cli("recommend", *job, "--gemm-dtype", "fp8", "-f", "json").json()["search"]
+    bf16 = cli("recommend", *job, "-f", "json").json()["search"]
+    assert fp8["gemm_dtype"] == "fp8" and bf16["gemm_dtype"] is None
+    pick = fp8["plans"][0]
+    assert pick["step_time_s"] < bf16["plans"][0]["step_time_s"]
+    flags = [
+        f"--{k.replace('_', '-')}={pick[k]}" for k in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute")
+    ]
+    flags += [
+        f"--first-stage-layers={pick['first_stage_layers']}",
+        f"--last-stage-layers={pick['last_stage_layers']}",
+    ]
+    flags += ["--tp-comm-overlap"] if pick["tp_comm_overlap"] else []
+    flags += [f"--cp-scheme={pick['cp_scheme']}", f"--layout={pick['layout']}"] if pick["cp"] > 1 else []
+    step = cli("step", *job, *flags, "--gemm-dtype", "fp8", "-f", "json").json()["step"]
+    assert step["time_s"] == pytest.approx(pick["step_time_s"], rel=1e-9)

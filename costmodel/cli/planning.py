@@ -15,6 +15,7 @@ from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.search import (
     CpOpt,
     FrameworkOpt,
+    GemmDtypeOpt,
     GlobalOpt,
     LayoutOpt,
     MicroOpt,
@@ -82,6 +83,7 @@ def recommend_cmd(
     cp_scheme: SchemeOpt = None,
     layout: LayoutOpt = None,
     framework: FrameworkOpt = None,
+    gemm_dtype: GemmDtypeOpt = None,
     top: TopOpt = 5,
     format: Annotated[
         RecommendFormat, typer.Option("--format", "-f", help="Output format.")
@@ -125,9 +127,21 @@ def recommend_cmd(
     # The job is laid out when it is stated: its size, a flag only the search reads, or a plan to export.
     found = None
     if exporting or _given(
-        ctx, "gpus", "cp", "vpp", "micro_batch", "global_batch", "cp_scheme", "layout", "framework", "top"
+        ctx,
+        "gpus",
+        "cp",
+        "vpp",
+        "micro_batch",
+        "global_batch",
+        "cp_scheme",
+        "layout",
+        "framework",
+        "top",
+        "gemm_dtype",
     ):
-        found = run_search(inputs, setup, machine_overrides, fixed, global_batch, chosen, top)
+        found = run_search(
+            inputs, setup, machine_overrides, fixed, global_batch, chosen, top, {"gemm_dtype": gemm_dtype}
+        )
     if exporting:
         sys.stdout.write(export(found, format.value, inputs, setup))
         return
@@ -215,7 +229,8 @@ def _render_plan(report) -> None:  # noqa: ANN001
     head.add_row(
         "job",
         f"{search['gpus']} GPUs · ZeRO-{s.zero} · global batch {rec.global_batch:,} sequences · "
-        f"{search['framework']} plans",
+        f"{search['framework']} plans"
+        + (f" · {search['gemm_dtype']} linear layers" if search["gemm_dtype"] else ""),
     )
     pick = search["plans"][0]
     used = f" · on {pick['gpus']:,} of the {search['gpus']:,} GPUs" if pick["gpus"] < search["gpus"] else ""

@@ -32,6 +32,7 @@ VppOpt = searched(StepSetup, "vpp", "searched")
 MicroOpt = searched(StepSetup, "micro_batch", "1, 2, 4, 8 searched")
 GlobalOpt = searched(StepSetup, "global_batch", "4M tokens' worth, at least 1")
 RecomputeOpt = searched(TrainingSetup, "recompute", "searched with --gpus, else selective")
+GemmDtypeOpt = searched(StepSetup, "gemm_dtype", "--dtype, in every plan")
 SchemeOpt = searched(StepSetup, "cp_scheme", "searched")
 LayoutOpt = searched(PlanInputs, "layout", "searched")
 FrameworkOpt = Annotated[
@@ -54,8 +55,10 @@ def run_search(
     global_batch: int | None,
     framework: str,
     top: int,
+    knobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The search's JSON section: the top plans with why each lost, and the pick's sensitivity."""
+    """The search's JSON section: the top plans with why each lost, and the pick's sensitivity; ``knobs``,
+    the step's own settings every plan runs with (``gemm_dtype``)."""
     from costmodel.cli import _flag
     from costmodel.plans.inputs import build
     from costmodel.plans.models import load_model
@@ -74,7 +77,7 @@ def run_search(
     constraints = Constraints(**fixed, framework=framework)
     check_constraints(load_model(inputs.model), setup.gpus, constraints)  # type: ignore[arg-type]
     batch = global_batch or default_global_batch(inputs.seq)
-    step = build(StepSetup, global_batch=batch)
+    step = build(StepSetup, global_batch=batch, **{k: v for k, v in (knobs or {}).items() if v is not None})
     machine = step_machine(inputs, overrides)
     try:
         found = search(inputs, setup, step, machine, constraints, top=top)
@@ -85,6 +88,7 @@ def run_search(
         plan["why_lost"] = why_lost(plan, plans[0])
     return {
         "gpus": setup.gpus,
+        "gemm_dtype": step.gemm_dtype,
         "global_batch": batch,
         "global_batch_given": global_batch is not None,
         "framework": framework,
