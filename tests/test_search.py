@@ -462,10 +462,9 @@ def test_recommend_plans_fp8_linear_layers_when_asked(cli) -> None:
     flags = [
         f"--{k.replace('_', '-')}={pick[k]}" for k in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute")
     ]
-    flags += [
-        f"--first-stage-layers={pick['first_stage_layers']}",
-        f"--last-stage-layers={pick['last_stage_layers']}",
-    ]
+    if pick["pp"] > 1:
+        flags += [f"--first-stage-layers={pick['first_stage_layers']}"]
+        flags += [f"--last-stage-layers={pick['last_stage_layers']}"]
     flags += ["--tp-comm-overlap"] if pick["tp_comm_overlap"] else []
     flags += [f"--cp-scheme={pick['cp_scheme']}", f"--layout={pick['layout']}"] if pick["cp"] > 1 else []
     step = cli("step", *job, *flags, "--gemm-dtype", "fp8", "-f", "json").json()["step"]
