@@ -37,9 +37,10 @@ KNOBS = ["--pp", "1", "--vpp", "1", "--micro-batch", "1", "--global-batch", "64"
 def _everywhere(cli, tmp_path, plan: str, extra: list[str]) -> dict:
     path = tmp_path / "plan.yaml"
     path.write_text(plan, encoding="utf-8")
-    step = cli("step", *JOB, "--cp", "4", *KNOBS, *extra, "-f", "json").json()
-    recommend = cli("recommend", *JOB, *extra, "-f", "json").json()
     search = cli("recommend", *JOB, "--cp", "4", *KNOBS, *extra, "-f", "json").json()["search"]["plans"][0]
+    overlap = ["--tp-comm-overlap"] if search["tp_comm_overlap"] else []  # the search's choice for TP 2
+    step = cli("step", *JOB, "--cp", "4", *KNOBS, *overlap, *extra, "-f", "json").json()
+    recommend = cli("recommend", *JOB, *extra, "-f", "json").json()
     check = cli("check", str(path), "-f", "json")
     report = cli("report", str(path)).out
     html = tmp_path / "plan.html"

@@ -66,7 +66,12 @@ def test_given_ends_and_the_middle_shares_the_rest(first, last, split) -> None: 
         ({"layers": 32, "pp": 1, "first": 4}, "--first-stage-layers", "needs --pp > 1"),
         ({"layers": 32, "pp": 4, "first": 9, "last": 8}, "--first-stage-layers", "share 32 - first - last"),
         ({"layers": 32, "pp": 2, "first": 20, "last": 20}, "--first-stage-layers", "must be the model's 32"),
-        ({"layers": 32, "pp": 4, "vpp": 9}, "--vpp", "at most 8"),
+        ({"layers": 32, "pp": 4, "vpp": 9}, "--vpp", "36 model chunks exceed the model's 32 layers"),
+        (
+            {"layers": 32, "pp": 5, "vpp": 6},
+            "--vpp",
+            "a stage holds 5 (6 + 3 x 7 + 5 per stage); accepted: at most 5",
+        ),
     ],
 )
 def test_a_split_that_leaves_a_stage_empty_names_its_flag(kwargs: dict, field: str, says: str) -> None:

@@ -97,9 +97,13 @@ def split_stages(
     split = _given(layers, pp, first, last) if first is not None or last is not None else balanced(layers, pp)
     assert split is not None  # pp <= layers always has a balanced split
     fewest = min([split.first, split.last] + ([split.middle] if pp > 2 else []))
-    if (
-        vpp > fewest
-    ):  # chunks may differ by a layer (Llama 3 interleaves a 7 + 14 x 8 + 7 split), never be empty
+    if pp * vpp > layers:
+        raise InputError(
+            vpp_field,
+            f"{pp} stages x {vpp} virtual stages = {pp * vpp} model chunks exceed the model's {layers} layers",
+        )
+    # Chunks may differ by a layer (Llama 3 interleaves a 7 + 14 x 8 + 7 split), never be empty.
+    if vpp > fewest:
         raise InputError(
             vpp_field,
             f"{vpp} virtual stages leave a model chunk without a layer: a stage holds {fewest} "
