@@ -8,7 +8,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA = "cp-plan/inference/v2"
+SCHEMA = (
+    "cp-plan/inference/v3"  # v3: inputs.tp_comm_overlap (chunked TP overlap) replaces the tp_overlap share
+)
 Scheme = Literal["pass-kv", "pass-q", "allgather"]
 
 

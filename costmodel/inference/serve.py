@@ -155,7 +155,7 @@ def attention_bind(
         "B_pp": b_pp,
         "alpha": alpha_cp,
         "alpha_tp": alpha_tp,
-        "o_tp": setup.tp_overlap,
+        "o_tp": float(numeric.tp_overlap_share(k_tp=t if setup.tp_comm_overlap else 1)),
         "o_cp": setup.cp_overlap,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "t_launch": launch,

@@ -17,6 +17,7 @@ from costmodel.plans.inputs import (
     MAX_HEADS,
     MAX_TOKENS,
     Count,
+    Flag,
     MachineOverrides,
     Number,
     PlanInputs,
@@ -102,8 +103,10 @@ class InferenceSetup(BaseModel):
         ge=0,
         le=1,
     )
-    tp_overlap: Number = flag(
-        0.0, "Share of TP collectives hidden under the prefill's matrix multiplies, in [0, 1].", ge=0, le=1
+    tp_comm_overlap: Flag = flag(
+        False,
+        "TP collectives pipelined with the prefill's matrix multiplies in t chunks (Transformer Engine's "
+        "userbuffers, torch's AsyncTP): all but one chunk's transfer can hide, as in training.",
     )
     cp_overlap: Number = flag(
         1.0, "Share of the prefill's ring transfers hidden under attention, in [0, 1].", ge=0, le=1
