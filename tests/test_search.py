@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
+from costmodel.plans.stages import StageSplit
 from costmodel.training.search import (
     FRAMEWORKS,
     Constraints,
@@ -20,7 +21,6 @@ from costmodel.training.search import (
     search,
     search_loop,
     sensitivity,
-    stage_split,
 )
 from costmodel.training.step import build_step, evaluate_step
 
@@ -61,7 +61,7 @@ def test_the_pick_is_the_step_of_its_own_flags(cli) -> None:
     search ranked it by, to 1e-9: Llama 3 405B at 128K on 16,384 H100s picks an uneven split."""
     job = {"model": "llama3-405b", "seq": 131072, "hw": "h100-nvlink", "gpus": 16384, "global_batch": 128}
     best = search(*build_step(**job), top=1).plans[0]
-    assert not stage_split(best).even
+    assert not StageSplit.of(best).even
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in job.items() if k != "gpus"]
     for name in ("gpus", "tp", "cp", "pp", "vpp", "micro_batch", "recompute", "first_stage_layers",
                  "last_stage_layers", "cp_scheme", "layout"):  # fmt: skip

@@ -62,9 +62,7 @@ def _table(result: dict) -> None:
     from costmodel.plans.stages import StageSplit
 
     step, inputs = result["step"], result["inputs"]
-    split = StageSplit(
-        inputs["pp"], inputs["first_stage_layers"], inputs["middle_stage_layers"], inputs["last_stage_layers"]
-    ).text()
+    split = StageSplit.of(inputs).text()
     stages = f"{split} layers, v {inputs['vpp']}" if split else f"v {inputs['vpp']}"
     screen = console()
     screen.print(

@@ -57,7 +57,22 @@ class Collective(_Strict):
     latency_s: NonNegative = Field(default=0.0, description="alpha of one all-to-all, s")
 
 
-class Link(_Strict):
+class _BothWays(_Strict):
+    """A link stated per direction, with the datasheet's both-ways figure optionally beside it."""
+
+    @model_validator(mode="after")
+    def _directions_agree(self) -> Self:
+        both = getattr(self, "bandwidth_bidirectional", None)
+        per = self.bandwidth_per_direction  # type: ignore[attr-defined]
+        if both is not None and abs(both - 2 * per) > 1e-6 * both:
+            raise ValueError(
+                f"bandwidth_bidirectional {both:.4g} is not twice bandwidth_per_direction {per:.4g}; "
+                "per direction is half the datasheet's bidirectional figure"
+            )
+        return self
+
+
+class Link(_BothWays):
     """One kind of connection between two accelerators."""
 
     name: str = Field(description="e.g. NVLink 4 (NVSwitch), InfiniBand NDR 400 Gb/s")
@@ -82,16 +97,6 @@ class Link(_Strict):
         "(e.g. the system datasheet that names the NIC)",
     )
 
-    @model_validator(mode="after")
-    def _directions_agree(self) -> Self:
-        both = self.bandwidth_bidirectional
-        if both is not None and abs(both - 2 * self.bandwidth_per_direction) > 1e-6 * both:
-            raise ValueError(
-                f"bandwidth_bidirectional {both:.4g} is not twice bandwidth_per_direction "
-                f"{self.bandwidth_per_direction:.4g}; per direction is half the datasheet's bidirectional figure"
-            )
-        return self
-
     def alltoall_bandwidth(self) -> float:
         return self.alltoall.bandwidth_per_direction if self.alltoall else self.bandwidth_per_direction
 
@@ -104,7 +109,7 @@ class Link(_Strict):
 CPU_ADAM_PARAMS_PER_S = 11.6e9 / 8.2
 
 
-class HostLink(_Strict):
+class HostLink(_BothWays):
     """The link between an accelerator and its host's memory, and the host's optimizer throughput: what
     optimizer, parameter and activation offload pay for [ZeRO-Offload]."""
 
@@ -124,16 +129,6 @@ class HostLink(_Strict):
         description="parameters one host's CPUs update per second with CPU Adam (DeepSpeed's figure by default)",
     )
     source: str = Field(description="where the bandwidth comes from: datasheet or measurement, by its key")
-
-    @model_validator(mode="after")
-    def _directions_agree(self) -> Self:
-        both = self.bandwidth_bidirectional
-        if both is not None and abs(both - 2 * self.bandwidth_per_direction) > 1e-6 * both:
-            raise ValueError(
-                f"bandwidth_bidirectional {both:.4g} is not twice bandwidth_per_direction "
-                f"{self.bandwidth_per_direction:.4g}"
-            )
-        return self
 
 
 class Links(_Strict):

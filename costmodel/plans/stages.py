@@ -10,20 +10,29 @@ and ``--account-for-loss-in-pipeline-split`` count each as one layer) [Megatron2
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from costmodel.core.errors import InputError
 
 
 @dataclass(frozen=True)
 class StageSplit:
-    """Layers on the first stage, on each middle stage (none below three stages) and on the last; with one
+    """Layers on the first stage, on each middle stage (0 below three stages) and on the last; with one
     stage, first and last are the same stage and hold every layer."""
 
     pp: int
     first: int
     middle: int
     last: int
+
+    @classmethod
+    def of(cls, plan: Mapping[str, Any]) -> StageSplit:
+        """The split a plan or a step's inputs state (``pp``, ``first/middle/last_stage_layers``)."""
+        return cls(
+            plan["pp"], plan["first_stage_layers"], plan["middle_stage_layers"], plan["last_stage_layers"]
+        )
 
     @property
     def layers(self) -> int:
@@ -35,7 +44,7 @@ class StageSplit:
 
     def values(self) -> dict[str, int]:
         """The symbols n_first, n_mid, n_last of the pipeline formulas."""
-        return {"n_first": self.first, "n_mid": self.middle if self.pp > 2 else 0, "n_last": self.last}
+        return {"n_first": self.first, "n_mid": self.middle, "n_last": self.last}
 
     def megatron_args(self) -> dict[str, int]:
         """Megatron-LM's flags for an uneven split; none for an even one."""

@@ -38,7 +38,9 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
     ]
     if plan["vpp"] > 1:
         args += ["--num-virtual-stages-per-pipeline-rank", str(plan["vpp"])]
-    for flag, value in _split(plan).megatron_args().items():  # an uneven split: its first and last stages
+    for flag, value in (
+        StageSplit.of(plan).megatron_args().items()
+    ):  # an uneven split: its first and last stages
         args += [f"--{flag}", str(value)]
     if plan.get("ep", 1) > 1:
         args += ["--expert-model-parallel-size", str(plan["ep"])]
@@ -108,7 +110,7 @@ def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int
     if plan["pp"] > 1:
         parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if plan["vpp"] > 1 else "1F1B"
         parallelism["pipeline_parallel_microbatch_size"] = plan["micro_batch"]
-        parallelism.update(_torchtitan_stages(_split(plan), plan["vpp"]))
+        parallelism.update(_torchtitan_stages(StageSplit.of(plan), plan["vpp"]))
     if plan["cp"] > 1:
         parallelism["context_parallel_rotate_method"] = TORCHTITAN_ROTATE[plan["cp_scheme"]]
     # With PP the local batch is split into micro-batches; without, it is one forward and torchtitan
@@ -125,12 +127,6 @@ def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int
         text += [f"{key} = {_toml(value)}" for key, value in table.items()]
         text.append("")
     return "\n".join(text)
-
-
-def _split(plan: dict[str, Any]) -> StageSplit:
-    return StageSplit(
-        plan["pp"], plan["first_stage_layers"], plan["middle_stage_layers"], plan["last_stage_layers"]
-    )
 
 
 def _torchtitan_stages(split: StageSplit, vpp: int) -> dict[str, int]:

@@ -15,6 +15,7 @@ The global batch is an input (sequences per optimizer step). Left out, it is 4M 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -180,8 +181,6 @@ def enumerate_plans(
     kv_heads = model.kv_heads
     # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
     a2a_kv = c.framework == "megatron"
-    splits = _Splits(model.layers)
-    dp_of = _LargestDp()
 
     def experts(dp: int) -> list[int]:
         """EP degrees: carved out of DP, dividing the experts (Megatron-LM); 1 for a dense model, and for
@@ -211,9 +210,9 @@ def enumerate_plans(
                 for mb in MICRO_BATCHES:
                     if (c.micro_batch is not None and mb != c.micro_batch) or global_batch % mb:
                         continue
-                    dp = dp_of(global_batch // mb, room)
+                    dp = _largest_dp(global_batch // mb, room)
                     micro = global_batch // (mb * dp)
-                    for split, vpps in splits(pp):
+                    for split, vpps in _splits(model.layers, pp):
                         for vpp in vpps:
                             if (c.vpp is not None and vpp != c.vpp) or (vpp > 1 and micro < pp):
                                 continue
@@ -288,36 +287,22 @@ def _valid_pairs(
     return valid
 
 
-class _Splits:
-    """The stage splits the search tries at each pipeline depth, each with its virtual-stage counts: 1, and
-    the divisors of the stages' layer count that leave no model chunk empty."""
-
-    def __init__(self, layers: int) -> None:
-        self.layers = layers
-        self.cache: dict[int, list[tuple[StageSplit, list[int]]]] = {}
-
-    def __call__(self, pp: int) -> list[tuple[StageSplit, list[int]]]:
-        if pp not in self.cache:
-            out = []
-            for split in candidate_splits(self.layers, pp):
-                sizes = [split.first, split.last] + ([split.middle] if pp > 2 else [])
-                vpps = [1] + ([v for v in divisors(max(sizes)) if 1 < v <= min(sizes)] if pp > 1 else [])
-                out.append((split, vpps))
-            self.cache[pp] = out
-        return self.cache[pp]
+@functools.cache
+def _splits(layers: int, pp: int) -> list[tuple[StageSplit, list[int]]]:
+    """The stage splits the search tries at a pipeline depth, each with its virtual-stage counts: 1, and
+    the divisors of the largest stage's layer count that leave no model chunk empty."""
+    out = []
+    for split in candidate_splits(layers, pp):
+        sizes = [split.first, split.last] + ([split.middle] if pp > 2 else [])
+        vpps = [1] + ([v for v in divisors(max(sizes)) if 1 < v <= min(sizes)] if pp > 1 else [])
+        out.append((split, vpps))
+    return out
 
 
-class _LargestDp:
+@functools.cache
+def _largest_dp(sequences: int, room: int) -> int:
     """The largest DP degree that divides ``sequences`` (a global batch's micro-batches) within ``room``."""
-
-    def __init__(self) -> None:
-        self.cache: dict[tuple[int, int], int] = {}
-
-    def __call__(self, sequences: int, room: int) -> int:
-        key = (sequences, room)
-        if key not in self.cache:
-            self.cache[key] = max(d for d in divisors(sequences) if d <= room)
-        return self.cache[key]
+    return max(d for d in divisors(sequences) if d <= room)
 
 
 def _usp_degree(kv_heads: int, tp: int, cp: int) -> int:
@@ -470,10 +455,10 @@ def evaluate_table(
 
 
 def _stage_columns(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """n_first, n_mid, n_last of the pipeline formulas (no middle stage below three stages)."""
+    """n_first, n_mid, n_last of the pipeline formulas (a split holds no middle layers below three stages)."""
     return {
         "n_first": c["first_stage_layers"].astype(float),
-        "n_mid": np.where(c["pp"] > 2, c["middle_stage_layers"], 0).astype(float),
+        "n_mid": c["middle_stage_layers"].astype(float),
         "n_last": c["last_stage_layers"].astype(float),
     }
 
@@ -951,20 +936,13 @@ def label(plan: dict[str, Any]) -> str:
             plan["cp_scheme"], plan["cp_scheme"]
         )
         cp += f" ({scheme}" + (f", {plan['layout']})" if plan["cp_scheme"] != "ulysses" else ")")
-    split = stage_split(plan).text()
+    split = StageSplit.of(plan).text()
     stages = ", ".join(part for part in (split, f"v {plan['vpp']}" if plan["vpp"] > 1 else "") if part)
     pp = f"PP {plan['pp']}" + (f" ({stages})" if stages else "")
     ep = f" · EP {plan['ep']}" if plan.get("ep", 1) > 1 else ""
     tp = f"TP {plan['tp']}" + (" (overlapped)" if plan.get("tp_comm_overlap") else "")
     return (
         f"{tp} · {cp} · {pp} · DP {plan['dp']}{ep} · mb {plan['micro_batch']} · recompute {plan['recompute']}"
-    )
-
-
-def stage_split(plan: dict[str, Any]) -> StageSplit:
-    """The plan's pipeline split (layers on the first, each middle and the last stage)."""
-    return StageSplit(
-        plan["pp"], plan["first_stage_layers"], plan["middle_stage_layers"], plan["last_stage_layers"]
     )
 
 

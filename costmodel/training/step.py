@@ -345,28 +345,8 @@ def _rates(
     gemms: dict[tuple, dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """F_gemm, F_gemm_b, F_head, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or
-    --efficiency) at this layer's shapes; ``gemms`` keeps them by shape across calls on one machine's
-    kernels (the layout search binds the same multiplies under many CP schemes, and the same shapes again
-    where only a link changes)."""
-    whole = (setup.tp, inputs.seq, inputs.n, inputs.layout, step.micro_batch, step.gemm_dtype, step.attention_kernel,
-             step.cp_scheme, n_r)  # fmt: skip
-    if gemms is not None and whole in gemms:
-        return dict(gemms[whole])
-    found = _computed_rates(inputs, setup, step, model, machine, n_r, gemms)
-    if gemms is not None:
-        gemms[whole] = found
-    return dict(found)
-
-
-def _computed_rates(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    model: ModelPreset,
-    machine: Machine,
-    n_r: int,
-    gemms: dict[tuple, dict[str, float]] | None,
-) -> dict[str, float]:
+    --efficiency) at this layer's shapes; ``gemms`` keeps the multiplies' rates by shape across calls (the
+    layout search binds the same multiplies under many CP schemes)."""
     t, d = setup.tp, model.head_dim
     rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
     key = (t, rows, step.gemm_dtype)
@@ -496,7 +476,24 @@ def bind(
     values.update(moe.values(model, step.ep, step.capacity_factor))
     values["F_ffn"] = moe.active_ffn(model)
     values["n_bkt"] = int(buckets(values, step, model))
-    values.update(_rates(inputs, setup, step, model, machine, n_r, gemms))
+    # Rates do not depend on the links: a search under another link reuses them whole.
+    whole = (
+        t,
+        inputs.seq,
+        n,
+        inputs.layout,
+        step.micro_batch,
+        step.gemm_dtype,
+        step.attention_kernel,
+        scheme,
+        n_r,
+    )
+    rates = gemms.get(whole) if gemms is not None else None
+    if rates is None:
+        rates = _rates(inputs, setup, step, model, machine, n_r, gemms)
+        if gemms is not None:
+            gemms[whole] = rates
+    values.update(rates)
     values.update(_attention_kernel_values(step, model, values["c"]))
     return values
 
