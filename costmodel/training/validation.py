@@ -43,9 +43,6 @@ ROWS = [
         "mfu_full_square",
         0.415,
         {**GPT, "model": "gpt-22b", "gpus": 8, "tp": 8, "global_batch": 4, "recompute": "selective"},
-        "4 micro-batches on one node: the built-in profile's host cost per kernel is a bare CUDA launch "
-        "(4 us), while an eager framework's is several times that (fitted to measured runs, "
-        "docs/validation.md); head_dim 96 reads the head-dim 128 attention curve",
     ),
     Published(
         "k22-175b-mfu",
