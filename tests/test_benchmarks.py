@@ -17,6 +17,7 @@ SMOKE = {
     "cli_latency.py": (["--smoke"], ()),
     "collectives.py": (["--smoke"], ()),
     "fidelity.py": (["--smoke"], ()),
+    "host_overhead.py": (["--smoke"], (pytest.mark.kernel,)),
     "packed.py": (["--smoke"], ()),
     "search.py": (["--smoke"], ()),
     "simulator.py": (["--smoke"], ()),
@@ -41,7 +42,7 @@ def test_every_benchmark_has_a_smoke_run_in_the_suite() -> None:
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=marks) for name, (_, marks) in SMOKE.items()])
 def test_benchmark_smoke_run(name: str) -> None:
-    if name in ("kernel.py", "calibration_stability.py"):
+    if name in ("kernel.py", "calibration_stability.py", "host_overhead.py"):
         pytest.importorskip("torch")
     args, _ = SMOKE[name]
     done = subprocess.run(
