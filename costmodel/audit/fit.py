@@ -53,7 +53,9 @@ def scaled_profile(profile: HardwareProfile, compute: float, comm: float) -> Har
     kernels = data.get("kernels")
     if kernels is None:
         raise InputError("--hw", f"profile {profile.name!r} has no published kernel tables to fit")
-    kernels["gemm"]["flops_per_s"] = [r * compute for r in kernels["gemm"]["flops_per_s"]]
+    for table in ("gemm", "gemm_fp8"):
+        if table in kernels:
+            kernels[table]["flops_per_s"] = [r * compute for r in kernels[table]["flops_per_s"]]
     for curve in kernels["attention"]:
         curve["flops_per_s"] = [r * compute for r in curve["flops_per_s"]]
     if "hbm_bandwidth" in data["device"]:
@@ -71,7 +73,11 @@ def most_compute(profile: HardwareProfile, dtype: str = "bf16") -> float:
     kernels = profile.kernels
     assert kernels is not None
     fastest = max([*kernels.gemm.flops_per_s, *(r for c in kernels.attention for r in c.flops_per_s)])
-    return profile.device.peak_flops.get(dtype, fastest) / fastest
+    factor = profile.device.peak_flops.get(dtype, fastest) / fastest
+    fp8_peak = profile.device.peak_flops.get("fp8")
+    if kernels.gemm_fp8 is not None and fp8_peak:  # the fp8 table stays under the fp8 peak too
+        factor = min(factor, fp8_peak / max(kernels.gemm_fp8.flops_per_s))
+    return factor
 
 
 def predict(run: Run, profile: HardwareProfile | None = None) -> dict[str, Any]:

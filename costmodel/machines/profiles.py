@@ -429,7 +429,8 @@ class AttentionCurve(_Strict):
 
 
 class GemmCurve(_Strict):
-    """Achieved matrix-multiply FLOP/s against the edge of a square problem (m = n = k), bf16/fp16."""
+    """Achieved matrix-multiply FLOP/s against the edge of a square problem (m = n = k), in one input dtype
+    (``kernels.gemm``: bf16/fp16; ``kernels.gemm_fp8``: fp8 e4m3)."""
 
     edge: list[int] = Field(min_length=1)
     flops_per_s: list[Positive] = Field(min_length=1)
@@ -447,6 +448,11 @@ class Kernels(_Strict):
 
     attention: list[AttentionCurve] = Field(min_length=1)
     gemm: GemmCurve
+    gemm_fp8: GemmCurve | None = Field(
+        default=None,
+        description="achieved fp8 (e4m3) multiply FLOP/s by square edge, what fp8 multiplies read (training "
+        "--gemm-dtype fp8, inference fp8 weights); absent: the gemm table scaled by the fp8/bf16 peak ratio",
+    )
     comm_sm_slowdown: NonNegative = Field(
         description="share by which compute slows while a communication kernel "
         "runs beside it (SMs NCCL occupies / SMs of the device)"
