@@ -115,10 +115,11 @@ def test_step_reduces_every_expert_gradient() -> None:
         experts = LAYERS * (EXPERTS // ep * EXPERT / 2 + ROUTER)
         held = DENSE / 2 + experts
         assert v["n_bkt"] == math.ceil(held * 4 / 25e6)
-        tau = 2 * (15 / 16 * DENSE / 2 + expert_share * experts) * 4 / v["B_dp"]
+        assert v["a_dp"] == 8.4e-6  # DP 16 with TP 2 leaves the node: NCCL's base latency per bucket, Simple
+        tau = 2 * (15 / 16 * DENSE / 2 + expert_share * experts) * 4 / v["B_dp"] + v["n_bkt"] * v["a_dp"]
         assert moe.counted("dp_exposed_s", v, model) == pytest.approx(tau / v["n_bkt"], rel=1e-9)
         exposed = evaluate_step(*built)["step"]["breakdown"]["exposed DP comm"]
-        assert tau / v["n_bkt"] <= exposed <= tau * (1 + 1e-9)
+        assert tau / v["n_bkt"] * (1 - 1e-9) <= exposed <= tau * (1 + 1e-9)
     assert v["n_bkt"] == 1031 and (ep, EXPERTS // ep) == (4, 2)
 
 
@@ -192,7 +193,7 @@ def test_dense_step_is_unchanged() -> None:
         parts["exposed ZeRO-3 gathers"],
         parts["optimizer step"],
     ) == pytest.approx(
-        (19.68839286723632, 0.0003747541067422096, 0.052915279871999996, 0.009872253707462687), rel=1e-12
+        (19.728721267236324, 0.0003831541067422096, 0.052915279871999996, 0.009872253707462687), rel=1e-12
     )
 
 
@@ -212,7 +213,7 @@ def test_dense_search_is_unchanged() -> None:
         (2, 2, 1, 4, "allgather"),
     ]
     assert [p["step_time_s"] for p in found.plans] == pytest.approx(
-        [7.924336709488034, 7.977000101730307, 8.019133020325908], rel=1e-12
+        [7.953017109488034, 8.005680501730307, 8.047813420325909], rel=1e-12
     )
     assert [p["memory_bytes"] for p in found.plans] == pytest.approx([71293156352.0] * 3, rel=1e-12)
     assert found.notes == []
