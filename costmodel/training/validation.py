@@ -399,16 +399,16 @@ ROWS += [
 # torchtitan on Grand Teton (H100 96 GB HBM2e at its 500 W default power limit, not the 700 W H100 SXM5 80 GB of
 # the profile; 400 Gb/s RDMA a GPU), end of 2024: tokens/s per GPU (convention-free; torchtitan counts the DP
 # rank's tokens over the step time and its CP x TP x PP ranks). FSDP2 is ZeRO-3; the attention is torch's SDPA,
-# whose first choice on H100 is its FlashAttention-2 backend (the H100 profile holds no table of it: FlashAttention-3's
-# are read); CP is torch's context_parallel: all-gather rotation and head-tail load balancing (its defaults);
+# whose first choice on H100 is its FlashAttention-2 backend, read on the profile's sdpa-flash tables (torch 2.11's
+# SDPA measured on an H200, the same GH100 compute); CP is torch's context_parallel: all-gather rotation and head-tail load balancing (its defaults);
 # Float8 is torchao's tensorwise dynamic scaling; torch.compile's fusions are not modelled. Pipelines run
 # torchtitan's default of as many micro-batches as stages (micro-batch = local batch / PP), interleaved with two
 # stages a rank.
 TITAN_H100_SKU = (
     "the run's H100 is the 96 GB HBM2e part at a 500 W power limit (2.4 TB/s), not the profile's 700 W SXM5 "
-    "(3.35 TB/s), and torchtitan states the 8B's MFU as 33-39 % against the SXM peak; attention runs torch's "
-    "SDPA FlashAttention-2 backend, read at FlashAttention-3's rates (0.46-0.73x of them measured on H200, "
-    "above); torch.compile is not modelled"
+    "(3.35 TB/s), and torchtitan states the 8B's MFU as 33-39 % against the SXM peak; attention reads torch "
+    "2.11's SDPA flash backend measured on an H200 at free clocks (the runs used late-2024 torch); "
+    "torch.compile is not modelled"
 )
 F8 = {"gemm_dtype": "fp8"}
 ASYNC_TP = {"tp_comm_overlap": True}
@@ -455,6 +455,7 @@ ROWS += [
             "global_batch": batch,
             "recompute": recompute,
             "zero": 3,
+            "attention_kernel": "sdpa-flash",
             **knobs,
         },
         TITAN_H100_SKU,
