@@ -258,9 +258,8 @@ class Machine:
                 )
             )
             latency, call = link.latency_s, 0.0
-            if (
-                collective in topology.RING_COLLECTIVES
-            ):  # NCCL's ring: its bus bandwidth, latency per hop and call
+            # NCCL's ring: its bus bandwidth, its latency per step and per call
+            if collective in topology.RING_COLLECTIVES:
                 bandwidth *= link.collective_efficiency
                 if link.hop_latency_s or link.call_latency_s:  # else the message latency, for each step
                     latency, call = link.hop_latency_s, link.call_latency_s

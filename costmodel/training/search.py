@@ -351,10 +351,12 @@ class _Shapes:
         _, first, index = np.unique(_key(strides, sizes), return_index=True, return_inverse=True)
         found = [self.link(int(strides[i]), int(sizes[i]), collective) for i in first]
         alone = np.asarray(sizes) <= 1
-        return [
-            np.where(alone & (name != "bandwidth"), 0.0, np.array([getattr(f, name) for f in found])[index])
-            for name in fields
-        ]
+
+        def column(name: str) -> np.ndarray:
+            values = np.array([getattr(f, name) for f in found])[index]
+            return values if name == "bandwidth" else np.where(alone, 0.0, values)
+
+        return [column(name) for name in fields]
 
 
 def _key(*columns: np.ndarray, bases: tuple[np.ndarray, ...] | None = None) -> np.ndarray:

@@ -633,17 +633,22 @@ def mfu_convention(fraction: float) -> str:
 
 def check_physical(hfu: Any, v: Mapping[str, Any], machine: Machine) -> None:
     """An error, not a number, where the step would run faster than the device's peak: HFU counts what runs,
-    so above 1 a kernel rate of the profile (or the model's FLOP count) cannot be right."""
-    worst = float(numpy.max(hfu))
+    so above 1 a kernel rate of the profile (or the model's FLOP count) cannot be right. HFU is over the
+    --dtype peak; linear layers in FP8 may run up to the FP8 peak, so such a step is held to that ratio."""
+    peak = machine.peak_flops
+    fp8_peak = machine.profile.device.peak_flops.get("fp8", peak)
+    fp8 = numpy.asarray(v.get("f8", 0)) > 0
+    worst = float(numpy.max(numpy.asarray(hfu) / numpy.where(fp8, max(fp8_peak / peak, 1.0), 1.0)))
     if worst <= 1 + 1e-9:
         return
-    peak = machine.peak_flops
-    fast = {k: float(numpy.max(v[k])) for k in ("F_gemm", "F_attn", "F_attn_bwd") if numpy.max(v[k]) > peak}
+    limits = {"F_gemm": numpy.where(fp8, max(fp8_peak, peak), peak), "F_attn": peak, "F_attn_bwd": peak}
+    fast = {k: float(numpy.max(v[k])) for k, limit in limits.items() if numpy.any(v[k] > limit)}
     if fast:
         name, rate = max(fast.items(), key=lambda item: item[1])
+        limit = float(numpy.max(limits[name]))
         raise InputError(
             "--hw",
-            f"the profile's {name} rate {rate / 1e12:.4g} TFLOP/s exceeds its {peak / 1e12:.4g} TFLOP/s peak: "
+            f"the profile's {name} rate {rate / 1e12:.4g} TFLOP/s exceeds its {limit / 1e12:.4g} TFLOP/s peak: "
             f"HFU would be {worst:.1%}",
         )
     raise InputError(
