@@ -94,6 +94,15 @@ def render() -> str:
         out.append(f"    {f.name!r}: {f.args!r},")
     out.append("}")
     out.append("")
+    out.append(
+        "# name: the formula as written, in other formulas' symbols, where that differs from the expression"
+    )
+    out.append("DEFINITIONS = {")
+    for f in formulas.FORMULAS.values():
+        if f.definition != f.expr:
+            out.append(f"    {f.name!r}: {str(f.definition)!r},")
+    out.append("}")
+    out.append("")
     out.append("# base symbol: the formula whose value it stands for in later formulas")
     out.append("BINDS = {")
     for f in formulas.FORMULAS.values():

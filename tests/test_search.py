@@ -145,9 +145,7 @@ def test_the_search_never_loses_to_a_random_legal_plan(plan: dict) -> None:
 @settings(max_examples=12, deadline=None)
 @given(
     gpus=st.sampled_from([8, 16, 32]),
-    fixed=st.sampled_from(
-        [{"tp": 2}, {"cp": 4}, {"pp": 2}, {"recompute": "full"}, {"cp_scheme": "ulysses"}]
-    ),
+    fixed=st.sampled_from([{"tp": 2}, {"cp": 4}, {"pp": 2}, {"recompute": "full"}, {"cp_scheme": "ulysses"}]),
 )
 def test_fixing_a_dimension_keeps_it_and_never_beats_the_free_search(gpus: int, fixed: dict) -> None:
     built = _job(gpus=gpus, global_batch=32)

@@ -494,3 +494,30 @@ def test_strict_passes_a_plan_that_fits(cli) -> None:
     )
     result = cli(*args)
     assert result.code == 0 and result.json()["fits"] is True
+
+
+def test_every_breakdown_field_is_a_term_of_step_time_s() -> None:
+    """One formula and one field per term: the breakdown's formulas are STEP_TERMS, in order, and step_time_s
+    is their sum (so the report's time is its breakdown's sum)."""
+    from costmodel.symbolic import formulas
+    from costmodel.training.report import FORMULAS, LABELS, StepBreakdown
+
+    assert tuple(FORMULAS.values()) == formulas.STEP_TERMS
+    assert set(LABELS) == set(StepBreakdown.model_fields)
+    total = formulas.FORMULAS["step_time_s"].definition
+    assert total == sum(formulas.FORMULAS[name].symbol for name in formulas.STEP_TERMS)
+    report = evaluate_step(*build_step(model="llama3-8b", seq=8192, gpus=16, tp=2, pp=2, global_batch=16))
+    parts = report.step.breakdown.model_dump()
+    assert report.step.time_s == pytest.approx(sum(parts.values()), rel=1e-12)
+
+
+def test_explain_shows_each_term_down_to_the_step_time(cli) -> None:
+    result = cli("step", "--model", "llama3-8b", "--seq", "8192", "--gpus", "8", "--global-batch", "8",
+                 "--explain", "--format", "json")  # fmt: skip
+    rows = result.json()["explain"]
+    from costmodel.training.report import FORMULAS
+
+    names = [row["name"] for row in rows]
+    assert set(FORMULAS.values()) <= set(names) and names[-1] == "step_time_s"
+    assert rows[-1]["formula"].startswith("T_iter = ")
+    assert float(rows[-1]["value"].split()[0]) == pytest.approx(result.json()["step"]["time_s"], rel=1e-5)

@@ -47,7 +47,7 @@ def step_cmd(
 
     Example: cp-plan step --model llama3-8b --seq 8192 --hw h100-nvlink --gpus 8 --global-batch 16
     """
-    from costmodel.cli.render import explain_rows, render_explain
+    from costmodel.cli.render import render_terms, term_rows
     from costmodel.training.step import evaluate_step, step_machine
 
     trace: list | None = [] if explain else None
@@ -55,18 +55,18 @@ def step_cmd(
     data = result.model_dump(mode="json", by_alias=True)
     if format is DataFormat.json:
         if trace is not None:
-            data["explain"] = explain_rows(trace)
+            data["explain"] = term_rows(trace)
         sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
     elif format is DataFormat.yaml:
         import yaml
 
         if trace is not None:
-            data["explain"] = explain_rows(trace)
+            data["explain"] = term_rows(trace)
         sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
     else:
         _table(result)
         if trace is not None:
-            render_explain(trace, console())
+            render_terms(trace, console())
     if strict and not result.fits:
         raise typer.Exit(1)
 

@@ -574,7 +574,7 @@ def term_values(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> d
     N = 1) and what counts every expert a device holds (:mod:`costmodel.training.moe`); numbers, or arrays
     over many plans of one scheme."""
     cp = numpy.asarray(values["N"]) > 1
-    fwd, bwd, ring = (numpy.where(cp, part, 0.0) for part in CP_EXPOSURE[scheme](values))
+    fwd, bwd, ring = (numpy.where(cp, part, 0.0)[()] for part in CP_EXPOSURE[scheme](values))
     return {
         **values,
         "x_CP_f": fwd,
