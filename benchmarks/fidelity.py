@@ -37,7 +37,13 @@ from costmodel.training.validation import predict as published
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "tests" / "data" / "runs" / "a100-vtrain.yaml"  # the cluster vTrain's configurations state
-VTRAIN = ["recompute=full", "precision=fp16", "attention_kernel=unfused", "dp_overlap=0"]
+VTRAIN = [
+    "recompute=full",
+    "precision=fp16",
+    "attention_kernel=unfused",
+    "dp_overlap=0",
+    "sequence_parallel=false",
+]
 
 
 def line(label: str, s: dict) -> str:

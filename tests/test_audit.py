@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from costmodel.audit.config import match_preset, resolve, torchtitan_config
 from costmodel.audit.logs import parse_log, summary
-from costmodel.audit.nccl import bus_factor, fit_table, parse_table
+from costmodel.audit.nccl import bus_factor, fit_ring, fit_table, parse_table
 from costmodel.cli import main
 from costmodel.machines.profiles import load_profile
 
@@ -400,6 +400,35 @@ def test_from_nccl_tests_writes_a_profile_cp_plan_uses(tmp_path: Path) -> None:
     assert code == 0
     assert json.loads(report)["hardware"]["link_bandwidth"] == pytest.approx(inter.bandwidth_per_direction)
     assert yaml.safe_load(out.read_text())["source"]["kind"] == "measured"
+
+
+def test_ring_collectives_split_their_latency_into_the_call_and_its_steps() -> None:
+    """All-reduce times made from 40 us a call, 1.5 us a ring step and 200 GB/s, over 2-8 ranks: the fit
+    finds all three; from one rank count alone the steps cannot be told from the call."""
+    truth = (40e-6, 1.5e-6, 200e9)
+
+    def seconds(n: int, size: float) -> float:
+        return truth[0] + 2 * (n - 1) * truth[1] + size * bus_factor("all_reduce", n) / truth[2]
+
+    samples = [("all_reduce", n, 2.0**k, seconds(n, 2.0**k)) for n in range(2, 9) for k in range(20, 27)]
+    fit = fit_ring(samples)
+    assert (fit.call_latency_s, fit.hop_latency_s, fit.bus_bandwidth) == pytest.approx(truth, rel=1e-9)
+    assert fit.mean_error < 1e-9
+    one = fit_ring([s for s in samples if s[1] == 8])
+    assert one.hop_latency_s == 0.0
+    assert one.call_latency_s == pytest.approx(truth[0] + 14 * truth[1], rel=1e-9)
+
+
+def test_an_nccl_tests_profile_prices_tp_collectives_by_its_own_ring_fit(tmp_path: Path) -> None:
+    out = tmp_path / "measured.yaml"
+    table = DATA / "nccl_1node_all_reduce_perf.txt"
+    code, _, err = cli("hw", "from-nccl-tests", table, "--base", "h100-nvlink", "--out", out)
+    assert code == 0, err
+    link = load_profile(str(out)).links.intra_node
+    fit = fit_table(parse_table(str(table)))  # one rank count: the whole latency is the call's
+    assert link.hop_latency_s == 0.0
+    assert link.call_latency_s == pytest.approx(fit.latency_s, rel=1e-3)
+    assert link.collective_efficiency * link.bandwidth_per_direction == pytest.approx(fit.bandwidth, rel=1e-3)
 
 
 def test_nccl_single_node_only_keeps_the_base_inter_node_link(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ HELPERS = {"timing.py"}  # imported by the others, not run
 # script -> (arguments of its smoke run, marks): the multi-process ones are slow and need torch.
 SMOKE = {
     "cli_latency.py": (["--smoke"], ()),
+    "collectives.py": (["--smoke"], ()),
     "fidelity.py": (["--smoke"], ()),
     "packed.py": (["--smoke"], ()),
     "search.py": (["--smoke"], ()),

@@ -253,6 +253,8 @@ def test_numeric_twin_matches_exact_sympy(
         "p_w": 1,
         "p_kv": p_,
         "alpha_tp": lat / 2,
+        "a_tp": 3 * lat,
+        "a_dp": 2 * lat,
         "B_l": bw,
         "n_l": 6,
         "l_h": 1,

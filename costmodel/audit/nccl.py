@@ -266,6 +266,56 @@ def fit_all(paths: list[str], base: HardwareProfile) -> list[dict[str, Any]]:
     return sorted(fits, key=lambda f: (f["scope"], f["collective"], -f["ranks"]))
 
 
+# Ring steps of one call over n ranks [NCCL-Tuning]: an all-reduce is a reduce-scatter then an all-gather.
+RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # x (n - 1)
+
+
+@dataclass(frozen=True)
+class RingFit:
+    """A ring collective's cost, t = call + steps·hop + size·busbw factor / B, fitted over several tables."""
+
+    call_latency_s: float
+    hop_latency_s: float
+    bus_bandwidth: float
+    mean_error: float  # mean |relative error| of the fit over its samples
+    samples: int
+
+
+def fit_ring(samples: list[tuple[str, int, float, float]]) -> RingFit:
+    """The fixed latency per call, the latency per ring step and the bus bandwidth of ring collectives from
+    ``(collective, ranks, bytes, seconds)`` samples, least squares in relative error. The latency per step is
+    told apart from the call's only where the samples span two or more rank counts; else it is 0 and the
+    call holds all the latency. A negative coefficient is fixed at 0 and the rest refitted."""
+    steps = np.array([RING_STEPS[c] * (n - 1) for c, n, _, _ in samples], dtype=float)
+    x = np.array([size * bus_factor(c, n) for c, n, size, _ in samples], dtype=float)
+    t = np.array([seconds for *_, seconds in samples], dtype=float)
+    columns = {"call": np.ones_like(t), "hop": steps, "inverse_bw": x}
+    free = ["call", "hop", "inverse_bw"] if len(set(steps)) > 1 else ["call", "inverse_bw"]
+    while True:
+        design = np.stack([columns[k] for k in free], axis=1) / t[:, None]
+        solved, *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+        found = dict(zip(free, (float(v) for v in solved), strict=True))
+        negative = [k for k in ("hop", "call") if k in found and found[k] < 0]
+        if not negative or found.get("inverse_bw", 0.0) <= 0:
+            break
+        free.remove(negative[0])
+    if found.get("inverse_bw", 0.0) <= 0:
+        raise InputError("FILE", "the ring collectives' times do not grow with size: no bandwidth to fit")
+    call, hop = max(found.get("call", 0.0), 0.0), max(found.get("hop", 0.0), 0.0)
+    predicted = call + steps * hop + x * found["inverse_bw"]
+    return RingFit(call, hop, 1.0 / found["inverse_bw"], float(np.mean(np.abs(predicted / t - 1))), len(t))
+
+
+def ring_fit_of(paths: list[str], scope: str, base: HardwareProfile) -> RingFit | None:
+    """:func:`fit_ring` over every ring-collective table of one scope, or None where there is none."""
+    samples = []
+    for path in paths:
+        table = parse_table(path)
+        if table.collective in RING_STEPS and table.scope(base.devices_per_node) == scope:
+            samples += [(table.collective, table.ranks, r["bytes"], r["out_of_place_s"]) for r in table.rows]
+    return fit_ring(samples) if samples else None
+
+
 def _pick(fits: list[dict[str, Any]], scope: str, collectives: tuple[str, ...]) -> dict[str, Any] | None:
     for collective in collectives:
         found = [f for f in fits if f["scope"] == scope and f["collective"] == collective]
@@ -301,6 +351,15 @@ def measured_profile(
                 if f is not None
             ),
         }
+        ring = ring_fit_of([f["file"] for f in fits], scope, base)
+        if ring is not None:  # what TP and DP collectives pay: the call, each ring step, the bus bandwidth
+            link["collective_efficiency"] = min(1.0, ring.bus_bandwidth / link["bandwidth_per_direction"])
+            link["hop_latency_s"] = ring.hop_latency_s
+            link["call_latency_s"] = ring.call_latency_s
+            link["source"] += (
+                f"; ring collectives: {ring.call_latency_s * 1e6:.1f} us a call, {ring.hop_latency_s * 1e6:.2f} "
+                f"us a step, busbw {ring.bus_bandwidth / 1e9:.1f} GB/s ({ring.mean_error:.1%} mean error)"
+            )
         if a2a is not None:
             link["alltoall"] = {
                 "bandwidth_per_direction": a2a["bus_bandwidth"],

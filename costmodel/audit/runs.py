@@ -30,6 +30,17 @@ LARGE_MISS = 0.15  # |error| beyond which a row's miss is explained by component
 MAX_ROWS = 100_000
 GPT_VOCAB = 50257  # the GPT-2 tokenizer's, as Megatron-LM's GPT examples use
 
+
+def boolean(text: str) -> bool:
+    """true/false (also yes/no, on/off, 1/0), as a column or ``--assume`` states a switch."""
+    word = text.strip().lower()
+    if word in ("true", "yes", "on", "1"):
+        return True
+    if word in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(text)
+
+
 # column: (type, what it holds). Every name is also accepted with spaces for underscores.
 COLUMNS: dict[str, tuple[Callable[[str], Any], str]] = {
     "label": (str, "a name for the run (default: its row number)"),
@@ -53,6 +64,7 @@ COLUMNS: dict[str, tuple[Callable[[str], Any], str]] = {
     "precision": (str, "bf16 or fp16 (default bf16); fp16 reduces fp16 gradients, bf16 fp32 ones"),
     "attention_kernel": (str, "flash or unfused (default flash)"),
     "dp_overlap": (float, "share of the gradient reduction overlapped with the backward (default 1)"),
+    "sequence_parallel": (boolean, "true or false: sequence parallelism with TP (default: on where TP > 1)"),
     "cp_scheme": (str, "ring, ulysses, usp or allgather (default ring)"),
     "zero": (int, "ZeRO stage 0-3 (default 0)"),
     "hw": (str, "hardware profile of the run (default --hw)"),
@@ -78,7 +90,7 @@ ALIASES = {
 }
 MEASURED = ("iteration_ms", "iteration_s", "tokens_per_s")
 STEP_KEYS = ("seq", "gpus", "tp", "cp", "pp", "vpp", "micro_batch", "global_batch", "recompute")
-STEP_KEYS += ("attention_kernel", "dp_overlap", "cp_scheme", "zero")
+STEP_KEYS += ("attention_kernel", "dp_overlap", "cp_scheme", "zero", "sequence_parallel")
 
 
 @dataclass(frozen=True)

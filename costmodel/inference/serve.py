@@ -155,6 +155,8 @@ def attention_bind(
         "B_pp": b_pp,
         "alpha": alpha_cp,
         "alpha_tp": alpha_tp,
+        "a_tp": 0.0,  # alpha_tp is the stated or default latency per message, the call's fixed part included
+        "sigma": 0,  # serving runs every norm and residual whole on each TP rank (no sequence parallelism)
         "o_tp": float(numeric.tp_overlap_share(k_tp=t if setup.tp_comm_overlap else 1)),
         "o_cp": setup.cp_overlap,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,

@@ -36,6 +36,7 @@ class LinkBinding:
     latency_s: float  # α: per message (per collective call for all-to-all)
     knee_bytes: float = float("inf")  # X_k: a measured all-to-all bends upward past it
     bandwidth_beyond_knee: float = float("inf")  # B_x: rate of the extra cost past the knee
+    call_latency_s: float = 0.0  # a: fixed cost of one ring collective call beyond its steps
 
     @property
     def values(self) -> dict[str, float]:
@@ -242,7 +243,7 @@ class Machine:
                 )
                 return LinkBinding(link.name, scope, fit.bandwidth, fit.latency_s, *knee)
         if collective == "alltoall" and link.alltoall is not None:  # measured: it already holds the fabric
-            bandwidth, latency = link.alltoall.bandwidth_per_direction, link.alltoall.latency_s
+            bandwidth, latency, call = link.alltoall.bandwidth_per_direction, link.alltoall.latency_s, 0.0
         else:
             placement, per_link = self.placement(group), link.bandwidth_per_direction
             bandwidth = (
@@ -256,11 +257,16 @@ class Machine:
                     self.profile.links.intra_node.bandwidth_per_direction,
                 )
             )
-            latency = link.latency_s
-            if collective in topology.RING_COLLECTIVES:  # NCCL's ring: its bus bandwidth and latency per hop
+            latency, call = link.latency_s, 0.0
+            if (
+                collective in topology.RING_COLLECTIVES
+            ):  # NCCL's ring: its bus bandwidth, latency per hop and call
                 bandwidth *= link.collective_efficiency
-                latency = link.hop_latency_s or latency
-        return LinkBinding(link.name, scope, bandwidth, 0.0 if self.datasheet else latency)
+                if link.hop_latency_s or link.call_latency_s:  # else the message latency, for each step
+                    latency, call = link.hop_latency_s, link.call_latency_s
+        if self.datasheet:
+            latency = call = 0.0
+        return LinkBinding(link.name, scope, bandwidth, latency, call_latency_s=call)
 
     def group_links(
         self, order: str, sizes: dict[str, int], collectives: dict[str, Collective] | None = None

@@ -91,6 +91,11 @@ class Link(_BothWays):
     hop_latency_s: NonNegative = Field(
         default=0.0, description="latency one step of a ring collective adds on this link (NCCL's model), s"
     )
+    call_latency_s: NonNegative = Field(
+        default=0.0,
+        description="fixed latency of one ring collective call beyond its steps (NCCL's base latency: the "
+        "kernel's launch and the ranks' handshake), s",
+    )
     source: str | None = Field(
         default=None,
         description="where this link's figure comes from when not source.url "

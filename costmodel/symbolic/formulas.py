@@ -75,6 +75,8 @@ from costmodel.symbolic.symbols import (
     T_w,
     V,
     X_k,
+    a_dp,
+    a_tp,
     alpha,
     alpha_cp,
     alpha_tp,
@@ -1004,9 +1006,10 @@ W_att = define(
 E_lay = define(
     "layer_elementwise_bytes",
     "E_layer",
-    T_mb * p * (10 * H + 2 * (h + n_kv) * d + (2 + g) * F_ffn) / t,
-    "forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), rotary on Q and "
-    "K, the MLP activation ((2+g)·F_ffn), split t ways with sequence parallelism",
+    T_mb * p * (10 * H / (1 + sigma * (t - 1)) + (2 * (h + n_kv) * d + (2 + g) * F_ffn) / t),
+    "forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), split t ways only "
+    "with sequence parallelism (else every TP rank runs them whole), and rotary on Q and K and the MLP "
+    "activation ((2+g)·F_ffn) on the rank's heads and columns",
     "B",
     "[Korthikanti22 §4]",
 )
@@ -1070,9 +1073,10 @@ E_loss = define(
 tau_tp = define(
     "tp_comm_s",
     "tau_TP",
-    4 * (t - 1) / t * T_mb * H * p / B_tp + 4 * (t - 1) * alpha_tp,
+    4 * (t - 1) / t * T_mb * H * p / B_tp + 4 * (t - 1) * alpha_tp + 2 * (1 + sigma) * a_tp,
     "TP with sequence parallelism, one layer, one pass: two all-gathers and two reduce-scatters of "
-    "the layer's activations (without it, two all-reduces: the same bytes), t - 1 ring hops each",
+    "the layer's activations, t - 1 ring hops each (without it, two all-reduces: the same bytes and hops, "
+    "half the calls), and each call's fixed latency",
     "s",
     "[Korthikanti22 §4.2.2]",
 )
@@ -1344,9 +1348,10 @@ P_dev = define(
 tau_dp = define(
     "dp_comm_s",
     "tau_DP",
-    (2 - z3) * (D - 1) / D * P_dev * p_g / B_dp,
-    "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group; "
-    "under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter",
+    (2 - z3) * (D - 1) / D * P_dev * p_g / B_dp + n_bkt * a_dp,
+    "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group, one call "
+    "per gradient bucket; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter. "
+    "No latency per ring step: across many nodes NCCL reduces small buckets over trees, log D steps",
     "s",
     "[ZeRO §5]",
 )
@@ -2184,6 +2189,9 @@ STEP_TERMS: tuple[str, ...] = (
         "device holds, all its experts)",
         "s",
         "PyTorch DDP, [Megatron21 §5]",
+        None,
+        None,
+        False,
     ),
     _term(
         "step_zero3_gather_s",

@@ -496,6 +496,21 @@ g_pg = _symbol(
 alpha_tp = _symbol(
     "alpha_tp", "latency of one step of a TP collective (per message)", "s", "[A-SPDeep]", nonnegative=True
 )
+a_tp = _symbol(
+    "a_tp",
+    "fixed latency of one TP collective call beyond its ring steps (NCCL's base latency: the kernel's "
+    "launch and the ranks' handshake)",
+    "s",
+    "[NCCL-Tuning]",
+    nonnegative=True,
+)
+a_dp = _symbol(
+    "a_dp",
+    "fixed latency of one DP collective call (one gradient bucket) beyond its ring steps",
+    "s",
+    "[NCCL-Tuning]",
+    nonnegative=True,
+)
 # Topology of the fast domain and the fabric beyond it (docs/hardware.md, "Topology").
 B_l = _symbol(
     "B_l",

@@ -23,7 +23,7 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
-from costmodel.machines.binding import Collective, Machine
+from costmodel.machines.binding import Collective, LinkBinding, Machine
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
@@ -322,7 +322,7 @@ class _Shapes:
         self.inputs, self.setup, self.step, self.model, self.machine = inputs, setup, step, model, machine
         self.cache: dict[tuple, dict[str, Any]] = {}
         self.gemms: dict[tuple, dict[str, float]] = {}
-        self.links: dict[tuple[int, int, Collective], float] = {}
+        self.links: dict[tuple[int, int, Collective], LinkBinding] = {}
 
     def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
         key = (tp, cp, mb, scheme, layout)
@@ -340,17 +340,23 @@ class _Shapes:
             self.cache[key] = bind(inputs, setup, step, self.model, self.machine, self.gemms)
         return self.cache[key]
 
-    def link(self, stride: int, size: int, collective: Collective) -> float:
+    def link(self, stride: int, size: int, collective: Collective) -> LinkBinding:
         if (stride, size, collective) not in self.links:
-            self.links[(stride, size, collective)] = (
-                self.machine.placed(stride).link(size, collective).bandwidth
-            )
+            self.links[(stride, size, collective)] = self.machine.placed(stride).link(size, collective)
         return self.links[(stride, size, collective)]
 
-    def links_of(self, strides: np.ndarray, sizes: np.ndarray, collective: Collective) -> np.ndarray:
-        """B of every (stride, size) group's ``collective``, looked up once per distinct pair."""
+    def links_of(
+        self, strides: np.ndarray, sizes: np.ndarray, collective: Collective, *fields: str
+    ) -> list[np.ndarray]:
+        """``fields`` of the link (B: ``bandwidth``) of every (stride, size) group's ``collective``, each
+        looked up once per distinct pair; a group of one waits on no link (its latencies are 0)."""
         _, first, index = np.unique(_key(strides, sizes), return_index=True, return_inverse=True)
-        return np.array([self.link(int(strides[i]), int(sizes[i]), collective) for i in first])[index]
+        found = [self.link(int(strides[i]), int(sizes[i]), collective) for i in first]
+        alone = np.asarray(sizes) <= 1
+        return [
+            np.where(alone & (name != "bandwidth"), 0.0, np.array([getattr(f, name) for f in found])[index])
+            for name in fields
+        ]
 
 
 def _key(*columns: np.ndarray, bases: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
@@ -370,6 +376,7 @@ PER_SHAPE = (
     "k_copy",
     "B_tp",
     "alpha_tp",
+    "a_tp",
     "alpha_cp",
     "B_cp",
     "N_u",
@@ -422,11 +429,12 @@ def evaluate_table(
         **_kept_columns(c, setup),
         "n_h": np.minimum(offload.devices_per_host(machine), c["gpus"]).astype(float),
     }
-    v["B_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring")  # with EP: the dense gradients' group
+    # with EP: the dense gradients' group
+    v["B_dp"], v["a_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring", "bandwidth", "call_latency_s")
     if model.experts:  # EP inside DP, next to CP (tp-cp-ep-dp-pp): its all-to-all over those ranks
         v["E_p"] = c["ep"].astype(float)
-        v["B_ep"] = shapes.links_of(c["tp"] * c["cp"], c["ep"], "alltoall")
-    v["B_pp"] = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"], "p2p")
+        (v["B_ep"],) = shapes.links_of(c["tp"] * c["cp"], c["ep"], "alltoall", "bandwidth")
+    (v["B_pp"],) = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"], "p2p", "bandwidth")
     v["n_bkt"] = buckets(v, step, model)
     breakdown = {name: np.zeros(len(table)) for name in TERMS}
     time_s = np.zeros(len(table))

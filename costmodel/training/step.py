@@ -154,7 +154,6 @@ STEP_EXCLUDE = frozenset(
         "block",
         "causal",
         "pass_",
-        "sequence_parallel",
         "flash_attention",
         "memory_headroom",
     }
@@ -461,6 +460,8 @@ def bind(
         # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
         **{f"B_{dim}": link.bandwidth for dim, link in links.items()},
         "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
+        "a_tp": links["tp"].call_latency_s if t > 1 else 0.0,
+        "a_dp": links["dp"].call_latency_s if dp > 1 else 0.0,
         "alpha_cp": links["cp"].latency_s if n > 1 and scheme == "allgather" else 0.0,
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),

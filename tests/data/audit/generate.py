@@ -104,8 +104,8 @@ def megatron_log(name: str, cfg: dict, restart_at: int | None = None) -> None:
     }
     step = true_step(values)
     inputs, setup, stp, machine = build_step(**values)
-    ours = evaluate_step(inputs, setup, stp, machine)["step"]
-    flops_per_step = ours["model_tflops_per_gpu"] * ours["time_s"]  # TFLOP per GPU per step
+    ours = evaluate_step(inputs, setup, stp, machine).step.model_dump()
+    flops_per_step = ours["model_tflops_per_gpu_full_square"] * ours["time_s"]  # as Megatron counts: full S²
     base = step["time_s"] * HOST_OVERHEAD
     reserved_mb = reserved_bytes(values) / 1024**2
     out = [
@@ -206,8 +206,8 @@ def titan_log(
         gone = sum(step["breakdown"][k] for k in skipped) * (1 - 1 / cp)
         step = step | {"time_s": step["time_s"] - gone}
     inputs, setup, stp, machine = build_step(**values)
-    ours = evaluate_step(inputs, setup, stp, machine)["step"]
-    flop_per_token = ours["model_tflops_per_gpu"] * 1e12 / ours["tokens_per_s_per_gpu"]
+    ours = evaluate_step(inputs, setup, stp, machine).step.model_dump()
+    flop_per_token = ours["model_tflops_per_gpu_full_square"] * 1e12 / ours["tokens_per_s_per_gpu"]
     reserved_gib = reserved_bytes(values) / 1024**3
     tokens = local * shard * seq
     (HERE / f"{name}.toml").write_text(
