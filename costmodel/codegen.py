@@ -94,6 +94,22 @@ def render() -> str:
         out.append(f"    {f.name!r}: {f.args!r},")
     out.append("}")
     out.append("")
+    out.append(
+        "# name: the formula as written, in other formulas' symbols, where that differs from the expression"
+    )
+    out.append("DEFINITIONS = {")
+    for f in formulas.FORMULAS.values():
+        if f.definition != f.expr:
+            out.append(f"    {f.name!r}: {str(f.definition)!r},")
+    out.append("}")
+    out.append("")
+    out.append("# base symbol: the formula whose value it stands for in later formulas")
+    out.append("BINDS = {")
+    for f in formulas.FORMULAS.values():
+        if f.binds:
+            out.append(f"    {f.binds!r}: {f.name!r},")
+    out.append("}")
+    out.append("")
     out.append("# symbol: (meaning, unit, source)")
     out.append("SYMBOLS = {")
     for name, info in SYMBOLS.items():
@@ -137,7 +153,8 @@ def formula_reference() -> str:
                 "",
                 f"#### `{f.name}`",
                 "",
-                f"{f.meaning}. Unit: {f.unit}. Source: {f.source}.",
+                f"{f.meaning}. Unit: {f.unit}. Source: {f.source}."
+                + (f" Later formulas read its value as ${SYMBOLS[f.binds].latex}$." if f.binds else ""),
                 "",
                 _latex_block(f),
                 "",

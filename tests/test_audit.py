@@ -568,7 +568,7 @@ def test_seq_flag_takes_a_length_as_every_length_flag() -> None:
 
 def test_audit_json_carries_its_schema_at_the_top() -> None:
     document = audit_json(DATA / "titan_cp2_16k.log")
-    assert document["schema"] == "cp-plan/audit/v1" == document["audit"]["schema"]
+    assert document["schema"] == "cp-plan/audit/v2" == document["audit"]["schema"]
 
 
 def test_fail_on_critical_exits_1_on_the_over_peak_run() -> None:

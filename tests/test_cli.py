@@ -405,17 +405,17 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
     ("args", "schema"),
     [
         (["--seq", "8k"], "cp-plan/report/v1"),
-        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v3"),
-        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v3"),
+        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v4"),
+        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v4"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
         (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v3"),
         (
             ["step", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k", "--global-batch", "8"],
-            "cp-plan/step/v3",
+            "cp-plan/step/v4",
         ),
         (["check", "configs/plans/fail-llama3-8b-128k-h100-ib.yaml"], "cp-plan/check/v1"),
-        (["audit", "tests/data/audit/titan_cp2_16k.log"], "cp-plan/audit/v1"),
+        (["audit", "tests/data/audit/titan_cp2_16k.log"], "cp-plan/audit/v2"),
     ],
     ids=lambda value: value[0] if isinstance(value, list) else None,
 )

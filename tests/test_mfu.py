@@ -96,7 +96,7 @@ def test_packed_documents_count_the_pairs_the_kernel_runs() -> None:
             layout="striped",
             docs="8k,2k,1kx2,256x6,128x4,64x4",
         )
-    )["step"]
+    ).model_dump(by_alias=True)["step"]
     assert step["attention_fraction"] == pytest.approx(0.1376, abs=5e-4)
     assert step["mfu"] == pytest.approx(0.483, abs=0.003)
     assert step["mfu_full_square"] == pytest.approx(0.704, abs=0.003)
@@ -120,7 +120,7 @@ def test_the_128k_plan_with_documents_reports_mfu_under_100_percent() -> None:
             layout="striped",
             docs="64k,16k,8kx2,2kx6,1kx4,512x4",
         )
-    )["step"]
+    ).model_dump(by_alias=True)["step"]
     assert step["attention_fraction"] == pytest.approx(0.1376, abs=5e-4)
     assert step["mfu"] == pytest.approx(0.456, abs=0.005)
     assert step["mfu_full_square"] == pytest.approx(1.559, abs=0.01)  # the old headline, now labelled
@@ -141,7 +141,7 @@ def test_causal_mfu_counts_half_the_square() -> None:
             recompute="full",
             layout="striped",
         )
-    )["step"]
+    ).model_dump(by_alias=True)["step"]
     assert step["attention_fraction"] == 0.5
     assert step["mfu"] == pytest.approx(0.423, abs=0.002)
     assert step["mfu_full_square"] == pytest.approx(0.717, abs=0.002)
@@ -158,5 +158,7 @@ def test_a_profile_faster_than_its_peak_is_an_error_not_a_number(tmp_path) -> No
     path = tmp_path / "fast.yaml"
     path.write_text(yaml.safe_dump(profile), encoding="utf-8")
     with pytest.raises(InputError, match="exceeds its .* TFLOP/s peak: HFU would be") as error:
-        evaluate_step(*build_step(model="llama3-8b", seq=8192, hw=str(path), gpus=8, global_batch=8))
+        evaluate_step(
+            *build_step(model="llama3-8b", seq=8192, hw=str(path), gpus=8, global_batch=8)
+        ).model_dump(by_alias=True)
     assert error.value.field == "--hw"

@@ -29,7 +29,7 @@ JOB = {"model": "llama3-8b", "seq": 131072, "hw": "h100-nvlink", "gpus": 4, "cp"
 
 def _step(**values):  # noqa: ANN202
     built = build_step(**(JOB | values))
-    return built, evaluate_step(*built)
+    return built, evaluate_step(*built).model_dump(by_alias=True)
 
 
 def test_llama3_8b_has_the_parameters_counted_by_hand() -> None:
@@ -56,11 +56,11 @@ def test_the_weight_upload_is_its_bytes_over_the_host_link() -> None:
     _, result = _step(offload="optimizer")
     share = LLAMA3_8B_PARAMS / 4  # ZeRO-1 over CP 4
     breakdown = result["step"]["breakdown"]
-    assert breakdown["exposed offload copies (gradients, weights)"] == pytest.approx(2 * share / PCIE5)
+    assert breakdown["offload_grad_s"] == pytest.approx(2 * share / PCIE5)
     # The CPU of the one host runs Adam over all four devices' shares.
-    assert breakdown["host optimizer step (CPU Adam)"] == pytest.approx(4 * share / CPU_ADAM)
-    assert breakdown["optimizer step"] == 0
-    assert breakdown["exposed offload copies (layers)"] == 0
+    assert breakdown["host_adam_s"] == pytest.approx(4 * share / CPU_ADAM)
+    assert breakdown["optimizer_s"] == 0
+    assert breakdown["offload_layer_s"] == 0
 
 
 def test_offloading_the_optimizer_on_4_h100_costs_at_least_the_host_adam_step() -> None:
@@ -71,7 +71,7 @@ def test_offloading_the_optimizer_on_4_h100_costs_at_least_the_host_adam_step() 
     assert host_adam > 5
     assert (
         offloaded["step"]["time_s"] - plain["step"]["time_s"]
-        >= host_adam - plain["step"]["breakdown"]["optimizer step"]
+        >= host_adam - plain["step"]["breakdown"]["optimizer_s"]
     )
     assert offloaded["step"]["time_s"] > plain["step"]["time_s"] + 0.9 * host_adam
 

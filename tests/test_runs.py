@@ -79,7 +79,9 @@ def synthetic(
     truth_profile = fit.with_terms(base, truth)
     rng = np.random.default_rng(7)
     times = [
-        evaluate_step(*build_step(profile=truth_profile, **r.values), model=r.model)["step"]["time_s"]
+        evaluate_step(*build_step(profile=truth_profile, **r.values), model=r.model).model_dump(
+            by_alias=True
+        )["step"]["time_s"]
         * math.exp(rng.normal(0, noise))
         for r in runs
     ]
@@ -204,14 +206,16 @@ def test_fit_profile_is_written_and_step_reads_it(cli, tmp_path: Path) -> None:
     result = cli(*args)
     assert result.code == 0, result.err
     document = result.json()
-    assert document["schema"] == "cp-plan/runs/v1" and document["fit"]["written"] == str(out)
+    assert document["schema"] == "cp-plan/runs/v2" and document["fit"]["written"] == str(out)
     assert 0 < document["fit"]["cv_mape"] < document["runs"]["mape"]
     profile = load_profile(str(out))
     assert profile.source.kind == "measured"
     assert profile.kernels.launch_s == pytest.approx(document["fit"]["terms"]["launch_s"]["value"])
     table = read_runs(str(small), parse_assumptions(VTRAIN), str(out))
     run = table.runs[0]
-    again = evaluate_step(*build_step(**run.values), model=run.model)["step"]["time_s"]
+    again = evaluate_step(*build_step(**run.values), model=run.model).model_dump(by_alias=True)["step"][
+        "time_s"
+    ]
     assert again == pytest.approx(document["fit"]["rows"][0]["predicted_s"], rel=1e-9)
 
 

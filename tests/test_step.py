@@ -167,7 +167,7 @@ def test_breakdown_sums_to_the_step_and_utilisation_is_bounded(s: dict) -> None:
         zero=3 if s["zero3"] else 1,
     )
     setup = built[1]
-    step = evaluate_step(*built)["step"]
+    step = evaluate_step(*built).model_dump(by_alias=True)["step"]
     assert sum(step["breakdown"].values()) == pytest.approx(step["time_s"], rel=1e-12)
     assert all(value >= 0 for value in step["breakdown"].values())
     assert 0 < step["mfu"] <= step["hfu"] < 1 and step["mfu"] <= step["mfu_full_square"]
@@ -184,10 +184,10 @@ def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
         "pp": 8,
         "global_batch": 16,
     }
-    plain = evaluate_step(*build_step(**common))["step"]
-    interleaved = evaluate_step(*build_step(**common, vpp=5))["step"]
-    assert interleaved["breakdown"]["pipeline bubble"] == pytest.approx(
-        plain["breakdown"]["pipeline bubble"] / 5, rel=1e-9
+    plain = evaluate_step(*build_step(**common)).model_dump(by_alias=True)["step"]
+    interleaved = evaluate_step(*build_step(**common, vpp=5)).model_dump(by_alias=True)["step"]
+    assert interleaved["breakdown"]["pipeline_bubble_s"] == pytest.approx(
+        plain["breakdown"]["pipeline_bubble_s"] / 5, rel=1e-9
     )
     assert interleaved["time_s"] < plain["time_s"]
 
@@ -349,7 +349,7 @@ def test_cli_and_hand_built_step_agree(cli) -> None:
         for name, value in flags.items()
         if name != "seq"
     }
-    by_hand = evaluate_step(*build_step(**typed, seq=32768))
+    by_hand = evaluate_step(*build_step(**typed, seq=32768)).model_dump(by_alias=True)
     assert result.json() == json.loads(json.dumps(by_hand))  # JSON floats round-trip exactly
 
 
@@ -408,7 +408,7 @@ def test_build_step_names_what_it_does_not_know() -> None:
     with pytest.raises(InputError, match="block: not an input of the step"):
         build_step(model="llama3-8b", global_batch=8, block=512)
     with pytest.raises(InputError, match="--model"):
-        evaluate_step(*build_step(global_batch=8))
+        evaluate_step(*build_step(global_batch=8)).model_dump(by_alias=True)
 
 
 def test_fewer_micro_batches_than_stages_is_a_legal_job_with_its_bubble() -> None:
@@ -416,23 +416,23 @@ def test_fewer_micro_batches_than_stages_is_a_legal_job_with_its_bubble() -> Non
     bubble is (pp - 1)/m of the layers' time over the m micro-batches; the output layer, on the last stage
     alone, is not in the fill and drain, and the bubble fraction is over the busy time, output layer and all."""
     parts = build_step(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, pp=8, global_batch=4)
-    step = evaluate_step(*parts)["step"]
+    step = evaluate_step(*parts).model_dump(by_alias=True)["step"]
     per_layer = (
-        "matrix multiplies",
-        "attention",
-        "elementwise (memory-bound)",
-        "waiting on the host (kernel launches)",
-        "recompute",
-        "exposed TP comm",
-        "exposed CP comm",
-        "CP ring overheads (merge, copies, launches)",
-        "exposed EP all-to-all (MoE)",
-        "MoE routing imbalance",
+        "matmul_s",
+        "attention_s",
+        "elementwise_s",
+        "host_wait_s",
+        "recompute_s",
+        "exposed_tp_s",
+        "exposed_cp_s",
+        "cp_ring_overhead_s",
+        "exposed_ep_s",
+        "moe_imbalance_s",
     )
     layers = sum(step["breakdown"][k] for k in per_layer)
-    assert step["breakdown"]["pipeline bubble"] == pytest.approx(7 / 4 * layers, rel=1e-9)
-    busy = layers + step["breakdown"]["output layer and loss"]
-    assert step["bubble_fraction"] == pytest.approx(step["breakdown"]["pipeline bubble"] / busy, rel=1e-9)
+    assert step["breakdown"]["pipeline_bubble_s"] == pytest.approx(7 / 4 * layers, rel=1e-9)
+    busy = layers + step["breakdown"]["head_s"]
+    assert step["bubble_fraction"] == pytest.approx(step["breakdown"]["pipeline_bubble_s"] / busy, rel=1e-9)
 
 
 def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> None:
@@ -460,7 +460,7 @@ def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> No
         "none",
     )
     data = cli(*args, "-f", "json").json()
-    assert data["schema"] == "cp-plan/step/v3"
+    assert data["schema"] == "cp-plan/step/v4"
     assert data["fits"] is False and data["memory"]["fits"] is False
     assert data["memory"]["bytes_per_device"] == pytest.approx(3.384e12, rel=1e-3)
     assert data["memory"]["device_memory_bytes"] == pytest.approx(72e9, rel=1e-9)
@@ -494,3 +494,30 @@ def test_strict_passes_a_plan_that_fits(cli) -> None:
     )
     result = cli(*args)
     assert result.code == 0 and result.json()["fits"] is True
+
+
+def test_every_breakdown_field_is_a_term_of_step_time_s() -> None:
+    """One formula and one field per term: the breakdown's formulas are STEP_TERMS, in order, and step_time_s
+    is their sum (so the report's time is its breakdown's sum)."""
+    from costmodel.symbolic import formulas
+    from costmodel.training.report import FORMULAS, LABELS, StepBreakdown
+
+    assert tuple(FORMULAS.values()) == formulas.STEP_TERMS
+    assert set(LABELS) == set(StepBreakdown.model_fields)
+    total = formulas.FORMULAS["step_time_s"].definition
+    assert total == sum(formulas.FORMULAS[name].symbol for name in formulas.STEP_TERMS)
+    report = evaluate_step(*build_step(model="llama3-8b", seq=8192, gpus=16, tp=2, pp=2, global_batch=16))
+    parts = report.step.breakdown.model_dump()
+    assert report.step.time_s == pytest.approx(sum(parts.values()), rel=1e-12)
+
+
+def test_explain_shows_each_term_down_to_the_step_time(cli) -> None:
+    result = cli("step", "--model", "llama3-8b", "--seq", "8192", "--gpus", "8", "--global-batch", "8",
+                 "--explain", "--format", "json")  # fmt: skip
+    rows = result.json()["explain"]
+    from costmodel.training.report import FORMULAS
+
+    names = [row["name"] for row in rows]
+    assert set(FORMULAS.values()) <= set(names) and names[-1] == "step_time_s"
+    assert rows[-1]["formula"].startswith("T_iter = ")
+    assert float(rows[-1]["value"].split()[0]) == pytest.approx(result.json()["step"]["time_s"], rel=1e-5)

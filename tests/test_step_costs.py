@@ -117,7 +117,9 @@ def test_a_host_bound_layer_grows_by_its_kernel_count_times_the_launch_cost() ->
         profile = profile.model_copy(
             update={"kernels": profile.kernels.model_copy(update={"launch_s": launch})}
         )
-        times.append(evaluate_step(*build_step(profile=profile, **flags))["step"]["time_s"])
+        times.append(
+            evaluate_step(*build_step(profile=profile, **flags)).model_dump(by_alias=True)["step"]["time_s"]
+        )
     v = _bound(**flags)
     kernels = v["n_kf"] * 2 + v["n_kb"]
     assert times[1] - times[0] == pytest.approx(kernels * 32 * 2 * 1e-4, rel=1e-9)
@@ -137,7 +139,7 @@ def test_unfused_attention_by_hand() -> None:
     with pytest.raises(InputError, match="CP needs flash"):
         build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused") and evaluate_step(
             *build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused")
-        )
+        ).model_dump(by_alias=True)
 
 
 def test_a_named_attention_kernel_reads_its_own_tables() -> None:
@@ -153,7 +155,7 @@ def test_a_named_attention_kernel_reads_its_own_tables() -> None:
     slow, default = _bound(**flags, attention_kernel="sdpa-flash"), _bound(**flags)
     assert 0.4 < slow["F_attn"] / default["F_attn"] < 0.75  # FA2's path against the FA3 tables
     with pytest.raises(InputError, match="has tables for flash, unfused, sdpa-cudnn, sdpa-flash"):
-        evaluate_step(*build_step(**flags, attention_kernel="fa9"))
+        evaluate_step(*build_step(**flags, attention_kernel="fa9")).model_dump(by_alias=True)
 
 
 def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
@@ -186,7 +188,7 @@ def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
         float(numeric.layer_fp8_cast_bytes(**{a: bf16[a] for a in numeric.ARGS["layer_fp8_cast_bytes"]})) == 0
     )
     with pytest.raises(InputError, match="mxfp8 runs on Blackwell"):
-        evaluate_step(*build_step(**flags, gemm_dtype="mxfp8"))
+        evaluate_step(*build_step(**flags, gemm_dtype="mxfp8")).model_dump(by_alias=True)
 
 
 def test_fp8_multiplies_without_an_fp8_table_scale_the_bf16_one_by_the_peaks() -> None:

@@ -48,7 +48,7 @@ def test_step_states_where_the_ring_leaves() -> None:
         *build_step(
             model="llama3.1-405b", seq=131072, hw="gb200-nvl72", gpus=1152, tp=8, cp=16, pp=9, global_batch=16
         )
-    )
+    ).model_dump(by_alias=True)
     topology = result["topology"]
     assert topology["kind"] == "nvlink-domain" and topology["fast_domain"] == 72
     assert topology["cp_ring_leaves_fast_domain_at"] == 10
@@ -59,10 +59,12 @@ def test_step_states_where_the_ring_leaves() -> None:
 def test_rank_order_moves_cp_inside() -> None:
     """tp-cp-dp-pp puts CP 4 beside TP 2 in one 8-GPU node; tp-dp-cp-pp puts DP 4 there and CP across."""
     common = {"model": "llama3-8b", "seq": 32768, "hw": "h100-nvlink", "gpus": 32, "tp": 2, "cp": 4}
-    megatron = evaluate_step(*build_step(**common, global_batch=8))["topology"]["groups"]
-    other = evaluate_step(*build_step(**common, global_batch=8, rank_order="tp-dp-cp-pp"))["topology"][
+    megatron = evaluate_step(*build_step(**common, global_batch=8)).model_dump(by_alias=True)["topology"][
         "groups"
     ]
+    other = evaluate_step(*build_step(**common, global_batch=8, rank_order="tp-dp-cp-pp")).model_dump(
+        by_alias=True
+    )["topology"]["groups"]
     assert (megatron["cp"]["stride"], megatron["cp"]["scope"]) == (2, "intra-node")
     assert (other["cp"]["stride"], other["cp"]["scope"]) == (8, "inter-node")
     assert (other["dp"]["stride"], other["dp"]["scope"]) == (2, "intra-node")

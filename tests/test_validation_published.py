@@ -50,7 +50,7 @@ def test_korthikanti_rows_agree_with_the_papers_own_abstract() -> None:
 
     rows = {row.key: row for row in ROWS}
     full, selective = rows["k22-530b-full-s"], rows["k22-530b-mfu"]
-    predicted = evaluate_step(*build_step(**full.setup))["step"]
+    predicted = evaluate_step(*build_step(**full.setup)).model_dump(by_alias=True)["step"]
     seconds_at_peak = predicted["time_s"] * predicted["mfu_full_square"]  # the paper's model FLOP / peak
     implied_full_mfu = seconds_at_peak / full.published
     assert implied_full_mfu / selective.published == pytest.approx(42.1 / 54.2, rel=0.02)

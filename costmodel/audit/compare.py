@@ -22,35 +22,31 @@ from costmodel.core.errors import InputError
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.models import load_model
 from costmodel.training.recommend import fit_at, training_values
+from costmodel.training.report import LABELS, StepReport
 from costmodel.training.step import build_step, evaluate_step
 
-SCHEMA = "cp-plan/audit/v1"
+SCHEMA = "cp-plan/audit/v2"  # v2: breakdown keys and attribution components are the step's identifiers
 # (share below, share above) of each component's predicted time that a real run plausibly differs by.
 PLAUSIBLE: dict[str, tuple[float, float]] = {
-    "matrix multiplies": (-0.15, 0.6),  # cuBLAS off the published curve: odd shapes, clocks, power capping
-    "attention": (-0.2, 1.0),  # a slower kernel than FA3 (FA2, SDPA's math path) doubles it
-    "elementwise (memory-bound)": (-0.3, 1.5),  # unfused norms, rotary, casts
-    "recompute": (-0.3, 1.0),
-    "output layer and loss": (-0.3, 1.0),
-    "exposed TP comm": (-1.0, 1.5),
-    "exposed CP comm": (-1.0, 1.0),
-    "CP ring overheads (merge, copies, launches)": (-0.5, 3.0),  # launch-bound on small shards
-    "pipeline bubble": (-0.3, 1.0),
-    "exposed PP sends": (-1.0, 1.0),
-    "exposed DP comm": (-1.0, 3.0),
-    "exposed ZeRO-3 gathers": (-1.0, 2.0),
-    "optimizer step": (-0.5, 2.0),
-    "waiting on the host (kernel launches)": (-1.0, 3.0),  # an eager framework's host time per kernel
-    "framework time per step": (-1.0, 3.0),
+    "matmul_s": (-0.15, 0.6),  # cuBLAS off the published curve: odd shapes, clocks, power capping
+    "attention_s": (-0.2, 1.0),  # a slower kernel than FA3 (FA2, SDPA's math path) doubles it
+    "elementwise_s": (-0.3, 1.5),  # unfused norms, rotary, casts
+    "recompute_s": (-0.3, 1.0),
+    "head_s": (-0.3, 1.0),
+    "exposed_tp_s": (-1.0, 1.5),
+    "exposed_cp_s": (-1.0, 1.0),
+    "cp_ring_overhead_s": (-0.5, 3.0),  # launch-bound on small shards
+    "pipeline_bubble_s": (-0.3, 1.0),
+    "exposed_pp_s": (-1.0, 1.0),
+    "exposed_dp_s": (-1.0, 3.0),
+    "zero3_gather_s": (-1.0, 2.0),
+    "optimizer_s": (-0.5, 2.0),
+    "host_wait_s": (-1.0, 3.0),  # an eager framework's host time per kernel
+    "framework_step_s": (-1.0, 3.0),
 }
 # Kernels that slow down together (clocks, power capping, a slower library build) and by how much.
-COMPUTE_KERNELS = (
-    "matrix multiplies",
-    "attention",
-    "elementwise (memory-bound)",
-    "recompute",
-    "output layer and loss",
-)
+COMPUTE_KERNELS = ("matmul_s", "attention_s", "elementwise_s", "recompute_s", "head_s")
+EVERY_KERNEL = "every compute kernel alike"
 COMPUTE_TOGETHER = (-0.15, 1.0)  # a power-capped or mis-built cluster at half the published rates
 TOLERANCE = 0.10  # |measured / predicted - 1| within which the model is taken to agree
 FAR_BELOW = 0.25  # measured step this much slower than predicted: a warning
@@ -59,7 +55,7 @@ MEMORY_MARGIN = 1.25  # reserved memory beyond the plan's fit by this factor (al
 ACCOUNTING_BAND = (0.85, 1.15)  # framework's TFLOP/s over ours from the same time
 
 
-def predict(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def predict(values: dict[str, Any]) -> tuple[StepReport, dict[str, Any]]:
     """(the step model's result, the built inputs) for flat step values."""
     inputs, setup, step, machine = build_step(**values)
     return evaluate_step(inputs, setup, step, machine), {
@@ -73,15 +69,15 @@ def predict(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 def _unhidden(built: dict[str, Any], hidden: dict[str, float]) -> dict[str, float]:
     """What each communication component would add if nothing of it were hidden (overlaps 0)."""
     step = built["step"].model_copy(update={"cp_overlap": 0.0, "pp_overlap": 0.0, "tp_comm_overlap": False})
-    bare = evaluate_step(built["inputs"], built["setup"], step, built["machine"])["step"]["breakdown"]
-    return {k: max(0.0, bare[k] - hidden[k]) for k in hidden}
+    bare = evaluate_step(built["inputs"], built["setup"], step, built["machine"]).step.breakdown
+    return {k: max(0.0, getattr(bare, k) - hidden[k]) for k in hidden}
 
 
 def attribute(
     difference_s: float, breakdown: dict[str, float], unhidden: dict[str, float], time_s: float
 ) -> dict[str, Any]:
-    """The component whose plausible range covers ``difference_s`` (measured - predicted) with the least of
-    it used; every covering component listed."""
+    """The component (a breakdown key) whose plausible range covers ``difference_s`` (measured - predicted)
+    with the least of it used; every covering component listed."""
     if abs(difference_s) <= TOLERANCE * time_s:
         return {
             "component": None,
@@ -99,7 +95,7 @@ def attribute(
     if together and 0 < difference_s / together <= 1.0:
         candidates.append(
             {
-                "component": "every compute kernel alike",
+                "component": EVERY_KERNEL,
                 "share_of_range": difference_s / together,
                 "range_s": together,
             }
@@ -110,7 +106,7 @@ def attribute(
         word = "slower" if difference_s > 0 else "faster"
         return {
             "component": best["component"],
-            "explanation": f"{best['component']} {word} than modelled covers it, using "
+            "explanation": f"{LABELS.get(best['component'], best['component'])} {word} than modelled covers it, using "
             f"{best['share_of_range']:.0%} of its plausible range ({best['range_s'] * 1e3:.3g} ms)",
             "candidates": candidates,
         }
@@ -264,7 +260,7 @@ def findings(
                 "memory",
                 f"the plan says this configuration does not fit ({planned / 1e9:.1f} GB of {hbm / 1e9:.1f} GB usable)",
             )
-    share = step["breakdown"].get("exposed CP comm", 0.0) / step["time_s"]
+    share = step["breakdown"]["exposed_cp_s"] / step["time_s"]
     if cp > 1 and (share > CP_EXPOSED_SHARE or (plan_ratio is not None and plan_ratio > 1)):
         ratio_said = (
             f"each ring step's transfer takes {plan_ratio:.2g}x the attention it hides under; "
@@ -314,7 +310,8 @@ def findings(
 
 def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
     """One run: measured, predicted, the comparison and the findings."""
-    predicted, built = predict(values)
+    report, built = predict(values)
+    predicted = report.model_dump(mode="json", by_alias=True)
     machine, setup, inputs = built["machine"], built["setup"], built["inputs"]
     peak = machine.peak_flops
     measured = measure(log, predicted, setup.gpus, peak)

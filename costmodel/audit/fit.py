@@ -21,18 +21,19 @@ import numpy as np
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import HardwareProfile, parse_profile
+from costmodel.training.report import StepTimes
 from costmodel.training.step import build_step, evaluate_step
 
 COMPUTE = (
-    "matrix multiplies",
-    "attention",
-    "elementwise (memory-bound)",
-    "recompute",
-    "output layer and loss",
-    "optimizer step",
-    "pipeline bubble",
+    "matmul_s",
+    "attention_s",
+    "elementwise_s",
+    "recompute_s",
+    "head_s",
+    "optimizer_s",
+    "pipeline_bubble_s",
 )
-COMM = ("exposed TP comm", "exposed CP comm", "exposed PP sends", "exposed DP comm", "exposed ZeRO-3 gathers")
+COMM = ("exposed_tp_s", "exposed_cp_s", "exposed_pp_s", "exposed_dp_s", "zero3_gather_s")
 FACTOR_RANGE = (0.05, 20.0)  # outside it a fitted factor says the runs do not pin it down
 LINK_FACTOR = 2.0  # links may be fitted up to this many times the profile's rate per direction, no more
 ERROR_MAX = 0.25  # a fitted profile that still misses its own runs by a median 25 % has learnt nothing
@@ -80,25 +81,25 @@ def most_compute(profile: HardwareProfile, dtype: str = "bf16") -> float:
     return factor
 
 
-def predict(run: Run, profile: HardwareProfile | None = None) -> dict[str, Any]:
+def predict(run: Run, profile: HardwareProfile | None = None) -> StepTimes:
     """The step model for ``run``, on its own profile or on ``profile``."""
     inputs, setup, step, machine = build_step(**run.values)
     if profile is not None:
         machine = Machine(
             profile.model_copy(update={"cp_ranks_per_node": None}), machine.dtype, machine.efficiency
         )
-    return evaluate_step(inputs, setup, step, machine)["step"]
+    return evaluate_step(inputs, setup, step, machine).step
 
 
-def _groups(breakdown: dict[str, float]) -> tuple[float, float, float]:
-    compute = sum(breakdown.get(k, 0.0) for k in COMPUTE)
-    comm = sum(breakdown.get(k, 0.0) for k in COMM)
-    return compute, comm, sum(breakdown.values()) - compute - comm
+def _groups(step: StepTimes) -> tuple[float, float, float]:
+    compute = sum(getattr(step.breakdown, k) for k in COMPUTE)
+    comm = sum(getattr(step.breakdown, k) for k in COMM)
+    return compute, comm, step.time_s - compute - comm
 
 
 def fit_factors(runs: list[Run], base: HardwareProfile) -> tuple[float, float]:
     """(compute, comm) factors for ``base`` from ``runs`` (see the module's docstring)."""
-    rows = np.array([[*_groups(predict(r, base)["breakdown"]), r.measured_s] for r in runs])
+    rows = np.array([[*_groups(predict(r, base)), r.measured_s] for r in runs])
     compute, comm, rest, measured = rows.T
     target = 1 - rest / measured
     both = np.stack([compute / measured, comm / measured], axis=1)
@@ -122,8 +123,8 @@ def calibrate(runs: list[Run], base: HardwareProfile) -> dict[str, Any]:
     fitted = scaled_profile(base, compute, comm)
     rows = []
     for i, run in enumerate(runs):
-        before = predict(run, base)["time_s"]
-        after = predict(run, fitted)["time_s"]
+        before = predict(run, base).time_s
+        after = predict(run, fitted).time_s
         row = {
             "run": run.label,
             "measured_s": run.measured_s,
@@ -135,7 +136,7 @@ def calibrate(runs: list[Run], base: HardwareProfile) -> dict[str, Any]:
         others = runs[:i] + runs[i + 1 :]
         if others:
             held = scaled_profile(base, *fit_factors(others, base))
-            left_out = predict(run, held)["time_s"]
+            left_out = predict(run, held).time_s
             row |= {"left_out_predicted_s": left_out, "left_out_error": left_out / run.measured_s - 1}
         rows.append(row)
     loo = [abs(r["left_out_error"]) for r in rows if "left_out_error" in r]
@@ -314,9 +315,9 @@ class FastSteps:
     of one CP scheme are evaluated together as arrays."""
 
     def __init__(self, bound: list[dict[str, Any]], base: HardwareProfile) -> None:
-        from costmodel.training.step import step_breakdown
+        from costmodel.training.step import step_terms
 
-        self.breakdown = step_breakdown
+        self.step_terms = step_terms
         self.base = {name: term_value(base, name) for name in TERMS}
         self.bounds = term_bounds(base)
         self.groups: list[tuple[list[int], dict[str, Any], str, Any]] = []
@@ -356,15 +357,15 @@ class FastSteps:
             attn = np.where(flags["unfused"] > 0, g, a)
             v["F_attn"], v["F_attn_bwd"] = v["F_attn"] * attn, v["F_attn_bwd"] * attn
             v["t_k"] = terms.get("launch_s", self.base["launch_s"])
-            v["t_step"] = terms.get("step_s", self.base["step_s"])
+            v["t_fw"] = terms.get("step_s", self.base["step_s"])
             intra, inter = (
                 ratio["intra_node_collective_efficiency"],
                 ratio["inter_node_collective_efficiency"],
             )
             v["B_tp"] = v["B_tp"] * np.where(flags["tp_inter"] > 0, inter, intra)
             v["B_dp"] = v["B_dp"] * np.where(flags["dp_inter"] > 0, inter, intra)
-            parts = self.breakdown(v, scheme, model)
-            out[rows] = np.broadcast_to(sum(parts.values()), (len(rows),))
+            _, time_s = self.step_terms(v, scheme, model)
+            out[rows] = np.broadcast_to(time_s, (len(rows),))
         return out
 
 

@@ -22,9 +22,10 @@ from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.symbolic import numeric
+from costmodel.training.report import StepReport
 from costmodel.training.step import bind, build_step, evaluate_step
 
-SCHEMA = "cp-plan/runs/v1"
+SCHEMA = "cp-plan/runs/v2"  # v2: a miss names its component by the step's breakdown key (matmul_s, ...)
 LARGE_MISS = 0.15  # |error| beyond which a row's miss is explained by component
 MAX_ROWS = 100_000
 GPT_VOCAB = 50257  # the GPT-2 tokenizer's, as Megatron-LM's GPT examples use
@@ -271,16 +272,16 @@ class Profiles:
         return self.loaded[name]
 
 
-def predict(run: MeasuredRun, profiles: Profiles) -> dict[str, Any]:
+def predict(run: MeasuredRun, profiles: Profiles) -> StepReport:
     """The step model's report for one run."""
     parts = build_step(profile=profiles(run.values["hw"]), **run.values)
     return evaluate_step(*parts, model=run.model)
 
 
-def bound(run: MeasuredRun, profiles: Profiles, report: dict[str, Any]) -> dict[str, Any]:
+def bound(run: MeasuredRun, profiles: Profiles, report: StepReport) -> dict[str, Any]:
     """One run's bound step symbols and what a fit needs to know of them (:class:`~costmodel.audit.fit.FastSteps`)."""
     inputs, setup, step, machine = build_step(profile=profiles(run.values["hw"]), **run.values)
-    groups = report["topology"]["groups"]
+    groups = report.topology["groups"]
     return {
         "values": bind(inputs, setup, step, run.model, machine),
         "scheme": step.cp_scheme,
@@ -314,9 +315,9 @@ def size_group(params: float) -> str:
     return ">= 100B"
 
 
-def spans_nodes(report: dict[str, Any]) -> bool:
+def spans_nodes(report: StepReport) -> bool:
     """Whether any parallel group of the run crosses the fast domain (its collectives use the NICs)."""
-    groups = report["topology"]["groups"]
+    groups = report.topology["groups"]
     return any(g["size"] > 1 and g["scope"] == "inter-node" for g in groups.values())
 
 
@@ -329,22 +330,22 @@ def explain(breakdown: dict[str, float], predicted: float, measured: float) -> d
     return {"component": found["component"], "explanation": found["explanation"]}
 
 
-def compare_row(run: MeasuredRun, report: dict[str, Any]) -> dict[str, Any]:
+def compare_row(run: MeasuredRun, report: StepReport) -> dict[str, Any]:
     """One run's measured and predicted step time, its error, groups and, for a large miss, its component."""
-    predicted = report["step"]["time_s"]
+    predicted = report.step.time_s
     error = predicted / run.measured_s - 1
     row = {
         "label": run.label,
         "model": run.model.name,
         "params": _params(run.model),
-        **{k: report["inputs"][k] for k in ("gpus", "tp", "cp", "pp", "dp", "micro_batch", "global_batch")},
+        **{k: report.inputs[k] for k in ("gpus", "tp", "cp", "pp", "dp", "micro_batch", "global_batch")},
         "measured_s": run.measured_s,
         "predicted_s": predicted,
         "error": error,
         "spans_nodes": spans_nodes(report),
     }
     if abs(error) > LARGE_MISS:
-        row["miss"] = explain(report["step"]["breakdown"], predicted, run.measured_s)
+        row["miss"] = explain(report.step.breakdown.model_dump(), predicted, run.measured_s)
     return row
 
 

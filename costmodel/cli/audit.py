@@ -240,6 +240,7 @@ def _errors_line(label: str, s: dict[str, Any]) -> str:
 
 def _runs_table(document: dict[str, Any]) -> None:
     from costmodel.core.units import seconds
+    from costmodel.training.report import LABELS
 
     screen, result = console(), document["runs"]
     if result["assumed"]:
@@ -264,7 +265,9 @@ def _runs_table(document: dict[str, Any]) -> None:
             seconds(row["measured_s"]),
             seconds(row["predicted_s"]),
             f"{row['error']:+.1%}",
-            (miss["component"] or "outside the model") if miss else "-",
+            (LABELS.get(miss["component"], miss["component"]) if miss["component"] else "outside the model")
+            if miss
+            else "-",
         )
     screen.print(misses)
     fit = document.get("fit")

@@ -454,6 +454,39 @@ def explain_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
     return rows
 
 
+def term_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
+    """Each distinct formula of a trace as written (in other formulas' symbols, as docs/formulas.md shows
+    it) and its value: how the step's terms build up to step_time_s."""
+    rows, seen = [], set()
+    for e in trace:
+        if e.name in seen:
+            continue
+        seen.add(e.name)
+        symbol, expression, _, meaning, unit, source, _ = numeric.INFO[e.name]
+        rows.append(
+            {
+                "name": e.name,
+                "meaning": meaning,
+                "source": source,
+                "formula": f"{symbol} = {numeric.DEFINITIONS.get(e.name, expression)}",
+                "value": f"{float(e.value):.6g} {unit}",
+            }
+        )
+    return rows
+
+
+def render_terms(trace: list[Evaluation], console: Console) -> None:
+    from rich.text import Text
+
+    console.rule("The step, term by term (costmodel.symbolic.formulas, group step)")
+    for row in term_rows(trace):
+        console.print(
+            Text(row["name"], style="bold") + Text(f"  {row['meaning']}  [{row['source']}]", style="dim")
+        )
+        console.print(f"    {row['formula']}")
+        console.print(f"    = {row['value']}", style="bold")
+
+
 def render_explain(trace: list[Evaluation], console: Console) -> None:
     from rich.text import Text
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +16,9 @@ from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.planning import DataFormat
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
 from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup
+
+if TYPE_CHECKING:
+    from costmodel.training.report import StepReport
 
 
 @declared(
@@ -35,32 +38,47 @@ def step_cmd(
     strict: Annotated[
         bool, typer.Option("--strict", help="Exit 1 when the plan does not fit the device's memory.")
     ] = False,
+    explain: Annotated[
+        bool,
+        typer.Option("--explain", help="Also print each term of the step as its formula, then with values."),
+    ] = False,
 ) -> None:
     """Predict one training step: time, tokens/s, model TFLOP/s per GPU, MFU, HFU and where the time goes.
 
     Example: cp-plan step --model llama3-8b --seq 8192 --hw h100-nvlink --gpus 8 --global-batch 16
     """
+    from costmodel.cli.render import render_terms, term_rows
     from costmodel.training.step import evaluate_step, step_machine
 
-    result = evaluate_step(inputs, setup, step, step_machine(inputs, machine_overrides))
+    trace: list | None = [] if explain else None
+    result = evaluate_step(inputs, setup, step, step_machine(inputs, machine_overrides), trace=trace)
+    data = result.model_dump(mode="json", by_alias=True)
     if format is DataFormat.json:
-        sys.stdout.write(json.dumps(result, indent=2, allow_nan=False) + "\n")
+        if trace is not None:
+            data["explain"] = term_rows(trace)
+        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
     elif format is DataFormat.yaml:
         import yaml
 
-        sys.stdout.write(yaml.safe_dump(result, sort_keys=False))
+        if trace is not None:
+            data["explain"] = term_rows(trace)
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
     else:
         _table(result)
-    if strict and not result["fits"]:
+        if trace is not None:
+            render_terms(trace, console())
+    if strict and not result.fits:
         raise typer.Exit(1)
 
 
-def _table(result: dict) -> None:
+def _table(report: StepReport) -> None:
 
     from costmodel.cli.render import topology_lines
     from costmodel.core.units import seconds, si
     from costmodel.plans.stages import StageSplit
+    from costmodel.training.report import LABELS
 
+    result = report.model_dump(mode="json", by_alias=True)
     step, inputs = result["step"], result["inputs"]
     split = StageSplit.of(inputs).text()
     stages = f"{split} layers, v {inputs['vpp']}" if split else f"v {inputs['vpp']}"
@@ -94,7 +112,7 @@ def _table(result: dict) -> None:
     )
     for column in ("component", "time", "share"):
         table.add_column(column, justify="left" if column == "component" else "right")
-    for name, value in step["breakdown"].items():
+    for name, value in report.step.breakdown:
         if value > 0:
-            table.add_row(name, seconds(value), f"{value / step['time_s']:.1%}")
+            table.add_row(LABELS[name], seconds(value), f"{value / report.step.time_s:.1%}")
     screen.print(table)

@@ -29,17 +29,30 @@ class Evaluation:
 
 @dataclass
 class Evaluator:
-    """Calls generated formulas with the plan's values, overridable per call, and records each call."""
+    """Calls generated formulas with the plan's values, overridable per call, and records each call.
+
+    A symbol that stands for a formula's value (``numeric.BINDS``: ``t_lay`` for ``layer_time_s``) and is not
+    among the values is that formula, evaluated first (once, where no call overrides a value)."""
 
     values: dict[str, Any]
     trace: list[Evaluation] | None = field(default=None)
+    _bound: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __call__(self, name: str, **overrides: Any) -> Any:
-        args = {a: overrides.get(a, self.values.get(a)) for a in numeric.ARGS[name]}
+        args = {a: overrides[a] if a in overrides else self._value(a, overrides) for a in numeric.ARGS[name]}
         value = getattr(numeric, name)(**args)
         if self.trace is not None:
             self.trace.append(Evaluation(name, args, value))
         return value
+
+    def _value(self, symbol: str, overrides: dict[str, Any]) -> Any:
+        if symbol in self.values or symbol not in numeric.BINDS:
+            return self.values.get(symbol)
+        if overrides:
+            return self(numeric.BINDS[symbol], **overrides)
+        if symbol not in self._bound:
+            self._bound[symbol] = self(numeric.BINDS[symbol])
+        return self._bound[symbol]
 
 
 def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> dict[str, Any]:

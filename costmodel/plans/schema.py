@@ -426,7 +426,8 @@ class RecommendReport(_Section):
 
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
-    schema_: str = Field("cp-plan/recommend/v3", alias="schema", description="contract version")
+    # v4: the search's plans carry their breakdown by the step's identifier keys (matmul_s, exposed_cp_s, ...)
+    schema_: str = Field("cp-plan/recommend/v4", alias="schema", description="contract version")
     inputs: PlanInputs = Field(
         description="the layer, with the searched plan's micro-batch as b where there is one"
     )

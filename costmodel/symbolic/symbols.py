@@ -298,6 +298,71 @@ t_dev = _symbol(
     "s",
     "[Megatron21 §3]",
 )
+# Bound per CP scheme and per model, so the step's terms need no dispatch: what a scheme leaves exposed
+# (its own formulas: cp_ring_*_exposed_s, cp_allgather_s, cp_ulysses_s, cp_usp_a2a_s), and what counts every
+# expert a device holds (the dense formula, or its MoE twin at one expert's width).
+x_CP_f = _symbol(
+    "x_CP_f",
+    "CP communication one layer's forward leaves on the critical path, by the chosen scheme's formulas",
+    "s",
+    "[RingAttn §3], [Ulysses §3], [USP §3], [Llama3 §3.3]",
+    nonnegative=True,
+)
+x_CP_b = _symbol(
+    "x_CP_b",
+    "CP communication one layer's backward leaves on the critical path, by the chosen scheme's formulas",
+    "s",
+    "[RingAttn §3], [Ulysses §3], [USP §3], [Llama3 §3.3]",
+    nonnegative=True,
+)
+x_CP_r = _symbol(
+    "x_CP_r",
+    "the ring's merges, copies and launches of one layer and pass (ring_overhead_s over the scheme's ring; "
+    "0 without one)",
+    "s",
+    "[ring-flash-attn]",
+    nonnegative=True,
+)
+F_e = _symbol(
+    "F_e", "FFN width of one routed expert (a dense model's MLP inner size)", "elements", "[Switch §2]"
+)
+x_DP_all = _symbol(
+    "x_DP_all",
+    "exposed gradient reduction of every weight a device holds: dp_exposed_s, or moe_dp_exposed_s at one "
+    "expert's width",
+    "s",
+    "PyTorch DDP, [GShard §2]",
+    nonnegative=True,
+)
+x_DPo_all = _symbol(
+    "x_DPo_all",
+    "the other buckets' reduction of every weight a device holds: dp_overflow_s, or moe_dp_overflow_s",
+    "s",
+    "PyTorch DDP, [GShard §2]",
+    nonnegative=True,
+)
+tau_Z3_all = _symbol(
+    "tau_Z3_all",
+    "ZeRO-3 gathers of one micro-batch of every weight a device holds: zero3_gather_s, or moe_zero3_gather_s",
+    "s",
+    "[ZeRO §5.3], [GShard §2]",
+    nonnegative=True,
+)
+t_opt_all = _symbol(
+    "t_opt_all",
+    "the device's optimizer step over every weight it holds: optimizer_s, or for an MoE model its dense part's "
+    "and moe_optimizer_s over its experts",
+    "s",
+    "[ZeRO §5], [GShard §2]",
+    nonnegative=True,
+)
+t_fw = _symbol(
+    "t_fw",
+    "framework time per optimizer step outside the layers (a measured profile's; 0 on a datasheet)",
+    "s",
+    "kernel tables",
+    nonnegative=True,
+)
 f8 = _symbol(
     "f8",
     "the linear layers' multiplies run in FP8 (Transformer Engine, torchao Float8; attention stays at p): 1, "

@@ -31,7 +31,9 @@ from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
 from costmodel.training.recommend import training_values, zero_fractions
-from costmodel.training.step import StepSetup, bind, buckets, check_physical, step_breakdown
+from costmodel.training.report import FORMULAS as TERMS
+from costmodel.training.report import SHORT
+from costmodel.training.step import StepSetup, bind, buckets, check_physical, step_terms
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -62,10 +64,10 @@ FRAMEWORKS: dict[str, frozenset[tuple[str, str]]] = {
 STRUCTURE = ("tp", "cp", "pp", "first_stage_layers", "middle_stage_layers", "last_stage_layers", "vpp", "dp",
              "micro_batch", "ep")  # fmt: skip
 EXPOSED = {  # exposed communication by kind, from the step's breakdown
-    "TP": ("exposed TP comm",),
-    "CP": ("exposed CP comm", "CP ring overheads (merge, copies, launches)"),
-    "PP": ("exposed PP sends", "pipeline bubble"),
-    "DP": ("exposed DP comm", "exposed ZeRO-3 gathers"),
+    "TP": ("exposed_tp_s",),
+    "CP": ("exposed_cp_s", "cp_ring_overhead_s"),
+    "PP": ("exposed_pp_s", "pipeline_bubble_s"),
+    "DP": ("exposed_dp_s", "zero3_gather_s"),
 }
 
 
@@ -436,16 +438,16 @@ def evaluate_table(
         (v["B_ep"],) = shapes.links_of(c["tp"] * c["cp"], c["ep"], "alltoall", "bandwidth")
     (v["B_pp"],) = shapes.links_of(c["tp"] * c["cp"] * c["dp"], c["pp"], "p2p", "bandwidth")
     v["n_bkt"] = buckets(v, step, model)
-    breakdown = {name: np.zeros(len(table)) for name in step_breakdown(base, "ring", model)}
+    breakdown = {name: np.zeros(len(table)) for name in TERMS}
+    time_s = np.zeros(len(table))
     for p, (scheme, _) in enumerate(table.pairs):
         rows = c["pair"] == p
         if rows.any():
-            part = step_breakdown(
+            part, time_s[rows] = step_terms(
                 {k: a[rows] if isinstance(a, np.ndarray) else a for k, a in v.items()}, scheme, model
             )
             for name, value in part.items():
                 breakdown[name][rows] = value
-    time_s = sum(breakdown.values())
     tokens = numeric.step_tokens(**{a: v[a] for a in numeric.ARGS["step_tokens"]})
     peak = machine.peak_flops * c["gpus"]
 
@@ -741,33 +743,16 @@ def search_loop(
         plan = table.plan(i)
         at, job, knobs = plan_setup(plan, inputs, setup, step)
         result = evaluate_step(at, job, knobs, machine)
-        if result["fits"]:
+        if result.fits:
             rows.append(
                 plan
                 | {
-                    "step_time_s": result["step"]["time_s"],
-                    "mfu": result["step"]["mfu"],
-                    "memory_bytes": result["memory"]["bytes_per_device"],
+                    "step_time_s": result.step.time_s,
+                    "mfu": result.step.mfu,
+                    "memory_bytes": result.memory.bytes_per_device,
                 }
             )
     return sorted(rows, key=lambda r: (r["step_time_s"], r["memory_bytes"]))
-
-
-SHORT = {  # breakdown components as a table cell names them
-    "matrix multiplies": "matmuls",
-    "elementwise (memory-bound)": "elementwise",
-    "output layer and loss": "output layer",
-    "exposed TP comm": "TP comm",
-    "exposed CP comm": "CP comm",
-    "CP ring overheads (merge, copies, launches)": "ring overheads",
-    "exposed PP sends": "PP sends",
-    "exposed DP comm": "DP comm",
-    "exposed ZeRO-3 gathers": "ZeRO-3 gathers",
-    "optimizer step": "optimizer",
-    "exposed offload copies (layers)": "offload copies",
-    "exposed offload copies (gradients, weights)": "offload grads/weights",
-    "host optimizer step (CPU Adam)": "host Adam",
-}
 
 
 def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
@@ -776,7 +761,7 @@ def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
     deltas = sorted(
         ((plan["breakdown"][k] - best["breakdown"][k], k) for k in plan["breakdown"]), reverse=True
     )
-    worse = [f"{SHORT.get(name, name)} +{seconds(delta, 2)}" for delta, name in deltas[:2] if delta > 0]
+    worse = [f"{SHORT[name]} +{seconds(delta, 2)}" for delta, name in deltas[:2] if delta > 0]
     return f"+{behind / best['step_time_s']:.1%}: " + ", ".join(worse)
 
 

@@ -18,7 +18,7 @@ recompute included, the causal half skipped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
+from costmodel.plans.bind import Evaluation, Evaluator
 from costmodel.plans.inputs import (
     MAX_HEADS,
     TRAINING_DEFAULTS,
@@ -49,12 +50,17 @@ from costmodel.plans.packing import compute_fraction
 from costmodel.plans.stages import StageSplit
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
+from costmodel.training.report import FORMULAS as TERM_FORMULAS
+from costmodel.training.report import (
+    StepBreakdown,
+    StepMemory,
+    StepRates,
+    StepReport,
+    StepTimes,
+)
 
 Scheme = Literal["ring", "ulysses", "usp", "allgather"]
 
-# v2: mfu counts the trained mask's pairs; the full square is mfu_full_square. v3: the pipeline's stage split
-# in inputs (first/middle/last_stage_layers); bubble_fraction over the slowest stage's busy time.
-SCHEMA = "cp-plan/step/v3"
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
 
@@ -450,7 +456,7 @@ def bind(
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
         "t_k": machine.launch_s,
-        "t_step": machine.step_s,
+        "t_fw": machine.step_s,
         # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
         **{f"B_{dim}": link.bandwidth for dim, link in links.items()},
         "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
@@ -521,99 +527,78 @@ def buckets(values: Mapping[str, Any], step: StepSetup, model: ModelPreset) -> A
     return numpy.maximum(1, numpy.ceil(held * step.grad_bytes / step.bucket_bytes))
 
 
-def _cp_exposed(scheme: str, values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """(forward, backward) CP communication left on the critical path, and the ring's per-pass overheads;
-    numbers, or arrays over many plans of one scheme (none where N = 1)."""
-    cp = numpy.asarray(values["N"]) > 1
-    if scheme == "ring":
-        fwd = _call("cp_ring_fwd_exposed_s", values)
-        bwd = _call("cp_ring_bwd_exposed_s", values)
-        ring = _call("ring_overhead_s", values)
-    elif scheme == "allgather":  # all-gather K, V forward; again and reduce-scatter dK, dV backward
-        gather = _call("cp_allgather_s", values)
-        fwd, bwd, ring = gather, 2 * gather, 0.0
-    elif scheme == "ulysses":
-        a2a = _call("cp_ulysses_s", values)
-        fwd, bwd, ring = a2a, a2a, 0.0
-    else:
-        a2a = numpy.where(numpy.asarray(values["N_u"]) > 1, _call("cp_usp_a2a_s", values), 0.0)
-        n_r = numpy.asarray(values["N_r"])
-        ring_values = {**values, "N": n_r, "S": values["S"] * n_r // values["N"]}
-        across = n_r > 1
-        fwd = a2a + numpy.where(across, _call("cp_ring_fwd_exposed_s", ring_values), 0.0)
-        bwd = a2a + numpy.where(across, _call("cp_ring_bwd_exposed_s", ring_values), 0.0)
-        ring = numpy.where(across, _call("ring_overhead_s", ring_values), 0.0)
-    return tuple(numpy.where(cp, part, 0.0) for part in (fwd, bwd, ring))  # type: ignore[return-value]
-
-
-def _layer(v: Mapping[str, Any], scheme: str, model: ModelPreset) -> tuple[dict[str, Any], Any]:
-    """One layer's passes for one micro-batch on one device, by component (the host wait included), and
-    the CP communication its backward leaves exposed."""
-    full = v["rc_full"]
-    cp_fwd, cp_bwd, ring_x = _cp_exposed(scheme, v)
-    ep_a2a, imbalance = moe.per_layer(v, model.ffn_hidden)
-    parts = {
-        "matrix multiplies": _call("layer_gemm_fwd_s", v) + _call("layer_gemm_bwd_s", v),
-        "attention": _call("layer_attn_fwd_s", v) + _call("layer_attn_bwd_s", v),
-        "elementwise (memory-bound)": (
-            3 * _call("layer_elementwise_bytes", v) + _call("layer_fp8_cast_bytes", v)
-        )
-        / v["B_hbm"],
-        "recompute": _call("layer_recompute_s", v),
-        "exposed TP comm": (2 + full) * _call("tp_exposed_s", v),
-        "exposed CP comm": cp_fwd + cp_bwd + full * cp_fwd,
-        "CP ring overheads (merge, copies, launches)": (2 + full) * ring_x,
-        "exposed EP all-to-all (MoE)": (2 + full) * ep_a2a,
-        "MoE routing imbalance": (3 + full) * imbalance,
-        "exposed offload copies (layers)": _call("offload_layer_fwd_exposed_s", v)
-        + _call("offload_layer_bwd_exposed_s", v),
-    }
-    wait = _call("layer_host_wait_s", {**v, "t_dev": sum(parts.values())})
-    order = list(parts)
-    order.insert(order.index("recompute"), "waiting on the host (kernel launches)")
-    parts["waiting on the host (kernel launches)"] = wait
-    return {name: parts[name] for name in order}, cp_bwd
-
-
-def pipeline_values(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> dict[str, Any]:
-    """The bound symbols with t_lay, one layer's time per micro-batch, for the pipeline formulas."""
-    parts, _ = _layer(values, scheme, model)
-    return {**values, "t_lay": sum(parts.values())}
-
-
-def step_breakdown(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> dict[str, Any]:
-    """Seconds per component of one step, summing to the step, from the bound symbols (:func:`bind`):
-    numbers, or numpy arrays over many plans of one CP scheme at once (the layout search)."""
-    v = values
-    m = v["m_mb"]
-    parts, cp_bwd = _layer(v, scheme, model)
-    pipeline = {**v, "t_lay": sum(parts.values())}
-    # The slowest stage runs every micro-batch (the components below); the others' share is the bubble.
-    stage_layers, on_last = _call("critical_stage_layers", pipeline), _call("critical_stage_head", pipeline)
-    micro_batch_s = _call("stage_max_s", pipeline)
-    backward_s = stage_layers * (_call("layer_compute_bwd_s", v) + _call("tp_exposed_s", v) + cp_bwd)
-    # Gradients and ZeRO-3 gathers move every weight a device holds: all its experts, not the active ones.
-    dp = moe.counted("dp_exposed_s", v, model) + numpy.maximum(
-        0.0, moe.counted("dp_overflow_s", v, model) - backward_s
+def _ring(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    return (
+        _call("cp_ring_fwd_exposed_s", values),
+        _call("cp_ring_bwd_exposed_s", values),
+        _call("ring_overhead_s", values),
     )
-    gather = moe.counted("zero3_gather_s", v, model)  # zero unless ZeRO-3
-    zero3 = m * (numpy.maximum(0.0, gather - micro_batch_s) + gather / stage_layers)
-    per = m * stage_layers
-    busy = {name: per * part for name, part in parts.items()}
+
+
+def _allgather(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    gather = _call(
+        "cp_allgather_s", values
+    )  # K, V gathered forward; again, and dK, dV reduce-scattered backward
+    return gather, 2 * gather, 0.0
+
+
+def _ulysses(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    a2a = _call("cp_ulysses_s", values)
+    return a2a, a2a, 0.0
+
+
+def _usp(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """All-to-alls over N_u ranks, then a ring over N_r at the N_r ranks' share of the sequence."""
+    a2a = numpy.where(numpy.asarray(values["N_u"]) > 1, _call("cp_usp_a2a_s", values), 0.0)
+    n_r = numpy.asarray(values["N_r"])
+    fwd, bwd, ring = _ring({**values, "N": n_r, "S": values["S"] * n_r // values["N"]})
+    across = n_r > 1
+    return (
+        a2a + numpy.where(across, fwd, 0.0),
+        a2a + numpy.where(across, bwd, 0.0),
+        numpy.where(across, ring, 0.0),
+    )
+
+
+# (forward, backward, ring overheads) of one layer and pass that a CP scheme leaves exposed, from its formulas:
+# the step's x_CP_f, x_CP_b, x_CP_r.
+CP_EXPOSURE: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Any, Any]]] = {
+    "ring": _ring,
+    "allgather": _allgather,
+    "ulysses": _ulysses,
+    "usp": _usp,
+}
+
+
+def term_values(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> dict[str, Any]:
+    """The bound symbols with what the step's terms read beyond them: the CP scheme's exposure (none where
+    N = 1) and what counts every expert a device holds (:mod:`costmodel.training.moe`); numbers, or arrays
+    over many plans of one scheme."""
+    cp = numpy.asarray(values["N"]) > 1
+    fwd, bwd, ring = (numpy.where(cp, part, 0.0)[()] for part in CP_EXPOSURE[scheme](values))
     return {
-        **busy,
-        "output layer and loss": m * on_last * _call("head_s", v),
-        "pipeline bubble": _call("pipeline_bubble_s", pipeline),
-        "exposed PP sends": numpy.where(numpy.asarray(v["pp"]) > 1, _call("pp_exposed_s", v), 0.0),
-        "exposed DP comm": dp,
-        "exposed ZeRO-3 gathers": zero3,
-        "optimizer step": moe.optimizer_s(v, model),
-        # Optimizer offload: gradients out beyond the last backward, the CPU step, the weights back.
-        "exposed offload copies (gradients, weights)": _call("offload_grad_exposed_s", pipeline)
-        + _call("offload_weight_upload_s", v),
-        "host optimizer step (CPU Adam)": _call("host_adam_s", v),
-        "framework time per step": numpy.zeros_like(m, dtype=float) + v["t_step"],
+        **values,
+        "x_CP_f": fwd,
+        "x_CP_b": bwd,
+        "x_CP_r": ring,
+        "F_e": model.ffn_hidden,
+        # Gradients, ZeRO-3 gathers and the optimizer move every weight a device holds: all its experts.
+        "x_DP_all": moe.counted("dp_exposed_s", values, model),
+        "x_DPo_all": moe.counted("dp_overflow_s", values, model),
+        "tau_Z3_all": moe.counted("zero3_gather_s", values, model),
+        "t_opt_all": moe.optimizer_s(values, model),
     }
+
+
+def step_terms(
+    values: Mapping[str, Any], scheme: str, model: ModelPreset, trace: list[Evaluation] | None = None
+) -> tuple[dict[str, Any], Any]:
+    """The step's breakdown (seconds per field of :class:`~costmodel.training.report.StepBreakdown`, each its
+    formula's value) and ``step_time_s`` (their sum), from the bound symbols (:func:`bind`): numbers, or numpy
+    arrays over many plans of one CP scheme at once (the layout search). Every caller evaluates the step here;
+    ``trace`` records each formula evaluated (``--explain``)."""
+    ev = Evaluator(term_values(values, scheme, model), trace)
+    return {name: ev(formula) for name, formula in TERM_FORMULAS.items()}, ev("step_time_s")
 
 
 def _stage_inputs(split: StageSplit) -> dict[str, int]:
@@ -659,10 +644,9 @@ def check_physical(hfu: Any, v: Mapping[str, Any], machine: Machine) -> None:
 
 def step_memory(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
-) -> dict[str, Any]:
+) -> StepMemory:
     """Memory per device on the most loaded stage [Korthikanti22 §4], the fit ``recommend`` and the layout
     search size plans with, at this micro-batch and CP degree, and whether it fits the usable HBM."""
-    from costmodel.plans.bind import Evaluator
     from costmodel.training.recommend import fit_at, training_values
 
     attention = inputs.model_copy(update={"batch": step.micro_batch})
@@ -670,14 +654,14 @@ def step_memory(
     micro = step.global_batch // (step.micro_batch * dp)
     values = training_values(attention, model, setup, machine, inputs.n, micro, step.vpp, step.ep)
     fit = fit_at(Evaluator(values))
-    return {
-        "bytes_per_device": fit.total_bytes,
-        "model_state_bytes": fit.model_state_bytes,
-        "activation_bytes": fit.activation_bytes,
-        "buffer_bytes": fit.buffer_bytes,
-        "device_memory_bytes": fit.device_memory_bytes,
-        "fits": fit.fits,
-    }
+    return StepMemory(
+        bytes_per_device=fit.total_bytes,
+        model_state_bytes=fit.model_state_bytes,
+        activation_bytes=fit.activation_bytes,
+        buffer_bytes=fit.buffer_bytes,
+        device_memory_bytes=fit.device_memory_bytes,
+        fits=fit.fits,
+    )
 
 
 def evaluate_step(
@@ -686,9 +670,10 @@ def evaluate_step(
     step: StepSetup,
     machine: Machine,
     model: ModelPreset | None = None,
-) -> dict[str, Any]:
-    """The step's time, throughput, MFU/HFU and breakdown (seconds per component, summing to the step);
-    ``model``, already built, stands in for ``inputs.model``."""
+    trace: list[Evaluation] | None = None,
+) -> StepReport:
+    """The step's time, throughput, MFU/HFU and breakdown (seconds per term, summing to the step);
+    ``model``, already built, stands in for ``inputs.model``; ``trace`` records every formula evaluated."""
     if model is None:
         if inputs.model is None:
             raise InputError(
@@ -699,8 +684,9 @@ def evaluate_step(
         model = load_model(inputs.model)
     v = bind(inputs, setup, step, model, machine)
     m = v["m_mb"]
-    breakdown = {name: float(value) for name, value in step_breakdown(v, step.cp_scheme, model).items()}
-    time_s = sum(breakdown.values())
+    parts, total = step_terms(v, step.cp_scheme, model, trace)
+    breakdown = StepBreakdown(**{name: float(value) for name, value in parts.items()})
+    time_s = float(total)
     tokens = _call("step_tokens", v)
     peak = machine.peak_flops * setup.gpus
     # Model FLOP follow the trained mask (attention over c of the S x S square); the full square only as
@@ -721,39 +707,42 @@ def evaluate_step(
         **step.model_dump(),
     }
     memory = step_memory(inputs, setup, step, model, machine)
-    return {
-        "schema": SCHEMA,
-        "fits": memory["fits"],
-        "memory": memory,
-        "inputs": {
+    groups = _groups(setup, step, inputs.n, v["D"])
+    return StepReport(
+        fits=memory.fits,
+        memory=memory,
+        inputs={
             **stated,
             **_stage_inputs(setup.stages(model.layers, step.vpp)),
             "dp": v["D"],
             "micro_batches": m,
             "usp_ulysses_degree": v["N_u"],
         },
-        "topology": machine.describe_groups(*_groups(setup, step, inputs.n, v["D"]), _collectives(step)),
-        "moe": moe.summary(model, v, machine, *_groups(setup, step, inputs.n, v["D"])),
-        "rates": {
-            "gemm_flops_per_s": v["F_gemm"],
-            "attention_fwd_flops_per_s": v["F_attn"],
-            "attention_bwd_flops_per_s": v["F_attn_bwd"],
-            "source": machine.rate_source,
-        },
-        "step": {
-            "time_s": time_s,
-            "tokens_per_s": tokens / time_s,
-            "tokens_per_s_per_gpu": tokens / time_s / setup.gpus,
-            "model_tflops_per_gpu": model_flops / time_s / setup.gpus / 1e12,
-            "mfu": model_flops / (time_s * peak),
-            "mfu_convention": mfu_convention(float(v["c"])),
-            "attention_fraction": float(v["c"]),
-            "model_tflops_per_gpu_full_square": square_flops / time_s / setup.gpus / 1e12,
-            "mfu_full_square": square_flops / (time_s * peak),
-            "hfu": hardware_flops / (time_s * peak),
-            "bubble_fraction": float(
-                _call("pipeline_bubble_fraction", pipeline_values(v, step.cp_scheme, model))
-            ),
-            "breakdown": breakdown,
-        },
-    }
+        topology=machine.describe_groups(*groups, _collectives(step)),
+        moe=moe.summary(model, v, machine, *groups),
+        rates=StepRates(
+            gemm_flops_per_s=v["F_gemm"],
+            attention_fwd_flops_per_s=v["F_attn"],
+            attention_bwd_flops_per_s=v["F_attn_bwd"],
+            source=machine.rate_source,
+        ),
+        step=StepTimes(
+            time_s=time_s,
+            tokens_per_s=tokens / time_s,
+            tokens_per_s_per_gpu=tokens / time_s / setup.gpus,
+            model_tflops_per_gpu=model_flops / time_s / setup.gpus / 1e12,
+            mfu=model_flops / (time_s * peak),
+            mfu_convention=mfu_convention(float(v["c"])),
+            attention_fraction=float(v["c"]),
+            model_tflops_per_gpu_full_square=square_flops / time_s / setup.gpus / 1e12,
+            mfu_full_square=square_flops / (time_s * peak),
+            hfu=hardware_flops / (time_s * peak),
+            bubble_fraction=float(bubble_fraction(v, step.cp_scheme, model)),
+            breakdown=breakdown,
+        ),
+    )
+
+
+def bubble_fraction(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> Any:
+    """The pipeline bubble over the slowest stage's busy time (``pipeline_bubble_fraction`` at the layer time)."""
+    return Evaluator(term_values(values, scheme, model))("pipeline_bubble_fraction")

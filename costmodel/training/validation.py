@@ -494,7 +494,7 @@ ROWS += [
 
 
 def predict(row: Published) -> float:
-    return float(evaluate_step(*build_step(**row.setup))["step"][row.metric])
+    return float(getattr(evaluate_step(*build_step(**row.setup)).step, row.metric))
 
 
 def shown(value: float, metric: str) -> str:

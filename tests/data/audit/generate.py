@@ -50,7 +50,7 @@ MEGATRON_RUNS = {
 
 
 def true_step(values: dict) -> dict:
-    step = predict(Run("truth", values, 1.0), TRUE)
+    step = predict(Run("truth", values, 1.0), TRUE).model_dump()
     return step | {"time_s": step["time_s"] + HOST_S}
 
 
@@ -104,7 +104,7 @@ def megatron_log(name: str, cfg: dict, restart_at: int | None = None) -> None:
     }
     step = true_step(values)
     inputs, setup, stp, machine = build_step(**values)
-    ours = evaluate_step(inputs, setup, stp, machine)["step"]
+    ours = evaluate_step(inputs, setup, stp, machine).step.model_dump()
     flops_per_step = ours["model_tflops_per_gpu_full_square"] * ours["time_s"]  # as Megatron counts: full S²
     base = step["time_s"] * HOST_OVERHEAD
     reserved_mb = reserved_bytes(values) / 1024**2
@@ -202,11 +202,11 @@ def titan_log(
     }
     step = true_step(values)
     if cp_inactive:  # CP silently off: each rank attends only within its own chunk, nothing is exchanged
-        skipped = ("attention", "exposed CP comm", "CP ring overheads (merge, copies, launches)", "recompute")
+        skipped = ("attention_s", "exposed_cp_s", "cp_ring_overhead_s", "recompute_s")
         gone = sum(step["breakdown"][k] for k in skipped) * (1 - 1 / cp)
         step = step | {"time_s": step["time_s"] - gone}
     inputs, setup, stp, machine = build_step(**values)
-    ours = evaluate_step(inputs, setup, stp, machine)["step"]
+    ours = evaluate_step(inputs, setup, stp, machine).step.model_dump()
     flop_per_token = ours["model_tflops_per_gpu_full_square"] * 1e12 / ours["tokens_per_s_per_gpu"]
     reserved_gib = reserved_bytes(values) / 1024**3
     tokens = local * shard * seq
