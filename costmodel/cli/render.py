@@ -6,7 +6,7 @@ Presentation only: every number shown is a field of the report.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from costmodel.cli.options import house_table
 from costmodel.core.units import count, percent, seconds, si, tokens_label
@@ -475,26 +475,27 @@ def term_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
     return rows
 
 
-def render_terms(trace: list[Evaluation], console: Console) -> None:
+def _heading(row: dict[str, Any], console: Console) -> None:
+    """A formula's name, then what it means and where it comes from (sources carry their own brackets)."""
     from rich.text import Text
 
+    console.print(
+        Text(row["name"], style="bold") + Text(f"  {row['meaning']}  ({row['source']})", style="dim")
+    )
+
+
+def render_terms(trace: list[Evaluation], console: Console) -> None:
     console.rule("The step, term by term (costmodel.symbolic.formulas, group step)")
     for row in term_rows(trace):
-        console.print(
-            Text(row["name"], style="bold") + Text(f"  {row['meaning']}  [{row['source']}]", style="dim")
-        )
+        _heading(row, console)
         console.print(f"    {row['formula']}")
         console.print(f"    = {row['value']}", style="bold")
 
 
 def render_explain(trace: list[Evaluation], console: Console) -> None:
-    from rich.text import Text
-
     console.rule("Formulas, then values (costmodel.symbolic.formulas)")
     for row in explain_rows(trace):
-        console.print(
-            Text(row["name"], style="bold") + Text(f"  {row['meaning']}  [{row['source']}]", style="dim")
-        )
+        _heading(row, console)
         console.print(f"    {row['formula']}")
         console.print(f"    = {row['substituted']}")
         console.print(f"    = {row['value']}", style="bold")
