@@ -18,7 +18,7 @@ def test_at_least_eight_published_figures_and_most_held_to_the_goal() -> None:
     strict=True,
     reason="the H100 and B200 rows of NeMo (FP8 linears on derived fp8 tables, attention kernels older or other "
     "than the profiles' tables) and torchtitan's H100 rows (a 500 W, 96 GB HBM2e H100 no profile describes) read "
-    "18-85 % fast, lifting the table's median to about 30 %",
+    "18-85 % fast, lifting the table's median to about 29 %",
 )
 def test_median_error_over_the_table_is_within_ten_percent() -> None:
     errors = sorted(abs(predict(row) / row.published - 1) for row in ROWS)

@@ -250,18 +250,27 @@ NEMO_B200_CP = [
     (512, 8, 4, 1, 4, 8, 1619),
     (1024, 4, 4, 1, 4, 16, 1608),
 ]
-ROWS += [
-    Published(
-        f"nemo-8b-b200-{k}k",
-        NEMO_LONG,
-        f"Llama 3 8B, {tp * pp * dp * cp} B200, TP {tp}, CP {cp}, DP {dp}, {k}K, batch {batch}, FP8 linears",
+
+
+def nemo_long(key: str, source: str, model: str, hw: str, run: tuple[int, ...], misses: str) -> Published:
+    """A row of NeMo's long-sequence table: (sequence K, batch, TP, PP, DP, CP, model TFLOP/s per GPU) of a
+    Llama with FP8 linears, its CP ring Transformer Engine's load-balanced (zigzag) split and its attention
+    cuDNN's fused kernel, as Transformer Engine runs them; micro-batch 1 and no recompute (not stated)."""
+    k, batch, tp, pp, dp, cp, published = run
+    name = {"llama3-8b": "Llama 3 8B", "llama2-7b": "Llama 2 7B"}[model]
+    gpus = tp * pp * dp * cp
+    return Published(
+        f"{key}-{k}k",
+        source,
+        f"{name}, {gpus} {hw.split('-')[0].upper()}, TP {tp}, PP {pp}, CP {cp}, DP {dp}, {k}K, batch {batch}, "
+        "FP8 linears",
         "model_tflops_per_gpu_full_square",
         published,
         {
-            "model": "llama3-8b",
+            "model": model,
             "seq": k * 1024,
-            "hw": "b200-nvlink",
-            "gpus": tp * pp * dp * cp,
+            "hw": hw,
+            "gpus": gpus,
             "tp": tp,
             "cp": cp,
             "pp": pp,
@@ -271,8 +280,19 @@ ROWS += [
             "gemm_dtype": "fp8",
             "cp_scheme": "ring",
             "layout": "zigzag",
-            "attention_kernel": "cudnn",  # Transformer Engine's fused attention is cuDNN's
+            "attention_kernel": "cudnn" if hw.startswith("b200") else "sdpa-cudnn",
         },
+        misses,
+    )
+
+
+ROWS += [
+    nemo_long(
+        "nemo-8b-b200",
+        NEMO_LONG,
+        "llama3-8b",
+        "b200-nvlink",
+        run,
         "NeMo 25.04 counts attention over the full square (flops_formulas.llama3 had no causal discount until "
         "August 2025), half the model FLOP here, so the attention rate weighs double; attention reads cuDNN 9.10.2's "
         "B200 sweep (June 2025: one GPU at free clocks, causal only, so the ring's unmasked steps read the causal "
@@ -280,7 +300,7 @@ ROWS += [
         "(version not stated) under sustained load on 8-256 GPUs; micro-batch 1 and no recompute are assumed "
         "(not stated)",
     )
-    for k, batch, tp, pp, dp, cp, published in NEMO_B200_CP
+    for run in NEMO_B200_CP
 ]
 
 
@@ -306,34 +326,18 @@ NEMO_FP8_H100 = (
     "bf16 read within 6 %, llama2-7b at 4K: 736 against 776)"
 )
 ROWS += [
-    Published(
-        f"nemo-7b-h100-{k}k",
+    nemo_long(
+        "nemo-7b-h100",
         NEMO_LONG_H100,
-        f"Llama 2 7B, {tp * pp * dp * cp} H100, TP {tp}, PP {pp}, CP {cp}, DP {dp}, {k}K, batch {batch}, FP8 linears",
-        "model_tflops_per_gpu_full_square",
-        published,
-        {
-            "model": "llama2-7b",
-            "seq": k * 1024,
-            "hw": "h100-nvlink",
-            "gpus": tp * pp * dp * cp,
-            "tp": tp,
-            "cp": cp,
-            "pp": pp,
-            "micro_batch": 1,
-            "global_batch": batch,
-            "recompute": "none",
-            "gemm_dtype": "fp8",
-            "cp_scheme": "ring",  # Transformer Engine's P2P ring with its load-balanced (zigzag) split
-            "layout": "zigzag",
-        },
-        "NeMo 24.03.01 counts attention over the full square; its Transformer Engine ran FlashAttention-2 or "
-        "cuDNN's fused attention of early 2024, while the H100 profile's attention tables are FlashAttention-3's "
-        "(July 2024; torch's FlashAttention-2 path reached 0.46-0.73x of them, above), and attention is 24 % of "
-        "the full-square FLOP at 4K and 99 % at 1M, which is why the error grows with length (+30 % to +63 %); "
+        "llama2-7b",
+        "h100-nvlink",
+        run,
+        "NeMo 24.03.01 counts attention over the full square, 24 % of it at 4K and 99 % at 1M, so the error grows "
+        "with length (+29 % to +58 %): attention reads torch's SDPA cuDNN backend measured on an H200 in 2026 "
+        "(torch 2.11), where the run had Transformer Engine's cuDNN of early 2024; "
         f"{NEMO_FP8_H100}; micro-batch 1 and no recompute are assumed (not stated)",
     )
-    for k, batch, tp, pp, dp, cp, published in NEMO_H100_CP
+    for run in NEMO_H100_CP
 ]
 
 # NeMo 24.07 on DGX-H100, FP8: (model, GPUs, global batch, micro-batch, sequence, TP, PP, CP, VP, tokens/s per GPU,
