@@ -5,7 +5,6 @@ Presentation only: every number shown is a field of the report.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from costmodel.cli.options import house_table
@@ -20,18 +19,12 @@ if TYPE_CHECKING:
 COLOURS = {"green": "bold green", "amber": "bold yellow", "red": "bold red"}
 
 
-def to_json(report: Report, trace: list[Evaluation] | None = None) -> str:
+def report_data(report: Report, trace: list[Evaluation] | None = None) -> dict[str, Any]:
+    """The report as JSON-ready data, with the formulas and their values under ``explain`` when traced."""
     data = report.model_dump(mode="json", by_alias=True)
     if trace is not None:
         data["explain"] = explain_rows(trace)
-    return json.dumps(data, indent=2, allow_nan=False)
-
-
-def to_yaml(report: Report, trace: list[Evaluation] | None = None) -> str:
-    import yaml
-
-    data = json.loads(to_json(report, trace))
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return data
 
 
 def headline(report: Report) -> str:
