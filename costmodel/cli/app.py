@@ -93,8 +93,9 @@ def report(
 
     def html() -> str:
         from costmodel.cli import html
+        from costmodel.plans.gantt import plan_timelines
 
-        return html.plan_page(result, inputs, machine, trace)
+        return html.plan_page(result, inputs, machine.profile, plan_timelines(inputs, machine), trace)
 
     emit(
         render.report_data(result, trace),
