@@ -231,9 +231,9 @@ def report_json_schema() -> str:
 
 
 def validation_table() -> str:
-    from costmodel.training.validation import markdown_table
+    from costmodel.cli.markdown import validation_table as table
 
-    return markdown_table()
+    return table()
 
 
 def flag_limits() -> str:
@@ -275,9 +275,9 @@ def recommend_contract() -> str:
 
 
 def inference_published() -> str:
-    from costmodel.inference.published import markdown_table
+    from costmodel.cli.markdown import published_table
 
-    return markdown_table()
+    return published_table()
 
 
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output

@@ -301,7 +301,7 @@ def test_junit_stays_valid_xml_with_control_characters_in_the_name(cli, tmp_path
         (["kernel", "selftest", "--rtol", "nan"], "--rtol"),
         (["kernel", "selftest", "--seed", str(2**70)], "'--seed'"),
         (["kernel", "selftest", "--nproc", "0"], "'--nproc'"),
-        (["kernel", "selftest", "--head-dim", "0"], "'--head-dim'"),
+        (["kernel", "selftest", "--head-dim", "0"], "--head-dim: must be >= 1"),
         (["calibrate", "--out", "x.yaml", "--head-dim", "-1"], "'--head-dim'"),
         (["calibrate", "--out", "x.yaml", "--heads", "0"], "'--heads'"),
         (["calibrate", "--out", "x.yaml", "--timeout", "nan"], "--timeout"),

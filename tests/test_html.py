@@ -15,7 +15,7 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.evaluate import evaluate
-from costmodel.plans.gantt import ring_timeline
+from costmodel.plans.gantt import plan_timelines, ring_timeline
 from costmodel.plans.inputs import PlanInputs
 from costmodel.training.check import load_plan, resolve
 from costmodel.training.recommend import fit_at, training_values
@@ -247,10 +247,9 @@ def test_core_cli_does_not_import_the_html_module() -> None:
 
 
 def test_plan_page_function_escapes_text() -> None:
-    report = evaluate(PlanInputs(seq=4096, n=2), Machine(load_profile("a100-nvlink")))
-    page = plan_page(
-        report, PlanInputs(seq=4096, n=2), Machine(load_profile("a100-nvlink")), title="a <b> & c"
-    )
+    inputs, machine = PlanInputs(seq=4096, n=2), Machine(load_profile("a100-nvlink"))
+    timelines = plan_timelines(inputs, machine)
+    page = plan_page(evaluate(inputs, machine), inputs, machine.profile, timelines, title="a <b> & c")
     assert "<title>a &lt;b&gt; &amp; c</title>" in page
     assert_well_formed(page)
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
 from costmodel.plans.stages import StageSplit, balanced, candidate_splits, split_stages
-from costmodel.training.export import megatron_arguments, torchtitan_toml
+from costmodel.training.export import megatron_arguments, torchtitan_tables
 
 
 @pytest.mark.parametrize(
@@ -127,9 +127,7 @@ def test_exports_carry_the_split(split: tuple[int, int, int], flags: bool) -> No
     if flags:
         at = args.index("--decoder-first-pipeline-num-layers")
         assert args[at + 1] == "7" and args[args.index("--decoder-last-pipeline-num-layers") + 1] == "7"
-    toml = dict(
-        line.split(" = ") for line in torchtitan_toml(plan, 131072, 128, 1).splitlines() if " = " in line
-    )
+    toml = torchtitan_tables(plan, 131072, 128, 1)["parallelism"]
     per = int(toml["pipeline_parallel_layers_per_stage"])
     less = int(toml["pipeline_parallel_first_stage_less_layers"]) + int(
         toml["pipeline_parallel_last_stage_less_layers"]

@@ -12,7 +12,8 @@ from costmodel.cli import audit, plan_file, planning, step
 from costmodel.cli import infer as infer_cli
 from costmodel.cli import kernel as kernel_cli
 from costmodel.cli.kernel import app as kernel_app
-from costmodel.cli.options import Format, FormatOpt, console, declared, house_table
+from costmodel.cli.options import console, declared, house_table
+from costmodel.cli.output import Format, emit, format_option
 from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, builtin_names, load_profile
@@ -55,7 +56,7 @@ def report(
     ctx: typer.Context,
     inputs: PlanInputs,
     machine_overrides: MachineOverrides,
-    format: FormatOpt = Format.table,
+    format: format_option("table", "json", "yaml", "markdown", "html") = Format.table,
     explain: Annotated[
         bool, typer.Option("--explain", help="Also print each formula, then with values.")
     ] = False,
@@ -81,23 +82,28 @@ def report(
         drawing.check_request(inputs.n, format.value)
     trace: list | None = [] if explain else None
     result = evaluate(inputs, machine, trace)
-    if format is Format.html:
-        from costmodel.cli import html
 
-        sys.stdout.write(html.plan_page(result, inputs, machine, trace))
-    elif format is Format.json:
-        sys.stdout.write(render.to_json(result, trace) + "\n")
-    elif format is Format.yaml:
-        sys.stdout.write(render.to_yaml(result, trace))
-    elif format is Format.markdown:
-        sys.stdout.write(render.to_markdown(result, trace))
-    else:
+    def table() -> None:
         screen = console()
         render.render_table(result, screen)
         if trace is not None:
             render.render_explain(trace, screen)
         if timeline:
             drawing.render(inputs, machine, screen)
+
+    def html() -> str:
+        from costmodel.cli import html
+        from costmodel.plans.gantt import plan_timelines
+
+        return html.plan_page(result, inputs, machine.profile, plan_timelines(inputs, machine), trace)
+
+    emit(
+        render.report_data(result, trace),
+        format,
+        table=table,
+        html=html,
+        markdown=lambda: render.to_markdown(result, trace),
+    )
 
 
 def _refuse_root_options(ctx: typer.Context) -> None:
@@ -116,27 +122,18 @@ def _refuse_root_options(ctx: typer.Context) -> None:
 
 
 @hw_app.command("list")
-def hw_list(format: FormatOpt = Format.table) -> None:
+def hw_list(format: format_option("table", "json", "yaml") = Format.table) -> None:
     """List the built-in hardware profiles, grouped by vendor and generation, with each fast-domain size."""
     profiles = [load_profile(name) for name in builtin_names()]
     profiles.sort(key=lambda p: (p.device.vendor or "~", p.device.generation or "", p.name))
-    if format in (Format.json, Format.yaml):
-        listing = {
-            "schema": "cp-plan/hw-list/v1",
-            "profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles],
-        }
-        if format is Format.json:
-            import json
+    listing = {
+        "schema": "cp-plan/hw-list/v1",
+        "profiles": [p.model_dump(mode="json", exclude_none=True) for p in profiles],
+    }
+    emit(listing, format, table=lambda: _hw_table(profiles))
 
-            sys.stdout.write(json.dumps(listing, indent=2) + "\n")
-        else:
-            import yaml
 
-            sys.stdout.write(yaml.safe_dump(listing, sort_keys=False))
-        return
-    if format is Format.markdown:
-        raise InputError("--format", "hw list prints table, json or yaml")
-
+def _hw_table(profiles: list[HardwareProfile]) -> None:
     table = house_table(
         caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
         "slice; NVL: a switched NVLink rack, mesh: one link per peer, AxBxC: a torus); a ring leaves the node beyond CP/node ranks",

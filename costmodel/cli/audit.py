@@ -7,8 +7,6 @@ step's own defaults; ``cp-plan step`` documents each."""
 from __future__ import annotations
 
 import datetime
-import json
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -16,7 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from costmodel.cli.options import console, house_table
-from costmodel.cli.planning import DataFormat
+from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 
 MAX_FILES = (
@@ -108,7 +106,7 @@ def audit_cmd(
             show_default=False,
         ),
     ] = None,
-    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    format: format_option("table", "json", "yaml") = Format.table,
     fail_on: Annotated[
         Optional[FailOn],
         typer.Option(
@@ -182,27 +180,22 @@ def audit_cmd(
         document["audit"] = results[0]
     if fit is not None:
         document["fit"] = fit
-    if format is DataFormat.json:
-        sys.stdout.write(json.dumps(document, indent=2, allow_nan=False, default=str) + "\n")
-    elif format is DataFormat.yaml:
-        import yaml
 
-        sys.stdout.write(yaml.safe_dump(json.loads(json.dumps(document, default=str)), sort_keys=False))
-    else:
+    def table() -> None:
         if len(results) == 1:
             _table(results[0])
         else:
             _summary(results)
         if fit is not None:
             _fit_table(fit)
+
+    emit(document, format, table=table)
     failing = {"critical"} if fail_on is FailOn.critical else {"critical", "warning"} if fail_on else set()
     if any(f["severity"] in failing for result in results for f in result["findings"]):
         raise typer.Exit(1)
 
 
-def _runs(
-    path: str, assume: list[str], hw: str | None, out: str | None, folds: int, format: DataFormat
-) -> None:
+def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: int, format: Format) -> None:
     """``audit --runs``: every measured run against the step model, and the fit when ``out`` is given."""
     from costmodel.audit.nccl import profile_yaml
     from costmodel.audit.runs import SCHEMA, Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
@@ -221,14 +214,7 @@ def _runs(
         fit = fit_runs(table, base, folds, Path(out).stem, datetime.date.today().isoformat())
         atomic_write_text(out, profile_yaml(fit.pop("profile")), "--fit-profile")
         document["fit"] = fit | {"base": base.name, "written": out}
-    if format is DataFormat.json:
-        sys.stdout.write(json.dumps(document, indent=2, allow_nan=False) + "\n")
-    elif format is DataFormat.yaml:
-        import yaml
-
-        sys.stdout.write(yaml.safe_dump(json.loads(json.dumps(document)), sort_keys=False))
-    else:
-        _runs_table(document)
+    emit(document, format, table=lambda: _runs_table(document))
 
 
 def _errors_line(label: str, s: dict[str, Any]) -> str:
@@ -422,7 +408,7 @@ def from_nccl_tests(
         Optional[str],
         typer.Option("--out", help="Write the measured profile here (YAML).", show_default=False),
     ] = None,
-    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    format: format_option("table", "json", "yaml") = Format.table,
 ) -> None:
     """Fit α and bus bandwidth per collective and scope to nccl-tests outputs (all_reduce, all_gather,
     reduce_scatter, alltoall, sendrecv) and write a profile whose links are measured.
@@ -442,15 +428,10 @@ def from_nccl_tests(
     measured = measured_profile(profile, fits, Path(out).stem if out else f"{profile.name}-measured")
     if out is not None:
         atomic_write_text(out, profile_yaml(measured), "--out")
-    if format is DataFormat.json:
-        sys.stdout.write(json.dumps({"fits": fits, "written": out}, indent=2) + "\n")
-        return
-    if format is DataFormat.yaml:
-        import yaml
+    emit({"fits": fits, "written": out}, format, table=lambda: _nccl_table(fits, out))
 
-        sys.stdout.write(yaml.safe_dump({"fits": fits, "written": out}, sort_keys=False))
-        return
 
+def _nccl_table(fits: list[dict[str, Any]], out: str | None) -> None:
     table = house_table(
         caption="t = α + size·factor / B over out-of-place times; B is nccl-tests' busbw",
     )

@@ -20,9 +20,9 @@ from costmodel.cli import render
 from costmodel.core.units import count, percent, seconds, si, tokens_label
 
 if TYPE_CHECKING:
-    from costmodel.machines.binding import Machine
+    from costmodel.machines.profiles import HardwareProfile
     from costmodel.plans.bind import Evaluation
-    from costmodel.plans.gantt import Timeline
+    from costmodel.plans.gantt import PassTimelines, Timeline
     from costmodel.plans.inputs import PlanInputs
     from costmodel.plans.schema import Fit, Report
     from costmodel.training.check import CheckResult
@@ -172,13 +172,15 @@ def _chip(verdict: str) -> str:
 def plan_page(
     report: Report,
     inputs: PlanInputs,
-    machine: Machine,
+    profile: HardwareProfile,
+    timelines: list[PassTimelines],
     trace: list[Evaluation] | None = None,
     fit: Fit | None = None,
     checks: list[CheckResult] | None = None,
     title: str | None = None,
 ) -> str:
-    """The whole report of one plan as one page: verdict first, memory, timelines, schemes, notes."""
+    """The whole report of one plan as one page: verdict first, memory, timelines, schemes, notes.
+    ``timelines`` are the plan's (:func:`costmodel.plans.gantt.plan_timelines`)."""
     heading = title or f"cp-plan: {render.headline(report)}"
     body = [
         f"<header><h1>{escape(heading)}</h1>",
@@ -186,8 +188,8 @@ def plan_page(
         f'<p class="sub">{escape(render.shape_line(report))}</p>',
         f'<p class="sub">{escape(render.machine_line(report))} · {escape(render.link_line(report))}</p></header>',
         _verdict(report, checks),
-        _memory(report, machine.profile, fit),
-        _timelines(report, inputs, machine),
+        _memory(report, profile, fit),
+        _timelines(report, inputs, timelines),
         _schemes(report),
         _notes(report),
     ]
@@ -356,7 +358,7 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
 # --- timelines -----------------------------------------------------------------------------------
 
 
-def _timelines(report: Report, inputs: PlanInputs, machine: Machine) -> str:
+def _timelines(report: Report, inputs: PlanInputs, passes: list[PassTimelines]) -> str:
     from costmodel.plans.gantt import MAX_RANKS, MEANING
     from costmodel.schedule.layouts import LAYOUTS
 
@@ -379,39 +381,20 @@ def _timelines(report: Report, inputs: PlanInputs, machine: Machine) -> str:
     )
     legend += '<span><i style="background: var(--flight)"></i>transfer in flight (link lane)</span>'
     head.append(f'<div class="legend">{legend}</div>')
-    passes = [False] + ([True] if inputs.pass_ != "fwd" else [])
-    for backward in passes:
-        timelines, skipped = _layout_timelines(inputs, machine, backward)
-        span = max(t.total_s for t in timelines.values())
-        head.append(f"<h3>{'Backward' if backward else 'Forward'}</h3>")
+    for one in passes:
+        span = max(t.total_s for t in one.timelines.values())
+        head.append(f"<h3>{'Backward' if one.backward else 'Forward'}</h3>")
         panels = []
         for layout in LAYOUTS:
-            if layout in timelines:
-                panels.append(_panel(timelines[layout], span, report, chosen=layout == inputs.layout))
+            if layout in one.timelines:
+                panels.append(_panel(one.timelines[layout], span, report, chosen=layout == inputs.layout))
             else:
                 panels.append(
-                    f'<div class="panel"><h3>{layout}</h3><p class="omitted">{escape(skipped[layout])}</p></div>'
+                    f'<div class="panel"><h3>{layout}</h3><p class="omitted">{escape(one.skipped[layout])}</p></div>'
                 )
         head.append(f'<div class="panels">{"".join(panels)}</div>')
     head.append('<div class="readout" id="readout">Hover a bar for its rank, step and time.</div></section>')
     return "\n".join(head)
-
-
-def _layout_timelines(
-    inputs: PlanInputs, machine: Machine, backward: bool
-) -> tuple[dict[str, Timeline], dict[str, str]]:
-    """The plan under each layout; a layout the sequence does not split into is named with why."""
-    from costmodel.plans.gantt import ring_timeline
-    from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
-
-    timelines, skipped = {}, {}
-    for layout in LAYOUTS:
-        parts = inputs.n * chunks_per_rank(layout)
-        if inputs.seq % parts:
-            skipped[layout] = f"S = {inputs.seq:,} does not split into {parts} equal chunks."
-            continue
-        timelines[layout] = ring_timeline(inputs.model_copy(update={"layout": layout}), machine, backward)
-    return timelines, skipped
 
 
 def _merged(timeline: Timeline, rank: int) -> list[tuple[str, float, float, list[int]]]:

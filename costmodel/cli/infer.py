@@ -6,14 +6,12 @@ Its flags are the declared inputs: the model, profile, dtype, efficiency and bat
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import Annotated
 
 import typer
 
 from costmodel.cli.options import console, declared, house_table
-from costmodel.cli.planning import DataFormat
+from costmodel.cli.output import Format, emit, format_option
 from costmodel.inference.setup import INFER_SHARED, InferenceSetup
 from costmodel.plans.inputs import MachineOverrides, PlanInputs
 
@@ -28,7 +26,7 @@ def infer_cmd(
     inputs: PlanInputs,
     setup: InferenceSetup,
     machine_overrides: MachineOverrides,
-    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    format: format_option("table", "json", "yaml") = Format.table,
     strict: Annotated[
         bool, typer.Option("--strict", help="Exit 1 when the request does not fit the device's memory.")
     ] = False,
@@ -41,14 +39,7 @@ def infer_cmd(
     from costmodel.inference.serve import evaluate_infer
 
     report = evaluate_infer(inputs, setup, machine_overrides).model_dump(mode="json", by_alias=True)
-    if format is DataFormat.json:
-        sys.stdout.write(json.dumps(report, indent=2, allow_nan=False) + "\n")
-    elif format is DataFormat.yaml:
-        import yaml
-
-        sys.stdout.write(yaml.safe_dump(report, sort_keys=False))
-    else:
-        _table(report)
+    emit(report, format, table=lambda: _table(report))
     if strict and not report["inference"]["memory"]["fits"]:
         raise typer.Exit(1)
 

@@ -4,12 +4,17 @@ so importing this module (as the main CLI does at start-up) stays cheap."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal, Optional
 
 import typer
+from pydantic import BaseModel, ConfigDict
 
+from costmodel.cli.options import declared, searched
+from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.kernel import TORCH_DTYPE
+from costmodel.plans.inputs import Count, Flag, Tokens, flag
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False
@@ -53,49 +58,45 @@ def _tolerance(value: float | None, flag: str) -> float | None:
     return value
 
 
-def _kernel_tokens(text: str) -> int:
-    """A sequence length as the planner takes it (4k, 1M), within what one machine can hold."""
-    from costmodel.plans.inputs import parse_tokens
+MAX_KERNEL_TOKENS = 2**24  # 16M: what one machine's ranks hold in memory
+MAX_KERNEL_HEADS = 1024
 
-    try:
-        value = parse_tokens(text, "--seq")
-    except InputError as exc:
-        raise typer.BadParameter(exc.message) from None
-    if not 1 <= value <= 2**24:
-        raise typer.BadParameter(f"must be in [1, 16M] (got {value:,})")
-    return value
+
+class KernelShape(BaseModel):
+    """The attention a kernel command runs on random inputs: its shape, mask, layout and element type.
+    Each field declares its flag, default and range, as :mod:`costmodel.plans.inputs` does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: Tokens = flag(
+        512,
+        "Sequence length S (whole sequence, all ranks): 512, 4k, ... up to 16M.",
+        tokens=True,
+        ge=1,
+        le=MAX_KERNEL_TOKENS,
+    )
+    heads: Count = flag(4, "Query heads h.", ge=1, le=MAX_KERNEL_HEADS)
+    kv_heads: Optional[Count] = flag(  # noqa: UP045 - typer reads Optional
+        None, "Key/value heads n_kv (GQA when < h); defaults to --heads.", ge=1, le=MAX_KERNEL_HEADS
+    )
+    head_dim: Count = flag(32, "Head dimension d.", ge=1, le=MAX_KERNEL_HEADS)
+    batch: Count = flag(1, "Batch size b.", ge=1, le=MAX_KERNEL_HEADS)
+    causal: Flag = flag(False, "Causal mask.")
+    layout: Literal["contiguous", "striped", "zigzag"] = flag("contiguous", "Sequence layout.")
+    varlen: Optional[str] = flag(  # noqa: UP045
+        None,
+        "Packed documents as boundaries (cu_seqlens), e.g. 0,100,317,512: documents never see each other.",
+    )
+    dtype: Literal["fp32", "bf16", "fp16"] = flag("fp32", "Input dtype.")
 
 
 @app.command()
+@declared(shape=KernelShape)
 def selftest(
+    shape: KernelShape,
     nproc: Annotated[
         int, typer.Option(min=1, max=1024, help="Local processes to spawn (ignored under torchrun).")
     ] = 2,
-    seq: Annotated[
-        int,
-        typer.Option(
-            parser=_kernel_tokens,
-            help="Sequence length S (whole sequence, all ranks): 512, 4k, ... up to 16M.",
-        ),
-    ] = 512,
-    heads: Annotated[int, typer.Option(min=1, max=1024, help="Query heads h.")] = 4,
-    kv_heads: Annotated[
-        int | None,
-        typer.Option(min=1, max=1024, help="Key/value heads n_kv (GQA when < h); defaults to --heads."),
-    ] = None,
-    head_dim: Annotated[int, typer.Option(min=1, max=1024, help="Head dimension d.")] = 32,
-    batch: Annotated[int, typer.Option(min=1, max=1024, help="Batch size b.")] = 1,
-    causal: Annotated[bool, typer.Option(help="Causal mask.")] = False,
-    layout: Annotated[
-        Literal["contiguous", "striped", "zigzag"], typer.Option(help="Sequence layout.")
-    ] = "contiguous",
-    varlen: Annotated[
-        str | None,
-        typer.Option(
-            help="Packed documents as boundaries (cu_seqlens), e.g. 0,100,317,512: documents never see each other."
-        ),
-    ] = None,
-    dtype: Annotated[Literal["fp32", "bf16", "fp16"], typer.Option(help="Input dtype.")] = "fp32",
     variant: Annotated[
         Literal["ring", "ulysses", "pass-q", "decode", "all"],
         typer.Option(
@@ -113,9 +114,7 @@ def selftest(
     timeout: Annotated[
         float, typer.Option(help="Seconds before every rank is killed (deadlock guard).")
     ] = 300.0,
-    output_format: Annotated[
-        Literal["table", "json"], typer.Option("--format", help="Output format.")
-    ] = "table",
+    output_format: format_option("table", "json", short=False) = Format.table,
 ) -> None:
     """Run ring and Ulysses attention on random inputs against a float64 reference, forward and backward.
 
@@ -136,15 +135,10 @@ def selftest(
         raise InputError("cp-plan kernel", "needs torch: pip install 'cp-plan[kernel]'") from None
 
     config = SelftestConfig(
-        seq=seq,
-        heads=heads,
-        kv_heads=heads if kv_heads is None else kv_heads,
-        head_dim=head_dim,
-        batch=batch,
-        causal=causal,
-        layout=layout,
-        varlen=_parse_varlen(varlen),
-        dtype=TORCH_DTYPE[dtype],
+        **shape.model_dump(exclude={"kv_heads", "varlen", "dtype"}),
+        kv_heads=shape.heads if shape.kv_heads is None else shape.kv_heads,
+        varlen=_parse_varlen(shape.varlen),
+        dtype=TORCH_DTYPE[shape.dtype],
         variants=VARIANTS if variant == "all" else (variant,),
         seed=seed,
         atol=atol,
@@ -161,11 +155,17 @@ def selftest(
         typer.echo(f"cp-plan: error: {exc}", err=True)
         raise typer.Exit(1) from None
     if _is_rank_zero():
-        if output_format == "json":
-            typer.echo(json.dumps(result.to_json(), indent=2))
-        else:
-            _print_table(result)
+        emit(_finite(result.to_json()), output_format, table=lambda: _print_table(result))
     raise typer.Exit(0 if result.passed else 1)
+
+
+def _finite(data: Any) -> Any:
+    """``data`` with a NaN or infinite error (a kernel gone wrong) as null, so that the JSON stays JSON."""
+    if isinstance(data, dict):
+        return {key: _finite(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite(value) for value in data]
+    return None if isinstance(data, float) and not math.isfinite(data) else data
 
 
 def _is_rank_zero() -> bool:
@@ -306,16 +306,10 @@ def calibrate(
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Take heads, kv-heads, head-dim from a preset.")
     ] = None,
-    heads: Annotated[
-        int | None, typer.Option(min=1, max=1024, help="Query heads [default: 8 or the model's].")
-    ] = None,
-    kv_heads: Annotated[
-        int | None, typer.Option(min=1, max=1024, help="KV heads [default: --heads or the model's].")
-    ] = None,
-    head_dim: Annotated[
-        int | None, typer.Option(min=1, max=1024, help="Head dimension [default: 64 or the model's].")
-    ] = None,
-    batch: Annotated[int, typer.Option(min=1, max=1024, help="Sequences per rank.")] = 1,
+    heads: searched(KernelShape, "heads", "8 or the model's") = None,
+    kv_heads: searched(KernelShape, "kv_heads", "the model's with --model") = None,
+    head_dim: searched(KernelShape, "head_dim", "64 or the model's") = None,
+    batch: searched(KernelShape, "batch", "1") = None,
     name: Annotated[str | None, typer.Option(help="Profile name [default: the file's stem].")] = None,
     tokens: Annotated[str | None, typer.Option(help="Block sizes to time, e.g. 128,256,...,4096.")] = None,
     message_bytes: Annotated[
@@ -346,7 +340,7 @@ def calibrate(
     from costmodel.kernel.calibrate import CalibrationConfig, measure
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun
 
-    shape = _dtype_shape(model, heads, kv_heads, head_dim, batch, dtype or _default_dtype(backend))
+    shape = _dtype_shape(model, heads, kv_heads, head_dim, batch or 1, dtype or _default_dtype(backend))
     from costmodel.plans.timing import BACKWARD_FLOP
     from costmodel.symbolic import numeric
 
@@ -496,9 +490,7 @@ def validate(
     ] = 0.10,
     repeats: Annotated[int, typer.Option(min=3, max=1000, help="Timed repeats per configuration.")] = 9,
     timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed.")] = 600.0,
-    output_format: Annotated[
-        Literal["table", "json"], typer.Option("--format", help="Output format.")
-    ] = "table",
+    output_format: format_option("table", "json", short=False) = Format.table,
 ) -> None:
     """Run the kernel over a grid of configurations and compare each time with the model's prediction.
 
@@ -567,8 +559,5 @@ def validate(
         list(zip(served, measured[trained:])),
         sentinel=result["sentinel"],
     )
-    if output_format == "json":
-        typer.echo(json.dumps(report, indent=2))
-    else:
-        render_validation(report, console())
+    emit(_finite(report), output_format, table=lambda: render_validation(report, console()))
     raise typer.Exit(0 if report["passed"] else 1)

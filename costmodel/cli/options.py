@@ -12,7 +12,6 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Iterable, Iterator
-from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
@@ -99,16 +98,6 @@ class _Trimmed:
         return getattr(self.out, "encoding", None) or "utf-8"
 
 
-class Format(str, Enum):
-    """Output formats of the report commands."""
-
-    table = "table"
-    json = "json"
-    yaml = "yaml"
-    markdown = "markdown"
-    html = "html"
-
-
 def house_table(**options: Any) -> Any:
     """A rich Table in the house style (a rule under the header, no outer edge, bold left titles);
     ``options`` adds columns' padding, a title or a caption."""
@@ -117,9 +106,6 @@ def house_table(**options: Any) -> Any:
 
     style = {"box": box.SIMPLE_HEAD, "pad_edge": False, "show_edge": False}
     return Table(**style | {"title_justify": "left", "title_style": "bold"} | options)
-
-
-FormatOpt = Annotated[Format, typer.Option("--format", "-f", help="Output format.")]
 
 
 def _parser(parse: Callable[[str, str], int], field: str) -> Callable[[str], int]:

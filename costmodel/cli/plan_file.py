@@ -41,6 +41,7 @@ def report_cmd(
     from costmodel.cli import html as page
     from costmodel.core.fileio import atomic_write_text
     from costmodel.plans.bind import Evaluator
+    from costmodel.plans.gantt import plan_timelines
     from costmodel.training.recommend import fit_at, training_values
 
     fit = None
@@ -48,7 +49,13 @@ def report_cmd(
         values = training_values(resolved.inputs, resolved.model, resolved.setup, placed, resolved.inputs.n)
         fit = fit_at(Evaluator(values))
     text = page.plan_page(
-        report, resolved.attention, placed, fit=fit, checks=run_checks(located), title=located.plan.name
+        report,
+        resolved.attention,
+        placed.profile,
+        plan_timelines(resolved.attention, placed),
+        fit=fit,
+        checks=run_checks(located),
+        title=located.plan.name,
     )
     written = atomic_write_text(html, text, "--html")
     sys.stderr.write(f"wrote {written}\n")

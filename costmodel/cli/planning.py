@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from costmodel.cli.options import console, declared, house_table
+from costmodel.cli.output import Format, as_csv, emit, format_option
 from costmodel.cli.search import (
     CpOpt,
     FrameworkOpt,
@@ -43,24 +42,6 @@ from costmodel.plans.inputs import (
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
 
 
-class DataFormat(str, Enum):
-    """Output formats of `recommend`."""
-
-    table = "table"
-    json = "json"
-    yaml = "yaml"
-
-
-class RecommendFormat(str, Enum):
-    """Output formats of `recommend`: the report, or the searched plan in a framework's own words."""
-
-    table = "table"
-    json = "json"
-    yaml = "yaml"
-    megatron = "megatron"
-    torchtitan = "torchtitan"
-
-
 @declared(
     inputs=PlanInputs,
     setup=TrainingSetup,
@@ -85,9 +66,7 @@ def recommend_cmd(
     framework: FrameworkOpt = None,
     gemm_dtype: GemmDtypeOpt = None,
     top: TopOpt = 5,
-    format: Annotated[
-        RecommendFormat, typer.Option("--format", "-f", help="Output format.")
-    ] = RecommendFormat.table,
+    format: format_option("table", "json", "yaml", "megatron", "torchtitan") = Format.table,
 ) -> None:
     """The fastest layout that fits, and the CP degree to use: with --gpus, the plan over every
     TP x CP x PP x DP, micro-batch, recompute and CP scheme, then the window [N_min(memory), N_max(comm)]
@@ -98,7 +77,7 @@ def recommend_cmd(
     as that framework's arguments. Example:
     cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
-    from costmodel.cli.search import export, render_search, run_search
+    from costmodel.cli.search import export, run_search
     from costmodel.plans.models import load_model
     from costmodel.training.recommend import recommend, recommend_plan
 
@@ -120,10 +99,8 @@ def recommend_cmd(
         "cp_scheme": cp_scheme,
         "layout": layout,
     }
-    chosen = (
-        framework.value if framework else "torchtitan" if format is RecommendFormat.torchtitan else "megatron"
-    )
-    exporting = format in (RecommendFormat.megatron, RecommendFormat.torchtitan)
+    chosen = framework.value if framework else "torchtitan" if format is Format.torchtitan else "megatron"
+    exporting = format in (Format.megatron, Format.torchtitan)
     # The job is laid out when it is stated: its size, a flag only the search reads, or a plan to export.
     found = None
     if exporting or _given(
@@ -150,14 +127,14 @@ def recommend_cmd(
         report = recommend_plan(inputs, model, setup, machine, found)
     else:
         report = recommend(inputs, model, setup, machine).model_copy(update={"search": found})
-    data = report.model_dump(mode="json", by_alias=True)
-    if format is RecommendFormat.yaml:
-        import yaml
+    emit(report.model_dump(mode="json", by_alias=True), format, table=lambda: _render_report(report, found))
 
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
-    elif format is RecommendFormat.json:
-        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    elif report.recommendation.step_time_s is not None:
+
+def _render_report(report, found) -> None:  # noqa: ANN001
+    """The searched plan and its window, or the window at the stated TP and PP; then the search's ranking."""
+    from costmodel.cli.search import render_search
+
+    if report.recommendation.step_time_s is not None:
         _render_plan(report)
         _render_window(
             report, f"Usable CP degrees at {_plan_flags(report)}", plan_cp=report.recommendation.cp
@@ -300,15 +277,6 @@ def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # n
     )
 
 
-class SweepFormat(str, Enum):
-    """Output formats of `sweep`."""
-
-    table = "table"
-    csv = "csv"
-    json = "json"
-    html = "html"
-
-
 @declared(
     inputs=PlanInputs,
     setup=TrainingSetup,
@@ -351,7 +319,7 @@ def sweep_cmd(
     ] = "8k..1M",
     n: Annotated[str, typer.Option("--n", "-n", help="N values: 8, 2,4,8 or 1..64 (doubling).")] = "1..64",
     hw: Annotated[str, typer.Option("--hw", help="Profiles, comma-separated.")] = "a100-nvlink",
-    format: Annotated[SweepFormat, typer.Option("--format", "-f", help="Output format.")] = SweepFormat.table,
+    format: format_option("table", "csv", "json", "html") = Format.table,
     plot: Annotated[
         Optional[Path], typer.Option("--plot", help="Write a .png or .svg plot (needs matplotlib).")
     ] = None,
@@ -400,27 +368,19 @@ def sweep_cmd(
 
         sys.stderr.write(f"wrote {plot_sweep(grids, plot, inputs)}\n")
     rows = [row for grid in grids for row in grid.rows()]
-    if format is SweepFormat.html:
+
+    def html() -> str:
         from costmodel.cli.html import sweep_page
 
-        sys.stdout.write(sweep_page(grids, inputs))
-    elif format is SweepFormat.json:
-        sys.stdout.write(
-            json.dumps(
-                {"schema": "cp-plan/sweep/v1", "pass": inputs.pass_, "causal": inputs.causal, "rows": rows},
-                indent=2,
-                allow_nan=False,
-            )
-            + "\n"
-        )
-    elif format is SweepFormat.csv:
-        import csv
+        return sweep_page(grids, inputs)
 
-        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]) if rows else ["hw"])
-        writer.writeheader()
-        writer.writerows(rows)
-    else:
-        _render_sweep(grids, inputs.pass_)
+    emit(
+        {"schema": "cp-plan/sweep/v1", "pass": inputs.pass_, "causal": inputs.causal, "rows": rows},
+        format,
+        table=lambda: _render_sweep(grids, inputs.pass_),
+        csv=lambda: as_csv(rows),
+        html=html,
+    )
 
 
 def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
@@ -471,55 +431,37 @@ def _short_percent(ratio: float) -> str:
     return f"{value:.2f}%" if value < 1 else f"{value:.1f}%" if value < 100 else f"{value:,.0f}%"
 
 
-class CheckFormat(str, Enum):
-    """Output formats of `check`."""
-
-    table = "table"
-    json = "json"
-    junit = "junit"
-    github = "github"
-
-
 def check_cmd(
     plans: Annotated[list[str], typer.Argument(help="Capacity-plan YAML files.", show_default=False)],
-    format: Annotated[CheckFormat, typer.Option("--format", "-f", help="Output format.")] = CheckFormat.table,
+    format: format_option("table", "json", "junit", "github") = Format.table,
 ) -> None:
     """Check capacity plans against their expectations: exit 0 all pass, 1 any fails, 2 invalid file.
 
     Example: cp-plan check configs/plans/*.yaml --format github
     """
-    from costmodel.training.check import (
-        InvalidPlan,
-        github,
-        github_problems,
-        junit,
-        junit_problems,
-        load_plans,
-        run_checks,
-    )
+    from costmodel.cli import ci
+    from costmodel.training.check import InvalidPlan, load_plans, run_checks
 
     try:
         located = load_plans(plans)  # every file is valid before anything runs
         results = [result for plan in located for result in run_checks(plan)]
     except InvalidPlan as exc:
-        if format is CheckFormat.github:
-            sys.stdout.write(github_problems(exc))
-        elif format is CheckFormat.junit:  # `> report.xml` made the file already: never leave it empty
-            sys.stdout.write(junit_problems(exc))
+        problems = {Format.github: ci.github_problems, Format.junit: ci.junit_problems}.get(format)
+        if problems is not None:  # `> report.xml` made the file already: never leave it empty
+            sys.stdout.write(problems(exc))
         raise
-    if format is CheckFormat.json:
-        data = {
-            "schema": "cp-plan/check/v1",
-            "passed": all(r.passed for r in results),
-            "results": [r.__dict__ for r in results],
-        }
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    elif format is CheckFormat.junit:
-        sys.stdout.write(junit(results))
-    elif format is CheckFormat.github:
-        sys.stdout.write(github(results))
-    else:
-        _render_checks(results)
+    data = {
+        "schema": "cp-plan/check/v1",
+        "passed": all(r.passed for r in results),
+        "results": [r.__dict__ for r in results],
+    }
+    emit(
+        data,
+        format,
+        table=lambda: _render_checks(results),
+        junit=lambda: ci.junit(results),
+        github=lambda: ci.github(results),
+    )
     if not all(r.passed for r in results):
         raise typer.Exit(1)
 

@@ -5,7 +5,6 @@ Presentation only: every number shown is a field of the report.
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from costmodel.cli.options import house_table
@@ -20,18 +19,12 @@ if TYPE_CHECKING:
 COLOURS = {"green": "bold green", "amber": "bold yellow", "red": "bold red"}
 
 
-def to_json(report: Report, trace: list[Evaluation] | None = None) -> str:
+def report_data(report: Report, trace: list[Evaluation] | None = None) -> dict[str, Any]:
+    """The report as JSON-ready data, with the formulas and their values under ``explain`` when traced."""
     data = report.model_dump(mode="json", by_alias=True)
     if trace is not None:
         data["explain"] = explain_rows(trace)
-    return json.dumps(data, indent=2, allow_nan=False)
-
-
-def to_yaml(report: Report, trace: list[Evaluation] | None = None) -> str:
-    import yaml
-
-    data = json.loads(to_json(report, trace))
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    return data
 
 
 def headline(report: Report) -> str:
@@ -296,6 +289,41 @@ def _table(title: str, columns: list[str]):  # noqa: ANN202
 
 
 def render_table(report: Report, console: Console) -> None:
+    """The report on the screen: the heading grid, memory, the ring's times, the schemes, packing and
+    mask tables where the plan has them, then the causal and other notes."""
+    _render_head(report, console)
+    _print_table(console, _table("Memory tiers, one layer", ["tier", "bytes"]), memory_rows(report))
+    times = _table("Ring, one device", ["", "FLOP", "compute", "receive", "ratio"])
+    for row in time_rows(report):
+        times.add_row(*row)
+    console.print(times)
+    console.print(time_caption(report), style="dim")
+    console.print()
+    schemes = _table(
+        f"Schemes, {report.inputs.pass_}, per device per layer",
+        ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"],
+    )
+    for row in scheme_rows(report):
+        row[4] = f"[{COLOURS[row[4]]}]{row[4]}[/]" if row[4] in COLOURS else row[4]
+        schemes.add_row(*row)
+    console.print(schemes)
+    console.print(SCHEMES_CAPTION, style="dim")
+    console.print()
+    if report.packing is not None:
+        _render_packing(report, console)
+    if report.mask is not None and report.mask.layer_types:
+        _print_table(console, _table("Global and local layers", MASK_COLUMNS), mask_rows(report))
+    _render_tail(report, console)
+
+
+def _print_table(console: Console, table: Any, rows: list[list[str]]) -> None:
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print()
+
+
+def _render_head(report: Report, console: Console) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -319,49 +347,26 @@ def render_table(report: Report, console: Console) -> None:
     console.print(head)
     console.print()
 
-    memory = _table("Memory tiers, one layer", ["tier", "bytes"])
-    for row in memory_rows(report):
-        memory.add_row(*row)
-    console.print(memory)
-    console.print()
 
-    times = _table("Ring, one device", ["", "FLOP", "compute", "receive", "ratio"])
-    for row in time_rows(report):
-        times.add_row(*row)
-    console.print(times)
-    console.print(time_caption(report), style="dim")
-    console.print()
+def _render_packing(report: Report, console: Console) -> None:
+    from rich.text import Text
 
-    schemes = _table(
-        f"Schemes, {report.inputs.pass_}, per device per layer",
-        ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"],
-    )
-    for row in scheme_rows(report):
-        row[4] = f"[{COLOURS[row[4]]}]{row[4]}[/]" if row[4] in COLOURS else row[4]
-        schemes.add_row(*row)
-    console.print(schemes)
-    console.print(SCHEMES_CAPTION, style="dim")
-    console.print()
-
-    if report.packing is not None:
-        for title, columns, rows in (
-            (packing_title(report), PACKING_BRANCH_COLUMNS, packing_branch_rows(report)),
-            ("Layouts of the packed window, fwd", PACKING_LAYOUT_COLUMNS, packing_layout_rows(report)),
-        ):
-            table = _table(title, columns)
-            for row in rows:
-                row = [f"[{COLOURS[c]}]{c}[/]" if c in COLOURS else c for c in row]
-                table.add_row(*row)
-            console.print(table)
-        console.print(PACKING_CAPTION, style="dim")
-        console.print(Text("long tail: " + long_tail_line(report)))
-        console.print()
-    if report.mask is not None and report.mask.layer_types:
-        table = _table("Global and local layers", MASK_COLUMNS)
-        for row in mask_rows(report):
-            table.add_row(*row)
+    for title, columns, rows in (
+        (packing_title(report), PACKING_BRANCH_COLUMNS, packing_branch_rows(report)),
+        ("Layouts of the packed window, fwd", PACKING_LAYOUT_COLUMNS, packing_layout_rows(report)),
+    ):
+        table = _table(title, columns)
+        for row in rows:
+            table.add_row(*[f"[{COLOURS[c]}]{c}[/]" if c in COLOURS else c for c in row])
         console.print(table)
-        console.print()
+    console.print(PACKING_CAPTION, style="dim")
+    console.print(Text("long tail: " + long_tail_line(report)))
+    console.print()
+
+
+def _render_tail(report: Report, console: Console) -> None:
+    from rich.table import Table
+    from rich.text import Text
 
     tail = Table.grid(padding=(0, 2))
     tail.add_column(style="bold")
@@ -556,6 +561,13 @@ def render_validation(report: dict, console: Console) -> None:
         ]
         table.add_row(*cells)
     console.print(table)
+    _validation_summary(report, uncertain, console)
+    if report.get("inference_rows"):
+        _render_inference_validation(report, console)
+
+
+def _validation_summary(report: dict, uncertain: bool, console: Console) -> None:
+    """Under the validation table: what its columns mean, the errors, and whether to trust the machine."""
     verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
     if uncertain:
         console.print(
@@ -605,8 +617,6 @@ def render_validation(report: dict, console: Console) -> None:
         f"datasheet-style model (peak FLOP/s, no α, balanced): median {report['datasheet_median_abs_error']:.1%}, "
         f"{report['datasheet_over_calibrated']:.1f}x the error"
     )
-    if report.get("inference_rows"):
-        _render_inference_validation(report, console)
 
 
 def _render_inference_validation(report: dict, console: Console) -> None:

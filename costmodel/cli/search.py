@@ -186,7 +186,7 @@ def render_search(data: dict[str, Any]) -> None:
 
 def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSetup) -> str:
     """The pick as Megatron-LM arguments or torchtitan TOML; no plan is a one-line error."""
-    from costmodel.training.export import megatron_arguments, megatron_command, torchtitan_toml
+    from costmodel.training.export import megatron_arguments, torchtitan_tables
 
     if not data["plans"]:
         reason = data["empty_reason"] or "no plan"
@@ -200,4 +200,34 @@ def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSe
     plan = data["plans"][0]
     if fmt == "megatron":
         return megatron_command(megatron_arguments(plan, inputs.seq, data["global_batch"], setup.zero))
-    return torchtitan_toml(plan, inputs.seq, data["global_batch"], setup.zero)
+    return toml(torchtitan_tables(plan, inputs.seq, data["global_batch"], setup.zero))
+
+
+def megatron_command(args: list[str]) -> str:
+    """One argument per line, as launch scripts write them."""
+    lines, current = [], []
+    for token in args:
+        if token.startswith("--") and current:
+            lines.append(" ".join(current))
+            current = []
+        current.append(token)
+    lines.append(" ".join(current))
+    return " \\\n".join(lines) + "\n"
+
+
+def toml(tables: dict[str, dict[str, Any]]) -> str:
+    """TOML tables of plain values (a torchtitan job file's), each followed by a blank line."""
+    text = []
+    for name, table in tables.items():
+        text.append(f"[{name}]")
+        text += [f"{key} = {_toml_value(value)}" for key, value in table.items()]
+        text.append("")
+    return "\n".join(text)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)

@@ -6,14 +6,12 @@ and the step's own knobs (:class:`~costmodel.training.step.StepSetup`)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from costmodel.cli.options import console, declared, house_table
-from costmodel.cli.planning import DataFormat
+from costmodel.cli.output import Format, emit, format_option
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
 from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup
 
@@ -34,7 +32,7 @@ def step_cmd(
     setup: TrainingSetup,
     step: StepSetup,
     machine_overrides: MachineOverrides,
-    format: Annotated[DataFormat, typer.Option("--format", "-f", help="Output format.")] = DataFormat.table,
+    format: format_option("table", "json", "yaml") = Format.table,
     strict: Annotated[
         bool, typer.Option("--strict", help="Exit 1 when the plan does not fit the device's memory.")
     ] = False,
@@ -53,20 +51,15 @@ def step_cmd(
     trace: list | None = [] if explain else None
     result = evaluate_step(inputs, setup, step, step_machine(inputs, machine_overrides), trace=trace)
     data = result.model_dump(mode="json", by_alias=True)
-    if format is DataFormat.json:
-        if trace is not None:
-            data["explain"] = term_rows(trace)
-        sys.stdout.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
-    elif format is DataFormat.yaml:
-        import yaml
+    if trace is not None:
+        data["explain"] = term_rows(trace)
 
-        if trace is not None:
-            data["explain"] = term_rows(trace)
-        sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
-    else:
+    def table() -> None:
         _table(result)
         if trace is not None:
             render_terms(trace, console())
+
+    emit(data, format, table=table)
     if strict and not result.fits:
         raise typer.Exit(1)
 

@@ -205,29 +205,3 @@ def summary() -> dict[str, float]:
     errors = [abs(row.error()) for row in ROWS]
     held = [abs(row.error()) for row in ROWS if not row.misses]
     return {"median": statistics.median(errors), "max": max(errors), "held_median": statistics.median(held)}
-
-
-def _value(row: Published, value: float) -> str:
-    if row.metric == "ttft":
-        return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
-    return f"{value:,.0f} tok/s/GPU"
-
-
-def markdown_table() -> str:
-    rows = [
-        "| figure | source | serving (as stated) | run | published | model | error | known miss |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in ROWS:
-        model = row.predicted()
-        rows.append(
-            f"| `{row.key}` | {row.source} | {row.serving} | {row.run} | {_value(row, row.published)} | "
-            f"{_value(row, model)} | {model / row.published - 1:+.0%} | {row.misses or '—'} |"
-        )
-    stats = summary()
-    rows.append("")
-    rows.append(
-        f"Median |error| {stats['median']:.0%} over all {len(ROWS)} rows (largest {stats['max']:.0%}); "
-        f"{stats['held_median']:.0%} over the {sum(not r.misses for r in ROWS)} rows without a named miss."
-    )
-    return "\n".join(rows)

@@ -136,3 +136,33 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
         tail_overhead_s=unfolded.step_overhead_s if unfolded.tail_s else 0.0,
         layer_overhead_s=backward_extra if backward else forward,
     )
+
+
+@dataclass(frozen=True)
+class PassTimelines:
+    """One pass's ring timeline under every layout; a layout the sequence does not split into is in
+    ``skipped``, with why."""
+
+    backward: bool
+    timelines: dict[str, Timeline]
+    skipped: dict[str, str]
+
+
+def plan_timelines(inputs: PlanInputs, machine: Machine) -> list[PassTimelines]:
+    """The forward pass and, unless the plan is forward only, the backward, under every layout; none
+    beyond :data:`MAX_RANKS` ranks, which are not drawn."""
+    from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
+
+    if inputs.n > MAX_RANKS:
+        return []
+    passes = []
+    for backward in [False] + ([True] if inputs.pass_ != "fwd" else []):
+        timelines, skipped = {}, {}
+        for layout in LAYOUTS:
+            parts = inputs.n * chunks_per_rank(layout)
+            if inputs.seq % parts:
+                skipped[layout] = f"S = {inputs.seq:,} does not split into {parts} equal chunks."
+                continue
+            timelines[layout] = ring_timeline(inputs.model_copy(update={"layout": layout}), machine, backward)
+        passes.append(PassTimelines(backward, timelines, skipped))
+    return passes

@@ -1,4 +1,4 @@
-"""A searched plan in a framework's own words: Megatron-LM command-line arguments, a torchtitan TOML section.
+"""A searched plan in a framework's own words: Megatron-LM command-line arguments, torchtitan job-file tables.
 
 Every name was read from the frameworks' sources (docs/search.md cites the files and commits):
 
@@ -82,20 +82,10 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
     return args
 
 
-def megatron_command(args: list[str]) -> str:
-    """One argument per line, as launch scripts write them."""
-    lines, current = [], []
-    for token in args:
-        if token.startswith("--") and current:
-            lines.append(" ".join(current))
-            current = []
-        current.append(token)
-    lines.append(" ".join(current))
-    return " \\\n".join(lines) + "\n"
-
-
-def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int) -> str:
-    """The plan as torchtitan job-file tables; FSDP (ZeRO-3) shards over DP when ``zero`` is 3, else DP
+def torchtitan_tables(
+    plan: dict[str, Any], seq: int, global_batch: int, zero: int
+) -> dict[str, dict[str, Any]]:
+    """The plan as torchtitan job-file tables, by table name; FSDP (ZeRO-3) shards over DP when ``zero`` is 3, else DP
     replicates (torchtitan has no ZeRO-1 or -2)."""
     dp, shard = plan["dp"], zero == 3
     parallelism: dict[str, Any] = {
@@ -120,13 +110,7 @@ def torchtitan_toml(plan: dict[str, Any], seq: int, global_batch: int, zero: int
     checkpoint: dict[str, Any] = {"mode": plan["recompute"]}
     if plan["recompute"] == "selective":
         checkpoint["selective_ac_option"] = "op"
-    tables = {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
-    text = []
-    for name, table in tables.items():
-        text.append(f"[{name}]")
-        text += [f"{key} = {_toml(value)}" for key, value in table.items()]
-        text.append("")
-    return "\n".join(text)
+    return {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
 
 
 def _torchtitan_stages(split: StageSplit, vpp: int) -> dict[str, int]:
@@ -140,11 +124,3 @@ def _torchtitan_stages(split: StageSplit, vpp: int) -> dict[str, int]:
         "pipeline_parallel_first_stage_less_layers": vpp * per - split.first,
         "pipeline_parallel_last_stage_less_layers": vpp * per - split.last,
     }
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return str(value)

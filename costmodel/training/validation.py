@@ -501,37 +501,14 @@ def predict(row: Published) -> float:
     return float(getattr(evaluate_step(*build_step(**row.setup)).step, row.metric))
 
 
-def shown(value: float, metric: str) -> str:
-    if metric.startswith("mfu"):
-        return f"{100 * value:.1f} %"
-    return f"{value:.2f}" if metric == "time_s" else f"{value:.0f}"
+def vpp_sensitivity() -> dict[int, list[float]]:
+    """How the unpublished virtual-stage count moves the prediction of the Llama 3 8K rows
+    (:data:`VPP_ROWS`): their predictions at each count."""
+    rows = [row for row in ROWS if row.key in VPP_ROWS]
+    # 8 would make 16 x 8 = 128 chunks of 126 layers: a chunk with no layer
+    return {
+        vpp: [predict(replace(row, setup={**row.setup, "vpp": vpp})) for row in rows] for vpp in (1, 2, 4)
+    }
 
 
-def markdown_table() -> str:
-    """The validation table of docs/validation.md, then the rows outside GOAL with what the model misses."""
-    lines = [
-        "| key | source | run (as published) | metric | published | predicted | error | held to |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    misses = []
-    for row in ROWS:
-        predicted = predict(row)
-        error = f"{100 * (predicted / row.published - 1):+.1f} %"
-        lines.append(
-            f"| `{row.key}` | {row.source} | {row.run} | {row.metric} | {shown(row.published, row.metric)} "
-            f"| {shown(predicted, row.metric)} | {error} | {'known miss' if row.misses else '15 %'} |"
-        )
-        if row.misses:
-            misses.append(f"- `{row.key}` ({error}): {row.misses}.")
-    return "\n".join([*lines, "", "Known misses (outside 15 %):", "", *misses, "", _vpp_sensitivity()])
-
-
-def _vpp_sensitivity() -> str:
-    """How the unpublished virtual-stage count of the Llama 3 8K rows moves their prediction."""
-    rows = [row for row in ROWS if row.key.startswith("llama3-8k")]
-    cells = []
-    for vpp in (1, 2, 4):  # 8 would make 16 x 8 = 128 chunks of 126 layers: a chunk with no layer
-        values = (predict(replace(row, setup={**row.setup, "vpp": vpp})) for row in rows)
-        cells.append(f"v = {vpp}: " + ", ".join(f"{value:.0f}" for value in values))
-    keys = " and ".join(f"`{row.key}`" for row in rows)
-    return f"Model TFLOP/s per GPU predicted for {keys} by virtual stages per device: {'; '.join(cells)}."
+VPP_ROWS = [row.key for row in ROWS if row.key.startswith("llama3-8k")]
