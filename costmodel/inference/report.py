@@ -50,7 +50,7 @@ class SchemeTime(_Strict):
 
 def _term(label: str, description: str) -> Any:
     """A breakdown field: seconds, shown as ``label`` (display only: code reads the field's name)."""
-    return Field(0.0, title=label, description=description)
+    return Field(title=label, description=description)
 
 
 class PrefillBreakdown(_Strict):
