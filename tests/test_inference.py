@@ -126,7 +126,7 @@ def test_chunked_prefill_does_the_same_attention_work() -> None:
 
 def test_breakdown_sums_to_ttft() -> None:
     out = infer(**H405, prompt="128k", cp=4, pp=2, chunk="32k")
-    assert sum(out.prefill.breakdown.values()) == pytest.approx(out.ttft_s, rel=1e-12)
+    assert sum(out.prefill.breakdown.model_dump().values()) == pytest.approx(out.ttft_s, rel=1e-12)
 
 
 def test_cp_shortens_a_long_prefill_nearly_linearly() -> None:
@@ -217,7 +217,7 @@ def test_json_contract(cli) -> None:
     )
     assert result.code == 0, result.err
     out = json.loads(result.out)
-    assert out["schema"] == "cp-plan/inference/v3"
+    assert out["schema"] == "cp-plan/inference/v4"
     inference = out["inference"]
     assert inference["prefill"]["scheme"] in ("pass-kv", "pass-q", "allgather")
     for key in ("kv_cache_bytes_per_device", "ttft_s", "tpot_s"):
@@ -343,7 +343,7 @@ def test_the_output_layer_reads_its_weights(weights: str, tp: int) -> None:
     128,256 x 8,192 at 3.35 TB/s is 78.4 µs in bf16 over TP 8 (its FLOP alone took 1.3 µs)."""
     report = evaluate_infer(*build_infer(model="llama3-70b", hw="h100-nvlink", tp=tp, prompt=131072,
                                          weights=weights))  # fmt: skip
-    head = report.inference.prefill.breakdown["output layer"]
+    head = report.inference.prefill.breakdown.output_layer_s
     per_weight = {"bf16": 2, "fp8": 1}[weights]
     assert head == pytest.approx(128_256 * 8_192 * per_weight / (tp * 3.35e12), rel=1e-6)
 
@@ -369,3 +369,24 @@ def test_tp_comm_overlap_hides_all_but_one_chunk_of_the_prefills_tp_collectives(
         cli(*job, "--tp", "1", *flag).json()["inference"]["ttft_s"] for flag in ([], ["--tp-comm-overlap"])
     ]
     assert single[0] == single[1]
+
+
+def test_explain_shows_the_chosen_prefill_and_decode_terms(cli) -> None:
+    result = cli("infer", "--model", "llama3-8b", "--hw", "h100-nvlink", "--prompt", "64k", "--cp", "4",
+                 "--output", "16", "--explain", "--format", "json")  # fmt: skip
+    data = result.json()
+    rows = {row["name"]: row for row in data["explain"]}
+    prefill, decode = data["inference"]["prefill"], data["inference"]["decode"]
+    layers = 32  # llama3-8b, pp 1, one chunk: a layer's attention x layers is the breakdown's
+    attention = float(rows["prefill_attn_s"]["value"].split()[0])
+    assert layers * attention == pytest.approx(prefill["breakdown"]["attention_s"], rel=1e-5)
+    # decode's formulas at the last output token: its TPOT, and the terms behind it
+    assert float(rows["tpot_s"]["value"].split()[0]) == pytest.approx(decode["tpot_last_s"], rel=1e-5)
+    exposed = {"pass-kv": "passkv_exposed_s", "pass-q": "passq_exposed_s", "allgather": "prefill_allgather_s"}
+    assert {"decode_kv_read_s", "decode_merge_s", exposed[prefill["scheme"]]} <= set(rows)
+    assert not (set(exposed.values()) - {exposed[prefill["scheme"]]}) & set(rows)  # the chosen scheme only
+    assert rows["tpot_s"]["formula"].startswith("t_token = ")
+    table = cli("infer", "--model", "llama3-8b", "--hw", "h100-nvlink", "--prompt", "64k", "--cp", "4",
+                "--explain").out  # fmt: skip
+    assert "term by term" in table and "exposed CP comm" in table  # labels on screen, keys in JSON
+    assert "exposed_cp_s" in prefill["breakdown"]

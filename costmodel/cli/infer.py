@@ -30,16 +30,34 @@ def infer_cmd(
     strict: Annotated[
         bool, typer.Option("--strict", help="Exit 1 when the request does not fit the device's memory.")
     ] = False,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="Also print each term of the chosen prefill (first chunk) and of decode (last token) as its "
+            "formula, then with values.",
+        ),
+    ] = False,
 ) -> None:
     """Plan long-context inference: KV cache and memory per device, the prefill's CP scheme (pass-KV,
     pass-Q or all-gather) and time to first token, and the time per output token of decode.
 
     Example: cp-plan infer --model llama3-405b --prompt 1M --hw h100-ib --tp 8 --cp 16 --weights fp8
     """
+    from costmodel.cli.render import render_terms, term_rows
     from costmodel.inference.serve import evaluate_infer
 
-    report = evaluate_infer(inputs, setup, machine_overrides).model_dump(mode="json", by_alias=True)
-    emit(report, format, table=lambda: _table(report))
+    trace: list | None = [] if explain else None
+    report = evaluate_infer(inputs, setup, machine_overrides, trace).model_dump(mode="json", by_alias=True)
+    if trace is not None:
+        report["explain"] = term_rows(trace)
+
+    def table() -> None:
+        _table(report)
+        if trace is not None:
+            render_terms(trace, console(), "The prefill and decode, term by term")
+
+    emit(report, format, table=table)
     if strict and not report["inference"]["memory"]["fits"]:
         raise typer.Exit(1)
 
@@ -47,6 +65,7 @@ def infer_cmd(
 def _table(report: dict) -> None:
 
     from costmodel.core.units import seconds, si
+    from costmodel.inference.report import PREFILL_LABELS
 
     given, out = report["inputs"], report["inference"]
     mem, pre, dec = out["memory"], out["prefill"], out["decode"]
@@ -79,7 +98,7 @@ def _table(report: dict) -> None:
         table.add_column(column, justify="left" if column == "component" else "right")
     for name, value in pre["breakdown"].items():
         if value > 0:
-            table.add_row(name, seconds(value), f"{value / out['ttft_s']:.1%}")
+            table.add_row(PREFILL_LABELS[name], seconds(value), f"{value / out['ttft_s']:.1%}")
     screen.print(table)
     schemes = house_table()
     for column in ("scheme", "TTFT", "exposed CP comm", "bytes per step"):

@@ -489,8 +489,10 @@ def _heading(row: dict[str, Any], console: Console) -> None:
     )
 
 
-def render_terms(trace: list[Evaluation], console: Console) -> None:
-    console.rule("The step, term by term (costmodel.symbolic.formulas, group step)")
+def render_terms(
+    trace: list[Evaluation], console: Console, title: str = "The step, term by term (group step)"
+) -> None:
+    console.rule(f"{title} (costmodel.symbolic.formulas)")
     for row in term_rows(trace):
         _heading(row, console)
         console.print(f"    {row['formula']}")

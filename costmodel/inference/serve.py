@@ -27,12 +27,14 @@ from costmodel.inference.report import (
     InferenceReport,
     Memory,
     Prefill,
+    PrefillBreakdown,
     SchemeTime,
     Target,
 )
 from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
+from costmodel.plans.bind import Evaluation
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
@@ -53,8 +55,13 @@ UNSTATED_HBM_BANDWIDTH = 1e30
 LAYER_KERNELS = 12
 
 
-def _call(name: str, values: dict[str, Any]) -> float:
-    return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+def _call(name: str, values: dict[str, Any], trace: list[Evaluation] | None = None) -> float:
+    """One formula at ``values``; ``trace`` records it (``--explain``)."""
+    args = {a: values[a] for a in numeric.ARGS[name]}
+    value = float(getattr(numeric, name)(**args))
+    if trace is not None:
+        trace.append(Evaluation(name, args, value))
+    return value
 
 
 def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int:
@@ -203,9 +210,12 @@ def _attention_rate(machine: Machine, scheme: str, values: dict[str, Any]) -> fl
     return work / spent
 
 
-def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -> dict[str, float]:
-    """Seconds of one layer's attention in a chunk with ``scheme``, per component, and its rate ``_F_attn``
-    (``values`` holds the chunk's T_n and K_c)."""
+def prefill_attention(
+    values: dict[str, Any], scheme: str, attention: Machine, trace: list[Evaluation] | None = None
+) -> dict[str, float]:
+    """Seconds of one layer's attention in a chunk with ``scheme``, per field of
+    :class:`~costmodel.inference.report.PrefillBreakdown`, and its rate ``_F_attn`` (``values`` holds the
+    chunk's T_n and K_c)."""
     v = {**values, "S": values["T_n"]}  # the step formulas read the chunk's tokens as S
     v["F_attn"] = _attention_rate(attention, scheme, v)
     ring = v["N"] > 1 and scheme != "allgather"
@@ -217,37 +227,40 @@ def prefill_attention(values: dict[str, Any], scheme: str, attention: Machine) -
                 scheme
             ],
             v,
+            trace,
         )
-    gather = _call("passkv_page_gather_s", v) if ring and scheme == "pass-kv" else 0.0
+    gather = _call("passkv_page_gather_s", v, trace) if ring and scheme == "pass-kv" else 0.0
     return {
-        "attention": _call("prefill_attn_s", v),
-        "exposed CP comm": cp,
-        "CP ring overheads (merge, copies, launches)": (_call("ring_overhead_s", v) if ring else 0.0)
-        + gather,
+        "attention_s": _call("prefill_attn_s", v, trace),
+        "exposed_cp_s": cp,
+        "cp_ring_overhead_s": (_call("ring_overhead_s", v, trace) if ring else 0.0) + gather,
         # a prefill's launches hide under its long kernels: only a calibrated scheme's fixed cost is charged
-        "fixed costs (launches, host work)": _call(
-            "inference_layer_fixed_s", {**v, "t_lf": attention.inference_overhead(scheme), "n_kl": 0}
+        "fixed_s": _call(
+            "inference_layer_fixed_s", {**v, "t_lf": attention.inference_overhead(scheme), "n_kl": 0}, trace
         ),
         "_F_attn": v["F_attn"],
     }
 
 
 def _chunk_layer(
-    values: dict[str, Any], scheme: str, attention: Machine, gemm: Machine, model: ModelPreset
+    values: dict[str, Any],
+    scheme: str,
+    attention: Machine,
+    gemm: Machine,
+    model: ModelPreset,
+    trace: list[Evaluation] | None = None,
 ) -> dict[str, float]:
     """Seconds per component of one layer of one chunk (``values`` holds its T_n and K_c)."""
     v = {**values, "S": values["T_n"]}  # the step formulas read the chunk's tokens as S
-    parts = prefill_attention(values, scheme, attention)
+    parts = prefill_attention(values, scheme, attention, trace)
     v["F_gemm"] = layer_gemm_rate(model, gemm, v["t"], v["b"] * v["T_n"] // v["N"])
     return {
-        "matrix multiplies": max(_call("layer_gemm_flops", v) / v["F_gemm"], _call("layer_weight_read_s", v)),
-        "attention": parts["attention"],
-        "elementwise (memory-bound)": _call("layer_elementwise_bytes", v) / v["B_hbm"],
-        "exposed TP comm": _call("tp_exposed_s", v) if v["t"] > 1 else 0.0,
-        "exposed CP comm": parts["exposed CP comm"],
-        "CP ring overheads (merge, copies, launches)": parts["CP ring overheads (merge, copies, launches)"],
-        "fixed costs (launches, host work)": parts["fixed costs (launches, host work)"],
-        "_F_attn": parts["_F_attn"],
+        "matmul_s": max(
+            _call("layer_gemm_flops", v, trace) / v["F_gemm"], _call("layer_weight_read_s", v, trace)
+        ),
+        "elementwise_s": _call("layer_elementwise_bytes", v, trace) / v["B_hbm"],
+        "exposed_tp_s": _call("tp_exposed_s", v, trace) if v["t"] > 1 else 0.0,
+        **parts,
         "_F_gemm": v["F_gemm"],
     }
 
@@ -267,31 +280,34 @@ def prefill(
     attention: Machine,
     gemm: Machine,
     model: ModelPreset,
-) -> tuple[float, dict[str, float], dict[str, float]]:
-    """(TTFT, breakdown summing to it, rates of the first chunk) of the prefill with ``scheme``."""
+    trace: list[Evaluation] | None = None,
+) -> tuple[float, PrefillBreakdown, dict[str, float]]:
+    """(TTFT, breakdown summing to it, rates of the first chunk) of the prefill with ``scheme``; ``trace``
+    records the first chunk's formulas and the output layer's (``--explain``)."""
     stage_layers = model.layers / setup.pp
-    breakdown: dict[str, float] = {}
+    breakdown = dict.fromkeys(PrefillBreakdown.model_fields, 0.0)
     stages, rates = [], {}
     for new, cached in _chunks(setup, chunk):
         v = {**values, "T_n": new, "K_c": cached}
-        layer = _chunk_layer(v, scheme, attention, gemm, model)
+        first = trace if not rates else None  # the first chunk's formulas stand for every chunk's
+        layer = _chunk_layer(v, scheme, attention, gemm, model, first)
         chunk_rates = {"attention": layer.pop("_F_attn"), "gemm": layer.pop("_F_gemm")}
         rates = rates or chunk_rates  # the first chunk's, as reported
         for name, seconds in layer.items():
-            breakdown[name] = breakdown.get(name, 0.0) + stage_layers * seconds
+            breakdown[name] += stage_layers * seconds
         stages.append(stage_layers * sum(layer.values()))
         if setup.pp > 1:
-            send = (setup.pp - 1) * (v["alpha"] + _call("pp_send_s", {**v, "S": new}))
-            breakdown["pipeline sends"] = breakdown.get("pipeline sends", 0.0) + send
+            send = _call("pp_send_s", {**v, "S": new}, first)
+            breakdown["pipeline_send_s"] += (setup.pp - 1) * (v["alpha"] + send)
     if setup.pp > 1:  # chunks flow through the stages: each further stage adds the slowest chunk once
-        breakdown["pipeline fill"] = (setup.pp - 1) * max(stages)
+        breakdown["pipeline_fill_s"] = (setup.pp - 1) * max(stages)
     # The first token's logits: one token per sequence through the output layer, which reads all its
     # weights (the HBM floor; at one token the FLOP alone take microseconds).
     head = {**values, "S": 1, "N": 1}
-    breakdown["output layer"] = max(
-        _call("head_flops", head) / rates["gemm"], _call("output_weight_read_s", head)
+    breakdown["output_layer_s"] = max(
+        _call("head_flops", head, trace) / rates["gemm"], _call("output_weight_read_s", head, trace)
     )
-    return sum(breakdown.values()), breakdown, rates
+    return sum(breakdown.values()), PrefillBreakdown(**breakdown), rates
 
 
 def decode_attention_rate(attention: Machine, values: dict[str, Any], context: int) -> float:
@@ -328,35 +344,46 @@ def _decode_at(
     gemm_rate: float,
     attn_rate: float,
     attention: Machine,
+    trace: list[Evaluation] | None = None,
 ):
     v = decode_values(values, context, setup.page, gemm_rate, attn_rate, attention)
-    return v, _call("tpot_s", v)
+    return v, _call("tpot_s", v, trace)
 
 
 def decode(
-    values: dict[str, Any], setup: InferenceSetup, attention: Machine, gemm: Machine, model: ModelPreset
+    values: dict[str, Any],
+    setup: InferenceSetup,
+    attention: Machine,
+    gemm: Machine,
+    model: ModelPreset,
+    trace: list[Evaluation] | None = None,
 ) -> dict[str, Any]:
-    """TPOT over the output, its parts at the last token, and what CP changes against CP 1."""
+    """TPOT over the output, its parts at the last token, and what CP changes against CP 1; ``trace``
+    records the last token's formulas (``--explain``)."""
     start = setup.cached + setup.prompt
     end = start + max(setup.output - 1, 0)
     gemm_rate = layer_gemm_rate(model, gemm, setup.tp, values["b"])
     attn_rate = decode_attention_rate(attention, values, start)
     _, first = _decode_at(values, start, setup, gemm_rate, attn_rate, attention)
-    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate, attention)
+    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate, attention, trace)
     pp, layers = setup.pp, model.layers
+
+    def term(name: str) -> float:
+        return _call(name, last_v, trace)
+
     return {
         "first": first,
         "last": last,
-        "weight_read_s": pp * _call("decode_weight_read_s", last_v),
-        "kv_read_s": pp * _call("decode_kv_read_s", last_v),
-        "compute_s": pp * _call("decode_compute_s", last_v),
-        "cp_merge_s": layers * _call("decode_merge_s", last_v),
-        "tp_s": layers * _call("decode_tp_s", last_v),
-        "partial_merge_s": layers * _call("decode_partial_merge_s", last_v),
-        "fixed_s": layers * _call("inference_layer_fixed_s", last_v),
-        "sampling_s": _call("decode_sampling_s", last_v),
+        "weight_read_s": pp * term("decode_weight_read_s"),
+        "kv_read_s": pp * term("decode_kv_read_s"),
+        "compute_s": pp * term("decode_compute_s"),
+        "cp_merge_s": layers * term("decode_merge_s"),
+        "tp_s": layers * term("decode_tp_s"),
+        "partial_merge_s": layers * term("decode_partial_merge_s"),
+        "fixed_s": layers * term("inference_layer_fixed_s"),
+        "sampling_s": term("decode_sampling_s"),
         "host_s": last_v["t_host"],
-        "merge_bytes_per_layer": _call("decode_merge_bytes", last_v),
+        "merge_bytes_per_layer": term("decode_merge_bytes"),
         "rates": (gemm_rate, attn_rate),
     }
 
@@ -515,9 +542,13 @@ def _decode_target(inputs, setup, model, attention, gemm, chunk) -> DecodeTarget
 
 
 def evaluate_infer(
-    inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None = None
+    inputs: PlanInputs,
+    setup: InferenceSetup,
+    overrides: MachineOverrides | None = None,
+    trace: list[Evaluation] | None = None,
 ) -> InferenceReport:
-    """Memory, TTFT with every CP scheme and the one chosen, TPOT, and the target search when asked."""
+    """Memory, TTFT with every CP scheme and the one chosen, TPOT, and the target search when asked;
+    ``trace`` records the chosen scheme's prefill formulas (first chunk) and decode's (last token)."""
     if inputs.model is None:
         raise InputError(
             "--model",
@@ -538,6 +569,8 @@ def evaluate_infer(
     timed = _ttft_schemes(values, setup, chunk, attention, gemm, model)
     scheme = _chosen(setup, timed)
     ttft, breakdown, rates = timed[scheme]
+    if trace is not None:  # the same evaluation again, recorded: the chosen scheme only
+        prefill(values, setup, chunk, scheme, attention, gemm, model, trace)
     rule, hide, share, fraction = _rule(values, setup, rates["attention"])
     step_bytes = {
         "pass-kv": "passkv_step_bytes",
@@ -548,7 +581,7 @@ def evaluate_infer(
     schemes = {
         s: SchemeTime(
             ttft_s=t,
-            exposed_comm_s=parts.get("exposed CP comm", 0.0),
+            exposed_comm_s=parts.exposed_cp_s,
             step_bytes=_call(
                 step_bytes[s], {**whole, "T_n": chunk, "K_c": setup.cached + setup.prompt - chunk}
             )
@@ -558,7 +591,7 @@ def evaluate_infer(
         for s, (t, parts, _) in timed.items()
     }
     mem = memory(values, setup, chunk, attention)
-    dec = decode(values, setup, attention, gemm, model)
+    dec = decode(values, setup, attention, gemm, model, trace)
     solo = bind(inputs, setup, model, attention, cp=1)
     at_one = decode(solo, setup, attention, gemm, model) if setup.cp > 1 else dec
     mem_one = memory(solo, setup, chunk, attention) if setup.cp > 1 else mem
