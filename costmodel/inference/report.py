@@ -8,10 +8,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import PREFILL
+
 SCHEMA = (
     "cp-plan/inference/v3"  # v3: inputs.tp_comm_overlap (chunked TP overlap) replaces the tp_overlap share
 )
-Scheme = Literal["pass-kv", "pass-q", "allgather"]
+Scheme = Literal[registry.names(PREFILL)]
 
 
 class _Strict(BaseModel):
