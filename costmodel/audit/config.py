@@ -53,8 +53,12 @@ def torchtitan_config(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]
         out["global_batch"] = int(training["global_batch_size"])
     mode = str(ac.get("mode", "selective")).lower()
     out["recompute"] = mode if mode in ("none", "selective", "full") else "selective"
-    rotate = str(par.get("context_parallel_rotate_method", "allgather")).lower()
-    out["cp_scheme"] = registry.from_framework("torchtitan", rotate, default="alltoall").name
+    rotate = par.get("context_parallel_rotate_method")
+    # an unknown method reads as the ring's shuffles (alltoall)
+    scheme = registry.from_framework(
+        "torchtitan", None if rotate is None else str(rotate).lower(), "alltoall"
+    )
+    out["cp_scheme"] = scheme.name
     preset = f"{model['name']}-{model['flavor']}".lower() if "name" in model and "flavor" in model else None
     return out, preset
 

@@ -181,7 +181,7 @@ def _recompute(value: str) -> str:
 
 def _cp_comm(value: str) -> str:
     first = re.sub(r"[\[\]'\" ]", "", value).split(",")[0]
-    return registry.from_framework("megatron", first, default="p2p").name  # p2p: --cp-comm-type's default
+    return registry.from_framework("megatron", first, fallback=registry.FRAMEWORK_DEFAULTS["megatron"]).name
 
 
 _MEGATRON_ARGS = {
@@ -270,8 +270,7 @@ class _Reader:
             for size in sizes:
                 gpus *= size
             self._state(number, "gpus", gpus)
-            # context_parallel_rotate_method's default
-            self.log.config.setdefault("cp_scheme", registry.from_framework("torchtitan", "allgather").name)
+            self.log.config.setdefault("cp_scheme", registry.from_framework("torchtitan").name)
             if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
                 self.log.config.setdefault("zero", 3)
             return True

@@ -40,19 +40,24 @@ from costmodel.training.step import StepSetup, bind, buckets, check_physical, st
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
 RECOMPUTE = ("none", "selective", "full")
-# (scheme, layout) pairs whose step times differ, simplest scheme first: each scheme names the layouts it
-# tries (Ulysses runs whole sequences per head, so its layout does not enter; an all-gather's zigzag and
-# striped shards see the same keys).
-SCHEMES: tuple[tuple[str, str], ...] = tuple(
-    (s.name, layout) for s in registry.schemes(TRAINING, ranked=True) for layout in s.layouts
-)
-# What each framework runs: the schemes it exports (Megatron-LM's --cp-comm-type: p2p, a2a, allgather,
-# a2a+p2p; torchtitan's context_parallel_rotate_method: alltoall, the ring's shuffles, and allgather), each
-# over its load-balanced (zigzag; torchtitan's head-tail) split.
-FRAMEWORKS: dict[str, frozenset[tuple[str, str]]] = {
-    framework: frozenset((s.name, "zigzag") for s in registry.schemes(TRAINING) if framework in s.exports)
-    for framework in dict.fromkeys(f for s in registry.schemes(TRAINING) for f in s.exports)
-}
+
+
+def scheme_pairs() -> list[tuple[str, str]]:
+    """The (scheme, layout) pairs whose step times differ, simplest scheme first: each registered scheme
+    names the layouts it tries (Ulysses runs whole sequences per head, so its layout does not enter; an
+    all-gather's zigzag and striped shards see the same keys)."""
+    return [(s.name, layout) for s in registry.schemes(TRAINING, ranked=True) for layout in s.layouts]
+
+
+def frameworks() -> dict[str, frozenset[tuple[str, str]]]:
+    """What each framework runs: the schemes it exports (Megatron-LM's --cp-comm-type: p2p, a2a, allgather,
+    a2a+p2p; torchtitan's context_parallel_rotate_method: alltoall, the ring's shuffles, and allgather), each
+    over its load-balanced (zigzag; torchtitan's head-tail) split."""
+    schemes = registry.schemes(TRAINING)
+    named = dict.fromkeys(framework for s in schemes for framework in s.exports)
+    return {f: frozenset((s.name, "zigzag") for s in schemes if f in s.exports) for f in named}
+
+
 # A plan's layout: the parallel degrees, the pipeline's stage split and the micro-batch size.
 STRUCTURE = ("tp", "cp", "pp", "first_stage_layers", "middle_stage_layers", "last_stage_layers", "vpp", "dp",
              "micro_batch", "ep")  # fmt: skip
@@ -148,8 +153,9 @@ def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
-    if c.framework not in ("any", *FRAMEWORKS):
-        raise InputError("--framework", f"unknown {c.framework!r}; accepted: any, {', '.join(FRAMEWORKS)}")
+    known = frameworks()
+    if c.framework not in ("any", *known):
+        raise InputError("--framework", f"unknown {c.framework!r}; accepted: any, {', '.join(known)}")
 
 
 def enumerate_plans(
@@ -164,14 +170,14 @@ def enumerate_plans(
     does not depend on the scheme) for :func:`with_pairs` to expand."""
     allowed = [
         (s, lay)
-        for s, lay in SCHEMES
+        for s, lay in scheme_pairs()
         if (c.cp_scheme is None or s == c.cp_scheme)
         and (c.layout is None or lay == c.layout or registry.get(s).whole_sequence)
-        and (c.framework == "any" or (s, lay) in FRAMEWORKS[c.framework])
+        and (c.framework == "any" or (s, lay) in frameworks()[c.framework])
     ]
     if not allowed:
         raise InputError("--cp-scheme", f"no CP scheme and layout of {c.framework} matches the constraints")
-    pairs = list(SCHEMES)
+    pairs = scheme_pairs()
     kv_heads = model.kv_heads
     # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
     a2a_kv = c.framework == "megatron"
@@ -755,7 +761,7 @@ def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
 
 def table_of(plans: list[dict[str, Any]], kv_heads: int, global_batch: int) -> Table:
     """Plans (as :meth:`Table.plan` gives them) back as a table, to evaluate them again elsewhere."""
-    pairs = list(SCHEMES)
+    pairs = scheme_pairs()
     columns = {k: np.array([p[k] for p in plans], dtype=np.int64) for k in (*STRUCTURE, "gpus")}
     columns["rc"] = np.array([RECOMPUTE.index(p["recompute"]) for p in plans], dtype=np.int64)
     columns["tpo"] = np.array([int(p["tp_comm_overlap"]) for p in plans], dtype=np.int64)

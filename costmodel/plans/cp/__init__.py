@@ -8,9 +8,11 @@ its formulas, and a line in ``REGISTRY``.
 
 from __future__ import annotations
 
+from costmodel.plans.cp import allgather, pass_kv, pass_q, ring, ulysses, usp
 from costmodel.plans.cp.base import PREFILL, TRAINING, Scheme, SchemeResult
 
 __all__ = [
+    "FRAMEWORK_DEFAULTS",
     "PREFILL",
     "TRAINING",
     "Scheme",
@@ -25,14 +27,10 @@ __all__ = [
 ]
 
 
-def _registered() -> list[Scheme]:
-    from costmodel.plans.cp import allgather, pass_kv, pass_q, ring, ulysses, usp
-
-    # The order flags and reports list them in.
-    return [module.SCHEME for module in (ring, ulysses, usp, pass_kv, pass_q, allgather)]
-
-
-REGISTRY: list[Scheme] = _registered()
+# Every scheme, in the order flags and reports list them.
+REGISTRY: list[Scheme] = [module.SCHEME for module in (ring, ulysses, usp, pass_kv, pass_q, allgather)]
+# The CP setting a framework runs when a job leaves it unset (Scheme.exports holds each scheme's value).
+FRAMEWORK_DEFAULTS = {"megatron": "p2p", "torchtitan": "allgather"}
 
 
 def schemes(phase: str | None = None, *, ranked: bool = False) -> list[Scheme]:
@@ -68,12 +66,14 @@ def get(name: str) -> Scheme:
     raise KeyError(f"no CP scheme {name!r}; registered: {', '.join(names())}")
 
 
-def from_framework(framework: str, value: str, default: str | None = None) -> Scheme:
-    """The scheme a framework's setting selects (Megatron-LM's --cp-comm-type, torchtitan's rotate method);
-    for a value none exports, the scheme of the framework's ``default`` value."""
+def from_framework(framework: str, value: str | None = None, fallback: str | None = None) -> Scheme:
+    """The scheme a framework's setting selects (Megatron-LM's --cp-comm-type, torchtitan's
+    context_parallel_rotate_method): its default where ``value`` is None, and the scheme of the ``fallback``
+    value for a value no scheme exports."""
+    value = FRAMEWORK_DEFAULTS[framework] if value is None else value
     for scheme in REGISTRY:
         if scheme.exports.get(framework) == value:
             return scheme
-    if default is None:
+    if fallback is None:
         raise KeyError(f"{framework} has no CP setting {value!r}")
-    return from_framework(framework, default)
+    return from_framework(framework, fallback)
