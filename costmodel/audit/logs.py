@@ -270,6 +270,7 @@ class _Reader:
             for size in sizes:
                 gpus *= size
             self._state(number, "gpus", gpus)
+            # context_parallel_rotate_method unset: torchtitan's default
             self.log.config.setdefault("cp_scheme", registry.from_framework("torchtitan").name)
             if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
                 self.log.config.setdefault("zero", 3)

@@ -32,11 +32,11 @@ def formula(name: str, values: Mapping[str, Any]) -> Any:
     return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
 
 
-def _runs(heads: int, kv_heads: int, n: int, split_kv: bool) -> str | None:
+def _always_runs(heads: int, kv_heads: int, n: int, split_kv: bool) -> str | None:
     return None
 
 
-def _one(kv_heads: int, n: int) -> int:
+def _no_all_to_all(kv_heads: int, n: int) -> int:
     return 1
 
 
@@ -60,8 +60,8 @@ class Scheme:
     exports: Mapping[str, str] = field(default_factory=dict)
     megatron_extra: Callable[[Mapping[str, Any]], list[str]] = lambda plan: []
     # (heads, KV heads a TP rank holds, N, whether the KV heads must split too) -> why it cannot run
-    check: Callable[[int, int, int, bool], str | None] = _runs
-    a2a_degree: Callable[[int, int], int] = _one  # N_u at (KV heads a TP rank holds, N)
+    check: Callable[[int, int, int, bool], str | None] = _always_runs
+    a2a_degree: Callable[[int, int], int] = _no_all_to_all  # N_u at (KV heads a TP rank holds, N)
     # the training step: the forward, backward and ring-overhead time a layer leaves exposed (x_CP_f, x_CP_b,
     # x_CP_r) from the bound symbols, and the attention kernel calls at (S, N, N_r, layout), N > 1
     exposure: Callable[[Mapping[str, Any]], tuple[Any, Any, Any]] | None = None

@@ -35,7 +35,7 @@ def layer(inputs: PlanInputs, machine: Machine, pass_: str) -> list[SchemeResult
     n = inputs.n
     ring = inputs.model_copy(update={"layout": ring_layout(inputs, n)})
     ev = Evaluator(plan_values(ring, machine))
-    time, compute = predict(ring, machine, NAME, pass_ != "fwd").for_pass(pass_)
+    time, compute = predict(ring, machine, "ring", pass_ != "fwd").for_pass(pass_)  # the kernel variant
     if n == 1:
         nothing = dict.fromkeys(("ring_recv_bytes", "ring_comm_s", "ring_ratio", "ratio", "exposed_s"), 0.0)
         return [

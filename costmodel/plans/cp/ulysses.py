@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from costmodel.plans.cp.base import TRAINING, Scheme, formula
+from costmodel.machines.binding import Machine
+from costmodel.plans.cp import usp
+from costmodel.plans.cp.base import TRAINING, Scheme, SchemeResult, formula
+from costmodel.plans.inputs import PlanInputs
 
 NAME = "ulysses"
 
@@ -27,10 +30,9 @@ def check(heads: int, kv_heads: int, n: int, split_kv: bool) -> str | None:
     return None
 
 
-def _layer(inputs, machine, pass_):  # noqa: ANN001, ANN202 - the registry's signature
-    from costmodel.plans.cp.usp import rows  # USP computes every all-to-all degree, N included
-
-    return rows(inputs, machine, pass_, [inputs.n] if inputs.n > 1 else [])
+def layer(inputs: PlanInputs, machine: Machine, pass_: str) -> list[SchemeResult]:
+    """USP with N_u = N: its all-to-alls and no ring."""
+    return usp.rows(inputs, machine, pass_, [inputs.n] if inputs.n > 1 else [], NAME)
 
 
 SCHEME = Scheme(
@@ -47,6 +49,6 @@ SCHEME = Scheme(
     a2a_degree=lambda kv_heads, n: n,
     exposure=exposure,
     attention_calls=lambda seq, n, n_r, layout: [(seq, seq, True, 1.0)],
-    layer=_layer,
+    layer=layer,
     describe=lambda layout, n, n_u: "Ulysses all-to-all",
 )

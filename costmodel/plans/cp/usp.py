@@ -1,6 +1,6 @@
 """USP: an N_u-way all-to-all over consecutive ranks (inside a node where it fits), an N_r-way ring across,
-N = N_u x N_r [USP §3]. Its ratio adds the ring's step ratio and the all-to-alls' share of the compute;
-here too the Ulysses end of the split (N_u = N) is computed, which :mod:`.ulysses` reports."""
+N = N_u x N_r [USP §3]. Its ratio adds the ring's step ratio and the all-to-alls' share of the compute.
+The Ulysses end of the split (N_u = N, no ring) is computed here too: :mod:`.ulysses` reports it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import PASSES, Evaluator, pass_ratio, plan_values
-from costmodel.plans.cp import ring, ulysses
+from costmodel.plans.cp import ring
 from costmodel.plans.cp.base import (
     TRAINING,
     Scheme,
@@ -48,21 +48,24 @@ def exposure(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     )
 
 
-def rows(inputs: PlanInputs, machine: Machine, pass_: str, n_us: list[int]) -> list[SchemeResult]:
-    """The comparison's row at each all-to-all degree: USP below N, Ulysses at N; infeasible head splits
-    with the reason."""
+def rows(
+    inputs: PlanInputs, machine: Machine, pass_: str, n_us: list[int], name: str = NAME
+) -> list[SchemeResult]:
+    """The comparison's row of scheme ``name`` at each all-to-all degree (USP below N, Ulysses at N);
+    infeasible head splits with the reason."""
     out = []
     for n_u in n_us:
         ok, reason = ulysses_feasibility(inputs.heads, inputs.kv_heads, n_u)
-        name = ulysses.NAME if n_u == inputs.n else NAME
         if not ok:
             out.append(SchemeResult(name, n_u, inputs.n // n_u, None, False, reason))
         else:
-            out.append(_split(inputs, machine, pass_, n_u, reason))
+            out.append(_split(inputs, machine, pass_, n_u, reason, name))
     return out
 
 
-def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: str) -> SchemeResult:
+def _split(
+    inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: str, name: str
+) -> SchemeResult:
     n, backward = inputs.n, pass_ != "fwd"
     n_r = n // n_u
     ev = Evaluator(plan_values(inputs, machine))
@@ -82,7 +85,7 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
             **dict.fromkeys(("docs", "window", "attention_chunk")),
         }
     )
-    a2a_time, a2a_compute = predict(a2a_only, machine, ulysses.NAME, backward).for_pass(pass_)
+    a2a_time, a2a_compute = predict(a2a_only, machine, "ulysses", backward).for_pass(pass_)  # kernel variant
     common = {
         "n_ulysses": n_u,
         "n_ring": n_r,
@@ -93,7 +96,7 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
     }
     if n_r == 1:  # Ulysses
         return SchemeResult(
-            ulysses.NAME,
+            name,
             layout=None,
             a2a_recv_bytes=float(ev("ulysses_recv_bytes_per_layer")) * len(PASSES[pass_]),
             a2a_comm_s=a2a_s,
@@ -117,11 +120,13 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
     ring_link = machine.link(n)
     sub_ev = Evaluator({**plan_values(sub, machine), **ring_link.values})
     ring_ratio = pass_ratio(sub_ev, pass_)
-    ring_time, ring_compute = predict(sub, machine, ring.NAME, backward, span=n).for_pass(pass_)
+    ring_time, ring_compute = predict(sub, machine, "ring", backward, span=n).for_pass(
+        pass_
+    )  # kernel variant
     ring_bytes, ring_s = ring_traffic(sub_ev, pass_)
     exposed = max(0.0, a2a_time - a2a_compute) + max(0.0, ring_time - ring_compute)
     return replace(
-        SchemeResult(NAME, layout=sub.layout, **common),
+        SchemeResult(name, layout=sub.layout, **common),
         a2a_recv_bytes=float(ev("usp_a2a_recv_bytes_per_layer", **factors)) * len(PASSES[pass_]),
         ring_recv_bytes=ring_bytes,
         a2a_comm_s=a2a_s,
