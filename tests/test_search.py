@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from costmodel.core.errors import InputError
 from costmodel.plans.stages import StageSplit
 from costmodel.training.search import (
-    FRAMEWORKS,
     Constraints,
     evaluate_plan,
+    frameworks,
     search,
     search_loop,
     sensitivity,
@@ -160,7 +160,7 @@ def test_fixing_a_dimension_keeps_it_and_never_beats_the_free_search(gpus: int, 
 
 def test_frameworks_keep_only_what_they_run() -> None:
     built = _job(gpus=32, global_batch=32)
-    for name, runs in FRAMEWORKS.items():
+    for name, runs in frameworks().items():
         plans = search(*built, Constraints(framework=name), top=None).plans
         assert plans and all((p["cp_scheme"], p["layout"]) in runs for p in plans if p["cp"] > 1)
     every = search(*built, Constraints(framework="any"), top=None).plans

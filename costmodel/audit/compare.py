@@ -19,6 +19,7 @@ from typing import Any
 
 from costmodel.audit.logs import ParsedLog, summary
 from costmodel.core.errors import InputError
+from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.models import load_model
 from costmodel.training.recommend import fit_at, training_values
@@ -171,13 +172,12 @@ def ring_ratio(built: dict[str, Any]) -> float | None:
     from costmodel.plans.schemes import compare
 
     inputs, setup, step = built["inputs"], built["setup"], built["step"]
-    if inputs.n == 1 or step.cp_scheme not in ("ring", "usp"):
+    scheme = registry.get(step.cp_scheme)
+    if inputs.n == 1 or not scheme.ring:
         return None
     attention = setup.attention(inputs).model_copy(update={"batch": step.micro_batch})
     schemes = compare(attention, built["machine"].placed(setup.tp), "fwd+bwd")
-    if step.cp_scheme == "ring":
-        return schemes[0].ring_ratio
-    feasible = [s for s in schemes if s.scheme == "usp" and s.feasible and s.ring_ratio is not None]
+    feasible = [s for s in schemes if s.scheme == scheme.name and s.feasible and s.ring_ratio is not None]
     return max(feasible, key=lambda s: s.n_ulysses).ring_ratio if feasible else None
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from costmodel.audit.logs import ParsedLog, read_lines
 from costmodel.core.errors import InputError
+from costmodel.plans import cp as registry
 from costmodel.plans.models import builtin_models, load_model
 
 
@@ -52,8 +53,12 @@ def torchtitan_config(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]
         out["global_batch"] = int(training["global_batch_size"])
     mode = str(ac.get("mode", "selective")).lower()
     out["recompute"] = mode if mode in ("none", "selective", "full") else "selective"
-    rotate = str(par.get("context_parallel_rotate_method", "allgather")).lower()
-    out["cp_scheme"] = "allgather" if rotate == "allgather" else "ring"
+    rotate = par.get("context_parallel_rotate_method")
+    # an unknown method reads as the ring's shuffles (alltoall)
+    scheme = registry.from_framework(
+        "torchtitan", None if rotate is None else str(rotate).lower(), "alltoall"
+    )
+    out["cp_scheme"] = scheme.name
     preset = f"{model['name']}-{model['flavor']}".lower() if "name" in model and "flavor" in model else None
     return out, preset
 

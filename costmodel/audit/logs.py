@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from costmodel.core.errors import InputError
+from costmodel.plans import cp as registry
 
 Framework = Literal["megatron", "torchtitan"]
 MAX_LINE_BYTES = 64 * 1024  # Megatron's longest line (an argument holding a file list) fits
@@ -180,7 +181,7 @@ def _recompute(value: str) -> str:
 
 def _cp_comm(value: str) -> str:
     first = re.sub(r"[\[\]'\" ]", "", value).split(",")[0]
-    return {"p2p": "ring", "a2a": "ulysses", "allgather": "allgather", "a2a+p2p": "usp"}.get(first, "ring")
+    return registry.from_framework("megatron", first, fallback=registry.FRAMEWORK_DEFAULTS["megatron"]).name
 
 
 _MEGATRON_ARGS = {
@@ -269,7 +270,8 @@ class _Reader:
             for size in sizes:
                 gpus *= size
             self._state(number, "gpus", gpus)
-            self.log.config.setdefault("cp_scheme", "allgather")  # context_parallel_rotate_method's default
+            # context_parallel_rotate_method unset: torchtitan's default
+            self.log.config.setdefault("cp_scheme", registry.from_framework("torchtitan").name)
             if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
                 self.log.config.setdefault("zero", 3)
             return True

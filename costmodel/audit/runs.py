@@ -20,6 +20,8 @@ from typing import Any
 
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, load_profile
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import TRAINING
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.symbolic import numeric
 from costmodel.training.report import StepReport
@@ -65,7 +67,7 @@ COLUMNS: dict[str, tuple[Callable[[str], Any], str]] = {
     "attention_kernel": (str, "flash or unfused (default flash)"),
     "dp_overlap": (float, "share of the gradient reduction overlapped with the backward (default 1)"),
     "sequence_parallel": (boolean, "true or false: sequence parallelism with TP (default: on where TP > 1)"),
-    "cp_scheme": (str, "ring, ulysses, usp or allgather (default ring)"),
+    "cp_scheme": (str, f"{registry.listed(TRAINING)} (default {registry.default(TRAINING).name})"),
     "zero": (int, "ZeRO stage 0-3 (default 0)"),
     "hw": (str, "hardware profile of the run (default --hw)"),
     "iteration_ms": (float, "measured time per iteration, ms"),

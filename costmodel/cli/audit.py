@@ -16,6 +16,8 @@ import typer
 from costmodel.cli.options import console, house_table
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import TRAINING
 
 MAX_FILES = (
     64  # logs or nccl-tests tables a run: each is parsed and fitted or evaluated in well under a second
@@ -96,7 +98,7 @@ def audit_cmd(
     global_batch: Annotated[Optional[int], _option("Sequences per optimizer step.")] = None,
     micro_batch: Annotated[Optional[int], _option("Sequences per micro-batch.")] = None,
     recompute: Annotated[Optional[str], _option("Activation recompute: none, selective, full.")] = None,
-    cp_scheme: Annotated[Optional[str], _option("ring, ulysses, usp or allgather.")] = None,
+    cp_scheme: Annotated[Optional[str], _option(f"{registry.listed(TRAINING)}.")] = None,
     fit_profile: Annotated[
         Optional[str],
         typer.Option(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from costmodel.cli.options import house_table
 from costmodel.core.units import count, percent, seconds, si, tokens_label
+from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation
 from costmodel.plans.schema import Report
 from costmodel.symbolic import numeric
@@ -86,12 +87,13 @@ def scheme_rows(report: Report) -> list[list[str]]:
         if not s.feasible:
             rows.append([s.label, "", "", "", "infeasible", "", s.reason])
             continue
-        if s.scheme == "ring":
-            note = f"{s.layout}, {_short(s.ring_link_scope)}"
-        elif s.scheme == "ulysses":
+        scheme = registry.get(s.scheme)
+        if scheme.hybrid:
+            note = f"a2a {_short(s.a2a_link_scope)}, ring {_short(s.ring_link_scope)}"
+        elif scheme.whole_sequence:
             note = _short(s.a2a_link_scope)
         else:
-            note = f"a2a {_short(s.a2a_link_scope)}, ring {_short(s.ring_link_scope)}"
+            note = f"{s.layout}, {_short(s.ring_link_scope)}"
         rows.append(
             [
                 s.label,

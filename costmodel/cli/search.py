@@ -13,6 +13,7 @@ import typer
 
 from costmodel.cli.options import console, house_table, searched
 from costmodel.core.errors import InputError
+from costmodel.plans import cp as registry
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
 from costmodel.training.step import StepSetup
 
@@ -155,9 +156,10 @@ def render_search(data: dict[str, Any]) -> None:
     for i, plan in enumerate(data["plans"], 1):
         exposed = plan["exposed_s"]
         scheme = "-" if plan["cp"] == 1 else plan["cp_scheme"]
-        if plan["cp"] > 1 and plan["cp_scheme"] == "usp":
-            scheme = f"usp{plan['cp_ulysses']}x{plan['cp_ring']}"
-        if plan["cp"] > 1 and plan["cp_scheme"] != "ulysses":
+        kind = registry.get(plan["cp_scheme"]) if plan["cp"] > 1 else None
+        if kind and kind.hybrid:
+            scheme = f"{kind.name}{plan['cp_ulysses']}x{plan['cp_ring']}"
+        if kind and not kind.whole_sequence:
             scheme += "/" + LAYOUT_SHORT[plan["layout"]]
         table.add_row(
             str(i),

@@ -20,19 +20,25 @@ from costmodel.inference.serve import (
 )
 from costmodel.inference.setup import InferenceSetup
 from costmodel.machines.binding import Machine
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import PREFILL
 from costmodel.plans.inputs import PlanInputs
 from costmodel.symbolic import numeric
 
-# The inference formulas each run's prediction is made of (JSON rows name them).
+# The inference formulas each run's prediction is made of (JSON rows name them): a ring prefill's are its
+# scheme's (the kernel runs the ring schemes), decode's the step's.
 FORMULAS = {
-    "pass-kv": (
-        "prefill_attn_s",
-        "passkv_exposed_s",
-        "ring_overhead_s",
-        "passkv_page_gather_s",
-        "inference_layer_fixed_s",
-    ),
-    "pass-q": ("prefill_attn_s", "passq_exposed_s", "ring_overhead_s", "inference_layer_fixed_s"),
+    **{
+        s.name: (
+            "prefill_attn_s",
+            s.prefill_exposed,
+            "ring_overhead_s",
+            *([s.prefill_extra] if s.prefill_extra else []),
+            "inference_layer_fixed_s",
+        )
+        for s in registry.schemes(PREFILL)
+        if s.ring
+    },
     "decode": ("tpot_s",),
 }
 # One attention layer and nothing else: no weights to read or multiply.

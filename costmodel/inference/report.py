@@ -8,10 +8,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import PREFILL
+
 # v3: inputs.tp_comm_overlap (chunked TP overlap) replaces the tp_overlap share. v4: the prefill's breakdown
 # is a typed object with identifier keys (matmul_s, exposed_cp_s, ...); its labels are display only.
 SCHEMA = "cp-plan/inference/v4"
-Scheme = Literal["pass-kv", "pass-q", "allgather"]
+Scheme = Literal[registry.names(PREFILL)]
 
 
 class _Strict(BaseModel):

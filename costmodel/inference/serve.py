@@ -34,14 +34,16 @@ from costmodel.inference.report import (
 from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
+from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation
+from costmodel.plans.cp import PREFILL, pass_kv, pass_q
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
 from costmodel.symbolic import numeric
 from costmodel.training.step import layer_gemm_rate, step_machine
 
-SCHEMES = ("pass-kv", "pass-q", "allgather")
+SCHEMES = registry.names(PREFILL)
 # A datasheet profile states no latency; a few microseconds per step is the order of NCCL's low-latency
 # protocol on NVLink and InfiniBand. A stated assumption: calibrate the profile or pass --comm-latency.
 DEFAULT_LATENCY_S = 5e-6
@@ -195,7 +197,7 @@ def _attention_rate(machine: Machine, scheme: str, values: dict[str, Any]) -> fl
     n, d = values["N"], values["d"]
     queries, cached, new = values["T_n"] / n, values["K_c"] / n, values["T_n"] / n
     pair = numeric.pair_flops(b=values["b"], h=values["h"] / values["t"], d=d)
-    if scheme == "allgather" or n == 1:
+    if not registry.get(scheme).ring or n == 1:
         calls = [(queries, (cached + new) * n, True, 1.0)]
     else:
         calls = [(queries, cached, False, 1.0), (queries, new, True, 1.0)]
@@ -218,18 +220,10 @@ def prefill_attention(
     chunk's T_n and K_c)."""
     v = {**values, "S": values["T_n"]}  # the step formulas read the chunk's tokens as S
     v["F_attn"] = _attention_rate(attention, scheme, v)
-    ring = v["N"] > 1 and scheme != "allgather"
-    if v["N"] == 1:
-        cp = 0.0
-    else:
-        cp = _call(
-            {"pass-kv": "passkv_exposed_s", "pass-q": "passq_exposed_s", "allgather": "prefill_allgather_s"}[
-                scheme
-            ],
-            v,
-            trace,
-        )
-    gather = _call("passkv_page_gather_s", v, trace) if ring and scheme == "pass-kv" else 0.0
+    kind = registry.get(scheme)
+    ring = v["N"] > 1 and kind.ring
+    cp = 0.0 if v["N"] == 1 else _call(kind.prefill_exposed, v, trace)
+    gather = _call(kind.prefill_extra, v, trace) if ring and kind.prefill_extra else 0.0
     return {
         "attention_s": _call("prefill_attn_s", v, trace),
         "exposed_cp_s": cp,
@@ -431,7 +425,7 @@ def _rule(
     hide = _call("passkv_hidden_min_new_tokens", v)
     share = _call("passq_max_new_fraction", v)
     fraction = setup.prompt / (setup.prompt + setup.cached)
-    scheme = "pass-kv" if setup.prompt >= hide or fraction >= share else "pass-q"
+    scheme = pass_kv.NAME if setup.prompt >= hide or fraction >= share else pass_q.NAME
     return scheme, hide, share, fraction
 
 
@@ -443,7 +437,7 @@ def _machines(
 
 
 def _ttft_schemes(values, setup, chunk, attention, gemm, model) -> dict[str, tuple[float, dict, dict]]:
-    schemes = SCHEMES if values["N"] > 1 else ("pass-kv",)
+    schemes = SCHEMES if values["N"] > 1 else (registry.default(PREFILL).name,)
     if setup.prefill_scheme != "auto" and values["N"] > 1:
         schemes = (setup.prefill_scheme, *(s for s in SCHEMES if s != setup.prefill_scheme))
     return {s: prefill(values, setup, chunk, s, attention, gemm, model) for s in schemes}
@@ -572,18 +566,14 @@ def evaluate_infer(
     if trace is not None:  # the same evaluation again, recorded: the chosen scheme only
         prefill(values, setup, chunk, scheme, attention, gemm, model, trace)
     rule, hide, share, fraction = _rule(values, setup, rates["attention"])
-    step_bytes = {
-        "pass-kv": "passkv_step_bytes",
-        "pass-q": "passq_step_bytes",
-        "allgather": "prefill_allgather_bytes",
-    }
     whole = {**values, "T_n": setup.prompt, "K_c": setup.cached}
     schemes = {
         s: SchemeTime(
             ttft_s=t,
             exposed_comm_s=parts.exposed_cp_s,
             step_bytes=_call(
-                step_bytes[s], {**whole, "T_n": chunk, "K_c": setup.cached + setup.prompt - chunk}
+                registry.get(s).prefill_bytes,
+                {**whole, "T_n": chunk, "K_c": setup.cached + setup.prompt - chunk},
             )
             if values["N"] > 1
             else 0.0,
@@ -616,7 +606,7 @@ def evaluate_infer(
             gpus=setup.tp * setup.cp * setup.pp,
             memory=Memory(**mem),
             prefill=Prefill(
-                scheme=scheme if values["N"] > 1 else "pass-kv",
+                scheme=scheme if values["N"] > 1 else registry.default(PREFILL).name,
                 rule_scheme=rule,
                 new_fraction=fraction,
                 passkv_hidden_min_new_tokens=hide,

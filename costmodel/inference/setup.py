@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import PREFILL
 from costmodel.plans.inputs import (
     MAX_CP,
     MAX_HEADS,
@@ -28,7 +30,7 @@ from costmodel.plans.inputs import (
 )
 
 CacheDtype = Literal["bf16", "fp8"]
-PrefillScheme = Literal["auto", "pass-kv", "pass-q", "allgather"]
+PrefillScheme = Literal[("auto", *registry.names(PREFILL))]
 MAX_CHUNKS = 1024  # chunks of one prefill the model walks one by one
 
 # What PlanInputs contributes to `cp-plan infer`; its other fields (one attention layer's shape) are left out.
@@ -91,8 +93,7 @@ class InferenceSetup(BaseModel):
     )
     prefill_scheme: PrefillScheme = flag(
         "auto",
-        "How CP brings keys to queries in the prefill: pass-kv (ring of K, V), pass-q (ring of queries, "
-        "partial outputs returned), allgather (K, V gathered first); auto takes the fastest.",
+        f"How CP brings keys to queries in the prefill: {registry.choices(PREFILL)}; auto takes the fastest.",
     )
     memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
     comm_latency: Number | None = flag(

@@ -9,6 +9,10 @@ step's dK/dV in backward) and ``tail`` is what nothing can hide (backward: the l
 That is perfect overlap. A measured profile carries how much really hides (``overlap``, o) and what
 running both at once costs on top (``step_overhead_s``, e): a step with a transfer then takes
 max(c, m) + (1 - o)·min(c, m) + e; serial at o = 0, as on a CPU whose cores the ranks fill.
+
+The overlap law is the formulas' (``cp_ring_fwd_exposed_s``: what stays exposed is m - o·min(m, c)), so a
+step is c plus that; ``tests/test_scheme_registry.py`` holds the two equal, since no formula stands for one
+step on its own symbols for this module to call.
 """
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from costmodel.plans import cp as registry
 from costmodel.plans.stages import StageSplit
 
-# Megatron-LM --cp-comm-type for each scheme: p2p is the ring, a2a Ulysses, a2a+p2p USP.
-MEGATRON_CP_COMM = {"ring": "p2p", "ulysses": "a2a", "allgather": "allgather", "usp": "a2a+p2p"}
-# torchtitan's context_parallel_rotate_method: alltoall shuffles K, V shards round the ring.
-TORCHTITAN_ROTATE = {"ring": "alltoall", "allgather": "allgather"}
+# Each scheme names its own setting (cp.Scheme.exports): Megatron-LM's --cp-comm-type (p2p is the ring, a2a
+# Ulysses, a2a+p2p USP) and torchtitan's context_parallel_rotate_method (alltoall shuffles K, V shards round
+# the ring).
 
 
 def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: int) -> list[str]:
@@ -45,9 +45,7 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
     if plan.get("ep", 1) > 1:
         args += ["--expert-model-parallel-size", str(plan["ep"])]
     if plan["cp"] > 1:
-        args += ["--cp-comm-type", MEGATRON_CP_COMM[plan["cp_scheme"]]]
-        if plan["cp_scheme"] == "usp":
-            args += ["--hierarchical-context-parallel-sizes", str(plan["cp_ulysses"]), str(plan["cp_ring"])]
+        args += registry.get(plan["cp_scheme"]).megatron_args(plan)
     if plan["tp"] > 1:
         args.append("--sequence-parallel")
     if plan.get("tp_comm_overlap"):  # Transformer Engine's userbuffers: TP collectives pipelined with GEMMs
@@ -102,7 +100,7 @@ def torchtitan_tables(
         parallelism["pipeline_parallel_microbatch_size"] = plan["micro_batch"]
         parallelism.update(_torchtitan_stages(StageSplit.of(plan), plan["vpp"]))
     if plan["cp"] > 1:
-        parallelism["context_parallel_rotate_method"] = TORCHTITAN_ROTATE[plan["cp_scheme"]]
+        parallelism["context_parallel_rotate_method"] = registry.get(plan["cp_scheme"]).exports["torchtitan"]
     # With PP the local batch is split into micro-batches; without, it is one forward and torchtitan
     # accumulates gradients up to the global batch.
     local = global_batch // dp if plan["pp"] > 1 else plan["micro_batch"]

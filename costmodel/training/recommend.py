@@ -22,6 +22,7 @@ from costmodel.core.errors import InputError
 from costmodel.core.units import seconds, si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
+from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluator, plan_values
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
@@ -175,7 +176,7 @@ def recommend(
             n_recommended=pick.n,
             dp=pick.dp,
             scheme="none" if none else chosen.scheme,
-            layout=None if none or chosen.scheme == "ulysses" else chosen.layout,
+            layout=None if none or registry.get(chosen.scheme).whole_sequence else chosen.layout,
             n_ulysses=None if none else chosen.n_ulysses,
             reason=_reason(pick, chosen, n_min, inputs.pass_),
             fixes=[],
@@ -242,7 +243,7 @@ def recommend_plan(
         n_recommended=cp,
         dp=plan["dp"],
         scheme="none" if cp == 1 else plan["cp_scheme"],
-        layout=None if cp == 1 or plan["cp_scheme"] == "ulysses" else plan["layout"],
+        layout=None if cp == 1 or registry.get(plan["cp_scheme"]).whole_sequence else plan["layout"],
         n_ulysses=None if cp == 1 else plan["cp_ulysses"],
         reason=_plan_reason(plan, search, row, rec, fit, at_inputs.pass_, setup.gpus),
         fixes=[],
@@ -308,11 +309,7 @@ def describe_scheme(scheme: str | None, layout: str | None, n: int | None, n_uly
     """``zigzag ring``, ``Ulysses``, ``USP 2x4 (all-to-all in node), zigzag ring``, or no CP at N = 1."""
     if not n or scheme in (None, "none"):
         return "no context parallelism"
-    if scheme == "ring":
-        return f"{layout} ring"
-    if scheme == "ulysses":
-        return "Ulysses all-to-all"
-    return f"USP {n_ulysses}x{n // (n_ulysses or 1)}: all-to-all over {n_ulysses}, a {layout} ring across"
+    return registry.get(scheme).describe(layout, n, n_ulysses)
 
 
 def _reason(pick: RecommendCandidate, chosen: SchemeResult, n_min: int | None, pass_: str) -> str:

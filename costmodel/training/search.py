@@ -24,6 +24,8 @@ import numpy as np
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
 from costmodel.machines.binding import Collective, LinkBinding, Machine
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import TRAINING
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
@@ -38,28 +40,24 @@ from costmodel.training.step import StepSetup, bind, buckets, check_physical, st
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
 RECOMPUTE = ("none", "selective", "full")
-# (scheme, layout) pairs whose step times differ: Ulysses runs whole sequences per head, so its layout does
-# not enter; an all-gather's zigzag and striped shards see the same keys.
-SCHEMES: tuple[tuple[str, str], ...] = (
-    ("ring", "zigzag"),
-    ("ring", "striped"),
-    ("ring", "contiguous"),
-    ("usp", "zigzag"),
-    ("usp", "striped"),
-    ("usp", "contiguous"),
-    ("ulysses", "zigzag"),
-    ("allgather", "zigzag"),
-    ("allgather", "contiguous"),
-)
-# What each framework runs: Megatron-LM's --cp-comm-type (p2p, a2a, allgather, a2a+p2p) over its
-# load-balanced (zigzag) split; torchtitan's context_parallel_rotate_method (alltoall: the ring's shuffles,
-# allgather) over its head-tail (zigzag) split.
-FRAMEWORKS: dict[str, frozenset[tuple[str, str]]] = {
-    "megatron": frozenset(
-        {("ring", "zigzag"), ("ulysses", "zigzag"), ("allgather", "zigzag"), ("usp", "zigzag")}
-    ),
-    "torchtitan": frozenset({("ring", "zigzag"), ("allgather", "zigzag")}),
-}
+
+
+def scheme_pairs() -> list[tuple[str, str]]:
+    """The (scheme, layout) pairs whose step times differ, simplest scheme first: each registered scheme
+    names the layouts it tries (Ulysses runs whole sequences per head, so its layout does not enter; an
+    all-gather's zigzag and striped shards see the same keys)."""
+    return [(s.name, layout) for s in registry.schemes(TRAINING, ranked=True) for layout in s.layouts]
+
+
+def frameworks() -> dict[str, frozenset[tuple[str, str]]]:
+    """What each framework runs: the schemes it exports (Megatron-LM's --cp-comm-type: p2p, a2a, allgather,
+    a2a+p2p; torchtitan's context_parallel_rotate_method: alltoall, the ring's shuffles, and allgather), each
+    over its load-balanced (zigzag; torchtitan's head-tail) split."""
+    schemes = registry.schemes(TRAINING)
+    named = dict.fromkeys(framework for s in schemes for framework in s.exports)
+    return {f: frozenset((s.name, "zigzag") for s in schemes if f in s.exports) for f in named}
+
+
 # A plan's layout: the parallel degrees, the pipeline's stage split and the micro-batch size.
 STRUCTURE = ("tp", "cp", "pp", "first_stage_layers", "middle_stage_layers", "last_stage_layers", "vpp", "dp",
              "micro_batch", "ep")  # fmt: skip
@@ -114,9 +112,8 @@ class Table:
         plan = {k: int(c[k][i]) for k in (*STRUCTURE, "gpus")}
         if plan["cp"] == 1:
             scheme, layout = "none", None
-        ulysses = {"ring": 1, "allgather": 1, "ulysses": plan["cp"], "none": 1}.get(scheme)
-        if ulysses is None:
-            ulysses = _usp_degree(self.kv_heads, plan["tp"], plan["cp"])
+        kv_heads = max(self.kv_heads // plan["tp"], 1)
+        ulysses = 1 if scheme == "none" else registry.get(scheme).a2a_degree(kv_heads, plan["cp"])
         return plan | {
             "tp_comm_overlap": bool(c["tpo"][i]),
             "recompute": RECOMPUTE[int(c["rc"][i])],
@@ -156,8 +153,9 @@ def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
-    if c.framework not in ("any", *FRAMEWORKS):
-        raise InputError("--framework", f"unknown {c.framework!r}; accepted: any, {', '.join(FRAMEWORKS)}")
+    known = frameworks()
+    if c.framework not in ("any", *known):
+        raise InputError("--framework", f"unknown {c.framework!r}; accepted: any, {', '.join(known)}")
 
 
 def enumerate_plans(
@@ -172,14 +170,14 @@ def enumerate_plans(
     does not depend on the scheme) for :func:`with_pairs` to expand."""
     allowed = [
         (s, lay)
-        for s, lay in SCHEMES
+        for s, lay in scheme_pairs()
         if (c.cp_scheme is None or s == c.cp_scheme)
-        and (c.layout is None or lay == c.layout or s == "ulysses")
-        and (c.framework == "any" or (s, lay) in FRAMEWORKS[c.framework])
+        and (c.layout is None or lay == c.layout or registry.get(s).whole_sequence)
+        and (c.framework == "any" or (s, lay) in frameworks()[c.framework])
     ]
     if not allowed:
         raise InputError("--cp-scheme", f"no CP scheme and layout of {c.framework} matches the constraints")
-    pairs = list(SCHEMES)
+    pairs = scheme_pairs()
     kv_heads = model.kv_heads
     # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
     a2a_kv = c.framework == "megatron"
@@ -274,18 +272,17 @@ def _valid_pairs(
     a2a_kv: bool,
 ) -> list[int]:
     """The (scheme, layout) pairs that run at this TP and CP degree."""
-    usp = _usp_degree(model.kv_heads, tp, cp) not in (1, cp)
+    kv_heads = max(model.kv_heads // tp, 1)
     valid = []
-    for scheme, layout in allowed:
+    for name, layout in allowed:
+        scheme = registry.get(name)
         if seq % (cp * chunks_per_rank(layout)):
             continue
-        if scheme == "ulysses" and (model.heads // tp) % cp:
+        if scheme.check(model.heads // tp, kv_heads, cp, a2a_kv):
             continue
-        if scheme == "ulysses" and a2a_kv and max(model.kv_heads // tp, 1) % cp:
+        if scheme.hybrid and scheme.a2a_degree(kv_heads, cp) in (1, cp):  # the plain ring or Ulysses
             continue
-        if scheme == "usp" and not usp:  # the plain ring or Ulysses
-            continue
-        valid.append(pairs.index((scheme, layout)))
+        valid.append(pairs.index((name, layout)))
     return valid
 
 
@@ -305,11 +302,6 @@ def _splits(layers: int, pp: int) -> list[tuple[StageSplit, list[int]]]:
 def _largest_dp(sequences: int, room: int) -> int:
     """The largest DP degree that divides ``sequences`` (a global batch's micro-batches) within ``room``."""
     return max(d for d in divisors(sequences) if d <= room)
-
-
-def _usp_degree(kv_heads: int, tp: int, cp: int) -> int:
-    heads = max(kv_heads // tp, 1)
-    return max(u for u in divisors(cp) if heads % u == 0)
 
 
 class _Shapes:
@@ -334,7 +326,7 @@ class _Shapes:
                     "micro_batch": mb,
                     "global_batch": mb,
                     "vpp": 1,
-                    "cp_scheme": scheme if cp > 1 else "ring",
+                    "cp_scheme": scheme if cp > 1 else registry.default(TRAINING).name,
                 }
             )
             self.cache[key] = bind(inputs, setup, step, self.model, self.machine, self.gemms)
@@ -716,7 +708,9 @@ def plan_setup(
         update={
             "vpp": plan["vpp"],
             "micro_batch": plan["micro_batch"],
-            "cp_scheme": "ring" if plan["cp_scheme"] == "none" else plan["cp_scheme"],
+            "cp_scheme": registry.default(TRAINING).name
+            if plan["cp_scheme"] == "none"
+            else plan["cp_scheme"],
             "ep": plan["ep"],
             "tp_comm_overlap": plan["tp_comm_overlap"],
         }
@@ -767,7 +761,7 @@ def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
 
 def table_of(plans: list[dict[str, Any]], kv_heads: int, global_batch: int) -> Table:
     """Plans (as :meth:`Table.plan` gives them) back as a table, to evaluate them again elsewhere."""
-    pairs = list(SCHEMES)
+    pairs = scheme_pairs()
     columns = {k: np.array([p[k] for p in plans], dtype=np.int64) for k in (*STRUCTURE, "gpus")}
     columns["rc"] = np.array([RECOMPUTE.index(p["recompute"]) for p in plans], dtype=np.int64)
     columns["tpo"] = np.array([int(p["tp_comm_overlap"]) for p in plans], dtype=np.int64)
@@ -927,10 +921,13 @@ def label(plan: dict[str, Any]) -> str:
     """``TP 8 · CP 4 (zigzag ring) · PP 2 (v 2) · DP 16 · mb 1 · recompute full`` (``EP 8`` after DP)."""
     cp = f"CP {plan['cp']}"
     if plan["cp"] > 1:
-        scheme = {"usp": f"USP {plan.get('cp_ulysses', '?')}x{plan.get('cp_ring', '?')}"}.get(
-            plan["cp_scheme"], plan["cp_scheme"]
+        scheme = registry.get(plan["cp_scheme"])
+        name = (
+            scheme.split_label(plan.get("cp_ulysses", "?"), plan.get("cp_ring", "?"))
+            if scheme.hybrid
+            else scheme.name
         )
-        cp += f" ({scheme}" + (f", {plan['layout']})" if plan["cp_scheme"] != "ulysses" else ")")
+        cp += f" ({name}" + (f", {plan['layout']})" if not scheme.whole_sequence else ")")
     split = StageSplit.of(plan).text()
     stages = ", ".join(part for part in (split, f"v {plan['vpp']}" if plan["vpp"] > 1 else "") if part)
     pp = f"PP {plan['pp']}" + (f" ({stages})" if stages else "")

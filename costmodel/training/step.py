@@ -18,7 +18,7 @@ recompute included, the causal half skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -30,7 +30,9 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
+from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation, Evaluator
+from costmodel.plans.cp import TRAINING, usp
 from costmodel.plans.inputs import (
     MAX_HEADS,
     TRAINING_DEFAULTS,
@@ -59,7 +61,7 @@ from costmodel.training.report import (
     StepTimes,
 )
 
-Scheme = Literal["ring", "ulysses", "usp", "allgather"]
+Scheme = Literal[registry.names(TRAINING)]  # the registry's training schemes, as a flag's choices
 
 DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
 ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
@@ -84,9 +86,8 @@ class StepSetup(BaseModel):
         le=2**30,
     )
     cp_scheme: Scheme = flag(
-        "ring",
-        "How CP exchanges K and V: ring, ulysses (all-to-all), usp (all-to-all inside "
-        "a ring), allgather (K, V gathered, as Llama 3).",
+        registry.default(TRAINING).name,
+        f"How CP exchanges K and V: {registry.choices(TRAINING)}.",
     )
     tp_comm_overlap: Flag = flag(
         False,
@@ -243,11 +244,10 @@ def _check(
     if step.attention_kernel == "unfused" and inputs.n > 1:
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     moe.check(model, step.ep, dp)
-    if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
-        raise InputError(
-            "--cp-scheme",
-            f"ulysses needs --cp {inputs.n} dividing the {model.heads // setup.tp} heads a TP rank holds",
-        )
+    kv_heads = max(model.kv_heads // setup.tp, 1)
+    reason = registry.get(step.cp_scheme).check(model.heads // setup.tp, kv_heads, inputs.n, False)
+    if reason:
+        raise InputError("--cp-scheme", reason)
     return dp, micro
 
 
@@ -258,11 +258,11 @@ def _groups(setup: TrainingSetup, step: StepSetup, n: int, dp: int) -> tuple[str
 
 
 def _collectives(step: StepSetup) -> dict[str, Any]:
-    """The collective CP waits on (all-to-all for Ulysses, all-gather for Llama 3's scheme, else ring sends),
-    and EP's all-to-all."""
+    """The collective CP waits on (its scheme's: all-to-all for Ulysses, all-gather for Llama 3's scheme, else
+    ring sends), and EP's all-to-all; "ring" is NCCL's ring algorithm."""
     return {
         "tp": "ring",
-        "cp": {"ulysses": "alltoall", "allgather": "allgather"}.get(step.cp_scheme, "p2p"),
+        "cp": registry.get(step.cp_scheme).collective,
         "ep": "alltoall",
         "dp": "ring",
     }
@@ -281,8 +281,7 @@ def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int
 
 def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
     """USP: the largest all-to-all degree dividing the CP degree and the TP rank's KV heads."""
-    heads = max(model.kv_heads // setup.tp, 1)
-    n_u = max(u for u in range(1, inputs.n + 1) if inputs.n % u == 0 and heads % u == 0)
+    n_u = usp.split(max(model.kv_heads // setup.tp, 1), inputs.n)
     return n_u, inputs.n // n_u
 
 
@@ -369,16 +368,8 @@ def _rates(
     if step.attention_kernel == "unfused":
         f_attn, f_attn_bwd = _unfused_rates(inputs.seq, step.micro_batch * model.heads // t, d, machine)
         return rates | {"F_attn": f_attn, "F_attn_bwd": f_attn_bwd}
-    seq, n, scheme = inputs.seq, inputs.n, step.cp_scheme
-    if n == 1 or scheme == "ulysses":
-        calls = [(seq, seq, True, 1.0)]
-    elif scheme == "allgather":  # local queries against the gathered keys, causal
-        calls = [(seq // n, seq, True, 1.0)]
-    else:  # ring (USP: over its n_r ranks): one causal diagonal step, the rest full blocks
-        ring = n_r if scheme == "usp" else n
-        block = seq // ring
-        other = block // 2 if inputs.layout == "zigzag" else block
-        calls = [(block, block, True, 0.5), (block, other, False, (ring - 1) * other / block)]
+    seq, n, scheme = inputs.seq, inputs.n, registry.get(step.cp_scheme)
+    calls = [(seq, seq, True, 1.0)] if n == 1 else scheme.attention_calls(seq, n, n_r, inputs.layout)
     pair = numeric.pair_flops(b=step.micro_batch, h=model.heads / t, d=d)
     kernel = None if step.attention_kernel == "flash" else step.attention_kernel
 
@@ -423,10 +414,11 @@ def bind(
     carries the multiplies' rates between calls on one machine and model (see :func:`_rates`)."""
     dp, micro = _check(inputs, setup, step, model, machine)
     n_u, n_r = _usp_split(inputs, setup, model)
-    t, n, scheme = setup.tp, inputs.n, step.cp_scheme
+    t, n, scheme = setup.tp, inputs.n, registry.get(step.cp_scheme)
     kernels, device = machine.profile.kernels, machine.profile.device
     links = _group_links(setup, step, machine, n, dp)
-    causal_ring = inputs.layout == "contiguous" and scheme in ("ring", "usp", "allgather") and n > 1
+    # a causal mask split in contiguous shards loads the last rank most, where each rank keeps its own queries
+    causal_ring = inputs.layout == "contiguous" and not scheme.whole_sequence and n > 1
     values: dict[str, Any] = {
         "S": inputs.seq,
         "b": step.micro_batch,
@@ -451,7 +443,7 @@ def bind(
         # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
         "c": compute_fraction(inputs) if inputs.masked else 0.5,
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
-        "k_copy": 1.0 if inputs.layout == "zigzag" and scheme in ("ring", "usp") else 0.0,
+        "k_copy": 1.0 if inputs.layout == "zigzag" and scheme.ring else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
         "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
@@ -462,7 +454,7 @@ def bind(
         "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
         "a_tp": links["tp"].call_latency_s if t > 1 else 0.0,
         "a_dp": links["dp"].call_latency_s if dp > 1 else 0.0,
-        "alpha_cp": links["cp"].latency_s if n > 1 and scheme == "allgather" else 0.0,
+        "alpha_cp": links["cp"].latency_s if n > 1 and scheme.latency_per_step else 0.0,
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
         "o_tp": float(numeric.tp_overlap_share(k_tp=t if step.tp_comm_overlap else 1)),
@@ -492,7 +484,7 @@ def bind(
         step.micro_batch,
         step.gemm_dtype,
         step.attention_kernel,
-        scheme,
+        scheme.name,
         n_r,
     )
     rates = gemms.get(whole) if gemms is not None else None
@@ -527,55 +519,13 @@ def buckets(values: Mapping[str, Any], step: StepSetup, model: ModelPreset) -> A
     return numpy.maximum(1, numpy.ceil(held * step.grad_bytes / step.bucket_bytes))
 
 
-def _ring(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    return (
-        _call("cp_ring_fwd_exposed_s", values),
-        _call("cp_ring_bwd_exposed_s", values),
-        _call("ring_overhead_s", values),
-    )
-
-
-def _allgather(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    gather = _call(
-        "cp_allgather_s", values
-    )  # K, V gathered forward; again, and dK, dV reduce-scattered backward
-    return gather, 2 * gather, 0.0
-
-
-def _ulysses(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    a2a = _call("cp_ulysses_s", values)
-    return a2a, a2a, 0.0
-
-
-def _usp(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    """All-to-alls over N_u ranks, then a ring over N_r at the N_r ranks' share of the sequence."""
-    a2a = numpy.where(numpy.asarray(values["N_u"]) > 1, _call("cp_usp_a2a_s", values), 0.0)
-    n_r = numpy.asarray(values["N_r"])
-    fwd, bwd, ring = _ring({**values, "N": n_r, "S": values["S"] * n_r // values["N"]})
-    across = n_r > 1
-    return (
-        a2a + numpy.where(across, fwd, 0.0),
-        a2a + numpy.where(across, bwd, 0.0),
-        numpy.where(across, ring, 0.0),
-    )
-
-
-# (forward, backward, ring overheads) of one layer and pass that a CP scheme leaves exposed, from its formulas:
-# the step's x_CP_f, x_CP_b, x_CP_r.
-CP_EXPOSURE: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Any, Any]]] = {
-    "ring": _ring,
-    "allgather": _allgather,
-    "ulysses": _ulysses,
-    "usp": _usp,
-}
-
-
 def term_values(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> dict[str, Any]:
     """The bound symbols with what the step's terms read beyond them: the CP scheme's exposure (none where
     N = 1) and what counts every expert a device holds (:mod:`costmodel.training.moe`); numbers, or arrays
     over many plans of one scheme."""
-    cp = numpy.asarray(values["N"]) > 1
-    fwd, bwd, ring = (numpy.where(cp, part, 0.0)[()] for part in CP_EXPOSURE[scheme](values))
+    split = numpy.asarray(values["N"]) > 1
+    exposure = registry.get(scheme).exposure(values)  # every training scheme gives one
+    fwd, bwd, ring = (numpy.where(split, part, 0.0)[()] for part in exposure)
     return {
         **values,
         "x_CP_f": fwd,

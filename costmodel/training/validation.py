@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import allgather
 from costmodel.training.step import build_step, evaluate_step
 
 GOAL = 0.15  # every row is held to it, or is a named known miss that says why in `misses`
@@ -38,6 +40,7 @@ NEMO_PERF = "[NeMo-Perf] 24.07 pre-training, DGX-H100"
 TITAN_H100 = "[torchtitan-H100] Tables 1-6"
 TITAN_H200 = "[torchtitan-H200]"
 GPT = {"seq": 2048, "hw": "a100-ib", "micro_batch": 1}
+MEGATRON_CP = registry.from_framework("megatron").name  # NeMo's default --cp-comm-type
 
 ROWS = [
     Published(
@@ -192,7 +195,7 @@ ROWS = [
             "vpp": 4,
             "global_batch": 128,
             "recompute": "none",
-            "cp_scheme": "allgather",
+            "cp_scheme": allgather.NAME,  # Llama 3's
             "layout": "zigzag",
         },
         "the paper does not say how it counts attention FLOP; at 128K the full square compared here is 57 % of "
@@ -278,7 +281,7 @@ def nemo_long(key: str, source: str, model: str, hw: str, run: tuple[int, ...], 
             "global_batch": batch,
             "recompute": "none",
             "gemm_dtype": "fp8",
-            "cp_scheme": "ring",
+            "cp_scheme": MEGATRON_CP,
             "layout": "zigzag",
             "attention_kernel": "cudnn" if hw.startswith("b200") else "sdpa-cudnn",
         },
@@ -354,7 +357,7 @@ NEMO_PERF_H100 = [
     ("llama2-7b", 8, 128, 1, 4096, 1, 1, 1, 1, 16847, {}),
     ("llama2-13b", 16, 128, 1, 4096, 1, 4, 1, 10, 8646, {}),
     ("llama2-70b", 64, 128, 1, 4096, 4, 4, 1, 20, 1707, {"tp_comm_overlap": True}),
-    ("llama3-8b", 8, 128, 1, 8192, 1, 1, 2, 1, 12036, {"cp_scheme": "ring", "layout": "zigzag"}),
+    ("llama3-8b", 8, 128, 1, 8192, 1, 1, 2, 1, 12036, {"cp_scheme": MEGATRON_CP, "layout": "zigzag"}),
     (
         "llama3-70b",
         64,
@@ -366,7 +369,7 @@ NEMO_PERF_H100 = [
         2,
         5,
         1533,
-        {"tp_comm_overlap": True, "cp_scheme": "ring", "layout": "zigzag"},
+        {"tp_comm_overlap": True, "cp_scheme": MEGATRON_CP, "layout": "zigzag"},
     ),
 ]
 ROWS += [
@@ -416,7 +419,7 @@ TITAN_H100_SKU = (
 )
 F8 = {"gemm_dtype": "fp8"}
 ASYNC_TP = {"tp_comm_overlap": True}
-CP_TORCH = {"cp_scheme": "allgather", "layout": "zigzag"}
+CP_TORCH = {"cp_scheme": registry.from_framework("torchtitan").name, "layout": "zigzag"}  # its default
 # (key, run as published, tokens/s per GPU, model, GPUs, TP, PP, VP, CP, micro-batch, global batch, sequence,
 # recompute, other knobs)
 TITAN_H100_RUNS = [
