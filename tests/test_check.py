@@ -111,7 +111,7 @@ INVALID = [
     ),
     (
         "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
-        ":4: n: 8 does not divide the 12 ranks",
+        ":4: cp: 8 does not divide the 12 ranks",
     ),
 ]
 

@@ -40,7 +40,7 @@ _NO_WEIGHTS = {"H": 0, "F_ffn": 0, "V": 0, "n_L": 1, "n_first": 1, "n_mid": 0, "
 
 
 def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    n = inputs.n
+    n = inputs.cp
     setup = InferenceSetup(
         prompt=new_tokens,
         cached=cached_tokens,
@@ -56,14 +56,14 @@ def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens
 def predict_run(
     inputs: PlanInputs, machine: Machine, scheme: str, new_per_rank: int, cached_per_rank: int
 ) -> float:
-    """Seconds of one inference attention layer on ``inputs.n`` ranks at the shape of ``inputs``.
+    """Seconds of one inference attention layer on ``inputs.cp`` ranks at the shape of ``inputs``.
 
     pass-kv, pass-q: ``new_per_rank`` new tokens on each rank (load-balanced), each rank holding
     ``cached_per_rank`` cached tokens; decode: ``new_per_rank`` new tokens per sequence (the same on every
     rank) against a cache of ``cached_per_rank`` tokens on each rank."""
     if scheme not in FORMULAS:
         raise ValueError(f"scheme {scheme!r}: expected one of {', '.join(FORMULAS)}")
-    n = inputs.n
+    n = inputs.cp
     cached = cached_per_rank * n
     if scheme == "decode":
         values = _values(inputs, machine, new_per_rank, cached)

@@ -59,7 +59,7 @@ def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> d
     """The base symbols' values for a plan at CP degree ``n`` (default the plan's), on the link a ring
     over n ranks waits on. Counts are floats: products of large shapes stay exact to 2^53 and never wrap
     around as int64 would."""
-    n = inputs.n if n is None else n
+    n = inputs.cp if n is None else n
     return {
         "S": float(inputs.seq),
         "N": float(n),

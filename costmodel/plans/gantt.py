@@ -123,7 +123,9 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
         for j, (c, m) in enumerate(zip(unfolded.step_compute_s, unfolded.comm_s, strict=True))
     ]
     forward, backward_extra = (
-        machine.layer_overhead("ring", backward, inputs.layout, inputs.causal) if inputs.n > 1 else (0.0, 0.0)
+        machine.layer_overhead("ring", backward, inputs.layout, inputs.causal)
+        if inputs.cp > 1
+        else (0.0, 0.0)
     )
     return Timeline(
         layout=inputs.layout,

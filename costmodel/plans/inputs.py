@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -111,7 +112,7 @@ def flag(
     """A declared input: the CLI flag is ``--`` + the field name with dashes (``pass_`` is ``--pass``).
 
     ``from_model``: a model preset fills it when the flag is not given. ``tokens``: accepts 256k, 1M.
-    ``aliases``: further long flags for the same field (``--cp`` for ``--n``)."""
+    ``aliases``: further long flags for the same field (``--n`` for ``--cp``)."""
     extra = {
         "short": short,
         "unit": unit,
@@ -132,12 +133,13 @@ class PlanInputs(BaseModel):
     seq: Tokens = flag(
         262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1, le=MAX_TOKENS
     )
-    n: Count = flag(
+    cp: Count = flag(
         8,
         "N, the CP degree: devices the sequence is split over.",
         short="-n",
         unit="devices",
-        aliases=("--cp",),
+        aliases=("--n",),
+        validation_alias=AliasChoices("cp", "n"),  # plan files and notebooks written before the rename
         ge=1,
         le=MAX_CP,
     )
@@ -214,7 +216,7 @@ class PlanInputs(BaseModel):
 
     @property
     def shard_tokens(self) -> int:
-        return self.seq // self.n
+        return self.seq // self.cp
 
     @property
     def masked(self) -> bool:
@@ -223,9 +225,9 @@ class PlanInputs(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.n > self.seq:
-            raise InputError("n", f"CP degree {self.n} exceeds the sequence length {self.seq}")
-        check_divisible(self.layout, self.seq, self.n)
+        if self.cp > self.seq:
+            raise InputError("cp", f"CP degree {self.cp} exceeds the sequence length {self.seq}")
+        check_divisible(self.layout, self.seq, self.cp)
         if self.kv_heads > self.heads:
             raise InputError("kv_heads", f"{self.kv_heads} exceeds --heads {self.heads}")
         if self.heads % self.kv_heads:
@@ -233,11 +235,11 @@ class PlanInputs(BaseModel):
         if self.masked:  # before packing: a refused S reads no documents
             from costmodel.schedule.packed import MAX_MASKED_TOKENS, MAX_MASKED_WORK
 
-            if self.seq > MAX_MASKED_TOKENS or self.seq * self.n > MAX_MASKED_WORK:
+            if self.seq > MAX_MASKED_TOKENS or self.seq * self.cp > MAX_MASKED_WORK:
                 raise InputError(
                     "docs" if self.docs else "window" if self.window else "attention_chunk",
                     f"packed and windowed masks are simulated up to S = {MAX_MASKED_TOKENS:,} tokens and "
-                    f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.n})",
+                    f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.cp})",
                 )
         if self.docs is not None:
             from costmodel.plans.packing import pack

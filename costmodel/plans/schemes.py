@@ -82,7 +82,7 @@ def compare(inputs: PlanInputs, machine: Machine, pass_: str | None = None) -> l
     """Ring, every USP split N = N_u x N_r (1 < N_u < N) and Ulysses, at the plan's N, for ``pass_``
     (default the plan's pass). Infeasible head splits are listed with the reason."""
     pass_ = pass_ or inputs.pass_
-    n = inputs.n
+    n = inputs.cp
     out = [_ring(inputs, machine, pass_)]
     for n_u in divisors(n)[1:]:
         ok, reason = ulysses_feasibility(inputs.heads, inputs.kv_heads, n_u)
@@ -114,7 +114,7 @@ def _ring_traffic(ev: Evaluator, pass_: str) -> tuple[float, float]:
 
 
 def _ring(inputs: PlanInputs, machine: Machine, pass_: str) -> SchemeResult:
-    n = inputs.n
+    n = inputs.cp
     ring = inputs.model_copy(update={"layout": ring_layout(inputs, n)})
     ev = Evaluator(plan_values(ring, machine))
     scope = machine.scope(n) if n > 1 else "none"
@@ -158,7 +158,7 @@ def _ring(inputs: PlanInputs, machine: Machine, pass_: str) -> SchemeResult:
 
 def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: str) -> SchemeResult:
     """N_u-way all-to-all over consecutive ranks (inside a node where it fits), N_r-way ring across."""
-    n, backward = inputs.n, pass_ != "fwd"
+    n, backward = inputs.cp, pass_ != "fwd"
     n_r = n // n_u
     ev = Evaluator(plan_values(inputs, machine))
     a2a_link = machine.link(n_u, "alltoall")
@@ -170,7 +170,7 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
     # (its exchanges only: a packed window's documents do not cut into S·N_u/N).
     a2a_only = inputs.model_copy(
         update={
-            "n": n_u,
+            "cp": n_u,
             "seq": inputs.seq // n_r,
             "layout": "contiguous",
             "block": 1,
@@ -203,7 +203,7 @@ def _split(inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: s
     # group of all N ranks uses (its neighbours sit N_u ranks apart).
     sub = inputs.model_copy(
         update={
-            "n": n_r,
+            "cp": n_r,
             "heads": inputs.heads // n_u,
             "kv_heads": max(inputs.kv_heads, n_u) // n_u,
             "layout": ring_layout(inputs, n_r),

@@ -108,7 +108,7 @@ def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeRe
     """The scheme comparison at CP degree ``n`` for one TP rank's attention: the same one `cp-plan` prints."""
     layout = "zigzag" if attention.causal else "contiguous"
     at_n = attention.model_copy(
-        update={"n": n, "layout": layout, "block": min(attention.block, attention.seq // n)}
+        update={"cp": n, "layout": layout, "block": min(attention.block, attention.seq // n)}
     )
     return compare(at_n, machine)
 

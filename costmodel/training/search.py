@@ -327,7 +327,7 @@ class _Shapes:
     def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
         key = (tp, cp, mb, scheme, layout)
         if key not in self.cache:
-            inputs = self.inputs.model_copy(update={"n": cp, "layout": layout})
+            inputs = self.inputs.model_copy(update={"cp": cp, "layout": layout})
             setup = self.setup.model_copy(update={"gpus": tp * cp, "tp": tp, "pp": 1})
             step = self.step.model_copy(
                 update={
@@ -701,7 +701,7 @@ def plan_setup(
     plan: dict[str, Any], inputs: PlanInputs, setup: TrainingSetup, step: StepSetup
 ) -> tuple[PlanInputs, TrainingSetup, StepSetup]:
     """The inputs of `cp-plan step` for a searched plan: the same flags give the same step."""
-    at = inputs.model_copy(update={"n": plan["cp"], "layout": plan["layout"] or inputs.layout})
+    at = inputs.model_copy(update={"cp": plan["cp"], "layout": plan["layout"] or inputs.layout})
     job = setup.model_copy(
         update={
             "gpus": plan["gpus"],

@@ -67,7 +67,7 @@ ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (
 
 class StepSetup(BaseModel):
     """The step's own knobs; the shape, the machine and the parallel layout come from
-    :class:`~costmodel.plans.inputs.PlanInputs` (``n`` is the CP degree) and
+    :class:`~costmodel.plans.inputs.PlanInputs` (``cp`` is the CP degree) and
     :class:`~costmodel.plans.inputs.TrainingSetup`. Overlaps are named here with their defaults, never buried."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
@@ -144,7 +144,7 @@ class StepSetup(BaseModel):
 
 # What `cp-plan step` and :func:`build_step` default to and leave out: a causal fwd+bwd training layer, no CP
 # unless asked; the step reads no tile size, and the model preset sets the heads.
-STEP_DEFAULTS: dict[str, Any] = TRAINING_DEFAULTS | {"n": 1, "block": 1}
+STEP_DEFAULTS: dict[str, Any] = TRAINING_DEFAULTS | {"cp": 1, "block": 1}
 STEP_EXCLUDE = frozenset(
     {
         "batch",
@@ -173,13 +173,13 @@ def build_step(
     profile: HardwareProfile | None = None, **values: Any
 ) -> tuple[PlanInputs, TrainingSetup, StepSetup, Machine]:
     """The step's inputs from flat keyword values named as the command's flags (``model``, ``seq``, ``hw``,
-    ``gpus``, ``tp``, ``cp`` or ``n``, ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``,
+    ``gpus``, ``tp``, ``cp`` (or ``n``), ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``,
     ``cp_scheme``, ``layout``, ``zero``, ``efficiency``, ...), with the command's defaults, each model
     validated once (:func:`~costmodel.plans.inputs.build`): for tests and notebooks. ``profile``, already
     loaded, stands in for reading ``hw`` again (many runs on one machine)."""
     given = dict(values)
-    if "cp" in given:
-        given["n"] = given.pop("cp")
+    if "n" in given:  # the CP degree's former name
+        given["cp"] = given.pop("n")
     parts: dict[type[BaseModel], dict[str, Any]] = {model: {} for model in _DECLARED}
     for name, value in given.items():
         owner = next((m for m in _DECLARED if name in m.model_fields and name not in STEP_EXCLUDE), None)
@@ -208,7 +208,7 @@ def _check(
     """DP degree and micro-batches per step; one line naming the flag for any impossible combination."""
     if model.heads % setup.tp:
         raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
-    group = setup.tp * inputs.n * setup.pp
+    group = setup.tp * inputs.cp * setup.pp
     if setup.gpus % group:
         raise InputError("--gpus", f"{setup.gpus} is not divisible by tp x cp x pp = {group}")
     dp = setup.gpus // group
@@ -240,13 +240,13 @@ def _check(
             raise InputError(
                 "--gemm-dtype", f"mxfp8 runs on Blackwell tensor cores; {device.name} is {device.generation}"
             )
-    if step.attention_kernel == "unfused" and inputs.n > 1:
+    if step.attention_kernel == "unfused" and inputs.cp > 1:
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     moe.check(model, step.ep, dp)
-    if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.n:
+    if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.cp:
         raise InputError(
             "--cp-scheme",
-            f"ulysses needs --cp {inputs.n} dividing the {model.heads // setup.tp} heads a TP rank holds",
+            f"ulysses needs --cp {inputs.cp} dividing the {model.heads // setup.tp} heads a TP rank holds",
         )
     return dp, micro
 
@@ -282,8 +282,8 @@ def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int
 def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
     """USP: the largest all-to-all degree dividing the CP degree and the TP rank's KV heads."""
     heads = max(model.kv_heads // setup.tp, 1)
-    n_u = max(u for u in range(1, inputs.n + 1) if inputs.n % u == 0 and heads % u == 0)
-    return n_u, inputs.n // n_u
+    n_u = max(u for u in range(1, inputs.cp + 1) if inputs.cp % u == 0 and heads % u == 0)
+    return n_u, inputs.cp // n_u
 
 
 # Kernels one layer launches on a device, (forward, backward), counted from Megatron-LM's GPT layer
@@ -353,7 +353,7 @@ def _rates(
     --efficiency) at this layer's shapes; ``gemms`` keeps the multiplies' rates by shape across calls (the
     layout search binds the same multiplies under many CP schemes)."""
     t, d = setup.tp, model.head_dim
-    rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
+    rows = step.micro_batch * inputs.seq // inputs.cp  # sequence parallel gathers the CP rank's tokens
     key = (t, rows, step.gemm_dtype)
     if gemms is None or key not in gemms:
         linear = machine if step.gemm_dtype is None else replace(machine, dtype="fp8")
@@ -369,7 +369,7 @@ def _rates(
     if step.attention_kernel == "unfused":
         f_attn, f_attn_bwd = _unfused_rates(inputs.seq, step.micro_batch * model.heads // t, d, machine)
         return rates | {"F_attn": f_attn, "F_attn_bwd": f_attn_bwd}
-    seq, n, scheme = inputs.seq, inputs.n, step.cp_scheme
+    seq, n, scheme = inputs.seq, inputs.cp, step.cp_scheme
     if n == 1 or scheme == "ulysses":
         calls = [(seq, seq, True, 1.0)]
     elif scheme == "allgather":  # local queries against the gathered keys, causal
@@ -423,7 +423,7 @@ def bind(
     carries the multiplies' rates between calls on one machine and model (see :func:`_rates`)."""
     dp, micro = _check(inputs, setup, step, model, machine)
     n_u, n_r = _usp_split(inputs, setup, model)
-    t, n, scheme = setup.tp, inputs.n, step.cp_scheme
+    t, n, scheme = setup.tp, inputs.cp, step.cp_scheme
     kernels, device = machine.profile.kernels, machine.profile.device
     links = _group_links(setup, step, machine, n, dp)
     causal_ring = inputs.layout == "contiguous" and scheme in ("ring", "usp", "allgather") and n > 1
@@ -650,9 +650,9 @@ def step_memory(
     from costmodel.training.recommend import fit_at, training_values
 
     attention = inputs.model_copy(update={"batch": step.micro_batch})
-    dp = setup.gpus // (setup.tp * inputs.n * setup.pp)
+    dp = setup.gpus // (setup.tp * inputs.cp * setup.pp)
     micro = step.global_batch // (step.micro_batch * dp)
-    values = training_values(attention, model, setup, machine, inputs.n, micro, step.vpp, step.ep)
+    values = training_values(attention, model, setup, machine, inputs.cp, micro, step.vpp, step.ep)
     fit = fit_at(Evaluator(values))
     return StepMemory(
         bytes_per_device=fit.total_bytes,
@@ -702,12 +702,12 @@ def evaluate_step(
         "dtype": inputs.dtype,
         "efficiency": inputs.efficiency,
         "layout": inputs.layout,
-        "cp": inputs.n,
+        "cp": inputs.cp,
         **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "offload", "rank_order"}),
         **step.model_dump(),
     }
     memory = step_memory(inputs, setup, step, model, machine)
-    groups = _groups(setup, step, inputs.n, v["D"])
+    groups = _groups(setup, step, inputs.cp, v["D"])
     return StepReport(
         fits=memory.fits,
         memory=memory,

@@ -188,7 +188,7 @@ def step_times(
     grid.step_time_s = np.array(
         [
             fastest_by_cp(
-                shape.model_copy(update={"seq": int(seq), "n": 1}), setup, machine, grid.ns, global_batch
+                shape.model_copy(update={"seq": int(seq), "cp": 1}), setup, machine, grid.ns, global_batch
             )
             for seq in grid.seqs
         ]
@@ -214,7 +214,7 @@ def _compute_fractions(shape: PlanInputs, seqs, ns, docs: str | None) -> np.ndar
             cell = shape.model_copy(
                 update={
                     "seq": seq,
-                    "n": n,
+                    "cp": n,
                     "block": min(tile, seq // n),
                     "layout": layout,
                     "docs": docs,
