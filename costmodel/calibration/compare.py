@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from costmodel.inference.kernel_runs import FORMULAS, predict_run
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.bind import plan_values
 from costmodel.plans.inputs import PlanInputs
@@ -65,7 +65,7 @@ def calibrated_inputs(
 
 def calibrated_machine(profile: HardwareProfile) -> Machine:
     """The measured profile bound to the dtype it was measured in."""
-    return Machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
+    return build_machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
 
 
 def critical_tokens(profile: HardwareProfile, n: int) -> float:

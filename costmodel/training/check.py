@@ -26,6 +26,7 @@ from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import (
     TRAINING_DEFAULTS,
     MachineOverrides,
+    Parallelism,
     PlanInputs,
     TrainingSetup,
     cp_stride,
@@ -33,7 +34,6 @@ from costmodel.plans.inputs import (
     problems,
 )
 from costmodel.plans.models import ModelPreset, load_model
-from costmodel.plans.stages import check_stages
 from costmodel.plans.verdict import BANDS, Colour
 
 M = TypeVar("M", bound=BaseModel)
@@ -230,7 +230,7 @@ def resolve(located: Located) -> Resolved:
         located, MachineOverrides, {k: v for k, v in fields.items() if k in MachineOverrides.model_fields}
     )
     with _blame(located):
-        check_stages(model.layers, setup.pp, pp_field="pp")
+        Parallelism.of(setup).check(model)  # the layout's one check; CP against the slice is checked below
         attention = setup.attention(inputs)
         load_profile(plan.hw, field="hw")
         # The job's placement, as `cp-plan step` and `recommend` make it: ranks by the rank order, a node

@@ -23,7 +23,7 @@ from costmodel.core.units import seconds, si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluator, plan_values
-from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, cp_stride
+from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
@@ -126,7 +126,7 @@ def recommend(
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
     re-running this function.
     """
-    setup.stages(model.layers)  # one line naming the flag for a split that leaves a stage empty
+    Parallelism.of(setup).check(model, setup.gpus)  # the layout's one check; CP is what this searches
     attention = setup.attention(inputs)
     base = machine
     # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.

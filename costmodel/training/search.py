@@ -23,10 +23,10 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
-from costmodel.machines.binding import Collective, LinkBinding, Machine
-from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
+from costmodel.machines.binding import Collective, LinkBinding, Machine, build_machine
+from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
-from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
+from costmodel.plans.stages import StageSplit, candidate_splits
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
@@ -149,10 +149,8 @@ def default_global_batch(seq: int) -> int:
 
 def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
     """Constraints no plan can meet, as one line naming the flag."""
-    if c.tp is not None and model.heads % c.tp:
-        raise InputError("--tp", f"{c.tp} does not divide the model's {model.heads} heads")
-    if c.pp is not None:
-        split_stages(model.layers, c.pp, c.vpp or 1)
+    # The fixed degrees, through the layout's one check (a free PP leaves the stages to the search).
+    Parallelism(tp=c.tp or 1, pp=c.pp or 1, vpp=(c.vpp or 1) if c.pp else 1).check(model)
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
@@ -798,16 +796,16 @@ def sensitivity(
     """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence and one more
     recompute level, and whether another plan would then be fastest. ``found``: the search of these same
     arguments, whose shapes bound inside one node the slower link leaves as they are."""
-    from costmodel.machines.compose import override
 
     out = []
     inter = machine.profile.links.inter_node
     if inter is not None:
         change = "inter-node link 2x slower"
-        slower = Machine(
-            override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
+        slower = build_machine(
+            machine.profile,
             machine.dtype,
             machine.efficiency,
+            changes={"inter_bandwidth": inter.bandwidth_per_direction / 2},
         )
         only_the_link = replace(slower, profile=machine.profile) == machine
         if only_the_link and not _reaches_inter_node(setup, machine):

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
@@ -32,15 +33,17 @@ from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans.bind import Evaluation, Evaluator
 from costmodel.plans.inputs import (
-    MAX_HEADS,
     TRAINING_DEFAULTS,
     Count,
     Flag,
     MachineOverrides,
     Number,
+    Overlaps,
+    Parallelism,
     PlanInputs,
     TrainingSetup,
     build,
+    declared_as,
     flag,
     job_machine,
     shape_from_model,
@@ -72,35 +75,17 @@ class StepSetup(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    vpp: Count = flag(
-        1, "Virtual pipeline stages per device (interleaved 1F1B).", unit="stages", ge=1, le=MAX_HEADS
-    )
-    micro_batch: Count = flag(1, "b, sequences per micro-batch.", unit="sequences", ge=1, le=MAX_HEADS)
-    global_batch: Count = flag(
-        ...,
-        "Sequences per optimizer step: micro-batch x DP x micro-batches per pipeline.",
-        unit="sequences",
-        ge=1,
-        le=2**30,
-    )
+    vpp: Count = declared_as(Parallelism, "vpp")
+    micro_batch: Count = declared_as(Parallelism, "micro_batch")
+    global_batch: Count = declared_as(Parallelism, "global_batch", default=PydanticUndefined)
     cp_scheme: Scheme = flag(
         "ring",
         "How CP exchanges K and V: ring, ulysses (all-to-all), usp (all-to-all inside "
         "a ring), allgather (K, V gathered, as Llama 3).",
     )
-    tp_comm_overlap: Flag = flag(
-        False,
-        "TP collectives pipelined with their matrix multiplies in t chunks (Megatron's --tp-comm-overlap, "
-        "Transformer Engine's userbuffers; torch's AsyncTP): all but one chunk's transfer can hide.",
-    )
-    cp_overlap: Number = flag(1.0, "Share of ring transfers hidden under attention, in [0, 1].", ge=0, le=1)
-    dp_overlap: Number = flag(
-        1.0,
-        "Share of the gradient reduction overlapped with the backward, in [0, 1]: 1 bucketed (PyTorch DDP, "
-        "FSDP, Megatron's --overlap-grad-reduce), 0 reduced after it (Megatron's default).",
-        ge=0,
-        le=1,
-    )
+    tp_comm_overlap: Flag = declared_as(Overlaps, "tp_comm_overlap")
+    cp_overlap: Number = declared_as(Overlaps, "cp_overlap")
+    dp_overlap: Number = declared_as(Overlaps, "dp_overlap")
     gemm_dtype: Literal["fp8", "mxfp8"] | None = flag(
         None,
         "Precision of the linear layers' multiplies when it differs from --dtype: fp8 (Transformer Engine, "
@@ -113,7 +98,7 @@ class StepSetup(BaseModel):
         "a kernel whose tables the profile holds (cp-plan hw show: e.g. sdpa-cudnn).",
         pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
     )
-    pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
+    pp_overlap: Number = declared_as(Overlaps, "pp_overlap")
     bucket_bytes: Number = flag(
         DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", ge=1, le=2**40
     )
@@ -127,13 +112,7 @@ class StepSetup(BaseModel):
     grad_bytes: Count = flag(
         4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1, le=8
     )
-    ep: Count = flag(
-        1,
-        "Expert-parallel degree of an MoE model: ranks its experts are split over, out of DP.",
-        unit="devices",
-        ge=1,
-        le=MAX_HEADS,
-    )
+    ep: Count = declared_as(Parallelism, "ep")
     capacity_factor: Number = flag(
         moe.CAPACITY_FACTOR,
         "MoE capacity factor: the most loaded expert rank computes this x the mean tokens (Switch: 1.25).",
@@ -205,26 +184,11 @@ def _call(name: str, values: Mapping[str, Any]) -> Any:
 def _check(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
 ) -> tuple[int, int]:
-    """DP degree and micro-batches per step; one line naming the flag for any impossible combination."""
-    if model.heads % setup.tp:
-        raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
-    group = setup.tp * inputs.cp * setup.pp
-    if setup.gpus % group:
-        raise InputError("--gpus", f"{setup.gpus} is not divisible by tp x cp x pp = {group}")
-    dp = setup.gpus // group
-    if step.global_batch % (step.micro_batch * dp):
-        raise InputError(
-            "--global-batch",
-            f"{step.global_batch} is not divisible by micro-batch x DP = {step.micro_batch} x {dp}",
-        )
-    micro = step.global_batch // (step.micro_batch * dp)
-    setup.stages(model.layers, step.vpp)
-    if step.vpp > 1 and micro < setup.pp:  # the interleaved schedule fills every stage before it steadies
-        raise InputError(
-            "--vpp",
-            f"interleaving needs at least --pp {setup.pp} micro-batches per pipeline; the step has {micro} "
-            "(--global-batch / (--micro-batch x DP))",
-        )
+    """DP degree and micro-batches per step (the layout's one check, :meth:`Parallelism.check`); one line
+    naming the flag for any impossible combination."""
+    layout = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
+    dp, micro = layout.dp, layout.micro_batches
+    assert micro is not None  # the step states its global batch
     named = attention_kernels(machine.profile)
     if step.attention_kernel not in ("flash", "unfused", *named):
         accepted = ", ".join(["flash", "unfused", *named])
@@ -242,7 +206,6 @@ def _check(
             )
     if step.attention_kernel == "unfused" and inputs.cp > 1:
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
-    moe.check(model, step.ep, dp)
     if step.cp_scheme == "ulysses" and (model.heads // setup.tp) % inputs.cp:
         raise InputError(
             "--cp-scheme",
