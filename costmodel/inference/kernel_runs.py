@@ -20,8 +20,8 @@ from costmodel.inference.serve import (
 )
 from costmodel.inference.setup import InferenceSetup
 from costmodel.machines.binding import Machine
+from costmodel.plans.bind import call
 from costmodel.plans.inputs import PlanInputs
-from costmodel.symbolic import numeric
 
 # The inference formulas each run's prediction is made of (JSON rows name them).
 FORMULAS = {
@@ -70,7 +70,7 @@ def predict_run(
         rate = decode_attention_rate(machine, values, cached)
         # No weights, so the matrix-multiply rate cancels; any finite one will do.
         step = decode_values(values, cached, 0, machine.effective_flops, rate, machine)
-        return float(numeric.tpot_s(**{a: step[a] for a in numeric.ARGS["tpot_s"]}))
+        return float(call("tpot_s", step))
     new = new_per_rank * n
     values = {**_values(inputs, machine, new, cached), "T_n": new, "K_c": cached}
     parts = prefill_attention(values, scheme, machine)

@@ -33,6 +33,7 @@ from costmodel.inference.report import (
 from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
+from costmodel.plans.bind import call
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
@@ -54,7 +55,7 @@ LAYER_KERNELS = 12
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
-    return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+    return float(call(name, values))
 
 
 def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int:

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from costmodel.machines.binding import Machine
-from costmodel.plans.bind import plan_values
+from costmodel.plans.bind import call, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.packing import call_tokens, schedule_for
 from costmodel.schedule.simulator import simulate, simulation_tile
@@ -66,7 +66,7 @@ class Prediction:
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
-    return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+    return float(call(name, values))
 
 
 def predict(

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.machines.binding import Machine
+from costmodel.plans.bind import call
 from costmodel.plans.models import ModelPreset
 from costmodel.symbolic import numeric
 
@@ -92,7 +93,7 @@ def active_ffn(model: ModelPreset) -> float:
 
 def _call(name: str, v: Mapping[str, Any]) -> Any:
     """A formula at ``v``: a number, or an array over plans when any value is one (the layout search)."""
-    return getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]})
+    return call(name, v)
 
 
 def per_layer(v: Mapping[str, Any], expert_ffn: int) -> tuple[Any, Any]:

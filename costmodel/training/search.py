@@ -24,6 +24,7 @@ import numpy as np
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
 from costmodel.machines.binding import Collective, LinkBinding, Machine, build_machine
+from costmodel.plans.bind import call
 from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit, candidate_splits
@@ -446,11 +447,11 @@ def evaluate_table(
             )
             for name, value in part.items():
                 breakdown[name][rows] = value
-    tokens = numeric.step_tokens(**{a: v[a] for a in numeric.ARGS["step_tokens"]})
+    tokens = call("step_tokens", v)
     peak = machine.peak_flops * c["gpus"]
 
     def per_token(name: str) -> Any:
-        return getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]})
+        return call(name, v)
 
     # MFU counts the trained mask's pairs, as `cp-plan step` does (costmodel.training.step.evaluate_step).
     hfu = per_token("hardware_flops_per_token") * tokens / (time_s * peak)
@@ -509,7 +510,7 @@ def memory_table(
     }
     values["E_p"] = c["ep"].astype(float)
     name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, n_E/E_p per rank
-    total = getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+    total = call(name, values)
     return {"total_bytes": np.asarray(total, dtype=float) * ones, "device_bytes": values["M_dev"]}
 
 
@@ -620,7 +621,7 @@ def _compute_bound(table: Table, shapes: _Shapes) -> np.ndarray:
 
 def _layer_compute_s(values: dict[str, Any]) -> float:
     names = ("layer_gemm_fwd_s", "layer_gemm_bwd_s", "layer_attn_fwd_s", "layer_attn_bwd_s")
-    return float(sum(getattr(numeric, n)(**{a: values[a] for a in numeric.ARGS[n]}) for n in names))
+    return float(sum(call(n, values) for n in names))
 
 
 def _notes(model: ModelPreset) -> list[str]:

@@ -31,7 +31,7 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
-from costmodel.plans.bind import Evaluation, Evaluator
+from costmodel.plans.bind import Evaluation, Evaluator, call
 from costmodel.plans.inputs import (
     TRAINING_DEFAULTS,
     Count,
@@ -178,7 +178,7 @@ def build_step(
 
 def _call(name: str, values: Mapping[str, Any]) -> Any:
     """A step formula at ``values``: a number, or an array when any value is one."""
-    return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+    return call(name, values)
 
 
 def _check(
