@@ -72,6 +72,8 @@ def test_each_degree_has_its_own_range() -> None:
 def test_the_cp_degree_keeps_its_former_name() -> None:
     assert build(PlanInputs, n=4).cp == build(PlanInputs, cp=4).cp == 4
     assert PlanInputs(seq=4096, n=2).model_dump()["cp"] == 2
+    with pytest.raises(TypeError, match="no field n"):  # a copy would otherwise keep the old degree silently
+        PlanInputs().model_copy(update={"n": 2})
 
 
 def test_machines_are_built_in_machines_only() -> None:

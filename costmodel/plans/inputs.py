@@ -12,6 +12,7 @@ that every accepted input is answered in bounded time and memory.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from copy import copy
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -403,6 +404,14 @@ class PlanInputs(BaseModel):
     @property
     def bytes_per_element(self) -> int:
         return BYTES_PER_ELEMENT[self.dtype]
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update``; a key that names no field (``n``, the CP degree's former name) is refused,
+        where pydantic would add it silently and leave the field as it was."""
+        unknown = sorted(set(update or ()) - set(type(self).model_fields))
+        if unknown:
+            raise TypeError(f"PlanInputs has no field {', '.join(unknown)}")
+        return super().model_copy(update=update, deep=deep)
 
     @property
     def shard_tokens(self) -> int:
