@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 from timing import median_seconds
 
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import build_machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.symbolic import numeric
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="a small grid, one timing: the suite runs it")
     smoke = parser.parse_args(argv).smoke
     profile = load_profile("a100-nvlink")
-    machine = Machine(profile)  # the sweep binds a profile to a dtype and an efficiency first
+    machine = build_machine(profile)  # the sweep binds a profile to a dtype and an efficiency first
     seqs = np.arange(1, 21 if smoke else 1001) * 1024 * 8  # 1,000 sequence lengths
     ns = np.arange(1, 65 if smoke else 1025)  # 1,024 CP degrees: 1,024,000 points
     vectorised = median_seconds(lambda: sweep(SHAPE, seqs, ns, machine), 1 if smoke else 5)

@@ -237,12 +237,15 @@ def validation_table() -> str:
 
 
 def flag_limits() -> str:
-    """Markdown: every declared flag with its accepted range and default, from the pydantic declarations."""
+    """Markdown: every declared flag once, with its accepted range and default, from the pydantic declarations.
+
+    A flag several commands take (``--tp``, ``--cp``) is one declaration (:class:`Parallelism`, :class:`Overlaps`)
+    and one row, naming every model that takes it and each default where they differ."""
     from costmodel.inference.setup import InferenceSetup
     from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, flag_name
     from costmodel.training.step import StepSetup
 
-    rows = ["| flag | accepted | default | declared in |", "|---|---|---|---|"]
+    rows: dict[str, tuple[str, str, dict[str, list[str]]]] = {}  # flag: names, accepted, {default: models}
     for model in (PlanInputs, TrainingSetup, MachineOverrides, StepSetup, InferenceSetup):
         schema = model.model_json_schema(by_alias=True)["properties"]
         for name, info in model.model_fields.items():
@@ -253,8 +256,18 @@ def flag_limits() -> str:
             if extra.get("tokens"):
                 accepted += "; 256k, 1M, 1G accepted"
             default = "required" if info.is_required() else f"`{info.default}`"
-            rows.append(f"| {names} | {accepted} | {default} | `{model.__name__}` |")
-    return "\n".join(rows)
+            row = rows.setdefault(flag_name(model, name), (names, accepted, {}))
+            row[2].setdefault(default, []).append(f"`{model.__name__}`")
+    lines = ["| flag | accepted | default | taken by |", "|---|---|---|---|"]
+    for names, accepted, defaults in rows.values():
+        models = ", ".join(m for ms in defaults.values() for m in ms)
+        shown = (
+            next(iter(defaults))
+            if len(defaults) == 1
+            else "; ".join(f"{d} ({', '.join(ms)})" for d, ms in defaults.items())
+        )
+        lines.append(f"| {names} | {accepted} | {shown} | {models} |")
+    return "\n".join(lines)
 
 
 def inference_contract() -> str:

@@ -42,10 +42,10 @@ CASES: list[tuple[list[str], str]] = [
     (["--seq", "12q"], "256k"),
     (["--seq", "0.5"], "whole number"),
     (["--seq", ""], "--seq"),
-    (["--n", "0"], "--n: must be >= 1 (got 0)"),
+    (["--n", "0"], "--cp: must be >= 1 (got 0)"),
     (["--n", "-1"], "--n"),
     (["--n", "eight"], "--n"),
-    (["--seq", "512", "--n", "1024", "--block", "1"], "--n: CP degree 1024 exceeds the sequence length"),
+    (["--seq", "512", "--n", "1024", "--block", "1"], "--cp: CP degree 1024 exceeds the sequence length"),
     (["--seq", "1000", "--n", "3", "--block", "8"], "--seq: 1000 tokens do not split evenly over N = 3"),
     (
         ["--seq", "20", "--n", "4", "--layout", "zigzag", "--block", "1"],

@@ -107,11 +107,11 @@ INVALID = [
     ),
     (
         "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\ntp: 3\n",
-        ":7: tp: TP 3 does not divide",
+        ":7: tp: 3 must divide the model's 32 heads",
     ),
     (
         "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
-        ":4: n: 8 does not divide the 12 ranks",
+        ":4: cp: 8 does not divide the 12 ranks",
     ),
 ]
 

@@ -17,7 +17,7 @@ from tests.support import REPO
 WORKED = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink"]
 
 CONTRACT = {  # docs/json.md: at least these keys
-    "inputs": "seq n batch heads kv_heads head_dim bytes_per_element block causal layout hw",
+    "inputs": "seq cp batch heads kv_heads head_dim bytes_per_element block causal layout hw",
     "hardware": "peak_flops effective_flops link_bandwidth latency beta",
     "memory": "scores_full_bytes scores_query_block_bytes scores_tile_bytes kv_block_bytes softmax_state_bytes",
     "compute": "total_flops device_flops_per_layer step_flops",
@@ -404,9 +404,9 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
 @pytest.mark.parametrize(
     ("args", "schema"),
     [
-        (["--seq", "8k"], "cp-plan/report/v1"),
-        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v4"),
-        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v4"),
+        (["--seq", "8k"], "cp-plan/report/v2"),
+        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v5"),
+        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v5"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
         (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v4"),

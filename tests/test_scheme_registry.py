@@ -14,8 +14,8 @@ import pytest
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans import cp as registry
+from costmodel.plans.bind import call as formula
 from costmodel.plans.cp import PREFILL, TRAINING, Scheme, SchemeResult, ring
-from costmodel.plans.cp.base import formula
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.schemes import best, compare
 from costmodel.schedule.timeline import ring_layer_time

@@ -35,7 +35,7 @@ def test_recommend_and_the_report_agree_on_every_scheme(
     for row in advice.candidates:
         if row.n == 1:
             continue
-        attention = setup.attention(inputs).model_copy(update={"n": row.n, "layout": "zigzag"})
+        attention = setup.attention(inputs).model_copy(update={"cp": row.n, "layout": "zigzag"})
         report = evaluate(attention, machine.placed(tp))
         shown = {s.label: s for s in report.schemes if s.feasible}
         assert shown[row.best_scheme].comm_ratio == pytest.approx(row.comm_ratio, rel=1e-12)

@@ -278,7 +278,7 @@ def test_recommend_table_shows_the_plans_side_by_side(cli) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--gpus", "48", "--tp", "3"], "--tp: 3 does not divide the model's 32 heads"),
+        (["--gpus", "48", "--tp", "3"], "--tp: 3 must divide the model's 32 heads"),
         (["--gpus", "8", "--cp", "16"], "--gpus: 8 GPUs are fewer than the fixed tp x cp x pp = 16"),
         (["--gpus", "8", "--pp", "3"], "--gpus"),
         (["--gpus", "64", "--pp", "64"], "--pp: 64 pipeline stages exceed the model's 32 layers"),

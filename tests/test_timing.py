@@ -54,5 +54,5 @@ CASES = [
 def test_a_ring_pass_is_positive_exactly_where_ranks_compute(case: dict, backward: bool) -> None:
     inputs = PlanInputs(hw="h100-nvlink", **case)
     ring = ring_pass(inputs, Machine(load_profile("h100-nvlink"), "bf16"), backward)
-    assert ring.compute_s.shape == (inputs.n, inputs.n)
+    assert ring.compute_s.shape == (inputs.cp, inputs.cp)
     assert (ring.compute_s[ring.pairs <= 0] == 0).all() and (ring.compute_s[ring.pairs > 0] > 0).all()

@@ -123,7 +123,7 @@ def _memory_fit(built: dict[str, Any]) -> dict[str, float]:
     inputs, setup, step = built["inputs"], built["setup"], built["step"]
     model = load_model(inputs.model)
     attention = inputs.model_copy(update={"batch": step.micro_batch})
-    fit = fit_at(Evaluator(training_values(attention, model, setup, built["machine"], inputs.n)))
+    fit = fit_at(Evaluator(training_values(attention, model, setup, built["machine"], inputs.cp)))
     return {
         "total_bytes": fit.total_bytes,
         "device_memory_bytes": fit.device_memory_bytes,
@@ -173,7 +173,7 @@ def ring_ratio(built: dict[str, Any]) -> float | None:
 
     inputs, setup, step = built["inputs"], built["setup"], built["step"]
     scheme = registry.get(step.cp_scheme)
-    if inputs.n == 1 or not scheme.ring:
+    if inputs.cp == 1 or not scheme.ring:
         return None
     attention = setup.attention(inputs).model_copy(update={"batch": step.micro_batch})
     schemes = compare(attention, built["machine"].placed(setup.tp), "fwd+bwd")
@@ -342,6 +342,14 @@ def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
             "attribution": attribution,
         },
         "findings": findings(
-            log, measured, predicted, attribution, peak, memory, inputs.n, built["step"].cp_scheme, plan_ratio
+            log,
+            measured,
+            predicted,
+            attribution,
+            peak,
+            memory,
+            inputs.cp,
+            built["step"].cp_scheme,
+            plan_ratio,
         ),
     }

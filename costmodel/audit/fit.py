@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.core.errors import InputError
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import build_machine
 from costmodel.machines.profiles import HardwareProfile, parse_profile
 from costmodel.training.report import StepTimes
 from costmodel.training.step import build_step, evaluate_step
@@ -85,9 +85,7 @@ def predict(run: Run, profile: HardwareProfile | None = None) -> StepTimes:
     """The step model for ``run``, on its own profile or on ``profile``."""
     inputs, setup, step, machine = build_step(**run.values)
     if profile is not None:
-        machine = Machine(
-            profile.model_copy(update={"cp_ranks_per_node": None}), machine.dtype, machine.efficiency
-        )
+        machine = build_machine(profile, machine.dtype, machine.efficiency, job=True)
     return evaluate_step(inputs, setup, step, machine).step
 
 

@@ -24,12 +24,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from costmodel.inference.kernel_runs import FORMULAS, predict_run
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.profiles import HardwareProfile
-from costmodel.plans.bind import plan_values
+from costmodel.plans.bind import call, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict
-from costmodel.symbolic import numeric
 
 SCHEMA = "cp-plan/validate/v2"
 INFERENCE_MAX_ERROR = 0.25  # the goal's bound on the largest held-out |error|, as for the training rows
@@ -65,15 +64,13 @@ def calibrated_inputs(
 
 def calibrated_machine(profile: HardwareProfile) -> Machine:
     """The measured profile bound to the dtype it was measured in."""
-    return Machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
+    return build_machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
 
 
 def critical_tokens(profile: HardwareProfile, n: int) -> float:
     """L* of the calibrated shape, non-causal forward, on the profile's measured rate, alpha and B."""
     values = plan_values(calibrated_inputs(profile, n, 1024), calibrated_machine(profile))
-    return float(
-        numeric.critical_shard_tokens(**{a: values[a] for a in numeric.ARGS["critical_shard_tokens"]})
-    )
+    return float(call("critical_shard_tokens", values))
 
 
 def perturbed_machines(profile: HardwareProfile) -> list[tuple[str, Machine]]:

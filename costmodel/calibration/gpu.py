@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import build_machine
 from costmodel.machines.kernels import measured_attention
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.inputs import PlanInputs
@@ -79,7 +79,7 @@ class MaskCheck:
 
 def check_masks(profile: HardwareProfile, data: dict, backend: str | None = None) -> list[MaskCheck]:
     """Every measured window: block counts against the simulator, times against the prediction."""
-    machine = Machine(measured_profile(profile, data, backend), "bf16")
+    machine = build_machine(measured_profile(profile, data, backend), "bf16")
     out = []
     for row in data["masks"]:
         inputs = mask_inputs(row)

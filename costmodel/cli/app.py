@@ -79,7 +79,7 @@ def report(
     if timeline:
         from costmodel.cli import timeline as drawing
 
-        drawing.check_request(inputs.n, format.value)
+        drawing.check_request(inputs.cp, format.value)
     trace: list | None = [] if explain else None
     result = evaluate(inputs, machine, trace)
 

@@ -208,7 +208,7 @@ def _verdict(report: Report, checks: list[CheckResult] | None) -> str:
         ),
         (
             "answer",
-            f"N = {i.n} is {escape(v.verdict)}; largest N green {_field('ring.n_max_green', r.n_max_green, str(r.n_max_green))}, "
+            f"N = {i.cp} is {escape(v.verdict)}; largest N green {_field('ring.n_max_green', r.n_max_green, str(r.n_max_green))}, "
             f"amber {_field('ring.n_max_amber', r.n_max_amber, str(r.n_max_amber))} (topology included)",
         ),
         (
@@ -369,10 +369,10 @@ def _timelines(report: Report, inputs: PlanInputs, passes: list[PassTimelines]) 
         "the link when the next block has not landed (exposed transfer). The top lane marks transfers in "
         "flight. Hover for values.</p>",
     ]
-    if inputs.n > MAX_RANKS:
+    if inputs.cp > MAX_RANKS:
         head.append(
             f'<p class="omitted">Not drawn: one row per rank reads up to N = {MAX_RANKS} ranks; this plan '
-            f"has N = {inputs.n}.</p></section>"
+            f"has N = {inputs.cp}.</p></section>"
         )
         return "\n".join(head)
     legend = "".join(

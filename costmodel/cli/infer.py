@@ -20,7 +20,7 @@ from costmodel.plans.inputs import MachineOverrides, PlanInputs
     inputs=PlanInputs,
     setup=InferenceSetup,
     machine_overrides=MachineOverrides,
-    only=INFER_SHARED | set(InferenceSetup.model_fields) | set(MachineOverrides.model_fields),
+    only={"inputs": INFER_SHARED},
 )
 def infer_cmd(
     inputs: PlanInputs,

@@ -11,7 +11,7 @@ import contextlib
 import functools
 import inspect
 import typing
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import typer
@@ -193,21 +193,28 @@ def searched(model: type[BaseModel], name: str, default: str, names: tuple[str, 
 def declared(
     defaults: dict[str, Any] | None = None,
     exclude: Iterable[str] = (),
-    only: Iterable[str] | None = None,
+    only: Iterable[str] | Mapping[str, Iterable[str]] | None = None,
     **models: type[BaseModel],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command one flag per field of each model, and call it with the models built.
 
     ``defaults`` replaces declared defaults for this command (training commands default to causal
-    fwd+bwd); ``exclude`` and ``only`` pick fields. The command's own parameters come after."""
+    fwd+bwd); ``exclude`` and ``only`` pick fields, ``only`` per model when a mapping from the models'
+    names (a model it does not name gives every field). The command's own parameters come after."""
     defaults, exclude = defaults or {}, set(exclude)
-    wanted = None if only is None else set(only)
+    wanted = {
+        key: None
+        if only is None
+        else set(only.get(key, model.model_fields) if isinstance(only, Mapping) else only)
+        for key, model in models.items()
+    }
 
     def fields(model: type[BaseModel]) -> list[tuple[str, FieldInfo]]:
+        picked = wanted[next(key for key, m in models.items() if m is model)]
         return [
             (name, info)
             for name, info in model.model_fields.items()
-            if name not in exclude and (wanted is None or name in wanted)
+            if name not in exclude and (picked is None or name in picked)
         ]
 
     def wrap(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -46,7 +46,7 @@ def report_cmd(
 
     fit = None
     if located.plan.gpus is not None:  # ZeRO shards over DP x CP, which needs the job's size
-        values = training_values(resolved.inputs, resolved.model, resolved.setup, placed, resolved.inputs.n)
+        values = training_values(resolved.inputs, resolved.model, resolved.setup, placed, resolved.inputs.cp)
         fit = fit_at(Evaluator(values))
     text = page.plan_page(
         report,

@@ -46,8 +46,8 @@ COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
     inputs=PlanInputs,
     setup=TrainingSetup,
     machine_overrides=MachineOverrides,
-    defaults=TRAINING_DEFAULTS | {"n": 1},
-    exclude={"n", "layout", "tp", "pp", "recompute"},
+    defaults=TRAINING_DEFAULTS | {"cp": 1},
+    exclude={"cp", "layout", "tp", "pp", "recompute"},
 )
 def recommend_cmd(
     ctx: typer.Context,
@@ -281,7 +281,7 @@ def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # n
     inputs=PlanInputs,
     setup=TrainingSetup,
     machine_overrides=MachineOverrides,
-    exclude={"seq", "n", "block", "hw", "gpus"},
+    exclude={"seq", "cp", "block", "hw", "gpus"},
     only={
         "batch",
         "heads",
@@ -305,7 +305,7 @@ def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # n
         "attention_chunk",
         *MachineOverrides.model_fields,
     },
-    defaults={"seq": 1, "n": 1, "block": 1},
+    defaults={"seq": 1, "cp": 1, "block": 1},
 )
 def sweep_cmd(
     inputs: PlanInputs,
@@ -317,7 +317,9 @@ def sweep_cmd(
     seq: Annotated[
         str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")
     ] = "8k..1M",
-    n: Annotated[str, typer.Option("--n", "-n", help="N values: 8, 2,4,8 or 1..64 (doubling).")] = "1..64",
+    cp: Annotated[
+        str, typer.Option("--cp", "--n", "-n", help="CP degrees N: 8, 2,4,8 or 1..64 (doubling).")
+    ] = "1..64",
     hw: Annotated[str, typer.Option("--hw", help="Profiles, comma-separated.")] = "a100-nvlink",
     format: format_option("table", "csv", "json", "html") = Format.table,
     plot: Annotated[
@@ -335,12 +337,12 @@ def sweep_cmd(
 
     With --model and --gpus it also gives N_min(memory) per S and the whole step's time per (S, N): the
     fastest plan that fits at that CP degree, with the stated --tp, --pp and --recompute. Example:
-    cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
+    cp-plan sweep --seq 8k..1M --cp 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
     from costmodel.plans.models import load_model
     from costmodel.training.sweep import parse_grid, sweep
 
-    seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(n, "--n", MAX_DEVICES)
+    seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_DEVICES)
     from costmodel.training.sweep import MAX_PROFILES
 
     if hw.count(",") >= MAX_PROFILES:  # before splitting: a huge list is refused without building it

@@ -31,7 +31,7 @@ def report_data(report: Report, trace: list[Evaluation] | None = None) -> dict[s
 def headline(report: Report) -> str:
     i = report.inputs
     mask = "causal" if i.causal else "non-causal"
-    return f"S = {count(i.seq)} · N = {i.n} · {mask} · {i.layout} layout"
+    return f"S = {count(i.seq)} · N = {i.cp} · {mask} · {i.layout} layout"
 
 
 def shape_line(report: Report) -> str:
@@ -118,7 +118,7 @@ def memory_rows(report: Report) -> list[list[str]]:
         [f"query block ({count(i.block)}) x all keys", si(m.scores_query_block_bytes, "B")],
         ["one tile, query block x key block", si(m.scores_tile_bytes, "B")],
         [
-            f"KV block in flight (L = {count(i.seq // i.n)})",
+            f"KV block in flight (L = {count(i.seq // i.cp)})",
             f"{si(m.kv_block_bytes, 'B')}  ({si(m.kv_tile_bytes, 'B')} per tile)",
         ],
         ["softmax state (m, l, O), fp32", si(m.softmax_state_bytes, "B")],
@@ -239,7 +239,7 @@ def long_tail_line(report: Report) -> str:
     assert t is not None
     line = (
         f"the longest document ({t.longest_doc_tokens:,} tokens) needs N = {t.n_longest}, the rest of the "
-        f"batch N = {t.n_rest}; the plan runs every document at N = {report.inputs.n}"
+        f"batch N = {t.n_rest}; the plan runs every document at N = {report.inputs.cp}"
     )
     if t.dynamic_recv_share is not None:
         line += (

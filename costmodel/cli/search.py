@@ -28,7 +28,7 @@ class Framework(str, Enum):
 
 TpOpt = searched(TrainingSetup, "tp", "searched with --gpus, else 1")
 PpOpt = searched(TrainingSetup, "pp", "searched with --gpus, else 1")
-CpOpt = searched(PlanInputs, "n", "searched", names=("--cp",))
+CpOpt = searched(PlanInputs, "cp", "searched", names=("--cp",))
 VppOpt = searched(StepSetup, "vpp", "searched")
 MicroOpt = searched(StepSetup, "micro_batch", "1, 2, 4, 8 searched")
 GlobalOpt = searched(StepSetup, "global_batch", "4M tokens' worth, at least 1")

@@ -1,7 +1,7 @@
 """``cp-plan step``: the whole training step's time, tokens/s, MFU and HFU, with a breakdown.
 
 Its flags are the declared inputs: the shape and machine (:class:`~costmodel.plans.inputs.PlanInputs`,
-``--cp`` naming the CP degree ``--n``), the job's layout (:class:`~costmodel.plans.inputs.TrainingSetup`)
+``--cp``, or ``--n``, the CP degree), the job's layout (:class:`~costmodel.plans.inputs.TrainingSetup`)
 and the step's own knobs (:class:`~costmodel.training.step.StepSetup`)."""
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def render(inputs: PlanInputs, machine: Machine, screen: Console) -> None:
     """The plan's layout: forward, and backward too when the plan's pass includes it."""
     from costmodel.plans.gantt import ring_timeline
 
-    check_rows(inputs.n)
+    check_rows(inputs.cp)
     passes = [False] + ([True] if inputs.pass_ != "fwd" else [])
     for backward in passes:
         screen.print()

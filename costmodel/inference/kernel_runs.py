@@ -21,9 +21,9 @@ from costmodel.inference.serve import (
 from costmodel.inference.setup import InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
+from costmodel.plans.bind import call
 from costmodel.plans.cp import PREFILL
 from costmodel.plans.inputs import PlanInputs
-from costmodel.symbolic import numeric
 
 # The inference formulas each run's prediction is made of (JSON rows name them): a ring prefill's are its
 # scheme's (the kernel runs the ring schemes), decode's the step's.
@@ -46,7 +46,7 @@ _NO_WEIGHTS = {"H": 0, "F_ffn": 0, "V": 0, "n_L": 1, "n_first": 1, "n_mid": 0, "
 
 
 def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    n = inputs.n
+    n = inputs.cp
     setup = InferenceSetup(
         prompt=new_tokens,
         cached=cached_tokens,
@@ -62,21 +62,21 @@ def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens
 def predict_run(
     inputs: PlanInputs, machine: Machine, scheme: str, new_per_rank: int, cached_per_rank: int
 ) -> float:
-    """Seconds of one inference attention layer on ``inputs.n`` ranks at the shape of ``inputs``.
+    """Seconds of one inference attention layer on ``inputs.cp`` ranks at the shape of ``inputs``.
 
     pass-kv, pass-q: ``new_per_rank`` new tokens on each rank (load-balanced), each rank holding
     ``cached_per_rank`` cached tokens; decode: ``new_per_rank`` new tokens per sequence (the same on every
     rank) against a cache of ``cached_per_rank`` tokens on each rank."""
     if scheme not in FORMULAS:
         raise ValueError(f"scheme {scheme!r}: expected one of {', '.join(FORMULAS)}")
-    n = inputs.n
+    n = inputs.cp
     cached = cached_per_rank * n
     if scheme == "decode":
         values = _values(inputs, machine, new_per_rank, cached)
         rate = decode_attention_rate(machine, values, cached)
         # No weights, so the matrix-multiply rate cancels; any finite one will do.
         step = decode_values(values, cached, 0, machine.effective_flops, rate, machine)
-        return float(numeric.tpot_s(**{a: step[a] for a in numeric.ARGS["tpot_s"]}))
+        return float(call("tpot_s", step))
     new = new_per_rank * n
     values = {**_values(inputs, machine, new, cached), "T_n": new, "K_c": cached}
     parts = prefill_attention(values, scheme, machine)

@@ -35,9 +35,9 @@ from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation
+from costmodel.plans.bind import Evaluation, Evaluator, call
 from costmodel.plans.cp import PREFILL, pass_kv, pass_q
-from costmodel.plans.inputs import MAX_CP, MachineOverrides, PlanInputs
+from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
 from costmodel.symbolic import numeric
@@ -59,20 +59,16 @@ LAYER_KERNELS = 12
 
 def _call(name: str, values: dict[str, Any], trace: list[Evaluation] | None = None) -> float:
     """One formula at ``values``; ``trace`` records it (``--explain``)."""
-    args = {a: values[a] for a in numeric.ARGS[name]}
-    value = float(getattr(numeric, name)(**args))
-    if trace is not None:
-        trace.append(Evaluation(name, args, value))
-    return value
+    if trace is None:
+        return float(call(name, values))
+    return float(Evaluator(values, trace)(name))
 
 
 def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int:
     """The chunk size; one line naming the flag for any impossible combination."""
-    if model.heads % setup.tp:
-        raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
+    Parallelism.of(setup).check(model)  # the layout's one check: TP against the heads, the stages
     if setup.prompt % setup.cp:
         raise InputError("--prompt", f"{setup.prompt} tokens do not split evenly over --cp {setup.cp} ranks")
-    check_stages(model.layers, setup.pp)
     context = setup.cached + setup.prompt + setup.output
     if model.context_length is not None and context > model.context_length:
         raise InputError(
@@ -93,7 +89,7 @@ def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int
 def _machine(machine: Machine, dtype: str, flag: str) -> Machine:
     if dtype not in machine.profile.device.peak_flops:
         raise InputError(flag, f"profile {machine.name!r} has no {dtype} FLOP/s")
-    return Machine(machine.profile, dtype, machine.efficiency, machine.datasheet, machine.ranks_per_node)
+    return machine.at(dtype)
 
 
 def _link(machine: Machine, stride: int, size: int, latency: float | None) -> tuple[float, float]:

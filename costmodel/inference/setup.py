@@ -15,16 +15,18 @@ from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import PREFILL
 from costmodel.plans.inputs import (
-    MAX_CP,
-    MAX_HEADS,
     MAX_TOKENS,
     Count,
     Flag,
     MachineOverrides,
     Number,
+    Overlaps,
+    Parallelism,
     PlanInputs,
     Tokens,
+    TrainingSetup,
     build,
+    declared_as,
     flag,
     shape_from_model,
 )
@@ -61,15 +63,9 @@ class InferenceSetup(BaseModel):
     output: Tokens = flag(
         1, "Tokens to generate per sequence.", unit="tokens", tokens=True, ge=0, le=MAX_TOKENS
     )
-    tp: Count = flag(1, "Tensor-parallel degree (inside a node).", unit="devices", ge=1, le=MAX_HEADS)
-    cp: Count = flag(
-        1,
-        "Context-parallel degree: ranks the prompt and the KV cache are split over.",
-        unit="devices",
-        ge=1,
-        le=MAX_CP,
-    )
-    pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
+    tp: Count = declared_as(Parallelism, "tp")
+    cp: Count = declared_as(Parallelism, "cp")
+    pp: Count = declared_as(Parallelism, "pp")
     weights: CacheDtype = flag(
         "bf16", "Weight element type; fp8 also runs the matrix multiplies at the profile's fp8 rate."
     )
@@ -95,7 +91,7 @@ class InferenceSetup(BaseModel):
         "auto",
         f"How CP brings keys to queries in the prefill: {registry.choices(PREFILL)}; auto takes the fastest.",
     )
-    memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
+    memory_headroom: Number = declared_as(TrainingSetup, "memory_headroom")
     comm_latency: Number | None = flag(
         None,
         "alpha, seconds per message of a TP or CP collective step; default: the profile's link latency, "
@@ -104,14 +100,8 @@ class InferenceSetup(BaseModel):
         ge=0,
         le=1,
     )
-    tp_comm_overlap: Flag = flag(
-        False,
-        "TP collectives pipelined with the prefill's matrix multiplies in t chunks (Transformer Engine's "
-        "userbuffers, torch's AsyncTP): all but one chunk's transfer can hide, as in training.",
-    )
-    cp_overlap: Number = flag(
-        1.0, "Share of the prefill's ring transfers hidden under attention, in [0, 1].", ge=0, le=1
-    )
+    tp_comm_overlap: Flag = declared_as(Overlaps, "tp_comm_overlap")
+    cp_overlap: Number = declared_as(Overlaps, "cp_overlap")
     target_ttft: Number | None = flag(
         None,
         "Also find the fewest CP ranks (powers of two at this TP and PP) that prefill within this many "

@@ -13,7 +13,7 @@ call, no α, transfers fully hidden, no fixed costs (what `cp-plan validate` set
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from costmodel.core.errors import InputError
 from costmodel.machines import kernels, topology
@@ -360,3 +360,33 @@ class Machine:
         forward = cost("fwd", 0.0)
         both = cost("fwd+bwd", forward) if backward else forward
         return forward, both - forward
+
+    def at(self, dtype: str) -> Machine:
+        """The same machine computing in ``dtype`` (inference's fp8 weights): its placement kept."""
+        return replace(self, dtype=dtype)
+
+
+def build_machine(
+    profile: HardwareProfile,
+    dtype: str = "bf16",
+    efficiency: float | None = None,
+    *,
+    changes: dict[str, Any] | None = None,
+    job: bool = False,
+) -> Machine:
+    """The one constructor of a :class:`Machine`: ``profile`` changed as a command line says (``changes``,
+    the keywords of :func:`~costmodel.machines.compose.override`; None values change nothing), bound to a
+    dtype and an efficiency.
+
+    ``job``: the machine of a job that states its layout (TP and the rank order). A profile's
+    ``cp_ranks_per_node`` stands in for the TP a single-layer plan does not know (the -ib profiles put one
+    CP rank per node: TP fills it); a job's node holds devices_per_node consecutive ranks and every group is
+    placed from them, unless ``changes`` states ``cp_ranks_per_node``."""
+    from costmodel.machines.compose import override
+
+    given = {key: value for key, value in (changes or {}).items() if value is not None}
+    if given:
+        profile = override(profile, **given)
+    if job:
+        profile = profile.model_copy(update={"cp_ranks_per_node": given.get("cp_ranks_per_node")})
+    return Machine(profile, dtype, efficiency)

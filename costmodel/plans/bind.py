@@ -7,6 +7,7 @@ input is which symbol, and the machine binding is the one place that says which 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,7 @@ class Evaluator:
 
     def __call__(self, name: str, **overrides: Any) -> Any:
         args = {a: overrides[a] if a in overrides else self._value(a, overrides) for a in numeric.ARGS[name]}
-        value = getattr(numeric, name)(**args)
+        value = call(name, args)
         if self.trace is not None:
             self.trace.append(Evaluation(name, args, value))
         return value
@@ -55,11 +56,17 @@ class Evaluator:
         return self._bound[symbol]
 
 
+def call(name: str, values: Mapping[str, Any]) -> Any:
+    """The generated formula ``name`` at ``values`` (numbers, or arrays over a grid or a search), unrecorded:
+    what an :class:`Evaluator` runs for each call, for the hot loops that need no trace."""
+    return getattr(numeric, name)(**{a: values.get(a) for a in numeric.ARGS[name]})
+
+
 def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> dict[str, Any]:
     """The base symbols' values for a plan at CP degree ``n`` (default the plan's), on the link a ring
     over n ranks waits on. Counts are floats: products of large shapes stay exact to 2^53 and never wrap
     around as int64 would."""
-    n = inputs.n if n is None else n
+    n = inputs.cp if n is None else n
     return {
         "S": float(inputs.seq),
         "N": float(n),

@@ -58,7 +58,7 @@ def _largest_n_in_band(ev: Evaluator, machine: Machine, upper: float, strict: bo
 
 def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | None = None) -> Report:
     """The full report for one plan on one machine."""
-    link = machine.link(inputs.n)
+    link = machine.link(inputs.cp)
     ev = Evaluator(plan_values(inputs, machine), trace)
     profile = machine.profile
     hardware = Hardware(
@@ -85,14 +85,14 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         memory=Memory(**{name: ev(name) for name in Memory.model_fields}),
         compute=Compute(**{name: ev(name) for name in Compute.model_fields}),
         ring=ring,
-        ulysses=_ulysses(schemes[-1] if inputs.n > 1 else None, machine, inputs.n),
+        ulysses=_ulysses(schemes[-1] if inputs.cp > 1 else None, machine, inputs.cp),
         usp=[_usp(ev, s, machine) for s in schemes],
         schemes=[_scheme(s) for s in schemes],
-        backward=_backward(ev, (kernel.compute_s - kernel.forward_compute_s) / inputs.n),
+        backward=_backward(ev, (kernel.compute_s - kernel.forward_compute_s) / inputs.cp),
         verdict=_verdict(ev, inputs),
         tp=TP(
             bytes_per_layer=ev("tp_bytes_per_layer"),
-            ratio_to_ring=ev("tp_to_ring_ratio") if inputs.n > 1 else None,
+            ratio_to_ring=ev("tp_to_ring_ratio") if inputs.cp > 1 else None,
         ),
         causal=_causal(ev, inputs),
         notes=_notes(inputs, machine, hardware, ring),
@@ -118,7 +118,7 @@ def _ring(
         send_bytes_per_layer=ev("send_bytes_per_layer"),
         step_recv_bytes=ev("kv_block_bytes"),
         intensity_step=ev("intensity_step"),
-        intensity_layer=ev("intensity_layer") if inputs.n > 1 else None,
+        intensity_layer=ev("intensity_layer") if inputs.cp > 1 else None,
         step_compute_s=ev("step_compute_s"),
         step_comm_s=ev("step_comm_s"),
         layer_compute_s=ev("layer_compute_s"),
@@ -137,7 +137,7 @@ def _ring(
         critical_shard_tokens=ev("critical_shard_tokens"),
         layer_time_s=kernel.forward_s,
         layer_compute_kernel_s=kernel.forward_compute_s,
-        step_compute_kernel_s=kernel.forward_compute_s / inputs.n,
+        step_compute_kernel_s=kernel.forward_compute_s / inputs.cp,
     )
 
 
@@ -250,10 +250,10 @@ def _scheme(s: SchemeResult) -> Scheme:
 
 
 def _causal(ev: Evaluator, inputs: PlanInputs) -> Causal:
-    tile = simulation_tile(inputs.seq, inputs.n, inputs.block)
+    tile = simulation_tile(inputs.seq, inputs.cp, inputs.block)
     per_layout = {
-        layout: simulate(layout, inputs.seq, inputs.n, tile).utilization
-        if inputs.seq % (inputs.n * chunks_per_rank(layout)) == 0
+        layout: simulate(layout, inputs.seq, inputs.cp, tile).utilization
+        if inputs.seq % (inputs.cp * chunks_per_rank(layout)) == 0
         else None
         for layout in LAYOUTS
     }
@@ -272,7 +272,7 @@ def _notes(inputs: PlanInputs, machine: Machine, hw: Hardware, ring: Ring) -> li
     gbps = hw.link_bandwidth / 1e9
     if hw.link_scope == "inter-node":
         notes.append(
-            f"The ring of N = {inputs.n} spans nodes ({machine.ranks_per_node} CP ranks per node): every step "
+            f"The ring of N = {inputs.cp} spans nodes ({machine.ranks_per_node} CP ranks per node): every step "
             f"waits on the inter-node link, {hw.link} at {gbps:g} GB/s per direction."
         )
     else:
@@ -297,12 +297,12 @@ def _notes(inputs: PlanInputs, machine: Machine, hw: Hardware, ring: Ring) -> li
             f"Masked ({inputs.packing} branch): the kernel {what}; compute, intensity, ratios and the layer "
             "time follow what it executes, traffic does not change [A-RingCost §5] (docs/packing.md)."
         )
-    if inputs.n == 1:
+    if inputs.cp == 1:
         notes.append(
             "N = 1: nothing is split and nothing is received; the ring figures are per would-be block."
         )
-    tile = simulation_tile(inputs.seq, inputs.n, inputs.block)
-    if inputs.causal and tile != min(inputs.block, inputs.seq // inputs.n):
+    tile = simulation_tile(inputs.seq, inputs.cp, inputs.block)
+    if inputs.causal and tile != min(inputs.block, inputs.seq // inputs.cp):
         notes.append(
             f"The causal schedule is simulated at tile {tile:,}, the finest whose N x N x tiles arrays fit "
             "in memory: a lower bound on the utilisation at your tile."

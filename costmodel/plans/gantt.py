@@ -123,7 +123,9 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
         for j, (c, m) in enumerate(zip(unfolded.step_compute_s, unfolded.comm_s, strict=True))
     ]
     forward, backward_extra = (
-        machine.layer_overhead("ring", backward, inputs.layout, inputs.causal) if inputs.n > 1 else (0.0, 0.0)
+        machine.layer_overhead("ring", backward, inputs.layout, inputs.causal)
+        if inputs.cp > 1
+        else (0.0, 0.0)
     )
     return Timeline(
         layout=inputs.layout,
@@ -153,13 +155,13 @@ def plan_timelines(inputs: PlanInputs, machine: Machine) -> list[PassTimelines]:
     beyond :data:`MAX_RANKS` ranks, which are not drawn."""
     from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 
-    if inputs.n > MAX_RANKS:
+    if inputs.cp > MAX_RANKS:
         return []
     passes = []
     for backward in [False] + ([True] if inputs.pass_ != "fwd" else []):
         timelines, skipped = {}, {}
         for layout in LAYOUTS:
-            parts = inputs.n * chunks_per_rank(layout)
+            parts = inputs.cp * chunks_per_rank(layout)
             if inputs.seq % parts:
                 skipped[layout] = f"S = {inputs.seq:,} does not split into {parts} equal chunks."
                 continue

@@ -12,10 +12,15 @@ that every accepted input is answered in bounded time and memory.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from copy import copy
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from typing import Annotated, Any, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
+    AfterValidator,
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -23,7 +28,6 @@ from pydantic import (
     Strict,
     ValidationError,
     computed_field,
-    field_validator,
     model_validator,
 )
 
@@ -33,6 +37,9 @@ from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfil
 from costmodel.plans.stages import StageSplit, split_stages
 from costmodel.schedule.layouts import Layout, check_divisible
 
+if TYPE_CHECKING:
+    from costmodel.plans.models import ModelPreset
+
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
 Recompute = Literal["none", "selective", "full"]
 Offload = Literal["none", "optimizer", "optimizer+params", "activations", "all"]
@@ -40,7 +47,10 @@ Offload = Literal["none", "optimizer", "optimizer+params", "activations", "all"]
 MAX_TOKENS = 2**34  # 16G tokens: far past any context length in use, small enough for float64 exactness
 MAX_DEVICES = 2**20  # 1M accelerators
 MAX_CP = 2**10  # a ring over 1,024 ranks is far past any in use (Llama 3 trained with 16); N x N stays small
-MAX_HEADS = 2**16
+MAX_HEADS = 2**16  # query or KV heads of one layer, as a model preset bounds them
+MAX_HEAD_DIM = 2**16  # elements per head (64 to 256 in use)
+MAX_LAYERS = 2**16  # a model preset's layers: bounds the layers of a stage and the virtual stages
+MAX_SEQUENCES = 2**30  # sequences in one optimizer step, or on one device: far past any batch in use
 TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 262144, 256k, 1M"
 
 _TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", re.ASCII)
@@ -111,7 +121,7 @@ def flag(
     """A declared input: the CLI flag is ``--`` + the field name with dashes (``pass_`` is ``--pass``).
 
     ``from_model``: a model preset fills it when the flag is not given. ``tokens``: accepts 256k, 1M.
-    ``aliases``: further long flags for the same field (``--cp`` for ``--n``)."""
+    ``aliases``: further long flags for the same field (``--n`` for ``--cp``)."""
     extra = {
         "short": short,
         "unit": unit,
@@ -124,6 +134,197 @@ def flag(
     )
 
 
+def declared_as(model: type[BaseModel], name: str, **changes: Any) -> Any:
+    """``model``'s declaration of the field ``name``, for another model that takes the same flag: one help,
+    range and check wherever the flag appears. ``changes`` (a default) are the other model's own."""
+    info = copy(model.model_fields[name])
+    info.metadata = list(
+        info.metadata
+    )  # pydantic extends it with the annotation's: keep the original's whole
+    for key, value in changes.items():
+        setattr(info, key, value)
+    return info
+
+
+def _rank_order(value: str) -> str:
+    from costmodel.machines.topology import parse_order
+
+    try:
+        return "-".join(parse_order(value))
+    except InputError as exc:
+        raise ValueError(exc.message) from None
+
+
+RankOrder = Annotated[str, AfterValidator(_rank_order)]
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What a checked layout implies: DP, micro-batches per step (None when no global batch is stated) and
+    the pipeline's split of the layers."""
+
+    dp: int
+    micro_batches: int | None
+    stages: StageSplit
+
+
+class Parallelism(BaseModel):
+    """The parallel layout of a job, every degree declared once (torchtitan's ``ParallelDims``): G ranks as
+    TP x CP x PP x DP with DP derived, the interleaved pipeline's virtual stages and its uneven end stages,
+    EP carved out of DP, the micro-batch and global batch, and the rank order.
+
+    The commands' input models take these fields (:func:`declared_as`), so a flag is declared once however
+    many commands take it; :meth:`check` is the one validator of the degrees against each other, the job's
+    GPUs and the model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, populate_by_name=True)
+
+    tp: Count = flag(1, "Tensor-parallel degree.", unit="devices", ge=1, le=MAX_DEVICES)
+    cp: Count = flag(
+        1,
+        "N, the CP degree: devices the sequence (and a served request's KV cache) is split over.",
+        short="-n",
+        unit="devices",
+        aliases=("--n",),
+        validation_alias=AliasChoices("cp", "n"),  # plan files and notebooks written before the rename
+        ge=1,
+        le=MAX_CP,
+    )
+    pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_DEVICES)
+    vpp: Count = flag(
+        1, "Virtual pipeline stages per device (interleaved 1F1B).", unit="stages", ge=1, le=MAX_LAYERS
+    )
+    first_stage_layers: Count | None = flag(
+        None,
+        "Layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); the middle "
+        "stages share the rest evenly [default: the balanced split].",
+        unit="layers",
+        ge=1,
+        le=MAX_LAYERS,
+    )
+    last_stage_layers: Count | None = flag(
+        None,
+        "Layers on the last pipeline stage, which also runs the output layer and loss (Megatron's "
+        "--decoder-last-pipeline-num-layers) [default: the balanced split].",
+        unit="layers",
+        ge=1,
+        le=MAX_LAYERS,
+    )
+    ep: Count = flag(
+        1,
+        "Expert-parallel degree of an MoE model: ranks its experts are split over, out of DP.",
+        unit="devices",
+        ge=1,
+        le=MAX_DEVICES,
+    )
+    micro_batch: Count = flag(1, "b, sequences per micro-batch.", unit="sequences", ge=1, le=MAX_SEQUENCES)
+    global_batch: Count | None = flag(
+        None,
+        "Sequences per optimizer step: micro-batch x DP x micro-batches per pipeline.",
+        unit="sequences",
+        ge=1,
+        le=MAX_SEQUENCES,
+    )
+    rank_order: RankOrder = flag(
+        "tp-cp-dp-pp",
+        "How ranks are numbered, innermost first: the inner groups share the fast domain (Megatron: tp-cp-dp-pp).",
+        max_length=40,
+    )
+
+    @classmethod
+    def of(cls, *declared: BaseModel) -> Parallelism:
+        """The layout a command's built models state: each field from the first of them that has it."""
+        values: dict[str, Any] = {}
+        for model in declared:
+            fields = type(model).model_fields
+            values |= {
+                name: getattr(model, name)
+                for name in cls.model_fields
+                if name in fields and name not in values
+            }
+        return cls.model_validate(values)
+
+    def check_gpus(self, gpus: int) -> None:
+        """The job's GPUs split into TP x PP slices (the part of :meth:`check` that needs no model)."""
+        if gpus % (self.tp * self.pp):
+            raise InputError("--gpus", f"{gpus} GPUs do not split into TP x PP = {self.tp * self.pp} groups")
+
+    def check(self, model: ModelPreset, gpus: int | None = None) -> Derived:
+        """The one check of a layout, in the order a user would fix it: the GPUs against TP x PP, TP against
+        the heads, TP x CP x PP against the GPUs, the pipeline split, the batch split, EP. One line naming the
+        flag for the first problem. DP is 1 when ``gpus`` is not stated (a serving replica)."""
+        if gpus is not None:
+            self.check_gpus(gpus)
+        if model.heads % self.tp:
+            raise InputError("--tp", f"{self.tp} must divide the model's {model.heads} heads")
+        group = self.tp * self.cp * self.pp
+        if gpus is not None and gpus % group:
+            raise InputError("--gpus", f"{gpus} is not divisible by tp x cp x pp = {group}")
+        dp = 1 if gpus is None else gpus // group
+        stages = split_stages(
+            model.layers, self.pp, self.vpp, self.first_stage_layers, self.last_stage_layers
+        )
+        micro = self._micro_batches(dp)
+        self._experts(model, dp)
+        return Derived(dp, micro, stages)
+
+    def _micro_batches(self, dp: int) -> int | None:
+        if self.global_batch is None:
+            return None
+        if self.global_batch % (self.micro_batch * dp):
+            raise InputError(
+                "--global-batch",
+                f"{self.global_batch} is not divisible by micro-batch x DP = {self.micro_batch} x {dp}",
+            )
+        micro = self.global_batch // (self.micro_batch * dp)
+        if self.vpp > 1 and micro < self.pp:  # the interleaved schedule fills every stage before it steadies
+            raise InputError(
+                "--vpp",
+                f"interleaving needs at least --pp {self.pp} micro-batches per pipeline; the step has {micro} "
+                "(--global-batch / (--micro-batch x DP))",
+            )
+        return micro
+
+    def _experts(self, model: ModelPreset, dp: int) -> None:
+        if self.ep == 1:
+            return
+        if not model.experts:
+            raise InputError("--ep", f"{self.ep} needs an MoE model; {model.name} has no experts")
+        if model.experts % self.ep:
+            raise InputError("--ep", f"{self.ep} must divide the model's {model.experts} experts")
+        if dp % self.ep:
+            raise InputError(
+                "--ep", f"{self.ep} must divide the data-parallel degree {dp} (EP is carved out of DP)"
+            )
+
+
+class Overlaps(BaseModel):
+    """How much of each parallel dimension's communication hides under compute, declared once for the step
+    and the prefill (a command takes the fields it models, :func:`declared_as`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    tp_comm_overlap: Flag = flag(
+        False,
+        "TP collectives pipelined with their matrix multiplies in t chunks (Megatron's --tp-comm-overlap, "
+        "Transformer Engine's userbuffers; torch's AsyncTP): all but one chunk's transfer can hide.",
+    )
+    cp_overlap: Number = flag(
+        1.0,
+        "Share of CP's ring transfers hidden under attention (the step's, the prefill's), in [0, 1].",
+        ge=0,
+        le=1,
+    )
+    dp_overlap: Number = flag(
+        1.0,
+        "Share of the gradient reduction overlapped with the backward, in [0, 1]: 1 bucketed (PyTorch DDP, "
+        "FSDP, Megatron's --overlap-grad-reduce), 0 reduced after it (Megatron's default).",
+        ge=0,
+        le=1,
+    )
+    pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
+
+
 class PlanInputs(BaseModel):
     """One attention layer to plan: the shape, where it runs, and which pass the verdict covers."""
 
@@ -132,22 +333,14 @@ class PlanInputs(BaseModel):
     seq: Tokens = flag(
         262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1, le=MAX_TOKENS
     )
-    n: Count = flag(
-        8,
-        "N, the CP degree: devices the sequence is split over.",
-        short="-n",
-        unit="devices",
-        aliases=("--cp",),
-        ge=1,
-        le=MAX_CP,
-    )
-    batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_HEADS)
+    cp: Count = declared_as(Parallelism, "cp", default=8)
+    batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_SEQUENCES)
     heads: Count = flag(32, "h, query heads.", unit="heads", from_model=True, ge=1, le=MAX_HEADS)
     kv_heads: Count = flag(
         8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True, ge=1, le=MAX_HEADS
     )
     head_dim: Count = flag(
-        128, "d, the head dimension.", unit="elements", from_model=True, ge=1, le=MAX_HEADS
+        128, "d, the head dimension.", unit="elements", from_model=True, ge=1, le=MAX_HEAD_DIM
     )
     dtype: Dtype = flag("bf16", "Element type of Q, K, V: sets p and the peak FLOP/s.")
     block: Tokens = flag(
@@ -212,9 +405,17 @@ class PlanInputs(BaseModel):
     def bytes_per_element(self) -> int:
         return BYTES_PER_ELEMENT[self.dtype]
 
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update``; a key that names no field (``n``, the CP degree's former name) is refused,
+        where pydantic would add it silently and leave the field as it was."""
+        unknown = sorted(set(update or ()) - set(type(self).model_fields))
+        if unknown:
+            raise TypeError(f"PlanInputs has no field {', '.join(unknown)}")
+        return super().model_copy(update=update, deep=deep)
+
     @property
     def shard_tokens(self) -> int:
-        return self.seq // self.n
+        return self.seq // self.cp
 
     @property
     def masked(self) -> bool:
@@ -223,9 +424,9 @@ class PlanInputs(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.n > self.seq:
-            raise InputError("n", f"CP degree {self.n} exceeds the sequence length {self.seq}")
-        check_divisible(self.layout, self.seq, self.n)
+        if self.cp > self.seq:
+            raise InputError("cp", f"CP degree {self.cp} exceeds the sequence length {self.seq}")
+        check_divisible(self.layout, self.seq, self.cp)
         if self.kv_heads > self.heads:
             raise InputError("kv_heads", f"{self.kv_heads} exceeds --heads {self.heads}")
         if self.heads % self.kv_heads:
@@ -233,11 +434,11 @@ class PlanInputs(BaseModel):
         if self.masked:  # before packing: a refused S reads no documents
             from costmodel.schedule.packed import MAX_MASKED_TOKENS, MAX_MASKED_WORK
 
-            if self.seq > MAX_MASKED_TOKENS or self.seq * self.n > MAX_MASKED_WORK:
+            if self.seq > MAX_MASKED_TOKENS or self.seq * self.cp > MAX_MASKED_WORK:
                 raise InputError(
                     "docs" if self.docs else "window" if self.window else "attention_chunk",
                     f"packed and windowed masks are simulated up to S = {MAX_MASKED_TOKENS:,} tokens and "
-                    f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.n})",
+                    f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.cp})",
                 )
         if self.docs is not None:
             from costmodel.plans.packing import pack
@@ -292,21 +493,7 @@ def machine_for(
 ) -> Machine:
     """The plan's machine: its profile (``inputs.hw``, or ``profile`` already loaded), changed as the command
     line says, bound to its dtype and efficiency."""
-    from costmodel.machines.compose import override
-    from costmodel.machines.profiles import load_profile
-
-    profile = profile or load_profile(inputs.hw)
-    if overrides is not None and any(value is not None for value in overrides.model_dump().values()):
-        o = overrides
-        profile = override(
-            profile,
-            inter_bandwidth=o.inter_node_bandwidth,
-            intra_bandwidth=o.intra_node_bandwidth,
-            devices_per_node=o.devices_per_node,
-            cp_ranks_per_node=o.cp_ranks_per_node,
-            torus_dims=o.torus_dims,
-        )
-    return Machine(profile, inputs.dtype, inputs.efficiency)
+    return _machine(inputs, overrides, profile, job=False)
 
 
 def job_machine(
@@ -319,10 +506,26 @@ def job_machine(
     devices_per_node consecutive ranks, and every group is placed from them, unless ``cp_ranks_per_node``
     is given (``--cp-ranks-per-node``, a plan file's key). ``profile``, already loaded, stands in for
     reading ``inputs.hw`` again."""
-    machine = machine_for(inputs, overrides, profile)
-    stated = overrides.cp_ranks_per_node if overrides is not None else None
-    profile = machine.profile.model_copy(update={"cp_ranks_per_node": stated})
-    return Machine(profile, machine.dtype, machine.efficiency)
+    return _machine(inputs, overrides, profile, job=True)
+
+
+def _machine(
+    inputs: PlanInputs, overrides: MachineOverrides | None, profile: HardwareProfile | None, job: bool
+) -> Machine:
+    from costmodel.machines.binding import build_machine
+    from costmodel.machines.profiles import load_profile
+
+    o = overrides or MachineOverrides()
+    changes = {
+        "inter_bandwidth": o.inter_node_bandwidth,
+        "intra_bandwidth": o.intra_node_bandwidth,
+        "devices_per_node": o.devices_per_node,
+        "cp_ranks_per_node": o.cp_ranks_per_node,
+        "torus_dims": o.torus_dims,
+    }
+    return build_machine(
+        profile or load_profile(inputs.hw), inputs.dtype, inputs.efficiency, changes=changes, job=job
+    )
 
 
 def cp_stride(setup: TrainingSetup, n: int) -> int:
@@ -343,24 +546,10 @@ class TrainingSetup(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     gpus: Count = flag(8, "G: accelerators in the job.", short="-g", unit="devices", ge=1, le=MAX_DEVICES)
-    tp: Count = flag(1, "Tensor-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
-    pp: Count = flag(1, "Pipeline-parallel degree.", unit="devices", ge=1, le=MAX_HEADS)
-    first_stage_layers: Count | None = flag(
-        None,
-        "Layers on the first pipeline stage (Megatron's --decoder-first-pipeline-num-layers); the middle "
-        "stages share the rest evenly [default: the balanced split].",
-        unit="layers",
-        ge=1,
-        le=MAX_HEADS,
-    )
-    last_stage_layers: Count | None = flag(
-        None,
-        "Layers on the last pipeline stage, which also runs the output layer and loss (Megatron's "
-        "--decoder-last-pipeline-num-layers) [default: the balanced split].",
-        unit="layers",
-        ge=1,
-        le=MAX_HEADS,
-    )
+    tp: Count = declared_as(Parallelism, "tp")
+    pp: Count = declared_as(Parallelism, "pp")
+    first_stage_layers: Count | None = declared_as(Parallelism, "first_stage_layers")
+    last_stage_layers: Count | None = declared_as(Parallelism, "last_stage_layers")
     zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)] = flag(
         1, "ZeRO stage over DP x CP (1 = distributed optimizer)."
     )
@@ -377,29 +566,12 @@ class TrainingSetup(BaseModel):
     )
     flash_attention: Flag = flag(True, "Flash attention: the score matrix is never stored for backward.")
     memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
-    rank_order: str = flag(
-        "tp-cp-dp-pp",
-        "How ranks are numbered, innermost first: the inner groups share the fast domain (Megatron: tp-cp-dp-pp).",
-        max_length=40,
-    )
+    rank_order: RankOrder = declared_as(Parallelism, "rank_order")
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.gpus % (self.tp * self.pp):
-            raise InputError(
-                "gpus", f"{self.gpus} GPUs do not split into TP x PP = {self.tp * self.pp} groups"
-            )
+        Parallelism.of(self).check_gpus(self.gpus)
         return self
-
-    @field_validator("rank_order")
-    @classmethod
-    def _order(cls, value: str) -> str:
-        from costmodel.machines.topology import parse_order
-
-        try:
-            return "-".join(parse_order(value))
-        except InputError as exc:
-            raise ValueError(exc.message) from None
 
     @property
     def offloaded(self) -> dict[str, int]:
@@ -428,9 +600,7 @@ class TrainingSetup(BaseModel):
 
     def attention(self, inputs: PlanInputs) -> PlanInputs:
         """The attention one TP rank runs: h/t query heads and n_kv/t KV heads (at least one, replicated)."""
-        if inputs.heads % self.tp:
-            raise InputError("tp", f"TP {self.tp} does not divide the {inputs.heads} query heads")
-        if self.tp == 1:
+        if self.tp == 1:  # TP divides the heads: the layout is checked first (Parallelism.check)
             return inputs
         return inputs.model_copy(
             update={"heads": inputs.heads // self.tp, "kv_heads": max(inputs.kv_heads // self.tp, 1)}
@@ -462,8 +632,8 @@ def problems(exc: ValidationError) -> list[tuple[str, str]]:
     out = []
     for error in exc.errors():
         cause = error.get("ctx", {}).get("error")
-        if isinstance(cause, InputError):
-            out.append((cause.field, cause.message))
+        if isinstance(cause, InputError):  # a check names a field or its flag: the field, as pydantic would
+            out.append((cause.field.lstrip("-").replace("-", "_"), cause.message))
             continue
         loc = ".".join(str(part) for part in error["loc"])
         out.append((loc, "unknown field" if error["type"] == "extra_forbidden" else _message(error)))

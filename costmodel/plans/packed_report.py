@@ -48,13 +48,13 @@ def useful_pairs(inputs: PlanInputs) -> float:
 
 def feasible(layout: str, inputs: PlanInputs) -> bool:
     """Window-level layouts need S to split evenly; per-document ones split every document as it comes."""
-    return layout in DOC_LAYOUTS or inputs.seq % (inputs.n * chunks_per_rank(layout)) == 0
+    return layout in DOC_LAYOUTS or inputs.seq % (inputs.cp * chunks_per_rank(layout)) == 0
 
 
 def utilization(inputs: PlanInputs, layout: str, branch: Branch) -> float:
     """Useful pairs over N x the slowest rank's executed pairs summed over steps ([Striped §3])."""
     executed = schedule_for(inputs, layout, branch).step_pairs.sum()
-    return useful_pairs(inputs) / (inputs.n * float(executed)) if executed else 0.0
+    return useful_pairs(inputs) / (inputs.cp * float(executed)) if executed else 0.0
 
 
 def masked_utilization(inputs: PlanInputs) -> dict[str, float | None]:
@@ -85,7 +85,7 @@ def _branch(ev: Evaluator, inputs: PlanInputs, branch: Branch, useful_flops: flo
 def _rank_useful_pairs(inputs: PlanInputs, layout: str) -> np.ndarray:
     """Visible pairs of every rank's queries: per query, the length of its visible range."""
     rule = useful_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk)
-    placement = Placement(layout, inputs.seq, inputs.n, rule.cu_seqlens)
+    placement = Placement(layout, inputs.seq, inputs.cp, rule.cu_seqlens)
     ordered, starts = placement.positions()
     first, last = rule.visible_range(ordered)
     seen = np.maximum(np.minimum(last, inputs.seq - 1) - first + 1, 0).astype(float)
@@ -96,7 +96,7 @@ def _rank_useful_pairs(inputs: PlanInputs, layout: str) -> np.ndarray:
 def _layout_row(ev: Evaluator, inputs: PlanInputs, machine: Machine, layout: str) -> PackedLayoutRow:
     if not feasible(layout, inputs):
         return PackedLayoutRow(layout=layout, feasible=False, **dict.fromkeys(_ROW_NUMBERS))
-    n, pair_flops = inputs.n, float(ev("pair_flops"))
+    n, pair_flops = inputs.cp, float(ev("pair_flops"))
     varlen = schedule_for(inputs, layout, "varlen").rank_step_pairs
     pairs = schedule_for(inputs, layout, inputs.packing).rank_step_pairs
     timed = inputs.model_copy(update={"layout": layout}) if layout in LAYOUTS else inputs
@@ -136,7 +136,7 @@ def _long_tail(ev: Evaluator, inputs: PlanInputs) -> LongTail:
     longest, rest = max(packed.lengths), packed.longest_other
     window_tokens = sum(packed.window_docs)
     values = {"l_max": float(longest), "l_rest": float(max(rest, 1)), "T_w": float(window_tokens)}
-    share = float(ev("dynamic_cp_recv_share", **values)) if inputs.n > 1 else None
+    share = float(ev("dynamic_cp_recv_share", **values)) if inputs.cp > 1 else None
     return LongTail(
         longest_doc_tokens=longest,
         rest_longest_doc_tokens=rest,

@@ -277,7 +277,7 @@ def call_tokens(inputs) -> float | None:  # noqa: ANN001
 
     lengths = np.asarray(packed.window_docs, dtype=np.float64)
     weighted = float((lengths**3).sum() / (lengths**2).sum())
-    return float(numeric.packed_call_tokens(l_w=weighted, S=inputs.seq, N=inputs.n))
+    return float(numeric.packed_call_tokens(l_w=weighted, S=inputs.seq, N=inputs.cp))
 
 
 def schedule_for(inputs, layout: str, branch: Branch, n: int | None = None):  # noqa: ANN001, ANN201
@@ -285,7 +285,7 @@ def schedule_for(inputs, layout: str, branch: Branch, n: int | None = None):  # 
     from costmodel.schedule.packed import simulate_masked
     from costmodel.schedule.simulator import simulation_tile
 
-    n = inputs.n if n is None else n
+    n = inputs.cp if n is None else n
     rule = plan_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk, branch)
     return simulate_masked(layout, inputs.seq, n, simulation_tile(inputs.seq, n, inputs.block), rule)
 
@@ -298,7 +298,7 @@ def compute_fraction(inputs, n: int | None = None, branch: Branch | None = None)
     c = 0.5 if inputs.causal else 1.0
     if not inputs.masked:
         return c
-    n = inputs.n if n is None else n
+    n = inputs.cp if n is None else n
     tile = simulation_tile(inputs.seq, n, inputs.block)
     window = simulate(inputs.layout, inputs.seq, n, tile, inputs.causal).rank_step_pairs.sum()
     executed = schedule_for(inputs, inputs.layout, branch or inputs.packing, n).rank_step_pairs.sum()

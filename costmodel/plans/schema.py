@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
 from costmodel.plans.verdict import Colour
 
-SCHEMA = "cp-plan/report/v1"
+SCHEMA = "cp-plan/report/v2"  # v2: inputs.cp, the CP degree, was inputs.n
 
 
 class _Section(BaseModel):
@@ -426,8 +426,9 @@ class RecommendReport(_Section):
 
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
-    # v4: the search's plans carry their breakdown by the step's identifier keys (matmul_s, exposed_cp_s, ...)
-    schema_: str = Field("cp-plan/recommend/v4", alias="schema", description="contract version")
+    # v4: the search's plans carry their breakdown by the step's identifier keys (matmul_s, exposed_cp_s, ...);
+    # v5: inputs.cp, the CP degree, was inputs.n
+    schema_: str = Field("cp-plan/recommend/v5", alias="schema", description="contract version")
     inputs: PlanInputs = Field(
         description="the layer, with the searched plan's micro-batch as b where there is one"
     )

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from costmodel.machines.binding import Machine
-from costmodel.plans.bind import plan_values
+from costmodel.plans.bind import call, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.packing import call_tokens, schedule_for
 from costmodel.schedule.simulator import simulate, simulation_tile
@@ -66,7 +66,7 @@ class Prediction:
 
 
 def _call(name: str, values: dict[str, Any]) -> float:
-    return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+    return float(call(name, values))
 
 
 def predict(
@@ -78,16 +78,16 @@ def predict(
 ) -> Prediction:
     """Predicted seconds of one layer's forward (and backward) on every rank of the CP group.
 
-    ``span``: how many ranks the transfers' group spans, when more than ``inputs.n`` (the ring of a
+    ``span``: how many ranks the transfers' group spans, when more than ``inputs.cp`` (the ring of a
     USP split runs over N/N_u ranks spread over all N).
     """
     values = plan_values(inputs, machine)
     if variant == "ulysses":
-        a2a = machine.link(span or inputs.n, "alltoall")
+        a2a = machine.link(span or inputs.cp, "alltoall")
         layer = _ulysses(inputs, machine, {**values, **a2a.values, **a2a.knee_values}, backward)
     else:
-        layer = _ring(inputs, machine, span or inputs.n, backward)
-    if inputs.n == 1:
+        layer = _ring(inputs, machine, span or inputs.cp, backward)
+    if inputs.cp == 1:
         return layer
     forward, backward_extra = machine.layer_overhead(variant, backward, inputs.layout, inputs.causal)
     return Prediction(
@@ -140,9 +140,9 @@ def ring_pass(
     span: int | None = None,
     pairs: np.ndarray | None = None,
 ) -> RingPass:
-    """The forward (or backward) pass of a ring over ``inputs.n`` ranks on the link ``span`` ranks use;
+    """The forward (or backward) pass of a ring over ``inputs.cp`` ranks on the link ``span`` ranks use;
     ``pairs`` (ranks, steps) replaces the plan's own schedule (another layout of a packed window)."""
-    n, length = inputs.n, inputs.seq // inputs.n
+    n, length = inputs.cp, inputs.seq // inputs.cp
     values = {**plan_values(inputs, machine), **machine.link(span or n).values}
     kv_s = _call("step_comm_s", values)  # alpha + KV block / B
     dkv_s = (
@@ -254,7 +254,7 @@ def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool) -> Pr
 
 
 def _ulysses(inputs: PlanInputs, machine: Machine, values: dict[str, Any], backward: bool) -> Prediction:
-    seq, n = inputs.seq, inputs.n
+    seq, n = inputs.seq, inputs.cp
     exchanges = (
         (
             _call("ulysses_comm_s", values)

@@ -26,6 +26,7 @@ from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import (
     TRAINING_DEFAULTS,
     MachineOverrides,
+    Parallelism,
     PlanInputs,
     TrainingSetup,
     cp_stride,
@@ -33,7 +34,6 @@ from costmodel.plans.inputs import (
     problems,
 )
 from costmodel.plans.models import ModelPreset, load_model
-from costmodel.plans.stages import check_stages
 from costmodel.plans.verdict import BANDS, Colour
 
 M = TypeVar("M", bound=BaseModel)
@@ -71,7 +71,7 @@ class _PlanHead(BaseModel):
         return self
 
 
-REQUIRED = ("seq", "n", "hw")  # a plan states what it plans; the flags' defaults are for a first look
+REQUIRED = ("seq", "cp", "hw")  # a plan states what it plans; the flags' defaults are for a first look
 
 
 def _plan_fields() -> dict[str, Any]:
@@ -111,6 +111,8 @@ class Located:
     document: YamlDocument
 
     def line(self, *keys: str) -> int:
+        if keys[:1] == ("cp",) and ("cp",) not in self.document.lines:  # written under its former key, n
+            keys = ("n", *keys[1:])
         return self.document.line(*keys)
 
 
@@ -228,12 +230,12 @@ def resolve(located: Located) -> Resolved:
         located, MachineOverrides, {k: v for k, v in fields.items() if k in MachineOverrides.model_fields}
     )
     with _blame(located):
-        check_stages(model.layers, setup.pp, pp_field="pp")
+        Parallelism.of(setup).check(model)  # the layout's one check; CP against the slice is checked below
         attention = setup.attention(inputs)
         load_profile(plan.hw, field="hw")
         # The job's placement, as `cp-plan step` and `recommend` make it: ranks by the rank order, a node
         # holding devices_per_node of them unless the plan states cp_ranks_per_node.
-        machine = job_machine(inputs, overrides).placed(cp_stride(setup, inputs.n))
+        machine = job_machine(inputs, overrides).placed(cp_stride(setup, inputs.cp))
     return Resolved(model, machine, inputs, setup, attention)
 
 
@@ -267,14 +269,14 @@ def run_checks(located: Located) -> list[CheckResult]:
 
         with _blame(located):
             advice = recommend(inputs, model, setup, machine, suggest=False)
-        row = next((r for r in advice.candidates if r.n == plan.n), None)
+        row = next((r for r in advice.candidates if r.n == plan.cp), None)
         if row is None:
             raise InvalidPlan(
                 [
                     (
                         located.path,
-                        located.line("n"),
-                        f"n: {plan.n} does not divide the {setup.shard_group} ranks of a TP x PP slice",
+                        located.line("cp"),
+                        f"cp: {plan.cp} does not divide the {setup.shard_group} ranks of a TP x PP slice",
                     )
                 ]
             )
@@ -290,11 +292,11 @@ def run_checks(located: Located) -> list[CheckResult]:
             inside = (
                 rec.n_min_memory is not None
                 and rec.n_max_comm is not None
-                and (rec.n_min_memory <= plan.n <= rec.n_max_comm)
+                and (rec.n_min_memory <= plan.cp <= rec.n_max_comm)
             )
             add(
                 "in_recommended_window",
                 inside,
-                f"N = {plan.n}; window [{rec.n_min_memory}, {rec.n_max_comm}], recommended {rec.n_recommended}",
+                f"N = {plan.cp}; window [{rec.n_min_memory}, {rec.n_max_comm}], recommended {rec.n_recommended}",
             )
     return results

@@ -25,22 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
+from costmodel.plans.bind import call
 from costmodel.plans.models import ModelPreset
 from costmodel.symbolic import numeric
-
-
-def check(model: ModelPreset, ep: int, dp: int) -> None:
-    """One line naming --ep for an EP degree the model or the layout cannot take."""
-    if ep == 1:
-        return
-    if not model.experts:
-        raise InputError("--ep", f"{ep} needs an MoE model; {model.name} has no experts")
-    if model.experts % ep:
-        raise InputError("--ep", f"{ep} must divide the model's {model.experts} experts")
-    if dp % ep:
-        raise InputError("--ep", f"{ep} must divide the data-parallel degree {dp} (EP is carved out of DP)")
 
 
 def order_and_sizes(order: str, sizes: dict[str, int], ep: int) -> tuple[str, dict[str, int]]:
@@ -105,7 +93,7 @@ def active_ffn(model: ModelPreset) -> float:
 
 def _call(name: str, v: Mapping[str, Any]) -> Any:
     """A formula at ``v``: a number, or an array over plans when any value is one (the layout search)."""
-    return getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]})
+    return call(name, v)
 
 
 def per_layer(v: Mapping[str, Any], expert_ffn: int) -> tuple[Any, Any]:

@@ -24,7 +24,7 @@ from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluator, plan_values
-from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, cp_stride
+from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
@@ -109,7 +109,7 @@ def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeRe
     """The scheme comparison at CP degree ``n`` for one TP rank's attention: the same one `cp-plan` prints."""
     layout = "zigzag" if attention.causal else "contiguous"
     at_n = attention.model_copy(
-        update={"n": n, "layout": layout, "block": min(attention.block, attention.seq // n)}
+        update={"cp": n, "layout": layout, "block": min(attention.block, attention.seq // n)}
     )
     return compare(at_n, machine)
 
@@ -127,7 +127,7 @@ def recommend(
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
     re-running this function.
     """
-    setup.stages(model.layers)  # one line naming the flag for a split that leaves a stage empty
+    Parallelism.of(setup).check(model, setup.gpus)  # the layout's one check; CP is what this searches
     attention = setup.attention(inputs)
     base = machine
     # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.

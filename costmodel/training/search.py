@@ -23,12 +23,13 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
-from costmodel.machines.binding import Collective, LinkBinding, Machine
+from costmodel.machines.binding import Collective, LinkBinding, Machine, build_machine
 from costmodel.plans import cp as registry
+from costmodel.plans.bind import call
 from costmodel.plans.cp import TRAINING
-from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
+from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset, load_model
-from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
+from costmodel.plans.stages import StageSplit, candidate_splits
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
@@ -146,10 +147,8 @@ def default_global_batch(seq: int) -> int:
 
 def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
     """Constraints no plan can meet, as one line naming the flag."""
-    if c.tp is not None and model.heads % c.tp:
-        raise InputError("--tp", f"{c.tp} does not divide the model's {model.heads} heads")
-    if c.pp is not None:
-        split_stages(model.layers, c.pp, c.vpp or 1)
+    # The fixed degrees, through the layout's one check (a free PP leaves the stages to the search).
+    Parallelism(tp=c.tp or 1, pp=c.pp or 1, vpp=(c.vpp or 1) if c.pp else 1).check(model)
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
@@ -319,7 +318,7 @@ class _Shapes:
     def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
         key = (tp, cp, mb, scheme, layout)
         if key not in self.cache:
-            inputs = self.inputs.model_copy(update={"n": cp, "layout": layout})
+            inputs = self.inputs.model_copy(update={"cp": cp, "layout": layout})
             setup = self.setup.model_copy(update={"gpus": tp * cp, "tp": tp, "pp": 1})
             step = self.step.model_copy(
                 update={
@@ -440,11 +439,11 @@ def evaluate_table(
             )
             for name, value in part.items():
                 breakdown[name][rows] = value
-    tokens = numeric.step_tokens(**{a: v[a] for a in numeric.ARGS["step_tokens"]})
+    tokens = call("step_tokens", v)
     peak = machine.peak_flops * c["gpus"]
 
     def per_token(name: str) -> Any:
-        return getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]})
+        return call(name, v)
 
     # MFU counts the trained mask's pairs, as `cp-plan step` does (costmodel.training.step.evaluate_step).
     hfu = per_token("hardware_flops_per_token") * tokens / (time_s * peak)
@@ -503,7 +502,7 @@ def memory_table(
     }
     values["E_p"] = c["ep"].astype(float)
     name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, n_E/E_p per rank
-    total = getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+    total = call(name, values)
     return {"total_bytes": np.asarray(total, dtype=float) * ones, "device_bytes": values["M_dev"]}
 
 
@@ -614,7 +613,7 @@ def _compute_bound(table: Table, shapes: _Shapes) -> np.ndarray:
 
 def _layer_compute_s(values: dict[str, Any]) -> float:
     names = ("layer_gemm_fwd_s", "layer_gemm_bwd_s", "layer_attn_fwd_s", "layer_attn_bwd_s")
-    return float(sum(getattr(numeric, n)(**{a: values[a] for a in numeric.ARGS[n]}) for n in names))
+    return float(sum(call(n, values) for n in names))
 
 
 def _notes(model: ModelPreset) -> list[str]:
@@ -693,7 +692,7 @@ def plan_setup(
     plan: dict[str, Any], inputs: PlanInputs, setup: TrainingSetup, step: StepSetup
 ) -> tuple[PlanInputs, TrainingSetup, StepSetup]:
     """The inputs of `cp-plan step` for a searched plan: the same flags give the same step."""
-    at = inputs.model_copy(update={"n": plan["cp"], "layout": plan["layout"] or inputs.layout})
+    at = inputs.model_copy(update={"cp": plan["cp"], "layout": plan["layout"] or inputs.layout})
     job = setup.model_copy(
         update={
             "gpus": plan["gpus"],
@@ -792,16 +791,16 @@ def sensitivity(
     """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence and one more
     recompute level, and whether another plan would then be fastest. ``found``: the search of these same
     arguments, whose shapes bound inside one node the slower link leaves as they are."""
-    from costmodel.machines.compose import override
 
     out = []
     inter = machine.profile.links.inter_node
     if inter is not None:
         change = "inter-node link 2x slower"
-        slower = Machine(
-            override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
+        slower = build_machine(
+            machine.profile,
             machine.dtype,
             machine.efficiency,
+            changes={"inter_bandwidth": inter.bandwidth_per_direction / 2},
         )
         only_the_link = replace(slower, profile=machine.profile) == machine
         if only_the_link and not _reaches_inter_node(setup, machine):

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import numpy
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
@@ -31,18 +32,20 @@ from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator
+from costmodel.plans.bind import Evaluation, Evaluator, call
 from costmodel.plans.cp import TRAINING, usp
 from costmodel.plans.inputs import (
-    MAX_HEADS,
     TRAINING_DEFAULTS,
     Count,
     Flag,
     MachineOverrides,
     Number,
+    Overlaps,
+    Parallelism,
     PlanInputs,
     TrainingSetup,
     build,
+    declared_as,
     flag,
     job_machine,
     shape_from_model,
@@ -69,39 +72,21 @@ ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (
 
 class StepSetup(BaseModel):
     """The step's own knobs; the shape, the machine and the parallel layout come from
-    :class:`~costmodel.plans.inputs.PlanInputs` (``n`` is the CP degree) and
+    :class:`~costmodel.plans.inputs.PlanInputs` (``cp`` is the CP degree) and
     :class:`~costmodel.plans.inputs.TrainingSetup`. Overlaps are named here with their defaults, never buried."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    vpp: Count = flag(
-        1, "Virtual pipeline stages per device (interleaved 1F1B).", unit="stages", ge=1, le=MAX_HEADS
-    )
-    micro_batch: Count = flag(1, "b, sequences per micro-batch.", unit="sequences", ge=1, le=MAX_HEADS)
-    global_batch: Count = flag(
-        ...,
-        "Sequences per optimizer step: micro-batch x DP x micro-batches per pipeline.",
-        unit="sequences",
-        ge=1,
-        le=2**30,
-    )
+    vpp: Count = declared_as(Parallelism, "vpp")
+    micro_batch: Count = declared_as(Parallelism, "micro_batch")
+    global_batch: Count = declared_as(Parallelism, "global_batch", default=PydanticUndefined)
     cp_scheme: Scheme = flag(
         registry.default(TRAINING).name,
         f"How CP exchanges K and V: {registry.choices(TRAINING)}.",
     )
-    tp_comm_overlap: Flag = flag(
-        False,
-        "TP collectives pipelined with their matrix multiplies in t chunks (Megatron's --tp-comm-overlap, "
-        "Transformer Engine's userbuffers; torch's AsyncTP): all but one chunk's transfer can hide.",
-    )
-    cp_overlap: Number = flag(1.0, "Share of ring transfers hidden under attention, in [0, 1].", ge=0, le=1)
-    dp_overlap: Number = flag(
-        1.0,
-        "Share of the gradient reduction overlapped with the backward, in [0, 1]: 1 bucketed (PyTorch DDP, "
-        "FSDP, Megatron's --overlap-grad-reduce), 0 reduced after it (Megatron's default).",
-        ge=0,
-        le=1,
-    )
+    tp_comm_overlap: Flag = declared_as(Overlaps, "tp_comm_overlap")
+    cp_overlap: Number = declared_as(Overlaps, "cp_overlap")
+    dp_overlap: Number = declared_as(Overlaps, "dp_overlap")
     gemm_dtype: Literal["fp8", "mxfp8"] | None = flag(
         None,
         "Precision of the linear layers' multiplies when it differs from --dtype: fp8 (Transformer Engine, "
@@ -114,7 +99,7 @@ class StepSetup(BaseModel):
         "a kernel whose tables the profile holds (cp-plan hw show: e.g. sdpa-cudnn).",
         pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
     )
-    pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
+    pp_overlap: Number = declared_as(Overlaps, "pp_overlap")
     bucket_bytes: Number = flag(
         DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", ge=1, le=2**40
     )
@@ -128,13 +113,7 @@ class StepSetup(BaseModel):
     grad_bytes: Count = flag(
         4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1, le=8
     )
-    ep: Count = flag(
-        1,
-        "Expert-parallel degree of an MoE model: ranks its experts are split over, out of DP.",
-        unit="devices",
-        ge=1,
-        le=MAX_HEADS,
-    )
+    ep: Count = declared_as(Parallelism, "ep")
     capacity_factor: Number = flag(
         moe.CAPACITY_FACTOR,
         "MoE capacity factor: the most loaded expert rank computes this x the mean tokens (Switch: 1.25).",
@@ -145,7 +124,7 @@ class StepSetup(BaseModel):
 
 # What `cp-plan step` and :func:`build_step` default to and leave out: a causal fwd+bwd training layer, no CP
 # unless asked; the step reads no tile size, and the model preset sets the heads.
-STEP_DEFAULTS: dict[str, Any] = TRAINING_DEFAULTS | {"n": 1, "block": 1}
+STEP_DEFAULTS: dict[str, Any] = TRAINING_DEFAULTS | {"cp": 1, "block": 1}
 STEP_EXCLUDE = frozenset(
     {
         "batch",
@@ -174,13 +153,13 @@ def build_step(
     profile: HardwareProfile | None = None, **values: Any
 ) -> tuple[PlanInputs, TrainingSetup, StepSetup, Machine]:
     """The step's inputs from flat keyword values named as the command's flags (``model``, ``seq``, ``hw``,
-    ``gpus``, ``tp``, ``cp`` or ``n``, ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``,
+    ``gpus``, ``tp``, ``cp`` (or ``n``), ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``,
     ``cp_scheme``, ``layout``, ``zero``, ``efficiency``, ...), with the command's defaults, each model
     validated once (:func:`~costmodel.plans.inputs.build`): for tests and notebooks. ``profile``, already
     loaded, stands in for reading ``hw`` again (many runs on one machine)."""
     given = dict(values)
-    if "cp" in given:
-        given["n"] = given.pop("cp")
+    if "n" in given:  # the CP degree's former name
+        given["cp"] = given.pop("n")
     parts: dict[type[BaseModel], dict[str, Any]] = {model: {} for model in _DECLARED}
     for name, value in given.items():
         owner = next((m for m in _DECLARED if name in m.model_fields and name not in STEP_EXCLUDE), None)
@@ -200,32 +179,17 @@ def build_step(
 
 def _call(name: str, values: Mapping[str, Any]) -> Any:
     """A step formula at ``values``: a number, or an array when any value is one."""
-    return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+    return call(name, values)
 
 
 def _check(
     inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
 ) -> tuple[int, int]:
-    """DP degree and micro-batches per step; one line naming the flag for any impossible combination."""
-    if model.heads % setup.tp:
-        raise InputError("--tp", f"{setup.tp} must divide the model's {model.heads} heads")
-    group = setup.tp * inputs.n * setup.pp
-    if setup.gpus % group:
-        raise InputError("--gpus", f"{setup.gpus} is not divisible by tp x cp x pp = {group}")
-    dp = setup.gpus // group
-    if step.global_batch % (step.micro_batch * dp):
-        raise InputError(
-            "--global-batch",
-            f"{step.global_batch} is not divisible by micro-batch x DP = {step.micro_batch} x {dp}",
-        )
-    micro = step.global_batch // (step.micro_batch * dp)
-    setup.stages(model.layers, step.vpp)
-    if step.vpp > 1 and micro < setup.pp:  # the interleaved schedule fills every stage before it steadies
-        raise InputError(
-            "--vpp",
-            f"interleaving needs at least --pp {setup.pp} micro-batches per pipeline; the step has {micro} "
-            "(--global-batch / (--micro-batch x DP))",
-        )
+    """DP degree and micro-batches per step (the layout's one check, :meth:`Parallelism.check`); one line
+    naming the flag for any impossible combination."""
+    layout = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
+    dp, micro = layout.dp, layout.micro_batches
+    assert micro is not None  # the step states its global batch
     named = attention_kernels(machine.profile)
     if step.attention_kernel not in ("flash", "unfused", *named):
         accepted = ", ".join(["flash", "unfused", *named])
@@ -241,11 +205,10 @@ def _check(
             raise InputError(
                 "--gemm-dtype", f"mxfp8 runs on Blackwell tensor cores; {device.name} is {device.generation}"
             )
-    if step.attention_kernel == "unfused" and inputs.n > 1:
+    if step.attention_kernel == "unfused" and inputs.cp > 1:
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
-    moe.check(model, step.ep, dp)
     kv_heads = max(model.kv_heads // setup.tp, 1)
-    reason = registry.get(step.cp_scheme).check(model.heads // setup.tp, kv_heads, inputs.n, False)
+    reason = registry.get(step.cp_scheme).check(model.heads // setup.tp, kv_heads, inputs.cp, False)
     if reason:
         raise InputError("--cp-scheme", reason)
     return dp, micro
@@ -281,8 +244,8 @@ def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int
 
 def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
     """USP: the largest all-to-all degree dividing the CP degree and the TP rank's KV heads."""
-    n_u = usp.split(max(model.kv_heads // setup.tp, 1), inputs.n)
-    return n_u, inputs.n // n_u
+    n_u = usp.split(max(model.kv_heads // setup.tp, 1), inputs.cp)
+    return n_u, inputs.cp // n_u
 
 
 # Kernels one layer launches on a device, (forward, backward), counted from Megatron-LM's GPT layer
@@ -352,7 +315,7 @@ def _rates(
     --efficiency) at this layer's shapes; ``gemms`` keeps the multiplies' rates by shape across calls (the
     layout search binds the same multiplies under many CP schemes)."""
     t, d = setup.tp, model.head_dim
-    rows = step.micro_batch * inputs.seq // inputs.n  # sequence parallel gathers the CP rank's tokens
+    rows = step.micro_batch * inputs.seq // inputs.cp  # sequence parallel gathers the CP rank's tokens
     key = (t, rows, step.gemm_dtype)
     if gemms is None or key not in gemms:
         linear = machine if step.gemm_dtype is None else replace(machine, dtype="fp8")
@@ -368,7 +331,7 @@ def _rates(
     if step.attention_kernel == "unfused":
         f_attn, f_attn_bwd = _unfused_rates(inputs.seq, step.micro_batch * model.heads // t, d, machine)
         return rates | {"F_attn": f_attn, "F_attn_bwd": f_attn_bwd}
-    seq, n, scheme = inputs.seq, inputs.n, registry.get(step.cp_scheme)
+    seq, n, scheme = inputs.seq, inputs.cp, registry.get(step.cp_scheme)
     calls = [(seq, seq, True, 1.0)] if n == 1 else scheme.attention_calls(seq, n, n_r, inputs.layout)
     pair = numeric.pair_flops(b=step.micro_batch, h=model.heads / t, d=d)
     kernel = None if step.attention_kernel == "flash" else step.attention_kernel
@@ -414,7 +377,7 @@ def bind(
     carries the multiplies' rates between calls on one machine and model (see :func:`_rates`)."""
     dp, micro = _check(inputs, setup, step, model, machine)
     n_u, n_r = _usp_split(inputs, setup, model)
-    t, n, scheme = setup.tp, inputs.n, registry.get(step.cp_scheme)
+    t, n, scheme = setup.tp, inputs.cp, registry.get(step.cp_scheme)
     kernels, device = machine.profile.kernels, machine.profile.device
     links = _group_links(setup, step, machine, n, dp)
     # a causal mask split in contiguous shards loads the last rank most, where each rank keeps its own queries
@@ -600,9 +563,9 @@ def step_memory(
     from costmodel.training.recommend import fit_at, training_values
 
     attention = inputs.model_copy(update={"batch": step.micro_batch})
-    dp = setup.gpus // (setup.tp * inputs.n * setup.pp)
+    dp = setup.gpus // (setup.tp * inputs.cp * setup.pp)
     micro = step.global_batch // (step.micro_batch * dp)
-    values = training_values(attention, model, setup, machine, inputs.n, micro, step.vpp, step.ep)
+    values = training_values(attention, model, setup, machine, inputs.cp, micro, step.vpp, step.ep)
     fit = fit_at(Evaluator(values))
     return StepMemory(
         bytes_per_device=fit.total_bytes,
@@ -652,12 +615,12 @@ def evaluate_step(
         "dtype": inputs.dtype,
         "efficiency": inputs.efficiency,
         "layout": inputs.layout,
-        "cp": inputs.n,
+        "cp": inputs.cp,
         **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "offload", "rank_order"}),
         **step.model_dump(),
     }
     memory = step_memory(inputs, setup, step, model, machine)
-    groups = _groups(setup, step, inputs.n, v["D"])
+    groups = _groups(setup, step, inputs.cp, v["D"])
     return StepReport(
         fits=memory.fits,
         memory=memory,

@@ -13,11 +13,10 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
-from costmodel.plans.bind import PASSES, RATIO, plan_values
+from costmodel.plans.bind import PASSES, RATIO, call, plan_values
 from costmodel.plans.inputs import TOKENS_HELP, PlanInputs, TrainingSetup, parse_tokens
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.verdict import AMBER, BANDS, GREEN
-from costmodel.symbolic import numeric
 
 RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 
@@ -136,10 +135,10 @@ def sweep(
         c_row = _last_valid(values["c"])  # N_max per S at the compute fraction of the largest N swept
     profile = machine.profile
 
-    def call(name: str, **over: object) -> np.ndarray:
-        return getattr(numeric, name)(**{a: over.get(a, values.get(a)) for a in numeric.ARGS[name]})
+    def at(name: str, **over: object) -> np.ndarray:
+        return call(name, {**values, **over})
 
-    ratio = np.max([call(RATIO[phase]) for phase in PASSES[shape.pass_]], axis=0)
+    ratio = np.max([at(RATIO[phase]) for phase in PASSES[shape.pass_]], axis=0)
     ratio = np.where(n_row == 1, 0.0, ratio)  # one device receives nothing
     valid = (seq_col % n_row == 0) & (n_row <= seq_col)
     # N_max: the intra-node bound while it stays inside the node, else the inter-node one.
@@ -151,7 +150,7 @@ def sweep(
         over = {"S": seq_col[:, 0], **machine.link(group).values, "r": 1.0}
         if c_row is not None:
             over["c"] = c_row
-        bounds[scope] = np.min([call(bound_of[phase], **over) for phase in PASSES[shape.pass_]], axis=0)
+        bounds[scope] = np.min([at(bound_of[phase], **over) for phase in PASSES[shape.pass_]], axis=0)
     n_max = bounds["intra"]
     if "inter" in bounds:
         n_max = np.where(bounds["inter"] > ranks, bounds["inter"], np.minimum(bounds["intra"], ranks))
@@ -160,9 +159,9 @@ def sweep(
         seqs=np.asarray(seqs),
         ns=np.asarray(ns),
         ratio=np.where(valid, ratio, np.nan),
-        intensity=np.broadcast_to(call("intensity_step"), ratio.shape).copy(),
-        step_compute_s=np.broadcast_to(call("step_compute_s"), ratio.shape).copy(),
-        step_comm_s=np.broadcast_to(call("step_comm_s"), ratio.shape).copy(),
+        intensity=np.broadcast_to(at("intensity_step"), ratio.shape).copy(),
+        step_compute_s=np.broadcast_to(at("step_compute_s"), ratio.shape).copy(),
+        step_comm_s=np.broadcast_to(at("step_comm_s"), ratio.shape).copy(),
         inter_node=inter,
         n_max=n_max,
     )
@@ -172,9 +171,7 @@ def sweep(
 
         base = training_values(shape, model, setup, machine, 1)
         name = moe.twin("n_min_memory", base)  # an MoE model's every expert
-        grid.n_min_memory = getattr(numeric, name)(
-            **{a: (seq_col[:, 0] if a == "S" else base[a]) for a in numeric.ARGS[name]}
-        )
+        grid.n_min_memory = call(name, {**base, "S": seq_col[:, 0]})
     return grid
 
 
@@ -188,7 +185,7 @@ def step_times(
     grid.step_time_s = np.array(
         [
             fastest_by_cp(
-                shape.model_copy(update={"seq": int(seq), "n": 1}), setup, machine, grid.ns, global_batch
+                shape.model_copy(update={"seq": int(seq), "cp": 1}), setup, machine, grid.ns, global_batch
             )
             for seq in grid.seqs
         ]
@@ -214,7 +211,7 @@ def _compute_fractions(shape: PlanInputs, seqs, ns, docs: str | None) -> np.ndar
             cell = shape.model_copy(
                 update={
                     "seq": seq,
-                    "n": n,
+                    "cp": n,
                     "block": min(tile, seq // n),
                     "layout": layout,
                     "docs": docs,

@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from costmodel.plans.cp.base import PREFILL, TRAINING, Scheme, formula
+from costmodel.plans.bind import call
+from costmodel.plans.cp.base import PREFILL, TRAINING, Scheme
 
 NAME = "allgather"
 
 
 def exposure(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    gather = formula(
+    gather = call(
         "cp_allgather_s", values
     )  # K, V gathered forward; again, and dK, dV reduce-scattered backward
     return gather, 2 * gather, 0.0

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from costmodel.plans.bind import PASSES, Evaluator
 from costmodel.plans.verdict import band
 from costmodel.schedule.layouts import chunks_per_rank
-from costmodel.symbolic import numeric
 
 if TYPE_CHECKING:
     from costmodel.machines.binding import Machine
@@ -25,11 +24,6 @@ TRAINING, PREFILL = "training", "prefill"
 Call = tuple[float, float, bool, float]
 _LAYER_COMM = {"fwd": "layer_comm_s", "bwd": "bwd_layer_comm_s"}
 _LAYER_BYTES = {"fwd": "recv_bytes_per_layer", "bwd": "bwd_recv_bytes_per_layer"}
-
-
-def formula(name: str, values: Mapping[str, Any]) -> Any:
-    """A generated formula at ``values``: a number, or an array when any value is one."""
-    return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
 
 
 def _always_runs(heads: int, kv_heads: int, n: int, split_kv: bool) -> str | None:

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from costmodel.machines.binding import Machine
-from costmodel.plans.bind import Evaluator, pass_ratio, plan_values
-from costmodel.plans.cp.base import TRAINING, Call, Scheme, SchemeResult, formula, ring_layout, ring_traffic
+from costmodel.plans.bind import Evaluator, call, pass_ratio, plan_values
+from costmodel.plans.cp.base import TRAINING, Call, Scheme, SchemeResult, ring_layout, ring_traffic
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict
 
@@ -18,9 +18,9 @@ NAME = "ring"
 
 def exposure(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return (
-        formula("cp_ring_fwd_exposed_s", values),
-        formula("cp_ring_bwd_exposed_s", values),
-        formula("ring_overhead_s", values),
+        call("cp_ring_fwd_exposed_s", values),
+        call("cp_ring_bwd_exposed_s", values),
+        call("ring_overhead_s", values),
     )
 
 
@@ -32,7 +32,7 @@ def calls(seq: int, ring: int, layout: str) -> list[Call]:
 
 
 def layer(inputs: PlanInputs, machine: Machine, pass_: str) -> list[SchemeResult]:
-    n = inputs.n
+    n = inputs.cp
     ring = inputs.model_copy(update={"layout": ring_layout(inputs, n)})
     ev = Evaluator(plan_values(ring, machine))
     time, compute = predict(ring, machine, "ring", pass_ != "fwd").for_pass(pass_)  # the kernel variant

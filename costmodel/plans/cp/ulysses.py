@@ -8,15 +8,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from costmodel.machines.binding import Machine
+from costmodel.plans.bind import call
 from costmodel.plans.cp import usp
-from costmodel.plans.cp.base import TRAINING, Scheme, SchemeResult, formula
+from costmodel.plans.cp.base import TRAINING, Scheme, SchemeResult
 from costmodel.plans.inputs import PlanInputs
 
 NAME = "ulysses"
 
 
 def exposure(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    a2a = formula("cp_ulysses_s", values)
+    a2a = call("cp_ulysses_s", values)
     return a2a, a2a, 0.0
 
 
@@ -32,7 +33,7 @@ def check(heads: int, kv_heads: int, n: int, split_kv: bool) -> str | None:
 
 def layer(inputs: PlanInputs, machine: Machine, pass_: str) -> list[SchemeResult]:
     """USP with N_u = N: its all-to-alls and no ring."""
-    return usp.rows(inputs, machine, pass_, [inputs.n] if inputs.n > 1 else [], NAME)
+    return usp.rows(inputs, machine, pass_, [inputs.cp] if inputs.cp > 1 else [], NAME)
 
 
 SCHEME = Scheme(

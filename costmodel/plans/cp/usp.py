@@ -11,13 +11,12 @@ from typing import Any
 import numpy
 
 from costmodel.machines.binding import Machine
-from costmodel.plans.bind import PASSES, Evaluator, pass_ratio, plan_values
+from costmodel.plans.bind import PASSES, Evaluator, call, pass_ratio, plan_values
 from costmodel.plans.cp import ring
 from costmodel.plans.cp.base import (
     TRAINING,
     Scheme,
     SchemeResult,
-    formula,
     pass_sum,
     ring_layout,
     ring_traffic,
@@ -37,7 +36,7 @@ def split(kv_heads: int, n: int) -> int:
 
 def exposure(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     """All-to-alls over N_u ranks, then a ring over N_r at the N_r ranks' share of the sequence."""
-    a2a = numpy.where(numpy.asarray(values["N_u"]) > 1, formula("cp_usp_a2a_s", values), 0.0)
+    a2a = numpy.where(numpy.asarray(values["N_u"]) > 1, call("cp_usp_a2a_s", values), 0.0)
     n_r = numpy.asarray(values["N_r"])
     fwd, bwd, overhead = ring.exposure({**values, "N": n_r, "S": values["S"] * n_r // values["N"]})
     across = n_r > 1
@@ -57,7 +56,7 @@ def rows(
     for n_u in n_us:
         ok, reason = ulysses_feasibility(inputs.heads, inputs.kv_heads, n_u)
         if not ok:
-            out.append(SchemeResult(name, n_u, inputs.n // n_u, None, False, reason))
+            out.append(SchemeResult(name, n_u, inputs.cp // n_u, None, False, reason))
         else:
             out.append(_split(inputs, machine, pass_, n_u, reason, name))
     return out
@@ -66,7 +65,7 @@ def rows(
 def _split(
     inputs: PlanInputs, machine: Machine, pass_: str, n_u: int, reason: str, name: str
 ) -> SchemeResult:
-    n, backward = inputs.n, pass_ != "fwd"
+    n, backward = inputs.cp, pass_ != "fwd"
     n_r = n // n_u
     ev = Evaluator(plan_values(inputs, machine))
     a2a_link = machine.link(n_u, "alltoall")
@@ -78,7 +77,7 @@ def _split(
     # (its exchanges only: a packed window's documents do not cut into S·N_u/N).
     a2a_only = inputs.model_copy(
         update={
-            "n": n_u,
+            "cp": n_u,
             "seq": inputs.seq // n_r,
             "layout": "contiguous",
             "block": 1,
@@ -110,7 +109,7 @@ def _split(
     # group of all N ranks uses (its neighbours sit N_u ranks apart).
     sub = inputs.model_copy(
         update={
-            "n": n_r,
+            "cp": n_r,
             "heads": inputs.heads // n_u,
             "kv_heads": max(inputs.kv_heads, n_u) // n_u,
             "layout": ring_layout(inputs, n_r),
@@ -157,7 +156,7 @@ SCHEME = Scheme(
     a2a_degree=split,
     exposure=exposure,
     attention_calls=lambda seq, n, n_r, layout: ring.calls(seq, n_r, layout),
-    layer=lambda inputs, machine, pass_: rows(inputs, machine, pass_, divisors(inputs.n)[1:-1]),
+    layer=lambda inputs, machine, pass_: rows(inputs, machine, pass_, divisors(inputs.cp)[1:-1]),
     describe=lambda layout, n, n_u: (
         f"USP {n_u}x{n // (n_u or 1)}: all-to-all over {n_u}, a {layout} ring across"
     ),
