@@ -16,6 +16,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import io
+import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -24,7 +29,11 @@ import sympy
 from sympy.printing.numpy import NumPyPrinter
 from sympy.printing.str import StrPrinter
 
-from costmodel.symbolic import formulas
+from costmodel.cli import main as cli_main
+from costmodel.core.fileio import atomic_write_text
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, flag_name
+from costmodel.symbolic import formulas, numeric
 from costmodel.symbolic.symbols import SYMBOLS
 
 TARGET = Path(__file__).resolve().parent / "symbolic" / "numeric.py"
@@ -217,13 +226,11 @@ def json_contract() -> str:
 
 
 def hardware_schema() -> str:
-    from costmodel.machines.profiles import HardwareProfile
 
     return "\n".join(_model_table(HardwareProfile))
 
 
 def report_json_schema() -> str:
-    import json
 
     from costmodel.plans.schema import Report
 
@@ -239,7 +246,6 @@ def validation_table() -> str:
 def flag_limits() -> str:
     """Markdown: every declared flag with its accepted range and default, from the pydantic declarations."""
     from costmodel.inference.setup import InferenceSetup
-    from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, flag_name
     from costmodel.training.step import StepSetup
 
     rows = ["| flag | accepted | default | declared in |", "|---|---|---|---|"]
@@ -295,13 +301,8 @@ _MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERAT
 
 def cli_output(command: str) -> str:
     """What ``command`` (``cp-plan ...``, globs expanded) prints at 80 columns, run from the repository."""
-    import contextlib
     import glob
-    import io
-    import os
     import shlex
-
-    from costmodel.cli import main as cli_main
 
     args = [match for arg in shlex.split(command)[1:] for match in (sorted(glob.glob(arg)) or [arg])]
     out = io.StringIO()
@@ -332,7 +333,6 @@ def fill_blocks(text: str) -> str:
 
 def targets() -> dict[Path, str]:
     """Every generated file and the text it must hold."""
-    import contextlib
 
     out = {TARGET: render(), RESOLVED: resolved_cache(), DOCS / "report.schema.json": report_json_schema()}
     with contextlib.chdir(DOCS.parent):  # commands in docs name paths from the repository root
@@ -344,16 +344,11 @@ def targets() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from costmodel.core.fileio import atomic_write_text
 
     parser = argparse.ArgumentParser(prog="python -m costmodel.codegen", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if anything is stale, write nothing")
     args = parser.parse_args(argv)
     if not args.check:  # the documents run the CLI, which must see the formulas just generated
-        import importlib
-
-        from costmodel.symbolic import numeric
-
         source = render()
         if TARGET.read_text(encoding="utf-8") != source:
             atomic_write_text(TARGET, source)

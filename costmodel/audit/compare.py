@@ -21,6 +21,7 @@ from costmodel.audit.logs import ParsedLog, summary
 from costmodel.core.errors import InputError
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.models import load_model
+from costmodel.plans.schemes import compare
 from costmodel.training.recommend import fit_at, training_values
 from costmodel.training.report import LABELS, StepReport
 from costmodel.training.step import build_step, evaluate_step
@@ -168,7 +169,6 @@ def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -
 def ring_ratio(built: dict[str, Any]) -> float | None:
     """The plan's step comm ratio of the run's ring (ring or USP's ring part), fwd+bwd: transfer time over the
     attention it hides under ([A-RingCost §11]); None when the run has no ring."""
-    from costmodel.plans.schemes import compare
 
     inputs, setup, step = built["inputs"], built["setup"], built["step"]
     if inputs.n == 1 or step.cp_scheme not in ("ring", "usp"):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import ValidationError
 
 from costmodel.audit.logs import count, read_lines
 from costmodel.calibration.fit import fit_link
@@ -202,7 +203,6 @@ def fit_table(table: Table) -> LinkFit:
         }
         for r in table.rows
     ]
-    from pydantic import ValidationError
 
     try:
         return fit_link(samples, received_fraction=bus_factor(table.collective, table.ranks))

@@ -12,13 +12,18 @@ vocabulary (50,257 tokens) and dropout.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from pydantic import ValidationError
+
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import read_input_text
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.symbolic import numeric
@@ -152,7 +157,6 @@ def _gpt(row: dict[str, Any], where: str) -> ModelPreset:
     hidden, heads = row["hidden"], row["heads"]
     if heads < 1 or hidden % heads:
         raise InputError("--runs", f"{where}: heads {heads} must divide hidden {hidden}")
-    from pydantic import ValidationError
 
     try:
         return ModelPreset(
@@ -190,9 +194,6 @@ def _measured_s(row: dict[str, Any], where: str) -> float:
 
 def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = None) -> RunTable:
     """The runs of a CSV table (see the module's docstring), every value checked with its row named."""
-    import io
-
-    from costmodel.core.fileio import read_input_text
 
     assume = assume or {}
     text = read_input_text(path, "--runs", "runs").removeprefix("\ufeff")  # vTrain's tables open with a BOM
@@ -416,7 +417,6 @@ def fit_runs(
         raise InputError(
             "--fit-profile", "no run stays inside one node; the fit learns from single-node runs"
         )
-    import numpy as np
 
     def bind_all(profile: HardwareProfile) -> list[dict[str, Any]]:
         at = Profiles(profile)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import (
     Calibration,
     ComputeCurve,
@@ -34,6 +35,7 @@ from costmodel.machines.profiles import (
     Sentinel,
     layer_key,
 )
+from costmodel.plans.inputs import PlanInputs
 
 R2_MIN = 0.95  # a link fit explaining less than this of its times is not alpha-beta: too noisy to trust
 SPREAD_MAX = 0.15  # relative spread of a link's alpha or B, or of the median compute point, to trust
@@ -41,6 +43,39 @@ FIXED_SPREAD_MAX = 0.15  # a fixed cost's spread against its tiny layer (a quiet
 DRIFT_MAX = 0.15  # the same compute or exchange timed at the start and the end may differ by this
 BUSY_MAX = 0.5  # share of the CPUs other processes may use before calibrating
 REPLICAS = 40  # resampled refits behind every spread
+
+
+def calibrated_inputs(
+    profile: HardwareProfile,
+    n: int,
+    tokens_per_rank: int,
+    causal: bool = False,
+    layout: str = "contiguous",
+    documents: int = 1,
+) -> PlanInputs:
+    """A plan in the shape the profile was measured with, ``tokens_per_rank`` on each of ``n`` ranks; the
+    window packed with ``documents`` equal documents (varlen) when more than one."""
+    cal = profile.calibration
+    assert cal is not None
+    return PlanInputs(
+        seq=tokens_per_rank * n,
+        n=n,
+        batch=cal.batch,
+        heads=cal.heads,
+        kv_heads=cal.kv_heads,
+        head_dim=cal.head_dim,
+        dtype=cal.dtype,
+        causal=causal,
+        layout=layout,
+        block=1,
+        hw=profile.name,
+        docs=f"{tokens_per_rank * n // documents}x{documents}" if documents > 1 else None,
+    )
+
+
+def calibrated_machine(profile: HardwareProfile) -> Machine:
+    """The measured profile bound to the dtype it was measured in."""
+    return Machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
 
 
 def fit_link(samples: list[dict[str, Any]], received_fraction: float = 1.0, weighted: bool = True) -> LinkFit:
@@ -324,7 +359,6 @@ def layer_kinds(layers: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> HardwareProfile:
     """Each layer kind's fixed cost: its time at a tiny shard less the model's prediction without it."""
-    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
     from costmodel.plans.timing import predict
 
     cal = profile.calibration
@@ -346,7 +380,6 @@ def _with_inference_overheads(profile: HardwareProfile, inference: dict[str, Any
     formulas predict for it without one (profiles measured before it: none)."""
     if not inference:
         return profile
-    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
     from costmodel.inference.kernel_runs import predict_run
 
     cal = profile.calibration

@@ -14,6 +14,7 @@ import typer
 
 from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.planning import DataFormat
+from costmodel.core.units import seconds, si
 from costmodel.inference.setup import INFER_SHARED, InferenceSetup
 from costmodel.plans.inputs import MachineOverrides, PlanInputs
 
@@ -54,8 +55,6 @@ def infer_cmd(
 
 
 def _table(report: dict) -> None:
-
-    from costmodel.core.units import seconds, si
 
     given, out = report["inputs"], report["inference"]
     mem, pre, dec = out["memory"], out["prefill"], out["decode"]
@@ -113,7 +112,6 @@ def _table(report: dict) -> None:
 
 def _decode_target_lines(target: dict, screen) -> None:  # noqa: ANN001
     """--target-tpot: the largest batch within it on the asked layout and with every GPU in TP."""
-    from costmodel.core.units import seconds
 
     goal = seconds(target["target_tpot_s"])
     for key in ("cp_layout", "tp_layout"):

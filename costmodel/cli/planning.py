@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import sys
@@ -25,9 +26,12 @@ from costmodel.cli.search import (
     TopOpt,
     TpOpt,
     VppOpt,
+    export,
+    render_search,
+    run_search,
 )
 from costmodel.core.errors import InputError
-from costmodel.core.units import percent, seconds, si, tokens_label
+from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_DEVICES,
     MAX_TOKENS,
@@ -39,6 +43,9 @@ from costmodel.plans.inputs import (
     job_machine,
     machine_for,
 )
+from costmodel.plans.models import load_model
+from costmodel.training.recommend import describe_scheme, recommend, recommend_plan
+from costmodel.training.step import step_machine
 
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
 
@@ -98,9 +105,6 @@ def recommend_cmd(
     as that framework's arguments. Example:
     cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
-    from costmodel.cli.search import export, render_search, run_search
-    from costmodel.plans.models import load_model
-    from costmodel.training.recommend import recommend, recommend_plan
 
     if inputs.model is None:
         raise InputError(
@@ -246,8 +250,6 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     """The CP window at the stated TP and PP, and its pick."""
     from rich.text import Text
 
-    from costmodel.training.recommend import describe_scheme
-
     i, s, rec = report.inputs, report.setup, report.recommendation
     head = _header(report)
     head.add_row(
@@ -369,7 +371,6 @@ def sweep_cmd(
     fastest plan that fits at that CP degree, with the stated --tp, --pp and --recompute. Example:
     cp-plan sweep --seq 8k..1M --n 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
-    from costmodel.plans.models import load_model
     from costmodel.training.sweep import parse_grid, sweep
 
     seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(n, "--n", MAX_DEVICES)
@@ -389,7 +390,6 @@ def sweep_cmd(
         sweep(inputs, seqs, ns, machine, preset, setup if memory else None, docs=docs) for machine in machines
     ]
     if memory:
-        from costmodel.training.step import step_machine
         from costmodel.training.sweep import step_times
 
         for grid, name in zip(grids, names, strict=True):
@@ -414,8 +414,6 @@ def sweep_cmd(
             + "\n"
         )
     elif format is SweepFormat.csv:
-        import csv
-
         writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]) if rows else ["hw"])
         writer.writeheader()
         writer.writerows(rows)
@@ -442,7 +440,7 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
                 if verdicts[i, j] < 0:
                     cells.append("")
                     continue
-                cells.append(f"[{COLOURS[names[verdicts[i, j]]]}]{_short_percent(grid.ratio[i, j])}[/]")
+                cells.append(f"[{COLOURS[names[verdicts[i, j]]]}]{short_percent(grid.ratio[i, j])}[/]")
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
         out.print("* the ring leaves the node", style="dim")
@@ -462,13 +460,6 @@ def _render_step_times(grid) -> None:  # noqa: ANN001
         cells = ["" if math.isnan(t) else seconds(float(t)) for t in grid.step_time_s[i]]
         table.add_row(tokens_label(int(seq)), *cells)
     console().print(table)
-
-
-def _short_percent(ratio: float) -> str:
-    if ratio == 0:
-        return "0"
-    value = 100 * ratio
-    return f"{value:.2f}%" if value < 1 else f"{value:.1f}%" if value < 100 else f"{value:,.0f}%"
 
 
 class CheckFormat(str, Enum):

@@ -11,8 +11,6 @@ that every accepted input is answered in bounded time and memory.
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
@@ -28,10 +26,16 @@ from pydantic import (
 )
 
 from costmodel.core.errors import InputError
+from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine
-from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile
+from costmodel.machines.compose import override
+from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile, load_profile
+from costmodel.machines.topology import parse_order, strides
+from costmodel.plans.models import load_model
+from costmodel.plans.packing import pack
 from costmodel.plans.stages import StageSplit, split_stages
 from costmodel.schedule.layouts import Layout, check_divisible
+from costmodel.schedule.packed import MAX_MASKED_TOKENS, MAX_MASKED_WORK
 
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
 Recompute = Literal["none", "selective", "full"]
@@ -41,38 +45,6 @@ MAX_TOKENS = 2**34  # 16G tokens: far past any context length in use, small enou
 MAX_DEVICES = 2**20  # 1M accelerators
 MAX_CP = 2**10  # a ring over 1,024 ranks is far past any in use (Llama 3 trained with 16); N x N stays small
 MAX_HEADS = 2**16
-TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 262144, 256k, 1M"
-
-_TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", re.ASCII)
-_INTEGER = re.compile(r"\s*[0-9]+\s*", re.ASCII)
-_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-def parse_tokens(text: str | int, field: str = "seq") -> int:
-    """``262144``, ``256k`` or ``1M`` (binary multiples, as sequence lengths are) to an exact int.
-
-    ASCII digits only, computed in decimal so that no length is rounded through a float."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    match = _TOKENS.fullmatch(str(text)) if isinstance(text, str) else None
-    if not match:
-        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}")
-    try:
-        number = Decimal(match.group(1)) * _SUFFIX[match.group(2).lower()]
-    except InvalidOperation:  # pragma: no cover - the pattern admits only plain decimals
-        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}") from None
-    if number != number.to_integral_value():
-        raise InputError(field, f"{text!r} is not a whole number of tokens")
-    return int(number)
-
-
-def parse_integer(text: str | int, field: str) -> int:
-    """A plain count: ASCII digits, exactly."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    if not isinstance(text, str) or not _INTEGER.fullmatch(text):
-        raise InputError(field, f"{text!r} is not a whole number")
-    return int(text)
 
 
 def _tokens(value: Any) -> Any:
@@ -231,8 +203,6 @@ class PlanInputs(BaseModel):
         if self.heads % self.kv_heads:
             raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
         if self.masked:  # before packing: a refused S reads no documents
-            from costmodel.schedule.packed import MAX_MASKED_TOKENS, MAX_MASKED_WORK
-
             if self.seq > MAX_MASKED_TOKENS or self.seq * self.n > MAX_MASKED_WORK:
                 raise InputError(
                     "docs" if self.docs else "window" if self.window else "attention_chunk",
@@ -240,8 +210,6 @@ class PlanInputs(BaseModel):
                     f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.n})",
                 )
         if self.docs is not None:
-            from costmodel.plans.packing import pack
-
             pack(self.docs, self.seq)
         if self.block > self.shard_tokens:
             raise InputError(
@@ -292,8 +260,6 @@ def machine_for(
 ) -> Machine:
     """The plan's machine: its profile (``inputs.hw``, or ``profile`` already loaded), changed as the command
     line says, bound to its dtype and efficiency."""
-    from costmodel.machines.compose import override
-    from costmodel.machines.profiles import load_profile
 
     profile = profile or load_profile(inputs.hw)
     if overrides is not None and any(value is not None for value in overrides.model_dump().values()):
@@ -327,7 +293,6 @@ def job_machine(
 
 def cp_stride(setup: TrainingSetup, n: int) -> int:
     """Ranks between CP neighbours under the job's rank order (TP's degree in Megatron's tp-cp-dp-pp)."""
-    from costmodel.machines.topology import strides
 
     dp = max(1, setup.gpus // (setup.tp * n * setup.pp))
     return strides(setup.rank_order, {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp})["cp"]
@@ -394,7 +359,6 @@ class TrainingSetup(BaseModel):
     @field_validator("rank_order")
     @classmethod
     def _order(cls, value: str) -> str:
-        from costmodel.machines.topology import parse_order
 
         try:
             return "-".join(parse_order(value))
@@ -473,7 +437,6 @@ def problems(exc: ValidationError) -> list[tuple[str, str]]:
 def shape_from_model(values: dict[str, Any]) -> dict[str, Any]:
     """Fill the fields a model preset sets (``from_model``) that were not given: from ``values["model"]``
     when one is named, else from the declared defaults. Returns a new dict."""
-    from costmodel.plans.models import load_model
 
     filled = dict(values)
     preset = load_model(values["model"]) if values.get("model") else None

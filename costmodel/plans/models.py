@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.fields import Count
-from costmodel.core.fileio import load_builtin_or_file
+from costmodel.core.fileio import load_builtin_or_file, read_json
 from costmodel.core.resources import data_dir
 
 # Ceilings far above any published model that keep products such as layers x hidden x vocab exact.
@@ -99,7 +99,6 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
 
 
 def _read_json(path: str, field: str) -> Any:
-    from costmodel.core.fileio import read_json
 
     return read_json(path, field)
 

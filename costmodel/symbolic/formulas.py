@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sympy
+from sympy.functions.elementary.piecewise import ExprCondPair
 
 from costmodel.symbolic.symbols import (
     SYMBOLS,
@@ -265,8 +266,6 @@ def _memo(operation: str, expr: sympy.Expr, *extra: sympy.Basic) -> sympy.Expr:
     text = resolved.CACHE.get(key)
     if text is not None:
         if not _NAMESPACE:
-            from sympy.functions.elementary.piecewise import ExprCondPair
-
             _NAMESPACE.update(vars(sympy), ExprCondPair=ExprCondPair)
         result = eval(text, _NAMESPACE)  # noqa: S307 - our own generated file, sympy's srepr
     else:

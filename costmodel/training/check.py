@@ -8,6 +8,7 @@ Problems in a file are reported with its path, the line and the field; every pro
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -303,7 +304,6 @@ def run_checks(located: Located) -> list[CheckResult]:
 def _xml_text(text: str) -> str:
     """``text`` without the characters XML 1.0 forbids (C0 controls but tab, CR, LF; lone surrogates;
     U+FFFE, U+FFFF), each shown as its code point instead, so a plan's name cannot break the report [XML-1.0 §2.2]."""
-    import re
 
     return re.sub(
         "[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]", lambda m: f"\\u{ord(m.group()):04x}", text

@@ -24,7 +24,8 @@ import numpy as np
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
 from costmodel.machines.binding import Collective, LinkBinding, Machine
-from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup
+from costmodel.machines.compose import override
+from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, build
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
 from costmodel.schedule.layouts import chunks_per_rank, divisors
@@ -33,7 +34,7 @@ from costmodel.training import moe, offload
 from costmodel.training.recommend import training_values, zero_fractions
 from costmodel.training.report import FORMULAS as TERMS
 from costmodel.training.report import SHORT
-from costmodel.training.step import StepSetup, bind, buckets, check_physical, step_terms
+from costmodel.training.step import StepSetup, bind, buckets, check_physical, evaluate_step, step_terms
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -733,7 +734,6 @@ def search_loop(
 ) -> list[dict[str, Any]]:
     """The plain reference: one :func:`~costmodel.training.step.evaluate_step` and one memory fit per
     candidate, fastest first among those that fit."""
-    from costmodel.training.step import evaluate_step
 
     model = _model(inputs)
     check_constraints(model, setup.gpus, constraints)
@@ -798,7 +798,6 @@ def sensitivity(
     """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence and one more
     recompute level, and whether another plan would then be fastest. ``found``: the search of these same
     arguments, whose shapes bound inside one node the slower link leaves as they are."""
-    from costmodel.machines.compose import override
 
     out = []
     inter = machine.profile.links.inter_node
@@ -950,7 +949,6 @@ def fastest_by_cp(
 ) -> np.ndarray:
     """The fastest fitting step at each CP degree of ``ns``, with the job's TP, PP and recompute held and
     micro-batch, virtual stages and CP scheme searched (Megatron-LM's plans); NaN where none fits."""
-    from costmodel.plans.inputs import build
 
     model = _model(inputs)
     step = build(StepSetup, global_batch=global_batch or default_global_batch(inputs.seq))
