@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None, whole: bool = False) -> int:
     from costmodel.core.errors import InputError
     from costmodel.core.fileio import Terminated
 
+    # cp-plan uses no pydantic plugins; looking for them reads every installed distribution (0.1-0.2 s).
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     NOTES.clear()
     args = sys.argv[1:] if argv is None else list(argv)
     whole = whole or names_a_command(args)
