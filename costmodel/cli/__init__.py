@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None, whole: bool = False) -> int:
     NOTES.clear()
     args = sys.argv[1:] if argv is None else list(argv)
     whole = whole or names_a_command(args)
-    command = get_command(with_subcommands() if whole else app)
     if sys.stdout is None:  # started with stdout closed (>&-): nowhere to put an answer
         return fail("stdout: closed; redirect it to a file or /dev/null")
+    command = get_command(with_subcommands() if whole else app)
     try:
         result = command.main(args=args, prog_name=PROG, standalone_mode=False)
     except InputError as exc:
@@ -80,18 +80,28 @@ def main(argv: list[str] | None = None, whole: bool = False) -> int:
         return fail("interrupted", 130)
     except Terminated:
         return fail("terminated", 143)
-    except BrokenPipeError:
+    except (
+        OSError,
+        ValueError,
+        SystemExit,
+    ) as exc:  # only a write to stdout gets here: inputs fail as InputError
+        return _output_failed(exc)
+    return _finish(result)
+
+
+def _output_failed(exc: BaseException) -> int:
+    """A write to stdout failed, directly or under a rich console that exited on it (exit 1 when the reader
+    goes); anything else goes on up."""
+    cause = exc.__context__ if isinstance(exc, SystemExit) else exc
+    if isinstance(cause, BrokenPipeError):
         return _quiet_broken_pipe()
-    except (OSError, ValueError) as exc:  # only a write to stdout gets here: inputs fail as InputError
-        if _is_stdout_failure(exc):
-            return _stdout_failed(exc)
-        raise
-    except SystemExit as exc:
-        if isinstance(exc.__context__, BrokenPipeError):  # rich's consoles exit 1 when the reader goes
-            return _quiet_broken_pipe()
-        if isinstance(exc.__context__, OSError | ValueError) and _is_stdout_failure(exc.__context__):
-            return _stdout_failed(exc.__context__)
-        raise
+    if isinstance(cause, OSError | ValueError) and _is_stdout_failure(cause):
+        return _stdout_failed(cause)
+    raise exc
+
+
+def _finish(result: object) -> int:
+    """After the answer: the notes, the flush that shows a broken pipe, and the exit code."""
     _notes()
     try:
         sys.stdout.flush()  # a broken pipe shows here when the output fit in the buffer

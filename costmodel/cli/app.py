@@ -16,7 +16,7 @@ from costmodel.cli import timeline as drawing
 from costmodel.cli.options import Format, FormatOpt, console, declared, house_table
 from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
-from costmodel.machines.compose import override
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import HardwareProfile, builtin_names, load_profile
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
 from costmodel.symbolic import numeric
@@ -229,11 +229,13 @@ def hw_show(
     if any(value is not None for value in o.model_dump().values()):
         profile = override(
             profile,
-            inter_bandwidth=o.inter_node_bandwidth,
-            intra_bandwidth=o.intra_node_bandwidth,
-            devices_per_node=o.devices_per_node,
-            cp_ranks_per_node=o.cp_ranks_per_node,
-            torus_dims=o.torus_dims,
+            ProfileChanges(
+                inter_bandwidth=o.inter_node_bandwidth,
+                intra_bandwidth=o.intra_node_bandwidth,
+                devices_per_node=o.devices_per_node,
+                cp_ranks_per_node=o.cp_ranks_per_node,
+                torus_dims=o.torus_dims,
+            ),
         )
     sources = [("profile", profile.source.url or f"measured on {profile.source.host}, {profile.source.date}")]
     for scope in ("intra_node", "inter_node"):

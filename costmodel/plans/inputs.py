@@ -28,7 +28,7 @@ from pydantic import (
 from costmodel.core.errors import InputError
 from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine
-from costmodel.machines.compose import override
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile, load_profile
 from costmodel.machines.topology import parse_order, strides
 from costmodel.plans.models import load_model
@@ -266,11 +266,13 @@ def machine_for(
         o = overrides
         profile = override(
             profile,
-            inter_bandwidth=o.inter_node_bandwidth,
-            intra_bandwidth=o.intra_node_bandwidth,
-            devices_per_node=o.devices_per_node,
-            cp_ranks_per_node=o.cp_ranks_per_node,
-            torus_dims=o.torus_dims,
+            ProfileChanges(
+                inter_bandwidth=o.inter_node_bandwidth,
+                intra_bandwidth=o.intra_node_bandwidth,
+                devices_per_node=o.devices_per_node,
+                cp_ranks_per_node=o.cp_ranks_per_node,
+                torus_dims=o.torus_dims,
+            ),
         )
     return Machine(profile, inputs.dtype, inputs.efficiency)
 

@@ -24,7 +24,7 @@ import numpy as np
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
 from costmodel.machines.binding import Collective, LinkBinding, Machine
-from costmodel.machines.compose import override
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, build
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit, candidate_splits, split_stages
@@ -804,7 +804,7 @@ def sensitivity(
     if inter is not None:
         change = "inter-node link 2x slower"
         slower = Machine(
-            override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
+            override(machine.profile, ProfileChanges(inter_bandwidth=inter.bandwidth_per_direction / 2)),
             machine.dtype,
             machine.efficiency,
         )
