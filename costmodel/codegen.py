@@ -29,6 +29,7 @@ import sympy
 from sympy.printing.numpy import NumPyPrinter
 from sympy.printing.str import StrPrinter
 
+from costmodel import KERNEL_IMPORTS, LAYERS
 from costmodel.cli import main as cli_main
 from costmodel.core.fileio import atomic_write_text
 from costmodel.machines.profiles import HardwareProfile
@@ -237,6 +238,37 @@ def report_json_schema() -> str:
     return json.dumps(Report.model_json_schema(by_alias=True), indent=2) + "\n"
 
 
+def layer_picture() -> str:
+    """docs/architecture.md's picture: ``costmodel.LAYERS`` top first, each package with every module in it."""
+    package_root = Path(__file__).resolve().parent
+
+    def modules(package: str) -> str:
+        if not (package_root / package).is_dir():
+            return package
+        names = sorted(
+            p.relative_to(package_root / package).with_suffix("").as_posix().removesuffix("/__init__")
+            for p in (package_root / package).rglob("*.py")
+        )
+        return ", ".join(name for name in names if name != "__init__")
+
+    def row(level: str, package: str, names: str) -> list[str]:
+        lines, line = [], f"{level:>5}  {package:<12} "
+        for word in names.split(" "):
+            if len(line) + len(word) > 104:
+                lines.append(line.rstrip())
+                line = " " * 20
+            line += word + " "
+        return [*lines, line.rstrip()]
+
+    lines = ["layer  package      modules"]
+    for level in reversed(range(len(LAYERS))):
+        for package in LAYERS[level]:
+            lines += row(str(level), package, modules(package))
+    lines += row("aside", "kernel", modules("kernel"))
+    lines.append(f"{'':20}(imports {' and '.join(KERNEL_IMPORTS)} only; only cli imports it)")
+    return "```text\n" + "\n".join(lines) + "\n```"
+
+
 def validation_table() -> str:
     from costmodel.training.validation import markdown_table
 
@@ -288,6 +320,7 @@ def inference_published() -> str:
 
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output
     "formulas": formula_reference,
+    "layers": layer_picture,
     "json-contract": json_contract,
     "hardware-schema": hardware_schema,
     "validation-table": validation_table,
