@@ -16,6 +16,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import io
+import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -24,7 +29,12 @@ import sympy
 from sympy.printing.numpy import NumPyPrinter
 from sympy.printing.str import StrPrinter
 
-from costmodel.symbolic import formulas
+from costmodel import KERNEL_IMPORTS, LAYERS
+from costmodel.cli import main as cli_main
+from costmodel.core.fileio import atomic_write_text
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, flag_name
+from costmodel.symbolic import formulas, numeric
 from costmodel.symbolic.symbols import SYMBOLS
 
 TARGET = Path(__file__).resolve().parent / "symbolic" / "numeric.py"
@@ -217,17 +227,46 @@ def json_contract() -> str:
 
 
 def hardware_schema() -> str:
-    from costmodel.machines.profiles import HardwareProfile
 
     return "\n".join(_model_table(HardwareProfile))
 
 
 def report_json_schema() -> str:
-    import json
 
     from costmodel.plans.schema import Report
 
     return json.dumps(Report.model_json_schema(by_alias=True), indent=2) + "\n"
+
+
+def layer_picture() -> str:
+    """docs/architecture.md's picture: ``costmodel.LAYERS`` top first, each package with every module in it."""
+    package_root = Path(__file__).resolve().parent
+
+    def modules(package: str) -> str:
+        if not (package_root / package).is_dir():
+            return package
+        names = sorted(
+            p.relative_to(package_root / package).with_suffix("").as_posix().removesuffix("/__init__")
+            for p in (package_root / package).rglob("*.py")
+        )
+        return ", ".join(name for name in names if name != "__init__")
+
+    def row(level: str, package: str, names: str) -> list[str]:
+        lines, line = [], f"{level:>5}  {package:<12} "
+        for word in names.split(" "):
+            if len(line) + len(word) > 104:
+                lines.append(line.rstrip())
+                line = " " * 20
+            line += word + " "
+        return [*lines, line.rstrip()]
+
+    lines = ["layer  package      modules"]
+    for level in reversed(range(len(LAYERS))):
+        for package in LAYERS[level]:
+            lines += row(str(level), package, modules(package))
+    lines += row("aside", "kernel", modules("kernel"))
+    lines.append(f"{'':20}(imports {' and '.join(KERNEL_IMPORTS)} only; only cli imports it)")
+    return "```text\n" + "\n".join(lines) + "\n```"
 
 
 def validation_table() -> str:
@@ -242,7 +281,6 @@ def flag_limits() -> str:
     A flag several commands take (``--tp``, ``--cp``) is one declaration (:class:`Parallelism`, :class:`Overlaps`)
     and one row, naming every model that takes it and each default where they differ."""
     from costmodel.inference.setup import InferenceSetup
-    from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, flag_name
     from costmodel.training.step import StepSetup
 
     rows: dict[str, tuple[str, str, dict[str, list[str]]]] = {}  # flag: names, accepted, {default: models}
@@ -295,6 +333,7 @@ def inference_published() -> str:
 
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output
     "formulas": formula_reference,
+    "layers": layer_picture,
     "json-contract": json_contract,
     "hardware-schema": hardware_schema,
     "validation-table": validation_table,
@@ -308,13 +347,8 @@ _MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERAT
 
 def cli_output(command: str) -> str:
     """What ``command`` (``cp-plan ...``, globs expanded) prints at 80 columns, run from the repository."""
-    import contextlib
     import glob
-    import io
-    import os
     import shlex
-
-    from costmodel.cli import main as cli_main
 
     args = [match for arg in shlex.split(command)[1:] for match in (sorted(glob.glob(arg)) or [arg])]
     out = io.StringIO()
@@ -345,7 +379,6 @@ def fill_blocks(text: str) -> str:
 
 def targets() -> dict[Path, str]:
     """Every generated file and the text it must hold."""
-    import contextlib
 
     out = {TARGET: render(), RESOLVED: resolved_cache(), DOCS / "report.schema.json": report_json_schema()}
     with contextlib.chdir(DOCS.parent):  # commands in docs name paths from the repository root
@@ -357,16 +390,11 @@ def targets() -> dict[Path, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from costmodel.core.fileio import atomic_write_text
 
     parser = argparse.ArgumentParser(prog="python -m costmodel.codegen", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if anything is stale, write nothing")
     args = parser.parse_args(argv)
     if not args.check:  # the documents run the CLI, which must see the formulas just generated
-        import importlib
-
-        from costmodel.symbolic import numeric
-
         source = render()
         if TARGET.read_text(encoding="utf-8") != source:
             atomic_write_text(TARGET, source)

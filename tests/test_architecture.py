@@ -1,95 +1,223 @@
-"""The house rules of docs/architecture.md, checked on the source: which layer may import which.
+"""The house rules of docs/architecture.md, checked on the source.
 
-Layers, lowest first. A module may import its own package and any package of a lower layer; the torch
-kernel is a leaf that needs nothing above the sequence layouts; the CLI and the code generator sit on
-top. Imports inside functions count too: a lazy import is still a dependency.
+Layers (``costmodel.LAYERS``, lowest first): a package imports its own modules and packages of strictly
+lower layers. The torch kernel is a leaf beside the model that only the CLI reaches. Imports inside
+functions count too: a lazy import is still a dependency, may not close a cycle, and must save something.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
 
+from costmodel import KERNEL_IMPORTS, LAYERS
 from tests.support import REPO
 
 PACKAGE = REPO / "costmodel"
-LAYER = {
-    "core": 0,
-    "symbolic": 1,
-    "schedule": 1,
-    "machines": 2,
-    "plans": 3,
-    "training": 4,
-    "calibration": 4,
-    "audit": 4,
-    "inference": 4,
-    "cli": 5,
-    "codegen": 6,
-}
-KERNEL_MAY_IMPORT = {"core", "schedule", "kernel"}
-# Entry points that exist to be run, not imported: they start the layer above them.
+LAYER = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+# Run, never imported: `python -m costmodel.kernel` starts the CLI's kernel commands (under torchrun too).
 ENTRY_POINTS = {PACKAGE / "kernel" / "__main__.py"}
 
 
-def _package(module: str) -> str | None:
-    """``costmodel.plans.inputs`` -> ``plans``; ``costmodel.codegen`` -> ``codegen``; None outside."""
-    parts = module.split(".")
-    if parts[0] != "costmodel" or len(parts) < 2:
-        return None
-    return parts[1]
+def _module(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _all_imports(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found |= {f"{node.module}.{alias.name}" for alias in node.names if node.module == "costmodel"}
-    return found
+MODULES = {_module(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _imports(path: Path) -> set[str]:
-    return {name for name in _all_imports(path) if _package(name)}
+def _package(module: str) -> str:
+    """``costmodel.plans.inputs`` -> ``plans``; ``costmodel.codegen`` -> ``codegen``; ``costmodel`` -> ``""``."""
+    return module.split(".")[1] if "." in module else ""
 
 
-def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p not in ENTRY_POINTS)
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _owner(path: Path) -> str:
-    relative = path.relative_to(PACKAGE)
-    return relative.parts[0] if len(relative.parts) > 1 else relative.stem
+def _named(name: str) -> str:
+    """A costmodel module by its full name; anything else by its distribution's top name (``numpy``)."""
+    return name if name.startswith("costmodel") else name.split(".")[0]
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
-def test_lower_layers_never_import_higher_ones(path: Path) -> None:
-    owner = _owner(path)
-    if owner == "__init__":
-        return
-    for module in _imports(path):
-        target = _package(module)
+@cache
+def _all_imports(module: str) -> tuple[tuple[str, bool, int], ...]:
+    """(imported module, inside a function, line) for each import of ``module``, lazy ones included, those
+    only for type checkers left out. ``from costmodel.cli import render`` imports the module
+    ``costmodel.cli.render``; ``from costmodel.cli import main`` imports ``costmodel.cli``."""
+    found = []
+
+    def visit(node: ast.AST, lazy: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                continue
+            inner = lazy or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            names = []
+            if isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                names = [
+                    f"{child.module}.{a.name}" if f"{child.module}.{a.name}" in MODULES else child.module
+                    for a in child.names
+                ]
+            found.extend((_named(name), inner, child.lineno) for name in names)
+            visit(child, inner)
+
+    visit(ast.parse(MODULES[module].read_text(encoding="utf-8")), False)
+    return tuple(found)
+
+
+def _imports(module: str) -> tuple[tuple[str, bool, int], ...]:
+    """The costmodel modules among ``_all_imports``."""
+    return tuple(found for found in _all_imports(module) if found[0] in MODULES)
+
+
+@pytest.mark.parametrize("module", [m for m, p in MODULES.items() if p not in ENTRY_POINTS])
+def test_a_package_imports_only_strictly_lower_layers(module: str) -> None:
+    owner = _package(module)
+    for target, _, line in _imports(module):
+        package = _package(target)
+        if package in ("", owner):
+            continue
+        where = f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
         if owner == "kernel":
-            assert target in KERNEL_MAY_IMPORT, f"the torch kernel imports {module}"
-        elif target != owner and target in LAYER and owner in LAYER:
-            assert LAYER[target] <= LAYER[owner] and (target, owner) != ("calibration", "training"), (
-                f"{path.relative_to(REPO)} ({owner}) imports {module} ({target})"
-            )
-            assert target != "kernel" or owner == "cli", f"only the CLI may reach the torch kernel: {module}"
+            assert package in KERNEL_IMPORTS, f"the torch kernel reaches beyond {KERNEL_IMPORTS}: {where}"
+        elif package == "kernel":
+            assert owner == "cli", f"only the CLI may reach the torch kernel: {where}"
+        else:
+            assert LAYER[package] < LAYER[owner], f"{where}: {package} is not below {owner}"
 
 
 def test_every_package_is_placed_in_a_layer() -> None:
-    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert packages - {"kernel"} <= set(LAYER)
+    packages = {_package(m) for m in MODULES} - {""}
+    assert packages - {"kernel"} == set(LAYER)
+
+
+def test_no_import_cycles() -> None:
+    """Between modules, lazy imports included: a cycle is two modules that each need the other."""
+    graph = {m: {t for t, _, _ in _imports(m) if t != m} for m in MODULES}
+    state: dict[str, int] = {}  # 1 on the path being walked, 2 done
+
+    def walk(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                raise AssertionError(" -> ".join([*path[path.index(target) :], target]))
+            if target not in state:
+                walk(target, [*path, target])
+        state[module] = 2
+
+    for module in MODULES:
+        if module not in state:
+            walk(module, [module])
+
+
+@cache
+def _started() -> frozenset[str]:
+    """What Python itself has loaded before any of our code runs."""
+    probe = "import sys; print(' '.join(sys.modules))"
+    return frozenset(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.split()
+    )
+
+
+@cache
+def _loaded_at_import(module: str) -> frozenset[str]:
+    """What importing ``module`` loads: its top-level imports and theirs, transitively (outside costmodel,
+    only the names they import directly), and what Python starts with."""
+    seen = {module}
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        if current not in MODULES:
+            continue
+        for target, lazy, _ in _all_imports(current):
+            parents = [".".join(target.split(".")[:i]) for i in range(1, target.count(".") + 2)]
+            for name in parents:
+                if not lazy and name not in seen:
+                    seen.add(name)
+                    todo.append(name)
+    return frozenset(seen) | _started()
+
+
+@pytest.mark.parametrize("module", list(MODULES))
+def test_a_lazy_import_saves_something(module: str) -> None:
+    """A function-level import of what the module already loads at its top saves nothing: it goes up."""
+    loaded = _loaded_at_import(module)
+    lazy_imports = {(target, line) for target, lazy, line in _all_imports(module) if lazy}
+    wasted = sorted(f"{line}: {target}" for target, line in lazy_imports if target in loaded)
+    assert not wasted, f"{MODULES[module].relative_to(REPO)} imports lazily what it already loads: {wasted}"
+
+
+@cache
+def _every_command_loads() -> frozenset[str]:
+    """What every run of the CLI loads before its command starts: ``costmodel.cli.app`` and its imports."""
+    probe = "import sys, costmodel.cli.app; print(' '.join(sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    return frozenset(done.stdout.split())
+
+
+# The CLI package's root runs before any of its modules (codegen's and the tests' imports of a renderer
+# too), so it stays light and loads the command line only when run.
+LIGHT_ROOTS = {"costmodel.cli"}
+
+
+@pytest.mark.parametrize("module", sorted(set(MODULES) - LIGHT_ROOTS))
+def test_a_lazy_import_saves_start_up_of_some_command(module: str) -> None:
+    """A function-level import of a module that every command loads anyway saves no command anything."""
+    loaded = _every_command_loads()
+    wasted = sorted(
+        {f"{line}: {target}" for target, lazy, line in _all_imports(module) if lazy and target in loaded}
+    )
+    assert not wasted, (
+        f"{MODULES[module].relative_to(REPO)} imports lazily what every command loads: {wasted}"
+    )
 
 
 def test_the_model_layers_import_no_torch_and_no_cli() -> None:
-    for path in _modules():
-        if _owner(path) in {"core", "symbolic", "schedule", "machines", "plans", "training", "calibration"}:
-            imported = _all_imports(path)
-            assert not any(
-                name == "torch" or name.startswith(("torch.", "costmodel.cli")) for name in imported
-            ), path
+    model = {p for p in LAYER if LAYER[p] < LAYER["cli"]}
+    for module, path in MODULES.items():
+        if _package(module) in model:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+            names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+            assert not any(n == "torch" or n.startswith(("torch.", "costmodel.cli")) for n in names), path
+
+
+PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--format", "json"]
+# What the plan command (the single-layer report) must not load: it answers before any of these would help.
+PLAN_NEVER_LOADS = (
+    "torch",
+    "sympy",
+    "costmodel.training.step",
+    "costmodel.training.search",
+    "costmodel.audit",
+    "costmodel.calibration",
+    "costmodel.kernel",
+    "costmodel.inference",
+)
+
+
+def test_the_plan_command_loads_only_what_it_needs() -> None:
+    probe = (
+        "import contextlib, io, json, sys\n"
+        "from costmodel.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+        f"    code = main({PLAN!r})\n"
+        "json.loads(out.getvalue())\n"
+        "print(json.dumps([code, sorted(sys.modules)]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    code, loaded = json.loads(done.stdout)
+    assert code == 0
+    unwanted = [
+        m for m in loaded if m in PLAN_NEVER_LOADS or m.startswith(tuple(f"{p}." for p in PLAN_NEVER_LOADS))
+    ]
+    assert not unwanted, f"the plan command loads {unwanted}"

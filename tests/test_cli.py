@@ -368,7 +368,7 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
     import contextlib
 
     pytest.importorskip("torch")
-    from costmodel.cli import options
+    from costmodel.cli import kernel as kernel_cli
     from costmodel.kernel import selftest
 
     seen = []
@@ -384,7 +384,7 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
         def to_json(self) -> dict:
             return {"passed": True}
 
-    monkeypatch.setattr(options, "working", recording)
+    monkeypatch.setattr(kernel_cli, "working", recording)
     monkeypatch.setattr(selftest, "run_selftest", lambda config, nproc, timeout_s: Result())
     assert cli("kernel", "selftest", "--nproc", "2", "--format", "json").code == 0
     assert seen == [f"selftest of {len(selftest.VARIANTS)} variants on 2 ranks"]

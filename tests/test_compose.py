@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from costmodel.calibration.fit import build_profile
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
-from costmodel.machines.compose import override, parse_bandwidth
+from costmodel.machines.compose import ProfileChanges, override, parse_bandwidth
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict
@@ -90,7 +90,9 @@ def test_h100_over_200g_roce_is_a_command_line(cli) -> None:
 
 def test_override_is_validated_and_says_so() -> None:
     base = load_profile("a100-nvlink")
-    changed = override(base, inter_bandwidth="400Gb", intra_bandwidth=150e9, inter_latency=5e-6)
+    changed = override(
+        base, ProfileChanges(inter_bandwidth="400Gb", intra_bandwidth=150e9, inter_latency=5e-6)
+    )
     assert changed.links.inter_node.bandwidth_per_direction == 50e9
     assert changed.links.inter_node.bandwidth_bidirectional == 100e9
     assert changed.links.inter_node.latency_s == 5e-6
@@ -98,16 +100,16 @@ def test_override_is_validated_and_says_so() -> None:
     assert "overridden" in changed.description and "InfiniBand HDR 200 Gb/s" in changed.description
     assert "Overridden on the command line: inter-node 50 GB/s" in changed.source.notes
     assert changed.device == base.device and changed.name == base.name
-    assert override(base) is base  # nothing asked, nothing changed
+    assert override(base, ProfileChanges()) is base  # nothing asked, nothing changed
 
 
 def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
-    nvlink = override(load_profile("h100-nvlink"), devices_per_node=4)
+    nvlink = override(load_profile("h100-nvlink"), ProfileChanges(devices_per_node=4))
     assert nvlink.ranks_per_node == 4  # CP ranks filled the node and still do
     assert Machine(nvlink).scope(4) == "intra-node" and Machine(nvlink).scope(5) == "inter-node"
-    ib = override(load_profile("h100-ib"), devices_per_node=4)
+    ib = override(load_profile("h100-ib"), ProfileChanges(devices_per_node=4))
     assert ib.ranks_per_node == 1  # one CP rank per node stays one
-    placed = override(load_profile("h100-nvlink"), cp_ranks_per_node=2)
+    placed = override(load_profile("h100-nvlink"), ProfileChanges(cp_ranks_per_node=2))
     assert placed.devices_per_node == 8 and Machine(placed).scope(3) == "inter-node"
 
 
@@ -124,7 +126,7 @@ def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
 )
 def test_bad_overrides_name_their_flag(kwargs: dict, field: str, why: str) -> None:
     with pytest.raises(InputError, match=why) as caught:
-        override(load_profile("a100-nvlink"), **kwargs)
+        override(load_profile("a100-nvlink"), ProfileChanges(**kwargs))
     assert caught.value.field == field
 
 
@@ -132,7 +134,7 @@ def test_a_new_link_forgets_what_was_measured_on_the_old_one() -> None:
     measured = build_profile(raw_measurements(), "box", SHAPE, date="2026-11-30")
     inputs = PlanInputs(seq=16_384, n=2, heads=8, kv_heads=8, head_dim=64, dtype="fp32", block=1024)
     assert "intra-node" in measured.calibration.p2p
-    faster = override(measured, intra_bandwidth="1TB/s")
+    faster = override(measured, ProfileChanges(intra_bandwidth="1TB/s"))
     assert "intra-node" not in faster.calibration.p2p and "intra-node" not in faster.calibration.alltoall
     assert faster.links.intra_node.alltoall is None
     # the measured compute curve stays; only the link is new, so the layer can only get faster

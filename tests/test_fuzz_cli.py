@@ -92,9 +92,9 @@ HOSTILE_TEXT = [
 def _options(command: str) -> list[Any]:
     from typer.main import get_command
 
-    from costmodel.cli.app import app
+    from costmodel.cli.app import with_subcommands
 
-    root = get_command(app)
+    root = get_command(with_subcommands())
     node = root if not command else root.commands[command]  # type: ignore[attr-defined]
     return [p for p in node.params if p.param_type_name == "option" and not set(p.opts) & SKIP]
 

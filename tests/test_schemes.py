@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from costmodel.machines.binding import Machine
-from costmodel.machines.compose import override
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
@@ -86,5 +86,7 @@ def test_the_table_shows_exposed_time_and_the_pass(cli) -> None:
 def test_overrides_reach_the_comparison() -> None:
     inputs = PlanInputs(seq=131_072, n=16, **TRAINING_DEFAULTS)
     slow = compare(inputs, Machine(load_profile("a100-nvlink")))[0]
-    fast = compare(inputs, Machine(override(load_profile("a100-nvlink"), inter_bandwidth="800Gb")))[0]
+    fast = compare(
+        inputs, Machine(override(load_profile("a100-nvlink"), ProfileChanges(inter_bandwidth="800Gb")))
+    )[0]
     assert fast.ring_comm_s == pytest.approx(slow.ring_comm_s / 4, rel=1e-9)  # 200 -> 800 Gb/s, no alpha

@@ -184,11 +184,11 @@ def test_sensitivity_moves_the_right_way() -> None:
 def _sensitivity_by_search(plan: dict, inputs, setup, step, machine, constraints: Constraints) -> list[dict]:  # noqa: ANN001
     """The what-ifs the straightforward way: the pick evaluated again and a whole search per scenario."""
     from costmodel.machines.binding import Machine
-    from costmodel.machines.compose import override
+    from costmodel.machines.compose import ProfileChanges, override
 
     inter = machine.profile.links.inter_node
     slower = Machine(
-        override(machine.profile, inter_bandwidth=inter.bandwidth_per_direction / 2),
+        override(machine.profile, ProfileChanges(inter_bandwidth=inter.bandwidth_per_direction / 2)),
         machine.dtype,
         machine.efficiency,
     )

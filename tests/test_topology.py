@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
-from costmodel.machines.compose import override
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import builtin_names, load_profile, parse_profile
 from costmodel.machines.topology import MEGATRON_ORDER, parse_order, strides
 from costmodel.training.step import build_step, evaluate_step
@@ -105,7 +105,7 @@ def test_torus_allgather_runs_both_ways_along_each_dimension() -> None:
 
 def test_torus_dims_override() -> None:
     """--torus-dims 4x4x8: 128 chips; a ring of 4 closes along x, so its all-gather runs both ways."""
-    profile = override(load_profile("tpu-v5p-ici"), torus_dims="4x4x8")
+    profile = override(load_profile("tpu-v5p-ici"), ProfileChanges(torus_dims="4x4x8"))
     assert profile.devices_per_node == 128 and profile.shape.dims == [4, 4, 8]
     machine = Machine(profile)
     assert machine.link(4, "allgather").bandwidth == pytest.approx(200 * GB, rel=1e-12)
@@ -123,22 +123,22 @@ def test_torus_dims_only_on_a_torus(kwargs: dict, flag: str | None) -> None:
     profile = load_profile("h100-nvlink")
     if flag:
         with pytest.raises(InputError) as error:
-            override(profile, **kwargs)
+            override(profile, ProfileChanges(**kwargs))
         assert error.value.field == flag
     else:
-        assert override(profile, **kwargs).devices_per_node == 16
+        assert override(profile, ProfileChanges(**kwargs)).devices_per_node == 16
 
 
 def test_torus_needs_dims_not_devices_per_node() -> None:
     with pytest.raises(InputError) as error:
-        override(load_profile("tpu-v5p-ici"), devices_per_node=128)
+        override(load_profile("tpu-v5p-ici"), ProfileChanges(devices_per_node=128))
     assert error.value.field == "--devices-per-node" and "--torus-dims" in error.value.message
 
 
 @pytest.mark.parametrize("text", ["4x4x", "0x4", "4x4x4x4", "four", "4.5x2"])
 def test_bad_torus_dims(text: str) -> None:
     with pytest.raises(InputError) as error:
-        override(load_profile("tpu-v5p-ici"), torus_dims=text)
+        override(load_profile("tpu-v5p-ici"), ProfileChanges(torus_dims=text))
     assert error.value.field == "--torus-dims"
 
 
@@ -259,5 +259,5 @@ def test_hw_show_prints_the_composed_profile_with_every_source(cli) -> None:
     ],
 )
 def test_short_torus_dimensions_are_open(hw: str, dims: str, group: int, expected: float) -> None:
-    machine = Machine(override(load_profile(hw), torus_dims=dims))
+    machine = Machine(override(load_profile(hw), ProfileChanges(torus_dims=dims)))
     assert machine.link(group, "allgather").bandwidth == pytest.approx(expected, rel=1e-12)

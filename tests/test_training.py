@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.machines.binding import Machine
-from costmodel.machines.compose import override
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
 from costmodel.plans.models import load_model
@@ -173,7 +173,7 @@ def test_all_to_all_opens_the_window_when_the_plain_ring_turns_red() -> None:
     """At N = 32 the plain ring is red and an all-to-all scheme amber: N = 32 is usable. The pick is still the
     scheme that exposes the least (the ring, overlapped), and the reason says it relies on that overlap.
     With 400 Gb/s NICs as [A-RingCost] assumes; on a DGX A100's HDR 200 Gb/s even USP is red at N = 32."""
-    machine = Machine(override(load_profile("a100-nvlink"), inter_bandwidth="400Gb"))
+    machine = Machine(override(load_profile("a100-nvlink"), ProfileChanges(inter_bandwidth="400Gb")))
     report = recommend(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), machine)
     rec = report.recommendation
     row = next(r for r in report.candidates if r.n == 32)

@@ -15,6 +15,7 @@ the difference with the least of its range used is named.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from costmodel.audit.logs import ParsedLog, summary
@@ -22,6 +23,7 @@ from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.models import load_model
+from costmodel.plans.schemes import compare
 from costmodel.training.recommend import fit_at, training_values
 from costmodel.training.report import LABELS, StepReport
 from costmodel.training.step import build_step, evaluate_step
@@ -169,7 +171,6 @@ def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -
 def ring_ratio(built: dict[str, Any]) -> float | None:
     """The plan's step comm ratio of the run's ring (ring or USP's ring part), fwd+bwd: transfer time over the
     attention it hides under ([A-RingCost §11]); None when the run has no ring."""
-    from costmodel.plans.schemes import compare
 
     inputs, setup, step = built["inputs"], built["setup"], built["step"]
     scheme = registry.get(step.cp_scheme)
@@ -181,121 +182,194 @@ def ring_ratio(built: dict[str, Any]) -> float | None:
     return max(feasible, key=lambda s: s.n_ulysses).ring_ratio if feasible else None
 
 
-def findings(
-    log: ParsedLog,
-    measured: dict[str, Any],
-    predicted: dict[str, Any],
-    attribution: dict[str, Any],
-    peak: float,
-    memory: dict[str, float],
-    cp: int,
-    scheme: str,
-    plan_ratio: float | None = None,
-) -> list[dict[str, str]]:
-    """What a reader must know, most severe first: critical (the numbers cannot be right), warning
-    (something costs time or memory), info (how the log was read)."""
-    out: list[dict[str, str]] = []
+@dataclass(frozen=True)
+class Evidence:
+    """What the findings read about one run: its log, the measured and predicted steps, the attribution of
+    their difference, the device's dense peak (FLOP/s), the plan's memory fit, the CP degree and scheme, and
+    the plan's ring comm ratio (None without a ring)."""
 
-    def add(severity: str, kind: str, message: str) -> None:
-        out.append({"severity": severity, "kind": kind, "message": message})
+    log: ParsedLog
+    measured: dict[str, Any]
+    predicted: dict[str, Any]
+    attribution: dict[str, Any]
+    peak: float
+    memory: dict[str, float]
+    cp: int
+    scheme: str
+    plan_ratio: float | None = None
 
-    peak_t = peak / 1e12
+
+Finding = dict[str, str]
+
+
+def _finding(severity: str, kind: str, message: str) -> Finding:
+    return {"severity": severity, "kind": kind, "message": message}
+
+
+def _over_peak(e: Evidence, _: list[Finding]) -> list[Finding]:
+    """Critical: more FLOP/s than the device has, as the framework reports them or as the step's time says."""
+    measured, peak_t = e.measured, e.peak / 1e12
+    out = []
     if measured["tflops_per_gpu_source"] == "log" and measured["tflops_per_gpu"] > peak_t:
-        add(
-            "critical",
-            "over-peak",
-            f"reported {measured['tflops_per_gpu']:.0f} TFLOP/s per GPU exceeds the device's dense peak "
-            f"{peak_t:.0f}: the run does less work than its configuration says (CP not active, a shorter "
-            "sequence, layers skipped) or the framework counts FLOP wrongly",
+        out.append(
+            _finding(
+                "critical",
+                "over-peak",
+                f"reported {measured['tflops_per_gpu']:.0f} TFLOP/s per GPU exceeds the device's dense peak "
+                f"{peak_t:.0f}: the run does less work than its configuration says (CP not active, a shorter "
+                "sequence, layers skipped) or the framework counts FLOP wrongly",
+            )
         )
     if measured["reported_mfu"] is not None and measured["reported_mfu"] > 1:
-        add("critical", "over-peak", f"reported MFU {measured['reported_mfu']:.0%} is above 100%")
-    if measured["model_tflops_per_gpu"] > peak_t:
-        add(
-            "critical",
-            "over-peak",
-            f"the measured step ({measured['step_time_s']['median'] * 1e3:.4g} ms) is shorter than the "
-            f"hardware allows for this configuration ({measured['model_tflops_per_gpu']:.0f} model TFLOP/s "
-            f"per GPU against a {peak_t:.0f} peak): the run is not the configuration stated (CP or "
-            "sequence length), or the log's rank count is wrong",
+        out.append(
+            _finding("critical", "over-peak", f"reported MFU {measured['reported_mfu']:.0%} is above 100%")
         )
-    step = predicted["step"]
+    if measured["model_tflops_per_gpu"] > peak_t:
+        out.append(
+            _finding(
+                "critical",
+                "over-peak",
+                f"the measured step ({measured['step_time_s']['median'] * 1e3:.4g} ms) is shorter than the "
+                f"hardware allows for this configuration ({measured['model_tflops_per_gpu']:.0f} model TFLOP/s "
+                f"per GPU against a {peak_t:.0f} peak): the run is not the configuration stated (CP or "
+                "sequence length), or the log's rank count is wrong",
+            )
+        )
+    return out
+
+
+def _against_prediction(e: Evidence, earlier: list[Finding]) -> list[Finding]:
+    """Steps far slower than predicted (why, most likely), or far faster where nothing is over the peak."""
+    step, measured = e.predicted["step"], e.measured
     ratio = measured["step_time_s"]["median"] / step["time_s"]
     if ratio > 1 + FAR_BELOW:
-        add(
-            "critical" if ratio > 2 else "warning",
-            "below-prediction",
-            f"steps take {ratio:.2f}x the predicted {step['time_s'] * 1e3:.4g} ms "
-            f"({measured['model_tflops_per_gpu']:.0f} vs {step['model_tflops_per_gpu_full_square']:.0f} model TFLOP/s per "
-            f"GPU); most likely: {attribution['explanation']}",
-        )
-    elif ratio < 1 - FAR_BELOW and not any(f["kind"] == "over-peak" for f in out):
-        add(
-            "info",
-            "above-prediction",
-            f"steps take {ratio:.2f}x the predicted time: the profile's rates are conservative for this "
-            "cluster (fit them: --fit-profile), or the configuration is not what ran",
-        )
-    if measured["memory_bytes"] is not None:
-        used, planned, hbm = measured["memory_bytes"], memory["total_bytes"], memory["device_memory_bytes"]
-        device = memory.get("hbm_bytes")
-        if device and used > device:
-            add(
+        return [
+            _finding(
+                "critical" if ratio > 2 else "warning",
+                "below-prediction",
+                f"steps take {ratio:.2f}x the predicted {step['time_s'] * 1e3:.4g} ms "
+                f"({measured['model_tflops_per_gpu']:.0f} vs {step['model_tflops_per_gpu_full_square']:.0f} model TFLOP/s per "
+                f"GPU); most likely: {e.attribution['explanation']}",
+            )
+        ]
+    if ratio < 1 - FAR_BELOW and not any(f["kind"] == "over-peak" for f in earlier):
+        return [
+            _finding(
+                "info",
+                "above-prediction",
+                f"steps take {ratio:.2f}x the predicted time: the profile's rates are conservative for this "
+                "cluster (fit them: --fit-profile), or the configuration is not what ran",
+            )
+        ]
+    return []
+
+
+def _memory(e: Evidence, _: list[Finding]) -> list[Finding]:
+    """Logged peak memory beyond the device, beyond the plan's fit, or a plan that does not fit."""
+    if e.measured["memory_bytes"] is None:
+        return []
+    used, planned, hbm = e.measured["memory_bytes"], e.memory["total_bytes"], e.memory["device_memory_bytes"]
+    device = e.memory.get("hbm_bytes")
+    out = []
+    if device and used > device:
+        out.append(
+            _finding(
                 "critical",
                 "memory",
                 f"peak memory {used / 1e9:.1f} GB exceeds the device's {device / 1e9:.1f} GB of HBM: the log's "
                 "figure is not one device's, or the profile is not the device that ran",
             )
-        if used > planned * MEMORY_MARGIN:
-            add(
+        )
+    if used > planned * MEMORY_MARGIN:
+        out.append(
+            _finding(
                 "warning",
                 "memory",
                 f"peak memory {used / 1e9:.1f} GB is {used / planned:.2f}x the plan's fit "
                 f"({planned / 1e9:.1f} GB): buffers the plan does not count (allocator fragmentation, "
                 "un-recomputed activations, communication buffers)",
             )
-        if not memory["fits"]:
-            add(
+        )
+    if not e.memory["fits"]:
+        out.append(
+            _finding(
                 "warning",
                 "memory",
                 f"the plan says this configuration does not fit ({planned / 1e9:.1f} GB of {hbm / 1e9:.1f} GB usable)",
             )
-    share = step["breakdown"]["exposed_cp_s"] / step["time_s"]
-    if cp > 1 and (share > CP_EXPOSED_SHARE or (plan_ratio is not None and plan_ratio > 1)):
-        ratio_said = (
-            f"each ring step's transfer takes {plan_ratio:.2g}x the attention it hides under; "
-            if plan_ratio is not None and plan_ratio > 1
-            else ""
         )
-        add(
+    return out
+
+
+def _cp_exposed(e: Evidence, _: list[Finding]) -> list[Finding]:
+    """CP traffic the step cannot hide: a large exposed share, or a ring whose transfer outlasts its attention."""
+    step = e.predicted["step"]
+    share = step["breakdown"]["exposed_cp_s"] / step["time_s"]
+    slow_ring = e.plan_ratio is not None and e.plan_ratio > 1
+    if e.cp <= 1 or not (share > CP_EXPOSED_SHARE or slow_ring):
+        return []
+    ratio_said = (
+        f"each ring step's transfer takes {e.plan_ratio:.2g}x the attention it hides under; "
+        if slow_ring
+        else ""
+    )
+    return [
+        _finding(
             "warning",
             "cp-exposed",
-            f"CP {cp} ({scheme}) cannot hide its communication here: {ratio_said}{share:.1%} of the step is "
+            f"CP {e.cp} ({e.scheme}) cannot hide its communication here: {ratio_said}{share:.1%} of the step is "
             "exposed CP traffic; a smaller CP degree, another scheme (cp-plan recommend) or a faster link",
         )
-    if measured["tflops_per_gpu_source"] == "log":
-        accounting = measured["tflops_per_gpu"] / measured["model_tflops_per_gpu"]
-        if not ACCOUNTING_BAND[0] <= accounting <= ACCOUNTING_BAND[1]:
-            add(
-                "info",
-                "flop-accounting",
-                f"the framework's TFLOP/s is {accounting:.2f}x ours for the same step time: it counts FLOP "
-                "differently (causal half of attention, recompute, embeddings)",
-            )
-    if log.peak_flops and abs(log.peak_flops / peak - 1) > 0.05:
-        add(
+    ]
+
+
+def _flop_accounting(e: Evidence, _: list[Finding]) -> list[Finding]:
+    """The framework counting other FLOP than the step model for the same time."""
+    if e.measured["tflops_per_gpu_source"] != "log":
+        return []
+    accounting = e.measured["tflops_per_gpu"] / e.measured["model_tflops_per_gpu"]
+    if ACCOUNTING_BAND[0] <= accounting <= ACCOUNTING_BAND[1]:
+        return []
+    return [
+        _finding(
+            "info",
+            "flop-accounting",
+            f"the framework's TFLOP/s is {accounting:.2f}x ours for the same step time: it counts FLOP "
+            "differently (causal half of attention, recompute, embeddings)",
+        )
+    ]
+
+
+def _peak(e: Evidence, _: list[Finding]) -> list[Finding]:
+    """The framework's MFU dividing by another peak than the profile's."""
+    if not e.log.peak_flops or abs(e.log.peak_flops / e.peak - 1) <= 0.05:
+        return []
+    return [
+        _finding(
             "info",
             "peak",
-            f"the framework's MFU divides by {log.peak_flops / 1e12:.0f} TFLOP/s, the profile's dense peak is "
-            f"{peak_t:.0f}: the two MFUs differ by that ratio",
+            f"the framework's MFU divides by {e.log.peak_flops / 1e12:.0f} TFLOP/s, the profile's dense peak is "
+            f"{e.peak / 1e12:.0f}: the two MFUs differ by that ratio",
         )
-    spread = measured["step_time_s"]["spread"]
-    if spread > 0.10:
-        add(
+    ]
+
+
+def _noisy(e: Evidence, _: list[Finding]) -> list[Finding]:
+    spread = e.measured["step_time_s"]["spread"]
+    if spread <= 0.10:
+        return []
+    return [
+        _finding(
             "info",
             "noisy",
             f"step times spread {spread:.0%} (interquartile range / median) over the steady intervals",
         )
+    ]
+
+
+def _read(e: Evidence, _: list[Finding]) -> list[Finding]:
+    """How the log was read: its intervals, and the restarts, repeats and cuts met."""
+    log = e.log
     read = f"{log.lines} lines: {len(log.intervals)} intervals, {log.skipped} other lines skipped"
     extras = [
         (log.restarts, f"{log.restarts} restart(s), each segment's first interval left out as warm-up"),
@@ -303,9 +377,22 @@ def findings(
         (log.cut, f"{log.cut} over-long line(s) read in part"),
         (log.truncated_last_line, "the last line is cut mid-line (a job still writing?) and was left out"),
     ]
-    add("info", "read", "; ".join([read] + [text for flag, text in extras if flag]))
-    order = {"critical": 0, "warning": 1, "info": 2}
-    return sorted(out, key=lambda f: order[f["severity"]])
+    return [_finding("info", "read", "; ".join([read] + [text for flag, text in extras if flag]))]
+
+
+# Each rule reads the evidence and the findings of the rules before it; the report lists them in this order
+# within a severity.
+RULES = (_over_peak, _against_prediction, _memory, _cp_exposed, _flop_accounting, _peak, _noisy, _read)
+_SEVERITY = {"critical": 0, "warning": 1, "info": 2}
+
+
+def findings(evidence: Evidence) -> list[Finding]:
+    """What a reader must know, most severe first: critical (the numbers cannot be right), warning
+    (something costs time or memory), info (how the log was read)."""
+    out: list[Finding] = []
+    for rule in RULES:
+        out += rule(evidence, out)
+    return sorted(out, key=lambda f: _SEVERITY[f["severity"]])
 
 
 def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
@@ -342,14 +429,16 @@ def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
             "attribution": attribution,
         },
         "findings": findings(
-            log,
-            measured,
-            predicted,
-            attribution,
-            peak,
-            memory,
-            inputs.cp,
-            built["step"].cp_scheme,
-            plan_ratio,
+            Evidence(
+                log,
+                measured,
+                predicted,
+                attribution,
+                peak,
+                memory,
+                inputs.cp,
+                built["step"].cp_scheme,
+                plan_ratio,
+            )
         ),
     }

@@ -13,14 +13,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from costmodel.audit.logs import ParsedLog, read_lines
+from costmodel.audit.logs import _MEGATRON_ARGS, _MEGATRON_SHAPE, ParsedLog, count, read_lines
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import read_toml
+from costmodel.machines.profiles import builtin_names
 from costmodel.plans import cp as registry
 from costmodel.plans.models import builtin_models, load_model
 
 
 def _toml(path: str, field: str) -> dict[str, Any]:
-    from costmodel.core.fileio import read_toml
 
     return read_toml(path, field)
 
@@ -68,7 +69,6 @@ _FLAG = re.compile(r"--([a-z0-9-]+)(?:[ =]+([^\s\\-][^\s\\]*))?")
 
 def megatron_flags(path: str, field: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Step flags and model shape from a Megatron launch script or flag file (``--tensor-model-parallel-size 2``)."""
-    from costmodel.audit.logs import _MEGATRON_ARGS, _MEGATRON_SHAPE, count
 
     given: dict[str, str] = {}
     for text, _ in read_lines(path, field, kind="flags"):
@@ -161,7 +161,6 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
 
 def _profile_for(device: str | None) -> str:
     """A built-in profile for a device the log names (torchtitan prints it), else an error asking for --hw."""
-    from costmodel.machines.profiles import builtin_names
 
     if device:
         for name in builtin_names():

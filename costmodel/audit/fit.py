@@ -22,7 +22,7 @@ from costmodel.core.errors import InputError
 from costmodel.machines.binding import build_machine
 from costmodel.machines.profiles import HardwareProfile, parse_profile
 from costmodel.training.report import StepTimes
-from costmodel.training.step import build_step, evaluate_step
+from costmodel.training.step import build_step, evaluate_step, step_terms
 
 COMPUTE = (
     "matmul_s",
@@ -313,7 +313,6 @@ class FastSteps:
     of one CP scheme are evaluated together as arrays."""
 
     def __init__(self, bound: list[dict[str, Any]], base: HardwareProfile) -> None:
-        from costmodel.training.step import step_terms
 
         self.step_terms = step_terms
         self.base = {name: term_value(base, name) for name in TERMS}

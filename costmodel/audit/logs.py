@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import KINDS, open_input
 from costmodel.plans import cp as registry
 
 Framework = Literal["megatron", "torchtitan"]
@@ -116,7 +117,6 @@ def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Itera
     under the kind's size bound, or ``-`` for standard input). A file that is not text (a NUL byte, or
     mostly undecodable bytes, in its first 8 KiB) is refused as one :class:`InputError`; so are missing,
     unreadable and empty files."""
-    from costmodel.core.fileio import KINDS, open_input
 
     name = str(path)
     noun, bound = KINDS[kind].noun, KINDS[kind].max_bytes

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import ValidationError
 
 from costmodel.audit.logs import count, read_lines
 from costmodel.calibration.fit import fit_link
@@ -125,46 +126,11 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
         if size is None or len(tokens) < 12:
             skipped += 1
             continue
-        if len(tokens) not in ROW_WIDTHS or (width is not None and len(tokens) != width):
-            raise refuse(
-                number,
-                f"a row of {len(tokens)} columns"
-                + (f" after rows of {width}" if width is not None else "")
-                + "; nccl-tests rows have 12 or 13 (size count type redop [root] then time algbw busbw #wrong twice)",
-            )
+        try:
+            rows.append(_row(tokens, size, rows, width))
+        except _BadRow as exc:
+            raise refuse(number, str(exc)) from None
         width = len(tokens)
-        out_time, algbw, in_time = _float(tokens[-8]), _float(tokens[-7]), _float(tokens[-4])
-        if out_time is None or not TIME_RANGE_US[0] <= out_time <= TIME_RANGE_US[1] or size <= 0:
-            raise refuse(
-                number,
-                f"time {tokens[-8]!r} us: times must be numbers from {TIME_RANGE_US[0]:g} to "
-                f"{TIME_RANGE_US[1]:g} us, sizes positive",
-            )
-        if rows and size <= rows[-1]["bytes"]:
-            raise refuse(
-                number, f"size {size} after {rows[-1]['bytes']}: sizes must increase (one table, one run)"
-            )
-        expected = size / (out_time * 1e3)  # GB/s, as nccl-tests computes algbw
-        if algbw is None or abs(algbw - expected) > 0.05 * expected + 0.02:
-            raise refuse(
-                number,
-                f"algbw {tokens[-7]} GB/s is not size / time = {expected:.2f} GB/s: the columns are not nccl-tests'",
-            )
-        floor = max(r["out_of_place_s"] for r in rows) * DIP if rows else 0.0
-        if out_time * 1e-6 < floor:
-            raise refuse(
-                number, f"time {out_time:g} us falls below smaller messages' times: times must rise with size"
-            )
-        rows.append(
-            {
-                "bytes": size,
-                "out_of_place_s": out_time * 1e-6,
-                "in_place_s": in_time * 1e-6
-                if in_time and TIME_RANGE_US[0] <= in_time <= TIME_RANGE_US[1]
-                else None,
-                "busbw": (_float(tokens[-6]) or 0.0) * 1e9,
-            }
-        )
     collective = collective or _collective_from_name(path)
     if collective not in COLLECTIVES:
         raise InputError(
@@ -172,6 +138,51 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
             f"{path}: cannot tell which collective this is (no '# Collective test starting:' line and "
             f"no name in the file name); accepted: {', '.join(c + '_perf' for c in COLLECTIVES)}",
         )
+    _check_rows(rows, path, field_name)
+    size = len(ranks) or threads_gpus or 0
+    if size < 2:
+        raise InputError(field_name, f"{path}: {size or 'unknown'} ranks; a link needs at least 2")
+    return Table(path, collective, size, hosts, rows, skipped)
+
+
+class _BadRow(ValueError):
+    """A row that is not one of this table's: the text says why."""
+
+
+def _row(tokens: list[str], size: int, rows: list[dict[str, Any]], width: int | None) -> dict[str, Any]:
+    """One row of the table, checked alone and against the rows before it (see :func:`parse_table`)."""
+    if len(tokens) not in ROW_WIDTHS or (width is not None and len(tokens) != width):
+        raise _BadRow(
+            f"a row of {len(tokens)} columns"
+            + (f" after rows of {width}" if width is not None else "")
+            + "; nccl-tests rows have 12 or 13 (size count type redop [root] then time algbw busbw #wrong twice)",
+        )
+    out_time, algbw, in_time = _float(tokens[-8]), _float(tokens[-7]), _float(tokens[-4])
+    if out_time is None or not TIME_RANGE_US[0] <= out_time <= TIME_RANGE_US[1] or size <= 0:
+        raise _BadRow(
+            f"time {tokens[-8]!r} us: times must be numbers from {TIME_RANGE_US[0]:g} to "
+            f"{TIME_RANGE_US[1]:g} us, sizes positive",
+        )
+    if rows and size <= rows[-1]["bytes"]:
+        raise _BadRow(f"size {size} after {rows[-1]['bytes']}: sizes must increase (one table, one run)")
+    expected = size / (out_time * 1e3)  # GB/s, as nccl-tests computes algbw
+    if algbw is None or abs(algbw - expected) > 0.05 * expected + 0.02:
+        raise _BadRow(
+            f"algbw {tokens[-7]} GB/s is not size / time = {expected:.2f} GB/s: the columns are not nccl-tests'",
+        )
+    floor = max(r["out_of_place_s"] for r in rows) * DIP if rows else 0.0
+    if out_time * 1e-6 < floor:
+        raise _BadRow(f"time {out_time:g} us falls below smaller messages' times: times must rise with size")
+    return {
+        "bytes": size,
+        "out_of_place_s": out_time * 1e-6,
+        "in_place_s": in_time * 1e-6 if in_time and TIME_RANGE_US[0] <= in_time <= TIME_RANGE_US[1] else None,
+        "busbw": (_float(tokens[-6]) or 0.0) * 1e9,
+    }
+
+
+def _check_rows(rows: list[dict[str, Any]], path: str, field_name: str) -> None:
+    """Enough sizes, and times that rise enough across them to show a bandwidth."""
     if not rows:
         raise InputError(
             field_name, f"{path}: no rows of an nccl-tests table (size count type ... time algbw busbw)"
@@ -184,10 +195,6 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
             f"{path}: the largest message takes {rows[-1]['out_of_place_s'] * 1e6:g} us, the smallest "
             f"{rows[0]['out_of_place_s'] * 1e6:g} us: times must rise at least {RISE}x to show a bandwidth",
         )
-    size = len(ranks) or threads_gpus or 0
-    if size < 2:
-        raise InputError(field_name, f"{path}: {size or 'unknown'} ranks; a link needs at least 2")
-    return Table(path, collective, size, hosts, rows, skipped)
 
 
 def fit_table(table: Table) -> LinkFit:
@@ -202,7 +209,6 @@ def fit_table(table: Table) -> LinkFit:
         }
         for r in table.rows
     ]
-    from pydantic import ValidationError
 
     try:
         return fit_link(samples, received_fraction=bus_factor(table.collective, table.ranks))

@@ -12,13 +12,18 @@ vocabulary (50,257 tokens) and dropout.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from pydantic import ValidationError
+
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import read_input_text
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import TRAINING
@@ -154,7 +159,6 @@ def _gpt(row: dict[str, Any], where: str) -> ModelPreset:
     hidden, heads = row["hidden"], row["heads"]
     if heads < 1 or hidden % heads:
         raise InputError("--runs", f"{where}: heads {heads} must divide hidden {hidden}")
-    from pydantic import ValidationError
 
     try:
         return ModelPreset(
@@ -192,11 +196,26 @@ def _measured_s(row: dict[str, Any], where: str) -> float:
 
 def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = None) -> RunTable:
     """The runs of a CSV table (see the module's docstring), every value checked with its row named."""
-    import io
-
-    from costmodel.core.fileio import read_input_text
 
     assume = assume or {}
+    columns, rows = _csv_rows(path)
+    lacking = {c: v for c, v in assume.items() if c not in columns}
+    models: dict[str, ModelPreset] = {}
+    runs = []
+    for number, cells in rows:
+        where = f"{path} line {number}"
+        row = {c: _typed(c, text, where) for c, text in {**lacking, **cells}.items() if text.strip()}
+        spec = row.get("model")
+        if spec is not None and spec not in models:
+            models[spec] = load_model(spec, field="--runs")
+        model = models[spec] if spec is not None else _gpt(row, where)
+        label = str(row.get("label", f"line {number}"))
+        runs.append(MeasuredRun(label, _step_values(row, where, hw), model, _measured_s(row, where)))
+    return RunTable(path, runs, lacking)
+
+
+def _csv_rows(path: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
+    """The table's columns, and each run's line number and cells by column."""
     text = read_input_text(path, "--runs", "runs").removeprefix("\ufeff")  # vTrain's tables open with a BOM
     try:
         with io.StringIO(text, newline="") as handle:
@@ -225,38 +244,27 @@ def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = 
         raise InputError("--runs", f"{path}: malformed CSV: {exc}") from None
     if not rows:
         raise InputError("--runs", f"{path} has a header but no runs")
-    lacking = {c: v for c, v in assume.items() if c not in columns}
-    models: dict[str, ModelPreset] = {}
-    runs = []
-    for number, cells in rows:
-        where = f"{path} line {number}"
-        row = {c: _typed(c, text, where) for c, text in {**lacking, **cells}.items() if text.strip()}
-        spec = row.get("model")
-        if spec is not None:
-            if spec not in models:
-                models[spec] = load_model(spec, field="--runs")
-            model = models[spec]
-        else:
-            model = _gpt(row, where)
-        missing = [c for c in ("seq", "gpus", "tp", "micro_batch", "global_batch") if c not in row]
-        if missing:
-            raise InputError("--runs", f"{where}: missing {', '.join(missing)}")
-        degrees = row["tp"] * row.get("cp", 1) * row.get("pp", 1)
-        if "dp" in row and row["dp"] * degrees != row["gpus"]:
-            raise InputError(
-                "--runs", f"{where}: tp x cp x pp x dp = {row['dp'] * degrees} is not the {row['gpus']} GPUs"
-            )
-        precision = row.get("precision", "bf16")
-        if precision not in ("bf16", "fp16"):
-            raise InputError("--runs", f"{where}: precision {precision!r}; give bf16 or fp16")
-        values = {k: row[k] for k in STEP_KEYS if k in row}
-        run_hw = row.get("hw", hw)
-        if run_hw is None:
-            raise InputError("--hw", "give the runs' hardware profile (or an hw column)")
-        values |= {"hw": run_hw, "dtype": precision, "grad_bytes": 2 if precision == "fp16" else 4}
-        label = str(row.get("label", f"line {number}"))
-        runs.append(MeasuredRun(label, values, model, _measured_s(row, where)))
-    return RunTable(path, runs, lacking)
+    return columns, rows
+
+
+def _step_values(row: dict[str, Any], where: str, hw: str | None) -> dict[str, Any]:
+    """The step's inputs of one run, checked: the parallel degrees against the GPUs, the precision."""
+    missing = [c for c in ("seq", "gpus", "tp", "micro_batch", "global_batch") if c not in row]
+    if missing:
+        raise InputError("--runs", f"{where}: missing {', '.join(missing)}")
+    degrees = row["tp"] * row.get("cp", 1) * row.get("pp", 1)
+    if "dp" in row and row["dp"] * degrees != row["gpus"]:
+        raise InputError(
+            "--runs", f"{where}: tp x cp x pp x dp = {row['dp'] * degrees} is not the {row['gpus']} GPUs"
+        )
+    precision = row.get("precision", "bf16")
+    if precision not in ("bf16", "fp16"):
+        raise InputError("--runs", f"{where}: precision {precision!r}; give bf16 or fp16")
+    values = {k: row[k] for k in STEP_KEYS if k in row}
+    run_hw = row.get("hw", hw)
+    if run_hw is None:
+        raise InputError("--hw", "give the runs' hardware profile (or an hw column)")
+    return values | {"hw": run_hw, "dtype": precision, "grad_bytes": 2 if precision == "fp16" else 4}
 
 
 class Profiles:
@@ -418,7 +426,6 @@ def fit_runs(
         raise InputError(
             "--fit-profile", "no run stays inside one node; the fit learns from single-node runs"
         )
-    import numpy as np
 
     def bind_all(profile: HardwareProfile) -> list[dict[str, Any]]:
         at = Profiles(profile)

@@ -23,48 +23,21 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from costmodel.calibration.fit import (
+    DRIFT_MAX,
+    calibrated_inputs,
+    calibrated_machine,
+    with_compute_scaled,
+    with_fit,
+)
 from costmodel.inference.kernel_runs import FORMULAS, predict_run
-from costmodel.machines.binding import Machine, build_machine
+from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.bind import call, plan_values
-from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict
 
 SCHEMA = "cp-plan/validate/v2"
 INFERENCE_MAX_ERROR = 0.25  # the goal's bound on the largest held-out |error|, as for the training rows
-
-
-def calibrated_inputs(
-    profile: HardwareProfile,
-    n: int,
-    tokens_per_rank: int,
-    causal: bool = False,
-    layout: str = "contiguous",
-    documents: int = 1,
-) -> PlanInputs:
-    """A plan in the shape the profile was measured with, ``tokens_per_rank`` on each of ``n`` ranks; the
-    window packed with ``documents`` equal documents (varlen) when more than one."""
-    cal = profile.calibration
-    assert cal is not None
-    return PlanInputs(
-        seq=tokens_per_rank * n,
-        n=n,
-        batch=cal.batch,
-        heads=cal.heads,
-        kv_heads=cal.kv_heads,
-        head_dim=cal.head_dim,
-        dtype=cal.dtype,
-        causal=causal,
-        layout=layout,
-        block=1,
-        hw=profile.name,
-        docs=f"{tokens_per_rank * n // documents}x{documents}" if documents > 1 else None,
-    )
-
-
-def calibrated_machine(profile: HardwareProfile) -> Machine:
-    """The measured profile bound to the dtype it was measured in."""
-    return build_machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
 
 
 def critical_tokens(profile: HardwareProfile, n: int) -> float:
@@ -76,8 +49,6 @@ def critical_tokens(profile: HardwareProfile, n: int) -> float:
 def perturbed_machines(profile: HardwareProfile) -> list[tuple[str, Machine]]:
     """The profile with each fitted quantity moved by its spread, one at a time, and with the compute
     rates moved by theirs: what a prediction's uncertainty is made of."""
-    from costmodel.calibration.fit import with_compute_scaled, with_fit
-
     cal = profile.calibration
     assert cal is not None
     out = [
@@ -259,7 +230,6 @@ def machine_drift(profile: HardwareProfile, sentinel: dict[str, dict[str, float]
     """How much slower (+) or faster (-) the machine ran the same block compute and ring exchange while
     validating (mean of before and after the runs) than at the end of calibrate; ``moved``: either by
     more than calibrate itself tolerates within one run. None without a sentinel on both sides."""
-    from costmodel.calibration.fit import DRIFT_MAX
 
     kept = profile.calibration.sentinel  # type: ignore[union-attr]
     if kept is None or sentinel is None:

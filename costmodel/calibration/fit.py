@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.profiles import (
     Calibration,
     ComputeCurve,
@@ -34,6 +35,7 @@ from costmodel.machines.profiles import (
     Sentinel,
     layer_key,
 )
+from costmodel.plans.inputs import PlanInputs
 
 R2_MIN = 0.95  # a link fit explaining less than this of its times is not alpha-beta: too noisy to trust
 SPREAD_MAX = 0.15  # relative spread of a link's alpha or B, or of the median compute point, to trust
@@ -41,6 +43,39 @@ FIXED_SPREAD_MAX = 0.15  # a fixed cost's spread against its tiny layer (a quiet
 DRIFT_MAX = 0.15  # the same compute or exchange timed at the start and the end may differ by this
 BUSY_MAX = 0.5  # share of the CPUs other processes may use before calibrating
 REPLICAS = 40  # resampled refits behind every spread
+
+
+def calibrated_inputs(
+    profile: HardwareProfile,
+    n: int,
+    tokens_per_rank: int,
+    causal: bool = False,
+    layout: str = "contiguous",
+    documents: int = 1,
+) -> PlanInputs:
+    """A plan in the shape the profile was measured with, ``tokens_per_rank`` on each of ``n`` ranks; the
+    window packed with ``documents`` equal documents (varlen) when more than one."""
+    cal = profile.calibration
+    assert cal is not None
+    return PlanInputs(
+        seq=tokens_per_rank * n,
+        cp=n,
+        batch=cal.batch,
+        heads=cal.heads,
+        kv_heads=cal.kv_heads,
+        head_dim=cal.head_dim,
+        dtype=cal.dtype,
+        causal=causal,
+        layout=layout,
+        block=1,
+        hw=profile.name,
+        docs=f"{tokens_per_rank * n // documents}x{documents}" if documents > 1 else None,
+    )
+
+
+def calibrated_machine(profile: HardwareProfile) -> Machine:
+    """The measured profile bound to the dtype it was measured in."""
+    return build_machine(profile, profile.calibration.dtype)  # type: ignore[union-attr]
 
 
 def fit_link(samples: list[dict[str, Any]], received_fraction: float = 1.0, weighted: bool = True) -> LinkFit:
@@ -324,7 +359,6 @@ def layer_kinds(layers: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _with_layer_overheads(profile: HardwareProfile, layers: dict[str, Any]) -> HardwareProfile:
     """Each layer kind's fixed cost: its time at a tiny shard less the model's prediction without it."""
-    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
     from costmodel.plans.timing import predict
 
     cal = profile.calibration
@@ -346,7 +380,6 @@ def _with_inference_overheads(profile: HardwareProfile, inference: dict[str, Any
     formulas predict for it without one (profiles measured before it: none)."""
     if not inference:
         return profile
-    from costmodel.calibration.compare import calibrated_inputs, calibrated_machine
     from costmodel.inference.kernel_runs import predict_run
 
     cal = profile.calibration
@@ -426,6 +459,23 @@ def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
     :data:`FIXED_SPREAD_MAX` of the tiny layer it was measured on, the same compute or exchange took
     more than :data:`DRIFT_MAX` longer or shorter at the end than at the start, or the machine was busy
     before. Resampling sees the noise within a run; the last two see a machine that changed under it."""
+    meta = raw["meta"]
+    reasons = [*_fit_reasons(cal), *_fixed_cost_reasons(cal, raw), *_drift_reasons(raw), *_busy_reasons(meta)]
+    cpus, before, busy = meta.get("cpus"), meta.get("load_before"), meta.get("busy_before")
+    return Quality(
+        trusted=not reasons,
+        reasons=reasons,
+        r2_min=R2_MIN,
+        spread_max=SPREAD_MAX,
+        load_before=before,
+        busy_before=busy,
+        load_after=meta.get("load_after"),
+        cpus=cpus,
+    )
+
+
+def _fit_reasons(cal: Calibration) -> list[str]:
+    """Link fits under R2_MIN; link alphas, Bs and the median compute point that move past SPREAD_MAX."""
     reasons = []
     for kind, fits in (("point-to-point", cal.p2p), ("all-to-all", cal.alltoall)):
         for scope, fit in fits.items():
@@ -438,12 +488,18 @@ def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
     compute = [p.uncertainty for c in cal.compute for p in (*c.forward, *c.backward)]
     if compute and float(np.median(compute)) > SPREAD_MAX / 3:
         reasons.append(f"compute rates move ±{np.median(compute):.1%} (median point; > {SPREAD_MAX / 3:.0%})")
+    return reasons
+
+
+def _fixed_cost_reasons(cal: Calibration, raw: dict[str, Any]) -> list[str]:
+    """Fixed costs that move past FIXED_SPREAD_MAX of the tiny layer they were measured on."""
     tiny = {
         layer_key(k["variant"], k["layout"], k["causal"], k["pass"]): k["seconds"]
         for k in layer_kinds(raw["layers"])
     }
     smallest = min(tiny.values()) if tiny else None
     tiny |= {f"inference {k['scheme']}": k["seconds"] for k in (raw.get("inference") or {}).get("kinds", [])}
+    reasons = []
     for key, fit in cal.fits.items():
         if key.startswith(("layer ", "inference ")) or key in ("step overhead", "sync overhead"):
             scale = tiny.get(key.removeprefix("layer "), smallest)
@@ -452,34 +508,32 @@ def judge(cal: Calibration, raw: dict[str, Any]) -> Quality:
                     f"{key} moves ±{fit.spread * 1e3:.2f} ms, > {FIXED_SPREAD_MAX:.0%} of its "
                     f"{scale * 1e3:.2f} ms layer"
                 )
+    return reasons
+
+
+def _drift_reasons(raw: dict[str, Any]) -> list[str]:
+    """The same work timed at the start and the end, apart by more than DRIFT_MAX."""
     sentinel = raw.get("sentinel")
-    if sentinel:
-        for what, start in sentinel["start"].items():
-            change = sentinel["end"][what] / start - 1
-            if abs(change) > DRIFT_MAX:
-                reasons.append(
-                    f"the machine changed speed while calibrating: the same {what} took {change:+.0%} "
-                    "longer at the end than at the start"
-                )
-    meta = raw["meta"]
+    if not sentinel:
+        return []
+    return [
+        f"the machine changed speed while calibrating: the same {what} took {change:+.0%} longer at the end "
+        "than at the start"
+        for what, start in sentinel["start"].items()
+        if abs(change := sentinel["end"][what] / start - 1) > DRIFT_MAX
+    ]
+
+
+def _busy_reasons(meta: dict[str, Any]) -> list[str]:
+    """A machine busy before calibrating: measured just before (a job that has just ended does not count),
+    else by its load average."""
     cpus, before, busy = meta.get("cpus"), meta.get("load_before"), meta.get("busy_before")
-    if busy is not None:  # measured just before: a job that has just ended does not count
+    if busy is not None:
         if busy > BUSY_MAX:
-            reasons.append(
-                f"the machine was busy before calibrating: other processes used {busy:.0%} of its CPUs"
-            )
+            return [f"the machine was busy before calibrating: other processes used {busy:.0%} of its CPUs"]
     elif cpus and before is not None and before > BUSY_MAX * cpus:
-        reasons.append(f"the machine was busy before calibrating: load {before:.1f} on {cpus} CPUs")
-    return Quality(
-        trusted=not reasons,
-        reasons=reasons,
-        r2_min=R2_MIN,
-        spread_max=SPREAD_MAX,
-        load_before=before,
-        busy_before=busy,
-        load_after=meta.get("load_after"),
-        cpus=cpus,
-    )
+        return [f"the machine was busy before calibrating: load {before:.1f} on {cpus} CPUs"]
+    return []
 
 
 def profile_yaml(profile: HardwareProfile) -> str:

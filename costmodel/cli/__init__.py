@@ -6,15 +6,10 @@ the flag or field and what is accepted; never a traceback.
 
 from __future__ import annotations
 
-import re
+import os
 import sys
 
 PROG = "cp-plan"
-
-
-def _flag(field: str) -> str:
-    """``kv_heads`` -> ``--kv-heads``; anything already flag- or path-like stays as it is."""
-    return "--" + field.replace("_", "-") if re.fullmatch(r"[a-z][a-z_]*", field) else field
 
 
 def fail(message: str, code: int = 2) -> int:
@@ -43,7 +38,6 @@ def _stdout_failed(exc: BaseException) -> int:
 def _quiet_broken_pipe() -> int:
     """The reader went away (``cp-plan formulas | head -1``): exit 0 without a word. Python would flush
     stdout again at exit and fail once more, so point it at /dev/null first."""
-    import os
 
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -54,42 +48,60 @@ def _quiet_broken_pipe() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, whole: bool = False) -> int:
+    """Run the command line; ``whole`` registers every command even where ``argv`` seems to name none."""
+    # Lazy: importing any costmodel.cli module runs this package first; only running the CLI needs the rest.
     import typer
     from typer.main import get_command
 
-    from costmodel.cli.app import app
+    from costmodel.cli.app import app, names_a_command, with_subcommands
     from costmodel.cli.options import NOTES
     from costmodel.core.errors import InputError
     from costmodel.core.fileio import Terminated
 
+    # cp-plan uses no pydantic plugins; looking for them reads every installed distribution (0.1-0.2 s).
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     NOTES.clear()
-    command = get_command(app)
+    args = sys.argv[1:] if argv is None else list(argv)
+    whole = whole or names_a_command(args)
     if sys.stdout is None:  # started with stdout closed (>&-): nowhere to put an answer
         return fail("stdout: closed; redirect it to a file or /dev/null")
+    command = get_command(with_subcommands() if whole else app)
     try:
-        result = command.main(args=argv, prog_name=PROG, standalone_mode=False)
+        result = command.main(args=args, prog_name=PROG, standalone_mode=False)
     except InputError as exc:
-        return fail(f"{_flag(exc.field)}: {exc.message}")
+        return fail(f"{exc.flag}: {exc.message}")
     except typer.TyperException as exc:  # usage errors: unknown flag, wrong type, bad choice
+        if not whole and "No such command" in exc.format_message():  # one of the unregistered ones, misspelt
+            return main(args, whole=True)
         message = exc.format_message().replace("Value error, ", "").replace("\n", " ")
         return fail(message, getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt):
         return fail("interrupted", 130)
     except Terminated:
         return fail("terminated", 143)
-    except BrokenPipeError:
+    except (
+        OSError,
+        ValueError,
+        SystemExit,
+    ) as exc:  # only a write to stdout gets here: inputs fail as InputError
+        return _output_failed(exc)
+    return _finish(result)
+
+
+def _output_failed(exc: BaseException) -> int:
+    """A write to stdout failed, directly or under a rich console that exited on it (exit 1 when the reader
+    goes); anything else goes on up."""
+    cause = exc.__context__ if isinstance(exc, SystemExit) else exc
+    if isinstance(cause, BrokenPipeError):
         return _quiet_broken_pipe()
-    except (OSError, ValueError) as exc:  # only a write to stdout gets here: inputs fail as InputError
-        if _is_stdout_failure(exc):
-            return _stdout_failed(exc)
-        raise
-    except SystemExit as exc:
-        if isinstance(exc.__context__, BrokenPipeError):  # rich's consoles exit 1 when the reader goes
-            return _quiet_broken_pipe()
-        if isinstance(exc.__context__, OSError | ValueError) and _is_stdout_failure(exc.__context__):
-            return _stdout_failed(exc.__context__)
-        raise
+    if isinstance(cause, OSError | ValueError) and _is_stdout_failure(cause):
+        return _stdout_failed(cause)
+    raise exc
+
+
+def _finish(result: object) -> int:
+    """After the answer: the notes, the flush that shows a broken pipe, and the exit code."""
     _notes()
     try:
         sys.stdout.flush()  # a broken pipe shows here when the output fit in the buffer

@@ -3,21 +3,23 @@ from the declared inputs (:mod:`costmodel.plans.inputs`)."""
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli import audit, plan_file, planning, step
-from costmodel.cli import infer as infer_cli
-from costmodel.cli import kernel as kernel_cli
-from costmodel.cli.kernel import app as kernel_app
+from costmodel import __version__
+from costmodel.cli import timeline as drawing
 from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import HardwareProfile, builtin_names, load_profile
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
+from costmodel.symbolic import numeric
 
 app = typer.Typer(
     name="cp-plan",
@@ -29,23 +31,51 @@ app = typer.Typer(
 )
 hw_app = typer.Typer(help="Hardware profiles: built-in names or YAML files.", add_completion=False)
 app.add_typer(hw_app, name="hw")
-app.add_typer(kernel_app, name="kernel")
-app.command("calibrate")(kernel_cli.calibrate)
-app.command("validate")(kernel_cli.validate)
-app.command("recommend")(planning.recommend_cmd)
-app.command("sweep")(planning.sweep_cmd)
-app.command("check")(planning.check_cmd)
-app.command("report")(plan_file.report_cmd)
-app.command("step")(step.step_cmd)
-app.command("audit")(audit.audit_cmd)
-hw_app.command("from-nccl-tests")(audit.from_nccl_tests)
-app.command("infer")(infer_cli.infer_cmd)
+# Commands whose modules load the training step, the search, the audit or the kernel: registered only when
+# the command line may name one, so that the plan itself (no subcommand) starts without them.
+SUBCOMMANDS = (
+    "kernel",
+    "calibrate",
+    "validate",
+    "recommend",
+    "sweep",
+    "check",
+    "report",
+    "step",
+    "audit",
+    "infer",
+)
+SUBCOMMANDS_OF_HW = ("from-nccl-tests",)
+
+
+@functools.cache
+def with_subcommands() -> typer.Typer:
+    """The whole command line: ``app`` with every command registered."""
+    from costmodel.cli import audit, infer, kernel, plan_file, planning, step
+
+    app.add_typer(kernel.app, name="kernel")
+    app.command("calibrate")(kernel.calibrate)
+    app.command("validate")(kernel.validate)
+    app.command("recommend")(planning.recommend_cmd)
+    app.command("sweep")(planning.sweep_cmd)
+    app.command("check")(planning.check_cmd)
+    app.command("report")(plan_file.report_cmd)
+    app.command("step")(step.step_cmd)
+    app.command("audit")(audit.audit_cmd)
+    hw_app.command("from-nccl-tests")(audit.from_nccl_tests)
+    app.command("infer")(infer.infer_cmd)
+    return app
+
+
+def names_a_command(argv: list[str]) -> bool:
+    """Whether ``argv`` may name a command of :func:`with_subcommands`, or asks for help or completion (a
+    value that happens to spell a command only costs time)."""
+    asks = {*SUBCOMMANDS, *SUBCOMMANDS_OF_HW, "--help", "--install-completion", "--show-completion"}
+    return any(key.startswith("_CP_PLAN_COMPLETE") for key in os.environ) or bool(asks.intersection(argv))
 
 
 def _version(value: bool) -> None:
     if value:
-        from costmodel import __version__
-
         typer.echo(f"cp-plan {__version__}")
         raise typer.Exit()
 
@@ -77,8 +107,6 @@ def report(
 
     machine = machine_for(inputs, machine_overrides)
     if timeline:
-        from costmodel.cli import timeline as drawing
-
         drawing.check_request(inputs.cp, format.value)
     trace: list | None = [] if explain else None
     result = evaluate(inputs, machine, trace)
@@ -194,18 +222,18 @@ def hw_show(
     composition flags, the profile as they change it (e.g. --inter-node-bandwidth 800Gb, --torus-dims 4x4x8)."""
     import yaml
 
-    from costmodel.machines.compose import override
-
     profile = load_profile(name, field="NAME")
     o = machine_overrides
     if any(value is not None for value in o.model_dump().values()):
         profile = override(
             profile,
-            inter_bandwidth=o.inter_node_bandwidth,
-            intra_bandwidth=o.intra_node_bandwidth,
-            devices_per_node=o.devices_per_node,
-            cp_ranks_per_node=o.cp_ranks_per_node,
-            torus_dims=o.torus_dims,
+            ProfileChanges(
+                inter_bandwidth=o.inter_node_bandwidth,
+                intra_bandwidth=o.intra_node_bandwidth,
+                devices_per_node=o.devices_per_node,
+                cp_ranks_per_node=o.cp_ranks_per_node,
+                torus_dims=o.torus_dims,
+            ),
         )
     sources = [("profile", profile.source.url or f"measured on {profile.source.host}, {profile.source.date}")]
     for scope in ("intra_node", "inter_node"):
@@ -227,7 +255,6 @@ def formulas_cmd(
     latex: Annotated[bool, typer.Option("--latex", help="LaTeX (imports sympy).")] = False,
 ) -> None:
     """List the model's formulas: name, expression, meaning, unit and source."""
-    from costmodel.symbolic import numeric
 
     if name is not None and name not in numeric.INFO:
         raise InputError("NAME", f"unknown formula {name!r}; known: {', '.join(numeric.INFO)}")

@@ -16,8 +16,12 @@ import typer
 from costmodel.cli.options import console, house_table
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import atomic_write_text, check_writable
+from costmodel.core.units import parse_tokens, seconds
+from costmodel.machines.profiles import load_profile
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import TRAINING
+from costmodel.training.report import LABELS
 
 MAX_FILES = (
     64  # logs or nccl-tests tables a run: each is parsed and fitted or evaluated in well under a second
@@ -34,7 +38,6 @@ def _option(help: str) -> Any:
 
 
 def _tokens(text: str) -> int:
-    from costmodel.plans.inputs import parse_tokens
 
     try:
         return parse_tokens(text, "--seq")
@@ -127,7 +130,6 @@ def audit_cmd(
     from costmodel.audit.compare import audit
     from costmodel.audit.config import resolve
     from costmodel.audit.logs import parse_log
-    from costmodel.core.fileio import check_writable
 
     if runs is not None:
         if logs:
@@ -201,8 +203,6 @@ def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: 
     """``audit --runs``: every measured run against the step model, and the fit when ``out`` is given."""
     from costmodel.audit.nccl import profile_yaml
     from costmodel.audit.runs import SCHEMA, Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
-    from costmodel.core.fileio import atomic_write_text, check_writable
-    from costmodel.machines.profiles import load_profile
 
     if out is not None:
         check_writable(out, "--fit-profile")
@@ -227,8 +227,6 @@ def _errors_line(label: str, s: dict[str, Any]) -> str:
 
 
 def _runs_table(document: dict[str, Any]) -> None:
-    from costmodel.core.units import seconds
-    from costmodel.training.report import LABELS
 
     screen, result = console(), document["runs"]
     if result["assumed"]:
@@ -282,8 +280,6 @@ def _runs_table(document: dict[str, Any]) -> None:
 def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, Any]:
     from costmodel.audit.fit import Run, calibrate, fit_problem, fitted_profile
     from costmodel.audit.nccl import profile_yaml
-    from costmodel.core.fileio import atomic_write_text
-    from costmodel.machines.profiles import load_profile
 
     profiles = {values["hw"] for _, values, _ in runs}
     if len(profiles) > 1:
@@ -307,8 +303,6 @@ def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, A
 
 
 def _table(result: dict[str, Any]) -> None:
-
-    from costmodel.core.units import seconds
 
     screen = console()
     c, m, p = result["config"], result["measured"], result["predicted"]
@@ -349,8 +343,6 @@ def _table(result: dict[str, Any]) -> None:
 def _summary(results: list[dict[str, Any]]) -> None:
     """One row per log: measured and predicted step, their ratio, and the most severe finding."""
 
-    from costmodel.core.units import seconds
-
     table = house_table(caption="cp-plan audit LOG for one run in full")
     table.add_column("log", no_wrap=True, max_width=28)
     for column in ("measured", "predicted", "ratio", "most severe finding"):
@@ -369,8 +361,6 @@ def _summary(results: list[dict[str, Any]]) -> None:
 
 
 def _fit_table(fit: dict[str, Any]) -> None:
-
-    from costmodel.core.units import seconds
 
     screen = console()
     screen.print(
@@ -418,8 +408,6 @@ def from_nccl_tests(
     Example: cp-plan hw from-nccl-tests all_gather.txt sendrecv.txt --base h100-nvlink --out my.yaml
     """
     from costmodel.audit.nccl import fit_all, measured_profile, profile_yaml
-    from costmodel.core.fileio import atomic_write_text, check_writable
-    from costmodel.machines.profiles import load_profile
 
     if len(files) > MAX_FILES:
         raise InputError("FILE", f"{len(files):,} tables; from-nccl-tests takes at most {MAX_FILES} a run")

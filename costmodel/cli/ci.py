@@ -3,6 +3,7 @@ GitHub workflow commands (an annotation on the plan's line). They read the resul
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,8 +13,6 @@ if TYPE_CHECKING:
 def _xml_text(text: str) -> str:
     """``text`` without the characters XML 1.0 forbids (C0 controls but tab, CR, LF; lone surrogates;
     U+FFFE, U+FFFF), each shown as its code point instead, so a plan's name cannot break the report [XML-1.0 §2.2]."""
-    import re
-
     return re.sub(
         "[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]", lambda m: f"\\u{ord(m.group()):04x}", text
     )

@@ -12,12 +12,14 @@ Presentation only: every number is a field of the :class:`~costmodel.plans.schem
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from html import escape
 from typing import TYPE_CHECKING, Any
 
 from costmodel.cli import render
-from costmodel.core.units import count, percent, seconds, si, tokens_label
+from costmodel.core.units import count, percent, seconds, short_percent, si, tokens_label
+from costmodel.schedule.layouts import LAYOUTS
 
 if TYPE_CHECKING:
     from costmodel.machines.profiles import HardwareProfile
@@ -266,7 +268,6 @@ def _memory(report: Report, profile: Any, fit: Fit | None) -> str:
 
 
 def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
-    import math
 
     width, label, row = 760, 170, 20
     low = math.floor(math.log10(min(v for _, _, v in tiers if v > 0))) - 1
@@ -360,7 +361,6 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
 
 def _timelines(report: Report, inputs: PlanInputs, passes: list[PassTimelines]) -> str:
     from costmodel.plans.gantt import MAX_RANKS, MEANING
-    from costmodel.schedule.layouts import LAYOUTS
 
     head = [
         '<section id="timeline"><h2>Ring timeline of one layer, rank by rank</h2>',
@@ -504,7 +504,6 @@ def _panel(timeline: Timeline, span_s: float, report: Report, chosen: bool) -> s
 
 def _ticks(span_s: float) -> list[float]:
     """Three to six round ticks from 0 to ``span_s``."""
-    import math
 
     raw = span_s / 4
     power = 10 ** math.floor(math.log10(raw))
@@ -590,9 +589,6 @@ def sweep_page(grids: list[Grid], shape: PlanInputs) -> str:
 
 
 def _heatmap(grid: Grid) -> str:
-    import math
-
-    from costmodel.cli.planning import _short_percent as short_percent
 
     names = ["green", "amber", "red"]
     fills = {-1: "#f0f1f3", 0: "#2e8540", 1: "#c98a00", 2: "#c0392b"}

@@ -12,6 +12,8 @@ import typer
 
 from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.output import Format, emit, format_option
+from costmodel.core.units import seconds, si
+from costmodel.inference.report import PREFILL_LABELS
 from costmodel.inference.setup import INFER_SHARED, InferenceSetup
 from costmodel.plans.inputs import MachineOverrides, PlanInputs
 
@@ -63,9 +65,6 @@ def infer_cmd(
 
 
 def _table(report: dict) -> None:
-
-    from costmodel.core.units import seconds, si
-    from costmodel.inference.report import PREFILL_LABELS
 
     given, out = report["inputs"], report["inference"]
     mem, pre, dec = out["memory"], out["prefill"], out["decode"]
@@ -123,7 +122,6 @@ def _table(report: dict) -> None:
 
 def _decode_target_lines(target: dict, screen) -> None:  # noqa: ANN001
     """--target-tpot: the largest batch within it on the asked layout and with every GPU in TP."""
-    from costmodel.core.units import seconds
 
     goal = seconds(target["target_tpot_s"])
     for key in ("cp_layout", "tp_layout"):

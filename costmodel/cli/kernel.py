@@ -5,16 +5,24 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
+from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from costmodel.cli.options import declared, searched
+from costmodel.cli.options import console, declared, searched, working
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import atomic_write_text, check_writable
+from costmodel.core.units import parse_tokens, seconds, si
 from costmodel.kernel import TORCH_DTYPE
+from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import Count, Flag, Tokens, flag
+from costmodel.plans.models import load_model
+from costmodel.symbolic import numeric
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False
@@ -43,7 +51,6 @@ MAX_SEED = 2**63 - 1  # the non-negative range torch.manual_seed takes
 
 def _seconds(value: float, flag: str) -> float:
     """A timeout: finite, positive, at most a week. Checked here, before any rank is spawned."""
-    import math
 
     if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
         raise InputError(flag, f"must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] (got {value})")
@@ -51,7 +58,6 @@ def _seconds(value: float, flag: str) -> float:
 
 
 def _tolerance(value: float | None, flag: str) -> float | None:
-    import math
 
     if value is not None and not (math.isfinite(value) and value >= 0):
         raise InputError(flag, f"must be a finite number >= 0 (got {value})")
@@ -146,7 +152,6 @@ def selftest(
         device=device,
     )
     _check_device(device, nproc, "--device")
-    from costmodel.cli.options import working
 
     try:
         with working(f"selftest of {len(config.variants)} variants on {nproc} ranks"):
@@ -169,15 +174,12 @@ def _finite(data: Any) -> Any:
 
 
 def _is_rank_zero() -> bool:
-    import os
 
     return os.environ.get("RANK", "0") == "0"
 
 
 def _print_table(result) -> None:  # a SelftestResult, imported lazily
     from rich.table import Table
-
-    from costmodel.cli.options import console
 
     config = result.config
     atol, rtol = config.tolerance()
@@ -214,7 +216,6 @@ def _dtype_shape(
     model: str | None, heads: int | None, kv_heads: int | None, head_dim: int | None, batch: int, dtype: str
 ) -> dict:
     """The attention shape to calibrate: flags over a model preset over 8 heads of 64 (quick on a CPU)."""
-    from costmodel.plans.models import load_model
 
     preset = load_model(model) if model else None
     heads = heads or (preset.heads if preset else 8)
@@ -239,7 +240,6 @@ def _sizes(text: str | None, field: str) -> tuple[int, ...] | None:
     before any rank starts."""
     if text is None:
         return None
-    from costmodel.plans.inputs import parse_tokens
 
     fewest, largest = SIZE_BOUNDS[field]
     sizes = [parse_tokens(part.strip(), field) for part in text.split(",") if part.strip()]
@@ -330,10 +330,8 @@ def calibrate(
 
     Example: cp-plan calibrate --nproc 2 --out me.yaml
     """
-    from pathlib import Path
 
     from costmodel.calibration.fit import build_profile, profile_yaml
-    from costmodel.core.fileio import atomic_write_text, check_writable
 
     timeout = _seconds(timeout, "--timeout")
     _require_torch()
@@ -342,7 +340,6 @@ def calibrate(
 
     shape = _dtype_shape(model, heads, kv_heads, head_dim, batch or 1, dtype or _default_dtype(backend))
     from costmodel.plans.timing import BACKWARD_FLOP
-    from costmodel.symbolic import numeric
 
     pair_flops = float(numeric.pair_flops(b=shape["batch"], h=shape["heads"], d=shape["head_dim"]))
     config = CalibrationConfig(
@@ -380,7 +377,6 @@ def calibrate(
     raw = results.get(0)
     if raw is None:  # a torchrun rank other than 0: rank 0 writes the profile
         return
-    import os
 
     raw["meta"] |= {
         "load_before": load_before,
@@ -403,7 +399,6 @@ def calibrate(
 
 def _load() -> float | None:
     """The 1-minute load average, where the system has one."""
-    import os
 
     try:
         return os.getloadavg()[0]
@@ -414,7 +409,6 @@ def _load() -> float | None:
 def _busy_share(seconds: float = 1.0) -> float | None:
     """Share of all CPUs' time that other processes used over the next ``seconds`` (from /proc/stat;
     None elsewhere). Unlike the load average it does not remember a job that just ended."""
-    import time
 
     def ticks() -> tuple[int, int] | None:
         try:
@@ -435,8 +429,6 @@ def _busy_share(seconds: float = 1.0) -> float | None:
 
 def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile
     from rich.console import Console
-
-    from costmodel.core.units import seconds, si
 
     cal = profile.calibration
     console = Console(stderr=True, highlight=False)
@@ -503,9 +495,7 @@ def validate(
     Example: cp-plan validate --hw me.yaml --nproc 2
     """
     from costmodel.calibration.compare import compare, critical_tokens
-    from costmodel.cli.options import console
     from costmodel.cli.render import render_validation
-    from costmodel.machines.profiles import load_profile
 
     timeout = _seconds(timeout, "--timeout")
     _tolerance(max_median_error, "--max-median-error")
@@ -532,7 +522,6 @@ def validate(
     _check_device(backend, nproc, "--backend")
     l_star = critical_tokens(profile, world)
     cases, served = grid(l_star, fitted_tokens=cal.layer_tokens), inference_grid(l_star)
-    from costmodel.cli.options import working
 
     try:  # one launch, so the training layers and the inference runs are timed in the same rounds
         with working(f"validate: timing {len(cases) + len(served)} cases on {world} ranks"):

@@ -10,6 +10,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
+import sys
+import threading
+import time
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
@@ -20,7 +24,9 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
-from costmodel.plans.inputs import build, flag_name, parse_integer, parse_tokens, shape_from_model
+from costmodel.core.units import parse_integer, parse_tokens
+from costmodel.plans.inputs import build, flag_name, shape_from_model
+from costmodel.plans.models import load_model
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,7 +35,6 @@ if TYPE_CHECKING:
 def console() -> Console:
     """rich is imported only when a screen is drawn. Piped or redirected, rich pads table and grid rows
     to the width with spaces: the lines go out trimmed, as a file or a diff wants them."""
-    import sys
 
     from rich.console import Console
 
@@ -42,10 +47,6 @@ def working(what: str, stream: Any = None) -> Iterator[None]:
     """Progress of a command that runs for many seconds while its ranks work in other processes: on a
     terminal, ``cp-plan: {what}... 12 s`` on stderr, counting every second, then how long it took;
     nothing when stderr is a pipe or a file (a CI log keeps only the result)."""
-    import os
-    import sys
-    import threading
-    import time
 
     out = stream or sys.stderr
     if not out.isatty() or os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks
@@ -256,7 +257,6 @@ def declared(
 
 def _note_unmapped(path: str) -> None:
     """One line on stderr naming what a Hugging Face config holds that the plan does not use."""
-    from costmodel.plans.models import load_model
 
     unmapped: list[str] = []
     load_model(path, unmapped=unmapped)

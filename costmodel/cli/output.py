@@ -4,6 +4,9 @@ data and every other format from the renderer the command names for it."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import sys
 from collections.abc import Callable
 from enum import Enum
@@ -43,15 +46,11 @@ def _to_format(value: str | Format) -> Format:
 
 def as_json(data: Any) -> str:
     """The data as strict JSON (no NaN), indented; what is not JSON already (a path, a date) as text."""
-    import json
-
     return json.dumps(data, indent=2, allow_nan=False, default=str)
 
 
 def as_yaml(data: Any) -> str:
     """The data as YAML, keys in their order, read through JSON so that it holds only plain values."""
-    import json
-
     import yaml
 
     return yaml.safe_dump(json.loads(as_json(data)), sort_keys=False, allow_unicode=True)
@@ -59,9 +58,6 @@ def as_yaml(data: Any) -> str:
 
 def as_csv(rows: list[dict[str, Any]]) -> str:
     """Rows of one shape as CSV with a header line (``hw`` alone when there are none)."""
-    import csv
-    import io
-
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]) if rows else ["hw"])
     writer.writeheader()

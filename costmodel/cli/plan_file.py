@@ -8,7 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
+from costmodel.cli.options import console
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import atomic_write_text
 
 
 def report_cmd(
@@ -32,14 +34,12 @@ def report_cmd(
     report = evaluate(resolved.attention, placed)
     if html is None:
         from costmodel.cli import render
-        from costmodel.cli.options import console
 
         render.render_table(report, console())
         return
     if html.suffix.lower() not in {".html", ".htm"}:
         raise InputError("--html", f"{html.name}: accepted file types are .html and .htm")
     from costmodel.cli import html as page
-    from costmodel.core.fileio import atomic_write_text
     from costmodel.plans.bind import Evaluator
     from costmodel.plans.gantt import plan_timelines
     from costmodel.training.recommend import fit_at, training_values

@@ -24,9 +24,12 @@ from costmodel.cli.search import (
     TopOpt,
     TpOpt,
     VppOpt,
+    export,
+    render_search,
+    run_search,
 )
 from costmodel.core.errors import InputError
-from costmodel.core.units import percent, seconds, si, tokens_label
+from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_DEVICES,
     MAX_TOKENS,
@@ -38,6 +41,9 @@ from costmodel.plans.inputs import (
     job_machine,
     machine_for,
 )
+from costmodel.plans.models import load_model
+from costmodel.training.recommend import describe_scheme, recommend, recommend_plan
+from costmodel.training.step import step_machine
 
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
 
@@ -77,10 +83,6 @@ def recommend_cmd(
     as that framework's arguments. Example:
     cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
-    from costmodel.cli.search import export, run_search
-    from costmodel.plans.models import load_model
-    from costmodel.training.recommend import recommend, recommend_plan
-
     if inputs.model is None:
         raise InputError(
             "--model",
@@ -132,7 +134,6 @@ def recommend_cmd(
 
 def _render_report(report, found) -> None:  # noqa: ANN001
     """The searched plan and its window, or the window at the stated TP and PP; then the search's ranking."""
-    from costmodel.cli.search import render_search
 
     if report.recommendation.step_time_s is not None:
         _render_plan(report)
@@ -222,8 +223,6 @@ def _render_plan(report) -> None:  # noqa: ANN001
 def _render_recommendation(report) -> None:  # noqa: ANN001
     """The CP window at the stated TP and PP, and its pick."""
     from rich.text import Text
-
-    from costmodel.training.recommend import describe_scheme
 
     i, s, rec = report.inputs, report.setup, report.recommendation
     head = _header(report)
@@ -339,7 +338,6 @@ def sweep_cmd(
     fastest plan that fits at that CP degree, with the stated --tp, --pp and --recompute. Example:
     cp-plan sweep --seq 8k..1M --cp 1..64 --hw a100-nvlink,h100-ib --causal --plot sweep.png
     """
-    from costmodel.plans.models import load_model
     from costmodel.training.sweep import parse_grid, sweep
 
     seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_DEVICES)
@@ -359,7 +357,6 @@ def sweep_cmd(
         sweep(inputs, seqs, ns, machine, preset, setup if memory else None, docs=docs) for machine in machines
     ]
     if memory:
-        from costmodel.training.step import step_machine
         from costmodel.training.sweep import step_times
 
         for grid, name in zip(grids, names, strict=True):
@@ -404,7 +401,7 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
                 if verdicts[i, j] < 0:
                     cells.append("")
                     continue
-                cells.append(f"[{COLOURS[names[verdicts[i, j]]]}]{_short_percent(grid.ratio[i, j])}[/]")
+                cells.append(f"[{COLOURS[names[verdicts[i, j]]]}]{short_percent(grid.ratio[i, j])}[/]")
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
         out.print("* the ring leaves the node", style="dim")
@@ -424,13 +421,6 @@ def _render_step_times(grid) -> None:  # noqa: ANN001
         cells = ["" if math.isnan(t) else seconds(float(t)) for t in grid.step_time_s[i]]
         table.add_row(tokens_label(int(seq)), *cells)
     console().print(table)
-
-
-def _short_percent(ratio: float) -> str:
-    if ratio == 0:
-        return "0"
-    value = 100 * ratio
-    return f"{value:.2f}%" if value < 1 else f"{value:.1f}%" if value < 100 else f"{value:,.0f}%"
 
 
 def check_cmd(

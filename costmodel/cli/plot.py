@@ -6,11 +6,13 @@ and the caller prints the table instead.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import atomic_write_bytes, check_writable
 from costmodel.core.units import tokens_label
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.verdict import AMBER, GREEN
@@ -30,8 +32,6 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
-
-    from costmodel.core.fileio import atomic_write_bytes, check_writable
 
     check_writable(path, "--plot")  # before the drawing
 
@@ -86,7 +86,6 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
         fontsize=9,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.95))  # the title inside the figure
-    import io
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format=path.suffix.lower().lstrip("."), dpi=130)

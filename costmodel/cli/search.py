@@ -14,8 +14,9 @@ import typer
 from costmodel.cli.options import console, house_table, searched
 from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
-from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
-from costmodel.training.step import StepSetup
+from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, build
+from costmodel.plans.models import load_model
+from costmodel.training.step import StepSetup, step_machine
 
 
 class Framework(str, Enum):
@@ -60,9 +61,6 @@ def run_search(
 ) -> dict[str, Any]:
     """The search's JSON section: the top plans with why each lost, and the pick's sensitivity; ``knobs``,
     the step's own settings every plan runs with (``gemm_dtype``)."""
-    from costmodel.cli import _flag
-    from costmodel.plans.inputs import build
-    from costmodel.plans.models import load_model
     from costmodel.training.search import (
         PLAN_KEYS,
         Constraints,
@@ -73,7 +71,6 @@ def run_search(
         sensitivity,
         why_lost,
     )
-    from costmodel.training.step import StepSetup, step_machine
 
     constraints = Constraints(**fixed, framework=framework)
     check_constraints(load_model(inputs.model), setup.gpus, constraints)  # type: ignore[arg-type]
@@ -83,7 +80,7 @@ def run_search(
     try:
         found = search(inputs, setup, step, machine, constraints, top=top)
     except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
-        found = SearchResult([], 0, 0, batch, empty_reason=f"{_flag(exc.field)}: {exc.message}")
+        found = SearchResult([], 0, 0, batch, empty_reason=f"{exc.flag}: {exc.message}")
     plans = found.plans
     for plan in plans[1:]:
         plan["why_lost"] = why_lost(plan, plans[0])

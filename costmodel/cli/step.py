@@ -12,8 +12,11 @@ import typer
 
 from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.output import Format, emit, format_option
+from costmodel.core.units import seconds, si
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
-from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup
+from costmodel.plans.stages import StageSplit
+from costmodel.training.report import LABELS
+from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup, evaluate_step, step_machine
 
 if TYPE_CHECKING:
     from costmodel.training.report import StepReport
@@ -46,7 +49,6 @@ def step_cmd(
     Example: cp-plan step --model llama3-8b --seq 8192 --hw h100-nvlink --gpus 8 --global-batch 16
     """
     from costmodel.cli.render import render_terms, term_rows
-    from costmodel.training.step import evaluate_step, step_machine
 
     trace: list | None = [] if explain else None
     result = evaluate_step(inputs, setup, step, step_machine(inputs, machine_overrides), trace=trace)
@@ -67,9 +69,6 @@ def step_cmd(
 def _table(report: StepReport) -> None:
 
     from costmodel.cli.render import topology_lines
-    from costmodel.core.units import seconds, si
-    from costmodel.plans.stages import StageSplit
-    from costmodel.training.report import LABELS
 
     result = report.model_dump(mode="json", by_alias=True)
     step, inputs = result["step"], result["inputs"]

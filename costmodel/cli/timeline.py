@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from costmodel.core.errors import InputError
+from costmodel.core.units import percent, seconds
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -101,8 +102,6 @@ def render(inputs: PlanInputs, machine: Machine, screen: Console) -> None:
 
 def draw(timeline: Timeline, screen: Console) -> None:
     from rich.text import Text
-
-    from costmodel.core.units import percent, seconds
 
     width = max(MIN_COLUMNS, screen.width - LABEL - SHARE)
     slice_s = timeline.total_s / width

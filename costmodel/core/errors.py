@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 
@@ -12,6 +13,13 @@ class InputError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+    @property
+    def flag(self) -> str:
+        """The field as the user wrote it: ``kv_heads`` -> ``--kv-heads``; a flag or a path stays as it is."""
+        return (
+            "--" + self.field.replace("_", "-") if re.fullmatch(r"[a-z][a-z_]*", self.field) else self.field
+        )
 
 
 def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import functools
 import io
+import json
 import math
 import os
 import re
+import signal
 import stat
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+import numpy as np
 
 from costmodel.core.errors import InputError
 
@@ -80,8 +86,6 @@ class Terminated(BaseException):
 def _signals_raise() -> Iterator[None]:
     """SIGTERM raises :class:`Terminated` and SIGINT ``KeyboardInterrupt`` while a file is written, so the
     writer's cleanup runs; the handlers before are restored after (signals only reach the main thread)."""
-    import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -294,7 +298,6 @@ def read_json(path: str | os.PathLike[str], field: str, kind: str = "json") -> A
 
 def parse_json(text: str, field: str, name: str, kind: str = "json") -> Any:
     """:func:`read_json` of text already read from the file ``name``."""
-    import json
 
     depth = KINDS[kind].max_depth
     if _nesting(text) > depth:  # before parsing: the decoder recurses once per level
@@ -360,7 +363,6 @@ def _leaves(data: Any) -> Iterator[tuple[str, Any]]:
 
 def _nesting(text: str) -> int:
     """The deepest nesting of brackets and braces outside quoted strings (JSON and TOML alike)."""
-    import numpy as np
 
     bare = re.sub(r'"(?:[^"\\\n]|\\.)*"' + r"|'[^'\n]*'", "", text)  # strings may hold brackets
     codes = np.frombuffer(bare.encode("utf-8"), dtype=np.uint8)
@@ -541,8 +543,6 @@ def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> t
         and os.sep not in spec
         and not _exists(path)
     ):
-        import difflib
-
         close = [name for name in builtins if spec.lower() in name]  # h100 -> h100-ib, h100-nvlink
         close += [
             name

@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import math
-from decimal import ROUND_HALF_UP, Decimal
+import re
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+from costmodel.core.errors import InputError
 
 _PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""))
+TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 262144, 256k, 1M"
+
+_TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", re.ASCII)
+_INTEGER = re.compile(r"\s*[0-9]+\s*", re.ASCII)
+_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 
 def si(value: float | None, unit: str, digits: int = 4) -> str:
@@ -31,6 +39,14 @@ def seconds(value: float | None, digits: int = 3) -> str:
 
 def percent(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{_sig(100 * value, digits)} %"
+
+
+def short_percent(ratio: float) -> str:
+    """A ratio as a percent in at most four characters of digits: ``0.0042`` -> ``0.42%``, ``1.5`` -> ``150%``."""
+    if ratio == 0:
+        return "0"
+    value = 100 * ratio
+    return f"{value:.2f}%" if value < 1 else f"{value:.1f}%" if value < 100 else f"{value:,.0f}%"
 
 
 def count(value: float | None) -> str:
@@ -59,3 +75,30 @@ def _sig(x: float, digits: int) -> str:
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
     rounded = Decimal(repr(x)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
     return f"{rounded:,.{decimals}f}"
+
+
+def parse_tokens(text: str | int, field: str = "seq") -> int:
+    """``262144``, ``256k`` or ``1M`` (binary multiples, as sequence lengths are) to an exact int.
+
+    ASCII digits only, computed in decimal so that no length is rounded through a float."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = _TOKENS.fullmatch(str(text)) if isinstance(text, str) else None
+    if not match:
+        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}")
+    try:
+        number = Decimal(match.group(1)) * _SUFFIX[match.group(2).lower()]
+    except InvalidOperation:  # pragma: no cover - the pattern admits only plain decimals
+        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}") from None
+    if number != number.to_integral_value():
+        raise InputError(field, f"{text!r} is not a whole number of tokens")
+    return int(number)
+
+
+def parse_integer(text: str | int, field: str) -> int:
+    """A plain count: ASCII digits, exactly."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    if not isinstance(text, str) or not _INTEGER.fullmatch(text):
+        raise InputError(field, f"{text!r} is not a whole number")
+    return int(text)

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from costmodel.kernel import TORCH_DTYPE
 from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_attention, block_backward, block_forward
 from costmodel.kernel.comm import RingComm, all_to_all
 from costmodel.kernel.masks import MaskRule, plan_block
@@ -477,7 +478,6 @@ def _pair_flops(config: CalibrationConfig) -> float:
 
 
 def _torch_name(dtype: str) -> str:
-    from costmodel.kernel import TORCH_DTYPE
 
     return TORCH_DTYPE[dtype]
 

@@ -8,11 +8,12 @@ The largest error over ranks (an all-reduce) must stay within ``atol + rtol · m
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from costmodel.core.errors import InputError
-from costmodel.schedule.layouts import LAYOUTS, check_divisible
+from costmodel.schedule.layouts import LAYOUTS, check_divisible, positions, ulysses_feasibility
 
 SCHEMA = "cp-plan.kernel.selftest/1"
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
@@ -78,7 +79,6 @@ def _flag(name: str) -> str:
 
 
 def ulysses_skip_reason(config: SelftestConfig, world_size: int) -> str | None:
-    from costmodel.schedule.layouts import ulysses_feasibility
 
     feasible, reason = ulysses_feasibility(config.heads, config.kv_heads, world_size)
     return None if feasible else reason
@@ -212,7 +212,6 @@ def _inference_errors(variant, ctx, config, q, k, v, references, mine) -> dict[s
     from costmodel.kernel.inference import decode_attention, pass_q_prefill
     from costmodel.kernel.masks import MaskRule
     from costmodel.kernel.reference import reference_attention
-    from costmodel.schedule.layouts import positions
 
     held = positions(config.layout, config.seq, ctx.world_size)[ctx.rank]
     if variant == "pass-q":
@@ -245,7 +244,6 @@ def _inference_errors(variant, ctx, config, q, k, v, references, mine) -> dict[s
 
 def run_selftest(config: SelftestConfig, nproc: int | None, timeout_s: float = 300.0) -> SelftestResult:
     """Check ``config`` and run it on ``nproc`` local processes, or on this rank under torchrun."""
-    import os
 
     from costmodel.kernel.launch import launch, under_torchrun
 

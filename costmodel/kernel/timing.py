@@ -18,10 +18,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from costmodel.kernel.block import block_attention, block_attention_backward
+from costmodel.kernel.block import (
+    accumulator_dtype,
+    block_attention,
+    block_attention_backward,
+    block_backward,
+    block_forward,
+)
 from costmodel.kernel.comm import RingComm
 from costmodel.kernel.masks import MaskRule, plan_block
-from costmodel.kernel.ring import ring_attention
+from costmodel.kernel.ring import DKV_TAG, KV_TAG, ring_attention, ring_backward, ring_forward, ring_schedule
 from costmodel.kernel.ulysses import ulysses_attention
 
 # Each figure is the lower quartile of its single-call samples, not their median. On a shared machine
@@ -362,8 +368,6 @@ def time_ring_overlap(
 ) -> RingOverlap:
     """Ring forward (or backward alone, ``backward=True``) measured, and its steps' compute and
     communication timed separately with the same block plans and message sizes."""
-    from costmodel.kernel.block import accumulator_dtype, block_backward, block_forward
-    from costmodel.kernel.ring import DKV_TAG, KV_TAG, ring_backward, ring_forward, ring_schedule
 
     device = torch.device(device)
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)

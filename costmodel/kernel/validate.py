@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from costmodel.kernel.calibrate import LAYER_KINDS, TOTAL_S
+from costmodel.kernel import TORCH_DTYPE
+from costmodel.kernel.calibrate import LAYER_KINDS, TOTAL_S, CalibrationConfig, measure_sentinel
 from costmodel.kernel.timing import QUANTILE, attention_runs, sample_times, summary
 
 
@@ -139,7 +140,6 @@ def measure_cases(
 
     All cases are timed in interleaved rounds, so a slow spell of a shared machine hits them alike.
     """
-    from costmodel.kernel.calibrate import CalibrationConfig, measure_sentinel
 
     sentinel, config = None, None
     if sentinel_tokens:
@@ -151,7 +151,6 @@ def measure_cases(
             progress=False,
         )
         sentinel = {"start": measure_sentinel(ctx, config)}
-    from costmodel.kernel import TORCH_DTYPE
 
     dtype = getattr(torch, TORCH_DTYPE[shape["dtype"]])
     runs = {}

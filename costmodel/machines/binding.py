@@ -13,14 +13,14 @@ call, no α, transfers fully hidden, no fixed costs (what `cp-plan validate` set
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.machines import kernels, topology
+from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, HardwareProfile, layer_key
-
-if TYPE_CHECKING:
-    import numpy as np
 
 Collective = topology.Collective
 Scope = Literal["intra-node", "inter-node"]
@@ -316,7 +316,6 @@ class Machine:
 
     def link_arrays(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(B, α, crosses nodes) for every group size of an array: the vectorised :meth:`link` of sweeps."""
-        import numpy as np
 
         bindings = [self.link(int(g)) for g in np.asarray(groups).ravel()]
         shape = np.shape(groups)
@@ -375,18 +374,16 @@ def build_machine(
     job: bool = False,
 ) -> Machine:
     """The one constructor of a :class:`Machine`: ``profile`` changed as a command line says (``changes``,
-    the keywords of :func:`~costmodel.machines.compose.override`; None values change nothing), bound to a
+    the fields of :class:`~costmodel.machines.compose.ProfileChanges`; None values change nothing), bound to a
     dtype and an efficiency.
 
     ``job``: the machine of a job that states its layout (TP and the rank order). A profile's
     ``cp_ranks_per_node`` stands in for the TP a single-layer plan does not know (the -ib profiles put one
     CP rank per node: TP fills it); a job's node holds devices_per_node consecutive ranks and every group is
     placed from them, unless ``changes`` states ``cp_ranks_per_node``."""
-    from costmodel.machines.compose import override
-
     given = {key: value for key, value in (changes or {}).items() if value is not None}
     if given:
-        profile = override(profile, **given)
+        profile = override(profile, ProfileChanges(**given))
     if job:
         profile = profile.model_copy(update={"cp_ranks_per_node": given.get("cp_ranks_per_node")})
     return Machine(profile, dtype, efficiency)

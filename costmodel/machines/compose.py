@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, parse_profile
@@ -72,30 +73,51 @@ def _gbytes(value: float) -> str:
     return f"{value / 1e9:g} GB/s"
 
 
-def override(
-    profile: HardwareProfile,
-    *,
-    inter_bandwidth: float | str | None = None,
-    intra_bandwidth: float | str | None = None,
-    devices_per_node: int | None = None,
-    cp_ranks_per_node: int | None = None,
-    inter_latency: float | None = None,
-    torus_dims: str | None = None,
-) -> HardwareProfile:
+@dataclass(frozen=True)
+class ProfileChanges:
+    """What the command line changes in a profile; None leaves it as it is. Bandwidths are bytes/s per
+    direction, or strings for :func:`parse_bandwidth`; the latency is in seconds; ``torus_dims`` as 4x4x8."""
+
+    inter_bandwidth: float | str | None = None
+    intra_bandwidth: float | str | None = None
+    devices_per_node: int | None = None
+    cp_ranks_per_node: int | None = None
+    inter_latency: float | None = None
+    torus_dims: str | None = None
+
+
+def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfile:
     """``profile`` with other links or placement; validated, and saying so in its description and notes.
 
-    Bandwidths are bytes/s per direction, or strings for :func:`parse_bandwidth`. A new link drops any
-    measured figure of that scope (an all-to-all or a calibration fit of the old link would otherwise
-    still be used). Without ``cp_ranks_per_node``, a profile whose CP ranks filled the node keeps filling
-    it when ``devices_per_node`` changes; one with fewer keeps its count."""
-    flags = {"inter_node": "--inter-node-bandwidth", "intra_node": "--intra-node-bandwidth"}
-    given = {"inter_node": inter_bandwidth, "intra_node": intra_bandwidth}
+    A new link drops any measured figure of that scope (an all-to-all or a calibration fit of the old link
+    would otherwise still be used). Without ``cp_ranks_per_node``, a profile whose CP ranks filled the node
+    keeps filling it when ``devices_per_node`` changes; one with fewer keeps its count."""
     data = profile.model_dump(mode="python", exclude_none=True)
-    changes: list[str] = []
+    said = [
+        *_new_links(data, changes),
+        *_new_latency(data, profile, changes.inter_latency),
+        *_new_placement(data, profile, changes),
+    ]
+    if not said:
+        return profile
+    text = "; ".join(said)
+    data["description"] = f"{profile.description} [overridden: {text}]".strip()
+    notes = data["source"].get("notes")
+    data["source"]["notes"] = (
+        f"{notes} Overridden on the command line: {text}."
+        if notes
+        else f"Overridden on the command line: {text}."
+    )
+    return parse_profile(data, f"{profile.name} with overrides", field="--hw")
+
+
+def _new_links(data: dict, changes: ProfileChanges) -> list[str]:
+    said = []
+    given = {"inter_node": changes.inter_bandwidth, "intra_node": changes.intra_bandwidth}
     for scope, value in given.items():
         if value is None:
             continue
-        flag = flags[scope]
+        flag = f"--{scope.replace('_', '-')}-bandwidth"
         bandwidth = parse_bandwidth(value, flag) if isinstance(value, str) else float(value)
         if not math.isfinite(bandwidth) or bandwidth <= 0:
             raise InputError(flag, f"must be a positive, finite bandwidth (got {value!r})")
@@ -107,76 +129,79 @@ def override(
             "latency_s": old["latency_s"] if old else 0.0,
         }
         was = f" (was {old['name']}, {_gbytes(old['bandwidth_per_direction'])})" if old else ""
-        changes.append(f"{scope.replace('_', '-')} {_gbytes(bandwidth)} per direction{was}")
+        said.append(f"{scope.replace('_', '-')} {_gbytes(bandwidth)} per direction{was}")
         _drop_measured(data, scope.replace("_", "-"))
-    if inter_latency is not None:
-        if not math.isfinite(inter_latency) or inter_latency < 0:
-            raise InputError(
-                "--inter-node-latency", f"must be a non-negative number of seconds (got {inter_latency})"
-            )
-        if "inter_node" not in data["links"]:
-            raise InputError(
-                "--inter-node-latency",
-                f"profile {profile.name!r} has no inter-node link; give --inter-node-bandwidth too",
-            )
-        data["links"]["inter_node"]["latency_s"] = inter_latency
-        changes.append(f"inter-node latency {inter_latency:g} s")
+    return said
+
+
+def _new_latency(data: dict, profile: HardwareProfile, latency: float | None) -> list[str]:
+    if latency is None:
+        return []
+    if not math.isfinite(latency) or latency < 0:
+        raise InputError("--inter-node-latency", f"must be a non-negative number of seconds (got {latency})")
+    if "inter_node" not in data["links"]:
+        raise InputError(
+            "--inter-node-latency",
+            f"profile {profile.name!r} has no inter-node link; give --inter-node-bandwidth too",
+        )
+    data["links"]["inter_node"]["latency_s"] = latency
+    return [f"inter-node latency {latency:g} s"]
+
+
+def _new_placement(data: dict, profile: HardwareProfile, changes: ProfileChanges) -> list[str]:
+    """Devices per node (a torus's from its shape) and CP ranks per node."""
+    said = []
+    devices = changes.devices_per_node
     torus = data.get("topology", {}).get("kind") == "torus"
-    if torus_dims is not None:
-        dims = parse_dims(torus_dims)
+    if changes.torus_dims is not None:
+        dims = parse_dims(changes.torus_dims)
         if not torus:
             raise InputError(
                 "--torus-dims", f"profile {profile.name!r} is not a torus; use --devices-per-node"
             )
-        if devices_per_node is not None and devices_per_node != math.prod(dims):
+        if devices is not None and devices != math.prod(dims):
             raise InputError(
                 "--devices-per-node",
-                f"{devices_per_node} is not the {math.prod(dims)} chips of --torus-dims {torus_dims}",
+                f"{devices} is not the {math.prod(dims)} chips of --torus-dims {changes.torus_dims}",
             )
         data["topology"]["dims"] = dims
-        devices_per_node = math.prod(dims)
-        changes.append(f"torus {'x'.join(map(str, dims))}")
-    elif torus and devices_per_node is not None:
+        devices = math.prod(dims)
+        said.append(f"torus {'x'.join(map(str, dims))}")
+    elif torus and devices is not None:
         raise InputError(
             "--devices-per-node",
             f"profile {profile.name!r} is a torus: give its slice's shape with --torus-dims (e.g. 4x4x8) instead",
         )
-    if devices_per_node is not None:
-        if devices_per_node < 1:
-            raise InputError("--devices-per-node", f"must be at least 1 (got {devices_per_node})")
-        filled = profile.ranks_per_node == profile.devices_per_node
-        data["devices_per_node"] = devices_per_node
-        if cp_ranks_per_node is None:
-            if filled:
-                data.pop("cp_ranks_per_node", None)
-            elif profile.ranks_per_node > devices_per_node:
-                raise InputError(
-                    "--devices-per-node",
-                    f"{devices_per_node} is fewer than the profile's "
-                    f"{profile.ranks_per_node} CP ranks per node; give --cp-ranks-per-node too",
-                )
-        changes.append(f"{devices_per_node} devices per node (was {profile.devices_per_node})")
-    if cp_ranks_per_node is not None:
-        if cp_ranks_per_node < 1:
-            raise InputError("--cp-ranks-per-node", f"must be at least 1 (got {cp_ranks_per_node})")
-        if cp_ranks_per_node > data["devices_per_node"]:
+    if devices is not None:
+        said.append(_new_devices_per_node(data, profile, devices, changes.cp_ranks_per_node))
+    ranks = changes.cp_ranks_per_node
+    if ranks is not None:
+        if ranks < 1:
+            raise InputError("--cp-ranks-per-node", f"must be at least 1 (got {ranks})")
+        if ranks > data["devices_per_node"]:
             raise InputError(
-                "--cp-ranks-per-node",
-                f"{cp_ranks_per_node} exceeds the {data['devices_per_node']} devices per node",
+                "--cp-ranks-per-node", f"{ranks} exceeds the {data['devices_per_node']} devices per node"
             )
-        data["cp_ranks_per_node"] = cp_ranks_per_node
-        changes.append(f"{cp_ranks_per_node} consecutive CP ranks per node (was {profile.ranks_per_node})")
-    if not changes:
-        return profile
-    said = "; ".join(changes)
-    data["description"] = f"{profile.description} [overridden: {said}]".strip()
-    notes = data["source"].get("notes")
-    data["source"]["notes"] = (
-        f"{notes} Overridden on the command line: {said}."
-        if notes
-        else f"Overridden on the command line: {said}."
-    )
-    return parse_profile(data, f"{profile.name} with overrides", field="--hw")
+        data["cp_ranks_per_node"] = ranks
+        said.append(f"{ranks} consecutive CP ranks per node (was {profile.ranks_per_node})")
+    return said
+
+
+def _new_devices_per_node(data: dict, profile: HardwareProfile, devices: int, ranks: int | None) -> str:
+    if devices < 1:
+        raise InputError("--devices-per-node", f"must be at least 1 (got {devices})")
+    filled = profile.ranks_per_node == profile.devices_per_node
+    data["devices_per_node"] = devices
+    if ranks is None:
+        if filled:
+            data.pop("cp_ranks_per_node", None)
+        elif profile.ranks_per_node > devices:
+            raise InputError(
+                "--devices-per-node",
+                f"{devices} is fewer than the profile's "
+                f"{profile.ranks_per_node} CP ranks per node; give --cp-ranks-per-node too",
+            )
+    return f"{devices} devices per node (was {profile.devices_per_node})"
 
 
 def _drop_measured(data: dict, scope: str) -> None:

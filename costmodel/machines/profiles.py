@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Self
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
@@ -205,7 +206,6 @@ class ComputeCurve(_Strict):
         """FLOP/s of a kernel call doing ``flops`` (forward-counted), interpolated in log(work per call) over
         the measured blocks, flat beyond them. Work per call, not tokens, is what fills the machine, so
         the curve serves any head count and block shape."""
-        import numpy as np
 
         points = self.backward if backward else self.forward
         return float(
@@ -227,7 +227,6 @@ class CallRate(_Strict):
 def _call_factor(points: list[CallRate], square: Any, flops: float, aspect: float) -> float:
     """How much slower than the square curve a call ``aspect`` times as many keys as queries runs: 1 at
     aspect 1, the measured ratios in between and beyond, interpolated in log(aspect) and log(FLOP)."""
-    import numpy as np
 
     aspects = sorted({p.keys / p.queries for p in points})
     factors = [1.0]

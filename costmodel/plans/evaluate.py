@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
+from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation, Evaluator, pass_ratio, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.packed_report import mask_section, masked_utilization, packing_section
@@ -232,7 +233,7 @@ def _usp(ev: Evaluator, s: SchemeResult, machine: Machine) -> USPEntry:
 def _scheme(s: SchemeResult) -> Scheme:
     return Scheme(
         scheme=s.scheme,
-        label=s.label,
+        label=registry.get(s.scheme).split_label(s.n_ulysses, s.n_ring),
         n_ulysses=s.n_ulysses,
         n_ring=s.n_ring,
         layout=s.layout,

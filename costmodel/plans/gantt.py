@@ -22,6 +22,7 @@ import numpy as np
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import ring_pass
+from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 from costmodel.schedule.timeline import ring_layer_time
 
 Kind = Literal["compute", "transfer", "idle", "overhead"]
@@ -153,8 +154,6 @@ class PassTimelines:
 def plan_timelines(inputs: PlanInputs, machine: Machine) -> list[PassTimelines]:
     """The forward pass and, unless the plan is forward only, the backward, under every layout; none
     beyond :data:`MAX_RANKS` ranks, which are not drawn."""
-    from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
-
     if inputs.cp > MAX_RANKS:
         return []
     passes = []

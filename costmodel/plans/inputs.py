@@ -11,11 +11,9 @@ that every accepted input is answered in bounded time and memory.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from copy import copy
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
@@ -32,10 +30,15 @@ from pydantic import (
 )
 
 from costmodel.core.errors import InputError
-from costmodel.machines.binding import Machine
-from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile
+from costmodel.core.units import TOKENS_HELP, parse_tokens
+from costmodel.machines.binding import Machine, build_machine
+from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile, load_profile
+from costmodel.machines.topology import parse_order, strides
+from costmodel.plans.models import load_model
+from costmodel.plans.packing import pack
 from costmodel.plans.stages import StageSplit, split_stages
 from costmodel.schedule.layouts import Layout, check_divisible
+from costmodel.schedule.packed import MAX_MASKED_TOKENS, MAX_MASKED_WORK
 
 if TYPE_CHECKING:
     from costmodel.plans.models import ModelPreset
@@ -51,38 +54,6 @@ MAX_HEADS = 2**16  # query or KV heads of one layer, as a model preset bounds th
 MAX_HEAD_DIM = 2**16  # elements per head (64 to 256 in use)
 MAX_LAYERS = 2**16  # a model preset's layers: bounds the layers of a stage and the virtual stages
 MAX_SEQUENCES = 2**30  # sequences in one optimizer step, or on one device: far past any batch in use
-TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 262144, 256k, 1M"
-
-_TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", re.ASCII)
-_INTEGER = re.compile(r"\s*[0-9]+\s*", re.ASCII)
-_SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-
-
-def parse_tokens(text: str | int, field: str = "seq") -> int:
-    """``262144``, ``256k`` or ``1M`` (binary multiples, as sequence lengths are) to an exact int.
-
-    ASCII digits only, computed in decimal so that no length is rounded through a float."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    match = _TOKENS.fullmatch(str(text)) if isinstance(text, str) else None
-    if not match:
-        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}")
-    try:
-        number = Decimal(match.group(1)) * _SUFFIX[match.group(2).lower()]
-    except InvalidOperation:  # pragma: no cover - the pattern admits only plain decimals
-        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}") from None
-    if number != number.to_integral_value():
-        raise InputError(field, f"{text!r} is not a whole number of tokens")
-    return int(number)
-
-
-def parse_integer(text: str | int, field: str) -> int:
-    """A plain count: ASCII digits, exactly."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    if not isinstance(text, str) or not _INTEGER.fullmatch(text):
-        raise InputError(field, f"{text!r} is not a whole number")
-    return int(text)
 
 
 def _tokens(value: Any) -> Any:
@@ -147,7 +118,6 @@ def declared_as(model: type[BaseModel], name: str, **changes: Any) -> Any:
 
 
 def _rank_order(value: str) -> str:
-    from costmodel.machines.topology import parse_order
 
     try:
         return "-".join(parse_order(value))
@@ -432,8 +402,6 @@ class PlanInputs(BaseModel):
         if self.heads % self.kv_heads:
             raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
         if self.masked:  # before packing: a refused S reads no documents
-            from costmodel.schedule.packed import MAX_MASKED_TOKENS, MAX_MASKED_WORK
-
             if self.seq > MAX_MASKED_TOKENS or self.seq * self.cp > MAX_MASKED_WORK:
                 raise InputError(
                     "docs" if self.docs else "window" if self.window else "attention_chunk",
@@ -441,8 +409,6 @@ class PlanInputs(BaseModel):
                     f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.cp})",
                 )
         if self.docs is not None:
-            from costmodel.plans.packing import pack
-
             pack(self.docs, self.seq)
         if self.block > self.shard_tokens:
             raise InputError(
@@ -512,9 +478,6 @@ def job_machine(
 def _machine(
     inputs: PlanInputs, overrides: MachineOverrides | None, profile: HardwareProfile | None, job: bool
 ) -> Machine:
-    from costmodel.machines.binding import build_machine
-    from costmodel.machines.profiles import load_profile
-
     o = overrides or MachineOverrides()
     changes = {
         "inter_bandwidth": o.inter_node_bandwidth,
@@ -530,7 +493,6 @@ def _machine(
 
 def cp_stride(setup: TrainingSetup, n: int) -> int:
     """Ranks between CP neighbours under the job's rank order (TP's degree in Megatron's tp-cp-dp-pp)."""
-    from costmodel.machines.topology import strides
 
     dp = max(1, setup.gpus // (setup.tp * n * setup.pp))
     return strides(setup.rank_order, {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp})["cp"]
@@ -643,7 +605,6 @@ def problems(exc: ValidationError) -> list[tuple[str, str]]:
 def shape_from_model(values: dict[str, Any]) -> dict[str, Any]:
     """Fill the fields a model preset sets (``from_model``) that were not given: from ``values["model"]``
     when one is named, else from the declared defaults. Returns a new dict."""
-    from costmodel.plans.models import load_model
 
     filled = dict(values)
     preset = load_model(values["model"]) if values.get("model") else None

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.fields import Count
-from costmodel.core.fileio import load_builtin_or_file
+from costmodel.core.fileio import load_builtin_or_file, read_json
 from costmodel.core.resources import data_dir
 
 # Ceilings far above any published model that keep products such as layers x hidden x vocab exact.
@@ -99,7 +99,6 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
 
 
 def _read_json(path: str, field: str) -> Any:
-    from costmodel.core.fileio import read_json
 
     return read_json(path, field)
 
@@ -246,6 +245,73 @@ def from_hf_config(
     by the cost model; MoE counts are used by the step only; both appear in the returned list so the caller
     can say so.
     Multi-head latent attention is refused rather than planned as if it were GQA."""
+    data, family = _normalized(data, origin, field)
+
+    def need(key: str) -> int:
+        value = data.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InputError(field, f"{origin}: {key} must be a positive integer (got {value!r})")
+        return value
+
+    heads = need("num_attention_heads")
+    hidden = need("hidden_size")
+    kv_heads = _kv_heads(data, family, heads, need, field)
+    if data.get("head_dim") is not None:
+        head_dim = need("head_dim")
+    elif hidden % heads:
+        raise InputError(
+            field, f"{origin}: no head_dim, and hidden_size {hidden} is not a multiple of {heads} heads"
+        )
+    else:
+        head_dim = hidden // heads
+    layers = need("num_hidden_layers")
+    notes: list[str] = []
+    gated = family in _GATED
+    window, local = _sliding(data, layers)
+    experts, top_k, ffn, shared = _experts(data, need)
+    if window:
+        notes.append(
+            f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
+            f"{window} keys; the plan treats every layer as global)"
+        )
+    if experts:
+        notes.append(
+            f"MoE: {experts} experts, {top_k} per token, ffn_hidden={ffn} each"
+            + (f", shared expert {shared}" if shared else "")
+            + " (step: --ep and --capacity-factor; memory counts every expert; the single-layer plan reads"
+            " attention only)"
+        )
+    notes.extend(sorted(k for k in data if k not in _MAPPED | _IRRELEVANT and not k.startswith("_")))
+    path = Path(origin)
+    name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
+    fields = {
+        "name": name,
+        "description": f"imported from {origin} (model_type {family or 'unknown'})",
+        "source": origin,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "layers": layers,
+        "hidden": hidden,
+        "ffn_hidden": ffn,
+        "vocab": need("vocab_size"),
+        "gated_mlp": gated,
+        "tied_embeddings": bool(data.get("tie_word_embeddings", False)),
+        "sliding_window": window,
+        "local_layers": local,
+        "experts": experts,
+        "experts_per_token": top_k,
+        "shared_expert_ffn": shared,
+    }
+    try:
+        return ModelPreset.model_validate(fields), notes
+    except ValidationError as exc:
+        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+
+
+def _normalized(data: object, origin: str, field: str) -> tuple[dict[str, Any], str]:
+    """The config's fields under their canonical names, the language model's out of a multimodal wrapper,
+    with the family's defaults; and the family. Refuses what the import cannot plan."""
     if not isinstance(data, dict):
         raise InputError(
             field, f"{origin}: expected a JSON object of config fields, got {type(data).__name__}"
@@ -283,79 +349,22 @@ def from_hf_config(
             f"{data['kv_lora_rank']}, qk_rope_head_dim {data['qk_rope_head_dim']}); its ring traffic is "
             "not modelled yet: pass --heads, --kv-heads and --head-dim for the K and V you send",
         )
+    return data, family
 
-    def need(key: str) -> int:
-        value = data.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InputError(field, f"{origin}: {key} must be a positive integer (got {value!r})")
-        return value
 
-    heads = need("num_attention_heads")
-    hidden = need("hidden_size")
-    kv_heads = _kv_heads(data, family, heads, need, field)
-    if data.get("head_dim") is not None:
-        head_dim = need("head_dim")
-    elif hidden % heads:
-        raise InputError(
-            field, f"{origin}: no head_dim, and hidden_size {hidden} is not a multiple of {heads} heads"
-        )
-    else:
-        head_dim = hidden // heads
-    layers = need("num_hidden_layers")
-    notes: list[str] = []
-    gated = family in _GATED
-    window, local = _sliding(data, layers)
+def _experts(data: dict[str, Any], need: Any) -> tuple[int | None, int | None, int, int | None]:
+    """Experts, experts per token, each expert's (or the dense) FFN width and a shared expert's: MoE fields
+    under any of their names."""
     experts_key = next(
         (k for k in ("num_local_experts", "n_routed_experts", "num_experts") if data.get(k)), None
     )
     top_k_key = next((k for k in ("num_experts_per_tok", "experts_per_token") if data.get(k)), None)
     experts = need(experts_key) if experts_key else None
     top_k = need(top_k_key) if experts_key and top_k_key else None
-    ffn = (
-        need("moe_intermediate_size")
-        if experts and data.get("moe_intermediate_size")
-        else need("intermediate_size")
-    )
-    if window:
-        notes.append(
-            f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
-            f"{window} keys; the plan treats every layer as global)"
-        )
-    shared = data.get("shared_expert_intermediate_size") if experts else None
-    shared = need("shared_expert_intermediate_size") if shared else None
-    if experts:
-        notes.append(
-            f"MoE: {experts} experts, {top_k} per token, ffn_hidden={ffn} each"
-            + (f", shared expert {shared}" if shared else "")
-            + " (step: --ep and --capacity-factor; memory counts every expert; the single-layer plan reads"
-            " attention only)"
-        )
-    notes.extend(sorted(k for k in data if k not in _MAPPED | _IRRELEVANT and not k.startswith("_")))
-    path = Path(origin)
-    name = path.parent.name if path.stem == "config" and path.parent.name else path.stem
-    fields = {
-        "name": name,
-        "description": f"imported from {origin} (model_type {family or 'unknown'})",
-        "source": origin,
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "head_dim": head_dim,
-        "layers": layers,
-        "hidden": hidden,
-        "ffn_hidden": ffn,
-        "vocab": need("vocab_size"),
-        "gated_mlp": gated,
-        "tied_embeddings": bool(data.get("tie_word_embeddings", False)),
-        "sliding_window": window,
-        "local_layers": local,
-        "experts": experts,
-        "experts_per_token": top_k,
-        "shared_expert_ffn": shared,
-    }
-    try:
-        return ModelPreset.model_validate(fields), notes
-    except ValidationError as exc:
-        raise InputError(field, f"{origin}: {describe_validation(exc)}") from None
+    moe_ffn = experts and data.get("moe_intermediate_size")
+    ffn = need("moe_intermediate_size") if moe_ffn else need("intermediate_size")
+    shared = experts and data.get("shared_expert_intermediate_size")
+    return experts, top_k, ffn, need("shared_expert_intermediate_size") if shared else None
 
 
 def _kv_heads(data: dict[str, Any], family: str, heads: int, need: Any, field: str) -> int:

@@ -24,7 +24,12 @@ from typing import Literal
 import numpy as np
 
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import parse_json, read_input_text
+from costmodel.core.units import parse_tokens
 from costmodel.schedule.masks import MaskRule
+from costmodel.schedule.packed import simulate_masked
+from costmodel.schedule.simulator import simulate, simulation_tile
+from costmodel.symbolic import numeric
 
 Branch = Literal["dense", "varlen"]
 BRANCHES: tuple[Branch, ...] = ("dense", "varlen")
@@ -70,8 +75,6 @@ class Packed:
 
 
 def _tokens(text: str) -> int:
-    from costmodel.plans.inputs import parse_tokens
-
     value = parse_tokens(text.strip(), FIELD)
     if value < 1:
         raise InputError(FIELD, f"document lengths must be positive, got {text.strip()!r}")
@@ -128,7 +131,6 @@ def _length(value: object, where: str) -> int:
 
 
 def _lengths_from_file(path: Path) -> list[int]:
-    from costmodel.core.fileio import read_input_text
 
     where = path.name
     text = read_input_text(path, FIELD, "docs")
@@ -136,8 +138,6 @@ def _lengths_from_file(path: Path) -> list[int]:
     if not stripped:
         raise InputError(FIELD, f"{where} holds no document lengths")
     if stripped[0] in "[{":
-        from costmodel.core.fileio import parse_json
-
         data = parse_json(stripped, FIELD, where, "docs")
         if isinstance(data, dict):
             return _histogram(list(data.items()), where)
@@ -263,7 +263,7 @@ def useful_rule(causal: bool, packed: Packed | None, window: int | None, chunk: 
     return plan_rule(causal, packed, window, chunk, "varlen")
 
 
-def packed_of(inputs) -> Packed | None:  # noqa: ANN001 - PlanInputs, imported lazily (it imports us)
+def packed_of(inputs) -> Packed | None:  # noqa: ANN001 - PlanInputs, which imports this module
     return pack(inputs.docs, inputs.seq) if inputs.docs is not None else None
 
 
@@ -273,7 +273,6 @@ def call_tokens(inputs) -> float | None:  # noqa: ANN001
     packed = packed_of(inputs)
     if packed is None or inputs.packing != "varlen":
         return None
-    from costmodel.symbolic import numeric
 
     lengths = np.asarray(packed.window_docs, dtype=np.float64)
     weighted = float((lengths**3).sum() / (lengths**2).sum())
@@ -282,8 +281,6 @@ def call_tokens(inputs) -> float | None:  # noqa: ANN001
 
 def schedule_for(inputs, layout: str, branch: Branch, n: int | None = None):  # noqa: ANN001, ANN201
     """The ring schedule of one layer in ``layout`` under the branch's mask, at the simulator's tile."""
-    from costmodel.schedule.packed import simulate_masked
-    from costmodel.schedule.simulator import simulation_tile
 
     n = inputs.cp if n is None else n
     rule = plan_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk, branch)
@@ -292,8 +289,6 @@ def schedule_for(inputs, layout: str, branch: Branch, n: int | None = None):  # 
 
 def compute_fraction(inputs, n: int | None = None, branch: Branch | None = None) -> float:  # noqa: ANN001
     """c of the plan: the plain c, or c_x = c·E_m/E_w with the tiles the branch executes in the plan's layout."""
-    from costmodel.schedule.simulator import simulate, simulation_tile
-    from costmodel.symbolic import numeric
 
     c = 0.5 if inputs.causal else 1.0
     if not inputs.masked:

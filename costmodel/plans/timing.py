@@ -219,7 +219,8 @@ class Calls:
 def distinct_calls(pairs: np.ndarray) -> Calls:
     """The calls of a (ranks, steps) schedule. It has few distinct ones, so each is timed once for the whole
     pass rather than once per step: the window times passes of up to MAX_CP steps."""
-    blocks = np.unique(pairs)
+    flat = np.sort(pairs, axis=None)  # np.unique's answer, without the numpy.ma it imports (start-up)
+    blocks = flat[np.concatenate(([True], flat[1:] != flat[:-1]))]
     which = np.searchsorted(blocks, pairs)  # cheaper than unique's inverse, an argsort of N² entries
     first = np.arange(pairs.shape[1]) == 0
     kinds, kind = np.unique(2 * (pairs > 0).sum(axis=0) + first, return_inverse=True)  # per step

@@ -302,7 +302,7 @@ def _plan_reason(
 
 
 def _label(scheme: SchemeResult, n: int) -> str:
-    return "none" if n == 1 else scheme.label
+    return "none" if n == 1 else registry.get(scheme.scheme).split_label(scheme.n_ulysses, scheme.n_ring)
 
 
 def describe_scheme(scheme: str | None, layout: str | None, n: int | None, n_ulysses: int | None) -> str:

@@ -27,7 +27,7 @@ from costmodel.machines.binding import Collective, LinkBinding, Machine, build_m
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import call
 from costmodel.plans.cp import TRAINING
-from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup
+from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup, build
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit, candidate_splits
 from costmodel.schedule.layouts import chunks_per_rank, divisors
@@ -36,7 +36,7 @@ from costmodel.training import moe, offload
 from costmodel.training.recommend import training_values, zero_fractions
 from costmodel.training.report import FORMULAS as TERMS
 from costmodel.training.report import SHORT
-from costmodel.training.step import StepSetup, bind, buckets, check_physical, step_terms
+from costmodel.training.step import StepSetup, bind, buckets, check_physical, evaluate_step, step_terms
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -726,7 +726,6 @@ def search_loop(
 ) -> list[dict[str, Any]]:
     """The plain reference: one :func:`~costmodel.training.step.evaluate_step` and one memory fit per
     candidate, fastest first among those that fit."""
-    from costmodel.training.step import evaluate_step
 
     model = _model(inputs)
     check_constraints(model, setup.gpus, constraints)
@@ -946,7 +945,6 @@ def fastest_by_cp(
 ) -> np.ndarray:
     """The fastest fitting step at each CP degree of ``ns``, with the job's TP, PP and recompute held and
     micro-batch, virtual stages and CP scheme searched (Megatron-LM's plans); NaN where none fits."""
-    from costmodel.plans.inputs import build
 
     model = _model(inputs)
     step = build(StepSetup, global_batch=global_batch or default_global_batch(inputs.seq))

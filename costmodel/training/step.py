@@ -55,6 +55,7 @@ from costmodel.plans.packing import compute_fraction
 from costmodel.plans.stages import StageSplit
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
+from costmodel.training.recommend import fit_at, training_values, zero_fractions
 from costmodel.training.report import FORMULAS as TERM_FORMULAS
 from costmodel.training.report import (
     StepBreakdown,
@@ -463,7 +464,6 @@ def bind(
 def offload_kept(setup: TrainingSetup, model: ModelPreset) -> dict[str, Any]:
     """What the offload copies size themselves by, as the memory fit reads it: the activations a layer keeps
     (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of weights and states."""
-    from costmodel.training.recommend import zero_fractions
 
     z_w, _, z_o = zero_fractions(setup.zero, setup.shard_group)
     return {
@@ -560,7 +560,6 @@ def step_memory(
 ) -> StepMemory:
     """Memory per device on the most loaded stage [Korthikanti22 §4], the fit ``recommend`` and the layout
     search size plans with, at this micro-batch and CP degree, and whether it fits the usable HBM."""
-    from costmodel.training.recommend import fit_at, training_values
 
     attention = inputs.model_copy(update={"batch": step.micro_batch})
     dp = setup.gpus // (setup.tp * inputs.cp * setup.pp)

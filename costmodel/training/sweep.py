@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.core.errors import InputError
+from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import PASSES, RATIO, call, plan_values
-from costmodel.plans.inputs import TOKENS_HELP, PlanInputs, TrainingSetup, parse_tokens
+from costmodel.plans.inputs import PlanInputs, TrainingSetup
 from costmodel.plans.models import ModelPreset
+from costmodel.plans.packing import compute_fraction, pack
 from costmodel.plans.verdict import AMBER, BANDS, GREEN
+from costmodel.schedule.layouts import chunks_per_rank
 
 RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 
@@ -196,8 +199,6 @@ def step_times(
 def _compute_fractions(shape: PlanInputs, seqs, ns, docs: str | None) -> np.ndarray:  # noqa: ANN001
     """c of every (S, N) cell with the documents packed into S (nan where N does not divide S), at the
     plan's default tile."""
-    from costmodel.plans.packing import compute_fraction, pack
-    from costmodel.schedule.layouts import chunks_per_rank
 
     out = np.full((len(seqs), len(ns)), np.nan)
     tile = PlanInputs.model_fields["block"].default  # the sweep has no --block: the plan's default tile

@@ -102,12 +102,6 @@ class SchemeResult:
     ring_scope: str = "none"
 
     @property
-    def label(self) -> str:
-        from costmodel.plans.cp import get
-
-        return get(self.scheme).split_label(self.n_ulysses, self.n_ring)
-
-    @property
     def recv_bytes(self) -> float | None:
         return None if not self.feasible else (self.a2a_recv_bytes or 0.0) + (self.ring_recv_bytes or 0.0)
 

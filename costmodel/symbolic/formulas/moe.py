@@ -1,0 +1,212 @@
+"""Formulas of the group 'moe': define("""
+
+from __future__ import annotations
+
+import sympy
+
+from costmodel.symbolic.formulas.fit import A, M_state, P, R_buf, _buffers
+from costmodel.symbolic.formulas.registry import FORMULAS, definer
+from costmodel.symbolic.formulas.step import P_dev, tau_dp
+from costmodel.symbolic.symbols import (
+    B_dp,
+    B_ep,
+    B_hbm,
+    C_f,
+    D,
+    E_p,
+    F_ffn,
+    F_gemm,
+    F_sh,
+    H,
+    M_dev,
+    N,
+    S,
+    b,
+    g,
+    k_E,
+    k_opt,
+    n_bkt,
+    n_E,
+    n_first,
+    n_L,
+    n_last,
+    n_mid,
+    o_dp,
+    p,
+    p_g,
+    phi,
+    t,
+    z3,
+    z_g,
+    z_o,
+    z_w,
+)
+
+GROUP = "moe"
+define = definer(GROUP)
+
+define(
+    "moe_active_ffn",
+    "F_act",
+    k_E * F_ffn + F_sh,
+    "FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert",
+    "elements",
+    "[Switch §2], [GShard §2]",
+)
+P_exp = define(
+    "moe_device_expert_params",
+    "P_exp",
+    sympy.Max(n_first, n_mid, n_last) * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
+    "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
+    "parameters",
+    "[GShard §2]",
+)
+T_route = define(
+    "moe_device_tokens",
+    "T_r",
+    b * S / (N * t),
+    "tokens one rank routes in a layer: its CP shard, split t ways by sequence parallelism",
+    "tokens",
+    "[Korthikanti22 §4.2.2]",
+)
+C_disp = define(
+    "moe_dispatch_bytes",
+    "C_ep",
+    T_route * k_E * H * p * (E_p - 1) / E_p,
+    "bytes a rank sends in one all-to-all: each token's hidden state to its k experts, all but 1/E_p of them "
+    "on other ranks (the combine returns as many)",
+    "B",
+    "[GShard §2]",
+)
+define(
+    "moe_alltoall_s",
+    "t_ep",
+    2 * C_disp / B_ep,
+    "one pass of an MoE layer's all-to-alls: dispatch and combine, not overlapped with compute",
+    "s",
+    "[GShard §2]",
+)
+define(
+    "moe_optimizer_s",
+    "t_opt_exp",
+    k_opt * P_exp * E_p / (D * B_hbm),
+    "optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p "
+    "ranks that hold the same experts, memory-bound",
+    "s",
+    "[ZeRO §5], [GShard §2]",
+)
+define(
+    "moe_imbalance_s",
+    "t_imb",
+    (C_f - 1) * 2 * (2 + g) * k_E * T_route * H * F_ffn / F_gemm,
+    "forward time the most loaded expert rank spends beyond the balanced share: C_f x the mean tokens, "
+    "as a capacity-bound expert computes its full capacity",
+    "s",
+    "[Switch §2.2]",
+)
+# What an MoE model puts on a device. Its dense part (attention, norms, any shared expert, embeddings) is
+# the dense formulas' at the shared expert's width, split by TP and PP; its experts are P_exp, n_E/E_p of
+# them per rank and each split by TP as Megatron-Core does [MoE-Folding]. The D/E_p ranks holding the same
+# experts reduce their gradients and shard their ZeRO states. Every formula below reads F_ffn as ONE
+# expert's width, and the fit and the layout search call them in place of their dense twins.
+P_moe = define(
+    "moe_params",
+    "P_moe",
+    sympy.Subs(P, F_ffn, F_sh) + sympy.Subs(P_exp, (E_p, t, n_first, n_mid, n_last), (1, 1, n_L, 0, n_L)),
+    "parameters of an MoE model: its dense part (attention, norms, any shared expert, embeddings) and "
+    "every expert and router of every layer",
+    "1",
+    "[GShard §2]",
+)
+define(
+    "moe_device_params",
+    "P_dev_moe",
+    sympy.Subs(P_dev, F_ffn, F_sh) + P_exp,
+    "parameters one device holds of an MoE model (before ZeRO-3): its share of the dense part and its experts",
+    "1",
+    "[Megatron21 §3], [MoE-Folding]",
+)
+# ZeRO shards expert states over the ranks holding the same experts, E_p times fewer: E_p times the share.
+_expert_state_bytes = 2 * sympy.Min(1, E_p * z_w) + 4 * sympy.Min(1, E_p * z_g) + 12 * sympy.Min(1, E_p * z_o)
+M_state_moe = define(
+    "moe_model_state_bytes",
+    "M_state_moe",
+    sympy.Subs(M_state, F_ffn, F_sh) + P_exp * _expert_state_bytes,
+    "model states per device of an MoE model on the stage holding the most: the dense part's, and its "
+    "experts' with ZeRO sharding over the ranks that hold the same experts",
+    "B",
+    "[ZeRO §3], [MoE-Folding]",
+)
+# A token's k_E routed copies, padded to C_f, each keep their dispatched hidden state (whole on every TP
+# rank: the dispatcher gathers a TP group's tokens for its experts) and their expert's intermediates (TP-
+# split): as a width, F_ffn + t·H/(2+g) per copy, since a dense layer keeps 2(2+g)F/t bytes per token.
+F_mem = define(
+    "moe_activation_ffn",
+    "F_mem",
+    F_sh + C_f * k_E * (F_ffn + t * H / (2 + g)),
+    "MLP width whose dense activations equal an MoE layer's: the shared expert's, and for each of a "
+    "token's k_E routed copies, times C_f, its dispatched hidden state and its expert's intermediates",
+    "elements",
+    "[Switch §2.2], [MoE-Folding]",
+)
+A_moe = define(
+    "moe_activation_bytes",
+    "A_moe",
+    sympy.Subs(A, F_ffn, F_mem),
+    "activations per device on the most loaded pipeline stage of an MoE model: the dense layers' at the "
+    "width F_mem",
+    "B",
+    "[Korthikanti22 §4.2], [Switch §2.2]",
+)
+define(
+    "moe_training_memory_bytes",
+    "M_total_moe",
+    M_state_moe + A_moe + R_buf,
+    "model states, activations and ring buffers per device of an MoE model on the most loaded stage",
+    "B",
+    "[Korthikanti22 §4], [ZeRO §3]",
+)
+define(
+    "moe_n_min_memory",
+    "N_min_moe",
+    sympy.Subs(A + _buffers, (N, F_ffn), (1, F_mem)) / (M_dev - M_state_moe),
+    "smallest CP degree (real-valued) whose training memory of an MoE model fits M_dev, with flash "
+    "attention; negative when the model states alone do not fit",
+    "devices",
+    "[Korthikanti22 §4]",
+    at={phi: 0},
+)
+tau_dp_moe = define(
+    "moe_dp_comm_s",
+    "tau_DP_moe",
+    sympy.Subs(tau_dp, F_ffn, F_sh) + (2 - z3) * (D - E_p) / D * P_exp * p_g / B_dp,
+    "gradient reduction of an MoE model: its dense part over the D ranks, each expert's over the D/E_p "
+    "ranks that hold it",
+    "s",
+    "[ZeRO §5], [GShard §2]",
+)
+define(
+    "moe_dp_exposed_s",
+    "x_DP_moe",
+    tau_dp_moe * (1 - o_dp + o_dp / n_bkt),
+    "the gradient reduction of an MoE model after the backward ends (as dp_exposed_s)",
+    "s",
+    "PyTorch DDP, [Megatron21 §5]",
+)
+define(
+    "moe_dp_overflow_s",
+    "x_DP_over_moe",
+    sympy.Max(o_dp * tau_dp_moe * (n_bkt - 1) / n_bkt, 0),
+    "the other buckets' reduction of an MoE model, to be compared with the backward that hides it",
+    "s",
+    "PyTorch DDP",
+)
+define(
+    "moe_zero3_gather_s",
+    "tau_Z3_moe",
+    sympy.Subs(FORMULAS["zero3_gather_s"].symbol, F_ffn, F_sh) + z3 * 2 * (D - E_p) / D * P_exp * p / B_dp,
+    "ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over D ranks, the "
+    "experts over D/E_p",
+    "s",
+    "[ZeRO §5.3], [GShard §2]",
+)
