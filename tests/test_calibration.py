@@ -13,8 +13,7 @@ from costmodel.calibration.fit import build_profile, fit_link, fit_overlap, fit_
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile, parse_profile
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.timing import predict
-from costmodel.schedule.timeline import ring_layer_time
+from costmodel.plans.timing import predict, ring_layer_time
 
 
 def samples(

@@ -51,7 +51,9 @@ def test_usp_row_counts_its_all_to_all_and_its_ring() -> None:
     inputs = PlanInputs(seq=262_144, n=8, causal=True, layout="zigzag", pass_="fwd+bwd")
     # at one rate for every kernel, so that the ratio's balanced compute and the time model's agree
     usp = next(
-        s for s in compare(inputs, Machine(load_profile("a100-nvlink"), "bf16", 1.0)) if s.label == "USP 2x4"
+        s
+        for s in compare(inputs, Machine(load_profile("a100-nvlink"), "bf16", 1.0))
+        if (s.scheme, s.n_ulysses, s.n_ring) == ("usp", 2, 4)
     )
     assert usp.comm_s == pytest.approx(usp.a2a_comm_s + usp.ring_comm_s, rel=1e-12)
     assert usp.a2a_comm_s > 0 and usp.ring_comm_s > 0

@@ -3,7 +3,7 @@
 The same time model as :func:`costmodel.plans.timing.predict`, unfolded instead of summed: the
 tile-level schedule (:func:`costmodel.schedule.simulator.simulate`) gives each rank's pairs at each
 step, ``pair_flops`` and the profile's rate turn them into seconds, and each step lasts
-:func:`costmodel.schedule.timeline.ring_layer_time` of its slowest rank's compute against the
+:func:`costmodel.plans.timing.ring_layer_time` of its slowest rank's compute against the
 transfer in flight (α + bytes/B, ``step_comm_s``). So a timeline's total is the predicted layer time.
 
 Within step j, starting at T_j, rank i computes for c_ij; then it idles until the slowest rank is done,
@@ -21,9 +21,8 @@ import numpy as np
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.timing import ring_pass
+from costmodel.plans.timing import ring_layer_time, ring_pass
 from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
-from costmodel.schedule.timeline import ring_layer_time
 
 Kind = Literal["compute", "transfer", "idle", "overhead"]
 KINDS: tuple[Kind, ...] = ("compute", "transfer", "idle", "overhead")

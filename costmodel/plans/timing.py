@@ -6,7 +6,7 @@ all ask here; rates, links and fixed costs come from the machine binding.
 Ring: per step, the slowest rank's compute (its pairs from the tile-level schedule [Striped §3], at
 the rate measured for that much work with that many ranks busy) against the transfers that overlap it
 (α + bytes/B), with the parts nothing can hide: the first block computes before anything arrives,
-and in backward the last dK/dV hop goes home after the last step (:mod:`costmodel.schedule.timeline`).
+and in backward the last dK/dV hop goes home after the last step (:func:`ring_layer_time`).
 Ulysses: its all-to-alls (Q, K, V in; O out) around local attention over the whole sequence for h/N
 heads, none of it overlapped; backward the same exchanges in reverse around the backward's compute.
 
@@ -23,6 +23,7 @@ balanced model of [A-RingCost §4]: peak for every block, no α, the causal half
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,12 +34,48 @@ from costmodel.plans.bind import call, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.packing import call_tokens, schedule_for
 from costmodel.schedule.simulator import simulate, simulation_tile
-from costmodel.schedule.timeline import ring_layer_time
 from costmodel.symbolic import numeric
 
 Variant = Literal["ring", "ulysses"]
 _UNIT = {"S": 1, "N": 1, "b": 1, "c": 1, "d": 1, "h": 1}
 BACKWARD_FLOP = float(numeric.bwd_step_flops(**_UNIT) / numeric.step_flops(**_UNIT))  # 2.5, FlashAttention-2
+
+
+def ring_layer_time(
+    step_compute_s: Sequence[float],
+    step_comm_s: Sequence[float] | float,
+    tail_s: float = 0.0,
+    overlap: float = 1.0,
+    step_overhead_s: float = 0.0,
+    step_waits: Sequence[int] | None = None,
+    tail_waits: int = 0,
+) -> float:
+    """Wall time of a ring layer: step j computes on the block it holds while ``step_comm_s[j]`` is in flight
+    (the next KV block; in backward also the step before's dK/dV sums), and step j+1 starts once both are
+    done; ``tail_s`` is what nothing hides (backward: the last dK/dV hop home). Each step is the formula
+    ``ring_step_s``, the overlap law the step model's ring exposure uses too: at ``overlap`` 1 a step takes
+    max(compute, transfer), at 0 their sum. ``step_waits[j]``: transfers step j waits for (default 1 where
+    it has one), each costing ``step_overhead_s``; ``tail_waits`` likewise for the tail. The share of SMs a
+    transfer takes (``s_comm``) is 0 here: a measured profile's overlap and step overhead were measured
+    with it in."""
+    steps = [float(t) for t in step_compute_s]
+    if not steps:
+        raise ValueError("a ring has at least one step")
+    if isinstance(step_comm_s, int | float):
+        comm = [float(step_comm_s)] * (len(steps) - 1) + [0.0]  # forward: no block follows the last step
+    else:
+        comm = [float(c) for c in step_comm_s]
+    if len(comm) != len(steps):
+        raise ValueError("one transfer time per step")
+    waits = list(step_waits) if step_waits is not None else [1 if c > 0 else 0 for c in comm]
+    busy = numeric.ring_step_s(
+        t_cs=np.asarray(steps),
+        t_ms=np.asarray(comm),
+        o_cp=overlap,
+        s_comm=0.0,
+        t_launch=np.asarray(waits, dtype=float) * step_overhead_s,
+    )
+    return float(np.sum(busy)) + tail_s + tail_waits * step_overhead_s
 
 
 @dataclass(frozen=True)

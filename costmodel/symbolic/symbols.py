@@ -243,6 +243,14 @@ t_launch = _symbol(
     "kernel tables",
     nonnegative=True,
 )
+t_cs = _symbol("t_cs", "compute of one ring step on its slowest rank", "s", "[RingAttn §3]", nonnegative=True)
+t_ms = _symbol(
+    "t_ms",
+    "transfer in flight under one ring step (the next KV block; in backward also the last step's dK/dV)",
+    "s",
+    "[RingAttn §3]",
+    nonnegative=True,
+)
 k_copy = _symbol(
     "k_copy",
     "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)",

@@ -68,10 +68,12 @@ from costmodel.symbolic.symbols import (
     s_comm,
     sigma,
     t,
+    t_cs,
     t_dev,
     t_k,
     t_launch,
     t_lay,
+    t_ms,
     u_cp,
     v_pp,
     x_att,
@@ -92,6 +94,18 @@ def _hidden(comm: sympy.Expr, compute: sympy.Expr, share: sympy.Expr) -> sympy.E
     hideable = share * (comm - sympy.Max(comm - compute, 0))  # share x min(comm, compute)
     return comm - hideable + s_comm * hideable
 
+
+# The one overlap law of a ring: the step model's exposure (below) and the single-layer timeline
+# (costmodel.plans.timing) both time a step by it.
+define(
+    "ring_step_s",
+    "t_ring_step",
+    t_cs + _hidden(t_ms, t_cs, o_cp) + t_launch,
+    "one ring step: its compute, the transfer in flight under it less the share o_cp that hides (which "
+    "still slows the compute by s_comm), and the step's fixed cost",
+    "s",
+    "[RingAttn §3]",
+)
 
 T_mb = define(
     "mb_tokens", "T_mb", b * S / N, "tokens of one micro-batch on one CP rank", "tokens", "[Llama3 §3.3]"
