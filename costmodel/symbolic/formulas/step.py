@@ -95,8 +95,8 @@ def _hidden(comm: sympy.Expr, compute: sympy.Expr, share: sympy.Expr) -> sympy.E
     return comm - hideable + s_comm * hideable
 
 
-# The one overlap law of a ring: the step model's exposure (below) and the single-layer timeline
-# (costmodel.plans.timing) both time a step by it.
+# A ring has one overlap law, _hidden: the step model applies it to a layer's transfers (cp_ring_*_exposed_s,
+# below) and ring_step_s to one step, which the single-layer timeline sums (costmodel.plans.timing).
 define(
     "ring_step_s",
     "t_ring_step",
