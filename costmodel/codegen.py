@@ -120,6 +120,14 @@ def render() -> str:
             out.append(f"    {f.binds!r}: {f.name!r},")
     out.append("}")
     out.append("")
+    out.append(
+        "# the step's terms, in order, summing to step_time_s: formula -> (report key, label, short label)"
+    )
+    out.append("STEP_FIELDS = {")
+    for name in formulas.STEP_TERMS:
+        out.append(f"    {name!r}: {formulas.STEP_FIELDS[name]!r},")
+    out.append("}")
+    out.append("")
     out.append("# symbol: (meaning, unit, source)")
     out.append("SYMBOLS = {")
     for name, info in SYMBOLS.items():

@@ -1765,6 +1765,30 @@ BINDS = {
     't_lay': 'layer_time_s',
 }
 
+# the step's terms, in order, summing to step_time_s: formula -> (report key, label, short label)
+STEP_FIELDS = {
+    'step_gemm_s': ('matmul_s', 'matrix multiplies', 'matmuls'),
+    'step_attn_s': ('attention_s', 'attention', 'attention'),
+    'step_elementwise_s': ('elementwise_s', 'elementwise (memory-bound)', 'elementwise'),
+    'step_host_wait_s': ('host_wait_s', 'waiting on the host (kernel launches)', 'waiting on the host (kernel launches)'),
+    'step_recompute_s': ('recompute_s', 'recompute', 'recompute'),
+    'step_tp_exposed_s': ('exposed_tp_s', 'exposed TP comm', 'TP comm'),
+    'step_cp_exposed_s': ('exposed_cp_s', 'exposed CP comm', 'CP comm'),
+    'step_cp_overhead_s': ('cp_ring_overhead_s', 'CP ring overheads (merge, copies, launches)', 'ring overheads'),
+    'step_ep_exposed_s': ('exposed_ep_s', 'exposed EP all-to-all (MoE)', 'exposed EP all-to-all (MoE)'),
+    'step_moe_imbalance_s': ('moe_imbalance_s', 'MoE routing imbalance', 'MoE routing imbalance'),
+    'step_offload_layer_s': ('offload_layer_s', 'exposed offload copies (layers)', 'offload copies'),
+    'step_head_s': ('head_s', 'output layer and loss', 'output layer'),
+    'pipeline_bubble_s': ('pipeline_bubble_s', 'pipeline bubble', 'pipeline bubble'),
+    'step_pp_exposed_s': ('exposed_pp_s', 'exposed PP sends', 'PP sends'),
+    'step_dp_exposed_s': ('exposed_dp_s', 'exposed DP comm', 'DP comm'),
+    'step_zero3_gather_s': ('zero3_gather_s', 'exposed ZeRO-3 gathers', 'ZeRO-3 gathers'),
+    'step_optimizer_s': ('optimizer_s', 'optimizer step', 'optimizer'),
+    'step_offload_grad_s': ('offload_grad_s', 'exposed offload copies (gradients, weights)', 'offload grads/weights'),
+    'host_adam_s': ('host_adam_s', 'host optimizer step (CPU Adam)', 'host Adam'),
+    'step_framework_s': ('framework_s', 'framework time per step', 'framework time per step'),
+}
+
 # symbol: (meaning, unit, source)
 SYMBOLS = {
     'S': ('sequence length', 'tokens', '[A-RingCost §2]'),

@@ -49,9 +49,9 @@ import costmodel.symbolic.formulas.packing  # noqa: F401 - it registers its form
 
 # isort: on
 from costmodel.symbolic.formulas.registry import COMPUTED, FORMULAS, USED, Formula, define
-from costmodel.symbolic.formulas.step_terms import STEP_TERMS
+from costmodel.symbolic.formulas.step_terms import STEP_FIELDS, STEP_TERMS
 
-__all__ = ["COMPUTED", "FORMULAS", "GROUPS", "STEP_TERMS", "USED", "Formula", "define"]
+__all__ = ["COMPUTED", "FORMULAS", "GROUPS", "STEP_FIELDS", "STEP_TERMS", "USED", "Formula", "define"]
 
 GROUPS: tuple[str, ...] = tuple(dict.fromkeys(f.group for f in FORMULAS.values()))
 

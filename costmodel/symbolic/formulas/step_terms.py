@@ -150,34 +150,94 @@ define(
 )
 
 
-def _on_stage(name: str, symbol: str, layer: sympy.Symbol, what: str) -> str:
+# formula: (the step report's key for it, its label in a table, its label in a narrow cell)
+STEP_FIELDS: dict[str, tuple[str, str, str]] = {}
+
+
+def _shown(name: str, key: str, label: str, short: str | None = None) -> str:
+    """A formula that is a term of the step, shown in the report as ``key`` with ``label``."""
+    STEP_FIELDS[name] = (key, label, short or label)
+    return name
+
+
+def _on_stage(name: str, symbol: str, layer: sympy.Symbol, what: str, shown: tuple[str, ...]) -> str:
     """A layer component over the step: the slowest stage's layers, every micro-batch."""
     of = FORMULAS[next(n for n, f in FORMULAS.items() if f.symbol == layer)]
     meaning = f"{what} of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches"
     define(name, symbol, m_mb * n_crit * layer, meaning, "s", of.source)
-    return name
+    return _shown(name, *shown)
 
 
-def _term(name: str, *definition: Any, **resolution: Any) -> str:
+def _term(name: str, *definition: Any, shown: tuple[str, ...], **resolution: Any) -> str:
     """A term of the step that is not a layer component: defined, and named in STEP_TERMS."""
     define(name, *definition, **resolution)
-    return name
+    return _shown(name, *shown)
 
 
 x_bwd_stage = n_crit * (t_bwd_c + _symbol["tp_exposed_s"] + x_CP_b)  # the last micro-batch's backward
 # The terms of the step's breakdown, in the order it is shown; step_time_s is their sum.
 STEP_TERMS: tuple[str, ...] = (
-    _on_stage("step_gemm_s", "T_mm", _layer[0], "matrix multiplies"),
-    _on_stage("step_attn_s", "T_att", _layer[1], "attention"),
-    _on_stage("step_elementwise_s", "T_el", _layer[2], "memory-bound elementwise work"),
-    _on_stage("step_host_wait_s", "T_wait", t_wait, "waits on the host (kernel launches)"),
-    _on_stage("step_recompute_s", "T_rc", t_rc, "recompute"),
-    _on_stage("step_tp_exposed_s", "X_TP", _layer[4], "exposed TP collectives"),
-    _on_stage("step_cp_exposed_s", "X_CP", _layer[5], "exposed CP communication"),
-    _on_stage("step_cp_overhead_s", "T_CP_ovh", _layer[6], "the ring's merges, copies and launches"),
-    _on_stage("step_ep_exposed_s", "X_EP", _layer[7], "exposed EP all-to-alls"),
-    _on_stage("step_moe_imbalance_s", "T_imb", _layer[8], "MoE routing imbalance"),
-    _on_stage("step_offload_layer_s", "X_off", _layer[9], "exposed offload copies of the layers"),
+    _on_stage(
+        "step_gemm_s", "T_mm", _layer[0], "matrix multiplies", ("matmul_s", "matrix multiplies", "matmuls")
+    ),
+    _on_stage("step_attn_s", "T_att", _layer[1], "attention", ("attention_s", "attention")),
+    _on_stage(
+        "step_elementwise_s",
+        "T_el",
+        _layer[2],
+        "memory-bound elementwise work",
+        ("elementwise_s", "elementwise (memory-bound)", "elementwise"),
+    ),
+    _on_stage(
+        "step_host_wait_s",
+        "T_wait",
+        t_wait,
+        "waits on the host (kernel launches)",
+        ("host_wait_s", "waiting on the host (kernel launches)"),
+    ),
+    _on_stage("step_recompute_s", "T_rc", t_rc, "recompute", ("recompute_s", "recompute")),
+    _on_stage(
+        "step_tp_exposed_s",
+        "X_TP",
+        _layer[4],
+        "exposed TP collectives",
+        ("exposed_tp_s", "exposed TP comm", "TP comm"),
+    ),
+    _on_stage(
+        "step_cp_exposed_s",
+        "X_CP",
+        _layer[5],
+        "exposed CP communication",
+        ("exposed_cp_s", "exposed CP comm", "CP comm"),
+    ),
+    _on_stage(
+        "step_cp_overhead_s",
+        "T_CP_ovh",
+        _layer[6],
+        "the ring's merges, copies and launches",
+        ("cp_ring_overhead_s", "CP ring overheads (merge, copies, launches)", "ring overheads"),
+    ),
+    _on_stage(
+        "step_ep_exposed_s",
+        "X_EP",
+        _layer[7],
+        "exposed EP all-to-alls",
+        ("exposed_ep_s", "exposed EP all-to-all (MoE)"),
+    ),
+    _on_stage(
+        "step_moe_imbalance_s",
+        "T_imb",
+        _layer[8],
+        "MoE routing imbalance",
+        ("moe_imbalance_s", "MoE routing imbalance"),
+    ),
+    _on_stage(
+        "step_offload_layer_s",
+        "X_off",
+        _layer[9],
+        "exposed offload copies of the layers",
+        ("offload_layer_s", "exposed offload copies (layers)", "offload copies"),
+    ),
     _term(
         "step_head_s",
         "T_head",
@@ -185,8 +245,9 @@ STEP_TERMS: tuple[str, ...] = (
         "output layer and loss of the step, where the slowest stage is the last: each of the m micro-batches",
         "s",
         "[Megatron21 §5.1]",
+        shown=("head_s", "output layer and loss", "output layer"),
     ),
-    "pipeline_bubble_s",
+    _shown("pipeline_bubble_s", "pipeline_bubble_s", "pipeline bubble"),
     _term(
         "step_pp_exposed_s",
         "X_PP",
@@ -194,6 +255,7 @@ STEP_TERMS: tuple[str, ...] = (
         "stage-boundary sends of the step left on the critical path (none without a pipeline)",
         "s",
         "[Megatron21 §4.1]",
+        shown=("exposed_pp_s", "exposed PP sends", "PP sends"),
     ),
     _term(
         "step_dp_exposed_s",
@@ -205,6 +267,7 @@ STEP_TERMS: tuple[str, ...] = (
         "s",
         "PyTorch DDP, [Megatron21 §5]",
         simplify=False,
+        shown=("exposed_dp_s", "exposed DP comm", "DP comm"),
     ),
     _term(
         "step_zero3_gather_s",
@@ -214,6 +277,7 @@ STEP_TERMS: tuple[str, ...] = (
         "the first layer's, each micro-batch",
         "s",
         "[ZeRO §5.3]",
+        shown=("zero3_gather_s", "exposed ZeRO-3 gathers", "ZeRO-3 gathers"),
     ),
     _term(
         "step_optimizer_s",
@@ -222,6 +286,7 @@ STEP_TERMS: tuple[str, ...] = (
         "the optimizer step on the device, over every weight it holds (all its experts)",
         "s",
         "[ZeRO §5], [GShard §2]",
+        shown=("optimizer_s", "optimizer step", "optimizer"),
     ),
     _term(
         "step_offload_grad_s",
@@ -231,8 +296,9 @@ STEP_TERMS: tuple[str, ...] = (
         "updated weights back",
         "s",
         "[ZeRO-Offload §4.1]",
+        shown=("offload_grad_s", "exposed offload copies (gradients, weights)", "offload grads/weights"),
     ),
-    "host_adam_s",
+    _shown("host_adam_s", "host_adam_s", "host optimizer step (CPU Adam)", "host Adam"),
     _term(
         "step_framework_s",
         "T_fw",
@@ -240,6 +306,7 @@ STEP_TERMS: tuple[str, ...] = (
         "framework time per optimizer step outside the layers (a measured profile's)",
         "s",
         "kernel tables",
+        shown=("framework_s", "framework time per step"),
     ),
 )
 define(
