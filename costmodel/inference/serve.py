@@ -35,7 +35,7 @@ from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator, call
+from costmodel.plans.bind import Evaluation, Evaluator, attention_shape, call, layer_shape, layout_degrees
 from costmodel.plans.cp import PREFILL, pass_kv, pass_q
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
@@ -107,30 +107,20 @@ def bind(
     if machine.profile.device.hbm_bandwidth is None:
         raise InputError("--hw", f"profile {machine.name!r} states no hbm_bandwidth; decode reads HBM")
     return {
-        **attention_bind(inputs, setup, machine, model.heads, model.kv_heads, model.head_dim, cp),
-        "H": model.hidden,
-        "F_ffn": model.ffn_hidden,
-        "V": model.vocab,
-        "n_L": model.layers,
+        **attention_bind(inputs, setup, machine, cp),
+        **layer_shape(model),
         **check_stages(model.layers, setup.pp).values(),  # the most loaded stage holds the weights to read
-        "g": int(model.gated_mlp),
-        "e_m": 1 if model.tied_embeddings else 2,
         "n_kl": 0 if setup.cuda_graphs else LAYER_KERNELS + (2 if setup.tp > 1 else 0),
     }
 
 
 def attention_bind(
-    inputs: PlanInputs,
-    setup: InferenceSetup,
-    machine: Machine,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    cp: int | None = None,
+    inputs: PlanInputs, setup: InferenceSetup, machine: Machine, cp: int | None = None
 ) -> dict[str, Any]:
-    """The symbols of the attention layers and the links, without the model's weights: what `cp-plan
-    validate` predicts the reference kernel's inference runs with. A profile stating no HBM bandwidth
-    (a measured CPU profile) gets no memory terms: its measured rates already include the kernel's reads."""
+    """The symbols of the attention layers (the plan's heads) and the links, without the model's weights:
+    what `cp-plan validate` predicts the reference kernel's inference runs with. A profile stating no HBM
+    bandwidth (a measured CPU profile) gets no memory terms: its measured rates already include the
+    kernel's reads."""
     t, n, pp = setup.tp, setup.cp if cp is None else cp, setup.pp
     device, kernels = machine.profile.device, machine.profile.kernels
     b_tp, alpha_tp = _link(machine, 1, t, setup.comm_latency)
@@ -140,16 +130,11 @@ def attention_bind(
         launch = machine.fixed("step_overhead_s")
     else:
         launch = kernels.ring_step_launch_s if kernels else 0.0
+    shape = attention_shape(inputs, n)
+    del shape["S"]  # serving's S is a chunk's context, set per chunk and per decoded token
     return {
-        "b": inputs.batch,
-        "N": n,
-        "h": heads,
-        "n_kv": kv_heads,
-        "d": head_dim,
-        "t": t,
-        "pp": pp,
-        "p": inputs.bytes_per_element,
-        "p_acc": 4,
+        **shape,
+        **layout_degrees(t, pp, {}),
         "p_w": BYTES_PER_ELEMENT[setup.weights],
         "p_kv": BYTES_PER_ELEMENT[setup.kv_dtype],
         "c": 0.5,

@@ -23,7 +23,7 @@ from costmodel.core.units import seconds, si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluator, plan_values
+from costmodel.plans.bind import Evaluator, counts, layer_shape, layout_degrees, plan_values
 from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
@@ -56,21 +56,18 @@ def training_values(
     z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
     # Scores are kept for backward only by an attention that materialises them and is not recomputed.
     keeps_scores = not setup.flash_attention and setup.recompute == "none"
+    shape = layer_shape(model)
+    g, e_m = shape.pop("g"), shape.pop("e_m")
+    del shape["d"]  # the plan's head size, as the comm formulas read it
     return {
         **plan_values(inputs, machine, n),
-        "h": float(model.heads),
-        "n_kv": float(model.kv_heads),
-        "H": float(model.hidden),
-        "F_ffn": float(model.ffn_hidden),
-        "V": float(model.vocab),
-        "n_L": float(model.layers),
-        "g": int(model.gated_mlp),
+        **counts(shape),
+        "g": g,
         "delta": int(model.dropout),
-        "e_m": 1 if model.tied_embeddings else 2,
+        "e_m": e_m,
         "phi": int(keeps_scores),
         "sigma": int(setup.sp),
-        "t": float(setup.tp),
-        "pp": float(setup.pp),
+        **counts(layout_degrees(setup.tp, setup.pp, {})),
         **setup.stages(model.layers, vpp).values(),
         "m_mb": setup.pp if micro_batches is None else micro_batches,
         "v_pp": vpp,

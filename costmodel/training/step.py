@@ -32,7 +32,7 @@ from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator, call
+from costmodel.plans.bind import Evaluation, Evaluator, attention_shape, call, layer_shape, layout_degrees
 from costmodel.plans.cp import TRAINING, usp
 from costmodel.plans.inputs import (
     TRAINING_DEFAULTS,
@@ -384,26 +384,12 @@ def bind(
     # a causal mask split in contiguous shards loads the last rank most, where each rank keeps its own queries
     causal_ring = inputs.layout == "contiguous" and not scheme.whole_sequence and n > 1
     values: dict[str, Any] = {
-        "S": inputs.seq,
-        "b": step.micro_batch,
-        "N": n,
-        "h": model.heads,
-        "n_kv": model.kv_heads,
-        "d": model.head_dim,
-        "H": model.hidden,
-        "F_ffn": model.ffn_hidden,
-        "V": model.vocab,
-        "n_L": model.layers,
-        "g": int(model.gated_mlp),
-        "e_m": 1 if model.tied_embeddings else 2,
-        "t": t,
-        "pp": setup.pp,
-        **setup.stages(model.layers, step.vpp).values(),
+        **attention_shape(inputs, n, step.micro_batch),
+        **layer_shape(model),
+        **layout_degrees(t, setup.pp, setup.stages(model.layers, step.vpp).values()),
         "D": dp,
         "m_mb": micro,
         "v_pp": step.vpp,
-        "p": inputs.bytes_per_element,
-        "p_acc": 4,
         # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
         "c": compute_fraction(inputs) if inputs.masked else 0.5,
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
