@@ -39,6 +39,23 @@ def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
     return (shard if stage >= 3 else 1.0, shard if stage >= 2 else 1.0, shard if stage >= 1 else 1.0)
 
 
+def kept(setup: TrainingSetup, model: ModelPreset) -> dict[str, Any]:
+    """What a device keeps, as the memory fit and the step's offload copies read it: the activations a layer
+    keeps (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of the weights,
+    gradients and optimizer states."""
+    z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
+    return {
+        "sigma": int(setup.sp),
+        "delta": int(model.dropout),
+        # Scores are kept for backward only by an attention that materialises them and is not recomputed.
+        "phi": int(not setup.flash_attention and setup.recompute == "none"),
+        "rho": int(setup.recompute == "full"),
+        "z_w": z_w,
+        "z_g": z_g,
+        "z_o": z_o,
+    }
+
+
 def training_values(
     inputs: PlanInputs,
     model: ModelPreset,
@@ -53,9 +70,6 @@ def training_values(
     formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``).
     An MoE model's experts are split ``ep`` ways and its capacity factor is the default. The pipeline's
     micro-batches default to its stages (1F1B's steady state: the first stage keeps pp in flight)."""
-    z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
-    # Scores are kept for backward only by an attention that materialises them and is not recomputed.
-    keeps_scores = not setup.flash_attention and setup.recompute == "none"
     shape = layer_shape(model)
     g, e_m = shape.pop("g"), shape.pop("e_m")
     del shape["d"]  # the plan's head size, as the comm formulas read it
@@ -63,18 +77,12 @@ def training_values(
         **plan_values(inputs, machine, n),
         **counts(shape),
         "g": g,
-        "delta": int(model.dropout),
         "e_m": e_m,
-        "phi": int(keeps_scores),
-        "sigma": int(setup.sp),
         **counts(layout_degrees(setup.tp, setup.pp, {})),
         **setup.stages(model.layers, vpp).values(),
         "m_mb": setup.pp if micro_batches is None else micro_batches,
         "v_pp": vpp,
-        "rho": int(setup.recompute == "full"),
-        "z_w": z_w,
-        "z_g": z_g,
-        "z_o": z_o,
+        **kept(setup, model),
         "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
         **moe.values(model, ep),
         **offload.values(setup, machine, model),

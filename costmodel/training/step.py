@@ -55,7 +55,7 @@ from costmodel.plans.packing import compute_fraction
 from costmodel.plans.stages import StageSplit
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
-from costmodel.training.recommend import fit_at, training_values, zero_fractions
+from costmodel.training.recommend import fit_at, kept, training_values
 from costmodel.training.report import FORMULAS as TERM_FORMULAS
 from costmodel.training.report import (
     StepBreakdown,
@@ -418,7 +418,7 @@ def bind(
         "k_opt": step.optimizer_bytes,
         "N_u": n_u,
         "N_r": n_r,
-        **offload_kept(setup, model),
+        **kept(setup, model),
         **offload.values(setup, machine, model),
     }
     values.setdefault("B_ep", values["B_dp"])
@@ -445,21 +445,6 @@ def bind(
     values.update(rates)
     values.update(_attention_kernel_values(step, model, values["c"]))
     return values
-
-
-def offload_kept(setup: TrainingSetup, model: ModelPreset) -> dict[str, Any]:
-    """What the offload copies size themselves by, as the memory fit reads it: the activations a layer keeps
-    (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of weights and states."""
-
-    z_w, _, z_o = zero_fractions(setup.zero, setup.shard_group)
-    return {
-        "sigma": int(setup.sp),
-        "delta": int(model.dropout),
-        "phi": int(not setup.flash_attention and setup.recompute == "none"),
-        "rho": int(setup.recompute == "full"),
-        "z_w": z_w,
-        "z_o": z_o,
-    }
 
 
 def buckets(values: Mapping[str, Any], step: StepSetup, model: ModelPreset) -> Any:
