@@ -35,7 +35,15 @@ from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator, attention_shape, call, layer_shape, layout_degrees
+from costmodel.plans.bind import (
+    Evaluation,
+    Evaluator,
+    attention_shape,
+    call,
+    layer_shape,
+    layout_degrees,
+    overlaps,
+)
 from costmodel.plans.cp import PREFILL, pass_kv, pass_q
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
@@ -147,9 +155,7 @@ def attention_bind(
         "alpha_tp": alpha_tp,
         "a_tp": 0.0,  # alpha_tp is the stated or default latency per message, the call's fixed part included
         "sigma": 0,  # serving runs every norm and residual whole on each TP rank (no sequence parallelism)
-        "o_tp": float(numeric.tp_overlap_share(k_tp=t if setup.tp_comm_overlap else 1)),
-        "o_cp": setup.cp_overlap,
-        "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
+        **overlaps(machine, t, setup.tp_comm_overlap, setup.cp_overlap),
         "t_launch": launch,
         "rc_sel": 0,
         "rc_full": 0,

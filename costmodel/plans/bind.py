@@ -103,6 +103,18 @@ def layout_degrees(tp: int, pp: int, stages: Mapping[str, Any]) -> dict[str, Any
     return {"t": tp, "pp": pp, **stages}
 
 
+def overlaps(machine: Machine, tp: int, tp_comm_overlap: bool, cp_overlap: float) -> dict[str, float]:
+    """What hides communication behind compute, in training and serving alike: the TP collectives' hidden
+    share (all of it but the first chunk's when they overlap the multiplies), the CP ring's stated share,
+    and the compute's slowdown while a collective shares the device."""
+    kernels = machine.profile.kernels
+    return {
+        "o_tp": float(numeric.tp_overlap_share(k_tp=tp if tp_comm_overlap else 1)),
+        "o_cp": cp_overlap,
+        "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
+    }
+
+
 def counts(values: Mapping[str, Any]) -> dict[str, Any]:
     """``values`` with every number as a float, for binders that meet arrays (sweeps, searches): products of
     large shapes stay exact to 2^53 and never wrap around as int64 would."""

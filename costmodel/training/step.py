@@ -32,7 +32,15 @@ from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator, attention_shape, call, layer_shape, layout_degrees
+from costmodel.plans.bind import (
+    Evaluation,
+    Evaluator,
+    attention_shape,
+    call,
+    layer_shape,
+    layout_degrees,
+    overlaps,
+)
 from costmodel.plans.cp import TRAINING, usp
 from costmodel.plans.inputs import (
     TRAINING_DEFAULTS,
@@ -395,7 +403,6 @@ def bind(
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
         "k_copy": 1.0 if inputs.layout == "zigzag" and scheme.ring else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
-        "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
         "t_k": machine.launch_s,
         "t_fw": machine.step_s,
@@ -407,8 +414,7 @@ def bind(
         "alpha_cp": links["cp"].latency_s if n > 1 and scheme.latency_per_step else 0.0,
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
-        "o_tp": float(numeric.tp_overlap_share(k_tp=t if step.tp_comm_overlap else 1)),
-        "o_cp": step.cp_overlap,
+        **overlaps(machine, t, step.tp_comm_overlap, step.cp_overlap),
         "o_pp": step.pp_overlap,
         "o_dp": step.dp_overlap,
         "f8": int(step.gemm_dtype is not None),
