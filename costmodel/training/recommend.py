@@ -70,14 +70,9 @@ def training_values(
     formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``).
     An MoE model's experts are split ``ep`` ways and its capacity factor is the default. The pipeline's
     micro-batches default to its stages (1F1B's steady state: the first stage keeps pp in flight)."""
-    shape = layer_shape(model)
-    g, e_m = shape.pop("g"), shape.pop("e_m")
-    del shape["d"]  # the plan's head size, as the comm formulas read it
     return {
         **plan_values(inputs, machine, n),
-        **counts(shape),
-        "g": g,
-        "e_m": e_m,
+        **counts(layer_shape(model)),
         **counts(layout_degrees(setup.tp, setup.pp, {})),
         **setup.stages(model.layers, vpp).values(),
         "m_mb": setup.pp if micro_batches is None else micro_batches,
