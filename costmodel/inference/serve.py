@@ -64,6 +64,11 @@ UNSTATED_HBM_BANDWIDTH = 1e30
 # from the layer's operations, as unfused kernels; a fused implementation launches fewer.
 LAYER_KERNELS = 12
 
+# Where serving binds the step's shared symbols otherwise than training: every norm and residual runs whole
+# on each TP rank (no sequence parallelism), nothing is recomputed (there is no backward), and alpha_tp is
+# the stated or default latency per message with the call's fixed part included.
+SERVING = {"sigma": 0, "rc_sel": 0, "rc_full": 0, "a_tp": 0.0}
+
 
 def _call(name: str, values: dict[str, Any], trace: list[Evaluation] | None = None) -> float:
     """One formula at ``values``; ``trace`` records it (``--explain``)."""
@@ -153,12 +158,9 @@ def attention_bind(
         "B_pp": b_pp,
         "alpha": alpha_cp,
         "alpha_tp": alpha_tp,
-        "a_tp": 0.0,  # alpha_tp is the stated or default latency per message, the call's fixed part included
-        "sigma": 0,  # serving runs every norm and residual whole on each TP rank (no sequence parallelism)
         **overlaps(machine, t, setup.tp_comm_overlap, setup.cp_overlap),
         "t_launch": launch,
-        "rc_sel": 0,
-        "rc_full": 0,
+        **SERVING,
         "t_lf": 0.0,  # a calibrated machine's fixed cost per scheme: set where the scheme is known
         "n_kl": 0,  # set by bind: a model's layer launches when decode runs without CUDA graphs
         "t_k": kernels.launch_s if kernels else 0.0,
