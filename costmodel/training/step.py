@@ -388,7 +388,6 @@ def bind(
     n_u, n_r = _usp_split(inputs, setup, model)
     t, n, scheme = setup.tp, inputs.cp, registry.get(step.cp_scheme)
     kernels, device = machine.profile.kernels, machine.profile.device
-    links = _group_links(setup, step, machine, n, dp)
     # a causal mask split in contiguous shards loads the last rank most, where each rank keeps its own queries
     causal_ring = inputs.layout == "contiguous" and not scheme.whole_sequence and n > 1
     values: dict[str, Any] = {
@@ -406,30 +405,17 @@ def bind(
         "B_hbm": device.hbm_bandwidth or 2e12,
         "t_k": machine.launch_s,
         "t_fw": machine.step_s,
-        # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
-        **{f"B_{dim}": link.bandwidth for dim, link in links.items()},
-        "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
-        "a_tp": links["tp"].call_latency_s if t > 1 else 0.0,
-        "a_dp": links["dp"].call_latency_s if dp > 1 else 0.0,
-        "alpha_cp": links["cp"].latency_s if n > 1 and scheme.latency_per_step else 0.0,
-        "rc_sel": int(setup.recompute == "selective"),
-        "rc_full": int(setup.recompute == "full"),
+        **_link_values(_group_links(setup, step, machine, n, dp), t, n, dp, scheme.latency_per_step),
         **overlaps(machine, t, step.tp_comm_overlap, step.cp_overlap),
-        "o_pp": step.pp_overlap,
-        "o_dp": step.dp_overlap,
-        "f8": int(step.gemm_dtype is not None),
-        "p_s": 1 / 32 if step.gemm_dtype == "mxfp8" else 0.0,
-        "z3": int(setup.zero == 3),
-        "p_g": step.grad_bytes,
-        "k_opt": step.optimizer_bytes,
+        **_knobs(setup, step),
         "N_u": n_u,
         "N_r": n_r,
         **kept(setup, model),
         **offload.values(setup, machine, model),
+        **moe.values(model, step.ep, step.capacity_factor),
+        # the dense formulas read the width a token computes through; moe.counted reads one expert's
+        "F_ffn": moe.active_ffn(model),
     }
-    values.setdefault("B_ep", values["B_dp"])
-    values.update(moe.values(model, step.ep, step.capacity_factor))
-    values["F_ffn"] = moe.active_ffn(model)
     values["n_bkt"] = int(buckets(values, step, model))
     # Rates do not depend on the links: a search under another link reuses them whole.
     whole = (
@@ -451,6 +437,38 @@ def bind(
     values.update(rates)
     values.update(_attention_kernel_values(step, model, values["c"]))
     return values
+
+
+def _link_values(links: dict[str, Any], t: int, n: int, dp: int, cp_step_latency: bool) -> dict[str, Any]:
+    """Every group's bandwidth and the latencies the step charges: per message on TP and (where the scheme
+    waits on each step) CP, per collective call on TP and DP; none on a group of one rank. The rank order
+    (Megatron's by default: TP innermost, then CP, DP, PP) places every group; EP, where there is none,
+    reads DP's link."""
+    bandwidths = {f"B_{dim}": link.bandwidth for dim, link in links.items()}
+    return {
+        **bandwidths,
+        "B_ep": bandwidths.get("B_ep", bandwidths["B_dp"]),
+        "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
+        "a_tp": links["tp"].call_latency_s if t > 1 else 0.0,
+        "a_dp": links["dp"].call_latency_s if dp > 1 else 0.0,
+        "alpha_cp": links["cp"].latency_s if n > 1 and cp_step_latency else 0.0,
+    }
+
+
+def _knobs(setup: TrainingSetup, step: StepSetup) -> dict[str, Any]:
+    """The step's own settings: recompute, the PP and DP overlaps, the fp8 multiplies and their scales, ZeRO-3,
+    and the bytes of a gradient and of an optimizer's state per parameter."""
+    return {
+        "rc_sel": int(setup.recompute == "selective"),
+        "rc_full": int(setup.recompute == "full"),
+        "o_pp": step.pp_overlap,
+        "o_dp": step.dp_overlap,
+        "f8": int(step.gemm_dtype is not None),
+        "p_s": 1 / 32 if step.gemm_dtype == "mxfp8" else 0.0,
+        "z3": int(setup.zero == 3),
+        "p_g": step.grad_bytes,
+        "k_opt": step.optimizer_bytes,
+    }
 
 
 def buckets(values: Mapping[str, Any], step: StepSetup, model: ModelPreset) -> Any:
