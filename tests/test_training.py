@@ -230,6 +230,15 @@ def test_training_values_cover_every_fit_formula() -> None:
         assert set(numeric.ARGS[name]) <= set(values), name
 
 
+def test_memory_fit_reads_the_models_layer_shape_as_the_step_does() -> None:
+    """Given heads and head size do not mix with the preset's: llama3-8b's 32 heads of 128 either way."""
+    given = PlanInputs(seq=131_072, n=8, heads=64, kv_heads=8, head_dim=64)
+    values = training_values(
+        given, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("h100-ib")), 8
+    )
+    assert (values["h"], values["n_kv"], values["d"]) == (32, 8, 128)
+
+
 def _advice(model: str, hw: str, gpus: int, **setup: object):  # noqa: ANN202
     inputs = PlanInputs(seq=131_072, n=1, model=model, **TRAINING_DEFAULTS)
     return recommend(inputs, load_model(model), TrainingSetup(gpus=gpus, **setup), Machine(load_profile(hw)))

@@ -54,7 +54,7 @@ def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens
         cp_overlap=machine.overlap,
         comm_latency=machine.link(n).latency_s,  # measured (0 on a datasheet), never infer's stated default
     )
-    values = attention_bind(inputs, setup, machine, inputs.heads, inputs.kv_heads, inputs.head_dim)
+    values = attention_bind(inputs, setup, machine)
     p = values["p"]
     return {**values, **_NO_WEIGHTS, "p_w": p, "p_kv": p}  # the kernel caches K, V in the attention dtype
 

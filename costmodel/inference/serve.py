@@ -35,7 +35,15 @@ from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator, call
+from costmodel.plans.bind import (
+    Evaluation,
+    Evaluator,
+    attention_shape,
+    call,
+    layer_shape,
+    layout_degrees,
+    overlaps,
+)
 from costmodel.plans.cp import PREFILL, pass_kv, pass_q
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs
 from costmodel.plans.models import ModelPreset, load_model
@@ -55,6 +63,11 @@ UNSTATED_HBM_BANDWIDTH = 1e30
 # projection, the activation, the down projection and its residual add (TP adds two all-reduces). Counted
 # from the layer's operations, as unfused kernels; a fused implementation launches fewer.
 LAYER_KERNELS = 12
+
+# Where serving binds the step's shared symbols otherwise than training: every norm and residual runs whole
+# on each TP rank (no sequence parallelism), nothing is recomputed (there is no backward), and alpha_tp is
+# the stated or default latency per message with the call's fixed part included.
+SERVING = {"sigma": 0, "rc_sel": 0, "rc_full": 0, "a_tp": 0.0}
 
 
 def _call(name: str, values: dict[str, Any], trace: list[Evaluation] | None = None) -> float:
@@ -107,30 +120,20 @@ def bind(
     if machine.profile.device.hbm_bandwidth is None:
         raise InputError("--hw", f"profile {machine.name!r} states no hbm_bandwidth; decode reads HBM")
     return {
-        **attention_bind(inputs, setup, machine, model.heads, model.kv_heads, model.head_dim, cp),
-        "H": model.hidden,
-        "F_ffn": model.ffn_hidden,
-        "V": model.vocab,
-        "n_L": model.layers,
+        **attention_bind(inputs, setup, machine, cp),
+        **layer_shape(model),
         **check_stages(model.layers, setup.pp).values(),  # the most loaded stage holds the weights to read
-        "g": int(model.gated_mlp),
-        "e_m": 1 if model.tied_embeddings else 2,
         "n_kl": 0 if setup.cuda_graphs else LAYER_KERNELS + (2 if setup.tp > 1 else 0),
     }
 
 
 def attention_bind(
-    inputs: PlanInputs,
-    setup: InferenceSetup,
-    machine: Machine,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    cp: int | None = None,
+    inputs: PlanInputs, setup: InferenceSetup, machine: Machine, cp: int | None = None
 ) -> dict[str, Any]:
-    """The symbols of the attention layers and the links, without the model's weights: what `cp-plan
-    validate` predicts the reference kernel's inference runs with. A profile stating no HBM bandwidth
-    (a measured CPU profile) gets no memory terms: its measured rates already include the kernel's reads."""
+    """The symbols of the attention layers (the plan's heads) and the links, without the model's weights:
+    what `cp-plan validate` predicts the reference kernel's inference runs with. A profile stating no HBM
+    bandwidth (a measured CPU profile) gets no memory terms: its measured rates already include the
+    kernel's reads."""
     t, n, pp = setup.tp, setup.cp if cp is None else cp, setup.pp
     device, kernels = machine.profile.device, machine.profile.kernels
     b_tp, alpha_tp = _link(machine, 1, t, setup.comm_latency)
@@ -140,16 +143,11 @@ def attention_bind(
         launch = machine.fixed("step_overhead_s")
     else:
         launch = kernels.ring_step_launch_s if kernels else 0.0
+    shape = attention_shape(inputs, n)
+    del shape["S"]  # serving's S is a chunk's context, set per chunk and per decoded token
     return {
-        "b": inputs.batch,
-        "N": n,
-        "h": heads,
-        "n_kv": kv_heads,
-        "d": head_dim,
-        "t": t,
-        "pp": pp,
-        "p": inputs.bytes_per_element,
-        "p_acc": 4,
+        **shape,
+        **layout_degrees(t, pp, {}),
         "p_w": BYTES_PER_ELEMENT[setup.weights],
         "p_kv": BYTES_PER_ELEMENT[setup.kv_dtype],
         "c": 0.5,
@@ -160,14 +158,9 @@ def attention_bind(
         "B_pp": b_pp,
         "alpha": alpha_cp,
         "alpha_tp": alpha_tp,
-        "a_tp": 0.0,  # alpha_tp is the stated or default latency per message, the call's fixed part included
-        "sigma": 0,  # serving runs every norm and residual whole on each TP rank (no sequence parallelism)
-        "o_tp": float(numeric.tp_overlap_share(k_tp=t if setup.tp_comm_overlap else 1)),
-        "o_cp": setup.cp_overlap,
-        "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
+        **overlaps(machine, t, setup.tp_comm_overlap, setup.cp_overlap),
         "t_launch": launch,
-        "rc_sel": 0,
-        "rc_full": 0,
+        **SERVING,
         "t_lf": 0.0,  # a calibrated machine's fixed cost per scheme: set where the scheme is known
         "n_kl": 0,  # set by bind: a model's layer launches when decode runs without CUDA graphs
         "t_k": kernels.launch_s if kernels else 0.0,

@@ -1,8 +1,11 @@
 """Binding a plan to the formulas: the base symbols' values, and a recorder of evaluated formulas.
 
-Everything that evaluates the model (the report, the time model, the schemes, the recommendation,
-sweeps, calibration) takes its values from :func:`plan_values`, so there is one place that says which
-input is which symbol, and the machine binding is the one place that says which link and rate.
+The one place that says which input is which symbol, in layers every binder composes: the attention's
+shape (:func:`attention_shape`), the model's layer shape (:func:`layer_shape`) and the layout's degrees
+(:func:`layout_degrees`). The single-layer plan adds the link and rates (:func:`plan_values`); the memory
+fit (``training.recommend.training_values``), the step (``training.step.bind``) and serving
+(``inference.serve.bind``) each add only what is theirs. The machine binding is the one place that says
+which link and rate.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.models import ModelPreset
 from costmodel.plans.packing import compute_fraction
 from costmodel.symbolic import numeric
 
@@ -62,20 +66,67 @@ def call(name: str, values: Mapping[str, Any]) -> Any:
     return getattr(numeric, name)(**{a: values.get(a) for a in numeric.ARGS[name]})
 
 
+def attention_shape(inputs: PlanInputs, n: int, batch: int | None = None) -> dict[str, int]:
+    """The attention's shape at CP degree ``n``: sequence, batch (default the plan's), the plan's heads and
+    head size, and the bytes of an element and of the softmax accumulator; a model's layer shape
+    (:func:`layer_shape`) replaces the heads where a preset is given."""
+    return {
+        "S": inputs.seq,
+        "N": n,
+        "b": inputs.batch if batch is None else batch,
+        "h": inputs.heads,
+        "n_kv": inputs.kv_heads,
+        "d": inputs.head_dim,
+        "p": inputs.bytes_per_element,
+        "p_acc": ACCUMULATOR_BYTES,
+    }
+
+
+def layer_shape(model: ModelPreset) -> dict[str, int]:
+    """The model's layer shape: heads, hidden and FFN widths, vocabulary, layers, the gated MLP and the
+    embedding matrices (one when input and output share it)."""
+    return {
+        "h": model.heads,
+        "n_kv": model.kv_heads,
+        "d": model.head_dim,
+        "H": model.hidden,
+        "F_ffn": model.ffn_hidden,
+        "V": model.vocab,
+        "n_L": model.layers,
+        "g": int(model.gated_mlp),
+        "e_m": 1 if model.tied_embeddings else 2,
+    }
+
+
+def layout_degrees(tp: int, pp: int, stages: Mapping[str, Any]) -> dict[str, Any]:
+    """The layout's TP and PP degrees and the layers of its stages (the most loaded one's)."""
+    return {"t": tp, "pp": pp, **stages}
+
+
+def overlaps(machine: Machine, tp: int, tp_comm_overlap: bool, cp_overlap: float) -> dict[str, float]:
+    """What hides communication behind compute, in training and serving alike: the TP collectives' hidden
+    share (all of it but the first chunk's when they overlap the multiplies), the CP ring's stated share,
+    and the compute's slowdown while a collective shares the device."""
+    kernels = machine.profile.kernels
+    return {
+        "o_tp": float(numeric.tp_overlap_share(k_tp=tp if tp_comm_overlap else 1)),
+        "o_cp": cp_overlap,
+        "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
+    }
+
+
+def counts(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every number as a float, for binders that meet arrays (sweeps, searches): products of
+    large shapes stay exact to 2^53 and never wrap around as int64 would."""
+    return {name: float(value) for name, value in values.items()}
+
+
 def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> dict[str, Any]:
     """The base symbols' values for a plan at CP degree ``n`` (default the plan's), on the link a ring
-    over n ranks waits on. Counts are floats: products of large shapes stay exact to 2^53 and never wrap
-    around as int64 would."""
+    over n ranks waits on; counts are floats (:func:`counts`)."""
     n = inputs.cp if n is None else n
     return {
-        "S": float(inputs.seq),
-        "N": float(n),
-        "b": float(inputs.batch),
-        "h": float(inputs.heads),
-        "n_kv": float(inputs.kv_heads),
-        "d": float(inputs.head_dim),
-        "p": float(inputs.bytes_per_element),
-        "p_acc": float(ACCUMULATOR_BYTES),
+        **counts(attention_shape(inputs, n)),
         "s_blk": float(inputs.block),
         "c": compute_fraction(inputs, n),  # packed or windowed: the share the kernel executes
         "F": machine.effective_flops,

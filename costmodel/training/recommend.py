@@ -23,7 +23,7 @@ from costmodel.core.units import seconds, si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluator, plan_values
+from costmodel.plans.bind import Evaluator, counts, layer_shape, layout_degrees, plan_values
 from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
@@ -37,6 +37,23 @@ def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
     """Fractions of (weights, gradients, optimizer states) one device keeps under a ZeRO stage [ZeRO §5]."""
     shard = 1 / group
     return (shard if stage >= 3 else 1.0, shard if stage >= 2 else 1.0, shard if stage >= 1 else 1.0)
+
+
+def kept(setup: TrainingSetup, model: ModelPreset) -> dict[str, Any]:
+    """What a device keeps, as the memory fit and the step's offload copies read it: the activations a layer
+    keeps (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of the weights,
+    gradients and optimizer states."""
+    z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
+    return {
+        "sigma": int(setup.sp),
+        "delta": int(model.dropout),
+        # Scores are kept for backward only by an attention that materialises them and is not recomputed.
+        "phi": int(not setup.flash_attention and setup.recompute == "none"),
+        "rho": int(setup.recompute == "full"),
+        "z_w": z_w,
+        "z_g": z_g,
+        "z_o": z_o,
+    }
 
 
 def training_values(
@@ -53,31 +70,14 @@ def training_values(
     formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``).
     An MoE model's experts are split ``ep`` ways and its capacity factor is the default. The pipeline's
     micro-batches default to its stages (1F1B's steady state: the first stage keeps pp in flight)."""
-    z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
-    # Scores are kept for backward only by an attention that materialises them and is not recomputed.
-    keeps_scores = not setup.flash_attention and setup.recompute == "none"
     return {
         **plan_values(inputs, machine, n),
-        "h": float(model.heads),
-        "n_kv": float(model.kv_heads),
-        "H": float(model.hidden),
-        "F_ffn": float(model.ffn_hidden),
-        "V": float(model.vocab),
-        "n_L": float(model.layers),
-        "g": int(model.gated_mlp),
-        "delta": int(model.dropout),
-        "e_m": 1 if model.tied_embeddings else 2,
-        "phi": int(keeps_scores),
-        "sigma": int(setup.sp),
-        "t": float(setup.tp),
-        "pp": float(setup.pp),
+        **counts(layer_shape(model)),
+        **counts(layout_degrees(setup.tp, setup.pp, {})),
         **setup.stages(model.layers, vpp).values(),
         "m_mb": setup.pp if micro_batches is None else micro_batches,
         "v_pp": vpp,
-        "rho": int(setup.recompute == "full"),
-        "z_w": z_w,
-        "z_g": z_g,
-        "z_o": z_o,
+        **kept(setup, model),
         "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
         **moe.values(model, ep),
         **offload.values(setup, machine, model),

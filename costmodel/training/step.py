@@ -32,7 +32,15 @@ from costmodel.machines.kernels import attention_kernels
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator, call
+from costmodel.plans.bind import (
+    Evaluation,
+    Evaluator,
+    attention_shape,
+    call,
+    layer_shape,
+    layout_degrees,
+    overlaps,
+)
 from costmodel.plans.cp import TRAINING, usp
 from costmodel.plans.inputs import (
     TRAINING_DEFAULTS,
@@ -55,7 +63,7 @@ from costmodel.plans.packing import compute_fraction
 from costmodel.plans.stages import StageSplit
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
-from costmodel.training.recommend import fit_at, training_values, zero_fractions
+from costmodel.training.recommend import fit_at, kept, training_values
 from costmodel.training.report import FORMULAS as TERM_FORMULAS
 from costmodel.training.report import (
     StepBreakdown,
@@ -380,64 +388,34 @@ def bind(
     n_u, n_r = _usp_split(inputs, setup, model)
     t, n, scheme = setup.tp, inputs.cp, registry.get(step.cp_scheme)
     kernels, device = machine.profile.kernels, machine.profile.device
-    links = _group_links(setup, step, machine, n, dp)
     # a causal mask split in contiguous shards loads the last rank most, where each rank keeps its own queries
     causal_ring = inputs.layout == "contiguous" and not scheme.whole_sequence and n > 1
     values: dict[str, Any] = {
-        "S": inputs.seq,
-        "b": step.micro_batch,
-        "N": n,
-        "h": model.heads,
-        "n_kv": model.kv_heads,
-        "d": model.head_dim,
-        "H": model.hidden,
-        "F_ffn": model.ffn_hidden,
-        "V": model.vocab,
-        "n_L": model.layers,
-        "g": int(model.gated_mlp),
-        "e_m": 1 if model.tied_embeddings else 2,
-        "t": t,
-        "pp": setup.pp,
-        **setup.stages(model.layers, step.vpp).values(),
+        **attention_shape(inputs, n, step.micro_batch),
+        **layer_shape(model),
+        **layout_degrees(t, setup.pp, setup.stages(model.layers, step.vpp).values()),
         "D": dp,
         "m_mb": micro,
         "v_pp": step.vpp,
-        "p": inputs.bytes_per_element,
-        "p_acc": 4,
         # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
         "c": compute_fraction(inputs) if inputs.masked else 0.5,
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
         "k_copy": 1.0 if inputs.layout == "zigzag" and scheme.ring else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
-        "s_comm": kernels.comm_sm_slowdown if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
         "t_k": machine.launch_s,
         "t_fw": machine.step_s,
-        # The rank order (Megatron's by default: TP innermost, then CP, DP, PP) places every group.
-        **{f"B_{dim}": link.bandwidth for dim, link in links.items()},
-        "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
-        "a_tp": links["tp"].call_latency_s if t > 1 else 0.0,
-        "a_dp": links["dp"].call_latency_s if dp > 1 else 0.0,
-        "alpha_cp": links["cp"].latency_s if n > 1 and scheme.latency_per_step else 0.0,
-        "rc_sel": int(setup.recompute == "selective"),
-        "rc_full": int(setup.recompute == "full"),
-        "o_tp": float(numeric.tp_overlap_share(k_tp=t if step.tp_comm_overlap else 1)),
-        "o_cp": step.cp_overlap,
-        "o_pp": step.pp_overlap,
-        "o_dp": step.dp_overlap,
-        "f8": int(step.gemm_dtype is not None),
-        "p_s": 1 / 32 if step.gemm_dtype == "mxfp8" else 0.0,
-        "z3": int(setup.zero == 3),
-        "p_g": step.grad_bytes,
-        "k_opt": step.optimizer_bytes,
+        **_link_values(_group_links(setup, step, machine, n, dp), t, n, dp, scheme.latency_per_step),
+        **overlaps(machine, t, step.tp_comm_overlap, step.cp_overlap),
+        **_knobs(setup, step),
         "N_u": n_u,
         "N_r": n_r,
-        **offload_kept(setup, model),
+        **kept(setup, model),
         **offload.values(setup, machine, model),
+        **moe.values(model, step.ep, step.capacity_factor),
+        # the dense formulas read the width a token computes through; moe.counted reads one expert's
+        "F_ffn": moe.active_ffn(model),
     }
-    values.setdefault("B_ep", values["B_dp"])
-    values.update(moe.values(model, step.ep, step.capacity_factor))
-    values["F_ffn"] = moe.active_ffn(model)
     values["n_bkt"] = int(buckets(values, step, model))
     # Rates do not depend on the links: a search under another link reuses them whole.
     whole = (
@@ -461,18 +439,35 @@ def bind(
     return values
 
 
-def offload_kept(setup: TrainingSetup, model: ModelPreset) -> dict[str, Any]:
-    """What the offload copies size themselves by, as the memory fit reads it: the activations a layer keeps
-    (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of weights and states."""
-
-    z_w, _, z_o = zero_fractions(setup.zero, setup.shard_group)
+def _link_values(links: dict[str, Any], t: int, n: int, dp: int, cp_step_latency: bool) -> dict[str, Any]:
+    """Every group's bandwidth and the latencies the step charges: per message on TP and (where the scheme
+    waits on each step) CP, per collective call on TP and DP; none on a group of one rank. The rank order
+    (Megatron's by default: TP innermost, then CP, DP, PP) places every group; EP, where there is none,
+    reads DP's link."""
+    bandwidths = {f"B_{dim}": link.bandwidth for dim, link in links.items()}
     return {
-        "sigma": int(setup.sp),
-        "delta": int(model.dropout),
-        "phi": int(not setup.flash_attention and setup.recompute == "none"),
-        "rho": int(setup.recompute == "full"),
-        "z_w": z_w,
-        "z_o": z_o,
+        **bandwidths,
+        "B_ep": bandwidths.get("B_ep", bandwidths["B_dp"]),
+        "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
+        "a_tp": links["tp"].call_latency_s if t > 1 else 0.0,
+        "a_dp": links["dp"].call_latency_s if dp > 1 else 0.0,
+        "alpha_cp": links["cp"].latency_s if n > 1 and cp_step_latency else 0.0,
+    }
+
+
+def _knobs(setup: TrainingSetup, step: StepSetup) -> dict[str, Any]:
+    """The step's own settings: recompute, the PP and DP overlaps, the fp8 multiplies and their scales, ZeRO-3,
+    and the bytes of a gradient and of an optimizer's state per parameter."""
+    return {
+        "rc_sel": int(setup.recompute == "selective"),
+        "rc_full": int(setup.recompute == "full"),
+        "o_pp": step.pp_overlap,
+        "o_dp": step.dp_overlap,
+        "f8": int(step.gemm_dtype is not None),
+        "p_s": 1 / 32 if step.gemm_dtype == "mxfp8" else 0.0,
+        "z3": int(setup.zero == 3),
+        "p_g": step.grad_bytes,
+        "k_opt": step.optimizer_bytes,
     }
 
 
