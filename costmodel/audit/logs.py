@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -226,70 +226,81 @@ class _Reader:
             self.log.ranks.add(int(next(g for g in rank.groups() if g is not None)))
         text = _ANSI.sub("", text)
         if self.in_args:
-            if _ARGS_END.search(text):
-                self.in_args = False
-                self.args_line = number
-                self._use_args()
-                return True
-            match = _ARG_LINE.match(text[rank.end() :] if rank else text)
-            if match:
-                self.args[match.group(1)] = match.group(2)
-                return True
-            return False
-        if _ARGS_START.search(text):
-            self.in_args, self.args = True, {}
-            if self.log.intervals and self.last_iteration >= 0:  # Megatron started again
-                self._restart()
-            self.log.framework = self.log.framework or "megatron"
+            return self._argument(number, text, text[rank.end() :] if rank else text)
+        for pattern, handler in _LINES:
+            if (m := pattern.search(text)) is not None:
+                return handler(self, number, m)
+        return False
+
+    def _argument(self, number: int, text: str, body: str) -> bool:
+        """A line inside Megatron's argument block: one argument, or the block's end."""
+        if _ARGS_END.search(text):
+            self.in_args = False
+            self.args_line = number
+            self._use_args()
             return True
-        if (m := _MEGATRON_ITERATION.search(text)) is not None:
-            return self._megatron_iteration(number, int(m.group(1)), m.group(3))
-        if (m := _TITAN_STEP.search(text)) is not None:
-            return self._titan_step(number, m)
-        if (m := _MEGATRON_MEMORY.search(text)) is not None:
-            fields = _megatron_fields(m.group(4))
-            peak = _number(fields.get("max reserved", fields.get("reserved", "")) or "")
-            if peak is not None:
-                scale = MIB if m.group(3) == "MB" else 1e9
-                self.log.memory_bytes = max(self.log.memory_bytes or 0.0, peak * scale)
-            return True
-        if (m := _TITAN_START.search(text)) is not None:
-            self.log.framework = "torchtitan"
-            if self.log.intervals:
-                self._restart()
-            return True
-        if (m := _TITAN_MESH.search(text)) is not None:
-            names = [n.strip(" '\"") for n in m.group(2).split(",")]
-            sizes = [count(s) for s in m.group(3).split(",")]
-            if len(sizes) != len(names) or not all(sizes):
-                return False
-            mesh = dict(zip(names, sizes, strict=False))
-            for key in ("tp", "cp", "pp"):
-                self._state(number, key, mesh.get(key, 1))
-            gpus = 1
-            for size in sizes:
-                gpus *= size
-            self._state(number, "gpus", gpus)
-            # context_parallel_rotate_method unset: torchtitan's default
-            self.log.config.setdefault("cp_scheme", registry.from_framework("torchtitan").name)
-            if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
-                self.log.config.setdefault("zero", 3)
-            return True
-        if (m := _TITAN_MODEL.search(text)) is not None:
-            self.log.model_name = self.log.model_name or f"{m.group(1)} {m.group(2)}"
-            return True
-        if (m := _TITAN_BATCH.search(text)) is not None:
-            local, batch, _, seq = (int(g) for g in m.groups())
-            for key, value in (("global_batch", batch), ("seq", seq), ("_local_batch", local)):
-                self._state(number, key, value)
-            return True
-        if (m := _TITAN_PEAK.search(text)) is not None:
-            self.log.peak_flops = _number(m.group(1))
-            return True
-        if (m := _TITAN_DEVICE.search(text)) is not None:
-            self.log.device_name = m.group(1).strip()
+        match = _ARG_LINE.match(body)
+        if match:
+            self.args[match.group(1)] = match.group(2)
             return True
         return False
+
+    def _args_start(self, number: int, m: re.Match[str]) -> bool:
+        self.in_args, self.args = True, {}
+        if self.log.intervals and self.last_iteration >= 0:  # Megatron started again
+            self._restart()
+        self.log.framework = self.log.framework or "megatron"
+        return True
+
+    def _megatron_memory(self, number: int, m: re.Match[str]) -> bool:
+        fields = _megatron_fields(m.group(4))
+        peak = _number(fields.get("max reserved", fields.get("reserved", "")) or "")
+        if peak is not None:
+            scale = MIB if m.group(3) == "MB" else 1e9
+            self.log.memory_bytes = max(self.log.memory_bytes or 0.0, peak * scale)
+        return True
+
+    def _titan_start(self, number: int, m: re.Match[str]) -> bool:
+        self.log.framework = "torchtitan"
+        if self.log.intervals:
+            self._restart()
+        return True
+
+    def _titan_mesh(self, number: int, m: re.Match[str]) -> bool:
+        names = [n.strip(" '\"") for n in m.group(2).split(",")]
+        sizes = [count(s) for s in m.group(3).split(",")]
+        if len(sizes) != len(names) or not all(sizes):
+            return False
+        mesh = dict(zip(names, sizes, strict=False))
+        for key in ("tp", "cp", "pp"):
+            self._state(number, key, mesh.get(key, 1))
+        gpus = 1
+        for size in sizes:
+            gpus *= size
+        self._state(number, "gpus", gpus)
+        # context_parallel_rotate_method unset: torchtitan's default
+        self.log.config.setdefault("cp_scheme", registry.from_framework("torchtitan").name)
+        if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
+            self.log.config.setdefault("zero", 3)
+        return True
+
+    def _titan_model(self, number: int, m: re.Match[str]) -> bool:
+        self.log.model_name = self.log.model_name or f"{m.group(1)} {m.group(2)}"
+        return True
+
+    def _titan_batch(self, number: int, m: re.Match[str]) -> bool:
+        local, batch, _, seq = (int(g) for g in m.groups())
+        for key, value in (("global_batch", batch), ("seq", seq), ("_local_batch", local)):
+            self._state(number, key, value)
+        return True
+
+    def _titan_peak(self, number: int, m: re.Match[str]) -> bool:
+        self.log.peak_flops = _number(m.group(1))
+        return True
+
+    def _titan_device(self, number: int, m: re.Match[str]) -> bool:
+        self.log.device_name = m.group(1).strip()
+        return True
 
     def _state(self, number: int, key: str, value: Any) -> None:
         """Record a configuration value the log states; a different value after intervals were logged is
@@ -323,8 +334,8 @@ class _Reader:
         self.log.intervals.append(interval)
         return True
 
-    def _megatron_iteration(self, number: int, iteration: int, rest: str) -> bool:
-        fields = _megatron_fields(rest)
+    def _megatron_iteration(self, number: int, m: re.Match[str]) -> bool:
+        iteration, fields = int(m.group(1)), _megatron_fields(m.group(3))
         elapsed = _number(fields.get("elapsed time per iteration (ms)", ""))
         if elapsed is None or not STEP_MS[0] <= elapsed <= STEP_MS[1]:
             return False
@@ -382,6 +393,22 @@ class _Reader:
         self.log.config["zero"] = 1 if self.args.get("use_distributed_optimizer") == "True" else 0
         if self.args.get("fp8") not in (None, "None"):
             self.log.config["dtype"] = "fp8"
+
+
+# Each kind of line outside the argument block, tried in this order (the first match reads the line): a
+# new log format is rows here and a handler each.
+_LINES: list[tuple[re.Pattern[str], Callable[[_Reader, int, re.Match[str]], bool]]] = [
+    (_ARGS_START, _Reader._args_start),
+    (_MEGATRON_ITERATION, _Reader._megatron_iteration),
+    (_TITAN_STEP, _Reader._titan_step),
+    (_MEGATRON_MEMORY, _Reader._megatron_memory),
+    (_TITAN_START, _Reader._titan_start),
+    (_TITAN_MESH, _Reader._titan_mesh),
+    (_TITAN_MODEL, _Reader._titan_model),
+    (_TITAN_BATCH, _Reader._titan_batch),
+    (_TITAN_PEAK, _Reader._titan_peak),
+    (_TITAN_DEVICE, _Reader._titan_device),
+]
 
 
 def parse_log(path: str | Path, field: str = "LOG") -> ParsedLog:

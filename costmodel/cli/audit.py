@@ -127,23 +127,11 @@ def audit_cmd(
 
     Example: cp-plan audit train.log --hw h100-nvlink
     """
-    from costmodel.audit.compare import audit
-    from costmodel.audit.config import resolve
-    from costmodel.audit.logs import parse_log
-
     if runs is not None:
         if logs:
             raise InputError("--runs", "give training logs or one --runs table, not both")
         _runs(runs, assume or [], hw, fit_profile, folds, format)
         return
-    if not logs:
-        raise InputError("LOG", "give training logs (Megatron-LM, torchtitan), or --runs TABLE.csv")
-    if len(logs) > MAX_FILES:
-        raise InputError("LOG", f"{len(logs):,} logs; audit takes at most {MAX_FILES} a run")
-    if config and len(config) != len(logs):
-        raise InputError("--config", f"give one per log ({len(logs)}), in the same order; got {len(config)}")
-    if fit_profile is not None:
-        check_writable(fit_profile, "--fit-profile")
     given = {
         "model": model,
         "hw": hw,
@@ -157,20 +145,20 @@ def audit_cmd(
         "recompute": recompute,
         "cp_scheme": cp_scheme,
     }
-    results, runs, left_out = [], [], []
-    for index, path in enumerate(logs):
-        log = parse_log(path)
-        sibling = Path(path).with_suffix(".toml")
-        file = config[index] if config else (str(sibling) if sibling.is_file() else None)
-        values = resolve(log, given, file)
-        result = audit(log, values)
-        results.append(result)
-        if any(f["severity"] == "critical" for f in result["findings"]):
-            left_out.append(
-                Path(path).name
-            )  # its numbers cannot be right: it would teach the profile nonsense
-        else:
-            runs.append((Path(path).name, values, result["measured"]["step_time_s"]["median"]))
+    _logs(logs or [], config, given, fit_profile, format, fail_on)
+
+
+def _logs(
+    logs: list[str],
+    config: list[str] | None,
+    given: dict[str, Any],
+    fit_profile: str | None,
+    format: Format,
+    fail_on: FailOn | None,
+) -> None:
+    """``audit LOG...``: each log against the step model, and the fit when ``fit_profile`` is given."""
+    _check_logs(logs, config, fit_profile)
+    results, runs, left_out = _audit_logs(logs, config, given)
     fit = None
     if fit_profile is not None:
         if not runs:
@@ -197,6 +185,41 @@ def audit_cmd(
     failing = {"critical"} if fail_on is FailOn.critical else {"critical", "warning"} if fail_on else set()
     if any(f["severity"] in failing for result in results for f in result["findings"]):
         raise typer.Exit(1)
+
+
+def _check_logs(logs: list[str], config: list[str] | None, fit_profile: str | None) -> None:
+    if not logs:
+        raise InputError("LOG", "give training logs (Megatron-LM, torchtitan), or --runs TABLE.csv")
+    if len(logs) > MAX_FILES:
+        raise InputError("LOG", f"{len(logs):,} logs; audit takes at most {MAX_FILES} a run")
+    if config and len(config) != len(logs):
+        raise InputError("--config", f"give one per log ({len(logs)}), in the same order; got {len(config)}")
+    if fit_profile is not None:
+        check_writable(fit_profile, "--fit-profile")
+
+
+def _audit_logs(
+    logs: list[str], config: list[str] | None, given: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[tuple[str, dict[str, Any], float]], list[str]]:
+    """Each log's audit, the runs a fit may learn from (label, values, median step) and the logs it may
+    not (a critical finding: its numbers cannot be right, and would teach the profile nonsense)."""
+    from costmodel.audit.compare import audit
+    from costmodel.audit.config import resolve
+    from costmodel.audit.logs import parse_log
+
+    results, runs, left_out = [], [], []
+    for index, path in enumerate(logs):
+        log = parse_log(path)
+        sibling = Path(path).with_suffix(".toml")
+        file = config[index] if config else (str(sibling) if sibling.is_file() else None)
+        values = resolve(log, given, file)
+        result = audit(log, values)
+        results.append(result)
+        if any(f["severity"] == "critical" for f in result["findings"]):
+            left_out.append(Path(path).name)
+        else:
+            runs.append((Path(path).name, values, result["measured"]["step_time_s"]["median"]))
+    return results, runs, left_out
 
 
 def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: int, format: Format) -> None:
@@ -256,9 +279,13 @@ def _runs_table(document: dict[str, Any]) -> None:
             else "-",
         )
     screen.print(misses)
-    fit = document.get("fit")
-    if fit is None:
-        return
+    if document.get("fit") is not None:
+        _runs_fit_table(document["fit"])
+
+
+def _runs_fit_table(fit: dict[str, Any]) -> None:
+    """The machine terms fitted to a --runs table, and the errors before and after."""
+    screen = console()
     terms = house_table(caption=f"fitted to {fit['fitted_runs']} single-node runs -> {fit['written']}")
     for column in ("term", "base", "fitted", "± (fold spread)"):
         terms.add_column(column, justify="left" if column == "term" else "right")

@@ -16,6 +16,7 @@ The global batch is an input (sequences per optimizer step). Left out, it is 4M 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -167,6 +168,31 @@ def enumerate_plans(
     uses fewer GPUs than given where no layout of them all divides; the step says how many. Returned with
     the (scheme, layout) pairs each (TP, CP) runs; ``expand`` False leaves one row per layout (its memory
     does not depend on the scheme) for :func:`with_pairs` to expand."""
+    allowed = _allowed_pairs(c)
+    pairs = scheme_pairs()
+    # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
+    a2a_kv = c.framework == "megatron"
+    structure: list[tuple[int, ...]] = []
+    shape_pairs: dict[tuple[int, int], list[int]] = {}
+    for tp, cp in _tp_cp_degrees(model, seq, gpus, c):
+        valid = _valid_pairs(allowed, pairs, model, seq, tp, cp, a2a_kv) if cp > 1 else [0]
+        if not valid:
+            continue
+        shape_pairs[(tp, cp)] = valid
+        structure += _layouts(model, gpus, global_batch, c, tp, cp)
+    base = np.array(structure, dtype=np.int64).reshape(-1, len(STRUCTURE))
+    levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
+    data = np.concatenate([np.column_stack([base, np.full(len(base), rc)]) for rc in levels])
+    columns = {name: data[:, i] for i, name in enumerate((*STRUCTURE, "rc"))}
+    columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
+    columns["pair"] = np.full(len(data), -1, dtype=np.int64)  # each row stands for its shape's valid pairs
+    layouts = Table(columns, pairs, model.kv_heads, global_batch)
+    return (with_pairs(layouts, shape_pairs, c.tp_comm_overlap) if expand else layouts), shape_pairs
+
+
+def _allowed_pairs(c: Constraints) -> list[tuple[str, str]]:
+    """The (scheme, layout) pairs the constraints admit: the scheme, the layout (a whole-sequence scheme has
+    none to fix) and the framework's."""
     allowed = [
         (s, lay)
         for s, lay in scheme_pairs()
@@ -176,20 +202,12 @@ def enumerate_plans(
     ]
     if not allowed:
         raise InputError("--cp-scheme", f"no CP scheme and layout of {c.framework} matches the constraints")
-    pairs = scheme_pairs()
-    kv_heads = model.kv_heads
-    # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
-    a2a_kv = c.framework == "megatron"
+    return allowed
 
-    def experts(dp: int) -> list[int]:
-        """EP degrees: carved out of DP, dividing the experts (Megatron-LM); 1 for a dense model, and for
-        torchtitan, which carves EP out of its FSDP shard and CP ranks instead."""
-        if not model.experts or c.framework == "torchtitan":
-            return [1]
-        return [e for e in divisors(dp) if model.experts % e == 0 and (c.ep is None or e == c.ep)]
 
-    structure: list[tuple[int, ...]] = []
-    shape_pairs: dict[tuple[int, int], list[int]] = {}
+def _tp_cp_degrees(model: ModelPreset, seq: int, gpus: int, c: Constraints) -> Iterator[tuple[int, int]]:
+    """(TP, CP) in search order: TP dividing the heads, CP the sequence (up to MAX_CP), as fixed, on
+    ``gpus``; CP 1 only where no scheme or layout is fixed."""
     for tp in divisors(model.heads):
         if (c.tp is not None and tp != c.tp) or tp > gpus:
             continue
@@ -198,35 +216,52 @@ def enumerate_plans(
                 break
             if (c.cp is not None and cp != c.cp) or (cp == 1 and (c.cp_scheme or c.layout)):
                 continue  # a fixed scheme means CP
-            valid = _valid_pairs(allowed, pairs, model, seq, tp, cp, a2a_kv) if cp > 1 else [0]
-            if not valid:
+            yield tp, cp
+
+
+def _layouts(
+    model: ModelPreset, gpus: int, global_batch: int, c: Constraints, tp: int, cp: int
+) -> list[tuple[int, ...]]:
+    """The layouts at one (TP, CP): each pipeline depth, micro-batch size, stage split and virtual-stage
+    count the constraints allow, with the largest DP on the GPUs left and each EP degree it admits."""
+    out: list[tuple[int, ...]] = []
+    for pp in range(1, min(model.layers, gpus // (tp * cp)) + 1):
+        if c.pp is not None and pp != c.pp:
+            continue
+        for mb, dp, micro in _micro_batches(global_batch, gpus // (tp * cp * pp), c):
+            for split, vpp in _stages(model.layers, pp, micro, c):
+                out += [
+                    (tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb, ep)
+                    for ep in _experts(model, c, dp)
+                ]
+    return out
+
+
+def _micro_batches(global_batch: int, room: int, c: Constraints) -> Iterator[tuple[int, int, int]]:
+    """(micro-batch size, DP, micro-batches) for each size dividing the global batch, with the largest DP
+    of at most ``room`` ranks."""
+    for mb in MICRO_BATCHES:
+        if (c.micro_batch is not None and mb != c.micro_batch) or global_batch % mb:
+            continue
+        dp = _largest_dp(global_batch // mb, room)
+        yield mb, dp, global_batch // (mb * dp)
+
+
+def _stages(layers: int, pp: int, micro: int, c: Constraints) -> Iterator[tuple[StageSplit, int]]:
+    """(stage split, virtual stages) at a pipeline depth: interleaving needs at least ``pp`` micro-batches."""
+    for split, vpps in _splits(layers, pp):
+        for vpp in vpps:
+            if (c.vpp is not None and vpp != c.vpp) or (vpp > 1 and micro < pp):
                 continue
-            shape_pairs[(tp, cp)] = valid
-            for pp in range(1, min(model.layers, gpus // (tp * cp)) + 1):
-                if c.pp is not None and pp != c.pp:
-                    continue
-                room = gpus // (tp * cp * pp)
-                for mb in MICRO_BATCHES:
-                    if (c.micro_batch is not None and mb != c.micro_batch) or global_batch % mb:
-                        continue
-                    dp = _largest_dp(global_batch // mb, room)
-                    micro = global_batch // (mb * dp)
-                    for split, vpps in _splits(model.layers, pp):
-                        for vpp in vpps:
-                            if (c.vpp is not None and vpp != c.vpp) or (vpp > 1 and micro < pp):
-                                continue
-                            for ep in experts(dp):
-                                structure.append(
-                                    (tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb, ep)
-                                )
-    base = np.array(structure, dtype=np.int64).reshape(-1, len(STRUCTURE))
-    levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
-    data = np.concatenate([np.column_stack([base, np.full(len(base), rc)]) for rc in levels])
-    columns = {name: data[:, i] for i, name in enumerate((*STRUCTURE, "rc"))}
-    columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
-    columns["pair"] = np.full(len(data), -1, dtype=np.int64)  # each row stands for its shape's valid pairs
-    layouts = Table(columns, pairs, kv_heads, global_batch)
-    return (with_pairs(layouts, shape_pairs, c.tp_comm_overlap) if expand else layouts), shape_pairs
+            yield split, vpp
+
+
+def _experts(model: ModelPreset, c: Constraints, dp: int) -> list[int]:
+    """EP degrees: carved out of DP, dividing the experts (Megatron-LM); 1 for a dense model, and for
+    torchtitan, which carves EP out of its FSDP shard and CP ranks instead."""
+    if not model.experts or c.framework == "torchtitan":
+        return [1]
+    return [e for e in divisors(dp) if model.experts % e == 0 and (c.ep is None or e == c.ep)]
 
 
 def _tp_cp_counts(table: Table) -> tuple[list[tuple[int, int]], np.ndarray]:
