@@ -75,8 +75,6 @@ def inference_rows(
         model = predict_run(inputs, machine, *shape)
         datasheet = predict_run(inputs, machine.as_datasheet(), *shape)
         changes = {key: predict_run(inputs, m, *shape) - model for key, m in moved}
-        uncertainty = math.sqrt(sum(c * c for c in changes.values()))
-        seconds = times["fwd"]
         rows.append(
             {
                 "scheme": case.scheme,
@@ -85,19 +83,30 @@ def inference_rows(
                 "pass": "fwd",
                 "held_out": True,
                 "formulas": list(FORMULAS[case.scheme]),
-                "measured_s": seconds,
-                "measured_spread": times.get("fwd spread"),
-                "predicted_s": model,
-                "uncertainty_s": uncertainty,
-                "uncertainty": uncertainty / model,
-                "largest_source": max(changes, key=lambda k: abs(changes[k])) if changes else None,
-                "largest_source_s": max(map(abs, changes.values()), default=0.0),
-                "error": model / seconds - 1,
-                "datasheet_s": datasheet,
-                "datasheet_error": datasheet / seconds - 1,
+                **_judged(times["fwd"], times.get("fwd spread"), model, datasheet, changes),
             }
         )
     return rows
+
+
+def _judged(
+    seconds: float, spread: float | None, model: float, datasheet: float, changes: dict[str, float]
+) -> dict[str, Any]:
+    """A measured time against its prediction: the errors, and the uncertainty from what each fitted
+    quantity's spread moves the prediction by (``changes``), added in quadrature."""
+    uncertainty = math.sqrt(sum(c * c for c in changes.values()))
+    return {
+        "measured_s": seconds,
+        "measured_spread": spread,
+        "predicted_s": model,
+        "uncertainty_s": uncertainty,
+        "uncertainty": uncertainty / model,
+        "largest_source": max(changes, key=lambda k: abs(changes[k])) if changes else None,
+        "largest_source_s": max(map(abs, changes.values()), default=0.0),
+        "error": model / seconds - 1,
+        "datasheet_s": datasheet,
+        "datasheet_error": datasheet / seconds - 1,
+    }
 
 
 def compare(
@@ -125,8 +134,6 @@ def compare(
             model = predict(inputs, machine, case.variant, backward).total_s
             datasheet = predict(inputs, machine.as_datasheet(), case.variant, backward).total_s
             changes = {key: predict(inputs, m, case.variant, backward).total_s - model for key, m in moved}
-            uncertainty = math.sqrt(sum(c * c for c in changes.values()))
-            seconds = times[pass_]
             rows.append(
                 {
                     "variant": case.variant,
@@ -137,16 +144,7 @@ def compare(
                     "shard_over_critical": case.tokens_per_rank / l_star,
                     "pass": pass_,
                     "held_out": not getattr(case, "fitted", False),
-                    "measured_s": seconds,
-                    "measured_spread": times.get(f"{pass_} spread"),
-                    "predicted_s": model,
-                    "uncertainty_s": uncertainty,
-                    "uncertainty": uncertainty / model,
-                    "largest_source": max(changes, key=lambda k: abs(changes[k])) if changes else None,
-                    "largest_source_s": max(map(abs, changes.values()), default=0.0),
-                    "error": model / seconds - 1,
-                    "datasheet_s": datasheet,
-                    "datasheet_error": datasheet / seconds - 1,
+                    **_judged(times[pass_], times.get(f"{pass_} spread"), model, datasheet, changes),
                 }
             )
     held_out = [r for r in rows if r["held_out"]] or rows
