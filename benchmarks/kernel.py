@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from costmodel.kernel.block import block_attention, block_attention_backward
 from costmodel.kernel.launch import run_local
 from costmodel.kernel.masks import MaskRule, plan_block
-from costmodel.kernel.timing import random_qkv, time_ring_overlap, typical_times
+from costmodel.kernel.timing import LayerShape, Repeats, random_qkv, time_ring_overlap, typical_times
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -87,15 +87,11 @@ def _ring_rank(ctx, args, cases) -> list[dict]:
     rows = []
     for tokens, dtype_name, layout, causal, backward in cases:
         overlap = time_ring_overlap(
-            tokens,
-            args.heads,
-            args.kv_heads,
-            args.head_dim,
-            DTYPES[dtype_name],
+            LayerShape(tokens, args.heads, args.kv_heads, args.head_dim, DTYPES[dtype_name]),
             layout=layout,
             causal=causal,
             backward=backward,
-            repeats=args.ring_repeats,
+            repeats=Repeats(args.ring_repeats),
         )
         rows.append(
             {

@@ -44,6 +44,21 @@ class MLU(NamedTuple):
     u: torch.Tensor
 
 
+class OutLse(NamedTuple):
+    """A forward result: ``out`` (b, h, L, d) and ``lse`` (b, h, L), what backward recomputes from."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+
+
+class Grads(NamedTuple):
+    """fp32 gradient accumulators: ``dq`` of the query shard, ``dk`` and ``dv`` of the KV block."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+
+
 def merge_mlu(a: MLU, b: MLU) -> MLU:
     """Merge two (m, l, u) states: rescale both to m = max(m_A, m_B); O = u / l at the end ([A-OnlineNorm]).
 
@@ -247,20 +262,17 @@ def block_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
+    saved: OutLse,
     plan: BlockPlan,
     scale: float,
-    dq: torch.Tensor,
-    dk: torch.Tensor,
-    dv: torch.Tensor,
+    grads: Grads,
 ) -> None:
-    """Add this KV block's gradient contributions into fp32 ``dq`` (query shard) and ``dk``, ``dv`` (KV block).
+    """Add this KV block's gradient contributions into the fp32 ``grads``.
 
-    ``out`` and ``lse`` are the final (merged) forward results for ``q``, ``out`` in ``q``'s dtype.
+    ``saved`` is the final (merged) forward result for ``q``, its ``out`` in ``q``'s dtype.
     """
     support = fused_support(q.device.type, q.dtype, q.shape[-1])
-    kv_heads = k.shape[1]
+    kv_heads, (out, lse) = k.shape[1], saved
     for piece in plan.pieces:
         rows, keys = piece.rows, piece.keys
         args = (
@@ -280,9 +292,9 @@ def block_backward(
                 dout_p, q_p, k_p, v_p, out_p, lse_p, piece.kind == "causal", scale
             )
             dk_p, dv_p = reduce_kv_heads(dk_p, kv_heads), reduce_kv_heads(dv_p, kv_heads)
-        dq[:, :, rows] += dq_p
-        dk[:, :, keys] += dk_p
-        dv[:, :, keys] += dv_p
+        grads.dq[:, :, rows] += dq_p
+        grads.dk[:, :, keys] += dk_p
+        grads.dv[:, :, keys] += dv_p
 
 
 def block_attention(
@@ -301,8 +313,6 @@ def block_attention_backward(dout, q, k, v, out, lse, plan: BlockPlan, scale: fl
     """Gradients of :func:`block_attention` (fp32 dq, dk, dv) given its out and lse."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     wide = accumulator_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=wide, device=q.device)
-    dk = torch.zeros(k.shape, dtype=wide, device=k.device)
-    dv = torch.zeros(v.shape, dtype=wide, device=v.device)
-    block_backward(dout, q, k, v, out, lse, plan, scale, dq, dk, dv)
-    return dq, dk, dv
+    grads = Grads(*(torch.zeros(x.shape, dtype=wide, device=x.device) for x in (q, k, v)))
+    block_backward(dout, q, k, v, OutLse(out, lse), plan, scale, grads)
+    return grads

@@ -33,10 +33,26 @@ import torch
 import torch.distributed as dist
 
 from costmodel.kernel import TORCH_DTYPE
-from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_attention, block_backward, block_forward
+from costmodel.kernel.block import (
+    NEG_INF,
+    Grads,
+    OutLse,
+    accumulator_dtype,
+    block_attention,
+    block_backward,
+    block_forward,
+)
 from costmodel.kernel.comm import RingComm, all_to_all
-from costmodel.kernel.masks import MaskRule, plan_block
-from costmodel.kernel.timing import QUANTILE, attention_runs, random_qkv, sample_times, summary, typical
+from costmodel.kernel.masks import AttentionOptions, MaskRule, plan_block
+from costmodel.kernel.timing import (
+    QUANTILE,
+    LayerShape,
+    attention_runs,
+    random_qkv,
+    sample_times,
+    summary,
+    typical,
+)
 
 TOKENS = (32, 64, 128, 256, 512, 1024, 2048)
 TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to about this long
@@ -122,13 +138,9 @@ def _ring_step(
     wide = accumulator_dtype(q.dtype)
     acc_out = torch.zeros(q.shape, dtype=wide, device=q.device)
     acc_lse = torch.full(q.shape[:-1], NEG_INF, dtype=wide, device=q.device)
-    grads = (
-        torch.zeros(q.shape, dtype=wide, device=q.device),
-        torch.zeros(k.shape, dtype=wide, device=k.device),
-        torch.zeros(v.shape, dtype=wide, device=v.device),
-    )
+    grads = Grads(*(torch.zeros(x.shape, dtype=wide, device=x.device) for x in (q, k, v)))
     forward = functools.partial(block_forward, q, k, v, plan, scale, acc_out, acc_lse)
-    backward = functools.partial(block_backward, dout, q, k, v, out, lse, plan, scale, *grads)
+    backward = functools.partial(block_backward, dout, q, k, v, OutLse(out, lse), plan, scale, grads)
     return forward, backward
 
 
@@ -309,17 +321,11 @@ def _measure_layers(ctx: Any, config: CalibrationConfig, progress: _Progress) ->
     torch_dtype = getattr(torch, _torch_name(config.dtype))
     runs = {}
     for variant, layout, causal in LAYER_KINDS:
+        shape = LayerShape(
+            config.layer_tokens, config.heads, config.kv_heads, config.head_dim, torch_dtype, config.batch
+        )
         layer = attention_runs(
-            variant,
-            config.layer_tokens,
-            config.heads,
-            config.kv_heads,
-            config.head_dim,
-            torch_dtype,
-            layout=layout,
-            causal=causal,
-            batch=config.batch,
-            device=ctx.device,
+            variant, shape, options=AttentionOptions(causal=causal), layout=layout, device=ctx.device
         )
         runs[(variant, layout, causal, "fwd")] = layer["forward"]
         runs[(variant, layout, causal, "fwd+bwd")] = layer["forward_backward"]

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_forward, merge_lse
 from costmodel.kernel.comm import RingComm, all_to_all
-from costmodel.kernel.masks import MAX_FUSED_PIECES, MaskRule, plan_block
+from costmodel.kernel.masks import CAUSAL, AttentionOptions, plan_block
 from costmodel.kernel.ring import KV_TAG, RingSchedule, ring_forward
 from costmodel.kernel.timing import random_qkv
 from costmodel.schedule.layouts import positions
@@ -73,12 +73,13 @@ def _merge(partials_out: torch.Tensor, partials_lse: torch.Tensor, dtype: torch.
     return out.to(dtype), lse
 
 
-def _attend(q, k, v, q_pos, k_pos, rule, scale, max_fused_pieces):
+def _attend(q, k, v, q_pos, k_pos, options: AttentionOptions):
     """One partial (O in fp32, LSE) of ``q`` against local keys, masked by global position."""
     wide = accumulator_dtype(q.dtype)
     out = torch.zeros(q.shape, dtype=wide, device=q.device)
     lse = torch.full(q.shape[:-1], NEG_INF, dtype=wide, device=q.device)
-    block_forward(q, k, v, plan_block(rule, q_pos, k_pos, max_fused_pieces), scale, out, lse)
+    plan = plan_block(options.mask_rule(), q_pos, k_pos, options.max_fused_pieces)
+    block_forward(q, k, v, plan, options.softmax_scale(q.shape[-1]), out, lse)
     return out, lse
 
 
@@ -89,12 +90,9 @@ def pass_kv_prefill(
     v: torch.Tensor,
     q_positions: np.ndarray,
     k_positions: np.ndarray,
+    options: AttentionOptions = CAUSAL,
     *,
     group: dist.ProcessGroup | None = None,
-    causal: bool = True,
-    cu_seqlens: tuple[int, ...] | list[int] | None = None,
-    scale: float | None = None,
-    max_fused_pieces: int = MAX_FUSED_PIECES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of this rank's new queries to every rank's keys, passing K and V round the ring.
 
@@ -103,14 +101,13 @@ def pass_kv_prefill(
     """
     _check(q, k, v, q_positions, k_positions)
     world_size, rank = _world(group)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    rule = MaskRule(causal, None if cu_seqlens is None else tuple(int(x) for x in cu_seqlens))
-    keys = _gather_positions(k_positions, world_size, group)
+    rule, keys = options.mask_rule(), _gather_positions(k_positions, world_size, group)
     plans = tuple(
-        plan_block(rule, q_positions, keys[(rank - step) % world_size], max_fused_pieces)
+        plan_block(rule, q_positions, keys[(rank - step) % world_size], options.max_fused_pieces)
         for step in range(world_size)
     )
     comm = RingComm(group, KV_TAG) if world_size > 1 else None
+    scale = options.softmax_scale(q.shape[-1])
     return ring_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), RingSchedule(rank, plans), comm, scale
     )
@@ -123,23 +120,20 @@ def pass_q_prefill(
     v: torch.Tensor,
     q_positions: np.ndarray,
     k_positions: np.ndarray,
+    options: AttentionOptions = CAUSAL,
     *,
     group: dist.ProcessGroup | None = None,
-    causal: bool = True,
-    cu_seqlens: tuple[int, ...] | list[int] | None = None,
-    scale: float | None = None,
-    max_fused_pieces: int = MAX_FUSED_PIECES,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of this rank's new queries to every rank's keys, passing the queries round the ring.
 
     ``q`` (b, h, Lq, d) are this rank's new tokens at global ``q_positions`` (Lq the same on every rank);
     ``k``, ``v`` (b, n_kv, Lk, d) its share of the cache and of the new tokens at increasing global
-    ``k_positions`` (Lk may differ between ranks); ``cu_seqlens``: global document boundaries (varlen). Returns ``out`` (like ``q``) and ``lse`` (b, h, Lq) fp32.
+    ``k_positions`` (Lk may differ between ranks); ``options``: the mask by global position (causal by
+    default; varlen ``cu_seqlens`` as global document boundaries) and the scale. Returns ``out`` (like
+    ``q``) and ``lse`` (b, h, Lq) fp32.
     """
     _check(q, k, v, q_positions, k_positions)
     world_size, rank = _world(group)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    rule = MaskRule(causal, None if cu_seqlens is None else tuple(int(x) for x in cu_seqlens))
     origins = _gather_positions(q_positions, world_size, group)
     k, v = k.contiguous(), v.contiguous()
     comm = RingComm(group, Q_TAG) if world_size > 1 else None
@@ -153,7 +147,7 @@ def pass_q_prefill(
             incoming = comm.send_recv(current, spare)
             comm.commit()
         origin = (rank - step) % world_size
-        out, lse = _attend(current, k, v, origins[origin], k_positions, rule, scale, max_fused_pieces)
+        out, lse = _attend(current, k, v, origins[origin], k_positions, options)
         partial_out[origin], partial_lse[origin] = out.to(q.dtype), lse
         if more:
             comm.wait()
@@ -178,18 +172,8 @@ def decode_attention(
     (O, LSE) is all-gathered and merged, so every rank returns the same ``out`` (like ``q``) and ``lse``."""
     _check(q, k, v)
     world_size, _ = _world(group)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    rule = MaskRule(False)
-    out, lse = _attend(
-        q,
-        k.contiguous(),
-        v.contiguous(),
-        np.zeros(q.shape[2], np.int64),
-        np.arange(k.shape[2], dtype=np.int64),
-        rule,
-        scale,
-        MAX_FUSED_PIECES,
-    )
+    q_pos, k_pos = np.zeros(q.shape[2], np.int64), np.arange(k.shape[2], dtype=np.int64)
+    out, lse = _attend(q, k.contiguous(), v.contiguous(), q_pos, k_pos, AttentionOptions(scale=scale))
     out = out.to(q.dtype).contiguous()
     if world_size == 1:
         return _merge(out.unsqueeze(0), lse.unsqueeze(0), q.dtype)

@@ -109,33 +109,33 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def _rank_main(
-    rank: int,
-    world_size: int,
-    store_port: int,
-    device: str,
-    threads: int,
-    timeout_s: float,
-    parent_pid: int,
-    fn: Callable[..., Any],
-    args: tuple,
-    results: Any,
-) -> None:
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+@dataclass(frozen=True)
+class _LocalRun:
+    """What every spawned rank is started with, beside its rank and its end of the result pipe."""
+
+    world_size: int
+    store_port: int
+    device: str
+    threads: int
+    timeout_s: float
+    parent_pid: int
+    fn: Callable[..., Any]
+    args: tuple
+
+
+def _rank_main(rank: int, run: _LocalRun, results: Any) -> None:
+    threading.Thread(target=_watch_parent, args=(run.parent_pid,), daemon=True).start()
     try:
         import torch
         import torch.distributed as dist
 
-        torch.set_num_threads(threads)
-        torch_device, backend = _choose_device(device, rank, world_size)
-        store = dist.TCPStore(
-            "127.0.0.1", store_port, world_size, is_master=False, timeout=timedelta(seconds=timeout_s)
-        )
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
-        )
+        torch.set_num_threads(run.threads)
+        torch_device, backend = _choose_device(run.device, rank, run.world_size)
+        timeout = timedelta(seconds=run.timeout_s)
+        store = dist.TCPStore("127.0.0.1", run.store_port, run.world_size, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=run.world_size, timeout=timeout)
         try:
-            result = fn(RankContext(rank, world_size, torch_device, backend), *args)
+            result = run.fn(RankContext(rank, run.world_size, torch_device, backend), *run.args)
             results.send((rank, "returned", None))  # a hang after this is a peer's, not ours
             dist.barrier()  # nobody tears down while a peer still exchanges with it
         finally:
@@ -176,12 +176,10 @@ def run_local(
     store = dist.TCPStore(
         "127.0.0.1", 0, nproc, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
     )
+    run = _LocalRun(nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args)
     processes = [
         context.Process(
-            target=_rank_main,
-            name=f"cp-plan-rank-{rank}",
-            daemon=True,
-            args=(rank, nproc, store.port, device, threads, timeout_s, os.getpid(), fn, args, pipes[rank][1]),
+            target=_rank_main, name=f"cp-plan-rank-{rank}", daemon=True, args=(rank, run, pipes[rank][1])
         )
         for rank in range(nproc)
     ]
@@ -226,54 +224,79 @@ class _Inbox:
         return self.pending.popleft()
 
 
-def _collect(processes: list, results: _Inbox, timeout_s: float) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    done: dict[int, Any] = {}
-    returned: set[int] = set()
-    failures: dict[int, tuple[str, str]] = {}  # rank -> (one line, remote traceback)
-    input_error: InputError | None = None
-    failed_at: float | None = None
-    silent_exit_at: dict[int, float] = {}  # ranks that exited with code 0 and no result (yet)
-    while len(done) < len(processes):
-        now = time.monotonic()
-        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
-            break
-        if now > deadline:
-            late = [rank for rank in range(len(processes)) if rank not in done and rank not in failures]
-            late = [rank for rank in late if rank not in returned] or late
-            ranks = "rank " + str(late[0]) if len(late) == 1 else "ranks " + ", ".join(map(str, late))
-            failures.setdefault(late[0], (f"{ranks} did not finish within {timeout_s:g} s", ""))
-            break
-        try:
-            rank, status, payload = results.get(timeout=0.05)
-        except queue_module.Empty:
-            rank, status = None, None
+class _Tally:
+    """What the parent has heard of the ranks: results, failures (one line and a remote traceback each),
+    and since when something failed."""
+
+    def __init__(self, nproc: int) -> None:
+        self.nproc = nproc
+        self.done: dict[int, Any] = {}
+        self.returned: set[int] = set()  # fn returned; the result may still be on its way
+        self.failures: dict[int, tuple[str, str]] = {}
+        self.input_error: InputError | None = None
+        self.failed_at: float | None = None
+        self.silent_exit_at: dict[int, float] = {}  # ranks that exited with code 0 and no result (yet)
+
+    def receive(self, rank: int, status: str, payload: Any) -> None:
         if status == "returned":
-            returned.add(rank)
+            self.returned.add(rank)
         elif status == "ok":
-            done[rank] = pickle.loads(payload)
+            self.done[rank] = pickle.loads(payload)
         elif status == "input":
-            input_error = input_error or InputError(*payload)
+            self.input_error = self.input_error or InputError(*payload)
         elif status == "error":
-            failures[rank] = (f"rank {rank} raised {payload[0]}", payload[1])
+            self.failures[rank] = (f"rank {rank} raised {payload[0]}", payload[1])
+
+    def check_exits(self, processes: list, now: float) -> None:
+        """A rank that exited without sending a result failed, by its exit code."""
         for index, process in enumerate(processes):
-            if process.exitcode is None or index in done or index in failures:
+            if process.exitcode is None or index in self.done or index in self.failures:
                 continue
             if process.exitcode != 0:
-                failures[index] = (f"rank {index} exited with code {process.exitcode}", "")
+                self.failures[index] = (f"rank {index} exited with code {process.exitcode}", "")
             # Exit code 0 with the result still in the queue is fine; with none after a while, not.
-            elif now - silent_exit_at.setdefault(index, now) > FAILURE_GRACE_S:
-                failures[index] = (f"rank {index} exited with code 0 without a result", "")
-        if (failures or input_error) and failed_at is None:
-            failed_at = time.monotonic()
-    if input_error is not None:
-        raise input_error
-    if failures:
-        # A rank that died is usually the cause; the others then fail talking to it.
-        order = sorted(failures, key=lambda rank: ("exited" not in failures[rank][0], rank))
-        message = "; ".join(failures[rank][0] for rank in order)
-        raise LaunchError(message, "\n".join(failures[rank][1] for rank in order if failures[rank][1]))
-    return [done[rank] for rank in range(len(processes))]
+            elif now - self.silent_exit_at.setdefault(index, now) > FAILURE_GRACE_S:
+                self.failures[index] = (f"rank {index} exited with code 0 without a result", "")
+        if (self.failures or self.input_error) and self.failed_at is None:
+            self.failed_at = time.monotonic()
+
+    def time_out(self, timeout_s: float) -> None:
+        """Name the ranks still running, those whose ``fn`` never returned first."""
+        late = [rank for rank in range(self.nproc) if rank not in self.done and rank not in self.failures]
+        late = [rank for rank in late if rank not in self.returned] or late
+        ranks = "rank " + str(late[0]) if len(late) == 1 else "ranks " + ", ".join(map(str, late))
+        self.failures.setdefault(late[0], (f"{ranks} did not finish within {timeout_s:g} s", ""))
+
+    def results(self) -> list[Any]:
+        """Every rank's result in rank order, or the error that explains the run best."""
+        if self.input_error is not None:
+            raise self.input_error
+        if self.failures:
+            # A rank that died is usually the cause; the others then fail talking to it.
+            order = sorted(self.failures, key=lambda rank: ("exited" not in self.failures[rank][0], rank))
+            message = "; ".join(self.failures[rank][0] for rank in order)
+            tracebacks = "\n".join(self.failures[rank][1] for rank in order if self.failures[rank][1])
+            raise LaunchError(message, tracebacks)
+        return [self.done[rank] for rank in range(self.nproc)]
+
+
+def _collect(processes: list, results: _Inbox, timeout_s: float) -> list[Any]:
+    """Wait for every rank's result; after the first failure, only a grace period for the others."""
+    deadline = time.monotonic() + timeout_s
+    tally = _Tally(len(processes))
+    while len(tally.done) < len(processes):
+        now = time.monotonic()
+        if tally.failed_at is not None and now - tally.failed_at > FAILURE_GRACE_S:
+            break
+        if now > deadline:
+            tally.time_out(timeout_s)
+            break
+        try:
+            tally.receive(*results.get(timeout=0.05))
+        except queue_module.Empty:
+            pass
+        tally.check_exits(processes, now)
+    return tally.results()
 
 
 def _terminate(processes: list) -> None:

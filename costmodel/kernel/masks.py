@@ -23,13 +23,57 @@ import numpy as np
 
 from costmodel.schedule.masks import MaskRule, check_cu_seqlens
 
-__all__ = ["MaskRule", "check_cu_seqlens", "BlockPlan", "Piece", "plan_block", "executed_tile_pairs"]
+__all__ = [
+    "AttentionOptions",
+    "CAUSAL",
+    "FULL",
+    "MaskRule",
+    "check_cu_seqlens",
+    "BlockPlan",
+    "Piece",
+    "plan_block",
+    "executed_tile_pairs",
+]
 
 PieceKind = Literal["full", "causal", "masked"]
 
 # Beyond this many fused calls per block (many short documents in one block), one masked fp32 call
 # over the block's bounding box is cheaper than the per-call overhead.
 MAX_FUSED_PIECES = 32
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """The attention problem every kernel entry point takes, beside its tensors and process group.
+
+    ``causal``, ``cu_seqlens`` (global document boundaries of a packed sequence: varlen), ``window`` (keys
+    within W positions) and ``chunk`` (aligned local chunks) make the :class:`MaskRule`; ``scale`` defaults
+    to head_dim^-0.5; ``max_fused_pieces`` is where :func:`plan_block` falls back to one masked call.
+    """
+
+    causal: bool = False
+    cu_seqlens: tuple[int, ...] | list[int] | None = None
+    window: int | None = None
+    chunk: int | None = None
+    scale: float | None = None
+    max_fused_pieces: int = MAX_FUSED_PIECES
+
+    def mask_rule(self, seq: int | None = None) -> MaskRule:
+        """The rule; ``cu_seqlens`` checked to run from 0 to ``seq`` when the sequence length is known."""
+        if self.cu_seqlens is None:
+            bounds = None
+        elif seq is None:
+            bounds = tuple(int(b) for b in self.cu_seqlens)
+        else:
+            bounds = check_cu_seqlens(self.cu_seqlens, seq)
+        return MaskRule(self.causal, bounds, self.window, self.chunk)
+
+    def softmax_scale(self, head_dim: int) -> float:
+        return head_dim**-0.5 if self.scale is None else self.scale
+
+
+FULL = AttentionOptions()  # every key visible, scale head_dim^-0.5: the entry points' default
+CAUSAL = AttentionOptions(causal=True)
 
 
 @dataclass(frozen=True)

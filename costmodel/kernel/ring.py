@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from costmodel.kernel.block import NEG_INF, accumulator_dtype, block_backward, block_forward
+from costmodel.kernel.block import NEG_INF, Grads, OutLse, accumulator_dtype, block_backward, block_forward
 from costmodel.kernel.comm import RingComm
-from costmodel.kernel.masks import MAX_FUSED_PIECES, BlockPlan, MaskRule, check_cu_seqlens, plan_block
+from costmodel.kernel.masks import FULL, MAX_FUSED_PIECES, AttentionOptions, BlockPlan, MaskRule, plan_block
 from costmodel.schedule.layouts import positions
 
 KV_TAG, DKV_TAG = 0, 1  # separate tags: KV and dK/dV transfers are in flight at the same time
@@ -96,15 +96,16 @@ def ring_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
+    saved: OutLse,
     schedule: RingSchedule,
-    kv_comm: RingComm | None,
-    dkv_comm: RingComm | None,
+    group: dist.ProcessGroup | None,
     scale: float,
 ):
-    """dq, dk, dv of this rank's shards; dK/dV partial sums travel with the KV blocks, in fp32."""
+    """dq, dk, dv of this rank's shards; dK/dV partial sums travel with the KV blocks, in fp32, on a
+    ring of their own beside the KV ring."""
     world_size = schedule.world_size
+    kv_comm = RingComm(group, KV_TAG) if world_size > 1 else None
+    dkv_comm = RingComm(group, DKV_TAG) if world_size > 1 else None
     wide = accumulator_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=wide, device=q.device)
     kv = torch.stack((k, v))
@@ -119,7 +120,7 @@ def ring_backward(
             kv_comm.commit()
         if not plan.skip:
             block_dkv.zero_()
-            block_backward(dout, q, kv[0], kv[1], out, lse, plan, scale, dq, block_dkv[0], block_dkv[1])
+            block_backward(dout, q, kv[0], kv[1], saved, plan, scale, Grads(dq, block_dkv[0], block_dkv[1]))
         if step > 0:  # this block's sums from the ranks before arrive while we computed
             dkv_comm.wait()
             dkv, dkv_spare = dkv_incoming, dkv
@@ -150,11 +151,8 @@ class _RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        many = ctx.schedule.world_size > 1
-        kv_comm = RingComm(ctx.group, KV_TAG) if many else None
-        dkv_comm = RingComm(ctx.group, DKV_TAG) if many else None
         dq, dk, dv = ring_backward(
-            dout.contiguous(), q, k, v, out, lse, ctx.schedule, kv_comm, dkv_comm, ctx.scale
+            dout.contiguous(), q, k, v, OutLse(out, lse), ctx.schedule, ctx.group, ctx.scale
         )
         return dq, dk, dv, None, None, None
 
@@ -175,52 +173,34 @@ def ring_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    options: AttentionOptions = FULL,
     *,
     group: dist.ProcessGroup | None = None,
     layout: str = "contiguous",
-    causal: bool = False,
-    cu_seqlens: tuple[int, ...] | list[int] | None = None,
-    scale: float | None = None,
-    max_fused_pieces: int = MAX_FUSED_PIECES,
-    window: int | None = None,
-    chunk: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact attention of this rank's query shard to the whole sequence, passing K/V round the ring.
 
     ``q`` (b, h, L, d) and ``k``, ``v`` (b, n_kv, L, d) are this rank's shard: the tokens at
     ``positions(layout, L·N, N)[rank]``, in that order (:func:`~costmodel.kernel.sharding.shard`).
-    ``cu_seqlens`` are global document boundaries of the packed sequence (varlen); ``window`` (keys
-    within W positions) and ``chunk`` (aligned local chunks) narrow it further (:class:`MaskRule`). Returns ``out``
-    (like ``q``, differentiable) and ``lse`` (b, h, L) fp32. With no process group initialised it runs
-    on this process alone.
+    ``options`` give the mask (causal, varlen ``cu_seqlens`` as global document boundaries of the packed
+    sequence, ``window``, ``chunk``) and the scale. Returns ``out`` (like ``q``, differentiable) and
+    ``lse`` (b, h, L) fp32. With no process group initialised it runs on this process alone.
     """
     check_shapes(q, k, v)
     world_size = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     seq = q.shape[2] * world_size
-    rule = MaskRule(causal, None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, seq), window, chunk)
-    schedule = ring_schedule(rule, layout, seq, world_size, rank, max_fused_pieces)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    schedule = ring_schedule(options.mask_rule(seq), layout, seq, world_size, rank, options.max_fused_pieces)
+    scale = options.softmax_scale(q.shape[-1])
     return _RingAttention.apply(q, k.contiguous(), v.contiguous(), schedule, group, scale)
 
 
 def local_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    cu_seqlens: tuple[int, ...] | list[int] | None = None,
-    scale: float | None = None,
-    max_fused_pieces: int = MAX_FUSED_PIECES,
-    window: int | None = None,
-    chunk: int | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: AttentionOptions = FULL
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same kernel on one process over a whole sequence in order (used by Ulysses after its all-to-all)."""
     check_shapes(q, k, v)
     seq = q.shape[2]
-    rule = MaskRule(causal, None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, seq), window, chunk)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return _RingAttention.apply(
-        q, k.contiguous(), v.contiguous(), local_schedule(rule, seq, max_fused_pieces), None, scale
-    )
+    schedule = local_schedule(options.mask_rule(seq), seq, options.max_fused_pieces)
+    scale = options.softmax_scale(q.shape[-1])
+    return _RingAttention.apply(q, k.contiguous(), v.contiguous(), schedule, None, scale)

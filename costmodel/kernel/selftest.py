@@ -151,7 +151,7 @@ def selftest_rank(ctx: Any, config: SelftestConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from costmodel.kernel.masks import MaskRule
+    from costmodel.kernel.masks import AttentionOptions, MaskRule
     from costmodel.kernel.reference import reference_attention
     from costmodel.kernel.ring import ring_attention
     from costmodel.kernel.sharding import shard
@@ -183,9 +183,8 @@ def selftest_rank(ctx: Any, config: SelftestConfig) -> dict[str, Any]:
             continue
         attention = ring_attention if variant == "ring" else ulysses_attention
         local = [mine(x).requires_grad_() for x in (q, k, v)]
-        out, lse = attention(
-            *local, group=ctx.group, layout=config.layout, causal=config.causal, cu_seqlens=config.varlen
-        )
+        options = AttentionOptions(causal=config.causal, cu_seqlens=config.varlen)
+        out, lse = attention(*local, options, group=ctx.group, layout=config.layout)
         grads = torch.autograd.grad(out, local, mine(dout))
         errors = torch.stack(
             [
@@ -210,7 +209,7 @@ def _inference_errors(variant, ctx, config, q, k, v, references, mine) -> dict[s
     import torch.distributed as dist
 
     from costmodel.kernel.inference import decode_attention, pass_q_prefill
-    from costmodel.kernel.masks import MaskRule
+    from costmodel.kernel.masks import AttentionOptions, MaskRule
     from costmodel.kernel.reference import reference_attention
 
     held = positions(config.layout, config.seq, ctx.world_size)[ctx.rank]
@@ -221,9 +220,8 @@ def _inference_errors(variant, ctx, config, q, k, v, references, mine) -> dict[s
             mine(v),
             held,
             held,
+            AttentionOptions(causal=config.causal, cu_seqlens=config.varlen),
             group=ctx.group,
-            causal=config.causal,
-            cu_seqlens=config.varlen,
         )
         wanted = [mine(ref.detach()) for ref in references[:2]]
     else:

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from costmodel.kernel.block import (
+    Grads,
+    OutLse,
     accumulator_dtype,
     block_attention,
     block_attention_backward,
@@ -26,8 +28,8 @@ from costmodel.kernel.block import (
     block_forward,
 )
 from costmodel.kernel.comm import RingComm
-from costmodel.kernel.masks import MaskRule, plan_block
-from costmodel.kernel.ring import DKV_TAG, KV_TAG, ring_attention, ring_backward, ring_forward, ring_schedule
+from costmodel.kernel.masks import FULL, AttentionOptions, MaskRule, plan_block
+from costmodel.kernel.ring import KV_TAG, ring_attention, ring_backward, ring_forward, ring_schedule
 from costmodel.kernel.ulysses import ulysses_attention
 
 # Each figure is the lower quartile of its single-call samples, not their median. On a shared machine
@@ -167,34 +169,58 @@ def random_qkv(
     )
 
 
+@dataclass(frozen=True)
+class LayerShape:
+    """One rank's attention inputs: q (batch, heads, tokens, head_dim), k and v with ``kv_heads`` heads."""
+
+    tokens: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    batch: int = 1
+
+    def random_qkv(self, device: torch.device | str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
+        """q, k, v, dout of this shape: :func:`random_qkv`."""
+        return random_qkv(
+            self.batch, self.heads, self.kv_heads, self.tokens, self.head_dim, self.dtype, device, seed
+        )
+
+
+@dataclass(frozen=True)
+class Repeats:
+    """How a timing samples: ``warmup`` untimed runs, then ``repeats`` timed ones."""
+
+    repeats: int = 5
+    warmup: int = 1
+
+
+DEFAULT_REPEATS = Repeats()
+
+
 def time_block(
-    tokens: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
+    shape: LayerShape,
     *,
     causal: bool = False,
-    batch: int = 1,
     device: torch.device | str = "cpu",
-    repeats: int = 5,
-    warmup: int = 1,
+    repeats: Repeats = DEFAULT_REPEATS,
 ) -> BlockTiming:
-    """One ring step's compute on this process: a block of ``tokens`` queries against as many keys, fully
-    visible or with the causal diagonal (the ring's own-block step)."""
+    """One ring step's compute on this process: a block of ``shape.tokens`` queries against as many keys,
+    fully visible or with the causal diagonal (the ring's own-block step)."""
     device = torch.device(device)
-    q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens, head_dim, dtype, device)
-    token = np.arange(tokens)
+    q, k, v, dout = shape.random_qkv(device)
+    token = np.arange(shape.tokens)
     plan = plan_block(MaskRule(causal), token, token)
     out, lse = block_attention(q, k, v, plan)
-    forward_s = typical_time(lambda: block_attention(q, k, v, plan), device, repeats=repeats, warmup=warmup)
-    backward_s = typical_time(
-        lambda: block_attention_backward(dout, q, k, v, out, lse, plan),
-        device,
-        repeats=repeats,
-        warmup=warmup,
+    times = {
+        "forward": lambda: block_attention(q, k, v, plan),
+        "backward": lambda: block_attention_backward(dout, q, k, v, out, lse, plan),
+    }
+    forward_s, backward_s = (
+        typical_time(run, device, repeats=repeats.repeats, warmup=repeats.warmup) for run in times.values()
     )
-    return BlockTiming(forward_s, backward_s, 4.0 * batch * heads * plan.visible_pairs * head_dim)
+    flops = 4.0 * shape.batch * shape.heads * plan.visible_pairs * shape.head_dim
+    return BlockTiming(forward_s, backward_s, flops)
 
 
 def time_ring_exchange(
@@ -251,44 +277,29 @@ class AttentionTiming:
 
 def attention_runs(
     variant: str,
-    tokens_per_rank: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
+    shape: LayerShape,
     group: dist.ProcessGroup | None = None,
     *,
+    options: AttentionOptions = FULL,
     layout: str = "contiguous",
-    causal: bool = False,
-    cu_seqlens: tuple[int, ...] | None = None,
-    batch: int = 1,
     device: torch.device | str = "cpu",
 ) -> dict[str, Callable[[], None]]:
     """Closures running one attention layer over the group, ``variant`` "ring" or "ulysses": its
     "forward" (no autograd) and its "forward_backward", on fixed random inputs. Collective."""
     device = torch.device(device)
     attention = {"ring": ring_attention, "ulysses": ulysses_attention}[variant]
-    q, k, v, dout = random_qkv(
-        batch,
-        heads,
-        kv_heads,
-        tokens_per_rank,
-        head_dim,
-        dtype,
-        device,
-        seed=dist.get_rank(group) if dist.is_initialized() else 0,
-    )
-    kwargs = {"group": group, "layout": layout, "causal": causal, "cu_seqlens": cu_seqlens}
+    q, k, v, dout = shape.random_qkv(device, seed=dist.get_rank(group) if dist.is_initialized() else 0)
+    kwargs = {"group": group, "layout": layout}
     if variant == "ulysses":
         kwargs["return_lse"] = False
     leaves = [x.requires_grad_() for x in (q, k, v)]
 
     def forward() -> None:
         with torch.no_grad():
-            attention(*leaves, **kwargs)
+            attention(*leaves, options, **kwargs)
 
     def forward_backward() -> None:
-        out, _ = attention(*leaves, **kwargs)
+        out, _ = attention(*leaves, options, **kwargs)
         torch.autograd.grad(out, leaves, dout)
 
     return {"forward": forward, "forward_backward": forward_backward}
@@ -296,37 +307,19 @@ def attention_runs(
 
 def time_attention(
     variant: str,
-    tokens_per_rank: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
+    shape: LayerShape,
     group: dist.ProcessGroup | None = None,
     *,
+    options: AttentionOptions = FULL,
     layout: str = "contiguous",
-    causal: bool = False,
-    cu_seqlens: tuple[int, ...] | None = None,
-    batch: int = 1,
     device: torch.device | str = "cpu",
-    repeats: int = 5,
-    warmup: int = 1,
+    repeats: Repeats = DEFAULT_REPEATS,
 ) -> AttentionTiming:
     """Typical forward and forward+backward times of :func:`attention_runs`, in interleaved rounds."""
-    runs = attention_runs(
-        variant,
-        tokens_per_rank,
-        heads,
-        kv_heads,
-        head_dim,
-        dtype,
-        group,
-        layout=layout,
-        causal=causal,
-        cu_seqlens=cu_seqlens,
-        batch=batch,
-        device=device,
+    runs = attention_runs(variant, shape, group, options=options, layout=layout, device=device)
+    times = typical_times(
+        runs, torch.device(device), repeats=repeats.repeats, warmup=repeats.warmup, group=group
     )
-    times = typical_times(runs, torch.device(device), repeats=repeats, warmup=warmup, group=group)
     return AttentionTiming(times["forward"], times["forward_backward"])
 
 
@@ -351,35 +344,30 @@ class RingOverlap:
 
 
 def time_ring_overlap(
-    tokens_per_rank: int,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
+    shape: LayerShape,
     group: dist.ProcessGroup | None = None,
     *,
     layout: str = "contiguous",
     causal: bool = False,
     backward: bool = False,
-    batch: int = 1,
     device: torch.device | str = "cpu",
-    repeats: int = 5,
-    warmup: int = 1,
+    repeats: Repeats = DEFAULT_REPEATS,
 ) -> RingOverlap:
     """Ring forward (or backward alone, ``backward=True``) measured, and its steps' compute and
-    communication timed separately with the same block plans and message sizes."""
+    communication timed separately with the same block plans and message sizes; ``shape.tokens`` per rank."""
 
     device = torch.device(device)
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if world_size < 2:
         raise ValueError("a ring needs at least 2 ranks")
-    schedule = ring_schedule(MaskRule(causal), layout, tokens_per_rank * world_size, world_size, rank)
-    q, k, v, dout = random_qkv(batch, heads, kv_heads, tokens_per_rank, head_dim, dtype, device, seed=rank)
-    scale = head_dim**-0.5
-    kv_comm, dkv_comm = RingComm(group, KV_TAG), RingComm(group, DKV_TAG)
-    out, lse = ring_forward(q, k, v, schedule, kv_comm, scale)
+    schedule = ring_schedule(MaskRule(causal), layout, shape.tokens * world_size, world_size, rank)
+    q, k, v, dout = shape.random_qkv(device, seed=rank)
+    dtype, scale = shape.dtype, shape.head_dim**-0.5
+    kv_comm = RingComm(group, KV_TAG)
+    saved = OutLse(*ring_forward(q, k, v, schedule, kv_comm, scale))
     kv = torch.stack((k, v))
     dkv = torch.zeros(kv.shape, dtype=accumulator_dtype(dtype), device=device)
+    sample = {"repeats": repeats.repeats, "warmup": repeats.warmup, "group": group}
 
     def exchange(*tensors: torch.Tensor) -> Callable[[], None]:
         receive = [torch.empty_like(t) for t in tensors]
@@ -403,22 +391,22 @@ def time_ring_overlap(
             f"compute {j}": (lambda plan=plan: block_forward(q, k, v, plan, scale, *accumulators))
             for j, plan in enumerate(schedule.plans)
         }
-        t = typical_times(runs, device, repeats=repeats, warmup=warmup, group=group)
+        t = typical_times(runs, device, **sample)
         compute = tuple(t[f"compute {j}"] for j in range(world_size))
         return RingOverlap(t["measured"], compute, (t["kv"],) * (world_size - 1) + (0.0,))
 
-    grads = (torch.zeros(q.shape, dtype=wide, device=device), dkv[0], dkv[1])
+    grads = Grads(torch.zeros(q.shape, dtype=wide, device=device), dkv[0], dkv[1])
     runs = {
-        "measured": lambda: ring_backward(dout, q, k, v, out, lse, schedule, kv_comm, dkv_comm, scale),
+        "measured": lambda: ring_backward(dout, q, k, v, saved, schedule, group, scale),
         "kv": exchange(kv),
         "kv+dkv": exchange(kv, dkv),
         "dkv": exchange(dkv),
     }
     runs |= {
-        f"compute {j}": (lambda plan=plan: block_backward(dout, q, k, v, out, lse, plan, scale, *grads))
+        f"compute {j}": (lambda plan=plan: block_backward(dout, q, k, v, saved, plan, scale, grads))
         for j, plan in enumerate(schedule.plans)
     }
-    t = typical_times(runs, device, repeats=repeats, warmup=warmup, group=group)
+    t = typical_times(runs, device, **sample)
     compute = tuple(t[f"compute {j}"] for j in range(world_size))
     # Under step j's compute fly the next KV block (j < N-1) and the previous step's dK/dV sums (j > 0);
     # the last sums go home after the last step with nothing left to hide them.

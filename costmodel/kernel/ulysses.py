@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from costmodel.core.errors import InputError
 from costmodel.kernel.comm import all_to_all_autograd
-from costmodel.kernel.masks import MAX_FUSED_PIECES
+from costmodel.kernel.masks import FULL, AttentionOptions
 from costmodel.kernel.ring import check_shapes, local_attention
 from costmodel.schedule.layouts import positions, ulysses_feasibility
 
@@ -36,14 +36,11 @@ def ulysses_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    options: AttentionOptions = FULL,
     *,
     group: dist.ProcessGroup | None = None,
     layout: str = "contiguous",
-    causal: bool = False,
-    cu_seqlens: tuple[int, ...] | list[int] | None = None,
-    scale: float | None = None,
     return_lse: bool = True,
-    max_fused_pieces: int = MAX_FUSED_PIECES,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact attention of this rank's sequence shard, by two all-to-alls over heads.
 
@@ -69,15 +66,7 @@ def ulysses_attention(
         x = x if in_order is None else x.index_select(2, arrival)
         return all_to_all_autograd(x, scatter_dim=2, gather_dim=1, group=group)
 
-    out, lse = local_attention(
-        to_heads(q),
-        to_heads(k),
-        to_heads(v),
-        causal=causal,
-        cu_seqlens=cu_seqlens,
-        scale=scale,
-        max_fused_pieces=max_fused_pieces,
-    )
+    out, lse = local_attention(to_heads(q), to_heads(k), to_heads(v), options)
     out = to_sequence(out)
     if not return_lse:
         return out, None

@@ -20,7 +20,8 @@ import torch
 
 from costmodel.kernel import TORCH_DTYPE
 from costmodel.kernel.calibrate import LAYER_KINDS, TOTAL_S, CalibrationConfig, measure_sentinel
-from costmodel.kernel.timing import QUANTILE, attention_runs, sample_times, summary
+from costmodel.kernel.masks import AttentionOptions
+from costmodel.kernel.timing import QUANTILE, LayerShape, attention_runs, sample_times, summary
 
 
 @dataclass(frozen=True)
@@ -160,15 +161,16 @@ def measure_cases(
             continue
         layer = attention_runs(
             case.variant,
-            case.tokens_per_rank,
-            shape["heads"],
-            shape["kv_heads"],
-            shape["head_dim"],
-            dtype,
+            LayerShape(
+                case.tokens_per_rank,
+                shape["heads"],
+                shape["kv_heads"],
+                shape["head_dim"],
+                dtype,
+                shape["batch"],
+            ),
+            options=AttentionOptions(causal=case.causal, cu_seqlens=case.cu_seqlens(ctx.world_size)),
             layout=case.layout,
-            causal=case.causal,
-            cu_seqlens=case.cu_seqlens(ctx.world_size),
-            batch=shape["batch"],
             device=ctx.device,
         )
         runs[(index, "fwd")] = layer["forward"]

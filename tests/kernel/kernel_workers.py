@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from costmodel.core.errors import InputError
+from costmodel.kernel.masks import CAUSAL, AttentionOptions
 from costmodel.kernel.ring import ring_attention
 from costmodel.kernel.sharding import shard
 from costmodel.kernel.ulysses import ulysses_attention
@@ -33,7 +34,8 @@ def run_cases(ctx, cases: list[dict]) -> list[tuple[torch.Tensor, ...]]:
         mine = [shard(x, case["layout"], ctx.world_size, ctx.rank) for x in (q, k, v, dout)]
         leaves = [x.requires_grad_() for x in mine[:3]]
         attention = ring_attention if case["variant"] == "ring" else ulysses_attention
-        out, lse = attention(*leaves, layout=case["layout"], causal=case["causal"], cu_seqlens=case["varlen"])
+        options = AttentionOptions(causal=case["causal"], cu_seqlens=case["varlen"])
+        out, lse = attention(*leaves, options, layout=case["layout"])
         grads = torch.autograd.grad(out, leaves, mine[3])
         results.append((out.detach(), lse, *grads))
     return results
@@ -67,13 +69,14 @@ def time_everything(ctx) -> dict:
     """Each calibration timing once, on tiny shapes."""
     from costmodel.kernel import timing
 
-    fast = {"repeats": 1, "warmup": 0}
-    shape = (16, 4, 2, 8, torch.float32)  # tokens per rank, heads, kv heads, head dim, dtype
-    overlap = timing.time_ring_overlap(*shape, layout="zigzag", causal=True, backward=True, **fast)
+    once = timing.Repeats(repeats=1, warmup=0)
+    shape = timing.LayerShape(tokens=16, heads=4, kv_heads=2, head_dim=8, dtype=torch.float32)
+    overlap = timing.time_ring_overlap(shape, layout="zigzag", causal=True, backward=True, repeats=once)
+    varlen = AttentionOptions(cu_seqlens=(0, 5, 32))
     return {
-        "exchange_s": timing.time_ring_exchange(4096, **fast),
-        "all_to_all_s": timing.time_all_to_all(4096, **fast),
-        "ring": timing.time_attention("ring", *shape, layout="striped", causal=True, **fast),
-        "ulysses": timing.time_attention("ulysses", *shape, cu_seqlens=(0, 5, 32), **fast),
+        "exchange_s": timing.time_ring_exchange(4096, repeats=1, warmup=0),
+        "all_to_all_s": timing.time_all_to_all(4096, repeats=1, warmup=0),
+        "ring": timing.time_attention("ring", shape, options=CAUSAL, layout="striped", repeats=once),
+        "ulysses": timing.time_attention("ulysses", shape, options=varlen, repeats=once),
         "overlap": (overlap.compute_step_s, overlap.comm_step_s, overlap.exposed_s, overlap.efficiency),
     }

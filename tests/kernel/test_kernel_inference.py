@@ -20,7 +20,7 @@ from costmodel.kernel.inference import (
     pass_q_prefill,
 )
 from costmodel.kernel.launch import run_local
-from costmodel.kernel.masks import MaskRule
+from costmodel.kernel.masks import FULL, MaskRule
 from costmodel.kernel.reference import reference_attention
 from costmodel.kernel.selftest import TOLERANCES
 
@@ -88,19 +88,7 @@ def test_merge_of_two_halves_is_the_whole() -> None:
 def test_decode_merge_over_cache_shards_on_one_process(case: dict) -> None:
     q, k, v, q1 = inference_workers.problem(case)
     shards = np.array_split(np.arange(k.shape[2]), 3)
-    parts = [
-        _attend(
-            q1,
-            k[:, :, s],
-            v[:, :, s],
-            np.zeros(1, np.int64),
-            s,
-            MaskRule(False),
-            q1.shape[-1] ** -0.5,
-            32,
-        )
-        for s in shards
-    ]
+    parts = [_attend(q1, k[:, :, s], v[:, :, s], np.zeros(1, np.int64), s, FULL) for s in shards]
     out, _ = _merge(
         torch.stack([o.to(q1.dtype) for o, _ in parts]), torch.stack([l for _, l in parts]), q1.dtype
     )

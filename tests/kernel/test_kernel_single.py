@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from costmodel.kernel.masks import MaskRule
+from costmodel.kernel.masks import CAUSAL, AttentionOptions, MaskRule
 from costmodel.kernel.reference import reference_attention
 from costmodel.kernel.ring import local_attention, ring_attention
 from costmodel.kernel.selftest import TOLERANCES
@@ -52,9 +52,9 @@ def sdpa_with_grads(q, k, v, dout, causal: bool):
     return (out, *torch.autograd.grad(out, leaves, dout))
 
 
-def kernel_with_grads(attention, q, k, v, dout, **kwargs):
+def kernel_with_grads(attention, q, k, v, dout, options: AttentionOptions, **kwargs):
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out, lse = attention(*leaves, **kwargs)
+    out, lse = attention(*leaves, options, **kwargs)
     return (out, lse, *torch.autograd.grad(out, leaves, dout))
 
 
@@ -63,7 +63,7 @@ def kernel_with_grads(attention, q, k, v, dout, **kwargs):
 def test_matches_sdpa_and_its_autograd_fp32(heads: int, kv_heads: int, head_dim: int, causal: bool) -> None:
     q, k, v, dout = draw(heads, kv_heads, head_dim)
     want = sdpa_with_grads(q, k, v, dout, causal)
-    out, _lse, *grads = kernel_with_grads(local_attention, q, k, v, dout, causal=causal)
+    out, _lse, *grads = kernel_with_grads(local_attention, q, k, v, dout, AttentionOptions(causal=causal))
     for got, expected in zip((out, *grads), want, strict=True):
         assert_within(got, expected, "float32")
 
@@ -79,7 +79,7 @@ def test_matches_float64_reference(
     leaves = [x.double().requires_grad_() for x in (q, k, v)]
     ref_out, ref_lse = reference_attention(*leaves, MaskRule(causal))
     want = (ref_out, ref_lse, *torch.autograd.grad(ref_out, leaves, dout.double()))
-    got = kernel_with_grads(local_attention, q, k, v, dout, causal=causal)
+    got = kernel_with_grads(local_attention, q, k, v, dout, AttentionOptions(causal=causal))
     assert got[0].dtype == got[2].dtype == getattr(torch, dtype)
     for g, w in zip(got, want, strict=True):
         assert_within(g, w, dtype)
@@ -90,7 +90,9 @@ def test_varlen_equals_sdpa_per_document(causal: bool) -> None:
     """Packed documents [0, 5, 17, 48): each document's rows equal SDPA over that document alone."""
     bounds = (0, 5, 17, 48)
     q, k, v, dout = draw(4, 2, 16)
-    got = kernel_with_grads(local_attention, q, k, v, dout, causal=causal, cu_seqlens=bounds)
+    got = kernel_with_grads(
+        local_attention, q, k, v, dout, AttentionOptions(causal=causal, cu_seqlens=bounds)
+    )
     for start, end in itertools.pairwise(bounds):
         doc = [x[:, :, start:end] for x in (q, k, v, dout)]
         want = sdpa_with_grads(*doc, causal)
@@ -113,9 +115,7 @@ def test_float64_kernel_is_exact() -> None:
             k,
             v,
             dout,
-            causal=True,
-            cu_seqlens=rule.cu_seqlens,
-            max_fused_pieces=max_pieces,
+            AttentionOptions(causal=True, cu_seqlens=rule.cu_seqlens, max_fused_pieces=max_pieces),
         )
         for g, w in zip(got, want, strict=True):
             torch.testing.assert_close(g, w, atol=1e-12, rtol=1e-12)
@@ -123,8 +123,8 @@ def test_float64_kernel_is_exact() -> None:
 
 def test_ring_without_process_group_is_one_rank() -> None:
     q, k, v, dout = draw(4, 2, 16)
-    a = kernel_with_grads(ring_attention, q, k, v, dout, causal=True, layout="zigzag")
-    b = kernel_with_grads(local_attention, q, k, v, dout, causal=True)
+    a = kernel_with_grads(ring_attention, q, k, v, dout, CAUSAL, layout="zigzag")
+    b = kernel_with_grads(local_attention, q, k, v, dout, CAUSAL)
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x, y, atol=0, rtol=0)
 
@@ -137,10 +137,11 @@ def test_shape_errors_are_clear() -> None:
 
 def test_block_timing_counts_visible_flops() -> None:
     """time_block: forward and backward seconds, and 4·b·h·pairs·d FLOP (half the pairs + diagonal if causal)."""
-    from costmodel.kernel.timing import time_block
+    from costmodel.kernel.timing import LayerShape, Repeats, time_block
 
-    full = time_block(32, 4, 2, 8, torch.float32, repeats=1, warmup=0)
-    causal = time_block(32, 4, 2, 8, torch.bfloat16, causal=True, repeats=1, warmup=0)
+    once = Repeats(repeats=1, warmup=0)
+    full = time_block(LayerShape(32, 4, 2, 8, torch.float32), repeats=once)
+    causal = time_block(LayerShape(32, 4, 2, 8, torch.bfloat16), causal=True, repeats=once)
     assert full.forward_s > 0 and full.backward_s > 0
     assert full.forward_flops == 4 * 4 * 32 * 32 * 8
     assert causal.forward_flops == 4 * 4 * (32 * 33 // 2) * 8
