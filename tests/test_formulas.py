@@ -241,6 +241,8 @@ def test_numeric_twin_matches_exact_sympy(
         "k_opt": 30,
         "s_comm": 0.12,
         "t_launch": 1e-5,
+        "t_cs": 3e-4,
+        "t_ms": 2e-4,
         "k_copy": 1,
         "t_lf": 3e-4,
         "n_kl": 12,
