@@ -158,6 +158,23 @@ def test_measured_profile_round_trips_through_yaml(tmp_path) -> None:
     assert load_profile(str(path)) == profile
 
 
+def test_the_decode_read_sets_the_memory_bandwidth() -> None:
+    """A calibration that timed one decode query against a long cache states the bytes/s it read at as the
+    device's memory bandwidth (what decode's KV-cache read and the merges are priced at); one measured
+    before it states none, as before."""
+    raw = raw_measurements()
+    raw["inference"] = {
+        "tokens": 8,
+        "kinds": [],
+        "calls": [],
+        "read": {"tokens": 32768, "bytes": 134217728, "bytes_per_s": 5.0e9, "spread": 0.02},
+    }
+    profile = build_profile(raw, "box", SHAPE, date="2026-11-30")
+    assert profile.device.hbm_bandwidth == 5.0e9
+    assert "32768-token cache" in profile.source.notes
+    assert build_profile(raw_measurements(), "box", SHAPE, date="2026-11-30").device.hbm_bandwidth is None
+
+
 def test_inference_fixed_costs_are_the_tiny_layers_less_the_model() -> None:
     """Each scheme's fixed cost is its tiny layer's time less what the inference formulas predict for it
     without one; validate's prediction at that very shape then returns the time measured, and a datasheet

@@ -102,6 +102,30 @@ def test_scheme_rule_and_timing_agree_far_from_the_boundary() -> None:
     assert follow.schemes["pass-q"].ttft_s < 0.5 * follow.schemes["pass-kv"].ttft_s
 
 
+def test_pass_q_returns_its_partials_by_two_all_to_alls_on_the_all_to_all_link() -> None:
+    """pass-Q's partial outputs come back by an all-to-all for O and one for the LSE, each paying the CP
+    group's all-to-all latency, at its all-to-all bandwidth (bisection-bound), not a ring hop's."""
+    from costmodel.inference.serve import attention_bind
+    from costmodel.machines.binding import build_machine
+    from costmodel.machines.profiles import load_profile
+    from costmodel.plans.inputs import PlanInputs
+
+    inputs = PlanInputs(seq=8192, cp=8, hw="h100-ib", heads=32, kv_heads=8, head_dim=128)
+    setup = build_infer(model="llama3-8b", hw="h100-ib", prompt=8192, cp=8, output=0)[1]
+    machine = build_machine(load_profile("h100-ib"))
+    values = attention_bind(inputs, setup, machine)
+    a2a = machine.link(8, "alltoall")
+    assert (values["B_cpa"], values["alpha_cpa"]) == (a2a.bandwidth, a2a.latency_s or 5e-6)
+    # with the whole query ring hidden (o_cp = 1, attention far longer than the ring, no SM slowdown) what
+    # is left is the return: 2 alpha + C_passQ_out / B of the all-to-all, whatever the ring hop's link
+    v = {**values, "T_n": 8192, "K_c": 65536, "o_cp": 1.0, "s_comm": 0.0, "F_attn": 1.0}
+    v |= {"B_cp": 1e3, "alpha": 1e-3}
+    ret = numeric.passq_return_bytes(**{a: v[a] for a in numeric.ARGS["passq_return_bytes"]})
+    assert ret == 7 * (8192 // 8) * 32 * (128 * 2 + 4)
+    exposed = numeric.passq_exposed_s(**{a: v[a] for a in numeric.ARGS["passq_exposed_s"]})
+    assert exposed == pytest.approx(2 * v["alpha_cpa"] + ret / v["B_cpa"], rel=1e-12)
+
+
 def test_mha_pass_q_steps_are_always_the_smaller() -> None:
     # n_kv = h: a query block is half a KV block, so 2·n_kv/h = 2 exceeds any new-token share; pass-KV
     # wins only where its steps hide under attention (T >= T_hide)

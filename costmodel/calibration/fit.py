@@ -275,6 +275,7 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
     peak = max(p.flops_per_s for c in curves for p in c.forward)
     dtype = shape["dtype"]
     overlap, step_overhead = fit_overlap(raw["overlap"])
+    read = (raw.get("inference") or {}).get("read")  # absent from measurements taken before it was
 
     def link(scope: str, label: str) -> dict[str, Any]:
         fit, collective = p2p[scope], alltoall[scope]
@@ -295,13 +296,19 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
             "backend": meta["backend"],
             "torch_version": meta["torch_version"],
             "nproc": meta["nproc"],
-            "notes": f"{meta['device_name']}; peak_flops is the best attention rate measured, not a datasheet figure",
+            "notes": f"{meta['device_name']}; peak_flops is the best attention rate measured, not a datasheet figure"
+            + (
+                f"; hbm_bandwidth is the rate one decode query read a {read['tokens']}-token cache at"
+                if read
+                else ""
+            ),
         },
         "device": {
             "name": meta["device_name"],
             "peak_flops": {dtype: peak},
             "effective_flops": {dtype: effective},
             "hbm_bytes": meta["memory_bytes"],
+            **({"hbm_bandwidth": read["bytes_per_s"]} if read else {}),
         },
         "devices_per_node": meta["ranks_per_node"],
         "links": {"intra_node": link("intra-node", "intra-node")}

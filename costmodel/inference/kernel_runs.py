@@ -56,7 +56,8 @@ def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens
     )
     values = attention_bind(inputs, setup, machine)
     p = values["p"]
-    return {**values, **_NO_WEIGHTS, "p_w": p, "p_kv": p}  # the kernel caches K, V in the attention dtype
+    # the kernel caches K, V in the attention dtype; its all-to-alls pay their own measured latency
+    return {**values, **_NO_WEIGHTS, "p_w": p, "p_kv": p, "alpha_cpa": machine.link(n, "alltoall").latency_s}
 
 
 def predict_run(

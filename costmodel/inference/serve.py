@@ -32,7 +32,7 @@ from costmodel.inference.report import (
     Target,
 )
 from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import Collective, Machine
 from costmodel.machines.profiles import BYTES_PER_ELEMENT
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import (
@@ -105,9 +105,11 @@ def _machine(machine: Machine, dtype: str, flag: str) -> Machine:
     return machine.at(dtype)
 
 
-def _link(machine: Machine, stride: int, size: int, latency: float | None) -> tuple[float, float]:
-    """(B, alpha) of a group of ``size`` ranks ``stride`` apart."""
-    link = machine.placed(stride).link(size)
+def _link(
+    machine: Machine, stride: int, size: int, latency: float | None, collective: Collective = "p2p"
+) -> tuple[float, float]:
+    """(B, alpha) of a ``collective`` over a group of ``size`` ranks ``stride`` apart."""
+    link = machine.placed(stride).link(size, collective)
     alpha = latency if latency is not None else (link.latency_s or DEFAULT_LATENCY_S)
     return link.bandwidth, alpha
 
@@ -138,6 +140,7 @@ def attention_bind(
     device, kernels = machine.profile.device, machine.profile.kernels
     b_tp, alpha_tp = _link(machine, 1, t, setup.comm_latency)
     b_cp, alpha_cp = _link(machine, t, n, setup.comm_latency)
+    b_cpa, alpha_cpa = _link(machine, t, n, setup.comm_latency, "alltoall")
     b_pp, _ = _link(machine, t * n, pp, setup.comm_latency)
     if machine.calibrated:  # the measured fixed cost per waited ring step
         launch = machine.fixed("step_overhead_s")
@@ -157,6 +160,8 @@ def attention_bind(
         "B_cp": b_cp,
         "B_pp": b_pp,
         "alpha": alpha_cp,
+        "B_cpa": b_cpa,
+        "alpha_cpa": alpha_cpa,
         "alpha_tp": alpha_tp,
         **overlaps(machine, t, setup.tp_comm_overlap, setup.cp_overlap),
         "t_launch": launch,

@@ -59,6 +59,9 @@ TOTAL_S = 0.5  # short calls get more single-call samples, until they add up to 
 MESSAGE_BYTES = tuple(4096 * 4**k for k in range(7))  # 4 KiB .. 16 MiB
 # (queries, keys) of the inference calls timed beside the square blocks: 4x and 16x as many keys
 INFERENCE_CALLS = ((16, 64), (64, 256), (256, 1024), (16, 256), (64, 1024), (128, 2048))
+# The cache one decode query reads to measure the memory bandwidth the kernel streams at: large enough
+# (tens of MB) that no on-chip cache holds it, on a CPU as on a GPU's L2.
+READ_TOKENS = 32768
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,8 @@ def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress)
     """Every inference layer `cp-plan validate` runs (a pass-KV and a pass-Q prefill after a cached
     prefix, a decode step), whole, at a tiny shard (``layer_tokens`` new and cached tokens per rank; one
     decode token): what remains is each scheme's fixed cost (launches, host work, the position and
-    partial-output collectives' fixed part, the merges' dispatch)."""
+    partial-output collectives' fixed part, the merges' dispatch). Beside them, one query against a long
+    cache: the memory bandwidth a decode streams the cache at, which the profile states as the device's."""
     from costmodel.kernel.inference import SCHEMES, inference_run
 
     torch_dtype = getattr(torch, _torch_name(config.dtype))
@@ -377,6 +381,12 @@ def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress)
         )
         for scheme in SCHEMES
     }
+    # one decode query against a long cache, every rank busy: the bytes/s a memory-bound call reads at
+    q, k, v, _ = _inputs(config, READ_TOKENS, ctx)
+    read_plan = plan_block(MaskRule(False), np.arange(1), np.arange(READ_TOKENS))
+    runs["read"] = _ring_step(q[:, :, :1].contiguous(), k, v, None, read_plan)[0]
+    read_bytes = k.numel() * k.element_size() + v.numel() * v.element_size()
+    del q, k, v
     flops = {}
     for queries, keys in INFERENCE_CALLS:  # a block of new queries against a longer cache, every rank busy
         q, k, v, _ = _inputs(config, keys, ctx)
@@ -391,6 +401,13 @@ def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress)
         min_total_s=TOTAL_S,
         on_round=lambda: progress.step("inference overheads"),
     )
+    read_s, read_spread = summary(samples.pop("read"))
+    read = {
+        "tokens": READ_TOKENS,
+        "bytes": read_bytes,
+        "bytes_per_s": read_bytes / read_s,
+        "spread": read_spread,
+    }
     calls = []
     for (queries, keys), work in flops.items():
         seconds, spread = summary(samples.pop((queries, keys)))
@@ -399,6 +416,7 @@ def _measure_inference(ctx: Any, config: CalibrationConfig, progress: _Progress)
         )
     return {
         "calls": calls,
+        "read": read,
         "tokens": tokens,
         "kinds": [
             {

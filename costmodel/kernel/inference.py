@@ -7,7 +7,7 @@ with fewer queries than keys; each step's mask again comes from global positions
 Prefill with a cached prefix (pass-Q): every rank keeps its KV shard (cached and new tokens) and passes
 its new queries round the ring; at step j it holds the queries of rank (rank - j) mod N and attends them
 to its own keys, masked by global position ([A-OnlineNorm]'s rule, :mod:`costmodel.kernel.masks`). The
-partial (O, LSE) of every query block stays where it was computed until one all-to-all returns each
+partial (O, LSE) of every query block stays where it was computed until two all-to-alls return each
 block's N partials to its owner, who merges them by log-sum-exp ([OnlineSoftmax]). K and V never move,
 which is the point when the cache is long and the new tokens few.
 

@@ -71,6 +71,9 @@ F = _symbol(
 )
 B = _symbol("B", "link bandwidth per direction", "B/s", "[A-RingCost §4]")
 alpha = _symbol("alpha", "per-message latency of the link", "s", "[A-SPDeep]", nonnegative=True)
+alpha_cpa = _symbol(
+    "alpha_cpa", "latency of one all-to-all call over the CP group", "s", "[A-SPDeep]", nonnegative=True
+)
 
 # Planning knobs.
 r = _symbol("r", "target ratio of step receive time to step compute time", "1", "[A-RingCost §11]")
@@ -165,6 +168,12 @@ B_tp = _symbol("B_tp", "per-direction bandwidth of the TP group's link", "B/s", 
 B_cp = _symbol("B_cp", "per-direction bandwidth of the CP group's link", "B/s", "hardware profile")
 B_pp = _symbol("B_pp", "per-direction bandwidth between pipeline stages", "B/s", "hardware profile")
 B_dp = _symbol("B_dp", "per-direction bandwidth of the DP group's link", "B/s", "hardware profile")
+B_cpa = _symbol(
+    "B_cpa",
+    "per-direction bandwidth of an all-to-all over the CP group (bisection-bound)",
+    "B/s",
+    "hardware profile",
+)
 rc_sel = _symbol(
     "rc_sel",
     "selective recompute (attention core again in backward): 1, else 0",

@@ -64,6 +64,9 @@ def test_calibrate_writes_a_measured_profile(profile: Path) -> None:
     assert set(cal["inference_overhead_s"]) == {"pass-kv", "pass-q", "decode"}
     assert {"inference pass-kv", "inference pass-q", "inference decode"} <= set(cal["fits"])
     assert {(c["queries"], c["keys"]) for c in cal["call_rates"]} >= {(64, 256), (64, 1024)}
+    # the memory bandwidth one decode query streamed a long cache at: a CPU's, between 0.1 and 1,000 GB/s
+    assert 1e8 < data["device"]["hbm_bandwidth"] < 1e12
+    assert "hbm_bandwidth is the rate one decode query read" in data["source"]["notes"]
     assert cal["quality"]["r2_min"] == 0.95 and isinstance(cal["quality"]["trusted"], bool)
     assert cal["quality"]["trusted"] == (not cal["quality"]["reasons"])
     assert not list(profile.parent.glob(".*.tmp"))

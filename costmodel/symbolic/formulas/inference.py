@@ -9,6 +9,7 @@ from costmodel.symbolic.formulas.registry import definer
 from costmodel.symbolic.formulas.step import _hidden
 from costmodel.symbolic.symbols import (
     B_cp,
+    B_cpa,
     B_hbm,
     B_pp,
     B_tp,
@@ -22,6 +23,7 @@ from costmodel.symbolic.symbols import (
     T_n,
     V,
     alpha,
+    alpha_cpa,
     alpha_tp,
     b,
     c,
@@ -50,7 +52,7 @@ define = definer(GROUP)
 # A prefill computes T_n new tokens per sequence whose queries see K_c cached tokens and, causally, each
 # other; CP splits the new tokens N ways (load-balanced) and leaves each rank (K_c + T_n)/N cached tokens.
 # Three ways to bring keys to queries: pass-KV rings the K and V of every rank's tokens, pass-Q rings the
-# queries and returns partial (O, LSE) by one all-to-all, all-gather collects K and V first. Decode keeps
+# queries and returns partial (O, LSE) by all-to-all, all-gather collects K and V first. Decode keeps
 # the cache sharded: every rank attends the new token to its shard and the (O, LSE) partials are merged.
 # A TP rank holds n_kv/t KV heads, at least one (replicated when t > n_kv).
 _kv_tp = sympy.Max(n_kv / t, 1)
@@ -113,8 +115,7 @@ C_pqo = define(
     "passq_return_bytes",
     "C_passQ_out",
     (N - 1) * _new * (h / t) * (d * p + p_acc),
-    "pass-Q: partial outputs and their fp32 LSE that one rank receives back from the others by one "
-    "all-to-all",
+    "pass-Q: partial outputs and their fp32 LSE that one rank receives back from the others by all-to-all",
     "B",
     "[CP-Infer], [OnlineSoftmax]",
 )
@@ -161,9 +162,9 @@ define(
 define(
     "passq_exposed_s",
     "x_passQ",
-    _hidden(tau_pq, t_pf, o_cp) + alpha + C_pqo / B_cp,
-    "pass-Q: the query ring left after hiding under the attention, plus the all-to-all of partial "
-    "outputs, which waits for the last step",
+    _hidden(tau_pq, t_pf, o_cp) + 2 * alpha_cpa + C_pqo / B_cpa,
+    "pass-Q: the query ring left after hiding under the attention, plus the all-to-alls that return the "
+    "partial outputs and their LSE (two calls, on the group's all-to-all link), which wait for the last step",
     "s",
     "[CP-Infer]",
 )
