@@ -6,6 +6,8 @@ The commands run interleaved, round after round, so machine noise hits them alik
 each median and its ratio to `python -c pass`. Goals: the report path imports neither sympy nor torch,
 and takes at most half the wall time of llm-analysis answering a training question, run beside it when
 a Python with llm-analysis is named by LLM_ANALYSIS_PYTHON (e.g. a venv with `pip install llm-analysis`).
+Beside them, the import of the libraries the calculator is built on (typer, pydantic, numpy, PyYAML,
+rich) and nothing else: the floor under any plan command, which no change to cp-plan's own code lowers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 import time
 
 REPORT = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--format", "json"]
+CORE = "  core libraries only"
 
 
 def commands() -> dict[str, list[str]]:
@@ -34,6 +37,8 @@ def commands() -> dict[str, list[str]]:
             "-c",
             "import costmodel.cli.app, costmodel.plans.evaluate, costmodel.cli.render",
         ],
+        # the libraries the calculator is built on, imported and nothing else: the floor of any plan command
+        CORE: [sys.executable, "-c", "import typer, pydantic, numpy, yaml, rich.table"],
     } | _llm_analysis()
 
 
@@ -81,6 +86,8 @@ def main() -> None:
         print(
             f"cp-plan json / llm-analysis = {ratio:.2f}; goal <= 0.5: {'met' if ratio <= 0.5 else 'missed'}"
         )
+        floor = statistics.median(times[CORE]) / statistics.median(times[other])
+        print(f"core libraries' imports alone / llm-analysis = {floor:.2f} (the floor of that ratio)")
 
 
 if __name__ == "__main__":
