@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from costmodel.calibration.fit import build_profile, fit_link, fit_overlap, fit_sync, profile_yaml
 from costmodel.machines.binding import Machine
-from costmodel.machines.profiles import load_profile, parse_profile
+from costmodel.machines.profiles import ComputeCurve, load_profile, parse_profile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict, ring_layer_time
 
@@ -268,7 +268,7 @@ def test_calibrated_prediction_uses_the_measured_rates() -> None:
     profile = build_profile(raw_measurements(), "box", SHAPE)
     inputs = PlanInputs(seq=2048, n=2, heads=8, kv_heads=8, head_dim=64, dtype="fp32", block=1, hw="box")
     work = 4.0 * 8 * 1024 * 1024 * 64
-    rate = profile.calibration.curve(2, False).rate(work)
+    rate = profile.calibration.rate(work, 2, False)  # the curve's, slowed as a ring step's compute measured
     kv_s = 1e-4 + 2 * 1024 * 8 * 64 * 4 / 2e9
     cal = profile.calibration
     expected = (
@@ -348,14 +348,70 @@ def test_calls_of_fewer_queries_than_keys_run_at_their_measured_rate() -> None:
         calls[-1]["flops_per_s"] = square.rate(flops) / 1.5  # measured 1.5x slower than a square block
     raw["inference"] = {"tokens": 8, "kinds": [], "calls": calls}
     cal = build_profile(raw, "box", SHAPE, date="2026-11-30").calibration
-    for call in calls:
+    for call in calls:  # inside a layer, each slowed as a ring step's compute is
         assert cal.call_rate(call["flops"], 2, call["queries"], call["keys"]) == pytest.approx(
-            call["flops_per_s"], rel=1e-12
+            call["flops_per_s"] / cal.step_factor(call["flops"]), rel=1e-12
         )
     flops = 4.0 * 8 * 64 * 128 * 128
-    assert cal.call_rate(flops, 2, 128, 128) == pytest.approx(square.rate(flops), rel=1e-12)
+    step = cal.step_factor(flops)
+    assert cal.call_rate(flops, 2, 128, 128) == pytest.approx(square.rate(flops) / step, rel=1e-12)
     between = cal.call_rate(flops, 2, 128, 256)  # 2 keys per query: half way in log(aspect)
-    assert between == pytest.approx(square.rate(flops) / 1.25, rel=1e-9)
+    assert between == pytest.approx(square.rate(flops) / 1.25 / step, rel=1e-9)
+
+
+def _curve(fixed_s: float, flops_per_s: float) -> ComputeCurve:
+    """A compute curve of calls that take exactly fixed_s + flops / flops_per_s, at 32-512 token blocks."""
+    points = []
+    for tokens in (32, 128, 512):
+        flops = 4.0 * 8 * 64 * tokens * tokens
+        seconds = fixed_s + flops / flops_per_s
+        points.append({"tokens": tokens, "flops": flops, "flops_per_s": flops / seconds, "spread": 0.0})
+    return ComputeCurve(concurrency=1, causal=False, forward=points, backward=points)
+
+
+@pytest.mark.parametrize("fraction", [1e-4, 0.01, 0.25, 0.9])
+def test_a_call_smaller_than_every_measured_block_still_pays_its_fixed_cost(fraction: float) -> None:
+    """Calls that take 0.4 ms + FLOP / 30 GFLOP/s: one of a fraction of the smallest block's FLOP takes
+    0.4 ms + its own FLOP's share, read along the two smallest blocks' times, not the smallest block's
+    rate (which would make a call of 1 % of the FLOP take 1 % of the time)."""
+    fixed, speed = 4e-4, 3e10
+    curve = _curve(fixed, speed)
+    flops = fraction * curve.forward[0].flops
+    assert flops / curve.rate(flops) == pytest.approx(fixed + flops / speed, rel=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fixed=st.floats(0.0, 1e-2),
+    speed=st.floats(1e9, 1e13),
+    fractions=st.lists(st.floats(1e-6, 1.0), min_size=2, max_size=6),
+)
+def test_below_the_smallest_block_a_larger_call_never_takes_less_time(
+    fixed: float, speed: float, fractions: list[float]
+) -> None:
+    """Up to the smallest measured block, time grows with the FLOP, stays positive and meets the block's."""
+    curve = _curve(fixed, speed)
+    sizes = sorted(f * curve.forward[0].flops for f in fractions)
+    times = [f / curve.rate(f) for f in sizes]
+    assert all(t > 0 for t in times)
+    assert all(b >= a * (1 - 1e-9) for a, b in zip(times, times[1:]))
+
+
+def test_a_ring_step_computes_at_what_the_overlap_rounds_measured() -> None:
+    """Calibrate times each block's compute twice: on the compute curve, among other blocks, and in the
+    overlap rounds, among the KV exchanges a layer runs beside it. A layer's calls take the second: the
+    curve's rate slowed by their ratio at the block's FLOP (1 with no overlap rounds)."""
+    raw = raw_measurements()
+    cal = build_profile(raw, "box", SHAPE).calibration
+    curve = cal.curve(2, False)
+    for sample in raw["overlap"]:
+        block = next(p for p in curve.forward if p.tokens == sample["tokens"])
+        ratio = sample["compute"] / (block.flops / block.flops_per_s)
+        assert cal.step_factor(block.flops) == pytest.approx(ratio, rel=1e-12)
+        assert cal.rate(block.flops, 2, False) == pytest.approx(block.flops_per_s / ratio, rel=1e-12)
+    bare = cal.model_copy(update={"overlap_samples": []})
+    assert bare.step_factor(1e9) == 1.0
+    assert bare.rate(1e9, 2, True, backward=True) == bare.curve(2, True).rate(1e9, backward=True)
 
 
 @pytest.mark.parametrize("uncertain", [True, False])

@@ -164,8 +164,7 @@ class Machine:
         a CPU they share cores). Measured curves where calibrated; else the published kernel tables where
         the profile has them and no efficiency was given; else :attr:`effective_flops`."""
         if self.calibrated:
-            curve = self.profile.calibration.curve(busy, masked)  # type: ignore[union-attr]
-            return curve.rate(flops, backward)
+            return self.profile.calibration.rate(flops, busy, masked, backward)  # type: ignore[union-attr]
         if self.published_rates:
             return kernels.attention_rate(
                 self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward, kernel

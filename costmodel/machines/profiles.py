@@ -204,10 +204,22 @@ class ComputeCurve(_Strict):
 
     def rate(self, flops: float, backward: bool = False) -> float:
         """FLOP/s of a kernel call doing ``flops`` (forward-counted), interpolated in log(work per call) over
-        the measured blocks, flat beyond them. Work per call, not tokens, is what fills the machine, so
-        the curve serves any head count and block shape."""
+        the measured blocks, flat beyond the largest. Work per call, not tokens, is what fills the machine,
+        so the curve serves any head count and block shape.
+
+        Below the smallest block a call is mostly its fixed cost (dispatch, allocation), so its *time* is
+        extrapolated along the line through the two smallest blocks' times, not its rate held flat: a flat
+        rate would price a call of a tenth of the FLOP at a tenth of the time, and whatever measures a
+        tiny layer's fixed cost would absorb the difference and charge it again to every larger call."""
 
         points = self.backward if backward else self.forward
+        first = points[0]
+        if flops < first.flops and len(points) > 1:
+            second = points[1]
+            t0, t1 = first.flops / first.flops_per_s, second.flops / second.flops_per_s
+            slope = max(0.0, (t1 - t0) / (second.flops - first.flops))
+            if t0 - first.flops * slope > 0:  # a fixed cost is measured; else the rate held flat below
+                return flops / (t0 - (first.flops - flops) * slope)
         return float(
             np.interp(np.log(flops), np.log([p.flops for p in points]), [p.flops_per_s for p in points])
         )
@@ -384,14 +396,36 @@ class Calibration(_Strict):
             {"fits": fits} if "fits" in data else {}
         )
 
+    def rate(self, flops: float, concurrency: int, causal: bool, backward: bool = False) -> float:
+        """FLOP/s of one call inside a layer: the curve measured closest to ``concurrency`` ranks for the mask,
+        slowed by :meth:`step_factor`."""
+        return self.curve(concurrency, causal).rate(flops, backward) / self.step_factor(flops)
+
+    def step_factor(self, flops: float) -> float:
+        """How much longer a block's compute takes inside a ring step than on the compute curve: calibrate's
+        overlap rounds time the same forward call among KV exchanges, as a layer runs it, where the curve
+        times it among other blocks only (on a CPU the exchanges' copies share its caches and cores).
+        The ratio at each block size measured in both, interpolated in log(FLOP) and flat beyond; 1 when
+        the profile holds no overlap rounds."""
+        curve = self.curve(max(c.concurrency for c in self.compute), False)
+        seconds = {p.tokens: p.flops / p.flops_per_s for p in curve.forward}
+        points = sorted(
+            (next(p.flops for p in curve.forward if p.tokens == s.tokens), s.compute / seconds[s.tokens])
+            for s in self.overlap_samples
+            if s.tokens in seconds
+        )
+        if not points:
+            return 1.0
+        return float(np.interp(np.log(flops), np.log([f for f, _ in points]), [r for _, r in points]))
+
     def call_rate(self, flops: float, concurrency: int, queries: float, keys: float) -> float:
-        """FLOP/s of a fully visible forward call of ``queries`` against ``keys``: the square curve's rate at
-        its FLOP, slowed by what calls of that shape measured (none measured, or no more keys than
-        queries: the square curve's)."""
-        square = self.curve(concurrency, False)
+        """FLOP/s of a fully visible forward call of ``queries`` against ``keys`` inside a layer: :meth:`rate`,
+        slowed by what calls of that shape measured against the square curve (none measured, or no more
+        keys than queries: the square curve's)."""
+        rate = self.rate(flops, concurrency, False)
         if not self.call_rates or keys <= queries:
-            return square.rate(flops)
-        return square.rate(flops) / _call_factor(self.call_rates, square, flops, keys / queries)
+            return rate
+        return rate / _call_factor(self.call_rates, self.curve(concurrency, False), flops, keys / queries)
 
     def curve(self, concurrency: int, causal: bool) -> ComputeCurve:
         """The curve measured closest to ``concurrency`` ranks (ties: the busier one) for the mask."""
