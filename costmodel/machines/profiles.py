@@ -407,12 +407,11 @@ class Calibration(_Strict):
         times it among other blocks only (on a CPU the exchanges' copies share its caches and cores).
         The ratio at each block size measured in both, interpolated in log(FLOP) and flat beyond; 1 when
         the profile holds no overlap rounds."""
-        curve = self.curve(max(c.concurrency for c in self.compute), False)
-        seconds = {p.tokens: p.flops / p.flops_per_s for p in curve.forward}
+        blocks = {p.tokens: p for p in self.curve(max(c.concurrency for c in self.compute), False).forward}
         points = sorted(
-            (next(p.flops for p in curve.forward if p.tokens == s.tokens), s.compute / seconds[s.tokens])
+            (blocks[s.tokens].flops, s.compute * blocks[s.tokens].flops_per_s / blocks[s.tokens].flops)
             for s in self.overlap_samples
-            if s.tokens in seconds
+            if s.tokens in blocks
         )
         if not points:
             return 1.0
