@@ -12,7 +12,7 @@ from costmodel.machines.kernels import attention_rate, gemm_rate, tile_utilisati
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
-from costmodel.training.step import bind, build_step, evaluate_step
+from costmodel.training.step import bind, build_step, evaluate_step, fused_softmax
 
 
 def test_wave_quantization_by_hand() -> None:
@@ -140,6 +140,41 @@ def test_unfused_attention_by_hand() -> None:
         build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused") and evaluate_step(
             *build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused")
         ).model_dump(by_alias=True)
+
+
+@pytest.mark.parametrize(
+    ("seq", "batches", "fused"),
+    [
+        (1024, 4, True),  # 16 heads at TP 4, micro-batch 1
+        (1024, 2, False),  # 16 heads at TP 8, micro-batch 1: half a block of rows
+        (1024, 6, False),  # 48 heads at TP 8, micro-batch 1: a block and a half
+        (1024, 12, True),  # the same at micro-batch 2
+        (128, 4, False),  # up to 128 keys a block holds 8 matrices
+        (128, 8, True),
+        (16, 8, False),  # 16 keys or fewer: no kernel
+        (4096, 4, True),
+        (4100, 4, False),  # past the kernel's longest row
+        (1026, 4, False),  # S not a multiple of 4
+    ],
+)
+def test_megatrons_fused_softmax_runs_only_where_its_kernel_fits(seq: int, batches: int, fused: bool) -> None:
+    assert fused_softmax(seq, batches) is fused
+
+
+def test_an_unfused_softmax_that_misses_the_fused_kernel_runs_as_five_fp32_kernels_each_way() -> None:
+    """48 heads at TP 8 and micro-batch 1 leave 6 score matrices per rank, not whole blocks of 4: the softmax
+    falls back to a cast up, scale, mask, softmax and cast down (and their five gradients), each one kernel
+    and one pass over the scores in fp32. At micro-batch 2 the fused kernel runs."""
+    flags = dict(model="gpt3-20b", seq=1024, hw="a100-nvlink", gpus=8, tp=8, recompute="full")
+    fused = _bound(**flags, global_batch=2, micro_batch=2, attention_kernel="unfused")
+    eager = _bound(**flags, global_batch=1, micro_batch=1, attention_kernel="unfused")
+    assert (eager["n_kf"] - fused["n_kf"], eager["n_kb"] - fused["n_kb"]) == (4, 4)
+    p, dropout = 2, 2 * 2 + 1  # fp16 scores; dropout's result and its byte mask
+    assert (fused["k_sf"], fused["k_sb"]) == (2 * p + dropout, 3 * p + dropout)
+    # forward: 2+4 (cast up), 4+4 (scale), 4+4 (mask in place), 4+4 (softmax), 4+2 (cast down)
+    assert eager["k_sf"] == 6 + 8 + 8 + 8 + 6 + dropout
+    # backward: 2+4 (cast down's gradient), 4+4+4 (softmax's), 4+4 (mask's), 4+4 (scale's), 4+2 (cast up's)
+    assert eager["k_sb"] == 6 + 12 + 8 + 8 + 6 + dropout
 
 
 def test_a_named_attention_kernel_reads_its_own_tables() -> None:

@@ -356,21 +356,36 @@ def _rates(
     return rates | {"F_attn": rate(False), "F_attn_bwd": rate(True)}
 
 
-def _attention_kernel_values(step: StepSetup, model: ModelPreset, c: float) -> dict[str, Any]:
+def fused_softmax(seq: int, batches: int) -> bool:
+    """Whether Megatron's fused scale-mask softmax runs for ``batches`` = b·h/t score matrices of ``seq`` x
+    ``seq``: its kernel gives each row a warp and each block 4 rows (8 up to 128 keys), so it needs
+    16 < S <= 4,096 (2,048 in Megatron-DeepSpeed of 2022), S a multiple of 4 and whole blocks of matrices
+    ([Megatron-LM] ``FusedScaleMaskSoftmax.is_kernel_available``)."""
+    per_block = 8 if seq <= 128 else 4
+    return 16 < seq <= 4096 and seq % 4 == 0 and batches % per_block == 0
+
+
+def _attention_kernel_values(
+    step: StepSetup, model: ModelPreset, c: float, seq: int, tp: int
+) -> dict[str, Any]:
     """x_att, k_sf, k_sb, n_kf, n_kb of the chosen attention kernel. Unfused, the score matrix is computed
-    whole (x_att = 1/c) and passes through HBM: the softmax reads and writes it (2p), dropout writes its
-    result and a one-byte mask (2p + 1); backward, dropout's gradient (2p + 1) and softmax's (3p), p = 2. The
-    batched multiplies' own reads and writes are in their rates."""
+    whole (x_att = 1/c) and passes through HBM. With the fused softmax: it reads and writes the scores (2p),
+    dropout writes its result and a one-byte mask (2p + 1); backward, dropout's gradient (2p + 1) and
+    softmax's (3p), p = 2. Where the fused kernel does not fit (``fused_softmax``) the softmax runs as five
+    eager fp32 kernels each way: a cast up, the scale, the mask, the softmax and a cast down (2p + 32 bytes),
+    and their gradients (2p + 36). The batched multiplies' own reads and writes are in their rates."""
     launches = LAYER_KERNELS["unfused" if step.attention_kernel == "unfused" else "flash"]
     if step.attention_kernel != "unfused":
         return {"x_att": 1.0, "k_sf": 0.0, "k_sb": 0.0, "n_kf": launches[0], "n_kb": launches[1]}
     p, dropout = 2, int(model.dropout)
+    fused = fused_softmax(seq, step.micro_batch * model.heads // tp)
+    extra = 0 if fused else 4  # kernels beyond the fused one, each way
     return {
         "x_att": 1.0 / c,
-        "k_sf": 2 * p + dropout * (2 * p + 1),
-        "k_sb": 3 * p + dropout * (2 * p + 1),
-        "n_kf": launches[0],
-        "n_kb": launches[1],
+        "k_sf": (2 * p if fused else 2 * p + 32) + dropout * (2 * p + 1),
+        "k_sb": (3 * p if fused else 2 * p + 36) + dropout * (2 * p + 1),
+        "n_kf": launches[0] + extra,
+        "n_kb": launches[1] + extra,
     }
 
 
@@ -435,7 +450,7 @@ def bind(
         if gemms is not None:
             gemms[whole] = rates
     values.update(rates)
-    values.update(_attention_kernel_values(step, model, values["c"]))
+    values.update(_attention_kernel_values(step, model, values["c"], inputs.seq, t))
     return values
 
 
