@@ -53,6 +53,16 @@ def line(label: str, s: dict) -> str:
     )
 
 
+def rank_line(label: str, r: dict | None) -> str:
+    if r is None:
+        return f"{label:<44} no job run in two layouts"
+    return (
+        f"{label:<44} {r['jobs']:>5} jobs  fastest found {r['fastest_found']:4.0%}  regret median "
+        f"{r['median_regret']:5.1%}  worst {r['max_regret']:5.1%}  pairs in order {r['pairs_ordered']:4.0%} "
+        f"of {r['pairs']}"
+    )
+
+
 def smoke_table(directory: Path) -> tuple[Path, Path]:
     """Two small tables timed by the model itself on a slower profile, to run the pipeline end to end."""
     import sys
@@ -88,9 +98,13 @@ def main() -> None:
     single = read_runs(str(single_path), assume, str(CLUSTER))
     multi = read_runs(str(multi_path), assume, str(CLUSTER)) if multi_path.is_file() else None
     builtin = Profiles()
-    print(line("single node, built-in profile", audit_runs(single, builtin)))
+    single_audit = audit_runs(single, builtin)
+    print(line("single node, built-in profile", single_audit))
+    print(rank_line("  layouts ranked, built-in profile", single_audit["ranking"]))
     if multi is not None:
-        print(line("multi-node, built-in profile", audit_runs(multi, builtin)))
+        multi_audit = audit_runs(multi, builtin)
+        print(line("multi-node, built-in profile", multi_audit))
+        print(rank_line("  layouts ranked, built-in profile", multi_audit["ranking"]))
 
     aside = single.runs[4::5]
     kept = [run for i, run in enumerate(single.runs) if i % 5 != 4]
@@ -100,11 +114,13 @@ def main() -> None:
     terms = ", ".join(f"{n} {t['value']:.4g} ± {t['spread']:.2g}" for n, t in fit["terms"].items())
     print(f"fitted on {fit['fitted_runs']} single-node runs: {terms}")
     print(line(f"single node, held out ({args.folds}-fold)", fit["cv"]))
+    print(rank_line("  layouts ranked, held out", fit["cv_ranking"]))
     fitted = Profiles(fit["profile"])
     aside_rows = [compare_row(run, predict(run, fitted)) for run in aside]
     print(line("single node, kept aside (every 5th row)", errors_summary([r["error"] for r in aside_rows])))
     if fit["transfer"] is not None:
         print(line("multi-node, predicted from the single-node fit", fit["transfer"]))
+        print(rank_line("  layouts ranked, from the fit", fit["transfer_ranking"]))
     errors = [abs(published(row) / row.published - 1) for row in ROWS]
     known = sum(bool(row.misses) for row in ROWS)
     print(

@@ -8,9 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from costmodel.audit import fit
-from costmodel.audit.runs import Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
+from costmodel.audit.runs import TIE, Profiles, audit_runs, fit_runs, parse_assumptions, ranking, read_runs
 from costmodel.machines.profiles import load_profile
 from costmodel.training.step import build_step, evaluate_step
 
@@ -118,6 +120,61 @@ def test_a_row_is_predicted_as_the_step_command_predicts_it(cli, tmp_path: Path)
     assert row["predicted_s"] == pytest.approx(result.json()["step"]["time_s"], rel=1e-9)
 
 
+def _row(job: str, measured: float, predicted: float) -> dict:
+    return {
+        "model": job,
+        "seq": 1024,
+        "gpus": 8,
+        "global_batch": 16,
+        "measured_s": measured,
+        "predicted_s": predicted,
+    }
+
+
+def test_ranking_counts_the_fastest_found_the_regret_and_the_pairs_in_order() -> None:
+    rows = [
+        # job a: the run predicted fastest (1.0) measured 1.2 against the fastest's 1.0: regret 20 %;
+        # of its three pairs, all over 5 % apart, (1.0, 1.2) is inverted
+        _row("a", 1.0, 1.1),
+        _row("a", 1.2, 1.0),
+        _row("a", 1.5, 2.0),
+        # job b: predicted fastest measured 2.05 against 2.0 (regret 2.5 %); its one pair is a tie (2.5 %)
+        _row("b", 2.0, 2.1),
+        _row("b", 2.05, 2.0),
+        # job c: one layout, nothing to rank
+        _row("c", 3.0, 1.0),
+    ]
+    result = ranking(rows)
+    assert result == {
+        "jobs": 2,
+        "fastest_found": 0.0,
+        "median_regret": pytest.approx((0.2 + 0.025) / 2, abs=1e-12),
+        "max_regret": pytest.approx(0.2, abs=1e-12),
+        "pairs": 3,
+        "pairs_ordered": pytest.approx(2 / 3, abs=1e-12),
+        "tie": TIE,
+    }
+    # held-out predictions in place of the rows' own: the inversion in job a gone
+    held = ranking(rows, [1.0, 1.1, 2.0, 2.0, 2.1, 1.0])
+    assert held["fastest_found"] == 1.0 and held["median_regret"] == 0.0 and held["pairs_ordered"] == 1.0
+    assert ranking(rows[-1:]) is None
+
+
+@given(
+    st.lists(st.floats(0.1, 100.0), min_size=2, max_size=12, unique=True),
+    st.floats(0.2, 5.0),
+    st.floats(0.2, 3.0),
+)
+def test_predictions_in_the_measured_order_rank_every_layout_right(
+    measured: list[float], scale: float, power: float
+) -> None:
+    """Any increasing function of the measured times, however far off in value, orders layouts perfectly."""
+    rows = [_row("job", m, scale * m**power) for m in measured]
+    result = ranking(rows)
+    assert result["jobs"] == 1 and result["fastest_found"] == 1.0 and result["max_regret"] == 0.0
+    assert result["pairs_ordered"] in (1.0, None)  # None: every pair within the tie
+
+
 BAD = [
     ("gpus,tp,bogus\n8,1,2\n", "unknown column(s) 'bogus'"),
     ("# GPUs,tensor parallelism\n8,1,2\n", "3 cells for 2 columns"),
@@ -208,6 +265,10 @@ def test_fit_profile_is_written_and_step_reads_it(cli, tmp_path: Path) -> None:
     document = result.json()
     assert document["schema"] == "cp-plan/runs/v2" and document["fit"]["written"] == str(out)
     assert 0 < document["fit"]["cv_mape"] < document["runs"]["mape"]
+    # held-out predictions order the layouts at least as well as the built-in profile's
+    built_in, held = document["runs"]["ranking"], document["fit"]["cv_ranking"]
+    assert held["jobs"] == built_in["jobs"] > 0 and held["pairs"] == built_in["pairs"] > 0
+    assert held["pairs_ordered"] >= built_in["pairs_ordered"]
     profile = load_profile(str(out))
     assert profile.source.kind == "measured"
     assert profile.kernels.launch_s == pytest.approx(document["fit"]["terms"]["launch_s"]["value"])

@@ -348,7 +348,10 @@ def compare_row(run: MeasuredRun, report: StepReport) -> dict[str, Any]:
         "label": run.label,
         "model": run.model.name,
         "params": _params(run.model),
-        **{k: report.inputs[k] for k in ("gpus", "tp", "cp", "pp", "dp", "micro_batch", "global_batch")},
+        **{
+            k: report.inputs[k]
+            for k in ("seq", "gpus", "tp", "cp", "pp", "dp", "micro_batch", "global_batch")
+        },
         "measured_s": run.measured_s,
         "predicted_s": predicted,
         "error": error,
@@ -369,6 +372,49 @@ def errors_summary(errors: list[float]) -> dict[str, Any]:
         "max_abs_error": max(absolute),
         "signed_median": statistics.median(errors),
         "within_15": sum(a <= LARGE_MISS for a in absolute) / len(absolute),
+    }
+
+
+# Runs of one job measured within 5 % of each other are ties: run-to-run noise, not an order to get right.
+TIE = 0.05
+
+
+def job(row: dict[str, Any]) -> tuple:
+    """What a planner holds fixed while it searches layouts: the model, sequence, GPUs and global batch."""
+    return row["model"], row["seq"], row["gpus"], row["global_batch"]
+
+
+def ranking(rows: list[dict[str, Any]], predicted: list[float] | None = None) -> dict[str, Any] | None:
+    """How well the predictions order the layouts of each job run in two or more (what a search needs of
+    them): how often the run predicted fastest is the measured fastest, its measured time over the
+    fastest's (the regret of trusting the prediction), and the share of pairs measured more than
+    :data:`TIE` apart that the predictions put in the same order. ``predicted`` replaces the rows'
+    ``predicted_s`` (held-out predictions); None when no job has two runs."""
+    times = predicted if predicted is not None else [row["predicted_s"] for row in rows]
+    jobs: dict[tuple, list[tuple[float, float]]] = {}
+    for row, guess in zip(rows, times, strict=True):
+        jobs.setdefault(job(row), []).append((row["measured_s"], guess))
+    regrets, pairs, ordered = [], 0, 0
+    for runs in jobs.values():
+        if len(runs) < 2:
+            continue
+        fastest = min(measured for measured, _ in runs)
+        regrets.append(min(runs, key=lambda run: run[1])[0] / fastest - 1)
+        for i, (m_i, p_i) in enumerate(runs):
+            for m_j, p_j in runs[i + 1 :]:
+                if abs(m_i - m_j) > TIE * min(m_i, m_j):
+                    pairs += 1
+                    ordered += (m_i < m_j) == (p_i < p_j)
+    if not regrets:
+        return None
+    return {
+        "jobs": len(regrets),
+        "fastest_found": sum(r == 0 for r in regrets) / len(regrets),
+        "median_regret": statistics.median(regrets),
+        "max_regret": max(regrets),
+        "pairs": pairs,
+        "pairs_ordered": ordered / pairs if pairs else None,
+        "tie": TIE,
     }
 
 
@@ -403,6 +449,7 @@ def summarise(table: RunTable, rows: list[dict[str, Any]]) -> dict[str, Any]:
         "assumed": table.assumed,
         **errors_summary([row["error"] for row in rows]),
         "groups": grouped(rows),
+        "ranking": ranking(rows),
         "rows": rows,
     }
 
@@ -443,7 +490,7 @@ def fit_runs(
     profile = fit.runs_profile(base, fitted_terms, name, said, date)
     fitted = Profiles(profile)
     rows = [compare_row(run, predict(run, fitted)) for run in table.runs]
-    across = [rows[i]["error"] for i in range(len(rows)) if i not in set(inside)]
+    across = [row for i, row in enumerate(rows) if i not in set(inside)]
     return {
         "terms": result["terms"],
         "not_fitted": result["not_fitted"],
@@ -452,8 +499,10 @@ def fit_runs(
         "fitted_runs": len(inside),
         "cv": cv,
         "cv_mape": cv["mape"],
+        "cv_ranking": ranking([rows[i] for i in inside], [float(t) for t in result["held_out_s"]]),
         "in_sample": errors_summary([rows[i]["error"] for i in inside]),
-        "transfer": errors_summary(across) if across else None,
+        "transfer": errors_summary([row["error"] for row in across]) if across else None,
+        "transfer_ranking": ranking(across) if across else None,
         "profile": profile,
         "rows": rows,
     }

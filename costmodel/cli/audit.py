@@ -249,12 +249,29 @@ def _errors_line(label: str, s: dict[str, Any]) -> str:
     )
 
 
+def _ranking_line(label: str, r: dict[str, Any] | None) -> str | None:
+    if r is None:
+        return None
+    pairs = (
+        f"{r['pairs_ordered']:.0%} of {r['pairs']} pairs measured over {r['tie']:.0%} apart in order"
+        if r["pairs"]
+        else f"no pair measured over {r['tie']:.0%} apart"
+    )
+    return (
+        f"{label}: of {r['jobs']} jobs run in two layouts or more, the predicted fastest is the measured "
+        f"fastest in {r['fastest_found']:.0%} and costs a median {r['median_regret']:.1%} more (worst "
+        f"{r['max_regret']:.1%}); {pairs}"
+    )
+
+
 def _runs_table(document: dict[str, Any]) -> None:
 
     screen, result = console(), document["runs"]
     if result["assumed"]:
         screen.print("assumed for every row: " + ", ".join(f"{k}={v}" for k, v in result["assumed"].items()))
     screen.print(_errors_line(f"{result['path']}, built-in profile", result))
+    if (line := _ranking_line("ranking, built-in profile", result["ranking"])) is not None:
+        screen.print(line)
     groups = house_table(caption="error by group: runs, MAPE, signed median")
     for column in ("group", "value", "runs", "MAPE", "signed median"):
         groups.add_column(column, justify="left" if column in ("group", "value") else "right")
@@ -299,9 +316,13 @@ def _runs_fit_table(fit: dict[str, Any]) -> None:
             "kept at the base profile (held-out error no worse without): " + ", ".join(fit["not_needed"])
         )
     screen.print(_errors_line(f"held out, {fit['folds']}-fold", fit["cv"]))
+    if (line := _ranking_line("ranking, held out", fit["cv_ranking"])) is not None:
+        screen.print(line)
     screen.print(_errors_line("fitted, in sample", fit["in_sample"]))
     if fit["transfer"] is not None:
         screen.print(_errors_line("groups spanning nodes, predicted from the fit", fit["transfer"]))
+    if (line := _ranking_line("ranking, groups spanning nodes", fit["transfer_ranking"])) is not None:
+        screen.print(line)
 
 
 def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, Any]:
