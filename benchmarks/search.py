@@ -28,8 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from costmodel.training.search import Constraints, default_global_batch, search, search_loop
-from costmodel.training.step import build_step
+from costmodel.frameworks import load_framework
+from costmodel.plans.job import Job
+from costmodel.training.search import Constraints, default_global_batch, search, search_loop, widest
 
 MODEL, HW = "llama3-70b", "h100-ib"
 RECOMMEND = ["--model", "llama3-405b", "--seq", "131072", "--hw", "h100-nvlink"]
@@ -37,8 +38,10 @@ WHOLE = {16384: (128, 2.0), 131072: (1024, 10.0)}  # GPUs: (global batch, goal i
 PHASES = ("search", "window", "sensitivity")
 
 
-def job(gpus: int, seq: int):  # noqa: ANN201
-    return build_step(model=MODEL, seq=seq, hw=HW, gpus=gpus, global_batch=default_global_batch(seq))
+def job(gpus: int, seq: int) -> tuple[Job, int]:
+    """The job a search starts from, under a framework running every scheme and layout, and its batch."""
+    every = widest(load_framework("megatron"))
+    return Job.of(model=MODEL, seq=seq, hw=HW, gpus=gpus, _framework=every), default_global_batch(seq)
 
 
 def cpu_seconds(fn: Callable[[], object]) -> float:
@@ -48,7 +51,7 @@ def cpu_seconds(fn: Callable[[], object]) -> float:
 
 
 def search_against_loop(rounds: int, smoke: bool) -> None:
-    every = Constraints(framework="any")
+    every = Constraints()
     small = job(2, 8192) if smoke else job(8, 32768)
     reference = search_loop(*small, every)
     fast = search(*small, every, top=None).plans
@@ -62,7 +65,7 @@ def search_against_loop(rounds: int, smoke: bool) -> None:
     fast_rate = plans / statistics.median(vectorised)
     slow_rate = plans / statistics.median(looped)
     print(
-        f"(a) {small[1].gpus} GPUs, S = {small[0].seq:,}: {plans:,} plans, the same ranking; {rounds} rounds"
+        f"(a) {small[0].gpus} GPUs, S = {small[0].inputs.seq:,}: {plans:,} plans, the same ranking; {rounds} rounds"
     )
     print(f"    search  {fast_rate:>10,.0f} plans per CPU-second")
     print(f"    loop    {slow_rate:>10,.0f} plans per CPU-second")

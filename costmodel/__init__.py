@@ -12,7 +12,7 @@ __version__ = "0.2.0.dev0"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("symbolic", "schedule"),
-    ("machines",),
+    ("machines", "frameworks"),  # the hardware and the training framework a job runs on
     ("plans",),
     ("training",),
     ("inference",),  # serving reuses the training step's kernel rates and placement

@@ -289,10 +289,10 @@ def flag_limits() -> str:
     A flag several commands take (``--tp``, ``--cp``) is one declaration (:class:`Parallelism`, :class:`Overlaps`)
     and one row, naming every model that takes it and each default where they differ."""
     from costmodel.inference.setup import InferenceSetup
-    from costmodel.training.step import StepSetup
+    from costmodel.plans.job import FrameworkKnobs, StepSetup
 
     rows: dict[str, tuple[str, str, dict[str, list[str]]]] = {}  # flag: names, accepted, {default: models}
-    for model in (PlanInputs, TrainingSetup, MachineOverrides, StepSetup, InferenceSetup):
+    for model in (PlanInputs, TrainingSetup, MachineOverrides, StepSetup, FrameworkKnobs, InferenceSetup):
         schema = model.model_json_schema(by_alias=True)["properties"]
         for name, info in model.model_fields.items():
             node = schema[info.alias or name]

@@ -405,14 +405,14 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
     ("args", "schema"),
     [
         (["--seq", "8k"], "cp-plan/report/v2"),
-        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v5"),
-        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v5"),
+        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v6"),
+        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v6"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
         (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v4"),
         (
             ["step", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k", "--global-batch", "8"],
-            "cp-plan/step/v4",
+            "cp-plan/step/v5",
         ),
         (["check", "configs/plans/fail-llama3-8b-128k-h100-ib.yaml"], "cp-plan/check/v1"),
         (["audit", "tests/data/audit/titan_cp2_16k.log"], "cp-plan/audit/v2"),

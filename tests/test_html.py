@@ -18,7 +18,7 @@ from costmodel.plans.evaluate import evaluate
 from costmodel.plans.gantt import plan_timelines, ring_timeline
 from costmodel.plans.inputs import PlanInputs
 from costmodel.training.check import load_plan, resolve
-from costmodel.training.recommend import fit_at, training_values
+from costmodel.training.memory import fit_at, training_values
 from costmodel.training.sweep import sweep
 from tests.support import REPO
 
@@ -167,7 +167,7 @@ def test_plan_file_page_is_written_with_training_memory(cli, tmp_path) -> None:
     assert_self_contained(page)
     resolved = resolve(load_plan(str(PLAN)))
     placed = resolved.machine
-    fit = fit_at(Evaluator(training_values(resolved.inputs, resolved.model, resolved.setup, placed, 8)))
+    fit = fit_at(Evaluator(training_values(resolved.job, 8)))
     report = evaluate(resolved.attention, placed).model_dump(mode="json", by_alias=True)
     values = {
         e.get("data-field"): float(e.get("data-value"))

@@ -10,10 +10,10 @@ import pytest
 from costmodel.core.errors import InputError
 from costmodel.inference.setup import InferenceSetup
 from costmodel.plans.inputs import MachineOverrides, Parallelism, PlanInputs, TrainingSetup, build
+from costmodel.plans.job import FrameworkKnobs, StepSetup
 from costmodel.plans.models import load_model
-from costmodel.training.step import StepSetup
 
-DECLARED = (PlanInputs, TrainingSetup, MachineOverrides, StepSetup, InferenceSetup)
+DECLARED = (PlanInputs, TrainingSetup, MachineOverrides, StepSetup, FrameworkKnobs, InferenceSetup)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

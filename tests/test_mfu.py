@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import builtin_names
-from costmodel.plans.inputs import PlanInputs, TrainingSetup, machine_for
+from costmodel.plans.job import Job
 from costmodel.plans.models import ModelPreset
 from costmodel.training.search import Constraints, enumerate_plans, evaluate_table
-from costmodel.training.step import StepSetup, build_step, evaluate_step
+from costmodel.training.step import evaluate_step
 
 PLANS_WANTED = 10_000
 
@@ -60,14 +60,11 @@ def test_mfu_and_hfu_stay_at_or_under_100_percent_on_random_plans() -> None:
             extra = {"docs": f"{seq // 2},{seq // 8}x2,{seq // 32}x6"}
         elif masked and mask == "window":
             extra = {"window": seq // 4}
-        inputs = PlanInputs(seq=seq, hw=hw, block=1, causal=True, layout="zigzag", pass_="fwd+bwd", **extra)
-        setup = TrainingSetup(gpus=gpus, zero=zero)
-        step = StepSetup(global_batch=gpus)
-        machine = machine_for(inputs)
-        table, _ = enumerate_plans(model, seq, gpus, gpus, Constraints())
+        job = Job.of(seq=seq, hw=hw, gpus=gpus, zero=zero, _model=model, **extra)
+        table, _ = enumerate_plans(job, gpus, Constraints())
         if not len(table):
             return
-        result = evaluate_table(table, inputs, setup, step, model, machine)
+        result = evaluate_table(table, job)
         assert (result["mfu"] > 0).all()
         assert (result["mfu"] <= result["hfu"] * (1 + 1e-9)).all()
         assert (result["hfu"] <= 1 + 1e-9).all(), float(result["hfu"].max())
@@ -84,7 +81,7 @@ def test_packed_documents_count_the_pairs_the_kernel_runs() -> None:
     """The same documents scaled to a 16K window: MFU counts c = 0.1376 of the square, the full square
     beside it is 1.46x higher."""
     step = evaluate_step(
-        *build_step(
+        Job.of(
             model="llama3-8b",
             seq=16384,
             hw="h100-nvlink",
@@ -108,7 +105,7 @@ def test_the_128k_plan_with_documents_reports_mfu_under_100_percent() -> None:
     """Packed documents of 64K..512 in 128K windows: the full square counts 6.4x the pairs the varlen
     kernel runs; the headline MFU counts those it runs (c ~ 0.138), the full square only beside it."""
     step = evaluate_step(
-        *build_step(
+        Job.of(
             model="llama3-8b",
             seq=131072,
             hw="h100-nvlink",
@@ -130,7 +127,7 @@ def test_the_128k_plan_with_documents_reports_mfu_under_100_percent() -> None:
 
 def test_causal_mfu_counts_half_the_square() -> None:
     step = evaluate_step(
-        *build_step(
+        Job.of(
             model="llama3-8b",
             seq=131072,
             hw="h100-nvlink",
@@ -158,7 +155,7 @@ def test_a_profile_faster_than_its_peak_is_an_error_not_a_number(tmp_path) -> No
     path = tmp_path / "fast.yaml"
     path.write_text(yaml.safe_dump(profile), encoding="utf-8")
     with pytest.raises(InputError, match="exceeds its .* TFLOP/s peak: HFU would be") as error:
-        evaluate_step(
-            *build_step(model="llama3-8b", seq=8192, hw=str(path), gpus=8, global_batch=8)
-        ).model_dump(by_alias=True)
+        evaluate_step(Job.of(model="llama3-8b", seq=8192, hw=str(path), gpus=8, global_batch=8)).model_dump(
+            by_alias=True
+        )
     assert error.value.field == "--hw"

@@ -6,10 +6,11 @@ import pytest
 
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import load_profile
+from costmodel.plans.job import Job
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
 from costmodel.training import moe
-from costmodel.training.step import build_step, evaluate_step
+from costmodel.training.step import evaluate_step
 from tests.support import REPO
 
 HF = REPO / "tests" / "data" / "hf"
@@ -34,7 +35,7 @@ def test_shared_expert_joins_the_active_width() -> None:
 
 def _step(**values: object) -> dict:
     base = {"model": MIXTRAL, "seq": 32768, "hw": "h100-nvlink", "gpus": 32, "tp": 2, "global_batch": 16}
-    return evaluate_step(*build_step(**(base | values))).model_dump(by_alias=True)
+    return evaluate_step(Job.of(**(base | values))).model_dump(by_alias=True)
 
 
 def test_alltoall_time_is_the_dispatch_and_combine_bytes_over_the_ep_link() -> None:
@@ -75,7 +76,7 @@ def test_ep_competes_with_cp_for_the_node() -> None:
 def test_dense_models_are_untouched() -> None:
     """A dense model has no MoE section and no MoE time."""
     result = evaluate_step(
-        *build_step(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
+        Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
     ).model_dump(by_alias=True)
     assert result["moe"] == {}
     assert result["step"]["breakdown"]["moe_imbalance_s"] == 0.0

@@ -17,14 +17,16 @@ from hypothesis import strategies as st
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.bind import Evaluator
-from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup, build
+from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
+from costmodel.plans.job import Job, make_job
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
 from costmodel.training import moe
-from costmodel.training.recommend import fit_at, memory, recommend, training_values
+from costmodel.training.memory import fit_at, memory
+from costmodel.training.recommend import recommend
 from costmodel.training.search import Constraints, search, search_loop
-from costmodel.training.step import StepSetup, bind, build_step, evaluate_step, step_machine
-from tests.support import REPO
+from costmodel.training.step import bind, evaluate_step
+from tests.support import REPO, every_scheme, memory_values, searched
 
 MIXTRAL = str(REPO / "tests" / "data" / "hf" / "mixtral-8x7b.json")
 H, F, LAYERS, EXPERTS = 4096, 14336, 32, 8
@@ -37,7 +39,7 @@ def test_dense_part_and_total_by_hand() -> None:
     assert DENSE == 1_604_587_520
     total = DENSE + LAYERS * (EXPERTS * EXPERT + ROUTER)
     assert total == pytest.approx(46.7e9, abs=0.05e9)  # as Mistral AI publishes it
-    v = {**training_values(_inputs(1), load_model(MIXTRAL), TrainingSetup(gpus=8), _h100(), 1)}
+    v = {**memory_values(_inputs(1), TrainingSetup(gpus=8), 1, load_model(MIXTRAL))}
     assert memory(Evaluator(v), "params") == pytest.approx(total, rel=1e-12)
 
 
@@ -46,7 +48,7 @@ def test_shared_expert_joins_the_dense_part() -> None:
     Qwen team publishes them (to 0.05B; the attention biases and the shared expert's gate are left out)."""
     path = str(REPO / "tests" / "data" / "hf" / "qwen1.5-moe-a2.7b.json")
     inputs = PlanInputs(seq=4096, n=1, model=path, hw="h100-ib", **TRAINING_DEFAULTS)
-    values = training_values(inputs, load_model(path), TrainingSetup(gpus=8), _h100(), 1)
+    values = memory_values(inputs, TrainingSetup(gpus=8), 1, load_model(path))
     assert memory(Evaluator(values), "params") == pytest.approx(14.3e9, abs=0.05e9)
 
 
@@ -67,7 +69,7 @@ def test_mixtral_memory_per_device_by_hand() -> None:
     whole on each TP rank) and the expert's gated intermediates 2 x 3F / t; plus the output layer's
     L (2H + 4V/t). Ring buffers are the dense formula's. To 1e-9 relative (float arithmetic)."""
     setup = TrainingSetup(gpus=64, tp=8)
-    ev = Evaluator(training_values(_inputs(8), load_model(MIXTRAL), setup, _h100(), 8))
+    ev = Evaluator(memory_values(_inputs(8), setup, 8, load_model(MIXTRAL)))
     fit = fit_at(ev)
     held = DENSE / 8 + LAYERS * (EXPERTS * EXPERT / 8 + ROUTER)
     assert held == 5_838_766_592
@@ -85,7 +87,7 @@ def test_mixtral_memory_per_device_by_hand() -> None:
 
 def test_capacity_factor_pads_the_routed_activations() -> None:
     """At C_f = 1 the routed copies keep 2 x (2H + 6F/t) bytes per token; 1.25 keeps a quarter more of that."""
-    base = training_values(_inputs(8), load_model(MIXTRAL), TrainingSetup(gpus=64, tp=8), _h100(), 8)
+    base = memory_values(_inputs(8), TrainingSetup(gpus=64, tp=8), 8, load_model(MIXTRAL))
     one, padded = ({**base, "C_f": c} for c in (1.0, 1.25))
     routed = LAYERS * 4096 * 2 * (2 * H + 2 * 3 * F / 8)
     grown = numeric.moe_activation_bytes(**{a: padded[a] for a in numeric.ARGS["moe_activation_bytes"]}) - (
@@ -97,7 +99,7 @@ def test_capacity_factor_pads_the_routed_activations() -> None:
 def test_expert_states_shard_over_the_ranks_holding_the_same_experts() -> None:
     """ZeRO-1 over D x N = 8 ranks; with EP 4 the 2 ranks holding the same experts share the experts' fp32
     states: each keeps 2 of 8 experts (a quarter) at 2 + 4 + 12/2 bytes."""
-    values = training_values(_inputs(8), load_model(MIXTRAL), TrainingSetup(gpus=64, tp=8), _h100(), 8)
+    values = memory_values(_inputs(8), TrainingSetup(gpus=64, tp=8), 8, load_model(MIXTRAL))
     at_ep4 = {**values, "E_p": 4}
     states = numeric.moe_model_state_bytes(**{a: at_ep4[a] for a in numeric.ARGS["moe_model_state_bytes"]})
     experts = LAYERS * (2 * EXPERT / 8 + ROUTER)
@@ -109,23 +111,23 @@ def test_step_reduces_every_expert_gradient() -> None:
     of 25 MB fp32 gradients; the last bucket's share of 2 x 15/16 of them over the DP link stays exposed.
     EP 4: the experts' gradients reduce over the 4 ranks holding the same ones, 12/16 of the bytes."""
     for ep, expert_share in ((1, 15 / 16), (4, 12 / 16)):
-        built = build_step(model=MIXTRAL, seq=32768, hw="h100-nvlink", gpus=32, tp=2, global_batch=16, ep=ep)
+        built = Job.of(model=MIXTRAL, seq=32768, hw="h100-nvlink", gpus=32, tp=2, global_batch=16, ep=ep)
         model = load_model(MIXTRAL)
-        v = bind(built[0], built[1], built[2], model, built[3])
+        v = bind(built)
         experts = LAYERS * (EXPERTS // ep * EXPERT / 2 + ROUTER)
         held = DENSE / 2 + experts
         assert v["n_bkt"] == math.ceil(held * 4 / 25e6)
         assert v["a_dp"] == 8.4e-6  # DP 16 with TP 2 leaves the node: NCCL's base latency per bucket, Simple
         tau = 2 * (15 / 16 * DENSE / 2 + expert_share * experts) * 4 / v["B_dp"] + v["n_bkt"] * v["a_dp"]
         assert moe.counted("dp_exposed_s", v, model) == pytest.approx(tau / v["n_bkt"], rel=1e-9)
-        exposed = evaluate_step(*built).model_dump(by_alias=True)["step"]["breakdown"]["exposed_dp_s"]
+        exposed = evaluate_step(built).model_dump(by_alias=True)["step"]["breakdown"]["exposed_dp_s"]
         assert tau / v["n_bkt"] * (1 - 1e-9) <= exposed <= tau * (1 + 1e-9)
     assert v["n_bkt"] == 1031 and (ep, EXPERTS // ep) == (4, 2)
 
 
 def test_step_reports_total_and_held_parameters() -> None:
     result = evaluate_step(
-        *build_step(model=MIXTRAL, seq=32768, hw="h100-nvlink", gpus=32, tp=2, global_batch=16)
+        Job.of(model=MIXTRAL, seq=32768, hw="h100-nvlink", gpus=32, tp=2, global_batch=16)
     ).model_dump(by_alias=True)
     assert result["moe"]["params"] == pytest.approx(DENSE + LAYERS * (EXPERTS * EXPERT + ROUTER), rel=1e-12)
     assert result["moe"]["params_per_device"] == pytest.approx(
@@ -171,9 +173,7 @@ def _at(name: str, values: dict) -> float:
 # Dense models: the numbers the fit, the step and the search gave before MoE memory was modelled.
 def test_dense_fit_is_unchanged() -> None:
     inputs = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAULTS)
-    report = recommend(
-        inputs, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("a100-nvlink"))
-    )
+    report = recommend(make_job(inputs, TrainingSetup(gpus=64)))
     fit = report.fit
     assert (fit.params, fit.model_state_bytes, fit.activation_bytes, fit.total_bytes) == pytest.approx(
         (8030261248.0, 49687241472.0, 20388511744.0, 70243525376.0), rel=1e-12
@@ -182,10 +182,8 @@ def test_dense_fit_is_unchanged() -> None:
 
 
 def test_dense_step_is_unchanged() -> None:
-    built = build_step(
-        model="llama3-70b", seq=32768, hw="h100-ib", gpus=64, tp=8, pp=2, zero=3, global_batch=32
-    )
-    step = evaluate_step(*built).model_dump(by_alias=True)["step"]
+    built = Job.of(model="llama3-70b", seq=32768, hw="h100-ib", gpus=64, tp=8, pp=2, zero=3, global_batch=32)
+    step = evaluate_step(built).model_dump(by_alias=True)["step"]
     parts = step["breakdown"]
     assert (
         step["time_s"],
@@ -198,12 +196,8 @@ def test_dense_step_is_unchanged() -> None:
 
 
 def test_dense_search_is_unchanged() -> None:
-    inputs = PlanInputs(seq=32768, n=1, model="llama3-8b", hw="h100-ib", **TRAINING_DEFAULTS)
     found = search(
-        inputs,
-        TrainingSetup(gpus=16),
-        build(StepSetup, global_batch=32),
-        step_machine(inputs),
+        *every_scheme(seq=32768, model="llama3-8b", hw="h100-ib", gpus=16, global_batch=32),
         Constraints(tp_comm_overlap=False),  # the dimension searched since
         top=3,
     )
@@ -241,7 +235,7 @@ def test_vectorised_search_counts_experts_as_the_plain_loop() -> None:
     """Qwen1.5-MoE (60 experts and a shared one) on 8 GPUs: the array search and one evaluate_step plus one
     fit per plan keep the same plans in the same order, time and memory equal to 1e-12."""
     qwen = str(REPO / "tests" / "data" / "hf" / "qwen1.5-moe-a2.7b.json")
-    built = build_step(model=qwen, seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
+    built = searched(model=qwen, seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
     fast = search(*built, Constraints(recompute="selective"), top=None).plans
     slow = search_loop(*built, Constraints(recompute="selective"))
     assert len(fast) == len(slow) > 100
@@ -258,7 +252,7 @@ def test_moe_n_min_memory_is_where_memory_just_fits(pp: int, recompute: str) -> 
     """Mixtral at 1M tokens, TP 8 (PP 4 with full recompute fits without CP): at N = N_min the most loaded stage's memory, every expert counted, equals the
     usable HBM, to rounding."""
     setup = TrainingSetup(gpus=64 * pp, tp=8, pp=pp, recompute=recompute)
-    values = training_values(_inputs(1, seq=1 << 20), load_model(MIXTRAL), setup, _h100(), 1)
+    values = memory_values(_inputs(1, seq=1 << 20), setup, 1, load_model(MIXTRAL))
     n_min = _at(moe.twin("n_min_memory", values), values)
     assert n_min > 2  # the ring's buffers exist from N = 2 on
     total = _at("moe_training_memory_bytes", values | {"N": n_min})

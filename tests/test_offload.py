@@ -15,10 +15,11 @@ import yaml
 from costmodel.core.errors import InputError
 from costmodel.core.resources import data_dir
 from costmodel.machines.profiles import HostLink, parse_profile
-from costmodel.plans.models import load_model
+from costmodel.plans.job import Job
 from costmodel.symbolic import numeric
 from costmodel.training.search import Constraints, search, search_loop
-from costmodel.training.step import bind, build_step, evaluate_step
+from costmodel.training.step import bind, evaluate_step
+from tests.support import searched
 
 LLAMA3_8B_PARAMS = 32 * (4096 * 128 * (64 + 16) + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
 PCIE5 = 50e9
@@ -28,8 +29,8 @@ JOB = {"model": "llama3-8b", "seq": 131072, "hw": "h100-nvlink", "gpus": 4, "cp"
 
 
 def _step(**values):  # noqa: ANN202
-    built = build_step(**(JOB | values))
-    return built, evaluate_step(*built).model_dump(by_alias=True)
+    built = Job.of(**(JOB | values))
+    return built, evaluate_step(built).model_dump(by_alias=True)
 
 
 def test_llama3_8b_has_the_parameters_counted_by_hand() -> None:
@@ -80,8 +81,8 @@ def test_offloading_the_optimizer_on_4_h100_costs_at_least_the_host_adam_step() 
 def test_activation_offload_exposes_only_the_copy_beyond_the_layer_compute(ratio: float) -> None:
     """A layer's activations go out during its forward: zero exposed while the forward is longer than the
     copy, copy - compute beyond it. The backward's fetch is compared with the backward the same way."""
-    (inputs, setup, step, machine), _ = _step(offload="activations")
-    v = bind(inputs, setup, step, load_model("llama3-8b"), machine)
+    job, _ = _step(offload="activations")
+    v = bind(job)
     kept = v["b"] * v["S"] / v["N"] * 4096 * (8 + 4 * 128 * (32 + 8) / 4096 + 2 * 3 * 14336 / 4096)
     assert numeric.offload_activation_copy_s(**_args("offload_activation_copy_s", v)) == pytest.approx(
         kept / PCIE5
@@ -110,10 +111,10 @@ def test_activation_offload_keeps_two_layers_on_the_device() -> None:
 def test_parameter_offload_fetches_each_layer_twice_a_micro_batch() -> None:
     """ZeRO-3 with parameters on the host: the device keeps two layers' weights and gradients in flight,
     no resident weights, gradients or optimizer states; no weight upload after the CPU step."""
-    (inputs, setup, step, machine), result = _step(offload="optimizer+params", zero=3)
+    job, result = _step(offload="optimizer+params", zero=3)
     layer = 4096 * 128 * (64 + 16) + 3 * 4096 * 14336 + 2 * 4096
     assert result["memory"]["model_state_bytes"] == pytest.approx(2 * layer * (2 + 4))
-    v = bind(inputs, setup, step, load_model("llama3-8b"), machine)
+    v = bind(job)
     fetch = float(numeric.offload_param_fetch_s(**_args("offload_param_fetch_s", v)))
     assert fetch == pytest.approx(layer / 4 * 2 / PCIE5)  # its ZeRO-3 shard, bf16
     assert float(numeric.offload_weight_upload_s(**_args("offload_weight_upload_s", v))) == 0
@@ -124,15 +125,15 @@ def test_the_search_ranks_with_the_offload_it_is_given() -> None:
     job = {"model": "llama3-8b", "seq": 32768, "hw": "h100-nvlink", "gpus": 4, "global_batch": 4}
     constraints = Constraints(pp=1, recompute="selective")
     for mode in ("optimizer", "all"):
-        built = build_step(**job, offload=mode)
+        built = searched(**job, offload=mode)
         fast = search(*built, constraints, top=None).plans
         slow = search_loop(*built, constraints)
         assert len(fast) == len(slow) > 0
         for a, b in zip(fast, slow, strict=True):
             assert a["step_time_s"] == pytest.approx(b["step_time_s"], rel=1e-12)
             assert a["memory_bytes"] == pytest.approx(b["memory_bytes"], rel=1e-12)
-    plain = search(*build_step(**job), constraints, top=None).plans
-    assert len(search(*build_step(**job, offload="all"), constraints, top=None).plans) >= len(plain)
+    plain = search(*searched(**job), constraints, top=None).plans
+    assert len(search(*searched(**job, offload="all"), constraints, top=None).plans) >= len(plain)
 
 
 def test_a_profile_without_a_host_link_names_offload(cli) -> None:

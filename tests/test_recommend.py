@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.machines.binding import Machine
-from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
-from costmodel.plans.models import load_model
+from costmodel.plans.job import make_job
 from costmodel.training.recommend import recommend
 
 JOB = ["recommend", "--model", "llama3-8b", "--seq", "131072", "--hw", "h100-nvlink"]
@@ -83,8 +81,7 @@ def test_the_window_shown_is_the_one_at_the_plans_tp_pp_recompute_and_micro_batc
     # and the window is the one `recommend` gives when asked at those flags
     inputs = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAULTS)
     setup = TrainingSetup(gpus=8, tp=1, pp=2, recompute="full")
-    machine = Machine(load_profile("h100-nvlink"))
-    alone = recommend(inputs, load_model("llama3-8b"), setup, machine, suggest=False)
+    alone = recommend(make_job(inputs.model_copy(update={"hw": "h100-nvlink"}), setup), suggest=False)
     assert [c.model_dump(mode="json") for c in alone.candidates] == data["candidates"]
     assert (alone.recommendation.n_min_memory, alone.recommendation.n_max_comm) == (4, 4)
     table = " ".join(searched["table"].split())
@@ -102,7 +99,7 @@ def test_no_memory_failure_of_another_layout_is_printed_when_the_pick_fits(searc
 def test_the_json_recommendation_describes_the_plan_it_recommends(searched) -> None:
     data = searched["json"]
     rec, pick = data["recommendation"], data["search"]["plans"][0]
-    assert data["schema"] == "cp-plan/recommend/v5"
+    assert data["schema"] == "cp-plan/recommend/v6"
     for key in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute", "cp_scheme", "step_time_s", "mfu"):
         assert rec[key] == pick[key], key
     assert (rec["n_recommended"], rec["dp"], rec["scheme"], rec["layout"]) == (4, 1, "ring", "zigzag")

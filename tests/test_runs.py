@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from costmodel.audit import fit
 from costmodel.audit.runs import TIE, Profiles, audit_runs, fit_runs, parse_assumptions, ranking, read_runs
 from costmodel.machines.profiles import load_profile
-from costmodel.training.step import build_step, evaluate_step
+from costmodel.plans.job import Job
+from costmodel.training.step import evaluate_step
 
 DATA = Path(__file__).parent / "data" / "runs"
 VTRAIN_CLUSTER = DATA / "a100-vtrain.yaml"  # the A100 cluster vTrain's configurations state
@@ -81,9 +82,9 @@ def synthetic(
     truth_profile = fit.with_terms(base, truth)
     rng = np.random.default_rng(7)
     times = [
-        evaluate_step(*build_step(profile=truth_profile, **r.values), model=r.model).model_dump(
-            by_alias=True
-        )["step"]["time_s"]
+        evaluate_step(Job.of(_profile=truth_profile, _model=r.model, **r.values)).model_dump(by_alias=True)[
+            "step"
+        ]["time_s"]
         * math.exp(rng.normal(0, noise))
         for r in runs
     ]
@@ -275,9 +276,7 @@ def test_fit_profile_is_written_and_step_reads_it(cli, tmp_path: Path) -> None:
     assert profile.kernels.launch_s == pytest.approx(document["fit"]["terms"]["launch_s"]["value"])
     table = read_runs(str(small), parse_assumptions(VTRAIN), str(out))
     run = table.runs[0]
-    again = evaluate_step(*build_step(**run.values), model=run.model).model_dump(by_alias=True)["step"][
-        "time_s"
-    ]
+    again = evaluate_step(Job.of(_model=run.model, **run.values)).model_dump(by_alias=True)["step"]["time_s"]
     assert again == pytest.approx(document["fit"]["rows"][0]["predicted_s"], rel=1e-9)
 
 

@@ -10,7 +10,7 @@ from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
-from costmodel.plans.models import load_model
+from costmodel.plans.job import make_job
 from costmodel.plans.schemes import best, compare
 from costmodel.training.recommend import recommend
 
@@ -30,13 +30,13 @@ def test_recommend_and_the_report_agree_on_every_scheme(
     """Every usable N of a recommendation, evaluated as a plan of its own, shows the same ratio and exposure."""
     inputs = PlanInputs(seq=seq, n=1, model="llama3-8b", **TRAINING_DEFAULTS | {"pass_": pass_})
     setup = TrainingSetup(gpus=gpus, tp=tp, recompute="full")
-    machine = Machine(load_profile(hw))
-    advice = recommend(inputs, load_model("llama3-8b"), setup, machine, suggest=False)
+    job = make_job(inputs.model_copy(update={"hw": hw}), setup)
+    advice = recommend(job, suggest=False)
     for row in advice.candidates:
         if row.n == 1:
             continue
         attention = setup.attention(inputs).model_copy(update={"cp": row.n, "layout": "zigzag"})
-        report = evaluate(attention, machine.placed(tp))
+        report = evaluate(attention, job.machine.placed(tp))
         shown = {s.label: s for s in report.schemes if s.feasible}
         assert shown[row.best_scheme].comm_ratio == pytest.approx(row.comm_ratio, rel=1e-12)
         assert shown[row.best_scheme].exposed_comm_s == pytest.approx(

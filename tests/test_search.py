@@ -13,22 +13,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
+from costmodel.frameworks import builtin_frameworks
+from costmodel.plans.job import Job
 from costmodel.plans.stages import StageSplit
 from costmodel.training.search import (
     Constraints,
     evaluate_plan,
-    frameworks,
+    framework_pairs,
     search,
     search_loop,
     sensitivity,
 )
-from costmodel.training.step import build_step, evaluate_step
+from costmodel.training.step import evaluate_step
+from tests.support import every_scheme, searched
 
 KEYS = ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "recompute", "cp_scheme", "layout")
 
 
 def _job(model: str = "llama3-8b", seq: int = 32768, hw: str = "h100-ib", gpus: int = 16, **extra):  # noqa: ANN202
-    return build_step(
+    return searched(
         model=model, seq=seq, hw=hw, gpus=gpus, global_batch=extra.pop("global_batch", 16), **extra
     )
 
@@ -60,7 +63,7 @@ def test_the_pick_is_the_step_of_its_own_flags(cli) -> None:
     """`cp-plan step` with the picked layout, uneven stages and the GPUs it uses, predicts the time the
     search ranked it by, to 1e-9: Llama 3 405B at 128K on 16,384 H100s picks an uneven split."""
     job = {"model": "llama3-405b", "seq": 131072, "hw": "h100-nvlink", "gpus": 16384, "global_batch": 128}
-    best = search(*build_step(**job), top=1).plans[0]
+    best = search(*searched(**job), top=1).plans[0]
     assert not StageSplit.of(best).even
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in job.items() if k != "gpus"]
     for name in ("gpus", "tp", "cp", "pp", "vpp", "micro_batch", "recompute", "first_stage_layers",
@@ -82,9 +85,8 @@ def _published_jobs() -> list:
 def test_the_search_never_loses_to_a_published_plan(row) -> None:
     """Each published plan of docs/validation.md that fits is in the search's space, so the search's pick
     on the same job (GPUs, batch, machine, overlaps) is never slower under the same model."""
-    built = build_step(**row.setup)
-    published = evaluate_step(*built).model_dump(by_alias=True)
-    best = search(*built, top=1).plans
+    published = evaluate_step(Job.of(**row.setup)).model_dump(by_alias=True)
+    best = search(*searched(**row.setup), top=1).plans
     if published["fits"]:
         assert best and best[0]["step_time_s"] <= published["step"]["time_s"] * (1 + 1e-9)
 
@@ -96,7 +98,7 @@ JOB = {"model": "llama3-8b", "seq": 32768, "hw": "h100-ib", "gpus": 16, "global_
 
 @functools.cache
 def _best_of_job() -> float:
-    return search(*build_step(**JOB), top=1).plans[0]["step_time_s"]
+    return search(*searched(**JOB), top=1).plans[0]["step_time_s"]
 
 
 @st.composite
@@ -134,7 +136,7 @@ def _legal_plans(draw: st.DrawFn) -> dict:
 @given(plan=_legal_plans())
 def test_the_search_never_loses_to_a_random_legal_plan(plan: dict) -> None:
     try:
-        result = evaluate_step(*build_step(**(JOB | plan))).model_dump(by_alias=True)
+        result = evaluate_step(Job.of(**(JOB | plan))).model_dump(by_alias=True)
     except InputError:  # Ulysses needs CP to divide the heads a TP rank holds
         assert plan.get("cp_scheme") == "ulysses"
         return
@@ -158,13 +160,20 @@ def test_fixing_a_dimension_keeps_it_and_never_beats_the_free_search(gpus: int, 
         assert held.plans[0]["step_time_s"] >= free.plans[0]["step_time_s"] * (1 - 1e-12)
 
 
-def test_frameworks_keep_only_what_they_run() -> None:
-    built = _job(gpus=32, global_batch=32)
-    for name, runs in frameworks().items():
-        plans = search(*built, Constraints(framework=name), top=None).plans
-        assert plans and all((p["cp_scheme"], p["layout"]) in runs for p in plans if p["cp"] > 1)
-    every = search(*built, Constraints(framework="any"), top=None).plans
-    assert {p["layout"] for p in every if p["cp"] > 1} == {"zigzag", "striped", "contiguous"}
+@pytest.mark.parametrize("framework", builtin_frameworks())
+def test_frameworks_keep_only_what_they_run(framework: str) -> None:
+    job, batch = _job(gpus=32, global_batch=32, framework=framework)
+    runs = framework_pairs(job.framework)
+    plans = search(job, batch, top=None).plans
+    assert plans and all((p["cp_scheme"], p["layout"]) in runs for p in plans if p["cp"] > 1)
+    assert {p["cp_scheme"] for p in plans if p["cp"] > 1} <= set(job.framework.time.cp_schemes)
+
+
+def test_a_framework_of_every_scheme_searches_every_layout() -> None:
+    every = search(
+        *every_scheme(model="llama3-8b", seq=32768, hw="h100-ib", gpus=32, global_batch=32), top=None
+    )
+    assert {p["layout"] for p in every.plans if p["cp"] > 1} == {"zigzag", "striped", "contiguous"}
 
 
 def test_sensitivity_moves_the_right_way() -> None:
@@ -181,11 +190,12 @@ def test_sensitivity_moves_the_right_way() -> None:
     assert again["step_time_s"] == pytest.approx(pick["step_time_s"], rel=1e-12)
 
 
-def _sensitivity_by_search(plan: dict, inputs, setup, step, machine, constraints: Constraints) -> list[dict]:  # noqa: ANN001
+def _sensitivity_by_search(plan: dict, job: Job, batch: int, constraints: Constraints) -> list[dict]:
     """The what-ifs the straightforward way: the pick evaluated again and a whole search per scenario."""
     from costmodel.machines.binding import Machine
     from costmodel.machines.compose import ProfileChanges, override
 
+    machine = job.machine
     inter = machine.profile.links.inter_node
     slower = Machine(
         override(machine.profile, ProfileChanges(inter_bandwidth=inter.bandwidth_per_direction / 2)),
@@ -193,11 +203,11 @@ def _sensitivity_by_search(plan: dict, inputs, setup, step, machine, constraints
         machine.efficiency,
     )
     unit = 2 * plan["cp"]
-    longer = inputs.model_copy(update={"seq": -(-inputs.seq * 11 // (10 * unit)) * unit})
+    longer = job.replace(seq=-(-job.inputs.seq * 11 // (10 * unit)) * unit)
     out = []
-    for at, on in ((inputs, slower), (longer, machine)):
-        row = evaluate_plan(plan, at, setup, step, on)
-        best = search(at, setup, step, on, constraints, top=1).plans
+    for at in (job.on(slower), longer):
+        row = evaluate_plan(plan, at, batch)
+        best = search(at, batch, constraints, top=1).plans
         out.append((row, best[0] if best else None))
     return out
 
@@ -208,7 +218,7 @@ def _sensitivity_by_search(plan: dict, inputs, setup, step, machine, constraints
         ({"gpus": 64, "global_batch": 64}, Constraints()),  # shapes inside one node keep their binding
         ({"hw": "h100-nvlink", "gpus": 8, "global_batch": 8}, Constraints()),  # no group reaches the link
         ({"model": "llama3-70b", "seq": 65536, "gpus": 64}, Constraints(recompute="selective")),
-        ({"gpus": 128, "global_batch": 32}, Constraints(framework="torchtitan", tp=4)),
+        ({"gpus": 128, "global_batch": 32, "framework": "torchtitan"}, Constraints(tp=4)),
     ],
 )
 @pytest.mark.parametrize("reuse", [True, False])
@@ -431,21 +441,19 @@ def test_sweep_step_time_is_the_fastest_fitting_plan_at_each_n(cli) -> None:
     rows = cli(*args, "--tp", "2", "-f", "json").json()["rows"]
     assert len(rows) == 4
     for row in rows:
-        inputs, setup, step, machine = build_step(
-            model="llama3-8b", seq=row["seq"], hw="h100-ib", gpus=64, tp=2, global_batch=2**22 // row["seq"]
-        )
-        fixed = Constraints(tp=2, pp=1, cp=row["n"], recompute="selective", framework="megatron")
-        best = search(inputs, setup, step, machine, fixed, top=1).plans
+        job = Job.of(model="llama3-8b", seq=row["seq"], hw="h100-ib", gpus=64, tp=2)
+        fixed = Constraints(tp=2, pp=1, cp=row["n"], recompute="selective")
+        best = search(job, 2**22 // row["seq"], fixed, top=1).plans
         expected = best[0]["step_time_s"] if best else None
         assert row["step_time_s"] == (pytest.approx(expected, rel=1e-12) if expected else None)
 
 
 def test_megatron_ulysses_splits_the_kv_heads_too() -> None:
     """Transformer Engine's a2a asserts KV heads % CP == 0: with 8 KV heads and TP 4, Ulysses stops at CP 2."""
-    built = _job(gpus=32, global_batch=32)
     ulysses = Constraints(tp=4, cp_scheme="ulysses")
-    megatron = search(*built, Constraints(**ulysses.__dict__ | {"framework": "megatron"}), top=None).plans
-    anywhere = search(*built, Constraints(**ulysses.__dict__ | {"framework": "any"}), top=None).plans
+    megatron = search(*_job(gpus=32, global_batch=32), ulysses, top=None).plans
+    job = {"model": "llama3-8b", "seq": 32768, "hw": "h100-ib", "gpus": 32, "global_batch": 32}
+    anywhere = search(*every_scheme(**job), ulysses, top=None).plans
     assert {p["cp"] for p in megatron} == {2}
     assert {p["cp"] for p in anywhere} == {2, 4, 8}
 

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from costmodel.machines.kernels import attention_rate, gemm_rate
 from costmodel.machines.profiles import load_profile
-from costmodel.plans.models import load_model
+from costmodel.plans.job import Job
 from costmodel.symbolic import numeric
-from costmodel.training.step import bind, build_step, evaluate_step
+from costmodel.training.step import bind, evaluate_step
 
 LLAMA8B = {"H": 4096, "F_ffn": 14336, "V": 128256, "n_L": 32, "g": 1, "h": 32, "n_kv": 8, "d": 128, "e_m": 2}
 
@@ -151,7 +151,7 @@ SETUPS = st.fixed_dictionaries(
 @given(SETUPS)
 def test_breakdown_sums_to_the_step_and_utilisation_is_bounded(s: dict) -> None:
     vpp = s["vpp"] if s["pp"] > 1 else 1
-    built = build_step(
+    built = Job.of(
         model=s["model"],
         seq=s["seq"],
         hw=s["hw"],
@@ -166,8 +166,8 @@ def test_breakdown_sums_to_the_step_and_utilisation_is_bounded(s: dict) -> None:
         layout=s["layout"],
         zero=3 if s["zero3"] else 1,
     )
-    setup = built[1]
-    step = evaluate_step(*built).model_dump(by_alias=True)["step"]
+    setup = built.setup
+    step = evaluate_step(built).model_dump(by_alias=True)["step"]
     assert sum(step["breakdown"].values()) == pytest.approx(step["time_s"], rel=1e-12)
     assert all(value >= 0 for value in step["breakdown"].values())
     assert 0 < step["mfu"] <= step["hfu"] < 1 and step["mfu"] <= step["mfu_full_square"]
@@ -184,8 +184,8 @@ def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
         "pp": 8,
         "global_batch": 16,
     }
-    plain = evaluate_step(*build_step(**common)).model_dump(by_alias=True)["step"]
-    interleaved = evaluate_step(*build_step(**common, vpp=5)).model_dump(by_alias=True)["step"]
+    plain = evaluate_step(Job.of(**common)).model_dump(by_alias=True)["step"]
+    interleaved = evaluate_step(Job.of(**common, vpp=5)).model_dump(by_alias=True)["step"]
     assert interleaved["breakdown"]["pipeline_bubble_s"] == pytest.approx(
         plain["breakdown"]["pipeline_bubble_s"] / 5, rel=1e-9
     )
@@ -194,10 +194,10 @@ def test_longer_pipeline_interleaving_shrinks_the_bubble() -> None:
 
 def test_contiguous_causal_ring_pays_the_imbalance() -> None:
     """Contiguous causal: the slowest rank does N - 1/2 blocks for N/2 useful, u = N/(2N-1) [A-RingCost §6]."""
-    inputs, setup, step, machine = build_step(
+    job = Job.of(
         model="llama3-8b", seq=65536, hw="h100-nvlink", gpus=8, cp=8, global_batch=1, layout="contiguous"
     )
-    values = bind(inputs, setup, step, load_model("llama3-8b"), machine)
+    values = bind(job)
     assert values["u_cp"] == pytest.approx(8 / 15, rel=1e-12)
 
 
@@ -324,7 +324,7 @@ def test_profile_without_kernel_tables_needs_efficiency(cli, tmp_path) -> None:
 
 
 def test_cli_and_hand_built_step_agree(cli) -> None:
-    """`cp-plan step ... --format json` is evaluate_step over build_step of the same flags, number for number."""
+    """`cp-plan step ... --format json` is evaluate_step over Job.of of the same flags, number for number."""
     flags = {
         "model": "llama3-70b",
         "seq": "32k",
@@ -349,7 +349,7 @@ def test_cli_and_hand_built_step_agree(cli) -> None:
         for name, value in flags.items()
         if name != "seq"
     }
-    by_hand = evaluate_step(*build_step(**typed, seq=32768)).model_dump(by_alias=True)
+    by_hand = evaluate_step(Job.of(**typed, seq=32768)).model_dump(by_alias=True)
     assert result.json() == json.loads(json.dumps(by_hand))  # JSON floats round-trip exactly
 
 
@@ -377,18 +377,12 @@ def test_groups_wait_on_the_link_their_placement_gives() -> None:
     an -ib profile (whose one CP rank per node stands in for that TP); --cp-ranks-per-node moves a CP group
     off the node."""
     nvlink, ib = 450e9, 50e9
-    inputs, setup, step, machine = build_step(
-        model="llama3-70b", seq=32768, hw="h100-ib", gpus=128, tp=8, cp=4, pp=2, global_batch=4
-    )
-    values = bind(inputs, setup, step, load_model("llama3-70b"), machine)
+    job = Job.of(model="llama3-70b", seq=32768, hw="h100-ib", gpus=128, tp=8, cp=4, pp=2, global_batch=4)
+    values = bind(job)
     assert (values["B_tp"], values["B_cp"], values["B_dp"], values["B_pp"]) == (nvlink, ib, ib, ib)
-    inputs, setup, step, machine = build_step(
-        model="llama3-8b", seq=32768, hw="h100-ib", gpus=8, tp=2, cp=4, global_batch=1
-    )
-    assert (
-        bind(inputs, setup, step, load_model("llama3-8b"), machine)["B_cp"] == nvlink
-    )  # 2 x 4 ranks: one node
-    inputs, setup, step, machine = build_step(
+    job = Job.of(model="llama3-8b", seq=32768, hw="h100-ib", gpus=8, tp=2, cp=4, global_batch=1)
+    assert bind(job)["B_cp"] == nvlink  # 2 x 4 ranks: one node
+    job = Job.of(
         model="llama3-8b",
         seq=32768,
         hw="h100-nvlink",
@@ -398,25 +392,25 @@ def test_groups_wait_on_the_link_their_placement_gives() -> None:
         global_batch=1,
         cp_ranks_per_node=4,
     )
-    values = bind(inputs, setup, step, load_model("llama3-8b"), machine)
+    values = bind(job)
     assert (values["B_tp"], values["B_cp"]) == (nvlink, ib)  # 4 ranks a node hold 2 CP ranks of stride 2
 
 
-def test_build_step_names_what_it_does_not_know() -> None:
+def test_a_job_names_what_it_does_not_know() -> None:
     from costmodel.core.errors import InputError
 
-    with pytest.raises(InputError, match="block: not an input of the step"):
-        build_step(model="llama3-8b", global_batch=8, block=512)
+    with pytest.raises(InputError, match="block: not an input of a training job"):
+        Job.of(model="llama3-8b", global_batch=8, block=512)
     with pytest.raises(InputError, match="--model"):
-        evaluate_step(*build_step(global_batch=8)).model_dump(by_alias=True)
+        evaluate_step(Job.of(global_batch=8)).model_dump(by_alias=True)
 
 
 def test_fewer_micro_batches_than_stages_is_a_legal_job_with_its_bubble() -> None:
     """Megatron runs m < pp (the stages wait): 1F1B takes (m + pp - 1) slots of a stage's layers, so the
     bubble is (pp - 1)/m of the layers' time over the m micro-batches; the output layer, on the last stage
     alone, is not in the fill and drain, and the bubble fraction is over the busy time, output layer and all."""
-    parts = build_step(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, pp=8, global_batch=4)
-    step = evaluate_step(*parts).model_dump(by_alias=True)["step"]
+    parts = Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, pp=8, global_batch=4)
+    step = evaluate_step(parts).model_dump(by_alias=True)["step"]
     per_layer = (
         "matmul_s",
         "attention_s",
@@ -460,7 +454,7 @@ def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> No
         "none",
     )
     data = cli(*args, "-f", "json").json()
-    assert data["schema"] == "cp-plan/step/v4"
+    assert data["schema"] == "cp-plan/step/v5"
     assert data["fits"] is False and data["memory"]["fits"] is False
     assert data["memory"]["bytes_per_device"] == pytest.approx(3.384e12, rel=1e-3)
     assert data["memory"]["device_memory_bytes"] == pytest.approx(72e9, rel=1e-9)
@@ -506,7 +500,7 @@ def test_every_breakdown_field_is_a_term_of_step_time_s() -> None:
     assert set(LABELS) == set(StepBreakdown.model_fields)
     total = formulas.FORMULAS["step_time_s"].definition
     assert total == sum(formulas.FORMULAS[name].symbol for name in formulas.STEP_TERMS)
-    report = evaluate_step(*build_step(model="llama3-8b", seq=8192, gpus=16, tp=2, pp=2, global_batch=16))
+    report = evaluate_step(Job.of(model="llama3-8b", seq=8192, gpus=16, tp=2, pp=2, global_batch=16))
     parts = report.step.breakdown.model_dump()
     assert report.step.time_s == pytest.approx(sum(parts.values()), rel=1e-12)
 

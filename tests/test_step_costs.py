@@ -10,9 +10,10 @@ from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
 from costmodel.machines.kernels import attention_rate, gemm_rate, tile_utilisation
 from costmodel.machines.profiles import load_profile
+from costmodel.plans.job import Job
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
-from costmodel.training.step import bind, build_step, evaluate_step, fused_softmax
+from costmodel.training.step import bind, evaluate_step, fused_softmax
 
 
 def test_wave_quantization_by_hand() -> None:
@@ -101,8 +102,7 @@ def test_megatrons_default_reduces_every_gradient_after_the_backward() -> None:
 
 
 def _bound(**values):
-    parts = build_step(**values)
-    return bind(*parts[:3], load_model(parts[0].model), parts[3])
+    return bind(Job.of(**values))
 
 
 def test_a_host_bound_layer_grows_by_its_kernel_count_times_the_launch_cost() -> None:
@@ -118,7 +118,7 @@ def test_a_host_bound_layer_grows_by_its_kernel_count_times_the_launch_cost() ->
             update={"kernels": profile.kernels.model_copy(update={"launch_s": launch})}
         )
         times.append(
-            evaluate_step(*build_step(profile=profile, **flags)).model_dump(by_alias=True)["step"]["time_s"]
+            evaluate_step(Job.of(_profile=profile, **flags)).model_dump(by_alias=True)["step"]["time_s"]
         )
     v = _bound(**flags)
     kernels = v["n_kf"] * 2 + v["n_kb"]
@@ -137,9 +137,7 @@ def test_unfused_attention_by_hand() -> None:
         pytest.approx(expected, rel=1e-12)
     )
     with pytest.raises(InputError, match="CP needs flash"):
-        build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused") and evaluate_step(
-            *build_step(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused")
-        ).model_dump(by_alias=True)
+        Job.of(**{**flags, "cp": 2, "gpus": 16}, attention_kernel="unfused")
 
 
 @pytest.mark.parametrize(
@@ -190,7 +188,7 @@ def test_a_named_attention_kernel_reads_its_own_tables() -> None:
     slow, default = _bound(**flags, attention_kernel="sdpa-flash"), _bound(**flags)
     assert 0.4 < slow["F_attn"] / default["F_attn"] < 0.75  # FA2's path against the FA3 tables
     with pytest.raises(InputError, match="has tables for flash, unfused, sdpa-cudnn, sdpa-flash"):
-        evaluate_step(*build_step(**flags, attention_kernel="fa9")).model_dump(by_alias=True)
+        evaluate_step(Job.of(**flags, attention_kernel="fa9")).model_dump(by_alias=True)
 
 
 def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
@@ -223,7 +221,7 @@ def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
         float(numeric.layer_fp8_cast_bytes(**{a: bf16[a] for a in numeric.ARGS["layer_fp8_cast_bytes"]})) == 0
     )
     with pytest.raises(InputError, match="mxfp8 runs on Blackwell"):
-        evaluate_step(*build_step(**flags, gemm_dtype="mxfp8")).model_dump(by_alias=True)
+        evaluate_step(Job.of(**flags, gemm_dtype="mxfp8")).model_dump(by_alias=True)
 
 
 def test_fp8_multiplies_without_an_fp8_table_scale_the_bf16_one_by_the_peaks() -> None:

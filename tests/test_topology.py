@@ -14,7 +14,8 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import builtin_names, load_profile, parse_profile
 from costmodel.machines.topology import MEGATRON_ORDER, parse_order, strides
-from costmodel.training.step import build_step, evaluate_step
+from costmodel.plans.job import Job
+from costmodel.training.step import evaluate_step
 from tests.support import REPO
 
 GB = 1e9
@@ -45,7 +46,7 @@ def test_ring_leaves_the_fast_domain(hw: str, tp: int, inside: int, fast: float,
 def test_step_states_where_the_ring_leaves() -> None:
     """Llama 3.1 405B at 128K on GB200 NVL72: with TP 8 a rack holds 9 CP ranks, so CP 16 crosses racks."""
     result = evaluate_step(
-        *build_step(
+        Job.of(
             model="llama3.1-405b", seq=131072, hw="gb200-nvl72", gpus=1152, tp=8, cp=16, pp=9, global_batch=16
         )
     ).model_dump(by_alias=True)
@@ -59,10 +60,8 @@ def test_step_states_where_the_ring_leaves() -> None:
 def test_rank_order_moves_cp_inside() -> None:
     """tp-cp-dp-pp puts CP 4 beside TP 2 in one 8-GPU node; tp-dp-cp-pp puts DP 4 there and CP across."""
     common = {"model": "llama3-8b", "seq": 32768, "hw": "h100-nvlink", "gpus": 32, "tp": 2, "cp": 4}
-    megatron = evaluate_step(*build_step(**common, global_batch=8)).model_dump(by_alias=True)["topology"][
-        "groups"
-    ]
-    other = evaluate_step(*build_step(**common, global_batch=8, rank_order="tp-dp-cp-pp")).model_dump(
+    megatron = evaluate_step(Job.of(**common, global_batch=8)).model_dump(by_alias=True)["topology"]["groups"]
+    other = evaluate_step(Job.of(**common, global_batch=8, rank_order="tp-dp-cp-pp")).model_dump(
         by_alias=True
     )["topology"]["groups"]
     assert (megatron["cp"]["stride"], megatron["cp"]["scope"]) == (2, "intra-node")

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 from costmodel.machines.binding import Machine
 from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import load_profile
-from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
+from costmodel.plans.inputs import TRAINING_DEFAULTS, MachineOverrides, PlanInputs, TrainingSetup
+from costmodel.plans.job import make_job
 from costmodel.plans.models import load_model
 from costmodel.symbolic import formulas, numeric
-from costmodel.training.recommend import recommend, schemes_at, training_values, zero_fractions
-from tests.support import plan
+from costmodel.training.memory import zero_fractions
+from costmodel.training.recommend import recommend, schemes_at
+from tests.support import memory_values, plan
 
 f = formulas.FORMULAS
 
@@ -128,7 +130,7 @@ def test_n_min_memory_is_where_memory_just_fits(pp: int, recompute: str) -> None
     """At N = N_min the most loaded stage's memory equals the usable HBM, to rounding."""
     setup = TrainingSetup(gpus=64 * pp, pp=pp, recompute=recompute)
     million = PlanInputs(seq=1 << 20, n=1, causal=True, model="llama3-8b")
-    values = training_values(million, load_model("llama3-8b"), setup, Machine(load_profile("a100-nvlink")), 1)
+    values = memory_values(million, setup, 1, load_model("llama3-8b"))
     n_min = numeric.n_min_memory(**{a: values[a] for a in numeric.ARGS["n_min_memory"]})
     assert n_min > 2  # the ring's buffers exist from N = 2 on
     at = values | {"N": n_min}
@@ -140,9 +142,11 @@ SEED_QUESTION = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAU
 
 
 def advise(hw: str, **setup: object):  # noqa: ANN201
-    return recommend(
-        SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64, **setup), Machine(load_profile(hw))
-    )
+    """The seed question's window on ``hw``, its CP ranks placed as the profile's single-layer plans place them
+    (the -ib profiles: one a node, TP filling the rest)."""
+    placed = MachineOverrides(cp_ranks_per_node=load_profile(hw).ranks_per_node)
+    inputs = SEED_QUESTION.model_copy(update={"hw": hw})
+    return recommend(make_job(inputs, TrainingSetup(gpus=64, **setup), overrides=placed))
 
 
 def test_seed_question_on_a100_nvlink_with_full_recompute() -> None:
@@ -161,6 +165,7 @@ def test_seed_question_on_a100_nvlink_with_full_recompute() -> None:
 
 
 def test_seed_question_on_h100_ib_says_which_side_fails_and_what_fixes_it() -> None:
+    """Each CP rank on its own node, as the article's inter-node example places them."""
     rec = advise("h100-ib", recompute="full").recommendation
     assert rec.n_recommended is None and rec.n_min_memory == 8 and rec.n_max_comm == 2
     assert rec.reason.startswith("Communication fails: memory needs N >= 8")
@@ -174,7 +179,8 @@ def test_all_to_all_opens_the_window_when_the_plain_ring_turns_red() -> None:
     scheme that exposes the least (the ring, overlapped), and the reason says it relies on that overlap.
     With 400 Gb/s NICs as [A-RingCost] assumes; on a DGX A100's HDR 200 Gb/s even USP is red at N = 32."""
     machine = Machine(override(load_profile("a100-nvlink"), ProfileChanges(inter_bandwidth="400Gb")))
-    report = recommend(SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), machine)
+    overrides = MachineOverrides(inter_node_bandwidth="400Gb")
+    report = recommend(make_job(SEED_QUESTION, TrainingSetup(gpus=64), overrides=overrides))
     rec = report.recommendation
     row = next(r for r in report.candidates if r.n == 32)
     assert rec.n_recommended == 32 and row.lowest_ratio_scheme in {"Ulysses", "USP 8x4"}
@@ -208,10 +214,9 @@ def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute:
     """Memory falls and the plain ring's ratio rises with N; the pick lies in the window and fits."""
     inputs = PlanInputs(seq=seq_k * 1024, n=1, causal=True, model="llama3-8b")
     report = recommend(
-        inputs,
-        load_model("llama3-8b"),
-        TrainingSetup(gpus=gpus, zero=zero, recompute=recompute),
-        Machine(load_profile(hw)),
+        make_job(
+            inputs.model_copy(update={"hw": hw}), TrainingSetup(gpus=gpus, zero=zero, recompute=recompute)
+        )
     )
     rows = report.candidates
     assert all(a.total_bytes > b.total_bytes for a, b in zip(rows, rows[1:]))
@@ -223,9 +228,7 @@ def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute:
 
 
 def test_training_values_cover_every_fit_formula() -> None:
-    values = training_values(
-        SEED_QUESTION, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("h100-ib")), 8
-    )
+    values = memory_values(SEED_QUESTION, TrainingSetup(gpus=64), 8, load_model("llama3-8b"))
     for name in ("model_state_bytes", "activation_bytes", "ring_buffer_bytes", "n_min_memory"):
         assert set(numeric.ARGS[name]) <= set(values), name
 
@@ -233,15 +236,13 @@ def test_training_values_cover_every_fit_formula() -> None:
 def test_memory_fit_reads_the_models_layer_shape_as_the_step_does() -> None:
     """Given heads and head size do not mix with the preset's: llama3-8b's 32 heads of 128 either way."""
     given = PlanInputs(seq=131_072, n=8, heads=64, kv_heads=8, head_dim=64)
-    values = training_values(
-        given, load_model("llama3-8b"), TrainingSetup(gpus=64), Machine(load_profile("h100-ib")), 8
-    )
+    values = memory_values(given, TrainingSetup(gpus=64), 8, load_model("llama3-8b"))
     assert (values["h"], values["n_kv"], values["d"]) == (32, 8, 128)
 
 
 def _advice(model: str, hw: str, gpus: int, **setup: object):  # noqa: ANN202
     inputs = PlanInputs(seq=131_072, n=1, model=model, **TRAINING_DEFAULTS)
-    return recommend(inputs, load_model(model), TrainingSetup(gpus=gpus, **setup), Machine(load_profile(hw)))
+    return recommend(make_job(inputs.model_copy(update={"hw": hw}), TrainingSetup(gpus=gpus, **setup)))
 
 
 def test_one_device_is_no_context_parallelism_not_a_none_ring(cli) -> None:
@@ -281,13 +282,7 @@ def test_memory_beyond_the_largest_usable_n_gets_its_sentence(cli) -> None:
 def test_ring_buffers_exist_only_with_a_ring() -> None:
     report = _advice("llama3-8b", "a100-nvlink", 64, recompute="full")
     buffers = {row.n: row for row in report.candidates}
-    values = training_values(
-        SEED_QUESTION,
-        load_model("llama3-8b"),
-        TrainingSetup(gpus=64),
-        Machine(load_profile("a100-nvlink")),
-        1,
-    )
+    values = memory_values(SEED_QUESTION, TrainingSetup(gpus=64), 1, load_model("llama3-8b"))
     assert numeric.ring_buffer_bytes(**{a: values[a] for a in numeric.ARGS["ring_buffer_bytes"]}) == 0
     two = values | {"N": 2.0}
     assert numeric.ring_buffer_bytes(**{a: two[a] for a in numeric.ARGS["ring_buffer_bytes"]}) > 0
@@ -297,9 +292,9 @@ def test_ring_buffers_exist_only_with_a_ring() -> None:
 def test_pipeline_memory_is_the_most_loaded_stage() -> None:
     """At pp = 4 the first stage holds 4 micro-batches of 8 layers (32 layers' activations); the last stage
     holds the output layer's states; the fit takes the larger of the two, not the average."""
-    model, machine = load_model("llama3-8b"), Machine(load_profile("a100-nvlink"))
-    one = training_values(SEED_QUESTION, model, TrainingSetup(gpus=64, pp=1, recompute="full"), machine, 8)
-    four = training_values(SEED_QUESTION, model, TrainingSetup(gpus=256, pp=4, recompute="full"), machine, 8)
+    model = load_model("llama3-8b")
+    one = memory_values(SEED_QUESTION, TrainingSetup(gpus=64, pp=1, recompute="full"), 8, model)
+    four = memory_values(SEED_QUESTION, TrainingSetup(gpus=256, pp=4, recompute="full"), 8, model)
 
     def get(name: str, values: dict) -> float:
         return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
@@ -320,7 +315,7 @@ def test_pipeline_memory_is_the_most_loaded_stage() -> None:
 
 def test_recompute_none_keeps_scores_only_without_flash_attention() -> None:
     """Korthikanti's no-SP, no-recompute case: sbh(10 + 24/t + 5as/(ht)) with t = 8, MHA GPT-3 [Korthikanti22 §4]."""
-    model, machine = load_model("gpt3-175b"), Machine(load_profile("a100-nvlink"))
+    model = load_model("gpt3-175b")
     shape = PlanInputs(
         seq=2048,
         n=1,
@@ -332,17 +327,17 @@ def test_recompute_none_keeps_scores_only_without_flash_attention() -> None:
     )
 
     def layer(**setup: object) -> float:
-        values = training_values(shape, model, TrainingSetup(gpus=8, tp=8, **setup), machine, 1)
+        values = memory_values(shape, TrainingSetup(gpus=8, tp=8, **setup), 1, model)
         return float(
             numeric.layer_activation_bytes(**{a: values[a] for a in numeric.ARGS["layer_activation_bytes"]})
         )
 
     s, b, h, a, t = 2048, 1, model.hidden, model.heads, 8
     korthikanti = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
-    assert layer(recompute="none", flash_attention=False, sequence_parallel=False) == pytest.approx(
+    assert layer(recompute="none", attention_kernel="unfused", sequence_parallel=False) == pytest.approx(
         korthikanti, rel=1e-12
     )
-    assert layer(recompute="selective", flash_attention=False, sequence_parallel=False) == pytest.approx(
+    assert layer(recompute="selective", attention_kernel="unfused", sequence_parallel=False) == pytest.approx(
         s * b * h * (10 + 24 / t), rel=1e-12
     )
     assert layer(recompute="none") == layer(recompute="selective")  # flash attention keeps no scores

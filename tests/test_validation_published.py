@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 
+from costmodel.plans.job import Job
 from costmodel.training.validation import GOAL, ROWS, Published, predict
 
 
@@ -46,11 +47,11 @@ def test_korthikanti_rows_agree_with_the_papers_own_abstract() -> None:
     The 530B full-recompute iteration time (49.05 s on 280 GPUs) implies an MFU through the model FLOP
     count; the arXiv abstract gives the same run at DP 8 (2,240 GPUs) as 42.1 % against 54.2 % without
     recompute. The ratio of the two MFUs must match the abstract's within 2 %."""
-    from costmodel.training.step import build_step, evaluate_step
+    from costmodel.training.step import evaluate_step
 
     rows = {row.key: row for row in ROWS}
     full, selective = rows["k22-530b-full-s"], rows["k22-530b-mfu"]
-    predicted = evaluate_step(*build_step(**full.setup)).model_dump(by_alias=True)["step"]
+    predicted = evaluate_step(Job.of(**full.setup)).model_dump(by_alias=True)["step"]
     seconds_at_peak = predicted["time_s"] * predicted["mfu_full_square"]  # the paper's model FLOP / peak
     implied_full_mfu = seconds_at_peak / full.published
     assert implied_full_mfu / selective.published == pytest.approx(42.1 / 54.2, rel=0.02)

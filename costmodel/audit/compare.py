@@ -21,12 +21,10 @@ from typing import Any
 from costmodel.audit.logs import ParsedLog, summary
 from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluator
-from costmodel.plans.models import load_model
+from costmodel.plans.job import Job
 from costmodel.plans.schemes import compare
-from costmodel.training.recommend import fit_at, training_values
 from costmodel.training.report import LABELS, StepReport
-from costmodel.training.step import build_step, evaluate_step
+from costmodel.training.step import evaluate_step
 
 SCHEMA = "cp-plan/audit/v2"  # v2: breakdown keys and attribution components are the step's identifiers
 # (share below, share above) of each component's predicted time that a real run plausibly differs by.
@@ -58,21 +56,9 @@ MEMORY_MARGIN = 1.25  # reserved memory beyond the plan's fit by this factor (al
 ACCOUNTING_BAND = (0.85, 1.15)  # framework's TFLOP/s over ours from the same time
 
 
-def predict(values: dict[str, Any]) -> tuple[StepReport, dict[str, Any]]:
-    """(the step model's result, the built inputs) for flat step values."""
-    inputs, setup, step, machine = build_step(**values)
-    return evaluate_step(inputs, setup, step, machine), {
-        "inputs": inputs,
-        "setup": setup,
-        "step": step,
-        "machine": machine,
-    }
-
-
-def _unhidden(built: dict[str, Any], hidden: dict[str, float]) -> dict[str, float]:
+def _unhidden(job: Job, hidden: dict[str, float]) -> dict[str, float]:
     """What each communication component would add if nothing of it were hidden (overlaps 0)."""
-    step = built["step"].model_copy(update={"cp_overlap": 0.0, "pp_overlap": 0.0, "tp_comm_overlap": False})
-    bare = evaluate_step(built["inputs"], built["setup"], step, built["machine"]).step.breakdown
+    bare = evaluate_step(job.replace(cp_overlap=0.0, pp_overlap=0.0, tp_comm_overlap=False)).step.breakdown
     return {k: max(0.0, getattr(bare, k) - hidden[k]) for k in hidden}
 
 
@@ -121,16 +107,13 @@ def attribute(
     }
 
 
-def _memory_fit(built: dict[str, Any]) -> dict[str, float]:
-    inputs, setup, step = built["inputs"], built["setup"], built["step"]
-    model = load_model(inputs.model)
-    attention = inputs.model_copy(update={"batch": step.micro_batch})
-    fit = fit_at(Evaluator(training_values(attention, model, setup, built["machine"], inputs.cp)))
+def _memory_fit(report: StepReport, job: Job) -> dict[str, float]:
+    memory = report.memory
     return {
-        "total_bytes": fit.total_bytes,
-        "device_memory_bytes": fit.device_memory_bytes,
-        "hbm_bytes": built["machine"].profile.device.hbm_bytes,
-        "fits": fit.fits,
+        "total_bytes": memory.bytes_per_device,
+        "device_memory_bytes": memory.device_memory_bytes,
+        "hbm_bytes": job.machine.profile.device.hbm_bytes,
+        "fits": memory.fits,
     }
 
 
@@ -168,16 +151,15 @@ def measure(log: ParsedLog, predicted: dict[str, Any], gpus: int, peak: float) -
     }
 
 
-def ring_ratio(built: dict[str, Any]) -> float | None:
+def ring_ratio(job: Job) -> float | None:
     """The plan's step comm ratio of the run's ring (ring or USP's ring part), fwd+bwd: transfer time over the
     attention it hides under ([A-RingCost §11]); None when the run has no ring."""
 
-    inputs, setup, step = built["inputs"], built["setup"], built["step"]
-    scheme = registry.get(step.cp_scheme)
-    if inputs.cp == 1 or not scheme.ring:
+    scheme = registry.get(job.step.cp_scheme)
+    if job.cp == 1 or not scheme.ring:
         return None
-    attention = setup.attention(inputs).model_copy(update={"batch": step.micro_batch})
-    schemes = compare(attention, built["machine"].placed(setup.tp), "fwd+bwd")
+    attention = job.setup.attention(job.inputs).model_copy(update={"batch": job.step.micro_batch})
+    schemes = compare(attention, job.machine.placed(job.tp), "fwd+bwd")
     feasible = [s for s in schemes if s.scheme == scheme.name and s.feasible and s.ring_ratio is not None]
     return max(feasible, key=lambda s: s.n_ulysses).ring_ratio if feasible else None
 
@@ -397,17 +379,17 @@ def findings(evidence: Evidence) -> list[Finding]:
 
 def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
     """One run: measured, predicted, the comparison and the findings."""
-    report, built = predict(values)
+    run = Job.of(**values)
+    report = evaluate_step(run)
     predicted = report.model_dump(mode="json", by_alias=True)
-    machine, setup, inputs = built["machine"], built["setup"], built["inputs"]
-    peak = machine.peak_flops
-    measured = measure(log, predicted, setup.gpus, peak)
+    peak = run.machine.peak_flops
+    measured = measure(log, predicted, run.gpus, peak)
     step = predicted["step"]
     difference = measured["step_time_s"]["median"] - step["time_s"]
-    unhidden = _unhidden(built, step["breakdown"]) if difference > 0 else {}
+    unhidden = _unhidden(run, step["breakdown"]) if difference > 0 else {}
     attribution = attribute(difference, step["breakdown"], unhidden, step["time_s"])
-    memory = _memory_fit(built)
-    plan_ratio = ring_ratio(built)
+    memory = _memory_fit(report, run)
+    plan_ratio = ring_ratio(run)
     return {
         "schema": SCHEMA,
         "log": log.path,
@@ -436,8 +418,8 @@ def audit(log: ParsedLog, values: dict[str, Any]) -> dict[str, Any]:
                 attribution,
                 peak,
                 memory,
-                inputs.cp,
-                built["step"].cp_scheme,
+                run.cp,
+                run.step.cp_scheme,
                 plan_ratio,
             )
         ),

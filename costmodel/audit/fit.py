@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from costmodel.core.errors import InputError
-from costmodel.machines.binding import build_machine
 from costmodel.machines.profiles import HardwareProfile, parse_profile
+from costmodel.plans.job import Job
 from costmodel.training.report import StepTimes
-from costmodel.training.step import build_step, evaluate_step, step_terms
+from costmodel.training.step import evaluate_step, step_terms
 
 COMPUTE = (
     "matmul_s",
@@ -83,10 +83,7 @@ def most_compute(profile: HardwareProfile, dtype: str = "bf16") -> float:
 
 def predict(run: Run, profile: HardwareProfile | None = None) -> StepTimes:
     """The step model for ``run``, on its own profile or on ``profile``."""
-    inputs, setup, step, machine = build_step(**run.values)
-    if profile is not None:
-        machine = build_machine(profile, machine.dtype, machine.efficiency, job=True)
-    return evaluate_step(inputs, setup, step, machine).step
+    return evaluate_step(Job.of(**run.values, _profile=profile)).step
 
 
 def _groups(step: StepTimes) -> tuple[float, float, float]:

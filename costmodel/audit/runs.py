@@ -27,10 +27,11 @@ from costmodel.core.fileio import read_input_text
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import TRAINING
+from costmodel.plans.job import Job
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.symbolic import numeric
 from costmodel.training.report import StepReport
-from costmodel.training.step import bind, build_step, evaluate_step
+from costmodel.training.step import bind, evaluate_step
 
 SCHEMA = "cp-plan/runs/v2"  # v2: a miss names its component by the step's breakdown key (matmul_s, ...)
 LARGE_MISS = 0.15  # |error| beyond which a row's miss is explained by component
@@ -282,21 +283,25 @@ class Profiles:
         return self.loaded[name]
 
 
+def run_job(run: MeasuredRun, profiles: Profiles) -> Job:
+    """The training job a row of the table ran, on its profile (or the one ``profiles`` puts in its place)."""
+    return Job.of(**run.values, _profile=profiles(run.values["hw"]), _model=run.model)
+
+
 def predict(run: MeasuredRun, profiles: Profiles) -> StepReport:
     """The step model's report for one run."""
-    parts = build_step(profile=profiles(run.values["hw"]), **run.values)
-    return evaluate_step(*parts, model=run.model)
+    return evaluate_step(run_job(run, profiles))
 
 
 def bound(run: MeasuredRun, profiles: Profiles, report: StepReport) -> dict[str, Any]:
     """One run's bound step symbols and what a fit needs to know of them (:class:`~costmodel.audit.fit.FastSteps`)."""
-    inputs, setup, step, machine = build_step(profile=profiles(run.values["hw"]), **run.values)
+    at = run_job(run, profiles)
     groups = report.topology["groups"]
     return {
-        "values": bind(inputs, setup, step, run.model, machine),
-        "scheme": step.cp_scheme,
+        "values": bind(at),
+        "scheme": at.step.cp_scheme,
         "model": run.model,
-        "unfused": step.attention_kernel == "unfused",
+        "unfused": at.setup.attention_kernel == "unfused",
         "tp_inter": groups["tp"]["scope"] == "inter-node",
         "dp_inter": groups["dp"]["scope"] == "inter-node",
     }

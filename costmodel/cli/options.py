@@ -235,9 +235,9 @@ def declared(
             built = {}
             for key, model in models.items():
                 values = {name: kwargs.pop(name) for name, _ in fields(model)}
-                if "model" in values or any(_from_model(info) for _, info in fields(model)):
-                    if str(values.get("model") or "").endswith(".json"):
-                        _note_unmapped(values["model"])
+                if str(values.get("model") or "").endswith(".json"):
+                    _note_unmapped(values["model"])
+                if any(_from_model(info) for _, info in fields(model)):
                     values = shape_from_model(values)
                 built[key] = build(
                     model, **{k: v for k, v in values.items() if v is not None} | _fixed(model, defaults)
@@ -264,6 +264,7 @@ def _note_unmapped(path: str) -> None:
         NOTES.append(f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}")
 
 
+REQUIRED = PydanticUndefined  # a command's default for a field it requires (``declared(defaults=...)``)
 NOTES: list[str] = []  # lines for stderr after a command's answer (cli.main writes them, or drops them)
 
 

@@ -42,12 +42,11 @@ def report_cmd(
     from costmodel.cli import html as page
     from costmodel.plans.bind import Evaluator
     from costmodel.plans.gantt import plan_timelines
-    from costmodel.training.recommend import fit_at, training_values
+    from costmodel.training.memory import fit_at, training_values
 
     fit = None
-    if located.plan.gpus is not None:  # ZeRO shards over DP x CP, which needs the job's size
-        values = training_values(resolved.inputs, resolved.model, resolved.setup, placed, resolved.inputs.cp)
-        fit = fit_at(Evaluator(values))
+    if resolved.job is not None:  # ZeRO shards over DP x CP, which needs the job's size
+        fit = fit_at(Evaluator(training_values(resolved.job)))
     text = page.plan_page(
         report,
         resolved.attention,

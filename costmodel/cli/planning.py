@@ -13,7 +13,6 @@ from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.output import Format, as_csv, emit, format_option
 from costmodel.cli.search import (
     CpOpt,
-    FrameworkOpt,
     GemmDtypeOpt,
     GlobalOpt,
     LayoutOpt,
@@ -38,20 +37,33 @@ from costmodel.plans.inputs import (
     PlanInputs,
     TrainingSetup,
     build,
-    job_machine,
     machine_for,
 )
-from costmodel.plans.models import load_model
+from costmodel.plans.job import FrameworkKnobs, StepSetup, make_job
 from costmodel.training.recommend import describe_scheme, recommend, recommend_plan
-from costmodel.training.step import step_machine
+from costmodel.training.search import label
 
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
+# Flags that lay a job out: given, `recommend` searches layouts.
+SEARCHED = (
+    "gpus",
+    "cp",
+    "vpp",
+    "micro_batch",
+    "global_batch",
+    "cp_scheme",
+    "layout",
+    "framework",
+    "top",
+    "gemm_dtype",
+)
 
 
 @declared(
     inputs=PlanInputs,
     setup=TrainingSetup,
     machine_overrides=MachineOverrides,
+    knobs=FrameworkKnobs,
     defaults=TRAINING_DEFAULTS | {"cp": 1},
     exclude={"cp", "layout", "tp", "pp", "recompute"},
 )
@@ -60,6 +72,7 @@ def recommend_cmd(
     inputs: PlanInputs,
     setup: TrainingSetup,
     machine_overrides: MachineOverrides,
+    knobs: FrameworkKnobs,
     tp: TpOpt = None,
     pp: PpOpt = None,
     cp: CpOpt = None,
@@ -69,7 +82,6 @@ def recommend_cmd(
     recompute: RecomputeOpt = None,
     cp_scheme: SchemeOpt = None,
     layout: LayoutOpt = None,
-    framework: FrameworkOpt = None,
     gemm_dtype: GemmDtypeOpt = None,
     top: TopOpt = 5,
     format: format_option("table", "json", "yaml", "megatron", "torchtitan") = Format.table,
@@ -79,8 +91,9 @@ def recommend_cmd(
     at that plan's TP, PP and recompute; without it, the window at the stated TP and PP.
 
     Needs --model: layers, hidden and vocabulary sizes set the memory and the step. --tp, --cp, --pp and
-    the other layout flags fix a dimension of the search. --format megatron or torchtitan prints the plan
-    as that framework's arguments. Example:
+    the other layout flags fix a dimension of the search; the search keeps the plans --framework runs.
+    --format megatron or torchtitan prints the plan as that framework's arguments (--format torchtitan
+    plans for torchtitan unless --framework says otherwise). Example:
     cp-plan recommend --seq 128k --model llama3-8b --hw a100-nvlink --gpus 64
     """
     if inputs.model is None:
@@ -101,34 +114,21 @@ def recommend_cmd(
         "cp_scheme": cp_scheme,
         "layout": layout,
     }
-    chosen = framework.value if framework else "torchtitan" if format is Format.torchtitan else "megatron"
+    if format is Format.torchtitan and not _given(ctx, "framework"):
+        knobs = knobs.model_copy(update={"framework": "torchtitan"})
     exporting = format in (Format.megatron, Format.torchtitan)
+    job = make_job(inputs, setup, build(StepSetup, gemm_dtype=gemm_dtype), machine_overrides, knobs)
     # The job is laid out when it is stated: its size, a flag only the search reads, or a plan to export.
     found = None
-    if exporting or _given(
-        ctx,
-        "gpus",
-        "cp",
-        "vpp",
-        "micro_batch",
-        "global_batch",
-        "cp_scheme",
-        "layout",
-        "framework",
-        "top",
-        "gemm_dtype",
-    ):
-        found = run_search(
-            inputs, setup, machine_overrides, fixed, global_batch, chosen, top, {"gemm_dtype": gemm_dtype}
-        )
+    if exporting or _given(ctx, *SEARCHED):
+        found = run_search(job.training(), fixed, global_batch, top)
     if exporting:
         sys.stdout.write(export(found, format.value, inputs, setup))
         return
-    model, machine = load_model(inputs.model), job_machine(inputs, machine_overrides)
     if found is not None and found["pick"] is not None:
-        report = recommend_plan(inputs, model, setup, machine, found)
+        report = recommend_plan(job, found)
     else:
-        report = recommend(inputs, model, setup, machine).model_copy(update={"search": found})
+        report = recommend(job).model_copy(update={"search": found})
     emit(report.model_dump(mode="json", by_alias=True), format, table=lambda: _render_report(report, found))
 
 
@@ -199,8 +199,6 @@ def _window_line(report) -> str:  # noqa: ANN001
 def _render_plan(report) -> None:  # noqa: ANN001
     """The searched plan first, then the window at its TP, PP, recompute and micro-batch."""
     from rich.text import Text
-
-    from costmodel.training.search import label
 
     s, rec, search = report.setup, report.recommendation, report.search
     head = _header(report)
@@ -297,7 +295,7 @@ def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # n
         "recompute",
         "offload",
         "sequence_parallel",
-        "flash_attention",
+        "attention_kernel",
         "memory_headroom",
         "packing",
         "window",
@@ -349,19 +347,22 @@ def sweep_cmd(
     if not names:
         raise InputError("--hw", "give at least one profile")
     machines = [machine_for(inputs.model_copy(update={"hw": name}), machine_overrides) for name in names]
-    preset = load_model(inputs.model) if inputs.model else None
     if gpus is not None:
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
-    memory = preset is not None and gpus is not None
-    grids = [
-        sweep(inputs, seqs, ns, machine, preset, setup if memory else None, docs=docs) for machine in machines
+    jobs = [
+        make_job(inputs.model_copy(update={"hw": name}), setup, None, machine_overrides)
+        if inputs.model and gpus is not None
+        else None
+        for name in names
     ]
-    if memory:
+    grids = [
+        sweep(inputs, seqs, ns, machine, job, docs=docs) for machine, job in zip(machines, jobs, strict=True)
+    ]
+    if jobs[0] is not None:
         from costmodel.training.sweep import step_times
 
-        for grid, name in zip(grids, names, strict=True):
-            at = inputs.model_copy(update={"hw": name})
-            step_times(grid, at, setup, step_machine(at, machine_overrides), global_batch)
+        for grid, job in zip(grids, jobs, strict=True):
+            step_times(grid, job, global_batch)
     if plot is not None:
         from costmodel.cli.plot import plot_sweep
 

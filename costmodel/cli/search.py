@@ -6,26 +6,15 @@ the stated --tp and --pp. This module runs the search and draws its ranking."""
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
 from costmodel.cli.options import console, house_table, searched
 from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
-from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup, build
-from costmodel.plans.models import load_model
-from costmodel.training.step import StepSetup, step_machine
-
-
-class Framework(str, Enum):
-    """Which framework's plans the search keeps."""
-
-    megatron = "megatron"
-    torchtitan = "torchtitan"
-    any = "any"
-
+from costmodel.plans.inputs import PlanInputs, TrainingSetup
+from costmodel.plans.job import Job, StepSetup
 
 TpOpt = searched(TrainingSetup, "tp", "searched with --gpus, else 1")
 PpOpt = searched(TrainingSetup, "pp", "searched with --gpus, else 1")
@@ -37,30 +26,12 @@ RecomputeOpt = searched(TrainingSetup, "recompute", "searched with --gpus, else 
 GemmDtypeOpt = searched(StepSetup, "gemm_dtype", "--dtype, in every plan")
 SchemeOpt = searched(StepSetup, "cp_scheme", "searched")
 LayoutOpt = searched(PlanInputs, "layout", "searched")
-FrameworkOpt = Annotated[
-    Optional[Framework],
-    typer.Option(
-        "--framework",
-        help="Keep the plans this framework runs (megatron: zigzag with p2p, a2a, allgather, a2a+p2p; torchtitan: "
-        "zigzag ring or all-gather; any: also striped and contiguous) [default: megatron, torchtitan with "
-        "--format torchtitan].",
-    ),
-]
 TopOpt = Annotated[int, typer.Option("--top", help="Plans shown side by side.", min=1, max=50)]
 
 
-def run_search(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    overrides: MachineOverrides,
-    fixed: dict[str, Any],
-    global_batch: int | None,
-    framework: str,
-    top: int,
-    knobs: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The search's JSON section: the top plans with why each lost, and the pick's sensitivity; ``knobs``,
-    the step's own settings every plan runs with (``gemm_dtype``)."""
+def run_search(job: Job, fixed: dict[str, Any], global_batch: int | None, top: int) -> dict[str, Any]:
+    """The search's JSON section: the top plans of ``job``'s GPUs, workload and framework, with why each lost,
+    and the pick's sensitivity."""
     from costmodel.training.search import (
         PLAN_KEYS,
         Constraints,
@@ -72,31 +43,27 @@ def run_search(
         why_lost,
     )
 
-    constraints = Constraints(**fixed, framework=framework)
-    check_constraints(load_model(inputs.model), setup.gpus, constraints)  # type: ignore[arg-type]
-    batch = global_batch or default_global_batch(inputs.seq)
-    step = build(StepSetup, global_batch=batch, **{k: v for k, v in (knobs or {}).items() if v is not None})
-    machine = step_machine(inputs, overrides)
+    constraints = Constraints(**fixed)
+    check_constraints(job.model, job.gpus, constraints)
+    batch = global_batch or default_global_batch(job.inputs.seq)
     try:
-        found = search(inputs, setup, step, machine, constraints, top=top)
+        found = search(job, batch, constraints, top=top)
     except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
         found = SearchResult([], 0, 0, batch, empty_reason=f"{exc.flag}: {exc.message}")
     plans = found.plans
     for plan in plans[1:]:
         plan["why_lost"] = why_lost(plan, plans[0])
     return {
-        "gpus": setup.gpus,
-        "gemm_dtype": step.gemm_dtype,
+        "gpus": job.gpus,
+        "gemm_dtype": job.step.gemm_dtype,
         "global_batch": batch,
         "global_batch_given": global_batch is not None,
-        "framework": framework,
+        "framework": job.framework.name,
         "constraints": constraints.given(),
         "considered": found.considered,
         "fit": found.fits,
         "plans": plans,
-        "sensitivity": sensitivity(plans[0], inputs, setup, step, machine, constraints, found)
-        if plans
-        else [],
+        "sensitivity": sensitivity(plans[0], job, batch, constraints, found) if plans else [],
         "empty_reason": found.empty_reason,
         "notes": found.notes,
         "pick": {k: plans[0][k] for k in PLAN_KEYS} if plans else None,

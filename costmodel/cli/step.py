@@ -1,8 +1,9 @@
 """``cp-plan step``: the whole training step's time, tokens/s, MFU and HFU, with a breakdown.
 
-Its flags are the declared inputs: the shape and machine (:class:`~costmodel.plans.inputs.PlanInputs`,
-``--cp``, or ``--n``, the CP degree), the job's layout (:class:`~costmodel.plans.inputs.TrainingSetup`)
-and the step's own knobs (:class:`~costmodel.training.step.StepSetup`)."""
+Its flags are the declarations of a training job (:mod:`costmodel.plans.job`): the workload
+(:class:`~costmodel.plans.inputs.Workload`, ``--cp``, or ``--n``, the CP degree), the job's layout and memory
+knobs (:class:`~costmodel.plans.inputs.TrainingSetup`), the step's own knobs (:class:`~costmodel.plans.job.StepSetup`),
+the machine's changes and the framework (:class:`~costmodel.plans.job.FrameworkKnobs`); they make one Job."""
 
 from __future__ import annotations
 
@@ -10,31 +11,33 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from costmodel.cli.options import console, declared, house_table
+from costmodel.cli.options import REQUIRED, console, declared, house_table
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.units import seconds, si
-from costmodel.plans.inputs import MachineOverrides, PlanInputs, TrainingSetup
+from costmodel.plans.inputs import MachineOverrides, TrainingSetup, Workload
+from costmodel.plans.job import JOB_DEFAULTS, FrameworkKnobs, StepSetup, make_job
 from costmodel.plans.stages import StageSplit
 from costmodel.training.report import LABELS
-from costmodel.training.step import STEP_DEFAULTS, STEP_EXCLUDE, StepSetup, evaluate_step, step_machine
+from costmodel.training.step import evaluate_step
 
 if TYPE_CHECKING:
     from costmodel.training.report import StepReport
 
 
 @declared(
-    inputs=PlanInputs,
+    workload=Workload,
     setup=TrainingSetup,
     step=StepSetup,
     machine_overrides=MachineOverrides,
-    defaults=STEP_DEFAULTS,
-    exclude=STEP_EXCLUDE,
+    knobs=FrameworkKnobs,
+    defaults=JOB_DEFAULTS | {"global_batch": REQUIRED},
 )
 def step_cmd(
-    inputs: PlanInputs,
+    workload: Workload,
     setup: TrainingSetup,
     step: StepSetup,
     machine_overrides: MachineOverrides,
+    knobs: FrameworkKnobs,
     format: format_option("table", "json", "yaml") = Format.table,
     strict: Annotated[
         bool, typer.Option("--strict", help="Exit 1 when the plan does not fit the device's memory.")
@@ -51,7 +54,8 @@ def step_cmd(
     from costmodel.cli.render import render_terms, term_rows
 
     trace: list | None = [] if explain else None
-    result = evaluate_step(inputs, setup, step, step_machine(inputs, machine_overrides), trace=trace)
+    job = make_job(workload, setup, step, machine_overrides, knobs)
+    result = evaluate_step(job, trace=trace)
     data = result.model_dump(mode="json", by_alias=True)
     if trace is not None:
         data["explain"] = term_rows(trace)

@@ -45,11 +45,11 @@ from costmodel.plans.bind import (
     overlaps,
 )
 from costmodel.plans.cp import PREFILL, pass_kv, pass_q
-from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs
+from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs, job_machine
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
 from costmodel.symbolic import numeric
-from costmodel.training.step import layer_gemm_rate, step_machine
+from costmodel.training.step import layer_gemm_rate
 
 SCHEMES = registry.names(PREFILL)
 # A datasheet profile states no latency; a few microseconds per step is the order of NCCL's low-latency
@@ -426,7 +426,7 @@ def _rule(
 def _machines(
     inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None
 ) -> tuple[Machine, Machine]:
-    attention = step_machine(inputs, overrides)
+    attention = job_machine(inputs, overrides)
     return attention, _machine(attention, setup.weights, "--weights")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
@@ -100,7 +100,7 @@ class InferenceSetup(BaseModel):
         ge=0,
         le=1,
     )
-    tp_comm_overlap: Flag = declared_as(Overlaps, "tp_comm_overlap")
+    tp_comm_overlap: Flag | None = declared_as(Overlaps, "tp_comm_overlap")
     cp_overlap: Number = declared_as(Overlaps, "cp_overlap")
     target_ttft: Number | None = flag(
         None,
@@ -133,6 +133,14 @@ class InferenceSetup(BaseModel):
         ge=0,
         le=1,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _serving_defaults(cls, data: Any) -> Any:
+        """A serving engine pipelines no TP collective with its multiplies unless told to."""
+        if isinstance(data, dict) and data.get("tp_comm_overlap") is None:
+            data = {**data, "tp_comm_overlap": False}
+        return data
 
 
 _DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, InferenceSetup, MachineOverrides)

@@ -274,10 +274,11 @@ class Overlaps(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    tp_comm_overlap: Flag = flag(
-        False,
+    tp_comm_overlap: Flag | None = flag(
+        None,
         "TP collectives pipelined with their matrix multiplies in t chunks (Megatron's --tp-comm-overlap, "
-        "Transformer Engine's userbuffers; torch's AsyncTP): all but one chunk's transfer can hide.",
+        "Transformer Engine's userbuffers; torch's AsyncTP): all but one chunk's transfer can hide "
+        "[default: the training framework's; off when serving].",
     )
     cp_overlap: Number = flag(
         1.0,
@@ -285,18 +286,13 @@ class Overlaps(BaseModel):
         ge=0,
         le=1,
     )
-    dp_overlap: Number = flag(
-        1.0,
-        "Share of the gradient reduction overlapped with the backward, in [0, 1]: 1 bucketed (PyTorch DDP, "
-        "FSDP, Megatron's --overlap-grad-reduce), 0 reduced after it (Megatron's default).",
-        ge=0,
-        le=1,
-    )
     pp_overlap: Number = flag(1.0, "Share of steady-state pipeline sends hidden, in [0, 1].", ge=0, le=1)
 
 
-class PlanInputs(BaseModel):
-    """One attention layer to plan: the shape, where it runs, and which pass the verdict covers."""
+class Workload(BaseModel):
+    """What a job trains on and where: the sequence, its CP split and layout, the masks, the element type,
+    the hardware profile and the model. A training job (:class:`~costmodel.plans.job.Job`) takes these; one
+    attention layer (:class:`PlanInputs`) adds its own shape."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True, populate_by_name=True)
 
@@ -304,24 +300,7 @@ class PlanInputs(BaseModel):
         262_144, f"S, tokens: {TOKENS_HELP}.", short="-s", unit="tokens", tokens=True, ge=1, le=MAX_TOKENS
     )
     cp: Count = declared_as(Parallelism, "cp", default=8)
-    batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_SEQUENCES)
-    heads: Count = flag(32, "h, query heads.", unit="heads", from_model=True, ge=1, le=MAX_HEADS)
-    kv_heads: Count = flag(
-        8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True, ge=1, le=MAX_HEADS
-    )
-    head_dim: Count = flag(
-        128, "d, the head dimension.", unit="elements", from_model=True, ge=1, le=MAX_HEAD_DIM
-    )
     dtype: Dtype = flag("bf16", "Element type of Q, K, V: sets p and the peak FLOP/s.")
-    block: Tokens = flag(
-        1024,
-        "s_blk, compute tile rows (a kernel's query block).",
-        unit="tokens",
-        tokens=True,
-        ge=1,
-        le=MAX_TOKENS,
-    )
-    causal: Flag = flag(False, "Causal mask: useful compute halves, traffic does not.")
     layout: Layout = flag(
         "contiguous", "Which tokens each device holds (zigzag and striped balance a causal mask)."
     )
@@ -337,9 +316,6 @@ class PlanInputs(BaseModel):
     )
     model: str | None = flag(
         None, "Model preset name or YAML path; sets heads, kv-heads, head-dim.", short="-m", max_length=4096
-    )
-    pass_: Pass = Field(
-        "fwd", alias="pass", description="Which pass the verdict covers; fwd+bwd takes the worse."
     )
     docs: str | None = flag(
         None,
@@ -380,7 +356,7 @@ class PlanInputs(BaseModel):
         where pydantic would add it silently and leave the field as it was."""
         unknown = sorted(set(update or ()) - set(type(self).model_fields))
         if unknown:
-            raise TypeError(f"PlanInputs has no field {', '.join(unknown)}")
+            raise TypeError(f"{type(self).__name__} has no field {', '.join(unknown)}")
         return super().model_copy(update=update, deep=deep)
 
     @property
@@ -393,14 +369,10 @@ class PlanInputs(BaseModel):
         return self.docs is not None or self.window is not None or self.attention_chunk is not None
 
     @model_validator(mode="after")
-    def _consistent(self) -> Self:
+    def _split(self) -> Self:
         if self.cp > self.seq:
             raise InputError("cp", f"CP degree {self.cp} exceeds the sequence length {self.seq}")
         check_divisible(self.layout, self.seq, self.cp)
-        if self.kv_heads > self.heads:
-            raise InputError("kv_heads", f"{self.kv_heads} exceeds --heads {self.heads}")
-        if self.heads % self.kv_heads:
-            raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
         if self.masked:  # before packing: a refused S reads no documents
             if self.seq > MAX_MASKED_TOKENS or self.seq * self.cp > MAX_MASKED_WORK:
                 raise InputError(
@@ -410,6 +382,39 @@ class PlanInputs(BaseModel):
                 )
         if self.docs is not None:
             pack(self.docs, self.seq)
+        return self
+
+
+class PlanInputs(Workload):
+    """One attention layer to plan: the workload, the layer's shape, and which pass the verdict covers."""
+
+    batch: Count = flag(1, "b, sequences per device.", short="-b", unit="sequences", ge=1, le=MAX_SEQUENCES)
+    heads: Count = flag(32, "h, query heads.", unit="heads", from_model=True, ge=1, le=MAX_HEADS)
+    kv_heads: Count = flag(
+        8, "n_kv, key/value heads (GQA when fewer than h).", unit="heads", from_model=True, ge=1, le=MAX_HEADS
+    )
+    head_dim: Count = flag(
+        128, "d, the head dimension.", unit="elements", from_model=True, ge=1, le=MAX_HEAD_DIM
+    )
+    block: Tokens = flag(
+        1024,
+        "s_blk, compute tile rows (a kernel's query block).",
+        unit="tokens",
+        tokens=True,
+        ge=1,
+        le=MAX_TOKENS,
+    )
+    causal: Flag = flag(False, "Causal mask: useful compute halves, traffic does not.")
+    pass_: Pass = Field(
+        "fwd", alias="pass", description="Which pass the verdict covers; fwd+bwd takes the worse."
+    )
+
+    @model_validator(mode="after")
+    def _shape(self) -> Self:
+        if self.kv_heads > self.heads:
+            raise InputError("kv_heads", f"{self.kv_heads} exceeds --heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
         if self.block > self.shard_tokens:
             raise InputError(
                 "block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}"
@@ -526,7 +531,14 @@ class TrainingSetup(BaseModel):
     sequence_parallel: Flag | None = flag(
         None, "Sequence parallelism with TP: splits norms and dropouts too [default: on when TP > 1]."
     )
-    flash_attention: Flag = flag(True, "Flash attention: the score matrix is never stored for backward.")
+    attention_kernel: str = flag(
+        "flash",
+        "The attention kernel: flash (fused, the profile's attention tables; the score matrix is never "
+        "stored), unfused (Megatron's core attention: batched multiplies with the score matrix through HBM, "
+        "softmax and dropout; no CP), or a kernel whose tables the profile holds (cp-plan hw show: e.g. "
+        "sdpa-cudnn).",
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+    )
     memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
     rank_order: RankOrder = declared_as(Parallelism, "rank_order")
 
@@ -534,6 +546,11 @@ class TrainingSetup(BaseModel):
     def _consistent(self) -> Self:
         Parallelism.of(self).check_gpus(self.gpus)
         return self
+
+    @property
+    def stores_scores(self) -> bool:
+        """Whether a layer keeps its score matrix for backward: an unfused kernel, not recomputed."""
+        return self.attention_kernel == "unfused" and self.recompute == "none"
 
     @property
     def offloaded(self) -> dict[str, int]:

@@ -427,8 +427,9 @@ class RecommendReport(_Section):
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
     # v4: the search's plans carry their breakdown by the step's identifier keys (matmul_s, exposed_cp_s, ...);
-    # v5: inputs.cp, the CP degree, was inputs.n
-    schema_: str = Field("cp-plan/recommend/v5", alias="schema", description="contract version")
+    # v5: inputs.cp, the CP degree, was inputs.n; v6: setup.attention_kernel replaces setup.flash_attention,
+    # and search.framework names the framework profile the plans are searched for
+    schema_: str = Field("cp-plan/recommend/v6", alias="schema", description="contract version")
     inputs: PlanInputs = Field(
         description="the layer, with the searched plan's micro-batch as b where there is one"
     )

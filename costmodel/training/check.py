@@ -33,7 +33,8 @@ from costmodel.plans.inputs import (
     job_machine,
     problems,
 )
-from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.job import FrameworkKnobs, Job, StepSetup, make_job
+from costmodel.plans.models import load_model
 from costmodel.plans.verdict import BANDS, Colour
 
 M = TypeVar("M", bound=BaseModel)
@@ -78,10 +79,8 @@ def _plan_fields() -> dict[str, Any]:
     """Every declared input, with the training defaults: the attention's, the job's layout, the step's
     knobs (vpp, micro-batch, CP scheme, overlaps) and the machine's changes (cp_ranks_per_node, links),
     so a plan file says whatever `cp-plan step` and `recommend` are told; gpus and global_batch optional."""
-    from costmodel.training.step import StepSetup
-
     fields: dict[str, Any] = {}
-    for declaration in (PlanInputs, TrainingSetup, StepSetup, MachineOverrides):
+    for declaration in (PlanInputs, TrainingSetup, StepSetup, MachineOverrides, FrameworkKnobs):
         for name, info in declaration.model_fields.items():
             if name in _PlanHead.model_fields or name in fields:
                 continue
@@ -205,13 +204,11 @@ def _declared(located: Located, model: type[M], values: dict[str, Any]) -> M:
 
 @dataclass(frozen=True)
 class Resolved:
-    """A plan file turned into what the model takes: the whole model's shape and one TP rank's attention."""
+    """A plan file turned into what the model takes: the job, and its one TP rank's attention."""
 
-    model: ModelPreset
     machine: Machine  # CP ranks placed on nodes with TP innermost
-    inputs: PlanInputs  # the model's heads
-    setup: TrainingSetup
     attention: PlanInputs  # the heads one TP rank runs
+    job: Job | None  # the training job, where the plan states its GPUs (its DP, memory and window need them)
 
 
 def resolve(located: Located) -> Resolved:
@@ -226,24 +223,32 @@ def resolve(located: Located) -> Resolved:
     )
     setup_fields = {k: v for k, v in fields.items() if k in TrainingSetup.model_fields}
     setup = _declared(located, TrainingSetup, setup_fields | {"gpus": plan.gpus or plan.tp * plan.pp})
-    overrides = _declared(
-        located, MachineOverrides, {k: v for k, v in fields.items() if k in MachineOverrides.model_fields}
+    overrides, step, knobs = (
+        _declared(located, declaration, {k: v for k, v in fields.items() if k in declaration.model_fields})
+        for declaration in (MachineOverrides, StepSetup, FrameworkKnobs)
     )
     with _blame(located):
-        Parallelism.of(setup).check(model)  # the layout's one check; CP against the slice is checked below
-        attention = setup.attention(inputs)
         load_profile(plan.hw, field="hw")
+        Parallelism.of(setup).check(model)  # TP and PP alone: a plan without GPUs plans one layer
+        job = None
+        if plan.gpus is not None:
+            if setup.shard_group % inputs.cp:
+                raise InputError(
+                    "cp", f"{inputs.cp} does not divide the {setup.shard_group} ranks of a TP x PP slice"
+                )
+            job = make_job(inputs, setup, step, overrides, knobs, model=model)  # the job's one check
+        attention = setup.attention(inputs)
         # The job's placement, as `cp-plan step` and `recommend` make it: ranks by the rank order, a node
         # holding devices_per_node of them unless the plan states cp_ranks_per_node.
         machine = job_machine(inputs, overrides).placed(cp_stride(setup, inputs.cp))
-    return Resolved(model, machine, inputs, setup, attention)
+    return Resolved(machine, attention, job)
 
 
 def run_checks(located: Located) -> list[CheckResult]:
     """Evaluate one plan and compare it with its expectations."""
     plan = located.plan
     resolved = resolve(located)
-    model, machine, inputs, setup = resolved.model, resolved.machine, resolved.inputs, resolved.setup
+    job, machine = resolved.job, resolved.machine
     with _blame(located):
         report = evaluate(resolved.attention, machine)
     results = []
@@ -264,22 +269,12 @@ def run_checks(located: Located) -> list[CheckResult]:
             got.comm_ratio_step <= want.max_comm_ratio,
             f"step comm ratio {got.comm_ratio_step:.2%}; ceiling {want.max_comm_ratio:.2%}",
         )
-    if plan.gpus is not None and (want.fits_memory or want.in_recommended_window):
+    if job is not None and (want.fits_memory or want.in_recommended_window):
         from costmodel.training.recommend import recommend
 
         with _blame(located):
-            advice = recommend(inputs, model, setup, machine, suggest=False)
-        row = next((r for r in advice.candidates if r.n == plan.cp), None)
-        if row is None:
-            raise InvalidPlan(
-                [
-                    (
-                        located.path,
-                        located.line("cp"),
-                        f"cp: {plan.cp} does not divide the {setup.shard_group} ranks of a TP x PP slice",
-                    )
-                ]
-            )
+            advice = recommend(job, suggest=False)
+        row = next(r for r in advice.candidates if r.n == plan.cp)  # CP divides the slice (resolve)
         if want.fits_memory:
             add(
                 "fits_memory",

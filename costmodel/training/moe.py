@@ -27,21 +27,9 @@ import numpy as np
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import call
+from costmodel.plans.job import CAPACITY_FACTOR
 from costmodel.plans.models import ModelPreset
 from costmodel.symbolic import numeric
-
-
-def order_and_sizes(order: str, sizes: dict[str, int], ep: int) -> tuple[str, dict[str, int]]:
-    """The rank order and group sizes with EP split out of DP (inside it, next to CP, unless placed)."""
-    if ep == 1:
-        return order, sizes
-    dims = order.split("-")
-    if "ep" not in dims:
-        dims.insert(dims.index("dp"), "ep")
-    return "-".join(dims), {**sizes, "ep": ep, "dp": sizes["dp"] // ep}
-
-
-CAPACITY_FACTOR = 1.25  # [Switch §2.2]: the most loaded expert computes 1.25x the mean tokens
 
 # Formulas counting parameters or memory, and their twins counting every expert of an MoE model.
 TWINS = {

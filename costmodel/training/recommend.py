@@ -23,86 +23,15 @@ from costmodel.core.units import seconds, si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluator, counts, layer_shape, layout_degrees, plan_values
-from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup, cp_stride
-from costmodel.plans.models import ModelPreset
+from costmodel.plans.bind import Evaluator
+from costmodel.plans.inputs import MAX_CP, PlanInputs, cp_stride
+from costmodel.plans.job import Job
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
 from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.schedule.layouts import divisors
-from costmodel.training import moe, offload
-
-
-def zero_fractions(stage: int, group: int) -> tuple[float, float, float]:
-    """Fractions of (weights, gradients, optimizer states) one device keeps under a ZeRO stage [ZeRO §5]."""
-    shard = 1 / group
-    return (shard if stage >= 3 else 1.0, shard if stage >= 2 else 1.0, shard if stage >= 1 else 1.0)
-
-
-def kept(setup: TrainingSetup, model: ModelPreset) -> dict[str, Any]:
-    """What a device keeps, as the memory fit and the step's offload copies read it: the activations a layer
-    keeps (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of the weights,
-    gradients and optimizer states."""
-    z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
-    return {
-        "sigma": int(setup.sp),
-        "delta": int(model.dropout),
-        # Scores are kept for backward only by an attention that materialises them and is not recomputed.
-        "phi": int(not setup.flash_attention and setup.recompute == "none"),
-        "rho": int(setup.recompute == "full"),
-        "z_w": z_w,
-        "z_g": z_g,
-        "z_o": z_o,
-    }
-
-
-def training_values(
-    inputs: PlanInputs,
-    model: ModelPreset,
-    setup: TrainingSetup,
-    machine: Machine,
-    n: int,
-    micro_batches: int | None = None,
-    vpp: int = 1,
-    ep: int = 1,
-) -> dict[str, Any]:
-    """Every symbol the memory-fit formulas need, at CP degree ``n``: the whole model's heads (the
-    formulas divide by t themselves), where the comm formulas take a TP rank's (``setup.attention``).
-    An MoE model's experts are split ``ep`` ways and its capacity factor is the default. The pipeline's
-    micro-batches default to its stages (1F1B's steady state: the first stage keeps pp in flight)."""
-    return {
-        **plan_values(inputs, machine, n),
-        **counts(layer_shape(model)),
-        **counts(layout_degrees(setup.tp, setup.pp, {})),
-        **setup.stages(model.layers, vpp).values(),
-        "m_mb": setup.pp if micro_batches is None else micro_batches,
-        "v_pp": vpp,
-        **kept(setup, model),
-        "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
-        **moe.values(model, ep),
-        **offload.values(setup, machine, model),
-    }
-
-
-def memory(ev: Evaluator, name: str) -> Any:
-    """A fit formula at the evaluator's values; for an MoE model its twin, counting every expert."""
-    return ev(moe.twin(name, ev.values))
-
-
-def fit_at(ev: Evaluator) -> Fit:
-    state, activations = memory(ev, "model_state_bytes"), memory(ev, "activation_bytes")
-    buffers = ev("ring_buffer_bytes")
-    total = state + activations + buffers
-    return Fit(
-        n=int(ev.values["N"]),
-        params=memory(ev, "params"),
-        model_state_bytes=state,
-        activation_bytes=activations,
-        buffer_bytes=buffers,
-        total_bytes=total,
-        device_memory_bytes=ev.values["M_dev"],
-        fits=bool(total <= ev.values["M_dev"]),
-    )
+from costmodel.training.memory import fit_at, memory, training_values
+from costmodel.training.search import plan_as_job
 
 
 def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeResult]:
@@ -114,29 +43,21 @@ def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeRe
     return compare(at_n, machine)
 
 
-def recommend(
-    inputs: PlanInputs,
-    model: ModelPreset,
-    setup: TrainingSetup,
-    machine: Machine,
-    suggest: bool = True,
-    _schemes: dict | None = None,
-) -> RecommendReport:
+def recommend(job: Job, suggest: bool = True, _schemes: dict | None = None) -> RecommendReport:
     """The window [N_min(memory), N_max(comm)] over the CP degrees the job can use, and the pick.
 
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
     re-running this function.
     """
-    Parallelism.of(setup).check(model, setup.gpus)  # the layout's one check; CP is what this searches
+    inputs, setup, base = job.inputs, job.setup, job.machine
     attention = setup.attention(inputs)
-    base = machine
     # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.
     schemes = {} if _schemes is None else _schemes
     candidates = [n for n in divisors(setup.shard_group) if inputs.seq % n == 0 and n <= MAX_CP]
     rows, best_at, evaluators = [], {}, {}
     for n in candidates:
         machine = base.placed(cp_stride(setup, n))  # CP neighbours as far apart as the rank order puts them
-        evaluators[n] = Evaluator(training_values(inputs, model, setup, machine, n))
+        evaluators[n] = Evaluator(training_values(job, n))
         key = (attention, machine.ranks_per_node, machine.stride, n)
         if key not in schemes:
             schemes[key] = schemes_at(attention, machine, n)
@@ -190,8 +111,8 @@ def recommend(
             scheme=None,
             layout=None,
             n_ulysses=None,
-            reason=_failure(rows, n_min, n_max, largest, inputs.pass_, setup),
-            fixes=_fixes(inputs, model, setup, base, n_min, n_max, schemes) if suggest else [],
+            reason=_failure(rows, n_min, n_max, largest, inputs.pass_, setup.shard_group),
+            fixes=_fixes(job, n_min, n_max, schemes) if suggest else [],
         )
         fit = fit_at(evaluators[n_min or candidates[-1]])
     return RecommendReport(
@@ -205,36 +126,30 @@ def recommend(
     )
 
 
-def plan_job(
-    inputs: PlanInputs, setup: TrainingSetup, plan: dict[str, Any]
-) -> tuple[PlanInputs, TrainingSetup]:
-    """The inputs and setup a searched plan runs at: its TP, PP, recompute and micro-batch (b, which
+def _at_plan(job: Job, plan: dict[str, Any]) -> Job:
+    """The job a searched plan runs: its GPUs, TP, PP and their stages, recompute and micro-batch (b, which
     activations and the ring's traffic scale with)."""
-    stages = {"first_stage_layers", "last_stage_layers"}
-    split = {k: plan[k] if plan["pp"] > 1 else None for k in stages}
-    return (
-        inputs.model_copy(update={"batch": plan["micro_batch"]}),
-        setup.model_copy(
-            update={"gpus": plan["gpus"], "tp": plan["tp"], "pp": plan["pp"], "recompute": plan["recompute"]}
-            | split
-        ),
+    split = {k: plan[k] if plan["pp"] > 1 else None for k in ("first_stage_layers", "last_stage_layers")}
+    return job.replace(
+        batch=plan["micro_batch"],
+        gpus=plan["gpus"],
+        tp=plan["tp"],
+        pp=plan["pp"],
+        recompute=plan["recompute"],
+        **split,
     )
 
 
-def recommend_plan(
-    inputs: PlanInputs, model: ModelPreset, setup: TrainingSetup, machine: Machine, search: dict[str, Any]
-) -> RecommendReport:
+def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
     """The report of the layout search's pick (``search["plans"][0]``): the window, its rows and the fit
     are at the plan's TP, PP, recompute and micro-batch, and ``recommendation`` is the plan itself, so
     that the report gives one answer."""
     plan = search["plans"][0]
-    at_inputs, at_setup = plan_job(inputs, setup, plan)
-    window = recommend(at_inputs, model, at_setup, machine, suggest=False)
+    at = _at_plan(job, plan)
+    window = recommend(at, suggest=False)
     cp = plan["cp"]
     row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
-    micro = search["global_batch"] // (plan["micro_batch"] * plan["dp"])
-    values = training_values(at_inputs, model, at_setup, machine, cp, micro, plan["vpp"], plan["ep"])
-    fit = fit_at(Evaluator(values))
+    fit = fit_at(Evaluator(training_values(plan_as_job(plan, job.training(), search["global_batch"]))))
     rec = window.recommendation
     recommendation = Recommendation(
         n_min_memory=rec.n_min_memory,
@@ -245,7 +160,7 @@ def recommend_plan(
         scheme="none" if cp == 1 else plan["cp_scheme"],
         layout=None if cp == 1 or registry.get(plan["cp_scheme"]).whole_sequence else plan["layout"],
         n_ulysses=None if cp == 1 else plan["cp_ulysses"],
-        reason=_plan_reason(plan, search, row, rec, fit, at_inputs.pass_, setup.gpus),
+        reason=_plan_reason(plan, search, row, rec, fit, at.inputs.pass_, job.gpus),
         fixes=[],
         **{
             k: plan[k]
@@ -341,7 +256,7 @@ def _failure(
     n_max: int | None,
     largest: Evaluator,
     pass_: str,
-    setup: TrainingSetup,
+    shard_group: int,
 ) -> str:
     if n_min is None:
         biggest = rows[-1]
@@ -354,7 +269,7 @@ def _failure(
         real = float(memory(largest, "n_min_memory"))
         return (
             f"Memory fails: even N = {biggest.n}, every rank of a TP x PP slice (G / (TP x PP) = "
-            f"{setup.shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "
+            f"{shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "
             f"from N = {real:.1f}, which this job cannot reach."
         )
     at_min = next(r for r in rows if r.n == n_min)
@@ -364,16 +279,9 @@ def _failure(
     )
 
 
-def _fixes(
-    inputs: PlanInputs,
-    model: ModelPreset,
-    setup: TrainingSetup,
-    machine: Machine,
-    n_min: int | None,
-    n_max: int | None,
-    schemes: dict,
-) -> list[str]:
+def _fixes(job: Job, n_min: int | None, n_max: int | None, schemes: dict) -> list[str]:
     """What would open the window; every setup change is checked by re-running the recommendation."""
+    inputs, model, setup, machine = job.inputs, job.model, job.setup, job.machine
     trials: list[tuple[str, dict[str, Any]]] = []
     if setup.recompute != "full":
         trials.append(("full activation recompute (--recompute full)", {"recompute": "full"}))
@@ -406,9 +314,7 @@ def _fixes(
     fixes = []
     for text, change in trials:
         try:
-            trial = recommend(
-                inputs, model, setup.model_copy(update=change), machine, suggest=False, _schemes=schemes
-            )
+            trial = recommend(job.replace(**change), suggest=False, _schemes=schemes)
         except InputError:  # the change needs what this machine lacks (an inter-node link, say)
             continue
         if trial.recommendation.n_recommended:

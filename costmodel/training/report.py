@@ -17,8 +17,9 @@ from costmodel.symbolic import numeric
 
 # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square. v3: the pipeline's stage split
 # in inputs (first/middle/last_stage_layers); bubble_fraction over the slowest stage's busy time. v4: the
-# breakdown's keys are identifiers (matmul_s, exposed_cp_s, ...), each a formula of the "step" group.
-SCHEMA = "cp-plan/step/v4"
+# breakdown's keys are identifiers (matmul_s, exposed_cp_s, ...), each a formula of the "step" group. v5:
+# inputs.framework, and every knob the framework sets resolved (cp_scheme, dp_overlap, bucket_bytes, ...).
+SCHEMA = "cp-plan/step/v5"
 
 
 class _Strict(BaseModel):

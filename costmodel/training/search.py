@@ -24,20 +24,22 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds
-from costmodel.machines.binding import Collective, LinkBinding, Machine, build_machine
+from costmodel.frameworks.profiles import FrameworkProfile
+from costmodel.machines.binding import Collective, LinkBinding, build_machine
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import call
 from costmodel.plans.cp import TRAINING
-from costmodel.plans.inputs import MAX_CP, Parallelism, PlanInputs, TrainingSetup, build
-from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.inputs import MAX_CP, Parallelism
+from costmodel.plans.job import Job
+from costmodel.plans.models import ModelPreset
 from costmodel.plans.stages import StageSplit, candidate_splits
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
-from costmodel.training.recommend import training_values, zero_fractions
+from costmodel.training.memory import training_values, zero_fractions
 from costmodel.training.report import FORMULAS as TERMS
 from costmodel.training.report import SHORT
-from costmodel.training.step import StepSetup, bind, buckets, check_physical, evaluate_step, step_terms
+from costmodel.training.step import bind, buckets, check_physical, evaluate_step, step_terms
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -51,13 +53,24 @@ def scheme_pairs() -> list[tuple[str, str]]:
     return [(s.name, layout) for s in registry.schemes(TRAINING, ranked=True) for layout in s.layouts]
 
 
-def frameworks() -> dict[str, frozenset[tuple[str, str]]]:
-    """What each framework runs: the schemes it exports (Megatron-LM's --cp-comm-type: p2p, a2a, allgather,
-    a2a+p2p; torchtitan's context_parallel_rotate_method: alltoall, the ring's shuffles, and allgather), each
-    over its load-balanced (zigzag; torchtitan's head-tail) split."""
-    schemes = registry.schemes(TRAINING)
-    named = dict.fromkeys(framework for s in schemes for framework in s.exports)
-    return {f: frozenset((s.name, "zigzag") for s in schemes if f in s.exports) for f in named}
+def widest(framework: FrameworkProfile) -> FrameworkProfile:
+    """``framework`` running every registered CP scheme in every layout, its all-to-all copying KV heads where
+    the ranks outnumber them: the search's widest space, to compare a framework's plans with."""
+    time = framework.time.model_copy(
+        update={
+            "cp_schemes": list(registry.names(TRAINING)),
+            "cp_layouts": ["zigzag", "striped", "contiguous"],
+            "a2a_splits_kv_heads": False,
+        }
+    )
+    return framework.model_copy(update={"name": f"{framework.name} (every scheme)", "time": time})
+
+
+def framework_pairs(framework: FrameworkProfile) -> frozenset[tuple[str, str]]:
+    """What a framework runs: the (scheme, layout) pairs of its profile's CP schemes and layouts that the
+    registry times (a whole-sequence scheme's layout does not enter, so it is kept under each)."""
+    t = framework.time
+    return frozenset((s, lay) for s, lay in scheme_pairs() if s in t.cp_schemes and lay in t.cp_layouts)
 
 
 # A plan's layout: the parallel degrees, the pipeline's stage split and the micro-batch size.
@@ -85,10 +98,9 @@ class Constraints:
     layout: str | None = None
     ep: int | None = None
     tp_comm_overlap: bool | None = None
-    framework: str = "any"
 
     def given(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None and k != "framework"}
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 @dataclass
@@ -153,13 +165,10 @@ def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
-    known = frameworks()
-    if c.framework not in ("any", *known):
-        raise InputError("--framework", f"unknown {c.framework!r}; accepted: any, {', '.join(known)}")
 
 
 def enumerate_plans(
-    model: ModelPreset, seq: int, gpus: int, global_batch: int, c: Constraints, expand: bool = True
+    job: Job, global_batch: int, c: Constraints, expand: bool = True
 ) -> tuple[Table, dict[tuple[int, int], list[int]]]:
     """Every layout of at most ``gpus`` the constraints allow: TP dividing the heads, CP the sequence, any
     number of pipeline stages (each of the splits :func:`candidate_splits` gives, with the virtual stages
@@ -168,10 +177,11 @@ def enumerate_plans(
     uses fewer GPUs than given where no layout of them all divides; the step says how many. Returned with
     the (scheme, layout) pairs each (TP, CP) runs; ``expand`` False leaves one row per layout (its memory
     does not depend on the scheme) for :func:`with_pairs` to expand."""
-    allowed = _allowed_pairs(c)
+    model, seq, gpus, framework = job.model, job.inputs.seq, job.gpus, job.framework
+    allowed = _allowed_pairs(c, framework)
     pairs = scheme_pairs()
     # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
-    a2a_kv = c.framework == "megatron"
+    a2a_kv = framework.time.a2a_splits_kv_heads
     structure: list[tuple[int, ...]] = []
     shape_pairs: dict[tuple[int, int], list[int]] = {}
     for tp, cp in _tp_cp_degrees(model, seq, gpus, c):
@@ -179,7 +189,7 @@ def enumerate_plans(
         if not valid:
             continue
         shape_pairs[(tp, cp)] = valid
-        structure += _layouts(model, gpus, global_batch, c, tp, cp)
+        structure += _layouts(job, global_batch, c, tp, cp)
     base = np.array(structure, dtype=np.int64).reshape(-1, len(STRUCTURE))
     levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
     data = np.concatenate([np.column_stack([base, np.full(len(base), rc)]) for rc in levels])
@@ -190,18 +200,21 @@ def enumerate_plans(
     return (with_pairs(layouts, shape_pairs, c.tp_comm_overlap) if expand else layouts), shape_pairs
 
 
-def _allowed_pairs(c: Constraints) -> list[tuple[str, str]]:
+def _allowed_pairs(c: Constraints, framework: FrameworkProfile) -> list[tuple[str, str]]:
     """The (scheme, layout) pairs the constraints admit: the scheme, the layout (a whole-sequence scheme has
     none to fix) and the framework's."""
+    runs = framework_pairs(framework)
     allowed = [
         (s, lay)
         for s, lay in scheme_pairs()
         if (c.cp_scheme is None or s == c.cp_scheme)
         and (c.layout is None or lay == c.layout or registry.get(s).whole_sequence)
-        and (c.framework == "any" or (s, lay) in frameworks()[c.framework])
+        and (s, lay) in runs
     ]
     if not allowed:
-        raise InputError("--cp-scheme", f"no CP scheme and layout of {c.framework} matches the constraints")
+        raise InputError(
+            "--cp-scheme", f"no CP scheme and layout that {framework.title} runs matches the constraints"
+        )
     return allowed
 
 
@@ -219,11 +232,10 @@ def _tp_cp_degrees(model: ModelPreset, seq: int, gpus: int, c: Constraints) -> I
             yield tp, cp
 
 
-def _layouts(
-    model: ModelPreset, gpus: int, global_batch: int, c: Constraints, tp: int, cp: int
-) -> list[tuple[int, ...]]:
+def _layouts(job: Job, global_batch: int, c: Constraints, tp: int, cp: int) -> list[tuple[int, ...]]:
     """The layouts at one (TP, CP): each pipeline depth, micro-batch size, stage split and virtual-stage
     count the constraints allow, with the largest DP on the GPUs left and each EP degree it admits."""
+    model, gpus = job.model, job.gpus
     out: list[tuple[int, ...]] = []
     for pp in range(1, min(model.layers, gpus // (tp * cp)) + 1):
         if c.pp is not None and pp != c.pp:
@@ -232,7 +244,7 @@ def _layouts(
             for split, vpp in _stages(model.layers, pp, micro, c):
                 out += [
                     (tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb, ep)
-                    for ep in _experts(model, c, dp)
+                    for ep in _experts(job, c, dp)
                 ]
     return out
 
@@ -256,10 +268,11 @@ def _stages(layers: int, pp: int, micro: int, c: Constraints) -> Iterator[tuple[
             yield split, vpp
 
 
-def _experts(model: ModelPreset, c: Constraints, dp: int) -> list[int]:
-    """EP degrees: carved out of DP, dividing the experts (Megatron-LM); 1 for a dense model, and for
-    torchtitan, which carves EP out of its FSDP shard and CP ranks instead."""
-    if not model.experts or c.framework == "torchtitan":
+def _experts(job: Job, c: Constraints, dp: int) -> list[int]:
+    """EP degrees: carved out of DP, dividing the experts (Megatron-LM); 1 for a dense model, and for a
+    framework that carves EP out of other ranks (torchtitan: its FSDP shard and CP ranks)."""
+    model = job.model
+    if not model.experts or not job.framework.time.ep_from_dp:
         return [1]
     return [e for e in divisors(dp) if model.experts % e == 0 and (c.ep is None or e == c.ep)]
 
@@ -342,10 +355,8 @@ class _Shapes:
     """The step's symbols for one (tp, cp, micro-batch, scheme, layout), from :func:`bind` itself: rates,
     the TP and CP links, the USP split; and the DP and PP links per (stride, size)."""
 
-    def __init__(
-        self, inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
-    ) -> None:
-        self.inputs, self.setup, self.step, self.model, self.machine = inputs, setup, step, model, machine
+    def __init__(self, job: Job) -> None:
+        self.job, self.model, self.machine = job, job.model, job.machine
         self.cache: dict[tuple, dict[str, Any]] = {}
         self.gemms: dict[tuple, dict[str, float]] = {}
         self.links: dict[tuple[int, int, Collective], LinkBinding] = {}
@@ -353,17 +364,21 @@ class _Shapes:
     def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
         key = (tp, cp, mb, scheme, layout)
         if key not in self.cache:
-            inputs = self.inputs.model_copy(update={"cp": cp, "layout": layout})
-            setup = self.setup.model_copy(update={"gpus": tp * cp, "tp": tp, "pp": 1})
-            step = self.step.model_copy(
-                update={
-                    "micro_batch": mb,
-                    "global_batch": mb,
-                    "vpp": 1,
-                    "cp_scheme": scheme if cp > 1 else registry.default(TRAINING).name,
-                }
+            at = self.job.candidate(
+                cp=cp,
+                layout=layout,
+                gpus=tp * cp,
+                tp=tp,
+                pp=1,
+                first_stage_layers=None,
+                last_stage_layers=None,
+                micro_batch=mb,
+                global_batch=mb,
+                vpp=1,
+                ep=1,
+                cp_scheme=scheme if cp > 1 else registry.default(TRAINING).name,
             )
-            self.cache[key] = bind(inputs, setup, step, self.model, self.machine, self.gemms)
+            self.cache[key] = bind(at, self.gemms)
         return self.cache[key]
 
     def link(self, stride: int, size: int, collective: Collective) -> LinkBinding:
@@ -417,18 +432,11 @@ PER_SHAPE = (
 )
 
 
-def evaluate_table(
-    table: Table,
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    model: ModelPreset,
-    machine: Machine,
-    shapes: _Shapes | None = None,
-) -> dict[str, Any]:
-    """Step time, its breakdown, MFU and memory of every candidate, as arrays."""
+def evaluate_table(table: Table, job: Job, shapes: _Shapes | None = None) -> dict[str, Any]:
+    """Step time, its breakdown, MFU and memory of every candidate of ``job``'s workload, as arrays."""
     c = table.columns
-    shapes = shapes or _Shapes(inputs, setup, step, model, machine)
+    model, machine, step = job.model, job.machine, job.step
+    shapes = shapes or _Shapes(job)
     keys = _key(c["tp"], c["cp"], c["micro_batch"], c["pair"])
     unique, first, index = np.unique(keys, return_index=True, return_inverse=True)
     bound = [
@@ -450,11 +458,11 @@ def evaluate_table(
         "D": dp,
         "b": c["micro_batch"].astype(float),
         "v_pp": c["vpp"].astype(float),
-        "m_mb": step.global_batch / (c["micro_batch"] * c["dp"]),
+        "m_mb": table.global_batch / (c["micro_batch"] * c["dp"]),
         "rc_sel": (c["rc"] == 1).astype(float),
         "rc_full": (c["rc"] == 2).astype(float),
         "o_tp": numeric.tp_overlap_share(k_tp=np.where(c["tpo"] == 1, c["tp"], 1).astype(float)),
-        **_kept_columns(c, setup),
+        **_kept_columns(c, job),
         "n_h": np.minimum(offload.devices_per_host(machine), c["gpus"]).astype(float),
     }
     # with EP: the dense gradients' group
@@ -488,7 +496,7 @@ def evaluate_table(
         "mfu": per_token("model_flops_per_token_causal") * tokens / (time_s * peak),
         "hfu": hfu,
         "breakdown": breakdown,
-        "memory": memory_table(table, inputs, setup, model, machine),
+        "memory": memory_table(table, job),
     }
 
 
@@ -501,14 +509,15 @@ def _stage_columns(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
-def _kept_columns(c: dict[str, np.ndarray], setup: TrainingSetup) -> dict[str, np.ndarray]:
+def _kept_columns(c: dict[str, np.ndarray], job: Job) -> dict[str, np.ndarray]:
     """Per plan: the activations a layer keeps (full recompute, stored scores, sequence parallel) and the ZeRO
     shares over DP x CP, as the memory fit and the offload copies read them."""
+    setup = job.setup
     ones = np.ones(len(c["tp"]))
     z_w, z_g, z_o = zero_fractions(setup.zero, (c["dp"] * c["cp"]).astype(float))  # type: ignore[arg-type]
     return {
         "rho": (c["rc"] == 2).astype(float),
-        "phi": ((c["rc"] == 0) & (not setup.flash_attention)).astype(float),
+        "phi": ((c["rc"] == 0) & (setup.attention_kernel == "unfused")).astype(float),
         "sigma": (c["tp"] > 1).astype(float)
         if setup.sequence_parallel is None
         else (c["tp"] > 1) & setup.sequence_parallel,
@@ -518,12 +527,10 @@ def _kept_columns(c: dict[str, np.ndarray], setup: TrainingSetup) -> dict[str, n
     }
 
 
-def memory_table(
-    table: Table, inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset, machine: Machine
-) -> dict[str, np.ndarray]:
+def memory_table(table: Table, job: Job) -> dict[str, np.ndarray]:
     """Training memory per device on the most loaded stage [Korthikanti22 §4], and the usable HBM."""
     c = table.columns
-    values = training_values(inputs, model, setup, machine, 1)
+    values = training_values(job, 1)
     ones = np.ones(len(table))
     values |= {
         "N": c["cp"].astype(float),
@@ -533,7 +540,7 @@ def memory_table(
         **_stage_columns(c),
         "m_mb": (table.global_batch // (c["micro_batch"] * c["dp"])).astype(float),
         "v_pp": c["vpp"].astype(float),
-        **_kept_columns(c, setup),
+        **_kept_columns(c, job),
     }
     values["E_p"] = c["ep"].astype(float)
     name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, n_E/E_p per rank
@@ -542,49 +549,39 @@ def memory_table(
 
 
 def search(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    machine: Machine,
+    job: Job,
+    global_batch: int,
     constraints: Constraints = Constraints(),
     top: int | None = 10,
     shapes: _Shapes | None = None,
 ) -> SearchResult:
-    """The ``top`` fastest plans of ``setup.gpus`` that the constraints allow and that fit (None: all);
-    ``shapes``, bound on this machine and inputs already, are reused."""
-    model = _model(inputs)
-    check_constraints(model, setup.gpus, constraints)
+    """The ``top`` fastest plans of ``job``'s GPUs, workload and framework that the constraints allow and that
+    fit (None: all), at ``global_batch`` sequences per step; ``shapes``, bound on this job already, are
+    reused."""
+    model = job.model
+    check_constraints(model, job.gpus, constraints)
     removed: dict[str, int] = {}
-    table, shape_pairs = enumerate_plans(
-        model, inputs.seq, setup.gpus, step.global_batch, constraints, expand=False
-    )
+    table, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
     fixed = constraints.tp_comm_overlap
     runs = {(tp, cp): len(valid) * len(_overlaps(tp, fixed)) for (tp, cp), valid in shape_pairs.items()}
     considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(table), strict=True))
     if not considered:
-        return SearchResult(
-            [],
-            0,
-            0,
-            step.global_batch,
-            removed,
-            _empty_reason(model, inputs, setup, step, constraints, machine),
-        )
-    memory = memory_table(table, inputs, setup, model, machine)
+        return SearchResult([], 0, 0, global_batch, removed, _empty_reason(job, global_batch, constraints))
+    memory = memory_table(table, job)
     fits = memory["total_bytes"] <= memory["device_bytes"]
     if not fits.any():
         reason = (
             f"no plan fits memory: the smallest needs {float(memory['total_bytes'].min()) / 2**30:.1f} GiB of "
             f"the {float(memory['device_bytes']) / 2**30:.1f} GiB usable per device"
         )
-        reason += _blame(model, inputs, setup, step, constraints, machine)
-        return SearchResult([], considered, 0, step.global_batch, removed, reason, _notes(model))
+        reason += _blame(job, global_batch, constraints)
+        return SearchResult([], considered, 0, global_batch, removed, reason, _notes(model))
     table = with_pairs(table.take(fits), shape_pairs, fixed)  # memory depends on neither
     fit = len(table)
-    shapes = shapes or _Shapes(inputs, setup, step, model, machine)
+    shapes = shapes or _Shapes(job)
     if top is not None:
-        table = _contenders(table, top, inputs, setup, step, model, machine, shapes)
-    result = evaluate_table(table, inputs, setup, step, model, machine, shapes)
+        table = _contenders(table, top, job, shapes)
+    result = evaluate_table(table, job, shapes)
     order = np.lexsort((table.columns["gpus"], result["memory"]["total_bytes"], result["time_s"]))
     if top is not None:  # of plans that differ only in their stage split, the fastest split speaks for all
         c = table.columns
@@ -593,22 +590,13 @@ def search(
         )
         order = order[np.sort(np.unique(layout, return_index=True)[1])][:top]
     plans = [_row(table, result, int(i)) for i in order]
-    return SearchResult(plans, considered, fit, step.global_batch, removed, None, _notes(model), shapes)
+    return SearchResult(plans, considered, fit, global_batch, removed, None, _notes(model), shapes)
 
 
 FIRST_ROUND = 4096  # plans timed before the bound prunes the rest
 
 
-def _contenders(
-    table: Table,
-    top: int,
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    model: ModelPreset,
-    machine: Machine,
-    shapes: _Shapes,
-) -> Table:
+def _contenders(table: Table, top: int, job: Job, shapes: _Shapes) -> Table:
     """The plans that can be among the ``top`` fastest: a step is never shorter than its slowest stage's
     matrix multiplies and attention for every micro-batch, so after timing the plans with the lowest such
     bound, any plan whose bound exceeds the ``top``-th time found cannot place (branch and bound)."""
@@ -616,7 +604,7 @@ def _contenders(
         return table
     bound = _compute_bound(table, shapes)
     first = np.argsort(bound, kind="stable")[: max(FIRST_ROUND, 64 * top)]
-    times = evaluate_table(table.take(first), inputs, setup, step, model, machine, shapes)["time_s"]
+    times = evaluate_table(table.take(first), job, shapes)["time_s"]
     threshold = np.sort(times)[min(top, len(times)) - 1]
     return table.take(bound <= threshold * (1 + 1e-12))
 
@@ -673,103 +661,60 @@ def _row(table: Table, result: dict[str, Any], i: int) -> dict[str, Any]:
     }
 
 
-def _model(inputs: PlanInputs) -> ModelPreset:
-    if inputs.model is None:
-        raise InputError("--model", "the layout search needs a model preset; e.g. --model llama3-8b")
-    return load_model(inputs.model)
-
-
-def _empty_reason(
-    model: ModelPreset,
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    c: Constraints,
-    machine: Machine,
-) -> str:
+def _empty_reason(job: Job, global_batch: int, c: Constraints) -> str:
     text = (
         "no layout of the job meets every rule (TP dividing the heads, CP the sequence, the scheme's heads)"
     )
-    return text + _blame(model, inputs, setup, step, c, machine)
+    return text + _blame(job, global_batch, c)
 
 
-def _blame(
-    model: ModelPreset,
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    c: Constraints,
-    machine: Machine,
-) -> str:
+def _blame(job: Job, global_batch: int, c: Constraints) -> str:
     """Which single fixed dimension, freed, gives plans that fit: the constraint that empties the set."""
     culprits = []
+    usable = float(training_values(job, 1)["M_dev"])
     for name in c.given():
         freed = Constraints(**(c.__dict__ | {name: None}))
-        table, _ = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, freed)
-        if (
-            len(table)
-            and (
-                memory_table(table, inputs, setup, model, machine)["total_bytes"]
-                <= _usable(inputs, setup, model, machine)
-            ).any()
-        ):
+        table, _ = enumerate_plans(job, global_batch, freed)
+        if len(table) and (memory_table(table, job)["total_bytes"] <= usable).any():
             culprits.append("--" + name.replace("_", "-"))
     if culprits:
         return f"; the constraint that empties it: {', '.join(culprits)} (plans fit without it)"
     return "; no single constraint is to blame: more GPUs, ZeRO-3 or a shorter sequence would be needed"
 
 
-def _usable(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset, machine: Machine) -> float:
-    return float(training_values(inputs, model, setup, machine, 1)["M_dev"])
-
-
-def plan_setup(
-    plan: dict[str, Any], inputs: PlanInputs, setup: TrainingSetup, step: StepSetup
-) -> tuple[PlanInputs, TrainingSetup, StepSetup]:
-    """The inputs of `cp-plan step` for a searched plan: the same flags give the same step."""
-    at = inputs.model_copy(update={"cp": plan["cp"], "layout": plan["layout"] or inputs.layout})
-    job = setup.model_copy(
-        update={
-            "gpus": plan["gpus"],
-            "tp": plan["tp"],
-            "pp": plan["pp"],
-            "first_stage_layers": plan["first_stage_layers"] if plan["pp"] > 1 else None,
-            "last_stage_layers": plan["last_stage_layers"] if plan["pp"] > 1 else None,
-            "recompute": plan["recompute"],
-        }
+def plan_as_job(plan: dict[str, Any], job: Job, global_batch: int) -> Job:
+    """The job of a searched plan, as `cp-plan step` makes it from the plan's flags: the same flags give the
+    same step."""
+    return job.replace(
+        cp=plan["cp"],
+        layout=plan["layout"] or job.inputs.layout,
+        gpus=plan["gpus"],
+        tp=plan["tp"],
+        pp=plan["pp"],
+        first_stage_layers=plan["first_stage_layers"] if plan["pp"] > 1 else None,
+        last_stage_layers=plan["last_stage_layers"] if plan["pp"] > 1 else None,
+        recompute=plan["recompute"],
+        vpp=plan["vpp"],
+        micro_batch=plan["micro_batch"],
+        global_batch=global_batch,
+        cp_scheme=registry.default(TRAINING).name if plan["cp_scheme"] == "none" else plan["cp_scheme"],
+        ep=plan["ep"],
+        tp_comm_overlap=plan["tp_comm_overlap"],
     )
-    knobs = step.model_copy(
-        update={
-            "vpp": plan["vpp"],
-            "micro_batch": plan["micro_batch"],
-            "cp_scheme": registry.default(TRAINING).name
-            if plan["cp_scheme"] == "none"
-            else plan["cp_scheme"],
-            "ep": plan["ep"],
-            "tp_comm_overlap": plan["tp_comm_overlap"],
-        }
-    )
-    return at, job, knobs
 
 
 def search_loop(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    machine: Machine,
-    constraints: Constraints = Constraints(),
+    job: Job, global_batch: int, constraints: Constraints = Constraints()
 ) -> list[dict[str, Any]]:
     """The plain reference: one :func:`~costmodel.training.step.evaluate_step` and one memory fit per
     candidate, fastest first among those that fit."""
 
-    model = _model(inputs)
-    check_constraints(model, setup.gpus, constraints)
-    table, _ = enumerate_plans(model, inputs.seq, setup.gpus, step.global_batch, constraints)
+    check_constraints(job.model, job.gpus, constraints)
+    table, _ = enumerate_plans(job, global_batch, constraints)
     rows = []
     for i in range(len(table)):
         plan = table.plan(i)
-        at, job, knobs = plan_setup(plan, inputs, setup, step)
-        result = evaluate_step(at, job, knobs, machine)
+        result = evaluate_step(plan_as_job(plan, job, global_batch))
         if result.fits:
             rows.append(
                 plan
@@ -804,21 +749,16 @@ def table_of(plans: list[dict[str, Any]], kv_heads: int, global_batch: int) -> T
     return Table(columns, pairs, kv_heads, global_batch)
 
 
-def evaluate_plan(
-    plan: dict[str, Any], inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, machine: Machine
-) -> dict[str, Any]:
-    """One plan's row (time, MFU, memory, breakdown) on possibly other inputs or another machine."""
-    model = _model(inputs)
-    table = table_of([plan], model.kv_heads, step.global_batch)
-    return _row(table, evaluate_table(table, inputs, setup, step, model, machine), 0)
+def evaluate_plan(plan: dict[str, Any], job: Job, global_batch: int) -> dict[str, Any]:
+    """One plan's row (time, MFU, memory, breakdown) on possibly another workload or machine."""
+    table = table_of([plan], job.model.kv_heads, global_batch)
+    return _row(table, evaluate_table(table, job), 0)
 
 
 def sensitivity(
     plan: dict[str, Any],
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    machine: Machine,
+    job: Job,
+    global_batch: int,
     constraints: Constraints = Constraints(),
     found: SearchResult | None = None,
 ) -> list[dict[str, Any]]:
@@ -827,6 +767,7 @@ def sensitivity(
     arguments, whose shapes bound inside one node the slower link leaves as they are."""
 
     out = []
+    machine = job.machine
     inter = machine.profile.links.inter_node
     if inter is not None:
         change = "inter-node link 2x slower"
@@ -837,10 +778,10 @@ def sensitivity(
             changes={"inter_bandwidth": inter.bandwidth_per_direction / 2},
         )
         only_the_link = replace(slower, profile=machine.profile) == machine
-        if only_the_link and not _reaches_inter_node(setup, machine):
+        if only_the_link and not _reaches_inter_node(job):
             out.append(_describe(change, plan, plan, plan))  # no group waits on that link: nothing moves
         else:
-            shapes = _Shapes(inputs, setup, step, _model(inputs), slower)
+            shapes = _Shapes(job.on(slower))
             if found is not None and found.shapes is not None and only_the_link:
                 shapes.cache |= {
                     key: values
@@ -848,24 +789,22 @@ def sensitivity(
                     if key[0] * key[1] <= machine.profile.ranks_per_node
                 }
                 shapes.gemms = found.shapes.gemms  # kernel rates do not depend on the links
-            out.append(_scenario(change, plan, inputs, setup, step, slower, constraints, shapes))
+            out.append(_scenario(change, plan, job.on(slower), global_batch, constraints, shapes))
     unit = 2 * plan["cp"]
-    longer = -(-inputs.seq * 11 // (10 * unit)) * unit
+    longer = -(-job.inputs.seq * 11 // (10 * unit)) * unit
     out.append(
         _scenario(
             f"sequence 10 % longer ({longer:,} tokens)",
             plan,
-            inputs.model_copy(update={"seq": longer}),
-            setup,
-            step,
-            machine,
+            job.replace(seq=longer),
+            global_batch,
             constraints,
         )
     )
     level = RECOMPUTE.index(plan["recompute"])
     if level + 1 < len(RECOMPUTE):
         more = plan | {"recompute": RECOMPUTE[level + 1]}
-        row = evaluate_plan(more, inputs, setup, step, machine)
+        row = evaluate_plan(more, job, global_batch)
         item = _describe(f"recompute {RECOMPUTE[level + 1]} instead of {plan['recompute']}", plan, row, None)
         if row["memory_bytes"] >= plan["memory_bytes"]:  # flash attention keeps no scores to drop
             item["text"] += ": it saves no memory"
@@ -877,25 +816,23 @@ def sensitivity(
     return out
 
 
-def _reaches_inter_node(setup: TrainingSetup, machine: Machine) -> bool:
+def _reaches_inter_node(job: Job) -> bool:
     """Whether some group of the job can wait on the inter-node link: a group's members all lie within the
     job's GPUs, so a job inside one node never does (:meth:`Machine.link`)."""
-    return setup.gpus > machine.profile.ranks_per_node
+    return job.gpus > job.machine.profile.ranks_per_node
 
 
 def _scenario(
     change: str,
     plan: dict[str, Any],
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    machine: Machine,
+    job: Job,
+    global_batch: int,
     constraints: Constraints,
     shapes: _Shapes | None = None,
 ) -> dict[str, Any]:
-    """The pick and the fastest plan under changed inputs: the pick evaluated again, and the search."""
-    row = evaluate_plan(plan, inputs, setup, step, machine)
-    best = search(inputs, setup, step, machine, constraints, top=1, shapes=shapes).plans
+    """The pick and the fastest plan under a changed job: the pick evaluated again, and the search."""
+    row = evaluate_plan(plan, job, global_batch)
+    best = search(job, global_batch, constraints, top=1, shapes=shapes).plans
     return _describe(change, plan, row, best[0] if best else None)
 
 
@@ -971,26 +908,20 @@ def label(plan: dict[str, Any]) -> str:
     )
 
 
-def fastest_by_cp(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    machine: Machine,
-    ns: list[int] | np.ndarray,
-    global_batch: int | None = None,
-) -> np.ndarray:
+def fastest_by_cp(job: Job, ns: list[int] | np.ndarray, global_batch: int | None = None) -> np.ndarray:
     """The fastest fitting step at each CP degree of ``ns``, with the job's TP, PP and recompute held and
     micro-batch, virtual stages and CP scheme searched (Megatron-LM's plans); NaN where none fits."""
 
-    model = _model(inputs)
-    step = build(StepSetup, global_batch=global_batch or default_global_batch(inputs.seq))
-    fixed = Constraints(tp=setup.tp, pp=setup.pp, recompute=setup.recompute, framework="megatron")
+    setup = job.setup
+    fixed = Constraints(tp=setup.tp, pp=setup.pp, recompute=setup.recompute)
     out = np.full(len(ns), np.nan)
     try:
-        check_constraints(model, setup.gpus, fixed)
+        check_constraints(job.model, setup.gpus, fixed)
     except InputError:
         return out
     wanted = {int(n): j for j, n in enumerate(ns)}
-    for plan in search(inputs, setup, step, machine, fixed, top=None).plans:
+    batch = global_batch or default_global_batch(job.inputs.seq)
+    for plan in search(job, batch, fixed, top=None).plans:
         j = wanted.get(plan["cp"])
         if j is not None and np.isnan(out[j]):  # fastest first
             out[j] = plan["step_time_s"]

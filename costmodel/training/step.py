@@ -20,17 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy
-from pydantic import BaseModel, ConfigDict
-from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
-from costmodel.machines.kernels import attention_kernels
-from costmodel.machines.profiles import HardwareProfile
-from costmodel.machines.topology import strides
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import (
     Evaluation,
@@ -41,29 +36,13 @@ from costmodel.plans.bind import (
     layout_degrees,
     overlaps,
 )
-from costmodel.plans.cp import TRAINING, usp
-from costmodel.plans.inputs import (
-    TRAINING_DEFAULTS,
-    Count,
-    Flag,
-    MachineOverrides,
-    Number,
-    Overlaps,
-    Parallelism,
-    PlanInputs,
-    TrainingSetup,
-    build,
-    declared_as,
-    flag,
-    job_machine,
-    shape_from_model,
-)
-from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.job import Job, StepSetup
+from costmodel.plans.models import ModelPreset
 from costmodel.plans.packing import compute_fraction
 from costmodel.plans.stages import StageSplit
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
-from costmodel.training.recommend import fit_at, kept, training_values
+from costmodel.training.memory import fit_at, kept, training_values
 from costmodel.training.report import FORMULAS as TERM_FORMULAS
 from costmodel.training.report import (
     StepBreakdown,
@@ -73,188 +52,10 @@ from costmodel.training.report import (
     StepTimes,
 )
 
-Scheme = Literal[registry.names(TRAINING)]  # the registry's training schemes, as a flag's choices
-
-DDP_BUCKET_BYTES = 25e6  # PyTorch DistributedDataParallel's bucket_cap_mb default
-ADAM_BYTES_PER_PARAM = 30.0  # read grad (4) + read/write master (8), m (8), v (8) + write bf16 weight (2)
-
-
-class StepSetup(BaseModel):
-    """The step's own knobs; the shape, the machine and the parallel layout come from
-    :class:`~costmodel.plans.inputs.PlanInputs` (``cp`` is the CP degree) and
-    :class:`~costmodel.plans.inputs.TrainingSetup`. Overlaps are named here with their defaults, never buried."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    vpp: Count = declared_as(Parallelism, "vpp")
-    micro_batch: Count = declared_as(Parallelism, "micro_batch")
-    global_batch: Count = declared_as(Parallelism, "global_batch", default=PydanticUndefined)
-    cp_scheme: Scheme = flag(
-        registry.default(TRAINING).name,
-        f"How CP exchanges K and V: {registry.choices(TRAINING)}.",
-    )
-    tp_comm_overlap: Flag = declared_as(Overlaps, "tp_comm_overlap")
-    cp_overlap: Number = declared_as(Overlaps, "cp_overlap")
-    dp_overlap: Number = declared_as(Overlaps, "dp_overlap")
-    gemm_dtype: Literal["fp8", "mxfp8"] | None = flag(
-        None,
-        "Precision of the linear layers' multiplies when it differs from --dtype: fp8 (Transformer Engine, "
-        "torchao Float8) or mxfp8 (block-scaled, Blackwell); attention and the output layer stay at --dtype.",
-    )
-    attention_kernel: str = flag(
-        "flash",
-        "The attention kernel: flash (fused, the profile's attention tables), unfused (Megatron's core "
-        "attention: batched multiplies with the score matrix through HBM, softmax and dropout; no CP), or "
-        "a kernel whose tables the profile holds (cp-plan hw show: e.g. sdpa-cudnn).",
-        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
-    )
-    pp_overlap: Number = declared_as(Overlaps, "pp_overlap")
-    bucket_bytes: Number = flag(
-        DDP_BUCKET_BYTES, "Gradient bucket size (PyTorch DDP: 25 MB).", unit="bytes", ge=1, le=2**40
-    )
-    optimizer_bytes: Number = flag(
-        ADAM_BYTES_PER_PARAM,
-        "HBM bytes the optimizer step moves per parameter (Adam with fp32 master weights: 30).",
-        unit="bytes",
-        gt=0,
-        le=1024,
-    )
-    grad_bytes: Count = flag(
-        4, "Bytes per gradient element the DP group reduces (fp32: 4).", unit="bytes", ge=1, le=8
-    )
-    ep: Count = declared_as(Parallelism, "ep")
-    capacity_factor: Number = flag(
-        moe.CAPACITY_FACTOR,
-        "MoE capacity factor: the most loaded expert rank computes this x the mean tokens (Switch: 1.25).",
-        ge=1,
-        le=16,
-    )
-
-
-# What `cp-plan step` and :func:`build_step` default to and leave out: a causal fwd+bwd training layer, no CP
-# unless asked; the step reads no tile size, and the model preset sets the heads.
-STEP_DEFAULTS: dict[str, Any] = TRAINING_DEFAULTS | {"cp": 1, "block": 1}
-STEP_EXCLUDE = frozenset(
-    {
-        "batch",
-        "heads",
-        "kv_heads",
-        "head_dim",
-        "block",
-        "causal",
-        "pass_",
-        "flash_attention",
-        "memory_headroom",
-    }
-)
-_DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, TrainingSetup, StepSetup, MachineOverrides)
-
-
-def step_machine(
-    inputs: PlanInputs, overrides: MachineOverrides | None = None, profile: HardwareProfile | None = None
-) -> Machine:
-    """The step's machine: every rank placed by the job's layout (:func:`~costmodel.plans.inputs.job_machine`,
-    the placement recommend, check and report use too)."""
-    return job_machine(inputs, overrides, profile)
-
-
-def build_step(
-    profile: HardwareProfile | None = None, **values: Any
-) -> tuple[PlanInputs, TrainingSetup, StepSetup, Machine]:
-    """The step's inputs from flat keyword values named as the command's flags (``model``, ``seq``, ``hw``,
-    ``gpus``, ``tp``, ``cp`` (or ``n``), ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``,
-    ``cp_scheme``, ``layout``, ``zero``, ``efficiency``, ...), with the command's defaults, each model
-    validated once (:func:`~costmodel.plans.inputs.build`): for tests and notebooks. ``profile``, already
-    loaded, stands in for reading ``hw`` again (many runs on one machine)."""
-    given = dict(values)
-    if "n" in given:  # the CP degree's former name
-        given["cp"] = given.pop("n")
-    parts: dict[type[BaseModel], dict[str, Any]] = {model: {} for model in _DECLARED}
-    for name, value in given.items():
-        owner = next((m for m in _DECLARED if name in m.model_fields and name not in STEP_EXCLUDE), None)
-        if owner is None:
-            raise InputError(name, "not an input of the step")
-        parts[owner][name] = value
-    defaults = {k: v for k, v in STEP_DEFAULTS.items() if k in PlanInputs.model_fields}
-    inputs = build(PlanInputs, **shape_from_model(defaults | parts[PlanInputs]))
-    overrides = build(MachineOverrides, **parts[MachineOverrides])
-    return (
-        inputs,
-        build(TrainingSetup, **parts[TrainingSetup]),
-        build(StepSetup, **parts[StepSetup]),
-        step_machine(inputs, overrides, profile),
-    )
-
 
 def _call(name: str, values: Mapping[str, Any]) -> Any:
     """A step formula at ``values``: a number, or an array when any value is one."""
     return call(name, values)
-
-
-def _check(
-    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
-) -> tuple[int, int]:
-    """DP degree and micro-batches per step (the layout's one check, :meth:`Parallelism.check`); one line
-    naming the flag for any impossible combination."""
-    layout = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
-    dp, micro = layout.dp, layout.micro_batches
-    assert micro is not None  # the step states its global batch
-    named = attention_kernels(machine.profile)
-    if step.attention_kernel not in ("flash", "unfused", *named):
-        accepted = ", ".join(["flash", "unfused", *named])
-        raise InputError(
-            "--attention-kernel",
-            f"{step.attention_kernel!r}: profile {machine.name!r} has tables for {accepted}",
-        )
-    if step.gemm_dtype is not None:
-        device = machine.profile.device
-        if "fp8" not in device.peak_flops:
-            raise InputError("--gemm-dtype", f"profile {machine.name!r} states no fp8 FLOP/s")
-        if step.gemm_dtype == "mxfp8" and device.generation != "Blackwell":
-            raise InputError(
-                "--gemm-dtype", f"mxfp8 runs on Blackwell tensor cores; {device.name} is {device.generation}"
-            )
-    if step.attention_kernel == "unfused" and inputs.cp > 1:
-        raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
-    kv_heads = max(model.kv_heads // setup.tp, 1)
-    reason = registry.get(step.cp_scheme).check(model.heads // setup.tp, kv_heads, inputs.cp, False)
-    if reason:
-        raise InputError("--cp-scheme", reason)
-    return dp, micro
-
-
-def _groups(setup: TrainingSetup, step: StepSetup, n: int, dp: int) -> tuple[str, dict[str, int]]:
-    """The rank order and every group's size (EP split out of DP for an MoE model)."""
-    sizes = {"tp": setup.tp, "cp": n, "dp": dp, "pp": setup.pp}
-    return moe.order_and_sizes(setup.rank_order, sizes, step.ep)
-
-
-def _collectives(step: StepSetup) -> dict[str, Any]:
-    """The collective CP waits on (its scheme's: all-to-all for Ulysses, all-gather for Llama 3's scheme, else
-    ring sends), and EP's all-to-all; "ring" is NCCL's ring algorithm."""
-    return {
-        "tp": "ring",
-        "cp": registry.get(step.cp_scheme).collective,
-        "ep": "alltoall",
-        "dp": "ring",
-    }
-
-
-def _group_links(setup: TrainingSetup, step: StepSetup, machine: Machine, n: int, dp: int) -> dict[str, Any]:
-    """The link of every group, its members placed by ``--rank-order`` (:meth:`Machine.group_links`); the
-    dense gradients of an MoE model reduce over EP x DP, from EP's stride."""
-    order, sizes = _groups(setup, step, n, dp)
-    links = machine.group_links(order, sizes, _collectives(step))
-    if "ep" in sizes:
-        placed = strides(order, sizes)
-        links["dp"] = machine.placed(min(placed["ep"], placed["dp"])).link(dp, "ring")
-    return links
-
-
-def _usp_split(inputs: PlanInputs, setup: TrainingSetup, model: ModelPreset) -> tuple[int, int]:
-    """USP: the largest all-to-all degree dividing the CP degree and the TP rank's KV heads."""
-    n_u = usp.split(max(model.kv_heads // setup.tp, 1), inputs.cp)
-    return n_u, inputs.cp // n_u
 
 
 # Kernels one layer launches on a device, (forward, backward), counted from Megatron-LM's GPT layer
@@ -311,19 +112,12 @@ def _unfused_rates(seq: int, heads: int, d: int, machine: Machine) -> tuple[floa
     return f_fwd, 2.5 * flops_fwd / (flops_bwd / f_bwd)
 
 
-def _rates(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    model: ModelPreset,
-    machine: Machine,
-    n_r: int,
-    gemms: dict[tuple, dict[str, float]] | None = None,
-) -> dict[str, float]:
+def _rates(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[str, float]:
     """F_gemm, F_gemm_b, F_head, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or
     --efficiency) at this layer's shapes; ``gemms`` keeps the multiplies' rates by shape across calls (the
     layout search binds the same multiplies under many CP schemes)."""
-    t, d = setup.tp, model.head_dim
+    inputs, step, model, machine = job.inputs, job.step, job.model, job.machine
+    t, d, kernel_name = job.tp, model.head_dim, job.setup.attention_kernel
     rows = step.micro_batch * inputs.seq // inputs.cp  # sequence parallel gathers the CP rank's tokens
     key = (t, rows, step.gemm_dtype)
     if gemms is None or key not in gemms:
@@ -337,13 +131,15 @@ def _rates(
             gemms = {}
         gemms[key] = found
     rates = dict(gemms[key])
-    if step.attention_kernel == "unfused":
+    if kernel_name == "unfused":
         f_attn, f_attn_bwd = _unfused_rates(inputs.seq, step.micro_batch * model.heads // t, d, machine)
         return rates | {"F_attn": f_attn, "F_attn_bwd": f_attn_bwd}
     seq, n, scheme = inputs.seq, inputs.cp, registry.get(step.cp_scheme)
-    calls = [(seq, seq, True, 1.0)] if n == 1 else scheme.attention_calls(seq, n, n_r, inputs.layout)
+    calls = (
+        [(seq, seq, True, 1.0)] if n == 1 else scheme.attention_calls(seq, n, job.usp_split[1], inputs.layout)
+    )
     pair = numeric.pair_flops(b=step.micro_batch, h=model.heads / t, d=d)
-    kernel = None if step.attention_kernel == "flash" else step.attention_kernel
+    kernel = None if kernel_name == "flash" else kernel_name
 
     def rate(backward: bool) -> float:
         total = sum(w for *_, w in calls)
@@ -365,20 +161,19 @@ def fused_softmax(seq: int, batches: int) -> bool:
     return 16 < seq <= 4096 and seq % 4 == 0 and batches % per_block == 0
 
 
-def _attention_kernel_values(
-    step: StepSetup, model: ModelPreset, c: float, seq: int, tp: int
-) -> dict[str, Any]:
+def _attention_kernel_values(job: Job, c: float) -> dict[str, Any]:
     """x_att, k_sf, k_sb, n_kf, n_kb of the chosen attention kernel. Unfused, the score matrix is computed
     whole (x_att = 1/c) and passes through HBM. With the fused softmax: it reads and writes the scores (2p),
     dropout writes its result and a one-byte mask (2p + 1); backward, dropout's gradient (2p + 1) and
     softmax's (3p), p = 2. Where the fused kernel does not fit (``fused_softmax``) the softmax runs as five
     eager fp32 kernels each way: a cast up, the scale, the mask, the softmax and a cast down (2p + 32 bytes),
     and their gradients (2p + 36). The batched multiplies' own reads and writes are in their rates."""
-    launches = LAYER_KERNELS["unfused" if step.attention_kernel == "unfused" else "flash"]
-    if step.attention_kernel != "unfused":
+    unfused = job.setup.attention_kernel == "unfused"
+    launches = LAYER_KERNELS["unfused" if unfused else "flash"]
+    if not unfused:
         return {"x_att": 1.0, "k_sf": 0.0, "k_sb": 0.0, "n_kf": launches[0], "n_kb": launches[1]}
-    p, dropout = 2, int(model.dropout)
-    fused = fused_softmax(seq, step.micro_batch * model.heads // tp)
+    p, dropout = 2, int(job.model.dropout)
+    fused = fused_softmax(job.inputs.seq, job.step.micro_batch * job.model.heads // job.tp)
     extra = 0 if fused else 4  # kernels beyond the fused one, each way
     return {
         "x_att": 1.0 / c,
@@ -389,28 +184,21 @@ def _attention_kernel_values(
     }
 
 
-def bind(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    model: ModelPreset,
-    machine: Machine,
-    gemms: dict[tuple, dict[str, float]] | None = None,
-) -> dict[str, Any]:
-    """Every base symbol the step formulas need, from the inputs, the preset and the machine; ``gemms``
-    carries the multiplies' rates between calls on one machine and model (see :func:`_rates`)."""
-    dp, micro = _check(inputs, setup, step, model, machine)
-    n_u, n_r = _usp_split(inputs, setup, model)
-    t, n, scheme = setup.tp, inputs.cp, registry.get(step.cp_scheme)
+def bind(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[str, Any]:
+    """Every base symbol the step formulas need, from the job; ``gemms`` carries the multiplies' rates
+    between calls on one machine and model (see :func:`_rates`)."""
+    inputs, setup, step, model, machine = job.inputs, job.setup, job.step, job.model, job.machine
+    n_u, n_r = job.usp_split
+    t, n, scheme = job.tp, job.cp, registry.get(step.cp_scheme)
     kernels, device = machine.profile.kernels, machine.profile.device
     # a causal mask split in contiguous shards loads the last rank most, where each rank keeps its own queries
     causal_ring = inputs.layout == "contiguous" and not scheme.whole_sequence and n > 1
     values: dict[str, Any] = {
         **attention_shape(inputs, n, step.micro_batch),
         **layer_shape(model),
-        **layout_degrees(t, setup.pp, setup.stages(model.layers, step.vpp).values()),
-        "D": dp,
-        "m_mb": micro,
+        **layout_degrees(t, job.pp, job.stages.values()),
+        "D": job.dp,
+        "m_mb": job.micro_batches,
         "v_pp": step.vpp,
         # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
         "c": compute_fraction(inputs) if inputs.masked else 0.5,
@@ -420,12 +208,12 @@ def bind(
         "B_hbm": device.hbm_bandwidth or 2e12,
         "t_k": machine.launch_s,
         "t_fw": machine.step_s,
-        **_link_values(_group_links(setup, step, machine, n, dp), t, n, dp, scheme.latency_per_step),
+        **_link_values(job.links, t, n, job.dp, scheme.latency_per_step),
         **overlaps(machine, t, step.tp_comm_overlap, step.cp_overlap),
-        **_knobs(setup, step),
+        **_knobs(job),
         "N_u": n_u,
         "N_r": n_r,
-        **kept(setup, model),
+        **kept(job),
         **offload.values(setup, machine, model),
         **moe.values(model, step.ep, step.capacity_factor),
         # the dense formulas read the width a token computes through; moe.counted reads one expert's
@@ -440,17 +228,17 @@ def bind(
         inputs.layout,
         step.micro_batch,
         step.gemm_dtype,
-        step.attention_kernel,
+        setup.attention_kernel,
         scheme.name,
         n_r,
     )
     rates = gemms.get(whole) if gemms is not None else None
     if rates is None:
-        rates = _rates(inputs, setup, step, model, machine, n_r, gemms)
+        rates = _rates(job, gemms)
         if gemms is not None:
             gemms[whole] = rates
     values.update(rates)
-    values.update(_attention_kernel_values(step, model, values["c"], inputs.seq, t))
+    values.update(_attention_kernel_values(job, values["c"]))
     return values
 
 
@@ -470,9 +258,10 @@ def _link_values(links: dict[str, Any], t: int, n: int, dp: int, cp_step_latency
     }
 
 
-def _knobs(setup: TrainingSetup, step: StepSetup) -> dict[str, Any]:
+def _knobs(job: Job) -> dict[str, Any]:
     """The step's own settings: recompute, the PP and DP overlaps, the fp8 multiplies and their scales, ZeRO-3,
     and the bytes of a gradient and of an optimizer's state per parameter."""
+    setup, step = job.setup, job.step
     return {
         "rc_sel": int(setup.recompute == "selective"),
         "rc_full": int(setup.recompute == "full"),
@@ -565,17 +354,10 @@ def check_physical(hfu: Any, v: Mapping[str, Any], machine: Machine) -> None:
     )
 
 
-def step_memory(
-    inputs: PlanInputs, setup: TrainingSetup, step: StepSetup, model: ModelPreset, machine: Machine
-) -> StepMemory:
+def step_memory(job: Job) -> StepMemory:
     """Memory per device on the most loaded stage [Korthikanti22 §4], the fit ``recommend`` and the layout
     search size plans with, at this micro-batch and CP degree, and whether it fits the usable HBM."""
-
-    attention = inputs.model_copy(update={"batch": step.micro_batch})
-    dp = setup.gpus // (setup.tp * inputs.cp * setup.pp)
-    micro = step.global_batch // (step.micro_batch * dp)
-    values = training_values(attention, model, setup, machine, inputs.cp, micro, step.vpp, step.ep)
-    fit = fit_at(Evaluator(values))
+    fit = fit_at(Evaluator(training_values(job)))
     return StepMemory(
         bytes_per_device=fit.total_bytes,
         model_state_bytes=fit.model_state_bytes,
@@ -586,26 +368,13 @@ def step_memory(
     )
 
 
-def evaluate_step(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    machine: Machine,
-    model: ModelPreset | None = None,
-    trace: list[Evaluation] | None = None,
-) -> StepReport:
+def evaluate_step(job: Job, trace: list[Evaluation] | None = None) -> StepReport:
     """The step's time, throughput, MFU/HFU and breakdown (seconds per term, summing to the step);
-    ``model``, already built, stands in for ``inputs.model``; ``trace`` records every formula evaluated."""
-    if model is None:
-        if inputs.model is None:
-            raise InputError(
-                "--model",
-                "the step needs a model preset (its layers, hidden and vocabulary sizes); e.g. --model "
-                "llama3-8b",
-            )
-        model = load_model(inputs.model)
-    v = bind(inputs, setup, step, model, machine)
-    m = v["m_mb"]
+    ``trace`` records every formula evaluated."""
+    if job.micro_batches is None:
+        raise InputError("--global-batch", "the step needs the sequences per optimizer step")
+    inputs, setup, step, model, machine = job.inputs, job.setup, job.step, job.model, job.machine
+    v = bind(job)
     parts, total = step_terms(v, step.cp_scheme, model, trace)
     breakdown = StepBreakdown(**{name: float(value) for name, value in parts.items()})
     time_s = float(total)
@@ -625,23 +394,24 @@ def evaluate_step(
         "efficiency": inputs.efficiency,
         "layout": inputs.layout,
         "cp": inputs.cp,
+        "framework": job.framework.name,
         **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "offload", "rank_order"}),
+        "attention_kernel": setup.attention_kernel,
         **step.model_dump(),
     }
-    memory = step_memory(inputs, setup, step, model, machine)
-    groups = _groups(setup, step, inputs.cp, v["D"])
+    memory = step_memory(job)
     return StepReport(
         fits=memory.fits,
         memory=memory,
         inputs={
             **stated,
-            **_stage_inputs(setup.stages(model.layers, step.vpp)),
-            "dp": v["D"],
-            "micro_batches": m,
+            **_stage_inputs(job.stages),
+            "dp": job.dp,
+            "micro_batches": job.micro_batches,
             "usp_ulysses_degree": v["N_u"],
         },
-        topology=machine.describe_groups(*groups, _collectives(step)),
-        moe=moe.summary(model, v, machine, *groups),
+        topology=machine.describe_groups(*job.groups, job.collectives),
+        moe=moe.summary(model, v, machine, *job.groups),
         rates=StepRates(
             gemm_flops_per_s=v["F_gemm"],
             attention_fwd_flops_per_s=v["F_attn"],

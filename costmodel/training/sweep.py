@@ -15,8 +15,8 @@ from costmodel.core.errors import InputError
 from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import PASSES, RATIO, call, plan_values
-from costmodel.plans.inputs import PlanInputs, TrainingSetup
-from costmodel.plans.models import ModelPreset
+from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.job import Job
 from costmodel.plans.packing import compute_fraction, pack
 from costmodel.plans.verdict import AMBER, BANDS, GREEN
 from costmodel.schedule.layouts import chunks_per_rank
@@ -113,12 +113,12 @@ def sweep(
     seqs: list[int] | np.ndarray,
     ns: list[int] | np.ndarray,
     machine: Machine,
-    model: ModelPreset | None = None,
-    setup: TrainingSetup | None = None,
+    job: Job | None = None,
     docs: str | None = None,
 ) -> Grid:
     """The grid for one machine. ``shape`` gives heads, dtype, causal, pass; its seq and n are ignored.
-    ``docs`` (and the shape's packing, window, chunk) make c each cell's compute fraction ([A-RingCost §5])."""
+    ``docs`` (and the shape's packing, window, chunk) make c each cell's compute fraction ([A-RingCost §5]).
+    ``job``, the training job on this machine, adds N_min(memory) per S."""
     seq_col = np.asarray(seqs, dtype=float)[:, None]
     n_row = np.asarray(ns, dtype=float)[None, :]
     bandwidth, latency, inter = machine.link_arrays(np.asarray(ns))
@@ -168,30 +168,23 @@ def sweep(
         inter_node=inter,
         n_max=n_max,
     )
-    if model is not None and setup is not None:
+    if job is not None:
         from costmodel.training import moe
-        from costmodel.training.recommend import training_values
+        from costmodel.training.memory import training_values
 
-        base = training_values(shape, model, setup, machine, 1)
+        base = training_values(job, 1)
         name = moe.twin("n_min_memory", base)  # an MoE model's every expert
         grid.n_min_memory = call(name, {**base, "S": seq_col[:, 0]})
     return grid
 
 
-def step_times(
-    grid: Grid, shape: PlanInputs, setup: TrainingSetup, machine: Machine, global_batch: int | None = None
-) -> Grid:
+def step_times(grid: Grid, job: Job, global_batch: int | None = None) -> Grid:
     """``grid`` with the whole step's time per (S, N): the fastest plan of the job at that CP degree that
-    fits, its TP, PP and recompute as ``setup`` states them (:func:`costmodel.training.search.fastest_by_cp`)."""
+    fits, its TP, PP and recompute as the job states them (:func:`costmodel.training.search.fastest_by_cp`)."""
     from costmodel.training.search import fastest_by_cp
 
     grid.step_time_s = np.array(
-        [
-            fastest_by_cp(
-                shape.model_copy(update={"seq": int(seq), "cp": 1}), setup, machine, grid.ns, global_batch
-            )
-            for seq in grid.seqs
-        ]
+        [fastest_by_cp(job.replace(seq=int(seq), cp=1), grid.ns, global_batch) for seq in grid.seqs]
     )
     return grid
 

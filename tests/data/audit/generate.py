@@ -15,10 +15,10 @@ import random
 from pathlib import Path
 
 from costmodel.audit.compare import _memory_fit
-from costmodel.audit.compare import predict as predict_with_inputs
 from costmodel.audit.fit import Run, predict
 from costmodel.machines.profiles import load_profile, parse_profile
-from costmodel.training.step import build_step, evaluate_step
+from costmodel.plans.job import Job
+from costmodel.training.step import evaluate_step
 
 HERE = Path(__file__).parent
 GEMM, ATTENTION, HBM, LINKS, HOST_S = 0.85, 0.72, 0.90, 0.70, 0.060
@@ -56,7 +56,8 @@ def true_step(values: dict) -> dict:
 
 def reserved_bytes(values: dict) -> float:
     """What the allocator holds at peak: the plan's fit and 8 % more (caching, fragmentation)."""
-    return _memory_fit(predict_with_inputs(values)[1])["total_bytes"] * 1.08
+    job = Job.of(**values)
+    return _memory_fit(evaluate_step(job), job)["total_bytes"] * 1.08
 
 
 def megatron_args(cfg: dict) -> list[str]:
@@ -103,8 +104,8 @@ def megatron_log(name: str, cfg: dict, restart_at: int | None = None) -> None:
         "recompute": cfg.get("recompute", "selective"),
     }
     step = true_step(values)
-    inputs, setup, stp, machine = build_step(**values)
-    ours = evaluate_step(inputs, setup, stp, machine).step.model_dump()
+    job = Job.of(**values)
+    ours = evaluate_step(job).step.model_dump()
     flops_per_step = ours["model_tflops_per_gpu_full_square"] * ours["time_s"]  # as Megatron counts: full S²
     base = step["time_s"] * HOST_OVERHEAD
     reserved_mb = reserved_bytes(values) / 1024**2
@@ -205,8 +206,8 @@ def titan_log(
         skipped = ("attention_s", "exposed_cp_s", "cp_ring_overhead_s", "recompute_s")
         gone = sum(step["breakdown"][k] for k in skipped) * (1 - 1 / cp)
         step = step | {"time_s": step["time_s"] - gone}
-    inputs, setup, stp, machine = build_step(**values)
-    ours = evaluate_step(inputs, setup, stp, machine).step.model_dump()
+    job = Job.of(**values)
+    ours = evaluate_step(job).step.model_dump()
     flop_per_token = ours["model_tflops_per_gpu_full_square"] * 1e12 / ours["tokens_per_s_per_gpu"]
     reserved_gib = reserved_bytes(values) / 1024**3
     tokens = local * shard * seq

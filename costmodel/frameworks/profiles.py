@@ -1,0 +1,160 @@
+"""Framework profiles (frameworks/*.yaml): what a training framework keeps in memory and how it runs a step.
+
+A plan is model x hardware x framework x layout. The same layout holds different bytes and takes different
+time in Megatron-Core, torchtitan, DeepSpeed or the Hugging Face Trainer: which copies of the weights,
+gradients and optimizer states exist and in which dtype, whether the loss materialises fp32 logits, how
+FSDP gathers ahead and when it frees, what "selective" recompute keeps, what the allocator reserves beyond
+what tensors hold, and which CP scheme, overlaps and gradient buckets a job gets unless it says otherwise.
+A profile states each with its source (code path and version, docs/references.md); every knob can be
+overridden per job (:class:`~costmodel.plans.inputs.FrameworkKnobs`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.fields import Count, NonNegative, Positive
+from costmodel.core.fileio import YamlDocument, load_builtin_or_file
+from costmodel.core.resources import data_dir
+
+StateDtype = Literal["fp32", "bf16"]
+MasterDtype = Literal["fp32", "bf16", "none"]  # none: the optimizer steps the stored weights themselves
+STATE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "none": 0}
+Loss = Literal["materialized", "chunked", "fused"]
+Reshard = Literal["always", "never", "unless-pp"]
+SelectiveRecompute = Literal["attention", "ops"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+
+class Source(_Strict):
+    """One place a profile's facts were read: a repository or document, the version, the files."""
+
+    url: str = Field(description="repository or documentation page")
+    version: str = Field(description="release or commit the facts were read at", max_length=200)
+    files: list[str] = Field(default_factory=list, description="code paths the knobs come from")
+    notes: str | None = None
+
+
+class MemoryPolicy(_Strict):
+    """What a device keeps, as the framework allocates it."""
+
+    weights: StateDtype = Field(
+        description="the stored parameters, kept between steps (FSDP2 stores fp32 shards and gathers bf16; "
+        "Megatron stores bf16 and keeps an fp32 master copy in the optimizer)"
+    )
+    compute_weights: StateDtype = Field(
+        "bf16", description="the copy the forward and backward read; gathered per layer when it is not stored"
+    )
+    master_weights: MasterDtype = Field(
+        description="the fp32 copy the optimizer steps, beside the stored weights; none when it steps them"
+    )
+    gradients: StateDtype = Field(description="gradients kept for the optimizer (main_grad, reduce dtype)")
+    optimizer_states: StateDtype = Field(description="Adam's two moments")
+    loss: Loss = Field(
+        description="materialized: the output layer's logits whole, upcast to fp32 for the softmax; chunked: "
+        "the same over chunks of loss_chunk_tokens; fused: no logits kept (a fused linear cross-entropy)"
+    )
+    loss_chunk_tokens: Count() = Field(4096, description="tokens per chunk of a chunked or fused loss")
+    selective_recompute: SelectiveRecompute = Field(
+        description="what --recompute selective recomputes: attention (the core attention, Megatron's "
+        "default module) or ops (op-level selective checkpointing: matmul outputs kept, the rest recomputed)"
+    )
+    fsdp_prefetch_layers: Count(minimum=0, maximum=64) = Field(
+        1, description="layers whose parameters ZeRO-3/FSDP gathers ahead of the one computing"
+    )
+    reshard_after_forward: Reshard = Field(
+        "always",
+        description="when ZeRO-3/FSDP frees a layer's gathered parameters: after its forward (always), never "
+        "within a step, or unless pipeline parallel (torchtitan's default)",
+    )
+    overhead_bytes: NonNegative = Field(
+        description="bytes per device beyond the tensors: CUDA context, NCCL's buffers, library workspaces"
+    )
+    fragmentation: NonNegative = Field(
+        description="what the caching allocator reserves beyond the allocated peak, as a share of it"
+    )
+    reports: Literal["reserved", "allocated"] = Field(
+        description="the peak the framework logs: torch.cuda.max_memory_reserved or max_memory_allocated"
+    )
+
+
+class TimePolicy(_Strict):
+    """How the framework runs a step unless the job says otherwise."""
+
+    cp_scheme: str = Field(description="the CP scheme a job gets by default (cp-plan step --cp-scheme)")
+    cp_schemes: list[str] = Field(description="the CP schemes the framework can run")
+    cp_layouts: list[Literal["zigzag", "striped", "contiguous"]] = Field(
+        ["zigzag"], description="the token layouts its ring and all-gather split a causal sequence into"
+    )
+    a2a_splits_kv_heads: bool = Field(
+        False,
+        description="its all-to-all splits the KV heads over the CP ranks (Transformer Engine), rather than "
+        "copying them where the ranks outnumber the heads (DeepSpeed-Ulysses)",
+    )
+    ep_from_dp: bool = Field(
+        True, description="expert parallelism carved out of data parallelism (Megatron-Core), searched"
+    )
+    attention_kernel: str = Field("flash", description="the attention kernel it calls")
+    dp_overlap: float = Field(ge=0, le=1, description="share of the gradient reduction hidden by default")
+    tp_comm_overlap: bool = Field(False, description="TP collectives pipelined with their multiplies")
+    bucket_bytes: Positive = Field(description="gradient bucket size, bytes")
+    grad_reduce_bytes: Count(minimum=1, maximum=8) = Field(description="bytes per gradient element reduced")
+    optimizer_bytes: Positive = Field(description="HBM bytes the optimizer step moves per parameter")
+
+
+class FrameworkProfile(_Strict):
+    """A training framework at a version: its memory and time policies, each knob with its source."""
+
+    name: str = Field(max_length=80)
+    title: str = Field(description="the framework as users name it", max_length=200)
+    description: str = Field("", max_length=4000)
+    sources: list[Source] = Field(min_length=1)
+    memory: MemoryPolicy
+    time: TimePolicy
+
+    @model_validator(mode="after")
+    def _schemes(self) -> Self:
+        if self.time.cp_scheme not in self.time.cp_schemes:
+            raise ValueError(f"time.cp_scheme {self.time.cp_scheme!r} is not among time.cp_schemes")
+        return self
+
+    def with_changes(self, memory: dict | None = None, time: dict | None = None) -> FrameworkProfile:
+        """The profile with some knobs changed (a job's flags), each checked as the profile's own."""
+        data = self.model_dump()
+        data["memory"] |= memory or {}
+        data["time"] |= time or {}
+        return type(self).model_validate(data)
+
+
+DEFAULT = "megatron"
+
+
+def builtin_frameworks() -> list[str]:
+    return sorted(p.stem for p in data_dir("frameworks").glob("*.yaml"))
+
+
+def parse_framework(
+    data: object, origin: str, field: str = "--framework", document: YamlDocument | None = None
+) -> FrameworkProfile:
+    """Validate loaded YAML; a problem becomes one :class:`InputError` line naming the field and its line."""
+    if not isinstance(data, dict):
+        raise InputError(
+            field, f"{origin}: expected a mapping of framework fields, got {type(data).__name__}"
+        )
+    try:
+        return FrameworkProfile.model_validate(data)
+    except ValidationError as exc:
+        where = document.line if document is not None else None
+        raise InputError(field, f"{origin}: {describe_validation(exc, where)}") from None
+
+
+def load_framework(spec: str, field: str = "--framework") -> FrameworkProfile:
+    """A built-in framework profile by name, or a YAML file by path."""
+    data, origin, document = load_builtin_or_file(spec, data_dir("frameworks"), field, "framework")
+    return parse_framework(data, origin, field, document)

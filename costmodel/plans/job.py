@@ -1,0 +1,496 @@
+"""A training job, declared, made and checked once.
+
+A plan is model x hardware x framework x layout. Its inputs are declared as flags in a few groups: the
+workload (:class:`~costmodel.plans.inputs.Workload`), the job's layout and memory knobs
+(:class:`~costmodel.plans.inputs.TrainingSetup`), the step's own knobs (:class:`StepSetup`), the machine's
+changes (:class:`~costmodel.plans.inputs.MachineOverrides`) and the framework with the knobs a job changes in
+it (:class:`FrameworkKnobs`). :func:`make_job` turns them, from flags, a plan file, a runs-table row or a
+search candidate, into one :class:`Job`: the model and the machine loaded, the framework's profile with the
+job's changes, every default the framework sets filled in, the layout checked once
+(:meth:`~costmodel.plans.inputs.Parallelism.check`) and what it implies (DP, micro-batches, the pipeline's
+split, the USP split, the groups) computed once on it. Every training command takes a Job; nothing past
+:func:`make_job` re-derives or re-checks it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from costmodel.core.errors import InputError
+from costmodel.frameworks.profiles import (
+    DEFAULT,
+    FrameworkProfile,
+    Loss,
+    MasterDtype,
+    StateDtype,
+    load_framework,
+)
+from costmodel.machines.binding import Machine
+from costmodel.machines.kernels import attention_kernels
+from costmodel.machines.profiles import HardwareProfile
+from costmodel.machines.topology import strides
+from costmodel.plans import cp as registry
+from costmodel.plans.cp import TRAINING, usp
+from costmodel.plans.inputs import (
+    Count,
+    Flag,
+    MachineOverrides,
+    Number,
+    Overlaps,
+    Parallelism,
+    PlanInputs,
+    TrainingSetup,
+    Workload,
+    build,
+    declared_as,
+    flag,
+    job_machine,
+)
+from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.stages import StageSplit
+
+Scheme = Literal[registry.names(TRAINING)]  # the registry's training schemes, as a flag's choices
+CAPACITY_FACTOR = 1.25  # [Switch §2.2]: the most loaded expert computes 1.25x the mean tokens
+FRAMEWORK_DEFAULT = "[default: the framework's]"
+
+
+class StepSetup(BaseModel):
+    """The step's own knobs beyond the workload and the layout. A knob the framework sets (the CP scheme, the
+    overlaps, the gradient buckets, the optimizer's traffic) is None until the job fills it from the
+    framework's profile (:func:`make_job`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    vpp: Count = declared_as(Parallelism, "vpp")
+    micro_batch: Count = declared_as(Parallelism, "micro_batch")
+    global_batch: Count | None = declared_as(Parallelism, "global_batch")
+    cp_scheme: Scheme | None = flag(
+        None, f"How CP exchanges K and V: {registry.choices(TRAINING)} {FRAMEWORK_DEFAULT}."
+    )
+    tp_comm_overlap: Flag | None = declared_as(Overlaps, "tp_comm_overlap")
+    cp_overlap: Number = declared_as(Overlaps, "cp_overlap")
+    dp_overlap: Number | None = flag(
+        None,
+        "Share of the gradient reduction overlapped with the backward, in [0, 1]: 1 bucketed (PyTorch DDP, "
+        f"FSDP, Megatron's --overlap-grad-reduce), 0 reduced after it {FRAMEWORK_DEFAULT}.",
+        ge=0,
+        le=1,
+    )
+    gemm_dtype: Literal["fp8", "mxfp8"] | None = flag(
+        None,
+        "Precision of the linear layers' multiplies when it differs from --dtype: fp8 (Transformer Engine, "
+        "torchao Float8) or mxfp8 (block-scaled, Blackwell); attention and the output layer stay at --dtype.",
+    )
+    pp_overlap: Number = declared_as(Overlaps, "pp_overlap")
+    bucket_bytes: Number | None = flag(
+        None, f"Gradient bucket size {FRAMEWORK_DEFAULT}.", unit="bytes", ge=1, le=2**40
+    )
+    optimizer_bytes: Number | None = flag(
+        None,
+        f"HBM bytes the optimizer step moves per parameter (Adam with fp32 master weights: 30) {FRAMEWORK_DEFAULT}.",
+        unit="bytes",
+        gt=0,
+        le=1024,
+    )
+    grad_bytes: Count | None = flag(
+        None,
+        f"Bytes per gradient element the DP group reduces (fp32: 4) {FRAMEWORK_DEFAULT}.",
+        unit="bytes",
+        ge=1,
+        le=8,
+    )
+    ep: Count = declared_as(Parallelism, "ep")
+    capacity_factor: Number = flag(
+        CAPACITY_FACTOR,
+        "MoE capacity factor: the most loaded expert rank computes this x the mean tokens (Switch: 1.25).",
+        ge=1,
+        le=16,
+    )
+
+    def resolved(self, framework: FrameworkProfile) -> StepSetup:
+        """Every knob the job left to its framework, from the framework's profile."""
+        t = framework.time
+        defaults = {
+            "cp_scheme": t.cp_scheme,
+            "tp_comm_overlap": t.tp_comm_overlap,
+            "dp_overlap": t.dp_overlap,
+            "bucket_bytes": t.bucket_bytes,
+            "optimizer_bytes": t.optimizer_bytes,
+            "grad_bytes": t.grad_reduce_bytes,
+        }
+        return self.model_copy(update={k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+
+class FrameworkKnobs(BaseModel):
+    """The framework a job runs on, and the knobs of its profile a job changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    framework: str = flag(
+        DEFAULT,
+        "Training framework: a built-in profile (megatron, torchtitan, deepspeed, hf-trainer; cp-plan "
+        "framework list) or a YAML path. It sets what a device keeps and the step's defaults.",
+        max_length=4096,
+    )
+    loss: Loss | None = flag(
+        None,
+        "How the loss holds the logits: materialized (whole, upcast to fp32), chunked, or fused (a fused "
+        f"linear cross-entropy keeps none) {FRAMEWORK_DEFAULT}.",
+    )
+    master_weights: MasterDtype | None = flag(
+        None, f"The fp32 copy of the weights the optimizer steps, or none {FRAMEWORK_DEFAULT}."
+    )
+    grad_dtype: StateDtype | None = flag(None, f"Element type of the gradients kept {FRAMEWORK_DEFAULT}.")
+    optimizer_dtype: StateDtype | None = flag(
+        None, f"Element type of Adam's two moments {FRAMEWORK_DEFAULT}."
+    )
+
+    def profile(self, loaded: FrameworkProfile | None = None) -> FrameworkProfile:
+        """The framework's profile (``loaded``, or read from ``framework``) with the job's changes."""
+        base = loaded or load_framework(self.framework)
+        changes = {
+            "loss": self.loss,
+            "master_weights": self.master_weights,
+            "gradients": self.grad_dtype,
+            "optimizer_states": self.optimizer_dtype,
+        }
+        given = {k: v for k, v in changes.items() if v is not None}
+        return base.with_changes(memory=given) if given else base
+
+
+# The declarations a training job is made from, in the order their flags are listed; every field name is
+# unique across them, so a flat mapping of flags (a plan file, a runs-table row) splits without a table.
+DECLARATIONS: tuple[type[BaseModel], ...] = (
+    Workload,
+    TrainingSetup,
+    StepSetup,
+    MachineOverrides,
+    FrameworkKnobs,
+)
+# What a training job defaults to, where one attention layer defaults to the forward of a full mask.
+JOB_DEFAULTS: dict[str, Any] = {"layout": "zigzag", "cp": 1}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One training job: what was asked, validated once, with what it implies.
+
+    ``inputs`` is the job's attention at the model's shape (causal, fwd+bwd, micro-batch sequences), what
+    every formula binder reads for the sequence, the CP degree, the layout and the masks."""
+
+    inputs: PlanInputs
+    setup: TrainingSetup
+    step: StepSetup  # resolved: no knob left None
+    overrides: MachineOverrides
+    knobs: FrameworkKnobs
+    model: ModelPreset
+    framework: FrameworkProfile
+    machine: Machine
+    dp: int
+    micro_batches: int | None  # None when the job states no global batch (the CP window of `recommend`)
+    stages: StageSplit
+    _parts: dict[str, BaseModel] = field(repr=False, compare=False, default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        _profile: HardwareProfile | None = None,
+        _model: ModelPreset | None = None,
+        _framework: FrameworkProfile | None = None,
+        **values: Any,
+    ) -> Job:
+        """A Job from flat keyword values named as the flags (``model``, ``seq``, ``hw``, ``gpus``, ``tp``,
+        ``cp``, ``pp``, ``vpp``, ``micro_batch``, ``global_batch``, ``recompute``, ``cp_scheme``,
+        ``framework``, ...), with a training job's defaults, each declaration validated once: for notebooks,
+        tests, plan files and runs tables. ``_profile``, ``_model`` and ``_framework``, already loaded, stand in
+        for reading them."""
+        return from_flags(_profile=_profile, _model=_model, _framework=_framework, **values)
+
+    @property
+    def gpus(self) -> int:
+        return self.setup.gpus
+
+    @property
+    def tp(self) -> int:
+        return self.setup.tp
+
+    @property
+    def cp(self) -> int:
+        return self.inputs.cp
+
+    @property
+    def pp(self) -> int:
+        return self.setup.pp
+
+    @functools.cached_property
+    def usp_split(self) -> tuple[int, int]:
+        """USP: the largest all-to-all degree dividing the CP degree and the TP rank's KV heads, and the ring's."""
+        n_u = usp.split(max(self.model.kv_heads // self.tp, 1), self.cp)
+        return n_u, self.cp // n_u
+
+    @functools.cached_property
+    def groups(self) -> tuple[str, dict[str, int]]:
+        """The rank order and every group's size; an MoE model's EP is split out of DP, inside it next to
+        CP unless the rank order places it."""
+        order, sizes = self.setup.rank_order, {"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp}
+        if self.step.ep == 1:
+            return order, sizes
+        dims = order.split("-")
+        if "ep" not in dims:
+            dims.insert(dims.index("dp"), "ep")
+        return "-".join(dims), {**sizes, "ep": self.step.ep, "dp": self.dp // self.step.ep}
+
+    @property
+    def collectives(self) -> dict[str, Any]:
+        """The collective each group waits on: CP its scheme's (all-to-all for Ulysses, all-gather for Llama 3's
+        scheme, else ring sends), EP's all-to-all; "ring" is NCCL's ring algorithm."""
+        return {
+            "tp": "ring",
+            "cp": registry.get(self.step.cp_scheme).collective,
+            "ep": "alltoall",
+            "dp": "ring",
+        }
+
+    @functools.cached_property
+    def links(self) -> dict[str, Any]:
+        """The link of every group, its members placed by the rank order (:meth:`Machine.group_links`); the
+        dense gradients of an MoE model reduce over EP x DP, from EP's stride."""
+        order, sizes = self.groups
+        links = self.machine.group_links(order, sizes, self.collectives)
+        if "ep" in sizes:
+            placed = strides(order, sizes)
+            links["dp"] = self.machine.placed(min(placed["ep"], placed["dp"])).link(self.dp, "ring")
+        return links
+
+    def replace(self, **changes: Any) -> Job:
+        """The job with some inputs changed, named as their flags, made and checked again (a search's
+        candidate, a what-if); the loaded model, hardware profile and framework are reused where unchanged."""
+        parts = dict(self._parts)
+        for name, value in changes.items():
+            key = next((k for k, part in parts.items() if name in type(part).model_fields), None)
+            if key is None:
+                raise TypeError(f"Job has no input {name}")
+            part = parts[key]
+            parts[key] = build(type(part), **_fields(part) | {name: value})
+        return make_job(
+            *parts.values(),
+            profile=self.machine.profile if "hw" not in changes else None,
+            model=self.model if "model" not in changes else None,
+            framework=None
+            if any(name in FrameworkKnobs.model_fields for name in changes)
+            else self.framework,
+        )
+
+    def training(self) -> Job:
+        """This job's workload as a training job: a single layer's batch, tile, mask and pass (``recommend``
+        states them for its CP window) give way to the training step's own."""
+        workload = self._parts["workload"]
+        if not isinstance(workload, PlanInputs):
+            return self
+        parts = dict(self._parts)
+        parts["workload"] = build(Workload, **{k: getattr(workload, k) for k in Workload.model_fields})
+        return make_job(
+            *parts.values(), profile=self.machine.profile, model=self.model, framework=self.framework
+        )
+
+    def candidate(self, **changes: Any) -> Job:
+        """The job at another layout of the same workload and machine, for a search whose enumeration has
+        already checked that every degree divides what it must: the declarations are copied, not validated
+        again (a packed workload's documents are not packed again), and the derived quantities recomputed."""
+        parts = dict(self._parts)
+        for key, part in parts.items():
+            mine = {k: v for k, v in changes.items() if k in type(part).model_fields}
+            if mine:
+                parts[key] = part.model_copy(update=mine)
+        unknown = set(changes) - {k for part in parts.values() for k in type(part).model_fields}
+        if unknown:
+            raise TypeError(f"Job has no input {', '.join(sorted(unknown))}")
+        setup, declared = parts["setup"], parts["step"]
+        step = declared.resolved(self.framework)
+        attention = {k: changes[k] for k in ("cp", "layout") if k in changes}
+        if "micro_batch" in changes and not isinstance(parts["workload"], PlanInputs):
+            attention["batch"] = changes["micro_batch"]
+        inputs = self.inputs.model_copy(update=attention)
+        derived = Parallelism.of(inputs, setup, step).check(self.model, setup.gpus)
+        return Job(
+            inputs=inputs,
+            setup=setup,
+            step=step,
+            overrides=self.overrides,
+            knobs=self.knobs,
+            model=self.model,
+            framework=self.framework,
+            machine=self.machine,
+            dp=derived.dp,
+            micro_batches=derived.micro_batches,
+            stages=derived.stages,
+            _parts=parts,
+        )
+
+    def on(self, machine: Machine) -> Job:
+        """The same job on another machine binding (a what-if's slower link)."""
+        return dataclasses.replace(self, machine=machine)
+
+
+def _fields(part: BaseModel) -> dict[str, Any]:
+    """A declaration's fields as given (no computed ones), to build it again with a change."""
+    return {name: getattr(part, name) for name in type(part).model_fields}
+
+
+def make_job(
+    workload: Workload,
+    setup: TrainingSetup,
+    step: StepSetup | None = None,
+    overrides: MachineOverrides | None = None,
+    knobs: FrameworkKnobs | None = None,
+    *,
+    profile: HardwareProfile | None = None,
+    model: ModelPreset | None = None,
+    framework: FrameworkProfile | None = None,
+) -> Job:
+    """The one place a training job is made and checked: the model preset (``model``, already loaded, or
+    ``workload.model``), the machine (``profile``, already loaded, or ``workload.hw``) placed by the job's
+    layout, the framework's profile (``framework``, or the one ``knobs`` names, with its changes), the step's
+    knobs resolved against it, and the layout's one check. One line naming the flag for the first problem."""
+    if model is None:
+        if workload.model is None:
+            raise InputError(
+                "--model",
+                "a training job needs a model preset (its layers, hidden and vocabulary sizes); e.g. --model "
+                "llama3-8b",
+            )
+        model = load_model(workload.model)
+    knobs = knobs or FrameworkKnobs()
+    framework = knobs.profile(framework if framework is not None and not _knobs_changed(knobs) else None)
+    declared = step or StepSetup()
+    step = declared.resolved(framework)
+    inputs = _attention(workload, model, step)
+    overrides = overrides or MachineOverrides()
+    machine = job_machine(inputs, overrides, profile)
+    derived = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
+    _check_step(inputs, setup, step, model, machine, framework)
+    # What was declared, in make_job's order: Job.replace changes one and makes the job again (the step as
+    # declared, so that a changed framework fills its defaults anew).
+    parts = {"workload": workload, "setup": setup, "step": declared, "overrides": overrides, "knobs": knobs}
+    return Job(
+        inputs=inputs,
+        setup=setup,
+        step=step,
+        overrides=overrides,
+        knobs=knobs,
+        model=model,
+        framework=framework,
+        machine=machine,
+        dp=derived.dp,
+        micro_batches=derived.micro_batches,
+        stages=derived.stages,
+        _parts=parts,
+    )
+
+
+def _knobs_changed(knobs: FrameworkKnobs) -> bool:
+    """Whether ``knobs`` change the named profile (an already loaded one is then not the job's)."""
+    return any(
+        getattr(knobs, name) is not None for name in FrameworkKnobs.model_fields if name != "framework"
+    )
+
+
+def _attention(workload: Workload, model: ModelPreset, step: StepSetup) -> PlanInputs:
+    """The job's attention at the model's shape: causal, forward and backward, a micro-batch of sequences.
+    A single layer's inputs (``recommend`` states them) keep their own mask, pass and tile."""
+    if isinstance(workload, PlanInputs):
+        return workload
+    return build(
+        PlanInputs,
+        **workload.model_dump(exclude={"bytes_per_element"}),
+        batch=step.micro_batch,
+        heads=model.heads,
+        kv_heads=model.kv_heads,
+        head_dim=model.head_dim,
+        block=1,
+        causal=True,
+        pass_="fwd+bwd",
+    )
+
+
+def _check_step(
+    inputs: PlanInputs,
+    setup: TrainingSetup,
+    step: StepSetup,
+    model: ModelPreset,
+    machine: Machine,
+    framework: FrameworkProfile,
+) -> None:
+    """What the layout's check does not know: the attention kernel against the profile's tables, the linear
+    layers' precision against the device, the CP scheme against the heads and the framework."""
+    named = attention_kernels(machine.profile)
+    if setup.attention_kernel not in ("flash", "unfused", *named):
+        accepted = ", ".join(["flash", "unfused", *named])
+        raise InputError(
+            "--attention-kernel",
+            f"{setup.attention_kernel!r}: profile {machine.name!r} has tables for {accepted}",
+        )
+    if step.gemm_dtype is not None:
+        device = machine.profile.device
+        if "fp8" not in device.peak_flops:
+            raise InputError("--gemm-dtype", f"profile {machine.name!r} states no fp8 FLOP/s")
+        if step.gemm_dtype == "mxfp8" and device.generation != "Blackwell":
+            raise InputError(
+                "--gemm-dtype", f"mxfp8 runs on Blackwell tensor cores; {device.name} is {device.generation}"
+            )
+    if setup.attention_kernel == "unfused" and inputs.cp > 1:
+        raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
+    if inputs.cp == 1:
+        return
+    if step.cp_scheme not in framework.time.cp_schemes:
+        raise InputError(
+            "--cp-scheme",
+            f"{step.cp_scheme}: {framework.title} runs {', '.join(framework.time.cp_schemes)}",
+        )
+    kv_heads = max(model.kv_heads // setup.tp, 1)
+    reason = registry.get(step.cp_scheme).check(model.heads // setup.tp, kv_heads, inputs.cp, False)
+    if reason:
+        raise InputError("--cp-scheme", reason)
+
+
+def split_flags(values: dict[str, Any], declarations: tuple[type[BaseModel], ...] = DECLARATIONS) -> dict:
+    """Flat values named as flags (``cp`` or its former name ``n``), split by the declaration that owns each;
+    a name none declares is one error naming it."""
+    given = dict(values)
+    if "n" in given:  # the CP degree's former name
+        given["cp"] = given.pop("n")
+    parts: dict[type[BaseModel], dict[str, Any]] = {model: {} for model in declarations}
+    for name, value in given.items():
+        owner = next((m for m in declarations if name in m.model_fields), None)
+        if owner is None:
+            raise InputError(name, "not an input of a training job")
+        parts[owner][name] = value
+    return parts
+
+
+def from_flags(
+    *,
+    _profile: HardwareProfile | None = None,
+    _model: ModelPreset | None = None,
+    _framework: FrameworkProfile | None = None,
+    **values: Any,
+) -> Job:
+    """:meth:`Job.of`."""
+    parts = split_flags(values)
+    workload = build(Workload, **JOB_DEFAULTS | parts[Workload])
+    return make_job(
+        workload,
+        build(TrainingSetup, **parts[TrainingSetup]),
+        build(StepSetup, **parts[StepSetup]),
+        build(MachineOverrides, **parts[MachineOverrides]),
+        build(FrameworkKnobs, **parts[FrameworkKnobs]),
+        profile=_profile,
+        model=_model,
+        framework=_framework,
+    )
