@@ -1,16 +1,17 @@
 """One device's peak memory in a training step, measured on fake tensors: the reference for the analytic model.
 
-A small pre-norm transformer stage is written in plain torch and run for two training iterations under
+A small pre-norm transformer stage is written in plain torch and run for a training iteration under
 ``FakeTensorMode`` (tensors with shapes, dtypes and storages, and no data: nothing is allocated) and
 PyTorch's ``MemTracker`` [MemTracker], or ``FSDPMemTracker`` with ``fully_shard`` on a fake process group
 when the case is ZeRO-3, as torchtitan's memory estimator does [torchtitan-estimate]. The tracker sees every
 storage an aten op creates, and its weakref callbacks see it freed, so the peak it reports is what a caching
 allocator would have to hold live, to the byte: fake tensors on the CPU device skip the 512-byte rounding it
-applies to CUDA tensors. A 405B stage costs seconds, not 50 GB.
+applies to CUDA tensors, and fragmentation is not modelled. A 405B stage costs a second or two, not 50 GB.
 
 What is measured (:func:`measure`): ``in_flight`` forwards keeping their graphs, then their backwards, then
-the optimizer step; first a warm-up iteration, then the one reported, whose peak is the most the live
-storages ever add up to, with what they are at that moment (``by_category``) and when (``moment``).
+the optimizer step, once the optimizer's states exist; the peak is the most the live storages ever add up
+to, with what they are at that moment (``by_category``) and when (``moment``). gc is paused throughout, so
+a storage goes when its last reference does, as on a device, and never at a random point of the step.
 
 Categories. MemTracker classes a storage by how it came to be: a module's parameter or buffer, a
 parameter's gradient (grad hooks), an optimizer state (step hooks), otherwise an activation when made in
@@ -78,8 +79,10 @@ Pipeline: a stage that does not start the model receives its input; one that doe
 output and frees its data (Megatron-LM's ``deallocate_output_tensor``), then runs backward from a received
 gradient.
 
-Measured by hand (2 cores): python time grows with layers, about 25-60 ms per layer per iteration; a
-126-layer 405B stage takes a few seconds (``benchmarks/memory_reference.py``), so every layer is run.
+Speed (2 CPU cores): every op costs some 0.1-0.2 ms of python (fake dispatch, tracking), about 50 ms a
+layer and micro-batch, twice that under FSDP; so a deep stage, or many micro-batches in flight, is
+measured at two small sizes and extrapolated, exactly (:func:`measure` says why), and any case takes a
+few seconds (``benchmarks/memory_reference.py``).
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -273,6 +277,15 @@ _FIXED = {
 }
 
 
+class _Peak(NamedTuple):
+    """A part of the step at its peak: bytes, their breakdown, and how many ops into the step it came (the
+    earlier of two equal peaks is the one a running peak keeps)."""
+
+    bytes: int
+    by_category: dict[str, int]
+    op: int
+
+
 class _Attributed:
     """Keeps, beside MemTracker's own snapshot, the bytes of each of :data:`CATEGORIES`; the peak of their sum
     with its breakdown and phase; and the peak of each part of the step, a phase at one place of the stage
@@ -287,7 +300,8 @@ class _Attributed:
 
     def reset_peak(self) -> None:
         self.peak: tuple[int, dict[str, int], str] = (-1, {}, "forward")
-        self.peaks: dict[tuple[str, object], tuple[int, dict[str, int]]] = {}
+        self.peaks: dict[tuple[str, object], _Peak] = {}
+        self._ops = 0
 
     def _category(self, reftype: object, region: str | None) -> str:
         name = reftype.name  # type: ignore[attr-defined]
@@ -298,19 +312,28 @@ class _Attributed:
         return "temporaries" if name == "TEMP" else "activations"
 
     def _place(self) -> object:
-        """Where in the stage the running module is (module tracking knows, in backward too): "embedding",
-        "head", a layer by its distance from the nearer end (0, 1 or -2, -1; "middle" beyond), or None."""
-        for name in self._mod_tracker.parents:
-            if name not in self._places:
-                parts = name.split(".")
-                self._places[name] = parts[1] if parts[1:2] in (["embedding"], ["head"]) else None
-                if parts[1:2] == ["layers"]:
-                    index = int(parts[2])
-                    ends = (index, index - self._layers)
-                    self._places[name] = next((end for end in ends if end in (0, 1, -2, -1)), "middle")
-            if self._places[name] is not None:
-                return self._places[name]
-        return None
+        """Where in the stage the step is (module tracking knows, in backward too): "embedding", "head", a
+        layer by its distance from the nearer end (0, 1 or -2, -1; "middle" beyond), or None between modules.
+        Two layers are running while one hands over to the next: the later in the step's order counts."""
+        found = [self._order(name) for name in self._mod_tracker.parents]
+        found = [place for place in found if place is not None]
+        if not found:
+            return None
+        return (min if _Now.phase == "backward" else max)(found)[1]
+
+    def _order(self, name: str) -> tuple[int, object] | None:
+        """A module's (index along the stage, place) by its name: ``Stage.layers.3.attention`` is in layer 3."""
+        if name not in self._places:
+            parts = name.split(".") + [""]
+            if parts[1] == "layers":
+                index = int(parts[2])
+                ends = (index, index - self._layers)
+                self._places[name] = (index, next((end for end in ends if end in (0, 1, -2, -1)), "middle"))
+            else:
+                self._places[name] = {"embedding": (-1, "embedding"), "head": (self._layers, "head")}.get(
+                    parts[1]
+                )
+        return self._places[name]
 
     def _region_now(self) -> str | None:
         if _Now.regions:
@@ -340,8 +363,9 @@ class _Attributed:
         if place is not None:  # between modules, the last place stands: a layer's reduce-scatter is its own
             _Now.place = place
         part = (_Now.phase, _Now.place)
-        if total > self.peaks.get(part, (-1,))[0]:
-            self.peaks[part] = (total, dict(self.bytes))
+        self._ops += 1
+        if total > self.peaks.get(part, _Peak(-1, {}, 0)).bytes:
+            self.peaks[part] = _Peak(total, dict(self.bytes), self._ops)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.prim.device.default:  # a device, not a storage: skip the bookkeeping
@@ -510,7 +534,7 @@ def _merge(
 ):
     """ring-flash-attention's ``update_out_and_lse`` into fp32 accumulators [A-OnlineNorm]."""
     if out is None:
-        return block_out.float(), block_lse.clone()
+        return block_out.float(), block_lse
     out = out - torch.sigmoid(block_lse - lse).unsqueeze(-1) * (out - block_out)
     return out, lse - F.logsigmoid(lse - block_lse)
 
@@ -553,7 +577,7 @@ class _RingAttention(torch.autograd.Function):
                 else:  # the pair received from the neighbour, plus this block's share
                     dk, dv = received[0] + block_dk, received[1] + block_dv
                 received = (torch.empty_like(dk), torch.empty_like(dv))  # arriving while dk, dv are sent
-            del block_dq, block_dk, block_dv, dk, dv
+            del block_dq, block_dk, block_dv
             if following:
                 block_k, block_v = following
         return dq.to(q.dtype), received[0].to(k.dtype), received[1].to(v.dtype), None
@@ -1019,7 +1043,10 @@ def _iteration(case: MemoryCase, stage: Stage, optimizer, tracker: _Attributed) 
     while steps:
         x, out = steps.pop(0)
         if case.output_layer:
-            out.backward()
+            with _making("loss"):  # d loss / d loss = 1
+                seed = torch.ones_like(out)
+            out.backward(seed)
+            del seed
         else:
             with _making("temporaries"):  # the gradient received from the next stage
                 grad = torch.empty((case.micro_batch, case.residual_tokens, case.hidden), dtype=out.dtype)
@@ -1035,44 +1062,56 @@ def _iteration(case: MemoryCase, stage: Stage, optimizer, tracker: _Attributed) 
     optimizer.step()
 
 
-MEASURED_LAYERS = (4, 5)  # a deeper stage is measured at these depths and extrapolated (see measure)
+# A stage deeper, or with more micro-batches in flight, is measured at these and extrapolated (see measure).
+MEASURED = {"layers": (4, 5), "in_flight": (2, 3)}
 
 
 def measure(case: MemoryCase, *, full: bool = False, warmup: bool = False) -> MemoryMeasurement:
     """The peak bytes of one device in a training iteration of ``case``, on fake tensors.
 
-    A stage deeper than five layers is run with four and with five, and extrapolated to ``layers``;
-    ``full=True`` runs every layer instead (python time grows by some 50 ms a layer, FSDP's twice that).
-    Why it is exact: layers are identical, so what one holds at a point of its own forward or backward (its
-    working set, and FSDP's gathered parameters) is the same in every layer, and what the rest of the stage
-    holds then grows by the same amount per layer before it (activations kept) and per layer after it
-    (gradients, FSDP's sharded ones); the optimizer step holds all of them. So the step is cut into parts:
-    a phase (forward, backward, step) at one place of the stage (the embedding, the head, the first,
-    second, second-to-last and last layer, and the layers between, attributed while they run by module
-    tracking, the moments between two modules to the last), and each part's peak bytes and their breakdown
-    are affine in the depth, which two depths fix. A layer between the second and the second-to-last peaks
-    no higher than one of those two (its peak is linear in its index), so that part is left out, and the
-    stage's peak is the largest of the others. Exact to the byte (the tests compare full runs), but for a
-    ZeRO-1/2 shard of the flat buffers, ceil(parameters / shard_group), whose rounding moves by under
+    A stage deeper than five layers is run with four and with five, and extrapolated to ``layers``; so are
+    more than three micro-batches in flight from two and three. ``full=True`` runs the whole case instead
+    (python time grows by some 50 ms a layer and micro-batch, FSDP's twice that). Why it is exact: layers
+    are identical, so what one holds at a point of its own forward or backward (its working set, FSDP's
+    gathered parameters) is the same in every layer, and what the rest of the stage holds then grows by the
+    same amount per layer before it (activations kept) and per layer after it (gradients, FSDP's sharded
+    ones); the optimizer step holds all of them. So the step is cut into parts: a phase (forward, backward,
+    step) at one place of the stage (the embedding, the head, the first, second, second-to-last and last
+    layer, and the layers between, known while they run from module tracking, the moments between two
+    modules given to the last), and each part's peak bytes and their breakdown are affine in the depth,
+    which two depths fix. A layer between the second and the second-to-last peaks no higher than one of
+    those two (its peak is linear in its index), so that part is left out, and the stage's peak is the
+    largest of the others. Micro-batches are identical too: a part peaks in the last one's forward and the
+    first one's backward, holding what each of the others keeps, so the same holds of their number from two
+    on (one is both first and last: under FSDP without resharding the first forward gathers what the later
+    ones reuse); the two together are bilinear, which four runs fix. Exact to the byte (the tests compare full runs), but
+    for a ZeRO-1/2 shard of the flat buffers, ceil(parameters / shard_group), whose rounding moves by under
     16 x shard_group bytes.
 
     The optimizer's states are made before the iteration, so a warm-up iteration (MemTracker's documented
     pattern, for states made by the first step) changes nothing; ``warmup=True`` runs one, to show it.
     """
-    if full or case.layers <= MEASURED_LAYERS[-1]:
+    if full or all(getattr(case, name) <= points[-1] for name, points in MEASURED.items()):
         total, parts, moment = _run(case, warmup).peak
         return MemoryMeasurement(total, parts, moment)
-    low, high = (_run(replace(case, layers=n), warmup).peaks for n in MEASURED_LAYERS)
-    extra = case.layers - MEASURED_LAYERS[0]
-    best = MemoryMeasurement(-1)
-    for moment, place in low.keys() & high.keys():
-        a, b = low[moment, place][1], high[moment, place][1]
-        parts = {key: a[key] + extra * (b[key] - a[key]) for key in CATEGORIES}
-        total = sum(parts.values())
-        earlier = MOMENTS.index(moment) < MOMENTS.index(best.moment)
-        if total > best.peak_bytes or (total == best.peak_bytes and earlier):
-            best = MemoryMeasurement(total, parts, moment)
-    return best
+    (moment, _), peak = min(_peaks(case, warmup).items(), key=lambda item: (-item[1].bytes, item[1].op))
+    return MemoryMeasurement(peak.bytes, peak.by_category, moment)
+
+
+def _peaks(case: MemoryCase, warmup: bool) -> dict[tuple[str, object], _Peak]:
+    """Each part's peak, extrapolated along each of :data:`MEASURED` beyond its points (the op count from the
+    larger run: it only orders equal peaks, and parts come in the same order at every size)."""
+    for name, (low, high) in MEASURED.items():
+        if getattr(case, name) > high:
+            at_low, at_high = (_peaks(replace(case, **{name: n}), warmup) for n in (low, high))
+            extra = getattr(case, name) - low
+            peaks = {}
+            for part in at_low.keys() & at_high.keys():
+                a, b = at_low[part].by_category, at_high[part].by_category
+                parts = {key: a[key] + extra * (b[key] - a[key]) for key in CATEGORIES}
+                peaks[part] = _Peak(sum(parts.values()), parts, at_high[part].op)
+            return peaks
+    return _run(case, warmup).peaks
 
 
 def _run(case: MemoryCase, warmup: bool) -> _Attributed:
