@@ -1044,18 +1044,19 @@ def _iteration(case: MemoryCase, stage: Stage, optimizer, tracker: _Attributed) 
         x, out = steps.pop(0)
         if case.output_layer:
             with _making("loss"):  # d loss / d loss = 1
-                seed = torch.ones_like(out)
-            out.backward(seed)
-            del seed
+                ones = torch.ones_like(out)
+            out.backward(ones)
+            del ones
         else:
             with _making("temporaries"):  # the gradient received from the next stage
                 grad = torch.empty((case.micro_batch, case.residual_tokens, case.hidden), dtype=out.dtype)
+            # The output's data is gone: call the engine directly, as Megatron-LM's custom_backward does.
             torch.autograd.Variable._execution_engine.run_backward(
                 (out,), (grad,), False, False, (), True, accumulate_grad=True
             )
             del grad
-        if x.requires_grad:  # received: its gradient is sent back, and both are freed (module tracking's
-            x.grad = None  # hook on a leaf input keeps the tensor object alive, not its storage)
+        if x.requires_grad:  # received: its gradient is sent back and both are freed, explicitly, as module
+            x.grad = None  # tracking's hook on a leaf input keeps the tensor object alive for good
             x.data = torch.empty((0,), dtype=x.dtype)
         del x, out
     _Now.phase, _Now.place = "optimizer", "step"
