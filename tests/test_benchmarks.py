@@ -27,7 +27,8 @@ SMOKE = {
 }
 # Run elsewhere in the suite, with the check that goes with it.
 ELSEWHERE = {
-    "gpu_kernels.py": "tests/test_varlen_calls.py::test_the_gpu_benchmark_runs_its_smoke_case_on_the_cpu"
+    "gpu_kernels.py": "tests/test_varlen_calls.py::test_the_gpu_benchmark_runs_its_smoke_case_on_the_cpu",
+    "memory_reference.py": "tests/kernel/test_memory_reference.py::test_the_benchmark_runs_its_smoke_grid",
 }
 
 
