@@ -135,11 +135,7 @@ def selftest(
 
     timeout = _seconds(timeout, "--timeout")
     atol, rtol = _tolerance(atol, "--atol"), _tolerance(rtol, "--rtol")
-    try:
-        import torch  # noqa: F401 - only to fail early and clearly without the optional extra
-    except ImportError:
-        raise InputError("cp-plan kernel", "needs torch: pip install 'cp-plan[kernel]'") from None
-
+    require_torch("cp-plan kernel")
     config = SelftestConfig(
         **shape.model_dump(exclude={"kv_heads", "varlen", "dtype"}),
         kv_heads=shape.heads if shape.kv_heads is None else shape.kv_heads,
@@ -271,11 +267,12 @@ def _check_device(asked: str, nproc: int, flag: str) -> None:
             )
 
 
-def _require_torch() -> None:
+def require_torch(flag: str = "cp-plan") -> None:
+    """One line naming ``flag`` where torch, the optional kernel extra, is not installed."""
     try:
         import torch  # noqa: F401 - only to fail early and clearly without the optional extra
     except ImportError:
-        raise InputError("cp-plan", "this command needs torch: pip install 'cp-plan[kernel]'") from None
+        raise InputError(flag, "needs torch: pip install 'cp-plan[kernel]'") from None
 
 
 BACKENDS = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
@@ -334,7 +331,7 @@ def calibrate(
     from costmodel.calibration.fit import build_profile, profile_yaml
 
     timeout = _seconds(timeout, "--timeout")
-    _require_torch()
+    require_torch()
     from costmodel.kernel.calibrate import CalibrationConfig, measure
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun
 
@@ -504,7 +501,7 @@ def validate(
         raise InputError(
             "--hw", f"{hw}: validate needs a measured profile (write one with cp-plan calibrate)"
         )
-    _require_torch()
+    require_torch()
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun
     from costmodel.kernel.validate import grid, inference_grid, measure_cases
 

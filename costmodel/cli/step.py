@@ -15,8 +15,9 @@ from costmodel.cli.options import REQUIRED, console, declared, house_table
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.units import seconds, si
 from costmodel.plans.inputs import MachineOverrides, TrainingSetup, Workload
-from costmodel.plans.job import JOB_DEFAULTS, FrameworkKnobs, StepSetup, make_job
+from costmodel.plans.job import JOB_DEFAULTS, FrameworkKnobs, Job, StepSetup, make_job
 from costmodel.plans.stages import StageSplit
+from costmodel.training.memory import reference_cases
 from costmodel.training.report import LABELS
 from costmodel.training.step import evaluate_step
 
@@ -46,6 +47,15 @@ def step_cmd(
         bool,
         typer.Option("--explain", help="Also print each term of the step as its formula, then with values."),
     ] = False,
+    memory_reference: Annotated[
+        bool,
+        typer.Option(
+            "--memory-reference",
+            help="Also run the torch memory reference: this job's stages as real model code on fake tensors "
+            "(PyTorch's MemTracker, allocating nothing), its peak beside the model's (needs torch: the kernel "
+            "extra).",
+        ),
+    ] = False,
 ) -> None:
     """Predict one training step: time, tokens/s, model TFLOP/s per GPU, MFU, HFU and where the time goes.
 
@@ -59,15 +69,48 @@ def step_cmd(
     data = result.model_dump(mode="json", by_alias=True)
     if trace is not None:
         data["explain"] = term_rows(trace)
+    reference = _memory_reference(job) if memory_reference else None
+    if reference is not None:
+        data["memory"]["reference"] = reference
 
     def table() -> None:
         _table(result)
+        if reference is not None:
+            _reference_line(reference, result.memory.by_category.allocated_bytes)
         if trace is not None:
             render_terms(trace, console())
 
     emit(data, format, table=table)
     if strict and not result.fits:
         raise typer.Exit(1)
+
+
+def _memory_reference(job: Job) -> dict:
+    """The torch reference's peak of the job: the largest of its stages', as allocated bytes by category."""
+    from costmodel.cli.kernel import require_torch
+
+    require_torch("--memory-reference")
+    from costmodel.kernel.memory import MemoryCase, measure
+
+    measured = {where: measure(MemoryCase(**fields)) for where, fields in reference_cases(job).items()}
+    where, peak = max(measured.items(), key=lambda item: item[1].peak_bytes)
+    return {
+        "total_bytes": peak.peak_bytes,
+        "by_category": peak.by_category,
+        "stage": where,
+        "moment": peak.moment,
+        "kind": "allocated",
+    }
+
+
+def _reference_line(reference: dict, allocated: float) -> None:
+    share = allocated / reference["total_bytes"] - 1
+    parts = ", ".join(f"{name} {si(value, 'B')}" for name, value in reference["by_category"].items() if value)
+    console().print(
+        f"torch reference (fake tensors): {si(reference['total_bytes'], 'B')} allocated at its peak "
+        f"({reference['stage']}, {reference['moment']}): {parts}; the model's {si(allocated, 'B')} is "
+        f"{share:+.1%}"
+    )
 
 
 def _table(report: StepReport) -> None:

@@ -24,6 +24,13 @@ StateDtype = Literal["fp32", "bf16"]
 MasterDtype = Literal["fp32", "bf16", "none"]  # none: the optimizer steps the stored weights themselves
 STATE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "none": 0}
 Loss = Literal["materialized", "chunked", "fused"]
+# Bytes per logit a cross-entropy holds at its peak, measured on fake tensors by the torch memory reference
+# (costmodel/kernel/memory.py; tests/kernel/test_memory_reference.py holds both): torch's keeps the bf16
+# logits, their fp32 upcast, its fp32 log-softmax and that one's gradient (12); Megatron-Core's subtracts,
+# exponentiates and divides in place on the fp32 copy and makes its gradient in the softmax it kept, so the
+# bf16 logits and one fp32 copy (6). A fused linear cross-entropy (Liger) computes a chunk's logits in bf16
+# and their gradient in place (2).
+LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "fused": 2.0}
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
 
@@ -56,11 +63,19 @@ class MemoryPolicy(_Strict):
     )
     gradients: StateDtype = Field(description="gradients kept for the optimizer (main_grad, reduce dtype)")
     optimizer_states: StateDtype = Field(description="Adam's two moments")
+    gradients_persist: bool = Field(
+        description="the gradients stay allocated from step to step (Megatron's main-gradient buffer), rather "
+        "than freed by zero_grad and made as the backward reaches each layer (FSDP2, set_to_none)"
+    )
     loss: Loss = Field(
         description="materialized: the output layer's logits whole, upcast to fp32 for the softmax; chunked: "
         "the same over chunks of loss_chunk_tokens; fused: no logits kept (a fused linear cross-entropy)"
     )
     loss_chunk_tokens: Count() = Field(4096, description="tokens per chunk of a chunked or fused loss")
+    cross_entropy: Literal["torch", "megatron"] = Field(
+        description="the cross-entropy over the logits: torch's F.cross_entropy over logits.float(), or "
+        "Megatron-Core's vocab-parallel one (in place on the fp32 logits)"
+    )
     selective_recompute: SelectiveRecompute = Field(
         description="what --recompute selective recomputes: attention (the core attention, Megatron's "
         "default module) or ops (op-level selective checkpointing: matmul outputs kept, the rest recomputed)"

@@ -125,6 +125,7 @@ CATEGORIES = (
 MOMENTS = ("forward", "backward", "optimizer")
 RECOMPUTE = ("none", "selective", "full")
 LOSSES = ("materialized", "chunked", "fused")
+CROSS_ENTROPY = ("torch", "megatron")
 CP_SCHEMES = ("ring", "allgather", "ulysses")
 
 
@@ -162,18 +163,23 @@ class MemoryCase:
     recompute: str = "selective"  # none | selective (attention core recomputed) | full (layer inputs kept)
     loss: str = "materialized"  # materialized (bf16 logits, fp32 upcast, fp32 grad) | chunked | fused
     loss_chunk_tokens: int = 4096
+    cross_entropy: str = (
+        "torch"  # torch's F.cross_entropy over logits.float(), or Megatron's vocab-parallel one
+    )
     cp: int = 1
     cp_scheme: str = "ring"  # ring | allgather | ulysses: the buffers CP adds in the attention
     in_flight: int = 1  # micro-batches whose activations this stage holds at its peak (1F1B: pp on stage 1)
+    rounds: int = 1  # the in-flight forwards and backwards, run this many times before the optimizer step
 
     def __post_init__(self) -> None:
         for name in ("tokens", "micro_batch", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden"):
             _at_least(self, name, 1)
-        for name in ("vocab", "tp", "shard_group", "loss_chunk_tokens", "cp", "in_flight"):
+        for name in ("vocab", "tp", "shard_group", "loss_chunk_tokens", "cp", "in_flight", "rounds"):
             _at_least(self, name, 1)
         _at_least(self, "layers", 0)
         _one_of(self, "recompute", RECOMPUTE)
         _one_of(self, "loss", LOSSES)
+        _one_of(self, "cross_entropy", CROSS_ENTROPY)
         _one_of(self, "cp_scheme", CP_SCHEMES)
         _one_of(self, "zero", (0, 1, 2, 3))
         for name in ("param_dtype", "grad_dtype", "optimizer_dtype"):
@@ -822,8 +828,41 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return grad_h.mul_(scale.to(grad_h.dtype)), grad_weight.mul_(scale.to(grad_weight.dtype)), None, None
 
 
-def _chunk_loss(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(F.linear(h, weight).float(), targets, reduction="sum")
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron-Core's vocab-parallel cross-entropy [Megatron-LM] (``tensor_parallel/cross_entropy.py``): on
+    the fp32 logits it is given, the maximum subtracted, exp and the division by the sum in place, the softmax
+    kept for backward, and the gradient made in that softmax in place; the TP all-reduces of the maximum and
+    the sum are stood for by their (tokens,) results."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits.sub_(logits.amax(-1, keepdim=True))
+        predicted = logits.gather(-1, targets[:, None]).squeeze(-1)
+        logits.exp_()
+        sum_exp = logits.sum(-1)
+        loss = torch.log(sum_exp) - predicted
+        logits.div_(sum_exp[:, None])
+        ctx.save_for_backward(logits, targets)
+        return loss.sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        softmax, targets = ctx.saved_tensors
+        softmax.scatter_add_(-1, targets[:, None], -softmax.new_ones(softmax.shape[0], 1))
+        return softmax.mul_(grad), None
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, case: MemoryCase) -> torch.Tensor:
+    """The cross-entropy over bf16 ``logits`` (tokens x vocab) as the case's framework computes it."""
+    if case.cross_entropy == "megatron":
+        return _VocabParallelCrossEntropy.apply(logits.float(), targets)
+    return F.cross_entropy(logits.float(), targets, reduction="sum")
+
+
+def _chunk_loss(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, case: MemoryCase
+) -> torch.Tensor:
+    return _cross_entropy(F.linear(h, weight), targets, case)
 
 
 class OutputHead(nn.Module):
@@ -840,7 +879,7 @@ class OutputHead(nn.Module):
         h = self.norm(x)
         if case.loss == "materialized":
             logits = _column(h, self.weight, case)
-            return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            return _cross_entropy(logits.flatten(0, 1), targets.flatten(), case) / targets.numel()
         if case.sequence_parallel and case.tp > 1:
             h = _GatherTokens.apply(h, case.tp)
         rows, labels = h.flatten(0, 1), targets.flatten()
@@ -849,7 +888,12 @@ class OutputHead(nn.Module):
             return _FusedLinearCrossEntropy.apply(rows, self.weight, labels, chunk)
         total = sum(
             checkpoint(
-                _chunk_loss, rows[i : i + chunk], self.weight, labels[i : i + chunk], use_reentrant=False
+                _chunk_loss,
+                rows[i : i + chunk],
+                self.weight,
+                labels[i : i + chunk],
+                case,
+                use_reentrant=False,
             )
             for i in range(0, rows.shape[0], chunk)
         )
@@ -1027,7 +1071,16 @@ def _inputs(case: MemoryCase) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _iteration(case: MemoryCase, stage: Stage, optimizer, tracker: _Attributed) -> None:
-    """``in_flight`` forwards keeping their graphs, their backwards, the optimizer step."""
+    """``in_flight`` forwards keeping their graphs and their backwards, ``rounds`` times, then the optimizer
+    step."""
+    for last in (index == case.rounds - 1 for index in range(case.rounds)):
+        _micro_batches(case, stage, tracker, last)
+    _Now.phase, _Now.place = "optimizer", "step"
+    optimizer.step()
+
+
+def _micro_batches(case: MemoryCase, stage: Stage, tracker: _Attributed, last_round: bool) -> None:
+    """``in_flight`` forwards keeping their graphs, then their backwards."""
     _Now.phase = "forward"
     steps = []
     for _ in range(case.in_flight):
@@ -1040,8 +1093,14 @@ def _iteration(case: MemoryCase, stage: Stage, optimizer, tracker: _Attributed) 
         steps.append((x, out))
     del x, out
     _Now.phase = "backward"
+    # FSDP without resharding runs under a pipeline: torch.distributed.pipelining's stages reduce the gradients
+    # only in the last micro-batch's backward, accumulating them unsharded before [PyTorch-Pipelining].
+    accumulate = case.fsdp and not case.reshard_after_forward and case.in_flight * case.rounds > 1
     while steps:
         x, out = steps.pop(0)
+        if accumulate:
+            stage.set_requires_gradient_sync(last_round and not steps)
+            stage.set_reshard_after_backward(last_round and not steps)
         if case.output_layer:
             with _making("loss"):  # d loss / d loss = 1
                 ones = torch.ones_like(out)
@@ -1059,8 +1118,6 @@ def _iteration(case: MemoryCase, stage: Stage, optimizer, tracker: _Attributed) 
             x.grad = None  # tracking's hook on a leaf input keeps the tensor object alive for good
             x.data = torch.empty((0,), dtype=x.dtype)
         del x, out
-    _Now.phase, _Now.place = "optimizer", "step"
-    optimizer.step()
 
 
 # A stage deeper, or with more micro-batches in flight, is measured at these and extrapolated (see measure).
@@ -1092,7 +1149,10 @@ def measure(case: MemoryCase, *, full: bool = False, warmup: bool = False) -> Me
     The optimizer's states are made before the iteration, so a warm-up iteration (MemTracker's documented
     pattern, for states made by the first step) changes nothing; ``warmup=True`` runs one, to show it.
     """
-    if full or all(getattr(case, name) <= points[-1] for name, points in MEASURED.items()):
+    # Gradients accumulated unsharded over a pipeline's micro-batches (FSDP without resharding) make the
+    # first micro-batch's backward unlike the others': such a stage is run whole.
+    accumulating = case.fsdp and not case.reshard_after_forward and case.in_flight * case.rounds > 1
+    if full or accumulating or all(getattr(case, name) <= points[-1] for name, points in MEASURED.items()):
         total, parts, moment = _run(case, warmup).peak
         return MemoryMeasurement(total, parts, moment)
     (moment, _), peak = min(_peaks(case, warmup).items(), key=lambda item: (-item[1].bytes, item[1].op))

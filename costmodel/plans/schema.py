@@ -332,23 +332,43 @@ class Report(_Section):
     mask: MaskSection | None = Field(None, description="documents, window, chunk: what the kernel skips")
 
 
+class MemoryCategories(_Section):
+    """Every byte a device holds at the step's peak, by what holds it (summing to the total), and when the
+    peak falls."""
+
+    weights: float = Field(description="stored weights, their ZeRO share")
+    gradients: float = Field(description="gradients kept for the optimizer, their ZeRO share")
+    optimizer: float = Field(description="master weights and Adam's moments, their ZeRO share")
+    fsdp_buffers: float = Field(description="ZeRO-3/FSDP's gathered compute weights and unsharded gradients")
+    activations: float = Field(description="activations kept for the backward, micro-batches in flight")
+    loss: float = Field(description="the loss's logits and their fp32 upcast, where the peak is at the loss")
+    working: float = Field(description="the backward's working set: a recomputed layer, gradients in flight")
+    cp_buffers: float = Field(
+        description="the CP scheme's buffers (ring blocks, gathered K and V, all-to-all)"
+    )
+    allocator: float = Field(description="what the caching allocator reserves beyond the tensors")
+    runtime: float = Field(description="CUDA context, NCCL buffers and workspaces outside the allocator")
+    allocated_bytes: float = Field(description="the tensors at the peak (torch.cuda.max_memory_allocated)")
+    reserved_bytes: float = Field(description="what the allocator holds (torch.cuda.max_memory_reserved)")
+    peak: str = Field(description="when the peak falls: at the loss, or in the backward, and on which stage")
+
+
 class Fit(_Section):
     """Training memory per device at one CP degree ([Korthikanti22]; activations after Korthikanti et al. 2022)."""
 
     n: int = Field(description="the CP degree this fit is for")
     params: float = Field(description="model parameters")
     model_state_bytes: float = Field(
-        description="bf16 weights, fp32 grads and Adam states, after TP, PP and ZeRO"
+        description="weights, gradients and optimizer states as the framework keeps them, after TP, PP and ZeRO"
     )
     activation_bytes: float = Field(
-        description="activations kept for backward, all layers and the output layer"
+        description="activations at the peak: kept for backward, the loss's or the backward's working set"
     )
-    buffer_bytes: float = Field(
-        description="the ring's backward buffers: KV and fp32 dK/dV in flight, fp32 dQ"
-    )
-    total_bytes: float
+    buffer_bytes: float = Field(description="the CP scheme's buffers")
+    total_bytes: float = Field(description="device memory at the step's peak, the runtime's own included")
     device_memory_bytes: float = Field(description="HBM less the headroom")
     fits: bool
+    by_category: MemoryCategories | None = Field(None, description="the total by what holds it")
 
 
 class Recommendation(_Section):

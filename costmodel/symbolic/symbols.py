@@ -123,6 +123,107 @@ e_m = _symbol(
 )
 M_dev = _symbol("M_dev", "usable device memory: HBM x (1 - headroom)", "B", "hardware profile")
 
+# What the framework keeps (frameworks/*.yaml, docs/references.md): bytes per parameter of each copy, how
+# ZeRO-3/FSDP gathers, how the loss holds the logits, and what the allocator and runtime add.
+FRAMEWORK = "framework profile"
+q_w = _symbol("q_w", "bytes per stored weight (kept between steps; FSDP2 stores fp32 shards)", "B", FRAMEWORK)
+q_c = _symbol("q_c", "bytes per weight as the forward and backward read it (bf16)", "B", FRAMEWORK)
+q_m = _symbol(
+    "q_m", "bytes per master weight the optimizer steps beside the stored one (0: none)", "B", FRAMEWORK,
+    nonnegative=True,
+)  # fmt: skip
+q_g = _symbol("q_g", "bytes per gradient kept for the optimizer (fp32 main_grad)", "B", FRAMEWORK)
+q_o = _symbol("q_o", "bytes per parameter of each of Adam's two moments", "B", FRAMEWORK)
+u_w = _symbol(
+    "u_w",
+    "a layer's weights are gathered or cast into a compute copy before it runs (ZeRO-3/FSDP, autocast): 1, else 0",
+    "1",
+    "[ZeRO §5], [FSDP2]",
+    nonnegative=True,
+    integer=True,
+)
+u_g = _symbol(
+    "u_g",
+    "a layer's gradients are computed unsharded and reduce-scattered into shards (ZeRO-3/FSDP): 1, else 0",
+    "1",
+    "[ZeRO §5], [FSDP2]",
+    nonnegative=True,
+    integer=True,
+)
+r_k = _symbol(
+    "r_k",
+    "the compute copies (and unsharded gradients) of every layer of the stage stay for the whole step (FSDP "
+    "without resharding, as torchtitan runs it under PP; autocast's cast cache): 1, else 0",
+    "1",
+    "[FSDP2], torchtitan",
+    nonnegative=True,
+    integer=True,
+)
+g_p = _symbol(
+    "g_p",
+    "the gradients stay allocated from step to step (Megatron's main-gradient buffer): 1; freed by zero_grad "
+    "and made as the backward reaches each layer (FSDP2): 0",
+    "1",
+    FRAMEWORK,
+    nonnegative=True,
+    integer=True,
+)
+f_pf = _symbol(
+    "f_pf", "layers ZeRO-3/FSDP gathers ahead of the one computing", "layers", "[FSDP2]", nonnegative=True,
+    integer=True,
+)  # fmt: skip
+w_op = _symbol(
+    "w_op",
+    "selective recompute is op-level (matmul outputs kept, every second one and the rest recomputed, as "
+    "torchtitan's): 1; the core attention's (Megatron's): 0",
+    "1",
+    "torchtitan",
+    nonnegative=True,
+    integer=True,
+)
+k_l = _symbol(
+    "k_l",
+    "bytes per logit the loss holds at its peak: the bf16 logits, their fp32 upcast, the softmax it keeps and "
+    "its gradient, as the framework's cross-entropy allocates them",
+    "B",
+    FRAMEWORK,
+)
+l_f = _symbol(
+    "l_f",
+    "a fused linear cross-entropy computes the gradients in the forward (Liger): 1, else 0",
+    "1",
+    "[Liger]",
+    nonnegative=True,
+    integer=True,
+)
+T_l = _symbol(
+    "T_l", "tokens whose logits exist at once: all of a micro-batch's, or a chunk's", "tokens", FRAMEWORK
+)
+M_fw = _symbol(
+    "M_fw",
+    "device memory outside the tensors: CUDA context, NCCL's buffers, library workspaces",
+    "B",
+    FRAMEWORK,
+    nonnegative=True,
+)
+f_fr = _symbol(
+    "f_fr",
+    "what the caching allocator reserves beyond the allocated peak, as a share of it",
+    "1",
+    "[PyTorch-CUDA-Memory]",
+    nonnegative=True,
+)
+P_r = _symbol(
+    "P_r", "parameters of the pipeline stage a state's bytes are counted for", "1", "[Megatron21 §2.2]"
+)
+M_cpb = _symbol(
+    "M_cpb",
+    "the CP scheme's buffers at the peak (its own formula: ring, all-gather, all-to-all), 0 without CP",
+    "B",
+    "plans/cp",
+    nonnegative=True,
+)
+
 # The whole training step ([Megatron21], [Korthikanti22], [Llama3]). Rates F_gemm and F_attn come from
 # the profile's kernel tables (costmodel.machines.kernels); every overlap is a named knob with a default.
 STEP = "[Megatron21]"

@@ -1,19 +1,28 @@
-"""Memory per device of a training job: what its most loaded pipeline stage holds at the peak.
+"""Memory per device of a training job: every byte its most loaded pipeline stage holds at the step's peak.
 
 The one memory model of training: `step`, `recommend`, `check`, the layout search and the report read it.
 Every quantity is a formula of the "fit" group (:mod:`costmodel.symbolic.formulas`); this module binds a
-:class:`~costmodel.plans.job.Job` to them: the shapes, what a device keeps (sequence parallel, dropout, stored
-scores, recompute, the ZeRO shares), the pipeline's micro-batches in flight, offload and the experts.
+:class:`~costmodel.plans.job.Job` to them: the shapes, what the framework keeps (:func:`keeps`: the copies of
+the weights and their bytes, ZeRO's shares, how ZeRO-3/FSDP gathers, what recompute keeps, how the loss holds
+the logits), the pipeline's micro-batches in flight, the CP scheme's buffers, offload and the experts. The
+same :func:`keeps` binds one job or a column of layouts (the search): numbers or numpy arrays alike.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from costmodel.plans.bind import Evaluator, counts, layer_shape, layout_degrees, plan_values
+import numpy as np
+
+from costmodel.frameworks.profiles import LOGIT_BYTES, STATE_BYTES, FrameworkProfile
+from costmodel.plans import cp as registry
+from costmodel.plans.bind import Evaluator, call, counts, layer_shape, layout_degrees, plan_values
 from costmodel.plans.job import Job
-from costmodel.plans.schema import Fit
+from costmodel.plans.schema import Fit, MemoryCategories
 from costmodel.training import moe, offload
+
+RECOMPUTE = ("none", "selective", "full")  # the codes a layout table holds its recompute by
 
 
 def zero_fractions(stage: int, group: Any) -> tuple[Any, Any, Any]:
@@ -23,60 +32,261 @@ def zero_fractions(stage: int, group: Any) -> tuple[Any, Any, Any]:
     return (shard if stage >= 3 else 1.0, shard if stage >= 2 else 1.0, shard if stage >= 1 else 1.0)
 
 
-def kept(job: Job) -> dict[str, Any]:
-    """What a device keeps, as the memory fit and the step's offload copies read it: the activations a layer
-    keeps (sequence parallel, dropout, stored scores, full recompute) and the ZeRO shares of the weights,
-    gradients and optimizer states over DP x CP."""
-    setup = job.setup
-    z_w, z_g, z_o = zero_fractions(setup.zero, setup.shard_group)
+def framework_values(framework: FrameworkProfile) -> dict[str, float]:
+    """What a framework's profile sets in the memory formulas, the same for every layout of a job."""
+    m = framework.memory
     return {
-        "sigma": int(setup.sp),
+        "q_w": STATE_BYTES[m.weights],
+        "q_c": STATE_BYTES[m.compute_weights],
+        "q_m": STATE_BYTES[m.master_weights],
+        "q_g": STATE_BYTES[m.gradients],
+        "q_o": STATE_BYTES[m.optimizer_states],
+        "g_p": int(m.gradients_persist),
+        "f_pf": m.fsdp_prefetch_layers,
+        "k_l": LOGIT_BYTES["fused" if m.loss == "fused" else m.cross_entropy],
+        "l_f": int(m.loss == "fused"),
+        "M_fw": m.overhead_bytes,
+        "f_fr": m.fragmentation,
+    }
+
+
+def layout_columns(job: Job, n: int | None = None) -> dict[str, Any]:
+    """The layout a job states, at CP degree ``n`` (default its own), as :func:`keeps` reads a layout table's
+    columns: the degrees, the recompute code and the micro-batch (b sequences)."""
+    n = job.cp if n is None else n
+    return {
+        "tp": job.tp,
+        "pp": job.pp,
+        "cp": n,
+        "dp": job.setup.shard_group // n,
+        "rc": RECOMPUTE.index(job.setup.recompute),
+        "micro_batch": job.inputs.batch,
+    }
+
+
+def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
+    """What a device keeps, for one layout (:func:`layout_columns`) or a table of them (numpy columns): the
+    activations a layer keeps (sequence parallel, dropout, stored scores, full or op-level recompute), the
+    ZeRO shares of each copy over DP x CP, whether ZeRO-3/FSDP or autocast gathers compute copies and keeps
+    them for the step, and how many tokens' logits exist at once."""
+    setup, m = job.setup, job.framework.memory
+    tp, pp, rc = (np.asarray(columns[k]) for k in ("tp", "pp", "rc"))
+    z_w, z_g, z_o = zero_fractions(setup.zero, np.asarray(columns["dp"] * columns["cp"], dtype=float))
+    autocast = setup.zero < 3 and m.compute_weights != m.weights  # a cast copy of each weight, cached
+    reshard = {"always": False, "never": True, "unless-pp": pp > 1}[m.reshard_after_forward]
+    sp = tp > 1 if setup.sequence_parallel is None else (tp > 1) & setup.sequence_parallel
+    tokens = np.asarray(columns["micro_batch"] * job.inputs.seq / columns["cp"], dtype=float)
+    return {
+        "sigma": sp.astype(float)[()],
         "delta": int(job.model.dropout),
         # Scores are kept for backward only by an attention that materialises them and is not recomputed.
-        "phi": int(setup.stores_scores),
-        "rho": int(setup.recompute == "full"),
+        "phi": ((rc == 0) & (setup.attention_kernel == "unfused")).astype(float)[()],
+        "rho": (rc == 2).astype(float)[()],
+        "w_op": ((rc == 1) & (m.selective_recompute == "ops")).astype(float)[()],
         "z_w": z_w,
         "z_g": z_g,
         "z_o": z_o,
+        "u_w": int(setup.zero == 3 or autocast),
+        "u_g": int(setup.zero == 3),
+        "r_k": np.asarray(reshard if setup.zero == 3 else autocast, dtype=float)[()],
+        "T_l": (tokens if m.loss == "materialized" else np.minimum(m.loss_chunk_tokens, tokens))[()],
     }
+
+
+def kept(job: Job) -> dict[str, Any]:
+    """:func:`keeps` for one job."""
+    return keeps(job, layout_columns(job))
 
 
 def training_values(job: Job, n: int | None = None) -> dict[str, Any]:
     """Every symbol the memory formulas need, at CP degree ``n`` (default the job's): the whole model's
-    heads (the formulas divide by t themselves). The pipeline's micro-batches default to its stages when
-    the job states no global batch (1F1B's steady state: the first stage keeps pp in flight)."""
+    heads (the formulas divide by t themselves), the framework's copies, the scheme's buffers. The pipeline's
+    micro-batches default to its stages when the job states no global batch (1F1B's steady state: the first
+    stage keeps pp in flight)."""
     setup, model, machine = job.setup, job.model, job.machine
-    return {
+    at = job if n is None or n == job.cp else None
+    values = {
         **plan_values(job.inputs, machine, n),
         **counts(layer_shape(model)),
         **counts(layout_degrees(setup.tp, setup.pp, {})),
         **job.stages.values(),
         "m_mb": setup.pp if job.micro_batches is None else job.micro_batches,
         "v_pp": job.step.vpp,
-        **kept(job),
+        **framework_values(job.framework),
+        **keeps(job, layout_columns(job, n)),
         "M_dev": machine.profile.device.hbm_bytes * (1 - setup.memory_headroom),
         **moe.values(model, job.step.ep, job.step.capacity_factor),
         **offload.values(setup, machine, model),
     }
+    n = job.cp if n is None else n
+    scheme = registry.get(job.step.cp_scheme)
+    n_u = (at.usp_split[0] if at else scheme.a2a_degree(max(model.kv_heads // setup.tp, 1), n)) or 1
+    values |= {"N_u": n_u, "N_r": n // n_u}
+    values["M_cpb"] = cp_buffers(scheme.name, values)
+    return values
 
 
-def memory(ev: Evaluator, name: str) -> Any:
-    """A fit formula at the evaluator's values; for an MoE model its twin, counting every expert."""
-    return ev(moe.twin(name, ev.values))
+def cp_buffers(scheme: str, values: dict[str, Any]) -> Any:
+    """The CP scheme's buffers at the bound values (numbers or arrays); none where N = 1."""
+    found = registry.get(scheme).buffers
+    if found is None:
+        return 0.0
+    return np.where(np.asarray(values["N"]) > 1, found(values), 0.0)[()]
+
+
+def memory(ev: Evaluator, name: str, **overrides: Any) -> Any:
+    """A fit formula at the evaluator's values (``overrides`` changing some); for an MoE model its twin,
+    counting every expert."""
+    return ev(moe.twin(name, ev.values), **overrides)
+
+
+def categories(values: dict[str, Any]) -> MemoryCategories:
+    """Every byte at the peak by what holds it, summing to ``allocated_memory_bytes`` (then the allocator's and
+    the runtime's), and the moment: each stage's forward and backward (the loss at the forward's end on the
+    last stage, or the backward) and each stage's backward's end, the largest of them all."""
+    if values.get("n_E", 1) > 1:  # an MoE layer keeps the dense layer's activations at the width F_mem
+        values = values | {"F_ffn": float(call("moe_activation_ffn", values))}
+    ev = Evaluator(values)
+    candidates = {}
+    for where, (params, layers, last) in _stages(ev).items():
+        states = {key: float(memory(ev, f"{name}_bytes", P_r=params)) for key, name in STATES.items()}
+        running = _running(ev, states, layers, last) | {
+            "fsdp_buffers": memory(ev, "fsdp_buffer_bytes", P_r=params)
+        }
+        candidates[f"the {running.pop('moment')}, {where}"] = running
+        ended = dict.fromkeys(running, 0.0) | states
+        candidates[f"the backward's end, {where}"] = ended | {
+            "fsdp_buffers": memory(ev, "fsdp_backward_end_bytes", P_r=params)
+        }
+    moment, parts = max(candidates.items(), key=lambda item: sum(float(v) for v in item[1].values()))
+    parts = {k: float(v) for k, v in parts.items()}
+    allocated = sum(parts.values())
+    reserved = allocated * (1 + values["f_fr"])
+    return MemoryCategories(
+        **parts,
+        allocator=reserved - allocated,
+        runtime=values["M_fw"],
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        peak=moment,
+    )
+
+
+STATES = {"weights": "weight", "gradients": "gradient", "optimizer": "optimizer_state"}
+
+
+def _running(ev: Evaluator, states: dict[str, float], layers: float, last: bool) -> dict[str, Any]:
+    """A stage's forward and backward at their peak: its states (gradients where they persist), its layers'
+    kept activations, and the loss's working set at the forward's end or the backward's (with the CP
+    scheme's buffers), whichever is larger."""
+    values = ev.values
+    kept = layers * float(ev("layer_kept_bytes"))
+    backward = float(ev("layer_backward_working_bytes")) + float(values["M_cpb"])
+    loss = float(ev("loss_working_bytes")) if last else 0.0
+    at_loss = loss > backward
+    return {
+        **states,
+        "gradients": states["gradients"] * values["g_p"],
+        "activations": kept + (float(ev("output_activation_bytes")) if last else 0.0),
+        "loss": loss if at_loss else 0.0,
+        "working": 0.0 if at_loss else backward - float(values["M_cpb"]),
+        "cp_buffers": 0.0 if at_loss else float(values["M_cpb"]),
+        "moment": "loss at the forward's end" if at_loss else "backward",
+    }
+
+
+def _stages(ev: Evaluator) -> dict[str, tuple[Any, float, bool]]:
+    """Each stage's parameters, its layers' worth of kept activations at the peak (micro-batches in flight x
+    its layers), and whether it runs the loss; one stage without a pipeline, two layers' in flight under
+    activation offload (on the stage holding the most parameters)."""
+    v = ev.values
+    if v["o_act"]:
+        return {"activation offload": (ev("stage_params"), 2.0, True)}
+    if v["pp"] == 1:
+        return {"one stage": (ev("params"), v["n_L"], True)}
+    return {
+        "first stage": (ev("first_stage_params"), float(ev("first_stage_in_flight")) * v["n_first"], False),
+        "second stage": (ev("middle_stage_params"), float(ev("second_stage_in_flight")) * v["n_mid"], False),
+        "last stage": (ev("last_stage_params"), float(ev("last_stage_in_flight")) * v["n_last"], True),
+    }
 
 
 def fit_at(ev: Evaluator) -> Fit:
-    """The memory of the bound job: model states, activations and buffers, and whether they fit."""
-    state, activations = memory(ev, "model_state_bytes"), memory(ev, "activation_bytes")
-    buffers = ev("ring_buffer_bytes")
-    total = state + activations + buffers
+    """The memory of the bound job: model states, activations and buffers by category, and whether they fit."""
+    values = ev.values
+    by = categories(values)
+    total = float(memory(ev, "training_memory_bytes"))
     return Fit(
-        n=int(ev.values["N"]),
+        n=int(values["N"]),
         params=memory(ev, "params"),
-        model_state_bytes=state,
-        activation_bytes=activations,
-        buffer_bytes=buffers,
+        model_state_bytes=memory(ev, "model_state_bytes"),
+        activation_bytes=memory(ev, "activation_bytes"),
+        buffer_bytes=values["M_cpb"],
         total_bytes=total,
-        device_memory_bytes=ev.values["M_dev"],
-        fits=bool(total <= ev.values["M_dev"]),
+        device_memory_bytes=values["M_dev"],
+        fits=bool(total <= values["M_dev"]),
+        by_category=by,
     )
+
+
+def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
+    """The job's stages as the torch memory reference measures them (``costmodel.kernel.memory.MemoryCase``'s
+    fields, plain values: this module never loads torch): one stage without a pipeline; the first (the most
+    micro-batches in flight) and the last (the loss) with one. The reference runs ZeRO-3 as FSDP2, whose
+    sharded weights are the fp32 master copy, and the attention core's selective recompute."""
+    model, setup, framework = job.model, job.setup, job.framework.memory
+    t, n = setup.tp, job.cp
+    experts = (model.experts or 0) // job.step.ep
+    fsdp = setup.zero == 3
+    stored_master = framework.weights if framework.weights != framework.compute_weights else None
+    master = stored_master or (None if framework.master_weights == "none" else framework.master_weights)
+    pp_keeps = {"always": True, "never": False, "unless-pp": job.pp == 1}[framework.reshard_after_forward]
+    common = {
+        "tokens": job.inputs.seq // n,
+        "micro_batch": job.inputs.batch,
+        "hidden": model.hidden,
+        "heads": model.heads // t,
+        "kv_heads": max(model.kv_heads // t, 1),
+        "head_dim": model.head_dim,
+        "ffn_hidden": (model.shared_expert_ffn or model.ffn_hidden) // t
+        if experts
+        else model.ffn_hidden // t,
+        "vocab": model.vocab // t,
+        "tp": t,
+        "sequence_parallel": setup.sp,
+        "gated_mlp": model.gated_mlp,
+        "experts": experts,
+        "experts_per_token": model.experts_per_token or 0,
+        "expert_ffn": model.ffn_hidden // t if experts else 0,
+        "capacity_factor": job.step.capacity_factor if experts else 1.0,
+        "param_dtype": framework.compute_weights,
+        "master_dtype": master,
+        "grad_dtype": (master or framework.compute_weights) if fsdp else framework.gradients,
+        "optimizer_dtype": framework.optimizer_states,
+        "zero": setup.zero,
+        "shard_group": setup.shard_group,
+        "fsdp": fsdp,
+        "reshard_after_forward": pp_keeps,
+        "recompute": setup.recompute,
+        "loss": framework.loss,
+        "loss_chunk_tokens": framework.loss_chunk_tokens,
+        "cross_entropy": framework.cross_entropy,
+        "cp": n,
+        "cp_scheme": job.step.cp_scheme,
+    }
+    # A pipeline's steady state: its micro-batches run round after round, and FSDP without resharding
+    # accumulates the stage's unsharded gradients from the first on.
+    rounds = 2 if fsdp and not pp_keeps and (job.micro_batches or 1) > 1 else 1
+    common["rounds"] = rounds
+    stages = job.stages
+    if job.pp == 1:
+        return {"one stage": common | {"layers": model.layers, "in_flight": 1}}
+    first = min(job.micro_batches or job.pp, job.pp)
+    cases = {
+        "first stage": common | {"layers": stages.first, "in_flight": first, "output_layer": False},
+        "last stage": common | {"layers": stages.last, "in_flight": 1, "input_embedding": False},
+    }
+    if stages.middle:
+        middle = {"layers": stages.middle, "in_flight": max(first - 1, 1), "input_embedding": False}
+        cases["second stage"] = common | middle | {"output_layer": False}
+    return cases

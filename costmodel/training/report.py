@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from costmodel.plans.schema import MemoryCategories
 from costmodel.symbolic import numeric
 
 # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square. v3: the pipeline's stage split
@@ -54,14 +55,20 @@ SHORT: dict[str, str] = {key: short for key, _, short in numeric.STEP_FIELDS.val
 
 
 class StepMemory(_Strict):
-    """Memory per device on the most loaded stage [Korthikanti22 §4], the fit ``recommend`` sizes plans with."""
+    """Memory per device on the most loaded stage at the step's peak [Korthikanti22 §4], the fit ``recommend``
+    sizes plans with."""
 
-    bytes_per_device: float = Field(description="model states + activations + ring buffers")
+    bytes_per_device: float = Field(description="device memory at the peak, the runtime's own included")
     model_state_bytes: float = Field(description="weights, gradients and optimizer states, after ZeRO")
-    activation_bytes: float = Field(description="activations kept for the backward, micro-batches in flight")
-    buffer_bytes: float = Field(description="the ring's KV buffers")
+    activation_bytes: float = Field(
+        description="activations at the peak: kept for the backward, the loss's or the backward's working set"
+    )
+    buffer_bytes: float = Field(description="the CP scheme's buffers")
     device_memory_bytes: float = Field(description="usable HBM: the device's, less the headroom")
     fits: bool = Field(description="bytes_per_device <= device_memory_bytes")
+    by_category: MemoryCategories = Field(
+        description="bytes_per_device by what holds it, and when the peak falls"
+    )
 
 
 class StepRates(_Strict):

@@ -36,7 +36,7 @@ from costmodel.plans.stages import StageSplit, candidate_splits
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
-from costmodel.training.memory import training_values, zero_fractions
+from costmodel.training.memory import cp_buffers, keeps, training_values
 from costmodel.training.report import FORMULAS as TERMS
 from costmodel.training.report import SHORT
 from costmodel.training.step import bind, buckets, check_physical, evaluate_step, step_terms
@@ -510,28 +510,18 @@ def _stage_columns(c: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _kept_columns(c: dict[str, np.ndarray], job: Job) -> dict[str, np.ndarray]:
-    """Per plan: the activations a layer keeps (full recompute, stored scores, sequence parallel) and the ZeRO
-    shares over DP x CP, as the memory fit and the offload copies read them."""
-    setup = job.setup
+    """Per plan: what a device keeps (:func:`costmodel.training.memory.keeps`, the one binding of one job and
+    of a table of layouts), as the memory fit and the offload copies read it."""
     ones = np.ones(len(c["tp"]))
-    z_w, z_g, z_o = zero_fractions(setup.zero, (c["dp"] * c["cp"]).astype(float))  # type: ignore[arg-type]
-    return {
-        "rho": (c["rc"] == 2).astype(float),
-        "phi": ((c["rc"] == 0) & (setup.attention_kernel == "unfused")).astype(float),
-        "sigma": (c["tp"] > 1).astype(float)
-        if setup.sequence_parallel is None
-        else (c["tp"] > 1) & setup.sequence_parallel,
-        "z_w": z_w * ones,
-        "z_g": z_g * ones,
-        "z_o": z_o * ones,
-    }
+    return {k: v * ones for k, v in keeps(job, c).items()}
 
 
 def memory_table(table: Table, job: Job) -> dict[str, np.ndarray]:
-    """Training memory per device on the most loaded stage [Korthikanti22 §4], and the usable HBM."""
+    """Training memory per device at the step's peak on the most loaded stage [Korthikanti22 §4], and the
+    usable HBM. Rows not yet split by CP scheme (``pair`` -1) take the scheme of the framework's with the
+    fewest buffers: the fit that rules a layout out holds for each of its schemes."""
     c = table.columns
     values = training_values(job, 1)
-    ones = np.ones(len(table))
     values |= {
         "N": c["cp"].astype(float),
         "t": c["tp"].astype(float),
@@ -541,11 +531,47 @@ def memory_table(table: Table, job: Job) -> dict[str, np.ndarray]:
         "m_mb": (table.global_batch // (c["micro_batch"] * c["dp"])).astype(float),
         "v_pp": c["vpp"].astype(float),
         **_kept_columns(c, job),
+        "E_p": c["ep"].astype(float),
     }
-    values["E_p"] = c["ep"].astype(float)
+    values |= _usp_columns(table)
+    values["M_cpb"] = _buffer_columns(table, values, job)
     name = moe.twin("training_memory_bytes", values)  # an MoE model's every expert, n_E/E_p per rank
     total = call(name, values)
-    return {"total_bytes": np.asarray(total, dtype=float) * ones, "device_bytes": values["M_dev"]}
+    return {
+        "total_bytes": np.asarray(total, dtype=float) * np.ones(len(table)),
+        "device_bytes": values["M_dev"],
+    }
+
+
+def _usp_columns(table: Table) -> dict[str, np.ndarray]:
+    """N_u and N_r of each row: a hybrid scheme's split, else the whole CP degree as a ring's."""
+    c = table.columns
+    n_u = np.ones(len(table))
+    for p, (scheme, _) in enumerate(table.pairs):
+        rows = c["pair"] == p
+        if rows.any() and registry.get(scheme).hybrid:
+            kv = np.maximum(table.kv_heads // c["tp"][rows], 1)
+            n_u[rows] = [registry.get(scheme).a2a_degree(int(k), int(n)) for k, n in zip(kv, c["cp"][rows])]
+    return {"N_u": n_u, "N_r": c["cp"] / n_u}
+
+
+def _buffer_columns(table: Table, values: dict[str, Any], job: Job) -> np.ndarray:
+    """The CP scheme's buffers of every row: its pair's scheme, or the least of the framework's schemes."""
+    c = table.columns
+    out = np.zeros(len(table))
+    unsplit = c["pair"] < 0
+    if unsplit.any():
+        schemes = {s for s, _ in framework_pairs(job.framework) if not registry.get(s).hybrid}
+        at = {k: v[unsplit] if isinstance(v, np.ndarray) else v for k, v in values.items()}
+        out[unsplit] = np.min(
+            [np.broadcast_to(cp_buffers(s, at), unsplit.sum()) for s in sorted(schemes)], axis=0
+        )
+    for p, (scheme, _) in enumerate(table.pairs):
+        rows = c["pair"] == p
+        if rows.any():
+            at = {k: v[rows] if isinstance(v, np.ndarray) else v for k, v in values.items()}
+            out[rows] = np.broadcast_to(cp_buffers(scheme, at), rows.sum())
+    return out
 
 
 def search(
@@ -576,7 +602,9 @@ def search(
         )
         reason += _blame(job, global_batch, constraints)
         return SearchResult([], considered, 0, global_batch, removed, reason, _notes(model))
-    table = with_pairs(table.take(fits), shape_pairs, fixed)  # memory depends on neither
+    table = with_pairs(table.take(fits), shape_pairs, fixed)  # then each scheme's own buffers
+    exact = memory_table(table, job)
+    table = table.take(exact["total_bytes"] <= exact["device_bytes"])
     fit = len(table)
     shapes = shapes or _Shapes(job)
     if top is not None:

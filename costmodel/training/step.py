@@ -365,6 +365,7 @@ def step_memory(job: Job) -> StepMemory:
         buffer_bytes=fit.buffer_bytes,
         device_memory_bytes=fit.device_memory_bytes,
         fits=fit.fits,
+        by_category=fit.by_category,
     )
 
 

@@ -32,6 +32,7 @@ SCHEME = Scheme(
     exports={"megatron": "allgather", "torchtitan": "allgather"},
     exposure=exposure,
     attention_calls=lambda seq, n, n_r, layout: [(seq // n, seq, True, 1.0)],  # local queries, gathered keys
+    buffers=lambda v: call("allgather_buffer_bytes", v),
     prefill_exposed="prefill_allgather_s",
     prefill_bytes="prefill_allgather_bytes",
     describe=lambda layout, n, n_u: f"an all-gather of K, V over a {layout} split",

@@ -60,6 +60,8 @@ class Scheme:
     # x_CP_r) from the bound symbols, and the attention kernel calls at (S, N, N_r, layout), N > 1
     exposure: Callable[[Mapping[str, Any]], tuple[Any, Any, Any]] | None = None
     attention_calls: Callable[[int, int, int, str], list[Call]] | None = None
+    # the training step's memory: the scheme's buffers at the peak, from the bound symbols (N > 1)
+    buffers: Callable[[Mapping[str, Any]], Any] | None = None
     # the single-layer comparison (`cp-plan`, recommend): its rows at (inputs, machine, pass)
     layer: Callable[[PlanInputs, Machine, str], list[SchemeResult]] | None = None
     # prefill: the formulas of the exposed transfers, the bytes per step, and what a ring step adds

@@ -84,6 +84,7 @@ SCHEME = Scheme(
     exports={"megatron": "p2p", "torchtitan": "alltoall"},
     exposure=exposure,
     attention_calls=lambda seq, n, n_r, layout: calls(seq, n, layout),
+    buffers=lambda v: call("ring_buffer_bytes", v),
     layer=layer,
     describe=lambda layout, n, n_u: f"{layout} ring",
 )

@@ -50,6 +50,7 @@ SCHEME = Scheme(
     a2a_degree=lambda kv_heads, n: n,
     exposure=exposure,
     attention_calls=lambda seq, n, n_r, layout: [(seq, seq, True, 1.0)],
+    buffers=lambda v: call("ulysses_buffer_bytes", v),
     layer=layer,
     describe=lambda layout, n, n_u: "Ulysses all-to-all",
 )

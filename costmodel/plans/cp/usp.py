@@ -138,6 +138,15 @@ def _split(
     )
 
 
+def buffers(v: Mapping[str, Any]) -> Any:
+    """USP's buffers: the all-to-all's over N_u, then a ring over N_r of blocks of N_u shards' tokens with
+    1/N_u of the heads [USP §3]."""
+    n_u = v["N_u"]
+    a2a = call("ulysses_buffer_bytes", v)  # the shard's S/N tokens, every head
+    over = {"N": v["N_r"], "h": v["h"] / n_u, "n_kv": numpy.maximum(v["n_kv"] / n_u, 1)}
+    return a2a + call("ring_buffer_bytes", {**v, **over})
+
+
 SCHEME = Scheme(
     NAME,
     label="USP",
@@ -156,6 +165,7 @@ SCHEME = Scheme(
     a2a_degree=split,
     exposure=exposure,
     attention_calls=lambda seq, n, n_r, layout: ring.calls(seq, n_r, layout),
+    buffers=buffers,
     layer=lambda inputs, machine, pass_: rows(inputs, machine, pass_, divisors(inputs.cp)[1:-1]),
     describe=lambda layout, n, n_u: (
         f"USP {n_u}x{n // (n_u or 1)}: all-to-all over {n_u}, a {layout} ring across"

@@ -1,4 +1,11 @@
-"""Formulas of the group 'fit': Memory fit of a training step ([Korthikanti22])."""
+"""Formulas of the group 'fit': the memory of a training step at its peak ([Korthikanti22], [ZeRO], [FSDP2]).
+
+Every byte a device holds at the step's peak, by category: the model states as the framework keeps them,
+the buffers ZeRO-3/FSDP gathers, the activations the most loaded stage keeps for its backward, the loss's
+logits, the working set of the layer being recomputed and differentiated, the CP scheme's buffers, what
+the caching allocator reserves beyond them and what the runtime holds outside the tensors. The peak is
+taken where it happens: at the loss, the forward's end on the last stage, or in the backward of a layer.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +13,29 @@ import sympy
 
 from costmodel.symbolic.formulas.backward import C_bwd
 from costmodel.symbolic.formulas.memory import L
-from costmodel.symbolic.formulas.registry import definer
+from costmodel.symbolic.formulas.registry import FORMULAS, definer
 from costmodel.symbolic.symbols import (
     F_ffn,
     H,
+    M_cpb,
     M_dev,
+    M_fw,
     N,
+    P_r,
+    S,
+    T_l,
     V,
     b,
     d,
     delta,
     e_m,
+    f_fr,
+    f_pf,
     g,
+    g_p,
     h,
+    k_l,
+    l_f,
     m_mb,
     n_first,
     n_kv,
@@ -28,13 +45,23 @@ from costmodel.symbolic.symbols import (
     o_act,
     o_opt,
     o_par,
+    p,
     p_acc,
     phi,
     pp,
+    q_c,
+    q_g,
+    q_m,
+    q_o,
+    q_w,
+    r_k,
     rho,
     sigma,
     t,
+    u_g,
+    u_w,
     v_pp,
+    w_op,
     z_g,
     z_o,
     z_w,
@@ -80,20 +107,115 @@ P_stage = define(
     "1",
     "[Megatron21 §2.2]",
 )
-# bf16 weights, fp32 grads, fp32 master + 2 Adam moments; offload moves the optimizer's 12 bytes to the host
-# (o_opt), and the weights and gradients too (o_par), leaving two layers' gathered ones in flight.
-_state_bytes = (1 - o_par) * (2 * z_w + 4 * z_g) + (1 - o_opt) * 12 * z_o
+
+
+# The model states of one pipeline stage of P_r parameters, per device: each copy at the bytes the framework
+# keeps it (frameworks/*.yaml) and the share ZeRO leaves it [ZeRO §5]: Megatron's bf16 weights, fp32 main
+# gradients, fp32 master weights and moments are 2 + 4 + (4 + 8)/D; FSDP2's fp32 weight, gradient and moment
+# shards (4 + 4 + 8)/D. Offload moves the optimizer's copies to the host (o_opt), and the weights and
+# gradients too (o_par), leaving two layers' compute weights and gradients in flight.
+def replacing(expr: sympy.Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
+    """``expr`` with base symbols replaced, inside the formulas it is written over too: each formula whose
+    definition names one of them is written out (a formula's own symbol stands for its value as defined)."""
+    written = {f.symbol: f.definition for f in FORMULAS.values() if f.definition.free_symbols & set(mapping)}
+    return expr.xreplace(written).xreplace(mapping)
+
+
+def at_stage(expr: sympy.Expr, params: sympy.Expr) -> sympy.Expr:
+    """``expr``, written over formulas of a stage of P_r parameters, for the stage of ``params``."""
+    return replacing(expr, {P_r: params})
+
+
+P_first = define(
+    "first_stage_params",
+    "P_1",
+    sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_first * P_layer + V * H, True)),
+    "parameters of the first pipeline stage: its layers and the input embedding (the whole model at pp = 1)",
+    "1",
+    "[Megatron21 §2.2]",
+)
+P_mid = define(
+    "middle_stage_params",
+    "P_2",
+    n_mid * P_layer,
+    "parameters of a middle pipeline stage: its layers",
+    "1",
+    "[Megatron21 §2.2]",
+)
+P_last = define(
+    "last_stage_params",
+    "P_L",
+    sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_last * P_layer + V * H + H, True)),
+    "parameters of the last pipeline stage: its layers, the output layer and the final norm",
+    "1",
+    "[Megatron21 §2.2]",
+)
+M_w = define(
+    "weight_bytes",
+    "M_wt",
+    (1 - o_par) * P_r / t * q_w * z_w + o_par * 2 * P_layer / t * q_c,
+    "the stored weights a device of a stage of P_r parameters keeps (two layers' in flight under parameter "
+    "offload)",
+    "B",
+    "[ZeRO §3], [ZeRO-Infinity §5]",
+)
+M_g = define(
+    "gradient_bytes",
+    "M_gr",
+    (1 - o_par) * P_r / t * q_g * z_g + o_par * 2 * P_layer / t * q_g,
+    "the gradients a device of a stage of P_r parameters keeps for the optimizer (main gradients, or FSDP's "
+    "reduced shards)",
+    "B",
+    "[ZeRO §3], [ZeRO-Infinity §5]",
+)
+M_o = define(
+    "optimizer_state_bytes",
+    "M_opt",
+    (1 - o_opt) * P_r / t * (q_m + 2 * q_o) * z_o,
+    "the optimizer's copies a device of a stage of P_r parameters keeps: master weights and Adam's two "
+    "moments, their ZeRO share",
+    "B",
+    "[ZeRO §3], [ZeRO-Offload §4]",
+)
 M_state = define(
     "model_state_bytes",
     "M_state",
-    P_stage / t * _state_bytes + o_par * 2 * P_layer / t * (2 + 4),
-    "bf16 weights, fp32 gradients, fp32 master weights and Adam moments, per device, on the stage "
-    "holding the most parameters; what offload keeps in host memory is left out (two layers' weights and "
-    "gradients stay in flight under parameter offload)",
+    at_stage(M_w + M_g + M_o, P_stage),
+    "weights, gradients, master weights and Adam moments per device, as the framework keeps them, on the "
+    "stage holding the most parameters; what offload keeps in host memory is left out",
     "B",
     "[ZeRO §3], [ZeRO-Offload §4], [ZeRO-Infinity §5]",
+    simplify=False,
+)
+# ZeRO-3/FSDP runs each layer on a gathered compute copy. In the forward and the backward: the largest unit
+# computing (a layer, or the output layer at the loss) and the f_pf layers prefetched; their unsharded
+# gradients come and go with each layer, after the activations have begun to shrink. Where the framework does
+# not reshard (torchtitan under PP), every layer of the stage stays gathered for the step, and the stage's
+# unsharded gradients accumulate over its micro-batches; autocast caches a cast of every weight likewise.
+_unit = sympy.Max(P_layer, V * H)
+_kept_whole = r_k * P_r / t * (u_w * q_c + u_g * q_g)
+M_fsdp = define(
+    "fsdp_buffer_bytes",
+    "M_fsdp",
+    (1 - r_k) * u_w * (_unit + f_pf * P_layer) / t * q_c + _kept_whole,
+    "ZeRO-3/FSDP's gathered compute weights (and unsharded gradients, where kept) of a stage of P_r "
+    "parameters in its forward and backward: the units in flight, or the whole stage's where kept",
+    "B",
+    "[ZeRO §5], [FSDP2]",
+)
+# At the backward's end every gradient has been made; the first unit (the embedding, or the first layer) is
+# gathered with its unsharded gradient before the reduce-scatter.
+M_fsdp_end = define(
+    "fsdp_backward_end_bytes",
+    "M_fsdp_end",
+    (1 - r_k) * u_w * _unit / t * (q_c + u_g * q_g) + _kept_whole,
+    "ZeRO-3/FSDP's buffers of a stage of P_r parameters at the backward's end: the first unit gathered with "
+    "its unsharded gradient, or the whole stage's where kept",
+    "B",
+    "[ZeRO §5], [FSDP2]",
 )
 _split = sigma / t + 1 - sigma  # the share of the sequence-parallel terms a device keeps
+# Activations per layer follow [Korthikanti22 §4] term by term (see layer_activation_bytes above).
 A_layer = define(
     "layer_activation_bytes",
     "A_layer",
@@ -104,7 +226,7 @@ A_layer = define(
         + (4 * h * d + 4 * n_kv * d + 2 * (2 + g) * F_ffn) / t
         + 5 * phi * h * L / t
     ),
-    "activations one layer keeps for its backward, per device",
+    "activations one layer keeps for its backward, per device, without recompute",
     "B",
     "[Korthikanti22 §4.1]",
 )
@@ -116,15 +238,62 @@ A_in = define(
     "B",
     "[Korthikanti22 §5]",
 )
+# Op-level selective recompute (torchtitan's) keeps the layer's input and every second matrix multiply's
+# output (Q, V, the MLP's first input projection and its output, in the order they run), the attention's
+# output and its fp32 log-sum-exp; the norms, the other projections and the elementwise work are recomputed.
+A_op = define(
+    "layer_op_checkpoint_bytes",
+    "A_op",
+    b * L * (2 * H * _split + 2 * (2 * h * d + n_kv * d + F_ffn) / t + 2 * H * _split + p_acc * h / t),
+    "activations one layer keeps under op-level selective recompute",
+    "B",
+    "torchtitan activation_checkpoint.py",
+)
+A_kept = define(
+    "layer_kept_bytes",
+    "A_kept",
+    (1 - rho) * ((1 - w_op) * A_layer + w_op * A_op) + rho * A_in,
+    "activations one layer keeps for its backward under the job's recompute: all of them, the op-level "
+    "checkpoints, or its input",
+    "B",
+    "[Korthikanti22 §5]",
+)
+# The backward of one layer at a time: under full recompute its activations return whole; under op-level
+# recompute those it dropped; and its widest gradients (the MLP's intermediates and the hidden state) are
+# in flight while it is differentiated.
+W_l = define(
+    "layer_backward_working_bytes",
+    "W_layer",
+    rho * A_layer + (1 - rho) * w_op * (A_layer - A_op) + b * L * ((2 + g) * F_ffn / t + H * _split) * p,
+    "the backward's working set beyond the kept activations: the layer being recomputed, and its widest "
+    "gradients in flight",
+    "B",
+    "[Korthikanti22 §5]",
+)
+# The output layer's input, the final hidden state, stays for its backward.
 A_out = define(
     "output_activation_bytes",
     "A_output",
-    b * L * (2 * H + 4 * V / t),
-    "final hidden state and the fp32 softmax of the vocab-parallel cross-entropy",
+    b * L * 2 * H,
+    "the final hidden state, kept for the output layer's backward",
     "B",
     "[Korthikanti22 §4.2]",
 )
-A_kept = (1 - rho) * A_layer + rho * A_in  # what one layer keeps for its backward
+# The loss holds the logits of T_l tokens (all of the micro-batch's, or a chunk's) at k_l bytes each at its
+# peak: Megatron's vocab-parallel cross-entropy upcasts, subtracts the maximum and exponentiates in place
+# and differentiates into the softmax it kept (about 6: the bf16 logits and one fp32 copy); torch's
+# cross_entropy over logits.float() keeps the upcast, the log-softmax and its gradient (12, measured on
+# fake tensors, costmodel/kernel/memory.py). A fused linear cross-entropy also holds the hidden state's
+# gradient and the output layer's weight gradient from its forward on.
+L_t = define(
+    "loss_working_bytes",
+    "W_loss",
+    T_l * V / t * k_l + l_f * (b * L * 2 * H + V * H / t * q_c),
+    "the loss's working set at its peak: the logits of the tokens computed at once, as the framework's "
+    "cross-entropy holds them; a fused loss's gradients of the hidden state and the output layer",
+    "B",
+    "[Korthikanti22 §4.2], [Liger]",
+)
 
 
 def _in_flight(rank: sympy.Expr) -> sympy.Expr:
@@ -147,12 +316,34 @@ I_first = define(
     "1",
     "[Korthikanti22 §4.2]",
 )
-# The stage that keeps the most: the first (most micro-batches in flight), the second (the first middle
-# stage, which may hold more layers) or the last (one micro-batch, and the output layer's logits).
+define(
+    "second_stage_in_flight",
+    "I_2",
+    _in_flight(1),
+    "micro-batches' worth of its layers the second pipeline stage keeps for backward at the peak",
+    "1",
+    "[Korthikanti22 §4.2]",
+)
+define(
+    "last_stage_in_flight",
+    "I_L",
+    _in_flight(pp - 1),
+    "micro-batches' worth of its layers the last pipeline stage keeps for backward at the peak: one under "
+    "1F1B",
+    "1",
+    "[Korthikanti22 §4.2]",
+)
+# The peak of each stage: its kept activations and, where it runs, the loss's working set at the forward's
+# end or the backward's working set, whichever is larger (the loss's logits are freed before the backward
+# of the last layer starts). The most loaded stage is the first (most micro-batches in flight), the second
+# (the first middle stage, which may hold more layers) or the last (the output layer and the loss).
+# The CP scheme's buffers come and go with each layer's attention, so they join the backward's working set.
+_backward = W_l + M_cpb
+_last = A_out + sympy.Max(L_t, _backward)
 _stage_activations = (
-    I_first * n_first * A_kept,
-    _in_flight(1) * n_mid * A_kept,
-    _in_flight(pp - 1) * n_last * A_kept + A_out,
+    I_first * n_first * A_kept + _backward,
+    _in_flight(1) * n_mid * A_kept + _backward,
+    _in_flight(pp - 1) * n_last * A_kept + _last,
 )
 # Activation offload (o_act) keeps about two layers' in flight on the device: the one computing and the one
 # whose copy to (forward) or from (backward) the host is under way [ZeRO-Infinity §5].
@@ -160,14 +351,14 @@ A = define(
     "activation_bytes",
     "A",
     (1 - o_act)
-    * sympy.Piecewise((n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations), True))
-    + o_act * (2 * A_kept + A_out),
-    "activations per device on the most loaded pipeline stage: n_L layers' worth and the output "
-    "layer at pp = 1; else the largest of the first stage (I_1 micro-batches of its layers), the second "
-    "and the last (its layers and the output layer); two layers' and the output layer under activation "
-    "offload",
+    * sympy.Piecewise((n_L * A_kept + _last, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations), True))
+    + o_act * (2 * A_kept + _last),
+    "activations per device at the peak on the most loaded pipeline stage: its layers' kept activations for "
+    "the micro-batches in flight, with the loss's or the backward's working set; two layers' under "
+    "activation offload",
     "B",
     "[Korthikanti22 §4.2], [ZeRO-Infinity §5]",
+    simplify=False,  # a sum of maxima: sympy's simplify takes minutes and gains nothing to evaluate
 )
 _buffers = (2 * C_bwd + b * h * L * d * p_acc) / t
 R_buf = define(
@@ -180,22 +371,88 @@ R_buf = define(
     "[RingAttn §3]",
 )
 define(
-    "training_memory_bytes",
-    "M_total",
-    M_state + A + R_buf,
-    "model states, activations and ring buffers per device on the most loaded stage",
+    "allgather_buffer_bytes",
+    "M_ag",
+    sympy.Min(N - 1, 1) * b * S * 2 * n_kv * d * (p + p_acc) / t,
+    "all-gather CP's buffers of the larger pass, backward: the whole sequence's K and V gathered, and their "
+    "fp32 gradients before the reduce-scatter, for a TP rank's KV heads",
+    "B",
+    "[Llama3 §3.3]",
+)
+define(
+    "ulysses_buffer_bytes",
+    "M_a2a",
+    sympy.Min(N - 1, 1) * 2 * b * L * (h + 2 * n_kv) * d * p / t,
+    "all-to-all CP's buffers: Q, K and V of the shard's tokens sent and the head groups received",
+    "B",
+    "[Ulysses §3]",
+)
+
+
+# Each stage's peak is in its forward and backward (its states, the gradients only where they persist,
+# FSDP's buffers, its activations with the loss's or the backward's working set) or at the backward's end,
+# every gradient made and no activation left; the step's peak is the largest stage's, at its own moment.
+def _running(params: sympy.Expr, activations: sympy.Expr) -> sympy.Expr:
+    return at_stage(M_w + g_p * M_g + M_o + M_fsdp, params) + activations
+
+
+def _ended(params: sympy.Expr) -> sympy.Expr:
+    return at_stage(M_w + M_g + M_o + M_fsdp_end, params)
+
+
+_one = _running(P, n_L * A_kept + _last), _ended(P)
+_staged = (
+    _running(P_first, _stage_activations[0]),
+    _running(P_mid, _stage_activations[1]),
+    _running(P_last, _stage_activations[2]),
+    _ended(P_first),
+    _ended(P_mid),
+    _ended(P_last),
+)
+_offloaded = _running(P_stage, 2 * A_kept + _last), _ended(P_stage)
+M_alloc = define(
+    "allocated_memory_bytes",
+    "M_alloc",
+    (1 - o_act) * sympy.Piecewise((sympy.Max(*_one), sympy.Eq(pp, 1)), (sympy.Max(*_staged), True))
+    + o_act * sympy.Max(*_offloaded),
+    "the tensors a device of the most loaded stage holds at the step's peak: in the forward and backward its "
+    "model states, the buffers of ZeRO-3/FSDP and of the CP scheme and the activations with the loss's or "
+    "the backward's working set; at the backward's end every state",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
+    simplify=False,
 )
-# With flash attention (phi = 0) activations and ring buffers all scale as 1/N once N > 1, so a stage
-# fits from N = (its 1/N part at N = 1) / (the memory its states leave free); the most loaded stage sets N.
+define(
+    "reserved_memory_bytes",
+    "M_res",
+    M_alloc * (1 + f_fr),
+    "what the caching allocator holds at the peak (torch.cuda.max_memory_reserved)",
+    "B",
+    "[PyTorch-CUDA-Memory]",
+    simplify=False,
+)
+define(
+    "training_memory_bytes",
+    "M_total",
+    M_alloc * (1 + f_fr) + M_fw,
+    "device memory a training step needs at its peak: the allocator's reservation and the runtime's own",
+    "B",
+    "[Korthikanti22 §4], [ZeRO §3]",
+    simplify=False,
+)
+# With flash attention (phi = 0) the activations, the loss and the ring's buffers all scale as 1/N once N > 1,
+# so a stage fits from N = (its 1/N part at N = 1) / (the memory its states and runtime leave free); the most
+# loaded stage sets N. A chunked loss's working set is held at the job's chunk.
 define(
     "n_min_memory",
     "N_min",
-    sympy.Subs(A + _buffers, N, 1) / (M_dev - M_state),
-    "smallest CP degree (real-valued) whose training memory fits M_dev, with flash attention; negative "
-    "when the model states alone do not fit",
+    (1 + f_fr)
+    * sympy.Subs(replacing(A, {M_cpb: _buffers}), N, 1)
+    / (M_dev - M_fw - (1 + f_fr) * at_stage(M_w + g_p * M_g + M_o + M_fsdp, P_stage)),
+    "smallest CP degree (real-valued) whose training memory fits M_dev with the ring's buffers, with flash "
+    "attention; negative when the model states alone do not fit",
     "devices",
     "[Korthikanti22 §4]",
     at={phi: 0},
+    simplify=False,
 )

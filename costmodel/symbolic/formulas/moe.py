@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import sympy
 
-from costmodel.symbolic.formulas.fit import A, M_state, P, R_buf, _buffers
+from costmodel.symbolic.formulas.fit import (
+    A,
+    M_fsdp,
+    M_fsdp_end,
+    M_g,
+    M_o,
+    M_w,
+    P,
+    P_stage,
+    _buffers,
+    at_stage,
+    replacing,
+)
 from costmodel.symbolic.formulas.registry import FORMULAS, definer
 from costmodel.symbolic.formulas.step import P_dev, tau_dp
 from costmodel.symbolic.symbols import (
@@ -18,11 +30,15 @@ from costmodel.symbolic.symbols import (
     F_gemm,
     F_sh,
     H,
+    M_cpb,
     M_dev,
+    M_fw,
     N,
     S,
     b,
+    f_fr,
     g,
+    g_p,
     k_E,
     k_opt,
     n_bkt,
@@ -35,6 +51,10 @@ from costmodel.symbolic.symbols import (
     p,
     p_g,
     phi,
+    q_g,
+    q_m,
+    q_o,
+    q_w,
     t,
     z3,
     z_g,
@@ -127,15 +147,58 @@ define(
     "[Megatron21 §3], [MoE-Folding]",
 )
 # ZeRO shards expert states over the ranks holding the same experts, E_p times fewer: E_p times the share.
-_expert_state_bytes = 2 * sympy.Min(1, E_p * z_w) + 4 * sympy.Min(1, E_p * z_g) + 12 * sympy.Min(1, E_p * z_o)
+# An MoE model's states are counted on the stage holding the most parameters, its peak on the stage keeping
+# the most activations (for a dense model, each stage's own, allocated_memory_bytes).
+
+
+def _dense(bytes_of_stage: sympy.Expr) -> sympy.Expr:
+    """A dense formula of a stage of P_r parameters, for an MoE model's dense part on the stage holding the
+    most (its MLP at the shared expert's width)."""
+    return sympy.Subs(at_stage(bytes_of_stage, P_stage), F_ffn, F_sh)
+
+
+M_w_moe = define(
+    "moe_weight_bytes",
+    "M_w_moe",
+    _dense(M_w) + P_exp * q_w * sympy.Min(1, E_p * z_w),
+    "the stored weights per device of an MoE model: the dense part's, and its experts' with ZeRO sharding "
+    "over the ranks that hold the same experts",
+    "B",
+    "[ZeRO §3], [MoE-Folding]",
+)
+M_g_moe = define(
+    "moe_gradient_bytes",
+    "M_g_moe",
+    _dense(M_g) + P_exp * q_g * sympy.Min(1, E_p * z_g),
+    "the gradients per device of an MoE model: the dense part's, and its experts'",
+    "B",
+    "[ZeRO §3], [MoE-Folding]",
+)
+M_o_moe = define(
+    "moe_optimizer_state_bytes",
+    "M_o_moe",
+    _dense(M_o) + P_exp * (q_m + 2 * q_o) * sympy.Min(1, E_p * z_o),
+    "the optimizer's copies per device of an MoE model: the dense part's, and its experts'",
+    "B",
+    "[ZeRO §3], [MoE-Folding]",
+)
 M_state_moe = define(
     "moe_model_state_bytes",
     "M_state_moe",
-    sympy.Subs(M_state, F_ffn, F_sh) + P_exp * _expert_state_bytes,
+    M_w_moe + M_g_moe + M_o_moe,
     "model states per device of an MoE model on the stage holding the most: the dense part's, and its "
     "experts' with ZeRO sharding over the ranks that hold the same experts",
     "B",
     "[ZeRO §3], [MoE-Folding]",
+    simplify=False,
+)
+M_fsdp_moe = define(
+    "moe_fsdp_buffer_bytes",
+    "M_fsdp_moe",
+    _dense(M_fsdp),
+    "ZeRO-3/FSDP's gathered weights and unsharded gradients of an MoE model's dense part",
+    "B",
+    "[ZeRO §5], [FSDP2]",
 )
 # A token's k_E routed copies, padded to C_f, each keep their dispatched hidden state (whole on every TP
 # rank: the dispatcher gathers a TP group's tokens for its experts) and their expert's intermediates (TP-
@@ -157,24 +220,55 @@ A_moe = define(
     "width F_mem",
     "B",
     "[Korthikanti22 §4.2], [Switch §2.2]",
+    simplify=False,
+)
+M_fsdp_end_moe = define(
+    "moe_fsdp_backward_end_bytes",
+    "M_fsdp_end_moe",
+    _dense(M_fsdp_end),
+    "ZeRO-3/FSDP's buffers of an MoE model's dense part at the backward's end",
+    "B",
+    "[ZeRO §5], [FSDP2]",
+)
+M_alloc_moe = define(
+    "moe_allocated_memory_bytes",
+    "M_alloc_moe",
+    sympy.Max(M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe + A_moe, M_state_moe + M_fsdp_end_moe),
+    "the tensors a device of an MoE model holds at the step's peak",
+    "B",
+    "[Korthikanti22 §4], [ZeRO §3]",
+    simplify=False,
+)
+define(
+    "moe_reserved_memory_bytes",
+    "M_res_moe",
+    M_alloc_moe * (1 + f_fr),
+    "what the caching allocator holds at the peak, for an MoE model",
+    "B",
+    "[PyTorch-CUDA-Memory]",
+    simplify=False,
 )
 define(
     "moe_training_memory_bytes",
     "M_total_moe",
-    M_state_moe + A_moe + R_buf,
-    "model states, activations and ring buffers per device of an MoE model on the most loaded stage",
+    M_alloc_moe * (1 + f_fr) + M_fw,
+    "device memory a training step of an MoE model needs at its peak",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
+    simplify=False,
 )
 define(
     "moe_n_min_memory",
     "N_min_moe",
-    sympy.Subs(A + _buffers, (N, F_ffn), (1, F_mem)) / (M_dev - M_state_moe),
+    (1 + f_fr)
+    * sympy.Subs(replacing(A, {M_cpb: _buffers}), (N, F_ffn), (1, F_mem))
+    / (M_dev - M_fw - (1 + f_fr) * (M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe)),
     "smallest CP degree (real-valued) whose training memory of an MoE model fits M_dev, with flash "
     "attention; negative when the model states alone do not fit",
     "devices",
     "[Korthikanti22 §4]",
     at={phi: 0},
+    simplify=False,
 )
 tau_dp_moe = define(
     "moe_dp_comm_s",

@@ -1,0 +1,158 @@
+"""Published peak memory per GPU that the memory model is held to (``validation/memory_peaks.yaml``).
+
+Each row is a real run as its source states it (validation/SOURCES.md): the framework, the model, the GPUs
+and layout, ZeRO, recompute, the loss, offload and the CP scheme, and the peak it reported, which is
+``reserved`` (torch.cuda.max_memory_reserved, as torchtitan logs it), ``allocated`` (max_memory_allocated)
+or ``unknown`` (the source does not say; a GPU's whole use, as nvidia-smi shows it, is assumed). A row is
+made into a :class:`~costmodel.plans.job.Job` by :func:`job_of` and compared with the figure of its kind.
+A third of the rows, drawn per source, lie apart in ``memory_peaks_holdout.yaml``: the model was built and
+its framework constants set without them, and they are reported separately.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from costmodel.core.fileio import read_yaml
+from costmodel.core.resources import data_dir
+from costmodel.plans.job import Job
+from costmodel.plans.models import ModelPreset
+from costmodel.training.step import step_memory
+
+GIB = 2**30
+GOAL = 0.15  # every row within it, or a named known miss
+FILES = {"fitting": "memory_peaks.yaml", "holdout": "memory_peaks_holdout.yaml"}
+# The built-in profile a source's GPU is planned on: the memory model reads only the HBM it leaves free.
+HARDWARE = {"h100": "h100-nvlink", "h200": "h200-nvlink", "a100": "a100-nvlink", "a800": "a800-nvlink"}
+PRESETS = {"llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b", "llama3.1-405b": "llama3.1-405b"}
+OFFLOAD = {
+    "none": "none",
+    "optimizer": "optimizer",
+    "activations": "activations",
+    "params": "optimizer+params",
+}
+
+
+class MemoryPeak(BaseModel):
+    """One published run's peak memory per GPU and every knob its source states."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str
+    source: dict[str, Any]
+    framework: str
+    model: str | dict[str, Any]
+    hardware: str | None
+    gpus: int
+    layout: dict[str, Any]
+    seq: int
+    micro_batch: int
+    global_batch: int | None = None
+    micro_batches: int | None = None
+    zero: int
+    recompute: str
+    loss: str | None = None
+    offload: str | None = None
+    cp_scheme: str | None = None
+    measured_gib: float
+    kind: Literal["reserved", "allocated", "unknown", "nvidia-smi"]
+    notes: str = ""
+
+    @property
+    def measured_bytes(self) -> float:
+        return self.measured_gib * GIB
+
+
+@cache
+def rows(part: str = "fitting") -> tuple[MemoryPeak, ...]:
+    """The rows of one part of the table: ``fitting`` (what the model was built and checked on) or ``holdout``."""
+    document = read_yaml(data_dir("validation") / FILES[part], "validation")
+    return tuple(MemoryPeak.model_validate(row) for row in document.data)
+
+
+def _framework(row: MemoryPeak) -> str:
+    """The built-in framework profile a row ran: TRL's and the Trainer's DeepSpeed runs are DeepSpeed's;
+    InternEvo's hybrid ZeRO (bf16 weights, fp32 master shards and gradients, an in-place fused cross-entropy)
+    keeps what Megatron-Core keeps."""
+    if row.framework in ("trl", "hf-trainer"):
+        return "deepspeed" if "deepspeed" in row.notes.lower() else "hf-trainer"
+    return {"internevo": "megatron", "nemo": "megatron"}.get(row.framework, row.framework)
+
+
+def _model(row: MemoryPeak) -> tuple[dict[str, Any], ModelPreset | None]:
+    if isinstance(row.model, str):
+        return {"model": PRESETS[row.model]}, None
+    model = row.model
+    if "attention_kind" in model:  # multi-head latent attention (DeepSeek-V3's) is not modelled
+        raise NotExpressible(f"{model['attention_kind'].split(' (')[0]} attention is not modelled")
+    shape = {
+        k: model[k] for k in ("heads", "kv_heads", "head_dim", "layers", "hidden", "ffn_hidden", "vocab")
+    }
+    experts = model.get("experts") or {}
+    if experts:
+        shape["ffn_hidden"] = experts["moe_ffn_hidden"]
+        shared = (
+            experts.get("shared_expert_ffn_hidden")
+            or experts.get("shared_experts", 0) * experts["moe_ffn_hidden"]
+        )
+        shape |= {
+            "experts": experts["num"],
+            "experts_per_token": experts["top_k"],
+            "shared_expert_ffn": shared or None,
+        }
+    preset = ModelPreset(
+        name=model["name"],
+        source=str(row.source.get("url", "")),
+        gated_mlp=model.get("gated_mlp", True),
+        tied_embeddings=model.get("tied_embeddings", False),
+        **shape,
+    )
+    return {}, preset
+
+
+class NotExpressible(ValueError):
+    """A published run cp-plan cannot state (a kind of model or layout it does not plan)."""
+
+
+def job_of(row: MemoryPeak) -> Job:
+    """The row as a cp-plan job: its layout, ZeRO, recompute, loss, offload and CP scheme on its framework."""
+    layout = row.layout
+    dp = layout.get("dp_shard", 1) * layout.get("dp_replicate", 1)
+    micro = row.micro_batches or (layout.get("pp", 1) if layout.get("pp", 1) > 1 else 1)
+    named, preset = _model(row)
+    hw = next((p for chip, p in HARDWARE.items() if chip in (row.hardware or "").lower()), "h100-nvlink")
+    flags: dict[str, Any] = {
+        **named,
+        "seq": row.seq,
+        "hw": hw,
+        "gpus": row.gpus,
+        "tp": layout.get("tp", 1),
+        "cp": layout.get("cp", 1),
+        "pp": layout.get("pp", 1),
+        "vpp": layout.get("vpp", 1),
+        "micro_batch": row.micro_batch,
+        "global_batch": row.global_batch or row.micro_batch * dp * micro,
+        "zero": row.zero,
+        "recompute": next(m for m in ("none", "selective", "full") if row.recompute.startswith(m)),
+        "offload": OFFLOAD.get(row.offload or "none", "none"),
+        "framework": _framework(row),
+    }
+    if row.loss in ("materialized", "chunked", "fused"):
+        flags["loss"] = row.loss
+    if row.cp_scheme and layout.get("cp", 1) > 1:
+        flags["cp_scheme"] = row.cp_scheme
+    if layout.get("ep", 1) > 1:
+        flags["ep"] = layout["ep"]
+    return Job.of(**flags, _model=preset)
+
+
+def predicted_bytes(row: MemoryPeak) -> float:
+    """The model's figure of the kind the row reports: reserved, allocated, or the device's whole use."""
+    memory = step_memory(job_of(row))
+    by = memory.by_category
+    return {"reserved": by.reserved_bytes, "allocated": by.allocated_bytes}.get(
+        row.kind, memory.bytes_per_device
+    )
