@@ -277,6 +277,12 @@ def layer_picture() -> str:
     return "```text\n" + "\n".join(lines) + "\n```"
 
 
+def memory_table() -> str:
+    from costmodel.cli.markdown import memory_table as table
+
+    return table()
+
+
 def validation_table() -> str:
     from costmodel.cli.markdown import validation_table as table
 
@@ -345,6 +351,7 @@ BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's r
     "json-contract": json_contract,
     "hardware-schema": hardware_schema,
     "validation-table": validation_table,
+    "memory-table": memory_table,
     "flag-limits": flag_limits,
     "inference-json-contract": inference_contract,
     "recommend-json-contract": recommend_contract,

@@ -290,6 +290,25 @@ def test_numeric_twin_matches_exact_sympy(
         "B_h": bw / 2,
         "R_h": 1.4e9,
         "n_h": 4,
+        # what the framework keeps (frameworks/*.yaml): FSDP2's copies, kept through a pipeline's step
+        "P_r": 7e8,
+        "q_w": 4,
+        "q_c": 2,
+        "q_m": 0,
+        "q_g": 4,
+        "q_o": 4,
+        "u_w": 1,
+        "u_g": 1,
+        "r_k": int(causal),
+        "f_pf": 1,
+        "w_op": 1 - int(causal),
+        "g_p": 0,
+        "k_l": 12,
+        "l_f": int(causal),
+        "T_c": 4096,
+        "M_fw": 2e9,
+        "f_fr": 0.25,
+        "M_cpb": 3e8,
     }
     for name, formula in f.items():
         args = {a: values[a] for a in numeric.ARGS[name]}

@@ -430,8 +430,8 @@ def test_fewer_micro_batches_than_stages_is_a_legal_job_with_its_bubble() -> Non
 
 
 def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> None:
-    """Llama 3 70B at 128K, no CP, TP or PP, no recompute: 3.38 TB per device (what recommend sizes the
-    same layout at) of 72 GB usable. The step is marked, JSON says fits: false, --strict exits 1."""
+    """Llama 3 70B at 128K, no CP, TP or PP, no recompute: 4.16 TB per device (what recommend sizes the
+    same layout at) of 76 GB usable. The step is marked, JSON says fits: false, --strict exits 1."""
     args = (
         "step",
         "--model",
@@ -456,10 +456,10 @@ def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> No
     data = cli(*args, "-f", "json").json()
     assert data["schema"] == "cp-plan/step/v5"
     assert data["fits"] is False and data["memory"]["fits"] is False
-    assert data["memory"]["bytes_per_device"] == pytest.approx(3.384e12, rel=1e-3)
-    assert data["memory"]["device_memory_bytes"] == pytest.approx(72e9, rel=1e-9)
+    assert data["memory"]["bytes_per_device"] == pytest.approx(4.164e12, rel=1e-3)
+    assert data["memory"]["device_memory_bytes"] == pytest.approx(76e9, rel=1e-9)
     table = cli(*args)
-    assert table.code == 0 and "3.384 TB of 72.00 GB usable: DOES NOT FIT" in " ".join(table.out.split())
+    assert table.code == 0 and "4.164 TB of 76.00 GB usable: DOES NOT FIT" in " ".join(table.out.split())
     assert cli(*args, "--strict").code == 1
     assert cli(*args, "--strict", "-f", "json").code == 1
     recommend = cli("recommend", *args[1:], "-f", "json").json()

@@ -39,6 +39,41 @@ def validation_table() -> str:
     return "\n".join([*lines, "", "Known misses (outside 15 %):", "", *misses, "", sensitivity])
 
 
+def memory_table() -> str:
+    """The memory table of docs/validation.md: each published peak per GPU, the model's figure of its kind,
+    the error; the fitting part, then the held-out part's summary."""
+    import statistics
+
+    from costmodel.training.memory_validation import GIB, GOAL, compared
+
+    lines = [
+        "| run | framework | reported | measured | model | error | held to |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    misses, summary = [], []
+    for part in ("fitting", "holdout"):
+        errors = []
+        for row, predicted, why in compared(part):
+            if predicted is None:
+                misses.append(f"- `{row.id}` ({part}): {why}.")
+                continue
+            error = predicted / row.measured_bytes - 1
+            errors.append(abs(error))
+            if part == "fitting":
+                lines.append(
+                    f"| `{row.id}` | {row.framework} | {row.kind} | {row.measured_gib:.1f} GiB | "
+                    f"{predicted / GIB:.1f} GiB | {100 * error:+.1f} % | {'known miss' if why else '15 %'} |"
+                )
+            if why and part == "fitting":
+                misses.append(f"- `{row.id}` ({100 * error:+.1f} %): {why}.")
+        within = sum(e <= GOAL for e in errors)
+        summary.append(
+            f"- {part}: {len(errors)} rows, median |error| {100 * statistics.median(errors):.1f} %, worst "
+            f"{100 * max(errors):.1f} %, {within} within {GOAL:.0%}"
+        )
+    return "\n".join([*lines, "", *summary, "", "Known misses and rows not planned:", "", *misses])
+
+
 def _shown(value: float, metric: str) -> str:
     if metric.startswith("mfu"):
         return f"{100 * value:.1f} %"

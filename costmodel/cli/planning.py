@@ -174,10 +174,10 @@ def _header(report):  # noqa: ANN001, ANN202
 
 
 def _memory_line(fit) -> str:  # noqa: ANN001
-    return (
-        f"at N = {fit.n}: states {si(fit.model_state_bytes, 'B', 3)} + activations "
-        f"{si(fit.activation_bytes, 'B', 3)} + ring buffers {si(fit.buffer_bytes, 'B', 3)} = "
-        f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable"
+    from costmodel.cli.render import memory_line
+
+    return f"at N = {fit.n}: " + memory_line(
+        fit.by_category, fit.total_bytes, fit.device_memory_bytes, fit.fits
     )
 
 

@@ -11,13 +11,37 @@ from costmodel.cli.options import house_table
 from costmodel.core.units import count, percent, seconds, si, tokens_label
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation
-from costmodel.plans.schema import Report
+from costmodel.plans.schema import MemoryCategories, Report
 from costmodel.symbolic import numeric
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 COLOURS = {"green": "bold green", "amber": "bold yellow", "red": "bold red"}
+
+
+CATEGORY_LABELS = {
+    "weights": "weights",
+    "gradients": "gradients",
+    "optimizer": "optimizer",
+    "fsdp_buffers": "FSDP buffers",
+    "activations": "activations",
+    "loss": "loss",
+    "working": "backward working set",
+    "cp_buffers": "CP buffers",
+}
+
+
+def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -> str:
+    """Memory per device at the step's peak, by what holds it, when the peak falls, and whether it fits."""
+    parts = " + ".join(
+        f"{label} {si(getattr(by, k), 'B')}" for k, label in CATEGORY_LABELS.items() if getattr(by, k)
+    )
+    return (
+        f"{parts} = {si(by.allocated_bytes, 'B')} allocated at {by.peak}; the allocator reserves "
+        f"{si(by.allocator, 'B')} more, the runtime holds {si(by.runtime, 'B')}: {si(total, 'B')} of "
+        f"{si(usable, 'B')} usable: " + ("fits" if fits else "DOES NOT FIT")
+    )
 
 
 def report_data(report: Report, trace: list[Evaluation] | None = None) -> dict[str, Any]:

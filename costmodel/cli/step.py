@@ -115,7 +115,7 @@ def _reference_line(reference: dict, allocated: float) -> None:
 
 def _table(report: StepReport) -> None:
 
-    from costmodel.cli.render import topology_lines
+    from costmodel.cli.render import memory_line, topology_lines
 
     result = report.model_dump(mode="json", by_alias=True)
     step, inputs = result["step"], result["inputs"]
@@ -132,12 +132,10 @@ def _table(report: StepReport) -> None:
     for line in topology_lines(result["topology"]):
         screen.print(line)
     screen.print(f"kernel rates: {result['rates']['source']}")
-    memory = result["memory"]
+    memory = report.memory
     screen.print(
-        f"memory per device (most loaded stage): states {si(memory['model_state_bytes'], 'B')} + activations "
-        f"{si(memory['activation_bytes'], 'B')} + ring buffers {si(memory['buffer_bytes'], 'B')} = "
-        f"{si(memory['bytes_per_device'], 'B')} of {si(memory['device_memory_bytes'], 'B')} usable: "
-        + ("fits" if result["fits"] else "DOES NOT FIT")
+        "memory per device at the peak: "
+        + memory_line(memory.by_category, memory.bytes_per_device, memory.device_memory_bytes, memory.fits)
     )
     screen.print(
         f"step {seconds(step['time_s'])}   {step['tokens_per_s']:,.0f} tokens/s "

@@ -539,7 +539,13 @@ class TrainingSetup(BaseModel):
         "sdpa-cudnn).",
         pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
     )
-    memory_headroom: Number = flag(0.10, "Fraction of HBM left free, in [0, 0.9].", ge=0, le=0.9)
+    memory_headroom: Number = flag(
+        0.05,
+        "Fraction of HBM left free beyond what the step needs at its peak (the allocator's reserve and the "
+        "runtime's own are counted in it), in [0, 0.9].",
+        ge=0,
+        le=0.9,
+    )
     rank_order: RankOrder = declared_as(Parallelism, "rank_order")
 
     @model_validator(mode="after")

@@ -196,8 +196,12 @@ l_f = _symbol(
     nonnegative=True,
     integer=True,
 )
-T_l = _symbol(
-    "T_l", "tokens whose logits exist at once: all of a micro-batch's, or a chunk's", "tokens", FRAMEWORK
+T_c = _symbol(
+    "T_c",
+    "tokens per chunk of a chunked or fused loss, whose logits exist at once (unbounded: the loss takes the "
+    "micro-batch's whole logits)",
+    "tokens",
+    FRAMEWORK,
 )
 M_fw = _symbol(
     "M_fw",

@@ -68,14 +68,13 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
     """What a device keeps, for one layout (:func:`layout_columns`) or a table of them (numpy columns): the
     activations a layer keeps (sequence parallel, dropout, stored scores, full or op-level recompute), the
     ZeRO shares of each copy over DP x CP, whether ZeRO-3/FSDP or autocast gathers compute copies and keeps
-    them for the step, and how many tokens' logits exist at once."""
+    them for the step, and how many tokens' logits a chunked loss holds at once."""
     setup, m = job.setup, job.framework.memory
     tp, pp, rc = (np.asarray(columns[k]) for k in ("tp", "pp", "rc"))
     z_w, z_g, z_o = zero_fractions(setup.zero, np.asarray(columns["dp"] * columns["cp"], dtype=float))
     autocast = setup.zero < 3 and m.compute_weights != m.weights  # a cast copy of each weight, cached
     reshard = {"always": False, "never": True, "unless-pp": pp > 1}[m.reshard_after_forward]
     sp = tp > 1 if setup.sequence_parallel is None else (tp > 1) & setup.sequence_parallel
-    tokens = np.asarray(columns["micro_batch"] * job.inputs.seq / columns["cp"], dtype=float)
     return {
         "sigma": sp.astype(float)[()],
         "delta": int(job.model.dropout),
@@ -89,7 +88,7 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
         "u_w": int(setup.zero == 3 or autocast),
         "u_g": int(setup.zero == 3),
         "r_k": np.asarray(reshard if setup.zero == 3 else autocast, dtype=float)[()],
-        "T_l": (tokens if m.loss == "materialized" else np.minimum(m.loss_chunk_tokens, tokens))[()],
+        "T_c": float("inf") if m.loss == "materialized" else float(m.loss_chunk_tokens),
     }
 
 
@@ -144,13 +143,14 @@ def categories(values: dict[str, Any]) -> MemoryCategories:
     """Every byte at the peak by what holds it, summing to ``allocated_memory_bytes`` (then the allocator's and
     the runtime's), and the moment: each stage's forward and backward (the loss at the forward's end on the
     last stage, or the backward) and each stage's backward's end, the largest of them all."""
-    if values.get("n_E", 1) > 1:  # an MoE layer keeps the dense layer's activations at the width F_mem
-        values = values | {"F_ffn": float(call("moe_activation_ffn", values))}
     ev = Evaluator(values)
+    # An MoE layer keeps the dense layer's activations at the width F_mem; its states count every expert.
+    moe_layer = {"F_ffn": float(call("moe_activation_ffn", values))} if values.get("n_E", 1) > 1 else {}
+    activations = Evaluator(values | moe_layer)
     candidates = {}
     for where, (params, layers, last) in _stages(ev).items():
         states = {key: float(memory(ev, f"{name}_bytes", P_r=params)) for key, name in STATES.items()}
-        running = _running(ev, states, layers, last) | {
+        running = _running(activations, states, layers, last) | {
             "fsdp_buffers": memory(ev, "fsdp_buffer_bytes", P_r=params)
         }
         candidates[f"the {running.pop('moment')}, {where}"] = running
@@ -161,7 +161,7 @@ def categories(values: dict[str, Any]) -> MemoryCategories:
     moment, parts = max(candidates.items(), key=lambda item: sum(float(v) for v in item[1].values()))
     parts = {k: float(v) for k, v in parts.items()}
     allocated = sum(parts.values())
-    reserved = allocated * (1 + values["f_fr"])
+    reserved = float(memory(ev, "reserved_memory_bytes"))
     return MemoryCategories(
         **parts,
         allocator=reserved - allocated,
@@ -181,7 +181,9 @@ def _running(ev: Evaluator, states: dict[str, float], layers: float, last: bool)
     scheme's buffers), whichever is larger."""
     values = ev.values
     kept = layers * float(ev("layer_kept_bytes"))
-    backward = float(ev("layer_backward_working_bytes")) + float(values["M_cpb"])
+    backward = float(ev("layer_backward_working_bytes"))
+    in_attention = float(ev("attention_gradient_bytes")) > float(ev("mlp_gradient_bytes"))
+    buffers = float(values["M_cpb"]) if in_attention else 0.0  # the scheme's buffers live in the attention
     loss = float(ev("loss_working_bytes")) if last else 0.0
     at_loss = loss > backward
     return {
@@ -189,8 +191,8 @@ def _running(ev: Evaluator, states: dict[str, float], layers: float, last: bool)
         "gradients": states["gradients"] * values["g_p"],
         "activations": kept + (float(ev("output_activation_bytes")) if last else 0.0),
         "loss": loss if at_loss else 0.0,
-        "working": 0.0 if at_loss else backward - float(values["M_cpb"]),
-        "cp_buffers": 0.0 if at_loss else float(values["M_cpb"]),
+        "working": 0.0 if at_loss else backward - buffers,
+        "cp_buffers": 0.0 if at_loss else buffers,
         "moment": "loss at the forward's end" if at_loss else "backward",
     }
 

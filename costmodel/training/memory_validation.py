@@ -156,3 +156,62 @@ def predicted_bytes(row: MemoryPeak) -> float:
     return {"reserved": by.reserved_bytes, "allocated": by.allocated_bytes}.get(
         row.kind, memory.bytes_per_device
     )
+
+
+_INTERNEVO = (
+    "InternEvo's memory tests (2K tokens, the model states most of the figure) exceed the model by 11-28 GiB, "
+    "about half their states: its HybridZeroOptimizer keeps more than Megatron-Core's copies and no InternEvo "
+    "profile is built; the figure's kind is not stated"
+)
+_FUSED = (
+    "Liger's fused linear cross-entropy under FSDP1 measures 4-7 GiB above its hidden-state and weight "
+    "gradients as modelled"
+)
+# The rows of the fitting part outside GOAL, each with what the model leaves out or cannot reconcile.
+KNOWN_MISSES: dict[str, str] = {
+    **{
+        row_id: _INTERNEVO
+        for row_id in (
+            "internevo-internlm-7b-3gpu-tp1-pp3-zero1-2k",
+            "internevo-internlm-7b-3gpu-tp1-pp1-fsdp-2k",
+            "internevo-internlm-7b-4gpu-tp4-pp1-zero1-2k",
+            "internevo-internlm-7b-4gpu-tp1-pp4-zero1-2k",
+            "internevo-internlm-7b-4gpu-tp1-pp1-fsdp-2k",
+            "internevo-internlm-7b-5gpu-tp1-pp1-fsdp-2k",
+            "internevo-internlm-7b-6gpu-tp1-pp1-fsdp-2k",
+            "internevo-internlm-20b-8gpu-tp8-pp1-fsdp-2k",
+            "internevo-internlm-20b-16gpu-tp1-pp1-fsdp-2k",
+            "internevo-internlm-20b-16gpu-tp8-pp1-fsdp-2k",
+            "internevo-internlm-20b-16gpu-tp1-pp16-zero1-2k",
+        )
+    },
+    "trainy-torchtitan-llama3.1-8b-fsdp32-sac-compile-fp8-8k-h200": (
+        "read from a WandB report: the same layout on an H100 of 96 GB, sharded four times wider, logs 61.8 GiB; "
+        "the run's settings as logged cannot be reconciled with 48 GiB"
+    ),
+    "hf-ulysses-qwen3-4b-sp4-4gpu-8k": (
+        "DeepSpeed ZeRO-3 with the optimizer on the CPU holds some 9-11 GiB the model does not count (its "
+        "partition and staging buffers), alike at 8K, 32K and 96K: at 8K it is most of the figure"
+    ),
+    "trl-qwen3-8b-fsdp2-cp8-full-offload-chunked-1m": (
+        "over: at 131K tokens a device the model's backward working set (a recomputed layer and its MLP "
+        "gradients, 27 GB) is larger than TRL's, whose checkpoints go to the host"
+    ),
+    "liger-qwen2-7b-fsdp4-bs32-flce-512": _FUSED,
+    "swift-megatron-qwen1.5-moe-a2.7b-pp2-ep4-full-8k": (
+        "packed variable-length rows and the MoE dispatch's permutation buffers (moe_permute_fusion) are not "
+        "modelled; the figure's kind is not stated"
+    ),
+}
+
+
+def compared(part: str = "fitting") -> list[tuple[MemoryPeak, float | None, str | None]]:
+    """Every row of a part with the model's figure of its kind (None where cp-plan cannot plan the run) and
+    why, where it is a known miss or not planned."""
+    out = []
+    for row in rows(part):
+        try:
+            out.append((row, predicted_bytes(row), KNOWN_MISSES.get(row.id)))
+        except NotExpressible as exc:
+            out.append((row, None, f"not planned: {exc}"))
+    return out

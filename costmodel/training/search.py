@@ -297,10 +297,9 @@ def with_pairs(
     """Each layout of ``table`` once per (scheme, layout) pair its TP and CP degrees run, and with TP > 1
     once more with its collectives pipelined into its multiplies (``tpo``: neither changes memory)."""
     c = table.columns
-    tp_cp = _key(c["tp"], c["cp"])
     blocks = []
     for (tp, cp), valid in shape_pairs.items():
-        rows = np.flatnonzero(tp_cp == _key(np.array([tp]), np.array([cp]), bases=(c["tp"], c["cp"]))[0])
+        rows = np.flatnonzero((c["tp"] == tp) & (c["cp"] == cp))
         blocks += [(rows, pair, tpo) for pair in valid for tpo in _overlaps(tp, overlap)]
     index = np.concatenate([b[0] for b in blocks]) if blocks else np.zeros(0, dtype=np.int64)
     columns = {k: v[index] for k, v in c.items()}
@@ -402,13 +401,12 @@ class _Shapes:
         return [column(name) for name in fields]
 
 
-def _key(*columns: np.ndarray, bases: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+def _key(*columns: np.ndarray) -> np.ndarray:
     """One int64 per row of non-negative integer columns (mixed radix; every product here stays below
-    2^63: a job's degrees multiply to at most its GPUs), for a fast np.unique; ``bases``: the columns whose
-    largest values set the radices, to compare keys across tables."""
+    2^63: a job's degrees multiply to at most its GPUs), for a fast np.unique within one table."""
     key = np.zeros(len(columns[0]), dtype=np.int64)
-    for column, base in zip(columns, bases or columns, strict=True):
-        key = key * (int(base.max(initial=0)) + 1) + column
+    for column in columns:
+        key = key * (int(column.max(initial=0)) + 1) + column
     return key
 
 

@@ -23,7 +23,7 @@ from costmodel.symbolic.symbols import (
     N,
     P_r,
     S,
-    T_l,
+    T_c,
     V,
     b,
     d,
@@ -116,9 +116,19 @@ P_stage = define(
 # gradients too (o_par), leaving two layers' compute weights and gradients in flight.
 def replacing(expr: sympy.Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
     """``expr`` with base symbols replaced, inside the formulas it is written over too: each formula whose
-    definition names one of them is written out (a formula's own symbol stands for its value as defined)."""
-    written = {f.symbol: f.definition for f in FORMULAS.values() if f.definition.free_symbols & set(mapping)}
-    return expr.xreplace(written).xreplace(mapping)
+    definition reaches one of them, however deep, is written out (a formula's own symbol stands for its
+    value as defined)."""
+    formulas = {f.symbol: f.definition for f in FORMULAS.values()}
+
+    def reaches(symbol: sympy.Symbol, seen: frozenset = frozenset()) -> bool:
+        free = formulas[symbol].free_symbols
+        return bool(free & set(mapping)) or any(
+            reaches(s, seen | {symbol}) for s in free if s in formulas and s not in seen
+        )
+
+    while written := {s: formulas[s] for s in expr.free_symbols if s in formulas and reaches(s)}:
+        expr = expr.xreplace(written)
+    return expr.xreplace(mapping)
 
 
 def at_stage(expr: sympy.Expr, params: sympy.Expr) -> sympy.Expr:
@@ -259,14 +269,32 @@ A_kept = define(
     "[Korthikanti22 §5]",
 )
 # The backward of one layer at a time: under full recompute its activations return whole; under op-level
-# recompute those it dropped; and its widest gradients (the MLP's intermediates and the hidden state) are
-# in flight while it is differentiated.
+# recompute those it dropped; and the gradients in flight while it is differentiated: in its MLP the
+# intermediates' and the hidden state's, in its attention Q's, K's and V's beside the CP scheme's buffers,
+# whichever are more (the torch reference, costmodel/kernel/memory.py, holds 3F + H two-byte elements a
+# token at the MLP's peak).
+W_mlp = define(
+    "mlp_gradient_bytes",
+    "W_mlpg",
+    b * L * ((2 + g) * F_ffn / t + H * _split) * p,
+    "the gradients in flight in a layer's MLP backward: its intermediates' and the hidden state's",
+    "B",
+    "[Korthikanti22 §4.1]",
+)
+W_att = define(
+    "attention_gradient_bytes",
+    "W_attg",
+    b * L * (h + 2 * n_kv) * d / t * p + M_cpb,
+    "the gradients in flight in a layer's attention backward, Q's, K's and V's, with the CP scheme's buffers",
+    "B",
+    "[FA2 §4], [RingAttn §3]",
+)
 W_l = define(
     "layer_backward_working_bytes",
     "W_layer",
-    rho * A_layer + (1 - rho) * w_op * (A_layer - A_op) + b * L * ((2 + g) * F_ffn / t + H * _split) * p,
-    "the backward's working set beyond the kept activations: the layer being recomputed, and its widest "
-    "gradients in flight",
+    rho * A_layer + (1 - rho) * w_op * (A_layer - A_op) + sympy.Max(W_mlp, W_att),
+    "the backward's working set beyond the kept activations: the layer being recomputed, and the gradients "
+    "in flight in its MLP or in its attention with the CP scheme's buffers, whichever are more",
     "B",
     "[Korthikanti22 §5]",
 )
@@ -279,7 +307,7 @@ A_out = define(
     "B",
     "[Korthikanti22 §4.2]",
 )
-# The loss holds the logits of T_l tokens (all of the micro-batch's, or a chunk's) at k_l bytes each at its
+# The loss holds the logits of its tokens (all of the micro-batch's, or a chunk's) at k_l bytes each at its
 # peak: Megatron's vocab-parallel cross-entropy upcasts, subtracts the maximum and exponentiates in place
 # and differentiates into the softmax it kept (about 6: the bf16 logits and one fp32 copy); torch's
 # cross_entropy over logits.float() keeps the upcast, the log-softmax and its gradient (12, measured on
@@ -288,7 +316,7 @@ A_out = define(
 L_t = define(
     "loss_working_bytes",
     "W_loss",
-    T_l * V / t * k_l + l_f * (b * L * 2 * H + V * H / t * q_c),
+    sympy.Min(b * L, T_c) * V / t * k_l + l_f * (b * L * 2 * H + V * H / t * q_c),
     "the loss's working set at its peak: the logits of the tokens computed at once, as the framework's "
     "cross-entropy holds them; a fused loss's gradients of the hidden state and the output layer",
     "B",
@@ -337,8 +365,7 @@ define(
 # end or the backward's working set, whichever is larger (the loss's logits are freed before the backward
 # of the last layer starts). The most loaded stage is the first (most micro-batches in flight), the second
 # (the first middle stage, which may hold more layers) or the last (the output layer and the loss).
-# The CP scheme's buffers come and go with each layer's attention, so they join the backward's working set.
-_backward = W_l + M_cpb
+_backward = W_l
 _last = A_out + sympy.Max(L_t, _backward)
 _stage_activations = (
     I_first * n_first * A_kept + _backward,
@@ -410,6 +437,7 @@ _staged = (
     _ended(P_last),
 )
 _offloaded = _running(P_stage, 2 * A_kept + _last), _ended(P_stage)
+_churn = A + at_stage(M_fsdp, P_stage)  # what is allocated and freed again within a step
 M_alloc = define(
     "allocated_memory_bytes",
     "M_alloc",
@@ -425,8 +453,10 @@ M_alloc = define(
 define(
     "reserved_memory_bytes",
     "M_res",
-    M_alloc * (1 + f_fr),
-    "what the caching allocator holds at the peak (torch.cuda.max_memory_reserved)",
+    M_alloc + f_fr * _churn,
+    "what the caching allocator holds at the peak (torch.cuda.max_memory_reserved): the tensors, and a share "
+    "of what comes and goes each step (activations, gathered weights, unsharded gradients) it keeps cached; "
+    "the states, made once, it does not multiply",
     "B",
     "[PyTorch-CUDA-Memory]",
     simplify=False,
@@ -434,7 +464,7 @@ define(
 define(
     "training_memory_bytes",
     "M_total",
-    M_alloc * (1 + f_fr) + M_fw,
+    M_alloc + f_fr * _churn + M_fw,
     "device memory a training step needs at its peak: the allocator's reservation and the runtime's own",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
@@ -448,7 +478,7 @@ define(
     "N_min",
     (1 + f_fr)
     * sympy.Subs(replacing(A, {M_cpb: _buffers}), N, 1)
-    / (M_dev - M_fw - (1 + f_fr) * at_stage(M_w + g_p * M_g + M_o + M_fsdp, P_stage)),
+    / (M_dev - M_fw - at_stage(M_w + g_p * M_g + M_o + (1 + f_fr) * M_fsdp, P_stage)),
     "smallest CP degree (real-valued) whose training memory fits M_dev with the ring's buffers, with flash "
     "attention; negative when the model states alone do not fit",
     "devices",

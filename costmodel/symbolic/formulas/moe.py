@@ -242,7 +242,7 @@ M_alloc_moe = define(
 define(
     "moe_reserved_memory_bytes",
     "M_res_moe",
-    M_alloc_moe * (1 + f_fr),
+    M_alloc_moe + f_fr * (A_moe + M_fsdp_moe),
     "what the caching allocator holds at the peak, for an MoE model",
     "B",
     "[PyTorch-CUDA-Memory]",
@@ -251,7 +251,7 @@ define(
 define(
     "moe_training_memory_bytes",
     "M_total_moe",
-    M_alloc_moe * (1 + f_fr) + M_fw,
+    M_alloc_moe + f_fr * (A_moe + M_fsdp_moe) + M_fw,
     "device memory a training step of an MoE model needs at its peak",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
@@ -262,7 +262,7 @@ define(
     "N_min_moe",
     (1 + f_fr)
     * sympy.Subs(replacing(A, {M_cpb: _buffers}), (N, F_ffn), (1, F_mem))
-    / (M_dev - M_fw - (1 + f_fr) * (M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe)),
+    / (M_dev - M_fw - (M_w_moe + g_p * M_g_moe + M_o_moe + (1 + f_fr) * M_fsdp_moe)),
     "smallest CP degree (real-valued) whose training memory of an MoE model fits M_dev, with flash "
     "attention; negative when the model states alone do not fit",
     "devices",
