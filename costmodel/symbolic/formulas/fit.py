@@ -72,7 +72,12 @@ P_stage = define(
     "P_stage",
     sympy.Piecewise(
         (P, sympy.Eq(pp, 1)),
-        (sympy.Max(n_first * P_layer + V * H, n_mid * P_layer, n_last * P_layer + V * H + H), True),
+        (
+            sympy.Max(
+                n_first * P_layer + V * H, n_mid * P_layer, n_last * P_layer + V * H + H, evaluate=False
+            ),
+            True,
+        ),
     ),
     "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the largest of the "
     "first (its layers and the input embedding), a middle and the last stage (its layers, the output layer "
@@ -134,7 +139,7 @@ def _in_flight(rank: sympy.Expr) -> sympy.Expr:
     there are; on the first stage 1 + (pp - 1)/(pp·v) times the 1F1B figure [Korthikanti22 §4.2]."""
     return sympy.Piecewise(
         (sympy.Min(m_mb, pp - rank), sympy.Eq(v_pp, 1)),
-        (sympy.Min(m_mb * v_pp, 2 * (pp - rank - 1) + (v_pp - 1) * pp + 1) / v_pp, True),
+        (sympy.Min(m_mb * v_pp, 2 * (pp - rank - 1) + (v_pp - 1) * pp + 1, evaluate=False) / v_pp, True),
     )
 
 
@@ -160,7 +165,9 @@ A = define(
     "activation_bytes",
     "A",
     (1 - o_act)
-    * sympy.Piecewise((n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations), True))
+    * sympy.Piecewise(
+        (n_L * A_kept + A_out, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations, evaluate=False), True)
+    )
     + o_act * (2 * A_kept + A_out),
     "activations per device on the most loaded pipeline stage: n_L layers' worth and the output "
     "layer at pp = 1; else the largest of the first stage (I_1 micro-batches of its layers), the second "
@@ -173,7 +180,7 @@ _buffers = (2 * C_bwd + b * h * L * d * p_acc) / t
 R_buf = define(
     "ring_buffer_bytes",
     "M_ring",
-    sympy.Min(N - 1, 1) * _buffers,
+    sympy.Min(N - 1, 1, evaluate=False) * _buffers,
     "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, "
     "for a TP rank's heads; none at N = 1",
     "B",

@@ -56,7 +56,7 @@ define(
 P_exp = define(
     "moe_device_expert_params",
     "P_exp",
-    sympy.Max(n_first, n_mid, n_last) * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
+    sympy.Max(n_first, n_mid, n_last, evaluate=False) * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
     "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
     "parameters",
     "[GShard §2]",
@@ -127,7 +127,11 @@ define(
     "[Megatron21 §3], [MoE-Folding]",
 )
 # ZeRO shards expert states over the ranks holding the same experts, E_p times fewer: E_p times the share.
-_expert_state_bytes = 2 * sympy.Min(1, E_p * z_w) + 4 * sympy.Min(1, E_p * z_g) + 12 * sympy.Min(1, E_p * z_o)
+_expert_state_bytes = (
+    2 * sympy.Min(1, E_p * z_w, evaluate=False)
+    + 4 * sympy.Min(1, E_p * z_g, evaluate=False)
+    + 12 * sympy.Min(1, E_p * z_o, evaluate=False)
+)
 M_state_moe = define(
     "moe_model_state_bytes",
     "M_state_moe",
