@@ -13,7 +13,7 @@ import pytest
 
 from costmodel.core import fileio
 from costmodel.core.resources import data_dir
-from tests.support import REPO
+from tests.support import REPO, wait_for_connected_ranks
 
 PROFILE = (data_dir("hardware") / "a100-nvlink.yaml").read_text()
 MODEL = (data_dir("configs") / "models" / "llama3-8b.yaml").read_text()
@@ -321,7 +321,6 @@ def test_kernel_flags_are_checked_at_the_edge(cli, monkeypatch, args: list[str],
 def test_a_killed_run_leaves_no_store_and_no_semaphore(tmp_path) -> None:
     pytest.importorskip("torch")
     import signal
-    import time
 
     before = set(Path("/tmp").glob("cp-plan-store-*"))
     run = subprocess.Popen(
@@ -345,9 +344,9 @@ def test_a_killed_run_leaves_no_store_and_no_semaphore(tmp_path) -> None:
         text=True,
         cwd=REPO,
     )
-    time.sleep(5)  # the ranks are up and computing
+    wait_for_connected_ranks(run, 2)  # the ranks are up: the store and the process group exist
     run.send_signal(signal.SIGKILL)
-    _, err = run.communicate(timeout=60)
+    _, err = run.communicate(timeout=120)  # the ranks hold its pipes until they see it gone
     assert run.returncode == -signal.SIGKILL
     assert set(Path("/tmp").glob("cp-plan-store-*")) == before
     assert "leaked" not in err, err
