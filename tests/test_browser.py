@@ -1,6 +1,5 @@
 """The pages in a real browser (headless Chromium): scripts run without errors, the charts render, and a
-screenshot comes out. The slow tier's; CI installs Chromium (.ci/run); without it these tests skip and say
-why."""
+screenshot comes out. CI installs Chromium (.ci/run); without it these tests skip and say why."""
 
 from __future__ import annotations
 
@@ -12,13 +11,10 @@ import pytest
 from tests.browser import chromium, open_page, png_size, screenshot
 from tests.support import REPO
 
-pytestmark = [
-    pytest.mark.slow,  # a real browser per page: the slow tier's
-    pytest.mark.skipif(
-        chromium() is None,
-        reason="Chromium is not installed (Debian: apt-get install -y chromium); CI installs it",
-    ),
-]
+pytestmark = pytest.mark.skipif(
+    chromium() is None,
+    reason="Chromium is not installed (Debian: apt-get install -y chromium); CI installs it",
+)
 
 CAUSAL_PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"]
 
