@@ -23,6 +23,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import sympy
@@ -381,26 +382,29 @@ def cli_output(command: str) -> str:
     return f"```text\n{lines}\n```"
 
 
-def fill_blocks(text: str) -> str:
-    """Regenerate every marked block of a Markdown file."""
+def fill_blocks(text: str, keep: Callable[[str], bool] | None = None) -> str:
+    """Regenerate every marked block of a Markdown file, but those whose name ``keep`` holds: they stay as
+    written (a test that leaves the minutes-long ones to another)."""
 
     def block(match: re.Match[str]) -> str:
         name = match.group(2)
+        if keep is not None and keep(name):
+            return match.group(0)
         content = cli_output(name) if name.startswith("cp-plan ") else BLOCKS[name]()
         return f"{match.group(1)}{content}\n{match.group(4)}"
 
     return _MARKER.sub(block, text)
 
 
-def targets() -> dict[Path, str]:
-    """Every generated file and the text it must hold."""
+def targets(keep: Callable[[str], bool] | None = None) -> dict[Path, str]:
+    """Every generated file and the text it must hold (the blocks ``keep`` names as they are written)."""
 
     out = {TARGET: render(), RESOLVED: resolved_cache(), DOCS / "report.schema.json": report_json_schema()}
     with contextlib.chdir(DOCS.parent):  # commands in docs name paths from the repository root
         for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
             text = path.read_text(encoding="utf-8")
             if "<!-- BEGIN GENERATED" in text:
-                out[path] = fill_blocks(text)
+                out[path] = fill_blocks(text, keep)
     return out
 
 

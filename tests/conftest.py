@@ -25,7 +25,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"hostile cases per class: {dict(sorted(hostile.CASES.items()))}")
         for seconds, rss, label in hostile.SLOWEST[:3]:
             terminalreporter.write_line(
-                f"slow accepted input: {seconds:.2f} s, {rss / 2**20:.0f} MiB ({label})"
+                f"slow accepted input: {seconds:.2f} s of CPU, {rss / 2**20:.0f} MiB ({label})"
             )
 
 

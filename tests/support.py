@@ -1,9 +1,15 @@
-"""Helpers the tests share: evaluate a plan, round as the article rounds."""
+"""Helpers the tests share: evaluate a plan, round as the article rounds, wait for a launcher's ranks."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from typing import Any
 
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
@@ -54,3 +60,62 @@ def memory_values(inputs: PlanInputs, setup: object, n: int | None = None, model
 
     job = make_job(inputs.model_copy(update={"cp": 1}), setup, model=model)  # type: ignore[arg-type]
     return training_values(job, inputs.cp if n is None else n)
+
+
+@contextlib.contextmanager
+def ctrl_c_reaches_children() -> Iterator[None]:
+    """Processes started inside take SIGINT as a terminal's foreground job does. pytest may itself run with
+    SIGINT ignored (a background job of a script, ``cmd &``, or under nohup), and an ignored signal stays
+    ignored in every child across exec: a test that sends Ctrl-C would then wait for ever."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def rank_processes(pid: int) -> list[int]:
+    """Live (non-zombie) child processes of ``pid`` that run ranks (multiprocessing's spawn)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        if (
+            fields.get("PPid", "").strip() == str(pid)
+            and "spawn_main" in cmdline
+            and fields["State"][0] != "Z"
+        ):
+            out.append(int(entry.name))
+    return sorted(out)
+
+
+def _holds_a_socket(pid: int) -> bool:
+    """Whether ``pid`` has a socket open: a rank of the launcher does from its store connection on (before
+    that it has pipes only), so it is inside the rank loop whose failures the launcher reports."""
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).startswith("socket:"):
+                    return True
+    return False
+
+
+def wait_for_connected_ranks(launcher: Any, count: int, seconds: float = 300) -> list[int]:
+    """The ``count`` rank processes of the running ``launcher`` (a ``subprocess.Popen``) once each holds its
+    store connection: a condition, not a guess of how long start-up takes on a loaded machine."""
+    deadline = time.monotonic() + seconds
+    while True:
+        ranks = rank_processes(launcher.pid)
+        if len(ranks) == count and all(map(_holds_a_socket, ranks)):
+            return ranks
+        assert launcher.poll() is None, (
+            f"the launcher ended before its ranks connected: {launcher.returncode}"
+        )
+        assert time.monotonic() < deadline, f"{count} ranks did not connect within {seconds:g} s"
+        time.sleep(0.05)

@@ -14,8 +14,6 @@ import sys
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 from costmodel import KERNEL_IMPORTS, LAYERS
 from tests.support import REPO
 
@@ -79,20 +77,30 @@ def _imports(module: str) -> tuple[tuple[str, bool, int], ...]:
     return tuple(found for found in _all_imports(module) if found[0] in MODULES)
 
 
-@pytest.mark.parametrize("module", [m for m, p in MODULES.items() if p not in ENTRY_POINTS])
-def test_a_package_imports_only_strictly_lower_layers(module: str) -> None:
-    owner = _package(module)
-    for target, _, line in _imports(module):
-        package = _package(target)
-        if package in ("", owner):
-            continue
-        where = f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
-        if owner == "kernel":
-            assert package in KERNEL_IMPORTS, f"the torch kernel reaches beyond {KERNEL_IMPORTS}: {where}"
-        elif package == "kernel":
-            assert owner == "cli", f"only the CLI may reach the torch kernel: {where}"
-        else:
-            assert LAYER[package] < LAYER[owner], f"{where}: {package} is not below {owner}"
+def _layer_breach(module: str, target: str, line: int) -> str | None:
+    """Why ``module`` may not import ``target`` (at ``line``), or None where it may."""
+    owner, package = _package(module), _package(target)
+    if package in ("", owner):
+        return None
+    if owner == "kernel":
+        allowed, rule = package in KERNEL_IMPORTS, f"the torch kernel reaches beyond {KERNEL_IMPORTS}"
+    elif package == "kernel":
+        allowed, rule = owner == "cli", "only the CLI may reach the torch kernel"
+    else:
+        allowed, rule = LAYER[package] < LAYER[owner], f"{package} is not below {owner}"
+    return None if allowed else f"{MODULES[module].relative_to(REPO)}:{line} imports {target}: {rule}"
+
+
+def test_a_package_imports_only_strictly_lower_layers() -> None:
+    """Every module at once; the message lists every breach."""
+    breaches = [
+        breach
+        for module, path in MODULES.items()
+        if path not in ENTRY_POINTS
+        for target, _, line in _imports(module)
+        if (breach := _layer_breach(module, target, line)) is not None
+    ]
+    assert not breaches, "\n".join(breaches)
 
 
 def test_every_package_is_placed_in_a_layer() -> None:
@@ -147,13 +155,16 @@ def _loaded_at_import(module: str) -> frozenset[str]:
     return frozenset(seen) | _started()
 
 
-@pytest.mark.parametrize("module", list(MODULES))
-def test_a_lazy_import_saves_something(module: str) -> None:
+def test_a_lazy_import_saves_something() -> None:
     """A function-level import of what the module already loads at its top saves nothing: it goes up."""
-    loaded = _loaded_at_import(module)
-    lazy_imports = {(target, line) for target, lazy, line in _all_imports(module) if lazy}
-    wasted = sorted(f"{line}: {target}" for target, line in lazy_imports if target in loaded)
-    assert not wasted, f"{MODULES[module].relative_to(REPO)} imports lazily what it already loads: {wasted}"
+    wasted = []
+    for module, path in MODULES.items():
+        loaded = _loaded_at_import(module)
+        lazy_imports = {(target, line) for target, lazy, line in _all_imports(module) if lazy}
+        wasted += sorted(
+            f"{path.relative_to(REPO)}:{line}: {target}" for target, line in lazy_imports if target in loaded
+        )
+    assert not wasted, "imported lazily though the module already loads it:\n" + "\n".join(wasted)
 
 
 @cache
@@ -169,16 +180,17 @@ def _every_command_loads() -> frozenset[str]:
 LIGHT_ROOTS = {"costmodel.cli"}
 
 
-@pytest.mark.parametrize("module", sorted(set(MODULES) - LIGHT_ROOTS))
-def test_a_lazy_import_saves_start_up_of_some_command(module: str) -> None:
+def test_a_lazy_import_saves_start_up_of_some_command() -> None:
     """A function-level import of a module that every command loads anyway saves no command anything."""
     loaded = _every_command_loads()
-    wasted = sorted(
-        {f"{line}: {target}" for target, lazy, line in _all_imports(module) if lazy and target in loaded}
-    )
-    assert not wasted, (
-        f"{MODULES[module].relative_to(REPO)} imports lazily what every command loads: {wasted}"
-    )
+    wasted = [
+        f"{MODULES[module].relative_to(REPO)}:{line}: {target}"
+        for module in sorted(set(MODULES) - LIGHT_ROOTS)
+        for target, line in sorted(
+            {(t, line) for t, lazy, line in _all_imports(module) if lazy and t in loaded}
+        )
+    ]
+    assert not wasted, "imported lazily though every command loads it:\n" + "\n".join(wasted)
 
 
 def test_the_model_layers_import_no_torch_and_no_cli() -> None:

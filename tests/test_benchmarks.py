@@ -12,11 +12,12 @@ from tests.support import REPO
 
 BENCHMARKS = REPO / "benchmarks"
 HELPERS = {"timing.py"}  # imported by the others, not run
-# script -> (arguments of its smoke run, marks): the multi-process ones are slow and need torch.
+# script -> (arguments of its smoke run, marks): the multi-process ones need torch; they and the full fits
+# (fidelity.py fits every term to two synthetic tables) are the slow tier's.
 SMOKE = {
     "cli_latency.py": (["--smoke"], ()),
     "collectives.py": (["--smoke"], ()),
-    "fidelity.py": (["--smoke"], ()),
+    "fidelity.py": (["--smoke"], (pytest.mark.slow,)),
     "host_overhead.py": (["--smoke"], (pytest.mark.kernel,)),
     "packed.py": (["--smoke"], ()),
     "search.py": (["--smoke"], ()),

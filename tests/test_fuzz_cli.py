@@ -1,7 +1,8 @@
 """Hostile and extreme flags: every option of every planning command, valid, boundary and hostile values.
 
-Each case runs the real CLI in a forked child with a memory limit and a wall-clock limit, so a case that
-would exhaust memory or hang fails the test instead of the machine. The promise checked for every case:
+Each case runs the real CLI in a forked child with a memory limit, a CPU time limit (the work a case may do,
+whatever else loads the machine) and a far wall-clock limit (a case that waits on nothing that long hangs),
+so a case that would exhaust memory, compute for ever or hang fails the test instead of the machine. The promise checked for every case:
 the exit code is 0, 1 or 2; there is never a traceback; exit 2 is one line on stderr that names a flag
 or field; and every number of a JSON answer is finite and not negative.
 
@@ -17,6 +18,7 @@ import math
 import multiprocessing
 import os
 import resource
+import signal
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
@@ -26,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 MEMORY_LIMIT = 3 << 30  # bytes of address space a case may use
-WALL_LIMIT_S = 30.0
+CPU_LIMIT_S = 30  # CPU seconds a case may use (SIGXCPU past them); the slowest takes a few
+WALL_LIMIT_S = 300.0  # wall seconds before a case counts as hung: far, so that no load reaches it
 
 # A valid command line per command; one flag at a time is replaced by a fuzzed value.
 BASELINES = {
@@ -134,6 +137,9 @@ def _case(command: str) -> st.SearchStrategy[list[str]]:
 
 def _child(args: list[str], pipe) -> None:  # noqa: ANN001 - a multiprocessing Connection
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)  # a forked child's CPU time starts from zero
+    resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S if hard == resource.RLIM_INFINITY else hard, hard))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))  # no core file
     out, err = io.StringIO(), io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(err):
@@ -152,11 +158,17 @@ def run_isolated(args: list[str]) -> tuple[int, str, str]:
     receive, send = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(args, send))
     child.start()
+    send.close()  # the child's end alone: its death reads as the end of the pipe
     if not receive.poll(WALL_LIMIT_S):
         child.kill()
         child.join()
-        pytest.fail(f"cp-plan {' '.join(args)!r} ran past {WALL_LIMIT_S} s")
-    code, out, err = receive.recv()
+        pytest.fail(f"cp-plan {' '.join(args)!r} waited past {WALL_LIMIT_S} s")
+    try:
+        code, out, err = receive.recv()
+    except EOFError:
+        child.join()
+        limit = f" (SIGXCPU: past {CPU_LIMIT_S} s of CPU)" if child.exitcode == -signal.SIGXCPU else ""
+        pytest.fail(f"cp-plan {' '.join(args)!r} died with exit code {child.exitcode}{limit}")
     child.join()
     return code, out, err
 

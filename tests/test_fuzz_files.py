@@ -3,9 +3,10 @@
 Each case is a valid file with one or two fields set to a valid, boundary or hostile value (huge,
 negative, zero, nan, inf, booleans, strings, lists, deep nesting), or a hostile document (aliases,
 duplicate keys, deep nesting, binary bytes, a truncated or corrupted file). It runs ``cp-plan``'s
-entry point in a forked child under an address-space limit (the parent's size + 2 GiB) and a wall
-clock limit, and must end with exit 0, 1 or 2, no traceback, one stderr line naming the field on
-exit 2, and only finite, non-negative numbers in its JSON.
+entry point in a forked child under an address-space limit (the parent's size + 2 GiB), a CPU time limit
+(the work a case may do, whatever else loads the machine) and a far wall clock limit (a case that waits
+on nothing for that long hangs), and must end with exit 0, 1 or 2, no traceback, one stderr line naming
+the field on exit 2, and only finite, non-negative numbers in its JSON.
 
 Default: a few dozen cases per input kind (well under a minute on two cores). For a long run:
 ``pytest tests/test_fuzz_files.py --hypothesis-profile=deep``.
@@ -44,7 +45,8 @@ FUZZ = settings(
 )
 
 MEMORY_HEADROOM = 2 << 30  # bytes of address space a case may add to the forked parent's
-WALL_S = 60  # seconds a case may run; the slowest default case takes well under one
+CPU_S = 60  # CPU seconds a case may use (SIGXCPU past them); the slowest default case takes well under one
+WALL_S = 300  # wall seconds before a case counts as hung (SIGALRM): far, so that no load reaches it
 
 
 # --- running one case ----------------------------------------------------------------------------
@@ -57,6 +59,7 @@ class Outcome:
     out: str
     err: str
     wall_s: float
+    cpu_s: float  # user + system time of the child: what a bound on work is checked against
     peak_rss_bytes: int
 
 
@@ -71,21 +74,21 @@ class Stats:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return (
             f"fuzz: {self.cases} cases, exit codes {dict(sorted(self.codes.items(), key=str))}; "
-            f"slowest {self.slowest[0]:.2f} s ({self.slowest[1][:120]}); peak RSS of a case "
+            f"slowest {self.slowest[0]:.2f} s of CPU ({self.slowest[1][:120]}); peak RSS of a case "
             f"{self.peak[0] / 2**20:.0f} MiB ({self.peak[1][:120]}); pytest itself {base / 2**20:.0f} MiB"
         )
 
     def add(self, outcome: Outcome, label: str) -> None:
         self.cases += 1
         self.codes[outcome.code] = self.codes.get(outcome.code, 0) + 1
-        self.slowest = max(self.slowest, (outcome.wall_s, label))
+        self.slowest = max(self.slowest, (outcome.cpu_s, label))
         self.peak = max(self.peak, (outcome.peak_rss_bytes, label))
 
 
 STATS = Stats()
 
 
-def run_cli(args: list[str], wall_s: int = WALL_S) -> Outcome:
+def run_cli(args: list[str], cpu_s: int = CPU_S, wall_s: int = WALL_S) -> Outcome:
     """``cp-plan ARGS`` in a forked child: the real entry point, its own limits, its own stdout/stderr."""
     from costmodel.cli import main
 
@@ -98,7 +101,7 @@ def run_cli(args: list[str], wall_s: int = WALL_S) -> Outcome:
         if pid == 0:  # the child: never returns into pytest
             code = 99
             try:
-                _limit_child(wall_s)
+                _limit_child(cpu_s, wall_s)
                 with open(out_path, "w") as out, open(err_path, "w") as err, open(os.devnull) as null:
                     os.dup2(null.fileno(), 0)
                     os.dup2(out.fileno(), 1)
@@ -122,14 +125,21 @@ def run_cli(args: list[str], wall_s: int = WALL_S) -> Outcome:
             out=out_path.read_text(errors="replace"),
             err=err_path.read_text(errors="replace"),
             wall_s=wall,
+            cpu_s=usage.ru_utime + usage.ru_stime,
             peak_rss_bytes=usage.ru_maxrss * 1024,
         )
 
 
-def _limit_child(wall_s: int) -> None:
+def _limit_child(cpu_s: int, wall_s: int) -> None:
     size = _address_space()
     resource.setrlimit(resource.RLIMIT_AS, (size + MEMORY_HEADROOM, size + MEMORY_HEADROOM))
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)  # a forked child's CPU time starts from zero
+    resource.setrlimit(
+        resource.RLIMIT_CPU, (cpu_s if hard == resource.RLIM_INFINITY else min(cpu_s, hard), hard)
+    )
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))  # no core file
+    for number in (signal.SIGALRM, signal.SIGXCPU):
+        signal.signal(number, signal.SIG_DFL)
     signal.alarm(wall_s)
 
 
@@ -603,7 +613,6 @@ def test_hostile_documents(kind: str) -> None:
     fuzz()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("seq", "n", "block", "gpus"), [(2**31, 8, 1024, 64), (2**20, 8, 1, 64), (2**17, 8, 1024, 2**20)]
 )
@@ -613,7 +622,7 @@ def test_a_huge_plan_is_answered_in_bounded_time_and_memory(
     plan = dict(KINDS["plan-file"].base, seq=seq, n=n, block=block, gpus=gpus)
     path = _write(tmp_path, yaml.safe_dump(plan).encode())
     check_outcome(
-        run_cli(["check", path, "-f", "json"], wall_s=10),
+        run_cli(["check", path, "-f", "json"], cpu_s=10),
         SCHEMA_NAMES,
         {path},
         f"plan: S = {seq}, N = {n}, block = {block}, G = {gpus}",
@@ -628,8 +637,14 @@ def test_a_model_too_large_for_the_device_has_no_negative_n_min(tmp_path) -> Non
     assert_finite_non_negative(json.loads(outcome.out), "model-preset: ffn_hidden = 65536")
 
 
+def _work_for_ever(args: list[str]) -> None:
+    while True:
+        pass
+
+
 def test_the_runner_reports_what_the_cli_did() -> None:
-    """The harness itself: a plain run, bad input, and a child that blows its memory limit."""
+    """The harness itself: a plain run, bad input, and children that blow their memory, wall clock and CPU
+    limits."""
     ok = run_cli(["--seq", "256k", "--n", "8", "-f", "json"])
     assert ok.code == 0 and json.loads(ok.out)["verdict"]["verdict"] in {"green", "amber", "red"}
     bad = run_cli(["--seq", "0"])
@@ -645,6 +660,9 @@ def test_the_runner_reports_what_the_cli_did() -> None:
         patch.setattr(costmodel.cli, "main", lambda args: time.sleep(30))
         stuck = run_cli([], wall_s=1)
         assert stuck.signal == signal.SIGALRM
+        patch.setattr(costmodel.cli, "main", _work_for_ever)
+        busy = run_cli([], cpu_s=1)
+        assert busy.signal == signal.SIGXCPU
     with pytest.raises(AssertionError, match="in the JSON output"):
         assert_finite_non_negative({"a": -1}, "probe")
 
@@ -695,7 +713,7 @@ def test_no_reader_waits_on_a_pipe_or_reads_a_device_for_ever(reader: str, kind:
         path = Path(args[[i for i, a in enumerate(args) if "{path}" in a][0]].replace("{path}", template))
         _special(kind, path)
         argv = [a.replace("{path}", template) for a in args]
-        outcome = run_cli(argv, wall_s=20)
+        outcome = run_cli(argv, cpu_s=10, wall_s=30)  # a reader blocked on the FIFO meets the alarm
         where = names.replace("{path}", str(path))
         check_outcome(outcome, {where, "input"}, {where, str(path), "input"}, f"{reader} on a {kind}")
-        assert outcome.code == 2 and outcome.wall_s < 10, (reader, kind, outcome.wall_s, outcome.err)
+        assert outcome.code == 2, (reader, kind, outcome.wall_s, outcome.err)

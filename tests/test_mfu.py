@@ -100,7 +100,6 @@ def test_packed_documents_count_the_pairs_the_kernel_runs() -> None:
     assert step["mfu"] <= step["hfu"] <= 1
 
 
-@pytest.mark.slow
 def test_the_128k_plan_with_documents_reports_mfu_under_100_percent() -> None:
     """Packed documents of 64K..512 in 128K windows: the full square counts 6.4x the pairs the varlen
     kernel runs; the headline MFU counts those it runs (c ~ 0.138), the full square only beside it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -231,6 +232,18 @@ def test_bad_runs_flags_are_one_line(cli, tmp_path: Path, args: list[str], expec
     assert result.code == 2 and expected in result.err and result.err.count("\n") == 1, result.err
 
 
+def test_a_fit_of_named_terms_gives_them_back_exactly_from_noiseless_times(tmp_path: Path) -> None:
+    """The fit's machinery in seconds: two named terms, two folds, 81 runs timed by the model itself."""
+    truth = {"gemm_scale": 0.8, "launch_s": 3.0e-5}
+    path = synthetic(tmp_path, truth, noise=0.0, max_gpus=4)
+    table = read_runs(str(path), parse_assumptions(VTRAIN), "a100-nvlink")
+    result = fit_runs(table, load_profile("a100-nvlink"), 2, "fitted", "2026-12-01", terms=list(truth))
+    assert {name: t["value"] for name, t in result["terms"].items()} == pytest.approx(truth, rel=1e-6)
+    assert result["cv"]["mape"] < 1e-6 and result["fitted_runs"] == len(table.runs) == 81
+    assert result["not_fitted"] == [] and result["not_needed"] == []
+
+
+@pytest.mark.slow  # a full fit: every term, five folds, 162 runs (minutes)
 def test_the_fit_gives_back_the_terms_that_made_the_times(tmp_path: Path) -> None:
     truth = {"gemm_scale": 0.8, "launch_s": 3.0e-5, "intra_node_collective_efficiency": 0.6}
     path = synthetic(tmp_path, truth, noise=0.02)
@@ -246,7 +259,20 @@ def test_the_fit_gives_back_the_terms_that_made_the_times(tmp_path: Path) -> Non
     assert result["fitted_runs"] == len(table.runs) and result["transfer"] is None
 
 
-def test_fit_profile_is_written_and_step_reads_it(cli, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "terms",
+    [
+        pytest.param(["gemm_scale", "launch_s"], id="two-named-terms"),
+        pytest.param(None, id="every-term", marks=pytest.mark.slow),  # the full fit: minutes
+    ],
+)
+def test_fit_profile_is_written_and_step_reads_it(cli, monkeypatch, tmp_path: Path, terms) -> None:
+    """The command end to end; the fast tier fits the two terms that made the times (the command fits every
+    term that moves the runs, as the slow tier does)."""
+    if terms is not None:
+        from costmodel.audit import runs
+
+        monkeypatch.setattr(runs, "fit_runs", functools.partial(fit_runs, terms=terms))
     small = synthetic(tmp_path, {"gemm_scale": 0.7, "launch_s": 5e-5}, noise=0.03)
     out = tmp_path / "fitted.yaml"
     args = [
@@ -280,6 +306,7 @@ def test_fit_profile_is_written_and_step_reads_it(cli, tmp_path: Path) -> None:
     assert again == pytest.approx(document["fit"]["rows"][0]["predicted_s"], rel=1e-9)
 
 
+@pytest.mark.slow  # a full fit of 396 runs (minutes)
 def test_runs_spanning_nodes_are_predicted_from_the_fit_never_fitted(tmp_path: Path) -> None:
     truth = {"gemm_scale": 0.8, "launch_s": 5e-5, "inter_node_collective_efficiency": 0.5}
     path = synthetic(tmp_path, truth, noise=0.02, max_gpus=32, hw=str(VTRAIN_CLUSTER))

@@ -20,9 +20,10 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.machines.profiles import HardwareProfile, parse_profile
+from costmodel.plans.bind import Evaluator
 from costmodel.plans.job import Job
 from costmodel.training.report import StepTimes
-from costmodel.training.step import evaluate_step, step_terms
+from costmodel.training.step import evaluate_step, term_values
 
 COMPUTE = (
     "matmul_s",
@@ -311,7 +312,6 @@ class FastSteps:
 
     def __init__(self, bound: list[dict[str, Any]], base: HardwareProfile) -> None:
 
-        self.step_terms = step_terms
         self.base = {name: term_value(base, name) for name in TERMS}
         self.bounds = term_bounds(base)
         self.groups: list[tuple[list[int], dict[str, Any], str, Any]] = []
@@ -358,7 +358,8 @@ class FastSteps:
             )
             v["B_tp"] = v["B_tp"] * np.where(flags["tp_inter"] > 0, inter, intra)
             v["B_dp"] = v["B_dp"] * np.where(flags["dp_inter"] > 0, inter, intra)
-            _, time_s = self.step_terms(v, scheme, model)
+            # The total alone: the fit reads no term of the breakdown, and step_time_s sums them in itself.
+            time_s = Evaluator(term_values(v, scheme, model))("step_time_s")
             out[rows] = np.broadcast_to(time_s, (len(rows),))
         return out
 

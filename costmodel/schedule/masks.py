@@ -17,6 +17,7 @@ a tile's queries into a few intervals.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -97,6 +98,12 @@ class MaskRule:
 
     def useful_pairs(self, seq: int) -> float:
         """(query, key) pairs the mask leaves visible over a whole sequence of ``seq`` tokens (float64)."""
-        q = np.arange(seq, dtype=np.int64)
-        first, last = self.visible_range(q)
-        return float(np.maximum(np.minimum(last, seq - 1) - first + 1, 0).sum(dtype=np.float64))
+        return _useful_pairs(self, seq)
+
+
+# A packed plan's report asks for the same count 14-23 times (each layout, branch and utilisation), and
+# each count is a pass over all S positions: count once per distinct (rule, S).
+@functools.lru_cache(maxsize=64)
+def _useful_pairs(rule: MaskRule, seq: int) -> float:
+    first, last = rule.visible_range(np.arange(seq, dtype=np.int64))
+    return float(np.maximum(np.minimum(last, seq - 1) - first + 1, 0).sum(dtype=np.float64))

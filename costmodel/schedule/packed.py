@@ -12,11 +12,12 @@ pair of positions in it is visible. Each query sees one range of global key posi
 decrease (:class:`~costmodel.schedule.masks.MaskRule`); the ranges of a query tile's queries merge into
 sorted, disjoint intervals. For every (query tile, key rank) the simulator then walks the key tiles it
 reaches: from key index x, the first interval of the query tile ending at or past key x's position
-either holds key x (its key tile is reached: count it, go to the next tile's start) or starts past it
-(the keys up to its start are hidden: go to the first key at or past it). Each step counts a key tile
-or passes an interval, and the walks of all (query tile, key rank) pairs advance together as arrays.
-Work: a few steps per (query tile, key rank) where documents or windows leave few gaps (at most one
-per interval where they leave many), never N x N x tiles x tiles and nothing per (query, key) pair.
+either holds key x (the key tiles of every key from x to the interval's end are reached: count them,
+go to the start of the tile after them) or starts past it (the keys up to its start are hidden: go to
+the first key at or past it). Each step counts an interval's key tiles or passes to an interval, and the
+walks of all (query tile, key rank) pairs advance together as arrays. Work: at most two steps per
+interval a walk meets, whatever the tile (one token included), never N x N x tiles x tiles and nothing
+per (query, key) pair.
 Striped and per-document layouts spread a tile's queries over many documents, so their intervals are
 many (about one per document a tile touches) while each rank's key tiles they reach stay few.
 """
@@ -174,9 +175,10 @@ def _walk_key_tiles(
     last key or past the query tile's last interval. A step takes the first interval of the query tile
     that ends at or past key x's position (the last step's interval while it still does, else a binary
     search): the intervals before it end before key x, so no key from x up to its start is visible, and
-    x moves to the first key at or past its start. If key x then lies in the interval, it is visible: its
-    key tile is counted and x moves to the next tile's start. Otherwise key x lies past the interval, and
-    the next step looks further on. Each step counts a key tile or passes an interval."""
+    x moves to the first key at or past its start. If key x then lies in the interval, it and every key of
+    the rank up to the interval's end are visible (a rank's positions increase with x): their key tiles are
+    counted and x moves to the start of the tile after them. Otherwise key x lies past the interval, and
+    the next step looks further on."""
     first, last, q_tile, head = intervals
     lengths, scale = placement.lengths, placement.seq + 1
     sort_key = q_tile * scale + last  # every interval by (query tile, last position): increasing
@@ -200,11 +202,14 @@ def _walk_key_tiles(
         x[jump] = placement.index_below(first[j[jump]], k[jump])
         pos[jump] = at[starts[k[jump]] + x[jump]]
         seen = (x < lengths[k]) & (pos <= last[j])
-        tile_start = x[seen] // tile * tile
-        size = np.minimum(tile, lengths[k[seen]] - tile_start)
-        reached += np.bincount(row[seen], weights=size, minlength=reached.size)
-        x[seen] = tile_start + size  # the next key tile's start, or L_k
-        pos[seen] = at[starts[k[seen]] + x[seen]]
+        # Every key of the rank from x up to the interval's end is visible: count their tiles in one step.
+        x_seen, k_seen = x[seen], k[seen]
+        tile_start = x_seen // tile * tile
+        inside_end = placement.index_below(last[j[seen]] + 1, k_seen)  # one past the last key inside
+        stop = np.minimum(-(-inside_end // tile) * tile, lengths[k_seen])  # the next key tile's start, or L_k
+        reached[row[seen]] += stop - tile_start  # a walk appears once per step: no index repeats
+        x[seen] = stop
+        pos[seen] = at[starts[k_seen] + stop]
     return reached.reshape(head.size, ranks.size)
 
 

@@ -42,7 +42,9 @@ def run_cases(ctx, cases: list[dict]) -> list[tuple[torch.Tensor, ...]]:
 
 
 def hang_on_rank_1(ctx, pid_dir: str) -> None:
-    Path(pid_dir, f"rank{ctx.rank}").write_text(str(os.getpid()))
+    written = Path(pid_dir, f".rank{ctx.rank}")
+    written.write_text(str(os.getpid()))
+    written.rename(Path(pid_dir, f"rank{ctx.rank}"))  # whole or absent to a reader
     if ctx.rank == 1:
         time.sleep(3600)
 

@@ -22,7 +22,7 @@ m_u = define(
 tau_ux = define(
     "alltoall_excess_s",
     "tau_Ux",
-    4 * sympy.Max(0, m_u - X_k) / B_x,
+    4 * sympy.Max(0, m_u - X_k, evaluate=False) / B_x,
     "extra time of Ulysses' all-to-alls beyond the knee, where the kernel's copies outgrow alpha-beta "
     "(added to tau_U on a measured profile)",
     "s",

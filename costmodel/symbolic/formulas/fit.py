@@ -99,7 +99,12 @@ P_stage = define(
     "P_stage",
     sympy.Piecewise(
         (P, sympy.Eq(pp, 1)),
-        (sympy.Max(n_first * P_layer + V * H, n_mid * P_layer, n_last * P_layer + V * H + H), True),
+        (
+            sympy.Max(
+                n_first * P_layer + V * H, n_mid * P_layer, n_last * P_layer + V * H + H, evaluate=False
+            ),
+            True,
+        ),
     ),
     "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the largest of the "
     "first (its layers and the input embedding), a middle and the last stage (its layers, the output layer "
@@ -202,7 +207,7 @@ M_state = define(
 # gradients come and go with each layer, after the activations have begun to shrink. Where the framework does
 # not reshard (torchtitan under PP), every layer of the stage stays gathered for the step, and the stage's
 # unsharded gradients accumulate over its micro-batches; autocast caches a cast of every weight likewise.
-_unit = sympy.Max(P_layer, V * H)
+_unit = sympy.Max(P_layer, V * H, evaluate=False)
 _kept_whole = r_k * P_r / t * (u_w * q_c + u_g * q_g)
 M_fsdp = define(
     "fsdp_buffer_bytes",
@@ -292,7 +297,7 @@ W_att = define(
 W_l = define(
     "layer_backward_working_bytes",
     "W_layer",
-    rho * A_layer + (1 - rho) * w_op * (A_layer - A_op) + sympy.Max(W_mlp, W_att),
+    rho * A_layer + (1 - rho) * w_op * (A_layer - A_op) + sympy.Max(W_mlp, W_att, evaluate=False),
     "the backward's working set beyond the kept activations: the layer being recomputed, and the gradients "
     "in flight in its MLP or in its attention with the CP scheme's buffers, whichever are more",
     "B",
@@ -316,7 +321,7 @@ A_out = define(
 L_t = define(
     "loss_working_bytes",
     "W_loss",
-    sympy.Min(b * L, T_c) * V / t * k_l + l_f * (b * L * 2 * H + V * H / t * q_c),
+    sympy.Min(b * L, T_c, evaluate=False) * V / t * k_l + l_f * (b * L * 2 * H + V * H / t * q_c),
     "the loss's working set at its peak: the logits of the tokens computed at once, as the framework's "
     "cross-entropy holds them; a fused loss's gradients of the hidden state and the output layer",
     "B",
@@ -331,7 +336,7 @@ def _in_flight(rank: sympy.Expr) -> sympy.Expr:
     there are; on the first stage 1 + (pp - 1)/(pp·v) times the 1F1B figure [Korthikanti22 §4.2]."""
     return sympy.Piecewise(
         (sympy.Min(m_mb, pp - rank), sympy.Eq(v_pp, 1)),
-        (sympy.Min(m_mb * v_pp, 2 * (pp - rank - 1) + (v_pp - 1) * pp + 1) / v_pp, True),
+        (sympy.Min(m_mb * v_pp, 2 * (pp - rank - 1) + (v_pp - 1) * pp + 1, evaluate=False) / v_pp, True),
     )
 
 
@@ -366,7 +371,7 @@ define(
 # of the last layer starts). The most loaded stage is the first (most micro-batches in flight), the second
 # (the first middle stage, which may hold more layers) or the last (the output layer and the loss).
 _backward = W_l
-_last = A_out + sympy.Max(L_t, _backward)
+_last = A_out + sympy.Max(L_t, _backward, evaluate=False)
 _stage_activations = (
     I_first * n_first * A_kept + _backward,
     _in_flight(1) * n_mid * A_kept + _backward,
@@ -378,7 +383,9 @@ A = define(
     "activation_bytes",
     "A",
     (1 - o_act)
-    * sympy.Piecewise((n_L * A_kept + _last, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations), True))
+    * sympy.Piecewise(
+        (n_L * A_kept + _last, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations, evaluate=False), True)
+    )
     + o_act * (2 * A_kept + _last),
     "activations per device at the peak on the most loaded pipeline stage: its layers' kept activations for "
     "the micro-batches in flight, with the loss's or the backward's working set; two layers' under "
@@ -391,7 +398,7 @@ _buffers = (2 * C_bwd + b * h * L * d * p_acc) / t
 R_buf = define(
     "ring_buffer_bytes",
     "M_ring",
-    sympy.Min(N - 1, 1) * _buffers,
+    sympy.Min(N - 1, 1, evaluate=False) * _buffers,
     "ring buffers of the larger pass, backward: two KV + fp32 dK/dV blocks in flight and fp32 dQ, "
     "for a TP rank's heads; none at N = 1",
     "B",
@@ -400,7 +407,7 @@ R_buf = define(
 define(
     "allgather_buffer_bytes",
     "M_ag",
-    sympy.Min(N - 1, 1) * b * S * 2 * n_kv * d * (p + p_acc) / t,
+    sympy.Min(N - 1, 1, evaluate=False) * b * S * 2 * n_kv * d * (p + p_acc) / t,
     "all-gather CP's buffers of the larger pass, backward: the whole sequence's K and V gathered, and their "
     "fp32 gradients before the reduce-scatter, for a TP rank's KV heads",
     "B",
@@ -409,7 +416,7 @@ define(
 define(
     "ulysses_buffer_bytes",
     "M_a2a",
-    sympy.Min(N - 1, 1) * 2 * b * L * (h + 2 * n_kv) * d * p / t,
+    sympy.Min(N - 1, 1, evaluate=False) * 2 * b * L * (h + 2 * n_kv) * d * p / t,
     "all-to-all CP's buffers: Q, K and V of the shard's tokens sent and the head groups received",
     "B",
     "[Ulysses §3]",
@@ -441,8 +448,11 @@ _churn = A + at_stage(M_fsdp, P_stage)  # what is allocated and freed again with
 M_alloc = define(
     "allocated_memory_bytes",
     "M_alloc",
-    (1 - o_act) * sympy.Piecewise((sympy.Max(*_one), sympy.Eq(pp, 1)), (sympy.Max(*_staged), True))
-    + o_act * sympy.Max(*_offloaded),
+    (1 - o_act)
+    * sympy.Piecewise(
+        (sympy.Max(*_one, evaluate=False), sympy.Eq(pp, 1)), (sympy.Max(*_staged, evaluate=False), True)
+    )
+    + o_act * sympy.Max(*_offloaded, evaluate=False),
     "the tensors a device of the most loaded stage holds at the step's peak: in the forward and backward its "
     "model states, the buffers of ZeRO-3/FSDP and of the CP scheme and the activations with the loss's or "
     "the backward's working set; at the backward's end every state",

@@ -55,7 +55,7 @@ define = definer(GROUP)
 # queries and returns partial (O, LSE) by all-to-all, all-gather collects K and V first. Decode keeps
 # the cache sharded: every rank attends the new token to its shard and the (O, LSE) partials are merged.
 # A TP rank holds n_kv/t KV heads, at least one (replicated when t > n_kv).
-_kv_tp = sympy.Max(n_kv / t, 1)
+_kv_tp = sympy.Max(n_kv / t, 1, evaluate=False)
 _new = b * T_n / N  # new tokens one CP rank computes
 define(
     "weight_bytes_per_device",
@@ -300,7 +300,7 @@ t_sample = define(
 define(
     "tpot_s",
     "t_token",
-    pp * sympy.Max(t_w_dec + t_kv_dec, t_c_dec)
+    pp * sympy.Max(t_w_dec + t_kv_dec, t_c_dec, evaluate=False)
     + n_L * (tau_merge + tau_tp_dec + t_pmerge + t_fix)
     + (pp - 1) * (alpha + b * H * p / B_pp)
     + t_sample

@@ -76,7 +76,7 @@ define(
 P_exp = define(
     "moe_device_expert_params",
     "P_exp",
-    sympy.Max(n_first, n_mid, n_last) * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
+    sympy.Max(n_first, n_mid, n_last, evaluate=False) * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
     "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
     "parameters",
     "[GShard §2]",
@@ -160,7 +160,7 @@ def _dense(bytes_of_stage: sympy.Expr) -> sympy.Expr:
 M_w_moe = define(
     "moe_weight_bytes",
     "M_w_moe",
-    _dense(M_w) + P_exp * q_w * sympy.Min(1, E_p * z_w),
+    _dense(M_w) + P_exp * q_w * sympy.Min(1, E_p * z_w, evaluate=False),
     "the stored weights per device of an MoE model: the dense part's, and its experts' with ZeRO sharding "
     "over the ranks that hold the same experts",
     "B",
@@ -169,7 +169,7 @@ M_w_moe = define(
 M_g_moe = define(
     "moe_gradient_bytes",
     "M_g_moe",
-    _dense(M_g) + P_exp * q_g * sympy.Min(1, E_p * z_g),
+    _dense(M_g) + P_exp * q_g * sympy.Min(1, E_p * z_g, evaluate=False),
     "the gradients per device of an MoE model: the dense part's, and its experts'",
     "B",
     "[ZeRO §3], [MoE-Folding]",
@@ -177,7 +177,7 @@ M_g_moe = define(
 M_o_moe = define(
     "moe_optimizer_state_bytes",
     "M_o_moe",
-    _dense(M_o) + P_exp * (q_m + 2 * q_o) * sympy.Min(1, E_p * z_o),
+    _dense(M_o) + P_exp * (q_m + 2 * q_o) * sympy.Min(1, E_p * z_o, evaluate=False),
     "the optimizer's copies per device of an MoE model: the dense part's, and its experts'",
     "B",
     "[ZeRO §3], [MoE-Folding]",
@@ -233,7 +233,9 @@ M_fsdp_end_moe = define(
 M_alloc_moe = define(
     "moe_allocated_memory_bytes",
     "M_alloc_moe",
-    sympy.Max(M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe + A_moe, M_state_moe + M_fsdp_end_moe),
+    sympy.Max(
+        M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe + A_moe, M_state_moe + M_fsdp_end_moe, evaluate=False
+    ),
     "the tensors a device of an MoE model holds at the step's peak",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",

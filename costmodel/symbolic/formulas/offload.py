@@ -32,7 +32,7 @@ tau_g2h = define(
 define(
     "offload_grad_exposed_s",
     "x_g2h",
-    sympy.Max(tau_g2h - n_crit * t_bwd_c, 0),
+    sympy.Max(tau_g2h - n_crit * t_bwd_c, 0, evaluate=False),
     "the gradient copy left after hiding it under the last micro-batch's backward on the slowest stage",
     "s",
     "[ZeRO-Offload §4.1]",
@@ -73,7 +73,7 @@ tau_act = define(
 define(
     "offload_layer_fwd_exposed_s",
     "x_off_fwd",
-    sympy.Max(sympy.Max(tau_pf, tau_act) - t_fwd_c, 0),
+    sympy.Max(sympy.Max(tau_pf, tau_act, evaluate=False) - t_fwd_c, 0, evaluate=False),
     "one layer's forward copies left on the critical path: the weights in and the activations out, each on "
     "its own direction of the link, beyond the layer's forward compute",
     "s",
@@ -82,7 +82,7 @@ define(
 define(
     "offload_layer_bwd_exposed_s",
     "x_off_bwd",
-    sympy.Max(tau_pf + tau_act - t_bwd_c - t_rc, 0),
+    sympy.Max(tau_pf + tau_act - t_bwd_c - t_rc, 0, evaluate=False),
     "one layer's backward copies left on the critical path: the weights and the activations in, one after "
     "the other on the inbound direction, beyond the layer's backward and recompute",
     "s",

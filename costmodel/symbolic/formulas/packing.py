@@ -39,7 +39,7 @@ N_rest = define(
 define(
     "packed_call_tokens",
     "L_call",
-    sympy.Min(l_w, L),
+    sympy.Min(l_w, L, evaluate=False),
     "tokens of one kernel call's document piece in the varlen branch: a block of short documents runs "
     "at the rate of calls that long, as a batch of short sequences does [FA2 §4.1]",
     "tokens",

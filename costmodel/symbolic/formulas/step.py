@@ -91,7 +91,7 @@ define = definer(GROUP)
 def _hidden(comm: sympy.Expr, compute: sympy.Expr, share: sympy.Expr) -> sympy.Expr:
     """Time of ``comm`` left on the critical path when ``share`` of it can hide under ``compute``; what hides
     still slows that compute by s_comm (the SMs a communication kernel takes)."""
-    hideable = share * (comm - sympy.Max(comm - compute, 0))  # share x min(comm, compute)
+    hideable = share * (comm - sympy.Max(comm - compute, 0, evaluate=False))  # share x min(comm, compute)
     return comm - hideable + s_comm * hideable
 
 
@@ -406,7 +406,7 @@ t_hl = define(
 define(
     "layer_host_wait_s",
     "t_wait",
-    sympy.Max(t_hl - t_dev, 0),
+    sympy.Max(t_hl - t_dev, 0, evaluate=False),
     "time the device waits on the host in one layer's passes: the host issues kernels one after another and "
     "the device cannot run ahead of it, so a layer takes the longer of the two",
     "s",
@@ -441,11 +441,11 @@ define(
 # 1F1B runs m micro-batches through the slowest stage and fills and drains through the others, so a step
 # takes m·T_stage + (sum of the stages - T_stage); interleaving cuts the fill and drain v-fold
 # [Megatron21 §2.2]. With even stages the bubble is the textbook (pp - 1)/(v·m) of the busy time.
-_last_slowest = n_last * t_lay + t_head >= sympy.Max(n_first, n_mid) * t_lay
+_last_slowest = n_last * t_lay + t_head >= sympy.Max(n_first, n_mid, evaluate=False) * t_lay
 n_crit = define(
     "critical_stage_layers",
     "n_c",
-    sympy.Piecewise((n_last, _last_slowest), (sympy.Max(n_first, n_mid), True)),
+    sympy.Piecewise((n_last, _last_slowest), (sympy.Max(n_first, n_mid, evaluate=False), True)),
     "layers on the pipeline stage slowest per micro-batch: the last, which also runs the output layer and "
     "the loss, unless another holds enough more layers",
     "layers",

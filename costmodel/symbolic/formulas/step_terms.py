@@ -260,7 +260,7 @@ STEP_TERMS: tuple[str, ...] = (
     _term(
         "step_dp_exposed_s",
         "X_DP",
-        x_DP_all + sympy.Max(x_DPo_all - x_bwd_stage, 0),
+        x_DP_all + sympy.Max(x_DPo_all - x_bwd_stage, 0, evaluate=False),
         "the step's gradient reduction left on the critical path: the last bucket and what is not overlapped, "
         "and the other buckets beyond the last micro-batch's backward on the slowest stage (every weight a "
         "device holds, all its experts)",
@@ -272,7 +272,7 @@ STEP_TERMS: tuple[str, ...] = (
     _term(
         "step_zero3_gather_s",
         "X_Z3",
-        m_mb * (sympy.Max(tau_Z3_all - T_stage, 0) + tau_Z3_all / n_crit),
+        m_mb * (sympy.Max(tau_Z3_all - T_stage, 0, evaluate=False) + tau_Z3_all / n_crit),
         "the step's ZeRO-3 gathers left on the critical path: beyond what prefetch hides under a micro-batch, and "
         "the first layer's, each micro-batch",
         "s",

@@ -54,7 +54,7 @@ define(
 define(
     "alltoall_bandwidth",
     "B_a2a",
-    sympy.Min(n_l * B_l, 4 * B_bis / P_g),
+    sympy.Min(n_l * B_l, 4 * B_bis / P_g, evaluate=False),
     "bytes/s each rank of an all-to-all receives: its injection, or the bisection's share (half of every "
     "rank's data crosses the cut, so P_g/2 · P_g/2 · m/P_g bytes cross it)",
     "B/s",

@@ -15,7 +15,7 @@ define = definer(GROUP)
 n_kv_u = define(
     "ulysses_kv_heads",
     "n_kv_U",
-    sympy.Max(n_kv, N),
+    sympy.Max(n_kv, N, evaluate=False),
     "KV heads after replication to the all-to-all degree",
     "heads",
     "[Ulysses §3]",

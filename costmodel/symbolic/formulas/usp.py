@@ -14,7 +14,7 @@ define = definer(GROUP)
 n_kv_usp = define(
     "usp_kv_heads",
     "n_kv_USP",
-    sympy.Max(n_kv, N_u),
+    sympy.Max(n_kv, N_u, evaluate=False),
     "KV heads after replication to the all-to-all degree N_u",
     "heads",
     "[USP §3]",
