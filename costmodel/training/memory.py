@@ -109,7 +109,7 @@ def training_values(job: Job, n: int | None = None) -> dict[str, Any]:
         **counts(layer_shape(model)),
         **counts(layout_degrees(setup.tp, setup.pp, {})),
         **job.stages.values(),
-        "m_mb": setup.pp if job.micro_batches is None else job.micro_batches,
+        "m_mb": _micro_batches(job, n),
         "v_pp": job.step.vpp,
         **framework_values(job.framework),
         **keeps(job, layout_columns(job, n)),
@@ -123,6 +123,16 @@ def training_values(job: Job, n: int | None = None) -> dict[str, Any]:
     values |= {"N_u": n_u, "N_r": n // n_u}
     values["M_cpb"] = cp_buffers(scheme.name, values)
     return values
+
+
+def _micro_batches(job: Job, n: int | None) -> float:
+    """Micro-batches per step at CP degree ``n``: the global batch over the micro-batch and the DP that CP
+    leaves; the pipeline's stages (1F1B's steady state) where the job states no global batch."""
+    if job.micro_batches is None:
+        return job.pp
+    if n is None or n == job.cp:
+        return job.micro_batches
+    return job.step.global_batch / (job.step.micro_batch * job.setup.shard_group / n)
 
 
 def cp_buffers(scheme: str, values: dict[str, Any]) -> Any:

@@ -193,10 +193,6 @@ KNOWN_MISSES: dict[str, str] = {
         "DeepSpeed ZeRO-3 with the optimizer on the CPU holds some 9-11 GiB the model does not count (its "
         "partition and staging buffers), alike at 8K, 32K and 96K: at 8K it is most of the figure"
     ),
-    "trl-qwen3-8b-fsdp2-cp8-full-offload-chunked-1m": (
-        "over: at 131K tokens a device the model's backward working set (a recomputed layer and its MLP "
-        "gradients, 27 GB) is larger than TRL's, whose checkpoints go to the host"
-    ),
     "liger-qwen2-7b-fsdp4-bs32-flce-512": _FUSED,
     "swift-megatron-qwen1.5-moe-a2.7b-pp2-ep4-full-8k": (
         "packed variable-length rows and the MoE dispatch's permutation buffers (moe_permute_fusion) are not "

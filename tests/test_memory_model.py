@@ -1,0 +1,153 @@
+"""The memory model of a training job: one model for every command, its categories summing to its total, and
+the framework's knobs moving the bytes they name (the torch reference holds the bytes themselves:
+tests/kernel/test_memory_model.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from costmodel.core.errors import InputError
+from costmodel.plans.bind import Evaluator
+from costmodel.plans.job import Job
+from costmodel.training.memory import memory, training_values
+from costmodel.training.recommend import recommend
+from costmodel.training.search import Constraints, plan_as_job, search
+from costmodel.training.step import step_memory
+
+GB = 1e9
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> Job:
+    flags = {
+        "model": draw(st.sampled_from(["llama3-8b", "llama3-70b", "llama2-7b"])),
+        "hw": draw(st.sampled_from(["h100-nvlink", "a100-nvlink", "h200-nvlink"])),
+        "seq": draw(st.sampled_from([4096, 8192, 32768, 131072])),
+        "tp": draw(st.sampled_from([1, 2, 8])),
+        "cp": draw(st.sampled_from([1, 2, 4])),
+        "pp": draw(st.sampled_from([1, 2, 4])),
+        "framework": draw(st.sampled_from(["megatron", "torchtitan", "deepspeed", "hf-trainer"])),
+        "zero": draw(st.sampled_from([0, 1, 3])),
+        "recompute": draw(st.sampled_from(["none", "selective", "full"])),
+        "loss": draw(st.sampled_from(["materialized", "chunked", "fused"])),
+        "micro_batch": draw(st.sampled_from([1, 2])),
+    }
+    flags["gpus"] = flags["tp"] * flags["cp"] * flags["pp"] * draw(st.sampled_from([1, 2, 4]))
+    flags["global_batch"] = (
+        flags["micro_batch"] * (flags["gpus"] // (flags["tp"] * flags["cp"] * flags["pp"])) * 4
+    )
+    try:
+        return Job.of(**flags)
+    except InputError:
+        assume(False)
+        raise
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(jobs())
+def test_the_categories_sum_to_the_formulas_total(job: Job) -> None:
+    """Every byte at the peak is in one category: their sum is allocated_memory_bytes (each stage's own
+    moment, the largest), the allocator's and the runtime's bring it to training_memory_bytes."""
+    ev = Evaluator(training_values(job))
+    by = step_memory(job).by_category
+    parts = (
+        "weights",
+        "gradients",
+        "optimizer",
+        "fsdp_buffers",
+        "activations",
+        "loss",
+        "working",
+        "cp_buffers",
+    )
+    assert sum(getattr(by, k) for k in parts) == pytest.approx(by.allocated_bytes, rel=1e-12)
+    assert by.allocated_bytes == pytest.approx(float(memory(ev, "allocated_memory_bytes")), rel=1e-9)
+    assert by.reserved_bytes == pytest.approx(by.allocated_bytes + by.allocator, rel=1e-12)
+    assert step_memory(job).bytes_per_device == pytest.approx(by.reserved_bytes + by.runtime, rel=1e-9)
+    assert all(getattr(by, k) >= 0 for k in (*parts, "allocator", "runtime"))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(jobs())
+def test_one_memory_model_for_step_recommend_and_the_search(job: Job) -> None:
+    """The step's memory is the recommendation's at the job's CP degree and the search's for the same plan,
+    and the three agree on whether it fits."""
+    step = step_memory(job)
+    window = recommend(job.training().replace(cp=1), suggest=False)
+    row = next(r for r in window.candidates if r.n == job.cp)
+    assert row.total_bytes == pytest.approx(step.bytes_per_device, rel=1e-9) and row.fits == step.fits
+    fixed = Constraints(
+        tp=job.tp,
+        cp=job.cp,
+        pp=job.pp,
+        vpp=1,
+        micro_batch=job.step.micro_batch,
+        recompute=job.setup.recompute,
+    )
+    plans = [
+        p
+        for p in search(
+            job.replace(cp=1, tp=1, pp=1, global_batch=None), job.step.global_batch, fixed, top=None
+        ).plans
+        if p["cp_scheme"] in ("none", job.step.cp_scheme) and p["gpus"] == job.gpus and p["ep"] == 1
+    ]
+    for plan in plans:  # every plan the search kept fits, at the step's own figure
+        at = step_memory(plan_as_job(plan, job, job.step.global_batch))
+        assert plan["memory_bytes"] == pytest.approx(at.bytes_per_device, rel=1e-9) and at.fits
+
+
+def test_the_loss_chunk_and_the_optimizers_dtypes_move_what_they_name() -> None:
+    """Llama 3 8B at 32K on 8 H100s under FSDP (torchtitan): a chunked loss holds 4,096 tokens' logits, not
+    32,768's (12 bytes each of 128,256); bf16 moments halve the optimizer's 8 bytes a parameter."""
+    flags = {"model": "llama3-8b", "seq": 32768, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
+    flags |= {"framework": "torchtitan", "zero": 3, "recompute": "full"}
+    plain = step_memory(Job.of(**flags)).by_category
+    assert plain.loss == pytest.approx(32768 * 128256 * 12, rel=1e-12) and plain.peak.startswith("the loss")
+    chunked = Evaluator(training_values(Job.of(**flags, loss="chunked")))("loss_working_bytes")
+    assert chunked == pytest.approx(4096 * 128256 * 12, rel=1e-12)
+    params = 8_030_261_248
+    assert plain.optimizer == pytest.approx(params * 8 / 8, rel=1e-12)  # two fp32 moments, over 8 ranks
+    half = step_memory(Job.of(**flags, optimizer_dtype="bf16")).by_category
+    assert half.optimizer == pytest.approx(params * 4 / 8, rel=1e-12)
+    assert plain.weights == pytest.approx(params * 4 / 8, rel=1e-12)  # FSDP2's fp32 shards are the master
+
+
+def test_megatron_keeps_a_master_copy_and_its_gradients_between_steps() -> None:
+    """ZeRO-1 over 8 ranks: bf16 weights and fp32 main gradients whole, fp32 master and moments a shard each;
+    without the master copy (--master-weights none) the optimizer keeps the moments only."""
+    flags = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
+    params = 8_030_261_248
+    by = step_memory(Job.of(**flags)).by_category
+    assert (by.weights, by.gradients, by.optimizer) == pytest.approx(
+        (params * 2, params * 4, params * 12 / 8), rel=1e-12
+    )
+    bare = step_memory(Job.of(**flags, master_weights="none")).by_category
+    assert bare.optimizer == pytest.approx(params * 8 / 8, rel=1e-12)
+
+
+def test_a_framework_profile_from_a_file(tmp_path) -> None:
+    """A user's profile is a YAML file like the built-in ones; a bad one is one line naming the field."""
+    from costmodel.core.resources import data_dir
+
+    text = (data_dir("frameworks") / "megatron.yaml").read_text(encoding="utf-8")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        text.replace("name: megatron", "name: mine").replace(
+            "cross_entropy: megatron", "cross_entropy: torch"
+        )
+    )
+    flags = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
+    theirs = step_memory(Job.of(**flags)).by_category.loss
+    assert step_memory(Job.of(**flags, framework=str(mine))).by_category.loss == pytest.approx(2 * theirs)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(text.replace("fragmentation: 0.25", "fragmentation: lots"))
+    with pytest.raises(InputError, match=r"--framework.*fragmentation"):
+        Job.of(**flags, framework=str(broken))
+
+
+def test_a_scheme_the_framework_does_not_run_is_refused() -> None:
+    flags = {"model": "llama3-8b", "seq": 32768, "hw": "h100-nvlink", "gpus": 8, "cp": 4, "global_batch": 8}
+    with pytest.raises(InputError, match="--cp-scheme: ulysses: torchtitan"):
+        Job.of(**flags, framework="torchtitan", cp_scheme="ulysses")
