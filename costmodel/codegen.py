@@ -154,8 +154,22 @@ def resolved_cache() -> str:
     return "\n".join([*lines, "}", ""])
 
 
+# Past this many characters an expansion in base symbols is a wall no reader follows (and more than
+# MathJax's TeX buffer holds): the page shows the definition, the CLI prints the rest.
+LATEX_EXPANSION_LIMIT = 4000
+
+
 def _latex_block(f: formulas.Formula) -> str:
-    return f"$$\n{f.latex}\n$$"
+    expanded = sympy.latex(f.expr)
+    if len(expanded) <= LATEX_EXPANSION_LIMIT:
+        return f"$$\n{f.latex}\n$$"
+    definition = sympy.latex(f.definition)
+    shown = (
+        f"$$\n{sympy.latex(f.symbol)} = {definition}\n$$\n\n"
+        if len(definition) <= 2 * LATEX_EXPANSION_LIMIT
+        else ""
+    )
+    return f"{shown}In base symbols it runs to {len(expanded):,} characters of LaTeX: `cp-plan formulas {f.name} --latex` prints it."
 
 
 def formula_reference() -> str:
@@ -238,6 +252,12 @@ def json_contract() -> str:
 def hardware_schema() -> str:
 
     return "\n".join(_model_table(HardwareProfile))
+
+
+def framework_schema() -> str:
+    from costmodel.frameworks.profiles import FrameworkProfile
+
+    return "\n".join(_model_table(FrameworkProfile))
 
 
 def report_json_schema() -> str:
@@ -351,6 +371,7 @@ BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's r
     "layers": layer_picture,
     "json-contract": json_contract,
     "hardware-schema": hardware_schema,
+    "framework-schema": framework_schema,
     "validation-table": validation_table,
     "memory-table": memory_table,
     "flag-limits": flag_limits,

@@ -23,6 +23,7 @@ SMOKE = {
     "search.py": (["--smoke"], ()),
     "simulator.py": (["--smoke"], ()),
     "sweep.py": (["--smoke"], ()),
+    "memory.py": (["--smoke"], (pytest.mark.kernel,)),
     "kernel.py": (["--smoke"], (pytest.mark.slow, pytest.mark.kernel)),
     "calibration_stability.py": (["--smoke"], (pytest.mark.slow, pytest.mark.kernel)),
 }
@@ -44,7 +45,7 @@ def test_every_benchmark_has_a_smoke_run_in_the_suite() -> None:
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=marks) for name, (_, marks) in SMOKE.items()])
 def test_benchmark_smoke_run(name: str) -> None:
-    if name in ("kernel.py", "calibration_stability.py", "host_overhead.py"):
+    if name in ("kernel.py", "calibration_stability.py", "host_overhead.py", "memory.py"):
         pytest.importorskip("torch")
     args, _ = SMOKE[name]
     done = subprocess.run(

@@ -183,6 +183,15 @@ def test_seed_question_on_h100_ib_says_which_side_fails_and_what_fixes_it() -> N
     assert advise("h100-ib", recompute="full", tp=2).recommendation.n_recommended == 2
 
 
+def test_a_chunked_loss_is_a_fix_where_the_logits_tip_memory() -> None:
+    """On H100 NVLink with 15 % headroom the ring allows N <= 8 and memory needs N = 16: at N = 8 Megatron's
+    vocab-parallel loss holds 16K tokens x 128K vocabulary x 6 bytes (12.6 GB); over chunks it holds a
+    fraction of that, and N = 8 fits."""
+    rec = advise("h100-nvlink", recompute="full", memory_headroom=0.15).recommendation
+    assert (rec.n_min_memory, rec.n_max_comm, rec.n_recommended) == (16, 8, None)
+    assert "a chunked loss (--loss chunked): N = 8 then works" in rec.fixes
+
+
 def test_all_to_all_opens_the_window_when_the_plain_ring_turns_red() -> None:
     """At N = 32 the plain ring is red and an all-to-all scheme amber: N = 32 is usable. The pick is still the
     scheme that exposes the least (the ring, overlapped), and the reason says it relies on that overlap.

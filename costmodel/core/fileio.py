@@ -433,7 +433,11 @@ def load_yaml(path: str | os.PathLike[str], field: str) -> Any:
 
 
 def _shorten(name: str, limit: int = 80) -> str:
-    return name if len(name) <= limit else f"{name[: limit - 3]}..."
+    """A long name cut in its middle: the file's own name, at the end, is what the reader looks for."""
+    if len(name) <= limit:
+        return name
+    tail = (limit - 3) * 2 // 3
+    return f"{name[: limit - 3 - tail]}...{name[-tail:]}"
 
 
 class _Refused(Exception):

@@ -45,7 +45,7 @@ class Source(_Strict):
     url: str = Field(description="repository or documentation page")
     version: str = Field(description="release or commit the facts were read at", max_length=200)
     files: list[str] = Field(default_factory=list, description="code paths the knobs come from")
-    notes: str | None = None
+    notes: str | None = Field(default=None, description="what was read there, and any assumption")
 
 
 class MemoryPolicy(_Strict):
@@ -92,7 +92,8 @@ class MemoryPolicy(_Strict):
         description="bytes per device beyond the tensors: CUDA context, NCCL's buffers, library workspaces"
     )
     fragmentation: NonNegative = Field(
-        description="what the caching allocator reserves beyond the allocated peak, as a share of it"
+        description="what the caching allocator reserves beyond the allocated peak, as a share of the bytes "
+        "that come and go within a step (activations, gathered weights, unsharded gradients)"
     )
     reports: Literal["reserved", "allocated"] = Field(
         description="the peak the framework logs: torch.cuda.max_memory_reserved or max_memory_allocated"
@@ -126,9 +127,9 @@ class TimePolicy(_Strict):
 class FrameworkProfile(_Strict):
     """A training framework at a version: its memory and time policies, each knob with its source."""
 
-    name: str = Field(max_length=80)
+    name: str = Field(description="what --framework calls it", max_length=80)
     title: str = Field(description="the framework as users name it", max_length=200)
-    description: str = Field("", max_length=4000)
+    description: str = Field("", description="what the profile covers, in a few lines", max_length=4000)
     sources: list[Source] = Field(min_length=1)
     memory: MemoryPolicy
     time: TimePolicy

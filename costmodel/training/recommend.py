@@ -279,14 +279,17 @@ def _failure(
     )
 
 
-def _fixes(job: Job, n_min: int | None, n_max: int | None, schemes: dict) -> list[str]:
-    """What would open the window; every setup change is checked by re-running the recommendation."""
-    inputs, model, setup, machine = job.inputs, job.model, job.setup, job.machine
+def _trials(job: Job, n_min: int | None) -> list[tuple[str, dict[str, Any]]]:
+    """The changes to a job that may open its window, each with its flags: one at a time, and where memory
+    fits at no N the GPUs doubled and the strongest memory savers together."""
+    model, setup, machine = job.model, job.setup, job.machine
     trials: list[tuple[str, dict[str, Any]]] = []
     if setup.recompute != "full":
         trials.append(("full activation recompute (--recompute full)", {"recompute": "full"}))
     if setup.zero < 3:
         trials.append(("ZeRO-3 (--zero 3)", {"zero": 3}))
+    if job.framework.memory.loss == "materialized":  # the logits whole, upcast: tens of GB at long S
+        trials.append(("a chunked loss (--loss chunked)", {"loss": "chunked"}))
     tp2 = 2 * setup.tp
     if (
         tp2 <= machine.profile.devices_per_node
@@ -311,6 +314,12 @@ def _fixes(job: Job, n_min: int | None, n_max: int | None, schemes: dict) -> lis
         if any(getattr(setup, key) != value for key, value in combined.items()):
             flags = f"--recompute full --zero 3 --tp {combined['tp']}"
             trials.append((f"full recompute, ZeRO-3 and TP {combined['tp']} together ({flags})", combined))
+    return trials
+
+
+def _fixes(job: Job, n_min: int | None, n_max: int | None, schemes: dict) -> list[str]:
+    """What would open the window; every setup change is checked by re-running the recommendation."""
+    trials = _trials(job, n_min)
     fixes = []
     for text, change in trials:
         try:
@@ -322,9 +331,10 @@ def _fixes(job: Job, n_min: int | None, n_max: int | None, schemes: dict) -> lis
     if n_min is not None and (n_max is None or n_min > n_max):
         fixes += [
             "a faster link, or CP ranks inside one node: raises N_max(comm)",
-            f"fewer KV heads (GQA): ring traffic scales with n_kv = {inputs.kv_heads}",
+            f"fewer KV heads (GQA): ring traffic scales with n_kv = {job.inputs.kv_heads}",
             "longer shards: fewer CP ranks, with more TP or PP to fit memory",
         ]
     if not fixes:
-        fixes.append("none of full recompute, ZeRO-3, more TP, more PP or more GPUs opens the window alone")
+        tried = ", ".join(text.split(" (")[0] for text, _ in trials)
+        fixes.append(f"none of these opens the window alone: {tried}")
     return fixes
