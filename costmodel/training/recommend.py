@@ -16,6 +16,7 @@ evaluates the window at its TP, PP, recompute and micro-batch, so that a report 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from costmodel.core.errors import InputError
@@ -32,6 +33,7 @@ from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.schedule.layouts import divisors
 from costmodel.training.memory import fit_at, memory, training_values
 from costmodel.training.search import plan_as_job
+from costmodel.training.step import evaluate_step
 
 
 def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeResult]:
@@ -317,17 +319,52 @@ def _trials(job: Job, n_min: int | None) -> list[tuple[str, dict[str, Any]]]:
     return trials
 
 
+def _throughput(job: Job, n: int, global_batch: int) -> float | None:
+    """Tokens a second per GPU of the training step at CP degree ``n`` (memory aside); None where the job
+    has no such layout."""
+    try:
+        return evaluate_step(
+            job.training().replace(cp=n, global_batch=global_batch)
+        ).step.tokens_per_s_per_gpu
+    except InputError:
+        return None
+
+
+def _price(job: Job, changed: Job, n: int) -> str:
+    """What a fix costs in time: its throughput per GPU at N against the job's own at N, which did not fit.
+    Both run the job's global batch, or where it states none, four micro-batches a stage of the deeper
+    pipeline on every DP rank of either (a pipeline's bubble is a cost only against a batch)."""
+    ranks = [j.setup.gpus // (j.setup.tp * j.setup.pp * n) for j in (job, changed)]
+    if min(ranks) < 1:
+        return ""
+    batch = job.step.global_batch or math.lcm(*ranks) * job.step.micro_batch * 4 * max(
+        job.setup.pp, changed.setup.pp
+    )
+    before, after = _throughput(job, n, batch), _throughput(changed, n, batch)
+    if not before or not after:
+        return ""
+    loss = 1 - after / before
+    if abs(loss) < 0.005:
+        return ", at no cost in time"
+    return (
+        f", {abs(loss):.0%} {'fewer' if loss > 0 else 'more'} tokens a second per GPU than N = {n} without it"
+    )
+
+
 def _fixes(job: Job, n_min: int | None, n_max: int | None, schemes: dict) -> list[str]:
-    """What would open the window; every setup change is checked by re-running the recommendation."""
+    """What would open the window, and what each costs in time; every setup change is checked by re-running
+    the recommendation."""
     trials = _trials(job, n_min)
     fixes = []
     for text, change in trials:
         try:
-            trial = recommend(job.replace(**change), suggest=False, _schemes=schemes)
+            changed = job.replace(**change)
+            trial = recommend(changed, suggest=False, _schemes=schemes)
         except InputError:  # the change needs what this machine lacks (an inter-node link, say)
             continue
-        if trial.recommendation.n_recommended:
-            fixes.append(f"{text}: N = {trial.recommendation.n_recommended} then works")
+        n = trial.recommendation.n_recommended
+        if n:
+            fixes.append(f"{text}: N = {n} then works{_price(job, changed, n)}")
     if n_min is not None and (n_max is None or n_min > n_max):
         fixes += [
             "a faster link, or CP ranks inside one node: raises N_max(comm)",
