@@ -1,6 +1,6 @@
 """Memory per device: the model against the torch reference on a grid, and against published peaks.
 
-    python benchmarks/memory.py            # the grid (8B to 405B; a few minutes on 2 cores) and the tables
+    python benchmarks/memory.py            # the grid (8B to 405B, dense and Mixtral; minutes) and the tables
     python benchmarks/memory.py --smoke    # three small grid cases and the tables
 
 (a) Each job of the grid is planned by the model (``costmodel.training.memory``) and run by the torch
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 from costmodel.kernel.memory import MemoryCase, measure
 from costmodel.plans.job import Job
@@ -26,6 +27,9 @@ from costmodel.training.step import step_memory
 
 GIB = 2**30
 H100 = {"hw": "h100-nvlink"}
+MIXTRAL = str(
+    Path(__file__).parents[1] / "tests" / "data" / "hf" / "mixtral-8x7b.json"
+)  # Mixtral 8x7B's config.json
 GRID: list[dict] = [
     {"model": "llama3-8b", "seq": 8192, "gpus": 8, "global_batch": 16},
     {"model": "llama3-8b", "seq": 8192, "gpus": 8, "global_batch": 16, "recompute": "full"},
@@ -47,6 +51,11 @@ GRID: list[dict] = [
     {"model": "llama3-405b", "seq": 8192, "gpus": 512, "global_batch": 64, "tp": 8, "pp": 8, "recompute": "full", "framework": "torchtitan", "zero": 3},
     {"model": "llama3-405b", "seq": 131072, "gpus": 512, "global_batch": 16, "tp": 8, "cp": 8, "pp": 8, "recompute": "full"},
     {"model": "llama3-405b", "seq": 32768, "gpus": 1024, "global_batch": 32, "tp": 8, "cp": 2, "pp": 16, "recompute": "full", "zero": 1},
+    {"model": MIXTRAL, "seq": 32768, "gpus": 32, "global_batch": 8, "tp": 2, "cp": 2, "ep": 4, "recompute": "full"},
+    {"model": MIXTRAL, "seq": 65536, "gpus": 64, "global_batch": 8, "tp": 2, "cp": 4, "ep": 2, "recompute": "selective"},
+    {"model": MIXTRAL, "seq": 16384, "gpus": 64, "global_batch": 16, "tp": 4, "pp": 4, "ep": 2, "recompute": "full"},
+    {"model": MIXTRAL, "seq": 65536, "gpus": 64, "global_batch": 8, "tp": 2, "cp": 4, "ep": 2, "recompute": "full", "framework": "torchtitan", "zero": 3},
+    {"model": MIXTRAL, "seq": 32768, "gpus": 64, "global_batch": 8, "tp": 2, "cp": 4, "ep": 4, "recompute": "none", "framework": "torchtitan", "zero": 3},
 ]  # fmt: skip
 SMOKE = GRID[:2] + [GRID[8]]
 

@@ -105,6 +105,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker, _UpdateType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 from torch.utils.checkpoint import checkpoint
 
@@ -158,6 +159,9 @@ class MemoryCase:
     optimizer_dtype: str = "fp32"  # Adam moments
     zero: int = 1  # 0..3; shards over shard_group ranks (3 is FSDP2: needs fsdp)
     shard_group: int = 1  # ranks ZeRO/FSDP shards over (DP x CP)
+    # ranks that hold the same experts, over which ZeRO/FSDP shards their states: DP x CP / EP (Megatron's
+    # expert data-parallel group, torchtitan's dp_shard_mod_ep); 0: shard_group, as without EP
+    expert_shard_group: int = 0
     fsdp: bool = False  # ZeRO-3 as FSDP2 (per-layer all-gather, reshard after forward)
     reshard_after_forward: bool = True
     recompute: str = "selective"  # none | selective (attention core recomputed) | full (layer inputs kept)
@@ -197,6 +201,8 @@ class MemoryCase:
             raise InputError("heads", f"Ulysses splits heads and KV heads over cp = {self.cp} [Ulysses §3]")
         if self.experts and (self.experts_per_token < 1 or self.expert_ffn < 1):
             raise InputError("experts_per_token", "an MoE layer needs experts_per_token and expert_ffn >= 1")
+        if self.expert_shard_group < 0 or self.shard_group % (self.expert_shard_group or 1):
+            raise InputError("expert_shard_group", f"must divide shard_group = {self.shard_group}")
         self._check_sharding()
 
     def _check_sharding(self) -> None:
@@ -212,6 +218,11 @@ class MemoryCase:
                 )
             if self.zero and self.shard_group > 1:
                 raise InputError("master_dtype", "ZeRO-1/2 shards the master copy: set a master dtype")
+
+    @property
+    def expert_shards(self) -> int:
+        """Ranks the experts' states are sharded over."""
+        return self.expert_shard_group or self.shard_group
 
     @property
     def residual_tokens(self) -> int:
@@ -507,17 +518,42 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
+        return _swiglu_backward(x, grad)
+
+
+def _swiglu_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The gradient of silu(a) * b, written into one tensor of the input's size."""
+    a, b = x.chunk(2, -1)
+    out = torch.empty_like(x)
+    da, db = out.chunk(2, -1)
+    torch.sigmoid(a, out=da)
+    torch.mul(a, da, out=db)  # silu(a)
+    da.mul_((a - db).add_(1)).mul_(grad).mul_(b)  # silu'(a) = s (1 + a - silu(a))
+    db.mul_(grad)
+    return out
+
+
+class _WeightedSwiGLU(torch.autograd.Function):
+    """silu(a) * b * w, each routed row weighted by its router probability, as Megatron-LM's fused
+    ``weighted_bias_swiglu``: saves the input and the weights, so the expert's output keeps nothing more."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weights)
         a, b = x.chunk(2, -1)
-        out = torch.empty_like(x)
-        da, db = out.chunk(2, -1)
-        torch.sigmoid(a, out=da)
-        torch.mul(a, da, out=db)  # silu(a)
-        da.mul_((a - db).add_(1)).mul_(grad).mul_(b)  # silu'(a) = s (1 + a - silu(a))
-        db.mul_(grad)
-        return out
+        return F.silu(a) * b * weights
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, weights = ctx.saved_tensors
+        a, b = x.chunk(2, -1)
+        dweights = (F.silu(a) * b * grad).sum(-1, keepdim=True)
+        return _swiglu_backward(x, grad * weights), dweights
 
 
-def _activation(x: torch.Tensor, gated: bool) -> torch.Tensor:
+def _activation(x: torch.Tensor, gated: bool, weights: torch.Tensor | None = None) -> torch.Tensor:
+    if weights is not None:
+        return _WeightedSwiGLU.apply(x, weights) if gated else F.gelu(x, approximate="tanh") * weights
     return _SwiGLU.apply(x) if gated else F.gelu(x, approximate="tanh")
 
 
@@ -743,6 +779,37 @@ def _dispatch(chosen: torch.Tensor, weights: torch.Tensor, experts: int, capacit
     return token_of, weight_of
 
 
+class _Combine(torch.autograd.Function):
+    """Each token's weighted expert outputs summed back into its row, keeping the index alone, as Megatron-LM's
+    fused unpermute does (torch's ``index_add_`` also keeps the expert outputs for its backward)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, token_of: torch.Tensor, tokens: int) -> torch.Tensor:
+        ctx.save_for_backward(token_of)
+        return out.new_zeros(tokens, out.shape[-1]).index_add_(0, token_of, out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (token_of,) = ctx.saved_tensors
+        return grad.index_select(0, token_of), None, None
+
+
+class Experts(nn.Module):
+    """The rank's ``experts`` expert MLPs as stacked weights: a module of their own, as frameworks keep them,
+    since their states shard over the ranks holding the same experts, not over all of DP x CP."""
+
+    def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gated = case.gated_mlp
+        width = (2 if case.gated_mlp else 1) * case.expert_ffn
+        self.up = _parameter(case.experts, case.hidden, width, dtype=dtype)
+        self.down = _parameter(case.experts, case.expert_ffn, case.hidden, dtype=dtype)
+
+    def forward(self, routed: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The experts' outputs, each row weighted by its router probability inside the activation."""
+        return torch.bmm(_activation(torch.bmm(routed, self.up), self.gated, weights), self.down)
+
+
 class MoE(nn.Module):
     """Router, top-k, ``experts`` expert MLPs of ``capacity`` rows each as batched matmuls, weighted combine."""
 
@@ -751,9 +818,7 @@ class MoE(nn.Module):
         self.case = case
         self.norm = RMSNorm(case.hidden, dtype)
         self.router = _parameter(case.experts, case.hidden, dtype=dtype)
-        width = (2 if case.gated_mlp else 1) * case.expert_ffn
-        self.up = _parameter(case.experts, case.hidden, width, dtype=dtype)
-        self.down = _parameter(case.experts, case.expert_ffn, case.hidden, dtype=dtype)
+        self.experts = Experts(case, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         case = self.case
@@ -765,9 +830,9 @@ class MoE(nn.Module):
         weights, chosen = probs.topk(case.experts_per_token, dim=-1)
         token_of, weight_of = _dispatch(chosen, weights, case.experts, case.capacity)
         routed = rows.index_select(0, token_of).view(case.experts, case.capacity, case.hidden)
-        hidden = _activation(torch.bmm(routed, self.up), case.gated_mlp)
-        out = torch.bmm(hidden, self.down).view(-1, case.hidden) * weight_of.unsqueeze(1).to(x.dtype)
-        combined = torch.zeros_like(rows).index_add_(0, token_of, out).view(h.shape)
+        weights = weight_of.view(case.experts, case.capacity, 1).to(x.dtype)
+        out = self.experts(routed, weights).view(-1, case.hidden)
+        combined = _Combine.apply(out, token_of, rows.shape[0]).view(h.shape)
         if case.sequence_parallel and case.tp > 1:
             combined = _ScatterTokens.apply(combined, case.tp)
         return x + combined
@@ -937,10 +1002,25 @@ def _adamw(stepped: list[torch.Tensor], dtype: torch.dtype) -> torch.optim.AdamW
     return optimizer
 
 
-def _flat_parameters(stage: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """Make every parameter a view of one buffer, in ``stage.parameters()`` order, as Megatron-LM's
-    ``ParamAndGradBuffer`` keeps them, and return it."""
+def _buckets(stage: Stage, case: MemoryCase) -> list[tuple[list[nn.Parameter], int]]:
+    """The stage's parameters as Megatron-LM buffers them, each with the ranks its states shard over: the
+    dense ones over DP x CP, the experts' apart over the ranks that hold the same experts."""
+    experts = {
+        id(p) for module in stage.modules() if isinstance(module, Experts) for p in module.parameters()
+    }
     params = list(stage.parameters())
+    dense = [p for p in params if id(p) not in experts]
+    routed = [p for p in params if id(p) in experts]
+    return [
+        (group, shards)
+        for group, shards in ((dense, case.shard_group), (routed, case.expert_shards))
+        if group
+    ]
+
+
+def _flat_parameters(params: list[nn.Parameter], dtype: torch.dtype) -> torch.Tensor:
+    """Make every parameter a view of one buffer, in order, as Megatron-LM's ``ParamAndGradBuffer`` keeps
+    them, and return it."""
     flat = torch.empty(sum(p.numel() for p in params), dtype=dtype)
     start = 0
     for p in params:
@@ -956,9 +1036,9 @@ class _MegatronOptimizer:
     gradient is that buffer's shard cast to the master dtype (a view when they match); the updated shard is
     copied back into the parameter buffer in place (the all-gather)."""
 
-    def __init__(self, case: MemoryCase, params: list[nn.Parameter], flat: torch.Tensor) -> None:
+    def __init__(self, case: MemoryCase, params: list[nn.Parameter], flat: torch.Tensor, shards: int) -> None:
         self.params, self.flat = params, flat
-        shard = -(-flat.numel() // case.shard_group)
+        shard = -(-flat.numel() // shards)
         with _making("gradients"):
             self.grads = torch.zeros(shard if case.zero >= 2 else flat.numel(), dtype=DTYPES[case.grad_dtype])
         self.grad_views = []
@@ -1008,6 +1088,16 @@ class _MegatronOptimizer:
             p.grad = None
 
 
+class _Optimizers(NamedTuple):
+    """One optimizer a buffer, stepped together."""
+
+    each: list[_MegatronOptimizer]
+
+    def step(self) -> None:
+        for optimizer in self.each:
+            optimizer.step()
+
+
 class _FSDPOptimizer:
     """AdamW over FSDP2's sharded parameters (the master copy when their dtype differs from the compute one)."""
 
@@ -1031,20 +1121,27 @@ class _FSDPOptimizer:
 
 @contextmanager
 def _fake_world(case: MemoryCase) -> Iterator[object]:
-    """A fake-tensor mode, and for FSDP2 a fake process group of ``shard_group`` ranks and its device mesh
-    (built before the mode, which cannot run the mesh's checks); gc paused, so that storages are freed when
-    their last reference goes, as they are on a device, and never mid-step."""
-    mesh = None
+    """A fake-tensor mode, and for FSDP2 a fake process group of ``shard_group`` ranks with its device meshes
+    (built before the mode, which cannot run the mesh's checks): all of them, and the experts' shard group;
+    gc paused, so that storages are freed when their last reference goes, as they are on a device, and never
+    mid-step."""
+    meshes = None
     if case.fsdp:
         if dist.is_initialized():
             raise InputError("fsdp", "measure makes its own fake process group; one is already initialised")
         dist.init_process_group("fake", rank=0, world_size=case.shard_group, store=FakeStore())
         mesh = init_device_mesh("cpu", (case.shard_group,))
+        experts = case.expert_shards
+        if experts != case.shard_group:
+            shape = (case.shard_group // experts, experts)
+            meshes = mesh, init_device_mesh("cpu", shape, mesh_dim_names=("ep", "experts"))["experts"]
+        else:
+            meshes = mesh, mesh
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         with FakeTensorMode():
-            yield mesh
+            yield meshes
     finally:
         if was_enabled:
             gc.enable()
@@ -1052,9 +1149,21 @@ def _fake_world(case: MemoryCase) -> Iterator[object]:
             dist.destroy_process_group()
 
 
-def _shard(stage: Stage, case: MemoryCase, mesh) -> None:
-    """``fully_shard`` each layer, the embedding, the head and the stage, as torchtitan does."""
+def _shard(stage: Stage, case: MemoryCase, meshes) -> None:
+    """``fully_shard`` each layer's experts over their shard group, each layer, the embedding, the head and
+    the stage, as torchtitan does. The experts' stacked weights shard on their second dimension: a rank may
+    hold fewer experts than the group has ranks, and sharding on the first would leave most ranks a padded
+    row and the rest whole experts."""
+    mesh, expert_mesh = meshes
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[case.param_dtype], reduce_dtype=DTYPES[case.grad_dtype])
+    for experts in (m for m in stage.modules() if isinstance(m, Experts)):
+        fully_shard(
+            experts,
+            mesh=expert_mesh,
+            mp_policy=policy,
+            reshard_after_forward=case.reshard_after_forward,
+            shard_placement_fn=lambda _: Shard(1),
+        )
     parts = [*stage.layers, stage.embedding, stage.head]
     for part in (p for p in parts if p is not None):
         fully_shard(part, mesh=mesh, mp_policy=policy, reshard_after_forward=case.reshard_after_forward)
@@ -1177,21 +1286,33 @@ def _peaks(case: MemoryCase, warmup: bool) -> dict[tuple[str, object], _Peak]:
 
 def _run(case: MemoryCase, warmup: bool) -> _Attributed:
     """The tracker after one iteration of ``case`` (or two: the peaks are the second's)."""
-    with _fake_world(case) as mesh, warnings.catch_warnings():
+    with _fake_world(case) as meshes, warnings.catch_warnings():
         # MemTracker's post-accumulate hook runs after ours has moved the gradient out, and warns at None.
         warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
         stage = Stage(
             case, DTYPES[case.master_dtype or case.param_dtype] if case.fsdp else DTYPES[case.param_dtype]
         )
-        tracker = _tracker(case, stage, mesh)
-        flat = None if case.fsdp else _flat_parameters(stage, DTYPES[case.param_dtype])
+        tracker = _tracker(case, stage, meshes)
+        buffers = (
+            []
+            if case.fsdp
+            else [
+                (*bucket, _flat_parameters(bucket[0], DTYPES[case.param_dtype]))
+                for bucket in _buckets(stage, case)
+            ]
+        )
         if not case.fsdp:
             tracker.track_external(stage)
         with tracker:
             _Now.phase = "optimizer"
-            params = list(stage.parameters())
-            optimizer = _FSDPOptimizer(case, params) if case.fsdp else _MegatronOptimizer(case, params, flat)
-            del flat
+            optimizer = (
+                _FSDPOptimizer(case, list(stage.parameters()))
+                if case.fsdp
+                else _Optimizers(
+                    [_MegatronOptimizer(case, params, flat, shards) for params, shards, flat in buffers]
+                )
+            )
+            del buffers
             for _ in range(2 if warmup else 1):
                 gc.collect(1)
                 tracker.reset_peak()
@@ -1199,10 +1320,10 @@ def _run(case: MemoryCase, warmup: bool) -> _Attributed:
         return tracker
 
 
-def _tracker(case: MemoryCase, stage: Stage, mesh) -> _Attributed:
+def _tracker(case: MemoryCase, stage: Stage, meshes) -> _Attributed:
     """MemTracker, or FSDPMemTracker over the stage after ``fully_shard``; with the report's attribution."""
     if case.fsdp:
-        _shard(stage, case, mesh)
+        _shard(stage, case, meshes)
         tracker: _Attributed = _FSDPTracker(stage)
     else:
         tracker = _Tracker()

@@ -277,6 +277,7 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
         "optimizer_dtype": framework.optimizer_states,
         "zero": setup.zero,
         "shard_group": setup.shard_group,
+        "expert_shard_group": setup.shard_group // job.step.ep if experts else 0,
         "fsdp": fsdp,
         "reshard_after_forward": pp_keeps,
         "recompute": setup.recompute,

@@ -4,8 +4,9 @@ grid from 8B to 405B is benchmarks/memory.py).
 
 One small model throughout (8 layers of H = 512, 8 query and 4 KV heads of 64, F = 1,024, V = 4,000) at 4,096
 tokens on 8 devices, over every framework profile, ZeRO-1 and FSDP, each recompute mode and loss, TP, PP and
-CP by ring, all-gather and all-to-all. The total within 5 %; what persists (the states) and what comes and goes
-(the rest) each within 10 % of itself.
+CP by ring, all-gather and all-to-all; and its MoE twin (8 experts of that width, 2 a token) over EP 2 and 4,
+ZeRO-1 and FSDP. The total within 5 %; what persists (the states) and what comes and goes (the rest) each
+within 10 % of itself.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ TINY = ModelPreset(
     ffn_hidden=1024,
     vocab=4000,
 )
+TINY_MOE = TINY.model_copy(update={"name": "tiny-moe", "experts": 8, "experts_per_token": 2})
 BASE = {"seq": 4096, "hw": "h100-nvlink", "gpus": 8, "global_batch": 16}
 FRAMEWORKS = [("megatron", 1), ("megatron", 0), ("torchtitan", 3), ("hf-trainer", 3), ("deepspeed", 1)]
 # torchtitan's op-level selective recompute is not in the reference (its selective is the core attention's)
@@ -58,6 +60,25 @@ GRID = [
 ]
 
 
+# the experts' states shard over the ranks holding the same experts: DP x CP / EP
+MOE_GRID = [
+    {"ep": 2, "recompute": "none"},
+    {"ep": 4, "recompute": "full"},
+    {"ep": 2, "cp": 2, "recompute": "selective"},
+    {"ep": 2, "tp": 2, "recompute": "full", "loss": "chunked"},
+    pytest.param(
+        {"ep": 2, "framework": "torchtitan", "zero": 3, "recompute": "full"},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="FSDP's backward peaks at its end here, every sharded gradient made and the first layer "
+            "recomputed: a moment the model does not take (it takes the backward's start, the activations "
+            "whole); the total holds within 5 %, the states read 22 % low",
+        ),
+    ),
+    {"ep": 4, "framework": "torchtitan", "zero": 3, "recompute": "none"},
+]
+
+
 def _groups(by: dict[str, float]) -> dict[str, float]:
     """What persists (the states) and what comes and goes within the step (FSDP's buffers, activations, the
     loss, the backward's working set, the CP scheme's buffers): inside the second the two attribute alike
@@ -69,9 +90,22 @@ def _groups(by: dict[str, float]) -> dict[str, float]:
     return {"states": states, "transient": transient + by["cp_buffers"]}
 
 
-@pytest.mark.parametrize("flags", GRID, ids=[" ".join(f"{k}={v}" for k, v in g.items()) for g in GRID])
+def _named(grid: list) -> list[str]:
+    flags = [g if isinstance(g, dict) else g.values[0] for g in grid]  # a dict, or a pytest.param of one
+    return [" ".join(f"{k}={v}" for k, v in g.items()) for g in flags]
+
+
+@pytest.mark.parametrize("flags", GRID, ids=_named(GRID))
 def test_the_model_is_the_reference(flags: dict) -> None:
-    job = Job.of(**BASE | flags, _model=TINY)
+    _holds(Job.of(**BASE | flags, _model=TINY))
+
+
+@pytest.mark.parametrize("flags", MOE_GRID, ids=_named(MOE_GRID))
+def test_the_moe_model_is_the_reference(flags: dict) -> None:
+    _holds(Job.of(**BASE | flags, _model=TINY_MOE))
+
+
+def _holds(job: Job) -> None:
     measured = [measure(MemoryCase(**fields)) for fields in reference_cases(job).values()]
     peak = max(measured, key=lambda m: m.peak_bytes)
     model = step_memory(job).by_category

@@ -37,6 +37,7 @@ from costmodel.symbolic.symbols import (
     S,
     b,
     f_fr,
+    f_pf,
     g,
     g_p,
     k_E,
@@ -51,11 +52,15 @@ from costmodel.symbolic.symbols import (
     p,
     p_g,
     phi,
+    q_c,
     q_g,
     q_m,
     q_o,
     q_w,
+    r_k,
     t,
+    u_g,
+    u_w,
     z3,
     z_g,
     z_o,
@@ -73,10 +78,13 @@ define(
     "elements",
     "[Switch §2], [GShard §2]",
 )
+_experts_a_layer = (
+    n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E
+)  # a device's experts of one layer, and the router
 P_exp = define(
     "moe_device_expert_params",
     "P_exp",
-    sympy.Max(n_first, n_mid, n_last, evaluate=False) * (n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E),
+    sympy.Max(n_first, n_mid, n_last, evaluate=False) * _experts_a_layer,
     "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
     "parameters",
     "[GShard §2]",
@@ -192,11 +200,19 @@ M_state_moe = define(
     "[ZeRO §3], [MoE-Folding]",
     simplify=False,
 )
+# ZeRO-3/FSDP gathers a layer's experts with the layer (each sharded over the ranks that hold the same
+# experts, gathered whole): the layers in flight carry theirs, and a stage kept gathered all of its own.
+_experts_gathered = (1 - r_k) * u_w * _experts_a_layer + r_k * u_w * P_exp
+_experts_kept_grads = r_k * u_g * P_exp * q_g
 M_fsdp_moe = define(
     "moe_fsdp_buffer_bytes",
     "M_fsdp_moe",
-    _dense(M_fsdp),
-    "ZeRO-3/FSDP's gathered weights and unsharded gradients of an MoE model's dense part",
+    _dense(M_fsdp)
+    + (1 - r_k) * u_w * f_pf * _experts_a_layer * q_c
+    + _experts_gathered * q_c
+    + _experts_kept_grads,
+    "ZeRO-3/FSDP's gathered weights and unsharded gradients of an MoE model: its dense part's, and the "
+    "experts of the layers in flight (or of the whole stage, where kept)",
     "B",
     "[ZeRO §5], [FSDP2]",
 )
@@ -225,8 +241,12 @@ A_moe = define(
 M_fsdp_end_moe = define(
     "moe_fsdp_backward_end_bytes",
     "M_fsdp_end_moe",
-    _dense(M_fsdp_end),
-    "ZeRO-3/FSDP's buffers of an MoE model's dense part at the backward's end",
+    _dense(M_fsdp_end)
+    + _experts_gathered * q_c
+    + (1 - r_k) * u_w * u_g * _experts_a_layer * q_g
+    + _experts_kept_grads,
+    "ZeRO-3/FSDP's buffers of an MoE model at the backward's end: its dense part's, and the first layer's "
+    "experts gathered with their unsharded gradients (or the whole stage's, where kept)",
     "B",
     "[ZeRO §5], [FSDP2]",
 )
