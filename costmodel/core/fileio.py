@@ -33,17 +33,15 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "
     a symbolic link, a device (``/dev/null``), a FIFO or a folder is refused, so a link is never followed
     nor replaced. On any error, Ctrl-C and SIGTERM included, the temporary file is removed and the target
     is untouched. A destination that cannot be written (a read-only folder, a parent that is a file, a full
-    disk) is an :class:`InputError` naming ``field``, the flag that chose the path.
+    disk) or ``-`` is an :class:`InputError` naming ``field``, the flag that chose the path.
     """
-    import tempfile
-
-    target = Path(path)
+    target = _output_path(path, field)
     tmp: str | None = None
     try:
         with _signals_raise():
             existing = _replaceable(target)
             _make_parent(target)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            fd, tmp = _temporary_beside(target)
             # mkstemp makes the file private (0600); give it the target's mode, or what a plain open() would.
             os.fchmod(fd, existing.st_mode & 0o7777 if existing else 0o666 & ~_umask())
             with os.fdopen(fd, "wb") as handle:
@@ -65,17 +63,36 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "
 def check_writable(path: str | os.PathLike[str], field: str) -> None:
     """Fail now, not after a long computation, when :func:`atomic_write_bytes` could not write ``path``:
     create and remove a temporary file beside it."""
-    import tempfile
-
-    target = Path(path)
+    target = _output_path(path, field)
     try:
         _replaceable(target)
         _make_parent(target)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = _temporary_beside(target)
         os.close(fd)
         os.unlink(tmp)
     except (OSError, ValueError) as exc:
         raise InputError(field, f"cannot write {_shorten(str(target))}: {_reason(exc)}") from None
+
+
+def _output_path(path: str | os.PathLike[str], field: str) -> Path:
+    """The target of an output flag, refused when it is ``-``.
+
+    ``-`` is standard input to every input flag; as an output it would put a file into the command's own
+    answer on standard output, so it is refused rather than taken as a file named ``-``."""
+    if os.fspath(path) == STDIN:
+        raise InputError(
+            field,
+            "- is not accepted for a file the tool writes (standard output carries the answer); name a file",
+        )
+    return Path(path)
+
+
+def _temporary_beside(target: Path) -> tuple[int, str]:
+    """A new temporary file in the target's folder, so that the rename over the target is atomic. Its name
+    is short and its own, not the target's with more around it: a target may take all 255 bytes a name may."""
+    import tempfile
+
+    return tempfile.mkstemp(prefix=".cp-plan-", suffix=".tmp", dir=target.parent)
 
 
 class Terminated(BaseException):
