@@ -1,17 +1,136 @@
-"""What the tool writes, against hostile paths: ``-`` is no output path; any legal file name can be written."""
+"""What the tool writes, against hostile paths: an output that is also an input is refused and the input
+kept; ``-`` is no output path; any legal file name can be written."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from costmodel.core import fileio
+from costmodel.core.resources import data_dir
 from tests.support import REPO
-from tests.test_hostile_input import one_line_error
+from tests.test_hostile_input import _must_not_launch, one_line_error
 
 AUDIT = REPO / "tests" / "data" / "audit"
 TABLE = AUDIT / "nccl_1node_all_gather_perf.txt"
 LOG = AUDIT / "megatron_tp2_cp2_8k.log"
 PLAN = REPO / "configs" / "plans" / "llama3-8b-128k-a100-nvlink.yaml"
+PROFILE = data_dir("hardware") / "a100-nvlink.yaml"
+
+
+# --- an output that is also an input ---------------------------------------------------------------------
+
+
+def _same_name(folder: Path, source: Path, name: str) -> tuple[str, str]:
+    shutil.copy(source, folder / name)
+    return name, name
+
+
+def _dot_slash(folder: Path, source: Path, name: str) -> tuple[str, str]:
+    shutil.copy(source, folder / name)
+    return name, f"./{name}"
+
+
+def _symbolic_link(folder: Path, source: Path, name: str) -> tuple[str, str]:
+    shutil.copy(source, folder / name)
+    (folder / f"link-{name}").symlink_to(name)
+    return f"link-{name}", name  # read through the link, written to the file it names
+
+
+def _hard_link(folder: Path, source: Path, name: str) -> tuple[str, str]:
+    shutil.copy(source, folder / name)
+    os.link(folder / name, folder / f"linked-{name}")
+    return name, f"linked-{name}"
+
+
+SPELLINGS: dict[str, Callable[[Path, Path, str], tuple[str, str]]] = {
+    "same name": _same_name,
+    "./name": _dot_slash,
+    "symbolic link": _symbolic_link,
+    "hard link": _hard_link,
+}
+
+# command: (the input's source, its name, the arguments given (input, output), the output flag, the input's field)
+WRITERS: dict[str, tuple[Path, str, Callable[[str, str], list[str]], str, str]] = {
+    "hw from-nccl-tests --out": (
+        TABLE,
+        "all_gather.txt",
+        lambda read, out: ["hw", "from-nccl-tests", read, "--out", out],
+        "--out",
+        "FILE",
+    ),
+    "audit --fit-profile": (
+        LOG,
+        "run.log",
+        lambda read, out: ["audit", read, "--hw", "h100-nvlink", "--fit-profile", out],
+        "--fit-profile",
+        "LOG",
+    ),
+    "report --html": (PLAN, "plan.htm", lambda read, out: ["report", read, "--html", out], "--html", ""),
+    "sweep --hw --plot": (
+        PROFILE,
+        "mine.png",  # a profile is YAML whatever its name; --plot wants .png
+        lambda read, out: ["sweep", "--seq", "8k", "--cp", "1..8", "--hw", read, "--plot", out],
+        "--plot",
+        "--hw",
+    ),
+}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize("writer", WRITERS)
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
+    cli, tmp_path, monkeypatch, writer: str, spelling: str
+) -> None:
+    if writer == "sweep --hw --plot":
+        pytest.importorskip("matplotlib")
+    source, name, args, flag, field = WRITERS[writer]
+    monkeypatch.chdir(tmp_path)
+    read, out = SPELLINGS[spelling](tmp_path, source, name)
+    before = source.read_bytes()
+    line = one_line_error(cli(*args(read, out)), f"{flag}: ", "is also an input of this command", field)
+    assert read in line.split("(")[-1]  # the input it would overwrite, by the name it was read
+    assert (tmp_path / name).read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_an_output_read_on_standard_input_is_refused(cli, tmp_path, monkeypatch) -> None:
+    """As ``cp-plan hw from-nccl-tests - --out T.txt < T.txt``."""
+    table = tmp_path / "all_gather.txt"
+    shutil.copy(TABLE, table)
+    monkeypatch.setattr(fileio, "_stdin_read", None)
+    with table.open("rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", type("Stdin", (), {"buffer": stdin})())
+        result = cli("hw", "from-nccl-tests", "-", "--out", str(table))
+    one_line_error(result, "--out: ", "is also an input", "FILE standard input")
+    assert table.read_bytes() == TABLE.read_bytes()
+
+
+def test_calibrate_refuses_its_preset_as_output_before_measuring(cli, tmp_path, monkeypatch) -> None:
+    pytest.importorskip("torch")
+    import costmodel.kernel.launch
+
+    monkeypatch.setattr(costmodel.kernel.launch, "launch", _must_not_launch)
+    preset = tmp_path / "mine.yaml"
+    shutil.copy(REPO / "configs" / "models" / "llama3-8b.yaml", preset)
+    before = preset.read_bytes()
+    one_line_error(cli("calibrate", "--model", str(preset), "--out", str(preset)), "--out: ", "--model")
+    assert preset.read_bytes() == before
+
+
+def test_the_inputs_are_those_of_this_run_only(cli, tmp_path) -> None:
+    """Many runs share one process (these tests): a file read by one run is a free output for the next."""
+    first, second = tmp_path / "all_gather.txt", tmp_path / "again_all_gather.txt"
+    shutil.copy(TABLE, first)
+    shutil.copy(TABLE, second)
+    assert cli("hw", "from-nccl-tests", str(first), "--out", str(tmp_path / "a.yaml")).code == 0
+    assert cli("hw", "from-nccl-tests", str(second), "--out", str(first)).code == 0
+    assert first.read_text().startswith("# Hardware profile")
 
 
 # --- `-` as an output path ------------------------------------------------------------------------------

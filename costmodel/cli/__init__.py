@@ -50,6 +50,16 @@ def _quiet_broken_pipe() -> int:
 
 def main(argv: list[str] | None = None, whole: bool = False) -> int:
     """Run the command line; ``whole`` registers every command even where ``argv`` seems to name none."""
+    from costmodel.core.fileio import forget_inputs
+
+    forget_inputs()  # the files this run reads, which no output may replace; a test runs many in one process
+    try:
+        return _run(argv, whole)
+    finally:
+        forget_inputs()
+
+
+def _run(argv: list[str] | None, whole: bool) -> int:
     # Lazy: importing any costmodel.cli module runs this package first; only running the CLI needs the rest.
     import typer
     from typer.main import get_command
@@ -73,7 +83,7 @@ def main(argv: list[str] | None = None, whole: bool = False) -> int:
         return fail(f"{exc.flag}: {exc.message}")
     except typer.TyperException as exc:  # usage errors: unknown flag, wrong type, bad choice
         if not whole and "No such command" in exc.format_message():  # one of the unregistered ones, misspelt
-            return main(args, whole=True)
+            return _run(args, whole=True)
         message = exc.format_message().replace("Value error, ", "").replace("\n", " ")
         return fail(message, getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt):

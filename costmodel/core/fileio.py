@@ -33,7 +33,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "
     a symbolic link, a device (``/dev/null``), a FIFO or a folder is refused, so a link is never followed
     nor replaced. On any error, Ctrl-C and SIGTERM included, the temporary file is removed and the target
     is untouched. A destination that cannot be written (a read-only folder, a parent that is a file, a full
-    disk) or ``-`` is an :class:`InputError` naming ``field``, the flag that chose the path.
+    disk), ``-`` or a file this run read (:func:`_not_an_input`) is an :class:`InputError` naming ``field``,
+    the flag that chose the path.
     """
     target = _output_path(path, field)
     tmp: str | None = None
@@ -75,7 +76,7 @@ def check_writable(path: str | os.PathLike[str], field: str) -> None:
 
 
 def _output_path(path: str | os.PathLike[str], field: str) -> Path:
-    """The target of an output flag, refused when it is ``-``.
+    """The target of an output flag, refused when it is ``-`` or a file this run read.
 
     ``-`` is standard input to every input flag; as an output it would put a file into the command's own
     answer on standard output, so it is refused rather than taken as a file named ``-``."""
@@ -84,7 +85,27 @@ def _output_path(path: str | os.PathLike[str], field: str) -> Path:
             field,
             "- is not accepted for a file the tool writes (standard output carries the answer); name a file",
         )
-    return Path(path)
+    target = Path(path)
+    _not_an_input(target, field)
+    return target
+
+
+def _not_an_input(target: Path, field: str) -> None:
+    """Refuse to write over a file this run read (``--out T.txt`` given ``T.txt`` as its table): by inode,
+    so ``./T.txt``, a symbolic or a hard link to it are caught too. A path that does not exist is new."""
+    try:
+        info = os.stat(target)
+    except (OSError, ValueError):  # a new path, or one the writer itself will refuse with its reason
+        return
+    read = _inputs_read.get((info.st_dev, info.st_ino))
+    if read is not None:
+        read_field, name = read
+        what = name if read_field == name else f"{read_field} {name}"
+        raise InputError(
+            field,
+            f"{_shorten(os.fspath(target))} is also an input of this command ({what}); writing it would "
+            "replace what was read: name another file",
+        )
 
 
 def _temporary_beside(target: Path) -> tuple[int, str]:
@@ -202,6 +223,17 @@ KINDS = {
 }
 STDIN = "-"
 _stdin_read: tuple[str, bytes] | None = None  # (field, bytes): standard input is read once, then kept
+# (st_dev, st_ino) -> (field, name) of every file read in this run: the writer never replaces one of them.
+_inputs_read: dict[tuple[int, int], tuple[str, str]] = {}
+
+
+def forget_inputs() -> None:
+    """Start a new run's record of the files it read (the command line does so each time it starts)."""
+    _inputs_read.clear()
+
+
+def _remember_input(info: os.stat_result, field: str, name: str) -> None:
+    _inputs_read.setdefault((info.st_dev, info.st_ino), (field, name))
 
 
 class FileInputError(InputError):
@@ -251,6 +283,7 @@ def open_input(path: str | os.PathLike[str], field: str, kind: str) -> BinaryIO:
         if info.st_size > bound.max_bytes:
             raise refuse(too_big)
         os.set_blocking(fd, True)
+        _remember_input(info, field, shown)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -275,6 +308,8 @@ def _stdin(field: str, kind: str, refuse: Any, too_big: str) -> bytes:
     if len(raw) > KINDS[kind].max_bytes:
         raise refuse(too_big)
     _stdin_read = (field, raw)
+    with contextlib.suppress(OSError, ValueError):  # standard input redirected from a file (< T.txt)
+        _remember_input(os.fstat(stream.fileno()), field, "standard input")
     return raw
 
 
