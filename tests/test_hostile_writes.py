@@ -1,10 +1,13 @@
-"""What the tool writes, against hostile paths: an output that is also an input is refused and the input
-kept; ``-`` is no output path; any legal file name can be written."""
+"""What the tool writes, against hostile paths and outputs: an output that is also an input is refused and
+the input kept; ``-`` is no output path; any legal file name can be written; an answer cut short on standard
+output (a file-size limit) is exit 2 with one line, never a success."""
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -186,3 +189,40 @@ def test_a_long_output_name_is_written_by_the_command(cli, tmp_path) -> None:
         "--out: cannot write",
         "File name too long",
     )
+
+
+# --- an answer cut short on standard output --------------------------------------------------------------
+
+
+def _limited(args: list[str], stdout: Path, limit_bytes: int) -> subprocess.CompletedProcess[bytes]:
+    """``cp-plan ARGS > stdout`` under ``ulimit -f`` of ``limit_bytes``: the real process and its descriptor."""
+    with stdout.open("wb") as out:
+        return subprocess.run(
+            [sys.executable, "-c", "from costmodel.cli import main; raise SystemExit(main())", *args],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            cwd=REPO,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "80"},
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes)),
+        )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["hw", "show", "a100-nvlink"],  # 6 KB, one write at the end
+        ["sweep", "--seq", "8k..1M", "--cp", "1..64", "--hw", "a100-nvlink,h100-ib", "-f", "json"],  # 32 KB
+    ],
+)
+def test_an_answer_cut_by_a_file_size_limit_is_exit_2(tmp_path, args: list[str]) -> None:
+    done = _limited(args, tmp_path / "out", 4096)
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert err.splitlines() == ["cp-plan: error: stdout: cannot write the answer: File too large"]
+
+
+def test_an_answer_under_the_file_size_limit_is_whole(cli, tmp_path) -> None:
+    done = _limited(["hw", "show", "a100-nvlink"], tmp_path / "out", 1 << 20)
+    assert done.returncode == 0 and done.stderr == b""
+    assert (tmp_path / "out").read_text() == cli("hw", "show", "a100-nvlink").out
