@@ -6,8 +6,13 @@ the flag or field and what is accepted; never a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 PROG = "cp-plan"
 
@@ -50,6 +55,73 @@ def _quiet_broken_pipe() -> int:
 
 def main(argv: list[str] | None = None, whole: bool = False) -> int:
     """Run the command line; ``whole`` registers every command even where ``argv`` seems to name none."""
+    from costmodel.core.fileio import forget_inputs
+
+    forget_inputs()  # the files this run reads, which no output may replace; a test runs many in one process
+    try:
+        with _stdout_written_whole():
+            return _run(argv, whole)
+    finally:
+        forget_inputs()
+
+
+class _WholeWrites(io.RawIOBase):
+    """Standard output's descriptor, each write made whole or failed. Python's buffered writer takes a short
+    write as done and drops the rest (``ulimit -f 4`` cuts a write at 4 KiB and exit 0 followed); writing
+    the rest again gets the reason as an error (EFBIG, ENOSPC, EPIPE), which :func:`_run` reports."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self.fd)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        size = view.nbytes
+        while view:
+            written = os.write(self.fd, view)
+            if written == 0:  # no progress and no error: say so rather than loop
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            view = view[written:]
+        return size
+
+
+@contextlib.contextmanager
+def _stdout_written_whole() -> Iterator[None]:
+    """Standard output through :class:`_WholeWrites` for one run, then as it was. A stream without a
+    descriptor (a test's capture) or a closed one is left as it is."""
+    before = sys.stdout
+    try:
+        fd = before.fileno()
+        before.flush()
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    checked = io.TextIOWrapper(
+        io.BufferedWriter(_WholeWrites(fd)),
+        encoding=getattr(before, "encoding", None) or "utf-8",
+        errors=getattr(before, "errors", None) or "strict",
+        newline="\n",
+        line_buffering=getattr(before, "line_buffering", False),
+    )
+    sys.stdout = checked
+    try:
+        yield
+    finally:
+        sys.stdout = before
+        with contextlib.suppress(OSError, ValueError):  # reported already, or after an error that was
+            checked.close()  # closes the wrapper, not the descriptor
+
+
+def _run(argv: list[str] | None, whole: bool) -> int:
     # Lazy: importing any costmodel.cli module runs this package first; only running the CLI needs the rest.
     import typer
     from typer.main import get_command
@@ -73,7 +145,7 @@ def main(argv: list[str] | None = None, whole: bool = False) -> int:
         return fail(f"{exc.flag}: {exc.message}")
     except typer.TyperException as exc:  # usage errors: unknown flag, wrong type, bad choice
         if not whole and "No such command" in exc.format_message():  # one of the unregistered ones, misspelt
-            return main(args, whole=True)
+            return _run(args, whole=True)
         message = exc.format_message().replace("Value error, ", "").replace("\n", " ")
         return fail(message, getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt):
@@ -127,9 +199,7 @@ def _notes() -> None:
 
 
 def _is_stdout_failure(exc: BaseException) -> bool:
-    """A write error of standard output: an encoding error, ENOSPC/EIO/EBADF, a closed file object."""
-    import errno
-
+    """A write error of standard output: an encoding error, ENOSPC/EIO/EBADF/EFBIG, a closed file object."""
     if isinstance(exc, UnicodeEncodeError):
         return True
     if isinstance(exc, OSError):

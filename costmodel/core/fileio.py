@@ -33,17 +33,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "
     a symbolic link, a device (``/dev/null``), a FIFO or a folder is refused, so a link is never followed
     nor replaced. On any error, Ctrl-C and SIGTERM included, the temporary file is removed and the target
     is untouched. A destination that cannot be written (a read-only folder, a parent that is a file, a full
-    disk) is an :class:`InputError` naming ``field``, the flag that chose the path.
+    disk), ``-`` or a file this run read (:func:`_not_an_input`) is an :class:`InputError` naming ``field``,
+    the flag that chose the path.
     """
-    import tempfile
-
-    target = Path(path)
+    target = _output_path(path, field)
     tmp: str | None = None
     try:
         with _signals_raise():
             existing = _replaceable(target)
             _make_parent(target)
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            fd, tmp = _temporary_beside(target)
             # mkstemp makes the file private (0600); give it the target's mode, or what a plain open() would.
             os.fchmod(fd, existing.st_mode & 0o7777 if existing else 0o666 & ~_umask())
             with os.fdopen(fd, "wb") as handle:
@@ -65,17 +64,56 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "
 def check_writable(path: str | os.PathLike[str], field: str) -> None:
     """Fail now, not after a long computation, when :func:`atomic_write_bytes` could not write ``path``:
     create and remove a temporary file beside it."""
-    import tempfile
-
-    target = Path(path)
+    target = _output_path(path, field)
     try:
         _replaceable(target)
         _make_parent(target)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = _temporary_beside(target)
         os.close(fd)
         os.unlink(tmp)
     except (OSError, ValueError) as exc:
         raise InputError(field, f"cannot write {_shorten(str(target))}: {_reason(exc)}") from None
+
+
+def _output_path(path: str | os.PathLike[str], field: str) -> Path:
+    """The target of an output flag, refused when it is ``-`` or a file this run read.
+
+    ``-`` is standard input to every input flag; as an output it would put a file into the command's own
+    answer on standard output, so it is refused rather than taken as a file named ``-``."""
+    if os.fspath(path) == STDIN:
+        raise InputError(
+            field,
+            "- is not accepted for a file the tool writes (standard output carries the answer); name a file",
+        )
+    target = Path(path)
+    _not_an_input(target, field)
+    return target
+
+
+def _not_an_input(target: Path, field: str) -> None:
+    """Refuse to write over a file this run read (``--out T.txt`` given ``T.txt`` as its table): by inode,
+    so ``./T.txt``, a symbolic or a hard link to it are caught too. A path that does not exist is new."""
+    try:
+        info = os.stat(target)
+    except (OSError, ValueError):  # a new path, or one the writer itself will refuse with its reason
+        return
+    read = _inputs_read.get((info.st_dev, info.st_ino))
+    if read is not None:
+        read_field, name = read
+        what = name if read_field == name else f"{read_field} {name}"
+        raise InputError(
+            field,
+            f"{_shorten(os.fspath(target))} is also an input of this command ({what}); writing it would "
+            "replace what was read: name another file",
+        )
+
+
+def _temporary_beside(target: Path) -> tuple[int, str]:
+    """A new temporary file in the target's folder, so that the rename over the target is atomic. Its name
+    is short and its own, not the target's with more around it: a target may take all 255 bytes a name may."""
+    import tempfile
+
+    return tempfile.mkstemp(prefix=".cp-plan-", suffix=".tmp", dir=target.parent)
 
 
 class Terminated(BaseException):
@@ -185,6 +223,17 @@ KINDS = {
 }
 STDIN = "-"
 _stdin_read: tuple[str, bytes] | None = None  # (field, bytes): standard input is read once, then kept
+# (st_dev, st_ino) -> (field, name) of every file read in this run: the writer never replaces one of them.
+_inputs_read: dict[tuple[int, int], tuple[str, str]] = {}
+
+
+def forget_inputs() -> None:
+    """Start a new run's record of the files it read (the command line does so each time it starts)."""
+    _inputs_read.clear()
+
+
+def _remember_input(info: os.stat_result, field: str, name: str) -> None:
+    _inputs_read.setdefault((info.st_dev, info.st_ino), (field, name))
 
 
 class FileInputError(InputError):
@@ -234,6 +283,7 @@ def open_input(path: str | os.PathLike[str], field: str, kind: str) -> BinaryIO:
         if info.st_size > bound.max_bytes:
             raise refuse(too_big)
         os.set_blocking(fd, True)
+        _remember_input(info, field, shown)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -258,6 +308,8 @@ def _stdin(field: str, kind: str, refuse: Any, too_big: str) -> bytes:
     if len(raw) > KINDS[kind].max_bytes:
         raise refuse(too_big)
     _stdin_read = (field, raw)
+    with contextlib.suppress(OSError, ValueError):  # standard input redirected from a file (< T.txt)
+        _remember_input(os.fstat(stream.fileno()), field, "standard input")
     return raw
 
 
