@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from costmodel.audit.logs import _MEGATRON_ARGS, _MEGATRON_SHAPE, ParsedLog, count, read_lines
+from costmodel.audit.logs import _MEGATRON_ARGS, _MEGATRON_SHAPE, ParsedLog, read_lines, strict_count
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import read_toml
 from costmodel.machines.profiles import builtin_names
@@ -26,32 +26,51 @@ def _toml(path: str, field: str) -> dict[str, Any]:
     return read_toml(path, field)
 
 
-def torchtitan_config(data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+# The TOML key each step flag is read from (a value the step refuses is named by it, not by the flag).
+TOML_KEYS = {
+    "tp": "parallelism.tensor_parallel_degree",
+    "cp": "parallelism.context_parallel_degree",
+    "pp": "parallelism.pipeline_parallel_degree",
+    "gpus": "parallelism.data_parallel_shard_degree",
+    "seq": "training.seq_len",
+    "micro_batch": "training.local_batch_size",
+    "global_batch": "training.global_batch_size",
+    "recompute": "activation_checkpoint.mode",
+    "cp_scheme": "parallelism.context_parallel_rotate_method",
+}
+
+
+def torchtitan_config(data: dict[str, Any], origin: str = "job.toml") -> tuple[dict[str, Any], str | None]:
     """Step flags and the model preset of a torchtitan job TOML (``[model]``, ``[training]``,
-    ``[parallelism]``, ``[activation_checkpoint]``)."""
+    ``[parallelism]``, ``[activation_checkpoint]``); a size that is not an integer is refused naming its key."""
     model, training = data.get("model", {}), data.get("training", {})
     par, ac = data.get("parallelism", {}), data.get("activation_checkpoint", {})
-    out: dict[str, Any] = {}
-    degrees = {
-        "tp": par.get("tensor_parallel_degree", 1),
-        "cp": par.get("context_parallel_degree", 1),
-        "pp": par.get("pipeline_parallel_degree", 1),
+
+    def integer(table: dict[str, Any], section: str, key: str, default: int) -> int:
+        value = table.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool):  # true is no degree, 2.5 no size
+            raise InputError("--config", f"{origin}: {section}.{key} is {value!r}, expected an integer")
+        return value
+
+    out: dict[str, Any] = {
+        "tp": integer(par, "parallelism", "tensor_parallel_degree", 1),
+        "cp": integer(par, "parallelism", "context_parallel_degree", 1),
+        "pp": integer(par, "parallelism", "pipeline_parallel_degree", 1),
     }
-    out.update({k: int(v) for k, v in degrees.items()})
-    shard, replicate = (
-        int(par.get("data_parallel_shard_degree", -1)),
-        int(par.get("data_parallel_replicate_degree", 1)),
-    )
+    shard = integer(par, "parallelism", "data_parallel_shard_degree", -1)
+    replicate = integer(par, "parallelism", "data_parallel_replicate_degree", 1)
     out["zero"] = 3  # FSDP2 shards parameters, gradients and optimizer states
     if shard > 0:
         out["gpus"] = shard * replicate * out["tp"] * out["cp"] * out["pp"]
     if "seq_len" in training:
-        out["seq"] = int(training["seq_len"])
-    local = int(training.get("local_batch_size", training.get("batch_size", 1)))
-    out["micro_batch"] = int(par.get("pipeline_parallel_microbatch_size", 1)) if out["pp"] > 1 else local
+        out["seq"] = integer(training, "training", "seq_len", 0)
+    local_key = "local_batch_size" if "local_batch_size" in training else "batch_size"
+    local = integer(training, "training", local_key, 1)
+    micro = integer(par, "parallelism", "pipeline_parallel_microbatch_size", 1)
+    out["micro_batch"] = micro if out["pp"] > 1 else local
     out["_local_batch"] = local
-    if int(training.get("global_batch_size", -1)) > 0:
-        out["global_batch"] = int(training["global_batch_size"])
+    if integer(training, "training", "global_batch_size", -1) > 0:
+        out["global_batch"] = training["global_batch_size"]
     mode = str(ac.get("mode", "selective")).lower()
     out["recompute"] = mode if mode in ("none", "selective", "full") else "selective"
     rotate = par.get("context_parallel_rotate_method")
@@ -84,9 +103,11 @@ def megatron_flags(path: str, field: str) -> tuple[dict[str, Any], dict[str, int
                     field, f"{path}: --{name.replace('_', '-')} {given[name]!r} is not valid"
                 ) from None
     for name, key in _MEGATRON_SHAPE.items():
-        value = count(given.get(name, ""))
-        if value:
-            shape[key] = value
+        if name in given:
+            try:
+                shape[key] = strict_count(given[name])
+            except ValueError as exc:
+                raise InputError(field, f"{path}: --{name.replace('_', '-')}: {exc}") from None
     if "recompute_activations" in given and "recompute" not in config:
         config["recompute"] = "selective"
     return config, shape
@@ -111,25 +132,25 @@ def match_preset(shape: dict[str, int]) -> str | None:
     return None
 
 
-def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = None) -> dict[str, Any]:
-    """The step's keyword values (:func:`costmodel.training.step.build_step`) for the run ``log`` records."""
+def resolve(
+    log: ParsedLog,
+    given: dict[str, Any],
+    config_file: str | None = None,
+    sources: dict[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """The step's keyword values (:func:`costmodel.training.step.build_step`) for the run ``log`` records;
+    ``sources``, when given, is filled with where each value not given as a flag was read (see
+    :func:`named_by_source`)."""
     values = dict(log.config)
+    origin = {k: ("LOG", f"{log.path}:{line}: {said}") for k, (line, said) in log.sources.items()}
     preset = match_preset(log.model_shape) if log.model_shape else None
     if log.model_name:
         preset = log.model_name.replace(" ", "-").lower()
     if config_file is not None:
-        if config_file.endswith(".toml"):
-            data = _toml(config_file, "--config")  # its own refusals name the file already
-            try:
-                found, named = torchtitan_config(data)
-            except (ValueError, TypeError, AttributeError, KeyError) as exc:
-                raise InputError("--config", f"{config_file}: not a torchtitan job file: {exc}") from None
-            values.update({k: v for k, v in found.items() if not (k == "gpus" and "gpus" in values)})
-            preset = named or preset
-        else:
-            found, shape = megatron_flags(config_file, "--config")
-            values.update(found)
-            preset = match_preset(shape) or preset
+        found, where, named = _config_file(config_file, has_gpus="gpus" in values)
+        values.update(found)
+        origin |= {k: ("--config", f"{config_file}: {where[k]}") for k in found if k in where}
+        preset = named or preset
     local = values.pop("_local_batch", None)
     if local is not None and values.get("pp", 1) == 1:
         values.setdefault("micro_batch", local)
@@ -137,6 +158,8 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
         dp = values["gpus"] // (values.get("tp", 1) * values.get("cp", 1) * values.get("pp", 1))
         values["global_batch"] = local * max(dp, 1)
     values.update({k: v for k, v in given.items() if v is not None})
+    if sources is not None:
+        sources |= {k: where for k, where in origin.items() if given.get(k) is None}
     if not values.get("model"):
         if preset is None or preset not in builtin_models():
             shape = (
@@ -157,6 +180,35 @@ def resolve(log: ParsedLog, given: dict[str, Any], config_file: str | None = Non
             + " (or --config with the framework's file)",
         )
     return values
+
+
+def _config_file(path: str, has_gpus: bool) -> tuple[dict[str, Any], dict[str, str], str | None]:
+    """What the framework's file at ``path`` states (a torchtitan TOML, else Megatron's launch flags), the
+    key or flag each value is read from, and the model preset it names."""
+    if path.endswith(".toml"):
+        data = _toml(path, "--config")  # its own refusals name the file already
+        try:
+            found, named = torchtitan_config(data, path)
+        except InputError:
+            raise
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise InputError("--config", f"{path}: not a torchtitan job file: {exc}") from None
+        # the log's device mesh states the GPUs the run had; the file may leave its shard degree to fill
+        found = {k: v for k, v in found.items() if not (k == "gpus" and has_gpus)}
+        return found, TOML_KEYS, named
+    found, shape = megatron_flags(path, "--config")
+    flags = {flag: f"--{name.replace('_', '-')}" for name, (flag, _) in _MEGATRON_ARGS.items()}
+    return found, flags, match_preset(shape)
+
+
+def named_by_source(exc: InputError, sources: dict[str, tuple[str, str]]) -> InputError:
+    """``exc`` about a step flag, told as the file and key or line the value was read from (a value the log
+    or ``--config`` stated is not a flag the user typed)."""
+    key = exc.field.removeprefix("--").replace("-", "_")
+    if key not in sources:
+        return exc
+    field, where = sources[key]
+    return InputError(field, f"{where}: {exc.message}")
 
 
 def _profile_for(device: str | None) -> str:

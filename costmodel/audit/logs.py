@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from costmodel.core.errors import InputError
-from costmodel.core.fileio import KINDS, open_input
+from costmodel.core.fileio import KINDS, check_raw_text, open_input
+from costmodel.core.text import displayed
 from costmodel.plans import cp as registry
 
 Framework = Literal["megatron", "torchtitan"]
@@ -93,6 +94,7 @@ class ParsedLog:
     framework: Framework | None = None
     intervals: list[Interval] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)  # named as cp-plan step's flags
+    sources: dict[str, tuple[int, str]] = field(default_factory=dict)  # config key -> (line, what said it)
     model_shape: dict[str, int] = field(default_factory=dict)  # layers, hidden, heads, ... when printed
     model_name: str | None = None  # torchtitan's "llama3 8B"
     device_name: str | None = None
@@ -116,7 +118,9 @@ def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Itera
     The file is opened by the one reader (:func:`costmodel.core.fileio.open_input`: a regular file
     under the kind's size bound, or ``-`` for standard input). A file that is not text (a NUL byte, or
     mostly undecodable bytes, in its first 8 KiB) is refused as one :class:`InputError`; so are missing,
-    unreadable and empty files."""
+    unreadable and empty files. A line of any kind but a training log holding a control character or a line
+    separator is refused with its line (:func:`costmodel.core.fileio.check_raw_text`); a log is noisy
+    (torchtitan colours its lines), so what is shown of it is escaped instead (:func:`displayed`)."""
 
     name = str(path)
     noun, bound = KINDS[kind].noun, KINDS[kind].max_bytes
@@ -129,7 +133,9 @@ def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Itera
         if b"\x00" in head or undecodable > len(head) // 20:
             raise InputError(field, f"{name}: a binary file, expected a text {noun}")
         handle.seek(0)  # a regular file, or standard input already read into memory
+        number = 0
         while True:
+            number += 1
             raw = handle.readline(MAX_LINE_BYTES)
             if not raw:
                 return
@@ -142,7 +148,10 @@ def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Itera
                     if not rest or rest.endswith(b"\n"):
                         break
                 complete = None  # type: ignore[assignment]  # cut, not truncated
-            yield raw.decode("utf-8", errors="replace").rstrip("\r\n"), complete  # type: ignore[misc]
+            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            if kind != "log":
+                check_raw_text(text, field, name, line_offset=number - 1)
+            yield text, complete  # type: ignore[misc]
 
 
 def _number(text: str) -> float | None:
@@ -174,9 +183,19 @@ def _megatron_fields(rest: str) -> dict[str, str]:
     return out
 
 
+def strict_count(text: str) -> int:
+    """A count as Megatron prints one; anything else (``True``, ``2.5``) is a ValueError, never a default."""
+    value = count(text)
+    if value is None:
+        raise ValueError(f"{text.strip()[:40]!r} is not a count")
+    return value
+
+
 # Megatron argument -> (cp-plan step flag, conversion)
 def _recompute(value: str) -> str:
-    return {"none": "none", "selective": "selective", "full": "full"}.get(value.lower(), "none")
+    if value.lower() not in ("none", "selective", "full"):
+        raise ValueError(f"{value.strip()[:40]!r} is not none, selective or full")
+    return value.lower()
 
 
 def _cp_comm(value: str) -> str:
@@ -185,14 +204,14 @@ def _cp_comm(value: str) -> str:
 
 
 _MEGATRON_ARGS = {
-    "tensor_model_parallel_size": ("tp", int),
-    "pipeline_model_parallel_size": ("pp", int),
-    "context_parallel_size": ("cp", int),
-    "virtual_pipeline_model_parallel_size": ("vpp", lambda v: count(v) or 1),
-    "world_size": ("gpus", int),
-    "seq_length": ("seq", int),
-    "micro_batch_size": ("micro_batch", int),
-    "global_batch_size": ("global_batch", int),
+    "tensor_model_parallel_size": ("tp", strict_count),
+    "pipeline_model_parallel_size": ("pp", strict_count),
+    "context_parallel_size": ("cp", strict_count),
+    "virtual_pipeline_model_parallel_size": ("vpp", strict_count),
+    "world_size": ("gpus", strict_count),
+    "seq_length": ("seq", strict_count),
+    "micro_batch_size": ("micro_batch", strict_count),
+    "global_batch_size": ("global_batch", strict_count),
     "recompute_granularity": ("recompute", _recompute),
     "cp_comm_type": ("cp_scheme", _cp_comm),
 }
@@ -206,7 +225,11 @@ _MEGATRON_SHAPE = {
 }
 
 
-class TwoRuns(Exception):  # noqa: N818 - not a ValueError: parse_log turns it into one InputError
+class LogRefused(Exception):  # noqa: N818 - not a ValueError: parse_log turns it into one InputError
+    """A log whose stated configuration cannot be read as one value per setting."""
+
+
+class TwoRuns(LogRefused):
     """The log holds two runs: a stated configuration changes after intervals were logged."""
 
 
@@ -216,7 +239,7 @@ class _Reader:
         self.segment = 0
         self.last_iteration = -1
         self.in_args = False
-        self.args: dict[str, str] = {}
+        self.args: dict[str, tuple[str, int]] = {}  # Megatron argument -> (value as printed, line)
         self.args_line = 0
 
     def feed(self, number: int, text: str) -> bool:
@@ -241,7 +264,14 @@ class _Reader:
             return True
         match = _ARG_LINE.match(body)
         if match:
-            self.args[match.group(1)] = match.group(2)
+            name, value = match.groups()
+            before = self.args.get(name)
+            if before is not None and before[0] != value:  # one block, one value: else which is the run's?
+                raise LogRefused(
+                    f"line {number}: {name} is {value[:40]!r} here and {before[0][:40]!r} on line {before[1]} "
+                    "of the same arguments block; one run prints each argument once"
+                )
+            self.args[name] = (value, number)
             return True
         return False
 
@@ -273,11 +303,11 @@ class _Reader:
             return False
         mesh = dict(zip(names, sizes, strict=False))
         for key in ("tp", "cp", "pp"):
-            self._state(number, key, mesh.get(key, 1))
+            self._state(number, key, mesh.get(key, 1), "device mesh")
         gpus = 1
         for size in sizes:
             gpus *= size
-        self._state(number, "gpus", gpus)
+        self._state(number, "gpus", gpus, "device mesh")
         # context_parallel_rotate_method unset: torchtitan's default
         self.log.config.setdefault("cp_scheme", registry.from_framework("torchtitan").name)
         if mesh.get("dp_shard", 1) > 1:  # FSDP2 shards parameters, gradients and optimizer states
@@ -285,13 +315,13 @@ class _Reader:
         return True
 
     def _titan_model(self, number: int, m: re.Match[str]) -> bool:
-        self.log.model_name = self.log.model_name or f"{m.group(1)} {m.group(2)}"
+        self.log.model_name = self.log.model_name or f"{m.group(1)} {m.group(2)}"  # \w+: nothing to escape
         return True
 
     def _titan_batch(self, number: int, m: re.Match[str]) -> bool:
         local, batch, _, seq = (int(g) for g in m.groups())
         for key, value in (("global_batch", batch), ("seq", seq), ("_local_batch", local)):
-            self._state(number, key, value)
+            self._state(number, key, value, "batch and sequence length")
         return True
 
     def _titan_peak(self, number: int, m: re.Match[str]) -> bool:
@@ -299,12 +329,13 @@ class _Reader:
         return True
 
     def _titan_device(self, number: int, m: re.Match[str]) -> bool:
-        self.log.device_name = m.group(1).strip()
+        self.log.device_name = displayed(m.group(1).strip())
         return True
 
-    def _state(self, number: int, key: str, value: Any) -> None:
-        """Record a configuration value the log states; a different value after intervals were logged is
-        a second run in the same file (its step times must not be pooled with the first's)."""
+    def _state(self, number: int, key: str, value: Any, said: str) -> None:
+        """Record a configuration value the log states (``said``: what printed it, at line ``number``); a
+        different value after intervals were logged is a second run in the same file (its step times must
+        not be pooled with the first's)."""
         before = self.log.config.get(key)
         if before is not None and before != value and self.log.intervals:
             raise TwoRuns(
@@ -312,6 +343,7 @@ class _Reader:
                 f"run logged before it): two runs in one file; audit each run's log on its own"
             )
         self.log.config[key] = value
+        self.log.sources[key] = (number, said)
 
     def _restart(self) -> None:
         self.segment += 1
@@ -368,18 +400,24 @@ class _Reader:
             self.log.memory_bytes = max(self.log.memory_bytes or 0.0, interval.memory_bytes)
         return self._add(interval)
 
+    def _printed(self, name: str, convert: Callable[[str], Any]) -> Any:
+        """An argument of the block, converted; None when it is not printed or unset (``None``). A value
+        of the wrong type (``True`` for a size) is refused naming it, never read as a default."""
+        value, line = self.args.get(name, ("None", self.args_line))
+        if value == "None":
+            return None
+        try:
+            return convert(value)
+        except ValueError as exc:
+            raise LogRefused(f"line {line}: {name}: {exc}") from None
+
     def _use_args(self) -> None:
         for name, (flag, convert) in _MEGATRON_ARGS.items():
-            value = self.args.get(name)
-            if value is None or value == "None":
-                continue
-            try:
-                converted = convert(value)
-            except ValueError:
-                continue
-            self._state(self.args_line, flag, converted)
+            converted = self._printed(name, convert)
+            if converted is not None:
+                self._state(self.args[name][1], flag, converted, name)
         for name, key in _MEGATRON_SHAPE.items():
-            value = count(self.args.get(name, "None"))
+            value = self._printed(name, strict_count)
             if value:
                 before = self.log.model_shape.get(key)
                 if before is not None and before != value and self.log.intervals:
@@ -388,10 +426,10 @@ class _Reader:
                         "in one file; audit each run's log on its own"
                     )
                 self.log.model_shape[key] = value
-        if self.args.get("group_query_attention") != "True":
+        if self.args.get("group_query_attention", ("",))[0] != "True":
             self.log.model_shape.pop("kv_heads", None)
-        self.log.config["zero"] = 1 if self.args.get("use_distributed_optimizer") == "True" else 0
-        if self.args.get("fp8") not in (None, "None"):
+        self.log.config["zero"] = 1 if self.args.get("use_distributed_optimizer", ("",))[0] == "True" else 0
+        if self.args.get("fp8", ("None",))[0] != "None":
             self.log.config["dtype"] = "fp8"
 
 
@@ -422,7 +460,7 @@ def parse_log(path: str | Path, field: str = "LOG") -> ParsedLog:
             understood = reader.feed(number, text)
         except (ValueError, OverflowError):  # a number of more digits than Python converts
             understood = False
-        except TwoRuns as exc:
+        except LogRefused as exc:
             raise InputError(field, f"{path}: {exc}") from None
         if complete is False:  # the file ends mid-line: a job still writing, or a copy cut short
             reader.log.truncated_last_line = True

@@ -40,6 +40,9 @@ P2P_PREFERENCE = ("sendrecv", "all_gather", "reduce_scatter", "all_reduce")
 _START = re.compile(r"#\s*Collective test starting:\s*(\w+?)(?:_perf)?(?:_mpi)?\s*$")
 _HEADER = re.compile(r"#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)")
+# What nccl-tests prints when a run went wrong: its check of the results ("# Out of bounds values : 3 FAILED")
+# or an error it stopped on ("Test NCCL failure common.cu:...").
+_FAILED = re.compile(r"\bFAILED\b|Test (?:NCCL |CUDA )?failure|Out of bounds values\s*:\s*0*[1-9]")
 
 
 def bus_factor(collective: str, ranks: int) -> float:
@@ -124,10 +127,10 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
         tokens = text.split()
         size = count(tokens[0]) if tokens and not text.lstrip().startswith("#") else None
         if size is None or len(tokens) < 12:
-            skipped += 1
+            skipped += _not_a_row(text, number, refuse)
             continue
         try:
-            rows.append(_row(tokens, size, rows, width))
+            rows.append(_row(tokens, size, rows, width) | {"line": number})
         except _BadRow as exc:
             raise refuse(number, str(exc)) from None
         width = len(tokens)
@@ -142,7 +145,31 @@ def parse_table(path: str, field_name: str = "FILE") -> Table:
     size = len(ranks) or threads_gpus or 0
     if size < 2:
         raise InputError(field_name, f"{path}: {size or 'unknown'} ranks; a link needs at least 2")
+    _check_busbw(rows, collective, size, refuse)
     return Table(path, collective, size, hosts, rows, skipped)
+
+
+def _check_busbw(rows: list[dict[str, Any]], collective: str, ranks: int, refuse: Any) -> None:
+    """Each row's busbw is its algbw x the collective's factor (nccl-tests doc/PERFORMANCE.md), within the
+    5 % and the 0.01 GB/s of printing: two bandwidths that disagree leave B without one value."""
+    factor = bus_factor(collective, ranks)
+    for row in rows:
+        expected = row["algbw"] * factor
+        if abs(row["busbw"] - expected) > 0.05 * expected + 0.02e9:
+            raise refuse(
+                row["line"],
+                f"busbw {row['busbw'] / 1e9:g} GB/s is not algbw {row['algbw'] / 1e9:g} GB/s x {factor:.4g} "
+                f"({collective} over {ranks} ranks): the columns are not nccl-tests'",
+            )
+
+
+def _not_a_row(text: str, number: int, refuse: Any) -> int:
+    """A line that is no row of the table is skipped (1 to count) unless it says the run failed."""
+    if _FAILED.search(text) is not None:
+        raise refuse(
+            number, f"{text.strip()[:80]!r}: nccl-tests reports a failed run; its times are not a link's"
+        )
+    return 1
 
 
 class _BadRow(ValueError):
@@ -170,6 +197,11 @@ def _row(tokens: list[str], size: int, rows: list[dict[str, Any]], width: int | 
         raise _BadRow(
             f"algbw {tokens[-7]} GB/s is not size / time = {expected:.2f} GB/s: the columns are not nccl-tests'",
         )
+    wrong = [w for w in (tokens[-5], tokens[-1]) if w not in ("0", "N/A")]
+    if wrong:
+        raise _BadRow(
+            f"#wrong {wrong[0]}: nccl-tests found wrong results; its times are not a working link's"
+        )
     floor = max(r["out_of_place_s"] for r in rows) * DIP if rows else 0.0
     if out_time * 1e-6 < floor:
         raise _BadRow(f"time {out_time:g} us falls below smaller messages' times: times must rise with size")
@@ -177,6 +209,7 @@ def _row(tokens: list[str], size: int, rows: list[dict[str, Any]], width: int | 
         "bytes": size,
         "out_of_place_s": out_time * 1e-6,
         "in_place_s": in_time * 1e-6 if in_time and TIME_RANGE_US[0] <= in_time <= TIME_RANGE_US[1] else None,
+        "algbw": algbw * 1e9,
         "busbw": (_float(tokens[-6]) or 0.0) * 1e9,
     }
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from costmodel.audit.logs import STEP_MS
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import read_input_text
 from costmodel.machines.profiles import HardwareProfile, load_profile
@@ -109,6 +110,8 @@ class MeasuredRun:
     values: dict[str, Any]
     model: ModelPreset
     measured_s: float
+    where: str = ""  # the table and line it was read from, for a value the step refuses
+    assumed: tuple[str, ...] = ()  # the columns --assume gave it
 
 
 @dataclass
@@ -181,17 +184,39 @@ def _gpt(row: dict[str, Any], where: str) -> ModelPreset:
         raise InputError("--runs", f"{where}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
+# A measured step takes from a microsecond to a day, as a logged one does (costmodel.audit.logs).
+STEP_S = (STEP_MS[0] / 1e3, STEP_MS[1] / 1e3)
+AGREE = 0.01  # two measured columns of one row must give the same step time to 1 %
+
+
+def _seconds(column: str, row: dict[str, Any]) -> float:
+    """The step time a measured column states."""
+    value = row[column]
+    if column == "iteration_ms":
+        return value / 1e3
+    if column == "tokens_per_s":
+        return row["global_batch"] * row["seq"] / value if value > 0 else 0.0
+    return value
+
+
 def _measured_s(row: dict[str, Any], where: str) -> float:
-    if "iteration_ms" in row:
-        seconds = row["iteration_ms"] / 1e3
-    elif "iteration_s" in row:
-        seconds = row["iteration_s"]
-    elif "tokens_per_s" in row:
-        seconds = row["global_batch"] * row["seq"] / row["tokens_per_s"] if row["tokens_per_s"] else 0.0
-    else:
+    """The row's measured step time: one value, however many columns state it, from 1 µs to one day."""
+    stated = {column: _seconds(column, row) for column in MEASURED if column in row}
+    if not stated:
         raise InputError("--runs", f"{where}: no measured column ({', '.join(MEASURED)})")
-    if not seconds > 0:
-        raise InputError("--runs", f"{where}: the measured time must be positive")
+    (first, seconds), *others = stated.items()
+    for other, value in others:
+        if abs(value - seconds) > AGREE * max(abs(value), abs(seconds)):
+            raise InputError(
+                "--runs",
+                f"{where}: column {first} gives a step of {seconds:.6g} s and column {other} {value:.6g} s; "
+                "the measured time must be stated once, or agree to 1 %",
+            )
+    if not STEP_S[0] <= seconds <= STEP_S[1]:
+        raise InputError(
+            "--runs",
+            f"{where}: column {first}: a step of {seconds:.6g} s; a measured step takes from 1 µs to one day",
+        )
     return float(seconds)
 
 
@@ -211,7 +236,8 @@ def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = 
             models[spec] = load_model(spec, field="--runs")
         model = models[spec] if spec is not None else _gpt(row, where)
         label = str(row.get("label", f"line {number}"))
-        runs.append(MeasuredRun(label, _step_values(row, where, hw), model, _measured_s(row, where)))
+        values, measured = _step_values(row, where, hw), _measured_s(row, where)
+        runs.append(MeasuredRun(label, values, model, measured, where, tuple(lacking)))
     return RunTable(path, runs, lacking)
 
 
@@ -240,12 +266,29 @@ def _csv_rows(path: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
                     )
                 if len(rows) >= MAX_ROWS:
                     raise InputError("--runs", f"{path}: more than {MAX_ROWS:,} runs")
-                rows.append((number, dict(zip(columns, cells, strict=True))))
+                rows.append((number, _cells(columns, cells, f"{path} line {number}")))
     except csv.Error as exc:
         raise InputError("--runs", f"{path}: malformed CSV: {exc}") from None
     if not rows:
         raise InputError("--runs", f"{path} has a header but no runs")
     return columns, rows
+
+
+def _cells(columns: list[str], cells: list[str], where: str) -> dict[str, str]:
+    """One row's cells by column; a column the header names twice (``iteration_ms`` and vTrain's
+    ``Iteration time (ms)``) must hold the same value in both places."""
+    row: dict[str, str] = {}
+    place: dict[str, int] = {}
+    for index, (column, cell) in enumerate(zip(columns, cells, strict=True), start=1):
+        if column in row and row[column].strip() != cell.strip():
+            raise InputError(
+                "--runs",
+                f"{where}: column {column} is given twice, {row[column].strip()!r} in column {place[column]} "
+                f"and {cell.strip()!r} in column {index}; give it once",
+            )
+        row.setdefault(column, cell)
+        place.setdefault(column, index)
+    return row
 
 
 def _step_values(row: dict[str, Any], where: str, hw: str | None) -> dict[str, Any]:
@@ -284,8 +327,17 @@ class Profiles:
 
 
 def run_job(run: MeasuredRun, profiles: Profiles) -> Job:
-    """The training job a row of the table ran, on its profile (or the one ``profiles`` puts in its place)."""
-    return Job.of(**run.values, _profile=profiles(run.values["hw"]), _model=run.model)
+    """The training job a row of the table ran, on its profile (or the one ``profiles`` puts in its place).
+    A value the step refuses is named by its row and column, not by a flag the user never typed."""
+    profile = profiles(run.values["hw"])
+    try:
+        return Job.of(**run.values, _profile=profile, _model=run.model)
+    except InputError as exc:
+        column = exc.field.removeprefix("--").replace("-", "_")
+        if column not in COLUMNS:
+            raise
+        said = " (from --assume)" if column in run.assumed else ""
+        raise InputError("--runs", f"{run.where}: column {column}{said}: {exc.message}") from None
 
 
 def predict(run: MeasuredRun, profiles: Profiles) -> StepReport:

@@ -204,7 +204,7 @@ def _audit_logs(
     """Each log's audit, the runs a fit may learn from (label, values, median step) and the logs it may
     not (a critical finding: its numbers cannot be right, and would teach the profile nonsense)."""
     from costmodel.audit.compare import audit
-    from costmodel.audit.config import resolve
+    from costmodel.audit.config import named_by_source, resolve
     from costmodel.audit.logs import parse_log
 
     results, runs, left_out = [], [], []
@@ -212,8 +212,12 @@ def _audit_logs(
         log = parse_log(path)
         sibling = Path(path).with_suffix(".toml")
         file = config[index] if config else (str(sibling) if sibling.is_file() else None)
-        values = resolve(log, given, file)
-        result = audit(log, values)
+        sources: dict[str, tuple[str, str]] = {}
+        values = resolve(log, given, file, sources)
+        try:
+            result = audit(log, values)
+        except InputError as exc:
+            raise named_by_source(exc, sources) from None
         results.append(result)
         if any(f["severity"] == "critical" for f in result["findings"]):
             left_out.append(Path(path).name)

@@ -23,6 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from costmodel.core.errors import InputError
+from costmodel.core.text import displayed, problem_in_value, refused, unsafe_in_raw
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, field: str = "output") -> Path:
@@ -334,12 +335,49 @@ def read_input(path: str | os.PathLike[str], field: str, kind: str) -> bytes:
 
 
 def read_input_text(path: str | os.PathLike[str], field: str, kind: str) -> str:
-    """:func:`read_input` decoded as UTF-8; anything else is refused."""
+    """:func:`read_input` decoded as UTF-8; anything else, and text holding a control character or a line
+    separator (:mod:`costmodel.core.text`), is refused with its line and column."""
     raw = read_input(path, field, kind)
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise FileInputError(field, _shorten(os.fspath(path)), None, "not a UTF-8 text file") from None
+    check_raw_text(text, field, _shorten(os.fspath(path)))
+    return text
+
+
+def check_raw_text(text: str, field: str, name: str, line_offset: int = 0) -> None:
+    """Refuse ``text`` of the file ``name`` holding a control character (tab, LF and CR aside) or a Unicode
+    line separator, naming its line and column: before parsing, so a line break no editor shows never
+    hides a key, and no byte of the file reaches the terminal as an escape."""
+    found = unsafe_in_raw(text)
+    if found is not None:
+        line, column, char = found
+        raise FileInputError(
+            field,
+            name,
+            line + line_offset,
+            f"column {column}: {refused(char)}; control characters and line separators are not accepted",
+        )
+
+
+def check_strings(data: Any, field: str, name: str) -> None:
+    """Refuse a parsed key or string value holding a control character (tab and LF aside) or a line
+    separator, naming its key: what a JSON or TOML escape (``\\u001b``) wrote, which the raw text did not
+    show."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                path = f"{where}.{key}" if where else str(key)
+                if (problem := problem_in_value(str(key))) is not None:
+                    raise FileInputError(field, name, None, f"key {displayed(path)!r}: {problem}")
+                stack.append((path, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(value))
+        elif isinstance(value, str) and (problem := problem_in_value(value)) is not None:
+            raise FileInputError(field, name, None, f"{displayed(where) or 'value'}: {problem}")
 
 
 def read_json(path: str | os.PathLike[str], field: str, kind: str = "json") -> Any:
@@ -369,7 +407,7 @@ def parse_json(text: str, field: str, name: str, kind: str = "json") -> Any:
         raise _Refused(None, f"{word} is not a number JSON allows; numbers must be finite")
 
     try:
-        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        data = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
     except _Refused as exc:
         raise FileInputError(field, name, None, exc.message) from None
     except json.JSONDecodeError as exc:
@@ -378,6 +416,8 @@ def parse_json(text: str, field: str, name: str, kind: str = "json") -> Any:
         ) from None
     except (ValueError, RecursionError) as exc:  # an integer of more than 4,300 digits
         raise FileInputError(field, name, None, f"unreadable value: {str(exc).splitlines()[0]}") from None
+    check_strings(data, field, name)
+    return data
 
 
 def read_toml(path: str | os.PathLike[str], field: str) -> dict[str, Any]:
@@ -398,6 +438,7 @@ def read_toml(path: str | os.PathLike[str], field: str) -> dict[str, Any]:
     for where, value in _leaves(data):
         if isinstance(value, float) and not math.isfinite(value):
             raise FileInputError(field, name, None, f"{where}: {value} is not a finite number")
+    check_strings(data, field, name)
     return data
 
 
@@ -462,6 +503,7 @@ def read_yaml(path: str | os.PathLike[str], field: str) -> YamlDocument:
     try:
         loader = _hardened_loader()(text)  # checks the characters already
         node = loader.get_single_node()
+        _check_scalar(node, "value")
         data = loader.construct_document(node) if node is not None else None
     except _Refused as exc:
         raise YamlInputError(field, name, exc.line, exc.message) from None
@@ -524,7 +566,7 @@ def _hardened_loader() -> type:
         def compose_mapping_node(self, anchor: Any) -> Any:
             node = super().compose_mapping_node(anchor)
             seen: dict[tuple[str, str], int] = {}
-            for key, _ in node.value:
+            for key, value in node.value:
                 if not isinstance(key, yaml.ScalarNode):
                     raise _Refused(key, "keys must be plain names, not lists or mappings")
                 line = key.start_mark.line + 1
@@ -533,10 +575,26 @@ def _hardened_loader() -> type:
                         key, f"duplicate key {key.value!r} on lines {seen[key.tag, key.value]} and {line}"
                     )
                 seen[key.tag, key.value] = line
+                _check_scalar(key, "key")
+                _check_scalar(value, displayed(key.value))
+            return node
+
+        def compose_sequence_node(self, anchor: Any) -> Any:
+            node = super().compose_sequence_node(anchor)
+            for index, item in enumerate(node.value):
+                _check_scalar(item, f"item {index}")
             return node
 
     _core_schema_numbers(Loader)
     return Loader
+
+
+def _check_scalar(node: Any, where: str) -> None:
+    """Refuse a scalar holding what a YAML escape (``"\\e[2J"``, ``"\\u2028"``) wrote and the raw text
+    check never saw: a control character or a line separator."""
+    value = getattr(node, "value", None)
+    if isinstance(value, str) and (problem := problem_in_value(value)) is not None:
+        raise _Refused(node, f"{where}: {problem}")
 
 
 # YAML 1.2's core schema [YAML-1.2 §10.3.2]: decimal integers (leading zeros are decimal), 0o octal and

@@ -146,6 +146,8 @@ _ALIASES = {
     "intermediate_size": ("n_inner", "ffn_dim", "ffn_hidden_size"),
     "num_key_value_heads": ("num_kv_heads", "n_head_kv"),
 }
+# The switches the import reads: JSON true or false, nothing else.
+_SWITCHES = ("tie_word_embeddings", "use_sliding_window", "multi_query", "new_decoder_architecture")
 # Families whose configs may leave the MLP width out: transformers then uses 4 x hidden.
 _FOUR_X_FFN = {"gpt2", "gptj", "gpt_bigcode", "bloom", "falcon", "RefinedWeb", "RefinedWebModel"}
 MAX_NESTING = 4  # text_config inside text_config: multimodal wrappers nest one or two deep
@@ -296,7 +298,7 @@ def from_hf_config(
         "ffn_hidden": ffn,
         "vocab": need("vocab_size"),
         "gated_mlp": gated,
-        "tied_embeddings": bool(data.get("tie_word_embeddings", False)),
+        "tied_embeddings": data.get("tie_word_embeddings") is True,
         "sliding_window": window,
         "local_layers": local,
         "experts": experts,
@@ -331,11 +333,19 @@ def _normalized(data: object, origin: str, field: str) -> tuple[dict[str, Any], 
             "write a preset YAML with heads, kv_heads, head_dim, layers, hidden, ffn_hidden and vocab",
         )
     data = {**_DEFAULTS.get(family, {}), **data}
-    for key, names in _ALIASES.items():  # the canonical name wins; an alias stands in when it is absent
-        if data.get(key) is None:
-            alias = next((name for name in names if data.get(name) is not None), None)
-            if alias is not None:
-                data[key] = data[alias]
+    for key, names in _ALIASES.items():  # one value a field, under any of its names
+        stated = [name for name in (key, *names) if data.get(name) is not None]
+        if any(data[name] != data[stated[0]] for name in stated):
+            raise InputError(
+                field,
+                f"{origin}: {' and '.join(f'{name} {data[name]!r}' for name in stated)} name the same field "
+                "with different values; keep one",
+            )
+        if stated:
+            data[key] = data[stated[0]]
+    for key in _SWITCHES:  # "false" in quotes is a non-empty string: bool() would read it as true
+        if data.get(key) is not None and not isinstance(data[key], bool):
+            raise InputError(field, f"{origin}: {key} must be true or false (got {str(data[key])[:40]!r})")
     if (
         data.get("intermediate_size") is None
         and family in _FOUR_X_FFN
