@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from costmodel.audit.logs import STEP_MS
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import read_input_text
 from costmodel.machines.profiles import HardwareProfile, load_profile
@@ -190,8 +191,11 @@ def _measured_s(row: dict[str, Any], where: str) -> float:
         seconds = row["global_batch"] * row["seq"] / row["tokens_per_s"] if row["tokens_per_s"] else 0.0
     else:
         raise InputError("--runs", f"{where}: no measured column ({', '.join(MEASURED)})")
-    if not seconds > 0:
-        raise InputError("--runs", f"{where}: the measured time must be positive")
+    low, high = (ms / 1e3 for ms in STEP_MS)  # a step as a log may state it: errors stay finite numbers
+    if not low <= seconds <= high:
+        raise InputError(
+            "--runs", f"{where}: the measured step is {seconds:.3g} s; accepted: {low:g} s to {high:g} s"
+        )
     return float(seconds)
 
 
