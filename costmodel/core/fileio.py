@@ -184,7 +184,7 @@ KINDS = {
     "log": Kind("training log", 64 << 20, max_lines=1 << 20),  # parsed in a few seconds
     "flags": Kind("launch script or flag file", 1 << 20),
     "nccl": Kind("nccl-tests output", 1 << 20),  # a table is a few kilobytes
-    "runs": Kind("runs table", 16 << 20),  # 100,000 runs of a few hundred bytes
+    "runs": Kind("runs table", 1 << 20),  # 1,000 runs (runs.MAX_ROWS) of a few hundred bytes
 }
 STDIN = "-"
 _stdin_read: tuple[str, bytes] | None = None  # (field, bytes): standard input is read once, then kept
