@@ -123,7 +123,8 @@ def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Itera
     (torchtitan colours its lines), so what is shown of it is escaped instead (:func:`displayed`)."""
 
     name = str(path)
-    noun, bound = KINDS[kind].noun, KINDS[kind].max_bytes
+    noun, bound, most_lines = KINDS[kind].noun, KINDS[kind].max_bytes, KINDS[kind].max_lines
+    lines = 0
     handle = open_input(name, field, kind)
     with handle:
         head = handle.read(SNIFF_BYTES)
@@ -141,6 +142,9 @@ def read_lines(path: str | Path, field: str = "LOG", kind: str = "log") -> Itera
                 return
             if handle.tell() > bound:  # the file grew past its bound while it was read
                 raise InputError(field, f"{name}: larger than {bound >> 20} MiB, the bound for a {noun}")
+            lines += 1
+            if most_lines is not None and lines > most_lines:
+                raise InputError(field, f"{name}: more than {most_lines:,} lines, the bound for a {noun}")
             complete = raw.endswith(b"\n")
             if not complete and len(raw) == MAX_LINE_BYTES:
                 while True:  # the rest of an over-long line is dropped without holding it
@@ -244,6 +248,8 @@ class _Reader:
 
     def feed(self, number: int, text: str) -> bool:
         """Read one line; True when it was understood."""
+        if not text or text.isspace():  # nothing to match: spared the patterns
+            return False
         rank = _RANK.match(text)
         if rank:
             self.log.ranks.add(int(next(g for g in rank.groups() if g is not None)))

@@ -36,7 +36,7 @@ from costmodel.training.step import bind, evaluate_step
 
 SCHEMA = "cp-plan/runs/v2"  # v2: a miss names its component by the step's breakdown key (matmul_s, ...)
 LARGE_MISS = 0.15  # |error| beyond which a row's miss is explained by component
-MAX_ROWS = 100_000
+MAX_ROWS = 1_000  # each run is a job and a step evaluated: 1,000 take about 5 s of CPU here
 GPT_VOCAB = 50257  # the GPT-2 tokenizer's, as Megatron-LM's GPT examples use
 
 

@@ -35,7 +35,7 @@ def _stdout_failed(exc: BaseException) -> int:
         encoding = getattr(sys.stdout, "encoding", None) or exc.encoding
         reason = f"the answer holds {exc.object[exc.start : exc.end]!r}, which {encoding} cannot encode; set PYTHONIOENCODING=utf-8"
     else:
-        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        reason = (getattr(exc, "strerror", None) or str(exc)).rstrip(".") or type(exc).__name__
     _quiet_broken_pipe()
     return fail(f"stdout: cannot write the answer: {reason}")
 
@@ -139,6 +139,7 @@ def _run(argv: list[str] | None, whole: bool) -> int:
     if sys.stdout is None:  # started with stdout closed (>&-): nowhere to put an answer
         return fail("stdout: closed; redirect it to a file or /dev/null")
     command = get_command(with_subcommands() if whole else app)
+    _guard_completion(command)
     try:
         result = command.main(args=args, prog_name=PROG, standalone_mode=False)
     except InputError as exc:
@@ -159,6 +160,31 @@ def _run(argv: list[str] | None, whole: bool) -> int:
     ) as exc:  # only a write to stdout gets here: inputs fail as InputError
         return _output_failed(exc)
     return _finish(result)
+
+
+def _guard_completion(command: object) -> None:
+    """``--install-completion`` writes the shell's start-up files under HOME: a HOME that is unset, read-only
+    or not a folder is bad input, one line naming the flag, not the installer's traceback."""
+    from costmodel.core.errors import InputError
+
+    for param in getattr(command, "params", []):
+        if param.name != "install_completion" or param.callback is None:
+            continue
+        install = param.callback
+
+        def guarded(ctx: object, param: object, value: object, install: object = install) -> object:
+            try:
+                return install(ctx, param, value)  # type: ignore[operator]
+            except (OSError, RuntimeError) as exc:
+                where = getattr(exc, "filename", None)
+                reason = (getattr(exc, "strerror", None) or str(exc)).rstrip(".")
+                raise InputError(
+                    "--install-completion",
+                    f"cannot write under HOME{f' ({where})' if where else ''}: {reason}; set HOME to a "
+                    "writable folder, or add the output of --show-completion to your shell's start-up file",
+                ) from None
+
+        param.callback = guarded
 
 
 def _output_failed(exc: BaseException) -> int:

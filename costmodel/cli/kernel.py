@@ -170,8 +170,10 @@ def _finite(data: Any) -> Any:
 
 
 def _is_rank_zero() -> bool:
+    from costmodel.kernel.launch import launcher
 
-    return os.environ.get("RANK", "0") == "0"
+    env = launcher()
+    return env is None or env.rank == 0
 
 
 def _print_table(result) -> None:  # a SelftestResult, imported lazily
@@ -502,10 +504,11 @@ def validate(
             "--hw", f"{hw}: validate needs a measured profile (write one with cp-plan calibrate)"
         )
     require_torch()
-    from costmodel.kernel.launch import LaunchError, launch, under_torchrun
+    from costmodel.kernel.launch import LaunchError, launch, launcher
     from costmodel.kernel.validate import grid, inference_grid, measure_cases
 
-    world = int(__import__("os").environ["WORLD_SIZE"]) if under_torchrun() else nproc
+    env = launcher()
+    world = env.world_size if env is not None else nproc
     if world < 2:
         raise InputError("--nproc", f"a ring needs at least 2 ranks (got {world})")
     cal = profile.calibration

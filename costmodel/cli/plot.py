@@ -7,7 +7,11 @@ and the caller prints the table instead.
 from __future__ import annotations
 
 import io
+import logging
+import os
+import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,17 +27,35 @@ def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
     """One panel per profile; returns the path written."""
     if path.suffix.lower() not in {".png", ".svg"}:
         raise InputError("--plot", f"{path.name}: accepted file types are .png and .svg")
+    plt = _pyplot()
+    check_writable(path, "--plot")  # before the drawing
+    with warnings.catch_warnings():  # a missing glyph or a layout hint is not the user's to read
+        warnings.simplefilter("ignore")
+        return _draw(plt, grids, path, shape)
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot drawing to files only (Agg), quiet on stderr.
+
+    The backend is chosen before matplotlib is imported: it reads ``MPLBACKEND`` as it loads, and a name
+    it does not know (or a display's backend on a machine without one) would fail there. Its own log (a
+    cache folder it cannot write, the font cache being built) is not ours to print."""
+    os.environ["MPLBACKEND"] = "agg"
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
     try:
         import matplotlib
     except ImportError:
         raise InputError(
             "--plot", "needs matplotlib: pip install 'cp-plan[plot]'; nothing was written"
         ) from None
-    matplotlib.use("Agg")
+    matplotlib.use("agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
 
-    check_writable(path, "--plot")  # before the drawing
+    return plt
+
+
+def _draw(plt: Any, grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
+    from matplotlib.ticker import FuncFormatter
 
     fig, axes = plt.subplots(1, len(grids), figsize=(6.2 * len(grids), 4.6), squeeze=False, sharey=True)
     colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(grids[0].seqs)))

@@ -210,6 +210,9 @@ class Kind:
     noun: str
     max_bytes: int
     max_depth: int = 64  # nested objects and lists (JSON, TOML; YAML has its own)
+    max_lines: int | None = (
+        None  # files read line by line: work is per line, and a byte bound allows 64M of them
+    )
 
 
 KINDS = {
@@ -217,10 +220,10 @@ KINDS = {
     "json": Kind("config.json", 1 << 20),  # a Hugging Face config is a few kilobytes
     "toml": Kind("TOML file", 1 << 20),  # a training config is a few kilobytes
     "docs": Kind("document-length file", 16 << 20),  # a million lengths in CSV or JSON
-    "log": Kind("training log", 64 << 20),  # about 600k lines: parsed in a few seconds
+    "log": Kind("training log", 64 << 20, max_lines=1 << 20),  # parsed in a few seconds
     "flags": Kind("launch script or flag file", 1 << 20),
     "nccl": Kind("nccl-tests output", 1 << 20),  # a table is a few kilobytes
-    "runs": Kind("runs table", 16 << 20),  # 100,000 runs of a few hundred bytes
+    "runs": Kind("runs table", 1 << 20),  # 1,000 runs (runs.MAX_ROWS) of a few hundred bytes
 }
 STDIN = "-"
 _stdin_read: tuple[str, bytes] | None = None  # (field, bytes): standard input is read once, then kept

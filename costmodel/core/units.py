@@ -14,6 +14,9 @@ TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 2
 _TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", re.ASCII)
 _INTEGER = re.compile(r"\s*[0-9]+\s*", re.ASCII)
 _SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+# The widest integer any input takes is 2^40 (13 digits); past this many digits a number is refused as it is
+# read, before Python's 4,300-digit conversion limit or a range check has to print it.
+MAX_DIGITS = 30
 
 
 def si(value: float | None, unit: str, digits: int = 4) -> str:
@@ -85,7 +88,8 @@ def parse_tokens(text: str | int, field: str = "seq") -> int:
         return text
     match = _TOKENS.fullmatch(str(text)) if isinstance(text, str) else None
     if not match:
-        raise InputError(field, f"{text!r} is not a length; accepted: {TOKENS_HELP}")
+        raise InputError(field, f"{_shown(text)} is not a length; accepted: {TOKENS_HELP}")
+    _check_digits(match.group(1), field)
     try:
         number = Decimal(match.group(1)) * _SUFFIX[match.group(2).lower()]
     except InvalidOperation:  # pragma: no cover - the pattern admits only plain decimals
@@ -100,5 +104,23 @@ def parse_integer(text: str | int, field: str) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         return text
     if not isinstance(text, str) or not _INTEGER.fullmatch(text):
-        raise InputError(field, f"{text!r} is not a whole number")
+        raise InputError(field, f"{_shown(text)} is not a whole number")
+    _check_digits(text.strip(), field)
     return int(text)
+
+
+def _check_digits(digits: str, field: str) -> None:
+    """Every integer flag is read by :func:`parse_integer` or :func:`parse_tokens`, and both refuse here a
+    number too long to be any accepted value."""
+    whole = digits.split(".")[0].lstrip("0")
+    if len(whole) > MAX_DIGITS:
+        raise InputError(
+            field, f"{_shown(digits)} has {len(whole):,} digits; accepted: at most {MAX_DIGITS} digits"
+        )
+
+
+def _shown(text: object) -> str:
+    """The input as the message quotes it: its first 20 characters (a flag's value may be megabytes)."""
+    if not isinstance(text, str):
+        return repr(text)
+    return repr(text[:20] + "...") if len(text) > 20 else repr(text)

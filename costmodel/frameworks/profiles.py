@@ -11,6 +11,7 @@ overridden per job (:class:`~costmodel.plans.inputs.FrameworkKnobs`).
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -172,5 +173,20 @@ def parse_framework(
 
 def load_framework(spec: str, field: str = "--framework") -> FrameworkProfile:
     """A built-in framework profile by name, or a YAML file by path."""
+    if spec.lower() in _builtins():
+        return _builtin(spec.lower(), field)
     data, origin, document = load_builtin_or_file(spec, data_dir("frameworks"), field, "framework")
+    return parse_framework(data, origin, field, document)
+
+
+@functools.cache
+def _builtins() -> frozenset[str]:
+    return frozenset(p.stem.lower() for p in data_dir("frameworks").glob("*.yaml"))
+
+
+@functools.cache
+def _builtin(name: str, field: str) -> FrameworkProfile:
+    """A built-in profile, read once a process: every job reads its framework's, and a table of runs or a fit
+    makes thousands of jobs (reading the YAML was most of a run's prediction). Profiles are frozen."""
+    data, origin, document = load_builtin_or_file(name, data_dir("frameworks"), field, "framework")
     return parse_framework(data, origin, field, document)

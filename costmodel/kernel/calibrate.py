@@ -43,6 +43,7 @@ from costmodel.kernel.block import (
     block_forward,
 )
 from costmodel.kernel.comm import RingComm, all_to_all
+from costmodel.kernel.launch import ranks_per_node
 from costmodel.kernel.masks import AttentionOptions, MaskRule, plan_block
 from costmodel.kernel.timing import (
     QUANTILE,
@@ -124,7 +125,7 @@ class _Progress:
 
 def _groups(world_size: int) -> dict[str, list[int]]:
     """Ranks that measure each link scope: the first node's ranks, and the first rank of every node."""
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    per_node = ranks_per_node(world_size)
     scopes = {"intra-node": list(range(min(per_node, world_size)))}
     if per_node < world_size:
         scopes["inter-node"] = list(range(0, world_size, per_node))
@@ -496,7 +497,7 @@ def measure(ctx: Any, config: CalibrationConfig) -> dict | None:
         "nproc": world_size,
         "device_name": _device_name(ctx.device),
         "memory_bytes": _memory_bytes(ctx.device),
-        "ranks_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+        "ranks_per_node": ranks_per_node(world_size),
         "quantile": QUANTILE,
     }
     return raw

@@ -28,6 +28,7 @@ from costmodel.core.errors import InputError
 
 KILL_GRACE_S = 5.0  # after SIGTERM, how long a rank may take to exit before SIGKILL
 FAILURE_GRACE_S = 1.0  # after the first failure, collect the others so the root cause is named first
+MAX_WORLD = 1 << 20  # ranks in a job: as many as the planner's largest --gpus
 
 
 class LaunchError(RuntimeError):
@@ -49,8 +50,60 @@ class RankContext:
     group: Any = None  # the process group (None: the default, WORLD)
 
 
+@dataclass(frozen=True)
+class Launcher:
+    """What torchrun tells this process in its environment, each value checked."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def _env_count(name: str, low: int, high: int, default: int | None = None) -> int:
+    """The launcher's variable ``name`` as a whole number from ``low`` to ``high``; a value that is not one
+    is bad input naming the variable, not a traceback in every rank."""
+    from costmodel.core.units import parse_integer
+
+    text = os.environ.get(name)
+    if text is None and default is not None:
+        return default
+    try:
+        value = parse_integer(text or "", name)
+    except InputError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise InputError(
+            name,
+            f"the environment variable is {(text or '')[:20]!r}; a launcher such as torchrun sets it to a "
+            f"whole number from {low} to {high}",
+        )
+    return value
+
+
+def launcher() -> Launcher | None:
+    """torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, checked: the one place that reads the
+    launcher's environment. None when not under a launcher (RANK or WORLD_SIZE unset)."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    world = _env_count("WORLD_SIZE", 1, MAX_WORLD)
+    local_world = _env_count("LOCAL_WORLD_SIZE", 1, world, default=world)
+    return Launcher(
+        rank=_env_count("RANK", 0, world - 1),
+        world_size=world,
+        local_rank=_env_count("LOCAL_RANK", 0, local_world - 1, default=0),
+        local_world_size=local_world,
+    )
+
+
+def ranks_per_node(world_size: int) -> int:
+    """Ranks that share a node: the launcher's LOCAL_WORLD_SIZE (also honoured by a local run, which then
+    measures its ranks as several nodes), else all of them."""
+    return min(_env_count("LOCAL_WORLD_SIZE", 1, MAX_WORLD, default=world_size), world_size)
+
+
 def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return launcher() is not None
 
 
 def launch(
@@ -62,11 +115,11 @@ def launch(
     device: str = "auto",
 ) -> dict[int, Any]:
     """Run ``fn(ctx, *args)`` on every rank: under torchrun in this process, else on ``nproc`` local ones."""
-    if under_torchrun():
-        rank = int(os.environ["RANK"])
-        return {rank: run_under_torchrun(fn, args=args, device=device, timeout_s=timeout_s)}
+    if (env := launcher()) is not None:
+        return {env.rank: run_under_torchrun(fn, args=args, device=device, timeout_s=timeout_s)}
     if nproc is None:
         raise InputError("--nproc", "give the number of local processes (or run under torchrun)")
+    ranks_per_node(nproc)  # checked here, before the ranks that read it start
     return dict(enumerate(run_local(fn, nproc, args=args, timeout_s=timeout_s, device=device)))
 
 
@@ -89,14 +142,19 @@ def run_under_torchrun(
     """Initialise from torchrun's environment (env://), run ``fn`` on this rank, tear down."""
     import torch.distributed as dist
 
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-    torch_device, backend = _choose_device(device, int(os.environ.get("LOCAL_RANK", "0")), local_world)
+    env = launcher()
+    if env is None:
+        raise InputError("RANK", "not set: run under torchrun, or without it on --nproc local ranks")
+    torch_device, backend = _choose_device(device, env.local_rank, env.local_world_size)
     dist.init_process_group(
-        backend, init_method="env://", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        backend,
+        init_method="env://",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
     )
     try:
-        return fn(RankContext(rank, world_size, torch_device, backend), *args)
+        return fn(RankContext(env.rank, env.world_size, torch_device, backend), *args)
     finally:
         dist.destroy_process_group()
 

@@ -8,7 +8,6 @@ The largest error over ranks (an all-reduce) must stay within ``atol + rtol · m
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -243,9 +242,10 @@ def _inference_errors(variant, ctx, config, q, k, v, references, mine) -> dict[s
 def run_selftest(config: SelftestConfig, nproc: int | None, timeout_s: float = 300.0) -> SelftestResult:
     """Check ``config`` and run it on ``nproc`` local processes, or on this rank under torchrun."""
 
-    from costmodel.kernel.launch import launch, under_torchrun
+    from costmodel.kernel.launch import launch, launcher
 
-    world_size = int(os.environ["WORLD_SIZE"]) if under_torchrun() else nproc
+    env = launcher()
+    world_size = env.world_size if env is not None else nproc
     if world_size is None or world_size < 1:
         raise InputError("--nproc", f"must be at least 1, got {world_size}")
     config.check(world_size)
