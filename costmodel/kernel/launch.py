@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Any
 
 from costmodel.core.errors import InputError
+from costmodel.core.units import parse_integer
 
 KILL_GRACE_S = 5.0  # after SIGTERM, how long a rank may take to exit before SIGKILL
 FAILURE_GRACE_S = 1.0  # after the first failure, collect the others so the root cause is named first
@@ -63,8 +64,6 @@ class Launcher:
 def _env_count(name: str, low: int, high: int, default: int | None = None) -> int:
     """The launcher's variable ``name`` as a whole number from ``low`` to ``high``; a value that is not one
     is bad input naming the variable, not a traceback in every rank."""
-    from costmodel.core.units import parse_integer
-
     text = os.environ.get(name)
     if text is None and default is not None:
         return default

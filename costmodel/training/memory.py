@@ -164,9 +164,10 @@ def categories(values: dict[str, Any]) -> MemoryCategories:
             "fsdp_buffers": memory(ev, "fsdp_buffer_bytes", P_r=params)
         }
         candidates[f"the {running.pop('moment')}, {where}"] = running
-        ended = dict.fromkeys(running, 0.0) | states
+        ended = dict.fromkeys(running, 0.0) | states | _backward(activations)
         candidates[f"the backward's end, {where}"] = ended | {
-            "fsdp_buffers": memory(ev, "fsdp_backward_end_bytes", P_r=params)
+            "activations": float(activations("layer_kept_bytes")),
+            "fsdp_buffers": memory(ev, "fsdp_backward_end_bytes", P_r=params),
         }
     moment, parts = max(candidates.items(), key=lambda item: sum(float(v) for v in item[1].values()))
     parts = {k: float(v) for k, v in parts.items()}
@@ -191,20 +192,26 @@ def _running(ev: Evaluator, states: dict[str, float], layers: float, last: bool)
     scheme's buffers), whichever is larger."""
     values = ev.values
     kept = layers * float(ev("layer_kept_bytes"))
-    backward = float(ev("layer_backward_working_bytes"))
-    in_attention = float(ev("attention_gradient_bytes")) > float(ev("mlp_gradient_bytes"))
-    buffers = float(values["M_cpb"]) if in_attention else 0.0  # the scheme's buffers live in the attention
+    backward = _backward(ev)
     loss = float(ev("loss_working_bytes")) if last else 0.0
-    at_loss = loss > backward
+    at_loss = loss > sum(backward.values())
     return {
         **states,
         "gradients": states["gradients"] * values["g_p"],
         "activations": kept + (float(ev("output_activation_bytes")) if last else 0.0),
         "loss": loss if at_loss else 0.0,
-        "working": 0.0 if at_loss else backward - buffers,
-        "cp_buffers": 0.0 if at_loss else buffers,
+        **(dict.fromkeys(backward, 0.0) if at_loss else backward),
         "moment": "loss at the forward's end" if at_loss else "backward",
     }
+
+
+def _backward(ev: Evaluator) -> dict[str, float]:
+    """A layer's backward's working set, the CP scheme's buffers apart: they live in the attention, and
+    count where its gradients outweigh the MLP's."""
+    backward = float(ev("layer_backward_working_bytes"))
+    in_attention = float(ev("attention_gradient_bytes")) > float(ev("mlp_gradient_bytes"))
+    buffers = float(ev.values["M_cpb"]) if in_attention else 0.0
+    return {"working": backward - buffers, "cp_buffers": buffers}
 
 
 def _stages(ev: Evaluator) -> dict[str, tuple[Any, float, bool]]:

@@ -424,14 +424,16 @@ define(
 
 
 # Each stage's peak is in its forward and backward (its states, the gradients only where they persist,
-# FSDP's buffers, its activations with the loss's or the backward's working set) or at the backward's end,
-# every gradient made and no activation left; the step's peak is the largest stage's, at its own moment.
+# FSDP's buffers, its activations with the loss's or the backward's working set) or at the backward's end:
+# every other gradient made while the first layer's backward runs, on its own input and working set (where
+# gradients are made as the backward goes, FSDP's, this can be the larger); the step's peak is the largest
+# stage's, at its own moment.
 def _running(params: sympy.Expr, activations: sympy.Expr) -> sympy.Expr:
     return at_stage(M_w + g_p * M_g + M_o + M_fsdp, params) + activations
 
 
 def _ended(params: sympy.Expr) -> sympy.Expr:
-    return at_stage(M_w + M_g + M_o + M_fsdp_end, params)
+    return at_stage(M_w + M_g + M_o + M_fsdp_end, params) + A_kept + W_l
 
 
 _one = _running(P, n_L * A_kept + _last), _ended(P)
@@ -455,7 +457,7 @@ M_alloc = define(
     + o_act * sympy.Max(*_offloaded, evaluate=False),
     "the tensors a device of the most loaded stage holds at the step's peak: in the forward and backward its "
     "model states, the buffers of ZeRO-3/FSDP and of the CP scheme and the activations with the loss's or "
-    "the backward's working set; at the backward's end every state",
+    "the backward's working set; at the backward's end every state, with the first layer's backward",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
     simplify=False,
