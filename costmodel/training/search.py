@@ -39,7 +39,7 @@ from costmodel.training import moe, offload
 from costmodel.training.memory import cp_buffers, keeps, training_values
 from costmodel.training.report import FORMULAS as TERMS
 from costmodel.training.report import SHORT
-from costmodel.training.step import bind, buckets, check_physical, evaluate_step, step_terms
+from costmodel.training.step import bind, buckets, evaluate_step, step_terms, utilisation
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -480,18 +480,11 @@ def evaluate_table(table: Table, job: Job, shapes: _Shapes | None = None) -> dic
             )
             for name, value in part.items():
                 breakdown[name][rows] = value
-    tokens = call("step_tokens", v)
-    peak = machine.peak_flops * c["gpus"]
-
-    def per_token(name: str) -> Any:
-        return call(name, v)
-
     # MFU counts the trained mask's pairs, as `cp-plan step` does (costmodel.training.step.evaluate_step).
-    hfu = per_token("hardware_flops_per_token") * tokens / (time_s * peak)
-    check_physical(hfu, v, machine)
+    mfu, hfu = utilisation(v, time_s, c["gpus"], machine)
     return {
         "time_s": time_s,
-        "mfu": per_token("model_flops_per_token_causal") * tokens / (time_s * peak),
+        "mfu": mfu,
         "hfu": hfu,
         "breakdown": breakdown,
         "memory": memory_table(table, job),
