@@ -186,6 +186,7 @@ def test_numeric_twin_matches_exact_sympy(
         "r": 0.05,
         "eta": 0.5,
         "F_peak": flops,
+        "F_peak_g": 2 * flops,
         "N_u": 1,
         "N_r": n,
         "H": heads_per_kv * kv * d,

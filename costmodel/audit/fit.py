@@ -276,13 +276,17 @@ def _term(name: str) -> Term:
 
 def term_bounds(profile: HardwareProfile) -> dict[str, tuple[float, float]]:
     """Each term's range on this profile: the multiply table may be scaled up only as far as the most a
-    tuned matmul reaches on the device (``device.max_matmul_flops``, [MAMF]; else its dense peak)."""
+    tuned matmul reaches on the device (``device.max_matmul_flops``, [MAMF]; else its dense peak), the
+    attention tables only as far as the peak (a profile above it is refused)."""
     out = {name: term.bounds for name, term in TERMS.items()}
     kernels = profile.kernels
     if kernels is not None:
         ceiling = profile.device.max_matmul_flops or profile.device.peak_flops.get("bf16")
         if ceiling:
             out["gemm_scale"] = (TERMS["gemm_scale"].bounds[0], ceiling / max(kernels.gemm.flops_per_s))
+        fastest = max(max(curve.flops_per_s) for curve in kernels.attention)
+        low, high = TERMS["attention_scale"].bounds
+        out["attention_scale"] = (low, min(high, profile.device.table_peak / fastest))
     return out
 
 

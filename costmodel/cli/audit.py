@@ -380,7 +380,7 @@ def _table(result: dict[str, Any]) -> None:
     )
     if m["tflops_per_gpu_source"] == "log":
         table.add_row("TFLOP/s per GPU (log)", f"{m['tflops_per_gpu']:.0f}", "", "")
-    table.add_row("MFU", f"{m['mfu']:.1%}", f"{p['mfu']:.1%}", "")
+    table.add_row("MFU", f"{m['mfu']:.1%}", "-" if p["mfu"] is None else f"{p['mfu']:.1%}", "")
     if m["memory_bytes"] is not None:
         table.add_row(
             "peak memory", f"{m['memory_bytes'] / 1e9:.1f} GB", f"{p['memory_bytes'] / 1e9:.1f} GB", ""

@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
-from costmodel.core.units import parse_integer, parse_tokens
+from costmodel.core.units import parse_integer, parse_number, parse_tokens
 from costmodel.plans.inputs import build, flag_name, shape_from_model
 from costmodel.plans.models import load_model
 
@@ -153,6 +153,8 @@ def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any)
     ):
         option["parser"] = _parser(parse_tokens if extra.get("tokens") else parse_integer, name)
         base = int
+    elif base is float:  # one reading of a number for every flag: typer's float() takes "0_1" and "nan"
+        option["parser"] = _parser(parse_number, name)
     if base is bool:
         names = [f"{names[0]}/--no-{names[0][2:]}"]
     if extra.get("from_model"):

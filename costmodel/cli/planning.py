@@ -30,7 +30,7 @@ from costmodel.cli.search import (
 from costmodel.core.errors import InputError
 from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
-    MAX_DEVICES,
+    MAX_CP,
     MAX_TOKENS,
     TRAINING_DEFAULTS,
     MachineOverrides,
@@ -338,7 +338,7 @@ def sweep_cmd(
     """
     from costmodel.training.sweep import parse_grid, sweep
 
-    seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_DEVICES)
+    seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_CP)
     from costmodel.training.sweep import MAX_PROFILES
 
     if hw.count(",") >= MAX_PROFILES:  # before splitting: a huge list is refused without building it

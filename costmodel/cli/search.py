@@ -44,7 +44,7 @@ def run_search(job: Job, fixed: dict[str, Any], global_batch: int | None, top: i
     )
 
     constraints = Constraints(**fixed)
-    check_constraints(job.model, job.gpus, constraints)
+    check_constraints(job.model, job.gpus, job.inputs.seq, constraints)
     batch = global_batch or default_global_batch(job.inputs.seq)
     try:
         found = search(job, batch, constraints, top=top)

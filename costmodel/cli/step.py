@@ -140,8 +140,8 @@ def _table(report: StepReport) -> None:
     screen.print(
         f"step {seconds(step['time_s'])}   {step['tokens_per_s']:,.0f} tokens/s "
         f"({step['tokens_per_s_per_gpu']:,.0f} per GPU)   {step['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU   "
-        f"MFU {step['mfu']:.1%} (attention over the mask's pairs, c = {step['attention_fraction']:.4g}; "
-        f"full S² square: {step['mfu_full_square']:.1%})   HFU {step['hfu']:.1%}"
+        f"MFU {step['mfu']:.1%} (attention over the mask's pairs, c = {step['attention_fraction']:.4g}"
+        f"{_full_square(step['mfu_full_square'])})   HFU {step['hfu']:.1%}"
     )
     table = house_table(
         caption="MFU: 6·P + 12·n_L·h·d·S·c model FLOP per token, c the share of the S² square the mask keeps "
@@ -153,3 +153,9 @@ def _table(report: StepReport) -> None:
         if value > 0:
             table.add_row(LABELS[name], seconds(value), f"{value / report.step.time_s:.1%}")
     screen.print(table)
+
+
+def _full_square(mfu: float | None) -> str:
+    """The full-square MFU beside the headline: published MFUs count a causal mask's whole S² square. None
+    for packed documents, windows and chunks, whose attention is no share of it."""
+    return "" if mfu is None else f"; full S² square: {mfu:.1%}"

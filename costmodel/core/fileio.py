@@ -589,6 +589,7 @@ def _hardened_loader() -> type:
             return node
 
     _core_schema_numbers(Loader)
+    _no_merge_keys(Loader)
     return Loader
 
 
@@ -598,6 +599,21 @@ def _check_scalar(node: Any, where: str) -> None:
     value = getattr(node, "value", None)
     if isinstance(value, str) and (problem := problem_in_value(value)) is not None:
         raise _Refused(node, f"{where}: {problem}")
+
+
+def _no_merge_keys(loader: type) -> None:
+    """Refuse YAML 1.1's merge key (``<<: {seq: 1M}``): its keys are overridden silently by the mapping's own,
+    so a duplicate the loader refuses elsewhere would hide behind it. YAML 1.2 has no merge key."""
+
+    flatten = loader.flatten_mapping  # type: ignore[attr-defined]
+
+    def flatten_mapping(self: Any, node: Any) -> None:
+        for key, _ in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":
+                raise _Refused(key, "merge keys (<<) are not accepted; write the keys out")
+        flatten(self, node)
+
+    loader.flatten_mapping = flatten_mapping  # type: ignore[attr-defined]
 
 
 # YAML 1.2's core schema [YAML-1.2 §10.3.2]: decimal integers (leading zeros are decimal), 0o octal and

@@ -13,6 +13,9 @@ TOKENS_HELP = "a positive integer, optionally with k, M or G (k = 1,024), e.g. 2
 
 _TOKENS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMgG]?)\s*", re.ASCII)
 _INTEGER = re.compile(r"\s*[0-9]+\s*", re.ASCII)
+# A decimal number as a flag takes it: ASCII digits, an optional fraction and exponent. Python's float() also
+# reads "0_1", "inf", "nan" and non-ASCII digits; the integer flags refuse those, so the number flags do too.
+_NUMBER = re.compile(r"\s*[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?\s*", re.ASCII)
 _SUFFIX = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 # The widest integer any input takes is 2^40 (13 digits); past this many digits a number is refused as it is
 # read, before Python's 4,300-digit conversion limit or a range check has to print it.
@@ -124,3 +127,15 @@ def _shown(text: object) -> str:
     if not isinstance(text, str):
         return repr(text)
     return repr(text[:20] + "...") if len(text) > 20 else repr(text)
+
+
+def parse_number(text: str | float, field: str) -> float:
+    """A finite decimal number, as :func:`parse_integer` reads a count: ASCII digits, written out."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    if not isinstance(text, str) or not _NUMBER.fullmatch(text):
+        raise InputError(field, f"{text!r} is not a number; write it in decimal, e.g. 0.5 or 1e-3")
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(field, f"{text!r} is too large")
+    return value

@@ -13,9 +13,7 @@ import math
 import numpy as np
 
 from costmodel.core.errors import InputError
-from costmodel.machines.profiles import AttentionCurve, HardwareProfile, Kernels
-
-TABLE_DTYPE = "bf16"
+from costmodel.machines.profiles import TABLE_DTYPE, AttentionCurve, HardwareProfile, Kernels
 
 
 def _kernels(profile: HardwareProfile) -> Kernels:

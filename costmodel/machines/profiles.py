@@ -21,6 +21,13 @@ from costmodel.core.resources import data_dir
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
 BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
+# The dtype the kernel tables (kernels.attention, kernels.gemm) are stated in; another dtype's rates are the
+# table's scaled by the peaks' ratio (costmodel.machines.kernels).
+TABLE_DTYPE = "bf16"
+# A fitted factor on the kernel tables (attention_scale, gemm_scale) beyond this range says the runs behind it
+# do not pin it down (audit --fit-profile refuses such fits too); within it the scaled table stays at or
+# under the device's peak as well (HardwareProfile._within_peak).
+SCALE_RANGE = (0.05, 20.0)
 # Formats a device computes in but attention is not planned in: fp4 and fp6 are sub-byte (and block-scaled,
 # so not even a fixed fraction of a byte per element), so they are recorded, shown, never used for Q, K, V.
 LowPrecision = Literal["fp6", "fp4"]
@@ -177,6 +184,46 @@ class Device(_Strict):
         if not self.peak_flops:
             raise ValueError("peak_flops must list at least one dtype")
         return self
+
+    @property
+    def table_peak(self) -> float:
+        """The peak the kernel tables are read against: bf16's, else (the tables then read unscaled for every
+        dtype) the smallest the device states."""
+        return self.peak_flops.get(TABLE_DTYPE) or min(self.peak_flops.values())
+
+    @model_validator(mode="after")
+    def _effective_within_peak(self) -> Self:
+        """A measured rate cannot pass the dense peak of its dtype: no kernel outruns its tensor cores."""
+        for dtype, rate in (self.effective_flops or {}).items():
+            peak = self.peak_flops.get(dtype)
+            if peak is None:
+                raise ValueError(
+                    f"effective_flops.{dtype} needs peak_flops.{dtype}, the peak it is a share of"
+                )
+            _within(f"effective_flops.{dtype}", rate, peak, f"peak_flops.{dtype}")
+        if self.max_matmul_flops is not None and self.peak_flops:
+            _within("max_matmul_flops", self.max_matmul_flops, self.table_peak, f"peak_flops.{TABLE_DTYPE}")
+        return self
+
+
+def _within(where: str, rate: float, peak: float, peak_name: str) -> None:
+    """``rate`` at most ``peak``, else one line naming both fields."""
+    if rate > peak * (1 + 1e-9):
+        raise ValueError(
+            f"{where} {rate:.4g} FLOP/s is above {peak_name} {peak:.4g} FLOP/s ({rate / peak:.3g} x): "
+            "no kernel runs faster than the device's dense peak"
+        )
+
+
+def _edges(values: list[int], name: str, paired: list[float]) -> None:
+    """A table's sizes: strictly increasing (each once; interpolation over a repeated or falling size is
+    undefined) and one-to-one with its rates. Positive: their type."""
+    if len(values) != len(paired):
+        raise ValueError(
+            f"{name} has {len(values)} entries and flops_per_s {len(paired)}: pair them one-to-one"
+        )
+    if any(b <= a for a, b in zip(values, values[1:], strict=False)):
+        raise ValueError(f"{name} must be strictly increasing, each size once (got {values})")
 
 
 class RatePoint(_Strict):
@@ -447,7 +494,9 @@ class AttentionCurve(_Strict):
         description="the kernel these figures are of when the profile holds several (--attention-kernel "
         "NAME, e.g. sdpa-cudnn); unnamed: the profile's default tables",
     )
-    seq: list[int] = Field(min_length=1, description="sequence lengths of the benchmark (queries = keys)")
+    seq: list[Count()] = Field(
+        min_length=1, description="sequence lengths of the benchmark (queries = keys), strictly increasing"
+    )
     flops_per_s: list[Positive] = Field(
         min_length=1, description="achieved FLOP/s at each length (bf16/fp16)"
     )
@@ -455,8 +504,7 @@ class AttentionCurve(_Strict):
 
     @model_validator(mode="after")
     def _paired(self) -> Self:
-        if len(self.seq) != len(self.flops_per_s) or self.seq != sorted(self.seq):
-            raise ValueError("seq must be increasing and pair one-to-one with flops_per_s")
+        _edges(self.seq, "seq", self.flops_per_s)
         return self
 
 
@@ -464,14 +512,13 @@ class GemmCurve(_Strict):
     """Achieved matrix-multiply FLOP/s against the edge of a square problem (m = n = k), in one input dtype
     (``kernels.gemm``: bf16/fp16; ``kernels.gemm_fp8``: fp8 e4m3)."""
 
-    edge: list[int] = Field(min_length=1)
+    edge: list[Count()] = Field(min_length=1, description="square problem edges, strictly increasing")
     flops_per_s: list[Positive] = Field(min_length=1)
     source: str
 
     @model_validator(mode="after")
     def _paired(self) -> Self:
-        if len(self.edge) != len(self.flops_per_s) or self.edge != sorted(self.edge):
-            raise ValueError("edge must be increasing and pair one-to-one with flops_per_s")
+        _edges(self.edge, "edge", self.flops_per_s)
         return self
 
 
@@ -504,16 +551,25 @@ class Kernels(_Strict):
         "bookkeeping between iterations (0: not known without measured runs)",
     )
     gemm_scale: Positive = Field(
-        default=1.0, description="factor on the gemm table's rates (a fitted profile's GEMM efficiency)"
+        default=1.0,
+        ge=SCALE_RANGE[0],
+        le=SCALE_RANGE[1],
+        description="factor on the gemm table's rates (a fitted profile's GEMM efficiency); the scaled table "
+        "stays at or under the peak",
     )
     gemm_size_exponent: Finite = Field(
         default=0.0,
-        ge=-1,
+        ge=0,
         le=1,
-        description="how a fitted profile's GEMM efficiency grows with problem size: rates x (edge / 4096)^this",
+        description="how a fitted profile's GEMM efficiency grows with problem size: rates x (edge / 4096)^this "
+        "below a 4096 edge (0 to 1: a smaller problem never runs faster than the table)",
     )
     attention_scale: Positive = Field(
-        default=1.0, description="factor on the attention tables' rates (a fitted profile's kernel factor)"
+        default=1.0,
+        ge=SCALE_RANGE[0],
+        le=SCALE_RANGE[1],
+        description="factor on the attention tables' rates (a fitted profile's kernel factor); the scaled "
+        "tables stay at or under the peak",
     )
     notes: str = Field(default="", description="how the numbers were derived")
 
@@ -608,6 +664,27 @@ class HardwareProfile(_Strict):
             raise ValueError(
                 f"topology.dims {shape} hold {math.prod(dims)} chips, not devices_per_node {self.devices_per_node}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _within_peak(self) -> Self:
+        """Every kernel table, times its fitted factor, at or under the peak it is read against: MFU and HFU
+        are shares of that peak, and a table above it would make them pass 100 %."""
+        kernels, device = self.kernels, self.device
+        if kernels is None:
+            return self
+        table_peak, peak_name = device.table_peak, f"device.peak_flops.{TABLE_DTYPE}"
+        for i, curve in enumerate(kernels.attention):
+            where = f"kernels.attention.{i}.flops_per_s x attention_scale"
+            _within(where, max(curve.flops_per_s) * kernels.attention_scale, table_peak, peak_name)
+        gemm = max(kernels.gemm.flops_per_s) * kernels.gemm_scale
+        _within("kernels.gemm.flops_per_s x gemm_scale", gemm, table_peak, peak_name)
+        if kernels.gemm_fp8 is not None:
+            fp8 = device.peak_flops.get("fp8")
+            if fp8 is None:
+                raise ValueError("kernels.gemm_fp8 needs device.peak_flops.fp8, the peak it is read against")
+            rate = max(kernels.gemm_fp8.flops_per_s) * kernels.gemm_scale
+            _within("kernels.gemm_fp8.flops_per_s x gemm_scale", rate, fp8, "device.peak_flops.fp8")
         return self
 
     @property

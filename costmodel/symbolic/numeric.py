@@ -712,9 +712,24 @@ def model_flops_per_token_causal(*, F_ffn, H, S, V, c, d, e_m, g, h, n_L, n_kv):
     return -6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L
 
 
+def model_peak_s_per_token(*, F_ffn, F_peak, F_peak_g, H, S, V, c, d, e_m, g, h, n_L, n_kv):
+    """t_model_pk = 6*(F_peak*H*(V*e_m - V*(e_m - 1) - V + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + F_peak_g*(H*V + 2*S*c*d*h*n_L))/(F_peak*F_peak_g): seconds one device takes per token of model FLOP (f_model_c) at its peak: the linear layers' at the peak of their multiplies' precision, attention and the output layer at the dtype's; MFU is this share of the step's time per token, so it cannot pass 1 while no kernel outruns its peak [s] ([PaLM] appendix B)."""
+    return 6*(F_peak*H*(V*e_m - V*(e_m - 1) - V + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + F_peak_g*(H*V + 2*S*c*d*h*n_L))/(F_peak*F_peak_g)
+
+
+def model_square_peak_s_per_token(*, F_ffn, F_peak, F_peak_g, H, S, V, d, e_m, g, h, n_L, n_kv):
+    """t_square_pk = 6*(F_peak*H*(V*e_m - V*(e_m - 1) - V + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + F_peak_g*(H*V + 2*S*d*h*n_L))/(F_peak*F_peak_g): t_model_pk with attention over the full S x S square (f_model), as published MFUs count a causal mask: the time behind the labelled full-square MFU of a full or causal mask [s] ([PaLM] appendix B, [Megatron21 §5.1])."""
+    return 6*(F_peak*H*(V*e_m - V*(e_m - 1) - V + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + F_peak_g*(H*V + 2*S*d*h*n_L))/(F_peak*F_peak_g)
+
+
 def hardware_flops_per_token(*, F_ffn, H, S, V, c, d, g, h, n_L, n_kv, rc_full, rc_sel):
-    """f_hw = 6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7)): FLOP a device executes per token, recompute included and the causal half skipped [FLOP] ([Korthikanti22 §6])."""
-    return 6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))
+    """f_hw = 6*H*V + 2*H*n_L*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7): FLOP a device executes per token, recompute included and the causal half skipped [FLOP] ([Korthikanti22 §6])."""
+    return 6*H*V + 2*H*n_L*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7)
+
+
+def hardware_peak_s_per_token(*, F_ffn, F_peak, F_peak_g, H, S, V, c, d, g, h, n_L, n_kv, rc_full, rc_sel):
+    """t_hw_pk = 2*(F_peak*H*n_L*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_peak_g*(3*H*V + S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7)))/(F_peak*F_peak_g): seconds one device takes per token of what it executes (f_hw) at its peak, each part at the peak of the precision it runs in: HFU is this share of the step's time per token [s] ([Korthikanti22 §6])."""
+    return 2*(F_peak*H*n_L*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_peak_g*(3*H*V + S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7)))/(F_peak*F_peak_g)
 
 
 def step_tokens(*, D, S, b, m_mb):
@@ -1405,7 +1420,10 @@ INFO = {
     'optimizer_s': ('t_opt', '-H*k_opt*(o_opt - 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_hbm*D*pp*t)', '-{H}*{k_opt}*({o_opt} - 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_hbm}*{D}*{pp}*{t})', "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound; none on the device under optimizer offload", 's', '[ZeRO §5]', 'step'),
     'model_flops_per_token': ('f_model', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{d}*{h}*{n_L}', 'model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S (the full square, causal or not, as published MFUs count it)', 'FLOP', '[PaLM] appendix B, [Megatron21 §5.1]', 'step'),
     'model_flops_per_token_causal': ('f_model_c', '-6*H*V*(e_m - 1) + 6*H*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + 12*S*c*d*h*n_L', '-6*{H}*{V}*({e_m} - 1) + 6*{H}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + 12*{S}*{c}*{d}*{h}*{n_L}', "model FLOP per token with attention counted over the pairs the trained mask keeps (c = 1/2 causal; packed documents and windows: the share of the window's tiles the kernel executes): what MFU counts", 'FLOP', '[PaLM] appendix B', 'step'),
-    'hardware_flops_per_token': ('f_hw', '6*H*V + 2*n_L*(H*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + S*c*d*h*(2*rc_full + 2*rc_sel + 7))', '6*{H}*{V} + 2*{n_L}*({H}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {S}*{c}*{d}*{h}*(2*{rc_full} + 2*{rc_sel} + 7))', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
+    'model_peak_s_per_token': ('t_model_pk', '6*(F_peak*H*(V*e_m - V*(e_m - 1) - V + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + F_peak_g*(H*V + 2*S*c*d*h*n_L))/(F_peak*F_peak_g)', '6*({F_peak}*{H}*({V}*{e_m} - {V}*({e_m} - 1) - {V} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {F_peak_g}*({H}*{V} + 2*{S}*{c}*{d}*{h}*{n_L}))/({F_peak}*{F_peak_g})', "seconds one device takes per token of model FLOP (f_model_c) at its peak: the linear layers' at the peak of their multiplies' precision, attention and the output layer at the dtype's; MFU is this share of the step's time per token, so it cannot pass 1 while no kernel outruns its peak", 's', '[PaLM] appendix B', 'step'),
+    'model_square_peak_s_per_token': ('t_square_pk', '6*(F_peak*H*(V*e_m - V*(e_m - 1) - V + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1) + F_peak_g*(H*V + 2*S*d*h*n_L))/(F_peak*F_peak_g)', '6*({F_peak}*{H}*({V}*{e_m} - {V}*({e_m} - 1) - {V} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1) + {F_peak_g}*({H}*{V} + 2*{S}*{d}*{h}*{n_L}))/({F_peak}*{F_peak_g})', 't_model_pk with attention over the full S x S square (f_model), as published MFUs count a causal mask: the time behind the labelled full-square MFU of a full or causal mask', 's', '[PaLM] appendix B, [Megatron21 §5.1]', 'step'),
+    'hardware_flops_per_token': ('f_hw', '6*H*V + 2*H*n_L*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7)', '6*{H}*{V} + 2*{H}*{n_L}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{S}*{c}*{d}*{h}*{n_L}*(2*{rc_full} + 2*{rc_sel} + 7)', 'FLOP a device executes per token, recompute included and the causal half skipped', 'FLOP', '[Korthikanti22 §6]', 'step'),
+    'hardware_peak_s_per_token': ('t_hw_pk', '2*(F_peak*H*n_L*(rc_full + 3)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + F_peak_g*(3*H*V + S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7)))/(F_peak*F_peak_g)', '2*({F_peak}*{H}*{n_L}*({rc_full} + 3)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + {F_peak_g}*(3*{H}*{V} + {S}*{c}*{d}*{h}*{n_L}*(2*{rc_full} + 2*{rc_sel} + 7)))/({F_peak}*{F_peak_g})', "seconds one device takes per token of what it executes (f_hw) at its peak, each part at the peak of the precision it runs in: HFU is this share of the step's time per token", 's', '[Korthikanti22 §6]', 'step'),
     'step_tokens': ('T_step', 'D*S*b*m_mb', '{D}*{S}*{b}*{m_mb}', 'tokens per optimizer step (global batch)', 'tokens', '[Megatron21 §5.1]', 'step'),
     'offload_grad_copy_s': ('tau_g2h', 'H*o_opt*p*z_o*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1)/(B_h*pp*t)', '{H}*{o_opt}*{p}*{z_o}*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1)/({B_h}*{pp}*{t})', "gradients of the device's optimizer share copied to the host, bf16, once a step", 's', '[ZeRO-Offload §4.1]', 'offload'),
     'offload_grad_exposed_s': ('x_g2h', 'Max(0, Piecewise(((-B_h*S*b*n_last*pp*(4*B_hbm*F_attn_bwd*H*u_cp*(sigma*(t - 1) + 1)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_attn_bwd*F_gemm_b*p*u_cp*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*H*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= n_last*t_lay + 6*H*S*V*b/(F_head*N*t) + 12*S*V*b/(B_hbm*N*t)), ((-B_h*S*b*pp*(4*B_hbm*F_attn_bwd*H*u_cp*(sigma*(t - 1) + 1)*(F_ffn*(g + 2) + d*h + d*(h + 2*n_kv)) + 2*F_attn_bwd*F_gemm_b*p*u_cp*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*H*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(V*e_m + n_L*(F_ffn*(g + 2) + 2*d*(h + n_kv) + 2) + 1))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), True)))', 'Max(0, Piecewise(((-{B_h}*{S}*{b}*{n_last}*{pp}*(4*{B_hbm}*{F_attn_bwd}*{H}*{u_cp}*({sigma}*({t} - 1) + 1)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_attn_bwd}*{F_gemm_b}*{p}*{u_cp}*(10*{H}*{t} + ({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}))*({sigma}*({t} - 1) + 1)) + {F_gemm_b}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb})*({sigma}*({t} - 1) + 1)) + {B_hbm}*{F_attn_bwd}*{F_gemm_b}*{H}*{N}*{o_opt}*{p}*{u_cp}*{z_o}*({sigma}*({t} - 1) + 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1))/({B_h}*{B_hbm}*{F_attn_bwd}*{F_gemm_b}*{N}*{pp}*{t}*{u_cp}*({sigma}*({t} - 1) + 1)), {t_lay}*Max({n_first}, {n_mid}) <= {n_last}*{t_lay} + 6*{H}*{S}*{V}*{b}/({F_head}*{N}*{t}) + 12*{S}*{V}*{b}/({B_hbm}*{N}*{t})), ((-{B_h}*{S}*{b}*{pp}*(4*{B_hbm}*{F_attn_bwd}*{H}*{u_cp}*({sigma}*({t} - 1) + 1)*({F_ffn}*({g} + 2) + {d}*{h} + {d}*({h} + 2*{n_kv})) + 2*{F_attn_bwd}*{F_gemm_b}*{p}*{u_cp}*(10*{H}*{t} + ({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}))*({sigma}*({t} - 1) + 1)) + {F_gemm_b}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb})*({sigma}*({t} - 1) + 1))*Max({n_first}, {n_mid}) + {B_hbm}*{F_attn_bwd}*{F_gemm_b}*{H}*{N}*{o_opt}*{p}*{u_cp}*{z_o}*({sigma}*({t} - 1) + 1)*({V}*{e_m} + {n_L}*({F_ffn}*({g} + 2) + 2*{d}*({h} + {n_kv}) + 2) + 1))/({B_h}*{B_hbm}*{F_attn_bwd}*{F_gemm_b}*{N}*{pp}*{t}*{u_cp}*({sigma}*({t} - 1) + 1)), True)))', "the gradient copy left after hiding it under the last micro-batch's backward on the slowest stage", 's', '[ZeRO-Offload §4.1]', 'offload'),
@@ -1659,7 +1677,10 @@ ARGS = {
     'optimizer_s': ('B_hbm', 'D', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'k_opt', 'n_L', 'n_kv', 'o_opt', 'pp', 't'),
     'model_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
     'model_flops_per_token_causal': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
+    'model_peak_s_per_token': ('F_ffn', 'F_peak', 'F_peak_g', 'H', 'S', 'V', 'c', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
+    'model_square_peak_s_per_token': ('F_ffn', 'F_peak', 'F_peak_g', 'H', 'S', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv'),
     'hardware_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'c', 'd', 'g', 'h', 'n_L', 'n_kv', 'rc_full', 'rc_sel'),
+    'hardware_peak_s_per_token': ('F_ffn', 'F_peak', 'F_peak_g', 'H', 'S', 'V', 'c', 'd', 'g', 'h', 'n_L', 'n_kv', 'rc_full', 'rc_sel'),
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
     'offload_grad_copy_s': ('B_h', 'F_ffn', 'H', 'V', 'd', 'e_m', 'g', 'h', 'n_L', 'n_kv', 'o_opt', 'p', 'pp', 't', 'z_o'),
     'offload_grad_exposed_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'd', 'e_m', 'g', 'h', 'k_sb', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'p', 'pp', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'z_o'),
@@ -1893,7 +1914,10 @@ DEFINITIONS = {
     'optimizer_s': 'P_dev*k_opt*(1 - o_opt)/(B_hbm*D)',
     'model_flops_per_token': '-6*H*V*(e_m - 1) + 6*P + 12*S*d*h*n_L',
     'model_flops_per_token_causal': '-6*H*V*(e_m - 1) + 6*P + 12*S*c*d*h*n_L',
-    'hardware_flops_per_token': '6*H*V + n_L*(2*S*c*d*h*(2*rc_full + 2*rc_sel + 7) + W_gemm*t*(rc_full + 3)/T_mb)',
+    'model_peak_s_per_token': '(-6*H*V*(e_m - 1) - 6*H*V + 6*P)/F_peak_g + (6*H*V + 12*S*c*d*h*n_L)/F_peak',
+    'model_square_peak_s_per_token': '(-6*H*V*(e_m - 1) - 6*H*V + 6*P)/F_peak_g + (6*H*V + 12*S*d*h*n_L)/F_peak',
+    'hardware_flops_per_token': '6*H*V + 2*S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7) + W_gemm*n_L*t*(rc_full + 3)/T_mb',
+    'hardware_peak_s_per_token': 'W_gemm*n_L*t*(rc_full + 3)/(F_peak_g*T_mb) + (6*H*V + 2*S*c*d*h*n_L*(2*rc_full + 2*rc_sel + 7))/F_peak',
     'offload_grad_copy_s': 'P_dev*o_opt*p*z_o/B_h',
     'offload_grad_exposed_s': 'Max(0, -n_c*t_bwd_c + tau_g2h)',
     'host_adam_s': 'P_dev*n_h*o_opt*z_o/R_h',
@@ -2110,6 +2134,7 @@ SYMBOLS = {
     't_opt_all': ("the device's optimizer step over every weight it holds: optimizer_s, or for an MoE model its dense part's and moe_optimizer_s over its experts", 's', '[ZeRO §5], [GShard §2]'),
     't_fw': ("framework time per optimizer step outside the layers (a measured profile's; 0 on a datasheet)", 's', 'kernel tables'),
     'f8': ("the linear layers' multiplies run in FP8 (Transformer Engine, torchao Float8; attention stays at p): 1, else 0", '1', '[FP8-Formats]'),
+    'F_peak_g': ("peak dense FLOP/s of the linear layers' multiplies: the FP8 peak where they run in FP8 (f8 = 1), else F_peak", 'FLOP/s', 'docs/hardware.md'),
     'p_s': ('scale bytes per FP8 element (MXFP8: one byte per block of 32; per-tensor FP8: 0)', 'B', '[MX-Formats]'),
     'o_dp': ('share of the gradient reduction that overlaps the backward (1: bucketed as PyTorch DDP; 0: after it)', '1', 'PyTorch DDP, [Megatron21 §5]'),
     'o_opt': ('optimizer offload: fp32 master weights and Adam moments in host memory, the CPU runs Adam: 1, else 0', '1', '[ZeRO-Offload §4]'),

@@ -494,6 +494,12 @@ f8 = _symbol(
     nonnegative=True,
     integer=True,
 )
+F_peak_g = _symbol(
+    "F_peak_g",
+    "peak dense FLOP/s of the linear layers' multiplies: the FP8 peak where they run in FP8 (f8 = 1), else F_peak",
+    "FLOP/s",
+    "docs/hardware.md",
+)
 p_s = _symbol(
     "p_s",
     "scale bytes per FP8 element (MXFP8: one byte per block of 32; per-tensor FP8: 0)",

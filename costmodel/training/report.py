@@ -19,8 +19,10 @@ from costmodel.symbolic import numeric
 # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square. v3: the pipeline's stage split
 # in inputs (first/middle/last_stage_layers); bubble_fraction over the slowest stage's busy time. v4: the
 # breakdown's keys are identifiers (matmul_s, exposed_cp_s, ...), each a formula of the "step" group. v5:
-# inputs.framework, and every knob the framework sets resolved (cp_scheme, dp_overlap, bucket_bytes, ...).
-SCHEMA = "cp-plan/step/v5"
+# inputs.framework, and every knob the framework sets resolved (cp_scheme, dp_overlap, bucket_bytes, ...). v6:
+# mfu and hfu hold each part of the FLOP to the peak of its precision (FP8 multiplies to the FP8 peak), so
+# neither passes 1; mfu_full_square is null where the mask is packed documents, a window or chunks.
+SCHEMA = "cp-plan/step/v6"
 
 
 class _Strict(BaseModel):
@@ -89,12 +91,21 @@ class StepTimes(_Strict):
     model_tflops_per_gpu: float = Field(
         description="model FLOP (the mask's pairs) per second per GPU, / 1e12"
     )
-    mfu: float = Field(description="model FLOP utilisation, attention over the pairs the mask keeps")
+    mfu: float = Field(
+        description="model FLOP utilisation, attention over the pairs the mask keeps: the model FLOP's time at "
+        "peak (each part at the peak of its precision) over the step's time, at most 1"
+    )
     mfu_convention: str = Field(description="how the model FLOP count attention")
     attention_fraction: float = Field(description="c: the share of the S x S square the mask keeps")
     model_tflops_per_gpu_full_square: float = Field(description="as model_tflops_per_gpu, the full square")
-    mfu_full_square: float = Field(description="MFU with attention over the full S x S square")
-    hfu: float = Field(description="hardware FLOP utilisation: what runs, recompute in, the causal half out")
+    mfu_full_square: float | None = Field(
+        description="MFU with attention over the full S x S square, as published MFUs count a causal mask (it "
+        "counts pairs the kernel skips, so it may pass 1 at long S); null for packed documents, windows and "
+        "chunks, whose attention is no share of that square"
+    )
+    hfu: float = Field(
+        description="hardware FLOP utilisation: what runs, recompute in, the causal half out; at most 1"
+    )
     bubble_fraction: float = Field(description="pipeline bubble over the slowest stage's busy time")
     breakdown: StepBreakdown
 

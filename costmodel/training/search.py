@@ -39,7 +39,7 @@ from costmodel.training import moe, offload
 from costmodel.training.memory import cp_buffers, keeps, training_values
 from costmodel.training.report import FORMULAS as TERMS
 from costmodel.training.report import SHORT
-from costmodel.training.step import bind, buckets, check_physical, evaluate_step, step_terms
+from costmodel.training.step import bind, buckets, evaluate_step, step_terms, utilisation
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -158,13 +158,18 @@ def default_global_batch(seq: int) -> int:
     return max(1, DEFAULT_BATCH_TOKENS // seq)
 
 
-def check_constraints(model: ModelPreset, gpus: int, c: Constraints) -> None:
-    """Constraints no plan can meet, as one line naming the flag."""
+def check_constraints(model: ModelPreset, gpus: int, seq: int, c: Constraints) -> None:
+    """Constraints no plan can meet, as one line naming the flag: a fixed degree is honoured or refused here,
+    never answered for another."""
     # The fixed degrees, through the layout's one check (a free PP leaves the stages to the search).
     Parallelism(tp=c.tp or 1, pp=c.pp or 1, vpp=(c.vpp or 1) if c.pp else 1).check(model)
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
+    if c.cp is not None and seq % c.cp:
+        raise InputError(
+            "--cp", f"{c.cp} does not divide the sequence S = {seq:,}: every CP rank holds S / N tokens"
+        )
 
 
 def enumerate_plans(
@@ -480,18 +485,11 @@ def evaluate_table(table: Table, job: Job, shapes: _Shapes | None = None) -> dic
             )
             for name, value in part.items():
                 breakdown[name][rows] = value
-    tokens = call("step_tokens", v)
-    peak = machine.peak_flops * c["gpus"]
-
-    def per_token(name: str) -> Any:
-        return call(name, v)
-
     # MFU counts the trained mask's pairs, as `cp-plan step` does (costmodel.training.step.evaluate_step).
-    hfu = per_token("hardware_flops_per_token") * tokens / (time_s * peak)
-    check_physical(hfu, v, machine)
+    mfu, hfu = utilisation(v, time_s, c["gpus"], machine)
     return {
         "time_s": time_s,
-        "mfu": per_token("model_flops_per_token_causal") * tokens / (time_s * peak),
+        "mfu": mfu,
         "hfu": hfu,
         "breakdown": breakdown,
         "memory": memory_table(table, job),
@@ -583,7 +581,7 @@ def search(
     fit (None: all), at ``global_batch`` sequences per step; ``shapes``, bound on this job already, are
     reused."""
     model = job.model
-    check_constraints(model, job.gpus, constraints)
+    check_constraints(model, job.gpus, job.inputs.seq, constraints)
     removed: dict[str, int] = {}
     table, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
     fixed = constraints.tp_comm_overlap
@@ -735,7 +733,7 @@ def search_loop(
     """The plain reference: one :func:`~costmodel.training.step.evaluate_step` and one memory fit per
     candidate, fastest first among those that fit."""
 
-    check_constraints(job.model, job.gpus, constraints)
+    check_constraints(job.model, job.gpus, job.inputs.seq, constraints)
     table, _ = enumerate_plans(job, global_batch, constraints)
     rows = []
     for i in range(len(table)):
@@ -942,7 +940,7 @@ def fastest_by_cp(job: Job, ns: list[int] | np.ndarray, global_batch: int | None
     fixed = Constraints(tp=setup.tp, pp=setup.pp, recompute=setup.recompute)
     out = np.full(len(ns), np.nan)
     try:
-        check_constraints(job.model, setup.gpus, fixed)
+        check_constraints(job.model, setup.gpus, job.inputs.seq, fixed)
     except InputError:
         return out
     wanted = {int(n): j for j, n in enumerate(ns)}

@@ -112,6 +112,11 @@ def _unfused_rates(seq: int, heads: int, d: int, machine: Machine) -> tuple[floa
     return f_fwd, 2.5 * flops_fwd / (flops_bwd / f_bwd)
 
 
+def linear_machine(job: Job) -> Machine:
+    """The machine the linear layers' multiplies run on: the job's, in FP8 under --gemm-dtype."""
+    return job.machine if job.step.gemm_dtype is None else replace(job.machine, dtype="fp8")
+
+
 def _rates(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[str, float]:
     """F_gemm, F_gemm_b, F_head, F_attn, F_attn_bwd: the machine's rates (published kernel tables, or
     --efficiency) at this layer's shapes; ``gemms`` keeps the multiplies' rates by shape across calls (the
@@ -121,7 +126,7 @@ def _rates(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict
     rows = step.micro_batch * inputs.seq // inputs.cp  # sequence parallel gathers the CP rank's tokens
     key = (t, rows, step.gemm_dtype)
     if gemms is None or key not in gemms:
-        linear = machine if step.gemm_dtype is None else replace(machine, dtype="fp8")
+        linear = linear_machine(job)
         found = {
             "F_gemm": layer_gemm_rate(model, linear, t, rows),
             "F_gemm_b": layer_gemm_rate(model, linear, t, rows, backward=True),
@@ -199,6 +204,8 @@ def bind(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[s
         **layout_degrees(t, job.pp, job.stages.values()),
         "D": job.dp,
         "m_mb": job.micro_batches,
+        "F_peak": machine.peak_flops,
+        "F_peak_g": linear_machine(job).peak_flops,
         "v_pp": step.vpp,
         # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
         "c": compute_fraction(inputs) if inputs.masked else 0.5,
@@ -328,25 +335,36 @@ def mfu_convention(fraction: float) -> str:
     return f"6·P + 12·n_L·h·d·S·c per token, attention over the pairs the mask keeps (c = {fraction:.4g}, {mask})"
 
 
-def check_physical(hfu: Any, v: Mapping[str, Any], machine: Machine) -> None:
+def utilisation(v: Mapping[str, Any], time_s: Any, gpus: Any, machine: Machine) -> tuple[Any, Any]:
+    """MFU and HFU: the seconds the step's model FLOP and its executed FLOP take at the device's peak, each
+    part at the peak of the precision it runs in (``model_peak_s_per_token``, ``hardware_peak_s_per_token``),
+    over the step's time. An FP8 multiply is held to the FP8 peak, not the --dtype one, so neither passes 1
+    while no kernel outruns its peak; HFU above 1 is an error naming the rate that does (:func:`check_physical`).
+    Numbers, or arrays over many plans (the layout search)."""
+    share = call("step_tokens", v) / (time_s * gpus)
+    hfu = call("hardware_peak_s_per_token", v) * share
+    check_physical(hfu, v)
+    return call("model_peak_s_per_token", v) * share, hfu
+
+
+def check_physical(hfu: Any, v: Mapping[str, Any]) -> None:
     """An error, not a number, where the step would run faster than the device's peak: HFU counts what runs,
-    so above 1 a kernel rate of the profile (or the model's FLOP count) cannot be right. HFU is over the
-    --dtype peak; linear layers in FP8 may run up to the FP8 peak, so such a step is held to that ratio."""
-    peak = machine.peak_flops
-    fp8_peak = machine.profile.device.peak_flops.get("fp8", peak)
-    fp8 = numpy.asarray(v.get("f8", 0)) > 0
-    worst = float(numpy.max(numpy.asarray(hfu) / numpy.where(fp8, max(fp8_peak / peak, 1.0), 1.0)))
+    so above 1 a kernel rate of the profile (or the model's FLOP count) cannot be right."""
+    worst = float(numpy.max(hfu))
     if worst <= 1 + 1e-9:
         return
-    limits = {"F_gemm": numpy.where(fp8, max(fp8_peak, peak), peak), "F_attn": peak, "F_attn_bwd": peak}
-    fast = {k: float(numpy.max(v[k])) for k, limit in limits.items() if numpy.any(v[k] > limit)}
+    limits = {"F_gemm": "F_peak_g", "F_gemm_b": "F_peak_g", "F_head": "F_peak", "F_attn": "F_peak"}
+    limits["F_attn_bwd"] = "F_peak"
+    fast = {
+        rate: float(numpy.max(numpy.asarray(v[rate]) / v[peak]))
+        for rate, peak in limits.items()
+        if numpy.any(numpy.asarray(v[rate]) > numpy.asarray(v[peak]) * (1 + 1e-9))
+    }
     if fast:
-        name, rate = max(fast.items(), key=lambda item: item[1])
-        limit = float(numpy.max(limits[name]))
+        name = max(fast, key=fast.__getitem__)
         raise InputError(
             "--hw",
-            f"the profile's {name} rate {rate / 1e12:.4g} TFLOP/s exceeds its {limit / 1e12:.4g} TFLOP/s peak: "
-            f"HFU would be {worst:.1%}",
+            f"the profile's {name} rate is {fast[name]:.4g} x its peak FLOP/s: HFU would be {worst:.1%}",
         )
     raise InputError(
         "--model",
@@ -380,13 +398,11 @@ def evaluate_step(job: Job, trace: list[Evaluation] | None = None) -> StepReport
     breakdown = StepBreakdown(**{name: float(value) for name, value in parts.items()})
     time_s = float(total)
     tokens = _call("step_tokens", v)
-    peak = machine.peak_flops * setup.gpus
     # Model FLOP follow the trained mask (attention over c of the S x S square); the full square only as
     # a labelled second figure, the convention of published MFUs ([PaLM] appendix B, [Megatron21 §5.1]).
     model_flops = _call("model_flops_per_token_causal", v) * tokens
     square_flops = _call("model_flops_per_token", v) * tokens
-    hardware_flops = _call("hardware_flops_per_token", v) * tokens
-    check_physical(hardware_flops / (time_s * peak), v, machine)
+    mfu, hfu = utilisation(v, time_s, setup.gpus, machine)
     stated = {
         "model": inputs.model,
         "seq": inputs.seq,
@@ -424,16 +440,25 @@ def evaluate_step(job: Job, trace: list[Evaluation] | None = None) -> StepReport
             tokens_per_s=tokens / time_s,
             tokens_per_s_per_gpu=tokens / time_s / setup.gpus,
             model_tflops_per_gpu=model_flops / time_s / setup.gpus / 1e12,
-            mfu=model_flops / (time_s * peak),
+            mfu=float(mfu),
             mfu_convention=mfu_convention(float(v["c"])),
             attention_fraction=float(v["c"]),
             model_tflops_per_gpu_full_square=square_flops / time_s / setup.gpus / 1e12,
-            mfu_full_square=square_flops / (time_s * peak),
-            hfu=hardware_flops / (time_s * peak),
+            mfu_full_square=full_square_mfu(v, time_s, setup.gpus, inputs.masked),
+            hfu=float(hfu),
             bubble_fraction=float(bubble_fraction(v, step.cp_scheme, model)),
             breakdown=breakdown,
         ),
     )
+
+
+def full_square_mfu(v: Mapping[str, Any], time_s: float, gpus: int, masked: bool) -> float | None:
+    """MFU with attention over the full S x S square, the convention of published MFUs for a full or causal
+    mask; None for packed documents, windows and chunks, whose attention is no share of that square (it
+    would count up to S / W times the pairs a window-W model computes)."""
+    if masked:
+        return None
+    return float(_call("model_square_peak_s_per_token", v) * _call("step_tokens", v) / (time_s * gpus))
 
 
 def bubble_fraction(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> Any:

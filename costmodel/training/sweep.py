@@ -24,6 +24,8 @@ from costmodel.schedule.layouts import chunks_per_rank
 RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 
 
+# The backward's formulas are the forward's names with this prefix (formula group "backward").
+PHASE_PREFIX = {"fwd": "", "bwd": "bwd_"}
 MAX_POINTS = 256  # values per axis: a grid is answered in well under a second
 MAX_PROFILES = 16  # --hw entries: each is loaded, bound and swept (there are 15 built-in profiles)
 
@@ -66,14 +68,15 @@ class Grid:
     profile: str
     seqs: np.ndarray  # (k,)
     ns: np.ndarray  # (m,)
-    ratio: np.ndarray  # (k, m) step comm ratio for the pass
-    intensity: np.ndarray  # (k, m) forward step intensity
-    step_compute_s: np.ndarray
-    step_comm_s: np.ndarray
+    ratio: np.ndarray  # (k, m) step comm ratio for the pass (fwd+bwd: the worse of the two, per cell)
+    intensity: np.ndarray  # (k, m) step intensity of the pass the ratio is of
+    step_compute_s: np.ndarray  # (k, m) one ring step's compute, of that pass
+    step_comm_s: np.ndarray  # (k, m) one ring step's transfer, of that pass
     inter_node: np.ndarray  # (m,) whether the ring over N leaves the node
     n_max: np.ndarray  # (k,) real N where the pass's ratio reaches 100 %, topology included
     n_min_memory: np.ndarray | None = field(default=None)  # (k,) real N where training memory fits
     step_time_s: np.ndarray | None = field(default=None)  # (k, m) fastest fitting step; NaN: none fits
+    pass_of_cell: np.ndarray | None = field(default=None)  # (k, m) "fwd" or "bwd": the pass of each cell
 
     def verdicts(self) -> np.ndarray:
         """0 green, 1 amber, 2 red, -1 where undefined."""
@@ -95,6 +98,9 @@ class Grid:
                         "seq": int(seq),
                         "n": int(n),
                         "comm_ratio_step": float(self.ratio[i, j]),
+                        "ratio_pass": str(self.pass_of_cell[i, j])
+                        if self.pass_of_cell is not None
+                        else "fwd",
                         "verdict": names[verdicts[i, j]],
                         "intensity_step": float(self.intensity[i, j]),
                         "step_compute_s": float(self.step_compute_s[i, j]),
@@ -141,8 +147,15 @@ def sweep(
     def at(name: str, **over: object) -> np.ndarray:
         return call(name, {**values, **over})
 
-    ratio = np.max([at(RATIO[phase]) for phase in PASSES[shape.pass_]], axis=0)
-    ratio = np.where(n_row == 1, 0.0, ratio)  # one device receives nothing
+    # Each cell's ratio, intensity and step times are of one pass: fwd+bwd's worse, per cell.
+    phases = PASSES[shape.pass_]
+    worse = np.argmax(np.broadcast_arrays(*[at(RATIO[phase]) for phase in phases]), axis=0)
+
+    def of_pass(name: str) -> np.ndarray:
+        per_phase = np.broadcast_arrays(*[at(PHASE_PREFIX[phase] + name) for phase in phases])
+        return np.choose(worse, per_phase)
+
+    ratio = np.where(n_row == 1, 0.0, of_pass("comm_ratio_step"))  # one device receives nothing
     valid = (seq_col % n_row == 0) & (n_row <= seq_col)
     # N_max: the intra-node bound while it stays inside the node, else the inter-node one.
     bound_of = {"fwd": "n_at_ratio", "bwd": "bwd_n_at_ratio"}  # N where the phase's step ratio reaches r
@@ -162,9 +175,10 @@ def sweep(
         seqs=np.asarray(seqs),
         ns=np.asarray(ns),
         ratio=np.where(valid, ratio, np.nan),
-        intensity=np.broadcast_to(at("intensity_step"), ratio.shape).copy(),
-        step_compute_s=np.broadcast_to(at("step_compute_s"), ratio.shape).copy(),
-        step_comm_s=np.broadcast_to(at("step_comm_s"), ratio.shape).copy(),
+        intensity=of_pass("intensity_step"),
+        step_compute_s=of_pass("step_compute_s"),
+        step_comm_s=of_pass("step_comm_s"),
+        pass_of_cell=np.asarray(phases)[worse],
         inter_node=inter,
         n_max=n_max,
     )

@@ -24,6 +24,8 @@ from costmodel.symbolic.symbols import (
     F_gemm,
     F_gemm_b,
     F_head,
+    F_peak,
+    F_peak_g,
     H,
     N,
     S,
@@ -537,6 +539,13 @@ define(
     "[ZeRO §5]",
 )
 P_flop = P - (e_m - 1) * V * H  # the input embedding is a lookup, no matmul
+# Model and hardware FLOP split by the precision they run in: the linear layers' multiplies (FP8 under
+# --gemm-dtype) and the rest at the dtype (attention and the output layer). The FLOP formulas and the
+# seconds-at-peak behind MFU and HFU are both built from these parts, so they cannot drift apart.
+mf_linear = 6 * (P_flop - H * V)
+mf_rest = 6 * H * V + 12 * c * n_L * h * d * S
+hf_linear = n_L * (3 + rc_full) * (W_gemm / T_mb * t)
+hf_rest = n_L * (7 + 2 * rc_sel + 2 * rc_full) * c * 2 * S * h * d + 6 * H * V
 mf_tok = define(
     "model_flops_per_token",
     "f_model",
@@ -549,19 +558,46 @@ mf_tok = define(
 define(
     "model_flops_per_token_causal",
     "f_model_c",
-    6 * P_flop + 12 * c * n_L * h * d * S,
+    mf_linear + mf_rest,
     "model FLOP per token with attention counted over the pairs the trained mask keeps (c = 1/2 causal; "
     "packed documents and windows: the share of the window's tiles the kernel executes): what MFU counts",
     "FLOP",
     "[PaLM] appendix B",
 )
 define(
+    "model_peak_s_per_token",
+    "t_model_pk",
+    mf_linear / F_peak_g + mf_rest / F_peak,
+    "seconds one device takes per token of model FLOP (f_model_c) at its peak: the linear layers' at the "
+    "peak of their multiplies' precision, attention and the output layer at the dtype's; MFU is this share "
+    "of the step's time per token, so it cannot pass 1 while no kernel outruns its peak",
+    "s",
+    "[PaLM] appendix B",
+)
+define(
+    "model_square_peak_s_per_token",
+    "t_square_pk",
+    mf_linear / F_peak_g + (6 * H * V + 12 * n_L * h * d * S) / F_peak,
+    "t_model_pk with attention over the full S x S square (f_model), as published MFUs count a causal mask: "
+    "the time behind the labelled full-square MFU of a full or causal mask",
+    "s",
+    "[PaLM] appendix B, [Megatron21 §5.1]",
+)
+define(
     "hardware_flops_per_token",
     "f_hw",
-    n_L * ((3 + rc_full) * (W_gemm / T_mb * t) + (7 + 2 * rc_sel + 2 * rc_full) * c * 2 * S * h * d)
-    + 6 * H * V,
+    hf_linear + hf_rest,
     "FLOP a device executes per token, recompute included and the causal half skipped",
     "FLOP",
+    "[Korthikanti22 §6]",
+)
+define(
+    "hardware_peak_s_per_token",
+    "t_hw_pk",
+    hf_linear / F_peak_g + hf_rest / F_peak,
+    "seconds one device takes per token of what it executes (f_hw) at its peak, each part at the peak of "
+    "the precision it runs in: HFU is this share of the step's time per token",
+    "s",
     "[Korthikanti22 §6]",
 )
 define(
