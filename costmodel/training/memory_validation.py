@@ -163,10 +163,6 @@ _INTERNEVO = (
     "about half their states: its HybridZeroOptimizer keeps more than Megatron-Core's copies and no InternEvo "
     "profile is built; the figure's kind is not stated"
 )
-_FUSED = (
-    "Liger's fused linear cross-entropy under FSDP1 measures 4-7 GiB above its hidden-state and weight "
-    "gradients as modelled"
-)
 # The rows of the fitting part outside GOAL, each with what the model leaves out or cannot reconcile.
 KNOWN_MISSES: dict[str, str] = {
     **{
@@ -193,7 +189,6 @@ KNOWN_MISSES: dict[str, str] = {
         "DeepSpeed ZeRO-3 with the optimizer on the CPU holds some 9-11 GiB the model does not count (its "
         "partition and staging buffers), alike at 8K, 32K and 96K: at 8K it is most of the figure"
     ),
-    "liger-qwen2-7b-fsdp4-bs32-flce-512": _FUSED,
     "swift-megatron-qwen1.5-moe-a2.7b-pp2-ep4-full-8k": (
         "packed variable-length rows and the MoE dispatch's permutation buffers (moe_permute_fusion) are not "
         "modelled; the figure's kind is not stated"
