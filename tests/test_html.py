@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -174,14 +175,15 @@ def test_plan_file_page_is_written_with_training_memory(cli, tmp_path) -> None:
         for e in root.iter()
         if e.get("data-field") and e.get("data-value")
     }
-    for name in (
-        "model_state_bytes",
-        "activation_bytes",
-        "buffer_bytes",
-        "total_bytes",
-        "device_memory_bytes",
-    ):
+    for name in ("total_bytes", "device_memory_bytes"):
         assert values[f"fit.{name}"] == pytest.approx(getattr(fit, name), rel=1e-15)
+    # the bar stacks the peak's categories, which sum to the total
+    parts = {k.rsplit(".", 1)[1]: v for k, v in values.items() if k.startswith("fit.by_category.")}
+    assert {"weights", "optimizer", "activations", "allocator", "runtime"} <= set(parts)
+    for name, value in parts.items():
+        assert value == pytest.approx(getattr(fit.by_category, name), rel=1e-15)
+    assert sum(parts.values()) == pytest.approx(fit.total_bytes, rel=1e-12)
+    assert f"The peak falls at {html.escape(fit.by_category.peak)}" in page
     assert values["verdict.comm_ratio_step"] == pytest.approx(report["verdict"]["comm_ratio_step"], rel=1e-15)
     assert "Checks: 3 of 3 pass" in page
     assert [g.get("data-pass") for g in find(root, "svg", class_="gantt")] == ["fwd"] * 3 + ["bwd"] * 3

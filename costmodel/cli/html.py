@@ -300,13 +300,30 @@ def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
     return "".join(out)
 
 
+# The peak's categories as the bar stacks them (they sum to fit.total_bytes): what persists, what comes and
+# goes within the step, and what the allocator and the runtime hold beyond the tensors.
+_FIT_PARTS = {
+    "weights": "k-compute",
+    "gradients": "k-compute",
+    "optimizer": "k-compute",
+    "fsdp_buffers": "k-transfer",
+    "activations": "k-flight",
+    "loss": "k-flight",
+    "working": "k-flight",
+    "cp_buffers": "k-transfer",
+    "allocator": "k-overhead",
+    "runtime": "k-overhead",
+}
+
+
 def _fit_bar(fit: Fit, hbm: float) -> str:
     width, left, height = 760, 170, 26
     scale = max(fit.total_bytes, hbm) * 1.02
+    by = fit.by_category
     parts = [
-        ("model states", "k-compute", fit.model_state_bytes, "fit.model_state_bytes"),
-        ("activations", "k-flight", fit.activation_bytes, "fit.activation_bytes"),
-        ("ring buffers", "k-overhead", fit.buffer_bytes, "fit.buffer_bytes"),
+        (name.replace("_", " "), css, getattr(by, name), f"fit.by_category.{name}")
+        for name, css in _FIT_PARTS.items()
+        if getattr(by, name) > 0
     ]
 
     def x(value: float) -> float:
@@ -317,6 +334,9 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
         + str(fit.n)
         + ("" if fit.fits else " — does not fit")
         + "</h3>",
+        f'<p class="caption">The peak falls at {escape(by.peak)}: the model states (blue); what comes and '
+        "goes within the step, activations, the loss and the backward's working set (teal), gathered weights "
+        "and CP buffers (red); the allocator's reserve and the runtime (amber).</p>",
         f'<svg class="chart bars" viewBox="0 0 {width} 64" role="img" aria-label="training memory">',
         f'<text x="{left - 6}" y="{height / 2 + 8}" text-anchor="end">'
         f"{'fits' if fit.fits else 'does not fit'}</text>",
@@ -342,9 +362,9 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
     out.append(f'<text x="{x(hbm):.1f}" y="{height + 32}" text-anchor="end">HBM {si(hbm, "B", 3)}</text>')
     out.append("</svg>")
     legend = "".join(
-        f'<span><i class="{css}" style="background: var(--{var})"></i>{name} '
+        f'<span><i class="{css}" style="background: var(--{css.removeprefix("k-")})"></i>{name} '
         f"{_field(path, value, si(value, 'B', 3))}</span>"
-        for (name, css, value, path), var in zip(parts, ("compute", "flight", "overhead"), strict=True)
+        for name, css, value, path in parts
     )
     headroom = fit.device_memory_bytes - fit.total_bytes
     legend += (
