@@ -322,21 +322,21 @@ class FastSteps:
         self.groups: list[tuple[dict[str, Any], str, Any]] = []
         self.group_of = np.empty(len(bound), dtype=int)  # each run's group, and its place in the group
         self.position = np.empty(len(bound), dtype=int)
-        keyed: dict[tuple[str, bool], list[int]] = {}
+        # An MoE model's step branches on its expert count (moe.per_layer, moe.twin): its runs are grouped by
+        # model, where a dense model's are all one group.
+        keyed: dict[tuple[str, str | None], list[int]] = {}
         for i, b in enumerate(bound):
-            keyed.setdefault((b["scheme"], b["model"].experts is not None), []).append(i)
-        for (scheme, moe), rows in keyed.items():
-            for part in [[i] for i in rows] if moe else [rows]:
-                values = {
-                    key: self._column([bound[i]["values"][key] for i in part])
-                    for key in bound[part[0]]["values"]
-                }
-                flags = {
-                    key: np.array([bound[i][key] for i in part], dtype=float)
-                    for key in ("unfused", "tp_inter", "dp_inter")
-                }
-                self.group_of[part], self.position[part] = len(self.groups), np.arange(len(part))
-                self.groups.append((values | {"_flags": flags}, scheme, bound[part[0]]["model"]))
+            model = b["model"]
+            keyed.setdefault((b["scheme"], model.model_dump_json() if model.experts else None), []).append(i)
+        for part in keyed.values():
+            first = bound[part[0]]
+            values = {key: self._column([bound[i]["values"][key] for i in part]) for key in first["values"]}
+            flags = {
+                key: np.array([bound[i][key] for i in part], dtype=float)
+                for key in ("unfused", "tp_inter", "dp_inter")
+            }
+            self.group_of[part], self.position[part] = len(self.groups), np.arange(len(part))
+            self.groups.append((values | {"_flags": flags}, first["scheme"], first["model"]))
         self.n = len(bound)
 
     @staticmethod
