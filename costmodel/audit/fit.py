@@ -311,9 +311,9 @@ CHUNK = 16384  # (run, terms) pairs evaluated at once: larger arrays leave the c
 
 class FastSteps:
     """Step times of many runs at any term values, from one binding of each run: a term only scales bound
-    rates and bandwidths or sets the launch cost, so the formulas are re-evaluated, not re-bound, and every
-    (run, term values) pair of one CP scheme is evaluated together as arrays: one call of the step's formulas
-    per scheme however many runs and trials."""
+    rates and bandwidths or sets the launch cost, so the formulas are re-evaluated, not re-bound, and the
+    (run, term values) pairs of a group (one CP scheme; an MoE model's runs apart) are evaluated together as
+    arrays: one call of the step's formulas per group and :data:`CHUNK` pairs, however many runs and trials."""
 
     def __init__(self, bound: list[dict[str, Any]], base: HardwareProfile) -> None:
 
@@ -408,8 +408,8 @@ class Steps:
         self.base = {**self.fast.base, name: self.start}
 
     def times_each(self, terms: Mapping[str, Any], rows: list[np.ndarray]) -> list[np.ndarray]:
-        """Step times, seconds, of a batch of trials, each at its own runs ``rows[i]``, in one evaluation of the
-        step: each term a number or an array of one value per trial (the grid term's among the grid's values),
+        """Step times, seconds, of a batch of trials, each at its own runs ``rows[i]``, evaluated together
+        (:meth:`FastSteps.times`): each term a number or an array of one value per trial (the grid term's among the grid's values),
         unnamed terms at the base profile's values."""
         sizes = [len(r) for r in rows]
         columns = {k: np.broadcast_to(np.asarray(v, dtype=float), (len(rows),)) for k, v in terms.items()}
