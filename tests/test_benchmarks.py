@@ -18,6 +18,7 @@ SMOKE = {
     "cli_latency.py": (["--smoke"], ()),
     "collectives.py": (["--smoke"], ()),
     "fidelity.py": (["--smoke"], (pytest.mark.slow,)),
+    "fit.py": (["--smoke"], ()),
     "host_overhead.py": (["--smoke"], (pytest.mark.kernel,)),
     "packed.py": (["--smoke"], ()),
     "search.py": (["--smoke"], ()),

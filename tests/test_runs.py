@@ -243,7 +243,7 @@ def test_a_fit_of_named_terms_gives_them_back_exactly_from_noiseless_times(tmp_p
     assert result["not_fitted"] == [] and result["not_needed"] == []
 
 
-@pytest.mark.slow  # a full fit: every term, five folds, 162 runs (minutes)
+@pytest.mark.slow  # a full fit: every term, five folds, 162 runs (about 10 s)
 def test_the_fit_gives_back_the_terms_that_made_the_times(tmp_path: Path) -> None:
     truth = {"gemm_scale": 0.8, "launch_s": 3.0e-5, "intra_node_collective_efficiency": 0.6}
     path = synthetic(tmp_path, truth, noise=0.02)
@@ -263,7 +263,7 @@ def test_the_fit_gives_back_the_terms_that_made_the_times(tmp_path: Path) -> Non
     "terms",
     [
         pytest.param(["gemm_scale", "launch_s"], id="two-named-terms"),
-        pytest.param(None, id="every-term", marks=pytest.mark.slow),  # the full fit: minutes
+        pytest.param(None, id="every-term", marks=pytest.mark.slow),  # the full fit: about 10 s
     ],
 )
 def test_fit_profile_is_written_and_step_reads_it(cli, monkeypatch, tmp_path: Path, terms) -> None:
@@ -306,7 +306,7 @@ def test_fit_profile_is_written_and_step_reads_it(cli, monkeypatch, tmp_path: Pa
     assert again == pytest.approx(document["fit"]["rows"][0]["predicted_s"], rel=1e-9)
 
 
-@pytest.mark.slow  # a full fit of 396 runs (minutes)
+@pytest.mark.slow  # a full fit of 396 runs (about 10 s)
 def test_runs_spanning_nodes_are_predicted_from_the_fit_never_fitted(tmp_path: Path) -> None:
     truth = {"gemm_scale": 0.8, "launch_s": 5e-5, "inter_node_collective_efficiency": 0.5}
     path = synthetic(tmp_path, truth, noise=0.02, max_gpus=32, hw=str(VTRAIN_CLUSTER))

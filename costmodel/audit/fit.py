@@ -13,6 +13,7 @@ profile; leave-one-out fits on all runs but one and predicts that one.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -309,30 +310,37 @@ def with_terms(profile: HardwareProfile, terms: dict[str, float]) -> HardwarePro
     return parse_profile(data, f"{profile.name} fitted", field="--fit-profile")
 
 
+CHUNK = 16384  # (run, terms) pairs evaluated at once: larger arrays leave the cache and cost page faults
+
+
 class FastSteps:
     """Step times of many runs at any term values, from one binding of each run: a term only scales bound
-    rates and bandwidths or sets the launch cost, so the formulas are re-evaluated, not re-bound, and runs
-    of one CP scheme are evaluated together as arrays."""
+    rates and bandwidths or sets the launch cost, so the formulas are re-evaluated, not re-bound, and the
+    (run, term values) pairs of a group (one CP scheme; an MoE model's runs apart) are evaluated together as
+    arrays: one call of the step's formulas per group and :data:`CHUNK` pairs, however many runs and trials."""
 
     def __init__(self, bound: list[dict[str, Any]], base: HardwareProfile) -> None:
 
         self.base = {name: term_value(base, name) for name in TERMS}
         self.bounds = term_bounds(base)
-        self.groups: list[tuple[list[int], dict[str, Any], str, Any]] = []
-        keyed: dict[tuple[str, bool], list[int]] = {}
+        self.groups: list[tuple[dict[str, Any], str, Any]] = []
+        self.group_of = np.empty(len(bound), dtype=int)  # each run's group, and its place in the group
+        self.position = np.empty(len(bound), dtype=int)
+        # An MoE model's step branches on its expert count (moe.per_layer, moe.twin): its runs are grouped by
+        # model, where a dense model's are all one group.
+        keyed: dict[tuple[str, str | None], list[int]] = {}
         for i, b in enumerate(bound):
-            keyed.setdefault((b["scheme"], b["model"].experts is not None), []).append(i)
-        for (scheme, moe), rows in keyed.items():
-            for part in [[i] for i in rows] if moe else [rows]:
-                values = {
-                    key: self._column([bound[i]["values"][key] for i in part])
-                    for key in bound[part[0]]["values"]
-                }
-                flags = {
-                    key: np.array([bound[i][key] for i in part], dtype=float)
-                    for key in ("unfused", "tp_inter", "dp_inter")
-                }
-                self.groups.append((part, values | {"_flags": flags}, scheme, bound[part[0]]["model"]))
+            model = b["model"]
+            keyed.setdefault((b["scheme"], model.model_dump_json() if model.experts else None), []).append(i)
+        for part in keyed.values():
+            first = bound[part[0]]
+            values = {key: self._column([bound[i]["values"][key] for i in part]) for key in first["values"]}
+            flags = {
+                key: np.array([bound[i][key] for i in part], dtype=float)
+                for key in ("unfused", "tp_inter", "dp_inter")
+            }
+            self.group_of[part], self.position[part] = len(self.groups), np.arange(len(part))
+            self.groups.append((values | {"_flags": flags}, first["scheme"], first["model"]))
         self.n = len(bound)
 
     @staticmethod
@@ -342,49 +350,86 @@ class FastSteps:
             return first
         return np.array(items, dtype=float)
 
-    def times(self, terms: dict[str, float]) -> np.ndarray:
-        """Step time of every run, seconds, with ``terms`` (unnamed terms at the base profile's values)."""
-        ratio = {name: terms.get(name, base) / base if base else 0.0 for name, base in self.base.items()}
-        out = np.empty(self.n)
-        for rows, values, scheme, model in self.groups:
-            flags = values["_flags"]
-            v = {k: a for k, a in values.items() if k != "_flags"}
-            g, a = ratio["gemm_scale"], ratio["attention_scale"]
-            for key in ("F_gemm", "F_gemm_b", "F_head"):
-                v[key] = v[key] * g
-            attn = np.where(flags["unfused"] > 0, g, a)
-            v["F_attn"], v["F_attn_bwd"] = v["F_attn"] * attn, v["F_attn_bwd"] * attn
-            v["t_k"] = terms.get("launch_s", self.base["launch_s"])
-            v["t_fw"] = terms.get("step_s", self.base["step_s"])
-            intra, inter = (
-                ratio["intra_node_collective_efficiency"],
-                ratio["inter_node_collective_efficiency"],
-            )
-            v["B_tp"] = v["B_tp"] * np.where(flags["tp_inter"] > 0, inter, intra)
-            v["B_dp"] = v["B_dp"] * np.where(flags["dp_inter"] > 0, inter, intra)
-            # The total alone: the fit reads no term of the breakdown, and step_time_s sums them in itself.
-            time_s = Evaluator(term_values(v, scheme, model))("step_time_s")
-            out[rows] = np.broadcast_to(time_s, (len(rows),))
+    def times(self, terms: Mapping[str, Any], runs: np.ndarray) -> np.ndarray:
+        """Step time, seconds, of each run of ``runs`` (indices) at the term values beside it: each of ``terms``
+        a number or an array as long as ``runs`` (unnamed terms at the base profile's values)."""
+        value = {
+            name: np.broadcast_to(np.asarray(terms.get(name, base), dtype=float), runs.shape)
+            for name, base in self.base.items()
+        }
+        ratio = {
+            name: value[name] / base if base else np.zeros(runs.shape) for name, base in self.base.items()
+        }
+        out = np.empty(runs.shape)
+        for group in range(len(self.groups)):
+            at = np.flatnonzero(self.group_of[runs] == group)
+            for first in range(0, at.size, CHUNK):
+                part = at[first : first + CHUNK]
+                out[part] = self._group_times(
+                    group,
+                    runs[part],
+                    {k: x[part] for k, x in value.items()},
+                    {k: x[part] for k, x in ratio.items()},
+                )
         return out
+
+    def _group_times(
+        self, group: int, runs: np.ndarray, value: dict[str, np.ndarray], ratio: dict[str, np.ndarray]
+    ) -> np.ndarray:
+        """Step times of ``runs``, all of one group, at the term values (and their ratios to the base's)
+        beside them."""
+        values, scheme, model = self.groups[group]
+        place = self.position[runs]
+        v = {k: a[place] if isinstance(a, np.ndarray) else a for k, a in values.items() if k != "_flags"}
+        flags = {k: a[place] for k, a in values["_flags"].items()}
+        g, a = ratio["gemm_scale"], ratio["attention_scale"]
+        for key in ("F_gemm", "F_gemm_b", "F_head"):
+            v[key] = v[key] * g
+        attn = np.where(flags["unfused"] > 0, g, a)
+        v["F_attn"], v["F_attn_bwd"] = v["F_attn"] * attn, v["F_attn_bwd"] * attn
+        v["t_k"], v["t_fw"] = value["launch_s"], value["step_s"]
+        intra, inter = ratio["intra_node_collective_efficiency"], ratio["inter_node_collective_efficiency"]
+        v["B_tp"] = v["B_tp"] * np.where(flags["tp_inter"] > 0, inter, intra)
+        v["B_dp"] = v["B_dp"] * np.where(flags["dp_inter"] > 0, inter, intra)
+        # The total alone: the fit reads no term of the breakdown, and step_time_s sums them in itself.
+        time_s = Evaluator(term_values(v, scheme, model))("step_time_s")
+        return np.broadcast_to(time_s, runs.shape)
 
 
 class Steps:
-    """:class:`FastSteps` at each value of the grid terms (the runs bound once per value)."""
+    """:class:`FastSteps` over the runs bound at each value of the grid terms, side by side (run ``i`` bound at
+    the grid's ``j``-th value is its run ``j * n + i``), so trials at any grid values are evaluated together."""
 
     def __init__(self, bind: Any, base: HardwareProfile) -> None:
         ((name, (_, grid)),) = GRID_TERMS.items()
         self.grid_name, self.grid = name, grid
-        start = term_value(base, name)
-        values = sorted({start, *grid})
-        self.by_value = {g: FastSteps(bind(with_terms(base, {name: g})), base) for g in values}
-        self.start = start
-        first = self.by_value[start]
-        self.base_steps = first
-        self.base = {**first.base, name: start}
-        self.n = first.n
+        self.start = term_value(base, name)
+        self.grid_values = np.array(sorted({self.start, *grid}))
+        bound = [bind(with_terms(base, {name: float(g)})) for g in self.grid_values]
+        self.n = len(bound[0])
+        self.fast = FastSteps([b for runs in bound for b in runs], base)
+        self.bounds = self.fast.bounds
+        self.base = {**self.fast.base, name: self.start}
 
-    def times(self, terms: dict[str, float]) -> np.ndarray:
-        return self.by_value[terms.get(self.grid_name, self.start)].times(terms)
+    def times_each(self, terms: Mapping[str, Any], rows: list[np.ndarray]) -> list[np.ndarray]:
+        """Step times, seconds, of a batch of trials, each at its own runs ``rows[i]``, evaluated together
+        (:meth:`FastSteps.times`): each term a number or an array of one value per trial (the grid term's among the grid's values),
+        unnamed terms at the base profile's values."""
+        sizes = [len(r) for r in rows]
+        columns = {k: np.broadcast_to(np.asarray(v, dtype=float), (len(rows),)) for k, v in terms.items()}
+        grid = columns.pop(self.grid_name, np.full(len(rows), self.start))
+        at = np.searchsorted(self.grid_values, grid)
+        last = len(self.grid_values) - 1
+        assert np.array_equal(self.grid_values[np.minimum(at, last)], grid), "a value off the grid"
+        runs = np.concatenate([i * self.n + r for i, r in zip(at, rows, strict=True)])
+        pairs = {k: np.repeat(c, sizes) for k, c in columns.items()}
+        return np.split(self.fast.times(pairs, runs), np.cumsum(sizes)[:-1])
+
+    def times(self, terms: Mapping[str, Any], rows: np.ndarray) -> np.ndarray:
+        """Step times, seconds, of the runs ``rows`` at each of a batch of trials (:meth:`times_each`): an array
+        (trials x rows)."""
+        trials = max((np.size(v) for v in terms.values()), default=1)
+        return np.stack(self.times_each(terms, [rows] * trials))
 
 
 def _squash(u: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -412,88 +457,120 @@ def _robust(log_error: np.ndarray) -> np.ndarray:
     return np.sign(log_error) * np.sqrt(2 * (np.sqrt(log_error**2 + HUBER**2) - HUBER))
 
 
-def _objective(steps: Any, rows: np.ndarray, measured: np.ndarray, terms: dict[str, float]) -> float:
-    r = _robust(np.log(steps.times(terms)[rows] / measured))
-    return float(r @ r)
+class Fits:
+    """Fits of the continuous terms ``names`` run side by side, each to its own runs ``rows[i]`` at its own
+    value ``grid[i]`` of the grid term: every trial of every fit is evaluated in one call
+    (:meth:`Steps.times_each`)."""
+
+    def __init__(
+        self, steps: Steps, rows: list[np.ndarray], grid: list[float], measured: np.ndarray, names: list[str]
+    ) -> None:
+        self.steps, self.rows, self.grid, self.names = steps, rows, grid, names
+        self.measured = [measured[r] for r in rows]
+        self.bounds = np.array([steps.bounds[n] for n in names], dtype=float).reshape(-1, 2)
+
+    def residuals(self, which: list[int], x: np.ndarray) -> list[np.ndarray]:
+        """The robust log errors (:func:`_robust`) of each fit ``which[i]`` at its trials ``x[i]`` (trials x
+        names): one array (trials x its runs) a fit."""
+        trials = x.shape[1]
+        terms = {n: x[:, :, j].ravel() for j, n in enumerate(self.names)}
+        terms[self.steps.grid_name] = np.repeat([self.grid[i] for i in which], trials)
+        times = self.steps.times_each(terms, [self.rows[i] for i in which for _ in range(trials)])
+        return [
+            _robust(np.log(np.stack(times[k * trials : (k + 1) * trials]) / self.measured[i]))
+            for k, i in enumerate(which)
+        ]
 
 
-def _start(steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str]) -> dict[str, float]:
-    """A starting point off any flat region (a launch cost the device hides has no gradient): each term in
-    turn at the best of a coarse grid over its range, the others where they stand."""
-    terms = {n: float(np.clip(steps.base[n], *_grid(n, steps.bounds)[[0, -1]])) for n in names}
-    for name in names:
-        trials = [terms[name], *_grid(name, steps.bounds)]
-        terms[name] = min(trials, key=lambda x: _objective(steps, rows, measured, {**terms, name: x}))
-    return terms
+def _start(fits: Fits) -> np.ndarray:
+    """Each fit's starting point off any flat region (a launch cost the device hides has no gradient): each
+    term in turn at the best of a coarse grid over its range, the others where they stand (fits x names)."""
+    grids = [_grid(n, fits.steps.bounds) for n in fits.names]
+    start = [
+        np.clip(fits.steps.base[n], grid[0], grid[-1]) for n, grid in zip(fits.names, grids, strict=True)
+    ]
+    x = np.tile(np.array(start, dtype=float), (len(fits.grid), 1))
+    every = list(range(len(fits.grid)))
+    for j, grid in enumerate(grids):
+        trials = np.repeat(x[:, None, :], 1 + len(grid), axis=1)
+        trials[:, :, j] = np.column_stack([x[:, j], np.tile(grid, (len(x), 1))])
+        for i, errors in enumerate(fits.residuals(every, trials)):
+            scores = [float(e @ e) for e in errors]
+            x[i, j] = trials[i, min(range(len(scores)), key=scores.__getitem__), j]
+    return x
 
 
 def fit_terms(
-    steps: Steps, rows: np.ndarray, measured: np.ndarray, names: list[str], iterations: int = 60
-) -> dict[str, float]:
-    """The terms ``names`` fitted to the runs ``rows``: a grid term at the best of its values, each with the
-    continuous terms fitted at it (:func:`fit_continuous`)."""
+    steps: Steps, runs: list[np.ndarray], measured: np.ndarray, names: list[str], iterations: int = 60
+) -> list[dict[str, float]]:
+    """The terms ``names`` fitted to each of ``runs`` (a list of run indices each; ``measured``: every run's
+    time): a grid term at the best of its values, the continuous terms fitted at each
+    (:func:`fit_continuous`); every fit at every grid value run side by side."""
     continuous = [n for n in names if n in TERMS]
-    if steps.grid_name not in names:
-        return fit_continuous(steps.by_value[steps.start], rows, measured, continuous, iterations)
-    best: tuple[float, dict[str, float]] | None = None
-    for value in steps.grid:
-        fast = steps.by_value[value]
-        terms = fit_continuous(fast, rows, measured, continuous, iterations) if continuous else {}
-        terms[steps.grid_name] = value
-        score = _objective(steps, rows, measured, terms)
-        if best is None or score < best[0]:
-            best = (score, terms)
-    assert best is not None
-    return best[1]
+    grid = list(steps.grid) if steps.grid_name in names else [steps.start]
+    fits = Fits(steps, [rows for rows in runs for _ in grid], grid * len(runs), measured, continuous)
+    terms, scores = fit_continuous(fits, iterations)
+    out = []
+    for first in range(0, len(fits.grid), len(grid)):
+        best = min(range(first, first + len(grid)), key=scores.__getitem__)
+        grid_term = {steps.grid_name: fits.grid[best]} if steps.grid_name in names else {}
+        out.append(terms[best] | grid_term)
+    return out
 
 
-def fit_continuous(
-    steps: FastSteps, rows: np.ndarray, measured: np.ndarray, names: list[str], iterations: int = 60
-) -> dict[str, float]:
-    """Terms minimising the runs' robust log error (:func:`_robust`, Levenberg-Marquardt from :func:`_start`,
-    each term kept in its range by a logistic change of variable)."""
-    bounds = np.array([steps.bounds[n] for n in names], dtype=float)
-    start = _start(steps, rows, measured, names)
-    u = _unsquash(np.array([start[n] for n in names]), bounds)
+def fit_continuous(fits: Fits, iterations: int = 60) -> tuple[list[dict[str, float]], list[float]]:
+    """Each fit's terms minimising its runs' robust log error (:func:`_robust`, Levenberg-Marquardt from
+    :func:`_start`, each term kept in its range by a logistic change of variable), and that error's sum of
+    squares. An iteration evaluates, for every fit still running, its trial point and the finite-difference
+    Jacobian there in one call: when the step is taken, the next iteration's Jacobian is at hand."""
+    names, bounds = fits.names, fits.bounds
+    nudge = np.vstack([np.zeros(len(names)), np.eye(len(names)) * 1e-4])  # the point, then each term moved
 
-    def residual(u: np.ndarray) -> np.ndarray:
-        terms = dict(zip(names, _squash(u, bounds), strict=True))
-        return _robust(np.log(steps.times(terms)[rows] / measured))
+    def at(which: list[int], points: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        errors = fits.residuals(which, _squash(points[:, None, :] + nudge, bounds))
+        return [(e[0], (e[1:] - e[0]).T / 1e-4) for e in errors]
 
-    r, damping = residual(u), 1e-2
+    u = _unsquash(_start(fits), bounds)
+    every = list(range(len(u)))
+    r, jac = (list(x) for x in zip(*at(every, u), strict=True))
+    damping = np.full(len(u), 1e-2)
+    running = every if names else []
     for _ in range(iterations):
-        jac = np.empty((len(rows), len(names)))
-        for j in range(len(names)):
-            du = np.zeros_like(u)
-            du[j] = 1e-4
-            jac[:, j] = (residual(u + du) - r) / 1e-4
-        normal = jac.T @ jac
-        step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -jac.T @ r)
-        trial = residual(u + step)
-        if trial @ trial < r @ r:
-            u, r, damping = u + step, trial, damping / 3
-            if np.max(np.abs(step)) < 1e-6:
-                break
-        else:
-            damping *= 4
-            if damping > 1e8:
-                break
-    return dict(zip(names, (float(x) for x in _squash(u, bounds)), strict=True))
+        if not running:
+            break
+        step = {}
+        for i in running:
+            normal = jac[i].T @ jac[i]
+            step[i] = np.linalg.solve(
+                normal + damping[i] * np.diag(np.diag(normal) + 1e-12), -jac[i].T @ r[i]
+            )
+        tried = at(running, np.array([u[i] + step[i] for i in running]))
+        still = []
+        for i, (trial, trial_jac) in zip(running, tried, strict=True):
+            if trial @ trial < r[i] @ r[i]:
+                u[i], r[i], jac[i], damping[i] = u[i] + step[i], trial, trial_jac, damping[i] / 3
+                if np.max(np.abs(step[i])) < 1e-6:
+                    continue
+            else:
+                damping[i] *= 4
+                if damping[i] > 1e8:
+                    continue
+            still.append(i)
+        running = still
+    terms = [dict(zip(names, (float(x) for x in _squash(point, bounds)), strict=True)) for point in u]
+    return terms, [float(e @ e) for e in r]
 
 
 def identified(steps: Steps, rows: np.ndarray, candidates: list[str]) -> list[str]:
     """The terms that move some run's prediction somewhere in their range: the others the runs cannot pin
     down (no run crosses nodes, no run uses a fused attention kernel, ...)."""
-    base = steps.times({})[rows]
+    base = steps.times({}, rows)[0]
 
-    def trials(name: str) -> Any:
-        return steps.grid if name == steps.grid_name else _grid(name, steps.base_steps.bounds)
+    def moves(name: str) -> bool:
+        trials = steps.grid if name == steps.grid_name else _grid(name, steps.bounds)
+        return bool(np.any(np.max(np.abs(steps.times({name: trials}, rows) / base - 1), axis=1) > IDENTIFIED))
 
-    return [
-        name
-        for name in candidates
-        if any(np.max(np.abs(steps.times({name: x})[rows] / base - 1)) > IDENTIFIED for x in trials(name))
-    ]
+    return [name for name in candidates if moves(name)]
 
 
 @dataclass(frozen=True)
@@ -516,14 +593,12 @@ class CrossValidation:
 def cross_validate(
     steps: Steps, measured: np.ndarray, rows: np.ndarray, names: list[str], folds: int, seed: int = 0
 ) -> CrossValidation:
-    order = np.random.default_rng(seed).permutation(rows)
+    parts = np.array_split(np.random.default_rng(seed).permutation(rows), folds)
+    fold_terms = fit_terms(steps, [np.setdiff1d(rows, part) for part in parts], measured, names)
     held = np.empty(steps.n)
-    fold_terms, fold_mape = [], []
-    for part in np.array_split(order, folds):
-        train = np.setdiff1d(rows, part)
-        terms = fit_terms(steps, train, measured[train], names)
-        fold_terms.append(terms)
-        held[part] = steps.times(terms)[part]
+    fold_mape = []
+    for part, terms in zip(parts, fold_terms, strict=True):
+        held[part] = steps.times(terms, part)[0]
         fold_mape.append(float(np.mean(np.abs(held[part] / measured[part] - 1))))
     return CrossValidation(held, fold_terms, fold_mape)
 
@@ -558,7 +633,7 @@ def kfold_fit(
             names.remove(name)
             dropped.append(name)
             cv = trial
-    final = fit_terms(steps, rows, measured[rows], names)
+    (final,) = fit_terms(steps, [rows], measured, names)
     spread = {
         n: float(np.subtract(*np.percentile([t[n] for t in cv.fold_terms], [75, 25])) / 2) for n in names
     }
