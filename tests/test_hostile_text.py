@@ -337,3 +337,14 @@ def test_a_bad_toml_value_is_named_by_its_key(cli, tmp_path: Path, old, new, sai
 def test_a_flag_keeps_its_own_name(cli) -> None:
     result = cli("audit", str(AUDIT / "titan_cp2_16k.log"), "--seq", "16383", "--hw", "h100-nvlink")
     one_line_error(result, "--seq: 16383 tokens")
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("/\x1e", "/\\x1e"), ("a\u2028b", "a\\u2028b"), ("\x1b]0;x\x07", "\\x1b]0;x\\x07"), ("a\nb", "a\\nb")],
+    ids=["record-separator", "line-separator", "escape", "newline"],
+)
+def test_an_error_quoting_a_flags_text_is_one_line_that_escapes_it(cli, name: str, shown: str) -> None:
+    """Every error line is written through one escape: what a flag held is shown, never acted on."""
+    line = one_line_error(cli("--seq", "64k", "--n", "8", "--hw", name), "--hw", shown)
+    assert displayed(line) == line  # nothing left a terminal acts on

@@ -14,12 +14,15 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from costmodel.core.text import displayed
+
 PROG = "cp-plan"
 
 
 def fail(message: str, code: int = 2) -> int:
-    # One line whatever the input held: a key or value read from a file may carry line breaks.
-    message = message.replace("\r", "\\r").replace("\n", "\\n")
+    # One line whatever the input held, nothing a terminal acts on: a file's key or value, or a flag's text,
+    # may carry line breaks, separators (str.splitlines breaks at \x1c-\x1e too) or escapes.
+    message = displayed(message).replace("\n", "\\n")
     try:
         sys.stderr.write(f"{PROG}: error: {message}\n")
         sys.stderr.flush()
