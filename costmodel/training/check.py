@@ -22,6 +22,7 @@ from costmodel.core.fields import Positive
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
+from costmodel.plans.bind import Evaluator
 from costmodel.plans.evaluate import evaluate
 from costmodel.plans.inputs import (
     TRAINING_DEFAULTS,
@@ -276,12 +277,7 @@ def run_checks(located: Located) -> list[CheckResult]:
             advice = recommend(job, suggest=False)
         row = next(r for r in advice.candidates if r.n == plan.cp)  # CP divides the slice (resolve)
         if want.fits_memory:
-            add(
-                "fits_memory",
-                row.fits,
-                f"{row.total_bytes / 1e9:.1f} GB per device of "
-                f"{advice.fit.device_memory_bytes / 1e9:.1f} GB usable",
-            )
+            add("fits_memory", row.fits, _memory_detail(job, plan.cp, advice.fit.device_memory_bytes))
         if want.in_recommended_window:
             rec = advice.recommendation
             inside = (
@@ -295,3 +291,26 @@ def run_checks(located: Located) -> list[CheckResult]:
                 f"N = {plan.cp}; window [{rec.n_min_memory}, {rec.n_max_comm}], recommended {rec.n_recommended}",
             )
     return results
+
+
+def _memory_detail(job: Job, cp: int, usable: float) -> str:
+    """The fit at the plan's CP degree, its largest category and the peak's moment: what to change first."""
+    from costmodel.training.memory import fit_at, training_values
+
+    by = fit_at(Evaluator(training_values(job, cp))).by_category
+    total = by.reserved_bytes + by.runtime
+    names = (
+        "weights",
+        "gradients",
+        "optimizer",
+        "fsdp_buffers",
+        "activations",
+        "loss",
+        "working",
+        "cp_buffers",
+    )
+    largest = max(names, key=lambda name: getattr(by, name))
+    return (
+        f"{total / 1e9:.1f} GB per device of {usable / 1e9:.1f} GB usable; the most, "
+        f"{largest.replace('_', ' ')} {getattr(by, largest) / 1e9:.1f} GB, at {by.peak}"
+    )
