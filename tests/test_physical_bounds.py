@@ -209,40 +209,19 @@ def test_mfu_never_passes_1_over_dtype_hardware_and_efficiency(hw, dtype, gemm, 
 
 
 # --- Flags honoured or refused ---------------------------------------------------------------------------
+RECOMMEND_8B = ["recommend", "--model", "llama3-8b", "--hw", "h100-nvlink", "--gpus", "8"]
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
         pytest.param(
-            [
-                "recommend",
-                "--model",
-                "llama3-8b",
-                "--seq",
-                "128k",
-                "--hw",
-                "h100-nvlink",
-                "--gpus",
-                "8",
-                "--cp",
-                "3",
-            ],
+            [*RECOMMEND_8B, "--seq", "128k", "--cp", "3"],
             ("--cp", "3 does not divide the sequence"),
             id="recommend-cp-3-of-128k",
         ),
         pytest.param(
-            [
-                "recommend",
-                "--model",
-                "llama3-8b",
-                "--seq",
-                "128k",
-                "--hw",
-                "h100-nvlink",
-                "--gpus",
-                "8",
-                "--cp",
-                "16",
-            ],
+            [*RECOMMEND_8B, "--seq", "128k", "--cp", "16"],
             ("--gpus", "fewer than the fixed tp x cp x pp = 16"),
             id="recommend-cp-past-gpus",
         ),
@@ -262,10 +241,7 @@ def test_a_flag_is_honoured_or_refused(cli, args, words) -> None:
 
 
 def test_a_fixed_cp_that_divides_is_honoured(cli) -> None:
-    result = cli(
-        "recommend", "--model", "llama3-8b", "--seq", "24k", "--hw", "h100-nvlink", "--gpus", "8", "--cp", "3",
-        "--format", "json",
-    )  # fmt: skip
+    result = cli(*RECOMMEND_8B, "--seq", "24k", "--cp", "3", "--format", "json")
     assert result.code == 0, result.err
     plans = json.loads(result.out)["search"]["plans"]
     assert plans and {plan["cp"] for plan in plans} == {3}

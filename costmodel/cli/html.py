@@ -300,30 +300,22 @@ def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
     return "".join(out)
 
 
-# The peak's categories as the bar stacks them (they sum to fit.total_bytes): what persists, what comes and
-# goes within the step, and what the allocator and the runtime hold beyond the tensors.
-_FIT_PARTS = {
-    "weights": "k-compute",
-    "gradients": "k-compute",
-    "optimizer": "k-compute",
-    "fsdp_buffers": "k-transfer",
-    "activations": "k-flight",
-    "loss": "k-flight",
-    "working": "k-flight",
-    "cp_buffers": "k-transfer",
-    "allocator": "k-overhead",
-    "runtime": "k-overhead",
-}
+# The colour of each of the peak's categories as the bar stacks them (they sum to fit.total_bytes): what
+# persists, what comes and goes within the step, and what the allocator and the runtime hold beyond the tensors.
+_FIT_COLOURS = {"weights": "k-compute", "gradients": "k-compute", "optimizer": "k-compute"}
+_FIT_COLOURS |= {"fsdp_buffers": "k-transfer", "cp_buffers": "k-transfer"}
+_FIT_COLOURS |= {"activations": "k-flight", "loss": "k-flight", "working": "k-flight"}
 
 
 def _fit_bar(fit: Fit, hbm: float) -> str:
     width, left, height = 760, 170, 26
     scale = max(fit.total_bytes, hbm) * 1.02
     by = fit.by_category
+    stacked = by.tensors() | {"allocator": by.allocator, "runtime": by.runtime}
     parts = [
-        (name.replace("_", " "), css, getattr(by, name), f"fit.by_category.{name}")
-        for name, css in _FIT_PARTS.items()
-        if getattr(by, name) > 0
+        (name.replace("_", " "), _FIT_COLOURS.get(name, "k-overhead"), value, f"fit.by_category.{name}")
+        for name, value in stacked.items()
+        if value > 0
     ]
 
     def x(value: float) -> float:

@@ -352,6 +352,22 @@ class MemoryCategories(_Section):
     reserved_bytes: float = Field(description="what the allocator holds (torch.cuda.max_memory_reserved)")
     peak: str = Field(description="when the peak falls: at the loss, or in the backward, and on which stage")
 
+    def tensors(self) -> dict[str, float]:
+        """The tensors at the peak by category, in order: they sum to ``allocated_bytes``."""
+        return {name: getattr(self, name) for name in TENSOR_CATEGORIES}
+
+
+TENSOR_CATEGORIES = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "fsdp_buffers",
+    "activations",
+    "loss",
+    "working",
+    "cp_buffers",
+)
+
 
 class Fit(_Section):
     """Training memory per device at one CP degree ([Korthikanti22]; activations after Korthikanti et al. 2022)."""

@@ -299,18 +299,8 @@ def _memory_detail(job: Job, cp: int, usable: float) -> str:
 
     by = fit_at(Evaluator(training_values(job, cp))).by_category
     total = by.reserved_bytes + by.runtime
-    names = (
-        "weights",
-        "gradients",
-        "optimizer",
-        "fsdp_buffers",
-        "activations",
-        "loss",
-        "working",
-        "cp_buffers",
-    )
-    largest = max(names, key=lambda name: getattr(by, name))
+    largest, size = max(by.tensors().items(), key=lambda item: item[1])
     return (
         f"{total / 1e9:.1f} GB per device of {usable / 1e9:.1f} GB usable; the most, "
-        f"{largest.replace('_', ' ')} {getattr(by, largest) / 1e9:.1f} GB, at {by.peak}"
+        f"{largest.replace('_', ' ')} {size / 1e9:.1f} GB, at {by.peak}"
     )
