@@ -60,6 +60,13 @@ def rank_line(label: str, r: dict | None) -> str:
         f"{label:<44} {r['jobs']:>5} jobs  fastest found {r['fastest_found']:4.0%}  regret median "
         f"{r['median_regret']:5.1%}  worst {r['max_regret']:5.1%}  pairs in order {r['pairs_ordered']:4.0%} "
         f"of {r['pairs']}"
+        + (
+            f"\n{'':<44} Spearman rho over {r['spearman']['jobs']} jobs of 4+ layouts: median "
+            f"{r['spearman']['median']:.2f}, worst {r['spearman']['min']:.2f}, "
+            f"{r['spearman']['below_goal']} below {r['spearman']['goal']}"
+            if r["spearman"]
+            else ""
+        )
     )
 
 

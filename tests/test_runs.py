@@ -13,7 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from costmodel.audit import fit
-from costmodel.audit.runs import TIE, Profiles, audit_runs, fit_runs, parse_assumptions, ranking, read_runs
+from costmodel.audit.runs import (
+    TIE,
+    Profiles,
+    audit_runs,
+    fit_runs,
+    parse_assumptions,
+    ranking,
+    read_runs,
+    spearman,
+)
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.job import Job
 from costmodel.training.step import evaluate_step
@@ -155,11 +164,41 @@ def test_ranking_counts_the_fastest_found_the_regret_and_the_pairs_in_order() ->
         "pairs": 3,
         "pairs_ordered": pytest.approx(2 / 3, abs=1e-12),
         "tie": TIE,
+        "spearman": None,  # no job of four layouts
     }
     # held-out predictions in place of the rows' own: the inversion in job a gone
     held = ranking(rows, [1.0, 1.1, 2.0, 2.0, 2.1, 1.0])
     assert held["fastest_found"] == 1.0 and held["median_regret"] == 0.0 and held["pairs_ordered"] == 1.0
     assert ranking(rows[-1:]) is None
+
+
+@pytest.mark.parametrize(
+    ("measured", "predicted", "rho"),
+    [
+        ([1, 2, 3, 4], [10, 20, 30, 40], 1.0),
+        ([1, 2, 3, 4], [4, 3, 2, 1], -1.0),
+        # one swap of neighbours among four: 1 - 6·(1 + 1)/(4·15) = 0.8
+        ([1, 2, 3, 4], [1, 3, 2, 4], 0.8),
+        # ties share their mean rank: ranks (1.5, 1.5, 3, 4) against (1, 2, 3, 4), r = 0.9487
+        ([1, 1, 3, 4], [1, 2, 3, 4], 3 / 10**0.5),
+        ([2, 2, 2, 2], [1, 2, 3, 4], None),
+    ],
+)
+def test_spearman_matches_hand_ranks(measured: list, predicted: list, rho: float | None) -> None:
+    got = spearman(measured, predicted)
+    assert got == rho if rho is None else got == pytest.approx(rho, abs=1e-12)
+
+
+def test_ranking_reports_spearman_per_job_of_four_layouts_or_more() -> None:
+    # job a: four layouts, the middle two inverted (rho 0.8); job b: five in order (rho 1); job c: three (none)
+    rows = [_row("a", m, p) for m, p in ((1.0, 1.0), (2.0, 3.0), (3.0, 2.0), (4.0, 4.0))]
+    rows += [_row("b", m, 2 * m) for m in (1.0, 2.0, 3.0, 4.0, 5.0)]
+    rows += [_row("c", m, m) for m in (1.0, 2.0, 3.0)]
+    rho = ranking(rows)["spearman"]
+    assert rho["jobs"] == 2 and rho["min_layouts"] == 4 and rho["below_goal"] == 0
+    assert rho["median"] == pytest.approx(0.9, abs=1e-12) and rho["min"] == pytest.approx(0.8, abs=1e-12)
+    assert [r["job"].split("/")[0] for r in rho["per_job"]] == ["a", "b"]
+    assert [r["layouts"] for r in rho["per_job"]] == [4, 5]
 
 
 @given(
@@ -176,6 +215,8 @@ def test_predictions_in_the_measured_order_rank_every_layout_right(
     result = ranking(rows)
     assert result["jobs"] == 1 and result["fastest_found"] == 1.0 and result["max_regret"] == 0.0
     assert result["pairs_ordered"] in (1.0, None)  # None: every pair within the tie
+    if len(milliseconds) >= 4:
+        assert result["spearman"]["min"] == pytest.approx(1.0, abs=1e-12)
 
 
 BAD = [

@@ -261,10 +261,17 @@ def _ranking_line(label: str, r: dict[str, Any] | None) -> str | None:
         if r["pairs"]
         else f"no pair measured over {r['tie']:.0%} apart"
     )
+    rho = r["spearman"]
+    order = (
+        f"; Spearman's rho over the {rho['jobs']} jobs of {rho['min_layouts']} layouts or more: median "
+        f"{rho['median']:.2f}, worst {rho['min']:.2f}, {rho['below_goal']} below {rho['goal']:.1f}"
+        if rho
+        else ""
+    )
     return (
         f"{label}: of {r['jobs']} jobs run in two layouts or more, the predicted fastest is the measured "
         f"fastest in {r['fastest_found']:.0%} and costs a median {r['median_regret']:.1%} more (worst "
-        f"{r['max_regret']:.1%}); {pairs}"
+        f"{r['max_regret']:.1%}); {pairs}{order}"
     )
 
 
