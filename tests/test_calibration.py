@@ -9,9 +9,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.calibration.fit import build_profile, fit_link, fit_overlap, fit_sync, profile_yaml
+from costmodel.calibration.fit import build_profile, fit_link, fit_overlap, fit_sync
 from costmodel.machines.binding import Machine
-from costmodel.machines.profiles import ComputeCurve, load_profile, parse_profile
+from costmodel.machines.profiles import ComputeCurve, load_profile, parse_profile, profile_yaml
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict, ring_layer_time
 
@@ -153,7 +153,7 @@ def test_measured_profile_round_trips_through_yaml(tmp_path) -> None:
         "ulysses contiguous fwd+bwd",
     }
     path = tmp_path / "box.yaml"
-    path.write_text(profile_yaml(profile))
+    path.write_text(profile_yaml(profile, "calibrated"))
     assert yaml.safe_load(path.read_text())["source"]["kind"] == "measured"
     assert load_profile(str(path)) == profile
 
@@ -217,7 +217,7 @@ def test_inference_fixed_costs_are_the_tiny_layers_less_the_model() -> None:
 
 def test_measured_profile_works_everywhere_hw_does(cli, tmp_path) -> None:
     path = tmp_path / "box.yaml"
-    path.write_text(profile_yaml(build_profile(raw_measurements(), "box", SHAPE)))
+    path.write_text(profile_yaml(build_profile(raw_measurements(), "box", SHAPE), "calibrated"))
     report = cli("--seq", "16k", "--n", "2", "--hw", str(path), "--dtype", "fp32", "-f", "json").json()
     assert report["hardware"]["source"] == "measured" and report["hardware"]["latency"] == pytest.approx(1e-4)
     assert (
@@ -282,7 +282,7 @@ def test_calibrated_prediction_uses_the_measured_rates() -> None:
 
 
 def test_measured_profile_schema_rejects_nonsense() -> None:
-    data = yaml.safe_load(profile_yaml(build_profile(raw_measurements(), "box", SHAPE)))
+    data = yaml.safe_load(profile_yaml(build_profile(raw_measurements(), "box", SHAPE), "calibrated"))
     data["calibration"]["overlap"] = 3
     with pytest.raises(Exception, match="calibration.overlap"):
         parse_profile(data, "x.yaml")

@@ -424,14 +424,3 @@ def measured_profile(
         f"tables from {base.name}.",
     }
     return parse_profile(data, f"profile measured from {files}", field="--out")
-
-
-def profile_yaml(profile: HardwareProfile) -> str:
-    import yaml
-
-    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
-    head = (
-        "# Hardware profile whose links were measured with nccl-tests (`cp-plan hw from-nccl-tests`).\n"
-        "# Units are SI; bandwidths are bus bandwidths (nccl-tests busbw), per direction. Use: --hw this-file.yaml\n"
-    )
-    return head + body

@@ -34,7 +34,9 @@ from costmodel.training.step import bind, evaluate_step
 
 SCHEMA = "cp-plan/runs/v2"  # v2: a miss names its component by the step's breakdown key (matmul_s, ...)
 LARGE_MISS = GOAL  # |error| beyond which a row's miss is explained by component
-MAX_ROWS = 2_000  # each run is a job and a step evaluated, ~5 ms of CPU; vTrain's single-node table holds 1,440
+MAX_ROWS = (
+    2_000  # each run is a job and a step evaluated, ~5 ms of CPU; vTrain's single-node table holds 1,440
+)
 GPT_VOCAB = 50257  # the GPT-2 tokenizer's, as Megatron-LM's GPT examples use
 
 

@@ -541,16 +541,3 @@ def _busy_reasons(meta: dict[str, Any]) -> list[str]:
     elif cpus and before is not None and before > BUSY_MAX * cpus:
         return [f"the machine was busy before calibrating: load {before:.1f} on {cpus} CPUs"]
     return []
-
-
-def profile_yaml(profile: HardwareProfile) -> str:
-    """The profile as YAML, with a header that says what it is and how it was made."""
-    import yaml
-
-    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
-    head = (
-        f"# Measured hardware profile written by `cp-plan calibrate` on {profile.source.date}.\n"
-        "# Units are SI: FLOP/s, bytes, bytes/s, seconds. Bandwidths are PER DIRECTION (a ring step's receive);\n"
-        "# all-to-all bandwidth counts the bytes each rank receives. Use it anywhere: --hw this-file.yaml\n"
-    )
-    return head + body

@@ -45,13 +45,13 @@ SUBCOMMANDS = (
     "audit",
     "infer",
 )
-SUBCOMMANDS_OF_HW = ("from-nccl-tests",)
+SUBCOMMANDS_OF_HW = ("from-nccl-tests", "fit-kernels")
 
 
 @functools.cache
 def with_subcommands() -> typer.Typer:
     """The whole command line: ``app`` with every command registered."""
-    from costmodel.cli import audit, infer, kernel, plan_file, planning, step
+    from costmodel.cli import audit, hw, infer, kernel, plan_file, planning, step
 
     app.add_typer(kernel.app, name="kernel")
     app.command("calibrate")(kernel.calibrate)
@@ -62,7 +62,8 @@ def with_subcommands() -> typer.Typer:
     app.command("report")(plan_file.report_cmd)
     app.command("step")(step.step_cmd)
     app.command("audit")(audit.audit_cmd)
-    hw_app.command("from-nccl-tests")(audit.from_nccl_tests)
+    hw_app.command("from-nccl-tests")(hw.from_nccl_tests)
+    hw_app.command("fit-kernels")(hw.fit_kernels)
     app.command("infer")(infer.infer_cmd)
     return app
 

@@ -18,7 +18,7 @@ from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
 from costmodel.core.units import parse_tokens, seconds
-from costmodel.machines.profiles import load_profile
+from costmodel.machines.profiles import load_profile, profile_yaml
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import TRAINING
 from costmodel.training.report import LABELS
@@ -228,7 +228,6 @@ def _audit_logs(
 
 def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: int, format: Format) -> None:
     """``audit --runs``: every measured run against the step model, and the fit when ``out`` is given."""
-    from costmodel.audit.nccl import profile_yaml
     from costmodel.audit.runs import SCHEMA, Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
 
     if out is not None:
@@ -241,7 +240,11 @@ def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: 
             raise InputError("--fit-profile", f"the runs name several profiles ({', '.join(sorted(names))})")
         base = load_profile(names.pop())
         fit = fit_runs(table, base, folds, Path(out).stem, datetime.date.today().isoformat())
-        atomic_write_text(out, profile_yaml(fit.pop("profile")), "--fit-profile")
+        atomic_write_text(
+            out,
+            profile_yaml(fit.pop("profile"), "fitted to measured runs (`cp-plan audit --runs`)"),
+            "--fit-profile",
+        )
         document["fit"] = fit | {"base": base.name, "written": out}
     emit(document, format, table=lambda: _runs_table(document))
 
@@ -338,7 +341,6 @@ def _runs_fit_table(fit: dict[str, Any]) -> None:
 
 def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, Any]:
     from costmodel.audit.fit import Run, calibrate, fit_problem, fitted_profile
-    from costmodel.audit.nccl import profile_yaml
 
     profiles = {values["hw"] for _, values, _ in runs}
     if len(profiles) > 1:
@@ -354,9 +356,7 @@ def _fit(runs: list[tuple[str, dict[str, Any], float]], out: str) -> dict[str, A
     name = Path(out).stem
     profile = fitted_profile(result, base, name, datetime.date.today().isoformat())
     atomic_write_text(
-        out,
-        profile_yaml(profile).replace("measured with nccl-tests", "fitted to training logs"),
-        "--fit-profile",
+        out, profile_yaml(profile, "fitted to training logs (`cp-plan audit`)"), "--fit-profile"
     )
     return {k: v for k, v in result.items() if k != "profile"} | {"written": out, "base": base.name}
 
@@ -446,57 +446,3 @@ def _fit_table(fit: dict[str, Any]) -> None:
         f"median |error|: base {fit['base_median_abs_error']:.1%}, fitted {fit['fitted_median_abs_error']:.1%}"
         + (f", left out {loo:.1%} (max {fit['left_out_max_abs_error']:.1%})" if loo is not None else "")
     )
-
-
-def from_nccl_tests(
-    files: Annotated[
-        list[str], typer.Argument(help="Outputs of nccl-tests' *_perf binaries.", show_default=False)
-    ],
-    base: Annotated[
-        str, typer.Option("--base", help="Profile whose device and kernel tables are kept.")
-    ] = "h100-nvlink",
-    out: Annotated[
-        Optional[str],
-        typer.Option("--out", help="Write the measured profile here (YAML).", show_default=False),
-    ] = None,
-    format: format_option("table", "json", "yaml") = Format.table,
-) -> None:
-    """Fit α and bus bandwidth per collective and scope to nccl-tests outputs (all_reduce, all_gather,
-    reduce_scatter, alltoall, sendrecv) and write a profile whose links are measured.
-
-    Example: cp-plan hw from-nccl-tests all_gather.txt sendrecv.txt --base h100-nvlink --out my.yaml
-    """
-    from costmodel.audit.nccl import fit_all, measured_profile, profile_yaml
-
-    if len(files) > MAX_FILES:
-        raise InputError("FILE", f"{len(files):,} tables; from-nccl-tests takes at most {MAX_FILES} a run")
-    if out is not None:
-        check_writable(out, "--out")
-    profile = load_profile(base, field="--base")
-    fits = fit_all(files, profile)
-    measured = measured_profile(profile, fits, Path(out).stem if out else f"{profile.name}-measured")
-    if out is not None:
-        atomic_write_text(out, profile_yaml(measured), "--out")
-    emit({"fits": fits, "written": out}, format, table=lambda: _nccl_table(fits, out))
-
-
-def _nccl_table(fits: list[dict[str, Any]], out: str | None) -> None:
-    table = house_table(
-        caption="t = α + size·factor / B over out-of-place times; B is nccl-tests' busbw",
-    )
-    for column in ("file", "collective", "scope", "ranks", "α µs", "B GB/s", "R²"):
-        table.add_column(column, justify="left" if column in ("file", "collective", "scope") else "right")
-    for f in fits:
-        table.add_row(
-            Path(f["file"]).name,
-            f["collective"],
-            f["scope"],
-            str(f["ranks"]),
-            f"{f['latency_s'] * 1e6:.1f}",
-            f"{f['bus_bandwidth'] / 1e9:.1f}",
-            f"{f['r2']:.4f}",
-        )
-    screen = console()
-    screen.print(table)
-    if out is not None:
-        screen.print(f"wrote {out}: use it anywhere as --hw {out}")

@@ -330,7 +330,8 @@ def calibrate(
     Example: cp-plan calibrate --nproc 2 --out me.yaml
     """
 
-    from costmodel.calibration.fit import build_profile, profile_yaml
+    from costmodel.calibration.fit import build_profile
+    from costmodel.machines.profiles import profile_yaml
 
     timeout = _seconds(timeout, "--timeout")
     require_torch()
@@ -392,7 +393,9 @@ def calibrate(
             f"cp-plan: error: fitting failed, no profile written ({exc}); raw measurements: {kept}", err=True
         )
         raise typer.Exit(1) from None
-    atomic_write_text(target, profile_yaml(profile), "--out")
+    atomic_write_text(
+        target, profile_yaml(profile, f"written by `cp-plan calibrate` on {profile.source.date}"), "--out"
+    )
     _print_calibration(profile, target)
 
 

@@ -223,7 +223,8 @@ KINDS = {
     "log": Kind("training log", 64 << 20, max_lines=1 << 20),  # parsed in a few seconds
     "flags": Kind("launch script or flag file", 1 << 20),
     "nccl": Kind("nccl-tests output", 1 << 20),  # a table is a few kilobytes
-    "runs": Kind("runs table", 1 << 20),  # 1,000 runs (runs.MAX_ROWS) of a few hundred bytes
+    "runs": Kind("runs table", 1 << 20),  # 2,000 runs (runs.MAX_ROWS) of a few hundred bytes
+    "timings": Kind("kernel timings table", 16 << 20),  # 100,000 rows (kernel_fit.MAX_ROWS) of ~60 bytes
 }
 STDIN = "-"
 _stdin_read: tuple[str, bytes] | None = None  # (field, bytes): standard input is read once, then kept

@@ -9,6 +9,7 @@ than the tables' (bf16/fp16) scales by its peak ratio.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -75,10 +76,16 @@ def attention_rate(
     """
     kernels = _kernels(profile)
     curve = _curve(kernels, head_dim, causal, backward, kernel)
-    length = math.sqrt(max(q_tokens, 1) * max(k_tokens, 1))
     return (
-        _interp(length, curve.seq, curve.flops_per_s) * _dtype_scale(profile, dtype) * kernels.attention_scale
+        _interp(attention_length(q_tokens, k_tokens), curve.seq, curve.flops_per_s)
+        * _dtype_scale(profile, dtype)
+        * kernels.attention_scale
     )
+
+
+def attention_length(q_tokens: int, k_tokens: int) -> float:
+    """The length at which a call of q queries against k keys reads a curve: their geometric mean."""
+    return math.sqrt(max(q_tokens, 1) * max(k_tokens, 1))
 
 
 # Output tiles a tuned BLAS picks between for large bf16 multiplies on Ampere and Hopper (rows x columns of
@@ -110,32 +117,53 @@ def gemm_rate(
     multiply-adds, (m·n·k)^(1/3), then scaled by how well its own output fills the SMs' waves against that
     square's, never above it (:func:`tile_utilisation`; a skinny TP shard of a few hundred columns loses
     here), held under what HBM can feed (its operands and result read and written once), and no shorter
-    than the shortest kernel (``MIN_KERNEL_S``). Checked against XLA's measured H100 matmul table [XLA-Matmul]
-    (docs/validation.md, "The kernel tables"): median error 20 % over 26 shapes of 256-4096. An fp8 multiply
-    reads ``kernels.gemm_fp8`` where the profile has it: fp8 tensor cores reach a smaller share of their
+    than the shortest kernel (``MIN_KERNEL_S``). The H100 and A100 tables are fitted to linear layers at model
+    shapes through this very reading (``cp-plan hw fit-kernels``; docs/validation.md, "The kernel tables":
+    MAPE 12.9 % and 9.5 % on rows kept aside). An fp8 multiply reads ``kernels.gemm_fp8`` where the profile has
+    it: fp8 tensor cores reach a smaller share of their
     doubled peak than bf16 ones of theirs ([MAMF]: 71 % against 80 % on an H100 SXM)."""
     kernels = _kernels(profile)
-    m, n, k = max(m, 1), max(n, 1), max(k, 1)
-    edge = (float(m) * n * k) ** (1.0 / 3.0)
     if dtype == "fp8" and kernels.gemm_fp8 is not None:
         table, scale = kernels.gemm_fp8, 1.0
     else:
         table, scale = kernels.gemm, _dtype_scale(profile, dtype)
-    rate = _interp(edge, table.edge, table.flops_per_s) * scale
+    shape = gemm_shape(profile, m, n, k, batch, element_bytes)
+    rate = _interp(shape.edge, table.edge, table.flops_per_s) * scale * shape.fill
+    return min(rate, shape.cap) * shape.factor
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """How a multiply's shape reads the square table: rate = min(table(edge) x fill, cap) x factor."""
+
+    edge: float  # the square with as many multiply-adds, (m·n·k)^(1/3)
+    fill: float  # its waves' fill against that square's, at most 1
+    cap: float  # what HBM can feed and the shortest kernel allow, FLOP/s
+    factor: float  # fitted factors on the kernel as run: gemm_scale x the size slope
+
+
+def gemm_shape(
+    profile: HardwareProfile, m: int, n: int, k: int, batch: int = 1, element_bytes: int = 2
+) -> GemmShape:
+    """The shape's terms of :func:`gemm_rate`, which a fit of the table divides out of a measured rate."""
+    kernels = _kernels(profile)
+    m, n, k = max(m, 1), max(n, 1), max(k, 1)
+    edge = (float(m) * n * k) ** (1.0 / 3.0)
+    fill = 1.0
     sms = profile.device.sm_count
     if sms:
         square = round(edge)
         # never above the square's own rate: the table is what the kernel reaches at that volume
-        rate *= min(1.0, tile_utilisation(m, n, sms, batch) / tile_utilisation(square, square, sms))
+        fill = min(1.0, tile_utilisation(m, n, sms, batch) / tile_utilisation(square, square, sms))
+    cap = 2.0 * batch * m * n * k / MIN_KERNEL_S
     bandwidth = profile.device.hbm_bandwidth
     if bandwidth:
         moved = element_bytes * (m * k + k * n + m * n)
-        rate = min(rate, 2.0 * m * n * k * bandwidth / moved)
-    rate = min(rate, 2.0 * batch * m * n * k / MIN_KERNEL_S)
+        cap = min(cap, 2.0 * m * n * k * bandwidth / moved)
     # fitted factors on the kernel as run, memory-bound or not: its level, and its slope in problem size
     # below the reference edge (above it the table's own plateau holds: a fit never extrapolates a slope)
     slope = min(1.0, edge / GEMM_SIZE_REFERENCE) ** kernels.gemm_size_exponent
-    return rate * kernels.gemm_scale * slope
+    return GemmShape(edge, fill, cap, kernels.gemm_scale * slope)
 
 
 def measured_attention(

@@ -720,3 +720,15 @@ def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:
     """A built-in profile by name, or a YAML file by path."""
     data, origin, document = load_builtin_or_file(spec, data_dir("hardware"), field, "hardware")
     return parse_profile(data, origin, field, document)
+
+
+def profile_yaml(profile: HardwareProfile, how: str) -> str:
+    """The profile as YAML under a header that says how it was made (``how``, a sentence) and how to use it."""
+    import yaml
+
+    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
+    return (
+        f"# Hardware profile {how}.\n"
+        "# Units are SI: FLOP/s, bytes, bytes/s, seconds. Bandwidths are PER DIRECTION (a ring step's receive);\n"
+        "# all-to-all bandwidth counts the bytes each rank receives. Use it anywhere: --hw this-file.yaml\n"
+    ) + body

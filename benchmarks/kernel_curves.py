@@ -1,0 +1,159 @@
+"""The built-in profiles' kernel curves derived from public kernel measurements, with their error: each public
+table turned into `cp-plan hw fit-kernels`' columns, fitted, the row in five kept aside predicted, and the
+fit of one source checked on another it never saw (transfer).
+
+    python benchmarks/kernel_curves.py --data ../shared/data/kernels      # print the fits and errors
+    python benchmarks/kernel_curves.py --data DIR --yaml                  # and each fitted curve as YAML
+
+The tables are those of the data folder's SOURCES.md (Vidur's linear layers at real model shapes on H100 and
+A100, XLA's matmul table on H100 and B200, the cuDNN frontend's attention sweeps); the project commits what
+is fitted from them (hardware/*.yaml, each curve's `source` naming this script), never the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import yaml
+
+from costmodel.machines.kernel_fit import (
+    attention_errors,
+    fit_kernels,
+    gemm_errors,
+    read_attention_table,
+    read_gemm_table,
+)
+from costmodel.machines.profiles import load_profile
+
+
+def _rows(path: Path) -> Iterator[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        yield from csv.DictReader(handle)
+
+
+def vidur(data: Path, gpu: str) -> list[list]:
+    """Vidur's linear layers (fp16, Kineto kernel time, median of 20 steps)."""
+    return [
+        [r["m"], r["n"], r["k"], 1, "fp16", r["median_ms"], ""]
+        for r in _rows(data / f"vidur_{gpu}_fp16_linear_ops.csv")
+    ]
+
+
+def xla(data: Path, device: str) -> list[list]:
+    """XLA's matmul table, bf16 x bf16 -> bf16 (its FP8 columns exceed the FP8 peak: not used)."""
+    return [
+        [r["m"], r["n"], r["k"], r["b"], "bf16", "", r["bf16xbf16_to_bf16_TFLOPs"]]
+        for r in _rows(data / "xla_matmul_perf_table_tflops.csv")
+        if r["device"].startswith(device)
+    ]
+
+
+def cudnn(data: Path, gpu: str, backend: str, cudnn_prefix: str) -> list[list]:
+    """The cuDNN frontend's SDPA sweeps, one row per pass."""
+    out = []
+    for r in _rows(data / "cudnn_frontend_sdpa.csv"):
+        if not (r["gpu"].startswith(gpu) and r["backend"] == backend and r["cudnn"].startswith(cudnn_prefix)):
+            continue
+        if r["dtype"] != "bf16" or r["window"] or r["d_qk"] != r["d_vo"]:
+            continue
+        causal = "true" if r["mask"] in ("causal", "top_left") else "false"
+        for direction in ("fwd", "bwd"):
+            ms, tflops = r[f"{direction}_ms"], r[f"{direction}_tflops"]
+            # timed rows are counted here; the 2024 rows publish TFLOP/s only, under the same count (half the
+            # square causal, 2.5x backward)
+            if ms or tflops:
+                out.append(
+                    [
+                        r["d_qk"],
+                        causal,
+                        direction,
+                        r["seq_q"],
+                        r["batch"],
+                        r["heads_q"],
+                        ms,
+                        "" if ms else tflops,
+                    ]
+                )
+    return out
+
+
+GEMM_HEADER = ["m", "n", "k", "batch", "dtype", "ms", "tflops"]
+ATTENTION_HEADER = ["head_dim", "causal", "pass", "seq", "batch", "heads", "ms", "tflops"]
+
+
+def _write(folder: Path, name: str, header: list[str], rows: list[list]) -> str:
+    path = folder / name
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return str(path)
+
+
+def _line(label: str, s: dict | None) -> str:
+    if s is None:
+        return f"    {label:<34} -"
+    return (
+        f"    {label:<34} {s['n']:>6} rows  MAPE {s['mape']:6.1%}  median {s['median_abs_error']:6.1%}  "
+        f"worst {s['max_abs_error']:6.1%}  signed {s['signed_median']:+6.1%}"
+    )
+
+
+# (profile, table name, rows, header, what the fit of it is checked on: (label, rows) pairs)
+Case = tuple[
+    str, str, Callable[[Path], list[list]], list[str], list[tuple[str, Callable[[Path], list[list]]]]
+]
+CASES: list[Case] = [
+    ("h100-nvlink", "Vidur H100 linears", lambda d: vidur(d, "h100"), GEMM_HEADER, [("XLA H100 squares", lambda d: xla(d, "H100"))]),
+    ("h100-nvlink", "XLA H100 squares", lambda d: xla(d, "H100"), GEMM_HEADER, [("Vidur H100 linears", lambda d: vidur(d, "h100"))]),
+    ("a100-nvlink", "Vidur A100 linears", lambda d: vidur(d, "a100"), GEMM_HEADER, []),
+    ("b200-nvlink", "XLA B200 squares", lambda d: xla(d, "B200"), GEMM_HEADER, []),
+    (
+        "h200-nvlink",
+        "cuDNN 9.1 (NGC 24.03) on H200",
+        lambda d: cudnn(d, "H200", "cudnn", "9.1.0"),
+        ATTENTION_HEADER,
+        [("cuDNN 9.19 on H200", lambda d: cudnn(d, "H200", "cudnn", "91901"))],
+    ),
+    ("b200-nvlink", "cuDNN 9.10 on B200", lambda d: cudnn(d, "B200", "cudnn_fe", "9.10"), ATTENTION_HEADER, [("cuDNN 9.13 on B200", lambda d: cudnn(d, "B200", "cudnn_fe", "9.13"))]),
+]  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="the folder of public kernel tables (SOURCES.md)")
+    parser.add_argument("--yaml", action="store_true", help="print each fitted curve as YAML")
+    args = parser.parse_args()
+    data = Path(args.data)
+    work = Path(tempfile.mkdtemp())
+    for number, (name, label, make, header, checks) in enumerate(CASES):
+        gemm = header is GEMM_HEADER
+        table = _write(work, f"{number}.csv", header, make(data))
+        base = load_profile(name)
+        fitted, report = fit_kernels(base, table if gemm else None, None if gemm else table, f"{name}-fitted")
+        print(f"{label} -> {name}")
+        for fit in report["gemm"] + report["attention"]:
+            what = fit.get("table") or "{kernel} d{head_dim} causal={causal} bwd={backward}".format(
+                **fit["curve"]
+            )
+            print(f"  {what}: knots {fit['knots']}, TFLOP/s {[round(v / 1e12) for v in fit['flops_per_s']]}")
+            print(_line(f"built-in {name}, rows kept aside", fit["aside_base"]))
+            print(_line("fit of the rest, rows kept aside", fit["aside"]))
+        for check, rows in checks:
+            path = _write(work, f"{number}-check.csv", header, rows(data))
+            errors = gemm_errors if gemm else attention_errors
+            measured = read_gemm_table(path) if gemm else read_attention_table(path)
+            print(_line(f"on {check}: built-in", errors(base, measured)))
+            print(_line(f"on {check}: this fit", errors(fitted, measured)))
+        if args.yaml:
+            kernels = fitted.model_dump(mode="json", exclude_none=True)["kernels"]
+            part = {"gemm": kernels["gemm"]} if gemm else {"attention": kernels["attention"]}
+            print(yaml.safe_dump(part, sort_keys=False, width=110))
+
+
+if __name__ == "__main__":
+    main()
