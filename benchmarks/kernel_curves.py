@@ -4,6 +4,7 @@ fit of one source checked on another it never saw (transfer).
 
     python benchmarks/kernel_curves.py --data ../shared/data/kernels      # print the fits and errors
     python benchmarks/kernel_curves.py --data DIR --yaml                  # and each fitted curve as YAML
+    python benchmarks/kernel_curves.py --smoke     # a table timed by the model itself: the pipeline, not the data
 
 The tables are those of the data folder's SOURCES.md (Vidur's linear layers at real model shapes on H100 and
 A100, XLA's matmul table on H100 and B200, the cuDNN frontend's attention sweeps); the project commits what
@@ -27,6 +28,7 @@ from costmodel.machines.kernel_fit import (
     read_attention_table,
     read_gemm_table,
 )
+from costmodel.machines.kernels import gemm_rate
 from costmodel.machines.profiles import load_profile
 
 
@@ -123,14 +125,34 @@ CASES: list[Case] = [
 ]  # fmt: skip
 
 
+def smoke(_: Path) -> list[list]:
+    """Multiplies timed by the model on the H100 profile at 0.9 of its table: the fit must read 0.9 back."""
+    base = load_profile("h100-nvlink")
+    sizes = (1024, 2048, 3072, 4096, 8192)
+    return [
+        [m, n, k, 1, "bf16", 2.0 * m * n * k / (0.9 * gemm_rate(base, "bf16", m, n, k)) * 1e3, ""]
+        for m in sizes
+        for n in sizes
+        for k in sizes
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", required=True, help="the folder of public kernel tables (SOURCES.md)")
+    parser.add_argument("--data", help="the folder of public kernel tables (SOURCES.md)")
     parser.add_argument("--yaml", action="store_true", help="print each fitted curve as YAML")
+    parser.add_argument("--smoke", action="store_true", help="a table made by the model instead of the data")
     args = parser.parse_args()
-    data = Path(args.data)
+    if not args.data and not args.smoke:
+        raise SystemExit("give --data DIR (the public kernel tables) or --smoke")
+    data = Path(args.data or ".")
+    cases = (
+        [("h100-nvlink", "the model's own H100 table at 0.9", smoke, GEMM_HEADER, [])]
+        if args.smoke
+        else CASES
+    )
     work = Path(tempfile.mkdtemp())
-    for number, (name, label, make, header, checks) in enumerate(CASES):
+    for number, (name, label, make, header, checks) in enumerate(cases):
         gemm = header is GEMM_HEADER
         table = _write(work, f"{number}.csv", header, make(data))
         base = load_profile(name)

@@ -19,6 +19,8 @@ SMOKE = {
     "collectives.py": (["--smoke"], ()),
     "fidelity.py": (["--smoke"], (pytest.mark.slow,)),
     "fit.py": (["--smoke"], ()),
+    "kernel_curves.py": (["--smoke"], ()),
+    "ring_efficiency.py": ([], ()),
     "host_overhead.py": (["--smoke"], (pytest.mark.kernel,)),
     "packed.py": (["--smoke"], ()),
     "search.py": (["--smoke"], ()),

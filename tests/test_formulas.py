@@ -260,6 +260,8 @@ def test_numeric_twin_matches_exact_sympy(
         "t_cs": 3e-4,
         "t_ms": 2e-4,
         "k_copy": 1,
+        "k_merge": 38.0,
+        "k_agm": 1,
         "t_lf": 3e-4,
         "n_kl": 12,
         "t_k": 4e-6,

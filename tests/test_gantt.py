@@ -11,7 +11,7 @@ from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.gantt import KINDS, ring_timeline
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.timing import predict
+from costmodel.plans.timing import predict, ring_overhead_s
 from costmodel.schedule.layouts import LAYOUTS
 from tests.test_calibration import SHAPE, raw_measurements
 
@@ -67,7 +67,10 @@ def test_causal_imbalance_and_balance_at_256k_on_8() -> None:
     contiguous = ring_timeline(PlanInputs(seq=262_144, n=8, causal=True, layout="contiguous"), A100)
     zigzag = ring_timeline(PlanInputs(seq=262_144, n=8, causal=True, layout="zigzag"), A100)
     last = contiguous.totals(7)
-    assert last["compute"] == pytest.approx(contiguous.total_s, rel=TIGHT)  # the last rank sets every step
+    # the last rank sets every step; each step after the first ends with its merge (overhead)
+    assert last["compute"] + last["overhead"] == pytest.approx(contiguous.total_s, rel=TIGHT)
+    merges = ring_overhead_s(PlanInputs(seq=262_144, n=8, causal=True, layout="contiguous"), A100)
+    assert last["overhead"] == pytest.approx(merges, rel=1e-9)
     # In tiles (T = 32 per shard): rank 0 computes its diagonal block's T(T+1)/2 tile pairs, rank 7 those
     # plus 7 full blocks of T² each.
     diagonal = 32 * 33 / 2

@@ -91,7 +91,9 @@ def test_gemm_rows_timed_on_a_known_table_give_it_back(tmp_path: Path) -> None:
     assert gemm["knots"] == truth_table["edge"]
     assert gemm["flops_per_s"] == pytest.approx(truth_table["flops_per_s"], rel=1e-6)
     assert gemm["aside"]["n"] == 24 and gemm["aside"]["max_abs_error"] < 1e-3
-    assert gemm["aside_base"]["signed_median"] > 0.1  # the base table (670-696 TFLOP/s) is faster than the truth
+    assert (
+        gemm["aside_base"]["signed_median"] > 0.1
+    )  # the base table (670-696 TFLOP/s) is faster than the truth
     assert fitted.name == "fitted" and fitted.kernels.gemm_fp8 == base.kernels.gemm_fp8
 
 

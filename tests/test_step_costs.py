@@ -232,4 +232,4 @@ def test_fp8_multiplies_without_an_fp8_table_scale_the_bf16_one_by_the_peaks() -
     assert gemm_rate(bare, "fp8", *shape, element_bytes=1) == pytest.approx(
         2 * gemm_rate(bare, "bf16", *shape), rel=1e-3
     )
-    assert gemm_rate(profile, "fp8", *shape, element_bytes=1) == pytest.approx(1407.9e12, rel=1e-3)
+    assert gemm_rate(profile, "fp8", *shape, element_bytes=1) == pytest.approx(1229.5e12, rel=1e-3)

@@ -35,20 +35,23 @@ def test_one_row_per_rank_and_a_legend(cli, n: int, pass_: str, panels: int) -> 
 
 
 def test_contiguous_rows_show_the_imbalance(cli) -> None:
-    """Rank 0 computes its diagonal block, then idles; rank 7 computes the whole layer."""
+    """Rank 0 computes its diagonal block, then idles; rank 7 computes the whole layer but its merges."""
     rows = rank_rows(cli(*CAUSAL_PLAN, "--layout", "contiguous", "--timeline").out)
     first, last = rows[0], rows[7]
     assert first.count(GLYPHS["idle"]) > 10 * first.count(GLYPHS["compute"])
-    assert GLYPHS["idle"] not in last and "100 % c" in last
+    assert GLYPHS["idle"] not in last.split("%")[0].removeprefix("rank 7")
+    assert int(re.search(r"(\d+) % c", last).group(1)) >= 98  # 1 % of the layer merges partial outputs
 
 
 def test_columns_follow_the_segments() -> None:
-    """Slices of an 8-rank zigzag forward on NVLink are all compute: nothing idles, nothing waits."""
+    """Slices of an 8-rank zigzag forward on NVLink are compute, and the merge that ends each step after the
+    first: nothing idles, nothing waits on the link."""
     timeline = ring_timeline(
         PlanInputs(seq=262_144, n=8, causal=True, layout="zigzag"), Machine(load_profile("a100-nvlink"))
     )
     for rank in range(8):
-        assert set(columns(timeline, rank, 60)) == {"compute"}
+        kinds = columns(timeline, rank, 60)
+        assert set(kinds) <= {"compute", "overhead"} and kinds.count("compute") >= 55
 
 
 def test_exposed_transfer_on_a_slow_link(cli) -> None:

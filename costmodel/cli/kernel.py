@@ -19,7 +19,7 @@ from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
 from costmodel.core.units import parse_tokens, seconds, si
 from costmodel.kernel import TORCH_DTYPE
-from costmodel.machines.profiles import load_profile
+from costmodel.machines.profiles import load_profile, profile_yaml
 from costmodel.plans.inputs import Count, Flag, Tokens, flag
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
@@ -331,7 +331,6 @@ def calibrate(
     """
 
     from costmodel.calibration.fit import build_profile
-    from costmodel.machines.profiles import profile_yaml
 
     timeout = _seconds(timeout, "--timeout")
     require_torch()

@@ -32,6 +32,12 @@ Loss = Literal["materialized", "chunked", "fused"]
 # bf16 logits and one fp32 copy (6). A fused linear cross-entropy (Liger) computes a chunk's logits in bf16
 # and their gradient in place (2).
 LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "fused": 2.0}
+# HBM bytes a ring step's merge moves per element of the partial output (the step formula's k_merge). A fused
+# merge reads the step's output and the running one in fp32 and writes one (12); Transformer Engine's fused
+# correction reads the bf16 step output and updates the fp32 running one in place (10); torch's
+# context_parallel merger, eager, casts the step output to fp32 and runs three elementwise ops, each through
+# HBM (38).
+FUSED_MERGE_BYTES = 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
 
@@ -118,6 +124,19 @@ class TimePolicy(_Strict):
         True, description="expert parallelism carved out of data parallelism (Megatron-Core), searched"
     )
     attention_kernel: str = Field("flash", description="the attention kernel it calls")
+    allgather_merges: bool = Field(
+        False,
+        description="its all-gather CP attends the gathered K, V block by block and merges the partial outputs "
+        "as a ring does (torch's context_parallel), rather than in one call over all the keys (Llama 3, "
+        "Transformer Engine)",
+    )
+    ring_merge_bytes: Positive = Field(
+        FUSED_MERGE_BYTES,
+        le=1024,
+        description="HBM bytes its ring moves per element of the partial output to merge one step's result "
+        "into the running one: 12 a fused merge (two fp32 partials read, one written); unfused torch ops "
+        "(a cast, then three elementwise passes) 34-38",
+    )
     dp_overlap: float = Field(ge=0, le=1, description="share of the gradient reduction hidden by default")
     tp_comm_overlap: bool = Field(False, description="TP collectives pipelined with their multiplies")
     bucket_bytes: Positive = Field(description="gradient bucket size, bytes")

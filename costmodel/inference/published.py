@@ -37,9 +37,9 @@ A100_FP16: dict[str, Any] = {"hw": "a100-nvlink"}
 TRT_LOW = "TensorRT-LLM v0.5, batch 1"
 TRT_PEAK = "TensorRT-LLM v0.6.1, static batch"
 FP8_RATE = (
-    "fp8 multiplies read the H100 fp8 table, the measured bf16 one x 1.77 (the fp8/bf16 ratio of the maximum "
+    "fp8 multiplies read the H100 fp8 table, the bf16 one (fitted to measured linear layers) x 1.77 (the fp8/bf16 ratio of the maximum "
     "achievable matmul rates [MAMF], torch 2.7); TensorRT-LLM v0.5's fp8 context phase ran slower than that, "
-    "and no table of its fp8 multiplies is published; the A100 fp16 rows, on the measured bf16 table, are "
+    "and no table of its fp8 multiplies is published; the A100 fp16 2K rows, on the fitted fp16 table, are "
     "within 5 %"
 )
 SHORT = (
@@ -141,7 +141,6 @@ ROWS = [
         0.109,
         {**H100_FP8, "model": "llama2-70b", "prompt": 2048, "output": 1, "tp": 4},
         f"{TRT_LOW}; fp8, fp8 KV cache; TP 4",
-        FP8_RATE,
     ),
     _ttft(
         "trtllm-a100-llama2-7b-128",
@@ -149,6 +148,7 @@ ROWS = [
         0.016,
         {**A100_FP16, "model": "llama2-7b", "prompt": 128, "output": 1},
         f"{TRT_LOW}; fp16; TP 1",
+        SHORT,
     ),
     _ttft(
         "trtllm-h100-llama2-70b-128",
@@ -171,6 +171,7 @@ ROWS = [
         1928,
         {**A100_FP16, "model": "llama2-7b", "prompt": 128, "output": 2048, "batch": 60},
         f"{TRT_PEAK}; fp16; TP 1",
+        HBM,
     ),
     _rate(
         "trtllm-h100-llama2-7b-b112-128-2k",

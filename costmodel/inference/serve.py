@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from costmodel.core.errors import InputError
+from costmodel.frameworks.profiles import FUSED_MERGE_BYTES
 from costmodel.inference.report import (
     SCHEMA,
     Decode,
@@ -154,6 +155,7 @@ def attention_bind(
         "p_w": BYTES_PER_ELEMENT[setup.weights],
         "p_kv": BYTES_PER_ELEMENT[setup.kv_dtype],
         "c": 0.5,
+        "k_merge": FUSED_MERGE_BYTES,  # the merge as one fused kernel
         "k_copy": 1.0,  # a load-balanced (zigzag) shard copies its queries per step, as training's ring
         "B_hbm": device.hbm_bandwidth or UNSTATED_HBM_BANDWIDTH,
         "B_tp": b_tp,

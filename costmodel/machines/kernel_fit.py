@@ -33,6 +33,7 @@ ASIDE = 5  # every fifth row is predicted by the fit of the others
 MIN_SUPPORT = (
     1.0  # a knot needs one row's worth of weight around it: less cannot set it apart from its neighbours
 )
+MAX_ROUNDS = 8  # refits of the GEMM table as the rows it reads at a bound drop out (two or three suffice)
 BOUND = 0.5  # a multiply measured above half its HBM or launch bound is held by it (GEMV-like kernels reach
 # 60-90 % of HBM), so it says nothing of the table
 GEMM_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1}  # input dtypes and their bytes
@@ -233,16 +234,30 @@ def _errors(predicted: list[float], measured: list[float]) -> dict[str, Any] | N
 
 
 def _gemm_fit(base: HardwareProfile, rows: list[GemmRow], fp8: bool) -> GemmCurve | None:
+    """The table that reads ``rows`` back, from the rows the table sets: not those measured near their HBM or
+    launch bound, nor those the fitted table itself reads at that bound (a skinny multiply whose wave fill
+    puts the table's rate under what HBM feeds is timed by the bound, whatever the table says). The second
+    set depends on the fit, so the fit is repeated until the rows it uses stop changing."""
     shapes = [gemm_shape(base, r.m, r.n, r.k, r.batch, GEMM_DTYPES[r.dtype]) for r in rows]
-    used = [(s, r) for s, r in zip(shapes, rows, strict=True) if r.flops_per_s < BOUND * s.cap]
-    if not used:
-        return None
-    edges = np.array([s.edge for s, _ in used])
-    targets = np.array([r.flops_per_s / (s.fill * s.factor) for s, r in used])
-    edge, rates = fit_curve(edges, targets)
+    usable = [(s, r) for s, r in zip(shapes, rows, strict=True) if r.flops_per_s < BOUND * s.cap]
+    used, curve = usable, None
+    for _ in range(MAX_ROUNDS):
+        if not used:
+            return None
+        edge, rates = fit_curve(
+            np.array([s.edge for s, _ in used]),
+            np.array([r.flops_per_s / (s.fill * s.factor) for s, r in used]),
+        )
+        curve = (edge, rates)
+        logs = np.log(edge)
+        kept = [(s, r) for s, r in usable if np.interp(np.log(s.edge), logs, rates) * s.fill < s.cap]
+        if len(kept) == len(used):
+            break
+        used = kept
+    assert curve is not None
     table = "fp8 (e4m3)" if fp8 else "bf16/fp16"
     return GemmCurve(
-        edge=edge, flops_per_s=rates, source=f"fitted to {len(used)} measured {table} multiplies"
+        edge=curve[0], flops_per_s=curve[1], source=f"fitted to {len(used)} measured {table} multiplies"
     )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.timing import ring_layer_time, ring_pass
+from costmodel.plans.timing import ring_layer_time, ring_overhead_s, ring_pass
 from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 
 Kind = Literal["compute", "transfer", "idle", "overhead"]
@@ -112,6 +112,8 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
     """The ring timeline of ``inputs`` (its layout) on ``machine``: forward, or with ``backward`` the
     backward pass, exactly as :func:`~costmodel.plans.timing.predict` times it."""
     unfolded = ring_pass(inputs, machine, backward)
+    # every step after the first merges its partial output (and launches), as predict charges them
+    merge = ring_overhead_s(inputs, machine) / max(inputs.cp - 1, 1)
     steps = [
         ring_layer_time(
             [c],
@@ -120,6 +122,7 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
             step_overhead_s=unfolded.step_overhead_s,
             step_waits=None if unfolded.step_waits is None else [unfolded.step_waits[j]],
         )
+        + (merge if j else 0.0)
         for j, (c, m) in enumerate(zip(unfolded.step_compute_s, unfolded.comm_s, strict=True))
     ]
     forward, backward_extra = (

@@ -104,6 +104,14 @@ class StepSetup(BaseModel):
         ge=1,
         le=8,
     )
+    ring_merge_bytes: Number | None = flag(
+        None,
+        "HBM bytes a ring step's merge moves per element of the partial output: 12 fused (two fp32 partials "
+        f"read, one written), 38 as torch's eager ops (torchtitan's context_parallel) {FRAMEWORK_DEFAULT}.",
+        unit="bytes",
+        gt=0,
+        le=1024,
+    )
     ep: Count = declared_as(Parallelism, "ep")
     capacity_factor: Number = flag(
         CAPACITY_FACTOR,
@@ -122,6 +130,7 @@ class StepSetup(BaseModel):
             "bucket_bytes": t.bucket_bytes,
             "optimizer_bytes": t.optimizer_bytes,
             "grad_bytes": t.grad_reduce_bytes,
+            "ring_merge_bytes": t.ring_merge_bytes,
         }
         return self.model_copy(update={k: v for k, v in defaults.items() if getattr(self, k) is None})
 

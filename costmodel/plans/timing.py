@@ -23,12 +23,14 @@ balanced model of [A-RingCost §4]: peak for every block, no α, the causal half
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from costmodel.frameworks.profiles import FUSED_MERGE_BYTES
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import call, plan_values
 from costmodel.plans.inputs import PlanInputs
@@ -112,24 +114,45 @@ def predict(
     variant: Variant = "ring",
     backward: bool = False,
     span: int | None = None,
+    merge_bytes: float = FUSED_MERGE_BYTES,
 ) -> Prediction:
     """Predicted seconds of one layer's forward (and backward) on every rank of the CP group.
 
     ``span``: how many ranks the transfers' group spans, when more than ``inputs.cp`` (the ring of a
-    USP split runs over N/N_u ranks spread over all N).
+    USP split runs over N/N_u ranks spread over all N). ``merge_bytes``: what the ring's merge of each step's
+    partial output moves per element (:func:`ring_overhead_s`).
     """
     values = plan_values(inputs, machine)
     if variant == "ulysses":
         a2a = machine.link(span or inputs.cp, "alltoall")
         layer = _ulysses(inputs, machine, {**values, **a2a.values, **a2a.knee_values}, backward)
     else:
-        layer = _ring(inputs, machine, span or inputs.cp, backward)
+        layer = _ring(inputs, machine, span or inputs.cp, backward, merge_bytes)
     if inputs.cp == 1:
         return layer
     forward, backward_extra = machine.layer_overhead(variant, backward, inputs.layout, inputs.causal)
     return Prediction(
         layer.forward_s + forward, layer.backward_s + backward_extra, layer.compute_s, layer.forward_compute_s
     )
+
+
+def ring_overhead_s(inputs: PlanInputs, machine: Machine, merge_bytes: float = FUSED_MERGE_BYTES) -> float:
+    """One pass's work beside a ring's attention kernels, the step model's ``ring_overhead_s``: per step after
+    the first, the merge of its partial output into the running one through HBM (``merge_bytes`` an element),
+    the queries copied where zigzag shifts the mask, and the step's launches. 0 on a datasheet machine and on
+    a measured profile, whose measured step overhead holds them."""
+    kernels = machine.profile.kernels
+    if machine.datasheet or machine.calibrated or inputs.cp == 1:
+        return 0.0
+    values = {
+        **plan_values(inputs, machine),
+        "t": 1.0,
+        "k_merge": merge_bytes,
+        "k_copy": 1.0 if inputs.layout == "zigzag" else 0.0,
+        "B_hbm": machine.profile.device.hbm_bandwidth or math.inf,
+        "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
+    }
+    return _call("ring_overhead_s", values)
 
 
 @dataclass(frozen=True)
@@ -280,14 +303,19 @@ def _simulated_calls(layout: str, seq: int, n: int, tile: int, causal: bool) -> 
     return distinct_calls(simulate(layout, seq, n, tile, causal=causal).rank_step_pairs)
 
 
-def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool) -> Prediction:
+def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool, merge_bytes: float) -> Prediction:
+    # the merges and launches beside the kernels are device work each pass: compute, not exposed transfer
+    beside = ring_overhead_s(inputs, machine, merge_bytes)
     forward = ring_pass(inputs, machine, False, span)
-    forward_compute = float(forward.step_compute_s.sum())
+    forward_compute = float(forward.step_compute_s.sum()) + beside
     if not backward:
-        return Prediction(forward.time_s, 0.0, forward_compute, forward_compute)
+        return Prediction(forward.time_s + beside, 0.0, forward_compute, forward_compute)
     back = ring_pass(inputs, machine, True, span)
     return Prediction(
-        forward.time_s, back.time_s, forward_compute + float(back.step_compute_s.sum()), forward_compute
+        forward.time_s + beside,
+        back.time_s + beside,
+        forward_compute + float(back.step_compute_s.sum()) + beside,
+        forward_compute,
     )
 
 

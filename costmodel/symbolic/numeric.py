@@ -542,14 +542,14 @@ def layer_attn_bwd_s(*, B_hbm, F_attn_bwd, N, S, b, c, d, h, k_sb, t, u_cp, x_at
     return S**2*b*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)/(B_hbm*F_attn_bwd*N*t*u_cp)
 
 
-def ring_merge_bytes(*, N, S, b, d, h, k_copy, p, p_acc, t):
-    """M_merge = S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t): HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and copy the queries when the layout shifts the mask [B] ([ring-flash-attn], [OnlineSoftmax])."""
-    return S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t)
+def ring_merge_bytes(*, N, S, b, d, h, k_copy, k_merge, p, t):
+    """M_merge = S*b*h*(2*d*k_copy*p + k_merge*(d + 1))/(N*t): HBM bytes per ring step outside the kernel: the merge of the step's partial (O, LSE) into the running one (k_merge bytes an element: the framework's merge), and the queries copied when the layout shifts the mask [B] ([ring-flash-attn], [OnlineSoftmax])."""
+    return S*b*h*(2*d*k_copy*p + k_merge*(d + 1))/(N*t)
 
 
-def ring_overhead_s(*, B_hbm, N, S, b, d, h, k_copy, p, p_acc, t, t_launch):
-    """t_ring_x = (N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t): per layer and pass: the ring's merges, copies and launches beside the attention kernel [s] ([ring-flash-attn])."""
-    return (N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t)
+def ring_overhead_s(*, B_hbm, N, S, b, d, h, k_copy, k_merge, p, t, t_launch):
+    """t_ring_x = (N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + k_merge*(d + 1)))/(B_hbm*N*t): per layer and pass: the ring's merges, copies and launches beside the attention kernel [s] ([ring-flash-attn])."""
+    return (N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + k_merge*(d + 1)))/(B_hbm*N*t)
 
 
 def cp_ring_fwd_s(*, B_cp, N, S, b, d, n_kv, p, t):
@@ -570,6 +570,11 @@ def cp_ring_fwd_exposed_s(*, B_cp, B_hbm, F_attn, N, S, b, c, d, h, k_sf, n_kv, 
 def cp_ring_bwd_exposed_s(*, B_cp, B_hbm, F_attn_bwd, N, S, b, c, d, h, k_sb, n_kv, o_cp, p, p_acc, s_comm, t, u_cp, x_att):
     """x_ring_bwd = (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t): ring backward transfers left on the critical path [s] ([RingAttn §3])."""
     return (2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*numpy.maximum(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)
+
+
+def cp_allgather_merge_s(*, B_hbm, N, S, b, d, h, k_agm, k_copy, k_merge, p, t, t_launch):
+    """x_AG_m = k_agm*(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + k_merge*(d + 1)))/(B_hbm*N*t): per layer and pass, an all-gather CP that attends the gathered blocks one by one: the merges, copies and launches a ring pays beside its kernels [s] ([torch-CP])."""
+    return k_agm*(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + k_merge*(d + 1)))/(B_hbm*N*t)
 
 
 def cp_allgather_s(*, B_cp, N, S, alpha_cp, b, d, n_kv, p, t):
@@ -1386,12 +1391,13 @@ INFO = {
     'layer_score_elements': ('Z_sc', 'S**2*b*c*h*x_att/(N*t)', '{S}**2*{b}*{c}*{h}*{x_att}/({N}*{t})', "score-matrix elements one device's attention computes per layer (an unfused kernel: the whole square)", '1', '[FA2 §3]', 'step'),
     'layer_attn_fwd_s': ('t_att_fwd', 'S**2*b*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)/(B_hbm*F_attn*N*t*u_cp)', '{S}**2*{b}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf})/({B_hbm}*{F_attn}*{N}*{t}*{u_cp})', "attention forward of one layer, the slowest CP rank: the kernel's FLOP, and an unfused kernel's passes over the score matrix (scores, softmax, dropout) through HBM", 's', '[FA2 §4], [A-RingCost §6]', 'step'),
     'layer_attn_bwd_s': ('t_att_bwd', 'S**2*b*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)/(B_hbm*F_attn_bwd*N*t*u_cp)', '{S}**2*{b}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb})/({B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})', 'attention backward of one layer, the slowest CP rank', 's', '[FA2 §4]', 'step'),
-    'ring_merge_bytes': ('M_merge', 'S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1))/(N*t)', '{S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1))/({N}*{t})', 'HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and copy the queries when the layout shifts the mask', 'B', '[ring-flash-attn], [OnlineSoftmax]', 'step'),
-    'ring_overhead_s': ('t_ring_x', '(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + 3*p_acc*(d + 1)))/(B_hbm*N*t)', '({N} - 1)*({B_hbm}*{N}*{t}*{t_launch} + {S}*{b}*{h}*(2*{d}*{k_copy}*{p} + 3*{p_acc}*({d} + 1)))/({B_hbm}*{N}*{t})', "per layer and pass: the ring's merges, copies and launches beside the attention kernel", 's', '[ring-flash-attn]', 'step'),
+    'ring_merge_bytes': ('M_merge', 'S*b*h*(2*d*k_copy*p + k_merge*(d + 1))/(N*t)', '{S}*{b}*{h}*(2*{d}*{k_copy}*{p} + {k_merge}*({d} + 1))/({N}*{t})', "HBM bytes per ring step outside the kernel: the merge of the step's partial (O, LSE) into the running one (k_merge bytes an element: the framework's merge), and the queries copied when the layout shifts the mask", 'B', '[ring-flash-attn], [OnlineSoftmax]', 'step'),
+    'ring_overhead_s': ('t_ring_x', '(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + k_merge*(d + 1)))/(B_hbm*N*t)', '({N} - 1)*({B_hbm}*{N}*{t}*{t_launch} + {S}*{b}*{h}*(2*{d}*{k_copy}*{p} + {k_merge}*({d} + 1)))/({B_hbm}*{N}*{t})', "per layer and pass: the ring's merges, copies and launches beside the attention kernel", 's', '[ring-flash-attn]', 'step'),
     'cp_ring_fwd_s': ('tau_ring_fwd', '2*S*b*d*n_kv*p*(N - 1)/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)/({B_cp}*{N}*{t})', "ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads)", 's', '[RingAttn §3]', 'step'),
     'cp_ring_bwd_s': ('tau_ring_bwd', '2*S*b*d*n_kv*(N*p_acc + p*(N - 1))/(B_cp*N*t)', '2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))/({B_cp}*{N}*{t})', 'ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks', 's', '[RingAttn §3], [FA2 §4]', 'step'),
     'cp_ring_fwd_exposed_s': ('x_ring_fwd', '(2*S*b*d*n_kv*p*(N - 1) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*B_hbm*F_attn*d*n_kv*p*u_cp*(N - 1))/(B_cp*B_hbm*F_attn*N*t*u_cp)) - 2*S*b*d*n_kv*p*(N - 1)))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}) + 2*{B_hbm}*{F_attn}*{d}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{B_hbm}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)) + {o_cp}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(4*{B_hbm}*{d} + {F_attn}*{k_sf}) + 2*{B_hbm}*{F_attn}*{d}*{n_kv}*{p}*{u_cp}*({N} - 1))/({B_cp}*{B_hbm}*{F_attn}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*{p}*({N} - 1)))/({B_cp}*{N}*{t})', 'ring forward transfers left on the critical path after hiding o_cp of them under attention', 's', '[RingAttn §3]', 'step'),
     'cp_ring_bwd_exposed_s': ('x_ring_bwd', '(2*S*b*d*n_kv*(N*p_acc + p*(N - 1)) - o_cp*s_comm*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))) + o_cp*(B_cp*N*t*Max(0, S*b*(-B_cp*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + 2*B_hbm*F_attn_bwd*d*n_kv*u_cp*(N*p_acc + p*(N - 1)))/(B_cp*B_hbm*F_attn_bwd*N*t*u_cp)) - 2*S*b*d*n_kv*(N*p_acc + p*(N - 1))))/(B_cp*N*t)', '(2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1)) - {o_cp}*{s_comm}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb}) + 2*{B_hbm}*{F_attn_bwd}*{d}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))) + {o_cp}*({B_cp}*{N}*{t}*Max(0, {S}*{b}*(-{B_cp}*{S}*{c}*{h}*{x_att}*(10*{B_hbm}*{d} + {F_attn_bwd}*{k_sb}) + 2*{B_hbm}*{F_attn_bwd}*{d}*{n_kv}*{u_cp}*({N}*{p_acc} + {p}*({N} - 1)))/({B_cp}*{B_hbm}*{F_attn_bwd}*{N}*{t}*{u_cp})) - 2*{S}*{b}*{d}*{n_kv}*({N}*{p_acc} + {p}*({N} - 1))))/({B_cp}*{N}*{t})', 'ring backward transfers left on the critical path', 's', '[RingAttn §3]', 'step'),
+    'cp_allgather_merge_s': ('x_AG_m', 'k_agm*(N - 1)*(B_hbm*N*t*t_launch + S*b*h*(2*d*k_copy*p + k_merge*(d + 1)))/(B_hbm*N*t)', '{k_agm}*({N} - 1)*({B_hbm}*{N}*{t}*{t_launch} + {S}*{b}*{h}*(2*{d}*{k_copy}*{p} + {k_merge}*({d} + 1)))/({B_hbm}*{N}*{t})', 'per layer and pass, an all-gather CP that attends the gathered blocks one by one: the merges, copies and launches a ring pays beside its kernels', 's', '[torch-CP]', 'step'),
     'cp_allgather_s': ('tau_AG', '(N - 1)*(B_cp*N*alpha_cp*t + 2*S*b*d*n_kv*p)/(B_cp*N*t)', '({N} - 1)*({B_cp}*{N}*{alpha_cp}*{t} + 2*{S}*{b}*{d}*{n_kv}*{p})/({B_cp}*{N}*{t})', 'all-gather of K, V (forward) or reduce-scatter of dK, dV, N - 1 ring steps; exposed', 's', '[Llama3 §3.3]', 'step'),
     'cp_ulysses_s': ('tau_U_step', '2*S*b*d*p*(N - 1)*(h + Max(N, n_kv))/(B_cp*N**2*t)', '2*{S}*{b}*{d}*{p}*({N} - 1)*({h} + Max({N}, {n_kv}))/({B_cp}*{N}**2*{t})', 'Ulysses all-to-alls of one layer and pass; exposed', 's', '[Ulysses §3]', 'step'),
     'cp_usp_a2a_s': ('tau_USP_step', '2*S*b*d*p*(N_u - 1)*(h + Max(N_u, n_kv))/(B_cp*N_r*N_u**2*t)', '2*{S}*{b}*{d}*{p}*({N_u} - 1)*({h} + Max({N_u}, {n_kv}))/({B_cp}*{N_r}*{N_u}**2*{t})', 'USP all-to-alls of one layer and pass; exposed', 's', '[USP §3]', 'step'),
@@ -1643,12 +1649,13 @@ ARGS = {
     'layer_score_elements': ('N', 'S', 'b', 'c', 'h', 't', 'x_att'),
     'layer_attn_fwd_s': ('B_hbm', 'F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sf', 't', 'u_cp', 'x_att'),
     'layer_attn_bwd_s': ('B_hbm', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 't', 'u_cp', 'x_att'),
-    'ring_merge_bytes': ('N', 'S', 'b', 'd', 'h', 'k_copy', 'p', 'p_acc', 't'),
-    'ring_overhead_s': ('B_hbm', 'N', 'S', 'b', 'd', 'h', 'k_copy', 'p', 'p_acc', 't', 't_launch'),
+    'ring_merge_bytes': ('N', 'S', 'b', 'd', 'h', 'k_copy', 'k_merge', 'p', 't'),
+    'ring_overhead_s': ('B_hbm', 'N', 'S', 'b', 'd', 'h', 'k_copy', 'k_merge', 'p', 't', 't_launch'),
     'cp_ring_fwd_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 't'),
     'cp_ring_bwd_s': ('B_cp', 'N', 'S', 'b', 'd', 'n_kv', 'p', 'p_acc', 't'),
     'cp_ring_fwd_exposed_s': ('B_cp', 'B_hbm', 'F_attn', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sf', 'n_kv', 'o_cp', 'p', 's_comm', 't', 'u_cp', 'x_att'),
     'cp_ring_bwd_exposed_s': ('B_cp', 'B_hbm', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 'n_kv', 'o_cp', 'p', 'p_acc', 's_comm', 't', 'u_cp', 'x_att'),
+    'cp_allgather_merge_s': ('B_hbm', 'N', 'S', 'b', 'd', 'h', 'k_agm', 'k_copy', 'k_merge', 'p', 't', 't_launch'),
     'cp_allgather_s': ('B_cp', 'N', 'S', 'alpha_cp', 'b', 'd', 'n_kv', 'p', 't'),
     'cp_ulysses_s': ('B_cp', 'N', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
     'cp_usp_a2a_s': ('B_cp', 'N_r', 'N_u', 'S', 'b', 'd', 'h', 'n_kv', 'p', 't'),
@@ -1882,12 +1889,13 @@ DEFINITIONS = {
     'layer_score_elements': 'W_att*x_att/(4*d)',
     'layer_attn_fwd_s': '(W_att*x_att/F_attn + Z_sc*k_sf/B_hbm)/u_cp',
     'layer_attn_bwd_s': '(5*W_att*x_att/(2*F_attn_bwd) + Z_sc*k_sb/B_hbm)/u_cp',
-    'ring_merge_bytes': 'L*b*h*(2*d*k_copy*p + p_acc*(3*d + 3))/t',
+    'ring_merge_bytes': 'L*b*h*(2*d*k_copy*p + k_merge*(d + 1))/t',
     'ring_overhead_s': '(N - 1)*(t_launch + M_merge/B_hbm)',
     'cp_ring_fwd_s': 'C_recv/(B_cp*t)',
     'cp_ring_bwd_s': '(C_step*(N - 1) + 2*L*N*b*d*n_kv*p_acc)/(B_cp*t)',
     'cp_ring_fwd_exposed_s': 'o_cp*s_comm*(tau_ring_fwd - Max(0, -t_att_fwd + tau_ring_fwd)) - o_cp*(tau_ring_fwd - Max(0, -t_att_fwd + tau_ring_fwd)) + tau_ring_fwd',
     'cp_ring_bwd_exposed_s': 'o_cp*s_comm*(tau_ring_bwd - Max(0, -t_att_bwd + tau_ring_bwd)) - o_cp*(tau_ring_bwd - Max(0, -t_att_bwd + tau_ring_bwd)) + tau_ring_bwd',
+    'cp_allgather_merge_s': 'k_agm*t_ring_x',
     'cp_allgather_s': 'alpha_cp*(N - 1) + C_AG/B_cp',
     'cp_ulysses_s': 'C_U/(B_cp*t)',
     'cp_usp_a2a_s': 'C_USP_a2a/(B_cp*t)',
@@ -2114,6 +2122,8 @@ SYMBOLS = {
     't_launch': ('fixed cost of one ring step outside the kernels (launches, stream waits)', 's', 'kernel tables'),
     't_cs': ('compute of one ring step on its slowest rank', 's', '[RingAttn §3]'),
     't_ms': ("transfer in flight under one ring step (the next KV block; in backward also the last step's dK/dV)", 's', '[RingAttn §3]'),
+    'k_merge': ("HBM bytes a ring step's merge of two partial outputs moves per output element: 12 fused (two fp32 partials read, one written), 34-38 as unfused torch ops (a cast, then three elementwise passes)", 'B', '[ring-flash-attn], [OnlineSoftmax]'),
+    'k_agm': ("1 where an all-gather CP still attends block by block and merges the partial outputs as a ring does (torch's context_parallel), 0 where one call covers the gathered keys (Llama 3, Transformer Engine)", '1', '[torch-CP], [TE-CP]'),
     'k_copy': ('query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)', '1', '[ring-flash-attn]'),
     'F_gemm_b': ("achieved FLOP/s of the layer's backward multiplies (input and weight gradients, at their shapes)", 'FLOP/s', 'kernel tables'),
     'F_head': ("achieved FLOP/s of the output layer's multiply", 'FLOP/s', 'kernel tables'),

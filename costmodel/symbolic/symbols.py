@@ -365,6 +365,21 @@ t_ms = _symbol(
     "[RingAttn §3]",
     nonnegative=True,
 )
+k_merge = _symbol(
+    "k_merge",
+    "HBM bytes a ring step's merge of two partial outputs moves per output element: 12 fused (two fp32 "
+    "partials read, one written), 34-38 as unfused torch ops (a cast, then three elementwise passes)",
+    "B",
+    "[ring-flash-attn], [OnlineSoftmax]",
+)
+k_agm = _symbol(
+    "k_agm",
+    "1 where an all-gather CP still attends block by block and merges the partial outputs as a ring does "
+    "(torch's context_parallel), 0 where one call covers the gathered keys (Llama 3, Transformer Engine)",
+    "1",
+    "[torch-CP], [TE-CP]",
+    nonnegative=True,
+)
 k_copy = _symbol(
     "k_copy",
     "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)",

@@ -211,6 +211,8 @@ def bind(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[s
         "c": compute_fraction(inputs) if inputs.masked else 0.5,
         "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
         "k_copy": 1.0 if inputs.layout == "zigzag" and scheme.ring else 0.0,
+        "k_merge": step.ring_merge_bytes,
+        "k_agm": 1.0 if job.framework.time.allgather_merges else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
         "B_hbm": device.hbm_bandwidth or 2e12,
         "t_k": machine.launch_s,

@@ -17,7 +17,7 @@ def exposure(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     gather = call(
         "cp_allgather_s", values
     )  # K, V gathered forward; again, and dK, dV reduce-scattered backward
-    return gather, 2 * gather, 0.0
+    return gather, 2 * gather, call("cp_allgather_merge_s", values)
 
 
 SCHEME = Scheme(

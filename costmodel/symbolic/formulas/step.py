@@ -41,7 +41,9 @@ from costmodel.symbolic.symbols import (
     f8,
     g,
     h,
+    k_agm,
     k_copy,
+    k_merge,
     k_opt,
     k_sb,
     k_sf,
@@ -266,9 +268,10 @@ t_att_b = define(
 M_step = define(
     "ring_merge_bytes",
     "M_merge",
-    b * L * h * (3 * (d + 1) * p_acc + 2 * k_copy * d * p) / t,
-    "HBM bytes per ring step outside the kernel: read two partial (O, LSE) in fp32 and write one, and "
-    "copy the queries when the layout shifts the mask",
+    b * L * h * (k_merge * (d + 1) + 2 * k_copy * d * p) / t,
+    "HBM bytes per ring step outside the kernel: the merge of the step's partial (O, LSE) into the running "
+    "one (k_merge bytes an element: the framework's merge), and the queries copied when the layout shifts "
+    "the mask",
     "B",
     "[ring-flash-attn], [OnlineSoftmax]",
 )
@@ -311,6 +314,15 @@ define(
     "ring backward transfers left on the critical path",
     "s",
     "[RingAttn §3]",
+)
+define(
+    "cp_allgather_merge_s",
+    "x_AG_m",
+    k_agm * t_ring_x,
+    "per layer and pass, an all-gather CP that attends the gathered blocks one by one: the merges, copies "
+    "and launches a ring pays beside its kernels",
+    "s",
+    "[torch-CP]",
 )
 define(
     "cp_allgather_s",

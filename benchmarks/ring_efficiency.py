@@ -1,0 +1,112 @@
+"""A ring-attention layer against the single-GPU blocks it replaces, predicted beside the published figures of
+ring-flash-attention ([ring-flash-attn] README: 8 GPUs, Llama-3.1-8B's attention, 32 query and 8 KV heads of
+128, 8K tokens a GPU, causal; "theoretic" = the single-GPU flash_attn call of 8K tokens, whose time x 8 is the
+ring's work without its costs).
+
+    python benchmarks/ring_efficiency.py                                   # the profiles' own tables
+    python benchmarks/ring_efficiency.py --data ../shared/data/kernels     # also FlashAttention-2's H100 tables
+
+Efficiency = 8 x the single call's time / the ring layer's. It is printed for the merge the step model
+charges by default (12 bytes an element: two fp32 partials read, one written) and for the merge
+ring-flash-attention runs (its update_out_and_lse: the step output cast to fp32, then three elementwise
+passes, 34 bytes an element unfused). The runs used FlashAttention-2 (flash_attn); the H800 profile's tables
+are FlashAttention-3's, so with --data the H800 rows are also read on FlashAttention-2's H100 forward tables,
+fitted from the FlashAttention-3 paper's baselines by `cp-plan hw fit-kernels` (no causal backward is
+published for it, so only the forward is compared there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import tempfile
+from pathlib import Path
+
+from costmodel.machines.binding import Machine, build_machine
+from costmodel.machines.kernel_fit import fit_kernels
+from costmodel.machines.profiles import load_profile
+from costmodel.plans.inputs import PlanInputs, build
+from costmodel.plans.timing import predict
+
+SHAPE = {"heads": 32, "kv_heads": 8, "head_dim": 128, "causal": True}
+GPUS, LOCAL = 8, 8192
+UNFUSED_MERGE_BYTES = 34.0  # ring-flash-attn's update_out_and_lse, op by op (see the module docstring)
+# [ring-flash-attn] README, batch api: (GPU, pass, layout) -> efficiency as published
+PUBLISHED = {
+    ("8xH800", "fwd", "contiguous"): 0.521,
+    ("8xH800", "fwd", "zigzag"): 0.852,
+    ("8xH800", "fwd", "striped"): 0.744,
+    ("8xH800", "fwd+bwd", "contiguous"): 0.539,
+    ("8xH800", "fwd+bwd", "zigzag"): 0.902,
+    ("8xH800", "fwd+bwd", "striped"): 0.829,
+    ("8xA100", "fwd", "contiguous"): 0.514,
+    ("8xA100", "fwd", "zigzag"): 0.817,
+    ("8xA100", "fwd", "striped"): 0.696,
+    ("8xA100", "fwd+bwd", "contiguous"): 0.525,
+    ("8xA100", "fwd+bwd", "zigzag"): 0.898,
+    ("8xA100", "fwd+bwd", "striped"): 0.826,
+}
+PROFILES = {"8xH800": "h800-nvlink", "8xA100": "a100-nvlink"}
+
+
+def efficiency(machine: Machine, hw: str, layout: str, pass_: str, merge_bytes: float) -> float:
+    ring = build(PlanInputs, seq=GPUS * LOCAL, cp=GPUS, hw=hw, layout=layout, **SHAPE)
+    single = build(PlanInputs, seq=LOCAL, cp=1, hw=hw, **SHAPE)
+    backward = pass_ == "fwd+bwd"
+    layer = predict(ring, machine, "ring", backward, merge_bytes=merge_bytes).for_pass(pass_)[0]
+    alone = predict(single, machine, "ring", backward).for_pass(pass_)[0]
+    return GPUS * alone / layer
+
+
+def fa2_machine(data: Path, hw: str) -> Machine:
+    """The profile with FlashAttention-2's H100 forward curves (the FA3 paper's FA2 bars) in place of its own."""
+    rows = [
+        r
+        for r in csv.DictReader((data / "fa3_paper_and_fa2_readme_h100_attention.csv").open(encoding="utf-8"))
+        if r["kernel"] == "FlashAttention-2" and r["pass"] == "fwd" and r["dtype"].startswith("bf16")
+    ]
+    path = Path(tempfile.mkdtemp()) / "fa2.csv"
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["head_dim", "causal", "pass", "seq", "batch", "heads", "tflops"])
+        for r in rows:
+            writer.writerow(
+                [r["head_dim"], r["causal"].lower(), "fwd", r["seq"], r["batch"], r["heads"], r["tflops"]]
+            )
+    profile, _ = fit_kernels(load_profile(hw), None, str(path), f"{hw}-fa2")
+    return build_machine(profile)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", help="the folder of public kernel tables (for FlashAttention-2's H100 tables)"
+    )
+    args = parser.parse_args()
+    readings = [
+        (gpu, PROFILES[gpu], build_machine(load_profile(PROFILES[gpu])), "profile") for gpu in PROFILES
+    ]
+    if args.data:
+        readings.append(("8xH800", "h800-nvlink", fa2_machine(Path(args.data), "h800-nvlink"), "FA2 fwd"))
+    print(
+        f"{'GPUs':<7} {'tables':<8} {'pass':<8} {'layout':<11} {'published':>9} {'fused merge':>12} {'unfused':>9}"
+    )
+    misses = []
+    for gpu, hw, machine, tables in readings:
+        for (g, pass_, layout), published in PUBLISHED.items():
+            if g != gpu or (tables == "FA2 fwd" and pass_ != "fwd"):
+                continue
+            fused = efficiency(machine, hw, layout, pass_, 12.0)
+            unfused = efficiency(machine, hw, layout, pass_, UNFUSED_MERGE_BYTES)
+            misses.append(abs(unfused - published))
+            print(
+                f"{gpu:<7} {tables:<8} {pass_:<8} {layout:<11} {published:9.1%} {fused:12.1%} {unfused:9.1%}"
+                f"  ({(unfused - published) * 100:+.1f} points)"
+            )
+    print(
+        f"unfused merge: worst {max(misses) * 100:.1f} points, {sum(m <= 0.06 for m in misses)} of {len(misses)} within 6"
+    )
+
+
+if __name__ == "__main__":
+    main()
