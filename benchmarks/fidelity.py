@@ -32,7 +32,7 @@ from costmodel.audit.runs import (
     read_runs,
 )
 from costmodel.machines.profiles import load_profile
-from costmodel.training.validation import ROWS
+from costmodel.training.validation import ROWS, by_framework
 from costmodel.training.validation import predict as published
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,6 +134,8 @@ def main() -> None:
         f"published table (docs/validation.md): {len(ROWS)} rows, median |error| {statistics.median(errors):.1%}, "
         f"{sum(e <= 0.15 for e in errors)} within 15 %, {known} named known misses"
     )
+    for name, s in by_framework().items():
+        print(f"  ran on {name:<42} {s['rows']:>5} rows  median |error| {s['median']:6.1%}")
 
 
 if __name__ == "__main__":

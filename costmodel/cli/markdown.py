@@ -13,18 +13,20 @@ if TYPE_CHECKING:
 
 def validation_table() -> str:
     """The validation table of docs/validation.md, then the rows outside GOAL with what the model misses."""
-    from costmodel.training.validation import ROWS, VPP_ROWS, predict, vpp_sensitivity
+    from costmodel.training.validation import ROWS, VPP_ROWS, by_framework, predict, vpp_sensitivity
 
     lines = [
-        "| key | source | run (as published) | metric | published | predicted | error | held to |",
-        "|---|---|---|---|---|---|---|---|",
+        "| key | source | framework (profile) | run (as published) | metric | published | predicted | error "
+        "| held to |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     misses = []
     for row in ROWS:
         predicted = predict(row)
         error = f"{100 * (predicted / row.published - 1):+.1f} %"
         lines.append(
-            f"| `{row.key}` | {row.source} | {row.run} | {row.metric} | {_shown(row.published, row.metric)} "
+            f"| `{row.key}` | {row.source} | {row.framework} ({row.profile}) | {row.run} | {row.metric} "
+            f"| {_shown(row.published, row.metric)} "
             f"| {_shown(predicted, row.metric)} | {error} | {'known miss' if row.misses else '15 %'} |"
         )
         if row.misses:
@@ -36,7 +38,22 @@ def validation_table() -> str:
     sensitivity = (
         f"Model TFLOP/s per GPU predicted for {keys} by virtual stages per device: {'; '.join(cells)}."
     )
-    return "\n".join([*lines, "", "Known misses (outside 15 %):", "", *misses, "", sensitivity])
+    medians = "; ".join(
+        f"{name} {100 * s['median']:.1f} % ({s['rows']} rows)" for name, s in by_framework().items()
+    )
+    return "\n".join(
+        [
+            *lines,
+            "",
+            f"Median |error| by framework: {medians}.",
+            "",
+            "Known misses (outside 15 %):",
+            "",
+            *misses,
+            "",
+            sensitivity,
+        ]
+    )
 
 
 def memory_table() -> str:
