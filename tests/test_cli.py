@@ -442,3 +442,49 @@ def test_every_json_output_names_its_schema(cli, monkeypatch, args, schema) -> N
     result = cli(*args, "--format", "json")
     assert result.code in (0, 1), result.err
     assert result.json()["schema"] == schema
+
+
+def test_attention_kernel_sets_the_tables_one_layer_reads(cli) -> None:
+    """--attention-kernel NAME reads the profile's named tables for every call of the layer: at 128K over
+    8 H100s the zigzag ring's own block is a causal call of 16,384 queries, the rest full calls against
+    8,192 keys, at torch's SDPA FlashAttention-2 rates; the merges beside the kernels stay the same."""
+    from costmodel.machines.kernels import attention_rate
+    from costmodel.schedule.simulator import simulate
+
+    args = [
+        "--seq",
+        "128k",
+        "--n",
+        "8",
+        "--hw",
+        "h100-nvlink",
+        "--causal",
+        "--layout",
+        "zigzag",
+        "-f",
+        "json",
+    ]
+    named = cli(*args, "--attention-kernel", "sdpa-flash").json()
+    assert named["hardware"]["attention_kernel"] == "sdpa-flash"
+    assert cli(*args).json()["hardware"]["attention_kernel"] == "flash"
+    h100, length = load_profile("h100-nvlink"), 16_384
+    steps = simulate("zigzag", 131_072, 8, 1024).step_pairs
+    pair_flops = 4 * 32 * 128
+
+    def rate(keys: int, causal: bool) -> float:
+        return attention_rate(h100, "bf16", length, keys, 128, causal, False, "sdpa-flash")
+
+    expected = steps[0] * pair_flops / rate(length, True) + sum(steps[1:]) * pair_flops / rate(
+        length // 2, False
+    )
+    expected += ring_overhead_s(
+        PlanInputs(seq=131_072, n=8, causal=True, layout="zigzag", hw="h100-nvlink"), Machine(h100)
+    )
+    assert named["ring"]["layer_time_s"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("kernel", ["nope", "unfused"])
+def test_an_attention_kernel_the_profile_has_no_tables_for_is_one_line(cli, kernel: str) -> None:
+    result = cli(*WORKED, "--hw", "h100-nvlink", "--attention-kernel", kernel)
+    assert result.code == 2 and result.out == "" and result.err.count("\n") == 1
+    assert "--attention-kernel" in result.err and "sdpa-flash" in result.err

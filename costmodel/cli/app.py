@@ -18,7 +18,7 @@ from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
 from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import HardwareProfile, builtin_names, load_profile
-from costmodel.plans.inputs import MachineOverrides, PlanInputs, machine_for
+from costmodel.plans.inputs import LayerKernel, MachineOverrides, PlanInputs, machine_for
 from costmodel.symbolic import numeric
 
 app = typer.Typer(
@@ -82,11 +82,12 @@ def _version(value: bool) -> None:
 
 
 @app.callback(invoke_without_command=True)
-@declared(inputs=PlanInputs, machine_overrides=MachineOverrides)
+@declared(inputs=PlanInputs, machine_overrides=MachineOverrides, kernel=LayerKernel)
 def report(
     ctx: typer.Context,
     inputs: PlanInputs,
     machine_overrides: MachineOverrides,
+    kernel: LayerKernel,
     format: format_option("table", "json", "yaml", "markdown", "html") = Format.table,
     explain: Annotated[
         bool, typer.Option("--explain", help="Also print each formula, then with values.")
@@ -106,7 +107,7 @@ def report(
     from costmodel.cli import render
     from costmodel.plans.evaluate import evaluate
 
-    machine = machine_for(inputs, machine_overrides)
+    machine = machine_for(inputs, machine_overrides, kernel=kernel)
     if timeline:
         drawing.check_request(inputs.cp, format.value)
     trace: list | None = [] if explain else None

@@ -186,7 +186,8 @@ def time_caption(report: Report) -> str:
     r, h = report.ring, report.hardware
     rate = "peak" if h.effective_flops == h.peak_flops else "effective"
     e = report.inputs.efficiency
-    rates = "the profile's kernel rates" if e is None else f"{e:g} x peak (--efficiency)"
+    named = "" if h.attention_kernel == "flash" else f", {h.attention_kernel} attention"
+    rates = f"the profile's kernel rates{named}" if e is None else f"{e:g} x peak (--efficiency)"
     return (
         f"compute at {rates}, as the layer time; ratio (the verdict's): receive / compute "
         f"balanced at {rate} FLOP/s ({seconds(r.step_compute_s)} a step) · sending (own block included) "

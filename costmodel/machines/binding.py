@@ -62,6 +62,7 @@ class Machine:
     datasheet: bool = False
     ranks_per_node: int = 0  # consecutive CP ranks sharing a node; 0: the profile's own placement
     stride: int = 1  # ranks between a group's members (:meth:`placed`); sets the torus block and the rail
+    attention_kernel: str | None = None  # the named tables attention calls read (None: the default ones)
 
     def __post_init__(self) -> None:
         if self.dtype not in self.profile.device.peak_flops:
@@ -140,7 +141,8 @@ class Machine:
         if self.calibrated:
             return "measured curves (calibration)"
         if self.published_rates:
-            return "published kernel tables (kernels:)"
+            named = f", attention: {self.attention_kernel}" if self.attention_kernel else ""
+            return f"published kernel tables (kernels:{named})"
         if self.fallback_rates:
             fallback = self.profile.fallback_efficiency
             return f"{fallback.value:g} of peak, the profile's fallback_efficiency: {fallback.source}"  # type: ignore[union-attr]
@@ -167,7 +169,14 @@ class Machine:
             return self.profile.calibration.rate(flops, busy, masked, backward)  # type: ignore[union-attr]
         if self.published_rates:
             return kernels.attention_rate(
-                self.profile, self.dtype, q_tokens, k_tokens, head_dim, masked, backward, kernel
+                self.profile,
+                self.dtype,
+                q_tokens,
+                k_tokens,
+                head_dim,
+                masked,
+                backward,
+                kernel if kernel is not None else self.attention_kernel,
             )
         if self.fallback_rates:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]

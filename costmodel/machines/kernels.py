@@ -47,6 +47,17 @@ def attention_kernels(profile: HardwareProfile) -> list[str]:
     return sorted({c.kernel for c in profile.kernels.attention if c.kernel is not None})
 
 
+def check_kernel(name: str, profile: HardwareProfile, also: tuple[str, ...] = ()) -> None:
+    """``name`` is ``flash`` (the profile's default tables), one of ``also``, or a kernel the profile holds
+    tables for; else one line naming --attention-kernel and what the profile has."""
+    named = attention_kernels(profile)
+    if name not in ("flash", *also, *named):
+        accepted = ", ".join(["flash", *also, *named])
+        raise InputError(
+            "--attention-kernel", f"{name!r}: profile {profile.name!r} has tables for {accepted}"
+        )
+
+
 def _curve(
     kernels: Kernels, head_dim: int, causal: bool, backward: bool, kernel: str | None = None
 ) -> AttentionCurve:

@@ -76,6 +76,7 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         devices_per_node=profile.devices_per_node,
         cp_ranks_per_node=machine.ranks_per_node,
         topology=topology.describe(profile),
+        attention_kernel=machine.attention_kernel or "flash",
     )
     schemes = compare(inputs, machine)
     kernel = predict(inputs, machine, backward=True)  # compute at the rates the layer time reads

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from copy import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar
 
 from pydantic import (
@@ -32,6 +32,7 @@ from pydantic import (
 from costmodel.core.errors import InputError
 from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine, build_machine
+from costmodel.machines.kernels import check_kernel
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile, load_profile
 from costmodel.machines.topology import parse_order, strides
 from costmodel.plans.models import load_model
@@ -459,12 +460,33 @@ class MachineOverrides(BaseModel):
     )
 
 
+class LayerKernel(BaseModel):
+    """Which attention kernel's tables one layer's calls read (the single-layer plan; a training job states
+    it in its setup)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    attention_kernel: str = flag(
+        "flash",
+        "The attention kernel whose tables the layer's calls read: flash (the profile's default tables) or "
+        "a kernel the profile holds tables for (cp-plan hw show: e.g. sdpa-flash, sdpa-cudnn, cudnn).",
+        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+    )
+
+
 def machine_for(
-    inputs: PlanInputs, overrides: MachineOverrides | None = None, profile: HardwareProfile | None = None
+    inputs: PlanInputs,
+    overrides: MachineOverrides | None = None,
+    profile: HardwareProfile | None = None,
+    kernel: LayerKernel | None = None,
 ) -> Machine:
     """The plan's machine: its profile (``inputs.hw``, or ``profile`` already loaded), changed as the command
-    line says, bound to its dtype and efficiency."""
-    return _machine(inputs, overrides, profile, job=False)
+    line says, bound to its dtype and efficiency, its attention calls reading ``kernel``'s tables."""
+    machine = _machine(inputs, overrides, profile, job=False)
+    if kernel is None or kernel.attention_kernel == "flash":
+        return machine
+    check_kernel(kernel.attention_kernel, machine.profile)
+    return replace(machine, attention_kernel=kernel.attention_kernel)
 
 
 def job_machine(

@@ -31,7 +31,7 @@ from costmodel.frameworks.profiles import (
     load_framework,
 )
 from costmodel.machines.binding import Machine
-from costmodel.machines.kernels import attention_kernels
+from costmodel.machines.kernels import check_kernel
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
 from costmodel.plans import cp as registry
@@ -438,13 +438,7 @@ def _check_step(
 ) -> None:
     """What the layout's check does not know: the attention kernel against the profile's tables, the linear
     layers' precision against the device, the CP scheme against the heads and the framework."""
-    named = attention_kernels(machine.profile)
-    if setup.attention_kernel not in ("flash", "unfused", *named):
-        accepted = ", ".join(["flash", "unfused", *named])
-        raise InputError(
-            "--attention-kernel",
-            f"{setup.attention_kernel!r}: profile {machine.name!r} has tables for {accepted}",
-        )
+    check_kernel(setup.attention_kernel, machine.profile, also=("unfused",))
     if step.gemm_dtype is not None:
         device = machine.profile.device
         if "fp8" not in device.peak_flops:

@@ -38,6 +38,10 @@ class Hardware(_Section):
     topology: str = Field(
         default="", description="the fast domain's shape and size, and how devices reach the fabric beyond it"
     )
+    attention_kernel: str = Field(
+        default="flash",
+        description="the attention kernel whose tables the layer's calls read (flash: the profile's default)",
+    )
 
 
 class Memory(_Section):
