@@ -137,39 +137,49 @@ def test_layout_sets_the_causal_layer_time(cli) -> None:
     assert times["zigzag"] < times["striped"] < times["contiguous"]
 
 
+ZIGZAG_128K = [
+    "--seq",
+    "128k",
+    "--n",
+    "8",
+    "--hw",
+    "h100-nvlink",
+    "--causal",
+    "--layout",
+    "zigzag",
+    "-f",
+    "json",
+]
+
+
+def zigzag_128k_layer_s(kernel: str | None = None) -> float:
+    """The zigzag ring's forward at 128K over 8 H100s from the tables: the own block a causal call of
+    L = 16,384 queries against L keys, every other block a full call against L/2 keys (NVLink hides every
+    transfer), and the merges, query copies and launches beside the kernels."""
+    from costmodel.machines.kernels import attention_rate
+    from costmodel.schedule.simulator import simulate
+
+    h100, length = load_profile("h100-nvlink"), 16_384
+    steps = simulate("zigzag", 131_072, 8, 1024).step_pairs
+    pair_flops = 4 * 32 * 128
+
+    def rate(keys: int, causal: bool) -> float:
+        return attention_rate(h100, "bf16", length, keys, 128, causal, False, kernel)
+
+    kernels = steps[0] * pair_flops / rate(length, True) + sum(steps[1:]) * pair_flops / rate(
+        length // 2, False
+    )
+    inputs = PlanInputs(seq=131_072, n=8, causal=True, layout="zigzag", hw="h100-nvlink")
+    return kernels + ring_overhead_s(inputs, Machine(h100))
+
+
 def test_published_kernel_rates_set_the_layer_time_not_peak(cli) -> None:
     """Without --efficiency the time model reads the profile's FlashAttention-3 tables [FA3]: at 128K over 8
     H100s the own block is a causal call of L = 16,384 queries against L keys, every other zigzag block a
     full call against L/2 keys. NVLink hides every transfer, so the layer time is the slowest rank's calls
     at those rates; the balanced formulas (layer_compute_s) stay at peak."""
-    from costmodel.machines.kernels import attention_rate
-    from costmodel.machines.profiles import load_profile
-    from costmodel.schedule.simulator import simulate
-
-    args = [
-        "--seq",
-        "128k",
-        "--n",
-        "8",
-        "--hw",
-        "h100-nvlink",
-        "--causal",
-        "--layout",
-        "zigzag",
-        "-f",
-        "json",
-    ]
-    tables, peak = cli(*args).json(), cli(*args, "--efficiency", "1").json()
-    h100, length = load_profile("h100-nvlink"), 16_384
-    steps = simulate("zigzag", 131_072, 8, 1024).step_pairs
-    pair_flops = 4 * 32 * 128
-    expected = steps[0] * pair_flops / attention_rate(h100, "bf16", length, length, 128, True, False) + sum(
-        steps[1:]
-    ) * pair_flops / attention_rate(h100, "bf16", length, length // 2, 128, False, False)
-    expected += ring_overhead_s(
-        PlanInputs(seq=131_072, n=8, causal=True, layout="zigzag", hw="h100-nvlink"), Machine(h100)
-    )  # the merges, query copies and launches beside the kernels
-    assert tables["ring"]["layer_time_s"] == pytest.approx(expected, rel=1e-9)
+    tables, peak = cli(*ZIGZAG_128K).json(), cli(*ZIGZAG_128K, "--efficiency", "1").json()
+    assert tables["ring"]["layer_time_s"] == pytest.approx(zigzag_128k_layer_s(), rel=1e-9)
     assert tables["ring"]["layer_time_s"] / peak["ring"]["layer_time_s"] > 1.4  # 989 TFLOP/s is not what runs
     assert tables["ring"]["layer_compute_s"] == peak["ring"]["layer_compute_s"]
 
@@ -448,39 +458,10 @@ def test_attention_kernel_sets_the_tables_one_layer_reads(cli) -> None:
     """--attention-kernel NAME reads the profile's named tables for every call of the layer: at 128K over
     8 H100s the zigzag ring's own block is a causal call of 16,384 queries, the rest full calls against
     8,192 keys, at torch's SDPA FlashAttention-2 rates; the merges beside the kernels stay the same."""
-    from costmodel.machines.kernels import attention_rate
-    from costmodel.schedule.simulator import simulate
-
-    args = [
-        "--seq",
-        "128k",
-        "--n",
-        "8",
-        "--hw",
-        "h100-nvlink",
-        "--causal",
-        "--layout",
-        "zigzag",
-        "-f",
-        "json",
-    ]
-    named = cli(*args, "--attention-kernel", "sdpa-flash").json()
+    named = cli(*ZIGZAG_128K, "--attention-kernel", "sdpa-flash").json()
     assert named["hardware"]["attention_kernel"] == "sdpa-flash"
-    assert cli(*args).json()["hardware"]["attention_kernel"] == "flash"
-    h100, length = load_profile("h100-nvlink"), 16_384
-    steps = simulate("zigzag", 131_072, 8, 1024).step_pairs
-    pair_flops = 4 * 32 * 128
-
-    def rate(keys: int, causal: bool) -> float:
-        return attention_rate(h100, "bf16", length, keys, 128, causal, False, "sdpa-flash")
-
-    expected = steps[0] * pair_flops / rate(length, True) + sum(steps[1:]) * pair_flops / rate(
-        length // 2, False
-    )
-    expected += ring_overhead_s(
-        PlanInputs(seq=131_072, n=8, causal=True, layout="zigzag", hw="h100-nvlink"), Machine(h100)
-    )
-    assert named["ring"]["layer_time_s"] == pytest.approx(expected, rel=1e-9)
+    assert cli(*ZIGZAG_128K).json()["hardware"]["attention_kernel"] == "flash"
+    assert named["ring"]["layer_time_s"] == pytest.approx(zigzag_128k_layer_s("sdpa-flash"), rel=1e-9)
 
 
 @pytest.mark.parametrize("kernel", ["nope", "unfused"])
