@@ -304,6 +304,12 @@ def memory_table() -> str:
     return table()
 
 
+def model_presets() -> str:
+    from costmodel.cli.markdown import model_presets as table
+
+    return table()
+
+
 def validation_table() -> str:
     from costmodel.cli.markdown import validation_table as table
 
@@ -374,6 +380,7 @@ BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's r
     "framework-schema": framework_schema,
     "validation-table": validation_table,
     "memory-table": memory_table,
+    "model-presets": model_presets,
     "flag-limits": flag_limits,
     "inference-json-contract": inference_contract,
     "recommend-json-contract": recommend_contract,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,22 @@ def audit_json(*args: str) -> dict:
 
 
 # --- reading logs -------------------------------------------------------------------------------------
+
+
+def test_recompute_granularity_none_is_no_recompute(tmp_path: Path) -> None:
+    """Megatron prints ``recompute_granularity None`` for a run without recompute: a setting, not "unset"."""
+    text = (DATA / "megatron_tp2_cp2_8k.log").read_text()
+    none = tmp_path / "none.log"
+    none.write_text(re.sub(r"(recompute_granularity \.+ )selective", r"\1None", text))
+    assert parse_log(none).config["recompute"] == "none"
+    assert parse_log(DATA / "megatron_tp2_cp2_8k.log").config["recompute"] == "selective"
+
+
+def test_audit_times_read_in_seconds_not_exponents(tmp_path: Path) -> None:
+    """The difference's range once printed as "2.768e+04 ms"; now as the step prints times (1.42 s)."""
+    code, out, err = cli("audit", DATA / "megatron_tp2_cp2_8k.log", "--hw", "h100-ib")
+    assert code == 0, err
+    assert "e+0" not in out and re.search(r"plausible range \([0-9.]+ (s|ms)\)", out), out
 
 
 def test_megatron_log_gives_its_arguments_and_steady_intervals() -> None:

@@ -40,6 +40,7 @@ def test_plan_page_renders_without_errors(cli, tmp_path) -> None:
     assert "data-js-errors" not in body, body.get("data-js-errors")
     assert opened.console == []  # nothing logged: no error, no warning
     assert body["data-timelines"] == "3" and body["data-rank-rows"] == str(3 * 8)
+    assert body["data-clipped-labels"] == ""  # every label inside its chart ("8.80 TB" once read "8.80 TI")
 
 
 def test_plan_file_and_sweep_pages_render(cli, tmp_path) -> None:
@@ -49,6 +50,7 @@ def test_plan_file_and_sweep_pages_render(cli, tmp_path) -> None:
     body = body_attributes(open_page(page).dom)
     assert body.get("data-rendered") == "true" and "data-js-errors" not in body
     assert body["data-timelines"] == "6"  # forward and backward: the plan's pass is fwd+bwd
+    assert body["data-clipped-labels"] == ""
     sweep = write(
         cli,
         tmp_path,
@@ -67,6 +69,7 @@ def test_plan_file_and_sweep_pages_render(cli, tmp_path) -> None:
     body = body_attributes(opened.dom)
     assert body.get("data-rendered") == "true" and "data-js-errors" not in body and opened.console == []
     assert body["data-heatmaps"] == "2" and body["data-timelines"] == "0"
+    assert body["data-clipped-labels"] == ""
 
 
 def test_a_script_error_would_be_caught(cli, tmp_path) -> None:
@@ -85,3 +88,14 @@ def test_screenshot(cli, tmp_path) -> None:
     png = screenshot(write(cli, tmp_path, *CAUSAL_PLAN), tmp_path / "plan.png", 1200, 1500)
     assert png_size(png) == (1200, 1500)
     assert png.stat().st_size > 20_000  # a blank page compresses to a few kB
+
+
+def test_the_largest_tier_label_stays_inside_its_chart(cli, tmp_path) -> None:
+    """At 362K tokens the score matrix is 8.80 TB, its bar the longest a plan draws: its label once ran past
+    the chart's right edge and read "8.80 TI"."""
+    page = write(
+        cli, tmp_path, "--seq", "370728", "--n", "8", "--hw", "a100-nvlink", "--causal", "--format", "html"
+    )
+    body = body_attributes(open_page(page).dom)
+    assert body.get("data-rendered") == "true" and body["data-clipped-labels"] == ""
+    assert "8.80 TB" in page.read_text(encoding="utf-8")

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -278,6 +279,61 @@ def test_help_lists_the_commands(cli) -> None:
     assert result.code == 0
     for word in ("--seq", "--hw", "--explain", "formulas", "hw"):
         assert word in result.out
+
+
+@pytest.mark.parametrize("command", [[], ["step"], ["recommend"], ["hw"], ["hw", "fit-kernels"], ["kernel"]])
+def test_dash_h_is_help_on_every_command(cli, command: list[str]) -> None:
+    short, long = cli(*command, "-h"), cli(*command, "--help")
+    assert short.code == long.code == 0 and short.out == long.out and short.out.startswith("Usage: cp-plan")
+
+
+def test_python_dash_m_runs_the_command_line() -> None:
+    """``python -m costmodel`` is ``cp-plan`` where the console script is not on PATH."""
+    done = subprocess.run(
+        [sys.executable, "-m", "costmodel", *WORKED, "--format", "json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ring"]["intensity_step"] == 131_072
+
+
+def test_piped_tables_keep_their_long_cells_whole(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped, a table once stopped at 80 columns and cut file names ("nccl_2node_all_g..."); COLUMNS still
+    sets the width."""
+    nccl = sorted(str(p) for p in (REPO / "tests" / "data" / "audit").glob("nccl_*node_*.txt"))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = cli("hw", "from-nccl-tests", *nccl, "--base", "h100-ib")
+    assert result.code == 0, result.err
+    assert all(Path(name).name in result.out for name in nccl)
+    assert max(map(len, result.out.splitlines())) > 80
+    monkeypatch.setenv("COLUMNS", "60")
+    narrow = cli("hw", "from-nccl-tests", *nccl, "--base", "h100-ib")
+    assert max(map(len, narrow.out.splitlines())) <= 60
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "striped", "zigzag"])
+def test_one_rank_takes_any_length_in_any_layout(cli, layout: str) -> None:
+    """CP 1 splits nothing: an odd S is no reason to refuse the zigzag layout it does not use."""
+    assert cli("--seq", "4097", "--n", "1", "--causal", "--layout", layout, "--hw", "h100-ib").code == 0
+    step = cli(
+        "step",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "4097",
+        "--cp",
+        "1",
+        "--layout",
+        layout,
+        "--global-batch",
+        "8",
+    )
+    assert step.code == 0, step.err
+    two = cli("--seq", "4097", "--n", "2", "--causal", "--layout", layout, "--hw", "h100-ib")
+    assert two.code == 2 and "do not split evenly" in two.err
 
 
 @pytest.mark.skipif(shutil.which("cp-plan") is None, reason="console script not installed")

@@ -208,7 +208,10 @@ def test_ci_install_line_pins_a_released_tag() -> None:
 
 
 def python_blocks(md: Path) -> list[str]:
-    text = md.read_text(encoding="utf-8").split("<!-- BEGIN GENERATED", 1)[0]
+    # the docs' own examples, not what a generated block holds
+    text = re.sub(
+        r"<!-- BEGIN GENERATED.*?<!-- END GENERATED[^>]*-->", "", md.read_text(encoding="utf-8"), flags=re.S
+    )
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from costmodel.audit.logs import ParsedLog, summary
 from costmodel.core.errors import InputError
+from costmodel.core.units import seconds
 from costmodel.plans import cp as registry
 from costmodel.plans.job import Job
 from costmodel.plans.schemes import compare
@@ -74,9 +75,9 @@ def attribute(
             "candidates": [],
         }
     candidates = []
-    for name, seconds in breakdown.items():
+    for name, spent in breakdown.items():
         low, high = PLAUSIBLE.get(name, (-0.5, 1.0))
-        reach = seconds * high + unhidden.get(name, 0.0) if difference_s > 0 else seconds * low
+        reach = spent * high + unhidden.get(name, 0.0) if difference_s > 0 else spent * low
         if reach and (difference_s / reach) <= 1.0 and difference_s / reach > 0:
             candidates.append({"component": name, "share_of_range": difference_s / reach, "range_s": reach})
     compute = sum(breakdown.get(k, 0.0) for k in COMPUTE_KERNELS)
@@ -96,7 +97,7 @@ def attribute(
         return {
             "component": best["component"],
             "explanation": f"{LABELS.get(best['component'], best['component'])} {word} than modelled covers it, using "
-            f"{best['share_of_range']:.0%} of its plausible range ({best['range_s'] * 1e3:.3g} ms)",
+            f"{best['share_of_range']:.0%} of its plausible range ({seconds(best['range_s'])})",
             "candidates": candidates,
         }
     return {
@@ -211,7 +212,7 @@ def _over_peak(e: Evidence, _: list[Finding]) -> list[Finding]:
             _finding(
                 "critical",
                 "over-peak",
-                f"the measured step ({measured['step_time_s']['median'] * 1e3:.4g} ms) is shorter than the "
+                f"the measured step ({seconds(measured['step_time_s']['median'], 4)}) is shorter than the "
                 f"hardware allows for this configuration ({measured['model_tflops_per_gpu']:.0f} model TFLOP/s "
                 f"per GPU against a {peak_t:.0f} peak): the run is not the configuration stated (CP or "
                 "sequence length), or the log's rank count is wrong",
@@ -229,7 +230,7 @@ def _against_prediction(e: Evidence, earlier: list[Finding]) -> list[Finding]:
             _finding(
                 "critical" if ratio > 2 else "warning",
                 "below-prediction",
-                f"steps take {ratio:.2f}x the predicted {step['time_s'] * 1e3:.4g} ms "
+                f"steps take {ratio:.2f}x the predicted {seconds(step['time_s'], 4)} "
                 f"({measured['model_tflops_per_gpu']:.0f} vs {step['model_tflops_per_gpu_full_square']:.0f} model TFLOP/s per "
                 f"GPU); most likely: {e.attribution['explanation']}",
             )

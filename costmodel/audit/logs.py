@@ -219,6 +219,9 @@ _MEGATRON_ARGS = {
     "recompute_granularity": ("recompute", _recompute),
     "cp_comm_type": ("cp_scheme", _cp_comm),
 }
+# Arguments whose printed ``None`` is a setting, not "unset": Megatron's recompute_granularity None is no
+# recompute at all.
+_NONE_MEANS = {"recompute_granularity": "none"}
 _MEGATRON_SHAPE = {
     "num_layers": "layers",
     "hidden_size": "hidden",
@@ -420,6 +423,8 @@ class _Reader:
     def _use_args(self) -> None:
         for name, (flag, convert) in _MEGATRON_ARGS.items():
             converted = self._printed(name, convert)
+            if converted is None and name in self.args:
+                converted = _NONE_MEANS.get(name)
             if converted is not None:
                 self._state(self.args[name][1], flag, converted, name)
         for name, key in _MEGATRON_SHAPE.items():

@@ -12,7 +12,7 @@ import typer
 
 from costmodel import __version__
 from costmodel.cli import timeline as drawing
-from costmodel.cli.options import console, declared, house_table
+from costmodel.cli.options import HELP_FLAGS, console, declared, house_table
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.cli.timeline import TimelineOpt
 from costmodel.core.errors import InputError
@@ -28,8 +28,11 @@ app = typer.Typer(
     no_args_is_help=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings=HELP_FLAGS,
 )
-hw_app = typer.Typer(help="Hardware profiles: built-in names or YAML files.", add_completion=False)
+hw_app = typer.Typer(
+    help="Hardware profiles: built-in names or YAML files.", add_completion=False, context_settings=HELP_FLAGS
+)
 app.add_typer(hw_app, name="hw")
 # Commands whose modules load the training step, the search, the audit or the kernel: registered only when
 # the command line may name one, so that the plan itself (no subcommand) starts without them.
@@ -71,7 +74,13 @@ def with_subcommands() -> typer.Typer:
 def names_a_command(argv: list[str]) -> bool:
     """Whether ``argv`` may name a command of :func:`with_subcommands`, or asks for help or completion (a
     value that happens to spell a command only costs time)."""
-    asks = {*SUBCOMMANDS, *SUBCOMMANDS_OF_HW, "--help", "--install-completion", "--show-completion"}
+    asks = {
+        *SUBCOMMANDS,
+        *SUBCOMMANDS_OF_HW,
+        *HELP_FLAGS["help_option_names"],
+        "--install-completion",
+        "--show-completion",
+    }
     return any(key.startswith("_CP_PLAN_COMPLETE") for key in os.environ) or bool(asks.intersection(argv))
 
 

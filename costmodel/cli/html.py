@@ -65,6 +65,7 @@ td.text { white-space: normal; }
 .panel h3 span { color: var(--muted); font-weight: 400; }
 svg { display: block; width: 100%; height: auto; }
 svg text { font: 10px system-ui, sans-serif; fill: var(--muted); }
+svg text.halo { paint-order: stroke; stroke: #fff; stroke-width: 3px; stroke-linejoin: round; }
 .k-compute { fill: var(--compute); } .k-transfer { fill: var(--transfer); } .k-idle { fill: var(--idle); }
 .k-overhead { fill: var(--overhead); } .k-flight { fill: var(--flight); }
 .gantt g.rank rect.k-compute { stroke: #fff; stroke-width: 0.6; }
@@ -112,6 +113,17 @@ SCRIPT = """
   body.setAttribute("data-timelines", document.querySelectorAll("svg.gantt").length);
   body.setAttribute("data-rank-rows", document.querySelectorAll("svg.gantt g.rank").length);
   body.setAttribute("data-heatmaps", document.querySelectorAll("svg.heat").length);
+  var clipped = [];  // a label past its chart's edge is cut off on screen: the browser test counts them
+  document.querySelectorAll("svg.chart").forEach(function (svg) {
+    var view = svg.viewBox.baseVal;
+    svg.querySelectorAll("text").forEach(function (text) {
+      var box = text.getBBox();
+      if (box.x < view.x - 0.5 || box.x + box.width > view.x + view.width + 0.5) {
+        clipped.push(text.textContent);
+      }
+    });
+  });
+  body.setAttribute("data-clipped-labels", clipped.join(" | "));
   var timeline = document.getElementById("timeline");
   if (timeline) {
     body.setAttribute("data-timeline-top", Math.round(timeline.getBoundingClientRect().top + window.scrollY));
@@ -267,6 +279,11 @@ def _memory(report: Report, profile: Any, fit: Fit | None) -> str:
     return "\n".join(parts)
 
 
+# Room right of the longest bar for its value ("999 TB" in 10 px type is about 40 px): a label past the
+# viewBox is clipped ("8.80 TB" read "8.80 TI").
+VALUE_ROOM = 56
+
+
 def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
 
     width, label, row = 760, 170, 20
@@ -274,12 +291,13 @@ def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
     high = math.ceil(math.log10(max(max(v for _, _, v in tiers), hbm))) + 0.3
 
     def x(value: float) -> float:
-        return label + (width - label - 10) * (math.log10(max(value, 10**low)) - low) / (high - low)
+        return label + (width - label - VALUE_ROOM) * (math.log10(max(value, 10**low)) - low) / (high - low)
 
     out = [
         f'<svg class="chart bars" viewBox="0 0 {width} {len(tiers) * row + 24}" role="img" '
         'aria-label="memory tiers against HBM">'
     ]
+    values = []
     for k, (name, path, value) in enumerate(tiers):
         y = k * row + 4
         over = value > hbm
@@ -289,12 +307,13 @@ def _tier_bars(tiers: list[tuple[str, str, float]], hbm: float) -> str:
             f'class="{"k-transfer" if over else "k-compute"}" data-field="{path}" data-value="{float(value)!r}">'
             f"<title>{escape(name)}: {si(value, 'B')}{' — more than HBM' if over else ''}</title></rect>"
         )
-        out.append(f'<text x="{x(value) + 4:.1f}" y="{y + 12}">{si(value, "B", 3)}</text>')
+        values.append(f'<text class="halo" x="{x(value) + 4:.1f}" y="{y + 12}">{si(value, "B", 3)}</text>')
     hx = x(hbm)
     bottom = len(tiers) * row + 4
     out.append(
         f'<line x1="{hx:.1f}" x2="{hx:.1f}" y1="0" y2="{bottom}" stroke="#1d2330" stroke-dasharray="3 2" />'
     )
+    out.extend(values)  # over the HBM line, on a halo of the page's colour: a value it crosses stays legible
     out.append(f'<text x="{hx:.1f}" y="{bottom + 14}" text-anchor="middle">HBM {si(hbm, "B", 3)}</text>')
     out.append("</svg>")
     return "".join(out)

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from costmodel.cli.options import console, declared, searched, working
+from costmodel.cli.options import HELP_FLAGS, console, declared, searched, working
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
@@ -25,7 +25,11 @@ from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings=HELP_FLAGS,
 )
 
 
@@ -274,7 +278,11 @@ def require_torch(flag: str = "cp-plan") -> None:
     try:
         import torch  # noqa: F401 - only to fail early and clearly without the optional extra
     except ImportError:
-        raise InputError(flag, "needs torch: pip install 'cp-plan[kernel]'") from None
+        raise InputError(
+            flag,
+            "needs torch, the kernel's optional dependency: install the build for your machine (pip install "
+            "torch; CPU only: pip install torch --index-url https://download.pytorch.org/whl/cpu)",
+        ) from None
 
 
 BACKENDS = {"auto": "auto", "gloo": "cpu", "nccl": "cuda"}
@@ -396,6 +404,8 @@ def calibrate(
         target, profile_yaml(profile, f"written by `cp-plan calibrate` on {profile.source.date}"), "--out"
     )
     _print_calibration(profile, target)
+    if profile.calibration.quality is not None and not profile.calibration.quality.trusted:
+        raise typer.Exit(1)  # written and flagged, but a script must not take it as a good calibration
 
 
 def _load() -> float | None:

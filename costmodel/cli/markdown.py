@@ -1,4 +1,4 @@
-"""The validation tables of the docs as Markdown: published figures next to the model's predictions.
+"""Tables of the docs as Markdown: the model presets, and published figures next to the model's predictions.
 
 The rows and predictions are :mod:`costmodel.training.validation`'s and :mod:`costmodel.inference.published`'s;
 this module only writes them down."""
@@ -7,8 +7,26 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from costmodel.plans.models import builtin_models, load_model
+
 if TYPE_CHECKING:
     from costmodel.inference.published import Published as Serving
+
+
+def model_presets() -> str:
+    """Every built-in model preset with the shape it sets (docs/index.md)."""
+    lines = [
+        "| preset | layers | hidden | heads (KV) | head dim | FFN | vocab | experts | what |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in builtin_models():
+        m = load_model(name)
+        experts = f"{m.experts_per_token} of {m.experts}" if m.experts else ""
+        lines.append(
+            f"| `{name}` | {m.layers} | {m.hidden:,} | {m.heads} ({m.kv_heads}) | {m.head_dim} | {m.ffn_hidden:,} "
+            f"| {m.vocab:,} | {experts} | {m.description} |"
+        )
+    return "\n".join(lines)
 
 
 def validation_table() -> str:

@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+HELP_FLAGS = {"help_option_names": ["-h", "--help"]}  # -h too, on every command (subcommands inherit it)
+# Piped or redirected, a table is as wide as its content up to this (rich would cut it at 80 columns and wrap
+# or clip file names); COLUMNS still sets the width, as on a terminal.
+PIPED_WIDTH = 200
+
+
 def console() -> Console:
     """rich is imported only when a screen is drawn. Piped or redirected, rich pads table and grid rows
     to the width with spaces: the lines go out trimmed, as a file or a diff wants them."""
@@ -39,7 +45,15 @@ def console() -> Console:
     from rich.console import Console
 
     out = sys.stdout
-    return Console(highlight=False, file=None if out.isatty() else _Trimmed(out))
+    if out.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, file=_Trimmed(out), width=_piped_width())
+
+
+def _piped_width() -> int:
+    """COLUMNS when set to a width, else :data:`PIPED_WIDTH`."""
+    text = os.environ.get("COLUMNS", "").strip()
+    return int(text) if text.isascii() and text.isdigit() and 20 <= int(text) <= 10_000 else PIPED_WIDTH
 
 
 @contextlib.contextmanager

@@ -363,10 +363,6 @@ def sweep_cmd(
 
         for grid, job in zip(grids, jobs, strict=True):
             step_times(grid, job, global_batch)
-    if plot is not None:
-        from costmodel.cli.plot import plot_sweep
-
-        sys.stderr.write(f"wrote {plot_sweep(grids, plot, inputs)}\n")
     rows = [row for grid in grids for row in grid.rows()]
 
     def html() -> str:
@@ -381,6 +377,10 @@ def sweep_cmd(
         csv=lambda: as_csv(rows),
         html=html,
     )
+    if plot is not None:  # after the table: a plot that cannot be drawn does not cost the answer
+        from costmodel.cli.plot import plot_sweep
+
+        sys.stderr.write(f"wrote {plot_sweep(grids, plot, inputs)}\n")
 
 
 def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001

@@ -1,7 +1,7 @@
 """Plots of a sweep: step comm ratio against N per S, the verdict bands shaded, N_max marked ([Korthikanti22]).
 
-matplotlib is an optional extra (`pip install 'cp-plan[plot]'`); without it ``plot_sweep`` returns None
-and the caller prints the table instead.
+matplotlib is an optional extra (``pip install matplotlib``, or ``.[plot]`` from a clone); without it
+``plot_sweep`` refuses ``--plot`` after the table is out.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def _pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise InputError(
-            "--plot", "needs matplotlib: pip install 'cp-plan[plot]'; nothing was written"
+            "--plot",
+            "needs matplotlib: pip install matplotlib (or the plot extra: pip install -e '.[plot]' in a "
+            "clone of cp-plan); the sweep above is complete, no plot was written",
         ) from None
     matplotlib.use("agg")
     import matplotlib.pyplot as plt

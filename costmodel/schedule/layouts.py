@@ -33,7 +33,7 @@ def check_divisible(layout: str, seq: int, n: int, field: str = "seq") -> None:
     """Raise :class:`InputError` unless ``seq`` splits evenly over ``n`` ranks in ``layout``."""
     if layout not in LAYOUTS:
         raise InputError("layout", f"unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
-    parts = n * chunks_per_rank(layout)
+    parts = n * chunks_per_rank(layout) if n > 1 else 1  # one rank holds the sequence whole, in any layout
     if seq % parts:
         what = f"2N = {parts}" if layout == "zigzag" else f"N = {n}"
         raise InputError(field, f"{seq} tokens do not split evenly over {what} ({layout} layout)")
@@ -53,7 +53,7 @@ def positions(layout: str, seq: int, n: int) -> np.ndarray:
     """Global positions held by each rank, shape (n, seq // n), increasing along each row."""
     check_divisible(layout, seq, n)
     tokens = np.arange(seq, dtype=np.int64)
-    if layout == "contiguous":
+    if layout == "contiguous" or n == 1:
         return tokens.reshape(n, seq // n)
     if layout == "striped":
         return np.ascontiguousarray(tokens.reshape(seq // n, n).T)

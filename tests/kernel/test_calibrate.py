@@ -43,7 +43,13 @@ def cp_plan(*args: str, **kwargs):  # noqa: ANN003, ANN201
 def profile(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("calibrate") / "quick.yaml"
     done = cp_plan("calibrate", *QUICK, "--out", str(out), timeout=300)
-    assert done.returncode == 0, done.stderr
+    import yaml
+
+    # a loaded machine may make the quick calibration too noisy to trust: it is written all the same, and
+    # the exit code says which (1, as a failed check, so that a script does not take it as good)
+    trusted = yaml.safe_load(out.read_text())["calibration"]["quality"]["trusted"]
+    assert done.returncode == (0 if trusted else 1), done.stderr
+    assert ("too noisy to trust" in done.stderr) == (not trusted)
     return out
 
 
