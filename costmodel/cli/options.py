@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
-from costmodel.core.units import parse_integer, parse_number, parse_tokens
+from costmodel.core.units import parse_budget, parse_integer, parse_number, parse_tokens
 from costmodel.plans.inputs import build, flag_name, shape_from_model
 from costmodel.plans.models import load_model
 
@@ -278,6 +278,41 @@ def _note_unmapped(path: str) -> None:
     load_model(path, unmapped=unmapped)
     if unmapped:  # said once the command has answered: an error after it stays the only line
         NOTES.append(f"cp-plan: note: --model {path}: not used by the cost model: {'; '.join(unmapped)}")
+
+
+TokensOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tokens",
+        help="A token budget (2T, 300B: decimal multiples): the steps, wall days and GPU-hours of training on "
+        "it at this step, and the cost with --price.",
+    ),
+]
+PriceOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--price", help="Price of one GPU-hour, with --tokens: the budget's cost, in the price's currency."
+    ),
+]
+
+
+def token_budget(tokens: str | None, price: str | None) -> tuple[int | None, float | None]:
+    """--tokens and --price read and checked together: a price without a budget prices nothing."""
+    if tokens is None:
+        if price is not None:
+            raise InputError("--price", "needs --tokens: the price of the GPU-hours of a token budget")
+        return None, None
+    budget = parse_budget(tokens, "--tokens")
+    if budget > 10**18:
+        raise InputError("--tokens", f"{budget:,} tokens; accepted: at most 10^18")
+    if price is None:
+        return budget, None
+    value = parse_number(price, "--price")
+    if not 0 < value <= 1e6:
+        raise InputError(
+            "--price", f"{price!r}; accepted: a price per GPU-hour above 0 and at most 1,000,000"
+        )
+    return budget, value
 
 
 REQUIRED = PydanticUndefined  # a command's default for a field it requires (``declared(defaults=...)``)

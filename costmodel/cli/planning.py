@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -9,9 +10,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli.options import console, declared, house_table
+from costmodel.cli.options import PriceOpt, TokensOpt, console, declared, house_table, token_budget
 from costmodel.cli.output import Format, as_csv, emit, format_option
 from costmodel.cli.search import (
+    CELLS_KEY,
+    PLAN_COLUMNS,
     CpOpt,
     GemmDtypeOpt,
     GlobalOpt,
@@ -24,10 +27,12 @@ from costmodel.cli.search import (
     TpOpt,
     VppOpt,
     export,
+    plan_cells,
     render_search,
     run_search,
 )
 from costmodel.core.errors import InputError
+from costmodel.core.fileio import atomic_write_text, check_writable
 from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_CP,
@@ -41,7 +46,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.job import FrameworkKnobs, StepSetup, make_job
 from costmodel.training.recommend import describe_scheme, recommend, recommend_plan
-from costmodel.training.search import label
+from costmodel.training.search import Constraints, check_constraints, label, weighed
 
 COLOURS = {"green": "green", "amber": "yellow", "red": "red"}
 # Flags that lay a job out: given, `recommend` searches layouts.
@@ -84,6 +89,24 @@ def recommend_cmd(
     layout: LayoutOpt = None,
     gemm_dtype: GemmDtypeOpt = None,
     top: TopOpt = 5,
+    max_seq: Annotated[
+        bool,
+        typer.Option(
+            "--max-seq",
+            help="Instead: the longest sequence that fits at each CP degree on --gpus (every other layout "
+            "dimension searched), with the fastest plan there.",
+        ),
+    ] = False,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
+    all_plans: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--all-plans",
+            help="Also write every plan the search weighed, fitting or not, to a .csv or .json file: layout, "
+            "step time, MFU, memory and the step's breakdown.",
+        ),
+    ] = None,
     format: format_option("table", "json", "yaml", "megatron", "torchtitan") = Format.table,
 ) -> None:
     """The fastest layout that fits, and the CP degree to use: with --gpus, the plan over every
@@ -117,19 +140,130 @@ def recommend_cmd(
     if format is Format.torchtitan and not _given(ctx, "framework"):
         knobs = knobs.model_copy(update={"framework": "torchtitan"})
     exporting = format in (Format.megatron, Format.torchtitan)
+    budget_tokens, per_hour = token_budget(tokens, price)
+    # The job is laid out when it is stated: its size, a flag only the search reads, a plan to export, or a
+    # question only a plan answers.
+    searching = (
+        exporting or max_seq or budget_tokens is not None or all_plans is not None or _given(ctx, *SEARCHED)
+    )
+    _check_search_flags(max_seq, all_plans, format, budget_tokens is not None)
     job = make_job(inputs, setup, build(StepSetup, gemm_dtype=gemm_dtype), machine_overrides, knobs)
-    # The job is laid out when it is stated: its size, a flag only the search reads, or a plan to export.
+    if max_seq:
+        _max_seq(job.training(), fixed, global_batch, format)
+        return
     found = None
-    if exporting or _given(ctx, *SEARCHED):
+    if searching:
         found = run_search(job.training(), fixed, global_batch, top)
+    if all_plans is not None:
+        _write_all_plans(job.training(), fixed, found["global_batch"], all_plans)
     if exporting:
         sys.stdout.write(export(found, format.value, inputs, setup))
         return
     if found is not None and found["pick"] is not None:
         report = recommend_plan(job, found)
+        if budget_tokens is not None:
+            from costmodel.training.capacity import budget
+
+            pick = found["plans"][0]
+            spent = budget(
+                budget_tokens, found["global_batch"] * inputs.seq, pick["step_time_s"], job.gpus, per_hour
+            )
+            report = report.model_copy(update={"budget": spent})
     else:
         report = recommend(job).model_copy(update={"search": found})
     emit(report.model_dump(mode="json", by_alias=True), format, table=lambda: _render_report(report, found))
+
+
+def _check_search_flags(max_seq: bool, all_plans: Path | None, format: Format, priced: bool) -> None:
+    """--max-seq answers alone; a plans table is a .csv or .json that can be written (checked before the
+    search)."""
+    if max_seq and (priced or format in (Format.megatron, Format.torchtitan)):
+        raise InputError("--max-seq", "answers alone: not with --format megatron/torchtitan or --tokens")
+    if all_plans is not None:
+        if all_plans.suffix.lower() not in (".csv", ".json"):
+            raise InputError("--all-plans", f"{all_plans.name}: accepted file types are .csv and .json")
+        check_writable(all_plans, "--all-plans")
+
+
+def _write_all_plans(job, fixed: dict, global_batch: int, path: Path) -> None:  # noqa: ANN001
+    """Every plan the search weighed, to ``path`` as CSV or JSON, written whole or not at all."""
+    rows = weighed(job, global_batch, Constraints(**fixed))
+    text = as_csv(rows) if path.suffix.lower() == ".csv" else json.dumps(rows, indent=1) + "\n"
+    atomic_write_text(path, text, "--all-plans")
+    sys.stderr.write(f"wrote {path}: {len(rows):,} plans, {sum(r['fits'] for r in rows):,} fit\n")
+
+
+def _max_seq(job, fixed: dict, global_batch: int | None, format: Format) -> None:  # noqa: ANN001
+    """The longest sequence that fits at each CP degree of the job's GPUs, and the fastest plan there."""
+    from costmodel.training.capacity import max_seq_table
+
+    constraints = Constraints(**{k: v for k, v in fixed.items()})
+    check_constraints(job.model, job.gpus, 1, Constraints(**(constraints.__dict__ | {"cp": None})))
+    rows = max_seq_table(job, global_batch, constraints)
+    data = {
+        "schema": "cp-plan/max-seq/v1",
+        "model": job.model.name,
+        "hw": job.machine.profile.name,
+        "gpus": job.gpus,
+        "global_batch_given": global_batch is not None,
+        "constraints": constraints.given(),
+        "rows": [
+            {
+                "cp": r.cp,
+                "seq": r.seq,
+                "granularity": r.granularity,
+                "global_batch": r.global_batch,
+                "next_seq": None if r.seq is None else r.seq + r.granularity,
+                "next_least_bytes": None if math.isnan(r.next_least_bytes) else r.next_least_bytes,
+                "device_memory_bytes": r.device_bytes,
+                "plan": r.plan,
+            }
+            for r in rows
+        ],
+    }
+    emit(data, format, table=lambda: _render_max_seq(data))
+
+
+def _render_max_seq(data: dict) -> None:
+    out = console()
+    out.print(
+        f"cp-plan   the longest sequence that fits · {data['model']} · {data['hw']} · {data['gpus']} GPUs"
+        + ("" if data["global_batch_given"] else " · global batch 4M tokens' worth, at least 1 sequence")
+    )
+    table = house_table(padding=(0, 1), collapse_padding=True)
+    columns = ("N", "longest S", "step", *PLAN_COLUMNS, "step s", "tok/s", "S+step")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("CP", "rc") else "right", no_wrap=True)
+    for row in data["rows"]:
+        plan = row["plan"]
+        if row["seq"] is None or plan is None:
+            table.add_row(str(row["cp"]), "none fits", f"{row['granularity']:,}", *[""] * 6, _over(row))
+            continue
+        rate = row["global_batch"] * row["seq"] / plan["step_time_s"] / plan["gpus"]
+        table.add_row(
+            str(row["cp"]),
+            f"{row['seq']:,}",
+            f"{row['granularity']:,}",
+            *plan_cells(plan),
+            f"{plan['step_time_s']:.4g}",
+            f"{rate:,.0f}",
+            "longest accepted" if row["next_least_bytes"] is None else _over(row),
+        )
+    out.print(table)
+    out.print(
+        "N: the CP degree; tok/s: tokens per second per GPU; longest S: the longest multiple of the step that some plan at that CP degree fits (TP, PP, "
+        "micro-batch, recompute and CP scheme searched), and the fastest plan there; S + step: how far the "
+        f"least memory any plan then needs passes the {si(data['rows'][0]['device_memory_bytes'], 'B', 3)} "
+        f"usable per device (none fits: at the shortest S); {CELLS_KEY}",
+        style="dim",
+    )
+
+
+def _over(row: dict) -> str:
+    """What the next length needs beyond the device: the margin that ends the search."""
+    if math.isinf(row["next_least_bytes"]):
+        return "no layout"
+    return f"+{si(row['next_least_bytes'] - row['device_memory_bytes'], 'B', 3)}"
 
 
 def _render_report(report, found) -> None:  # noqa: ANN001
@@ -215,6 +349,10 @@ def _render_plan(report) -> None:  # noqa: ANN001
     head.add_row("memory", _memory_line(report.fit))
     head.add_row("window", f"at {_plan_flags(report)}: {_window_line(report)}")
     head.add_row("why", rec.reason)
+    if report.budget is not None:
+        from costmodel.cli.render import budget_line
+
+        head.add_row("budget", budget_line(report.budget))
     console().print(head)
 
 

@@ -11,7 +11,7 @@ from costmodel.cli.options import house_table
 from costmodel.core.units import count, percent, seconds, si, tokens_label
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation
-from costmodel.plans.schema import MemoryCategories, Report
+from costmodel.plans.schema import Budget, MemoryCategories, Report
 from costmodel.symbolic import numeric
 
 if TYPE_CHECKING:
@@ -30,6 +30,17 @@ CATEGORY_LABELS = {
     "working": "backward working set",
     "cp_buffers": "CP buffers",
 }
+
+
+def budget_line(budget: Budget) -> str:
+    """A token budget at one step: steps, wall days, GPU-hours and the cost where priced."""
+    cost = (
+        "" if budget.cost is None else f" · {budget.cost:,.0f} at {budget.price_per_gpu_hour:g} per GPU-hour"
+    )
+    return (
+        f"{si(budget.tokens, '', 3).replace(' ', '')} tokens at {budget.tokens_per_step:,} a step: {budget.steps:,} steps · "
+        f"{budget.wall_days:,.1f} days · {budget.gpu_hours:,.0f} GPU-hours on {budget.gpus:,} GPUs{cost}"
+    )
 
 
 def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -> str:

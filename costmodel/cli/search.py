@@ -84,6 +84,29 @@ def _layout(plan: dict[str, Any]) -> str:
 LAYOUT_SHORT = {"zigzag": "zz", "striped": "st", "contiguous": "ct"}
 
 
+PLAN_COLUMNS = ("layout", "mb", "CP", "rc")  # what plan_cells gives
+CELLS_KEY = (
+    "layout: TPxCPxPPxDP (eN: EP N); mb: micro-batch; rc: recompute; PP 2v4: 2 stages of 4 virtual; zz zigzag, "
+    "st striped, ct contiguous"
+)
+
+
+def plan_cells(plan: dict[str, Any]) -> tuple[str, str, str, str]:
+    """A plan in four narrow cells (:data:`PLAN_COLUMNS`): layout, micro-batch, CP scheme, recompute."""
+    scheme = "-" if plan["cp"] == 1 else plan["cp_scheme"]
+    kind = registry.get(plan["cp_scheme"]) if plan["cp"] > 1 else None
+    if kind and kind.hybrid:
+        scheme = f"{kind.name}{plan['cp_ulysses']}x{plan['cp_ring']}"
+    if kind and not kind.whole_sequence:
+        scheme += "/" + LAYOUT_SHORT[plan["layout"]]
+    return (
+        _layout(plan),
+        str(plan["micro_batch"]),
+        scheme,
+        {"selective": "sel"}.get(plan["recompute"], plan["recompute"]),
+    )
+
+
 def render_search(data: dict[str, Any]) -> None:
     """The ranking under the screen's answer: the top plans side by side, why each lost, the sensitivity."""
     from rich.text import Text
@@ -103,13 +126,10 @@ def render_search(data: dict[str, Any]) -> None:
     table = house_table(padding=(0, 1), collapse_padding=True)
     for name in (
         "#",
-        "layout",
-        "mb",
-        "CP",
-        "rc",
+        *PLAN_COLUMNS,
         "step s",
         "MFU",
-        "GiB",
+        "GB",
         "xTP",
         "xCP",
         "xPP",
@@ -119,28 +139,18 @@ def render_search(data: dict[str, Any]) -> None:
         table.add_column(name, justify="left" if name in {"CP", "rc"} else "right", min_width=wide)
     for i, plan in enumerate(data["plans"], 1):
         exposed = plan["exposed_s"]
-        scheme = "-" if plan["cp"] == 1 else plan["cp_scheme"]
-        kind = registry.get(plan["cp_scheme"]) if plan["cp"] > 1 else None
-        if kind and kind.hybrid:
-            scheme = f"{kind.name}{plan['cp_ulysses']}x{plan['cp_ring']}"
-        if kind and not kind.whole_sequence:
-            scheme += "/" + LAYOUT_SHORT[plan["layout"]]
         table.add_row(
             str(i),
-            _layout(plan),
-            str(plan["micro_batch"]),
-            scheme,
-            {"selective": "sel"}.get(plan["recompute"], plan["recompute"]),
+            *plan_cells(plan),
             f"{plan['step_time_s']:.4g}",
             f"{plan['mfu']:.0%}",
-            f"{plan['memory_bytes'] / 2**30:.0f}",
+            f"{plan['memory_bytes'] / 1e9:.0f}",
             *(_ms(exposed[k]) for k in ("TP", "CP", "PP", "DP")),
         )
     out.print(table)
     out.print(
-        "layout: TPxCPxPPxDP (eN: EP N); mb: micro-batch; rc: recompute; PP 2v4: 2 stages of 4 virtual; zz zigzag, st striped, ct "
-        "contiguous; MFU: attention counted over the mask's pairs (causal: half the S² square); GiB: memory on "
-        "the most loaded stage; xTP..xDP: ms of communication left exposed per step (xPP with the pipeline "
+        f"{CELLS_KEY}; MFU: attention counted over the mask's pairs (causal: half the S² square); GB: memory "
+        "on the most loaded stage; xTP..xDP: ms of communication left exposed per step (xPP with the pipeline "
         "bubble)",
         style="dim",
     )

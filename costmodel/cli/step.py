@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from costmodel.cli.options import REQUIRED, console, declared, house_table
+from costmodel.cli.options import REQUIRED, PriceOpt, TokensOpt, console, declared, house_table, token_budget
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.units import seconds, si
 from costmodel.plans.inputs import MachineOverrides, TrainingSetup, Workload
@@ -56,6 +56,8 @@ def step_cmd(
             "extra).",
         ),
     ] = False,
+    tokens: TokensOpt = None,
+    price: PriceOpt = None,
 ) -> None:
     """Predict one training step: time, tokens/s, model TFLOP/s per GPU, MFU, HFU and where the time goes.
 
@@ -64,8 +66,16 @@ def step_cmd(
     from costmodel.cli.render import render_terms, term_rows
 
     trace: list | None = [] if explain else None
+    budget_tokens, per_hour = token_budget(tokens, price)
     job = make_job(workload, setup, step, machine_overrides, knobs)
     result = evaluate_step(job, trace=trace)
+    if budget_tokens is not None:
+        from costmodel.training.capacity import budget
+
+        spent = budget(
+            budget_tokens, job.inputs.seq * job.step.global_batch, result.step.time_s, job.gpus, per_hour
+        )
+        result = result.model_copy(update={"budget": spent})
     data = result.model_dump(mode="json", by_alias=True)
     if trace is not None:
         data["explain"] = term_rows(trace)
@@ -153,6 +163,10 @@ def _table(report: StepReport) -> None:
         if value > 0:
             table.add_row(LABELS[name], seconds(value), f"{value / report.step.time_s:.1%}")
     screen.print(table)
+    if report.budget is not None:
+        from costmodel.cli.render import budget_line
+
+        screen.print("budget  " + budget_line(report.budget))
 
 
 def _full_square(mfu: float | None) -> str:

@@ -102,6 +102,26 @@ def parse_tokens(text: str | int, field: str = "seq") -> int:
     return int(number)
 
 
+_BUDGET = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", re.ASCII)
+_DECIMAL = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+BUDGET_HELP = "a whole number of tokens, optionally with K, M, B or T (decimal: 1T = 10^12), e.g. 2T or 300B"
+
+
+def parse_budget(text: str | int, field: str) -> int:
+    """A token budget as people state one: ``2T``, ``300B``, ``15000000000`` (decimal multiples, unlike a
+    sequence's length), exactly."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    match = _BUDGET.fullmatch(text) if isinstance(text, str) else None
+    if not match:
+        raise InputError(field, f"{_shown(text)} is not a token count; accepted: {BUDGET_HELP}")
+    _check_digits(match.group(1), field)
+    number = Decimal(match.group(1)) * _DECIMAL[match.group(2).lower()]
+    if number != number.to_integral_value() or number < 1:
+        raise InputError(field, f"{_shown(text)} is not a whole, positive number of tokens")
+    return int(number)
+
+
 def parse_integer(text: str | int, field: str) -> int:
     """A plain count: ASCII digits, exactly."""
     if isinstance(text, int) and not isinstance(text, bool):

@@ -461,6 +461,23 @@ class RecommendCandidate(_Section):
     link_scope: str = Field(description="the link a ring over N uses")
 
 
+class Budget(BaseModel):
+    """What training on a token budget costs at one plan's step: steps, wall time, GPU-hours and, given a
+    price, money. Every GPU the job holds is billed, the ones a plan leaves idle included."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    tokens: int = Field(description="the token budget")
+    tokens_per_step: int = Field(description="global batch x sequence length")
+    steps: int = Field(description="optimizer steps to see the budget, rounded up")
+    wall_s: float = Field(description="steps x the step time, seconds")
+    wall_days: float = Field(description="wall_s in days")
+    gpus: int = Field(description="GPUs billed: every GPU the job holds")
+    gpu_hours: float = Field(description="wall time x GPUs billed, hours")
+    price_per_gpu_hour: float | None = Field(description="the stated price, per GPU-hour")
+    cost: float | None = Field(description="gpu_hours x price, in the price's currency")
+
+
 class RecommendReport(_Section):
     """What `cp-plan recommend --format json` prints."""
 
@@ -488,4 +505,7 @@ class RecommendReport(_Section):
         None,
         description="the layout search (with --gpus): global batch, constraints, candidates counted, the top "
         "plans with their breakdown and why each lost, the pick's sensitivity; empty_reason when nothing fits",
+    )
+    budget: Budget | None = Field(
+        None, description="with --tokens: what the token budget costs at the pick's step"
     )

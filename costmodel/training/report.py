@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from costmodel.plans.schema import MemoryCategories
+from costmodel.plans.schema import Budget, MemoryCategories
 from costmodel.symbolic import numeric
 
 # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square. v3: the pipeline's stage split
@@ -127,3 +127,4 @@ class StepReport(_Strict):
     )
     rates: StepRates
     step: StepTimes
+    budget: Budget | None = Field(None, description="with --tokens: what the token budget costs at this step")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.core.errors import InputError
-from costmodel.core.units import seconds
+from costmodel.core.units import seconds, si
 from costmodel.frameworks.profiles import FrameworkProfile
 from costmodel.machines.binding import Collective, LinkBinding, build_machine
 from costmodel.plans import cp as registry
@@ -583,24 +583,17 @@ def search(
     model = job.model
     check_constraints(model, job.gpus, job.inputs.seq, constraints)
     removed: dict[str, int] = {}
-    table, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
-    fixed = constraints.tp_comm_overlap
-    runs = {(tp, cp): len(valid) * len(_overlaps(tp, fixed)) for (tp, cp), valid in shape_pairs.items()}
-    considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(table), strict=True))
-    if not considered:
+    found = fitting(job, global_batch, constraints)
+    if not found.considered:
         return SearchResult([], 0, 0, global_batch, removed, _empty_reason(job, global_batch, constraints))
-    memory = memory_table(table, job)
-    fits = memory["total_bytes"] <= memory["device_bytes"]
-    if not fits.any():
+    if found.table is None:
         reason = (
-            f"no plan fits memory: the smallest needs {float(memory['total_bytes'].min()) / 2**30:.1f} GiB of "
-            f"the {float(memory['device_bytes']) / 2**30:.1f} GiB usable per device"
+            f"no plan fits memory: the smallest needs {si(found.least_bytes, 'B', 3)} of "
+            f"the {si(found.device_bytes, 'B', 3)} usable per device"
         )
         reason += _blame(job, global_batch, constraints)
-        return SearchResult([], considered, 0, global_batch, removed, reason, _notes(model))
-    table = with_pairs(table.take(fits), shape_pairs, fixed)  # then each scheme's own buffers
-    exact = memory_table(table, job)
-    table = table.take(exact["total_bytes"] <= exact["device_bytes"])
+        return SearchResult([], found.considered, 0, global_batch, removed, reason, _notes(model))
+    table = found.table
     fit = len(table)
     shapes = shapes or _Shapes(job)
     if top is not None:
@@ -614,7 +607,68 @@ def search(
         )
         order = order[np.sort(np.unique(layout, return_index=True)[1])][:top]
     plans = [_row(table, result, int(i)) for i in order]
-    return SearchResult(plans, considered, fit, global_batch, removed, None, _notes(model), shapes)
+    return SearchResult(plans, found.considered, fit, global_batch, removed, None, _notes(model), shapes)
+
+
+@dataclass
+class Fitting:
+    """What fits of a job's layouts: how many plans were considered (every scheme pair and TP overlap), the
+    plans that fit (None when none does), the least memory a plan needs and what a device holds."""
+
+    considered: int
+    table: Table | None
+    least_bytes: float
+    device_bytes: float
+
+
+def fitting(job: Job, global_batch: int, constraints: Constraints = Constraints()) -> Fitting:
+    """Every plan the constraints allow that fits memory, timed by nobody: the search's first half, and all
+    of what the inverse questions (the longest sequence that fits) ask."""
+    layouts, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
+    fixed = constraints.tp_comm_overlap
+    runs = {(tp, cp): len(valid) * len(_overlaps(tp, fixed)) for (tp, cp), valid in shape_pairs.items()}
+    considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(layouts), strict=True))
+    if not considered:
+        return Fitting(0, None, float("inf"), float(training_values(job, 1)["M_dev"]))
+    memory = memory_table(layouts, job)
+    device = float(memory["device_bytes"])
+    fits = memory["total_bytes"] <= memory["device_bytes"]
+    if not fits.any():  # a lower bound: each scheme's own buffers come on top
+        return Fitting(considered, None, float(memory["total_bytes"].min()), device)
+    table = with_pairs(layouts.take(fits), shape_pairs, fixed)  # then each scheme's own buffers
+    exact = memory_table(table, job)
+    keep = exact["total_bytes"] <= exact["device_bytes"]
+    least = float(exact["total_bytes"].min())
+    return Fitting(considered, table.take(keep) if keep.any() else None, least, device)
+
+
+MAX_WEIGHED = 500_000  # plans a --all-plans table lists at most (about 60 MB of CSV)
+
+
+def weighed(job: Job, global_batch: int, constraints: Constraints = Constraints()) -> list[dict[str, Any]]:
+    """Every plan the search weighs, fitting or not, each timed and sized as the search's pick is, fastest
+    first: the table behind the ranking, one flat row per plan (its breakdown as ``*_s`` columns)."""
+    check_constraints(job.model, job.gpus, job.inputs.seq, constraints)
+    table, _ = enumerate_plans(job, global_batch, constraints)
+    if len(table) > MAX_WEIGHED:
+        raise InputError(
+            "--all-plans",
+            f"{len(table):,} plans; a table lists at most {MAX_WEIGHED:,}: fix a dimension (--tp, --pp)",
+        )
+    if not len(table):
+        return []
+    result = evaluate_table(table, job)
+    memory = result["memory"]
+    order = np.lexsort((table.columns["gpus"], memory["total_bytes"], result["time_s"]))
+    rows = []
+    for i in order:
+        row = _row(table, result, int(i))
+        breakdown, exposed = row.pop("breakdown"), row.pop("exposed_s")
+        row["fits"] = row["memory_bytes"] <= row["device_memory_bytes"]
+        rows.append(
+            row | {f"x{k.lower()}_s": v for k, v in exposed.items()} | breakdown
+        )  # as its table heads them
+    return rows
 
 
 FIRST_ROUND = 4096  # plans timed before the bound prunes the rest
@@ -867,7 +921,7 @@ def _describe(
     fits = row["memory_bytes"] <= row["device_memory_bytes"]
     text = (
         f"step {seconds(before)} -> {seconds(after)} ({after / before - 1:+.1%}), memory "
-        f"{plan['memory_bytes'] / 2**30:.1f} -> {row['memory_bytes'] / 2**30:.1f} GiB"
+        f"{si(plan['memory_bytes'], 'B', 3)} -> {si(row['memory_bytes'], 'B', 3)}"
         + ("" if fits else " (no longer fits)")
     )
     new_best = None

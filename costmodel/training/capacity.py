@@ -1,0 +1,146 @@
+"""The inverse questions of a training job: the longest sequence that fits at each CP degree on its GPUs, and
+what a token budget costs at a plan's step time.
+
+The longest sequence is found by bisection on the search's own memory fit (:func:`costmodel.training.search.
+fitting`, every layout the constraints allow at that CP degree): memory grows with S for every plan, so the
+answer is the largest multiple of the CP degree's granularity that some plan fits, and the next multiple fits
+none. The granularity is what every layout can split: 2N tokens (the zigzag layout's 2N chunks) unless
+the layout is fixed to one that needs N; one rank takes any length.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from costmodel.core.errors import InputError
+from costmodel.plans.inputs import MAX_CP, MAX_TOKENS
+from costmodel.plans.job import Job
+from costmodel.plans.schema import Budget
+from costmodel.schedule.layouts import chunks_per_rank, divisors
+from costmodel.training.search import Constraints, default_global_batch, fitting, search
+
+HOUR = 3600.0
+DAY = 86_400.0
+
+
+def granularity(cp: int, layout: str | None) -> int:
+    """The step between sequence lengths every allowed layout splits over ``cp`` ranks."""
+    if cp == 1:
+        return 1
+    return cp * (chunks_per_rank(layout) if layout else 2)
+
+
+@dataclass(frozen=True)
+class Longest:
+    """The longest sequence some plan fits at one CP degree, and what the next length needs."""
+
+    cp: int
+    granularity: int
+    seq: int | None  # None: not even the shortest length fits
+    next_least_bytes: float  # the least memory a plan needs at seq + granularity
+    device_bytes: float
+    plan: dict[str, Any] | None  # the fastest plan at seq
+    global_batch: int | None
+
+
+def _fits(job: Job, seq: int, cp: int, global_batch: int | None, c: Constraints) -> tuple[bool, float, float]:
+    batch = global_batch or default_global_batch(seq)
+    found = fitting(_at(job, seq, cp), batch, c)
+    return found.table is not None, found.least_bytes, found.device_bytes
+
+
+def _at(job: Job, seq: int, cp: int) -> Job:
+    """The job at another length and CP degree, its own batch left to the search (which states one)."""
+    return job.replace(seq=seq, cp=cp, global_batch=None)
+
+
+def longest_sequence(job: Job, cp: int, global_batch: int | None, constraints: Constraints) -> Longest:
+    """Bisection on S in steps of :func:`granularity`, starting from the job's own length: the largest
+    multiple that some plan at ``cp`` fits; then the fastest plan there."""
+    c = Constraints(**(constraints.__dict__ | {"cp": cp}))
+    step = granularity(cp, c.layout)
+    top = MAX_TOKENS // step
+    start = max(1, min(job.inputs.seq // step, top))
+    ok, least, device = _fits(job, start * step, cp, global_batch, c)
+    if ok:  # double until a length does not fit
+        low, high = start, None
+        while high is None:
+            probe = min(low * 2, top)
+            ok, least, device = _fits(job, probe * step, cp, global_batch, c)
+            if not ok:
+                high, above = probe, least
+            elif probe == top:
+                return _longest(job, cp, step, probe, math.nan, device, global_batch, c)
+            else:
+                low = probe
+    else:  # halve until one fits, or not even the shortest does
+        high, above = start, least
+        low = 0
+        probe = start
+        while probe > 1:
+            probe //= 2
+            ok, least, device = _fits(job, probe * step, cp, global_batch, c)
+            if ok:
+                low = probe
+                break
+            high, above = probe, least
+        if low == 0:
+            return Longest(cp, step, None, above, device, None, global_batch)
+    while high - low > 1:  # low fits, high does not
+        middle = (low + high) // 2
+        ok, least, device = _fits(job, middle * step, cp, global_batch, c)
+        if ok:
+            low = middle
+        else:
+            high, above = middle, least
+    return _longest(job, cp, step, low, above, device, global_batch, c)
+
+
+def _longest(
+    job: Job,
+    cp: int,
+    step: int,
+    k: int,
+    above: float,
+    device: float,
+    global_batch: int | None,
+    c: Constraints,
+) -> Longest:
+    seq = k * step
+    batch = global_batch or default_global_batch(seq)
+    plans = search(_at(job, seq, cp), batch, c, top=1).plans
+    return Longest(cp, step, seq, above, device, plans[0] if plans else None, batch)
+
+
+def cp_degrees(job: Job, constraints: Constraints) -> list[int]:
+    """The CP degrees asked about: the fixed one, else every divisor of the GPU count that leaves room for a
+    fixed TP and PP, up to the largest CP."""
+    if constraints.cp is not None:
+        return [constraints.cp]
+    room = job.gpus // ((constraints.tp or 1) * (constraints.pp or 1))
+    return [n for n in divisors(job.gpus) if n <= min(MAX_CP, room)]
+
+
+def max_seq_table(job: Job, global_batch: int | None, constraints: Constraints) -> list[Longest]:
+    if job.inputs.docs is not None:
+        raise InputError("--max-seq", "not with --docs: the documents fix the sequence's length")
+    return [longest_sequence(job, n, global_batch, constraints) for n in cp_degrees(job, constraints)]
+
+
+def budget(tokens: int, tokens_per_step: int, step_time_s: float, gpus: int, price: float | None) -> Budget:
+    steps = -(-tokens // tokens_per_step)
+    wall = steps * step_time_s
+    hours = wall * gpus / HOUR
+    return Budget(
+        tokens=tokens,
+        tokens_per_step=tokens_per_step,
+        steps=steps,
+        wall_s=wall,
+        wall_days=wall / DAY,
+        gpus=gpus,
+        gpu_hours=hours,
+        price_per_gpu_hour=price,
+        cost=None if price is None else hours * price,
+    )

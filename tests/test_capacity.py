@@ -1,0 +1,216 @@
+"""The inverse questions: the longest sequence that fits per CP degree (held to `step` and the search: the
+answer fits, one step more fits no plan), a token budget's steps, days, GPU-hours and cost, and the table of
+every plan the search weighed."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from costmodel.core.errors import InputError
+from costmodel.core.units import parse_budget
+from costmodel.plans.job import Job
+from costmodel.training.capacity import budget, granularity, longest_sequence, max_seq_table
+from costmodel.training.search import Constraints, default_global_batch, plan_as_job, search
+from costmodel.training.step import evaluate_step
+
+JOBS = [  # model, hardware, GPUs, fixed constraints, global batch (None: the default per length)
+    ("llama3-8b", "h100-ib", 8, {}, None),
+    ("llama3-70b", "a100-nvlink", 32, {}, 8),
+    ("llama2-7b", "h100-nvlink", 16, {"recompute": "selective"}, 16),
+    ("llama3-8b", "h200-nvlink", 64, {"cp_scheme": "ulysses"}, None),
+    ("llama3-70b", "h100-ib", 64, {"tp": 8}, 64),
+]
+
+
+@pytest.mark.parametrize(("model", "hw", "gpus", "fixed", "batch"), JOBS)
+def test_the_longest_sequence_fits_in_step_and_one_step_more_fits_no_plan(
+    model: str, hw: str, gpus: int, fixed: dict, batch: int | None
+) -> None:
+    job = Job.of(model=model, seq=32768, hw=hw, gpus=gpus)
+    constraints = Constraints(**fixed)
+    rows = max_seq_table(job, batch, constraints)
+    room = gpus // fixed.get("tp", 1)  # a fixed TP leaves that much room for CP
+    assert [r.cp for r in rows] == [n for n in (1, 2, 4, 8, 16, 32, 64) if gpus % n == 0 and n <= room]
+    assert any(r.seq for r in rows)
+    for row in rows:
+        at = Constraints(**(fixed | {"cp": row.cp}))
+        if row.seq is None:  # not even the shortest length: the search agrees
+            assert not search(job.replace(seq=row.granularity, cp=row.cp), batch or 1, at, top=1).plans
+            continue
+        assert row.seq % row.granularity == 0
+        used = batch or default_global_batch(row.seq)
+        # the plan found there is what `step` says fits, with the same flags
+        step = evaluate_step(plan_as_job(row.plan, job.replace(seq=row.seq, cp=row.cp), used))
+        assert step.fits and step.memory.bytes_per_device <= step.memory.device_memory_bytes
+        assert step.step.time_s == pytest.approx(row.plan["step_time_s"], rel=1e-9)
+        # one granularity more: no plan at this CP degree fits
+        longer = row.seq + row.granularity
+        found = search(job.replace(seq=longer, cp=row.cp), batch or default_global_batch(longer), at, top=1)
+        assert not found.plans and found.empty_reason.startswith("no plan fits memory")
+        assert row.next_least_bytes > row.device_bytes
+
+
+def test_the_longest_sequence_reads_the_same_from_a_shorter_or_longer_start() -> None:
+    """Bisection from the job's own length: where it starts does not change the answer."""
+    answers = {
+        longest_sequence(Job.of(model="llama3-8b", seq=seq, hw="h100-ib", gpus=8), 4, 4, Constraints()).seq
+        for seq in (8192, 262144, 4 << 20)
+    }
+    assert len(answers) == 1 and answers.pop() > 8192
+
+
+def test_granularity_is_what_every_allowed_layout_splits() -> None:
+    assert granularity(1, None) == 1
+    assert granularity(8, None) == 16  # zigzag's 2N chunks, the default layout
+    assert granularity(8, "zigzag") == 16
+    assert granularity(8, "contiguous") == granularity(8, "striped") == 8
+
+
+def test_max_seq_on_the_command_line(cli) -> None:
+    result = cli(
+        "recommend", "--max-seq", "--model", "llama3-8b", "--hw", "h100-ib", "--gpus", "8", "--format", "json"
+    )
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["schema"] == "cp-plan/max-seq/v1" and [r["cp"] for r in data["rows"]] == [1, 2, 4, 8]
+    row = data["rows"][-1]
+    assert row["next_seq"] == row["seq"] + 16 and row["next_least_bytes"] > row["device_memory_bytes"]
+    # `recommend` at that length and CP degree finds the plan; one step longer it finds none
+    fits = cli(
+        "recommend",
+        "--model",
+        "llama3-8b",
+        "--hw",
+        "h100-ib",
+        "--gpus",
+        "8",
+        "--cp",
+        "8",
+        "--seq",
+        str(row["seq"]),
+        "--format",
+        "json",
+    )
+    assert json.loads(fits.out)["search"]["pick"] is not None
+    over = cli(
+        "recommend",
+        "--model",
+        "llama3-8b",
+        "--hw",
+        "h100-ib",
+        "--gpus",
+        "8",
+        "--cp",
+        "8",
+        "--seq",
+        str(row["next_seq"]),
+        "--format",
+        "json",
+    )
+    assert json.loads(over.out)["search"]["empty_reason"].startswith("no plan fits memory")
+    table = cli("recommend", "--max-seq", "--model", "llama3-8b", "--hw", "h100-ib", "--gpus", "8")
+    assert f"{row['seq']:,}" in table.out and "S+step" in table.out
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--max-seq", "--tokens", "1T"], "--max-seq: answers alone"),
+        (["--max-seq", "--format", "megatron"], "--max-seq: answers alone"),
+        (["--all-plans", "plans.pdf"], "--all-plans: plans.pdf: accepted file types are .csv and .json"),
+        (["--price", "2"], "--price: needs --tokens"),
+        (["--tokens", "2x"], "--tokens: '2x' is not a token count"),
+        (["--tokens", "0"], "--tokens: '0' is not a whole, positive number of tokens"),
+        (["--tokens", "1T", "--price", "-1"], "--price: '-1'"),
+        (["--tokens", "1T", "--price", "nan"], "--price: 'nan' is not a number"),
+    ],
+)
+def test_bad_inverse_flags_are_one_line(cli, args: list[str], said: str) -> None:
+    result = cli("recommend", "--model", "llama3-8b", "--hw", "h100-ib", "--gpus", "8", *args)
+    assert result.code == 2 and result.out == "" and result.err.count("\n") == 1
+    assert result.err.startswith(f"cp-plan: error: {said}"), result.err
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("2T", 2 * 10**12),
+        ("300B", 300 * 10**9),
+        ("300G", 300 * 10**9),
+        ("1.5M", 1_500_000),
+        ("15000", 15000),
+        ("7k", 7000),
+    ],
+)
+def test_token_budgets_read_in_decimal_multiples(text: str, tokens: int) -> None:
+    assert parse_budget(text, "--tokens") == tokens
+
+
+@pytest.mark.parametrize("text", ["", "T", "1.5", "2 TB", "-3", "1e12", "1.0005k"])
+def test_token_budgets_refuse_what_is_not_a_whole_count(text: str) -> None:
+    with pytest.raises(InputError):
+        parse_budget(text, "--tokens")
+
+
+def test_a_budget_is_steps_days_gpu_hours_and_cost() -> None:
+    """By hand: 1T tokens at 4M a step is 238,419 steps (rounded up); at 2 s a step on 64 GPUs."""
+    spent = budget(10**12, 4 * 2**20, 2.0, 64, 2.5)
+    assert spent.steps == math.ceil(10**12 / (4 * 2**20)) == 238_419
+    assert spent.wall_s == pytest.approx(476_838.0, rel=1e-12)
+    assert spent.wall_days == pytest.approx(476_838.0 / 86_400, rel=1e-12)
+    assert spent.gpu_hours == pytest.approx(476_838.0 * 64 / 3600, rel=1e-12)
+    assert spent.cost == pytest.approx(spent.gpu_hours * 2.5, rel=1e-12)
+    assert budget(10**12, 4 * 2**20, 2.0, 64, None).cost is None
+
+
+def test_step_and_recommend_price_a_budget_at_their_own_step(cli) -> None:
+    args = [
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "8192",
+        "--hw",
+        "h100-nvlink",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+    ]
+    step = json.loads(cli("step", *args, "--tokens", "300B", "--price", "2", "--format", "json").out)
+    spent = step["budget"]
+    assert spent["tokens_per_step"] == 16 * 8192 and spent["gpus"] == 8
+    assert spent["wall_s"] == pytest.approx(spent["steps"] * step["step"]["time_s"], rel=1e-12)
+    assert spent["cost"] == pytest.approx(2 * spent["gpu_hours"], rel=1e-12)
+    plan = json.loads(cli("recommend", *args, "--tokens", "300B", "--format", "json").out)
+    pick = plan["search"]["plans"][0]
+    assert plan["budget"]["wall_s"] == pytest.approx(plan["budget"]["steps"] * pick["step_time_s"], rel=1e-12)
+    assert plan["budget"]["cost"] is None
+    assert "300G tokens" in cli("step", *args, "--tokens", "300B").out
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_every_plan_weighed_is_written_and_the_pick_leads_the_ones_that_fit(
+    cli, tmp_path, suffix: str
+) -> None:
+    out = tmp_path / f"plans{suffix}"
+    args = ["--model", "llama3-8b", "--seq", "32k", "--hw", "h100-ib", "--gpus", "16", "--global-batch", "32"]
+    result = cli("recommend", *args, "--all-plans", str(out), "--format", "json")
+    assert result.code == 0, result.err
+    found = json.loads(result.out)["search"]
+    if suffix == ".csv":
+        with out.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        fits = [r for r in rows if r["fits"] == "True"]
+        first = float(fits[0]["step_time_s"])
+    else:
+        rows = json.loads(out.read_text())
+        fits = [r for r in rows if r["fits"]]
+        first = fits[0]["step_time_s"]
+    assert len(rows) == found["considered"] and len(fits) == found["fit"]
+    assert first == pytest.approx(found["plans"][0]["step_time_s"], rel=1e-12)
+    assert f"wrote {out}: {len(rows):,} plans, {len(fits):,} fit" in result.err
+    assert not list(tmp_path.glob(".*.tmp"))
