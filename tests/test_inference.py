@@ -420,3 +420,29 @@ def test_explain_shows_the_chosen_prefill_and_decode_terms(cli) -> None:
                 "--explain").out  # fmt: skip
     assert "term by term" in table and "exposed CP comm" in table  # labels on screen, keys in JSON
     assert "exposed_cp_s" in prefill["breakdown"]
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--model", "llama3-70b", "--prompt", "1M", "--hw", "h100-ib", "--tp", "8"], "cp"),
+        (["--model", "llama3-70b", "--prompt", "128k", "--hw", "h100-ib", "--tp", "1"], "tp"),
+    ],
+)
+def test_a_request_that_does_not_fit_says_what_would(cli, args: list[str], flag: str) -> None:
+    """The suggestion is checked by asking again: at the degree named it fits, at half of it it does not."""
+    result = cli("infer", *args, "--format", "json")
+    out = json.loads(result.out)["inference"]
+    assert result.code == 0 and not out["memory"]["fits"]
+    degree = out["fits_with"][flag]
+    assert degree is not None and out["fits_with"]["gpus"] > out["gpus"]
+    named = [*args, f"--{flag}", str(degree)] if flag == "cp" else [*args[:-1], str(degree)]
+    assert json.loads(cli("infer", *named, "--format", "json").out)["inference"]["memory"]["fits"]
+    if degree // 2 > int(args[-1] if flag == "tp" else 1):
+        half = [*args, f"--{flag}", str(degree // 2)] if flag == "cp" else [*args[:-1], str(degree // 2)]
+        assert not json.loads(cli("infer", *half, "--format", "json").out)["inference"]["memory"]["fits"]
+    table = cli("infer", *args)
+    assert f"fix   fits with --{flag} {degree}" in table.out
+    assert cli("infer", *args, "--strict").code == 1  # as `step --strict`: a plan that does not fit fails
+    fits = json.loads(cli("infer", *named, "--format", "json").out)["inference"]
+    assert fits["fits_with"] is None

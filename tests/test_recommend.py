@@ -8,7 +8,12 @@ search's pick (TP 1 · CP 4 · PP 2, full recompute) does.
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from costmodel.plans.inputs import TRAINING_DEFAULTS, PlanInputs, TrainingSetup
 from costmodel.plans.job import make_job
@@ -151,3 +156,87 @@ def test_a_flag_only_the_search_reads_runs_it_without_gpus(cli) -> None:
     data = cli(*JOB, "--cp", "4", "-f", "json").json()
     assert data["search"] is not None and data["recommendation"]["cp"] == 4
     assert data["recommendation"]["n_recommended"] == 4
+
+
+# --- one screen, one answer: the pick's memory is one figure wherever the screen gives it ------------------
+
+_JOBS = {
+    "model": ["llama3-8b", "llama2-70b", "llama3-70b", "gpt3-20b", "qwen2.5-72b", "gemma-3-27b"],
+    "hw": ["h100-ib", "a100-nvlink", "h200-nvlink", "mi300x-xgmi"],
+    "gpus": [8, 16, 32, 64, 128],
+    "seq": [4096, 16384, 65536, 131072],
+    "batch": [None, 64, 256, 1024],
+}
+
+
+def _search_json(cli, model: str, hw: str, gpus: int, seq: int, batch: int | None) -> dict:  # noqa: ANN001
+    args = [
+        "recommend",
+        "--model",
+        model,
+        "--hw",
+        hw,
+        "--gpus",
+        str(gpus),
+        "--seq",
+        str(seq),
+        "--format",
+        "json",
+    ]
+    result = cli(*args, *(["--global-batch", str(batch)] if batch else []))
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(**{name: st.sampled_from(values) for name, values in _JOBS.items()})
+def test_the_picks_memory_is_one_figure_on_the_screen(cli, model, hw, gpus, seq, batch) -> None:  # noqa: ANN001
+    """The header's memory line, the CP table's row at the pick's degree and the search's first row were once
+    three evaluations (61.2 GB over 59.6 GB: the window ignored the virtual stages and the global batch)."""
+    data = _search_json(cli, model, hw, gpus, seq, batch)
+    if data["search"]["pick"] is None:
+        return
+    fit = data["fit"]["total_bytes"]
+    row = next(c for c in data["candidates"] if c["n"] == data["recommendation"]["cp"])
+    assert row["total_bytes"] == pytest.approx(fit, rel=1e-9)
+    assert data["search"]["plans"][0]["memory_bytes"] == pytest.approx(fit, rel=1e-9)
+
+
+def test_the_window_is_evaluated_at_the_picks_virtual_stages(cli) -> None:
+    result = cli(
+        "recommend",
+        "--model",
+        "llama2-70b",
+        "--seq",
+        "4096",
+        "--hw",
+        "a100-nvlink",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "1024",
+        "--cp",
+        "1",
+    )
+    assert result.code == 0, result.err
+    assert "Usable CP degrees at TP 4 · PP 4 (v 20)" in result.out
+    memory = re.search(r"of [\d.]+ GB usable: fits", result.out)
+    top = re.search(r"the runtime holds [\d.]+ GB: ([\d.]+) GB of", result.out).group(1)
+    row = re.search(r"^1 +4 +([\d.]+) GB +yes", result.out, flags=re.M).group(1)
+    assert memory and round(float(top), 1) == float(row)  # 70.49 GB and 70.5 GB: one figure
+
+
+def test_a_pick_that_fills_the_device_says_so(cli) -> None:
+    """Within 5 % of the usable memory the memory model's own error can decide: the answer says it."""
+    tight = _search_json(cli, "llama3-8b", "h100-ib", 64, 3101792, None)
+    assert tight["fit"]["total_bytes"] / tight["fit"]["device_memory_bytes"] > 0.95
+    assert "Caution: it fills" in tight["recommendation"]["reason"]
+    roomy = _search_json(cli, "llama3-8b", "h100-ib", 64, 131072, 64)
+    assert roomy["fit"]["total_bytes"] / roomy["fit"]["device_memory_bytes"] < 0.95
+    assert "Caution" not in roomy["recommendation"]["reason"]
+
+
+def test_a_tile_longer_than_the_picks_shard_is_the_whole_shard(cli) -> None:
+    """GPT-3 20B at 4K on 16 MI300X picks CP 8 (512-token shards): the default 1,024-token tile once refused it."""
+    data = _search_json(cli, "gpt3-20b", "mi300x-xgmi", 16, 4096, 256)
+    assert data["recommendation"]["cp"] == 8 and data["inputs"]["block"] == 512

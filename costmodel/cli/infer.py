@@ -107,6 +107,8 @@ def _table(report: dict) -> None:
             name, seconds(row["ttft_s"]), seconds(row["exposed_comm_s"]), si(row["step_bytes"], "B")
         )
     screen.print(schemes)
+    if out.get("fits_with") is not None:
+        screen.print(_fits_with_line(out["fits_with"], given))
     if out.get("decode_target") is not None:
         _decode_target_lines(out["decode_target"], screen)
     if out["target"] is not None:
@@ -118,6 +120,18 @@ def _table(report: dict) -> None:
                 f"within {seconds(target['target_ttft_s'])}: cp {target['cp']} ({target['gpus']} GPUs), "
                 f"{target['scheme']}, TTFT {seconds(target['ttft_s'])}"
             )
+
+
+def _fits_with_line(found: dict, given: dict) -> str:
+    """What would fit a request that does not: another CP or TP degree, or what to shrink."""
+    if found["cp"] is not None:
+        return f"fix   fits with --cp {found['cp']} ({found['gpus']:,} GPUs), the rest as given"
+    if found["tp"] is not None:
+        return f"fix   fits with --tp {found['tp']} ({found['gpus']:,} GPUs), the rest as given"
+    return (
+        "fix   no CP degree up to the largest nor TP up to the KV heads fits it: a smaller batch, a shorter "
+        "context, fp8 weights or KV cache, or more pipeline stages (--pp)"
+    )
 
 
 def _decode_target_lines(target: dict, screen) -> None:  # noqa: ANN001

@@ -290,7 +290,9 @@ def _given(ctx: typer.Context, *names: str) -> bool:
 def _plan_flags(report) -> str:  # noqa: ANN001
     """``TP 1 · PP 2 · mb 1 · recompute full``: where a searched plan's window is evaluated."""
     s = report.setup
-    return f"TP {s.tp} · PP {s.pp} · mb {report.recommendation.micro_batch} · recompute {s.recompute}"
+    rec = report.recommendation
+    stages = f" (v {rec.vpp})" if rec.vpp and rec.vpp > 1 else ""
+    return f"TP {s.tp} · PP {s.pp}{stages} · mb {rec.micro_batch} · recompute {s.recompute}"
 
 
 def _header(report):  # noqa: ANN001, ANN202

@@ -151,6 +151,17 @@ class Target(_Strict):
     scheme: Scheme | None
 
 
+class FitsWith(_Strict):
+    """What would fit a request that does not: the fewest CP ranks (powers of two, the rest as given), else
+    the smallest TP that fits beside the stated CP."""
+
+    cp: int | None = Field(description="the CP degree that fits at the stated TP and PP; null when none does")
+    tp: int | None = Field(
+        description="the TP degree that fits at the stated CP and PP, where CP alone cannot"
+    )
+    gpus: int | None = Field(description="tp x cp x pp of that layout")
+
+
 class DecodeLayout(_Strict):
     """Decode of this request mix on one layout of the GPUs: the largest batch within --target-tpot."""
 
@@ -191,6 +202,7 @@ class Inference(_Strict):
     decode: Decode
     target: Target | None = Field(default=None, description="only with --target-ttft")
     decode_target: DecodeTarget | None = Field(default=None, description="only with --target-tpot")
+    fits_with: FitsWith | None = Field(default=None, description="only when the request does not fit")
 
 
 class InferenceReport(_Strict):

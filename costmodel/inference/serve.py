@@ -24,6 +24,7 @@ from costmodel.inference.report import (
     Decode,
     DecodeLayout,
     DecodeTarget,
+    FitsWith,
     Inference,
     InferenceReport,
     Memory,
@@ -467,6 +468,32 @@ def _target(inputs, setup, model, attention, gemm) -> Target:
     return Target(target_ttft_s=goal, cp=None, gpus=None, ttft_s=None, scheme=None)
 
 
+def _fits_with(inputs, setup, model, attention, chunk: int) -> FitsWith:
+    """The fewest CP ranks (doubling from the stated degree) whose memory fits the request; where none up to
+    the largest CP does, the smallest TP (doubling, dividing the KV heads) at the stated CP."""
+
+    def fits(**degrees: int) -> bool:
+        changed = setup.model_copy(update=degrees)
+        try:
+            _check(inputs, changed, model)
+            values = bind(inputs, changed, model, attention, cp=changed.cp)
+        except InputError:  # a degree the prompt, the heads or the profile's links refuse
+            return False
+        return bool(memory(values, changed, chunk, attention)["fits"])
+
+    n = setup.cp * 2
+    while n <= MAX_CP:
+        if setup.prompt % n == 0 and chunk % n == 0 and fits(cp=n):
+            return FitsWith(cp=n, tp=None, gpus=setup.tp * n * setup.pp)
+        n *= 2
+    t = setup.tp * 2
+    while t <= model.kv_heads:
+        if model.kv_heads % t == 0 and fits(tp=t):
+            return FitsWith(cp=None, tp=t, gpus=t * setup.cp * setup.pp)
+        t *= 2
+    return FitsWith(cp=None, tp=None, gpus=None)
+
+
 def _mean_tpot(values, setup, attention, gemm, model) -> float:
     dec = decode(values, setup, attention, gemm, model)
     return (dec["first"] + dec["last"]) / 2
@@ -637,5 +664,6 @@ def evaluate_infer(
             decode_target=_decode_target(inputs, setup, model, attention, gemm, chunk)
             if setup.target_tpot is not None
             else None,
+            fits_with=None if mem["fits"] else _fits_with(inputs, setup, model, attention, chunk),
         ),
     )

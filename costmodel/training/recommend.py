@@ -128,18 +128,14 @@ def recommend(job: Job, suggest: bool = True, _schemes: dict | None = None) -> R
     )
 
 
-def _at_plan(job: Job, plan: dict[str, Any]) -> Job:
-    """The job a searched plan runs: its GPUs, TP, PP and their stages, recompute and micro-batch (b, which
-    activations and the ring's traffic scale with)."""
-    split = {k: plan[k] if plan["pp"] > 1 else None for k in ("first_stage_layers", "last_stage_layers")}
-    return job.replace(
-        batch=plan["micro_batch"],
-        gpus=plan["gpus"],
-        tp=plan["tp"],
-        pp=plan["pp"],
-        recompute=plan["recompute"],
-        **split,
-    )
+def _at_plan(job: Job, plan: dict[str, Any], global_batch: int) -> Job:
+    """The job a searched plan runs, every dimension of it (virtual stages, micro-batch (b, which activations
+    and the ring's traffic scale with), global batch, scheme, EP, TP overlap): the window's row at the plan's
+    CP degree is then the plan's own memory, the figure the screen's top line gives."""
+    tile = min(
+        job.inputs.block, job.inputs.seq // plan["cp"]
+    )  # the tile of a shard shorter than it: all of it
+    return plan_as_job(plan, job.replace(block=tile), global_batch).replace(batch=plan["micro_batch"])
 
 
 def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
@@ -147,7 +143,7 @@ def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
     are at the plan's TP, PP, recompute and micro-batch, and ``recommendation`` is the plan itself, so
     that the report gives one answer."""
     plan = search["plans"][0]
-    at = _at_plan(job, plan)
+    at = _at_plan(job, plan, search["global_batch"])
     window = recommend(at, suggest=False)
     cp = plan["cp"]
     row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
@@ -203,6 +199,7 @@ def _plan_reason(
     )
     if plan["gpus"] < gpus:  # no layout of every GPU divides the batch and the model as fast
         text += f"It uses {plan['gpus']:,} of the {gpus:,} GPUs. "
+    text += _tight(fit, search["plans"])
     span = f"[{window.n_min_memory or '-'}, {window.n_max_comm or '-'}]"
     lowest = (
         f"its lowest {pass_} comm ratio ({row.lowest_ratio_scheme}, {row.lowest_ratio:.2%}, {row.link_scope})"
@@ -215,6 +212,29 @@ def _plan_reason(
     return (
         text + f"CP {cp} is past N_max(comm) of the window {span}: {lowest} is above 15 %; the step time "
         "counts the communication the plan leaves exposed."
+    )
+
+
+TIGHT = 0.95  # a pick above this share of usable memory is closer to the limit than the memory model is sure
+
+
+def _tight(fit: Fit, plans: list[dict[str, Any]]) -> str:
+    """A word of warning when the pick all but fills the device, naming the fastest shown plan with room."""
+    share = fit.total_bytes / fit.device_memory_bytes
+    if share <= TIGHT:
+        return ""
+    roomy = next(
+        (i for i, p in enumerate(plans[1:], 2) if p["memory_bytes"] <= TIGHT * p["device_memory_bytes"]), None
+    )
+    other = (
+        f"; #{roomy} needs {plans[roomy - 1]['memory_bytes'] / fit.device_memory_bytes:.0%} at "
+        f"{plans[roomy - 1]['step_time_s'] / plans[0]['step_time_s'] - 1:+.1%} step time"
+        if roomy
+        else ""
+    )
+    return (
+        f"Caution: it fills {share:.1%} of the usable memory, closer to the limit than the memory model's error "
+        f"on measured peaks (docs/validation.md){other}. "
     )
 
 
