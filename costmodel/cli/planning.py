@@ -139,6 +139,8 @@ def recommend_cmd(
     }
     if format is Format.torchtitan and not _given(ctx, "framework"):
         knobs = knobs.model_copy(update={"framework": "torchtitan"})
+    if format is Format.torchtitan and not _given(ctx, "zero"):  # torchtitan shards with FSDP (ZeRO-3)
+        setup = build(TrainingSetup, **setup.model_dump() | {"zero": 3})
     exporting = format in (Format.megatron, Format.torchtitan)
     budget_tokens, per_hour = token_budget(tokens, price)
     # The job is laid out when it is stated: its size, a flag only the search reads, a plan to export, or a

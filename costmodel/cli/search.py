@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from costmodel.cli.options import console, house_table, searched
+from costmodel.cli.options import NOTES, console, house_table, searched
 from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
 from costmodel.plans.inputs import PlanInputs, TrainingSetup
@@ -162,7 +162,12 @@ def render_search(data: dict[str, Any]) -> None:
 
 def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSetup) -> str:
     """The pick as Megatron-LM arguments or torchtitan TOML; no plan is a one-line error."""
-    from costmodel.training.export import megatron_arguments, torchtitan_tables
+    from costmodel.training.export import (
+        MEGATRON_VERSION,
+        TORCHTITAN_VERSION,
+        megatron_arguments,
+        torchtitan_tables,
+    )
 
     if not data["plans"]:
         reason = data["empty_reason"] or "no plan"
@@ -175,8 +180,10 @@ def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSe
         raise InputError(blamed or "--gpus", f"nothing to export: {reason}")
     plan = data["plans"][0]
     if fmt == "megatron":
+        NOTES.append(f"cp-plan: note: arguments as {MEGATRON_VERSION} declares them")
         return megatron_command(megatron_arguments(plan, inputs.seq, data["global_batch"], setup.zero))
-    return toml(torchtitan_tables(plan, inputs.seq, data["global_batch"], setup.zero))
+    tables = torchtitan_tables(plan, inputs.seq, data["global_batch"], setup.zero)
+    return f"# {TORCHTITAN_VERSION} job file (later releases configure a job in Python)\n" + toml(tables)
 
 
 def megatron_command(args: list[str]) -> str:
@@ -206,4 +213,6 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return str(value)

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from costmodel.core.errors import InputError
 from costmodel.plans import cp as registry
 from costmodel.plans.stages import StageSplit
+
+# The releases whose configuration code the names below were read from (and the tests hold them to).
+MEGATRON_VERSION = "Megatron-LM core_v0.17.1"
+TORCHTITAN_VERSION = "torchtitan v0.2.2"  # its last release read from TOML job files
 
 # Each scheme names its own setting (cp.Scheme.exports): Megatron-LM's --cp-comm-type (p2p is the ring, a2a
 # Ulysses, a2a+p2p USP) and torchtitan's context_parallel_rotate_method (alltoall shuffles K, V shards round
@@ -86,6 +91,7 @@ def torchtitan_tables(
     """The plan as torchtitan job-file tables, by table name; FSDP (ZeRO-3) shards over DP when ``zero`` is 3, else DP
     replicates (torchtitan has no ZeRO-1 or -2)."""
     dp, shard = plan["dp"], zero == 3
+    check_torchtitan_runs(plan, zero)
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": 1 if shard else dp,
         "data_parallel_shard_degree": dp if shard else 1,
@@ -108,7 +114,23 @@ def torchtitan_tables(
     checkpoint: dict[str, Any] = {"mode": plan["recompute"]}
     if plan["recompute"] == "selective":
         checkpoint["selective_ac_option"] = "op"
-    return {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
+    tables = {"training": training, "parallelism": parallelism, "activation_checkpoint": checkpoint}
+    if plan.get(
+        "tp_comm_overlap"
+    ):  # async TP runs only in the compiled model (maybe_enable_async_tp refuses)
+        tables["compile"] = {"enable": True, "components": ["model", "loss"]}
+    return tables
+
+
+def check_torchtitan_runs(plan: dict[str, Any], zero: int) -> None:
+    """Refuse a plan torchtitan would refuse: below ZeRO-3 its data parallelism is DDP, which it runs only as
+    the one parallel dimension ("DDP has not supported > 1D parallelism"; with CP it shards over CP anyway)."""
+    if zero < 3 and plan["dp"] > 1 and plan["cp"] == 1 and (plan["tp"] > 1 or plan["pp"] > 1):
+        raise InputError(
+            "--zero",
+            f"{TORCHTITAN_VERSION} runs ZeRO-{zero}'s data parallelism (DDP) only alone, not beside TP "
+            f"{plan['tp']} x PP {plan['pp']}; plan with --zero 3 (its FSDP), the default for --format torchtitan",
+        )
 
 
 def _torchtitan_stages(split: StageSplit, vpp: int) -> dict[str, int]:
