@@ -294,7 +294,8 @@ def _plan_flags(report) -> str:  # noqa: ANN001
     s = report.setup
     rec = report.recommendation
     stages = f" (v {rec.vpp})" if rec.vpp and rec.vpp > 1 else ""
-    return f"TP {s.tp} · PP {s.pp}{stages} · mb {rec.micro_batch} · recompute {s.recompute}"
+    tuned = f" · {s.finetune}" if s.finetune != "full" else ""
+    return f"TP {s.tp} · PP {s.pp}{stages} · mb {rec.micro_batch} · recompute {s.recompute}{tuned}"
 
 
 def _header(report):  # noqa: ANN001, ANN202

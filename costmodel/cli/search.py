@@ -178,6 +178,12 @@ def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSe
         if reason.startswith("--"):  # the search could not run: its own error names the flag
             blamed, _, reason = reason.partition(": ")
         raise InputError(blamed or "--gpus", f"nothing to export: {reason}")
+    if setup.finetune != "full":  # neither pretraining entry point trains adapters
+        raise InputError(
+            "--finetune",
+            f"{MEGATRON_VERSION}'s pretrain_gpt.py and {TORCHTITAN_VERSION} train every weight: a LoRA plan has "
+            "no export there (NeMo's and torchtune's PEFT recipes take one)",
+        )
     plan = data["plans"][0]
     if fmt == "megatron":
         NOTES.append(f"cp-plan: note: arguments as {MEGATRON_VERSION} declares them")

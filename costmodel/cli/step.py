@@ -138,6 +138,7 @@ def _table(report: StepReport) -> None:
         f"dp {inputs['dp']}, {inputs['micro_batches']} micro-batches of {inputs['micro_batch']}, "
         f"recompute {inputs['recompute']}"
         + (f", offload {inputs['offload']}" if inputs.get("offload", "none") != "none" else "")
+        + (f", fine-tuning {inputs['finetune']}" if inputs.get("finetune", "full") != "full" else "")
     )
     for line in topology_lines(result["topology"]):
         screen.print(line)

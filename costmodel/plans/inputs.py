@@ -11,6 +11,7 @@ that every accepted input is answered in bounded time and memory.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from copy import copy
 from dataclasses import dataclass, replace
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
 Recompute = Literal["none", "selective", "full"]
+LORA_RANK = 16  # the adapters' rank when --finetune lora names none (PEFT's and torchtune's recipes use 8-64)
 Offload = Literal["none", "optimizer", "optimizer+params", "activations", "all"]
 
 MAX_TOKENS = 2**34  # 16G tokens: far past any context length in use, small enough for float64 exactness
@@ -73,6 +75,13 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
+def _finetune(value: Any) -> Any:
+    if not isinstance(value, str) or not re.fullmatch(r"full|lora(:[1-9][0-9]{0,3})?", value, re.ASCII):
+        raise ValueError("accepted: full, lora, or lora:RANK with RANK from 1 to 9999")
+    return value
+
+
+Finetune = Annotated[str, AfterValidator(_finetune)]
 Tokens = Annotated[int, BeforeValidator(_tokens), BeforeValidator(_no_bool), Strict()]
 Count = Annotated[int, BeforeValidator(_no_bool), Strict()]
 Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
@@ -561,6 +570,12 @@ class TrainingSetup(BaseModel):
         "sdpa-cudnn).",
         pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
     )
+    finetune: Finetune = flag(
+        "full",
+        "What trains: full (every weight, as pre-training) or lora[:RANK] (the base frozen: no gradients, "
+        "optimizer states or weight-gradient multiplies for it; low-rank adapters of RANK, 16 unless given, on "
+        "every linear layer train instead).",
+    )
     memory_headroom: Number = flag(
         0.05,
         "Fraction of HBM left free beyond what the step needs at its peak (the allocator's reserve and the "
@@ -579,6 +594,13 @@ class TrainingSetup(BaseModel):
     def stores_scores(self) -> bool:
         """Whether a layer keeps its score matrix for backward: an unfused kernel, not recomputed."""
         return self.attention_kernel == "unfused" and self.recompute == "none"
+
+    @property
+    def lora_rank(self) -> int:
+        """The adapters' rank under ``finetune = lora[:RANK]``; 0 in full training."""
+        if self.finetune == "full":
+            return 0
+        return int(self.finetune.partition(":")[2] or LORA_RANK)
 
     @property
     def offloaded(self) -> dict[str, int]:

@@ -530,6 +530,33 @@ o_dp = _symbol(
     nonnegative=True,
 )
 
+# Fine-tuning ([LoRA]): the base weights trained or frozen, and the rank of low-rank adapters beside them.
+f_b = _symbol(
+    "f_b",
+    "base weights trained: 1 (pre-training, full fine-tuning), 0 (frozen under LoRA: no gradients, no optimizer "
+    "states, no weight-gradient multiplies)",
+    "1",
+    "[LoRA §4]",
+    nonnegative=True,
+    integer=True,
+)
+f_tr = _symbol(
+    "f_tr",
+    "parameters that train per base parameter, bound from s_tr: 1 in full training, the adapters' share under "
+    "LoRA",
+    "1",
+    "[LoRA §4]",
+    nonnegative=True,
+)
+r_lo = _symbol(
+    "r_lo",
+    "LoRA rank: the inner width of each adapter pair (0: no adapters)",
+    "1",
+    "[LoRA §4]",
+    nonnegative=True,
+    integer=True,
+)
+
 # Offload over the host link ([ZeRO-Offload], [ZeRO-Infinity]): what lives in host memory, and the link to it.
 o_opt = _symbol(
     "o_opt",

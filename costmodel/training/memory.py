@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.core.errors import InputError
 from costmodel.frameworks.profiles import LOGIT_BYTES, STATE_BYTES, FrameworkProfile
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluator, call, counts, layer_shape, layout_degrees, plan_values
@@ -76,6 +77,7 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
     reshard = {"always": False, "never": True, "unless-pp": pp > 1}[m.reshard_after_forward]
     sp = tp > 1 if setup.sequence_parallel is None else (tp > 1) & setup.sequence_parallel
     return {
+        **trained(job),
         "sigma": sp.astype(float)[()],
         "delta": int(job.model.dropout),
         # Scores are kept for backward only by an attention that materialises them and is not recomputed.
@@ -90,6 +92,16 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
         "r_k": np.asarray(reshard if setup.zero == 3 else autocast, dtype=float)[()],
         "T_c": float("inf") if m.loss == "materialized" else float(m.loss_chunk_tokens),
     }
+
+
+def trained(job: Job) -> dict[str, float]:
+    """f_b and f_tr: whether the base weights train, and the parameters that do per base parameter (the
+    adapters' share under LoRA)."""
+    rank = job.setup.lora_rank
+    if rank and job.model.experts:
+        raise InputError("--finetune", f"LoRA on a mixture of experts ({job.model.name}) is not modelled")
+    values = {**layer_shape(job.model), "f_b": 0 if rank else 1, "r_lo": rank}
+    return {"f_b": values["f_b"], "f_tr": float(call("trainable_share", values))}
 
 
 def kept(job: Job) -> dict[str, Any]:

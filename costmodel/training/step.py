@@ -414,7 +414,9 @@ def evaluate_step(job: Job, trace: list[Evaluation] | None = None) -> StepReport
         "layout": inputs.layout,
         "cp": inputs.cp,
         "framework": job.framework.name,
-        **setup.model_dump(include={"gpus", "tp", "pp", "zero", "recompute", "offload", "rank_order"}),
+        **setup.model_dump(
+            include={"gpus", "tp", "pp", "zero", "recompute", "offload", "finetune", "rank_order"}
+        ),
         "attention_kernel": setup.attention_kernel,
         **step.model_dump(),
     }

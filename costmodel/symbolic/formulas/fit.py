@@ -29,8 +29,10 @@ from costmodel.symbolic.symbols import (
     d,
     delta,
     e_m,
+    f_b,
     f_fr,
     f_pf,
+    f_tr,
     g,
     g_p,
     h,
@@ -55,6 +57,7 @@ from costmodel.symbolic.symbols import (
     q_o,
     q_w,
     r_k,
+    r_lo,
     rho,
     sigma,
     t,
@@ -91,6 +94,27 @@ P = define(
     "parameters: layers, embeddings (input and, untied, output), final norm",
     "1",
     "model arithmetic",
+)
+# LoRA puts a pair of matrices (in x r, r x out) beside every linear layer of every transformer layer: Q, K,
+# V, O and the MLP's; the embeddings and the output layer stay as they are. Only the adapters train when the
+# base is frozen, so gradients and optimizer states follow the trainable share, not P.
+P_ad = define(
+    "adapter_params",
+    "P_ad",
+    n_L * r_lo * (4 * H + 2 * h * d + 2 * n_kv * d + (2 + g) * (H + F_ffn)),
+    "LoRA adapter parameters: rank r_lo on Q, K, V, O and every MLP matrix of each layer (none without "
+    "adapters)",
+    "1",
+    "[LoRA §4]",
+)
+s_tr = define(
+    "trainable_share",
+    "s_tr",
+    f_b + P_ad / P,
+    "parameters that train per base parameter: the base's own (1, or 0 frozen) and the adapters'; bound as "
+    "f_tr",
+    "1",
+    "[LoRA §4]",
 )
 # The first stage holds its layers and the input embedding, the last its layers, the output layer and final
 # norm (a copy of the embedding when tied, as Megatron keeps one there), a middle stage its layers only.
@@ -168,27 +192,27 @@ P_last = define(
 M_w = define(
     "weight_bytes",
     "M_wt",
-    (1 - o_par) * P_r / t * q_w * z_w + o_par * 2 * P_layer / t * q_c,
-    "the stored weights a device of a stage of P_r parameters keeps (two layers' in flight under parameter "
-    "offload)",
+    (1 - o_par) * P_r * (1 + f_tr - f_b) / t * q_w * z_w + o_par * 2 * P_layer / t * q_c,
+    "the stored weights a device of a stage of P_r parameters keeps, LoRA adapters included (two layers' in "
+    "flight under parameter offload)",
     "B",
     "[ZeRO §3], [ZeRO-Infinity §5]",
 )
 M_g = define(
     "gradient_bytes",
     "M_gr",
-    (1 - o_par) * P_r / t * q_g * z_g + o_par * 2 * P_layer / t * q_g,
+    f_tr * ((1 - o_par) * P_r / t * q_g * z_g + o_par * 2 * P_layer / t * q_g),
     "the gradients a device of a stage of P_r parameters keeps for the optimizer (main gradients, or FSDP's "
-    "reduced shards)",
+    "reduced shards), of the parameters that train",
     "B",
     "[ZeRO §3], [ZeRO-Infinity §5]",
 )
 M_o = define(
     "optimizer_state_bytes",
     "M_opt",
-    (1 - o_opt) * P_r / t * (q_m + 2 * q_o) * z_o,
+    (1 - o_opt) * f_tr * P_r / t * (q_m + 2 * q_o) * z_o,
     "the optimizer's copies a device of a stage of P_r parameters keeps: master weights and Adam's two "
-    "moments, their ZeRO share",
+    "moments of the parameters that train, their ZeRO share",
     "B",
     "[ZeRO §3], [ZeRO-Offload §4]",
 )

@@ -39,6 +39,8 @@ from costmodel.symbolic.symbols import (
     d,
     e_m,
     f8,
+    f_b,
+    f_tr,
     g,
     h,
     k_agm,
@@ -379,8 +381,9 @@ t_mm_f = define(
 t_mm_b = define(
     "layer_gemm_bwd_s",
     "t_mm_bwd",
-    2 * W_gemm / F_gemm_b,
-    "backward matrix multiplies of one layer: the input and the weight gradient of each, at their shapes",
+    (1 + f_b) * W_gemm / F_gemm_b,
+    "backward matrix multiplies of one layer: the input gradient of each and, where the base weights train, "
+    "the weight gradient, at their shapes",
     "s",
     "[Megatron21 §5.1]",
 )
@@ -429,8 +432,9 @@ define(
 t_head = define(
     "head_s",
     "t_head",
-    3 * W_head / F_head + E_loss / B_hbm,
-    "output layer forward and backward with the loss, on the last pipeline stage",
+    (2 + f_b) * W_head / F_head + E_loss / B_hbm,
+    "output layer forward and backward with the loss, on the last pipeline stage (no weight gradient when "
+    "the base is frozen)",
     "s",
     "[Megatron21 §5.1]",
 )
@@ -509,9 +513,9 @@ P_dev = define(
 tau_dp = define(
     "dp_comm_s",
     "tau_DP",
-    (2 - z3) * (D - 1) / D * P_dev * p_g / B_dp + n_bkt * a_dp,
-    "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) over the DP group, one call "
-    "per gradient bucket; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter. "
+    (2 - z3) * (D - 1) / D * f_tr * P_dev * p_g / B_dp + n_bkt * a_dp,
+    "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) of the parameters that train "
+    "over the DP group, one call per gradient bucket; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter. "
     "No latency per ring step: across many nodes NCCL reduces small buckets over trees, log D steps",
     "s",
     "[ZeRO §5]",
@@ -544,9 +548,9 @@ define(
 define(
     "optimizer_s",
     "t_opt",
-    (1 - o_opt) * k_opt * P_dev / (D * B_hbm),
-    "optimizer step: Adam over the device's 1/D share of fp32 states, memory-bound; none on the device under "
-    "optimizer offload",
+    (1 - o_opt) * k_opt * f_tr * P_dev / (D * B_hbm),
+    "optimizer step: Adam over the device's 1/D share of the fp32 states of what trains, memory-bound; none on "
+    "the device under optimizer offload",
     "s",
     "[ZeRO §5]",
 )
@@ -554,15 +558,18 @@ P_flop = P - (e_m - 1) * V * H  # the input embedding is a lookup, no matmul
 # Model and hardware FLOP split by the precision they run in: the linear layers' multiplies (FP8 under
 # --gemm-dtype) and the rest at the dtype (attention and the output layer). The FLOP formulas and the
 # seconds-at-peak behind MFU and HFU are both built from these parts, so they cannot drift apart.
-mf_linear = 6 * (P_flop - H * V)
-mf_rest = 6 * H * V + 12 * c * n_L * h * d * S
-hf_linear = n_L * (3 + rc_full) * (W_gemm / T_mb * t)
-hf_rest = n_L * (7 + 2 * rc_sel + 2 * rc_full) * c * 2 * S * h * d + 6 * H * V
+# A weight does 2 FLOP per token forward, 2 for its input gradient and 2 for its own gradient, which a frozen
+# base weight skips (LoRA): 4 + 2·f_b; attention has no weights and keeps its 12.
+k_w = 4 + 2 * f_b
+mf_linear = k_w * (P_flop - H * V)
+mf_rest = k_w * H * V + 12 * c * n_L * h * d * S
+hf_linear = n_L * (2 + f_b + rc_full) * (W_gemm / T_mb * t)
+hf_rest = n_L * (7 + 2 * rc_sel + 2 * rc_full) * c * 2 * S * h * d + k_w * H * V
 mf_tok = define(
     "model_flops_per_token",
     "f_model",
-    6 * P_flop + 12 * n_L * h * d * S,
-    "model FLOP per token: 6 per weight (forward and backward) plus attention 12·n_L·h·d·S "
+    k_w * P_flop + 12 * n_L * h * d * S,
+    "model FLOP per token: 6 per weight (forward and backward; 4 for a frozen one) plus attention 12·n_L·h·d·S "
     "(the full square, causal or not, as published MFUs count it)",
     "FLOP",
     "[PaLM] appendix B, [Megatron21 §5.1]",
@@ -589,7 +596,7 @@ define(
 define(
     "model_square_peak_s_per_token",
     "t_square_pk",
-    mf_linear / F_peak_g + (6 * H * V + 12 * n_L * h * d * S) / F_peak,
+    mf_linear / F_peak_g + (k_w * H * V + 12 * n_L * h * d * S) / F_peak,
     "t_model_pk with attention over the full S x S square (f_model), as published MFUs count a causal mask: "
     "the time behind the labelled full-square MFU of a full or causal mask",
     "s",

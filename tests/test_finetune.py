@@ -1,0 +1,164 @@
+"""Fine-tuning with LoRA: a frozen base keeps no gradients or optimizer states and runs no weight-gradient
+multiplies; the adapters' own are counted by hand here ([LoRA §4]: a pair of in x r and r x out matrices
+beside every linear layer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.plans.bind import call, layer_shape
+from costmodel.plans.job import Job
+from costmodel.plans.models import builtin_models, load_model
+from costmodel.training.step import bind, evaluate_step
+
+JOB = {"model": "llama3-8b", "seq": 32768, "cp": 2, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
+
+
+def adapters_by_hand(name: str, rank: int) -> int:
+    """Q (H -> h·d), K and V (H -> n_kv·d), O (h·d -> H), and the MLP's up (and gate) and down matrices."""
+    m = load_model(name)
+    linears = [(m.hidden, m.heads * m.head_dim), (m.hidden, m.kv_heads * m.head_dim)]
+    linears += [(m.hidden, m.kv_heads * m.head_dim), (m.heads * m.head_dim, m.hidden)]
+    linears += [(m.hidden, m.ffn_hidden)] * (2 if m.gated_mlp else 1) + [(m.ffn_hidden, m.hidden)]
+    return m.layers * sum(rank * (inner + outer) for inner, outer in linears)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([m for m in builtin_models() if not load_model(m).experts]), st.integers(1, 9999))
+def test_adapter_parameters_are_the_pairs_beside_every_linear_layer(name: str, rank: int) -> None:
+    values = {**layer_shape(load_model(name)), "r_lo": rank, "f_b": 0}
+    assert call("adapter_params", values) == adapters_by_hand(name, rank)
+    assert call("trainable_share", values) == pytest.approx(
+        adapters_by_hand(name, rank) / call("params", values)
+    )
+
+
+def _step(**changes: object):  # noqa: ANN202
+    return evaluate_step(Job.of(**JOB | changes))
+
+
+def test_lora_keeps_gradients_and_optimizer_states_of_the_adapters_only() -> None:
+    """Llama 3 8B at rank 16: 41,943,040 adapter parameters, 0.52 % of the model."""
+    full, lora = _step(), _step(finetune="lora")
+    assert adapters_by_hand("llama3-8b", 16) == 41_943_040
+    share = 41_943_040 / 8_030_261_248  # Llama 3 8B's parameters
+    by_full, by_lora = full.memory.by_category, lora.memory.by_category
+    assert by_lora.gradients == pytest.approx(by_full.gradients * share, rel=1e-6)
+    assert by_lora.optimizer == pytest.approx(by_full.optimizer * share, rel=1e-6)
+    assert by_lora.weights == pytest.approx(by_full.weights * (1 + share), rel=1e-6)  # the adapters' own
+    assert by_lora.activations == by_full.activations  # every layer's input gradient still flows
+    drop = full.memory.bytes_per_device - lora.memory.bytes_per_device
+    assert drop > (by_full.gradients + by_full.optimizer) * 0.99
+
+
+def test_a_frozen_base_skips_the_weight_gradient_multiplies() -> None:
+    """Without recompute the multiplies are forward 1, backward 2 (input and weight gradient): LoRA's are
+    forward 1, backward 1, so two thirds of the time; attention, which has no weights, is unchanged."""
+    jobs = {f: Job.of(**JOB | {"recompute": "none", "finetune": f}) for f in ("full", "lora")}
+    v = {f: bind(job) for f, job in jobs.items()}
+    fwd, bwd = (call(name, v["full"]) for name in ("layer_gemm_fwd_s", "layer_gemm_bwd_s"))
+    assert call("layer_gemm_fwd_s", v["lora"]) == pytest.approx(fwd, rel=1e-12)
+    assert call("layer_gemm_bwd_s", v["lora"]) == pytest.approx(bwd / 2, rel=1e-12)  # dX only
+    full, lora = (dict(evaluate_step(job).step.breakdown) for job in jobs.values())
+    assert lora["matmul_s"] == pytest.approx(full["matmul_s"] * (fwd + bwd / 2) / (fwd + bwd), rel=1e-9)
+    assert lora["attention_s"] == pytest.approx(full["attention_s"], rel=1e-12)
+    assert lora["optimizer_s"] == pytest.approx(full["optimizer_s"] * 41_943_040 / 8_030_261_248, rel=1e-6)
+
+
+def test_mfu_counts_four_flop_per_frozen_weight(cli) -> None:
+    """Model FLOP per token: 6 per trained weight, 4 per frozen one (no weight gradient); MFU stays below 1."""
+    args = ["step", *(f"--{k.replace('_', '-')}={v}" for k, v in JOB.items())]
+    full = json.loads(cli(*args, "--format", "json").out)["step"]
+    lora = json.loads(cli(*args, "--finetune", "lora", "--format", "json").out)["step"]
+    tokens = JOB["global_batch"] * JOB["seq"]
+    per_token_full = full["model_tflops_per_gpu"] * 1e12 * full["time_s"] * 8 / tokens
+    per_token_lora = lora["model_tflops_per_gpu"] * 1e12 * lora["time_s"] * 8 / tokens
+    m = load_model("llama3-8b")
+    linear = 8_030_261_248 - m.vocab * m.hidden  # the input embedding is a lookup
+    assert per_token_full - per_token_lora == pytest.approx(2 * linear, rel=1e-6)
+    assert lora["time_s"] < full["time_s"] and 0 < lora["mfu"] < 1
+
+
+def test_lora_opens_a_plan_full_training_cannot_fit(cli) -> None:
+    args = [
+        "recommend",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "32k",
+        "--hw",
+        "a100-nvlink",
+        "--gpus",
+        "1",
+        "--format",
+        "json",
+    ]
+    assert json.loads(cli(*args).out)["search"]["pick"] is None
+    pick = json.loads(cli(*args, "--finetune", "lora").out)["search"]["pick"]
+    assert pick is not None and pick["gpus"] == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["step", "--model", "llama3-8b", "--global-batch", "8", "--finetune", "lora:0"],
+            "--finetune: accepted",
+        ),
+        (
+            ["step", "--model", "llama3-8b", "--global-batch", "8", "--finetune", "qlora"],
+            "--finetune: accepted",
+        ),
+        (
+            [
+                "step",
+                "--model",
+                "tests/data/hf/mixtral-8x7b.json",
+                "--global-batch",
+                "8",
+                "--tp",
+                "2",
+                "--finetune",
+                "lora",
+            ],
+            "--finetune: LoRA on a mixture of experts",
+        ),
+        (
+            [
+                "recommend",
+                "--model",
+                "llama3-8b",
+                "--seq",
+                "8k",
+                "--gpus",
+                "8",
+                "--finetune",
+                "lora",
+                "--format",
+                "megatron",
+            ],
+            "--finetune: Megatron-LM core_v0.17.1's pretrain_gpt.py and torchtitan v0.2.2 train every weight",
+        ),
+    ],
+)
+def test_what_lora_cannot_do_is_one_line(cli, args: list[str], said: str) -> None:
+    result = cli(*args)
+    assert result.code == 2 and result.err.startswith(f"cp-plan: error: {said}"), result.err
+    assert result.err.count("\n") == 1
+
+
+def test_the_search_prices_a_lora_plan_as_step_does() -> None:
+    """The search's columns and the step's scalars bind the same trainable share."""
+    from costmodel.training.search import Constraints, plan_as_job, search
+
+    job = Job.of(model="llama3-8b", seq=65536, hw="h100-ib", gpus=16, finetune="lora:64")
+    plans = search(job, 16, Constraints(), top=3).plans
+    assert plans
+    for plan in plans:
+        step = evaluate_step(plan_as_job(plan, job, 16))
+        assert step.step.time_s == pytest.approx(plan["step_time_s"], rel=1e-9)
+        assert step.memory.bytes_per_device == pytest.approx(plan["memory_bytes"], rel=1e-9)
