@@ -446,3 +446,30 @@ def test_a_request_that_does_not_fit_says_what_would(cli, args: list[str], flag:
     assert cli("infer", *args, "--strict").code == 1  # as `step --strict`: a plan that does not fit fails
     fits = json.loads(cli("infer", *named, "--format", "json").out)["inference"]
     assert fits["fits_with"] is None
+
+
+def test_infer_gpus_searches_the_serving_layouts_and_plans_with_the_fastest_that_fits(cli) -> None:
+    args = ["infer", "--model", "llama3-70b", "--prompt", "1M", "--hw", "h100-ib"]
+    result = cli(*args, "--gpus", "64", "--format", "json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    rows = data["search"]["layouts"]
+    assert data["search"]["considered"] == len(rows) and data["search"]["fit"] == sum(r["fits"] for r in rows)
+    assert all(64 % r["gpus"] == 0 and r["replicas"] * r["gpus"] == 64 for r in rows)
+    assert all(r["gpus"] == r["tp"] * r["cp"] * r["pp"] for r in rows)
+    fitting = [r for r in rows if r["fits"]]
+    pick = rows[0]
+    assert pick["fits"] and pick["ttft_s"] == min(r["ttft_s"] for r in fitting)
+    assert (data["inputs"]["tp"], data["inputs"]["cp"], data["inputs"]["pp"]) == (
+        pick["tp"],
+        pick["cp"],
+        pick["pp"],
+    )
+    # the pick is what infer says of that layout when it is named
+    named = ["--tp", str(pick["tp"]), "--cp", str(pick["cp"]), "--pp", str(pick["pp"])]
+    alone = json.loads(cli(*args, *named, "--format", "json").out)["inference"]
+    assert alone["ttft_s"] == pytest.approx(pick["ttft_s"], rel=1e-12) and alone["memory"]["fits"]
+    table = cli(*args, "--gpus", "64")
+    assert "Serving layouts of 64 GPUs" in table.out
+    refused = cli(*args, "--gpus", "8", "--explain")
+    assert refused.code == 2 and refused.err.startswith("cp-plan: error: --explain: not with --gpus")

@@ -6,12 +6,13 @@ Its flags are the declared inputs: the model, profile, dtype, efficiency and bat
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from costmodel.cli.options import console, declared, house_table
 from costmodel.cli.output import Format, emit, format_option
+from costmodel.core.errors import InputError
 from costmodel.core.units import seconds, si
 from costmodel.inference.report import PREFILL_LABELS
 from costmodel.inference.setup import INFER_SHARED, InferenceSetup
@@ -40,6 +41,16 @@ def infer_cmd(
             "formula, then with values.",
         ),
     ] = False,
+    gpus: Annotated[
+        Optional[int],
+        typer.Option(
+            "--gpus",
+            min=1,
+            max=65536,
+            help="Search the serving layouts of this many GPUs (TP x CP x PP, the rest as replicas) and plan "
+            "with the fitting one fastest to first token; --tp, --cp and --pp are then searched.",
+        ),
+    ] = None,
 ) -> None:
     """Plan long-context inference: KV cache and memory per device, the prefill's CP scheme (pass-KV,
     pass-Q or all-gather) and time to first token, and the time per output token of decode.
@@ -50,12 +61,27 @@ def infer_cmd(
     from costmodel.inference.serve import evaluate_infer
 
     trace: list | None = [] if explain else None
-    report = evaluate_infer(inputs, setup, machine_overrides, trace).model_dump(mode="json", by_alias=True)
+    if gpus is None:
+        report = evaluate_infer(inputs, setup, machine_overrides, trace).model_dump(
+            mode="json", by_alias=True
+        )
+    else:
+        from costmodel.inference.serve import search_serving
+
+        if explain:
+            raise InputError(
+                "--explain", "not with --gpus: explain one layout, named with --tp, --cp and --pp"
+            )
+        report = search_serving(inputs, setup, machine_overrides, gpus)[1].model_dump(
+            mode="json", by_alias=True
+        )
     if trace is not None:
         report["explain"] = term_rows(trace)
 
     def table() -> None:
         _table(report)
+        if report.get("search") is not None:
+            _search_table(report["search"])
         if trace is not None:
             render_terms(trace, console(), "The prefill and decode, term by term")
 
@@ -120,6 +146,30 @@ def _table(report: dict) -> None:
                 f"within {seconds(target['target_ttft_s'])}: cp {target['cp']} ({target['gpus']} GPUs), "
                 f"{target['scheme']}, TTFT {seconds(target['ttft_s'])}"
             )
+
+
+def _search_table(found: dict) -> None:
+    screen = console()
+    table = house_table(
+        title=f"Serving layouts of {found['gpus']:,} GPUs: {found['considered']:,} weighed, {found['fit']:,} fit",
+        caption="ranked by time to first token among those that fit, then fewer GPUs, then TPOT; memory: "
+        "weights, KV cache and prefill working set per device",
+    )
+    for column in ("#", "TP", "CP", "PP", "replicas", "TTFT", "TPOT", "memory", "fits"):
+        table.add_column(column, justify="right")
+    for i, row in enumerate(found["layouts"][:10], 1):
+        table.add_row(
+            str(i),
+            str(row["tp"]),
+            str(row["cp"]),
+            str(row["pp"]),
+            str(row["replicas"]),
+            seconds(row["ttft_s"]),
+            seconds(row["tpot_s"]),
+            si(row["memory_bytes"], "B", 3),
+            "yes" if row["fits"] else "no",
+        )
+    screen.print(table)
 
 
 def _fits_with_line(found: dict, given: dict) -> str:

@@ -205,11 +205,37 @@ class Inference(_Strict):
     fits_with: FitsWith | None = Field(default=None, description="only when the request does not fit")
 
 
+class ServingLayout(_Strict):
+    """One layout of --gpus for the request: its degrees, replicas, whether it fits, its times."""
+
+    tp: int
+    cp: int
+    pp: int
+    gpus: int = Field(description="tp x cp x pp, one replica")
+    replicas: int = Field(description="copies of the layout the GPUs hold")
+    fits: bool
+    ttft_s: float
+    tpot_s: float
+    memory_bytes: float = Field(description="weights, KV cache and prefill working set per device")
+    usable_bytes: float
+
+
+class ServingSearch(_Strict):
+    """infer --gpus: every TP (dividing the heads) x CP (powers of two) x PP (dividing the layers) whose GPUs
+    divide --gpus, the fitting ones fastest to first token first (then fewer GPUs, then TPOT)."""
+
+    gpus: int
+    considered: int
+    fit: int
+    layouts: list[ServingLayout] = Field(description="the fitting layouts in rank order, then the rest")
+
+
 class InferenceReport(_Strict):
     """``cp-plan infer --format json``."""
 
     schema_: str = Field(SCHEMA, alias="schema", description="contract version")
     inputs: dict[str, str | int | float | bool | None] = Field(description="every input, defaults filled in")
     inference: Inference
+    search: ServingSearch | None = Field(default=None, description="only with --gpus: the layouts weighed")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

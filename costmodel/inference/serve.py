@@ -31,6 +31,8 @@ from costmodel.inference.report import (
     Prefill,
     PrefillBreakdown,
     SchemeTime,
+    ServingLayout,
+    ServingSearch,
     Target,
 )
 from costmodel.inference.setup import MAX_CHUNKS, InferenceSetup
@@ -50,6 +52,7 @@ from costmodel.plans.cp import PREFILL, pass_kv, pass_q
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs, job_machine
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
+from costmodel.schedule.layouts import divisors
 from costmodel.symbolic import numeric
 from costmodel.training.step import layer_gemm_rate
 
@@ -667,3 +670,63 @@ def evaluate_infer(
             fits_with=None if mem["fits"] else _fits_with(inputs, setup, model, attention, chunk),
         ),
     )
+
+
+MAX_SERVING_LAYOUTS = 2_000  # layouts a serving search weighs at most (each is a whole infer evaluation)
+
+
+def search_serving(
+    inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None, gpus: int
+) -> tuple[ServingSearch, InferenceReport]:
+    """Every serving layout of ``gpus`` for the request, and the full report of the pick: the fitting layout
+    fastest to first token (then the fewest GPUs, then the fastest decode)."""
+    if inputs.model is None:
+        raise InputError("--model", "inference needs a model preset; e.g. --model llama3-70b")
+    model = load_model(inputs.model)
+    shapes = [
+        (tp, cp, pp)
+        for tp in divisors(model.heads)
+        for cp in (2**k for k in range(MAX_CP.bit_length()))
+        for pp in divisors(model.layers)
+        if gpus % (tp * cp * pp) == 0 and cp <= MAX_CP
+    ]
+    if len(shapes) > MAX_SERVING_LAYOUTS:
+        raise InputError(
+            "--gpus", f"{len(shapes):,} layouts; a serving search weighs at most {MAX_SERVING_LAYOUTS:,}"
+        )
+    rows = []
+    for tp, cp, pp in shapes:
+        changed = setup.model_copy(
+            update={"tp": tp, "cp": cp, "pp": pp, "target_ttft": None, "target_tpot": None}
+        )
+        try:
+            out = evaluate_infer(inputs, changed, overrides).inference
+        except InputError:  # a degree the prompt, the stages or the profile's links refuse
+            continue
+        mem = out.memory
+        used = mem.weight_bytes_per_device + mem.kv_cache_bytes_per_device + mem.prefill_activation_bytes
+        rows.append(
+            ServingLayout(
+                tp=tp,
+                cp=cp,
+                pp=pp,
+                gpus=tp * cp * pp,
+                replicas=gpus // (tp * cp * pp),
+                fits=mem.fits,
+                ttft_s=out.ttft_s,
+                tpot_s=out.tpot_s,
+                memory_bytes=used,
+                usable_bytes=mem.usable_bytes,
+            )
+        )
+    if not rows:
+        raise InputError(
+            "--gpus", f"no layout of {gpus} GPUs serves this request (TP dividing the heads, CP the prompt)"
+        )
+    rows.sort(key=lambda r: (not r.fits, r.ttft_s, r.gpus, r.tpot_s))
+    found = ServingSearch(gpus=gpus, considered=len(rows), fit=sum(r.fits for r in rows), layouts=rows)
+    pick = rows[0]
+    report = evaluate_infer(
+        inputs, setup.model_copy(update={"tp": pick.tp, "cp": pick.cp, "pp": pick.pp}), overrides
+    )
+    return found, report.model_copy(update={"search": found})
