@@ -119,3 +119,16 @@ def wait_for_connected_ranks(launcher: Any, count: int, seconds: float = 300) ->
         )
         assert time.monotonic() < deadline, f"{count} ranks did not connect within {seconds:g} s"
         time.sleep(0.05)
+
+
+# What a dense model trained in full binds for what it does not use: no latent attention, no LoRA.
+PLAIN = {"m_la": 0, "c_q": 0, "r_q": 0, "r_kv": 0, "d_qk": 0, "d_r": 0, "d_v": 0, "f_b": 1, "f_tr": 1.0}
+
+
+def formula(name: str, **values: Any) -> Any:
+    """The generated twin of formula ``name`` at ``values`` (PLAIN filling what they leave out), each argument
+    taken by name: a test states the shape it means and nothing else."""
+    from costmodel.symbolic import numeric
+
+    given = PLAIN | values
+    return getattr(numeric, name)(**{a: given[a] for a in numeric.ARGS[name]})

@@ -15,6 +15,7 @@ from costmodel.inference.published import GOAL, ROWS
 from costmodel.inference.serve import evaluate_infer
 from costmodel.inference.setup import build_infer
 from costmodel.symbolic import numeric
+from tests.support import formula
 
 H405 = {"model": "llama3-405b", "hw": "h100-ib", "tp": 8, "weights": "fp8", "output": 0}
 
@@ -50,7 +51,7 @@ def test_tp_beyond_kv_heads_replicates_one_head_per_rank() -> None:
 
 def test_weights_per_device_by_hand() -> None:
     out = infer(**H405, prompt="1M", cp=16)
-    params = numeric.params(n_L=126, H=16384, h=128, n_kv=8, d=128, F_ffn=53248, g=1, V=128256, e_m=2)
+    params = formula("params", n_L=126, H=16384, h=128, n_kv=8, d=128, F_ffn=53248, g=1, V=128256, e_m=2)
     assert out.memory.weight_bytes_per_device == pytest.approx(params / 8 * 1, rel=1e-12)
 
 

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
+from costmodel.plans.bind import call, layer_shape
 from costmodel.plans.models import from_hf_config, load_model
 from tests.support import REPO
 
@@ -132,10 +133,76 @@ def test_what_is_not_modelled_is_one_line_on_stderr(cli) -> None:
     assert quiet.err == ""
 
 
-def test_multi_head_latent_attention_is_refused_not_planned_as_gqa(cli) -> None:
-    result = cli("--model", str(HF / "deepseek-v3.json"))
-    assert result.code == 2 and result.err.count("\n") == 1
-    assert "multi-head latent attention (kv_lora_rank 512, qk_rope_head_dim 64)" in result.err
+def test_deepseek_v3_imports_with_its_latent_attention_and_shared_expert() -> None:
+    """DeepSeek-V3's config.json: 128 heads whose attention sees K of 192 and V of 128 (mean 160), MLA's
+    latents, 256 routed experts of 2,048 with one shared expert of the same width, 8 per token."""
+    preset, notes = from_hf_config(json.loads((HF / "deepseek-v3.json").read_text()))
+    assert (preset.heads, preset.kv_heads, preset.head_dim) == (128, 128, 160)
+    assert preset.mla is not None and (preset.mla.q_lora_rank, preset.mla.kv_lora_rank) == (1536, 512)
+    assert (preset.mla.qk_head_dim, preset.mla.v_head_dim) == (192, 128)
+    assert (preset.experts, preset.experts_per_token, preset.ffn_hidden, preset.shared_expert_ffn) == (
+        256,
+        8,
+        2048,
+        2048,
+    )
+    assert any("first_k_dense_replace=3" in note for note in notes)
+    assert any("multi-head latent attention" in note for note in notes)
+
+
+def test_latent_attention_projections_by_hand() -> None:
+    """DeepSeek-V3's attention weights per layer [DeepSeek-V2 §2.1]: Q down 7168x1536 and up 1536x(128x192),
+    KV down 7168x(512 + 64) and up 512x(128x(128 + 128)), output (128x128)x7168: 187,105,280."""
+    preset, _ = from_hf_config(json.loads((HF / "deepseek-v3.json").read_text()))
+    shape = layer_shape(preset)
+    by_hand = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert by_hand == 187_105_280
+    assert call("attention_qkv_params", shape) + call("attention_out_params", shape) == by_hand
+    no_q_latent = shape | {"c_q": 0}  # DeepSeek-V2-Lite projects Q directly: 7168 x (128 x 192)
+    assert (
+        call("attention_qkv_params", no_q_latent)
+        == by_hand - 128 * 128 * 7168 - 7168 * 1536 - 1536 * 128 * 192 + 7168 * 128 * 192
+    )
+    gqa = layer_shape(load_model("llama3-8b"))  # and GQA's stays 4096 x (32 + 2 x 8) x 128 + 4096 x 4096
+    assert (
+        call("attention_qkv_params", gqa) + call("attention_out_params", gqa) == 4096 * 48 * 128 + 4096 * 4096
+    )
+
+
+def test_a_latent_attention_model_plans_steps_and_exports(cli) -> None:
+    """The single-layer plan moves K and V of 128 heads x 160 (the mean of 192 and 128); the step and the
+    search price it with its projections; Megatron exports it with EP; infer refuses its latent cache."""
+    model = str(HF / "deepseek-v3.json")
+    plan = cli("--seq", "128k", "--n", "8", "--hw", "h100-ib", "--model", model, "--causal", "-f", "json")
+    assert plan.code == 0, plan.err
+    ring = json.loads(plan.out)["ring"]
+    assert ring["step_recv_bytes"] == 131072 // 8 * 2 * 128 * 160 * 2  # K and V of one shard, bf16
+    args = ["--model", model, "--seq", "32k", "--hw", "h100-ib", "--gpus", "2048"]
+    step = cli(
+        "step",
+        *args,
+        "--tp",
+        "8",
+        "--pp",
+        "16",
+        "--ep",
+        "8",
+        "--cp",
+        "2",
+        "--global-batch",
+        "256",
+        "-f",
+        "json",
+    )
+    assert step.code == 0, step.err
+    assert json.loads(step.out)["step"]["time_s"] > 0
+    exported = cli("recommend", *args, "--format", "megatron")
+    assert exported.code == 0, exported.err
+    pick = json.loads(cli("recommend", *args, "--format", "json").out)["search"]["plans"][0]
+    assert ("--expert-model-parallel-size" in exported.out) == (pick["ep"] > 1)
+    assert f"--context-parallel-size {pick['cp']}" in exported.out
+    refused = cli("infer", "--model", model, "--prompt", "32k", "--hw", "h100-ib", "--tp", "8")
+    assert refused.code == 2 and "multi-head latent attention" in refused.err
 
 
 def test_head_dim_defaults_to_hidden_over_heads_and_unknown_families_are_refused() -> None:

@@ -8,10 +8,9 @@ from costmodel.core.errors import InputError
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.job import Job
 from costmodel.plans.models import load_model
-from costmodel.symbolic import numeric
 from costmodel.training import moe
 from costmodel.training.step import evaluate_step
-from tests.support import REPO
+from tests.support import REPO, formula
 
 HF = REPO / "tests" / "data" / "hf"
 MIXTRAL = str(HF / "mixtral-8x7b.json")
@@ -22,8 +21,8 @@ def test_mixtral_active_and_total_parameters() -> None:
     """Mixtral 8x7B: 12.9B active (2 of 8 experts), 46.7B in all, as Mistral AI publishes them (to 0.1B)."""
     model = load_model(MIXTRAL)
     shape = {"H": 4096, "V": 32000, "d": 128, "e_m": 2, "g": 1, "h": 32, "n_L": 32, "n_kv": 8}
-    assert numeric.params(F_ffn=moe.active_ffn(model), **shape) == pytest.approx(12.9e9, abs=0.05e9)
-    assert numeric.params(F_ffn=8 * model.ffn_hidden, **shape) == pytest.approx(46.7e9, abs=0.05e9)
+    assert formula("params", F_ffn=moe.active_ffn(model), **shape) == pytest.approx(12.9e9, abs=0.05e9)
+    assert formula("params", F_ffn=8 * model.ffn_hidden, **shape) == pytest.approx(46.7e9, abs=0.05e9)
 
 
 def test_shared_expert_joins_the_active_width() -> None:

@@ -26,7 +26,7 @@ from costmodel.training.memory import fit_at, memory
 from costmodel.training.recommend import recommend
 from costmodel.training.search import Constraints, search, search_loop
 from costmodel.training.step import bind, evaluate_step
-from tests.support import REPO, every_scheme, memory_values, searched
+from tests.support import REPO, every_scheme, formula, memory_values, searched
 
 MIXTRAL = str(REPO / "tests" / "data" / "hf" / "mixtral-8x7b.json")
 H, F, LAYERS, EXPERTS = 4096, 14336, 32, 8
@@ -171,12 +171,12 @@ def test_one_device_of_one_rank_holds_the_whole_model(
     by EP never adds memory, and the devices of an EP group hold every expert once."""
     shape = {"H": 2048, "V": 50000, "d": 128, "e_m": 2, "g": 1, "h": 16, "n_L": 8, "n_kv": 4, "F_ffn": 1408}
     shape |= {"n_E": experts, "F_sh": shared}
-    total = numeric.moe_params(**shape)
+    total = formula("moe_params", **shape)
     one = shape | {"t": 1, "pp": 1, "E_p": 1, "n_first": 8, "n_mid": 0, "n_last": 8}
-    assert numeric.moe_device_params(**one) == pytest.approx(total, rel=1e-12)
+    assert formula("moe_device_params", **one) == pytest.approx(total, rel=1e-12)
     megatron = {"q_w": 2, "q_c": 2, "q_g": 4, "q_m": 4, "q_o": 4}  # frameworks/megatron.yaml's copies
-    assert numeric.moe_model_state_bytes(
-        **one, **megatron, z_w=1, z_g=1, z_o=1, o_opt=0, o_par=0
+    assert formula(
+        "moe_model_state_bytes", **one, **megatron, z_w=1, z_g=1, z_o=1, o_opt=0, o_par=0
     ) == pytest.approx(18 * total, rel=1e-12)
     even = shape["n_L"] // pp  # every stage holds as many layers
     split = shape | {"t": t, "pp": pp, "n_first": even, "n_mid": even if pp > 2 else 0, "n_last": even}
@@ -189,7 +189,7 @@ def test_one_device_of_one_rank_holds_the_whole_model(
 
 
 def _at(name: str, values: dict) -> float:
-    return getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]})
+    return formula(name, **values)
 
 
 PINNED_FIT = (8030261248.0, 49687241472.0, 10719592448.0, 65086732032.0)

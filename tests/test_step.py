@@ -14,13 +14,14 @@ from costmodel.machines.profiles import load_profile
 from costmodel.plans.job import Job
 from costmodel.symbolic import numeric
 from costmodel.training.step import bind, evaluate_step
+from tests.support import formula
 
 LLAMA8B = {"H": 4096, "F_ffn": 14336, "V": 128256, "n_L": 32, "g": 1, "h": 32, "n_kv": 8, "d": 128, "e_m": 2}
 
 
 def test_model_flops_are_six_per_parameter_for_a_short_sequence() -> None:
     """6·P·tokens for a dense model (Llama 3 8B: 7.50 B weights that multiply, input embedding aside)."""
-    per_token = numeric.model_flops_per_token(**LLAMA8B, S=1)
+    per_token = formula("model_flops_per_token", **LLAMA8B, S=1)
     weights = (
         32 * (4096 * 128 * (2 * 32 + 2 * 8) + 3 * 4096 * 14336) + 128256 * 4096
     )  # Q, K, V, O, MLP; output
@@ -29,18 +30,16 @@ def test_model_flops_are_six_per_parameter_for_a_short_sequence() -> None:
 
 def test_executed_flops_match_model_flops_without_recompute_or_attention() -> None:
     """With S -> 1 and no recompute, what the device runs per token is 6 per weight (norms aside)."""
-    hw = numeric.hardware_flops_per_token(
-        **{k: v for k, v in LLAMA8B.items() if k != "e_m"}, S=1, c=0.5, rc_sel=0, rc_full=0
-    )
-    model = numeric.model_flops_per_token(**LLAMA8B, S=1)
+    hw = formula("hardware_flops_per_token", **LLAMA8B, S=1, c=0.5, rc_sel=0, rc_full=0)
+    model = formula("model_flops_per_token", **LLAMA8B, S=1)
     assert hw == pytest.approx(model, rel=0.001)
 
 
 def test_full_recompute_adds_a_third_of_the_matmul_flops() -> None:
     """Full recompute runs the forward again: 8 instead of 6 FLOP per weight [Korthikanti22 §6]."""
-    args = {k: v for k, v in LLAMA8B.items() if k != "e_m"} | {"S": 1, "c": 0.5, "rc_sel": 0, "V": 0}
-    assert numeric.hardware_flops_per_token(**args, rc_full=1) / numeric.hardware_flops_per_token(
-        **args, rc_full=0
+    args = LLAMA8B | {"S": 1, "c": 0.5, "rc_sel": 0, "V": 0}
+    assert formula("hardware_flops_per_token", **args, rc_full=1) / formula(
+        "hardware_flops_per_token", **args, rc_full=0
     ) == pytest.approx(8 / 6, rel=1e-5)  # S = 1: attention adds a few parts per million
 
 
@@ -56,8 +55,7 @@ HEAD = {"B_hbm": 3.35e12, "F_head": 6e14, "H": 16384, "N": 1, "S": 8192, "V": 12
 
 def _pipeline(name: str, pp: int, first: int, middle: int, last: int, **values: float) -> float:
     stages = {"n_first": first, "n_mid": middle, "n_last": last, "n_L": first + (pp - 2) * middle + last}
-    given = HEAD | values | stages
-    return getattr(numeric, name)(**{a: given[a] for a in numeric.ARGS[name]})
+    return formula(name, **(HEAD | values | stages))
 
 
 @pytest.mark.parametrize(
@@ -72,13 +70,13 @@ def test_pipeline_bubble_over_even_stages(pp: int, v: int, m: int, bubble: float
 
 def test_one_stage_has_no_bubble() -> None:
     values = {"n_first": 32, "n_mid": 0, "n_last": 32, "n_L": 32}
-    assert numeric.pipeline_bubble_s(**(HEAD | values | {"t_lay": 1e-3, "v_pp": 1})) == 0.0
+    assert formula("pipeline_bubble_s", **(HEAD | values | {"t_lay": 1e-3, "v_pp": 1})) == 0.0
 
 
 def test_slowest_stage_sets_the_pace_and_the_rest_is_the_bubble() -> None:
     """Llama 3 405B's split, 7 + 14 x 8 + 7 of 126 layers: with an output layer worth half a layer the
     middle stages (8 layers) are slowest; worth two layers, the last (7 layers and the output layer) is."""
-    head = numeric.head_s(**{a: HEAD[a] for a in numeric.ARGS["head_s"]})
+    head = formula("head_s", **HEAD)
     for layers_worth, crit, on_last in ((0.5, 8, 0), (2.0, 7, 1)):
         t_lay = head / layers_worth
         args = {"t_lay": t_lay, "v_pp": 2}

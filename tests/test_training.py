@@ -18,7 +18,7 @@ from costmodel.plans.models import load_model
 from costmodel.symbolic import formulas, numeric
 from costmodel.training.memory import zero_fractions
 from costmodel.training.recommend import recommend, schemes_at
-from tests.support import memory_values, plan
+from tests.support import formula, memory_values, plan
 
 f = formulas.FORMULAS
 
@@ -87,7 +87,8 @@ def test_sequence_parallel_plus_selective_is_5x_less_than_tp_alone() -> None:
 )
 def test_parameter_counts(preset: str, billions: float) -> None:
     m = load_model(preset)
-    params = numeric.params(
+    params = formula(
+        "params",
         n_L=m.layers,
         H=m.hidden,
         d=m.head_dim,
@@ -108,7 +109,7 @@ def test_zero_stages(stage: int, bytes_per_param: float) -> None:
     """bf16 weights (2), fp32 grads (4), fp32 master + Adam (12) bytes per parameter, sharded over 64."""
     z_w, z_g, z_o = zero_fractions(stage, 64)
     megatron = {"q_w": 2, "q_c": 2, "q_g": 4, "q_m": 4, "q_o": 4}  # frameworks/megatron.yaml's copies
-    per_param = numeric.model_state_bytes(n_L=1, H=1, d=1, h=1, n_kv=1, g=0, F_ffn=0, e_m=0, V=0, t=1, pp=1,
+    per_param = formula("model_state_bytes", n_L=1, H=1, d=1, h=1, n_kv=1, g=0, F_ffn=0, e_m=0, V=0, t=1, pp=1,
                                           n_first=1, n_mid=0, n_last=1, **megatron,
                                           z_w=z_w, z_g=z_g, z_o=z_o, o_opt=0, o_par=0) / 7  # fmt: skip  # 7 parameters
     assert per_param == pytest.approx(bytes_per_param)

@@ -25,10 +25,10 @@ from costmodel.core.errors import InputError
 from costmodel.core.tables import GOAL, errors_summary, read_csv
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans import cp as registry
+from costmodel.plans.bind import call, layer_shape
 from costmodel.plans.cp import TRAINING
 from costmodel.plans.job import Job
 from costmodel.plans.models import ModelPreset, load_model
-from costmodel.symbolic import numeric
 from costmodel.training.report import StepReport
 from costmodel.training.step import bind, evaluate_step
 
@@ -339,19 +339,7 @@ def bound(run: MeasuredRun, profiles: Profiles, report: StepReport) -> dict[str,
 
 
 def _params(model: ModelPreset) -> float:
-    return float(
-        numeric.params(
-            H=model.hidden,
-            F_ffn=model.ffn_hidden,
-            V=model.vocab,
-            d=model.head_dim,
-            e_m=1 if model.tied_embeddings else 2,
-            g=int(model.gated_mlp),
-            h=model.heads,
-            n_L=model.layers,
-            n_kv=model.kv_heads,
-        )
-    )
+    return float(call("params", layer_shape(model)))
 
 
 def size_group(params: float) -> str:

@@ -13,6 +13,7 @@ import typer
 
 from costmodel.cli.options import REQUIRED, PriceOpt, TokensOpt, console, declared, house_table, token_budget
 from costmodel.cli.output import Format, emit, format_option
+from costmodel.core.errors import InputError
 from costmodel.core.units import seconds, si
 from costmodel.plans.inputs import MachineOverrides, TrainingSetup, Workload
 from costmodel.plans.job import JOB_DEFAULTS, FrameworkKnobs, Job, StepSetup, make_job
@@ -100,6 +101,10 @@ def _memory_reference(job: Job) -> dict:
     from costmodel.cli.kernel import require_torch
 
     require_torch("--memory-reference")
+    if job.model.mla is not None:
+        raise InputError(
+            "--memory-reference", "the torch reference builds GQA attention; not a latent-attention model"
+        )
     from costmodel.kernel.memory import MemoryCase, measure
 
     measured = {where: measure(MemoryCase(**fields)) for where, fields in reference_cases(job).items()}

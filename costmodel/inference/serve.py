@@ -575,6 +575,12 @@ def evaluate_infer(
             "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b",
         )
     model = load_model(inputs.model)
+    if model.mla is not None:  # a decode cache of latents, read through absorbed projections: not this model
+        raise InputError(
+            "--model",
+            f"{inputs.model} uses multi-head latent attention, whose cache holds latents; infer models caches "
+            "of K and V heads (cp-plan step and recommend model MLA training)",
+        )
     if (
         model.experts
     ):  # its weights, reads and FLOP per token differ from a dense layer's: refuse, never undercount

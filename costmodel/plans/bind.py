@@ -83,8 +83,9 @@ def attention_shape(inputs: PlanInputs, n: int, batch: int | None = None) -> dic
 
 
 def layer_shape(model: ModelPreset) -> dict[str, int]:
-    """The model's layer shape: heads, hidden and FFN widths, vocabulary, layers, the gated MLP and the
-    embedding matrices (one when input and output share it)."""
+    """The model's layer shape: heads, hidden and FFN widths, vocabulary, layers, the gated MLP, the
+    embedding matrices (one when input and output share it) and latent attention's projections."""
+    mla = model.mla
     return {
         "h": model.heads,
         "n_kv": model.kv_heads,
@@ -95,6 +96,14 @@ def layer_shape(model: ModelPreset) -> dict[str, int]:
         "n_L": model.layers,
         "g": int(model.gated_mlp),
         "e_m": 1 if model.tied_embeddings else 2,
+        # multi-head latent attention's projections; unused (m_la = 0) by the rest
+        "m_la": int(mla is not None),
+        "c_q": int(mla is not None and mla.q_lora_rank is not None),
+        "r_q": (mla.q_lora_rank or 0) if mla else 0,
+        "r_kv": mla.kv_lora_rank if mla else 0,
+        "d_qk": mla.qk_head_dim if mla else model.head_dim,
+        "d_r": mla.qk_rope_head_dim if mla else 0,
+        "d_v": mla.v_head_dim if mla else model.head_dim,
     }
 
 

@@ -18,6 +18,29 @@ Heads = Count(maximum=2**16)
 Width = Count(maximum=2**24)
 
 
+class LatentAttention(BaseModel):
+    """Multi-head latent attention ([DeepSeek-V2 §2.1]): the latents' ranks and the heads' dimensions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    q_lora_rank: Width | None = Field(None, description="the query latent's rank; none: Q projected directly")
+    kv_lora_rank: Width = Field(
+        description="the key-value latent's rank (what a decode cache keeps per token)"
+    )
+    qk_nope_head_dim: Heads = Field(description="each head's query and key dimensions without rotary")
+    qk_rope_head_dim: Heads = Field(description="the rotary dimensions, one key shared by every head")
+    v_head_dim: Heads = Field(description="each head's value dimension")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def attention_head_dim(self) -> int:
+        """The head dimension attention and its traffic see on average: QK^T at d_qk, PV at d_v."""
+        return (self.qk_head_dim + self.v_head_dim) // 2
+
+
 class ModelPreset(BaseModel):
     """A transformer's shape (configs/models/*.yaml)."""
 
@@ -56,6 +79,11 @@ class ModelPreset(BaseModel):
     shared_expert_ffn: Width | None = Field(
         None, description="FFN width of the always-active shared expert(s) of an MoE layer (Qwen-MoE)"
     )
+    mla: LatentAttention | None = Field(
+        None,
+        description="multi-head latent attention (DeepSeek-V2/V3, Kimi K2); head_dim is then the mean of the "
+        "query-key and value dimensions and kv_heads equals heads: the K and V a ring or all-gather CP moves",
+    )
 
     @model_validator(mode="after")
     def _gqa(self) -> Self:
@@ -71,6 +99,14 @@ class ModelPreset(BaseModel):
             raise ValueError(f"experts_per_token {self.experts_per_token} exceeds experts {self.experts}")
         if self.shared_expert_ffn and not self.experts:
             raise ValueError("shared_expert_ffn needs experts")
+        if self.mla is not None:
+            if (self.mla.qk_head_dim + self.mla.v_head_dim) % 2:
+                raise ValueError("mla: qk_nope_head_dim + qk_rope_head_dim + v_head_dim must be even")
+            if self.kv_heads != self.heads or self.head_dim != self.mla.attention_head_dim:
+                raise ValueError(
+                    f"mla: kv_heads must equal heads ({self.heads}) and head_dim the mean of the query-key "
+                    f"and value dimensions ({self.mla.attention_head_dim})"
+                )
         return self
 
 
@@ -120,6 +156,7 @@ _GATED = {
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
+    "kimi_k2",
     "olmo2",
     "phi3",
     "granite",
@@ -183,6 +220,12 @@ _MAPPED = {
     "moe_intermediate_size",
     "sliding_window_size",
     "shared_expert_intermediate_size",
+    "n_shared_experts",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
     "multi_query",
     "new_decoder_architecture",
     *(alias for names in _ALIASES.values() for alias in names),
@@ -232,11 +275,10 @@ _IRRELEVANT = {
     "bos_token",
     "eos_token",
 }
+
+
 # Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): the ring could send the compressed latent instead
 # of per-head K and V, a traffic the model does not have yet.
-_MLA = ("kv_lora_rank", "qk_rope_head_dim")
-
-
 def from_hf_config(
     data: object, origin: str = "config.json", field: str = "--model"
 ) -> tuple[ModelPreset, list[str]]:
@@ -246,7 +288,8 @@ def from_hf_config(
     ``hidden_size / heads``), else that quotient. Sliding windows are recorded in the preset but not yet used
     by the cost model; MoE counts are used by the step only; both appear in the returned list so the caller
     can say so.
-    Multi-head latent attention is refused rather than planned as if it were GQA."""
+    Multi-head latent attention keeps its projections' shapes; attention and its CP traffic see every head
+    at the mean of the query-key and value dimensions."""
     data, family = _normalized(data, origin, field)
 
     def need(key: str) -> int:
@@ -258,7 +301,11 @@ def from_hf_config(
     heads = need("num_attention_heads")
     hidden = need("hidden_size")
     kv_heads = _kv_heads(data, family, heads, need, field)
-    if data.get("head_dim") is not None:
+    mla = _latent(data, need) if data.get("kv_lora_rank") is not None else None
+    if mla is not None:  # attention and its traffic see every head at the mean of d_qk and d_v
+        kv_heads = heads
+        head_dim = (mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"] + mla["v_head_dim"]) // 2
+    elif data.get("head_dim") is not None:
         head_dim = need("head_dim")
     elif hidden % heads:
         raise InputError(
@@ -275,6 +322,18 @@ def from_hf_config(
         notes.append(
             f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
             f"{window} keys; the plan treats every layer as global)"
+        )
+    dense = data.get("first_k_dense_replace")
+    if experts and isinstance(dense, int) and not isinstance(dense, bool) and dense > 0:
+        notes.append(
+            f"first_k_dense_replace={dense}: the first {dense} layers are dense; the plan counts every layer as "
+            "MoE (more parameters than the model has)"
+        )
+    if mla is not None:
+        notes.append(
+            "multi-head latent attention: the projections at their own shapes; attention and CP traffic at "
+            f"{heads} heads of {head_dim} (the mean of query-key {mla['qk_nope_head_dim'] + mla['qk_rope_head_dim']} "
+            f"and value {mla['v_head_dim']}): the K and V a ring or all-gather moves"
         )
     if experts:
         notes.append(
@@ -304,6 +363,7 @@ def from_hf_config(
         "experts": experts,
         "experts_per_token": top_k,
         "shared_expert_ffn": shared,
+        "mla": mla,
     }
     try:
         return ModelPreset.model_validate(fields), notes
@@ -352,13 +412,6 @@ def _normalized(data: object, origin: str, field: str) -> tuple[dict[str, Any], 
         and isinstance(data.get("hidden_size"), int)
     ):
         data["intermediate_size"] = 4 * data["hidden_size"]
-    if all(key in data for key in _MLA):
-        raise InputError(
-            field,
-            f"{origin}: {family or 'this model'} uses multi-head latent attention (kv_lora_rank "
-            f"{data['kv_lora_rank']}, qk_rope_head_dim {data['qk_rope_head_dim']}); its ring traffic is "
-            "not modelled yet: pass --heads, --kv-heads and --head-dim for the K and V you send",
-        )
     return data, family
 
 
@@ -373,8 +426,17 @@ def _experts(data: dict[str, Any], need: Any) -> tuple[int | None, int | None, i
     top_k = need(top_k_key) if experts_key and top_k_key else None
     moe_ffn = experts and data.get("moe_intermediate_size")
     ffn = need("moe_intermediate_size") if moe_ffn else need("intermediate_size")
-    shared = experts and data.get("shared_expert_intermediate_size")
-    return experts, top_k, ffn, need("shared_expert_intermediate_size") if shared else None
+    if experts and data.get("shared_expert_intermediate_size"):  # Qwen-MoE: the shared experts' width
+        return experts, top_k, ffn, need("shared_expert_intermediate_size")
+    if experts and data.get("n_shared_experts"):  # DeepSeek: that many experts of the routed width
+        return experts, top_k, ffn, need("n_shared_experts") * ffn
+    return experts, top_k, ffn, None
+
+
+def _latent(data: dict[str, Any], need: Any) -> dict[str, int | None]:
+    """Multi-head latent attention's ranks and head dimensions, each a positive integer (no Q latent: null)."""
+    fields = {k: need(k) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    return {"q_lora_rank": need("q_lora_rank") if data.get("q_lora_rank") is not None else None, **fields}
 
 
 def _kv_heads(data: dict[str, Any], family: str, heads: int, need: Any, field: str) -> int:

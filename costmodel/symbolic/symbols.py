@@ -530,6 +530,55 @@ o_dp = _symbol(
     nonnegative=True,
 )
 
+# Multi-head latent attention ([DeepSeek-V2 §2.1]): Q and K, V pass through low-rank latents; attention and its
+# traffic see h heads of (d_qk + d_v) / 2 on average, the projections their own shapes.
+m_la = _symbol(
+    "m_la",
+    "multi-head latent attention: 1, else 0 (Q, K, V projected directly)",
+    "1",
+    "[DeepSeek-V2 §2.1]",
+    nonnegative=True,
+    integer=True,
+)
+c_q = _symbol(
+    "c_q",
+    "MLA's queries through a latent: 1, else 0 (projected directly)",
+    "1",
+    "[DeepSeek-V2 §2.1]",
+    nonnegative=True,
+    integer=True,
+)
+r_q = _symbol(
+    "r_q",
+    "MLA's query latent rank (with c_q = 1)",
+    "elements",
+    "[DeepSeek-V2 §2.1]",
+    nonnegative=True,
+    integer=True,
+)
+r_kv = _symbol(
+    "r_kv", "MLA's key-value latent rank", "elements", "[DeepSeek-V2 §2.1]", nonnegative=True, integer=True
+)
+d_qk = _symbol(
+    "d_qk",
+    "MLA's query and key head dimension (its rotary part included)",
+    "elements",
+    "[DeepSeek-V2 §2.1]",
+    nonnegative=True,
+    integer=True,
+)
+d_r = _symbol(
+    "d_r",
+    "MLA's rotary key dimension, shared by every head",
+    "elements",
+    "[DeepSeek-V2 §2.1]",
+    nonnegative=True,
+    integer=True,
+)
+d_v = _symbol(
+    "d_v", "MLA's value head dimension", "elements", "[DeepSeek-V2 §2.1]", nonnegative=True, integer=True
+)
+
 # Fine-tuning ([LoRA]): the base weights trained or frozen, and the rank of low-rank adapters beside them.
 f_b = _symbol(
     "f_b",

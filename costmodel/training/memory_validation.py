@@ -11,6 +11,7 @@ its framework constants set without them, and they are reported separately.
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from costmodel.core.fileio import read_yaml
 from costmodel.core.resources import data_dir
 from costmodel.plans.job import Job
-from costmodel.plans.models import ModelPreset
+from costmodel.plans.models import LatentAttention, ModelPreset
 from costmodel.training.step import step_memory
 
 GIB = 2**30
@@ -86,11 +87,12 @@ def _model(row: MemoryPeak) -> tuple[dict[str, Any], ModelPreset | None]:
     if isinstance(row.model, str):
         return {"model": PRESETS[row.model]}, None
     model = row.model
-    if "attention_kind" in model:  # multi-head latent attention (DeepSeek-V3's) is not modelled
-        raise NotExpressible(f"{model['attention_kind'].split(' (')[0]} attention is not modelled")
     shape = {
         k: model[k] for k in ("heads", "kv_heads", "head_dim", "layers", "hidden", "ffn_hidden", "vocab")
     }
+    if "attention_kind" in model:  # multi-head latent attention, as the row states its ranks and dimensions
+        mla = _latent(model["attention_kind"])
+        shape |= {"mla": mla, "kv_heads": model["heads"], "head_dim": mla.attention_head_dim}
     experts = model.get("experts") or {}
     if experts:
         shape["ffn_hidden"] = experts["moe_ffn_hidden"]
@@ -111,6 +113,21 @@ def _model(row: MemoryPeak) -> tuple[dict[str, Any], ModelPreset | None]:
         **shape,
     )
     return {}, preset
+
+
+def _latent(kind: str) -> LatentAttention:
+    """``MLA (kv_lora_rank 512, q_lora none, qk_nope 128, qk_rope 64, v_head 128)`` as its fields."""
+    stated = dict(re.findall(r"(\w+) (\d+|none)", kind))
+    if not kind.startswith("MLA") or not {"kv_lora_rank", "qk_nope", "qk_rope", "v_head"} <= stated.keys():
+        raise NotExpressible(f"{kind.split(' (')[0]} attention is not modelled")
+    q_lora = stated.get("q_lora", "none")
+    return LatentAttention(
+        q_lora_rank=None if q_lora == "none" else int(q_lora),
+        kv_lora_rank=int(stated["kv_lora_rank"]),
+        qk_nope_head_dim=int(stated["qk_nope"]),
+        qk_rope_head_dim=int(stated["qk_rope"]),
+        v_head_dim=int(stated["v_head"]),
+    )
 
 
 class NotExpressible(ValueError):
@@ -192,6 +209,11 @@ KNOWN_MISSES: dict[str, str] = {
     "swift-megatron-qwen1.5-moe-a2.7b-pp2-ep4-full-8k": (
         "packed variable-length rows and the MoE dispatch's permutation buffers (moe_permute_fusion) are not "
         "modelled; the figure's kind is not stated"
+    ),
+    "swift-megatron-moonlight-16b-a3b-pp2-ep4-full-8k": (
+        "the same recipe as the Qwen1.5-MoE row (packed rows, the MoE dispatch's permutation buffers, not "
+        "modelled) misses alike; the figure is a script header's rounded '8 * 60GiB', and its first, dense "
+        "layer is counted as MoE"
     ),
 }
 

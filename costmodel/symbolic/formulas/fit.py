@@ -26,7 +26,11 @@ from costmodel.symbolic.symbols import (
     T_c,
     V,
     b,
+    c_q,
     d,
+    d_qk,
+    d_r,
+    d_v,
     delta,
     e_m,
     f_b,
@@ -38,6 +42,7 @@ from costmodel.symbolic.symbols import (
     h,
     k_l,
     l_f,
+    m_la,
     m_mb,
     n_first,
     n_kv,
@@ -57,7 +62,9 @@ from costmodel.symbolic.symbols import (
     q_o,
     q_w,
     r_k,
+    r_kv,
     r_lo,
+    r_q,
     rho,
     sigma,
     t,
@@ -79,10 +86,30 @@ define = definer(GROUP)
 # 5·a·s²·b of attention scores, which flash attention and selective recompute do not keep (phi = 0).
 # With MHA, a 4H GeLU MLP and dropout this is the paper's sbh(34 + 5as/h); GQA and a gated MLP
 # generalise the same terms. Context parallelism leaves S/N tokens per device.
+# Multi-head latent attention replaces the Q, K, V projections: queries through a rank-r_q latent (or
+# directly), keys and values through one rank-r_kv latent that every head's K (less its shared rotary part) and
+# V are projected up from, and a rotary key projected directly; the output projection reads h·d_v.
+_q_mla = c_q * r_q * (H + h * d_qk) + (1 - c_q) * H * h * d_qk
+A_qkv = define(
+    "attention_qkv_params",
+    "A_qkv",
+    (1 - m_la) * H * (h + 2 * n_kv) * d + m_la * (_q_mla + H * (r_kv + d_r) + r_kv * h * (d_qk - d_r + d_v)),
+    "weights of a layer's Q, K, V projections: GQA's, or MLA's latents and their up-projections",
+    "1",
+    "[Megatron21 §3], [DeepSeek-V2 §2.1]",
+)
+A_o = define(
+    "attention_out_params",
+    "A_o",
+    (1 - m_la) * h * d * H + m_la * h * d_v * H,
+    "weights of a layer's output projection (MLA's reads h value heads of d_v)",
+    "1",
+    "[Megatron21 §3], [DeepSeek-V2 §2.1]",
+)
 P_layer = define(
     "layer_params",
     "P_layer",
-    H * d * (2 * h + 2 * n_kv) + (2 + g) * H * F_ffn + 2 * H,
+    A_qkv + A_o + (2 + g) * H * F_ffn + 2 * H,
     "parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms",
     "1",
     "model arithmetic",

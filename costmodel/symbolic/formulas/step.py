@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy
 
 from costmodel.symbolic.formulas.compute import W
-from costmodel.symbolic.formulas.fit import P
+from costmodel.symbolic.formulas.fit import A_o, A_qkv, P
 from costmodel.symbolic.formulas.memory import C_step, L
 from costmodel.symbolic.formulas.registry import definer
 from costmodel.symbolic.formulas.ring import C_recv
@@ -119,15 +119,15 @@ T_mb = define(
 W_qkv = define(
     "layer_qkv_flops",
     "W_qkv",
-    2 * T_mb * H * (h + 2 * n_kv) * d / t,
-    "forward FLOP of the Q, K, V projections (GQA: n_kv heads for K and V), per device",
+    2 * T_mb * A_qkv / t,
+    "forward FLOP of the Q, K, V projections (GQA: n_kv heads for K and V; MLA: its latents), per device",
     "FLOP",
     "[Megatron21 §5.1]",
 )
 W_out = define(
     "layer_out_proj_flops",
     "W_o",
-    2 * T_mb * h * d * H / t,
+    2 * T_mb * A_o / t,
     "forward FLOP of the output projection",
     "FLOP",
     "[Megatron21 §5.1]",
@@ -185,7 +185,7 @@ N_out = define(
 W_el = define(
     "layer_gemm_weight_elements",
     "W_el",
-    ((h + 2 * n_kv) * d * H + H * h * d + (1 + g) * F_ffn * H + H * F_ffn) / t,
+    (A_qkv + A_o + (1 + g) * F_ffn * H + H * F_ffn) / t,
     "weight elements of the four multiplies on one TP shard",
     "1",
     "[Megatron21 §3]",
