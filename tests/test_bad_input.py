@@ -67,7 +67,7 @@ CASES: list[tuple[list[str], str]] = [
     (["--hw", "a100-nvlink", "--dtype", "fp8"], "--dtype: profile 'a100-nvlink' has no fp8 FLOP/s"),
     (
         ["--model", "nosuch"],
-        "unknown model 'nosuch'; built-in: gemma-3-27b, gpt-1t, gpt-22b, gpt-530b, gpt3-175b",
+        "unknown model 'nosuch'; built-in: deepseek-v3, gemma-3-27b, gpt-1t, gpt-22b, gpt-530b",
     ),
     (["--model", "nosuch"], "or a path to a YAML file, or a Hugging Face config.json"),
     (["--efficiency", "0"], "--efficiency: must be >= 0.001 (got 0.0)"),

@@ -21,7 +21,7 @@ from costmodel.inference.serve import (
 from costmodel.inference.setup import InferenceSetup
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import call
+from costmodel.plans.bind import DIRECT_ATTENTION, call
 from costmodel.plans.cp import PREFILL
 from costmodel.plans.inputs import PlanInputs
 
@@ -43,6 +43,7 @@ FORMULAS = {
 }
 # One attention layer and nothing else: no weights to read or multiply.
 _NO_WEIGHTS = {"H": 0, "F_ffn": 0, "V": 0, "n_L": 1, "n_first": 1, "n_mid": 0, "n_last": 1, "g": 0, "e_m": 1}
+_NO_WEIGHTS |= DIRECT_ATTENTION
 
 
 def _values(inputs: PlanInputs, machine: Machine, new_tokens: int, cached_tokens: int) -> dict[str, Any]:

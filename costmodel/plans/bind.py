@@ -96,14 +96,24 @@ def layer_shape(model: ModelPreset) -> dict[str, int]:
         "n_L": model.layers,
         "g": int(model.gated_mlp),
         "e_m": 1 if model.tied_embeddings else 2,
-        # multi-head latent attention's projections; unused (m_la = 0) by the rest
-        "m_la": int(mla is not None),
-        "c_q": int(mla is not None and mla.q_lora_rank is not None),
-        "r_q": (mla.q_lora_rank or 0) if mla else 0,
-        "r_kv": mla.kv_lora_rank if mla else 0,
-        "d_qk": mla.qk_head_dim if mla else model.head_dim,
-        "d_r": mla.qk_rope_head_dim if mla else 0,
-        "d_v": mla.v_head_dim if mla else model.head_dim,
+        **(DIRECT_ATTENTION if mla is None else latent_attention(mla)),
+    }
+
+
+# Latent attention's symbols where Q, K and V are projected directly (m_la = 0: the rest is unused).
+DIRECT_ATTENTION = {"m_la": 0, "c_q": 0, "r_q": 0, "r_kv": 0, "d_qk": 0, "d_r": 0, "d_v": 0}
+
+
+def latent_attention(mla: Any) -> dict[str, int]:
+    """Multi-head latent attention's projections (a :class:`~costmodel.plans.models.LatentAttention`)."""
+    return {
+        "m_la": 1,
+        "c_q": int(mla.q_lora_rank is not None),
+        "r_q": mla.q_lora_rank or 0,
+        "r_kv": mla.kv_lora_rank,
+        "d_qk": mla.qk_head_dim,
+        "d_r": mla.qk_rope_head_dim,
+        "d_v": mla.v_head_dim,
     }
 
 
