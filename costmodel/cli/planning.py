@@ -199,7 +199,7 @@ def _max_seq(job, fixed: dict, global_batch: int | None, format: Format) -> None
     """The longest sequence that fits at each CP degree of the job's GPUs, and the fastest plan there."""
     from costmodel.training.capacity import max_seq_table
 
-    constraints = Constraints(**{k: v for k, v in fixed.items()})
+    constraints = Constraints(**fixed)
     check_constraints(job.model, job.gpus, 1, Constraints(**(constraints.__dict__ | {"cp": None})))
     rows = max_seq_table(job, global_batch, constraints)
     data = {

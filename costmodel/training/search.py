@@ -599,7 +599,7 @@ def search(
     if top is not None:
         table = _contenders(table, top, job, shapes)
     result = evaluate_table(table, job, shapes)
-    order = np.lexsort((table.columns["gpus"], result["memory"]["total_bytes"], result["time_s"]))
+    order = _fastest_first(table, result)
     if top is not None:  # of plans that differ only in their stage split, the fastest split speaks for all
         c = table.columns
         layout = _key(
@@ -658,8 +658,7 @@ def weighed(job: Job, global_batch: int, constraints: Constraints = Constraints(
     if not len(table):
         return []
     result = evaluate_table(table, job)
-    memory = result["memory"]
-    order = np.lexsort((table.columns["gpus"], memory["total_bytes"], result["time_s"]))
+    order = _fastest_first(table, result)
     rows = []
     for i in order:
         row = _row(table, result, int(i))
@@ -669,6 +668,11 @@ def weighed(job: Job, global_batch: int, constraints: Constraints = Constraints(
             row | {f"x{k.lower()}_s": v for k, v in exposed.items()} | breakdown
         )  # as its table heads them
     return rows
+
+
+def _fastest_first(table: Table, result: dict[str, Any]) -> np.ndarray:
+    """The rank order of evaluated plans: step time, then memory, then fewer GPUs."""
+    return np.lexsort((table.columns["gpus"], result["memory"]["total_bytes"], result["time_s"]))
 
 
 FIRST_ROUND = 4096  # plans timed before the bound prunes the rest
