@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import statistics
 import tempfile
@@ -31,7 +32,8 @@ from costmodel.audit.runs import (
     predict,
     read_runs,
 )
-from costmodel.machines.profiles import load_profile
+from costmodel.calibration.residuals import coverage_report, median_half_width
+from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.training.validation import ROWS, by_framework
 from costmodel.training.validation import predict as published
 
@@ -125,6 +127,7 @@ def main() -> None:
     fitted = Profiles(fit["profile"])
     aside_rows = [compare_row(run, predict(run, fitted)) for run in aside]
     print(line("single node, kept aside (every 5th row)", errors_summary([r["error"] for r in aside_rows])))
+    print(fitted_coverage(fit["profile"], aside))
     if fit["transfer"] is not None:
         print(line("multi-node, predicted from the single-node fit", fit["transfer"]))
         print(rank_line("  layouts ranked, from the fit", fit["transfer_ranking"]))
@@ -136,6 +139,42 @@ def main() -> None:
     )
     for name, s in by_framework().items():
         print(f"  ran on {name:<42} {s['rows']:>5} rows  median |error| {s['median']:6.1%}")
+    print(
+        "prediction intervals on the published tables (split-conformal; leave-one-out, memory's holdout apart):"
+    )
+    for regime, levels in coverage_report().items():
+        cells = "  ".join(
+            f"{level}: {c['covered']:4.0%} of {c['given']}"
+            if c["covered"] is not None
+            else f"{level}: none of {c['runs']}"
+            for level, c in levels.items()
+        )
+        print(f"  {regime:<52} {cells}")
+    for quantity in ("step_time", "memory", "serving"):
+        width = median_half_width(quantity, 0.8)
+        print(f"  median 80 % half-width, {quantity:<10} " + ("none" if width is None else f"±{width:.1%}"))
+
+
+def fitted_coverage(profile: HardwareProfile, aside: list) -> str:
+    """The fitted profile's own intervals (its k-fold residuals) on the runs kept aside from the fit."""
+    residuals = profile.fit_residuals
+    if residuals is None:
+        return "fitted profile: no residuals"
+    parts = []
+    for level in (0.8, 0.95):
+        bounds = residuals.bounds(level)
+        if bounds is None:
+            parts.append(f"{level:.0%}: too few runs")
+            continue
+        fitted = Profiles(profile)
+        inside = [
+            bounds[0] <= math.log(run.measured_s / predict(run, fitted).step.time_s) <= bounds[1]
+            for run in aside
+        ]
+        parts.append(
+            f"{level:.0%} covers {sum(inside) / len(inside):.0%}, half-width ±{(math.exp(bounds[1]) - math.exp(bounds[0])) / 2:.1%}"
+        )
+    return f"{'  fitted profile intervals, kept-aside rows':<44} " + "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from costmodel.symbolic.symbols import SYMBOLS
 TARGET = Path(__file__).resolve().parent / "symbolic" / "numeric.py"
 RESOLVED = TARGET.with_name("resolved.py")
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+RESIDUALS = DOCS.parent / "validation" / "residuals.yaml"
 
 
 class _Printer(NumPyPrinter):
@@ -372,6 +373,32 @@ def inference_published() -> str:
     return published_table()
 
 
+def interval_coverage() -> str:
+    """Markdown: how often the prediction intervals cover measured runs they were not calibrated on."""
+    from costmodel.calibration.residuals import coverage_report, median_half_width
+
+    lines = [
+        "| figure / regime that calibrated it | 80 % interval covers | 95 % interval covers |",
+        "|---|---|---|",
+    ]
+    for regime, levels in coverage_report().items():
+        cells = [
+            "-"
+            if c is None
+            else "no interval"
+            if c["covered"] is None
+            else f"{c['covered']:.0%} of {c['given']} runs"
+            for c in (levels.get("80%"), levels.get("95%"))
+        ]
+        lines.append(f"| {regime} | {cells[0]} | {cells[1]} |")
+    widths = ", ".join(
+        f"{name} ±{width:.0%}" if width is not None else f"{name} none"
+        for name in ("step_time", "memory", "serving")
+        for width in [median_half_width(name, 0.8)]
+    )
+    return "\n".join([*lines, "", f"Median half-width of the 80 % intervals the table's runs get: {widths}."])
+
+
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output
     "formulas": formula_reference,
     "layers": layer_picture,
@@ -385,6 +412,7 @@ BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's r
     "inference-json-contract": inference_contract,
     "recommend-json-contract": recommend_contract,
     "inference-published": inference_published,
+    "interval-coverage": interval_coverage,
 }
 _MARKER = re.compile(r"(<!-- BEGIN GENERATED: (.+?) -->\n)(.*?)(<!-- END GENERATED: \2 -->)", re.S)
 
@@ -427,13 +455,31 @@ def fill_blocks(text: str, keep: Callable[[str], bool] | None = None) -> str:
 def targets(keep: Callable[[str], bool] | None = None) -> dict[Path, str]:
     """Every generated file and the text it must hold (the blocks ``keep`` names as they are written)."""
 
-    out = {TARGET: render(), RESOLVED: resolved_cache(), DOCS / "report.schema.json": report_json_schema()}
+    from costmodel.calibration.residuals import residual_yaml
+
+    out = {
+        TARGET: render(),
+        RESOLVED: resolved_cache(),
+        DOCS / "report.schema.json": report_json_schema(),
+        RESIDUALS: residual_yaml(),
+    }
     with contextlib.chdir(DOCS.parent):  # commands in docs name paths from the repository root
         for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
             text = path.read_text(encoding="utf-8")
             if "<!-- BEGIN GENERATED" in text:
                 out[path] = fill_blocks(text, keep)
     return out
+
+
+def _write_residuals() -> None:
+    """The intervals' calibration sets first: the documents' CLI output reads them."""
+    from costmodel.calibration.residuals import residual_yaml
+    from costmodel.plans.uncertainty import table
+
+    text = residual_yaml()
+    if not RESIDUALS.exists() or RESIDUALS.read_text(encoding="utf-8") != text:
+        atomic_write_text(RESIDUALS, text)
+        table.cache_clear()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         if TARGET.read_text(encoding="utf-8") != source:
             atomic_write_text(TARGET, source)
             importlib.reload(numeric)
+        _write_residuals()
     stale = []
     for path, text in targets().items():
         current = path.read_text(encoding="utf-8") if path.exists() else ""

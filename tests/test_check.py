@@ -166,7 +166,9 @@ def test_recommend_cli_json_contract(cli) -> None:
     rec = data["recommendation"]
     for key in ("n_min_memory", "n_max_comm", "n_recommended", "scheme", "layout", "reason"):
         assert key in rec
-    assert (rec["n_recommended"], rec["scheme"], rec["layout"]) == (8, "ring", "zigzag")
+    # CP 8 is fastest by 0.3 %, within what measured layouts of one job can order; CP 4 is likelier to fit
+    assert (rec["n_recommended"], rec["scheme"], rec["layout"]) == (4, "ring", "zigzag")
+    assert data["search"]["choice"]["rule"].startswith("safest in memory")
 
 
 def test_recommend_cli_table(cli) -> None:
@@ -178,7 +180,7 @@ def test_recommend_cli_table(cli) -> None:
     assert "no CP degree works" in out and "Communication fails" in out and "fix" in out
     assert "Layout search" not in out
     out = " ".join(cli(*job, "--gpus", "64").out.split())
-    assert "use TP 1 · CP 8 (ring, zigzag) · PP 1 · DP 8" in out and "CP 8 is past N_max(comm)" in out
+    assert "use TP 1 · CP 8 (ring, zigzag) · PP 2 (v 16) · DP 4" in out and "CP 8 is past N_max(comm)" in out
     assert "Communication fails" not in out and "fix " not in out and "no CP degree works" not in out
 
 

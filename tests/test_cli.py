@@ -493,10 +493,10 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
         (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v6"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
-        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v4"),
+        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v5"),
         (
             ["step", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k", "--global-batch", "8"],
-            "cp-plan/step/v6",
+            "cp-plan/step/v7",
         ),
         (["check", "configs/plans/fail-llama3-8b-128k-h100-ib.yaml"], "cp-plan/check/v1"),
         (["audit", "tests/data/audit/titan_cp2_16k.log"], "cp-plan/audit/v2"),

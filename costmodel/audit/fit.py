@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import Residuals
 from costmodel.machines.profiles import HardwareProfile, parse_profile
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.job import Job
@@ -196,6 +197,7 @@ def as_fitted(
     """``profile`` named and sourced as a measured one: what it was fitted to (``host``), by which command,
     and how well it predicts (``said``)."""
     data = profile.model_dump(mode="python", exclude_none=True)
+    data.pop("fit_residuals", None)  # they were the base's errors: a new fit earns its own
     data["name"] = name
     data["description"] = f"{base.description} [fitted to {host}]".strip()
     data["source"] = {
@@ -658,10 +660,12 @@ def kfold_fit(
 
 
 def runs_profile(
-    base: HardwareProfile, terms: dict[str, float], name: str, said: str, date: str
+    base: HardwareProfile, terms: dict[str, float], name: str, said: str, date: str, residuals: Residuals
 ) -> HardwareProfile:
-    """The base profile with fitted terms, its source saying what it was fitted to and how well it predicts."""
+    """The base profile with fitted terms, its source saying what it was fitted to and how well it predicts,
+    and its k-fold residuals, which its step-time intervals are calibrated on."""
     fitted = with_terms(base, terms)
-    return as_fitted(
+    profile = as_fitted(
         fitted, base, name, "measured training runs", "cp-plan audit --runs --fit-profile", said, date
     )
+    return profile.model_copy(update={"fit_residuals": residuals})

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from costmodel.audit.logs import STEP_MS
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import Residuals
 from costmodel.core.tables import GOAL, errors_summary, read_csv
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans import cp as registry
@@ -541,7 +542,9 @@ def fit_runs(
         ", ".join(f"{n} {t['value']:.4g}" for n, t in result["terms"].items())
         + f"; fitted to {len(inside)} single-node runs of {table.path}, {folds}-fold MAPE {cv['mape']:.1%}"
     )
-    profile = fit.runs_profile(base, fitted_terms, name, said, date)
+    held_out = np.asarray(result["held_out_s"], dtype=float)
+    residuals = Residuals.of(np.log(measured[inside] / held_out).tolist())
+    profile = fit.runs_profile(base, fitted_terms, name, said, date, residuals)
     fitted = Profiles(profile)
     rows = [compare_row(run, predict(run, fitted)) for run in table.runs]
     across = [row for i, row in enumerate(rows) if i not in set(inside)]

@@ -10,9 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli.options import console, declared, house_table
+from costmodel.cli.options import LevelOpt, console, declared, house_table, interval_level
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import Interval
 from costmodel.core.units import seconds, si
 from costmodel.inference.report import PREFILL_LABELS
 from costmodel.inference.setup import INFER_SHARED, InferenceSetup
@@ -51,6 +52,7 @@ def infer_cmd(
             "with the fitting one fastest to first token; --tp, --cp and --pp are then searched.",
         ),
     ] = None,
+    level: LevelOpt = None,
 ) -> None:
     """Plan long-context inference: KV cache and memory per device, the prefill's CP scheme (pass-KV,
     pass-Q or all-gather) and time to first token, and the time per output token of decode.
@@ -62,7 +64,7 @@ def infer_cmd(
 
     trace: list | None = [] if explain else None
     if gpus is None:
-        report = evaluate_infer(inputs, setup, machine_overrides, trace).model_dump(
+        report = evaluate_infer(inputs, setup, machine_overrides, trace, interval_level(level)).model_dump(
             mode="json", by_alias=True
         )
     else:
@@ -72,7 +74,7 @@ def infer_cmd(
             raise InputError(
                 "--explain", "not with --gpus: explain one layout, named with --tp, --cp and --pp"
             )
-        report = search_serving(inputs, setup, machine_overrides, gpus)[1].model_dump(
+        report = search_serving(inputs, setup, machine_overrides, gpus, interval_level(level))[1].model_dump(
             mode="json", by_alias=True
         )
     if trace is not None:
@@ -107,6 +109,11 @@ def _table(report: dict) -> None:
         f"{si(mem['prefill_activation_bytes'], 'B')} of {si(mem['usable_bytes'], 'B')}: {fit}; "
         f"max batch {mem['max_batch']}, max context {mem['max_context_tokens']:,} tokens"
     )
+    from costmodel.cli.render import interval_text
+
+    for name in ("ttft", "tpot"):
+        band = Interval(**out[f"{name}_s_interval"])
+        screen.print(f"{band.level:.0%} interval: {name.upper()} {interval_text(band, seconds)}")
     screen.print(
         f"TTFT {seconds(out['ttft_s'])} with {pre['scheme']} (rule: {pre['rule_scheme']}; new share "
         f"{pre['new_fraction']:.3g} vs 2·n_kv/h = {pre['passq_max_new_fraction']:.3g}, pass-KV hides from "

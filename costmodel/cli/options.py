@@ -24,6 +24,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.core.units import parse_budget, parse_integer, parse_number, parse_tokens
 from costmodel.plans.inputs import build, flag_name, shape_from_model
 from costmodel.plans.models import load_model
@@ -294,6 +295,26 @@ PriceOpt = Annotated[
         "--price", help="Price of one GPU-hour, with --tokens: the budget's cost, in the price's currency."
     ),
 ]
+
+
+LevelOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--interval-level",
+        help="Probability the intervals beside times and memory hold the true value, in [0.5, 0.99] "
+        "[default: 0.8]; an interval needs 2 / (1 - level) - 1 measured runs like the plan (9 at 0.8).",
+    ),
+]
+
+
+def interval_level(text: str | None, flag: str = "--interval-level") -> float:
+    """A probability flag (--interval-level, --confidence) read and checked: in [0.5, 0.99]."""
+    if text is None:
+        return DEFAULT_LEVEL
+    value = parse_number(text, flag)
+    if not 0.5 <= value <= 0.99:
+        raise InputError(flag, f"{text!r}; accepted: a probability from 0.5 to 0.99")
+    return value
 
 
 def token_budget(tokens: str | None, price: str | None) -> tuple[int | None, float | None]:

@@ -10,7 +10,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli.options import PriceOpt, TokensOpt, console, declared, house_table, token_budget
+from costmodel.cli.options import (
+    LevelOpt,
+    PriceOpt,
+    TokensOpt,
+    console,
+    declared,
+    house_table,
+    interval_level,
+    token_budget,
+)
 from costmodel.cli.output import Format, as_csv, emit, format_option
 from costmodel.cli.search import (
     CELLS_KEY,
@@ -99,6 +108,7 @@ def recommend_cmd(
     ] = False,
     tokens: TokensOpt = None,
     price: PriceOpt = None,
+    level: LevelOpt = None,
     all_plans: Annotated[
         Optional[Path],
         typer.Option(
@@ -155,7 +165,7 @@ def recommend_cmd(
         return
     found = None
     if searching:
-        found = run_search(job.training(), fixed, global_batch, top)
+        found = run_search(job.training(), fixed, global_batch, top, interval_level(level))
     if all_plans is not None:
         _write_all_plans(job.training(), fixed, found["global_batch"], all_plans)
     if exporting:
@@ -570,6 +580,14 @@ def _render_step_times(grid) -> None:  # noqa: ANN001
 def check_cmd(
     plans: Annotated[list[str], typer.Argument(help="Capacity-plan YAML files.", show_default=False)],
     format: format_option("table", "json", "junit", "github") = Format.table,
+    confidence: Annotated[
+        Optional[str],
+        typer.Option(
+            "--confidence",
+            help="fits_memory passes only when the plan fits with at least this probability, in [0.5, 0.99] "
+            "(from measured peaks of its framework and GPU; 0.9 needs 9 or more of them).",
+        ),
+    ] = None,
 ) -> None:
     """Check capacity plans against their expectations: exit 0 all pass, 1 any fails, 2 invalid file.
 
@@ -578,9 +596,10 @@ def check_cmd(
     from costmodel.cli import ci
     from costmodel.training.check import InvalidPlan, load_plans, run_checks
 
+    surely = None if confidence is None else interval_level(confidence, "--confidence")
     try:
         located = load_plans(plans)  # every file is valid before anything runs
-        results = [result for plan in located for result in run_checks(plan)]
+        results = [result for plan in located for result in run_checks(plan, surely)]
     except InvalidPlan as exc:
         problems = {Format.github: ci.github_problems, Format.junit: ci.junit_problems}.get(format)
         if problems is not None:  # `> report.xml` made the file already: never leave it empty

@@ -5,9 +5,11 @@ Presentation only: every number shown is a field of the report.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from costmodel.cli.options import house_table
+from costmodel.core.intervals import Interval
 from costmodel.core.units import count, percent, seconds, si, tokens_label
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation
@@ -53,6 +55,35 @@ def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -
         f"{si(by.allocator, 'B')} more, the runtime holds {si(by.runtime, 'B')}: {si(total, 'B')} of "
         f"{si(usable, 'B')} usable: " + ("fits" if fits else "DOES NOT FIT")
     )
+
+
+def interval_text(band: Interval, shown: Callable[[float], str]) -> str:
+    """``1.47 s-2.25 s (megatron on Hopper: 21 step times)``, or why there is no interval."""
+    if not band.known:
+        return f"no interval ({band.note})"
+    return f"{shown(band.lo)}-{shown(band.hi)} ({band.regime})"  # type: ignore[arg-type]
+
+
+def fits_text(probability: float | None, fits: bool, level: float) -> str:
+    """Whether a plan fits, as a probability: "fits at 93 %", "may not fit (70 %)", "does not fit (4 %)"."""
+    if probability is None:
+        return "fits (too few measured peaks to say how surely)" if fits else "does not fit"
+    if probability >= level:
+        return f"fits at {probability:.0%}"
+    return f"{'may not fit' if fits else 'does not fit'} ({probability:.0%} it fits)"
+
+
+def certainty_lines(
+    time: Interval | None, memory: Interval, fits_probability: float | None, fits: bool
+) -> list[str]:
+    """The intervals of a plan's figures and the chance it fits, one line each."""
+    level = memory.level
+    lines = [] if time is None else [f"{level:.0%} interval: step {interval_text(time, seconds)}"]
+    lines.append(
+        f"{level:.0%} interval: memory {interval_text(memory, lambda b: si(b, 'B'))}; "
+        + fits_text(fits_probability, fits, level)
+    )
+    return lines
 
 
 def report_data(report: Report, trace: list[Evaluation] | None = None) -> dict[str, Any]:

@@ -6,12 +6,14 @@ the stated --tp and --pp. This module runs the search and draws its ranking."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
 
 from costmodel.cli.options import NOTES, console, house_table, searched
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.plans import cp as registry
 from costmodel.plans.inputs import PlanInputs, TrainingSetup
 from costmodel.plans.job import Job, StepSetup
@@ -29,9 +31,12 @@ LayoutOpt = searched(PlanInputs, "layout", "searched")
 TopOpt = Annotated[int, typer.Option("--top", help="Plans shown side by side.", min=1, max=50)]
 
 
-def run_search(job: Job, fixed: dict[str, Any], global_batch: int | None, top: int) -> dict[str, Any]:
-    """The search's JSON section: the top plans of ``job``'s GPUs, workload and framework, with why each lost,
-    and the pick's sensitivity."""
+def run_search(
+    job: Job, fixed: dict[str, Any], global_batch: int | None, top: int, level: float = DEFAULT_LEVEL
+) -> dict[str, Any]:
+    """The search's JSON section: the top plans of ``job``'s GPUs, workload and framework with their intervals
+    at ``level``, the pick and the rule that decided it, why each other lost, and the pick's sensitivity."""
+    from costmodel.training.choice import choose
     from costmodel.training.search import (
         PLAN_KEYS,
         Constraints,
@@ -51,6 +56,7 @@ def run_search(job: Job, fixed: dict[str, Any], global_batch: int | None, top: i
     except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
         found = SearchResult([], 0, 0, batch, empty_reason=f"{exc.flag}: {exc.message}")
     plans = found.plans
+    choice = choose(plans, job, batch, level)
     for plan in plans[1:]:
         plan["why_lost"] = why_lost(plan, plans[0])
     return {
@@ -63,6 +69,7 @@ def run_search(job: Job, fixed: dict[str, Any], global_batch: int | None, top: i
         "considered": found.considered,
         "fit": found.fits,
         "plans": plans,
+        "choice": choice,
         "sensitivity": sensitivity(plans[0], job, batch, constraints, found) if plans else [],
         "empty_reason": found.empty_reason,
         "notes": found.notes,
@@ -140,7 +147,7 @@ def render_search(data: dict[str, Any]) -> None:
     for i, plan in enumerate(data["plans"], 1):
         exposed = plan["exposed_s"]
         table.add_row(
-            str(i),
+            f"{i}≈" if plan.get("cannot_order_with_pick") else str(i),
             *plan_cells(plan),
             f"{plan['step_time_s']:.4g}",
             f"{plan['mfu']:.0%}",
@@ -153,6 +160,17 @@ def render_search(data: dict[str, Any]) -> None:
         "on the most loaded stage; xTP..xDP: ms of communication left exposed per step (xPP with the pipeline "
         "bubble)",
         style="dim",
+    )
+    choice = data["choice"]
+    spread = choice["order_spread"]
+    out.print(
+        f"#1 picked: {choice['rule']}"
+        + (
+            f"; ≈: cannot be ordered against #1 at {choice['level']:.0%} (predicted within "
+            f"{math.exp(spread) - 1:.1%}, the spread of measured layouts of one job)"
+            if spread is not None
+            else f"; too few measured layouts of one job to order plans at {choice['level']:.0%}"
+        )
     )
     for i, plan in enumerate(data["plans"][1:], 2):
         out.print(f"#{i} lost by {plan['why_lost']}")

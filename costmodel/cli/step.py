@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from costmodel.cli.options import REQUIRED, PriceOpt, TokensOpt, console, declared, house_table, token_budget
+from costmodel.cli.options import (
+    REQUIRED,
+    LevelOpt,
+    PriceOpt,
+    TokensOpt,
+    console,
+    declared,
+    house_table,
+    interval_level,
+    token_budget,
+)
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds, si
@@ -59,6 +69,7 @@ def step_cmd(
     ] = False,
     tokens: TokensOpt = None,
     price: PriceOpt = None,
+    level: LevelOpt = None,
 ) -> None:
     """Predict one training step: time, tokens/s, model TFLOP/s per GPU, MFU, HFU and where the time goes.
 
@@ -69,7 +80,7 @@ def step_cmd(
     trace: list | None = [] if explain else None
     budget_tokens, per_hour = token_budget(tokens, price)
     job = make_job(workload, setup, step, machine_overrides, knobs)
-    result = evaluate_step(job, trace=trace)
+    result = evaluate_step(job, trace=trace, level=interval_level(level))
     if budget_tokens is not None:
         from costmodel.training.capacity import budget
 
@@ -130,7 +141,7 @@ def _reference_line(reference: dict, allocated: float) -> None:
 
 def _table(report: StepReport) -> None:
 
-    from costmodel.cli.render import memory_line, topology_lines
+    from costmodel.cli.render import certainty_lines, memory_line, topology_lines
 
     result = report.model_dump(mode="json", by_alias=True)
     step, inputs = result["step"], result["inputs"]
@@ -169,6 +180,10 @@ def _table(report: StepReport) -> None:
         if value > 0:
             table.add_row(LABELS[name], seconds(value), f"{value / report.step.time_s:.1%}")
     screen.print(table)
+    for line in certainty_lines(
+        report.step.time_s_interval, memory.bytes_per_device_interval, memory.fits_probability, memory.fits
+    ):
+        screen.print(line)
     if report.budget is not None:
         from costmodel.cli.render import budget_line
 

@@ -8,12 +8,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodel.core.intervals import Interval
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import PREFILL
 
 # v3: inputs.tp_comm_overlap (chunked TP overlap) replaces the tp_overlap share. v4: the prefill's breakdown
 # is a typed object with identifier keys (matmul_s, exposed_cp_s, ...); its labels are display only.
-SCHEMA = "cp-plan/inference/v4"
+SCHEMA = "cp-plan/inference/v5"  # v5: inference.ttft_s_interval and tpot_s_interval
 Scheme = Literal[registry.names(PREFILL)]
 
 
@@ -196,6 +197,8 @@ class Inference(_Strict):
     kv_cache_bytes_per_device: float = Field(description="= memory.kv_cache_bytes_per_device")
     ttft_s: float = Field(description="time to first token: the whole prefill and the first logits")
     tpot_s: float = Field(description="= decode.tpot_s")
+    ttft_s_interval: Interval = Field(description="ttft_s's prediction interval, from measured serving runs")
+    tpot_s_interval: Interval = Field(description="tpot_s's prediction interval, from measured serving runs")
     gpus: int = Field(description="tp x cp x pp")
     memory: Memory
     prefill: Prefill

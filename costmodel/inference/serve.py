@@ -18,6 +18,7 @@ import math
 from typing import Any
 
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.frameworks.profiles import FUSED_MERGE_BYTES
 from costmodel.inference.report import (
     SCHEMA,
@@ -52,6 +53,7 @@ from costmodel.plans.cp import PREFILL, pass_kv, pass_q
 from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs, job_machine
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
+from costmodel.plans.uncertainty import serving_interval
 from costmodel.schedule.layouts import divisors
 from costmodel.symbolic import numeric
 from costmodel.training.step import layer_gemm_rate
@@ -566,6 +568,7 @@ def evaluate_infer(
     setup: InferenceSetup,
     overrides: MachineOverrides | None = None,
     trace: list[Evaluation] | None = None,
+    level: float = DEFAULT_LEVEL,
 ) -> InferenceReport:
     """Memory, TTFT with every CP scheme and the one chosen, TPOT, and the target search when asked;
     ``trace`` records the chosen scheme's prefill formulas (first chunk) and decode's (last token)."""
@@ -635,6 +638,8 @@ def evaluate_infer(
             kv_cache_bytes_per_device=mem["kv_cache_bytes_per_device"],
             ttft_s=ttft,
             tpot_s=tpot,
+            ttft_s_interval=serving_interval(ttft, level),
+            tpot_s_interval=serving_interval(tpot, level),
             gpus=setup.tp * setup.cp * setup.pp,
             memory=Memory(**mem),
             prefill=Prefill(
@@ -682,7 +687,11 @@ MAX_SERVING_LAYOUTS = 2_000  # layouts a serving search weighs at most (each is 
 
 
 def search_serving(
-    inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None, gpus: int
+    inputs: PlanInputs,
+    setup: InferenceSetup,
+    overrides: MachineOverrides | None,
+    gpus: int,
+    level: float = DEFAULT_LEVEL,
 ) -> tuple[ServingSearch, InferenceReport]:
     """Every serving layout of ``gpus`` for the request, and the full report of the pick: the fitting layout
     fastest to first token (then the fewest GPUs, then the fastest decode)."""
@@ -733,6 +742,6 @@ def search_serving(
     found = ServingSearch(gpus=gpus, considered=len(rows), fit=sum(r.fits for r in rows), layouts=rows)
     pick = rows[0]
     report = evaluate_infer(
-        inputs, setup.model_copy(update={"tp": pick.tp, "cp": pick.cp, "pp": pick.pp}), overrides
+        inputs, setup.model_copy(update={"tp": pick.tp, "cp": pick.cp, "pp": pick.pp}), overrides, level=level
     )
     return found, report.model_copy(update={"search": found})

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.fields import Count, Finite, NonNegative, Positive
 from costmodel.core.fileio import YamlDocument, load_builtin_or_file
+from costmodel.core.intervals import Residuals
 from costmodel.core.resources import data_dir
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -649,6 +650,12 @@ class HardwareProfile(_Strict):
     )
     fallback_efficiency: FallbackEfficiency | None = Field(
         default=None, description="share of peak kernels run at where no kernels: tables are given"
+    )
+    fit_residuals: Residuals | None = Field(
+        default=None,
+        description="a profile fitted to measured runs (cp-plan audit --fit-profile): its k-fold residuals, "
+        "ln(measured / predicted) of each run predicted by a fit that did not see it; step-time intervals "
+        "are calibrated on them",
     )
 
     @model_validator(mode="after")

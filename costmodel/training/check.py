@@ -36,6 +36,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.job import FrameworkKnobs, Job, StepSetup, make_job
 from costmodel.plans.models import load_model
+from costmodel.plans.uncertainty import memory_interval
 from costmodel.plans.verdict import BANDS, Colour
 
 M = TypeVar("M", bound=BaseModel)
@@ -245,8 +246,9 @@ def resolve(located: Located) -> Resolved:
     return Resolved(machine, attention, job)
 
 
-def run_checks(located: Located) -> list[CheckResult]:
-    """Evaluate one plan and compare it with its expectations."""
+def run_checks(located: Located, confidence: float | None = None) -> list[CheckResult]:
+    """Evaluate one plan and compare it with its expectations; with ``confidence``, fits_memory asks that the
+    plan fit with at least that probability (:mod:`costmodel.plans.uncertainty`)."""
     plan = located.plan
     resolved = resolve(located)
     job, machine = resolved.job, resolved.machine
@@ -277,7 +279,17 @@ def run_checks(located: Located) -> list[CheckResult]:
             advice = recommend(job, suggest=False)
         row = next(r for r in advice.candidates if r.n == plan.cp)  # CP divides the slice (resolve)
         if want.fits_memory:
-            add("fits_memory", row.fits, _memory_detail(job, plan.cp, advice.fit.device_memory_bytes))
+            usable = advice.fit.device_memory_bytes
+            passed, detail = row.fits, _memory_detail(job, plan.cp, usable)
+            if confidence is not None:
+                _, chance = memory_interval(job, row.total_bytes, usable, confidence)
+                passed = chance is not None and chance >= confidence
+                detail += (
+                    f"; fits with probability {chance:.0%}, {confidence:.0%} required"
+                    if chance is not None
+                    else f"; too few measured peaks like it to say it fits at {confidence:.0%}"
+                )
+            add("fits_memory", passed, detail)
         if want.in_recommended_window:
             rec = advice.recommendation
             inside = (

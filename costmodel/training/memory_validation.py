@@ -83,6 +83,14 @@ def _framework(row: MemoryPeak) -> str:
     return {"internevo": "megatron", "nemo": "megatron"}.get(row.framework, row.framework)
 
 
+def regime_framework(row: MemoryPeak) -> str:
+    """The framework a row's error speaks for: the built-in profile it ran natively (TRL's and the Trainer's
+    runs by their backend), else its own name (InternEvo, planned on Megatron-Core's profile, has none)."""
+    if row.framework in ("trl", "hf-trainer"):
+        return _framework(row)
+    return {"nemo": "megatron"}.get(row.framework, row.framework)
+
+
 def _model(row: MemoryPeak) -> tuple[dict[str, Any], ModelPreset | None]:
     if isinstance(row.model, str):
         return {"model": PRESETS[row.model]}, None

@@ -192,8 +192,10 @@ def _plan_reason(
     gpus: int,
 ) -> str:
     cp = plan["cp"]
+    rule = search.get("choice", {}).get("rule", "fastest predicted")
+    chosen = "The fastest" if rule.startswith("fastest") else f"The {rule.split(' of ')[0]}"
     text = (
-        f"The fastest of the {search['fit']:,} plans that fit, of {search['considered']:,}: "
+        f"{chosen} of the {search['fit']:,} plans that fit, of {search['considered']:,}: "
         f"{seconds(plan['step_time_s'])} per step at {plan['mfu']:.0%} MFU, "
         f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable per device. "
     )

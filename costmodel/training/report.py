@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from costmodel.core.intervals import Interval
 from costmodel.plans.schema import Budget, MemoryCategories
 from costmodel.symbolic import numeric
 
@@ -22,7 +23,8 @@ from costmodel.symbolic import numeric
 # inputs.framework, and every knob the framework sets resolved (cp_scheme, dp_overlap, bucket_bytes, ...). v6:
 # mfu and hfu hold each part of the FLOP to the peak of its precision (FP8 multiplies to the FP8 peak), so
 # neither passes 1; mfu_full_square is null where the mask is packed documents, a window or chunks.
-SCHEMA = "cp-plan/step/v6"
+# v7: step.time_s_interval, memory.bytes_per_device_interval and memory.fits_probability.
+SCHEMA = "cp-plan/step/v7"
 
 
 class _Strict(BaseModel):
@@ -68,6 +70,13 @@ class StepMemory(_Strict):
     buffer_bytes: float = Field(description="the CP scheme's buffers")
     device_memory_bytes: float = Field(description="usable HBM: the device's, less the headroom")
     fits: bool = Field(description="bytes_per_device <= device_memory_bytes")
+    bytes_per_device_interval: Interval = Field(
+        description="bytes_per_device's prediction interval, from measured peaks of the plan's regime"
+    )
+    fits_probability: float | None = Field(
+        description="the probability the measured peak stays within device_memory_bytes (a conformal lower "
+        "bound from the regime's measured peaks); null with fewer than 9 of them"
+    )
     by_category: MemoryCategories = Field(
         description="bytes_per_device by what holds it, and when the peak falls"
     )
@@ -86,6 +95,10 @@ class StepTimes(_Strict):
     """The step: time (formula step_time_s), throughput, MFU and HFU, and where the time goes."""
 
     time_s: float = Field(description="one optimizer step (formula step_time_s: the breakdown's sum)")
+    time_s_interval: Interval = Field(
+        description="time_s's prediction interval, from measured steps of the plan's regime or the fitted "
+        "profile's k-fold residuals"
+    )
     tokens_per_s: float = Field(description="global batch tokens / time_s")
     tokens_per_s_per_gpu: float = Field(description="tokens_per_s / GPUs")
     model_tflops_per_gpu: float = Field(

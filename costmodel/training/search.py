@@ -810,8 +810,11 @@ def search_loop(
 
 
 def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
-    """Where a runner-up spends more than the pick: the two components that grow most."""
+    """Where a runner-up spends more than the pick: the two components that grow most. A plan predicted faster
+    than a pick chosen for simplicity or memory lost on that rule, not on time."""
     behind = plan["step_time_s"] - best["step_time_s"]
+    if behind < 0:
+        return f"{behind / best['step_time_s']:.1%} predicted, but cannot be told from the pick, which is simpler or safer"
     deltas = sorted(
         ((plan["breakdown"][k] - best["breakdown"][k], k) for k in plan["breakdown"]), reverse=True
     )

@@ -25,6 +25,7 @@ from typing import Any
 import numpy
 
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import (
@@ -40,6 +41,7 @@ from costmodel.plans.job import Job, StepSetup
 from costmodel.plans.models import ModelPreset
 from costmodel.plans.packing import compute_fraction
 from costmodel.plans.stages import StageSplit
+from costmodel.plans.uncertainty import memory_interval, time_interval
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
 from costmodel.training.memory import fit_at, kept, training_values
@@ -374,10 +376,12 @@ def check_physical(hfu: Any, v: Mapping[str, Any]) -> None:
     )
 
 
-def step_memory(job: Job) -> StepMemory:
+def step_memory(job: Job, level: float = DEFAULT_LEVEL) -> StepMemory:
     """Memory per device on the most loaded stage [Korthikanti22 §4], the fit ``recommend`` and the layout
-    search size plans with, at this micro-batch and CP degree, and whether it fits the usable HBM."""
+    search size plans with, at this micro-batch and CP degree, whether it fits the usable HBM, and how sure
+    that is (an interval at ``level``)."""
     fit = fit_at(Evaluator(training_values(job)))
+    band, fits = memory_interval(job, fit.total_bytes, fit.device_memory_bytes, level)
     return StepMemory(
         bytes_per_device=fit.total_bytes,
         model_state_bytes=fit.model_state_bytes,
@@ -385,13 +389,17 @@ def step_memory(job: Job) -> StepMemory:
         buffer_bytes=fit.buffer_bytes,
         device_memory_bytes=fit.device_memory_bytes,
         fits=fit.fits,
+        bytes_per_device_interval=band,
+        fits_probability=fits,
         by_category=fit.by_category,
     )
 
 
-def evaluate_step(job: Job, trace: list[Evaluation] | None = None) -> StepReport:
-    """The step's time, throughput, MFU/HFU and breakdown (seconds per term, summing to the step);
-    ``trace`` records every formula evaluated."""
+def evaluate_step(
+    job: Job, trace: list[Evaluation] | None = None, level: float = DEFAULT_LEVEL
+) -> StepReport:
+    """The step's time, throughput, MFU/HFU and breakdown (seconds per term, summing to the step), with
+    prediction intervals at ``level``; ``trace`` records every formula evaluated."""
     if job.micro_batches is None:
         raise InputError("--global-batch", "the step needs the sequences per optimizer step")
     inputs, setup, step, model, machine = job.inputs, job.setup, job.step, job.model, job.machine
@@ -420,7 +428,7 @@ def evaluate_step(job: Job, trace: list[Evaluation] | None = None) -> StepReport
         "attention_kernel": setup.attention_kernel,
         **step.model_dump(),
     }
-    memory = step_memory(job)
+    memory = step_memory(job, level)
     return StepReport(
         fits=memory.fits,
         memory=memory,
@@ -441,6 +449,7 @@ def evaluate_step(job: Job, trace: list[Evaluation] | None = None) -> StepReport
         ),
         step=StepTimes(
             time_s=time_s,
+            time_s_interval=time_interval(job, time_s, level),
             tokens_per_s=tokens / time_s,
             tokens_per_s_per_gpu=tokens / time_s / setup.gpus,
             model_tflops_per_gpu=model_flops / time_s / setup.gpus / 1e12,

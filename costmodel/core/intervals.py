@@ -1,0 +1,136 @@
+"""Prediction intervals by split-conformal prediction on measured runs' residuals [Conformal-Tutorial §2].
+
+A calibration set is the model's log residuals ``r = ln(measured / predicted)`` on runs it was not fitted to.
+For a new prediction ``p`` from the same regime, the interval at level ``L`` (miss rate ``a = 1 - L``) is
+``[p e^r(lo), p e^r(hi)]`` with ``r(k)`` the k-th smallest residual, ``lo = floor((n + 1) a / 2)`` and
+``hi = ceil((n + 1) (1 - a / 2))``. If the new run and the calibration runs are exchangeable, each side misses
+with probability at most ``a / 2``, whatever the residuals' distribution: no normality is assumed, and the
+interval is as asymmetric as the model's bias. The price is a minimum sample: ``n >= 2 / a - 1`` (9 runs for
+80 %, 39 for 95 %); with fewer, no interval is given rather than an invented one. Log residuals make a width a
+ratio, so one set serves a 1 s step and a 100 s one alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+KEPT = (
+    200  # order statistics a stored set keeps: a fitted profile's thousand residuals thinned to its quantiles
+)
+DEFAULT_LEVEL = 0.8
+
+
+def runs_needed(level: float) -> int:
+    """The fewest calibration runs that give a finite two-sided interval at ``level``."""
+    return math.ceil(2 / (1 - level) - 1 - 1e-9)
+
+
+class Residuals(BaseModel):
+    """A calibration set: sorted log residuals ``ln(measured / predicted)``, or, past :data:`KEPT`, their
+    evenly spaced order statistics with the count they stand for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    runs: int = Field(ge=1, description="measured runs the set was taken from")
+    log_residuals: list[float] = Field(
+        min_length=1, description="ln(measured / predicted), sorted; at most 201 order statistics of the runs"
+    )
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Residuals:
+        ordered = sorted(float(v) for v in values)
+        if len(ordered) > KEPT:
+            last = len(ordered) - 1
+            ordered = [ordered[round(i * last / KEPT)] for i in range(KEPT + 1)]
+        return cls(runs=len(values), log_residuals=[round(v, 5) for v in ordered])
+
+    def order(self, k: int) -> float:
+        """The k-th smallest of the ``runs`` residuals (1-based), read from the kept order statistics."""
+        kept = self.log_residuals
+        if len(kept) == self.runs:
+            return kept[k - 1]
+        where = (k - 1) / (self.runs - 1) * (len(kept) - 1)
+        below = math.floor(where)
+        above = min(below + 1, len(kept) - 1)
+        return kept[below] + (where - below) * (kept[above] - kept[below])
+
+    def bounds(self, level: float) -> tuple[float, float] | None:
+        """The conformal lower and upper log residuals at ``level``; None when the set is too small for it."""
+        miss = 1 - level
+        lo = math.floor((self.runs + 1) * miss / 2 + 1e-9)
+        hi = math.ceil((self.runs + 1) * (1 - miss / 2) - 1e-9)
+        if lo < 1 or hi > self.runs:
+            return None
+        return self.order(lo), self.order(hi)
+
+    def share_at_most(self, log_ratio: float) -> float:
+        """A conformal lower bound on P(measured <= predicted x e^log_ratio): the runs whose residual is at
+        most ``log_ratio`` over ``runs + 1`` (the new run counted as a miss)."""
+        kept = self.log_residuals
+        if len(kept) == self.runs:
+            below = sum(r <= log_ratio for r in kept)
+        else:
+            below = round(sum(r <= log_ratio for r in kept) / len(kept) * self.runs)
+        return below / (self.runs + 1)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration set and what it is: the regime its runs share (``framework megatron, Hopper``)."""
+
+    regime: str
+    residuals: Residuals
+
+
+class Interval(BaseModel):
+    """A prediction interval: the true value lies in [lo, hi] with probability ``level`` (split-conformal on
+    the regime's measured runs); lo and hi are null when no measured run set supports that level."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    lo: float | None = Field(description="lower bound, in the figure's unit; null when there is no interval")
+    hi: float | None = Field(description="upper bound; null when there is no interval")
+    level: float = Field(description="the probability the interval holds the true value")
+    regime: str = Field(description="the measured runs the width comes from")
+    runs: int = Field(description="how many measured runs")
+    note: str = Field("", description="why there is no interval, where there is none")
+
+    @property
+    def known(self) -> bool:
+        return self.lo is not None and self.hi is not None
+
+
+def interval(value: float, calibration: Calibration | None, level: float, what: str) -> Interval:
+    """``value``'s interval at ``level`` from ``calibration`` (None: no comparable measured run of ``what``)."""
+    if calibration is None:
+        return Interval(
+            lo=None, hi=None, level=level, regime="", runs=0, note=f"no comparable measured {what}"
+        )
+    residuals = calibration.residuals
+    bounds = residuals.bounds(level)
+    if bounds is None:
+        return Interval(
+            lo=None,
+            hi=None,
+            level=level,
+            regime=calibration.regime,
+            runs=residuals.runs,
+            note=f"{residuals.runs} comparable measured {what}s: {runs_needed(level)} needed at {level:.0%}",
+        )
+    return Interval(
+        lo=value * math.exp(bounds[0]),
+        hi=value * math.exp(bounds[1]),
+        level=level,
+        regime=calibration.regime,
+        runs=residuals.runs,
+    )
+
+
+def overlap(a: Interval, b: Interval) -> bool:
+    """Whether two known intervals share a value: their figures cannot be told apart at the level."""
+    assert a.known and b.known
+    return a.lo <= b.hi and b.lo <= a.hi  # type: ignore[operator]

@@ -1,0 +1,151 @@
+"""How sure a figure is: the measured runs a prediction's interval is calibrated on, chosen by regime.
+
+``validation/residuals.yaml`` holds the model's log residual on every measured run of the published tables
+(docs/validation.md): step times, memory peaks and serving times, each with the framework and the GPU
+generation it ran on. It is generated with the docs (``python -m costmodel.codegen``) from the same
+predictions, so it follows the model. A plan's interval is calibrated on the most specific regime that holds
+enough runs for the level asked (:func:`costmodel.core.intervals.runs_needed`): its framework on its GPU
+generation, else its framework on any GPU, else every run of the quantity. A fitted hardware profile carries
+its own, narrower set: its k-fold residuals on the owner's runs (``cp-plan audit --fit-profile``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from costmodel.core.fileio import read_yaml
+from costmodel.core.intervals import Calibration, Interval, Residuals, interval, runs_needed
+from costmodel.core.resources import data_dir
+
+if TYPE_CHECKING:
+    from costmodel.plans.job import Job
+
+Quantity = Literal["step_time", "memory", "serving"]
+FILE = "residuals.yaml"
+WHAT = {"step_time": "step times", "memory": "memory peaks", "serving": "serving times"}
+
+
+class MeasuredResidual(BaseModel):
+    """One measured run: ln(measured / predicted), and the regime it ran in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    framework: str | None  # the framework profile it ran on (None: serving, whose runs share one regime)
+    generation: str | None  # the GPU generation (Ampere, Hopper, Blackwell)
+    job: str | None = None  # runs of one job in other layouts share it (model, sequence, GPUs, batch)
+    residual: float
+
+
+class ResidualTable(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step_time: list[MeasuredResidual]
+    memory: list[MeasuredResidual]
+    serving: list[MeasuredResidual]
+
+
+@functools.cache
+def table() -> ResidualTable:
+    return ResidualTable.model_validate(read_yaml(data_dir("validation") / FILE, "validation").data)
+
+
+def calibration(
+    quantity: Quantity,
+    framework: str | None,
+    generation: str | None,
+    level: float,
+    runs: list[MeasuredResidual] | None = None,
+) -> Calibration | None:
+    """The calibration set of a prediction: the most specific regime with enough runs for ``level`` (or the
+    most specific one that has any, which then says how many more it needs); None when no run is like it.
+    ``runs`` stands in for the table's (a run left out, to check coverage)."""
+    every = getattr(table(), quantity) if runs is None else runs
+    chain = [
+        (
+            f"{framework} on {generation}",
+            [r for r in every if (r.framework, r.generation) == (framework, generation)],
+        ),
+        (f"{framework}, every GPU generation", [r for r in every if r.framework == framework]),
+        (f"every {'run' if framework is None else 'framework and GPU'}", every),
+    ]
+    if framework is None:
+        chain = chain[2:]
+    held = [(regime, members) for regime, members in chain if members]
+    if not held:
+        return None
+    regime, members = next(((g, m) for g, m in held if len(m) >= runs_needed(level)), held[0])
+    return Calibration(
+        f"{regime}: {len(members)} {WHAT[quantity]}", Residuals.of([r.residual for r in members])
+    )
+
+
+def _regime(job: Job) -> tuple[str, str | None]:
+    return job.framework.name, job.machine.profile.device.generation
+
+
+def time_interval(job: Job, time_s: float, level: float) -> Interval:
+    """The step time's interval at ``level``: from the hardware profile's own k-fold residuals where it was
+    fitted to measured runs, else from the published runs of the job's regime."""
+    fitted = job.machine.profile.fit_residuals
+    timed = (
+        Calibration(f"the fitted profile's k-fold residuals: {fitted.runs} step times", fitted)
+        if fitted is not None
+        else calibration("step_time", *_regime(job), level)
+    )
+    return interval(time_s, timed, level, "step time")
+
+
+def memory_interval(
+    job: Job, bytes_per_device: float, usable_bytes: float, level: float
+) -> tuple[Interval, float | None]:
+    """The memory peak's interval at ``level`` and the probability the plan fits."""
+    held = calibration("memory", *_regime(job), level)
+    return (
+        interval(bytes_per_device, held, level, "memory peak"),
+        fits_probability(held, bytes_per_device, usable_bytes),
+    )
+
+
+def fits_probability(held: Calibration | None, bytes_per_device: float, usable_bytes: float) -> float | None:
+    """P(the measured peak stays within usable memory), a conformal lower bound; None below 9 runs (an 80 %
+    statement needs them)."""
+    if held is None or held.residuals.runs < runs_needed(0.8) or bytes_per_device <= 0:
+        return None
+    return held.residuals.share_at_most(math.log(usable_bytes / bytes_per_device))
+
+
+def serving_interval(seconds: float, level: float) -> Interval:
+    return interval(seconds, calibration("serving", None, None, level), level, "serving time")
+
+
+def order_spread(level: float) -> float | None:
+    """How far apart two layouts of one job must be predicted for their order to hold at ``level``: the
+    conformal quantile of |r_a - r_b| over the pairs of measured runs that share a job (their common error
+    cancels; None with too few pairs)."""
+    jobs: dict[str, list[float]] = {}
+    for run in table().step_time:
+        if run.job is not None:
+            jobs.setdefault(run.job, []).append(run.residual)
+    gaps = sorted(abs(a - b) for rs in jobs.values() for i, a in enumerate(rs) for b in rs[i + 1 :])
+    rank = math.ceil((len(gaps) + 1) * level - 1e-9)
+    return gaps[rank - 1] if 0 < rank <= len(gaps) else None
+
+
+def coverage(quantity: Quantity, level: float) -> dict[str, list[bool | None]]:
+    """Leave-one-out: each run's residual against the interval calibrated on the others of the table (at a
+    predicted value of 1), grouped by the regime that calibrated it; None where no interval was given."""
+    every = getattr(table(), quantity)
+    out: dict[str, list[bool | None]] = {}
+    for i, run in enumerate(every):
+        others = every[:i] + every[i + 1 :]
+        held = calibration(quantity, run.framework, run.generation, level, others)
+        band = interval(1.0, held, level, WHAT[quantity])
+        regime = held.regime.split(":")[0] if held else "none"
+        inside = None if not band.known else band.lo <= math.exp(run.residual) <= band.hi  # type: ignore[operator]
+        out.setdefault(regime, []).append(inside)
+    return out

@@ -1,0 +1,147 @@
+"""Prediction intervals: the split-conformal bounds, their coverage on exchangeable data, the regime a plan's
+interval is calibrated on, and the commands that show and gate on them."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel.core.intervals import Calibration, Residuals, interval, runs_needed
+from costmodel.plans.job import Job
+from costmodel.plans.uncertainty import calibration, order_spread, time_interval
+
+
+@pytest.mark.parametrize(("level", "runs"), [(0.8, 9), (0.9, 19), (0.95, 39), (0.5, 3)])
+def test_runs_needed_is_the_smallest_set_with_a_finite_interval(level: float, runs: int) -> None:
+    assert runs_needed(level) == runs
+    assert Residuals.of([0.0] * runs).bounds(level) is not None
+    assert Residuals.of([0.0] * (runs - 1)).bounds(level) is None
+
+
+def test_the_bounds_are_the_stated_order_statistics() -> None:
+    """19 residuals at 0.9: the floor(20 x 0.05) = 1st and ceil(20 x 0.95) = 19th smallest."""
+    values = [i / 100 for i in range(19)]
+    assert Residuals.of(values).bounds(0.9) == (0.0, 0.18)
+    band = interval(2.0, Calibration("test", Residuals.of(values)), 0.9, "step time")
+    assert band.lo == pytest.approx(2.0) and band.hi == pytest.approx(2.0 * math.exp(0.18), rel=1e-12)
+
+
+def test_too_few_runs_give_no_interval_and_say_why() -> None:
+    band = interval(1.0, Calibration("r", Residuals.of([0.1, 0.2])), 0.8, "step time")
+    assert band.lo is None and band.hi is None and "2 comparable measured step times: 9 needed" in band.note
+    assert interval(1.0, None, 0.8, "memory peak").note == "no comparable measured memory peak"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(9, 60), st.sampled_from([0.8, 0.9]), st.integers(0, 10**6))
+def test_coverage_holds_on_exchangeable_residuals(n: int, level: float, seed: int) -> None:
+    """Whatever the distribution (a skewed mixture here), a fresh draw falls inside at least at the level,
+    up to the sampling error of 4,000 trials (3.5 standard errors)."""
+    rng = random.Random(seed)
+
+    def draw() -> float:
+        return rng.gauss(0.3, 0.05) if rng.random() < 0.3 else rng.expovariate(8.0) - 0.1
+
+    if Residuals.of([0.0] * n).bounds(level) is None:
+        return
+    trials, inside = 4000, 0
+    for _ in range(trials // 40):
+        lo, hi = Residuals.of([draw() for _ in range(n)]).bounds(level)  # type: ignore[misc]
+        inside += sum(lo <= draw() <= hi for _ in range(40))
+    assert inside / trials >= level - 3.5 * math.sqrt(level * (1 - level) / trials)
+
+
+def test_a_thinned_set_reads_its_order_statistics() -> None:
+    values = [i / 1000 for i in range(1001)]
+    kept = Residuals.of(values)
+    assert kept.runs == 1001 and len(kept.log_residuals) == 201
+    assert kept.order(1) == 0.0 and kept.order(1001) == 1.0 and kept.order(501) == pytest.approx(0.5)
+    # ranks floor(1002 x 0.1) = 100 and ceil(1002 x 0.9) = 902 of the 1,001, read between kept ones
+    assert kept.bounds(0.8) == pytest.approx((0.099, 0.901), abs=1e-9)
+
+
+def test_fits_probability_is_a_conformal_lower_bound() -> None:
+    held = Residuals.of([0.0, 0.1, 0.2, 0.3])
+    assert held.share_at_most(0.15) == pytest.approx(2 / 5)
+    assert held.share_at_most(1.0) == pytest.approx(4 / 5)  # never 1: the new run may be the worst
+
+
+def test_a_plan_is_calibrated_on_its_framework_and_generation_when_they_hold_enough_runs() -> None:
+    hopper = calibration("step_time", "megatron", "Hopper", 0.8)
+    assert hopper is not None and hopper.regime.startswith("megatron on Hopper")
+    wide = calibration("step_time", "megatron", "Hopper", 0.95)  # 39 needed: every framework's runs
+    assert wide is not None and wide.regime.startswith("every framework and GPU")
+    assert calibration("serving", None, None, 0.8).regime.startswith("every run")  # type: ignore[union-attr]
+
+
+def test_a_fitted_profile_uses_its_own_residuals() -> None:
+    job = Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16)
+    fitted = Residuals.of([-0.05 + i / 100 for i in range(11)])
+    profile = job.machine.profile.model_copy(update={"fit_residuals": fitted})
+    mine = time_interval(
+        Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16, _profile=profile),
+        1.0,
+        0.8,
+    )
+    assert mine.regime.startswith("the fitted profile's k-fold residuals: 11")
+    assert (mine.lo, mine.hi) == pytest.approx((math.exp(-0.05), math.exp(0.05)))
+
+
+def test_step_json_carries_the_intervals(cli) -> None:
+    args = ["step", "--model", "llama3-8b", "--seq", "8192", "--hw", "h100-nvlink", "--gpus", "8"]
+    data = cli(*args, "--global-batch", "16", "--zero", "3", "-f", "json").json()
+    band = data["step"]["time_s_interval"]
+    assert band["level"] == 0.8 and band["lo"] <= band["hi"] and band["runs"] >= 9
+    memory = data["memory"]["bytes_per_device_interval"]
+    assert (
+        memory["lo"] <= data["memory"]["bytes_per_device"] * 2 and 0 <= data["memory"]["fits_probability"] < 1
+    )
+    wider = cli(*args, "--global-batch", "16", "--zero", "3", "--interval-level", "0.95", "-f", "json").json()
+    assert wider["step"]["time_s_interval"]["level"] == 0.95
+    assert wider["memory"]["bytes_per_device_interval"]["lo"] is None  # 37 peaks: 39 needed at 95 %
+    bad = cli(*args, "--global-batch", "16", "--interval-level", "1")
+    assert bad.code == 2 and "--interval-level" in bad.err
+
+
+def test_check_gates_on_confidence(cli) -> None:
+    """The 8B 128K plan fits at its point estimate (73 of 76 GB) but only at 47 % by measured peaks."""
+    plan = "configs/plans/llama3-8b-128k-a100-nvlink.yaml"
+    assert cli("check", plan).code == 0
+    gated = cli("check", plan, "--confidence", "0.9", "-f", "json")
+    assert gated.code == 1
+    failed = [c for c in json.loads(gated.out)["results"] if not c["passed"]]
+    assert [c["check"] for c in failed] == ["fits_memory"] and "90% required" in failed[0]["detail"]
+
+
+def test_recommend_marks_the_plans_it_cannot_order_and_says_which_rule_picked(cli) -> None:
+    args = [
+        "recommend",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "128k",
+        "--hw",
+        "h100-ib",
+        "--gpus",
+        "32",
+        "-f",
+        "json",
+    ]
+    search = cli(*args).json()["search"]
+    spread = order_spread(0.8)
+    assert search["choice"]["order_spread"] == pytest.approx(spread)
+    pick = search["plans"][0]
+    for plan in search["plans"][1:]:
+        close = abs(math.log(plan["step_time_s"] / pick["step_time_s"])) <= spread
+        assert plan["cannot_order_with_pick"] == close
+    fastest = min(search["plans"], key=lambda p: p["step_time_s"])
+    if fastest is not pick:
+        assert pick["fits_probability"] > fastest["fits_probability"] or (
+            pick["groups_across_nodes"] < fastest["groups_across_nodes"]
+        )
+        assert not search["choice"]["rule"].startswith("fastest")
