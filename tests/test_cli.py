@@ -489,8 +489,8 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
     ("args", "schema"),
     [
         (["--seq", "8k"], "cp-plan/report/v2"),
-        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v6"),
-        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v6"),
+        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v7"),
+        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v7"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
         (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v5"),

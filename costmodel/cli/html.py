@@ -371,6 +371,14 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
         'stroke-dasharray="3 2" />'
     )
     out.append(f'<text x="{x(hbm):.1f}" y="{height + 32}" text-anchor="end">HBM {si(hbm, "B", 3)}</text>')
+    band = fit.total_bytes_interval
+    if band is not None and band.known:  # the interval as a whisker over the bar
+        lo, hi = x(band.lo), x(min(band.hi, scale))  # type: ignore[arg-type]
+        out.append(
+            f'<line x1="{lo:.1f}" x2="{hi:.1f}" y1="{height / 2 + 4}" y2="{height / 2 + 4}" stroke="#1d2330" '
+            f'stroke-width="1.5" data-field="fit.total_bytes_interval"><title>{band.level:.0%} interval '
+            f"{si(band.lo, 'B', 3)}-{si(band.hi, 'B', 3)}</title></line>"
+        )
     out.append("</svg>")
     legend = "".join(
         f'<span><i class="{css}" style="background: var(--{css.removeprefix("k-")})"></i>{name} '
@@ -383,6 +391,12 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
         f"{_field('fit.device_memory_bytes', fit.device_memory_bytes, si(fit.device_memory_bytes, 'B', 3))} usable; "
         f"{'headroom ' + si(headroom, 'B', 3) if headroom >= 0 else 'over by ' + si(-headroom, 'B', 3)}</span>"
     )
+    if fit.total_bytes_interval is not None:
+        band = fit.total_bytes_interval
+        legend += (
+            f"<span>{band.level:.0%} interval {escape(render.interval_text(band, lambda b: si(b, 'B', 3)))}; "
+            f"{escape(render.fits_text(fit.fits_probability, fit.fits, band.level))}</span>"
+        )
     out.append(f'<div class="legend">{legend}</div>')
     return "\n".join(out)
 

@@ -111,9 +111,6 @@ def _table(report: dict) -> None:
     )
     from costmodel.cli.render import interval_text
 
-    for name in ("ttft", "tpot"):
-        band = Interval(**out[f"{name}_s_interval"])
-        screen.print(f"{band.level:.0%} interval: {name.upper()} {interval_text(band, seconds)}")
     screen.print(
         f"TTFT {seconds(out['ttft_s'])} with {pre['scheme']} (rule: {pre['rule_scheme']}; new share "
         f"{pre['new_fraction']:.3g} vs 2·n_kv/h = {pre['passq_max_new_fraction']:.3g}, pass-KV hides from "
@@ -124,6 +121,10 @@ def _table(report: dict) -> None:
             if dec["cp_latency_saved_s"] > 0
             else f"adds {seconds(dec['cp_latency_added_s'])} per token"
         )
+    )
+    ttft, tpot = (Interval(**out[f"{name}_s_interval"]) for name in ("ttft", "tpot"))
+    screen.print(
+        f"{ttft.level:.0%} interval: TTFT {interval_text(ttft, seconds)}; TPOT {interval_text(tpot, seconds)}"
     )
     table = house_table(caption="prefill, chosen scheme")
     for column in ("component", "time", "share"):

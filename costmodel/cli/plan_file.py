@@ -11,6 +11,7 @@ import typer
 from costmodel.cli.options import console
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text
+from costmodel.core.intervals import DEFAULT_LEVEL
 
 
 def report_cmd(
@@ -42,11 +43,12 @@ def report_cmd(
     from costmodel.cli import html as page
     from costmodel.plans.bind import Evaluator
     from costmodel.plans.gantt import plan_timelines
+    from costmodel.plans.uncertainty import certain_fit
     from costmodel.training.memory import fit_at, training_values
 
     fit = None
     if resolved.job is not None:  # ZeRO shards over DP x CP, which needs the job's size
-        fit = fit_at(Evaluator(training_values(resolved.job)))
+        fit = certain_fit(fit_at(Evaluator(training_values(resolved.job))), resolved.job, DEFAULT_LEVEL)
     text = page.plan_page(
         report,
         resolved.attention,

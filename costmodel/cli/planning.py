@@ -42,6 +42,7 @@ from costmodel.cli.search import (
 )
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
+from costmodel.core.intervals import Interval
 from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_CP,
@@ -182,7 +183,7 @@ def recommend_cmd(
             )
             report = report.model_copy(update={"budget": spent})
     else:
-        report = recommend(job).model_copy(update={"search": found})
+        report = recommend(job, level=interval_level(level)).model_copy(update={"search": found})
     emit(report.model_dump(mode="json", by_alias=True), format, table=lambda: _render_report(report, found))
 
 
@@ -330,6 +331,14 @@ def _memory_line(fit) -> str:  # noqa: ANN001
     )
 
 
+def _certainty(time: Interval | None, fit) -> str:  # noqa: ANN001
+    """The pick's intervals and the chance it fits, on one line."""
+    from costmodel.cli.render import certainty_lines
+
+    lines = certainty_lines(time, fit.total_bytes_interval, fit.fits_probability, fit.fits)
+    return "; ".join([lines[0], *(line.split(" interval: ", 1)[1] for line in lines[1:])])
+
+
 def _window_line(report) -> str:  # noqa: ANN001
     rec = report.recommendation
     window = f"[{rec.n_min_memory or '-'}, {rec.n_max_comm or '-'}]"
@@ -362,6 +371,7 @@ def _render_plan(report) -> None:  # noqa: ANN001
     head.add_row("use", Text(label(pick) + used, style="bold green"))
     head.add_row("step", f"{seconds(rec.step_time_s)} · MFU {rec.mfu:.0%} (layout search below)")
     head.add_row("memory", _memory_line(report.fit))
+    head.add_row("sure", _certainty(Interval(**pick["time_s_interval"]), report.fit))
     head.add_row("window", f"at {_plan_flags(report)}: {_window_line(report)}")
     head.add_row("why", rec.reason)
     if report.budget is not None:
@@ -391,6 +401,7 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     head.add_row("window", _window_line(report))
     head.add_row("why", rec.reason)
     head.add_row("memory", _memory_line(report.fit))
+    head.add_row("sure", _certainty(None, report.fit))
     for fix in rec.fixes:
         head.add_row("fix", fix)
     console().print(head)

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from costmodel.core.intervals import Interval
 from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
 from costmodel.plans.verdict import Colour
 
@@ -389,6 +390,14 @@ class Fit(_Section):
     device_memory_bytes: float = Field(description="HBM less the headroom")
     fits: bool
     by_category: MemoryCategories | None = Field(None, description="the total by what holds it")
+    total_bytes_interval: Interval | None = Field(
+        None, description="total_bytes' prediction interval, from measured peaks of the plan's regime"
+    )
+    fits_probability: float | None = Field(
+        None,
+        description="the probability the measured peak stays within device_memory_bytes (a conformal lower "
+        "bound); null with fewer than 9 measured peaks like the plan",
+    )
 
 
 class Recommendation(_Section):
@@ -485,8 +494,9 @@ class RecommendReport(_Section):
 
     # v4: the search's plans carry their breakdown by the step's identifier keys (matmul_s, exposed_cp_s, ...);
     # v5: inputs.cp, the CP degree, was inputs.n; v6: setup.attention_kernel replaces setup.flash_attention,
-    # and search.framework names the framework profile the plans are searched for
-    schema_: str = Field("cp-plan/recommend/v6", alias="schema", description="contract version")
+    # and search.framework names the framework profile the plans are searched for; v7: fit.total_bytes_interval,
+    # fit.fits_probability, and each searched plan's intervals with search.choice, the rule that picked
+    schema_: str = Field("cp-plan/recommend/v7", alias="schema", description="contract version")
     inputs: PlanInputs = Field(
         description="the layer, with the searched plan's micro-batch as b where there is one"
     )

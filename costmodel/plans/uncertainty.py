@@ -23,6 +23,7 @@ from costmodel.core.resources import data_dir
 
 if TYPE_CHECKING:
     from costmodel.plans.job import Job
+    from costmodel.plans.schema import Fit
 
 Quantity = Literal["step_time", "memory", "serving"]
 FILE = "residuals.yaml"
@@ -109,6 +110,12 @@ def memory_interval(
         interval(bytes_per_device, held, level, "memory peak"),
         fits_probability(held, bytes_per_device, usable_bytes),
     )
+
+
+def certain_fit(fit: Fit, job: Job, level: float) -> Fit:
+    """A memory fit with its interval at ``level`` and the probability it fits."""
+    band, chance = memory_interval(job, fit.total_bytes, fit.device_memory_bytes, level)
+    return fit.model_copy(update={"total_bytes_interval": band, "fits_probability": chance})
 
 
 def fits_probability(held: Calibration | None, bytes_per_device: float, usable_bytes: float) -> float | None:

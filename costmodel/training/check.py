@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 from costmodel.core.errors import InputError, validation_problems
 from costmodel.core.fields import Positive
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
+from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.bind import Evaluator
@@ -280,12 +281,17 @@ def run_checks(located: Located, confidence: float | None = None) -> list[CheckR
         row = next(r for r in advice.candidates if r.n == plan.cp)  # CP divides the slice (resolve)
         if want.fits_memory:
             usable = advice.fit.device_memory_bytes
+            level = confidence or DEFAULT_LEVEL
+            band, chance = memory_interval(job, row.total_bytes, usable, level)
             passed, detail = row.fits, _memory_detail(job, plan.cp, usable)
+            if band.known:
+                detail += f"; {level:.0%} interval {band.lo / 1e9:.1f}-{band.hi / 1e9:.1f} GB"  # type: ignore[operator]
+            if chance is not None:
+                detail += f"; fits with probability {chance:.0%}"
             if confidence is not None:
-                _, chance = memory_interval(job, row.total_bytes, usable, confidence)
                 passed = chance is not None and chance >= confidence
                 detail += (
-                    f"; fits with probability {chance:.0%}, {confidence:.0%} required"
+                    f", {confidence:.0%} required"
                     if chance is not None
                     else f"; too few measured peaks like it to say it fits at {confidence:.0%}"
                 )

@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.core.units import seconds, si
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
@@ -29,6 +30,7 @@ from costmodel.plans.inputs import MAX_CP, PlanInputs, cp_stride
 from costmodel.plans.job import Job
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
+from costmodel.plans.uncertainty import certain_fit
 from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.schedule.layouts import divisors
 from costmodel.training.memory import fit_at, memory, training_values
@@ -45,7 +47,9 @@ def schemes_at(attention: PlanInputs, machine: Machine, n: int) -> list[SchemeRe
     return compare(at_n, machine)
 
 
-def recommend(job: Job, suggest: bool = True, _schemes: dict | None = None) -> RecommendReport:
+def recommend(
+    job: Job, suggest: bool = True, _schemes: dict | None = None, level: float = DEFAULT_LEVEL
+) -> RecommendReport:
     """The window [N_min(memory), N_max(comm)] over the CP degrees the job can use, and the pick.
 
     With ``suggest``, an empty window also gets the setup changes that would open it, each checked by
@@ -122,7 +126,7 @@ def recommend(job: Job, suggest: bool = True, _schemes: dict | None = None) -> R
         setup=setup,
         hw=machine.name,
         topology=topology.describe(machine.profile),
-        fit=fit,
+        fit=certain_fit(fit, job, level),
         recommendation=recommendation,
         candidates=rows,
     )
@@ -147,7 +151,8 @@ def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
     window = recommend(at, suggest=False)
     cp = plan["cp"]
     row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
-    fit = fit_at(Evaluator(training_values(plan_as_job(plan, job.training(), search["global_batch"]))))
+    planned = plan_as_job(plan, job.training(), search["global_batch"])
+    fit = certain_fit(fit_at(Evaluator(training_values(planned))), planned, search["choice"]["level"])
     rec = window.recommendation
     recommendation = Recommendation(
         n_min_memory=rec.n_min_memory,
