@@ -145,3 +145,20 @@ def test_recommend_marks_the_plans_it_cannot_order_and_says_which_rule_picked(cl
             pick["groups_across_nodes"] < fastest["groups_across_nodes"]
         )
         assert not search["choice"]["rule"].startswith("fastest")
+
+
+def test_infer_json_carries_its_times_intervals(cli) -> None:
+    args = ["infer", "--model", "llama3-8b", "--prompt", "32k", "--hw", "h100-nvlink", "-f", "json"]
+    out = cli(*args).json()["inference"]
+    for name in ("ttft", "tpot"):
+        band = out[f"{name}_s_interval"]
+        assert band["level"] == 0.8 and band["lo"] < band["hi"] and band["runs"] == 13
+    at_95 = cli(*args, "--interval-level", "0.95").json()["inference"]["ttft_s_interval"]
+    assert at_95["lo"] is None and "13 comparable measured serving times: 39 needed" in at_95["note"]
+
+
+def test_the_html_report_draws_the_memory_interval(cli, tmp_path) -> None:
+    page = tmp_path / "r.html"
+    assert cli("report", "configs/plans/llama3-8b-128k-a100-nvlink.yaml", "--html", str(page)).code == 0
+    text = page.read_text()
+    assert 'data-field="fit.total_bytes_interval"' in text and "may not fit (47% it fits)" in text

@@ -343,8 +343,14 @@ def test_fit_profile_is_written_and_step_reads_it(cli, monkeypatch, tmp_path: Pa
     assert profile.kernels.launch_s == pytest.approx(document["fit"]["terms"]["launch_s"]["value"])
     table = read_runs(str(small), parse_assumptions(VTRAIN), str(out))
     run = table.runs[0]
-    again = evaluate_step(Job.of(_model=run.model, **run.values)).model_dump(by_alias=True)["step"]["time_s"]
-    assert again == pytest.approx(document["fit"]["rows"][0]["predicted_s"], rel=1e-9)
+    step = evaluate_step(Job.of(_model=run.model, **run.values)).step
+    assert step.time_s == pytest.approx(document["fit"]["rows"][0]["predicted_s"], rel=1e-9)
+    # the profile keeps its k-fold residuals: 3 % lognormal noise gives an 80 % interval near +-1.28 x 3 %
+    residuals = profile.fit_residuals
+    assert residuals is not None and residuals.runs == document["fit"]["fitted_runs"]
+    band = step.time_s_interval
+    assert band.regime.startswith("the fitted profile's k-fold residuals")
+    assert band.hi / band.lo == pytest.approx(math.exp(2 * 1.28 * 0.03), rel=0.05)
 
 
 @pytest.mark.slow  # a full fit of 396 runs (about 10 s)
