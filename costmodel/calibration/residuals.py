@@ -16,6 +16,7 @@ import yaml
 
 from costmodel.core.intervals import interval
 from costmodel.inference import published as serving_rows
+from costmodel.machines.profiles import load_profile
 from costmodel.plans.job import Job
 from costmodel.plans.uncertainty import (
     MeasuredResidual,
@@ -81,7 +82,8 @@ def serving_residuals() -> list[MeasuredResidual]:
     for row in serving_rows.ROWS:
         ratio = row.predicted() / row.published
         residual = math.log(1 / ratio if row.metric == "ttft" else ratio)
-        out.append(MeasuredResidual(id=row.key, framework=None, generation=None, residual=residual))
+        generation = load_profile(row.setup["hw"]).device.generation
+        out.append(MeasuredResidual(id=row.key, framework=None, generation=generation, residual=residual))
     return out
 
 

@@ -594,6 +594,7 @@ def evaluate_infer(
         )
     chunk = _check(inputs, setup, model)
     attention, gemm = _machines(inputs, setup, overrides)
+    generation = attention.profile.device.generation
     values = bind(inputs, setup, model, attention)
     timed = _ttft_schemes(values, setup, chunk, attention, gemm, model)
     scheme = _chosen(setup, timed)
@@ -638,8 +639,8 @@ def evaluate_infer(
             kv_cache_bytes_per_device=mem["kv_cache_bytes_per_device"],
             ttft_s=ttft,
             tpot_s=tpot,
-            ttft_s_interval=serving_interval(ttft, level),
-            tpot_s_interval=serving_interval(tpot, level),
+            ttft_s_interval=serving_interval(ttft, generation, level),
+            tpot_s_interval=serving_interval(tpot, generation, level),
             gpus=setup.tp * setup.cp * setup.pp,
             memory=Memory(**mem),
             prefill=Prefill(

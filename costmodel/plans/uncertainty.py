@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 Quantity = Literal["step_time", "memory", "serving"]
 FILE = "residuals.yaml"
 WHAT = {"step_time": "step times", "memory": "memory peaks", "serving": "serving times"}
+# Times hang on the GPU: a plan on a generation no measured run used gets no interval. Memory peaks hang on
+# the framework and the model; the GPU only sets the allocator's and runtime's share.
+TIMED = ("step_time", "serving")
 
 
 class MeasuredResidual(BaseModel):
@@ -63,19 +66,21 @@ def calibration(
     runs: list[MeasuredResidual] | None = None,
 ) -> Calibration | None:
     """The calibration set of a prediction: the most specific regime with enough runs for ``level`` (or the
-    most specific one that has any, which then says how many more it needs); None when no run is like it.
+    most specific one that has any, which then says how many more it needs); None when no run is like it
+    (a time on a GPU generation no run was measured on).
     ``runs`` stands in for the table's (a run left out, to check coverage)."""
     every = getattr(table(), quantity) if runs is None else runs
-    chain = [
-        (
-            f"{framework} on {generation}",
-            [r for r in every if (r.framework, r.generation) == (framework, generation)],
-        ),
-        (f"{framework}, every GPU generation", [r for r in every if r.framework == framework]),
-        (f"every {'run' if framework is None else 'framework and GPU'}", every),
-    ]
+    if quantity in TIMED and generation not in {r.generation for r in every}:
+        return None  # a time on a GPU no measured run used says nothing about this one
+    same = [r for r in every if r.generation == generation]
     if framework is None:
-        chain = chain[2:]
+        chain = [(f"every run on {generation}", same)]
+    else:
+        chain = [
+            (f"{framework} on {generation}", [r for r in same if r.framework == framework]),
+            (f"{framework}, every GPU generation", [r for r in every if r.framework == framework]),
+        ]
+    chain.append((f"every {'run' if framework is None else 'framework and GPU'}", every))
     held = [(regime, members) for regime, members in chain if members]
     if not held:
         return None
@@ -98,7 +103,9 @@ def time_interval(job: Job, time_s: float, level: float) -> Interval:
         if fitted is not None
         else calibration("step_time", *_regime(job), level)
     )
-    return interval(time_s, timed, level, "step time")
+    return _on(
+        interval(time_s, timed, level, "step time"), job.machine.profile.device.generation, "step time"
+    )
 
 
 def memory_interval(
@@ -126,8 +133,16 @@ def fits_probability(held: Calibration | None, bytes_per_device: float, usable_b
     return held.residuals.share_at_most(math.log(usable_bytes / bytes_per_device))
 
 
-def serving_interval(seconds: float, level: float) -> Interval:
-    return interval(seconds, calibration("serving", None, None, level), level, "serving time")
+def serving_interval(seconds: float, generation: str | None, level: float) -> Interval:
+    band = interval(seconds, calibration("serving", None, generation, level), level, "serving time")
+    return _on(band, generation, "serving time")
+
+
+def _on(band: Interval, generation: str | None, what: str) -> Interval:
+    """A missing interval's note names the GPU generation no run was measured on."""
+    if band.runs:
+        return band
+    return band.model_copy(update={"note": f"no comparable measured {what}: none on {generation} GPUs"})
 
 
 def order_spread(level: float) -> float | None:
