@@ -107,6 +107,7 @@ def test_step_json_carries_the_intervals(cli) -> None:
     wider = cli(*args, "--global-batch", "16", "--zero", "3", "--interval-level", "0.95", "-f", "json").json()
     assert wider["step"]["time_s_interval"]["level"] == 0.95
     assert wider["memory"]["bytes_per_device_interval"]["lo"] is None  # 37 peaks: 39 needed at 95 %
+    assert wider["memory"]["fits_probability"] == data["memory"]["fits_probability"]  # not the level's
     bad = cli(*args, "--global-batch", "16", "--interval-level", "1")
     assert bad.code == 2 and "--interval-level" in bad.err
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.fileio import read_yaml
-from costmodel.core.intervals import Calibration, Interval, Residuals, interval, runs_needed
+from costmodel.core.intervals import DEFAULT_LEVEL, Calibration, Interval, Residuals, interval, runs_needed
 from costmodel.core.resources import data_dir
 
 if TYPE_CHECKING:
@@ -111,12 +111,13 @@ def time_interval(job: Job, time_s: float, level: float) -> Interval:
 def memory_interval(
     job: Job, bytes_per_device: float, usable_bytes: float, level: float
 ) -> tuple[Interval, float | None]:
-    """The memory peak's interval at ``level`` and the probability the plan fits."""
+    """The memory peak's interval at ``level`` and the probability the plan fits. The probability is read on
+    the regime an 80 % statement is calibrated on, whatever the level, so that it does not move with it."""
     held = calibration("memory", *_regime(job), level)
-    return (
-        interval(bytes_per_device, held, level, "memory peak"),
-        fits_probability(held, bytes_per_device, usable_bytes),
+    chance = fits_probability(
+        calibration("memory", *_regime(job), DEFAULT_LEVEL), bytes_per_device, usable_bytes
     )
+    return interval(bytes_per_device, held, level, "memory peak"), chance
 
 
 def certain_fit(fit: Fit, job: Job, level: float) -> Fit:
@@ -128,7 +129,7 @@ def certain_fit(fit: Fit, job: Job, level: float) -> Fit:
 def fits_probability(held: Calibration | None, bytes_per_device: float, usable_bytes: float) -> float | None:
     """P(the measured peak stays within usable memory), a conformal lower bound; None below 9 runs (an 80 %
     statement needs them)."""
-    if held is None or held.residuals.runs < runs_needed(0.8) or bytes_per_device <= 0:
+    if held is None or held.residuals.runs < runs_needed(DEFAULT_LEVEL) or bytes_per_device <= 0:
         return None
     return held.residuals.share_at_most(math.log(usable_bytes / bytes_per_device))
 
