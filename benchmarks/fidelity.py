@@ -55,6 +55,13 @@ def line(label: str, s: dict) -> str:
     )
 
 
+def coverage_line(audit: dict) -> str:
+    covered = audit["interval_coverage"]
+    if covered is None:
+        return f"{'  inside the 80 % intervals':<44} no run had one"
+    return f"{'  inside the 80 % intervals':<44} {covered['covered']:4.0%} of {covered['runs']}"
+
+
 def rank_line(label: str, r: dict | None) -> str:
     if r is None:
         return f"{label:<44} no job run in two layouts"
@@ -109,10 +116,12 @@ def main() -> None:
     builtin = Profiles()
     single_audit = audit_runs(single, builtin)
     print(line("single node, built-in profile", single_audit))
+    print(coverage_line(single_audit))
     print(rank_line("  layouts ranked, built-in profile", single_audit["ranking"]))
     if multi is not None:
         multi_audit = audit_runs(multi, builtin)
         print(line("multi-node, built-in profile", multi_audit))
+        print(coverage_line(multi_audit))
         print(rank_line("  layouts ranked, built-in profile", multi_audit["ranking"]))
 
     aside = single.runs[4::5]

@@ -332,7 +332,7 @@ def test_fit_profile_is_written_and_step_reads_it(cli, monkeypatch, tmp_path: Pa
     result = cli(*args)
     assert result.code == 0, result.err
     document = result.json()
-    assert document["schema"] == "cp-plan/runs/v2" and document["fit"]["written"] == str(out)
+    assert document["schema"] == "cp-plan/runs/v3" and document["fit"]["written"] == str(out)
     assert 0 < document["fit"]["cv_mape"] < document["runs"]["mape"]
     # held-out predictions order the layouts at least as well as the built-in profile's
     built_in, held = document["runs"]["ranking"], document["fit"]["cv_ranking"]

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from costmodel.audit.logs import STEP_MS
 from costmodel.core.errors import InputError
-from costmodel.core.intervals import Residuals
+from costmodel.core.intervals import DEFAULT_LEVEL, Interval, Residuals
 from costmodel.core.tables import GOAL, errors_summary, read_csv
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans import cp as registry
@@ -33,7 +33,7 @@ from costmodel.plans.models import ModelPreset, load_model
 from costmodel.training.report import StepReport
 from costmodel.training.step import bind, evaluate_step
 
-SCHEMA = "cp-plan/runs/v2"  # v2: a miss names its component by the step's breakdown key (matmul_s, ...)
+SCHEMA = "cp-plan/runs/v3"  # v2: a miss names its component by the step's breakdown key (matmul_s, ...); v3: runs.interval_coverage and each row's inside_interval
 LARGE_MISS = GOAL  # |error| beyond which a row's miss is explained by component
 MAX_ROWS = (
     2_000  # each run is a job and a step evaluated, ~5 ms of CPU; vTrain's single-node table holds 1,440
@@ -381,6 +381,7 @@ def compare_row(run: MeasuredRun, report: StepReport) -> dict[str, Any]:
         "predicted_s": predicted,
         "error": error,
         "spans_nodes": spans_nodes(report),
+        "inside_interval": _inside(report.step.time_s_interval, run.measured_s),
     }
     if abs(error) > LARGE_MISS:
         row["miss"] = explain(report.step.breakdown.model_dump(), predicted, run.measured_s)
@@ -498,6 +499,20 @@ def audit_runs(table: RunTable, profiles: Profiles) -> dict[str, Any]:
     return summarise(table, rows)
 
 
+def _inside(band: Interval, measured_s: float) -> bool | None:
+    """Whether the measured time lies in the prediction's interval; None where there is none."""
+    return None if not band.known else band.lo <= measured_s <= band.hi  # type: ignore[operator]
+
+
+def coverage(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How many measured runs lie inside their prediction's 80 % interval: the intervals checked on the
+    user's own runs (None where no run had one)."""
+    given = [row["inside_interval"] for row in rows if row["inside_interval"] is not None]
+    if not given:
+        return None
+    return {"level": DEFAULT_LEVEL, "runs": len(given), "covered": sum(given) / len(given)}
+
+
 def summarise(table: RunTable, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "path": table.path,
@@ -505,6 +520,7 @@ def summarise(table: RunTable, rows: list[dict[str, Any]]) -> dict[str, Any]:
         **errors_summary([row["error"] for row in rows]),
         "groups": grouped(rows),
         "ranking": ranking(rows),
+        "interval_coverage": coverage(rows),
         "rows": rows,
     }
 

@@ -286,6 +286,11 @@ def _runs_table(document: dict[str, Any]) -> None:
     screen.print(_errors_line(f"{result['path']}, built-in profile", result))
     if (line := _ranking_line("ranking, built-in profile", result["ranking"])) is not None:
         screen.print(line)
+    if (covered := result["interval_coverage"]) is not None:
+        screen.print(
+            f"inside the predictions' {covered['level']:.0%} intervals: {covered['covered']:.0%} of the "
+            f"{covered['runs']} runs that had one"
+        )
     groups = house_table(caption="error by group: runs, MAPE, signed median")
     for column in ("group", "value", "runs", "MAPE", "signed median"):
         groups.add_column(column, justify="left" if column in ("group", "value") else "right")
