@@ -140,6 +140,11 @@ def main() -> None:
     if fit["transfer"] is not None:
         print(line("multi-node, predicted from the single-node fit", fit["transfer"]))
         print(rank_line("  layouts ranked, from the fit", fit["transfer_ranking"]))
+    print_published()
+
+
+def print_published() -> None:
+    """The published table's errors by framework, and the intervals' coverage on it."""
     errors = [abs(published(row) / row.published - 1) for row in ROWS]
     known = sum(bool(row.misses) for row in ROWS)
     print(

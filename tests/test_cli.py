@@ -488,7 +488,7 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
 @pytest.mark.parametrize(
     ("args", "schema"),
     [
-        (["--seq", "8k"], "cp-plan/report/v2"),
+        (["--seq", "8k"], "cp-plan/report/v3"),
         (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v7"),
         (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v7"),
         (["sweep"], "cp-plan/sweep/v1"),
@@ -525,3 +525,20 @@ def test_an_attention_kernel_the_profile_has_no_tables_for_is_one_line(cli, kern
     result = cli(*WORKED, "--hw", "h100-nvlink", "--attention-kernel", kernel)
     assert result.code == 2 and result.out == "" and result.err.count("\n") == 1
     assert "--attention-kernel" in result.err and "sdpa-flash" in result.err
+
+
+def test_a_red_bound_whose_transfers_hide_at_kernel_rates_says_both(cli) -> None:
+    """64K over 8 H100s across InfiniBand: balanced at peak the ring step's receive is 121 % of its compute (red),
+    at the kernel rates the step and the timeline read 65 %: the headline says both, not one against the other."""
+    args = ["--seq", "64k", "--n", "8", "--hw", "h100-ib", "--causal", "--layout", "zigzag"]
+    data = cli(*args, "-f", "json").json()
+    verdict, ring = data["verdict"], data["ring"]
+    assert verdict["verdict"] == "red" and verdict["comm_ratio_step"] > 1
+    assert verdict["comm_ratio_step_kernel"] == pytest.approx(
+        ring["step_comm_s"] / ring["step_compute_kernel_s"], rel=1e-9
+    )
+    assert verdict["comm_ratio_step_kernel"] < 1
+    out = " ".join(cli(*args).out.split())
+    assert "at the kernel rates the step and the timeline read, 65.3 %: each transfer hides" in out
+    quiet = " ".join(cli("--seq", "262144", "--n", "8", "--hw", "a100-nvlink").out.split())
+    assert "GREEN fwd step comm ratio 0.793 %: overlap headroom limits" in quiet  # the same story: no clause

@@ -218,7 +218,7 @@ def _verdict(report: Report, checks: list[CheckResult] | None) -> str:
         (
             "verdict",
             f"{escape(v.pass_)} step comm ratio {_field('verdict.comm_ratio_step', v.comm_ratio_step, percent(v.comm_ratio_step))}: "
-            f"{escape(v.text)}",
+            f"{escape(v.text)}{escape(render.kernel_clause(report))}",
         ),
         (
             "answer",

@@ -14,6 +14,7 @@ from costmodel.core.units import count, percent, seconds, si, tokens_label
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation
 from costmodel.plans.schema import Budget, MemoryCategories, Report
+from costmodel.plans.verdict import band
 from costmodel.symbolic import numeric
 
 if TYPE_CHECKING:
@@ -121,7 +122,19 @@ def link_line(report: Report) -> str:
 
 def verdict_line(report: Report) -> str:
     v = report.verdict
-    return f"{v.pass_} step comm ratio {percent(v.comm_ratio_step)}: {v.text}"
+    return f"{v.pass_} step comm ratio {percent(v.comm_ratio_step)}: {v.text}{kernel_clause(report)}"
+
+
+def kernel_clause(report: Report) -> str:
+    """Where the kernels run slower than the balanced bound assumes and that changes the story (the band, or
+    whether a transfer hides), the ratio the step and the timeline charge: a red bound whose transfers still
+    hide says so rather than contradict the timeline."""
+    v = report.verdict
+    timed = v.comm_ratio_step_kernel
+    if timed is None or (band(timed).verdict == v.verdict and (timed < 1) == (v.comm_ratio_step < 1)):
+        return ""
+    fate = "hides under its step's compute when overlapped" if timed < 1 else "stays partly exposed"
+    return f"; at the kernel rates the step and the timeline read, {percent(timed)}: each transfer {fate}"
 
 
 def scope_line(report: Report) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import Evaluation, Evaluator, pass_ratio, plan_values
+from costmodel.plans.bind import PASSES, Evaluation, Evaluator, pass_ratio, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.packed_report import mask_section, masked_utilization, packing_section
 from costmodel.plans.schema import (
@@ -81,6 +81,7 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
     schemes = compare(inputs, machine)
     kernel = predict(inputs, machine, backward=True)  # compute at the rates the layer time reads
     ring = _ring(ev, inputs, machine, schemes[0], kernel)
+    backward = _backward(ev, (kernel.compute_s - kernel.forward_compute_s) / inputs.cp)
     return Report(
         inputs=inputs,
         hardware=hardware,
@@ -90,8 +91,8 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         ulysses=_ulysses(schemes[-1] if inputs.cp > 1 else None, machine, inputs.cp),
         usp=[_usp(ev, s, machine) for s in schemes],
         schemes=[_scheme(s) for s in schemes],
-        backward=_backward(ev, (kernel.compute_s - kernel.forward_compute_s) / inputs.cp),
-        verdict=_verdict(ev, inputs),
+        backward=backward,
+        verdict=_verdict(ev, inputs, ring, backward),
         tp=TP(
             bytes_per_layer=ev("tp_bytes_per_layer"),
             ratio_to_ring=ev("tp_to_ring_ratio") if inputs.cp > 1 else None,
@@ -160,10 +161,21 @@ def _backward(ev: Evaluator, step_compute_kernel_s: float) -> Backward:
     )
 
 
-def _verdict(ev: Evaluator, inputs: PlanInputs) -> Verdict:
+def _verdict(ev: Evaluator, inputs: PlanInputs, ring: Ring, backward: Backward) -> Verdict:
+    """The band of the balanced ratio (the bound the articles reason with), and beside it the ratio at the
+    kernel rates the layer time and the timeline read, so the headline and the timeline tell one story."""
     ratio = pass_ratio(ev, inputs.pass_)
     chosen = band(ratio)
-    return Verdict(pass_=inputs.pass_, comm_ratio_step=ratio, verdict=chosen.verdict, text=chosen.text)
+    phases = {"fwd": (ring.step_comm_s, ring.step_compute_kernel_s)}
+    phases["bwd"] = (backward.step_comm_s, backward.step_compute_kernel_s)
+    timed = [comm / compute for comm, compute in (phases[p] for p in PASSES[inputs.pass_]) if compute > 0]
+    return Verdict(
+        pass_=inputs.pass_,
+        comm_ratio_step=ratio,
+        verdict=chosen.verdict,
+        text=chosen.text,
+        comm_ratio_step_kernel=max(timed) if inputs.cp > 1 and timed else None,
+    )
 
 
 def _ulysses(result: SchemeResult | None, machine: Machine, n: int) -> Ulysses:

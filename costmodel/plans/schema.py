@@ -14,7 +14,7 @@ from costmodel.core.intervals import Interval
 from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
 from costmodel.plans.verdict import Colour
 
-SCHEMA = "cp-plan/report/v2"  # v2: inputs.cp, the CP degree, was inputs.n
+SCHEMA = "cp-plan/report/v3"  # v2: inputs.cp, the CP degree, was inputs.n; v3: verdict.comm_ratio_step_kernel
 
 
 class _Section(BaseModel):
@@ -122,9 +122,18 @@ class Verdict(_Section):
     model_config = ConfigDict(frozen=True, defer_build=True, populate_by_name=True)
 
     pass_: Pass = Field(alias="pass", description="fwd, bwd, or fwd+bwd")
-    comm_ratio_step: float = Field(description="max over the pass's phases")
+    comm_ratio_step: float = Field(
+        description="max over the pass's phases, with compute balanced at effective FLOP/s: the bound the "
+        "band is read on"
+    )
     verdict: Colour
     text: str
+    comm_ratio_step_kernel: float | None = Field(
+        None,
+        description="the same ratio with compute at the kernel rates the layer time and the timeline read "
+        "(ring.step_compute_kernel_s, backward.step_compute_kernel_s); below 1 a transfer hides under its step "
+        "when overlapped; null at N = 1",
+    )
 
 
 class Ulysses(_Section):
