@@ -121,8 +121,11 @@ def link_line(report: Report) -> str:
 
 
 def verdict_line(report: Report) -> str:
-    v = report.verdict
-    return f"{v.pass_} step comm ratio {percent(v.comm_ratio_step)}: {v.text}{kernel_clause(report)}"
+    v, hw = report.verdict, report.hardware
+    clause = kernel_clause(report)
+    rate = "peak" if hw.effective_flops == hw.peak_flops else "effective"
+    bound = f" (compute balanced at {rate} FLOP/s, the articles' bound)" if clause else ""
+    return f"{v.pass_} step comm ratio {percent(v.comm_ratio_step)}{bound}: {v.text}{clause}"
 
 
 def kernel_clause(report: Report) -> str:
