@@ -41,7 +41,7 @@ from costmodel.symbolic.symbols import SYMBOLS
 TARGET = Path(__file__).resolve().parent / "symbolic" / "numeric.py"
 RESOLVED = TARGET.with_name("resolved.py")
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-RESIDUALS = DOCS.parent / "validation" / "residuals.yaml"
+RESIDUALS = DOCS.parent / "validation" / "residuals.json"
 
 
 class _Printer(NumPyPrinter):
@@ -455,13 +455,13 @@ def fill_blocks(text: str, keep: Callable[[str], bool] | None = None) -> str:
 def targets(keep: Callable[[str], bool] | None = None) -> dict[Path, str]:
     """Every generated file and the text it must hold (the blocks ``keep`` names as they are written)."""
 
-    from costmodel.calibration.residuals import residual_yaml
+    from costmodel.calibration.residuals import residual_json
 
     out = {
         TARGET: render(),
         RESOLVED: resolved_cache(),
         DOCS / "report.schema.json": report_json_schema(),
-        RESIDUALS: residual_yaml(),
+        RESIDUALS: residual_json(),
     }
     with contextlib.chdir(DOCS.parent):  # commands in docs name paths from the repository root
         for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
@@ -473,10 +473,10 @@ def targets(keep: Callable[[str], bool] | None = None) -> dict[Path, str]:
 
 def _write_residuals() -> None:
     """The intervals' calibration sets first: the documents' CLI output reads them."""
-    from costmodel.calibration.residuals import residual_yaml
+    from costmodel.calibration.residuals import residual_json
     from costmodel.plans.uncertainty import table
 
-    text = residual_yaml()
+    text = residual_json()
     if not RESIDUALS.exists() or RESIDUALS.read_text(encoding="utf-8") != text:
         atomic_write_text(RESIDUALS, text)
         table.cache_clear()

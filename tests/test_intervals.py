@@ -168,3 +168,31 @@ def test_the_html_report_draws_the_memory_interval(cli, tmp_path) -> None:
     assert cli("report", "configs/plans/llama3-8b-128k-a100-nvlink.yaml", "--html", str(page)).code == 0
     text = page.read_text()
     assert 'data-field="fit.total_bytes_interval"' in text and "may not fit (47% it fits)" in text
+
+
+@pytest.mark.parametrize(
+    ("residuals", "said"),
+    [
+        ("[0.3, 0.1, 0.2]", "log_residuals must be sorted, smallest first"),
+        ("[0.1, 0.2, 1e300]", "less than or equal to 10"),
+    ],
+)
+def test_a_profile_with_bad_residuals_is_one_line(cli, tmp_path, residuals: str, said: str) -> None:
+    profile = tmp_path / "p.yaml"
+    text = cli("hw", "show", "h100-nvlink").out
+    profile.write_text(text + f"fit_residuals:\n  runs: 3\n  log_residuals: {residuals}\n")
+    args = [
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "8192",
+        "--hw",
+        str(profile),
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+    ]
+    result = cli("step", *args)
+    assert result.code == 2 and said in result.err and "fit_residuals" in result.err
+    assert len(result.err.strip().splitlines()) == 1

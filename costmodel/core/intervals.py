@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 KEPT = (
     200  # order statistics a stored set keeps: a fitted profile's thousand residuals thinned to its quantiles
@@ -35,10 +36,24 @@ class Residuals(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    runs: int = Field(ge=1, description="measured runs the set was taken from")
-    log_residuals: list[float] = Field(
-        min_length=1, description="ln(measured / predicted), sorted; at most 201 order statistics of the runs"
+    runs: int = Field(ge=1, le=10**9, description="measured runs the set was taken from")
+    # |r| <= 10: a prediction off by more than e^10 (22,000x) is no calibration, and e^r stays finite
+    log_residuals: list[Annotated[float, Field(ge=-10, le=10)]] = Field(
+        min_length=1,
+        max_length=KEPT + 1,
+        description="ln(measured / predicted), sorted; at most 201 order statistics of the runs",
     )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Residuals:
+        kept = self.log_residuals
+        if any(b < a for a, b in zip(kept, kept[1:])):
+            raise ValueError("log_residuals must be sorted, smallest first")
+        if len(kept) > self.runs:
+            raise ValueError(f"{len(kept)} log_residuals for {self.runs} runs")
+        if len(kept) < self.runs and len(kept) < 2:
+            raise ValueError("a thinned set keeps at least its smallest and largest residual")
+        return self
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Residuals:

@@ -1,6 +1,6 @@
 """How sure a figure is: the measured runs a prediction's interval is calibrated on, chosen by regime.
 
-``validation/residuals.yaml`` holds the model's log residual on every measured run of the published tables
+``validation/residuals.json`` holds the model's log residual on every measured run of the published tables
 (docs/validation.md): step times, memory peaks and serving times, each with the framework and the GPU
 generation it ran on. It is generated with the docs (``python -m costmodel.codegen``) from the same
 predictions, so it follows the model. A plan's interval is calibrated on the most specific regime that holds
@@ -12,12 +12,12 @@ its own, narrower set: its k-fold residuals on the owner's runs (``cp-plan audit
 from __future__ import annotations
 
 import functools
+import json
 import math
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from costmodel.core.fileio import read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL, Calibration, Interval, Residuals, interval, runs_needed
 from costmodel.core.resources import data_dir
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from costmodel.plans.schema import Fit
 
 Quantity = Literal["step_time", "memory", "serving"]
-FILE = "residuals.yaml"
+FILE = "residuals.json"
 WHAT = {"step_time": "step times", "memory": "memory peaks", "serving": "serving times"}
 # Times hang on the GPU: a plan on a generation no measured run used gets no interval. Memory peaks hang on
 # the framework and the model; the GPU only sets the allocator's and runtime's share.
@@ -55,7 +55,9 @@ class ResidualTable(BaseModel):
 
 @functools.cache
 def table() -> ResidualTable:
-    return ResidualTable.model_validate(read_yaml(data_dir("validation") / FILE, "validation").data)
+    """The packaged table (generated, never user input: read as JSON, not through the hardened YAML reader)."""
+    data = json.loads((data_dir("validation") / FILE).read_text(encoding="utf-8"))
+    return ResidualTable.model_validate({k: v for k, v in data.items() if k != "about"})
 
 
 def calibration(
