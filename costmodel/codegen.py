@@ -452,8 +452,9 @@ def fill_blocks(text: str, keep: Callable[[str], bool] | None = None) -> str:
     return _MARKER.sub(block, text)
 
 
-def targets(keep: Callable[[str], bool] | None = None) -> dict[Path, str]:
-    """Every generated file and the text it must hold (the blocks ``keep`` names as they are written)."""
+def targets(keep: Callable[[str], bool] | None = None, residuals: str | None = None) -> dict[Path, str]:
+    """Every generated file and the text it must hold (the blocks ``keep`` names as they are written);
+    ``residuals``, computed already, is the residual table's."""
 
     from costmodel.calibration.residuals import residual_json
 
@@ -461,7 +462,7 @@ def targets(keep: Callable[[str], bool] | None = None) -> dict[Path, str]:
         TARGET: render(),
         RESOLVED: resolved_cache(),
         DOCS / "report.schema.json": report_json_schema(),
-        RESIDUALS: residual_json(),
+        RESIDUALS: residuals if residuals is not None else residual_json(),
     }
     with contextlib.chdir(DOCS.parent):  # commands in docs name paths from the repository root
         for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
@@ -471,8 +472,8 @@ def targets(keep: Callable[[str], bool] | None = None) -> dict[Path, str]:
     return out
 
 
-def _write_residuals() -> None:
-    """The intervals' calibration sets first: the documents' CLI output reads them."""
+def _write_residuals() -> str:
+    """The intervals' calibration sets first: the documents' CLI output reads them. Returns their text."""
     from costmodel.calibration.residuals import residual_json
     from costmodel.plans.uncertainty import table
 
@@ -480,6 +481,7 @@ def _write_residuals() -> None:
     if not RESIDUALS.exists() or RESIDUALS.read_text(encoding="utf-8") != text:
         atomic_write_text(RESIDUALS, text)
         table.cache_clear()
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,9 +494,9 @@ def main(argv: list[str] | None = None) -> int:
         if TARGET.read_text(encoding="utf-8") != source:
             atomic_write_text(TARGET, source)
             importlib.reload(numeric)
-        _write_residuals()
+    residuals = None if args.check else _write_residuals()
     stale = []
-    for path, text in targets().items():
+    for path, text in targets(residuals=residuals).items():
         current = path.read_text(encoding="utf-8") if path.exists() else ""
         if current == text:
             continue

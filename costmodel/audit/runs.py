@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from costmodel.audit.logs import STEP_MS
 from costmodel.core.errors import InputError
-from costmodel.core.intervals import DEFAULT_LEVEL, Interval, Residuals
+from costmodel.core.intervals import DEFAULT_LEVEL, Residuals
 from costmodel.core.tables import GOAL, errors_summary, read_csv
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans import cp as registry
@@ -381,7 +381,7 @@ def compare_row(run: MeasuredRun, report: StepReport) -> dict[str, Any]:
         "predicted_s": predicted,
         "error": error,
         "spans_nodes": spans_nodes(report),
-        "inside_interval": _inside(report.step.time_s_interval, run.measured_s),
+        "inside_interval": report.step.time_s_interval.holds(run.measured_s),
     }
     if abs(error) > LARGE_MISS:
         row["miss"] = explain(report.step.breakdown.model_dump(), predicted, run.measured_s)
@@ -497,11 +497,6 @@ def audit_runs(table: RunTable, profiles: Profiles) -> dict[str, Any]:
     """Every run of ``table`` predicted and compared, the error over the table and by group."""
     rows = [compare_row(run, predict(run, profiles)) for run in table.runs]
     return summarise(table, rows)
-
-
-def _inside(band: Interval, measured_s: float) -> bool | None:
-    """Whether the measured time lies in the prediction's interval; None where there is none."""
-    return None if not band.known else band.lo <= measured_s <= band.hi  # type: ignore[operator]
 
 
 def coverage(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -107,7 +107,7 @@ def holdout_coverage(level: float) -> list[bool | None]:
     for run in memory_residuals("holdout"):
         held = calibration("memory", run.framework, run.generation, level)
         band = interval(1.0, held, level, "memory peak")
-        out.append(None if not band.known else band.lo <= math.exp(run.residual) <= band.hi)  # type: ignore[operator]
+        out.append(band.holds(math.exp(run.residual)))
     return out
 
 

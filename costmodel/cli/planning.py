@@ -333,10 +333,10 @@ def _memory_line(fit) -> str:  # noqa: ANN001
 
 def _certainty(time: Interval | None, fit) -> str:  # noqa: ANN001
     """The pick's intervals and the chance it fits, on one line."""
-    from costmodel.cli.render import certainty_lines
+    from costmodel.cli.render import certainty_parts
 
-    lines = certainty_lines(time, fit.total_bytes_interval, fit.fits_probability, fit.fits)
-    return "; ".join([lines[0], *(line.split(" interval: ", 1)[1] for line in lines[1:])])
+    parts = certainty_parts(time, fit.total_bytes_interval, fit.fits_probability, fit.fits)
+    return f"{fit.total_bytes_interval.level:.0%} interval: " + "; ".join(parts)
 
 
 def _window_line(report) -> str:  # noqa: ANN001

@@ -74,17 +74,23 @@ def fits_text(probability: float | None, fits: bool, level: float) -> str:
     return f"{'may not fit' if fits else 'does not fit'} ({probability:.0%} it fits)"
 
 
+def certainty_parts(
+    time: Interval | None, memory: Interval, fits_probability: float | None, fits: bool
+) -> list[str]:
+    """The intervals of a plan's figures and the chance it fits: ``step ...``, then ``memory ...; fits ...``."""
+    parts = [] if time is None else [f"step {interval_text(time, seconds)}"]
+    memory_text = interval_text(memory, lambda b: si(b, "B"))
+    return [*parts, f"memory {memory_text}; {fits_text(fits_probability, fits, memory.level)}"]
+
+
 def certainty_lines(
     time: Interval | None, memory: Interval, fits_probability: float | None, fits: bool
 ) -> list[str]:
-    """The intervals of a plan's figures and the chance it fits, one line each."""
-    level = memory.level
-    lines = [] if time is None else [f"{level:.0%} interval: step {interval_text(time, seconds)}"]
-    lines.append(
-        f"{level:.0%} interval: memory {interval_text(memory, lambda b: si(b, 'B'))}; "
-        + fits_text(fits_probability, fits, level)
-    )
-    return lines
+    """:func:`certainty_parts`, one line each under the level."""
+    return [
+        f"{memory.level:.0%} interval: {part}"
+        for part in certainty_parts(time, memory, fits_probability, fits)
+    ]
 
 
 def report_data(report: Report, trace: list[Evaluation] | None = None) -> dict[str, Any]:

@@ -118,6 +118,10 @@ class Interval(BaseModel):
     def known(self) -> bool:
         return self.lo is not None and self.hi is not None
 
+    def holds(self, value: float) -> bool | None:
+        """Whether ``value`` lies in the interval; None where there is no interval."""
+        return None if not self.known else self.lo <= value <= self.hi  # type: ignore[operator]
+
 
 def interval(value: float, calibration: Calibration | None, level: float, what: str) -> Interval:
     """``value``'s interval at ``level`` from ``calibration`` (None: no comparable measured run of ``what``)."""

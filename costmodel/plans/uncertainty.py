@@ -171,6 +171,5 @@ def coverage(quantity: Quantity, level: float) -> dict[str, list[bool | None]]:
         held = calibration(quantity, run.framework, run.generation, level, others)
         band = interval(1.0, held, level, WHAT[quantity])
         regime = held.regime.split(":")[0] if held else "none"
-        inside = None if not band.known else band.lo <= math.exp(run.residual) <= band.hi  # type: ignore[operator]
-        out.setdefault(regime, []).append(inside)
+        out.setdefault(regime, []).append(band.holds(math.exp(run.residual)))
     return out

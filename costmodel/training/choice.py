@@ -46,7 +46,7 @@ def choose(plans: list[dict[str, Any]], job: Job, global_batch: int, level: floa
         plan["groups_across_nodes"] = _crossing(planned)
     spread = order_spread(level)
     if not plans:
-        return {"level": level, "order_spread": spread, "rule": "no plan fits"}
+        return {"level": level, "order_spread": spread, "decided_by": None, "rule": "no plan fits"}
     fastest = plans[0]
 
     def close(plan: dict[str, Any], to: dict[str, Any]) -> bool:
@@ -56,17 +56,20 @@ def choose(plans: list[dict[str, Any]], job: Job, global_batch: int, level: floa
     pick = min(tied, key=_preference) if tied else fastest
     grow = f"{pick['step_time_s'] / fastest['step_time_s'] - 1:+.1%} predicted step time"
     if pick is fastest:
+        decided_by = "fastest"
         rule = "fastest predicted" + (
             f"; {len(tied) - 1} more it cannot be told from, none safer in memory or simpler"
             if len(tied) > 1
             else ""
         )
     elif (pick["fits_probability"] or 0) > (fastest["fits_probability"] or 0):
+        decided_by = "safest in memory"
         rule = (
             f"safest in memory of the plans the fastest cannot be told from: fits at "
             f"{pick['fits_probability']:.0%} against {fastest['fits_probability'] or 0:.0%}, {grow}"
         )
     else:
+        decided_by = "simplest"
         rule = (
             f"simplest of the plans the fastest cannot be told from: {pick['groups_across_nodes']} parallel "
             f"group(s) across nodes against {fastest['groups_across_nodes']}, {grow}"
@@ -81,4 +84,4 @@ def choose(plans: list[dict[str, Any]], job: Job, global_batch: int, level: floa
             and known
             and overlap(Interval(**plan["time_s_interval"]), Interval(**pick["time_s_interval"]))
         )
-    return {"level": level, "order_spread": spread, "rule": rule}
+    return {"level": level, "order_spread": spread, "decided_by": decided_by, "rule": rule}

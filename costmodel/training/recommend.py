@@ -197,8 +197,7 @@ def _plan_reason(
     gpus: int,
 ) -> str:
     cp = plan["cp"]
-    rule = search.get("choice", {}).get("rule", "fastest predicted")
-    chosen = "The fastest" if rule.startswith("fastest") else f"The {rule.split(' of ')[0]}"
+    chosen = f"The {search.get('choice', {}).get('decided_by') or 'fastest'}"
     text = (
         f"{chosen} of the {search['fit']:,} plans that fit, of {search['considered']:,}: "
         f"{seconds(plan['step_time_s'])} per step at {plan['mfu']:.0%} MFU, "
