@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_kernels.py measure --out gpu.json      # on the GPU (torch only; ~2 minutes)
     python benchmarks/gpu_kernels.py compare gpu.json --hw h200-nvlink   # anywhere: the model beside it
+    python benchmarks/gpu_kernels.py linears-csv gpu.json --out gemm.csv # for cp-plan hw fit-kernels --gemm
 
 ``measure`` times, in bf16:
 
@@ -40,24 +41,26 @@ TILE = 128
 def _timer(device):  # noqa: ANN001, ANN202
     import torch
 
-    def median_ms(fn, repeats: int = 10, warmup: int = 3) -> float:  # noqa: ANN001
+    def median_ms(fn, repeats: int = 10, warmup: int = 3, inner: int = 1) -> float:  # noqa: ANN001
+        """Median time of one ``fn()``; ``inner`` calls back to back per sample, so that a short kernel is
+        timed as it runs in a busy stream (the next launch queued) rather than as the host's launch gap."""
         for _ in range(warmup):
             fn()
-        if device.type != "cuda":
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - start) * 1e3)
-            return statistics.median(samples)
         samples = []
         for _ in range(repeats):
+            if device.type != "cuda":
+                start = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                samples.append((time.perf_counter() - start) * 1e3 / inner)
+                continue
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            fn()
+            for _ in range(inner):
+                fn()
             end.record()
             torch.cuda.synchronize()
-            samples.append(begin.elapsed_time(end))
+            samples.append(begin.elapsed_time(end) / inner)
         return statistics.median(samples)
 
     return median_ms
@@ -275,6 +278,206 @@ def _varlen(device, dtype, docs, heads, head_dim, window, median_ms) -> dict:  #
         return {"varlen_error": f"{type(error).__name__}: {error}".splitlines()[0][:200]}
 
 
+# --- linear layers at model shapes, bf16 and fp8 -------------------------------------------------------
+# hidden, MLP width, query heads, KV heads, head_dim of the models whose published FP8 runs cp-plan prices
+LINEAR_MODELS = {
+    "llama2-7b": (4096, 11008, 32, 32, 128),
+    "llama3-8b": (4096, 14336, 32, 8, 128),
+    "llama3-70b": (8192, 28672, 64, 8, 128),
+}
+
+
+def linear_shapes(smoke: bool) -> list[tuple[int, int, int, str]]:
+    """(m, n, k, what) of the multiplies one decoder layer runs at TP 1-8 and 1K-16K tokens a rank: each linear's
+    forward (tokens x out by in), its input gradient (tokens x in by out) and its weight gradient (out x in by
+    tokens), as Megatron-LM and Transformer Engine run them; and squares, the profile table's own axis."""
+    if smoke:
+        return [(64, 96, 128, "smoke"), (128, 128, 128, "square")]
+    shapes: dict[tuple[int, int, int], str] = {}
+    for name, (hidden, ffn, heads, kv_heads, head_dim) in LINEAR_MODELS.items():
+        for tp in (1, 2, 4, 8):
+            linears = {
+                "qkv": ((heads + 2 * kv_heads) * head_dim // tp, hidden),
+                "proj": (hidden, heads * head_dim // tp),
+                "fc1": (2 * ffn // tp, hidden),
+                "fc2": (hidden, ffn // tp),
+            }
+            for tokens in (1024, 4096, 16384):
+                for linear, (out, inp) in linears.items():
+                    what = f"{name} tp{tp} {linear}"
+                    shapes.setdefault((tokens, out, inp), f"{what} fwd")
+                    shapes.setdefault((tokens, inp, out), f"{what} dgrad")
+                    shapes.setdefault((out, inp, tokens), f"{what} wgrad")
+    for edge in (256, 512, 1024, 2048, 4096, 8192, 16384):
+        shapes.setdefault((edge, edge, edge), "square")
+    return [(*shape, what) for shape, what in shapes.items()]
+
+
+def measure_linears(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
+    """bf16 ``a @ b`` and fp8 (e4m3, one scale per tensor: Transformer Engine's delayed and current scaling,
+    torchao's tensorwise recipe) ``torch._scaled_mm`` into bf16, on the same shapes; the casts are timed
+    apart (``measure_casts``). Rows go to ``cp-plan hw fit-kernels --gemm`` as they are (``gemm_csv``)."""
+    import torch
+
+    median_ms = _timer(device)
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+
+    def kernel_ms(fn, repeats: int) -> float:  # noqa: ANN001
+        """The kernel's own time: a call shorter than 100 us is replayed from a CUDA graph of many, since
+        eagerly the host's launch (~10 us for ``a @ b``) outlasts it and the device waits."""
+        quick = median_ms(fn, repeats=3, warmup=2)
+        if device.type != "cuda" or quick > 0.1:
+            return median_ms(fn, repeats=repeats)
+        calls = max(1, min(500, int(2.0 / quick)))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        return median_ms(graph.replay, repeats=repeats) / calls
+
+    rows = []
+    for m, n, k, what in linear_shapes(smoke):
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        flops = 2.0 * m * n * k
+        repeats = 5 if smoke else max(5, min(30, int(2e14 / flops)))  # ~0.3 s a shape at 700 TFLOP/s
+        row = {"m": m, "n": n, "k": k, "what": what}
+        row["bf16_ms"] = kernel_ms(lambda a=a, b=b: a @ b, repeats)
+        if fp8 is not None:
+            a8 = a.to(fp8)
+            b8 = b.t().contiguous().to(fp8).t()  # the second operand column-major, as the fp8 kernels want
+            one = torch.ones((), device=device, dtype=torch.float32)
+            try:
+                row["fp8_ms"] = kernel_ms(
+                    lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=dtype), repeats
+                )
+            except (RuntimeError, NotImplementedError) as error:  # no fp8 kernel on this device or build
+                row["fp8_error"] = str(error).splitlines()[0][:200]
+            del a8, b8
+        rows.append(row)
+        fp8_text = f"{flops / row['fp8_ms'] / 1e9:7.1f}" if "fp8_ms" in row else "      -"
+        print(
+            f"linear {m:6} x {n:6} x {k:6} {what:28}: bf16 {flops / row['bf16_ms'] / 1e9:7.1f}, fp8 {fp8_text} TFLOP/s",
+            flush=True,
+        )
+        del a, b
+    return rows
+
+
+def measure_casts(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
+    """A bf16 activation to fp8 with a scale of its own (dynamic, per tensor), as torchao's tensorwise recipe
+    writes it in eager PyTorch (amax, scale, multiply in fp32, saturate, cast) and compiled, and its
+    transposed fp8 copy (the backward's operand), against a plain copy of the same tensor: how many HBM
+    passes a cast really costs, which cp-plan's step times at its bytes."""
+    import torch
+
+    fp8 = getattr(torch, "float8_e4m3fn", None)
+    if fp8 is None:
+        return []
+    median_ms = _timer(device)
+    top = torch.finfo(fp8).max
+
+    def cast(x):  # noqa: ANN001, ANN202
+        amax = x.abs().amax().float().clamp(min=1e-12)
+        scale = top / amax
+        return (x.float() * scale).clamp(-top, top).to(fp8), scale
+
+    compiled = None if smoke else torch.compile(cast, dynamic=False)  # static shapes, as torchtitan compiles
+    rows = []
+    for m, k in ((64, 128),) if smoke else ((4096, 4096), (16384, 4096), (16384, 14336), (8192, 8192)):
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        row = {"m": m, "k": k, "elements": m * k, "input_bytes": x.element_size()}
+        row["copy_ms"] = median_ms(lambda x=x: x.clone(), inner=10)
+        row["eager_ms"] = median_ms(lambda x=x: cast(x), inner=10)
+        if compiled is not None:
+            try:
+                row["compiled_ms"] = median_ms(lambda x=x: compiled(x), inner=10)
+            except Exception as error:  # noqa: BLE001 - a compiler failure leaves the eager figure
+                row["compiled_error"] = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+        y, _ = cast(x)
+        row["transpose_ms"] = median_ms(lambda y=y: y.t().contiguous(), inner=10)
+        rows.append(row)
+        copy_gbs = 2 * m * k * x.element_size() / row["copy_ms"] / 1e6
+        print(
+            f"cast {m:6} x {k:6}: copy {row['copy_ms']:.3f} ms ({copy_gbs:.0f} GB/s), eager {row['eager_ms']:.3f}, "
+            f"compiled {row.get('compiled_ms', float('nan')):.3f}, fp8 transpose {row['transpose_ms']:.3f} ms",
+            flush=True,
+        )
+        del x, y
+    return rows
+
+
+# --- ring attention's split on one device --------------------------------------------------------------
+def measure_split(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
+    """What splitting attention over a ring costs in compute alone: every (rank, step) block of the reference
+    kernel's ring (cp-plan's own, :mod:`costmodel.kernel.ring`: the pieces each layout's mask leaves, the fused
+    kernel on each, the fp32 merge), timed forward and backward on this one device, beside the single call of
+    one rank's tokens that published ring-efficiency figures divide by. A ring's step lasts as long as its
+    slowest rank, so the ring's compute is the sum over steps of the slowest rank's block; no transfer is
+    made, so what separates it from N single calls is the split, the merges and the kernels' own length
+    dependence, not the links."""
+    import torch
+
+    from costmodel.kernel.block import Grads, OutLse, block_backward, block_forward
+    from costmodel.kernel.masks import AttentionOptions
+    from costmodel.kernel.ring import ring_schedule
+
+    median_ms = _timer(device)
+    local, heads, head_dim = (256, 2, 64) if smoke else (8192, 32, 128)
+    scale = head_dim**-0.5
+    rule = AttentionOptions(causal=True).mask_rule()
+
+    def shard() -> object:
+        return torch.randn(1, heads, local, head_dim, device=device, dtype=dtype)
+
+    q, k, v, dout = shard(), shard(), shard(), shard()
+    wide = torch.float32
+    out = torch.zeros(q.shape, dtype=wide, device=device)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=wide, device=device)
+    single = ring_schedule(rule, "contiguous", local, 1, 0).plans[0]
+    block_forward(q, k, v, single, scale, out, lse)
+    saved = OutLse(out.to(dtype), lse.clone())
+    grads = Grads(*(torch.zeros(x.shape, dtype=wide, device=device) for x in (q, k, v)))
+
+    def forward(plan):  # noqa: ANN001, ANN202
+        return lambda: block_forward(q, k, v, plan, scale, out, lse)
+
+    def backward(plan):  # noqa: ANN001, ANN202
+        return lambda: block_backward(dout, q, k, v, saved, plan, scale, grads)
+
+    rows = [{"layout": "single", "world": 1, "rank": 0, "step": 0, "pieces": len(single.pieces),
+             "fwd_ms": median_ms(forward(single)), "bwd_ms": median_ms(backward(single))}]
+    print(f"split single {local} causal: fwd {rows[0]['fwd_ms']:.3f} ms, bwd {rows[0]['bwd_ms']:.3f} ms", flush=True)
+    for world in (2, 4) if smoke else (2, 4, 8):
+        for layout in ("contiguous", "zigzag"):
+            for rank in range(world):
+                schedule = ring_schedule(rule, layout, local * world, world, rank)
+                for step, plan in enumerate(schedule.plans):
+                    row = {"layout": layout, "world": world, "rank": rank, "step": step,
+                           "pieces": len(plan.pieces), "pairs": plan.visible_pairs}
+                    if plan.pieces:
+                        row["fwd_ms"] = median_ms(forward(plan), repeats=5)
+                        row["bwd_ms"] = median_ms(backward(plan), repeats=5)
+                    rows.append(row)
+            ring = [r for r in rows if r["layout"] == layout and r["world"] == world]
+            totals = {
+                p: sum(max(r.get(f"{p}_ms", 0.0) for r in ring if r["step"] == s) for s in range(world))
+                for p in ("fwd", "bwd")
+            }
+            print(
+                f"split {layout:10} N={world}: ring compute fwd {totals['fwd']:.3f} ms "
+                f"({world * rows[0]['fwd_ms'] / totals['fwd']:.3f} of N single calls), bwd {totals['bwd']:.3f} ms "
+                f"({world * rows[0]['bwd_ms'] / totals['bwd']:.3f})",
+                flush=True,
+            )
+    return rows
+
+
 def measure_gemm(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
     import torch
 
@@ -291,7 +494,17 @@ def measure_gemm(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
     return rows
 
 
-def measure(out: str, smoke: bool) -> None:
+SECTIONS = {
+    "gemm": measure_gemm,
+    "masks": measure_masks,
+    "sdpa": measure_sdpa,
+    "linears": measure_linears,
+    "casts": measure_casts,
+    "split": measure_split,
+}
+
+
+def measure(out: str, smoke: bool, parts: list[str] | None = None) -> None:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
@@ -304,7 +517,9 @@ def measure(out: str, smoke: bool) -> None:
         "dtype": str(dtype).removeprefix("torch."),
     }
     path = Path(out)
-    for section, run in (("gemm", measure_gemm), ("masks", measure_masks), ("sdpa", measure_sdpa)):
+    for section, run in SECTIONS.items():
+        if parts and section not in parts:
+            continue
         try:
             result[section] = run(device, dtype, smoke)
         except Exception as error:  # noqa: BLE001 - a lease is short: keep what the other sections measure
@@ -372,6 +587,21 @@ def compare(path: str, hw: str) -> None:
         )
 
 
+def linears_csv(path: str, out: str) -> None:
+    """The measured linears as ``cp-plan hw fit-kernels --gemm`` reads them: one row per shape and dtype."""
+    data = json.loads(Path(path).read_text())
+    source = f"{data['device']} torch {data['torch']} (benchmarks/gpu_kernels.py measure --parts linears)"
+    lines = ["m,n,k,dtype,ms,source"]
+    for row in data["linears"]:
+        for dtype in ("bf16", "fp8"):
+            if f"{dtype}_ms" in row:
+                lines.append(f"{row['m']},{row['n']},{row['k']},{dtype},{row[f'{dtype}_ms']:.6g},{source}: {row['what']}")
+    target = Path(out)
+    target.with_suffix(".tmp").write_text("\n".join(lines) + "\n")
+    target.with_suffix(".tmp").replace(target)
+    print(f"wrote {len(lines) - 1} rows to {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -380,12 +610,22 @@ def main() -> None:
     m.add_argument(
         "--smoke", action="store_true", help="tiny shapes on the CPU: checks the script, not a GPU"
     )
+    m.add_argument(
+        "--parts",
+        help=f"comma-separated sections to run (default: all): {', '.join(SECTIONS)}",
+        type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+    )
     c = sub.add_parser("compare")
     c.add_argument("file")
     c.add_argument("--hw", default="h200-nvlink")
+    csv = sub.add_parser("linears-csv", help="the measured linears as `cp-plan hw fit-kernels --gemm` reads them")
+    csv.add_argument("file")
+    csv.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.command == "measure":
-        measure(args.out, args.smoke)
+        measure(args.out, args.smoke, args.parts)
+    elif args.command == "linears-csv":
+        linears_csv(args.file, args.out)
     else:
         compare(args.file, args.hw)
 

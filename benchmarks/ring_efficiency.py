@@ -6,6 +6,12 @@ ring's work without its costs).
     python benchmarks/ring_efficiency.py                                   # the profiles' own tables
     python benchmarks/ring_efficiency.py --data ../shared/data/kernels     # also FlashAttention-2's H100 tables
 
+It also reads the ring's compute alone, measured on one H200 (benchmarks/results/h200-linears-2026-12-04.json,
+`benchmarks/gpu_kernels.py measure --parts split`): every (rank, step) block of cp-plan's reference kernel,
+32 query and 32 KV heads of 128, 8K tokens a rank, no transfer made; a ring step lasts as long as its slowest
+rank. Beside it, the model on the H200 profile with the same heads, whose NVLink ring hides every transfer
+of that size, so that its figure is its compute too.
+
 Efficiency = 8 x the single call's time / the ring layer's. It is printed for the merge the step model
 charges by default (12 bytes an element: two fp32 partials read, one written) and for the merge
 ring-flash-attention runs (its update_out_and_lse: the step output cast to fp32, then three elementwise
@@ -22,6 +28,8 @@ import csv
 import tempfile
 from pathlib import Path
 
+import json
+
 from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.kernel_fit import fit_kernels
 from costmodel.machines.profiles import load_profile
@@ -29,7 +37,11 @@ from costmodel.plans.inputs import PlanInputs, build
 from costmodel.plans.timing import predict
 
 SHAPE = {"heads": 32, "kv_heads": 8, "head_dim": 128, "causal": True}
+SPLIT = Path(__file__).parent / "results" / "h200-linears-2026-12-04.json"
 GPUS, LOCAL = 8, 8192
+# cp-plan's reference kernel's merge_lse, op by op: out *= w (fp32 read and write, 8), w_B x O_B into an fp32
+# temporary (bf16 read, fp32 write, 6), out += it (two fp32 reads, one write, 12): 26 bytes an element
+REFERENCE_MERGE_BYTES = 26.0
 UNFUSED_MERGE_BYTES = 34.0  # ring-flash-attn's update_out_and_lse, op by op (see the module docstring)
 # [ring-flash-attn] README, batch api: (GPU, pass, layout) -> efficiency as published
 PUBLISHED = {
@@ -49,13 +61,51 @@ PUBLISHED = {
 PROFILES = {"8xH800": "h800-nvlink", "8xA100": "a100-nvlink"}
 
 
-def efficiency(machine: Machine, hw: str, layout: str, pass_: str, merge_bytes: float) -> float:
-    ring = build(PlanInputs, seq=GPUS * LOCAL, cp=GPUS, hw=hw, layout=layout, **SHAPE)
-    single = build(PlanInputs, seq=LOCAL, cp=1, hw=hw, **SHAPE)
+def efficiency(
+    machine: Machine, hw: str, layout: str, pass_: str, merge_bytes: float, gpus: int = GPUS, shape: dict = SHAPE
+) -> float:
+    ring = build(PlanInputs, seq=gpus * LOCAL, cp=gpus, hw=hw, layout=layout, **shape)
+    single = build(PlanInputs, seq=LOCAL, cp=1, hw=hw, **shape)
     backward = pass_ == "fwd+bwd"
     layer = predict(ring, machine, "ring", backward, merge_bytes=merge_bytes).for_pass(pass_)[0]
     alone = predict(single, machine, "ring", backward).for_pass(pass_)[0]
-    return GPUS * alone / layer
+    return gpus * alone / layer
+
+
+def measured_split(rows: list[dict], layout: str, gpus: int, pass_: str) -> float:
+    """N single calls over the ring's compute: per step its slowest rank's block, forward or both passes."""
+    passes = ("fwd",) if pass_ == "fwd" else ("fwd", "bwd")
+    single = next(r for r in rows if r["layout"] == "single")
+    ring = [r for r in rows if r["layout"] == layout and r["world"] == gpus]
+    steps = sum(
+        max(sum(r.get(f"{p}_ms", 0.0) for p in passes) for r in ring if r["step"] == step) for step in range(gpus)
+    )
+    return gpus * sum(single[f"{p}_ms"] for p in passes) / steps
+
+
+def split_table() -> None:
+    data = json.loads(SPLIT.read_text())
+    machine = build_machine(load_profile("h200-nvlink"))
+    shape = {**SHAPE, "kv_heads": SHAPE["heads"]}
+    print(f"\nOne {data['device']}, the ring's compute alone (torch {data['torch']}; cp-plan's reference kernel):")
+    print(f"{'N':>3} {'pass':<8} {'layout':<11} {'measured':>9} {'fused merge':>12} {'its merge':>10}")
+    misses = []
+    for gpus in (2, 4, 8):
+        for pass_ in ("fwd", "fwd+bwd"):
+            for layout in ("contiguous", "zigzag"):
+                measured = measured_split(data["split"], layout, gpus, pass_)
+                fused = efficiency(machine, "h200-nvlink", layout, pass_, 12.0, gpus, shape)
+                own = efficiency(machine, "h200-nvlink", layout, pass_, REFERENCE_MERGE_BYTES, gpus, shape)
+                misses.append((abs(fused - measured), abs(own - measured)))
+                print(
+                    f"{gpus:3} {pass_:<8} {layout:<11} {measured:9.1%} {fused:12.1%} {own:10.1%}"
+                    f"  ({(fused - measured) * 100:+.1f}, {(own - measured) * 100:+.1f} points)"
+                )
+    print(
+        f"worst: fused merge {max(m[0] for m in misses) * 100:.1f} points, its merge "
+        f"{max(m[1] for m in misses) * 100:.1f}; within 6: {sum(m[0] <= 0.06 for m in misses)} and "
+        f"{sum(m[1] <= 0.06 for m in misses)} of {len(misses)}"
+    )
 
 
 def fa2_machine(data: Path, hw: str) -> Machine:
@@ -106,6 +156,7 @@ def main() -> None:
     print(
         f"unfused merge: worst {max(misses) * 100:.1f} points, {sum(m <= 0.06 for m in misses)} of {len(misses)} within 6"
     )
+    split_table()
 
 
 if __name__ == "__main__":
