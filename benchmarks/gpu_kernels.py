@@ -354,7 +354,10 @@ def measure_linears(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
             one = torch.ones((), device=device, dtype=torch.float32)
             try:
                 row["fp8_ms"] = kernel_ms(
-                    lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=dtype), repeats
+                    lambda a8=a8, b8=b8, one=one: torch._scaled_mm(
+                        a8, b8, scale_a=one, scale_b=one, out_dtype=dtype
+                    ),
+                    repeats,
                 )
             except (RuntimeError, NotImplementedError) as error:  # no fp8 kernel on this device or build
                 row["fp8_error"] = str(error).splitlines()[0][:200]
@@ -450,16 +453,34 @@ def measure_split(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
     def backward(plan):  # noqa: ANN001, ANN202
         return lambda: block_backward(dout, q, k, v, saved, plan, scale, grads)
 
-    rows = [{"layout": "single", "world": 1, "rank": 0, "step": 0, "pieces": len(single.pieces),
-             "fwd_ms": median_ms(forward(single)), "bwd_ms": median_ms(backward(single))}]
-    print(f"split single {local} causal: fwd {rows[0]['fwd_ms']:.3f} ms, bwd {rows[0]['bwd_ms']:.3f} ms", flush=True)
+    rows = [
+        {
+            "layout": "single",
+            "world": 1,
+            "rank": 0,
+            "step": 0,
+            "pieces": len(single.pieces),
+            "fwd_ms": median_ms(forward(single)),
+            "bwd_ms": median_ms(backward(single)),
+        }
+    ]
+    print(
+        f"split single {local} causal: fwd {rows[0]['fwd_ms']:.3f} ms, bwd {rows[0]['bwd_ms']:.3f} ms",
+        flush=True,
+    )
     for world in (2, 4) if smoke else (2, 4, 8):
         for layout in ("contiguous", "zigzag"):
             for rank in range(world):
                 schedule = ring_schedule(rule, layout, local * world, world, rank)
                 for step, plan in enumerate(schedule.plans):
-                    row = {"layout": layout, "world": world, "rank": rank, "step": step,
-                           "pieces": len(plan.pieces), "pairs": plan.visible_pairs}
+                    row = {
+                        "layout": layout,
+                        "world": world,
+                        "rank": rank,
+                        "step": step,
+                        "pieces": len(plan.pieces),
+                        "pairs": plan.visible_pairs,
+                    }
                     if plan.pieces:
                         row["fwd_ms"] = median_ms(forward(plan), repeats=5)
                         row["bwd_ms"] = median_ms(backward(plan), repeats=5)
@@ -595,7 +616,9 @@ def linears_csv(path: str, out: str) -> None:
     for row in data["linears"]:
         for dtype in ("bf16", "fp8"):
             if f"{dtype}_ms" in row:
-                lines.append(f"{row['m']},{row['n']},{row['k']},{dtype},{row[f'{dtype}_ms']:.6g},{source}: {row['what']}")
+                lines.append(
+                    f"{row['m']},{row['n']},{row['k']},{dtype},{row[f'{dtype}_ms']:.6g},{source}: {row['what']}"
+                )
     target = Path(out)
     target.with_suffix(".tmp").write_text("\n".join(lines) + "\n")
     target.with_suffix(".tmp").replace(target)
@@ -618,7 +641,9 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("file")
     c.add_argument("--hw", default="h200-nvlink")
-    csv = sub.add_parser("linears-csv", help="the measured linears as `cp-plan hw fit-kernels --gemm` reads them")
+    csv = sub.add_parser(
+        "linears-csv", help="the measured linears as `cp-plan hw fit-kernels --gemm` reads them"
+    )
     csv.add_argument("file")
     csv.add_argument("--out", required=True)
     args = parser.parse_args()

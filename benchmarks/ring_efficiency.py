@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import tempfile
 from pathlib import Path
-
-import json
 
 from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.kernel_fit import fit_kernels
@@ -62,7 +61,13 @@ PROFILES = {"8xH800": "h800-nvlink", "8xA100": "a100-nvlink"}
 
 
 def efficiency(
-    machine: Machine, hw: str, layout: str, pass_: str, merge_bytes: float, gpus: int = GPUS, shape: dict = SHAPE
+    machine: Machine,
+    hw: str,
+    layout: str,
+    pass_: str,
+    merge_bytes: float,
+    gpus: int = GPUS,
+    shape: dict = SHAPE,
 ) -> float:
     ring = build(PlanInputs, seq=gpus * LOCAL, cp=gpus, hw=hw, layout=layout, **shape)
     single = build(PlanInputs, seq=LOCAL, cp=1, hw=hw, **shape)
@@ -78,7 +83,8 @@ def measured_split(rows: list[dict], layout: str, gpus: int, pass_: str) -> floa
     single = next(r for r in rows if r["layout"] == "single")
     ring = [r for r in rows if r["layout"] == layout and r["world"] == gpus]
     steps = sum(
-        max(sum(r.get(f"{p}_ms", 0.0) for p in passes) for r in ring if r["step"] == step) for step in range(gpus)
+        max(sum(r.get(f"{p}_ms", 0.0) for p in passes) for r in ring if r["step"] == step)
+        for step in range(gpus)
     )
     return gpus * sum(single[f"{p}_ms"] for p in passes) / steps
 
@@ -87,7 +93,9 @@ def split_table() -> None:
     data = json.loads(SPLIT.read_text())
     machine = build_machine(load_profile("h200-nvlink"))
     shape = {**SHAPE, "kv_heads": SHAPE["heads"]}
-    print(f"\nOne {data['device']}, the ring's compute alone (torch {data['torch']}; cp-plan's reference kernel):")
+    print(
+        f"\nOne {data['device']}, the ring's compute alone (torch {data['torch']}; cp-plan's reference kernel):"
+    )
     print(f"{'N':>3} {'pass':<8} {'layout':<11} {'measured':>9} {'fused merge':>12} {'its merge':>10}")
     misses = []
     for gpus in (2, 4, 8):

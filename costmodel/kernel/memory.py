@@ -562,12 +562,22 @@ def _activation(x: torch.Tensor, gated: bool, weights: torch.Tensor | None = Non
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool):
-    """(out, lse) of the op ``F.scaled_dot_product_attention`` runs on CPU; GQA is native to it."""
+    """(out, lse) of the op ``F.scaled_dot_product_attention`` runs on CPU, GQA native to it; on a CUDA device
+    (:func:`measure`'s check against the caching allocator) FlashAttention's, which takes as many K/V heads
+    as query heads."""
+    if q.is_cuda:
+        out, lse, *_ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)
+        return out, lse
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
     return out, lse
 
 
 def _flash_backward(dout, q, k, v, out, lse, causal: bool):
+    if q.is_cuda:  # no dropout: the RNG state and the cumulative lengths are not read
+        length_q, length_k = q.shape[-2], k.shape[-2]
+        return aten._scaled_dot_product_flash_attention_backward(
+            dout, q, k, v, out, lse, None, None, length_q, length_k, 0.0, causal, None, None
+        )
     return aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal)
 
 
@@ -628,7 +638,7 @@ class _RingAttention(torch.autograd.Function):
 def _gather_sequence(x: torch.Tensor, ranks: int) -> torch.Tensor:
     """K or V (b, h, s, d) of the whole sequence, and Transformer Engine's reordered copy (zigzag chunks in order)."""
     gathered = _gathered(x, ranks, dim=2)
-    return gathered.index_select(2, torch.arange(gathered.shape[2]))
+    return gathered.index_select(2, torch.arange(gathered.shape[2], device=x.device))
 
 
 class _AllGatherAttention(torch.autograd.Function):
@@ -654,7 +664,7 @@ class _AllGatherAttention(torch.autograd.Function):
             dk.add_(block_dk)
             dv.add_(block_dv)
             del block_dk, block_dv, whole_k, whole_v
-            order = torch.arange(dk.shape[2])
+            order = torch.arange(dk.shape[2], device=dk.device)
             dk, dv = dk.index_select(2, order), dv.index_select(2, order)
         return dq, _scattered(dk, ctx.ranks, dim=2), _scattered(dv, ctx.ranks, dim=2), None
 
@@ -773,8 +783,10 @@ def _dispatch(chosen: torch.Tensor, weights: torch.Tensor, experts: int, capacit
         onehot = F.one_hot(flat, experts)
         position = (onehot.cumsum(0) * onehot).sum(1) - 1
         slot = torch.where(position < capacity, flat * capacity + position, slots)
-        token = torch.arange(flat.numel()) // chosen.shape[1]
-        token_of = torch.zeros(slots + 1, dtype=torch.long).scatter_(0, slot, token)[:slots]
+        token = torch.arange(flat.numel(), device=flat.device) // chosen.shape[1]
+        token_of = torch.zeros(slots + 1, dtype=torch.long, device=flat.device).scatter_(0, slot, token)[
+            :slots
+        ]
     weight_of = weights.new_zeros(slots + 1).scatter(0, slot, weights.flatten())[:slots]
     return token_of, weight_of
 
@@ -1120,11 +1132,22 @@ class _FSDPOptimizer:
 
 
 @contextmanager
-def _fake_world(case: MemoryCase) -> Iterator[object]:
+def _fake_world(case: MemoryCase, device: str = "cpu") -> Iterator[object]:
     """A fake-tensor mode, and for FSDP2 a fake process group of ``shard_group`` ranks with its device meshes
     (built before the mode, which cannot run the mesh's checks): all of them, and the experts' shard group;
     gc paused, so that storages are freed when their last reference goes, as they are on a device, and never
-    mid-step."""
+    mid-step. On ``device="cuda"`` the tensors are real ones on the GPU instead (no process group: FSDP cases
+    run on fake tensors only)."""
+    if device != "cpu":
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.device(device):
+                yield None
+        finally:
+            if was_enabled:
+                gc.enable()
+        return
     meshes = None
     if case.fsdp:
         if dist.is_initialized():
@@ -1233,8 +1256,15 @@ def _micro_batches(case: MemoryCase, stage: Stage, tracker: _Attributed, last_ro
 MEASURED = {"layers": (4, 5), "in_flight": (2, 3)}
 
 
-def measure(case: MemoryCase, *, full: bool = False, warmup: bool = False) -> MemoryMeasurement:
+def measure(
+    case: MemoryCase, *, full: bool = False, warmup: bool = False, device: str = "cpu"
+) -> MemoryMeasurement:
     """The peak bytes of one device in a training iteration of ``case``, on fake tensors.
+
+    ``device="cuda"`` runs the same iteration on real tensors of a CUDA device, whole (``full``), to hold the
+    fake-tensor figure to what the caching allocator reports (``benchmarks/memory_reference.py --cuda``):
+    ZeRO-3/FSDP cases, which need a process group, and GQA, which FlashAttention's CUDA op does not take
+    natively, are refused there.
 
     A stage deeper than five layers is run with four and with five, and extrapolated to ``layers``; so are
     more than three micro-batches in flight from two and three. ``full=True`` runs the whole case instead
@@ -1261,6 +1291,17 @@ def measure(case: MemoryCase, *, full: bool = False, warmup: bool = False) -> Me
     # Gradients accumulated unsharded over a pipeline's micro-batches (FSDP without resharding) make the
     # first micro-batch's backward unlike the others': such a stage is run whole.
     accumulating = case.fsdp and not case.reshard_after_forward and case.in_flight * case.rounds > 1
+    if device != "cpu":
+        if case.fsdp:
+            raise InputError(
+                "fsdp", "ZeRO-3 is measured on fake tensors only (its process group is a fake one)"
+            )
+        if torch.device(device).type == "cuda" and case.kv_heads != case.heads:
+            raise InputError(
+                "kv_heads", f"on {device}, FlashAttention's op needs kv_heads = heads = {case.heads}"
+            )
+        total, parts, moment = _run(case, warmup, device).peak
+        return MemoryMeasurement(total, parts, moment)
     if full or accumulating or all(getattr(case, name) <= points[-1] for name, points in MEASURED.items()):
         total, parts, moment = _run(case, warmup).peak
         return MemoryMeasurement(total, parts, moment)
@@ -1284,9 +1325,9 @@ def _peaks(case: MemoryCase, warmup: bool) -> dict[tuple[str, object], _Peak]:
     return _run(case, warmup).peaks
 
 
-def _run(case: MemoryCase, warmup: bool) -> _Attributed:
+def _run(case: MemoryCase, warmup: bool, device: str = "cpu") -> _Attributed:
     """The tracker after one iteration of ``case`` (or two: the peaks are the second's)."""
-    with _fake_world(case) as meshes, warnings.catch_warnings():
+    with _fake_world(case, device) as meshes, warnings.catch_warnings():
         # MemTracker's post-accumulate hook runs after ours has moved the gradient out, and warns at None.
         warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
         stage = Stage(

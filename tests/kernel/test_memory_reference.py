@@ -189,6 +189,30 @@ def test_a_warm_up_iteration_changes_nothing(changes: dict) -> None:
 
 
 @pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        dict(recompute="none", micro_batch=2),
+        dict(cp=2, cp_scheme="ring"),
+        dict(tp=2, sequence_parallel=True),
+    ],
+    ids=["selective", "no-recompute-mb2", "ring", "tp-sp"],
+)
+def test_fake_tensors_hold_what_real_ones_do(changes: dict) -> None:
+    """The same iteration on real CPU tensors (the path a CUDA device takes) peaks at the same bytes, at the
+    same moment, category by category: fake tensors change nothing the tracker sees."""
+    case = replace(BASE, **changes)
+    assert measure(case, device="cpu:0") == measure(case, full=True)
+
+
+def test_a_cuda_device_refuses_what_it_cannot_run() -> None:
+    with pytest.raises(InputError, match="kv_heads"):
+        measure(BASE, device="cuda")
+    with pytest.raises(InputError, match="fake tensors only"):
+        measure(replace(BASE, fsdp=True, zero=3, shard_group=4), device="cuda")
+
+
+@pytest.mark.parametrize(
     "changes, field",
     [
         (dict(zero=3), "fsdp"),
