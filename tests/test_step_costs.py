@@ -224,6 +224,47 @@ def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
         evaluate_step(Job.of(**flags, gemm_dtype="mxfp8")).model_dump(by_alias=True)
 
 
+@pytest.mark.parametrize(
+    ("knobs", "amax_reads"),
+    [
+        ({}, 0),  # Megatron: Transformer Engine's delayed scaling takes the amax in the cast
+        ({"framework": "torchtitan"}, 1),  # torchao's tensorwise recipe: an amax pass first
+        ({"fp8_scaling": "current"}, 1),
+        ({"framework": "torchtitan", "fp8_scaling": "delayed"}, 0),
+    ],
+    ids=["megatron", "torchtitan", "flag-current", "flag-delayed"],
+)
+def test_current_scaling_reads_each_cast_tensor_once_more_for_its_amax(knobs: dict, amax_reads: int) -> None:
+    """Under current scaling every cast reads its bf16 tensor once more (p bytes an element) before the cast;
+    measured on an H200, torchao's compiled cast costs what 6.0 bytes an element would at a copy's rate,
+    against the 2 + 1 of the cast and 2 of the amax (docs/validation.md, "FP8 casts, measured")."""
+    flags = dict(
+        model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, tp=2, global_batch=8, gemm_dtype="fp8"
+    )
+    values = _bound(**flags, **knobs)
+    assert values["a_f8"] == amax_reads
+    delayed = {**values, "a_f8": 0}
+    args = numeric.ARGS["layer_fp8_cast_bytes"]
+    casts = float(numeric.layer_fp8_cast_bytes(**{a: values[a] for a in args}))
+    plain = float(numeric.layer_fp8_cast_bytes(**{a: delayed[a] for a in args}))
+    model, t, rows = load_model("llama3-8b"), 2, 8192
+    d = model.head_dim
+    inputs = 2 * model.hidden + model.heads * d / t + model.ffn_hidden / t
+    outputs = (model.heads + 2 * model.kv_heads) * d / t + 2 * model.hidden + 2 * model.ffn_hidden / t
+    weights = sum(
+        n * k
+        for n, k in [
+            ((model.heads + 2 * model.kv_heads) * d / t, model.hidden),
+            (model.hidden, model.heads * d / t),
+            (2 * model.ffn_hidden / t, model.hidden),
+            (model.hidden, model.ffn_hidden / t),
+        ]
+    )
+    assert casts - plain == pytest.approx(
+        amax_reads * 2 * (rows * inputs + weights + rows * outputs), rel=1e-12
+    )
+
+
 def test_fp8_multiplies_without_an_fp8_table_scale_the_bf16_one_by_the_peaks() -> None:
     """A profile with no ``kernels.gemm_fp8`` runs fp8 multiplies at the bf16 table x fp8/bf16 peak (2 on H100)."""
     profile = load_profile("h100-nvlink")

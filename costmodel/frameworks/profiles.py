@@ -40,6 +40,7 @@ LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "fused": 2.0}
 FUSED_MERGE_BYTES = 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
+Fp8Scaling = Literal["delayed", "current"]
 
 
 class _Strict(BaseModel):
@@ -136,6 +137,12 @@ class TimePolicy(_Strict):
         description="HBM bytes its ring moves per element of the partial output to merge one step's result "
         "into the running one: 12 a fused merge (two fp32 partials read, one written); unfused torch ops "
         "(a cast, then three elementwise passes) 34-38",
+    )
+    fp8_scaling: Fp8Scaling = Field(
+        "delayed",
+        description="how its FP8 casts take their scale: delayed (the amax taken in the cast itself and "
+        "used from past steps: Transformer Engine's default recipe) or current (an amax pass over each tensor "
+        "before its cast: torchao's tensorwise recipe)",
     )
     dp_overlap: float = Field(ge=0, le=1, description="share of the gradient reduction hidden by default")
     tp_comm_overlap: bool = Field(False, description="TP collectives pipelined with their multiplies")

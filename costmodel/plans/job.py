@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from costmodel.core.errors import InputError
 from costmodel.frameworks.profiles import (
     DEFAULT,
+    Fp8Scaling,
     FrameworkProfile,
     Loss,
     MasterDtype,
@@ -86,6 +87,12 @@ class StepSetup(BaseModel):
         "Precision of the linear layers' multiplies when it differs from --dtype: fp8 (Transformer Engine, "
         "torchao Float8) or mxfp8 (block-scaled, Blackwell); attention and the output layer stay at --dtype.",
     )
+    fp8_scaling: Fp8Scaling | None = flag(
+        None,
+        "How --gemm-dtype fp8 casts take their scales: delayed (amax from past steps, taken in the cast: "
+        "Transformer Engine) or current (an amax pass over each tensor first: torchao's tensorwise recipe) "
+        f"{FRAMEWORK_DEFAULT}.",
+    )
     pp_overlap: Number = declared_as(Overlaps, "pp_overlap")
     bucket_bytes: Number | None = flag(
         None, f"Gradient bucket size {FRAMEWORK_DEFAULT}.", unit="bytes", ge=1, le=2**40
@@ -131,6 +138,7 @@ class StepSetup(BaseModel):
             "optimizer_bytes": t.optimizer_bytes,
             "grad_bytes": t.grad_reduce_bytes,
             "ring_merge_bytes": t.ring_merge_bytes,
+            "fp8_scaling": t.fp8_scaling,
         }
         return self.model_copy(update={k: v for k, v in defaults.items() if getattr(self, k) is None})
 

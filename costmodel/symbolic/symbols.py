@@ -522,6 +522,16 @@ p_s = _symbol(
     "[MX-Formats]",
     nonnegative=True,
 )
+a_f8 = _symbol(
+    "a_f8",
+    "reads of a tensor before its FP8 cast to take its amax: 1 under current (dynamic) per-tensor scaling, "
+    "torchao's tensorwise recipe; 0 under delayed scaling, whose cast takes the amax as it goes and uses past "
+    "steps' (Transformer Engine's default), and under MXFP8, whose block scales come from the cast's own tile",
+    "1",
+    "[FP8-Formats]",
+    nonnegative=True,
+    integer=True,
+)
 o_dp = _symbol(
     "o_dp",
     "share of the gradient reduction that overlaps the backward (1: bucketed as PyTorch DDP; 0: after it)",

@@ -280,6 +280,7 @@ def _knobs(job: Job) -> dict[str, Any]:
         "o_dp": step.dp_overlap,
         "f8": int(step.gemm_dtype is not None),
         "p_s": 1 / 32 if step.gemm_dtype == "mxfp8" else 0.0,
+        "a_f8": int(step.gemm_dtype == "fp8" and step.fp8_scaling == "current"),
         "z3": int(setup.zero == 3),
         "p_g": step.grad_bytes,
         "k_opt": step.optimizer_bytes,

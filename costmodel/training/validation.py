@@ -533,8 +533,7 @@ ROWS += [
         },
         "the fp8 multiplies read a derived table (the bf16 table x the maximum achievable fp8 / bf16 ratio), "
         "which reads fp8 linears measured on an H200 within 0.5 % at the median; torchao's dynamic-scaling casts "
-        "are timed as HBM passes (3 % of the step), their amax passes are not (measured compiled: 6.0 bytes an "
-        "element against the 3 charged, about 2 % of the step); torch.compile's fusions and FSDP's Float8 all-gathers are not modelled; sustained clocks under "
+        "are timed as HBM passes with their amax reads (5 bytes an element; measured compiled on an H200: 6.0); torch.compile's fusions and FSDP's Float8 all-gathers are not modelled; sustained clocks under "
         "load (hypothesis)",
     )
     for gpus, published in ((32, 10938), (64, 10753))

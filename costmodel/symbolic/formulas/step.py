@@ -31,6 +31,7 @@ from costmodel.symbolic.symbols import (
     S,
     V,
     a_dp,
+    a_f8,
     a_tp,
     alpha_cp,
     alpha_tp,
@@ -193,17 +194,11 @@ W_el = define(
 define(
     "layer_fp8_cast_bytes",
     "E_f8",
-    f8
-    * (
-        T_mb * K_in * (p + 1 + p_s)
-        + W_el * (p + 1 + p_s)
-        + T_mb * N_out * (p + 1 + p_s)
-        + 2 * T_mb * K_in
-        + 2 * W_el
-    ),
+    f8 * ((T_mb * K_in + W_el + T_mb * N_out) * (p * (1 + a_f8) + 1 + p_s) + 2 * T_mb * K_in + 2 * W_el),
     "HBM bytes one layer's forward and backward move to run its multiplies in FP8: each input cast from p "
-    "bytes to one (with its scales), the weights cast once a micro-batch, each output gradient cast, and "
-    "transposed FP8 copies of the inputs and weights for the backward's multiplies",
+    "bytes to one (with its scales, and under current scaling a read for its amax first), the weights cast "
+    "once a micro-batch, each output gradient cast, and transposed FP8 copies of the inputs and weights for "
+    "the backward's multiplies",
     "B",
     "[FP8-Formats], [MX-Formats]",
 )
