@@ -249,6 +249,7 @@ def test_numeric_twin_matches_exact_sympy(
         "o_dp": 0.5,
         "f8": 1,
         "p_s": 1 / 32,
+        "a_f8": 1,
         "k_n": 4,
         "alpha_cp": lat / 3,
         "B_tp": bw,

@@ -508,6 +508,13 @@ ROWS += [
     for key, run, published, model, gpus, tp, pp, vpp, cp, mb, batch, seq, recompute, knobs in TITAN_H100_RUNS
 ]
 
+TITAN_H200_MISS = (
+    "the fp8 multiplies read a derived table (the bf16 table x the maximum achievable fp8 / bf16 ratio), which "
+    "reads fp8 linears measured on an H200 within 0.5 % at the median; torchao's dynamic-scaling casts are timed "
+    "as HBM passes with their amax reads (5 bytes an element; measured compiled on an H200: 6.0); torch.compile's "
+    "fusions and FSDP's Float8 all-gathers are not modelled; sustained clocks under load (hypothesis)"
+)
+
 # Trainy's run of torchtitan on H200 nodes (400 Gb/s CX-7 a GPU), June 2025: Llama 3.1 8B, FSDP over all GPUs,
 # local batch 2, torch.compile, Float8 (FSDP Float8 all-gather), llama3_8b.toml's defaults for the rest: 8K,
 # selective (per-op) AC, SDPA attention; read on the profile's measured sdpa-flash tables (torch 2.11 on one H200).
@@ -531,10 +538,7 @@ ROWS += [
             "gemm_dtype": "fp8",
             "attention_kernel": "sdpa-flash",
         },
-        "the fp8 multiplies read a derived table (the bf16 table x the maximum achievable fp8 / bf16 ratio), "
-        "which reads fp8 linears measured on an H200 within 0.5 % at the median; torchao's dynamic-scaling casts "
-        "are timed as HBM passes with their amax reads (5 bytes an element; measured compiled on an H200: 6.0); torch.compile's fusions and FSDP's Float8 all-gathers are not modelled; sustained clocks under "
-        "load (hypothesis)",
+        TITAN_H200_MISS if gpus == 64 else "",  # the 32-GPU run is within 15 % (+13.7 %)
     )
     for gpus, published in ((32, 10938), (64, 10753))
 ]
