@@ -17,6 +17,8 @@ from costmodel.training.search import Constraints, plan_as_job, search
 from costmodel.training.step import step_memory
 
 GB = 1e9
+# `pytest --hypothesis-profile=deep` (tests/conftest.py) runs the one-screen properties on 1,000 jobs each
+DEEP = settings.default.max_examples >= 1000
 
 
 @st.composite
@@ -45,7 +47,7 @@ def jobs(draw: st.DrawFn) -> Job:
         raise
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=1000 if DEEP else 60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(jobs())
 def test_the_categories_sum_to_the_formulas_total(job: Job) -> None:
     """Every byte at the peak is in one category: their sum is allocated_memory_bytes (each stage's own
@@ -59,7 +61,7 @@ def test_the_categories_sum_to_the_formulas_total(job: Job) -> None:
     assert all(v >= 0 for v in (*by.tensors().values(), by.allocator, by.runtime))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=1000 if DEEP else 25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(jobs())
 def test_one_memory_model_for_step_recommend_and_the_search(job: Job) -> None:
     """The step's memory is the recommendation's at the job's CP degree and the search's for the same plan,
