@@ -93,7 +93,9 @@ def attention_flops(batch: int, heads: int, head_dim: int, q_len: int, k_len: in
     return 4.0 * batch * heads * head_dim * q_len * k_len / (2 if causal else 1)
 
 
-def measure_sdpa(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
+def measure_sdpa(device, dtype, smoke: bool, long: bool = False) -> list[dict]:  # noqa: ANN001
+    """SDPA per backend on the FlashAttention papers' grid (16K tokens a call, 512-16K long), or with
+    ``long`` one sequence of 32K-128K a call, the lengths a long-context shard reaches."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -109,6 +111,10 @@ def measure_sdpa(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
     )
     total, width = (1024, 128) if smoke else (16384, 2048)
     lengths = [256, 512] if smoke else [512, 1024, 2048, 4096, 8192, 16384]
+    if long:
+        lengths = [1024] if smoke else [32768, 65536, 131072]
+        total = lengths[-1]  # one sequence a call at the longest; more at the shorter, as many tokens
+    repeats, warmup = (5, 2) if long else (10, 3)
     rows = []
     for name, backend in backends.items():
         for head_dim in (64, 128):
@@ -129,7 +135,8 @@ def measure_sdpa(device, dtype, smoke: bool) -> list[dict]:  # noqa: ANN001
 
                     forward, both = _fwd_bwd(call, q, k, v)
                     try:
-                        fwd_ms, both_ms = median_ms(forward), median_ms(both)
+                        fwd_ms = median_ms(forward, repeats=repeats, warmup=warmup)
+                        both_ms = median_ms(both, repeats=repeats, warmup=warmup)
                     except RuntimeError as error:  # a backend that does not take this shape
                         rows.append(
                             {
@@ -519,6 +526,7 @@ SECTIONS = {
     "gemm": measure_gemm,
     "masks": measure_masks,
     "sdpa": measure_sdpa,
+    "sdpa-long": lambda device, dtype, smoke: measure_sdpa(device, dtype, smoke, long=True),
     "linears": measure_linears,
     "casts": measure_casts,
     "split": measure_split,

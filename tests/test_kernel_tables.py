@@ -66,3 +66,26 @@ def test_the_ring_model_reads_the_measured_compute_within_six_points() -> None:
     assert len(gaps) == 12
     assert max(abs(g) for g in gaps) == pytest.approx(0.054, abs=0.002)
     assert max(abs(g) for g in gaps) < 0.06
+
+
+@pytest.mark.parametrize("hw", ["h200-nvlink", "h100-nvlink", "h100-ib"])
+def test_the_sdpa_curves_are_the_h200_measurements(hw: str) -> None:
+    """Every knot of the profiles' sdpa-flash and sdpa-cudnn curves is a measured SDPA rate: 512-16K on the
+    FlashAttention grid (h200-2026-11-30.json), 32K-128K one sequence a call (h200-sdpa-long-2026-12-04.json),
+    to the four digits the profile writes."""
+    results = REPO / "benchmarks" / "results"
+    rows = json.loads((results / "h200-2026-11-30.json").read_text())["sdpa"]
+    rows += json.loads((results / "h200-sdpa-long-2026-12-04.json").read_text())["sdpa-long"]
+    measured = {
+        (f"sdpa-{r['backend']}", r["head_dim"], r["causal"], backward, r["seq"]): r[key] * 1e12
+        for r in rows
+        if "error" not in r
+        for backward, key in ((False, "fwd_tflops"), (True, "bwd_tflops"))
+    }
+    curves = [c for c in load_profile(hw).kernels.attention if (c.kernel or "").startswith("sdpa-")]
+    assert len(curves) == 16
+    for curve in curves:
+        assert curve.seq == [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+        for seq, rate in zip(curve.seq, curve.flops_per_s, strict=True):
+            key = (curve.kernel, curve.head_dim, curve.causal, curve.backward, seq)
+            assert rate == pytest.approx(measured[key], rel=5e-4)
