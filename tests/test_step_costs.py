@@ -274,3 +274,32 @@ def test_fp8_multiplies_without_an_fp8_table_scale_the_bf16_one_by_the_peaks() -
         2 * gemm_rate(bare, "bf16", *shape), rel=1e-3
     )
     assert gemm_rate(profile, "fp8", *shape, element_bytes=1) == pytest.approx(1229.5e12, rel=1e-3)
+
+
+USP_JOB = dict(model="llama3-8b", seq=131072, hw="h100-ib", gpus=16, cp=16, global_batch=1, cp_scheme="usp")
+
+
+@pytest.mark.parametrize(("degree", "split"), [(None, (8, 2)), (4, (4, 4)), (2, (2, 8)), (16, (16, 1))])
+def test_ulysses_degree_sets_usps_all_to_all_and_its_ring(degree: int | None, split: tuple[int, int]) -> None:
+    """--ulysses-degree N_u: all-to-alls over N_u ranks, a ring over cp / N_u; by default the largest N_u that
+    divides the CP degree and the eight KV heads (Llama 3 8B at TP 1), and 16 replicates the KV heads twice."""
+    job = Job.of(**USP_JOB, **({"ulysses_degree": degree} if degree else {}))
+    assert job.usp_split == split
+    values = _bound(**USP_JOB, **({"ulysses_degree": degree} if degree else {}))
+    assert (values["N_u"], values["N_r"]) == split
+    report = evaluate_step(job).model_dump(by_alias=True)
+    assert report["inputs"]["usp_ulysses_degree"] == split[0]
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        ({"ulysses_degree": 3}, "3 does not divide --cp 16"),
+        ({"ulysses_degree": 2, "cp_scheme": "ring"}, "needs --cp-scheme usp, not ring"),
+        ({"ulysses_degree": 64, "cp": 64, "gpus": 64}, "query heads do not split over 64"),
+    ],
+)
+def test_a_ulysses_degree_usp_cannot_run_is_refused_naming_the_flag(knobs: dict, message: str) -> None:
+    with pytest.raises(InputError, match=message) as error:
+        Job.of(**{**USP_JOB, **knobs})
+    assert error.value.field == "--ulysses-degree"

@@ -54,6 +54,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import StageSplit
+from costmodel.schedule.layouts import ulysses_feasibility
 
 Scheme = Literal[registry.names(TRAINING)]  # the registry's training schemes, as a flag's choices
 CAPACITY_FACTOR = 1.25  # [Switch §2.2]: the most loaded expert computes 1.25x the mean tokens
@@ -72,6 +73,14 @@ class StepSetup(BaseModel):
     global_batch: Count | None = declared_as(Parallelism, "global_batch")
     cp_scheme: Scheme | None = flag(
         None, f"How CP exchanges K and V: {registry.choices(TRAINING)} {FRAMEWORK_DEFAULT}."
+    )
+    ulysses_degree: Count | None = flag(
+        None,
+        "USP's all-to-all degree (--cp-scheme usp): the CP ranks exchange heads in groups of this many and run a "
+        "ring of --cp / it across the groups; it must divide --cp and split the query heads a TP rank holds "
+        "(default: the largest that also divides its KV heads).",
+        ge=1,
+        le=1 << 20,
     )
     tp_comm_overlap: Flag | None = declared_as(Overlaps, "tp_comm_overlap")
     cp_overlap: Number = declared_as(Overlaps, "cp_overlap")
@@ -247,8 +256,9 @@ class Job:
 
     @functools.cached_property
     def usp_split(self) -> tuple[int, int]:
-        """USP: the largest all-to-all degree dividing the CP degree and the TP rank's KV heads, and the ring's."""
-        n_u = usp.split(max(self.model.kv_heads // self.tp, 1), self.cp)
+        """USP: the all-to-all degree (``--ulysses-degree``, else the largest dividing the CP degree and the TP
+        rank's KV heads) and the ring's."""
+        n_u = self.step.ulysses_degree or usp.split(max(self.model.kv_heads // self.tp, 1), self.cp)
         return n_u, self.cp // n_u
 
     @functools.cached_property
@@ -468,6 +478,23 @@ def _check_step(
     reason = registry.get(step.cp_scheme).check(model.heads // setup.tp, kv_heads, inputs.cp, False)
     if reason:
         raise InputError("--cp-scheme", reason)
+    if step.ulysses_degree is not None:
+        _check_ulysses_degree(
+            step.ulysses_degree, step.cp_scheme, model.heads // setup.tp, kv_heads, inputs.cp
+        )
+
+
+def _check_ulysses_degree(degree: int, scheme: str, heads: int, kv_heads: int, cp: int) -> None:
+    """USP's all-to-all degree: a divisor of the CP degree whose groups split the heads [USP §3]."""
+    if scheme != usp.NAME:
+        raise InputError(
+            "--ulysses-degree", f"sets USP's all-to-all degree: it needs --cp-scheme usp, not {scheme}"
+        )
+    if cp % degree:
+        raise InputError("--ulysses-degree", f"{degree} does not divide --cp {cp}")
+    feasible, reason = ulysses_feasibility(heads, kv_heads, degree)
+    if not feasible:
+        raise InputError("--ulysses-degree", reason)
 
 
 def split_flags(values: dict[str, Any], declarations: tuple[type[BaseModel], ...] = DECLARATIONS) -> dict:
