@@ -563,13 +563,26 @@ def measure(out: str, smoke: bool, parts: list[str] | None = None) -> None:
 
 # --- compare (cp-plan's model beside the measurement) --------------------------------------------------
 def compare(path: str, hw: str) -> None:
-    from costmodel.calibration.gpu import check_masks
+    from costmodel.calibration.gpu import check_masks, linear_errors
     from costmodel.machines.kernels import attention_rate, gemm_rate
     from costmodel.machines.profiles import load_profile
 
     data = json.loads(Path(path).read_text())
     profile = load_profile(hw)
     print(f"{data['device']}, torch {data['torch']}, {data['dtype']}; model: {hw}\n")
+    if data.get("linears"):
+        print("Linear layers at model shapes against the profile's GEMM tables (predicted / measured - 1):")
+        for dtype in ("bf16", "fp8"):
+            errors = sorted(linear_errors(profile, data["linears"], dtype))
+            if errors:
+                tenth = errors[len(errors) // 10], errors[9 * len(errors) // 10]
+                print(
+                    f"  {dtype}: {len(errors)} shapes, signed median {statistics.median(errors):+.1%}, MAPE "
+                    f"{statistics.mean(abs(e) for e in errors):.1%}, 10th / 90th percentile {tenth[0]:+.1%} / {tenth[1]:+.1%}"
+                )
+        print()
+    if not data.get("sdpa"):
+        return
 
     print("Packed and windowed masks, one window of one rank: FlexAttention's 128 x 128 block mask against")
     print("the simulator, and each time against cp-plan's forward on the measured SDPA flash curves:")

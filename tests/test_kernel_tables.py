@@ -10,25 +10,11 @@ import sys
 
 import pytest
 
-from costmodel.machines.kernels import gemm_rate
+from costmodel.calibration.gpu import linear_errors
 from costmodel.machines.profiles import load_profile
 from tests.support import REPO
 
 RESULTS = json.loads((REPO / "benchmarks" / "results" / "h200-linears-2026-12-04.json").read_text())
-
-
-def _errors(dtype: str) -> list[float]:
-    """predicted / measured - 1 of each linear at a model shape (the squares are the table's own axis)."""
-    profile = load_profile("h200-nvlink")
-    errors = []
-    for row in RESULTS["linears"]:
-        if row["what"] == "square" or f"{dtype}_ms" not in row:
-            continue
-        m, n, k = row["m"], row["n"], row["k"]
-        measured = 2.0 * m * n * k / (row[f"{dtype}_ms"] * 1e-3)
-        predicted = gemm_rate(profile, dtype, m, n, k, element_bytes=1 if dtype == "fp8" else 2)
-        errors.append(predicted / measured - 1.0)
-    return errors
 
 
 @pytest.mark.parametrize(
@@ -36,7 +22,7 @@ def _errors(dtype: str) -> list[float]:
     [("bf16", 0.021, 0.097), ("fp8", -0.005, 0.103)],  # as measured and reported; 296 shapes each
 )
 def test_the_h200_gemm_tables_read_the_measured_linears(dtype: str, signed: float, mape: float) -> None:
-    errors = _errors(dtype)
+    errors = linear_errors(load_profile("h200-nvlink"), RESULTS["linears"], dtype)
     assert len(errors) == 296
     assert statistics.median(errors) == pytest.approx(signed, abs=0.002)
     assert statistics.mean(abs(e) for e in errors) == pytest.approx(mape, abs=0.002)

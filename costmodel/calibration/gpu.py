@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.machines.binding import build_machine
-from costmodel.machines.kernels import measured_attention
+from costmodel.machines.kernels import gemm_rate, measured_attention
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict
@@ -97,3 +97,18 @@ def check_masks(profile: HardwareProfile, data: dict, backend: str | None = None
             )
         )
     return out
+
+
+def linear_errors(profile: HardwareProfile, rows: list[dict], dtype: str) -> list[float]:
+    """predicted / measured - 1 of each linear layer ``benchmarks/gpu_kernels.py measure --parts linears``
+    timed at a model shape in ``dtype`` (bf16 or fp8), read on ``profile``'s tables (the squares, the tables'
+    own axis, left out)."""
+    errors = []
+    for row in rows:
+        if row["what"] == "square" or f"{dtype}_ms" not in row:
+            continue
+        m, n, k = row["m"], row["n"], row["k"]
+        measured = 2.0 * m * n * k / (row[f"{dtype}_ms"] * 1e-3)
+        predicted = gemm_rate(profile, dtype, m, n, k, element_bytes=1 if dtype == "fp8" else 2)
+        errors.append(predicted / measured - 1.0)
+    return errors
