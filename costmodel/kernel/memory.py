@@ -1136,8 +1136,8 @@ def _fake_world(case: MemoryCase, device: str = "cpu") -> Iterator[object]:
     """A fake-tensor mode, and for FSDP2 a fake process group of ``shard_group`` ranks with its device meshes
     (built before the mode, which cannot run the mesh's checks): all of them, and the experts' shard group;
     gc paused, so that storages are freed when their last reference goes, as they are on a device, and never
-    mid-step. On ``device="cuda"`` the tensors are real ones on the GPU instead (no process group: FSDP cases
-    run on fake tensors only)."""
+    mid-step. On any other device the tensors are real ones there instead: ``"cuda"``, or ``"cpu:0"`` (real
+    CPU tensors, which the suite holds to the fake ones); no process group, so FSDP cases run fake only."""
     if device != "cpu":
         was_enabled = gc.isenabled()
         gc.disable()
@@ -1261,10 +1261,10 @@ def measure(
 ) -> MemoryMeasurement:
     """The peak bytes of one device in a training iteration of ``case``, on fake tensors.
 
-    ``device="cuda"`` runs the same iteration on real tensors of a CUDA device, whole (``full``), to hold the
-    fake-tensor figure to what the caching allocator reports (``benchmarks/memory_reference.py --cuda``):
-    ZeRO-3/FSDP cases, which need a process group, and GQA, which FlashAttention's CUDA op does not take
-    natively, are refused there.
+    ``device="cuda"`` runs the same iteration whole on real tensors of a CUDA device, to hold the fake-tensor
+    figure to what the caching allocator reports (``benchmarks/memory_reference.py --cuda``; ``"cpu:0"`` does
+    it on real CPU tensors): ZeRO-3/FSDP cases, which need a process group, are refused on any real device,
+    and GQA on CUDA, whose FlashAttention op wants as many K/V heads as query heads.
 
     A stage deeper than five layers is run with four and with five, and extrapolated to ``layers``; so are
     more than three micro-batches in flight from two and three. ``full=True`` runs the whole case instead
