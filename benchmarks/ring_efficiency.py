@@ -12,7 +12,9 @@ It also reads the ring's compute alone, measured on one H200 (benchmarks/results
 rank. Beside it, the model on the H200 profile with the same heads, whose NVLink ring hides every transfer
 of that size, so that its figure is its compute too.
 
-Efficiency = 8 x the single call's time / the ring layer's. It is printed for the merge the step model
+Efficiency = 8 x the single call's time / the ring layer's. Each is a kernel benchmark of seconds, so the
+profiles' tables are read as measured, at the boost clock (`HardwareProfile.at_boost`), not at the sustained
+clock of a training run. It is printed for the merge the step model
 charges by default (12 bytes an element: two fp32 partials read, one written) and for the merge
 ring-flash-attention runs (its update_out_and_lse: the step output cast to fp32, then three elementwise
 passes, 34 bytes an element unfused). The runs used FlashAttention-2 (flash_attn); the H800 profile's tables
@@ -91,7 +93,7 @@ def measured_split(rows: list[dict], layout: str, gpus: int, pass_: str) -> floa
 
 def split_table() -> None:
     data = json.loads(SPLIT.read_text())
-    machine = build_machine(load_profile("h200-nvlink"))
+    machine = build_machine(load_profile("h200-nvlink").at_boost())
     shape = {**SHAPE, "kv_heads": SHAPE["heads"]}
     print(
         f"\nOne {data['device']}, the ring's compute alone (torch {data['torch']}; cp-plan's reference kernel):"
@@ -131,7 +133,7 @@ def fa2_machine(data: Path, hw: str) -> Machine:
             writer.writerow(
                 [r["head_dim"], r["causal"].lower(), "fwd", r["seq"], r["batch"], r["heads"], r["tflops"]]
             )
-    profile, _ = fit_kernels(load_profile(hw), None, str(path), f"{hw}-fa2")
+    profile, _ = fit_kernels(load_profile(hw).at_boost(), None, str(path), f"{hw}-fa2")
     return build_machine(profile)
 
 
@@ -142,7 +144,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     readings = [
-        (gpu, PROFILES[gpu], build_machine(load_profile(PROFILES[gpu])), "profile") for gpu in PROFILES
+        (gpu, PROFILES[gpu], build_machine(load_profile(PROFILES[gpu]).at_boost()), "profile")
+        for gpu in PROFILES
     ]
     if args.data:
         readings.append(("8xH800", "h800-nvlink", fa2_machine(Path(args.data), "h800-nvlink"), "FA2 fwd"))

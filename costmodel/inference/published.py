@@ -36,12 +36,6 @@ H100_FP8: dict[str, Any] = {"hw": "h100-nvlink", "weights": "fp8", "kv_dtype": "
 A100_FP16: dict[str, Any] = {"hw": "a100-nvlink"}
 TRT_LOW = "TensorRT-LLM v0.5, batch 1"
 TRT_PEAK = "TensorRT-LLM v0.6.1, static batch"
-FP8_RATE = (
-    "fp8 multiplies read the H100 fp8 table, the bf16 one (fitted to measured linear layers) x 1.77 (the fp8/bf16 ratio of the maximum "
-    "achievable matmul rates [MAMF], torch 2.7); TensorRT-LLM v0.5's fp8 context phase ran slower than that, "
-    "and no table of its fp8 multiplies is published; the A100 fp16 2K rows, on the fitted fp16 table, are "
-    "within 5 %"
-)
 SHORT = (
     "a 128-token prefill is mostly per-layer fixed costs (launches, the engine's step), of which the GPU "
     "profiles state only the launch (CUDA graphs assumed: none charged)"
@@ -102,8 +96,6 @@ ROWS = [
         "Llama 3 405B, 1M-token prefill, 16 hosts x 8 H100",
         77.0,
         {**CP_INFER_405B, "prompt": "1M", "cp": 16},
-        misses="the model takes the published FlashAttention-3 rate for the whole attention and carries no "
-        "framework time: 17 % fast",
     ),
     _ttft(
         "cp-infer-405b-128k",
@@ -133,7 +125,6 @@ ROWS = [
         0.036,
         {**H100_FP8, "model": "llama2-7b", "prompt": 2048, "output": 1},
         f"{TRT_LOW}; fp8, fp8 KV cache; TP 1",
-        FP8_RATE,
     ),
     _ttft(
         "trtllm-h100-llama2-70b-2k",

@@ -358,8 +358,9 @@ def decode(
     records the last token's formulas (``--explain``)."""
     start = setup.cached + setup.prompt
     end = start + max(setup.output - 1, 0)
-    gemm_rate = layer_gemm_rate(model, gemm, setup.tp, values["b"])
-    attn_rate = decode_attention_rate(attention, values, start)
+    # decode is memory-bound: its kernels run at the boost clock, not a compute-bound step's sustained one
+    gemm_rate = layer_gemm_rate(model, gemm.at_boost(), setup.tp, values["b"])
+    attn_rate = decode_attention_rate(attention.at_boost(), values, start)
     _, first = _decode_at(values, start, setup, gemm_rate, attn_rate, attention)
     last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate, attention, trace)
     pp, layers = setup.pp, model.layers

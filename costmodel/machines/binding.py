@@ -168,7 +168,7 @@ class Machine:
         if self.calibrated:
             return self.profile.calibration.rate(flops, busy, masked, backward)  # type: ignore[union-attr]
         if self.published_rates:
-            return kernels.attention_rate(
+            return self.sustained_clock * kernels.attention_rate(
                 self.profile,
                 self.dtype,
                 q_tokens,
@@ -200,7 +200,19 @@ class Machine:
         if self.fallback_rates:
             return self.peak_flops * self.profile.fallback_efficiency.value  # type: ignore[union-attr]
         size = BYTES_PER_ELEMENT.get(self.dtype, 2)
-        return kernels.gemm_rate(self.profile, self.dtype, m, n, k, batch, size)
+        return kernels.gemm_rate(self.profile, self.dtype, m, n, k, batch, size, self.sustained_clock)
+
+    def at_boost(self) -> Machine:
+        """This machine with its tables read at the boost clock (:meth:`HardwareProfile.at_boost`): a decode
+        step's memory-bound kernels draw too little power to bring the clock down."""
+        return replace(self, profile=self.profile.at_boost())
+
+    @property
+    def sustained_clock(self) -> float:
+        """The share of the tables' clock a step's sustained load holds (the profile's kernels:), 1 without
+        kernel tables: what the tables' compute rates are read times."""
+        kernels_ = self.profile.kernels
+        return 1.0 if kernels_ is None else kernels_.sustained_clock
 
     @property
     def step_s(self) -> float:

@@ -120,7 +120,14 @@ def tile_utilisation(m: int, n: int, sms: int, batch: int = 1) -> float:
 
 
 def gemm_rate(
-    profile: HardwareProfile, dtype: str, m: int, n: int, k: int, batch: int = 1, element_bytes: int = 2
+    profile: HardwareProfile,
+    dtype: str,
+    m: int,
+    n: int,
+    k: int,
+    batch: int = 1,
+    element_bytes: int = 2,
+    clock: float = 1.0,
 ) -> float:
     """Achieved FLOP/s of ``batch`` m x k by k x n matrix multiplies.
 
@@ -132,14 +139,15 @@ def gemm_rate(
     shapes through this very reading (``cp-plan hw fit-kernels``; docs/validation.md, "The kernel tables":
     MAPE 12.9 % and 9.5 % on rows kept aside). An fp8 multiply reads ``kernels.gemm_fp8`` where the profile has
     it: fp8 tensor cores reach a smaller share of their
-    doubled peak than bf16 ones of theirs ([MAMF]: 71 % against 80 % on an H100 SXM)."""
+    doubled peak than bf16 ones of theirs ([MAMF]: 71 % against 80 % on an H100 SXM). ``clock`` scales the
+    table's compute rate, not what HBM feeds: a step's sustained clock (``kernels.sustained_clock``)."""
     kernels = _kernels(profile)
     if dtype == "fp8" and kernels.gemm_fp8 is not None:
         table, scale = kernels.gemm_fp8, 1.0
     else:
         table, scale = kernels.gemm, _dtype_scale(profile, dtype)
     shape = gemm_shape(profile, m, n, k, batch, element_bytes)
-    rate = _interp(shape.edge, table.edge, table.flops_per_s) * scale * shape.fill
+    rate = _interp(shape.edge, table.edge, table.flops_per_s) * scale * shape.fill * clock
     return min(rate, shape.cap) * shape.factor
 
 

@@ -572,6 +572,14 @@ class Kernels(_Strict):
         description="factor on the attention tables' rates (a fitted profile's kernel factor); the scaled "
         "tables stay at or under the peak",
     )
+    sustained_clock: Positive = Field(
+        default=1.0,
+        ge=0.5,
+        le=1.0,
+        description="the SM clock a training or serving step's sustained tensor-core load holds, as a share of "
+        "the clock the tables were measured at (short kernel runs, boost clock): the step reads the tables' "
+        "compute rates times it; a kernel fit reads them without it",
+    )
     notes: str = Field(default="", description="how the numbers were derived")
 
 
@@ -657,6 +665,13 @@ class HardwareProfile(_Strict):
         "ln(measured / predicted) of each run predicted by a fit that did not see it; step-time intervals "
         "are calibrated on them",
     )
+
+    def at_boost(self) -> HardwareProfile:
+        """The profile with its kernel tables read as measured, at the boost clock of short kernel runs
+        (``kernels.sustained_clock`` 1): what a kernel benchmark, not a training run, is compared with."""
+        if self.kernels is None or self.kernels.sustained_clock == 1.0:
+            return self
+        return self.model_copy(update={"kernels": self.kernels.model_copy(update={"sustained_clock": 1.0})})
 
     @model_validator(mode="after")
     def _placement(self) -> Self:

@@ -290,7 +290,7 @@ def main() -> None:
     for name, cfg in MEGATRON_RUNS.items():
         megatron_log(name, cfg, restart_at=50 if name == "megatron_tp2_cp8_128k" else None)
     titan_log("titan_cp2_16k", shard=4, tp=1, cp=2, seq=16384, local=1)
-    titan_log("titan_cp4_over_peak", shard=2, tp=1, cp=4, seq=65536, local=1, cp_inactive=True)
+    titan_log("titan_cp4_over_peak", shard=2, tp=1, cp=4, seq=131072, local=1, cp_inactive=True)
     one = ["node001"]
     two = ["node001", "node002"]
     nccl("nccl_1node_all_reduce_perf", "all_reduce", 8, one, 18e-6, 360e9)
