@@ -576,9 +576,10 @@ class Kernels(_Strict):
         default=1.0,
         ge=0.5,
         le=1.0,
-        description="the SM clock a training or serving step's sustained tensor-core load holds, as a share of "
-        "the clock the tables were measured at (short kernel runs, boost clock): the step reads the tables' "
-        "compute rates times it; a kernel fit reads them without it",
+        description="the SM clock a training step's or a prefill's sustained tensor-core load holds, as a share "
+        "of the clock the tables were measured at (short kernel runs, boost clock): they read the tables' "
+        "compute rates times it; a memory-bound decode, a kernel fit and comparisons with kernel benchmarks "
+        "read them without it",
     )
     notes: str = Field(default="", description="how the numbers were derived")
 
