@@ -21,6 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -182,10 +185,6 @@ def cuda_case(name: str) -> dict:
 
 def on_cuda(out: str | None) -> None:
     """Each case of :data:`CUDA_GRID` on fake tensors and on the GPU, beside the caching allocator's peaks."""
-    import os
-    import subprocess
-    import sys
-
     print(f"{'case':32} {'fake GiB':>9} {'cuda':>9} {'allocated':>10} {'reserved':>9}  moment (fake / cuda)")
     rows = []
     for name in CUDA_GRID:

@@ -193,6 +193,22 @@ def test_a_named_attention_kernel_reads_its_own_tables() -> None:
         evaluate_step(Job.of(**flags, attention_kernel="fa9")).model_dump(by_alias=True)
 
 
+def _llama3_8b_tp2_cast_elements() -> tuple[float, float, float]:
+    """Llama 3 8B at TP 2, counted by hand: the four multiplies' input and output widths per token on one TP
+    shard, and their weight elements."""
+    model, t = load_model("llama3-8b"), 2
+    d = model.head_dim
+    inputs = 2 * model.hidden + model.heads * d / t + model.ffn_hidden / t
+    outputs = (model.heads + 2 * model.kv_heads) * d / t + 2 * model.hidden + 2 * model.ffn_hidden / t
+    shapes = [
+        ((model.heads + 2 * model.kv_heads) * d / t, model.hidden),
+        (model.hidden, model.heads * d / t),
+        (2 * model.ffn_hidden / t, model.hidden),
+        (model.hidden, model.ffn_hidden / t),
+    ]
+    return inputs, outputs, sum(n * k for n, k in shapes)
+
+
 def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
     """--gemm-dtype fp8: the multiplies read the profile's fp8 table (on H100 the bf16 one x 1402.6 / 794.5,
     the measured fp8/bf16 maximum achievable matmul ratio [MAMF]), attention and the output layer stay bf16,
@@ -203,19 +219,7 @@ def test_fp8_linear_layers_run_at_the_fp8_rate_and_pay_their_casts() -> None:
     # the table's ratio, a little more where HBM held a bf16 multiply back (fp8 moves half the bytes)
     assert 1402.6 / 794.5 - 1e-3 <= fp8["F_gemm"] / bf16["F_gemm"] < 1.78
     assert (fp8["F_attn"], fp8["F_head"]) == (bf16["F_attn"], bf16["F_head"])
-    model = load_model("llama3-8b")
-    t, rows, d = 2, 8192, model.head_dim
-    inputs = 2 * model.hidden + model.heads * d / t + model.ffn_hidden / t
-    outputs = (model.heads + 2 * model.kv_heads) * d / t + 2 * model.hidden + 2 * model.ffn_hidden / t
-    weights = sum(
-        n * k
-        for n, k in [
-            ((model.heads + 2 * model.kv_heads) * d / t, model.hidden),
-            (model.hidden, model.heads * d / t),
-            (2 * model.ffn_hidden / t, model.hidden),
-            (model.hidden, model.ffn_hidden / t),
-        ]
-    )
+    rows, (inputs, outputs, weights) = 8192, _llama3_8b_tp2_cast_elements()
     by_hand = rows * inputs * 3 + weights * 3 + rows * outputs * 3 + 2 * rows * inputs + 2 * weights
     casts = float(numeric.layer_fp8_cast_bytes(**{a: fp8[a] for a in numeric.ARGS["layer_fp8_cast_bytes"]}))
     assert casts == pytest.approx(by_hand, rel=1e-12)
@@ -249,19 +253,7 @@ def test_current_scaling_reads_each_cast_tensor_once_more_for_its_amax(knobs: di
     args = numeric.ARGS["layer_fp8_cast_bytes"]
     casts = float(numeric.layer_fp8_cast_bytes(**{a: values[a] for a in args}))
     plain = float(numeric.layer_fp8_cast_bytes(**{a: delayed[a] for a in args}))
-    model, t, rows = load_model("llama3-8b"), 2, 8192
-    d = model.head_dim
-    inputs = 2 * model.hidden + model.heads * d / t + model.ffn_hidden / t
-    outputs = (model.heads + 2 * model.kv_heads) * d / t + 2 * model.hidden + 2 * model.ffn_hidden / t
-    weights = sum(
-        n * k
-        for n, k in [
-            ((model.heads + 2 * model.kv_heads) * d / t, model.hidden),
-            (model.hidden, model.heads * d / t),
-            (2 * model.ffn_hidden / t, model.hidden),
-            (model.hidden, model.ffn_hidden / t),
-        ]
-    )
+    rows, (inputs, outputs, weights) = 8192, _llama3_8b_tp2_cast_elements()
     assert casts - plain == pytest.approx(
         amax_reads * 2 * (rows * inputs + weights + rows * outputs), rel=1e-12
     )
