@@ -143,3 +143,13 @@ def test_a_scheme_the_framework_does_not_run_is_refused() -> None:
     flags = {"model": "llama3-8b", "seq": 32768, "hw": "h100-nvlink", "gpus": 8, "cp": 4, "global_batch": 8}
     with pytest.raises(InputError, match="--cp-scheme: ulysses: torchtitan"):
         Job.of(**flags, framework="torchtitan", cp_scheme="ulysses")
+
+
+def test_tensor_parallelism_leaves_the_norms_whole_on_every_rank() -> None:
+    """Llama 3 8B at TP 8 under Megatron's ZeRO-1: a rank keeps 1/8 of the projections, the MLP and the
+    vocab-parallel embeddings, and the 65 norms (two a layer and the final one, 4,096 each) whole."""
+    flags = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 8, "tp": 8, "global_batch": 8}
+    params, norms = 8_030_261_248, (32 * 2 + 1) * 4096
+    by = step_memory(Job.of(**flags)).by_category
+    assert by.weights == pytest.approx(((params - norms) / 8 + norms) * 2, rel=1e-12)
+    assert by.gradients == pytest.approx(((params - norms) / 8 + norms) * 4, rel=1e-12)

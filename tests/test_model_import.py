@@ -135,7 +135,8 @@ def test_what_is_not_modelled_is_one_line_on_stderr(cli) -> None:
 
 def test_deepseek_v3_imports_with_its_latent_attention_and_shared_expert() -> None:
     """DeepSeek-V3's config.json: 128 heads whose attention sees K of 192 and V of 128 (mean 160), MLA's
-    latents, 256 routed experts of 2,048 with one shared expert of the same width, 8 per token."""
+    latents, 256 routed experts of 2,048 with one shared expert of the same width, 8 per token, after 3 dense
+    layers of 18,432."""
     preset, notes = from_hf_config(json.loads((HF / "deepseek-v3.json").read_text()))
     assert (preset.heads, preset.kv_heads, preset.head_dim) == (128, 128, 160)
     assert preset.mla is not None and (preset.mla.q_lora_rank, preset.mla.kv_lora_rank) == (1536, 512)
@@ -146,7 +147,7 @@ def test_deepseek_v3_imports_with_its_latent_attention_and_shared_expert() -> No
         2048,
         2048,
     )
-    assert any("first_k_dense_replace=3" in note for note in notes)
+    assert (preset.dense_layers, preset.dense_ffn) == (3, 18432)  # first_k_dense_replace, intermediate_size
     assert any("multi-head latent attention" in note for note in notes)
 
 
@@ -384,3 +385,28 @@ def test_fields_it_cannot_map_are_reported_by_name() -> None:
     config |= {"attn_temperature_tuning": True, "num_nextn_predict_layers": 1}
     _, notes = from_hf_config(config)
     assert notes == ["attn_temperature_tuning", "num_nextn_predict_layers"]
+
+
+def test_latent_attention_down_projections_are_whole_on_every_tp_rank() -> None:
+    """Megatron-Core runs MLA's down-projections as duplicated linears: DeepSeek-V3's 7168 x 1536 and
+    7168 x (512 + 64), its latent norms (1536 + 512) and the two layer norms, 15,155,200 parameters a layer
+    (0.92 B over 61 layers), are on every TP rank beside 1/t of the rest of the layer."""
+    preset, _ = from_hf_config(json.loads((HF / "deepseek-v3.json").read_text()))
+    shape = layer_shape(preset)
+    whole = 7168 * 1536 + 7168 * 576 + 1536 + 512 + 2 * 7168
+    assert whole == 15_155_200 and call("layer_replicated_params", shape) == whole
+    layer = call("layer_params", shape)
+    assert layer - whole == 187_105_280 - 7168 * (1536 + 576) + 3 * 7168 * 2048  # up, out, one expert
+    for t in (1, 2, 8):
+        assert call("layer_device_params", shape | {"t": t}) == pytest.approx((layer - whole) / t + whole)
+
+
+@given(st.sampled_from(["llama3-8b", "llama3-70b", "qwen2.5-72b"]), st.sampled_from([1, 2, 4, 8]))
+def test_a_tp_rank_holds_its_share_and_the_replicated_whole(name: str, t: int) -> None:
+    """t ranks hold the model once, and the parameters TP cannot split (every layer's and the final norm)
+    t - 1 more times."""
+    shape = layer_shape(load_model(name)) | {"t": t}
+    extra = shape["n_L"] * call("layer_replicated_params", shape) + shape["H"]
+    assert t * call("tp_rank_params", shape) == pytest.approx(
+        call("params", shape) + (t - 1) * extra, rel=1e-12
+    )

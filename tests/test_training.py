@@ -340,8 +340,8 @@ def test_pipeline_memory_is_the_most_loaded_stage() -> None:
         return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
 
     layer = 4096 * (128 * (2 * 32 + 2 * 8) + 3 * 14336) + 2 * 4096
-    assert get("stage_params", four) == 32 / 4 * layer + 128256 * 4096 + 4096
-    assert get("stage_params", one) == get("params", one)
+    assert get("stage_device_params", four) == 32 / 4 * layer + 128256 * 4096 + 4096
+    assert get("stage_device_params", one) == get("params", one)  # at TP 1
     # Full recompute keeps each layer's input. The first stage holds 4 micro-batches of 8 layers (32 inputs)
     # and, in the backward, a recomputed layer and its widest gradients; the last holds 8 inputs, the final
     # hidden state and the loss's logits (6 bytes each), which at 16K tokens per rank are the larger.

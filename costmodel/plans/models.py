@@ -79,6 +79,13 @@ class ModelPreset(BaseModel):
     shared_expert_ffn: Width | None = Field(
         None, description="FFN width of the always-active shared expert(s) of an MoE layer (Qwen-MoE)"
     )
+    dense_layers: int = Field(
+        0,
+        ge=0,
+        description="the first layers of an MoE model whose MLP is dense, of dense_ffn (DeepSeek's "
+        "first_k_dense_replace); the rest are MoE",
+    )
+    dense_ffn: Width | None = Field(None, description="FFN width of the dense layers (with dense_layers)")
     mla: LatentAttention | None = Field(
         None,
         description="multi-head latent attention (DeepSeek-V2/V3, Kimi K2); head_dim is then the mean of the "
@@ -99,6 +106,10 @@ class ModelPreset(BaseModel):
             raise ValueError(f"experts_per_token {self.experts_per_token} exceeds experts {self.experts}")
         if self.shared_expert_ffn and not self.experts:
             raise ValueError("shared_expert_ffn needs experts")
+        if self.dense_layers and (not self.experts or self.dense_ffn is None):
+            raise ValueError("dense_layers needs experts and dense_ffn")
+        if self.dense_layers >= self.layers:
+            raise ValueError(f"dense_layers {self.dense_layers} must leave an MoE layer of {self.layers}")
         if self.mla is not None:
             if (self.mla.qk_head_dim + self.mla.v_head_dim) % 2:
                 raise ValueError("mla: qk_nope_head_dim + qk_rope_head_dim + v_head_dim must be even")
@@ -195,6 +206,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma": {"tie_word_embeddings": True},
 }
 _MAPPED = {
+    "first_k_dense_replace",
     "num_attention_heads",
     "num_key_value_heads",
     "head_dim",
@@ -323,12 +335,10 @@ def from_hf_config(
             f"sliding_window={window} on {local} of {layers} layers (attention there sees at most "
             f"{window} keys; the plan treats every layer as global)"
         )
-    dense = data.get("first_k_dense_replace")
-    if experts and isinstance(dense, int) and not isinstance(dense, bool) and dense > 0:
-        notes.append(
-            f"first_k_dense_replace={dense}: the first {dense} layers are dense; the plan counts every layer as "
-            "MoE (more parameters than the model has)"
-        )
+    dense = data.get("first_k_dense_replace") if experts else None
+    dense_layers, dense_ffn = (
+        (need("first_k_dense_replace"), need("intermediate_size")) if dense else (0, None)
+    )
     if mla is not None:
         notes.append(
             "multi-head latent attention: the projections at their own shapes; attention and CP traffic at "
@@ -363,6 +373,8 @@ def from_hf_config(
         "experts": experts,
         "experts_per_token": top_k,
         "shared_expert_ffn": shared,
+        "dense_layers": dense_layers,
+        "dense_ffn": dense_ffn,
         "mla": mla,
     }
     try:

@@ -218,7 +218,10 @@ f_fr = _symbol(
     nonnegative=True,
 )
 P_r = _symbol(
-    "P_r", "parameters of the pipeline stage a state's bytes are counted for", "1", "[Megatron21 §2.2]"
+    "P_r",
+    "parameters a device of the pipeline stage holds, its TP share (the state bytes are counted for)",
+    "1",
+    "[Megatron21 §2.2]",
 )
 M_cpb = _symbol(
     "M_cpb",

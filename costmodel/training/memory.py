@@ -232,13 +232,21 @@ def _stages(ev: Evaluator) -> dict[str, tuple[Any, float, bool]]:
     activation offload (on the stage holding the most parameters)."""
     v = ev.values
     if v["o_act"]:
-        return {"activation offload": (ev("stage_params"), 2.0, True)}
+        return {"activation offload": (ev("stage_device_params"), 2.0, True)}
     if v["pp"] == 1:
-        return {"one stage": (ev("params"), v["n_L"], True)}
+        return {"one stage": (ev("tp_rank_params"), v["n_L"], True)}
     return {
-        "first stage": (ev("first_stage_params"), float(ev("first_stage_in_flight")) * v["n_first"], False),
-        "second stage": (ev("middle_stage_params"), float(ev("second_stage_in_flight")) * v["n_mid"], False),
-        "last stage": (ev("last_stage_params"), float(ev("last_stage_in_flight")) * v["n_last"], True),
+        "first stage": (
+            ev("first_stage_device_params"),
+            float(ev("first_stage_in_flight")) * v["n_first"],
+            False,
+        ),
+        "second stage": (
+            ev("middle_stage_device_params"),
+            float(ev("second_stage_in_flight")) * v["n_mid"],
+            False,
+        ),
+        "last stage": (ev("last_stage_device_params"), float(ev("last_stage_in_flight")) * v["n_last"], True),
     }
 
 

@@ -113,6 +113,8 @@ def _model(row: MemoryPeak) -> tuple[dict[str, Any], ModelPreset | None]:
             "experts_per_token": experts["top_k"],
             "shared_expert_ffn": shared or None,
         }
+        if experts.get("first_k_dense"):  # the first layers' dense MLP is the row's ffn_hidden
+            shape |= {"dense_layers": experts["first_k_dense"], "dense_ffn": model["ffn_hidden"]}
     preset = ModelPreset(
         name=model["name"],
         source=str(row.source.get("url", "")),

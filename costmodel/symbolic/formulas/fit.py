@@ -106,13 +106,37 @@ A_o = define(
     "1",
     "[Megatron21 §3], [DeepSeek-V2 §2.1]",
 )
+_latent_norms = m_la * (c_q * r_q + r_kv)
 P_layer = define(
     "layer_params",
     "P_layer",
-    A_qkv + A_o + (2 + g) * H * F_ffn + 2 * H,
-    "parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms",
+    A_qkv + A_o + (2 + g) * H * F_ffn + 2 * H + _latent_norms,
+    "parameters of one layer: Q, K, V, O projections, the MLP (3 matrices when gated), two norms (and MLA's "
+    "two latent norms)",
     "1",
     "model arithmetic",
+)
+# Tensor parallelism splits a layer's projections by heads and its MLP by columns; what it cannot split every
+# TP rank keeps whole: the norms, and MLA's down-projections into the latents, which Megatron-Core runs as
+# duplicated linears on the sequence-parallel shard of the tokens (about 15 M parameters a layer for
+# DeepSeek-V3, 0.9 B over its 61 layers: on every TP rank, not 1/t of them).
+R_layer = define(
+    "layer_replicated_params",
+    "R_layer",
+    2 * H + _latent_norms + m_la * H * (c_q * r_q + r_kv + d_r),
+    "parameters of one layer every TP rank keeps whole: the two norms, and MLA's down-projections into its "
+    "latents with the latents' norms",
+    "1",
+    "[Megatron-LM]",
+)
+P_layer_dev = define(
+    "layer_device_params",
+    "P_layer_t",
+    (P_layer - R_layer) / t + R_layer,
+    "parameters of one layer a TP rank holds: its 1/t of the split projections and MLP, and the replicated "
+    "ones whole",
+    "1",
+    "[Megatron21 §3], [Megatron-LM]",
 )
 P = define(
     "params",
@@ -144,28 +168,41 @@ s_tr = define(
     "[LoRA §4]",
 )
 # The first stage holds its layers and the input embedding, the last its layers, the output layer and final
-# norm (a copy of the embedding when tied, as Megatron keeps one there), a middle stage its layers only.
+# norm (a copy of the embedding when tied, as Megatron keeps one there), a middle stage its layers only. On a
+# device, TP splits the embeddings by vocabulary and each layer as P_layer_t; the final norm stays whole.
+P_t = define(
+    "tp_rank_params",
+    "P_t",
+    n_L * P_layer_dev + e_m * V * H / t + H,
+    "parameters one TP rank holds of the whole model: its share of every layer, of the embeddings (split by "
+    "vocabulary) and the final norm",
+    "1",
+    "[Megatron21 §3]",
+)
 P_stage = define(
-    "stage_params",
+    "stage_device_params",
     "P_stage",
     sympy.Piecewise(
-        (P, sympy.Eq(pp, 1)),
+        (P_t, sympy.Eq(pp, 1)),
         (
             sympy.Max(
-                n_first * P_layer + V * H, n_mid * P_layer, n_last * P_layer + V * H + H, evaluate=False
+                n_first * P_layer_dev + V * H / t,
+                n_mid * P_layer_dev,
+                n_last * P_layer_dev + V * H / t + H,
+                evaluate=False,
             ),
             True,
         ),
     ),
-    "parameters of the pipeline stage holding the most: the whole model at pp = 1, else the largest of the "
-    "first (its layers and the input embedding), a middle and the last stage (its layers, the output layer "
-    "and the final norm)",
+    "parameters a device of the pipeline stage holding the most keeps (its TP share): the whole model's at "
+    "pp = 1, else the largest of the first stage's (its layers and the input embedding), a middle one's and "
+    "the last one's (its layers, the output layer and the final norm)",
     "1",
     "[Megatron21 §2.2]",
 )
 
 
-# The model states of one pipeline stage of P_r parameters, per device: each copy at the bytes the framework
+# The model states of a device holding P_r parameters of its pipeline stage: each copy at the bytes the framework
 # keeps it (frameworks/*.yaml) and the share ZeRO leaves it [ZeRO §5]: Megatron's bf16 weights, fp32 main
 # gradients, fp32 master weights and moments are 2 + 4 + (4 + 8)/D; FSDP2's fp32 weight, gradient and moment
 # shards (4 + 4 + 8)/D. Offload moves the optimizer's copies to the host (o_opt), and the weights and
@@ -188,39 +225,41 @@ def replacing(expr: sympy.Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> symp
 
 
 def at_stage(expr: sympy.Expr, params: sympy.Expr) -> sympy.Expr:
-    """``expr``, written over formulas of a stage of P_r parameters, for the stage of ``params``."""
+    """``expr``, written over formulas of a device holding P_r parameters, for a device holding ``params``."""
     return replacing(expr, {P_r: params})
 
 
 P_first = define(
-    "first_stage_params",
+    "first_stage_device_params",
     "P_1",
-    sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_first * P_layer + V * H, True)),
-    "parameters of the first pipeline stage: its layers and the input embedding (the whole model at pp = 1)",
+    sympy.Piecewise((P_t, sympy.Eq(pp, 1)), (n_first * P_layer_dev + V * H / t, True)),
+    "parameters a device of the first pipeline stage keeps (its TP share): its layers and the input embedding "
+    "(the whole model's at pp = 1)",
     "1",
     "[Megatron21 §2.2]",
 )
 P_mid = define(
-    "middle_stage_params",
+    "middle_stage_device_params",
     "P_2",
-    n_mid * P_layer,
-    "parameters of a middle pipeline stage: its layers",
+    n_mid * P_layer_dev,
+    "parameters a device of a middle pipeline stage keeps (its TP share): its layers",
     "1",
     "[Megatron21 §2.2]",
 )
 P_last = define(
-    "last_stage_params",
+    "last_stage_device_params",
     "P_L",
-    sympy.Piecewise((P, sympy.Eq(pp, 1)), (n_last * P_layer + V * H + H, True)),
-    "parameters of the last pipeline stage: its layers, the output layer and the final norm",
+    sympy.Piecewise((P_t, sympy.Eq(pp, 1)), (n_last * P_layer_dev + V * H / t + H, True)),
+    "parameters a device of the last pipeline stage keeps (its TP share): its layers, the output layer and "
+    "the final norm",
     "1",
     "[Megatron21 §2.2]",
 )
 M_w = define(
     "weight_bytes",
     "M_wt",
-    (1 - o_par) * P_r * (1 + f_tr - f_b) / t * q_w * z_w + o_par * 2 * P_layer / t * q_c,
-    "the stored weights a device of a stage of P_r parameters keeps, LoRA adapters included (two layers' in "
+    (1 - o_par) * P_r * (1 + f_tr - f_b) * q_w * z_w + o_par * 2 * P_layer_dev * q_c,
+    "the stored weights a device holding P_r parameters keeps, LoRA adapters included (two layers' in "
     "flight under parameter offload)",
     "B",
     "[ZeRO §3], [ZeRO-Infinity §5]",
@@ -228,8 +267,8 @@ M_w = define(
 M_g = define(
     "gradient_bytes",
     "M_gr",
-    f_tr * ((1 - o_par) * P_r / t * q_g * z_g + o_par * 2 * P_layer / t * q_g),
-    "the gradients a device of a stage of P_r parameters keeps for the optimizer (main gradients, or FSDP's "
+    f_tr * ((1 - o_par) * P_r * q_g * z_g + o_par * 2 * P_layer_dev * q_g),
+    "the gradients a device holding P_r parameters keeps for the optimizer (main gradients, or FSDP's "
     "reduced shards), of the parameters that train",
     "B",
     "[ZeRO §3], [ZeRO-Infinity §5]",
@@ -237,8 +276,8 @@ M_g = define(
 M_o = define(
     "optimizer_state_bytes",
     "M_opt",
-    (1 - o_opt) * f_tr * P_r / t * (q_m + 2 * q_o) * z_o,
-    "the optimizer's copies a device of a stage of P_r parameters keeps: master weights and Adam's two "
+    (1 - o_opt) * f_tr * P_r * (q_m + 2 * q_o) * z_o,
+    "the optimizer's copies a device holding P_r parameters keeps: master weights and Adam's two "
     "moments of the parameters that train, their ZeRO share",
     "B",
     "[ZeRO §3], [ZeRO-Offload §4]",
@@ -258,14 +297,14 @@ M_state = define(
 # gradients come and go with each layer, after the activations have begun to shrink. Where the framework does
 # not reshard (torchtitan under PP), every layer of the stage stays gathered for the step, and the stage's
 # unsharded gradients accumulate over its micro-batches; autocast caches a cast of every weight likewise.
-_unit = sympy.Max(P_layer, V * H, evaluate=False)
-_kept_whole = r_k * P_r / t * (u_w * q_c + u_g * q_g)
+_unit = sympy.Max(P_layer_dev, V * H / t, evaluate=False)
+_kept_whole = r_k * P_r * (u_w * q_c + u_g * q_g)
 M_fsdp = define(
     "fsdp_buffer_bytes",
     "M_fsdp",
-    (1 - r_k) * u_w * (_unit + f_pf * P_layer) / t * q_c + _kept_whole,
-    "ZeRO-3/FSDP's gathered compute weights (and unsharded gradients, where kept) of a stage of P_r "
-    "parameters in its forward and backward: the units in flight, or the whole stage's where kept",
+    (1 - r_k) * u_w * (_unit + f_pf * P_layer_dev) * q_c + _kept_whole,
+    "ZeRO-3/FSDP's gathered compute weights (and unsharded gradients, where kept) of a device holding "
+    "P_r parameters in its forward and backward: the units in flight, or the whole stage's where kept",
     "B",
     "[ZeRO §5], [FSDP2]",
 )
@@ -274,8 +313,8 @@ M_fsdp = define(
 M_fsdp_end = define(
     "fsdp_backward_end_bytes",
     "M_fsdp_end",
-    (1 - r_k) * u_w * _unit / t * (q_c + u_g * q_g) + _kept_whole,
-    "ZeRO-3/FSDP's buffers of a stage of P_r parameters at the backward's end: the first unit gathered with "
+    (1 - r_k) * u_w * _unit * (q_c + u_g * q_g) + _kept_whole,
+    "ZeRO-3/FSDP's buffers of a device holding P_r parameters at the backward's end: the first unit gathered with "
     "its unsharded gradient, or the whole stage's where kept",
     "B",
     "[ZeRO §5], [FSDP2]",
@@ -487,7 +526,7 @@ def _ended(params: sympy.Expr) -> sympy.Expr:
     return at_stage(M_w + M_g + M_o + M_fsdp_end, params) + A_kept + W_l
 
 
-_one = _running(P, n_L * A_kept + _last), _ended(P)
+_one = _running(P_t, n_L * A_kept + _last), _ended(P_t)
 _staged = (
     _running(P_first, _stage_activations[0]),
     _running(P_mid, _stage_activations[1]),

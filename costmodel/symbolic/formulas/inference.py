@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sympy
 
-from costmodel.symbolic.formulas.fit import P_layer, P_stage
+from costmodel.symbolic.formulas.fit import P_layer_dev, P_stage
 from costmodel.symbolic.formulas.registry import definer
 from costmodel.symbolic.formulas.step import _hidden
 from costmodel.symbolic.symbols import (
@@ -60,8 +60,8 @@ _new = b * T_n / N  # new tokens one CP rank computes
 define(
     "weight_bytes_per_device",
     "M_w",
-    P_stage / t * p_w,
-    "weights one device holds: its pipeline stage's parameters over TP, at p_w bytes each",
+    P_stage * p_w,
+    "weights one device holds: its TP share of its pipeline stage's parameters, at p_w bytes each",
     "B",
     "[Megatron21 §3]",
 )
@@ -197,7 +197,7 @@ define(
 define(
     "layer_weight_read_s",
     "t_w_layer",
-    P_layer * p_w / (t * B_hbm),
+    P_layer_dev * p_w / B_hbm,
     "reading one layer's weights from HBM once: the floor under its matrix multiplies",
     "s",
     "[Roofline]",
@@ -214,7 +214,7 @@ define(
 t_w_dec = define(
     "decode_weight_read_s",
     "t_w_decode",
-    P_stage * p_w / (t * B_hbm),
+    P_stage * p_w / B_hbm,
     "reading one stage's weights from HBM once per decode step",
     "s",
     "[Roofline]",
@@ -230,7 +230,7 @@ t_kv_dec = define(
 t_c_dec = define(
     "decode_compute_s",
     "t_c_decode",
-    2 * b * P_stage / t / F_gemm + 4 * b * (h / t) * d * S_kv * (n_L / pp) / F_attn,
+    2 * b * P_stage / F_gemm + 4 * b * (h / t) * d * S_kv * (n_L / pp) / F_attn,
     "FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the "
     "rank's cache",
     "s",

@@ -160,7 +160,7 @@ define(
 
 
 def _dense(bytes_of_stage: sympy.Expr) -> sympy.Expr:
-    """A dense formula of a stage of P_r parameters, for an MoE model's dense part on the stage holding the
+    """A dense formula of a device holding P_r parameters, for an MoE model's dense part on the stage holding the
     most (its MLP at the shared expert's width)."""
     return sympy.Subs(at_stage(bytes_of_stage, P_stage), F_ffn, F_sh)
 

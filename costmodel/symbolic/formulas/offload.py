@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import sympy
 
-from costmodel.symbolic.formulas.fit import A_kept, P_layer
+from costmodel.symbolic.formulas.fit import A_kept, P_layer_dev
 from costmodel.symbolic.formulas.registry import FORMULAS, definer
 from costmodel.symbolic.formulas.step import P_dev, n_crit, t_fwd_c
-from costmodel.symbolic.symbols import B_h, R_h, n_h, o_act, o_opt, o_par, p, t, z_o, z_w
+from costmodel.symbolic.symbols import B_h, R_h, n_h, o_act, o_opt, o_par, p, z_o, z_w
 
 GROUP = "offload"
 define = definer(GROUP)
@@ -57,7 +57,7 @@ define(
 tau_pf = define(
     "offload_param_fetch_s",
     "tau_p_h2d",
-    o_par * z_w * P_layer * p / (t * B_h),
+    o_par * z_w * P_layer_dev * p / B_h,
     "one layer's bf16 weight shard fetched from the host, before its forward and again before its backward",
     "s",
     "[ZeRO-Infinity §5]",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy
 
 from costmodel.symbolic.formulas.compute import W
-from costmodel.symbolic.formulas.fit import A_o, A_qkv, P
+from costmodel.symbolic.formulas.fit import A_o, A_qkv, P, P_t
 from costmodel.symbolic.formulas.memory import C_step, L
 from costmodel.symbolic.formulas.registry import definer
 from costmodel.symbolic.formulas.ring import C_recv
@@ -500,8 +500,8 @@ define(
 P_dev = define(
     "device_params",
     "P_dev",
-    P / (t * pp),
-    "parameters one device holds (before ZeRO-3)",
+    P_t / pp,
+    "parameters one device holds on average (before ZeRO-3): a TP rank's share over the pipeline's stages",
     "1",
     "[Megatron21 §3]",
 )
