@@ -121,8 +121,10 @@ def wait_for_connected_ranks(launcher: Any, count: int, seconds: float = 300) ->
         time.sleep(0.05)
 
 
-# What a dense model trained in full binds for what it does not use: no latent attention, no LoRA.
+# What a dense model trained in full binds for what it does not use: no latent attention, no LoRA, and (for
+# the MoE formulas) no dense layers before the MoE ones.
 PLAIN = {"m_la": 0, "c_q": 0, "r_q": 0, "r_kv": 0, "d_qk": 0, "d_r": 0, "d_v": 0, "f_b": 1, "f_tr": 1.0}
+PLAIN |= {"n_dn": 0, "F_dn": 0}
 
 
 def formula(name: str, **values: Any) -> Any:

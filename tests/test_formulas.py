@@ -302,6 +302,8 @@ def test_numeric_twin_matches_exact_sympy(
         "n_E": 64,
         "k_E": 8,
         "F_sh": 1024,
+        "n_dn": int(causal),  # a dense layer before the MoE ones on the causal draws
+        "F_dn": 4096,
         "E_p": 8,
         "C_f": 1.25,
         "B_ep": bw,

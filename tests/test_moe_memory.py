@@ -22,7 +22,7 @@ from costmodel.plans.job import Job, make_job
 from costmodel.plans.models import load_model
 from costmodel.symbolic import numeric
 from costmodel.training import moe
-from costmodel.training.memory import fit_at, memory
+from costmodel.training.memory import fit_at, memory, training_values
 from costmodel.training.recommend import recommend
 from costmodel.training.search import Constraints, search, search_loop
 from costmodel.training.step import bind, evaluate_step
@@ -169,14 +169,16 @@ def test_step_reports_total_and_held_parameters() -> None:
     ep=st.sampled_from([1, 2, 4]),
     t=st.sampled_from([1, 2, 8]),
     pp=st.sampled_from([1, 2, 4]),
+    dense=st.sampled_from([0, 1, 3]),
 )
 def test_one_device_of_one_rank_holds_the_whole_model(
-    experts: int, shared: int, ep: int, t: int, pp: int
+    experts: int, shared: int, ep: int, t: int, pp: int, dense: int
 ) -> None:
     """Without TP, PP or EP a device holds every parameter, and 18 bytes of unsharded state each; splitting
-    by EP never adds memory, and the devices of an EP group hold every expert once."""
+    by EP never adds memory, and the devices of an EP group hold every expert once (whatever the dense
+    layers before the MoE ones)."""
     shape = {"H": 2048, "V": 50000, "d": 128, "e_m": 2, "g": 1, "h": 16, "n_L": 8, "n_kv": 4, "F_ffn": 1408}
-    shape |= {"n_E": experts, "F_sh": shared}
+    shape |= {"n_E": experts, "F_sh": shared, "n_dn": dense, "F_dn": 5632 if dense else 0}
     total = formula("moe_params", **shape)
     one = shape | {"t": 1, "pp": 1, "E_p": 1, "n_first": 8, "n_mid": 0, "n_last": 8}
     assert formula("moe_device_params", **one) == pytest.approx(total, rel=1e-12)
@@ -190,12 +192,32 @@ def test_one_device_of_one_rank_holds_the_whole_model(
     held = [_at("moe_device_expert_params", split | {"E_p": e}) for e in ep_values]
     assert held == sorted(held, reverse=True)
     full = _at("moe_device_expert_params", split | {"E_p": 1})
-    routers = shape["n_L"] / pp * shape["H"] * experts
+    routers = (shape["n_L"] - dense if pp == 1 else even) * shape["H"] * experts  # the most MoE layers
     assert (held[-1] - routers) * ep_values[-1] == pytest.approx(full - routers, rel=1e-12)
 
 
 def _at(name: str, values: dict) -> float:
     return formula(name, **values)
+
+
+def test_deepseek_v3_is_671_b_with_its_three_dense_layers() -> None:
+    """DeepSeek-V3 by hand [DeepSeek-V3 §4.2]: embeddings, 61 layers of latent attention and norms, 3 dense
+    MLPs of 18,432, then 58 MoE layers of 256 routed and 1 shared expert of 2,048 and a router: 671.03 B,
+    the 671 B DeepSeek publishes. On a device of the first of two pipeline stages (31 layers), 28 MoE
+    layers' experts; the last stage's 30 are the most a stage holds."""
+    H = 7168
+    expert = 3 * H * 2048
+    attention = 187_105_280 + 2 * H + 1536 + 512  # projections, layer norms, latent norms
+    by_hand = 2 * 129280 * H + 61 * attention + 3 * 3 * H * 18432 + 58 * (257 * expert + H * 256) + H
+    assert by_hand == 671_026_404_352
+    job = Job.of(model="deepseek-v3", seq=4096, hw="h100-ib", gpus=256, pp=2, ep=8, global_batch=128)
+    v = training_values(job)
+    assert memory(Evaluator(v), "params") == pytest.approx(by_hand, rel=1e-12)
+    assert (v["n_first"], v["n_last"]) == (31, 30)
+    held = _at("moe_device_expert_params", v | {"F_ffn": 2048})
+    assert held == pytest.approx(30 * (256 / 8 * expert + H * 256), rel=1e-12)
+    first_only = _at("moe_device_expert_params", v | {"F_ffn": 2048, "n_last": 1})
+    assert first_only == pytest.approx(28 * (256 / 8 * expert + H * 256), rel=1e-12)
 
 
 PINNED_FIT = (8030261248.0, 49687241472.0, 10719592448.0, 65086732032.0)

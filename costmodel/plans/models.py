@@ -349,6 +349,7 @@ def from_hf_config(
         notes.append(
             f"MoE: {experts} experts, {top_k} per token, ffn_hidden={ffn} each"
             + (f", shared expert {shared}" if shared else "")
+            + (f", after {dense_layers} dense layers of {dense_ffn}" if dense_layers else "")
             + " (step: --ep and --capacity-factor; memory counts every expert; the single-layer plan reads"
             " attention only)"
         )

@@ -802,6 +802,21 @@ F_sh = _symbol(
     "[Qwen-MoE]",
     nonnegative=True,
 )
+n_dn = _symbol(
+    "n_dn",
+    "the first layers of an MoE model whose MLP is dense (DeepSeek's first_k_dense_replace), 0 without",
+    "layers",
+    "[DeepSeek-V3 §4.2]",
+    nonnegative=True,
+    integer=True,
+)
+F_dn = _symbol(
+    "F_dn",
+    "FFN width of an MoE model's dense layers, 0 without",
+    "elements",
+    "[DeepSeek-V3 §4.2]",
+    nonnegative=True,
+)
 E_p = _symbol(
     "E_p", "expert-parallel degree: ranks the experts are split over", "devices", "[GShard §2]", integer=True
 )

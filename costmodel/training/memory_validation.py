@@ -222,8 +222,7 @@ KNOWN_MISSES: dict[str, str] = {
     ),
     "swift-megatron-moonlight-16b-a3b-pp2-ep4-full-8k": (
         "the same recipe as the Qwen1.5-MoE row (packed rows, the MoE dispatch's permutation buffers, not "
-        "modelled) misses alike; the figure is a script header's rounded '8 * 60GiB', and its first, dense "
-        "layer is counted as MoE"
+        "modelled) misses alike; the figure is a script header's rounded '8 * 60GiB'"
     ),
 }
 

@@ -58,6 +58,8 @@ def values(model: ModelPreset, ep: int = 1, capacity_factor: float = CAPACITY_FA
         "n_E": model.experts or 1,
         "k_E": model.experts_per_token or 1,
         "F_sh": model.shared_expert_ffn or 0,
+        "n_dn": model.dense_layers,
+        "F_dn": model.dense_ffn or 0,
         "E_p": ep,
         "C_f": capacity_factor if model.experts else 1.0,
     }
@@ -116,11 +118,11 @@ def summary(
     if not model.experts:
         return {}
     expert = {**v, "F_ffn": model.ffn_hidden}
-    params = _call("moe_device_expert_params", expert)
+    params = float(_call("moe_device_expert_params", expert))  # a Piecewise evaluates to a 0-d array
     link = machine.group_links(order, sizes, {"ep": "alltoall"}).get("ep")
     return {
-        "params": _call("moe_params", expert),
-        "params_per_device": _call("moe_device_params", expert),
+        "params": float(_call("moe_params", expert)),
+        "params_per_device": float(_call("moe_device_params", expert)),
         "experts": model.experts,
         "experts_per_token": model.experts_per_token,
         "shared_expert_ffn": model.shared_expert_ffn,

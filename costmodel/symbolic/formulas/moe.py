@@ -12,7 +12,9 @@ from costmodel.symbolic.formulas.fit import (
     M_o,
     M_w,
     P,
-    P_stage,
+    P_first,
+    P_last,
+    P_mid,
     _buffers,
     at_stage,
     replacing,
@@ -26,6 +28,7 @@ from costmodel.symbolic.symbols import (
     C_f,
     D,
     E_p,
+    F_dn,
     F_ffn,
     F_gemm,
     F_sh,
@@ -38,11 +41,13 @@ from costmodel.symbolic.symbols import (
     b,
     f_fr,
     f_pf,
+    f_tr,
     g,
     g_p,
     k_E,
     k_opt,
     n_bkt,
+    n_dn,
     n_E,
     n_first,
     n_L,
@@ -52,6 +57,7 @@ from costmodel.symbolic.symbols import (
     p,
     p_g,
     phi,
+    pp,
     q_c,
     q_g,
     q_m,
@@ -81,14 +87,21 @@ define(
 _experts_a_layer = (
     n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E
 )  # a device's experts of one layer, and the router
+# The first n_dn layers may keep a dense MLP (DeepSeek-V3's first three, 18,432 wide [DeepSeek-V3 §4.2]): no
+# experts there, on the first stage.
+_moe_layers = sympy.Piecewise(
+    (n_L - n_dn, sympy.Eq(pp, 1)), (sympy.Max(n_first - n_dn, n_mid, n_last, evaluate=False), True)
+)
 P_exp = define(
     "moe_device_expert_params",
     "P_exp",
-    sympy.Max(n_first, n_mid, n_last, evaluate=False) * _experts_a_layer,
-    "expert weights one device holds: its n_E/E_p experts of its stage's layers, TP-split, and the routers",
+    _moe_layers * _experts_a_layer,
+    "expert weights one device holds: its n_E/E_p experts of each MoE layer of its stage (the stage holding "
+    "the most), TP-split, and the routers",
     "parameters",
-    "[GShard §2]",
+    "[GShard §2], [DeepSeek-V3 §4.2]",
 )
+X_dn = n_dn * (2 + g) * H * (F_dn - F_sh)  # the dense layers' MLPs beyond the shared expert each layer counts
 T_route = define(
     "moe_device_tokens",
     "T_r",
@@ -140,16 +153,16 @@ define(
 P_moe = define(
     "moe_params",
     "P_moe",
-    sympy.Subs(P, F_ffn, F_sh) + sympy.Subs(P_exp, (E_p, t, n_first, n_mid, n_last), (1, 1, n_L, 0, n_L)),
-    "parameters of an MoE model: its dense part (attention, norms, any shared expert, embeddings) and "
-    "every expert and router of every layer",
+    sympy.Subs(P, F_ffn, F_sh) + X_dn + sympy.Subs(P_exp, (E_p, t, pp), (1, 1, 1)),
+    "parameters of an MoE model: its dense part (attention, norms, any shared expert, embeddings, the first "
+    "layers' dense MLPs) and every expert and router of every MoE layer",
     "1",
-    "[GShard §2]",
+    "[GShard §2], [DeepSeek-V3 §4.2]",
 )
 define(
     "moe_device_params",
     "P_dev_moe",
-    sympy.Subs(P_dev, F_ffn, F_sh) + P_exp,
+    sympy.Subs(P_dev, F_ffn, F_sh) + X_dn / (t * pp) + P_exp,
     "parameters one device holds of an MoE model (before ZeRO-3): its share of the dense part and its experts",
     "1",
     "[Megatron21 §3], [MoE-Folding]",
@@ -159,10 +172,15 @@ define(
 # the most activations (for a dense model, each stage's own, allocated_memory_bytes).
 
 
+# The stage holding the most of the dense part: the first one keeps the dense layers' MLPs (at pp = 1 the
+# middle stage holds nothing and the first and the last are the whole model).
+_dense_stage = sympy.Max(P_first + X_dn / t, P_mid, P_last, evaluate=False)
+
+
 def _dense(bytes_of_stage: sympy.Expr) -> sympy.Expr:
-    """A dense formula of a device holding P_r parameters, for an MoE model's dense part on the stage holding the
-    most (its MLP at the shared expert's width)."""
-    return sympy.Subs(at_stage(bytes_of_stage, P_stage), F_ffn, F_sh)
+    """A dense formula of a device holding P_r parameters, for an MoE model's dense part on the stage holding
+    the most (each layer's MLP at the shared expert's width, the dense layers' beside)."""
+    return sympy.Subs(at_stage(bytes_of_stage, _dense_stage), F_ffn, F_sh)
 
 
 M_w_moe = define(
@@ -295,9 +313,10 @@ define(
 tau_dp_moe = define(
     "moe_dp_comm_s",
     "tau_DP_moe",
-    sympy.Subs(tau_dp, F_ffn, F_sh) + (2 - z3) * (D - E_p) / D * P_exp * p_g / B_dp,
-    "gradient reduction of an MoE model: its dense part over the D ranks, each expert's over the D/E_p "
-    "ranks that hold it",
+    sympy.Subs(tau_dp, F_ffn, F_sh)
+    + (2 - z3) * ((D - 1) * f_tr * X_dn / (t * pp) + (D - E_p) * P_exp) / D * p_g / B_dp,
+    "gradient reduction of an MoE model: its dense part (the dense layers' MLPs too) over the D ranks, each "
+    "expert's over the D/E_p ranks that hold it",
     "s",
     "[ZeRO §5], [GShard §2]",
 )
@@ -320,7 +339,8 @@ define(
 define(
     "moe_zero3_gather_s",
     "tau_Z3_moe",
-    sympy.Subs(FORMULAS["zero3_gather_s"].symbol, F_ffn, F_sh) + z3 * 2 * (D - E_p) / D * P_exp * p / B_dp,
+    sympy.Subs(FORMULAS["zero3_gather_s"].symbol, F_ffn, F_sh)
+    + z3 * 2 * ((D - 1) * X_dn / (t * pp) + (D - E_p) * P_exp) / D * p / B_dp,
     "ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over D ranks, the "
     "experts over D/E_p",
     "s",
