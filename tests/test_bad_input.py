@@ -30,6 +30,8 @@ FILES = {  # name: YAML text written to a temporary file and passed as --hw
     "no-url.yaml": "\n".join(line for line in GOOD_PROFILE.splitlines() if not line.startswith("  url:")),
     "bidir.yaml": profile_with("bandwidth_bidirectional: 600.0e+09", "bandwidth_bidirectional: 300.0e+09"),
     "no-devices.yaml": profile_with("devices_per_node: 8", "devices_per_node: 0"),
+    "one-node.yaml": GOOD_PROFILE[: GOOD_PROFILE.index("  inter_node:")]  # links end at the node
+    + GOOD_PROFILE[GOOD_PROFILE.index("  host:") :],
     "bad-model.yaml": "name: m\nsource: x\nheads: 32\nkv_heads: 5\nhead_dim: 128\nlayers: 2\nhidden: 4096\n"
     "ffn_hidden: 1\nvocab: 1\n",
 }
@@ -94,6 +96,10 @@ CASES: list[tuple[list[str], str]] = [
     (["--hw", "{tmp}/no-url.yaml"], "source: a datasheet profile must give source.url"),
     (["--hw", "{tmp}/bidir.yaml"], "is not twice bandwidth_per_direction"),
     (["--hw", "{tmp}/no-devices.yaml"], "devices_per_node: Input should be greater than or equal to 1"),
+    (
+        ["--hw", "{tmp}/one-node.yaml", "--n", "16"],  # a refusal after loading still names the user's file
+        "--hw: {tmp}/one-node.yaml has no links.inter_node, but 16 CP ranks span nodes (8 per node)",
+    ),
     (["--hw", "{tmp}"], "--hw"),
     (["--model", "{tmp}/bad-model.yaml"], "--model: {tmp}/bad-model.yaml: kv_heads 5 must divide heads 32"),
 ]

@@ -56,7 +56,7 @@ def scaled_profile(profile: HardwareProfile, compute: float, comm: float) -> Har
     data = profile.model_dump(mode="python", exclude_none=True)
     kernels = data.get("kernels")
     if kernels is None:
-        raise InputError("--hw", f"profile {profile.name!r} has no published kernel tables to fit")
+        raise InputError("--hw", f"{profile.origin} has no published kernel tables to fit")
     for table in ("gemm", "gemm_fp8"):
         if table in kernels:
             kernels[table]["flops_per_s"] = [r * compute for r in kernels[table]["flops_per_s"]]

@@ -108,7 +108,7 @@ def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int
 
 def _machine(machine: Machine, dtype: str, flag: str) -> Machine:
     if dtype not in machine.profile.device.peak_flops:
-        raise InputError(flag, f"profile {machine.name!r} has no {dtype} FLOP/s")
+        raise InputError(flag, f"{machine.profile.origin} has no {dtype} FLOP/s")
     return machine.at(dtype)
 
 
@@ -127,7 +127,7 @@ def bind(
     """The base symbols every inference formula shares (the chunk's T_n, K_c, S, F_attn, F_gemm are set
     per chunk). ``cp`` replaces the CP degree (decode's comparison with CP 1, the target search)."""
     if machine.profile.device.hbm_bandwidth is None:
-        raise InputError("--hw", f"profile {machine.name!r} states no hbm_bandwidth; decode reads HBM")
+        raise InputError("--hw", f"{machine.profile.origin} states no hbm_bandwidth; decode reads HBM")
     return {
         **attention_bind(inputs, setup, machine, cp),
         **layer_shape(model),

@@ -67,9 +67,7 @@ class Machine:
     def __post_init__(self) -> None:
         if self.dtype not in self.profile.device.peak_flops:
             have = ", ".join(self.profile.device.peak_flops)
-            raise InputError(
-                "--dtype", f"profile {self.profile.name!r} has no {self.dtype} FLOP/s; it has: {have}"
-            )
+            raise InputError("--dtype", f"{self.profile.origin} has no {self.dtype} FLOP/s; it has: {have}")
         if not self.ranks_per_node:
             object.__setattr__(self, "ranks_per_node", self.profile.ranks_per_node)
 
@@ -248,7 +246,7 @@ class Machine:
         if link is None:
             raise InputError(
                 "--hw",
-                f"profile {self.name!r} has no inter_node link but {group} CP ranks span nodes "
+                f"{self.profile.origin} has no links.inter_node, but {group} CP ranks span nodes "
                 f"({self.ranks_per_node} per node)",
             )
         if self.calibrated:

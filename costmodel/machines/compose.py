@@ -142,7 +142,7 @@ def _new_latency(data: dict, profile: HardwareProfile, latency: float | None) ->
     if "inter_node" not in data["links"]:
         raise InputError(
             "--inter-node-latency",
-            f"profile {profile.name!r} has no inter-node link; give --inter-node-bandwidth too",
+            f"{profile.origin} has no inter-node link; give --inter-node-bandwidth too",
         )
     data["links"]["inter_node"]["latency_s"] = latency
     return [f"inter-node latency {latency:g} s"]
@@ -156,9 +156,7 @@ def _new_placement(data: dict, profile: HardwareProfile, changes: ProfileChanges
     if changes.torus_dims is not None:
         dims = parse_dims(changes.torus_dims)
         if not torus:
-            raise InputError(
-                "--torus-dims", f"profile {profile.name!r} is not a torus; use --devices-per-node"
-            )
+            raise InputError("--torus-dims", f"{profile.origin} is not a torus; use --devices-per-node")
         if devices is not None and devices != math.prod(dims):
             raise InputError(
                 "--devices-per-node",
@@ -170,7 +168,7 @@ def _new_placement(data: dict, profile: HardwareProfile, changes: ProfileChanges
     elif torus and devices is not None:
         raise InputError(
             "--devices-per-node",
-            f"profile {profile.name!r} is a torus: give its slice's shape with --torus-dims (e.g. 4x4x8) instead",
+            f"{profile.origin} is a torus: give its slice's shape with --torus-dims (e.g. 4x4x8) instead",
         )
     if devices is not None:
         said.append(_new_devices_per_node(data, profile, devices, changes.cp_ranks_per_node))

@@ -359,9 +359,7 @@ def fit_attention(
     """``base`` with one attention curve per kernel, head dimension, mask and pass of ``rows`` (replacing the
     profile's curve of the same four, keeping the others), and a report per curve as :func:`fit_gemm`'s."""
     if base.kernels is None:
-        raise InputError(
-            "--base", f"profile {base.name!r} has no kernels: section to fit attention curves into"
-        )
+        raise InputError("--base", f"{base.origin} has no kernels: section to fit attention curves into")
     usable = [r for r in rows if r.dtype in ("bf16", "fp16")]
     if not usable:
         raise InputError(
@@ -420,7 +418,7 @@ def fit_kernels(
     if gemm is None and attention is None:
         raise InputError("--gemm", "give a table to fit: --gemm FILE, --attention FILE or both")
     if base.kernels is None:
-        raise InputError("--base", f"profile {base.name!r} has no kernels: section to fit into")
+        raise InputError("--base", f"{base.origin} has no kernels: section to fit into")
     profile, report = base, {"gemm": [], "attention": [], "skipped_rows": {}}
     if gemm is not None:
         profile, report["gemm"] = fit_gemm(profile, read_gemm_table(gemm), Path(gemm).name)

@@ -21,8 +21,7 @@ def _kernels(profile: HardwareProfile) -> Kernels:
     if profile.kernels is None:
         raise InputError(
             "--hw",
-            f"profile {profile.name!r} has no kernels: section (published kernel tables); "
-            "give --efficiency instead",
+            f"{profile.origin} has no kernels: section (published kernel tables); give --efficiency instead",
         )
     return profile.kernels
 
@@ -30,9 +29,7 @@ def _kernels(profile: HardwareProfile) -> Kernels:
 def _dtype_scale(profile: HardwareProfile, dtype: str) -> float:
     peaks = profile.device.peak_flops
     if dtype not in peaks:
-        raise InputError(
-            "--dtype", f"profile {profile.name!r} has no {dtype} FLOP/s; it has: {', '.join(peaks)}"
-        )
+        raise InputError("--dtype", f"{profile.origin} has no {dtype} FLOP/s; it has: {', '.join(peaks)}")
     return peaks[dtype] / peaks.get(TABLE_DTYPE, peaks[dtype])
 
 
@@ -53,9 +50,7 @@ def check_kernel(name: str, profile: HardwareProfile, also: tuple[str, ...] = ()
     named = attention_kernels(profile)
     if name not in ("flash", *also, *named):
         accepted = ", ".join(["flash", *also, *named])
-        raise InputError(
-            "--attention-kernel", f"{name!r}: profile {profile.name!r} has tables for {accepted}"
-        )
+        raise InputError("--attention-kernel", f"{name!r}: {profile.origin} has tables for {accepted}")
 
 
 def _curve(

@@ -9,10 +9,11 @@ ring's receive time needs one direction, so every file states both and the two m
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.fields import Count, Finite, NonNegative, Positive
@@ -643,6 +644,8 @@ class HardwareProfile(_Strict):
     description: str = Field(default="", description="one line")
     source: Source
     device: Device
+    # The user's file it was read from, for refusals that come later than its loading.
+    _origin: str = PrivateAttr(default="")
     devices_per_node: Annotated[Count(maximum=2**20), Field(description="accelerators per node")]
     cp_ranks_per_node: Count(maximum=2**20) | None = Field(
         default=None, description="consecutive CP ranks on one node; default devices_per_node"
@@ -719,6 +722,11 @@ class HardwareProfile(_Strict):
     def ranks_per_node(self) -> int:
         return self.cp_ranks_per_node or self.devices_per_node
 
+    @property
+    def origin(self) -> str:
+        """How a refusal names it: the user's file it was read from, else ``profile 'name'``."""
+        return self._origin or f"profile {self.name!r}"
+
 
 def builtin_names() -> list[str]:
     return sorted(p.stem for p in data_dir("hardware").glob("*.yaml"))
@@ -732,17 +740,21 @@ def parse_profile(
     if not isinstance(data, dict):
         raise InputError(field, f"{origin}: expected a mapping of hardware fields, got {type(data).__name__}")
     try:
-        return HardwareProfile.model_validate(data)
+        profile = HardwareProfile.model_validate(data)
     except ValidationError as exc:
         raise InputError(
             field, f"{origin}: {describe_validation(exc, document.line if document else None)}"
         ) from None
+    return profile
 
 
 def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:
     """A built-in profile by name, or a YAML file by path."""
     data, origin, document = load_builtin_or_file(spec, data_dir("hardware"), field, "hardware")
-    return parse_profile(data, origin, field, document)
+    profile = parse_profile(data, origin, field, document)
+    if Path(origin).parent != data_dir("hardware"):  # a user's file: later refusals name it
+        profile._origin = origin
+    return profile
 
 
 def profile_yaml(profile: HardwareProfile, how: str) -> str:

@@ -460,7 +460,7 @@ def _check_step(
     if step.gemm_dtype is not None:
         device = machine.profile.device
         if "fp8" not in device.peak_flops:
-            raise InputError("--gemm-dtype", f"profile {machine.name!r} states no fp8 FLOP/s")
+            raise InputError("--gemm-dtype", f"{machine.profile.origin} states no fp8 FLOP/s")
         if step.gemm_dtype == "mxfp8" and device.generation != "Blackwell":
             raise InputError(
                 "--gemm-dtype", f"mxfp8 runs on Blackwell tensor cores; {device.name} is {device.generation}"

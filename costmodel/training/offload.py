@@ -25,7 +25,7 @@ def values(setup: TrainingSetup, machine: Machine, model: ModelPreset | None = N
         if host is None:
             raise InputError(
                 "--offload",
-                f"{setup.offload} copies over the host link, and profile {machine.name!r} states no links.host",
+                f"{setup.offload} copies over the host link, and {machine.profile.origin} states no links.host",
             )
         if model is not None and model.experts:
             raise InputError("--offload", f"offloading an MoE model ({model.name}) is not modelled")
