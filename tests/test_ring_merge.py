@@ -49,6 +49,20 @@ def test_one_device_and_a_datasheet_pay_no_merge() -> None:
     assert ring_overhead_s(ring, machine_for(ring)) > 0.0
 
 
+def test_a_profile_without_hbm_bandwidth_prices_the_launches_alone(tmp_path) -> None:  # noqa: ANN001
+    """A measured profile cut before its calibration states no HBM bandwidth: the ring pays its launches and
+    no merge traffic, a finite figure (infinite bandwidth once made the formula's inf x 0 a NaN)."""
+    import yaml
+
+    data = load_profile("h100-nvlink").model_dump(mode="json", exclude_none=True)
+    del data["device"]["hbm_bandwidth"]
+    path = tmp_path / "no-hbm.yaml"
+    path.write_text(yaml.safe_dump(data))
+    ring = build(PlanInputs, seq=65536, cp=8, hw=str(path), **LAYER)
+    launches = 7 * load_profile("h100-nvlink").kernels.ring_step_launch_s
+    assert ring_overhead_s(ring, machine_for(ring)) == pytest.approx(launches, rel=1e-12)
+
+
 def test_a_fused_merge_is_the_default_and_a_framework_states_its_own() -> None:
     assert FUSED_MERGE_BYTES == 12.0  # two fp32 partials read, one written
     assert load_framework("megatron").time.ring_merge_bytes == 10.0  # Transformer Engine's fused correction

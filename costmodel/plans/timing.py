@@ -23,7 +23,6 @@ balanced model of [A-RingCost §4]: peak for every block, no α, the causal half
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -144,12 +143,13 @@ def ring_overhead_s(inputs: PlanInputs, machine: Machine, merge_bytes: float = F
     kernels = machine.profile.kernels
     if machine.datasheet or machine.calibrated or inputs.cp == 1:
         return 0.0
+    hbm = machine.profile.device.hbm_bandwidth  # none stated: the merges' traffic is not priced
     values = {
         **plan_values(inputs, machine),
         "t": 1.0,
-        "k_merge": merge_bytes,
-        "k_copy": 1.0 if inputs.layout == "zigzag" else 0.0,
-        "B_hbm": machine.profile.device.hbm_bandwidth or math.inf,
+        "k_merge": merge_bytes if hbm else 0.0,
+        "k_copy": 1.0 if hbm and inputs.layout == "zigzag" else 0.0,
+        "B_hbm": hbm or 1.0,  # the formula's simplified form takes no infinite bandwidth (inf x 0 launches)
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
     }
     return _call("ring_overhead_s", values)
