@@ -722,6 +722,14 @@ class HardwareProfile(_Strict):
     def ranks_per_node(self) -> int:
         return self.cp_ranks_per_node or self.devices_per_node
 
+    def __eq__(self, other: object) -> bool:
+        """Profiles of equal fields are equal, wherever each was read from."""
+        if not isinstance(other, HardwareProfile):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = _Strict.__hash__  # defining __eq__ would otherwise drop the frozen model's hash
+
     @property
     def origin(self) -> str:
         """How a refusal names it: the user's file it was read from, else ``profile 'name'``."""
