@@ -13,6 +13,14 @@ from costmodel.cli import main
 settings.register_profile("deep", max_examples=2000, deadline=None)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tier's tests run one after another on one worker (``--dist loadgroup``): each starts process
+    groups of its own, and two at once on a 2-core machine would time each other's load."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How many fuzz cases ran, the slowest and the hungriest."""
     import sys
