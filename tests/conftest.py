@@ -21,20 +21,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("slow"))
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """How many fuzz cases ran, the slowest and the hungriest."""
+def _summary_lines() -> list[str]:
+    """How many fuzz cases ran, the slowest and the hungriest, and the hostile inputs' classes: of the tests
+    this process ran."""
     import sys
 
+    lines = []
     fuzz = sys.modules.get("tests.test_fuzz_files")
     if fuzz is not None and fuzz.STATS.cases:
-        terminalreporter.write_line(fuzz.STATS.summary())
+        lines.append(fuzz.STATS.summary())
     hostile = sys.modules.get("tests.test_hostile_input")
     if hostile is not None and hostile.CASES:
-        terminalreporter.write_line(f"hostile cases per class: {dict(sorted(hostile.CASES.items()))}")
+        lines.append(f"hostile cases per class: {dict(sorted(hostile.CASES.items()))}")
         for seconds, rss, label in hostile.SLOWEST[:3]:
-            terminalreporter.write_line(
-                f"slow accepted input: {seconds:.2f} s of CPU, {rss / 2**20:.0f} MiB ({label})"
-            )
+            lines.append(f"slow accepted input: {seconds:.2f} s of CPU, {rss / 2**20:.0f} MiB ({label})")
+    return lines
+
+
+WORKER_LINES: list[str] = []  # what each pytest-xdist worker reported when it finished
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: the controller prints it
+        workeroutput["summary"] = _summary_lines()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - pytest-xdist's hook
+    WORKER_LINES.extend(getattr(node, "workeroutput", {}).get("summary", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in WORKER_LINES + _summary_lines():
+        terminalreporter.write_line(line)
 
 
 class CLIResult:
