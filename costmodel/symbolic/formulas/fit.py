@@ -202,11 +202,11 @@ P_stage = define(
 )
 
 
-# The model states of a device holding P_r parameters of its pipeline stage: each copy at the bytes the framework
-# keeps it (frameworks/*.yaml) and the share ZeRO leaves it [ZeRO §5]: Megatron's bf16 weights, fp32 main
-# gradients, fp32 master weights and moments are 2 + 4 + (4 + 8)/D; FSDP2's fp32 weight, gradient and moment
-# shards (4 + 4 + 8)/D. Offload moves the optimizer's copies to the host (o_opt), and the weights and
-# gradients too (o_par), leaving two layers' compute weights and gradients in flight.
+# The model states of a device holding P_r parameters of its pipeline stage: each copy at the bytes the
+# framework keeps it (frameworks/*.yaml) and the share ZeRO leaves it [ZeRO §5]: Megatron's bf16 weights,
+# fp32 main gradients, fp32 master weights and moments are 2 + 4 + (4 + 8)/D; FSDP2's fp32 weight, gradient
+# and moment shards (4 + 4 + 8)/D. Offload moves the optimizer's copies to the host (o_opt), and the weights
+# and gradients too (o_par), leaving two layers' compute weights and gradients in flight.
 def replacing(expr: sympy.Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
     """``expr`` with base symbols replaced, inside the formulas it is written over too: each formula whose
     definition reaches one of them, however deep, is written out (a formula's own symbol stands for its
