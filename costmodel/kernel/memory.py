@@ -152,6 +152,10 @@ class MemoryCase:
     experts_per_token: int = 0
     expert_ffn: int = 0
     capacity_factor: float = 1.0
+    dense_layers: int = (
+        0  # the stage's first layers whose MLP is dense, of dense_ffn (DeepSeek's first_k_dense)
+    )
+    dense_ffn: int = 0  # their MLP width on this TP rank
     # what the framework keeps
     param_dtype: str = "bf16"  # compute weights
     master_dtype: str | None = "fp32"  # master copy the optimizer updates (None: it steps the params)
@@ -201,6 +205,12 @@ class MemoryCase:
             raise InputError("heads", f"Ulysses splits heads and KV heads over cp = {self.cp} [Ulysses §3]")
         if self.experts and (self.experts_per_token < 1 or self.expert_ffn < 1):
             raise InputError("experts_per_token", "an MoE layer needs experts_per_token and expert_ffn >= 1")
+        if self.dense_layers and not (
+            self.experts and self.dense_ffn >= 1 and self.dense_layers <= self.layers
+        ):
+            raise InputError(
+                "dense_layers", "dense layers come first in an MoE stage, of dense_ffn >= 1 each"
+            )
         if self.expert_shard_group < 0 or self.shard_group % (self.expert_shard_group or 1):
             raise InputError("expert_shard_group", f"must divide shard_group = {self.shard_group}")
         self._check_sharding()
@@ -761,12 +771,13 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
+    def __init__(self, case: MemoryCase, dtype: torch.dtype, width: int = 0) -> None:
         super().__init__()
         self.case = case
+        width = width or case.ffn_hidden
         self.norm = RMSNorm(case.hidden, dtype)
-        self.up = _parameter((2 if case.gated_mlp else 1) * case.ffn_hidden, case.hidden, dtype=dtype)
-        self.down = _parameter(case.hidden, case.ffn_hidden, dtype=dtype)
+        self.up = _parameter((2 if case.gated_mlp else 1) * width, case.hidden, dtype=dtype)
+        self.down = _parameter(case.hidden, width, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = _activation(_column(self.norm(x), self.up, self.case), self.case.gated_mlp)
@@ -851,10 +862,13 @@ class MoE(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
+    def __init__(self, case: MemoryCase, dtype: torch.dtype, dense: bool = False) -> None:
         super().__init__()
         self.attention = Attention(case, dtype)
-        self.mlp = MoE(case, dtype) if case.experts else MLP(case, dtype)
+        if dense:  # one of an MoE model's dense layers before its MoE ones
+            self.mlp = MLP(case, dtype, case.dense_ffn)
+        else:
+            self.mlp = MoE(case, dtype) if case.experts else MLP(case, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.attention(x))
@@ -983,9 +997,9 @@ class Stage(nn.Module):
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
         self.embedding = Embedding(case, dtype) if case.input_embedding else None
+        layers = (Layer(case, dtype, dense=i < case.dense_layers) for i in range(case.layers))
         self.layers = nn.ModuleList(
-            Recomputed(Layer(case, dtype)) if case.recompute == "full" else Layer(case, dtype)
-            for _ in range(case.layers)
+            Recomputed(layer) if case.recompute == "full" else layer for layer in layers
         )
         self.head = OutputHead(case, dtype) if case.output_layer else None
 

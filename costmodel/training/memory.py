@@ -298,6 +298,7 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
         "experts_per_token": model.experts_per_token or 0,
         "expert_ffn": model.ffn_hidden // t if experts else 0,
         "capacity_factor": job.step.capacity_factor if experts else 1.0,
+        "dense_ffn": (model.dense_ffn or 0) // t,
         "param_dtype": framework.compute_weights,
         "master_dtype": master,
         "grad_dtype": (master or framework.compute_weights) if fsdp else framework.gradients,
@@ -319,11 +320,18 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
     rounds = 2 if fsdp and not pp_keeps and (job.micro_batches or 1) > 1 else 1
     common["rounds"] = rounds
     stages = job.stages
+    dense = model.dense_layers  # on the first stage
     if job.pp == 1:
-        return {"one stage": common | {"layers": model.layers, "in_flight": 1}}
+        return {"one stage": common | {"layers": model.layers, "in_flight": 1, "dense_layers": dense}}
     first = min(job.micro_batches or job.pp, job.pp)
     cases = {
-        "first stage": common | {"layers": stages.first, "in_flight": first, "output_layer": False},
+        "first stage": common
+        | {
+            "layers": stages.first,
+            "in_flight": first,
+            "output_layer": False,
+            "dense_layers": min(dense, stages.first),
+        },
         "last stage": common | {"layers": stages.last, "in_flight": 1, "input_embedding": False},
     }
     if stages.middle:

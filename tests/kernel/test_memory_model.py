@@ -5,8 +5,8 @@ grid from 8B to 405B is benchmarks/memory.py).
 One small model throughout (8 layers of H = 512, 8 query and 4 KV heads of 64, F = 1,024, V = 4,000) at 4,096
 tokens on 8 devices, over every framework profile, ZeRO-1 and FSDP, each recompute mode and loss, TP, PP and
 CP by ring, all-gather and all-to-all; and its MoE twin (8 experts of that width, 2 a token) over EP 2 and 4,
-ZeRO-1 and FSDP. The total within 5 %; what persists (the states) and what comes and goes (the rest) each
-within 10 % of itself.
+ZeRO-1 and FSDP, and with its first two layers dense (DeepSeek's shape). The total within 5 %; what persists
+(the states) and what comes and goes (the rest) each within 10 % of itself.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ TINY = ModelPreset(
     vocab=4000,
 )
 TINY_MOE = TINY.model_copy(update={"name": "tiny-moe", "experts": 8, "experts_per_token": 2})
+# DeepSeek's shape in small: the first two layers' MLPs dense (2,048 wide), the other six MoE
+TINY_DENSE_FIRST = TINY_MOE.model_copy(
+    update={"name": "tiny-dense-first", "dense_layers": 2, "dense_ffn": 2048}
+)
 BASE = {"seq": 4096, "hw": "h100-nvlink", "gpus": 8, "global_batch": 16}
 FRAMEWORKS = [("megatron", 1), ("megatron", 0), ("torchtitan", 3), ("hf-trainer", 3), ("deepspeed", 1)]
 # torchtitan's op-level selective recompute is not in the reference (its selective is the core attention's)
@@ -103,6 +107,28 @@ def test_the_model_is_the_reference(flags: dict) -> None:
 @pytest.mark.parametrize("flags", MOE_GRID, ids=_named(MOE_GRID))
 def test_the_moe_model_is_the_reference(flags: dict) -> None:
     _holds(Job.of(**BASE | flags, _model=TINY_MOE))
+
+
+DENSE_FIRST_GRID = [
+    {"ep": 2, "recompute": "none"},
+    {"ep": 2, "recompute": "full"},
+    {"ep": 2, "tp": 2, "recompute": "full"},
+    pytest.param(
+        {"ep": 2, "pp": 2, "global_batch": 8, "recompute": "selective"},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="an MoE model's states are the stage holding the most dense part (here the first: its dense "
+            "MLPs and the embedding) plus the stage holding the most experts (the last), not one stage's: "
+            "states read 59 % high, the total 21.5 % (per-stage MoE states are not built; without dense "
+            "layers the two stages match and the model holds)",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("flags", DENSE_FIRST_GRID, ids=_named(DENSE_FIRST_GRID))
+def test_dense_layers_before_the_moe_ones_are_the_reference(flags: dict) -> None:
+    _holds(Job.of(**BASE | flags, _model=TINY_DENSE_FIRST))
 
 
 def _holds(job: Job) -> None:
