@@ -152,10 +152,9 @@ class MemoryCase:
     experts_per_token: int = 0
     expert_ffn: int = 0
     capacity_factor: float = 1.0
-    dense_layers: int = (
-        0  # the stage's first layers whose MLP is dense, of dense_ffn (DeepSeek's first_k_dense)
-    )
-    dense_ffn: int = 0  # their MLP width on this TP rank
+    # the stage's first layers whose MLP is dense (DeepSeek's first_k_dense_replace), and their width on this rank
+    dense_layers: int = 0
+    dense_ffn: int = 0
     # what the framework keeps
     param_dtype: str = "bf16"  # compute weights
     master_dtype: str | None = "fp32"  # master copy the optimizer updates (None: it steps the params)

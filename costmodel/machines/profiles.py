@@ -644,8 +644,6 @@ class HardwareProfile(_Strict):
     description: str = Field(default="", description="one line")
     source: Source
     device: Device
-    # The user's file it was read from, for refusals that come later than its loading.
-    _origin: str = PrivateAttr(default="")
     devices_per_node: Annotated[Count(maximum=2**20), Field(description="accelerators per node")]
     cp_ranks_per_node: Count(maximum=2**20) | None = Field(
         default=None, description="consecutive CP ranks on one node; default devices_per_node"
@@ -669,6 +667,9 @@ class HardwareProfile(_Strict):
         "ln(measured / predicted) of each run predicted by a fit that did not see it; step-time intervals "
         "are calibrated on them",
     )
+
+    # The user's file it was read from, for refusals that come later than its loading (not a field).
+    _origin: str = PrivateAttr(default="")
 
     def at_boost(self) -> HardwareProfile:
         """The profile with its kernel tables read as measured, at the boost clock of short kernel runs
@@ -748,12 +749,11 @@ def parse_profile(
     if not isinstance(data, dict):
         raise InputError(field, f"{origin}: expected a mapping of hardware fields, got {type(data).__name__}")
     try:
-        profile = HardwareProfile.model_validate(data)
+        return HardwareProfile.model_validate(data)
     except ValidationError as exc:
         raise InputError(
             field, f"{origin}: {describe_validation(exc, document.line if document else None)}"
         ) from None
-    return profile
 
 
 def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:

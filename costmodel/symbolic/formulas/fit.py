@@ -138,10 +138,11 @@ P_layer_dev = define(
     "1",
     "[Megatron21 §3], [Megatron-LM]",
 )
+_whole = n_L * P_layer + e_m * V * H + H
 P = define(
     "params",
     "P",
-    n_L * P_layer + e_m * V * H + H,
+    _whole,
     "parameters: layers, embeddings (input and, untied, output), final norm",
     "1",
     "model arithmetic",
@@ -167,13 +168,21 @@ s_tr = define(
     "1",
     "[LoRA §4]",
 )
+
+
+def _on_a_rank(params: sympy.Expr) -> sympy.Expr:
+    """What one TP rank holds of ``params`` (written over P_layer and the vocabulary): each layer as P_layer_t,
+    the embeddings split by vocabulary, the final norm whole."""
+    return params.xreplace({P_layer: P_layer_dev, V: V / t})
+
+
 # The first stage holds its layers and the input embedding, the last its layers, the output layer and final
-# norm (a copy of the embedding when tied, as Megatron keeps one there), a middle stage its layers only. On a
-# device, TP splits the embeddings by vocabulary and each layer as P_layer_t; the final norm stays whole.
+# norm (a copy of the embedding when tied, as Megatron keeps one there), a middle stage its layers only.
+_stages = (n_first * P_layer + V * H, n_mid * P_layer, n_last * P_layer + V * H + H)
 P_t = define(
     "tp_rank_params",
     "P_t",
-    n_L * P_layer_dev + e_m * V * H / t + H,
+    _on_a_rank(_whole),
     "parameters one TP rank holds of the whole model: its share of every layer, of the embeddings (split by "
     "vocabulary) and the final norm",
     "1",
@@ -184,15 +193,7 @@ P_stage = define(
     "P_stage",
     sympy.Piecewise(
         (P_t, sympy.Eq(pp, 1)),
-        (
-            sympy.Max(
-                n_first * P_layer_dev + V * H / t,
-                n_mid * P_layer_dev,
-                n_last * P_layer_dev + V * H / t + H,
-                evaluate=False,
-            ),
-            True,
-        ),
+        (sympy.Max(*map(_on_a_rank, _stages), evaluate=False), True),
     ),
     "parameters a device of the pipeline stage holding the most keeps (its TP share): the whole model's at "
     "pp = 1, else the largest of the first stage's (its layers and the input embedding), a middle one's and "
@@ -232,7 +233,7 @@ def at_stage(expr: sympy.Expr, params: sympy.Expr) -> sympy.Expr:
 P_first = define(
     "first_stage_device_params",
     "P_1",
-    sympy.Piecewise((P_t, sympy.Eq(pp, 1)), (n_first * P_layer_dev + V * H / t, True)),
+    sympy.Piecewise((P_t, sympy.Eq(pp, 1)), (_on_a_rank(_stages[0]), True)),
     "parameters a device of the first pipeline stage keeps (its TP share): its layers and the input embedding "
     "(the whole model's at pp = 1)",
     "1",
@@ -241,7 +242,7 @@ P_first = define(
 P_mid = define(
     "middle_stage_device_params",
     "P_2",
-    n_mid * P_layer_dev,
+    _on_a_rank(_stages[1]),
     "parameters a device of a middle pipeline stage keeps (its TP share): its layers",
     "1",
     "[Megatron21 §2.2]",
@@ -249,7 +250,7 @@ P_mid = define(
 P_last = define(
     "last_stage_device_params",
     "P_L",
-    sympy.Piecewise((P_t, sympy.Eq(pp, 1)), (n_last * P_layer_dev + V * H / t + H, True)),
+    sympy.Piecewise((P_t, sympy.Eq(pp, 1)), (_on_a_rank(_stages[2]), True)),
     "parameters a device of the last pipeline stage keeps (its TP share): its layers, the output layer and "
     "the final norm",
     "1",
