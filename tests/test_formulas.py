@@ -323,6 +323,7 @@ def test_numeric_twin_matches_exact_sympy(
         "n_h": 4,
         # what the framework keeps (frameworks/*.yaml): FSDP2's copies, kept through a pipeline's step
         "P_r": 7e8,
+        "P_x": 3e9,  # an MoE stage's experts beside its dense part
         "q_w": 4,
         "q_c": 2,
         "q_m": 0,

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from costmodel.core.errors import InputError
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.job import Job
+from costmodel.plans.models import load_model
 from costmodel.training.memory import memory, training_values
 from costmodel.training.recommend import recommend
 from costmodel.training.search import Constraints, plan_as_job, search
@@ -59,6 +60,48 @@ def test_the_categories_sum_to_the_formulas_total(job: Job) -> None:
     assert by.reserved_bytes == pytest.approx(by.allocated_bytes + by.allocator, rel=1e-12)
     assert step_memory(job).bytes_per_device == pytest.approx(by.reserved_bytes + by.runtime, rel=1e-9)
     assert all(v >= 0 for v in (*by.tensors().values(), by.allocator, by.runtime))
+
+
+# A small MoE model whose first layers may be dense (DeepSeek's shape): its twins bind each stage's own parts.
+SMALL_MOE = load_model("llama2-7b").model_copy(
+    update={"name": "small-moe", "experts": 8, "experts_per_token": 2, "ffn_hidden": 2048, "layers": 8}
+)
+
+
+@st.composite
+def moe_jobs(draw: st.DrawFn) -> Job:
+    dense = draw(st.sampled_from([0, 1, 3]))
+    model = SMALL_MOE.model_copy(update={"dense_layers": dense, "dense_ffn": 11008 if dense else None})
+    flags = {
+        "seq": draw(st.sampled_from([4096, 32768])),
+        "hw": "h100-nvlink",
+        "tp": draw(st.sampled_from([1, 2])),
+        "cp": draw(st.sampled_from([1, 2])),
+        "pp": draw(st.sampled_from([1, 2, 4])),
+        "ep": draw(st.sampled_from([1, 2, 4])),
+        "framework": draw(st.sampled_from(["megatron", "torchtitan", "deepspeed"])),
+        "zero": draw(st.sampled_from([0, 1, 3])),
+        "recompute": draw(st.sampled_from(["none", "selective", "full"])),
+    }
+    flags["gpus"] = flags["tp"] * flags["cp"] * flags["pp"] * 4
+    flags["global_batch"] = 16
+    try:
+        return Job.of(**flags, _model=model)
+    except InputError:
+        assume(False)
+        raise
+
+
+@settings(max_examples=1000 if DEEP else 40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(moe_jobs())
+def test_an_moe_models_categories_sum_to_its_formulas_total(job: Job) -> None:
+    """As for a dense model, with each stage's own dense part, experts and activations (the dense layers' at
+    their width) bound by the categories and by the formula alike."""
+    ev = Evaluator(training_values(job))
+    by = step_memory(job).by_category
+    assert sum(by.tensors().values()) == pytest.approx(by.allocated_bytes, rel=1e-12)
+    assert by.allocated_bytes == pytest.approx(float(memory(ev, "allocated_memory_bytes")), rel=1e-9)
+    assert by.weights + by.gradients + by.optimizer <= float(memory(ev, "model_state_bytes")) * (1 + 1e-12)
 
 
 @settings(max_examples=1000 if DEEP else 25, deadline=None, suppress_health_check=list(HealthCheck))

@@ -817,6 +817,14 @@ F_dn = _symbol(
     "[DeepSeek-V3 §4.2]",
     nonnegative=True,
 )
+P_x = _symbol(
+    "P_x",
+    "expert parameters a device of an MoE model's pipeline stage holds: its n_E/E_p experts of each of the "
+    "stage's MoE layers, TP-split, and the routers (P_r then counts the stage's dense part)",
+    "1",
+    "[GShard §2]",
+    nonnegative=True,
+)
 E_p = _symbol(
     "E_p", "expert-parallel degree: ranks the experts are split over", "devices", "[GShard §2]", integer=True
 )

@@ -170,16 +170,16 @@ def categories(values: dict[str, Any]) -> MemoryCategories:
     moe_layer = {"F_ffn": float(call("moe_activation_ffn", values))} if values.get("n_E", 1) > 1 else {}
     activations = Evaluator(values | moe_layer)
     candidates = {}
-    for where, (params, layers, last) in _stages(ev).items():
-        states = {key: float(memory(ev, f"{name}_bytes", P_r=params)) for key, name in STATES.items()}
-        running = _running(activations, states, layers, last) | {
-            "fsdp_buffers": memory(ev, "fsdp_buffer_bytes", P_r=params)
+    for where, (params, kept, last) in _stages(ev, activations).items():
+        states = {key: float(memory(ev, f"{name}_bytes", **params)) for key, name in STATES.items()}
+        running = _running(activations, states, kept, last) | {
+            "fsdp_buffers": memory(ev, "fsdp_buffer_bytes", **params)
         }
         candidates[f"the {running.pop('moment')}, {where}"] = running
         ended = dict.fromkeys(running, 0.0) | states | _backward(activations)
         candidates[f"the backward's end, {where}"] = ended | {
             "activations": float(activations("layer_kept_bytes")),
-            "fsdp_buffers": memory(ev, "fsdp_backward_end_bytes", P_r=params),
+            "fsdp_buffers": memory(ev, "fsdp_backward_end_bytes", **params),
         }
     moment, parts = max(candidates.items(), key=lambda item: sum(float(v) for v in item[1].values()))
     parts = {k: float(v) for k, v in parts.items()}
@@ -198,12 +198,11 @@ def categories(values: dict[str, Any]) -> MemoryCategories:
 STATES = {"weights": "weight", "gradients": "gradient", "optimizer": "optimizer_state"}
 
 
-def _running(ev: Evaluator, states: dict[str, float], layers: float, last: bool) -> dict[str, Any]:
+def _running(ev: Evaluator, states: dict[str, float], kept: float, last: bool) -> dict[str, Any]:
     """A stage's forward and backward at their peak: its states (gradients where they persist), its layers'
-    kept activations, and the loss's working set at the forward's end or the backward's (with the CP
-    scheme's buffers), whichever is larger."""
+    kept activations (``kept`` bytes), and the loss's working set at the forward's end or the backward's
+    (with the CP scheme's buffers), whichever is larger."""
     values = ev.values
-    kept = layers * float(ev("layer_kept_bytes"))
     backward = _backward(ev)
     loss = float(ev("loss_working_bytes")) if last else 0.0
     at_loss = loss > sum(backward.values())
@@ -226,27 +225,41 @@ def _backward(ev: Evaluator) -> dict[str, float]:
     return {"working": backward - buffers, "cp_buffers": buffers}
 
 
-def _stages(ev: Evaluator) -> dict[str, tuple[Any, float, bool]]:
-    """Each stage's parameters, its layers' worth of kept activations at the peak (micro-batches in flight x
-    its layers), and whether it runs the loss; one stage without a pipeline, two layers' in flight under
-    activation offload (on the stage holding the most parameters)."""
+def _stages(ev: Evaluator, activations: Evaluator) -> dict[str, tuple[dict[str, Any], float, bool]]:
+    """Each stage's parameters (the values binding what its states are counted for: P_r, and an MoE model's
+    experts P_x), the activations its layers keep at the peak (micro-batches in flight x its layers; an MoE
+    model's dense layers at their own width) and whether it runs the loss; one stage without a pipeline, two
+    layers' in flight under activation offload (on the stage holding the most parameters)."""
     v = ev.values
+    layer = float(activations("layer_kept_bytes"))
+    if v.get("n_E", 1) > 1:
+        first, middle, last = (
+            {"P_r": ev(f"moe_{stage}_stage_dense_params"), "P_x": ev(f"moe_{stage}_stage_expert_params")}
+            for stage in ("first", "middle", "last")
+        )
+        largest = {
+            "P_r": max(first["P_r"], middle["P_r"], last["P_r"]),
+            "P_x": ev("moe_device_expert_params"),
+        }
+        dense = v["n_dn"] * float(activations("layer_kept_bytes", F_ffn=v["F_dn"]))
+        dense_layers = v["n_dn"]
+    else:
+        first, middle, last = (
+            {"P_r": ev(f"{stage}_stage_device_params")} for stage in ("first", "middle", "last")
+        )
+        largest, dense, dense_layers = {"P_r": ev("stage_device_params")}, 0.0, 0
     if v["o_act"]:
-        return {"activation offload": (ev("stage_device_params"), 2.0, True)}
+        return {"activation offload": (largest, 2 * layer, True)}
     if v["pp"] == 1:
-        return {"one stage": (ev("tp_rank_params"), v["n_L"], True)}
+        return {"one stage": (first, (v["n_L"] - dense_layers) * layer + dense, True)}
     return {
         "first stage": (
-            ev("first_stage_device_params"),
-            float(ev("first_stage_in_flight")) * v["n_first"],
+            first,
+            float(ev("first_stage_in_flight")) * ((v["n_first"] - dense_layers) * layer + dense),
             False,
         ),
-        "second stage": (
-            ev("middle_stage_device_params"),
-            float(ev("second_stage_in_flight")) * v["n_mid"],
-            False,
-        ),
-        "last stage": (ev("last_stage_device_params"), float(ev("last_stage_in_flight")) * v["n_last"], True),
+        "second stage": (middle, float(ev("second_stage_in_flight")) * v["n_mid"] * layer, False),
+        "last stage": (last, float(ev("last_stage_in_flight")) * v["n_last"] * layer, True),
     }
 
 

@@ -5,7 +5,8 @@ grid from 8B to 405B is benchmarks/memory.py).
 One small model throughout (8 layers of H = 512, 8 query and 4 KV heads of 64, F = 1,024, V = 4,000) at 4,096
 tokens on 8 devices, over every framework profile, ZeRO-1 and FSDP, each recompute mode and loss, TP, PP and
 CP by ring, all-gather and all-to-all; and its MoE twin (8 experts of that width, 2 a token) over EP 2 and 4,
-ZeRO-1 and FSDP, and with its first two layers dense (DeepSeek's shape). The total within 5 %; what persists
+ZeRO-1, FSDP and PP, and with its first two layers dense (DeepSeek's shape), PP placing them on the first
+stage. The total within 5 %; what persists
 (the states) and what comes and goes (the rest) each within 10 % of itself.
 """
 
@@ -80,6 +81,15 @@ MOE_GRID = [
         ),
     ),
     {"ep": 4, "framework": "torchtitan", "zero": 3, "recompute": "none"},
+    pytest.param(
+        {"ep": 2, "pp": 2, "global_batch": 8, "framework": "torchtitan", "zero": 3, "recompute": "full"},
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="the model's peak is the last stage's backward's end (states 222 MB: the experts' sharded "
+            "fp32 gradients beside the unsharded ones the stage keeps), the reference's the loss at the "
+            "forward's end (states 167 MB, no gradient yet): the states read 33 % high, the total 3.2 %",
+        ),
+    ),
 ]
 
 
@@ -113,16 +123,8 @@ DENSE_FIRST_GRID = [
     {"ep": 2, "recompute": "none"},
     {"ep": 2, "recompute": "full"},
     {"ep": 2, "tp": 2, "recompute": "full"},
-    pytest.param(
-        {"ep": 2, "pp": 2, "global_batch": 8, "recompute": "selective"},
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="an MoE model's states are the stage holding the most dense part (here the first: its dense "
-            "MLPs and the embedding) plus the stage holding the most experts (the last), not one stage's: "
-            "states read 59 % high, the total 21.5 % (per-stage MoE states are not built; without dense "
-            "layers the two stages match and the model holds)",
-        ),
-    ),
+    {"ep": 2, "pp": 2, "global_batch": 8, "recompute": "selective"},
+    {"ep": 2, "pp": 4, "global_batch": 8, "recompute": "none"},  # the first stage all dense
 ]
 
 

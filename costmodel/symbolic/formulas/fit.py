@@ -9,6 +9,8 @@ taken where it happens: at the loss, the forward's end on the last stage, or in 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import sympy
 
 from costmodel.symbolic.formulas.backward import C_bwd
@@ -463,21 +465,32 @@ define(
 # (the first middle stage, which may hold more layers) or the last (the output layer and the loss).
 _backward = W_l
 _last = A_out + sympy.Max(L_t, _backward, evaluate=False)
-_stage_activations = (
-    I_first * n_first * A_kept + _backward,
-    _in_flight(1) * n_mid * A_kept + _backward,
-    _in_flight(pp - 1) * n_last * A_kept + _last,
-)
+
+
+def _stage_activations(first_layers: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """Each stage's activations at its peak, the first stage's layers keeping ``first_layers`` bytes a
+    micro-batch."""
+    return (
+        I_first * first_layers + _backward,
+        _in_flight(1) * n_mid * A_kept + _backward,
+        _in_flight(pp - 1) * n_last * A_kept + _last,
+    )
+
+
+def activations(first_layers: sympy.Expr, all_layers: sympy.Expr) -> sympy.Expr:
+    """The activations at the peak of the most loaded stage (the first stage's layers keeping
+    ``first_layers`` bytes a micro-batch, the whole model's ``all_layers``), two layers' under offload."""
+    staged = sympy.Max(*_stage_activations(first_layers), evaluate=False)
+    kept = sympy.Piecewise((all_layers + _last, sympy.Eq(pp, 1)), (staged, True))
+    return (1 - o_act) * kept + o_act * (2 * A_kept + _last)
+
+
 # Activation offload (o_act) keeps about two layers' in flight on the device: the one computing and the one
 # whose copy to (forward) or from (backward) the host is under way [ZeRO-Infinity §5].
 A = define(
     "activation_bytes",
     "A",
-    (1 - o_act)
-    * sympy.Piecewise(
-        (n_L * A_kept + _last, sympy.Eq(pp, 1)), (sympy.Max(*_stage_activations, evaluate=False), True)
-    )
-    + o_act * (2 * A_kept + _last),
+    activations(n_first * A_kept, n_L * A_kept),
     "activations per device at the peak on the most loaded pipeline stage: its layers' kept activations for "
     "the micro-batches in flight, with the loss's or the backward's working set; two layers' under "
     "activation offload",
@@ -519,33 +532,45 @@ define(
 # every other gradient made while the first layer's backward runs, on its own input and working set (where
 # gradients are made as the backward goes, FSDP's, this can be the larger); the step's peak is the largest
 # stage's, at its own moment.
-def _running(params: sympy.Expr, activations: sympy.Expr) -> sympy.Expr:
-    return at_stage(M_w + g_p * M_g + M_o + M_fsdp, params) + activations
+def allocated(
+    forward: sympy.Expr,
+    ended: sympy.Expr,
+    stages: tuple[dict, dict, dict],
+    largest: dict,
+    layers: tuple[sympy.Expr, sympy.Expr] = (n_first * A_kept, n_L * A_kept),
+    width: Callable[[sympy.Expr], sympy.Expr] = lambda activations: activations,
+) -> sympy.Expr:
+    """The step's peak of states ``forward`` (in the forward and backward) and ``ended`` (at the backward's
+    end), written over the parameters a stage holds, bound per stage by ``stages`` (first, middle, last; the
+    first at pp = 1 is the whole model) and under activation offload by ``largest``; the first stage's and the
+    whole model's layers keep ``layers`` a micro-batch, the activations read at ``width``."""
+
+    def running(at: dict, kept: sympy.Expr) -> sympy.Expr:
+        return replacing(forward, at) + width(kept)
+
+    def end(at: dict) -> sympy.Expr:
+        return replacing(ended, at) + width(A_kept + W_l)
+
+    first, whole = layers
+    one = running(stages[0], whole + _last), end(stages[0])
+    staged = *map(running, stages, _stage_activations(first)), *map(end, stages)
+    offloaded = running(largest, 2 * A_kept + _last), end(largest)
+    peak = sympy.Piecewise(
+        (sympy.Max(*one, evaluate=False), sympy.Eq(pp, 1)), (sympy.Max(*staged, evaluate=False), True)
+    )
+    return (1 - o_act) * peak + o_act * sympy.Max(*offloaded, evaluate=False)
 
 
-def _ended(params: sympy.Expr) -> sympy.Expr:
-    return at_stage(M_w + M_g + M_o + M_fsdp_end, params) + A_kept + W_l
-
-
-_one = _running(P_t, n_L * A_kept + _last), _ended(P_t)
-_staged = (
-    _running(P_first, _stage_activations[0]),
-    _running(P_mid, _stage_activations[1]),
-    _running(P_last, _stage_activations[2]),
-    _ended(P_first),
-    _ended(P_mid),
-    _ended(P_last),
-)
-_offloaded = _running(P_stage, 2 * A_kept + _last), _ended(P_stage)
 _churn = A + at_stage(M_fsdp, P_stage)  # what is allocated and freed again within a step
 M_alloc = define(
     "allocated_memory_bytes",
     "M_alloc",
-    (1 - o_act)
-    * sympy.Piecewise(
-        (sympy.Max(*_one, evaluate=False), sympy.Eq(pp, 1)), (sympy.Max(*_staged, evaluate=False), True)
-    )
-    + o_act * sympy.Max(*_offloaded, evaluate=False),
+    allocated(
+        M_w + g_p * M_g + M_o + M_fsdp,
+        M_w + M_g + M_o + M_fsdp_end,
+        ({P_r: P_first}, {P_r: P_mid}, {P_r: P_last}),
+        {P_r: P_stage},
+    ),
     "the tensors a device of the most loaded stage holds at the step's peak: in the forward and backward its "
     "model states, the buffers of ZeRO-3/FSDP and of the CP scheme and the activations with the loss's or "
     "the backward's working set; at the backward's end every state, with the first layer's backward",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy
 
 from costmodel.symbolic.formulas.fit import (
-    A,
+    A_kept,
     M_fsdp,
     M_fsdp_end,
     M_g,
@@ -16,7 +16,8 @@ from costmodel.symbolic.formulas.fit import (
     P_last,
     P_mid,
     _buffers,
-    at_stage,
+    activations,
+    allocated,
     replacing,
 )
 from costmodel.symbolic.formulas.registry import FORMULAS, definer
@@ -37,6 +38,8 @@ from costmodel.symbolic.symbols import (
     M_dev,
     M_fw,
     N,
+    P_r,
+    P_x,
     S,
     b,
     f_fr,
@@ -88,16 +91,40 @@ _experts_a_layer = (
     n_E / E_p * (2 + g) * H * F_ffn / t + H * n_E
 )  # a device's experts of one layer, and the router
 # The first n_dn layers may keep a dense MLP (DeepSeek-V3's first three, 18,432 wide [DeepSeek-V3 §4.2]): no
-# experts there, on the first stage.
-_moe_layers = sympy.Piecewise(
-    (n_L - n_dn, sympy.Eq(pp, 1)), (sympy.Max(n_first - n_dn, n_mid, n_last, evaluate=False), True)
+# experts there, on the first stage. At pp = 1 the first and the last stage are the whole model.
+_moe_first = sympy.Piecewise((n_L - n_dn, sympy.Eq(pp, 1)), (n_first - n_dn, True))
+_moe_last = sympy.Piecewise((n_L - n_dn, sympy.Eq(pp, 1)), (n_last, True))
+P_x1 = define(
+    "moe_first_stage_expert_params",
+    "P_x1",
+    _moe_first * _experts_a_layer,
+    "expert parameters a device of the first pipeline stage holds: its n_E/E_p experts of each of the "
+    "stage's MoE layers, TP-split, and the routers (the whole model's at pp = 1)",
+    "1",
+    "[GShard §2], [DeepSeek-V3 §4.2]",
+)
+P_x2 = define(
+    "moe_middle_stage_expert_params",
+    "P_x2",
+    n_mid * _experts_a_layer,
+    "expert parameters a device of a middle pipeline stage holds",
+    "1",
+    "[GShard §2]",
+)
+P_xL = define(
+    "moe_last_stage_expert_params",
+    "P_xL",
+    _moe_last * _experts_a_layer,
+    "expert parameters a device of the last pipeline stage holds (the whole model's at pp = 1)",
+    "1",
+    "[GShard §2]",
 )
 P_exp = define(
     "moe_device_expert_params",
     "P_exp",
-    _moe_layers * _experts_a_layer,
-    "expert weights one device holds: its n_E/E_p experts of each MoE layer of its stage (the stage holding "
-    "the most), TP-split, and the routers",
+    sympy.Max(P_x1, P_x2, P_xL, evaluate=False),
+    "expert weights one device holds on the stage holding the most: its n_E/E_p experts of each of the "
+    "stage's MoE layers, TP-split, and the routers",
     "parameters",
     "[GShard §2], [DeepSeek-V3 §4.2]",
 )
@@ -153,7 +180,7 @@ define(
 P_moe = define(
     "moe_params",
     "P_moe",
-    sympy.Subs(P, F_ffn, F_sh) + X_dn + sympy.Subs(P_exp, (E_p, t, pp), (1, 1, 1)),
+    sympy.Subs(P, F_ffn, F_sh) + X_dn + (n_L - n_dn) * sympy.Subs(_experts_a_layer, (E_p, t), (1, 1)),
     "parameters of an MoE model: its dense part (attention, norms, any shared expert, embeddings, the first "
     "layers' dense MLPs) and every expert and router of every MoE layer",
     "1",
@@ -167,52 +194,76 @@ define(
     "1",
     "[Megatron21 §3], [MoE-Folding]",
 )
-# ZeRO shards expert states over the ranks holding the same experts, E_p times fewer: E_p times the share.
-# An MoE model's states are counted on the stage holding the most parameters, its peak on the stage keeping
-# the most activations (for a dense model, each stage's own, allocated_memory_bytes).
-
-
-# The stage holding the most of the dense part: the first one keeps the dense layers' MLPs (at pp = 1 the
-# middle stage holds nothing and the first and the last are the whole model).
-_dense_stage = sympy.Max(P_first + X_dn / t, P_mid, P_last, evaluate=False)
+# A stage of an MoE model holds a dense part, P_r as the dense formulas count it (each layer's MLP at the
+# shared expert's width; on the first stage the dense layers' MLPs beside) and P_x of experts. ZeRO shards the
+# experts' states over the D/E_p ranks holding the same experts: E_p times the dense part's share.
+P_d1 = define(
+    "moe_first_stage_dense_params",
+    "P_d1",
+    sympy.Subs(P_first, F_ffn, F_sh) + X_dn / t,
+    "the dense part of an MoE model a device of the first pipeline stage holds: its layers with each MLP at "
+    "the shared expert's width, the dense layers' MLPs and the input embedding (the whole model's at pp = 1)",
+    "1",
+    "[Megatron21 §2.2], [DeepSeek-V3 §4.2]",
+)
+P_d2 = define(
+    "moe_middle_stage_dense_params",
+    "P_d2",
+    sympy.Subs(P_mid, F_ffn, F_sh),
+    "the dense part of an MoE model a device of a middle pipeline stage holds",
+    "1",
+    "[Megatron21 §2.2]",
+)
+P_dL = define(
+    "moe_last_stage_dense_params",
+    "P_dL",
+    sympy.Subs(P_last, F_ffn, F_sh),
+    "the dense part of an MoE model a device of the last pipeline stage holds: its layers, the output layer "
+    "and the final norm (the whole model's at pp = 1)",
+    "1",
+    "[Megatron21 §2.2]",
+)
+_stages = ({P_r: P_d1, P_x: P_x1}, {P_r: P_d2, P_x: P_x2}, {P_r: P_dL, P_x: P_xL})
+# Where one stage stands for all (activation offload, the allocator's cache): the most of either part.
+_largest = {P_r: sympy.Max(P_d1, P_d2, P_dL, evaluate=False), P_x: P_exp}
 
 
 def _dense(bytes_of_stage: sympy.Expr) -> sympy.Expr:
-    """A dense formula of a device holding P_r parameters, for an MoE model's dense part on the stage holding
-    the most (each layer's MLP at the shared expert's width, the dense layers' beside)."""
-    return sympy.Subs(at_stage(bytes_of_stage, _dense_stage), F_ffn, F_sh)
+    """A dense formula of a device holding P_r parameters, for an MoE model's dense part."""
+    return sympy.Subs(bytes_of_stage, F_ffn, F_sh)
 
 
+_OF_A_STAGE = "of a device holding P_r parameters of its stage's dense part and P_x of its experts"
 M_w_moe = define(
     "moe_weight_bytes",
     "M_w_moe",
-    _dense(M_w) + P_exp * q_w * sympy.Min(1, E_p * z_w, evaluate=False),
-    "the stored weights per device of an MoE model: the dense part's, and its experts' with ZeRO sharding "
-    "over the ranks that hold the same experts",
+    _dense(M_w) + P_x * q_w * sympy.Min(1, E_p * z_w, evaluate=False),
+    f"the stored weights of an MoE model {_OF_A_STAGE}: the dense part's, and the experts' with ZeRO "
+    "sharding over the ranks that hold the same experts",
     "B",
     "[ZeRO §3], [MoE-Folding]",
 )
 M_g_moe = define(
     "moe_gradient_bytes",
     "M_g_moe",
-    _dense(M_g) + P_exp * q_g * sympy.Min(1, E_p * z_g, evaluate=False),
-    "the gradients per device of an MoE model: the dense part's, and its experts'",
+    _dense(M_g) + P_x * q_g * sympy.Min(1, E_p * z_g, evaluate=False),
+    f"the gradients of an MoE model {_OF_A_STAGE}: the dense part's, and the experts'",
     "B",
     "[ZeRO §3], [MoE-Folding]",
 )
 M_o_moe = define(
     "moe_optimizer_state_bytes",
     "M_o_moe",
-    _dense(M_o) + P_exp * (q_m + 2 * q_o) * sympy.Min(1, E_p * z_o, evaluate=False),
-    "the optimizer's copies per device of an MoE model: the dense part's, and its experts'",
+    _dense(M_o) + P_x * (q_m + 2 * q_o) * sympy.Min(1, E_p * z_o, evaluate=False),
+    f"the optimizer's copies of an MoE model {_OF_A_STAGE}: the dense part's, and the experts'",
     "B",
     "[ZeRO §3], [MoE-Folding]",
 )
 M_state_moe = define(
     "moe_model_state_bytes",
     "M_state_moe",
-    M_w_moe + M_g_moe + M_o_moe,
-    "model states per device of an MoE model on the stage holding the most: the dense part's, and its "
+    sympy.Max(*(replacing(M_w_moe + M_g_moe + M_o_moe, at) for at in _stages), evaluate=False),
+    "model states per device of an MoE model on the stage holding the most: its dense part's, and its "
     "experts' with ZeRO sharding over the ranks that hold the same experts",
     "B",
     "[ZeRO §3], [MoE-Folding]",
@@ -220,17 +271,22 @@ M_state_moe = define(
 )
 # ZeRO-3/FSDP gathers a layer's experts with the layer (each sharded over the ranks that hold the same
 # experts, gathered whole): the layers in flight carry theirs, and a stage kept gathered all of its own.
-_experts_gathered = (1 - r_k) * u_w * _experts_a_layer + r_k * u_w * P_exp
-_experts_kept_grads = r_k * u_g * P_exp * q_g
+_experts_kept = r_k * P_x * (u_w * q_c + u_g * q_g)
 M_fsdp_moe = define(
     "moe_fsdp_buffer_bytes",
     "M_fsdp_moe",
-    _dense(M_fsdp)
-    + (1 - r_k) * u_w * f_pf * _experts_a_layer * q_c
-    + _experts_gathered * q_c
-    + _experts_kept_grads,
-    "ZeRO-3/FSDP's gathered weights and unsharded gradients of an MoE model: its dense part's, and the "
-    "experts of the layers in flight (or of the whole stage, where kept)",
+    _dense(M_fsdp) + (1 - r_k) * u_w * (1 + f_pf) * _experts_a_layer * q_c + _experts_kept,
+    f"ZeRO-3/FSDP's gathered weights and unsharded gradients of an MoE model {_OF_A_STAGE}: the dense "
+    "part's, and the experts of the layers in flight (or of the whole stage, where kept)",
+    "B",
+    "[ZeRO §5], [FSDP2]",
+)
+M_fsdp_end_moe = define(
+    "moe_fsdp_backward_end_bytes",
+    "M_fsdp_end_moe",
+    _dense(M_fsdp_end) + (1 - r_k) * u_w * _experts_a_layer * (q_c + u_g * q_g) + _experts_kept,
+    f"ZeRO-3/FSDP's buffers at the backward's end of an MoE model {_OF_A_STAGE}: the dense part's, and the "
+    "first layer's experts gathered with their unsharded gradients (or the whole stage's, where kept)",
     "B",
     "[ZeRO §5], [FSDP2]",
 )
@@ -246,43 +302,48 @@ F_mem = define(
     "elements",
     "[Switch §2.2], [MoE-Folding]",
 )
+
+# The dense layers keep a dense layer's activations at their own width, on the first stage.
+_dense_kept = n_dn * sympy.Subs(A_kept, F_ffn, F_dn)
+_layers = ((n_first - n_dn) * A_kept + _dense_kept, (n_L - n_dn) * A_kept + _dense_kept)
+
+
+def _at_mem_width(kept: sympy.Expr) -> sympy.Expr:
+    return sympy.Subs(kept, F_ffn, F_mem)
+
+
 A_moe = define(
     "moe_activation_bytes",
     "A_moe",
-    sympy.Subs(A, F_ffn, F_mem),
-    "activations per device on the most loaded pipeline stage of an MoE model: the dense layers' at the "
-    "width F_mem",
+    _at_mem_width(activations(*_layers)),
+    "activations per device on the most loaded pipeline stage of an MoE model: the dense formula's with each "
+    "MoE layer at the width F_mem, the dense layers at theirs",
     "B",
     "[Korthikanti22 §4.2], [Switch §2.2]",
     simplify=False,
 )
-M_fsdp_end_moe = define(
-    "moe_fsdp_backward_end_bytes",
-    "M_fsdp_end_moe",
-    _dense(M_fsdp_end)
-    + _experts_gathered * q_c
-    + (1 - r_k) * u_w * u_g * _experts_a_layer * q_g
-    + _experts_kept_grads,
-    "ZeRO-3/FSDP's buffers of an MoE model at the backward's end: its dense part's, and the first layer's "
-    "experts gathered with their unsharded gradients (or the whole stage's, where kept)",
-    "B",
-    "[ZeRO §5], [FSDP2]",
-)
 M_alloc_moe = define(
     "moe_allocated_memory_bytes",
     "M_alloc_moe",
-    sympy.Max(
-        M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe + A_moe, M_state_moe + M_fsdp_end_moe, evaluate=False
+    allocated(
+        M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe,
+        M_w_moe + M_g_moe + M_o_moe + M_fsdp_end_moe,
+        _stages,
+        _largest,
+        _layers,
+        _at_mem_width,
     ),
-    "the tensors a device of an MoE model holds at the step's peak",
+    "the tensors a device of the most loaded stage of an MoE model holds at the step's peak: each stage's "
+    "own dense part, experts and activations",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
     simplify=False,
 )
+_churn = A_moe + replacing(M_fsdp_moe, _largest)
 define(
     "moe_reserved_memory_bytes",
     "M_res_moe",
-    M_alloc_moe + f_fr * (A_moe + M_fsdp_moe),
+    M_alloc_moe + f_fr * _churn,
     "what the caching allocator holds at the peak, for an MoE model",
     "B",
     "[PyTorch-CUDA-Memory]",
@@ -291,7 +352,7 @@ define(
 define(
     "moe_training_memory_bytes",
     "M_total_moe",
-    M_alloc_moe + f_fr * (A_moe + M_fsdp_moe) + M_fw,
+    M_alloc_moe + f_fr * _churn + M_fw,
     "device memory a training step of an MoE model needs at its peak",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
@@ -301,8 +362,8 @@ define(
     "moe_n_min_memory",
     "N_min_moe",
     (1 + f_fr)
-    * sympy.Subs(replacing(A, {M_cpb: _buffers}), (N, F_ffn), (1, F_mem))
-    / (M_dev - M_fw - (M_w_moe + g_p * M_g_moe + M_o_moe + (1 + f_fr) * M_fsdp_moe)),
+    * sympy.Subs(replacing(A_moe, {M_cpb: _buffers}), N, 1)
+    / (M_dev - M_fw - replacing(M_w_moe + g_p * M_g_moe + M_o_moe + (1 + f_fr) * M_fsdp_moe, _largest)),
     "smallest CP degree (real-valued) whose training memory of an MoE model fits M_dev, with flash "
     "attention; negative when the model states alone do not fit",
     "devices",
