@@ -141,7 +141,7 @@ class MemoryCase:
     heads: int  # query heads on this TP rank (h / TP)
     kv_heads: int  # KV heads on this TP rank (max(n_kv / TP, 1))
     head_dim: int
-    ffn_hidden: int  # MLP width on this TP rank (F / TP)
+    ffn_hidden: int  # MLP width on this TP rank (F / TP); of an MoE layer its shared expert's (0: none)
     vocab: int  # output-layer rows on this TP rank (vocab-parallel: V / TP); the input embedding's too
     tp: int = 1  # TP degree (sequence parallel: norms and the residual stream hold tokens / TP)
     sequence_parallel: bool = False
@@ -179,8 +179,9 @@ class MemoryCase:
     rounds: int = 1  # the in-flight forwards and backwards, run this many times before the optimizer step
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "micro_batch", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden"):
+        for name in ("tokens", "micro_batch", "hidden", "heads", "kv_heads", "head_dim"):
             _at_least(self, name, 1)
+        _at_least(self, "ffn_hidden", 0 if self.experts else 1)
         for name in ("vocab", "tp", "shard_group", "loss_chunk_tokens", "cp", "in_flight", "rounds"):
             _at_least(self, name, 1)
         _at_least(self, "layers", 0)
@@ -833,7 +834,9 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Router, top-k, ``experts`` expert MLPs of ``capacity`` rows each as batched matmuls, weighted combine."""
+    """Router, top-k, ``experts`` expert MLPs of ``capacity`` rows each as batched matmuls, weighted combine;
+    beside them any shared expert, a TP-split MLP of width ``ffn_hidden`` every token runs, as Megatron-Core's
+    ``SharedExpertMLP`` on the same normalised input [Qwen-MoE]."""
 
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
@@ -841,10 +844,18 @@ class MoE(nn.Module):
         self.norm = RMSNorm(case.hidden, dtype)
         self.router = _parameter(case.experts, case.hidden, dtype=dtype)
         self.experts = Experts(case, dtype)
+        if case.ffn_hidden:
+            self.shared_up = _parameter(
+                (2 if case.gated_mlp else 1) * case.ffn_hidden, case.hidden, dtype=dtype
+            )
+            self.shared_down = _parameter(case.hidden, case.ffn_hidden, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         case = self.case
         h = self.norm(x)
+        if case.ffn_hidden:
+            shared = _activation(_column(h, self.shared_up, case), case.gated_mlp)
+            x = x + _row(shared, self.shared_down, case)
         if case.sequence_parallel and case.tp > 1:
             h = _GatherTokens.apply(h, case.tp)
         rows = h.reshape(-1, case.hidden)

@@ -281,6 +281,27 @@ def fit_at(ev: Evaluator) -> Fit:
     )
 
 
+def against_reference(
+    ours: Mapping[str, float], theirs: Mapping[str, float], peak: float
+) -> dict[str, float]:
+    """The model's bytes at the peak by group (``ours``, by category) against the torch reference's
+    (``theirs``): each group's difference over the larger of the reference's bytes and a fifth of the peak, so
+    that a group of a few hundred MB is not held to a tenth of itself. Two groups: what persists (the states)
+    and what comes and goes within the step (FSDP's buffers, activations, the loss, the backward's working
+    set, the CP scheme's buffers); inside the second the two attribute alike bytes differently (a recomputed
+    layer is the model's working set and the reference's activations, FSDP's accumulated unsharded
+    gradients the model's FSDP buffers and the reference's temporaries), and where two moments are within a
+    few per cent the two may each pick another."""
+
+    def grouped(by: Mapping[str, float]) -> dict[str, float]:
+        transient = ("fsdp_buffers", "activations", "loss", "working", "temporaries", "cp_buffers")
+        states = by["weights"] + by["gradients"] + by["optimizer"]
+        return {"states": states, "transient": sum(by.get(k, 0.0) for k in transient)}
+
+    model, reference = grouped(ours), grouped(theirs)
+    return {k: (model[k] - reference[k]) / max(reference[k], 0.2 * peak) for k in model}
+
+
 def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
     """The job's stages as the torch memory reference measures them (``costmodel.kernel.memory.MemoryCase``'s
     fields, plain values: this module never loads torch): one stage without a pipeline; the first (the most
@@ -300,9 +321,7 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
         "heads": model.heads // t,
         "kv_heads": max(model.kv_heads // t, 1),
         "head_dim": model.head_dim,
-        "ffn_hidden": (model.shared_expert_ffn or model.ffn_hidden) // t
-        if experts
-        else model.ffn_hidden // t,
+        "ffn_hidden": (model.shared_expert_ffn or 0) // t if model.experts else model.ffn_hidden // t,
         "vocab": model.vocab // t,
         "tp": t,
         "sequence_parallel": setup.sp,

@@ -54,8 +54,13 @@ def test_an_moe_layer_holds_its_router_and_experts() -> None:
     experts, expert_ffn = 4, 128
     moe = H * experts + 3 * experts * expert_ffn * H + H  # router, gated experts, the norm
     dense = 3 * F * H + H
-    got = run(experts=experts, experts_per_token=2, expert_ffn=expert_ffn).by_category["weights"]
+    got = run(experts=experts, experts_per_token=2, expert_ffn=expert_ffn, ffn_hidden=0).by_category[
+        "weights"
+    ]
     assert got == 2 * (STAGE_PARAMS + 2 * (moe - dense))
+    # a shared expert of width F beside them: a gated MLP's weights, without a norm of its own
+    shared = run(experts=experts, experts_per_token=2, expert_ffn=expert_ffn).by_category["weights"]
+    assert shared == got + 2 * 2 * 3 * F * H
 
 
 def test_adamw_keeps_two_moments_per_sharded_parameter() -> None:
