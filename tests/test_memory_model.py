@@ -196,3 +196,25 @@ def test_tensor_parallelism_leaves_the_norms_whole_on_every_rank() -> None:
     by = step_memory(Job.of(**flags)).by_category
     assert by.weights == pytest.approx(((params - norms) / 8 + norms) * 2, rel=1e-12)
     assert by.gradients == pytest.approx(((params - norms) / 8 + norms) * 4, rel=1e-12)
+
+
+def test_fsdp2_holds_the_last_reduce_scatters_input_through_the_next_backward() -> None:
+    """Llama 3 8B under FSDP (8 ranks, fused loss, full recompute): the peak is in the backward of the last
+    layer, where FSDP holds that layer gathered (bf16), the next one prefetched and the output layer's
+    unsharded fp32 gradients as the input of its reduce-scatter, kept until the next one is issued; at the
+    loss it holds the output layer gathered, and no gradient yet. The torch reference holds the same, 2,836
+    MiB."""
+    job = Job.of(
+        model="llama3-8b", seq=16384, hw="h100-nvlink", gpus=8, global_batch=8,
+        recompute="full", framework="hf-trainer", zero=3, loss="fused",
+    )  # fmt: skip
+    head = 128256 * 4096
+    layer = 4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
+    by = step_memory(job).by_category
+    assert by.peak == "the backward, one stage"
+    assert by.fsdp_buffers == pytest.approx(2 * layer * 2 + head * 4, rel=1e-12)
+    assert (by.fsdp_buffers / 2**20) == pytest.approx(2836, rel=0.01)
+    ev = Evaluator(training_values(job))
+    assert float(memory(ev, "fsdp_reduce_scatter_bytes")) == head * 4
+    megatron = Evaluator(training_values(Job.of(model="llama3-8b", seq=16384, hw="h100-nvlink", gpus=8)))
+    assert float(memory(megatron, "fsdp_backward_extra_bytes")) == 0  # ZeRO-1 reduces into its buffer

@@ -172,9 +172,8 @@ def categories(values: dict[str, Any]) -> MemoryCategories:
     candidates = {}
     for where, (params, kept, last) in _stages(ev, activations).items():
         states = {key: float(memory(ev, f"{name}_bytes", **params)) for key, name in STATES.items()}
-        running = _running(activations, states, kept, last) | {
-            "fsdp_buffers": memory(ev, "fsdp_buffer_bytes", **params)
-        }
+        running = _running(activations, states, kept, last)
+        running["fsdp_buffers"] += float(memory(ev, "fsdp_buffer_bytes", **params))
         candidates[f"the {running.pop('moment')}, {where}"] = running
         ended = dict.fromkeys(running, 0.0) | states | _backward(activations)
         candidates[f"the backward's end, {where}"] = ended | {
@@ -218,11 +217,13 @@ def _running(ev: Evaluator, states: dict[str, float], kept: float, last: bool) -
 
 def _backward(ev: Evaluator) -> dict[str, float]:
     """A layer's backward's working set, the CP scheme's buffers apart: they live in the attention, and
-    count where its gradients outweigh the MLP's."""
+    count where its gradients outweigh the MLP's; and what FSDP holds there beyond its buffers at the loss (a
+    dense model's: the last reduce-scatter's input, a layer gathered in place of the largest unit)."""
     backward = float(ev("layer_backward_working_bytes"))
     in_attention = float(ev("attention_gradient_bytes")) > float(ev("mlp_gradient_bytes"))
     buffers = float(ev.values["M_cpb"]) if in_attention else 0.0
-    return {"working": backward - buffers, "cp_buffers": buffers}
+    fsdp = 0.0 if ev.values.get("n_E", 1) > 1 else float(ev("fsdp_backward_extra_bytes"))
+    return {"working": backward - buffers, "cp_buffers": buffers, "fsdp_buffers": fsdp}
 
 
 def _stages(ev: Evaluator, activations: Evaluator) -> dict[str, tuple[dict[str, Any], float, bool]]:

@@ -322,6 +322,28 @@ M_fsdp_end = define(
     "B",
     "[ZeRO §5], [FSDP2]",
 )
+# FSDP2 keeps each reduce-scatter's input, the unit's unsharded gradients in the reduction's dtype, until the
+# next unit's reduce-scatter is issued (reduce_scatter_max_input_buffers = 1), so that the two overlap: a
+# layer's backward holds its predecessor's, at a stage's first the largest unit's (the output layer's). The
+# layer's backward has that layer gathered, not the largest unit as at the loss.
+M_rs = define(
+    "fsdp_reduce_scatter_bytes",
+    "M_rs",
+    (1 - r_k) * u_w * u_g * _unit * q_g,
+    "the unsharded gradients FSDP2 holds as the last reduce-scatter's input while the next unit's backward "
+    "runs: the largest unit's",
+    "B",
+    "[FSDP2]",
+)
+M_fbx = define(
+    "fsdp_backward_extra_bytes",
+    "M_fsdp_bx",
+    M_rs + (1 - r_k) * u_w * (P_layer_dev - _unit) * q_c,
+    "what ZeRO-3/FSDP holds in a layer's backward beyond its buffers at the loss: the last reduce-scatter's "
+    "input, and a layer gathered in place of the largest unit",
+    "B",
+    "[FSDP2]",
+)
 _split = sigma / t + 1 - sigma  # the share of the sequence-parallel terms a device keeps
 # Activations per layer follow [Korthikanti22 §4] term by term (see layer_activation_bytes above).
 A_layer = define(
@@ -463,26 +485,37 @@ define(
 # end or the backward's working set, whichever is larger (the loss's logits are freed before the backward
 # of the last layer starts). The most loaded stage is the first (most micro-batches in flight), the second
 # (the first middle stage, which may hold more layers) or the last (the output layer and the loss).
-_backward = W_l
-_last = A_out + sympy.Max(L_t, _backward, evaluate=False)
+_backward = W_l + M_fbx
 
 
-def _stage_activations(first_layers: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+def _with_loss(backward: sympy.Expr) -> sympy.Expr:
+    """The last stage's beyond its layers: the final hidden state, and the loss's working set at the forward's
+    end or ``backward``, the backward's."""
+    return A_out + sympy.Max(L_t, backward, evaluate=False)
+
+
+def _stage_activations(
+    first_layers: sympy.Expr, backward: sympy.Expr
+) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
     """Each stage's activations at its peak, the first stage's layers keeping ``first_layers`` bytes a
-    micro-batch."""
+    micro-batch, a layer's backward holding ``backward``."""
     return (
-        I_first * first_layers + _backward,
-        _in_flight(1) * n_mid * A_kept + _backward,
-        _in_flight(pp - 1) * n_last * A_kept + _last,
+        I_first * first_layers + backward,
+        _in_flight(1) * n_mid * A_kept + backward,
+        _in_flight(pp - 1) * n_last * A_kept + _with_loss(backward),
     )
 
 
-def activations(first_layers: sympy.Expr, all_layers: sympy.Expr) -> sympy.Expr:
+def activations(
+    first_layers: sympy.Expr, all_layers: sympy.Expr, backward: sympy.Expr = _backward
+) -> sympy.Expr:
     """The activations at the peak of the most loaded stage (the first stage's layers keeping
-    ``first_layers`` bytes a micro-batch, the whole model's ``all_layers``), two layers' under offload."""
-    staged = sympy.Max(*_stage_activations(first_layers), evaluate=False)
-    kept = sympy.Piecewise((all_layers + _last, sympy.Eq(pp, 1)), (staged, True))
-    return (1 - o_act) * kept + o_act * (2 * A_kept + _last)
+    ``first_layers`` bytes a micro-batch, the whole model's ``all_layers``, a layer's backward ``backward``),
+    two layers' under offload."""
+    last = _with_loss(backward)
+    staged = sympy.Max(*_stage_activations(first_layers, backward), evaluate=False)
+    kept = sympy.Piecewise((all_layers + last, sympy.Eq(pp, 1)), (staged, True))
+    return (1 - o_act) * kept + o_act * (2 * A_kept + last)
 
 
 # Activation offload (o_act) keeps about two layers' in flight on the device: the one computing and the one
@@ -539,11 +572,13 @@ def allocated(
     largest: dict,
     layers: tuple[sympy.Expr, sympy.Expr] = (n_first * A_kept, n_L * A_kept),
     width: Callable[[sympy.Expr], sympy.Expr] = lambda activations: activations,
+    backward: sympy.Expr = _backward,
 ) -> sympy.Expr:
     """The step's peak of states ``forward`` (in the forward and backward) and ``ended`` (at the backward's
     end), written over the parameters a stage holds, bound per stage by ``stages`` (first, middle, last; the
     first at pp = 1 is the whole model) and under activation offload by ``largest``; the first stage's and the
-    whole model's layers keep ``layers`` a micro-batch, the activations read at ``width``."""
+    whole model's layers keep ``layers`` a micro-batch, a layer's backward holds ``backward``, the
+    activations read at ``width``."""
 
     def running(at: dict, kept: sympy.Expr) -> sympy.Expr:
         return replacing(forward, at) + width(kept)
@@ -552,9 +587,10 @@ def allocated(
         return replacing(ended, at) + width(A_kept + W_l)
 
     first, whole = layers
-    one = running(stages[0], whole + _last), end(stages[0])
-    staged = *map(running, stages, _stage_activations(first)), *map(end, stages)
-    offloaded = running(largest, 2 * A_kept + _last), end(largest)
+    last = _with_loss(backward)
+    one = running(stages[0], whole + last), end(stages[0])
+    staged = *map(running, stages, _stage_activations(first, backward)), *map(end, stages)
+    offloaded = running(largest, 2 * A_kept + last), end(largest)
     peak = sympy.Piecewise(
         (sympy.Max(*one, evaluate=False), sympy.Eq(pp, 1)), (sympy.Max(*staged, evaluate=False), True)
     )

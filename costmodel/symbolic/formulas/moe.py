@@ -15,6 +15,7 @@ from costmodel.symbolic.formulas.fit import (
     P_first,
     P_last,
     P_mid,
+    W_l,
     _buffers,
     activations,
     allocated,
@@ -303,7 +304,9 @@ F_mem = define(
     "[Switch §2.2], [MoE-Folding]",
 )
 
-# The dense layers keep a dense layer's activations at their own width, on the first stage.
+# The dense layers keep a dense layer's activations at their own width, on the first stage. A layer's backward
+# holds its working set; FSDP2's reduce-scatter input of the unit before (fsdp_reduce_scatter_bytes), a
+# dense part and experts sharded apart, is not counted for an MoE model.
 _dense_kept = n_dn * sympy.Subs(A_kept, F_ffn, F_dn)
 _layers = ((n_first - n_dn) * A_kept + _dense_kept, (n_L - n_dn) * A_kept + _dense_kept)
 
@@ -315,7 +318,7 @@ def _at_mem_width(kept: sympy.Expr) -> sympy.Expr:
 A_moe = define(
     "moe_activation_bytes",
     "A_moe",
-    _at_mem_width(activations(*_layers)),
+    _at_mem_width(activations(*_layers, W_l)),
     "activations per device on the most loaded pipeline stage of an MoE model: the dense formula's with each "
     "MoE layer at the width F_mem, the dense layers at theirs",
     "B",
@@ -332,6 +335,7 @@ M_alloc_moe = define(
         _largest,
         _layers,
         _at_mem_width,
+        W_l,
     ),
     "the tensors a device of the most loaded stage of an MoE model holds at the step's peak: each stage's "
     "own dense part, experts and activations",
