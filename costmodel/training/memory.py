@@ -227,28 +227,15 @@ def _backward(ev: Evaluator) -> dict[str, float]:
 
 
 def _stages(ev: Evaluator, activations: Evaluator) -> dict[str, tuple[dict[str, Any], float, bool]]:
-    """Each stage's parameters (the values binding what its states are counted for: P_r, and an MoE model's
-    experts P_x), the activations its layers keep at the peak (micro-batches in flight x its layers; an MoE
-    model's dense layers at their own width) and whether it runs the loss; one stage without a pipeline, two
-    layers' in flight under activation offload (on the stage holding the most parameters)."""
+    """Each stage's parameters (:func:`_held`), the activations its layers keep at the peak (micro-batches in
+    flight x its layers; an MoE model's dense layers, on the first stage, at their own width) and whether it
+    runs the loss; one stage without a pipeline, two layers' in flight under activation offload (on the stage
+    holding the most parameters)."""
     v = ev.values
+    first, middle, last, largest = _held(ev)
     layer = float(activations("layer_kept_bytes"))
-    if v.get("n_E", 1) > 1:
-        first, middle, last = (
-            {"P_r": ev(f"moe_{stage}_stage_dense_params"), "P_x": ev(f"moe_{stage}_stage_expert_params")}
-            for stage in ("first", "middle", "last")
-        )
-        largest = {
-            "P_r": max(first["P_r"], middle["P_r"], last["P_r"]),
-            "P_x": ev("moe_device_expert_params"),
-        }
-        dense = v["n_dn"] * float(activations("layer_kept_bytes", F_ffn=v["F_dn"]))
-        dense_layers = v["n_dn"]
-    else:
-        first, middle, last = (
-            {"P_r": ev(f"{stage}_stage_device_params")} for stage in ("first", "middle", "last")
-        )
-        largest, dense, dense_layers = {"P_r": ev("stage_device_params")}, 0.0, 0
+    dense_layers = v["n_dn"] if v.get("n_E", 1) > 1 else 0
+    dense = dense_layers * float(activations("layer_kept_bytes", F_ffn=v["F_dn"])) if dense_layers else 0.0
     if v["o_act"]:
         return {"activation offload": (largest, 2 * layer, True)}
     if v["pp"] == 1:
@@ -262,6 +249,21 @@ def _stages(ev: Evaluator, activations: Evaluator) -> dict[str, tuple[dict[str, 
         "second stage": (middle, float(ev("second_stage_in_flight")) * v["n_mid"] * layer, False),
         "last stage": (last, float(ev("last_stage_in_flight")) * v["n_last"] * layer, True),
     }
+
+
+def _held(ev: Evaluator) -> tuple[dict[str, Any], ...]:
+    """The values binding what the first, a middle and the last stage's states are counted for, and the most
+    of each (under activation offload): P_r, the parameters a device of the stage holds; for an MoE model
+    P_r its dense part and P_x its experts."""
+    stages = ("first", "middle", "last")
+    if ev.values.get("n_E", 1) == 1:
+        held = [{"P_r": ev(f"{stage}_stage_device_params")} for stage in stages]
+        return (*held, {"P_r": ev("stage_device_params")})
+    held = [
+        {"P_r": ev(f"moe_{stage}_stage_dense_params"), "P_x": ev(f"moe_{stage}_stage_expert_params")}
+        for stage in stages
+    ]
+    return (*held, {"P_r": max(h["P_r"] for h in held), "P_x": ev("moe_device_expert_params")})
 
 
 def fit_at(ev: Evaluator) -> Fit:
