@@ -217,12 +217,13 @@ def _running(ev: Evaluator, states: dict[str, float], kept: float, last: bool) -
 
 def _backward(ev: Evaluator) -> dict[str, float]:
     """A layer's backward's working set, the CP scheme's buffers apart: they live in the attention, and
-    count where its gradients outweigh the MLP's; and what FSDP holds there beyond its buffers at the loss (a
-    dense model's: the last reduce-scatter's input, a layer gathered in place of the largest unit)."""
+    count where its gradients outweigh the MLP's; and what FSDP holds there beyond its buffers at the loss (the
+    last reduce-scatter's input, a layer gathered in place of the largest unit: of an MoE model's dense part)."""
     backward = float(ev("layer_backward_working_bytes"))
     in_attention = float(ev("attention_gradient_bytes")) > float(ev("mlp_gradient_bytes"))
     buffers = float(ev.values["M_cpb"]) if in_attention else 0.0
-    fsdp = 0.0 if ev.values.get("n_E", 1) > 1 else float(ev("fsdp_backward_extra_bytes"))
+    dense_part = {"F_ffn": ev.values["F_sh"]} if ev.values.get("n_E", 1) > 1 else {}
+    fsdp = float(ev("fsdp_backward_extra_bytes", **dense_part))
     return {"working": backward - buffers, "cp_buffers": buffers, "fsdp_buffers": fsdp}
 
 

@@ -6,6 +6,7 @@ import sympy
 
 from costmodel.symbolic.formulas.fit import (
     A_kept,
+    M_fbx,
     M_fsdp,
     M_fsdp_end,
     M_g,
@@ -305,10 +306,12 @@ F_mem = define(
 )
 
 # The dense layers keep a dense layer's activations at their own width, on the first stage. A layer's backward
-# holds its working set; FSDP2's reduce-scatter input of the unit before (fsdp_reduce_scatter_bytes), a
-# dense part and experts sharded apart, is not counted for an MoE model.
+# holds its working set and FSDP's extra of its dense part: the torch reference peaks in the experts'
+# backward, the reduce-scatter input it holds the previous dense unit's (the experts' own is issued, and
+# dropped, before the next).
 _dense_kept = n_dn * sympy.Subs(A_kept, F_ffn, F_dn)
 _layers = ((n_first - n_dn) * A_kept + _dense_kept, (n_L - n_dn) * A_kept + _dense_kept)
+_backward = W_l + sympy.Subs(M_fbx, F_ffn, F_sh)
 
 
 def _at_mem_width(kept: sympy.Expr) -> sympy.Expr:
@@ -318,7 +321,7 @@ def _at_mem_width(kept: sympy.Expr) -> sympy.Expr:
 A_moe = define(
     "moe_activation_bytes",
     "A_moe",
-    _at_mem_width(activations(*_layers, W_l)),
+    _at_mem_width(activations(*_layers, _backward)),
     "activations per device on the most loaded pipeline stage of an MoE model: the dense formula's with each "
     "MoE layer at the width F_mem, the dense layers at theirs",
     "B",
@@ -335,7 +338,7 @@ M_alloc_moe = define(
         _largest,
         _layers,
         _at_mem_width,
-        W_l,
+        _backward,
     ),
     "the tensors a device of the most loaded stage of an MoE model holds at the step's peak: each stage's "
     "own dense part, experts and activations",
