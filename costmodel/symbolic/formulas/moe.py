@@ -16,7 +16,9 @@ from costmodel.symbolic.formulas.fit import (
     P_first,
     P_last,
     P_mid,
+    W_att,
     W_l,
+    W_mlp,
     _buffers,
     activations,
     allocated,
@@ -283,15 +285,6 @@ M_fsdp_moe = define(
     "B",
     "[ZeRO §5], [FSDP2]",
 )
-M_fsdp_end_moe = define(
-    "moe_fsdp_backward_end_bytes",
-    "M_fsdp_end_moe",
-    _dense(M_fsdp_end) + (1 - r_k) * u_w * _experts_a_layer * (q_c + u_g * q_g) + _experts_kept,
-    f"ZeRO-3/FSDP's buffers at the backward's end of an MoE model {_OF_A_STAGE}: the dense part's, and the "
-    "first layer's experts gathered with their unsharded gradients (or the whole stage's, where kept)",
-    "B",
-    "[ZeRO §5], [FSDP2]",
-)
 # A token's k_E routed copies, padded to C_f, each keep their dispatched hidden state (whole on every TP
 # rank: the dispatcher gathers a TP group's tokens for its experts) and their expert's intermediates (TP-
 # split): as a width, F_ffn + t·H/(2+g) per copy, since a dense layer keeps 2(2+g)F/t bytes per token.
@@ -303,6 +296,25 @@ F_mem = define(
     "token's k_E routed copies, times C_f, its dispatched hidden state and its expert's intermediates",
     "elements",
     "[Switch §2.2], [MoE-Folding]",
+)
+
+# At the backward's end the first layer's experts are gathered in their own backward, beside the MLP's working
+# set; once it ends they are resharded and their unsharded gradients wait as a reduce-scatter's input beside the
+# attention's backward, the smaller working set (the torch reference holds the two apart).
+_mlp_over_attention = sympy.Subs(sympy.Max(W_mlp, W_att, evaluate=False) - W_att, F_ffn, F_mem)
+M_fsdp_end_moe = define(
+    "moe_fsdp_backward_end_bytes",
+    "M_fsdp_end_moe",
+    _dense(M_fsdp_end)
+    + (1 - r_k)
+    * u_w
+    * sympy.Max(_experts_a_layer * q_c, _experts_a_layer * u_g * q_g - _mlp_over_attention, evaluate=False)
+    + _experts_kept,
+    f"ZeRO-3/FSDP's buffers at the backward's end of an MoE model {_OF_A_STAGE}: the dense part's, and the "
+    "first layer's experts gathered in the MLP's backward or their unsharded gradients beside the "
+    "attention's, whichever moment holds more (or the whole stage's, where kept)",
+    "B",
+    "[ZeRO §5], [FSDP2]",
 )
 
 # The dense layers keep a dense layer's activations at their own width, on the first stage. A layer's backward
