@@ -264,7 +264,7 @@ def _held(ev: Evaluator) -> tuple[dict[str, Any], ...]:
         {"P_r": ev(f"moe_{stage}_stage_dense_params"), "P_x": ev(f"moe_{stage}_stage_expert_params")}
         for stage in stages
     ]
-    return (*held, {"P_r": max(h["P_r"] for h in held), "P_x": ev("moe_device_expert_params")})
+    return (*held, {"P_r": ev("moe_stage_dense_params"), "P_x": ev("moe_device_expert_params")})
 
 
 def fit_at(ev: Evaluator) -> Fit:

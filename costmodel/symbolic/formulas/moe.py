@@ -227,9 +227,17 @@ P_dL = define(
     "1",
     "[Megatron21 §2.2]",
 )
+P_d = define(
+    "moe_stage_dense_params",
+    "P_d",
+    sympy.Max(P_d1, P_d2, P_dL, evaluate=False),
+    "the dense part of an MoE model a device holds on the stage holding the most of it",
+    "1",
+    "[Megatron21 §2.2]",
+)
 _stages = ({P_r: P_d1, P_x: P_x1}, {P_r: P_d2, P_x: P_x2}, {P_r: P_dL, P_x: P_xL})
 # Where one stage stands for all (activation offload, the allocator's cache): the most of either part.
-_largest = {P_r: sympy.Max(P_d1, P_d2, P_dL, evaluate=False), P_x: P_exp}
+_largest = {P_r: P_d, P_x: P_exp}
 
 
 def _dense(bytes_of_stage: sympy.Expr) -> sympy.Expr:
