@@ -65,6 +65,9 @@ GRID: list[dict] = [
     {"model": "llama2-7b", "seq": 16384, "gpus": 8, "global_batch": 8, "recompute": "selective", "framework": "deepspeed", "zero": 1},
     {"model": "llama3-70b", "seq": 16384, "gpus": 64, "global_batch": 32, "tp": 8, "cp": 2, "pp": 4, "recompute": "full", "zero": 1},
     {"model": "qwen2.5-72b", "seq": 32768, "gpus": 64, "global_batch": 16, "tp": 8, "cp": 4, "recompute": "selective"},
+    # InternEvo's memory tests: the hybrid ZeRO's step (bf16 gradients cast to the fp32 master, foreach AdamW)
+    {"model": "llama2-7b", "seq": 2048, "hw": "a800-nvlink", "gpus": 3, "global_batch": 4, "pp": 3, "recompute": "full", "framework": "internevo", "zero": 1},
+    {"model": "llama2-13b", "seq": 2048, "hw": "a800-nvlink", "gpus": 4, "global_batch": 4, "tp": 4, "recompute": "full", "framework": "internevo", "zero": 1},
 ]  # fmt: skip
 SMOKE = GRID[:2] + [GRID[8]]
 

@@ -219,13 +219,13 @@ def test_junit_of_an_invalid_plan_is_a_parseable_report_not_an_empty_file(cli, t
 
 def test_a_memory_check_names_the_largest_category_and_the_peaks_moment(cli) -> None:
     """Llama 3 8B at 256K on CP 8 with selective recompute: 32K tokens a device keep 146 GB of activations,
-    the most of the 266 GB it needs, at the loss (the forward's end)."""
+    the most of the 261 GB it needs, at the loss (the forward's end)."""
     path = REPO / "configs" / "plans" / "fail-llama3-8b-256k-memory.yaml"
     results = cli("check", str(path), "-f", "json").json()["results"]
     (memory,) = [r for r in results if r["check"] == "fits_memory"]
     assert not memory["passed"]
     assert memory["detail"].startswith(
-        "266.1 GB per device of 76.0 GB usable; the most, activations 146.3 GB, at the loss at the forward's "
+        "260.9 GB per device of 76.0 GB usable; the most, activations 146.3 GB, at the loss at the forward's "
         "end, one stage; 80% interval "
     )
     assert memory["detail"].endswith("; fits with probability 0%")

@@ -335,6 +335,8 @@ def test_numeric_twin_matches_exact_sympy(
         "f_pf": 1,
         "w_op": 1 - int(causal),
         "g_p": 0,
+        "c_gm": int(causal),
+        "f_fe": 1,
         "k_l": 12,
         "l_f": int(causal),
         "T_c": 4096,

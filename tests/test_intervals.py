@@ -170,7 +170,7 @@ def test_the_html_report_draws_the_memory_interval(cli, tmp_path) -> None:
     page = tmp_path / "r.html"
     assert cli("report", "configs/plans/llama3-8b-128k-a100-nvlink.yaml", "--html", str(page)).code == 0
     text = page.read_text()
-    assert 'data-field="fit.total_bytes_interval"' in text and "may not fit (47% it fits)" in text
+    assert 'data-field="fit.total_bytes_interval"' in text and "may not fit (50% it fits)" in text
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,9 @@ def jobs(draw: st.DrawFn) -> Job:
         "tp": draw(st.sampled_from([1, 2, 8])),
         "cp": draw(st.sampled_from([1, 2, 4])),
         "pp": draw(st.sampled_from([1, 2, 4])),
-        "framework": draw(st.sampled_from(["megatron", "torchtitan", "deepspeed", "hf-trainer"])),
+        "framework": draw(
+            st.sampled_from(["megatron", "torchtitan", "deepspeed", "hf-trainer", "internevo"])
+        ),
         "zero": draw(st.sampled_from([0, 1, 3])),
         "recompute": draw(st.sampled_from(["none", "selective", "full"])),
         "loss": draw(st.sampled_from(["materialized", "chunked", "fused"])),
@@ -65,7 +67,7 @@ def moe_jobs(draw: st.DrawFn) -> Job:
         "cp": draw(st.sampled_from([1, 2])),
         "pp": draw(st.sampled_from([1, 2, 4])),
         "ep": draw(st.sampled_from([1, 2, 4])),
-        "framework": draw(st.sampled_from(["megatron", "torchtitan", "deepspeed"])),
+        "framework": draw(st.sampled_from(["megatron", "torchtitan", "deepspeed", "internevo"])),
         "zero": draw(st.sampled_from([0, 1, 3])),
         "recompute": draw(st.sampled_from(["none", "selective", "full"])),
     }
@@ -153,6 +155,38 @@ def test_megatron_keeps_a_master_copy_and_its_gradients_between_steps() -> None:
     assert bare.optimizer == pytest.approx(params * 8 / 8, rel=1e-12)
 
 
+def test_internevos_peak_is_its_optimizer_step() -> None:
+    """InternEvo's 7B memory tests at 2K tokens (the states most of the peak): under FSDP over 4 ranks the step
+    holds bf16 weights and gradients, the fp32 master and moments (16 bytes a parameter, a shard each) and the
+    gradients cast to fp32 and foreach AdamW's square root (8 more); its hybrid ZeRO on one rank has dropped
+    the bf16 gradients once cast (22 bytes). Megatron's fused step allocates nothing: its peak stays in the
+    backward."""
+    flags = {"model": "llama2-7b", "seq": 2048, "hw": "a800-nvlink", "recompute": "full"}
+    params = 6_738_415_616
+    fsdp = step_memory(Job.of(**flags, gpus=4, global_batch=4, framework="internevo", zero=3)).by_category
+    assert fsdp.peak == "the optimizer step, one stage"
+    assert (fsdp.weights, fsdp.gradients, fsdp.optimizer, fsdp.working) == pytest.approx(
+        (params * 2 / 4, params * 2 / 4, params * 12 / 4, params * 8 / 4), rel=1e-12
+    )
+    assert fsdp.activations == fsdp.loss == fsdp.fsdp_buffers == 0
+    hybrid = step_memory(Job.of(**flags, gpus=1, global_batch=1, framework="internevo", zero=1)).by_category
+    assert hybrid.peak == "the optimizer step, one stage"
+    assert hybrid.allocated_bytes == pytest.approx(params * 22, rel=1e-12) and hybrid.gradients == 0
+    fused = step_memory(Job.of(**flags, gpus=1, global_batch=1, zero=1)).by_category
+    assert not fused.peak.startswith("the optimizer step")
+
+
+def test_a_framework_without_context_parallelism_refuses_it() -> None:
+    """InternEvo's profiled release runs no CP: a job and a search asking for it get one line naming --cp."""
+    flags = {"model": "llama2-7b", "seq": 8192, "hw": "a800-nvlink", "gpus": 8, "global_batch": 8}
+    with pytest.raises(InputError, match="--cp: 2: InternEvo .* runs no context parallelism; accepted: 1"):
+        Job.of(**flags, cp=2, framework="internevo")
+    job = Job.of(**flags, framework="internevo")
+    with pytest.raises(InputError, match="--cp: InternEvo .* runs no context parallelism"):
+        search(job, 8, Constraints(cp=2))
+    assert {plan["cp"] for plan in search(job, 8, Constraints()).plans} == {1}
+
+
 def test_a_framework_profile_from_a_file(tmp_path) -> None:
     """A user's profile is a YAML file like the built-in ones; a bad one is one line naming the field."""
     from costmodel.core.resources import data_dir
@@ -168,7 +202,7 @@ def test_a_framework_profile_from_a_file(tmp_path) -> None:
     theirs = step_memory(Job.of(**flags)).by_category.loss
     assert step_memory(Job.of(**flags, framework=str(mine))).by_category.loss == pytest.approx(2 * theirs)
     broken = tmp_path / "broken.yaml"
-    broken.write_text(text.replace("fragmentation: 0.25", "fragmentation: lots"))
+    broken.write_text(text.replace("fragmentation: 0.22", "fragmentation: lots"))
     with pytest.raises(InputError, match=r"--framework.*fragmentation"):
         Job.of(**flags, framework=str(broken))
 

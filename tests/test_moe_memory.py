@@ -77,7 +77,7 @@ def test_mixtral_memory_per_device_by_hand() -> None:
     The peak is the larger of the loss (6 bytes per logit of the L x V/t) and the backward's working set: the
     MLP's gradients, (3 F_mem / t + H / t) x 2 bytes a token, outweigh the attention's Q, K and V gradients
     with the ring's buffers, which are then not held beside them. The allocator reserves
-    a quarter more of those, the runtime holds 2 GB. To 1e-9 relative (float arithmetic)."""
+    22 % more of those, the runtime holds 2 GB. To 1e-9 relative (float arithmetic)."""
     setup = TrainingSetup(gpus=64, tp=8)
     ev = Evaluator(memory_values(_inputs(8), setup, 8, load_model(MIXTRAL)))
     fit = fit_at(ev)
@@ -104,9 +104,9 @@ def test_mixtral_memory_per_device_by_hand() -> None:
     assert backward > loss and by.peak == "the backward, one stage"
     allocated = states + kept + max(loss, backward)
     assert by.allocated_bytes == pytest.approx(allocated, rel=1e-9)
-    reserved = allocated + 0.25 * (kept + max(loss, backward))  # a quarter more of what comes and goes
+    reserved = allocated + 0.22 * (kept + max(loss, backward))  # 22 % more of what comes and goes
     assert fit.total_bytes == pytest.approx(reserved + 2e9, rel=1e-9)
-    assert fit.total_bytes == pytest.approx(54.96e9, abs=0.05e9) and fit.fits  # of 76 GB usable
+    assert fit.total_bytes == pytest.approx(54.71e9, abs=0.05e9) and fit.fits  # of 76 GB usable
     # One expert of width F, as the fit counted before, left 6.45x fewer weights.
     assert held / (dense_on(8) + LAYERS * EXPERT / 8) == pytest.approx(6.45, abs=0.01)
 
@@ -252,13 +252,14 @@ def test_each_stage_of_deepseek_v3_holds_its_own_dense_part_and_experts() -> Non
 STATE_FORMULAS = ("weight_bytes", "gradient_bytes", "optimizer_state_bytes")
 
 
-PINNED_FIT = (8030261248.0, 49687241472.0, 10719592448.0, 65086732032.0)
-PINNED_N_MIN = 35.27231987486632
+PINNED_FIT = (8030261248.0, 49687241472.0, 10719592448.0, 64765144258.56)
+PINNED_N_MIN = 34.425784197869525
 
 
 # Dense models: what the fit, the step and the search give, pinned so that an unintended change shows (the
 # step times re-pinned when the Hopper tables took their sustained clock, 0.874 of boost, and when TP left
-# the norms whole on every rank, +1.3e-4 of a 70B rank's parameters; each term is held to a hand count or
+# the norms whole on every rank, +1.3e-4 of a 70B rank's parameters; the fit when the allocator's share of
+# what comes and goes became 0.22 and the gradients made each step joined it; each term is held to a hand count or
 # the torch reference elsewhere).
 def test_dense_fit_is_unchanged() -> None:
     inputs = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAULTS)
@@ -299,7 +300,7 @@ def test_dense_search_is_unchanged() -> None:
         [9.815208885471119, 9.887400925362225, 9.924789240668892], rel=1e-12
     )
     assert [p["memory_bytes"] for p in found.plans] == pytest.approx(
-        [58955402240.0, 58955402240.0, 58955402240.0], rel=1e-12
+        [58311220060.16, 58311220060.16, 58311220060.16], rel=1e-12
     )
     assert found.notes == []
 

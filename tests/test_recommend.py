@@ -220,7 +220,7 @@ def test_the_window_is_evaluated_at_the_picks_virtual_stages(cli) -> None:
         "1",
     )
     assert result.code == 0, result.err
-    assert "Usable CP degrees at TP 4 · PP 4 (v 20)" in result.out
+    assert "Usable CP degrees at TP 8 · PP 2 (v 20)" in result.out
     memory = re.search(r"of [\d.]+ GB usable: fits", result.out)
     top = re.search(r"the runtime holds [\d.]+ GB: ([\d.]+) GB of", result.out).group(1)
     row = re.search(r"^1 +4 +([\d.]+) GB +yes", result.out, flags=re.M).group(1)

@@ -457,10 +457,10 @@ def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> No
     data = cli(*args, "-f", "json").json()
     assert data["schema"] == "cp-plan/step/v7"
     assert data["fits"] is False and data["memory"]["fits"] is False
-    assert data["memory"]["bytes_per_device"] == pytest.approx(4.164e12, rel=1e-3)
+    assert data["memory"]["bytes_per_device"] == pytest.approx(4.075e12, rel=1e-3)
     assert data["memory"]["device_memory_bytes"] == pytest.approx(76e9, rel=1e-9)
     table = cli(*args)
-    assert table.code == 0 and "4.164 TB of 76.00 GB usable: DOES NOT FIT" in " ".join(table.out.split())
+    assert table.code == 0 and "4.075 TB of 76.00 GB usable: DOES NOT FIT" in " ".join(table.out.split())
     assert cli(*args, "--strict").code == 1
     assert cli(*args, "--strict", "-f", "json").code == 1
     recommend = cli("recommend", *args[1:], "-f", "json").json()

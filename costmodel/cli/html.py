@@ -346,8 +346,9 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
         + ("" if fit.fits else " — does not fit")
         + "</h3>",
         f'<p class="caption">The peak falls at {escape(by.peak)}: the model states (blue); what comes and '
-        "goes within the step, activations, the loss and the backward's working set (teal), gathered weights "
-        "and CP buffers (red); the allocator's reserve and the runtime (amber).</p>",
+        "goes within the step, activations, the loss and the working set of the backward or the optimizer "
+        "step (teal), gathered weights and CP buffers (red); the allocator's reserve and the runtime "
+        "(amber).</p>",
         f'<svg class="chart bars" viewBox="0 0 {width} 64" role="img" aria-label="training memory">',
         f'<text x="{left - 6}" y="{height / 2 + 8}" text-anchor="end">'
         f"{'fits' if fit.fits else 'does not fit'}</text>",

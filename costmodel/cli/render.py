@@ -48,9 +48,10 @@ def budget_line(budget: Budget) -> str:
 
 def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -> str:
     """Memory per device at the step's peak, by what holds it, when the peak falls, and whether it fits."""
-    parts = " + ".join(
-        f"{label} {si(getattr(by, k), 'B')}" for k, label in CATEGORY_LABELS.items() if getattr(by, k)
-    )
+    labels = CATEGORY_LABELS
+    if by.peak.startswith("the optimizer step"):
+        labels = labels | {"working": "the step's temporaries"}
+    parts = " + ".join(f"{label} {si(getattr(by, k), 'B')}" for k, label in labels.items() if getattr(by, k))
     return (
         f"{parts} = {si(by.allocated_bytes, 'B')} allocated at {by.peak}; the allocator reserves "
         f"{si(by.allocator, 'B')} more, the runtime holds {si(by.runtime, 'B')}: {si(total, 'B')} of "

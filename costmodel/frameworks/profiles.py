@@ -40,6 +40,7 @@ LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "fused": 2.0}
 FUSED_MERGE_BYTES = 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
+OptimizerKernel = Literal["fused", "foreach"]
 Fp8Scaling = Literal["delayed", "current"]
 
 
@@ -71,6 +72,12 @@ class MemoryPolicy(_Strict):
     )
     gradients: StateDtype = Field(description="gradients kept for the optimizer (main_grad, reduce dtype)")
     optimizer_states: StateDtype = Field(description="Adam's two moments")
+    optimizer_kernel: OptimizerKernel = Field(
+        "fused",
+        description="AdamW's implementation: fused (one kernel over the states, nothing allocated beside them: "
+        "torch's fused=True, Apex's and Transformer Engine's FusedAdam) or foreach (torch's multi-tensor "
+        "AdamW, which makes the square root of the second moment as a temporary the size of the moments)",
+    )
     gradients_persist: bool = Field(
         description="the gradients stay allocated from step to step (Megatron's main-gradient buffer), rather "
         "than freed by zero_grad and made as the backward reaches each layer (FSDP2, set_to_none)"
@@ -101,7 +108,8 @@ class MemoryPolicy(_Strict):
     )
     fragmentation: NonNegative = Field(
         description="what the caching allocator reserves beyond the allocated peak, as a share of the bytes "
-        "that come and go within a step (activations, gathered weights, unsharded gradients)"
+        "that come and go within a step (activations, gathered weights, unsharded gradients, gradients made "
+        "each step, the optimizer step's temporaries)"
     )
     reports: Literal["reserved", "allocated"] = Field(
         description="the peak the framework logs: torch.cuda.max_memory_reserved or max_memory_allocated"
@@ -111,8 +119,11 @@ class MemoryPolicy(_Strict):
 class TimePolicy(_Strict):
     """How the framework runs a step unless the job says otherwise."""
 
-    cp_scheme: str = Field(description="the CP scheme a job gets by default (cp-plan step --cp-scheme)")
-    cp_schemes: list[str] = Field(description="the CP schemes the framework can run")
+    cp_scheme: str = Field(
+        description="the CP scheme a job gets by default (cp-plan step --cp-scheme); where the framework runs "
+        "none, the scheme whose formulas price a job without CP"
+    )
+    cp_schemes: list[str] = Field(description="the CP schemes the framework can run; none: no CP (--cp 1)")
     cp_layouts: list[Literal["zigzag", "striped", "contiguous"]] = Field(
         ["zigzag"], description="the token layouts its ring and all-gather split a causal sequence into"
     )
@@ -163,7 +174,7 @@ class FrameworkProfile(_Strict):
 
     @model_validator(mode="after")
     def _schemes(self) -> Self:
-        if self.time.cp_scheme not in self.time.cp_schemes:
+        if self.time.cp_schemes and self.time.cp_scheme not in self.time.cp_schemes:
             raise ValueError(f"time.cp_scheme {self.time.cp_scheme!r} is not among time.cp_schemes")
         return self
 

@@ -66,7 +66,8 @@ and kept until backward; no logits kept).
 
 Recompute (``torch.utils.checkpoint``, non-reentrant): ``selective`` checkpoints the attention core (with
 flash attention it drops only the lse), ``full`` each whole layer (only its input kept). Optimizer:
-``torch.optim.AdamW(fused=True)``, which allocates nothing beyond its states. Without FSDP it steps
+``torch.optim.AdamW(fused=True)``, which allocates nothing beyond its states, or ``foreach=True``, which
+makes the square root of the second moment whole at the step [PyTorch-AdamW]. Without FSDP it steps
 Megatron-LM's layout [Megatron-LM]: bf16 weights, a persistent ``grad_dtype`` gradient buffer the
 backward adds into (1/shard_group of it from ZeRO-2), and an fp32 master of 1/shard_group of the
 parameters from ZeRO-1 with AdamW's moments beside it [ZeRO]; the updated shard is copied back in place.
@@ -127,6 +128,7 @@ MOMENTS = ("forward", "backward", "optimizer")
 RECOMPUTE = ("none", "selective", "full")
 LOSSES = ("materialized", "chunked", "fused")
 CROSS_ENTROPY = ("torch", "megatron")
+OPTIMIZER_KERNELS = ("fused", "foreach")
 CP_SCHEMES = ("ring", "allgather", "ulysses")
 
 
@@ -160,6 +162,10 @@ class MemoryCase:
     master_dtype: str | None = "fp32"  # master copy the optimizer updates (None: it steps the params)
     grad_dtype: str = "fp32"
     optimizer_dtype: str = "fp32"  # Adam moments
+    optimizer_kernel: str = "fused"  # AdamW(fused=True), or foreach=True (a second-moment-sized temporary)
+    # gradients: a persistent buffer the backward adds into (Megatron-LM's main_grad), or made by the backward
+    # and freed once the step has flattened and cast them (InternEvo's hybrid ZeRO); FSDP2 keeps its shards
+    grad_buffer: bool = True
     zero: int = 1  # 0..3; shards over shard_group ranks (3 is FSDP2: needs fsdp)
     shard_group: int = 1  # ranks ZeRO/FSDP shards over (DP x CP)
     # ranks that hold the same experts, over which ZeRO/FSDP shards their states: DP x CP / EP (Megatron's
@@ -189,6 +195,7 @@ class MemoryCase:
         _one_of(self, "loss", LOSSES)
         _one_of(self, "cross_entropy", CROSS_ENTROPY)
         _one_of(self, "cp_scheme", CP_SCHEMES)
+        _one_of(self, "optimizer_kernel", OPTIMIZER_KERNELS)
         _one_of(self, "zero", (0, 1, 2, 3))
         for name in ("param_dtype", "grad_dtype", "optimizer_dtype"):
             _one_of(self, name, tuple(DTYPES))
@@ -218,6 +225,12 @@ class MemoryCase:
     def _check_sharding(self) -> None:
         if (self.zero == 3) != self.fsdp:
             raise InputError("fsdp", "ZeRO-3 is measured as FSDP2: zero = 3 exactly when fsdp is set")
+        if not (self.fsdp or self.grad_buffer) and (self.shard_group > 1 or self.master_dtype is None):
+            raise InputError(
+                "grad_buffer",
+                "gradients without a buffer are stepped as InternEvo's hybrid ZeRO on one data-parallel rank "
+                "(shard_group 1) into a master copy",
+            )
         stepped = self.master_dtype or self.param_dtype
         if self.fsdp and self.grad_dtype != stepped:
             raise InputError("grad_dtype", f"FSDP2 keeps sharded gradients in the sharded dtype, {stepped}")
@@ -332,6 +345,8 @@ class _Attributed:
 
     def _category(self, reftype: object, region: str | None) -> str:
         name = reftype.name  # type: ignore[attr-defined]
+        if name == "OPT" and region == "temporaries":  # made by the step itself, its states already there
+            return "temporaries"
         if name in self._fixed:
             return self._fixed[name]
         if region:
@@ -1025,9 +1040,44 @@ class Stage(nn.Module):
 # The optimizer side.
 
 
-def _adamw(stepped: list[torch.Tensor], dtype: torch.dtype) -> torch.optim.AdamW:
-    """Fused AdamW with its moments made now, in ``dtype`` (counted as ``optimizer``)."""
-    optimizer = torch.optim.AdamW(stepped, fused=True)
+class _ForeachAdamW(torch.optim.AdamW):
+    """torch's foreach AdamW (``_multi_tensor_adam``, decoupled weight decay) as the foreach ops it runs, in
+    its order [PyTorch-AdamW]: the moments updated in place, then ``exp_avg_sq_sqrt = _foreach_sqrt(...)``
+    made whole, divided and added to in place, and the update added into the parameters. torch's own reads
+    the step count with ``.item()``, which a fake tensor cannot answer; the step is counted in Python here,
+    and what is allocated is the same."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ARG002 - torch's signature
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            beta1, beta2 = group["betas"]
+            states = [self.state[p] for p in params]
+            grads = [p.grad for p in params]
+            exp_avgs = [s["exp_avg"] for s in states]
+            exp_avg_sqs = [s["exp_avg_sq"] for s in states]
+            self._steps = getattr(self, "_steps", 0) + 1
+            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+            step_size = group["lr"] / (1 - beta1**self._steps)
+            exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_div_(exp_avg_sq_sqrt, math.sqrt(1 - beta2**self._steps))
+            torch._foreach_add_(exp_avg_sq_sqrt, group["eps"])
+            torch._foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, -step_size)
+
+
+def _adamw(stepped: list[torch.Tensor], case: MemoryCase) -> torch.optim.AdamW:
+    """AdamW, fused or foreach as the case says, with its moments made now in the case's dtype (counted as
+    ``optimizer``); the optimizers step it among ``temporaries``, which foreach's square root is."""
+    dtype = DTYPES[case.optimizer_dtype]
+    if case.optimizer_kernel == "foreach":
+        optimizer = _ForeachAdamW(stepped, foreach=True)
+    else:
+        optimizer = torch.optim.AdamW(stepped, fused=True)
     with _making("optimizer"):
         for tensor in stepped:
             optimizer.state[tensor] = {
@@ -1094,9 +1144,7 @@ class _MegatronOptimizer:
                     shard if case.zero >= 1 else flat.numel(), dtype=DTYPES[case.master_dtype]
                 )
                 self.master.copy_(flat[: self.master.numel()])
-        self.optimizer = _adamw(
-            [self.master] if self.master is not None else params, DTYPES[case.optimizer_dtype]
-        )
+        self.optimizer = _adamw([self.master] if self.master is not None else params, case)
 
     @staticmethod
     def _adder(view: torch.Tensor | None):
@@ -1114,7 +1162,8 @@ class _MegatronOptimizer:
         else:
             with _making("temporaries"):
                 self.master.grad = self.grads[: self.master.numel()].to(self.master.dtype)
-        self.optimizer.step()
+        with _making("temporaries"):
+            self.optimizer.step()
         with torch.no_grad():
             if self.master is not None:
                 self.flat[: self.master.numel()].copy_(self.master)
@@ -1124,10 +1173,38 @@ class _MegatronOptimizer:
             p.grad = None
 
 
+class _HybridZeroOptimizer:
+    """InternEvo's HybridZeroOptimizer on one data-parallel rank [InternEvo]: the backward leaves each
+    parameter's gradient in its own dtype, and nothing keeps them between steps; the step flattens them into one
+    buffer and drops them, casts that to the master copy's dtype as its gradient (dropping the flat one), steps
+    the flat master and copies it back into the parameters."""
+
+    def __init__(self, case: MemoryCase, params: list[nn.Parameter], flat: torch.Tensor) -> None:
+        self.params, self.flat = params, flat
+        with _making("optimizer"):
+            self.master = torch.empty(flat.numel(), dtype=DTYPES[case.master_dtype])
+            self.master.copy_(flat)
+        self.optimizer = _adamw([self.master], case)
+
+    def step(self) -> None:
+        with _making("temporaries"):
+            grads = [p.grad.reshape(-1) for p in self.params]
+            for p in self.params:
+                p.grad = None
+            flat = torch.cat(grads)
+            del grads
+            self.master.grad = flat.to(self.master.dtype)
+            del flat
+            self.optimizer.step()
+        with torch.no_grad():
+            self.flat.copy_(self.master)
+        self.master.grad = None
+
+
 class _Optimizers(NamedTuple):
     """One optimizer a buffer, stepped together."""
 
-    each: list[_MegatronOptimizer]
+    each: list[_MegatronOptimizer | _HybridZeroOptimizer]
 
     def step(self) -> None:
         for optimizer in self.each:
@@ -1138,7 +1215,7 @@ class _FSDPOptimizer:
     """AdamW over FSDP2's sharded parameters (the master copy when their dtype differs from the compute one)."""
 
     def __init__(self, case: MemoryCase, params: list[nn.Parameter]) -> None:
-        self.optimizer = _adamw(params, DTYPES[case.optimizer_dtype])
+        self.optimizer = _adamw(params, case)
         # One step on zero gradients now: DTensor's first dispatch of each op propagates shardings by running
         # it on fake tensors of the global shape, in this same fake mode, so the tracker would count them.
         # The propagation is cached, and the step measured later makes none.
@@ -1147,7 +1224,8 @@ class _FSDPOptimizer:
         self.step()
 
     def step(self) -> None:
-        self.optimizer.step()
+        with _making("temporaries"):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
 
@@ -1374,7 +1452,12 @@ def _run(case: MemoryCase, warmup: bool, device: str = "cpu") -> _Attributed:
                 _FSDPOptimizer(case, list(stage.parameters()))
                 if case.fsdp
                 else _Optimizers(
-                    [_MegatronOptimizer(case, params, flat, shards) for params, shards, flat in buffers]
+                    [
+                        _MegatronOptimizer(case, params, flat, shards)
+                        if case.grad_buffer
+                        else _HybridZeroOptimizer(case, params, flat)
+                        for params, shards, flat in buffers
+                    ]
                 )
             )
             del buffers

@@ -28,6 +28,7 @@ from costmodel.frameworks.profiles import (
     FrameworkProfile,
     Loss,
     MasterDtype,
+    OptimizerKernel,
     StateDtype,
     load_framework,
 )
@@ -159,7 +160,7 @@ class FrameworkKnobs(BaseModel):
 
     framework: str = flag(
         DEFAULT,
-        "Training framework: a built-in profile (megatron, torchtitan, deepspeed, hf-trainer; cp-plan "
+        "Training framework: a built-in profile (megatron, torchtitan, deepspeed, hf-trainer, internevo; cp-plan "
         "framework list) or a YAML path. It sets what a device keeps and the step's defaults.",
         max_length=4096,
     )
@@ -175,6 +176,11 @@ class FrameworkKnobs(BaseModel):
     optimizer_dtype: StateDtype | None = flag(
         None, f"Element type of Adam's two moments {FRAMEWORK_DEFAULT}."
     )
+    optimizer_kernel: OptimizerKernel | None = flag(
+        None,
+        "AdamW's implementation: fused (nothing beside its states) or foreach (torch's multi-tensor AdamW: a "
+        f"temporary the size of the moments at the step) {FRAMEWORK_DEFAULT}.",
+    )
 
     def profile(self, loaded: FrameworkProfile | None = None) -> FrameworkProfile:
         """The framework's profile (``loaded``, or read from ``framework``) with the job's changes."""
@@ -184,6 +190,7 @@ class FrameworkKnobs(BaseModel):
             "master_weights": self.master_weights,
             "gradients": self.grad_dtype,
             "optimizer_states": self.optimizer_dtype,
+            "optimizer_kernel": self.optimizer_kernel,
         }
         given = {k: v for k, v in changes.items() if v is not None}
         return base.with_changes(memory=given) if given else base
@@ -469,6 +476,8 @@ def _check_step(
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     if inputs.cp == 1:
         return
+    if not framework.time.cp_schemes:
+        raise InputError("--cp", f"{inputs.cp}: {framework.title} runs no context parallelism; accepted: 1")
     if step.cp_scheme not in framework.time.cp_schemes:
         raise InputError(
             "--cp-scheme",

@@ -356,7 +356,10 @@ class MemoryCategories(_Section):
     fsdp_buffers: float = Field(description="ZeRO-3/FSDP's gathered compute weights and unsharded gradients")
     activations: float = Field(description="activations kept for the backward, micro-batches in flight")
     loss: float = Field(description="the loss's logits and their fp32 upcast, where the peak is at the loss")
-    working: float = Field(description="the backward's working set: a recomputed layer, gradients in flight")
+    working: float = Field(
+        description="the working set of the peak's moment: in the backward a recomputed layer and the gradients "
+        "in flight, in the optimizer step its temporaries (gradients cast to the master dtype, foreach AdamW's)"
+    )
     cp_buffers: float = Field(
         description="the CP scheme's buffers (ring blocks, gathered K and V, all-to-all)"
     )
@@ -364,7 +367,10 @@ class MemoryCategories(_Section):
     runtime: float = Field(description="CUDA context, NCCL buffers and workspaces outside the allocator")
     allocated_bytes: float = Field(description="the tensors at the peak (torch.cuda.max_memory_allocated)")
     reserved_bytes: float = Field(description="what the allocator holds (torch.cuda.max_memory_reserved)")
-    peak: str = Field(description="when the peak falls: at the loss, or in the backward, and on which stage")
+    peak: str = Field(
+        description="when the peak falls: at the loss, in the backward, at its end or in the optimizer step, "
+        "and on which stage"
+    )
 
     def tensors(self) -> dict[str, float]:
         """The tensors at the peak by category, in order: they sum to ``allocated_bytes``."""

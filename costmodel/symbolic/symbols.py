@@ -134,6 +134,24 @@ q_m = _symbol(
 )  # fmt: skip
 q_g = _symbol("q_g", "bytes per gradient kept for the optimizer (fp32 main_grad)", "B", FRAMEWORK)
 q_o = _symbol("q_o", "bytes per parameter of each of Adam's two moments", "B", FRAMEWORK)
+c_gm = _symbol(
+    "c_gm",
+    "the optimizer step casts the gradients to a master copy of another dtype (bf16 gradients, fp32 master): 1, "
+    "else 0",
+    "1",
+    FRAMEWORK,
+    nonnegative=True,
+    integer=True,
+)
+f_fe = _symbol(
+    "f_fe",
+    "AdamW runs torch's multi-tensor (foreach) implementation, which makes the square root of the second moment "
+    "whole: 1; fused: 0",
+    "1",
+    FRAMEWORK,
+    nonnegative=True,
+    integer=True,
+)
 u_w = _symbol(
     "u_w",
     "a layer's weights are gathered or cast into a compute copy before it runs (ZeRO-3/FSDP, autocast): 1, else 0",

@@ -43,6 +43,8 @@ def framework_values(framework: FrameworkProfile) -> dict[str, float]:
         "q_g": STATE_BYTES[m.gradients],
         "q_o": STATE_BYTES[m.optimizer_states],
         "g_p": int(m.gradients_persist),
+        "c_gm": int(m.master_weights != "none" and m.master_weights != m.gradients),
+        "f_fe": int(m.optimizer_kernel == "foreach"),
         "f_pf": m.fsdp_prefetch_layers,
         "k_l": LOGIT_BYTES["fused" if m.loss == "fused" else m.cross_entropy],
         "l_f": int(m.loss == "fused"),
@@ -164,7 +166,8 @@ def memory(ev: Evaluator, name: str, **overrides: Any) -> Any:
 def categories(values: dict[str, Any]) -> MemoryCategories:
     """Every byte at the peak by what holds it, summing to ``allocated_memory_bytes`` (then the allocator's and
     the runtime's), and the moment: each stage's forward and backward (the loss at the forward's end on the
-    last stage, or the backward) and each stage's backward's end, the largest of them all."""
+    last stage, or the backward), each stage's backward's end and each stage's optimizer step (its
+    temporaries the working set), the largest of them all."""
     ev = Evaluator(values)
     # An MoE layer keeps the dense layer's activations at the width F_mem; its states count every expert.
     moe_layer = {"F_ffn": float(call("moe_activation_ffn", values))} if values.get("n_E", 1) > 1 else {}
@@ -180,6 +183,12 @@ def categories(values: dict[str, Any]) -> MemoryCategories:
             "activations": float(activations("layer_kept_bytes")),
             "fsdp_buffers": memory(ev, "fsdp_backward_end_bytes", **params),
         }
+        held = states["gradients"] * float(ev("optimizer_step_gradient_share"))
+        candidates[f"the optimizer step, {where}"] = (
+            dict.fromkeys(running, 0.0)
+            | states
+            | {"gradients": held, "working": float(memory(ev, "optimizer_step_bytes", **params))}
+        )
     moment, parts = max(candidates.items(), key=lambda item: sum(float(v) for v in item[1].values()))
     parts = {k: float(v) for k, v in parts.items()}
     allocated = sum(parts.values())
@@ -339,6 +348,8 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
         "master_dtype": master,
         "grad_dtype": (master or framework.compute_weights) if fsdp else framework.gradients,
         "optimizer_dtype": framework.optimizer_states,
+        "optimizer_kernel": framework.optimizer_kernel,
+        "grad_buffer": framework.gradients_persist or fsdp or master is None,
         "zero": setup.zero,
         "shard_group": setup.shard_group,
         "expert_shard_group": setup.shard_group // job.step.ep if experts else 0,

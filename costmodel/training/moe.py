@@ -41,6 +41,7 @@ TWINS = {
     "weight_bytes": "moe_weight_bytes",
     "gradient_bytes": "moe_gradient_bytes",
     "optimizer_state_bytes": "moe_optimizer_state_bytes",
+    "optimizer_step_bytes": "moe_optimizer_step_bytes",
     "model_state_bytes": "moe_model_state_bytes",
     "fsdp_buffer_bytes": "moe_fsdp_buffer_bytes",
     "fsdp_backward_end_bytes": "moe_fsdp_backward_end_bytes",

@@ -59,7 +59,10 @@ def recommend(
     attention = setup.attention(inputs)
     # The comparison depends on the attention and the placement only; the fixes' re-runs change memory knobs.
     schemes = {} if _schemes is None else _schemes
-    candidates = [n for n in divisors(setup.shard_group) if inputs.seq % n == 0 and n <= MAX_CP]
+    runs_cp = bool(job.framework.time.cp_schemes)  # a framework without CP has the window N = 1 only
+    candidates = [
+        n for n in divisors(setup.shard_group) if inputs.seq % n == 0 and n <= MAX_CP and (runs_cp or n == 1)
+    ]
     rows, best_at, evaluators = [], {}, {}
     for n in candidates:
         machine = base.placed(cp_stride(setup, n))  # CP neighbours as far apart as the rank order puts them

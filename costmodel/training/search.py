@@ -209,6 +209,10 @@ def _allowed_pairs(c: Constraints, framework: FrameworkProfile) -> list[tuple[st
     """The (scheme, layout) pairs the constraints admit: the scheme, the layout (a whole-sequence scheme has
     none to fix) and the framework's."""
     runs = framework_pairs(framework)
+    if not framework.time.cp_schemes:  # CP 1 only: no pair to run
+        if (c.cp or 1) > 1 or c.cp_scheme or c.layout:
+            raise InputError("--cp", f"{framework.title} runs no context parallelism; accepted: 1")
+        return []
     allowed = [
         (s, lay)
         for s, lay in scheme_pairs()
@@ -556,8 +560,8 @@ def _buffer_columns(table: Table, values: dict[str, Any], job: Job) -> np.ndarra
     c = table.columns
     out = np.zeros(len(table))
     unsplit = c["pair"] < 0
-    if unsplit.any():
-        schemes = {s for s, _ in framework_pairs(job.framework) if not registry.get(s).hybrid}
+    schemes = {s for s, _ in framework_pairs(job.framework) if not registry.get(s).hybrid}
+    if unsplit.any() and schemes:  # a framework without CP plans CP 1 only: no buffers
         at = {k: v[unsplit] if isinstance(v, np.ndarray) else v for k, v in values.items()}
         out[unsplit] = np.min(
             [np.broadcast_to(cp_buffers(s, at), unsplit.sum()) for s in sorted(schemes)], axis=0

@@ -4,7 +4,8 @@ grid from 8B to 405B is benchmarks/memory.py).
 
 One small model throughout (8 layers of H = 512, 8 query and 4 KV heads of 64, F = 1,024, V = 4,000) at 4,096
 tokens on 8 devices, over every framework profile, ZeRO-1 and FSDP, each recompute mode and loss, TP, PP and
-CP by ring, all-gather and all-to-all; and its MoE twin (8 experts of that width, 2 a token) over EP 2 and 4,
+CP by ring, all-gather and all-to-all, and with the states most of the peak on one or two devices, where it
+falls in the optimizer step (fused or foreach AdamW, gradients cast to the master copy); and its MoE twin (8 experts of that width, 2 a token) over EP 2 and 4,
 ZeRO-1, FSDP and PP, with its first two layers dense (DeepSeek's shape), PP placing them on the first stage,
 and with a shared expert (Qwen's). The total within 5 %; what persists
 (the states) and what comes and goes (the rest) each within 10 % of itself.
@@ -41,7 +42,13 @@ TINY_DENSE_FIRST = TINY_MOE.model_copy(
     update={"name": "tiny-dense-first", "dense_layers": 2, "dense_ffn": 2048}
 )
 BASE = {"seq": 4096, "hw": "h100-nvlink", "gpus": 8, "global_batch": 16}
-FRAMEWORKS = [("megatron", 1), ("megatron", 0), ("torchtitan", 3), ("hf-trainer", 3), ("deepspeed", 1)]
+FRAMEWORKS = [
+    ("megatron", 1),
+    ("megatron", 0),
+    ("torchtitan", 3),
+    ("hf-trainer", 3),
+    ("deepspeed", 1),
+]
 # torchtitan's op-level selective recompute is not in the reference (its selective is the core attention's)
 GRID = [
     {"framework": framework, "zero": zero, "recompute": recompute}
@@ -62,6 +69,38 @@ GRID = [
     {"micro_batch": 2, "gpus": 4, "global_batch": 8},
     {"tp": 2, "cp": 2, "pp": 2, "global_batch": 8, "recompute": "full"},
     {"tp": 2, "pp": 4, "global_batch": 8, "recompute": "none"},
+    # InternEvo's hybrid ZeRO on one data-parallel rank: its peak in the backward, or (the states most of it)
+    # in the optimizer step, the bf16 gradients cast to the fp32 master's and foreach AdamW's square root
+    {"framework": "internevo", "zero": 1, "recompute": "none", "gpus": 1, "global_batch": 2},
+    {"framework": "internevo", "zero": 1, "recompute": "full", "gpus": 1, "global_batch": 2, "seq": 1024},
+    {
+        "framework": "internevo",
+        "zero": 1,
+        "recompute": "full",
+        "pp": 2,
+        "gpus": 2,
+        "global_batch": 4,
+        "seq": 1024,
+    },
+    # foreach AdamW's square root at the step, over FSDP2's fp32 shards and beside a bf16 main_grad cast to fp32
+    {
+        "framework": "torchtitan",
+        "zero": 3,
+        "recompute": "full",
+        "optimizer_kernel": "foreach",
+        "gpus": 2,
+        "global_batch": 2,
+        "seq": 512,
+    },  # fmt: skip
+    {
+        "zero": 1,
+        "recompute": "full",
+        "grad_dtype": "bf16",
+        "optimizer_kernel": "foreach",
+        "gpus": 2,
+        "global_batch": 2,
+        "seq": 512,
+    },  # fmt: skip
 ]
 
 

@@ -28,6 +28,7 @@ from costmodel.symbolic.symbols import (
     T_c,
     V,
     b,
+    c_gm,
     c_q,
     d,
     d_qk,
@@ -36,6 +37,7 @@ from costmodel.symbolic.symbols import (
     delta,
     e_m,
     f_b,
+    f_fe,
     f_fr,
     f_pf,
     f_tr,
@@ -284,6 +286,30 @@ M_o = define(
     "moments of the parameters that train, their ZeRO share",
     "B",
     "[ZeRO §3], [ZeRO-Offload §4]",
+)
+# The optimizer step allocates beside the states, for the parameters it steps: the gradients cast to the master
+# copy's dtype where they differ (Megatron's .float() of a bf16 main_grad, InternEvo's flat fp32 gradient),
+# and under torch's foreach AdamW the square root of the second moment, made whole before the update.
+M_ost = define(
+    "optimizer_step_bytes",
+    "M_ostep",
+    (1 - o_opt) * f_tr * P_r * z_o * (c_gm * q_m + f_fe * q_o),
+    "what the optimizer step of a device holding P_r parameters allocates beside the states: the gradients "
+    "cast to the master copy's dtype, and foreach AdamW's square root of the second moment",
+    "B",
+    "[PyTorch-AdamW], [Megatron-LM]",
+)
+# InternEvo's hybrid ZeRO makes the gradients in the backward and, with nothing else to keep them for, frees
+# them once flattened and cast to its fp32 master's; a persistent buffer (Megatron's main_grad) or ZeRO-3's
+# shards (FSDP steps before it zeroes them) stay through the step.
+k_gs = define(
+    "optimizer_step_gradient_share",
+    "k_gs",
+    1 - c_gm * (1 - g_p) * (1 - u_g),
+    "the share of the gradients still held while the optimizer steps: all of them, or none where they are "
+    "made each step, cast to the master copy and freed (InternEvo's hybrid ZeRO)",
+    "1",
+    "[InternEvo]",
 )
 M_state = define(
     "model_state_bytes",
@@ -568,14 +594,15 @@ define(
 def allocated(
     forward: sympy.Expr,
     ended: sympy.Expr,
+    stepping: sympy.Expr,
     stages: tuple[dict, dict, dict],
     largest: dict,
     layers: tuple[sympy.Expr, sympy.Expr] = (n_first * A_kept, n_L * A_kept),
     width: Callable[[sympy.Expr], sympy.Expr] = lambda activations: activations,
     backward: sympy.Expr = _backward,
 ) -> sympy.Expr:
-    """The step's peak of states ``forward`` (in the forward and backward) and ``ended`` (at the backward's
-    end), written over the parameters a stage holds, bound per stage by ``stages`` (first, middle, last; the
+    """The step's peak of states ``forward`` (in the forward and backward), ``ended`` (at the backward's end)
+    and ``stepping`` (in the optimizer step, every activation freed), written over the parameters a stage holds, bound per stage by ``stages`` (first, middle, last; the
     first at pp = 1 is the whole model) and under activation offload by ``largest``; the first stage's and the
     whole model's layers keep ``layers`` a micro-batch, a layer's backward holds ``backward``, the
     activations read at ``width``."""
@@ -586,30 +613,42 @@ def allocated(
     def end(at: dict) -> sympy.Expr:
         return replacing(ended, at) + width(A_kept + W_l)
 
+    def step(at: dict) -> sympy.Expr:
+        return replacing(stepping, at)
+
     first, whole = layers
     last = _with_loss(backward)
-    one = running(stages[0], whole + last), end(stages[0])
-    staged = *map(running, stages, _stage_activations(first, backward)), *map(end, stages)
-    offloaded = running(largest, 2 * A_kept + last), end(largest)
+    one = running(stages[0], whole + last), end(stages[0]), step(stages[0])
+    staged = (
+        *map(running, stages, _stage_activations(first, backward)),
+        *map(end, stages),
+        *map(step, stages),
+    )
+    offloaded = running(largest, 2 * A_kept + last), end(largest), step(largest)
     peak = sympy.Piecewise(
         (sympy.Max(*one, evaluate=False), sympy.Eq(pp, 1)), (sympy.Max(*staged, evaluate=False), True)
     )
     return (1 - o_act) * peak + o_act * sympy.Max(*offloaded, evaluate=False)
 
 
-_churn = A + at_stage(M_fsdp, P_stage)  # what is allocated and freed again within a step
+# What is allocated and freed again within a step: activations, FSDP's gathered copies, gradients that do not
+# persist (made in the backward, freed by zero_grad or once cast) and the optimizer step's temporaries.
+_churn = A + at_stage(M_fsdp + (1 - g_p) * M_g + M_ost, P_stage)
 M_alloc = define(
     "allocated_memory_bytes",
     "M_alloc",
     allocated(
         M_w + g_p * M_g + M_o + M_fsdp,
         M_w + M_g + M_o + M_fsdp_end,
+        M_w + k_gs * M_g + M_o + M_ost,
         ({P_r: P_first}, {P_r: P_mid}, {P_r: P_last}),
         {P_r: P_stage},
     ),
     "the tensors a device of the most loaded stage holds at the step's peak: in the forward and backward its "
     "model states, the buffers of ZeRO-3/FSDP and of the CP scheme and the activations with the loss's or "
-    "the backward's working set; at the backward's end every state, with the first layer's backward",
+    "the backward's working set; at the backward's end every state, with the first layer's backward; in "
+    "the optimizer step the weights, the gradients it still holds and the optimizer's states, with what the "
+    "step allocates",
     "B",
     "[Korthikanti22 §4], [ZeRO §3]",
     simplify=False,
@@ -619,7 +658,8 @@ define(
     "M_res",
     M_alloc + f_fr * _churn,
     "what the caching allocator holds at the peak (torch.cuda.max_memory_reserved): the tensors, and a share "
-    "of what comes and goes each step (activations, gathered weights, unsharded gradients) it keeps cached; "
+    "of what comes and goes each step (activations, gathered weights, gradients made each step, the "
+    "optimizer step's temporaries) it keeps cached; "
     "the states, made once, it does not multiply",
     "B",
     "[PyTorch-CUDA-Memory]",

@@ -11,6 +11,7 @@ from costmodel.symbolic.formulas.fit import (
     M_fsdp_end,
     M_g,
     M_o,
+    M_ost,
     M_w,
     P,
     P_first,
@@ -22,6 +23,7 @@ from costmodel.symbolic.formulas.fit import (
     _buffers,
     activations,
     allocated,
+    k_gs,
     replacing,
 )
 from costmodel.symbolic.formulas.registry import FORMULAS, definer
@@ -46,6 +48,8 @@ from costmodel.symbolic.symbols import (
     P_x,
     S,
     b,
+    c_gm,
+    f_fe,
     f_fr,
     f_pf,
     f_tr,
@@ -271,6 +275,15 @@ M_o_moe = define(
     "B",
     "[ZeRO §3], [MoE-Folding]",
 )
+M_ost_moe = define(
+    "moe_optimizer_step_bytes",
+    "M_ostep_moe",
+    _dense(M_ost) + P_x * (c_gm * q_m + f_fe * q_o) * sympy.Min(1, E_p * z_o, evaluate=False),
+    f"what the optimizer step of an MoE model allocates beside the states {_OF_A_STAGE}: the dense part's, and "
+    "the experts'",
+    "B",
+    "[PyTorch-AdamW], [Megatron-LM]",
+)
 M_state_moe = define(
     "moe_model_state_bytes",
     "M_state_moe",
@@ -354,6 +367,7 @@ M_alloc_moe = define(
     allocated(
         M_w_moe + g_p * M_g_moe + M_o_moe + M_fsdp_moe,
         M_w_moe + M_g_moe + M_o_moe + M_fsdp_end_moe,
+        M_w_moe + k_gs * M_g_moe + M_o_moe + M_ost_moe,
         _stages,
         _largest,
         _layers,
@@ -366,7 +380,7 @@ M_alloc_moe = define(
     "[Korthikanti22 §4], [ZeRO §3]",
     simplify=False,
 )
-_churn = A_moe + replacing(M_fsdp_moe, _largest)
+_churn = A_moe + replacing(M_fsdp_moe + (1 - g_p) * M_g_moe + M_ost_moe, _largest)
 define(
     "moe_reserved_memory_bytes",
     "M_res_moe",
