@@ -187,6 +187,40 @@ def test_a_framework_without_context_parallelism_refuses_it() -> None:
     assert {plan["cp"] for plan in search(job, 8, Constraints()).plans} == {1}
 
 
+def test_every_memory_knob_of_a_profile_has_a_flag() -> None:
+    """A job changes any knob of its framework's memory policy with a flag (what it logs aside: that is a fact
+    about its figures, not about what a device holds), each to a value none of the built-in profiles has."""
+    from costmodel.frameworks.profiles import MemoryPolicy
+    from costmodel.plans.job import MEMORY_KNOBS
+
+    assert set(MEMORY_KNOBS.values()) == set(MemoryPolicy.model_fields) - {"reports"}
+    changed = {
+        "loss": "chunked",
+        "master_weights": "bf16",
+        "grad_dtype": "bf16",
+        "optimizer_dtype": "bf16",
+        "optimizer_kernel": "foreach",
+        "weights_dtype": "fp32",
+        "compute_dtype": "fp32",
+        "gradients_persist": False,
+        "cross_entropy": "torch",
+        "loss_chunk_tokens": 1024,
+        "selective_recompute": "ops",
+        "fsdp_prefetch": 3,
+        "reshard_after_forward": "never",
+        "runtime_bytes": 1.5e9,
+        "allocator_reserve": 0.4,
+    }
+    assert set(changed) == set(MEMORY_KNOBS)
+    flags = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
+    kept = Job.of(**flags, **changed).framework.memory
+    assert {key: getattr(kept, key) for name, key in MEMORY_KNOBS.items()} == {
+        MEMORY_KNOBS[name]: value for name, value in changed.items()
+    }
+    with pytest.raises(InputError, match="--fsdp-prefetch"):
+        Job.of(**flags, fsdp_prefetch=65)
+
+
 def test_a_framework_profile_from_a_file(tmp_path) -> None:
     """A user's profile is a YAML file like the built-in ones; a bad one is one line naming the field."""
     from costmodel.core.resources import data_dir

@@ -41,6 +41,7 @@ FUSED_MERGE_BYTES = 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
 OptimizerKernel = Literal["fused", "foreach"]
+CrossEntropy = Literal["torch", "megatron"]
 Fp8Scaling = Literal["delayed", "current"]
 
 
@@ -87,7 +88,7 @@ class MemoryPolicy(_Strict):
         "the same over chunks of loss_chunk_tokens; fused: no logits kept (a fused linear cross-entropy)"
     )
     loss_chunk_tokens: Count() = Field(4096, description="tokens per chunk of a chunked or fused loss")
-    cross_entropy: Literal["torch", "megatron"] = Field(
+    cross_entropy: CrossEntropy = Field(
         description="the cross-entropy over the logits: torch's F.cross_entropy over logits.float(), or "
         "Megatron-Core's vocab-parallel one (in place on the fp32 logits)"
     )

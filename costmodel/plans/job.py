@@ -24,11 +24,14 @@ from pydantic import BaseModel, ConfigDict
 from costmodel.core.errors import InputError
 from costmodel.frameworks.profiles import (
     DEFAULT,
+    CrossEntropy,
     Fp8Scaling,
     FrameworkProfile,
     Loss,
     MasterDtype,
     OptimizerKernel,
+    Reshard,
+    SelectiveRecompute,
     StateDtype,
     load_framework,
 )
@@ -181,19 +184,83 @@ class FrameworkKnobs(BaseModel):
         "AdamW's implementation: fused (nothing beside its states) or foreach (torch's multi-tensor AdamW: a "
         f"temporary the size of the moments at the step) {FRAMEWORK_DEFAULT}.",
     )
+    weights_dtype: StateDtype | None = flag(
+        None,
+        f"Element type of the stored weights, kept between steps (FSDP2's are fp32) {FRAMEWORK_DEFAULT}.",
+    )
+    compute_dtype: StateDtype | None = flag(
+        None,
+        "Element type of the weights the forward and backward read, gathered or cast per layer where it is "
+        f"not the stored one {FRAMEWORK_DEFAULT}.",
+    )
+    gradients_persist: Flag | None = flag(
+        None,
+        "Gradients stay allocated from step to step (a main-gradient buffer), or each backward makes them and "
+        f"the step frees them (--no-gradients-persist) {FRAMEWORK_DEFAULT}.",
+    )
+    cross_entropy: CrossEntropy | None = flag(
+        None,
+        "The cross-entropy over materialised logits: torch (F.cross_entropy over logits.float(), 12 bytes a "
+        f"logit) or megatron (vocab-parallel, in place on one fp32 copy, 6) {FRAMEWORK_DEFAULT}.",
+    )
+    loss_chunk_tokens: Count | None = flag(
+        None, f"Tokens per chunk of a chunked or fused loss {FRAMEWORK_DEFAULT}.", ge=1, le=2**30
+    )
+    selective_recompute: SelectiveRecompute | None = flag(
+        None,
+        "What --recompute selective recomputes: attention (the core attention) or ops (op-level: matmul "
+        f"outputs kept) {FRAMEWORK_DEFAULT}.",
+    )
+    fsdp_prefetch: Count | None = flag(
+        None, f"Layers ZeRO-3/FSDP gathers ahead of the one computing {FRAMEWORK_DEFAULT}.", ge=0, le=64
+    )
+    reshard_after_forward: Reshard | None = flag(
+        None,
+        "When ZeRO-3/FSDP frees a layer's gathered weights: always (after its forward), never (kept for the "
+        f"step) or unless-pp {FRAMEWORK_DEFAULT}.",
+    )
+    runtime_bytes: Number | None = flag(
+        None,
+        f"Device memory beyond the allocator's: CUDA context, NCCL's buffers, workspaces {FRAMEWORK_DEFAULT}.",
+        unit="bytes",
+        ge=0,
+        le=2**50,
+    )
+    allocator_reserve: Number | None = flag(
+        None,
+        "What the caching allocator reserves beyond the tensors, as a share of what comes and goes within a "
+        f"step {FRAMEWORK_DEFAULT}.",
+        ge=0,
+        le=10,
+    )
 
     def profile(self, loaded: FrameworkProfile | None = None) -> FrameworkProfile:
         """The framework's profile (``loaded``, or read from ``framework``) with the job's changes."""
         base = loaded or load_framework(self.framework)
-        changes = {
-            "loss": self.loss,
-            "master_weights": self.master_weights,
-            "gradients": self.grad_dtype,
-            "optimizer_states": self.optimizer_dtype,
-            "optimizer_kernel": self.optimizer_kernel,
+        given = {
+            key: getattr(self, name) for name, key in MEMORY_KNOBS.items() if getattr(self, name) is not None
         }
-        given = {k: v for k, v in changes.items() if v is not None}
         return base.with_changes(memory=given) if given else base
+
+
+# Each knob's field in a profile's memory policy (frameworks/*.yaml).
+MEMORY_KNOBS = {
+    "loss": "loss",
+    "master_weights": "master_weights",
+    "grad_dtype": "gradients",
+    "optimizer_dtype": "optimizer_states",
+    "optimizer_kernel": "optimizer_kernel",
+    "weights_dtype": "weights",
+    "compute_dtype": "compute_weights",
+    "gradients_persist": "gradients_persist",
+    "cross_entropy": "cross_entropy",
+    "loss_chunk_tokens": "loss_chunk_tokens",
+    "selective_recompute": "selective_recompute",
+    "fsdp_prefetch": "fsdp_prefetch_layers",
+    "reshard_after_forward": "reshard_after_forward",
+    "runtime_bytes": "overhead_bytes",
+    "allocator_reserve": "fragmentation",
+}
 
 
 # The declarations a training job is made from, in the order their flags are listed; every field name is
