@@ -69,6 +69,26 @@ def test_a_frozen_base_skips_the_weight_gradient_multiplies() -> None:
     assert lora["optimizer_s"] == pytest.approx(full["optimizer_s"] * 41_943_040 / 8_030_261_248, rel=1e-6)
 
 
+def test_lora_adapters_move_their_bytes_beside_each_projection() -> None:
+    """Llama 3 8B at TP 1: Q, K, V, gate and up read the layer's input (4,096 wide) and O and down their own
+    (4,096 and 14,336): 38,912 input elements a token; the outputs are 4,096, 1,024, 1,024, 4,096, 14,336,
+    14,336 and 4,096 wide, 43,008. PEFT's adapters move, in bf16, (in + 6·out) elements a token forward and
+    (5·in + 4·out) backward; full training moves none. The step's memory-bound work grows by exactly that, the
+    forward's once more under full recompute."""
+    tokens = JOB["seq"] // JOB["cp"]  # one micro-batch of one sequence, its CP rank's share
+    forward, backward = 2 * (38_912 + 6 * 43_008) * tokens, 2 * (5 * 38_912 + 4 * 43_008) * tokens
+    for recompute, passes in (("none", 1), ("full", 2)):
+        jobs = {f: Job.of(**JOB | {"recompute": recompute, "finetune": f}) for f in ("full", "lora")}
+        v = {f: bind(job) for f, job in jobs.items()}
+        assert call("layer_lora_fwd_bytes", v["lora"]) == pytest.approx(forward, rel=1e-12)
+        assert call("layer_lora_bwd_bytes", v["lora"]) == pytest.approx(backward, rel=1e-12)
+        assert call("layer_lora_fwd_bytes", v["full"]) == call("layer_lora_bwd_bytes", v["full"]) == 0
+        hbm = v["lora"]["B_hbm"]
+        added = call("layer_elementwise_s", v["lora"]) + call("layer_recompute_s", v["lora"])
+        base = call("layer_elementwise_s", v["full"]) + call("layer_recompute_s", v["full"])
+        assert added - base == pytest.approx((passes * forward + backward) / hbm, rel=1e-9)
+
+
 def test_mfu_counts_four_flop_per_frozen_weight(cli) -> None:
     """Model FLOP per token: 6 per trained weight, 4 per frozen one (no weight gradient); MFU stays below 1."""
     args = ["step", *(f"--{k.replace('_', '-')}={v}" for k, v in JOB.items())]

@@ -167,6 +167,32 @@ E_lay = define(
     "B",
     "[Korthikanti22 §4]",
 )
+# LoRA's adapters run beside each frozen projection as PEFT writes them, y + B(A(x))·scaling [LoRA §4.1],
+# [PEFT]: on the rank's shard, Q, K, V and the MLP's input projections each read the layer's input (H), the
+# output and down projections their shard, and each writes its own width. Their rank r is far below a device's
+# FLOP/byte ratio, so the two skinny multiplies are bound by what they move: forward, the input read again and
+# the adapter's output scaled and added into the projection's (in + 6·out elements); backward, the scaled
+# gradient, both adapters' products and the input gradient added into the base's (5·in + 4·out).
+_lora_in = 3 * H + h * d / t + (1 + g) * H + F_ffn / t
+_lora_out = (h + 2 * n_kv) * d / t + H + (1 + g) * F_ffn / t + H
+E_lo_f = define(
+    "layer_lora_fwd_bytes",
+    "E_lo_f",
+    (1 - f_b) * T_mb * p * (_lora_in + 6 * _lora_out),
+    "forward HBM bytes of one layer's LoRA adapters (none when the base trains): each input read again, each "
+    "adapter's output scaled and added into its projection's",
+    "B",
+    "[LoRA §4.1], [PEFT]",
+)
+E_lo_b = define(
+    "layer_lora_bwd_bytes",
+    "E_lo_b",
+    (1 - f_b) * T_mb * p * (5 * _lora_in + 4 * _lora_out),
+    "backward HBM bytes of one layer's LoRA adapters: the scaled output gradient, the adapters' products and "
+    "weight gradients, and their input gradient added into the frozen projection's",
+    "B",
+    "[LoRA §4.1], [PEFT]",
+)
 K_in = define(
     "layer_gemm_input_width",
     "K_in",
@@ -385,15 +411,16 @@ t_mm_b = define(
 t_fwd_c = define(
     "layer_compute_fwd_s",
     "t_fwd_c",
-    t_mm_f + t_att_f + E_lay / B_hbm,
-    "forward compute of one layer: matrix multiplies, attention, memory-bound elementwise",
+    t_mm_f + t_att_f + (E_lay + E_lo_f) / B_hbm,
+    "forward compute of one layer: matrix multiplies, attention, memory-bound elementwise (LoRA's adapters "
+    "among it)",
     "s",
     "[Megatron21 §5.1]",
 )
 define(
     "layer_compute_bwd_s",
     "t_bwd_c",
-    t_mm_b + t_att_b + 2 * E_lay / B_hbm,
+    t_mm_b + t_att_b + (2 * E_lay + E_lo_b) / B_hbm,
     "backward compute of one layer (matrix multiplies twice the forward)",
     "s",
     "[Megatron21 §5.1]",

@@ -10,6 +10,8 @@ from costmodel.symbolic.formulas.offload import t_bwd_c, t_rc
 from costmodel.symbolic.formulas.registry import FORMULAS, definer
 from costmodel.symbolic.formulas.step import (
     E_lay,
+    E_lo_b,
+    E_lo_f,
     T_stage,
     h_crit,
     n_crit,
@@ -69,11 +71,11 @@ _layer = (
     define(
         "layer_elementwise_s",
         "t_el",
-        (3 * E_lay + _symbol["layer_fp8_cast_bytes"]) / B_hbm,
+        (3 * E_lay + _symbol["layer_fp8_cast_bytes"] + E_lo_f + E_lo_b) / B_hbm,
         "memory-bound work of one layer for one micro-batch: the elementwise bytes forward (once) and backward "
-        "(twice), and any FP8 casts",
+        "(twice), any FP8 casts, and LoRA's adapters",
         "s",
-        "[Korthikanti22 §4], [FP8-Formats]",
+        "[Korthikanti22 §4], [FP8-Formats], [LoRA §4.1]",
     ),
     t_rc,
     define(
