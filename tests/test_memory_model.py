@@ -187,6 +187,18 @@ def test_a_framework_without_context_parallelism_refuses_it() -> None:
     assert {plan["cp"] for plan in search(job, 8, Constraints()).plans} == {1}
 
 
+def test_flash_attns_cross_entropy_holds_the_bf16_logits_and_the_heads_gradients() -> None:
+    """Llama 3 8B, 8K tokens on one device of TP 1: flash-attn's cross-entropy keeps no fp32 copy; its
+    backward writes the logits' gradient into their 2 bytes, beside the head's input gradient (2 bytes of
+    4,096 a token) and its bf16 weight gradient (128,256 x 4,096 x 2): Megatron-Core's keeps 6 a logit."""
+    flags = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
+    tokens, vocab, hidden = 8192, 128_256, 4096
+    flash = Evaluator(training_values(Job.of(**flags, cross_entropy="flash")))("loss_working_bytes")
+    assert flash == pytest.approx(tokens * vocab * 2 + tokens * 2 * hidden + vocab * hidden * 2, rel=1e-12)
+    megatron = Evaluator(training_values(Job.of(**flags)))("loss_working_bytes")
+    assert megatron == pytest.approx(tokens * vocab * 6, rel=1e-12)
+
+
 def test_every_memory_knob_of_a_profile_has_a_flag() -> None:
     """A job changes any knob of its framework's memory policy with a flag (what it logs aside: that is a fact
     about its figures, not about what a device holds), each to a value none of the built-in profiles has."""
@@ -203,7 +215,7 @@ def test_every_memory_knob_of_a_profile_has_a_flag() -> None:
         "weights_dtype": "fp32",
         "compute_dtype": "fp32",
         "gradients_persist": False,
-        "cross_entropy": "torch",
+        "cross_entropy": "flash",
         "loss_chunk_tokens": 1024,
         "selective_recompute": "ops",
         "fsdp_prefetch": 3,

@@ -29,9 +29,10 @@ Loss = Literal["materialized", "chunked", "fused"]
 # (costmodel/kernel/memory.py; tests/kernel/test_memory_reference.py holds both): torch's keeps the bf16
 # logits, their fp32 upcast, its fp32 log-softmax and that one's gradient (12); Megatron-Core's subtracts,
 # exponentiates and divides in place on the fp32 copy and makes its gradient in the softmax it kept, so the
-# bf16 logits and one fp32 copy (6). A fused linear cross-entropy (Liger) computes a chunk's logits in bf16
-# and their gradient in place (2).
-LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "fused": 2.0}
+# bf16 logits and one fp32 copy (6). flash-attn's Triton cross-entropy reads the bf16 logits, keeps a row's
+# fp32 log-sum-exp and, with inplace_backward, writes the gradient into the logits themselves (2). A fused
+# linear cross-entropy (Liger) computes a chunk's logits in bf16 and their gradient in place (2).
+LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "flash": 2.0, "fused": 2.0}
 # HBM bytes a ring step's merge moves per element of the partial output (the step formula's k_merge). A fused
 # merge reads the step's output and the running one in fp32 and writes one (12); Transformer Engine's fused
 # correction reads the bf16 step output and updates the fp32 running one in place (10); torch's
@@ -41,7 +42,7 @@ FUSED_MERGE_BYTES = 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
 OptimizerKernel = Literal["fused", "foreach"]
-CrossEntropy = Literal["torch", "megatron"]
+CrossEntropy = Literal["torch", "megatron", "flash"]
 Fp8Scaling = Literal["delayed", "current"]
 
 
@@ -89,8 +90,9 @@ class MemoryPolicy(_Strict):
     )
     loss_chunk_tokens: Count() = Field(4096, description="tokens per chunk of a chunked or fused loss")
     cross_entropy: CrossEntropy = Field(
-        description="the cross-entropy over the logits: torch's F.cross_entropy over logits.float(), or "
-        "Megatron-Core's vocab-parallel one (in place on the fp32 logits)"
+        description="the cross-entropy over the logits: torch's F.cross_entropy over logits.float(), "
+        "Megatron-Core's vocab-parallel one (in place on the fp32 logits), or flash-attn's Triton one (no fp32 "
+        "copy, the gradient written into the logits)"
     )
     selective_recompute: SelectiveRecompute = Field(
         description="what --recompute selective recomputes: attention (the core attention, Megatron's "

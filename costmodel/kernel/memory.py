@@ -127,7 +127,7 @@ CATEGORIES = (
 MOMENTS = ("forward", "backward", "optimizer")
 RECOMPUTE = ("none", "selective", "full")
 LOSSES = ("materialized", "chunked", "fused")
-CROSS_ENTROPY = ("torch", "megatron")
+CROSS_ENTROPY = ("torch", "megatron", "flash")
 OPTIMIZER_KERNELS = ("fused", "foreach")
 CP_SCHEMES = ("ring", "allgather", "ulysses")
 
@@ -177,7 +177,7 @@ class MemoryCase:
     loss: str = "materialized"  # materialized (bf16 logits, fp32 upcast, fp32 grad) | chunked | fused
     loss_chunk_tokens: int = 4096
     cross_entropy: str = (
-        "torch"  # torch's F.cross_entropy over logits.float(), or Megatron's vocab-parallel one
+        "torch"  # torch's F.cross_entropy over logits.float(), Megatron's vocab-parallel one, or flash-attn's
     )
     cp: int = 1
     cp_scheme: str = "ring"  # ring | allgather | ulysses: the buffers CP adds in the attention
@@ -968,10 +968,31 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return softmax.mul_(grad), None
 
 
+class _FlashCrossEntropy(torch.autograd.Function):
+    """flash-attn's cross-entropy [FlashAttention-CE] (``ops/triton/cross_entropy.py``) as InternEvo calls it,
+    ``inplace_backward=True``: one Triton kernel a pass, stood for by what it writes. Forward reads the bf16
+    logits and writes each row's fp32 loss and log-sum-exp, keeping the logits and the log-sum-exp; backward
+    writes the gradient into the logits' own storage."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        losses = logits.new_empty(logits.shape[0], dtype=torch.float32)
+        lse = logits.new_empty(logits.shape[0], dtype=torch.float32)
+        ctx.save_for_backward(logits, lse, targets)
+        return losses.sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, _, _ = ctx.saved_tensors
+        return logits.mul_(grad), None
+
+
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, case: MemoryCase) -> torch.Tensor:
     """The cross-entropy over bf16 ``logits`` (tokens x vocab) as the case's framework computes it."""
     if case.cross_entropy == "megatron":
         return _VocabParallelCrossEntropy.apply(logits.float(), targets)
+    if case.cross_entropy == "flash":
+        return _FlashCrossEntropy.apply(logits, targets)
     return F.cross_entropy(logits.float(), targets, reduction="sum")
 
 

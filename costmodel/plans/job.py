@@ -201,7 +201,8 @@ class FrameworkKnobs(BaseModel):
     cross_entropy: CrossEntropy | None = flag(
         None,
         "The cross-entropy over materialised logits: torch (F.cross_entropy over logits.float(), 12 bytes a "
-        f"logit) or megatron (vocab-parallel, in place on one fp32 copy, 6) {FRAMEWORK_DEFAULT}.",
+        "logit), megatron (vocab-parallel, in place on one fp32 copy, 6) or flash (flash-attn's Triton kernel, "
+        f"the gradient written into the bf16 logits, 2) {FRAMEWORK_DEFAULT}.",
     )
     loss_chunk_tokens: Count | None = flag(
         None, f"Tokens per chunk of a chunked or fused loss {FRAMEWORK_DEFAULT}.", ge=1, le=2**30

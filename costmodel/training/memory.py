@@ -47,7 +47,9 @@ def framework_values(framework: FrameworkProfile) -> dict[str, float]:
         "f_fe": int(m.optimizer_kernel == "foreach"),
         "f_pf": m.fsdp_prefetch_layers,
         "k_l": LOGIT_BYTES["fused" if m.loss == "fused" else m.cross_entropy],
-        "l_f": int(m.loss == "fused"),
+        # the loss peaks in its backward, beside the head's input and weight gradients: a fused linear
+        # cross-entropy's, made in its forward, or flash-attn's, whose forward keeps no fp32 copy
+        "l_f": int(m.loss == "fused" or m.cross_entropy == "flash"),
         "M_fw": m.overhead_bytes,
         "f_fr": m.fragmentation,
     }

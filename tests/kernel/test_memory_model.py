@@ -82,6 +82,9 @@ GRID = [
         "global_batch": 4,
         "seq": 1024,
     },
+    # flash-attn's cross-entropy: the bf16 logits' gradient written in place, beside the head's own gradients
+    {"cross_entropy": "flash", "recompute": "full"},
+    {"cross_entropy": "flash", "recompute": "none", "tp": 2},
     # foreach AdamW's square root at the step, over FSDP2's fp32 shards and beside a bf16 main_grad cast to fp32
     {
         "framework": "torchtitan",
