@@ -182,7 +182,7 @@ def test_a_framework_without_context_parallelism_refuses_it() -> None:
     with pytest.raises(InputError, match="--cp: 2: InternEvo .* runs no context parallelism; accepted: 1"):
         Job.of(**flags, cp=2, framework="internevo")
     job = Job.of(**flags, framework="internevo")
-    with pytest.raises(InputError, match="--cp: InternEvo .* runs no context parallelism"):
+    with pytest.raises(InputError, match="--cp: 2: InternEvo .* runs no context parallelism; accepted: 1"):
         search(job, 8, Constraints(cp=2))
     assert {plan["cp"] for plan in search(job, 8, Constraints()).plans} == {1}
 

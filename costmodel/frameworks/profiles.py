@@ -181,6 +181,12 @@ class FrameworkProfile(_Strict):
             raise ValueError(f"time.cp_scheme {self.time.cp_scheme!r} is not among time.cp_schemes")
         return self
 
+    def refuse_cp(self, asked: str) -> None:
+        """One line naming --cp where a job asks (``asked``: the degree, a scheme or a layout) for context
+        parallelism of a framework that runs none."""
+        if not self.time.cp_schemes:
+            raise InputError("--cp", f"{asked}: {self.title} runs no context parallelism; accepted: 1")
+
     def with_changes(self, memory: dict | None = None, time: dict | None = None) -> FrameworkProfile:
         """The profile with some knobs changed (a job's flags), each checked as the profile's own."""
         data = self.model_dump()

@@ -1109,6 +1109,15 @@ def _adamw(stepped: list[torch.Tensor], case: MemoryCase) -> torch.optim.AdamW:
     return optimizer
 
 
+def _master(flat: torch.Tensor, numel: int, case: MemoryCase) -> torch.Tensor:
+    """The optimizer's master copy of the first ``numel`` flat parameters (the rank's ZeRO-1 share), in the
+    case's master dtype (counted as ``optimizer``)."""
+    with _making("optimizer"):
+        master = torch.empty(numel, dtype=DTYPES[case.master_dtype])
+        master.copy_(flat[:numel])
+    return master
+
+
 def _buckets(stage: Stage, case: MemoryCase) -> list[tuple[list[nn.Parameter], int]]:
     """The stage's parameters as Megatron-LM buffers them, each with the ranks its states shard over: the
     dense ones over DP x CP, the experts' apart over the ranks that hold the same experts."""
@@ -1160,11 +1169,7 @@ class _MegatronOptimizer:
             start += p.numel()
         self.master = None
         if case.master_dtype:
-            with _making("optimizer"):
-                self.master = torch.empty(
-                    shard if case.zero >= 1 else flat.numel(), dtype=DTYPES[case.master_dtype]
-                )
-                self.master.copy_(flat[: self.master.numel()])
+            self.master = _master(flat, shard if case.zero >= 1 else flat.numel(), case)
         self.optimizer = _adamw([self.master] if self.master is not None else params, case)
 
     @staticmethod
@@ -1202,9 +1207,7 @@ class _HybridZeroOptimizer:
 
     def __init__(self, case: MemoryCase, params: list[nn.Parameter], flat: torch.Tensor) -> None:
         self.params, self.flat = params, flat
-        with _making("optimizer"):
-            self.master = torch.empty(flat.numel(), dtype=DTYPES[case.master_dtype])
-            self.master.copy_(flat)
+        self.master = _master(flat, flat.numel(), case)
         self.optimizer = _adamw([self.master], case)
 
     def step(self) -> None:

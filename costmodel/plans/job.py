@@ -544,8 +544,7 @@ def _check_step(
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     if inputs.cp == 1:
         return
-    if not framework.time.cp_schemes:
-        raise InputError("--cp", f"{inputs.cp}: {framework.title} runs no context parallelism; accepted: 1")
+    framework.refuse_cp(str(inputs.cp))
     if step.cp_scheme not in framework.time.cp_schemes:
         raise InputError(
             "--cp-scheme",

@@ -210,8 +210,8 @@ def _allowed_pairs(c: Constraints, framework: FrameworkProfile) -> list[tuple[st
     none to fix) and the framework's."""
     runs = framework_pairs(framework)
     if not framework.time.cp_schemes:  # CP 1 only: no pair to run
-        if (c.cp or 1) > 1 or c.cp_scheme or c.layout:
-            raise InputError("--cp", f"{framework.title} runs no context parallelism; accepted: 1")
+        if asked := ((c.cp or 1) > 1 and str(c.cp)) or c.cp_scheme or c.layout:
+            framework.refuse_cp(asked)
         return []
     allowed = [
         (s, lay)

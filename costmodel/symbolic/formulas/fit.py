@@ -151,13 +151,24 @@ P = define(
     "1",
     "model arithmetic",
 )
+
+
 # LoRA puts a pair of matrices (in x r, r x out) beside every linear layer of every transformer layer: Q, K,
 # V, O and the MLP's; the embeddings and the output layer stay as they are. Only the adapters train when the
 # base is frozen, so gradients and optimizer states follow the trainable share, not P.
+def lora_widths(tp: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
+    """The summed input and output widths of the matrices LoRA adapts, on one of ``tp`` TP shards: Q, K, V and
+    the MLP's input projections read the layer's input (H), the output and down projections their shard;
+    each writes its own width (the row-parallel ones H, before their reduction)."""
+    inputs = 3 * H + h * d / tp + (1 + g) * H + F_ffn / tp
+    outputs = (h + 2 * n_kv) * d / tp + H + (1 + g) * F_ffn / tp + H
+    return inputs, outputs
+
+
 P_ad = define(
     "adapter_params",
     "P_ad",
-    n_L * r_lo * (4 * H + 2 * h * d + 2 * n_kv * d + (2 + g) * (H + F_ffn)),
+    n_L * r_lo * sympy.Add(*lora_widths(1)),
     "LoRA adapter parameters: rank r_lo on Q, K, V, O and every MLP matrix of each layer (none without "
     "adapters)",
     "1",

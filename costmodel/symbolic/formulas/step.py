@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy
 
 from costmodel.symbolic.formulas.compute import W
-from costmodel.symbolic.formulas.fit import A_o, A_qkv, P, P_t
+from costmodel.symbolic.formulas.fit import A_o, A_qkv, P, P_t, lora_widths
 from costmodel.symbolic.formulas.memory import C_step, L
 from costmodel.symbolic.formulas.registry import definer
 from costmodel.symbolic.formulas.ring import C_recv
@@ -168,13 +168,12 @@ E_lay = define(
     "[Korthikanti22 §4]",
 )
 # LoRA's adapters run beside each frozen projection as PEFT writes them, y + B(A(x))·scaling [LoRA §4.1],
-# [PEFT]: on the rank's shard, Q, K, V and the MLP's input projections each read the layer's input (H), the
-# output and down projections their shard, and each writes its own width. Their rank r is far below a device's
-# FLOP/byte ratio, so the two skinny multiplies are bound by what they move: forward, the input read again and
-# the adapter's output scaled and added into the projection's (in + 6·out elements); backward, the scaled
-# gradient, both adapters' products and the input gradient added into the base's (5·in + 4·out).
-_lora_in = 3 * H + h * d / t + (1 + g) * H + F_ffn / t
-_lora_out = (h + 2 * n_kv) * d / t + H + (1 + g) * F_ffn / t + H
+# [PEFT], over the widths of the matrices they adapt on the rank's shard (lora_widths, which counts their
+# parameters too). Their rank r is far below a device's FLOP/byte ratio, so the two skinny multiplies are bound
+# by what they move: forward, the input read again and the adapter's output scaled and added into the
+# projection's (in + 6·out elements); backward, the scaled gradient, both adapters' products and the input
+# gradient added into the base's (5·in + 4·out).
+_lora_in, _lora_out = lora_widths(t)
 E_lo_f = define(
     "layer_lora_fwd_bytes",
     "E_lo_f",
