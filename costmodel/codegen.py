@@ -392,7 +392,7 @@ def interval_coverage() -> str:
         ]
         lines.append(f"| {regime} | {cells[0]} | {cells[1]} |")
     widths = ", ".join(
-        f"{name} ±{width:.0%}" if width is not None else f"{name} none"
+        f"{name} ±{width:.1%}" if width is not None else f"{name} none"
         for name in ("step_time", "memory", "serving")
         for width in [median_half_width(name, 0.8)]
     )

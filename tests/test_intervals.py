@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from costmodel.core.intervals import Calibration, Residuals, interval, runs_needed
 from costmodel.plans.job import Job
-from costmodel.plans.uncertainty import calibration, order_spread, time_interval
+from costmodel.plans.uncertainty import calibration, dominant_term, order_spread, table, time_interval
 
 
 @pytest.mark.parametrize(("level", "runs"), [(0.8, 9), (0.9, 19), (0.95, 39), (0.5, 3)])
@@ -85,6 +85,27 @@ def test_a_plan_is_calibrated_on_its_framework_and_generation_when_they_hold_eno
     assert calibration("memory", "megatron", "CDNA 3", 0.8) is not None
 
 
+def test_a_step_time_is_calibrated_on_runs_led_by_the_same_term() -> None:
+    """Runs whose largest term is attention (long sequences) are calibrated apart from those led by the
+    multiplies: each regime holds only its own runs, and where the framework on this GPU has too few runs led
+    by that term, its runs on every GPU led by it stand in, before the framework's runs of every kind."""
+    runs = table().step_time
+    by_term = calibration("step_time", "megatron", "Hopper", 0.8, dominant="matmul_s")
+    assert by_term is not None and by_term.regime.startswith("megatron on Hopper, led by matrix multiplies: ")
+    members = [
+        r for r in runs if (r.framework, r.generation, r.dominant) == ("megatron", "Hopper", "matmul_s")
+    ]
+    assert by_term.residuals.runs == len(members) >= runs_needed(0.8)
+    attention = calibration("step_time", "megatron", "Hopper", 0.8, dominant="attention_s")
+    led = [r for r in runs if (r.framework, r.dominant) == ("megatron", "attention_s")]
+    assert attention is not None and attention.residuals.runs == len(led)
+    assert attention.regime.startswith("megatron, every GPU generation, led by attention: ")
+    # a term no measured run was led by: the framework on its GPU, as before
+    other = calibration("step_time", "megatron", "Hopper", 0.8, dominant="exposed_dp_s")
+    assert other is not None and other.regime.startswith("megatron on Hopper: ")
+    assert dominant_term({"matmul_s": 1.0, "attention_s": 2.0, "exposed_cp_s": 0.5}) == "attention_s"
+
+
 def test_a_fitted_profile_uses_its_own_residuals() -> None:
     job = Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16)
     fitted = Residuals.of([-0.05 + i / 100 for i in range(11)])
@@ -93,6 +114,7 @@ def test_a_fitted_profile_uses_its_own_residuals() -> None:
         Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16, _profile=profile),
         1.0,
         0.8,
+        {"matmul_s": 0.7, "attention_s": 0.3},
     )
     assert mine.regime.startswith("the fitted profile's k-fold residuals: 11")
     assert (mine.lo, mine.hi) == pytest.approx((math.exp(-0.05), math.exp(0.05)))

@@ -4,8 +4,11 @@
 (docs/validation.md): step times, memory peaks and serving times, each with the framework and the GPU
 generation it ran on. It is generated with the docs (``python -m costmodel.codegen``) from the same
 predictions, so it follows the model. A plan's interval is calibrated on the most specific regime that holds
-enough runs for the level asked (:func:`costmodel.core.intervals.runs_needed`): its framework on its GPU
-generation, else its framework on any GPU, else every run of the quantity. A fitted hardware profile carries
+enough runs for the level asked (:func:`costmodel.core.intervals.runs_needed`). A step time's regimes, most
+specific first: its framework on its GPU generation where the same term of the step dominates, the same on any
+GPU, its framework on its GPU generation, its framework on any GPU, every run. What dominates sets which of
+the model's parts a figure leans on (a long sequence's attention, a short one's multiplies), so runs where it
+errs alike are calibrated together. A fitted hardware profile carries
 its own, narrower set: its k-fold residuals on the owner's runs (``cp-plan audit --fit-profile``).
 """
 
@@ -14,12 +17,14 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.intervals import DEFAULT_LEVEL, Calibration, Interval, Residuals, interval, runs_needed
 from costmodel.core.resources import data_dir
+from costmodel.symbolic.numeric import STEP_FIELDS
 
 if TYPE_CHECKING:
     from costmodel.plans.job import Job
@@ -31,6 +36,7 @@ WHAT = {"step_time": "step times", "memory": "memory peaks", "serving": "serving
 # Times hang on the GPU: a plan on a generation no measured run used gets no interval. Memory peaks hang on
 # the framework and the model; the GPU only sets the allocator's and runtime's share.
 TIMED = ("step_time", "serving")
+DOMINANT_LABELS = {field: label for field, label, _ in STEP_FIELDS.values()}
 
 
 class MeasuredResidual(BaseModel):
@@ -42,6 +48,7 @@ class MeasuredResidual(BaseModel):
     framework: str | None  # the framework profile it ran on (None: serving, whose runs share one regime)
     generation: str | None  # the GPU generation (Ampere, Hopper, Blackwell)
     job: str | None = None  # runs of one job in other layouts share it (model, sequence, GPUs, batch)
+    dominant: str | None = None  # a step time's largest term (its breakdown field, e.g. ``attention_s``)
     residual: float
 
 
@@ -66,10 +73,11 @@ def calibration(
     generation: str | None,
     level: float,
     runs: list[MeasuredResidual] | None = None,
+    dominant: str | None = None,
 ) -> Calibration | None:
     """The calibration set of a prediction: the most specific regime with enough runs for ``level`` (or the
     most specific one that has any, which then says how many more it needs); None when no run is like it
-    (a time on a GPU generation no run was measured on).
+    (a time on a GPU generation no run was measured on). ``dominant``: the step's largest term.
     ``runs`` stands in for the table's (a run left out, to check coverage)."""
     every = getattr(table(), quantity) if runs is None else runs
     if quantity in TIMED and generation not in {r.generation for r in every}:
@@ -78,10 +86,19 @@ def calibration(
     if framework is None:
         chain = [(f"every run on {generation}", same)]
     else:
+        mine = [r for r in every if r.framework == framework]
         chain = [
-            (f"{framework} on {generation}", [r for r in same if r.framework == framework]),
-            (f"{framework}, every GPU generation", [r for r in every if r.framework == framework]),
+            (f"{framework} on {generation}", [r for r in mine if r.generation == generation]),
+            (f"{framework}, every GPU generation", mine),
         ]
+        if dominant is not None:
+            term = f"led by {DOMINANT_LABELS.get(dominant, dominant)}"
+            alike = [r for r in mine if r.dominant == dominant]
+            chain = [
+                (f"{framework} on {generation}, {term}", [r for r in alike if r.generation == generation]),
+                (f"{framework}, every GPU generation, {term}", alike),
+                *chain,
+            ]
     chain.append((f"every {'run' if framework is None else 'framework and GPU'}", every))
     held = [(regime, members) for regime, members in chain if members]
     if not held:
@@ -92,18 +109,24 @@ def calibration(
     )
 
 
+def dominant_term(breakdown: Mapping[str, float]) -> str:
+    """The step's largest term, by its breakdown field."""
+    return max(breakdown, key=lambda name: breakdown[name])
+
+
 def _regime(job: Job) -> tuple[str, str | None]:
     return job.framework.name, job.machine.profile.device.generation
 
 
-def time_interval(job: Job, time_s: float, level: float) -> Interval:
+def time_interval(job: Job, time_s: float, level: float, breakdown: Mapping[str, float]) -> Interval:
     """The step time's interval at ``level``: from the hardware profile's own k-fold residuals where it was
-    fitted to measured runs, else from the published runs of the job's regime."""
+    fitted to measured runs, else from the published runs of the job's regime and of the step's dominant term
+    (``breakdown``: the step's terms by field)."""
     fitted = job.machine.profile.fit_residuals
     timed = (
         Calibration(f"the fitted profile's k-fold residuals: {fitted.runs} step times", fitted)
         if fitted is not None
-        else calibration("step_time", *_regime(job), level)
+        else calibration("step_time", *_regime(job), level, dominant=dominant_term(breakdown))
     )
     return _on(
         interval(time_s, timed, level, "step time"), job.machine.profile.device.generation, "step time"
@@ -168,7 +191,7 @@ def coverage(quantity: Quantity, level: float) -> dict[str, list[bool | None]]:
     out: dict[str, list[bool | None]] = {}
     for i, run in enumerate(every):
         others = every[:i] + every[i + 1 :]
-        held = calibration(quantity, run.framework, run.generation, level, others)
+        held = calibration(quantity, run.framework, run.generation, level, others, run.dominant)
         band = interval(1.0, held, level, WHAT[quantity])
         regime = held.regime.split(":")[0] if held else "none"
         out.setdefault(regime, []).append(band.holds(math.exp(run.residual)))

@@ -39,7 +39,9 @@ def choose(plans: list[dict[str, Any]], job: Job, global_batch: int, level: floa
     cannot be told from are simpler or safer. Returns how the pick was decided."""
     for plan in plans:
         planned = plan_as_job(plan, job, global_batch)
-        plan["time_s_interval"] = time_interval(planned, plan["step_time_s"], level).model_dump()
+        plan["time_s_interval"] = time_interval(
+            planned, plan["step_time_s"], level, plan["breakdown"]
+        ).model_dump()
         band, fits = memory_interval(planned, plan["memory_bytes"], plan["device_memory_bytes"], level)
         plan["memory_bytes_interval"] = band.model_dump()
         plan["fits_probability"] = fits

@@ -450,7 +450,7 @@ def evaluate_step(
         ),
         step=StepTimes(
             time_s=time_s,
-            time_s_interval=time_interval(job, time_s, level),
+            time_s_interval=time_interval(job, time_s, level, breakdown.model_dump()),
             tokens_per_s=tokens / time_s,
             tokens_per_s_per_gpu=tokens / time_s / setup.gpus,
             model_tflops_per_gpu=model_flops / time_s / setup.gpus / 1e12,
