@@ -150,8 +150,10 @@ class SearchResult:
     removed: dict[str, int] = field(default_factory=dict)
     empty_reason: str | None = None
     notes: list[str] = field(default_factory=list)
-    # The shapes bound on the search's machine, for what-ifs that can reuse them (:func:`sensitivity`).
+    # The shapes bound on the search's machine and the plans that fit, for what-ifs that can reuse them
+    # (:func:`sensitivity`).
     shapes: _Shapes | None = field(default=None, repr=False, compare=False)
+    fitting: Fitting | None = field(default=None, repr=False, compare=False)
 
 
 def default_global_batch(seq: int) -> int:
@@ -580,14 +582,15 @@ def search(
     constraints: Constraints = Constraints(),
     top: int | None = 10,
     shapes: _Shapes | None = None,
+    fits: Fitting | None = None,
 ) -> SearchResult:
     """The ``top`` fastest plans of ``job``'s GPUs, workload and framework that the constraints allow and that
-    fit (None: all), at ``global_batch`` sequences per step; ``shapes``, bound on this job already, are
-    reused."""
+    fit (None: all), at ``global_batch`` sequences per step; ``shapes``, bound on this job already, and
+    ``fits``, the plans that fit it (a job that differs only in what memory does not read), are reused."""
     model = job.model
     check_constraints(model, job.gpus, job.inputs.seq, constraints)
     removed: dict[str, int] = {}
-    found = fitting(job, global_batch, constraints)
+    found = fits or fitting(job, global_batch, constraints)
     if not found.considered:
         return SearchResult([], 0, 0, global_batch, removed, _empty_reason(job, global_batch, constraints))
     if found.table is None:
@@ -611,7 +614,9 @@ def search(
         )
         order = order[np.sort(np.unique(layout, return_index=True)[1])][:top]
     plans = [_row(table, result, int(i)) for i in order]
-    return SearchResult(plans, found.considered, fit, global_batch, removed, None, _notes(model), shapes)
+    return SearchResult(
+        plans, found.considered, fit, global_batch, removed, None, _notes(model), shapes, found
+    )
 
 
 @dataclass
@@ -644,6 +649,26 @@ def fitting(job: Job, global_batch: int, constraints: Constraints = Constraints(
     keep = exact["total_bytes"] <= exact["device_bytes"]
     least = float(exact["total_bytes"].min())
     return Fitting(considered, table.take(keep) if keep.any() else None, least, device)
+
+
+def fastest(
+    job: Job, global_batch: int, constraints: Constraints, within: float, shapes: _Shapes | None = None
+) -> dict[str, Any] | None:
+    """The plan :func:`search` ranks first, given a fitting plan of ``within`` seconds a step: only the plans
+    whose compute bound (:func:`_compute_bound`, never above their step) lies within it can beat that one,
+    so memory is evaluated for them alone (a what-if's search, which needs no count of what fits)."""
+    layouts, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
+    table = with_pairs(layouts, shape_pairs, constraints.tp_comm_overlap)
+    if not len(table):
+        return None
+    shapes = shapes or _Shapes(job)
+    table = table.take(_compute_bound(table, shapes) <= within * (1 + 1e-12))
+    memory = memory_table(table, job)
+    table = table.take(memory["total_bytes"] <= memory["device_bytes"])
+    if not len(table):
+        return None
+    result = evaluate_table(table, job, shapes)
+    return _row(table, result, int(_fastest_first(table, result)[0]))
 
 
 MAX_WEIGHED = 500_000  # plans a --all-plans table lists at most (about 60 MB of CSV)
@@ -870,7 +895,7 @@ def sensitivity(
         if only_the_link and not _reaches_inter_node(job):
             out.append(_describe(change, plan, plan, plan))  # no group waits on that link: nothing moves
         else:
-            shapes = _Shapes(job.on(slower))
+            shapes, fits = _Shapes(job.on(slower)), None
             if found is not None and found.shapes is not None and only_the_link:
                 shapes.cache |= {
                     key: values
@@ -878,7 +903,8 @@ def sensitivity(
                     if key[0] * key[1] <= machine.profile.ranks_per_node
                 }
                 shapes.gemms = found.shapes.gemms  # kernel rates do not depend on the links
-            out.append(_scenario(change, plan, job.on(slower), global_batch, constraints, shapes))
+                fits = found.fitting  # nor does memory: the same plans fit
+            out.append(_scenario(change, plan, job.on(slower), global_batch, constraints, shapes, fits))
     unit = 2 * plan["cp"]
     longer = -(-job.inputs.seq * 11 // (10 * unit)) * unit
     out.append(
@@ -918,11 +944,17 @@ def _scenario(
     global_batch: int,
     constraints: Constraints,
     shapes: _Shapes | None = None,
+    fits: Fitting | None = None,
 ) -> dict[str, Any]:
-    """The pick and the fastest plan under a changed job: the pick evaluated again, and the search."""
+    """The pick and the fastest plan under a changed job: the pick evaluated again, and the search (bounded
+    by the pick's step where the pick still fits)."""
     row = evaluate_plan(plan, job, global_batch)
-    best = search(job, global_batch, constraints, top=1, shapes=shapes).plans
-    return _describe(change, plan, row, best[0] if best else None)
+    if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
+        best = fastest(job, global_batch, constraints, row["step_time_s"], shapes)
+        if best is not None and best["step_time_s"] <= row["step_time_s"]:  # then nothing left out beats it
+            return _describe(change, plan, row, best)
+    found = search(job, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
+    return _describe(change, plan, row, found[0] if found else None)
 
 
 def _describe(
