@@ -1,6 +1,7 @@
 """The built-in profiles' kernel curves derived from public kernel measurements, with their error: each public
 table turned into `cp-plan hw fit-kernels`' columns, fitted, the row in five kept aside predicted, and the
-fit of one source checked on another it never saw (transfer).
+fit of one source checked on another it never saw (transfer); and from the multiplies far below the ridge,
+the bandwidth memory-bound kernels reach (the profiles' `device.hbm_sustained`).
 
     python benchmarks/kernel_curves.py --data ../shared/data/kernels      # print the fits and errors
     python benchmarks/kernel_curves.py --data DIR --yaml                  # and each fitted curve as YAML
@@ -27,6 +28,7 @@ from costmodel.machines.kernel_fit import (
     gemm_errors,
     read_attention_table,
     read_gemm_table,
+    sustained_bandwidth,
 )
 from costmodel.machines.kernels import gemm_rate
 from costmodel.machines.profiles import load_profile
@@ -171,6 +173,13 @@ def main() -> None:
             measured = read_gemm_table(path) if gemm else read_attention_table(path)
             print(_line(f"on {check}: built-in", errors(base, measured)))
             print(_line(f"on {check}: this fit", errors(fitted, measured)))
+        streaming = sustained_bandwidth(base, read_gemm_table(table)) if gemm else None
+        if streaming:  # the profiles' device.hbm_sustained
+            print(
+                f"  memory-bound multiplies: {streaming['rows']} rows, median {streaming['bytes_per_s'] / 1e12:.3f} "
+                f"TB/s (IQR {streaming['p25'] / 1e12:.2f}-{streaming['p75'] / 1e12:.2f}) of the datasheet's "
+                f"{base.device.hbm_bandwidth / 1e12:.3f}"
+            )
         if args.yaml:
             kernels = fitted.model_dump(mode="json", exclude_none=True)["kernels"]
             part = {"gemm": kernels["gemm"]} if gemm else {"attention": kernels["attention"]}

@@ -14,7 +14,13 @@ import yaml
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from costmodel.machines.kernel_fit import fit_curve, fit_kernels, read_gemm_table
+from costmodel.machines.kernel_fit import (
+    GemmRow,
+    fit_curve,
+    fit_kernels,
+    read_gemm_table,
+    sustained_bandwidth,
+)
 from costmodel.machines.kernels import attention_rate, gemm_rate
 from costmodel.machines.profiles import load_profile
 
@@ -219,3 +225,41 @@ def test_built_in_gemm_tables_are_the_fit_of_their_public_table(
         held = load_profile(name).kernels.gemm
         assert held.edge == fitted.kernels.gemm.edge, name
         assert held.flops_per_s == pytest.approx(fitted.kernels.gemm.flops_per_s, abs=0.06e12), name
+
+
+SUSTAINED = [
+    ("vidur_h100_fp16_linear_ops.csv", "h100-nvlink", ("h100-nvlink", "h100-ib", "h800-nvlink", "h800-ib")),
+    ("vidur_a100_fp16_linear_ops.csv", "a100-nvlink", ("a100-nvlink", "a100-ib", "a800-nvlink")),
+]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the public kernel tables are not on this machine")
+@pytest.mark.parametrize(("source", "measured_on", "profiles"), SUSTAINED, ids=[p[0] for p in SUSTAINED])
+def test_built_in_sustained_bandwidth_is_the_median_of_the_memory_bound_multiplies(
+    tmp_path: Path, source: str, measured_on: str, profiles: tuple
+) -> None:
+    """hbm_sustained: the median rate of the public table's multiplies far below the ridge, to the three
+    figures the YAML keeps; below the datasheet (H100 0.80x, A100 0.73x)."""
+    with (SHARED / source).open(newline="", encoding="utf-8") as handle:
+        rows = [[r["m"], r["n"], r["k"], "fp16", r["median_ms"]] for r in csv.DictReader(handle)]
+    table = read_gemm_table(_write(tmp_path / "t.csv", ["m", "n", "k", "dtype", "ms"], rows))
+    derived = sustained_bandwidth(load_profile(measured_on), table)
+    assert derived is not None and derived["rows"] > 300
+    for name in profiles:
+        device = load_profile(name).device
+        assert device.hbm_sustained == pytest.approx(derived["bytes_per_s"], rel=0.005), name
+        assert device.streaming_bandwidth == device.hbm_sustained < device.hbm_bandwidth
+
+
+def test_sustained_bandwidth_reads_only_long_memory_bound_multiplies() -> None:
+    """A GEMV-like multiply of 67 MB of weights in 40 us is counted (1.7 TB/s); a compute-bound one and one
+    short enough to be its launch are not."""
+    profile = load_profile("h100-nvlink")
+
+    def row(m: int, n: int, k: int, seconds: float) -> GemmRow:
+        return GemmRow(0, m, n, k, 1, "bf16", 2.0 * m * n * k / seconds)
+
+    rows = [row(1, 4096, 8192, 40e-6), row(4096, 4096, 4096, 0.2e-3), row(1, 512, 512, 5e-6)]
+    got = sustained_bandwidth(profile, rows)
+    assert got is not None and got["rows"] == 1
+    assert got["bytes_per_s"] == pytest.approx(2 * (8192 + 4096 * 8192 + 4096) / 40e-6, rel=1e-12)

@@ -101,6 +101,6 @@ def test_optimizer_reads_the_experts_a_device_holds() -> None:
     result = _step(ep=4)
     held = 32 * (2 * 3 * 4096 * 14336 / 2 + 4096 * 8)
     assert result["moe"]["expert_params_per_device"] == pytest.approx(held, rel=1e-12)
-    hbm = load_profile("h100-nvlink").device.hbm_bandwidth
+    hbm = load_profile("h100-nvlink").device.streaming_bandwidth
     experts = 30 * held / (16 / 4 * hbm)
     assert experts < result["step"]["breakdown"]["optimizer_s"] < 1.1 * experts

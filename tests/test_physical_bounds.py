@@ -93,6 +93,11 @@ def _without_fp8_peak(effective: dict[str, float]) -> Any:
         ),
         pytest.param(_scaled("gemm", 10), ("kernels.gemm.flops_per_s", "peak_flops.bf16"), id="gemm-10x"),
         pytest.param(
+            _set("device", "hbm_sustained", value=9.6e12),
+            ("device", "hbm_sustained must be at most hbm_bandwidth"),
+            id="sustained-above-datasheet-bandwidth",
+        ),
+        pytest.param(
             _scaled("gemm_fp8", 10), ("kernels.gemm_fp8.flops_per_s", "peak_flops.fp8"), id="fp8-10x"
         ),
         pytest.param(

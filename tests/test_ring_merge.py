@@ -34,7 +34,7 @@ def test_the_merge_costs_its_bytes_through_hbm_once_a_step(
     machine = machine_for(inputs)
     base = predict(inputs, machine, "ring", True)
     more = predict(inputs, machine, "ring", True, merge_bytes=FUSED_MERGE_BYTES + merge)
-    extra = (n - 1) * local * 32 * 129 * merge / load_profile("h100-nvlink").device.hbm_bandwidth
+    extra = (n - 1) * local * 32 * 129 * merge / load_profile("h100-nvlink").device.streaming_bandwidth
     assert more.forward_s - base.forward_s == pytest.approx(extra, rel=1e-9)
     assert more.backward_s - base.backward_s == pytest.approx(extra, rel=1e-9)
     assert more.compute_s - base.compute_s == pytest.approx(2 * extra, rel=1e-9)  # device work, not exposed
@@ -55,7 +55,10 @@ def test_a_profile_without_hbm_bandwidth_prices_the_launches_alone(tmp_path) -> 
     import yaml
 
     data = load_profile("h100-nvlink").model_dump(mode="json", exclude_none=True)
-    del data["device"]["hbm_bandwidth"]
+    del (
+        data["device"]["hbm_bandwidth"],
+        data["device"]["hbm_sustained"],
+    )  # one is not stated without the other
     path = tmp_path / "no-hbm.yaml"
     path.write_text(yaml.safe_dump(data))
     ring = build(PlanInputs, seq=65536, cp=8, hw=str(path), **LAYER)

@@ -62,8 +62,9 @@ def scaled_profile(profile: HardwareProfile, compute: float, comm: float) -> Har
             kernels[table]["flops_per_s"] = [r * compute for r in kernels[table]["flops_per_s"]]
     for curve in kernels["attention"]:
         curve["flops_per_s"] = [r * compute for r in curve["flops_per_s"]]
-    if "hbm_bandwidth" in data["device"]:
-        data["device"]["hbm_bandwidth"] *= compute
+    for bandwidth in ("hbm_bandwidth", "hbm_sustained"):
+        if bandwidth in data["device"]:
+            data["device"][bandwidth] *= compute
     for link in data["links"].values():
         link["bandwidth_per_direction"] *= comm
         link.pop("bandwidth_bidirectional", None)

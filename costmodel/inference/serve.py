@@ -163,7 +163,7 @@ def attention_bind(
         "c": 0.5,
         "k_merge": FUSED_MERGE_BYTES,  # the merge as one fused kernel
         "k_copy": 1.0,  # a load-balanced (zigzag) shard copies its queries per step, as training's ring
-        "B_hbm": device.hbm_bandwidth or UNSTATED_HBM_BANDWIDTH,
+        "B_hbm": device.streaming_bandwidth or UNSTATED_HBM_BANDWIDTH,
         "B_tp": b_tp,
         "B_cp": b_cp,
         "B_pp": b_pp,

@@ -233,6 +233,31 @@ def _errors(predicted: list[float], measured: list[float]) -> dict[str, Any] | N
 # ----------------------------------------------------------------------------------------------------- GEMM
 
 
+STREAMING_INTENSITY = 0.1  # FLOP per byte, as a share of the device's ridge (peak / datasheet bandwidth)
+STREAMING_MIN_S = 20e-6  # a multiply this short is its launch, not its reads
+
+
+def sustained_bandwidth(profile: HardwareProfile, rows: list[GemmRow]) -> dict[str, float] | None:
+    """What memory-bound kernels reach on the device, from timed multiplies: the median bytes a second of the
+    multiplies far below the ridge (FLOP per byte under a tenth of peak / datasheet bandwidth: a decode's
+    weight reads, GEMV-like) that run long enough for their reads to dominate their launch. Bytes: the two
+    inputs read and the output written once. None when the table holds no such multiply."""
+    peak, datasheet = profile.device.table_peak, profile.device.hbm_bandwidth
+    if datasheet is None:
+        return None
+    rates = []
+    for r in rows:
+        moved = GEMM_DTYPES[r.dtype] * r.batch * (r.m * r.k + r.k * r.n + r.m * r.n)
+        flop = 2.0 * r.batch * r.m * r.n * r.k
+        seconds = flop / r.flops_per_s
+        if flop / moved < STREAMING_INTENSITY * peak / datasheet and seconds >= STREAMING_MIN_S:
+            rates.append(moved / seconds)
+    if not rates:
+        return None
+    low, median, high = np.percentile(rates, [25, 50, 75])
+    return {"rows": len(rates), "bytes_per_s": float(median), "p25": float(low), "p75": float(high)}
+
+
 def _gemm_fit(base: HardwareProfile, rows: list[GemmRow], fp8: bool) -> GemmCurve | None:
     """The table that reads ``rows`` back, from the rows the table sets: not those measured near their HBM or
     launch bound, nor those the fitted table itself reads at that bound (a skinny multiply whose wave fill

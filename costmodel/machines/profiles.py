@@ -170,6 +170,11 @@ class Device(_Strict):
     )
     hbm_bytes: Positive = Field(description="memory capacity, bytes (decimal, as datasheets)")
     hbm_bandwidth: Positive | None = Field(default=None, description="memory bandwidth, bytes/s")
+    hbm_sustained: Positive | None = Field(
+        default=None,
+        description="the memory bandwidth memory-bound kernels reach, bytes/s (measured, at most "
+        "hbm_bandwidth): what reading weights, caches and activations runs at; hbm_bandwidth where not stated",
+    )
     max_matmul_flops: Positive | None = Field(
         default=None,
         description="the most a tuned bf16 matmul reaches on the device (maximum achievable matmul FLOP/s "
@@ -185,6 +190,19 @@ class Device(_Strict):
     def _peak_given(self) -> Self:
         if not self.peak_flops:
             raise ValueError("peak_flops must list at least one dtype")
+        return self
+
+    @property
+    def streaming_bandwidth(self) -> float | None:
+        """The bandwidth a memory-bound kernel runs at: the measured sustained figure, else the datasheet's."""
+        return self.hbm_sustained or self.hbm_bandwidth
+
+    @model_validator(mode="after")
+    def _sustained_within_datasheet(self) -> Self:
+        if self.hbm_sustained is not None and (
+            self.hbm_bandwidth is None or self.hbm_sustained > self.hbm_bandwidth
+        ):
+            raise ValueError("hbm_sustained must be at most hbm_bandwidth, which must be stated with it")
         return self
 
     @property

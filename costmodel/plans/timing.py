@@ -143,7 +143,7 @@ def ring_overhead_s(inputs: PlanInputs, machine: Machine, merge_bytes: float = F
     kernels = machine.profile.kernels
     if machine.datasheet or machine.calibrated or inputs.cp == 1:
         return 0.0
-    hbm = machine.profile.device.hbm_bandwidth  # none stated: the merges' traffic is not priced
+    hbm = machine.profile.device.streaming_bandwidth  # none stated: the merges' traffic is not priced
     values = {
         **plan_values(inputs, machine),
         "t": 1.0,

@@ -2267,7 +2267,7 @@ SYMBOLS = {
     'n_mid': ('layers on each middle pipeline stage (none below three stages)', 'layers', '[Megatron21]'),
     'n_last': ('layers on the last pipeline stage (all of them at pp = 1)', 'layers', '[Megatron21]'),
     't_lay': ("one layer's forward, backward and recompute for one micro-batch on one device, with its exposed communication and any wait on the host", 's', '[Megatron21]'),
-    'B_hbm': ('HBM bandwidth of one accelerator', 'B/s', 'datasheet'),
+    'B_hbm': ("HBM bandwidth a memory-bound kernel reaches on one accelerator (measured; else the datasheet's)", 'B/s', 'profile: device.hbm_sustained, else hbm_bandwidth'),
     'F_gemm': ("achieved FLOP/s of the layer's matrix multiplies", 'FLOP/s', 'kernel tables'),
     'F_attn': ('achieved FLOP/s of the attention kernel, forward', 'FLOP/s', '[FA2], [FA3]'),
     'F_attn_bwd': ('achieved FLOP/s of the attention kernel, backward (its own FLOP)', 'FLOP/s', '[FA2], [FA3]'),

@@ -284,7 +284,12 @@ t_lay = _symbol(
     "s",
     STEP,
 )
-B_hbm = _symbol("B_hbm", "HBM bandwidth of one accelerator", "B/s", "datasheet")
+B_hbm = _symbol(
+    "B_hbm",
+    "HBM bandwidth a memory-bound kernel reaches on one accelerator (measured; else the datasheet's)",
+    "B/s",
+    "profile: device.hbm_sustained, else hbm_bandwidth",
+)
 F_gemm = _symbol("F_gemm", "achieved FLOP/s of the layer's matrix multiplies", "FLOP/s", "kernel tables")
 F_attn = _symbol("F_attn", "achieved FLOP/s of the attention kernel, forward", "FLOP/s", "[FA2], [FA3]")
 F_attn_bwd = _symbol(

@@ -216,7 +216,7 @@ def bind(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[s
         "k_merge": step.ring_merge_bytes,
         "k_agm": 1.0 if job.framework.time.allgather_merges else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
-        "B_hbm": device.hbm_bandwidth or 2e12,
+        "B_hbm": device.streaming_bandwidth or 2e12,
         "t_k": machine.launch_s,
         "t_fw": machine.step_s,
         **_link_values(job.links, t, n, job.dp, scheme.latency_per_step),

@@ -139,7 +139,6 @@ ROWS = [
         "time_s",
         1.42,
         {**GPT, "model": "gpt-22b", "gpus": 8, "tp": 8, "global_batch": 4, "recompute": "full"},
-        K22_22B,
     ),
     Published(
         "k22-175b-full-s",
