@@ -119,6 +119,30 @@ def test_a_training_log_keeps_its_noise_but_shows_it_escaped(cli, tmp_path: Path
     assert result.code == 0 and "\x1b]" not in result.out + result.err and "\x07" not in result.out
 
 
+MARKUP = ["[red]x[/red]", "[link=https://example.com]click[/link]", ":skull:", "[bold]"]
+
+
+def test_rich_markup_read_from_a_file_is_shown_as_written(cli, tmp_path: Path) -> None:
+    """A label, a path or a name read from a file is text: rich never reads it as a style, a link or an emoji."""
+    rows = "".join(f"{label},{RUNS_ROW},{100 + i}\n" for i, label in enumerate(MARKUP))
+    runs = write(tmp_path, "[b]runs.csv", f"label,{RUNS_HEADER},iteration_ms\n{rows}")
+    result = cli("audit", "--runs", runs, "--hw", "a100-nvlink")
+    assert result.code == 0 and "[b]runs.csv" in result.out
+    for label in MARKUP:
+        assert label in result.out, label
+    log = tmp_path / "[red]run.log"
+    log.write_text((AUDIT / "megatron_tp2_cp2_8k.log").read_text())
+    for args in ([str(log)], [str(log), str(log)]):  # one log's table, and the summary of several
+        result = cli("audit", *args, "--hw", "h100-nvlink")
+        assert result.code == 0 and "[red]run.log" in result.out
+    plan = write(tmp_path, "[blink]plan.yaml", "name: x\n" + PLAN)
+    assert "[blink]plan.yaml" in cli("check", plan).out
+    model = write(
+        tmp_path, "[red]m.yaml", (Path(__file__).parents[1] / "configs/models/llama3-8b.yaml").read_text()
+    )
+    assert "[red]m.yaml" in cli("step", "--global-batch", "8", "--seq", "8k", "--model", model).out
+
+
 @pytest.mark.parametrize(
     ("text", "shown"),
     [("a\x1b[2Jb", "a\\x1b[2Jb"), ("x\u2028y\x85", "x\\u2028y\\x85"), ("tab\tand\nline", "tab\tand\nline")],

@@ -182,6 +182,7 @@ def _is_rank_zero() -> bool:
 
 def _print_table(result) -> None:  # a SelftestResult, imported lazily
     from rich.table import Table
+    from rich.text import Text
 
     config = result.config
     atol, rtol = config.tolerance()
@@ -198,7 +199,7 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
         table.add_column(column, justify="right" if column in ("max abs error", "tolerance") else "left")
     for name, variant in result.variants.items():
         if variant.skipped is not None:
-            table.add_row(name, "-", "-", "-", f"[yellow]skipped[/]: {variant.skipped}")
+            table.add_row(name, "-", "-", "-", Text.assemble(("skipped", "yellow"), f": {variant.skipped}"))
             continue
         for output, error in variant.errors.items():
             ok = error <= variant.tolerances[output]
@@ -207,11 +208,11 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
                 output,
                 f"{error:.3e}",
                 f"{variant.tolerances[output]:.3e}",
-                "[green]pass[/]" if ok else "[red]FAIL[/]",
+                Text("pass", style="green") if ok else Text("FAIL", style="red"),
             )
     screen = console()
     screen.print(table)
-    screen.print("[green]passed[/]" if result.passed else "[red]failed[/]")
+    screen.print(Text("passed", style="green") if result.passed else Text("failed", style="red"))
 
 
 def _dtype_shape(
@@ -439,18 +440,18 @@ def _busy_share(seconds: float = 1.0) -> float | None:
 
 
 def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile
-    from rich.console import Console
+    from rich.text import Text
 
     cal = profile.calibration
-    console = Console(stderr=True, highlight=False)
-    console.print(f"wrote {target} ({profile.source.nproc} ranks, {profile.source.backend}, {cal.dtype})")
+    out = console(stderr=True)
+    out.print(f"wrote {target} ({profile.source.nproc} ranks, {profile.source.backend}, {cal.dtype})")
     busiest = max(c.concurrency for c in cal.compute)
     full = next(c for c in cal.compute if c.concurrency == busiest and not c.causal)
     rates = ", ".join(f"{p.tokens}: {si(p.flops_per_s, 'FLOP/s', 3)}" for p in full.forward)
-    console.print(f"  attention forward, {busiest} ranks busy: {rates}")
+    out.print(f"  attention forward, {busiest} ranks busy: {rates}")
     for scope, fit in cal.p2p.items():
         a2a = cal.alltoall[scope]
-        console.print(
+        out.print(
             f"  {scope} point-to-point: alpha {seconds(fit.latency_s)}, {si(fit.bandwidth, 'B/s', 3)} "
             f"(R² {fit.r2:.3f}); all-to-all: alpha {seconds(a2a.latency_s)}, {si(a2a.bandwidth, 'B/s', 3)} "
             f"(R² {a2a.r2:.3f})"
@@ -460,7 +461,7 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
                 else ""
             )
         )
-    console.print("  fitted quantities ± half the interquartile range over resampled repeats:")
+    out.print("  fitted quantities ± half the interquartile range over resampled repeats:")
     for key, fit in cal.fits.items():
         value = (
             seconds(fit.value)
@@ -469,19 +470,21 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
             if fit.unit != "1"
             else f"{fit.value:.2f}"
         )
-        console.print(
+        out.print(
             f"    {key:<40} {value:>12} ± {fit.relative:.0%}" if fit.value else f"    {key:<40} {value:>12}"
         )
     quality = cal.quality
     if quality is not None and not quality.trusted:
-        console.print(
-            f"[red]warning: {target} is too noisy to trust[/] (written, and marked so in the file):"
+        out.print(
+            Text.assemble(
+                (f"warning: {target} is too noisy to trust", "red"), " (written, and marked so in the file):"
+            )
         )
         for reason in quality.reasons:
-            console.print(f"  - {reason}")
-        console.print("  calibrate again on a quiet machine, or with more --repeats.")
+            out.print(f"  - {reason}")
+        out.print("  calibrate again on a quiet machine, or with more --repeats.")
     elif quality is not None:
-        console.print(f"  fits steady: link R² ≥ {quality.r2_min}, spreads ≤ {quality.spread_max:.0%}")
+        out.print(f"  fits steady: link R² ≥ {quality.r2_min}, spreads ≤ {quality.spread_max:.0%}")
 
 
 def validate(

@@ -39,16 +39,21 @@ HELP_FLAGS = {"help_option_names": ["-h", "--help"]}  # -h too, on every command
 PIPED_WIDTH = 200
 
 
-def console() -> Console:
+def console(stderr: bool = False) -> Console:
     """rich is imported only when a screen is drawn. Piped or redirected, rich pads table and grid rows
-    to the width with spaces: the lines go out trimmed, as a file or a diff wants them."""
+    to the width with spaces: the lines go out trimmed, as a file or a diff wants them.
+
+    Text is shown as it is written: no markup, no emoji codes, no highlighting. A label, a path or a name
+    read from a file (``[red]x[/red]``, ``[link=...]``, ``:skull:``) is shown literally, never read as
+    style; the tool's own colours are :class:`rich.text.Text` with a ``style``."""
 
     from rich.console import Console
 
-    out = sys.stdout
+    plain = {"highlight": False, "markup": False, "emoji": False}
+    out = sys.stderr if stderr else sys.stdout
     if out.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, file=_Trimmed(out), width=_piped_width())
+        return Console(stderr=stderr, **plain)
+    return Console(stderr=stderr, file=_Trimmed(out), width=_piped_width(), **plain)
 
 
 def _piped_width() -> int:

@@ -410,6 +410,8 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
 
 def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # noqa: ANN001
     """One row per usable CP degree; the plan's, where there is one, in bold."""
+    from rich.text import Text
+
     out = console()
     table = house_table(title=title)
     for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "exposed", "verdict", "link"):
@@ -425,7 +427,7 @@ def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # n
             c.best_scheme,
             percent(c.comm_ratio),
             seconds(c.exposed_comm_s),
-            f"[{COLOURS[c.verdict]}]{c.verdict}[/]",
+            Text(c.verdict, style=COLOURS[c.verdict]),
             c.link_scope,
             style="bold" if c.n == plan_cp else None,
         )
@@ -548,6 +550,7 @@ def sweep_cmd(
 
 
 def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
+    from rich.text import Text
 
     out = console()
     names = ["green", "amber", "red"]
@@ -566,7 +569,7 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
                 if verdicts[i, j] < 0:
                     cells.append("")
                     continue
-                cells.append(f"[{COLOURS[names[verdicts[i, j]]]}]{short_percent(grid.ratio[i, j])}[/]")
+                cells.append(Text(short_percent(grid.ratio[i, j]), style=COLOURS[names[verdicts[i, j]]]))
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
         out.print("* the ring leaves the node", style="dim")
