@@ -48,6 +48,58 @@ def test_an_integer_within_the_digit_bound_reaches_the_range_check(cli) -> None:
     one_line_error(cli("--seq", "9" * 30, "--n", "8"), "--seq", "must be <= 17179869184")
 
 
+def _number_options() -> list[tuple[str, str, object]]:
+    """(command, flag, type) of every integer or number option of every command."""
+    from typer.main import get_command
+
+    from costmodel.cli.app import with_subcommands
+
+    found, stack = [], [("", get_command(with_subcommands()))]
+    while stack:
+        path, command = stack.pop()
+        stack.extend(
+            (f"{path} {name}".strip(), sub) for name, sub in getattr(command, "commands", {}).items()
+        )
+        for param in command.params:
+            described = getattr(param, "type_descriptor", None)
+            if described is not None and described.annotation in (int, float):
+                found.append((path, param.opts[0], described.parameter_info.parser))
+    return found
+
+
+def test_every_integer_and_number_option_is_read_by_the_one_parser() -> None:
+    """A command's own option (audit --folds, kernel selftest --seed, recommend --top) reads as a declared
+    flag does: typer's own int() and float() took 1_0, +1, Arabic digits and nan."""
+    options = _number_options()
+    assert {("audit", "--folds"), ("kernel selftest", "--seed"), ("validate", "--max-median-error")} <= {
+        (command, flag) for command, flag, _ in options
+    }
+    assert [(command, flag) for command, flag, parser in options if parser is None] == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit", "--runs", "r.csv", "--folds", "1_0"],
+        ["audit", "x.log", "--gpus", "1_6"],
+        ["audit", "x.log", "--micro-batch", "+1"],
+        ["audit", "x.log", "--cp", "\u0662"],
+        ["kernel", "selftest", "--seed", "1_0"],
+        ["kernel", "selftest", "--nproc", "0_2"],
+        ["kernel", "selftest", "--atol", "nan"],
+        ["calibrate", "--out", "o.yaml", "--repeats", "1_0"],
+        ["validate", "--hw", "x.yaml", "--timeout", "1_0"],
+        ["recommend", "--model", "llama3-8b", "--top", "0_5"],
+        ["infer", "--model", "llama3-8b", "--prompt", "8k", "--gpus", "1_6"],
+        ["sweep", "--model", "llama3-8b", "--gpus", "0_8"],
+    ],
+    ids=lambda args: f"{args[0]}{args[-2]}",
+)
+def test_a_commands_own_number_option_refuses_what_a_declared_flag_refuses(cli, args: list[str]) -> None:
+    line = one_line_error(cli(*args), f"'{args[-2]}'", "is not a")
+    assert len(line) < 200
+
+
 # --- measured steps held to what a step can take ---------------------------------------------------------
 
 

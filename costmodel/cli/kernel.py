@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from costmodel.cli.options import HELP_FLAGS, console, declared, searched, working
+from costmodel.cli.options import HELP_FLAGS, console, decimal, declared, searched, whole, working
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
@@ -105,7 +105,7 @@ class KernelShape(BaseModel):
 def selftest(
     shape: KernelShape,
     nproc: Annotated[
-        int, typer.Option(min=1, max=1024, help="Local processes to spawn (ignored under torchrun).")
+        int, whole("--nproc", low=1, high=1024, help="Local processes to spawn (ignored under torchrun).")
     ] = 2,
     variant: Annotated[
         Literal["ring", "ulysses", "pass-q", "decode", "all"],
@@ -114,15 +114,15 @@ def selftest(
             "over cache shards); 'all' skips Ulysses where [Ulysses §3] rules it out."
         ),
     ] = "all",
-    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Random seed of the inputs.")] = 0,
-    atol: Annotated[float | None, typer.Option(help="Override the dtype's absolute tolerance.")] = None,
-    rtol: Annotated[float | None, typer.Option(help="Override the dtype's relative tolerance.")] = None,
+    seed: Annotated[int, whole("--seed", low=0, high=MAX_SEED, help="Random seed of the inputs.")] = 0,
+    atol: Annotated[float | None, decimal("--atol", help="Override the dtype's absolute tolerance.")] = None,
+    rtol: Annotated[float | None, decimal("--rtol", help="Override the dtype's relative tolerance.")] = None,
     device: Annotated[
         Literal["auto", "cpu", "cuda"],
         typer.Option(help="auto: one GPU per rank with NCCL when there are enough, else CPU with gloo."),
     ] = "auto",
     timeout: Annotated[
-        float, typer.Option(help="Seconds before every rank is killed (deadlock guard).")
+        float, decimal("--timeout", help="Seconds before every rank is killed (deadlock guard).")
     ] = 300.0,
     output_format: format_option("table", "json", short=False) = Format.table,
 ) -> None:
@@ -305,7 +305,8 @@ DtypeName = Literal["bf16", "fp16", "fp32"]
 def calibrate(
     out: Annotated[str, typer.Option("--out", "-o", help="The measured profile to write (YAML).")],
     nproc: Annotated[
-        int, typer.Option(min=1, max=1024, help="Local ranks measuring at once (ignored under torchrun).")
+        int,
+        whole("--nproc", low=1, high=1024, help="Local ranks measuring at once (ignored under torchrun)."),
     ] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
     dtype: Annotated[
@@ -324,10 +325,13 @@ def calibrate(
         str | None, typer.Option(help="Message sizes (bytes, k = 1,024), >= 6 values.")
     ] = None,
     repeats: Annotated[
-        int, typer.Option(min=3, max=1000, help="Timed repeats per figure (its lower quartile and spread).")
+        int,
+        whole(
+            "--repeats", low=3, high=1000, help="Timed repeats per figure (its lower quartile and spread)."
+        ),
     ] = 7,
     timeout: Annotated[
-        float, typer.Option(help="Seconds before every rank is killed, naming the slow one.")
+        float, decimal("--timeout", help="Seconds before every rank is killed, naming the slow one.")
     ] = 300.0,
 ) -> None:
     """Measure this machine's attention FLOP/s per block size, and its links' latency and bandwidth.
@@ -489,13 +493,17 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
 
 def validate(
     hw: Annotated[str, typer.Option("--hw", help="A measured profile (from cp-plan calibrate).")],
-    nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local ranks, N (ignored under torchrun).")] = 2,
+    nproc: Annotated[
+        int, whole("--nproc", low=1, high=1024, help="Local ranks, N (ignored under torchrun).")
+    ] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
     max_median_error: Annotated[
-        float, typer.Option(help="Exit 1 when the median |error| exceeds this.")
+        float, decimal("--max-median-error", help="Exit 1 when the median |error| exceeds this.")
     ] = 0.10,
-    repeats: Annotated[int, typer.Option(min=3, max=1000, help="Timed repeats per configuration.")] = 9,
-    timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed.")] = 600.0,
+    repeats: Annotated[
+        int, whole("--repeats", low=3, high=1000, help="Timed repeats per configuration.")
+    ] = 9,
+    timeout: Annotated[float, decimal("--timeout", help="Seconds before every rank is killed.")] = 600.0,
     output_format: format_option("table", "json", short=False) = Format.table,
 ) -> None:
     """Run the kernel over a grid of configurations and compare each time with the model's prediction.

@@ -139,6 +139,26 @@ def _parser(parse: Callable[[str, str], int], field: str) -> Callable[[str], int
     return convert
 
 
+def whole(*names: str, low: int, high: int, help: str) -> Any:
+    """A command's own integer flag, read as every declared one is (:func:`parse_integer`: ASCII digits,
+    exactly; ``1_0``, ``+1`` and ``٣`` refused) and held to [low, high], which its help shows."""
+    read = _parser(parse_integer, names[0])
+
+    def convert(text: str) -> int:
+        value = read(text)
+        if not low <= value <= high:
+            raise typer.BadParameter(f"{value} is not in [{low:,}, {high:,}]")
+        return value
+
+    return typer.Option(*names, parser=convert, help=f"{help} [{low:,}..{high:,}]")
+
+
+def decimal(*names: str, help: str) -> Any:
+    """A command's own number flag, read as every declared one is (:func:`parse_number`: a finite decimal;
+    ``1_0``, ``nan`` and ``inf`` refused); the command checks its range."""
+    return typer.Option(*names, parser=_parser(parse_number, names[0]), help=help)
+
+
 def _base_type(annotation: Any) -> Any:
     """int for ``Annotated[int, ...]``; the inner type of ``X | None``."""
     if typing.get_origin(annotation) is Annotated:

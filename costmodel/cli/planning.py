@@ -19,6 +19,7 @@ from costmodel.cli.options import (
     house_table,
     interval_level,
     token_budget,
+    whole,
 )
 from costmodel.cli.output import Format, as_csv, emit, format_option
 from costmodel.cli.search import (
@@ -46,6 +47,7 @@ from costmodel.core.intervals import Interval
 from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_CP,
+    MAX_DEVICES,
     MAX_TOKENS,
     TRAINING_DEFAULTS,
     MachineOverrides,
@@ -475,7 +477,8 @@ def sweep_cmd(
     setup: TrainingSetup,
     machine_overrides: MachineOverrides,
     gpus: Annotated[
-        Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory) per S.")
+        Optional[int],
+        whole("--gpus", "-g", low=1, high=MAX_DEVICES, help="With --model: also N_min(memory) per S."),
     ] = None,
     seq: Annotated[
         str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")

@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-import typer
-
-from costmodel.cli.options import NOTES, console, house_table, searched
+from costmodel.cli.options import NOTES, console, house_table, searched, whole
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.plans import cp as registry
@@ -28,7 +26,7 @@ RecomputeOpt = searched(TrainingSetup, "recompute", "searched with --gpus, else 
 GemmDtypeOpt = searched(StepSetup, "gemm_dtype", "--dtype, in every plan")
 SchemeOpt = searched(StepSetup, "cp_scheme", "searched")
 LayoutOpt = searched(PlanInputs, "layout", "searched")
-TopOpt = Annotated[int, typer.Option("--top", help="Plans shown side by side.", min=1, max=50)]
+TopOpt = Annotated[int, whole("--top", low=1, high=50, help="Plans shown side by side.")]
 
 
 def run_search(
