@@ -247,3 +247,19 @@ def test_a_runs_table_over_its_row_bound_is_refused_before_any_prediction(cli, t
         cli("audit", "--runs", str(table), "--hw", "h100-nvlink"), f"more than {runs_module.MAX_ROWS:,} runs"
     )
     assert cpu_s() - start < 2
+
+
+def test_a_fit_past_its_run_bound_is_refused_before_any_prediction(cli, tmp_path: Path) -> None:
+    """A fit costs ~45 ms of CPU a run (docs/limits.md): 1,000 runs took 55 s. The bound is checked on the
+    table as read, before any run is predicted, and writes nothing."""
+    assert runs_module.MAX_FIT_RUNS == 200
+    header, *rows = (
+        (Path(__file__).parent / "data" / "runs" / "example.csv").read_text("utf-8-sig").splitlines()
+    )
+    table = tmp_path / "runs.csv"
+    table.write_text("\n".join([header, *(rows * 2)[: runs_module.MAX_FIT_RUNS + 1]]) + "\n")
+    out = tmp_path / "fitted.yaml"
+    start = cpu_s()
+    result = cli("audit", "--runs", str(table), "--hw", "a100-nvlink", "--fit-profile", str(out))
+    one_line_error(result, "--fit-profile", "201 runs; a fit takes at most 200")
+    assert cpu_s() - start < 2 and not out.exists()

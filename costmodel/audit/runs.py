@@ -38,6 +38,9 @@ LARGE_MISS = GOAL  # |error| beyond which a row's miss is explained by component
 MAX_ROWS = (
     2_000  # each run is a job and a step evaluated, ~5 ms of CPU; vTrain's single-node table holds 1,440
 )
+# A fit evaluates the step over every fold's and grid value's trials and predicts each run before and after
+# it: 8.3 s of CPU here for 162 runs, 9.2 s for 200; `audit --fit-profile` takes what it answers in ~10 s.
+MAX_FIT_RUNS = 200
 GPT_VOCAB = 50257  # the GPT-2 tokenizer's, as Megatron-LM's GPT examples use
 
 
@@ -493,9 +496,14 @@ def grouped(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
-def audit_runs(table: RunTable, profiles: Profiles) -> dict[str, Any]:
-    """Every run of ``table`` predicted and compared, the error over the table and by group."""
-    rows = [compare_row(run, predict(run, profiles)) for run in table.runs]
+def predictions(table: RunTable, profiles: Profiles) -> list[StepReport]:
+    """The step model's report for every run of ``table``."""
+    return [predict(run, profiles) for run in table.runs]
+
+
+def audit_runs(table: RunTable, reports: list[StepReport]) -> dict[str, Any]:
+    """Every run of ``table`` compared with its prediction, the error over the table and by group."""
+    rows = [compare_row(run, report) for run, report in zip(table.runs, reports, strict=True)]
     return summarise(table, rows)
 
 
@@ -520,6 +528,17 @@ def summarise(table: RunTable, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def check_fit_size(table: RunTable) -> None:
+    """``audit --runs --fit-profile`` refuses a table past :data:`MAX_FIT_RUNS` before any run is predicted
+    (a benchmark may fit more, knowing it waits)."""
+    if len(table.runs) > MAX_FIT_RUNS:
+        raise InputError(
+            "--fit-profile",
+            f"{len(table.runs):,} runs; a fit takes at most {MAX_FIT_RUNS:,} (about 10 s of CPU): fit to a "
+            "sample of the table, and audit the whole of it without --fit-profile",
+        )
+
+
 def fit_runs(
     table: RunTable,
     base: HardwareProfile,
@@ -527,13 +546,15 @@ def fit_runs(
     name: str,
     date: str,
     terms: list[str] | None = None,
+    reports: list[StepReport] | None = None,
 ) -> dict[str, Any]:
     """Named machine terms of ``base`` fitted to the table's single-node runs by k-fold cross-validation; the
-    runs whose groups span nodes are never fitted to, only predicted with the fit (how it transfers)."""
+    runs whose groups span nodes are never fitted to, only predicted with the fit (how it transfers).
+    ``reports`` are the runs' predictions on ``base`` where the caller has them already."""
     from costmodel.audit import fit
 
-    profiles = Profiles(base)
-    reports = [predict(run, profiles) for run in table.runs]
+    if reports is None:
+        reports = predictions(table, Profiles(base))
     inside = [i for i, report in enumerate(reports) if not spans_nodes(report)]
     if not inside:
         raise InputError(

@@ -232,18 +232,23 @@ def _audit_logs(
 
 def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: int, format: Format) -> None:
     """``audit --runs``: every measured run against the step model, and the fit when ``out`` is given."""
-    from costmodel.audit.runs import SCHEMA, Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
+    from costmodel.audit import runs as measured
 
     if out is not None:
         check_writable(out, "--fit-profile")
-    table = read_runs(path, parse_assumptions(assume), hw)
-    document: dict[str, Any] = {"schema": SCHEMA, "runs": audit_runs(table, Profiles())}
+    table = measured.read_runs(path, measured.parse_assumptions(assume), hw)
+    names = {run.values["hw"] for run in table.runs}
     if out is not None:
-        names = {run.values["hw"] for run in table.runs}
         if len(names) > 1:
             raise InputError("--fit-profile", f"the runs name several profiles ({', '.join(sorted(names))})")
+        measured.check_fit_size(table)
+    reports = measured.predictions(table, measured.Profiles())
+    document: dict[str, Any] = {"schema": measured.SCHEMA, "runs": measured.audit_runs(table, reports)}
+    if out is not None:
         base = load_profile(names.pop())
-        fit = fit_runs(table, base, folds, Path(out).stem, datetime.date.today().isoformat())
+        fit = measured.fit_runs(
+            table, base, folds, Path(out).stem, datetime.date.today().isoformat(), reports=reports
+        )
         atomic_write_text(
             out,
             profile_yaml(fit.pop("profile"), "fitted to measured runs (`cp-plan audit --runs`)"),
