@@ -149,6 +149,27 @@ def test_every_built_in_profile_is_within_its_peak(cli) -> None:
     assert json.loads(result.out)["step"]["mfu"] <= 1
 
 
+MEASURED = Path(__file__).parent / "data" / "calibrated" / "cpu-gloo-2ranks.yaml"
+
+
+@pytest.mark.parametrize("part", ["forward", "backward"])
+def test_a_measured_profile_whose_curves_pass_its_peak_is_refused_when_loaded(cli, tmp_path, part) -> None:
+    """calibrate's curves are rates like the kernel tables: above the device's peak HFU would pass 100 %.
+    calibrate states the best rate it measured, forward or backward, as the peak (it took the forward's,
+    and its backward ran 1.2 % above it)."""
+    data = yaml.safe_load(MEASURED.read_text())
+    peak = data["device"]["peak_flops"]["fp32"]
+    rates = [p["flops_per_s"] for c in data["calibration"]["compute"] for p in c["forward"] + c["backward"]]
+    assert max(rates) == peak  # the shipped measurement holds
+    data["calibration"]["compute"][1][part][0]["flops_per_s"] = 3 * peak
+    path = tmp_path / "measured.yaml"
+    path.write_text(yaml.safe_dump(data))
+    args = ["--seq", "8k", "--n", "2", "--dtype", "fp32", "--hw", str(path)]
+    one_line_error(
+        cli(*args), "--hw", f"calibration.compute.1.{part}.flops_per_s", "above device.peak_flops.fp32"
+    )
+
+
 # --- MFU and HFU: each FLOP held to the peak of the precision it runs in ----------------------------------
 @pytest.mark.parametrize("hw", ["h200-nvlink", "b200-nvlink"])
 @pytest.mark.parametrize("gemm", ["fp8", "mxfp8"])

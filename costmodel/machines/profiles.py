@@ -695,9 +695,21 @@ class HardwareProfile(_Strict):
 
     @model_validator(mode="after")
     def _within_peak(self) -> Self:
-        """Every kernel table, times its fitted factor, at or under the peak it is read against: MFU and HFU
-        are shares of that peak, and a table above it would make them pass 100 %."""
-        kernels, device = self.kernels, self.device
+        """Every kernel table, times its fitted factor, and every rate calibrate measured at or under the peak
+        it is read against: MFU and HFU are shares of that peak, and a rate above it would make them pass
+        100 %."""
+        kernels, device, calibration = self.kernels, self.device, self.calibration
+        if calibration is not None:
+            dtype = calibration.dtype
+            if dtype not in device.peak_flops:
+                raise ValueError(
+                    f"calibration.dtype {dtype} needs device.peak_flops.{dtype}, the peak it ran at"
+                )
+            for i, curve in enumerate(calibration.compute):
+                for part in ("forward", "backward"):
+                    best = max(point.flops_per_s for point in getattr(curve, part))
+                    where = f"calibration.compute.{i}.{part}.flops_per_s"
+                    _within(where, best, device.peak_flops[dtype], f"device.peak_flops.{dtype}")
         if kernels is None:
             return self
         table_peak, peak_name = device.table_peak, f"device.peak_flops.{TABLE_DTYPE}"
