@@ -196,6 +196,67 @@ def test_a_column_given_twice_with_one_value_is_read(cli, tmp_path: Path) -> Non
     assert result.code == 0 and result.json()["runs"]["rows"][0]["measured_s"] == pytest.approx(0.1)
 
 
+MODEL = (Path(__file__).parents[1] / "configs" / "models" / "llama3-8b.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "said"),
+    [
+        ("--model", MODEL.replace("layers: 32", "layers: 32.0"), "layers: expected a whole number"),
+        ("--model", MODEL.replace("layers: 32", "layers: '32.0'"), "layers: '32.0' is not a whole number"),
+        ("--model", MODEL.replace("layers: 32", "layers: '3_2'"), "layers: '3_2' is not a whole number"),
+        ("--model", MODEL + "gated_mlp: 'yes'\n", "gated_mlp: Input should be a valid boolean"),
+        ("--model", MODEL + "tied_embeddings: 1\n", "tied_embeddings: Input should be a valid boolean"),
+        ("--model", MODEL + "dense_layers: 1.0\n", "dense_layers: expected a whole number"),
+        (
+            "--hw",
+            PROFILE.replace("devices_per_node: 8", "devices_per_node: 8.0"),
+            "devices_per_node: expected a whole",
+        ),
+        (
+            "--hw",
+            PROFILE.replace("devices_per_node: 8", "devices_per_node: '0_8'"),
+            "'0_8' is not a whole number",
+        ),
+        (
+            "--hw",
+            PROFILE.replace("hbm_bytes: 80.0e+9", "hbm_bytes: '8_0.0e+9'"),
+            "hbm_bytes: '8_0.0e+9' is not a number",
+        ),
+        (
+            "--hw",
+            PROFILE.replace("hbm_bytes: 80.0e+9", "hbm_bytes: 'nan'"),
+            "hbm_bytes: 'nan' is not a number",
+        ),
+        ("check", PLAN + "zero: 1.0\ngpus: 8\n", "zero: expected a whole number"),
+        ("check", PLAN + "memory_headroom: '0_1'\ngpus: 8\n", "memory_headroom: '0_1' is not a number"),
+        (
+            "check",
+            PLAN + "gpus: 8\nexpect:\n  fits_memory: 'yes'\n",
+            "fits_memory: Input should be a valid boolean",
+        ),
+        ("check", PLAN + "gpus: 8\nexpect:\n  in_recommended_window: 1\n", "in_recommended_window"),
+    ],
+)
+def test_a_count_or_switch_in_a_file_is_written_as_one(
+    cli, tmp_path: Path, flag: str, text: str, said: str
+) -> None:
+    """pydantic's lax reading took a count of 8.0 or '1_0' (Python's int() reads the underscore) and a switch
+    of 'yes' or 1: a file's count is a whole number, its switch true or false, a quoted number a decimal."""
+    path = write(tmp_path, "f.yaml", "name: x\n" + text if flag == "check" else text)
+    args = {
+        "--model": ("step", "--global-batch", "8", "--seq", "8k", "--model", path),
+        "--hw": ("--seq", "8k", "--n", "8", "--hw", path),
+        "check": ("check", path),
+    }[flag]
+    one_line_error(cli(*args), "f.yaml:" if flag == "check" else "f.yaml: line ", said)  # with its line
+
+
+def test_a_quoted_decimal_is_still_a_number(cli, tmp_path: Path) -> None:
+    path = write(tmp_path, "f.yaml", PROFILE.replace("hbm_bytes: 80.0e+9", "hbm_bytes: '80e9'"))
+    assert cli("--seq", "8k", "--n", "8", "--hw", path).code == 0
+
+
 MEGATRON = (AUDIT / "megatron_tp2_cp2_8k.log").read_text()
 
 
