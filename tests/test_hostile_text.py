@@ -190,6 +190,41 @@ def test_a_runs_table_states_each_measurement_once_and_in_bounds(
     one_line_error(cli("audit", "--runs", path, "--hw", "a100-nvlink"), "--runs", "runs.csv line 2", *said)
 
 
+@pytest.mark.parametrize(
+    ("header", "row", "assume", "said"),
+    [
+        (
+            RUNS_HEADER,
+            RUNS_ROW.replace(",1024,1", ",1_024,1"),
+            [],
+            ["--runs", "line 2", "column hidden is '1_024'"],
+        ),
+        (RUNS_HEADER, RUNS_ROW.replace("8,8,1", "+8,8,1"), [], ["--runs", "line 2", "column gpus is '+8'"]),
+        (f"{RUNS_HEADER},dp_overlap", f"{RUNS_ROW},0_5", [], ["column dp_overlap is '0_5'"]),
+        (RUNS_HEADER, RUNS_ROW, ["cp=1_0"], ["--assume", "cp is '1_0', expected a whole number"]),
+        (RUNS_HEADER, RUNS_ROW, ["tp=2"], ["--assume", "tp: a column of", "runs.csv"]),
+        (
+            RUNS_HEADER,
+            RUNS_ROW,
+            ["recompute=full", "recompute=none"],
+            ["--assume", "recompute is given twice"],
+        ),
+        (f"model,{RUNS_HEADER}", f"nope.yaml,{RUNS_ROW}", [], ["runs.csv line 2: column model: nope.yaml"]),
+        (f"hw,{RUNS_HEADER}", f"nope,{RUNS_ROW}", [], ["runs.csv line 2: column hw: unknown hardware"]),
+        (RUNS_HEADER, RUNS_ROW, ["hw=nope"], ["line 2: column hw (from --assume): unknown hardware"]),
+    ],
+)
+def test_a_runs_value_is_read_as_a_flag_is_and_stated_once(
+    cli, tmp_path: Path, header, row, assume, said
+) -> None:  # noqa: ANN001
+    """A cell or an --assume value is a number as a flag reads one (int() took 1_024 and +8); --assume gives a
+    column the table lacks, once (the table's own value won silently); a model or profile a row names is
+    named by its row and column when it cannot be read."""
+    path = write(tmp_path, "runs.csv", f"{header},iteration_ms\n{row},100\n")
+    args = [arg for item in assume for arg in ("--assume", item)]
+    one_line_error(cli("audit", "--runs", path, "--hw", "a100-nvlink", *args), *said)
+
+
 def test_a_column_given_twice_with_one_value_is_read(cli, tmp_path: Path) -> None:
     path = write(tmp_path, "runs.csv", f"{RUNS_HEADER},iteration_ms,iteration_s\n{RUNS_ROW},100,0.1\n")
     result = cli("audit", "--runs", path, "--hw", "a100-nvlink", "--format", "json")

@@ -235,7 +235,7 @@ BAD = [
     ),
     (
         "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers,iteration_ms\n8,x,1024,1,8,1024,16,24,5\n",
-        "column tp is 'x', expected int",
+        "column tp is 'x', expected a whole number",
     ),
     (
         "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers,iteration_ms\n8,1,1024,1,8,1000,16,24,5\n",
