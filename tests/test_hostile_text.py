@@ -292,6 +292,31 @@ def test_a_quoted_decimal_is_still_a_number(cli, tmp_path: Path) -> None:
     assert cli("--seq", "8k", "--n", "8", "--hw", path).code == 0
 
 
+ATTENTION = "head_dim,causal,pass,batch,heads,tflops,seq,seq_q,seq_kv\n"
+
+
+@pytest.mark.parametrize(
+    ("flag", "text", "said"),
+    [
+        (
+            "--attention",
+            ATTENTION + "128,false,fwd,1,32,300,4096,1024,1024\n",
+            "give seq, or seq_q and seq_kv, not",
+        ),
+        ("--attention", ATTENTION + "128,false,fwd,1,32,300,4096,,1024\n", "not seq and seq_kv"),
+        ("--gemm", "m,n,k,ms\n1_024,1024,1024,1\n", "m must be a whole number, got '1_024'"),
+        ("--gemm", "m,n,k,ms\n1024,1024,1024,nan\n", "ms must be a number, got 'nan'"),
+        ("--gemm", "m,n,k,ms\n1024,1024,1024,0_5\n", "ms must be a number, got '0_5'"),
+    ],
+)
+def test_a_kernel_timing_is_stated_once_and_written_as_a_number(
+    cli, tmp_path: Path, flag, text, said
+) -> None:  # noqa: ANN001
+    """A row giving seq and seq_q/seq_kv was read by seq alone; float() and int() took 0_5, 1_024 and nan."""
+    path = write(tmp_path, "t.csv", text)
+    one_line_error(cli("hw", "fit-kernels", "--base", "h100-nvlink", flag, path), flag, "t.csv line 2", said)
+
+
 MEGATRON = (AUDIT / "megatron_tp2_cp2_8k.log").read_text()
 
 
