@@ -479,6 +479,40 @@ def test_a_bad_toml_value_is_named_by_its_key(cli, tmp_path: Path, old, new, sai
     assert "--cp:" not in line and "--seq:" not in line
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        (
+            "job.toml",
+            TOML.replace('mode = "selective"', "mode = 1"),
+            "activation_checkpoint.mode is 1, expected",
+        ),
+        (
+            "job.toml",
+            TOML.replace('mode = "selective"', 'mode = "sometimes"'),
+            "mode is 'sometimes', expected",
+        ),
+        ("job.toml", 'parallelism = "x"\n', "parallelism is 'x', expected a table"),
+        (
+            "run.sh",
+            "torchrun x.py --tensor-model-parallel-size 2 --tensor-model-parallel-size 4\n",
+            "run.sh:1:",
+        ),
+        (
+            "run.sh",
+            "torchrun x.py --seq-length=8192 \\\n  --seq-length 4096\n",
+            "--seq-length is '4096', and '8192'",
+        ),
+    ],
+)
+def test_a_framework_file_states_each_setting_once_and_typed(cli, tmp_path: Path, name, text, said) -> None:  # noqa: ANN001
+    """torchtitan's activation_checkpoint.mode of 1 or 'sometimes' was read as selective, a section that is not a
+    table ended in Python's own words, and a launch flag given twice kept the last value."""
+    log = AUDIT / ("titan_cp2_16k.log" if name.endswith(".toml") else "megatron_tp2_cp2_8k.log")
+    result = cli("audit", str(log), "--hw", "h100-nvlink", "--config", write(tmp_path, name, text))
+    one_line_error(result, "--config", name, said)
+
+
 def test_a_flag_keeps_its_own_name(cli) -> None:
     result = cli("audit", str(AUDIT / "titan_cp2_16k.log"), "--seq", "16383", "--hw", "h100-nvlink")
     one_line_error(result, "--seq: 16383 tokens")
