@@ -66,6 +66,36 @@ def test_a_profile_with_hidden_breaks_or_escapes_is_refused(
     one_line_error(cli(*args, path), flag, "mine.yaml", said)
 
 
+@pytest.mark.parametrize("char", ["\u202e", "\u2066", "\u200f", "\u061c"])
+def test_a_bidirectional_control_is_refused_as_a_control_character_is(cli, tmp_path: Path, char: str) -> None:
+    """U+202E shows 'abc\u202edcba' as 'abcabcd': a file's text in another order than it is read
+    [Trojan-Source]. Raw, written as an escape, in a plan, a runs table or a docs file: refused, never shown."""
+    code = f"U+{ord(char):04X}"
+    plan = write(tmp_path, "p.yaml", f"name: 'abc{char}dcba'\n" + PLAN)
+    line = one_line_error(cli("check", plan), "p.yaml:1", "column 11", code, "bidirectional control")
+    assert char not in line
+    escaped = write(tmp_path, "e.yaml", f'name: "abc\\u{ord(char):04x}"\n' + PLAN)
+    one_line_error(cli("check", escaped), "e.yaml:1", f"name: {code}")
+    runs = write(tmp_path, "r.csv", f"label,{RUNS_HEADER},iteration_ms\nr{char}1,{RUNS_ROW},100\n")
+    one_line_error(cli("audit", "--runs", runs, "--hw", "a100-nvlink"), "--runs", "r.csv:2", code)
+    docs = write(tmp_path, "d.txt", f"4096\n{char}2048\n")
+    one_line_error(cli("--seq", "8k", "--n", "8", "--docs", docs), "--docs", "d.txt:2", code)
+    assert displayed(f"a{char}b") == f"a\\u{ord(char):04x}b"
+
+
+@pytest.mark.parametrize(
+    ("docs", "said"),
+    [
+        ("lognormal:mean=4k,count=1_0", "'1_0' is not a whole number"),
+        ("lognormal:mean=4k,sigma=0_5", "sigma='0_5' is not a number"),
+        ("4k\u2028", "'4k\\u2028' is not a length"),
+    ],
+)
+def test_a_docs_flag_reads_its_numbers_as_a_flag_does(cli, docs: str, said: str) -> None:
+    """int() and float() took count=1_0 and sigma=0_5; Python's strip() took U+2028 for a blank."""
+    one_line_error(cli("--seq", "64k", "--n", "8", "--docs", docs), "--docs", said)
+
+
 def test_escapes_written_as_json_and_toml_escapes_are_refused_naming_the_key(cli, tmp_path: Path) -> None:
     config = json.loads((HF / "llama-3.1-8b.json").read_text()) | {"architectures": ["\u001b[2J"]}
     path = write(tmp_path, "config.json", json.dumps(config))
