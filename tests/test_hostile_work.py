@@ -263,3 +263,17 @@ def test_a_fit_past_its_run_bound_is_refused_before_any_prediction(cli, tmp_path
     result = cli("audit", "--runs", str(table), "--hw", "a100-nvlink", "--fit-profile", str(out))
     one_line_error(result, "--fit-profile", "201 runs; a fit takes at most 200")
     assert cpu_s() - start < 2 and not out.exists()
+
+
+def test_a_sweeps_step_times_past_their_search_bound_are_refused_up_front(cli) -> None:
+    """With --model and --gpus each (S, profile) pair is a layout search (~50 ms): 256 S values on 15
+    profiles, each within its own bound, took 110 s. Their product is bounded, checked before any search."""
+    from costmodel.training.sweep import MAX_STEP_SEARCHES
+
+    seqs = ",".join(str(1024 * (i + 1)) for i in range(MAX_STEP_SEARCHES // 4 + 1))
+    hw = "h100-nvlink,a100-nvlink,b200-nvlink,h200-nvlink"
+    start = cpu_s()
+    args = ["sweep", "--model", "llama3-8b", "--gpus", "64", "--seq", seqs, "--n", "1,2", "--hw", hw]
+    one_line_error(cli(*args), "--seq", "17 S values x 4 --hw profiles", f"at most {MAX_STEP_SEARCHES} pairs")
+    assert cpu_s() - start < 2
+    assert cli(*[a for a in args if a != "--model" and a != "llama3-8b"]).code == 0  # no step times: no bound

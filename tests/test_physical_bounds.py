@@ -248,6 +248,11 @@ RECOMMEND_8B = ["recommend", "--model", "llama3-8b", "--hw", "h100-nvlink", "--g
         ),
         pytest.param(["sweep", "--n", "1..2048", "--seq", "128k"], ("--cp", "[1, 1,024]"), id="sweep-n-2048"),
         pytest.param(
+            ["sweep", "--seq", "8k", "--global-batch", "8"],
+            ("--global-batch", "need --model and --gpus"),
+            id="sweep-global-batch-without-step-times",
+        ),
+        pytest.param(
             [*STEP, "--efficiency", "0_1"], ("--efficiency", "'0_1' is not a number"), id="underscore"
         ),
         pytest.param([*STEP, "--efficiency", "nan"], ("--efficiency", "not a number"), id="nan"),

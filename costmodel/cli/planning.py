@@ -508,20 +508,27 @@ def sweep_cmd(
     from costmodel.training.sweep import parse_grid, sweep
 
     seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_CP)
-    from costmodel.training.sweep import MAX_PROFILES
+    from costmodel.training.sweep import MAX_PROFILES, MAX_STEP_SEARCHES
 
     if hw.count(",") >= MAX_PROFILES:  # before splitting: a huge list is refused without building it
         raise InputError("--hw", f"{hw.count(',') + 1} profiles; a sweep takes at most {MAX_PROFILES}")
     names = [name.strip() for name in hw.split(",") if name.strip()]
     if not names:
         raise InputError("--hw", "give at least one profile")
+    timed = bool(inputs.model) and gpus is not None  # the step-time grid: a layout search per (S, profile)
+    if not timed and global_batch is not None:
+        raise InputError("--global-batch", "sets the step times, which need --model and --gpus")
+    if timed and len(seqs) * len(names) > MAX_STEP_SEARCHES:
+        raise InputError(
+            "--seq",
+            f"{len(seqs)} S values x {len(names)} --hw profiles: with --model and --gpus each pair is a layout "
+            f"search for the step times; at most {MAX_STEP_SEARCHES} pairs",
+        )
     machines = [machine_for(inputs.model_copy(update={"hw": name}), machine_overrides) for name in names]
     if gpus is not None:
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
     jobs = [
-        make_job(inputs.model_copy(update={"hw": name}), setup, None, machine_overrides)
-        if inputs.model and gpus is not None
-        else None
+        make_job(inputs.model_copy(update={"hw": name}), setup, None, machine_overrides) if timed else None
         for name in names
     ]
     grids = [
