@@ -277,3 +277,37 @@ def test_a_sweeps_step_times_past_their_search_bound_are_refused_up_front(cli) -
     one_line_error(cli(*args), "--seq", "17 S values x 4 --hw profiles", f"at most {MAX_STEP_SEARCHES} pairs")
     assert cpu_s() - start < 2
     assert cli(*[a for a in args if a != "--model" and a != "llama3-8b"]).code == 0  # no step times: no bound
+
+
+def test_a_search_past_its_plan_bound_is_refused_before_weighing_any(cli, monkeypatch) -> None:
+    """G may be 2^20, but the layouts of DeepSeek-V3 on 1M GPUs are 2.5M plans: 48 s and 2 GB for recommend.
+    A search counts its plans first and refuses past the bound, naming --gpus; a what-if of the pick whose
+    own search would pass it (a 10 % longer sequence has other divisors) re-times the pick alone."""
+    from costmodel.training import search as searching
+
+    assert searching.MAX_WEIGHED == 1_000_000
+    start = cpu_s()
+    args = [
+        "recommend",
+        "--model",
+        "deepseek-v3",
+        "--seq",
+        "128k",
+        "--hw",
+        "h100-nvlink",
+        "--gpus",
+        "1048576",
+    ]
+    one_line_error(cli(*args), "--gpus", "2,460,960 plans to weigh", "at most 1,000,000")
+    assert cpu_s() - start < 5
+    search = searching.search
+
+    def past_the_bound_when_longer(job, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if job.inputs.seq != 8192:
+            raise searching.TooManyPlans("--gpus", "8 GPUs give 2,000,000 plans to weigh; at most 1,000,000")
+        return search(job, *args, **kwargs)
+
+    monkeypatch.setattr(searching, "search", past_the_bound_when_longer)
+    result = cli("recommend", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink", "--gpus", "8")
+    assert result.code == 0 and "(9,012 tokens)" in result.out
+    assert "not searched again (8 GPUs give 2,000,000 plans to weigh; at most 1,000,000)" in result.out

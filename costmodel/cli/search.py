@@ -39,6 +39,7 @@ def run_search(
         PLAN_KEYS,
         Constraints,
         SearchResult,
+        TooManyPlans,
         check_constraints,
         default_global_batch,
         search,
@@ -51,6 +52,8 @@ def run_search(
     batch = global_batch or default_global_batch(job.inputs.seq)
     try:
         found = search(job, batch, constraints, top=top)
+    except TooManyPlans:  # a bound of the work: refused, one line
+        raise
     except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
         found = SearchResult([], 0, 0, batch, empty_reason=f"{exc.flag}: {exc.message}")
     plans = found.plans
