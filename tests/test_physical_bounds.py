@@ -248,6 +248,30 @@ RECOMMEND_8B = ["recommend", "--model", "llama3-8b", "--hw", "h100-nvlink", "--g
         ),
         pytest.param(["sweep", "--n", "1..2048", "--seq", "128k"], ("--cp", "[1, 1,024]"), id="sweep-n-2048"),
         pytest.param(
+            [*STEP, "--fp8-scaling", "current"], ("--fp8-scaling", "not fp8"), id="fp8-scaling-without-fp8"
+        ),
+        pytest.param(
+            [*STEP, "--loss", "materialized", "--loss-chunk-tokens", "1024"],
+            ("--loss-chunk-tokens", "materialized loss"),
+            id="chunk-of-a-whole-loss",
+        ),
+        pytest.param(
+            [*STEP, "--zero", "1", "--fsdp-prefetch", "2"], ("--fsdp-prefetch", "--zero 3"), id="prefetch"
+        ),
+        pytest.param(
+            [*STEP, "--zero", "1", "--reshard-after-forward", "never"],
+            ("--reshard-after-forward", "--zero 3"),
+            id="reshard-without-fsdp",
+        ),
+        pytest.param(
+            [*STEP, "--capacity-factor", "2"], ("--capacity-factor", "no experts"), id="capacity-dense"
+        ),
+        pytest.param(
+            [*RECOMMEND_8B, "--seq", "8k", "--cp-scheme", "ulysses", "--layout", "striped"],
+            ("--layout", "no layout to fix"),
+            id="layout-of-ulysses",
+        ),
+        pytest.param(
             ["sweep", "--seq", "8k", "--global-batch", "8"],
             ("--global-batch", "need --model and --gpus"),
             id="sweep-global-batch-without-step-times",
