@@ -152,8 +152,9 @@ def test_a_training_log_keeps_its_noise_but_shows_it_escaped(cli, tmp_path: Path
 MARKUP = ["[red]x[/red]", "[link=https://example.com]click[/link]", ":skull:", "[bold]"]
 
 
-def test_rich_markup_read_from_a_file_is_shown_as_written(cli, tmp_path: Path) -> None:
+def test_rich_markup_read_from_a_file_is_shown_as_written(cli, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     """A label, a path or a name read from a file is text: rich never reads it as a style, a link or an emoji."""
+    monkeypatch.setenv("COLUMNS", "1000")  # no line wrapped inside a long temporary path
     rows = "".join(f"{label},{RUNS_ROW},{100 + i}\n" for i, label in enumerate(MARKUP))
     runs = write(tmp_path, "[b]runs.csv", f"label,{RUNS_HEADER},iteration_ms\n{rows}")
     result = cli("audit", "--runs", runs, "--hw", "a100-nvlink")

@@ -308,6 +308,11 @@ def test_a_search_past_its_plan_bound_is_refused_before_weighing_any(cli, monkey
         return search(job, *args, **kwargs)
 
     monkeypatch.setattr(searching, "search", past_the_bound_when_longer)
-    result = cli("recommend", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink", "--gpus", "8")
-    assert result.code == 0 and "(9,012 tokens)" in result.out
-    assert "not searched again (8 GPUs give 2,000,000 plans to weigh; at most 1,000,000)" in result.out
+    result = cli(
+        "recommend", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink", "--gpus", "8", "-f", "json"
+    )
+    longer = result.json()["search"]["sensitivity"][1]
+    assert result.code == 0 and longer["change"] == "sequence 10 % longer (9,012 tokens)"
+    assert longer["text"].endswith(
+        "not searched again (8 GPUs give 2,000,000 plans to weigh; at most 1,000,000)"
+    )
