@@ -296,7 +296,8 @@ def test_junit_stays_valid_xml_with_characters_xml_refuses_in_the_name(cli, tmp_
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["kernel", "selftest", "--timeout", "nan"], "--timeout: must be a number of seconds in (0, 604800]"),
+        (["kernel", "selftest", "--timeout", "nan"], "'--timeout': 'nan' is not a number"),
+        (["kernel", "selftest", "--timeout", "1e9"], "--timeout: must be a number of seconds in (0, 604800]"),
         (["kernel", "selftest", "--timeout", "-1"], "--timeout"),
         (["kernel", "selftest", "--timeout", "inf"], "--timeout"),
         (["kernel", "selftest", "--atol", "-1"], "--atol: must be a finite number >= 0"),

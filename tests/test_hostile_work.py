@@ -48,6 +48,58 @@ def test_an_integer_within_the_digit_bound_reaches_the_range_check(cli) -> None:
     one_line_error(cli("--seq", "9" * 30, "--n", "8"), "--seq", "must be <= 17179869184")
 
 
+def _number_options() -> list[tuple[str, str, object]]:
+    """(command, flag, type) of every integer or number option of every command."""
+    from typer.main import get_command
+
+    from costmodel.cli.app import with_subcommands
+
+    found, stack = [], [("", get_command(with_subcommands()))]
+    while stack:
+        path, command = stack.pop()
+        stack.extend(
+            (f"{path} {name}".strip(), sub) for name, sub in getattr(command, "commands", {}).items()
+        )
+        for param in command.params:
+            described = getattr(param, "type_descriptor", None)
+            if described is not None and described.annotation in (int, float):
+                found.append((path, param.opts[0], described.parameter_info.parser))
+    return found
+
+
+def test_every_integer_and_number_option_is_read_by_the_one_parser() -> None:
+    """A command's own option (audit --folds, kernel selftest --seed, recommend --top) reads as a declared
+    flag does: typer's own int() and float() took 1_0, +1, Arabic digits and nan."""
+    options = _number_options()
+    assert {("audit", "--folds"), ("kernel selftest", "--seed"), ("validate", "--max-median-error")} <= {
+        (command, flag) for command, flag, _ in options
+    }
+    assert [(command, flag) for command, flag, parser in options if parser is None] == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit", "--runs", "r.csv", "--folds", "1_0"],
+        ["audit", "x.log", "--gpus", "1_6"],
+        ["audit", "x.log", "--micro-batch", "+1"],
+        ["audit", "x.log", "--cp", "\u0662"],
+        ["kernel", "selftest", "--seed", "1_0"],
+        ["kernel", "selftest", "--nproc", "0_2"],
+        ["kernel", "selftest", "--atol", "nan"],
+        ["calibrate", "--out", "o.yaml", "--repeats", "1_0"],
+        ["validate", "--hw", "x.yaml", "--timeout", "1_0"],
+        ["recommend", "--model", "llama3-8b", "--top", "0_5"],
+        ["infer", "--model", "llama3-8b", "--prompt", "8k", "--gpus", "1_6"],
+        ["sweep", "--model", "llama3-8b", "--gpus", "0_8"],
+    ],
+    ids=lambda args: f"{args[0]}{args[-2]}",
+)
+def test_a_commands_own_number_option_refuses_what_a_declared_flag_refuses(cli, args: list[str]) -> None:
+    line = one_line_error(cli(*args), f"'{args[-2]}'", "is not a")
+    assert len(line) < 200
+
+
 # --- measured steps held to what a step can take ---------------------------------------------------------
 
 
@@ -195,3 +247,72 @@ def test_a_runs_table_over_its_row_bound_is_refused_before_any_prediction(cli, t
         cli("audit", "--runs", str(table), "--hw", "h100-nvlink"), f"more than {runs_module.MAX_ROWS:,} runs"
     )
     assert cpu_s() - start < 2
+
+
+def test_a_fit_past_its_run_bound_is_refused_before_any_prediction(cli, tmp_path: Path) -> None:
+    """A fit costs ~45 ms of CPU a run (docs/limits.md): 1,000 runs took 55 s. The bound is checked on the
+    table as read, before any run is predicted, and writes nothing."""
+    assert runs_module.MAX_FIT_RUNS == 200
+    header, *rows = (
+        (Path(__file__).parent / "data" / "runs" / "example.csv").read_text("utf-8-sig").splitlines()
+    )
+    table = tmp_path / "runs.csv"
+    table.write_text("\n".join([header, *(rows * 2)[: runs_module.MAX_FIT_RUNS + 1]]) + "\n")
+    out = tmp_path / "fitted.yaml"
+    start = cpu_s()
+    result = cli("audit", "--runs", str(table), "--hw", "a100-nvlink", "--fit-profile", str(out))
+    one_line_error(result, "--fit-profile", "201 runs; a fit takes at most 200")
+    assert cpu_s() - start < 2 and not out.exists()
+
+
+def test_a_sweeps_step_times_past_their_search_bound_are_refused_up_front(cli) -> None:
+    """With --model and --gpus each (S, profile) pair is a layout search (~50 ms): 256 S values on 15
+    profiles, each within its own bound, took 110 s. Their product is bounded, checked before any search."""
+    from costmodel.training.sweep import MAX_STEP_SEARCHES
+
+    seqs = ",".join(str(1024 * (i + 1)) for i in range(MAX_STEP_SEARCHES // 4 + 1))
+    hw = "h100-nvlink,a100-nvlink,b200-nvlink,h200-nvlink"
+    start = cpu_s()
+    args = ["sweep", "--model", "llama3-8b", "--gpus", "64", "--seq", seqs, "--n", "1,2", "--hw", hw]
+    one_line_error(cli(*args), "--seq", "17 S values x 4 --hw profiles", f"at most {MAX_STEP_SEARCHES} pairs")
+    assert cpu_s() - start < 2
+    assert cli(*[a for a in args if a != "--model" and a != "llama3-8b"]).code == 0  # no step times: no bound
+
+
+def test_a_search_past_its_plan_bound_is_refused_before_weighing_any(cli, monkeypatch) -> None:
+    """G may be 2^20, but the layouts of DeepSeek-V3 on 1M GPUs are 2.5M plans: 48 s and 2 GB for recommend.
+    A search counts its plans first and refuses past the bound, naming --gpus; a what-if of the pick whose
+    own search would pass it (a 10 % longer sequence has other divisors) re-times the pick alone."""
+    from costmodel.training import search as searching
+
+    assert searching.MAX_WEIGHED == 1_000_000
+    start = cpu_s()
+    args = [
+        "recommend",
+        "--model",
+        "deepseek-v3",
+        "--seq",
+        "128k",
+        "--hw",
+        "h100-nvlink",
+        "--gpus",
+        "1048576",
+    ]
+    one_line_error(cli(*args), "--gpus", "2,460,960 plans to weigh", "at most 1,000,000")
+    assert cpu_s() - start < 5
+    count = searching._weighed_count
+
+    def past_the_bound_when_longer(job, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if job.inputs.seq != 8192:
+            raise searching.TooManyPlans("--gpus", "8 GPUs give 2,000,000 plans to weigh; at most 1,000,000")
+        return count(job, *args, **kwargs)
+
+    monkeypatch.setattr(searching, "_weighed_count", past_the_bound_when_longer)
+    result = cli(
+        "recommend", "--model", "llama3-8b", "--seq", "8k", "--hw", "h100-nvlink", "--gpus", "8", "-f", "json"
+    )
+    longer = result.json()["search"]["sensitivity"][1]
+    assert result.code == 0 and longer["change"] == "sequence 10 % longer (9,012 tokens)"
+    assert longer["text"].endswith(
+        "not searched again (8 GPUs give 2,000,000 plans to weigh; at most 1,000,000)"
+    )

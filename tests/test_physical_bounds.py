@@ -154,6 +154,27 @@ def test_every_built_in_profile_is_within_its_peak(cli) -> None:
     assert json.loads(result.out)["step"]["mfu"] <= 1
 
 
+MEASURED = Path(__file__).parent / "data" / "calibrated" / "cpu-gloo-2ranks.yaml"
+
+
+@pytest.mark.parametrize("part", ["forward", "backward"])
+def test_a_measured_profile_whose_curves_pass_its_peak_is_refused_when_loaded(cli, tmp_path, part) -> None:
+    """calibrate's curves are rates like the kernel tables: above the device's peak HFU would pass 100 %.
+    calibrate states the best rate it measured, forward or backward, as the peak (it took the forward's,
+    and its backward ran 1.2 % above it)."""
+    data = yaml.safe_load(MEASURED.read_text())
+    peak = data["device"]["peak_flops"]["fp32"]
+    rates = [p["flops_per_s"] for c in data["calibration"]["compute"] for p in c["forward"] + c["backward"]]
+    assert max(rates) == peak  # the shipped measurement holds
+    data["calibration"]["compute"][1][part][0]["flops_per_s"] = 3 * peak
+    path = tmp_path / "measured.yaml"
+    path.write_text(yaml.safe_dump(data))
+    args = ["--seq", "8k", "--n", "2", "--dtype", "fp32", "--hw", str(path)]
+    one_line_error(
+        cli(*args), "--hw", f"calibration.compute.1.{part}.flops_per_s", "above device.peak_flops.fp32"
+    )
+
+
 # --- MFU and HFU: each FLOP held to the peak of the precision it runs in ----------------------------------
 @pytest.mark.parametrize("hw", ["h200-nvlink", "b200-nvlink"])
 @pytest.mark.parametrize("gemm", ["fp8", "mxfp8"])
@@ -231,6 +252,35 @@ RECOMMEND_8B = ["recommend", "--model", "llama3-8b", "--hw", "h100-nvlink", "--g
             id="recommend-cp-past-gpus",
         ),
         pytest.param(["sweep", "--n", "1..2048", "--seq", "128k"], ("--cp", "[1, 1,024]"), id="sweep-n-2048"),
+        pytest.param(
+            [*STEP, "--fp8-scaling", "current"], ("--fp8-scaling", "not fp8"), id="fp8-scaling-without-fp8"
+        ),
+        pytest.param(
+            [*STEP, "--loss", "materialized", "--loss-chunk-tokens", "1024"],
+            ("--loss-chunk-tokens", "materialized loss"),
+            id="chunk-of-a-whole-loss",
+        ),
+        pytest.param(
+            [*STEP, "--zero", "1", "--fsdp-prefetch", "2"], ("--fsdp-prefetch", "--zero 3"), id="prefetch"
+        ),
+        pytest.param(
+            [*STEP, "--zero", "1", "--reshard-after-forward", "never"],
+            ("--reshard-after-forward", "--zero 3"),
+            id="reshard-without-fsdp",
+        ),
+        pytest.param(
+            [*STEP, "--capacity-factor", "2"], ("--capacity-factor", "no experts"), id="capacity-dense"
+        ),
+        pytest.param(
+            [*RECOMMEND_8B, "--seq", "8k", "--cp-scheme", "ulysses", "--layout", "striped"],
+            ("--layout", "no layout to fix"),
+            id="layout-of-ulysses",
+        ),
+        pytest.param(
+            ["sweep", "--seq", "8k", "--global-batch", "8"],
+            ("--global-batch", "need --model and --gpus"),
+            id="sweep-global-batch-without-step-times",
+        ),
         pytest.param(
             [*STEP, "--efficiency", "0_1"], ("--efficiency", "'0_1' is not a number"), id="underscore"
         ),

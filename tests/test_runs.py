@@ -19,6 +19,7 @@ from costmodel.audit.runs import (
     audit_runs,
     fit_runs,
     parse_assumptions,
+    predictions,
     ranking,
     read_runs,
     spearman,
@@ -118,7 +119,7 @@ def test_vtrain_header_is_read_as_it_is(tmp_path: Path) -> None:
 def test_a_row_is_predicted_as_the_step_command_predicts_it(cli, tmp_path: Path) -> None:
     path = synthetic(tmp_path, {}, noise=0.0)
     table = read_runs(str(path), parse_assumptions(VTRAIN), "a100-nvlink")
-    rows = audit_runs(table, Profiles())["rows"]
+    rows = audit_runs(table, predictions(table, Profiles()))["rows"]
     assert max(abs(row["error"]) for row in rows) < 1e-9  # times made by the model, read back by it
     run, row = table.runs[7], rows[7]
     model = tmp_path / "gpt.yaml"
@@ -234,7 +235,7 @@ BAD = [
     ),
     (
         "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers,iteration_ms\n8,x,1024,1,8,1024,16,24,5\n",
-        "column tp is 'x', expected int",
+        "column tp is 'x', expected a whole number",
     ),
     (
         "gpus,tp,seq,micro_batch,global_batch,hidden,heads,layers,iteration_ms\n8,1,1024,1,8,1000,16,24,5\n",

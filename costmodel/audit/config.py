@@ -43,8 +43,15 @@ TOML_KEYS = {
 def torchtitan_config(data: dict[str, Any], origin: str = "job.toml") -> tuple[dict[str, Any], str | None]:
     """Step flags and the model preset of a torchtitan job TOML (``[model]``, ``[training]``,
     ``[parallelism]``, ``[activation_checkpoint]``); a size that is not an integer is refused naming its key."""
-    model, training = data.get("model", {}), data.get("training", {})
-    par, ac = data.get("parallelism", {}), data.get("activation_checkpoint", {})
+
+    def section(name: str) -> dict[str, Any]:
+        table = data.get(name, {})
+        if not isinstance(table, dict):
+            raise InputError("--config", f"{origin}: {name} is {table!r:.40}, expected a table ([{name}])")
+        return table
+
+    model, training = section("model"), section("training")
+    par, ac = section("parallelism"), section("activation_checkpoint")
 
     def integer(table: dict[str, Any], section: str, key: str, default: int) -> int:
         value = table.get(key, default)
@@ -71,8 +78,13 @@ def torchtitan_config(data: dict[str, Any], origin: str = "job.toml") -> tuple[d
     out["_local_batch"] = local
     if integer(training, "training", "global_batch_size", -1) > 0:
         out["global_batch"] = training["global_batch_size"]
-    mode = str(ac.get("mode", "selective")).lower()
-    out["recompute"] = mode if mode in ("none", "selective", "full") else "selective"
+    mode = ac.get("mode", "selective")
+    if mode not in ("none", "selective", "full"):  # read as selective before, whatever it said
+        raise InputError(
+            "--config",
+            f"{origin}: activation_checkpoint.mode is {mode!r:.40}, expected none, selective or full",
+        )
+    out["recompute"] = mode
     rotate = par.get("context_parallel_rotate_method")
     # an unknown method reads as the ring's shuffles (alltoall)
     scheme = registry.from_framework(
@@ -90,9 +102,17 @@ def megatron_flags(path: str, field: str) -> tuple[dict[str, Any], dict[str, int
     """Step flags and model shape from a Megatron launch script or flag file (``--tensor-model-parallel-size 2``)."""
 
     given: dict[str, str] = {}
-    for text, _ in read_lines(path, field, kind="flags"):
+    lines: dict[str, int] = {}
+    for line, (text, _) in enumerate(read_lines(path, field, kind="flags"), start=1):
         for name, value in _FLAG.findall(text):
-            given[name.replace("-", "_")] = value or "True"
+            key, value = name.replace("-", "_"), value or "True"
+            if given.get(key, value) != value:  # the launcher would take the last; say so instead
+                raise InputError(
+                    field,
+                    f"{path}:{line}: --{name} is {value!r}, and {given[key]!r} on line {lines[key]}; give it once",
+                )
+            given[key] = value
+            lines.setdefault(key, line)
     config, shape = {}, {}
     for name, (flag, convert) in _MEGATRON_ARGS.items():
         if name in given:

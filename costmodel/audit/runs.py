@@ -24,6 +24,7 @@ from costmodel.audit.logs import STEP_MS
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import DEFAULT_LEVEL, Residuals
 from costmodel.core.tables import GOAL, errors_summary, read_csv
+from costmodel.core.units import parse_integer, parse_number
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import call, layer_shape
@@ -38,6 +39,9 @@ LARGE_MISS = GOAL  # |error| beyond which a row's miss is explained by component
 MAX_ROWS = (
     2_000  # each run is a job and a step evaluated, ~5 ms of CPU; vTrain's single-node table holds 1,440
 )
+# A fit evaluates the step over every fold's and grid value's trials and predicts each run before and after
+# it: 8.3 s of CPU here for 162 runs, 9.2 s for 200; `audit --fit-profile` takes what it answers in ~10 s.
+MAX_FIT_RUNS = 200
 GPT_VOCAB = 50257  # the GPT-2 tokenizer's, as Megatron-LM's GPT examples use
 
 
@@ -51,37 +55,54 @@ def boolean(text: str) -> bool:
     raise ValueError(text)
 
 
+def integer(text: str) -> int:
+    """A count as a flag reads one (:func:`parse_integer`): ASCII digits, not ``1_024``, ``+8`` or ``8.0``."""
+    return parse_integer(text, "")
+
+
+def number(text: str) -> float:
+    """A number as a flag reads one (:func:`parse_number`): a finite decimal, not ``1_00``, ``nan`` or ``inf``."""
+    return parse_number(text, "")
+
+
+EXPECTED = {
+    integer: "a whole number",
+    number: "a finite number in decimal",
+    boolean: "true or false",
+    str: "text",
+}
+
 # column: (type, what it holds). Every name is also accepted with spaces for underscores.
 COLUMNS: dict[str, tuple[Callable[[str], Any], str]] = {
     "label": (str, "a name for the run (default: its row number)"),
     "model": (str, "model preset, YAML or config.json (else give hidden, heads, layers)"),
-    "hidden": (int, "hidden size"),
-    "heads": (int, "attention heads"),
-    "kv_heads": (int, "key/value heads (default: heads)"),
-    "layers": (int, "transformer layers"),
-    "ffn_hidden": (int, "MLP inner size (default: 4 x hidden)"),
+    "hidden": (integer, "hidden size"),
+    "heads": (integer, "attention heads"),
+    "kv_heads": (integer, "key/value heads (default: heads)"),
+    "layers": (integer, "transformer layers"),
+    "ffn_hidden": (integer, "MLP inner size (default: 4 x hidden)"),
     "vocab": (int, f"vocabulary (default: {GPT_VOCAB:,})"),
-    "seq": (int, "sequence length, tokens"),
-    "gpus": (int, "accelerators in the job"),
-    "tp": (int, "tensor-parallel degree"),
-    "cp": (int, "context-parallel degree (default 1)"),
-    "pp": (int, "pipeline-parallel degree (default 1)"),
-    "vpp": (int, "virtual pipeline stages (default 1)"),
-    "dp": (int, "data-parallel degree, checked against gpus / (tp x cp x pp)"),
-    "micro_batch": (int, "sequences per micro-batch"),
-    "global_batch": (int, "sequences per optimizer step"),
+    "seq": (integer, "sequence length, tokens"),
+    "gpus": (integer, "accelerators in the job"),
+    "tp": (integer, "tensor-parallel degree"),
+    "cp": (integer, "context-parallel degree (default 1)"),
+    "pp": (integer, "pipeline-parallel degree (default 1)"),
+    "vpp": (integer, "virtual pipeline stages (default 1)"),
+    "dp": (integer, "data-parallel degree, checked against gpus / (tp x cp x pp)"),
+    "micro_batch": (integer, "sequences per micro-batch"),
+    "global_batch": (integer, "sequences per optimizer step"),
     "recompute": (str, "none, selective or full (default none)"),
     "precision": (str, "bf16 or fp16 (default bf16); fp16 reduces fp16 gradients, bf16 fp32 ones"),
     "attention_kernel": (str, "flash or unfused (default flash)"),
-    "dp_overlap": (float, "share of the gradient reduction overlapped with the backward (default 1)"),
+    "dp_overlap": (number, "share of the gradient reduction overlapped with the backward (default 1)"),
     "sequence_parallel": (boolean, "true or false: sequence parallelism with TP (default: on where TP > 1)"),
     "cp_scheme": (str, f"{registry.listed(TRAINING)} (default {registry.default(TRAINING).name})"),
-    "zero": (int, "ZeRO stage 0-3 (default 0)"),
+    "zero": (integer, "ZeRO stage 0-3 (default 0)"),
     "hw": (str, "hardware profile of the run (default --hw)"),
-    "iteration_ms": (float, "measured time per iteration, ms"),
-    "iteration_s": (float, "measured time per iteration, s"),
-    "tokens_per_s": (float, "measured tokens per second, whole job"),
-    "params_b": (float, "parameters, billions (stated; the model's own count is used)"),
+    "iteration_ms": (number, "measured time per iteration, ms"),
+    "iteration_s": (number, "measured time per iteration, s"),
+    "tokens_per_s": (number, "measured tokens per second, whole job"),
+    "params_b": (number, "parameters, billions (stated; the model's own count is used)"),
 }
 # vTrain's headers (data/ground_truth_single.csv and ground_truth_multi.csv), lower-cased.
 ALIASES = {
@@ -130,7 +151,7 @@ def _column(name: str) -> str:
 
 
 def parse_assumptions(items: Iterable[str]) -> dict[str, str]:
-    """``--assume COLUMN=VALUE`` pairs, each a known column."""
+    """``--assume COLUMN=VALUE`` pairs, each a known column, each given once."""
     out: dict[str, str] = {}
     for item in items:
         column, sep, value = item.partition("=")
@@ -139,6 +160,15 @@ def parse_assumptions(items: Iterable[str]) -> dict[str, str]:
             raise InputError("--assume", f"{item!r} is not COLUMN=VALUE, e.g. recompute=full")
         if column not in COLUMNS:
             raise InputError("--assume", f"unknown column {column!r}; columns: {', '.join(COLUMNS)}")
+        if out.get(column, value.strip()) != value.strip():
+            raise InputError("--assume", f"{column} is given twice, {out[column]!r} and {value.strip()!r}")
+        kind = COLUMNS[column][0]
+        try:
+            kind(value.strip())
+        except ValueError:  # read as the table's cells are
+            raise InputError(
+                "--assume", f"{column} is {value.strip()[:20]!r}, expected {EXPECTED[kind]}"
+            ) from None
         out[column] = value.strip()
     return out
 
@@ -147,9 +177,9 @@ def _typed(column: str, text: str, where: str) -> Any:
     kind = COLUMNS[column][0]
     try:
         value = kind(text.strip())
-    except ValueError:
+    except ValueError:  # InputError too: a number read as a flag reads it
         raise InputError(
-            "--runs", f"{where}: column {column} is {text!r}, expected {kind.__name__}"
+            "--runs", f"{where}: column {column} is {text[:20]!r}, expected {EXPECTED[kind]}"
         ) from None
     if isinstance(value, float) and not math.isfinite(value):
         raise InputError("--runs", f"{where}: column {column} is {text!r}, expected a finite number")
@@ -226,20 +256,38 @@ def read_runs(path: str, assume: dict[str, str] | None = None, hw: str | None = 
 
     assume = assume or {}
     columns, rows = _csv_rows(path)
-    lacking = {c: v for c, v in assume.items() if c not in columns}
+    stated = sorted(set(assume) & set(columns))
+    if stated:  # the table's own value would silently win
+        raise InputError("--assume", f"{', '.join(stated)}: a column of {path}; --assume gives one it lacks")
     models: dict[str, ModelPreset] = {}
+    profiles: set[str] = set()
     runs = []
-    for number, cells in rows:
-        where = f"{path} line {number}"
-        row = {c: _typed(c, text, where) for c, text in {**lacking, **cells}.items() if text.strip()}
+    for line, cells in rows:
+        where = f"{path} line {line}"
+        row = {c: _typed(c, text, where) for c, text in {**assume, **cells}.items() if text.strip()}
         spec = row.get("model")
         if spec is not None and spec not in models:
-            models[spec] = load_model(spec, field="--runs")
+            models[spec] = _named(load_model, spec, where, _from("model", assume))
+        if "hw" in row and row["hw"] not in profiles:
+            _named(load_profile, row["hw"], where, _from("hw", assume))  # checked where its row is known
+            profiles.add(row["hw"])
         model = models[spec] if spec is not None else _gpt(row, where)
-        label = str(row.get("label", f"line {number}"))
+        label = str(row.get("label", f"line {line}"))
         values, measured = _step_values(row, where, hw), _measured_s(row, where)
-        runs.append(MeasuredRun(label, values, model, measured, where, tuple(lacking)))
-    return RunTable(path, runs, lacking)
+        runs.append(MeasuredRun(label, values, model, measured, where, tuple(assume)))
+    return RunTable(path, runs, assume)
+
+
+def _from(column: str, assume: dict[str, str]) -> str:
+    return f"{column} (from --assume)" if column in assume else column
+
+
+def _named(load: Callable[[str], Any], spec: str, where: str, column: str) -> Any:
+    """A model or profile a row names, loaded; what is wrong with it named by its row and column."""
+    try:
+        return load(spec)
+    except InputError as exc:
+        raise InputError("--runs", f"{where}: column {column}: {exc.message}") from None
 
 
 def _csv_rows(path: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
@@ -493,9 +541,14 @@ def grouped(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
     return out
 
 
-def audit_runs(table: RunTable, profiles: Profiles) -> dict[str, Any]:
-    """Every run of ``table`` predicted and compared, the error over the table and by group."""
-    rows = [compare_row(run, predict(run, profiles)) for run in table.runs]
+def predictions(table: RunTable, profiles: Profiles) -> list[StepReport]:
+    """The step model's report for every run of ``table``."""
+    return [predict(run, profiles) for run in table.runs]
+
+
+def audit_runs(table: RunTable, reports: list[StepReport]) -> dict[str, Any]:
+    """Every run of ``table`` compared with its prediction, the error over the table and by group."""
+    rows = [compare_row(run, report) for run, report in zip(table.runs, reports, strict=True)]
     return summarise(table, rows)
 
 
@@ -520,6 +573,17 @@ def summarise(table: RunTable, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def check_fit_size(table: RunTable) -> None:
+    """``audit --runs --fit-profile`` refuses a table past :data:`MAX_FIT_RUNS` before any run is predicted
+    (a benchmark may fit more, knowing it waits)."""
+    if len(table.runs) > MAX_FIT_RUNS:
+        raise InputError(
+            "--fit-profile",
+            f"{len(table.runs):,} runs; a fit takes at most {MAX_FIT_RUNS:,} (about 10 s of CPU): fit to a "
+            "sample of the table, and audit the whole of it without --fit-profile",
+        )
+
+
 def fit_runs(
     table: RunTable,
     base: HardwareProfile,
@@ -527,13 +591,15 @@ def fit_runs(
     name: str,
     date: str,
     terms: list[str] | None = None,
+    reports: list[StepReport] | None = None,
 ) -> dict[str, Any]:
     """Named machine terms of ``base`` fitted to the table's single-node runs by k-fold cross-validation; the
-    runs whose groups span nodes are never fitted to, only predicted with the fit (how it transfers)."""
+    runs whose groups span nodes are never fitted to, only predicted with the fit (how it transfers).
+    ``reports`` are the runs' predictions on ``base`` where the caller has them already."""
     from costmodel.audit import fit
 
-    profiles = Profiles(base)
-    reports = [predict(run, profiles) for run in table.runs]
+    if reports is None:
+        reports = predictions(table, Profiles(base))
     inside = [i for i, report in enumerate(reports) if not spans_nodes(report)]
     if not inside:
         raise InputError(

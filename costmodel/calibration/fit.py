@@ -272,7 +272,9 @@ def _profile(raw: dict[str, Any], name: str, shape: dict[str, Any], date: str | 
     busiest = max(c.concurrency for c in curves)
     full = next(c for c in curves if c.concurrency == busiest and not c.causal)
     effective = full.forward[-1].flops_per_s
-    peak = max(p.flops_per_s for c in curves for p in c.forward)
+    peak = max(
+        p.flops_per_s for c in curves for p in (*c.forward, *c.backward)
+    )  # a profile's rates stay under it
     dtype = shape["dtype"]
     overlap, step_overhead = fit_overlap(raw["overlap"])
     read = (raw.get("inference") or {}).get("read")  # absent from measurements taken before it was

@@ -173,6 +173,8 @@ def hw_list(format: format_option("table", "json", "yaml") = Format.table) -> No
 
 
 def _hw_table(profiles: list[HardwareProfile]) -> None:
+    from rich.text import Text
+
     table = house_table(
         caption="dense peaks; links per direction; `hw show NAME` for the device and sources; fast domain: devices per node (NVLink, xGMI or ICI "
         "slice; NVL: a switched NVLink rack, mesh: one link per peer, AxBxC: a torus); a ring leaves the node beyond CP/node ranks",
@@ -198,7 +200,7 @@ def _hw_table(profiles: list[HardwareProfile]) -> None:
         if family != group:
             if group is not None:
                 table.add_section()
-            table.add_row(f"[bold]{family}[/bold]")
+            table.add_row(Text(family, style="bold"))
             group = family
         inter = p.links.inter_node
         table.add_row(

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from costmodel.cli.options import console, house_table
+from costmodel.cli.options import console, house_table, searched, whole
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
@@ -21,6 +21,8 @@ from costmodel.core.units import parse_tokens, seconds
 from costmodel.machines.profiles import load_profile, profile_yaml
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import TRAINING
+from costmodel.plans.inputs import PlanInputs, TrainingSetup
+from costmodel.plans.job import StepSetup
 from costmodel.training.report import LABELS
 
 MAX_FILES = (
@@ -33,8 +35,11 @@ LogsArg = Annotated[
 ]
 
 
+AS_LOGGED = "as the log or --config says"
+
+
 def _option(help: str) -> Any:
-    return typer.Option(help=f"{help} [default: as the log or --config says]", show_default=False)
+    return typer.Option(help=f"{help} [default: {AS_LOGGED}]", show_default=False)
 
 
 def _tokens(text: str) -> int:
@@ -72,8 +77,7 @@ def audit_cmd(
         ),
     ] = None,
     folds: Annotated[
-        int,
-        typer.Option("--folds", min=2, max=50, help="Folds of the cross-validation of a --runs fit."),
+        int, whole("--folds", low=2, high=50, help="Folds of the cross-validation of a --runs fit.")
     ] = 5,
     config: Annotated[
         Optional[list[str]],
@@ -86,10 +90,10 @@ def audit_cmd(
     ] = None,
     model: Annotated[Optional[str], _option("Model preset or YAML (cp-plan step --model).")] = None,
     hw: Annotated[Optional[str], _option("Hardware profile (cp-plan hw list) or a YAML path.")] = None,
-    gpus: Annotated[Optional[int], _option("Accelerators in the job.")] = None,
-    tp: Annotated[Optional[int], _option("Tensor-parallel degree.")] = None,
-    cp: Annotated[Optional[int], _option("Context-parallel degree.")] = None,
-    pp: Annotated[Optional[int], _option("Pipeline-parallel degree.")] = None,
+    gpus: searched(TrainingSetup, "gpus", AS_LOGGED) = None,
+    tp: searched(TrainingSetup, "tp", AS_LOGGED) = None,
+    cp: searched(PlanInputs, "cp", AS_LOGGED, names=("--cp",)) = None,
+    pp: searched(TrainingSetup, "pp", AS_LOGGED) = None,
     seq: Annotated[
         Optional[int],
         typer.Option(
@@ -98,8 +102,8 @@ def audit_cmd(
             show_default=False,
         ),
     ] = None,
-    global_batch: Annotated[Optional[int], _option("Sequences per optimizer step.")] = None,
-    micro_batch: Annotated[Optional[int], _option("Sequences per micro-batch.")] = None,
+    global_batch: searched(StepSetup, "global_batch", AS_LOGGED) = None,
+    micro_batch: searched(StepSetup, "micro_batch", AS_LOGGED) = None,
     recompute: Annotated[Optional[str], _option("Activation recompute: none, selective, full.")] = None,
     cp_scheme: Annotated[Optional[str], _option(f"{registry.listed(TRAINING)}.")] = None,
     fit_profile: Annotated[
@@ -228,18 +232,23 @@ def _audit_logs(
 
 def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: int, format: Format) -> None:
     """``audit --runs``: every measured run against the step model, and the fit when ``out`` is given."""
-    from costmodel.audit.runs import SCHEMA, Profiles, audit_runs, fit_runs, parse_assumptions, read_runs
+    from costmodel.audit import runs as measured
 
     if out is not None:
         check_writable(out, "--fit-profile")
-    table = read_runs(path, parse_assumptions(assume), hw)
-    document: dict[str, Any] = {"schema": SCHEMA, "runs": audit_runs(table, Profiles())}
+    table = measured.read_runs(path, measured.parse_assumptions(assume), hw)
+    names = {run.values["hw"] for run in table.runs}
     if out is not None:
-        names = {run.values["hw"] for run in table.runs}
         if len(names) > 1:
             raise InputError("--fit-profile", f"the runs name several profiles ({', '.join(sorted(names))})")
+        measured.check_fit_size(table)
+    reports = measured.predictions(table, measured.Profiles())
+    document: dict[str, Any] = {"schema": measured.SCHEMA, "runs": measured.audit_runs(table, reports)}
+    if out is not None:
         base = load_profile(names.pop())
-        fit = fit_runs(table, base, folds, Path(out).stem, datetime.date.today().isoformat())
+        fit = measured.fit_runs(
+            table, base, folds, Path(out).stem, datetime.date.today().isoformat(), reports=reports
+        )
         atomic_write_text(
             out,
             profile_yaml(fit.pop("profile"), "fitted to measured runs (`cp-plan audit --runs`)"),

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from costmodel.cli.options import LevelOpt, console, declared, house_table, interval_level
+from costmodel.cli.options import LevelOpt, console, declared, house_table, interval_level, whole
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import Interval
@@ -44,10 +44,10 @@ def infer_cmd(
     ] = False,
     gpus: Annotated[
         Optional[int],
-        typer.Option(
+        whole(
             "--gpus",
-            min=1,
-            max=65536,
+            low=1,
+            high=65536,
             help="Search the serving layouts of this many GPUs (TP x CP x PP, the rest as replicas) and plan "
             "with the fitting one fastest to first token; --tp, --cp and --pp are then searched.",
         ),

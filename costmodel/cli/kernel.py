@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from costmodel.cli.options import HELP_FLAGS, console, declared, searched, working
+from costmodel.cli.options import HELP_FLAGS, console, decimal, declared, searched, whole, working
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
@@ -105,7 +105,7 @@ class KernelShape(BaseModel):
 def selftest(
     shape: KernelShape,
     nproc: Annotated[
-        int, typer.Option(min=1, max=1024, help="Local processes to spawn (ignored under torchrun).")
+        int, whole("--nproc", low=1, high=1024, help="Local processes to spawn (ignored under torchrun).")
     ] = 2,
     variant: Annotated[
         Literal["ring", "ulysses", "pass-q", "decode", "all"],
@@ -114,15 +114,15 @@ def selftest(
             "over cache shards); 'all' skips Ulysses where [Ulysses §3] rules it out."
         ),
     ] = "all",
-    seed: Annotated[int, typer.Option(min=0, max=MAX_SEED, help="Random seed of the inputs.")] = 0,
-    atol: Annotated[float | None, typer.Option(help="Override the dtype's absolute tolerance.")] = None,
-    rtol: Annotated[float | None, typer.Option(help="Override the dtype's relative tolerance.")] = None,
+    seed: Annotated[int, whole("--seed", low=0, high=MAX_SEED, help="Random seed of the inputs.")] = 0,
+    atol: Annotated[float | None, decimal("--atol", help="Override the dtype's absolute tolerance.")] = None,
+    rtol: Annotated[float | None, decimal("--rtol", help="Override the dtype's relative tolerance.")] = None,
     device: Annotated[
         Literal["auto", "cpu", "cuda"],
         typer.Option(help="auto: one GPU per rank with NCCL when there are enough, else CPU with gloo."),
     ] = "auto",
     timeout: Annotated[
-        float, typer.Option(help="Seconds before every rank is killed (deadlock guard).")
+        float, decimal("--timeout", help="Seconds before every rank is killed (deadlock guard).")
     ] = 300.0,
     output_format: format_option("table", "json", short=False) = Format.table,
 ) -> None:
@@ -182,6 +182,7 @@ def _is_rank_zero() -> bool:
 
 def _print_table(result) -> None:  # a SelftestResult, imported lazily
     from rich.table import Table
+    from rich.text import Text
 
     config = result.config
     atol, rtol = config.tolerance()
@@ -198,7 +199,7 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
         table.add_column(column, justify="right" if column in ("max abs error", "tolerance") else "left")
     for name, variant in result.variants.items():
         if variant.skipped is not None:
-            table.add_row(name, "-", "-", "-", f"[yellow]skipped[/]: {variant.skipped}")
+            table.add_row(name, "-", "-", "-", Text.assemble(("skipped", "yellow"), f": {variant.skipped}"))
             continue
         for output, error in variant.errors.items():
             ok = error <= variant.tolerances[output]
@@ -207,11 +208,11 @@ def _print_table(result) -> None:  # a SelftestResult, imported lazily
                 output,
                 f"{error:.3e}",
                 f"{variant.tolerances[output]:.3e}",
-                "[green]pass[/]" if ok else "[red]FAIL[/]",
+                Text("pass", style="green") if ok else Text("FAIL", style="red"),
             )
     screen = console()
     screen.print(table)
-    screen.print("[green]passed[/]" if result.passed else "[red]failed[/]")
+    screen.print(Text("passed", style="green") if result.passed else Text("failed", style="red"))
 
 
 def _dtype_shape(
@@ -304,7 +305,8 @@ DtypeName = Literal["bf16", "fp16", "fp32"]
 def calibrate(
     out: Annotated[str, typer.Option("--out", "-o", help="The measured profile to write (YAML).")],
     nproc: Annotated[
-        int, typer.Option(min=1, max=1024, help="Local ranks measuring at once (ignored under torchrun).")
+        int,
+        whole("--nproc", low=1, high=1024, help="Local ranks measuring at once (ignored under torchrun)."),
     ] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
     dtype: Annotated[
@@ -323,10 +325,13 @@ def calibrate(
         str | None, typer.Option(help="Message sizes (bytes, k = 1,024), >= 6 values.")
     ] = None,
     repeats: Annotated[
-        int, typer.Option(min=3, max=1000, help="Timed repeats per figure (its lower quartile and spread).")
+        int,
+        whole(
+            "--repeats", low=3, high=1000, help="Timed repeats per figure (its lower quartile and spread)."
+        ),
     ] = 7,
     timeout: Annotated[
-        float, typer.Option(help="Seconds before every rank is killed, naming the slow one.")
+        float, decimal("--timeout", help="Seconds before every rank is killed, naming the slow one.")
     ] = 300.0,
 ) -> None:
     """Measure this machine's attention FLOP/s per block size, and its links' latency and bandwidth.
@@ -439,18 +444,18 @@ def _busy_share(seconds: float = 1.0) -> float | None:
 
 
 def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwareProfile
-    from rich.console import Console
+    from rich.text import Text
 
     cal = profile.calibration
-    console = Console(stderr=True, highlight=False)
-    console.print(f"wrote {target} ({profile.source.nproc} ranks, {profile.source.backend}, {cal.dtype})")
+    out = console(stderr=True)
+    out.print(f"wrote {target} ({profile.source.nproc} ranks, {profile.source.backend}, {cal.dtype})")
     busiest = max(c.concurrency for c in cal.compute)
     full = next(c for c in cal.compute if c.concurrency == busiest and not c.causal)
     rates = ", ".join(f"{p.tokens}: {si(p.flops_per_s, 'FLOP/s', 3)}" for p in full.forward)
-    console.print(f"  attention forward, {busiest} ranks busy: {rates}")
+    out.print(f"  attention forward, {busiest} ranks busy: {rates}")
     for scope, fit in cal.p2p.items():
         a2a = cal.alltoall[scope]
-        console.print(
+        out.print(
             f"  {scope} point-to-point: alpha {seconds(fit.latency_s)}, {si(fit.bandwidth, 'B/s', 3)} "
             f"(R² {fit.r2:.3f}); all-to-all: alpha {seconds(a2a.latency_s)}, {si(a2a.bandwidth, 'B/s', 3)} "
             f"(R² {a2a.r2:.3f})"
@@ -460,7 +465,7 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
                 else ""
             )
         )
-    console.print("  fitted quantities ± half the interquartile range over resampled repeats:")
+    out.print("  fitted quantities ± half the interquartile range over resampled repeats:")
     for key, fit in cal.fits.items():
         value = (
             seconds(fit.value)
@@ -469,30 +474,36 @@ def _print_calibration(profile, target) -> None:  # noqa: ANN001 - a HardwarePro
             if fit.unit != "1"
             else f"{fit.value:.2f}"
         )
-        console.print(
+        out.print(
             f"    {key:<40} {value:>12} ± {fit.relative:.0%}" if fit.value else f"    {key:<40} {value:>12}"
         )
     quality = cal.quality
     if quality is not None and not quality.trusted:
-        console.print(
-            f"[red]warning: {target} is too noisy to trust[/] (written, and marked so in the file):"
+        out.print(
+            Text.assemble(
+                (f"warning: {target} is too noisy to trust", "red"), " (written, and marked so in the file):"
+            )
         )
         for reason in quality.reasons:
-            console.print(f"  - {reason}")
-        console.print("  calibrate again on a quiet machine, or with more --repeats.")
+            out.print(f"  - {reason}")
+        out.print("  calibrate again on a quiet machine, or with more --repeats.")
     elif quality is not None:
-        console.print(f"  fits steady: link R² ≥ {quality.r2_min}, spreads ≤ {quality.spread_max:.0%}")
+        out.print(f"  fits steady: link R² ≥ {quality.r2_min}, spreads ≤ {quality.spread_max:.0%}")
 
 
 def validate(
     hw: Annotated[str, typer.Option("--hw", help="A measured profile (from cp-plan calibrate).")],
-    nproc: Annotated[int, typer.Option(min=1, max=1024, help="Local ranks, N (ignored under torchrun).")] = 2,
+    nproc: Annotated[
+        int, whole("--nproc", low=1, high=1024, help="Local ranks, N (ignored under torchrun).")
+    ] = 2,
     backend: Annotated[Backend, typer.Option(help="gloo (CPU), nccl (one GPU per rank), or auto.")] = "auto",
     max_median_error: Annotated[
-        float, typer.Option(help="Exit 1 when the median |error| exceeds this.")
+        float, decimal("--max-median-error", help="Exit 1 when the median |error| exceeds this.")
     ] = 0.10,
-    repeats: Annotated[int, typer.Option(min=3, max=1000, help="Timed repeats per configuration.")] = 9,
-    timeout: Annotated[float, typer.Option(help="Seconds before every rank is killed.")] = 600.0,
+    repeats: Annotated[
+        int, whole("--repeats", low=3, high=1000, help="Timed repeats per configuration.")
+    ] = 9,
+    timeout: Annotated[float, decimal("--timeout", help="Seconds before every rank is killed.")] = 600.0,
     output_format: format_option("table", "json", short=False) = Format.table,
 ) -> None:
     """Run the kernel over a grid of configurations and compare each time with the model's prediction.

@@ -39,16 +39,21 @@ HELP_FLAGS = {"help_option_names": ["-h", "--help"]}  # -h too, on every command
 PIPED_WIDTH = 200
 
 
-def console() -> Console:
+def console(stderr: bool = False) -> Console:
     """rich is imported only when a screen is drawn. Piped or redirected, rich pads table and grid rows
-    to the width with spaces: the lines go out trimmed, as a file or a diff wants them."""
+    to the width with spaces: the lines go out trimmed, as a file or a diff wants them.
+
+    Text is shown as it is written: no markup, no emoji codes, no highlighting. A label, a path or a name
+    read from a file (``[red]x[/red]``, ``[link=...]``, ``:skull:``) is shown literally, never read as
+    style; the tool's own colours are :class:`rich.text.Text` with a ``style``."""
 
     from rich.console import Console
 
-    out = sys.stdout
+    plain = {"highlight": False, "markup": False, "emoji": False}
+    out = sys.stderr if stderr else sys.stdout
     if out.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, file=_Trimmed(out), width=_piped_width())
+        return Console(stderr=stderr, **plain)
+    return Console(stderr=stderr, file=_Trimmed(out), width=_piped_width(), **plain)
 
 
 def _piped_width() -> int:
@@ -132,6 +137,26 @@ def _parser(parse: Callable[[str, str], int], field: str) -> Callable[[str], int
             raise typer.BadParameter(exc.message) from None
 
     return convert
+
+
+def whole(*names: str, low: int, high: int, help: str) -> Any:
+    """A command's own integer flag, read as every declared one is (:func:`parse_integer`: ASCII digits,
+    exactly; ``1_0``, ``+1`` and ``٣`` refused) and held to [low, high], which its help shows."""
+    read = _parser(parse_integer, names[0])
+
+    def convert(text: str) -> int:
+        value = read(text)
+        if not low <= value <= high:
+            raise typer.BadParameter(f"{value} is not in [{low:,}, {high:,}]")
+        return value
+
+    return typer.Option(*names, parser=convert, help=f"{help} [{low:,}..{high:,}]")
+
+
+def decimal(*names: str, help: str) -> Any:
+    """A command's own number flag, read as every declared one is (:func:`parse_number`: a finite decimal;
+    ``1_0``, ``nan`` and ``inf`` refused); the command checks its range."""
+    return typer.Option(*names, parser=_parser(parse_number, names[0]), help=help)
 
 
 def _base_type(annotation: Any) -> Any:

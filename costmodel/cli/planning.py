@@ -19,6 +19,7 @@ from costmodel.cli.options import (
     house_table,
     interval_level,
     token_budget,
+    whole,
 )
 from costmodel.cli.output import Format, as_csv, emit, format_option
 from costmodel.cli.search import (
@@ -46,6 +47,7 @@ from costmodel.core.intervals import Interval
 from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_CP,
+    MAX_DEVICES,
     MAX_TOKENS,
     TRAINING_DEFAULTS,
     MachineOverrides,
@@ -410,6 +412,8 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
 
 def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # noqa: ANN001
     """One row per usable CP degree; the plan's, where there is one, in bold."""
+    from rich.text import Text
+
     out = console()
     table = house_table(title=title)
     for name in ("N", "DP", "memory", "fits", "best scheme", "ratio", "exposed", "verdict", "link"):
@@ -425,7 +429,7 @@ def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # n
             c.best_scheme,
             percent(c.comm_ratio),
             seconds(c.exposed_comm_s),
-            f"[{COLOURS[c.verdict]}]{c.verdict}[/]",
+            Text(c.verdict, style=COLOURS[c.verdict]),
             c.link_scope,
             style="bold" if c.n == plan_cp else None,
         )
@@ -473,7 +477,8 @@ def sweep_cmd(
     setup: TrainingSetup,
     machine_overrides: MachineOverrides,
     gpus: Annotated[
-        Optional[int], typer.Option("--gpus", "-g", help="With --model: also N_min(memory) per S.")
+        Optional[int],
+        whole("--gpus", "-g", low=1, high=MAX_DEVICES, help="With --model: also N_min(memory) per S."),
     ] = None,
     seq: Annotated[
         str, typer.Option("--seq", "-s", help="S values: 256k, 8k,32k or 8k..1M (doubling).")
@@ -503,20 +508,27 @@ def sweep_cmd(
     from costmodel.training.sweep import parse_grid, sweep
 
     seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_CP)
-    from costmodel.training.sweep import MAX_PROFILES
+    from costmodel.training.sweep import MAX_PROFILES, MAX_STEP_SEARCHES
 
     if hw.count(",") >= MAX_PROFILES:  # before splitting: a huge list is refused without building it
         raise InputError("--hw", f"{hw.count(',') + 1} profiles; a sweep takes at most {MAX_PROFILES}")
     names = [name.strip() for name in hw.split(",") if name.strip()]
     if not names:
         raise InputError("--hw", "give at least one profile")
+    timed = bool(inputs.model) and gpus is not None  # the step-time grid: a layout search per (S, profile)
+    if not timed and global_batch is not None:
+        raise InputError("--global-batch", "sets the step times, which need --model and --gpus")
+    if timed and len(seqs) * len(names) > MAX_STEP_SEARCHES:
+        raise InputError(
+            "--seq",
+            f"{len(seqs)} S values x {len(names)} --hw profiles: with --model and --gpus each pair is a layout "
+            f"search for the step times; at most {MAX_STEP_SEARCHES} pairs",
+        )
     machines = [machine_for(inputs.model_copy(update={"hw": name}), machine_overrides) for name in names]
     if gpus is not None:
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
     jobs = [
-        make_job(inputs.model_copy(update={"hw": name}), setup, None, machine_overrides)
-        if inputs.model and gpus is not None
-        else None
+        make_job(inputs.model_copy(update={"hw": name}), setup, None, machine_overrides) if timed else None
         for name in names
     ]
     grids = [
@@ -548,6 +560,7 @@ def sweep_cmd(
 
 
 def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
+    from rich.text import Text
 
     out = console()
     names = ["green", "amber", "red"]
@@ -566,7 +579,7 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
                 if verdicts[i, j] < 0:
                     cells.append("")
                     continue
-                cells.append(f"[{COLOURS[names[verdicts[i, j]]]}]{short_percent(grid.ratio[i, j])}[/]")
+                cells.append(Text(short_percent(grid.ratio[i, j]), style=COLOURS[names[verdicts[i, j]]]))
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
         out.print("* the ring leaves the node", style="dim")

@@ -23,6 +23,13 @@ if TYPE_CHECKING:
 COLOURS = {"green": "bold green", "amber": "bold yellow", "red": "bold red"}
 
 
+def coloured(cell: str) -> Any:
+    """A verdict (green, amber, red) in its colour; any other cell as plain text."""
+    from rich.text import Text
+
+    return Text(cell, style=COLOURS.get(cell, ""))
+
+
 CATEGORY_LABELS = {
     "weights": "weights",
     "gradients": "gradients",
@@ -396,8 +403,7 @@ def render_table(report: Report, console: Console) -> None:
         ["scheme", "receive", "comm", "ratio", "verdict", "exposed", "note"],
     )
     for row in scheme_rows(report):
-        row[4] = f"[{COLOURS[row[4]]}]{row[4]}[/]" if row[4] in COLOURS else row[4]
-        schemes.add_row(*row)
+        schemes.add_row(*row[:4], coloured(row[4]), *row[5:])
     console.print(schemes)
     console.print(SCHEMES_CAPTION, style="dim")
     console.print()
@@ -449,7 +455,7 @@ def _render_packing(report: Report, console: Console) -> None:
     ):
         table = _table(title, columns)
         for row in rows:
-            table.add_row(*[f"[{COLOURS[c]}]{c}[/]" if c in COLOURS else c for c in row])
+            table.add_row(*[coloured(c) for c in row])
         console.print(table)
     console.print(PACKING_CAPTION, style="dim")
     console.print(Text("long tail: " + long_tail_line(report)))
@@ -662,7 +668,9 @@ def render_validation(report: dict, console: Console) -> None:
 
 def _validation_summary(report: dict, uncertain: bool, console: Console) -> None:
     """Under the validation table: what its columns mean, the errors, and whether to trust the machine."""
-    verdict = "[green]within[/]" if report["passed"] else "[red]above[/]"
+    from rich.text import Text
+
+    verdict = Text("within", style="green") if report["passed"] else Text("above", style="red")
     if uncertain:
         console.print(
             "±: the model's uncertainty from the profile's spreads and how far a timing repeats\n"
@@ -673,9 +681,12 @@ def _validation_summary(report: dict, uncertain: bool, console: Console) -> None
     else:
         console.print("sheet: error of the datasheet-style model (peak FLOP/s, no α, balanced)", style="dim")
     console.print(
-        f"held-out median |error| {report['median_abs_error']:.1%} ({verdict} "
-        f"{report['max_median_error']:.0%}), max {report['max_abs_error']:.1%}"
-        + (f"; {report['held_out_rows']} rows" if "held_out_rows" in report else "")
+        Text.assemble(
+            f"held-out median |error| {report['median_abs_error']:.1%} (",
+            verdict,
+            f" {report['max_median_error']:.0%}), max {report['max_abs_error']:.1%}"
+            + (f"; {report['held_out_rows']} rows" if "held_out_rows" in report else ""),
+        )
     )
     if report.get("fitted_rows"):
         console.print(
@@ -686,8 +697,9 @@ def _validation_summary(report: dict, uncertain: bool, console: Console) -> None
     noise = report.get("measured_spread")
     if noise is not None and noise > NOISY_TIMINGS:
         console.print(
-            f"[yellow]validate's own timings moved ±{noise:.0%} (IQR / median, median row): the machine "
-            "is busy, and these errors say as much about it as about the model[/]"
+            f"validate's own timings moved ±{noise:.0%} (IQR / median, median row): the machine "
+            "is busy, and these errors say as much about it as about the model",
+            style="yellow",
         )
     drift = report.get("machine_drift")
     if drift is not None:
@@ -697,14 +709,15 @@ def _validation_summary(report: dict, uncertain: bool, console: Console) -> None
         )
         if drift["moved"]:
             console.print(
-                f"[yellow]{line}: the machine changed speed (> ±{drift['bound']:.0%}), and errors of that "
-                "size are the machine's, not the model's[/]"
+                f"{line}: the machine changed speed (> ±{drift['bound']:.0%}), and errors of that "
+                "size are the machine's, not the model's",
+                style="yellow",
             )
         else:
             console.print(line, style="dim")
     quality = report.get("quality")
     if quality and not quality["trusted"]:
-        console.print("[red]this profile was flagged as too noisy to trust:[/]")
+        console.print("this profile was flagged as too noisy to trust:", style="red")
         for reason in quality["reasons"]:
             console.print(f"  - {reason}")
     console.print(
@@ -716,6 +729,8 @@ def _validation_summary(report: dict, uncertain: bool, console: Console) -> None
 def _render_inference_validation(report: dict, console: Console) -> None:
     """validate's inference runs against `cp-plan infer`'s formulas: held out, in the verdict when the
     profile measured the schemes' fixed costs."""
+    from rich.text import Text
+
     gated = report.get("inference_in_verdict")
     table = house_table(
         padding=(0, 0, 0, 1),
@@ -742,8 +757,8 @@ def _render_inference_validation(report: dict, console: Console) -> None:
         f"max {report['inference_max_abs_error']:.1%}; {len(report['inference_rows'])} rows"
     )
     if gated:
-        verdict = "within" if report["inference_passed"] else "[red]above[/]"
-        console.print(f"{line} ({verdict} {report['max_median_error']:.0%})")
+        verdict = Text("within") if report["inference_passed"] else Text("above", style="red")
+        console.print(Text.assemble(f"{line} (", verdict, f" {report['max_median_error']:.0%})"))
     else:
         console.print(line)
         console.print(f"not in the verdict: {report.get('inference_not_in_verdict_because')}", style="dim")

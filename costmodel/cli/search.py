@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-import typer
-
-from costmodel.cli.options import NOTES, console, house_table, searched
+from costmodel.cli.options import NOTES, console, house_table, searched, whole
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.plans import cp as registry
@@ -28,7 +26,7 @@ RecomputeOpt = searched(TrainingSetup, "recompute", "searched with --gpus, else 
 GemmDtypeOpt = searched(StepSetup, "gemm_dtype", "--dtype, in every plan")
 SchemeOpt = searched(StepSetup, "cp_scheme", "searched")
 LayoutOpt = searched(PlanInputs, "layout", "searched")
-TopOpt = Annotated[int, typer.Option("--top", help="Plans shown side by side.", min=1, max=50)]
+TopOpt = Annotated[int, whole("--top", low=1, high=50, help="Plans shown side by side.")]
 
 
 def run_search(
@@ -41,6 +39,7 @@ def run_search(
         PLAN_KEYS,
         Constraints,
         SearchResult,
+        TooManyPlans,
         check_constraints,
         default_global_batch,
         search,
@@ -53,6 +52,8 @@ def run_search(
     batch = global_batch or default_global_batch(job.inputs.seq)
     try:
         found = search(job, batch, constraints, top=top)
+    except TooManyPlans:  # a bound of the work: refused, one line
+        raise
     except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
         found = SearchResult([], 0, 0, batch, empty_reason=f"{exc.flag}: {exc.message}")
     plans = found.plans

@@ -1,17 +1,26 @@
-"""Numeric field types of the YAML inputs (profiles, presets, plans): finite, in range, never a boolean.
+"""Field types of the YAML inputs (profiles, presets, plans): numbers finite, in range and written as numbers,
+switches true or false.
 
 YAML reads ``true`` as a boolean and pydantic would take it for 1; ``.inf``, ``1.0e+400`` and
 ``1e-320`` are floats that overflow or vanish in the model's products and quotients. Every quantity
 therefore lies in a range the arithmetic survives: positive ones in [``FLOOR``, ``CEILING``], which
 holds any real machine (1e-30 s is far below a clock tick, 1e30 FLOP/s far above any accelerator),
 while the products and quotients of a handful of them stay far inside float64's 1e±308.
+
+pydantic's lax reading would also take a count of ``8.0``, a quoted ``'1_000'`` (Python's ``int()`` reads
+the underscore) and a switch of ``'yes'`` or ``1``; here a quoted number is read as a flag is
+(:func:`~costmodel.core.units.parse_number`, :func:`~costmodel.core.units.parse_integer`), a count is
+written whole and a switch is ``true`` or ``false``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, Strict
+
+from costmodel.core.errors import InputError
+from costmodel.core.units import NOT_DECIMAL, is_decimal, parse_integer
 
 FLOOR = 1e-30
 CEILING = 1e30
@@ -22,6 +31,37 @@ def _not_bool(value: Any) -> Any:
     if isinstance(value, bool):
         raise ValueError("expected a number, not a boolean")
     return value
+
+
+def _decimal(value: Any) -> Any:
+    """A number as written: a quoted one (``'312e12'``) read as a flag is, never ``'1_0'``; not a boolean."""
+    value = _not_bool(value)
+    if isinstance(value, str) and not is_decimal(value) and _reads_as(float, value):
+        raise ValueError(f"{value[:20]!r} {NOT_DECIMAL}")
+    return value  # past float64 a number is inf, which the field refuses as not finite
+
+
+def _whole(value: Any) -> Any:
+    """A count as written: an integer (a quoted one read as a flag is), not ``8.0``, ``'1_0'`` or a boolean."""
+    value = _not_bool(value)
+    if isinstance(value, float):
+        raise ValueError("expected a whole number written without a point")
+    if isinstance(value, str) and _reads_as(float, value):  # '8', and '8.0' or '1_0', which are refused
+        try:
+            return parse_integer(value, "value")
+        except InputError as exc:
+            raise ValueError(exc.message) from None
+    return value
+
+
+def _reads_as(kind: type, text: str) -> bool:
+    """Whether Python's ``int()`` or ``float()`` reads ``text``: ``'1_0'`` and ``'nan'`` are refused as
+    numbers written otherwise, ``'fast'`` is left to the field's own message."""
+    try:
+        kind(text)
+    except (ValueError, OverflowError):
+        return False
+    return True
 
 
 def _positive(value: float) -> float:
@@ -43,13 +83,17 @@ def _finite(value: float) -> float:
 
 
 NotBool = BeforeValidator(_not_bool)
+NumberAsWritten = BeforeValidator(_decimal)
+CountAsWritten = BeforeValidator(_whole)
+Switch = Annotated[bool, Strict()]
+"""true or false: not ``'yes'``, ``1`` or ``'false'``."""
 
 # The bounds are checked by the validators (for a readable message) and shown in the JSON schema (for the docs).
 Positive = Annotated[
     float,
     Field(allow_inf_nan=False, json_schema_extra={"minimum": FLOOR, "maximum": CEILING}),
     AfterValidator(_positive),
-    NotBool,
+    NumberAsWritten,
 ]
 """A quantity in [1e-30, 1e30]."""
 
@@ -57,7 +101,7 @@ NonNegative = Annotated[
     float,
     Field(allow_inf_nan=False, json_schema_extra={"minimum": 0, "maximum": CEILING}),
     AfterValidator(_non_negative),
-    NotBool,
+    NumberAsWritten,
 ]
 """0, or a quantity in [1e-30, 1e30]."""
 
@@ -65,13 +109,13 @@ Finite = Annotated[
     float,
     Field(allow_inf_nan=False, json_schema_extra={"minimum": -CEILING, "maximum": CEILING}),
     AfterValidator(_finite),
-    NotBool,
+    NumberAsWritten,
 ]
 """Any real number of magnitude at most 1e30."""
 
 
 def Count(minimum: int = 1, maximum: int = MAX_COUNT) -> Any:  # noqa: N802 - reads as a type
-    """A whole number in [minimum, maximum], not a boolean."""
+    """A whole number in [minimum, maximum], written as one: not ``8.0``, ``'1_0'`` or a boolean."""
     return Annotated[
-        int, Field(ge=minimum, le=maximum), NotBool
-    ]  # NotBool last: it runs first, Field shows in the schema
+        int, Field(ge=minimum, le=maximum), CountAsWritten
+    ]  # last: it runs first, Field shows in the schema

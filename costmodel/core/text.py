@@ -1,9 +1,10 @@
 """Text read from files: one check for what a reader accepts, one escape for what is shown of it.
 
 A file's text may not hold a character that changes what a terminal or an editor shows: C0 and C1 control
-characters (ESC starts a terminal escape, BEL rings, CR overwrites a line) and the Unicode line separators
+characters (ESC starts a terminal escape, BEL rings, CR overwrites a line), the Unicode line separators
 U+0085, U+2028 and U+2029, which YAML's parser reads as line breaks although no editor shows one, so a key
-hidden after them would be read [YAML-1.2 §5.4]. Tab and the ordinary line breaks are text.
+hidden after them would be read [YAML-1.2 §5.4], and the bidirectional controls (U+202E reverses what
+follows it on screen) [Trojan-Source]. Tab and the ordinary line breaks are text.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 import re
 
 LINE_SEPARATORS = "\x85\u2028\u2029"
+# Unicode's bidirectional controls: embeddings, overrides, isolates and the implicit marks. An editor or a
+# terminal reorders the text around them, so a file can show other than what it holds [Trojan-Source].
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 # What a file's raw text may not hold: control characters but tab, LF and CR (CRLF files), line separators.
-_RAW = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
+_RAW = re.compile(f"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029{BIDI_CONTROLS}]")
 # What a parsed string may not hold: the same, and CR (written as an escape, it overwrites a line).
-_VALUE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_VALUE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029{BIDI_CONTROLS}]")
 
 
 def refused(char: str) -> str:
@@ -22,6 +26,8 @@ def refused(char: str) -> str:
     code = ord(char)
     if char in LINE_SEPARATORS:
         return f"U+{code:04X}, a line separator no editor shows"
+    if re.fullmatch(f"[{BIDI_CONTROLS}]", char):
+        return f"U+{code:04X}, a bidirectional control that reorders what an editor shows"
     name = {0x1B: "ESC", 0x07: "BEL", 0x0D: "CR", 0x08: "BS", 0x00: "NUL", 0x7F: "DEL"}.get(code)
     return f"U+{code:04X}{f' ({name})' if name else ''}, a control character"
 

@@ -149,12 +149,21 @@ def _shown(text: object) -> str:
     return repr(text[:20] + "...") if len(text) > 20 else repr(text)
 
 
+NOT_DECIMAL = "is not a number; write it in decimal, e.g. 0.5 or 1e-3"
+
+
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is a number as a flag or a file writes one: ASCII digits, an optional fraction and
+    exponent (not ``0_1``, ``inf``, ``nan`` or other scripts' digits)."""
+    return _NUMBER.fullmatch(text) is not None
+
+
 def parse_number(text: str | float, field: str) -> float:
     """A finite decimal number, as :func:`parse_integer` reads a count: ASCII digits, written out."""
     if isinstance(text, int | float) and not isinstance(text, bool):
         return float(text)
-    if not isinstance(text, str) or not _NUMBER.fullmatch(text):
-        raise InputError(field, f"{text!r} is not a number; write it in decimal, e.g. 0.5 or 1e-3")
+    if not isinstance(text, str) or not is_decimal(text):
+        raise InputError(field, f"{text!r} {NOT_DECIMAL}")
     value = float(text)
     if not math.isfinite(value):
         raise InputError(field, f"{text!r} is too large")

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.tables import errors_summary, read_csv
+from costmodel.core.units import parse_integer, parse_number
 from costmodel.machines.kernels import attention_length, attention_rate, gemm_rate, gemm_shape
 from costmodel.machines.profiles import AttentionCurve, GemmCurve, HardwareProfile
 
@@ -68,14 +69,21 @@ class AttentionRow:
 
 
 def _number(cells: dict[str, str], column: str, where: str, field: str, integer: bool = False) -> float:
+    """A cell read as a flag is (:func:`parse_number`, :func:`parse_integer`: no ``1_024``, ``nan``),
+    positive and finite."""
     text = cells.get(column, "").strip()
+    kind = "a whole number" if integer else "a number"
     try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        kind = "a whole number" if integer else "a number"
-        raise InputError(field, f"{where}: {column} must be {kind}, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0 or value > 1e18:
-        raise InputError(field, f"{where}: {column} must be positive and finite, got {text!r}")
+        value = parse_number(text, column)
+    except InputError:
+        raise InputError(field, f"{where}: {column} must be {kind}, got {text[:20]!r}") from None
+    if value <= 0 or value > 1e18:
+        raise InputError(field, f"{where}: {column} must be positive and finite, got {text[:20]!r}")
+    if integer:
+        try:
+            return parse_integer(text, column)
+        except InputError:
+            raise InputError(field, f"{where}: {column} must be {kind}, got {text[:20]!r}") from None
     return value
 
 
@@ -148,6 +156,11 @@ def read_attention_table(path: str, field: str = "--attention") -> list[Attentio
         if direction not in ("fwd", "bwd"):
             raise InputError(field, f"{where}: pass must be fwd or bwd, got {cells['pass']!r}")
         if cells.get("seq", "").strip():
+            both = [c for c in ("seq_q", "seq_kv") if cells.get(c, "").strip()]
+            if both:  # one of the two would be read and the other dropped
+                raise InputError(
+                    field, f"{where}: give seq, or seq_q and seq_kv, not seq and {' and '.join(both)}"
+                )
             q = kv = int(_number(cells, "seq", where, field, integer=True))
         else:
             q, kv = (int(_number(cells, c, where, field, integer=True)) for c in ("seq_q", "seq_kv"))

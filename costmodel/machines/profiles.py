@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
-from costmodel.core.fields import Count, Finite, NonNegative, Positive
+from costmodel.core.fields import Count, Finite, NonNegative, Positive, Switch
 from costmodel.core.fileio import YamlDocument, load_builtin_or_file
 from costmodel.core.intervals import Residuals
 from costmodel.core.resources import data_dir
@@ -265,7 +265,7 @@ class ComputeCurve(_Strict):
     """Attention FLOP/s against block size, measured with ``concurrency`` ranks computing at once."""
 
     concurrency: Count() = Field(description="ranks computing at the same time (CPU cores are shared)")
-    causal: bool = Field(description="the block has the causal diagonal (a ring's own-block step)")
+    causal: Switch = Field(description="the block has the causal diagonal (a ring's own-block step)")
     forward: list[RatePoint] = Field(min_length=1)
     backward: list[RatePoint] = Field(min_length=1)
 
@@ -367,7 +367,7 @@ class FitSpread(_Strict):
 class Quality(_Strict):
     """Calibrate's verdict on its own fits: noisy ones are written, flagged, never silently."""
 
-    trusted: bool
+    trusted: Switch
     reasons: list[str] = Field(default_factory=list, description="each check that failed, in words")
     r2_min: Finite = Field(description="bound a link fit's R² must reach")
     spread_max: NonNegative = Field(description="bound on a link's relative spread and the compute's")
@@ -505,9 +505,9 @@ class AttentionCurve(_Strict):
     Benchmarks of [FA2] and [FA3] keep batch x sequence = 16k tokens and h·d = 2048, so the GPU is full at
     every length and the length sets how well each tile's fixed costs amortise."""
 
-    head_dim: int = Field(ge=1)
-    causal: bool
-    backward: bool = Field(description="backward pass (FLOP/s of its own 2.5x forward FLOP)")
+    head_dim: Count()
+    causal: Switch
+    backward: Switch = Field(description="backward pass (FLOP/s of its own 2.5x forward FLOP)")
     kernel: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
@@ -619,7 +619,7 @@ class Topology(_Strict):
     dims: list[Count(maximum=2**20)] | None = Field(
         default=None, description="torus only: chips along each dimension; their product is devices_per_node"
     )
-    wraparound: bool = Field(
+    wraparound: Switch = Field(
         default=True, description="torus only: the last chip of each dimension links back to the first"
     )
     wraparound_min: Count(maximum=2**20) = Field(
@@ -629,7 +629,7 @@ class Topology(_Strict):
     nics_per_device: Positive = Field(
         default=1.0, description="NICs of links.inter_node each device drives at once (rail count per device)"
     )
-    rail_optimized: bool = Field(
+    rail_optimized: Switch = Field(
         default=False,
         description="NIC i of every node hangs off leaf switch i: traffic between devices of the same "
         "local index stays on one leaf, any other crosses the spine",
@@ -713,9 +713,21 @@ class HardwareProfile(_Strict):
 
     @model_validator(mode="after")
     def _within_peak(self) -> Self:
-        """Every kernel table, times its fitted factor, at or under the peak it is read against: MFU and HFU
-        are shares of that peak, and a table above it would make them pass 100 %."""
-        kernels, device = self.kernels, self.device
+        """Every kernel table, times its fitted factor, and every rate calibrate measured at or under the peak
+        it is read against: MFU and HFU are shares of that peak, and a rate above it would make them pass
+        100 %."""
+        kernels, device, calibration = self.kernels, self.device, self.calibration
+        if calibration is not None:
+            dtype = calibration.dtype
+            if dtype not in device.peak_flops:
+                raise ValueError(
+                    f"calibration.dtype {dtype} needs device.peak_flops.{dtype}, the peak it ran at"
+                )
+            for i, curve in enumerate(calibration.compute):
+                for part in ("forward", "backward"):
+                    best = max(point.flops_per_s for point in getattr(curve, part))
+                    where = f"calibration.compute.{i}.{part}.flops_per_s"
+                    _within(where, best, device.peak_flops[dtype], f"device.peak_flops.{dtype}")
         if kernels is None:
             return self
         table_peak, peak_name = device.table_peak, f"device.peak_flops.{TABLE_DTYPE}"

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from costmodel.core.errors import InputError
+from costmodel.core.fields import CountAsWritten, NumberAsWritten, Switch
 from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.kernels import check_kernel
@@ -84,8 +85,8 @@ def _finetune(value: Any) -> Any:
 Finetune = Annotated[str, AfterValidator(_finetune)]
 Tokens = Annotated[int, BeforeValidator(_tokens), BeforeValidator(_no_bool), Strict()]
 Count = Annotated[int, BeforeValidator(_no_bool), Strict()]
-Number = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
-Flag = Annotated[bool, Strict()]
+Number = Annotated[float, NumberAsWritten, Field(allow_inf_nan=False)]
+Flag = Switch
 
 
 def flag(
@@ -548,7 +549,7 @@ class TrainingSetup(BaseModel):
     pp: Count = declared_as(Parallelism, "pp")
     first_stage_layers: Count | None = declared_as(Parallelism, "first_stage_layers")
     last_stage_layers: Count | None = declared_as(Parallelism, "last_stage_layers")
-    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_no_bool)] = flag(
+    zero: Annotated[Literal[0, 1, 2, 3], CountAsWritten] = flag(
         1, "ZeRO stage over DP x CP (1 = distributed optimizer)."
     )
     recompute: Recompute = flag("selective", "Activation recompute: selective recomputes the attention core.")

@@ -477,6 +477,7 @@ def make_job(
     machine = job_machine(inputs, overrides, profile)
     derived = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
     _check_step(inputs, setup, step, model, machine, framework)
+    _refuse_unused(setup, declared, knobs, model, framework)
     # What was declared, in make_job's order: Job.replace changes one and makes the job again (the step as
     # declared, so that a changed framework fills its defaults anew).
     parts = {"workload": workload, "setup": setup, "step": declared, "overrides": overrides, "knobs": knobs}
@@ -558,6 +559,46 @@ def _check_step(
         _check_ulysses_degree(
             step.ulysses_degree, step.cp_scheme, model.heads // setup.tp, kv_heads, inputs.cp
         )
+
+
+def _refuse_unused(
+    setup: TrainingSetup,
+    declared: StepSetup,
+    knobs: FrameworkKnobs,
+    model: ModelPreset,
+    framework: FrameworkProfile,
+) -> None:
+    """A knob given that nothing in this job reads is refused, naming what it needs, not echoed back as if
+    it had changed the answer (the profile's own defaults are not given, and stay)."""
+    memory = framework.memory
+    gathered = (
+        setup.zero == 3 or memory.compute_weights != memory.weights
+    )  # u_w: layers gathered or cast whole
+    unused = {
+        "--fp8-scaling": (
+            declared.fp8_scaling is not None and declared.gemm_dtype != "fp8",
+            "sets how --gemm-dtype fp8 scales its casts; this job's multiplies are not fp8",
+        ),
+        "--loss-chunk-tokens": (
+            knobs.loss_chunk_tokens is not None and memory.loss == "materialized",
+            "a materialized loss holds its logits whole; chunks need --loss chunked or fused",
+        ),
+        "--fsdp-prefetch": (
+            knobs.fsdp_prefetch is not None and not gathered,
+            "the layers ZeRO-3/FSDP gathers ahead; this job keeps its weights whole (--zero 3 gathers them)",
+        ),
+        "--reshard-after-forward": (
+            knobs.reshard_after_forward is not None and not gathered,
+            "when ZeRO-3/FSDP frees a gathered layer; this job keeps its weights whole (--zero 3 gathers them)",
+        ),
+        "--capacity-factor": (
+            declared.capacity_factor != CAPACITY_FACTOR and not model.experts,
+            f"sets how loaded an MoE expert rank is; {model.name} has no experts",
+        ),
+    }
+    for name, (given, why) in unused.items():
+        if given:
+            raise InputError(name, why)
 
 
 def _check_ulysses_degree(degree: int, scheme: str, heads: int, kv_heads: int, cp: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
-from costmodel.core.fields import Count
+from costmodel.core.fields import Count, Switch
 from costmodel.core.fileio import load_builtin_or_file, read_json
 from costmodel.core.resources import data_dir
 
@@ -56,17 +56,17 @@ class ModelPreset(BaseModel):
     hidden: Width
     ffn_hidden: Width
     vocab: Width
-    gated_mlp: bool = Field(
+    gated_mlp: Switch = Field(
         True, description="SwiGLU-style MLP with three matrices (Llama); false: GeLU, two"
     )
-    tied_embeddings: bool = Field(False, description="input and output embeddings share one matrix")
-    dropout: bool = Field(False, description="dropout masks are stored for backward (GPT-3 era training)")
+    tied_embeddings: Switch = Field(False, description="input and output embeddings share one matrix")
+    dropout: Switch = Field(False, description="dropout masks are stored for backward (GPT-3 era training)")
     sliding_window: Width | None = Field(
         None,
         description="tokens a local-attention layer sees (Gemma, GPT-OSS); recorded, not yet used by the cost model",
     )
-    local_layers: int = Field(
-        0, ge=0, description="layers with sliding-window attention; the rest attend globally"
+    local_layers: Count(0) = Field(
+        0, description="layers with sliding-window attention; the rest attend globally"
     )
     context_length: Width | None = Field(
         None, description="longest context the model serves, tokens; inference refuses longer requests"
@@ -79,9 +79,8 @@ class ModelPreset(BaseModel):
     shared_expert_ffn: Width | None = Field(
         None, description="FFN width of the always-active shared expert(s) of an MoE layer (Qwen-MoE)"
     )
-    dense_layers: int = Field(
+    dense_layers: Count(0) = Field(
         0,
-        ge=0,
         description="the first layers of an MoE model whose MLP is dense, of dense_ffn (DeepSeek's "
         "first_k_dense_replace); the rest are MoE",
     )

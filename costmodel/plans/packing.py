@@ -25,7 +25,7 @@ import numpy as np
 
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import parse_json, read_input_text
-from costmodel.core.units import parse_tokens
+from costmodel.core.units import parse_integer, parse_number, parse_tokens
 from costmodel.schedule.masks import MaskRule
 from costmodel.schedule.packed import simulate_masked
 from costmodel.schedule.simulator import simulate, simulation_tile
@@ -39,7 +39,7 @@ MAX_WINDOWS = 4096
 MAX_FILE_BYTES = 16 << 20
 RULE = "first-fit in the given order; a document is never split; the rest of a window is padding"
 
-_REPEAT = re.compile(r"^\s*([^x×*]+?)\s*(?:[x×*]\s*([0-9]+)\s*)?$")
+_REPEAT = re.compile(r"^\s*([^x×*]+?)\s*(?:[x×*]\s*([0-9]+)\s*)?$", re.ASCII)
 _SYNTHETIC = re.compile(r"^\s*lognormal\s*:(.*)$", re.IGNORECASE)
 
 
@@ -75,7 +75,7 @@ class Packed:
 
 
 def _tokens(text: str) -> int:
-    value = parse_tokens(text.strip(), FIELD)
+    value = parse_tokens(text, FIELD)  # it strips ASCII blanks only: U+2028 and its kind are no blank
     if value < 1:
         raise InputError(FIELD, f"document lengths must be positive, got {text.strip()!r}")
     return value
@@ -116,9 +116,9 @@ def _whole(value: object, where: str) -> int:
             raise InputError(FIELD, f"{where}: {value!r} is not a whole number")
         return int(value)
     try:
-        return int(value)
-    except ValueError:
-        raise InputError(FIELD, f"{where}: {value!r} is not a whole number") from None
+        return parse_integer(value, FIELD)  # as a flag reads a count: not 1_0
+    except InputError:
+        raise InputError(FIELD, f"{where}: {value[:20]!r} is not a whole number") from None
 
 
 def _length(value: object, where: str) -> int:
@@ -177,9 +177,9 @@ def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
         raise InputError(FIELD, "lognormal needs mean= (e.g. lognormal:mean=4k,sigma=1,seed=0)")
     mean = _tokens(given["mean"])
     try:
-        sigma = float(given.get("sigma", "1"))
-    except ValueError:
-        raise InputError(FIELD, f"sigma={given['sigma']!r} is not a number") from None
+        sigma = parse_number(given.get("sigma", "1"), FIELD)
+    except InputError:
+        raise InputError(FIELD, f"sigma={given['sigma'][:20]!r} is not a number") from None
     if not (math.isfinite(sigma) and 0 <= sigma <= 4):
         raise InputError(FIELD, f"sigma must be in [0, 4], got {sigma}")
     seed = _whole(given.get("seed", "0"), "lognormal")

@@ -18,7 +18,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError, validation_problems
-from costmodel.core.fields import Positive
+from costmodel.core.fields import Positive, Switch
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.machines.binding import Machine
@@ -51,8 +51,8 @@ class Expectations(BaseModel):
 
     worst_verdict: Colour = Field("amber", description="the worst verdict allowed for the plan's pass")
     max_comm_ratio: Positive | None = Field(None, description="ceiling on the step comm ratio")
-    fits_memory: bool = Field(False, description="training memory must fit (needs gpus)")
-    in_recommended_window: bool = Field(
+    fits_memory: Switch = Field(False, description="training memory must fit (needs gpus)")
+    in_recommended_window: Switch = Field(
         False, description="N within [N_min(memory), N_max(comm)] (needs gpus)"
     )
 

@@ -172,6 +172,10 @@ def check_constraints(model: ModelPreset, gpus: int, seq: int, c: Constraints) -
         raise InputError(
             "--cp", f"{c.cp} does not divide the sequence S = {seq:,}: every CP rank holds S / N tokens"
         )
+    if c.layout is not None and c.cp_scheme is not None and registry.get(c.cp_scheme).whole_sequence:
+        raise InputError(
+            "--layout", f"{c.cp_scheme} attends the whole sequence per head: it has no layout to fix"
+        )
 
 
 def enumerate_plans(
@@ -630,13 +634,39 @@ class Fitting:
     device_bytes: float
 
 
+# Plans one search weighs at most, each sized, those that fit timed: Llama 3 405B on 16,384 GPUs (Llama 3's
+# published layout) weighs 885,648 in 1.8 s of CPU here, DeepSeek-V3 on 8,192 908,550 in 1.2 s; past the bound
+# Mistral Large on 1M GPUs took 8.3 s (1.2M plans) and DeepSeek-V3 on 1M 21 s and 1.5 GB (2.5M).
+MAX_WEIGHED = 1_000_000
+MAX_LISTED = 500_000  # plans a --all-plans table lists at most (about 60 MB of CSV), each timed in full
+
+
+class TooManyPlans(InputError):
+    """A search past :data:`MAX_WEIGHED` plans: refused, where another error may leave a search empty."""
+
+
+def _weighed_count(
+    job: Job, layouts: Table, shape_pairs: dict[tuple[int, int], list[int]], fixed: bool | None
+) -> int:
+    """The plans a search of these layouts weighs (each layout once per scheme pair and TP overlap), refused
+    past :data:`MAX_WEIGHED` before any is sized or timed."""
+    runs = {(tp, cp): len(valid) * len(_overlaps(tp, fixed)) for (tp, cp), valid in shape_pairs.items()}
+    considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(layouts), strict=True))
+    if considered > MAX_WEIGHED:
+        raise TooManyPlans(
+            "--gpus",
+            f"{job.gpus:,} GPUs give {considered:,} plans to weigh; a search weighs at most {MAX_WEIGHED:,}: "
+            "fix a dimension (--tp, --pp, --cp, --micro-batch)",
+        )
+    return considered
+
+
 def fitting(job: Job, global_batch: int, constraints: Constraints = Constraints()) -> Fitting:
     """Every plan the constraints allow that fits memory, timed by nobody: the search's first half, and all
     of what the inverse questions (the longest sequence that fits) ask."""
     layouts, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
     fixed = constraints.tp_comm_overlap
-    runs = {(tp, cp): len(valid) * len(_overlaps(tp, fixed)) for (tp, cp), valid in shape_pairs.items()}
-    considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(layouts), strict=True))
+    considered = _weighed_count(job, layouts, shape_pairs, fixed)
     if not considered:
         return Fitting(0, None, float("inf"), float(training_values(job, 1)["M_dev"]))
     memory = memory_table(layouts, job)
@@ -658,9 +688,9 @@ def fastest(
     whose compute bound (:func:`_compute_bound`, never above their step) lies within it can beat that one,
     so memory is evaluated for them alone (a what-if's search, which needs no count of what fits)."""
     layouts, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
-    table = with_pairs(layouts, shape_pairs, constraints.tp_comm_overlap)
-    if not len(table):
+    if not _weighed_count(job, layouts, shape_pairs, constraints.tp_comm_overlap):
         return None
+    table = with_pairs(layouts, shape_pairs, constraints.tp_comm_overlap)
     shapes = shapes or _Shapes(job)
     table = table.take(_compute_bound(table, shapes) <= within * (1 + 1e-12))
     memory = memory_table(table, job)
@@ -671,18 +701,15 @@ def fastest(
     return _row(table, result, int(_fastest_first(table, result)[0]))
 
 
-MAX_WEIGHED = 500_000  # plans a --all-plans table lists at most (about 60 MB of CSV)
-
-
 def weighed(job: Job, global_batch: int, constraints: Constraints = Constraints()) -> list[dict[str, Any]]:
     """Every plan the search weighs, fitting or not, each timed and sized as the search's pick is, fastest
     first: the table behind the ranking, one flat row per plan (its breakdown as ``*_s`` columns)."""
     check_constraints(job.model, job.gpus, job.inputs.seq, constraints)
     table, _ = enumerate_plans(job, global_batch, constraints)
-    if len(table) > MAX_WEIGHED:
+    if len(table) > MAX_LISTED:
         raise InputError(
             "--all-plans",
-            f"{len(table):,} plans; a table lists at most {MAX_WEIGHED:,}: fix a dimension (--tp, --pp)",
+            f"{len(table):,} plans; a table lists at most {MAX_LISTED:,}: fix a dimension (--tp, --pp)",
         )
     if not len(table):
         return []
@@ -949,11 +976,15 @@ def _scenario(
     """The pick and the fastest plan under a changed job: the pick evaluated again, and the search (bounded
     by the pick's step where the pick still fits)."""
     row = evaluate_plan(plan, job, global_batch)
-    if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
-        best = fastest(job, global_batch, constraints, row["step_time_s"], shapes)
-        if best is not None and best["step_time_s"] <= row["step_time_s"]:  # then nothing left out beats it
-            return _describe(change, plan, row, best)
-    found = search(job, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
+    try:
+        if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
+            best = fastest(job, global_batch, constraints, row["step_time_s"], shapes)
+            if best is not None and best["step_time_s"] <= row["step_time_s"]:  # nothing left out beats it
+                return _describe(change, plan, row, best)
+        found = search(job, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
+    except TooManyPlans as exc:  # the changed job has more plans than a search weighs: the pick is re-timed
+        said = _describe(change, plan, row, None)
+        return said | {"text": f"{said['text']}; not searched again ({exc.message.split(':')[0]})"}
     return _describe(change, plan, row, found[0] if found else None)
 
 

@@ -28,6 +28,9 @@ RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 PHASE_PREFIX = {"fwd": "", "bwd": "bwd_"}
 MAX_POINTS = 256  # values per axis: a grid is answered in well under a second
 MAX_PROFILES = 16  # --hw entries: each is loaded, bound and swept (there are 15 built-in profiles)
+# With --model and --gpus each (S, profile) pair is a layout search for the step times (40-70 ms here): 64
+# pairs, 8 S values on 8 profiles, take 3-4.5 s; 256 S values on 15 profiles took 110 s.
+MAX_STEP_SEARCHES = 64
 
 
 def parse_grid(text: str, field: str, upper: int) -> list[int]:
