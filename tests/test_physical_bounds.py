@@ -272,6 +272,11 @@ RECOMMEND_8B = ["recommend", "--model", "llama3-8b", "--hw", "h100-nvlink", "--g
             [*STEP, "--capacity-factor", "2"], ("--capacity-factor", "no experts"), id="capacity-dense"
         ),
         pytest.param(
+            [*STEP, "--recompute", "full", "--selective-recompute", "ops"],
+            ("--selective-recompute", "this job recomputes full"),
+            id="selective-choice-beside-full-recompute",
+        ),
+        pytest.param(
             [*RECOMMEND_8B, "--seq", "8k", "--cp-scheme", "ulysses", "--layout", "striped"],
             ("--layout", "no layout to fix"),
             id="layout-of-ulysses",

@@ -26,7 +26,14 @@ from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds, si
 from costmodel.plans.inputs import MachineOverrides, TrainingSetup, Workload
-from costmodel.plans.job import JOB_DEFAULTS, FrameworkKnobs, Job, StepSetup, make_job
+from costmodel.plans.job import (
+    JOB_DEFAULTS,
+    FrameworkKnobs,
+    Job,
+    StepSetup,
+    make_job,
+    refuse_unread_recompute,
+)
 from costmodel.plans.stages import StageSplit
 from costmodel.training.memory import reference_cases
 from costmodel.training.report import LABELS
@@ -79,6 +86,7 @@ def step_cmd(
 
     trace: list | None = [] if explain else None
     budget_tokens, per_hour = token_budget(tokens, price)
+    refuse_unread_recompute(setup, knobs)
     job = make_job(workload, setup, step, machine_overrides, knobs)
     result = evaluate_step(job, trace=trace, level=interval_level(level))
     if budget_tokens is not None:

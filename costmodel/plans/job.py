@@ -601,6 +601,16 @@ def _refuse_unused(
             raise InputError(name, why)
 
 
+def refuse_unread_recompute(setup: TrainingSetup, knobs: FrameworkKnobs) -> None:
+    """--selective-recompute where the job's recompute is fixed to another level (a step, a plan file) reads
+    nothing: refused. A search, which tries every level with the same knobs, does not call this."""
+    if knobs.selective_recompute is not None and setup.recompute != "selective":
+        raise InputError(
+            "--selective-recompute",
+            f"sets what --recompute selective recomputes; this job recomputes {setup.recompute}",
+        )
+
+
 def _check_ulysses_degree(degree: int, scheme: str, heads: int, kv_heads: int, cp: int) -> None:
     """USP's all-to-all degree: a divisor of the CP degree whose groups split the heads [USP §3]."""
     if scheme != usp.NAME:
