@@ -71,24 +71,20 @@ def test_module_docstring_examples_run() -> None:
     assert tried >= 3 and failures == 0
 
 
-def test_notebook_import_takes_about_a_second_and_reads_the_cache() -> None:
-    """Importing the formulas builds nothing: every simplified form comes from the generated cache. CPU
-    time of the child (not wall clock, which a loaded machine stretches), sympy's own import included."""
+def test_notebook_import_reads_the_cache_and_builds_nothing() -> None:
+    """Importing the formulas builds nothing: every simplified form comes from the generated cache, so the
+    first `.expr` of each one is a lookup. (How long the import takes is a benchmark's figure,
+    benchmarks/cli_latency.py, not a test's: a fresh environment's first import also compiles bytecode.)"""
     import subprocess
     import sys
 
     probe = (
-        "import resource\n"
         "from costmodel.symbolic import formulas as f\n"
-        "u = resource.getrusage(resource.RUSAGE_SELF)\n"
-        "print(u.ru_utime + u.ru_stime)\n"
         "[x.expr for x in f.FORMULAS.values()]\n"
         "print(len(f.COMPUTED))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    import_cpu_s, computed = out.split()
-    assert float(import_cpu_s) < 1.5
-    assert int(computed) == 0, "the cache is stale: run python -m costmodel.codegen"
+    assert int(out) == 0, "the cache is stale: run python -m costmodel.codegen"
 
 
 def test_seed_short_forms_at_bf16() -> None:
