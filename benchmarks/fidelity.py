@@ -30,6 +30,7 @@ from costmodel.audit.runs import (
     fit_runs,
     parse_assumptions,
     predict,
+    predictions,
     read_runs,
 )
 from costmodel.calibration.residuals import coverage_report, median_half_width
@@ -114,12 +115,12 @@ def main() -> None:
     single = read_runs(str(single_path), assume, str(CLUSTER))
     multi = read_runs(str(multi_path), assume, str(CLUSTER)) if multi_path.is_file() else None
     builtin = Profiles()
-    single_audit = audit_runs(single, builtin)
+    single_audit = audit_runs(single, predictions(single, builtin))
     print(line("single node, built-in profile", single_audit))
     print(coverage_line(single_audit))
     print(rank_line("  layouts ranked, built-in profile", single_audit["ranking"]))
     if multi is not None:
-        multi_audit = audit_runs(multi, builtin)
+        multi_audit = audit_runs(multi, predictions(multi, builtin))
         print(line("multi-node, built-in profile", multi_audit))
         print(coverage_line(multi_audit))
         print(rank_line("  layouts ranked, built-in profile", multi_audit["ranking"]))
