@@ -425,24 +425,15 @@ def _key(*columns: np.ndarray) -> np.ndarray:
     return key
 
 
-# c too: a packed or windowed mask's executed share depends on the CP degree and the layout.
-PER_SHAPE = (
-    "c",
-    "u_cp",
-    "k_copy",
-    "B_tp",
-    "alpha_tp",
-    "a_tp",
-    "alpha_cp",
-    "B_cp",
-    "N_u",
-    "N_r",
-    "F_gemm",
-    "F_gemm_b",
-    "F_head",
-    "F_attn",
-    "F_attn_bwd",
-)
+def _per_shape(bound: list[dict[str, Any]], index: np.ndarray) -> dict[str, Any]:
+    """The bound values of every distinct shape as the table's: a value all shapes share stays one scalar, one
+    that differs (a kernel's rate, a group's link, a mask's executed share) becomes a column over the rows.
+    Read from the values themselves, so that nothing lists which of them depend on the shape."""
+    values: dict[str, Any] = {}
+    for name, first in bound[0].items():
+        column = [b[name] for b in bound]
+        values[name] = first if all(x == first for x in column) else np.array(column, dtype=float)[index]
+    return values
 
 
 def evaluate_table(table: Table, job: Job, shapes: _Shapes | None = None) -> dict[str, Any]:
@@ -458,10 +449,7 @@ def evaluate_table(table: Table, job: Job, shapes: _Shapes | None = None) -> dic
         )
         for i in first
     ]
-    base = bound[0]
-    v: dict[str, Any] = dict(base)
-    for name in PER_SHAPE:
-        v[name] = np.array([b[name] for b in bound], dtype=float)[index]
+    v = _per_shape(bound, index)
     tp, cp, pp, dp = (c[k].astype(float) for k in ("tp", "cp", "pp", "dp"))
     v |= _stage_columns(c)
     v |= {
