@@ -115,7 +115,7 @@ def test_pass_q_returns_its_partials_by_two_all_to_alls_on_the_all_to_all_link()
     from costmodel.plans.inputs import PlanInputs
 
     inputs = PlanInputs(seq=8192, cp=8, hw="h100-ib", heads=32, kv_heads=8, head_dim=128)
-    setup = build_infer(model="llama3-8b", hw="h100-ib", prompt=8192, cp=8, output=0)[1]
+    setup = build_infer(model="llama3-8b", hw="h100-ib", prompt=8192, cp=8, output=0)[0]
     machine = build_machine(load_profile("h100-ib"))
     values = attention_bind(inputs, setup, machine)
     a2a = machine.link(8, "alltoall")

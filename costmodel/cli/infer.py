@@ -1,7 +1,6 @@
 """``cp-plan infer``: memory, time to first token and time per output token of a long-context request.
 
-Its flags are the declared inputs: the model, profile, dtype, efficiency and batch of
-:class:`~costmodel.plans.inputs.PlanInputs`, the request and serving layout of
+Its flags are the declared inputs: the model, profile, request and serving layout of
 :class:`~costmodel.inference.setup.InferenceSetup`, and the profile overrides."""
 
 from __future__ import annotations
@@ -16,18 +15,12 @@ from costmodel.core.errors import InputError
 from costmodel.core.intervals import Interval
 from costmodel.core.units import seconds, si
 from costmodel.inference.report import PREFILL_LABELS
-from costmodel.inference.setup import INFER_SHARED, InferenceSetup
-from costmodel.plans.inputs import MachineOverrides, PlanInputs
+from costmodel.inference.setup import InferenceSetup
+from costmodel.plans.inputs import MachineOverrides
 
 
-@declared(
-    inputs=PlanInputs,
-    setup=InferenceSetup,
-    machine_overrides=MachineOverrides,
-    only={"inputs": INFER_SHARED},
-)
+@declared(setup=InferenceSetup, machine_overrides=MachineOverrides)
 def infer_cmd(
-    inputs: PlanInputs,
     setup: InferenceSetup,
     machine_overrides: MachineOverrides,
     format: format_option("table", "json", "yaml") = Format.table,
@@ -64,7 +57,7 @@ def infer_cmd(
 
     trace: list | None = [] if explain else None
     if gpus is None:
-        report = evaluate_infer(inputs, setup, machine_overrides, trace, interval_level(level)).model_dump(
+        report = evaluate_infer(setup, machine_overrides, trace, interval_level(level)).model_dump(
             mode="json", by_alias=True
         )
     else:
@@ -74,7 +67,7 @@ def infer_cmd(
             raise InputError(
                 "--explain", "not with --gpus: explain one layout, named with --tp, --cp and --pp"
             )
-        report = search_serving(inputs, setup, machine_overrides, gpus, interval_level(level))[1].model_dump(
+        report = search_serving(setup, machine_overrides, gpus, interval_level(level))[1].model_dump(
             mode="json", by_alias=True
         )
     if trace is not None:

@@ -565,7 +565,6 @@ def _decode_target(inputs, setup, model, attention, gemm, chunk) -> DecodeTarget
 
 
 def evaluate_infer(
-    inputs: PlanInputs,
     setup: InferenceSetup,
     overrides: MachineOverrides | None = None,
     trace: list[Evaluation] | None = None,
@@ -573,16 +572,16 @@ def evaluate_infer(
 ) -> InferenceReport:
     """Memory, TTFT with every CP scheme and the one chosen, TPOT, and the target search when asked;
     ``trace`` records the chosen scheme's prefill formulas (first chunk) and decode's (last token)."""
-    if inputs.model is None:
+    if setup.model is None:
         raise InputError(
             "--model",
             "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b",
         )
-    model = load_model(inputs.model)
+    model = load_model(setup.model)
     if model.mla is not None:  # a decode cache of latents, read through absorbed projections: not this model
         raise InputError(
             "--model",
-            f"{inputs.model} uses multi-head latent attention, whose cache holds latents; infer models caches "
+            f"{setup.model} uses multi-head latent attention, whose cache holds latents; infer models caches "
             "of K and V heads (cp-plan step and recommend model MLA training)",
         )
     if (
@@ -590,9 +589,10 @@ def evaluate_infer(
     ):  # its weights, reads and FLOP per token differ from a dense layer's: refuse, never undercount
         raise InputError(
             "--model",
-            f"{inputs.model} is a mixture of experts ({model.experts} experts); infer models dense layers only "
+            f"{setup.model} is a mixture of experts ({model.experts} experts); infer models dense layers only "
             "(cp-plan step and recommend model MoE training)",
         )
+    inputs = setup.attention_inputs()
     chunk = _check(inputs, setup, model)
     attention, gemm = _machines(inputs, setup, overrides)
     generation = attention.profile.device.generation
@@ -625,11 +625,11 @@ def evaluate_infer(
     tpot = (dec["first"] + dec["last"]) / 2  # linear in the cache between the first and the last token
     gain = (at_one["first"] + at_one["last"]) / 2 - tpot
     stated = {
-        "model": inputs.model,
-        "hw": inputs.hw,
-        "dtype": inputs.dtype,
-        "efficiency": inputs.efficiency,
-        "batch": inputs.batch,
+        "model": setup.model,
+        "hw": setup.hw,
+        "dtype": setup.dtype,
+        "efficiency": setup.efficiency,
+        "batch": setup.batch,
         **setup.model_dump(),
         **{k: v for k, v in (overrides.model_dump() if overrides else {}).items() if v is not None},
     }
@@ -661,7 +661,7 @@ def evaluate_infer(
                 tpot_s=tpot,
                 tpot_first_s=dec["first"],
                 tpot_last_s=dec["last"],
-                tokens_per_s=inputs.batch / tpot,
+                tokens_per_s=setup.batch / tpot,
                 weight_read_s=dec["weight_read_s"],
                 kv_read_s=dec["kv_read_s"],
                 compute_s=dec["compute_s"],
@@ -689,7 +689,6 @@ MAX_SERVING_LAYOUTS = 2_000  # layouts a serving search weighs at most (each is 
 
 
 def search_serving(
-    inputs: PlanInputs,
     setup: InferenceSetup,
     overrides: MachineOverrides | None,
     gpus: int,
@@ -697,9 +696,9 @@ def search_serving(
 ) -> tuple[ServingSearch, InferenceReport]:
     """Every serving layout of ``gpus`` for the request, and the full report of the pick: the fitting layout
     fastest to first token (then the fewest GPUs, then the fastest decode)."""
-    if inputs.model is None:
+    if setup.model is None:
         raise InputError("--model", "inference needs a model preset; e.g. --model llama3-70b")
-    model = load_model(inputs.model)
+    model = load_model(setup.model)
     shapes = [
         (tp, cp, pp)
         for tp in divisors(model.heads)
@@ -717,7 +716,7 @@ def search_serving(
             update={"tp": tp, "cp": cp, "pp": pp, "target_ttft": None, "target_tpot": None}
         )
         try:
-            out = evaluate_infer(inputs, changed, overrides).inference
+            out = evaluate_infer(changed, overrides).inference
         except InputError:  # a degree the prompt, the stages or the profile's links refuse
             continue
         mem = out.memory
@@ -744,6 +743,6 @@ def search_serving(
     found = ServingSearch(gpus=gpus, considered=len(rows), fit=sum(r.fits for r in rows), layouts=rows)
     pick = rows[0]
     report = evaluate_infer(
-        inputs, setup.model_copy(update={"tp": pick.tp, "cp": pick.cp, "pp": pick.pp}), overrides, level=level
+        setup.model_copy(update={"tp": pick.tp, "cp": pick.cp, "pp": pick.pp}), overrides, level=level
     )
     return found, report.model_copy(update={"search": found})

@@ -1,8 +1,9 @@
-"""The inputs of ``cp-plan infer``, declared once: the serving layout, the request and the knobs.
+"""The inputs of ``cp-plan infer``, declared once: the model and profile, the serving layout, the request and
+the knobs, all fields of :class:`InferenceSetup`.
 
-The model, the profile, the attention dtype, the efficiency and the batch are the shared fields of
-:class:`~costmodel.plans.inputs.PlanInputs` (``INFER_SHARED``); everything an inference asks beyond them is
-a field of :class:`InferenceSetup`.
+The model, the profile, the attention dtype, the efficiency and the batch take the declarations of the
+training plan's (:class:`~costmodel.plans.inputs.PlanInputs`): one help, range and check for each flag.
+:meth:`InferenceSetup.attention_inputs` binds them, with the model's heads, to the attention layers' inputs.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from costmodel.core.errors import InputError
+from costmodel.machines.profiles import Dtype
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import PREFILL
 from costmodel.plans.inputs import (
@@ -35,15 +37,17 @@ CacheDtype = Literal["bf16", "fp8"]
 PrefillScheme = Literal[("auto", *registry.names(PREFILL))]
 MAX_CHUNKS = 1024  # chunks of one prefill the model walks one by one
 
-# What PlanInputs contributes to `cp-plan infer`; its other fields (one attention layer's shape) are left out.
-INFER_SHARED = frozenset({"model", "hw", "dtype", "efficiency", "batch"})
-
 
 class InferenceSetup(BaseModel):
     """One inference request and where it runs: the prompt, its cached prefix and output, and TP x CP x PP."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
+    dtype: Dtype = declared_as(PlanInputs, "dtype")
+    efficiency: Number | None = declared_as(PlanInputs, "efficiency")
+    hw: str = declared_as(PlanInputs, "hw")
+    model: str | None = declared_as(PlanInputs, "model")
+    batch: Count = declared_as(PlanInputs, "batch")
     prompt: Tokens = flag(
         ...,
         "New prompt tokens per sequence to prefill (after any cached prefix).",
@@ -142,29 +146,28 @@ class InferenceSetup(BaseModel):
             data = {**data, "tp_comm_overlap": False}
         return data
 
+    def attention_inputs(self) -> PlanInputs:
+        """The attention layers' inputs of the training plan's binders: this request's model (its heads and head
+        size), profile, element type, efficiency and batch."""
+        stated = {"model": self.model, "hw": self.hw, "dtype": self.dtype, "efficiency": self.efficiency}
+        return build(
+            PlanInputs,
+            **shape_from_model({k: v for k, v in stated.items() if v is not None}),
+            batch=self.batch,
+        )
 
-_DECLARED: tuple[type[BaseModel], ...] = (PlanInputs, InferenceSetup, MachineOverrides)
+
+_DECLARED: tuple[type[BaseModel], ...] = (InferenceSetup, MachineOverrides)
 
 
-def build_infer(**values: Any) -> tuple[PlanInputs, InferenceSetup, MachineOverrides]:
+def build_infer(**values: Any) -> tuple[InferenceSetup, MachineOverrides]:
     """The inference inputs from flat keyword values named as the command's flags (``model``, ``prompt``,
     ``hw``, ``tp``, ``cp``, ``batch``, ``cached``, ``weights``, ...), each model validated once: for tests
     and notebooks."""
     parts: dict[type[BaseModel], dict[str, Any]] = {model: {} for model in _DECLARED}
     for name, value in values.items():
-        owner = next(
-            (
-                m
-                for m in _DECLARED
-                if name in m.model_fields and (m is not PlanInputs or name in INFER_SHARED)
-            ),
-            None,
-        )
+        owner = next((m for m in _DECLARED if name in m.model_fields), None)
         if owner is None:
             raise InputError(name, "not an input of the inference plan")
         parts[owner][name] = value
-    return (
-        build(PlanInputs, **shape_from_model(parts[PlanInputs])),
-        build(InferenceSetup, **parts[InferenceSetup]),
-        build(MachineOverrides, **parts[MachineOverrides]),
-    )
+    return build(InferenceSetup, **parts[InferenceSetup]), build(MachineOverrides, **parts[MachineOverrides])
