@@ -27,7 +27,7 @@ CORE = "  core libraries only"
 
 def commands() -> dict[str, list[str]]:
     script = shutil.which("cp-plan")
-    report = [script, *REPORT] if script else [sys.executable, "-m", "costmodel.cli", *REPORT]
+    report = [script, *REPORT] if script else [sys.executable, "-m", "costmodel", *REPORT]
     return {
         "python -c pass": [sys.executable, "-c", "pass"],
         'python -c "import sympy"': [sys.executable, "-c", "import sympy"],

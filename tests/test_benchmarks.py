@@ -26,6 +26,7 @@ SMOKE = {
     "search.py": (["--smoke"], ()),
     "simulator.py": (["--smoke"], ()),
     "sweep.py": (["--smoke"], ()),
+    "walk.py": (["--smoke"], ()),
     "memory.py": (["--smoke"], (pytest.mark.kernel,)),
     "kernel.py": (["--smoke"], (pytest.mark.slow, pytest.mark.kernel)),
     "calibration_stability.py": (["--smoke"], (pytest.mark.slow, pytest.mark.kernel)),
