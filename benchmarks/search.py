@@ -30,7 +30,14 @@ from typing import Any
 
 from costmodel.frameworks import load_framework
 from costmodel.plans.job import Job
-from costmodel.training.search import Constraints, default_global_batch, search, search_loop, widest
+from costmodel.training.search import (
+    Constraints,
+    TooManyPlans,
+    default_global_batch,
+    search,
+    search_loop,
+    widest,
+)
 
 MODEL, HW = "llama3-70b", "h100-ib"
 RECOMMEND = ["--model", "llama3-405b", "--seq", "131072", "--hw", "h100-nvlink"]
@@ -72,11 +79,15 @@ def search_against_loop(rounds: int, smoke: bool) -> None:
     print(f"    ratio   {fast_rate / slow_rate:>10,.0f}x")
     jobs = ((1024, 131072),) if smoke else ((1024, 8192), (1024, 131072), (16384, 8192), (16384, 131072))
     built = {key: job(*key) for key in jobs}
-    times: dict[tuple[int, int], list[float]] = {key: [] for key in jobs}
     for key in jobs:
-        search(*built[key], every)  # load the model, profile and kernel tables once
+        try:
+            search(*built[key], every)  # load the model, profile and kernel tables once
+        except TooManyPlans as refused:  # past the bound a search weighs: refused before any work
+            print(f"    {key[0]:>6,} GPUs, S = {key[1]:>7,}: refused, {refused.message}")
+            del built[key]
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in built}
     for _ in range(rounds):
-        for key in jobs:
+        for key in built:
             times[key].append(cpu_seconds(lambda key=key: search(*built[key], every)))
     for (gpus, seq), values in times.items():
         found = search(*built[(gpus, seq)], every)

@@ -285,7 +285,7 @@ def test_a_search_past_its_plan_bound_is_refused_before_weighing_any(cli, monkey
     own search would pass it (a 10 % longer sequence has other divisors) re-times the pick alone."""
     from costmodel.training import search as searching
 
-    assert searching.MAX_WEIGHED == 1_000_000
+    assert searching.MAX_WEIGHED == 1_500_000
     start = cpu_s()
     args = [
         "recommend",
@@ -298,7 +298,7 @@ def test_a_search_past_its_plan_bound_is_refused_before_weighing_any(cli, monkey
         "--gpus",
         "1048576",
     ]
-    one_line_error(cli(*args), "--gpus", "2,460,960 plans to weigh", "at most 1,000,000")
+    one_line_error(cli(*args), "--gpus", "2,460,960 plans to weigh", "at most 1,500,000")
     assert cpu_s() - start < 5
     count = searching._weighed_count
 
