@@ -15,6 +15,7 @@ partial (O, LSE) for every new token.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 from costmodel.core.errors import InputError
@@ -84,7 +85,7 @@ def _call(name: str, values: dict[str, Any], trace: list[Evaluation] | None = No
     return float(Evaluator(values, trace)(name))
 
 
-def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int:
+def _check(setup: InferenceSetup, model: ModelPreset) -> int:
     """The chunk size; one line naming the flag for any impossible combination."""
     Parallelism.of(setup).check(model)  # the layout's one check: TP against the heads, the stages
     if setup.prompt % setup.cp:
@@ -106,6 +107,51 @@ def _check(inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset) -> int
     return chunk
 
 
+@dataclass(frozen=True)
+class Serving:
+    """One request bound once: its setup, the attention layers' inputs, the model, the machines that run its
+    attention (at the attention dtype) and its multiplies (at the weights'), and the prefill's chunk."""
+
+    setup: InferenceSetup
+    inputs: PlanInputs
+    model: ModelPreset
+    attention: Machine
+    gemm: Machine
+    chunk: int
+
+    @classmethod
+    def of(cls, setup: InferenceSetup, overrides: MachineOverrides | None) -> Serving:
+        """The request checked and bound: one line naming the flag for anything it cannot serve."""
+        if setup.model is None:
+            raise InputError(
+                "--model",
+                "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b",
+            )
+        model = load_model(setup.model)
+        if model.mla is not None:  # a decode cache of latents, read through absorbed projections
+            raise InputError(
+                "--model",
+                f"{setup.model} uses multi-head latent attention, whose cache holds latents; infer models "
+                "caches of K and V heads (cp-plan step and recommend model MLA training)",
+            )
+        if (
+            model.experts
+        ):  # its weights, reads and FLOP per token differ from a dense layer's: never undercount
+            raise InputError(
+                "--model",
+                f"{setup.model} is a mixture of experts ({model.experts} experts); infer models dense layers "
+                "only (cp-plan step and recommend model MoE training)",
+            )
+        inputs = setup.attention_inputs()
+        chunk = _check(setup, model)
+        attention = job_machine(inputs, overrides)
+        return cls(setup, inputs, model, attention, _machine(attention, setup.weights, "--weights"), chunk)
+
+    def at(self, **degrees: int) -> Serving:
+        """The same request on another layout (``tp``, ``cp``, ``pp``), its chunk as stated."""
+        return replace(self, setup=self.setup.model_copy(update=degrees))
+
+
 def _machine(machine: Machine, dtype: str, flag: str) -> Machine:
     if dtype not in machine.profile.device.peak_flops:
         raise InputError(flag, f"{machine.profile.origin} has no {dtype} FLOP/s")
@@ -121,17 +167,16 @@ def _link(
     return link.bandwidth, alpha
 
 
-def bind(
-    inputs: PlanInputs, setup: InferenceSetup, model: ModelPreset, machine: Machine, cp: int | None = None
-) -> dict[str, Any]:
+def bind(job: Serving, cp: int | None = None) -> dict[str, Any]:
     """The base symbols every inference formula shares (the chunk's T_n, K_c, S, F_attn, F_gemm are set
     per chunk). ``cp`` replaces the CP degree (decode's comparison with CP 1, the target search)."""
+    setup, machine = job.setup, job.attention
     if machine.profile.device.hbm_bandwidth is None:
         raise InputError("--hw", f"{machine.profile.origin} states no hbm_bandwidth; decode reads HBM")
     return {
-        **attention_bind(inputs, setup, machine, cp),
-        **layer_shape(model),
-        **check_stages(model.layers, setup.pp).values(),  # the most loaded stage holds the weights to read
+        **attention_bind(job.inputs, setup, machine, cp),
+        **layer_shape(job.model),
+        **check_stages(job.model.layers, setup.pp).values(),  # the most loaded stage holds the weights read
         "n_kl": 0 if setup.cuda_graphs else LAYER_KERNELS + (2 if setup.tp > 1 else 0),
     }
 
@@ -239,17 +284,12 @@ def prefill_attention(
 
 
 def _chunk_layer(
-    values: dict[str, Any],
-    scheme: str,
-    attention: Machine,
-    gemm: Machine,
-    model: ModelPreset,
-    trace: list[Evaluation] | None = None,
+    job: Serving, values: dict[str, Any], scheme: str, trace: list[Evaluation] | None = None
 ) -> dict[str, float]:
     """Seconds per component of one layer of one chunk (``values`` holds its T_n and K_c)."""
     v = {**values, "S": values["T_n"]}  # the step formulas read the chunk's tokens as S
-    parts = prefill_attention(values, scheme, attention, trace)
-    v["F_gemm"] = layer_gemm_rate(model, gemm, v["t"], v["b"] * v["T_n"] // v["N"])
+    parts = prefill_attention(values, scheme, job.attention, trace)
+    v["F_gemm"] = layer_gemm_rate(job.model, job.gemm, v["t"], v["b"] * v["T_n"] // v["N"])
     return {
         "matmul_s": max(
             _call("layer_gemm_flops", v, trace) / v["F_gemm"], _call("layer_weight_read_s", v, trace)
@@ -269,24 +309,18 @@ def _chunks(setup: InferenceSetup, chunk: int) -> list[tuple[int, int]]:
 
 
 def prefill(
-    values: dict[str, Any],
-    setup: InferenceSetup,
-    chunk: int,
-    scheme: str,
-    attention: Machine,
-    gemm: Machine,
-    model: ModelPreset,
-    trace: list[Evaluation] | None = None,
+    job: Serving, values: dict[str, Any], scheme: str, trace: list[Evaluation] | None = None
 ) -> tuple[float, PrefillBreakdown, dict[str, float]]:
     """(TTFT, breakdown summing to it, rates of the first chunk) of the prefill with ``scheme``; ``trace``
     records the first chunk's formulas and the output layer's (``--explain``)."""
-    stage_layers = model.layers / setup.pp
+    setup = job.setup
+    stage_layers = job.model.layers / setup.pp
     breakdown = dict.fromkeys(PrefillBreakdown.model_fields, 0.0)
     stages, rates = [], {}
-    for new, cached in _chunks(setup, chunk):
+    for new, cached in _chunks(setup, job.chunk):
         v = {**values, "T_n": new, "K_c": cached}
         first = trace if not rates else None  # the first chunk's formulas stand for every chunk's
-        layer = _chunk_layer(v, scheme, attention, gemm, model, first)
+        layer = _chunk_layer(job, v, scheme, first)
         chunk_rates = {"attention": layer.pop("_F_attn"), "gemm": layer.pop("_F_gemm")}
         rates = rates or chunk_rates  # the first chunk's, as reported
         for name, seconds in layer.items():
@@ -333,37 +367,23 @@ def decode_values(
     }
 
 
-def _decode_at(
-    values: dict[str, Any],
-    context: int,
-    setup: InferenceSetup,
-    gemm_rate: float,
-    attn_rate: float,
-    attention: Machine,
-    trace: list[Evaluation] | None = None,
-):
-    v = decode_values(values, context, setup.page, gemm_rate, attn_rate, attention)
-    return v, _call("tpot_s", v, trace)
-
-
-def decode(
-    values: dict[str, Any],
-    setup: InferenceSetup,
-    attention: Machine,
-    gemm: Machine,
-    model: ModelPreset,
-    trace: list[Evaluation] | None = None,
-) -> dict[str, Any]:
+def decode(job: Serving, values: dict[str, Any], trace: list[Evaluation] | None = None) -> dict[str, Any]:
     """TPOT over the output, its parts at the last token, and what CP changes against CP 1; ``trace``
     records the last token's formulas (``--explain``)."""
+    setup = job.setup
     start = setup.cached + setup.prompt
     end = start + max(setup.output - 1, 0)
     # decode is memory-bound: its kernels run at the boost clock, not a compute-bound step's sustained one
-    gemm_rate = layer_gemm_rate(model, gemm.at_boost(), setup.tp, values["b"])
-    attn_rate = decode_attention_rate(attention.at_boost(), values, start)
-    _, first = _decode_at(values, start, setup, gemm_rate, attn_rate, attention)
-    last_v, last = _decode_at(values, end, setup, gemm_rate, attn_rate, attention, trace)
-    pp, layers = setup.pp, model.layers
+    gemm_rate = layer_gemm_rate(job.model, job.gemm.at_boost(), setup.tp, values["b"])
+    attn_rate = decode_attention_rate(job.attention.at_boost(), values, start)
+
+    def at(context: int, trace: list[Evaluation] | None = None) -> tuple[dict[str, Any], float]:
+        v = decode_values(values, context, setup.page, gemm_rate, attn_rate, job.attention)
+        return v, _call("tpot_s", v, trace)
+
+    _, first = at(start)
+    last_v, last = at(end, trace)
+    pp, layers = setup.pp, job.model.layers
 
     def term(name: str) -> float:
         return _call(name, last_v, trace)
@@ -385,14 +405,15 @@ def decode(
     }
 
 
-def memory(values: dict[str, Any], setup: InferenceSetup, chunk: int, machine: Machine) -> dict[str, Any]:
+def memory(job: Serving, values: dict[str, Any]) -> dict[str, Any]:
     """Weights, cache at the end of the output, the largest chunk's working set, and the largest batch
     and context that fit."""
-    usable = machine.profile.device.hbm_bytes * (1 - setup.memory_headroom)
+    setup = job.setup
+    usable = job.attention.profile.device.hbm_bytes * (1 - setup.memory_headroom)
     context = setup.cached + setup.prompt + setup.output
     kv_tokens = _kv_tokens(context, values["N"], setup.page)
     weights = _call("weight_bytes_per_device", values)
-    chunks = _chunks(setup, chunk)
+    chunks = _chunks(setup, job.chunk)
     working = max(  # the first chunk computes the most new tokens, the last carries the most cache
         _call("prefill_activation_bytes", {**values, "T_n": new, "K_c": cached})
         for new, cached in (chunks[0], chunks[-1])
@@ -432,18 +453,12 @@ def _rule(
     return scheme, hide, share, fraction
 
 
-def _machines(
-    inputs: PlanInputs, setup: InferenceSetup, overrides: MachineOverrides | None
-) -> tuple[Machine, Machine]:
-    attention = job_machine(inputs, overrides)
-    return attention, _machine(attention, setup.weights, "--weights")
-
-
-def _ttft_schemes(values, setup, chunk, attention, gemm, model) -> dict[str, tuple[float, dict, dict]]:
+def _ttft_schemes(job: Serving, values: dict[str, Any]) -> dict[str, tuple[float, PrefillBreakdown, dict]]:
+    setup = job.setup
     schemes = SCHEMES if values["N"] > 1 else (registry.default(PREFILL).name,)
     if setup.prefill_scheme != "auto" and values["N"] > 1:
         schemes = (setup.prefill_scheme, *(s for s in SCHEMES if s != setup.prefill_scheme))
-    return {s: prefill(values, setup, chunk, s, attention, gemm, model) for s in schemes}
+    return {s: prefill(job, values, s) for s in schemes}
 
 
 def _chosen(setup: InferenceSetup, timed: dict[str, tuple[float, dict, dict]]) -> str:
@@ -452,21 +467,20 @@ def _chosen(setup: InferenceSetup, timed: dict[str, tuple[float, dict, dict]]) -
     return min(timed, key=lambda s: timed[s][0])
 
 
-def _target(inputs, setup, model, attention, gemm) -> Target:
+def _target(job: Serving) -> Target:
     """The fewest CP ranks, powers of two, whose prefill meets --target-ttft and whose memory fits."""
-    goal = setup.target_ttft
+    setup, goal = job.setup, job.setup.target_ttft
     n = 1
     while n <= MAX_CP:
-        chunk = setup.prompt if setup.chunk is None else setup.chunk
-        if setup.prompt % n == 0 and chunk % n == 0 and n <= setup.prompt:
+        if setup.prompt % n == 0 and job.chunk % n == 0 and n <= setup.prompt:
             try:
-                values = bind(inputs, setup, model, attention, cp=n)
+                values = bind(job, cp=n)
             except InputError:  # the profile has no link for a group this large
                 break
-            timed = _ttft_schemes(values, setup, chunk, attention, gemm, model)
+            timed = _ttft_schemes(job, values)
             scheme = _chosen(setup, timed)
             ttft = timed[scheme][0]
-            if ttft <= goal and memory(values, setup, chunk, attention)["fits"]:
+            if ttft <= goal and memory(job, values)["fits"]:
                 return Target(
                     target_ttft_s=goal, cp=n, gpus=setup.tp * n * setup.pp, ttft_s=ttft, scheme=scheme
                 )
@@ -474,22 +488,23 @@ def _target(inputs, setup, model, attention, gemm) -> Target:
     return Target(target_ttft_s=goal, cp=None, gpus=None, ttft_s=None, scheme=None)
 
 
-def _fits_with(inputs, setup, model, attention, chunk: int) -> FitsWith:
+def _fits_with(job: Serving) -> FitsWith:
     """The fewest CP ranks (doubling from the stated degree) whose memory fits the request; where none up to
     the largest CP does, the smallest TP (doubling, dividing the KV heads) at the stated CP."""
+    setup, model = job.setup, job.model
 
     def fits(**degrees: int) -> bool:
-        changed = setup.model_copy(update=degrees)
+        changed = job.at(**degrees)
         try:
-            _check(inputs, changed, model)
-            values = bind(inputs, changed, model, attention, cp=changed.cp)
+            _check(changed.setup, model)
+            values = bind(changed, cp=changed.setup.cp)
         except InputError:  # a degree the prompt, the heads or the profile's links refuse
             return False
-        return bool(memory(values, changed, chunk, attention)["fits"])
+        return bool(memory(changed, values)["fits"])
 
     n = setup.cp * 2
     while n <= MAX_CP:
-        if setup.prompt % n == 0 and chunk % n == 0 and fits(cp=n):
+        if setup.prompt % n == 0 and job.chunk % n == 0 and fits(cp=n):
             return FitsWith(cp=n, tp=None, gpus=setup.tp * n * setup.pp)
         n *= 2
     t = setup.tp * 2
@@ -500,31 +515,26 @@ def _fits_with(inputs, setup, model, attention, chunk: int) -> FitsWith:
     return FitsWith(cp=None, tp=None, gpus=None)
 
 
-def _mean_tpot(values, setup, attention, gemm, model) -> float:
-    dec = decode(values, setup, attention, gemm, model)
-    return (dec["first"] + dec["last"]) / 2
-
-
-def _decode_layout(inputs, setup, model, attention, gemm, chunk, tp: int, cp: int) -> DecodeLayout | None:
+def _decode_layout(job: Serving, tp: int, cp: int) -> DecodeLayout | None:
     """The largest batch within --target-tpot whose caches fit, on TP x CP; None when TP does not divide
     the heads or the profile has no link for the group."""
-    if model.heads % tp or setup.prompt % cp or chunk % cp:
+    setup = job.setup
+    if job.model.heads % tp or setup.prompt % cp or job.chunk % cp:
         return None
-    layout = setup.model_copy(update={"tp": tp, "cp": cp})
+    layout = job.at(tp=tp, cp=cp)
     try:
-        base = bind(inputs, layout, model, attention)
+        base = bind(layout)
     except InputError:
         return None
     goal = setup.target_tpot
 
     def at(batch: int) -> tuple[float, bool]:
         values = {**base, "b": batch}
-        return _mean_tpot(values, layout, attention, gemm, model), memory(values, layout, chunk, attention)[
-            "fits"
-        ]
+        dec = decode(layout, values)
+        return (dec["first"] + dec["last"]) / 2, memory(layout, values)["fits"]
 
-    asked, asked_fits = at(inputs.batch)
-    cap = memory({**base, "b": 1}, layout, chunk, attention)["max_batch"]
+    asked, asked_fits = at(setup.batch)
+    cap = memory(layout, {**base, "b": 1})["max_batch"]
     low, high = 0, cap  # the largest batch within the target: TPOT grows with the batch
     while low < high:
         middle = (low + high + 1) // 2
@@ -546,15 +556,12 @@ def _decode_layout(inputs, setup, model, attention, gemm, chunk, tp: int, cp: in
     )
 
 
-def _decode_target(inputs, setup, model, attention, gemm, chunk) -> DecodeTarget:
+def _decode_target(job: Serving) -> DecodeTarget:
     """--target-tpot on the asked layout and on its GPUs all in TP."""
-    mine = _decode_layout(inputs, setup, model, attention, gemm, chunk, setup.tp, setup.cp)
+    setup = job.setup
+    mine = _decode_layout(job, setup.tp, setup.cp)
     assert mine is not None  # the asked layout was checked
-    other = (
-        _decode_layout(inputs, setup, model, attention, gemm, chunk, setup.tp * setup.cp, 1)
-        if setup.cp > 1
-        else None
-    )
+    other = _decode_layout(job, setup.tp * setup.cp, 1) if setup.cp > 1 else None
     beats = None
     if other is not None:
         if mine.tokens_per_s != other.tokens_per_s:
@@ -572,36 +579,14 @@ def evaluate_infer(
 ) -> InferenceReport:
     """Memory, TTFT with every CP scheme and the one chosen, TPOT, and the target search when asked;
     ``trace`` records the chosen scheme's prefill formulas (first chunk) and decode's (last token)."""
-    if setup.model is None:
-        raise InputError(
-            "--model",
-            "inference needs a model preset (layers, hidden size, vocabulary); e.g. --model llama3-70b",
-        )
-    model = load_model(setup.model)
-    if model.mla is not None:  # a decode cache of latents, read through absorbed projections: not this model
-        raise InputError(
-            "--model",
-            f"{setup.model} uses multi-head latent attention, whose cache holds latents; infer models caches "
-            "of K and V heads (cp-plan step and recommend model MLA training)",
-        )
-    if (
-        model.experts
-    ):  # its weights, reads and FLOP per token differ from a dense layer's: refuse, never undercount
-        raise InputError(
-            "--model",
-            f"{setup.model} is a mixture of experts ({model.experts} experts); infer models dense layers only "
-            "(cp-plan step and recommend model MoE training)",
-        )
-    inputs = setup.attention_inputs()
-    chunk = _check(inputs, setup, model)
-    attention, gemm = _machines(inputs, setup, overrides)
-    generation = attention.profile.device.generation
-    values = bind(inputs, setup, model, attention)
-    timed = _ttft_schemes(values, setup, chunk, attention, gemm, model)
+    job = Serving.of(setup, overrides)
+    chunk, generation = job.chunk, job.attention.profile.device.generation
+    values = bind(job)
+    timed = _ttft_schemes(job, values)
     scheme = _chosen(setup, timed)
     ttft, breakdown, rates = timed[scheme]
     if trace is not None:  # the same evaluation again, recorded: the chosen scheme only
-        prefill(values, setup, chunk, scheme, attention, gemm, model, trace)
+        prefill(job, values, scheme, trace)
     rule, hide, share, fraction = _rule(values, setup, rates["attention"])
     whole = {**values, "T_n": setup.prompt, "K_c": setup.cached}
     schemes = {
@@ -617,19 +602,14 @@ def evaluate_infer(
         )
         for s, (t, parts, _) in timed.items()
     }
-    mem = memory(values, setup, chunk, attention)
-    dec = decode(values, setup, attention, gemm, model, trace)
-    solo = bind(inputs, setup, model, attention, cp=1)
-    at_one = decode(solo, setup, attention, gemm, model) if setup.cp > 1 else dec
-    mem_one = memory(solo, setup, chunk, attention) if setup.cp > 1 else mem
+    mem = memory(job, values)
+    dec = decode(job, values, trace)
+    solo = bind(job, cp=1)
+    at_one = decode(job, solo) if setup.cp > 1 else dec
+    mem_one = memory(job, solo) if setup.cp > 1 else mem
     tpot = (dec["first"] + dec["last"]) / 2  # linear in the cache between the first and the last token
     gain = (at_one["first"] + at_one["last"]) / 2 - tpot
     stated = {
-        "model": setup.model,
-        "hw": setup.hw,
-        "dtype": setup.dtype,
-        "efficiency": setup.efficiency,
-        "batch": setup.batch,
         **setup.model_dump(),
         **{k: v for k, v in (overrides.model_dump() if overrides else {}).items() if v is not None},
     }
@@ -676,11 +656,9 @@ def evaluate_infer(
                 cp_latency_added_s=max(0.0, -gain),
                 max_batch_at_cp1=mem_one["max_batch"],
             ),
-            target=_target(inputs, setup, model, attention, gemm) if setup.target_ttft is not None else None,
-            decode_target=_decode_target(inputs, setup, model, attention, gemm, chunk)
-            if setup.target_tpot is not None
-            else None,
-            fits_with=None if mem["fits"] else _fits_with(inputs, setup, model, attention, chunk),
+            target=_target(job) if setup.target_ttft is not None else None,
+            decode_target=_decode_target(job) if setup.target_tpot is not None else None,
+            fits_with=None if mem["fits"] else _fits_with(job),
         ),
     )
 
