@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.inference.published import GOAL, ROWS
+from costmodel.inference.published import GOAL, HELD_KEYS, HELD_OUT, NEW, ROWS, draw_held_out
 from costmodel.inference.serve import evaluate_infer
 from costmodel.inference.setup import build_infer
 from costmodel.symbolic import numeric
@@ -199,20 +199,28 @@ def test_cp_for_decode_pays_at_1m_and_only_adds_latency_at_4k() -> None:
     "row",
     [
         pytest.param(row, marks=pytest.mark.xfail(strict=True, reason=row.misses)) if row.misses else row
-        for row in ROWS
+        for row in ROWS + HELD_OUT
     ],
     ids=lambda r: r.key,
 )
 def test_published_serving_figures(row) -> None:
-    """Every published row within 15 %, or a named known miss that must still miss."""
+    """Every published row, calibration or held out, within 15 %, or a named known miss that must still miss."""
     assert abs(row.error()) <= GOAL, f"{row.key}: {row.predicted():.4g} vs {row.published:.4g}"
 
 
 def test_every_published_row_states_its_serving_and_a_miss_says_why() -> None:
-    for row in ROWS:
+    for row in ROWS + HELD_OUT:
         assert row.source.startswith("[") and row.serving and row.run
-        assert ("fp8" in row.serving or "fp16" in row.serving) and "TP" in row.serving
+        assert any(dtype in row.serving for dtype in ("fp8", "fp16", "bf16")) and "TP" in row.serving
     assert sum(bool(row.misses) for row in ROWS) < len(ROWS)
+    assert len({row.key for row in ROWS + HELD_OUT}) == len(ROWS) + len(HELD_OUT)
+
+
+def test_held_out_rows_are_the_seeded_draw_and_calibrate_nothing() -> None:
+    """A third of the added rows per source, by random.seed(2026); none of them in ROWS (the calibration set)."""
+    assert draw_held_out(NEW) == HELD_KEYS == {row.key for row in HELD_OUT}
+    assert not HELD_KEYS & {row.key for row in ROWS}
+    assert {row.key for row in NEW} <= {row.key for row in ROWS + HELD_OUT}
 
 
 def test_target_finds_the_fewest_ranks() -> None:

@@ -84,7 +84,7 @@ def serving_residuals() -> list[MeasuredResidual]:
     out = []
     for row in serving_rows.ROWS:
         ratio = row.predicted() / row.published
-        residual = math.log(1 / ratio if row.metric == "ttft" else ratio)
+        residual = math.log(ratio if row.metric == "tokens_per_s_per_gpu" else 1 / ratio)  # else a time
         generation = load_profile(row.setup["hw"]).device.generation
         out.append(MeasuredResidual(id=row.key, framework=None, generation=generation, residual=residual))
     return out

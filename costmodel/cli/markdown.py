@@ -139,6 +139,6 @@ def published_table() -> str:
 
 
 def _rate(row: Serving, value: float) -> str:
-    if row.metric == "ttft":
+    if row.metric != "tokens_per_s_per_gpu":  # a time: TTFT, TPOT or a batch's latency
         return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
     return f"{value:,.0f} tok/s/GPU"
