@@ -80,9 +80,10 @@ def memory_residuals(part: str = "fitting") -> list[MeasuredResidual]:
     return out
 
 
-def serving_residuals() -> list[MeasuredResidual]:
+def serving_residuals(part: str = "fitting") -> list[MeasuredResidual]:
+    """The published serving figures' residuals: the calibration rows, or (``holdout``) the rows kept aside."""
     out = []
-    for row in serving_rows.ROWS:
+    for row in serving_rows.ROWS if part == "fitting" else serving_rows.HELD_OUT:
         ratio = row.predicted() / row.published
         residual = math.log(ratio if row.metric == "tokens_per_s_per_gpu" else 1 / ratio)  # else a time
         generation = load_profile(row.setup["hw"]).device.generation
@@ -105,12 +106,13 @@ def residual_json() -> str:
     return "\n".join([*lines, "}"]) + "\n"
 
 
-def holdout_coverage(level: float) -> list[bool | None]:
-    """The memory rows kept aside from the whole model: each against the interval the fitting rows give it."""
+def holdout_coverage(quantity: Quantity, level: float) -> list[bool | None]:
+    """The memory peaks or serving figures kept aside from the whole model: each against the interval the
+    calibration rows give it."""
+    kept = memory_residuals("holdout") if quantity == "memory" else serving_residuals("holdout")
     out = []
-    for run in memory_residuals("holdout"):
-        held = calibration("memory", run.framework, run.generation, level)
-        band = interval(1.0, held, level, "memory peak")
+    for run in kept:
+        band = interval(1.0, calibration(quantity, run.framework, run.generation, level), level, "run")
         out.append(band.holds(math.exp(run.residual)))
     return out
 
@@ -122,7 +124,8 @@ def _summary(marks: list[bool | None]) -> dict[str, Any]:
 
 def coverage_report(levels: tuple[float, ...] = (0.8, 0.95)) -> dict[str, dict[str, Any]]:
     """Per quantity and regime: at each level, the runs, those given an interval and the share it covered
-    (leave-one-out on the published table; memory's holdout part against the whole fitting part)."""
+    (leave-one-out on the published table; memory's and serving's held-out rows against their whole
+    calibration part)."""
     report: dict[str, dict[str, Any]] = {}
     quantities: tuple[Quantity, ...] = ("step_time", "memory", "serving")
     for quantity in quantities:
@@ -131,8 +134,11 @@ def coverage_report(levels: tuple[float, ...] = (0.8, 0.95)) -> dict[str, dict[s
             groups["all (leave-one-out)"] = [m for marks in groups.values() for m in marks]
             for regime, marks in groups.items():
                 report.setdefault(f"{quantity} / {regime}", {})[f"{level:.0%}"] = _summary(marks)
-    for level in levels:
-        report.setdefault("memory / holdout rows", {})[f"{level:.0%}"] = _summary(holdout_coverage(level))
+    for kept in ("memory", "serving"):
+        for level in levels:
+            report.setdefault(f"{kept} / holdout rows", {})[f"{level:.0%}"] = _summary(
+                holdout_coverage(kept, level)
+            )
     return report
 
 
