@@ -69,10 +69,16 @@ class _TemplatePrinter(StrPrinter):
 
 
 def _function(f: formulas.Formula) -> str:
-    code = _Printer({"fully_qualified_modules": True}).doprint(f.expr)
+    """The formula as a function whose repeated subexpressions are computed once: a memory formula repeats a
+    layer's parameter count some hundred times, which on a search's columns is as many array passes."""
+    printer = _Printer({"fully_qualified_modules": True})
+    steps, (value,) = sympy.cse(f.expr, symbols=sympy.numbered_symbols("_x"))
+    body = [f"    {printer.doprint(name)} = {printer.doprint(part)}" for name, part in steps]
     args = ", ".join(f.args)
     doc = f"{f.symbol} = {f.expr}: {f.meaning} [{f.unit}] ({f.source})."
-    return f'def {f.name}(*, {args}):\n    """{doc}"""\n    return {code}\n'
+    return "\n".join(
+        [f"def {f.name}(*, {args}):", f'    """{doc}"""', *body, f"    return {printer.doprint(value)}", ""]
+    )
 
 
 def render() -> str:
