@@ -251,15 +251,6 @@ def test_built_in_sustained_bandwidth_is_the_median_of_the_memory_bound_multipli
         assert device.streaming_bandwidth == device.hbm_sustained < device.hbm_bandwidth
 
 
-def test_the_h200_sustains_the_h100s_measured_share_of_its_datasheet() -> None:
-    """No memory-bound table of an H200 is public: its profile takes the H100 SXM5's measured share on the same
-    GH100 die and memory controllers (2.68 of 3.35 TB/s, 0.80), of its own 4.8 TB/s."""
-    h100, h200 = load_profile("h100-nvlink").device, load_profile("h200-nvlink").device
-    share = h100.hbm_sustained / h100.hbm_bandwidth
-    assert h200.hbm_sustained == pytest.approx(share * h200.hbm_bandwidth, rel=1e-9)
-    assert h200.hbm_sustained == pytest.approx(3.84e12, rel=1e-9)
-
-
 def test_sustained_bandwidth_reads_only_long_memory_bound_multiplies() -> None:
     """A GEMV-like multiply of 67 MB of weights in 40 us is counted (1.7 TB/s); a compute-bound one and one
     short enough to be its launch are not."""
