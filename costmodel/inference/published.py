@@ -261,35 +261,37 @@ def _tpot(key: str, run: str, seconds: float, setup: dict, serving: str, misses:
     return Published(key, "[NIM-Bench] concurrency 1", serving, run, "tpot", seconds, setup, misses)
 
 
+def _static_batch(
+    release: str, gpu: str, setup: dict, serving: str, source: str, size: str, *row: Any
+) -> Published:
+    """One static batch of a Llama 2 (size, batch, TP, tokens in and out, tok/s/GPU, miss) in a TensorRT-LLM
+    table or blog: its key, run, flags and serving named alike for every release."""
+    batch, tp, prompt, output, rate, miss = row
+    return _rate(
+        f"{release}-{gpu}-llama2-{size}-b{batch}-{prompt}-{output}",
+        f"Llama 2 {size.upper()}, batch {batch}, {prompt:,} in, {output:,} out, {tp} {gpu.upper()}",
+        rate,
+        {**setup, "model": f"llama2-{size}", "prompt": prompt, "output": output, "batch": batch, "tp": tp},
+        f"{serving}; TP {tp}",
+        miss,
+        source,
+    )
+
+
 def _trt09(gpu: str, setup: dict, precision: str, rows: list[tuple], low: list[tuple]) -> list[Published]:
     """[TRTLLM-Perf-0.9]'s rows of one GPU: (size, batch, tp, in, out, tok/s/GPU, miss) and (size, tp, in, ms,
     miss)."""
-    names = {"7b": "Llama 2 7B", "70b": "Llama 2 70B"}
-    out = []
-    for size, batch, tp, prompt, output, rate, miss in rows:
-        out.append(
-            _rate(
-                f"trtllm09-{gpu}-llama2-{size}-b{batch}-{prompt}-{output}",
-                f"{names[size]}, batch {batch}, {prompt:,} in, {output:,} out, {tp} {gpu.upper()}",
-                rate,
-                {
-                    **setup,
-                    "model": f"llama2-{size}",
-                    "prompt": prompt,
-                    "output": output,
-                    "batch": batch,
-                    "tp": tp,
-                },
-                f"{TRT09}; {precision}; TP {tp}",
-                miss,
-                "[TRTLLM-Perf-0.9] peak throughput",
-            )
+    out = [
+        _static_batch(
+            "trtllm09", gpu, setup, f"{TRT09}; {precision}", "[TRTLLM-Perf-0.9] peak throughput", *row
         )
+        for row in rows
+    ]
     for size, tp, prompt, ms, miss in low:
         out.append(
             _ttft(
                 f"trtllm09-{gpu}-llama2-{size}-{prompt}",
-                f"{names[size]}, {prompt:,}-token prompt, {tp} {gpu.upper()}",
+                f"Llama 2 {size.upper()}, {prompt:,}-token prompt, {tp} {gpu.upper()}",
                 ms / 1e3,
                 {**setup, "model": f"llama2-{size}", "prompt": prompt, "output": 1, "tp": tp},
                 f"{TRT09_LOW}; {precision}; TP {tp}",
@@ -431,23 +433,8 @@ NEW = [
     ),
     # [TRTLLM-H200-Launch]: H200 FP8 max throughput, TensorRT-LLM v0.5.0, "preliminary measured performance"
     *[
-        _rate(
-            f"trtllm05-h200-llama2-{size}-b{batch}-{prompt}-{output}",
-            f"Llama 2 {size.upper()}, batch {batch}, {prompt:,} in, {output:,} out, {tp} H200",
-            rate,
-            {
-                **H200_FP8,
-                "model": f"llama2-{size}",
-                "prompt": prompt,
-                "output": output,
-                "batch": batch,
-                "tp": tp,
-            },
-            f"{TRT05_H200}; TP {tp}",
-            miss,
-            "[TRTLLM-H200-Launch]",
-        )
-        for size, batch, tp, prompt, output, rate, miss in [
+        _static_batch("trtllm05", "h200", H200_FP8, TRT05_H200, "[TRTLLM-H200-Launch]", *row)
+        for row in [
             ("13b", 1024, 1, 128, 128, 11819, BIG_BATCH),
             ("13b", 128, 1, 128, 2048, 4750, _h200("+39 %")),
             ("13b", 64, 1, 2048, 128, 1349, ""),
@@ -461,16 +448,10 @@ NEW = [
     # (their layout is "max TP/PP/DP config", unstated), and so is 128 in, 4,096 out (4,224 tokens passes
     # Llama 2's 4,096-token context, which cp-plan refuses)
     *[
-        _rate(
-            f"trtllm07-h200-llama2-70b-b{batch}-128-{output}",
-            f"Llama 2 70B, batch {batch}, 128 in, {output:,} out, 1 H200",
-            rate,
-            {**H200_FP8, "model": "llama2-70b", "prompt": 128, "output": output, "batch": batch},
-            f"{TRT07_H200}; TP 1",
-            miss,
-            "[TRTLLM-H200-Llama70B]",
+        _static_batch(
+            "trtllm07", "h200", H200_FP8, TRT07_H200, "[TRTLLM-H200-Llama70B]", "70b", batch, 1, 128, *rest
         )
-        for batch, output, rate, miss in [(960, 128, 3803, ""), (192, 2048, 2941, _h200("+86 %", DECODE_70B))]
+        for batch, *rest in [(960, 128, 3803, ""), (192, 2048, 2941, _h200("+86 %", DECODE_70B))]
     ],
     # [vLLM-PerfCI]: vLLM's performance benchmark, latency tests: 32 tokens in, 128 out, batch 8, mean latency
     *[
