@@ -8,6 +8,7 @@ import functools
 import shlex
 import tomllib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,13 +19,17 @@ from costmodel.plans.job import Job
 from costmodel.plans.stages import StageSplit
 from costmodel.training.search import (
     Constraints,
+    _compute_bound,
+    _Shapes,
+    enumerate_plans,
     evaluate_plan,
     framework_pairs,
     search,
     search_loop,
     sensitivity,
+    with_pairs,
 )
-from costmodel.training.step import evaluate_step
+from costmodel.training.step import bind, compute_values, evaluate_step
 from tests.support import REPO, every_scheme, searched
 
 KEYS = ("tp", "cp", "pp", "vpp", "dp", "micro_batch", "recompute", "cp_scheme", "layout")
@@ -188,6 +193,31 @@ def test_sensitivity_moves_the_right_way() -> None:
         assert recompute["step_time_change"] > 0 and recompute["memory_bytes"] <= pick["memory_bytes"]
     again = evaluate_plan(pick, *built)
     assert again["step_time_s"] == pytest.approx(pick["step_time_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("extra", [{}, {"framework": "torchtitan"}, {"model": "llama3-70b", "gpus": 64}])
+def test_a_layouts_bound_is_its_fastest_pairs(extra: dict) -> None:
+    """Bounded before the (scheme, layout) pairs multiply it, a layout's bound is the least of the bounds of
+    the plans it becomes: pruning layouts first removes no plan that the plans' own bound keeps."""
+    job, batch = _job(**{"global_batch": 64, **extra})
+    layouts, shape_pairs = enumerate_plans(job, batch, Constraints(), expand=False)
+    layouts.columns["row"] = np.arange(len(layouts))
+    shapes = _Shapes(job)
+    per_layout = _compute_bound(layouts, shapes, shape_pairs)
+    table = with_pairs(layouts, shape_pairs)
+    per_plan = _compute_bound(table, shapes)
+    least = np.full(len(layouts), np.inf)
+    np.minimum.at(least, table.columns["row"], per_plan)
+    assert len(table) > len(layouts) and np.isfinite(per_layout).any()
+    assert np.array_equal(per_layout, least)
+
+
+def test_a_shapes_compute_part_is_what_its_binding_holds() -> None:
+    """The symbols a lower bound reads, bound alone, equal the whole binding's (1e-12)."""
+    job, _ = _job(cp=8, global_batch=8)
+    part, whole = compute_values(job), bind(job)
+    assert part.keys() <= whole.keys()
+    assert all(whole[k] == pytest.approx(v, rel=1e-12) for k, v in part.items())
 
 
 def _sensitivity_by_search(plan: dict, job: Job, batch: int, constraints: Constraints) -> list[dict]:

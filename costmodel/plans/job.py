@@ -35,7 +35,7 @@ from costmodel.frameworks.profiles import (
     StateDtype,
     load_framework,
 )
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import LinkBinding, Machine
 from costmodel.machines.kernels import check_kernel
 from costmodel.machines.profiles import HardwareProfile
 from costmodel.machines.topology import strides
@@ -296,6 +296,9 @@ class Job:
     micro_batches: int | None  # None when the job states no global batch (the CP window of `recommend`)
     stages: StageSplit
     _parts: dict[str, BaseModel] = field(repr=False, compare=False, default_factory=dict)
+    # (stride, size, collective) -> link on this machine, shared by the candidates of one search: a link
+    # depends on nothing else, and placing a group is most of binding a candidate
+    _links: dict[tuple[int, int, str], LinkBinding] = field(repr=False, compare=False, default_factory=dict)
 
     @classmethod
     def of(
@@ -364,11 +367,21 @@ class Job:
         """The link of every group, its members placed by the rank order (:meth:`Machine.group_links`); the
         dense gradients of an MoE model reduce over EP x DP, from EP's stride."""
         order, sizes = self.groups
-        links = self.machine.group_links(order, sizes, self.collectives)
+        placed, collectives = strides(order, sizes), self.collectives
+        links = {
+            dim: self._link(placed[dim], size, collectives.get(dim, "p2p"))
+            for dim, size in sizes.items()
+            if dim in placed
+        }
         if "ep" in sizes:
-            placed = strides(order, sizes)
-            links["dp"] = self.machine.placed(min(placed["ep"], placed["dp"])).link(self.dp, "ring")
+            links["dp"] = self._link(min(placed["ep"], placed["dp"]), self.dp, "ring")
         return links
+
+    def _link(self, stride: int, size: int, collective: str) -> LinkBinding:
+        key = (stride, size, collective)
+        if key not in self._links:
+            self._links[key] = self.machine.placed(stride).link(size, collective)  # type: ignore[arg-type]
+        return self._links[key]
 
     def replace(self, **changes: Any) -> Job:
         """The job with some inputs changed, named as their flags, made and checked again (a search's
@@ -407,10 +420,10 @@ class Job:
         again (a packed workload's documents are not packed again), and the derived quantities recomputed."""
         parts = dict(self._parts)
         for key, part in parts.items():
-            mine = {k: v for k, v in changes.items() if k in type(part).model_fields}
+            mine = {k: v for k, v in changes.items() if k in _names(type(part))}
             if mine:
                 parts[key] = part.model_copy(update=mine)
-        unknown = set(changes) - {k for part in parts.values() for k in type(part).model_fields}
+        unknown = set(changes).difference(*(_names(type(part)) for part in parts.values()))
         if unknown:
             raise TypeError(f"Job has no input {', '.join(sorted(unknown))}")
         setup, declared = parts["setup"], parts["step"]
@@ -433,11 +446,19 @@ class Job:
             micro_batches=derived.micro_batches,
             stages=derived.stages,
             _parts=parts,
+            _links=self._links,
         )
 
     def on(self, machine: Machine) -> Job:
         """The same job on another machine binding (a what-if's slower link)."""
-        return dataclasses.replace(self, machine=machine)
+        return dataclasses.replace(self, machine=machine, _links={})
+
+
+@functools.cache
+def _names(declaration: type[BaseModel]) -> frozenset[str]:
+    """A declaration's field names: a read of pydantic's ``model_fields`` costs some 1.6 µs, and a search's
+    candidates read it tens of thousands of times."""
+    return frozenset(declaration.model_fields)
 
 
 def _fields(part: BaseModel) -> dict[str, Any]:

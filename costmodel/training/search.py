@@ -39,7 +39,7 @@ from costmodel.training import moe, offload
 from costmodel.training.memory import cp_buffers, keeps, training_values
 from costmodel.training.report import FORMULAS as TERMS
 from costmodel.training.report import SHORT
-from costmodel.training.step import bind, buckets, evaluate_step, step_terms, utilisation
+from costmodel.training.step import bind, buckets, compute_values, evaluate_step, step_terms, utilisation
 
 DEFAULT_BATCH_TOKENS = 2**22  # [Llama3 §3.4]: 4M tokens per step at the start of pre-training
 MICRO_BATCHES = (1, 2, 4, 8)  # micro-batch sizes tried (sequences)
@@ -367,18 +367,21 @@ def _largest_dp(sequences: int, room: int) -> int:
 
 class _Shapes:
     """The step's symbols for one (tp, cp, micro-batch, scheme, layout), from :func:`bind` itself: rates,
-    the TP and CP links, the USP split; and the DP and PP links per (stride, size)."""
+    the TP and CP links, the USP split; and the DP and PP links per (stride, size). A shape's compute part
+    (:func:`compute_values`) is bound alone where a lower bound is all that is asked of it."""
 
     def __init__(self, job: Job) -> None:
         self.job, self.model, self.machine = job, job.model, job.machine
+        self.jobs: dict[tuple, Job] = {}
+        self.computed: dict[tuple, dict[str, Any]] = {}
         self.cache: dict[tuple, dict[str, Any]] = {}
         self.gemms: dict[tuple, dict[str, float]] = {}
         self.links: dict[tuple[int, int, Collective], LinkBinding] = {}
 
-    def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
-        key = (tp, cp, mb, scheme, layout)
-        if key not in self.cache:
-            at = self.job.candidate(
+    def _job(self, key: tuple) -> Job:
+        if key not in self.jobs:
+            tp, cp, mb, scheme, layout = key
+            self.jobs[key] = self.job.candidate(
                 cp=cp,
                 layout=layout,
                 gpus=tp * cp,
@@ -392,7 +395,18 @@ class _Shapes:
                 ep=1,
                 cp_scheme=scheme if cp > 1 else registry.default(TRAINING).name,
             )
-            self.cache[key] = bind(at, self.gemms)
+        return self.jobs[key]
+
+    def compute(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
+        key = (tp, cp, mb, scheme, layout)
+        if key not in self.computed:
+            self.computed[key] = compute_values(self._job(key), self.gemms)
+        return self.computed[key]
+
+    def values(self, tp: int, cp: int, mb: int, scheme: str, layout: str) -> dict[str, Any]:
+        key = (tp, cp, mb, scheme, layout)
+        if key not in self.cache:
+            self.cache[key] = bind(self._job(key), computed=self.compute(*key))
         return self.cache[key]
 
     def link(self, stride: int, size: int, collective: Collective) -> LinkBinding:
@@ -679,9 +693,12 @@ def fastest(
     layouts, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
     if not _weighed_count(job, layouts, shape_pairs, constraints.tp_comm_overlap):
         return None
+    shapes, limit = shapes or _Shapes(job), within * (1 + 1e-12)
+    layouts = layouts.take(
+        _compute_bound(layouts, shapes, shape_pairs) <= limit
+    )  # before the pairs multiply them
     table = with_pairs(layouts, shape_pairs, constraints.tp_comm_overlap)
-    shapes = shapes or _Shapes(job)
-    table = table.take(_compute_bound(table, shapes) <= within * (1 + 1e-12))
+    table = table.take(_compute_bound(table, shapes) <= limit)
     memory = memory_table(table, job)
     table = table.take(memory["total_bytes"] <= memory["device_bytes"])
     if not len(table):
@@ -736,29 +753,25 @@ def _contenders(table: Table, top: int, job: Job, shapes: _Shapes) -> Table:
     return table.take(bound <= threshold * (1 + 1e-12))
 
 
-def _compute_bound(table: Table, shapes: _Shapes) -> np.ndarray:
+def _compute_bound(
+    table: Table, shapes: _Shapes, shape_pairs: dict[tuple[int, int], list[int]] | None = None
+) -> np.ndarray:
     """m x (the most layers a stage holds) x one layer's multiplies and attention, forward and backward:
-    a lower bound on every plan's step."""
+    a lower bound on every plan's step. Layouts not yet run under each (scheme, layout) pair (``shape_pairs``
+    given: :func:`with_pairs`) are bounded by the fastest pair their TP and CP run (none: no bound below inf)."""
     c = table.columns
-    _, first, index = np.unique(
-        _key(c["tp"], c["cp"], c["micro_batch"], c["pair"]), return_index=True, return_inverse=True
-    )
-    per_layer = np.array(
-        [
-            _layer_compute_s(
-                shapes.values(
-                    int(c["tp"][i]),
-                    int(c["cp"][i]),
-                    int(c["micro_batch"][i]),
-                    *table.pairs[int(c["pair"][i])],
-                )
-            )
-            for i in first
-        ]
-    )[index]
+    shape = ("tp", "cp", "micro_batch") if shape_pairs is not None else ("tp", "cp", "micro_batch", "pair")
+    _, first, index = np.unique(_key(*(c[k] for k in shape)), return_index=True, return_inverse=True)
+
+    def per_layer(i: int) -> float:
+        tp, cp, mb = int(c["tp"][i]), int(c["cp"][i]), int(c["micro_batch"][i])
+        pairs = [int(c["pair"][i])] if shape_pairs is None else shape_pairs.get((tp, cp), [])
+        bound = (_layer_compute_s(shapes.compute(tp, cp, mb, *table.pairs[p])) for p in pairs)
+        return min(bound, default=float("inf"))
+
     stage = np.maximum(np.maximum(c["first_stage_layers"], c["last_stage_layers"]), c["middle_stage_layers"])
     micro = table.global_batch // (c["micro_batch"] * c["dp"])
-    return micro * stage * per_layer
+    return micro * stage * np.array([per_layer(int(i)) for i in first])[index]
 
 
 def _layer_compute_s(values: dict[str, Any]) -> float:
@@ -918,7 +931,8 @@ def sensitivity(
                     for key, values in found.shapes.cache.items()
                     if key[0] * key[1] <= machine.profile.ranks_per_node
                 }
-                shapes.gemms = found.shapes.gemms  # kernel rates do not depend on the links
+                # kernel rates and the rest of a layer's compute do not depend on the links
+                shapes.gemms, shapes.computed = found.shapes.gemms, found.shapes.computed
                 fits = found.fitting  # nor does memory: the same plans fit
             out.append(_scenario(change, plan, job.on(slower), global_batch, constraints, shapes, fits))
     unit = 2 * plan["cp"]

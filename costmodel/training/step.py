@@ -44,7 +44,7 @@ from costmodel.plans.stages import StageSplit
 from costmodel.plans.uncertainty import memory_interval, time_interval
 from costmodel.symbolic import numeric
 from costmodel.training import moe, offload
-from costmodel.training.memory import fit_at, kept, training_values
+from costmodel.training.memory import fit_at, kept, trained, training_values
 from costmodel.training.report import FORMULAS as TERM_FORMULAS
 from costmodel.training.report import (
     StepBreakdown,
@@ -191,32 +191,70 @@ def _attention_kernel_values(job: Job, c: float) -> dict[str, Any]:
     }
 
 
-def bind(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[str, Any]:
-    """Every base symbol the step formulas need, from the job; ``gemms`` carries the multiplies' rates
-    between calls on one machine and model (see :func:`_rates`)."""
-    inputs, setup, step, model, machine = job.inputs, job.setup, job.step, job.model, job.machine
-    n_u, n_r = job.usp_split
-    t, n, scheme = job.tp, job.cp, registry.get(step.cp_scheme)
-    kernels, device = machine.profile.kernels, machine.profile.device
+def compute_values(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[str, Any]:
+    """The symbols one layer's multiplies and attention read (shapes, kernel rates, the mask's executed
+    share): all a search's lower bound on a step needs (:func:`costmodel.training.search.fastest`), and the
+    part of :func:`bind` that a shape's links and memory do not change. ``gemms`` carries the multiplies'
+    rates between calls on one machine and model (see :func:`_rates`)."""
+    inputs, step, model = job.inputs, job.step, job.model
+    n, scheme = job.cp, registry.get(step.cp_scheme)
     # a causal mask split in contiguous shards loads the last rank most, where each rank keeps its own queries
     causal_ring = inputs.layout == "contiguous" and not scheme.whole_sequence and n > 1
     values: dict[str, Any] = {
         **attention_shape(inputs, n, step.micro_batch),
         **layer_shape(model),
+        "t": job.tp,
+        # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
+        "c": compute_fraction(inputs) if inputs.masked else 0.5,
+        "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
+        "B_hbm": job.machine.profile.device.streaming_bandwidth or 2e12,
+        **trained(job),
+        # the dense formulas read the width a token computes through; moe.counted reads one expert's
+        "F_ffn": moe.active_ffn(model),
+    }
+    # Rates do not depend on the links: a search under another link reuses them whole.
+    whole = (
+        job.tp,
+        inputs.seq,
+        n,
+        inputs.layout,
+        step.micro_batch,
+        step.gemm_dtype,
+        job.setup.attention_kernel,
+        scheme.name,
+        job.usp_split[1],
+    )
+    rates = gemms.get(whole) if gemms is not None else None
+    if rates is None:
+        rates = _rates(job, gemms)
+        if gemms is not None:
+            gemms[whole] = rates
+    values.update(rates)
+    values.update(_attention_kernel_values(job, values["c"]))
+    return values
+
+
+def bind(
+    job: Job, gemms: dict[tuple, dict[str, float]] | None = None, computed: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Every base symbol the step formulas need, from the job: :func:`compute_values` (``computed``, where
+    they are bound already) with the layout, the links, the knobs and what a device keeps."""
+    setup, step, model, machine = job.setup, job.step, job.model, job.machine
+    n_u, n_r = job.usp_split
+    t, n, scheme = job.tp, job.cp, registry.get(step.cp_scheme)
+    kernels = machine.profile.kernels
+    values: dict[str, Any] = {
+        **(computed if computed is not None else compute_values(job, gemms)),
         **layout_degrees(t, job.pp, job.stages.values()),
         "D": job.dp,
         "m_mb": job.micro_batches,
         "F_peak": machine.peak_flops,
         "F_peak_g": linear_machine(job).peak_flops,
         "v_pp": step.vpp,
-        # packed or windowed: the share of the causal window the branch's kernel executes ([A-RingCost §5])
-        "c": compute_fraction(inputs) if inputs.masked else 0.5,
-        "u_cp": float(numeric.utilization_fine(N=n)) if causal_ring else 1.0,
-        "k_copy": 1.0 if inputs.layout == "zigzag" and scheme.ring else 0.0,
+        "k_copy": 1.0 if job.inputs.layout == "zigzag" and scheme.ring else 0.0,
         "k_merge": step.ring_merge_bytes,
         "k_agm": 1.0 if job.framework.time.allgather_merges else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
-        "B_hbm": device.streaming_bandwidth or 2e12,
         "t_k": machine.launch_s,
         "t_fw": machine.step_s,
         **_link_values(job.links, t, n, job.dp, scheme.latency_per_step),
@@ -227,29 +265,8 @@ def bind(job: Job, gemms: dict[tuple, dict[str, float]] | None = None) -> dict[s
         **kept(job),
         **offload.values(setup, machine, model),
         **moe.values(model, step.ep, step.capacity_factor),
-        # the dense formulas read the width a token computes through; moe.counted reads one expert's
-        "F_ffn": moe.active_ffn(model),
     }
     values["n_bkt"] = int(buckets(values, step, model))
-    # Rates do not depend on the links: a search under another link reuses them whole.
-    whole = (
-        t,
-        inputs.seq,
-        n,
-        inputs.layout,
-        step.micro_batch,
-        step.gemm_dtype,
-        setup.attention_kernel,
-        scheme.name,
-        n_r,
-    )
-    rates = gemms.get(whole) if gemms is not None else None
-    if rates is None:
-        rates = _rates(job, gemms)
-        if gemms is not None:
-            gemms[whole] = rates
-    values.update(rates)
-    values.update(_attention_kernel_values(job, values["c"]))
     return values
 
 
