@@ -193,6 +193,7 @@ def test_numeric_twin_matches_exact_sympy(
         "delta": 1 - int(causal),
         "phi": int(causal),
         "sigma": 1,
+        "s_ag": int(causal),
         "t": 2,
         "pp": 2,
         "z_w": 1,

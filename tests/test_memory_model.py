@@ -218,6 +218,7 @@ def test_every_memory_knob_of_a_profile_has_a_flag() -> None:
         "cross_entropy": "flash",
         "loss_chunk_tokens": 1024,
         "selective_recompute": "ops",
+        "tp_inputs": "gathered",
         "fsdp_prefetch": 3,
         "reshard_after_forward": "never",
         "runtime_bytes": 1.5e9,
@@ -231,6 +232,24 @@ def test_every_memory_knob_of_a_profile_has_a_flag() -> None:
     }
     with pytest.raises(InputError, match="--fsdp-prefetch"):
         Job.of(**flags, fsdp_prefetch=65)
+
+
+def test_dtensor_tp_keeps_the_gathered_inputs() -> None:
+    """Under sequence parallel, torch's DTensor TP keeps the all-gathered input of the attention's and the
+    MLP's column-parallel linears (2H bytes a token each, whole), where Megatron-Core keeps their shard: a
+    layer's activations differ by 4·H·(1 - 1/t) bytes a token of the micro-batch, to 1e-12."""
+    from costmodel.plans.bind import Evaluator
+    from costmodel.training.memory import training_values
+
+    flags = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 8, "tp": 4, "global_batch": 8}
+    layer = {
+        kind: float(Evaluator(training_values(Job.of(**flags, tp_inputs=kind)))("layer_activation_bytes"))
+        for kind in ("sharded", "gathered")
+    }
+    tokens, hidden = 8192, 4096
+    assert layer["gathered"] - layer["sharded"] == pytest.approx(4 * hidden * (1 - 1 / 4) * tokens, rel=1e-12)
+    assert Job.of(**flags, framework="torchtitan").framework.memory.tp_inputs == "gathered"
+    assert Job.of(**flags).framework.memory.tp_inputs == "sharded"
 
 
 def test_a_framework_profile_from_a_file(tmp_path) -> None:

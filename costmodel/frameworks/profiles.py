@@ -41,6 +41,7 @@ LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "flash": 2.0, "fused": 2.0}
 FUSED_MERGE_BYTES = 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
+TpInputs = Literal["sharded", "gathered"]
 OptimizerKernel = Literal["fused", "foreach"]
 CrossEntropy = Literal["torch", "megatron", "flash"]
 Fp8Scaling = Literal["delayed", "current"]
@@ -97,6 +98,13 @@ class MemoryPolicy(_Strict):
     selective_recompute: SelectiveRecompute = Field(
         description="what --recompute selective recomputes: attention (the core attention, Megatron's "
         "default module) or ops (op-level selective checkpointing: matmul outputs kept, the rest recomputed)"
+    )
+    tp_inputs: TpInputs = Field(
+        "sharded",
+        description="what a column-parallel linear keeps for its weight gradient under sequence parallel: its "
+        "input's sequence shard, all-gathered again in the backward (Megatron-Core's), or the all-gathered "
+        "input itself (torch's DTensor SequenceParallel into ColwiseParallel, as torchtitan and transformers "
+        "plan TP): the attention's and the MLP's inputs, whole, in every layer's activations",
     )
     fsdp_prefetch_layers: Count(minimum=0, maximum=64) = Field(
         1, description="layers whose parameters ZeRO-3/FSDP gathers ahead of the one computing"

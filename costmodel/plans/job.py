@@ -33,6 +33,7 @@ from costmodel.frameworks.profiles import (
     Reshard,
     SelectiveRecompute,
     StateDtype,
+    TpInputs,
     load_framework,
 )
 from costmodel.machines.binding import LinkBinding, Machine
@@ -212,6 +213,12 @@ class FrameworkKnobs(BaseModel):
         "What --recompute selective recomputes: attention (the core attention) or ops (op-level: matmul "
         f"outputs kept) {FRAMEWORK_DEFAULT}.",
     )
+    tp_inputs: TpInputs | None = flag(
+        None,
+        "What a column-parallel linear keeps for its backward under sequence parallel: sharded (the sequence "
+        "shard, gathered again: Megatron-Core) or gathered (the all-gathered input: torch's DTensor TP) "
+        f"{FRAMEWORK_DEFAULT}.",
+    )
     fsdp_prefetch: Count | None = flag(
         None, f"Layers ZeRO-3/FSDP gathers ahead of the one computing {FRAMEWORK_DEFAULT}.", ge=0, le=64
     )
@@ -257,6 +264,7 @@ MEMORY_KNOBS = {
     "cross_entropy": "cross_entropy",
     "loss_chunk_tokens": "loss_chunk_tokens",
     "selective_recompute": "selective_recompute",
+    "tp_inputs": "tp_inputs",
     "fsdp_prefetch": "fsdp_prefetch_layers",
     "reshard_after_forward": "reshard_after_forward",
     "runtime_bytes": "overhead_bytes",

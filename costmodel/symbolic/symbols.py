@@ -103,6 +103,15 @@ phi = _symbol(
 sigma = _symbol(
     "sigma", "sequence parallel with TP: 1 on, 0 off", "1", KORTHIKANTI, nonnegative=True, integer=True
 )
+s_ag = _symbol(
+    "s_ag",
+    "under sequence parallel, the column-parallel linears keep their all-gathered input (torch's DTensor): "
+    "1; the sequence shard, gathered again in the backward (Megatron-Core's): 0",
+    "1",
+    "torch.distributed.tensor.parallel",
+    nonnegative=True,
+    integer=True,
+)
 t = _symbol("t", "tensor-parallel degree", "devices", KORTHIKANTI, integer=True)
 pp = _symbol("pp", "pipeline-parallel degree", "devices", "[Megatron21 §2.2]", integer=True)
 z_w = _symbol("z_w", "fraction of the bf16 weights a device keeps (1/D under ZeRO-3)", "1", "[ZeRO §5]")

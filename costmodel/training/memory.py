@@ -83,6 +83,7 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
     return {
         **trained(job),
         "sigma": sp.astype(float)[()],
+        "s_ag": int(m.tp_inputs == "gathered"),
         "delta": int(job.model.dropout),
         # Scores are kept for backward only by an attention that materialises them and is not recomputed.
         "phi": ((rc == 0) & (setup.attention_kernel == "unfused")).astype(float)[()],

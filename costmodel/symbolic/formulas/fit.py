@@ -70,6 +70,7 @@ from costmodel.symbolic.symbols import (
     r_lo,
     r_q,
     rho,
+    s_ag,
     sigma,
     t,
     u_g,
@@ -382,6 +383,9 @@ M_fbx = define(
     "[FSDP2]",
 )
 _split = sigma / t + 1 - sigma  # the share of the sequence-parallel terms a device keeps
+# The attention's and the MLP's inputs (2H bytes a token each): a shard under sequence parallel where the
+# linear gathers it again in its backward, whole where it keeps the gathered input (DTensor).
+_gathered = s_ag + (1 - s_ag) * _split
 # Activations per layer follow [Korthikanti22 §4] term by term (see layer_activation_bytes above).
 A_layer = define(
     "layer_activation_bytes",
@@ -389,7 +393,8 @@ A_layer = define(
     b
     * L
     * (
-        (8 + 2 * delta) * H * _split
+        (4 + 2 * delta) * H * _split
+        + 4 * H * _gathered
         + (4 * h * d + 4 * n_kv * d + 2 * (2 + g) * F_ffn) / t
         + 5 * phi * h * L / t
     ),
