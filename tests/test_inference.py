@@ -223,6 +223,37 @@ def test_held_out_rows_are_the_seeded_draw_and_calibrate_nothing() -> None:
     assert {row.key for row in NEW} <= {row.key for row in ROWS + HELD_OUT}
 
 
+SERVING_ROW = (
+    "- {key: k, source: '[S] low latency', serving: 'fp16; TP 1', run: r, metric: ttft, published: 0.1,\n"
+    "   setup: {model: llama2-7b, hw: a100-nvlink, prompt: 128, output: 1}, misses: '', added_later: false}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("edit", "held_out", "line", "said"),
+    [
+        (("", ""), True, 2, "field 'added_later': a held-out row is one added later"),
+        (("metric: ttft", "metric: ttfb"), False, 1, "field 'metric': expected one of ttft, tokens_per_s"),
+        (("added_later: false", "added_later: 0"), False, 2, "field 'added_later': expected true or false"),
+        (("source: '[S] low", "source: 'S low"), False, 1, "field 'source': must start with the bracketed"),
+        (("hw: a100-nvlink, ", ""), False, 2, "field 'setup': states no hw, which ttft needs"),
+    ],
+)
+def test_a_malformed_serving_row_names_the_file_the_line_the_key_and_the_field(
+    tmp_path: Path, edit: tuple[str, str], held_out: bool, line: int, said: str
+) -> None:
+    from costmodel.core.errors import InputError
+    from costmodel.inference.published import load
+
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(SERVING_ROW)
+    assert load(good)[0].published == 0.1
+    bad.write_text(SERVING_ROW.replace(*edit))
+    with pytest.raises(InputError) as raised:
+        load(bad, held_out)
+    assert f"{bad}:{line}: row 'k', {said}" in str(raised.value)
+
+
 def test_target_finds_the_fewest_ranks() -> None:
     out = infer(**H405, prompt="1M", cp=16, target_ttft=100.0)
     assert out.target.cp == 16 and out.target.gpus == 128

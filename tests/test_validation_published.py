@@ -1,13 +1,16 @@
-"""The step model against published training runs (costmodel/training/validation.py holds the rows)."""
+"""The step model against published training runs (validation/training_published.yaml holds the rows, read by
+costmodel/training/validation.py)."""
 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 
+from costmodel.core.errors import InputError
 from costmodel.plans.job import Job
-from costmodel.training.validation import GOAL, ROWS, Published, predict
+from costmodel.training.validation import GOAL, ROWS, Published, load, predict
 
 
 def test_at_least_eight_published_figures_and_most_held_to_the_goal() -> None:
@@ -64,3 +67,53 @@ def test_korthikanti_rows_agree_with_the_papers_own_abstract() -> None:
     seconds_at_peak = predicted["time_s"] * predicted["mfu_full_square"]  # the paper's model FLOP / peak
     implied_full_mfu = seconds_at_peak / full.published
     assert implied_full_mfu / selective.published == pytest.approx(42.1 / 54.2, rel=0.02)
+
+
+ROW = """\
+- key: k22-22b-mfu
+  source: '[Korthikanti22] Tables 3, 5'
+  framework: Megatron-LM
+  run: GPT 22B, 8 A100, TP 8, batch 4, selective recompute + SP
+  metric: mfu_full_square
+  published: 0.415
+  setup: {model: gpt-22b, seq: 2048, hw: a100-ib, gpus: 8, tp: 8, global_batch: 4}
+  misses: ''
+"""
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "line", "problem"),
+    [
+        (("published: 0.415", "published: fast"), "published", 6, "expected a positive number, got 'fast'"),
+        (("setup: {model", "setup: {model: [gpt-22b], m"), "setup", 7, "expected a mapping of flag names"),
+        (("misses: ''", "misses: ''\n  speedup: 2"), "speedup", 9, "unknown field; a row states key, source"),
+        (("  misses: ''\n", ""), "misses", 1, "missing; every row states every field"),
+        (("metric: mfu_full_square", "metric: mfu_full"), "metric", 5, "not a number of the step's JSON"),
+        (("framework: Megatron-LM", "framework: 7"), "framework", 3, "expected text, got 7"),
+    ],
+)
+def test_a_malformed_row_is_one_input_error_naming_the_file_the_key_and_the_field(
+    tmp_path: Path, edit: tuple[str, str], field: str, line: int, problem: str
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(ROW)
+    assert [row.key for row in load(good)] == ["k22-22b-mfu"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(ROW.replace(*edit))
+    with pytest.raises(InputError) as raised:
+        load(bad)
+    assert f"{bad}:{line}: row 'k22-22b-mfu', field {field!r}: {problem}" in str(raised.value)
+
+
+def test_a_repeated_key_or_a_source_on_two_frameworks_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "rows.yaml"
+    path.write_text(ROW + ROW)
+    with pytest.raises(
+        InputError, match=r"rows.yaml:9: row 'k22-22b-mfu', field 'key': the key of the row on line 1"
+    ):
+        load(path)
+    path.write_text(ROW + ROW.replace("k22-22b-mfu", "k22-again").replace("Megatron-LM", "NeMo"))
+    with pytest.raises(
+        InputError, match=r"row 'k22-again', field 'framework': an earlier row of .* ran on Megatron"
+    ):
+        load(path)

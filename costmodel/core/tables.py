@@ -1,15 +1,23 @@
-"""Measured tables read from CSV, and how far predictions sit from them: one reader and one error summary for
-every command that compares the model with measurements (``audit --runs``, ``hw fit-kernels``)."""
+"""Measured tables read from CSV or YAML, and how far predictions sit from them: one reader of each and one
+error summary for every command and table that compares the model with measurements (``audit --runs``,
+``hw fit-kernels``, the published figures of ``validation/``)."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import math
+import os
 import statistics
-from typing import Any
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from costmodel.core.errors import InputError
-from costmodel.core.fileio import read_input_text
+from costmodel.core.fileio import FileInputError, read_input_text, read_yaml
+
+Row = TypeVar("Row")
 
 GOAL = 0.15  # |error| a prediction is held to; beyond it a row is a miss to explain
 
@@ -57,3 +65,79 @@ def errors_summary(errors: list[float]) -> dict[str, Any]:
         "signed_median": statistics.median(errors),
         "within_15": sum(a <= GOAL for a in absolute) / len(absolute),
     }
+
+
+def read_rows(
+    path: str | os.PathLike[str],
+    row_type: type[Row],
+    check: Callable[[Row], tuple[str, str] | None] | None = None,
+    field: str = "validation",
+) -> list[Row]:
+    """The rows of a table of published figures: a YAML list with one mapping per figure, each stating every
+    field of the dataclass ``row_type`` (among them ``key``, the row's name) and nothing else.
+
+    A row that is not a mapping, lacks a field, has one the dataclass does not, holds a value of the wrong
+    type, repeats an earlier key or fails ``check`` (which returns the field at fault and the problem) is
+    one :class:`InputError` naming the file, the line, the row's key and the field: the tables are typed by
+    hand, and a typo should read as one, not as a wrong prediction."""
+    name = os.fspath(path)
+    document = read_yaml(name, field)
+    if not isinstance(document.data, list):
+        raise FileInputError(field, name, None, "expected a list of rows, one mapping per published figure")
+    fields = [f.name for f in dataclasses.fields(row_type)]  # type: ignore[arg-type]
+    hints = typing.get_type_hints(row_type)
+    rows: list[Row] = []
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(document.data):
+        key = raw.get("key") if isinstance(raw, dict) else None
+        who = f"row {key!r}" if isinstance(key, str) and key else f"row {index + 1}"
+        if not isinstance(raw, dict):
+            problem = f"{who}: expected a mapping of {', '.join(fields)}"
+            raise FileInputError(field, name, document.line(index), problem)
+        fault = _row_problem(raw, fields, hints)
+        if fault is None and key in seen:
+            fault = ("key", f"the key of the row on line {seen[key]} too")
+        row = row_type(**raw) if fault is None else None
+        if row is not None and check is not None:
+            fault = check(row)
+        if fault is not None:
+            at, problem = fault
+            line = document.line(index, at)  # the field's line, else the row's
+            raise FileInputError(field, name, line, f"{who}, field {at!r}: {problem}")
+        seen[key] = document.line(index)
+        rows.append(row)  # type: ignore[arg-type]
+    return rows
+
+
+def _row_problem(raw: dict[Any, Any], fields: list[str], hints: dict[str, Any]) -> tuple[str, str] | None:
+    """The first field of a row at fault, and why: unknown, missing, or of the wrong type."""
+    for at in raw:
+        if at not in fields:
+            return str(at), f"unknown field; a row states {', '.join(fields)}"
+    for at in fields:
+        if at not in raw:
+            return at, "missing; every row states every field"
+        if (problem := _type_problem(raw[at], hints[at])) is not None:
+            return at, problem
+    return None
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """Why ``value`` is not of the row field's type ``hint``; None when it is."""
+    got = f"got {value!r:.60}"
+    if hint is str:
+        return None if isinstance(value, str) else f"expected text, {got}"
+    if hint is bool:
+        return None if isinstance(value, bool) else f"expected true or false, {got}"
+    if hint is float:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if number and math.isfinite(value) and value > 0 else f"expected a positive number, {got}"
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        return None if value in choices else f"expected one of {', '.join(choices)}, {got}"
+    if typing.get_origin(hint) is dict:  # flags by name: text keys, plain values
+        plain = isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str | int | float | bool) for k, v in value.items()
+        )
+        return None if plain else f"expected a mapping of flag names to plain values, {got}"
+    raise TypeError(f"a row field of type {hint} is not readable from a table")
