@@ -505,12 +505,10 @@ def make_job(
     overrides = overrides or MachineOverrides()
     machine = job_machine(inputs, overrides, profile)
     derived = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
-    _check_step(inputs, setup, step, model, machine, framework)
-    _refuse_unused(setup, declared, knobs, model, framework)
     # What was declared, in make_job's order: Job.replace changes one and makes the job again (the step as
     # declared, so that a changed framework fills its defaults anew).
     parts = {"workload": workload, "setup": setup, "step": declared, "overrides": overrides, "knobs": knobs}
-    return Job(
+    job = Job(
         inputs=inputs,
         setup=setup,
         step=step,
@@ -524,6 +522,9 @@ def make_job(
         stages=derived.stages,
         _parts=parts,
     )
+    _check_step(job)
+    _refuse_unused(job, declared)
+    return job
 
 
 def _knobs_changed(knobs: FrameworkKnobs) -> bool:
@@ -551,16 +552,17 @@ def _attention(workload: Workload, model: ModelPreset, step: StepSetup) -> PlanI
     )
 
 
-def _check_step(
-    inputs: PlanInputs,
-    setup: TrainingSetup,
-    step: StepSetup,
-    model: ModelPreset,
-    machine: Machine,
-    framework: FrameworkProfile,
-) -> None:
+def _check_step(job: Job) -> None:
     """What the layout's check does not know: the attention kernel against the profile's tables, the linear
     layers' precision against the device, the CP scheme against the heads and the framework."""
+    inputs, setup, step, model, machine, framework = (
+        job.inputs,
+        job.setup,
+        job.step,
+        job.model,
+        job.machine,
+        job.framework,
+    )
     check_kernel(setup.attention_kernel, machine.profile, also=("unfused",))
     if step.gemm_dtype is not None:
         device = machine.profile.device
@@ -590,16 +592,11 @@ def _check_step(
         )
 
 
-def _refuse_unused(
-    setup: TrainingSetup,
-    declared: StepSetup,
-    knobs: FrameworkKnobs,
-    model: ModelPreset,
-    framework: FrameworkProfile,
-) -> None:
+def _refuse_unused(job: Job, declared: StepSetup) -> None:
     """A knob given that nothing in this job reads is refused, naming what it needs, not echoed back as if
-    it had changed the answer (the profile's own defaults are not given, and stay)."""
-    memory = framework.memory
+    it had changed the answer (the profile's own defaults are not given, and stay); ``declared``: the step's
+    knobs as given, before the framework's defaults filled them."""
+    setup, knobs, model, memory = job.setup, job.knobs, job.model, job.framework.memory
     gathered = (
         setup.zero == 3 or memory.compute_weights != memory.weights
     )  # u_w: layers gathered or cast whole
