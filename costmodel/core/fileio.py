@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
-
 from costmodel.core.errors import InputError
 from costmodel.core.text import displayed, problem_in_value, refused, unsafe_in_raw
 
@@ -459,6 +457,8 @@ def _leaves(data: Any) -> Iterator[tuple[str, Any]]:
 
 def _nesting(text: str) -> int:
     """The deepest nesting of brackets and braces outside quoted strings (JSON and TOML alike)."""
+
+    import numpy as np
 
     bare = re.sub(r'"(?:[^"\\\n]|\\.)*"' + r"|'[^'\n]*'", "", text)  # strings may hold brackets
     codes = np.frombuffer(bare.encode("utf-8"), dtype=np.uint8)

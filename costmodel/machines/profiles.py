@@ -12,7 +12,6 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
@@ -279,6 +278,8 @@ class ComputeCurve(_Strict):
         rate would price a call of a tenth of the FLOP at a tenth of the time, and whatever measures a
         tiny layer's fixed cost would absorb the difference and charge it again to every larger call."""
 
+        import numpy as np
+
         points = self.backward if backward else self.forward
         first = points[0]
         if flops < first.flops and len(points) > 1:
@@ -306,6 +307,8 @@ class CallRate(_Strict):
 def _call_factor(points: list[CallRate], square: Any, flops: float, aspect: float) -> float:
     """How much slower than the square curve a call ``aspect`` times as many keys as queries runs: 1 at
     aspect 1, the measured ratios in between and beyond, interpolated in log(aspect) and log(FLOP)."""
+
+    import numpy as np
 
     aspects = sorted({p.keys / p.queries for p in points})
     factors = [1.0]
@@ -474,6 +477,8 @@ class Calibration(_Strict):
         times it among other blocks only (on a CPU the exchanges' copies share its caches and cores).
         The ratio at each block size measured in both, interpolated in log(FLOP) and flat beyond; 1 when
         the profile holds no overlap rounds."""
+        import numpy as np
+
         blocks = {p.tokens: p for p in self.curve(max(c.concurrency for c in self.compute), False).forward}
         points = sorted(
             (blocks[s.tokens].flops, s.compute * blocks[s.tokens].flops_per_s / blocks[s.tokens].flops)
