@@ -661,14 +661,19 @@ def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
     return lines
 
 
+def builtin_path(spec: str, directory: Path) -> Path | None:
+    """The built-in file in ``directory`` that ``spec`` names (names are case-insensitive), or None."""
+    return {p.stem.lower(): p for p in directory.glob("*.yaml")}.get(spec.lower())
+
+
 def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> tuple[Any, str, YamlDocument]:
     """The YAML of a built-in (``spec`` names a file in ``directory``) or of the file at path ``spec``.
 
     Returns (data, where it came from, the document with its line map); unknown names list the
     built-ins. The caller validates."""
     builtins = sorted(p.stem for p in directory.glob("*.yaml"))
-    named = {name.lower(): name for name in builtins}.get(spec.lower())  # names are case-insensitive
-    path = directory / f"{named}.yaml" if named else Path(spec)
+    named = builtin_path(spec, directory)
+    path = named or Path(spec)
     if (
         not named
         and spec != STDIN
