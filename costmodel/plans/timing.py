@@ -72,7 +72,18 @@ def ring_layer_time(
     if len(comm) != len(steps):
         raise ValueError("one transfer time per step")
     waits = list(step_waits) if step_waits is not None else [1 if c > 0 else 0 for c in comm]
-    # step by step on Python floats, added in numpy's order: the values its arrays gave, without numpy
+    if len(steps) ** 2 > ROWS_BUDGET:  # a long ring (the window's): its steps at once, on arrays
+        import numpy as np
+
+        busy = numeric.ring_step_s(
+            t_cs=np.asarray(steps),
+            t_ms=np.asarray(comm),
+            o_cp=overlap,
+            s_comm=0.0,
+            t_launch=np.asarray(waits, dtype=float) * step_overhead_s,
+        )
+        return float(np.sum(busy)) + tail_s + tail_waits * step_overhead_s
+    # a plan's few steps one by one on Python floats, added in numpy's order: the same value, without numpy
     busy = [
         numeric.ring_step_s(t_cs=t, t_ms=c, o_cp=overlap, s_comm=0.0, t_launch=float(w) * step_overhead_s)
         for t, c, w in zip(steps, comm, waits, strict=True)
