@@ -205,9 +205,15 @@ def test_the_model_layers_import_no_torch_and_no_cli() -> None:
 
 PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--format", "json"]
 # What the plan command (the single-layer report) must not load: it answers before any of these would help.
+# numpy costs ~50 ms to import: a plan's few ranks run on Python floats (costmodel.symbolic.ops,
+# costmodel.core.scalars, schedule_rows); rich is for the table, not the JSON; a built-in profile is built
+# from what codegen validated (costmodel/machines/builtin_profiles.py), so no YAML is parsed.
 PLAN_NEVER_LOADS = (
     "torch",
     "sympy",
+    "numpy",
+    "rich",
+    "yaml",
     "costmodel.training.step",
     "costmodel.training.search",
     "costmodel.audit",

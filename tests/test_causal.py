@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.schedule.layouts import LAYOUTS, position_at, positions
-from costmodel.schedule.simulator import SIMULATION_BUDGET, simulate, simulate_by_definition, simulation_tile
+from costmodel.schedule.simulator import (
+    SIMULATION_BUDGET,
+    schedule_rows,
+    simulate,
+    simulate_by_definition,
+    simulation_tile,
+    utilization,
+)
 
 
 @settings(max_examples=80, deadline=None)
@@ -78,6 +85,36 @@ def test_position_at_is_the_layout_without_building_it(layout: str, n: int, chun
     seq = 2 * n * chunks
     ranks, index = np.arange(n)[:, None], np.arange(seq // n)[None, :]
     assert (position_at(layout, seq, n, ranks, index) == positions(layout, seq, n)).all()
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    n=st.integers(1, 12),
+    per=st.integers(1, 40),
+    tile=st.integers(1, 64),
+    causal=st.booleans(),
+)
+def test_schedule_rows_are_the_simulation_entry_for_entry(
+    layout: str, n: int, per: int, tile: int, causal: bool
+) -> None:
+    """The plain-Python schedule of a small ring (no numpy on a plan's path) is simulate's, float for float,
+    and so is the utilisation read from it; position_at on ints is the array version's."""
+    seq = per * n * 2
+    rows = schedule_rows(layout, seq, n, tile, causal)
+    assert rows is not None
+    assert rows == tuple(map(tuple, simulate(layout, seq, n, tile, causal).rank_step_pairs.tolist()))
+    assert utilization(layout, seq, n, tile) == simulate(layout, seq, n, tile).utilization
+    index = np.arange(seq // n)[None, :]
+    assert [[position_at(layout, seq, n, r, int(i)) for i in index[0]] for r in range(n)] == (
+        position_at(layout, seq, n, np.arange(n)[:, None], index).tolist()
+    )
+
+
+def test_schedule_rows_leave_large_or_inexact_schedules_to_numpy() -> None:
+    assert schedule_rows("zigzag", 1 << 20, 64, 1024) is None  # 64 x 64 x 16 tiles: numpy's work
+    assert schedule_rows("zigzag", 1 << 30, 8, 1 << 26) is None  # S·L past 2^53: sums may round
+    assert schedule_rows("zigzag", 262144, 8, 1024) is not None  # the plan command's
 
 
 def test_simulation_tile_keeps_memory_bounded_and_is_conservative() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -369,6 +370,24 @@ def test_numeric_path_imports_neither_sympy_nor_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_only_the_process_entry_freezes_the_collector(cli) -> None:
+    """main() reading the process's own command line freezes the collector as it returns (the process ends:
+    Python's collection at exit would walk everything once more); called with arguments, as here, it
+    leaves the collector as it was."""
+    before = gc.get_freeze_count()
+    assert cli("--format", "json").code == 0
+    assert gc.get_freeze_count() == before
+    code = (
+        "import gc, io, contextlib, sys\n"
+        "from costmodel.cli import main\n"
+        "sys.argv = ['cp-plan', '--format', 'json']\n"
+        "with contextlib.redirect_stdout(io.StringIO()): code = main()\n"
+        "print(code, gc.get_freeze_count() > 0, gc.isenabled())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["0", "True", "True"], done.stderr
 
 
 @pytest.mark.parametrize(

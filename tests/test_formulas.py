@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+import itertools
 import math
+from typing import Any
 
+import numpy as np
 import pytest
 import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel import codegen
-from costmodel.symbolic import formulas, numeric
+from costmodel.symbolic import formulas, numeric, ops
 from costmodel.symbolic.symbols import SYMBOLS, B, F, N, N_r, N_u, S, alpha, c, h, n_kv, p
 
 f = formulas.FORMULAS
@@ -147,25 +152,125 @@ def test_utilisation_block_models() -> None:
 positive = st.integers(min_value=1, max_value=64)
 
 
+DRAWS = {
+    "seq_per": st.integers(1, 4096),
+    "n": positive,
+    "heads_per_kv": st.integers(1, 8),
+    "kv": st.integers(1, 16),
+    "d": st.sampled_from([64, 80, 128, 256]),
+    "p_": st.sampled_from([1, 2, 4]),
+    "b": st.integers(1, 4),
+    "causal": st.booleans(),
+    "flops": st.floats(1e11, 2e15),
+    "bw": st.floats(1e8, 1e12),
+    "lat": st.floats(0, 1e-4),
+}
+
+
 @settings(max_examples=30, deadline=None)
-@given(
-    seq_per=st.integers(1, 4096),
-    n=positive,
-    heads_per_kv=st.integers(1, 8),
-    kv=st.integers(1, 16),
-    d=st.sampled_from([64, 80, 128, 256]),
-    p_=st.sampled_from([1, 2, 4]),
-    b=st.integers(1, 4),
-    causal=st.booleans(),
-    flops=st.floats(1e11, 2e15),
-    bw=st.floats(1e8, 1e12),
-    lat=st.floats(0, 1e-4),
-)
+@given(**DRAWS)
 def test_numeric_twin_matches_exact_sympy(
     seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat
 ) -> None:
     """Property: every generated function equals the exact sympy evaluation of its formula."""
-    values = {
+    values = _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
+    for name, formula in f.items():
+        args = {a: values[a] for a in numeric.ARGS[name]}
+        if n == 1 and name in {"intensity_layer", "tp_to_ring_ratio", "dynamic_cp_recv_share"}:
+            continue  # N - 1 = 0: undefined at N = 1, reported as null
+        fast = float(getattr(numeric, name)(**args))
+        exact = formula.evaluate(**args)
+        assert math.isclose(fast, exact, rel_tol=1e-9, abs_tol=1e-300), name
+
+
+@functools.cache
+def _numpy_twins() -> dict[str, Any]:
+    """The twins as they were before ops: the same generated source calling numpy's functions directly."""
+    source = inspect.getsource(numeric).replace("from costmodel.symbolic import ops", "import numpy as ops")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "numeric_numpy", "exec"), namespace)
+    return namespace
+
+
+def _same(fast: Any, slow: Any) -> bool:
+    """Equal values, NaN equal to NaN and -0. not equal to 0. (numpy scalars and 0-d arrays as numbers)."""
+    fast, slow = np.asarray(fast, dtype=float), np.asarray(slow, dtype=float)
+    return fast.shape == slow.shape and bool(
+        np.all((fast == slow) & (np.signbit(fast) == np.signbit(slow)) | (np.isnan(fast) & np.isnan(slow)))
+    )
+
+
+@settings(max_examples=30, deadline=None)
+@given(**DRAWS)
+def test_numeric_twins_on_numbers_equal_numpys(
+    seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat
+):  # noqa: PLR0913
+    """Property: every twin gives on Python numbers (ops without numpy) exactly what it gave calling numpy's
+    functions, and on arrays exactly numpy's answer too."""
+    values = _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
+    twins = _numpy_twins()
+    with np.errstate(all="ignore"):
+        for name in numeric.ARGS:
+            args = {a: values[a] for a in numeric.ARGS[name]}
+            assert _same(*_both(getattr(numeric, name), twins[name], args)), name
+            arrays = {a: np.array([v, v]) for a, v in args.items()}
+            assert _same(getattr(numeric, name)(**arrays), twins[name](**arrays)), name
+
+
+def _both(fast: Any, slow: Any, args: dict[str, Any]) -> tuple[Any, Any]:
+    """Both twins' answers, (0, 0) where the twin on numbers raises: Python's arithmetic raises on 1/(N - 1)
+    at N = 1 as numpy's did (a plain division), or where numpy gave NaN or inf (a division of its scalar)."""
+    try:
+        answer = fast(**args)
+    except ArithmeticError:
+        try:
+            former = slow(**args)
+        except ArithmeticError:
+            return 0.0, 0.0
+        assert not np.all(np.isfinite(former))
+        return 0.0, 0.0
+    return answer, slow(**args)
+
+
+_EDGES = [0, 1, -1, 3, True, False, 0.0, -0.0, 0.5, -0.5, 2.5, -1e308, math.inf, -math.inf, math.nan]
+_EDGES += [2**53 + 1, float(2**53), 1e-320]
+
+
+def _typed(value: Any) -> tuple[type, Any]:
+    """A numpy scalar or 0-d array as the Python number it holds, with its type (float NaN as a marker)."""
+    value = value.item() if isinstance(value, np.ndarray | np.generic) else value
+    return type(value), "nan" if value != value else (value, math.copysign(1, value))
+
+
+def test_ops_give_numpys_answers_on_numbers() -> None:
+    """Each function of ops on Python numbers: numpy's value, NaN, the sign of a zero and int, float or bool
+    as numpy's scalar holds it, at the edges (ties of signed zeros, NaN on either side, mixed int and float)."""
+    with np.errstate(all="ignore"):
+        for name in (
+            "maximum",
+            "minimum",
+            "equal",
+            "not_equal",
+            "less",
+            "less_equal",
+            "greater",
+            "greater_equal",
+        ):
+            for a, b in itertools.product(_EDGES, _EDGES):
+                assert _typed(getattr(ops, name)(a, b)) == _typed(getattr(np, name)(a, b)), (name, a, b)
+        for name in ("sqrt", "ceil"):
+            for a in _EDGES:
+                assert _typed(getattr(ops, name)(a)) == _typed(getattr(np, name)(a)), (name, a)
+        for conditions in itertools.product([True, False], repeat=2):
+            for choices in itertools.product([1, 2.5, -0.0, True], [3, math.nan]):
+                got = ops.select(list(conditions), list(choices), default=ops.nan)
+                assert _typed(got) == _typed(np.select(list(conditions), list(choices), default=np.nan))
+    assert "numpy" not in ops.__dict__
+
+
+def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat) -> dict[str, float]:  # noqa: PLR0913
+    """Every base symbol's value for one draw of the properties below."""
+    return {
         "S": seq_per * n,
         "N": n,
         "h": heads_per_kv * kv,
@@ -341,13 +446,6 @@ def test_numeric_twin_matches_exact_sympy(
         "f_fr": 0.25,
         "M_cpb": 3e8,
     }
-    for name, formula in f.items():
-        args = {a: values[a] for a in numeric.ARGS[name]}
-        if n == 1 and name in {"intensity_layer", "tp_to_ring_ratio", "dynamic_cp_recv_share"}:
-            continue  # N - 1 = 0: undefined at N = 1, reported as null
-        fast = float(getattr(numeric, name)(**args))
-        exact = formula.evaluate(**args)
-        assert math.isclose(fast, exact, rel_tol=1e-9, abs_tol=1e-300), name
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,11 +6,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from costmodel.core.errors import InputError
 from costmodel.core.resources import data_dir
+from costmodel.machines import builtin_profiles, profiles
 from costmodel.machines.binding import LinkBinding, Machine
-from costmodel.machines.profiles import BYTES_PER_ELEMENT, builtin_names, load_profile
+from costmodel.machines.profiles import (
+    BYTES_PER_ELEMENT,
+    builtin_names,
+    load_profile,
+    parse_profile,
+    read_profile,
+)
 
 SPEC_8 = {  # name: (bf16 peak FLOP/s, ring link bandwidth per direction at N = 8, HBM bytes or None)
     "a100-nvlink": (312e12, 300e9, 80e9),
@@ -178,3 +186,62 @@ def test_hw_list_table_groups_by_vendor_and_generation(cli) -> None:
     ]
     assert order == sorted(order)
     assert out.index("NVIDIA Blackwell") < out.index("gb200-nvl72") < out.index("NVIDIA Hopper")
+
+
+def _identical(built: object, validated: object, where: str = "profile") -> None:
+    """The same tree: each model of the same class with the same fields given and private values, each
+    value of the same type and equal (NaN to NaN)."""
+    assert type(built) is type(validated), where
+    if isinstance(validated, BaseModel):
+        assert built.model_fields_set == validated.model_fields_set, where
+        assert built.__pydantic_private__ == validated.__pydantic_private__, where
+        assert built.__pydantic_extra__ == validated.__pydantic_extra__, where
+        assert built.__dict__.keys() == validated.__dict__.keys(), where
+        for name, value in validated.__dict__.items():
+            _identical(built.__dict__[name], value, f"{where}.{name}")
+    elif isinstance(validated, list | tuple):
+        assert len(built) == len(validated), where
+        for i, (a, b) in enumerate(zip(built, validated, strict=True)):
+            _identical(a, b, f"{where}[{i}]")
+    elif isinstance(validated, dict):
+        assert list(built) == list(validated), where
+        for key in validated:
+            _identical(built[key], validated[key], f"{where}.{key}")
+    else:
+        assert built == validated or (built != built and validated != validated), where
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_a_built_in_profile_is_built_as_its_yaml_validates(name: str) -> None:
+    """load_profile builds a built-in from costmodel/machines/builtin_profiles.py (model_construct, no
+    validation): the very tree reading and validating its YAML gives."""
+    built = profiles._prebuilt(name, "--hw")
+    assert built is not None, (
+        f"{name}: no generated entry, or its YAML changed; run python -m costmodel.codegen"
+    )
+    _identical(built, read_profile(name))
+    assert load_profile(name.upper()) is not built and load_profile(name.upper()) == built  # names: any case
+
+
+def test_an_edited_built_in_or_a_users_file_is_validated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a built-in whose YAML still hashes as codegen saw it skips validation; a changed one, and any
+    file named by path, is read and validated: an invalid copy is refused with its line."""
+    monkeypatch.setitem(
+        builtin_profiles.PROFILES, "a100-nvlink", ("0" * 64, builtin_profiles.PROFILES["a100-nvlink"][1])
+    )
+    validated = []
+    monkeypatch.setattr(
+        profiles, "parse_profile", lambda *args, **kw: validated.append(args[1]) or parse_profile(*args, **kw)
+    )
+    builtin = data_dir("hardware") / "a100-nvlink.yaml"
+    edited = load_profile("a100-nvlink")  # its hash no longer matches: read and validated
+    assert validated == [str(builtin)]
+    text = builtin.read_text(encoding="utf-8")
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(text, encoding="utf-8")
+    assert load_profile(str(copy)) == edited and validated[-1] == str(copy)
+    copy.write_text(text.replace("devices_per_node: 8", "devices_per_node: -8"), encoding="utf-8")
+    with pytest.raises(InputError, match="devices_per_node"):
+        load_profile(str(copy))

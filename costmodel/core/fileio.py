@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import numpy as np
-
 from costmodel.core.errors import InputError
 from costmodel.core.text import displayed, problem_in_value, refused, unsafe_in_raw
 
@@ -460,6 +458,8 @@ def _leaves(data: Any) -> Iterator[tuple[str, Any]]:
 def _nesting(text: str) -> int:
     """The deepest nesting of brackets and braces outside quoted strings (JSON and TOML alike)."""
 
+    import numpy as np
+
     bare = re.sub(r'"(?:[^"\\\n]|\\.)*"' + r"|'[^'\n]*'", "", text)  # strings may hold brackets
     codes = np.frombuffer(bare.encode("utf-8"), dtype=np.uint8)
     steps = (np.isin(codes, (ord("["), ord("{"))).astype(np.int64)) - np.isin(codes, (ord("]"), ord("}")))
@@ -661,14 +661,19 @@ def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
     return lines
 
 
+def builtin_path(spec: str, directory: Path) -> Path | None:
+    """The built-in file in ``directory`` that ``spec`` names (names are case-insensitive), or None."""
+    return {p.stem.lower(): p for p in directory.glob("*.yaml")}.get(spec.lower())
+
+
 def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> tuple[Any, str, YamlDocument]:
     """The YAML of a built-in (``spec`` names a file in ``directory``) or of the file at path ``spec``.
 
     Returns (data, where it came from, the document with its line map); unknown names list the
     built-ins. The caller validates."""
     builtins = sorted(p.stem for p in directory.glob("*.yaml"))
-    named = {name.lower(): name for name in builtins}.get(spec.lower())  # names are case-insensitive
-    path = directory / f"{named}.yaml" if named else Path(spec)
+    named = builtin_path(spec, directory)
+    path = named or Path(spec)
     if (
         not named
         and spec != STDIN

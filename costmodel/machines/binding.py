@@ -13,14 +13,15 @@ call, no α, transfers fully hidden, no fixed costs (what `cp-plan validate` set
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal
 
 from costmodel.core.errors import InputError
 from costmodel.machines import kernels, topology
 from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, HardwareProfile, layer_key
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Collective = topology.Collective
 Scope = Literal["intra-node", "inter-node"]
@@ -334,6 +335,8 @@ class Machine:
 
     def link_arrays(self, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(B, α, crosses nodes) for every group size of an array: the vectorised :meth:`link` of sweeps."""
+
+        import numpy as np
 
         bindings = [self.link(int(g)) for g in np.asarray(groups).ravel()]
         shape = np.shape(groups)

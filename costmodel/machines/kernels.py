@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from costmodel.core.errors import InputError
+from costmodel.core.scalars import interp
 from costmodel.machines.profiles import TABLE_DTYPE, AttentionCurve, HardwareProfile, Kernels
 
 
@@ -34,7 +33,9 @@ def _dtype_scale(profile: HardwareProfile, dtype: str) -> float:
 
 
 def _interp(x: float, xs: list[int], ys: list[float]) -> float:
-    return float(np.interp(math.log(max(x, 1.0)), np.log(xs), ys))
+    # math.log where numpy's was: equal at the built-in tables' lengths (powers of two); elsewhere numpy's
+    # SIMD log itself may differ from libm's in the last bit, CPU by CPU.
+    return interp(math.log(max(x, 1.0)), [math.log(v) for v in xs], ys)
 
 
 def attention_kernels(profile: HardwareProfile) -> list[str]:

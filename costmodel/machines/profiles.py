@@ -8,16 +8,17 @@ ring's receive time needs one direction, so every file states both and the two m
 
 from __future__ import annotations
 
+import hashlib
 import math
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.fields import Count, Finite, NonNegative, Positive, Switch
-from costmodel.core.fileio import YamlDocument, load_builtin_or_file
+from costmodel.core.fileio import YamlDocument, builtin_path, load_builtin_or_file, read_input
 from costmodel.core.intervals import Residuals
 from costmodel.core.resources import data_dir
 
@@ -279,6 +280,8 @@ class ComputeCurve(_Strict):
         rate would price a call of a tenth of the FLOP at a tenth of the time, and whatever measures a
         tiny layer's fixed cost would absorb the difference and charge it again to every larger call."""
 
+        import numpy as np
+
         points = self.backward if backward else self.forward
         first = points[0]
         if flops < first.flops and len(points) > 1:
@@ -306,6 +309,8 @@ class CallRate(_Strict):
 def _call_factor(points: list[CallRate], square: Any, flops: float, aspect: float) -> float:
     """How much slower than the square curve a call ``aspect`` times as many keys as queries runs: 1 at
     aspect 1, the measured ratios in between and beyond, interpolated in log(aspect) and log(FLOP)."""
+
+    import numpy as np
 
     aspects = sorted({p.keys / p.queries for p in points})
     factors = [1.0]
@@ -474,6 +479,8 @@ class Calibration(_Strict):
         times it among other blocks only (on a CPU the exchanges' copies share its caches and cores).
         The ratio at each block size measured in both, interpolated in log(FLOP) and flat beyond; 1 when
         the profile holds no overlap rounds."""
+        import numpy as np
+
         blocks = {p.tokens: p for p in self.curve(max(c.concurrency for c in self.compute), False).forward}
         points = sorted(
             (blocks[s.tokens].flops, s.compute * blocks[s.tokens].flops_per_s / blocks[s.tokens].flops)
@@ -788,6 +795,27 @@ def parse_profile(
 
 def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:
     """A built-in profile by name, or a YAML file by path."""
+    return _prebuilt(spec, field) or read_profile(spec, field)
+
+
+def _prebuilt(spec: str, field: str) -> HardwareProfile | None:
+    """The built-in profile ``spec`` names as ``python -m costmodel.codegen`` validated it, built again with
+    pydantic's ``model_construct`` (``costmodel/machines/builtin_profiles.py``): no YAML parser and no
+    validation at run time, ~40 ms of a plan. Only while the file's bytes hash as they did then: an edited
+    file (or a built-in codegen has not seen) is read and validated as a user's is. None otherwise."""
+    path = builtin_path(spec, data_dir("hardware"))
+    if path is None:
+        return None
+    from costmodel.machines import builtin_profiles
+
+    entry = builtin_profiles.PROFILES.get(path.stem)
+    if entry is None or hashlib.sha256(read_input(path, field, "yaml")).hexdigest() != entry[0]:
+        return None
+    return entry[1](sys.modules[__name__])  # the generated code names this module's classes
+
+
+def read_profile(spec: str, field: str = "--hw") -> HardwareProfile:
+    """:func:`load_profile` from the YAML, read and validated whatever the file is (codegen's source)."""
     data, origin, document = load_builtin_or_file(spec, data_dir("hardware"), field, "hardware")
     profile = parse_profile(data, origin, field, document)
     if Path(origin).parent != data_dir("hardware"):  # a user's file: later refusals name it

@@ -32,7 +32,7 @@ from costmodel.plans.schemes import SchemeResult, compare
 from costmodel.plans.timing import Prediction, predict
 from costmodel.plans.verdict import AMBER, GREEN, band
 from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
-from costmodel.schedule.simulator import simulate, simulation_tile
+from costmodel.schedule.simulator import simulation_tile, utilization
 
 
 def _largest_n_in_band(ev: Evaluator, machine: Machine, upper: float, strict: bool, seq: int) -> int:
@@ -266,7 +266,7 @@ def _scheme(s: SchemeResult) -> Scheme:
 def _causal(ev: Evaluator, inputs: PlanInputs) -> Causal:
     tile = simulation_tile(inputs.seq, inputs.cp, inputs.block)
     per_layout = {
-        layout: simulate(layout, inputs.seq, inputs.cp, tile).utilization
+        layout: utilization(layout, inputs.seq, inputs.cp, tile)
         if inputs.seq % (inputs.cp * chunks_per_rank(layout)) == 0
         else None
         for layout in LAYOUTS

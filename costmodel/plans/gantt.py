@@ -15,14 +15,15 @@ close the step. Transfer time that ends before the slowest rank does is hidden a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Literal
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import ring_layer_time, ring_overhead_s, ring_pass
 from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Kind = Literal["compute", "transfer", "idle", "overhead"]
 KINDS: tuple[Kind, ...] = ("compute", "transfer", "idle", "overhead")
@@ -71,6 +72,8 @@ class Timeline:
     @property
     def step_start_s(self) -> np.ndarray:
         """(steps + 1,) when each step starts; the last entry is when the steps end."""
+        import numpy as np
+
         return np.concatenate([[0.0], np.cumsum(self.step_s)])
 
     @property
@@ -111,6 +114,8 @@ class Timeline:
 def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) -> Timeline:
     """The ring timeline of ``inputs`` (its layout) on ``machine``: forward, or with ``backward`` the
     backward pass, exactly as :func:`~costmodel.plans.timing.predict` times it."""
+    import numpy as np
+
     unfolded = ring_pass(inputs, machine, backward)
     # every step after the first merges its partial output (and launches), as predict charges them
     merge = ring_overhead_s(inputs, machine) / max(inputs.cp - 1, 1)
@@ -133,8 +138,8 @@ def ring_timeline(inputs: PlanInputs, machine: Machine, backward: bool = False) 
     return Timeline(
         layout=inputs.layout,
         backward=backward,
-        pairs=unfolded.pairs,
-        compute_s=unfolded.compute_s,
+        pairs=np.asarray(unfolded.pairs),  # a small ring's rows of floats, as arrays
+        compute_s=np.asarray(unfolded.compute_s),
         comm_s=np.asarray(unfolded.comm_s),
         step_s=np.asarray(steps),
         tail_s=unfolded.tail_s,

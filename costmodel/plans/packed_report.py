@@ -11,7 +11,7 @@ formula from :mod:`costmodel.symbolic.formulas`.
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import Evaluator
@@ -37,6 +37,9 @@ from costmodel.plans.timing import ring_pass
 from costmodel.plans.verdict import band
 from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 from costmodel.schedule.packed import DOC_LAYOUTS, PACKED_LAYOUTS, Placement
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def useful_pairs(inputs: PlanInputs) -> float:
@@ -84,6 +87,8 @@ def _branch(ev: Evaluator, inputs: PlanInputs, branch: Branch, useful_flops: flo
 
 def _rank_useful_pairs(inputs: PlanInputs, layout: str) -> np.ndarray:
     """Visible pairs of every rank's queries: per query, the length of its visible range."""
+    import numpy as np
+
     rule = useful_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk)
     placement = Placement(layout, inputs.seq, inputs.cp, rule.cu_seqlens)
     ordered, starts = placement.positions()
@@ -94,6 +99,8 @@ def _rank_useful_pairs(inputs: PlanInputs, layout: str) -> np.ndarray:
 
 
 def _layout_row(ev: Evaluator, inputs: PlanInputs, machine: Machine, layout: str) -> PackedLayoutRow:
+    import numpy as np
+
     if not feasible(layout, inputs):
         return PackedLayoutRow(layout=layout, feasible=False, **dict.fromkeys(_ROW_NUMBERS))
     n, pair_flops = inputs.cp, float(ev("pair_flops"))

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import parse_json, read_input_text
 from costmodel.core.units import parse_integer, parse_number, parse_tokens
@@ -61,6 +59,8 @@ class Packed:
     @functools.cached_property
     def cu_seqlens(self) -> tuple[int, ...]:
         """Document boundaries of the described window; the last is below S when the rest is padding."""
+        import numpy as np
+
         return tuple(int(x) for x in np.r_[0, np.cumsum(self.windows[self.window])])
 
     @property
@@ -167,6 +167,8 @@ def _at_most(count: int, where: str) -> None:
 
 
 def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
+    import numpy as np
+
     given: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in params.split(","))):
         key, sep, value = part.partition("=")
@@ -205,6 +207,8 @@ def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
 
 def first_fit(lengths: list[int], seq: int) -> tuple[tuple[int, ...], ...]:
     """Pack in order: each document into the first window with room, else a new window."""
+    import numpy as np
+
     room = np.empty(0, dtype=np.int64)
     windows: list[list[int]] = []
     for length in lengths:
@@ -270,6 +274,8 @@ def packed_of(inputs) -> Packed | None:  # noqa: ANN001 - PlanInputs, which impo
 def call_tokens(inputs) -> float | None:  # noqa: ANN001
     """L_call of a varlen plan with documents: the piece one kernel call computes; None otherwise (dense
     blocks, windows and chunks run whole blocks)."""
+    import numpy as np
+
     packed = packed_of(inputs)
     if packed is None or inputs.packing != "varlen":
         return None

@@ -23,19 +23,22 @@ balanced model of [A-RingCost §4]: peak for every block, no α, the causal half
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
+from costmodel.core.scalars import largest, total
 from costmodel.frameworks.profiles import FUSED_MERGE_BYTES
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import call, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.packing import call_tokens, schedule_for
-from costmodel.schedule.simulator import simulate, simulation_tile
+from costmodel.schedule.simulator import ROWS_BUDGET, Rows, schedule_rows, simulate, simulation_tile
 from costmodel.symbolic import numeric
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Variant = Literal["ring", "ulysses"]
 _UNIT = {"S": 1, "N": 1, "b": 1, "c": 1, "d": 1, "h": 1}
@@ -69,14 +72,23 @@ def ring_layer_time(
     if len(comm) != len(steps):
         raise ValueError("one transfer time per step")
     waits = list(step_waits) if step_waits is not None else [1 if c > 0 else 0 for c in comm]
-    busy = numeric.ring_step_s(
-        t_cs=np.asarray(steps),
-        t_ms=np.asarray(comm),
-        o_cp=overlap,
-        s_comm=0.0,
-        t_launch=np.asarray(waits, dtype=float) * step_overhead_s,
-    )
-    return float(np.sum(busy)) + tail_s + tail_waits * step_overhead_s
+    if len(steps) ** 2 > ROWS_BUDGET:  # a long ring (the window's): its steps at once, on arrays
+        import numpy as np
+
+        busy = numeric.ring_step_s(
+            t_cs=np.asarray(steps),
+            t_ms=np.asarray(comm),
+            o_cp=overlap,
+            s_comm=0.0,
+            t_launch=np.asarray(waits, dtype=float) * step_overhead_s,
+        )
+        return float(np.sum(busy)) + tail_s + tail_waits * step_overhead_s
+    # a plan's few steps one by one on Python floats, added in numpy's order: the same value, without numpy
+    busy = [
+        numeric.ring_step_s(t_cs=t, t_ms=c, o_cp=overlap, s_comm=0.0, t_launch=float(w) * step_overhead_s)
+        for t, c, w in zip(steps, comm, waits, strict=True)
+    ]
+    return total(busy) + tail_s + tail_waits * step_overhead_s
 
 
 @dataclass(frozen=True)
@@ -159,11 +171,13 @@ def ring_overhead_s(inputs: PlanInputs, machine: Machine, merge_bytes: float = F
 class RingPass:
     """One pass of a ring layer unfolded: what each rank computes at each step and what is in flight.
 
-    :func:`predict` sums it into a wall time; :mod:`costmodel.plans.gantt` draws it."""
+    :func:`predict` sums it into a wall time; :mod:`costmodel.plans.gantt` draws it. A small ring's
+    schedule is rows of Python floats (:func:`~costmodel.schedule.simulator.schedule_rows`) and its
+    per-step figures lists, a large one's numpy arrays: the same numbers either way."""
 
-    pairs: np.ndarray  # (ranks, steps) (query, key) pairs each rank computes at each step
+    pairs: np.ndarray | Rows  # (ranks, steps) (query, key) pairs each rank computes at each step
     calls: Calls  # the distinct kernel calls among them
-    call_s: np.ndarray  # seconds of each distinct call
+    call_s: np.ndarray | list[float]  # seconds of each distinct call
     comm_s: list[float]  # the transfer in flight under each step
     step_waits: list[int] | None  # transfers each step waits for (None: one where there is one)
     tail_s: float  # what still travels after the last step (backward: the last dK/dV hop home)
@@ -171,12 +185,12 @@ class RingPass:
     step_overhead_s: float
 
     @functools.cached_property
-    def compute_s(self) -> np.ndarray:
+    def compute_s(self) -> np.ndarray | Rows:
         """(ranks, steps) seconds of each rank's compute at each step."""
         return self.calls.per_rank(self.call_s)
 
     @functools.cached_property
-    def step_compute_s(self) -> np.ndarray:
+    def step_compute_s(self) -> np.ndarray | list[float]:
         """The slowest rank's compute per step: what sets each step."""
         return self.calls.slowest(self.call_s)
 
@@ -214,14 +228,16 @@ def ring_pass(
     if pairs is not None:
         pass
     elif machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
-        pairs = np.full((n, n), values["c"] * length * length)
+        pairs = _balanced(n, values["c"] * length * length)
     elif inputs.masked:  # documents, windows, chunks: the branch's tiles ([A-RingCost §5])
         pairs = schedule_for(inputs, inputs.layout, inputs.packing).rank_step_pairs
         call = call_tokens(inputs)
     else:
         tile = simulation_tile(inputs.seq, n, inputs.block)
-        pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
-        calls = _simulated_calls(inputs.layout, inputs.seq, n, tile, inputs.causal)
+        pairs = schedule_rows(inputs.layout, inputs.seq, n, tile, inputs.causal)
+        if pairs is None:
+            pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
+            calls = _simulated_calls(inputs.layout, inputs.seq, n, tile, inputs.causal)
     pair_flops = _call("pair_flops", values)
     factor = BACKWARD_FLOP if backward else 1.0
     full = float(length) * length
@@ -244,7 +260,11 @@ def ring_pass(
 
     if calls is None:
         calls = distinct_calls(pairs)
-    call_s = np.array([seconds(*call) for call in calls.calls])
+    call_s = [seconds(*call) for call in calls.calls]
+    if not isinstance(pairs, tuple):
+        import numpy as np
+
+        call_s = np.array(call_s)
     if not backward:
         comm, waits, tail = [kv_s] * (n - 1) + [0.0], None, 0.0
     elif n == 1:
@@ -257,28 +277,48 @@ def ring_pass(
     )
 
 
+def _balanced(n: int, pairs: float) -> np.ndarray | Rows:
+    """N ranks x N steps of ``pairs`` each: rows of Python floats for a ring of a few ranks, else numpy's."""
+    if n * n <= ROWS_BUDGET:
+        return ((pairs,) * n,) * n
+    import numpy as np
+
+    return np.full((n, n), pairs)
+
+
 @dataclass(frozen=True)
 class Calls:
     """A schedule's distinct kernel calls, each (block pairs, first step, ranks busy at that step); the one
     each rank runs at each step (``index``, ranks x steps) and those some rank runs at each step
-    (``at_step``, calls x steps)."""
+    (``at_step``, calls x steps). Of a schedule of rows (:func:`distinct_calls`), ``index`` is rows of ints
+    and ``at_step`` None."""
 
     calls: tuple[tuple[float, bool, int], ...]
-    index: np.ndarray
-    at_step: np.ndarray
+    index: np.ndarray | tuple[tuple[int, ...], ...]
+    at_step: np.ndarray | None
 
-    def per_rank(self, call_s: np.ndarray) -> np.ndarray:
+    def per_rank(self, call_s: np.ndarray | list[float]) -> np.ndarray | Rows:
         """(ranks, steps) seconds, from each distinct call's."""
+        if isinstance(self.index, tuple):
+            return tuple(tuple(call_s[c] for c in row) for row in self.index)
         return call_s[self.index]
 
-    def slowest(self, call_s: np.ndarray) -> np.ndarray:
+    def slowest(self, call_s: np.ndarray | list[float]) -> np.ndarray | list[float]:
         """The slowest rank's seconds per step, without unfolding every rank."""
+        if isinstance(self.index, tuple):
+            return [largest([call_s[c] for c in step]) for step in zip(*self.index)]
+        import numpy as np
+
         return np.where(self.at_step, call_s[:, None], -np.inf).max(axis=0)
 
 
-def distinct_calls(pairs: np.ndarray) -> Calls:
+def distinct_calls(pairs: np.ndarray | Rows) -> Calls:
     """The calls of a (ranks, steps) schedule. It has few distinct ones, so each is timed once for the whole
     pass rather than once per step: the window times passes of up to MAX_CP steps."""
+    if isinstance(pairs, tuple):
+        return _distinct_calls_of_rows(pairs)
+    import numpy as np
+
     flat = np.sort(pairs, axis=None)  # np.unique's answer, without the numpy.ma it imports (start-up)
     blocks = flat[np.concatenate(([True], flat[1:] != flat[:-1]))]
     which = np.searchsorted(blocks, pairs)  # cheaper than unique's inverse, an argsort of N² entries
@@ -298,6 +338,20 @@ def distinct_calls(pairs: np.ndarray) -> Calls:
     return Calls(calls, index, at_step)
 
 
+def _distinct_calls_of_rows(rows: Rows) -> Calls:
+    """:func:`distinct_calls` of rows of Python floats, the same calls in the same order: by block pairs,
+    then by the step's kind (2 x ranks busy, + 1 at the first step)."""
+    blocks = {pairs: b for b, pairs in enumerate(sorted(set(itertools.chain.from_iterable(rows))))}
+    step_kinds = [2 * sum(pairs > 0 for pairs in step) + (j == 0) for j, step in enumerate(zip(*rows))]
+    kinds = {kind: k for k, kind in enumerate(sorted(set(step_kinds)))}
+    keys = [[(blocks[pairs], kinds[step_kinds[j]]) for j, pairs in enumerate(row)] for row in rows]
+    present = sorted(set(itertools.chain.from_iterable(keys)))
+    number = {key: c for c, key in enumerate(present)}
+    by_block, by_kind = list(blocks), list(kinds)
+    calls = tuple((float(by_block[b]), bool(by_kind[k] % 2), by_kind[k] // 2) for b, k in present)
+    return Calls(calls, tuple(tuple(number[key] for key in row) for row in keys), None)
+
+
 @functools.lru_cache(maxsize=64)  # beside simulate's: both passes, every scheme and every fix share one
 def _simulated_calls(layout: str, seq: int, n: int, tile: int, causal: bool) -> Calls:
     return distinct_calls(simulate(layout, seq, n, tile, causal=causal).rank_step_pairs)
@@ -307,14 +361,14 @@ def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool, merge
     # the merges and launches beside the kernels are device work each pass: compute, not exposed transfer
     beside = ring_overhead_s(inputs, machine, merge_bytes)
     forward = ring_pass(inputs, machine, False, span)
-    forward_compute = float(forward.step_compute_s.sum()) + beside
+    forward_compute = total(forward.step_compute_s) + beside
     if not backward:
         return Prediction(forward.time_s + beside, 0.0, forward_compute, forward_compute)
     back = ring_pass(inputs, machine, True, span)
     return Prediction(
         forward.time_s + beside,
         back.time_s + beside,
-        forward_compute + float(back.step_compute_s.sum()) + beside,
+        forward_compute + total(back.step_compute_s) + beside,
         forward_compute,
     )
 

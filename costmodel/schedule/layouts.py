@@ -14,11 +14,12 @@ Within a rank the positions are increasing, so a rank's local order is a sorted 
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
-
-import numpy as np
+from typing import TYPE_CHECKING, Literal, get_args
 
 from costmodel.core.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Layout = Literal["contiguous", "striped", "zigzag"]
 LAYOUTS: tuple[str, ...] = get_args(Layout)
@@ -40,17 +41,24 @@ def check_divisible(layout: str, seq: int, n: int, field: str = "seq") -> None:
 
 
 def position_at(layout: str, seq: int, n: int, rank: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """The global position of local token ``index`` of ``rank`` (broadcasting), without building them all."""
+    """The global position of local token ``index`` of ``rank`` (broadcasting), without building them all;
+    for a Python int ``index`` an int, without numpy."""
     if layout == "contiguous":
         return rank * (seq // n) + index
     if layout == "striped":
         return index * n + rank
     chunk = seq // (2 * n)  # zigzag: chunk `rank`, then chunk 2N-1-rank
+    if isinstance(index, int):
+        return rank * chunk + index if index < chunk else (2 * n - 1 - rank) * chunk + index - chunk
+    import numpy as np
+
     return np.where(index < chunk, rank * chunk + index, (2 * n - 1 - rank) * chunk + index - chunk)
 
 
 def positions(layout: str, seq: int, n: int) -> np.ndarray:
     """Global positions held by each rank, shape (n, seq // n), increasing along each row."""
+    import numpy as np
+
     check_divisible(layout, seq, n)
     tokens = np.arange(seq, dtype=np.int64)
     if layout == "contiguous" or n == 1:

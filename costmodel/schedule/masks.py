@@ -20,10 +20,12 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from costmodel.core.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def check_cu_seqlens(
@@ -59,6 +61,8 @@ class MaskRule:
     def visible_range(self, q_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """First and last global key position (inclusive) each query position may see; first > last when
         it sees nothing (padding)."""
+        import numpy as np
+
         q_pos = np.asarray(q_pos, dtype=np.int64)
         first = np.zeros_like(q_pos)
         last = np.full_like(q_pos, np.iinfo(np.int64).max // 2)
@@ -82,12 +86,16 @@ class MaskRule:
 
     def dense(self, q_pos: np.ndarray, k_pos: np.ndarray) -> np.ndarray:
         """Boolean (queries, keys) mask, True where the query sees the key. For small blocks and tests."""
+        import numpy as np
+
         first, last = self.visible_range(q_pos)
         k_pos = np.asarray(k_pos, dtype=np.int64)[None, :]
         return (k_pos >= first[:, None]) & (k_pos <= last[:, None])
 
     def key_runs(self, q_pos: np.ndarray, k_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per query, the run ``[lo, hi)`` of local key indices it sees; ``k_pos`` must be increasing."""
+        import numpy as np
+
         k_pos = np.asarray(k_pos, dtype=np.int64)
         if k_pos.size > 1 and not np.all(np.diff(k_pos) > 0):
             raise ValueError("key positions must be strictly increasing (a layout's local order)")
@@ -105,5 +113,7 @@ class MaskRule:
 # each count is a pass over all S positions: count once per distinct (rule, S).
 @functools.lru_cache(maxsize=64)
 def _useful_pairs(rule: MaskRule, seq: int) -> float:
+    import numpy as np
+
     first, last = rule.visible_range(np.arange(seq, dtype=np.int64))
     return float(np.maximum(np.minimum(last, seq - 1) - first + 1, 0).sum(dtype=np.float64))

@@ -25,14 +25,15 @@ many (about one per document a tile touches) while each rank's key tiles they re
 from __future__ import annotations
 
 import functools
-from typing import Literal, get_args
-
-import numpy as np
+from typing import TYPE_CHECKING, Literal, get_args
 
 from costmodel.core.errors import InputError
 from costmodel.schedule.layouts import LAYOUTS
 from costmodel.schedule.masks import MaskRule
 from costmodel.schedule.simulator import Schedule, simulate, simulation_tile
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Split = Literal["contiguous", "striped", "zigzag"]
 DOC_LAYOUTS: tuple[str, ...] = ("doc-striped", "doc-zigzag")
@@ -54,6 +55,8 @@ def split_of(layout: str) -> Split:
 
 def segments_of(layout: str, seq: int, cu_seqlens: tuple[int, ...] | None) -> np.ndarray:
     """Segment boundaries: the whole window, or every document and the padding after the last one."""
+    import numpy as np
+
     if layout not in PACKED_LAYOUTS:
         raise InputError("layout", f"unknown layout {layout!r}; accepted: {', '.join(PACKED_LAYOUTS)}")
     if layout in LAYOUTS or cu_seqlens is None:
@@ -64,6 +67,8 @@ def segments_of(layout: str, seq: int, cu_seqlens: tuple[int, ...] | None) -> np
 
 def _count_below(split: Split, n: int, length: np.ndarray, off: np.ndarray, rank: np.ndarray) -> np.ndarray:
     """How many of the positions ``rank`` holds in a segment of ``length`` lie before offset ``off``."""
+    import numpy as np
+
     if split == "contiguous":
         start, end = rank * length // n, (rank + 1) * length // n
         return np.clip(off - start, 0, end - start)
@@ -80,6 +85,8 @@ class Placement:
     """Where every token of the window lives: segments, per-rank counts, and the inverse map."""
 
     def __init__(self, layout: str, seq: int, n: int, cu_seqlens: tuple[int, ...] | None = None):
+        import numpy as np
+
         self.split, self.seq, self.n = split_of(layout), seq, n
         self.bounds = segments_of(layout, seq, cu_seqlens)
         lengths = np.diff(self.bounds)
@@ -106,11 +113,15 @@ class Placement:
 
     def locate(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(segment, offset in it) of each global position x (x = S: the end of the last segment)."""
+        import numpy as np
+
         seg = np.clip(np.searchsorted(self.bounds, x, side="right") - 1, 0, len(self.bounds) - 2)
         return seg, x - self.bounds[seg]
 
     def index_below(self, x: np.ndarray, rank: np.ndarray) -> np.ndarray:
         """How many positions ``rank`` holds below global position ``x`` (elementwise, x = S allowed)."""
+        import numpy as np
+
         seg, off = self.locate(x)
         flat = rank * (len(self.bounds) - 1) + seg
         if self.split == "striped":
@@ -126,6 +137,8 @@ class Placement:
     def positions(self) -> tuple[np.ndarray, np.ndarray]:
         """Every token's global position in rank-major, local order, and the rank offsets into it."""
         # The runs in local order: by rank, then segment, then run (a rank's chunks increase).
+        import numpy as np
+
         first = np.stack([start + self.bounds[None, :-1] for start, _ in self.runs], axis=-1).ravel()
         count = np.stack([size for _, size in self.runs], axis=-1).ravel().astype(np.int64)
         begin = np.cumsum(count) - count  # where each run starts in the output
@@ -141,6 +154,8 @@ class Placement:
 def _query_intervals(placement: Placement, ordered: np.ndarray, rule: MaskRule, tile: int):
     """The merged visible intervals of every query tile, in tile order and increasing within a tile:
     (first, last, query rank, tile size, tile id). ``ordered``: :meth:`Placement.positions`."""
+    import numpy as np
+
     n, seq = placement.n, placement.seq
     per_rank = -(-placement.lengths // tile)  # query tiles of each rank, rank-major; the last may be short
     tile_rank = np.repeat(np.arange(n, dtype=np.int64), per_rank)
@@ -179,6 +194,8 @@ def _walk_key_tiles(
     the rank up to the interval's end are visible (a rank's positions increase with x): their key tiles are
     counted and x moves to the start of the tile after them. Otherwise key x lies past the interval, and
     the next step looks further on."""
+    import numpy as np
+
     first, last, q_tile, head = intervals
     lengths, scale = placement.lengths, placement.seq + 1
     sort_key = q_tile * scale + last  # every interval by (query tile, last position): increasing
@@ -220,6 +237,8 @@ def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) ->
     ``rank_step_pairs[i, j]``: (query, key) pairs rank i executes at step j, against the KV of rank
     (i - j) mod N, counting every tile pair that holds a visible pair. A plain causal (or full) mask in a
     window-level layout takes the closed-form :func:`~costmodel.schedule.simulator.simulate`."""
+    import numpy as np
+
     if tile < 1:
         raise ValueError("tile must be >= 1")
     if layout in LAYOUTS and rule.plain(seq):
@@ -258,6 +277,8 @@ def simulate_masked(layout: str, seq: int, n: int, tile: int, rule: MaskRule) ->
 def executed_by_definition(layout: str, seq: int, n: int, tile: int, rule: MaskRule) -> np.ndarray:
     """``rank_step_pairs`` of :func:`simulate_masked` by the definition, one tile pair at a time (the
     tests' oracle; slow on purpose)."""
+    import numpy as np
+
     held = Placement(layout, seq, n, rule.cu_seqlens).rank_positions()
     out = np.zeros((n, n), dtype=np.int64)
     for i in range(n):

@@ -11,12 +11,17 @@ lasts as long as its slowest rank. Utilisation = useful pairs / (N × Σ_steps s
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from costmodel.core.scalars import total
 from costmodel.schedule.layouts import check_divisible, position_at, positions
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,9 @@ class Schedule:
 
 
 SIMULATION_BUDGET = 1 << 23  # rank x rank x tile entries of one simulation: ~64 MB per work array
+# Entries :func:`schedule_rows` simulates in plain Python (a few milliseconds): a plan's ring of a few ranks
+# needs no numpy, whose import alone costs ~50 ms.
+ROWS_BUDGET = 1 << 14
 
 
 def simulation_tile(seq: int, n: int, tile: int) -> int:
@@ -55,6 +63,8 @@ def _tile_bounds(layout: str, seq: int, n: int, tile: int) -> tuple[np.ndarray, 
     """Per rank and tile: smallest position, largest position, tile size. A rank's positions increase
     along its local order, so a tile's bounds are the positions of its first and last token: no array of
     all S positions is built."""
+    import numpy as np
+
     length = seq // n
     starts = np.arange(0, length, tile, dtype=np.int64)
     ends = np.minimum(starts + tile, length)
@@ -71,6 +81,8 @@ def _tile_bounds(layout: str, seq: int, n: int, tile: int) -> tuple[np.ndarray, 
 def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> Schedule:
     """Simulate one layer's ring schedule; vectorised over all rank pairs and tiles. The result is shared
     between callers, so its array is read-only."""
+    import numpy as np
+
     if tile < 1:
         raise ValueError("tile must be >= 1")
     if n * n * -(-(seq // n) // tile) > SIMULATION_BUDGET:
@@ -109,12 +121,61 @@ def simulate(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> S
     return Schedule(schedule, seq * (seq + 1) // 2)
 
 
+Rows = tuple[tuple[float, ...], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def schedule_rows(layout: str, seq: int, n: int, tile: int, causal: bool = True) -> Rows | None:
+    """:func:`simulate`'s ``rank_step_pairs`` as rows of Python floats, equal entry for entry, simulated
+    without numpy where that is cheap: N x N x (L / tile) within :data:`ROWS_BUDGET`, and every count and
+    sum an exact integer in a float (S·L < 2^53), so the order numpy adds in cannot matter. None beyond:
+    ask :func:`simulate`."""
+    length = seq // n
+    if tile < 1 or n * n * -(-length // tile) > ROWS_BUDGET or seq * length >= 1 << 53:
+        return None
+    check_divisible(layout, seq, n)
+    if not causal:
+        return ((float(length) * length,) * n,) * n
+    starts = range(0, length, tile)
+    sizes = [min(start + tile, length) - start for start in starts]
+    # per key rank: its tiles' first positions in increasing order, and the running count of their keys
+    firsts, running = [], []
+    for k in range(n):
+        tiles = sorted(
+            ((position_at(layout, seq, n, k, start), size) for start, size in zip(starts, sizes)),
+            key=lambda t: t[0],
+        )
+        firsts.append([first for first, _ in tiles])
+        running.append([0, *itertools.accumulate(size for _, size in tiles)])
+    pairs = []  # pairs[i][k]: rank i's queries against rank k's keys
+    for i in range(n):
+        lasts = [position_at(layout, seq, n, i, start + size - 1) for start, size in zip(starts, sizes)]
+        pairs.append(
+            [
+                float(sum(run[bisect.bisect_right(first, q)] * size for q, size in zip(lasts, sizes)))
+                for first, run in zip(firsts, running)
+            ]
+        )
+    return tuple(tuple(pairs[i][(i - j) % n] for j in range(n)) for i in range(n))
+
+
+def utilization(layout: str, seq: int, n: int, tile: int) -> float:
+    """:attr:`Schedule.utilization` of the causal schedule, from :func:`schedule_rows` where it is small."""
+    rows = schedule_rows(layout, seq, n, tile)
+    if rows is None:
+        return simulate(layout, seq, n, tile).utilization
+    slowest = [max(column) for column in zip(*rows)]
+    return seq * (seq + 1) // 2 / (n * total(slowest))
+
+
 def simulate_by_definition(layout: str, seq: int, n: int, tile: int) -> np.ndarray:
     """``rank_step_pairs`` of :func:`simulate` (causal), by the definition, one tile pair at a time.
 
     Slow on purpose: the oracle the tests check :func:`simulate` against, and the baseline of
     ``benchmarks/simulator.py``.
     """
+    import numpy as np
+
     pos = positions(layout, seq, n)
     length = seq // n
     tiles = [(start, min(start + tile, length)) for start in range(0, length, tile)]

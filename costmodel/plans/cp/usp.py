@@ -8,8 +8,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import numpy
-
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import PASSES, Evaluator, call, pass_ratio, plan_values
 from costmodel.plans.cp import ring
@@ -36,6 +34,8 @@ def split(kv_heads: int, n: int) -> int:
 
 def exposure(values: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     """All-to-alls over N_u ranks, then a ring over N_r at the N_r ranks' share of the sequence."""
+    import numpy
+
     a2a = numpy.where(numpy.asarray(values["N_u"]) > 1, call("cp_usp_a2a_s", values), 0.0)
     n_r = numpy.asarray(values["N_r"])
     fwd, bwd, overhead = ring.exposure({**values, "N": n_r, "S": values["S"] * n_r // values["N"]})
@@ -141,6 +141,8 @@ def _split(
 def buffers(v: Mapping[str, Any]) -> Any:
     """USP's buffers: the all-to-all's over N_u, then a ring over N_r of blocks of N_u shards' tokens with
     1/N_u of the heads [USP §3]."""
+    import numpy
+
     n_u = v["N_u"]
     a2a = call("ulysses_buffer_bytes", v)  # the shard's S/N tokens, every head
     over = {"N": v["N_r"], "h": v["h"] / n_u, "n_kv": numpy.maximum(v["n_kv"] / n_u, 1)}
