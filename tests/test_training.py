@@ -23,8 +23,11 @@ from tests.support import formula, memory_values, plan
 f = formulas.FORMULAS
 
 
-def gpt_layer(s: int, h: int, a: int, t: int = 1, sp: bool = False, scores: bool = True) -> float:
-    """layer_activation_bytes for the paper's setting: MHA, 4h GeLU MLP, dropout, fp16, b = 1, N = 1."""
+def gpt_layer(
+    s: int, h: int, a: int, t: int = 1, sp: bool = False, scores: bool = True, gathered: bool = False
+) -> float:
+    """layer_activation_bytes for the paper's setting: MHA, 4h GeLU MLP, dropout, fp16, b = 1, N = 1; the
+    column-parallel linears keep their input's shard (Megatron's), or with ``gathered`` the whole input."""
     return numeric.layer_activation_bytes(
         S=s,
         N=1,
@@ -38,6 +41,7 @@ def gpt_layer(s: int, h: int, a: int, t: int = 1, sp: bool = False, scores: bool
         delta=1,
         phi=int(scores),
         sigma=int(sp),
+        s_ag=int(gathered),
         t=t,
     )
 
@@ -56,6 +60,10 @@ def test_table_2_tensor_parallel_and_sequence_parallel() -> None:
     assert gpt_layer(s, h, a, t=t) == pytest.approx(s * h * (10 + 24 / t + 5 * a * s / (h * t)))
     assert gpt_layer(s, h, a, t=t, sp=True) == pytest.approx(s * h / t * (34 + 5 * a * s / h))
     assert gpt_layer(s, h, a, t=t, sp=True, scores=False) == pytest.approx(34 * s * h / t)  # selective
+    # DTensor's TP keeps the attention's and the MLP's gathered inputs (2sbh each) whole
+    assert gpt_layer(s, h, a, t=t, sp=True, gathered=True) == pytest.approx(
+        s * h * (30 / t + 4 + 5 * a * s / (h * t))
+    )
 
 
 def test_full_recompute_keeps_2sbh() -> None:
