@@ -232,3 +232,20 @@ def test_a_profile_with_bad_residuals_is_one_line(cli, tmp_path, residuals: str,
     result = cli("step", *args)
     assert result.code == 2 and said in result.err and "fit_residuals" in result.err
     assert len(result.err.strip().splitlines()) == 1
+
+
+def test_a_rows_residual_is_measured_over_predicted_time_whatever_its_metric() -> None:
+    """A throughput read too high is a step read too short: ln(measured / predicted time) > 0, for every
+    rate a published row compares (tokens/s, model TFLOP/s on either count, MFU) as for the step time."""
+    from costmodel.calibration.residuals import step_residuals
+    from costmodel.training.validation import ROWS, predict
+
+    by_key = {row.key: row for row in ROWS}
+    seen = set()
+    for run in step_residuals():
+        row = by_key[run.id]
+        ratio = predict(row) / row.published
+        slower = ratio if row.metric != "time_s" else 1 / ratio  # measured time / predicted time
+        assert run.residual == pytest.approx(math.log(slower), rel=1e-12, abs=1e-12)
+        seen.add(row.metric)
+    assert {"time_s", "model_tflops_per_gpu", "tokens_per_s_per_gpu"} <= seen

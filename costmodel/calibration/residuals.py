@@ -35,7 +35,17 @@ ABOUT = (
     "ln(measured / predicted) on every run it can plan, with the framework profile and GPU generation the run "
     "ran on. Prediction intervals are calibrated on these (costmodel/plans/uncertainty.py). Do not edit."
 )
-RATES = ("tokens_per_s_per_gpu", "model_tflops_per_gpu_full_square", "mfu_full_square")
+# The step's figures that are rates (a time's measured / predicted is their predicted / measured); the
+# step time is the one time a row compares.
+RATES = (
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "model_tflops_per_gpu",
+    "model_tflops_per_gpu_full_square",
+    "mfu",
+    "mfu_full_square",
+    "hfu",
+)
 
 
 def _generation(job: Job) -> str | None:
@@ -48,6 +58,8 @@ def step_residuals() -> list[MeasuredResidual]:
         job = Job.of(**row.setup)
         step = evaluate_step(job).step
         ratio = getattr(step, row.metric) / row.published  # a rate: a time's measured / predicted
+        if row.metric not in (*RATES, "time_s"):
+            raise ValueError(f"{row.key}: {row.metric} is neither a rate nor the step time")
         residual = math.log(ratio if row.metric in RATES else 1 / ratio)
         same = f"{job.inputs.model} S={job.inputs.seq} {job.gpus}x{job.machine.name} batch {job.step.global_batch}"
         out.append(
