@@ -212,6 +212,17 @@ def test_a_layouts_bound_is_its_fastest_pairs(extra: dict) -> None:
     assert np.array_equal(per_layout, least)
 
 
+def test_a_jobs_fixed_ulysses_degree_is_not_carried_into_other_plans() -> None:
+    """A search chooses each plan's USP split itself: a job stated with --ulysses-degree 8 at CP 16 (which 8
+    does not divide at CP 2 or 4) searches as the same job without it."""
+    flags = {"model": "llama3-8b", "seq": 65536, "hw": "a800-nvlink", "gpus": 16, "cp": 16, "global_batch": 1}
+    fixed = Job.of(**flags, cp_scheme="usp", ulysses_degree=8)
+    free = Job.of(**flags, cp_scheme="usp")
+    got, want = search(fixed, 1, top=5).plans, search(free, 1, top=5).plans
+    assert got and [p["step_time_s"] for p in got] == [p["step_time_s"] for p in want]
+    assert {p["cp"] for p in search(fixed, 1, top=None).plans} > {16}
+
+
 def test_a_shapes_compute_part_is_what_its_binding_holds() -> None:
     """The symbols a lower bound reads, bound alone, equal the whole binding's (1e-12)."""
     job, _ = _job(cp=8, global_batch=8)

@@ -371,7 +371,7 @@ class _Shapes:
     (:func:`compute_values`) is bound alone where a lower bound is all that is asked of it."""
 
     def __init__(self, job: Job) -> None:
-        self.job, self.model, self.machine = job, job.model, job.machine
+        self.job, self.model, self.machine = _searched(job), job.model, job.machine
         self.jobs: dict[tuple, Job] = {}
         self.computed: dict[tuple, dict[str, Any]] = {}
         self.cache: dict[tuple, dict[str, Any]] = {}
@@ -822,10 +822,16 @@ def _blame(job: Job, global_batch: int, c: Constraints) -> str:
     return "; no single constraint is to blame: more GPUs, ZeRO-3 or a shorter sequence would be needed"
 
 
+def _searched(job: Job) -> Job:
+    """The job a search varies: each plan's USP split is the scheme's own (the plan's ``cp_ulysses``), so a
+    job's fixed ``--ulysses-degree``, a degree of its own CP degree, is not carried into other plans."""
+    return job if job.step.ulysses_degree is None else job.replace(ulysses_degree=None)
+
+
 def plan_as_job(plan: dict[str, Any], job: Job, global_batch: int) -> Job:
     """The job of a searched plan, as `cp-plan step` makes it from the plan's flags: the same flags give the
     same step."""
-    return job.replace(
+    return _searched(job).replace(
         cp=plan["cp"],
         layout=plan["layout"] or job.inputs.layout,
         gpus=plan["gpus"],
