@@ -159,7 +159,7 @@ def print_published() -> None:
     )
     for regime, levels in coverage_report().items():
         cells = "  ".join(
-            f"{level}: {c['covered']:4.0%} of {c['given']}"
+            f"{level}: {c['covered']:4.0%} of {c['given']} {c['unit']}"
             if c["covered"] is not None
             else f"{level}: none of {c['runs']}"
             for level, c in levels.items()

@@ -449,6 +449,7 @@ def inference_published() -> str:
 def interval_coverage() -> str:
     """Markdown: how often the prediction intervals cover measured runs they were not calibrated on."""
     from costmodel.calibration.residuals import coverage_report, median_half_width
+    from costmodel.plans.uncertainty import order_spread
 
     lines = [
         "| figure / regime that calibrated it | 80 % interval covers | 95 % interval covers |",
@@ -460,7 +461,7 @@ def interval_coverage() -> str:
             if c is None
             else "no interval"
             if c["covered"] is None
-            else f"{c['covered']:.0%} of {c['given']} runs"
+            else f"{c['covered']:.0%} of {c['given']} {c['unit']}"
             for c in (levels.get("80%"), levels.get("95%"))
         ]
         lines.append(f"| {regime} | {cells[0]} | {cells[1]} |")
@@ -469,7 +470,21 @@ def interval_coverage() -> str:
         for name in ("step_time", "memory", "serving")
         for width in [median_half_width(name, 0.8)]
     )
-    return "\n".join([*lines, "", f"Median half-width of the 80 % intervals the table's runs get: {widths}."])
+    spreads = [
+        "",
+        "Order spread: two layouts of one job are told apart when their predicted times differ by more.",
+        "",
+        "| job | level | order spread | read on |",
+        "|---|---|---|---|",
+    ]
+    for span in ("on one node", "across nodes"):
+        for level in (0.8, 0.95):
+            held = order_spread(level, span)
+            value = "too few pairs" if held.value is None else f"{math.exp(held.value) - 1:.1%}"
+            spreads.append(f"| {span} | {level:.0%} | {value} | {held.regime} |")
+    return "\n".join(
+        [*lines, "", f"Median half-width of the 80 % intervals the table's runs get: {widths}.", *spreads]
+    )
 
 
 BLOCKS = {  # block name: generator; "cp-plan ARGS" blocks hold that command's real output

@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 
 from costmodel.core.intervals import Calibration, Residuals, interval, runs_needed
 from costmodel.plans.job import Job
-from costmodel.plans.uncertainty import calibration, dominant_term, order_spread, table, time_interval
+from costmodel.plans.uncertainty import (
+    MeasuredResidual,
+    calibration,
+    dominant_term,
+    order_spread,
+    table,
+    time_interval,
+)
 
 
 @pytest.mark.parametrize(("level", "runs"), [(0.8, 9), (0.9, 19), (0.95, 39), (0.5, 3)])
@@ -151,6 +158,30 @@ def test_check_gates_on_confidence(cli) -> None:
     assert [c["check"] for c in failed] == ["fits_memory"] and "90% required" in failed[0]["detail"]
 
 
+def _job_runs(job: str, span: str, residuals: list[float]) -> list[MeasuredResidual]:
+    return [
+        MeasuredResidual(id=f"{job}-{i}", framework="f", generation="g", job=job, span=span, residual=r)
+        for i, r in enumerate(residuals)
+    ]
+
+
+def test_the_order_spread_is_read_on_pairs_of_jobs_of_the_same_span() -> None:
+    # one node: pair gaps 0.01 .. 0.05 (5 jobs of two layouts); across: one job of 4 layouts, gaps 0.1 .. 0.5
+    runs = [r for k in range(5) for r in _job_runs(f"one{k}", "on one node", [0.0, 0.01 * (k + 1)])]
+    runs += _job_runs("wide", "across nodes", [0.0, 0.1, 0.3, 0.5])
+    one = order_spread(0.8, "on one node", runs)
+    # ceil((5 + 1) * 0.8) = 5th smallest of 0.01..0.05
+    assert one.value == pytest.approx(0.05) and one.pairs == 5 and one.regime.endswith("on one node")
+    across = order_spread(0.8, "across nodes", runs)
+    # 6 gaps 0.1, 0.2, 0.2, 0.3, 0.4, 0.5: ceil(7 * 0.8) = 6th
+    assert across.value == pytest.approx(0.5) and across.pairs == 6
+    # 95 % needs 19 pairs; neither span nor all 11 hold them
+    assert order_spread(0.95, "on one node", runs).value is None
+    # too few pairs in one span: every pair is read
+    every = order_spread(0.8, "on one node", runs[:4] + runs[10:])
+    assert every.pairs == 2 + 6 and every.regime.endswith("or across")
+
+
 def test_recommend_marks_the_plans_it_cannot_order_and_says_which_rule_picked(cli) -> None:
     args = [
         "recommend",
@@ -166,8 +197,9 @@ def test_recommend_marks_the_plans_it_cannot_order_and_says_which_rule_picked(cl
         "json",
     ]
     search = cli(*args).json()["search"]
-    spread = order_spread(0.8)
+    spread = order_spread(0.8, "across nodes").value  # 32 H100s: four nodes
     assert search["choice"]["order_spread"] == pytest.approx(spread)
+    assert search["choice"]["order_spread_from"].endswith("across nodes")
     pick = search["plans"][0]
     for plan in search["plans"][1:]:
         close = abs(math.log(plan["step_time_s"] / pick["step_time_s"])) <= spread

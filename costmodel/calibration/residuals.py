@@ -24,6 +24,8 @@ from costmodel.plans.uncertainty import (
     calibration,
     coverage,
     dominant_term,
+    job_span,
+    order_spread,
     table,
 )
 from costmodel.training import memory_validation as memory_rows
@@ -52,9 +54,10 @@ def _generation(job: Job) -> str | None:
     return job.machine.profile.device.generation
 
 
-def step_residuals() -> list[MeasuredResidual]:
+def step_residuals(part: str = "fitting") -> list[MeasuredResidual]:
+    """The published step figures' residuals: the calibration rows, or (``holdout``) the rows kept aside."""
     out = []
-    for row in training_rows.ROWS:
+    for row in training_rows.ROWS if part == "fitting" else training_rows.HELD_OUT:
         job = Job.of(**row.setup)
         step = evaluate_step(job).step
         ratio = getattr(step, row.metric) / row.published  # a rate: a time's measured / predicted
@@ -69,6 +72,7 @@ def step_residuals() -> list[MeasuredResidual]:
                 generation=_generation(job),
                 job=same,
                 dominant=dominant_term(step.breakdown.model_dump()),
+                span=job_span(job),
                 residual=residual,
             )
         )
@@ -119,19 +123,33 @@ def residual_json() -> str:
 
 
 def holdout_coverage(quantity: Quantity, level: float) -> list[bool | None]:
-    """The memory peaks or serving figures kept aside from the whole model: each against the interval the
-    calibration rows give it."""
-    kept = memory_residuals("holdout") if quantity == "memory" else serving_residuals("holdout")
+    """The figures kept aside from the whole model: each against the interval the calibration rows give it."""
+    kept = {"step_time": step_residuals, "memory": memory_residuals, "serving": serving_residuals}[quantity]
     out = []
-    for run in kept:
-        band = interval(1.0, calibration(quantity, run.framework, run.generation, level), level, "run")
-        out.append(band.holds(math.exp(run.residual)))
+    for run in kept("holdout"):
+        held = calibration(quantity, run.framework, run.generation, level, dominant=run.dominant)
+        out.append(interval(1.0, held, level, "run").holds(math.exp(run.residual)))
     return out
 
 
-def _summary(marks: list[bool | None]) -> dict[str, Any]:
+def holdout_order(level: float) -> list[bool | None]:
+    """Each pair of a held-out step figure and another layout of its job (kept or held out): whether their
+    measured order is told right or called a tie, i.e. whether |r_a - r_b| is within the order spread the
+    calibration rows give the job's span (None: too few pairs)."""
+    kept, held = table().step_time, step_residuals("holdout")
+    out = []
+    for i, run in enumerate(held):
+        spread = order_spread(level, run.span).value
+        for other in [*kept, *held[i + 1 :]]:
+            if other.job == run.job:
+                out.append(None if spread is None else abs(run.residual - other.residual) <= spread)
+    return out
+
+
+def _summary(marks: list[bool | None], unit: str = "runs") -> dict[str, Any]:
     given = [m for m in marks if m is not None]
-    return {"runs": len(marks), "given": len(given), "covered": sum(given) / len(given) if given else None}
+    covered = sum(given) / len(given) if given else None
+    return {"runs": len(marks), "given": len(given), "covered": covered, "unit": unit}
 
 
 def coverage_report(levels: tuple[float, ...] = (0.8, 0.95)) -> dict[str, dict[str, Any]]:
@@ -146,11 +164,14 @@ def coverage_report(levels: tuple[float, ...] = (0.8, 0.95)) -> dict[str, dict[s
             groups["all (leave-one-out)"] = [m for marks in groups.values() for m in marks]
             for regime, marks in groups.items():
                 report.setdefault(f"{quantity} / {regime}", {})[f"{level:.0%}"] = _summary(marks)
-    for kept in ("memory", "serving"):
+    for kept in quantities:
         for level in levels:
             report.setdefault(f"{kept} / holdout rows", {})[f"{level:.0%}"] = _summary(
                 holdout_coverage(kept, level)
             )
+    for level in levels:
+        order = _summary(holdout_order(level), "pairs")
+        report.setdefault("layout order / held-out pairs", {})[f"{level:.0%}"] = order
     return report
 
 

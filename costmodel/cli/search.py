@@ -168,7 +168,7 @@ def render_search(data: dict[str, Any]) -> None:
         f"#1 picked: {choice['rule']}"
         + (
             f"; ≈: cannot be ordered against #1 at {choice['level']:.0%} (predicted within "
-            f"{math.exp(spread) - 1:.1%}, the spread of measured layouts of one job)"
+            f"{math.exp(spread) - 1:.1%}: the spread of {choice['order_spread_from']})"
             if spread is not None
             else f"; too few measured layouts of one job to order plans at {choice['level']:.0%}"
         )

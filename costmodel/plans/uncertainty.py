@@ -18,6 +18,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     from costmodel.plans.schema import Fit
 
 Quantity = Literal["step_time", "memory", "serving"]
+# Whether a job's devices span nodes: layouts of one node differ by their kernels and NVLink alone, layouts
+# across nodes also by which groups cross the slower link, which the model errs on more (docs/validation.md).
+Span = Literal["on one node", "across nodes"]
 FILE = "residuals.json"
 WHAT = {"step_time": "step times", "memory": "memory peaks", "serving": "serving times"}
 # Times hang on the GPU: a plan on a generation no measured run used gets no interval. Memory peaks hang on
@@ -49,6 +53,7 @@ class MeasuredResidual(BaseModel):
     generation: str | None  # the GPU generation (Ampere, Hopper, Blackwell)
     job: str | None = None  # runs of one job in other layouts share it (model, sequence, GPUs, batch)
     dominant: str | None = None  # a step time's largest term (its breakdown field, e.g. ``attention_s``)
+    span: Span | None = None  # a step time's: whether its job's devices span nodes
     residual: float
 
 
@@ -171,17 +176,55 @@ def _on(band: Interval, generation: str | None, what: str) -> Interval:
     return band.model_copy(update={"note": f"no comparable measured {what}: none on {generation} GPUs"})
 
 
-def order_spread(level: float) -> float | None:
-    """How far apart two layouts of one job must be predicted for their order to hold at ``level``: the
-    conformal quantile of |r_a - r_b| over the pairs of measured runs that share a job (their common error
-    cancels; None with too few pairs)."""
-    jobs: dict[str, list[float]] = {}
-    for run in table().step_time:
+def job_span(job: Job) -> Span:
+    return "across nodes" if job.gpus > job.machine.profile.devices_per_node else "on one node"
+
+
+@dataclass(frozen=True)
+class OrderSpread:
+    """How far apart two layouts of one job must be predicted for their order to hold at a level: the
+    conformal quantile of |r_a - r_b| over pairs of measured layouts of one job (their common error cancels),
+    and which pairs it was read on."""
+
+    value: float | None  # None: too few pairs for the level
+    pairs: int
+    regime: str
+
+
+def order_spread(
+    level: float, span: Span | None = None, runs: list[MeasuredResidual] | None = None
+) -> OrderSpread:
+    """The order spread at ``level`` from the pairs of jobs of ``span`` (on one node, or across nodes), or from
+    every pair where that span holds too few; ``runs`` stands in for the table's."""
+    jobs: dict[str, list[MeasuredResidual]] = {}
+    for run in table().step_time if runs is None else runs:
         if run.job is not None:
-            jobs.setdefault(run.job, []).append(run.residual)
-    gaps = sorted(abs(a - b) for rs in jobs.values() for i, a in enumerate(rs) for b in rs[i + 1 :])
-    rank = math.ceil((len(gaps) + 1) * level - 1e-9)
-    return gaps[rank - 1] if 0 < rank <= len(gaps) else None
+            jobs.setdefault(run.job, []).append(run)
+
+    def gaps(of: Span | None) -> list[float]:
+        return sorted(
+            abs(a.residual - b.residual)
+            for rs in jobs.values()
+            if of is None or rs[0].span == of
+            for i, a in enumerate(rs)
+            for b in rs[i + 1 :]
+        )
+
+    def quantile(values: list[float]) -> float | None:
+        rank = math.ceil((len(values) + 1) * level - 1e-9)  # a one-sided conformal quantile
+        return values[rank - 1] if 0 < rank <= len(values) else None
+
+    mine = gaps(span) if span is not None else []
+    if quantile(mine) is not None:
+        return OrderSpread(
+            quantile(mine), len(mine), f"{len(mine)} measured pairs of layouts of one job {span}"
+        )
+    every = gaps(None)
+    return OrderSpread(
+        quantile(every),
+        len(every),
+        f"{len(every)} measured pairs of layouts of one job, on one node or across",
+    )
 
 
 def coverage(quantity: Quantity, level: float) -> dict[str, list[bool | None]]:

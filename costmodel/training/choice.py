@@ -3,7 +3,8 @@
 Every plan of a search gets its intervals (:mod:`costmodel.plans.uncertainty`). Two layouts of one job share
 most of the model's error, so whether their order holds is judged on the pair, not on two independent
 intervals: at level L their predicted times must differ by more than the L-quantile of |r_a - r_b| over
-measured pairs of layouts of one job (:func:`~costmodel.plans.uncertainty.order_spread`). Among the plans
+measured pairs of layouts of one job, on one node or across nodes as the job is
+(:func:`~costmodel.plans.uncertainty.order_spread`). Among the plans
 the fastest cannot be told from, the pick is the safest in memory (the likeliest to fit), then the simplest
 (fewest parallel groups crossing nodes), then the fastest; the search says which rule decided.
 """
@@ -15,7 +16,7 @@ from typing import Any
 
 from costmodel.core.intervals import Interval, overlap
 from costmodel.plans.job import Job
-from costmodel.plans.uncertainty import memory_interval, order_spread, time_interval
+from costmodel.plans.uncertainty import job_span, memory_interval, order_spread, time_interval
 from costmodel.training.search import plan_as_job
 
 
@@ -46,9 +47,11 @@ def choose(plans: list[dict[str, Any]], job: Job, global_batch: int, level: floa
         plan["memory_bytes_interval"] = band.model_dump()
         plan["fits_probability"] = fits
         plan["groups_across_nodes"] = _crossing(planned)
-    spread = order_spread(level)
+    measured = order_spread(level, job_span(job))
+    spread = measured.value
+    told = {"level": level, "order_spread": spread, "order_spread_from": measured.regime}
     if not plans:
-        return {"level": level, "order_spread": spread, "decided_by": None, "rule": "no plan fits"}
+        return {**told, "decided_by": None, "rule": "no plan fits"}
     fastest = plans[0]
 
     def close(plan: dict[str, Any], to: dict[str, Any]) -> bool:
@@ -86,4 +89,4 @@ def choose(plans: list[dict[str, Any]], job: Job, global_batch: int, level: floa
             and known
             and overlap(Interval(**plan["time_s_interval"]), Interval(**pick["time_s_interval"]))
         )
-    return {"level": level, "order_spread": spread, "decided_by": decided_by, "rule": rule}
+    return {**told, "decided_by": decided_by, "rule": rule}
