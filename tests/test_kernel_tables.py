@@ -4,6 +4,7 @@ merge charge that drifts from the measurement fails here, with the figures docs/
 
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 import sys
@@ -75,3 +76,46 @@ def test_the_sdpa_curves_are_the_h200_measurements(hw: str) -> None:
         for seq, rate in zip(curve.seq, curve.flops_per_s, strict=True):
             key = (curve.kernel, curve.head_dim, curve.causal, curve.backward, seq)
             assert rate == pytest.approx(measured[key], rel=5e-4)
+
+
+KERNELS = REPO.parent / "shared" / "data" / "kernels"
+
+
+@pytest.mark.parametrize("hw", ["h100-nvlink", "h100-ib"])
+def test_the_h100_cudnn_causal_backward_is_derived_from_the_three_measured_curves(hw: str) -> None:
+    """[FA3] has no causal backward panel: it is the non-causal backward times the forward's causal /
+    non-causal ratio at each length, to the four digits the profile writes."""
+    curves = {
+        (c.head_dim, c.causal, c.backward): c
+        for c in load_profile(hw).kernels.attention
+        if c.kernel == "cudnn"
+    }
+    assert len(curves) == 8
+    for head_dim in (64, 128):
+        rates = {key[1:]: curve.flops_per_s for key, curve in curves.items() if key[0] == head_dim}
+        for i, derived in enumerate(rates[True, True]):
+            ratio = rates[True, False][i] / rates[False, False][i]
+            assert derived == pytest.approx(rates[False, True][i] * ratio, rel=5e-4)
+
+
+@pytest.mark.skipif(not KERNELS.is_dir(), reason="the public kernel tables are not on this machine")
+@pytest.mark.parametrize("hw", ["h100-nvlink", "h100-ib"])
+def test_the_h100_cudnn_curves_are_the_fa3_papers_cudnn_bars(hw: str) -> None:
+    """Every measured knot of the H100 profiles' cudnn curves is a cuDNN bar of the FlashAttention-3 paper's
+    bf16 figures (the public table, where it is on this machine)."""
+    with (KERNELS / "fa3_paper_and_fa2_readme_h100_attention.csv").open(
+        newline="", encoding="utf-8"
+    ) as handle:
+        bars = {
+            (int(r["head_dim"]), r["causal"] == "True", r["pass"] == "bwd", int(r["seq"])): float(r["tflops"])
+            * 1e12
+            for r in csv.DictReader(handle)
+            if r["kernel"] == "cuDNN" and r["dtype"] == "bf16/fp16"
+        }
+    measured = [
+        c for c in load_profile(hw).kernels.attention if c.kernel == "cudnn" and not (c.causal and c.backward)
+    ]
+    assert len(measured) == 6
+    for curve in measured:
+        for seq, rate in zip(curve.seq, curve.flops_per_s, strict=True):
+            assert rate == bars[curve.head_dim, curve.causal, curve.backward, seq]
