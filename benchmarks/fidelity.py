@@ -5,8 +5,9 @@ runs (k-fold), runs kept aside from the fit, multi-node runs predicted from it, 
     python benchmarks/fidelity.py --smoke        # a synthetic table: checks the pipeline, not the model
 
 The measured runs are the vTrain dataset ([vTrain], data/ of its repository, MIT licence): 1,440 runs on
-one 8-GPU A100 node and 109 on up to 512 A100s, Megatron-DeepSpeed, GPT 0.15-175B, fp16, full recompute,
-unfused attention, gradients reduced after the backward. One fifth of the single-node runs (every fifth
+one 8-GPU A100 node and 109 on up to 512 A100s, Megatron-DeepSpeed (its framework profile, whose host time
+per kernel comes from public figures), GPT 0.15-175B, fp16, full recompute, unfused attention, gradients
+reduced after the backward. One fifth of the single-node runs (every fifth
 row) is kept aside before anything is fitted and predicted only at the end. The multi-node runs are never
 fitted to: they say how a fit from one node transfers to the cluster.
 """
@@ -46,6 +47,7 @@ VTRAIN = [
     "attention_kernel=unfused",
     "dp_overlap=0",
     "sequence_parallel=false",
+    "framework=megatron-deepspeed",  # its host time per kernel, from public figures (frameworks/*.yaml)
 ]
 
 

@@ -99,6 +99,10 @@ COLUMNS: dict[str, tuple[Callable[[str], Any], str]] = {
     "cp_scheme": (str, f"{registry.listed(TRAINING)} (default {registry.default(TRAINING).name})"),
     "zero": (integer, "ZeRO stage 0-3 (default 0)"),
     "hw": (str, "hardware profile of the run (default --hw)"),
+    "framework": (
+        str,
+        "framework profile of the run (default megatron): its host time per kernel and defaults",
+    ),
     "iteration_ms": (number, "measured time per iteration, ms"),
     "iteration_s": (number, "measured time per iteration, s"),
     "tokens_per_s": (number, "measured tokens per second, whole job"),
@@ -121,7 +125,7 @@ ALIASES = {
 }
 MEASURED = ("iteration_ms", "iteration_s", "tokens_per_s")
 STEP_KEYS = ("seq", "gpus", "tp", "cp", "pp", "vpp", "micro_batch", "global_batch", "recompute")
-STEP_KEYS += ("attention_kernel", "dp_overlap", "cp_scheme", "zero", "sequence_parallel")
+STEP_KEYS += ("attention_kernel", "dp_overlap", "cp_scheme", "zero", "sequence_parallel", "framework")
 
 
 @dataclass(frozen=True)

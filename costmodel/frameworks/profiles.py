@@ -166,6 +166,14 @@ class TimePolicy(_Strict):
         "used from past steps: Transformer Engine's default recipe) or current (an amax pass over each tensor "
         "before its cast: torchao's tensorwise recipe)",
     )
+    host_s_per_kernel: NonNegative | None = Field(
+        None,
+        le=1e-3,
+        description="host time per kernel the step counts, run eagerly: the framework's own Python (its modules, "
+        "autograd Functions, hooks), PyTorch's dispatch and autograd, the CUDA launch; a layer takes the longer "
+        "of its host's and its device's time. None: the hardware profile's kernels.launch_s, eager PyTorch's "
+        "floor. A hardware profile measured on a cluster (fitted to its runs) keeps its own",
+    )
     dp_overlap: float = Field(ge=0, le=1, description="share of the gradient reduction hidden by default")
     tp_comm_overlap: bool = Field(False, description="TP collectives pipelined with their multiplies")
     bucket_bytes: Positive = Field(description="gradient bucket size, bytes")

@@ -255,7 +255,7 @@ def bind(
         "k_merge": step.ring_merge_bytes,
         "k_agm": 1.0 if job.framework.time.allgather_merges else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
-        "t_k": machine.launch_s,
+        "t_k": host_per_kernel_s(job),
         "t_fw": machine.step_s,
         **_link_values(job.links, t, n, job.dp, scheme.latency_per_step),
         **overlaps(machine, t, step.tp_comm_overlap, step.cp_overlap),
@@ -268,6 +268,16 @@ def bind(
     }
     values["n_bkt"] = int(buckets(values, step, model))
     return values
+
+
+def host_per_kernel_s(job: Job) -> float:
+    """Host time per counted kernel (t_k): the framework's (frameworks/*.yaml ``time.host_s_per_kernel``),
+    else the hardware's eager-PyTorch floor (``kernels.launch_s``). A profile measured on a cluster keeps its
+    own: it was fitted to runs of the framework they ran. None under a datasheet question."""
+    machine, stated = job.machine, job.framework.time.host_s_per_kernel
+    if stated is None or machine.datasheet or machine.profile.source.kind == "measured":
+        return machine.launch_s
+    return stated
 
 
 def _link_values(links: dict[str, Any], t: int, n: int, dp: int, cp_step_latency: bool) -> dict[str, Any]:
