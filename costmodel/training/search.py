@@ -915,6 +915,23 @@ def sensitivity(
     recompute level, and whether another plan would then be fastest. ``found``: the search of these same
     arguments, whose shapes bound inside one node the slower link leaves as they are."""
 
+    def scenario(
+        change: str, at: Job, shapes: _Shapes | None = None, fits: Fitting | None = None
+    ) -> dict[str, Any]:
+        """The pick and the fastest plan under ``at``, the job changed: the pick evaluated again, and the search
+        (bounded by the pick's step where the pick still fits); ``shapes`` and ``fits``, found for ``at``."""
+        row = evaluate_plan(plan, at, global_batch)
+        try:
+            if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
+                best = fastest(at, global_batch, constraints, row["step_time_s"], shapes)
+                if best is not None and best["step_time_s"] <= row["step_time_s"]:
+                    return _describe(change, plan, row, best)  # nothing left out beats it
+            plans = search(at, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
+        except TooManyPlans as exc:  # more plans than a search weighs: the pick is re-timed alone
+            said = _describe(change, plan, row, None)
+            return said | {"text": f"{said['text']}; not searched again ({exc.message.split(':')[0]})"}
+        return _describe(change, plan, row, plans[0] if plans else None)
+
     out = []
     machine = job.machine
     inter = machine.profile.links.inter_node
@@ -940,18 +957,10 @@ def sensitivity(
                 # kernel rates and the rest of a layer's compute do not depend on the links
                 shapes.gemms, shapes.computed = found.shapes.gemms, found.shapes.computed
                 fits = found.fitting  # nor does memory: the same plans fit
-            out.append(_scenario(change, plan, job.on(slower), global_batch, constraints, shapes, fits))
+            out.append(scenario(change, job.on(slower), shapes, fits))
     unit = 2 * plan["cp"]
     longer = -(-job.inputs.seq * 11 // (10 * unit)) * unit
-    out.append(
-        _scenario(
-            f"sequence 10 % longer ({longer:,} tokens)",
-            plan,
-            job.replace(seq=longer),
-            global_batch,
-            constraints,
-        )
-    )
+    out.append(scenario(f"sequence 10 % longer ({longer:,} tokens)", job.replace(seq=longer)))
     level = RECOMPUTE.index(plan["recompute"])
     if level + 1 < len(RECOMPUTE):
         more = plan | {"recompute": RECOMPUTE[level + 1]}
@@ -971,30 +980,6 @@ def _reaches_inter_node(job: Job) -> bool:
     """Whether some group of the job can wait on the inter-node link: a group's members all lie within the
     job's GPUs, so a job inside one node never does (:meth:`Machine.link`)."""
     return job.gpus > job.machine.profile.ranks_per_node
-
-
-def _scenario(
-    change: str,
-    plan: dict[str, Any],
-    job: Job,
-    global_batch: int,
-    constraints: Constraints,
-    shapes: _Shapes | None = None,
-    fits: Fitting | None = None,
-) -> dict[str, Any]:
-    """The pick and the fastest plan under a changed job: the pick evaluated again, and the search (bounded
-    by the pick's step where the pick still fits)."""
-    row = evaluate_plan(plan, job, global_batch)
-    try:
-        if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
-            best = fastest(job, global_batch, constraints, row["step_time_s"], shapes)
-            if best is not None and best["step_time_s"] <= row["step_time_s"]:  # nothing left out beats it
-                return _describe(change, plan, row, best)
-        found = search(job, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
-    except TooManyPlans as exc:  # the changed job has more plans than a search weighs: the pick is re-timed
-        said = _describe(change, plan, row, None)
-        return said | {"text": f"{said['text']}; not searched again ({exc.message.split(':')[0]})"}
-    return _describe(change, plan, row, found[0] if found else None)
 
 
 def _describe(
