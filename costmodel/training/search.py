@@ -191,12 +191,10 @@ def enumerate_plans(
     model, seq, gpus, framework = job.model, job.inputs.seq, job.gpus, job.framework
     allowed = _allowed_pairs(c, framework)
     pairs = scheme_pairs()
-    # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
-    a2a_kv = framework.time.a2a_splits_kv_heads
     structure: list[tuple[int, ...]] = []
     shape_pairs: dict[tuple[int, int], list[int]] = {}
     for tp, cp in _tp_cp_degrees(model, seq, gpus, c):
-        valid = _valid_pairs(allowed, pairs, model, seq, tp, cp, a2a_kv) if cp > 1 else [0]
+        valid = _valid_pairs(job, allowed, pairs, tp, cp) if cp > 1 else [0]
         if not valid:
             continue
         shape_pairs[(tp, cp)] = valid
@@ -324,20 +322,18 @@ def with_pairs(
 
 
 def _valid_pairs(
-    allowed: list[tuple[str, str]],
-    pairs: list[tuple[str, str]],
-    model: ModelPreset,
-    seq: int,
-    tp: int,
-    cp: int,
-    a2a_kv: bool,
+    job: Job, allowed: list[tuple[str, str]], pairs: list[tuple[str, str]], tp: int, cp: int
 ) -> list[int]:
-    """The (scheme, layout) pairs that run at this TP and CP degree."""
+    """The (scheme, layout) pairs of ``allowed`` that run ``job`` at this TP and CP degree, as indices of
+    ``pairs``."""
+    model = job.model
     kv_heads = max(model.kv_heads // tp, 1)
+    # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
+    a2a_kv = job.framework.time.a2a_splits_kv_heads
     valid = []
     for name, layout in allowed:
         scheme = registry.get(name)
-        if seq % (cp * chunks_per_rank(layout)):
+        if job.inputs.seq % (cp * chunks_per_rank(layout)):
             continue
         if scheme.check(model.heads // tp, kv_heads, cp, a2a_kv):
             continue
