@@ -582,6 +582,7 @@ def search(
     job: Job,
     global_batch: int,
     constraints: Constraints = Constraints(),
+    *,
     top: int | None = 10,
     shapes: _Shapes | None = None,
     fits: Fitting | None = None,
