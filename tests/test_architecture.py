@@ -239,3 +239,58 @@ def test_the_plan_command_loads_only_what_it_needs() -> None:
         m for m in loaded if m in PLAN_NEVER_LOADS or m.startswith(tuple(f"{p}." for p in PLAN_NEVER_LOADS))
     ]
     assert not unwanted, f"the plan command loads {unwanted}"
+
+
+# A function of a job takes the Job (plans/job.py) whole, not its pieces. Outside the CLI (a command's signature
+# is its flags), the torch kernel and the symbolic model, these alone take more than five parameters, keyword-only
+# options aside; none is given a job's state:
+MANY_PARAMETERS = {
+    # a kernel rate's, a ring step's, a decode step's or one attention layer's operands; a layout walk's arrays
+    "machines.binding.rate",
+    "machines.binding.call_rate",
+    "machines.kernels.attention_rate",
+    "machines.kernels.gemm_rate",
+    "machines.kernels.gemm_shape",
+    "plans.timing.predict",
+    "plans.timing.ring_layer_time",
+    "plans.cp.usp._split",
+    "inference.serve.decode_values",
+    "schedule.packed._walk_key_tiles",
+    # a fit's measurements, folds and provenance
+    "audit.fit.as_fitted",
+    "audit.fit.cross_validate",
+    "audit.fit.kfold_fit",
+    "audit.fit.runs_profile",
+    "audit.runs.fit_runs",
+    "calibration.compare.compare",
+    "calibration.fit.calibrated_inputs",
+    # a regime's keys, which a job and a measured run both have
+    "plans.uncertainty.calibration",
+    # the layout's pieces, which the validator splits before a Job exists
+    "plans.stages.split_stages",
+    # a grid's axes (lengths, CP degrees, one machine of several) beside the job
+    "training.sweep.sweep",
+}
+
+
+def _many_parameters() -> set[str]:
+    """The functions, nested ones too, with more than five positional parameters (``self`` and ``cls`` aside),
+    each as its module's name in the package and its own."""
+    many = set()
+    for module, path in MODULES.items():
+        if _package(module) in ("cli", "kernel", "symbolic"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names = {a.arg for a in node.args.posonlyargs + node.args.args} - {"self", "cls"}
+                if len(names) > 5:
+                    many.add(f"{module.removeprefix('costmodel.')}.{node.name}")
+    return many
+
+
+def test_a_function_takes_at_most_five_parameters_but_the_named_few() -> None:
+    many = _many_parameters()
+    assert many == MANY_PARAMETERS, (
+        f"more than five parameters (a job's functions take the Job whole): {sorted(many - MANY_PARAMETERS)}; "
+        f"five or fewer now, or gone (drop them from MANY_PARAMETERS): {sorted(MANY_PARAMETERS - many)}"
+    )

@@ -64,7 +64,8 @@ def longest_sequence(job: Job, cp: int, global_batch: int | None, constraints: C
     top = MAX_TOKENS // step
     start = max(1, min(job.inputs.seq // step, top))
     ok, least, device = _fits(job, start * step, cp, global_batch, c)
-    if ok:  # double until a length does not fit
+    above = math.nan  # the least memory a plan needs one step past the answer; none past the longest allowed
+    if ok:  # double until a length does not fit, or the longest allowed does
         low, high = start, None
         while high is None:
             probe = min(low * 2, top)
@@ -72,7 +73,7 @@ def longest_sequence(job: Job, cp: int, global_batch: int | None, constraints: C
             if not ok:
                 high, above = probe, least
             elif probe == top:
-                return _longest(job, cp, step, probe, math.nan, device, global_batch, c)
+                low, high = probe, probe + 1  # the longest allowed fits: nothing left to bisect
             else:
                 low = probe
     else:  # halve until one fits, or not even the shortest does
@@ -95,20 +96,7 @@ def longest_sequence(job: Job, cp: int, global_batch: int | None, constraints: C
             low = middle
         else:
             high, above = middle, least
-    return _longest(job, cp, step, low, above, device, global_batch, c)
-
-
-def _longest(
-    job: Job,
-    cp: int,
-    step: int,
-    k: int,
-    above: float,
-    device: float,
-    global_batch: int | None,
-    c: Constraints,
-) -> Longest:
-    seq = k * step
+    seq = low * step
     batch = global_batch or default_global_batch(seq)
     plans = search(_at(job, seq, cp), batch, c, top=1).plans
     return Longest(cp, step, seq, above, device, plans[0] if plans else None, batch)

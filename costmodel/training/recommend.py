@@ -120,7 +120,7 @@ def recommend(
             scheme=None,
             layout=None,
             n_ulysses=None,
-            reason=_failure(rows, n_min, n_max, largest, inputs.pass_, setup.shard_group),
+            reason=_failure(job, rows, n_min, n_max, largest),
             fixes=_fixes(job, n_min, n_max, schemes) if suggest else [],
         )
         fit = fit_at(evaluators[n_min or candidates[-1]])
@@ -153,7 +153,6 @@ def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
     at = _at_plan(job, plan, search["global_batch"])
     window = recommend(at, suggest=False)
     cp = plan["cp"]
-    row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
     planned = plan_as_job(plan, job.training(), search["global_batch"])
     fit = certain_fit(fit_at(Evaluator(training_values(planned))), planned, search["choice"]["level"])
     rec = window.recommendation
@@ -166,7 +165,7 @@ def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
         scheme="none" if cp == 1 else plan["cp_scheme"],
         layout=None if cp == 1 or registry.get(plan["cp_scheme"]).whole_sequence else plan["layout"],
         n_ulysses=None if cp == 1 else plan["cp_ulysses"],
-        reason=_plan_reason(plan, search, row, rec, fit, at.inputs.pass_, job.gpus),
+        reason=_plan_reason(job, search, window, fit),
         fixes=[],
         **{
             k: plan[k]
@@ -190,29 +189,24 @@ def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
     return window.model_copy(update={"fit": fit, "recommendation": recommendation, "search": search})
 
 
-def _plan_reason(
-    plan: dict[str, Any],
-    search: dict[str, Any],
-    row: RecommendCandidate,
-    window: Recommendation,
-    fit: Fit,
-    pass_: str,
-    gpus: int,
-) -> str:
+def _plan_reason(job: Job, search: dict[str, Any], window: RecommendReport, fit: Fit) -> str:
+    """Why the search's pick, and where its CP degree lies against ``window``, the CP window at its TP and PP;
+    ``fit``: the pick's memory."""
+    plan, bounds = search["plans"][0], window.recommendation
     cp = plan["cp"]
+    row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
     chosen = f"The {search.get('choice', {}).get('decided_by') or 'fastest'}"
     text = (
         f"{chosen} of the {search['fit']:,} plans that fit, of {search['considered']:,}: "
         f"{seconds(plan['step_time_s'])} per step at {plan['mfu']:.0%} MFU, "
         f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable per device. "
     )
-    if plan["gpus"] < gpus:  # no layout of every GPU divides the batch and the model as fast
-        text += f"It uses {plan['gpus']:,} of the {gpus:,} GPUs. "
+    if plan["gpus"] < job.gpus:  # no layout of every GPU divides the batch and the model as fast
+        text += f"It uses {plan['gpus']:,} of the {job.gpus:,} GPUs. "
     text += _tight(fit, search["plans"])
-    span = f"[{window.n_min_memory or '-'}, {window.n_max_comm or '-'}]"
-    lowest = (
-        f"its lowest {pass_} comm ratio ({row.lowest_ratio_scheme}, {row.lowest_ratio:.2%}, {row.link_scope})"
-    )
+    span = f"[{bounds.n_min_memory or '-'}, {bounds.n_max_comm or '-'}]"
+    scheme = f"{row.lowest_ratio_scheme}, {row.lowest_ratio:.2%}, {row.link_scope}"
+    lowest = f"its lowest {job.inputs.pass_} comm ratio ({scheme})"
     if cp == 1:
         return text + f"CP 1: memory fits without context parallelism, in the window {span}."
     if row.lowest_ratio <= AMBER.upper:
@@ -282,13 +276,10 @@ def _reason(pick: RecommendCandidate, chosen: SchemeResult, n_min: int | None, p
 
 
 def _failure(
-    rows: list[RecommendCandidate],
-    n_min: int | None,
-    n_max: int | None,
-    largest: Evaluator,
-    pass_: str,
-    shard_group: int,
+    job: Job, rows: list[RecommendCandidate], n_min: int | None, n_max: int | None, largest: Evaluator
 ) -> str:
+    """Why the window is empty: memory fits at no CP degree, or only past N_max(comm). ``largest``: the
+    binding at the largest CP degree the job can use."""
     if n_min is None:
         biggest = rows[-1]
         states, usable = float(memory(largest, "model_state_bytes")), largest.values["M_dev"]
@@ -300,13 +291,13 @@ def _failure(
         real = float(memory(largest, "n_min_memory"))
         return (
             f"Memory fails: even N = {biggest.n}, every rank of a TP x PP slice (G / (TP x PP) = "
-            f"{shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "
+            f"{job.setup.shard_group}), needs {si(biggest.total_bytes, 'B', 3)} per device; memory would fit "
             f"from N = {real:.1f}, which this job cannot reach."
         )
     at_min = next(r for r in rows if r.n == n_min)
     return (
         f"Communication fails: memory needs N >= {n_min}, where the lowest comm ratio ({at_min.lowest_ratio_scheme}) "
-        f"is {at_min.lowest_ratio:.1%} for {pass_}; some scheme stays within 15 % only up to N = {n_max}."
+        f"is {at_min.lowest_ratio:.1%} for {job.inputs.pass_}; some scheme stays within 15 % only up to N = {n_max}."
     )
 
 

@@ -191,12 +191,10 @@ def enumerate_plans(
     model, seq, gpus, framework = job.model, job.inputs.seq, job.gpus, job.framework
     allowed = _allowed_pairs(c, framework)
     pairs = scheme_pairs()
-    # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
-    a2a_kv = framework.time.a2a_splits_kv_heads
     structure: list[tuple[int, ...]] = []
     shape_pairs: dict[tuple[int, int], list[int]] = {}
     for tp, cp in _tp_cp_degrees(model, seq, gpus, c):
-        valid = _valid_pairs(allowed, pairs, model, seq, tp, cp, a2a_kv) if cp > 1 else [0]
+        valid = _valid_pairs(job, allowed, pairs, tp, cp) if cp > 1 else [0]
         if not valid:
             continue
         shape_pairs[(tp, cp)] = valid
@@ -324,20 +322,18 @@ def with_pairs(
 
 
 def _valid_pairs(
-    allowed: list[tuple[str, str]],
-    pairs: list[tuple[str, str]],
-    model: ModelPreset,
-    seq: int,
-    tp: int,
-    cp: int,
-    a2a_kv: bool,
+    job: Job, allowed: list[tuple[str, str]], pairs: list[tuple[str, str]], tp: int, cp: int
 ) -> list[int]:
-    """The (scheme, layout) pairs that run at this TP and CP degree."""
+    """The (scheme, layout) pairs of ``allowed`` that run ``job`` at this TP and CP degree, as indices of
+    ``pairs``."""
+    model = job.model
     kv_heads = max(model.kv_heads // tp, 1)
+    # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
+    a2a_kv = job.framework.time.a2a_splits_kv_heads
     valid = []
     for name, layout in allowed:
         scheme = registry.get(name)
-        if seq % (cp * chunks_per_rank(layout)):
+        if job.inputs.seq % (cp * chunks_per_rank(layout)):
             continue
         if scheme.check(model.heads // tp, kv_heads, cp, a2a_kv):
             continue
@@ -586,6 +582,7 @@ def search(
     job: Job,
     global_batch: int,
     constraints: Constraints = Constraints(),
+    *,
     top: int | None = 10,
     shapes: _Shapes | None = None,
     fits: Fitting | None = None,
@@ -915,6 +912,23 @@ def sensitivity(
     recompute level, and whether another plan would then be fastest. ``found``: the search of these same
     arguments, whose shapes bound inside one node the slower link leaves as they are."""
 
+    def scenario(
+        change: str, at: Job, shapes: _Shapes | None = None, fits: Fitting | None = None
+    ) -> dict[str, Any]:
+        """The pick and the fastest plan under ``at``, the job changed: the pick evaluated again, and the search
+        (bounded by the pick's step where the pick still fits); ``shapes`` and ``fits``, found for ``at``."""
+        row = evaluate_plan(plan, at, global_batch)
+        try:
+            if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
+                best = fastest(at, global_batch, constraints, row["step_time_s"], shapes)
+                if best is not None and best["step_time_s"] <= row["step_time_s"]:
+                    return _describe(change, plan, row, best)  # nothing left out beats it
+            plans = search(at, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
+        except TooManyPlans as exc:  # more plans than a search weighs: the pick is re-timed alone
+            said = _describe(change, plan, row, None)
+            return said | {"text": f"{said['text']}; not searched again ({exc.message.split(':')[0]})"}
+        return _describe(change, plan, row, plans[0] if plans else None)
+
     out = []
     machine = job.machine
     inter = machine.profile.links.inter_node
@@ -940,18 +954,10 @@ def sensitivity(
                 # kernel rates and the rest of a layer's compute do not depend on the links
                 shapes.gemms, shapes.computed = found.shapes.gemms, found.shapes.computed
                 fits = found.fitting  # nor does memory: the same plans fit
-            out.append(_scenario(change, plan, job.on(slower), global_batch, constraints, shapes, fits))
+            out.append(scenario(change, job.on(slower), shapes, fits))
     unit = 2 * plan["cp"]
     longer = -(-job.inputs.seq * 11 // (10 * unit)) * unit
-    out.append(
-        _scenario(
-            f"sequence 10 % longer ({longer:,} tokens)",
-            plan,
-            job.replace(seq=longer),
-            global_batch,
-            constraints,
-        )
-    )
+    out.append(scenario(f"sequence 10 % longer ({longer:,} tokens)", job.replace(seq=longer)))
     level = RECOMPUTE.index(plan["recompute"])
     if level + 1 < len(RECOMPUTE):
         more = plan | {"recompute": RECOMPUTE[level + 1]}
@@ -971,30 +977,6 @@ def _reaches_inter_node(job: Job) -> bool:
     """Whether some group of the job can wait on the inter-node link: a group's members all lie within the
     job's GPUs, so a job inside one node never does (:meth:`Machine.link`)."""
     return job.gpus > job.machine.profile.ranks_per_node
-
-
-def _scenario(
-    change: str,
-    plan: dict[str, Any],
-    job: Job,
-    global_batch: int,
-    constraints: Constraints,
-    shapes: _Shapes | None = None,
-    fits: Fitting | None = None,
-) -> dict[str, Any]:
-    """The pick and the fastest plan under a changed job: the pick evaluated again, and the search (bounded
-    by the pick's step where the pick still fits)."""
-    row = evaluate_plan(plan, job, global_batch)
-    try:
-        if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
-            best = fastest(job, global_batch, constraints, row["step_time_s"], shapes)
-            if best is not None and best["step_time_s"] <= row["step_time_s"]:  # nothing left out beats it
-                return _describe(change, plan, row, best)
-        found = search(job, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
-    except TooManyPlans as exc:  # the changed job has more plans than a search weighs: the pick is re-timed
-        said = _describe(change, plan, row, None)
-        return said | {"text": f"{said['text']}; not searched again ({exc.message.split(':')[0]})"}
-    return _describe(change, plan, row, found[0] if found else None)
 
 
 def _describe(
