@@ -12,6 +12,7 @@ import gc
 import io
 import os
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,6 +134,7 @@ def _stdout_written_whole() -> Iterator[None]:
 
 
 def _run(argv: list[str] | None, whole: bool) -> int:
+    _without_pydantic_plugins()
     # Lazy: importing any costmodel.cli module runs this package first; only running the CLI needs the rest.
     import typer
     from typer.main import get_command
@@ -142,8 +144,6 @@ def _run(argv: list[str] | None, whole: bool) -> int:
     from costmodel.core.errors import InputError
     from costmodel.core.fileio import Terminated
 
-    # cp-plan uses no pydantic plugins; looking for them reads every installed distribution (0.1-0.2 s).
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     NOTES.clear()
     args = sys.argv[1:] if argv is None else list(argv)
     whole = whole or names_a_command(args)
@@ -171,6 +171,20 @@ def _run(argv: list[str] | None, whole: bool) -> int:
     ) as exc:  # only a write to stdout gets here: inputs fail as InputError
         return _output_failed(exc)
     return _finish(result)
+
+
+def _without_pydantic_plugins() -> None:
+    """cp-plan uses no pydantic plugins: looking for them reads every installed distribution (0.1-0.2 s), so
+    the command line (never the library: a notebook keeps its plugins) turns them off unless the environment
+    names some. Off, pydantic's loader would answer "none" all the same, but importing it loads
+    importlib.metadata (~10 ms, a twentieth of a plan); a module answering "none" stands in for it."""
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    # Where pydantic imports get_plugins from when it first builds a validator.
+    loader = "pydantic.plugin._loader"
+    if os.environ["PYDANTIC_DISABLE_PLUGINS"] in ("__all__", "1", "true") and loader not in sys.modules:
+        none = types.ModuleType(loader, "pydantic's plugin loader with every plugin off (costmodel.cli)")
+        none.get_plugins = tuple  # type: ignore[attr-defined]  # get_plugins() -> (), as pydantic's own when off
+        sys.modules[loader] = none
 
 
 def _guard_completion(command: object) -> None:
