@@ -209,7 +209,8 @@ PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--format", "json"
 # numpy costs ~50 ms to import: a plan's few ranks run on Python floats (costmodel.symbolic.ops,
 # costmodel.core.scalars, schedule_rows); rich is for the table, not the JSON; a built-in profile is built
 # from what codegen validated (costmodel/machines/builtin_profiles.py), so no YAML is parsed; pydantic's
-# plugin loader (importlib.metadata) stays out while the command line turns plugins off; tempfile is for writes.
+# plugin loader (importlib.metadata) stays out while the command line turns plugins off; tempfile is for writes;
+# the formulas' text is for --explain.
 PLAN_NEVER_LOADS = (
     "torch",
     "sympy",
@@ -218,6 +219,7 @@ PLAN_NEVER_LOADS = (
     "yaml",
     "importlib.metadata",
     "tempfile",
+    "costmodel.symbolic.formula_text",
     "costmodel.training.step",
     "costmodel.training.search",
     "costmodel.audit",
