@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from functools import cache
@@ -207,13 +208,18 @@ PLAN = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--format", "json"
 # What the plan command (the single-layer report) must not load: it answers before any of these would help.
 # numpy costs ~50 ms to import: a plan's few ranks run on Python floats (costmodel.symbolic.ops,
 # costmodel.core.scalars, schedule_rows); rich is for the table, not the JSON; a built-in profile is built
-# from what codegen validated (costmodel/machines/builtin_profiles.py), so no YAML is parsed.
+# from what codegen validated (costmodel/machines/builtin_profiles.py), so no YAML is parsed; pydantic's
+# plugin loader (importlib.metadata) stays out while the command line turns plugins off; tempfile is for writes;
+# the formulas' text is for --explain.
 PLAN_NEVER_LOADS = (
     "torch",
     "sympy",
     "numpy",
     "rich",
     "yaml",
+    "importlib.metadata",
+    "tempfile",
+    "costmodel.symbolic.formula_text",
     "costmodel.training.step",
     "costmodel.training.search",
     "costmodel.audit",
@@ -294,3 +300,34 @@ def test_a_function_takes_at_most_five_parameters_but_the_named_few() -> None:
         f"more than five parameters (a job's functions take the Job whole): {sorted(many - MANY_PARAMETERS)}; "
         f"five or fewer now, or gone (drop them from MANY_PARAMETERS): {sorted(MANY_PARAMETERS - many)}"
     )
+
+
+def test_only_the_command_line_turns_pydantic_plugins_off() -> None:
+    """The CLI turns plugins off unless the environment names some, and then stands in for pydantic's loader;
+    a library user keeps pydantic's own loader and whatever plugins the environment has."""
+    probe = (
+        "import os, sys\n"
+        "if sys.argv[1] == 'cli':\n"
+        "    from costmodel.cli import main\n"
+        "    main(['--version'])\n"
+        "import costmodel.plans.inputs, pydantic\n"
+        "pydantic.TypeAdapter(int)  # builds a validator, so pydantic asks its loader\n"
+        "loader = sys.modules['pydantic.plugin._loader']\n"
+        "print(os.environ.get('PYDANTIC_DISABLE_PLUGINS'), hasattr(loader, 'entry_points'), list(loader.get_plugins()))\n"
+    )
+
+    def run(how: str, **env: str) -> str:
+        environ = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"} | env
+        done = subprocess.run(
+            [sys.executable, "-c", probe, how],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=environ,
+            check=True,
+        )
+        return done.stdout.splitlines()[-1]
+
+    assert run("library") == "None True []"
+    assert run("cli") == "__all__ False []"
+    assert run("cli", PYDANTIC_DISABLE_PLUGINS="some-plugin") == "some-plugin True []"

@@ -373,21 +373,29 @@ def test_numeric_path_imports_neither_sympy_nor_torch() -> None:
 
 
 def test_only_the_process_entry_freezes_the_collector(cli) -> None:
-    """main() reading the process's own command line freezes the collector as it returns (the process ends:
-    Python's collection at exit would walk everything once more); called with arguments, as here, it
-    leaves the collector as it was."""
+    """main() reading the process's own command line loads the command line with the collector off, then
+    freezes what it loaded and runs the command with the collector on; it freezes the collector again as it
+    returns (the process ends: Python's collection at exit would walk everything once more). Called with
+    arguments, as here, it leaves the collector as it was."""
     before = gc.get_freeze_count()
     assert cli("--format", "json").code == 0
     assert gc.get_freeze_count() == before
+    assert gc.isenabled()
     code = (
         "import gc, io, contextlib, sys\n"
+        "import costmodel.plans.evaluate as plans\n"
         "from costmodel.cli import main\n"
+        "evaluate, during = plans.evaluate, []\n"
+        "def watched(*args):\n"
+        "    during.append((gc.isenabled(), gc.get_freeze_count() > 0))\n"
+        "    return evaluate(*args)\n"
+        "plans.evaluate = watched\n"
         "sys.argv = ['cp-plan', '--format', 'json']\n"
         "with contextlib.redirect_stdout(io.StringIO()): code = main()\n"
-        "print(code, gc.get_freeze_count() > 0, gc.isenabled())"
+        "print(code, during == [(True, True)], gc.get_freeze_count() > 0, gc.isenabled())"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.stdout.split() == ["0", "True", "True"], done.stderr
+    assert done.stdout.split() == ["0", "True", "True", "True"], done.stderr
 
 
 @pytest.mark.parametrize(

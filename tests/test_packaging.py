@@ -50,6 +50,7 @@ def test_wheel_carries_profiles_presets_and_generated_module(wheel: zipfile.ZipF
     for table in ("training_published", "serving_published"):
         assert f"costmodel/_data/validation/{table}_holdout.yaml" in names
     assert "costmodel/symbolic/numeric.py" in names
+    assert "costmodel/symbolic/formula_text.py" in names
     assert not any(name.startswith(("tests/", "docs/", "benchmarks/")) for name in names)
 
 

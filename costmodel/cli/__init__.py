@@ -12,6 +12,7 @@ import gc
 import io
 import os
 import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,19 +62,27 @@ def main(argv: list[str] | None = None, whole: bool = False) -> int:
     """Run the command line; ``whole`` registers every command even where ``argv`` seems to name none.
 
     ``argv`` None reads this process's own command line (the console script, ``python -m costmodel``), and
-    the process ends when main returns: what it built is frozen out of the garbage collector (gc.freeze),
-    which Python would otherwise walk once more at exit (~20 ms, a tenth of a plan). Exit handlers and every
-    object freed by its last reference still run; only cycles still held at exit are left to the OS."""
+    the process ends when main returns. Its start-up (the imports, classes and validators of the command
+    line, objects that live to the exit) runs with the garbage collector off: it would walk them some fifty
+    times and find little (~10-15 ms, a twentieth of a plan). They are frozen out of it (gc.freeze) and the
+    collector is back on before the command runs. What the command built is frozen too at the end, which
+    Python would otherwise walk once more at exit (~20 ms, a tenth of a plan). Exit handlers and every object
+    freed by its last reference still run; only cycles still held at exit are left to the OS."""
     from costmodel.core.fileio import forget_inputs
 
+    starting = argv is None and gc.isenabled()
+    if starting:
+        gc.disable()  # until _run has loaded the command line
     forget_inputs()  # the files this run reads, which no output may replace; a test runs many in one process
     try:
         with _stdout_written_whole():
-            return _run(argv, whole)
+            return _run(argv, whole, starting)
     finally:
         forget_inputs()
         if argv is None:
             gc.freeze()
+        if starting:
+            gc.enable()
 
 
 class _WholeWrites(io.RawIOBase):
@@ -132,7 +141,10 @@ def _stdout_written_whole() -> Iterator[None]:
             checked.close()  # closes the wrapper, not the descriptor
 
 
-def _run(argv: list[str] | None, whole: bool) -> int:
+def _run(argv: list[str] | None, whole: bool, starting: bool = False) -> int:
+    """Load the command line and run the command ``argv`` names; ``starting``: the garbage collector is off
+    for the start-up (see :func:`main`), and goes back on, the start-up frozen out of it, when the command runs."""
+    _without_pydantic_plugins()
     # Lazy: importing any costmodel.cli module runs this package first; only running the CLI needs the rest.
     import typer
     from typer.main import get_command
@@ -142,8 +154,6 @@ def _run(argv: list[str] | None, whole: bool) -> int:
     from costmodel.core.errors import InputError
     from costmodel.core.fileio import Terminated
 
-    # cp-plan uses no pydantic plugins; looking for them reads every installed distribution (0.1-0.2 s).
-    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     NOTES.clear()
     args = sys.argv[1:] if argv is None else list(argv)
     whole = whole or names_a_command(args)
@@ -151,6 +161,9 @@ def _run(argv: list[str] | None, whole: bool) -> int:
         return fail("stdout: closed; redirect it to a file or /dev/null")
     command = get_command(with_subcommands() if whole else app)
     _guard_completion(command)
+    if starting:
+        gc.freeze()
+        gc.enable()
     try:
         result = command.main(args=args, prog_name=PROG, standalone_mode=False)
     except InputError as exc:
@@ -171,6 +184,20 @@ def _run(argv: list[str] | None, whole: bool) -> int:
     ) as exc:  # only a write to stdout gets here: inputs fail as InputError
         return _output_failed(exc)
     return _finish(result)
+
+
+def _without_pydantic_plugins() -> None:
+    """cp-plan uses no pydantic plugins: looking for them reads every installed distribution (0.1-0.2 s), so
+    the command line (never the library: a notebook keeps its plugins) turns them off unless the environment
+    names some. Off, pydantic's loader would answer "none" all the same, but importing it loads
+    importlib.metadata (~10 ms, a twentieth of a plan); a module answering "none" stands in for it."""
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    # Where pydantic imports get_plugins from when it first builds a validator.
+    loader = "pydantic.plugin._loader"
+    if os.environ["PYDANTIC_DISABLE_PLUGINS"] in ("__all__", "1", "true") and loader not in sys.modules:
+        none = types.ModuleType(loader, "pydantic's plugin loader with every plugin off (costmodel.cli)")
+        none.get_plugins = tuple  # type: ignore[attr-defined]  # get_plugins() -> (), as pydantic's own when off
+        sys.modules[loader] = none
 
 
 def _guard_completion(command: object) -> None:

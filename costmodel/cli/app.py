@@ -19,7 +19,6 @@ from costmodel.core.errors import InputError
 from costmodel.machines.compose import ProfileChanges, override
 from costmodel.machines.profiles import HardwareProfile, builtin_names, load_profile
 from costmodel.plans.inputs import LayerKernel, MachineOverrides, PlanInputs, machine_for
-from costmodel.symbolic import numeric
 
 app = typer.Typer(
     name="cp-plan",
@@ -268,10 +267,11 @@ def formulas_cmd(
     latex: Annotated[bool, typer.Option("--latex", help="LaTeX (imports sympy).")] = False,
 ) -> None:
     """List the model's formulas: name, expression, meaning, unit and source."""
+    from costmodel.symbolic.formula_text import INFO
 
-    if name is not None and name not in numeric.INFO:
-        raise InputError("NAME", f"unknown formula {name!r}; known: {', '.join(numeric.INFO)}")
-    names = [name] if name else list(numeric.INFO)
+    if name is not None and name not in INFO:
+        raise InputError("NAME", f"unknown formula {name!r}; known: {', '.join(INFO)}")
+    names = [name] if name else list(INFO)
     if latex:
         from costmodel.symbolic import formulas
 
@@ -282,6 +282,6 @@ def formulas_cmd(
 
     screen = console()
     for n in names:
-        symbol, expression, _, meaning, unit, source, _ = numeric.INFO[n]
+        symbol, expression, _, meaning, unit, source, _ = INFO[n]
         screen.print(Text(n, style="bold") + Text(f"  {symbol} = {expression}  [{unit}]"))
         screen.print(Text(f"    {meaning} ({source})", style="dim"))

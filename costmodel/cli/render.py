@@ -15,7 +15,6 @@ from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluation
 from costmodel.plans.schema import Budget, MemoryCategories, Report
 from costmodel.plans.verdict import band
-from costmodel.symbolic import numeric
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -533,13 +532,15 @@ def to_markdown(report: Report, trace: list[Evaluation] | None = None) -> str:
 
 def explain_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
     """Each distinct evaluation: the formula, then the same with values substituted, then the value."""
+    from costmodel.symbolic.formula_text import INFO  # here: a plan without --explain prints no formula
+
     rows, seen = [], set()
     for e in trace:
         key = (e.name, tuple(sorted(e.args.items())))
         if key in seen:
             continue
         seen.add(key)
-        symbol, expression, template, meaning, unit, source, _ = numeric.INFO[e.name]
+        symbol, expression, template, meaning, unit, source, _ = INFO[e.name]
         substituted = template.format(
             **{k: f"{v:g}" if isinstance(v, float) else v for k, v in e.args.items()}
         )
@@ -560,18 +561,20 @@ def explain_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
 def term_rows(trace: list[Evaluation]) -> list[dict[str, str]]:
     """Each distinct formula of a trace as written (in other formulas' symbols, as docs/formulas.md shows
     it) and its value: how the step's terms build up to step_time_s."""
+    from costmodel.symbolic.formula_text import DEFINITIONS, INFO
+
     rows, seen = [], set()
     for e in trace:
         if e.name in seen:
             continue
         seen.add(e.name)
-        symbol, expression, _, meaning, unit, source, _ = numeric.INFO[e.name]
+        symbol, expression, _, meaning, unit, source, _ = INFO[e.name]
         rows.append(
             {
                 "name": e.name,
                 "meaning": meaning,
                 "source": source,
-                "formula": f"{symbol} = {numeric.DEFINITIONS.get(e.name, expression)}",
+                "formula": f"{symbol} = {DEFINITIONS.get(e.name, expression)}",
                 "value": f"{float(e.value):.6g} {unit}",
             }
         )

@@ -14,7 +14,6 @@ import re
 import signal
 import stat
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,6 +110,8 @@ def _not_an_input(target: Path, field: str) -> None:
 def _temporary_beside(target: Path) -> tuple[int, str]:
     """A new temporary file in the target's folder, so that the rename over the target is atomic. Its name
     is short and its own, not the target's with more around it: a target may take all 255 bytes a name may."""
+    import tempfile  # here: only a write needs it, and the plan command writes no file
+
     return tempfile.mkstemp(prefix=".cp-plan-", suffix=".tmp", dir=target.parent)
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from costmodel.core.intervals import Interval
 from costmodel.plans.schema import Budget, MemoryCategories
-from costmodel.symbolic import numeric
+from costmodel.symbolic import formula_text, numeric
 
 # v2: mfu counts the trained mask's pairs; the full square is mfu_full_square. v3: the pipeline's stage split
 # in inputs (first/middle/last_stage_layers); bubble_fraction over the slowest stage's busy time. v4: the
@@ -33,7 +33,7 @@ class _Strict(BaseModel):
 
 def _term(formula: str, label: str, short: str) -> Any:
     """A breakdown field: seconds, the value of ``formula``, shown as ``label`` (``short`` in a narrow cell)."""
-    meaning = numeric.INFO[formula][3]
+    meaning = formula_text.INFO[formula][3]
     return Field(
         title=label,
         description=f"{meaning} (formula {formula})",
