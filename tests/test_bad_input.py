@@ -141,3 +141,14 @@ def test_names_are_case_insensitive_and_a_near_miss_gets_suggestions(cli) -> Non
     err = cli("--hw", "h100").err
     assert err.startswith("cp-plan: error: --hw: unknown hardware 'h100'; did you mean h100-ib, h100-nvlink")
     assert "did you mean a100-nvlink" in cli("--hw", "a100-nvlnk").err
+
+
+@pytest.mark.parametrize("flag", ["--runtime-bytes", "--allocator-reserve"])
+def test_a_framework_knob_below_the_smallest_quantity_is_one_line(cli, flag: str) -> None:
+    """A knob that lands in the framework profile is held to the profile's own bounds where it is read: a
+    denormal once passed the flag and failed in the profile, a traceback (found by the fuzz tests)."""
+    result = cli("recommend", "--seq", "32k", "--model", "llama3-8b", "--gpus", "16", flag, "4.8e-169")
+    assert result.code == 2 and result.out == ""
+    assert result.err.splitlines() == [
+        f"cp-plan: error: {flag}: must be 0 or in [1e-30, 1e+30] (got 4.8e-169)"
+    ]

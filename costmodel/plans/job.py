@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
+from costmodel.core.fields import NonNegative
 from costmodel.frameworks.profiles import (
     DEFAULT,
     CrossEntropy,
@@ -227,14 +228,14 @@ class FrameworkKnobs(BaseModel):
         "When ZeRO-3/FSDP frees a layer's gathered weights: always (after its forward), never (kept for the "
         f"step) or unless-pp {FRAMEWORK_DEFAULT}.",
     )
-    runtime_bytes: Number | None = flag(
+    runtime_bytes: NonNegative | None = flag(
         None,
         f"Device memory beyond the allocator's: CUDA context, NCCL's buffers, workspaces {FRAMEWORK_DEFAULT}.",
         unit="bytes",
         ge=0,
         le=2**50,
     )
-    allocator_reserve: Number | None = flag(
+    allocator_reserve: NonNegative | None = flag(
         None,
         "What the caching allocator reserves beyond the tensors, as a share of what comes and goes within a "
         f"step {FRAMEWORK_DEFAULT}.",
