@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from costmodel.inference.published import GOAL, HELD_KEYS, HELD_OUT, NEW, ROWS, draw_held_out
 from costmodel.inference.serve import evaluate_infer
 from costmodel.inference.setup import build_infer
+from costmodel.machines.kernels import attention_rate
+from costmodel.machines.profiles import load_profile
 from costmodel.symbolic import numeric
 from tests.support import formula
 
@@ -516,3 +518,46 @@ def test_infer_gpus_searches_the_serving_layouts_and_plans_with_the_fastest_that
     assert "Serving layouts of 64 GPUs" in table.out
     refused = cli(*args, "--gpus", "8", "--explain")
     assert refused.code == 2 and refused.err.startswith("cp-plan: error: --explain: not with --gpus")
+
+
+@pytest.mark.parametrize("kernel", ["flash", "sdpa-flash", "sdpa-cudnn", "cudnn"])
+def test_the_prefill_reads_the_attention_kernel_asked_for(kernel: str) -> None:
+    """One 128K prefill at CP 1: its attention is one causal forward call, read on the named kernel's table at
+    the sustained clock, and the same FLOP whatever the kernel (time x rate unchanged); decode, memory-bound,
+    does not move."""
+
+    def infer(name: str) -> dict:
+        return evaluate_infer(
+            *build_infer(model="llama3-8b", prompt=131072, hw="h100-nvlink", attention_kernel=name)
+        ).model_dump()["inference"]
+
+    profile = load_profile("h100-nvlink")
+    table = attention_rate(
+        profile, "bf16", 131072, 131072, 128, True, False, None if kernel == "flash" else kernel
+    )
+    asked, default = infer(kernel), infer("flash")
+    rate = asked["prefill"]["attention_flops_per_s"]
+    assert rate == pytest.approx(profile.kernels.sustained_clock * table, rel=1e-12)
+    work = asked["prefill"]["breakdown"]["attention_s"] * rate
+    assert work == pytest.approx(
+        default["prefill"]["breakdown"]["attention_s"] * default["prefill"]["attention_flops_per_s"], rel=1e-9
+    )
+    assert asked["tpot_s"] == default["tpot_s"]
+
+
+def test_an_attention_kernel_the_profile_lacks_is_one_line(cli) -> None:
+    result = cli(
+        "infer",
+        "--model",
+        "llama3-8b",
+        "--prompt",
+        "32k",
+        "--hw",
+        "a100-nvlink",
+        "--attention-kernel",
+        "cudnn",
+    )
+    assert result.code == 2
+    assert result.err.splitlines() == [
+        "cp-plan: error: --attention-kernel: 'cudnn': profile 'a100-nvlink' has tables for flash"
+    ]

@@ -94,6 +94,7 @@ def _table(report: dict) -> None:
         f"{given['model']} on {out['gpus']} x {given['hw']}: tp {given['tp']}, cp {given['cp']}, "
         f"pp {given['pp']}; batch {given['batch']}, prompt {given['prompt']:,} after {given['cached']:,} "
         f"cached, {given['output']:,} out; weights {given['weights']}, KV cache {given['kv_dtype']}"
+        + ("" if given["attention_kernel"] == "flash" else f"; attention {given['attention_kernel']}")
     )
     fit = "fits" if mem["fits"] else "DOES NOT FIT"
     screen.print(

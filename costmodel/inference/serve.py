@@ -51,7 +51,14 @@ from costmodel.plans.bind import (
     overlaps,
 )
 from costmodel.plans.cp import PREFILL, pass_kv, pass_q
-from costmodel.plans.inputs import MAX_CP, MachineOverrides, Parallelism, PlanInputs, job_machine
+from costmodel.plans.inputs import (
+    MAX_CP,
+    MachineOverrides,
+    Parallelism,
+    PlanInputs,
+    job_machine,
+    reading_kernel,
+)
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
 from costmodel.plans.uncertainty import serving_interval
@@ -144,7 +151,7 @@ class Serving:
             )
         inputs = setup.attention_inputs()
         chunk = _check(setup, model)
-        attention = job_machine(inputs, overrides)
+        attention = reading_kernel(job_machine(inputs, overrides), setup.attention_kernel)
         return cls(setup, inputs, model, attention, _machine(attention, setup.weights, "--weights"), chunk)
 
     def at(self, **degrees: int) -> Serving:

@@ -20,6 +20,7 @@ from costmodel.plans.inputs import (
     MAX_TOKENS,
     Count,
     Flag,
+    LayerKernel,
     MachineOverrides,
     Number,
     Overlaps,
@@ -48,6 +49,7 @@ class InferenceSetup(BaseModel):
     hw: str = declared_as(PlanInputs, "hw")
     model: str | None = declared_as(PlanInputs, "model")
     batch: Count = declared_as(PlanInputs, "batch")
+    attention_kernel: str = declared_as(LayerKernel, "attention_kernel")
     prompt: Tokens = flag(
         ...,
         "New prompt tokens per sequence to prefill (after any cached prefix).",

@@ -493,10 +493,16 @@ def machine_for(
     """The plan's machine: its profile (``inputs.hw``, or ``profile`` already loaded), changed as the command
     line says, bound to its dtype and efficiency, its attention calls reading ``kernel``'s tables."""
     machine = _machine(inputs, overrides, profile, job=False)
-    if kernel is None or kernel.attention_kernel == "flash":
+    return machine if kernel is None else reading_kernel(machine, kernel.attention_kernel)
+
+
+def reading_kernel(machine: Machine, kernel: str) -> Machine:
+    """``machine`` with its attention calls reading ``kernel``'s tables (``flash``: the profile's default
+    ones); one line naming --attention-kernel where the profile holds none of that name."""
+    if kernel == "flash":
         return machine
-    check_kernel(kernel.attention_kernel, machine.profile)
-    return replace(machine, attention_kernel=kernel.attention_kernel)
+    check_kernel(kernel, machine.profile)
+    return replace(machine, attention_kernel=kernel)
 
 
 def job_machine(
