@@ -545,6 +545,25 @@ def test_the_prefill_reads_the_attention_kernel_asked_for(kernel: str) -> None:
     assert asked["tpot_s"] == default["tpot_s"]
 
 
+def test_an_unfused_prefill_is_one_line(cli) -> None:
+    result = cli(
+        "infer",
+        "--model",
+        "llama3-8b",
+        "--prompt",
+        "32k",
+        "--hw",
+        "h100-nvlink",
+        "--attention-kernel",
+        "unfused",
+    )
+    assert result.code == 2
+    assert result.err.splitlines() == [
+        "cp-plan: error: --attention-kernel: unfused is Megatron's training attention; a prefill reads flash or "
+        "a kernel the profile holds tables for (cp-plan hw show)"
+    ]
+
+
 def test_an_attention_kernel_the_profile_lacks_is_one_line(cli) -> None:
     result = cli(
         "infer",

@@ -20,7 +20,6 @@ from costmodel.plans.inputs import (
     MAX_TOKENS,
     Count,
     Flag,
-    LayerKernel,
     MachineOverrides,
     Number,
     Overlaps,
@@ -49,7 +48,7 @@ class InferenceSetup(BaseModel):
     hw: str = declared_as(PlanInputs, "hw")
     model: str | None = declared_as(PlanInputs, "model")
     batch: Count = declared_as(PlanInputs, "batch")
-    attention_kernel: str = declared_as(LayerKernel, "attention_kernel")
+    attention_kernel: str = declared_as(TrainingSetup, "attention_kernel")
     prompt: Tokens = flag(
         ...,
         "New prompt tokens per sequence to prefill (after any cached prefix).",
