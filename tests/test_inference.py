@@ -545,38 +545,19 @@ def test_the_prefill_reads_the_attention_kernel_asked_for(kernel: str) -> None:
     assert asked["tpot_s"] == default["tpot_s"]
 
 
-def test_an_unfused_prefill_is_one_line(cli) -> None:
-    result = cli(
-        "infer",
-        "--model",
-        "llama3-8b",
-        "--prompt",
-        "32k",
-        "--hw",
-        "h100-nvlink",
-        "--attention-kernel",
-        "unfused",
-    )
+@pytest.mark.parametrize(
+    ("hw", "kernel", "said"),
+    [
+        (
+            "h100-nvlink",
+            "unfused",
+            "unfused is Megatron's training attention (cp-plan step); these calls read flash or a kernel "
+            "the profile holds tables for (cp-plan hw show)",
+        ),
+        ("a100-nvlink", "cudnn", "'cudnn': profile 'a100-nvlink' has tables for flash"),
+    ],
+)
+def test_an_attention_kernel_a_prefill_cannot_read_is_one_line(cli, hw: str, kernel: str, said: str) -> None:
+    result = cli("infer", "--model", "llama3-8b", "--prompt", "32k", "--hw", hw, "--attention-kernel", kernel)
     assert result.code == 2
-    assert result.err.splitlines() == [
-        "cp-plan: error: --attention-kernel: unfused is Megatron's training attention; a prefill reads flash or "
-        "a kernel the profile holds tables for (cp-plan hw show)"
-    ]
-
-
-def test_an_attention_kernel_the_profile_lacks_is_one_line(cli) -> None:
-    result = cli(
-        "infer",
-        "--model",
-        "llama3-8b",
-        "--prompt",
-        "32k",
-        "--hw",
-        "a100-nvlink",
-        "--attention-kernel",
-        "cudnn",
-    )
-    assert result.code == 2
-    assert result.err.splitlines() == [
-        "cp-plan: error: --attention-kernel: 'cudnn': profile 'a100-nvlink' has tables for flash"
-    ]
+    assert result.err.splitlines() == [f"cp-plan: error: --attention-kernel: {said}"]
