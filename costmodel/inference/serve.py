@@ -149,12 +149,6 @@ class Serving:
                 f"{setup.model} is a mixture of experts ({model.experts} experts); infer models dense layers "
                 "only (cp-plan step and recommend model MoE training)",
             )
-        if setup.attention_kernel == "unfused":
-            raise InputError(
-                "--attention-kernel",
-                "unfused is Megatron's training attention; a prefill reads flash or a kernel the profile holds "
-                "tables for (cp-plan hw show)",
-            )
         inputs = setup.attention_inputs()
         chunk = _check(setup, model)
         attention = reading_kernel(job_machine(inputs, overrides), setup.attention_kernel)

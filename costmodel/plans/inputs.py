@@ -501,6 +501,12 @@ def reading_kernel(machine: Machine, kernel: str) -> Machine:
     ones); one line naming --attention-kernel where the profile holds none of that name."""
     if kernel == "flash":
         return machine
+    if kernel == "unfused":  # a name the training flag accepts: its score matrices are the step's alone
+        raise InputError(
+            "--attention-kernel",
+            "unfused is Megatron's training attention (cp-plan step); these calls read flash or a kernel the "
+            "profile holds tables for (cp-plan hw show)",
+        )
     check_kernel(kernel, machine.profile)
     return replace(machine, attention_kernel=kernel)
 
