@@ -34,7 +34,7 @@ from costmodel.core.errors import InputError
 from costmodel.core.fields import CountAsWritten, NumberAsWritten, Switch
 from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine, build_machine
-from costmodel.machines.kernels import check_kernel
+from costmodel.machines.kernels import attention_kernels, check_kernel
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile, load_profile
 from costmodel.machines.topology import parse_order, strides
 from costmodel.plans.models import load_model
@@ -502,10 +502,11 @@ def reading_kernel(machine: Machine, kernel: str) -> Machine:
     if kernel == "flash":
         return machine
     if kernel == "unfused":  # a name the training flag accepts: its score matrices are the step's alone
+        tables = ", ".join(["flash", *attention_kernels(machine.profile)])
         raise InputError(
             "--attention-kernel",
-            "unfused is Megatron's training attention (cp-plan step); these calls read flash or a kernel the "
-            "profile holds tables for (cp-plan hw show)",
+            f"unfused is Megatron's training attention (cp-plan step); {machine.profile.origin} has tables for "
+            f"{tables}",
         )
     check_kernel(kernel, machine.profile)
     return replace(machine, attention_kernel=kernel)
