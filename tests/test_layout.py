@@ -9,11 +9,26 @@ import pytest
 
 from costmodel.core.errors import InputError
 from costmodel.inference.setup import InferenceSetup
-from costmodel.plans.inputs import MachineOverrides, Parallelism, PlanInputs, TrainingSetup, build
+from costmodel.plans.inputs import (
+    LayerKernel,
+    MachineOverrides,
+    Parallelism,
+    PlanInputs,
+    TrainingSetup,
+    build,
+)
 from costmodel.plans.job import FrameworkKnobs, StepSetup
 from costmodel.plans.models import load_model
 
-DECLARED = (PlanInputs, TrainingSetup, MachineOverrides, StepSetup, FrameworkKnobs, InferenceSetup)
+DECLARED = (
+    PlanInputs,
+    TrainingSetup,
+    LayerKernel,
+    MachineOverrides,
+    StepSetup,
+    FrameworkKnobs,
+    InferenceSetup,
+)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -470,20 +470,6 @@ class MachineOverrides(BaseModel):
     )
 
 
-class LayerKernel(BaseModel):
-    """Which attention kernel's tables one layer's calls read (the single-layer plan; a training job states
-    it in its setup)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    attention_kernel: str = flag(
-        "flash",
-        "The attention kernel whose tables the layer's calls read: flash (the profile's default tables) or "
-        "a kernel the profile holds tables for (cp-plan hw show: e.g. sdpa-flash, sdpa-cudnn, cudnn).",
-        pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
-    )
-
-
 def machine_for(
     inputs: PlanInputs,
     overrides: MachineOverrides | None = None,
@@ -648,6 +634,15 @@ class TrainingSetup(BaseModel):
         return inputs.model_copy(
             update={"heads": inputs.heads // self.tp, "kv_heads": max(inputs.kv_heads // self.tp, 1)}
         )
+
+
+class LayerKernel(BaseModel):
+    """Which attention kernel's tables one layer's calls read: the single-layer plan's, declared as a training
+    job's (:class:`TrainingSetup`); :func:`reading_kernel` refuses ``unfused``, the step's alone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    attention_kernel: str = declared_as(TrainingSetup, "attention_kernel")
 
 
 M = TypeVar("M", bound=BaseModel)
