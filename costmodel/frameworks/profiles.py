@@ -45,6 +45,10 @@ TpInputs = Literal["sharded", "gathered"]
 OptimizerKernel = Literal["fused", "foreach"]
 CrossEntropy = Literal["torch", "megatron", "flash"]
 Fp8Scaling = Literal["delayed", "current"]
+# How a layer's norms, rotary embedding and MLP activation run: fused (one kernel each: Transformer Engine,
+# Megatron's fused kernels, Liger, torch.compile) or eager (torch ops one by one, the bf16 input upcast to fp32
+# and cast back; the step formula's x_eager counts what each op moves).
+Elementwise = Literal["fused", "eager"]
 
 
 class _Strict(BaseModel):
@@ -159,6 +163,11 @@ class TimePolicy(_Strict):
         description="HBM bytes its ring moves per element of the partial output to merge one step's result "
         "into the running one: 12 a fused merge (two fp32 partials read, one written); unfused torch ops "
         "(a cast, then three elementwise passes) 34-38",
+    )
+    elementwise: Elementwise = Field(
+        "fused",
+        description="how a layer's norms, rotary embedding and MLP activation run: fused (one kernel each) or "
+        "eager (torch ops one by one with fp32 upcasts, as a model's PyTorch code runs without torch.compile)",
     )
     fp8_scaling: Fp8Scaling = Field(
         "delayed",

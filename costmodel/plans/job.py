@@ -26,6 +26,7 @@ from costmodel.core.fields import NonNegative
 from costmodel.frameworks.profiles import (
     DEFAULT,
     CrossEntropy,
+    Elementwise,
     Fp8Scaling,
     FrameworkProfile,
     Loss,
@@ -134,6 +135,12 @@ class StepSetup(BaseModel):
         gt=0,
         le=1024,
     )
+    elementwise: Elementwise | None = flag(
+        None,
+        "How a layer's norms, rotary embedding and MLP activation run: fused (one kernel each: Transformer "
+        "Engine, Liger, torch.compile) or eager (torch ops one by one with fp32 upcasts, about 3x the HBM "
+        f"traffic) {FRAMEWORK_DEFAULT}.",
+    )
     ep: Count = declared_as(Parallelism, "ep")
     capacity_factor: Number = flag(
         CAPACITY_FACTOR,
@@ -153,6 +160,7 @@ class StepSetup(BaseModel):
             "optimizer_bytes": t.optimizer_bytes,
             "grad_bytes": t.grad_reduce_bytes,
             "ring_merge_bytes": t.ring_merge_bytes,
+            "elementwise": t.elementwise,
             "fp8_scaling": t.fp8_scaling,
         }
         return self.model_copy(update={k: v for k, v in defaults.items() if getattr(self, k) is None})

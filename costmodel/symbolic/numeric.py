@@ -1094,10 +1094,10 @@ def layer_attn_flops(*, N, S, b, c, d, h, t):
     return 4*S**2*b*c*d*h/(N*t)
 
 
-def layer_elementwise_bytes(*, F_ffn, H, N, S, b, d, g, h, n_kv, p, sigma, t):
-    """E_layer = S*b*p*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1))/(N*t*(sigma*(t - 1) + 1)): forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), split t ways only with sequence parallelism (else every TP rank runs them whole), and rotary on Q and K and the MLP activation ((2+g)·F_ffn) on the rank's heads and columns [B] ([Korthikanti22 §4])."""
+def layer_elementwise_bytes(*, F_ffn, H, N, S, b, d, g, h, n_kv, p, sigma, t, x_eager):
+    """E_layer = S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1))/(N*t*(sigma*(t - 1) + 1)): forward HBM bytes of the memory-bound work, in elements of p bytes: two norms (2·H each fused: read, write) and two residual adds (3·H each), split t ways only with sequence parallelism (else every TP rank runs them whole), rotary on Q and K (2 an element fused) and the MLP activation ((2+g)·F_ffn fused) on the rank's heads and columns. Eager torch ops (x_eager = 1) move more: an RMSNorm upcasts to fp32 (3), squares (4), takes the mean (2), scales (4), casts back (3) and weights (2), 18 an element; a complex rotary upcasts (3), multiplies (4) and casts back (3), 10; a SwiGLU's silu (2) and product (3), 5 [B] ([Korthikanti22 §4], [torchtitan-code], [Liger])."""
     _x0 = sigma*(t - 1) + 1
-    return S*b*p*(10*H*t + _x0*(F_ffn*(g + 2) + 2*d*(h + n_kv)))/(N*_x0*t)
+    return S*b*p*(2*H*t*(16*x_eager + 5) + _x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1)))/(N*_x0*t)
 
 
 def layer_lora_fwd_bytes(*, F_ffn, H, N, S, b, d, f_b, g, h, n_kv, p, t):
@@ -1269,39 +1269,39 @@ def layer_gemm_bwd_s(*, F_ffn, F_gemm_b, H, N, S, b, c_q, d, d_qk, d_r, d_v, f_b
     return 2*S*b*(f_b + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x0*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x0) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm_b*N*t)
 
 
-def layer_compute_fwd_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att):
-    """t_fwd_c = S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): forward compute of one layer: matrix multiplies, attention, memory-bound elementwise (LoRA's adapters among it) [s] ([Megatron21 §5.1])."""
+def layer_compute_fwd_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att, x_eager):
+    """t_fwd_c = S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): forward compute of one layer: matrix multiplies, attention, memory-bound elementwise (LoRA's adapters among it) [s] ([Megatron21 §5.1])."""
     _x0 = sigma*(t - 1) + 1
-    _x1 = H*t
-    _x2 = F_ffn*(g + 2)
-    _x3 = d*(h + 2*n_kv)
+    _x1 = g + 2
+    _x2 = d*(h + 2*n_kv)
+    _x3 = d_qk*h
     _x4 = F_attn*u_cp
-    _x5 = d_qk*h
-    return S*b*(2*B_hbm*_x0*_x4*(H*_x2 - H*_x3*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x5*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x5) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + F_gemm*_x4*p*(_x0*(_x2 + 2*d*(h + n_kv)) - _x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + _x1*(g + 16) + 6*_x3 + d*h) + 10*_x1))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
+    _x5 = H*t
+    return S*b*(2*B_hbm*_x0*_x4*(F_ffn*H*_x1 - H*_x2*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x3*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x3) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + F_gemm*_x4*p*(-_x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + 6*_x2 + _x5*(g + 16) + d*h) + _x0*(F_ffn*(_x1 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1)) + 2*_x5*(16*x_eager + 5)))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
 
 
-def layer_compute_bwd_s(*, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att):
-    """t_bwd_c = S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)): backward compute of one layer (matrix multiplies twice the forward) [s] ([Megatron21 §5.1])."""
+def layer_compute_bwd_s(*, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att, x_eager):
+    """t_bwd_c = S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)): backward compute of one layer (matrix multiplies twice the forward) [s] ([Megatron21 §5.1])."""
     _x0 = sigma*(t - 1) + 1
-    _x1 = H*t
-    _x2 = F_ffn*(g + 2)
-    _x3 = 2*_x0
-    _x4 = d*(h + 2*n_kv)
+    _x1 = g + 2
+    _x2 = d*(h + 2*n_kv)
+    _x3 = d_qk*h
+    _x4 = 2*_x0
     _x5 = F_attn_bwd*u_cp
-    _x6 = d_qk*h
-    return S*b*(B_hbm*_x3*_x5*(f_b + 1)*(H*_x2 - H*_x4*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x6*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x6) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x5*p*(-_x0*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + _x1*(5*g + 28) + 4*_x4 + 5*d*h) + 20*_x1 + _x3*(_x2 + 2*d*(h + n_kv))))/(B_hbm*F_attn_bwd*F_gemm_b*N*_x0*t*u_cp)
+    _x6 = H*t
+    return S*b*(B_hbm*_x4*_x5*(f_b + 1)*(F_ffn*H*_x1 - H*_x2*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x3*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x3) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x5*p*(-_x0*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + 4*_x2 + _x6*(5*g + 28) + 5*d*h) + _x4*(F_ffn*(_x1 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1)) + 4*_x6*(16*x_eager + 5)))/(B_hbm*F_attn_bwd*F_gemm_b*N*_x0*t*u_cp)
 
 
-def layer_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, rc_full, rc_sel, sigma, t, u_cp, x_att):
-    """t_rc = S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): recompute of one layer in backward: the attention core (selective) or the whole forward (full) [s] ([Korthikanti22 §5])."""
+def layer_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, rc_full, rc_sel, sigma, t, u_cp, x_att, x_eager):
+    """t_rc = S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): recompute of one layer in backward: the attention core (selective) or the whole forward (full) [s] ([Korthikanti22 §5])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)
-    _x2 = H*t
-    _x3 = F_ffn*(g + 2)
-    _x4 = d*(h + 2*n_kv)
+    _x2 = g + 2
+    _x3 = d*(h + 2*n_kv)
+    _x4 = d_qk*h
     _x5 = F_attn*u_cp
-    _x6 = d_qk*h
-    return S*b*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x5*(H*_x3 - H*_x4*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x6*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x6) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x5*p*(_x0*(_x3 + 2*d*(h + n_kv)) - _x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + _x2*(g + 16) + 6*_x4 + d*h) + 10*_x2) + _x1))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
+    _x6 = H*t
+    return S*b*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x5*(F_ffn*H*_x2 - H*_x3*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x4*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x4) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x5*p*(-_x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + 6*_x3 + _x6*(g + 16) + d*h) + _x0*(F_ffn*(_x2 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1)) + 2*_x6*(16*x_eager + 5)) + _x1))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
 
 
 def layer_host_s(*, n_kb, n_kf, rc_full, t_k):
@@ -1498,8 +1498,8 @@ def offload_grad_copy_s(*, B_h, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, 
     return o_opt*p*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x3*(h + 2*n_kv) - H*h*(_x3 - d_v*m_la) - _x2 + m_la*(H*_x1 - H*_x4*(c_q - 1) + _x0*(H + _x4) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x2 + m_la*(_x0 + r_kv))))/(B_h*pp*t)
 
 
-def offload_grad_exposed_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, z_o):
-    """x_g2h = Max(0, Piecewise(((-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), True))): the gradient copy left after hiding it under the last micro-batch's backward on the slowest stage [s] ([ZeRO-Offload §4.1])."""
+def offload_grad_exposed_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, x_eager, z_o):
+    """x_g2h = Max(0, Piecewise(((-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), True))): the gradient copy left after hiding it under the last micro-batch's backward on the slowest stage [s] ([ZeRO-Offload §4.1])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = H*t
     _x2 = c_q*r_q
@@ -1509,14 +1509,14 @@ def offload_grad_exposed_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H
     _x6 = d*(m_la - 1)
     _x7 = H*h
     _x8 = d_qk*h
-    _x9 = F_ffn*(g + 2)
+    _x9 = g + 2
     _x10 = h + 2*n_kv
-    _x11 = -H*_x10*_x6 + H*_x9 + m_la*(H*_x3 - H*_x8*(c_q - 1) + _x2*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
+    _x11 = F_ffn*H*_x9 - H*_x10*_x6 + m_la*(H*_x3 - H*_x8*(c_q - 1) + _x2*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
     _x12 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x0*o_opt*p*u_cp*z_o*(H*V*e_m + _x1 + n_L*(_x11 - _x4 - _x7*(-_x5 + _x6) + t*(2*H + _x4 + m_la*(_x2 + r_kv))))
     _x13 = 2*_x0
     _x14 = F_attn_bwd*u_cp
     _x15 = S*b
-    _x16 = B_h*_x15*pp*(B_hbm*_x13*_x14*(_x11 + _x7*(_x5 - d*m_la + d))*(f_b + 1) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x14*p*(-_x0*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + _x1*(5*g + 28) + 4*_x10*d + 5*d*h) + 20*_x1 + _x13*(_x9 + 2*d*(h + n_kv))))
+    _x16 = B_h*_x15*pp*(B_hbm*_x13*_x14*(_x11 + _x7*(_x5 - d*m_la + d))*(f_b + 1) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x14*p*(-_x0*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + _x1*(5*g + 28) + 4*_x10*d + 5*d*h) + 4*_x1*(16*x_eager + 5) + _x13*(F_ffn*(_x9 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1))))
     _x17 = 1/(B_hbm*N*t)
     _x18 = _x17/(B_h*F_attn_bwd*F_gemm_b*_x0*pp*u_cp)
     _x19 = ops.maximum(n_first, n_mid)
@@ -1563,38 +1563,38 @@ def offload_activation_copy_s(*, B_h, F_ffn, H, N, S, b, d, delta, g, h, n_kv, o
     return S*b*o_act*(N*_x0*_x1*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x3 + 4*_x4 + 4*d*h + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + _x1*(-_x0*(s_ag - 1) + s_ag*t) + _x2*h + _x3 + _x4*(delta + 2)) + 5*S*h*phi)))/(B_h*N**2*t)
 
 
-def offload_layer_fwd_exposed_s(*, B_h, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rho, s_ag, sigma, t, u_cp, w_op, x_att, z_w):
-    """x_off_fwd = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))): one layer's forward copies left on the critical path: the weights in and the activations out, each on its own direction of the link, beyond the layer's forward compute [s] ([ZeRO-Infinity §5])."""
+def offload_layer_fwd_exposed_s(*, B_h, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, z_w):
+    """x_off_fwd = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))): one layer's forward copies left on the critical path: the weights in and the activations out, each on its own direction of the link, beyond the layer's forward compute [s] ([ZeRO-Infinity §5])."""
     _x0 = t**(-1.0)
     _x1 = sigma*(t - 1) + 1
     _x2 = S*h
-    _x3 = H*t
-    _x4 = F_ffn*(g + 2)
-    _x5 = d*h
-    _x6 = 2*n_kv
-    _x7 = _x6 + h
-    _x8 = F_attn*u_cp
-    _x9 = F_gemm*_x8
-    _x10 = d_v*m_la
-    _x11 = H*h
-    _x12 = d_r + r_kv
-    _x13 = d_qk*h
-    _x14 = c_q*r_q
-    _x15 = d*(m_la - 1)
-    _x16 = -H*_x15*_x7 + H*_x4 + m_la*(H*_x12 - H*_x13*(c_q - 1) + _x14*(H + _x13) + h*r_kv*(d_qk - d_r + d_v))
-    _x17 = B_hbm*_x1
-    _x18 = S*b
-    _x19 = 2*H
-    _x20 = H*m_la*(_x12 + _x14)
+    _x3 = d_v*m_la
+    _x4 = H*h
+    _x5 = d_r + r_kv
+    _x6 = d_qk*h
+    _x7 = c_q*r_q
+    _x8 = g + 2
+    _x9 = F_ffn*_x8
+    _x10 = 2*n_kv
+    _x11 = _x10 + h
+    _x12 = d*(m_la - 1)
+    _x13 = -H*_x11*_x12 + H*_x9 + m_la*(H*_x5 - H*_x6*(c_q - 1) + _x7*(H + _x6) + h*r_kv*(d_qk - d_r + d_v))
+    _x14 = F_attn*u_cp
+    _x15 = B_hbm*_x1
+    _x16 = 2*H
+    _x17 = d*h
+    _x18 = F_gemm*_x14
+    _x19 = S*b
+    _x20 = H*m_la*(_x5 + _x7)
     _x21 = _x0/B_h
     _x22 = sigma - t*(sigma - 1)
-    _x23 = _x6*d
+    _x23 = _x10*d
     _x24 = H*_x22
-    return ops.maximum(0, _x0*(N*_x17*_x9*t*ops.maximum(_x21*o_par*p*z_w*(-_x11*(-_x10 + _x15) + _x16 - _x20 + t*(_x19 + _x20 + m_la*(_x14 + r_kv))), _x18*_x21*o_act*(N*_x19*_x22*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x23 + 4*_x24 + 4*_x5 + h*p_acc) - (w_op - 1)*(2*N*(_x19*(-_x22*(s_ag - 1) + s_ag*t) + _x23 + _x24*(delta + 2) + _x4 + 2*_x5) + 5*_x2*phi)))/N**2) - _x18*(F_gemm*_x1*_x2*c*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*_x17*_x8*(_x11*(_x10 - d*m_la + d) + _x16) + _x9*p*(_x1*(_x4 + 2*d*(h + n_kv)) - _x1*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + _x3*(g + 16) + _x5 + 6*_x7*d) + 10*_x3)))/(B_hbm*F_attn*F_gemm*N*_x1*u_cp))
+    return ops.maximum(0, _x0*(N*_x15*_x18*t*ops.maximum(_x21*o_par*p*z_w*(_x13 - _x20 - _x4*(_x12 - _x3) + t*(_x16 + _x20 + m_la*(_x7 + r_kv))), _x19*_x21*o_act*(N*_x16*_x22*rho - (rho - 1)*(N*w_op*(2*F_ffn + 4*_x17 + _x23 + 4*_x24 + h*p_acc) - (w_op - 1)*(2*N*(_x16*(-_x22*(s_ag - 1) + s_ag*t) + 2*_x17 + _x23 + _x24*(delta + 2) + _x9) + 5*_x2*phi)))/N**2) - _x19*(F_gemm*_x1*_x2*c*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*_x14*_x15*(_x13 + _x4*(_x3 - d*m_la + d)) + _x18*p*(-_x1*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + 6*_x11*d + _x17) + _x1*(F_ffn*(_x8 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1)) + _x16*t*(16*x_eager + 5))))/(B_hbm*F_attn*F_gemm*N*_x1*u_cp))
 
 
-def offload_layer_bwd_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, z_w):
-    """x_off_bwd = Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's backward copies left on the critical path: the weights and the activations in, one after the other on the inbound direction, beyond the layer's backward and recompute [s] ([ZeRO-Infinity §5])."""
+def offload_layer_bwd_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, z_w):
+    """x_off_bwd = Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's backward copies left on the critical path: the weights and the activations in, one after the other on the inbound direction, beyond the layer's backward and recompute [s] ([ZeRO-Infinity §5])."""
     _x0 = N**2
     _x1 = sigma*(t - 1) + 1
     _x2 = 2*H
@@ -1605,29 +1605,31 @@ def offload_layer_bwd_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm
     _x7 = d*(m_la - 1)
     _x8 = H*h
     _x9 = d_qk*h
-    _x10 = F_ffn*(g + 2)
-    _x11 = 2*n_kv
-    _x12 = _x11 + h
-    _x13 = H*_x10 - H*_x12*_x7 + m_la*(H*_x4 - H*_x9*(c_q - 1) + _x3*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
-    _x14 = sigma - t*(sigma - 1)
-    _x15 = d*h
-    _x16 = _x11*d
-    _x17 = H*_x14
-    _x18 = S*h
-    _x19 = B_hbm*d
-    _x20 = _x1*_x18*c*x_att
-    _x21 = H*t
-    _x22 = _x1*(_x10 + 2*d*(h + n_kv))
-    _x23 = F_ffn*(g + 1)
-    _x24 = _x12*d
-    _x25 = _x1*(f_b - 1)
-    _x26 = p*u_cp
-    _x27 = F_attn_bwd*F_gemm_b
-    _x28 = 2*B_hbm*_x1*u_cp*(_x13 + _x8*(_x6 - d*m_la + d))
-    _x29 = F_attn*F_gemm
-    _x30 = B_h*N
-    _x31 = F_gemm*_x20*(F_attn*k_sf + 4*_x19)
-    return ops.maximum(0, (B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*b*o_act*u_cp*(N*_x14*_x2*rho - (rho - 1)*(N*w_op*(2*F_ffn + 4*_x15 + _x16 + 4*_x17 + h*p_acc) - (w_op - 1)*(2*N*(_x10 + 2*_x15 + _x16 + _x17*(delta + 2) + _x2*(-_x14*(s_ag - 1) + s_ag*t)) + 5*_x18*phi))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*o_par*p*u_cp*z_w*(_x13 - _x5 - _x8*(-_x6 + _x7) + t*(_x2 + _x5 + m_la*(_x3 + r_kv))) - S*_x27*_x30*b*(_x31*rc_sel + rc_full*(F_attn*_x28 + _x26*_x29*(10*_x21 + _x22 - _x25*(F_ffn + _x15 + _x21*(g + 16) + 6*_x23 + 6*_x24)) + _x31)) - S*_x29*_x30*b*(F_attn_bwd*_x28*(f_b + 1) + F_gemm_b*_x20*(F_attn_bwd*k_sb + 10*_x19) + _x26*_x27*(20*_x21 + 2*_x22 - _x25*(5*F_ffn + 5*_x15 + _x21*(5*g + 28) + 4*_x23 + 4*_x24))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*t*u_cp))
+    _x10 = g + 2
+    _x11 = F_ffn*_x10
+    _x12 = 2*n_kv
+    _x13 = _x12 + h
+    _x14 = H*_x11 - H*_x13*_x7 + m_la*(H*_x4 - H*_x9*(c_q - 1) + _x3*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
+    _x15 = sigma - t*(sigma - 1)
+    _x16 = d*h
+    _x17 = _x12*d
+    _x18 = H*_x15
+    _x19 = S*h
+    _x20 = B_hbm*d
+    _x21 = _x1*_x19*c*x_att
+    _x22 = 2*B_hbm*_x1*u_cp*(_x14 + _x8*(_x6 - d*m_la + d))
+    _x23 = 16*x_eager + 5
+    _x24 = H*t
+    _x25 = _x1*(F_ffn*(_x10 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1))
+    _x26 = F_ffn*(g + 1)
+    _x27 = _x13*d
+    _x28 = _x1*(f_b - 1)
+    _x29 = p*u_cp
+    _x30 = F_attn_bwd*F_gemm_b
+    _x31 = F_attn*F_gemm
+    _x32 = B_h*N
+    _x33 = F_gemm*_x21*(F_attn*k_sf + 4*_x20)
+    return ops.maximum(0, (B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*b*o_act*u_cp*(N*_x15*_x2*rho - (rho - 1)*(N*w_op*(2*F_ffn + 4*_x16 + _x17 + 4*_x18 + h*p_acc) - (w_op - 1)*(2*N*(_x11 + 2*_x16 + _x17 + _x18*(delta + 2) + _x2*(-_x15*(s_ag - 1) + s_ag*t)) + 5*_x19*phi))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*o_par*p*u_cp*z_w*(_x14 - _x5 - _x8*(-_x6 + _x7) + t*(_x2 + _x5 + m_la*(_x3 + r_kv))) - S*_x30*_x32*b*(_x33*rc_sel + rc_full*(F_attn*_x22 + _x29*_x31*(_x2*_x23*t + _x25 - _x28*(F_ffn + _x16 + _x24*(g + 16) + 6*_x26 + 6*_x27)) + _x33)) - S*_x31*_x32*b*(F_attn_bwd*_x22*(f_b + 1) + F_gemm_b*_x21*(F_attn_bwd*k_sb + 10*_x20) + _x29*_x30*(4*_x23*_x24 + 2*_x25 - _x28*(5*F_ffn + 5*_x16 + _x24*(5*g + 28) + 4*_x26 + 4*_x27))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*t*u_cp))
 
 
 def weight_bytes_per_device(*, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_first, n_kv, n_last, n_mid, p_w, pp, r_kv, r_q, t):
@@ -2812,24 +2814,25 @@ def layer_attn_s(*, B_hbm, F_attn, F_attn_bwd, N, S, b, c, d, h, k_sb, k_sf, t, 
     return S**2*b*c*h*x_att*(F_attn*(F_attn_bwd*k_sb + 10*_x0) + F_attn_bwd*(F_attn*k_sf + 4*_x0))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp)
 
 
-def layer_elementwise_s(*, B_hbm, F_ffn, H, N, S, a_f8, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, n_kv, p, p_s, r_kv, r_q, sigma, t):
-    """t_el = (3*S*b*p*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)): memory-bound work of one layer for one micro-batch: the elementwise bytes forward (once) and backward (twice), any FP8 casts, and LoRA's adapters [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
+def layer_elementwise_s(*, B_hbm, F_ffn, H, N, S, a_f8, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, n_kv, p, p_s, r_kv, r_q, sigma, t, x_eager):
+    """t_el = (3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)): memory-bound work of one layer for one micro-batch: the elementwise bytes forward (once) and backward (twice), any FP8 casts, and LoRA's adapters [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = H*t
-    _x2 = S*b
-    _x3 = _x2*p
-    _x4 = g + 1
-    _x5 = F_ffn*_x4
-    _x6 = h + 2*n_kv
-    _x7 = _x6*d
-    _x8 = d*h
-    _x9 = F_ffn + _x8
-    _x10 = _x3*(f_b - 1)
-    _x11 = F_ffn*H
-    _x12 = d*(m_la - 1)
-    _x13 = d_qk*h
-    _x14 = N*(-H*_x12*_x6 - H*h*(_x12 - d_v*m_la) + _x11*_x4 + _x11 + m_la*(-H*_x13*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x13) + h*r_kv*(d_qk - d_r + d_v)))
-    return (-_x0*(_x10*(_x1*(g + 16) + 6*_x5 + 6*_x7 + _x9) + _x10*(5*F_ffn + _x1*(5*g + 28) + 4*_x5 + 4*_x7 + 5*_x8) - f8*(2*_x14 + 2*_x2*(2*_x1 + _x9) + (_x14 + _x2*(4*_x1 + _x5 + _x7 + _x9))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x3*(_x0*(F_ffn*(g + 2) + 2*d*(h + n_kv)) + 10*_x1))/(B_hbm*N*_x0*t)
+    _x2 = 2*_x1
+    _x3 = S*b
+    _x4 = _x3*p
+    _x5 = g + 1
+    _x6 = F_ffn*_x5
+    _x7 = h + 2*n_kv
+    _x8 = _x7*d
+    _x9 = d*h
+    _x10 = F_ffn + _x9
+    _x11 = _x4*(f_b - 1)
+    _x12 = F_ffn*H
+    _x13 = d*(m_la - 1)
+    _x14 = d_qk*h
+    _x15 = N*(-H*_x13*_x7 - H*h*(_x13 - d_v*m_la) + _x12*_x5 + _x12 + m_la*(-H*_x14*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x14) + h*r_kv*(d_qk - d_r + d_v)))
+    return (-_x0*(_x11*(_x1*(g + 16) + _x10 + 6*_x6 + 6*_x8) + _x11*(5*F_ffn + _x1*(5*g + 28) + 4*_x6 + 4*_x8 + 5*_x9) - f8*(2*_x15 + 2*_x3*(_x10 + _x2) + (_x15 + _x3*(4*_x1 + _x10 + _x6 + _x8))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x4*(_x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1)) + _x2*(16*x_eager + 5)))/(B_hbm*N*_x0*t)
 
 
 def layer_tp_exposed_s(*, B_tp, F_ffn, F_gemm, H, N, S, a_tp, alpha_tp, b, c_q, d, d_qk, d_r, d_v, g, h, m_la, n_kv, o_tp, p, r_kv, r_q, rc_full, s_comm, sigma, t):
@@ -2867,55 +2870,57 @@ def layer_moe_imbalance_s(*, C_f, F_e, F_gemm, H, N, S, b, g, k_E, rc_full, t):
     return 2*F_e*H*S*b*k_E*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t)
 
 
-def layer_offload_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, z_w):
-    """x_off_lay = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's offload copies for one micro-batch left on the critical path, forward and backward [s] ([ZeRO-Infinity §5])."""
+def layer_offload_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, z_w):
+    """x_off_lay = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's offload copies for one micro-batch left on the critical path, forward and backward [s] ([ZeRO-Infinity §5])."""
     _x0 = t**(-1.0)
     _x1 = B_hbm*d
     _x2 = sigma*(t - 1) + 1
     _x3 = S*h
     _x4 = _x2*_x3*c*x_att
     _x5 = F_gemm*_x4*(F_attn*k_sf + 4*_x1)
-    _x6 = H*t
-    _x7 = F_ffn*(g + 2)
-    _x8 = _x2*(_x7 + 2*d*(h + n_kv))
-    _x9 = d*h
-    _x10 = F_ffn*(g + 1)
-    _x11 = 2*n_kv
-    _x12 = _x11 + h
-    _x13 = _x12*d
-    _x14 = _x2*(f_b - 1)
-    _x15 = p*u_cp
-    _x16 = F_attn*F_gemm
-    _x17 = d_v*m_la
-    _x18 = H*h
-    _x19 = d_r + r_kv
-    _x20 = d_qk*h
-    _x21 = c_q*r_q
-    _x22 = d*(m_la - 1)
-    _x23 = -H*_x12*_x22 + H*_x7 + m_la*(H*_x19 - H*_x20*(c_q - 1) + _x21*(H + _x20) + h*r_kv*(d_qk - d_r + d_v))
-    _x24 = B_hbm*_x2*u_cp
-    _x25 = 2*_x24*(_x18*(_x17 - d*m_la + d) + _x23)
-    _x26 = F_attn*_x25 + _x15*_x16*(-_x14*(F_ffn + 6*_x10 + 6*_x13 + _x6*(g + 16) + _x9) + 10*_x6 + _x8) + _x5
-    _x27 = S*b
-    _x28 = _x0/B_h
-    _x29 = 2*H
-    _x30 = H*m_la*(_x19 + _x21)
-    _x31 = -_x18*(-_x17 + _x22) + _x23 - _x30 + t*(_x29 + _x30 + m_la*(_x21 + r_kv))
-    _x32 = N**2
-    _x33 = _x28/_x32
-    _x34 = sigma - t*(sigma - 1)
-    _x35 = _x11*d
-    _x36 = H*_x34
-    _x37 = N*_x29*_x34*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x35 + 4*_x36 + 4*_x9 + h*p_acc) - (w_op - 1)*(2*N*(_x29*(-_x34*(s_ag - 1) + s_ag*t) + _x35 + _x36*(delta + 2) + _x7 + 2*_x9) + 5*_x3*phi))
-    _x38 = N*_x16
-    _x39 = 1/(B_hbm*F_attn*F_gemm*_x2*u_cp)
-    _x40 = F_attn_bwd*F_gemm_b
-    _x41 = B_h*_x27
-    return ops.maximum(0, _x0*_x39*(_x24*_x38*t*ops.maximum(_x27*_x33*_x37*o_act, _x28*_x31*o_par*p*z_w) - _x26*_x27)/N) + ops.maximum(0, _x33*_x39*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x2*_x37*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x2*_x31*_x32*o_par*p*u_cp*z_w - N*_x40*_x41*(_x26*rc_full + _x5*rc_sel) - _x38*_x41*(F_attn_bwd*_x25*(f_b + 1) + F_gemm_b*_x4*(F_attn_bwd*k_sb + 10*_x1) + _x15*_x40*(-_x14*(5*F_ffn + 4*_x10 + 4*_x13 + _x6*(5*g + 28) + 5*_x9) + 20*_x6 + 2*_x8)))/(F_attn_bwd*F_gemm_b))
+    _x6 = d_v*m_la
+    _x7 = H*h
+    _x8 = d_r + r_kv
+    _x9 = d_qk*h
+    _x10 = c_q*r_q
+    _x11 = g + 2
+    _x12 = F_ffn*_x11
+    _x13 = 2*n_kv
+    _x14 = _x13 + h
+    _x15 = d*(m_la - 1)
+    _x16 = H*_x12 - H*_x14*_x15 + m_la*(H*_x8 - H*_x9*(c_q - 1) + _x10*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
+    _x17 = B_hbm*_x2*u_cp
+    _x18 = 2*_x17*(_x16 + _x7*(_x6 - d*m_la + d))
+    _x19 = 16*x_eager + 5
+    _x20 = 2*H
+    _x21 = _x2*(F_ffn*(_x11 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1))
+    _x22 = d*h
+    _x23 = F_ffn*(g + 1)
+    _x24 = H*t
+    _x25 = _x14*d
+    _x26 = _x2*(f_b - 1)
+    _x27 = p*u_cp
+    _x28 = F_attn*F_gemm
+    _x29 = F_attn*_x18 + _x27*_x28*(_x19*_x20*t + _x21 - _x26*(F_ffn + _x22 + 6*_x23 + _x24*(g + 16) + 6*_x25)) + _x5
+    _x30 = S*b
+    _x31 = _x0/B_h
+    _x32 = H*m_la*(_x10 + _x8)
+    _x33 = _x16 - _x32 - _x7*(_x15 - _x6) + t*(_x20 + _x32 + m_la*(_x10 + r_kv))
+    _x34 = N**2
+    _x35 = _x31/_x34
+    _x36 = sigma - t*(sigma - 1)
+    _x37 = _x13*d
+    _x38 = H*_x36
+    _x39 = N*_x20*_x36*rho - (rho - 1)*(N*w_op*(2*F_ffn + 4*_x22 + _x37 + 4*_x38 + h*p_acc) - (w_op - 1)*(2*N*(_x12 + _x20*(-_x36*(s_ag - 1) + s_ag*t) + 2*_x22 + _x37 + _x38*(delta + 2)) + 5*_x3*phi))
+    _x40 = N*_x28
+    _x41 = 1/(B_hbm*F_attn*F_gemm*_x2*u_cp)
+    _x42 = F_attn_bwd*F_gemm_b
+    _x43 = B_h*_x30
+    return ops.maximum(0, _x0*_x41*(_x17*_x40*t*ops.maximum(_x30*_x35*_x39*o_act, _x31*_x33*o_par*p*z_w) - _x29*_x30)/N) + ops.maximum(0, _x35*_x41*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x2*_x39*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x2*_x33*_x34*o_par*p*u_cp*z_w - N*_x42*_x43*(_x29*rc_full + _x5*rc_sel) - _x40*_x43*(F_attn_bwd*_x18*(f_b + 1) + F_gemm_b*_x4*(F_attn_bwd*k_sb + 10*_x1) + _x27*_x42*(4*_x19*_x24 + 2*_x21 - _x26*(5*F_ffn + 5*_x22 + 4*_x23 + _x24*(5*g + 28) + 4*_x25))))/(F_attn_bwd*F_gemm_b))
 
 
-def layer_device_s(*, B_ep, B_h, B_hbm, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, H, N, S, a_f8, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, n_kv, o_act, o_par, o_tp, p, p_acc, p_s, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, u_cp, w_op, x_CP_b, x_CP_f, x_CP_r, x_att, z_w):
-    """t_dev_lay = 2*F_e*H*S*b*k_E*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t) + x_CP_b + x_CP_f*(rc_full + 1) + x_CP_r*(rc_full + 2) + Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))) + 2*S*b*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t) + (rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + (3*S*b*p*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)) + S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)) + S**2*b*c*h*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp) + 2*H*S*b*k_E*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t): device time of one layer's passes for one micro-batch: compute and exposed communication [s] ([Megatron21 §3])."""
+def layer_device_s(*, B_ep, B_h, B_hbm, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, H, N, S, a_f8, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, n_kv, o_act, o_par, o_tp, p, p_acc, p_s, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, u_cp, w_op, x_CP_b, x_CP_f, x_CP_r, x_att, x_eager, z_w):
+    """t_dev_lay = 2*F_e*H*S*b*k_E*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t) + x_CP_b + x_CP_f*(rc_full + 1) + x_CP_r*(rc_full + 2) + Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))) + 2*S*b*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t) + (rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + (3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)) + S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)) + S**2*b*c*h*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp) + 2*H*S*b*k_E*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t): device time of one layer's passes for one micro-batch: compute and exposed communication [s] ([Megatron21 §3])."""
     _x0 = rc_full + 2
     _x1 = S*b
     _x2 = _x1*p
@@ -2953,52 +2958,54 @@ def layer_device_s(*, B_ep, B_h, B_hbm, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e,
     _x34 = S*h
     _x35 = _x15*_x33*_x34
     _x36 = F_gemm*_x14*_x35
-    _x37 = g + 1
-    _x38 = F_ffn*_x37
-    _x39 = _x24*d
-    _x40 = H*t
-    _x41 = d*h
-    _x42 = F_ffn + _x41
-    _x43 = 6*_x38 + 6*_x39 + _x40*(g + 16) + _x42
-    _x44 = f_b - 1
-    _x45 = _x33*_x44
-    _x46 = F_ffn*_x7
-    _x47 = _x33*(_x46 + 2*d*(h + n_kv))
-    _x48 = 10*_x40 + _x47
-    _x49 = p*u_cp
-    _x50 = F_attn*F_gemm
-    _x51 = B_hbm*_x33*u_cp
-    _x52 = 2*_x28*_x51
-    _x53 = F_attn*_x52 + _x36 + _x49*_x50*(-_x43*_x45 + _x48)
-    _x54 = _x36*rc_sel + _x53*rc_full
-    _x55 = _x10/_x33
-    _x56 = _x4*_x55
-    _x57 = _x16*_x8
-    _x58 = _x56*_x57
-    _x59 = _x2*_x44
-    _x60 = 5*F_ffn + 4*_x38 + 4*_x39 + _x40*(5*g + 28) + 5*_x41
-    _x61 = -_x18*(-_x17 + _x25)
-    _x62 = N*(_x19*_x37 + _x19 + _x26 + _x61)
-    _x63 = _x2*_x32
-    _x64 = 2*_x32*alpha_tp + a_tp*(sigma + 1)
-    _x65 = N*t
-    _x66 = B_tp*_x65
-    _x67 = _x4/B_tp
-    _x68 = 2*N
-    _x69 = B_tp*_x64*_x68*t + 4*H*_x63
-    _x70 = o_tp*(-_x66*ops.maximum(0, 2*_x67*_x8*(-B_tp*_x1*_x28 + F_gemm*(_x5*_x63 + _x64*_x66))) + _x69)
-    _x71 = _x3/B_h
-    _x72 = H*m_la*(_x20 + _x22)
-    _x73 = _x27 + _x61 - _x72 + t*(_x5 + _x72 + m_la*(_x22 + r_kv))
-    _x74 = N**2
-    _x75 = _x71/_x74
-    _x76 = sigma - t*(sigma - 1)
-    _x77 = _x23*d
-    _x78 = H*_x76
-    _x79 = N*_x5*_x76*rho - (rho - 1)*(N*w_op*(2*F_ffn + 4*_x41 + _x77 + 4*_x78 + h*p_acc) - (w_op - 1)*(5*_x34*phi + _x68*(2*_x41 + _x46 + _x5*(-_x76*(s_ag - 1) + s_ag*t) + _x77 + _x78*(delta + 2))))
-    _x80 = F_attn_bwd*F_gemm_b
-    _x81 = B_h*N*_x1
-    return F_e*_x1*_x6*_x7*_x9*(C_f - 1)*(rc_full + 3) + S**2*_x10*_x11*_x15*_x16*_x4*b*h*(F_attn*_x13 + F_attn_bwd*_x14) + _x0*_x67*(_x69 + _x70*s_comm - _x70) + _x0*x_CP_r + _x1*_x54*_x58 + _x28*_x29*_x31*_x9*(F_gemm*_x30 + F_gemm_b) + _x56*(3*_x2*_x48 - _x33*(_x43*_x59 + _x59*_x60 - f8*(_x31*(_x42 + _x5*t) + 2*_x62 + (_x1*(_x38 + _x39 + 4*_x40 + _x42) + _x62)*(p*(a_f8 + 1) + p_s + 1)))) + x_CP_b + x_CP_f*(rc_full + 1) + ops.maximum(0, _x58*(-_x1*_x53 + _x50*_x51*_x65*ops.maximum(_x1*_x75*_x79*o_act, _x71*_x73*o_par*p*z_w))) + ops.maximum(0, _x11*_x29*_x55*_x57*_x75*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x33*_x79*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x33*_x73*_x74*o_par*p*u_cp*z_w - _x50*_x81*(F_attn_bwd*_x30*_x52 + F_gemm_b*_x13*_x35 + _x49*_x80*(20*_x40 - _x45*_x60 + 2*_x47)) - _x54*_x80*_x81)) + _x0*_x2*_x4*_x6*(E_p - 1)/(B_ep*E_p)
+    _x37 = B_hbm*_x33*u_cp
+    _x38 = 2*_x28*_x37
+    _x39 = g + 1
+    _x40 = F_ffn*_x39
+    _x41 = _x24*d
+    _x42 = H*t
+    _x43 = d*h
+    _x44 = F_ffn + _x43
+    _x45 = 6*_x40 + 6*_x41 + _x42*(g + 16) + _x44
+    _x46 = f_b - 1
+    _x47 = _x33*_x46
+    _x48 = 16*x_eager + 5
+    _x49 = _x5*t
+    _x50 = _x33*(F_ffn*(_x7 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1))
+    _x51 = _x48*_x49 + _x50
+    _x52 = p*u_cp
+    _x53 = F_attn*F_gemm
+    _x54 = F_attn*_x38 + _x36 + _x52*_x53*(-_x45*_x47 + _x51)
+    _x55 = _x36*rc_sel + _x54*rc_full
+    _x56 = _x10/_x33
+    _x57 = _x4*_x56
+    _x58 = _x16*_x8
+    _x59 = _x57*_x58
+    _x60 = _x2*_x46
+    _x61 = 5*F_ffn + 4*_x40 + 4*_x41 + _x42*(5*g + 28) + 5*_x43
+    _x62 = -_x18*(-_x17 + _x25)
+    _x63 = N*(_x19*_x39 + _x19 + _x26 + _x62)
+    _x64 = 4*_x42
+    _x65 = _x2*_x32
+    _x66 = 2*_x32*alpha_tp + a_tp*(sigma + 1)
+    _x67 = N*t
+    _x68 = B_tp*_x67
+    _x69 = _x4/B_tp
+    _x70 = 2*N
+    _x71 = B_tp*_x66*_x70*t + 4*H*_x65
+    _x72 = o_tp*(-_x68*ops.maximum(0, 2*_x69*_x8*(-B_tp*_x1*_x28 + F_gemm*(_x5*_x65 + _x66*_x68))) + _x71)
+    _x73 = _x3/B_h
+    _x74 = H*m_la*(_x20 + _x22)
+    _x75 = _x27 + _x62 - _x74 + t*(_x5 + _x74 + m_la*(_x22 + r_kv))
+    _x76 = N**2
+    _x77 = _x73/_x76
+    _x78 = sigma - t*(sigma - 1)
+    _x79 = _x23*d
+    _x80 = H*_x78
+    _x81 = N*_x5*_x78*rho - (rho - 1)*(N*w_op*(2*F_ffn + 4*_x43 + _x79 + 4*_x80 + h*p_acc) - (w_op - 1)*(5*_x34*phi + _x70*(F_ffn*_x7 + 2*_x43 + _x5*(-_x78*(s_ag - 1) + s_ag*t) + _x79 + _x80*(delta + 2))))
+    _x82 = F_attn_bwd*F_gemm_b
+    _x83 = B_h*N*_x1
+    return F_e*_x1*_x6*_x7*_x9*(C_f - 1)*(rc_full + 3) + S**2*_x10*_x11*_x15*_x16*_x4*b*h*(F_attn*_x13 + F_attn_bwd*_x14) + _x0*_x69*(_x71 + _x72*s_comm - _x72) + _x0*x_CP_r + _x1*_x55*_x59 + _x28*_x29*_x31*_x9*(F_gemm*_x30 + F_gemm_b) + _x57*(3*_x2*_x51 - _x33*(_x45*_x60 + _x60*_x61 - f8*(_x31*(_x44 + _x49) + 2*_x63 + (_x1*(_x40 + _x41 + _x44 + _x64) + _x63)*(p*(a_f8 + 1) + p_s + 1)))) + x_CP_b + x_CP_f*(rc_full + 1) + ops.maximum(0, _x59*(-_x1*_x54 + _x37*_x53*_x67*ops.maximum(_x1*_x77*_x81*o_act, _x73*_x75*o_par*p*z_w))) + ops.maximum(0, _x11*_x29*_x56*_x58*_x77*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x33*_x81*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x33*_x75*_x76*o_par*p*u_cp*z_w - _x53*_x83*(F_attn_bwd*_x30*_x38 + F_gemm_b*_x13*_x35 + _x52*_x82*(-_x47*_x61 + _x48*_x64 + 2*_x50)) - _x55*_x82*_x83)) + _x0*_x2*_x4*_x6*(E_p - 1)/(B_ep*E_p)
 
 
 def layer_time_s(*, n_kb, n_kf, rc_full, t_dev, t_k):
@@ -3025,28 +3032,29 @@ def step_attn_s(*, B_hbm, F_attn, F_attn_bwd, F_head, H, N, S, V, b, c, d, f_b, 
     return ops.select([ops.less_equal(_x3*t_lay, _x1*(B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x2*n_last,_x2*_x3], default=ops.nan)
 
 
-def step_elementwise_s(*, B_hbm, F_ffn, F_head, H, N, S, V, a_f8, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, p_s, r_kv, r_q, sigma, t, t_lay):
-    """T_el = Piecewise((m_mb*n_last*(3*S*b*p*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)): memory-bound elementwise work of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
+def step_elementwise_s(*, B_hbm, F_ffn, F_head, H, N, S, V, a_f8, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, p_s, r_kv, r_q, sigma, t, t_lay, x_eager):
+    """T_el = Piecewise((m_mb*n_last*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)): memory-bound elementwise work of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = H*t
-    _x2 = S*b
-    _x3 = _x2*p
-    _x4 = g + 1
-    _x5 = F_ffn*_x4
-    _x6 = h + 2*n_kv
-    _x7 = _x6*d
-    _x8 = d*h
-    _x9 = F_ffn + _x8
-    _x10 = _x3*(f_b - 1)
-    _x11 = 2*_x2
-    _x12 = F_ffn*H
-    _x13 = d*(m_la - 1)
-    _x14 = d_qk*h
-    _x15 = N*(-H*_x13*_x6 - H*h*(_x13 - d_v*m_la) + _x12*_x4 + _x12 + m_la*(-H*_x14*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x14) + h*r_kv*(d_qk - d_r + d_v)))
-    _x16 = 1/(B_hbm*N*t)
-    _x17 = _x16*m_mb*(-_x0*(_x10*(_x1*(g + 16) + 6*_x5 + 6*_x7 + _x9) + _x10*(5*F_ffn + _x1*(5*g + 28) + 4*_x5 + 4*_x7 + 5*_x8) - f8*(_x11*(2*_x1 + _x9) + 2*_x15 + (_x15 + _x2*(4*_x1 + _x5 + _x7 + _x9))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x3*(_x0*(F_ffn*(g + 2) + 2*d*(h + n_kv)) + 10*_x1))/_x0
-    _x18 = ops.maximum(n_first, n_mid)
-    return ops.select([ops.less_equal(_x18*t_lay, _x16*(B_hbm*F_head*N*n_last*t*t_lay + V*_x11*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x17*n_last,_x17*_x18], default=ops.nan)
+    _x2 = 2*_x1
+    _x3 = S*b
+    _x4 = _x3*p
+    _x5 = g + 1
+    _x6 = F_ffn*_x5
+    _x7 = h + 2*n_kv
+    _x8 = _x7*d
+    _x9 = d*h
+    _x10 = F_ffn + _x9
+    _x11 = _x4*(f_b - 1)
+    _x12 = 2*_x3
+    _x13 = F_ffn*H
+    _x14 = d*(m_la - 1)
+    _x15 = d_qk*h
+    _x16 = N*(-H*_x14*_x7 - H*h*(_x14 - d_v*m_la) + _x13*_x5 + _x13 + m_la*(-H*_x15*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x15) + h*r_kv*(d_qk - d_r + d_v)))
+    _x17 = 1/(B_hbm*N*t)
+    _x18 = _x17*m_mb*(-_x0*(_x11*(_x1*(g + 16) + _x10 + 6*_x6 + 6*_x8) + _x11*(5*F_ffn + _x1*(5*g + 28) + 4*_x6 + 4*_x8 + 5*_x9) - f8*(_x12*(_x10 + _x2) + 2*_x16 + (_x16 + _x3*(4*_x1 + _x10 + _x6 + _x8))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x4*(_x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1)) + _x2*(16*x_eager + 5)))/_x0
+    _x19 = ops.maximum(n_first, n_mid)
+    return ops.select([ops.less_equal(_x19*t_lay, _x17*(B_hbm*F_head*N*n_last*t*t_lay + V*_x12*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x18*n_last,_x18*_x19], default=ops.nan)
 
 
 def step_host_wait_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_kb, n_kf, n_last, n_mid, rc_full, t, t_dev, t_k, t_lay):
@@ -3056,18 +3064,18 @@ def step_host_wait_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_kb, 
     return ops.select([ops.less_equal(_x1*t_lay, (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)),True], [_x0*n_last,_x0*_x1], default=ops.nan)
 
 
-def step_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, r_kv, r_q, rc_full, rc_sel, sigma, t, t_lay, u_cp, x_att):
-    """T_rc = Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)): recompute of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §5])."""
+def step_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, r_kv, r_q, rc_full, rc_sel, sigma, t, t_lay, u_cp, x_att, x_eager):
+    """T_rc = Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)): recompute of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §5])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)
-    _x2 = H*t
-    _x3 = F_ffn*(g + 2)
-    _x4 = d*(h + 2*n_kv)
+    _x2 = g + 2
+    _x3 = d*(h + 2*n_kv)
+    _x4 = d_qk*h
     _x5 = F_attn*u_cp
-    _x6 = d_qk*h
+    _x6 = H*t
     _x7 = S*b
     _x8 = 1/(B_hbm*N*t)
-    _x9 = _x7*_x8*m_mb*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x5*(H*_x3 - H*_x4*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x6*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x6) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x5*p*(_x0*(_x3 + 2*d*(h + n_kv)) - _x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + _x2*(g + 16) + 6*_x4 + d*h) + 10*_x2) + _x1))/(F_attn*F_gemm*_x0*u_cp)
+    _x9 = _x7*_x8*m_mb*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x5*(F_ffn*H*_x2 - H*_x3*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x4*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x4) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x5*p*(-_x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + 6*_x3 + _x6*(g + 16) + d*h) + _x0*(F_ffn*(_x2 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1)) + 2*_x6*(16*x_eager + 5)) + _x1))/(F_attn*F_gemm*_x0*u_cp)
     _x10 = ops.maximum(n_first, n_mid)
     return ops.select([ops.less_equal(_x10*t_lay, _x8*(B_hbm*F_head*N*n_last*t*t_lay + 2*V*_x7*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x9*n_last,_x10*_x9], default=ops.nan)
 
@@ -3123,56 +3131,58 @@ def step_moe_imbalance_s(*, B_hbm, C_f, F_e, F_gemm, F_head, H, N, S, V, b, f_b,
     return ops.select([ops.less_equal(_x3*t_lay, _x1*(B_hbm*F_head*N*n_last*t*t_lay + V*_x0*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head)),True], [_x2*n_last,_x2*_x3], default=ops.nan)
 
 
-def step_offload_layer_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, t_lay, u_cp, w_op, x_att, z_w):
-    """X_off = Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)): exposed offload copies of the layers of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([ZeRO-Infinity §5])."""
+def step_offload_layer_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, t_lay, u_cp, w_op, x_att, x_eager, z_w):
+    """X_off = Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)): exposed offload copies of the layers of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([ZeRO-Infinity §5])."""
     _x0 = B_hbm*d
     _x1 = sigma*(t - 1) + 1
     _x2 = S*h
     _x3 = _x1*_x2*c*x_att
     _x4 = F_gemm*_x3*(F_attn*k_sf + 4*_x0)
-    _x5 = H*t
-    _x6 = F_ffn*(g + 2)
-    _x7 = _x1*(_x6 + 2*d*(h + n_kv))
-    _x8 = d*h
-    _x9 = F_ffn*(g + 1)
-    _x10 = 2*n_kv
-    _x11 = _x10 + h
-    _x12 = _x11*d
-    _x13 = _x1*(f_b - 1)
-    _x14 = p*u_cp
-    _x15 = F_attn*F_gemm
-    _x16 = d_v*m_la
-    _x17 = H*h
-    _x18 = d_r + r_kv
-    _x19 = d_qk*h
-    _x20 = c_q*r_q
-    _x21 = d*(m_la - 1)
-    _x22 = -H*_x11*_x21 + H*_x6 + m_la*(H*_x18 - H*_x19*(c_q - 1) + _x20*(H + _x19) + h*r_kv*(d_qk - d_r + d_v))
-    _x23 = B_hbm*_x1*u_cp
-    _x24 = 2*_x23*(_x17*(_x16 - d*m_la + d) + _x22)
-    _x25 = F_attn*_x24 + _x14*_x15*(-_x13*(F_ffn + 6*_x12 + _x5*(g + 16) + _x8 + 6*_x9) + 10*_x5 + _x7) + _x4
-    _x26 = S*b
-    _x27 = t**(-1.0)
-    _x28 = B_h**(-1.0)
-    _x29 = _x27*_x28
-    _x30 = 2*H
-    _x31 = H*m_la*(_x18 + _x20)
-    _x32 = -_x17*(-_x16 + _x21) + _x22 - _x31 + t*(_x30 + _x31 + m_la*(_x20 + r_kv))
-    _x33 = N**2
-    _x34 = _x33**(-1.0)
-    _x35 = sigma - t*(sigma - 1)
-    _x36 = _x10*d
-    _x37 = H*_x35
-    _x38 = N*_x30*_x35*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x36 + 4*_x37 + 4*_x8 + h*p_acc) - (w_op - 1)*(2*N*(_x30*(-_x35*(s_ag - 1) + s_ag*t) + _x36 + _x37*(delta + 2) + _x6 + 2*_x8) + 5*_x2*phi))
-    _x39 = N*t
-    _x40 = _x27/B_hbm
-    _x41 = _x40/N
-    _x42 = 1/(F_attn*F_gemm*_x1*u_cp)
-    _x43 = F_attn_bwd*F_gemm_b
-    _x44 = B_h*N*_x26
-    _x45 = m_mb*(ops.maximum(0, _x41*_x42*(_x15*_x23*_x39*ops.maximum(_x26*_x29*_x34*_x38*o_act, _x29*_x32*o_par*p*z_w) - _x25*_x26)) + ops.maximum(0, _x28*_x34*_x40*_x42*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*_x38*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x1*_x32*_x33*o_par*p*u_cp*z_w - _x15*_x44*(F_attn_bwd*_x24*(f_b + 1) + F_gemm_b*_x3*(F_attn_bwd*k_sb + 10*_x0) + _x14*_x43*(-_x13*(5*F_ffn + 4*_x12 + _x5*(5*g + 28) + 5*_x8 + 4*_x9) + 20*_x5 + 2*_x7)) - _x43*_x44*(_x25*rc_full + _x4*rc_sel))/(F_attn_bwd*F_gemm_b)))
-    _x46 = ops.maximum(n_first, n_mid)
-    return ops.select([ops.less_equal(_x46*t_lay, _x41*(B_hbm*F_head*_x39*n_last*t_lay + 2*V*_x26*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x45*n_last,_x45*_x46], default=ops.nan)
+    _x5 = d_v*m_la
+    _x6 = H*h
+    _x7 = d_r + r_kv
+    _x8 = d_qk*h
+    _x9 = c_q*r_q
+    _x10 = g + 2
+    _x11 = F_ffn*_x10
+    _x12 = 2*n_kv
+    _x13 = _x12 + h
+    _x14 = d*(m_la - 1)
+    _x15 = H*_x11 - H*_x13*_x14 + m_la*(H*_x7 - H*_x8*(c_q - 1) + _x9*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
+    _x16 = B_hbm*_x1*u_cp
+    _x17 = 2*_x16*(_x15 + _x6*(_x5 - d*m_la + d))
+    _x18 = 16*x_eager + 5
+    _x19 = 2*H
+    _x20 = _x1*(F_ffn*(_x10 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1))
+    _x21 = d*h
+    _x22 = F_ffn*(g + 1)
+    _x23 = H*t
+    _x24 = _x13*d
+    _x25 = _x1*(f_b - 1)
+    _x26 = p*u_cp
+    _x27 = F_attn*F_gemm
+    _x28 = F_attn*_x17 + _x26*_x27*(_x18*_x19*t + _x20 - _x25*(F_ffn + _x21 + 6*_x22 + _x23*(g + 16) + 6*_x24)) + _x4
+    _x29 = S*b
+    _x30 = t**(-1.0)
+    _x31 = B_h**(-1.0)
+    _x32 = _x30*_x31
+    _x33 = H*m_la*(_x7 + _x9)
+    _x34 = _x15 - _x33 - _x6*(_x14 - _x5) + t*(_x19 + _x33 + m_la*(_x9 + r_kv))
+    _x35 = N**2
+    _x36 = _x35**(-1.0)
+    _x37 = sigma - t*(sigma - 1)
+    _x38 = _x12*d
+    _x39 = H*_x37
+    _x40 = N*_x19*_x37*rho - (rho - 1)*(N*w_op*(2*F_ffn + 4*_x21 + _x38 + 4*_x39 + h*p_acc) - (w_op - 1)*(2*N*(_x11 + _x19*(-_x37*(s_ag - 1) + s_ag*t) + 2*_x21 + _x38 + _x39*(delta + 2)) + 5*_x2*phi))
+    _x41 = N*t
+    _x42 = _x30/B_hbm
+    _x43 = _x42/N
+    _x44 = 1/(F_attn*F_gemm*_x1*u_cp)
+    _x45 = F_attn_bwd*F_gemm_b
+    _x46 = B_h*N*_x29
+    _x47 = m_mb*(ops.maximum(0, _x43*_x44*(_x16*_x27*_x41*ops.maximum(_x29*_x32*_x36*_x40*o_act, _x32*_x34*o_par*p*z_w) - _x28*_x29)) + ops.maximum(0, _x31*_x36*_x42*_x44*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*_x40*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x1*_x34*_x35*o_par*p*u_cp*z_w - _x27*_x46*(F_attn_bwd*_x17*(f_b + 1) + F_gemm_b*_x3*(F_attn_bwd*k_sb + 10*_x0) + _x26*_x45*(4*_x18*_x23 + 2*_x20 - _x25*(5*F_ffn + 5*_x21 + 4*_x22 + _x23*(5*g + 28) + 4*_x24))) - _x45*_x46*(_x28*rc_full + _x4*rc_sel))/(F_attn_bwd*F_gemm_b)))
+    _x48 = ops.maximum(n_first, n_mid)
+    return ops.select([ops.less_equal(_x48*t_lay, _x43*(B_hbm*F_head*_x41*n_last*t_lay + 2*V*_x29*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x47*n_last,_x47*_x48], default=ops.nan)
 
 
 def step_head_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_last, n_mid, t, t_lay):
@@ -3187,8 +3197,8 @@ def step_pp_exposed_s(*, B_pp, H, N, S, b, m_mb, o_pp, p, pp, t, v_pp):
     return ops.select([ops.greater(pp, 1),True], [-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t),0], default=ops.nan)
 
 
-def step_dp_exposed_s(*, B_hbm, B_tp, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_first, n_kv, n_last, n_mid, o_tp, p, r_kv, r_q, s_comm, sigma, t, t_lay, u_cp, x_CP_b, x_DP_all, x_DPo_all, x_att):
-    """X_DP = x_DP_all + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))): the step's gradient reduction left on the critical path: the last bucket and what is not overlapped, and the other buckets beyond the last micro-batch's backward on the slowest stage (every weight a device holds, all its experts) [s] (PyTorch DDP, [Megatron21 §5])."""
+def step_dp_exposed_s(*, B_hbm, B_tp, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_first, n_kv, n_last, n_mid, o_tp, p, r_kv, r_q, s_comm, sigma, t, t_lay, u_cp, x_CP_b, x_DP_all, x_DPo_all, x_att, x_eager):
+    """X_DP = x_DP_all + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))): the step's gradient reduction left on the critical path: the last bucket and what is not overlapped, and the other buckets beyond the last micro-batch's backward on the slowest stage (every weight a device holds, all its experts) [s] (PyTorch DDP, [Megatron21 §5])."""
     _x0 = ops.maximum(n_first, n_mid)
     _x1 = N*t
     _x2 = S*b
@@ -3196,20 +3206,20 @@ def step_dp_exposed_s(*, B_hbm, B_tp, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_hea
     _x4 = _x3/B_hbm
     _x5 = t - 1
     _x6 = _x5*sigma + 1
-    _x7 = H*t
-    _x8 = F_ffn*(g + 2)
-    _x9 = 2*_x6
-    _x10 = d*(h + 2*n_kv)
-    _x11 = F_attn_bwd*u_cp
-    _x12 = d_qk*h
-    _x13 = -H*_x10*(m_la - 1) + H*_x8 + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x12*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x12) + h*r_kv*(d_qk - d_r + d_v))
+    _x7 = g + 2
+    _x8 = d*(h + 2*n_kv)
+    _x9 = d_qk*h
+    _x10 = F_ffn*H*_x7 - H*_x8*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x9*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
+    _x11 = 2*_x6
+    _x12 = F_attn_bwd*u_cp
+    _x13 = H*t
     _x14 = 2*_x5
     _x15 = H*_x2*p
     _x16 = B_tp*_x1*(_x14*alpha_tp + a_tp*(sigma + 1))
     _x17 = _x3/B_tp
     _x18 = 4*_x15*_x5 + 2*_x16
-    _x19 = o_tp*(B_tp*N*t*ops.maximum(0, 2*_x17*(-B_tp*_x13*_x2 + F_gemm*(_x14*_x15 + _x16))/F_gemm) - _x18)
-    return x_DP_all + ops.maximum(0, x_DPo_all - (_x17*(_x18 - _x19*s_comm + _x19) + x_CP_b + _x2*_x4*(B_hbm*_x11*_x13*_x9*(f_b + 1) + F_gemm_b*S*_x6*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x11*p*(-_x6*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + 4*_x10 + _x7*(5*g + 28) + 5*d*h) + 20*_x7 + _x9*(_x8 + 2*d*(h + n_kv))))/(F_attn_bwd*F_gemm_b*_x6*u_cp))*ops.select([ops.less_equal(_x0*t_lay, _x4*(B_hbm*F_head*_x1*n_last*t_lay + 2*V*_x2*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [n_last,_x0], default=ops.nan))
+    _x19 = o_tp*(B_tp*N*t*ops.maximum(0, 2*_x17*(-B_tp*_x10*_x2 + F_gemm*(_x14*_x15 + _x16))/F_gemm) - _x18)
+    return x_DP_all + ops.maximum(0, x_DPo_all - (_x17*(_x18 - _x19*s_comm + _x19) + x_CP_b + _x2*_x4*(B_hbm*_x10*_x11*_x12*(f_b + 1) + F_gemm_b*S*_x6*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x12*p*(_x11*(F_ffn*(_x7 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1)) + 4*_x13*(16*x_eager + 5) - _x6*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + _x13*(5*g + 28) + 4*_x8 + 5*d*h)))/(F_attn_bwd*F_gemm_b*_x6*u_cp))*ops.select([ops.less_equal(_x0*t_lay, _x4*(B_hbm*F_head*_x1*n_last*t_lay + 2*V*_x2*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [n_last,_x0], default=ops.nan))
 
 
 def step_zero3_gather_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_last, n_mid, t, t_lay, tau_Z3_all):
@@ -3226,8 +3236,8 @@ def step_optimizer_s(*, t_opt_all):
     return t_opt_all
 
 
-def step_offload_grad_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, o_par, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, z_o):
-    """X_off_g = Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)): optimizer offload's copies left on the critical path: gradients out beyond the last backward, the updated weights back [s] ([ZeRO-Offload §4.1])."""
+def step_offload_grad_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, o_par, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, x_eager, z_o):
+    """X_off_g = Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)): optimizer offload's copies left on the critical path: gradients out beyond the last backward, the updated weights back [s] ([ZeRO-Offload §4.1])."""
     _x0 = H*t
     _x1 = c_q*r_q
     _x2 = d_r + r_kv
@@ -3236,9 +3246,9 @@ def step_offload_grad_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N
     _x5 = d*(m_la - 1)
     _x6 = H*h
     _x7 = d_qk*h
-    _x8 = F_ffn*(g + 2)
+    _x8 = g + 2
     _x9 = h + 2*n_kv
-    _x10 = -H*_x5*_x9 + H*_x8 + m_la*(H*_x2 - H*_x7*(c_q - 1) + _x1*(H + _x7) + h*r_kv*(d_qk - d_r + d_v))
+    _x10 = F_ffn*H*_x8 - H*_x5*_x9 + m_la*(H*_x2 - H*_x7*(c_q - 1) + _x1*(H + _x7) + h*r_kv*(d_qk - d_r + d_v))
     _x11 = H*V*e_m + _x0 + n_L*(_x10 - _x3 - _x6*(-_x4 + _x5) + t*(2*H + _x3 + m_la*(_x1 + r_kv)))
     _x12 = -_x11*o_opt*p*z_o*(o_par - 1)
     _x13 = sigma*(t - 1) + 1
@@ -3247,7 +3257,7 @@ def step_offload_grad_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N
     _x16 = F_attn_bwd*u_cp
     _x17 = B_h*pp
     _x18 = S*b
-    _x19 = _x17*_x18*(B_hbm*_x15*_x16*(_x10 + _x6*(_x4 - d*m_la + d))*(f_b + 1) + F_gemm_b*S*_x13*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x16*p*(20*_x0 - _x13*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + _x0*(5*g + 28) + 4*_x9*d + 5*d*h) + _x15*(_x8 + 2*d*(h + n_kv))))
+    _x19 = _x17*_x18*(B_hbm*_x15*_x16*(_x10 + _x6*(_x4 - d*m_la + d))*(f_b + 1) + F_gemm_b*S*_x13*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x16*p*(4*_x0*(16*x_eager + 5) - _x13*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + _x0*(5*g + 28) + 4*_x9*d + 5*d*h) + _x15*(F_ffn*(_x8 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1))))
     _x20 = t**(-1.0)
     _x21 = _x20/(B_h*pp)
     _x22 = 1/(B_hbm*N)
@@ -3262,8 +3272,8 @@ def step_framework_s(*, t_fw):
     return t_fw
 
 
-def step_time_s(*, B_ep, B_h, B_hbm, B_pp, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, F_head, H, N, R_h, S, V, a_f8, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, e_m, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, m_mb, n_L, n_first, n_h, n_kb, n_kf, n_kv, n_last, n_mid, o_act, o_opt, o_par, o_pp, o_tp, p, p_acc, p_s, phi, pp, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, t_dev, t_fw, t_k, t_lay, t_opt_all, tau_Z3_all, u_cp, v_pp, w_op, x_CP_b, x_CP_f, x_CP_r, x_DP_all, x_DPo_all, x_att, z_o, z_w):
-    """T_iter = t_fw + t_opt_all + x_DP_all + Piecewise((m_mb*(n_last*Max(0, (-B_hbm*F_head*N*n_last*t*t_lay + B_hbm*F_head*N*t*tau_Z3_all - 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)) + tau_Z3_all)/n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(tau_Z3_all/Max(n_first, n_mid) + Max(0, -t_lay*Max(n_first, n_mid) + tau_Z3_all)), True)) + Piecewise((m_mb*n_last*(x_CP_b + x_CP_f*(rc_full + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(x_CP_b + x_CP_f*(rc_full + 1))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1)))*Max(n_first, n_mid), True)) + Piecewise((t_lay*(n_L - n_last)/v_pp, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_hbm*F_head*N*t*t_lay*(n_L - Max(n_first, n_mid)) + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t*v_pp), True)) + Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)) + Piecewise((m_mb*n_last*x_CP_r*(rc_full + 2), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*x_CP_r*(rc_full + 2)*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(3*S*b*p*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(10*H*t + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)) + Piecewise((m_mb*n_last*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))*Max(n_first, n_mid)/(B_tp*N*t), True)) + Piecewise((2*S*V*b*m_mb*(B_hbm*H*(f_b + 2) + 6*F_head)/(B_hbm*F_head*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (0, True)) + Piecewise((-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t), pp > 1), (0, True)) + Piecewise((2*S*b*m_mb*n_last*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*S*b*m_mb*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))*Max(n_first, n_mid)/(F_gemm*F_gemm_b*N*t), True)) + Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(10*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)) + Piecewise((2*H*S*b*k_E*m_mb*n_last*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*H*S*b*k_E*m_mb*p*(E_p - 1)*(rc_full + 2)*Max(n_first, n_mid)/(B_ep*E_p*N*t), True)) + Piecewise((2*F_e*H*S*b*k_E*m_mb*n_last*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*F_e*H*S*b*k_E*m_mb*(C_f - 1)*(g + 2)*(rc_full + 3)*Max(n_first, n_mid)/(F_gemm*N*t), True)) + Piecewise((S**2*b*c*h*m_mb*n_last*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S**2*b*c*h*m_mb*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))*Max(n_first, n_mid)/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), True)) + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(20*H*t - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(g + 2) + 2*d*(h + n_kv))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))) + n_h*o_opt*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(R_h*pp*t): one optimizer step on one device: the sum of its breakdown [s] ([Megatron21 §2.2, §5.1])."""
+def step_time_s(*, B_ep, B_h, B_hbm, B_pp, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, F_head, H, N, R_h, S, V, a_f8, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, e_m, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, m_mb, n_L, n_first, n_h, n_kb, n_kf, n_kv, n_last, n_mid, o_act, o_opt, o_par, o_pp, o_tp, p, p_acc, p_s, phi, pp, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, t_dev, t_fw, t_k, t_lay, t_opt_all, tau_Z3_all, u_cp, v_pp, w_op, x_CP_b, x_CP_f, x_CP_r, x_DP_all, x_DPo_all, x_att, x_eager, z_o, z_w):
+    """T_iter = t_fw + t_opt_all + x_DP_all + Piecewise((m_mb*(n_last*Max(0, (-B_hbm*F_head*N*n_last*t*t_lay + B_hbm*F_head*N*t*tau_Z3_all - 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)) + tau_Z3_all)/n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(tau_Z3_all/Max(n_first, n_mid) + Max(0, -t_lay*Max(n_first, n_mid) + tau_Z3_all)), True)) + Piecewise((m_mb*n_last*(x_CP_b + x_CP_f*(rc_full + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(x_CP_b + x_CP_f*(rc_full + 1))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*n_kv) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1)))*Max(n_first, n_mid), True)) + Piecewise((t_lay*(n_L - n_last)/v_pp, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_hbm*F_head*N*t*t_lay*(n_L - Max(n_first, n_mid)) + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t*v_pp), True)) + Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)) + Piecewise((m_mb*n_last*x_CP_r*(rc_full + 2), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*x_CP_r*(rc_full + 2)*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)) + Piecewise((m_mb*n_last*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))*Max(n_first, n_mid)/(B_tp*N*t), True)) + Piecewise((2*S*V*b*m_mb*(B_hbm*H*(f_b + 2) + 6*F_head)/(B_hbm*F_head*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (0, True)) + Piecewise((-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t), pp > 1), (0, True)) + Piecewise((2*S*b*m_mb*n_last*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*S*b*m_mb*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))*Max(n_first, n_mid)/(F_gemm*F_gemm_b*N*t), True)) + Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn + H*t*(g + 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)) + Piecewise((2*H*S*b*k_E*m_mb*n_last*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*H*S*b*k_E*m_mb*p*(E_p - 1)*(rc_full + 2)*Max(n_first, n_mid)/(B_ep*E_p*N*t), True)) + Piecewise((2*F_e*H*S*b*k_E*m_mb*n_last*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*F_e*H*S*b*k_E*m_mb*(C_f - 1)*(g + 2)*(rc_full + 3)*Max(n_first, n_mid)/(F_gemm*N*t), True)) + Piecewise((S**2*b*c*h*m_mb*n_last*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S**2*b*c*h*m_mb*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))*Max(n_first, n_mid)/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), True)) + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn + H*t*(5*g + 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))) + n_h*o_opt*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(R_h*pp*t): one optimizer step on one device: the sum of its breakdown [s] ([Megatron21 §2.2, §5.1])."""
     _x0 = pp**(-1.0)
     _x1 = S*b
     _x2 = _x1*p
@@ -3334,64 +3344,67 @@ def step_time_s(*, B_ep, B_h, B_hbm, B_pp, B_tp, C_f, E_p, F_attn, F_attn_bwd, F
     _x67 = S*h
     _x68 = _x57*_x66*_x67
     _x69 = F_gemm*_x56*_x68
-    _x70 = g + 1
-    _x71 = F_ffn*_x70
-    _x72 = _x45*d
-    _x73 = d*h
-    _x74 = F_ffn + _x73
-    _x75 = _x34*(g + 16) + 6*_x71 + 6*_x72 + _x74
-    _x76 = f_b - 1
-    _x77 = _x66*_x76
-    _x78 = _x66*(_x42 + 2*d*(h + n_kv))
-    _x79 = 10*_x34 + _x78
-    _x80 = p*u_cp
-    _x81 = F_attn*F_gemm
-    _x82 = _x66*u_cp
-    _x83 = 2*B_hbm*_x61*_x82
-    _x84 = F_attn*_x83 + _x69 + _x80*_x81*(-_x75*_x77 + _x79)
-    _x85 = _x1*(_x69*rc_sel + _x84*rc_full)
-    _x86 = _x66**(-1.0)
-    _x87 = _x20*_x86
-    _x88 = _x52*_x87
-    _x89 = _x32*_x51
-    _x90 = _x88*_x89
-    _x91 = _x85*_x90
-    _x92 = 5*F_ffn + _x34*(5*g + 28) + 4*_x71 + 4*_x72 + 5*_x73
-    _x93 = F_attn_bwd*F_gemm_b
-    _x94 = _x1*(F_attn_bwd*_x60*_x83 + F_gemm_b*_x55*_x68 + _x80*_x93*(20*_x34 - _x77*_x92 + 2*_x78))
-    _x95 = _x53*_x59
-    _x96 = _x88*_x95
-    _x97 = _x2*_x65
-    _x98 = 2*_x65*alpha_tp + a_tp*(sigma + 1)
-    _x99 = _x5/B_tp
-    _x100 = 2*N
-    _x101 = B_tp*_x100*_x98*t + 4*H*_x97
-    _x102 = -B_tp*N*t*ops.maximum(0, _x63*_x99*(-B_tp*_x62 + F_gemm*(B_tp*_x13*_x98 + _x3*_x97))) + _x101
-    _x103 = -_x102*o_tp
-    _x104 = _x2*_x76
-    _x105 = F_ffn*H
-    _x106 = N*(_x105*_x70 + _x105 + _x38 + _x46)
-    _x107 = _x87*(3*_x2*_x79 - _x66*(_x104*_x75 + _x104*_x92 - f8*(2*_x106 + _x16*(2*_x34 + _x74) + (_x1*(4*_x34 + _x71 + _x72 + _x74) + _x106)*(p*(a_f8 + 1) + p_s + 1))))
-    _x108 = _x102*o_tp
-    _x109 = _x99*(_x101 + _x108*s_comm - _x108)
-    _x110 = -_x50*p*(o_par - 1)
-    _x111 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x49*_x66*o_opt*p*u_cp*z_o
-    _x112 = B_h*pp
-    _x113 = _x112*_x94
-    _x114 = B_h**(-1.0)
-    _x115 = _x0*_x114*_x96
-    _x116 = _x112*t
-    _x117 = _x114*_x4
-    _x118 = _x0*_x117
-    _x119 = N**2
-    _x120 = _x117/_x119
-    _x121 = sigma - t*(sigma - 1)
-    _x122 = _x44*d
-    _x123 = H*_x121
-    _x124 = N*_x121*_x3*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x122 + 4*_x123 + 4*_x73 + h*p_acc) - (w_op - 1)*(_x100*(_x122 + _x123*(delta + 2) + _x3*(-_x121*(s_ag - 1) + s_ag*t) + _x42 + 2*_x73) + 5*_x67*phi))
-    _x125 = B_h*N
-    _x126 = m_mb*(ops.maximum(0, _x90*(-_x1*_x84 + _x14*_x81*_x82*ops.maximum(_x1*_x120*_x124*o_act, _x117*_x48*o_par*p*z_w))) + ops.maximum(0, _x120*_x19*_x52*_x86*_x89*_x95*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x124*_x66*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x119*_x48*_x66*o_par*p*u_cp*z_w - _x125*_x81*_x94 - _x125*_x85*_x93)))
-    return t_fw + t_opt_all + x_DP_all + ops.select([_x22,True], [_x10*_x8,_x10*_x23], default=ops.nan) + ops.select([_x22,True], [_x107*_x8,_x107*_x23], default=ops.nan) + ops.select([_x22,True], [_x109*_x28,_x109*_x30], default=ops.nan) + ops.select([_x22,True], [_x118*(_x110 + _x116*ops.maximum(0, _x115*(-_x111 - _x113*n_last))),_x118*(_x110 + _x116*ops.maximum(0, _x115*(-_x11*_x113 - _x111)))], default=ops.nan) + ops.select([_x22,True], [_x126*n_last,_x11*_x126], default=ops.nan) + ops.select([_x22,True], [_x25*n_last,_x11*_x25], default=ops.nan) + ops.select([_x22,True], [_x26*n_last,_x11*_x26], default=ops.nan) + ops.select([_x22,True], [_x28*_x29,_x29*_x30], default=ops.nan) + ops.select([_x22,True], [_x33*_x8,_x23*_x33], default=ops.nan) + ops.select([_x22,True], [_x58*_x8,_x23*_x58], default=ops.nan) + ops.select([_x22,True], [_x64*_x8,_x23*_x64], default=ops.nan) + ops.select([_x22,True], [_x8*_x91,_x23*_x91], default=ops.nan) + ops.select([_x22,True], [_x17*_x21*m_mb,0], default=ops.nan) + ops.select([_x22,True], [_x27*t_lay*(n_L - n_last),_x21*_x27*(_x15*(-_x11 + n_L) + _x17)], default=ops.nan) + ops.select([_x22,True], [m_mb*(n_last*ops.maximum(0, _x21*(B_hbm*F_head*N*t*tau_Z3_all - _x18)) + tau_Z3_all)/n_last,m_mb*(ops.maximum(0, -_x12 + tau_Z3_all) + tau_Z3_all/_x11)], default=ops.nan) + ops.select([ops.greater(pp, 1),True], [-_x0*_x7*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/B_pp,0], default=ops.nan) + ops.maximum(0, x_DPo_all - (_x94*_x96 + _x99*(_x101 - _x103*s_comm + _x103) + x_CP_b)*ops.select([_x22,True], [n_last,_x11], default=ops.nan)) + _x0*_x4*_x50*n_h/R_h
+    _x70 = _x66*u_cp
+    _x71 = 2*B_hbm*_x61*_x70
+    _x72 = g + 1
+    _x73 = F_ffn*_x72
+    _x74 = _x45*d
+    _x75 = d*h
+    _x76 = F_ffn + _x75
+    _x77 = _x34*(g + 16) + 6*_x73 + 6*_x74 + _x76
+    _x78 = f_b - 1
+    _x79 = _x66*_x78
+    _x80 = 16*x_eager + 5
+    _x81 = 2*_x34
+    _x82 = _x66*(F_ffn*(_x31 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + 1))
+    _x83 = _x80*_x81 + _x82
+    _x84 = p*u_cp
+    _x85 = F_attn*F_gemm
+    _x86 = F_attn*_x71 + _x69 + _x84*_x85*(-_x77*_x79 + _x83)
+    _x87 = _x1*(_x69*rc_sel + _x86*rc_full)
+    _x88 = _x66**(-1.0)
+    _x89 = _x20*_x88
+    _x90 = _x52*_x89
+    _x91 = _x32*_x51
+    _x92 = _x90*_x91
+    _x93 = _x87*_x92
+    _x94 = 4*_x34
+    _x95 = 5*F_ffn + _x34*(5*g + 28) + 4*_x73 + 4*_x74 + 5*_x75
+    _x96 = F_attn_bwd*F_gemm_b
+    _x97 = _x1*(F_attn_bwd*_x60*_x71 + F_gemm_b*_x55*_x68 + _x84*_x96*(-_x79*_x95 + _x80*_x94 + 2*_x82))
+    _x98 = _x53*_x59
+    _x99 = _x90*_x98
+    _x100 = _x2*_x65
+    _x101 = 2*_x65*alpha_tp + a_tp*(sigma + 1)
+    _x102 = _x5/B_tp
+    _x103 = 2*N
+    _x104 = B_tp*_x101*_x103*t + 4*H*_x100
+    _x105 = -B_tp*N*t*ops.maximum(0, _x102*_x63*(-B_tp*_x62 + F_gemm*(B_tp*_x101*_x13 + _x100*_x3))) + _x104
+    _x106 = -_x105*o_tp
+    _x107 = _x2*_x78
+    _x108 = F_ffn*H
+    _x109 = N*(_x108*_x72 + _x108 + _x38 + _x46)
+    _x110 = _x89*(3*_x2*_x83 - _x66*(_x107*_x77 + _x107*_x95 - f8*(2*_x109 + _x16*(_x76 + _x81) + (_x1*(_x73 + _x74 + _x76 + _x94) + _x109)*(p*(a_f8 + 1) + p_s + 1))))
+    _x111 = _x105*o_tp
+    _x112 = _x102*(_x104 + _x111*s_comm - _x111)
+    _x113 = -_x50*p*(o_par - 1)
+    _x114 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x49*_x66*o_opt*p*u_cp*z_o
+    _x115 = B_h*pp
+    _x116 = _x115*_x97
+    _x117 = B_h**(-1.0)
+    _x118 = _x0*_x117*_x99
+    _x119 = _x115*t
+    _x120 = _x117*_x4
+    _x121 = _x0*_x120
+    _x122 = N**2
+    _x123 = _x120/_x122
+    _x124 = sigma - t*(sigma - 1)
+    _x125 = _x44*d
+    _x126 = H*_x124
+    _x127 = N*_x124*_x3*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x125 + 4*_x126 + 4*_x75 + h*p_acc) - (w_op - 1)*(_x103*(_x125 + _x126*(delta + 2) + _x3*(-_x124*(s_ag - 1) + s_ag*t) + _x42 + 2*_x75) + 5*_x67*phi))
+    _x128 = B_h*N
+    _x129 = m_mb*(ops.maximum(0, _x92*(-_x1*_x86 + _x14*_x70*_x85*ops.maximum(_x1*_x123*_x127*o_act, _x120*_x48*o_par*p*z_w))) + ops.maximum(0, _x123*_x19*_x52*_x88*_x91*_x98*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x127*_x66*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x122*_x48*_x66*o_par*p*u_cp*z_w - _x128*_x85*_x97 - _x128*_x87*_x96)))
+    return t_fw + t_opt_all + x_DP_all + ops.select([_x22,True], [_x10*_x8,_x10*_x23], default=ops.nan) + ops.select([_x22,True], [_x110*_x8,_x110*_x23], default=ops.nan) + ops.select([_x22,True], [_x112*_x28,_x112*_x30], default=ops.nan) + ops.select([_x22,True], [_x121*(_x113 + _x119*ops.maximum(0, _x118*(-_x114 - _x116*n_last))),_x121*(_x113 + _x119*ops.maximum(0, _x118*(-_x11*_x116 - _x114)))], default=ops.nan) + ops.select([_x22,True], [_x129*n_last,_x11*_x129], default=ops.nan) + ops.select([_x22,True], [_x25*n_last,_x11*_x25], default=ops.nan) + ops.select([_x22,True], [_x26*n_last,_x11*_x26], default=ops.nan) + ops.select([_x22,True], [_x28*_x29,_x29*_x30], default=ops.nan) + ops.select([_x22,True], [_x33*_x8,_x23*_x33], default=ops.nan) + ops.select([_x22,True], [_x58*_x8,_x23*_x58], default=ops.nan) + ops.select([_x22,True], [_x64*_x8,_x23*_x64], default=ops.nan) + ops.select([_x22,True], [_x8*_x93,_x23*_x93], default=ops.nan) + ops.select([_x22,True], [_x17*_x21*m_mb,0], default=ops.nan) + ops.select([_x22,True], [_x27*t_lay*(n_L - n_last),_x21*_x27*(_x15*(-_x11 + n_L) + _x17)], default=ops.nan) + ops.select([_x22,True], [m_mb*(n_last*ops.maximum(0, _x21*(B_hbm*F_head*N*t*tau_Z3_all - _x18)) + tau_Z3_all)/n_last,m_mb*(ops.maximum(0, -_x12 + tau_Z3_all) + tau_Z3_all/_x11)], default=ops.nan) + ops.select([ops.greater(pp, 1),True], [-_x0*_x7*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/B_pp,0], default=ops.nan) + ops.maximum(0, x_DPo_all - (_x102*(_x104 - _x106*s_comm + _x106) + _x97*_x99 + x_CP_b)*ops.select([_x22,True], [n_last,_x11], default=ops.nan)) + _x0*_x4*_x50*n_h/R_h
 
 
 def ulysses_exchange_recv_bytes(*, N, S, b, d, h, n_kv, p):
@@ -3538,7 +3551,7 @@ ARGS = {
     'layer_mlp_flops': ('F_ffn', 'H', 'N', 'S', 'b', 'g', 't'),
     'layer_gemm_flops': ('F_ffn', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'layer_attn_flops': ('N', 'S', 'b', 'c', 'd', 'h', 't'),
-    'layer_elementwise_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'p', 'sigma', 't'),
+    'layer_elementwise_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'p', 'sigma', 't', 'x_eager'),
     'layer_lora_fwd_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'f_b', 'g', 'h', 'n_kv', 'p', 't'),
     'layer_lora_bwd_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'f_b', 'g', 'h', 'n_kv', 'p', 't'),
     'layer_gemm_input_width': ('F_ffn', 'H', 'd', 'h', 't'),
@@ -3566,9 +3579,9 @@ ARGS = {
     'tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'a_tp', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'o_tp', 'p', 'r_kv', 'r_q', 's_comm', 'sigma', 't'),
     'layer_gemm_fwd_s': ('F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'layer_gemm_bwd_s': ('F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
-    'layer_compute_fwd_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att'),
-    'layer_compute_bwd_s': ('B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att'),
-    'layer_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 'u_cp', 'x_att'),
+    'layer_compute_fwd_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att', 'x_eager'),
+    'layer_compute_bwd_s': ('B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att', 'x_eager'),
+    'layer_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 'u_cp', 'x_att', 'x_eager'),
     'layer_host_s': ('n_kb', 'n_kf', 'rc_full', 't_k'),
     'layer_host_wait_s': ('n_kb', 'n_kf', 'rc_full', 't_dev', 't_k'),
     'head_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 't'),
@@ -3593,13 +3606,13 @@ ARGS = {
     'hardware_peak_s_per_token': ('F_ffn', 'F_peak', 'F_peak_g', 'H', 'S', 'V', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_q', 'rc_full', 'rc_sel'),
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
     'offload_grad_copy_s': ('B_h', 'F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'o_opt', 'p', 'pp', 'r_kv', 'r_q', 't', 'z_o'),
-    'offload_grad_exposed_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'z_o'),
+    'offload_grad_exposed_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'z_o'),
     'host_adam_s': ('F_ffn', 'H', 'R_h', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_h', 'n_kv', 'o_opt', 'pp', 'r_kv', 'r_q', 't', 'z_o'),
     'offload_weight_upload_s': ('B_h', 'F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'o_opt', 'o_par', 'p', 'pp', 'r_kv', 'r_q', 't', 'z_o'),
     'offload_param_fetch_s': ('B_h', 'F_ffn', 'H', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'o_par', 'p', 'r_kv', 'r_q', 't', 'z_w'),
     'offload_activation_copy_s': ('B_h', 'F_ffn', 'H', 'N', 'S', 'b', 'd', 'delta', 'g', 'h', 'n_kv', 'o_act', 'p_acc', 'phi', 'rho', 's_ag', 'sigma', 't', 'w_op'),
-    'offload_layer_fwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'z_w'),
-    'offload_layer_bwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'z_w'),
+    'offload_layer_fwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'z_w'),
+    'offload_layer_bwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'z_w'),
     'weight_bytes_per_device': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_w', 'pp', 'r_kv', 'r_q', 't'),
     'kv_cache_bytes_per_device': ('S_kv', 'b', 'd', 'n_L', 'n_kv', 'p_kv', 'pp', 't'),
     'prefill_activation_bytes': ('F_ffn', 'H', 'K_c', 'N', 'T_n', 'b', 'd', 'g', 'h', 'n_kv', 'p', 'p_acc', 't'),
@@ -3673,34 +3686,34 @@ ARGS = {
     'moe_zero3_gather_s': ('B_dp', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'pp', 'r_kv', 'r_q', 't', 'z3'),
     'layer_gemm_s': ('F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'layer_attn_s': ('B_hbm', 'F_attn', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 'k_sf', 't', 'u_cp', 'x_att'),
-    'layer_elementwise_s': ('B_hbm', 'F_ffn', 'H', 'N', 'S', 'a_f8', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't'),
+    'layer_elementwise_s': ('B_hbm', 'F_ffn', 'H', 'N', 'S', 'a_f8', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 'x_eager'),
     'layer_tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'a_tp', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'o_tp', 'p', 'r_kv', 'r_q', 'rc_full', 's_comm', 'sigma', 't'),
     'layer_cp_exposed_s': ('rc_full', 'x_CP_b', 'x_CP_f'),
     'layer_cp_overhead_s': ('rc_full', 'x_CP_r'),
     'layer_ep_exposed_s': ('B_ep', 'E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 'rc_full', 't'),
     'layer_moe_imbalance_s': ('C_f', 'F_e', 'F_gemm', 'H', 'N', 'S', 'b', 'g', 'k_E', 'rc_full', 't'),
-    'layer_offload_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'z_w'),
-    'layer_device_s': ('B_ep', 'B_h', 'B_hbm', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'a_f8', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 'u_cp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_att', 'z_w'),
+    'layer_offload_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'z_w'),
+    'layer_device_s': ('B_ep', 'B_h', 'B_hbm', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'a_f8', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 'u_cp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_att', 'x_eager', 'z_w'),
     'layer_time_s': ('n_kb', 'n_kf', 'rc_full', 't_dev', 't_k'),
     'step_gemm_s': ('B_hbm', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'r_kv', 'r_q', 't', 't_lay'),
     'step_attn_s': ('B_hbm', 'F_attn', 'F_attn_bwd', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'd', 'f_b', 'h', 'k_sb', 'k_sf', 'm_mb', 'n_first', 'n_last', 'n_mid', 't', 't_lay', 'u_cp', 'x_att'),
-    'step_elementwise_s': ('B_hbm', 'F_ffn', 'F_head', 'H', 'N', 'S', 'V', 'a_f8', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 't_lay'),
+    'step_elementwise_s': ('B_hbm', 'F_ffn', 'F_head', 'H', 'N', 'S', 'V', 'a_f8', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'x_eager'),
     'step_host_wait_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_kb', 'n_kf', 'n_last', 'n_mid', 'rc_full', 't', 't_dev', 't_k', 't_lay'),
-    'step_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 't_lay', 'u_cp', 'x_att'),
+    'step_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager'),
     'step_tp_exposed_s': ('B_hbm', 'B_tp', 'F_ffn', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'a_tp', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_tp', 'p', 'r_kv', 'r_q', 'rc_full', 's_comm', 'sigma', 't', 't_lay'),
     'step_cp_exposed_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 'rc_full', 't', 't_lay', 'x_CP_b', 'x_CP_f'),
     'step_cp_overhead_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 'rc_full', 't', 't_lay', 'x_CP_r'),
     'step_ep_exposed_s': ('B_ep', 'B_hbm', 'E_p', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'k_E', 'm_mb', 'n_first', 'n_last', 'n_mid', 'p', 'rc_full', 't', 't_lay'),
     'step_moe_imbalance_s': ('B_hbm', 'C_f', 'F_e', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'g', 'k_E', 'm_mb', 'n_first', 'n_last', 'n_mid', 'rc_full', 't', 't_lay'),
-    'step_offload_layer_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 't_lay', 'u_cp', 'w_op', 'x_att', 'z_w'),
+    'step_offload_layer_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 't_lay', 'u_cp', 'w_op', 'x_att', 'x_eager', 'z_w'),
     'step_head_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 't', 't_lay'),
     'step_pp_exposed_s': ('B_pp', 'H', 'N', 'S', 'b', 'm_mb', 'o_pp', 'p', 'pp', 't', 'v_pp'),
-    'step_dp_exposed_s': ('B_hbm', 'B_tp', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_tp', 'p', 'r_kv', 'r_q', 's_comm', 'sigma', 't', 't_lay', 'u_cp', 'x_CP_b', 'x_DP_all', 'x_DPo_all', 'x_att'),
+    'step_dp_exposed_s': ('B_hbm', 'B_tp', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_tp', 'p', 'r_kv', 'r_q', 's_comm', 'sigma', 't', 't_lay', 'u_cp', 'x_CP_b', 'x_DP_all', 'x_DPo_all', 'x_att', 'x_eager'),
     'step_zero3_gather_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 't', 't_lay', 'tau_Z3_all'),
     'step_optimizer_s': ('t_opt_all',),
-    'step_offload_grad_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'o_par', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'z_o'),
+    'step_offload_grad_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'o_par', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'z_o'),
     'step_framework_s': ('t_fw',),
-    'step_time_s': ('B_ep', 'B_h', 'B_hbm', 'B_pp', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'R_h', 'S', 'V', 'a_f8', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'e_m', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_L', 'n_first', 'n_h', 'n_kb', 'n_kf', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_opt', 'o_par', 'o_pp', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'pp', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 't_dev', 't_fw', 't_k', 't_lay', 't_opt_all', 'tau_Z3_all', 'u_cp', 'v_pp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_DP_all', 'x_DPo_all', 'x_att', 'z_o', 'z_w'),
+    'step_time_s': ('B_ep', 'B_h', 'B_hbm', 'B_pp', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'R_h', 'S', 'V', 'a_f8', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'e_m', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_L', 'n_first', 'n_h', 'n_kb', 'n_kf', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_opt', 'o_par', 'o_pp', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'pp', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 't_dev', 't_fw', 't_k', 't_lay', 't_opt_all', 'tau_Z3_all', 'u_cp', 'v_pp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_DP_all', 'x_DPo_all', 'x_att', 'x_eager', 'z_o', 'z_w'),
     'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
     'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
     'packed_compute_fraction': ('E_m', 'E_w', 'c'),

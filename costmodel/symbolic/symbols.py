@@ -415,6 +415,14 @@ k_agm = _symbol(
     "[torch-CP], [TE-CP]",
     nonnegative=True,
 )
+x_eager = _symbol(
+    "x_eager",
+    "1 where a layer's norms, rotary embedding and MLP activation run as eager torch ops (bf16 upcast to fp32 "
+    "and back, each op through HBM), 0 where each is one fused kernel",
+    "1",
+    "[torchtitan-code], [Liger]",
+    nonnegative=True,
+)
 k_copy = _symbol(
     "k_copy",
     "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)",

@@ -253,6 +253,7 @@ def bind(
         "v_pp": step.vpp,
         "k_copy": 1.0 if job.inputs.layout == "zigzag" and scheme.ring else 0.0,
         "k_merge": step.ring_merge_bytes,
+        "x_eager": 1.0 if step.elementwise == "eager" else 0.0,
         "k_agm": 1.0 if job.framework.time.allgather_merges else 0.0,
         "t_launch": kernels.ring_step_launch_s if kernels else 0.0,
         "t_k": host_per_kernel_s(job),

@@ -84,6 +84,7 @@ from costmodel.symbolic.symbols import (
     u_cp,
     v_pp,
     x_att,
+    x_eager,
     z3,
 )
 
@@ -160,12 +161,20 @@ W_att = define(
 E_lay = define(
     "layer_elementwise_bytes",
     "E_layer",
-    T_mb * p * (10 * H / (1 + sigma * (t - 1)) + (2 * (h + n_kv) * d + (2 + g) * F_ffn) / t),
-    "forward HBM bytes of the memory-bound work: two norms and two residual adds (10·H), split t ways only "
-    "with sequence parallelism (else every TP rank runs them whole), and rotary on Q and K and the MLP "
-    "activation ((2+g)·F_ffn) on the rank's heads and columns",
+    T_mb
+    * p
+    * (
+        (10 + 32 * x_eager) * H / (1 + sigma * (t - 1))
+        + ((2 + 8 * x_eager) * (h + n_kv) * d + (2 + g + 2 * g * x_eager) * F_ffn) / t
+    ),
+    "forward HBM bytes of the memory-bound work, in elements of p bytes: two norms (2·H each fused: read, "
+    "write) and two residual adds (3·H each), split t ways only with sequence parallelism (else every TP rank "
+    "runs them whole), rotary on Q and K (2 an element fused) and the MLP activation ((2+g)·F_ffn fused) on the "
+    "rank's heads and columns. Eager torch ops (x_eager = 1) move more: an RMSNorm upcasts to fp32 (3), "
+    "squares (4), takes the mean (2), scales (4), casts back (3) and weights (2), 18 an element; a complex "
+    "rotary upcasts (3), multiplies (4) and casts back (3), 10; a SwiGLU's silu (2) and product (3), 5",
     "B",
-    "[Korthikanti22 §4]",
+    "[Korthikanti22 §4], [torchtitan-code], [Liger]",
 )
 # LoRA's adapters run beside each frozen projection as PEFT writes them, y + B(A(x))·scaling [LoRA §4.1],
 # [PEFT], over the widths of the matrices they adapt on the rank's shard (lora_widths, which counts their
