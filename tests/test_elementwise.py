@@ -91,3 +91,11 @@ def test_torch_compile_gains_what_torchtitan_measured(eager: str, compiled: str)
     predicted = predict(rows[compiled]) / predict(rows[eager])
     assert 1.10 < predicted < measured
     assert predicted == pytest.approx(measured, rel=0.05)
+
+
+def test_the_step_table_says_when_the_elementwise_ops_run_eagerly(cli) -> None:  # noqa: ANN001
+    job = ("step", "--model", "llama3-8b", "--seq", "8k", "--n", "8", "--global-batch", "8")
+    eager = cli(*job, "--framework", "torchtitan")
+    fused = cli(*job, "--framework", "torchtitan", "--elementwise", "fused")
+    assert eager.code == fused.code == 0
+    assert "elementwise (eager torch ops)" in eager.out and "elementwise (memory-bound)" in fused.out
