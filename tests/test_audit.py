@@ -136,6 +136,26 @@ def test_torchtitan_toml_names_the_step_flags() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("tables", "elementwise"),
+    [
+        ("", None),  # compile off by default: the framework's eager ops
+        ("[training]\ncompile = true\n", "fused"),  # torchtitan of 2024
+        ("[training]\ncompile = false\n", None),
+        ("[compile]\nenable = true\n", "fused"),  # since 2025: model and loss by default
+        ('[compile]\nenable = true\ncomponents = ["loss"]\n', None),
+        ('[compile]\nenable = false\ncomponents = ["model"]\n', None),
+    ],
+)
+def test_torchtitan_toml_reads_torch_compile_as_fused_elementwise(
+    tables: str, elementwise: str | None
+) -> None:
+    import tomllib
+
+    config, _ = torchtitan_config(tomllib.loads(tables))
+    assert config.get("elementwise") == elementwise
+
+
 def test_megatron_shape_matches_its_preset() -> None:
     assert (
         match_preset({"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336})

@@ -91,8 +91,20 @@ def torchtitan_config(data: dict[str, Any], origin: str = "job.toml") -> tuple[d
         "torchtitan", None if rotate is None else str(rotate).lower(), "alltoall"
     )
     out["cp_scheme"] = scheme.name
+    if _compiles_the_model(training, section("compile")):
+        out["elementwise"] = (
+            "fused"  # torch.compile fuses the norms, rotary and activation torchtitan runs eagerly
+        )
     preset = f"{model['name']}-{model['flavor']}".lower() if "name" in model and "flavor" in model else None
     return out, preset
+
+
+def _compiles_the_model(training: dict[str, Any], compile_: dict[str, Any]) -> bool:
+    """torch.compile on the model: ``[compile] enable`` with "model" among its components (torchtitan since
+    2025; components default to model and loss), or ``[training] compile`` before."""
+    if compile_.get("enable") is True:
+        return "model" in compile_.get("components", ["model"])
+    return training.get("compile") is True
 
 
 _FLAG = re.compile(r"--([a-z0-9-]+)(?:[ =]+([^\s\\-][^\s\\]*))?")
