@@ -1,5 +1,7 @@
 """How well the step model predicts measured runs, in one run: the built-in profile, a fit from single-node
-runs (k-fold), runs kept aside from the fit, multi-node runs predicted from it, and the published table.
+runs (k-fold), runs kept aside from the fit, multi-node runs predicted from it, and the published tables:
+training by framework and held out, the order of each job's layouts, serving, ring-flash-attention's ring
+efficiency, and the intervals' coverage.
 
     python benchmarks/fidelity.py --data DIR     # DIR holds vTrain's ground_truth_single.csv, _multi.csv
     python benchmarks/fidelity.py --smoke        # a synthetic table: checks the pipeline, not the model
@@ -22,6 +24,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from ring_efficiency import published_rows as ring_rows
+from ring_efficiency import summary as ring_summary
+
 from costmodel.audit.runs import (
     Profiles,
     RunTable,
@@ -35,8 +40,10 @@ from costmodel.audit.runs import (
     read_runs,
 )
 from costmodel.calibration.residuals import coverage_report, median_half_width
+from costmodel.cli.markdown import job_orders
+from costmodel.inference.published import summary as serving_summary
 from costmodel.machines.profiles import HardwareProfile, load_profile
-from costmodel.training.validation import ROWS, by_framework
+from costmodel.training.validation import HELD_OUT, ROWS, by_framework
 from costmodel.training.validation import predict as published
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,6 +163,21 @@ def print_published() -> None:
     )
     for name, s in by_framework().items():
         print(f"  ran on {name:<42} {s['rows']:>5} rows  median |error| {s['median']:6.1%}")
+    held = [abs(published(row) / row.published - 1) for row in HELD_OUT]
+    print(
+        f"  held out (validation/training_published_holdout.yaml) {len(held):>3} rows  median |error| "
+        f"{statistics.median(held):6.1%}, {sum(e <= 0.15 for e in held)} within 15 %"
+    )
+    predicted = {row.key: published(row) for row in [*ROWS, *HELD_OUT]}
+    for job, layouts, rho in job_orders([*ROWS, *HELD_OUT], predicted):
+        shown = "-" if rho is None else f"{rho:+.2f}"
+        print(f"  layouts of {job:<52} {layouts:>3}  Spearman rho {shown} (goal 0.8)")
+    serving = serving_summary()
+    print(
+        f"published serving rows (docs/inference.md): median |error| {serving['median']:.1%}, worst "
+        f"{serving['max']:.1%}; held out {serving['held_median']:.1%}"
+    )
+    print("ring-flash-attention's 8-GPU layers, the profiles' own tables: " + ring_summary(ring_rows()))
     print(
         "prediction intervals on the published tables (split-conformal; leave-one-out, memory's holdout apart):"
     )

@@ -137,36 +137,52 @@ def fa2_machine(data: Path, hw: str) -> Machine:
     return build_machine(profile)
 
 
+def published_rows(data: Path | None = None) -> list[tuple[str, str, str, str, float, float, float]]:
+    """Each published row against the model: (GPUs, tables, pass, layout, published, fused merge, unfused
+    merge). The profiles' own tables, and with ``data`` the H800 forward rows on FlashAttention-2's tables."""
+    readings = [
+        (gpu, PROFILES[gpu], build_machine(load_profile(PROFILES[gpu]).at_boost()), "profile")
+        for gpu in PROFILES
+    ]
+    if data is not None:
+        readings.append(("8xH800", "h800-nvlink", fa2_machine(data, "h800-nvlink"), "FA2 fwd"))
+    return [
+        (
+            gpu,
+            tables,
+            pass_,
+            layout,
+            published,
+            efficiency(machine, hw, layout, pass_, 12.0),
+            efficiency(machine, hw, layout, pass_, UNFUSED_MERGE_BYTES),
+        )
+        for gpu, hw, machine, tables in readings
+        for (g, pass_, layout), published in PUBLISHED.items()
+        if g == gpu and (tables != "FA2 fwd" or pass_ == "fwd")
+    ]
+
+
+def summary(rows: list[tuple[str, str, str, str, float, float, float]]) -> str:
+    misses = [abs(unfused - published) for *_, published, _, unfused in rows]
+    return f"unfused merge: worst {max(misses) * 100:.1f} points, {sum(m <= 0.06 for m in misses)} of {len(misses)} within 6"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--data", help="the folder of public kernel tables (for FlashAttention-2's H100 tables)"
     )
     args = parser.parse_args()
-    readings = [
-        (gpu, PROFILES[gpu], build_machine(load_profile(PROFILES[gpu]).at_boost()), "profile")
-        for gpu in PROFILES
-    ]
-    if args.data:
-        readings.append(("8xH800", "h800-nvlink", fa2_machine(Path(args.data), "h800-nvlink"), "FA2 fwd"))
     print(
         f"{'GPUs':<7} {'tables':<8} {'pass':<8} {'layout':<11} {'published':>9} {'fused merge':>12} {'unfused':>9}"
     )
-    misses = []
-    for gpu, hw, machine, tables in readings:
-        for (g, pass_, layout), published in PUBLISHED.items():
-            if g != gpu or (tables == "FA2 fwd" and pass_ != "fwd"):
-                continue
-            fused = efficiency(machine, hw, layout, pass_, 12.0)
-            unfused = efficiency(machine, hw, layout, pass_, UNFUSED_MERGE_BYTES)
-            misses.append(abs(unfused - published))
-            print(
-                f"{gpu:<7} {tables:<8} {pass_:<8} {layout:<11} {published:9.1%} {fused:12.1%} {unfused:9.1%}"
-                f"  ({(unfused - published) * 100:+.1f} points)"
-            )
-    print(
-        f"unfused merge: worst {max(misses) * 100:.1f} points, {sum(m <= 0.06 for m in misses)} of {len(misses)} within 6"
-    )
+    rows = published_rows(Path(args.data) if args.data else None)
+    for gpu, tables, pass_, layout, published, fused, unfused in rows:
+        print(
+            f"{gpu:<7} {tables:<8} {pass_:<8} {layout:<11} {published:9.1%} {fused:12.1%} {unfused:9.1%}"
+            f"  ({(unfused - published) * 100:+.1f} points)"
+        )
+    print(summary(rows))
     split_table()
 
 

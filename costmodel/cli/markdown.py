@@ -109,20 +109,29 @@ def validation_table() -> str:
     )
 
 
-def _job_orders(rows: list[TrainingRow], predicted: dict[str, float]) -> list[str]:
+def job_orders(rows: list[TrainingRow], predicted: dict[str, float]) -> list[tuple[str, int, float | None]]:
+    """Each job (model, sequence, GPUs, batch, metric) of RHO_LAYOUTS layouts or more among ``rows``: its name,
+    its layouts, and Spearman's rho between the published and the predicted figures (None: no order)."""
     jobs: dict[tuple, list[TrainingRow]] = {}
     for row in rows:
         s = row.setup
         same = (s["model"], s["seq"], s["hw"], s["gpus"], s["global_batch"], row.metric)
         jobs.setdefault(same, []).append(row)
+    return [
+        (
+            f"{model}, {seq:,} tokens, {gpus} x {hw}, batch {batch}",
+            len(members),
+            spearman([r.published for r in members], [predicted[r.key] for r in members]),
+        )
+        for (model, seq, hw, gpus, batch, _), members in jobs.items()
+        if len(members) >= RHO_LAYOUTS
+    ]
+
+
+def _job_orders(rows: list[TrainingRow], predicted: dict[str, float]) -> list[str]:
     lines = ["| job | layouts | Spearman's rho |", "|---|---|---|"]
-    for (model, seq, hw, gpus, batch, _), members in jobs.items():
-        if len(members) >= RHO_LAYOUTS:
-            rho = spearman([r.published for r in members], [predicted[r.key] for r in members])
-            shown = "-" if rho is None else f"{rho:+.2f}"
-            lines.append(
-                f"| {model}, {seq:,} tokens, {gpus} x {hw}, batch {batch} | {len(members)} | {shown} |"
-            )
+    for job, layouts, rho in job_orders(rows, predicted):
+        lines.append(f"| {job} | {layouts} | {'-' if rho is None else f'{rho:+.2f}'} |")
     return lines
 
 
