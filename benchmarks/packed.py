@@ -72,28 +72,14 @@ import time
 import numpy  # imported before the clock starts in both: a plain plan never needs it, a packed one does
 from costmodel.plans.job import Job
 from costmodel.training.step import evaluate_step
-job = Job.of(model="llama3-8b", seq=131072, hw="h100-nvlink", gpus=8, cp=8, global_batch=8{docs})
+job = Job.of(model="llama3-8b", seq=131072, hw="h100-nvlink", gpus=8, cp=8, global_batch=8, docs={docs!r})
 start = time.perf_counter()
 evaluate_step(job)
 print(time.perf_counter() - start)
 """
-PACKED = ', docs="lognormal:mean=4k,sigma=1,count=200,seed=0"'
-
-
-COMMAND = [
-    "-m",
-    "costmodel",
-    "step",
-    "--model",
-    "llama3-8b",
-    "--seq",
-    "128k",
-    "--hw",
-    "h100-nvlink",
-    "--gpus",
-    "8",
-]
-COMMAND += ["--cp", "8", "--global-batch", "8", "--format", "json"]
+DOCS = "lognormal:mean=4k,sigma=1,count=200,seed=0"  # 200 log-normal documents packed into the window
+COMMAND = "-m costmodel step --model llama3-8b --seq 128k --hw h100-nvlink --gpus 8 --cp 8 --global-batch 8"
+COMMAND = [*COMMAND.split(), "--format", "json"]
 
 
 def _interleaved(runs: dict[str, list[str]], repeats: int, timed_inside: bool) -> dict[str, float]:
@@ -111,10 +97,9 @@ def _interleaved(runs: dict[str, list[str]], repeats: int, timed_inside: bool) -
 def report_packed_step(repeats: int) -> None:
     """A packed plan against the same plan unpacked: the step's first evaluation, then the whole command."""
     inside = _interleaved(
-        {"": ["-c", STEP.format(docs="")], "packed": ["-c", STEP.format(docs=PACKED)]}, repeats, True
+        {"": ["-c", STEP.format(docs=None)], "packed": ["-c", STEP.format(docs=DOCS)]}, repeats, True
     )
-    docs = PACKED.split("=", 1)[1].strip('"')
-    whole = _interleaved({"": COMMAND, "packed": [*COMMAND, "--docs", docs]}, repeats, False)
+    whole = _interleaved({"": COMMAND, "packed": [*COMMAND, "--docs", DOCS]}, repeats, False)
     for what, t in (
         ("first evaluation in a fresh process, numpy loaded", inside),
         ("the whole command", whole),

@@ -18,7 +18,7 @@ from costmodel.training.step import LAYER_KERNELS, bind, evaluate_step, term_val
 CLUSTER = str(Path(__file__).parent / "data" / "runs" / "a100-vtrain.yaml")
 
 # CPU time of one Linear forward call, bf16, hidden 2,048, 8,192 tokens [TE-2053]: (host, torch's nn.Linear,
-# Transformer Engine's Linear), in µs; None where the issue shows no row.
+# Transformer Engine's Linear), in µs; None where [TE-2053] shows no row.
 LINEAR_CALL_US = [
     ("H100 DGX, Xeon Platinum 8480C", 13.48, None),
     ("GH200, Grace", 33.17, 90.53),

@@ -91,10 +91,9 @@ def torchtitan_config(data: dict[str, Any], origin: str = "job.toml") -> tuple[d
         "torchtitan", None if rotate is None else str(rotate).lower(), "alltoall"
     )
     out["cp_scheme"] = scheme.name
+    # torch.compile fuses the norms, rotary and activation torchtitan otherwise runs as eager torch ops
     if _compiles_the_model(training, section("compile")):
-        out["elementwise"] = (
-            "fused"  # torch.compile fuses the norms, rotary and activation torchtitan runs eagerly
-        )
+        out["elementwise"] = "fused"
     preset = f"{model['name']}-{model['flavor']}".lower() if "name" in model and "flavor" in model else None
     return out, preset
 
