@@ -377,6 +377,7 @@ def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
         "k_merge": 38.0,
         "k_agm": 1,
         "x_eager": int(not causal),
+        "x_rep": int(causal),
         "t_lf": 3e-4,
         "n_kl": 12,
         "t_k": 4e-6,

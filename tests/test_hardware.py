@@ -245,3 +245,17 @@ def test_an_edited_built_in_or_a_users_file_is_validated(
     copy.write_text(text.replace("devices_per_node: 8", "devices_per_node: -8"), encoding="utf-8")
     with pytest.raises(InputError, match="devices_per_node"):
         load_profile(str(copy))
+
+
+# NCCL's cost model [NCCL-Tuning]: 20 GB/s a direction per NVLink on SM80 (src/graph/topo.h SM80_NVLINK_BW),
+# and an Ampere ring's bus bandwidth capped at 235 GB/s (src/graph/tuning.cc).
+SM80_NVLINK_BW = 20e9
+AMPERE_RING_CAP = 235e9
+
+
+@pytest.mark.parametrize(("name", "nvlinks"), [("a100-nvlink", 12), ("a800-nvlink", 8)])
+def test_ampere_nvlink_rings_reach_what_nccls_model_gives_them(name: str, nvlinks: int) -> None:
+    """An A100's twelve NVLinks and an A800's eight, over the datasheet's bandwidth a direction."""
+    link = load_profile(name).links.intra_node
+    expected = min(nvlinks * SM80_NVLINK_BW, AMPERE_RING_CAP) / link.bandwidth_per_direction
+    assert link.collective_efficiency == pytest.approx(expected, abs=0.001)

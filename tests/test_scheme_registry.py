@@ -154,6 +154,7 @@ def test_the_timeline_overlaps_a_step_by_the_formulas_law(overlap: float, bandwi
     """One ring-overlap law: a timeline step computing t while m is in flight takes t plus what the formula
     leaves exposed, m - o·min(m, t) (`cp_ring_fwd_exposed_s`, no SM slowdown)."""
     values = {"S": 65536, "N": 8, "b": 1, "d": 128, "h": 32, "n_kv": 8, "p": 2, "t": 1, "B_cp": bandwidth}
+    values["x_rep"] = 0  # GQA read natively
     values |= {"B_hbm": 2e12, "F_attn": 2e14, "c": 0.5, "k_sf": 0, "u_cp": 1, "x_att": 1, "o_cp": overlap}
     compute, comm = formula("layer_attn_fwd_s", values), formula("cp_ring_fwd_s", values)
     exposed = formula("cp_ring_fwd_exposed_s", values | {"s_comm": 0.0})

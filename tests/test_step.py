@@ -107,6 +107,7 @@ def test_ring_exposure_is_zero_when_compute_hides_it_and_all_of_it_with_no_overl
         "b": 1,
         "N": 8,
         "n_kv": 8,
+        "x_rep": 0,  # the kernel reads the KV heads as they are
         "d": 128,
         "p": 2,
         "t": 1,

@@ -35,6 +35,7 @@ def gpt_layer(
         H=h,
         h=a,
         n_kv=a,
+        x_rep=0,
         d=h // a,
         F_ffn=4 * h,
         g=0,

@@ -49,6 +49,9 @@ Fp8Scaling = Literal["delayed", "current"]
 # Megatron's fused kernels, Liger, torch.compile) or eager (torch ops one by one, the bf16 input upcast to fp32
 # and cast back; the step formula's x_eager counts what each op moves).
 Elementwise = Literal["fused", "eager"]
+# How attention reads GQA's shared K and V heads: native (the kernel takes n_kv heads) or repeat (the model code
+# expands them to the query heads first: repeat_kv, the step formulas' x_rep).
+Gqa = Literal["native", "repeat"]
 
 
 class _Strict(BaseModel):
@@ -168,6 +171,13 @@ class TimePolicy(_Strict):
         "fused",
         description="how a layer's norms, rotary embedding and MLP activation run: fused (one kernel each) or "
         "eager (torch ops one by one with fp32 upcasts, as a model's PyTorch code runs without torch.compile)",
+    )
+    gqa: Gqa = Field(
+        "native",
+        description="how attention reads GQA's shared K and V heads: native (the kernel reads the KV heads as "
+        "they are) or repeat (the model code expands K and V to the query heads first, as torchtitan did until "
+        "January 2026 and transformers' eager attention does: CP moves, and the backward holds, h/n_kv times "
+        "the K and V)",
     )
     fp8_scaling: Fp8Scaling = Field(
         "delayed",

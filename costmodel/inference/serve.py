@@ -82,8 +82,9 @@ LAYER_KERNELS = 12
 # Where serving binds the step's shared symbols otherwise than training: every norm and residual runs whole
 # on each TP rank (no sequence parallelism), nothing is recomputed (there is no backward), and alpha_tp is
 # the stated or default latency per message with the call's fixed part included; serving engines run their
-# norms, rotary and activation as fused kernels (vLLM's and SGLang's custom ops).
-SERVING = {"sigma": 0, "rc_sel": 0, "rc_full": 0, "a_tp": 0.0, "x_eager": 0}
+# norms, rotary and activation as fused kernels (vLLM's and SGLang's custom ops) and their attention reads
+# GQA's KV heads as they are.
+SERVING = {"sigma": 0, "rc_sel": 0, "rc_full": 0, "a_tp": 0.0, "x_eager": 0, "x_rep": 0}
 
 
 def _call(name: str, values: dict[str, Any], trace: list[Evaluation] | None = None) -> float:

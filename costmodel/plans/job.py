@@ -29,6 +29,7 @@ from costmodel.frameworks.profiles import (
     Elementwise,
     Fp8Scaling,
     FrameworkProfile,
+    Gqa,
     Loss,
     MasterDtype,
     OptimizerKernel,
@@ -141,6 +142,12 @@ class StepSetup(BaseModel):
         "Engine, Liger, torch.compile) or eager (torch ops one by one with fp32 upcasts, about 3x the HBM "
         f"traffic) {FRAMEWORK_DEFAULT}.",
     )
+    gqa: Gqa | None = flag(
+        None,
+        "How attention reads GQA's shared K, V heads: native (the kernel reads the KV heads as they are) or repeat "
+        "(the model code expands K and V to the query heads first, as torchtitan before 2026 and transformers' "
+        f"eager attention do: CP moves h/n_kv times the K and V) {FRAMEWORK_DEFAULT}.",
+    )
     ep: Count = declared_as(Parallelism, "ep")
     capacity_factor: Number = flag(
         CAPACITY_FACTOR,
@@ -161,6 +168,7 @@ class StepSetup(BaseModel):
             "grad_bytes": t.grad_reduce_bytes,
             "ring_merge_bytes": t.ring_merge_bytes,
             "elementwise": t.elementwise,
+            "gqa": t.gqa,
             "fp8_scaling": t.fp8_scaling,
         }
         return self.model_copy(update={k: v for k, v in defaults.items() if getattr(self, k) is None})

@@ -423,6 +423,15 @@ x_eager = _symbol(
     "[torchtitan-code], [Liger]",
     nonnegative=True,
 )
+x_rep = _symbol(
+    "x_rep",
+    "1 where the model code expands K and V to the query heads before attention (GQA by repeat_kv: torchtitan "
+    "before 2026, transformers' eager attention), so CP moves and the backward holds h heads of K and V; 0 where "
+    "the kernel reads the n_kv heads as they are",
+    "1",
+    "[torchtitan-code], [torch-CP]",
+    nonnegative=True,
+)
 k_copy = _symbol(
     "k_copy",
     "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)",

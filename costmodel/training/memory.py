@@ -89,6 +89,8 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
         "phi": ((rc == 0) & (setup.attention_kernel == "unfused")).astype(float)[()],
         "rho": (rc == 2).astype(float)[()],
         "w_op": ((rc == 1) & (m.selective_recompute == "ops")).astype(float)[()],
+        # repeat_kv copies nothing where every query head has its own K, V
+        "x_rep": float(job.step.gqa == "repeat" and job.model.kv_heads < job.model.heads),
         "z_w": z_w,
         "z_g": z_g,
         "z_o": z_o,

@@ -58,6 +58,7 @@ class MemoryPeak(BaseModel):
     loss: str | None = None
     offload: str | None = None
     cp_scheme: str | None = None
+    gqa: Literal["native", "repeat"] | None = None  # the framework's unless the source's code differs
     measured_gib: float
     kind: Literal["reserved", "allocated", "unknown", "nvidia-smi"]
     notes: str = ""
@@ -179,6 +180,8 @@ def job_of(row: MemoryPeak) -> Job:
         flags["cp_scheme"] = row.cp_scheme
     if layout.get("ep", 1) > 1:
         flags["ep"] = layout["ep"]
+    if row.gqa:
+        flags["gqa"] = row.gqa
     return Job.of(**flags, _model=preset)
 
 

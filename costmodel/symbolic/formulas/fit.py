@@ -77,6 +77,7 @@ from costmodel.symbolic.symbols import (
     u_w,
     v_pp,
     w_op,
+    x_rep,
     z_g,
     z_o,
     z_w,
@@ -84,6 +85,18 @@ from costmodel.symbolic.symbols import (
 
 GROUP = "fit"
 define = definer(GROUP)
+
+# GQA's shared K and V as attention receives them. Where the model code repeats them to the query heads first
+# (repeat_kv), the CP exchange moves, and attention's backward holds, h heads of them, not n_kv.
+n_kv_a = define(
+    "attention_kv_heads",
+    "n_kv_a",
+    n_kv + x_rep * (h - n_kv),
+    "K, V heads attention receives: the model's KV heads, or the query heads where the model code repeats K "
+    "and V before attention (x_rep = 1)",
+    "heads",
+    "[torchtitan-code], [torch-CP]",
+)
 
 # Activations per layer follow [Korthikanti22 §4] term by term. Stored per token: the two
 # norm inputs, the QKV and MLP inputs and two dropout masks, which TP splits only with sequence
@@ -395,7 +408,7 @@ A_layer = define(
     * (
         (4 + 2 * delta) * H * _split
         + 4 * H * _gathered
-        + (4 * h * d + 4 * n_kv * d + 2 * (2 + g) * F_ffn) / t
+        + (4 * h * d + 4 * n_kv_a * d + 2 * (2 + g) * F_ffn) / t
         + 5 * phi * h * L / t
     ),
     "activations one layer keeps for its backward, per device, without recompute",
@@ -446,8 +459,9 @@ W_mlp = define(
 W_att = define(
     "attention_gradient_bytes",
     "W_attg",
-    b * L * (h + 2 * n_kv) * d / t * p + M_cpb,
-    "the gradients in flight in a layer's attention backward, Q's, K's and V's, with the CP scheme's buffers",
+    b * L * (h + 2 * n_kv_a) * d / t * p + M_cpb,
+    "the gradients in flight in a layer's attention backward, Q's, K's and V's (the heads attention received), "
+    "with the CP scheme's buffers",
     "B",
     "[FA2 §4], [RingAttn §3]",
 )
@@ -573,7 +587,7 @@ A = define(
     "[Korthikanti22 §4.2], [ZeRO-Infinity §5]",
     simplify=False,  # a sum of maxima: sympy's simplify takes minutes and gains nothing to evaluate
 )
-_buffers = (2 * C_bwd + b * h * L * d * p_acc) / t
+_buffers = (2 * C_bwd * n_kv_a / n_kv + b * h * L * d * p_acc) / t
 R_buf = define(
     "ring_buffer_bytes",
     "M_ring",
@@ -586,9 +600,9 @@ R_buf = define(
 define(
     "allgather_buffer_bytes",
     "M_ag",
-    sympy.Min(N - 1, 1, evaluate=False) * b * S * 2 * n_kv * d * (p + p_acc) / t,
+    sympy.Min(N - 1, 1, evaluate=False) * b * S * 2 * n_kv_a * d * (p + p_acc) / t,
     "all-gather CP's buffers of the larger pass, backward: the whole sequence's K and V gathered, and their "
-    "fp32 gradients before the reduce-scatter, for a TP rank's KV heads",
+    "fp32 gradients before the reduce-scatter, for the KV heads a TP rank's attention receives",
     "B",
     "[Llama3 §3.3]",
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy
 
 from costmodel.symbolic.formulas.compute import W
-from costmodel.symbolic.formulas.fit import A_o, A_qkv, P, P_t, lora_widths
+from costmodel.symbolic.formulas.fit import A_o, A_qkv, P, P_t, lora_widths, n_kv_a
 from costmodel.symbolic.formulas.memory import C_step, L
 from costmodel.symbolic.formulas.registry import definer
 from costmodel.symbolic.formulas.ring import C_recv
@@ -85,6 +85,7 @@ from costmodel.symbolic.symbols import (
     v_pp,
     x_att,
     x_eager,
+    x_rep,
     z3,
 )
 
@@ -165,14 +166,16 @@ E_lay = define(
     * p
     * (
         (10 + 32 * x_eager) * H / (1 + sigma * (t - 1))
-        + ((2 + 8 * x_eager) * (h + n_kv) * d + (2 + g + 2 * g * x_eager) * F_ffn) / t
+        + ((2 + 8 * x_eager + 2 * x_rep) * (h + n_kv) * d + (2 + g + 2 * g * x_eager) * F_ffn) / t
     ),
     "forward HBM bytes of the memory-bound work, in elements of p bytes: two norms (2·H each fused: read, "
     "write) and two residual adds (3·H each), split t ways only with sequence parallelism (else every TP rank "
     "runs them whole), rotary on Q and K (2 an element fused) and the MLP activation ((2+g)·F_ffn fused) on the "
     "rank's heads and columns. Eager torch ops (x_eager = 1) move more: an RMSNorm upcasts to fp32 (3), "
     "squares (4), takes the mean (2), scales (4), casts back (3) and weights (2), 18 an element; a complex "
-    "rotary upcasts (3), multiplies (4) and casts back (3), 10; a SwiGLU's silu (2) and product (3), 5",
+    "rotary upcasts (3), multiplies (4) and casts back (3), 10; a SwiGLU's silu (2) and product (3), 5. "
+    "Where the model code repeats K and V to the query heads (x_rep = 1), the copy reads n_kv and writes h heads "
+    "of each, 2 an element of h + n_kv",
     "B",
     "[Korthikanti22 §4], [torchtitan-code], [Liger]",
 )
@@ -265,9 +268,9 @@ tau_tp = define(
 C_ag = define(
     "cp_allgather_bytes",
     "C_AG",
-    (N - 1) / N * b * S * 2 * n_kv * d * p / t,
-    "all-gather of K and V over the CP group, per device per layer (the backward reduce-scatters dK, dV "
-    "as many bytes)",
+    (N - 1) / N * b * S * 2 * n_kv_a * d * p / t,
+    "all-gather of K and V (the heads attention receives) over the CP group, per device per layer (the "
+    "backward reduce-scatters dK, dV as many bytes)",
     "B",
     "[Llama3 §3.3]",
 )
@@ -317,15 +320,15 @@ t_ring_x = define(
 tau_ring_f = define(
     "cp_ring_fwd_s",
     "tau_ring_fwd",
-    C_recv / (t * B_cp),
-    "ring forward transfers of one layer (N-1 KV blocks of the TP rank's heads)",
+    C_recv * n_kv_a / (n_kv * t * B_cp),
+    "ring forward transfers of one layer (N-1 KV blocks of the heads the TP rank's attention receives)",
     "s",
     "[RingAttn §3]",
 )
 tau_ring_b = define(
     "cp_ring_bwd_s",
     "tau_ring_bwd",
-    ((N - 1) * C_step + N * b * L * 2 * n_kv * d * p_acc) / (t * B_cp),
+    ((N - 1) * C_step * n_kv_a / n_kv + N * b * L * 2 * n_kv_a * d * p_acc) / (t * B_cp),
     "ring backward transfers of one layer: N-1 KV blocks and N fp32 dK/dV blocks",
     "s",
     "[RingAttn §3], [FA2 §4]",
