@@ -102,3 +102,12 @@ def test_the_flag_is_refused_outside_its_choices(cli) -> None:  # noqa: ANN001
         "step", "--model", "llama3-8b", "--seq", "8k", "--n", "8", "--global-batch", "8", "--gqa", "shared"
     )
     assert result.code == 2 and "--gqa" in result.err and result.err.count("\n") == 1
+
+
+def test_the_step_table_says_when_cp_moves_repeated_heads(cli) -> None:  # noqa: ANN001
+    job = ("step", "--model", "llama3-8b", "--seq", "128k", "--n", "8", "--global-batch", "1")
+    repeated = cli(*job, "--framework", "torchtitan", "--gqa", "repeat")
+    native = cli(*job, "--framework", "torchtitan")
+    assert repeated.code == native.code == 0
+    assert "exposed CP comm (K, V repeated)" in repeated.out
+    assert "exposed CP comm " in native.out and "(K, V repeated)" not in native.out

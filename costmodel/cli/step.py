@@ -149,9 +149,12 @@ def _reference_line(reference: dict, allocated: float) -> None:
 
 def _label(name: str, inputs: dict) -> str:
     """A component's row label; the elementwise row says when the framework runs those ops eagerly (about 3x
-    the bytes of fused kernels: --elementwise)."""
+    the bytes of fused kernels: --elementwise), the CP row when it moves K and V repeated to the query heads
+    (h/n_kv times the bytes: --gqa)."""
     if name == "elementwise_s" and inputs.get("elementwise") == "eager":
         return "elementwise (eager torch ops)"
+    if name == "exposed_cp_s" and inputs.get("gqa") == "repeat":
+        return "exposed CP comm (K, V repeated)"
     return LABELS[name]
 
 
