@@ -95,6 +95,50 @@ def test_a_plan_is_calibrated_on_its_framework_and_generation_when_they_hold_eno
     assert calibration("memory", "megatron", "CDNA 3", 0.8) is not None
 
 
+def _runs(framework: str, residuals: list[float]) -> list[MeasuredResidual]:
+    return [
+        MeasuredResidual(id=f"{framework}-{i}", framework=framework, generation="Hopper", residual=r)
+        for i, r in enumerate(residuals)
+    ]
+
+
+def test_a_framework_with_too_few_runs_is_bounded_by_them_as_well() -> None:
+    """Eight runs of one framework, all far under the prediction, are too few for 80 % (9 needed): every
+    framework's runs calibrate it, and the interval spans the eight's range too, which holds a ninth with
+    probability 7/9 under exchangeability, so the framework's known error is not hidden by the others'."""
+    others = _runs("megatron", [i / 100 - 0.1 for i in range(21)])  # -0.10 ... +0.10
+    mine = _runs("deepspeed", [-0.9, -0.8, -0.6, -0.5, -0.4, -0.3, -0.2, -0.05])
+    held = calibration("step_time", "deepspeed", "Hopper", 0.8, [*others, *mine])
+    assert held is not None and held.regime.startswith("every framework and GPU: 29 step times")
+    band = interval(2.0, held, 0.8, "step time")
+    pooled = held.residuals.bounds(0.8)
+    assert pooled is not None and pooled[0] > -0.9  # the 29 runs' own bound would miss the worst of the eight
+    assert band.lo == pytest.approx(2.0 * math.exp(-0.9), rel=1e-12)
+    assert band.hi == pytest.approx(2.0 * math.exp(pooled[1]), rel=1e-12)
+    assert "range of deepspeed's 8 step times too, which holds another of them 78% of the time" in band.regime
+    # with enough runs of its own, a framework is calibrated on them alone
+    enough = calibration("step_time", "megatron", "Hopper", 0.8, [*others, *mine])
+    assert enough is not None and enough.own is None and enough.regime.startswith("megatron on Hopper: 21")
+    # a range inside the wider regime's bounds adds nothing, and the regime does not mention it
+    inside = calibration("step_time", "deepspeed", "Hopper", 0.8, [*others, *_runs("deepspeed", [0.0, 0.01])])
+    assert inside is not None and interval(1.0, inside, 0.8, "run").regime == inside.regime
+    # one run has no range, and a framework no run used has none to add
+    for framework, runs in (("deepspeed", [*others, *mine[:1]]), ("nemo", others)):
+        alone = calibration("step_time", framework, "Hopper", 0.8, runs)
+        assert alone is not None and alone.own is None
+
+
+@given(
+    pooled=st.lists(st.floats(-2, 2), min_size=9, max_size=40),
+    own=st.lists(st.floats(-2, 2), min_size=2, max_size=8),
+)
+def test_own_runs_only_widen_an_interval(pooled: list[float], own: list[float]) -> None:
+    wide = interval(1.0, Calibration("x", Residuals.of(pooled), Residuals.of(own), "y"), 0.8, "run")
+    narrow = interval(1.0, Calibration("x", Residuals.of(pooled)), 0.8, "run")
+    assert wide.lo <= narrow.lo and wide.hi >= narrow.hi  # type: ignore[operator]
+    assert all(wide.holds(math.exp(round(r, 5))) for r in own)
+
+
 def test_a_step_time_is_calibrated_on_runs_led_by_the_same_term() -> None:
     """Runs whose largest term is attention (long sequences) are calibrated apart from those led by the
     multiplies: each regime holds only its own runs, and where the framework on this GPU has too few runs led

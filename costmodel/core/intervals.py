@@ -95,10 +95,18 @@ class Residuals(BaseModel):
 
 @dataclass(frozen=True)
 class Calibration:
-    """A calibration set and what it is: the regime its runs share (``framework megatron, Hopper``)."""
+    """A calibration set and what it is: the regime its runs share (``framework megatron, Hopper``).
+
+    ``own``: where the plan's own regime (its framework) holds too few runs for the level and a wider regime
+    calibrates it, that regime's runs. A run that errs unlike the wider regime's would otherwise get an interval
+    its own runs say it misses; the interval spans their range as well, which holds a new run of the regime
+    with probability (n - 1) / (n + 1) for n exchangeable runs, whatever the wider regime's runs do. The
+    chance to fit stays the wider regime's: a few runs' bound could say no plan fits at more than n / (n + 1)."""
 
     regime: str
     residuals: Residuals
+    own: Residuals | None = None
+    own_regime: str = ""
 
 
 class Interval(BaseModel):
@@ -140,12 +148,17 @@ def interval(value: float, calibration: Calibration | None, level: float, what: 
             runs=residuals.runs,
             note=f"{residuals.runs} comparable measured {what}s: {runs_needed(level)} needed at {level:.0%}",
         )
+    lo, hi = bounds
+    regime = calibration.regime
+    own = calibration.own
+    if own is not None and own.runs >= 2 and (own.order(1) < lo or own.order(own.runs) > hi):
+        lo, hi = min(lo, own.order(1)), max(hi, own.order(own.runs))
+        regime += (
+            f"; spanning the range of {calibration.own_regime} too, which holds another of them "
+            f"{(own.runs - 1) / (own.runs + 1):.0%} of the time"
+        )
     return Interval(
-        lo=value * math.exp(bounds[0]),
-        hi=value * math.exp(bounds[1]),
-        level=level,
-        regime=calibration.regime,
-        runs=residuals.runs,
+        lo=value * math.exp(lo), hi=value * math.exp(hi), level=level, regime=regime, runs=residuals.runs
     )
 
 

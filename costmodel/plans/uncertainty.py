@@ -18,7 +18,7 @@ import functools
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -88,10 +88,10 @@ def calibration(
     if quantity in TIMED and generation not in {r.generation for r in every}:
         return None  # a time on a GPU no measured run used says nothing about this one
     same = [r for r in every if r.generation == generation]
+    mine = [r for r in every if framework is not None and r.framework == framework]
     if framework is None:
         chain = [(f"every run on {generation}", same)]
     else:
-        mine = [r for r in every if r.framework == framework]
         chain = [
             (f"{framework} on {generation}", [r for r in mine if r.generation == generation]),
             (f"{framework}, every GPU generation", mine),
@@ -109,9 +109,14 @@ def calibration(
     if not held:
         return None
     regime, members = next(((g, m) for g, m in held if len(m) >= runs_needed(level)), held[0])
-    return Calibration(
+    chosen = Calibration(
         f"{regime}: {len(members)} {WHAT[quantity]}", Residuals.of([r.residual for r in members])
     )
+    if members is not every or len(mine) < 2:
+        return chosen
+    # The framework's runs are too few for the level: every framework's calibrate it, and its own bound them.
+    own = Residuals.of([r.residual for r in mine])
+    return replace(chosen, own=own, own_regime=f"{framework}'s {len(mine)} {WHAT[quantity]}")
 
 
 def dominant_term(breakdown: Mapping[str, float]) -> str:
