@@ -32,12 +32,12 @@ def test_known_misses_name_rows_of_the_table() -> None:
 def test_the_fitting_part_holds_its_median() -> None:
     """The median |error| over the planned rows of the fitting part, as docs/validation.md states it."""
     errors = [abs(p / row.measured_bytes - 1) for row, p, _ in FITTING if p is not None]
-    assert len(errors) == 49 and statistics.median(errors) == pytest.approx(0.088, abs=0.0005)
+    assert len(errors) == 49 and statistics.median(errors) == pytest.approx(0.085, abs=0.0005)
 
 
 def test_the_held_out_part_is_reported_apart() -> None:
     """The held-out rows load and are planned; none is held to a tolerance (they were not looked at while the
     model was built) and none names a known miss."""
     held = compared("holdout")
-    assert len(held) == 26 and not {row.id for row, *_ in held} & {row.id for row, *_ in FITTING}
+    assert len(held) == 28 and not {row.id for row, *_ in held} & {row.id for row, *_ in FITTING}
     assert all(why is None or why.startswith("not planned") for _, _, why in held)

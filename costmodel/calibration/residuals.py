@@ -64,7 +64,14 @@ def step_residuals(part: str = "fitting") -> list[MeasuredResidual]:
         if row.metric not in (*RATES, "time_s"):
             raise ValueError(f"{row.key}: {row.metric} is neither a rate nor the step time")
         residual = math.log(ratio if row.metric in RATES else 1 / ratio)
-        same = f"{job.inputs.model} S={job.inputs.seq} {job.gpus}x{job.machine.name} batch {job.step.global_batch}"
+        # layouts of one job: what a search holds fixed (the model, sequence, GPUs, batch, ZeRO and offload)
+        held = f" zero {job.setup.zero}" + (
+            f" offload {job.setup.offload}" if job.setup.offload != "none" else ""
+        )
+        same = (
+            f"{job.inputs.model} S={job.inputs.seq} {job.gpus}x{job.machine.name} batch {job.step.global_batch}"
+            + held
+        )
         out.append(
             MeasuredResidual(
                 id=row.key,

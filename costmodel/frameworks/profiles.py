@@ -170,7 +170,8 @@ class TimePolicy(_Strict):
     elementwise: Elementwise = Field(
         "fused",
         description="how a layer's norms, rotary embedding and MLP activation run: fused (one kernel each) or "
-        "eager (torch ops one by one with fp32 upcasts, as a model's PyTorch code runs without torch.compile)",
+        "eager (torch ops one by one with fp32 upcasts, as a model's PyTorch code runs without torch.compile), "
+        "whose intermediates a dense layer keeps for its backward (each RMSNorm's fp32 input, silu(gate))",
     )
     gqa: Gqa = Field(
         "native",

@@ -128,6 +128,7 @@ MOMENTS = ("forward", "backward", "optimizer")
 RECOMPUTE = ("none", "selective", "full")
 LOSSES = ("materialized", "chunked", "fused")
 CROSS_ENTROPY = ("torch", "megatron", "flash")
+ELEMENTWISE = ("fused", "eager")
 OPTIMIZER_KERNELS = ("fused", "foreach")
 CP_SCHEMES = ("ring", "allgather", "ulysses")
 
@@ -174,6 +175,8 @@ class MemoryCase:
     fsdp: bool = False  # ZeRO-3 as FSDP2 (per-layer all-gather, reshard after forward)
     reshard_after_forward: bool = True
     recompute: str = "selective"  # none | selective (attention core recomputed) | full (layer inputs kept)
+    # fused norms and SwiGLU (Transformer Engine, Liger, torch.compile), or Hugging Face's eager torch ops
+    elementwise: str = "fused"
     loss: str = "materialized"  # materialized (bf16 logits, fp32 upcast, fp32 grad) | chunked | fused
     loss_chunk_tokens: int = 4096
     cross_entropy: str = (
@@ -194,6 +197,7 @@ class MemoryCase:
         _one_of(self, "recompute", RECOMPUTE)
         _one_of(self, "loss", LOSSES)
         _one_of(self, "cross_entropy", CROSS_ENTROPY)
+        _one_of(self, "elementwise", ELEMENTWISE)
         _one_of(self, "cp_scheme", CP_SCHEMES)
         _one_of(self, "optimizer_kernel", OPTIMIZER_KERNELS)
         _one_of(self, "zero", (0, 1, 2, 3))
@@ -522,12 +526,20 @@ class _RMSNorm(torch.autograd.Function):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden: int, dtype: torch.dtype) -> None:
+    """The fused kernel, or (``eager``) Hugging Face's ``LlamaRMSNorm`` as torch ops: autograd keeps the fp32
+    upcast (for the square and the scaling) and the bf16 normalised copy (for the weight's gradient)."""
+
+    def __init__(self, hidden: int, dtype: torch.dtype, eager: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(hidden, dtype=dtype))
+        self.eager = eager
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _RMSNorm.apply(x, self.weight, 1e-5)
+        if not self.eager:
+            return _RMSNorm.apply(x, self.weight, 1e-5)
+        upcast = x.to(torch.float32)
+        scaled = upcast * torch.rsqrt(upcast.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return self.weight * scaled.to(x.dtype)
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -576,9 +588,16 @@ class _WeightedSwiGLU(torch.autograd.Function):
         return _swiglu_backward(x, grad * weights), dweights
 
 
-def _activation(x: torch.Tensor, gated: bool, weights: torch.Tensor | None = None) -> torch.Tensor:
+def _activation(
+    x: torch.Tensor, gated: bool, weights: torch.Tensor | None = None, eager: bool = False
+) -> torch.Tensor:
+    """The MLP's activation; ``eager``: silu(gate) * up as two torch ops (Hugging Face's ``LlamaMLP``), the
+    product keeping silu(gate) for its backward."""
     if weights is not None:
         return _WeightedSwiGLU.apply(x, weights) if gated else F.gelu(x, approximate="tanh") * weights
+    if gated and eager:
+        gate, up = x.chunk(2, -1)
+        return F.silu(gate) * up
     return _SwiGLU.apply(x) if gated else F.gelu(x, approximate="tanh")
 
 
@@ -768,7 +787,7 @@ class Attention(nn.Module):
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
         self.case = case
-        self.norm = RMSNorm(case.hidden, dtype)
+        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
         self.qkv = _parameter((case.heads + 2 * case.kv_heads) * case.head_dim, case.hidden, dtype=dtype)
         self.out = _parameter(case.hidden, case.heads * case.head_dim, dtype=dtype)
         core = CoreAttention(case)
@@ -790,12 +809,15 @@ class MLP(nn.Module):
         super().__init__()
         self.case = case
         width = width or case.ffn_hidden
-        self.norm = RMSNorm(case.hidden, dtype)
+        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
         self.up = _parameter((2 if case.gated_mlp else 1) * width, case.hidden, dtype=dtype)
         self.down = _parameter(case.hidden, width, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        hidden = _activation(_column(self.norm(x), self.up, self.case), self.case.gated_mlp)
+        case = self.case
+        hidden = _activation(
+            _column(self.norm(x), self.up, case), case.gated_mlp, eager=case.elementwise == "eager"
+        )
         return x + _row(hidden, self.down, self.case)
 
 
@@ -856,7 +878,7 @@ class MoE(nn.Module):
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
         self.case = case
-        self.norm = RMSNorm(case.hidden, dtype)
+        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
         self.router = _parameter(case.experts, case.hidden, dtype=dtype)
         self.experts = Experts(case, dtype)
         if case.ffn_hidden:
@@ -1008,7 +1030,7 @@ class OutputHead(nn.Module):
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
         self.case = case
-        self.norm = RMSNorm(case.hidden, dtype)
+        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
         self.weight = _parameter(case.vocab, case.hidden, dtype=dtype)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

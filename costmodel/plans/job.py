@@ -140,7 +140,8 @@ class StepSetup(BaseModel):
         None,
         "How a layer's norms, rotary embedding and MLP activation run: fused (one kernel each: Transformer "
         "Engine, Liger, torch.compile) or eager (torch ops one by one with fp32 upcasts, about 3x the HBM "
-        f"traffic) {FRAMEWORK_DEFAULT}.",
+        "traffic, and in a dense layer without recompute 8H + 2F bytes a token more kept for the backward) "
+        f"{FRAMEWORK_DEFAULT}.",
     )
     gqa: Gqa | None = flag(
         None,

@@ -407,6 +407,15 @@ k_merge = _symbol(
     "B",
     "[ring-flash-attn], [OnlineSoftmax]",
 )
+x_ek = _symbol(
+    "x_ek",
+    "1 where a dense layer's norms and MLP activation run as eager torch ops whose intermediates autograd keeps "
+    "for the backward (an RMSNorm's fp32 upcast, silu(gate)), 0 under fused kernels (Transformer Engine, Liger, "
+    "torch.compile)",
+    "1",
+    "[Liger], costmodel/kernel/memory.py",
+    nonnegative=True,
+)
 k_agm = _symbol(
     "k_agm",
     "1 where an all-gather CP still attends block by block and merges the partial outputs as a ring does "

@@ -89,6 +89,7 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
         "phi": ((rc == 0) & (setup.attention_kernel == "unfused")).astype(float)[()],
         "rho": (rc == 2).astype(float)[()],
         "w_op": ((rc == 1) & (m.selective_recompute == "ops")).astype(float)[()],
+        "x_ek": float(eager_intermediates(job)),
         # repeat_kv copies nothing where every query head has its own K, V
         "x_rep": float(job.step.gqa == "repeat" and job.model.kv_heads < job.model.heads),
         "z_w": z_w,
@@ -99,6 +100,13 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
         "r_k": np.asarray(reshard if setup.zero == 3 else autocast, dtype=float)[()],
         "T_c": float("inf") if m.loss == "materialized" else float(m.loss_chunk_tokens),
     }
+
+
+def eager_intermediates(job: Job) -> bool:
+    """Whether the job's layers keep eager torch ops' intermediates for the backward (an unfused RMSNorm's fp32
+    upcast, silu(gate) beside up): a dense model under a framework whose norms and activation run unfused.
+    An MoE layer's are modelled, here and in the torch reference, as Megatron-Core's fused kernels."""
+    return job.step.elementwise == "eager" and not job.model.experts
 
 
 def trained(job: Job) -> dict[str, float]:
@@ -361,6 +369,7 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
         "fsdp": fsdp,
         "reshard_after_forward": pp_keeps,
         "recompute": setup.recompute,
+        "elementwise": "eager" if eager_intermediates(job) else "fused",
         "loss": framework.loss,
         "loss_chunk_tokens": framework.loss_chunk_tokens,
         "cross_entropy": framework.cross_entropy,

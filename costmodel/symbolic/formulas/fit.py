@@ -77,6 +77,7 @@ from costmodel.symbolic.symbols import (
     u_w,
     v_pp,
     w_op,
+    x_ek,
     x_rep,
     z_g,
     z_o,
@@ -410,8 +411,11 @@ A_layer = define(
         + 4 * H * _gathered
         + (4 * h * d + 4 * n_kv_a * d + 2 * (2 + g) * F_ffn) / t
         + 5 * phi * h * L / t
+        + x_ek * (8 * H * _split + 2 * g * F_ffn / t)
     ),
-    "activations one layer keeps for its backward, per device, without recompute",
+    "activations one layer keeps for its backward, per device, without recompute; eager torch ops keep more: "
+    "each RMSNorm its fp32 upcast beside its bf16 output (4H bytes a token more than a fused norm's input), "
+    "the SwiGLU silu(gate) for the product's backward (2F)",
     "B",
     "[Korthikanti22 §4.1]",
 )
@@ -468,9 +472,13 @@ W_att = define(
 W_l = define(
     "layer_backward_working_bytes",
     "W_layer",
-    rho * A_layer + (1 - rho) * w_op * (A_layer - A_op) + sympy.Max(W_mlp, W_att, evaluate=False),
-    "the backward's working set beyond the kept activations: the layer being recomputed, and the gradients "
-    "in flight in its MLP or in its attention with the CP scheme's buffers, whichever are more",
+    rho * (A_layer - x_ek * b * L * 2 * g * F_ffn / t)
+    + (1 - rho) * w_op * (A_layer - A_op)
+    + sympy.Max(W_mlp, W_att, evaluate=False),
+    "the backward's working set beyond the kept activations: the layer being recomputed (an eager "
+    "silu(gate) freed by the product's backward before the MLP's gradients peak, the norms' fp32 copies "
+    "kept until their own), and the gradients in flight in its MLP or in its attention with the CP "
+    "scheme's buffers, whichever are more",
     "B",
     "[Korthikanti22 §5]",
 )
@@ -492,9 +500,12 @@ A_out = define(
 L_t = define(
     "loss_working_bytes",
     "W_loss",
-    sympy.Min(b * L, T_c, evaluate=False) * V / t * k_l + l_f * (b * L * 2 * H + V * H / t * q_c),
+    sympy.Min(b * L, T_c, evaluate=False) * V / t * k_l
+    + l_f * (b * L * 2 * H + V * H / t * q_c)
+    + x_ek * b * L * 4 * H,
     "the loss's working set at its peak: the logits of the tokens computed at once, as the framework's "
-    "cross-entropy holds them; a fused loss's gradients of the hidden state and the output layer",
+    "cross-entropy holds them; a fused loss's gradients of the hidden state and the output layer; an eager "
+    "final RMSNorm's fp32 upcast, kept until its backward",
     "B",
     "[Korthikanti22 §4.2], [Liger]",
 )
