@@ -268,6 +268,16 @@ def test_ops_give_numpys_answers_on_numbers() -> None:
     assert "numpy" not in ops.__dict__
 
 
+def test_a_ceiling_of_a_ratio_of_counts_is_not_pushed_up_by_rounding() -> None:
+    """5,439 tokens x 21 / 38,073 is 3 exactly; the twin computes 21 / 38,073 first (a subexpression it shares)
+    and gets 3.0000000000000004, which numpy.ceil takes to 4 (a CP degree one too many). ops.ceil reads a value
+    within 4 ulps of an integer as that integer, on numbers and arrays alike; a value further off still
+    rounds up."""
+    near = 5439 * (21 / 38073)
+    assert near != 3.0 and ops.ceil(near) == 3.0 and ops.ceil(np.array([near, 3.0 + 1e-9]))[0] == 3.0
+    assert ops.ceil(3.0 + 1e-9) == 4.0 and ops.ceil(np.array([3.0 + 1e-9]))[0] == 4.0
+
+
 def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat) -> dict[str, float]:  # noqa: PLR0913
     """Every base symbol's value for one draw of the properties below."""
     return {

@@ -6,7 +6,8 @@ each gives numpy's answer from math and builtins without importing numpy, which 
 mixed int and float compared as floats, a float for a float. What differs is the type: a Python number
 where numpy gave its own scalar (or a 0-d array, from ``select``), so a Python int never wraps round as
 int64 would, and a later division by zero raises ZeroDivisionError where numpy's scalar gave inf or NaN
-(the one twin that divides so, ``dynamic_cp_recv_share`` at N = 1, is never asked there).
+(the one twin that divides so, ``dynamic_cp_recv_share`` at N = 1, is never asked there). One departs from
+numpy on purpose: :func:`ceil` takes a value within a few ulps of an integer for that integer.
 tests/test_formulas.py checks each function against numpy at the edges and every twin on both.
 """
 
@@ -127,14 +128,22 @@ def sqrt(x: Any) -> Any:
     return math.sqrt(x) if x >= 0 or x != x else nan  # numpy: NaN below zero (and a warning), -0. is -0.
 
 
+# The formulas' ceilings are of ratios of counts (a document's tokens x N / S): a value within a few ulps of an
+# integer is that integer, which the twin's reordered products and quotients (common subexpressions shared)
+# missed by their rounding; numpy.ceil would round it up a whole unit.
+_ULPS = 4
+
+
 def ceil(x: Any) -> Any:
     if type(x) not in _NUMBERS:
         import numpy
 
-        return numpy.ceil(x)
+        near = numpy.round(x)
+        return numpy.where(numpy.abs(x - near) <= _ULPS * numpy.spacing(near), near, numpy.ceil(x))[()]
     if type(x) is not float:  # numpy 2 keeps an integer an integer (1.x gave a float); twins divide first
         return x
     if not math.isfinite(x):  # math.ceil refuses inf and NaN
         return x
-    up = float(math.ceil(x))  # an int from math
+    near = float(round(x))
+    up = near if abs(x - near) <= _ULPS * math.ulp(near) else float(math.ceil(x))  # an int from math
     return math.copysign(up, x) if up == 0 else up  # numpy: ceil(-0.5) is -0.
