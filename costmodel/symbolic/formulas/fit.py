@@ -400,6 +400,11 @@ _split = sigma / t + 1 - sigma  # the share of the sequence-parallel terms a dev
 # The attention's and the MLP's inputs (2H bytes a token each): a shard under sequence parallel where the
 # linear gathers it again in its backward, whole where it keeps the gathered input (DTensor).
 _gathered = s_ag + (1 - s_ag) * _split
+# What eager torch ops keep beyond fused kernels (the torch reference's eager mode, costmodel/kernel/memory.py):
+# an RMSNorm's fp32 upcast of its input beside its bf16 output, 4H bytes a token more than a fused norm's
+# input; the SwiGLU's silu(gate), kept for the product's backward.
+_eager_norm = b * L * 4 * H
+_eager_silu = b * L * 2 * g * F_ffn / t
 # Activations per layer follow [Korthikanti22 §4] term by term (see layer_activation_bytes above).
 A_layer = define(
     "layer_activation_bytes",
@@ -411,8 +416,8 @@ A_layer = define(
         + 4 * H * _gathered
         + (4 * h * d + 4 * n_kv_a * d + 2 * (2 + g) * F_ffn) / t
         + 5 * phi * h * L / t
-        + x_ek * (8 * H * _split + 2 * g * F_ffn / t)
-    ),
+    )
+    + x_ek * (2 * _eager_norm * _split + _eager_silu),
     "activations one layer keeps for its backward, per device, without recompute; eager torch ops keep more: "
     "each RMSNorm its fp32 upcast beside its bf16 output (4H bytes a token more than a fused norm's input), "
     "the SwiGLU silu(gate) for the product's backward (2F)",
@@ -472,7 +477,7 @@ W_att = define(
 W_l = define(
     "layer_backward_working_bytes",
     "W_layer",
-    rho * (A_layer - x_ek * b * L * 2 * g * F_ffn / t)
+    rho * (A_layer - x_ek * _eager_silu)
     + (1 - rho) * w_op * (A_layer - A_op)
     + sympy.Max(W_mlp, W_att, evaluate=False),
     "the backward's working set beyond the kept activations: the layer being recomputed (an eager "
@@ -502,7 +507,7 @@ L_t = define(
     "W_loss",
     sympy.Min(b * L, T_c, evaluate=False) * V / t * k_l
     + l_f * (b * L * 2 * H + V * H / t * q_c)
-    + x_ek * b * L * 4 * H,
+    + x_ek * _eager_norm,
     "the loss's working set at its peak: the logits of the tokens computed at once, as the framework's "
     "cross-entropy holds them; a fused loss's gradients of the hidden state and the output layer; an eager "
     "final RMSNorm's fp32 upcast, kept until its backward",
