@@ -64,20 +64,12 @@ def step_residuals(part: str = "fitting") -> list[MeasuredResidual]:
         if row.metric not in (*RATES, "time_s"):
             raise ValueError(f"{row.key}: {row.metric} is neither a rate nor the step time")
         residual = math.log(ratio if row.metric in RATES else 1 / ratio)
-        # layouts of one job: what a search holds fixed (the model, sequence, GPUs, batch, ZeRO and offload)
-        held = f" zero {job.setup.zero}" + (
-            f" offload {job.setup.offload}" if job.setup.offload != "none" else ""
-        )
-        same = (
-            f"{job.inputs.model} S={job.inputs.seq} {job.gpus}x{job.machine.name} batch {job.step.global_batch}"
-            + held
-        )
         out.append(
             MeasuredResidual(
                 id=row.key,
                 framework=job.framework.name,
                 generation=_generation(job),
-                job=same,
+                job=training_rows.job_key(row, job),
                 dominant=dominant_term(step.breakdown.model_dump()),
                 span=job_span(job),
                 residual=residual,

@@ -110,22 +110,22 @@ def validation_table() -> str:
 
 
 def job_orders(rows: list[TrainingRow], predicted: dict[str, float]) -> list[tuple[str, int, float | None]]:
-    """Each job (model, sequence, GPUs, batch, metric) of RHO_LAYOUTS layouts or more among ``rows``: its name,
-    its layouts, and Spearman's rho between the published and the predicted figures (None: no order)."""
-    jobs: dict[tuple, list[TrainingRow]] = {}
+    """Each job (:func:`~costmodel.training.validation.job_key`) of RHO_LAYOUTS layouts or more among ``rows``: its
+    name, its layouts, and Spearman's rho between the published and the predicted figures (None: no order)."""
+    from costmodel.training.validation import job_key
+
+    jobs: dict[str, list[TrainingRow]] = {}
     for row in rows:
-        s = row.setup
-        same = (s["model"], s["seq"], s["hw"], s["gpus"], s["global_batch"], row.metric)
-        jobs.setdefault(same, []).append(row)
-    return [
-        (
-            f"{model}, {seq:,} tokens, {gpus} x {hw}, batch {batch}",
-            len(members),
-            spearman([r.published for r in members], [predicted[r.key] for r in members]),
-        )
-        for (model, seq, hw, gpus, batch, _), members in jobs.items()
-        if len(members) >= RHO_LAYOUTS
-    ]
+        jobs.setdefault(job_key(row), []).append(row)
+    out = []
+    for members in jobs.values():
+        if len(members) < RHO_LAYOUTS:
+            continue
+        s = members[0].setup
+        name = f"{s['model']}, {s['seq']:,} tokens, {s['gpus']} x {s['hw']}, batch {s['global_batch']}"
+        rho = spearman([r.published for r in members], [predicted[r.key] for r in members])
+        out.append((name, len(members), rho))
+    return out
 
 
 def _job_orders(rows: list[TrainingRow], predicted: dict[str, float]) -> list[str]:

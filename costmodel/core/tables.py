@@ -9,9 +9,10 @@ import dataclasses
 import io
 import math
 import os
+import random
 import statistics
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
 from costmodel.core.errors import InputError
@@ -65,6 +66,19 @@ def errors_summary(errors: list[float]) -> dict[str, Any]:
         "signed_median": statistics.median(errors),
         "within_15": sum(a <= GOAL for a in absolute) / len(absolute),
     }
+
+
+def draw_thirds(keys: Iterable[tuple[str, str]], seed: int = 2026) -> set[str]:
+    """The keys a table keeps aside, from (group, key) pairs: ``random.Random(seed)``, then for each group in
+    sorted order ``random.sample(sorted(its keys), round(n / 3))``, one generator through all groups."""
+    rng = random.Random(seed)
+    by_group: dict[str, list[str]] = {}
+    for group, key in keys:
+        by_group.setdefault(group, []).append(key)
+    held: set[str] = set()
+    for group in sorted(by_group):
+        held.update(rng.sample(sorted(by_group[group]), round(len(by_group[group]) / 3)))
+    return held
 
 
 def read_rows(

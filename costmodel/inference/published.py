@@ -15,14 +15,13 @@ documented defaults of :class:`~costmodel.inference.setup.InferenceSetup`. docs/
 from __future__ import annotations
 
 import os
-import random
 import statistics
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
 from costmodel.core.resources import data_dir
-from costmodel.core.tables import read_rows
+from costmodel.core.tables import draw_thirds, read_rows
 from costmodel.inference.serve import evaluate_infer
 from costmodel.inference.setup import build_infer
 
@@ -82,18 +81,9 @@ def load(path: str | os.PathLike[str], held_out: bool = False) -> tuple[Publishe
     return tuple(read_rows(path, Published, check))
 
 
-def draw_held_out(rows: list[Published], seed: int = 2026) -> set[str]:
-    """The keys kept aside from ``rows``: ``random.Random(seed)``, then for each source (its bracketed citation)
-    in sorted order ``random.sample(sorted(its keys), round(n / 3))``, one generator through all sources."""
-    rng = random.Random(seed)
-    by_source: dict[str, list[str]] = {}
-    for row in rows:
-        by_source.setdefault(row.source.split("]")[0] + "]", []).append(row.key)
-    held: set[str] = set()
-    for source in sorted(by_source):
-        keys = by_source[source]
-        held.update(rng.sample(sorted(keys), round(len(keys) / 3)))
-    return held
+def draw_held_out(rows: list[Published]) -> set[str]:
+    """The keys kept aside from ``rows``: a third of each source (its bracketed citation), :func:`draw_thirds`."""
+    return draw_thirds((row.source.split("]")[0] + "]", row.key) for row in rows)
 
 
 # A third of the rows added after the first 13 is kept aside, never in ROWS, to see how the model and its

@@ -16,14 +16,13 @@ A third of the rows of the sources in DRAWN, drawn per table (:func:`draw_held_o
 from __future__ import annotations
 
 import os
-import random
 import statistics
 from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
 from costmodel.core.resources import data_dir
-from costmodel.core.tables import read_rows
+from costmodel.core.tables import draw_thirds, read_rows
 from costmodel.frameworks.profiles import DEFAULT as DEFAULT_FRAMEWORK
 from costmodel.plans.job import Job
 from costmodel.training.report import StepTimes
@@ -32,8 +31,10 @@ from costmodel.training.step import evaluate_step
 GOAL = 0.15  # every row is held to it, or is a named known miss that says why in `misses`
 FILE = "training_published.yaml"
 HELD_OUT_FILE = "training_published_holdout.yaml"
-# The citations whose rows were split into ROWS and HELD_OUT (those added after the split was made).
-DRAWN = ("[USP]", "[When-to-Upgrade]")
+# The citations whose rows were split into ROWS and HELD_OUT (those added after the split was made), one draw
+# per tuple in the order the draws were made, each from its own generator: a later draw never moves an earlier.
+DRAWS = (("[USP]", "[When-to-Upgrade]"), ("[Megatron-Bridge-Perf]",))
+DRAWN = tuple(citation for draw in DRAWS for citation in draw)
 # The step's figures a row may compare: the numbers of its JSON's "step".
 METRICS = tuple(name for name, f in StepTimes.model_fields.items() if f.annotation in (float, float | None))
 
@@ -73,19 +74,12 @@ def load(path: str | os.PathLike[str] | None = None) -> tuple[Published, ...]:
     return tuple(read_rows(path or data_dir("validation") / FILE, Published, check))
 
 
-def draw_held_out(rows: list[Published], seed: int = 2026) -> set[str]:
-    """The keys kept aside from ``rows``: ``random.Random(seed)``, then for each source (the ``source`` field: the
-    citation and its table) in sorted order ``random.sample(sorted(its keys), round(n / 3))``, one generator
-    through all sources."""
-    rng = random.Random(seed)
-    by_source: dict[str, list[str]] = {}
-    for row in rows:
-        by_source.setdefault(row.source, []).append(row.key)
-    held: set[str] = set()
-    for source in sorted(by_source):
-        keys = by_source[source]
-        held.update(rng.sample(sorted(keys), round(len(keys) / 3)))
-    return held
+def draw_held_out(rows: list[Published]) -> set[str]:
+    """The keys kept aside from ``rows``: for each draw of :data:`DRAWS`, a third of each of its sources (the
+    ``source`` field: the citation and its table), :func:`draw_thirds`."""
+    return set().union(
+        *(draw_thirds((row.source, row.key) for row in rows if row.source.startswith(draw)) for draw in DRAWS)
+    )
 
 
 ROWS = list(load())
@@ -106,6 +100,18 @@ def by_framework() -> dict[str, dict[str, float]]:
 
 def predict(row: Published) -> float:
     return float(getattr(evaluate_step(Job.of(**row.setup)).step, row.metric))
+
+
+def job_key(row: Published, job: Job | None = None) -> str:
+    """The job ``row`` is one layout of: what a layout search holds fixed (the model, sequence, GPUs, global batch,
+    ZeRO and offload), as one source measured it (layouts compared across sources would compare their software
+    too). ``job``: the row's, where the caller has made it."""
+    job = job or Job.of(**row.setup)
+    offload = f" offload {job.setup.offload}" if job.setup.offload != "none" else ""
+    return (
+        f"{row.source.split(']')[0]}] {job.inputs.model} S={job.inputs.seq} {job.gpus}x{job.machine.name} "
+        f"batch {job.step.global_batch} zero {job.setup.zero}{offload}"
+    )
 
 
 def vpp_sensitivity() -> dict[int, list[float]]:
