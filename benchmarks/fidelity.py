@@ -43,7 +43,7 @@ from costmodel.calibration.residuals import coverage_report, median_half_width
 from costmodel.cli.markdown import job_orders
 from costmodel.inference.published import summary as serving_summary
 from costmodel.machines.profiles import HardwareProfile, load_profile
-from costmodel.training.validation import HELD_OUT, ROWS, by_framework
+from costmodel.training.validation import HELD_OUT, ROWS, by_framework, refused
 from costmodel.training.validation import predict as published
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,6 +172,12 @@ def print_published() -> None:
     for job, layouts, rho in job_orders([*ROWS, *HELD_OUT], predicted):
         shown = "-" if rho is None else f"{rho:+.2f}"
         print(f"  layouts of {job:<52} {layouts:>3}  Spearman rho {shown} (goal 0.8)")
+    unfit = refused([*ROWS, *HELD_OUT])
+    chances = sorted(p for _, p in unfit if p is not None)
+    print(
+        f"  runs the memory model says would not fit (every one ran): {len(unfit)} of {len(ROWS) + len(HELD_OUT)}"
+        + (f", their median chance to fit {statistics.median(chances):.0%}" if chances else "")
+    )
     serving = serving_summary()
     print(
         f"published serving rows (docs/inference.md): median |error| {serving['median']:.1%}, worst "

@@ -10,7 +10,17 @@ import pytest
 
 from costmodel.core.errors import InputError
 from costmodel.plans.job import Job
-from costmodel.training.validation import DRAWN, GOAL, HELD_OUT, ROWS, Published, draw_held_out, load, predict
+from costmodel.training.validation import (
+    DRAWN,
+    GOAL,
+    HELD_OUT,
+    ROWS,
+    Published,
+    draw_held_out,
+    load,
+    predict,
+    refused,
+)
 
 
 def test_at_least_eight_published_figures_and_most_held_to_the_goal() -> None:
@@ -29,6 +39,19 @@ def test_at_least_eight_published_figures_and_most_held_to_the_goal() -> None:
 def test_median_error_over_the_table_is_within_ten_percent() -> None:
     errors = sorted(abs(predict(row) / row.published - 1) for row in ROWS)
     assert statistics.median(errors) <= 0.10
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="47 of the 124 published runs, every one of which ran, are refused (median chance to fit 8 %): "
+    "torchtitan's 16 ran on 96 GB H100s the 80 GB profile does not describe; most of the rest are Megatron and "
+    "NeMo layouts at the edge of 80 GB whose sources leave recompute unstated (taken as none), whose FP8 Linear "
+    "layers keep their inputs in FP8 under Transformer Engine (bf16 in the model), and, for Megatron-Bridge, "
+    "whose allocator runs with expandable segments (a reserve the profile's share may overstate)",
+)
+def test_every_published_run_fits_the_memory_it_ran_in() -> None:
+    """Each published run ran, so the memory model should say its layout fits its GPUs."""
+    assert [row.key for row, _ in refused([*ROWS, *HELD_OUT])] == []
 
 
 def test_every_row_names_the_framework_it_ran_on_and_the_profile_it_is_predicted_with() -> None:

@@ -114,6 +114,17 @@ def job_key(row: Published, job: Job | None = None) -> str:
     )
 
 
+def refused(rows: list[Published]) -> list[tuple[Published, float | None]]:
+    """The rows whose layout the memory model says would not fit its GPUs, though every published run ran: each
+    with the chance to fit the model gives it."""
+    out = []
+    for row in rows:
+        memory = evaluate_step(Job.of(**row.setup)).memory
+        if not memory.fits:
+            out.append((row, memory.fits_probability))
+    return out
+
+
 def vpp_sensitivity() -> dict[int, list[float]]:
     """How the unpublished virtual-stage count moves the prediction of the Llama 3 8K rows
     (:data:`VPP_ROWS`): their predictions at each count."""
