@@ -103,6 +103,46 @@ def test_override_is_validated_and_says_so() -> None:
     assert override(base, ProfileChanges()) is base  # nothing asked, nothing changed
 
 
+def test_a_part_with_other_memory_keeps_its_profile_and_its_sustained_share() -> None:
+    """torchtitan's 96 GB HBM2e H100 at 2.4 TB/s on the H100 profile: the size and the bandwidth are the part's,
+    memory-bound kernels keep the profile's measured share of it (2.68 / 3.35), nothing else moves."""
+    base = load_profile("h100-nvlink")
+    part = override(base, ProfileChanges(hbm_bytes=96e9, hbm_bandwidth="2.4TB/s"))
+    assert part.device.hbm_bytes == 96e9 and part.device.hbm_bandwidth == 2.4e12
+    assert part.device.hbm_sustained == pytest.approx(2.4e12 * 2.68 / 3.35, rel=1e-12)
+    assert part.kernels == base.kernels and part.links == base.links
+    assert "HBM 96 GB (was 80 GB)" in part.description and "HBM 2.4 TB/s (was 3.35 TB/s)" in part.description
+
+
+def test_more_memory_makes_a_plan_fit_and_slower_memory_a_step_longer(cli) -> None:
+    """torchtitan's 8B at 8K on eight H100s (FSDP, local batch 2, selective recompute) needs more than an 80 GB
+    H100's usable share, and ran on the 96 GB part: there it fits, and its elementwise passes, memory-bound,
+    take 3.35 / 2.4 as long."""
+    flags = (
+        "step",
+        "-m",
+        "llama3-8b",
+        "--seq",
+        "8k",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+        "--micro-batch",
+        "2",
+    )
+    flags += ("--zero", "3", "--recompute", "selective", "--framework", "torchtitan", "--hw", "h100-nvlink")
+    before = cli(*flags, "-f", "json").json()
+    after = cli(*flags, "--hbm-bytes", "96e9", "--hbm-bandwidth", "2.4TB/s", "-f", "json").json()
+    assert not before["memory"]["fits"] and after["memory"]["fits"]
+    assert after["memory"]["bytes_per_device"] == before["memory"]["bytes_per_device"]
+    assert after["memory"]["device_memory_bytes"] == pytest.approx(
+        before["memory"]["device_memory_bytes"] * 96 / 80, rel=1e-9
+    )
+    elementwise = before["step"]["breakdown"]["elementwise_s"]
+    assert after["step"]["breakdown"]["elementwise_s"] == pytest.approx(elementwise * 3.35 / 2.4, rel=1e-6)
+
+
 def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
     nvlink = override(load_profile("h100-nvlink"), ProfileChanges(devices_per_node=4))
     assert nvlink.ranks_per_node == 4  # CP ranks filled the node and still do
@@ -122,6 +162,9 @@ def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
         ({"inter_bandwidth": -1.0}, "--inter-node-bandwidth", "positive, finite"),
         ({"inter_bandwidth": float("nan")}, "--inter-node-bandwidth", "positive, finite"),
         ({"inter_latency": -1.0}, "--inter-node-latency", "non-negative"),
+        ({"hbm_bytes": 0.0}, "--hbm-bytes", "positive, finite"),
+        ({"hbm_bandwidth": "fast"}, "--hbm-bandwidth", "not a bandwidth"),
+        ({"hbm_bandwidth": float("inf")}, "--hbm-bandwidth", "positive, finite"),
     ],
 )
 def test_bad_overrides_name_their_flag(kwargs: dict, field: str, why: str) -> None:

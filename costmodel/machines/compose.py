@@ -75,8 +75,9 @@ def _gbytes(value: float) -> str:
 
 @dataclass(frozen=True)
 class ProfileChanges:
-    """What the command line changes in a profile; None leaves it as it is. Bandwidths are bytes/s per
-    direction, or strings for :func:`parse_bandwidth`; the latency is in seconds; ``torus_dims`` as 4x4x8."""
+    """What the command line changes in a profile; None leaves it as it is. Bandwidths are bytes/s (a link's
+    per direction), or strings for :func:`parse_bandwidth`; the latency is in seconds; ``torus_dims`` as 4x4x8;
+    ``hbm_bytes`` the device's memory in bytes (a part of a GPU sold with more or less HBM than the profile's)."""
 
     inter_bandwidth: float | str | None = None
     intra_bandwidth: float | str | None = None
@@ -84,6 +85,8 @@ class ProfileChanges:
     cp_ranks_per_node: int | None = None
     inter_latency: float | None = None
     torus_dims: str | None = None
+    hbm_bytes: float | None = None
+    hbm_bandwidth: float | str | None = None
 
 
 def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfile:
@@ -94,6 +97,7 @@ def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfi
     keeps filling it when ``devices_per_node`` changes; one with fewer keeps its count."""
     data = profile.model_dump(mode="python", exclude_none=True)
     said = [
+        *_new_memory(data, changes),
         *_new_links(data, changes),
         *_new_latency(data, profile, changes.inter_latency),
         *_new_placement(data, profile, changes),
@@ -109,6 +113,31 @@ def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfi
         else f"Overridden on the command line: {text}."
     )
     return parse_profile(data, f"{profile.name} with overrides", field="--hw")
+
+
+def _new_memory(data: dict, changes: ProfileChanges) -> list[str]:
+    """The device's HBM: its size, and its bandwidth with the sustained share the profile measured kept (the
+    same kernels on a slower or faster memory reach the same share of it)."""
+    said = []
+    device = data["device"]
+    if changes.hbm_bytes is not None:
+        if not math.isfinite(changes.hbm_bytes) or changes.hbm_bytes <= 0:
+            raise InputError(
+                "--hbm-bytes", f"must be a positive, finite number of bytes (got {changes.hbm_bytes})"
+            )
+        said.append(f"HBM {changes.hbm_bytes / 1e9:g} GB (was {device['hbm_bytes'] / 1e9:g} GB)")
+        device["hbm_bytes"] = float(changes.hbm_bytes)
+    value = changes.hbm_bandwidth
+    if value is not None:
+        bandwidth = parse_bandwidth(value, "--hbm-bandwidth") if isinstance(value, str) else float(value)
+        if not math.isfinite(bandwidth) or bandwidth <= 0:
+            raise InputError("--hbm-bandwidth", f"must be a positive, finite bandwidth (got {value!r})")
+        old = device.get("hbm_bandwidth")
+        if old and device.get("hbm_sustained"):
+            device["hbm_sustained"] = device["hbm_sustained"] * bandwidth / old
+        device["hbm_bandwidth"] = bandwidth
+        said.append(f"HBM {bandwidth / 1e12:g} TB/s" + (f" (was {old / 1e12:g} TB/s)" if old else ""))
+    return said
 
 
 def _new_links(data: dict, changes: ProfileChanges) -> list[str]:

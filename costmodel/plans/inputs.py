@@ -468,6 +468,19 @@ class MachineOverrides(BaseModel):
         "A torus profile's slice shape, e.g. 4x4x8 (TPU v5p) or 4x8 (v5e): sets the fast domain to its chips.",
         max_length=40,
     )
+    hbm_bytes: Number | None = flag(
+        None,
+        "Replace the device's memory, in bytes (a part sold with other HBM, e.g. 96e9 for a 96 GB H100).",
+        unit="bytes",
+        gt=0,
+        le=2**50,
+    )
+    hbm_bandwidth: str | None = flag(
+        None,
+        "Replace the device's memory bandwidth, as --inter-node-bandwidth (e.g. 2.4TB/s): memory-bound kernels "
+        "keep the profile's share of it.",
+        max_length=40,
+    )
 
 
 def machine_for(
@@ -521,6 +534,8 @@ def _machine(
         "devices_per_node": o.devices_per_node,
         "cp_ranks_per_node": o.cp_ranks_per_node,
         "torus_dims": o.torus_dims,
+        "hbm_bytes": o.hbm_bytes,
+        "hbm_bandwidth": o.hbm_bandwidth,
     }
     return build_machine(
         profile or load_profile(inputs.hw), inputs.dtype, inputs.efficiency, changes=changes, job=job
