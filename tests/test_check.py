@@ -113,6 +113,10 @@ INVALID = [
         "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
         ":4: cp: 8 does not divide the 12 ranks",
     ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ngpus: 8\nmicro_batch: 2\nbatch: 4\n",
+        ":7: micro_batch: 2 is not the plan's batch 4",
+    ),
 ]
 
 
@@ -124,6 +128,35 @@ def test_invalid_plan_is_one_line_naming_file_line_field(cli, tmp_path, text: st
     assert result.out == "" and len(result.err.splitlines()) == 1
     assert result.err.startswith(f"cp-plan: error: {path}")
     assert expected in result.err
+
+
+def test_a_plans_micro_batch_is_the_memory_step_plans(cli, tmp_path) -> None:
+    """A plan's micro_batch is the sequences a device runs at once, as `cp-plan step --micro-batch` takes it:
+    torchtitan's 8B at 8K with two a device needs 88.7 GB, more than an 80 GB H100's usable share. (A plan read
+    it as one, and passed at 52.7 GB.)"""
+    job = (
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+        "--micro-batch",
+        "2",
+        "--zero",
+        "3",
+        "--recompute",
+        "selective",
+    )
+    job += ("--framework", "torchtitan", "--hw", "h100-nvlink")
+    step = cli("step", "-m", "llama3-8b", "--seq", "8k", *job, "-f", "json").json()["memory"]
+    plan = write(
+        tmp_path,
+        "name: x\nmodel: llama3-8b\nseq: 8k\ncp: 1\nhw: h100-nvlink\ngpus: 8\nglobal_batch: 16\n"
+        "micro_batch: 2\nzero: 3\nrecompute: selective\nframework: torchtitan\nexpect:\n  fits_memory: true\n",
+    )
+    result = cli("check", plan, "-f", "json")
+    fits = next(r for r in result.json()["results"] if r["check"] == "fits_memory")
+    assert not step["fits"] and not fits["passed"] and result.code == 1
+    assert fits["detail"].startswith(f"{step['bytes_per_device'] / 1e9:.1f} GB per device")
 
 
 def test_an_invalid_file_stops_the_run_before_any_check(cli, tmp_path) -> None:

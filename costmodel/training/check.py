@@ -220,6 +220,17 @@ def resolve(located: Located) -> Resolved:
     with _blame(located):
         model = load_model(plan.model, field="model")
     fields = plan.model_dump(exclude={"name", "expect"})
+    if (
+        "micro_batch" in plan.model_fields_set
+    ):  # the job's sequences a device runs at once, as in `cp-plan step`
+        if "batch" in plan.model_fields_set and plan.batch != plan.micro_batch:
+            with _blame(located):
+                raise InputError(
+                    "micro_batch",
+                    f"{plan.micro_batch} is not the plan's batch {plan.batch}: both are the sequences a device "
+                    "runs at once; state one",
+                )
+        fields["batch"] = plan.micro_batch
     shape = {"heads": model.heads, "kv_heads": model.kv_heads, "head_dim": model.head_dim}
     inputs = _declared(
         located, PlanInputs, {k: v for k, v in fields.items() if k in PlanInputs.model_fields} | shape
