@@ -19,6 +19,13 @@ from costmodel.plans.schema import Report
 REPO = Path(__file__).resolve().parent.parent
 
 
+# torchtitan's Llama 3 8B at 8K on eight H100s (FSDP, local batch 2, selective recompute), a published run:
+# more than an 80 GB H100's usable share, run on torchtitan's 96 GB part.
+TITAN_8B_8K = "step -m llama3-8b --seq 8k --gpus 8 --global-batch 16 --micro-batch 2 --zero 3".split() + (
+    "--recompute selective --framework torchtitan --hw h100-nvlink".split()
+)
+
+
 def half_up(value: float, digits: int) -> Decimal:
     """``value`` to ``digits`` significant digits, halves up ([A-RingCost] prints 0.5625 as 56.3 %)."""
     d = Decimal(repr(float(value)))

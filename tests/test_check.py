@@ -8,7 +8,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, TITAN_8B_8K
 
 PLANS = sorted((REPO / "configs" / "plans").glob("*.yaml"))
 
@@ -134,25 +134,12 @@ def test_a_plans_micro_batch_is_the_memory_step_plans(cli, tmp_path) -> None:
     """A plan's micro_batch is the sequences a device runs at once, as `cp-plan step --micro-batch` takes it:
     torchtitan's 8B at 8K with two a device needs 88.7 GB, more than an 80 GB H100's usable share. (A plan read
     it as one, and passed at 52.7 GB.)"""
-    job = (
-        "--gpus",
-        "8",
-        "--global-batch",
-        "16",
-        "--micro-batch",
-        "2",
-        "--zero",
-        "3",
-        "--recompute",
-        "selective",
-    )
-    job += ("--framework", "torchtitan", "--hw", "h100-nvlink")
-    step = cli("step", "-m", "llama3-8b", "--seq", "8k", *job, "-f", "json").json()["memory"]
     plan = write(
         tmp_path,
         "name: x\nmodel: llama3-8b\nseq: 8k\ncp: 1\nhw: h100-nvlink\ngpus: 8\nglobal_batch: 16\n"
         "micro_batch: 2\nzero: 3\nrecompute: selective\nframework: torchtitan\nexpect:\n  fits_memory: true\n",
     )
+    step = cli(*TITAN_8B_8K, "-f", "json").json()["memory"]
     result = cli("check", plan, "-f", "json")
     fits = next(r for r in result.json()["results"] if r["check"] == "fits_memory")
     assert not step["fits"] and not fits["passed"] and result.code == 1

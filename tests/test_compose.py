@@ -13,6 +13,7 @@ from costmodel.machines.compose import ProfileChanges, override, parse_bandwidth
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.timing import predict
+from tests.support import TITAN_8B_8K
 from tests.test_calibration import SHAPE, raw_measurements
 
 BANDWIDTHS = [  # text, bytes/s per direction
@@ -118,20 +119,7 @@ def test_more_memory_makes_a_plan_fit_and_slower_memory_a_step_longer(cli) -> No
     """torchtitan's 8B at 8K on eight H100s (FSDP, local batch 2, selective recompute) needs more than an 80 GB
     H100's usable share, and ran on the 96 GB part: there it fits, and its elementwise passes, memory-bound,
     take 3.35 / 2.4 as long."""
-    flags = (
-        "step",
-        "-m",
-        "llama3-8b",
-        "--seq",
-        "8k",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "16",
-        "--micro-batch",
-        "2",
-    )
-    flags += ("--zero", "3", "--recompute", "selective", "--framework", "torchtitan", "--hw", "h100-nvlink")
+    flags = TITAN_8B_8K
     before = cli(*flags, "-f", "json").json()
     after = cli(*flags, "--hbm-bytes", "96e9", "--hbm-bandwidth", "2.4TB/s", "-f", "json").json()
     assert not before["memory"]["fits"] and after["memory"]["fits"]
