@@ -252,6 +252,11 @@ class MemoryCase:
         return self.expert_shard_group or self.shard_group
 
     @property
+    def eager(self) -> bool:
+        """Whether the norms and the activation run as eager torch ops (Hugging Face's modelling code)."""
+        return self.elementwise == "eager"
+
+    @property
     def residual_tokens(self) -> int:
         """Tokens of the residual stream on this rank: sequence parallelism splits them over TP."""
         return self.tokens // self.tp if self.sequence_parallel else self.tokens
@@ -787,7 +792,7 @@ class Attention(nn.Module):
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
         self.case = case
-        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
+        self.norm = RMSNorm(case.hidden, dtype, case.eager)
         self.qkv = _parameter((case.heads + 2 * case.kv_heads) * case.head_dim, case.hidden, dtype=dtype)
         self.out = _parameter(case.hidden, case.heads * case.head_dim, dtype=dtype)
         core = CoreAttention(case)
@@ -809,15 +814,13 @@ class MLP(nn.Module):
         super().__init__()
         self.case = case
         width = width or case.ffn_hidden
-        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
+        self.norm = RMSNorm(case.hidden, dtype, case.eager)
         self.up = _parameter((2 if case.gated_mlp else 1) * width, case.hidden, dtype=dtype)
         self.down = _parameter(case.hidden, width, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         case = self.case
-        hidden = _activation(
-            _column(self.norm(x), self.up, case), case.gated_mlp, eager=case.elementwise == "eager"
-        )
+        hidden = _activation(_column(self.norm(x), self.up, case), case.gated_mlp, eager=case.eager)
         return x + _row(hidden, self.down, self.case)
 
 
@@ -878,7 +881,7 @@ class MoE(nn.Module):
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
         self.case = case
-        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
+        self.norm = RMSNorm(case.hidden, dtype, case.eager)
         self.router = _parameter(case.experts, case.hidden, dtype=dtype)
         self.experts = Experts(case, dtype)
         if case.ffn_hidden:
@@ -1030,7 +1033,7 @@ class OutputHead(nn.Module):
     def __init__(self, case: MemoryCase, dtype: torch.dtype) -> None:
         super().__init__()
         self.case = case
-        self.norm = RMSNorm(case.hidden, dtype, case.elementwise == "eager")
+        self.norm = RMSNorm(case.hidden, dtype, case.eager)
         self.weight = _parameter(case.vocab, case.hidden, dtype=dtype)
 
     def forward(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
