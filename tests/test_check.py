@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -116,6 +117,22 @@ INVALID = [
     (
         "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ngpus: 8\nmicro_batch: 2\nbatch: 4\n",
         ":7: micro_batch: 2 is not the plan's batch 4",
+    ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ngpus: 8\nexpect:\n  min_mfu: 0.4\n",
+        "expect.min_mfu: a step's time needs gpus and global_batch",
+    ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\nexpect:\n  min_mfu: 40\n",
+        ":7: expect.min_mfu: Input should be less than or equal to 1",
+    ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\nexpect:\n  min_mfu: true\n",
+        ":7: expect.min_mfu: expected a number, not a boolean",
+    ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\nexpect:\n  max_step_time_s: -3\n",
+        ":7: expect.max_step_time_s: must be in [1e-30, 1e+30]",
     ),
 ]
 
@@ -249,3 +266,70 @@ def test_a_memory_check_names_the_largest_category_and_the_peaks_moment(cli) -> 
         "end, one stage; 80% interval "
     )
     assert memory["detail"].endswith("; fits with probability 0%")
+
+
+# torchtitan's 8B at 8K on eight H100s (support.TITAN_8B_8K), as a plan: the time checks read its step.
+TIMED_PLAN = (
+    "name: x\nmodel: llama3-8b\nseq: 8k\ncp: 1\nhw: h100-nvlink\ngpus: 8\nglobal_batch: 16\nmicro_batch: 2\n"
+    "zero: 3\nrecompute: selective\nframework: torchtitan\nexpect:\n  worst_verdict: red\n"
+)
+TIME_CHECKS = {"max_step_time_s": "time_s", "min_tokens_per_s": "tokens_per_s", "min_mfu": "mfu"}
+
+
+def _timed(cli, tmp_path: Path, bounds: dict[str, float], *flags: str) -> dict[str, dict]:
+    text = TIMED_PLAN + "".join(f"  {key}: {value!r}\n" for key, value in bounds.items())
+    results = cli("check", write(tmp_path, text), "-f", "json", *flags).json()["results"]
+    return {r["check"]: r for r in results if r["check"] in TIME_CHECKS}
+
+
+@pytest.mark.parametrize("side", [0.99, 1.01])
+def test_time_checks_bound_the_steps_own_figures(cli, tmp_path, side: float) -> None:
+    """A ceiling on the step time and floors on tokens/s and MFU pass exactly when `cp-plan step`'s figure
+    meets them: 1 % either side of the step's own value."""
+    step = cli(*TITAN_8B_8K, "-f", "json").json()["step"]
+    bounds = {
+        key: step[figure] * (side if key == "max_step_time_s" else 2 - side)
+        for key, figure in TIME_CHECKS.items()
+    }
+    checks = _timed(cli, tmp_path, bounds)
+    assert {key: c["passed"] for key, c in checks.items()} == dict.fromkeys(TIME_CHECKS, side > 1)
+    assert checks["max_step_time_s"]["detail"].startswith(f"{step['time_s']:.3g} s; ceiling")
+    assert checks["min_tokens_per_s"]["detail"].startswith(f"{step['tokens_per_s']:,.0f} tokens/s; floor")
+    assert checks["min_mfu"]["detail"].startswith(f"{step['mfu']:.1%} MFU; floor")
+
+
+def test_a_floor_on_a_rate_is_the_ceiling_on_the_time_it_allows(cli, tmp_path) -> None:
+    """A floor f on a rate r allows the step time t r / f: the three checks bounding one time read one chance,
+    the share of the regime's measured steps whose error keeps the step within it, over n + 1."""
+    from costmodel.plans.uncertainty import calibration, dominant_term
+
+    step = cli(*TITAN_8B_8K, "-f", "json").json()["step"]
+    time_s = step["time_s"]
+    held = calibration("step_time", "torchtitan", "Hopper", 0.8, dominant=dominant_term(step["breakdown"]))
+    assert held is not None and held.residuals.runs == step["time_s_interval"]["runs"]
+    residuals = held.residuals.log_residuals
+    for factor in (1.05, 1.15, 1.4):
+        budget = time_s * factor
+        checks = _timed(
+            cli,
+            tmp_path,
+            {
+                "max_step_time_s": budget,
+                "min_tokens_per_s": step["tokens_per_s"] * time_s / budget,
+                "min_mfu": step["mfu"] * time_s / budget,
+            },
+        )
+        expected = sum(r <= math.log(factor) for r in residuals) / (len(residuals) + 1)
+        said = {c["detail"].rsplit("meets it with probability ", 1)[1] for c in checks.values()}
+        assert said == {f"{expected:.0%}"}, (factor, said)
+
+
+def test_time_checks_gate_on_confidence(cli, tmp_path) -> None:
+    """2 % over the predicted step passes on the point estimate; torchtitan's H100 steps run slower than the
+    model says, so at 90 % it fails and says what it needed."""
+    step = cli(*TITAN_8B_8K, "-f", "json").json()["step"]
+    bounds = {"max_step_time_s": step["time_s"] * 1.02}
+    assert _timed(cli, tmp_path, bounds)["max_step_time_s"]["passed"]
+    gated = _timed(cli, tmp_path, bounds, "--confidence", "0.9")["max_step_time_s"]
+    assert not gated["passed"] and gated["detail"].endswith(", 90% required")
+    assert "90% interval" in gated["detail"]

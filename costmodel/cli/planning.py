@@ -608,8 +608,9 @@ def check_cmd(
         Optional[str],
         typer.Option(
             "--confidence",
-            help="fits_memory passes only when the plan fits with at least this probability, in [0.5, 0.99] "
-            "(from measured peaks of its framework and GPU; 0.9 needs 9 or more of them).",
+            help="fits_memory, max_step_time_s, min_tokens_per_s and min_mfu pass only when the plan meets them "
+            "with at least this probability, in [0.5, 0.99] (from measured peaks and steps of its framework and "
+            "GPU; 0.9 needs 9 or more of them).",
         ),
     ] = None,
 ) -> None:

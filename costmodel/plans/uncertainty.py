@@ -128,19 +128,25 @@ def _regime(job: Job) -> tuple[str, str | None]:
     return job.framework.name, job.machine.profile.device.generation
 
 
-def time_interval(job: Job, time_s: float, level: float, breakdown: Mapping[str, float]) -> Interval:
-    """The step time's interval at ``level``: from the hardware profile's own k-fold residuals where it was
-    fitted to measured runs, else from the published runs of the job's regime and of the step's dominant term
-    (``breakdown``: the step's terms by field)."""
+def _time_calibration(job: Job, level: float, breakdown: Mapping[str, float]) -> Calibration | None:
+    """The step time's calibration set: the hardware profile's own k-fold residuals where it was fitted to
+    measured runs, else the published runs of the job's regime and of the step's dominant term."""
     fitted = job.machine.profile.fit_residuals
-    timed = (
-        Calibration(f"the fitted profile's k-fold residuals: {fitted.runs} step times", fitted)
-        if fitted is not None
-        else calibration("step_time", *_regime(job), level, dominant=dominant_term(breakdown))
-    )
-    return _on(
-        interval(time_s, timed, level, "step time"), job.machine.profile.device.generation, "step time"
-    )
+    if fitted is not None:
+        return Calibration(f"the fitted profile's k-fold residuals: {fitted.runs} step times", fitted)
+    return calibration("step_time", *_regime(job), level, dominant=dominant_term(breakdown))
+
+
+def time_interval(job: Job, time_s: float, level: float, breakdown: Mapping[str, float]) -> Interval:
+    """The step time's interval at ``level`` (``breakdown``: the step's terms by field)."""
+    band = interval(time_s, _time_calibration(job, level, breakdown), level, "step time")
+    return _on(band, job.machine.profile.device.generation, "step time")
+
+
+def time_within(job: Job, time_s: float, budget_s: float, breakdown: Mapping[str, float]) -> float | None:
+    """P(the measured step takes at most ``budget_s``), a conformal lower bound read, as the chance to fit, on
+    the set an 80 % statement is calibrated on; None where that set is too small."""
+    return chance_at_most(_time_calibration(job, DEFAULT_LEVEL, breakdown), time_s, budget_s)
 
 
 def memory_interval(
@@ -149,7 +155,7 @@ def memory_interval(
     """The memory peak's interval at ``level`` and the probability the plan fits. The probability is read on
     the regime an 80 % statement is calibrated on, whatever the level, so that it does not move with it."""
     held = calibration("memory", *_regime(job), level)
-    chance = fits_probability(
+    chance = chance_at_most(
         calibration("memory", *_regime(job), DEFAULT_LEVEL), bytes_per_device, usable_bytes
     )
     return interval(bytes_per_device, held, level, "memory peak"), chance
@@ -161,12 +167,12 @@ def certain_fit(fit: Fit, job: Job, level: float) -> Fit:
     return fit.model_copy(update={"total_bytes_interval": band, "fits_probability": chance})
 
 
-def fits_probability(held: Calibration | None, bytes_per_device: float, usable_bytes: float) -> float | None:
-    """P(the measured peak stays within usable memory), a conformal lower bound; None below 9 runs (an 80 %
-    statement needs them)."""
-    if held is None or held.residuals.runs < runs_needed(DEFAULT_LEVEL) or bytes_per_device <= 0:
+def chance_at_most(held: Calibration | None, predicted: float, ceiling: float) -> float | None:
+    """P(the measured value stays at or under ``ceiling``) for a prediction ``predicted``: a conformal lower
+    bound; None below 9 runs (an 80 % statement needs them)."""
+    if held is None or held.residuals.runs < runs_needed(DEFAULT_LEVEL) or predicted <= 0:
         return None
-    return held.residuals.share_at_most(math.log(usable_bytes / bytes_per_device))
+    return held.residuals.share_at_most(math.log(ceiling / predicted))
 
 
 def serving_interval(seconds: float, generation: str | None, level: float) -> Interval:

@@ -2,7 +2,9 @@
 
 A plan file holds the declared inputs (:mod:`costmodel.plans.inputs`) flat, under the names of their
 flags, with training defaults, plus its name, the model and what must hold: the worst verdict
-allowed, a ceiling on the comm ratio, that memory fits, that N lies in the recommended window.
+allowed, a ceiling on the comm ratio, that memory fits, that N lies in the recommended window, a ceiling
+on the step's time or floors on its tokens per second and MFU. With a confidence, memory and time pass
+only when the measured runs of the plan's regime say they hold with that probability.
 Problems in a file are reported with its path, the line and the field; every problem at once.
 """
 
@@ -18,7 +20,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError, validation_problems
-from costmodel.core.fields import Positive, Switch
+from costmodel.core.fields import NumberAsWritten, Positive, Switch
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.machines.binding import Machine
@@ -37,8 +39,9 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.job import FrameworkKnobs, Job, StepSetup, make_job
 from costmodel.plans.models import load_model
-from costmodel.plans.uncertainty import memory_interval
+from costmodel.plans.uncertainty import memory_interval, time_within
 from costmodel.plans.verdict import BANDS, Colour
+from costmodel.training.report import StepTimes
 
 M = TypeVar("M", bound=BaseModel)
 ORDER = [band.verdict for band in BANDS]
@@ -55,6 +58,29 @@ class Expectations(BaseModel):
     in_recommended_window: Switch = Field(
         False, description="N within [N_min(memory), N_max(comm)] (needs gpus)"
     )
+    max_step_time_s: Positive | None = Field(
+        None, description="ceiling on one optimizer step, seconds (needs gpus and global_batch)"
+    )
+    min_tokens_per_s: Positive | None = Field(
+        None, description="floor on the job's trained tokens per second (needs gpus and global_batch)"
+    )
+    min_mfu: Annotated[float, NumberAsWritten, Field(gt=0, le=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="floor on model FLOP utilisation, a fraction in (0, 1] (needs gpus and global_batch)",
+    )
+
+    def timed(self) -> dict[str, float]:
+        """The expectations on the step's time, by key: each bounds one figure of the step."""
+        return {key: getattr(self, key) for key in TIMED if getattr(self, key) is not None}
+
+
+# The expectations on the step's time: key -> (the step's figure, a ceiling (True) or a floor on it). Each is a
+# bound on the step's time, since a rate is the step's work over it: a floor f on a rate r is the time t r / f.
+TIMED = {
+    "max_step_time_s": ("time_s", True),
+    "min_tokens_per_s": ("tokens_per_s", False),
+    "min_mfu": ("mfu", False),
+}
 
 
 class _PlanHead(BaseModel):
@@ -72,6 +98,10 @@ class _PlanHead(BaseModel):
             self, "gpus", None
         ) is None:
             raise ValueError("expect.fits_memory and expect.in_recommended_window need gpus")
+        if self.expect.timed() and None in (getattr(self, "gpus", None), getattr(self, "global_batch", None)):
+            raise ValueError(
+                f"expect.{', '.join(self.expect.timed())}: a step's time needs gpus and global_batch"
+            )
         return self
 
 
@@ -294,19 +324,10 @@ def run_checks(located: Located, confidence: float | None = None) -> list[CheckR
             usable = advice.fit.device_memory_bytes
             level = confidence or DEFAULT_LEVEL
             band, chance = memory_interval(job, row.total_bytes, usable, level)
-            passed, detail = row.fits, _memory_detail(job, plan.cp, usable)
+            detail = _memory_detail(job, plan.cp, usable)
             if band.known:
                 detail += f"; {level:.0%} interval {band.lo / 1e9:.1f}-{band.hi / 1e9:.1f} GB"  # type: ignore[operator]
-            if chance is not None:
-                detail += f"; fits with probability {chance:.0%}"
-            if confidence is not None:
-                passed = chance is not None and chance >= confidence
-                detail += (
-                    f", {confidence:.0%} required"
-                    if chance is not None
-                    else f"; too few measured peaks like it to say it fits at {confidence:.0%}"
-                )
-            add("fits_memory", passed, detail)
+            add("fits_memory", *_gated(row.fits, detail, chance, confidence, "fits", "peaks"))
         if want.in_recommended_window:
             rec = advice.recommendation
             inside = (
@@ -319,7 +340,54 @@ def run_checks(located: Located, confidence: float | None = None) -> list[CheckR
                 inside,
                 f"N = {plan.cp}; window [{rec.n_min_memory}, {rec.n_max_comm}], recommended {rec.n_recommended}",
             )
+    if job is not None and want.timed():
+        from costmodel.training.step import evaluate_step
+
+        with _blame(located):
+            step = evaluate_step(job, level=confidence or DEFAULT_LEVEL).step
+        for key, bound in want.timed().items():
+            add(key, *_time_check(job, step, key, bound, confidence))
     return results
+
+
+def _gated(
+    passed: bool, detail: str, chance: float | None, confidence: float | None, said: str, measured: str
+) -> tuple[bool, str]:
+    """A check's outcome with its probability; with ``confidence``, passed only when the probability is that
+    high (``said``: what the probability is of, ``measured``: the runs it is read on)."""
+    if chance is not None:
+        detail += f"; {said} with probability {chance:.0%}"
+    if confidence is None:
+        return passed, detail
+    if chance is None:
+        return False, detail + f"; too few measured {measured} like it to say so at {confidence:.0%}"
+    return chance >= confidence, detail + f", {confidence:.0%} required"
+
+
+def _figure(figure: str, value: float) -> str:
+    if figure == "time_s":
+        return f"{value:.3g} s"
+    return f"{value:.1%} MFU" if figure == "mfu" else f"{value:,.0f} tokens/s"
+
+
+def _time_check(
+    job: Job, step: StepTimes, key: str, bound: float, confidence: float | None
+) -> tuple[bool, str]:
+    """A bound on one of the step's figures, its interval, and the chance the measured step meets it: a bound
+    on a rate is the step time it allows, ``time_s x rate / bound``."""
+    figure, ceiling = TIMED[key]
+    value = getattr(step, figure)
+    detail = f"{_figure(figure, value)}; {'ceiling' if ceiling else 'floor'} {_figure(figure, bound)}"
+    band = step.time_s_interval
+    if band.known:
+        lo, hi = band.lo, band.hi
+        if not ceiling:  # a rate's interval is the time's, turned over
+            lo, hi = value * step.time_s / hi, value * step.time_s / lo  # type: ignore[operator]
+        detail += f"; {band.level:.0%} interval {_figure(figure, lo)} to {_figure(figure, hi)}"
+    budget_s = bound if ceiling else step.time_s * value / bound
+    chance = time_within(job, step.time_s, budget_s, step.breakdown.model_dump())
+    passed = value <= bound if ceiling else value >= bound
+    return _gated(passed, detail, chance, confidence, "meets it", "steps")
 
 
 def _memory_detail(job: Job, cp: int, usable: float) -> str:
