@@ -205,12 +205,14 @@ def test_flash_attns_cross_entropy_holds_the_bf16_logits_and_the_heads_gradients
 
 
 def test_every_memory_knob_of_a_profile_has_a_flag() -> None:
-    """A job changes any knob of its framework's memory policy with a flag (what it logs aside: that is a fact
-    about its figures, not about what a device holds), each to a value none of the built-in profiles has."""
+    """A job changes any knob of its framework's memory policy with a flag (what it logs aside, and whether it
+    keeps its gradients as it reduces them: facts about its figures and its code, not a job's choices), each
+    to a value none of the built-in profiles has."""
     from costmodel.frameworks.profiles import MemoryPolicy
     from costmodel.plans.job import MEMORY_KNOBS
 
-    assert set(MEMORY_KNOBS.values()) == set(MemoryPolicy.model_fields) - {"reports"}
+    facts = {"reports", "gradients_reduced_as_kept"}
+    assert set(MEMORY_KNOBS.values()) == set(MemoryPolicy.model_fields) - facts
     changed = {
         "loss": "chunked",
         "master_weights": "bf16",
@@ -313,3 +315,44 @@ def test_fsdp2_holds_the_last_reduce_scatters_input_through_the_next_backward() 
     assert float(memory(ev, "fsdp_reduce_scatter_bytes")) == head * 4
     megatron = Evaluator(training_values(Job.of(model="llama3-8b", seq=16384, hw="h100-nvlink", gpus=8)))
     assert float(memory(megatron, "fsdp_backward_extra_bytes")) == 0  # ZeRO-1 reduces into its buffer
+
+
+def test_megatron_keeps_its_gradients_in_the_dtype_it_reduces_them() -> None:
+    """Megatron-Core's grad buffer is fp32 where grad_reduce_in_fp32, else bf16: --grad-bytes 2 and --grad-dtype
+    bf16 are one setting, each halving the gradients' 4 bytes a parameter; stated apart they must agree.
+    torchtitan reduces as it is told and keeps its fp32 shards."""
+    flags = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
+
+    def gradients(**knobs: object) -> tuple[float, int]:
+        job = Job.of(**flags, **knobs)
+        return step_memory(job).by_category.gradients, job.step.grad_bytes
+
+    fp32, reduced = gradients()
+    assert reduced == 4
+    params = fp32 / 4
+    assert (
+        gradients(grad_bytes=2) == gradients(grad_dtype="bf16") == (pytest.approx(params * 2, rel=1e-12), 2)
+    )
+    assert gradients(grad_bytes=4, grad_dtype="fp32") == (fp32, 4)
+    with pytest.raises(InputError, match="--grad-dtype: fp32 with --grad-bytes 2"):
+        Job.of(**flags, grad_bytes=2, grad_dtype="fp32")
+    with pytest.raises(InputError, match="--grad-bytes: 1: .* accepted: 4 \\(fp32\\) or 2 \\(bf16\\)"):
+        Job.of(**flags, grad_bytes=1)
+    titan = {"framework": "torchtitan", "zero": 3}
+    assert gradients(**titan, grad_bytes=2)[0] == gradients(**titan)[0]
+
+
+def test_a_profile_that_ties_its_gradients_to_the_reduction_states_them_alike(tmp_path) -> None:
+    from tests.support import REPO
+
+    text = (
+        (REPO / "frameworks" / "megatron.yaml")
+        .read_text()
+        .replace("  gradients: fp32\n", "  gradients: bf16\n")
+    )
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(
+        InputError, match="memory.gradients bf16 .2 bytes. and time.grad_reduce_bytes 4 differ"
+    ):
+        Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=8, framework=str(path))

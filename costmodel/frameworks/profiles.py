@@ -81,6 +81,12 @@ class MemoryPolicy(_Strict):
         description="the fp32 copy the optimizer steps, beside the stored weights; none when it steps them"
     )
     gradients: StateDtype = Field(description="gradients kept for the optimizer (main_grad, reduce dtype)")
+    gradients_reduced_as_kept: bool = Field(
+        False,
+        description="the kept gradients are in the dtype the data-parallel group reduces them, one setting: "
+        "Megatron-Core's grad buffer is fp32 where grad_reduce_in_fp32, else the parameters' bf16; a job "
+        "stating either (--grad-bytes, --grad-dtype) states both",
+    )
     optimizer_states: StateDtype = Field(description="Adam's two moments")
     optimizer_kernel: OptimizerKernel = Field(
         "fused",
@@ -215,6 +221,12 @@ class FrameworkProfile(_Strict):
     def _schemes(self) -> Self:
         if self.time.cp_schemes and self.time.cp_scheme not in self.time.cp_schemes:
             raise ValueError(f"time.cp_scheme {self.time.cp_scheme!r} is not among time.cp_schemes")
+        kept = STATE_BYTES[self.memory.gradients]
+        if self.memory.gradients_reduced_as_kept and kept != self.time.grad_reduce_bytes:
+            raise ValueError(
+                f"memory.gradients {self.memory.gradients} ({kept} bytes) and time.grad_reduce_bytes "
+                f"{self.time.grad_reduce_bytes} differ, where memory.gradients_reduced_as_kept makes them one"
+            )
         return self
 
     def refuse_cp(self, asked: str) -> None:

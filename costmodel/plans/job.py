@@ -25,6 +25,7 @@ from costmodel.core.errors import InputError
 from costmodel.core.fields import NonNegative
 from costmodel.frameworks.profiles import (
     DEFAULT,
+    STATE_BYTES,
     CrossEntropy,
     Elementwise,
     Fp8Scaling,
@@ -260,13 +261,42 @@ class FrameworkKnobs(BaseModel):
         le=10,
     )
 
-    def profile(self, loaded: FrameworkProfile | None = None) -> FrameworkProfile:
-        """The framework's profile (``loaded``, or read from ``framework``) with the job's changes."""
+    def profile(
+        self, loaded: FrameworkProfile | None = None, grad_bytes: int | None = None
+    ) -> FrameworkProfile:
+        """The framework's profile (``loaded``, or read from ``framework``) with the job's changes;
+        ``grad_bytes``: the reduction the job's step states, where the framework keeps its gradients as it
+        reduces them."""
         base = loaded or load_framework(self.framework)
         given = {
             key: getattr(self, name) for name, key in MEMORY_KNOBS.items() if getattr(self, name) is not None
         }
-        return base.with_changes(memory=given) if given else base
+        time = {}
+        if base.memory.gradients_reduced_as_kept and (grad_bytes or self.grad_dtype):
+            dtype = _kept_as_reduced(base, self.grad_dtype, grad_bytes)
+            given["gradients"], time["grad_reduce_bytes"] = dtype, STATE_BYTES[dtype]
+        return base.with_changes(memory=given, time=time) if given else base
+
+
+def _kept_as_reduced(framework: FrameworkProfile, grad_dtype: str | None, grad_bytes: int | None) -> str:
+    """The one dtype a framework that keeps its gradients as it reduces them uses, from a job stating either
+    (``--grad-dtype``, ``--grad-bytes``); one line where the two disagree or the bytes name no dtype."""
+    if grad_bytes is None:
+        return grad_dtype  # type: ignore[return-value]
+    dtype = next((name for name in ("fp32", "bf16") if STATE_BYTES[name] == grad_bytes), None)
+    if dtype is None:
+        raise InputError(
+            "--grad-bytes",
+            f"{grad_bytes}: {framework.title} keeps its gradients in the dtype it reduces them; accepted: 4 "
+            "(fp32) or 2 (bf16)",
+        )
+    if grad_dtype is not None and grad_dtype != dtype:
+        raise InputError(
+            "--grad-dtype",
+            f"{grad_dtype} with --grad-bytes {grad_bytes}: {framework.title} reduces its gradients in the dtype "
+            "it keeps them (grad_reduce_in_fp32), so the two are one setting; state one",
+        )
+    return dtype
 
 
 # Each knob's field in a profile's memory policy (frameworks/*.yaml).
@@ -516,8 +546,9 @@ def make_job(
             )
         model = load_model(workload.model)
     knobs = knobs or FrameworkKnobs()
-    framework = knobs.profile(framework if framework is not None and not _knobs_changed(knobs) else None)
     declared = step or StepSetup()
+    loaded = framework if framework is not None and not _knobs_changed(knobs) else None
+    framework = knobs.profile(loaded, declared.grad_bytes)
     step = declared.resolved(framework)
     inputs = _attention(workload, model, step)
     overrides = overrides or MachineOverrides()
