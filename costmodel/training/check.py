@@ -327,7 +327,7 @@ def run_checks(located: Located, confidence: float | None = None) -> list[CheckR
             detail = _memory_detail(job, plan.cp, usable)
             if band.known:
                 detail += f"; {level:.0%} interval {band.lo / 1e9:.1f}-{band.hi / 1e9:.1f} GB"  # type: ignore[operator]
-            add("fits_memory", *_gated(row.fits, detail, chance, confidence, "fits", "peaks"))
+            add("fits_memory", *_gated(row.fits, detail, chance, confidence, "memory"))
         if want.in_recommended_window:
             rec = advice.recommendation
             inside = (
@@ -350,11 +350,16 @@ def run_checks(located: Located, confidence: float | None = None) -> list[CheckR
     return results
 
 
+# What a check's probability says, and the measured runs it is read on: by what the check bounds.
+SAID = {"memory": ("fits", "peaks"), "time": ("meets it", "steps")}
+
+
 def _gated(
-    passed: bool, detail: str, chance: float | None, confidence: float | None, said: str, measured: str
+    passed: bool, detail: str, chance: float | None, confidence: float | None, bounds: str
 ) -> tuple[bool, str]:
     """A check's outcome with its probability; with ``confidence``, passed only when the probability is that
-    high (``said``: what the probability is of, ``measured``: the runs it is read on)."""
+    high (``bounds``: memory or time, which names the probability and the runs it is read on)."""
+    said, measured = SAID[bounds]
     if chance is not None:
         detail += f"; {said} with probability {chance:.0%}"
     if confidence is None:
@@ -387,7 +392,7 @@ def _time_check(
     budget_s = bound if ceiling else step.time_s * value / bound
     chance = time_within(job, step.time_s, budget_s, step.breakdown.model_dump())
     passed = value <= bound if ceiling else value >= bound
-    return _gated(passed, detail, chance, confidence, "meets it", "steps")
+    return _gated(passed, detail, chance, confidence, "time")
 
 
 def _memory_detail(job: Job, cp: int, usable: float) -> str:
