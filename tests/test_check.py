@@ -262,7 +262,7 @@ def test_a_memory_check_names_the_largest_category_and_the_peaks_moment(cli) -> 
     (memory,) = [r for r in results if r["check"] == "fits_memory"]
     assert not memory["passed"]
     assert memory["detail"].startswith(
-        "260.9 GB per device of 76.0 GB usable; the most, activations 146.3 GB, at the loss at the forward's "
+        "260.9 GB per device of 80.7 GB usable; the most, activations 146.3 GB, at the loss at the forward's "
         "end, one stage; 80% interval "
     )
     assert memory["detail"].endswith("; fits with probability 0%")

@@ -106,10 +106,12 @@ def test_override_is_validated_and_says_so() -> None:
 
 def test_a_part_with_other_memory_keeps_its_profile_and_its_sustained_share() -> None:
     """torchtitan's 96 GB HBM2e H100 at 2.4 TB/s on the H100 profile: the size and the bandwidth are the part's,
-    memory-bound kernels keep the profile's measured share of it (2.68 / 3.35), nothing else moves."""
+    a process allocates the profile's share of the size (79.11 GiB of 80 GB) and memory-bound kernels reach
+    the profile's measured share of the bandwidth (2.68 / 3.35), nothing else moves."""
     base = load_profile("h100-nvlink")
     part = override(base, ProfileChanges(hbm_bytes=96e9, hbm_bandwidth="2.4TB/s"))
     assert part.device.hbm_bytes == 96e9 and part.device.hbm_bandwidth == 2.4e12
+    assert part.device.usable_bytes == pytest.approx(96e9 * 79.11 * 2**30 / 80e9, rel=1e-5)
     assert part.device.hbm_sustained == pytest.approx(2.4e12 * 2.68 / 3.35, rel=1e-12)
     assert part.kernels == base.kernels and part.links == base.links
     assert "HBM 96 GB (was 80 GB)" in part.description and "HBM 2.4 TB/s (was 3.35 TB/s)" in part.description

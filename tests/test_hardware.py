@@ -259,3 +259,39 @@ def test_ampere_nvlink_rings_reach_what_nccls_model_gives_them(name: str, nvlink
     link = load_profile(name).links.intra_node
     expected = min(nvlinks * SM80_NVLINK_BW, AMPERE_RING_CAP) / link.bandwidth_per_direction
     assert link.collective_efficiency == pytest.approx(expected, abs=0.001)
+
+
+# What a process can allocate on each part: the total torch.cuda.mem_get_info() reports, in GiB [GPU-Capacity].
+ALLOCATABLE_GIB = {
+    "a100-nvlink": 79.15,
+    "a100-ib": 79.15,
+    "a800-nvlink": 79.15,
+    "h100-nvlink": 79.11,
+    "h100-ib": 79.11,
+    "h800-nvlink": 79.11,
+    "h800-ib": 79.11,
+    "h200-nvlink": 139.80,
+    "b200-nvlink": 178.35,
+}
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_a_profile_plans_with_what_a_process_can_allocate(name: str) -> None:
+    """Where the runtime's total is published the plan's memory is that, within the datasheet's GB read as GiB
+    (an '80 GB' part: 79.1 GiB, 84.9e9 bytes, not 80e9); elsewhere the datasheet's figure."""
+    device = load_profile(name).device
+    expected = ALLOCATABLE_GIB.get(name)
+    if expected is None:
+        assert device.allocatable_bytes is None and device.usable_bytes == device.hbm_bytes
+        return
+    assert device.usable_bytes == pytest.approx(expected * 2**30, rel=1e-5)
+    assert device.hbm_bytes < device.usable_bytes <= device.hbm_bytes * 2**30 / 1e9
+
+
+def test_a_profile_cannot_allocate_more_than_its_device_holds(tmp_path) -> None:
+    text = (data_dir("hardware") / "h100-nvlink.yaml").read_text()
+    text = text.replace("  allocatable_bytes: 8.49437e+10", "  allocatable_bytes: 8.6e+10")
+    path = tmp_path / "big.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match="allocatable_bytes 8.6e\\+10 passes hbm_bytes 8e\\+10 read as GiB"):
+        load_profile(str(path))

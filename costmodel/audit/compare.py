@@ -113,7 +113,7 @@ def _memory_fit(report: StepReport, job: Job) -> dict[str, float]:
     return {
         "total_bytes": memory.bytes_per_device,
         "device_memory_bytes": memory.device_memory_bytes,
-        "hbm_bytes": job.machine.profile.device.hbm_bytes,
+        "usable_bytes": job.machine.profile.device.usable_bytes,
         "fits": memory.fits,
     }
 
@@ -252,14 +252,14 @@ def _memory(e: Evidence, _: list[Finding]) -> list[Finding]:
     if e.measured["memory_bytes"] is None:
         return []
     used, planned, hbm = e.measured["memory_bytes"], e.memory["total_bytes"], e.memory["device_memory_bytes"]
-    device = e.memory.get("hbm_bytes")
+    device = e.memory.get("usable_bytes")
     out = []
     if device and used > device:
         out.append(
             _finding(
                 "critical",
                 "memory",
-                f"peak memory {used / 1e9:.1f} GB exceeds the device's {device / 1e9:.1f} GB of HBM: the log's "
+                f"peak memory {used / 1e9:.1f} GB exceeds the {device / 1e9:.1f} GB a process can allocate on the device: the log's "
                 "figure is not one device's, or the profile is not the device that ran",
             )
         )

@@ -418,7 +418,7 @@ def memory(job: Serving, values: dict[str, Any]) -> dict[str, Any]:
     """Weights, cache at the end of the output, the largest chunk's working set, and the largest batch
     and context that fit."""
     setup = job.setup
-    usable = job.attention.profile.device.hbm_bytes * (1 - setup.memory_headroom)
+    usable = job.attention.profile.device.usable_bytes * (1 - setup.memory_headroom)
     context = setup.cached + setup.prompt + setup.output
     kv_tokens = _kv_tokens(context, values["N"], setup.page)
     weights = _call("weight_bytes_per_device", values)

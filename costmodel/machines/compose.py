@@ -116,8 +116,9 @@ def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfi
 
 
 def _new_memory(data: dict, changes: ProfileChanges) -> list[str]:
-    """The device's HBM: its size, and its bandwidth with the sustained share the profile measured kept (the
-    same kernels on a slower or faster memory reach the same share of it)."""
+    """The device's HBM: its size, with the share a process can allocate kept, and its bandwidth with the
+    sustained share the profile measured kept (the same kernels on a slower or faster memory reach the same
+    share of it)."""
     said = []
     device = data["device"]
     if changes.hbm_bytes is not None:
@@ -126,6 +127,8 @@ def _new_memory(data: dict, changes: ProfileChanges) -> list[str]:
                 "--hbm-bytes", f"must be a positive, finite number of bytes (got {changes.hbm_bytes})"
             )
         said.append(f"HBM {changes.hbm_bytes / 1e9:g} GB (was {device['hbm_bytes'] / 1e9:g} GB)")
+        if device.get("allocatable_bytes") is not None:  # the runtime keeps the same share of other stacks
+            device["allocatable_bytes"] *= changes.hbm_bytes / device["hbm_bytes"]
         device["hbm_bytes"] = float(changes.hbm_bytes)
     value = changes.hbm_bandwidth
     if value is not None:

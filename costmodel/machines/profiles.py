@@ -36,6 +36,9 @@ SCALE_RANGE = (0.05, 20.0)
 LowPrecision = Literal["fp6", "fp4"]
 
 
+GIB_PER_GB = 2**30 / 1e9  # a datasheet's GB of HBM is a binary GiB of stacks: the most it can hold
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
@@ -170,6 +173,12 @@ class Device(_Strict):
         default=None, description="measured attention FLOP/s per dtype (measured profiles)"
     )
     hbm_bytes: Positive = Field(description="memory capacity, bytes (decimal, as datasheets)")
+    allocatable_bytes: Positive | None = Field(
+        default=None,
+        description="the memory a process can allocate, bytes: the total torch.cuda.mem_get_info() reports "
+        "(an '80 GB' part holds about 79.1 GiB, 84.9e9 bytes); at most hbm_bytes read as GiB; hbm_bytes where "
+        "not stated",
+    )
     hbm_bandwidth: Positive | None = Field(default=None, description="memory bandwidth, bytes/s")
     hbm_sustained: Positive | None = Field(
         default=None,
@@ -191,7 +200,17 @@ class Device(_Strict):
     def _peak_given(self) -> Self:
         if not self.peak_flops:
             raise ValueError("peak_flops must list at least one dtype")
+        if self.allocatable_bytes is not None and self.allocatable_bytes > self.hbm_bytes * GIB_PER_GB:
+            raise ValueError(
+                f"allocatable_bytes {self.allocatable_bytes:.4g} passes hbm_bytes {self.hbm_bytes:.4g} read as GiB "
+                f"({self.hbm_bytes * GIB_PER_GB:.4g}): a process cannot allocate more than the device holds"
+            )
         return self
+
+    @property
+    def usable_bytes(self) -> float:
+        """What a process can allocate: the runtime's total where the profile states it, else the datasheet's."""
+        return self.allocatable_bytes or self.hbm_bytes
 
     @property
     def streaming_bandwidth(self) -> float | None:
