@@ -250,7 +250,7 @@ def _verdict(report: Report, checks: list[CheckResult] | None) -> str:
 
 
 def _memory(report: Report, profile: Any, fit: Fit | None) -> str:
-    hbm = profile.device.hbm_bytes
+    hbm = profile.device.usable_bytes  # what a process can allocate: the line plans are fitted under
     m = report.memory
     tiers = [
         ("full score matrix", "memory.scores_full_bytes", m.scores_full_bytes),
@@ -262,8 +262,8 @@ def _memory(report: Report, profile: Any, fit: Fit | None) -> str:
     parts = [
         "<section><h2>Memory per device</h2>",
         f'<p class="caption">Attention temporaries of one layer against {escape(profile.device.name)}\'s '
-        f"{si(hbm, 'B', 3)} of HBM (log scale; the line is HBM). Flash attention keeps the tile tier; "
-        "the full matrix is what it avoids.</p>",
+        f"{si(hbm, 'B', 3)} a process can allocate (log scale; the line is that memory). Flash attention keeps "
+        "the tile tier; the full matrix is what it avoids.</p>",
         _tier_bars(tiers, hbm),
     ]
     if fit is not None:
@@ -353,7 +353,7 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
         f'<text x="{left - 6}" y="{height / 2 + 8}" text-anchor="end">'
         f"{'fits' if fit.fits else 'does not fit'}</text>",
         f'<rect x="{left}" y="4" width="{x(hbm) - left:.1f}" height="{height}" class="k-idle">'
-        f"<title>HBM {si(hbm, 'B', 4)}</title></rect>",
+        f"<title>HBM a process can allocate {si(hbm, 'B', 4)}</title></rect>",
     ]
     at = 0.0
     for name, css, value, path in parts:
