@@ -470,7 +470,8 @@ class MachineOverrides(BaseModel):
     )
     hbm_bytes: Number | None = flag(
         None,
-        "Replace the device's memory, in bytes (a part sold with other HBM, e.g. 96e9 for a 96 GB H100).",
+        "Replace the device's memory, in bytes as its datasheet states it (a part sold with other HBM, e.g. 96e9 "
+        "for a 96 GB H100): a process allocates the profile's share of it.",
         unit="bytes",
         gt=0,
         le=2**50,
