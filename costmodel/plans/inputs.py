@@ -594,8 +594,8 @@ class TrainingSetup(BaseModel):
     )
     memory_headroom: Number = flag(
         0.05,
-        "Fraction of HBM left free beyond what the step needs at its peak (the allocator's reserve and the "
-        "runtime's own are counted in it), in [0, 0.9].",
+        "Fraction of the memory a process can allocate left free beyond what the step needs at its peak (the "
+        "allocator's reserve and the runtime's own are counted in the step), in [0, 0.9].",
         ge=0,
         le=0.9,
     )

@@ -551,7 +551,7 @@ SYMBOLS = {
     'z_o': ('fraction of the fp32 master weights and Adam moments kept (1/D from ZeRO-1)', '1', '[ZeRO §5]'),
     'rho': ('full activation recompute: 1 (only layer inputs kept), else 0', '1', '[Korthikanti22 §4]'),
     'e_m': ('embedding matrices: 2 untied input and output, 1 tied', '1', 'model preset'),
-    'M_dev': ('usable device memory: HBM x (1 - headroom)', 'B', 'hardware profile'),
+    'M_dev': ("usable device memory: what a process can allocate (the profile's allocatable_bytes, else its HBM) x (1 - headroom)", 'B', 'hardware profile'),
     'q_w': ('bytes per stored weight (kept between steps; FSDP2 stores fp32 shards)', 'B', 'framework profile'),
     'q_c': ('bytes per weight as the forward and backward read it (bf16)', 'B', 'framework profile'),
     'q_m': ('bytes per master weight the optimizer steps beside the stored one (0: none)', 'B', 'framework profile'),

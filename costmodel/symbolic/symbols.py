@@ -130,7 +130,13 @@ rho = _symbol(
 e_m = _symbol(
     "e_m", "embedding matrices: 2 untied input and output, 1 tied", "1", "model preset", integer=True
 )
-M_dev = _symbol("M_dev", "usable device memory: HBM x (1 - headroom)", "B", "hardware profile")
+M_dev = _symbol(
+    "M_dev",
+    "usable device memory: what a process can allocate (the profile's allocatable_bytes, else its HBM) x "
+    "(1 - headroom)",
+    "B",
+    "hardware profile",
+)
 
 # What the framework keeps (frameworks/*.yaml, docs/references.md): bytes per parameter of each copy, how
 # ZeRO-3/FSDP gathers, how the loss holds the logits, and what the allocator and runtime add.
