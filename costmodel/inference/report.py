@@ -26,7 +26,9 @@ class Memory(_Strict):
     """Memory of one device on the stage holding the most: weights, the KV cache at the end of the
     output, the largest prefill chunk's working set, and what is left."""
 
-    usable_bytes: float = Field(description="HBM x (1 - memory headroom)")
+    usable_bytes: float = Field(
+        description="what a process can allocate (the profile's allocatable_bytes, else HBM) x (1 - memory headroom)"
+    )
     weight_bytes_per_device: float = Field(description="the stage's parameters over TP at the weight dtype")
     kv_cache_bytes_per_device: float = Field(
         description="b sequences at cached + prompt + output tokens, split over CP, KV heads over TP"
