@@ -8,6 +8,8 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support import REPO, TITAN_8B_8K
 
@@ -333,3 +335,43 @@ def test_time_checks_gate_on_confidence(cli, tmp_path) -> None:
     gated = _timed(cli, tmp_path, bounds, "--confidence", "0.9")["max_step_time_s"]
     assert not gated["passed"] and gated["detail"].endswith(", 90% required")
     assert "90% interval" in gated["detail"]
+
+
+@pytest.fixture(scope="module")
+def titan_step():
+    from costmodel.plans.job import Job
+    from costmodel.training.step import evaluate_step
+
+    job = Job.of(
+        model="llama3-8b",
+        seq=8192,
+        hw="h100-nvlink",
+        gpus=8,
+        global_batch=16,
+        micro_batch=2,
+        zero=3,
+        recompute="selective",
+        framework="torchtitan",
+    )
+    return job, evaluate_step(job).step
+
+
+def _chance(detail: str) -> float:
+    return float(detail.rsplit("meets it with probability ", 1)[1].rstrip("%")) / 100
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.floats(0.5, 2.0), b=st.floats(0.5, 2.0))
+def test_a_looser_bound_is_never_less_likely_to_hold(titan_step, a: float, b: float) -> None:
+    """For any two ceilings on the step time, the looser one holds at least as surely, and each passes on the
+    point estimate exactly when the predicted step is within it; the same for floors on tokens/s."""
+    from costmodel.training.check import _time_check
+
+    job, step = titan_step
+    low, high = sorted((a, b))
+    tight = _time_check(job, step, "max_step_time_s", step.time_s * low, None)
+    loose = _time_check(job, step, "max_step_time_s", step.time_s * high, None)
+    assert _chance(tight[1]) <= _chance(loose[1]) <= 1
+    assert tight[0] == (low >= 1) and loose[0] == (high >= 1)
+    floor = _time_check(job, step, "min_tokens_per_s", step.tokens_per_s / high, None)
+    assert _chance(floor[1]) == pytest.approx(_chance(loose[1]), abs=0.006)  # the same time bound
