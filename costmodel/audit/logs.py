@@ -35,6 +35,7 @@ from typing import Any, Literal
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import KINDS, check_raw_text, open_input
 from costmodel.core.text import displayed
+from costmodel.core.units import GIB
 from costmodel.plans import cp as registry
 
 Framework = Literal["megatron", "torchtitan"]
@@ -44,7 +45,6 @@ SNIFF_BYTES = 8 * 1024
 # outside (1e-300 ms, 5e-324) are no step, and their quotients would overflow.
 STEP_MS = (1e-3, 86_400e3)
 TPS = (1e-3, 1e12)
-GIB = 1024**3
 MIB = 1024**2
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -9,6 +9,7 @@ import statistics
 from typing import TYPE_CHECKING
 
 from costmodel.audit.runs import RHO_GOAL, RHO_LAYOUTS, spearman
+from costmodel.core.units import GIB
 from costmodel.plans.models import builtin_models, load_model
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _job_orders(rows: list[TrainingRow], predicted: dict[str, float]) -> list[st
 def memory_table() -> str:
     """The memory table of docs/validation.md: each published peak per GPU, the model's figure of its kind,
     the error; the fitting part, then the held-out part's summary."""
-    from costmodel.training.memory_validation import GIB, GOAL, compared
+    from costmodel.training.memory_validation import GOAL, compared
 
     lines = [
         "| run | framework | reported | measured | model | error | held to |",

@@ -68,10 +68,10 @@ def errors_summary(errors: list[float]) -> dict[str, Any]:
     }
 
 
-def draw_thirds(keys: Iterable[tuple[str, str]], seed: int = 2026) -> set[str]:
-    """The keys a table keeps aside, from (group, key) pairs: ``random.Random(seed)``, then for each group in
+def draw_thirds(keys: Iterable[tuple[str, str]], generator: int = 2026) -> set[str]:
+    """The keys a table keeps aside, from (group, key) pairs: ``random.Random(generator)``, then for each group in
     sorted order ``random.sample(sorted(its keys), round(n / 3))``, one generator through all groups."""
-    rng = random.Random(seed)
+    rng = random.Random(generator)
     by_group: dict[str, list[str]] = {}
     for group, key in keys:
         by_group.setdefault(group, []).append(key)

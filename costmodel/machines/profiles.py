@@ -21,6 +21,7 @@ from costmodel.core.fields import Count, Finite, NonNegative, Positive, Switch
 from costmodel.core.fileio import YamlDocument, builtin_path, load_builtin_or_file, read_input
 from costmodel.core.intervals import Residuals
 from costmodel.core.resources import data_dir
+from costmodel.core.units import GIB
 
 Dtype = Literal["bf16", "fp16", "fp32", "fp8"]
 BYTES_PER_ELEMENT: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1}
@@ -36,7 +37,7 @@ SCALE_RANGE = (0.05, 20.0)
 LowPrecision = Literal["fp6", "fp4"]
 
 
-GIB_PER_GB = 2**30 / 1e9  # a datasheet's GB of HBM is a binary GiB of stacks: the most it can hold
+GIB_PER_GB = GIB / 1e9  # a datasheet's GB of HBM is a binary GiB of stacks: the most it can hold
 
 
 class _Strict(BaseModel):

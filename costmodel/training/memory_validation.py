@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.fileio import read_yaml
 from costmodel.core.resources import data_dir
+from costmodel.core.units import GIB
 from costmodel.plans.job import Job
 from costmodel.plans.models import LatentAttention, ModelPreset
 from costmodel.training.step import step_memory
 
-GIB = 2**30
 GOAL = 0.15  # every row within it, or a named known miss
 FILES = {"fitting": "memory_peaks.yaml", "holdout": "memory_peaks_holdout.yaml"}
 # The built-in profile a source's GPU is planned on: the memory model reads only the HBM it leaves free.
