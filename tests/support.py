@@ -21,9 +21,23 @@ REPO = Path(__file__).resolve().parent.parent
 
 # torchtitan's Llama 3 8B at 8K on eight H100s (FSDP, local batch 2, selective recompute), a published run:
 # more than an 80 GB H100's usable share, run on torchtitan's 96 GB part.
-TITAN_8B_8K = "step -m llama3-8b --seq 8k --gpus 8 --global-batch 16 --micro-batch 2 --zero 3".split() + (
-    "--recompute selective --framework torchtitan --hw h100-nvlink".split()
-)
+TITAN_8B_8K_JOB = {
+    "model": "llama3-8b",
+    "seq": 8192,
+    "gpus": 8,
+    "global_batch": 16,
+    "micro_batch": 2,
+    "zero": 3,
+    "recompute": "selective",
+    "framework": "torchtitan",
+    "hw": "h100-nvlink",
+}
+# the same job as `cp-plan step` flags, and as a plan file's fields (a plan states its CP degree)
+TITAN_8B_8K = [
+    "step",
+    *(part for key, value in TITAN_8B_8K_JOB.items() for part in (f"--{key.replace('_', '-')}", str(value))),
+]
+TITAN_8B_8K_PLAN = "name: x\ncp: 1\n" + "".join(f"{key}: {value}\n" for key, value in TITAN_8B_8K_JOB.items())
 
 
 def half_up(value: float, digits: int) -> Decimal:

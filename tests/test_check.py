@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support import REPO, TITAN_8B_8K
+from tests.support import REPO, TITAN_8B_8K, TITAN_8B_8K_JOB, TITAN_8B_8K_PLAN
 
 PLANS = sorted((REPO / "configs" / "plans").glob("*.yaml"))
 
@@ -153,11 +153,7 @@ def test_a_plans_micro_batch_is_the_memory_step_plans(cli, tmp_path) -> None:
     """A plan's micro_batch is the sequences a device runs at once, as `cp-plan step --micro-batch` takes it:
     torchtitan's 8B at 8K with two a device needs 88.7 GB, more than an 80 GB H100's usable share. (A plan read
     it as one, and passed at 52.7 GB.)"""
-    plan = write(
-        tmp_path,
-        "name: x\nmodel: llama3-8b\nseq: 8k\ncp: 1\nhw: h100-nvlink\ngpus: 8\nglobal_batch: 16\n"
-        "micro_batch: 2\nzero: 3\nrecompute: selective\nframework: torchtitan\nexpect:\n  fits_memory: true\n",
-    )
+    plan = write(tmp_path, TITAN_8B_8K_PLAN + "expect:\n  fits_memory: true\n")
     step = cli(*TITAN_8B_8K, "-f", "json").json()["memory"]
     result = cli("check", plan, "-f", "json")
     fits = next(r for r in result.json()["results"] if r["check"] == "fits_memory")
@@ -271,10 +267,7 @@ def test_a_memory_check_names_the_largest_category_and_the_peaks_moment(cli) -> 
 
 
 # torchtitan's 8B at 8K on eight H100s (support.TITAN_8B_8K), as a plan: the time checks read its step.
-TIMED_PLAN = (
-    "name: x\nmodel: llama3-8b\nseq: 8k\ncp: 1\nhw: h100-nvlink\ngpus: 8\nglobal_batch: 16\nmicro_batch: 2\n"
-    "zero: 3\nrecompute: selective\nframework: torchtitan\nexpect:\n  worst_verdict: red\n"
-)
+TIMED_PLAN = TITAN_8B_8K_PLAN + "expect:\n  worst_verdict: red\n"
 TIME_CHECKS = {"max_step_time_s": "time_s", "min_tokens_per_s": "tokens_per_s", "min_mfu": "mfu"}
 
 
@@ -342,17 +335,7 @@ def titan_step():
     from costmodel.plans.job import Job
     from costmodel.training.step import evaluate_step
 
-    job = Job.of(
-        model="llama3-8b",
-        seq=8192,
-        hw="h100-nvlink",
-        gpus=8,
-        global_batch=16,
-        micro_batch=2,
-        zero=3,
-        recompute="selective",
-        framework="torchtitan",
-    )
+    job = Job.of(**TITAN_8B_8K_JOB)
     return job, evaluate_step(job).step
 
 
