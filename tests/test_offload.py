@@ -2,7 +2,7 @@
 
 Llama 3 8B has 8,030,261,248 parameters: 32 layers of 4096·128·(2·32 + 2·8) attention, 3·4096·14336 MLP and
 two 4096 norms, untied 128256 x 4096 embeddings and a final norm. The host link of h100-nvlink is PCIe Gen5
-x16 at 50 GB/s a direction; its host updates 11.6e9 / 8.2 parameters a second with CPU Adam.
+x16 at 50 GB/s a direction; its host updates 10e9 / 2.57 parameters a second with CPU Adam.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.support import searched
 LLAMA3_8B_PARAMS = 32 * (4096 * 128 * (64 + 16) + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
 LLAMA3_8B_NORMS = (32 * 2 + 1) * 4096  # whole on every TP rank
 PCIE5 = 50e9
-CPU_ADAM = 11.6e9 / 8.2
+CPU_ADAM = 10e9 / 2.57
 MIXTRAL = Path(__file__).parent / "data" / "hf" / "mixtral-8x7b.json"
 JOB = {"model": "llama3-8b", "seq": 131072, "hw": "h100-nvlink", "gpus": 4, "cp": 4, "global_batch": 4}
 
@@ -66,11 +66,11 @@ def test_the_weight_upload_is_its_bytes_over_the_host_link() -> None:
 
 
 def test_offloading_the_optimizer_on_4_h100_costs_at_least_the_host_adam_step() -> None:
-    """8B at 128K on 4 x H100: the CPU's Adam over 8B parameters takes seconds; the step pays it whole."""
+    """8B at 128K on 4 x H100: the CPU's Adam over 8B parameters takes 2 s; the step pays it whole."""
     _, plain = _step()
     _, offloaded = _step(offload="optimizer")
     host_adam = LLAMA3_8B_PARAMS / CPU_ADAM
-    assert host_adam > 5
+    assert host_adam > 2
     assert (
         offloaded["step"]["time_s"] - plain["step"]["time_s"]
         >= host_adam - plain["step"]["breakdown"]["optimizer_s"]

@@ -124,9 +124,11 @@ class Link(_BothWays):
         return self.alltoall.latency_s if self.alltoall else self.latency_s
 
 
-# One host's CPU Adam throughput where a profile states none: DeepSpeed's CPU-Adam updated an 11.6B-parameter
-# GPT-2 in 8.2 s [DeepSpeed-CPUAdam]. An assumption for other hosts: the step is bound by host memory.
-CPU_ADAM_PARAMS_PER_S = 11.6e9 / 8.2
+# One host's CPU Adam throughput where a profile states none: DeepSpeed's CPU-Adam (SIMD) updated 10B parameters
+# in 2.57 s on a DGX-2's host in the ZeRO-Offload paper's Adam latency table [ZeRO-Offload], its largest size
+# (1B took 0.22 s). Not DeepSpeed's 1.4e9 a second for 11.6B [DeepSpeed-CPUAdam]: that is its scalar path, for
+# CPUs without AVX. A modern host may be faster still; a profile states its own where measured.
+CPU_ADAM_PARAMS_PER_S = 10e9 / 2.57
 
 
 class HostLink(_BothWays):
@@ -146,7 +148,8 @@ class HostLink(_BothWays):
     )
     optimizer_params_per_s: Positive = Field(
         default=CPU_ADAM_PARAMS_PER_S,
-        description="parameters one host's CPUs update per second with CPU Adam (DeepSpeed's figure by default)",
+        description="parameters one host's CPUs update per second with CPU Adam (the ZeRO-Offload paper's figure "
+        "by default)",
     )
     source: str = Field(description="where the bandwidth comes from: datasheet or measurement, by its key")
 

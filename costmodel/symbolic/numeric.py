@@ -1547,7 +1547,7 @@ def offload_grad_exposed_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H
 
 
 def host_adam_s(*, F_ffn, H, R_h, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_h, n_kv, o_opt, pp, r_kv, r_q, t, z_o):
-    """t_cpu = n_h*o_opt*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(R_h*pp*t): the CPU's Adam step over the optimizer shares of the n_h devices sharing one host, after the backward [s] ([ZeRO-Offload §4.2], [DeepSpeed-CPUAdam])."""
+    """t_cpu = n_h*o_opt*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(R_h*pp*t): the CPU's Adam step over the optimizer shares of the n_h devices sharing one host, after the backward [s] ([ZeRO-Offload §4.2])."""
     _x0 = c_q*r_q
     _x1 = d_r + r_kv
     _x2 = H*m_la*(_x0 + _x1)

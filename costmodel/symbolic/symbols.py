@@ -717,7 +717,7 @@ R_h = _symbol(
     "R_h",
     "parameters one host's CPUs update per second with CPU Adam (all its cores)",
     "params/s",
-    "[DeepSpeed-CPUAdam]",
+    "[ZeRO-Offload]",
 )
 n_h = _symbol(
     "n_h",

@@ -43,7 +43,7 @@ define(
     o_opt * n_h * z_o * P_dev / R_h,
     "the CPU's Adam step over the optimizer shares of the n_h devices sharing one host, after the backward",
     "s",
-    "[ZeRO-Offload §4.2], [DeepSpeed-CPUAdam]",
+    "[ZeRO-Offload §4.2]",
 )
 define(
     "offload_weight_upload_s",
