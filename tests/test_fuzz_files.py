@@ -14,6 +14,7 @@ Default: a few dozen cases per input kind (well under a minute on two cores). Fo
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -60,7 +61,7 @@ class Outcome:
     err: str
     wall_s: float
     cpu_s: float  # user + system time of the child: what a bound on work is checked against
-    peak_rss_bytes: int
+    peak_rss_bytes: int  # the child's peak beyond its resident memory when it began (the case's own)
 
 
 @dataclass
@@ -97,10 +98,12 @@ def run_cli(args: list[str], cpu_s: int = CPU_S, wall_s: int = WALL_S) -> Outcom
         sys.stdout.flush()
         sys.stderr.flush()
         start = time.monotonic()
+        gc.freeze()  # the child's collections then leave pytest's objects alone, unwritten: not copied into it
         pid = os.fork()
         if pid == 0:  # the child: never returns into pytest
             code = 99
             try:
+                (Path(folder) / "rss").write_text(str(_resident_bytes()))
                 _limit_child(cpu_s, wall_s)
                 with open(out_path, "w") as out, open(err_path, "w") as err, open(os.devnull) as null:
                     os.dup2(null.fileno(), 0)
@@ -117,8 +120,11 @@ def run_cli(args: list[str], cpu_s: int = CPU_S, wall_s: int = WALL_S) -> Outcom
                     err.write(traceback.format_exc())
             finally:
                 os._exit(code if isinstance(code, int) else 99)
+        gc.unfreeze()
         _, status, usage = _wait(pid, start + wall_s + 5)
         wall = time.monotonic() - start
+        began = Path(folder) / "rss"
+        inherited = int(began.read_text()) if began.is_file() else 0
         return Outcome(
             code=os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,
             signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
@@ -126,8 +132,18 @@ def run_cli(args: list[str], cpu_s: int = CPU_S, wall_s: int = WALL_S) -> Outcom
             err=err_path.read_text(errors="replace"),
             wall_s=wall,
             cpu_s=usage.ru_utime + usage.ru_stime,
-            peak_rss_bytes=usage.ru_maxrss * 1024,
+            peak_rss_bytes=max(0, usage.ru_maxrss * 1024 - inherited),
         )
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory: a forked child's peak counts what it held when it began, so a case's own
+    peak is its peak less this."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0  # no /proc: the peak is read whole
+    return pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _limit_child(cpu_s: int, wall_s: int) -> None:
