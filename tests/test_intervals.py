@@ -11,12 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodel.core.errors import InputError
 from costmodel.core.intervals import Calibration, Residuals, interval, runs_needed
 from costmodel.plans.job import Job
 from costmodel.plans.uncertainty import (
     MeasuredResidual,
     calibration,
+    chance_at_most,
     dominant_term,
+    fit_margin,
     order_spread,
     table,
     time_interval,
@@ -325,3 +328,35 @@ def test_a_rows_residual_is_measured_over_predicted_time_whatever_its_metric() -
         assert run.residual == pytest.approx(math.log(slower), rel=1e-12, abs=1e-12)
         seen.add(row.metric)
     assert {"time_s", "model_tflops_per_gpu", "tokens_per_s_per_gpu"} <= seen
+
+
+@given(
+    st.lists(st.floats(-2, 2, allow_nan=False), min_size=1, max_size=400),
+    st.floats(0.5, 0.99),
+)
+def test_least_at_is_the_least_log_ratio_whose_share_reaches_it(values: list[float], share: float) -> None:
+    """The margin behind `recommend --confidence`: at the residual it returns the share is reached, at every
+    smaller kept residual it is not; where even the largest residual cannot reach it, None."""
+    held = Residuals.of(values)
+    least = held.least_at(share)
+    if math.ceil(share * (held.runs + 1) - 1e-9) > held.runs:
+        assert least is None
+        return
+    assert least is not None and held.share_at_most(least) >= share - 1e-12
+    assert all(held.share_at_most(r) < share - 1e-12 for r in held.log_residuals if r < least)
+
+
+def test_the_margin_to_fit_at_a_confidence_is_read_where_the_chance_to_fit_is() -> None:
+    """A plan sized exactly to the margin fits with the confidence asked; a hair more memory and it does not
+    (the chance moves in steps of one measured peak); 99 % asks more peaks than the job's regime holds."""
+    job = Job.of(model="llama3-8b", seq=131072, hw="h100-nvlink", gpus=8, cp=8)
+    held = calibration("memory", job.framework.name, job.machine.profile.device.generation, 0.8)
+    assert held is not None
+    for confidence in (0.5, 0.8, 0.9):
+        margin = fit_margin(job, confidence)
+        assert margin.factor >= 1 and margin.regime == held.regime
+        assert chance_at_most(held, 1.0, margin.factor) >= confidence
+        if margin.factor > 1:
+            assert chance_at_most(held, 1.0, margin.factor * (1 - 1e-6)) < confidence
+    with pytest.raises(InputError, match="can say at most"):
+        fit_margin(job, 0.99)

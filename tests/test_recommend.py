@@ -244,3 +244,48 @@ def test_a_tile_longer_than_the_picks_shard_is_the_whole_shard(cli) -> None:
     """GPT-3 20B at 4K on 16 MI300X picks CP 8 (512-token shards): the default 1,024-token tile once refused it."""
     data = _search_json(cli, "gpt3-20b", "mi300x-xgmi", 16, 4096, 256)
     assert data["recommendation"]["cp"] == 8 and data["inputs"]["block"] == 512
+
+
+CONFIDENT = ["recommend", "--model", "llama3-8b", "--seq", "262144", "--hw", "h100-nvlink", "--gpus", "8"]
+
+
+def test_confidence_plans_only_layouts_that_fit_with_it(cli) -> None:  # noqa: ANN001
+    """Llama 3 8B at 256K on 8 H100s: the plain search picks TP 4 · CP 2, which fits at 80 %; asked for 90 %,
+    every plan shown fits at 90 % or more, each within usable memory less the stated margin, and the pick
+    changes. What a device offers and the chance to fit are still the device's."""
+    plain = cli(*CONFIDENT, "--format", "json").json()["search"]
+    sure = cli(*CONFIDENT, "--confidence", "0.9", "--format", "json").json()["search"]
+    assert plain["confidence"] is None and plain["plans"][0]["fits_probability"] < 0.9
+    said = sure["confidence"]
+    assert said["level"] == 0.9 and said["margin"] > 1 and said["from"].endswith("memory peaks")
+    assert sure["plans"] and sure["fit"] < plain["fit"]
+    for plan in sure["plans"]:
+        assert plan["fits_probability"] >= 0.9
+        assert plan["memory_bytes"] <= said["planned_bytes"] * (1 + 1e-12)
+        assert plan["device_memory_bytes"] == pytest.approx(said["planned_bytes"] * said["margin"], rel=1e-12)
+    assert (sure["pick"]["tp"], sure["pick"]["cp"]) != (plain["pick"]["tp"], plain["pick"]["cp"])
+
+
+def test_confidence_shortens_the_longest_sequence_that_fits(cli) -> None:  # noqa: ANN001
+    args = ["recommend", "--max-seq", "--model", "llama3-8b", "--hw", "h100-ib", "--gpus", "16"]
+    plain = cli(*args, "--format", "json").json()
+    sure = cli(*args, "--confidence", "0.9", "--format", "json").json()
+    assert sure["confidence"]["level"] == 0.9 and plain["confidence"] is None
+    pairs = list(zip(plain["rows"], sure["rows"], strict=True))
+    assert all(s["seq"] is None or s["seq"] <= p["seq"] for p, s in pairs)
+    assert any(s["seq"] is not None and s["seq"] < p["seq"] for p, s in pairs)
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--confidence", "0.99"], "can say at most"),
+        (["--confidence", "1.5"], "a probability from 0.5 to 0.99"),
+        (["--confidence", "0.95", "--memory-headroom", "0.85"], "ask a lower confidence"),
+    ],
+)
+def test_a_confidence_it_cannot_plan_for_is_one_line(cli, flags: list[str], said: str) -> None:  # noqa: ANN001
+    result = cli(*CONFIDENT, *flags)
+    assert result.code == 2 and result.out == ""
+    assert result.err.startswith("cp-plan: error: --confidence: ") and said in result.err
+    assert result.err.count("\n") == 1

@@ -57,6 +57,7 @@ from costmodel.plans.inputs import (
     machine_for,
 )
 from costmodel.plans.job import FrameworkKnobs, StepSetup, make_job
+from costmodel.plans.uncertainty import fit_margin
 from costmodel.training.recommend import describe_scheme, recommend, recommend_plan
 from costmodel.training.search import Constraints, check_constraints, label, weighed
 
@@ -73,6 +74,7 @@ SEARCHED = (
     "framework",
     "top",
     "gemm_dtype",
+    "confidence",
 )
 
 
@@ -112,6 +114,16 @@ def recommend_cmd(
     tokens: TokensOpt = None,
     price: PriceOpt = None,
     level: LevelOpt = None,
+    confidence: Annotated[
+        Optional[str],
+        typer.Option(
+            "--confidence",
+            help="Plan only layouts that fit memory with at least this probability, in [0.5, 0.99]: the "
+            "search (and --max-seq, --all-plans) then plans within usable memory less the margin that measured "
+            "peaks of the job's framework and GPU ask (0.9 needs 9 or more of them).",
+            show_default=False,
+        ),
+    ] = None,
     all_plans: Annotated[
         Optional[Path],
         typer.Option(
@@ -163,14 +175,18 @@ def recommend_cmd(
     )
     _check_search_flags(max_seq, all_plans, format, budget_tokens is not None)
     job = make_job(inputs, setup, build(StepSetup, gemm_dtype=gemm_dtype), machine_overrides, knobs)
+    margin = None
+    if confidence is not None:
+        margin = fit_margin(job, interval_level(confidence, "--confidence"))
     if max_seq:
-        _max_seq(job.training(), fixed, global_batch, format)
+        _max_seq(job.training(), fixed, global_batch, format, margin)
         return
     found = None
     if searching:
-        found = run_search(job.training(), fixed, global_batch, top, interval_level(level))
+        found = run_search(job.training(), fixed, global_batch, top, interval_level(level), margin=margin)
     if all_plans is not None:
-        _write_all_plans(job.training(), fixed, found["global_batch"], all_plans)
+        planned = job.training() if margin is None else margin.planned(job.training())
+        _write_all_plans(planned, fixed, found["global_batch"], all_plans)
     if exporting:
         sys.stdout.write(export(found, format.value, inputs, setup))
         return
@@ -208,13 +224,14 @@ def _write_all_plans(job, fixed: dict, global_batch: int, path: Path) -> None:  
     sys.stderr.write(f"wrote {path}: {len(rows):,} plans, {sum(r['fits'] for r in rows):,} fit\n")
 
 
-def _max_seq(job, fixed: dict, global_batch: int | None, format: Format) -> None:  # noqa: ANN001
-    """The longest sequence that fits at each CP degree of the job's GPUs, and the fastest plan there."""
+def _max_seq(job, fixed: dict, global_batch: int | None, format: Format, margin=None) -> None:  # noqa: ANN001
+    """The longest sequence that fits at each CP degree of the job's GPUs (with ``margin``, fits at its
+    confidence), and the fastest plan there."""
     from costmodel.training.capacity import max_seq_table
 
     constraints = Constraints(**fixed)
     check_constraints(job.model, job.gpus, 1, Constraints(**(constraints.__dict__ | {"cp": None})))
-    rows = max_seq_table(job, global_batch, constraints)
+    rows = max_seq_table(job if margin is None else margin.planned(job), global_batch, constraints)
     data = {
         "schema": "cp-plan/max-seq/v1",
         "model": job.model.name,
@@ -222,6 +239,7 @@ def _max_seq(job, fixed: dict, global_batch: int | None, format: Format) -> None
         "gpus": job.gpus,
         "global_batch_given": global_batch is not None,
         "constraints": constraints.given(),
+        "confidence": None if margin is None else margin.as_dict(job.device_memory_bytes),
         "rows": [
             {
                 "cp": r.cp,
@@ -241,8 +259,11 @@ def _max_seq(job, fixed: dict, global_batch: int | None, format: Format) -> None
 
 def _render_max_seq(data: dict) -> None:
     out = console()
+    sure = data["confidence"]
     out.print(
-        f"cp-plan   the longest sequence that fits · {data['model']} · {data['hw']} · {data['gpus']} GPUs"
+        "cp-plan   the longest sequence that fits"
+        + ("" if sure is None else f" at {sure['level']:.0%}")
+        + f" · {data['model']} · {data['hw']} · {data['gpus']} GPUs"
         + ("" if data["global_batch_given"] else " · global batch 4M tokens' worth, at least 1 sequence")
     )
     table = house_table(padding=(0, 1), collapse_padding=True)
@@ -269,7 +290,12 @@ def _render_max_seq(data: dict) -> None:
         "N: the CP degree; tok/s: tokens per second per GPU; longest S: the longest multiple of the step that some plan at that CP degree fits (TP, PP, "
         "micro-batch, recompute and CP scheme searched), and the fastest plan there; S + step: how far the "
         f"least memory any plan then needs passes the {si(data['rows'][0]['device_memory_bytes'], 'B', 3)} "
-        f"usable per device (none fits: at the shortest S); {CELLS_KEY}",
+        + (
+            "usable"
+            if sure is None
+            else f"planned ({1 - 1 / sure['margin']:.1%} under usable memory: {sure['from']})"
+        )
+        + f" per device (none fits: at the shortest S); {CELLS_KEY}",
         style="dim",
     )
 

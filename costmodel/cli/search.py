@@ -7,14 +7,18 @@ the stated --tp and --pp. This module runs the search and draws its ranking."""
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from costmodel.cli.options import NOTES, console, house_table, searched, whole
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import DEFAULT_LEVEL
+from costmodel.core.units import si
 from costmodel.plans import cp as registry
 from costmodel.plans.inputs import PlanInputs, TrainingSetup
 from costmodel.plans.job import Job, StepSetup
+
+if TYPE_CHECKING:
+    from costmodel.plans.uncertainty import FitMargin
 
 TpOpt = searched(TrainingSetup, "tp", "searched with --gpus, else 1")
 PpOpt = searched(TrainingSetup, "pp", "searched with --gpus, else 1")
@@ -30,10 +34,18 @@ TopOpt = Annotated[int, whole("--top", low=1, high=50, help="Plans shown side by
 
 
 def run_search(
-    job: Job, fixed: dict[str, Any], global_batch: int | None, top: int, level: float = DEFAULT_LEVEL
+    job: Job,
+    fixed: dict[str, Any],
+    global_batch: int | None,
+    top: int,
+    level: float = DEFAULT_LEVEL,
+    *,
+    margin: FitMargin | None = None,
 ) -> dict[str, Any]:
     """The search's JSON section: the top plans of ``job``'s GPUs, workload and framework with their intervals
-    at ``level``, the pick and the rule that decided it, why each other lost, and the pick's sensitivity."""
+    at ``level``, the pick and the rule that decided it, why each other lost, and the pick's sensitivity. With
+    ``margin`` (``--confidence``), a plan fits when it fits with that probability: the search and its what-ifs
+    plan within usable memory less the margin, and each plan's chance to fit is read against the device."""
     from costmodel.training.choice import choose
     from costmodel.training.search import (
         PLAN_KEYS,
@@ -50,13 +62,16 @@ def run_search(
     constraints = Constraints(**fixed)
     check_constraints(job.model, job.gpus, job.inputs.seq, constraints)
     batch = global_batch or default_global_batch(job.inputs.seq)
+    planned = job if margin is None else margin.planned(job)
     try:
-        found = search(job, batch, constraints, top=top)
+        found = search(planned, batch, constraints, top=top)
     except TooManyPlans:  # a bound of the work: refused, one line
         raise
     except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
         found = SearchResult([], 0, 0, batch, empty_reason=f"{exc.flag}: {exc.message}")
     plans = found.plans
+    for plan in plans:  # sized against the margin; what the device offers is the job's own
+        plan["device_memory_bytes"] = job.device_memory_bytes
     choice = choose(plans, job, batch, level)
     for plan in plans[1:]:
         plan["why_lost"] = why_lost(plan, plans[0])
@@ -71,7 +86,8 @@ def run_search(
         "fit": found.fits,
         "plans": plans,
         "choice": choice,
-        "sensitivity": sensitivity(plans[0], job, batch, constraints, found) if plans else [],
+        "sensitivity": sensitivity(plans[0], planned, batch, constraints, found) if plans else [],
+        "confidence": None if margin is None else margin.as_dict(job.device_memory_bytes),
         "empty_reason": found.empty_reason,
         "notes": found.notes,
         "pick": {k: plans[0][k] for k in PLAN_KEYS} if plans else None,
@@ -128,6 +144,12 @@ def render_search(data: dict[str, Any]) -> None:
     out.print(Text(title, style="bold"))
     for note in data.get("notes", []):
         out.print(Text(note, style="dim"))
+    sure = data.get("confidence")
+    if sure is not None:
+        out.print(
+            f"fits at {sure['level']:.0%} or more: each plan within {si(sure['planned_bytes'], 'B', 3)} a device, "
+            f"{1 - 1 / sure['margin']:.1%} under usable memory (the margin read on {sure['from']})"
+        )
     if not data["plans"]:
         out.print(Text(f"no plan: {data['empty_reason']}", style="bold red"))
         return

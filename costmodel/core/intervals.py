@@ -92,6 +92,16 @@ class Residuals(BaseModel):
             below = round(sum(r <= log_ratio for r in kept) / len(kept) * self.runs)
         return below / (self.runs + 1)
 
+    def least_at(self, share: float) -> float | None:
+        """The least log ratio whose :meth:`share_at_most` is at least ``share``: how far under a ceiling a
+        prediction must sit to stay under it with that probability; None when the set is too small to say it."""
+        need = math.ceil(share * (self.runs + 1) - 1e-9)
+        if need > self.runs:
+            return None
+        kept = self.log_residuals
+        # a thinned set counts its order statistics: the least kept residual whose count reaches the need
+        return next(r for r in kept if self.share_at_most(r) * (self.runs + 1) >= need - 1e-9)
+
 
 @dataclass(frozen=True)
 class Calibration:

@@ -554,6 +554,9 @@ def cp_stride(setup: TrainingSetup, n: int) -> int:
 TRAINING_DEFAULTS: dict[str, Any] = {"causal": True, "layout": "zigzag", "pass_": "fwd+bwd"}
 
 
+MOST_HEADROOM = 0.9  # the most of a device's memory --memory-headroom may leave free
+
+
 class TrainingSetup(BaseModel):
     """How the rest of the job is laid out around CP."""
 
@@ -597,7 +600,7 @@ class TrainingSetup(BaseModel):
         "Fraction of the memory a process can allocate left free beyond what the step needs at its peak (the "
         "allocator's reserve and the runtime's own are counted in the step), in [0, 0.9].",
         ge=0,
-        le=0.9,
+        le=MOST_HEADROOM,
     )
     rank_order: RankOrder = declared_as(Parallelism, "rank_order")
 

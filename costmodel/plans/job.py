@@ -388,6 +388,11 @@ class Job:
     def pp(self) -> int:
         return self.setup.pp
 
+    @property
+    def device_memory_bytes(self) -> float:
+        """What a device offers the step: what a process can allocate, less the headroom."""
+        return self.machine.profile.device.usable_bytes * (1 - self.setup.memory_headroom)
+
     @functools.cached_property
     def usp_split(self) -> tuple[int, int]:
         """USP: the all-to-all degree (``--ulysses-degree``, else the largest dividing the CP degree and the TP

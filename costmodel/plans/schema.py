@@ -529,7 +529,8 @@ class RecommendReport(_Section):
     search: dict[str, Any] | None = Field(
         None,
         description="the layout search (with --gpus): global batch, constraints, candidates counted, the top "
-        "plans with their breakdown and why each lost, the pick's sensitivity; empty_reason when nothing fits",
+        "plans with their breakdown and why each lost, the pick's sensitivity, with --confidence the margin planned "
+        "to (confidence: level, margin, planned_bytes, from); empty_reason when nothing fits",
     )
     budget: Budget | None = Field(
         None, description="with --tokens: what the token budget costs at the pick's step"

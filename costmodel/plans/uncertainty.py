@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from costmodel.core.errors import InputError
 from costmodel.core.intervals import DEFAULT_LEVEL, Calibration, Interval, Residuals, interval, runs_needed
 from costmodel.core.resources import data_dir
+from costmodel.plans.inputs import MOST_HEADROOM
 from costmodel.symbolic.numeric import STEP_FIELDS
 
 if TYPE_CHECKING:
@@ -165,6 +167,53 @@ def certain_fit(fit: Fit, job: Job, level: float) -> Fit:
     """A memory fit with its interval at ``level`` and the probability it fits."""
     band, chance = memory_interval(job, fit.total_bytes, fit.device_memory_bytes, level)
     return fit.model_copy(update={"total_bytes_interval": band, "fits_probability": chance})
+
+
+@dataclass(frozen=True)
+class FitMargin:
+    """What fitting at a confidence asks: a plan's predicted peak at most ``1 / factor`` of usable memory."""
+
+    confidence: float
+    factor: float  # >= 1: the model's own figure must fit too
+    regime: str  # the measured peaks it is read on
+
+    def planned(self, job: Job) -> Job:
+        """``job`` with the margin taken out of its usable memory as headroom: every "fits" of what is planned
+        on it (a search, its what-ifs, the longest sequence) then fits at the confidence."""
+        headroom = 1 - (1 - job.setup.memory_headroom) / self.factor
+        if headroom > MOST_HEADROOM:
+            raise InputError(
+                "--confidence",
+                f"{self.confidence:.0%} asks plans to fit {1 - 1 / self.factor:.0%} under usable memory ({self.regime}), "
+                f"which with --memory-headroom leaves more than {MOST_HEADROOM:.0%} free: ask a lower confidence",
+            )
+        return job.replace(memory_headroom=headroom)
+
+    def as_dict(self, device_bytes: float) -> dict[str, float | str]:
+        return {
+            "level": self.confidence,
+            "margin": self.factor,
+            "planned_bytes": device_bytes / self.factor,
+            "from": self.regime,
+        }
+
+
+def fit_margin(job: Job, confidence: float) -> FitMargin:
+    """The margin under usable memory that makes "fits" mean "fits with probability ``confidence``": the least
+    ratio usable / predicted at which :func:`chance_at_most` reaches it, on the memory peaks the chance to fit
+    is read on (one regime for every layout of the job: its framework and GPU generation)."""
+    held = calibration("memory", *_regime(job), DEFAULT_LEVEL)
+    least = None if held is None else held.residuals.least_at(confidence)
+    if held is None or least is None:
+        runs = 0 if held is None else held.residuals.runs
+        raise InputError(
+            "--confidence",
+            f"{confidence:.0%} needs {math.ceil(confidence / (1 - confidence) - 1e-9)} or more measured memory "
+            f"peaks like this job; {runs} ({'none' if held is None else held.regime}) can say at most "
+            f"{runs / (runs + 1):.0%}",
+        )
+    # a hair over the residual, so that a plan sized exactly to the margin counts it (log(exp(r)) may round under r)
+    return FitMargin(confidence, max(1.0, math.exp(least + 1e-9)), held.regime)
 
 
 def chance_at_most(held: Calibration | None, predicted: float, ceiling: float) -> float | None:

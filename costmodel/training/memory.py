@@ -140,7 +140,7 @@ def training_values(job: Job, n: int | None = None) -> dict[str, Any]:
         "v_pp": job.step.vpp,
         **framework_values(job.framework),
         **keeps(job, layout_columns(job, n)),
-        "M_dev": machine.profile.device.usable_bytes * (1 - setup.memory_headroom),
+        "M_dev": job.device_memory_bytes,
         **moe.values(model, job.step.ep, job.step.capacity_factor),
         **offload.values(setup, machine, model),
     }

@@ -189,6 +189,11 @@ def recommend_plan(job: Job, search: dict[str, Any]) -> RecommendReport:
     return window.model_copy(update={"fit": fit, "recommendation": recommendation, "search": search})
 
 
+def _at_confidence(search: dict[str, Any]) -> str:
+    sure = search.get("confidence")
+    return "" if sure is None else f" at {sure['level']:.0%} or more"
+
+
 def _plan_reason(job: Job, search: dict[str, Any], window: RecommendReport, fit: Fit) -> str:
     """Why the search's pick, and where its CP degree lies against ``window``, the CP window at its TP and PP;
     ``fit``: the pick's memory."""
@@ -197,7 +202,7 @@ def _plan_reason(job: Job, search: dict[str, Any], window: RecommendReport, fit:
     row = next(r for r in window.candidates if r.n == cp)  # CP divides G / (TP x PP) and S: always a row
     chosen = f"The {search.get('choice', {}).get('decided_by') or 'fastest'}"
     text = (
-        f"{chosen} of the {search['fit']:,} plans that fit, of {search['considered']:,}: "
+        f"{chosen} of the {search['fit']:,} plans that fit{_at_confidence(search)}, of {search['considered']:,}: "
         f"{seconds(plan['step_time_s'])} per step at {plan['mfu']:.0%} MFU, "
         f"{si(fit.total_bytes, 'B', 3)} of {si(fit.device_memory_bytes, 'B', 3)} usable per device. "
     )
