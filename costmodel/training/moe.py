@@ -75,7 +75,7 @@ def counted(name: str, v: Mapping[str, Any], model: ModelPreset) -> Any:
     """A dense formula of the step that counts parameters, with every expert counted: ``v`` binds F_ffn to the
     active width, the twin reads one expert's."""
     chosen = twin(name, v)
-    return _call(chosen, v if chosen == name else {**v, "F_ffn": model.ffn_hidden})
+    return call(chosen, v if chosen == name else {**v, "F_ffn": model.ffn_hidden})
 
 
 def active_ffn(model: ModelPreset) -> float:
@@ -89,27 +89,22 @@ def active_ffn(model: ModelPreset) -> float:
     )
 
 
-def _call(name: str, v: Mapping[str, Any]) -> Any:
-    """A formula at ``v``: a number, or an array over plans when any value is one (the layout search)."""
-    return call(name, v)
-
-
 def per_layer(v: Mapping[str, Any], expert_ffn: int) -> tuple[Any, Any]:
     """(all-to-all, imbalance) seconds of one MoE layer's forward on one micro-batch; 0 for a dense model."""
     if v["n_E"] == 1:
         return 0.0, 0.0
     moe = {**v, "F_ffn": expert_ffn}
-    a2a = np.where(np.asarray(v["E_p"]) > 1, _call("moe_alltoall_s", moe), 0.0)
-    return a2a, _call("moe_imbalance_s", moe)
+    a2a = np.where(np.asarray(v["E_p"]) > 1, call("moe_alltoall_s", moe), 0.0)
+    return a2a, call("moe_imbalance_s", moe)
 
 
 def optimizer_s(v: Mapping[str, Any], model: ModelPreset) -> Any:
     """The optimizer step: the dense formula for a dense model; for an MoE model its non-expert weights (and
     any shared expert) sharded over DP, plus its experts sharded over the D/E_p ranks holding the same ones."""
     if not model.experts:
-        return _call("optimizer_s", v)
-    dense = _call("optimizer_s", {**v, "F_ffn": model.shared_expert_ffn or 0})
-    return dense + _call("moe_optimizer_s", {**v, "F_ffn": model.ffn_hidden})
+        return call("optimizer_s", v)
+    dense = call("optimizer_s", {**v, "F_ffn": model.shared_expert_ffn or 0})
+    return dense + call("moe_optimizer_s", {**v, "F_ffn": model.ffn_hidden})
 
 
 def summary(
@@ -119,11 +114,11 @@ def summary(
     if not model.experts:
         return {}
     expert = {**v, "F_ffn": model.ffn_hidden}
-    params = float(_call("moe_device_expert_params", expert))  # a Piecewise evaluates to a 0-d array
+    params = float(call("moe_device_expert_params", expert))  # a Piecewise evaluates to a 0-d array
     link = machine.group_links(order, sizes, {"ep": "alltoall"}).get("ep")
     return {
-        "params": float(_call("moe_params", expert)),
-        "params_per_device": float(_call("moe_device_params", expert)),
+        "params": float(call("moe_params", expert)),
+        "params_per_device": float(call("moe_device_params", expert)),
         "experts": model.experts,
         "experts_per_token": model.experts_per_token,
         "shared_expert_ffn": model.shared_expert_ffn,

@@ -54,12 +54,6 @@ from costmodel.training.report import (
     StepTimes,
 )
 
-
-def _call(name: str, values: Mapping[str, Any]) -> Any:
-    """A step formula at ``values``: a number, or an array when any value is one."""
-    return call(name, values)
-
-
 # Kernels one layer launches on a device, (forward, backward), counted from Megatron-LM's GPT layer
 # [Megatron21 §3]: two norms, four multiplies (each twice in backward: input and weight gradient), the
 # attention (fused: one kernel and two layout copies; unfused: batched QK^T, the fused scale-mask softmax,
@@ -436,11 +430,11 @@ def evaluate_step(
     parts, total = step_terms(v, step.cp_scheme, model, trace)
     breakdown = StepBreakdown(**{name: float(value) for name, value in parts.items()})
     time_s = float(total)
-    tokens = _call("step_tokens", v)
+    tokens = call("step_tokens", v)
     # Model FLOP follow the trained mask (attention over c of the S x S square); the full square only as
     # a labelled second figure, the convention of published MFUs ([PaLM] appendix B, [Megatron21 §5.1]).
-    model_flops = _call("model_flops_per_token_causal", v) * tokens
-    square_flops = _call("model_flops_per_token", v) * tokens
+    model_flops = call("model_flops_per_token_causal", v) * tokens
+    square_flops = call("model_flops_per_token", v) * tokens
     mfu, hfu = utilisation(v, time_s, setup.gpus, machine)
     stated = {
         "model": inputs.model,
@@ -500,7 +494,7 @@ def full_square_mfu(v: Mapping[str, Any], time_s: float, gpus: int, masked: bool
     would count up to S / W times the pairs a window-W model computes)."""
     if masked:
         return None
-    return float(_call("model_square_peak_s_per_token", v) * _call("step_tokens", v) / (time_s * gpus))
+    return float(call("model_square_peak_s_per_token", v) * call("step_tokens", v) / (time_s * gpus))
 
 
 def bubble_fraction(values: Mapping[str, Any], scheme: str, model: ModelPreset) -> Any:
