@@ -112,7 +112,9 @@ def test_a_framework_with_too_few_runs_is_bounded_by_them_as_well() -> None:
     others = _runs("megatron", [i / 100 - 0.1 for i in range(21)])  # -0.10 ... +0.10
     mine = _runs("deepspeed", [-0.9, -0.8, -0.6, -0.5, -0.4, -0.3, -0.2, -0.05])
     held = calibration("step_time", "deepspeed", "Hopper", 0.8, [*others, *mine])
-    assert held is not None and held.regime.startswith("every framework and GPU: 29 step times")
+    assert held is not None and held.regime.startswith(
+        "every framework and GPU, each framework alike: 29 step times"
+    )
     band = interval(2.0, held, 0.8, "step time")
     pooled = held.residuals.bounds(0.8)
     assert pooled is not None and pooled[0] > -0.9  # the 29 runs' own bound would miss the worst of the eight
@@ -360,3 +362,27 @@ def test_the_margin_to_fit_at_a_confidence_is_read_where_the_chance_to_fit_is() 
             assert chance_at_most(held, 1.0, margin.factor * (1 - 1e-6)) < confidence
     with pytest.raises(InputError, match="can say at most"):
         fit_margin(job, 0.99)
+
+
+@given(st.lists(st.floats(-2, 2, allow_nan=False), min_size=2, max_size=300), st.integers(1, 5))
+def test_groups_of_one_size_pool_as_their_runs_do(values: list[float], groups: int) -> None:
+    """Each framework counting alike changes nothing where every framework holds as many runs."""
+    size = len(values) // groups
+    if size == 0:
+        return
+    kept = values[: size * groups]
+    split = [kept[i * size : (i + 1) * size] for i in range(groups)]
+    pooled = Residuals.balanced(split)
+    assert pooled.runs == len(kept)
+    if len(kept) <= 201:  # thinned past it, where the two thin alike only approximately
+        assert pooled.log_residuals == Residuals.of(kept).log_residuals
+
+
+def test_a_framework_of_few_runs_weighs_as_much_as_one_of_many() -> None:
+    """One run at +1 beside 99 at 0: pooled run by run it is an outlier past the 80 % interval; each group
+    counting alike it is half the mixture, and the interval reaches it."""
+    many, one = [0.0] * 99, [1.0]
+    assert Residuals.of(many + one).bounds(0.8) == (0.0, 0.0)
+    pooled = Residuals.balanced([many, one])
+    assert pooled.runs == 100 and pooled.bounds(0.8) == (0.0, 1.0)
+    assert pooled.share_at_most(0.5) == pytest.approx(50 / 101, abs=1 / 101)

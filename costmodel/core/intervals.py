@@ -12,6 +12,7 @@ ratio, so one set serves a 1 s step and a 100 s one alike.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +63,24 @@ class Residuals(BaseModel):
             last = len(ordered) - 1
             ordered = [ordered[round(i * last / KEPT)] for i in range(KEPT + 1)]
         return cls(runs=len(values), log_residuals=[round(v, 5) for v in ordered])
+
+    @classmethod
+    def balanced(cls, groups: Sequence[Sequence[float]]) -> Residuals:
+        """A set pooled from groups that count alike, however many runs each holds (every framework's runs for a
+        framework with too few of its own, which is exchangeable with the frameworks, not with their runs): the
+        equal-weight mixture of the groups' residuals, read at as many evenly spaced shares as they hold runs
+        (at most :data:`KEPT` + 1, standing for them all)."""
+        held = [sorted(float(v) for v in group) for group in groups if len(group)]
+        if len(held) == 1:
+            return cls.of(held[0])
+        values = sorted(v for group in held for v in group)
+        shares = [
+            sum(bisect.bisect_right(group, v) / len(group) for group in held) / len(held) for v in values
+        ]
+        runs, points = len(values), min(len(values), KEPT + 1)  # past KEPT, thinned as :meth:`of` thins
+        # the mixture's quantile at k / (points - 1): the least value whose share reaches it
+        at = [min(bisect.bisect_left(shares, k / (points - 1) - 1e-12), runs - 1) for k in range(points)]
+        return cls(runs=runs, log_residuals=[round(values[i], 5) for i in at])
 
     def order(self, k: int) -> float:
         """The k-th smallest of the ``runs`` residuals (1-based), read from the kept order statistics."""

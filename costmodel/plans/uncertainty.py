@@ -6,7 +6,8 @@ generation it ran on. It is generated with the docs (``python -m costmodel.codeg
 predictions, so it follows the model. A plan's interval is calibrated on the most specific regime that holds
 enough runs for the level asked (:func:`costmodel.core.intervals.runs_needed`). A step time's regimes, most
 specific first: its framework on its GPU generation where the same term of the step dominates, the same on any
-GPU, its framework on its GPU generation, its framework on any GPU, every run. What dominates sets which of
+GPU, its framework on its GPU generation, its framework on any GPU, every run (each framework counting alike).
+What dominates sets which of
 the model's parts a figure leans on (a long sequence's attention, a short one's multiplies), so runs where it
 errs alike are calibrated together. A fitted hardware profile carries
 its own, narrower set: its k-fold residuals on the owner's runs (``cp-plan audit --fit-profile``).
@@ -111,14 +112,23 @@ def calibration(
     if not held:
         return None
     regime, members = next(((g, m) for g, m in held if len(m) >= runs_needed(level)), held[0])
-    chosen = Calibration(
-        f"{regime}: {len(members)} {WHAT[quantity]}", Residuals.of([r.residual for r in members])
-    )
-    if members is not every or len(mine) < 2:
+    pooled = members is every and framework is not None
+    residuals = _frameworks_alike(every) if pooled else Residuals.of([r.residual for r in members])
+    alike = ", each framework alike" if pooled else ""
+    chosen = Calibration(f"{regime}{alike}: {len(members)} {WHAT[quantity]}", residuals)
+    if not pooled or len(mine) < 2:
         return chosen
     # The framework's runs are too few for the level: every framework's calibrate it, and its own bound them.
     own = Residuals.of([r.residual for r in mine])
     return replace(chosen, own=own, own_regime=f"{framework}'s {len(mine)} {WHAT[quantity]}")
+
+
+def _frameworks_alike(runs: list[MeasuredResidual]) -> Residuals:
+    """Every framework's runs, for a framework with too few of its own: it is one more framework, not one more
+    run of the framework most runs were measured on, so each framework counts alike
+    (:meth:`~costmodel.core.intervals.Residuals.balanced`)."""
+    frameworks = sorted({r.framework for r in runs}, key=str)
+    return Residuals.balanced([[r.residual for r in runs if r.framework == f] for f in frameworks])
 
 
 def dominant_term(breakdown: Mapping[str, float]) -> str:
