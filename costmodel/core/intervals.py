@@ -31,6 +31,11 @@ def runs_needed(level: float) -> int:
     return math.ceil(2 / (1 - level) - 1 - 1e-9)
 
 
+def runs_to_reach(share: float) -> int:
+    """The fewest calibration runs whose conformal share (n / (n + 1) at most) can reach ``share``."""
+    return math.ceil(share / (1 - share) - 1e-9)
+
+
 class Residuals(BaseModel):
     """A calibration set: sorted log residuals ``ln(measured / predicted)``, or, past :data:`KEPT`, their
     evenly spaced order statistics with the count they stand for."""
@@ -114,9 +119,9 @@ class Residuals(BaseModel):
     def least_at(self, share: float) -> float | None:
         """The least log ratio whose :meth:`share_at_most` is at least ``share``: how far under a ceiling a
         prediction must sit to stay under it with that probability; None when the set is too small to say it."""
-        need = math.ceil(share * (self.runs + 1) - 1e-9)
-        if need > self.runs:
+        if self.runs < runs_to_reach(share):
             return None
+        need = math.ceil(share * (self.runs + 1) - 1e-9)
         kept = self.log_residuals
         # a thinned set counts its order statistics: the least kept residual whose count reaches the need
         return next(r for r in kept if self.share_at_most(r) * (self.runs + 1) >= need - 1e-9)

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict
 
 from costmodel.core.errors import InputError
-from costmodel.core.intervals import DEFAULT_LEVEL, Calibration, Interval, Residuals, interval, runs_needed
+from costmodel.core.intervals import (
+    DEFAULT_LEVEL,
+    Calibration,
+    Interval,
+    Residuals,
+    interval,
+    runs_needed,
+    runs_to_reach,
+)
 from costmodel.core.resources import data_dir
 from costmodel.plans.inputs import MOST_HEADROOM
 from costmodel.symbolic.numeric import STEP_FIELDS
@@ -218,7 +226,7 @@ def fit_margin(job: Job, confidence: float) -> FitMargin:
         runs = 0 if held is None else held.residuals.runs
         raise InputError(
             "--confidence",
-            f"{confidence:.0%} needs {math.ceil(confidence / (1 - confidence) - 1e-9)} or more measured memory "
+            f"{confidence:.0%} needs {runs_to_reach(confidence)} or more measured memory "
             f"peaks like this job; {runs} ({'none' if held is None else held.regime}) can say at most "
             f"{runs / (runs + 1):.0%}",
         )
