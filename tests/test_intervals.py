@@ -41,6 +41,21 @@ def test_the_bounds_are_the_stated_order_statistics() -> None:
     assert band.lo == pytest.approx(2.0) and band.hi == pytest.approx(2.0 * math.exp(0.18), rel=1e-12)
 
 
+def test_the_window_is_the_least_that_reaches_the_level_with_the_odd_rank_cut_below() -> None:
+    """16 runs at 0.8: ceil(0.8 x 17) = 14 ranks of window leave 3 out, two below and one above: the 2nd to the
+    16th (14 / 17 = 82 %), where equal tails would span all 16 (88 %). The upper side still misses at most
+    a / 2 = 1 / 10 (1 / 17 here) for every n."""
+    values = [i / 100 for i in range(16)]
+    assert Residuals.of(values).bounds(0.8) == (0.01, 0.15)
+    for n in range(9, 200):
+        bounds = Residuals.of([i / 100 for i in range(n)]).bounds(0.8)
+        lo, hi = (round(b * 100) for b in bounds)  # type: ignore[union-attr]  # ranks minus one
+        window = hi - lo
+        assert window == math.ceil(0.8 * (n + 1) - 1e-9)
+        assert (n - hi) / (n + 1) <= 0.1 + 1e-12  # runs above the upper bound: its miss
+        assert 0 <= lo - (n - 1 - hi) <= 1  # the lower tail cuts as many ranks, or one more
+
+
 def test_too_few_runs_give_no_interval_and_say_why() -> None:
     band = interval(1.0, Calibration("r", Residuals.of([0.1, 0.2])), 0.8, "step time")
     assert band.lo is None and band.hi is None and "2 comparable measured step times: 9 needed" in band.note

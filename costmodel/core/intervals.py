@@ -2,11 +2,15 @@
 
 A calibration set is the model's log residuals ``r = ln(measured / predicted)`` on runs it was not fitted to.
 For a new prediction ``p`` from the same regime, the interval at level ``L`` (miss rate ``a = 1 - L``) is
-``[p e^r(lo), p e^r(hi)]`` with ``r(k)`` the k-th smallest residual, ``lo = floor((n + 1) a / 2)`` and
-``hi = ceil((n + 1) (1 - a / 2))``. If the new run and the calibration runs are exchangeable, each side misses
-with probability at most ``a / 2``, whatever the residuals' distribution: no normality is assumed, and the
-interval is as asymmetric as the model's bias. The price is a minimum sample: ``n >= 2 / a - 1`` (9 runs for
-80 %, 39 for 95 %); with fewer, no interval is given rather than an invented one. Log residuals make a width a
+``[p e^r(lo), p e^r(hi)]`` with ``r(k)`` the k-th smallest residual. If the new run and the calibration runs are
+exchangeable, its residual's rank among the n + 1 is uniform, so it falls inside with probability exactly
+``(hi - lo) / (n + 1)`` whatever the residuals' distribution: no normality is assumed, and the interval is as
+asymmetric as the model's bias. ``hi - lo`` is the least window reaching ``L``, ``ceil(L (n + 1))``; the
+ranks it leaves out are split between the tails, the odd one to the lower, so the upper side (a run slower
+or larger than planned) misses with probability at most ``a / 2``, and the lower at most one run's share more.
+Equal tails would hold both at ``a / 2`` and, when ``(n + 1) a / 2`` falls between integers, give up a rank
+on each side: 16 runs at 80 % would span all 16 (88 %). The price is a minimum sample: ``n >= 2 / a - 1``
+(9 runs for 80 %, 39 for 95 %); with fewer, no interval is given rather than an invented one. Log residuals make a width a
 ratio, so one set serves a 1 s step and a 100 s one alike.
 """
 
@@ -99,12 +103,10 @@ class Residuals(BaseModel):
 
     def bounds(self, level: float) -> tuple[float, float] | None:
         """The conformal lower and upper log residuals at ``level``; None when the set is too small for it."""
-        miss = 1 - level
-        lo = math.floor((self.runs + 1) * miss / 2 + 1e-9)
-        hi = math.ceil((self.runs + 1) * (1 - miss / 2) - 1e-9)
-        if lo < 1 or hi > self.runs:
+        spare = self.runs + 1 - math.ceil(level * (self.runs + 1) - 1e-9)  # ranks the window leaves out
+        if spare < 2:  # a tail with no rank outside it is unbounded
             return None
-        return self.order(lo), self.order(hi)
+        return self.order(spare - spare // 2), self.order(self.runs + 1 - spare // 2)
 
     def share_at_most(self, log_ratio: float) -> float:
         """A conformal lower bound on P(measured <= predicted x e^log_ratio): the runs whose residual is at
