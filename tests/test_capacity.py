@@ -7,10 +7,12 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 
 import pytest
 
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import Interval
 from costmodel.core.units import parse_budget
 from costmodel.plans.job import Job
 from costmodel.training.capacity import budget, granularity, longest_sequence, max_seq_table
@@ -167,6 +169,26 @@ def test_a_budget_is_steps_days_gpu_hours_and_cost() -> None:
     assert budget(10**12, 4 * 2**20, 2.0, 64, None).cost is None
 
 
+def test_a_budget_carries_its_step_interval_over_every_step() -> None:
+    """The model's error on one plan's step recurs at each of its steps: the days' and the cost's bounds are the
+    step's, times the steps (and the GPU-hours' price), at the step's level and from its runs."""
+    step = Interval(lo=1.8, hi=2.6, level=0.8, regime="r", runs=16)
+    spent = budget(10**12, 4 * 2**20, 2.0, 64, 2.5, step_interval=step)
+    days, cost = spent.wall_days_interval, spent.cost_interval
+    assert days is not None and cost is not None
+    assert days.lo == pytest.approx(238_419 * 1.8 / 86_400, rel=1e-12)
+    assert days.hi == pytest.approx(238_419 * 2.6 / 86_400, rel=1e-12)
+    assert cost.lo == pytest.approx(238_419 * 1.8 * 64 / 3600 * 2.5, rel=1e-12)
+    assert cost.hi == pytest.approx(spent.cost * 2.6 / 2.0, rel=1e-12)  # type: ignore[operator]
+    assert (days.level, days.runs, days.regime) == (0.8, 16, "r")
+    unpriced = budget(10**12, 4 * 2**20, 2.0, 64, None, step_interval=step)
+    assert unpriced.cost_interval is None and unpriced.wall_days_interval is not None
+    unknown = Interval(
+        lo=None, hi=None, level=0.8, regime="", runs=0, note="no comparable measured step time"
+    )
+    assert budget(10**12, 4 * 2**20, 2.0, 64, 2.5, step_interval=unknown).wall_days_interval == unknown
+
+
 def test_step_and_recommend_price_a_budget_at_their_own_step(cli) -> None:
     args = [
         "--model",
@@ -189,7 +211,14 @@ def test_step_and_recommend_price_a_budget_at_their_own_step(cli) -> None:
     pick = plan["search"]["plans"][0]
     assert plan["budget"]["wall_s"] == pytest.approx(plan["budget"]["steps"] * pick["step_time_s"], rel=1e-12)
     assert plan["budget"]["cost"] is None
-    assert "300G tokens" in cli("step", *args, "--tokens", "300B").out
+    for report, time in ((step, step["step"]["time_s_interval"]), (plan, pick["time_s_interval"])):
+        days = report["budget"]["wall_days_interval"]
+        assert days["hi"] == pytest.approx(time["hi"] * report["budget"]["steps"] / 86_400, rel=1e-12)
+    assert step["budget"]["cost_interval"]["lo"] == pytest.approx(
+        step["step"]["time_s_interval"]["lo"] * spent["steps"] * 8 / 3600 * 2, rel=1e-12
+    )
+    line = cli("step", *args, "--tokens", "300B").out
+    assert "300G tokens" in line and re.search(r"days \(80%:\s[\d.,]+-[\d.,]+\)", line)
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".json"])

@@ -197,7 +197,12 @@ def recommend_cmd(
 
             pick = found["plans"][0]
             spent = budget(
-                budget_tokens, found["global_batch"] * inputs.seq, pick["step_time_s"], job.gpus, per_hour
+                budget_tokens,
+                found["global_batch"] * inputs.seq,
+                pick["step_time_s"],
+                job.gpus,
+                per_hour,
+                step_interval=Interval(**pick["time_s_interval"]),
             )
             report = report.model_copy(update={"budget": spent})
     else:

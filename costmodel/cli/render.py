@@ -42,14 +42,24 @@ CATEGORY_LABELS = {
 
 
 def budget_line(budget: Budget) -> str:
-    """A token budget at one step: steps, wall days, GPU-hours and the cost where priced."""
-    cost = (
-        "" if budget.cost is None else f" · {budget.cost:,.0f} at {budget.price_per_gpu_hour:g} per GPU-hour"
-    )
+    """A token budget at one step: steps, wall days, GPU-hours and the cost where priced, the days and the cost
+    with their intervals where the step has one."""
+    days = budget.wall_days_interval
+    cost = ""
+    if budget.cost is not None:
+        cost = f" · {budget.cost:,.0f}{_within(budget.cost_interval, ',.0f')} at {budget.price_per_gpu_hour:g} per GPU-hour"
     return (
         f"{si(budget.tokens, '', 3).replace(' ', '')} tokens at {budget.tokens_per_step:,} a step: {budget.steps:,} steps · "
-        f"{budget.wall_days:,.1f} days · {budget.gpu_hours:,.0f} GPU-hours on {budget.gpus:,} GPUs{cost}"
+        f"{budget.wall_days:,.1f} days{_within(days, ',.1f')} · {budget.gpu_hours:,.0f} GPU-hours on "
+        f"{budget.gpus:,} GPUs{cost}"
     )
+
+
+def _within(band: Interval | None, spec: str) -> str:
+    """`` (80%: lo-hi)`` after a figure, or nothing where it has no interval."""
+    if band is None or not band.known:
+        return ""
+    return f" ({band.level:.0%}: {band.lo:{spec}}-{band.hi:{spec}})"
 
 
 def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -> str:

@@ -93,7 +93,12 @@ def step_cmd(
         from costmodel.training.capacity import budget
 
         spent = budget(
-            budget_tokens, job.inputs.seq * job.step.global_batch, result.step.time_s, job.gpus, per_hour
+            budget_tokens,
+            job.inputs.seq * job.step.global_batch,
+            result.step.time_s,
+            job.gpus,
+            per_hour,
+            step_interval=result.step.time_s_interval,
         )
         result = result.model_copy(update={"budget": spent})
     data = result.model_dump(mode="json", by_alias=True)

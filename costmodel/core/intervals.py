@@ -162,6 +162,13 @@ class Interval(BaseModel):
     def known(self) -> bool:
         return self.lo is not None and self.hi is not None
 
+    def scaled(self, factor: float) -> Interval:
+        """The interval of ``factor`` times the figure (a budget's days from its step's seconds): the same runs
+        and level, the bounds scaled."""
+        if not self.known:
+            return self
+        return self.model_copy(update={"lo": self.lo * factor, "hi": self.hi * factor})  # type: ignore[operator]
+
     def holds(self, value: float) -> bool | None:
         """Whether ``value`` lies in the interval; None where there is no interval."""
         return None if not self.known else self.lo <= value <= self.hi  # type: ignore[operator]

@@ -500,6 +500,10 @@ class Budget(BaseModel):
     gpu_hours: float = Field(description="wall time x GPUs billed, hours")
     price_per_gpu_hour: float | None = Field(description="the stated price, per GPU-hour")
     cost: float | None = Field(description="gpu_hours x price, in the price's currency")
+    wall_days_interval: Interval | None = Field(
+        None, description="wall_days' prediction interval: the step time's, over the budget's steps"
+    )
+    cost_interval: Interval | None = Field(None, description="cost's prediction interval, as wall_days'")
 
 
 class RecommendReport(_Section):
@@ -510,8 +514,9 @@ class RecommendReport(_Section):
     # v4: the search's plans carry their breakdown by the step's identifier keys (matmul_s, exposed_cp_s, ...);
     # v5: inputs.cp, the CP degree, was inputs.n; v6: setup.attention_kernel replaces setup.flash_attention,
     # and search.framework names the framework profile the plans are searched for; v7: fit.total_bytes_interval,
-    # fit.fits_probability, and each searched plan's intervals with search.choice, the rule that picked
-    schema_: str = Field("cp-plan/recommend/v7", alias="schema", description="contract version")
+    # fit.fits_probability, and each searched plan's intervals with search.choice, the rule that picked;
+    # v8: budget.wall_days_interval and budget.cost_interval
+    schema_: str = Field("cp-plan/recommend/v8", alias="schema", description="contract version")
     inputs: PlanInputs = Field(
         description="the layer, with the searched plan's micro-batch as b where there is one"
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.core.errors import InputError
+from costmodel.core.intervals import Interval
 from costmodel.plans.inputs import MAX_CP, MAX_TOKENS
 from costmodel.plans.job import Job
 from costmodel.plans.schema import Budget
@@ -117,10 +118,24 @@ def max_seq_table(job: Job, global_batch: int | None, constraints: Constraints) 
     return [longest_sequence(job, n, global_batch, constraints) for n in cp_degrees(job, constraints)]
 
 
-def budget(tokens: int, tokens_per_step: int, step_time_s: float, gpus: int, price: float | None) -> Budget:
+def budget(
+    tokens: int,
+    tokens_per_step: int,
+    step_time_s: float,
+    gpus: int,
+    price: float | None,
+    *,
+    step_interval: Interval | None = None,
+) -> Budget:
+    """What ``tokens`` cost at one step. The step's interval carries over whole: a budget repeats one plan's
+    step, so the model's error on it is the same at every step, not averaged away over the steps."""
     steps = -(-tokens // tokens_per_step)
     wall = steps * step_time_s
     hours = wall * gpus / HOUR
+    days = None if step_interval is None else step_interval.scaled(steps / DAY)
+    spent = (
+        None if step_interval is None or price is None else step_interval.scaled(steps * gpus / HOUR * price)
+    )
     return Budget(
         tokens=tokens,
         tokens_per_step=tokens_per_step,
@@ -131,4 +146,6 @@ def budget(tokens: int, tokens_per_step: int, step_time_s: float, gpus: int, pri
         gpu_hours=hours,
         price_per_gpu_hour=price,
         cost=None if price is None else hours * price,
+        wall_days_interval=days,
+        cost_interval=spent,
     )

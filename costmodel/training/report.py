@@ -23,8 +23,9 @@ from costmodel.symbolic import formula_text, numeric
 # inputs.framework, and every knob the framework sets resolved (cp_scheme, dp_overlap, bucket_bytes, ...). v6:
 # mfu and hfu hold each part of the FLOP to the peak of its precision (FP8 multiplies to the FP8 peak), so
 # neither passes 1; mfu_full_square is null where the mask is packed documents, a window or chunks.
-# v7: step.time_s_interval, memory.bytes_per_device_interval and memory.fits_probability.
-SCHEMA = "cp-plan/step/v7"
+# v7: step.time_s_interval, memory.bytes_per_device_interval and memory.fits_probability. v8:
+# budget.wall_days_interval and budget.cost_interval.
+SCHEMA = "cp-plan/step/v8"
 
 
 class _Strict(BaseModel):
