@@ -525,7 +525,7 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
         (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v8"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
-        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v5"),
+        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v6"),
         (
             ["step", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k", "--global-batch", "8"],
             "cp-plan/step/v8",

@@ -290,6 +290,19 @@ def test_infer_json_carries_its_times_intervals(cli) -> None:
     narrow = out["ttft_s_interval"]
     assert hopper >= runs_needed(0.95)  # 39 Hopper serving figures: enough for a 95 % interval
     assert at_95["runs"] == hopper and at_95["lo"] <= narrow["lo"] and at_95["hi"] >= narrow["hi"]
+    memory = out["memory"]
+    parts = ("weight_bytes_per_device", "kv_cache_bytes_per_device", "prefill_activation_bytes")
+    assert memory["bytes_per_device"] == pytest.approx(sum(memory[k] for k in parts), rel=1e-12)
+    assert memory["bytes_per_device"] + memory["free_bytes"] == pytest.approx(
+        memory["usable_bytes"], rel=1e-12
+    )
+    # no measured serving memory peak is published: the figure says so instead of borrowing a width
+    band = memory["bytes_per_device_interval"]
+    assert band["lo"] is None and band["hi"] is None and band["runs"] == 0
+    assert band["note"] == "no comparable measured serving memory peak"
+    assert "memory no interval (no comparable measured serving memory peak)" in cli(*args[:-2]).out.replace(
+        "\n", " "
+    )
 
 
 def test_the_html_report_draws_the_memory_interval(cli, tmp_path) -> None:

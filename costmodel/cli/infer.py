@@ -117,8 +117,10 @@ def _table(report: dict) -> None:
         )
     )
     ttft, tpot = (Interval(**out[f"{name}_s_interval"]) for name in ("ttft", "tpot"))
+    held = Interval(**mem["bytes_per_device_interval"])
     screen.print(
-        f"{ttft.level:.0%} interval: TTFT {interval_text(ttft, seconds)}; TPOT {interval_text(tpot, seconds)}"
+        f"{ttft.level:.0%} interval: TTFT {interval_text(ttft, seconds)}; TPOT {interval_text(tpot, seconds)}; "
+        f"memory {interval_text(held, lambda b: si(b, 'B'))}"
     )
     table = house_table(caption="prefill, chosen scheme")
     for column in ("component", "time", "share"):

@@ -14,7 +14,8 @@ from costmodel.plans.cp import PREFILL
 
 # v3: inputs.tp_comm_overlap (chunked TP overlap) replaces the tp_overlap share. v4: the prefill's breakdown
 # is a typed object with identifier keys (matmul_s, exposed_cp_s, ...); its labels are display only.
-SCHEMA = "cp-plan/inference/v5"  # v5: inference.ttft_s_interval and tpot_s_interval
+# v5: inference.ttft_s_interval and tpot_s_interval. v6: memory.bytes_per_device and its interval.
+SCHEMA = "cp-plan/inference/v6"
 Scheme = Literal[registry.names(PREFILL)]
 
 
@@ -35,6 +36,11 @@ class Memory(_Strict):
     )
     kv_cache_tokens_per_rank: int = Field(description="cache tokens per sequence on one CP rank, paged")
     prefill_activation_bytes: float = Field(description="working set of the largest prefill chunk, one layer")
+    bytes_per_device: float = Field(description="weights + KV cache + prefill working set")
+    bytes_per_device_interval: Interval = Field(
+        description="bytes_per_device's prediction interval; null bounds and a note while no measured serving "
+        "memory peak calibrates one"
+    )
     free_bytes: float = Field(description="usable - weights - KV cache - prefill working set, when it fits")
     shortfall_bytes: float = Field(description="how much is missing when it does not fit; 0 when it fits")
     fits: bool = Field(description="shortfall_bytes == 0")

@@ -61,7 +61,7 @@ from costmodel.plans.inputs import (
 )
 from costmodel.plans.models import ModelPreset, load_model
 from costmodel.plans.stages import check_stages
-from costmodel.plans.uncertainty import serving_interval
+from costmodel.plans.uncertainty import serving_interval, serving_memory_interval
 from costmodel.schedule.layouts import divisors
 from costmodel.symbolic import numeric
 from costmodel.training.step import layer_gemm_rate
@@ -441,6 +441,7 @@ def memory(job: Serving, values: dict[str, Any]) -> dict[str, Any]:
         "kv_cache_bytes_per_device": kv,
         "kv_cache_tokens_per_rank": kv_tokens,
         "prefill_activation_bytes": working,
+        "bytes_per_device": weights + kv + working,
         "free_bytes": max(0.0, room - kv - working),
         "shortfall_bytes": max(0.0, kv + working - room),
         "fits": room - kv - working >= 0,
@@ -632,7 +633,9 @@ def evaluate_infer(
             ttft_s_interval=serving_interval(ttft, generation, level),
             tpot_s_interval=serving_interval(tpot, generation, level),
             gpus=setup.tp * setup.cp * setup.pp,
-            memory=Memory(**mem),
+            memory=Memory(
+                **mem, bytes_per_device_interval=serving_memory_interval(mem["bytes_per_device"], level)
+            ),
             prefill=Prefill(
                 scheme=scheme if values["N"] > 1 else registry.default(PREFILL).name,
                 rule_scheme=rule,

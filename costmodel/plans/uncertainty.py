@@ -247,6 +247,13 @@ def serving_interval(seconds: float, generation: str | None, level: float) -> In
     return _on(band, generation, "serving time")
 
 
+def serving_memory_interval(bytes_per_device: float, level: float) -> Interval:
+    """A served request's memory per device. No measured peak of it is published that the model could be read
+    against (engines report their own preallocated share, not what a request holds), so none calibrates it
+    and the interval says so rather than borrowing training's peaks, whose activations it does not hold."""
+    return interval(bytes_per_device, None, level, "serving memory peak")
+
+
 def _on(band: Interval, generation: str | None, what: str) -> Interval:
     """A missing interval's note names the GPU generation no run was measured on."""
     if band.runs:
