@@ -255,10 +255,10 @@ def serving_memory_interval(bytes_per_device: float, level: float) -> Interval:
 
 
 def _on(band: Interval, generation: str | None, what: str) -> Interval:
-    """A missing interval's note names the GPU generation no run was measured on."""
+    """A missing interval's note names the device generation no run was measured on."""
     if band.runs:
         return band
-    return band.model_copy(update={"note": f"no comparable measured {what}: none on {generation} GPUs"})
+    return band.model_copy(update={"note": f"no comparable measured {what}: no run on {generation}"})
 
 
 def job_span(job: Job) -> Span:
