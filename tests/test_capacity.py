@@ -13,10 +13,19 @@ import pytest
 
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import Interval
-from costmodel.core.units import parse_budget
+from costmodel.core.units import parse_budget, parse_days
 from costmodel.plans.job import Job
-from costmodel.training.capacity import budget, granularity, longest_sequence, max_seq_table
-from costmodel.training.search import Constraints, default_global_batch, plan_as_job, search
+from costmodel.plans.schema import Deadline
+from costmodel.training.capacity import (
+    Goal,
+    budget,
+    fewest_gpus,
+    gpu_counts,
+    granularity,
+    longest_sequence,
+    max_seq_table,
+)
+from costmodel.training.search import Constraints, default_global_batch, label, plan_as_job, search
 from costmodel.training.step import evaluate_step
 
 JOBS = [  # model, hardware, GPUs, fixed constraints, global batch (None: the default per length)
@@ -129,12 +138,84 @@ def test_max_seq_on_the_command_line(cli) -> None:
         (["--tokens", "0"], "--tokens: '0' is not a whole, positive number of tokens"),
         (["--tokens", "1T", "--price", "-1"], "--price: '-1'"),
         (["--tokens", "1T", "--price", "nan"], "--price: 'nan' is not a number"),
+        (["--deadline", "30d"], "--deadline: needs --tokens"),
+        (["--tokens", "1T", "--deadline", "0"], "--deadline: '0'; accepted: more than 0"),
+        (["--tokens", "1T", "--deadline", "3m"], "--deadline: '3m' is not a duration"),
+        (["--tokens", "1T", "--deadline", "1e3"], "--deadline: '1e3' is not a duration"),
+        (["--tokens", "1T", "--deadline", "36501"], "--deadline: '36501'; accepted: more than 0"),
     ],
 )
 def test_bad_inverse_flags_are_one_line(cli, args: list[str], said: str) -> None:
     result = cli("recommend", "--model", "llama3-8b", "--hw", "h100-ib", "--gpus", "8", *args)
     assert result.code == 2 and result.out == "" and result.err.count("\n") == 1
     assert result.err.startswith(f"cp-plan: error: {said}"), result.err
+
+
+def test_a_deadline_needs_the_most_gpus_the_job_may_hold(cli) -> None:
+    result = cli("recommend", "--model", "llama3-8b", "--hw", "h100-ib", "--tokens", "1T", "--deadline", "30")
+    assert (
+        result.code == 2
+        and result.err == "cp-plan: error: --deadline: needs --gpus: the most GPUs the job may hold\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "days"), [("30", 30.0), ("30d", 30.0), ("720h", 30.0), ("4w", 28.0), ("1.5d", 1.5)]
+)
+def test_deadlines_read_in_days_hours_or_weeks(text: str, days: float) -> None:
+    assert parse_days(text, "--deadline") == pytest.approx(days, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("most", "fixed", "counts"), [(64, 1, [1, 2, 4, 8, 16, 32, 64]), (96, 8, [8, 16, 32, 64, 96])]
+)
+def test_a_deadline_weighs_powers_of_two_of_the_fixed_layout_then_the_most(most, fixed, counts) -> None:
+    assert gpu_counts(most, fixed) == counts
+
+
+DEADLINE_JOB = {"model": "llama3-8b", "seq": 32768, "hw": "h100-ib", "gpus": 64}
+
+
+def _fewest(days: float, confidence: float | None = None) -> Deadline:
+    return fewest_gpus(Job.of(**DEADLINE_JOB), Goal(10**11, days, confidence), 64, Constraints(), level=0.8)
+
+
+def test_the_fewest_gpus_are_the_first_count_whose_pick_trains_the_budget_in_time() -> None:
+    """Each count's days are the budget's steps at its pick's step; every count before the answer misses, the
+    answer meets, and nothing past it is weighed."""
+    answer = _fewest(3.0)
+    steps = math.ceil(10**11 / (64 * 32768))
+    assert answer.gpus == answer.counts[-1].gpus and answer.counts[-1].meets
+    assert [c.gpus for c in answer.counts] == gpu_counts(64, 1)[: len(answer.counts)]
+    for count in answer.counts:
+        if count.plan is not None:
+            assert count.days == pytest.approx(steps * count.step_time_s / 86_400, rel=1e-12)
+            assert count.days_interval.lo <= count.days_interval.hi  # type: ignore[union-attr]
+    assert all(not c.meets and (c.days is None or c.days > 3.0) for c in answer.counts[:-1])
+    assert answer.counts[-1].days <= 3.0
+
+
+def test_a_later_deadline_never_needs_more_gpus_and_a_confidence_never_fewer() -> None:
+    answers = [_fewest(days) for days in (1.0, 3.0, 10.0, 30.0)]
+    needed = [a.gpus if a.gpus is not None else math.inf for a in answers]
+    assert needed == sorted(needed, reverse=True) and needed[-1] < needed[0]
+    sure = _fewest(3.0, confidence=0.9)
+    assert (sure.gpus or math.inf) >= (answers[1].gpus or math.inf)
+    assert sure.gpus is None or sure.counts[-1].meets_probability >= 0.9
+    none = _fewest(0.01)
+    assert none.gpus is None and not any(c.meets for c in none.counts) and none.counts[-1].gpus == 64
+
+
+def test_recommend_plans_at_the_fewest_gpus_a_deadline_allows(cli) -> None:
+    args = ["--model", "llama3-8b", "--seq", "32k", "--hw", "h100-ib", "--gpus", "64", "--global-batch", "64"]
+    data = cli("recommend", *args, "--tokens", "100B", "--deadline", "6d", "-f", "json").json()
+    deadline, budget = data["deadline"], data["budget"]
+    assert deadline["gpus"] == data["search"]["gpus"] < 64 and deadline["most_gpus"] == 64
+    met = deadline["counts"][-1]
+    assert met["meets"] and budget["wall_days"] == pytest.approx(met["days"], rel=1e-12)  # the same pick
+    assert met["plan"] == label(data["search"]["plans"][0])
+    table = cli("recommend", *args, "--tokens", "100B", "--deadline", "6d").out
+    assert re.search(rf"{deadline['gpus']:,} GPUs, the fewest that train\s+100G tokens within 6 days", table)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,7 @@ from costmodel.cli.search import (
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
 from costmodel.core.intervals import Interval
-from costmodel.core.units import percent, seconds, short_percent, si, tokens_label
+from costmodel.core.units import parse_days, percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_CP,
     MAX_DEVICES,
@@ -124,6 +124,16 @@ def recommend_cmd(
             show_default=False,
         ),
     ] = None,
+    deadline: Annotated[
+        Optional[str],
+        typer.Option(
+            "--deadline",
+            help="With --tokens: the fewest GPUs, of at most --gpus (powers of two), whose fastest plan trains "
+            "the budget within this time (30d, 720h, 4w; a bare number is days), and the plan at that count; "
+            "with --confidence, meets it with at least that probability too.",
+            show_default=False,
+        ),
+    ] = None,
     all_plans: Annotated[
         Optional[Path],
         typer.Option(
@@ -175,12 +185,25 @@ def recommend_cmd(
     )
     _check_search_flags(max_seq, all_plans, format, budget_tokens is not None)
     job = make_job(inputs, setup, build(StepSetup, gemm_dtype=gemm_dtype), machine_overrides, knobs)
-    margin = None
+    margin = sure = None
     if confidence is not None:
-        margin = fit_margin(job, interval_level(confidence, "--confidence"))
+        sure = interval_level(confidence, "--confidence")
+        margin = fit_margin(job, sure)
     if max_seq:
         _max_seq(job.training(), fixed, global_batch, format, margin)
         return
+    job, weighed_counts = _within_deadline(
+        job,
+        fixed,
+        global_batch,
+        deadline=deadline,
+        tokens=budget_tokens,
+        gpus_given=_given(ctx, "gpus"),
+        level=level,
+        sure=sure,
+        margin=margin,
+        top=top,
+    )
     found = None
     if searching:
         found = run_search(job.training(), fixed, global_batch, top, interval_level(level), margin=margin)
@@ -207,6 +230,7 @@ def recommend_cmd(
             report = report.model_copy(update={"budget": spent})
     else:
         report = recommend(job, level=interval_level(level)).model_copy(update={"search": found})
+    report = report.model_copy(update={"deadline": weighed_counts})
     emit(report.model_dump(mode="json", by_alias=True), format, table=lambda: _render_report(report, found))
 
 
@@ -219,6 +243,43 @@ def _check_search_flags(max_seq: bool, all_plans: Path | None, format: Format, p
         if all_plans.suffix.lower() not in (".csv", ".json"):
             raise InputError("--all-plans", f"{all_plans.name}: accepted file types are .csv and .json")
         check_writable(all_plans, "--all-plans")
+
+
+MOST_DAYS = 36_500.0  # a century: a deadline past it is a typo, not a plan
+
+
+def _within_deadline(
+    job, fixed: dict, global_batch, *, deadline, tokens, gpus_given: bool, level, sure, margin, top: int
+):  # noqa: ANN001, ANN202
+    """With --deadline, the counts it weighs (:func:`costmodel.training.capacity.fewest_gpus`) and the job at
+    the fewest that meets it (at --gpus when none does); without it, the job as it is and None."""
+    if deadline is None:
+        return job, None
+    from costmodel.training.capacity import Goal, fewest_gpus
+
+    if tokens is None:
+        raise InputError("--deadline", "needs --tokens: the budget to train within it")
+    if not gpus_given:
+        raise InputError("--deadline", "needs --gpus: the most GPUs the job may hold")
+    days = parse_days(deadline, "--deadline")
+    if not 0 < days <= MOST_DAYS:
+        raise InputError(
+            "--deadline", f"{deadline!r}; accepted: more than 0 and at most {MOST_DAYS:,.0f} days"
+        )
+    constraints = Constraints(**fixed)
+    check_constraints(
+        job.model, job.gpus, job.inputs.seq, constraints
+    )  # at the most GPUs, as the search does
+    counts = fewest_gpus(
+        job.training(),
+        Goal(tokens, days, sure),
+        global_batch,
+        constraints,
+        level=interval_level(level),
+        top=top,
+        margin=margin,
+    )
+    return (job if counts.gpus is None else job.replace(gpus=counts.gpus)), counts
 
 
 def _write_all_plans(job, fixed: dict, global_batch: int, path: Path) -> None:  # noqa: ANN001
@@ -411,7 +472,9 @@ def _render_plan(report) -> None:  # noqa: ANN001
         from costmodel.cli.render import budget_line
 
         head.add_row("budget", budget_line(report.budget))
+    _add_deadline(head, report.deadline)
     console().print(head)
+    _render_counts(report.deadline)
 
 
 def _render_recommendation(report) -> None:  # noqa: ANN001
@@ -437,8 +500,59 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     head.add_row("sure", _certainty(None, report.fit))
     for fix in rec.fixes:
         head.add_row("fix", fix)
+    _add_deadline(head, report.deadline)
     console().print(head)
+    _render_counts(report.deadline)
     _render_window(report, "Usable CP degrees")
+
+
+def _add_deadline(head, deadline) -> None:  # noqa: ANN001
+    """The answer to --deadline, one row: the fewest GPUs that meet it, or that none up to --gpus does."""
+    if deadline is None:
+        return
+    goal = f"{si(deadline.tokens, '', 3).replace(' ', '')} tokens within {deadline.days:g} days"
+    if deadline.confidence is not None:
+        goal += f" at {deadline.confidence:.0%} or more"
+    if deadline.gpus is None:
+        text = f"no count of at most {deadline.most_gpus:,} GPUs trains {goal}: the plan above is at {deadline.most_gpus:,}"
+    else:
+        met = deadline.counts[-1]
+        chance = (
+            ""
+            if met.meets_probability is None
+            else f", meets it with probability {met.meets_probability:.0%}"
+        )
+        text = f"{met.gpus:,} GPUs, the fewest that train {goal}: {met.days:,.1f} days{chance}"
+    head.add_row("deadline", text)
+
+
+def _render_counts(deadline) -> None:  # noqa: ANN001
+    """Each GPU count --deadline weighed, smallest first."""
+    if deadline is None:
+        return
+    from costmodel.cli.render import interval_text
+
+    table = house_table(
+        caption="counts weighed: the plan recommend picks at each; P(meets): the chance the run ends in time"
+    )
+    level = next((row.days_interval.level for row in deadline.counts if row.days_interval), None)
+    spread = "interval" if level is None else f"{level:.0%} interval"
+    for column in ("GPUs", "plan", "days", spread, "P(meets)"):
+        table.add_column(column, justify="left" if column in ("plan", spread) else "right")
+    for row in deadline.counts:
+        if row.plan is None:
+            table.add_row(f"{row.gpus:,}", "no plan fits", "-", "-", "-")
+            continue
+        band = row.days_interval
+        shown = (
+            interval_text(band, lambda d: f"{d:,.1f}").split(" (")[0]
+            if band is not None and band.known
+            else "-"
+        )
+        chance = "-" if row.meets_probability is None else f"{row.meets_probability:.0%}"
+        table.add_row(f"{row.gpus:,}", row.plan, f"{row.days:,.1f}", shown, chance)
+    console().print()
+    console().print(table)
 
 
 def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # noqa: ANN001

@@ -46,7 +46,7 @@ def run_search(
     at ``level``, the pick and the rule that decided it, why each other lost, and the pick's sensitivity. With
     ``margin`` (``--confidence``), a plan fits when it fits with that probability: the search and its what-ifs
     plan within usable memory less the margin, and each plan's chance to fit is read against the device."""
-    from costmodel.training.choice import choose
+    from costmodel.training.choice import choose, searched_pick
     from costmodel.training.search import (
         PLAN_KEYS,
         Constraints,
@@ -54,7 +54,6 @@ def run_search(
         TooManyPlans,
         check_constraints,
         default_global_batch,
-        search,
         sensitivity,
         why_lost,
     )
@@ -64,15 +63,13 @@ def run_search(
     batch = global_batch or default_global_batch(job.inputs.seq)
     planned = job if margin is None else margin.planned(job)
     try:
-        found = search(planned, batch, constraints, top=top)
+        found, choice = searched_pick(job, batch, constraints, top, level, margin=margin)
     except TooManyPlans:  # a bound of the work: refused, one line
         raise
     except InputError as exc:  # the step cannot be timed here (a profile without kernel tables, say)
         found = SearchResult([], 0, 0, batch, empty_reason=f"{exc.flag}: {exc.message}")
+        choice = choose(found.plans, job, batch, level)
     plans = found.plans
-    for plan in plans:  # sized against the margin; what the device offers is the job's own
-        plan["device_memory_bytes"] = job.device_memory_bytes
-    choice = choose(plans, job, batch, level)
     for plan in plans[1:]:
         plan["why_lost"] = why_lost(plan, plans[0])
     return {

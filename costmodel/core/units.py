@@ -123,6 +123,22 @@ def parse_budget(text: str | int, field: str) -> int:
     return int(number)
 
 
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([hdw]?)\s*", re.ASCII)
+_DAYS_IN = {"h": 1 / 24, "d": 1.0, "w": 7.0, "": 1.0}
+DURATION_HELP = "a number of days, or of hours or weeks with h or w, e.g. 30, 30d, 720h or 4w"
+
+
+def parse_days(text: str | float, field: str) -> float:
+    """A wall-clock time as people state a deadline (``30d``, ``720h``, ``4w``, ``30`` days), in days."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return float(text)
+    match = _DURATION.fullmatch(text) if isinstance(text, str) else None
+    if not match:
+        raise InputError(field, f"{_shown(text)} is not a duration; accepted: {DURATION_HELP}")
+    _check_digits(match.group(1), field)
+    return float(match.group(1)) * _DAYS_IN[match.group(2)]
+
+
 def parse_integer(text: str | int, field: str) -> int:
     """A plain count: ASCII digits, exactly."""
     if isinstance(text, int) and not isinstance(text, bool):

@@ -506,6 +506,45 @@ class Budget(BaseModel):
     cost_interval: Interval | None = Field(None, description="cost's prediction interval, as wall_days'")
 
 
+class GpuCount(BaseModel):
+    """One GPU count a deadline was weighed at: the plan ``recommend`` picks there, and the budget's days."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    gpus: int
+    plan: str | None = Field(None, description="the plan recommend picks at this count; null when none fits")
+    step_time_s: float | None = Field(None, description="its predicted step time")
+    days: float | None = Field(None, description="the budget's wall days at that step")
+    days_interval: Interval | None = Field(
+        None, description="days' prediction interval, as budget.wall_days_interval"
+    )
+    meets_probability: float | None = Field(
+        None,
+        description="P(the measured run takes at most the deadline): a conformal lower bound on the measured "
+        "step times of the plan's regime, as check's; null where they are too few",
+    )
+    meets: bool = Field(
+        False, description="predicted within the deadline and, with --confidence, at least that probable"
+    )
+
+
+class Deadline(BaseModel):
+    """The fewest GPUs that train a token budget within a deadline: each count weighed, smallest first."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    days: float = Field(description="the deadline, in days")
+    tokens: int = Field(description="the token budget")
+    most_gpus: int = Field(description="--gpus: the most the job may hold")
+    confidence: float | None = Field(description="--confidence: the probability a count must meet it with")
+    gpus: int | None = Field(
+        description="the fewest GPUs that meet it; null when no count up to most_gpus does"
+    )
+    counts: list[GpuCount] = Field(
+        description="the counts weighed: powers of two up to most_gpus and most_gpus, up to the first that meets"
+    )
+
+
 class RecommendReport(_Section):
     """What `cp-plan recommend --format json` prints."""
 
@@ -515,7 +554,7 @@ class RecommendReport(_Section):
     # v5: inputs.cp, the CP degree, was inputs.n; v6: setup.attention_kernel replaces setup.flash_attention,
     # and search.framework names the framework profile the plans are searched for; v7: fit.total_bytes_interval,
     # fit.fits_probability, and each searched plan's intervals with search.choice, the rule that picked;
-    # v8: budget.wall_days_interval and budget.cost_interval
+    # v8: budget.wall_days_interval and budget.cost_interval, and deadline (--deadline)
     schema_: str = Field("cp-plan/recommend/v8", alias="schema", description="contract version")
     inputs: PlanInputs = Field(
         description="the layer, with the searched plan's micro-batch as b where there is one"
@@ -539,4 +578,9 @@ class RecommendReport(_Section):
     )
     budget: Budget | None = Field(
         None, description="with --tokens: what the token budget costs at the pick's step"
+    )
+    deadline: Deadline | None = Field(
+        None,
+        description="with --deadline: the fewest GPUs that train the budget in time; the plan above is at that "
+        "count, or at --gpus when none does",
     )

@@ -1,5 +1,5 @@
-"""The inverse questions of a training job: the longest sequence that fits at each CP degree on its GPUs, and
-what a token budget costs at a plan's step time.
+"""The inverse questions of a training job: the longest sequence that fits at each CP degree on its GPUs, what
+a token budget costs at a plan's step time, and the fewest GPUs that train it within a deadline.
 
 The longest sequence is found by bisection on the search's own memory fit (:func:`costmodel.training.search.
 fitting`, every layout the constraints allow at that CP degree): memory grows with S for every plan, so the
@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import Interval
 from costmodel.plans.inputs import MAX_CP, MAX_TOKENS
 from costmodel.plans.job import Job
-from costmodel.plans.schema import Budget
+from costmodel.plans.schema import Budget, Deadline, GpuCount
+from costmodel.plans.uncertainty import time_within
 from costmodel.schedule.layouts import chunks_per_rank, divisors
-from costmodel.training.search import Constraints, default_global_batch, fitting, search
+from costmodel.training.choice import searched_pick
+from costmodel.training.search import Constraints, default_global_batch, fitting, label, plan_as_job, search
+
+if TYPE_CHECKING:
+    from costmodel.plans.uncertainty import FitMargin
 
 HOUR = 3600.0
 DAY = 86_400.0
@@ -148,4 +153,75 @@ def budget(
         cost=None if price is None else hours * price,
         wall_days_interval=days,
         cost_interval=spent,
+    )
+
+
+def gpu_counts(most: int, fixed: int) -> list[int]:
+    """The GPU counts a deadline is weighed at: ``fixed`` (the devices the flags' fixed TP x CP x PP take) times
+    each power of two below ``most``, then ``most``."""
+    counts, gpus = [], fixed
+    while gpus < most:
+        counts.append(gpus)
+        gpus *= 2
+    return [*counts, most]
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What --deadline asks: ``tokens`` trained within ``days``, with ``confidence`` where it is stated."""
+
+    tokens: int
+    days: float
+    confidence: float | None = None
+
+
+def fewest_gpus(
+    job: Job,
+    goal: Goal,
+    global_batch: int | None,
+    constraints: Constraints,
+    *,
+    level: float,
+    top: int = 5,
+    margin: FitMargin | None = None,
+) -> Deadline:
+    """The fewest GPUs, of at most ``job.gpus``, whose plan trains the goal's tokens within its days: each
+    count of :func:`gpu_counts` searched in turn, smallest first, up to the first that meets it, its plan the
+    one ``recommend`` picks there (of the ``top`` fastest). The global batch is held, so every count takes the
+    same steps. With a confidence, a count meets the deadline only where the measured step times of its
+    plan's regime say it does with at least that probability; with ``margin`` (--confidence's memory margin),
+    a plan fits only within it."""
+    tokens, days, confidence = goal.tokens, goal.days, goal.confidence
+    batch = global_batch or default_global_batch(job.inputs.seq)
+    steps = -(-tokens // (batch * job.inputs.seq))
+    deadline_s = days * DAY
+    fixed = (constraints.tp or 1) * (constraints.cp or 1) * (constraints.pp or 1)
+    counts: list[GpuCount] = []
+    for gpus in gpu_counts(job.gpus, fixed):
+        at = job.replace(gpus=gpus)
+        found, _ = searched_pick(at, batch, constraints, top, level, margin=margin)
+        if not found.plans:
+            counts.append(GpuCount(gpus=gpus))
+            continue
+        plan = found.plans[0]
+        step, breakdown = plan["step_time_s"], plan["breakdown"]
+        planned = plan_as_job(plan, at, batch)
+        chance = time_within(planned, step, deadline_s / steps, breakdown)
+        meets = steps * step <= deadline_s and (confidence is None or (chance or 0.0) >= confidence)
+        counts.append(
+            GpuCount(
+                gpus=gpus,
+                plan=label(plan),
+                step_time_s=step,
+                days=steps * step / DAY,
+                days_interval=Interval(**plan["time_s_interval"]).scaled(steps / DAY),
+                meets_probability=chance,
+                meets=meets,
+            )
+        )
+        if meets:
+            break
+    met = counts[-1].gpus if counts[-1].meets else None
+    return Deadline(
+        days=days, tokens=tokens, most_gpus=job.gpus, confidence=confidence, gpus=met, counts=counts
     )

@@ -12,12 +12,15 @@ the fastest cannot be told from, the pick is the safest in memory (the likeliest
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from costmodel.core.intervals import Interval, overlap
 from costmodel.plans.job import Job
 from costmodel.plans.uncertainty import job_span, memory_interval, order_spread, time_interval
-from costmodel.training.search import plan_as_job
+from costmodel.training.search import Constraints, SearchResult, plan_as_job, search
+
+if TYPE_CHECKING:
+    from costmodel.plans.uncertainty import FitMargin
 
 
 def _crossing(job: Job) -> int:
@@ -90,3 +93,21 @@ def choose(plans: list[dict[str, Any]], job: Job, global_batch: int, level: floa
             and overlap(Interval(**plan["time_s_interval"]), Interval(**pick["time_s_interval"]))
         )
     return {**told, "decided_by": decided_by, "rule": rule}
+
+
+def searched_pick(
+    job: Job,
+    global_batch: int,
+    constraints: Constraints,
+    top: int,
+    level: float,
+    *,
+    margin: FitMargin | None = None,
+) -> tuple[SearchResult, dict[str, Any]]:
+    """The search's top plans of ``job`` with their intervals, the pick first (:func:`choose`), and how it was
+    decided. With ``margin`` (``--confidence``) a plan fits when it fits with that probability: the search plans
+    within usable memory less the margin, and each plan's chance to fit is read against what the device offers."""
+    found = search(job if margin is None else margin.planned(job), global_batch, constraints, top=top)
+    for plan in found.plans:
+        plan["device_memory_bytes"] = job.device_memory_bytes
+    return found, choose(found.plans, job, global_batch, level)
