@@ -128,7 +128,8 @@ def _legal_plans(draw: st.DrawFn) -> dict:
         "vpp": draw(st.sampled_from(vpps)),
         "micro_batch": mb,
         "recompute": draw(st.sampled_from(["none", "selective", "full"])),
-        "tp_comm_overlap": tp > 1 and draw(st.booleans()),
+        # pipelined TP collectives need the TP group inside one node of 8 (userbuffers, AsyncTP)
+        "tp_comm_overlap": 1 < tp <= 8 and draw(st.booleans()),
     }
     if pp > 1:
         plan |= {"first_stage_layers": split.first, "last_stage_layers": split.last}
@@ -204,7 +205,7 @@ def test_a_layouts_bound_is_its_fastest_pairs(extra: dict) -> None:
     layouts.columns["row"] = np.arange(len(layouts))
     shapes = _Shapes(job)
     per_layout = _compute_bound(layouts, shapes, shape_pairs)
-    table = with_pairs(layouts, shape_pairs)
+    table = with_pairs(layouts, shape_pairs, job)
     per_plan = _compute_bound(table, shapes)
     least = np.full(len(layouts), np.inf)
     np.minimum.at(least, table.columns["row"], per_plan)
@@ -601,3 +602,26 @@ def test_torchtitan_plans_shard_with_fsdp_and_refuse_ddp_beside_tp(cli) -> None:
         "cp-plan: error: --zero: torchtitan v0.2.2 runs ZeRO-1"
     )
     assert "--zero 3" in refused.err and refused.out == ""
+
+
+@pytest.mark.parametrize(("hw", "domain"), [("h100-ib", 8), ("gb200-nvl72", 72)])
+def test_tp_collectives_are_pipelined_only_inside_one_fast_domain(hw: str, domain: int) -> None:
+    """Transformer Engine's userbuffers and torch's AsyncTP map TP peers' memory over NVLink: a TP group that
+    leaves the fast domain is searched unpipelined only, and a fixed overlap rules it out."""
+    job, batch = _job(model="llama3-70b", seq=131072, hw=hw, gpus=256, global_batch=32, tp=16)
+    plans = search(job, batch, Constraints(tp=16), top=None).plans
+    assert plans and {p["tp"] for p in plans} == {16}
+    assert any(p["tp_comm_overlap"] for p in plans) is (16 <= domain)
+    held = search(job, batch, Constraints(tp=16, tp_comm_overlap=True), top=None).plans
+    assert bool(held) is (16 <= domain) and all(p["tp_comm_overlap"] for p in held)
+
+
+def test_a_step_refuses_to_pipeline_tp_across_nodes(cli) -> None:
+    args = ["step", "--model", "llama3-70b", "--seq", "128k", "--hw", "h100-ib", "--gpus", "64", "--cp", "4"]
+    result = cli(*args, "--tp", "16", "--global-batch", "32", "--tp-comm-overlap")
+    assert result.code == 2 and result.out == "" and result.err.count("\n") == 1
+    assert (
+        result.err.startswith("cp-plan: error: --tp-comm-overlap: pipelines TP's collectives")
+        and "TP 16" in result.err
+    )
+    assert cli(*args, "--tp", "8", "--global-batch", "32", "--tp-comm-overlap").code == 0

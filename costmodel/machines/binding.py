@@ -299,6 +299,13 @@ class Machine:
             if dim in strides
         }
 
+    def inside(self, order: str, sizes: dict[str, int], dim: str) -> bool:
+        """Whether ``dim``'s group lies inside one fast domain (NVLink, xGMI or ICI) when ranks are numbered by
+        ``order``: what pipelining TP's collectives into its multiplies needs (Transformer Engine's userbuffers
+        and torch's AsyncTP map peers' memory over that fabric)."""
+        stride = topology.strides(order, sizes)[dim]
+        return self.placed(stride).scope(sizes[dim]) == "intra-node"
+
     def describe_groups(
         self, order: str, sizes: dict[str, int], collectives: dict[str, Collective] | None = None
     ) -> dict[str, object]:

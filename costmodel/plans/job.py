@@ -626,6 +626,13 @@ def _check_step(job: Job) -> None:
             raise InputError(
                 "--gemm-dtype", f"mxfp8 runs on Blackwell tensor cores; {device.name} is {device.generation}"
             )
+    if step.tp_comm_overlap and setup.tp > 1 and not machine.inside(*job.groups, "tp"):
+        raise InputError(
+            "--tp-comm-overlap",
+            f"pipelines TP's collectives over the fast domain's links (Transformer Engine's userbuffers, "
+            f"torch's AsyncTP); TP {setup.tp} leaves a domain of {machine.profile.ranks_per_node} here: keep TP "
+            "within one, or leave the overlap off",
+        )
     if setup.attention_kernel == "unfused" and inputs.cp > 1:
         raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
     if inputs.cp == 1:

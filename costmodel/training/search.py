@@ -206,7 +206,7 @@ def enumerate_plans(
     columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
     columns["pair"] = np.full(len(data), -1, dtype=np.int64)  # each row stands for its shape's valid pairs
     layouts = Table(columns, pairs, model.kv_heads, global_batch)
-    return (with_pairs(layouts, shape_pairs, c.tp_comm_overlap) if expand else layouts), shape_pairs
+    return (with_pairs(layouts, shape_pairs, job, c.tp_comm_overlap) if expand else layouts), shape_pairs
 
 
 def _allowed_pairs(c: Constraints, framework: FrameworkProfile) -> list[tuple[str, str]]:
@@ -297,23 +297,28 @@ def _tp_cp_counts(table: Table) -> tuple[list[tuple[int, int]], np.ndarray]:
     return [(int(c["tp"][i]), int(c["cp"][i])) for i in first], counts
 
 
-def _overlaps(tp: int, fixed: bool | None) -> tuple[int, ...]:
-    """TP collectives unchunked (0) and pipelined with the multiplies (1): both where TP > 1, unless fixed."""
+def _overlaps(job: Job, tp: int, cp: int, fixed: bool | None) -> tuple[int, ...]:
+    """TP collectives unchunked (0) and pipelined with the multiplies (1): both where TP > 1 and its group
+    shares one fast domain, unless fixed. Across domains they cannot be (userbuffers and AsyncTP need the
+    fabric's peers): a fixed overlap then rules the layout out."""
     if tp == 1:
         return (0,)
+    if not job.machine.inside(job.setup.rank_order, {"tp": tp, "cp": cp}, "tp"):
+        return () if fixed else (0,)
     return (0, 1) if fixed is None else (int(fixed),)
 
 
 def with_pairs(
-    table: Table, shape_pairs: dict[tuple[int, int], list[int]], overlap: bool | None = None
+    table: Table, shape_pairs: dict[tuple[int, int], list[int]], job: Job, overlap: bool | None = None
 ) -> Table:
     """Each layout of ``table`` once per (scheme, layout) pair its TP and CP degrees run, and with TP > 1
-    once more with its collectives pipelined into its multiplies (``tpo``: neither changes memory)."""
+    inside one fast domain once more with its collectives pipelined into its multiplies (``tpo``: neither
+    changes memory; :func:`_overlaps`)."""
     c = table.columns
     blocks = []
     for (tp, cp), valid in shape_pairs.items():
         rows = np.flatnonzero((c["tp"] == tp) & (c["cp"] == cp))
-        blocks += [(rows, pair, tpo) for pair in valid for tpo in _overlaps(tp, overlap)]
+        blocks += [(rows, pair, tpo) for pair in valid for tpo in _overlaps(job, tp, cp, overlap)]
     index = np.concatenate([b[0] for b in blocks]) if blocks else np.zeros(0, dtype=np.int64)
     columns = {k: v[index] for k, v in c.items()}
     for name, at in (("pair", 1), ("tpo", 2)):
@@ -650,7 +655,9 @@ def _weighed_count(
 ) -> int:
     """The plans a search of these layouts weighs (each layout once per scheme pair and TP overlap), refused
     past :data:`MAX_WEIGHED` before any is sized or timed."""
-    runs = {(tp, cp): len(valid) * len(_overlaps(tp, fixed)) for (tp, cp), valid in shape_pairs.items()}
+    runs = {
+        (tp, cp): len(valid) * len(_overlaps(job, tp, cp, fixed)) for (tp, cp), valid in shape_pairs.items()
+    }
     considered = sum(runs[key] * int(n) for key, n in zip(*_tp_cp_counts(layouts), strict=True))
     if considered > MAX_WEIGHED:
         raise TooManyPlans(
@@ -674,7 +681,7 @@ def fitting(job: Job, global_batch: int, constraints: Constraints = Constraints(
     fits = memory["total_bytes"] <= memory["device_bytes"]
     if not fits.any():  # a lower bound: each scheme's own buffers come on top
         return Fitting(considered, None, float(memory["total_bytes"].min()), device)
-    table = with_pairs(layouts.take(fits), shape_pairs, fixed)  # then each scheme's own buffers
+    table = with_pairs(layouts.take(fits), shape_pairs, job, fixed)  # then each scheme's own buffers
     exact = memory_table(table, job)
     keep = exact["total_bytes"] <= exact["device_bytes"]
     least = float(exact["total_bytes"].min())
@@ -694,7 +701,7 @@ def fastest(
     layouts = layouts.take(
         _compute_bound(layouts, shapes, shape_pairs) <= limit
     )  # before the pairs multiply them
-    table = with_pairs(layouts, shape_pairs, constraints.tp_comm_overlap)
+    table = with_pairs(layouts, shape_pairs, job, constraints.tp_comm_overlap)
     table = table.take(_compute_bound(table, shapes) <= limit)
     memory = memory_table(table, job)
     table = table.take(memory["total_bytes"] <= memory["device_bytes"])
