@@ -280,7 +280,7 @@ def test_a_sweeps_step_times_past_their_search_bound_are_refused_up_front(cli) -
 
 
 def test_a_search_past_its_plan_bound_is_refused_before_weighing_any(cli, monkeypatch) -> None:
-    """G may be 2^20, but the layouts of DeepSeek-V3 on 1M GPUs are 2.5M plans: 48 s and 2 GB for recommend.
+    """G may be 2^20, but the layouts of DeepSeek-V3 on 1M GPUs are 1.9M plans: 48 s and 2 GB for recommend.
     A search counts its plans first and refuses past the bound, naming --gpus; a what-if of the pick whose
     own search would pass it (a 10 % longer sequence has other divisors) re-times the pick alone."""
     from costmodel.training import search as searching
@@ -298,7 +298,7 @@ def test_a_search_past_its_plan_bound_is_refused_before_weighing_any(cli, monkey
         "--gpus",
         "1048576",
     ]
-    one_line_error(cli(*args), "--gpus", "2,460,960 plans to weigh", "at most 1,500,000")
+    one_line_error(cli(*args), "--gpus", "1,899,477 plans to weigh", "at most 1,500,000")
     assert cpu_s() - start < 5
     count = searching._weighed_count
 

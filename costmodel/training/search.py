@@ -638,10 +638,10 @@ class Fitting:
     device_bytes: float
 
 
-# Plans one search weighs at most, each sized, those that fit timed: Llama 3 405B on 16,384 GPUs (Llama 3's
-# published layout) weighs 885,648 in 1.8 s of CPU here, Llama 3 70B on 131,072 GPUs 1,122,036 in 8.4 s and
-# 0.8 GB for the whole recommend, Mistral Large on 1M GPUs 1.2M in 3.1 s; past the bound DeepSeek-V3 on 1M GPUs
-# (2.5M plans) took 21 s and 1.5 GB.
+# Plans one search weighs at most, each sized, those that fit timed: at 128K on H100s Llama 3 405B on 16,384
+# GPUs (Llama 3's published layout) weighs 508,002, the whole recommend 1.6 s of CPU here, Llama 3 70B on
+# 131,072 GPUs 461,058 in 3.8 s; past the bound DeepSeek-V3 on 1M GPUs (1.9M plans; 2.5M took 21 s and 1.5 GB
+# before TP groups leaving a node lost their pipelined variant).
 MAX_WEIGHED = 1_500_000
 MAX_LISTED = 500_000  # plans a --all-plans table lists at most (about 60 MB of CSV), each timed in full
 
