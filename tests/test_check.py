@@ -136,6 +136,18 @@ INVALID = [
         "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\nexpect:\n  max_step_time_s: -3\n",
         ":7: expect.max_step_time_s: must be in [1e-30, 1e+30]",
     ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ngpus: 8\nglobal_batch: 8\nexpect:\n  max_days: 30\n",
+        "expect.max_days: needs tokens, the budget to train within it",
+    ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ntokens: 2x\n",
+        ":6: tokens: '2x' is not a token count",
+    ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ntokens: 0\n",
+        ":6: tokens: Input should be greater than or equal to 1",
+    ),
 ]
 
 
@@ -317,6 +329,26 @@ def test_a_floor_on_a_rate_is_the_ceiling_on_the_time_it_allows(cli, tmp_path) -
         expected = sum(r <= math.log(factor) for r in residuals) / (len(residuals) + 1)
         said = {c["detail"].rsplit("meets it with probability ", 1)[1] for c in checks.values()}
         assert said == {f"{expected:.0%}"}, (factor, said)
+
+
+@pytest.mark.parametrize("side", [0.99, 1.01])
+def test_a_ceiling_on_days_is_the_step_time_its_token_budget_allows(cli, tmp_path, side: float) -> None:
+    """10B tokens at the plan's global batch x sequence a step: the days are the steps times the step time, the
+    check passes exactly when they are within the ceiling, and its chance is the step-time ceiling's at the
+    step time that ceiling allows."""
+    step = cli(*TITAN_8B_8K, "-f", "json").json()["step"]
+    steps = math.ceil(10**10 / (TITAN_8B_8K_JOB["global_batch"] * TITAN_8B_8K_JOB["seq"]))
+    days = steps * step["time_s"] / 86_400
+    text = TITAN_8B_8K_PLAN + "tokens: 10B\nexpect:\n  worst_verdict: red\n"
+    text += f"  max_days: {days * side!r}\n  max_step_time_s: {step['time_s'] * side!r}\n"
+    results = cli("check", write(tmp_path, text), "-f", "json").json()["results"]
+    by = {r["check"]: r for r in results}
+    assert by["max_days"]["passed"] is (side > 1) is by["max_step_time_s"]["passed"]
+    assert by["max_days"]["detail"].startswith(
+        f"{days:,.1f} days; ceiling {days * side:,.1f} days; 80% interval"
+    )
+    chance = {by[k]["detail"].rsplit("probability ", 1)[1] for k in ("max_days", "max_step_time_s")}
+    assert len(chance) == 1
 
 
 def test_time_checks_gate_on_confidence(cli, tmp_path) -> None:

@@ -123,6 +123,9 @@ def parse_budget(text: str | int, field: str) -> int:
     return int(number)
 
 
+HOUR = 3600.0  # seconds
+DAY = 86_400.0
+
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([hdw]?)\s*", re.ASCII)
 _DAYS_IN = {"h": 1 / 24, "d": 1.0, "w": 7.0, "": 1.0}
 DURATION_HELP = "a number of days, or of hours or weeks with h or w, e.g. 30, 30d, 720h or 4w"

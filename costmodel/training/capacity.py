@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import Interval
+from costmodel.core.units import DAY, HOUR
 from costmodel.plans.inputs import MAX_CP, MAX_TOKENS
 from costmodel.plans.job import Job
 from costmodel.plans.schema import Budget, Deadline, GpuCount
@@ -26,9 +27,6 @@ from costmodel.training.search import Constraints, default_global_batch, fitting
 
 if TYPE_CHECKING:
     from costmodel.plans.uncertainty import FitMargin
-
-HOUR = 3600.0
-DAY = 86_400.0
 
 
 def granularity(cp: int, layout: str | None) -> int:

@@ -15,7 +15,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -23,6 +32,7 @@ from costmodel.core.errors import InputError, validation_problems
 from costmodel.core.fields import NumberAsWritten, Positive, Switch
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
+from costmodel.core.units import DAY, parse_budget
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.bind import Evaluator
@@ -68,6 +78,11 @@ class Expectations(BaseModel):
         None,
         description="floor on model FLOP utilisation, a fraction in (0, 1] (needs gpus and global_batch)",
     )
+    max_days: Positive | None = Field(
+        None,
+        description="ceiling on the wall days to train the plan's tokens at its step (needs gpus, global_batch "
+        "and tokens)",
+    )
 
     def timed(self) -> dict[str, float]:
         """The expectations on the step's time, by key: each bounds one figure of the step."""
@@ -80,7 +95,21 @@ TIMED = {
     "max_step_time_s": ("time_s", True),
     "min_tokens_per_s": ("tokens_per_s", False),
     "min_mfu": ("mfu", False),
+    "max_days": ("days", True),  # the plan's token budget over its step: steps x time_s
 }
+
+
+def _budget(value: Any) -> Any:
+    """A plan file's token budget as people write one (1T, 300B); anything else is left to the type check."""
+    if isinstance(value, str):
+        try:
+            return parse_budget(value, "tokens")
+        except InputError as exc:
+            raise ValueError(exc.message) from None
+    return value
+
+
+TokenBudget = Annotated[int, BeforeValidator(_budget), Strict(), Field(ge=1, le=10**18)]
 
 
 class _PlanHead(BaseModel):
@@ -90,6 +119,9 @@ class _PlanHead(BaseModel):
 
     name: str = Field(description="what the plan is for", max_length=1000)
     model: str = Field(description="model preset name or YAML path", max_length=4096)
+    tokens: TokenBudget | None = Field(
+        None, description="a token budget (1T, 300B: decimal multiples): what expect.max_days trains"
+    )
     expect: Expectations = Field(default_factory=Expectations)
 
     @model_validator(mode="after")
@@ -102,6 +134,8 @@ class _PlanHead(BaseModel):
             raise ValueError(
                 f"expect.{', '.join(self.expect.timed())}: a step's time needs gpus and global_batch"
             )
+        if self.expect.max_days is not None and self.tokens is None:
+            raise ValueError("expect.max_days: needs tokens, the budget to train within it")
         return self
 
 
@@ -345,8 +379,9 @@ def run_checks(located: Located, confidence: float | None = None) -> list[CheckR
 
         with _blame(located):
             step = evaluate_step(job, level=confidence or DEFAULT_LEVEL).step
+        steps = None if plan.tokens is None else -(-plan.tokens // (plan.global_batch * plan.seq))
         for key, bound in want.timed().items():
-            add(key, *_time_check(job, step, key, bound, confidence))
+            add(key, *_time_check(job, step, key, bound, confidence, steps=steps))
     return results
 
 
@@ -372,24 +407,30 @@ def _gated(
 def _figure(figure: str, value: float) -> str:
     if figure == "time_s":
         return f"{value:.3g} s"
+    if figure == "days":
+        return f"{value:,.1f} days"
     return f"{value:.1%} MFU" if figure == "mfu" else f"{value:,.0f} tokens/s"
 
 
 def _time_check(
-    job: Job, step: StepTimes, key: str, bound: float, confidence: float | None
+    job: Job, step: StepTimes, key: str, bound: float, confidence: float | None, *, steps: int | None = None
 ) -> tuple[bool, str]:
-    """A bound on one of the step's figures, its interval, and the chance the measured step meets it: a bound
-    on a rate is the step time it allows, ``time_s x rate / bound``."""
+    """A bound on one of the step's figures, its interval, and the chance the measured step meets it. Each
+    figure is the step time times a constant (a ceiling: the time, the days of ``steps`` of it) or a constant
+    over it (a floor: a rate), so a bound is the step time it allows: ``time_s x bound / value`` or
+    ``time_s x value / bound``."""
     figure, ceiling = TIMED[key]
-    value = getattr(step, figure)
+    value = step.time_s * steps / DAY if figure == "days" else getattr(step, figure)  # type: ignore[operator]
     detail = f"{_figure(figure, value)}; {'ceiling' if ceiling else 'floor'} {_figure(figure, bound)}"
     band = step.time_s_interval
     if band.known:
         lo, hi = band.lo, band.hi
-        if not ceiling:  # a rate's interval is the time's, turned over
+        if ceiling:  # the time's interval, scaled as the figure is
+            lo, hi = lo * value / step.time_s, hi * value / step.time_s  # type: ignore[operator]
+        else:  # a rate's interval is the time's, turned over
             lo, hi = value * step.time_s / hi, value * step.time_s / lo  # type: ignore[operator]
         detail += f"; {band.level:.0%} interval {_figure(figure, lo)} to {_figure(figure, hi)}"
-    budget_s = bound if ceiling else step.time_s * value / bound
+    budget_s = step.time_s * bound / value if ceiling else step.time_s * value / bound
     chance = time_within(job, step.time_s, budget_s, step.breakdown.model_dump())
     passed = value <= bound if ceiling else value >= bound
     return _gated(passed, detail, chance, confidence, "time")
