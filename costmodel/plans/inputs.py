@@ -32,7 +32,7 @@ from pydantic import (
 
 from costmodel.core.errors import InputError
 from costmodel.core.fields import CountAsWritten, NumberAsWritten, Switch
-from costmodel.core.units import TOKENS_HELP, parse_tokens
+from costmodel.core.units import TOKENS_HELP, parse_budget, parse_tokens
 from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.kernels import attention_kernels, check_kernel
 from costmodel.machines.profiles import BYTES_PER_ELEMENT, Dtype, HardwareProfile, load_profile
@@ -70,6 +70,16 @@ def _tokens(value: Any) -> Any:
     return value
 
 
+def _budget(value: Any) -> Any:
+    """Plan files write token budgets as people say them (1T, 300B: decimal multiples)."""
+    if isinstance(value, str):
+        try:
+            return parse_budget(value, "tokens")
+        except InputError as exc:
+            raise ValueError(exc.message) from None
+    return value
+
+
 def _no_bool(value: Any) -> Any:
     if isinstance(value, bool):  # YAML's true would pass for 1
         raise ValueError("expected a number, not a boolean")
@@ -85,6 +95,9 @@ def _finetune(value: Any) -> Any:
 Finetune = Annotated[str, AfterValidator(_finetune)]
 Tokens = Annotated[int, BeforeValidator(_tokens), BeforeValidator(_no_bool), Strict()]
 Count = Annotated[int, BeforeValidator(_no_bool), Strict()]
+TokenBudget = Annotated[
+    int, BeforeValidator(_budget), BeforeValidator(_no_bool), Strict(), Field(ge=1, le=10**18)
+]
 Number = Annotated[float, NumberAsWritten, Field(allow_inf_nan=False)]
 Flag = Switch
 

@@ -15,16 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationError,
-    create_model,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -32,7 +23,7 @@ from costmodel.core.errors import InputError, validation_problems
 from costmodel.core.fields import NumberAsWritten, Positive, Switch
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
-from costmodel.core.units import DAY, parse_budget
+from costmodel.core.units import DAY
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.bind import Evaluator
@@ -42,6 +33,7 @@ from costmodel.plans.inputs import (
     MachineOverrides,
     Parallelism,
     PlanInputs,
+    TokenBudget,
     TrainingSetup,
     cp_stride,
     job_machine,
@@ -97,19 +89,6 @@ TIMED = {
     "min_mfu": ("mfu", False),
     "max_days": ("days", True),  # the plan's token budget over its step: steps x time_s
 }
-
-
-def _budget(value: Any) -> Any:
-    """A plan file's token budget as people write one (1T, 300B); anything else is left to the type check."""
-    if isinstance(value, str):
-        try:
-            return parse_budget(value, "tokens")
-        except InputError as exc:
-            raise ValueError(exc.message) from None
-    return value
-
-
-TokenBudget = Annotated[int, BeforeValidator(_budget), Strict(), Field(ge=1, le=10**18)]
 
 
 class _PlanHead(BaseModel):
