@@ -131,6 +131,7 @@ def test_max_seq_on_the_command_line(cli) -> None:
     ("args", "said"),
     [
         (["--max-seq", "--tokens", "1T"], "--max-seq: answers alone"),
+        (["--max-seq", "--deadline", "30d"], "--max-seq: answers alone"),
         (["--max-seq", "--format", "megatron"], "--max-seq: answers alone"),
         (["--all-plans", "plans.pdf"], "--all-plans: plans.pdf: accepted file types are .csv and .json"),
         (["--price", "2"], "--price: needs --tokens"),

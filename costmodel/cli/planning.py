@@ -183,7 +183,7 @@ def recommend_cmd(
     searching = (
         exporting or max_seq or budget_tokens is not None or all_plans is not None or _given(ctx, *SEARCHED)
     )
-    _check_search_flags(max_seq, all_plans, format, budget_tokens is not None)
+    _check_search_flags(max_seq, all_plans, format, budget_tokens is not None or deadline is not None)
     job = make_job(inputs, setup, build(StepSetup, gemm_dtype=gemm_dtype), machine_overrides, knobs)
     margin = sure = None
     if confidence is not None:
@@ -238,7 +238,9 @@ def _check_search_flags(max_seq: bool, all_plans: Path | None, format: Format, p
     """--max-seq answers alone; a plans table is a .csv or .json that can be written (checked before the
     search)."""
     if max_seq and (priced or format in (Format.megatron, Format.torchtitan)):
-        raise InputError("--max-seq", "answers alone: not with --format megatron/torchtitan or --tokens")
+        raise InputError(
+            "--max-seq", "answers alone: not with --format megatron/torchtitan, --tokens or --deadline"
+        )
     if all_plans is not None:
         if all_plans.suffix.lower() not in (".csv", ".json"):
             raise InputError("--all-plans", f"{all_plans.name}: accepted file types are .csv and .json")
