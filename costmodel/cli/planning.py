@@ -532,27 +532,25 @@ def _render_counts(deadline) -> None:  # noqa: ANN001
     """Each GPU count --deadline weighed, smallest first."""
     if deadline is None:
         return
-    from costmodel.cli.render import interval_text
 
     table = house_table(
-        caption="counts weighed: the plan recommend picks at each; P(meets): the chance the run ends in time"
+        caption="counts weighed, smallest first: the plan recommend picks at each (layout TPxCPxPPxDP); "
+        "P(meets): the chance the run ends in time"
     )
     level = next((row.days_interval.level for row in deadline.counts if row.days_interval), None)
     spread = "interval" if level is None else f"{level:.0%} interval"
-    for column in ("GPUs", "plan", "days", spread, "P(meets)"):
-        table.add_column(column, justify="left" if column in ("plan", spread) else "right")
+    for column in ("GPUs", "layout", "step", "days", spread, "P(meets)"):
+        table.add_column(column, justify="left" if column in ("layout", spread) else "right")
     for row in deadline.counts:
         if row.plan is None:
-            table.add_row(f"{row.gpus:,}", "no plan fits", "-", "-", "-")
+            table.add_row(f"{row.gpus:,}", "no plan fits", "-", "-", "-", "-")
             continue
         band = row.days_interval
-        shown = (
-            interval_text(band, lambda d: f"{d:,.1f}").split(" (")[0]
-            if band is not None and band.known
-            else "-"
-        )
+        shown = f"{band.lo:,.1f}-{band.hi:,.1f}" if band is not None and band.known else "-"  # type: ignore[union-attr]
         chance = "-" if row.meets_probability is None else f"{row.meets_probability:.0%}"
-        table.add_row(f"{row.gpus:,}", row.plan, f"{row.days:,.1f}", shown, chance)
+        table.add_row(
+            f"{row.gpus:,}", row.layout, seconds(row.step_time_s), f"{row.days:,.1f}", shown, chance
+        )
     console().print()
     console().print(table)
 

@@ -96,12 +96,6 @@ def _ms(value: float) -> str:
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
-def _layout(plan: dict[str, Any]) -> str:
-    pp = str(plan["pp"]) + (f"v{plan['vpp']}" if plan["vpp"] > 1 else "")
-    ep = f"e{plan['ep']}" if plan.get("ep", 1) > 1 else ""
-    return f"{plan['tp']}x{plan['cp']}x{pp}x{plan['dp']}{ep}"
-
-
 LAYOUT_SHORT = {"zigzag": "zz", "striped": "st", "contiguous": "ct"}
 
 
@@ -114,6 +108,8 @@ CELLS_KEY = (
 
 def plan_cells(plan: dict[str, Any]) -> tuple[str, str, str, str]:
     """A plan in four narrow cells (:data:`PLAN_COLUMNS`): layout, micro-batch, CP scheme, recompute."""
+    from costmodel.training.search import layout_name
+
     scheme = "-" if plan["cp"] == 1 else plan["cp_scheme"]
     kind = registry.get(plan["cp_scheme"]) if plan["cp"] > 1 else None
     if kind and kind.hybrid:
@@ -121,7 +117,7 @@ def plan_cells(plan: dict[str, Any]) -> tuple[str, str, str, str]:
     if kind and not kind.whole_sequence:
         scheme += "/" + LAYOUT_SHORT[plan["layout"]]
     return (
-        _layout(plan),
+        layout_name(plan),
         str(plan["micro_batch"]),
         scheme,
         {"selective": "sel"}.get(plan["recompute"], plan["recompute"]),
@@ -131,6 +127,8 @@ def plan_cells(plan: dict[str, Any]) -> tuple[str, str, str, str]:
 def render_search(data: dict[str, Any]) -> None:
     """The ranking under the screen's answer: the top plans side by side, why each lost, the sensitivity."""
     from rich.text import Text
+
+    from costmodel.training.search import layout_name
 
     out = console()
     out.print()
@@ -162,7 +160,7 @@ def render_search(data: dict[str, Any]) -> None:
         "xPP",
         "xDP",
     ):
-        wide = max(len(_layout(plan)) for plan in data["plans"]) if name == "layout" else None
+        wide = max(len(layout_name(plan)) for plan in data["plans"]) if name == "layout" else None
         table.add_column(name, justify="left" if name in {"CP", "rc"} else "right", min_width=wide)
     for i, plan in enumerate(data["plans"], 1):
         exposed = plan["exposed_s"]

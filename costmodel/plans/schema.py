@@ -513,6 +513,7 @@ class GpuCount(BaseModel):
 
     gpus: int
     plan: str | None = Field(None, description="the plan recommend picks at this count; null when none fits")
+    layout: str | None = Field(None, description="its layout, TPxCPxPPxDP (PP 2v4: 2 stages of 4 virtual)")
     step_time_s: float | None = Field(None, description="its predicted step time")
     days: float | None = Field(None, description="the budget's wall days at that step")
     days_interval: Interval | None = Field(

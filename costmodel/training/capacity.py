@@ -23,7 +23,15 @@ from costmodel.plans.schema import Budget, Deadline, GpuCount
 from costmodel.plans.uncertainty import time_within
 from costmodel.schedule.layouts import chunks_per_rank, divisors
 from costmodel.training.choice import searched_pick
-from costmodel.training.search import Constraints, default_global_batch, fitting, label, plan_as_job, search
+from costmodel.training.search import (
+    Constraints,
+    default_global_batch,
+    fitting,
+    label,
+    layout_name,
+    plan_as_job,
+    search,
+)
 
 if TYPE_CHECKING:
     from costmodel.plans.uncertainty import FitMargin
@@ -210,6 +218,7 @@ def fewest_gpus(
             GpuCount(
                 gpus=gpus,
                 plan=label(plan),
+                layout=layout_name(plan),
                 step_time_s=step,
                 days=steps * step / DAY,
                 days_interval=Interval(**plan["time_s_interval"]).scaled(steps / DAY),

@@ -1037,6 +1037,13 @@ PLAN_KEYS = (
 )
 
 
+def layout_name(plan: dict[str, Any]) -> str:
+    """``8x4x2v4x16`` (``e8`` after DP with EP): TP x CP x PP (with its virtual stages) x DP, as tables print it."""
+    pp = str(plan["pp"]) + (f"v{plan['vpp']}" if plan["vpp"] > 1 else "")
+    ep = f"e{plan['ep']}" if plan.get("ep", 1) > 1 else ""
+    return f"{plan['tp']}x{plan['cp']}x{pp}x{plan['dp']}{ep}"
+
+
 def label(plan: dict[str, Any]) -> str:
     """``TP 8 · CP 4 (zigzag ring) · PP 2 (v 2) · DP 16 · mb 1 · recompute full`` (``EP 8`` after DP)."""
     cp = f"CP {plan['cp']}"
