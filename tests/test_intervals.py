@@ -305,6 +305,23 @@ def test_infer_json_carries_its_times_intervals(cli) -> None:
     )
 
 
+def test_every_searched_serving_layout_carries_its_times_intervals(cli) -> None:
+    """One calibration (the generation's serving runs) for every layout: each interval is the same ratio of its
+    figure, the pick's is the report's own, and the table says the ratio once."""
+    args = ["infer", "--model", "llama3-70b", "--prompt", "256k", "--hw", "h200-nvlink", "--gpus", "16"]
+    out = cli(*args, "-f", "json").json()
+    layouts = out["search"]["layouts"]
+    ratios = {
+        (round(row[f"{t}_interval"]["lo"] / row[t], 9), round(row[f"{t}_interval"]["hi"] / row[t], 9))
+        for row in layouts
+        for t in ("ttft_s", "tpot_s")
+    }
+    assert len(ratios) == 1 and all(row["ttft_s_interval"]["runs"] >= 9 for row in layouts)
+    assert layouts[0]["ttft_s_interval"] == out["inference"]["ttft_s_interval"]
+    (low, high), table = ratios.pop(), cli(*args).out
+    assert f"80% intervals: each time x{low:.2f} to x{high:.2f}" in " ".join(table.split())
+
+
 def test_the_html_report_draws_the_memory_interval(cli, tmp_path) -> None:
     page = tmp_path / "r.html"
     assert cli("report", "configs/plans/llama3-8b-128k-a100-nvlink.yaml", "--html", str(page)).code == 0

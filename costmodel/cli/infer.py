@@ -157,7 +157,7 @@ def _search_table(found: dict) -> None:
     table = house_table(
         title=f"Serving layouts of {found['gpus']:,} GPUs: {found['considered']:,} weighed, {found['fit']:,} fit",
         caption="ranked by time to first token among those that fit, then fewer GPUs, then TPOT; memory: "
-        "weights, KV cache and prefill working set per device",
+        "weights, KV cache and prefill working set per device" + _spread(found["layouts"][0]),
     )
     for column in ("#", "TP", "CP", "PP", "replicas", "TTFT", "TPOT", "memory", "fits"):
         table.add_column(column, justify="right")
@@ -174,6 +174,16 @@ def _search_table(found: dict) -> None:
             "yes" if row["fits"] else "no",
         )
     screen.print(table)
+
+
+def _spread(row: dict) -> str:
+    """Every layout's times share one calibration (the serving runs of the GPU's generation), so their intervals
+    are one ratio of each figure: said once, under the table."""
+    band = Interval(**row["ttft_s_interval"])
+    if not band.known:
+        return f"; no interval ({band.note})"
+    low, high = band.lo / row["ttft_s"], band.hi / row["ttft_s"]  # type: ignore[operator]
+    return f"; {band.level:.0%} intervals: each time x{low:.2f} to x{high:.2f} ({band.regime})"
 
 
 def _fits_with_line(found: dict, given: dict) -> str:

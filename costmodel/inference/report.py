@@ -14,7 +14,8 @@ from costmodel.plans.cp import PREFILL
 
 # v3: inputs.tp_comm_overlap (chunked TP overlap) replaces the tp_overlap share. v4: the prefill's breakdown
 # is a typed object with identifier keys (matmul_s, exposed_cp_s, ...); its labels are display only.
-# v5: inference.ttft_s_interval and tpot_s_interval. v6: memory.bytes_per_device and its interval.
+# v5: inference.ttft_s_interval and tpot_s_interval. v6: memory.bytes_per_device and its interval, and each
+# searched layout's time intervals (search.layouts[].ttft_s_interval, tpot_s_interval).
 SCHEMA = "cp-plan/inference/v6"
 Scheme = Literal[registry.names(PREFILL)]
 
@@ -227,6 +228,10 @@ class ServingLayout(_Strict):
     fits: bool
     ttft_s: float
     tpot_s: float
+    ttft_s_interval: Interval = Field(
+        description="ttft_s's prediction interval, as inference.ttft_s_interval"
+    )
+    tpot_s_interval: Interval = Field(description="tpot_s's prediction interval")
     memory_bytes: float = Field(description="weights, KV cache and prefill working set per device")
     usable_bytes: float
 

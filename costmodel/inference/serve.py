@@ -706,11 +706,10 @@ def search_serving(
             update={"tp": tp, "cp": cp, "pp": pp, "target_ttft": None, "target_tpot": None}
         )
         try:
-            out = evaluate_infer(changed, overrides).inference
+            out = evaluate_infer(changed, overrides, level=level).inference
         except InputError:  # a degree the prompt, the stages or the profile's links refuse
             continue
         mem = out.memory
-        used = mem.weight_bytes_per_device + mem.kv_cache_bytes_per_device + mem.prefill_activation_bytes
         rows.append(
             ServingLayout(
                 tp=tp,
@@ -721,7 +720,9 @@ def search_serving(
                 fits=mem.fits,
                 ttft_s=out.ttft_s,
                 tpot_s=out.tpot_s,
-                memory_bytes=used,
+                ttft_s_interval=out.ttft_s_interval,
+                tpot_s_interval=out.tpot_s_interval,
+                memory_bytes=mem.bytes_per_device,
                 usable_bytes=mem.usable_bytes,
             )
         )
