@@ -128,9 +128,9 @@ def recommend_cmd(
         Optional[str],
         typer.Option(
             "--deadline",
-            help="With --tokens: the fewest GPUs, of at most --gpus (powers of two), whose fastest plan trains "
-            "the budget within this time (30d, 720h, 4w; a bare number is days), and the plan at that count; "
-            "with --confidence, meets it with at least that probability too.",
+            help="With --tokens: the fewest GPUs, of at most --gpus (doubling), whose pick trains the budget "
+            "within this time (30d, 720h, 4w; a bare number is days), and the plan at that count; with "
+            "--confidence, meets it with at least that probability too.",
             show_default=False,
         ),
     ] = None,
@@ -269,9 +269,8 @@ def _within_deadline(
             "--deadline", f"{deadline!r}; accepted: more than 0 and at most {MOST_DAYS:,.0f} days"
         )
     constraints = Constraints(**fixed)
-    check_constraints(
-        job.model, job.gpus, job.inputs.seq, constraints
-    )  # at the most GPUs, as the search does
+    # the flags' layout checked at the most GPUs first, as the search checks it
+    check_constraints(job.model, job.gpus, job.inputs.seq, constraints)
     counts = fewest_gpus(
         job.training(),
         Goal(tokens, days, sure),
