@@ -531,6 +531,7 @@ def _render_counts(deadline) -> None:  # noqa: ANN001
     """Each GPU count --deadline weighed, smallest first."""
     if deadline is None:
         return
+    from costmodel.cli.render import bounds_text
 
     table = house_table(
         caption="counts weighed, smallest first: the plan recommend picks at each (layout TPxCPxPPxDP); "
@@ -544,8 +545,7 @@ def _render_counts(deadline) -> None:  # noqa: ANN001
         if row.plan is None:
             table.add_row(f"{row.gpus:,}", "no plan fits", "-", "-", "-", "-")
             continue
-        band = row.days_interval
-        shown = f"{band.lo:,.1f}-{band.hi:,.1f}" if band is not None and band.known else "-"  # type: ignore[union-attr]
+        shown = bounds_text(row.days_interval, ",.1f") or "-"
         chance = "-" if row.meets_probability is None else f"{row.meets_probability:.0%}"
         table.add_row(
             f"{row.gpus:,}", row.layout, seconds(row.step_time_s), f"{row.days:,.1f}", shown, chance

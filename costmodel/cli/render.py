@@ -55,11 +55,17 @@ def budget_line(budget: Budget) -> str:
     )
 
 
-def _within(band: Interval | None, spec: str) -> str:
-    """`` (80%: lo-hi)`` after a figure, or nothing where it has no interval."""
+def bounds_text(band: Interval | None, fmt: str) -> str | None:
+    """``lo-hi`` in the number format ``fmt``, or None where there is no interval."""
     if band is None or not band.known:
-        return ""
-    return f" ({band.level:.0%}: {band.lo:{spec}}-{band.hi:{spec}})"
+        return None
+    return f"{band.lo:{fmt}}-{band.hi:{fmt}}"
+
+
+def _within(band: Interval | None, fmt: str) -> str:
+    """`` (80%: lo-hi)`` after a figure, or nothing where it has no interval."""
+    shown = bounds_text(band, fmt)
+    return "" if shown is None else f" ({band.level:.0%}: {shown})"  # type: ignore[union-attr]
 
 
 def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -> str:

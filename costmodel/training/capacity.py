@@ -197,10 +197,8 @@ def fewest_gpus(
     same steps. With a confidence, a count meets the deadline only where the measured step times of its
     plan's regime say it does with at least that probability; with ``margin`` (--confidence's memory margin),
     a plan fits only within it."""
-    tokens, days, confidence = goal.tokens, goal.days, goal.confidence
     batch = global_batch or default_global_batch(job.inputs.seq)
-    steps = -(-tokens // (batch * job.inputs.seq))
-    deadline_s = days * DAY
+    deadline_s = goal.days * DAY
     fixed = (constraints.tp or 1) * (constraints.cp or 1) * (constraints.pp or 1)
     counts: list[GpuCount] = []
     for gpus in gpu_counts(job.gpus, fixed):
@@ -210,18 +208,25 @@ def fewest_gpus(
             counts.append(GpuCount(gpus=gpus))
             continue
         plan = found.plans[0]
-        step, breakdown = plan["step_time_s"], plan["breakdown"]
-        planned = plan_as_job(plan, at, batch)
-        chance = time_within(planned, step, deadline_s / steps, breakdown)
-        meets = steps * step <= deadline_s and (confidence is None or (chance or 0.0) >= confidence)
+        step = plan["step_time_s"]
+        spent = budget(
+            goal.tokens,
+            batch * job.inputs.seq,
+            step,
+            gpus,
+            None,
+            step_interval=Interval(**plan["time_s_interval"]),
+        )
+        chance = time_within(plan_as_job(plan, at, batch), step, deadline_s / spent.steps, plan["breakdown"])
+        meets = spent.wall_s <= deadline_s and (goal.confidence is None or (chance or 0.0) >= goal.confidence)
         counts.append(
             GpuCount(
                 gpus=gpus,
                 plan=label(plan),
                 layout=layout_name(plan),
                 step_time_s=step,
-                days=steps * step / DAY,
-                days_interval=Interval(**plan["time_s_interval"]).scaled(steps / DAY),
+                days=spent.wall_days,
+                days_interval=spent.wall_days_interval,
                 meets_probability=chance,
                 meets=meets,
             )
@@ -230,5 +235,10 @@ def fewest_gpus(
             break
     met = counts[-1].gpus if counts[-1].meets else None
     return Deadline(
-        days=days, tokens=tokens, most_gpus=job.gpus, confidence=confidence, gpus=met, counts=counts
+        days=goal.days,
+        tokens=goal.tokens,
+        most_gpus=job.gpus,
+        confidence=goal.confidence,
+        gpus=met,
+        counts=counts,
     )

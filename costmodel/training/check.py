@@ -23,7 +23,6 @@ from costmodel.core.errors import InputError, validation_problems
 from costmodel.core.fields import NumberAsWritten, Positive, Switch
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
-from costmodel.core.units import DAY
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.bind import Evaluator
@@ -358,9 +357,13 @@ def run_checks(located: Located, confidence: float | None = None) -> list[CheckR
 
         with _blame(located):
             step = evaluate_step(job, level=confidence or DEFAULT_LEVEL).step
-        steps = None if plan.tokens is None else -(-plan.tokens // (plan.global_batch * plan.seq))
+        days = None
+        if plan.tokens is not None:
+            from costmodel.training.capacity import budget
+
+            days = budget(plan.tokens, plan.global_batch * plan.seq, step.time_s, job.gpus, None).wall_days
         for key, bound in want.timed().items():
-            add(key, *_time_check(job, step, key, bound, confidence, steps=steps))
+            add(key, *_time_check(job, step, key, bound, confidence, days=days))
     return results
 
 
@@ -392,14 +395,14 @@ def _figure(figure: str, value: float) -> str:
 
 
 def _time_check(
-    job: Job, step: StepTimes, key: str, bound: float, confidence: float | None, *, steps: int | None = None
+    job: Job, step: StepTimes, key: str, bound: float, confidence: float | None, *, days: float | None = None
 ) -> tuple[bool, str]:
     """A bound on one of the step's figures, its interval, and the chance the measured step meets it. Each
-    figure is the step time times a constant (a ceiling: the time, the days of ``steps`` of it) or a constant
+    figure is the step time times a constant (a ceiling: the time, the token budget's ``days`` at it) or a constant
     over it (a floor: a rate), so a bound is the step time it allows: ``time_s x bound / value`` or
     ``time_s x value / bound``."""
     figure, ceiling = TIMED[key]
-    value = step.time_s * steps / DAY if figure == "days" else getattr(step, figure)  # type: ignore[operator]
+    value = days if figure == "days" else getattr(step, figure)
     detail = f"{_figure(figure, value)}; {'ceiling' if ceiling else 'floor'} {_figure(figure, bound)}"
     band = step.time_s_interval
     if band.known:
