@@ -18,6 +18,7 @@ from costmodel.plans.job import Job
 from costmodel.plans.schema import Deadline
 from costmodel.training.capacity import (
     Goal,
+    between,
     budget,
     fewest_gpus,
     gpu_counts,
@@ -181,19 +182,57 @@ def _fewest(days: float, confidence: float | None = None) -> Deadline:
     return fewest_gpus(Job.of(**DEADLINE_JOB), Goal(10**11, days, confidence), 64, Constraints(), level=0.8)
 
 
+def _weighed_in_order(answer: Deadline) -> None:
+    """What any answer holds: counts smallest first, every one below the answer misses and every one from it
+    on meets (doubling stops at the first that meets, bisection goes left on a meet and right on a miss)."""
+    gpus = [c.gpus for c in answer.counts]
+    assert gpus == sorted(set(gpus))
+    assert all(c.meets == (answer.gpus is not None and c.gpus >= answer.gpus) for c in answer.counts)
+
+
 def test_the_fewest_gpus_are_the_first_count_whose_pick_trains_the_budget_in_time() -> None:
     """Each count's days are the budget's steps at its pick's step; every count before the answer misses, the
-    answer meets, and nothing past it is weighed."""
+    answer meets, and nothing past the first power of two that meets is weighed."""
     answer = _fewest(3.0)
     steps = math.ceil(10**11 / (64 * 32768))
-    assert answer.gpus == answer.counts[-1].gpus and answer.counts[-1].meets
-    assert [c.gpus for c in answer.counts] == gpu_counts(64, 1)[: len(answer.counts)]
+    _weighed_in_order(answer)
+    doubled = [c.gpus for c in answer.counts if c.gpus in gpu_counts(64, 1)]
+    assert doubled == gpu_counts(64, 1)[: len(doubled)] and answer.counts[-1].gpus == doubled[-1]
     for count in answer.counts:
         if count.plan is not None:
             assert count.days == pytest.approx(steps * count.step_time_s / 86_400, rel=1e-12)
             assert count.days_interval.lo <= count.days_interval.hi  # type: ignore[union-attr]
-    assert all(not c.meets and (c.days is None or c.days > 3.0) for c in answer.counts[:-1])
-    assert answer.counts[-1].days <= 3.0
+    assert all(c.days is None or c.days > 3.0 for c in answer.counts if not c.meets)
+    assert all(c.days <= 3.0 for c in answer.counts if c.meets)
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "unit", "counts"),
+    [
+        (32, 64, 8, [40, 48, 56]),
+        (64, 128, 32, [96]),
+        (16, 32, 16, []),
+        (36, 64, 8, [40, 48, 56]),
+        (8, 16, 8, []),
+    ],
+)
+def test_the_counts_between_two_doublings_are_the_whole_units_strictly_between(
+    low, high, unit, counts
+) -> None:
+    assert between(low, high, unit) == counts
+
+
+def test_a_deadline_between_two_doublings_is_met_by_whole_nodes() -> None:
+    """Llama 3 8B at 32K on H100s (nodes of 8), global batch 128: 32 GPUs take 5.4 days and 64 take 2.7, so a
+    4-day deadline is bisected over 40, 48 and 56: 48 meets it (3.7 days, near 32's days x 32/48: the pick
+    scales almost linearly), 40 does not (4.6), and the answer is 48, not 64."""
+    job = Job.of(**(DEADLINE_JOB | {"gpus": 128}))
+    answer = fewest_gpus(job, Goal(10**11, 4.0), 128, Constraints(), level=0.8)
+    _weighed_in_order(answer)
+    assert [c.gpus for c in answer.counts] == [1, 2, 4, 8, 16, 32, 40, 48, 64]  # 48 met, then 40 missed
+    assert answer.gpus == 48
+    days = {c.gpus: c.days for c in answer.counts}
+    assert days[40] > 4.0 >= days[48] and days[48] == pytest.approx(days[32] * 32 / 48, rel=0.05)
 
 
 def test_a_later_deadline_never_needs_more_gpus_and_a_confidence_never_fewer() -> None:

@@ -128,8 +128,8 @@ def recommend_cmd(
         Optional[str],
         typer.Option(
             "--deadline",
-            help="With --tokens: the fewest GPUs, of at most --gpus (doubling), whose pick trains the budget "
-            "within this time (30d, 720h, 4w; a bare number is days), and the plan at that count; with "
+            help="With --tokens: the fewest GPUs, of at most --gpus (doubling, then whole nodes between), whose "
+            "pick trains the budget within this time (30d, 720h, 4w; a bare number is days), and the plan at that count; with "
             "--confidence, meets it with at least that probability too.",
             show_default=False,
         ),
@@ -517,7 +517,7 @@ def _add_deadline(head, deadline) -> None:  # noqa: ANN001
     if deadline.gpus is None:
         text = f"no count of at most {deadline.most_gpus:,} GPUs trains {goal}: the plan above is at {deadline.most_gpus:,}"
     else:
-        met = deadline.counts[-1]
+        met = next(c for c in deadline.counts if c.gpus == deadline.gpus)
         chance = (
             ""
             if met.meets_probability is None

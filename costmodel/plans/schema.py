@@ -542,7 +542,8 @@ class Deadline(BaseModel):
         description="the fewest GPUs that meet it; null when no count up to most_gpus does"
     )
     counts: list[GpuCount] = Field(
-        description="the counts weighed: powers of two up to most_gpus and most_gpus, up to the first that meets"
+        description="the counts weighed, smallest first: the fixed layout's GPUs doubled up to the first that "
+        "meets (most_gpus last), then the whole nodes between it and the count before, bisected"
     )
 
 

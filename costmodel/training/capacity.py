@@ -163,13 +163,19 @@ def budget(
 
 
 def gpu_counts(most: int, fixed: int) -> list[int]:
-    """The GPU counts a deadline is weighed at: ``fixed`` (the devices the flags' fixed TP x CP x PP take) times
-    each power of two below ``most``, then ``most``."""
+    """The GPU counts a deadline is weighed at first: ``fixed`` (the devices the flags' fixed TP x CP x PP take)
+    times each power of two below ``most``, then ``most``."""
     counts, gpus = [], fixed
     while gpus < most:
         counts.append(gpus)
         gpus *= 2
     return [*counts, most]
+
+
+def between(low: int, high: int, unit: int) -> list[int]:
+    """The multiples of ``unit`` strictly between ``low`` and ``high``: the whole-node counts that a doubling
+    step skipped."""
+    return list(range((low // unit + 1) * unit, high, unit))
 
 
 @dataclass(frozen=True)
@@ -191,22 +197,23 @@ def fewest_gpus(
     top: int = 5,
     margin: FitMargin | None = None,
 ) -> Deadline:
-    """The fewest GPUs, of at most ``job.gpus``, whose plan trains the goal's tokens within its days: each
-    count of :func:`gpu_counts` searched in turn, smallest first, up to the first that meets it, its plan the
-    one ``recommend`` picks there (of the ``top`` fastest). The global batch is held, so every count takes the
-    same steps. With a confidence, a count meets the deadline only where the measured step times of its
-    plan's regime say it does with at least that probability; with ``margin`` (--confidence's memory margin),
-    a plan fits only within it."""
+    """The fewest GPUs, of at most ``job.gpus``, whose plan trains the goal's tokens within its days, its plan
+    the one ``recommend`` picks there (of the ``top`` fastest). Each count of :func:`gpu_counts` is searched in
+    turn, smallest first, up to the first that meets it; past a node, the whole nodes (and whole fixed layouts)
+    between that count and the last that missed are then bisected, so 48 GPUs is found where 32 miss and 64
+    meet. Bisection takes more GPUs to train no slower, as a search over more devices mostly does. The global
+    batch is held, so every count takes the same steps. With a confidence, a count meets the deadline only
+    where the measured step times of its plan's regime say it does with at least that probability; with
+    ``margin`` (--confidence's memory margin), a plan fits only within it."""
     batch = global_batch or default_global_batch(job.inputs.seq)
     deadline_s = goal.days * DAY
-    fixed = (constraints.tp or 1) * (constraints.cp or 1) * (constraints.pp or 1)
-    counts: list[GpuCount] = []
-    for gpus in gpu_counts(job.gpus, fixed):
+    fixed = (constraints.tp or 1) * (constraints.pp or 1) * (constraints.cp or 1)
+
+    def weigh(gpus: int) -> GpuCount:
         at = job.replace(gpus=gpus)
         found, _ = searched_pick(at, batch, constraints, top, level, margin=margin)
         if not found.plans:
-            counts.append(GpuCount(gpus=gpus))
-            continue
+            return GpuCount(gpus=gpus)
         plan = found.plans[0]
         step = plan["step_time_s"]
         spent = budget(
@@ -218,22 +225,33 @@ def fewest_gpus(
             step_interval=Interval(**plan["time_s_interval"]),
         )
         chance = time_within(plan_as_job(plan, at, batch), step, deadline_s / spent.steps, plan["breakdown"])
-        meets = spent.wall_s <= deadline_s and (goal.confidence is None or (chance or 0.0) >= goal.confidence)
-        counts.append(
-            GpuCount(
-                gpus=gpus,
-                plan=label(plan),
-                layout=layout_name(plan),
-                step_time_s=step,
-                days=spent.wall_days,
-                days_interval=spent.wall_days_interval,
-                meets_probability=chance,
-                meets=meets,
-            )
+        return GpuCount(
+            gpus=gpus,
+            plan=label(plan),
+            layout=layout_name(plan),
+            step_time_s=step,
+            days=spent.wall_days,
+            days_interval=spent.wall_days_interval,
+            meets_probability=chance,
+            meets=spent.wall_s <= deadline_s
+            and (goal.confidence is None or (chance or 0.0) >= goal.confidence),
         )
-        if meets:
+
+    counts: list[GpuCount] = []
+    for gpus in gpu_counts(job.gpus, fixed):
+        counts.append(weigh(gpus))
+        if counts[-1].meets:
             break
-    met = counts[-1].gpus if counts[-1].meets else None
+    node = job.machine.profile.devices_per_node
+    if counts[-1].meets and len(counts) > 1 and counts[-2].gpus >= node:
+        unit = math.lcm(node, fixed)
+        left = between(counts[-2].gpus, counts[-1].gpus, unit)
+        while left:
+            middle = len(left) // 2
+            counts.append(weigh(left[middle]))
+            left = left[:middle] if counts[-1].meets else left[middle + 1 :]
+    counts.sort(key=lambda c: c.gpus)
+    met = next((c.gpus for c in counts if c.meets), None)
     return Deadline(
         days=goal.days,
         tokens=goal.tokens,
