@@ -187,6 +187,9 @@ def _weighed_in_order(answer: Deadline) -> None:
     on meets (doubling stops at the first that meets, bisection goes left on a meet and right on a miss)."""
     gpus = [c.gpus for c in answer.counts]
     assert gpus == sorted(set(gpus))
+    for count in answer.counts:  # a count is the GPUs its pick runs on: TP x CP x PP (v ...) x DP
+        if count.layout is not None:
+            assert math.prod(int(d.split("v")[0]) for d in count.layout.split("x")) == count.gpus
     assert all(c.meets == (answer.gpus is not None and c.gpus >= answer.gpus) for c in answer.counts)
 
 
@@ -220,6 +223,17 @@ def test_the_counts_between_two_doublings_are_the_whole_units_strictly_between(
     low, high, unit, counts
 ) -> None:
     assert between(low, high, unit) == counts
+
+
+def test_a_count_whose_pick_leaves_gpus_idle_is_the_gpus_it_runs_on() -> None:
+    """Llama 3 70B at 128K, 1T tokens in 20 days on up to 4,096 H100s: between 1,024 (24.7 days) and 2,048 the
+    picks at 1,408 to 1,528 GPUs all run on 1,280 (TP 8 x CP 16 x PP 5 x DP 2, 20.3 days), so the answer is
+    1,536 (TP 8 x CP 16 x PP 3 x DP 4, 16.8 days) and no count is listed at more GPUs than its plan uses."""
+    job = Job.of(model="llama3-70b", seq=131072, hw="h100-ib", gpus=4096)
+    answer = fewest_gpus(job, Goal(10**12, 20.0), None, Constraints(), level=0.8)
+    _weighed_in_order(answer)
+    assert answer.gpus == 1536
+    assert [c.gpus for c in answer.counts if 1024 < c.gpus < 2048] == [1280, 1536]
 
 
 def test_a_deadline_between_two_doublings_is_met_by_whole_nodes() -> None:

@@ -511,7 +511,9 @@ class GpuCount(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    gpus: int
+    gpus: int = Field(
+        description="the GPUs the count's pick runs on: the count searched, less any its layout leaves idle"
+    )
     plan: str | None = Field(None, description="the plan recommend picks at this count; null when none fits")
     layout: str | None = Field(None, description="its layout, TPxCPxPPxDP (PP 2v4: 2 stages of 4 virtual)")
     step_time_s: float | None = Field(None, description="its predicted step time")

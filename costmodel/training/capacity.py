@@ -201,10 +201,12 @@ def fewest_gpus(
     the one ``recommend`` picks there (of the ``top`` fastest). Each count of :func:`gpu_counts` is searched in
     turn, smallest first, up to the first that meets it; past a node, the whole nodes (and whole fixed layouts)
     between that count and the last that missed are then bisected, so 48 GPUs is found where 32 miss and 64
-    meet. Bisection takes more GPUs to train no slower, as a search over more devices mostly does. The global
-    batch is held, so every count takes the same steps. With a confidence, a count meets the deadline only
-    where the measured step times of its plan's regime say it does with at least that probability; with
-    ``margin`` (--confidence's memory margin), a plan fits only within it."""
+    meet. Bisection takes more GPUs to train no slower, as a search over more devices mostly does. A count is
+    the GPUs its pick runs on: where no layout of all of them divides, the search leaves some idle, and the
+    same pick is what it finds on just the GPUs it uses. The global batch is held, so every count takes the
+    same steps. With a confidence, a count meets the deadline only where the measured step times of its
+    plan's regime say it does with at least that probability; with ``margin`` (--confidence's memory margin),
+    a plan fits only within it."""
     batch = global_batch or default_global_batch(job.inputs.seq)
     deadline_s = goal.days * DAY
     fixed = (constraints.tp or 1) * (constraints.pp or 1) * (constraints.cp or 1)
@@ -220,13 +222,13 @@ def fewest_gpus(
             goal.tokens,
             batch * job.inputs.seq,
             step,
-            gpus,
+            plan["gpus"],
             None,
             step_interval=Interval(**plan["time_s_interval"]),
         )
         chance = time_within(plan_as_job(plan, at, batch), step, deadline_s / spent.steps, plan["breakdown"])
         return GpuCount(
-            gpus=gpus,
+            gpus=plan["gpus"],
             plan=label(plan),
             layout=layout_name(plan),
             step_time_s=step,
@@ -237,20 +239,28 @@ def fewest_gpus(
             and (goal.confidence is None or (chance or 0.0) >= goal.confidence),
         )
 
-    counts: list[GpuCount] = []
+    weighed: dict[int, GpuCount] = {}
+
+    def weigh_once(gpus: int) -> GpuCount:
+        count = weigh(gpus)
+        weighed.setdefault(count.gpus, count)
+        return count
+
+    missed = None  # the most GPUs weighed that miss, before the first that meets
     for gpus in gpu_counts(job.gpus, fixed):
-        counts.append(weigh(gpus))
-        if counts[-1].meets:
+        count = weigh_once(gpus)
+        if count.meets:
             break
+        missed = gpus
     node = job.machine.profile.devices_per_node
-    if counts[-1].meets and len(counts) > 1 and counts[-2].gpus >= node:
-        unit = math.lcm(node, fixed)
-        left = between(counts[-2].gpus, counts[-1].gpus, unit)
+    if count.meets and missed is not None and missed >= node:
+        left = between(missed, count.gpus, math.lcm(node, fixed))
         while left:
-            middle = len(left) // 2
-            counts.append(weigh(left[middle]))
-            left = left[:middle] if counts[-1].meets else left[middle + 1 :]
-    counts.sort(key=lambda c: c.gpus)
+            middle = left[len(left) // 2]
+            count = weigh_once(middle)
+            # a pick on fewer GPUs than searched is the pick on those too: what lies between is weighed
+            left = [c for c in left if c < count.gpus] if count.meets else [c for c in left if c > middle]
+    counts = sorted(weighed.values(), key=lambda c: c.gpus)
     met = next((c.gpus for c in counts if c.meets), None)
     return Deadline(
         days=goal.days,
