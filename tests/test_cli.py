@@ -30,7 +30,8 @@ CONTRACT = {  # docs/json.md: at least these keys
     "compute": "total_flops device_flops_per_layer step_flops",
     "ring": "recv_bytes_per_layer send_bytes_per_layer step_recv_bytes intensity_step intensity_layer "
     "step_compute_s step_comm_s layer_compute_s layer_comm_s comm_ratio_step comm_ratio_layer verdict n_max "
-    "n_max_green n_max_amber critical_shard_tokens",
+    "critical_shard_tokens",
+    "verdict": "pass comm_ratio_step verdict intensity_step n_max n_max_green n_max_amber critical_shard_tokens",
     "ulysses": "feasible reason recv_bytes_per_layer",
     "tp": "bytes_per_layer",
     "causal": "utilization_coarse utilization_fine utilization",
@@ -202,10 +203,30 @@ def test_ring_across_nodes_uses_and_names_the_inter_node_link(cli) -> None:
 
 
 def test_largest_green_and_amber_n_follow_the_topology(cli) -> None:
-    ring = cli(*WORKED, "-f", "json").json()["ring"]
+    verdict = cli(*WORKED, "-f", "json").json()["verdict"]
     # step ratio on IB = N x 2 n_kv p F / (4 S h B) = N x 2 x 8 x 2 x 312e12 / (4 x 262144 x 32 x 25e9) = N x 1.19 %
-    assert ring["n_max_green"] == 8  # all of the NVLink node; IB at N = 9 is 10.7 %
-    assert ring["n_max_amber"] == 12  # on HDR IB: 14.3 % at N = 12, 15.5 % at N = 13
+    assert verdict["n_max_green"] == 8  # all of the NVLink node; IB at N = 9 is 10.7 %
+    assert verdict["n_max_amber"] == 12  # on HDR IB: 14.3 % at N = 12, 15.5 % at N = 13
+
+
+def test_the_limits_are_the_verdicts_pass(cli) -> None:
+    """fwd+bwd is bound by the backward (2.5x the FLOP, but K, V and fp32 dK, dV to receive): its ratio is the
+    verdict's, and N_max, L*, the intensity and the band edges are the backward's, as sweep's N_max for the
+    same job (Llama 3 8B's attention at 128K, N = 4 on H100s over NDR: 36.2 % at N = 4, so N_max = 4 / 0.362).
+    A forward plan's limits are the ring's own."""
+    args = ("--seq", "128k", "--n", "4", "--hw", "h100-ib", "--causal", "--layout", "zigzag")
+    both = cli(*args, "--pass", "fwd+bwd", "-f", "json").json()
+    verdict, backward = both["verdict"], both["backward"]
+    assert verdict["comm_ratio_step"] == backward["comm_ratio_step"] > both["ring"]["comm_ratio_step"]
+    assert verdict["n_max"] == pytest.approx(4 / verdict["comm_ratio_step"], rel=0.01)
+    assert verdict["critical_shard_tokens"] == backward["critical_shard_tokens"]
+    assert verdict["intensity_step"] == backward["intensity_step"]
+    swept = cli("sweep", "--seq", "128k", "--n", "4", "--hw", "h100-ib", "--causal", "--pass", "fwd+bwd").out
+    assert re.search(rf"128k\s+36\.2%\s+{verdict['n_max']:.1f}\b", swept), swept
+    forward = cli(*args, "-f", "json").json()
+    for key in ("n_max", "critical_shard_tokens", "intensity_step"):
+        assert forward["verdict"][key] == pytest.approx(forward["ring"][key], rel=1e-12)
+    assert forward["verdict"]["n_max_amber"] >= verdict["n_max_amber"]
 
 
 def test_ulysses_infeasible_says_why(cli) -> None:
@@ -520,7 +541,7 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
 @pytest.mark.parametrize(
     ("args", "schema"),
     [
-        (["--seq", "8k"], "cp-plan/report/v3"),
+        (["--seq", "8k"], "cp-plan/report/v4"),
         (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v8"),
         (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v8"),
         (["sweep"], "cp-plan/sweep/v1"),

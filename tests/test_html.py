@@ -120,7 +120,7 @@ def test_page_numbers_are_the_reports_fields(cli) -> None:
     assert {
         "verdict.comm_ratio_step",
         "ring.layer_time_s",
-        "ring.n_max_green",
+        "verdict.n_max_green",
         "ring.step_comm_s",
         "memory.scores_full_bytes",
         "causal.utilization.zigzag",

@@ -53,6 +53,14 @@ def test_tp_beyond_kv_heads_replicates_one_head_per_rank() -> None:
     assert out.kv_cache_bytes_per_device == 4096 * 2 * 1 * 128 * 2 * 32
 
 
+@pytest.mark.parametrize(("pp", "layers"), [(1, 126), (2, 63), (3, 42), (4, 32), (5, 26), (7, 18)])
+def test_an_uneven_pipeline_sizes_its_cache_by_the_stage_holding_the_most(pp: int, layers: int) -> None:
+    """126 layers over 4 stages are 31 + 32 + 32 + 31: the device that holds 32 holds their caches, as it holds
+    their weights (not 126 / 4 = 31.5 layers' worth)."""
+    out = infer(**H405, prompt=32768, cp=1, pp=pp)
+    assert out.kv_cache_bytes_per_device == 32768 * 2 * 1 * 128 * 2 * layers  # a bf16 cache beside fp8 weights
+
+
 def test_weights_per_device_by_hand() -> None:
     out = infer(**H405, prompt="1M", cp=16)
     params = formula("params", n_L=126, H=16384, h=128, n_kv=8, d=128, F_ffn=53248, g=1, V=128256, e_m=2)

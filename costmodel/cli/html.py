@@ -222,8 +222,8 @@ def _verdict(report: Report, checks: list[CheckResult] | None) -> str:
         ),
         (
             "answer",
-            f"N = {i.cp} is {escape(v.verdict)}; largest N green {_field('ring.n_max_green', r.n_max_green, str(r.n_max_green))}, "
-            f"amber {_field('ring.n_max_amber', r.n_max_amber, str(r.n_max_amber))} (topology included)",
+            f"N = {i.cp} is {escape(v.verdict)}; largest N green {_field('verdict.n_max_green', v.n_max_green, str(v.n_max_green))}, "
+            f"amber {_field('verdict.n_max_amber', v.n_max_amber, str(v.n_max_amber))} (topology included)",
         ),
         (
             "layer",

@@ -182,11 +182,12 @@ def scope_line(report: Report) -> str | None:
 
 
 def limits_lines(report: Report) -> list[str]:
-    r, hw = report.ring, report.hardware
+    """The verdict's pass's limits: for fwd+bwd the phase that binds (the backward, on most links)."""
+    v, hw = report.verdict, report.hardware
     return [
-        f"step intensity {count(round(r.intensity_step))} vs β {count(round(hw.beta))} FLOP per link byte",
-        f"largest N: green {r.n_max_green}, amber {r.n_max_amber} (topology included)",
-        f"comm = compute at N = {count(round(r.n_max))}; L* = {count(round(r.critical_shard_tokens))} tokens "
+        f"step intensity {count(round(v.intensity_step))} vs β {count(round(hw.beta))} FLOP per link byte",
+        f"largest N: green {v.n_max_green}, amber {v.n_max_amber} (topology included)",
+        f"comm = compute at N = {v.n_max:,.1f}; L* = {count(round(v.critical_shard_tokens))} tokens "
         "(shortest shard hiding it)",
     ]
 

@@ -156,7 +156,9 @@ def plan_values(inputs: PlanInputs, machine: Machine, n: int | None = None) -> d
 
 
 PASSES = {"fwd": ("fwd",), "bwd": ("bwd",), "fwd+bwd": ("fwd", "bwd")}
-RATIO = {"fwd": "comm_ratio_step", "bwd": "bwd_comm_ratio_step"}
+# The backward's formulas are the forward's names with this prefix (formula group "backward").
+PHASE_PREFIX = {"fwd": "", "bwd": "bwd_"}
+RATIO = {phase: f"{prefix}comm_ratio_step" for phase, prefix in PHASE_PREFIX.items()}
 
 
 def pass_ratio(ev: Evaluator, pass_: str, **overrides: Any) -> float:

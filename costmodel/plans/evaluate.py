@@ -10,7 +10,7 @@ from __future__ import annotations
 from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
-from costmodel.plans.bind import PASSES, Evaluation, Evaluator, pass_ratio, plan_values
+from costmodel.plans.bind import PASSES, PHASE_PREFIX, RATIO, Evaluation, Evaluator, pass_ratio, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.packed_report import mask_section, masked_utilization, packing_section
 from costmodel.plans.schema import (
@@ -35,13 +35,17 @@ from costmodel.schedule.layouts import LAYOUTS, chunks_per_rank
 from costmodel.schedule.simulator import simulation_tile, utilization
 
 
-def _largest_n_in_band(ev: Evaluator, machine: Machine, upper: float, strict: bool, seq: int) -> int:
-    """Largest integer N whose ring step ratio stays in the band, each N on the link it would use.
+def _largest_n_in_band(
+    ev: Evaluator, machine: Machine, upper: float, strict: bool, inputs: PlanInputs
+) -> int:
+    """Largest integer N whose ring step ratio (the pass's, as the verdict's) stays in the band, each N on the
+    link it would use.
 
     The ratio grows with N on a given link, so a binary search inside each scope finds the edge."""
+    seq = inputs.seq
 
     def inside(n: int) -> bool:
-        ratio = float(ev("comm_ratio_step", N=float(n), **machine.link(n).values))
+        ratio = pass_ratio(ev, inputs.pass_, N=float(n), **machine.link(n).values)
         return ratio < upper or (not strict and ratio <= upper)
 
     ranks = machine.ranks_per_node
@@ -92,7 +96,7 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         usp=[_usp(ev, s, machine) for s in schemes],
         schemes=[_scheme(s) for s in schemes],
         backward=backward,
-        verdict=_verdict(ev, inputs, ring, backward),
+        verdict=_verdict(ev, inputs, machine, ring, backward),
         tp=TP(
             bytes_per_layer=ev("tp_bytes_per_layer"),
             ratio_to_ring=ev("tp_to_ring_ratio") if inputs.cp > 1 else None,
@@ -135,8 +139,6 @@ def _ring(
         n_max=ev("n_max"),
         n_max_intra_node=bounds["intra"],
         n_max_inter_node=bounds["inter"],
-        n_max_green=_largest_n_in_band(ev, machine, GREEN.upper, strict=True, seq=inputs.seq),
-        n_max_amber=_largest_n_in_band(ev, machine, AMBER.upper, strict=False, seq=inputs.seq),
         critical_shard_tokens=ev("critical_shard_tokens"),
         layer_time_s=kernel.forward_s,
         layer_compute_kernel_s=kernel.forward_compute_s,
@@ -161,20 +163,28 @@ def _backward(ev: Evaluator, step_compute_kernel_s: float) -> Backward:
     )
 
 
-def _verdict(ev: Evaluator, inputs: PlanInputs, ring: Ring, backward: Backward) -> Verdict:
+def _verdict(ev: Evaluator, inputs: PlanInputs, machine: Machine, ring: Ring, backward: Backward) -> Verdict:
     """The band of the balanced ratio (the bound the articles reason with), and beside it the ratio at the
-    kernel rates the layer time and the timeline read, so the headline and the timeline tell one story."""
+    kernel rates the layer time and the timeline read, so the headline and the timeline tell one story. The
+    limits are the same pass's: for fwd+bwd, N_max the lower and L* the longer of the two phases'."""
     ratio = pass_ratio(ev, inputs.pass_)
     chosen = band(ratio)
     phases = {"fwd": (ring.step_comm_s, ring.step_compute_kernel_s)}
     phases["bwd"] = (backward.step_comm_s, backward.step_compute_kernel_s)
     timed = [comm / compute for comm, compute in (phases[p] for p in PASSES[inputs.pass_]) if compute > 0]
+    prefixes = [PHASE_PREFIX[p] for p in PASSES[inputs.pass_]]
+    binding = max(PASSES[inputs.pass_], key=lambda p: float(ev(RATIO[p])))
     return Verdict(
         pass_=inputs.pass_,
         comm_ratio_step=ratio,
         verdict=chosen.verdict,
         text=chosen.text,
         comm_ratio_step_kernel=max(timed) if inputs.cp > 1 and timed else None,
+        intensity_step=ev(PHASE_PREFIX[binding] + "intensity_step"),
+        n_max=min(float(ev(prefix + "n_at_ratio", r=1.0)) for prefix in prefixes),
+        n_max_green=_largest_n_in_band(ev, machine, GREEN.upper, strict=True, inputs=inputs),
+        n_max_amber=_largest_n_in_band(ev, machine, AMBER.upper, strict=False, inputs=inputs),
+        critical_shard_tokens=max(float(ev(prefix + "critical_shard_tokens")) for prefix in prefixes),
     )
 
 

@@ -14,7 +14,11 @@ from costmodel.core.intervals import Interval
 from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
 from costmodel.plans.verdict import Colour
 
-SCHEMA = "cp-plan/report/v3"  # v2: inputs.cp, the CP degree, was inputs.n; v3: verdict.comm_ratio_step_kernel
+SCHEMA = (
+    "cp-plan/report/v4"  # v2: inputs.cp, the CP degree, was inputs.n; v3: verdict.comm_ratio_step_kernel;
+)
+# v4: verdict.{intensity_step, n_max, n_max_green, n_max_amber, critical_shard_tokens}, the pass's (the band
+# edges were ring.n_max_green and ring.n_max_amber, the forward's)
 
 
 class _Section(BaseModel):
@@ -85,8 +89,6 @@ class Ring(_Section):
     n_max: float = Field(description="largest N with ratio <= 100 % on this plan's link ([A-RingCost §4])")
     n_max_intra_node: float | None = Field(description="the bound with the intra-node link")
     n_max_inter_node: float | None = Field(description="the bound with the inter-node link")
-    n_max_green: int = Field(description="largest N whose ratio stays below 5 %, topology included")
-    n_max_amber: int = Field(description="largest N whose ratio stays at or below 15 %, topology included")
     critical_shard_tokens: float = Field(description="L*: shard length where step comm = step compute")
     layer_time_s: float = Field(
         description="predicted layer wall time: tile-level causal schedule of this layout, transfers overlapped"
@@ -133,6 +135,20 @@ class Verdict(_Section):
         description="the same ratio with compute at the kernel rates the layer time and the timeline read "
         "(ring.step_compute_kernel_s, backward.step_compute_kernel_s); below 1 a transfer hides under its step "
         "when overlapped; null at N = 1",
+    )
+    intensity_step: float = Field(
+        description="step arithmetic intensity, FLOP per received byte, of the phase the ratio is of"
+    )
+    n_max: float = Field(
+        description="real N where the pass's step comm reaches its compute on this plan's link (fwd+bwd: the "
+        "lower of the two phases'; ring.n_max is the forward's)"
+    )
+    n_max_green: int = Field(description="largest N whose pass ratio stays below 5 %, topology included")
+    n_max_amber: int = Field(
+        description="largest N whose pass ratio stays at or below 15 %, topology included"
+    )
+    critical_shard_tokens: float = Field(
+        description="L* of the pass: the shortest shard that hides every phase's transfer (fwd+bwd: the longer)"
     )
 
 

@@ -1674,9 +1674,9 @@ def weight_bytes_per_device(*, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m
     return ops.select([ops.equal(pp, 1),True], [_x0*p_w*(_x1 + _x2*e_m + _x8*n_L),p_w*ops.maximum(ops.maximum(_x0*_x8*n_mid, _x0*(_x2 + _x8*n_first)), _x0*(_x1 + _x2 + _x8*n_last))], default=ops.nan)
 
 
-def kv_cache_bytes_per_device(*, S_kv, b, d, n_L, n_kv, p_kv, pp, t):
-    """M_kv = 2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/pp: KV cache one device holds: b sequences x S_kv tokens x K and V of the TP rank's KV heads, for its stage's layers [B] ([CP-Infer])."""
-    return 2*S_kv*b*d*n_L*p_kv*ops.maximum(1, n_kv/t)/pp
+def kv_cache_bytes_per_device(*, S_kv, b, d, n_first, n_kv, n_last, n_mid, p_kv, t):
+    """M_kv = 2*S_kv*b*d*p_kv*Max(1, n_kv/t)*Max(n_first, n_last, n_mid): KV cache one device holds: b sequences x S_kv tokens x K and V of the TP rank's KV heads, for the layers of the stage holding the most [B] ([CP-Infer])."""
+    return 2*S_kv*b*d*p_kv*ops.maximum(1, n_kv/t)*ops.maximum(ops.maximum(n_first, n_last), n_mid)
 
 
 def prefill_activation_bytes(*, F_ffn, H, K_c, N, T_n, b, d, g, h, n_kv, p, p_acc, t):
@@ -1797,14 +1797,14 @@ def decode_weight_read_s(*, B_hbm, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, 
     return ops.select([ops.equal(pp, 1),True], [_x0*_x9*(_x1 + _x2*e_m + _x8*n_L),_x9*ops.maximum(ops.maximum(_x0*_x8*n_mid, _x0*(_x2 + _x8*n_first)), _x0*(_x1 + _x2 + _x8*n_last))], default=ops.nan)
 
 
-def decode_kv_read_s(*, B_hbm, S_kv, b, d, n_L, n_kv, p_kv, pp, t):
-    """t_kv_decode = 2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t)/(B_hbm*pp): reading one device's KV cache once per decode step [s] ([Roofline], [CP-Infer])."""
-    return 2*S_kv*b*d*n_L*p_kv*ops.maximum(1, n_kv/t)/(B_hbm*pp)
+def decode_kv_read_s(*, B_hbm, S_kv, b, d, n_first, n_kv, n_last, n_mid, p_kv, t):
+    """t_kv_decode = 2*S_kv*b*d*p_kv*Max(1, n_kv/t)*Max(n_first, n_last, n_mid)/B_hbm: reading one device's KV cache once per decode step [s] ([Roofline], [CP-Infer])."""
+    return 2*S_kv*b*d*p_kv*ops.maximum(1, n_kv/t)*ops.maximum(ops.maximum(n_first, n_last), n_mid)/B_hbm
 
 
 def decode_compute_s(*, F_attn, F_ffn, F_gemm, H, S_kv, V, b, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_first, n_kv, n_last, n_mid, pp, r_kv, r_q, t):
-    """t_c_decode = Piecewise((2*b*(F_attn*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t), Eq(pp, 1)), (2*b*(F_attn*pp*t*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t), True)): FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the rank's cache [s] ([Roofline])."""
-    _x0 = 2*F_gemm*S_kv*d*h*n_L
+    """t_c_decode = Piecewise((2*b*(F_attn*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + 2*F_gemm*S_kv*d*h*Max(n_first, n_last, n_mid))/(F_attn*F_gemm*t), Eq(pp, 1)), (2*b*(F_attn*t*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t) + 2*F_gemm*S_kv*d*h*Max(n_first, n_last, n_mid))/(F_attn*F_gemm*t), True)): FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the rank's cache [s] ([Roofline])."""
+    _x0 = 2*F_gemm*S_kv*d*h*ops.maximum(ops.maximum(n_first, n_last), n_mid)
     _x1 = H*t
     _x2 = H*V
     _x3 = c_q*r_q
@@ -1815,7 +1815,7 @@ def decode_compute_s(*, F_attn, F_ffn, F_gemm, H, S_kv, V, b, c_q, d, d_qk, d_r,
     _x8 = F_ffn*H*(g + 2) - H*_x6*(h + 2*n_kv) - H*h*(_x6 - d_v*m_la) - _x5 + m_la*(H*_x4 - H*_x7*(c_q - 1) + _x3*(H + _x7) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x5 + m_la*(_x3 + r_kv))
     _x9 = t**(-1.0)
     _x10 = 2*_x9*b/(F_attn*F_gemm)
-    return ops.select([ops.equal(pp, 1),True], [_x10*(F_attn*(_x1 + _x2*e_m + _x8*n_L) + _x0),_x10*(F_attn*pp*t*ops.maximum(ops.maximum(_x8*_x9*n_mid, _x9*(_x2 + _x8*n_first)), _x9*(_x1 + _x2 + _x8*n_last)) + _x0)/pp], default=ops.nan)
+    return ops.select([ops.equal(pp, 1),True], [_x10*(F_attn*(_x1 + _x2*e_m + _x8*n_L) + _x0),_x10*(F_attn*t*ops.maximum(ops.maximum(_x8*_x9*n_mid, _x9*(_x2 + _x8*n_first)), _x9*(_x1 + _x2 + _x8*n_last)) + _x0)], default=ops.nan)
 
 
 def decode_merge_bytes(*, N, b, d, h, p, p_acc, t):
@@ -1854,7 +1854,7 @@ def decode_sampling_s(*, B_hbm, V, b, p_acc):
 
 
 def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alpha, alpha_tp, b, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_first, n_kl, n_kv, n_last, n_mid, p, p_acc, p_kv, p_w, pp, r_kv, r_q, t, t_host, t_k, t_lf):
-    """t_token = Piecewise(((B_cp*B_hbm*B_tp*t*(t_host + Max((2*S_kv*b*d*n_L*p_kv*t*Max(1, n_kv/t) + p_w*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_hbm*t), 2*b*(F_attn*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*t))) + 2*B_cp*B_tp*V*b*p_acc*t + n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_tp*t), Eq(pp, 1)), ((B_cp*B_hbm*B_pp*B_tp*t*(pp*Max((2*S_kv*b*d*n_L*p_kv*Max(1, n_kv/t) + p_w*pp*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t))/(B_hbm*pp), 2*b*(F_attn*pp*t*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t) + 2*F_gemm*S_kv*d*h*n_L)/(F_attn*F_gemm*pp*t)) + t_host) + B_cp*B_hbm*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + 2*B_cp*B_pp*B_tp*V*b*p_acc*t + B_pp*n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_pp*B_tp*t), True)): time per output token: each stage in turn reads its weights and KV cache (or computes, when slower), every layer merges over CP, all-reduces over TP and pays its fixed cost, the stages hand the token on, it is sampled, and the host prepares the next step [s] ([Roofline], [CP-Infer])."""
+    """t_token = Piecewise(((B_cp*B_hbm*B_tp*t*(t_host + Max((2*S_kv*b*d*p_kv*t*Max(1, n_kv/t)*Max(n_first, n_last, n_mid) + p_w*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_hbm*t), 2*b*(F_attn*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + 2*F_gemm*S_kv*d*h*Max(n_first, n_last, n_mid))/(F_attn*F_gemm*t))) + 2*B_cp*B_tp*V*b*p_acc*t + n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_tp*t), Eq(pp, 1)), ((B_cp*B_hbm*B_pp*B_tp*t*(pp*Max((2*S_kv*b*d*p_kv*Max(1, n_kv/t)*Max(n_first, n_last, n_mid) + p_w*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t))/B_hbm, 2*b*(F_attn*t*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t) + 2*F_gemm*S_kv*d*h*Max(n_first, n_last, n_mid))/(F_attn*F_gemm*t)) + t_host) + B_cp*B_hbm*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + 2*B_cp*B_pp*B_tp*V*b*p_acc*t + B_pp*n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_pp*B_tp*t), True)): time per output token: each stage in turn reads its weights and KV cache (or computes, when slower), every layer merges over CP, all-reduces over TP and pays its fixed cost, the stages hand the token on, it is sampled, and the host prepares the next step [s] ([Roofline], [CP-Infer])."""
     _x0 = B_cp*t
     _x1 = 2*b
     _x2 = B_tp*p_acc
@@ -1865,7 +1865,7 @@ def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alp
     _x7 = b*h
     _x8 = H*b*p
     _x9 = n_L*(4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + _x8) + 3*B_cp*_x2*_x6*_x7*(d + 1) + _x4*_x6*(_x0*alpha + _x7*(d*p + p_acc)) + _x5*(n_kl*t_k + t_lf))
-    _x10 = 2*S_kv*d*n_L
+    _x10 = 2*S_kv*d*ops.maximum(ops.maximum(n_first, n_last), n_mid)
     _x11 = F_gemm*_x10*h
     _x12 = H*t
     _x13 = H*V
@@ -1882,9 +1882,8 @@ def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alp
     _x24 = B_hbm**(-1.0)
     _x25 = _x21*_x24
     _x26 = _x25/(B_cp*B_tp)
-    _x27 = pp**(-1.0)
-    _x28 = pp*ops.maximum(ops.maximum(_x19*_x21*n_mid, _x21*(_x13 + _x19*n_first)), _x21*(_x12 + _x13 + _x19*n_last))
-    return ops.select([ops.equal(pp, 1),True], [_x26*(_x3 + _x5*(t_host + ops.maximum(_x22*(F_attn*_x20 + _x11), _x25*(_x20*p_w + _x23*t))) + _x9),_x26*(B_pp*_x3 + B_pp*_x5*(pp*ops.maximum(_x24*_x27*(_x23 + _x28*p_w), _x22*_x27*(F_attn*_x28*t + _x11)) + t_host) + B_pp*_x9 + _x5*(pp - 1)*(B_pp*alpha + _x8))/B_pp], default=ops.nan)
+    _x27 = ops.maximum(ops.maximum(_x19*_x21*n_mid, _x21*(_x13 + _x19*n_first)), _x21*(_x12 + _x13 + _x19*n_last))
+    return ops.select([ops.equal(pp, 1),True], [_x26*(_x3 + _x5*(t_host + ops.maximum(_x22*(F_attn*_x20 + _x11), _x25*(_x20*p_w + _x23*t))) + _x9),_x26*(B_pp*_x3 + B_pp*_x5*(pp*ops.maximum(_x24*(_x23 + _x27*p_w), _x22*(F_attn*_x27*t + _x11)) + t_host) + B_pp*_x9 + _x5*(pp - 1)*(B_pp*alpha + _x8))/B_pp], default=ops.nan)
 
 
 def ring_hop_bandwidth(*, B_l, l_h):
@@ -3672,7 +3671,7 @@ ARGS = {
     'offload_layer_fwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_rep', 'z_w'),
     'offload_layer_bwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_rep', 'z_w'),
     'weight_bytes_per_device': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_w', 'pp', 'r_kv', 'r_q', 't'),
-    'kv_cache_bytes_per_device': ('S_kv', 'b', 'd', 'n_L', 'n_kv', 'p_kv', 'pp', 't'),
+    'kv_cache_bytes_per_device': ('S_kv', 'b', 'd', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_kv', 't'),
     'prefill_activation_bytes': ('F_ffn', 'H', 'K_c', 'N', 'T_n', 'b', 'd', 'g', 'h', 'n_kv', 'p', 'p_acc', 't'),
     'prefill_attn_flops': ('K_c', 'N', 'T_n', 'b', 'c', 'd', 'h', 't'),
     'passkv_step_bytes': ('K_c', 'N', 'T_n', 'b', 'd', 'n_kv', 'p', 't'),
@@ -3690,7 +3689,7 @@ ARGS = {
     'layer_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'p_w', 'r_kv', 'r_q', 't'),
     'output_weight_read_s': ('B_hbm', 'H', 'V', 'p_w', 't'),
     'decode_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_w', 'pp', 'r_kv', 'r_q', 't'),
-    'decode_kv_read_s': ('B_hbm', 'S_kv', 'b', 'd', 'n_L', 'n_kv', 'p_kv', 'pp', 't'),
+    'decode_kv_read_s': ('B_hbm', 'S_kv', 'b', 'd', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_kv', 't'),
     'decode_compute_s': ('F_attn', 'F_ffn', 'F_gemm', 'H', 'S_kv', 'V', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'pp', 'r_kv', 'r_q', 't'),
     'decode_merge_bytes': ('N', 'b', 'd', 'h', 'p', 'p_acc', 't'),
     'decode_merge_s': ('B_cp', 'N', 'alpha', 'b', 'd', 'h', 'p', 'p_acc', 't'),

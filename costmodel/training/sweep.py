@@ -14,7 +14,7 @@ import numpy as np
 from costmodel.core.errors import InputError
 from costmodel.core.units import TOKENS_HELP, parse_tokens
 from costmodel.machines.binding import Machine
-from costmodel.plans.bind import PASSES, RATIO, call, plan_values
+from costmodel.plans.bind import PASSES, PHASE_PREFIX, RATIO, call, plan_values
 from costmodel.plans.inputs import PlanInputs
 from costmodel.plans.job import Job
 from costmodel.plans.packing import compute_fraction, pack
@@ -23,9 +23,6 @@ from costmodel.schedule.layouts import chunks_per_rank
 
 RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
 
-
-# The backward's formulas are the forward's names with this prefix (formula group "backward").
-PHASE_PREFIX = {"fwd": "", "bwd": "bwd_"}
 MAX_POINTS = 256  # values per axis: a grid is answered in well under a second
 MAX_PROFILES = 16  # --hw entries: each is loaded, bound and swept (there are 15 built-in profiles)
 # With --model and --gpus each (S, profile) pair is a layout search for the step times (40-70 ms here): 64
@@ -161,7 +158,6 @@ def sweep(
     ratio = np.where(n_row == 1, 0.0, of_pass("comm_ratio_step"))  # one device receives nothing
     valid = (seq_col % n_row == 0) & (n_row <= seq_col)
     # N_max: the intra-node bound while it stays inside the node, else the inter-node one.
-    bound_of = {"fwd": "n_at_ratio", "bwd": "bwd_n_at_ratio"}  # N where the phase's step ratio reaches r
     bounds = {}
     ranks = machine.ranks_per_node
     groups = {"intra": 1} | ({"inter": ranks + 1} if profile.links.inter_node is not None else {})
@@ -169,7 +165,9 @@ def sweep(
         over = {"S": seq_col[:, 0], **machine.link(group).values, "r": 1.0}
         if c_row is not None:
             over["c"] = c_row
-        bounds[scope] = np.min([at(bound_of[phase], **over) for phase in PASSES[shape.pass_]], axis=0)
+        bounds[scope] = np.min(
+            [at(PHASE_PREFIX[phase] + "n_at_ratio", **over) for phase in PASSES[shape.pass_]], axis=0
+        )
     n_max = bounds["intra"]
     if "inter" in bounds:
         n_max = np.where(bounds["inter"] > ranks, bounds["inter"], np.minimum(bounds["intra"], ranks))

@@ -31,9 +31,12 @@ from costmodel.symbolic.symbols import (
     g,
     g_pg,
     h,
+    n_first,
     n_kl,
     n_kv,
     n_L,
+    n_last,
+    n_mid,
     o_cp,
     p,
     p_acc,
@@ -56,6 +59,9 @@ define = definer(GROUP)
 # the cache sharded: every rank attends the new token to its shard and the (O, LSE) partials are merged.
 # A TP rank holds n_kv/t KV heads, at least one (replicated when t > n_kv).
 _kv_tp = sympy.Max(n_kv / t, 1, evaluate=False)
+# The layers of the stage holding the most: n_L at pp = 1 (n_first = n_last = n_L), else the most of an uneven
+# split's stages (126 layers over 4: 31, 32, 32, 31). Its KV cache and its decode step size the device.
+_stage_layers = sympy.Max(n_first, n_mid, n_last, evaluate=False)
 _new = b * T_n / N  # new tokens one CP rank computes
 define(
     "weight_bytes_per_device",
@@ -68,9 +74,9 @@ define(
 M_kv = define(
     "kv_cache_bytes_per_device",
     "M_kv",
-    b * S_kv * 2 * _kv_tp * d * p_kv * n_L / pp,
-    "KV cache one device holds: b sequences x S_kv tokens x K and V of the TP rank's KV heads, for its "
-    "stage's layers",
+    b * S_kv * 2 * _kv_tp * d * p_kv * _stage_layers,
+    "KV cache one device holds: b sequences x S_kv tokens x K and V of the TP rank's KV heads, for the "
+    "layers of the stage holding the most",
     "B",
     "[CP-Infer]",
 )
@@ -230,7 +236,7 @@ t_kv_dec = define(
 t_c_dec = define(
     "decode_compute_s",
     "t_c_decode",
-    2 * b * P_stage / F_gemm + 4 * b * (h / t) * d * S_kv * (n_L / pp) / F_attn,
+    2 * b * P_stage / F_gemm + 4 * b * (h / t) * d * S_kv * _stage_layers / F_attn,
     "FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the "
     "rank's cache",
     "s",
