@@ -306,8 +306,13 @@ def _schema_type(node: dict, defs: dict) -> tuple[str, dict | None]:
         extra = node["additionalProperties"]  # True for a free-form dict[str, Any]
         value, _ = _schema_type(extra if isinstance(extra, dict) else {}, defs)
         return f"map {'/'.join(keys) if keys else 'string'} to {value}", None
-    bounds = {"exclusiveMinimum": "> {}", "minimum": ">= {}", "maximum": "<= {}"}
-    limits = [fmt.format(node[k]) for k, fmt in bounds.items() if k in node]
+    bounds = {"exclusiveMinimum": ">", "minimum": ">=", "maximum": "<="}
+    # counts as written, quantities short (1e+15, not 1000000000000000.0)
+    limits = [
+        f"{op} {node[k] if isinstance(node[k], int) else f'{node[k]:g}'}"
+        for k, op in bounds.items()
+        if k in node
+    ]
     return kind + (f" ({', '.join(limits)})" if limits else ""), None
 
 
@@ -422,7 +427,7 @@ def flag_limits() -> str:
             names = ", ".join(f"`{n}`" for n in (flag_name(model, name), *extra.get("aliases", ())))
             if extra.get("tokens"):
                 accepted += "; 256k, 1M, 1G accepted"
-            default = "required" if info.is_required() else f"`{info.default}`"
+            default = "required" if info.is_required() else extra.get("fitted") or f"`{info.default}`"
             row = rows.setdefault(flag_name(model, name), (names, accepted, {}))
             row[2].setdefault(default, []).append(f"`{model.__name__}`")
     lines = ["| flag | accepted | default | taken by |", "|---|---|---|---|"]

@@ -24,6 +24,10 @@ FILES = {  # name: YAML text written to a temporary file and passed as --hw
         "bandwidth_per_direction: 300.0e+09", "bandwidth_per_direction: -300.0e+09"
     ),
     "zero-flops.yaml": profile_with("bf16: 312.0e+12", "bf16: 0.0"),
+    # within float range but no machine's: a unit slip that would print 30-digit figures
+    "slow-launch.yaml": profile_with("launch_s: 2.5e-05", "launch_s: 1.0e+30"),
+    "share-over-one.yaml": profile_with("comm_sm_slowdown: 0.15", "comm_sm_slowdown: 5.0"),
+    "slow-link.yaml": profile_with("bandwidth_per_direction: 25.0e+09", "bandwidth_per_direction: 1.0e-30"),
     "python-tag.yaml": "!!python/object/apply:os.system ['touch {tmp}/pwned']\n",
     "list.yaml": "- a100\n- h100\n",
     "typo.yaml": profile_with("devices_per_node: 8", "devices_per_node: 8\ndevice_per_node: 8"),
@@ -87,8 +91,18 @@ CASES: list[tuple[list[str], str]] = [
     ),
     (
         ["--hw", "{tmp}/negative-bw.yaml"],
-        "bandwidth_per_direction: must be in [1e-30, 1e+30] (got -300000000000.0)",
+        "bandwidth_per_direction: must be from 1e+06 to 1e+15 bytes/s (got -300000000000.0)",
     ),
+    (["--hw", "{tmp}/slow-launch.yaml"], "kernels.launch_s: must be 0 or from 1e-09 to 1 s (got 1e+30)"),
+    (
+        ["--hw", "{tmp}/share-over-one.yaml"],
+        "kernels.comm_sm_slowdown: must be 0 or from 1e-06 to 0.99 (a share of the device) (got 5.0)",
+    ),
+    (
+        ["--hw", "{tmp}/slow-link.yaml"],
+        "links.inter_node.bandwidth_per_direction: must be from 1e+06 to 1e+15 bytes/s (got 1e-30)",
+    ),
+    (["--inter-node-bandwidth", "1e-30Gb"], "below any link (1 MB/s); check the prefix"),
     (["--hw", "{tmp}/zero-flops.yaml"], "device.peak_flops.bf16: must be in [1e-30, 1e+30] (got 0.0)"),
     (["--hw", "{tmp}/python-tag.yaml"], "could not determine a constructor for the tag"),
     (["--hw", "{tmp}/list.yaml"], "expected a mapping of hardware fields, got list"),
@@ -152,3 +166,26 @@ def test_a_framework_knob_below_the_smallest_quantity_is_one_line(cli, flag: str
     assert result.err.splitlines() == [
         f"cp-plan: error: {flag}: must be 0 or in [1e-30, 1e+30] (got 4.8e-169)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(56.25, "56.3"), (1.234e20, "123,400,000,000,000,000,000"), (1e21, "1.00e+21"), (-3.2e28, "-3.20e+28")],
+)
+def test_a_figure_past_21_digits_is_printed_with_an_exponent_not_a_traceback(
+    value: float, shown: str
+) -> None:
+    """Decimal's 28-digit context could not quantize a figure near 1e28 to its decimals; no plan's figure is
+    that large, but a profile at the edge of what it accepts made one."""
+    from costmodel.core.units import _sig
+
+    assert _sig(value, 3) == shown
+
+
+def test_the_default_tile_shrinks_to_a_shorter_shard_and_one_device_receives_nothing(cli) -> None:
+    """4K tokens over the default N = 8 leave shards of 512: the kernel's 1,024-row tile runs one partial tile
+    there (an explicit --block larger than the shard is still refused). At N = 1 nothing travels: green."""
+    data = cli("--seq", "4k", "-f", "json").json()
+    assert data["inputs"]["block"] == 512
+    alone = cli("--seq", "64", "-n", "1", "--block", "1", "-f", "json").json()["verdict"]
+    assert alone["comm_ratio_step"] == 0 and alone["verdict"] == "green"

@@ -162,7 +162,8 @@ def test_a_deadline_needs_the_most_gpus_the_job_may_hold(cli) -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "days"), [("30", 30.0), ("30d", 30.0), ("720h", 30.0), ("4w", 28.0), ("1.5d", 1.5)]
+    ("text", "days"),
+    [("30", 30.0), ("30d", 30.0), ("720h", 30.0), ("4w", 28.0), ("1.5d", 1.5), ("30D", 30.0), ("4W", 28.0)],
 )
 def test_deadlines_read_in_days_hours_or_weeks(text: str, days: float) -> None:
     assert parse_days(text, "--deadline") == pytest.approx(days, rel=1e-12)

@@ -172,6 +172,7 @@ BAD = [
     ("m,n,k,ms,m\n1,2,3,1,1\n", "--gemm", "named twice"),
     ("m,n,k,ms\n", "--gemm", "has a header but no timings"),
     ("m,n,k,tflops\n4096,4096,4096,5000\n", "--gemm", "above the device's bf16 peak"),
+    ("m,n,k,tflops\n4096,4096,4096,1e-30\n", "--gemm", "below 1e-05 of the device's bf16 peak"),
     ("head_dim,causal,pass,seq_q,seq_kv,batch,heads,ms\n128,true,fwd,1024,2048,1,1,1\n", "--attention", "seq_q = seq_kv"),
     ("head_dim,causal,pass,seq,batch,heads,ms\n128,maybe,fwd,1024,1,1,1\n", "--attention", "causal must be true or false"),
     ("head_dim,causal,pass,seq,batch,heads,ms\n128,true,both,1024,1,1,1\n", "--attention", "pass must be fwd or bwd"),

@@ -114,6 +114,36 @@ Finite = Annotated[
 """Any real number of magnitude at most 1e30."""
 
 
+def Within(low: float, high: float, unit: str, *, zero: bool = False) -> Any:  # noqa: N802 - reads as a type
+    """A physical quantity in [low, high] ``unit`` (0 too, with ``zero``): what a real machine can state. Beyond
+    it a value is a unit slip (a bandwidth in bits, a latency in microseconds), and the model's figures from it
+    would be nonsense that no check downstream catches."""
+
+    def _inside(value: float) -> float:
+        if not (low <= value <= high or (zero and value == 0)):
+            raise ValueError(f"must be {'0 or ' if zero else ''}from {low:g} to {high:g} {unit}")
+        return value
+
+    return Annotated[
+        float,
+        Field(allow_inf_nan=False, json_schema_extra={"minimum": 0 if zero else low, "maximum": high}),
+        AfterValidator(_inside),
+        NumberAsWritten,
+    ]
+
+
+BytesPerSecond = Within(1e6, 1e15, "bytes/s")
+"""A link's or a memory's bandwidth: 1 MB/s to 1 PB/s."""
+Latency = Within(1e-9, 1.0, "s", zero=True)
+"""A per-message, per-launch or per-call time: up to a second."""
+Overhead = Within(1e-9, 3600.0, "s", zero=True)
+"""A fixed time per step or per layer: up to an hour."""
+Share = Within(1e-6, 0.99, "(a share of the device)", zero=True)
+"""A share of a device's units, below the whole."""
+FlopRate = Within(1e6, 1e18, "FLOP/s")
+"""A kernel's measured or stated rate: 1 MFLOP/s to 1 EFLOP/s."""
+
+
 def Count(minimum: int = 1, maximum: int = MAX_COUNT) -> Any:  # noqa: N802 - reads as a type
     """A whole number in [minimum, maximum], written as one: not ``8.0``, ``'1_0'`` or a boolean."""
     return Annotated[

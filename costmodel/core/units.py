@@ -75,10 +75,18 @@ def tokens_label(tokens: int) -> str:
     return f"{tokens:,}"
 
 
+# Past this a figure is printed with an exponent: no plan's figure is that large, but a profile or flag at the
+# edge of what it accepts can make one, and its 22+ digits would say nothing a reader could take in.
+EXPONENT_FROM = 1e21
+
+
 def _sig(x: float, digits: int) -> str:
-    """``digits`` significant digits, no exponent, halves rounded up as [A-RingCost] rounds (56.25 -> 56.3)."""
+    """``digits`` significant digits, halves rounded up as [A-RingCost] rounds (56.25 -> 56.3); no exponent
+    below :data:`EXPONENT_FROM`."""
     if x == 0:
         return "0"
+    if not math.isfinite(x) or abs(x) >= EXPONENT_FROM:
+        return f"{x:.{digits - 1}e}"
     decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
     rounded = Decimal(repr(x)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
     return f"{rounded:,.{decimals}f}"
@@ -126,7 +134,7 @@ def parse_budget(text: str | int, field: str) -> int:
 HOUR = 3600.0  # seconds
 DAY = 86_400.0
 
-_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([hdw]?)\s*", re.ASCII)
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([hdwHDW]?)\s*", re.ASCII)
 _DAYS_IN = {"h": 1 / 24, "d": 1.0, "w": 7.0, "": 1.0}
 DURATION_HELP = "a number of days, or of hours or weeks with h or w, e.g. 30, 30d, 720h or 4w"
 
@@ -139,7 +147,7 @@ def parse_days(text: str | float, field: str) -> float:
     if not match:
         raise InputError(field, f"{_shown(text)} is not a duration; accepted: {DURATION_HELP}")
     _check_digits(match.group(1), field)
-    return float(match.group(1)) * _DAYS_IN[match.group(2)]
+    return float(match.group(1)) * _DAYS_IN[match.group(2).lower()]
 
 
 def parse_integer(text: str | int, field: str) -> int:

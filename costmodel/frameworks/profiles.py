@@ -17,7 +17,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
-from costmodel.core.fields import Count, NonNegative, Positive
+from costmodel.core.fields import Count, NonNegative, Positive, Within
 from costmodel.core.fileio import YamlDocument, load_builtin_or_file
 from costmodel.core.resources import data_dir
 
@@ -202,7 +202,7 @@ class TimePolicy(_Strict):
     )
     dp_overlap: float = Field(ge=0, le=1, description="share of the gradient reduction hidden by default")
     tp_comm_overlap: bool = Field(False, description="TP collectives pipelined with their multiplies")
-    bucket_bytes: Positive = Field(description="gradient bucket size, bytes")
+    bucket_bytes: Within(1024, 1e12, "bytes") = Field(description="gradient bucket size, bytes")
     grad_reduce_bytes: Count(minimum=1, maximum=8) = Field(description="bytes per gradient element reduced")
     optimizer_bytes: Positive = Field(description="HBM bytes the optimizer step moves per parameter")
 

@@ -25,8 +25,10 @@ _BANDWIDTH = re.compile(
     r"(?:\s*(?:/\s*s|ps|/\s*sec))?\s*$"
 )
 _BINARY = re.compile(r"\d\s*[kKMGT]i")
-# Beyond any link built so far (NVLink 5 is 0.9 TB/s a direction): a bigger figure is a unit slip.
+# Beyond any link built so far (NVLink 5 is 0.9 TB/s a direction), or below any link that would carry a
+# training job: a figure outside them is a unit slip.
 _MOST_PLAUSIBLE = 1e15
+_LEAST_PLAUSIBLE = 1e6
 
 
 def parse_bandwidth(text: str, field: str) -> float:
@@ -52,6 +54,10 @@ def parse_bandwidth(text: str, field: str) -> float:
     if per_second > _MOST_PLAUSIBLE:
         raise InputError(
             field, f"{shown} is {per_second:.3g} bytes/s, beyond any link (1 PB/s); check b vs B"
+        )
+    if per_second < _LEAST_PLAUSIBLE:
+        raise InputError(
+            field, f"{shown} is {per_second:.3g} bytes/s, below any link (1 MB/s); check the prefix"
         )
     return per_second
 

@@ -216,17 +216,28 @@ def fit_curve(sizes: np.ndarray, targets: np.ndarray) -> tuple[list[int], list[f
     return [int(round(k)) for k in knots], [float(v) for v in values]
 
 
+LEAST_SHARE = 1e-5  # of the peak: a GEMV on an H100 reaches ~1e-3 of it; a rate far below is a unit slip
+
+
 def _under_peak(profile: HardwareProfile, rows: list, field: str, label: str) -> None:
-    """A measured rate above the device's peak in its dtype is a timing or a FLOP count gone wrong."""
+    """A measured rate above the device's peak in its dtype, or below a hundred-thousandth of it, is a timing
+    or a FLOP count gone wrong."""
     peaks = profile.device.peak_flops
     for row in rows:
         dtype = row.dtype if row.dtype in peaks else "bf16"
         peak = peaks.get(dtype, profile.device.table_peak)
+        where = f"{label} line {row.line}: {row.flops_per_s / 1e12:,.3g} TFLOP/s is"
         if row.flops_per_s > peak:
             raise InputError(
                 field,
-                f"{label} line {row.line}: {row.flops_per_s / 1e12:,.0f} TFLOP/s is above the device's {dtype} peak "
-                f"of {peak / 1e12:,.0f} ({profile.name}): a wrong time, or another FLOP count than cp-plan's",
+                f"{where} above the device's {dtype} peak of {peak / 1e12:,.0f} ({profile.name}): a wrong time, "
+                "or another FLOP count than cp-plan's",
+            )
+        if row.flops_per_s < LEAST_SHARE * peak:
+            raise InputError(
+                field,
+                f"{where} below {LEAST_SHARE:g} of the device's {dtype} peak ({profile.name}): check the unit "
+                "(TFLOP/s, seconds)",
             )
 
 

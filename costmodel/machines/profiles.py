@@ -17,7 +17,19 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from costmodel.core.errors import InputError, describe_validation
-from costmodel.core.fields import Count, Finite, NonNegative, Positive, Switch
+from costmodel.core.fields import (
+    BytesPerSecond,
+    Count,
+    Finite,
+    FlopRate,
+    Latency,
+    NonNegative,
+    Overhead,
+    Positive,
+    Share,
+    Switch,
+    Within,
+)
 from costmodel.core.fileio import YamlDocument, builtin_path, load_builtin_or_file, read_input
 from costmodel.core.intervals import Residuals
 from costmodel.core.resources import data_dir
@@ -68,8 +80,8 @@ class Source(_Strict):
 class Collective(_Strict):
     """Measured all-to-all figures of a link (Ulysses), when they differ from point-to-point."""
 
-    bandwidth_per_direction: Positive = Field(description="bytes/s each device receives")
-    latency_s: NonNegative = Field(default=0.0, description="alpha of one all-to-all, s")
+    bandwidth_per_direction: BytesPerSecond = Field(description="bytes/s each device receives")
+    latency_s: Latency = Field(default=0.0, description="alpha of one all-to-all, s")
 
 
 class _BothWays(_Strict):
@@ -91,11 +103,11 @@ class Link(_BothWays):
     """One kind of connection between two accelerators."""
 
     name: str = Field(description="e.g. NVLink 4 (NVSwitch), InfiniBand NDR 400 Gb/s")
-    bandwidth_per_direction: Positive = Field(description="bytes/s one way; what a ring hop uses")
-    bandwidth_bidirectional: Positive | None = Field(
+    bandwidth_per_direction: BytesPerSecond = Field(description="bytes/s one way; what a ring hop uses")
+    bandwidth_bidirectional: BytesPerSecond | None = Field(
         default=None, description="the datasheet's both-ways figure; must be 2 x per direction"
     )
-    latency_s: NonNegative = Field(default=0.0, description="alpha: per-message latency (0 on datasheets)")
+    latency_s: Latency = Field(default=0.0, description="alpha: per-message latency (0 on datasheets)")
     alltoall: Collective | None = Field(default=None, description="measured all-to-all, if it differs")
     collective_efficiency: Positive = Field(
         default=1.0,
@@ -103,10 +115,10 @@ class Link(_BothWays):
         description="bus bandwidth an NCCL ring collective (all-reduce, reduce-scatter, all-gather) reaches "
         "over this link, as a share of bandwidth_per_direction",
     )
-    hop_latency_s: NonNegative = Field(
+    hop_latency_s: Latency = Field(
         default=0.0, description="latency one step of a ring collective adds on this link (NCCL's model), s"
     )
-    call_latency_s: NonNegative = Field(
+    call_latency_s: Latency = Field(
         default=0.0,
         description="fixed latency of one ring collective call beyond its steps (NCCL's base latency: the "
         "kernel's launch and the ranks' handshake), s",
@@ -136,10 +148,10 @@ class HostLink(_BothWays):
     optimizer, parameter and activation offload pay for [ZeRO-Offload]."""
 
     name: str = Field(description="e.g. PCIe Gen5 x16, NVLink-C2C")
-    bandwidth_per_direction: Positive = Field(
+    bandwidth_per_direction: BytesPerSecond = Field(
         description="bytes/s one device copies to or from pinned host memory, achievable, each way"
     )
-    bandwidth_bidirectional: Positive | None = Field(
+    bandwidth_bidirectional: BytesPerSecond | None = Field(
         default=None, description="both ways; must be 2 x per direction"
     )
     devices_per_host: Count(maximum=2**20) | None = Field(
@@ -183,8 +195,8 @@ class Device(_Strict):
         "(an '80 GB' part holds about 79.1 GiB, 84.9e9 bytes); at most hbm_bytes read as GiB; hbm_bytes where "
         "not stated",
     )
-    hbm_bandwidth: Positive | None = Field(default=None, description="memory bandwidth, bytes/s")
-    hbm_sustained: Positive | None = Field(
+    hbm_bandwidth: BytesPerSecond | None = Field(default=None, description="memory bandwidth, bytes/s")
+    hbm_sustained: BytesPerSecond | None = Field(
         default=None,
         description="the memory bandwidth memory-bound kernels reach, bytes/s (measured, at most "
         "hbm_bandwidth): what reading weights, caches and activations runs at; hbm_bandwidth where not stated",
@@ -275,7 +287,7 @@ class RatePoint(_Strict):
 
     tokens: Count() = Field(description="block edge: queries = keys = tokens")
     flops: Positive = Field(description="forward FLOP of the call, 4·b·h·pairs·d (pairs: the visible ones)")
-    flops_per_s: Positive = Field(
+    flops_per_s: FlopRate = Field(
         description="forward FLOP per second; for backward 2.5x the forward FLOP per second"
     )
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
@@ -325,7 +337,7 @@ class CallRate(_Strict):
     queries: Count()
     keys: Count()
     flops: Positive = Field(description="forward FLOP of the call")
-    flops_per_s: Positive
+    flops_per_s: FlopRate
     spread: NonNegative = Field(description="interquartile range / median over the repeats")
 
 
@@ -353,15 +365,15 @@ class Sample(_Strict):
 class LinkFit(_Strict):
     """t = alpha + bytes / bandwidth, least squares over the samples."""
 
-    latency_s: NonNegative
-    bandwidth: Positive = Field(description="bytes/s per direction")
+    latency_s: Latency
+    bandwidth: BytesPerSecond = Field(description="bytes/s per direction")
     r2: Finite = Field(le=1, description="coefficient of determination of the fit")
     samples: list[Sample]
     knee_bytes: Positive | None = Field(
         None,
         description="bytes beyond which time grows faster than alpha-beta (all-to-all copies); None: none",
     )
-    bandwidth_beyond_knee: Positive | None = Field(
+    bandwidth_beyond_knee: BytesPerSecond | None = Field(
         None, description="bytes/s of the extra cost beyond the knee: t += (bytes - knee) / this"
     )
 
@@ -436,18 +448,18 @@ class Calibration(_Strict):
         description="share of the shorter of compute and transfer that hides "
         "under the other in a ring step: 1 fully, 0 none (serial)",
     )
-    step_overhead_s: NonNegative = Field(
+    step_overhead_s: Overhead = Field(
         0.0,
         description="fixed cost of a ring step that overlaps a transfer "
         "with compute (thread wake-ups, scheduling), beyond both",
     )
-    sync_overhead_s: NonNegative = Field(
+    sync_overhead_s: Overhead = Field(
         0.0,
         description="cost of a collective right after compute, beyond "
         "both alone (waiting for the slower rank, waking communication threads)",
     )
     overlap_samples: list[OverlapPoint] = Field(default_factory=list)
-    layer_overhead_s: dict[str, NonNegative] = Field(
+    layer_overhead_s: dict[str, Overhead] = Field(
         default_factory=dict,
         description="fixed software cost of a whole layer, by 'ring fwd', 'ring fwd+bwd', "
         "'ulysses fwd', 'ulysses fwd+bwd': a tiny layer's time less what the rest of the model predicts for it",
@@ -456,7 +468,7 @@ class Calibration(_Strict):
         default_factory=list,
         description="forward calls of fewer queries than keys (4x and 16x), fully visible, every rank busy",
     )
-    inference_overhead_s: dict[Literal["pass-kv", "pass-q", "decode"], NonNegative] = Field(
+    inference_overhead_s: dict[Literal["pass-kv", "pass-q", "decode"], Overhead] = Field(
         default_factory=dict,
         description="fixed cost of a whole inference attention layer, by scheme: a tiny pass-KV or pass-Q "
         "prefill, or a decode step, less what the inference formulas predict for it",
@@ -547,7 +559,7 @@ class AttentionCurve(_Strict):
     seq: list[Count()] = Field(
         min_length=1, description="sequence lengths of the benchmark (queries = keys), strictly increasing"
     )
-    flops_per_s: list[Positive] = Field(
+    flops_per_s: list[FlopRate] = Field(
         min_length=1, description="achieved FLOP/s at each length (bf16/fp16)"
     )
     source: str = Field(description="figure the numbers are read from, or how they are derived")
@@ -563,7 +575,7 @@ class GemmCurve(_Strict):
     (``kernels.gemm``: bf16/fp16; ``kernels.gemm_fp8``: fp8 e4m3)."""
 
     edge: list[Count()] = Field(min_length=1, description="square problem edges, strictly increasing")
-    flops_per_s: list[Positive] = Field(min_length=1)
+    flops_per_s: list[FlopRate] = Field(min_length=1)
     source: str
 
     @model_validator(mode="after")
@@ -582,20 +594,20 @@ class Kernels(_Strict):
         description="achieved fp8 (e4m3) multiply FLOP/s by square edge, what fp8 multiplies read (training "
         "--gemm-dtype fp8, inference fp8 weights); absent: the gemm table scaled by the fp8/bf16 peak ratio",
     )
-    comm_sm_slowdown: NonNegative = Field(
+    comm_sm_slowdown: Share = Field(
         description="share by which compute slows while a communication kernel "
         "runs beside it (SMs NCCL occupies / SMs of the device)"
     )
-    ring_step_launch_s: NonNegative = Field(
+    ring_step_launch_s: Latency = Field(
         description="fixed cost per ring step outside the kernels: launches "
         "of the attention, merge and send/recv kernels"
     )
-    launch_s: NonNegative = Field(
+    launch_s: Latency = Field(
         default=0.0,
         description="fixed cost of one kernel on a training step's critical path: its launch and the "
         "framework's dispatch, when the host does not run ahead of the device",
     )
-    step_s: NonNegative = Field(
+    step_s: Overhead = Field(
         default=0.0,
         description="fixed host time of one optimizer step beyond its kernels' work: the framework's "
         "bookkeeping between iterations (0: not known without measured runs)",
@@ -656,7 +668,7 @@ class Topology(_Strict):
         default=1,
         description="torus only: the shortest dimension that closes its ring (v5p: 4, a cube's edge; v5e: 16)",
     )
-    nics_per_device: Positive = Field(
+    nics_per_device: Within(0.01, 64.0, "NICs a device") = Field(
         default=1.0, description="NICs of links.inter_node each device drives at once (rail count per device)"
     )
     rail_optimized: Switch = Field(
