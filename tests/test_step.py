@@ -518,3 +518,33 @@ def test_explain_shows_each_term_down_to_the_step_time(cli) -> None:
     assert set(FORMULAS.values()) <= set(names) and names[-1] == "step_time_s"
     assert rows[-1]["formula"].startswith("T_iter = ")
     assert float(rows[-1]["value"].split()[0]) == pytest.approx(result.json()["step"]["time_s"], rel=1e-5)
+
+
+def test_a_job_runs_its_frameworks_attention_kernel_unless_it_names_one(tmp_path) -> None:
+    """Megatron-DeepSpeed's core attention is unfused unless --use-flash-attn (frameworks/megatron-deepspeed.yaml):
+    a job on it gets that kernel, a job naming flash keeps it, and the same job moved to Megatron-Core takes
+    Core's. A framework naming a kernel the hardware has no table for is refused, naming --framework."""
+    from costmodel.core.errors import InputError
+    from costmodel.core.resources import data_dir
+
+    job = {"model": "llama3-8b", "seq": 4096, "hw": "a100-nvlink", "gpus": 8, "global_batch": 8}
+    deepspeed = Job.of(**job, framework="megatron-deepspeed")
+    assert deepspeed.setup.attention_kernel == "unfused"
+    assert (
+        Job.of(**job, framework="megatron-deepspeed", attention_kernel="flash").setup.attention_kernel
+        == "flash"
+    )
+    assert deepspeed.replace(framework="megatron").setup.attention_kernel == "flash"
+    unfused, fused = (
+        evaluate_step(j).step.time_s for j in (deepspeed, deepspeed.replace(attention_kernel="flash"))
+    )
+    assert unfused > fused  # the score matrices through HBM
+    text = (
+        (data_dir("frameworks") / "megatron.yaml")
+        .read_text()
+        .replace("attention_kernel: flash", "attention_kernel: nope")
+    )
+    (tmp_path / "fw.yaml").write_text(text)
+    with pytest.raises(InputError, match="time.attention_kernel 'nope'") as caught:
+        Job.of(**job, framework=str(tmp_path / "fw.yaml"))
+    assert caught.value.field == "--framework"

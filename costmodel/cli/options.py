@@ -197,8 +197,9 @@ def _parameter(model: type[BaseModel], name: str, info: FieldInfo, default: Any)
         option["parser"] = _parser(parse_number, name)
     if base is bool:
         names = [f"{names[0]}/--no-{names[0][2:]}"]
-    if extra.get("from_model"):
-        option["help"] = f"{help_text} [default: {info.default} or the model's]"
+    if extra.get("from_model") or extra.get("fitted"):
+        shown = extra.get("fitted") or f"{info.default} or the model's"
+        option["help"] = f"{help_text} [default: {shown}]"
         option["show_default"] = False
         default = None
     if default is PydanticUndefined:  # a required input: the flag must be given

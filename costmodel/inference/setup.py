@@ -30,6 +30,7 @@ from costmodel.plans.inputs import (
     build,
     declared_as,
     flag,
+    layer_kernel,
     shape_from_model,
 )
 
@@ -48,7 +49,7 @@ class InferenceSetup(BaseModel):
     hw: str = declared_as(PlanInputs, "hw")
     model: str | None = declared_as(PlanInputs, "model")
     batch: Count = declared_as(PlanInputs, "batch")
-    attention_kernel: str = declared_as(TrainingSetup, "attention_kernel")
+    attention_kernel: str = layer_kernel()
     prompt: Tokens = flag(
         ...,
         "New prompt tokens per sequence to prefill (after any cached prefix).",

@@ -111,18 +111,21 @@ def flag(
     tokens: bool = False,
     from_model: bool = False,
     aliases: tuple[str, ...] = (),
+    fitted: str | None = None,
     **constraints: Any,
 ) -> Any:
     """A declared input: the CLI flag is ``--`` + the field name with dashes (``pass_`` is ``--pass``).
 
     ``from_model``: a model preset fills it when the flag is not given. ``tokens``: accepts 256k, 1M.
-    ``aliases``: further long flags for the same field (``--n`` for ``--cp``)."""
+    ``aliases``: further long flags for the same field (``--n`` for ``--cp``). ``fitted``: the declared
+    default is fitted to the other inputs when the flag is not given; says how, for the help."""
     extra = {
         "short": short,
         "unit": unit,
         "tokens": tokens,
         "from_model": from_model,
         "aliases": list(aliases),
+        "fitted": fitted,
     }
     return Field(
         default, description=help, json_schema_extra={k: v for k, v in extra.items() if v}, **constraints
@@ -425,6 +428,7 @@ class PlanInputs(Workload):
         "s_blk, compute tile rows (a kernel's query block).",
         unit="tokens",
         tokens=True,
+        fitted="1024, or the shard S/N where it is shorter",
         ge=1,
         le=MAX_TOKENS,
     )
@@ -440,9 +444,12 @@ class PlanInputs(Workload):
         if self.heads % self.kv_heads:
             raise InputError("kv_heads", f"{self.kv_heads} does not divide --heads {self.heads} (GQA groups)")
         if self.block > self.shard_tokens:
-            raise InputError(
-                "block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}"
-            )
+            if "block" in self.model_fields_set:
+                raise InputError(
+                    "block", f"tile of {self.block} tokens is larger than the shard S/N = {self.shard_tokens}"
+                )
+            # the kernel's default tile on a shorter shard: one partial tile, as FlashAttention runs it
+            object.__setattr__(self, "block", self.shard_tokens)
         return self
 
 
@@ -594,12 +601,13 @@ class TrainingSetup(BaseModel):
     sequence_parallel: Flag | None = flag(
         None, "Sequence parallelism with TP: splits norms and dropouts too [default: on when TP > 1]."
     )
-    attention_kernel: str = flag(
-        "flash",
+    attention_kernel: str | None = flag(
+        None,
         "The attention kernel: flash (fused, the profile's attention tables; the score matrix is never "
         "stored), unfused (Megatron's core attention: batched multiplies with the score matrix through HBM, "
         "softmax and dropout; no CP), or a kernel whose tables the profile holds (cp-plan hw show: e.g. "
         "sdpa-cudnn).",
+        fitted="the framework's: flash, unfused for megatron-deepspeed",
         pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
     )
     finetune: Finetune = flag(
@@ -668,13 +676,23 @@ class TrainingSetup(BaseModel):
         )
 
 
+def layer_kernel() -> Any:
+    """--attention-kernel where no framework stands behind the layer (one layer's plan, serving): flash unless
+    named, with the training flag's help, range and check."""
+    extra = TrainingSetup.model_fields["attention_kernel"].json_schema_extra
+    own = {k: v for k, v in extra.items() if k != "fitted"} if isinstance(extra, dict) else extra
+    return declared_as(
+        TrainingSetup, "attention_kernel", default="flash", annotation=str, json_schema_extra=own
+    )
+
+
 class LayerKernel(BaseModel):
     """Which attention kernel's tables one layer's calls read: the single-layer plan's, declared as a training
     job's (:class:`TrainingSetup`); :func:`reading_kernel` refuses ``unfused``, the step's alone."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
-    attention_kernel: str = declared_as(TrainingSetup, "attention_kernel")
+    attention_kernel: str = layer_kernel()
 
 
 M = TypeVar("M", bound=BaseModel)

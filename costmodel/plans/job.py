@@ -183,8 +183,9 @@ class FrameworkKnobs(BaseModel):
 
     framework: str = flag(
         DEFAULT,
-        "Training framework: a built-in profile (megatron, torchtitan, deepspeed, hf-trainer, internevo; cp-plan "
-        "framework list) or a YAML path. It sets what a device keeps and the step's defaults.",
+        "Training framework: a built-in profile (megatron, megatron-deepspeed, torchtitan, deepspeed, "
+        "hf-trainer, internevo; each described in docs/frameworks.md) or a YAML path. It sets what a device "
+        "keeps and the step's defaults.",
         max_length=4096,
     )
     loss: Loss | None = flag(
@@ -551,17 +552,25 @@ def make_job(
             )
         model = load_model(workload.model)
     knobs = knobs or FrameworkKnobs()
-    declared = step or StepSetup()
+    declared, declared_setup = step or StepSetup(), setup
     loaded = framework if framework is not None and not _knobs_changed(knobs) else None
     framework = knobs.profile(loaded, declared.grad_bytes)
     step = declared.resolved(framework)
+    if setup.attention_kernel is None:  # the framework's kernel, unless the job names one
+        setup = setup.model_copy(update={"attention_kernel": framework.time.attention_kernel})
     inputs = _attention(workload, model, step)
     overrides = overrides or MachineOverrides()
     machine = job_machine(inputs, overrides, profile)
     derived = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
     # What was declared, in make_job's order: Job.replace changes one and makes the job again (the step as
     # declared, so that a changed framework fills its defaults anew).
-    parts = {"workload": workload, "setup": setup, "step": declared, "overrides": overrides, "knobs": knobs}
+    parts = {
+        "workload": workload,
+        "setup": declared_setup,
+        "step": declared,
+        "overrides": overrides,
+        "knobs": knobs,
+    }
     job = Job(
         inputs=inputs,
         setup=setup,
@@ -617,7 +626,12 @@ def _check_step(job: Job) -> None:
         job.machine,
         job.framework,
     )
-    check_kernel(setup.attention_kernel, machine.profile, also=("unfused",))
+    try:
+        check_kernel(setup.attention_kernel, machine.profile, also=("unfused",))
+    except InputError as exc:
+        if job._parts["setup"].attention_kernel is not None:
+            raise
+        raise InputError("--framework", f"{framework.title}'s time.attention_kernel {exc.message}") from None
     if step.gemm_dtype is not None:
         device = machine.profile.device
         if "fp8" not in device.peak_flops:
@@ -634,7 +648,10 @@ def _check_step(job: Job) -> None:
             "within one, or leave the overlap off",
         )
     if setup.attention_kernel == "unfused" and inputs.cp > 1:
-        raise InputError("--attention-kernel", "unfused attention has no (O, LSE) to merge: CP needs flash")
+        whose = "" if job._parts["setup"].attention_kernel else f" ({framework.title}'s default)"
+        raise InputError(
+            "--attention-kernel", f"unfused attention{whose} has no (O, LSE) to merge: CP needs flash"
+        )
     if inputs.cp == 1:
         return
     framework.refuse_cp(str(inputs.cp))
