@@ -143,6 +143,9 @@ class Calibration:
     residuals: Residuals
     own: Residuals | None = None
     own_regime: str = ""
+    # (regime, runs) more specific than ``residuals`` but too few for the level asked: each bounds the
+    # interval at the highest level it holds, so that raising the level never narrows it
+    finer: tuple[tuple[str, Residuals], ...] = ()
 
 
 class Interval(BaseModel):
@@ -193,6 +196,12 @@ def interval(value: float, calibration: Calibration | None, level: float, what: 
         )
     lo, hi = bounds
     regime = calibration.regime
+    for name, runs in calibration.finer:
+        held = min(level, (runs.runs - 1) / (runs.runs + 1))  # the most its ranks vouch for
+        inner = runs.bounds(held)
+        if inner is not None and (inner[0] < lo or inner[1] > hi):
+            lo, hi = min(lo, inner[0]), max(hi, inner[1])
+            regime += f"; no narrower than {name} at {held:.0%}"
     own = calibration.own
     if own is not None and own.runs >= 2 and (own.order(1) < lo or own.order(own.runs) > hi):
         lo, hi = min(lo, own.order(1)), max(hi, own.order(own.runs))
