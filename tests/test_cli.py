@@ -595,3 +595,11 @@ def test_a_red_bound_whose_transfers_hide_at_kernel_rates_says_both(cli) -> None
     assert "at the kernel rates the step and the timeline read, 56.4 %: each transfer hides" in out
     quiet = " ".join(cli("--seq", "262144", "--n", "8", "--hw", "a100-nvlink").out.split())
     assert "GREEN fwd step comm ratio 0.793 %: overlap headroom limits" in quiet  # the same story: no clause
+
+
+def test_the_framework_flag_names_every_built_in_profile() -> None:
+    from costmodel.frameworks.profiles import builtin_frameworks
+    from costmodel.plans.job import FrameworkKnobs
+
+    described = FrameworkKnobs.model_fields["framework"].description
+    assert all(re.search(rf"\b{re.escape(name)}\b", described) for name in builtin_frameworks())

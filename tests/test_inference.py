@@ -58,7 +58,9 @@ def test_an_uneven_pipeline_sizes_its_cache_by_the_stage_holding_the_most(pp: in
     """126 layers over 4 stages are 31 + 32 + 32 + 31: the device that holds 32 holds their caches, as it holds
     their weights (not 126 / 4 = 31.5 layers' worth)."""
     out = infer(**H405, prompt=32768, cp=1, pp=pp)
-    assert out.kv_cache_bytes_per_device == 32768 * 2 * 1 * 128 * 2 * layers  # a bf16 cache beside fp8 weights
+    assert (
+        out.kv_cache_bytes_per_device == 32768 * 2 * 1 * 128 * 2 * layers
+    )  # a bf16 cache beside fp8 weights
 
 
 def test_weights_per_device_by_hand() -> None:

@@ -191,7 +191,7 @@ def test_seed_question_on_h100_ib_says_which_side_fails_and_what_fixes_it() -> N
     rec = advise("h100-ib", recompute="full").recommendation
     assert rec.n_recommended is None and rec.n_min_memory == 8 and rec.n_max_comm == 2
     assert rec.reason.startswith("Communication fails: memory needs N >= 8")
-    assert any(fix.startswith("TP 2 (--tp 2): N = 2 then works") for fix in rec.fixes)
+    assert any(fix.startswith("TP 2 (--tp 2 --pp 1): N = 2 then works") for fix in rec.fixes)
     assert not any(fix.startswith("ZeRO-3") for fix in rec.fixes)
     assert advise("h100-ib", recompute="full", tp=2).recommendation.n_recommended == 2
 
@@ -203,7 +203,7 @@ def test_a_chunked_loss_is_a_fix_where_the_logits_tip_memory() -> None:
     rec = advise("h100-nvlink", recompute="full", memory_headroom=0.15).recommendation
     assert (rec.n_min_memory, rec.n_max_comm, rec.n_recommended) == (16, 8, None)
     assert rec.n_min_memory_real == pytest.approx(8.11, abs=0.01)
-    assert "a chunked loss (--loss chunked): N = 4 then works, at no cost in time" in rec.fixes
+    assert "a chunked loss (--loss chunked --tp 1 --pp 1): N = 4 then works, at no cost in time" in rec.fixes
 
 
 @pytest.mark.parametrize("recompute", ["none", "selective"])
@@ -321,6 +321,16 @@ def test_memory_failure_says_what_would_fit_and_checks_it() -> None:
     assert "the model states alone need" in rec.reason
     combined = next(fix for fix in rec.fixes if "together" in fix)
     assert "then works" in combined
+    # a hint names only what changes, and the window's TP and PP it holds (llama3-70b on 64 H100s: TP 1)
+    flags = re.search(r"\((--[^)]*)\)", combined).group(1).split()
+    assert dict(zip(flags[::2], flags[1::2])) == {
+        "--recompute": "full",
+        "--zero": "3",
+        "--tp": "8",
+        "--pp": "1",
+    }
+    given = _advice("llama3-70b", "h100-ib", 64, recompute="full").recommendation.fixes
+    assert all("--recompute" not in fix for fix in given)
     # the fix is real: that setup does recommend a CP degree
     assert _advice("llama3-70b", "h100-ib", 64, recompute="full", zero=3, tp=8).recommendation.n_recommended
 

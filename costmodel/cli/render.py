@@ -794,8 +794,9 @@ def topology_lines(topology: dict) -> list[str]:
             over = f" over {nics:g} NIC{'s' if nics != 1 else ''} a node" if nics else ""
             groups.append(f"{dim.upper()} {group['size']} {where}, {group['bandwidth'] / 1e9:g} GB/s{over}")
     leaves = topology["cp_ring_leaves_fast_domain_at"]
+    cp = topology["groups"].get("cp", {}).get("size", 1)
+    ring = f"; a CP ring leaves the fast domain at {leaves} ranks" if cp > 1 else ""
     return [
         f"topology: {topology['text']}",
-        f"ranks {topology['rank_order']}: {'; '.join(groups) or 'one device'}; a CP ring leaves the fast domain "
-        f"at {leaves} ranks",
+        f"ranks {topology['rank_order']}: {'; '.join(groups) or 'one device'}{ring}",
     ]

@@ -171,11 +171,16 @@ def _table(report: StepReport) -> None:
     step, inputs = result["step"], result["inputs"]
     split = StageSplit.of(inputs).text()
     stages = f"{split} layers, v {inputs['vpp']}" if split else f"v {inputs['vpp']}"
+    scheme = (
+        f" ({inputs['cp_scheme']}, {inputs['layout']})" if inputs["cp"] > 1 else ""
+    )  # CP 1 splits nothing
+    pipeline = f" ({stages})" if inputs["pp"] > 1 or inputs["vpp"] > 1 else ""
     screen = console()
     screen.print(
         f"{inputs['model']} S={inputs['seq']} on {inputs['gpus']} x {inputs['hw']}: tp {inputs['tp']}, "
-        f"cp {inputs['cp']} ({inputs['cp_scheme']}, {inputs['layout']}), pp {inputs['pp']} ({stages}), "
-        f"dp {inputs['dp']}, {inputs['micro_batches']} micro-batches of {inputs['micro_batch']}, "
+        f"cp {inputs['cp']}{scheme}, pp {inputs['pp']}{pipeline}, "
+        f"dp {inputs['dp']}, {inputs['micro_batches']} micro-batch{'es' if inputs['micro_batches'] != 1 else ''} "
+        f"of {inputs['micro_batch']}, "
         f"recompute {inputs['recompute']}"
         + (f", offload {inputs['offload']}" if inputs.get("offload", "none") != "none" else "")
         + (f", fine-tuning {inputs['finetune']}" if inputs.get("finetune", "full") != "full" else "")

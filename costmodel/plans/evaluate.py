@@ -167,7 +167,7 @@ def _verdict(ev: Evaluator, inputs: PlanInputs, machine: Machine, ring: Ring, ba
     """The band of the balanced ratio (the bound the articles reason with), and beside it the ratio at the
     kernel rates the layer time and the timeline read, so the headline and the timeline tell one story. The
     limits are the same pass's: for fwd+bwd, N_max the lower and L* the longer of the two phases'."""
-    ratio = pass_ratio(ev, inputs.pass_)
+    ratio = pass_ratio(ev, inputs.pass_) if inputs.cp > 1 else 0.0  # one device receives nothing
     chosen = band(ratio)
     phases = {"fwd": (ring.step_comm_s, ring.step_compute_kernel_s)}
     phases["bwd"] = (backward.step_comm_s, backward.step_compute_kernel_s)

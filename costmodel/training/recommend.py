@@ -26,7 +26,7 @@ from costmodel.machines import topology
 from costmodel.machines.binding import Machine
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluator
-from costmodel.plans.inputs import MAX_CP, PlanInputs, cp_stride
+from costmodel.plans.inputs import MAX_CP, PlanInputs, TrainingSetup, cp_stride
 from costmodel.plans.job import Job
 from costmodel.plans.schema import Fit, Recommendation, RecommendCandidate, RecommendReport
 from costmodel.plans.schemes import SchemeResult, best, compare, lowest_ratio
@@ -308,27 +308,28 @@ def _failure(
 
 def _trials(job: Job, n_min: int | None) -> list[tuple[str, dict[str, Any]]]:
     """The changes to a job that may open its window, each with its flags: one at a time, and where memory
-    fits at no N the GPUs doubled and the strongest memory savers together."""
+    fits at no N the GPUs doubled and the strongest memory savers together. The flags hold the window's TP
+    and PP too, so that a hint run as written asks for the window it was found in, not a layout search."""
     model, setup, machine = job.model, job.setup, job.machine
-    trials: list[tuple[str, dict[str, Any]]] = []
+    changes: list[tuple[str, dict[str, Any]]] = []
     if setup.recompute != "full":
-        trials.append(("full activation recompute (--recompute full)", {"recompute": "full"}))
+        changes.append(("full activation recompute", {"recompute": "full"}))
     if setup.zero < 3:
-        trials.append(("ZeRO-3 (--zero 3)", {"zero": 3}))
+        changes.append(("ZeRO-3", {"zero": 3}))
     if job.framework.memory.loss == "materialized":  # the logits whole, upcast: tens of GB at long S
-        trials.append(("a chunked loss (--loss chunked)", {"loss": "chunked"}))
+        changes.append(("a chunked loss", {"loss": "chunked"}))
     tp2 = 2 * setup.tp
     if (
         tp2 <= machine.profile.devices_per_node
         and setup.gpus % (tp2 * setup.pp) == 0
         and model.heads % tp2 == 0
     ):
-        trials.append((f"TP {tp2} (--tp {tp2})", {"tp": tp2}))
+        changes.append((f"TP {tp2}", {"tp": tp2}))
     pp2 = 2 * setup.pp
     if setup.gpus % (setup.tp * pp2) == 0 and model.layers % pp2 == 0:
-        trials.append((f"PP {pp2} (--pp {pp2})", {"pp": pp2}))
+        changes.append((f"PP {pp2}", {"pp": pp2}))
     if n_min is None:
-        trials.append((f"twice the GPUs (--gpus {2 * setup.gpus})", {"gpus": 2 * setup.gpus}))
+        changes.append(("twice the GPUs", {"gpus": 2 * setup.gpus}))
         node_tp = max(
             (
                 k
@@ -337,11 +338,22 @@ def _trials(job: Job, n_min: int | None) -> list[tuple[str, dict[str, Any]]]:
             ),
             default=setup.tp,
         )
-        combined = {"recompute": "full", "zero": 3, "tp": max(node_tp, setup.tp)}
-        if any(getattr(setup, key) != value for key, value in combined.items()):
-            flags = f"--recompute full --zero 3 --tp {combined['tp']}"
-            trials.append((f"full recompute, ZeRO-3 and TP {combined['tp']} together ({flags})", combined))
-    return trials
+        wanted = {"recompute": "full", "zero": 3, "tp": max(node_tp, setup.tp)}
+        combined = {key: value for key, value in wanted.items() if getattr(setup, key) != value}
+        if len(combined) > 1:
+            names = {"recompute": "full recompute", "zero": "ZeRO-3", "tp": f"TP {wanted['tp']}"}
+            changes.append((f"{_joined([names[key] for key in combined])} together", combined))
+    return [(f"{text} ({_flags(setup, change)})", change) for text, change in changes]
+
+
+def _flags(setup: TrainingSetup, change: dict[str, Any]) -> str:
+    """The flags of ``change``, then the window's TP and PP where it keeps them."""
+    held = {key: getattr(setup, key) for key in ("tp", "pp") if key not in change}
+    return " ".join(f"--{key} {value}" for key, value in (change | held).items())
+
+
+def _joined(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _throughput(job: Job, n: int, global_batch: int) -> float | None:
