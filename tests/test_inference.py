@@ -530,6 +530,9 @@ def test_infer_gpus_searches_the_serving_layouts_and_plans_with_the_fastest_that
     assert "Serving layouts of 64 GPUs" in table.out
     refused = cli(*args, "--gpus", "8", "--explain")
     assert refused.code == 2 and refused.err.startswith("cp-plan: error: --explain: not with --gpus")
+    for flag in ("--tp", "--cp", "--pp"):  # searched with --gpus: a given one would be silently replaced
+        refused = cli(*args, "--gpus", "8", flag, "2")
+        assert refused.code == 2 and refused.err.startswith(f"cp-plan: error: {flag}: not with --gpus")
 
 
 @pytest.mark.parametrize("kernel", ["flash", "sdpa-flash", "sdpa-cudnn", "cudnn"])

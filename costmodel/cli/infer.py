@@ -21,6 +21,7 @@ from costmodel.plans.inputs import MachineOverrides
 
 @declared(setup=InferenceSetup, machine_overrides=MachineOverrides)
 def infer_cmd(
+    ctx: typer.Context,
     setup: InferenceSetup,
     machine_overrides: MachineOverrides,
     format: format_option("table", "json", "yaml") = Format.table,
@@ -67,6 +68,7 @@ def infer_cmd(
             raise InputError(
                 "--explain", "not with --gpus: explain one layout, named with --tp, --cp and --pp"
             )
+        _refuse_searched(ctx)
         report = search_serving(setup, machine_overrides, gpus, interval_level(level))[1].model_dump(
             mode="json", by_alias=True
         )
@@ -221,3 +223,14 @@ def _decode_target_lines(target: dict, screen) -> None:  # noqa: ANN001
             + ("beats" if target["cp_beats_tp"] else "does not beat")
             + " TP over the same GPUs for this request mix"
         )
+
+
+def _refuse_searched(ctx: typer.Context) -> None:
+    """--gpus searches TP, CP and PP: one given beside it would be silently replaced."""
+    for name in ("tp", "cp", "pp"):
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name == "COMMANDLINE":  # typer's own click: compare by name
+            raise InputError(
+                f"--{name}",
+                "not with --gpus, which searches TP, CP and PP; name all three without --gpus to plan one layout",
+            )
