@@ -45,6 +45,14 @@ def test_examples_fail_exactly_the_failing_ones(cli) -> None:
     assert failed_files == {p.name for p in PLANS if p.name.startswith("fail-")}
 
 
+def test_a_plan_named_twice_is_checked_once(cli, monkeypatch) -> None:
+    """By the same path, another spelling of it, or a glob and a name: one plan, its checks counted once."""
+    monkeypatch.chdir(REPO)
+    plan = "configs/plans/llama3-70b-128k-h100-tp8.yaml"
+    once, twice = (cli("check", *names).out for names in ([plan], [plan, f"./{plan}", str(REPO / plan)]))
+    assert twice == once and once.rstrip().endswith("4 checks passed, 0 failed in 1 plan")
+
+
 def test_junit_output(cli) -> None:
     result = cli("check", *map(str, PLANS), "-f", "junit")
     root = ET.fromstring(result.out.split("\n", 1)[1])
@@ -134,7 +142,7 @@ INVALID = [
     ),
     (
         "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\nexpect:\n  max_step_time_s: -3\n",
-        ":7: expect.max_step_time_s: must be in [1e-30, 1e+30]",
+        ":7: expect.max_step_time_s: must be more than 0",
     ),
     (
         "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ngpus: 8\nglobal_batch: 8\nexpect:\n  max_days: 30\n",
@@ -262,6 +270,20 @@ def test_junit_of_an_invalid_plan_is_a_parseable_report_not_an_empty_file(cli, t
     errors = root.findall(".//testcase/error")
     assert errors[0].get("message") == "bogus: unknown key"
     assert root.find(".//testcase").get("line") == "2"
+
+
+def test_json_of_an_invalid_plan_names_every_problem_and_passes_nothing(cli, tmp_path) -> None:
+    """As junit's: `> report.json` holds a document (exit 2), its `invalid` the problems with their lines."""
+    path = write(tmp_path, "name: x\nbogus: 1\n")
+    result = cli("check", path, "-f", "json")
+    assert result.code == 2 and "bogus: unknown key" in result.err
+    data = result.json()
+    assert data["passed"] is False and data["results"] == []
+    assert {"plan": path, "line": 2, "problem": "bogus: unknown key"} in data["invalid"]
+    good = cli(
+        "check", str(REPO / "configs" / "plans" / "llama3-70b-128k-h100-tp8.yaml"), "-f", "json"
+    ).json()
+    assert good["invalid"] == [] and good["passed"] is True
 
 
 def test_a_memory_check_names_the_largest_category_and_the_peaks_moment(cli) -> None:

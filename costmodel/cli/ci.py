@@ -3,11 +3,16 @@ GitHub workflow commands (an annotation on the plan's line). They read the resul
 
 from __future__ import annotations
 
+import json
 import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from costmodel.training.check import CheckResult, InvalidPlan
+
+# `cp-plan check --format json`: v1 results and passed; invalid (the files that did not load) is added, empty
+# when every file loaded
+CHECK_SCHEMA = "cp-plan/check/v1"
 
 
 def _xml_text(text: str) -> str:
@@ -102,6 +107,14 @@ def github(results: list[CheckResult]) -> str:
         for r in results
     ]
     return "\n".join(lines) + "\n"
+
+
+def json_problems(error: InvalidPlan) -> str:
+    """The JSON report of plan files that did not load: nothing passed, and every problem named (``invalid``),
+    so that a reader of ``> report.json`` finds a document, as junit's and github's readers do."""
+    invalid = [{"plan": path, "line": line, "problem": text} for path, line, text in error.problems]
+    document = {"schema": CHECK_SCHEMA, "passed": False, "results": [], "invalid": invalid}
+    return json.dumps(document, indent=2) + "\n"
 
 
 def github_problems(error: InvalidPlan) -> str:

@@ -770,14 +770,19 @@ def check_cmd(
         located = load_plans(plans)  # every file is valid before anything runs
         results = [result for plan in located for result in run_checks(plan, surely)]
     except InvalidPlan as exc:
-        problems = {Format.github: ci.github_problems, Format.junit: ci.junit_problems}.get(format)
+        problems = {
+            Format.github: ci.github_problems,
+            Format.junit: ci.junit_problems,
+            Format.json: ci.json_problems,
+        }.get(format)
         if problems is not None:  # `> report.xml` made the file already: never leave it empty
             sys.stdout.write(problems(exc))
         raise
     data = {
-        "schema": "cp-plan/check/v1",
+        "schema": ci.CHECK_SCHEMA,
         "passed": all(r.passed for r in results),
         "results": [r.__dict__ for r in results],
+        "invalid": [],
     }
     emit(
         data,
@@ -809,6 +814,7 @@ def _render_checks(results) -> None:  # noqa: ANN001
             out.print(mark + Text(f"{r.check} (line {r.line}): {r.detail}"))
     failed = sum(not r.passed for r in results)
     out.print(
-        f"{len(results) - failed} checks passed, {failed} failed in {len(by_plan)} plans",
+        f"{len(results) - failed} checks passed, {failed} failed in {len(by_plan)} plan"
+        + ("s" if len(by_plan) != 1 else ""),
         style="bold red" if failed else "bold green",
     )

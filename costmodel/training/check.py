@@ -10,6 +10,7 @@ Problems in a file are reported with its path, the line and the field; every pro
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from costmodel.core.errors import InputError, validation_problems
+from costmodel.core.errors import InputError, another_kind, validation_problems
 from costmodel.core.fields import NumberAsWritten, Positive, Switch
 from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
@@ -187,6 +188,9 @@ def load_plan(path: str) -> Located:
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as exc:
+        other = another_kind(data, "capacity plan")
+        if other is not None:
+            raise InvalidPlan([(path, None, other)]) from None
         problems = [
             (path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
             for loc, text in validation_problems(exc)
@@ -199,13 +203,17 @@ MAX_PLANS = 64  # plan files a run: each is about 50 ms here (2 cores), so a run
 
 
 def load_plans(paths: list[str]) -> list[Located]:
-    """Every file, each valid, before anything runs; otherwise the problems of all of them."""
+    """Every file once (a path named twice, or by a glob and by name, is one plan: checked twice it would count
+    its checks twice), each valid, before anything runs; otherwise the problems of all of them."""
     if len(paths) > MAX_PLANS:
         raise InputError(
             "PLAN", f"{len(paths):,} plan files; check takes at most {MAX_PLANS} a run (split them)"
         )
-    located, problems = [], []
+    by_file: dict[str, str] = {}
     for path in paths:
+        by_file.setdefault(path if path == "-" else os.path.realpath(path), path)
+    located, problems = [], []
+    for path in by_file.values():
         try:
             located.append(load_plan(path))
         except InvalidPlan as exc:
