@@ -644,3 +644,25 @@ def test_measured_memory_beyond_the_devices_hbm_is_critical(tmp_path) -> None:
     assert len(memory) == 1
     assert "116.0 GB exceeds the 84.9 GB a process can allocate on the device" in memory[0]["message"]
     assert cli("audit", str(log), "--fail-on", "critical")[0] == 1
+
+
+def test_a_profile_is_written_only_under_a_yaml_name(tmp_path: Path) -> None:
+    """Every command that writes a profile refuses a name that says it is not YAML, before any work."""
+    nccl = DATA / "nccl_1node_all_gather_perf.txt"
+    for args, out in (
+        (("hw", "from-nccl-tests", nccl, "--out"), tmp_path / "p.txt"),
+        (("audit", *MEGATRON, "--hw", "h100-nvlink", "--fit-profile"), tmp_path / "p.json"),
+    ):
+        code, _, err = cli(*args, out)
+        assert code == 2 and "the profile is YAML; name it .yaml or .yml" in err and not out.exists()
+
+
+def test_a_config_naming_no_preset_is_named_itself(tmp_path: Path) -> None:
+    """The model the log prints (Llama 3 8B's shape) is not what failed: the job file's flavor is."""
+    import shutil
+
+    shutil.copy(DATA / "titan_cp2_16k.log", tmp_path / "run.log")
+    toml = (DATA / "titan_cp2_16k.toml").read_text()
+    (tmp_path / "run.toml").write_text(re.sub(r'flavor = "[^"]*"', 'flavor = "9000B"', toml))
+    code, _, err = cli("audit", tmp_path / "run.log", "--hw", "h100-nvlink")
+    assert code == 2 and "--config" in err and "model 'llama3-9000b' matches no preset" in err, err

@@ -80,7 +80,8 @@ CASES: list[tuple[list[str], str]] = [
     (["--efficiency", "1.5"], "--efficiency"),
     (["--efficiency", "fast"], "--efficiency"),
     (["--bogus"], "No such option: --bogus"),
-    (["formulas", "nosuch"], "NAME: unknown formula 'nosuch'; known: shard_tokens"),
+    (["formulas", "nosuch"], "NAME: unknown formula 'nosuch'; `cp-plan formulas` lists all"),
+    (["formulas", "n_maxx"], "NAME: unknown formula 'n_maxx'; nearest: n_max;"),
     (["hw", "show", "nosuch"], "NAME: unknown hardware 'nosuch'"),
     # files
     (["--hw", "missing.yaml"], "--hw: missing.yaml: file not found"),
@@ -103,7 +104,7 @@ CASES: list[tuple[list[str], str]] = [
         "links.inter_node.bandwidth_per_direction: must be from 1e+06 to 1e+15 bytes/s (got 1e-30)",
     ),
     (["--inter-node-bandwidth", "1e-30Gb"], "below any link (1 MB/s); check the prefix"),
-    (["--hw", "{tmp}/zero-flops.yaml"], "device.peak_flops.bf16: must be in [1e-30, 1e+30] (got 0.0)"),
+    (["--hw", "{tmp}/zero-flops.yaml"], "device.peak_flops.bf16: must be more than 0 (got 0.0)"),
     (["--hw", "{tmp}/python-tag.yaml"], "could not determine a constructor for the tag"),
     (["--hw", "{tmp}/list.yaml"], "expected a mapping of hardware fields, got list"),
     (["--hw", "{tmp}/typo.yaml"], "device_per_node: unknown key"),
@@ -189,3 +190,38 @@ def test_the_default_tile_shrinks_to_a_shorter_shard_and_one_device_receives_not
     assert data["inputs"]["block"] == 512
     alone = cli("--seq", "64", "-n", "1", "--block", "1", "-f", "json").json()["verdict"]
     assert alone["comm_ratio_step"] == 0 and alone["verdict"] == "green"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["--hw", "frameworks/megatron.yaml"],
+            "--hw: frameworks/megatron.yaml: a framework profile (memory, time",
+        ),
+        (
+            [
+                "step",
+                "--model",
+                "hardware/a100-nvlink.yaml",
+                "--seq",
+                "8k",
+                "--gpus",
+                "8",
+                "--global-batch",
+                "8",
+            ],
+            "--model: hardware/a100-nvlink.yaml: a hardware profile (device, links at its top), not a model preset: "
+            "give it to --hw",
+        ),
+        (
+            ["check", "hardware/a100-nvlink.yaml"],
+            "a hardware profile (device, links at its top), not a capacity plan",
+        ),
+    ],
+)
+def test_a_file_of_another_kind_says_what_it_is_and_where_it_goes(cli, monkeypatch, args, said) -> None:
+    """Not a line of every key it lacks and every key it has."""
+    monkeypatch.chdir(Path(__file__).parents[1])
+    result = cli(*args)
+    assert result.code == 2 and said in result.err and len(result.err.strip().splitlines()) == 1, result.err

@@ -62,14 +62,14 @@ SPELLINGS: dict[str, Callable[[Path, Path, str], tuple[str, str]]] = {
 WRITERS: dict[str, tuple[Path, str, Callable[[str, str], list[str]], str, str]] = {
     "hw from-nccl-tests --out": (
         TABLE,
-        "all_gather.txt",
+        "all_gather.yaml",  # read whatever its name; a profile is written only under a YAML one
         lambda read, out: ["hw", "from-nccl-tests", read, "--out", out],
         "--out",
         "FILE",
     ),
     "audit --fit-profile": (
         LOG,
-        "run.log",
+        "run.yaml",
         lambda read, out: ["audit", read, "--hw", "h100-nvlink", "--fit-profile", out],
         "--fit-profile",
         "LOG",
@@ -103,8 +103,8 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(
 
 
 def test_an_output_read_on_standard_input_is_refused(cli, tmp_path, monkeypatch) -> None:
-    """As ``cp-plan hw from-nccl-tests - --out T.txt < T.txt``."""
-    table = tmp_path / "all_gather.txt"
+    """As ``cp-plan hw from-nccl-tests - --out T.yaml < T.yaml``."""
+    table = tmp_path / "all_gather.yaml"
     shutil.copy(TABLE, table)
     monkeypatch.setattr(fileio, "_stdin_read", None)
     with table.open("rb") as stdin:
@@ -128,7 +128,7 @@ def test_calibrate_refuses_its_preset_as_output_before_measuring(cli, tmp_path, 
 
 def test_the_inputs_are_those_of_this_run_only(cli, tmp_path) -> None:
     """Many runs share one process (these tests): a file read by one run is a free output for the next."""
-    first, second = tmp_path / "all_gather.txt", tmp_path / "again_all_gather.txt"
+    first, second = tmp_path / "all_gather.yaml", tmp_path / "again_all_gather.txt"
     shutil.copy(TABLE, first)
     shutil.copy(TABLE, second)
     assert cli("hw", "from-nccl-tests", str(first), "--out", str(tmp_path / "a.yaml")).code == 0

@@ -188,3 +188,14 @@ def test_a_list_too_long_for_a_file_name_is_still_a_list(cli) -> None:
     """600 lengths (2,400 characters) are longer than any file name the OS looks up: still lengths."""
     report = _json(cli, "--seq", "64k", "--n", "8", "--causal", "--docs", ",".join(["100"] * 600))
     assert report["packing"]["documents"] == 600
+
+
+def test_a_docs_file_may_start_with_a_byte_order_mark(cli, tmp_path) -> None:
+    """Some editors write UTF-8 with a byte-order mark first: every text input reads past it, as the runs table."""
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text("4096\n2048\n2048\n")
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    runs = [cli("--seq", "8k", "--n", "2", "--docs", str(path), "-f", "json") for path in (plain, marked)]
+    assert runs[1].code == 0, runs[1].err
+    packed = [{k: v for k, v in run.json()["packing"].items() if k != "source"} for run in runs]
+    assert packed[1] == packed[0]

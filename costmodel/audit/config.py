@@ -177,6 +177,7 @@ def resolve(
     preset = match_preset(log.model_shape) if log.model_shape else None
     if log.model_name:
         preset = log.model_name.replace(" ", "-").lower()
+    named = None
     if config_file is not None:
         found, where, named = _config_file(config_file, has_gpus="gpus" in values)
         values.update(found)
@@ -192,6 +193,11 @@ def resolve(
     if sources is not None:
         sources |= {k: where for k, where in origin.items() if given.get(k) is None}
     if not values.get("model"):
+        if named is not None and named not in builtin_models():  # the config's own name: say it is the one
+            raise InputError(
+                "--config",
+                f"{config_file}: model {named!r} matches no preset; name one, e.g. --model llama3-8b",
+            )
         if preset is None or preset not in builtin_models():
             shape = (
                 ", ".join(f"{k} {v}" for k, v in log.model_shape.items()) or log.model_name or "not printed"

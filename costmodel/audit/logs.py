@@ -293,7 +293,9 @@ class _Reader:
 
     def _megatron_memory(self, number: int, m: re.Match[str]) -> bool:
         fields = _megatron_fields(m.group(4))
-        peak = _number(fields.get("max reserved", fields.get("reserved", "")) or "")
+        peak = _bounded(
+            _number(fields.get("max reserved", fields.get("reserved", "")) or ""), 1e9
+        )  # MB: 1 PB
         if peak is not None:
             scale = MIB if m.group(3) == "MB" else 1e9
             self.log.memory_bytes = max(self.log.memory_bytes or 0.0, peak * scale)

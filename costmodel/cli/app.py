@@ -3,6 +3,7 @@ from the declared inputs (:mod:`costmodel.plans.inputs`)."""
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import sys
@@ -270,7 +271,11 @@ def formulas_cmd(
     from costmodel.symbolic.formula_text import INFO
 
     if name is not None and name not in INFO:
-        raise InputError("NAME", f"unknown formula {name!r}; known: {', '.join(INFO)}")
+        near = difflib.get_close_matches(name, INFO, n=5, cutoff=0.5)
+        hint = f"nearest: {', '.join(near)}; " if near else ""
+        raise InputError(
+            "NAME", f"unknown formula {name[:80]!r}; {hint}`cp-plan formulas` lists all {len(INFO)}"
+        )
     names = [name] if name else list(INFO)
     if latex:
         from costmodel.symbolic import formulas

@@ -16,7 +16,7 @@ import typer
 from costmodel.cli.options import console, house_table, searched, whole
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
-from costmodel.core.fileio import atomic_write_text, check_writable
+from costmodel.core.fileio import atomic_write_text, check_profile_output
 from costmodel.core.units import parse_tokens, seconds
 from costmodel.machines.profiles import load_profile, profile_yaml
 from costmodel.plans import cp as registry
@@ -199,7 +199,7 @@ def _check_logs(logs: list[str], config: list[str] | None, fit_profile: str | No
     if config and len(config) != len(logs):
         raise InputError("--config", f"give one per log ({len(logs)}), in the same order; got {len(config)}")
     if fit_profile is not None:
-        check_writable(fit_profile, "--fit-profile")
+        check_profile_output(fit_profile, "--fit-profile")
 
 
 def _audit_logs(
@@ -235,7 +235,7 @@ def _runs(path: str, assume: list[str], hw: str | None, out: str | None, folds: 
     from costmodel.audit import runs as measured
 
     if out is not None:
-        check_writable(out, "--fit-profile")
+        check_profile_output(out, "--fit-profile")
     table = measured.read_runs(path, measured.parse_assumptions(assume), hw)
     names = {run.values["hw"] for run in table.runs}
     if out is not None:

@@ -12,7 +12,7 @@ from costmodel.cli.audit import MAX_FILES
 from costmodel.cli.options import console, house_table
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
-from costmodel.core.fileio import atomic_write_text, check_writable
+from costmodel.core.fileio import atomic_write_text, check_profile_output
 from costmodel.machines.profiles import load_profile, profile_yaml
 
 NCCL_HOW = "whose links were measured with nccl-tests (`cp-plan hw from-nccl-tests`): bus bandwidths (busbw)"
@@ -51,7 +51,7 @@ def fit_kernels(
     from costmodel.machines.kernel_fit import fit_kernels as fit
 
     if out is not None:
-        check_writable(out, "--out")
+        check_profile_output(out, "--out")
     profile = load_profile(base, field="--base")
     fitted, report = fit(profile, gemm, attention, Path(out).stem if out else f"{profile.name}-kernels")
     if out is not None:
@@ -119,7 +119,7 @@ def from_nccl_tests(
     if len(files) > MAX_FILES:
         raise InputError("FILE", f"{len(files):,} tables; from-nccl-tests takes at most {MAX_FILES} a run")
     if out is not None:
-        check_writable(out, "--out")
+        check_profile_output(out, "--out")
     profile = load_profile(base, field="--base")
     fits = fit_all(files, profile)
     measured = measured_profile(profile, fits, Path(out).stem if out else f"{profile.name}-measured")

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from costmodel.cli.options import HELP_FLAGS, console, decimal, declared, searched, whole, working
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
-from costmodel.core.fileio import atomic_write_text, check_writable
+from costmodel.core.fileio import atomic_write_text, check_profile_output
 from costmodel.core.units import parse_tokens, seconds, si
 from costmodel.kernel import TORCH_DTYPE
 from costmodel.machines.profiles import load_profile, profile_yaml
@@ -377,9 +377,7 @@ def calibrate(
         raise InputError("--nproc", f"a link needs at least 2 ranks (got {nproc})")
     _check_device(backend, nproc, "--backend")
     target = Path(out)
-    if target.suffix not in {".yaml", ".yml"}:
-        raise InputError("--out", f"{out}: the profile is YAML; name it .yaml or .yml")
-    check_writable(target, "--out")  # now, not after minutes of measuring
+    check_profile_output(target, "--out")  # now, not after minutes of measuring
     load_before, busy_before = _load(), _busy_share()  # before our ranks start: what else runs here
     try:
         results = launch(measure, nproc, args=(config,), timeout_s=timeout, device=BACKENDS[backend])

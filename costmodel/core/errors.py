@@ -40,6 +40,26 @@ def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
     return [(loc, text) for _, loc, text in sorted(problems, key=lambda p: p[0])]
 
 
+# What each kind of YAML input holds at its top, and where it goes: a file of one kind given where another is
+# asked would otherwise get a line of every key it lacks and every key it has.
+KINDS = {
+    "hardware profile": (("device", "links"), "--hw"),
+    "framework profile": (("memory", "time"), "--framework"),
+    "model preset": (("heads", "layers"), "--model"),
+    "capacity plan": (("expect",), "cp-plan check"),
+}
+
+
+def another_kind(data: object, expected: str) -> str | None:
+    """What ``data`` is, where it is not ``expected`` (a key of :data:`KINDS`) but plainly another kind."""
+    if not isinstance(data, dict):
+        return None
+    for kind, (keys, where) in KINDS.items():
+        if kind != expected and all(key in data for key in keys):
+            return f"a {kind} ({', '.join(keys)} at its top), not a {expected}: give it to {where}"
+    return None
+
+
 def describe_validation(exc: object, line: Callable[..., int] | None = None) -> str:
     """One line for a pydantic ``ValidationError``: every field's dotted path and problem, ``; ``-separated,
     each after its line in the file when ``line(*location)`` gives it."""

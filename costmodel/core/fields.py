@@ -65,12 +65,16 @@ def _reads_as(kind: type, text: str) -> bool:
 
 
 def _positive(value: float) -> float:
+    if value <= 0:  # the range below is the arithmetic's; a sign is the plain mistake
+        raise ValueError("must be more than 0")
     if not FLOOR <= value <= CEILING:
         raise ValueError(f"must be in [{FLOOR:g}, {CEILING:g}]")
     return value
 
 
 def _non_negative(value: float) -> float:
+    if value < 0:
+        raise ValueError("must be 0 or more")
     if value != 0 and not FLOOR <= value <= CEILING:
         raise ValueError(f"must be 0 or in [{FLOOR:g}, {CEILING:g}]")
     return value

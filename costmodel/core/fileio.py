@@ -74,6 +74,14 @@ def check_writable(path: str | os.PathLike[str], field: str) -> None:
         raise InputError(field, f"cannot write {_shorten(str(target))}: {_reason(exc)}") from None
 
 
+def check_profile_output(path: str | os.PathLike[str], field: str) -> None:
+    """A profile is written as YAML: a name that says otherwise is refused, after what refuses any output
+    (``-``, a file this run reads, one that cannot be written)."""
+    check_writable(path, field)
+    if Path(path).suffix.lower() not in {".yaml", ".yml"}:
+        raise InputError(field, f"{_shorten(str(path))}: the profile is YAML; name it .yaml or .yml")
+
+
 def _output_path(path: str | os.PathLike[str], field: str) -> Path:
     """The target of an output flag, refused when it is ``-`` or a file this run read.
 
@@ -341,7 +349,7 @@ def read_input_text(path: str | os.PathLike[str], field: str, kind: str) -> str:
     separator (:mod:`costmodel.core.text`), is refused with its line and column."""
     raw = read_input(path, field, kind)
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark some editors write first
     except UnicodeDecodeError:
         raise FileInputError(field, _shorten(os.fspath(path)), None, "not a UTF-8 text file") from None
     check_raw_text(text, field, _shorten(os.fspath(path)))

@@ -30,7 +30,7 @@ def read_csv(
 
     A byte-order mark is dropped (spreadsheets and vTrain's tables write one); an empty file, a ragged row,
     malformed quoting, no rows or more than ``max_rows`` are one :class:`InputError` line on ``field``."""
-    text = read_input_text(path, field, kind).removeprefix("\ufeff")
+    text = read_input_text(path, field, kind)
     try:
         with io.StringIO(text, newline="") as handle:
             reader = csv.reader(handle)

@@ -155,7 +155,8 @@ def parse_integer(text: str | int, field: str) -> int:
     if isinstance(text, int) and not isinstance(text, bool):
         return text
     if not isinstance(text, str) or not _INTEGER.fullmatch(text):
-        raise InputError(field, f"{_shown(text)} is not a whole number")
+        negative = isinstance(text, str) and text.strip().startswith("-") and text.strip()[1:].isdigit()
+        raise InputError(field, f"{_shown(text)} is not a whole number{' of 0 or more' if negative else ''}")
     _check_digits(text.strip(), field)
     return int(text)
 

@@ -16,7 +16,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.errors import InputError, another_kind, describe_validation
 from costmodel.core.fields import Count, NonNegative, Positive, Within
 from costmodel.core.fileio import YamlDocument, load_builtin_or_file
 from costmodel.core.resources import data_dir
@@ -262,7 +262,8 @@ def parse_framework(
         return FrameworkProfile.model_validate(data)
     except ValidationError as exc:
         where = document.line if document is not None else None
-        raise InputError(field, f"{origin}: {describe_validation(exc, where)}") from None
+        said = another_kind(data, "framework profile") or describe_validation(exc, where)
+        raise InputError(field, f"{origin}: {said}") from None
 
 
 def load_framework(spec: str, field: str = "--framework") -> FrameworkProfile:

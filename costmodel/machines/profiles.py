@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.errors import InputError, another_kind, describe_validation
 from costmodel.core.fields import (
     BytesPerSecond,
     Count,
@@ -823,9 +823,10 @@ def parse_profile(
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
-        raise InputError(
-            field, f"{origin}: {describe_validation(exc, document.line if document else None)}"
-        ) from None
+        said = another_kind(data, "hardware profile") or describe_validation(
+            exc, document.line if document else None
+        )
+        raise InputError(field, f"{origin}: {said}") from None
 
 
 def load_profile(spec: str, field: str = "--hw") -> HardwareProfile:

@@ -8,7 +8,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from costmodel.core.errors import InputError, describe_validation
+from costmodel.core.errors import InputError, another_kind, describe_validation
 from costmodel.core.fields import Count, Switch
 from costmodel.core.fileio import load_builtin_or_file, read_json
 from costmodel.core.resources import data_dir
@@ -141,7 +141,8 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
     try:
         return ModelPreset.model_validate(data)
     except ValidationError as exc:
-        raise InputError(field, f"{origin}: {describe_validation(exc, document.line)}") from None
+        said = another_kind(data, "model preset") or describe_validation(exc, document.line)
+        raise InputError(field, f"{origin}: {said}") from None
 
 
 def _read_json(path: str, field: str) -> Any:
