@@ -530,9 +530,15 @@ def test_infer_gpus_searches_the_serving_layouts_and_plans_with_the_fastest_that
     assert "Serving layouts of 64 GPUs" in table.out
     refused = cli(*args, "--gpus", "8", "--explain")
     assert refused.code == 2 and refused.err.startswith("cp-plan: error: --explain: not with --gpus")
-    for flag in ("--tp", "--cp", "--pp"):  # searched with --gpus: a given one would be silently replaced
-        refused = cli(*args, "--gpus", "8", flag, "2")
-        assert refused.code == 2 and refused.err.startswith(f"cp-plan: error: {flag}: not with --gpus")
+    # a degree given beside --gpus is held, the others searched (as recommend holds its fixed layout)
+    held = json.loads(cli(*args, "--gpus", "64", "--tp", "8", "--format", "json").out)
+    assert {row["tp"] for row in held["search"]["layouts"]} == {8} and held["inputs"]["tp"] == 8
+    searched = {(r["tp"], r["cp"], r["pp"]): r["ttft_s"] for r in rows}
+    for row in held["search"]["layouts"]:  # the open search's TP 8 layouts, each timed as it times them
+        assert searched[(row["tp"], row["cp"], row["pp"])] == pytest.approx(row["ttft_s"], rel=1e-12)
+    assert len(held["search"]["layouts"]) == sum(tp == 8 for tp, _, _ in searched)
+    refused = cli(*args, "--gpus", "8", "--tp", "3")
+    assert refused.code == 2 and "no layout of 8 GPUs, TP 3 serves this request" in refused.err
 
 
 @pytest.mark.parametrize("kernel", ["flash", "sdpa-flash", "sdpa-cudnn", "cudnn"])

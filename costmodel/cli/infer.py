@@ -43,7 +43,8 @@ def infer_cmd(
             low=1,
             high=65536,
             help="Search the serving layouts of this many GPUs (TP x CP x PP, the rest as replicas) and plan "
-            "with the fitting one fastest to first token; --tp, --cp and --pp are then searched.",
+            "with the fitting one fastest to first token; --tp, --cp and --pp are then searched, each held where "
+            "given.",
         ),
     ] = None,
     level: LevelOpt = None,
@@ -68,10 +69,9 @@ def infer_cmd(
             raise InputError(
                 "--explain", "not with --gpus: explain one layout, named with --tp, --cp and --pp"
             )
-        _refuse_searched(ctx)
-        report = search_serving(setup, machine_overrides, gpus, interval_level(level))[1].model_dump(
-            mode="json", by_alias=True
-        )
+        report = search_serving(
+            setup, machine_overrides, gpus, interval_level(level), fixed=_given(ctx, setup)
+        )[1].model_dump(mode="json", by_alias=True)
     if trace is not None:
         report["explain"] = term_rows(trace)
 
@@ -225,12 +225,11 @@ def _decode_target_lines(target: dict, screen) -> None:  # noqa: ANN001
         )
 
 
-def _refuse_searched(ctx: typer.Context) -> None:
-    """--gpus searches TP, CP and PP: one given beside it would be silently replaced."""
+def _given(ctx: typer.Context, setup: InferenceSetup) -> dict[str, int]:
+    """The TP, CP and PP given beside --gpus: held, the others searched."""
+    held = {}
     for name in ("tp", "cp", "pp"):
         source = ctx.get_parameter_source(name)
         if source is not None and source.name == "COMMANDLINE":  # typer's own click: compare by name
-            raise InputError(
-                f"--{name}",
-                "not with --gpus, which searches TP, CP and PP; name all three without --gpus to plan one layout",
-            )
+            held[name] = getattr(setup, name)
+    return held

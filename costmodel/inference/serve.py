@@ -15,6 +15,7 @@ partial (O, LSE) for every new token.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -683,9 +684,12 @@ def search_serving(
     overrides: MachineOverrides | None,
     gpus: int,
     level: float = DEFAULT_LEVEL,
+    *,
+    fixed: Mapping[str, int] | None = None,
 ) -> tuple[ServingSearch, InferenceReport]:
     """Every serving layout of ``gpus`` for the request, and the full report of the pick: the fitting layout
-    fastest to first token (then the fewest GPUs, then the fastest decode)."""
+    fastest to first token (then the fewest GPUs, then the fastest decode). ``fixed`` holds some of TP, CP
+    and PP (the flags given beside --gpus); the others are searched."""
     if setup.model is None:
         raise InputError("--model", "inference needs a model preset; e.g. --model llama3-70b")
     model = load_model(setup.model)
@@ -694,7 +698,9 @@ def search_serving(
         for tp in divisors(model.heads)
         for cp in (2**k for k in range(MAX_CP.bit_length()))
         for pp in divisors(model.layers)
-        if gpus % (tp * cp * pp) == 0 and cp <= MAX_CP
+        if gpus % (tp * cp * pp) == 0
+        and cp <= MAX_CP
+        and all({"tp": tp, "cp": cp, "pp": pp}[name] == value for name, value in (fixed or {}).items())
     ]
     if len(shapes) > MAX_SERVING_LAYOUTS:
         raise InputError(
@@ -727,8 +733,11 @@ def search_serving(
             )
         )
     if not rows:
+        held = "".join(f", {name.upper()} {value}" for name, value in (fixed or {}).items())
         raise InputError(
-            "--gpus", f"no layout of {gpus} GPUs serves this request (TP dividing the heads, CP the prompt)"
+            "--gpus",
+            f"no layout of {gpus} GPUs{held} serves this request (TP dividing the heads, CP a power of two "
+            "dividing the prompt, PP the layers, their product dividing the GPUs)",
         )
     rows.sort(key=lambda r: (not r.fits, r.ttft_s, r.gpus, r.tpot_s))
     found = ServingSearch(gpus=gpus, considered=len(rows), fit=sum(r.fits for r in rows), layouts=rows)
