@@ -319,6 +319,7 @@ def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
         "g": int(causal),
         "delta": 1 - int(causal),
         "phi": int(causal),
+        "phi_u": 1,  # unfused: kept where phi, made again where not
         "sigma": 1,
         "s_ag": int(causal),
         "t": 2,

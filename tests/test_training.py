@@ -410,3 +410,32 @@ def test_recompute_none_keeps_scores_only_without_flash_attention() -> None:
     )
     assert layer(recompute="none") == layer(recompute="selective")  # flash attention keeps no scores
     assert layer(recompute="none", sequence_parallel=True) == pytest.approx(s * b * h * 34 / t, rel=1e-12)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_unfused_attention_holds_its_scores_in_the_backward_whether_kept_or_made_again(
+    recompute: str,
+) -> None:
+    """Megatron's unfused core attention makes 5 b h L^2 / t bytes of scores, softmax and dropout mask
+    [Korthikanti22 §4.1]: kept for the backward without recompute, made again by it with recompute. Either way
+    the layer's backward holds them, so a 1M-token sequence on one device is no plan: 220 TB, not 45 GB."""
+    model = load_model("llama3-8b")
+
+    def get(name: str, values: dict) -> float:
+        return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+
+    held = {}
+    for kernel in ("flash", "unfused"):
+        values = memory_values(
+            SEED_QUESTION, TrainingSetup(gpus=8, recompute=recompute, attention_kernel=kernel), 8, model
+        )
+        held[kernel] = (
+            get("layer_backward_working_bytes", values)
+            + get("layer_activation_bytes", values) * values["phi"]
+        )
+    tokens = 131_072 / 8
+    scores = 5 * 32 * tokens**2
+    if recompute == "none":  # kept in the layer's activations, beside the rest unfused attention keeps
+        assert held["unfused"] - held["flash"] >= scores
+    else:  # made again in the backward: exactly the scores more
+        assert held["unfused"] - held["flash"] == pytest.approx(scores, rel=1e-9)

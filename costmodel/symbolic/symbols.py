@@ -100,6 +100,15 @@ phi = _symbol(
     nonnegative=True,
     integer=True,
 )
+phi_u = _symbol(
+    "phi_u",
+    "attention materialises its scores (unfused core attention): 1, whether it keeps them (phi) or makes them "
+    "again in the backward; flash attention: 0",
+    "1",
+    KORTHIKANTI,
+    nonnegative=True,
+    integer=True,
+)
 sigma = _symbol(
     "sigma", "sequence parallel with TP: 1 on, 0 off", "1", KORTHIKANTI, nonnegative=True, integer=True
 )

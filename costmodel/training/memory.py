@@ -87,6 +87,7 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
         "delta": int(job.model.dropout),
         # Scores are kept for backward only by an attention that materialises them and is not recomputed.
         "phi": ((rc == 0) & (setup.attention_kernel == "unfused")).astype(float)[()],
+        "phi_u": float(setup.attention_kernel == "unfused"),
         "rho": (rc == 2).astype(float)[()],
         "w_op": ((rc == 1) & (m.selective_recompute == "ops")).astype(float)[()],
         "x_ek": float(eager_intermediates(job)),

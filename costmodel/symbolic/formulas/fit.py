@@ -59,6 +59,7 @@ from costmodel.symbolic.symbols import (
     p,
     p_acc,
     phi,
+    phi_u,
     pp,
     q_c,
     q_g,
@@ -479,11 +480,13 @@ W_l = define(
     "W_layer",
     rho * (A_layer - x_ek * _eager_silu)
     + (1 - rho) * w_op * (A_layer - A_op)
+    + (phi_u - phi) * 5 * b * h * L**2 / t
     + sympy.Max(W_mlp, W_att, evaluate=False),
     "the backward's working set beyond the kept activations: the layer being recomputed (an eager "
     "silu(gate) freed by the product's backward before the MLP's gradients peak, the norms' fp32 copies "
-    "kept until their own), and the gradients in flight in its MLP or in its attention with the CP "
-    "scheme's buffers, whichever are more",
+    "kept until their own), an unfused attention's scores, softmax and dropout mask made again where they "
+    "were not kept, and the gradients in flight in its MLP or in its attention with the CP scheme's "
+    "buffers, whichever are more",
     "B",
     "[Korthikanti22 §5]",
 )
