@@ -225,3 +225,25 @@ def test_a_file_of_another_kind_says_what_it_is_and_where_it_goes(cli, monkeypat
     monkeypatch.chdir(Path(__file__).parents[1])
     result = cli(*args)
     assert result.code == 2 and said in result.err and len(result.err.strip().splitlines()) == 1, result.err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        (
+            "cp_schemes: [ring, ulysses, usp, allgather]",
+            "cp_schemes: [ring, warp]",
+            "names 'warp'; accepted: ring",
+        ),
+        ("cp_layouts: [zigzag]", "cp_layouts: []", "time.cp_layouts: List should have at least 1 item"),
+    ],
+)
+def test_a_framework_names_only_schemes_and_layouts_there_are(
+    cli, tmp_path, old: str, new: str, said: str
+) -> None:
+    text = (Path(__file__).parents[1] / "frameworks" / "megatron.yaml").read_text()
+    assert old in text
+    (tmp_path / "fw.yaml").write_text(text.replace(old, new))
+    args = ["step", "--model", "llama3-8b", "--seq", "8k", "--gpus", "8", "--global-batch", "8"]
+    result = cli(*args, "--framework", str(tmp_path / "fw.yaml"))
+    assert result.code == 2 and "--framework" in result.err and said in result.err, result.err

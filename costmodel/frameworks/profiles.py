@@ -149,7 +149,9 @@ class TimePolicy(_Strict):
     )
     cp_schemes: list[str] = Field(description="the CP schemes the framework can run; none: no CP (--cp 1)")
     cp_layouts: list[Literal["zigzag", "striped", "contiguous"]] = Field(
-        ["zigzag"], description="the token layouts its ring and all-gather split a causal sequence into"
+        ["zigzag"],
+        min_length=1,
+        description="the token layouts its ring and all-gather split a causal sequence into",
     )
     a2a_splits_kv_heads: bool = Field(
         False,

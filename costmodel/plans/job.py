@@ -555,6 +555,7 @@ def make_job(
     declared, declared_setup = step or StepSetup(), setup
     loaded = framework if framework is not None and not _knobs_changed(knobs) else None
     framework = knobs.profile(loaded, declared.grad_bytes)
+    _check_schemes(framework)
     step = declared.resolved(framework)
     if setup.attention_kernel is None:  # the framework's kernel, unless the job names one
         setup = setup.model_copy(update={"attention_kernel": framework.time.attention_kernel})
@@ -588,6 +589,18 @@ def make_job(
     _check_step(job)
     _refuse_unused(job, declared)
     return job
+
+
+def _check_schemes(framework: FrameworkProfile) -> None:
+    """A framework's CP schemes are the registry's (a misspelt one would price no job, silently)."""
+    known = registry.names(TRAINING)
+    unknown = [name for name in (*framework.time.cp_schemes, framework.time.cp_scheme) if name not in known]
+    if unknown:
+        raise InputError(
+            "--framework",
+            f"{framework.title}'s time.cp_schemes or cp_scheme names {', '.join(map(repr, unknown))}; accepted: "
+            f"{', '.join(known)}",
+        )
 
 
 def _knobs_changed(knobs: FrameworkKnobs) -> bool:
