@@ -144,8 +144,9 @@ Overhead = Within(1e-9, 3600.0, "s", zero=True)
 """A fixed time per step or per layer: up to an hour."""
 Share = Within(1e-6, 0.99, "(a share of the device)", zero=True)
 """A share of a device's units, below the whole."""
-FlopRate = Within(1e6, 1e18, "FLOP/s")
-"""A kernel's measured or stated rate: 1 MFLOP/s to 1 EFLOP/s."""
+FlopRate = Within(1e6, CEILING, "FLOP/s")
+"""A kernel's measured or stated rate, from 1 MFLOP/s: far below is a unit slip. Above, a device's peak bounds
+a profile's tables where it states one; a benchmark's smoke case on a CPU times empty work far faster."""
 
 
 def Count(minimum: int = 1, maximum: int = MAX_COUNT) -> Any:  # noqa: N802 - reads as a type
