@@ -23,6 +23,7 @@ from costmodel.training.search import (
     _Shapes,
     enumerate_plans,
     evaluate_plan,
+    evaluate_table,
     framework_pairs,
     search,
     search_loop,
@@ -211,6 +212,35 @@ def test_a_layouts_bound_is_its_fastest_pairs(extra: dict) -> None:
     np.minimum.at(least, table.columns["row"], per_plan)
     assert len(table) > len(layouts) and np.isfinite(per_layout).any()
     assert np.array_equal(per_layout, least)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"gpus": 64, "global_batch": 64},  # pipelines with interleaving and uneven splits
+        {"model": "llama3-70b", "seq": 65536, "gpus": 128, "global_batch": 32, "framework": "torchtitan"},
+        {"model": "deepseek-v3", "seq": 8192, "gpus": 256, "global_batch": 256},  # MoE: EP and its all-to-all
+        {
+            "model": "gpt3-175b",
+            "seq": 8192,
+            "hw": "a100-nvlink",
+            "gpus": 128,
+            "global_batch": 128,
+            "framework": "megatron-deepspeed",
+        },  # unfused attention  # fmt: skip
+    ],
+)
+def test_the_compute_bound_never_exceeds_a_plans_step(extra: dict) -> None:
+    """The branch-and-bound's premise: every plan's bound (its stages' multiplies and attention and the
+    pipeline's fill and drain) is at most its step, so pruning by it never drops a faster plan. The bound
+    is also tight enough to prune: its median is above half the step."""
+    job, batch = _job(**extra)
+    table, _ = enumerate_plans(job, batch, Constraints())
+    shapes = _Shapes(job)
+    ratio = _compute_bound(table, shapes) / evaluate_table(table, job, shapes)["time_s"]
+    assert len(table) > 1000 and (table.columns["vpp"] > 1).any()
+    assert ratio.max() <= 1 + 1e-12
+    assert np.median(ratio) > 0.4
 
 
 def test_a_jobs_fixed_ulysses_degree_is_not_carried_into_other_plans() -> None:

@@ -191,15 +191,16 @@ def enumerate_plans(
     model, seq, gpus, framework = job.model, job.inputs.seq, job.gpus, job.framework
     allowed = _allowed_pairs(c, framework)
     pairs = scheme_pairs()
-    structure: list[tuple[int, ...]] = []
+    structure: list[np.ndarray] = []
     shape_pairs: dict[tuple[int, int], list[int]] = {}
     for tp, cp in _tp_cp_degrees(model, seq, gpus, c):
         valid = _valid_pairs(job, allowed, pairs, tp, cp) if cp > 1 else [0]
         if not valid:
             continue
         shape_pairs[(tp, cp)] = valid
-        structure += _layouts(job, global_batch, c, tp, cp)
-    base = np.array(structure, dtype=np.int64).reshape(-1, len(STRUCTURE))
+        rest = _layouts(job.model.layers, job.gpus // (tp * cp), global_batch, c, _ep_experts(job))
+        structure.append(np.column_stack([np.full((len(rest), 2), (tp, cp), dtype=np.int64), rest]))
+    base = np.concatenate(structure) if structure else np.zeros((0, len(STRUCTURE)), dtype=np.int64)
     levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
     data = np.concatenate([np.column_stack([base, np.full(len(base), rc)]) for rc in levels])
     columns = {name: data[:, i] for i, name in enumerate((*STRUCTURE, "rc"))}
@@ -245,21 +246,26 @@ def _tp_cp_degrees(model: ModelPreset, seq: int, gpus: int, c: Constraints) -> I
             yield tp, cp
 
 
-def _layouts(job: Job, global_batch: int, c: Constraints, tp: int, cp: int) -> list[tuple[int, ...]]:
-    """The layouts at one (TP, CP): each pipeline depth, micro-batch size, stage split and virtual-stage
-    count the constraints allow, with the largest DP on the GPUs left and each EP degree it admits."""
-    model, gpus = job.model, job.gpus
+@functools.lru_cache(maxsize=256)
+def _layouts(layers: int, room: int, global_batch: int, c: Constraints, experts: int) -> np.ndarray:
+    """The layouts on the ``room`` GPUs one TP x CP group leaves, as rows of :data:`STRUCTURE` less TP and
+    CP: each pipeline depth, micro-batch size, stage split and virtual-stage count the constraints allow,
+    with the largest DP on the GPUs left and each EP degree it admits (``experts``: 0 where EP is not carved
+    out of DP). TP and CP enter only through ``room``, so the (TP, CP) pairs of one product, and a what-if
+    of the same job at another sequence, share one enumeration."""
     out: list[tuple[int, ...]] = []
-    for pp in range(1, min(model.layers, gpus // (tp * cp)) + 1):
+    for pp in range(1, min(layers, room) + 1):
         if c.pp is not None and pp != c.pp:
             continue
-        for mb, dp, micro in _micro_batches(global_batch, gpus // (tp * cp * pp), c):
-            for split, vpp in _stages(model.layers, pp, micro, c):
+        for mb, dp, micro in _micro_batches(global_batch, room // pp, c):
+            for split, vpp in _stages(layers, pp, micro, c):
                 out += [
-                    (tp, cp, pp, split.first, split.middle, split.last, vpp, dp, mb, ep)
-                    for ep in _experts(job, c, dp)
+                    (pp, split.first, split.middle, split.last, vpp, dp, mb, ep)
+                    for ep in _experts(experts, c, dp)
                 ]
-    return out
+    block = np.array(out, dtype=np.int64).reshape(-1, len(STRUCTURE) - 2)
+    block.flags.writeable = False  # shared between calls
+    return block
 
 
 def _micro_batches(global_batch: int, room: int, c: Constraints) -> Iterator[tuple[int, int, int]]:
@@ -281,13 +287,17 @@ def _stages(layers: int, pp: int, micro: int, c: Constraints) -> Iterator[tuple[
             yield split, vpp
 
 
-def _experts(job: Job, c: Constraints, dp: int) -> list[int]:
-    """EP degrees: carved out of DP, dividing the experts (Megatron-LM); 1 for a dense model, and for a
-    framework that carves EP out of other ranks (torchtitan: its FSDP shard and CP ranks)."""
-    model = job.model
-    if not model.experts or not job.framework.time.ep_from_dp:
+def _ep_experts(job: Job) -> int:
+    """The experts EP degrees must divide where EP is carved out of DP (Megatron-LM); 0 for a dense model and
+    for a framework that carves EP out of other ranks (torchtitan: its FSDP shard and CP ranks)."""
+    return job.model.experts if job.model.experts and job.framework.time.ep_from_dp else 0
+
+
+def _experts(experts: int, c: Constraints, dp: int) -> list[int]:
+    """EP degrees: carved out of DP, dividing ``experts`` (:func:`_ep_experts`); 1 where there are none."""
+    if not experts:
         return [1]
-    return [e for e in divisors(dp) if model.experts % e == 0 and (c.ep is None or e == c.ep)]
+    return [e for e in divisors(dp) if experts % e == 0 and (c.ep is None or e == c.ep)]
 
 
 def _tp_cp_counts(table: Table) -> tuple[list[tuple[int, int]], np.ndarray]:
@@ -689,22 +699,34 @@ def fitting(job: Job, global_batch: int, constraints: Constraints = Constraints(
 
 
 def fastest(
-    job: Job, global_batch: int, constraints: Constraints, within: float, shapes: _Shapes | None = None
+    job: Job,
+    global_batch: int,
+    constraints: Constraints,
+    within: float,
+    *,
+    shapes: _Shapes | None = None,
+    fits: Fitting | None = None,
 ) -> dict[str, Any] | None:
     """The plan :func:`search` ranks first, given a fitting plan of ``within`` seconds a step: only the plans
     whose compute bound (:func:`_compute_bound`, never above their step) lies within it can beat that one,
-    so memory is evaluated for them alone (a what-if's search, which needs no count of what fits)."""
-    layouts, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
-    if not _weighed_count(job, layouts, shape_pairs, constraints.tp_comm_overlap):
-        return None
+    so memory is evaluated for them alone (a what-if's search, which needs no count of what fits). ``fits``:
+    the plans known to fit this job (a what-if that memory does not read), bounded without enumerating."""
     shapes, limit = shapes or _Shapes(job), within * (1 + 1e-12)
-    layouts = layouts.take(
-        _compute_bound(layouts, shapes, shape_pairs) <= limit
-    )  # before the pairs multiply them
-    table = with_pairs(layouts, shape_pairs, job, constraints.tp_comm_overlap)
-    table = table.take(_compute_bound(table, shapes) <= limit)
-    memory = memory_table(table, job)
-    table = table.take(memory["total_bytes"] <= memory["device_bytes"])
+    if fits is not None:
+        if fits.table is None:
+            return None
+        table = fits.table.take(_compute_bound(fits.table, shapes) <= limit)
+    else:
+        layouts, shape_pairs = enumerate_plans(job, global_batch, constraints, expand=False)
+        if not _weighed_count(job, layouts, shape_pairs, constraints.tp_comm_overlap):
+            return None
+        layouts = layouts.take(
+            _compute_bound(layouts, shapes, shape_pairs) <= limit
+        )  # before the pairs multiply them
+        table = with_pairs(layouts, shape_pairs, job, constraints.tp_comm_overlap)
+        table = table.take(_compute_bound(table, shapes) <= limit)
+        memory = memory_table(table, job)
+        table = table.take(memory["total_bytes"] <= memory["device_bytes"])
     if not len(table):
         return None
     result = evaluate_table(table, job, shapes)
@@ -760,8 +782,10 @@ def _contenders(table: Table, top: int, job: Job, shapes: _Shapes) -> Table:
 def _compute_bound(
     table: Table, shapes: _Shapes, shape_pairs: dict[tuple[int, int], list[int]] | None = None
 ) -> np.ndarray:
-    """m x (the most layers a stage holds) x one layer's multiplies and attention, forward and backward:
-    a lower bound on every plan's step. Layouts not yet run under each (scheme, layout) pair (``shape_pairs``
+    """One layer's multiplies and attention, forward and backward, times m x (the most layers a stage holds)
+    plus the pipeline's fill and drain, (the other layers) / v: a lower bound on every plan's step. A step is
+    m stage times and a bubble of (all layers' time - a stage's) / v [Megatron21 §2.2], and since m >= 1/v,
+    replacing every layer's and stage's time by its multiplies and attention only lowers it. Layouts not yet run under each (scheme, layout) pair (``shape_pairs``
     given: :func:`with_pairs`) are bounded by the fastest pair their TP and CP run (none: no bound below inf)."""
     c = table.columns
     shape = ("tp", "cp", "micro_batch") if shape_pairs is not None else ("tp", "cp", "micro_batch", "pair")
@@ -775,7 +799,12 @@ def _compute_bound(
 
     stage = np.maximum(np.maximum(c["first_stage_layers"], c["last_stage_layers"]), c["middle_stage_layers"])
     micro = table.global_batch // (c["micro_batch"] * c["dp"])
-    return micro * stage * np.array([per_layer(int(i)) for i in first])[index]
+    pp, ends = c["pp"], c["first_stage_layers"] + c["last_stage_layers"]
+    layers = np.where(
+        pp == 1, c["first_stage_layers"], ends + c["middle_stage_layers"] * np.maximum(pp - 2, 0)
+    )
+    bubble = (layers - stage) / c["vpp"]
+    return (micro * stage + bubble) * np.array([per_layer(int(i)) for i in first])[index]
 
 
 def _layer_compute_s(values: dict[str, Any]) -> float:
@@ -926,8 +955,8 @@ def sensitivity(
         (bounded by the pick's step where the pick still fits); ``shapes`` and ``fits``, found for ``at``."""
         row = evaluate_plan(plan, at, global_batch)
         try:
-            if fits is None and row["memory_bytes"] <= row["device_memory_bytes"]:
-                best = fastest(at, global_batch, constraints, row["step_time_s"], shapes)
+            if row["memory_bytes"] <= row["device_memory_bytes"]:
+                best = fastest(at, global_batch, constraints, row["step_time_s"], shapes=shapes, fits=fits)
                 if best is not None and best["step_time_s"] <= row["step_time_s"]:
                     return _describe(change, plan, row, best)  # nothing left out beats it
             plans = search(at, global_batch, constraints, top=1, shapes=shapes, fits=fits).plans
