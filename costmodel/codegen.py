@@ -329,8 +329,10 @@ def _field_table(schema: dict, defs: dict, prefix: str = "") -> list[str]:
     return rows
 
 
-def _model_table(model: type) -> list[str]:
-    schema = model.model_json_schema(by_alias=True)  # type: ignore[attr-defined]
+def _model_table(model: type, mode: str = "serialization") -> list[str]:
+    """The keys of ``model`` as a table: as written (a report's computed keys included), or as read
+    (``mode`` "validation": a profile a user writes)."""
+    schema = model.model_json_schema(by_alias=True, mode=mode)  # type: ignore[attr-defined]
     return ["| key | type | meaning |", "|---|---|---|", *_field_table(schema, schema.get("$defs", {}))]
 
 
@@ -344,20 +346,21 @@ def json_contract() -> str:
 
 def hardware_schema() -> str:
 
-    return "\n".join(_model_table(HardwareProfile))
+    return "\n".join(_model_table(HardwareProfile, "validation"))
 
 
 def framework_schema() -> str:
     from costmodel.frameworks.profiles import FrameworkProfile
 
-    return "\n".join(_model_table(FrameworkProfile))
+    return "\n".join(_model_table(FrameworkProfile, "validation"))
 
 
 def report_json_schema() -> str:
 
     from costmodel.plans.schema import Report
 
-    return json.dumps(Report.model_json_schema(by_alias=True), indent=2) + "\n"
+    # what the report writes: computed keys (inputs.bytes_per_element) are in it
+    return json.dumps(Report.model_json_schema(by_alias=True, mode="serialization"), indent=2) + "\n"
 
 
 def layer_picture() -> str:

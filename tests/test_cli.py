@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -92,6 +93,26 @@ def test_ring_compute_column_reads_the_layer_times_rates_and_peak_only_when_aske
     data = cli(*WORKED, "-f", "json").json()["ring"]
     assert data["layer_compute_kernel_s"] == pytest.approx(data["layer_time_s"], rel=1e-9)
     assert data["layer_compute_s"] == pytest.approx(0.451, abs=5e-4)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        ("--causal", "--layout", "zigzag"),
+        ("--causal", "--docs", "200k,4kx16,512x40"),
+        ("--causal", "--window", "4k"),
+        ("--n", "1"),
+        ("--explain",),
+    ],
+)
+def test_every_json_report_is_valid_under_the_published_schema(cli, extra: tuple[str, ...]) -> None:
+    """docs/report.schema.json accepts what `--format json` writes: computed keys included, nothing
+    undeclared (its objects forbid additional properties)."""
+    schema = json.loads((REPO / "docs" / "report.schema.json").read_text(encoding="utf-8"))
+    report = cli(*WORKED, *extra, "-f", "json").json()
+    errors = [e.message for e in jsonschema.Draft202012Validator(schema).iter_errors(report)]
+    assert not errors, errors[:3]
 
 
 def test_json_contract(cli) -> None:

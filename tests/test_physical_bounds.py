@@ -13,6 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from costmodel.core.errors import InputError
 from costmodel.machines.profiles import data_dir
 from costmodel.plans.job import Job
 from costmodel.training.step import evaluate_step
@@ -282,6 +283,11 @@ RECOMMEND_8B = ["recommend", "--model", "llama3-8b", "--hw", "h100-nvlink", "--g
             id="layout-of-ulysses",
         ),
         pytest.param(
+            [*STEP, "--cp", "2", "--cp-scheme", "ulysses", "--layout", "zigzag"],
+            ("--layout", "no layout to fix"),
+            id="layout-of-ulysses-in-a-step",  # even the default's value, given, is refused
+        ),
+        pytest.param(
             ["sweep", "--seq", "8k", "--global-batch", "8"],
             ("--global-batch", "need --model and --gpus"),
             id="sweep-global-batch-without-step-times",
@@ -298,6 +304,18 @@ RECOMMEND_8B = ["recommend", "--model", "llama3-8b", "--hw", "h100-nvlink", "--g
 )
 def test_a_flag_is_honoured_or_refused(cli, args, words) -> None:
     one_line_error(cli(*args), *words)
+
+
+def test_a_whole_sequence_scheme_states_no_layout(cli) -> None:
+    """Left unsaid, the layout is not echoed beside a scheme it does not enter; said in Python (or a plan
+    file), it is refused as on the command line."""
+    result = cli(*STEP, "--cp", "2", "--cp-scheme", "ulysses")
+    assert result.code == 0, result.err
+    assert "cp 2 (ulysses), pp 1" in result.out
+    with pytest.raises(InputError, match="no layout to fix"):
+        Job.of(
+            model="llama3-8b", seq=8192, gpus=8, global_batch=8, cp=2, cp_scheme="ulysses", layout="zigzag"
+        )
 
 
 def test_a_fixed_cp_that_divides_is_honoured(cli) -> None:

@@ -26,6 +26,7 @@ from pydantic_core import PydanticUndefined
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.core.units import parse_budget, parse_integer, parse_number, parse_tokens
+from costmodel.plans import cp as registry
 from costmodel.plans.inputs import build, flag_name, shape_from_model
 from costmodel.plans.models import load_model
 
@@ -234,6 +235,15 @@ def searched(model: type[BaseModel], name: str, default: str, names: tuple[str, 
     return Annotated[base, option]
 
 
+CONTEXT = "cli_context"  # the click context a declared command receives, to tell given flags from defaults
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave flag ``name`` (its value may equal the default) rather than left it."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def declared(
     defaults: dict[str, Any] | None = None,
     exclude: Iterable[str] = (),
@@ -275,6 +285,9 @@ def declared(
 
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
+            ctx: typer.Context = kwargs.pop(CONTEXT) if context == CONTEXT else kwargs[context]
+            if all(_given(ctx, name) for name in ("cp_scheme", "layout")):  # defaults are not refused
+                registry.refuse_fixed_layout(kwargs["cp_scheme"], kwargs["layout"])
             built = {}
             for key, model in models.items():
                 values = {name: kwargs.pop(name) for name, _ in fields(model)}
@@ -287,6 +300,10 @@ def declared(
                 )
             return command(**built, **kwargs)
 
+        # typer passes its context to one parameter: the command's own, else one added here
+        context = next((p.name for p in own if p.annotation is typer.Context), CONTEXT)
+        if context == CONTEXT:
+            own.append(inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
         run.__signature__ = inspect.Signature(params + own)  # type: ignore[attr-defined]
         run.__annotations__ = {p.name: p.annotation for p in params + own}
         return run

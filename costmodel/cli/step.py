@@ -25,6 +25,7 @@ from costmodel.cli.options import (
 from costmodel.cli.output import Format, emit, format_option
 from costmodel.core.errors import InputError
 from costmodel.core.units import seconds, si
+from costmodel.plans import cp as registry
 from costmodel.plans.inputs import MachineOverrides, TrainingSetup, Workload
 from costmodel.plans.job import (
     JOB_DEFAULTS,
@@ -171,9 +172,10 @@ def _table(report: StepReport) -> None:
     step, inputs = result["step"], result["inputs"]
     split = StageSplit.of(inputs).text()
     stages = f"{split} layers, v {inputs['vpp']}" if split else f"v {inputs['vpp']}"
-    scheme = (
-        f" ({inputs['cp_scheme']}, {inputs['layout']})" if inputs["cp"] > 1 else ""
-    )  # CP 1 splits nothing
+    scheme = ""  # CP 1 splits nothing; a whole-sequence scheme has no layout
+    if inputs["cp"] > 1:
+        whole = registry.get(inputs["cp_scheme"]).whole_sequence
+        scheme = f" ({inputs['cp_scheme']})" if whole else f" ({inputs['cp_scheme']}, {inputs['layout']})"
     pipeline = f" ({stages})" if inputs["pp"] > 1 or inputs["vpp"] > 1 else ""
     screen = console()
     screen.print(

@@ -766,10 +766,12 @@ def from_flags(
     """:meth:`Job.of`."""
     parts = split_flags(values)
     workload = build(Workload, **JOB_DEFAULTS | parts[Workload])
+    step = build(StepSetup, **parts[StepSetup])
+    registry.refuse_fixed_layout(step.cp_scheme, parts[Workload].get("layout"))
     return make_job(
         workload,
         build(TrainingSetup, **parts[TrainingSetup]),
-        build(StepSetup, **parts[StepSetup]),
+        step,
         build(MachineOverrides, **parts[MachineOverrides]),
         build(FrameworkKnobs, **parts[FrameworkKnobs]),
         profile=_profile,

@@ -172,10 +172,7 @@ def check_constraints(model: ModelPreset, gpus: int, seq: int, c: Constraints) -
         raise InputError(
             "--cp", f"{c.cp} does not divide the sequence S = {seq:,}: every CP rank holds S / N tokens"
         )
-    if c.layout is not None and c.cp_scheme is not None and registry.get(c.cp_scheme).whole_sequence:
-        raise InputError(
-            "--layout", f"{c.cp_scheme} attends the whole sequence per head: it has no layout to fix"
-        )
+    registry.refuse_fixed_layout(c.cp_scheme, c.layout)
 
 
 def enumerate_plans(

@@ -8,6 +8,7 @@ its formulas, and a line in ``REGISTRY``.
 
 from __future__ import annotations
 
+from costmodel.core.errors import InputError
 from costmodel.plans.cp import allgather, pass_kv, pass_q, ring, ulysses, usp
 from costmodel.plans.cp.base import PREFILL, TRAINING, Scheme, SchemeResult
 
@@ -64,6 +65,13 @@ def get(name: str) -> Scheme:
         if scheme.name == name:
             return scheme
     raise KeyError(f"no CP scheme {name!r}; registered: {', '.join(names())}")
+
+
+def refuse_fixed_layout(scheme: str | None, layout: str | None) -> None:
+    """A layout given beside a scheme that attends the whole sequence per head, refused naming --layout: a
+    flag echoed back unchanged would read as if it had changed the answer."""
+    if scheme is not None and layout is not None and get(scheme).whole_sequence:
+        raise InputError("--layout", f"{scheme} attends the whole sequence per head: it has no layout to fix")
 
 
 def from_framework(framework: str, value: str | None = None, fallback: str | None = None) -> Scheme:
