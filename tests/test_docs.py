@@ -254,3 +254,11 @@ def test_quickstart_notebook_runs_with_a_real_kernel() -> None:
     client.execute()  # raises CellExecutionError on the first failing assert
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_the_kernel_page_lists_every_kernel_module() -> None:
+    """docs/kernel.md's module table names each module of costmodel/kernel/ and no other."""
+    text = (REPO / "docs" / "kernel.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `(\w+\.py)` \|", text, re.M))
+    modules = {p.name for p in (REPO / "costmodel" / "kernel").glob("*.py")} - {"__init__.py", "__main__.py"}
+    assert listed == modules

@@ -6,6 +6,7 @@ import functools
 import inspect
 import itertools
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,27 @@ def test_every_formula_is_documented() -> None:
         assert formula.expr.free_symbols <= {s.symbol for s in SYMBOLS.values()}, formula.name
     for info in SYMBOLS.values():
         assert info.meaning and info.unit and info.source
+
+
+def test_every_cited_work_is_in_the_references() -> None:
+    """Each [Key] a formula or a symbol cites is a row of docs/references.md, where a reader can look it up."""
+    table = (codegen.DOCS / "references.md").read_text(encoding="utf-8")
+    defined = {
+        key
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for key in re.findall(r"`\[([^\]]+)\]`", row.split(" | ")[0])
+    }
+    cited = {
+        key: name
+        for name, source in [
+            *((x.name, x.source) for x in f.values()),
+            *((str(k), x.source) for k, x in SYMBOLS.items()),
+        ]
+        for key in re.findall(r"\[([^\]\s]+)(?: [^\]]*)?\]", source)
+    }
+    assert len(defined) > 100
+    assert {key: name for key, name in cited.items() if key not in defined} == {}
 
 
 def test_notebook_use_print_substitute_differentiate_latex() -> None:

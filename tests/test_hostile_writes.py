@@ -226,3 +226,18 @@ def test_an_answer_under_the_file_size_limit_is_whole(cli, tmp_path) -> None:
     done = _limited(["hw", "show", "a100-nvlink"], tmp_path / "out", 1 << 20)
     assert done.returncode == 0 and done.stderr == b""
     assert (tmp_path / "out").read_text() == cli("hw", "show", "a100-nvlink").out
+
+
+@pytest.mark.parametrize("kind", ["symbolic link", "folder"])
+def test_sweep_checks_its_plot_destination_before_any_work(cli, tmp_path, kind: str) -> None:
+    """A --plot that cannot be written is one line naming the flag before the grid is computed or printed,
+    as every writer's destination is."""
+    target = tmp_path / "plot.png"
+    if kind == "folder":
+        target.mkdir()
+    else:
+        target.symlink_to(tmp_path / "elsewhere.png")
+    result = cli("sweep", "--seq", "8k", "--cp", "1..8", "--plot", str(target))
+    assert (result.code, result.out) == (2, "")
+    assert result.err.startswith("cp-plan: error: --plot: cannot write") and result.err.count("\n") == 1
+    assert not (tmp_path / "elsewhere.png").exists()

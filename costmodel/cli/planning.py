@@ -668,6 +668,10 @@ def sweep_cmd(
             f"{len(seqs)} S values x {len(names)} --hw profiles: with --model and --gpus each pair is a layout "
             f"search for the step times; at most {MAX_STEP_SEARCHES} pairs",
         )
+    if plot is not None:  # the destination before the grid; the plot itself after the table
+        from costmodel.cli.plot import check_plot
+
+        check_plot(plot)
     machines = [machine_for(inputs.model_copy(update={"hw": name}), machine_overrides) for name in names]
     if gpus is not None:
         setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})

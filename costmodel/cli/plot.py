@@ -1,7 +1,8 @@
 """Plots of a sweep: step comm ratio against N per S, the verdict bands shaded, N_max marked ([Korthikanti22]).
 
 matplotlib is an optional extra (``pip install matplotlib``, or ``.[plot]`` from a clone); without it
-``plot_sweep`` refuses ``--plot`` after the table is out.
+``plot_sweep`` refuses ``--plot`` after the table is out. A file type it cannot draw or a path it cannot
+write is refused before the sweep (:func:`check_plot`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ from costmodel.plans.verdict import AMBER, GREEN
 from costmodel.training.sweep import Grid
 
 
-def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
-    """One panel per profile; returns the path written."""
+def check_plot(path: Path) -> None:
+    """Refuse ``--plot`` before any work: a file type it cannot draw, a path it cannot write."""
     if path.suffix.lower() not in {".png", ".svg"}:
         raise InputError("--plot", f"{path.name}: accepted file types are .png and .svg")
+    check_writable(path, "--plot")
+
+
+def plot_sweep(grids: list[Grid], path: Path, shape: PlanInputs) -> Path:
+    """One panel per profile, to a path :func:`check_plot` accepted; returns the path written."""
     plt = _pyplot()
-    check_writable(path, "--plot")  # before the drawing
     with warnings.catch_warnings():  # a missing glyph or a layout hint is not the user's to read
         warnings.simplefilter("ignore")
         return _draw(plt, grids, path, shape)

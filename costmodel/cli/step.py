@@ -203,7 +203,7 @@ def _table(report: StepReport) -> None:
     )
     table = house_table(
         caption="MFU: 6·P + 12·n_L·h·d·S·c model FLOP per token, c the share of the S² square the mask keeps "
-        "[PaLM]; HFU: what runs, recompute in",
+        "[PaLM]; HFU: the FLOP that run, recompute included",
     )
     for column in ("component", "time", "share"):
         table.add_column(column, justify="left" if column == "component" else "right")

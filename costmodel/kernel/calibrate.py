@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,11 +96,12 @@ class CalibrationConfig:
 
 
 class _Progress:
-    """A rich progress bar on rank 0 (stderr), silent elsewhere."""
+    """A rich progress bar on rank 0 when its stderr is a terminal; silent elsewhere, and in a pipe or a CI
+    log, which keep only the result."""
 
     def __init__(self, enabled: bool, total: int) -> None:
         self.bar = None
-        if enabled:
+        if enabled and sys.stderr.isatty():
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
