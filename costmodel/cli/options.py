@@ -26,7 +26,6 @@ from pydantic_core import PydanticUndefined
 from costmodel.core.errors import InputError
 from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.core.units import parse_budget, parse_integer, parse_number, parse_tokens
-from costmodel.plans import cp as registry
 from costmodel.plans.inputs import build, flag_name, shape_from_model
 from costmodel.plans.models import load_model
 
@@ -287,6 +286,8 @@ def declared(
         def run(**kwargs: Any) -> Any:
             ctx: typer.Context = kwargs.pop(CONTEXT) if context == CONTEXT else kwargs[context]
             if all(_given(ctx, name) for name in ("cp_scheme", "layout")):  # defaults are not refused
+                from costmodel.plans import cp as registry  # the schemes' modules: only when both are given
+
                 registry.refuse_fixed_layout(kwargs["cp_scheme"], kwargs["layout"])
             built = {}
             for key, model in models.items():
