@@ -160,11 +160,13 @@ def _new_links(data: dict, changes: ProfileChanges) -> list[str]:
         if not math.isfinite(bandwidth) or bandwidth <= 0:
             raise InputError(flag, f"must be a positive, finite bandwidth (got {value!r})")
         old = data["links"].get(scope)
-        data["links"][scope] = {
+        # only the bandwidth changes: the link's latencies and the share of it NCCL's collectives reach stay
+        # (an all-to-all measured on the old link does not)
+        link = {k: v for k, v in (old or {}).items() if k not in ("name", "source", "alltoall")}
+        data["links"][scope] = link | {
             "name": f"{value.strip() if isinstance(value, str) else _gbytes(bandwidth)} link ({flag})",
             "bandwidth_per_direction": bandwidth,
             "bandwidth_bidirectional": 2 * bandwidth,
-            "latency_s": old["latency_s"] if old else 0.0,
         }
         was = f" (was {old['name']}, {_gbytes(old['bandwidth_per_direction'])})" if old else ""
         said.append(f"{scope.replace('_', '-')} {_gbytes(bandwidth)} per direction{was}")
@@ -241,7 +243,7 @@ def _new_devices_per_node(data: dict, profile: HardwareProfile, devices: int, ra
 
 
 def _drop_measured(data: dict, scope: str) -> None:
-    """Forget what was measured on the link being replaced (the new link carries no all-to-all figure)."""
+    """Forget what calibrate measured on the link being replaced: its point-to-point and all-to-all tables."""
     calibration = data.get("calibration")
     if calibration:
         for kind in ("p2p", "alltoall"):
