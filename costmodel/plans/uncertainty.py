@@ -91,8 +91,8 @@ def calibration(
     runs: list[MeasuredResidual] | None = None,
     dominant: str | None = None,
 ) -> Calibration | None:
-    """The calibration set of a prediction: the most specific regime with enough runs for ``level`` (or the
-    broadest, which then says how many more it needs); None when no run is like it
+    """The calibration set of a prediction: the most specific regime with enough runs for ``level``, and for
+    80 % at least (or the broadest, which then says how many more it needs); None when no run is like it
     (a time on a GPU generation no run was measured on). ``dominant``: the step's largest term.
     ``runs`` stands in for the table's (a run left out, to check coverage)."""
     every = getattr(table(), quantity) if runs is None else runs
@@ -119,7 +119,10 @@ def calibration(
     held = [(regime, members) for regime, members in chain if members]
     if not held:
         return None
-    index = next((i for i, (_, m) in enumerate(held) if len(m) >= runs_needed(level)), len(held) - 1)
+    # Below 80 % the regime stays the one 80 % reads: a finer regime its fewer runs would allow could put a
+    # lower level's interval outside the 80 % one, and every level's interval must hold each lower level's.
+    enough = runs_needed(max(level, DEFAULT_LEVEL))
+    index = next((i for i, (_, m) in enumerate(held) if len(m) >= enough), len(held) - 1)
     regime, members = held[index]
     pooled = members is every and framework is not None
     residuals = _frameworks_alike(every) if pooled else Residuals.of([r.residual for r in members])
