@@ -18,22 +18,32 @@ from costmodel.training.step import bind, evaluate_step
 JOB = {"model": "llama3-8b", "seq": 32768, "cp": 2, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
 
 
-def adapters_by_hand(name: str, rank: int) -> int:
-    """Q (H -> h·d), K and V (H -> n_kv·d), O (h·d -> H), and the MLP's up (and gate) and down matrices."""
+def adapters_by_hand(name: str, rank: int, fused: bool = False) -> int:
+    """Q (H -> h·d), K and V (H -> n_kv·d), O (h·d -> H), and the MLP's up (and gate) and down matrices; fused,
+    one adapter on Q/K/V together and one on gate/up together (Megatron Core's performant LoRA)."""
     m = load_model(name)
-    linears = [(m.hidden, m.heads * m.head_dim), (m.hidden, m.kv_heads * m.head_dim)]
-    linears += [(m.hidden, m.kv_heads * m.head_dim), (m.heads * m.head_dim, m.hidden)]
-    linears += [(m.hidden, m.ffn_hidden)] * (2 if m.gated_mlp else 1) + [(m.ffn_hidden, m.hidden)]
+    qkv = [(m.hidden, m.heads * m.head_dim)] + [(m.hidden, m.kv_heads * m.head_dim)] * 2
+    up = [(m.hidden, m.ffn_hidden)] * (2 if m.gated_mlp else 1)
+    if fused:
+        qkv = [(m.hidden, sum(out for _, out in qkv))]
+        up = [(m.hidden, sum(out for _, out in up))]
+    linears = qkv + [(m.heads * m.head_dim, m.hidden)] + up + [(m.ffn_hidden, m.hidden)]
     return m.layers * sum(rank * (inner + outer) for inner, outer in linears)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from([m for m in builtin_models() if not load_model(m).experts]), st.integers(1, 9999))
-def test_adapter_parameters_are_the_pairs_beside_every_linear_layer(name: str, rank: int) -> None:
-    values = {**layer_shape(load_model(name)), "r_lo": rank, "f_b": 0}
-    assert call("adapter_params", values) == adapters_by_hand(name, rank)
+@given(
+    st.sampled_from([m for m in builtin_models() if not load_model(m).experts]),
+    st.integers(1, 9999),
+    st.booleans(),
+)
+def test_adapter_parameters_are_the_pairs_beside_every_linear_layer(
+    name: str, rank: int, fused: bool
+) -> None:
+    values = {**layer_shape(load_model(name)), "r_lo": rank, "f_b": 0, "x_lf": float(fused)}
+    assert call("adapter_params", values) == adapters_by_hand(name, rank, fused)
     assert call("trainable_share", values) == pytest.approx(
-        adapters_by_hand(name, rank) / call("params", values)
+        adapters_by_hand(name, rank, fused) / call("params", values)
     )
 
 
@@ -42,10 +52,12 @@ def _step(**changes: object):  # noqa: ANN202
 
 
 def test_lora_keeps_gradients_and_optimizer_states_of_the_adapters_only() -> None:
-    """Llama 3 8B at rank 16: 41,943,040 adapter parameters, 0.52 % of the model."""
+    """Llama 3 8B at rank 16 under Megatron Core's fused adapters: 35,651,584 adapter parameters, 0.44 % of
+    the model (41,943,040 with PEFT's one per matrix)."""
     full, lora = _step(), _step(finetune="lora")
+    assert adapters_by_hand("llama3-8b", 16, fused=True) == 35_651_584
     assert adapters_by_hand("llama3-8b", 16) == 41_943_040
-    share = 41_943_040 / 8_030_261_248  # Llama 3 8B's parameters
+    share = 35_651_584 / 8_030_261_248  # Llama 3 8B's parameters
     by_full, by_lora = full.memory.by_category, lora.memory.by_category
     assert by_lora.gradients == pytest.approx(by_full.gradients * share, rel=1e-6)
     assert by_lora.optimizer == pytest.approx(by_full.optimizer * share, rel=1e-6)
@@ -66,19 +78,27 @@ def test_a_frozen_base_skips_the_weight_gradient_multiplies() -> None:
     full, lora = (dict(evaluate_step(job).step.breakdown) for job in jobs.values())
     assert lora["matmul_s"] == pytest.approx(full["matmul_s"] * (fwd + bwd / 2) / (fwd + bwd), rel=1e-9)
     assert lora["attention_s"] == pytest.approx(full["attention_s"], rel=1e-12)
-    assert lora["optimizer_s"] == pytest.approx(full["optimizer_s"] * 41_943_040 / 8_030_261_248, rel=1e-6)
+    assert lora["optimizer_s"] == pytest.approx(full["optimizer_s"] * 35_651_584 / 8_030_261_248, rel=1e-6)
 
 
-def test_lora_adapters_move_their_bytes_beside_each_projection() -> None:
-    """Llama 3 8B at TP 1: Q, K, V, gate and up read the layer's input (4,096 wide) and O and down their own
-    (4,096 and 14,336): 38,912 input elements a token; the outputs are 4,096, 1,024, 1,024, 4,096, 14,336,
-    14,336 and 4,096 wide, 43,008. PEFT's adapters move, in bf16, (in + 6·out) elements a token forward and
-    (5·in + 4·out) backward; full training moves none. The step's memory-bound work grows by exactly that, the
-    forward's once more under full recompute."""
+@pytest.mark.parametrize(
+    ("framework", "inputs"),
+    [("hf-trainer", 38_912), ("megatron", 26_624)],  # PEFT's adapter per matrix; Megatron Core's fused ones
+)
+def test_lora_adapters_move_their_bytes_beside_each_projection(framework: str, inputs: int) -> None:
+    """Llama 3 8B at TP 1: with PEFT, Q, K, V, gate and up read the layer's input (4,096 wide) and O and down
+    their own (4,096 and 14,336): 38,912 input elements a token; Megatron Core's one adapter on the fused
+    Q/K/V and one on the fused gate/up read it twice, not five times: 26,624. The outputs are 4,096, 1,024,
+    1,024, 4,096, 14,336, 14,336 and 4,096 wide, 43,008, either way. The adapters move, in bf16, (in + 6·out)
+    elements a token forward and (5·in + 4·out) backward; full training moves none. The step's memory-bound
+    work grows by exactly that, the forward's once more under full recompute."""
     tokens = JOB["seq"] // JOB["cp"]  # one micro-batch of one sequence, its CP rank's share
-    forward, backward = 2 * (38_912 + 6 * 43_008) * tokens, 2 * (5 * 38_912 + 4 * 43_008) * tokens
+    forward, backward = 2 * (inputs + 6 * 43_008) * tokens, 2 * (5 * inputs + 4 * 43_008) * tokens
     for recompute, passes in (("none", 1), ("full", 2)):
-        jobs = {f: Job.of(**JOB | {"recompute": recompute, "finetune": f}) for f in ("full", "lora")}
+        jobs = {
+            f: Job.of(**JOB | {"recompute": recompute, "finetune": f, "framework": framework})
+            for f in ("full", "lora")
+        }
         v = {f: bind(job) for f, job in jobs.items()}
         assert call("layer_lora_fwd_bytes", v["lora"]) == pytest.approx(forward, rel=1e-12)
         assert call("layer_lora_bwd_bytes", v["lora"]) == pytest.approx(backward, rel=1e-12)

@@ -52,6 +52,9 @@ Elementwise = Literal["fused", "eager"]
 # How attention reads GQA's shared K and V heads: native (the kernel takes n_kv heads) or repeat (the model code
 # expands them to the query heads first: repeat_kv, the step formulas' x_rep).
 Gqa = Literal["native", "repeat"]
+# Where a framework's LoRA puts its adapters: beside every matrix (PEFT) or on its fused projections (Megatron
+# Core's performant LoRA) [NeMo-LoRA].
+LoraAdapters = Literal["per_matrix", "fused"]
 
 
 class _Strict(BaseModel):
@@ -187,6 +190,12 @@ class TimePolicy(_Strict):
         "they are) or repeat (the model code expands K and V to the query heads first, as torchtitan did until "
         "January 2026 and transformers' eager attention does: CP moves, and the backward holds, h/n_kv times "
         "the K and V)",
+    )
+    lora_adapters: LoraAdapters = Field(
+        "per_matrix",
+        description="where its LoRA puts adapters: per_matrix (one beside each of Q, K, V, O, gate, up and down, "
+        "as PEFT does) or fused (one on the fused Q/K/V projection and one on the fused gate/up, as Megatron "
+        "Core's performant LoRA does): each adapter reads its projection's input again",
     )
     fp8_scaling: Fp8Scaling = Field(
         "delayed",

@@ -683,6 +683,14 @@ f_tr = _symbol(
     "[LoRA §4]",
     nonnegative=True,
 )
+x_lf = _symbol(
+    "x_lf",
+    "LoRA adapters on fused projections: 1 where one adapter serves the fused Q/K/V projection and one the fused "
+    "gate/up (Megatron Core's performant LoRA), 0 where each matrix has its own (PEFT)",
+    "1",
+    "[NeMo-LoRA], [PEFT]",
+    nonnegative=True,
+)
 r_lo = _symbol(
     "r_lo",
     "LoRA rank: the inner width of each adapter pair (0: no adapters)",

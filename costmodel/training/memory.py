@@ -111,13 +111,14 @@ def eager_intermediates(job: Job) -> bool:
 
 
 def trained(job: Job) -> dict[str, float]:
-    """f_b and f_tr: whether the base weights train, and the parameters that do per base parameter (the
-    adapters' share under LoRA)."""
+    """f_b, f_tr and x_lf: whether the base weights train, the parameters that do per base parameter (the
+    adapters' share under LoRA), and whether the framework's adapters sit on its fused projections."""
     rank = job.setup.lora_rank
     if rank and job.model.experts:
         raise InputError("--finetune", f"LoRA on a mixture of experts ({job.model.name}) is not modelled")
-    values = {**layer_shape(job.model), "f_b": 0 if rank else 1, "r_lo": rank}
-    return {"f_b": values["f_b"], "f_tr": float(call("trainable_share", values))}
+    fused = float(job.framework.time.lora_adapters == "fused")
+    values = {**layer_shape(job.model), "f_b": 0 if rank else 1, "r_lo": rank, "x_lf": fused}
+    return {"f_b": values["f_b"], "f_tr": float(call("trainable_share", values)), "x_lf": fused}
 
 
 def kept(job: Job) -> dict[str, Any]:

@@ -79,6 +79,7 @@ from costmodel.symbolic.symbols import (
     v_pp,
     w_op,
     x_ek,
+    x_lf,
     x_rep,
     z_g,
     z_o,
@@ -174,9 +175,11 @@ P = define(
 # base is frozen, so gradients and optimizer states follow the trainable share, not P.
 def lora_widths(tp: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
     """The summed input and output widths of the matrices LoRA adapts, on one of ``tp`` TP shards: Q, K, V and
-    the MLP's input projections read the layer's input (H), the output and down projections their shard;
-    each writes its own width (the row-parallel ones H, before their reduction)."""
-    inputs = 3 * H + h * d / tp + (1 + g) * H + F_ffn / tp
+    the MLP's input projections read the layer's input (H) whole on every rank, once per adapter (one for
+    the fused Q/K/V and one for the fused gate/up where x_lf = 1 [NeMo-LoRA], else one per matrix [PEFT]),
+    the output and down projections their shard; each writes its own width (the row-parallel ones H, before
+    their reduction)."""
+    inputs = (3 - 2 * x_lf) * H + h * d / tp + (1 + g * (1 - x_lf)) * H + F_ffn / tp
     outputs = (h + 2 * n_kv) * d / tp + H + (1 + g) * F_ffn / tp + H
     return inputs, outputs
 
@@ -185,8 +188,8 @@ P_ad = define(
     "adapter_params",
     "P_ad",
     n_L * r_lo * sympy.Add(*lora_widths(1)),
-    "LoRA adapter parameters: rank r_lo on Q, K, V, O and every MLP matrix of each layer (none without "
-    "adapters)",
+    "LoRA adapter parameters: rank r_lo on Q, K, V, O and every MLP matrix of each layer, one adapter on each "
+    "fused projection where x_lf = 1 (none without adapters)",
     "1",
     "[LoRA §4]",
 )
