@@ -39,6 +39,7 @@ from costmodel.audit.runs import (
     predictions,
     read_runs,
 )
+from costmodel.audit.synthetic import synthetic
 from costmodel.calibration.residuals import coverage_report, median_half_width
 from costmodel.cli.markdown import job_orders
 from costmodel.inference.published import summary as serving_summary
@@ -91,11 +92,6 @@ def rank_line(label: str, r: dict | None) -> str:
 
 def smoke_table(directory: Path) -> tuple[Path, Path]:
     """Two small tables timed by the model itself on a slower profile, to run the pipeline end to end."""
-    import sys
-
-    sys.path.insert(0, str(ROOT))
-    from tests.test_runs import synthetic
-
     truth = {"gemm_scale": 0.8, "launch_s": 5e-5}
     single = synthetic(directory, truth, noise=0.03)
     multi = synthetic(directory / "multi", truth, noise=0.03, max_gpus=32, hw=str(CLUSTER))

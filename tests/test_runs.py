@@ -6,13 +6,11 @@ import functools
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from costmodel.audit import fit
 from costmodel.audit.runs import (
     TIE,
     Profiles,
@@ -24,82 +22,14 @@ from costmodel.audit.runs import (
     read_runs,
     spearman,
 )
+from costmodel.audit.synthetic import VTRAIN_ASSUMED, VTRAIN_HEADER, layouts, synthetic, write_table
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.job import Job
 from costmodel.training.step import evaluate_step
 
 DATA = Path(__file__).parent / "data" / "runs"
 VTRAIN_CLUSTER = DATA / "a100-vtrain.yaml"  # the A100 cluster vTrain's configurations state
-# vTrain's published tables ([vTrain] data/ground_truth_*.csv) open with a byte-order mark and this header.
-VTRAIN_HEADER = (
-    "\ufeff# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
-    "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)"
-)
-VTRAIN = ["recompute=full", "precision=fp16", "attention_kernel=unfused", "dp_overlap=0"]
-
-
-def layouts(max_gpus: int = 8) -> list[dict[str, int]]:
-    """GPT layouts of the kind vTrain measured: 0.15-1.2B models, 2-``max_gpus`` GPUs, TP x PP x DP, micro
-    and global batch varied, seq 1,024."""
-    out = []
-    gpus = 2
-    while gpus <= max_gpus:
-        for tp in (1, 2, 4, 8, 16):
-            for pp in (1, 2, 4):
-                if gpus % (tp * pp):
-                    continue
-                dp = gpus // (tp * pp)
-                for hidden, layers in ((1024, 12), (1024, 24), (2048, 16)):
-                    for micro in (1, 2, 8):
-                        out.append(
-                            dict(
-                                gpus=gpus,
-                                tp=tp,
-                                pp=pp,
-                                dp=dp,
-                                micro_batch=micro,
-                                global_batch=micro * dp * 4,
-                                hidden=hidden,
-                                heads=16,
-                                layers=layers,
-                                seq=1024,
-                            )
-                        )
-        gpus *= 2
-    return out
-
-
-def write_table(path: Path, rows: list[dict[str, int]], times_s: list[float]) -> Path:
-    """A runs table in vTrain's header, exactly as it publishes it."""
-    lines = [VTRAIN_HEADER]
-    for r, t in zip(rows, times_s, strict=True):
-        lines.append(
-            f"{r['gpus']},{r['global_batch']},{r['micro_batch']},{r['hidden']},{r['heads']},{r['layers']},"
-            f"{r['seq']},{r['tp']},{r['dp']},{r['pp']},{t * 1e3:.12g}"
-        )
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
-def synthetic(
-    tmp_path: Path, truth: dict[str, float], noise: float, max_gpus: int = 8, hw: str = "a100-nvlink"
-) -> Path:
-    """Layouts timed by the step model on a profile with ``truth`` terms, times lognormal noise: what a fit
-    must give back."""
-    rows = layouts(max_gpus)
-    base = load_profile(hw)
-    placeholder = write_table(tmp_path / "layouts.csv", rows, [1.0] * len(rows))
-    runs = read_runs(str(placeholder), parse_assumptions(VTRAIN), hw).runs
-    truth_profile = fit.with_terms(base, truth)
-    rng = np.random.default_rng(7)
-    times = [
-        evaluate_step(Job.of(_profile=truth_profile, _model=r.model, **r.values)).model_dump(by_alias=True)[
-            "step"
-        ]["time_s"]
-        * math.exp(rng.normal(0, noise))
-        for r in runs
-    ]
-    return write_table(tmp_path / "synthetic.csv", rows, times)
+VTRAIN = VTRAIN_ASSUMED
 
 
 def test_vtrain_header_is_read_as_it_is(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
-from tests.test_runs import synthetic  # noqa: E402
+from costmodel.audit.synthetic import synthetic  # noqa: E402
 
 TRUTH = {"gemm_scale": 0.8, "launch_s": 5e-5, "step_s": 0.01}
 
