@@ -61,11 +61,11 @@ from costmodel.plans.inputs import (
     reading_kernel,
 )
 from costmodel.plans.models import ModelPreset, load_model
+from costmodel.plans.rates import layer_gemm_rate
 from costmodel.plans.stages import check_stages
 from costmodel.plans.uncertainty import serving_interval, serving_memory_interval
 from costmodel.schedule.layouts import divisors
 from costmodel.symbolic import numeric
-from costmodel.training.step import layer_gemm_rate
 
 SCHEMES = registry.names(PREFILL)
 # A datasheet profile states no latency; a few microseconds per step is the order of NCCL's low-latency
