@@ -11,40 +11,86 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.plans.bind import call, layer_shape
+from costmodel.plans.inputs import LORA_MATRICES
 from costmodel.plans.job import Job
 from costmodel.plans.models import builtin_models, load_model
+from costmodel.training.memory import TARGET_SYMBOLS
 from costmodel.training.step import bind, evaluate_step
 
 JOB = {"model": "llama3-8b", "seq": 32768, "cp": 2, "hw": "h100-nvlink", "gpus": 8, "global_batch": 8}
 
 
-def adapters_by_hand(name: str, rank: int, fused: bool = False) -> int:
-    """Q (H -> h·d), K and V (H -> n_kv·d), O (h·d -> H), and the MLP's up (and gate) and down matrices; fused,
-    one adapter on Q/K/V together and one on gate/up together (Megatron Core's performant LoRA)."""
+def adapters_by_hand(
+    name: str, rank: int, fused: bool = False, targets: frozenset[str] = frozenset(LORA_MATRICES)
+) -> int:
+    """Q (H -> h·d), K and V (H -> n_kv·d), O (h·d -> H), and the MLP's gate (if gated), up and down matrices,
+    those of ``targets``; fused, one adapter on Q/K/V together and one on gate/up together (Megatron Core's
+    performant LoRA)."""
     m = load_model(name)
-    qkv = [(m.hidden, m.heads * m.head_dim)] + [(m.hidden, m.kv_heads * m.head_dim)] * 2
-    up = [(m.hidden, m.ffn_hidden)] * (2 if m.gated_mlp else 1)
+    qkv = [(m.hidden, m.heads * m.head_dim, "q")]
+    qkv += [(m.hidden, m.kv_heads * m.head_dim, "k"), (m.hidden, m.kv_heads * m.head_dim, "v")]
+    up = [(m.hidden, m.ffn_hidden, "up")] + ([(m.hidden, m.ffn_hidden, "gate")] if m.gated_mlp else [])
     if fused:
-        qkv = [(m.hidden, sum(out for _, out in qkv))]
-        up = [(m.hidden, sum(out for _, out in up))]
-    linears = qkv + [(m.heads * m.head_dim, m.hidden)] + up + [(m.ffn_hidden, m.hidden)]
-    return m.layers * sum(rank * (inner + outer) for inner, outer in linears)
+        qkv = [(m.hidden, sum(out for _, out, t in qkv if t in targets), "q")] if targets & {"q"} else []
+        up = [(m.hidden, sum(out for _, out, t in up if t in targets), "up")] if targets & {"up"} else []
+    linears = qkv + [(m.heads * m.head_dim, m.hidden, "o")] + up + [(m.ffn_hidden, m.hidden, "down")]
+    return m.layers * sum(rank * (inner + outer) for inner, outer, t in linears if t in targets)
 
 
-@settings(max_examples=40, deadline=None)
+def _targets(fused: bool) -> st.SearchStrategy[frozenset[str]]:
+    """Target sets a framework can run: any matrices one by one; fused, Q/K/V and gate/up whole."""
+    if not fused:
+        return st.frozensets(st.sampled_from(LORA_MATRICES), min_size=1)
+    groups = [("q", "k", "v"), ("o",), ("gate", "up"), ("down",)]
+    return st.sets(st.sampled_from(groups), min_size=1).map(
+        lambda g: frozenset(m for group in g for m in group)
+    )
+
+
+def _adapted(targets: frozenset[str]) -> dict[str, int]:
+    return {symbol: int(m in targets) for m, symbol in TARGET_SYMBOLS.items()}
+
+
+@settings(max_examples=60, deadline=None)
 @given(
     st.sampled_from([m for m in builtin_models() if not load_model(m).experts]),
     st.integers(1, 9999),
-    st.booleans(),
+    st.booleans().flatmap(lambda fused: st.tuples(st.just(fused), _targets(fused))),
 )
-def test_adapter_parameters_are_the_pairs_beside_every_linear_layer(
-    name: str, rank: int, fused: bool
+def test_adapter_parameters_are_the_pairs_beside_every_adapted_matrix(
+    name: str, rank: int, layout: tuple[bool, frozenset[str]]
 ) -> None:
-    values = {**layer_shape(load_model(name)), "r_lo": rank, "f_b": 0, "x_lf": float(fused)}
-    assert call("adapter_params", values) == adapters_by_hand(name, rank, fused)
+    fused, targets = layout
+    values = {
+        **layer_shape(load_model(name)),
+        "r_lo": rank,
+        "f_b": 0,
+        "x_lf": float(fused),
+        **_adapted(targets),
+    }
+    assert call("adapter_params", values) == adapters_by_hand(name, rank, fused, targets)
     assert call("trainable_share", values) == pytest.approx(
-        adapters_by_hand(name, rank, fused) / call("params", values)
+        adapters_by_hand(name, rank, fused, targets) / call("params", values)
     )
+
+
+def test_named_targets_adapt_only_those_matrices(cli) -> None:
+    """PEFT's default for Llama adapts q_proj and v_proj: each adapter reads the layer's input once, two reads
+    instead of five, and writes 4,096 and 1,024 wide. Megatron Core adapting linear_qkv alone: Llama 3 8B at
+    rank 16 has 16 x (4,096 + 6,144) x 32 layers = 5,242,880 adapter parameters."""
+    job = {**JOB, "framework": "hf-trainer", "recompute": "none"}
+    every, qv = (bind(Job.of(**job, finetune=f)) for f in ("lora:16", "lora:16:q_proj,v_proj"))
+    tokens = JOB["seq"] // JOB["cp"]
+    assert call("layer_lora_fwd_bytes", qv) == pytest.approx(2 * tokens * (2 * 4096 + 6 * (4096 + 1024)))
+    assert call("layer_lora_fwd_bytes", qv) < call("layer_lora_fwd_bytes", every)
+    qkv = frozenset({"q", "k", "v"})
+    assert adapters_by_hand("llama3-8b", 16, fused=True, targets=qkv) == 5_242_880
+    step = ["step", "--model", "llama3-8b", "--global-batch", "8", "--format", "json"]
+    result = cli(*step, "--finetune", "lora:16:linear_qkv")
+    assert result.code == 0, result.err
+    full = json.loads(cli(*step).out)["memory"]["by_category"]["gradients"]
+    adapted = json.loads(result.out)["memory"]["by_category"]["gradients"]
+    assert adapted == pytest.approx(full * 5_242_880 / 8_030_261_248, rel=1e-6)
 
 
 def _step(**changes: object):  # noqa: ANN202
@@ -152,6 +198,14 @@ def test_lora_opens_a_plan_full_training_cannot_fit(cli) -> None:
         (
             ["step", "--model", "llama3-8b", "--global-batch", "8", "--finetune", "qlora"],
             "--finetune: accepted",
+        ),
+        (
+            ["step", "--model", "llama3-8b", "--global-batch", "8", "--finetune", "lora:16:wq"],
+            "--finetune: accepted",
+        ),
+        (
+            ["step", "--model", "llama3-8b", "--global-batch", "8", "--finetune", "lora:16:q,v"],
+            "--finetune: megatron puts one adapter on its fused qkv projection: target q, k, v together",
         ),
         (
             [

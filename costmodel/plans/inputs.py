@@ -86,9 +86,35 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
+# The matrices of a layer LoRA can adapt, and the names a target list may use for them: these, PEFT's module
+# names (q_proj ... down_proj) and Megatron Core's (linear_qkv, linear_proj, linear_fc1, linear_fc2).
+LORA_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+LORA_TARGETS: dict[str, tuple[str, ...]] = {
+    **{m: (m,) for m in LORA_MATRICES},
+    **{f"{m}_proj": (m,) for m in LORA_MATRICES},
+    "qkv": ("q", "k", "v"),
+    "linear_qkv": ("q", "k", "v"),
+    "proj": ("o",),
+    "linear_proj": ("o",),
+    "fc1": ("gate", "up"),
+    "linear_fc1": ("gate", "up"),
+    "fc2": ("down",),
+    "linear_fc2": ("down",),
+    "all": LORA_MATRICES,
+}
+
+
 def _finetune(value: Any) -> Any:
-    if not isinstance(value, str) or not re.fullmatch(r"full|lora(:[1-9][0-9]{0,3})?", value, re.ASCII):
-        raise ValueError("accepted: full, lora, or lora:RANK with RANK from 1 to 9999")
+    accepted = (
+        "accepted: full, lora, lora:RANK with RANK from 1 to 9999, or lora:RANK:TARGETS with TARGETS a comma list "
+        "of q, k, v, o, gate, up, down (or qkv, proj, fc1, fc2, all; PEFT's q_proj ... and Megatron's linear_qkv ... "
+        "names too)"
+    )
+    match = isinstance(value, str) and re.fullmatch(
+        r"full|lora(:[1-9][0-9]{0,3})?(:[a-z_0-9]+(,[a-z_0-9]+)*)?", value, re.ASCII
+    )
+    if not match or (match.group(2) and any(t not in LORA_TARGETS for t in match.group(2)[1:].split(","))):
+        raise ValueError(accepted)
     return value
 
 
@@ -612,9 +638,10 @@ class TrainingSetup(BaseModel):
     )
     finetune: Finetune = flag(
         "full",
-        "What trains: full (every weight, as pre-training) or lora[:RANK] (the base frozen: no gradients, "
-        "optimizer states or weight-gradient multiplies for it; low-rank adapters of RANK, 16 unless given, on "
-        "every linear layer train instead).",
+        "What trains: full (every weight, as pre-training) or lora[:RANK[:TARGETS]] (the base frozen: no "
+        "gradients, optimizer states or weight-gradient multiplies for it; low-rank adapters of RANK, 16 unless "
+        "given, train instead, beside every linear layer or the TARGETS named: a comma list of q, k, v, o, gate, "
+        "up, down, or qkv, proj, fc1, fc2, as lora:16:q,v).",
     )
     memory_headroom: Number = flag(
         0.05,
@@ -637,10 +664,20 @@ class TrainingSetup(BaseModel):
 
     @property
     def lora_rank(self) -> int:
-        """The adapters' rank under ``finetune = lora[:RANK]``; 0 in full training."""
+        """The adapters' rank under ``finetune = lora[:RANK[:TARGETS]]``; 0 in full training."""
         if self.finetune == "full":
             return 0
-        return int(self.finetune.partition(":")[2] or LORA_RANK)
+        return int(self.finetune.split(":")[1] if ":" in self.finetune else LORA_RANK)
+
+    @property
+    def lora_targets(self) -> frozenset[str]:
+        """The matrices of :data:`LORA_MATRICES` the adapters sit beside: every one unless ``TARGETS`` names
+        some; none in full training."""
+        if self.finetune == "full":
+            return frozenset()
+        parts = self.finetune.split(":")
+        named = parts[2].split(",") if len(parts) > 2 else ["all"]
+        return frozenset(m for name in named for m in LORA_TARGETS[name])
 
     @property
     def offloaded(self) -> dict[str, int]:

@@ -354,23 +354,24 @@ def params(*, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_kv, r
     return H*V*e_m + H + n_L*(F_ffn*H*(g + 2) - H*_x1*(h + 2*n_kv) - H*h*(_x1 - d_v*m_la) + 2*H + m_la*(_x0 + r_kv) + m_la*(-H*_x2*(c_q - 1) + H*(d_r + r_kv) + _x0*(H + _x2) + h*r_kv*(d_qk - d_r + d_v)))
 
 
-def adapter_params(*, F_ffn, H, d, g, h, n_L, n_kv, r_lo, x_lf):
-    """P_ad = n_L*r_lo*(F_ffn*g + 2*F_ffn - H*g*x_lf + H*g - 2*H*x_lf + 6*H + 2*d*h + 2*d*n_kv): LoRA adapter parameters: rank r_lo on Q, K, V, O and every MLP matrix of each layer, one adapter on each fused projection where x_lf = 1 (none without adapters) [1] ([LoRA §4])."""
-    _x0 = H*g
-    _x1 = 2*d
-    return n_L*r_lo*(F_ffn*g + 2*F_ffn - 2*H*x_lf + 6*H - _x0*x_lf + _x0 + _x1*h + _x1*n_kv)
+def adapter_params(*, F_ffn, H, a_d, a_g, a_k, a_o, a_q, a_u, a_v, d, g, h, n_L, n_kv, r_lo, x_lf):
+    """P_ad = n_L*r_lo*(F_ffn*a_d + F_ffn*(a_g*g + a_u) + H*a_d + H*a_o + H*(a_q - (a_k + a_v)*(x_lf - 1)) - H*(a_g*g*(x_lf - 1) - a_u) + a_o*d*h + d*(a_q*h + n_kv*(a_k + a_v))): LoRA adapter parameters: rank r_lo on each matrix of each layer it targets (Q, K, V, O and every MLP matrix unless told), one adapter on each fused projection where x_lf = 1 (none without adapters) [1] ([LoRA §4])."""
+    _x0 = a_g*g
+    _x1 = a_k + a_v
+    _x2 = x_lf - 1
+    return n_L*r_lo*(F_ffn*a_d + F_ffn*(_x0 + a_u) + H*a_d + H*a_o - H*(_x0*_x2 - a_u) + H*(-_x1*_x2 + a_q) + a_o*d*h + d*(_x1*n_kv + a_q*h))
 
 
-def trainable_share(*, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, m_la, n_L, n_kv, r_kv, r_lo, r_q, x_lf):
-    """s_tr = (f_b*(H*V*e_m + H + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + 2*H + m_la*(c_q*r_q + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))) + n_L*r_lo*(F_ffn*g + 2*F_ffn - H*g*x_lf + H*g - 2*H*x_lf + 6*H + 2*d*h + 2*d*n_kv))/(H*V*e_m + H + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + 2*H + m_la*(c_q*r_q + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))): parameters that train per base parameter: the base's own (1, or 0 frozen) and the adapters'; bound as f_tr [1] ([LoRA §4])."""
-    _x0 = 2*H
-    _x1 = c_q*r_q
-    _x2 = 2*n_kv
-    _x3 = d*(m_la - 1)
-    _x4 = d_qk*h
-    _x5 = H*V*e_m + H + n_L*(F_ffn*H*(g + 2) - H*_x3*(_x2 + h) - H*h*(_x3 - d_v*m_la) + _x0 + m_la*(_x1 + r_kv) + m_la*(-H*_x4*(c_q - 1) + H*(d_r + r_kv) + _x1*(H + _x4) + h*r_kv*(d_qk - d_r + d_v)))
-    _x6 = H*g
-    return (_x5*f_b + n_L*r_lo*(F_ffn*g + 2*F_ffn + 6*H - _x0*x_lf + _x2*d - _x6*x_lf + _x6 + 2*d*h))/_x5
+def trainable_share(*, F_ffn, H, V, a_d, a_g, a_k, a_o, a_q, a_u, a_v, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, m_la, n_L, n_kv, r_kv, r_lo, r_q, x_lf):
+    """s_tr = (f_b*(H*V*e_m + H + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + 2*H + m_la*(c_q*r_q + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))) + n_L*r_lo*(F_ffn*a_d + F_ffn*(a_g*g + a_u) + H*a_d + H*a_o + H*(a_q - (a_k + a_v)*(x_lf - 1)) - H*(a_g*g*(x_lf - 1) - a_u) + a_o*d*h + d*(a_q*h + n_kv*(a_k + a_v))))/(H*V*e_m + H + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + 2*H + m_la*(c_q*r_q + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))): parameters that train per base parameter: the base's own (1, or 0 frozen) and the adapters'; bound as f_tr [1] ([LoRA §4])."""
+    _x0 = c_q*r_q
+    _x1 = d*(m_la - 1)
+    _x2 = d_qk*h
+    _x3 = H*V*e_m + H + n_L*(F_ffn*H*(g + 2) - H*_x1*(h + 2*n_kv) - H*h*(_x1 - d_v*m_la) + 2*H + m_la*(_x0 + r_kv) + m_la*(-H*_x2*(c_q - 1) + H*(d_r + r_kv) + _x0*(H + _x2) + h*r_kv*(d_qk - d_r + d_v)))
+    _x4 = a_g*g
+    _x5 = a_k + a_v
+    _x6 = x_lf - 1
+    return (_x3*f_b + n_L*r_lo*(F_ffn*a_d + F_ffn*(_x4 + a_u) + H*a_d + H*a_o - H*(_x4*_x6 - a_u) + H*(-_x5*_x6 + a_q) + a_o*d*h + d*(_x5*n_kv + a_q*h)))/_x3
 
 
 def tp_rank_params(*, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_kv, r_kv, r_q, t):
@@ -1130,14 +1131,20 @@ def layer_elementwise_bytes(*, F_ffn, H, N, S, b, d, g, h, n_kv, p, sigma, t, x_
     return S*b*p*(2*H*t*(16*x_eager + 5) + _x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)))/(N*_x0*t)
 
 
-def layer_lora_fwd_bytes(*, F_ffn, H, N, S, b, d, f_b, g, h, n_kv, p, t, x_lf):
-    """E_lo_f = -S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv))/(N*t): forward HBM bytes of one layer's LoRA adapters (none when the base trains): each input read again, each adapter's output scaled and added into its projection's [B] ([LoRA §4.1], [PEFT])."""
-    return -S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv))/(N*t)
+def layer_lora_fwd_bytes(*, F_ffn, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, d, f_b, g, h, n_kv, p, t, x_lf):
+    """E_lo_f = -S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v)))/(N*t): forward HBM bytes of one layer's LoRA adapters (none when the base trains): each input read again, each adapter's output scaled and added into its projection's [B] ([LoRA §4.1], [PEFT])."""
+    _x0 = a_g*g
+    _x1 = a_k + a_v
+    _x2 = x_lf - 1
+    return -S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(_x0 + a_u) + H*t*(-_x0*_x2 - _x1*_x2 + 6*a_d + 6*a_o + a_q + a_u) + a_o*d*h + 6*d*(_x1*n_kv + a_q*h))/(N*t)
 
 
-def layer_lora_bwd_bytes(*, F_ffn, H, N, S, b, d, f_b, g, h, n_kv, p, t, x_lf):
-    """E_lo_b = -S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv))/(N*t): backward HBM bytes of one layer's LoRA adapters: the scaled output gradient, the adapters' products and weight gradients, and their input gradient added into the frozen projection's [B] ([LoRA §4.1], [PEFT])."""
-    return -S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv))/(N*t)
+def layer_lora_bwd_bytes(*, F_ffn, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, d, f_b, g, h, n_kv, p, t, x_lf):
+    """E_lo_b = -S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v)))/(N*t): backward HBM bytes of one layer's LoRA adapters: the scaled output gradient, the adapters' products and weight gradients, and their input gradient added into the frozen projection's [B] ([LoRA §4.1], [PEFT])."""
+    _x0 = a_g*g
+    _x1 = a_k + a_v
+    _x2 = 5*x_lf - 5
+    return -S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(_x0 + a_u) + H*t*(-_x0*_x2 - _x1*_x2 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 5*a_o*d*h + 4*d*(_x1*n_kv + a_q*h))/(N*t)
 
 
 def layer_gemm_input_width(*, F_ffn, H, d, h, t):
@@ -1301,39 +1308,45 @@ def layer_gemm_bwd_s(*, F_ffn, F_gemm_b, H, N, S, b, c_q, d, d_qk, d_r, d_v, f_b
     return 2*S*b*(f_b + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x0*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x0) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm_b*N*t)
 
 
-def layer_compute_fwd_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att, x_eager, x_lf, x_rep):
-    """t_fwd_c = S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): forward compute of one layer: matrix multiplies, attention, memory-bound elementwise (LoRA's adapters among it) [s] ([Megatron21 §5.1])."""
+def layer_compute_fwd_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att, x_eager, x_lf, x_rep):
+    """t_fwd_c = S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): forward compute of one layer: matrix multiplies, attention, memory-bound elementwise (LoRA's adapters among it) [s] ([Megatron21 §5.1])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = g + 2
-    _x2 = d*(h + 2*n_kv)
-    _x3 = d_qk*h
-    _x4 = F_attn*u_cp
+    _x2 = d_qk*h
+    _x3 = F_attn*u_cp
+    _x4 = H*t
+    _x5 = a_g*g
+    _x6 = a_k + a_v
+    _x7 = x_lf - 1
+    return S*b*(2*B_hbm*_x0*_x3*(F_ffn*H*_x1 - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x2*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x2) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + F_gemm*_x3*p*(-_x0*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(_x5 + a_u) + _x4*(-_x5*_x7 - _x6*_x7 + 6*a_d + 6*a_o + a_q + a_u) + a_o*d*h + 6*d*(_x6*n_kv + a_q*h)) + _x0*(F_ffn*(_x1 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 2*_x4*(16*x_eager + 5)))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
+
+
+def layer_compute_bwd_s(*, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att, x_eager, x_lf, x_rep):
+    """t_bwd_c = S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)): backward compute of one layer (matrix multiplies twice the forward) [s] ([Megatron21 §5.1])."""
+    _x0 = sigma*(t - 1) + 1
+    _x1 = g + 2
+    _x2 = d_qk*h
+    _x3 = 2*_x0
+    _x4 = F_attn_bwd*u_cp
     _x5 = H*t
-    return S*b*(2*B_hbm*_x0*_x4*(F_ffn*H*_x1 - H*_x2*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x3*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x3) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf) + F_gemm*_x4*p*(-_x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + 6*_x2 - _x5*(g*(x_lf - 1) + 2*x_lf - 16) + d*h) + _x0*(F_ffn*(_x1 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 2*_x5*(16*x_eager + 5)))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
+    _x6 = a_g*g
+    _x7 = a_k + a_v
+    _x8 = 5*x_lf - 5
+    return S*b*(B_hbm*_x3*_x4*(f_b + 1)*(F_ffn*H*_x1 - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x2*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x2) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x4*p*(-_x0*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(_x6 + a_u) + _x5*(-_x6*_x8 - _x7*_x8 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 5*a_o*d*h + 4*d*(_x7*n_kv + a_q*h)) + _x3*(F_ffn*(_x1 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 4*_x5*(16*x_eager + 5)))/(B_hbm*F_attn_bwd*F_gemm_b*N*_x0*t*u_cp)
 
 
-def layer_compute_bwd_s(*, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_kv, p, r_kv, r_q, sigma, t, u_cp, x_att, x_eager, x_lf, x_rep):
-    """t_bwd_c = S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)): backward compute of one layer (matrix multiplies twice the forward) [s] ([Megatron21 §5.1])."""
-    _x0 = sigma*(t - 1) + 1
-    _x1 = g + 2
-    _x2 = d*(h + 2*n_kv)
-    _x3 = d_qk*h
-    _x4 = 2*_x0
-    _x5 = F_attn_bwd*u_cp
-    _x6 = H*t
-    return S*b*(B_hbm*_x4*_x5*(f_b + 1)*(F_ffn*H*_x1 - H*_x2*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x3*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x3) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x5*p*(-_x0*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn + 4*_x2 - _x6*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h) + _x4*(F_ffn*(_x1 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 4*_x6*(16*x_eager + 5)))/(B_hbm*F_attn_bwd*F_gemm_b*N*_x0*t*u_cp)
-
-
-def layer_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, rc_full, rc_sel, sigma, t, u_cp, x_att, x_eager, x_lf, x_rep):
-    """t_rc = S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): recompute of one layer in backward: the attention core (selective) or the whole forward (full) [s] ([Korthikanti22 §5])."""
+def layer_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, n_kv, p, r_kv, r_q, rc_full, rc_sel, sigma, t, u_cp, x_att, x_eager, x_lf, x_rep):
+    """t_rc = S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)): recompute of one layer in backward: the attention core (selective) or the whole forward (full) [s] ([Korthikanti22 §5])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)
     _x2 = g + 2
-    _x3 = d*(h + 2*n_kv)
-    _x4 = d_qk*h
-    _x5 = F_attn*u_cp
-    _x6 = H*t
-    return S*b*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x5*(F_ffn*H*_x2 - H*_x3*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x4*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x4) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x5*p*(-_x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + 6*_x3 - _x6*(g*(x_lf - 1) + 2*x_lf - 16) + d*h) + _x0*(F_ffn*(_x2 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 2*_x6*(16*x_eager + 5)) + _x1))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
+    _x3 = d_qk*h
+    _x4 = F_attn*u_cp
+    _x5 = H*t
+    _x6 = a_g*g
+    _x7 = a_k + a_v
+    _x8 = x_lf - 1
+    return S*b*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x4*(F_ffn*H*_x2 - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x3*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x3) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x4*p*(-_x0*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(_x6 + a_u) + _x5*(-_x6*_x8 - _x7*_x8 + 6*a_d + 6*a_o + a_q + a_u) + a_o*d*h + 6*d*(_x7*n_kv + a_q*h)) + _x0*(F_ffn*(_x2 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 2*_x5*(16*x_eager + 5)) + _x1))/(B_hbm*F_attn*F_gemm*N*_x0*t*u_cp)
 
 
 def layer_host_s(*, n_kb, n_kf, rc_full, t_k):
@@ -1530,8 +1543,8 @@ def offload_grad_copy_s(*, B_h, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, 
     return o_opt*p*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x3*(h + 2*n_kv) - H*h*(_x3 - d_v*m_la) - _x2 + m_la*(H*_x1 - H*_x4*(c_q - 1) + _x0*(H + _x4) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x2 + m_la*(_x0 + r_kv))))/(B_h*pp*t)
 
 
-def offload_grad_exposed_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, x_eager, x_lf, x_rep, z_o):
-    """x_g2h = Max(0, Piecewise(((-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), True))): the gradient copy left after hiding it under the last micro-batch's backward on the slowest stage [s] ([ZeRO-Offload §4.1])."""
+def offload_grad_exposed_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, x_eager, x_lf, x_rep, z_o):
+    """x_g2h = Max(0, Piecewise(((-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1)), True))): the gradient copy left after hiding it under the last micro-batch's backward on the slowest stage [s] ([ZeRO-Offload §4.1])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = H*t
     _x2 = c_q*r_q
@@ -1542,17 +1555,19 @@ def offload_grad_exposed_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H
     _x7 = H*h
     _x8 = d_qk*h
     _x9 = g + 2
-    _x10 = h + 2*n_kv
-    _x11 = F_ffn*H*_x9 - H*_x10*_x6 + m_la*(H*_x3 - H*_x8*(c_q - 1) + _x2*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
-    _x12 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x0*o_opt*p*u_cp*z_o*(H*V*e_m + _x1 + n_L*(_x11 - _x4 - _x7*(-_x5 + _x6) + t*(2*H + _x4 + m_la*(_x2 + r_kv))))
-    _x13 = 2*_x0
-    _x14 = F_attn_bwd*u_cp
-    _x15 = S*b
-    _x16 = B_h*_x15*pp*(B_hbm*_x13*_x14*(_x11 + _x7*(_x5 - d*m_la + d))*(f_b + 1) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x14*p*(-_x0*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - _x1*(5*g*(x_lf - 1) + 10*x_lf - 28) + 4*_x10*d + 5*d*h) + 4*_x1*(16*x_eager + 5) + _x13*(F_ffn*(_x9 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))))
-    _x17 = 1/(B_hbm*N*t)
-    _x18 = _x17/(B_h*F_attn_bwd*F_gemm_b*_x0*pp*u_cp)
-    _x19 = ops.maximum(n_first, n_mid)
-    return ops.maximum(0, ops.select([ops.less_equal(_x19*t_lay, _x17*(B_hbm*F_head*N*n_last*t*t_lay + 2*V*_x15*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x18*(-_x12 - _x16*n_last),_x18*(-_x12 - _x16*_x19)], default=ops.nan))
+    _x10 = F_ffn*H*_x9 - H*_x6*(h + 2*n_kv) + m_la*(H*_x3 - H*_x8*(c_q - 1) + _x2*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
+    _x11 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x0*o_opt*p*u_cp*z_o*(H*V*e_m + _x1 + n_L*(_x10 - _x4 - _x7*(-_x5 + _x6) + t*(2*H + _x4 + m_la*(_x2 + r_kv))))
+    _x12 = 2*_x0
+    _x13 = F_attn_bwd*u_cp
+    _x14 = a_g*g
+    _x15 = a_k + a_v
+    _x16 = 5*x_lf - 5
+    _x17 = S*b
+    _x18 = B_h*_x17*pp*(B_hbm*_x12*_x13*(_x10 + _x7*(_x5 - d*m_la + d))*(f_b + 1) + F_gemm_b*S*_x0*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x13*p*(-_x0*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(_x14 + a_u) + _x1*(-_x14*_x16 - _x15*_x16 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 5*a_o*d*h + 4*d*(_x15*n_kv + a_q*h)) + 4*_x1*(16*x_eager + 5) + _x12*(F_ffn*(_x9 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))))
+    _x19 = 1/(B_hbm*N*t)
+    _x20 = _x19/(B_h*F_attn_bwd*F_gemm_b*_x0*pp*u_cp)
+    _x21 = ops.maximum(n_first, n_mid)
+    return ops.maximum(0, ops.select([ops.less_equal(_x21*t_lay, _x19*(B_hbm*F_head*N*n_last*t*t_lay + 2*V*_x17*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x20*(-_x11 - _x18*n_last),_x20*(-_x11 - _x18*_x21)], default=ops.nan))
 
 
 def host_adam_s(*, F_ffn, H, R_h, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_h, n_kv, o_opt, pp, r_kv, r_q, t, z_o):
@@ -1596,8 +1611,8 @@ def offload_activation_copy_s(*, B_h, F_ffn, H, N, S, b, d, delta, g, h, n_kv, o
     return S*b*o_act*(N*_x0*_x1*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x2*n_kv + _x4 + 4*d*h + h*p_acc) - (w_op - 1)*(5*S*h*phi + _x5*x_ek*(F_ffn*g + _x4) + _x5*(F_ffn*(g + 2) + _x1*(-_x0*(s_ag - 1) + s_ag*t) + _x2*h + _x2*(n_kv + x_rep*(h - n_kv)) + _x3*(delta + 2)))))/(B_h*N**2*t)
 
 
-def offload_layer_fwd_exposed_s(*, B_h, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
-    """x_off_fwd = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))): one layer's forward copies left on the critical path: the weights in and the activations out, each on its own direction of the link, beyond the layer's forward compute [s] ([ZeRO-Infinity §5])."""
+def offload_layer_fwd_exposed_s(*, B_h, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
+    """x_off_fwd = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))): one layer's forward copies left on the critical path: the weights in and the activations out, each on its own direction of the link, beyond the layer's forward compute [s] ([ZeRO-Infinity §5])."""
     _x0 = t**(-1.0)
     _x1 = sigma*(t - 1) + 1
     _x2 = S*h
@@ -1609,27 +1624,29 @@ def offload_layer_fwd_exposed_s(*, B_h, B_hbm, F_attn, F_ffn, F_gemm, H, N, S, b
     _x8 = g + 2
     _x9 = F_ffn*_x8
     _x10 = 2*n_kv
-    _x11 = _x10 + h
-    _x12 = d*(m_la - 1)
-    _x13 = -H*_x11*_x12 + H*_x9 + m_la*(H*_x5 - H*_x6*(c_q - 1) + _x7*(H + _x6) + h*r_kv*(d_qk - d_r + d_v))
-    _x14 = F_attn*u_cp
-    _x15 = B_hbm*_x1
-    _x16 = 2*H
-    _x17 = 2*d
-    _x18 = d*h
-    _x19 = F_gemm*_x14
-    _x20 = S*b
-    _x21 = H*m_la*(_x5 + _x7)
-    _x22 = _x0/B_h
-    _x23 = sigma - t*(sigma - 1)
-    _x24 = H*_x23
-    _x25 = 4*_x24
-    _x26 = 2*N
-    return ops.maximum(0, _x0*(N*_x15*_x19*t*ops.maximum(_x22*o_par*p*z_w*(_x13 - _x21 - _x4*(_x12 - _x3) + t*(_x16 + _x21 + m_la*(_x7 + r_kv))), _x20*_x22*o_act*(N*_x16*_x23*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x10*d + 4*_x18 + _x25 + h*p_acc) - (w_op - 1)*(5*_x2*phi + _x26*x_ek*(F_ffn*g + _x25) + _x26*(_x16*(-_x23*(s_ag - 1) + s_ag*t) + _x17*(n_kv + x_rep*(h - n_kv)) + 2*_x18 + _x24*(delta + 2) + _x9))))/N**2) - _x20*(F_gemm*_x1*_x2*c*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*_x14*_x15*(_x13 + _x4*(_x3 - d*m_la + d)) + _x19*p*(-_x1*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + 6*_x11*d + _x18) + _x1*(F_ffn*(_x8 + 2*g*x_eager) + _x17*(h + n_kv)*(4*x_eager + x_rep + 1)) + _x16*t*(16*x_eager + 5))))/(B_hbm*F_attn*F_gemm*N*_x1*u_cp))
+    _x11 = d*(m_la - 1)
+    _x12 = -H*_x11*(_x10 + h) + H*_x9 + m_la*(H*_x5 - H*_x6*(c_q - 1) + _x7*(H + _x6) + h*r_kv*(d_qk - d_r + d_v))
+    _x13 = F_attn*u_cp
+    _x14 = B_hbm*_x1
+    _x15 = 2*H
+    _x16 = 2*d
+    _x17 = d*h
+    _x18 = a_g*g
+    _x19 = a_k + a_v
+    _x20 = x_lf - 1
+    _x21 = F_gemm*_x13
+    _x22 = S*b
+    _x23 = H*m_la*(_x5 + _x7)
+    _x24 = _x0/B_h
+    _x25 = sigma - t*(sigma - 1)
+    _x26 = H*_x25
+    _x27 = 4*_x26
+    _x28 = 2*N
+    return ops.maximum(0, _x0*(N*_x14*_x21*t*ops.maximum(_x24*o_par*p*z_w*(_x12 - _x23 - _x4*(_x11 - _x3) + t*(_x15 + _x23 + m_la*(_x7 + r_kv))), _x22*_x24*o_act*(N*_x15*_x25*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x10*d + 4*_x17 + _x27 + h*p_acc) - (w_op - 1)*(5*_x2*phi + _x28*x_ek*(F_ffn*g + _x27) + _x28*(_x15*(-_x25*(s_ag - 1) + s_ag*t) + _x16*(n_kv + x_rep*(h - n_kv)) + 2*_x17 + _x26*(delta + 2) + _x9))))/N**2) - _x22*(F_gemm*_x1*_x2*c*x_att*(4*B_hbm*d + F_attn*k_sf) + 2*_x13*_x14*(_x12 + _x4*(_x3 - d*m_la + d)) + _x21*p*(-_x1*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(_x18 + a_u) + H*t*(-_x18*_x20 - _x19*_x20 + 6*a_d + 6*a_o + a_q + a_u) + _x17*a_o + 6*d*(_x19*n_kv + a_q*h)) + _x1*(F_ffn*(_x8 + 2*g*x_eager) + _x16*(h + n_kv)*(4*x_eager + x_rep + 1)) + _x15*t*(16*x_eager + 5))))/(B_hbm*F_attn*F_gemm*N*_x1*u_cp))
 
 
-def offload_layer_bwd_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
-    """x_off_bwd = Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's backward copies left on the critical path: the weights and the activations in, one after the other on the inbound direction, beyond the layer's backward and recompute [s] ([ZeRO-Infinity §5])."""
+def offload_layer_bwd_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
+    """x_off_bwd = Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's backward copies left on the critical path: the weights and the activations in, one after the other on the inbound direction, beyond the layer's backward and recompute [s] ([ZeRO-Infinity §5])."""
     _x0 = N**2
     _x1 = sigma*(t - 1) + 1
     _x2 = 2*H
@@ -1643,31 +1660,36 @@ def offload_layer_bwd_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm
     _x10 = g + 2
     _x11 = F_ffn*_x10
     _x12 = 2*n_kv
-    _x13 = _x12 + h
-    _x14 = H*_x11 - H*_x13*_x7 + m_la*(H*_x4 - H*_x9*(c_q - 1) + _x3*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
-    _x15 = sigma - t*(sigma - 1)
-    _x16 = d*h
-    _x17 = H*_x15
-    _x18 = 4*_x17
-    _x19 = S*h
-    _x20 = 2*N
-    _x21 = 2*d
-    _x22 = B_hbm*d
-    _x23 = _x1*_x19*c*x_att
-    _x24 = 2*B_hbm*_x1*u_cp*(_x14 + _x8*(_x6 - d*m_la + d))
-    _x25 = 16*x_eager + 5
-    _x26 = H*t
-    _x27 = _x1*(F_ffn*(_x10 + 2*g*x_eager) + _x21*(h + n_kv)*(4*x_eager + x_rep + 1))
-    _x28 = F_ffn*(g + 1)
-    _x29 = _x13*d
-    _x30 = g*(x_lf - 1)
-    _x31 = _x1*(f_b - 1)
-    _x32 = p*u_cp
-    _x33 = F_attn_bwd*F_gemm_b
-    _x34 = F_attn*F_gemm
-    _x35 = B_h*N
-    _x36 = F_gemm*_x23*(F_attn*k_sf + 4*_x22)
-    return ops.maximum(0, (B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*b*o_act*u_cp*(N*_x15*_x2*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x12*d + 4*_x16 + _x18 + h*p_acc) - (w_op - 1)*(5*_x19*phi + _x20*x_ek*(F_ffn*g + _x18) + _x20*(_x11 + 2*_x16 + _x17*(delta + 2) + _x2*(-_x15*(s_ag - 1) + s_ag*t) + _x21*(n_kv + x_rep*(h - n_kv)))))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*o_par*p*u_cp*z_w*(_x14 - _x5 - _x8*(-_x6 + _x7) + t*(_x2 + _x5 + m_la*(_x3 + r_kv))) - S*_x33*_x35*b*(_x36*rc_sel + rc_full*(F_attn*_x24 + _x32*_x34*(_x2*_x25*t + _x27 - _x31*(F_ffn + _x16 - _x26*(_x30 + 2*x_lf - 16) + 6*_x28 + 6*_x29)) + _x36)) - S*_x34*_x35*b*(F_attn_bwd*_x24*(f_b + 1) + F_gemm_b*_x23*(F_attn_bwd*k_sb + 10*_x22) + _x32*_x33*(4*_x25*_x26 + 2*_x27 - _x31*(5*F_ffn + 5*_x16 - _x26*(5*_x30 + 10*x_lf - 28) + 4*_x28 + 4*_x29))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*t*u_cp))
+    _x13 = H*_x11 - H*_x7*(_x12 + h) + m_la*(H*_x4 - H*_x9*(c_q - 1) + _x3*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
+    _x14 = sigma - t*(sigma - 1)
+    _x15 = d*h
+    _x16 = H*_x14
+    _x17 = 4*_x16
+    _x18 = S*h
+    _x19 = 2*N
+    _x20 = 2*d
+    _x21 = B_hbm*d
+    _x22 = _x1*_x18*c*x_att
+    _x23 = 2*B_hbm*_x1*u_cp*(_x13 + _x8*(_x6 - d*m_la + d))
+    _x24 = 16*x_eager + 5
+    _x25 = H*t
+    _x26 = _x1*(F_ffn*(_x10 + 2*g*x_eager) + _x20*(h + n_kv)*(4*x_eager + x_rep + 1))
+    _x27 = F_ffn*a_d
+    _x28 = _x15*a_o
+    _x29 = a_g*g
+    _x30 = F_ffn*(_x29 + a_u)
+    _x31 = a_k + a_v
+    _x32 = d*(_x31*n_kv + a_q*h)
+    _x33 = x_lf - 1
+    _x34 = _x29*_x33
+    _x35 = _x31*_x33
+    _x36 = _x1*(f_b - 1)
+    _x37 = p*u_cp
+    _x38 = F_attn_bwd*F_gemm_b
+    _x39 = F_attn*F_gemm
+    _x40 = B_h*N
+    _x41 = F_gemm*_x22*(F_attn*k_sf + 4*_x21)
+    return ops.maximum(0, (B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*b*o_act*u_cp*(N*_x14*_x2*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x12*d + 4*_x15 + _x17 + h*p_acc) - (w_op - 1)*(5*_x18*phi + _x19*x_ek*(F_ffn*g + _x17) + _x19*(_x11 + 2*_x15 + _x16*(delta + 2) + _x2*(-_x14*(s_ag - 1) + s_ag*t) + _x20*(n_kv + x_rep*(h - n_kv)))))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*o_par*p*u_cp*z_w*(_x13 - _x5 - _x8*(-_x6 + _x7) + t*(_x2 + _x5 + m_la*(_x3 + r_kv))) - S*_x38*_x40*b*(_x41*rc_sel + rc_full*(F_attn*_x23 + _x37*_x39*(_x2*_x24*t + _x26 - _x36*(_x25*(-_x34 - _x35 + 6*a_d + 6*a_o + a_q + a_u) + _x27 + _x28 + 6*_x30 + 6*_x32)) + _x41)) - S*_x39*_x40*b*(F_attn_bwd*_x23*(f_b + 1) + F_gemm_b*_x22*(F_attn_bwd*k_sb + 10*_x21) + _x37*_x38*(4*_x24*_x25 + 2*_x26 - _x36*(_x25*(-5*_x34 - 5*_x35 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 5*_x27 + 5*_x28 + 4*_x30 + 4*_x32))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x0*_x1*t*u_cp))
 
 
 def weight_bytes_per_device(*, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_first, n_kv, n_last, n_mid, p_w, pp, r_kv, r_q, t):
@@ -2878,26 +2900,32 @@ def layer_attn_s(*, B_hbm, F_attn, F_attn_bwd, N, S, b, c, d, h, k_sb, k_sf, t, 
     return S**2*b*c*h*x_att*(F_attn*(F_attn_bwd*k_sb + 10*_x0) + F_attn_bwd*(F_attn*k_sf + 4*_x0))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp)
 
 
-def layer_elementwise_s(*, B_hbm, F_ffn, H, N, S, a_f8, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, n_kv, p, p_s, r_kv, r_q, sigma, t, x_eager, x_lf, x_rep):
-    """t_el = (3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)): memory-bound work of one layer for one micro-batch: the elementwise bytes forward (once) and backward (twice), any FP8 casts, and LoRA's adapters [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
+def layer_elementwise_s(*, B_hbm, F_ffn, H, N, S, a_d, a_f8, a_g, a_k, a_o, a_q, a_u, a_v, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, n_kv, p, p_s, r_kv, r_q, sigma, t, x_eager, x_lf, x_rep):
+    """t_el = (3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)): memory-bound work of one layer for one micro-batch: the elementwise bytes forward (once) and backward (twice), any FP8 casts, and LoRA's adapters [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = H*t
     _x2 = 2*_x1
     _x3 = S*b
     _x4 = _x3*p
-    _x5 = g + 1
-    _x6 = F_ffn*_x5
-    _x7 = h + 2*n_kv
-    _x8 = _x7*d
-    _x9 = g*(x_lf - 1)
-    _x10 = d*h
-    _x11 = F_ffn + _x10
-    _x12 = _x4*(f_b - 1)
-    _x13 = F_ffn*H
-    _x14 = d*(m_la - 1)
-    _x15 = d_qk*h
-    _x16 = N*(-H*_x14*_x7 - H*h*(_x14 - d_v*m_la) + _x13*_x5 + _x13 + m_la*(-H*_x15*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x15) + h*r_kv*(d_qk - d_r + d_v)))
-    return (-_x0*(_x12*(-_x1*(_x9 + 2*x_lf - 16) + _x11 + 6*_x6 + 6*_x8) + _x12*(5*F_ffn - _x1*(5*_x9 + 10*x_lf - 28) + 5*_x10 + 4*_x6 + 4*_x8) - f8*(2*_x16 + 2*_x3*(_x11 + _x2) + (_x16 + _x3*(4*_x1 + _x11 + _x6 + _x8))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x4*(_x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + _x2*(16*x_eager + 5)))/(B_hbm*N*_x0*t)
+    _x5 = F_ffn*a_d
+    _x6 = d*h
+    _x7 = _x6*a_o
+    _x8 = a_g*g
+    _x9 = F_ffn*(_x8 + a_u)
+    _x10 = a_k + a_v
+    _x11 = d*(_x10*n_kv + a_q*h)
+    _x12 = x_lf - 1
+    _x13 = _x12*_x8
+    _x14 = _x10*_x12
+    _x15 = _x4*(f_b - 1)
+    _x16 = F_ffn + _x6
+    _x17 = F_ffn*H
+    _x18 = g + 1
+    _x19 = h + 2*n_kv
+    _x20 = d*(m_la - 1)
+    _x21 = d_qk*h
+    _x22 = N*(-H*_x19*_x20 - H*h*(_x20 - d_v*m_la) + _x17*_x18 + _x17 + m_la*(-H*_x21*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x21) + h*r_kv*(d_qk - d_r + d_v)))
+    return (-_x0*(_x15*(_x1*(-5*_x13 - 5*_x14 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 4*_x11 + 5*_x5 + 5*_x7 + 4*_x9) + _x15*(_x1*(-_x13 - _x14 + 6*a_d + 6*a_o + a_q + a_u) + 6*_x11 + _x5 + _x7 + 6*_x9) - f8*(2*_x22 + 2*_x3*(_x16 + _x2) + (_x22 + _x3*(F_ffn*_x18 + 4*_x1 + _x16 + _x19*d))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x4*(_x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + _x2*(16*x_eager + 5)))/(B_hbm*N*_x0*t)
 
 
 def layer_tp_exposed_s(*, B_tp, F_ffn, F_gemm, H, N, S, a_tp, alpha_tp, b, c_q, d, d_qk, d_r, d_v, g, h, m_la, n_kv, o_tp, p, r_kv, r_q, rc_full, s_comm, sigma, t):
@@ -2935,8 +2963,8 @@ def layer_moe_imbalance_s(*, C_f, F_e, F_gemm, H, N, S, b, g, k_E, rc_full, t):
     return 2*F_e*H*S*b*k_E*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t)
 
 
-def layer_offload_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
-    """x_off_lay = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's offload copies for one micro-batch left on the critical path, forward and backward [s] ([ZeRO-Infinity §5])."""
+def layer_offload_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, H, N, S, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, n_kv, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
+    """x_off_lay = Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))): one layer's offload copies for one micro-batch left on the critical path, forward and backward [s] ([ZeRO-Infinity §5])."""
     _x0 = t**(-1.0)
     _x1 = B_hbm*d
     _x2 = sigma*(t - 1) + 1
@@ -2951,44 +2979,49 @@ def layer_offload_exposed_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_
     _x11 = g + 2
     _x12 = F_ffn*_x11
     _x13 = 2*n_kv
-    _x14 = _x13 + h
-    _x15 = d*(m_la - 1)
-    _x16 = H*_x12 - H*_x14*_x15 + m_la*(H*_x8 - H*_x9*(c_q - 1) + _x10*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
-    _x17 = B_hbm*_x2*u_cp
-    _x18 = 2*_x17*(_x16 + _x7*(_x6 - d*m_la + d))
-    _x19 = 16*x_eager + 5
-    _x20 = 2*H
-    _x21 = 2*d
-    _x22 = _x2*(F_ffn*(_x11 + 2*g*x_eager) + _x21*(h + n_kv)*(4*x_eager + x_rep + 1))
+    _x14 = d*(m_la - 1)
+    _x15 = H*_x12 - H*_x14*(_x13 + h) + m_la*(H*_x8 - H*_x9*(c_q - 1) + _x10*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
+    _x16 = B_hbm*_x2*u_cp
+    _x17 = 2*_x16*(_x15 + _x7*(_x6 - d*m_la + d))
+    _x18 = 16*x_eager + 5
+    _x19 = 2*H
+    _x20 = 2*d
+    _x21 = _x2*(F_ffn*(_x11 + 2*g*x_eager) + _x20*(h + n_kv)*(4*x_eager + x_rep + 1))
+    _x22 = F_ffn*a_d
     _x23 = d*h
-    _x24 = F_ffn*(g + 1)
-    _x25 = _x14*d
-    _x26 = g*(x_lf - 1)
-    _x27 = H*t
-    _x28 = _x2*(f_b - 1)
-    _x29 = p*u_cp
-    _x30 = F_attn*F_gemm
-    _x31 = F_attn*_x18 + _x29*_x30*(_x19*_x20*t + _x22 - _x28*(F_ffn + _x23 + 6*_x24 + 6*_x25 - _x27*(_x26 + 2*x_lf - 16))) + _x5
-    _x32 = S*b
-    _x33 = _x0/B_h
-    _x34 = H*m_la*(_x10 + _x8)
-    _x35 = _x16 - _x34 - _x7*(_x15 - _x6) + t*(_x20 + _x34 + m_la*(_x10 + r_kv))
-    _x36 = N**2
-    _x37 = _x33/_x36
-    _x38 = sigma - t*(sigma - 1)
-    _x39 = H*_x38
-    _x40 = 4*_x39
-    _x41 = 2*N
-    _x42 = N*_x20*_x38*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x13*d + 4*_x23 + _x40 + h*p_acc) - (w_op - 1)*(5*_x3*phi + _x41*x_ek*(F_ffn*g + _x40) + _x41*(_x12 + _x20*(-_x38*(s_ag - 1) + s_ag*t) + _x21*(n_kv + x_rep*(h - n_kv)) + 2*_x23 + _x39*(delta + 2))))
-    _x43 = N*_x30
-    _x44 = 1/(B_hbm*F_attn*F_gemm*_x2*u_cp)
-    _x45 = F_attn_bwd*F_gemm_b
-    _x46 = B_h*_x32
-    return ops.maximum(0, _x0*_x44*(_x17*_x43*t*ops.maximum(_x32*_x37*_x42*o_act, _x33*_x35*o_par*p*z_w) - _x31*_x32)/N) + ops.maximum(0, _x37*_x44*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x2*_x42*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x2*_x35*_x36*o_par*p*u_cp*z_w - N*_x45*_x46*(_x31*rc_full + _x5*rc_sel) - _x43*_x46*(F_attn_bwd*_x18*(f_b + 1) + F_gemm_b*_x4*(F_attn_bwd*k_sb + 10*_x1) + _x29*_x45*(4*_x19*_x27 + 2*_x22 - _x28*(5*F_ffn + 5*_x23 + 4*_x24 + 4*_x25 - _x27*(5*_x26 + 10*x_lf - 28)))))/(F_attn_bwd*F_gemm_b))
+    _x24 = _x23*a_o
+    _x25 = a_g*g
+    _x26 = F_ffn*(_x25 + a_u)
+    _x27 = a_k + a_v
+    _x28 = d*(_x27*n_kv + a_q*h)
+    _x29 = x_lf - 1
+    _x30 = _x25*_x29
+    _x31 = _x27*_x29
+    _x32 = H*t
+    _x33 = _x2*(f_b - 1)
+    _x34 = p*u_cp
+    _x35 = F_attn*F_gemm
+    _x36 = F_attn*_x17 + _x34*_x35*(_x18*_x19*t + _x21 - _x33*(_x22 + _x24 + 6*_x26 + 6*_x28 + _x32*(-_x30 - _x31 + 6*a_d + 6*a_o + a_q + a_u))) + _x5
+    _x37 = S*b
+    _x38 = _x0/B_h
+    _x39 = H*m_la*(_x10 + _x8)
+    _x40 = _x15 - _x39 - _x7*(_x14 - _x6) + t*(_x19 + _x39 + m_la*(_x10 + r_kv))
+    _x41 = N**2
+    _x42 = _x38/_x41
+    _x43 = sigma - t*(sigma - 1)
+    _x44 = H*_x43
+    _x45 = 4*_x44
+    _x46 = 2*N
+    _x47 = N*_x19*_x43*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x13*d + 4*_x23 + _x45 + h*p_acc) - (w_op - 1)*(5*_x3*phi + _x46*x_ek*(F_ffn*g + _x45) + _x46*(_x12 + _x19*(-_x43*(s_ag - 1) + s_ag*t) + _x20*(n_kv + x_rep*(h - n_kv)) + 2*_x23 + _x44*(delta + 2))))
+    _x48 = N*_x35
+    _x49 = 1/(B_hbm*F_attn*F_gemm*_x2*u_cp)
+    _x50 = F_attn_bwd*F_gemm_b
+    _x51 = B_h*_x37
+    return ops.maximum(0, _x0*_x49*(_x16*_x48*t*ops.maximum(_x37*_x42*_x47*o_act, _x38*_x40*o_par*p*z_w) - _x36*_x37)/N) + ops.maximum(0, _x42*_x49*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x2*_x47*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x2*_x40*_x41*o_par*p*u_cp*z_w - N*_x50*_x51*(_x36*rc_full + _x5*rc_sel) - _x48*_x51*(F_attn_bwd*_x17*(f_b + 1) + F_gemm_b*_x4*(F_attn_bwd*k_sb + 10*_x1) + _x34*_x50*(4*_x18*_x32 + 2*_x21 - _x33*(5*_x22 + 5*_x24 + 4*_x26 + 4*_x28 + _x32*(-5*_x30 - 5*_x31 + 4*a_d + 4*a_o + 5*a_q + 5*a_u)))))/(F_attn_bwd*F_gemm_b))
 
 
-def layer_device_s(*, B_ep, B_h, B_hbm, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, H, N, S, a_f8, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, n_kv, o_act, o_par, o_tp, p, p_acc, p_s, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, u_cp, w_op, x_CP_b, x_CP_f, x_CP_r, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
-    """t_dev_lay = 2*F_e*H*S*b*k_E*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t) + x_CP_b + x_CP_f*(rc_full + 1) + x_CP_r*(rc_full + 2) + Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))) + 2*S*b*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t) + (rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + (3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)) + S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)) + S**2*b*c*h*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp) + 2*H*S*b*k_E*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t): device time of one layer's passes for one micro-batch: compute and exposed communication [s] ([Megatron21 §3])."""
+def layer_device_s(*, B_ep, B_h, B_hbm, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, H, N, S, a_d, a_f8, a_g, a_k, a_o, a_q, a_tp, a_u, a_v, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, n_kv, o_act, o_par, o_tp, p, p_acc, p_s, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, u_cp, w_op, x_CP_b, x_CP_f, x_CP_r, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
+    """t_dev_lay = 2*F_e*H*S*b*k_E*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t) + x_CP_b + x_CP_f*(rc_full + 1) + x_CP_r*(rc_full + 2) + Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))) + 2*S*b*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t) + (rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + (3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)) + S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)) + S**2*b*c*h*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp) + 2*H*S*b*k_E*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t): device time of one layer's passes for one micro-batch: compute and exposed communication [s] ([Megatron21 §3])."""
     _x0 = rc_full + 2
     _x1 = S*b
     _x2 = _x1*p
@@ -3028,54 +3061,60 @@ def layer_device_s(*, B_ep, B_h, B_hbm, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e,
     _x36 = F_gemm*_x14*_x35
     _x37 = B_hbm*_x33*u_cp
     _x38 = 2*_x28*_x37
-    _x39 = g + 1
-    _x40 = F_ffn*_x39
-    _x41 = _x24*d
-    _x42 = g*(x_lf - 1)
-    _x43 = H*t
-    _x44 = d*h
-    _x45 = F_ffn + _x44
-    _x46 = 6*_x40 + 6*_x41 - _x43*(_x42 + 2*x_lf - 16) + _x45
-    _x47 = f_b - 1
-    _x48 = _x33*_x47
-    _x49 = 16*x_eager + 5
-    _x50 = _x5*t
-    _x51 = 2*d
-    _x52 = _x33*(F_ffn*(_x7 + 2*g*x_eager) + _x51*(h + n_kv)*(4*x_eager + x_rep + 1))
-    _x53 = _x49*_x50 + _x52
-    _x54 = p*u_cp
-    _x55 = F_attn*F_gemm
-    _x56 = F_attn*_x38 + _x36 + _x54*_x55*(-_x46*_x48 + _x53)
-    _x57 = _x36*rc_sel + _x56*rc_full
-    _x58 = _x10/_x33
-    _x59 = _x4*_x58
-    _x60 = _x16*_x8
-    _x61 = _x59*_x60
-    _x62 = _x2*_x32
-    _x63 = 2*_x32*alpha_tp + a_tp*(sigma + 1)
-    _x64 = N*t
-    _x65 = B_tp*_x64
-    _x66 = _x4/B_tp
-    _x67 = 2*N
-    _x68 = B_tp*_x63*_x67*t + 4*H*_x62
-    _x69 = o_tp*(-_x65*ops.maximum(0, 2*_x66*_x8*(-B_tp*_x1*_x28 + F_gemm*(_x5*_x62 + _x63*_x65))) + _x68)
-    _x70 = _x2*_x47
-    _x71 = 5*F_ffn + 4*_x40 + 4*_x41 - _x43*(5*_x42 + 10*x_lf - 28) + 5*_x44
-    _x72 = -_x18*(-_x17 + _x25)
-    _x73 = N*(_x19*_x39 + _x19 + _x26 + _x72)
-    _x74 = 4*_x43
-    _x75 = _x3/B_h
-    _x76 = H*m_la*(_x20 + _x22)
-    _x77 = _x27 + _x72 - _x76 + t*(_x5 + _x76 + m_la*(_x22 + r_kv))
-    _x78 = N**2
-    _x79 = _x75/_x78
-    _x80 = sigma - t*(sigma - 1)
-    _x81 = H*_x80
-    _x82 = 4*_x81
-    _x83 = N*_x5*_x80*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x23*d + 4*_x44 + _x82 + h*p_acc) - (w_op - 1)*(5*_x34*phi + _x67*x_ek*(F_ffn*g + _x82) + _x67*(F_ffn*_x7 + 2*_x44 + _x5*(-_x80*(s_ag - 1) + s_ag*t) + _x51*(n_kv + x_rep*(h - n_kv)) + _x81*(delta + 2))))
-    _x84 = F_attn_bwd*F_gemm_b
-    _x85 = B_h*N*_x1
-    return F_e*_x1*_x6*_x7*_x9*(C_f - 1)*(rc_full + 3) + S**2*_x10*_x11*_x15*_x16*_x4*b*h*(F_attn*_x13 + F_attn_bwd*_x14) + _x0*_x66*(_x68 + _x69*s_comm - _x69) + _x0*x_CP_r + _x1*_x57*_x61 + _x28*_x29*_x31*_x9*(F_gemm*_x30 + F_gemm_b) + _x59*(3*_x2*_x53 - _x33*(_x46*_x70 + _x70*_x71 - f8*(_x31*(_x45 + _x50) + 2*_x73 + (_x1*(_x40 + _x41 + _x45 + _x74) + _x73)*(p*(a_f8 + 1) + p_s + 1)))) + x_CP_b + x_CP_f*(rc_full + 1) + ops.maximum(0, _x61*(-_x1*_x56 + _x37*_x55*_x64*ops.maximum(_x1*_x79*_x83*o_act, _x75*_x77*o_par*p*z_w))) + ops.maximum(0, _x11*_x29*_x58*_x60*_x79*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x33*_x83*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x33*_x77*_x78*o_par*p*u_cp*z_w - _x55*_x85*(F_attn_bwd*_x30*_x38 + F_gemm_b*_x13*_x35 + _x54*_x84*(-_x48*_x71 + _x49*_x74 + 2*_x52)) - _x57*_x84*_x85)) + _x0*_x2*_x4*_x6*(E_p - 1)/(B_ep*E_p)
+    _x39 = F_ffn*a_d
+    _x40 = d*h
+    _x41 = _x40*a_o
+    _x42 = a_g*g
+    _x43 = F_ffn*(_x42 + a_u)
+    _x44 = a_k + a_v
+    _x45 = d*(_x44*n_kv + a_q*h)
+    _x46 = x_lf - 1
+    _x47 = _x42*_x46
+    _x48 = _x44*_x46
+    _x49 = H*t
+    _x50 = _x39 + _x41 + 6*_x43 + 6*_x45 + _x49*(-_x47 - _x48 + 6*a_d + 6*a_o + a_q + a_u)
+    _x51 = f_b - 1
+    _x52 = _x33*_x51
+    _x53 = 16*x_eager + 5
+    _x54 = _x5*t
+    _x55 = 2*d
+    _x56 = _x33*(F_ffn*(_x7 + 2*g*x_eager) + _x55*(h + n_kv)*(4*x_eager + x_rep + 1))
+    _x57 = _x53*_x54 + _x56
+    _x58 = p*u_cp
+    _x59 = F_attn*F_gemm
+    _x60 = F_attn*_x38 + _x36 + _x58*_x59*(-_x50*_x52 + _x57)
+    _x61 = _x36*rc_sel + _x60*rc_full
+    _x62 = _x10/_x33
+    _x63 = _x4*_x62
+    _x64 = _x16*_x8
+    _x65 = _x63*_x64
+    _x66 = _x2*_x32
+    _x67 = 2*_x32*alpha_tp + a_tp*(sigma + 1)
+    _x68 = N*t
+    _x69 = B_tp*_x68
+    _x70 = _x4/B_tp
+    _x71 = 2*N
+    _x72 = B_tp*_x67*_x71*t + 4*H*_x66
+    _x73 = o_tp*(-_x69*ops.maximum(0, 2*_x70*_x8*(-B_tp*_x1*_x28 + F_gemm*(_x5*_x66 + _x67*_x69))) + _x72)
+    _x74 = _x2*_x51
+    _x75 = 5*_x39 + 5*_x41 + 4*_x43 + 4*_x45 + _x49*(-5*_x47 - 5*_x48 + 4*a_d + 4*a_o + 5*a_q + 5*a_u)
+    _x76 = F_ffn + _x40
+    _x77 = g + 1
+    _x78 = -_x18*(-_x17 + _x25)
+    _x79 = N*(_x19*_x77 + _x19 + _x26 + _x78)
+    _x80 = 4*_x49
+    _x81 = _x3/B_h
+    _x82 = H*m_la*(_x20 + _x22)
+    _x83 = _x27 + _x78 - _x82 + t*(_x5 + _x82 + m_la*(_x22 + r_kv))
+    _x84 = N**2
+    _x85 = _x81/_x84
+    _x86 = sigma - t*(sigma - 1)
+    _x87 = H*_x86
+    _x88 = 4*_x87
+    _x89 = N*_x5*_x86*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x23*d + 4*_x40 + _x88 + h*p_acc) - (w_op - 1)*(5*_x34*phi + _x71*x_ek*(F_ffn*g + _x88) + _x71*(F_ffn*_x7 + 2*_x40 + _x5*(-_x86*(s_ag - 1) + s_ag*t) + _x55*(n_kv + x_rep*(h - n_kv)) + _x87*(delta + 2))))
+    _x90 = F_attn_bwd*F_gemm_b
+    _x91 = B_h*N*_x1
+    return F_e*_x1*_x6*_x7*_x9*(C_f - 1)*(rc_full + 3) + S**2*_x10*_x11*_x15*_x16*_x4*b*h*(F_attn*_x13 + F_attn_bwd*_x14) + _x0*_x70*(_x72 + _x73*s_comm - _x73) + _x0*x_CP_r + _x1*_x61*_x65 + _x28*_x29*_x31*_x9*(F_gemm*_x30 + F_gemm_b) + _x63*(3*_x2*_x57 - _x33*(_x50*_x74 + _x74*_x75 - f8*(_x31*(_x54 + _x76) + 2*_x79 + (_x1*(F_ffn*_x77 + _x24*d + _x76 + _x80) + _x79)*(p*(a_f8 + 1) + p_s + 1)))) + x_CP_b + x_CP_f*(rc_full + 1) + ops.maximum(0, _x65*(-_x1*_x60 + _x37*_x59*_x68*ops.maximum(_x1*_x85*_x89*o_act, _x81*_x83*o_par*p*z_w))) + ops.maximum(0, _x11*_x29*_x62*_x64*_x85*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x33*_x89*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x33*_x83*_x84*o_par*p*u_cp*z_w - _x59*_x91*(F_attn_bwd*_x30*_x38 + F_gemm_b*_x13*_x35 + _x58*_x90*(-_x52*_x75 + _x53*_x80 + 2*_x56)) - _x61*_x90*_x91)) + _x0*_x2*_x4*_x6*(E_p - 1)/(B_ep*E_p)
 
 
 def layer_time_s(*, n_kb, n_kf, rc_full, t_dev, t_k):
@@ -3102,30 +3141,36 @@ def step_attn_s(*, B_hbm, F_attn, F_attn_bwd, F_head, H, N, S, V, b, c, d, f_b, 
     return ops.select([ops.less_equal(_x3*t_lay, _x1*(B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x2*n_last,_x2*_x3], default=ops.nan)
 
 
-def step_elementwise_s(*, B_hbm, F_ffn, F_head, H, N, S, V, a_f8, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, p_s, r_kv, r_q, sigma, t, t_lay, x_eager, x_lf, x_rep):
-    """T_el = Piecewise((m_mb*n_last*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)): memory-bound elementwise work of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
+def step_elementwise_s(*, B_hbm, F_ffn, F_head, H, N, S, V, a_d, a_f8, a_g, a_k, a_o, a_q, a_u, a_v, b, c_q, d, d_qk, d_r, d_v, f8, f_b, g, h, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, p_s, r_kv, r_q, sigma, t, t_lay, x_eager, x_lf, x_rep):
+    """T_el = Piecewise((m_mb*n_last*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)): memory-bound elementwise work of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §4], [FP8-Formats], [LoRA §4.1])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = H*t
     _x2 = 2*_x1
     _x3 = S*b
     _x4 = _x3*p
-    _x5 = g + 1
-    _x6 = F_ffn*_x5
-    _x7 = h + 2*n_kv
-    _x8 = _x7*d
-    _x9 = g*(x_lf - 1)
-    _x10 = d*h
-    _x11 = F_ffn + _x10
-    _x12 = _x4*(f_b - 1)
-    _x13 = 2*_x3
-    _x14 = F_ffn*H
-    _x15 = d*(m_la - 1)
-    _x16 = d_qk*h
-    _x17 = N*(-H*_x15*_x7 - H*h*(_x15 - d_v*m_la) + _x14*_x5 + _x14 + m_la*(-H*_x16*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x16) + h*r_kv*(d_qk - d_r + d_v)))
-    _x18 = 1/(B_hbm*N*t)
-    _x19 = _x18*m_mb*(-_x0*(_x12*(-_x1*(_x9 + 2*x_lf - 16) + _x11 + 6*_x6 + 6*_x8) + _x12*(5*F_ffn - _x1*(5*_x9 + 10*x_lf - 28) + 5*_x10 + 4*_x6 + 4*_x8) - f8*(_x13*(_x11 + _x2) + 2*_x17 + (_x17 + _x3*(4*_x1 + _x11 + _x6 + _x8))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x4*(_x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + _x2*(16*x_eager + 5)))/_x0
-    _x20 = ops.maximum(n_first, n_mid)
-    return ops.select([ops.less_equal(_x20*t_lay, _x18*(B_hbm*F_head*N*n_last*t*t_lay + V*_x13*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x19*n_last,_x19*_x20], default=ops.nan)
+    _x5 = F_ffn*a_d
+    _x6 = d*h
+    _x7 = _x6*a_o
+    _x8 = a_g*g
+    _x9 = F_ffn*(_x8 + a_u)
+    _x10 = a_k + a_v
+    _x11 = d*(_x10*n_kv + a_q*h)
+    _x12 = x_lf - 1
+    _x13 = _x12*_x8
+    _x14 = _x10*_x12
+    _x15 = _x4*(f_b - 1)
+    _x16 = F_ffn + _x6
+    _x17 = 2*_x3
+    _x18 = F_ffn*H
+    _x19 = g + 1
+    _x20 = h + 2*n_kv
+    _x21 = d*(m_la - 1)
+    _x22 = d_qk*h
+    _x23 = N*(-H*_x20*_x21 - H*h*(_x21 - d_v*m_la) + _x18*_x19 + _x18 + m_la*(-H*_x22*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x22) + h*r_kv*(d_qk - d_r + d_v)))
+    _x24 = 1/(B_hbm*N*t)
+    _x25 = _x24*m_mb*(-_x0*(_x15*(_x1*(-5*_x13 - 5*_x14 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 4*_x11 + 5*_x5 + 5*_x7 + 4*_x9) + _x15*(_x1*(-_x13 - _x14 + 6*a_d + 6*a_o + a_q + a_u) + 6*_x11 + _x5 + _x7 + 6*_x9) - f8*(_x17*(_x16 + _x2) + 2*_x23 + (_x23 + _x3*(F_ffn*_x19 + 4*_x1 + _x16 + _x20*d))*(p*(a_f8 + 1) + p_s + 1))) + 3*_x4*(_x0*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + _x2*(16*x_eager + 5)))/_x0
+    _x26 = ops.maximum(n_first, n_mid)
+    return ops.select([ops.less_equal(_x26*t_lay, _x24*(B_hbm*F_head*N*n_last*t*t_lay + V*_x17*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x25*n_last,_x25*_x26], default=ops.nan)
 
 
 def step_host_wait_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_kb, n_kf, n_last, n_mid, rc_full, t, t_dev, t_k, t_lay):
@@ -3135,20 +3180,22 @@ def step_host_wait_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_kb, 
     return ops.select([ops.less_equal(_x1*t_lay, (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)),True], [_x0*n_last,_x0*_x1], default=ops.nan)
 
 
-def step_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, r_kv, r_q, rc_full, rc_sel, sigma, t, t_lay, u_cp, x_att, x_eager, x_lf, x_rep):
-    """T_rc = Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)): recompute of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §5])."""
+def step_recompute_s(*, B_hbm, F_attn, F_ffn, F_gemm, F_head, H, N, S, V, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, p, r_kv, r_q, rc_full, rc_sel, sigma, t, t_lay, u_cp, x_att, x_eager, x_lf, x_rep):
+    """T_rc = Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)): recompute of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([Korthikanti22 §5])."""
     _x0 = sigma*(t - 1) + 1
     _x1 = F_gemm*S*_x0*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)
     _x2 = g + 2
-    _x3 = d*(h + 2*n_kv)
-    _x4 = d_qk*h
-    _x5 = F_attn*u_cp
-    _x6 = H*t
-    _x7 = S*b
-    _x8 = 1/(B_hbm*N*t)
-    _x9 = _x7*_x8*m_mb*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x5*(F_ffn*H*_x2 - H*_x3*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x4*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x4) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x5*p*(-_x0*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn + 6*_x3 - _x6*(g*(x_lf - 1) + 2*x_lf - 16) + d*h) + _x0*(F_ffn*(_x2 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 2*_x6*(16*x_eager + 5)) + _x1))/(F_attn*F_gemm*_x0*u_cp)
-    _x10 = ops.maximum(n_first, n_mid)
-    return ops.select([ops.less_equal(_x10*t_lay, _x8*(B_hbm*F_head*N*n_last*t*t_lay + 2*V*_x7*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x9*n_last,_x10*_x9], default=ops.nan)
+    _x3 = d_qk*h
+    _x4 = F_attn*u_cp
+    _x5 = H*t
+    _x6 = a_g*g
+    _x7 = a_k + a_v
+    _x8 = x_lf - 1
+    _x9 = S*b
+    _x10 = 1/(B_hbm*N*t)
+    _x11 = _x10*_x9*m_mb*(_x1*rc_sel + rc_full*(2*B_hbm*_x0*_x4*(F_ffn*H*_x2 - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x3*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x3) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*_x4*p*(-_x0*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(_x6 + a_u) + _x5*(-_x6*_x8 - _x7*_x8 + 6*a_d + 6*a_o + a_q + a_u) + a_o*d*h + 6*d*(_x7*n_kv + a_q*h)) + _x0*(F_ffn*(_x2 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 2*_x5*(16*x_eager + 5)) + _x1))/(F_attn*F_gemm*_x0*u_cp)
+    _x12 = ops.maximum(n_first, n_mid)
+    return ops.select([ops.less_equal(_x12*t_lay, _x10*(B_hbm*F_head*N*n_last*t*t_lay + 2*V*_x9*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x11*n_last,_x11*_x12], default=ops.nan)
 
 
 def step_tp_exposed_s(*, B_hbm, B_tp, F_ffn, F_gemm, F_head, H, N, S, V, a_tp, alpha_tp, b, c_q, d, d_qk, d_r, d_v, f_b, g, h, m_la, m_mb, n_first, n_kv, n_last, n_mid, o_tp, p, r_kv, r_q, rc_full, s_comm, sigma, t, t_lay):
@@ -3202,8 +3249,8 @@ def step_moe_imbalance_s(*, B_hbm, C_f, F_e, F_gemm, F_head, H, N, S, V, b, f_b,
     return ops.select([ops.less_equal(_x3*t_lay, _x1*(B_hbm*F_head*N*n_last*t*t_lay + V*_x0*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head)),True], [_x2*n_last,_x2*_x3], default=ops.nan)
 
 
-def step_offload_layer_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, t_lay, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
-    """X_off = Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)): exposed offload copies of the layers of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([ZeRO-Infinity §5])."""
+def step_offload_layer_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, delta, f_b, g, h, k_sb, k_sf, m_la, m_mb, n_first, n_kv, n_last, n_mid, o_act, o_par, p, p_acc, phi, r_kv, r_q, rc_full, rc_sel, rho, s_ag, sigma, t, t_lay, u_cp, w_op, x_att, x_eager, x_ek, x_lf, x_rep, z_w):
+    """X_off = Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)): exposed offload copies of the layers of the step: the slowest pipeline stage's n_c layers, each of the m micro-batches [s] ([ZeRO-Infinity §5])."""
     _x0 = B_hbm*d
     _x1 = sigma*(t - 1) + 1
     _x2 = S*h
@@ -3217,46 +3264,51 @@ def step_offload_layer_s(*, B_h, B_hbm, F_attn, F_attn_bwd, F_ffn, F_gemm, F_gem
     _x10 = g + 2
     _x11 = F_ffn*_x10
     _x12 = 2*n_kv
-    _x13 = _x12 + h
-    _x14 = d*(m_la - 1)
-    _x15 = H*_x11 - H*_x13*_x14 + m_la*(H*_x7 - H*_x8*(c_q - 1) + _x9*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
-    _x16 = B_hbm*_x1*u_cp
-    _x17 = 2*_x16*(_x15 + _x6*(_x5 - d*m_la + d))
-    _x18 = 16*x_eager + 5
-    _x19 = 2*H
-    _x20 = 2*d
-    _x21 = _x1*(F_ffn*(_x10 + 2*g*x_eager) + _x20*(h + n_kv)*(4*x_eager + x_rep + 1))
+    _x13 = d*(m_la - 1)
+    _x14 = H*_x11 - H*_x13*(_x12 + h) + m_la*(H*_x7 - H*_x8*(c_q - 1) + _x9*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
+    _x15 = B_hbm*_x1*u_cp
+    _x16 = 2*_x15*(_x14 + _x6*(_x5 - d*m_la + d))
+    _x17 = 16*x_eager + 5
+    _x18 = 2*H
+    _x19 = 2*d
+    _x20 = _x1*(F_ffn*(_x10 + 2*g*x_eager) + _x19*(h + n_kv)*(4*x_eager + x_rep + 1))
+    _x21 = F_ffn*a_d
     _x22 = d*h
-    _x23 = F_ffn*(g + 1)
-    _x24 = _x13*d
-    _x25 = g*(x_lf - 1)
-    _x26 = H*t
-    _x27 = _x1*(f_b - 1)
-    _x28 = p*u_cp
-    _x29 = F_attn*F_gemm
-    _x30 = F_attn*_x17 + _x28*_x29*(_x18*_x19*t + _x21 - _x27*(F_ffn + _x22 + 6*_x23 + 6*_x24 - _x26*(_x25 + 2*x_lf - 16))) + _x4
-    _x31 = S*b
-    _x32 = t**(-1.0)
-    _x33 = B_h**(-1.0)
-    _x34 = _x32*_x33
-    _x35 = H*m_la*(_x7 + _x9)
-    _x36 = _x15 - _x35 - _x6*(_x14 - _x5) + t*(_x19 + _x35 + m_la*(_x9 + r_kv))
-    _x37 = N**2
-    _x38 = _x37**(-1.0)
-    _x39 = sigma - t*(sigma - 1)
-    _x40 = H*_x39
-    _x41 = 4*_x40
-    _x42 = 2*N
-    _x43 = N*_x19*_x39*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x12*d + 4*_x22 + _x41 + h*p_acc) - (w_op - 1)*(5*_x2*phi + _x42*x_ek*(F_ffn*g + _x41) + _x42*(_x11 + _x19*(-_x39*(s_ag - 1) + s_ag*t) + _x20*(n_kv + x_rep*(h - n_kv)) + 2*_x22 + _x40*(delta + 2))))
-    _x44 = N*t
-    _x45 = _x32/B_hbm
-    _x46 = _x45/N
-    _x47 = 1/(F_attn*F_gemm*_x1*u_cp)
-    _x48 = F_attn_bwd*F_gemm_b
-    _x49 = B_h*N*_x31
-    _x50 = m_mb*(ops.maximum(0, _x46*_x47*(_x16*_x29*_x44*ops.maximum(_x31*_x34*_x38*_x43*o_act, _x34*_x36*o_par*p*z_w) - _x30*_x31)) + ops.maximum(0, _x33*_x38*_x45*_x47*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*_x43*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x1*_x36*_x37*o_par*p*u_cp*z_w - _x29*_x49*(F_attn_bwd*_x17*(f_b + 1) + F_gemm_b*_x3*(F_attn_bwd*k_sb + 10*_x0) + _x28*_x48*(4*_x18*_x26 + 2*_x21 - _x27*(5*F_ffn + 5*_x22 + 4*_x23 + 4*_x24 - _x26*(5*_x25 + 10*x_lf - 28)))) - _x48*_x49*(_x30*rc_full + _x4*rc_sel))/(F_attn_bwd*F_gemm_b)))
-    _x51 = ops.maximum(n_first, n_mid)
-    return ops.select([ops.less_equal(_x51*t_lay, _x46*(B_hbm*F_head*_x44*n_last*t_lay + 2*V*_x31*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x50*n_last,_x50*_x51], default=ops.nan)
+    _x23 = _x22*a_o
+    _x24 = a_g*g
+    _x25 = F_ffn*(_x24 + a_u)
+    _x26 = a_k + a_v
+    _x27 = d*(_x26*n_kv + a_q*h)
+    _x28 = x_lf - 1
+    _x29 = _x24*_x28
+    _x30 = _x26*_x28
+    _x31 = H*t
+    _x32 = _x1*(f_b - 1)
+    _x33 = p*u_cp
+    _x34 = F_attn*F_gemm
+    _x35 = F_attn*_x16 + _x33*_x34*(_x17*_x18*t + _x20 - _x32*(_x21 + _x23 + 6*_x25 + 6*_x27 + _x31*(-_x29 - _x30 + 6*a_d + 6*a_o + a_q + a_u))) + _x4
+    _x36 = S*b
+    _x37 = t**(-1.0)
+    _x38 = B_h**(-1.0)
+    _x39 = _x37*_x38
+    _x40 = H*m_la*(_x7 + _x9)
+    _x41 = _x14 - _x40 - _x6*(_x13 - _x5) + t*(_x18 + _x40 + m_la*(_x9 + r_kv))
+    _x42 = N**2
+    _x43 = _x42**(-1.0)
+    _x44 = sigma - t*(sigma - 1)
+    _x45 = H*_x44
+    _x46 = 4*_x45
+    _x47 = 2*N
+    _x48 = N*_x18*_x44*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x12*d + 4*_x22 + _x46 + h*p_acc) - (w_op - 1)*(5*_x2*phi + _x47*x_ek*(F_ffn*g + _x46) + _x47*(_x11 + _x18*(-_x44*(s_ag - 1) + s_ag*t) + _x19*(n_kv + x_rep*(h - n_kv)) + 2*_x22 + _x45*(delta + 2))))
+    _x49 = N*t
+    _x50 = _x37/B_hbm
+    _x51 = _x50/N
+    _x52 = 1/(F_attn*F_gemm*_x1*u_cp)
+    _x53 = F_attn_bwd*F_gemm_b
+    _x54 = B_h*N*_x36
+    _x55 = m_mb*(ops.maximum(0, _x51*_x52*(_x15*_x34*_x49*ops.maximum(_x36*_x39*_x43*_x48*o_act, _x39*_x41*o_par*p*z_w) - _x35*_x36)) + ops.maximum(0, _x38*_x43*_x50*_x52*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x1*_x48*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x1*_x41*_x42*o_par*p*u_cp*z_w - _x34*_x54*(F_attn_bwd*_x16*(f_b + 1) + F_gemm_b*_x3*(F_attn_bwd*k_sb + 10*_x0) + _x33*_x53*(4*_x17*_x31 + 2*_x20 - _x32*(5*_x21 + 5*_x23 + 4*_x25 + 4*_x27 + _x31*(-5*_x29 - 5*_x30 + 4*a_d + 4*a_o + 5*a_q + 5*a_u)))) - _x53*_x54*(_x35*rc_full + _x4*rc_sel))/(F_attn_bwd*F_gemm_b)))
+    _x56 = ops.maximum(n_first, n_mid)
+    return ops.select([ops.less_equal(_x56*t_lay, _x51*(B_hbm*F_head*_x49*n_last*t_lay + 2*V*_x36*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x55*n_last,_x55*_x56], default=ops.nan)
 
 
 def step_head_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_last, n_mid, t, t_lay):
@@ -3271,8 +3323,8 @@ def step_pp_exposed_s(*, B_pp, H, N, S, b, m_mb, o_pp, p, pp, t, v_pp):
     return ops.select([ops.greater(pp, 1),True], [-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t),0], default=ops.nan)
 
 
-def step_dp_exposed_s(*, B_hbm, B_tp, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_first, n_kv, n_last, n_mid, o_tp, p, r_kv, r_q, s_comm, sigma, t, t_lay, u_cp, x_CP_b, x_DP_all, x_DPo_all, x_att, x_eager, x_lf, x_rep):
-    """X_DP = x_DP_all + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))): the step's gradient reduction left on the critical path: the last bucket and what is not overlapped, and the other buckets beyond the last micro-batch's backward on the slowest stage (every weight a device holds, all its experts) [s] (PyTorch DDP, [Megatron21 §5])."""
+def step_dp_exposed_s(*, B_hbm, B_tp, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_head, H, N, S, V, a_d, a_g, a_k, a_o, a_q, a_tp, a_u, a_v, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, f_b, g, h, k_sb, m_la, n_first, n_kv, n_last, n_mid, o_tp, p, r_kv, r_q, s_comm, sigma, t, t_lay, u_cp, x_CP_b, x_DP_all, x_DPo_all, x_att, x_eager, x_lf, x_rep):
+    """X_DP = x_DP_all + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))): the step's gradient reduction left on the critical path: the last bucket and what is not overlapped, and the other buckets beyond the last micro-batch's backward on the slowest stage (every weight a device holds, all its experts) [s] (PyTorch DDP, [Megatron21 §5])."""
     _x0 = ops.maximum(n_first, n_mid)
     _x1 = N*t
     _x2 = S*b
@@ -3281,19 +3333,21 @@ def step_dp_exposed_s(*, B_hbm, B_tp, F_attn_bwd, F_ffn, F_gemm, F_gemm_b, F_hea
     _x5 = t - 1
     _x6 = _x5*sigma + 1
     _x7 = g + 2
-    _x8 = d*(h + 2*n_kv)
-    _x9 = d_qk*h
-    _x10 = F_ffn*H*_x7 - H*_x8*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x9*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x9) + h*r_kv*(d_qk - d_r + d_v))
-    _x11 = 2*_x6
-    _x12 = F_attn_bwd*u_cp
-    _x13 = H*t
-    _x14 = 2*_x5
-    _x15 = H*_x2*p
-    _x16 = B_tp*_x1*(_x14*alpha_tp + a_tp*(sigma + 1))
-    _x17 = _x3/B_tp
-    _x18 = 4*_x15*_x5 + 2*_x16
-    _x19 = o_tp*(B_tp*N*t*ops.maximum(0, 2*_x17*(-B_tp*_x10*_x2 + F_gemm*(_x14*_x15 + _x16))/F_gemm) - _x18)
-    return x_DP_all + ops.maximum(0, x_DPo_all - (_x17*(_x18 - _x19*s_comm + _x19) + x_CP_b + _x2*_x4*(B_hbm*_x10*_x11*_x12*(f_b + 1) + F_gemm_b*S*_x6*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x12*p*(_x11*(F_ffn*(_x7 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 4*_x13*(16*x_eager + 5) - _x6*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - _x13*(5*g*(x_lf - 1) + 10*x_lf - 28) + 4*_x8 + 5*d*h)))/(F_attn_bwd*F_gemm_b*_x6*u_cp))*ops.select([ops.less_equal(_x0*t_lay, _x4*(B_hbm*F_head*_x1*n_last*t_lay + 2*V*_x2*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [n_last,_x0], default=ops.nan))
+    _x8 = d_qk*h
+    _x9 = F_ffn*H*_x7 - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*_x8*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + _x8) + h*r_kv*(d_qk - d_r + d_v))
+    _x10 = 2*_x6
+    _x11 = F_attn_bwd*u_cp
+    _x12 = H*t
+    _x13 = a_g*g
+    _x14 = a_k + a_v
+    _x15 = 5*x_lf - 5
+    _x16 = 2*_x5
+    _x17 = H*_x2*p
+    _x18 = B_tp*_x1*(_x16*alpha_tp + a_tp*(sigma + 1))
+    _x19 = _x3/B_tp
+    _x20 = 4*_x17*_x5 + 2*_x18
+    _x21 = o_tp*(B_tp*N*t*ops.maximum(0, 2*_x19*(-B_tp*_x2*_x9 + F_gemm*(_x16*_x17 + _x18))/F_gemm) - _x20)
+    return x_DP_all + ops.maximum(0, x_DPo_all - (_x19*(_x20 - _x21*s_comm + _x21) + x_CP_b + _x2*_x4*(B_hbm*_x10*_x11*_x9*(f_b + 1) + F_gemm_b*S*_x6*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x11*p*(_x10*(F_ffn*(_x7 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1)) + 4*_x12*(16*x_eager + 5) - _x6*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(_x13 + a_u) + _x12*(-_x13*_x15 - _x14*_x15 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 5*a_o*d*h + 4*d*(_x14*n_kv + a_q*h))))/(F_attn_bwd*F_gemm_b*_x6*u_cp))*ops.select([ops.less_equal(_x0*t_lay, _x4*(B_hbm*F_head*_x1*n_last*t_lay + 2*V*_x2*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [n_last,_x0], default=ops.nan))
 
 
 def step_zero3_gather_s(*, B_hbm, F_head, H, N, S, V, b, f_b, m_mb, n_first, n_last, n_mid, t, t_lay, tau_Z3_all):
@@ -3310,8 +3364,8 @@ def step_optimizer_s(*, t_opt_all):
     return t_opt_all
 
 
-def step_offload_grad_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, o_par, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, x_eager, x_lf, x_rep, z_o):
-    """X_off_g = Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)): optimizer offload's copies left on the critical path: gradients out beyond the last backward, the updated weights back [s] ([ZeRO-Offload §4.1])."""
+def step_offload_grad_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N, S, V, a_d, a_g, a_k, a_o, a_q, a_u, a_v, b, c, c_q, d, d_qk, d_r, d_v, e_m, f_b, g, h, k_sb, m_la, n_L, n_first, n_kv, n_last, n_mid, o_opt, o_par, p, pp, r_kv, r_q, sigma, t, t_lay, u_cp, x_att, x_eager, x_lf, x_rep, z_o):
+    """X_off_g = Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)): optimizer offload's copies left on the critical path: gradients out beyond the last backward, the updated weights back [s] ([ZeRO-Offload §4.1])."""
     _x0 = H*t
     _x1 = c_q*r_q
     _x2 = d_r + r_kv
@@ -3321,24 +3375,26 @@ def step_offload_grad_s(*, B_h, B_hbm, F_attn_bwd, F_ffn, F_gemm_b, F_head, H, N
     _x6 = H*h
     _x7 = d_qk*h
     _x8 = g + 2
-    _x9 = h + 2*n_kv
-    _x10 = F_ffn*H*_x8 - H*_x5*_x9 + m_la*(H*_x2 - H*_x7*(c_q - 1) + _x1*(H + _x7) + h*r_kv*(d_qk - d_r + d_v))
-    _x11 = H*V*e_m + _x0 + n_L*(_x10 - _x3 - _x6*(-_x4 + _x5) + t*(2*H + _x3 + m_la*(_x1 + r_kv)))
-    _x12 = -_x11*o_opt*p*z_o*(o_par - 1)
-    _x13 = sigma*(t - 1) + 1
-    _x14 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x11*_x13*o_opt*p*u_cp*z_o
-    _x15 = 2*_x13
-    _x16 = F_attn_bwd*u_cp
-    _x17 = B_h*pp
-    _x18 = S*b
-    _x19 = _x17*_x18*(B_hbm*_x15*_x16*(_x10 + _x6*(_x4 - d*m_la + d))*(f_b + 1) + F_gemm_b*S*_x13*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x16*p*(4*_x0*(16*x_eager + 5) - _x13*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - _x0*(5*g*(x_lf - 1) + 10*x_lf - 28) + 4*_x9*d + 5*d*h) + _x15*(F_ffn*(_x8 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))))
-    _x20 = t**(-1.0)
-    _x21 = _x20/(B_h*pp)
-    _x22 = 1/(B_hbm*N)
-    _x23 = _x21*_x22/(F_attn_bwd*F_gemm_b*_x13*u_cp)
-    _x24 = _x17*t
-    _x25 = ops.maximum(n_first, n_mid)
-    return ops.select([ops.less_equal(_x25*t_lay, _x20*_x22*(B_hbm*F_head*N*n_last*t*t_lay + 2*V*_x18*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x21*(_x12 + _x24*ops.maximum(0, _x23*(-_x14 - _x19*n_last))),_x21*(_x12 + _x24*ops.maximum(0, _x23*(-_x14 - _x19*_x25)))], default=ops.nan)
+    _x9 = F_ffn*H*_x8 - H*_x5*(h + 2*n_kv) + m_la*(H*_x2 - H*_x7*(c_q - 1) + _x1*(H + _x7) + h*r_kv*(d_qk - d_r + d_v))
+    _x10 = H*V*e_m + _x0 + n_L*(-_x3 - _x6*(-_x4 + _x5) + _x9 + t*(2*H + _x3 + m_la*(_x1 + r_kv)))
+    _x11 = -_x10*o_opt*p*z_o*(o_par - 1)
+    _x12 = sigma*(t - 1) + 1
+    _x13 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x10*_x12*o_opt*p*u_cp*z_o
+    _x14 = 2*_x12
+    _x15 = F_attn_bwd*u_cp
+    _x16 = a_g*g
+    _x17 = a_k + a_v
+    _x18 = 5*x_lf - 5
+    _x19 = B_h*pp
+    _x20 = S*b
+    _x21 = _x19*_x20*(B_hbm*_x14*_x15*(f_b + 1)*(_x6*(_x4 - d*m_la + d) + _x9) + F_gemm_b*S*_x12*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb) + F_gemm_b*_x15*p*(4*_x0*(16*x_eager + 5) - _x12*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(_x16 + a_u) + _x0*(-_x16*_x18 - _x17*_x18 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 5*a_o*d*h + 4*d*(_x17*n_kv + a_q*h)) + _x14*(F_ffn*(_x8 + 2*g*x_eager) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))))
+    _x22 = t**(-1.0)
+    _x23 = _x22/(B_h*pp)
+    _x24 = 1/(B_hbm*N)
+    _x25 = _x23*_x24/(F_attn_bwd*F_gemm_b*_x12*u_cp)
+    _x26 = _x19*t
+    _x27 = ops.maximum(n_first, n_mid)
+    return ops.select([ops.less_equal(_x27*t_lay, _x22*_x24*(B_hbm*F_head*N*n_last*t*t_lay + 2*V*_x20*(B_hbm*H*(f_b + 2) + 6*F_head))/F_head),True], [_x23*(_x11 + _x26*ops.maximum(0, _x25*(-_x13 - _x21*n_last))),_x23*(_x11 + _x26*ops.maximum(0, _x25*(-_x13 - _x21*_x27)))], default=ops.nan)
 
 
 def step_framework_s(*, t_fw):
@@ -3346,8 +3402,8 @@ def step_framework_s(*, t_fw):
     return t_fw
 
 
-def step_time_s(*, B_ep, B_h, B_hbm, B_pp, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, F_head, H, N, R_h, S, V, a_f8, a_tp, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, e_m, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, m_mb, n_L, n_first, n_h, n_kb, n_kf, n_kv, n_last, n_mid, o_act, o_opt, o_par, o_pp, o_tp, p, p_acc, p_s, phi, pp, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, t_dev, t_fw, t_k, t_lay, t_opt_all, tau_Z3_all, u_cp, v_pp, w_op, x_CP_b, x_CP_f, x_CP_r, x_DP_all, x_DPo_all, x_att, x_eager, x_ek, x_lf, x_rep, z_o, z_w):
-    """T_iter = t_fw + t_opt_all + x_DP_all + Piecewise((m_mb*(n_last*Max(0, (-B_hbm*F_head*N*n_last*t*t_lay + B_hbm*F_head*N*t*tau_Z3_all - 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)) + tau_Z3_all)/n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(tau_Z3_all/Max(n_first, n_mid) + Max(0, -t_lay*Max(n_first, n_mid) + tau_Z3_all)), True)) + Piecewise((m_mb*n_last*(x_CP_b + x_CP_f*(rc_full + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(x_CP_b + x_CP_f*(rc_full + 1))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1)))*Max(n_first, n_mid), True)) + Piecewise((t_lay*(n_L - n_last)/v_pp, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_hbm*F_head*N*t*t_lay*(n_L - Max(n_first, n_mid)) + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t*v_pp), True)) + Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)) + Piecewise((m_mb*n_last*x_CP_r*(rc_full + 2), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*x_CP_r*(rc_full + 2)*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + S*b*p*(f_b - 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)) + Piecewise((m_mb*n_last*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))*Max(n_first, n_mid)/(B_tp*N*t), True)) + Piecewise((2*S*V*b*m_mb*(B_hbm*H*(f_b + 2) + 6*F_head)/(B_hbm*F_head*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (0, True)) + Piecewise((-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t), pp > 1), (0, True)) + Piecewise((2*S*b*m_mb*n_last*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*S*b*m_mb*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))*Max(n_first, n_mid)/(F_gemm*F_gemm_b*N*t), True)) + Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(6*F_ffn*(g + 1) + F_ffn - H*t*(g*(x_lf - 1) + 2*x_lf - 16) + d*h + 6*d*(h + 2*n_kv)) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)) + Piecewise((2*H*S*b*k_E*m_mb*n_last*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*H*S*b*k_E*m_mb*p*(E_p - 1)*(rc_full + 2)*Max(n_first, n_mid)/(B_ep*E_p*N*t), True)) + Piecewise((2*F_e*H*S*b*k_E*m_mb*n_last*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*F_e*H*S*b*k_E*m_mb*(C_f - 1)*(g + 2)*(rc_full + 3)*Max(n_first, n_mid)/(F_gemm*N*t), True)) + Piecewise((S**2*b*c*h*m_mb*n_last*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S**2*b*c*h*m_mb*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))*Max(n_first, n_mid)/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), True)) + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(4*F_ffn*(g + 1) + 5*F_ffn - H*t*(5*g*(x_lf - 1) + 10*x_lf - 28) + 5*d*h + 4*d*(h + 2*n_kv)) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))) + n_h*o_opt*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(R_h*pp*t): one optimizer step on one device: the sum of its breakdown [s] ([Megatron21 §2.2, §5.1])."""
+def step_time_s(*, B_ep, B_h, B_hbm, B_pp, B_tp, C_f, E_p, F_attn, F_attn_bwd, F_e, F_ffn, F_gemm, F_gemm_b, F_head, H, N, R_h, S, V, a_d, a_f8, a_g, a_k, a_o, a_q, a_tp, a_u, a_v, alpha_tp, b, c, c_q, d, d_qk, d_r, d_v, delta, e_m, f8, f_b, g, h, k_E, k_sb, k_sf, m_la, m_mb, n_L, n_first, n_h, n_kb, n_kf, n_kv, n_last, n_mid, o_act, o_opt, o_par, o_pp, o_tp, p, p_acc, p_s, phi, pp, r_kv, r_q, rc_full, rc_sel, rho, s_ag, s_comm, sigma, t, t_dev, t_fw, t_k, t_lay, t_opt_all, tau_Z3_all, u_cp, v_pp, w_op, x_CP_b, x_CP_f, x_CP_r, x_DP_all, x_DPo_all, x_att, x_eager, x_ek, x_lf, x_rep, z_o, z_w):
+    """T_iter = t_fw + t_opt_all + x_DP_all + Piecewise((m_mb*(n_last*Max(0, (-B_hbm*F_head*N*n_last*t*t_lay + B_hbm*F_head*N*t*tau_Z3_all - 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)) + tau_Z3_all)/n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(tau_Z3_all/Max(n_first, n_mid) + Max(0, -t_lay*Max(n_first, n_mid) + tau_Z3_all)), True)) + Piecewise((m_mb*n_last*(x_CP_b + x_CP_f*(rc_full + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(x_CP_b + x_CP_f*(rc_full + 1))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1)))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(Max(0, (B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)*Max(o_par*p*z_w*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/(B_h*t), S*b*o_act*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi)))/(B_h*N**2*t)) - S*b*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1))) + Max(0, (-B_h*F_attn*F_gemm*N*S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) - B_h*F_attn_bwd*F_gemm_b*N*S*b*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*o_par*p*u_cp*z_w*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))) + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*b*o_act*u_cp*(sigma*(t - 1) + 1)*(2*H*N*rho*(sigma - t*(sigma - 1)) - (rho - 1)*(N*w_op*(2*F_ffn + 4*H*(sigma - t*(sigma - 1)) + 4*d*h + 2*d*n_kv + h*p_acc) - (w_op - 1)*(2*N*x_ek*(F_ffn*g + 4*H*(sigma - t*(sigma - 1))) + 2*N*(F_ffn*(g + 2) + H*(delta + 2)*(sigma - t*(sigma - 1)) + 2*H*(s_ag*t - (s_ag - 1)*(sigma - t*(sigma - 1))) + 2*d*h + 2*d*(n_kv + x_rep*(h - n_kv))) + 5*S*h*phi))))/(B_h*B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*N**2*t*u_cp*(sigma*(t - 1) + 1))))*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1))), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*Max(0, -t_dev + t_k*(n_kb + n_kf*(rc_full + 1)))*Max(n_first, n_mid), True)) + Piecewise((t_lay*(n_L - n_last)/v_pp, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_hbm*F_head*N*t*t_lay*(n_L - Max(n_first, n_mid)) + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t*v_pp), True)) + Piecewise(((B_h*pp*t*Max(0, (-B_h*S*b*n_last*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1)) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), ((B_h*pp*t*Max(0, (-B_h*S*b*pp*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))*Max(n_first, n_mid) + B_hbm*F_attn_bwd*F_gemm_b*N*o_opt*p*u_cp*z_o*(sigma*(t - 1) + 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*B_hbm*F_attn_bwd*F_gemm_b*N*pp*t*u_cp*(sigma*(t - 1) + 1))) - o_opt*p*z_o*(o_par - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_h*pp*t), True)) + Piecewise((m_mb*n_last*x_CP_r*(rc_full + 2), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*x_CP_r*(rc_full + 2)*Max(n_first, n_mid), True)) + Piecewise((m_mb*n_last*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))/(B_hbm*N*t*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(3*S*b*p*(2*H*t*(16*x_eager + 5) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) - (sigma*(t - 1) + 1)*(S*b*p*(f_b - 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + S*b*p*(f_b - 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) - f8*(2*N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + 2*S*b*(F_ffn + 2*H*t + d*h) + (N*(F_ffn*H*(g + 1) + F_ffn*H - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + S*b*(F_ffn*(g + 1) + F_ffn + 4*H*t + d*h + d*(h + 2*n_kv)))*(p*(a_f8 + 1) + p_s + 1))))*Max(n_first, n_mid)/(B_hbm*N*t*(sigma*(t - 1) + 1)), True)) + Piecewise((m_mb*n_last*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))/(B_tp*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (m_mb*(rc_full + 2)*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) + o_tp*s_comm*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)) - o_tp*(2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) - B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) + 4*H*S*b*p*(t - 1)))*Max(n_first, n_mid)/(B_tp*N*t), True)) + Piecewise((2*S*V*b*m_mb*(B_hbm*H*(f_b + 2) + 6*F_head)/(B_hbm*F_head*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (0, True)) + Piecewise((-2*H*S*b*p*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/(B_pp*N*pp*t), pp > 1), (0, True)) + Piecewise((2*S*b*m_mb*n_last*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))/(F_gemm*F_gemm_b*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*S*b*m_mb*(F_gemm*(f_b + 1) + F_gemm_b)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)))*Max(n_first, n_mid)/(F_gemm*F_gemm_b*N*t), True)) + Piecewise((S*b*m_mb*n_last*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S*b*m_mb*(F_gemm*S*c*h*rc_sel*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1) + rc_full*(2*B_hbm*F_attn*u_cp*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn*F_gemm*p*u_cp*(2*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(F_ffn*a_d + 6*F_ffn*(a_g*g + a_u) + H*t*(6*a_d - a_g*g*(x_lf - 1) + 6*a_o + a_q + a_u - (a_k + a_v)*(x_lf - 1)) + a_o*d*h + 6*d*(a_q*h + n_kv*(a_k + a_v))) + (F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm*S*c*h*x_att*(4*B_hbm*d + F_attn*k_sf)*(sigma*(t - 1) + 1)))*Max(n_first, n_mid)/(B_hbm*F_attn*F_gemm*N*t*u_cp*(sigma*(t - 1) + 1)), True)) + Piecewise((2*H*S*b*k_E*m_mb*n_last*p*(E_p - 1)*(rc_full + 2)/(B_ep*E_p*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*H*S*b*k_E*m_mb*p*(E_p - 1)*(rc_full + 2)*Max(n_first, n_mid)/(B_ep*E_p*N*t), True)) + Piecewise((2*F_e*H*S*b*k_E*m_mb*n_last*(C_f - 1)*(g + 2)*(rc_full + 3)/(F_gemm*N*t), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (2*F_e*H*S*b*k_E*m_mb*(C_f - 1)*(g + 2)*(rc_full + 3)*Max(n_first, n_mid)/(F_gemm*N*t), True)) + Piecewise((S**2*b*c*h*m_mb*n_last*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (S**2*b*c*h*m_mb*x_att*(F_attn*(10*B_hbm*d + F_attn_bwd*k_sb) + F_attn_bwd*(4*B_hbm*d + F_attn*k_sf))*Max(n_first, n_mid)/(B_hbm*F_attn*F_attn_bwd*N*t*u_cp), True)) + Max(0, x_DPo_all - (x_CP_b + (2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 4*H*S*b*p*(t - 1) - o_tp*s_comm*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)) + o_tp*(-2*B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + B_tp*N*t*Max(0, 2*(-B_tp*S*b*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_gemm*(B_tp*N*t*(a_tp*(sigma + 1) + 2*alpha_tp*(t - 1)) + 2*H*S*b*p*(t - 1)))/(B_tp*F_gemm*N*t)) - 4*H*S*b*p*(t - 1)))/(B_tp*N*t) + S*b*(2*B_hbm*F_attn_bwd*u_cp*(f_b + 1)*(sigma*(t - 1) + 1)*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) + H*h*(-d*m_la + d + d_v*m_la) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v))) + F_attn_bwd*F_gemm_b*p*u_cp*(4*H*t*(16*x_eager + 5) - (f_b - 1)*(sigma*(t - 1) + 1)*(5*F_ffn*a_d + 4*F_ffn*(a_g*g + a_u) + H*t*(4*a_d - 5*a_g*g*(x_lf - 1) + 4*a_o + 5*a_q + 5*a_u - 5*(a_k + a_v)*(x_lf - 1)) + 5*a_o*d*h + 4*d*(a_q*h + n_kv*(a_k + a_v))) + 2*(F_ffn*(2*g*x_eager + g + 2) + 2*d*(h + n_kv)*(4*x_eager + x_rep + 1))*(sigma*(t - 1) + 1)) + F_gemm_b*S*c*h*x_att*(10*B_hbm*d + F_attn_bwd*k_sb)*(sigma*(t - 1) + 1))/(B_hbm*F_attn_bwd*F_gemm_b*N*t*u_cp*(sigma*(t - 1) + 1)))*Piecewise((n_last, t_lay*Max(n_first, n_mid) <= (B_hbm*F_head*N*n_last*t*t_lay + 2*S*V*b*(B_hbm*H*(f_b + 2) + 6*F_head))/(B_hbm*F_head*N*t)), (Max(n_first, n_mid), True))) + n_h*o_opt*z_o*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(R_h*pp*t): one optimizer step on one device: the sum of its breakdown [s] ([Megatron21 §2.2, §5.1])."""
     _x0 = pp**(-1.0)
     _x1 = S*b
     _x2 = _x1*p
@@ -3420,67 +3476,73 @@ def step_time_s(*, B_ep, B_h, B_hbm, B_pp, B_tp, C_f, E_p, F_attn, F_attn_bwd, F
     _x69 = F_gemm*_x56*_x68
     _x70 = _x66*u_cp
     _x71 = 2*B_hbm*_x61*_x70
-    _x72 = g + 1
-    _x73 = F_ffn*_x72
-    _x74 = _x45*d
-    _x75 = g*(x_lf - 1)
-    _x76 = d*h
-    _x77 = F_ffn + _x76
-    _x78 = -_x34*(_x75 + 2*x_lf - 16) + 6*_x73 + 6*_x74 + _x77
-    _x79 = f_b - 1
-    _x80 = _x66*_x79
-    _x81 = 16*x_eager + 5
-    _x82 = 2*_x34
-    _x83 = 2*d
-    _x84 = _x66*(F_ffn*(_x31 + 2*g*x_eager) + _x83*(h + n_kv)*(4*x_eager + x_rep + 1))
-    _x85 = _x81*_x82 + _x84
-    _x86 = p*u_cp
-    _x87 = F_attn*F_gemm
-    _x88 = F_attn*_x71 + _x69 + _x86*_x87*(-_x78*_x80 + _x85)
-    _x89 = _x1*(_x69*rc_sel + _x88*rc_full)
-    _x90 = _x66**(-1.0)
-    _x91 = _x20*_x90
-    _x92 = _x52*_x91
-    _x93 = _x32*_x51
-    _x94 = _x92*_x93
-    _x95 = _x89*_x94
-    _x96 = 4*_x34
-    _x97 = 5*F_ffn - _x34*(5*_x75 + 10*x_lf - 28) + 4*_x73 + 4*_x74 + 5*_x76
-    _x98 = F_attn_bwd*F_gemm_b
-    _x99 = _x1*(F_attn_bwd*_x60*_x71 + F_gemm_b*_x55*_x68 + _x86*_x98*(-_x80*_x97 + _x81*_x96 + 2*_x84))
-    _x100 = _x53*_x59
-    _x101 = _x100*_x92
-    _x102 = _x2*_x65
-    _x103 = 2*_x65*alpha_tp + a_tp*(sigma + 1)
-    _x104 = _x5/B_tp
-    _x105 = 2*N
-    _x106 = B_tp*_x103*_x105*t + 4*H*_x102
-    _x107 = -B_tp*N*t*ops.maximum(0, _x104*_x63*(-B_tp*_x62 + F_gemm*(B_tp*_x103*_x13 + _x102*_x3))) + _x106
-    _x108 = -_x107*o_tp
-    _x109 = _x107*o_tp
-    _x110 = _x104*(_x106 + _x109*s_comm - _x109)
-    _x111 = _x2*_x79
-    _x112 = F_ffn*H
-    _x113 = N*(_x112*_x72 + _x112 + _x38 + _x46)
-    _x114 = _x91*(3*_x2*_x85 - _x66*(_x111*_x78 + _x111*_x97 - f8*(2*_x113 + _x16*(_x77 + _x82) + (_x1*(_x73 + _x74 + _x77 + _x96) + _x113)*(p*(a_f8 + 1) + p_s + 1))))
-    _x115 = -_x50*p*(o_par - 1)
-    _x116 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x49*_x66*o_opt*p*u_cp*z_o
-    _x117 = B_h*pp
-    _x118 = _x117*_x99
-    _x119 = B_h**(-1.0)
-    _x120 = _x0*_x101*_x119
-    _x121 = _x117*t
-    _x122 = _x119*_x4
-    _x123 = _x0*_x122
-    _x124 = N**2
-    _x125 = _x122/_x124
-    _x126 = sigma - t*(sigma - 1)
-    _x127 = H*_x126
-    _x128 = 4*_x127
-    _x129 = N*_x126*_x3*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x128 + _x44*d + 4*_x76 + h*p_acc) - (w_op - 1)*(_x105*x_ek*(F_ffn*g + _x128) + _x105*(_x127*(delta + 2) + _x3*(-_x126*(s_ag - 1) + s_ag*t) + _x42 + 2*_x76 + _x83*(n_kv + x_rep*(h - n_kv))) + 5*_x67*phi))
-    _x130 = B_h*N
-    _x131 = m_mb*(ops.maximum(0, _x94*(-_x1*_x88 + _x14*_x70*_x87*ops.maximum(_x1*_x125*_x129*o_act, _x122*_x48*o_par*p*z_w))) + ops.maximum(0, _x100*_x125*_x19*_x52*_x90*_x93*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x129*_x66*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x124*_x48*_x66*o_par*p*u_cp*z_w - _x130*_x87*_x99 - _x130*_x89*_x98)))
-    return t_fw + t_opt_all + x_DP_all + ops.select([_x22,True], [_x10*_x8,_x10*_x23], default=ops.nan) + ops.select([_x22,True], [_x110*_x28,_x110*_x30], default=ops.nan) + ops.select([_x22,True], [_x114*_x8,_x114*_x23], default=ops.nan) + ops.select([_x22,True], [_x123*(_x115 + _x121*ops.maximum(0, _x120*(-_x116 - _x118*n_last))),_x123*(_x115 + _x121*ops.maximum(0, _x120*(-_x11*_x118 - _x116)))], default=ops.nan) + ops.select([_x22,True], [_x131*n_last,_x11*_x131], default=ops.nan) + ops.select([_x22,True], [_x25*n_last,_x11*_x25], default=ops.nan) + ops.select([_x22,True], [_x26*n_last,_x11*_x26], default=ops.nan) + ops.select([_x22,True], [_x28*_x29,_x29*_x30], default=ops.nan) + ops.select([_x22,True], [_x33*_x8,_x23*_x33], default=ops.nan) + ops.select([_x22,True], [_x58*_x8,_x23*_x58], default=ops.nan) + ops.select([_x22,True], [_x64*_x8,_x23*_x64], default=ops.nan) + ops.select([_x22,True], [_x8*_x95,_x23*_x95], default=ops.nan) + ops.select([_x22,True], [_x17*_x21*m_mb,0], default=ops.nan) + ops.select([_x22,True], [_x27*t_lay*(n_L - n_last),_x21*_x27*(_x15*(-_x11 + n_L) + _x17)], default=ops.nan) + ops.select([_x22,True], [m_mb*(n_last*ops.maximum(0, _x21*(B_hbm*F_head*N*t*tau_Z3_all - _x18)) + tau_Z3_all)/n_last,m_mb*(ops.maximum(0, -_x12 + tau_Z3_all) + tau_Z3_all/_x11)], default=ops.nan) + ops.select([ops.greater(pp, 1),True], [-_x0*_x7*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/B_pp,0], default=ops.nan) + ops.maximum(0, x_DPo_all - (_x101*_x99 + _x104*(_x106 - _x108*s_comm + _x108) + x_CP_b)*ops.select([_x22,True], [n_last,_x11], default=ops.nan)) + _x0*_x4*_x50*n_h/R_h
+    _x72 = F_ffn*a_d
+    _x73 = d*h
+    _x74 = _x73*a_o
+    _x75 = a_g*g
+    _x76 = F_ffn*(_x75 + a_u)
+    _x77 = a_k + a_v
+    _x78 = d*(_x77*n_kv + a_q*h)
+    _x79 = x_lf - 1
+    _x80 = _x75*_x79
+    _x81 = _x77*_x79
+    _x82 = _x34*(-_x80 - _x81 + 6*a_d + 6*a_o + a_q + a_u) + _x72 + _x74 + 6*_x76 + 6*_x78
+    _x83 = f_b - 1
+    _x84 = _x66*_x83
+    _x85 = 16*x_eager + 5
+    _x86 = 2*_x34
+    _x87 = 2*d
+    _x88 = _x66*(F_ffn*(_x31 + 2*g*x_eager) + _x87*(h + n_kv)*(4*x_eager + x_rep + 1))
+    _x89 = _x85*_x86 + _x88
+    _x90 = p*u_cp
+    _x91 = F_attn*F_gemm
+    _x92 = F_attn*_x71 + _x69 + _x90*_x91*(-_x82*_x84 + _x89)
+    _x93 = _x1*(_x69*rc_sel + _x92*rc_full)
+    _x94 = _x66**(-1.0)
+    _x95 = _x20*_x94
+    _x96 = _x52*_x95
+    _x97 = _x32*_x51
+    _x98 = _x96*_x97
+    _x99 = _x93*_x98
+    _x100 = 4*_x34
+    _x101 = _x34*(-5*_x80 - 5*_x81 + 4*a_d + 4*a_o + 5*a_q + 5*a_u) + 5*_x72 + 5*_x74 + 4*_x76 + 4*_x78
+    _x102 = F_attn_bwd*F_gemm_b
+    _x103 = _x1*(F_attn_bwd*_x60*_x71 + F_gemm_b*_x55*_x68 + _x102*_x90*(_x100*_x85 - _x101*_x84 + 2*_x88))
+    _x104 = _x53*_x59
+    _x105 = _x104*_x96
+    _x106 = _x2*_x65
+    _x107 = 2*_x65*alpha_tp + a_tp*(sigma + 1)
+    _x108 = _x5/B_tp
+    _x109 = 2*N
+    _x110 = B_tp*_x107*_x109*t + 4*H*_x106
+    _x111 = -B_tp*N*t*ops.maximum(0, _x108*_x63*(-B_tp*_x62 + F_gemm*(B_tp*_x107*_x13 + _x106*_x3))) + _x110
+    _x112 = -_x111*o_tp
+    _x113 = _x111*o_tp
+    _x114 = _x108*(_x110 + _x113*s_comm - _x113)
+    _x115 = _x2*_x83
+    _x116 = F_ffn + _x73
+    _x117 = F_ffn*H
+    _x118 = g + 1
+    _x119 = N*(_x117*_x118 + _x117 + _x38 + _x46)
+    _x120 = _x95*(3*_x2*_x89 - _x66*(_x101*_x115 + _x115*_x82 - f8*(2*_x119 + _x16*(_x116 + _x86) + (_x1*(F_ffn*_x118 + _x100 + _x116 + _x45*d) + _x119)*(p*(a_f8 + 1) + p_s + 1))))
+    _x121 = -_x50*p*(o_par - 1)
+    _x122 = -B_hbm*F_attn_bwd*F_gemm_b*N*_x49*_x66*o_opt*p*u_cp*z_o
+    _x123 = B_h*pp
+    _x124 = _x103*_x123
+    _x125 = B_h**(-1.0)
+    _x126 = _x0*_x105*_x125
+    _x127 = _x123*t
+    _x128 = _x125*_x4
+    _x129 = _x0*_x128
+    _x130 = N**2
+    _x131 = _x128/_x130
+    _x132 = sigma - t*(sigma - 1)
+    _x133 = H*_x132
+    _x134 = 4*_x133
+    _x135 = N*_x132*_x3*rho - (rho - 1)*(N*w_op*(2*F_ffn + _x134 + _x44*d + 4*_x73 + h*p_acc) - (w_op - 1)*(_x109*x_ek*(F_ffn*g + _x134) + _x109*(_x133*(delta + 2) + _x3*(-_x132*(s_ag - 1) + s_ag*t) + _x42 + 2*_x73 + _x87*(n_kv + x_rep*(h - n_kv))) + 5*_x67*phi))
+    _x136 = B_h*N
+    _x137 = m_mb*(ops.maximum(0, _x98*(-_x1*_x92 + _x14*_x70*_x91*ops.maximum(_x1*_x131*_x135*o_act, _x128*_x48*o_par*p*z_w))) + ops.maximum(0, _x104*_x131*_x19*_x52*_x94*_x97*(B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*S*_x135*_x66*b*o_act*u_cp + B_hbm*F_attn*F_attn_bwd*F_gemm*F_gemm_b*_x130*_x48*_x66*o_par*p*u_cp*z_w - _x102*_x136*_x93 - _x103*_x136*_x91)))
+    return t_fw + t_opt_all + x_DP_all + ops.select([_x22,True], [_x10*_x8,_x10*_x23], default=ops.nan) + ops.select([_x22,True], [_x114*_x28,_x114*_x30], default=ops.nan) + ops.select([_x22,True], [_x120*_x8,_x120*_x23], default=ops.nan) + ops.select([_x22,True], [_x129*(_x121 + _x127*ops.maximum(0, _x126*(-_x122 - _x124*n_last))),_x129*(_x121 + _x127*ops.maximum(0, _x126*(-_x11*_x124 - _x122)))], default=ops.nan) + ops.select([_x22,True], [_x137*n_last,_x11*_x137], default=ops.nan) + ops.select([_x22,True], [_x25*n_last,_x11*_x25], default=ops.nan) + ops.select([_x22,True], [_x26*n_last,_x11*_x26], default=ops.nan) + ops.select([_x22,True], [_x28*_x29,_x29*_x30], default=ops.nan) + ops.select([_x22,True], [_x33*_x8,_x23*_x33], default=ops.nan) + ops.select([_x22,True], [_x58*_x8,_x23*_x58], default=ops.nan) + ops.select([_x22,True], [_x64*_x8,_x23*_x64], default=ops.nan) + ops.select([_x22,True], [_x8*_x99,_x23*_x99], default=ops.nan) + ops.select([_x22,True], [_x17*_x21*m_mb,0], default=ops.nan) + ops.select([_x22,True], [_x27*t_lay*(n_L - n_last),_x21*_x27*(_x15*(-_x11 + n_L) + _x17)], default=ops.nan) + ops.select([_x22,True], [m_mb*(n_last*ops.maximum(0, _x21*(B_hbm*F_head*N*t*tau_Z3_all - _x18)) + tau_Z3_all)/n_last,m_mb*(ops.maximum(0, -_x12 + tau_Z3_all) + tau_Z3_all/_x11)], default=ops.nan) + ops.select([ops.greater(pp, 1),True], [-_x0*_x7*(m_mb*(o_pp - 1) - pp)*(pp*v_pp - 1)/B_pp,0], default=ops.nan) + ops.maximum(0, x_DPo_all - (_x103*_x105 + _x108*(_x110 - _x112*s_comm + _x112) + x_CP_b)*ops.select([_x22,True], [n_last,_x11], default=ops.nan)) + _x0*_x4*_x50*n_h/R_h
 
 
 def ulysses_exchange_recv_bytes(*, N, S, b, d, h, n_kv, p):
@@ -3584,8 +3646,8 @@ ARGS = {
     'layer_replicated_params': ('H', 'c_q', 'd_r', 'm_la', 'r_kv', 'r_q'),
     'layer_device_params': ('F_ffn', 'H', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'params': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_q'),
-    'adapter_params': ('F_ffn', 'H', 'd', 'g', 'h', 'n_L', 'n_kv', 'r_lo', 'x_lf'),
-    'trainable_share': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_lo', 'r_q', 'x_lf'),
+    'adapter_params': ('F_ffn', 'H', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'd', 'g', 'h', 'n_L', 'n_kv', 'r_lo', 'x_lf'),
+    'trainable_share': ('F_ffn', 'H', 'V', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_lo', 'r_q', 'x_lf'),
     'tp_rank_params': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_q', 't'),
     'stage_device_params': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'pp', 'r_kv', 'r_q', 't'),
     'first_stage_device_params': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'pp', 'r_kv', 'r_q', 't'),
@@ -3629,8 +3691,8 @@ ARGS = {
     'layer_gemm_flops': ('F_ffn', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'layer_attn_flops': ('N', 'S', 'b', 'c', 'd', 'h', 't'),
     'layer_elementwise_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'g', 'h', 'n_kv', 'p', 'sigma', 't', 'x_eager', 'x_rep'),
-    'layer_lora_fwd_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'f_b', 'g', 'h', 'n_kv', 'p', 't', 'x_lf'),
-    'layer_lora_bwd_bytes': ('F_ffn', 'H', 'N', 'S', 'b', 'd', 'f_b', 'g', 'h', 'n_kv', 'p', 't', 'x_lf'),
+    'layer_lora_fwd_bytes': ('F_ffn', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'd', 'f_b', 'g', 'h', 'n_kv', 'p', 't', 'x_lf'),
+    'layer_lora_bwd_bytes': ('F_ffn', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'd', 'f_b', 'g', 'h', 'n_kv', 'p', 't', 'x_lf'),
     'layer_gemm_input_width': ('F_ffn', 'H', 'd', 'h', 't'),
     'layer_gemm_output_width': ('F_ffn', 'H', 'd', 'g', 'h', 'n_kv', 't'),
     'layer_gemm_weight_elements': ('F_ffn', 'H', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
@@ -3656,9 +3718,9 @@ ARGS = {
     'tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'a_tp', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'o_tp', 'p', 'r_kv', 'r_q', 's_comm', 'sigma', 't'),
     'layer_gemm_fwd_s': ('F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'layer_gemm_bwd_s': ('F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
-    'layer_compute_fwd_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
-    'layer_compute_bwd_s': ('B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
-    'layer_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
+    'layer_compute_fwd_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
+    'layer_compute_bwd_s': ('B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'sigma', 't', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
+    'layer_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
     'layer_host_s': ('n_kb', 'n_kf', 'rc_full', 't_k'),
     'layer_host_wait_s': ('n_kb', 'n_kf', 'rc_full', 't_dev', 't_k'),
     'head_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 't'),
@@ -3683,13 +3745,13 @@ ARGS = {
     'hardware_peak_s_per_token': ('F_ffn', 'F_peak', 'F_peak_g', 'H', 'S', 'V', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_q', 'rc_full', 'rc_sel'),
     'step_tokens': ('D', 'S', 'b', 'm_mb'),
     'offload_grad_copy_s': ('B_h', 'F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'o_opt', 'p', 'pp', 'r_kv', 'r_q', 't', 'z_o'),
-    'offload_grad_exposed_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep', 'z_o'),
+    'offload_grad_exposed_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep', 'z_o'),
     'host_adam_s': ('F_ffn', 'H', 'R_h', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_h', 'n_kv', 'o_opt', 'pp', 'r_kv', 'r_q', 't', 'z_o'),
     'offload_weight_upload_s': ('B_h', 'F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'o_opt', 'o_par', 'p', 'pp', 'r_kv', 'r_q', 't', 'z_o'),
     'offload_param_fetch_s': ('B_h', 'F_ffn', 'H', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'o_par', 'p', 'r_kv', 'r_q', 't', 'z_w'),
     'offload_activation_copy_s': ('B_h', 'F_ffn', 'H', 'N', 'S', 'b', 'd', 'delta', 'g', 'h', 'n_kv', 'o_act', 'p_acc', 'phi', 'rho', 's_ag', 'sigma', 't', 'w_op', 'x_ek', 'x_rep'),
-    'offload_layer_fwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
-    'offload_layer_bwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
+    'offload_layer_fwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
+    'offload_layer_bwd_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
     'weight_bytes_per_device': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_w', 'pp', 'r_kv', 'r_q', 't'),
     'kv_cache_bytes_per_device': ('S_kv', 'b', 'd', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_kv', 't'),
     'prefill_activation_bytes': ('F_ffn', 'H', 'K_c', 'N', 'T_n', 'b', 'd', 'g', 'h', 'n_kv', 'p', 'p_acc', 't'),
@@ -3763,34 +3825,34 @@ ARGS = {
     'moe_zero3_gather_s': ('B_dp', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'pp', 'r_kv', 'r_q', 't', 'z3'),
     'layer_gemm_s': ('F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'layer_attn_s': ('B_hbm', 'F_attn', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 'k_sf', 't', 'u_cp', 'x_att'),
-    'layer_elementwise_s': ('B_hbm', 'F_ffn', 'H', 'N', 'S', 'a_f8', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 'x_eager', 'x_lf', 'x_rep'),
+    'layer_elementwise_s': ('B_hbm', 'F_ffn', 'H', 'N', 'S', 'a_d', 'a_f8', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 'x_eager', 'x_lf', 'x_rep'),
     'layer_tp_exposed_s': ('B_tp', 'F_ffn', 'F_gemm', 'H', 'N', 'S', 'a_tp', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'o_tp', 'p', 'r_kv', 'r_q', 'rc_full', 's_comm', 'sigma', 't'),
     'layer_cp_exposed_s': ('rc_full', 'x_CP_b', 'x_CP_f'),
     'layer_cp_overhead_s': ('rc_full', 'x_CP_r'),
     'layer_ep_exposed_s': ('B_ep', 'E_p', 'H', 'N', 'S', 'b', 'k_E', 'p', 'rc_full', 't'),
     'layer_moe_imbalance_s': ('C_f', 'F_e', 'F_gemm', 'H', 'N', 'S', 'b', 'g', 'k_E', 'rc_full', 't'),
-    'layer_offload_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
-    'layer_device_s': ('B_ep', 'B_h', 'B_hbm', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'a_f8', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 'u_cp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
+    'layer_offload_exposed_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
+    'layer_device_s': ('B_ep', 'B_h', 'B_hbm', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'a_d', 'a_f8', 'a_g', 'a_k', 'a_o', 'a_q', 'a_tp', 'a_u', 'a_v', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'n_kv', 'o_act', 'o_par', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 'u_cp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
     'layer_time_s': ('n_kb', 'n_kf', 'rc_full', 't_dev', 't_k'),
     'step_gemm_s': ('B_hbm', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'r_kv', 'r_q', 't', 't_lay'),
     'step_attn_s': ('B_hbm', 'F_attn', 'F_attn_bwd', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'd', 'f_b', 'h', 'k_sb', 'k_sf', 'm_mb', 'n_first', 'n_last', 'n_mid', 't', 't_lay', 'u_cp', 'x_att'),
-    'step_elementwise_s': ('B_hbm', 'F_ffn', 'F_head', 'H', 'N', 'S', 'V', 'a_f8', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'x_eager', 'x_lf', 'x_rep'),
+    'step_elementwise_s': ('B_hbm', 'F_ffn', 'F_head', 'H', 'N', 'S', 'V', 'a_d', 'a_f8', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'x_eager', 'x_lf', 'x_rep'),
     'step_host_wait_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_kb', 'n_kf', 'n_last', 'n_mid', 'rc_full', 't', 't_dev', 't_k', 't_lay'),
-    'step_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
+    'step_recompute_s': ('B_hbm', 'F_attn', 'F_ffn', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
     'step_tp_exposed_s': ('B_hbm', 'B_tp', 'F_ffn', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'a_tp', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_tp', 'p', 'r_kv', 'r_q', 'rc_full', 's_comm', 'sigma', 't', 't_lay'),
     'step_cp_exposed_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 'rc_full', 't', 't_lay', 'x_CP_b', 'x_CP_f'),
     'step_cp_overhead_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 'rc_full', 't', 't_lay', 'x_CP_r'),
     'step_ep_exposed_s': ('B_ep', 'B_hbm', 'E_p', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'k_E', 'm_mb', 'n_first', 'n_last', 'n_mid', 'p', 'rc_full', 't', 't_lay'),
     'step_moe_imbalance_s': ('B_hbm', 'C_f', 'F_e', 'F_gemm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'g', 'k_E', 'm_mb', 'n_first', 'n_last', 'n_mid', 'rc_full', 't', 't_lay'),
-    'step_offload_layer_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 't_lay', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
+    'step_offload_layer_s': ('B_h', 'B_hbm', 'F_attn', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'f_b', 'g', 'h', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_par', 'p', 'p_acc', 'phi', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 'sigma', 't', 't_lay', 'u_cp', 'w_op', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_w'),
     'step_head_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 't', 't_lay'),
     'step_pp_exposed_s': ('B_pp', 'H', 'N', 'S', 'b', 'm_mb', 'o_pp', 'p', 'pp', 't', 'v_pp'),
-    'step_dp_exposed_s': ('B_hbm', 'B_tp', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_tp', 'p', 'r_kv', 'r_q', 's_comm', 'sigma', 't', 't_lay', 'u_cp', 'x_CP_b', 'x_DP_all', 'x_DPo_all', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
+    'step_dp_exposed_s': ('B_hbm', 'B_tp', 'F_attn_bwd', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_tp', 'a_u', 'a_v', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_tp', 'p', 'r_kv', 'r_q', 's_comm', 'sigma', 't', 't_lay', 'u_cp', 'x_CP_b', 'x_DP_all', 'x_DPo_all', 'x_att', 'x_eager', 'x_lf', 'x_rep'),
     'step_zero3_gather_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_first', 'n_last', 'n_mid', 't', 't_lay', 'tau_Z3_all'),
     'step_optimizer_s': ('t_opt_all',),
-    'step_offload_grad_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'o_par', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep', 'z_o'),
+    'step_offload_grad_s': ('B_h', 'B_hbm', 'F_attn_bwd', 'F_ffn', 'F_gemm_b', 'F_head', 'H', 'N', 'S', 'V', 'a_d', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'k_sb', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_opt', 'o_par', 'p', 'pp', 'r_kv', 'r_q', 'sigma', 't', 't_lay', 'u_cp', 'x_att', 'x_eager', 'x_lf', 'x_rep', 'z_o'),
     'step_framework_s': ('t_fw',),
-    'step_time_s': ('B_ep', 'B_h', 'B_hbm', 'B_pp', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'R_h', 'S', 'V', 'a_f8', 'a_tp', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'e_m', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_L', 'n_first', 'n_h', 'n_kb', 'n_kf', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_opt', 'o_par', 'o_pp', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'pp', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 't_dev', 't_fw', 't_k', 't_lay', 't_opt_all', 'tau_Z3_all', 'u_cp', 'v_pp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_DP_all', 'x_DPo_all', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_o', 'z_w'),
+    'step_time_s': ('B_ep', 'B_h', 'B_hbm', 'B_pp', 'B_tp', 'C_f', 'E_p', 'F_attn', 'F_attn_bwd', 'F_e', 'F_ffn', 'F_gemm', 'F_gemm_b', 'F_head', 'H', 'N', 'R_h', 'S', 'V', 'a_d', 'a_f8', 'a_g', 'a_k', 'a_o', 'a_q', 'a_tp', 'a_u', 'a_v', 'alpha_tp', 'b', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'e_m', 'f8', 'f_b', 'g', 'h', 'k_E', 'k_sb', 'k_sf', 'm_la', 'm_mb', 'n_L', 'n_first', 'n_h', 'n_kb', 'n_kf', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_opt', 'o_par', 'o_pp', 'o_tp', 'p', 'p_acc', 'p_s', 'phi', 'pp', 'r_kv', 'r_q', 'rc_full', 'rc_sel', 'rho', 's_ag', 's_comm', 'sigma', 't', 't_dev', 't_fw', 't_k', 't_lay', 't_opt_all', 'tau_Z3_all', 'u_cp', 'v_pp', 'w_op', 'x_CP_b', 'x_CP_f', 'x_CP_r', 'x_DP_all', 'x_DPo_all', 'x_att', 'x_eager', 'x_ek', 'x_lf', 'x_rep', 'z_o', 'z_w'),
     'ulysses_exchange_recv_bytes': ('N', 'S', 'b', 'd', 'h', 'n_kv', 'p'),
     'alltoall_excess_s': ('B_x', 'N', 'S', 'X_k', 'b', 'd', 'h', 'n_kv', 'p'),
     'packed_compute_fraction': ('E_m', 'E_w', 'c'),

@@ -683,6 +683,63 @@ f_tr = _symbol(
     "[LoRA §4]",
     nonnegative=True,
 )
+# Which of a layer's matrices LoRA adapts (--finetune lora:RANK:TARGETS; every one unless named).
+a_q = _symbol(
+    "a_q",
+    "1 where LoRA puts an adapter beside the query projection, else 0",
+    "1",
+    "[LoRA §4], [PEFT]",
+    nonnegative=True,
+    integer=True,
+)
+a_k = _symbol(
+    "a_k",
+    "1 where LoRA puts an adapter beside the key projection, else 0",
+    "1",
+    "[LoRA §4], [PEFT]",
+    nonnegative=True,
+    integer=True,
+)
+a_v = _symbol(
+    "a_v",
+    "1 where LoRA puts an adapter beside the value projection, else 0",
+    "1",
+    "[LoRA §4], [PEFT]",
+    nonnegative=True,
+    integer=True,
+)
+a_o = _symbol(
+    "a_o",
+    "1 where LoRA puts an adapter beside the attention's output projection, else 0",
+    "1",
+    "[LoRA §4], [PEFT]",
+    nonnegative=True,
+    integer=True,
+)
+a_g = _symbol(
+    "a_g",
+    "1 where LoRA puts an adapter beside the MLP's gate projection (gated MLPs), else 0",
+    "1",
+    "[LoRA §4], [PEFT]",
+    nonnegative=True,
+    integer=True,
+)
+a_u = _symbol(
+    "a_u",
+    "1 where LoRA puts an adapter beside the MLP's up projection, else 0",
+    "1",
+    "[LoRA §4], [PEFT]",
+    nonnegative=True,
+    integer=True,
+)
+a_d = _symbol(
+    "a_d",
+    "1 where LoRA puts an adapter beside the MLP's down projection, else 0",
+    "1",
+    "[LoRA §4], [PEFT]",
+    nonnegative=True,
+    integer=True,
+)
 x_lf = _symbol(
     "x_lf",
     "LoRA adapters on fused projections: 1 where one adapter serves the fused Q/K/V projection and one the fused "

@@ -110,15 +110,43 @@ def eager_intermediates(job: Job) -> bool:
     return job.step.elementwise == "eager" and not job.model.experts
 
 
+# The symbol that says whether LoRA adapts each matrix (costmodel.symbolic.symbols a_q ... a_d).
+TARGET_SYMBOLS = {"q": "a_q", "k": "a_k", "v": "a_v", "o": "a_o", "gate": "a_g", "up": "a_u", "down": "a_d"}
+# The matrices a framework that fuses them adapts together [NeMo-LoRA]: Q/K/V, and a gated MLP's gate/up.
+FUSED_TARGETS = {"qkv": ("q", "k", "v"), "fc1": ("gate", "up")}
+
+
 def trained(job: Job) -> dict[str, float]:
-    """f_b, f_tr and x_lf: whether the base weights train, the parameters that do per base parameter (the
-    adapters' share under LoRA), and whether the framework's adapters sit on its fused projections."""
-    rank = job.setup.lora_rank
+    """f_b, f_tr, x_lf and a_q ... a_d: whether the base weights train, the parameters that do per base
+    parameter (the adapters' share under LoRA), whether the framework's adapters sit on its fused projections,
+    and which matrices they adapt."""
+    rank, targets = job.setup.lora_rank, job.setup.lora_targets
     if rank and job.model.experts:
         raise InputError("--finetune", f"LoRA on a mixture of experts ({job.model.name}) is not modelled")
-    fused = float(job.framework.time.lora_adapters == "fused")
-    values = {**layer_shape(job.model), "f_b": 0 if rank else 1, "r_lo": rank, "x_lf": fused}
-    return {"f_b": values["f_b"], "f_tr": float(call("trainable_share", values)), "x_lf": fused}
+    fused = job.framework.time.lora_adapters == "fused"
+    for name, together in FUSED_TARGETS.items():
+        if not job.model.gated_mlp:
+            together = tuple(m for m in together if m != "gate")
+        if fused and 0 < len(targets & set(together)) < len(together):
+            raise InputError(
+                "--finetune",
+                f"{job.framework.name} puts one adapter on its fused {name} projection: target "
+                f"{', '.join(together)} together (or {name})",
+            )
+    adapted = {symbol: int(m in targets) for m, symbol in TARGET_SYMBOLS.items()}
+    values = {
+        **layer_shape(job.model),
+        "f_b": 0 if rank else 1,
+        "r_lo": rank,
+        "x_lf": float(fused),
+        **adapted,
+    }
+    return {
+        "f_b": values["f_b"],
+        "f_tr": float(call("trainable_share", values)),
+        "x_lf": float(fused),
+        **adapted,
+    }
 
 
 def kept(job: Job) -> dict[str, Any]:

@@ -27,6 +27,13 @@ from costmodel.symbolic.symbols import (
     S,
     T_c,
     V,
+    a_d,
+    a_g,
+    a_k,
+    a_o,
+    a_q,
+    a_u,
+    a_v,
     b,
     c_gm,
     c_q,
@@ -170,17 +177,22 @@ P = define(
 )
 
 
-# LoRA puts a pair of matrices (in x r, r x out) beside every linear layer of every transformer layer: Q, K,
-# V, O and the MLP's; the embeddings and the output layer stay as they are. Only the adapters train when the
-# base is frozen, so gradients and optimizer states follow the trainable share, not P.
+# LoRA puts a pair of matrices (in x r, r x out) beside the linear layers it targets of every transformer layer:
+# Q, K, V, O and the MLP's unless told (a_q ... a_d); the embeddings and the output layer stay as they are. Only
+# the adapters train when the base is frozen, so gradients and optimizer states follow the trainable share, not P.
 def lora_widths(tp: sympy.Expr) -> tuple[sympy.Expr, sympy.Expr]:
     """The summed input and output widths of the matrices LoRA adapts, on one of ``tp`` TP shards: Q, K, V and
     the MLP's input projections read the layer's input (H) whole on every rank, once per adapter (one for
-    the fused Q/K/V and one for the fused gate/up where x_lf = 1 [NeMo-LoRA], else one per matrix [PEFT]),
-    the output and down projections their shard; each writes its own width (the row-parallel ones H, before
-    their reduction)."""
-    inputs = (3 - 2 * x_lf) * H + h * d / tp + (1 + g * (1 - x_lf)) * H + F_ffn / tp
-    outputs = (h + 2 * n_kv) * d / tp + H + (1 + g) * F_ffn / tp + H
+    the fused Q/K/V and one for the fused gate/up where x_lf = 1 [NeMo-LoRA], which adapts the three or the
+    two together, else one per matrix [PEFT]), the output and down projections their shard; each writes its
+    own width (the row-parallel ones H, before their reduction)."""
+    inputs = (
+        (a_q + (1 - x_lf) * (a_k + a_v)) * H
+        + a_o * h * d / tp
+        + (a_u + g * a_g * (1 - x_lf)) * H
+        + a_d * F_ffn / tp
+    )
+    outputs = (a_q * h + (a_k + a_v) * n_kv) * d / tp + a_o * H + (a_u + g * a_g) * F_ffn / tp + a_d * H
     return inputs, outputs
 
 
@@ -188,8 +200,8 @@ P_ad = define(
     "adapter_params",
     "P_ad",
     n_L * r_lo * sympy.Add(*lora_widths(1)),
-    "LoRA adapter parameters: rank r_lo on Q, K, V, O and every MLP matrix of each layer, one adapter on each "
-    "fused projection where x_lf = 1 (none without adapters)",
+    "LoRA adapter parameters: rank r_lo on each matrix of each layer it targets (Q, K, V, O and every MLP "
+    "matrix unless told), one adapter on each fused projection where x_lf = 1 (none without adapters)",
     "1",
     "[LoRA §4]",
 )
