@@ -83,6 +83,8 @@ def test_named_targets_adapt_only_those_matrices(cli) -> None:
     tokens = JOB["seq"] // JOB["cp"]
     assert call("layer_lora_fwd_bytes", qv) == pytest.approx(2 * tokens * (2 * 4096 + 6 * (4096 + 1024)))
     assert call("layer_lora_fwd_bytes", qv) < call("layer_lora_fwd_bytes", every)
+    assert Job.of(**job, finetune="lora:q,v").setup.lora_targets == {"q", "v"}  # the rank may be left out
+    assert Job.of(**job, finetune="lora:q,v").setup.lora_rank == 16
     qkv = frozenset({"q", "k", "v"})
     assert adapters_by_hand("llama3-8b", 16, fused=True, targets=qkv) == 5_242_880
     step = ["step", "--model", "llama3-8b", "--global-batch", "8", "--format", "json"]

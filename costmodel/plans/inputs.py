@@ -106,7 +106,7 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
 
 def _finetune(value: Any) -> Any:
     accepted = (
-        "accepted: full, lora, lora:RANK with RANK from 1 to 9999, or lora:RANK:TARGETS with TARGETS a comma list "
+        "accepted: full, lora, lora:RANK with RANK from 1 to 9999, lora:TARGETS or lora:RANK:TARGETS with TARGETS a comma list "
         "of q, k, v, o, gate, up, down (or qkv, proj, fc1, fc2, all; PEFT's q_proj ... and Megatron's linear_qkv ... "
         "names too)"
     )
@@ -638,7 +638,7 @@ class TrainingSetup(BaseModel):
     )
     finetune: Finetune = flag(
         "full",
-        "What trains: full (every weight, as pre-training) or lora[:RANK[:TARGETS]] (the base frozen: no "
+        "What trains: full (every weight, as pre-training) or lora[:RANK][:TARGETS] (the base frozen: no "
         "gradients, optimizer states or weight-gradient multiplies for it; low-rank adapters of RANK, 16 unless "
         "given, train instead, beside every linear layer or the TARGETS named: a comma list of q, k, v, o, gate, "
         "up, down, or qkv, proj, fc1, fc2, as lora:16:q,v).",
@@ -664,10 +664,11 @@ class TrainingSetup(BaseModel):
 
     @property
     def lora_rank(self) -> int:
-        """The adapters' rank under ``finetune = lora[:RANK[:TARGETS]]``; 0 in full training."""
+        """The adapters' rank under ``finetune = lora[:RANK][:TARGETS]``; 0 in full training."""
         if self.finetune == "full":
             return 0
-        return int(self.finetune.split(":")[1] if ":" in self.finetune else LORA_RANK)
+        ranks = [part for part in self.finetune.split(":")[1:] if part.isdigit()]
+        return int(ranks[0]) if ranks else LORA_RANK
 
     @property
     def lora_targets(self) -> frozenset[str]:
@@ -675,9 +676,10 @@ class TrainingSetup(BaseModel):
         some; none in full training."""
         if self.finetune == "full":
             return frozenset()
-        parts = self.finetune.split(":")
-        named = parts[2].split(",") if len(parts) > 2 else ["all"]
-        return frozenset(m for name in named for m in LORA_TARGETS[name])
+        named = [part for part in self.finetune.split(":")[1:] if not part.isdigit()]
+        return frozenset(
+            m for name in (named[0].split(",") if named else ["all"]) for m in LORA_TARGETS[name]
+        )
 
     @property
     def offloaded(self) -> dict[str, int]:

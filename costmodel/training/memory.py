@@ -19,6 +19,7 @@ from costmodel.core.errors import InputError
 from costmodel.frameworks.profiles import LOGIT_BYTES, STATE_BYTES, FrameworkProfile
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import Evaluator, call, counts, layer_shape, layout_degrees, plan_values
+from costmodel.plans.inputs import LORA_TARGETS
 from costmodel.plans.job import Job
 from costmodel.plans.schema import Fit, MemoryCategories
 from costmodel.training import moe, offload
@@ -113,7 +114,7 @@ def eager_intermediates(job: Job) -> bool:
 # The symbol that says whether LoRA adapts each matrix (costmodel.symbolic.symbols a_q ... a_d).
 TARGET_SYMBOLS = {"q": "a_q", "k": "a_k", "v": "a_v", "o": "a_o", "gate": "a_g", "up": "a_u", "down": "a_d"}
 # The matrices a framework that fuses them adapts together [NeMo-LoRA]: Q/K/V, and a gated MLP's gate/up.
-FUSED_TARGETS = {"qkv": ("q", "k", "v"), "fc1": ("gate", "up")}
+FUSED_TARGETS = {name: LORA_TARGETS[name] for name in ("qkv", "fc1")}
 
 
 def trained(job: Job) -> dict[str, float]:
