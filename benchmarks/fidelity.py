@@ -179,7 +179,7 @@ def print_published() -> None:
         f"published serving rows (docs/inference.md): median |error| {serving['median']:.1%}, worst "
         f"{serving['max']:.1%}; held out {serving['held_median']:.1%}"
     )
-    print("ring-flash-attention's 8-GPU layers, the profiles' own tables: " + ring_summary(ring_rows()))
+    print("ring-flash-attention's 8-GPU layers, " + ring_summary(ring_rows()))
     print(
         "prediction intervals on the published tables (split-conformal; leave-one-out, memory's holdout apart):"
     )

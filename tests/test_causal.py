@@ -15,6 +15,7 @@ from costmodel.schedule.simulator import (
     simulate_by_definition,
     simulation_tile,
     utilization,
+    visible_pairs,
 )
 
 
@@ -109,6 +110,29 @@ def test_schedule_rows_are_the_simulation_entry_for_entry(
     assert [[position_at(layout, seq, n, r, int(i)) for i in index[0]] for r in range(n)] == (
         position_at(layout, seq, n, np.arange(n)[:, None], index).tolist()
     )
+
+
+@settings(max_examples=120, deadline=None)
+@given(layout=st.sampled_from(LAYOUTS), n=st.integers(1, 12), per=st.integers(1, 40), causal=st.booleans())
+def test_visible_pairs_are_the_simulation_at_tile_one(layout: str, n: int, per: int, causal: bool) -> None:
+    """The pairs each rank's queries see at each step, in closed form (rows of floats and numpy's array alike),
+    are the simulator's at tile 1, where no tile holds a masked pair."""
+    seq = per * n * 2
+    exact = simulate(layout, seq, n, 1, causal).rank_step_pairs
+    assert visible_pairs(layout, seq, n, causal, rows=True) == tuple(map(tuple, exact.tolist()))
+    assert np.array_equal(visible_pairs(layout, seq, n, causal, rows=False), exact)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_long_shard_sees_half_its_square_at_every_step_but_contiguous(layout: str) -> None:
+    """1M tokens over 64 ranks, far past what the simulator holds at tile 1: every pair counted once
+    (S(S+1)/2 in all), and zigzag's and striped's steps each within L/2 of L²/2."""
+    seq, n = 1 << 20, 64
+    length = seq // n
+    pairs = visible_pairs(layout, seq, n, rows=False)
+    assert pairs.sum() == seq * (seq + 1) // 2
+    if layout != "contiguous":
+        assert np.abs(pairs - length * length / 2).max() <= length / 2
 
 
 def test_schedule_rows_leave_large_or_inexact_schedules_to_numpy() -> None:

@@ -7,6 +7,7 @@ published A100 figure."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import statistics
 import sys
@@ -35,26 +36,21 @@ def test_the_h200_gemm_tables_read_the_measured_linears(dtype: str, signed: floa
 
 
 def test_the_ring_model_reads_the_measured_compute_within_six_points() -> None:
-    """Zigzag and contiguous rings of 2, 4 and 8, forward and both passes: the model on the H200 profile,
-    charging a fused merge, against the ring's compute measured on one H200 (efficiency over N single calls)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import ring_efficiency as bench
-    finally:
-        sys.path.pop(0)
-    from costmodel.machines.binding import build_machine
-
-    machine = build_machine(load_profile("h200-nvlink").at_boost())  # a one-GPU benchmark's clock
-    shape = {**bench.SHAPE, "kv_heads": bench.SHAPE["heads"]}
+    """Zigzag and contiguous rings of 2, 4 and 8, forward and both passes: the model on the H200 profile's
+    tables of the kernel the measurement ran (SDPA flash), charging a fused merge, against the ring's compute
+    measured on one H200 (efficiency over N single calls)."""
+    bench = _bench()
+    machine = bench.split_machine()
+    shape = tuple({**bench.SHAPE, "kv_heads": bench.SHAPE["heads"]}.items())
     gaps = []
     for gpus in (2, 4, 8):
         for pass_ in ("fwd", "fwd+bwd"):
             for layout in ("contiguous", "zigzag"):
                 measured = bench.measured_split(RESULTS["split"], layout, gpus, pass_)
-                model = bench.efficiency(machine, "h200-nvlink", layout, pass_, 12.0, gpus, shape)
+                model = bench.Layer("h200-nvlink", layout, pass_, 12.0, gpus, shape).efficiency(machine)
                 gaps.append(model - measured)
     assert len(gaps) == 12
-    assert max(abs(g) for g in gaps) == pytest.approx(0.054, abs=0.002)
+    assert max(abs(g) for g in gaps) == pytest.approx(0.058, abs=0.002)
     assert max(abs(g) for g in gaps) < 0.06
 
 
@@ -79,6 +75,52 @@ def test_the_sdpa_curves_are_the_h200_measurements(hw: str) -> None:
         for seq, rate in zip(curve.seq, curve.flops_per_s, strict=True):
             key = (curve.kernel, curve.head_dim, curve.causal, curve.backward, seq)
             assert rate == pytest.approx(measured[key], rel=5e-4)
+
+
+def _bench():  # noqa: ANN202 - the benchmark module, imported from benchmarks/
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import ring_efficiency
+    finally:
+        sys.path.pop(0)
+    return ring_efficiency
+
+
+@functools.cache
+def _published_rings(data):  # noqa: ANN001, ANN202 - the rows of one reading, shared by its cases
+    return _bench().published_rows(data)
+
+
+STRIPED_MISS = (
+    "ring-flash-attention's striped layer runs 8-13 % slower than the model reads it (its every step past the "
+    "diagonal is a causal call on queries and keys shifted by one token); not located"
+)
+PUBLISHED_RINGS = [
+    pytest.param(gpus, tables, pass_, layout, marks=mark, id=f"{gpus}-{tables}-{pass_}-{layout}")
+    for gpus, tables, passes in (("8xA100", "profile", ("fwd", "fwd+bwd")), ("8xH800", "FA2 fwd", ("fwd",)))
+    for pass_ in passes
+    for layout in ("contiguous", "zigzag", "striped")
+    for mark in [
+        pytest.mark.xfail(strict=True, reason=STRIPED_MISS)
+        if layout == "striped" and (pass_ == "fwd" or gpus == "8xH800")
+        else ()
+    ]
+]
+
+
+@pytest.mark.parametrize(("gpus", "tables", "pass_", "layout"), PUBLISHED_RINGS)
+def test_a_published_ring_layer_is_read_within_six_points_and_ten_percent(
+    gpus: str, tables: str, pass_: str, layout: str
+) -> None:
+    """ring-flash-attention's 8-GPU layers on the kernel they ran (FlashAttention-2: the A100 profile's
+    FA2-shaped tables; the H800 forward on FA2's H100 tables, refitted from ../shared): the efficiency over
+    eight single 8K calls within 6 points, and the layer's own time within 10 % of the measured."""
+    if tables == "FA2 fwd" and not KERNELS.is_dir():
+        pytest.skip("the public kernel tables (../shared/data/kernels) are not here")
+    rows = _published_rings(KERNELS if tables == "FA2 fwd" else None)
+    row = next(r for r in rows if (r.gpus, r.tables, r.pass_, r.layout) == (gpus, tables, pass_, layout))
+    assert abs(row.unfused - row.published) <= 0.06
+    assert abs(row.layer_ratio - 1) <= 0.10
 
 
 KERNELS = REPO.parent / "shared" / "data" / "kernels"

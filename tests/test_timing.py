@@ -93,7 +93,6 @@ def test_a_small_ring_on_floats_is_the_ring_on_arrays(
     monkeypatch.setattr(timing, "_numpy_loaded", lambda: False)  # as in a plan's own process
     on_floats = [predict(inputs, machine, variant, backward=True) for variant in ("ring", "ulysses")]
     assert isinstance(ring_pass(inputs, machine).pairs, tuple)
-    monkeypatch.setattr(timing, "schedule_rows", lambda *args, **kwargs: None)
     monkeypatch.setattr(timing, "ROWS_BUDGET", 0)
     assert not isinstance(ring_pass(inputs, machine).pairs, tuple)
     on_arrays = [predict(inputs, machine, variant, backward=True) for variant in ("ring", "ulysses")]

@@ -1,7 +1,7 @@
 """Measured against predicted: the comparison `cp-plan validate` prints (docs/calibration.md). No torch here.
 
 Each kernel timing is set beside two predictions of :mod:`costmodel.plans.timing`: the calibrated model
-(measured rates per block size, alpha and B, the tile-level causal schedule) and the datasheet-style
+(measured rates per block size, alpha and B, the pairs each rank sees at each step) and the datasheet-style
 model (one peak FLOP/s, no alpha, causal halves balanced). Error = predicted / measured - 1.
 
 Each prediction carries its uncertainty: every fitted quantity of the profile moved by its spread over

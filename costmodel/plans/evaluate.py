@@ -310,7 +310,8 @@ def _notes(inputs: PlanInputs, machine: Machine, hw: Hardware, ring: Ring) -> li
     if inputs.causal:
         notes.append(
             "Causal: useful FLOP halve and traffic does not, so intensity, ratio and N_max use half the "
-            f"compute [A-RingCost §4]; the {inputs.layout} layout's tile-level schedule sets the layer time."
+            f"compute [A-RingCost §4]; the {inputs.layout} layout's schedule (the pairs each rank sees at each "
+            "step) sets the layer time."
         )
     if inputs.masked:
         what = {

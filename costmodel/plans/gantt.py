@@ -1,8 +1,8 @@
 """One layer's ring schedule as a timeline: what each rank does at each step, and when.
 
 The same time model as :func:`costmodel.plans.timing.predict`, unfolded instead of summed: the
-tile-level schedule (:func:`costmodel.schedule.simulator.simulate`) gives each rank's pairs at each
-step, ``pair_flops`` and the profile's rate turn them into seconds, and each step lasts
+schedule (:func:`costmodel.schedule.simulator.visible_pairs`) gives the pairs each rank's queries see at
+each step, ``pair_flops`` and the profile's rate turn them into seconds, and each step lasts
 :func:`costmodel.plans.timing.ring_layer_time` of its slowest rank's compute against the
 transfer in flight (α + bytes/B, ``step_comm_s``). So a timeline's total is the predicted layer time.
 

@@ -23,6 +23,7 @@ from costmodel.plans.packing import (
     compute_fraction,
     packed_of,
     schedule_for,
+    timed_pairs,
     useful_rule,
 )
 from costmodel.plans.schema import (
@@ -107,7 +108,7 @@ def _layout_row(ev: Evaluator, inputs: PlanInputs, machine: Machine, layout: str
     varlen = schedule_for(inputs, layout, "varlen").rank_step_pairs
     pairs = schedule_for(inputs, layout, inputs.packing).rank_step_pairs
     timed = inputs.model_copy(update={"layout": layout}) if layout in LAYOUTS else inputs
-    forward = ring_pass(timed, machine, pairs=np.asarray(pairs))
+    forward = ring_pass(timed, machine, pairs=np.asarray(timed_pairs(inputs, layout, inputs.packing)))
     slowest = forward.step_compute_s
     comm = forward.comm_s
     slowest_varlen = varlen.max(axis=0).sum()

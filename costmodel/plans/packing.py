@@ -24,9 +24,10 @@ from typing import Literal
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import parse_json, read_input_text
 from costmodel.core.units import parse_integer, parse_number, parse_tokens
+from costmodel.schedule.layouts import LAYOUTS
 from costmodel.schedule.masks import MaskRule
 from costmodel.schedule.packed import simulate_masked
-from costmodel.schedule.simulator import simulate, simulation_tile
+from costmodel.schedule.simulator import simulate, simulation_tile, visible_pairs
 from costmodel.symbolic import numeric
 
 Branch = Literal["dense", "varlen"]
@@ -291,6 +292,18 @@ def schedule_for(inputs, layout: str, branch: Branch, n: int | None = None):  # 
     n = inputs.cp if n is None else n
     rule = plan_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk, branch)
     return simulate_masked(layout, inputs.seq, n, simulation_tile(inputs.seq, n, inputs.block), rule)
+
+
+def timed_pairs(inputs, layout: str, branch: Branch):  # noqa: ANN001, ANN201
+    """The (ranks, steps) pairs a packed plan's kernel calls are timed on: under a branch whose mask is the
+    plain causal window (the dense branch without a window or chunk, or one document), the pairs each rank
+    sees, as the unpacked plan counts them and the kernel tables' rates are counted; else the tiles the
+    branch's kernel runs at the simulator's tile."""
+
+    rule = plan_rule(inputs.causal, packed_of(inputs), inputs.window, inputs.attention_chunk, branch)
+    if layout in LAYOUTS and rule.plain(inputs.seq):
+        return visible_pairs(layout, inputs.seq, inputs.cp, inputs.causal, rows=False)
+    return schedule_for(inputs, layout, branch).rank_step_pairs
 
 
 def compute_fraction(inputs, n: int | None = None, branch: Branch | None = None) -> float:  # noqa: ANN001

@@ -3,8 +3,10 @@
 The report's layer time, the scheme comparison (so `cp-plan` and `recommend` alike) and `cp-plan validate`
 all ask here; rates, links and fixed costs come from the machine binding.
 
-Ring: per step, the slowest rank's compute (its pairs from the tile-level schedule [Striped §3], at
-the rate measured for that much work with that many ranks busy) against the transfers that overlap it
+Ring: per step, the slowest rank's compute (the (query, key) pairs its queries see at that step, counted
+token by token as the kernel tables' rates are: :func:`~costmodel.schedule.simulator.visible_pairs`; a
+packed or windowed plan's, the tiles its branch's kernel runs [Striped §3]; at the rate measured for that
+much work with that many ranks busy) against the transfers that overlap it
 (α + bytes/B), with the parts nothing can hide: the first block computes before anything arrives,
 and in backward the last dK/dV hop goes home after the last step (:func:`ring_layer_time`).
 Ulysses: its all-to-alls (Q, K, V in; O out) around local attention over the whole sequence for h/N
@@ -34,8 +36,8 @@ from costmodel.frameworks.profiles import FUSED_MERGE_BYTES
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import call, plan_values
 from costmodel.plans.inputs import PlanInputs
-from costmodel.plans.packing import call_tokens, schedule_for
-from costmodel.schedule.simulator import ROWS_BUDGET, Rows, schedule_rows, simulate, simulation_tile
+from costmodel.plans.packing import call_tokens, timed_pairs
+from costmodel.schedule.simulator import ROWS_BUDGET, Rows, visible_pairs
 from costmodel.symbolic import numeric
 
 if TYPE_CHECKING:
@@ -173,7 +175,7 @@ class RingPass:
     """One pass of a ring layer unfolded: what each rank computes at each step and what is in flight.
 
     :func:`predict` sums it into a wall time; :mod:`costmodel.plans.gantt` draws it. A small ring's
-    schedule is rows of Python floats (:func:`~costmodel.schedule.simulator.schedule_rows`) and its
+    schedule is rows of Python floats (:func:`~costmodel.schedule.simulator.visible_pairs`) and its
     per-step figures lists, a large one's numpy arrays: the same numbers either way."""
 
     pairs: np.ndarray | Rows  # (ranks, steps) (query, key) pairs each rank computes at each step
@@ -231,14 +233,11 @@ def ring_pass(
     elif machine.datasheet:  # [A-RingCost §4]: every step balanced at c·L² pairs
         pairs = _balanced(n, values["c"] * length * length)
     elif inputs.masked:  # documents, windows, chunks: the branch's tiles ([A-RingCost §5])
-        pairs = schedule_for(inputs, inputs.layout, inputs.packing).rank_step_pairs
+        pairs = timed_pairs(inputs, inputs.layout, inputs.packing)
         call = call_tokens(inputs)
-    else:
-        tile = simulation_tile(inputs.seq, n, inputs.block)
-        pairs = None if _numpy_loaded() else schedule_rows(inputs.layout, inputs.seq, n, tile, inputs.causal)
-        if pairs is None:
-            pairs = simulate(inputs.layout, inputs.seq, n, tile, causal=inputs.causal).rank_step_pairs
-            calls = _simulated_calls(inputs.layout, inputs.seq, n, tile, inputs.causal)
+    else:  # the pairs each call sees, which the tables' rates are counted over (not the tiles it runs)
+        rows = not _numpy_loaded() and n * n <= ROWS_BUDGET
+        pairs, calls = _visible(inputs.layout, inputs.seq, n, inputs.causal, rows)
     pair_flops = _call("pair_flops", values)
     factor = BACKWARD_FLOP if backward else 1.0
     full = float(length) * length
@@ -359,9 +358,12 @@ def _distinct_calls_of_rows(rows: Rows) -> Calls:
     return Calls(calls, tuple(tuple(number[key] for key in row) for row in keys), None)
 
 
-@functools.lru_cache(maxsize=64)  # beside simulate's: both passes, every scheme and every fix share one
-def _simulated_calls(layout: str, seq: int, n: int, tile: int, causal: bool) -> Calls:
-    return distinct_calls(simulate(layout, seq, n, tile, causal=causal).rank_step_pairs)
+@functools.lru_cache(maxsize=64)  # both passes, every scheme and every fix share one
+def _visible(layout: str, seq: int, n: int, causal: bool, rows: bool) -> tuple[np.ndarray | Rows, Calls]:
+    pairs = visible_pairs(layout, seq, n, causal, rows)
+    if not rows:
+        pairs.flags.writeable = False  # type: ignore[union-attr]
+    return pairs, distinct_calls(pairs)
 
 
 def _ring(inputs: PlanInputs, machine: Machine, span: int, backward: bool, merge_bytes: float) -> Prediction:

@@ -15,7 +15,7 @@ import bisect
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from costmodel.core.scalars import total
 from costmodel.schedule.layouts import check_divisible, position_at, positions
@@ -157,6 +157,70 @@ def schedule_rows(layout: str, seq: int, n: int, tile: int, causal: bool = True)
             ]
         )
     return tuple(tuple(pairs[i][(i - j) % n] for j in range(n)) for i in range(n))
+
+
+def _runs(layout: str, seq: int, n: int, rank: Any) -> tuple[list[tuple[Any, int]], int]:
+    """The positions ``rank`` holds as runs (first position, count) of one stride, and that stride: one run
+    of consecutive positions (contiguous), two (zigzag's chunks), or one of stride N (striped)."""
+    length = seq // n
+    if layout == "contiguous" or n == 1:
+        return [(rank * length, length)], 1
+    if layout == "striped":
+        return [(rank, length)], n
+    chunk = length // 2
+    return [(rank * chunk, chunk), ((2 * n - 1 - rank) * chunk, chunk)], 1
+
+
+def _run_pairs(queries: tuple[Any, int], keys: tuple[Any, int], stride: int, ops: tuple[Any, Any]) -> Any:
+    """(query, key) pairs with the key at or before the query, between the queries a + stride·u (u < A)
+    and the keys b + stride·v (v < B), ``queries`` = (a, A), ``keys`` = (b, B): the sum over u of
+    clamp(u + δ + 1, 0, B), δ = floor((a - b) / stride), in closed form. ``ops``: (min, max), builtin or
+    numpy's, so that the count runs on ints or on arrays of them."""
+    (a, count_q), (b, count_k) = queries, keys
+    low, high = ops
+
+    def up_to(m: Any) -> Any:  # sum of clamp(w, 0, B) for w = 1..m
+        m = high(m, 0)
+        t = low(m, count_k)
+        return t * (t + 1) / 2 + (m - t) * count_k
+
+    delta = (a - b) // stride
+    return up_to(count_q + delta) - up_to(delta)
+
+
+def visible_pairs(layout: str, seq: int, n: int, causal: bool = True, rows: bool = True) -> Rows | np.ndarray:
+    """The (query, key) pairs each rank's queries can see at each ring step, counted token by token in
+    closed form: ``rank_step_pairs`` of :func:`simulate` at tile 1, at any length. What the attention
+    tables' rates are counted over (a causal L x L call is L(L+1)/2 pairs, whatever tile its kernel runs),
+    so what a call's time is priced on. ``rows``: rows of Python floats (a few ranks, without numpy), else a
+    numpy array."""
+    check_divisible(layout, seq, n)
+    length = seq // n
+    if not causal:
+        if rows:
+            return ((float(length) * length,) * n,) * n
+        import numpy as np
+
+        return np.full((n, n), float(length) * length)
+    if rows:
+        held = [_runs(layout, seq, n, rank) for rank in range(n)]
+        stride = held[0][1]
+        by_rank = [
+            [
+                float(sum(_run_pairs(q, k, stride, (min, max)) for q in queries for k in keys))
+                for keys, _ in held
+            ]
+            for queries, _ in held
+        ]
+        return tuple(tuple(by_rank[i][(i - j) % n] for j in range(n)) for i in range(n))
+    import numpy as np
+
+    ranks = np.arange(n, dtype=float)
+    queries, stride = _runs(layout, seq, n, ranks[:, None])
+    keys, _ = _runs(layout, seq, n, ranks[None, :])
+    pairs = sum(_run_pairs(q, k, stride, (np.minimum, np.maximum)) for q in queries for k in keys)
+    step = (np.arange(n)[:, None] - np.arange(n)[None, :]) % n  # whose KV rank i holds at step j
+    return pairs[np.arange(n)[:, None], step]
 
 
 def utilization(layout: str, seq: int, n: int, tile: int) -> float:
