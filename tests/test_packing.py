@@ -31,6 +31,15 @@ def test_one_document_of_the_window_reproduces_the_unpacked_report(cli, layout: 
     assert packed["packing"]["windows"] == 1 and plain["packing"] is None
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "striped", "zigzag"])
+def test_the_dense_branch_times_the_causal_window_whatever_the_documents(cli, layout: str) -> None:
+    """Dense blanks the document mask's scores and runs the causal window: its layer time is the unpacked
+    plan's, for sixty-four documents as for one (the pairs each rank sees, as the tables count them)."""
+    base = ["--seq", "256k", "--n", "8", "--causal", "--layout", layout, "--hw", "h100-nvlink"]
+    plain = _json(cli, *base)["ring"]["layer_time_s"]
+    assert _json(cli, *base, "--docs", "4kx64", "--packing", "dense")["ring"]["layer_time_s"] == plain
+
+
 def test_branches_share_traffic_and_split_compute() -> None:
     """Sixty-four 4k documents in a 256k window: dense executes the causal window, varlen 1/64 of it times
     the diagonal tiles' excess (4 tiles of 1,024 per document: 10 of 16 tile pairs run, 8 are useful)."""
