@@ -92,8 +92,9 @@ def _published_rings(data):  # noqa: ANN001, ANN202 - the rows of one reading, s
 
 
 STRIPED_MISS = (
-    "ring-flash-attention's striped layer runs 8-13 % slower than the model reads it (its every step past the "
-    "diagonal is a causal call on queries and keys shifted by one token); not located"
+    "ring-flash-attention's striped layer runs 8-13 % slower than the model reads it: each step past a rank's "
+    "own is a causal call on a one-token shift whose merge is copied back from a slice, 1.3 ms of the A100 "
+    "forward's 4.0 ms gap; the rest not located"
 )
 PUBLISHED_RINGS = [
     pytest.param(gpus, tables, pass_, layout, marks=mark, id=f"{gpus}-{tables}-{pass_}-{layout}")
