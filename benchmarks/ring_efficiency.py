@@ -3,37 +3,33 @@ ring-flash-attention ([ring-flash-attn] README: 8 GPUs, Llama-3.1-8B's attention
 128, 8K tokens a GPU, causal; "theoretic" = the single-GPU flash_attn call of 8K tokens, whose time x 8 is the
 ring's work without its costs).
 
-    python benchmarks/ring_efficiency.py                                   # the profiles' own tables
-    python benchmarks/ring_efficiency.py --data ../shared/data/kernels     # also FlashAttention-2's H100 tables
+    python benchmarks/ring_efficiency.py
+
+The runs used FlashAttention-2 (flash_attn): the A100 rows read the A100 profile's tables (FlashAttention-2's
+shape), the H800 rows the H800 profile's `fa2` tables, and, to show what the wrong kernel's tables do, its
+default ones (FlashAttention-3's). Each row prints the efficiency (8 x the single call's time / the ring
+layer's) published and predicted, for the merge the step model charges by default (12 bytes an element: two
+fp32 partials read, one written) and for the merge ring-flash-attention runs (its update_out_and_lse: the step
+output cast to fp32, then three elementwise passes, 34 bytes an element unfused), and the layer's and the
+single call's predicted time over the measured. Each is a kernel benchmark of seconds, so the profiles' tables
+are read as measured, at the boost clock (`HardwareProfile.at_boost`), not at the sustained clock of a
+training run.
 
 It also reads the ring's compute alone, measured on one H200 (benchmarks/results/h200-linears-2026-12-04.json,
 `benchmarks/gpu_kernels.py measure --parts split`): every (rank, step) block of cp-plan's reference kernel,
 32 query and 32 KV heads of 128, 8K tokens a rank, no transfer made; a ring step lasts as long as its slowest
-rank. Beside it, the model on the H200 profile with the same heads, whose NVLink ring hides every transfer
-of that size, so that its figure is its compute too.
-
-Efficiency = 8 x the single call's time / the ring layer's. Each is a kernel benchmark of seconds, so the
-profiles' tables are read as measured, at the boost clock (`HardwareProfile.at_boost`), not at the sustained
-clock of a training run. It is printed for the merge the step model
-charges by default (12 bytes an element: two fp32 partials read, one written) and for the merge
-ring-flash-attention runs (its update_out_and_lse: the step output cast to fp32, then three elementwise
-passes, 34 bytes an element unfused). The runs used FlashAttention-2 (flash_attn); the H800 profile's tables
-are FlashAttention-3's, so with --data the H800 rows are also read on FlashAttention-2's H100 forward tables,
-fitted from the FlashAttention-3 paper's baselines by `cp-plan hw fit-kernels` (no causal backward is
-published for it, so only the forward is compared there).
+rank. Beside it, the model on the H200 profile's tables of the kernel that ran (SDPA flash), whose NVLink ring
+hides every transfer of that size, so that its figure is its compute too.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from costmodel.machines.binding import Machine, build_machine
-from costmodel.machines.kernel_fit import fit_kernels
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs, build
 from costmodel.plans.timing import predict
@@ -132,25 +128,6 @@ def split_table() -> None:
     )
 
 
-def fa2_machine(data: Path, hw: str) -> Machine:
-    """The profile with FlashAttention-2's H100 forward curves (the FA3 paper's FA2 bars) in place of its own."""
-    rows = [
-        r
-        for r in csv.DictReader((data / "fa3_paper_and_fa2_readme_h100_attention.csv").open(encoding="utf-8"))
-        if r["kernel"] == "FlashAttention-2" and r["pass"] == "fwd" and r["dtype"].startswith("bf16")
-    ]
-    path = Path(tempfile.mkdtemp()) / "fa2.csv"
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["head_dim", "causal", "pass", "seq", "batch", "heads", "tflops"])
-        for r in rows:
-            writer.writerow(
-                [r["head_dim"], r["causal"].lower(), "fwd", r["seq"], r["batch"], r["heads"], r["tflops"]]
-            )
-    profile, _ = fit_kernels(load_profile(hw).at_boost(), None, str(path), f"{hw}-fa2")
-    return build_machine(profile)
-
-
 @dataclass(frozen=True)
 class Row:
     """One published ring layer against the model: efficiencies, and the layer's and the single call's
@@ -167,19 +144,20 @@ class Row:
     single_ratio: float
 
 
-def published_rows(data: Path | None = None) -> list[Row]:
-    """Each published row against the model, on the profiles' own tables, and with ``data`` the H800 forward
-    rows on FlashAttention-2's tables."""
+def published_rows() -> list[Row]:
+    """Each published row against the model: the A100's on its profile's tables, the H800's on the profile's
+    `fa2` tables (the kernel that ran) and on its default FlashAttention-3 ones."""
+    a100 = build_machine(load_profile("a100-nvlink").at_boost())
+    h800 = build_machine(load_profile("h800-nvlink").at_boost())
     readings = [
-        (gpu, PROFILES[gpu], build_machine(load_profile(PROFILES[gpu]).at_boost()), "profile")
-        for gpu in PROFILES
+        ("8xA100", "a100-nvlink", a100, "profile"),
+        ("8xH800", "h800-nvlink", replace(h800, attention_kernel="fa2"), "fa2"),
+        ("8xH800", "h800-nvlink", h800, "FA3"),
     ]
-    if data is not None:
-        readings.append(("8xH800", "h800-nvlink", fa2_machine(data, "h800-nvlink"), "FA2 fwd"))
     rows = []
     for gpu, hw, machine, tables in readings:
         for (g, pass_), measured in ITERATIONS.items():
-            if g != gpu or (tables == "FA2 fwd" and pass_ != "fwd"):
+            if g != gpu:
                 continue
             single = Layer(hw, "contiguous", pass_, UNFUSED_MERGE_BYTES, 1).seconds(machine)
             for layout in ("contiguous", "zigzag", "striped"):
@@ -201,9 +179,9 @@ def published_rows(data: Path | None = None) -> list[Row]:
 
 
 def summary(rows: list[Row]) -> str:
-    """The rows read on the kernel the runs used (FlashAttention-2: the A100's FA2-shaped tables, the H800's
-    FA2 forward tables; not the H800 profile's FlashAttention-3 ones): efficiency and layer-time misses."""
-    own = [r for r in rows if r.gpus != "8xH800" or r.tables != "profile"]
+    """The rows read on the kernel the runs used (FlashAttention-2: the A100 profile's tables, the H800's
+    `fa2` ones; not the H800's FlashAttention-3 defaults): efficiency and layer-time misses."""
+    own = [r for r in rows if r.tables != "FA3"]
     misses = [abs(r.unfused - r.published) for r in own]
     times = [abs(r.layer_ratio - 1) for r in own]
     return (
@@ -214,16 +192,12 @@ def summary(rows: list[Row]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", help="the folder of public kernel tables (for FlashAttention-2's H100 tables)"
-    )
-    args = parser.parse_args()
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     print(
         f"{'GPUs':<7} {'tables':<8} {'pass':<8} {'layout':<11} {'published':>9} {'fused merge':>12} "
         f"{'its merge':>10}   time model/measured: layer, single call"
     )
-    rows = published_rows(Path(args.data) if args.data else None)
+    rows = published_rows()
     for r in rows:
         print(
             f"{r.gpus:<7} {r.tables:<8} {r.pass_:<8} {r.layout:<11} {r.published:9.1%} {r.fused:12.1%} "

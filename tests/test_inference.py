@@ -573,7 +573,7 @@ def test_the_prefill_reads_the_attention_kernel_asked_for(kernel: str) -> None:
             "h100-nvlink",
             "unfused",
             "unfused is Megatron's training attention (cp-plan step); profile 'h100-nvlink' has tables for "
-            "flash, cudnn, sdpa-cudnn, sdpa-flash",
+            "flash, cudnn, fa2, sdpa-cudnn, sdpa-flash",
         ),
         ("a100-nvlink", "cudnn", "'cudnn': profile 'a100-nvlink' has tables for flash"),
     ],

@@ -209,7 +209,7 @@ def test_a_named_attention_kernel_reads_its_own_tables() -> None:
         )
     slow, default = _bound(**flags, attention_kernel="sdpa-flash"), _bound(**flags)
     assert 0.4 < slow["F_attn"] / default["F_attn"] < 0.75  # FA2's path against the FA3 tables
-    with pytest.raises(InputError, match="has tables for flash, unfused, sdpa-cudnn, sdpa-flash"):
+    with pytest.raises(InputError, match="has tables for flash, unfused, fa2, sdpa-cudnn, sdpa-flash"):
         evaluate_step(Job.of(**flags, attention_kernel="fa9")).model_dump(by_alias=True)
 
 
