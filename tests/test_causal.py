@@ -135,6 +135,14 @@ def test_a_long_shard_sees_half_its_square_at_every_step_but_contiguous(layout: 
         assert np.abs(pairs - length * length / 2).max() <= length / 2
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_one_rank_of_sixteen_billion_tokens_is_counted_in_closed_form(layout: str) -> None:
+    """One rank holds the sequence whole: with whole tiles its T(T+1)/2 tile pairs run S(S+t)/2 pairs, so the
+    utilisation is (S+1)/(S+t), here without simulating 2^24 tiles."""
+    seq, tile = 2**34, 1024
+    assert utilization(layout, seq, 1, tile) == pytest.approx((seq + 1) / (seq + tile), rel=1e-15)
+
+
 def test_schedule_rows_leave_large_or_inexact_schedules_to_numpy() -> None:
     assert schedule_rows("zigzag", 1 << 20, 64, 1024) is None  # 64 x 64 x 16 tiles: numpy's work
     assert schedule_rows("zigzag", 1 << 30, 8, 1 << 26) is None  # S·L past 2^53: sums may round

@@ -224,7 +224,13 @@ def visible_pairs(layout: str, seq: int, n: int, causal: bool = True, rows: bool
 
 
 def utilization(layout: str, seq: int, n: int, tile: int) -> float:
-    """:attr:`Schedule.utilization` of the causal schedule, from :func:`schedule_rows` where it is small."""
+    """:attr:`Schedule.utilization` of the causal schedule, from :func:`schedule_rows` where it is small. One
+    rank holds the sequence whole in any layout: query tile j sees the key tiles 0..j, so its tiles run
+    t²·T(T-1)/2 + r·S pairs (T tiles, the last of r tokens), in closed form at any length."""
+    if n == 1:
+        tiles = -(-seq // tile)
+        last = seq - (tiles - 1) * tile
+        return seq * (seq + 1) // 2 / (tile * tile * tiles * (tiles - 1) // 2 + last * seq)
     rows = schedule_rows(layout, seq, n, tile)
     if rows is None:
         return simulate(layout, seq, n, tile).utilization
