@@ -7,6 +7,10 @@ perfectly, at tile = L every layout falls to 1/2 (Striped Attention's "tile too 
 Model: rank i holds the positions of its layout; at step j it attends to the KV of rank
 (i - j) mod N; a tile pair costs s_q·s_k when any key in it is at or before any query in it; a step
 lasts as long as its slowest rank. Utilisation = useful pairs / (N × Σ_steps slowest rank's pairs).
+
+What a kernel table's rate is counted over is the pairs a call's queries see, whatever tile its kernel runs
+(the table's measured rate pays for its own tiles): :func:`visible_pairs` counts them per rank and step in
+closed form, the simulator at tile 1, and the layer's time is priced on them.
 """
 
 from __future__ import annotations
