@@ -451,7 +451,8 @@ class PlanInputs(Workload):
     )
     block: Tokens = flag(
         1024,
-        "s_blk, compute tile rows (a kernel's query block).",
+        "s_blk, compute tile rows (a kernel's query block): the memory tiers' tile and the causal utilisation's; "
+        "the layer time reads the kernel tables.",
         unit="tokens",
         tokens=True,
         fitted="1024, or the shard S/N where it is shorter",
