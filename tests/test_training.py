@@ -158,18 +158,18 @@ def test_n_min_memory_is_where_memory_just_fits(pp: int, recompute: str) -> None
         assert values["M_dev"] * (1 - 1e-6) <= total <= values["M_dev"] * (1 + 1e-12)
 
 
-SEED_QUESTION = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAULTS)
+ARTICLE_QUESTION = PlanInputs(seq=131_072, n=1, model="llama3-8b", **TRAINING_DEFAULTS)
 
 
 def advise(hw: str, **setup: object):  # noqa: ANN201
-    """The seed question's window on ``hw``, its CP ranks placed as the profile's single-layer plans place them
-    (the -ib profiles: one a node, TP filling the rest)."""
+    """[A-RingCost]'s closing question (an 8-way CP for a 128K training run?): its window on ``hw``, its CP
+    ranks placed as the profile's single-layer plans place them (the -ib profiles: one a node, TP the rest)."""
     placed = MachineOverrides(cp_ranks_per_node=load_profile(hw).ranks_per_node)
-    inputs = SEED_QUESTION.model_copy(update={"hw": hw})
+    inputs = ARTICLE_QUESTION.model_copy(update={"hw": hw})
     return recommend(make_job(inputs, TrainingSetup(gpus=64, **setup), overrides=placed))
 
 
-def test_seed_question_on_a100_nvlink_with_full_recompute() -> None:
+def test_the_articles_question_on_a100_nvlink_with_full_recompute() -> None:
     """'An 8-way CP for a 128K training run?' On one A100 NVLink node: yes, N = 8 green."""
     rec = advise("a100-nvlink", recompute="full").recommendation
     assert (rec.n_min_memory, rec.n_recommended, rec.scheme, rec.layout, rec.dp) == (
@@ -184,7 +184,7 @@ def test_seed_question_on_a100_nvlink_with_full_recompute() -> None:
     assert rec.n_max_comm == 16 and "smallest CP degree whose memory fits" in rec.reason
 
 
-def test_seed_question_on_h100_ib_says_which_side_fails_and_what_fixes_it() -> None:
+def test_the_articles_question_on_h100_ib_says_which_side_fails_and_what_fixes_it() -> None:
     """Each CP rank on its own node, as the article's inter-node example places them. At N = 2 the loss's
     logits of 64K tokens (6 bytes each of 128K vocabulary entries: 50 GB) outgrow the device whatever ZeRO
     shards; TP 2 splits the vocabulary and opens the window."""
@@ -232,7 +232,7 @@ def test_all_to_all_opens_the_window_when_the_plain_ring_turns_red() -> None:
     With 400 Gb/s NICs as [A-RingCost] assumes; on a DGX A100's HDR 200 Gb/s even USP is red at N = 32."""
     machine = Machine(override(load_profile("a100-nvlink"), ProfileChanges(inter_bandwidth="400Gb")))
     overrides = MachineOverrides(inter_node_bandwidth="400Gb")
-    two = SEED_QUESTION.model_copy(update={"batch": 2})  # two sequences a device: memory needs N = 32
+    two = ARTICLE_QUESTION.model_copy(update={"batch": 2})  # two sequences a device: memory needs N = 32
     report = recommend(make_job(two, TrainingSetup(gpus=64, zero=2), overrides=overrides))
     rec = report.recommendation
     row = next(r for r in report.candidates if r.n == 32)
@@ -279,7 +279,7 @@ def test_window_properties(seq_k: int, gpus: int, hw: str, zero: int, recompute:
 
 
 def test_training_values_cover_every_fit_formula() -> None:
-    values = memory_values(SEED_QUESTION, TrainingSetup(gpus=64), 8, load_model("llama3-8b"))
+    values = memory_values(ARTICLE_QUESTION, TrainingSetup(gpus=64), 8, load_model("llama3-8b"))
     for name in ("model_state_bytes", "activation_bytes", "ring_buffer_bytes", "n_min_memory"):
         assert set(numeric.ARGS[name]) <= set(values), name
 
@@ -343,7 +343,7 @@ def test_memory_beyond_the_largest_usable_n_gets_its_sentence(cli) -> None:
 def test_ring_buffers_exist_only_with_a_ring() -> None:
     report = _advice("llama3-8b", "a100-nvlink", 64, recompute="full")
     buffers = {row.n: row for row in report.candidates}
-    values = memory_values(SEED_QUESTION, TrainingSetup(gpus=64), 1, load_model("llama3-8b"))
+    values = memory_values(ARTICLE_QUESTION, TrainingSetup(gpus=64), 1, load_model("llama3-8b"))
     assert numeric.ring_buffer_bytes(**{a: values[a] for a in numeric.ARGS["ring_buffer_bytes"]}) == 0
     two = values | {"N": 2.0}
     assert numeric.ring_buffer_bytes(**{a: two[a] for a in numeric.ARGS["ring_buffer_bytes"]}) > 0
@@ -354,8 +354,8 @@ def test_pipeline_memory_is_the_most_loaded_stage() -> None:
     """At pp = 4 the first stage holds 4 micro-batches of 8 layers (32 layers' activations); the last stage
     holds the output layer's states; the fit takes the larger of the two, not the average."""
     model = load_model("llama3-8b")
-    one = memory_values(SEED_QUESTION, TrainingSetup(gpus=64, pp=1, recompute="full"), 8, model)
-    four = memory_values(SEED_QUESTION, TrainingSetup(gpus=256, pp=4, recompute="full"), 8, model)
+    one = memory_values(ARTICLE_QUESTION, TrainingSetup(gpus=64, pp=1, recompute="full"), 8, model)
+    four = memory_values(ARTICLE_QUESTION, TrainingSetup(gpus=256, pp=4, recompute="full"), 8, model)
 
     def get(name: str, values: dict) -> float:
         return float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
@@ -427,7 +427,7 @@ def test_unfused_attention_holds_its_scores_in_the_backward_whether_kept_or_made
     held = {}
     for kernel in ("flash", "unfused"):
         values = memory_values(
-            SEED_QUESTION, TrainingSetup(gpus=8, recompute=recompute, attention_kernel=kernel), 8, model
+            ARTICLE_QUESTION, TrainingSetup(gpus=8, recompute=recompute, attention_kernel=kernel), 8, model
         )
         held[kernel] = (
             get("layer_backward_working_bytes", values)
