@@ -106,9 +106,9 @@ LORA_TARGETS: dict[str, tuple[str, ...]] = {
 
 def _finetune(value: Any) -> Any:
     accepted = (
-        "accepted: full, lora, lora:RANK with RANK from 1 to 9999, lora:TARGETS or lora:RANK:TARGETS with TARGETS a comma list "
-        "of q, k, v, o, gate, up, down (or qkv, proj, fc1, fc2, all; PEFT's q_proj ... and Megatron's linear_qkv ... "
-        "names too)"
+        "accepted: full, lora, lora:RANK with RANK from 1 to 9999, lora:TARGETS or lora:RANK:TARGETS with "
+        "TARGETS a comma list of q, k, v, o, gate, up, down (or qkv, proj, fc1, fc2, all; PEFT's q_proj ... and "
+        "Megatron's linear_qkv ... names too)"
     )
     match = isinstance(value, str) and re.fullmatch(
         r"full|lora(:[1-9][0-9]{0,3})?(:[a-z_0-9]+(,[a-z_0-9]+)*)?", value, re.ASCII

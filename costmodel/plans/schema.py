@@ -91,7 +91,8 @@ class Ring(_Section):
     n_max_inter_node: float | None = Field(description="the bound with the inter-node link")
     critical_shard_tokens: float = Field(description="L*: shard length where step comm = step compute")
     layer_time_s: float = Field(
-        description="predicted layer wall time: the pairs each rank sees at each step in this layout, transfers overlapped"
+        description="predicted layer wall time: the pairs each rank sees at each step in this layout, "
+        "transfers overlapped"
     )
     layer_compute_kernel_s: float = Field(
         description="the layer's compute at the rates layer_time_s reads (kernel tables; peak x efficiency "
