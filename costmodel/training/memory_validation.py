@@ -26,6 +26,7 @@ from costmodel.training.step import step_memory
 
 GOAL = 0.15  # every row within it, or a named known miss
 FILES = {"fitting": "memory_peaks.yaml", "holdout": "memory_peaks_holdout.yaml"}
+OUT_OF_MEMORY = "memory_oom.yaml"
 # The built-in profile a source's GPU is planned on: the memory model reads only the HBM it leaves free.
 HARDWARE = {"h100": "h100-nvlink", "h200": "h200-nvlink", "a100": "a100-nvlink", "a800": "a800-nvlink"}
 PRESETS = {"llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b", "llama3.1-405b": "llama3.1-405b"}
@@ -75,6 +76,53 @@ def rows(part: str = "fitting") -> tuple[MemoryPeak, ...]:
     """The rows of one part of the table: ``fitting`` (what the model was built and checked on) or ``holdout``."""
     document = read_yaml(data_dir("validation") / FILES[part], "validation")
     return tuple(MemoryPeak.model_validate(row) for row in document.data)
+
+
+class OutOfMemory(BaseModel):
+    """A published configuration that ran out of memory: a row of the peak tables (``base``) with the knobs its
+    source changed, and the source's words."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    base: str
+    change: dict[str, int]
+    evidence: str
+
+
+def out_of_memory(entries: list[Any] | None = None) -> tuple[tuple[OutOfMemory, MemoryPeak], ...]:
+    """The published configurations that ran out of memory (``validation/memory_oom.yaml``, or ``entries``), each
+    with the run it is: its base row, changed."""
+    if entries is None:
+        entries = read_yaml(data_dir("validation") / OUT_OF_MEMORY, "validation").data
+    peaks = {row.id: row for part in FILES for row in rows(part)}
+    out = []
+    for entry in entries:
+        oom = OutOfMemory.model_validate(entry)
+        if oom.base not in peaks:
+            raise ValueError(f"{oom.id}: base {oom.base!r} is no row of the peak tables")
+        if unknown := sorted(set(oom.change) - set(MemoryPeak.model_fields)):
+            raise ValueError(f"{oom.id}: change names {', '.join(unknown)}, which no peak row has")
+        run = MemoryPeak.model_validate({**peaks[oom.base].model_dump(), **oom.change, "id": oom.id})
+        out.append((oom, run))
+    return tuple(out)
+
+
+def refused_ooms() -> list[tuple[OutOfMemory, bool, float | None]]:
+    """Each configuration that ran out of memory with whether the model says it fits and its chance to."""
+    out = []
+    for oom, run in out_of_memory():
+        memory = step_memory(job_of(run))
+        out.append((oom, memory.fits, memory.fits_probability))
+    return out
+
+
+def fits_at_floor(job: Job) -> bool:
+    """Whether ``job`` fits at the caching allocator's floor, its tensors and the runtime's own: what it could
+    run in if the allocator, before it raises out-of-memory, released every cached block (the fit the model
+    does not use: the published runs that ran out of memory say why, docs/validation.md)."""
+    memory = step_memory(job)
+    return memory.by_category.allocated_bytes + memory.by_category.runtime <= memory.device_memory_bytes
 
 
 def _framework(row: MemoryPeak) -> str:
