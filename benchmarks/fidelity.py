@@ -75,6 +75,13 @@ def coverage_line(audit: dict) -> str:
     return f"{'  inside the 80 % intervals':<44} {covered['covered']:4.0%} of {covered['runs']}"
 
 
+def group_line(label: str, groups: dict[str, dict]) -> str:
+    """Each group's signed median error and run count, on one line (where the errors lean by group)."""
+    ordered = sorted(groups.items(), key=lambda item: int(item[0].split()[-1]))  # "TP 2" before "TP 16"
+    cells = ", ".join(f"{name} {s['signed_median']:+.1%} ({s['n']})" for name, s in ordered)
+    return f"{label:<44} {cells}"
+
+
 def rank_line(label: str, r: dict | None) -> str:
     if r is None:
         return f"{label:<44} no job run in two layouts"
@@ -131,6 +138,7 @@ def main() -> None:
         print(line("multi-node, built-in profile", multi_audit))
         print(coverage_line(multi_audit))
         print(rank_line("  layouts ranked, built-in profile", multi_audit["ranking"]))
+        print(group_line("  signed median error by TP degree", multi_audit["groups"]["tensor parallel"]))
 
     aside = single.runs[4::5]
     kept = [run for i, run in enumerate(single.runs) if i % 5 != 4]
