@@ -74,10 +74,19 @@ def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -
     if by.peak.startswith("the optimizer step"):
         labels = labels | {"working": "the step's temporaries"}
     parts = " + ".join(f"{label} {si(getattr(by, k), 'B')}" for k, label in labels.items() if getattr(by, k))
+    verdict = "fits" if fits else "DOES NOT FIT"
+    floor = by.allocated_bytes + by.runtime
+    if not fits and floor <= usable:
+        # The fit is judged on the reservation: published runs this tight both ran and ran out of memory
+        # (docs/validation.md, "The chance to fit, against runs that ran out of memory").
+        verdict += (
+            f" (its tensors and the runtime, {si(floor, 'B')}, would fit only were the allocator to give back "
+            "its cache: published runs this tight have run and have run out of memory)"
+        )
     return (
         f"{parts} = {si(by.allocated_bytes, 'B')} allocated at {by.peak}; the allocator reserves "
         f"{si(by.allocator, 'B')} more, the runtime holds {si(by.runtime, 'B')}: {si(total, 'B')} of "
-        f"{si(usable, 'B')} usable: " + ("fits" if fits else "DOES NOT FIT")
+        f"{si(usable, 'B')} usable: {verdict}"
     )
 
 
