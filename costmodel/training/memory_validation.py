@@ -15,7 +15,7 @@ import re
 from functools import cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from costmodel.core.fileio import read_yaml
 from costmodel.core.resources import data_dir
@@ -79,40 +79,53 @@ def rows(part: str = "fitting") -> tuple[MemoryPeak, ...]:
 
 
 class OutOfMemory(BaseModel):
-    """A published configuration that ran out of memory: a row of the peak tables (``base``) with the knobs its
-    source changed, and the source's words."""
+    """A published configuration that ran out of memory, stated one of two ways: a row of the peak tables
+    (``base``) with the knobs its source changed (``change``), or, for a run no peak row is near, its job's
+    flags (``setup``, as ``cp-plan step`` takes them); with the source's words."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str
-    base: str
-    change: dict[str, int]
+    base: str | None = None
+    change: dict[str, int | str] = {}
+    setup: dict[str, Any] | None = None
     evidence: str
 
+    @model_validator(mode="after")
+    def _one_way(self) -> OutOfMemory:
+        if (self.base is None) == (self.setup is None):
+            raise ValueError(f"{self.id}: give a base row (with its change) or a setup, not both or neither")
+        if self.setup is not None and self.change:
+            raise ValueError(f"{self.id}: a change applies to a base row, not to a setup")
+        return self
 
-def out_of_memory(entries: list[Any] | None = None) -> tuple[tuple[OutOfMemory, MemoryPeak], ...]:
+
+def out_of_memory(entries: list[Any] | None = None) -> tuple[tuple[OutOfMemory, Job], ...]:
     """The published configurations that ran out of memory (``validation/memory_oom.yaml``, or ``entries``), each
-    with the run it is: its base row, changed."""
+    with the job it ran: its base row changed, or its setup."""
     if entries is None:
         entries = read_yaml(data_dir("validation") / OUT_OF_MEMORY, "validation").data
     peaks = {row.id: row for part in FILES for row in rows(part)}
     out = []
     for entry in entries:
         oom = OutOfMemory.model_validate(entry)
+        if oom.setup is not None:
+            out.append((oom, Job.of(**oom.setup)))
+            continue
         if oom.base not in peaks:
             raise ValueError(f"{oom.id}: base {oom.base!r} is no row of the peak tables")
         if unknown := sorted(set(oom.change) - set(MemoryPeak.model_fields)):
             raise ValueError(f"{oom.id}: change names {', '.join(unknown)}, which no peak row has")
         run = MemoryPeak.model_validate({**peaks[oom.base].model_dump(), **oom.change, "id": oom.id})
-        out.append((oom, run))
+        out.append((oom, job_of(run)))
     return tuple(out)
 
 
 def refused_ooms() -> list[tuple[OutOfMemory, bool, float | None]]:
     """Each configuration that ran out of memory with whether the model says it fits and its chance to."""
     out = []
-    for oom, run in out_of_memory():
-        memory = step_memory(job_of(run))
+    for oom, job in out_of_memory():
+        memory = step_memory(job)
         out.append((oom, memory.fits, memory.fits_probability))
     return out
 
