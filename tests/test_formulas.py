@@ -432,6 +432,7 @@ def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
         "a_u": 1,
         "a_d": int(causal),
         "x_ek": int(not causal),
+        "k_li": 2 - int(causal),  # bf16 linear inputs, or Transformer Engine's FP8 ones
         "t_lf": 3e-4,
         "n_kl": 12,
         "t_k": 4e-6,

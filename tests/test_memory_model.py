@@ -205,13 +205,13 @@ def test_flash_attns_cross_entropy_holds_the_bf16_logits_and_the_heads_gradients
 
 
 def test_every_memory_knob_of_a_profile_has_a_flag() -> None:
-    """A job changes any knob of its framework's memory policy with a flag (what it logs aside, and whether it
-    keeps its gradients as it reduces them: facts about its figures and its code, not a job's choices), each
-    to a value none of the built-in profiles has."""
+    """A job changes any knob of its framework's memory policy with a flag (what it logs aside, whether it
+    keeps its gradients as it reduces them and what its FP8 linears keep of their inputs: facts about its
+    figures and its code, not a job's choices), each to a value none of the built-in profiles has."""
     from costmodel.frameworks.profiles import MemoryPolicy
     from costmodel.plans.job import MEMORY_KNOBS
 
-    facts = {"reports", "gradients_reduced_as_kept"}
+    facts = {"reports", "gradients_reduced_as_kept", "fp8_linear_inputs"}
     assert set(MEMORY_KNOBS.values()) == set(MemoryPolicy.model_fields) - facts
     changed = {
         "loss": "chunked",

@@ -37,6 +37,7 @@ def gpt_layer(
         n_kv=a,
         x_rep=0,
         x_ek=0,  # the fused kernels the paper's counts assume
+        k_li=2,  # 16-bit linear inputs, as the paper counts them
         d=h // a,
         F_ffn=4 * h,
         g=0,

@@ -42,6 +42,7 @@ FUSED_MERGE_BYTES = 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
 TpInputs = Literal["sharded", "gathered"]
+Fp8Inputs = Literal["fp8", "bf16"]
 OptimizerKernel = Literal["fused", "foreach"]
 CrossEntropy = Literal["torch", "megatron", "flash"]
 Fp8Scaling = Literal["delayed", "current"]
@@ -121,6 +122,12 @@ class MemoryPolicy(_Strict):
         "input's sequence shard, all-gathered again in the backward (Megatron-Core's), or the all-gathered "
         "input itself (torch's DTensor SequenceParallel into ColwiseParallel, as torchtitan and transformers "
         "plan TP): the attention's and the MLP's inputs, whole, in every layer's activations",
+    )
+    fp8_linear_inputs: Fp8Inputs = Field(
+        "bf16",
+        description="what an FP8 linear keeps of its input for the weight gradient: the FP8 cast it multiplied "
+        "(Transformer Engine's Linear and LayerNormLinear), or the bf16 input, cast again in the backward "
+        "(torchao's Float8Linear)",
     )
     fsdp_prefetch_layers: Count(minimum=0, maximum=64) = Field(
         1, description="layers whose parameters ZeRO-3/FSDP gathers ahead of the one computing"

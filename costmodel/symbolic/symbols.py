@@ -431,6 +431,15 @@ x_ek = _symbol(
     "[Liger], costmodel/kernel/memory.py",
     nonnegative=True,
 )
+k_li = _symbol(
+    "k_li",
+    "bytes a linear layer keeps per element of its input for the weight gradient: 2 (its bf16 input), 1 where "
+    "FP8 linears keep the FP8 cast they multiplied (Transformer Engine), beside an FP8 copy of the attention "
+    "output the projection reads",
+    "B",
+    "[TE-Linear]",
+    positive=True,
+)
 k_agm = _symbol(
     "k_agm",
     "1 where an all-gather CP still attends block by block and merges the partial outputs as a ring does "

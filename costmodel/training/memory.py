@@ -92,6 +92,7 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
         "rho": (rc == 2).astype(float)[()],
         "w_op": ((rc == 1) & (m.selective_recompute == "ops")).astype(float)[()],
         "x_ek": float(eager_intermediates(job)),
+        "k_li": 1.0 if job.step.gemm_dtype is not None and m.fp8_linear_inputs == "fp8" else 2.0,
         # repeat_kv copies nothing where every query head has its own K, V
         "x_rep": float(job.step.gqa == "repeat" and job.model.kv_heads < job.model.heads),
         "z_w": z_w,

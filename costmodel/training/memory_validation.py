@@ -121,6 +121,17 @@ def out_of_memory(entries: list[Any] | None = None) -> tuple[tuple[OutOfMemory, 
     return tuple(out)
 
 
+# The configurations that ran out of memory which the model says fit, each with why.
+KNOWN_OOM_MISSES: dict[str, str] = {
+    "mbridge-llama3-70b-sft-tp4-pp4-vp5-fp8cs-4k": (
+        "ran out of memory in 30-60 % of its runs, by the allocator's fragmentation (it passed with expandable "
+        "segments): the model reserves 76.9 GB of 80.7 and gives it a 40 % chance to fit, where its allocation "
+        "reads 68.0 GB against the source's 58.8 and its reserve stands for no more than the 0.22 of what comes "
+        "and goes that the profiles hold"
+    ),
+}
+
+
 def refused_ooms() -> list[tuple[OutOfMemory, bool, float | None]]:
     """Each configuration that ran out of memory with whether the model says it fits and its chance to."""
     out = []

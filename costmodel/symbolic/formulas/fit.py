@@ -52,6 +52,7 @@ from costmodel.symbolic.symbols import (
     g_p,
     h,
     k_l,
+    k_li,
     l_f,
     m_la,
     m_mb,
@@ -429,12 +430,14 @@ A_layer = define(
     * L
     * (
         (4 + 2 * delta) * H * _split
-        + 4 * H * _gathered
-        + (4 * h * d + 4 * n_kv_a * d + 2 * (2 + g) * F_ffn) / t
+        + 2 * k_li * H * _gathered
+        + (4 * h * d + (2 - k_li) * h * d + 4 * n_kv_a * d + (2 * (1 + g) + k_li) * F_ffn) / t
         + 5 * phi * h * L / t
     )
     + x_ek * (2 * _eager_norm * _split + _eager_silu),
-    "activations one layer keeps for its backward, per device, without recompute; eager torch ops keep more: "
+    "activations one layer keeps for its backward, per device, without recompute (the attention's, the MLP's "
+    "and its second projection's inputs at k_li bytes an element, and where that is FP8 a copy of the "
+    "attention output beside the kernel's own); eager torch ops keep more: "
     "each RMSNorm its fp32 upcast beside its bf16 output (4H bytes a token more than a fused norm's input), "
     "the SwiGLU silu(gate) for the product's backward (2F)",
     "B",
