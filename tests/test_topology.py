@@ -200,7 +200,7 @@ def test_megatron_is_the_default_order() -> None:
     assert parse_order(MEGATRON_ORDER) == ("tp", "cp", "dp", "pp")
 
 
-DONE_WHEN = [  # the three plans of the issue: each command runs with no extra flag and states the topology
+ONE_PER_TOPOLOGY = [  # an NVLink domain, a full mesh and a torus: each command runs with no extra flag and names it
     (
         "llama3.1-405b",
         "gb200-nvl72",
@@ -219,7 +219,7 @@ DONE_WHEN = [  # the three plans of the issue: each command runs with no extra f
 ]
 
 
-@pytest.mark.parametrize(("model", "hw", "job", "cp", "shape"), DONE_WHEN)
+@pytest.mark.parametrize(("model", "hw", "job", "cp", "shape"), ONE_PER_TOPOLOGY)
 def test_plans_run_end_to_end_and_state_the_topology(
     cli, model: str, hw: str, job: list, cp: list, shape: str
 ) -> None:

@@ -75,12 +75,11 @@ def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -
         labels = labels | {"working": "the step's temporaries"}
     parts = " + ".join(f"{label} {si(getattr(by, k), 'B')}" for k, label in labels.items() if getattr(by, k))
     verdict = "fits" if fits else "DOES NOT FIT"
-    floor = by.allocated_bytes + by.runtime
-    if not fits and floor <= usable:
+    if not fits and by.floor_bytes <= usable:
         # The fit is judged on the reservation: published runs this tight both ran and ran out of memory
         # (docs/validation.md, "The chance to fit, against runs that ran out of memory").
         verdict += (
-            f" (its tensors and the runtime, {si(floor, 'B')}, would fit only were the allocator to give back "
+            f" (its tensors and the runtime, {si(by.floor_bytes, 'B')}, would fit only were the allocator to give back "
             "its cache: published runs this tight have run and have run out of memory)"
         )
     return (

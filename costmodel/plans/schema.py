@@ -393,6 +393,12 @@ class MemoryCategories(_Section):
         """The tensors at the peak by category, in order: they sum to ``allocated_bytes``."""
         return {name: getattr(self, name) for name in TENSOR_CATEGORIES}
 
+    @property
+    def floor_bytes(self) -> float:
+        """The least the step could run in: its tensors and the runtime's own, were the caching allocator to
+        release every cached block before raising out-of-memory (the fit is judged on the reservation)."""
+        return self.allocated_bytes + self.runtime
+
 
 TENSOR_CATEGORIES = (
     "weights",

@@ -146,7 +146,7 @@ def fits_at_floor(job: Job) -> bool:
     run in if the allocator, before it raises out-of-memory, released every cached block (the fit the model
     does not use: the published runs that ran out of memory say why, docs/validation.md)."""
     memory = step_memory(job)
-    return memory.by_category.allocated_bytes + memory.by_category.runtime <= memory.device_memory_bytes
+    return memory.by_category.floor_bytes <= memory.device_memory_bytes
 
 
 def _framework(row: MemoryPeak) -> str:
