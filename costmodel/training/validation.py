@@ -33,7 +33,11 @@ FILE = "training_published.yaml"
 HELD_OUT_FILE = "training_published_holdout.yaml"
 # The citations whose rows were split into ROWS and HELD_OUT (those added after the split was made), one draw
 # per tuple in the order the draws were made, each from its own generator: a later draw never moves an earlier.
-DRAWS = (("[USP]", "[When-to-Upgrade]"), ("[Megatron-Bridge-Perf]",))
+DRAWS = (
+    ("[USP]", "[When-to-Upgrade]"),
+    ("[Megatron-Bridge-Perf]",),
+    ("[Megatron-Bridge-Memory]", "[Megatron-Bridge-Cards]"),
+)
 DRAWN = tuple(citation for draw in DRAWS for citation in draw)
 # The step's figures a row may compare: the numbers of its JSON's "step".
 METRICS = tuple(name for name, f in StepTimes.model_fields.items() if f.annotation in (float, float | None))
