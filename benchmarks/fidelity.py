@@ -44,7 +44,6 @@ from costmodel.calibration.residuals import coverage_report, median_half_width
 from costmodel.cli.markdown import job_orders
 from costmodel.inference.published import summary as serving_summary
 from costmodel.machines.profiles import HardwareProfile, load_profile
-from costmodel.plans.job import Job
 from costmodel.training.memory_validation import fits_at_floor, out_of_memory, refused_ooms
 from costmodel.training.validation import HELD_OUT, ROWS, by_framework, refused
 from costmodel.training.validation import predict as published
@@ -190,7 +189,7 @@ def print_published() -> None:
         f"  published configurations that ran out of memory (validation/memory_oom.yaml): {len(ran_out)} of "
         f"{len(ooms)} refused" + (f", their chance to fit at most {max(ran_out):.0%}" if ran_out else "")
     )
-    floor = sum(fits_at_floor(Job.of(**row.setup)) for row, _ in unfit)
+    floor = sum(fits_at_floor(row.job) for row, _ in unfit)
     floor_ooms = sum(fits_at_floor(job) for _, job in out_of_memory())
     print(
         f"  judged at the allocator's floor (allocated + runtime) instead: {floor} of the {len(unfit)} refused "

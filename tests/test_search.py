@@ -91,7 +91,7 @@ def _published_jobs() -> list:
 def test_the_search_never_loses_to_a_published_plan(row) -> None:
     """Each published plan of docs/validation.md that fits is in the search's space, so the search's pick
     on the same job (GPUs, batch, machine, overlaps) is never slower under the same model."""
-    published = evaluate_step(Job.of(**row.setup)).model_dump(by_alias=True)
+    published = evaluate_step(row.job).model_dump(by_alias=True)
     best = search(*searched(**row.setup), top=1).plans
     if published["fits"]:
         assert best and best[0]["step_time_s"] <= published["step"]["time_s"] * (1 + 1e-9)

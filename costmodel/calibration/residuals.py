@@ -58,7 +58,7 @@ def step_residuals(part: str = "fitting") -> list[MeasuredResidual]:
     """The published step figures' residuals: the calibration rows, or (``holdout``) the rows kept aside."""
     out = []
     for row in training_rows.ROWS if part == "fitting" else training_rows.HELD_OUT:
-        job = Job.of(**row.setup)
+        job = row.job
         step = evaluate_step(job).step
         ratio = getattr(step, row.metric) / row.published  # a rate: a time's measured / predicted
         if row.metric not in (*RATES, "time_s"):

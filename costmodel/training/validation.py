@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from costmodel.core.resources import data_dir
@@ -60,6 +60,11 @@ class Published:
     def profile(self) -> str:
         """The framework profile the row is predicted with."""
         return self.setup.get("framework", DEFAULT_FRAMEWORK)
+
+    @cached_property
+    def job(self) -> Job:
+        """The row's job, validated once: its setup as `cp-plan step` flags."""
+        return Job.of(**self.setup)
 
 
 @cache
@@ -103,14 +108,14 @@ def by_framework() -> dict[str, dict[str, float]]:
 
 
 def predict(row: Published) -> float:
-    return float(getattr(evaluate_step(Job.of(**row.setup)).step, row.metric))
+    return float(getattr(evaluate_step(row.job).step, row.metric))
 
 
 def job_key(row: Published, job: Job | None = None) -> str:
     """The job ``row`` is one layout of: what a layout search holds fixed (the model, sequence, GPUs, global batch,
     ZeRO and offload), as one source measured it (layouts compared across sources would compare their software
     too). ``job``: the row's, where the caller has made it."""
-    job = job or Job.of(**row.setup)
+    job = job or row.job
     offload = f" offload {job.setup.offload}" if job.setup.offload != "none" else ""
     return (
         f"{row.source.split(']')[0]}] {job.inputs.model} S={job.inputs.seq} {job.gpus}x{job.machine.name} "
@@ -123,7 +128,7 @@ def refused(rows: list[Published]) -> list[tuple[Published, float | None]]:
     with the chance to fit the model gives it."""
     out = []
     for row in rows:
-        memory = evaluate_step(Job.of(**row.setup)).memory
+        memory = evaluate_step(row.job).memory
         if not memory.fits:
             out.append((row, memory.fits_probability))
     return out
