@@ -94,7 +94,8 @@ def test_sequence_parallel_plus_selective_is_5x_less_than_tp_alone() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "billions"), [("llama3-8b", 8.030), ("llama3-70b", 70.554), ("gpt3-175b", 174.6)]
+    ("preset", "billions"),
+    [("llama3-8b", 8.030), ("llama3-70b", 70.554), ("gpt3-175b", 174.6), ("qwen3-8b", 8.191)],
 )
 def test_parameter_counts(preset: str, billions: float) -> None:
     m = load_model(preset)
