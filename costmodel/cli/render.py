@@ -161,7 +161,7 @@ def verdict_line(report: Report) -> str:
     v, hw = report.verdict, report.hardware
     clause = kernel_clause(report)
     rate = "peak" if hw.effective_flops == hw.peak_flops else "effective"
-    bound = f" (compute balanced at {rate} FLOP/s, the articles' bound)" if clause else ""
+    bound = f" (compute balanced at {rate} FLOP/s, [A-RingCost]'s bound)" if clause else ""
     return f"{v.pass_} step comm ratio {percent(v.comm_ratio_step)}{bound}: {v.text}{clause}"
 
 

@@ -164,7 +164,7 @@ def _backward(ev: Evaluator, step_compute_kernel_s: float) -> Backward:
 
 
 def _verdict(ev: Evaluator, inputs: PlanInputs, machine: Machine, ring: Ring, backward: Backward) -> Verdict:
-    """The band of the balanced ratio (the bound the articles reason with), and beside it the ratio at the
+    """The band of the balanced ratio (the bound [A-RingCost] reasons with), and beside it the ratio at the
     kernel rates the layer time and the timeline read, so the headline and the timeline tell one story. The
     limits are the same pass's: for fwd+bwd, N_max the lower and L* the longer of the two phases'."""
     ratio = pass_ratio(ev, inputs.pass_) if inputs.cp > 1 else 0.0  # one device receives nothing
