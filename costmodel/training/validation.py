@@ -111,11 +111,11 @@ def predict(row: Published) -> float:
     return float(getattr(evaluate_step(row.job).step, row.metric))
 
 
-def job_key(row: Published, job: Job | None = None) -> str:
+def job_key(row: Published) -> str:
     """The job ``row`` is one layout of: what a layout search holds fixed (the model, sequence, GPUs, global batch,
     ZeRO and offload), as one source measured it (layouts compared across sources would compare their software
-    too). ``job``: the row's, where the caller has made it."""
-    job = job or row.job
+    too)."""
+    job = row.job
     offload = f" offload {job.setup.offload}" if job.setup.offload != "none" else ""
     return (
         f"{row.source.split(']')[0]}] {job.inputs.model} S={job.inputs.seq} {job.gpus}x{job.machine.name} "
