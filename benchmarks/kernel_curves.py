@@ -1,14 +1,15 @@
 """The built-in profiles' kernel curves derived from public kernel measurements, with their error: each public
 table turned into `cp-plan hw fit-kernels`' columns, fitted, the row in five kept aside predicted, and the
-fit of one source checked on another it never saw (transfer); and from the multiplies far below the ridge,
-the bandwidth memory-bound kernels reach (the profiles' `device.hbm_sustained`).
+fit of one source checked on another it never saw (transfer); and the bandwidth memory-bound kernels reach
+(the profiles' `device.hbm_sustained`): from the multiplies far below the ridge where a table of linear layers
+is at hand (H100, A100), else from the cuDNN frontend's RMSNorm forward passes (H200, GB200).
 
     python benchmarks/kernel_curves.py --data ../shared/data/kernels      # print the fits and errors
     python benchmarks/kernel_curves.py --data DIR --yaml                  # and each fitted curve as YAML
     python benchmarks/kernel_curves.py --smoke     # a table timed by the model itself: the pipeline, not the data
 
 The tables are those of the data folder's SOURCES.md (Vidur's linear layers at real model shapes on H100 and
-A100, XLA's matmul table on H100 and B200, the cuDNN frontend's attention sweeps); the project commits what
+A100, XLA's matmul table on H100 and B200, the cuDNN frontend's attention and norm sweeps); the project commits what
 is fitted from them (hardware/*.yaml, each curve's `source` naming this script), never the tables.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from costmodel.machines.kernel_fit import (
+    STREAMING_MIN_S,
     attention_errors,
     fit_kernels,
     gemm_errors,
@@ -83,6 +86,24 @@ def cudnn(data: Path, gpu: str, backend: str, cudnn_prefix: str) -> list[list]:
                     ]
                 )
     return out
+
+
+def norm_bandwidth(data: Path, gpu: str) -> dict[str, float]:
+    """What a memory-bound kernel reaches on ``gpu``: the median bytes a second of the cuDNN frontend's RMSNorm
+    forward passes (input read, output written once, as the source counts them) that run at least
+    STREAMING_MIN_S, the rule the multiplies' figure follows; shorter ones are their launch."""
+    rates = [
+        float(r["fwd_GBps"]) * 1e9
+        for r in _rows(data / "cudnn_frontend_norms.csv")
+        if r["gpu"] == gpu
+        and r["backend"] == "cudnn"
+        and r["norm_type"] == "rms_norm"
+        and float(r["fwd_ms"]) * 1e-3 >= STREAMING_MIN_S
+    ]
+    return {"rows": len(rates), "bytes_per_s": statistics.median(rates), "min": min(rates), "max": max(rates)}
+
+
+NORM_GPUS = {"H200": "h200-nvlink", "GB200": "gb200-nvl72"}
 
 
 GEMM_HEADER = ["m", "n", "k", "batch", "dtype", "ms", "tflops"]
@@ -184,6 +205,15 @@ def main() -> None:
             kernels = fitted.model_dump(mode="json", exclude_none=True)["kernels"]
             part = {"gemm": kernels["gemm"]} if gemm else {"attention": kernels["attention"]}
             print(yaml.safe_dump(part, sort_keys=False, width=110))
+    if not args.smoke:
+        for gpu, name in NORM_GPUS.items():
+            norms, datasheet = norm_bandwidth(data, gpu), load_profile(name).device.hbm_bandwidth
+            assert datasheet is not None
+            print(
+                f"cuDNN RMSNorm forward on {gpu}: {norms['rows']} passes of at least {STREAMING_MIN_S * 1e6:.0f} us, "
+                f"median {norms['bytes_per_s'] / 1e12:.3f} TB/s ({norms['min'] / 1e12:.2f}-{norms['max'] / 1e12:.2f}), "
+                f"{norms['bytes_per_s'] / datasheet:.0%} of the datasheet's {datasheet / 1e12:.3f} -> {name}"
+            )
 
 
 if __name__ == "__main__":

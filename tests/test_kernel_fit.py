@@ -252,6 +252,31 @@ def test_built_in_sustained_bandwidth_is_the_median_of_the_memory_bound_multipli
         assert device.streaming_bandwidth == device.hbm_sustained < device.hbm_bandwidth
 
 
+@pytest.mark.skipif(not SHARED.is_dir(), reason="the public kernel tables are not on this machine")
+@pytest.mark.parametrize(
+    ("gpu", "profile", "share"), [("H200", "h200-nvlink", 0.78), ("GB200", "gb200-nvl72", 0.75)]
+)
+def test_built_in_sustained_bandwidth_without_linears_is_the_median_of_cudnns_norms(
+    gpu: str, profile: str, share: float
+) -> None:
+    """Where no table of linear layers is public, hbm_sustained is the median rate of the cuDNN frontend's
+    RMSNorm forward passes of 20 us or more (benchmarks/kernel_curves.py): 10 on the H200 (78 % of its
+    datasheet, as the H100's multiplies reach 80 % of its), 7 on the GB200 (75 %)."""
+    with (SHARED / "cudnn_frontend_norms.csv").open(newline="", encoding="utf-8") as handle:
+        rates = [
+            float(r["fwd_GBps"]) * 1e9
+            for r in csv.DictReader(handle)
+            if r["gpu"] == gpu
+            and r["backend"] == "cudnn"
+            and r["norm_type"] == "rms_norm"
+            and float(r["fwd_ms"]) >= 0.02
+        ]
+    device = load_profile(profile).device
+    assert len(rates) >= 7
+    assert device.hbm_sustained == pytest.approx(float(np.median(rates)), rel=0.001)
+    assert device.hbm_sustained / device.hbm_bandwidth == pytest.approx(share, abs=0.005)
+
+
 def test_sustained_bandwidth_reads_only_long_memory_bound_multiplies() -> None:
     """A GEMV-like multiply of 67 MB of weights in 40 us is counted (1.7 TB/s); a compute-bound one and one
     short enough to be its launch are not."""

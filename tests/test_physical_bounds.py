@@ -133,12 +133,12 @@ def _without_fp8_peak(effective: dict[str, float]) -> Any:
             id="duplicate-edge",
         ),
         pytest.param(
-            _set("kernels", "gemm", "edge", value=[256, 512, 1024, 1024, 4096, 8192, 16384]),
+            _set("kernels", "gemm", "edge", value=[512, 1024, 1024, 4096, 8192, 16384]),
             ("kernels.gemm", "edge must be strictly increasing"),
             id="duplicate-gemm-edge",
         ),
         pytest.param(
-            _set("kernels", "gemm", "edge", value=[256, 512, 4096, 2048, 1024, 8192, 16384]),
+            _set("kernels", "gemm", "edge", value=[512, 4096, 2048, 1024, 8192, 16384]),
             ("kernels.gemm", "strictly increasing"),
             id="falling-gemm-edge",
         ),

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.tables import errors_summary, read_csv
 from costmodel.core.units import parse_integer, parse_number
-from costmodel.machines.kernels import attention_length, attention_rate, gemm_rate, gemm_shape
+from costmodel.machines.kernels import GemmShape, attention_length, attention_rate, gemm_rate, gemm_shape
 from costmodel.machines.profiles import AttentionCurve, GemmCurve, HardwareProfile
 
 MAX_ROWS = 100_000  # Vidur's A100 linear-layer table, the largest public one, holds 36,516
@@ -282,28 +282,46 @@ def sustained_bandwidth(profile: HardwareProfile, rows: list[GemmRow]) -> dict[s
     return {"rows": len(rates), "bytes_per_s": float(median), "p25": float(low), "p75": float(high)}
 
 
+def _table_target(shape: GemmShape, measured: float, table: float | None) -> float | None:
+    """The table's rate at the shape's edge that reads ``measured`` back, as the kernel the model reads the
+    shape as with the table at ``table`` (None: the first round, the tiled kernel). None where the row says
+    nothing of the table: the model reads it at the HBM or launch bound, or it is a split-K kernel whose
+    reads take over half its time (its math, what the table sets, is then a small difference of two)."""
+    rate = measured / shape.factor
+    if table is None or shape.tiled(table) >= shape.split_k(table):
+        return rate / shape.fill if table is None or table * shape.fill < shape.cap else None
+    math_share = 1.0 - rate / shape.feed  # of a split-K kernel's time: 1/rate = 1/feed + 1/table
+    return rate / math_share if math_share >= 0.5 and rate < shape.shortest else None
+
+
 def _gemm_fit(base: HardwareProfile, rows: list[GemmRow], fp8: bool) -> GemmCurve | None:
     """The table that reads ``rows`` back, from the rows the table sets: not those measured near their HBM or
-    launch bound, nor those the fitted table itself reads at that bound (a skinny multiply whose wave fill
-    puts the table's rate under what HBM feeds is timed by the bound, whatever the table says). The second
-    set depends on the fit, so the fit is repeated until the rows it uses stop changing."""
+    launch bound, nor those the fitted table itself reads at that bound or as split-K kernels timed mostly by
+    their reads; each row as the kernel the model reads it as (:func:`_table_target`). Which kernel that is
+    depends on the fit, so the fit is repeated until the rows it reads each way stop changing."""
     shapes = [gemm_shape(base, r.m, r.n, r.k, r.batch, GEMM_DTYPES[r.dtype]) for r in rows]
     usable = [(s, r) for s, r in zip(shapes, rows, strict=True) if r.flops_per_s < BOUND * s.cap]
-    used, curve = usable, None
+    curve: tuple[list[int], list[float]] | None = None
+    used: list[tuple[float, float]] | None = None
     for _ in range(MAX_ROUNDS):
-        if not used:
+        logs = np.log(curve[0]) if curve else None
+        targets = [
+            (
+                s.edge,
+                _table_target(
+                    s, r.flops_per_s, float(np.interp(np.log(s.edge), logs, curve[1])) if curve else None
+                ),
+            )
+            for s, r in usable
+        ]
+        now = [(edge, t) for edge, t in targets if t is not None]
+        if not now:
             return None
-        edge, rates = fit_curve(
-            np.array([s.edge for s, _ in used]),
-            np.array([r.flops_per_s / (s.fill * s.factor) for s, r in used]),
-        )
-        curve = (edge, rates)
-        logs = np.log(edge)
-        kept = [(s, r) for s, r in usable if np.interp(np.log(s.edge), logs, rates) * s.fill < s.cap]
-        if len(kept) == len(used):
+        if now == used:
             break
-        used = kept
-    assert curve is not None
+        used = now
+        curve = fit_curve(np.array([e for e, _ in now]), np.array([t for _, t in now]))
+    assert curve is not None and used is not None
     table = "fp8 (e4m3)" if fp8 else "bf16/fp16"
     return GemmCurve(
         edge=curve[0], flops_per_s=curve[1], source=f"fitted to {len(used)} measured {table} multiplies"

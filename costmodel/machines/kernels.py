@@ -115,6 +115,12 @@ def tile_utilisation(m: int, n: int, sms: int, batch: int = 1) -> float:
     return best
 
 
+def _largest_tiles(m: int, n: int, batch: int) -> int:
+    """Output tiles of the largest of GEMM_TILES a multiply's result cuts into."""
+    rows, cols = max(GEMM_TILES, key=lambda tile: tile[0] * tile[1])
+    return batch * math.ceil(m / rows) * math.ceil(n / cols)
+
+
 def gemm_rate(
     profile: HardwareProfile,
     dtype: str,
@@ -125,16 +131,25 @@ def gemm_rate(
     element_bytes: int = 2,
     clock: float = 1.0,
 ) -> float:
-    """Achieved FLOP/s of ``batch`` m x k by k x n matrix multiplies.
+    """Achieved FLOP/s of ``batch`` m x k by k x n matrix multiplies: the faster of the two kinds of kernel
+    a tuned BLAS picks between for the shape.
 
-    The table holds square problems; a problem is read at the edge of the square with as many
-    multiply-adds, (m·n·k)^(1/3), then scaled by how well its own output fills the SMs' waves against that
-    square's, never above it (:func:`tile_utilisation`; a skinny TP shard of a few hundred columns loses
-    here), held under what HBM can feed (its operands and result read and written once), and no shorter
-    than the shortest kernel (``MIN_KERNEL_S``). The H100 and A100 tables are fitted to linear layers at model
-    shapes through this very reading (``cp-plan hw fit-kernels``; docs/validation.md, "The kernel tables":
-    MAPE 12.9 % and 9.5 % on rows kept aside). An fp8 multiply reads ``kernels.gemm_fp8`` where the profile has
-    it: fp8 tensor cores reach a smaller share of their
+    A tiled kernel: the table holds square problems; a problem is read at the edge of the square with as
+    many multiply-adds, (m·n·k)^(1/3), then scaled by how well its own output fills the SMs' waves against
+    that square's, never above it (:func:`tile_utilisation`; a skinny TP shard of a few hundred columns
+    loses here), held under what HBM can feed (its operands and result read and written once).
+
+    A split-K kernel, which a BLAS picks for a problem whose output, cut into its largest tiles, does not
+    fill one wave of the SMs (a decode's few rows, a small micro-batch's TP shard): it splits the reduction
+    over the idle SMs, so the wave fill costs nothing, but its reads do not hide behind its math: its time is
+    its bytes at the bandwidth memory-bound kernels reach (``device.hbm_sustained``) plus its FLOP at the
+    table's rate for its volume. On Vidur's linear layers of 1-64 rows kept aside this takes the MAPE from
+    28-34 % to 19-20 % on the H100 and from 30-32 % to 15-20 % on the A100 (docs/validation.md, "The kernel
+    tables").
+
+    Neither runs shorter than the shortest kernel (``MIN_KERNEL_S``). The H100 and A100 tables are fitted to
+    linear layers at model shapes through this very reading (``cp-plan hw fit-kernels``). An fp8 multiply
+    reads ``kernels.gemm_fp8`` where the profile has it: fp8 tensor cores reach a smaller share of their
     doubled peak than bf16 ones of theirs ([MAMF]: 71 % against 80 % on an H100 SXM). ``clock`` scales the
     table's compute rate, not what HBM feeds: a step's sustained clock (``kernels.sustained_clock``)."""
     kernels = _kernels(profile)
@@ -143,18 +158,32 @@ def gemm_rate(
     else:
         table, scale = kernels.gemm, _dtype_scale(profile, dtype)
     shape = gemm_shape(profile, m, n, k, batch, element_bytes)
-    rate = _interp(shape.edge, table.edge, table.flops_per_s) * scale * shape.fill * clock
-    return min(rate, shape.cap) * shape.factor
+    return shape.rate(_interp(shape.edge, table.edge, table.flops_per_s) * scale * clock)
 
 
 @dataclass(frozen=True)
 class GemmShape:
-    """How a multiply's shape reads the square table: rate = min(table(edge) x fill, cap) x factor."""
+    """How a multiply's shape reads the square table at its edge, whose rate is ``table``:
+    rate = max(min(table x fill, cap), split-K) x factor (:func:`gemm_rate`)."""
 
     edge: float  # the square with as many multiply-adds, (m·n·k)^(1/3)
     fill: float  # its waves' fill against that square's, at most 1
     cap: float  # what HBM can feed and the shortest kernel allow, FLOP/s
     factor: float  # fitted factors on the kernel as run: gemm_scale x the size slope
+    feed: float  # FLOP/s a split-K kernel's bytes allow at the sustained HBM rate; 0: no split-K kernel
+    shortest: float  # FLOP/s at the shortest kernel's time
+
+    def tiled(self, table: float) -> float:
+        return min(table * self.fill, self.cap)
+
+    def split_k(self, table: float) -> float:
+        """A split-K kernel's rate: its reads, then its math at the table's rate, one after the other."""
+        if not self.feed:
+            return 0.0
+        return min(1.0 / (1.0 / self.feed + 1.0 / table), self.shortest)
+
+    def rate(self, table: float) -> float:
+        return max(self.tiled(table), self.split_k(table)) * self.factor
 
 
 def gemm_shape(
@@ -170,15 +199,19 @@ def gemm_shape(
         square = round(edge)
         # never above the square's own rate: the table is what the kernel reaches at that volume
         fill = min(1.0, tile_utilisation(m, n, sms, batch) / tile_utilisation(square, square, sms))
-    cap = 2.0 * batch * m * n * k / MIN_KERNEL_S
+    shortest = 2.0 * batch * m * n * k / MIN_KERNEL_S
+    cap, feed = shortest, 0.0
     bandwidth = profile.device.hbm_bandwidth
     if bandwidth:
         moved = element_bytes * (m * k + k * n + m * n)
         cap = min(cap, 2.0 * m * n * k * bandwidth / moved)
+        # too few output tiles for one wave: a split-K kernel may split the reduction over the idle SMs
+        if not sms or _largest_tiles(m, n, batch) < sms:
+            feed = 2.0 * m * n * k * profile.device.streaming_bandwidth / moved
     # fitted factors on the kernel as run, memory-bound or not: its level, and its slope in problem size
     # below the reference edge (above it the table's own plateau holds: a fit never extrapolates a slope)
     slope = min(1.0, edge / GEMM_SIZE_REFERENCE) ** kernels.gemm_size_exponent
-    return GemmShape(edge, fill, cap, kernels.gemm_scale * slope)
+    return GemmShape(edge, fill, cap, kernels.gemm_scale * slope, feed, shortest)
 
 
 def measured_attention(
