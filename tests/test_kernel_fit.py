@@ -21,7 +21,7 @@ from costmodel.machines.kernel_fit import (
     read_gemm_table,
     sustained_bandwidth,
 )
-from costmodel.machines.kernels import attention_rate, gemm_rate
+from costmodel.machines.kernels import attention_rate, gemm_rate, gemm_shape
 from costmodel.machines.profiles import load_profile
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "kernels"
@@ -101,6 +101,37 @@ def test_gemm_rows_timed_on_a_known_table_give_it_back(tmp_path: Path) -> None:
         gemm["aside_base"]["signed_median"] > 0.1
     )  # the base table (670-696 TFLOP/s) is faster than the truth
     assert fitted.name == "fitted" and fitted.kernels.gemm_fp8 == base.kernels.gemm_fp8
+
+
+def test_rows_read_as_split_k_kernels_fit_back_as_they_are_read(tmp_path: Path) -> None:
+    """The 120 multiplies and 15 decode-sized ones (8-64 rows) timed by the model on a known table, which
+    reads 15 of them as split-K kernels: 13 of the decode-sized ones and two of the 120, whose few tiles a
+    split reduction runs faster. Each enters the fit at the table rate its math implies, or not at all where
+    its reads take over half its time; the table comes back, and every row is read back within 0.1 %."""
+    base = load_profile("h100-nvlink")
+    truth_table = {"edge": [1024, 2048, 4096, 8192], "flops_per_s": [150e12, 450e12, 520e12, 560e12]}
+    data = base.model_dump(mode="python", exclude_none=True)
+    data["kernels"]["gemm"] = truth_table | {"source": "test"}
+    truth = type(base).model_validate(data)
+    skinny = [(m, n, k) for m in (8, 16, 32, 48, 64) for n, k in ((4096, 4096), (6144, 4096), (4096, 14336))]
+    shapes = _shapes() + skinny
+
+    def read_as_split_k(m: int, n: int, k: int) -> bool:
+        shape = gemm_shape(truth, m, n, k)
+        table = float(np.interp(np.log(shape.edge), np.log(truth_table["edge"]), truth_table["flops_per_s"]))
+        return shape.split_k(table) > shape.tiled(table)
+
+    assert sum(read_as_split_k(*s) for s in shapes) == 15
+    rows = [
+        [m, n, k, "bf16", 2.0 * m * n * k / gemm_rate(truth, "bf16", m, n, k) * 1e3] for m, n, k in shapes
+    ]
+    table = _write(tmp_path / "gemm.csv", ["m", "n", "k", "dtype", "ms"], rows)
+    fitted, report = fit_kernels(base, table, None, "fitted")
+    (gemm,) = report["gemm"]
+    assert gemm["knots"] == truth_table["edge"]
+    assert gemm["flops_per_s"] == pytest.approx(truth_table["flops_per_s"], rel=1e-6)
+    read = [gemm_rate(fitted, "bf16", m, n, k) / gemm_rate(truth, "bf16", m, n, k) for m, n, k in shapes]
+    assert max(abs(r - 1) for r in read) < 1e-3
 
 
 def test_fp8_rows_fit_the_fp8_table_and_leave_the_bf16_one(tmp_path: Path) -> None:
