@@ -12,6 +12,7 @@ import json
 import statistics
 import sys
 
+import numpy as np
 import pytest
 
 from costmodel.calibration.gpu import linear_errors
@@ -258,3 +259,27 @@ def test_the_fa2_curves_are_flashattention2s_published_h100_figures(hw: str) -> 
                 both, forward = bars[head_dim, True, "fwd+bwd"][seq], bars[head_dim, True, "fwd"][seq]
                 expected = 2.5 / (3.5 / both - 1 / forward)
             assert rate == pytest.approx(expected, rel=5e-4), (head_dim, causal, backward, seq)
+
+
+# The B200 / H100 ratios of XLA's measured square bf16 multiplies by edge, as the Blackwell profiles state them
+XLA_B200_OVER_H100 = {256: 1.006, 512: 1.113, 1024: 1.139, 2048: 1.538, 4096: 1.816}
+
+
+@pytest.mark.parametrize(
+    ("hw", "fp8_over_bf16"), [("b200-nvlink", 3432.5 / 1745.0), ("gb200-nvl72", 3615.6 / 1822.0)]
+)
+def test_the_blackwell_gemm_tables_are_the_h100_curve_times_xlas_ratio(hw: str, fp8_over_bf16: float) -> None:
+    """No Blackwell table of linear layers is public: the bf16 table is the H100's (fitted to Vidur's linear
+    layers) read at each edge, times XLA's B200 / H100 ratio there; the fp8 one is that times the part's
+    maximum achievable fp8 / bf16 matmul ratio [MAMF]. A refit of the H100 curve that leaves them behind fails."""
+    h100 = load_profile("h100-nvlink").kernels.gemm
+    tables = load_profile(hw).kernels
+    assert tables.gemm.edge == tables.gemm_fp8.edge == list(XLA_B200_OVER_H100)
+    for edge, bf16, fp8 in zip(
+        tables.gemm.edge, tables.gemm.flops_per_s, tables.gemm_fp8.flops_per_s, strict=True
+    ):
+        expected = (
+            float(np.interp(np.log(edge), np.log(h100.edge), h100.flops_per_s)) * XLA_B200_OVER_H100[edge]
+        )
+        assert bf16 == pytest.approx(expected, abs=0.06e12)  # the YAML's 0.1 TFLOP/s
+        assert fp8 == pytest.approx(bf16 * fp8_over_bf16, abs=0.06e12)
