@@ -4,7 +4,7 @@ fit of one source checked on another it never saw (transfer); and the bandwidth 
 (the profiles' `device.hbm_sustained`): from the multiplies far below the ridge where a table of linear layers
 is at hand (H100, A100), else from the cuDNN frontend's RMSNorm forward passes (H200, GB200).
 
-    python benchmarks/kernel_curves.py --data ../shared/data/kernels      # print the fits and errors
+    python benchmarks/kernel_curves.py --data DIR      # the public tables (docs/references.md): fits, errors
     python benchmarks/kernel_curves.py --data DIR --yaml                  # and each fitted curve as YAML
     python benchmarks/kernel_curves.py --smoke     # a table timed by the model itself: the pipeline, not the data
 

@@ -238,7 +238,7 @@ def test_the_fa2_curves_are_flashattention2s_published_h100_figures(hw: str) -> 
     masks; non-causal backward) and the causal backward the README's forward + backward figure leaves after the
     forward (the backward at 2.5x the forward's FLOP), to the digits the profile writes."""
     if not KERNELS.is_dir():
-        pytest.skip("the public kernel tables (../shared/data/kernels) are not here")
+        pytest.skip("the public kernel tables (their sources: docs/references.md) are not here")
     bars: dict[tuple, dict[int, float]] = {}
     with (KERNELS / "fa3_paper_and_fa2_readme_h100_attention.csv").open(encoding="utf-8") as handle:
         for r in csv.DictReader(handle):
