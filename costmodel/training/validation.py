@@ -37,6 +37,7 @@ DRAWS = (
     ("[USP]", "[When-to-Upgrade]"),
     ("[Megatron-Bridge-Perf]",),
     ("[Megatron-Bridge-Memory]", "[Megatron-Bridge-Cards]"),
+    ("[torchtitan-AsyncTP]",),
 )
 DRAWN = tuple(citation for draw in DRAWS for citation in draw)
 # The step's figures a row may compare: the numbers of its JSON's "step".
