@@ -377,11 +377,15 @@ def test_cp_and_n_are_one_flag(cli) -> None:
 def test_groups_wait_on_the_link_their_placement_gives() -> None:
     """Ranks TP innermost, then CP, DP, PP: on 8-GPU nodes TP 8 stays on NVLink and CP crosses nodes, even on
     an -ib profile (whose one CP rank per node stands in for that TP); --cp-ranks-per-node moves a CP group
-    off the node."""
+    off the node. TP's collectives are NCCL rings, at the bus bandwidth NCCL's model gives NVLink (370.8 of
+    450 GB/s on SM90); the CP ring's sends use the link whole."""
     nvlink, ib = 450e9, 50e9
+    rings = nvlink * 0.824
     job = Job.of(model="llama3-70b", seq=32768, hw="h100-ib", gpus=128, tp=8, cp=4, pp=2, global_batch=4)
     values = bind(job)
-    assert (values["B_tp"], values["B_cp"], values["B_dp"], values["B_pp"]) == (nvlink, ib, ib, ib)
+    assert (values["B_tp"], values["B_cp"], values["B_dp"], values["B_pp"]) == pytest.approx(
+        (rings, ib, ib, ib)
+    )
     job = Job.of(model="llama3-8b", seq=32768, hw="h100-ib", gpus=8, tp=2, cp=4, global_batch=1)
     assert bind(job)["B_cp"] == nvlink  # 2 x 4 ranks: one node
     job = Job.of(
@@ -395,7 +399,9 @@ def test_groups_wait_on_the_link_their_placement_gives() -> None:
         cp_ranks_per_node=4,
     )
     values = bind(job)
-    assert (values["B_tp"], values["B_cp"]) == (nvlink, ib)  # 4 ranks a node hold 2 CP ranks of stride 2
+    assert (values["B_tp"], values["B_cp"]) == pytest.approx(
+        (rings, ib)
+    )  # 4 ranks a node: 2 CP ranks, stride 2
 
 
 def test_a_job_names_what_it_does_not_know() -> None:

@@ -54,7 +54,9 @@ def test_step_states_where_the_ring_leaves() -> None:
     assert topology["kind"] == "nvlink-domain" and topology["fast_domain"] == 72
     assert topology["cp_ring_leaves_fast_domain_at"] == 10
     assert topology["groups"]["cp"]["scope"] == "inter-node"
-    assert topology["groups"]["tp"]["bandwidth"] == pytest.approx(900 * GB, rel=1e-12)
+    assert topology["groups"]["tp"]["bandwidth"] == pytest.approx(
+        40.1 * 18 * GB, rel=1e-12
+    )  # NCCL: 18 NVLinks, SM100
 
 
 def test_rank_order_moves_cp_inside() -> None:
