@@ -6,7 +6,7 @@ The true cluster is h100-nvlink whose matrix multiplies run at 85 % of the publi
 datasheet; every step also pays 60 ms the model does not know (data loading, the Python loop), and each
 interval ±1.5 % noise. Two factors cannot describe that cluster exactly, so a profile fitted to some runs
 predicts the others only approximately, as it would on real logs. Run from the repository:
-``python tests/data/audit/generate.py`` (the files are committed; this says how they were made).
+``python tests/data/audit/generate.py`` (the files are committed; a test holds them to what this writes).
 """
 
 from __future__ import annotations
