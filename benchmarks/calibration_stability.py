@@ -63,7 +63,8 @@ def one_run(index: int, folder: Path, nproc: int, extra: list[str]) -> dict:
         check=False,
     )
     validate_s = time.perf_counter() - start
-    if val.returncode not in (0, 1):  # 1: above the gate, still a report
+    # 1: above the gate, a report on stdout; or a rank that failed, died or hung, said on stderr alone
+    if val.returncode not in (0, 1) or not val.stdout.strip():
         sys.exit(f"run {index}: validate failed (exit {val.returncode}):\n{val.stderr[-2000:]}")
     report = json.loads(val.stdout)
     (folder / f"run{index}.validate.json").write_text(val.stdout)
