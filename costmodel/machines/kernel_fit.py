@@ -26,7 +26,14 @@ from pydantic import ValidationError
 from costmodel.core.errors import InputError, describe_validation
 from costmodel.core.tables import errors_summary, read_csv
 from costmodel.core.units import parse_integer, parse_number
-from costmodel.machines.kernels import GemmShape, attention_length, attention_rate, gemm_rate, gemm_shape
+from costmodel.machines.kernels import (
+    GemmShape,
+    _interp,
+    attention_length,
+    attention_rate,
+    gemm_rate,
+    gemm_shape,
+)
 from costmodel.machines.profiles import AttentionCurve, GemmCurve, HardwareProfile
 
 MAX_ROWS = 100_000  # Vidur's A100 linear-layer table, the largest public one, holds 36,516
@@ -304,14 +311,9 @@ def _gemm_fit(base: HardwareProfile, rows: list[GemmRow], fp8: bool) -> GemmCurv
     curve: tuple[list[int], list[float]] | None = None
     used: list[tuple[float, float]] | None = None
     for _ in range(MAX_ROUNDS):
-        logs = np.log(curve[0]) if curve else None
+        # the table read at each shape's edge as the model reads it
         targets = [
-            (
-                s.edge,
-                _table_target(
-                    s, r.flops_per_s, float(np.interp(np.log(s.edge), logs, curve[1])) if curve else None
-                ),
-            )
+            (s.edge, _table_target(s, r.flops_per_s, _interp(s.edge, *curve) if curve else None))
             for s, r in usable
         ]
         now = [(edge, t) for edge, t in targets if t is not None]
