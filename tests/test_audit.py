@@ -60,7 +60,7 @@ def test_the_committed_audit_data_is_what_its_generator_writes(tmp_path: Path) -
     """The logs and tables these tests read come from generate.py's true cluster, which it derives from the
     h100-nvlink profile: a change to the model or the profile that moves them fails here until
     ``python tests/data/audit/generate.py`` writes them again, as the generated docs wait for codegen."""
-    fresh = _generator()  # its own noise generator, from the seed
+    fresh = _generator()  # a fresh module: its noise generator starts again
     fresh.HERE = tmp_path
     fresh.main()
     written = sorted(p.name for p in tmp_path.iterdir())
