@@ -188,7 +188,7 @@ def test_a_new_link_forgets_what_was_measured_on_the_old_one() -> None:
 )
 def test_a_link_given_the_bandwidth_it_has_changes_no_figure(cli, hw: str, flags: list[str]) -> None:
     """Only the bandwidth of an overridden link changes: its collective efficiency and latencies stay, so the
-    profile's own bandwidth gives back the profile's step (the A100's NCCL efficiency of 0.783 was once
+    profile's own bandwidth gives back the profile's step (the A100's ring collective efficiency was once
     dropped, and a TP 8 step read 5.7 % fast)."""
     job = ["step", "--model", "llama3-8b", "--seq", "8k", "--gpus", "64", "--global-batch", "64"]
     job += ["--recompute", "none", "--tp", "8", "--format", "json"]
