@@ -16,7 +16,8 @@ link of tests/data/runs/a100-vtrain.yaml and of the built-in A100 and A800 profi
 set them: Vidur's all-reduce over 2, 4 and 8 GPUs of one A100 and one H100 DGX node (torch.distributed on
 NCCL, the device time of its kernels; [Vidur], MIT licence) and XLA's collective table for H100 and B200
 (all-reduce, all-gather and reduce-scatter; the XLA executable's device time, its groups of 2 and 4 run
-four and two at once on the node; [XLA-CollectiveTable], Apache-2.0), each over 1-64 MB. With ``--data``
+four and two at once on the node; [XLA-CollectiveTable], Apache-2.0) and torch's all-reduce over one 8-GPU
+B200 node ([ML-Eng-Network], CC BY-SA 4.0), each over 1-64 MB. With ``--data``
 too, the vTrain fit is checked on Vidur's A100 node: a cluster and a caller it never saw.
 """
 
@@ -64,7 +65,7 @@ def model_s(collective: str, n: int, size: float, call: float, hop: float, busbw
 
 
 def read_public(folder: Path) -> list[Measured]:
-    """Vidur's one-node all-reduce and XLA's H100/B200 ring collectives, 1-64 MB."""
+    """Vidur's one-node all-reduce, XLA's H100/B200 ring collectives and torch's B200 all-reduce, 1-64 MB."""
     rows: list[Measured] = []
     with (folder / "vidur_collectives_fp16.csv").open(encoding="utf-8") as f:
         for r in csv.DictReader(f):
@@ -94,6 +95,12 @@ def read_public(folder: Path) -> list[Measured]:
                         float(r["median_time_us"]) * 1e-6,
                     )
                 )
+    with (folder / "nccl_busbw_measured.csv").open(encoding="utf-8") as f:
+        for r in csv.DictReader(f):  # torch's all-reduce over one 8-GPU B200 node: bus bandwidth only
+            if r["gpu"] == "B200" and r["nodes"] == "1" and r["source"].startswith("all_reduce_bench"):
+                size, n = float(r["size_bytes"]), int(r["gpus"])
+                seconds = size * bus_factor("all_reduce", n) / (float(r["busbw_GBps"]) * 1e9)
+                rows.append(("torch", "B200", "all_reduce", n, size, seconds))
     return [r for r in rows if MB <= r[4] <= 64 * MB]
 
 
