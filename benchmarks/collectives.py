@@ -17,7 +17,9 @@ set them: Vidur's all-reduce over 2, 4 and 8 GPUs of one A100 and one H100 DGX n
 NCCL, the device time of its kernels; [Vidur], MIT licence) and XLA's collective table for H100 and B200
 (all-reduce, all-gather and reduce-scatter; the XLA executable's device time, its groups of 2 and 4 run
 four and two at once on the node; [XLA-CollectiveTable], Apache-2.0) and torch's all-reduce over one 8-GPU
-B200 node ([ML-Eng-Network], CC BY-SA 4.0), each over 1-64 MB. With ``--data``
+B200 node ([ML-Eng-Network], CC BY-SA 4.0), each over 1-64 MB; and the H100 profile's rings across nodes
+against nccl-tests' all-reduce over 2-8 nodes of eight 400 Gb/s NICs each (NVIDIA/nccl-tests issue 309), by
+message size. With ``--data``
 too, the vTrain fit is checked on Vidur's A100 node: a cluster and a caller it never saw.
 """
 
@@ -142,6 +144,55 @@ def check_public(rows: list[Measured], fit=None) -> None:
         print(f"  {'Vidur A100, every rank count, vTrain fit':<45} {ours}")
 
 
+def read_multinode(folder: Path) -> dict[str, list[Measured]]:
+    """nccl-tests' all-reduce over 2-8 H100 nodes with eight 400 Gb/s InfiniBand NICs each (the fabric of
+    h100-nvlink's inter-node link), by cluster, node count and setting. GCP's A3 Mega table is left out: its
+    fabric (GPUDirect-TCPX) is not the profile's."""
+    tables: dict[str, list[Measured]] = {}
+    with (folder / "nccl_busbw_measured.csv").open(encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if r["source"].startswith("nccl-tests") and r["gpu"].startswith("H100") and r["time_us"]:
+                if "A3 Mega" in r["system"] or int(r["nodes"]) < 2:
+                    continue
+                name = f"{r['system'].split(',')[0][:28]}, {r['nodes']} nodes, {r['algo_or_setting'].split(' (')[0][:24]}"
+                row = (
+                    "nccl-tests",
+                    "H100",
+                    "all_reduce",
+                    int(r["gpus"]),
+                    float(r["size_bytes"]),
+                    float(r["time_us"]) * 1e-6,
+                )
+                tables.setdefault(name, []).append(row)
+    return tables
+
+
+BANDS = (
+    (MB, 64 * MB, "1-64 MB"),
+    (64 * MB, 1024 * MB, "64 MB-1 GB"),
+    (1024 * MB, float("inf"), "1 GB and up"),
+)
+
+
+def check_multinode(tables: dict[str, list[Measured]]) -> None:
+    """The built-in H100 profile's ring all-reduce across nodes against nccl-tests, by message size."""
+    print("h100-nvlink across nodes, nccl-tests all-reduce (model / measured - 1):")
+    every: dict[str, list[Measured]] = {}
+    for name, rows in sorted(tables.items()):
+        for lo, hi, band in BANDS:
+            picked = [r for r in rows if lo <= r[4] < hi]
+            every.setdefault(band, []).extend(picked)
+            if picked:
+                print(
+                    f"  {name + ', ' + band:<68} {errors(picked, lambda c, k, size: profile_s(c, k, size, 'H100'))}"
+                )
+    for band, rows in every.items():
+        if rows:
+            print(
+                f"  {'every cluster, ' + band:<68} {errors(rows, lambda c, k, size: profile_s(c, k, size, 'H100'))}"
+            )
+
+
 def smoke_public() -> list[Measured]:
     """Tables the built-in profiles price exactly: the check must read 0 % on them."""
     return [
@@ -166,6 +217,7 @@ def main() -> None:
         samples = [s for path in sorted(Path(args.data).glob("AR_GPU*_LUT")) for s in read_lut(path)]
     elif args.public:
         check_public(read_public(Path(args.public)))
+        check_multinode(read_multinode(Path(args.public)))
         return
     else:
         raise SystemExit("give --data DIR (vTrain's trace/a100), --public DIR or --smoke")
@@ -188,8 +240,15 @@ def main() -> None:
             )
     if args.smoke:
         check_public(smoke_public())
+        made = [
+            ("made", "H100", "all_reduce", n, float(size), profile_s("all_reduce", n, size, "H100"))
+            for n in (16, 64)
+            for size in (MB, 2048 * MB)
+        ]
+        check_multinode({"made": made})
     elif args.public:
         check_public(read_public(Path(args.public)), fit)
+        check_multinode(read_multinode(Path(args.public)))
 
 
 if __name__ == "__main__":

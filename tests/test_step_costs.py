@@ -89,6 +89,20 @@ def test_a100_ring_collectives_run_at_the_measured_bus_bandwidth_with_its_hop_an
     assert Machine(load_profile("a100-nvlink"), datasheet=True).link(8, "ring").call_latency_s == 0.0
 
 
+def test_a_ring_across_nodes_pays_the_network_hop_only_where_it_crosses_the_network() -> None:
+    """NCCL's ring over n ranks on k nodes: k - 1 of its n - 1 hops cross the network (9.6 us, Simple), the
+    rest stay in a node at no less than NCCL's 3 us network overhead [NCCL-Tuning]; one rank a node crosses
+    every hop."""
+    machine = Machine(load_profile("h100-nvlink"))
+    two_nodes = machine.link(16, "ring")
+    assert two_nodes.scope == "inter-node"
+    assert two_nodes.latency_s == pytest.approx((14 * 3.0e-6 + 1 * 9.6e-6) / 15, rel=1e-12)
+    eight_nodes = machine.link(64, "ring")
+    assert eight_nodes.latency_s == pytest.approx((56 * 3.0e-6 + 7 * 9.6e-6) / 63, rel=1e-12)
+    one_a_node = machine.placed(8).link(16, "ring")
+    assert one_a_node.latency_s == pytest.approx(9.6e-6, rel=1e-12)
+
+
 def test_tp_collectives_by_hand_with_and_without_sequence_parallelism() -> None:
     """TP 8, one layer's pass: 4 x 7/8 of the micro-batch's activations over the bus, 4 x 7 ring steps, and
     a fixed latency per call: two all-reduces without sequence parallelism, two all-gathers and two

@@ -116,7 +116,10 @@ class Link(_BothWays):
         "over this link, as a share of bandwidth_per_direction",
     )
     hop_latency_s: Latency = Field(
-        default=0.0, description="latency one step of a ring collective adds on this link (NCCL's model), s"
+        default=0.0,
+        description="latency one step of a ring collective adds on this link (NCCL's model), s; a ring over "
+        "k nodes crosses the network in k - 1 of its steps (an all-reduce's 2(k - 1)), and its steps inside a "
+        "node cost the intra-node hop, at least NCCL's 3 us network overhead",
     )
     call_latency_s: Latency = Field(
         default=0.0,
