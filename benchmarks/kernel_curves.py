@@ -9,7 +9,8 @@ is at hand (H100, A100), else from the cuDNN frontend's RMSNorm forward passes (
     python benchmarks/kernel_curves.py --smoke     # a table timed by the model itself: the pipeline, not the data
 
 The tables are those of the data folder's SOURCES.md (Vidur's linear layers at real model shapes on H100 and
-A100, XLA's matmul table on H100 and B200, the cuDNN frontend's attention and norm sweeps); the project commits what
+A100, XLA's matmul table on H100 and B200, DeepGEMM's block-scaled FP8 multiplies on H800, the cuDNN frontend's
+attention and norm sweeps); the project commits what
 is fitted from them (hardware/*.yaml, each curve's `source` naming this script), never the tables.
 """
 
@@ -56,6 +57,17 @@ def xla(data: Path, device: str) -> list[list]:
         [r["m"], r["n"], r["k"], r["b"], "bf16", "", r["bf16xbf16_to_bf16_TFLOPs"]]
         for r in _rows(data / "xla_matmul_perf_table_tflops.csv")
         if r["device"].startswith(device)
+    ]
+
+
+def deepgemm(data: Path) -> list[list]:
+    """DeepGEMM's block-scaled FP8 multiplies on an H800 (its README's latest table; a group is a batch entry)."""
+    rows = list(_rows(data / "deepgemm_h800_fp8_gemm.csv"))
+    latest = max(r["readme_date"] for r in rows)
+    return [
+        [r["m_per_group"], r["n"], r["k"], r["groups"], "fp8", "", r["tflops"]]
+        for r in rows
+        if r["readme_date"] == latest
     ]
 
 
@@ -137,6 +149,7 @@ CASES: list[Case] = [
     ("h100-nvlink", "XLA H100 squares", lambda d: xla(d, "H100"), GEMM_HEADER, [("Vidur H100 linears", lambda d: vidur(d, "h100"))]),
     ("a100-nvlink", "Vidur A100 linears", lambda d: vidur(d, "a100"), GEMM_HEADER, []),
     ("b200-nvlink", "XLA B200 squares", lambda d: xla(d, "B200"), GEMM_HEADER, []),
+    ("h800-nvlink", "DeepGEMM block-scaled FP8 on H800", deepgemm, GEMM_HEADER, [("every DeepGEMM row", deepgemm)]),
     (
         "h200-nvlink",
         "cuDNN 9.1 (NGC 24.03) on H200",
