@@ -13,14 +13,13 @@ link of tests/data/runs/a100-vtrain.yaml and of the built-in A100 and A800 profi
 [NCCL-Tuning] is printed beside it.
 
 ``--public`` checks the built-in profiles' ring collectives against tables measured elsewhere, none of which
-set them: Vidur's all-reduce over 2, 4 and 8 GPUs of one A100 and one H100 DGX node (torch.distributed on
-NCCL, the device time of its kernels; [Vidur], MIT licence) and XLA's collective table for H100 and B200
-(all-reduce, all-gather and reduce-scatter; the XLA executable's device time, its groups of 2 and 4 run
-four and two at once on the node; [XLA-CollectiveTable], Apache-2.0) and torch's all-reduce over one 8-GPU
-B200 node ([ML-Eng-Network], CC BY-SA 4.0), each over 1-64 MB; and the H100 profile's rings across nodes
-against nccl-tests' all-reduce over 2-8 nodes of eight 400 Gb/s NICs each (NVIDIA/nccl-tests issue 309), by
-message size. With ``--data``
-too, the vTrain fit is checked on Vidur's A100 node: a cluster and a caller it never saw.
+set them, over 1-64 MB: Vidur's all-reduce over 2, 4 and 8 GPUs of one A100 and one H100 DGX node
+(torch.distributed on NCCL, the device time of its kernels; [Vidur], MIT licence), XLA's collective table for
+H100 and B200 (all-reduce, all-gather and reduce-scatter; the XLA executable's device time, its groups of 2
+and 4 running four and two at once on the node; [XLA-CollectiveTable], Apache-2.0) and torch's all-reduce
+over one 8-GPU B200 node ([ML-Eng-Network], CC BY-SA 4.0). Across nodes, the H100 profile's rings against
+nccl-tests' all-reduce over 2-8 nodes of eight 400 Gb/s NICs each (NVIDIA/nccl-tests issue 309), by message
+size. With ``--data`` too, the vTrain fit is checked on Vidur's A100 node: a cluster and a caller it never saw.
 """
 
 from __future__ import annotations
@@ -72,31 +71,16 @@ def read_public(folder: Path) -> list[Measured]:
     with (folder / "vidur_collectives_fp16.csv").open(encoding="utf-8") as f:
         for r in csv.DictReader(f):
             if r["collective"] == "all_reduce" and r["devices_per_node"] == r["num_workers"]:
-                gpu = r["network_device"].split("_")[0].upper()
+                gpu, n = r["network_device"].split("_")[0].upper(), int(r["num_workers"])
                 rows.append(
-                    (
-                        "Vidur",
-                        gpu,
-                        "all_reduce",
-                        int(r["num_workers"]),
-                        float(r["size_bytes"]),
-                        float(r["median_ms"]) * 1e-3,
-                    )
+                    ("Vidur", gpu, "all_reduce", n, float(r["size_bytes"]), float(r["median_ms"]) * 1e-3)
                 )
     with (folder / "xla_collective_perf_table.csv").open(encoding="utf-8") as f:
         for r in csv.DictReader(f):
             gpu = r["device"].split(" ")[0]
             if r["op"] in XLA_OPS and gpu in ("H100", "B200"):
-                rows.append(
-                    (
-                        "XLA",
-                        gpu,
-                        XLA_OPS[r["op"]],
-                        int(r["devices_per_group"]),
-                        float(r["tensor_size_bytes"]),
-                        float(r["median_time_us"]) * 1e-6,
-                    )
-                )
+                n, size = int(r["devices_per_group"]), float(r["tensor_size_bytes"])
+                rows.append(("XLA", gpu, XLA_OPS[r["op"]], n, size, float(r["median_time_us"]) * 1e-6))
     with (folder / "nccl_busbw_measured.csv").open(encoding="utf-8") as f:
         for r in csv.DictReader(f):  # torch's all-reduce over one 8-GPU B200 node: bus bandwidth only
             if r["gpu"] == "B200" and r["nodes"] == "1" and r["source"].startswith("all_reduce_bench"):
