@@ -183,19 +183,31 @@ def test_decode_merge_bytes_by_hand() -> None:
     assert dec.merge_bytes_per_layer == 15 * 16 * (128 * 2 + 4)
 
 
-def test_decode_is_the_slower_of_its_reads_and_its_one_row_multiplies_without_parallelism() -> None:
+def test_decode_runs_its_multiplies_then_its_attention_each_at_its_own_roofline() -> None:
     out = infer(model="llama3-8b", hw="h100-nvlink", prompt="32k", output=1)
     dec = out.decode
     assert dec.cp_merge_s == 0 and dec.tp_s == 0 and dec.partial_merge_s == 0 and dec.fixed_s == 0
     # sampling reads the fp32 logits twice: 2 x 128,256 x 4 B at the 2.68 TB/s memory-bound kernels reach
     assert dec.sampling_s == pytest.approx(2 * 128_256 * 4 / H100_STREAMING, rel=1e-12)
-    reads = dec.weight_read_s + dec.kv_read_s
-    assert dec.tpot_s == pytest.approx(max(reads, dec.compute_s) + dec.sampling_s, rel=1e-12)
+    assert dec.compute_s == pytest.approx(dec.matmul_compute_s + dec.attention_compute_s, rel=1e-12)
+    multiplies = max(dec.weight_read_s, dec.matmul_compute_s)
+    attention = max(dec.kv_read_s, dec.attention_compute_s)
+    assert dec.tpot_s == pytest.approx(multiplies + attention + dec.sampling_s, rel=1e-12)
     # One-row multiplies have too few output tiles for one wave: split-K kernels, each reading its weights at
     # the 2.68 TB/s memory-bound kernels reach, then multiplying (test_step_costs), so they take longer than
-    # the 32 layers' weights alone; the cache's 32K tokens on top of the weights still set batch-1 decode.
+    # the 32 layers' weights alone; one query against 32K cached tokens is bound by reading them.
     layer_weights = 32 * (4096 * 6144 + 4096 * 4096 + 4096 * 28_672 + 14_336 * 4096) * 2 / H100_STREAMING
-    assert layer_weights < dec.compute_s < reads
+    assert layer_weights < dec.matmul_compute_s and dec.attention_compute_s < dec.kv_read_s
+
+
+def test_a_large_batch_decode_adds_its_compute_bound_multiplies_to_its_cache_reads() -> None:
+    """At batch 896 the multiplies are bound by their FLOP and the attention by the cache it reads: separate
+    kernels, one after the other, so the step is their sum, longer than either roofline of the whole step."""
+    dec = infer(model="llama2-7b", hw="h100-nvlink", prompt=128, output=128, batch=896, weights="fp8").decode
+    assert dec.matmul_compute_s > dec.weight_read_s and dec.kv_read_s > dec.attention_compute_s
+    multiplies, attention = dec.matmul_compute_s, dec.kv_read_s  # the parts are the last token's
+    assert dec.tpot_last_s == pytest.approx(multiplies + attention + dec.sampling_s, rel=1e-12)
+    assert dec.tpot_last_s > max(dec.weight_read_s + dec.kv_read_s, dec.compute_s) + dec.sampling_s
 
 
 def test_cp_for_decode_pays_at_1m_and_only_adds_latency_at_4k() -> None:

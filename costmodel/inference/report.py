@@ -119,7 +119,8 @@ class Prefill(_Strict):
 
 
 class Decode(_Strict):
-    """Decode with the KV cache sharded over CP: a roofline over HBM plus the TP and CP collectives."""
+    """Decode with the KV cache sharded over CP: the multiplies' and the attention's rooflines over HBM, one
+    after the other, plus the TP and CP collectives."""
 
     tpot_s: float = Field(description="mean time per output token over the output")
     tpot_first_s: float = Field(description="at the first output token")
@@ -128,6 +129,14 @@ class Decode(_Strict):
     weight_read_s: float = Field(description="reading every stage's weights once, per token")
     kv_read_s: float = Field(description="reading every stage's KV cache once, at the last token")
     compute_s: float = Field(description="FLOP per token at the achieved rates, all stages")
+    matmul_compute_s: float = Field(
+        description="the multiplies' part of compute_s; each stage's multiplies take the longer of it and "
+        "weight_read_s's share"
+    )
+    attention_compute_s: float = Field(
+        description="attention's part of compute_s; each stage's attention takes the longer of it and "
+        "kv_read_s's share"
+    )
     cp_merge_s: float = Field(description="all-gathers of (O, LSE) over CP, every layer, per token")
     tp_s: float = Field(description="TP all-reduces, every layer, per token")
     partial_merge_s: float = Field(

@@ -233,12 +233,27 @@ t_kv_dec = define(
     "s",
     "[Roofline], [CP-Infer]",
 )
-t_c_dec = define(
+t_g_dec = define(
+    "decode_gemm_compute_s",
+    "t_gemm_decode",
+    2 * b * P_stage / F_gemm,
+    "FLOP of one decode step's matrix multiplies on one stage: 2 per weight per sequence",
+    "s",
+    "[Roofline]",
+)
+t_a_dec = define(
+    "decode_attention_compute_s",
+    "t_attn_decode",
+    4 * b * (h / t) * d * S_kv * _stage_layers / F_attn,
+    "FLOP of one decode step's attention on one stage: the new queries against the rank's cache",
+    "s",
+    "[Roofline]",
+)
+define(
     "decode_compute_s",
     "t_c_decode",
-    2 * b * P_stage / F_gemm + 4 * b * (h / t) * d * S_kv * _stage_layers / F_attn,
-    "FLOP of one decode step on one stage: 2 per weight per sequence, and the new queries against the "
-    "rank's cache",
+    t_g_dec + t_a_dec,
+    "FLOP of one decode step on one stage: its multiplies' and its attention's",
     "s",
     "[Roofline]",
 )
@@ -306,14 +321,15 @@ t_sample = define(
 define(
     "tpot_s",
     "t_token",
-    pp * sympy.Max(t_w_dec + t_kv_dec, t_c_dec, evaluate=False)
+    pp * (sympy.Max(t_w_dec, t_g_dec, evaluate=False) + sympy.Max(t_kv_dec, t_a_dec, evaluate=False))
     + n_L * (tau_merge + tau_tp_dec + t_pmerge + t_fix)
     + (pp - 1) * (alpha + b * H * p / B_pp)
     + t_sample
     + t_host,
-    "time per output token: each stage in turn reads its weights and KV cache (or computes, when "
-    "slower), every layer merges over CP, all-reduces over TP and pays its fixed cost, the stages hand "
-    "the token on, it is sampled, and the host prepares the next step",
+    "time per output token: each stage in turn runs its multiplies, each bound by reading its weights "
+    "or by its FLOP, then its attention, bound by reading the KV cache or by its FLOP (separate kernels, "
+    "one after the other), every layer merges over CP, all-reduces over TP and pays its fixed cost, the "
+    "stages hand the token on, it is sampled, and the host prepares the next step",
     "s",
     "[Roofline], [CP-Infer]",
 )
