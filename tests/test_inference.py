@@ -12,10 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.inference.published import GOAL, HELD_KEYS, HELD_OUT, NEW, ROWS, draw_held_out
-from costmodel.inference.serve import evaluate_infer
+from costmodel.inference.serve import Serving, evaluate_infer
+from costmodel.inference.serve import bind as serving_bind
 from costmodel.inference.setup import build_infer
 from costmodel.machines.kernels import attention_rate
 from costmodel.machines.profiles import load_profile
+from costmodel.plans.rates import layer_gemm_rate
 from costmodel.symbolic import numeric
 from tests.support import formula
 
@@ -198,6 +200,21 @@ def test_decode_runs_its_multiplies_then_its_attention_each_at_its_own_roofline(
     # the 32 layers' weights alone; one query against 32K cached tokens is bound by reading them.
     layer_weights = 32 * (4096 * 6144 + 4096 * 4096 + 4096 * 28_672 + 14_336 * 4096) * 2 / H100_STREAMING
     assert layer_weights < dec.matmul_compute_s and dec.attention_compute_s < dec.kv_read_s
+
+
+@pytest.mark.parametrize(("batch", "sustained"), [(64, False), (896, True)])
+def test_decode_multiplies_read_the_sustained_clock_only_past_the_ridge(batch: int, sustained: bool) -> None:
+    """Llama 2 7B in fp8 on an H100: 2b/p_w FLOP per weight byte against the fp8 table's plateau over the
+    2.68 TB/s memory-bound kernels reach, about 225: batch 64 waits on HBM at the boost clock, batch 896 is
+    bound by its FLOP at the clock a compute-bound step holds."""
+    flags = dict(model="llama2-7b", hw="h100-nvlink", prompt=128, output=1, batch=batch, weights="fp8")
+    setup, overrides = build_infer(**flags)
+    job = Serving.of(setup, overrides)
+    machine = job.gemm if sustained else job.gemm.at_boost()
+    values = {**serving_bind(job), "F_gemm": layer_gemm_rate(job.model, machine, 1, batch)}
+    name = "decode_gemm_compute_s"
+    expected = float(getattr(numeric, name)(**{a: values[a] for a in numeric.ARGS[name]}))
+    assert infer(**flags).decode.matmul_compute_s == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_large_batch_decode_adds_its_compute_bound_multiplies_to_its_cache_reads() -> None:

@@ -71,6 +71,7 @@ SCHEMES = registry.names(PREFILL)
 # A datasheet profile states no latency; a few microseconds per step is the order of NCCL's low-latency
 # protocol on NVLink and InfiniBand. A stated assumption: calibrate the profile or pass --comm-latency.
 DEFAULT_LATENCY_S = 5e-6
+RIDGE_SQUARE = 8192  # a multiply on the plateau of every profile's table
 # B_hbm of a profile that states none (a measured CPU profile): so large that the memory terms vanish, and
 # finite, since the compiled formulas' simplified forms would divide infinity by infinity.
 UNSTATED_HBM_BANDWIDTH = 1e30
@@ -377,14 +378,23 @@ def decode_values(
     }
 
 
+def _multiplies_past_ridge(gemm: Machine, values: dict[str, Any]) -> bool:
+    """Whether a decode step's multiplies do more FLOP per weight byte (2 b / p_w) than the device's ridge:
+    the plateau of its multiply table over the bandwidth memory-bound kernels reach [Roofline]."""
+    plateau = gemm.gemm_rate(RIDGE_SQUARE, RIDGE_SQUARE, RIDGE_SQUARE)
+    return 2 * values["b"] / values["p_w"] >= plateau / values["B_hbm"]
+
+
 def decode(job: Serving, values: dict[str, Any], trace: list[Evaluation] | None = None) -> dict[str, Any]:
     """TPOT over the output, its parts at the last token, and what CP changes against CP 1; ``trace``
     records the last token's formulas (``--explain``)."""
     setup = job.setup
     start = setup.cached + setup.prompt
     end = start + max(setup.output - 1, 0)
-    # decode is memory-bound: its kernels run at the boost clock, not a compute-bound step's sustained one
-    gemm_rate = layer_gemm_rate(job.model, job.gemm.at_boost(), setup.tp, values["b"])
+    # a memory-bound decode's kernels run at the boost clock; past the ridge its multiplies are bound by their
+    # FLOP and draw the power that holds a compute-bound step at its sustained clock
+    gemm = job.gemm if _multiplies_past_ridge(job.gemm, values) else job.gemm.at_boost()
+    gemm_rate = layer_gemm_rate(job.model, gemm, setup.tp, values["b"])
     attn_rate = decode_attention_rate(job.attention.at_boost(), values, start)
 
     def at(context: int, trace: list[Evaluation] | None = None) -> tuple[dict[str, Any], float]:
