@@ -18,7 +18,7 @@ set them, over 1-64 MB: Vidur's all-reduce over 2, 4 and 8 GPUs of one A100 and 
 H100 and B200 (all-reduce, all-gather and reduce-scatter; the XLA executable's device time, its groups of 2
 and 4 running four and two at once on the node; [XLA-CollectiveTable], Apache-2.0) and torch's all-reduce
 over one 8-GPU B200 node ([ML-Eng-Network], CC BY-SA 4.0). Across nodes, the H100 profile's rings against
-nccl-tests' all-reduce over 2-8 nodes of eight 400 Gb/s NICs each (NVIDIA/nccl-tests issue 309), by message
+nccl-tests' all-reduce over 2-8 nodes of eight 400 Gb/s NICs each ([NCCL-Issue-309]), by message
 size. With ``--data`` too, the vTrain fit is checked on Vidur's A100 node: a cluster and a caller it never saw.
 """
 
