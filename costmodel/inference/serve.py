@@ -379,10 +379,11 @@ def decode_values(
 
 
 def _multiplies_past_ridge(gemm: Machine, values: dict[str, Any]) -> bool:
-    """Whether a decode step's multiplies do more FLOP per weight byte (2 b / p_w) than the device's ridge:
-    the plateau of its multiply table over the bandwidth memory-bound kernels reach [Roofline]."""
+    """Whether a decode step's multiplies are past the device's ridge [Roofline]: at the plateau of its
+    multiply table their FLOP take longer than reading their weights."""
     plateau = gemm.gemm_rate(RIDGE_SQUARE, RIDGE_SQUARE, RIDGE_SQUARE)
-    return 2 * values["b"] / values["p_w"] >= plateau / values["B_hbm"]
+    flops_s = _call("decode_gemm_compute_s", {**values, "F_gemm": plateau})
+    return flops_s >= _call("decode_weight_read_s", values)
 
 
 def decode(job: Serving, values: dict[str, Any], trace: list[Evaluation] | None = None) -> dict[str, Any]:

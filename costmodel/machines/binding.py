@@ -291,15 +291,12 @@ class Machine:
             latency = call = 0.0
         return LinkBinding(link.name, scope, bandwidth, latency, call_latency_s=call)
 
-    def _ring_step_latency(self, group: int, inter_hop_s: float) -> float:
-        """The mean latency of one step of a ring over n = ``group`` ranks on k nodes: only k - 1 of its n - 1
-        hops (an all-reduce's 2(k - 1) of 2(n - 1) steps) cross the network; the others stay inside a node,
-        where a step costs the node's hop, at least NCCL's network overhead (its tuning.cc: nInterSteps
-        [NCCL-Tuning]). Charging every step the network's hop read nccl-tests' 1-64 MB all-reduces over 2-8
+    def _ring_step_latency(self, group: int, network_s: float) -> float:
+        """A ring over nodes: its steps inside a node cost the node's hop, at least NCCL's network overhead
+        [NCCL-Tuning]. Charging every step the network's hop read nccl-tests' 1-64 MB all-reduces over 2-8
         H100 nodes 2.7x slow (``benchmarks/collectives.py --public``)."""
-        nodes = -(-group // self.ranks_per_node)
-        intra = max(self.profile.links.intra_node.hop_latency_s or 0.0, NET_RING_STEP_FLOOR_S)
-        return ((group - nodes) * intra + (nodes - 1) * inter_hop_s) / (group - 1)
+        inside = max(self.profile.links.intra_node.hop_latency_s or 0.0, NET_RING_STEP_FLOOR_S)
+        return topology.ring_step_latency(group, self.ranks_per_node, inside, network_s)
 
     def group_links(
         self, order: str, sizes: dict[str, int], collectives: dict[str, Collective] | None = None

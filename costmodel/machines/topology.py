@@ -181,6 +181,13 @@ def describe(profile: HardwareProfile) -> str:
     return f"{domain}; beyond it {nics:g} NIC{'s' if nics != 1 else ''} per device{rail}{over}"
 
 
+def ring_step_latency(size: int, per_domain: int, inside_s: float, network_s: float) -> float:
+    """The mean latency of one step of a ring collective over ``size`` ranks, ``per_domain`` to a node: NCCL
+    charges the network's latency only to the steps that cross it (tuning.cc's nInterSteps [NCCL-Tuning])."""
+    nodes = -(-size // per_domain)
+    return float(numeric.ring_step_latency(P_g=size, n_x=nodes, alpha_in=inside_s, alpha_out=network_s))
+
+
 def leaves_domain_at(per_domain: int) -> int:
     """The smallest group size whose members no longer share one fast domain."""
     return max(per_domain, 1) + 1

@@ -1982,6 +1982,11 @@ def ring_collective_inter_node_bandwidth(*, B_nic, k_n, n_nic, o_x):
     return B_nic*k_n*n_nic/o_x
 
 
+def ring_step_latency(*, P_g, alpha_in, alpha_out, n_x):
+    """alpha_ring = (alpha_in*(P_g - n_x) + alpha_out*(n_x - 1))/(P_g - 1): mean latency of one step of a ring collective over P_g ranks on n_x nodes: only n_x - 1 of its P_g - 1 hops (an all-reduce's 2(n_x - 1) of its 2(P_g - 1) steps) cross the network [s] ([NCCL-Tuning])."""
+    return (alpha_in*(P_g - n_x) + alpha_out*(n_x - 1))/(P_g - 1)
+
+
 def moe_active_ffn(*, F_ffn, F_sh, k_E):
     """F_act = F_ffn*k_E + F_sh: FFN width one token computes through: its k routed experts (F_ffn each) and any shared expert [elements] ([Switch §2], [GShard §2])."""
     return F_ffn*k_E + F_sh
@@ -3817,6 +3822,7 @@ ARGS = {
     'torus_allgather_bandwidth': ('B_l', 'D_g', 'w_t'),
     'inter_node_bandwidth': ('B_nic', 'n_nic', 'o_x'),
     'ring_collective_inter_node_bandwidth': ('B_nic', 'k_n', 'n_nic', 'o_x'),
+    'ring_step_latency': ('P_g', 'alpha_in', 'alpha_out', 'n_x'),
     'moe_active_ffn': ('F_ffn', 'F_sh', 'k_E'),
     'moe_first_stage_expert_params': ('E_p', 'F_ffn', 'H', 'g', 'n_E', 'n_L', 'n_dn', 'n_first', 'pp', 't'),
     'moe_middle_stage_expert_params': ('E_p', 'F_ffn', 'H', 'g', 'n_E', 'n_mid', 't'),

@@ -932,6 +932,18 @@ n_nic = _symbol("n_nic", "NICs a device drives at once", "NICs", "hardware profi
 k_n = _symbol(
     "k_n", "members of a group on one node (they share the NICs they hold)", "devices", "[NCCL-Tuning]"
 )
+n_x = _symbol("n_x", "nodes a ring collective's group spans", "nodes", "[NCCL-Tuning]", integer=True)
+alpha_in = _symbol(
+    "alpha_in",
+    "latency of a ring step between two ranks of one node, once the ring spans nodes (at least NCCL's "
+    "network overhead)",
+    "s",
+    "[NCCL-Tuning]",
+    nonnegative=True,
+)
+alpha_out = _symbol(
+    "alpha_out", "latency of a ring step that crosses the network", "s", "[NCCL-Tuning]", nonnegative=True
+)
 o_x = _symbol(
     "o_x",
     "spine oversubscription the group's inter-node traffic meets (1 when it stays on one rail's leaf)",

@@ -5,7 +5,23 @@ from __future__ import annotations
 import sympy
 
 from costmodel.symbolic.formulas.registry import definer
-from costmodel.symbolic.symbols import B_bis, B_l, B_nic, D_g, L_t, P_g, k_n, l_h, n_l, n_nic, o_x, w_t
+from costmodel.symbolic.symbols import (
+    B_bis,
+    B_l,
+    B_nic,
+    D_g,
+    L_t,
+    P_g,
+    alpha_in,
+    alpha_out,
+    k_n,
+    l_h,
+    n_l,
+    n_nic,
+    n_x,
+    o_x,
+    w_t,
+)
 
 GROUP = "topology"
 define = definer(GROUP)
@@ -86,6 +102,15 @@ define(
     "nodes: NCCL lays one ring per NIC, so the k_n members on a node drive all k_n·n_nic NICs they hold; "
     "the groups running at once on a node each keep their own members' NICs",
     "B/s",
+    "[NCCL-Tuning]",
+)
+define(
+    "ring_step_latency",
+    "alpha_ring",
+    ((P_g - n_x) * alpha_in + (n_x - 1) * alpha_out) / (P_g - 1),
+    "mean latency of one step of a ring collective over P_g ranks on n_x nodes: only n_x - 1 of its P_g - 1 "
+    "hops (an all-reduce's 2(n_x - 1) of its 2(P_g - 1) steps) cross the network",
+    "s",
     "[NCCL-Tuning]",
 )
 
