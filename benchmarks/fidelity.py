@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import statistics
 import tempfile
@@ -38,12 +37,15 @@ from costmodel.audit.runs import (
     predict,
     predictions,
     read_runs,
+    spans_nodes,
 )
 from costmodel.audit.synthetic import synthetic
 from costmodel.calibration.residuals import coverage_report, median_half_width
 from costmodel.cli.markdown import job_orders
+from costmodel.core.intervals import interval
 from costmodel.inference.published import summary as serving_summary
 from costmodel.machines.profiles import HardwareProfile, load_profile
+from costmodel.plans.uncertainty import fitted_calibration
 from costmodel.training.memory_validation import fits_at_floor, out_of_memory, refused_ooms
 from costmodel.training.validation import HELD_OUT, ROWS, by_framework, refused
 from costmodel.training.validation import predict as published
@@ -151,9 +153,10 @@ def main() -> None:
     fitted = Profiles(fit["profile"])
     aside_rows = [compare_row(run, predict(run, fitted)) for run in aside]
     print(line("single node, kept aside (every 5th row)", errors_summary([r["error"] for r in aside_rows])))
-    print(fitted_coverage(fit["profile"], aside))
+    print(fitted_coverage("  fitted profile intervals, kept-aside rows", fit["profile"], aside))
     if fit["transfer"] is not None:
         print(line("multi-node, predicted from the single-node fit", fit["transfer"]))
+        print(fitted_coverage("  fitted profile intervals, multi-node runs", fit["profile"], multi.runs))
         print(rank_line("  layouts ranked, from the fit", fit["transfer_ranking"]))
     print_published()
 
@@ -217,26 +220,29 @@ def print_published() -> None:
         print(f"  median 80 % half-width, {quantity:<10} " + ("none" if width is None else f"±{width:.1%}"))
 
 
-def fitted_coverage(profile: HardwareProfile, aside: list) -> str:
-    """The fitted profile's own intervals (its k-fold residuals) on the runs kept aside from the fit."""
-    residuals = profile.fit_residuals
-    if residuals is None:
+def fitted_coverage(label: str, profile: HardwareProfile, runs: list) -> str:
+    """The fitted profile's own intervals (its k-fold residuals by layout class) on runs it was not fitted to:
+    the share inside and the median half-width."""
+    if profile.fit_residuals is None:
         return "fitted profile: no residuals"
+    fitted = Profiles(profile)
+    reports = [predict(run, fitted) for run in runs]
     parts = []
     for level in (0.8, 0.95):
-        bounds = residuals.bounds(level)
-        if bounds is None:
-            parts.append(f"{level:.0%}: too few runs")
-            continue
-        fitted = Profiles(profile)
-        inside = [
-            bounds[0] <= math.log(run.measured_s / predict(run, fitted).step.time_s) <= bounds[1]
-            for run in aside
-        ]
+        inside, widths = [], []
+        for run, report in zip(runs, reports, strict=True):
+            groups = report.topology["groups"]
+            tp, pp = groups["tp"]["size"], groups["pp"]["size"]
+            held = fitted_calibration(profile, tp, pp, spans_nodes(report), level)
+            band = interval(1.0, held, level, "step time")
+            if band.known:
+                inside.append(band.lo <= run.measured_s / report.step.time_s <= band.hi)
+                widths.append((band.hi - band.lo) / 2)
         parts.append(
-            f"{level:.0%} covers {sum(inside) / len(inside):.0%}, half-width ±{(math.exp(bounds[1]) - math.exp(bounds[0])) / 2:.1%}"
+            f"{level:.0%} covers {sum(inside) / len(inside):.0%} of {len(inside)}, "
+            f"median half-width ±{statistics.median(widths):.1%}"
         )
-    return f"{'  fitted profile intervals, kept-aside rows':<44} " + "; ".join(parts)
+    return f"{label:<44} " + "; ".join(parts)
 
 
 if __name__ == "__main__":

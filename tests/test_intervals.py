@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
-from costmodel.core.intervals import Calibration, Residuals, interval, runs_needed
+from costmodel.core.intervals import Calibration, LayoutResiduals, Residuals, interval, runs_needed
 from costmodel.plans.job import Job
 from costmodel.plans.uncertainty import (
     MeasuredResidual,
@@ -193,6 +193,89 @@ def test_a_fitted_profile_uses_its_own_residuals() -> None:
     )
     assert mine.regime.startswith("the fitted profile's k-fold residuals: 11")
     assert (mine.lo, mine.hi) == pytest.approx((math.exp(-0.05), math.exp(0.05)))
+
+
+def _classed(profile, classes: dict[tuple[int, int], list[float]]):
+    """``profile`` fitted, as ``audit --fit-profile`` writes it, to runs of the given (tp, pp) residuals."""
+    runs = [(tp, pp, r) for (tp, pp), values in classes.items() for r in values]
+    return profile.model_copy(
+        update={
+            "fit_residuals": Residuals.of([r for *_, r in runs]),
+            "fit_residuals_by_layout": LayoutResiduals.grouped(runs),
+        }
+    )
+
+
+def test_a_fitted_profile_reads_the_runs_of_the_plans_layout_class() -> None:
+    """TP 2 runs err by +-1 %, TP 1 runs by +-20 %: a TP 2 plan on one node gets TP 2's width, a TP 1 plan TP
+    1's, a pipelined TP 2 plan (a class with no run) and one across nodes (no class the fit saw) the pool's."""
+    narrow = [-0.01 + i / 500 for i in range(11)]
+    wide = [-0.2 + i / 25 for i in range(11)]
+    base = Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16)
+    profile = _classed(base.machine.profile, {(2, 1): narrow, (1, 1): wide})
+    pooled = Residuals.of(narrow + wide).bounds(0.8)
+
+    def band(**layout):
+        job = Job.of(
+            model="llama3-8b", seq=8192, hw="h100-nvlink", global_batch=16, _profile=profile, **layout
+        )
+        return time_interval(job, 1.0, 0.8, {"matmul_s": 1.0})
+
+    tp2 = band(gpus=8, tp=2)
+    assert tp2.regime.startswith("the fitted profile's k-fold residuals of its TP 2, no pipeline runs: 11")
+    assert (tp2.lo, tp2.hi) == pytest.approx((math.exp(narrow[0]), math.exp(narrow[-1])))
+    tp1 = band(gpus=8, tp=1)
+    assert (tp1.lo, tp1.hi) == pytest.approx((math.exp(wide[0]), math.exp(wide[-1])))
+    for other in (band(gpus=8, tp=2, pp=2), band(gpus=16, tp=2)):
+        assert other.regime == "the fitted profile's k-fold residuals: 22 step times"
+        assert (other.lo, other.hi) == pytest.approx(tuple(math.exp(b) for b in pooled))
+
+
+def test_a_class_too_small_for_the_level_still_bounds_the_pooled_interval() -> None:
+    """At 95 % the 11 TP 1 runs are too few (39 needed): the pool of 60 calibrates it, no narrower than the
+    class's own range, which holds another of its runs (n - 1) / (n + 1) = 83 % of the time."""
+    base = Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16)
+    wide = [-0.5 + i / 10 for i in range(11)]
+    profile = _classed(base.machine.profile, {(1, 1): wide, (2, 1): [0.0] * 49})
+    job = Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16, _profile=profile)
+    band = time_interval(job, 1.0, 0.95, {"matmul_s": 1.0})
+    assert band.regime.startswith("the fitted profile's k-fold residuals: 60 step times; no narrower than")
+    assert (band.lo, band.hi) == pytest.approx((math.exp(wide[0]), math.exp(wide[-1])))
+
+
+@pytest.mark.parametrize(
+    ("classes", "said"),
+    [
+        (
+            "[{tp: 1, pipelined: false, runs: 1, log_residuals: [0.0]}, {tp: 1, pipelined: false, runs: 2, "
+            "log_residuals: [0.0, 0.1]}]",
+            "each at most once",
+        ),
+        ("[{tp: 1, pipelined: false, runs: 1, log_residuals: [0.0]}]", "must add up to fit_residuals.runs"),
+    ],
+)
+def test_a_profile_with_bad_layout_classes_is_one_line(cli, tmp_path, classes: str, said: str) -> None:
+    profile = tmp_path / "p.yaml"
+    text = cli("hw", "show", "h100-nvlink").out
+    profile.write_text(
+        text
+        + f"fit_residuals:\n  runs: 3\n  log_residuals: [0.0, 0.0, 0.1]\nfit_residuals_by_layout: {classes}\n"
+    )
+    args = [
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "8192",
+        "--hw",
+        str(profile),
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+    ]
+    result = cli("step", *args)
+    assert result.code == 2 and said in result.err and "fit_residuals_by_layout" in result.err
+    assert len(result.err.strip().splitlines()) == 1
 
 
 def test_step_json_carries_the_intervals(cli) -> None:

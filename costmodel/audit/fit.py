@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from costmodel.core.errors import InputError
-from costmodel.core.intervals import Residuals
+from costmodel.core.intervals import LayoutResiduals, Residuals
 from costmodel.machines.profiles import HardwareProfile, parse_profile
 from costmodel.plans.bind import Evaluator
 from costmodel.plans.job import Job
@@ -199,6 +199,7 @@ def as_fitted(
     and how well it predicts (``said``)."""
     data = profile.model_dump(mode="python", exclude_none=True)
     data.pop("fit_residuals", None)  # they were the base's errors: a new fit earns its own
+    data.pop("fit_residuals_by_layout", None)
     data["name"] = name
     data["description"] = f"{base.description} [fitted to {host}]".strip()
     data["source"] = {
@@ -661,12 +662,18 @@ def kfold_fit(
 
 
 def runs_profile(
-    base: HardwareProfile, terms: dict[str, float], name: str, said: str, date: str, residuals: Residuals
+    base: HardwareProfile,
+    terms: dict[str, float],
+    name: str,
+    said: str,
+    date: str,
+    residuals: Residuals,
+    by_layout: list[LayoutResiduals],
 ) -> HardwareProfile:
     """The base profile with fitted terms, its source saying what it was fitted to and how well it predicts,
-    and its k-fold residuals, which its step-time intervals are calibrated on."""
+    and its k-fold residuals, pooled and by layout class, which its step-time intervals are calibrated on."""
     fitted = with_terms(base, terms)
     profile = as_fitted(
         fitted, base, name, "measured training runs", "cp-plan audit --runs --fit-profile", said, date
     )
-    return profile.model_copy(update={"fit_residuals": residuals})
+    return profile.model_copy(update={"fit_residuals": residuals, "fit_residuals_by_layout": by_layout})

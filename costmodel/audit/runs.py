@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from costmodel.audit.logs import STEP_MS
 from costmodel.core.errors import InputError
-from costmodel.core.intervals import DEFAULT_LEVEL, Residuals
+from costmodel.core.intervals import DEFAULT_LEVEL, LayoutResiduals, Residuals
 from costmodel.core.tables import GOAL, errors_summary, read_csv
 from costmodel.core.units import parse_integer, parse_number
 from costmodel.machines.profiles import HardwareProfile, load_profile
@@ -624,8 +624,12 @@ def fit_runs(
         + f"; fitted to {len(inside)} single-node runs of {table.path}, {folds}-fold MAPE {cv['mape']:.1%}"
     )
     held_out = np.asarray(result["held_out_s"], dtype=float)
-    residuals = Residuals.of(np.log(measured[inside] / held_out).tolist())
-    profile = fit.runs_profile(base, fitted_terms, name, said, date, residuals)
+    logs = np.log(measured[inside] / held_out).tolist()
+    groups = [reports[i].topology["groups"] for i in inside]
+    by_layout = LayoutResiduals.grouped(
+        [(g["tp"]["size"], g["pp"]["size"], r) for g, r in zip(groups, logs, strict=True)]
+    )
+    profile = fit.runs_profile(base, fitted_terms, name, said, date, Residuals.of(logs), by_layout)
     fitted = Profiles(profile)
     rows = [compare_row(run, predict(run, fitted)) for run in table.runs]
     across = [row for i, row in enumerate(rows) if i not in set(inside)]

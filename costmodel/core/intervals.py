@@ -129,6 +129,31 @@ class Residuals(BaseModel):
         return next(r for r in kept if self.share_at_most(r) * (self.runs + 1) >= need - 1e-9)
 
 
+class LayoutResiduals(Residuals):
+    """A fitted profile's residuals on the runs of one layout class: the tensor-parallel degree and whether the
+    step is pipelined. These two choices set which of the fitted terms a step leans on (TP's collectives and
+    kernel shapes, the pipeline's bubble and sends), so the fit errs differently across classes and alike
+    within one: each class calibrated on its own runs is group-balanced conformal prediction [Conformal-Tutorial §4.1],
+    narrower than the pool where a class errs less and wider where it errs more, each still at its level."""
+
+    tp: int = Field(ge=1, le=2**20, description="the tensor-parallel degree of the runs")
+    pipelined: bool = Field(description="whether the runs' steps are pipelined (pp > 1)")
+
+    @classmethod
+    def grouped(cls, runs: Sequence[tuple[int, int, float]]) -> list[LayoutResiduals]:
+        """``(tp, pp, residual)`` of each run, as one set per layout class, in order of (tp, pipelined)."""
+        groups: dict[tuple[int, bool], list[float]] = {}
+        for tp, pp, residual in runs:
+            groups.setdefault((tp, pp > 1), []).append(residual)
+        return [
+            cls(tp=tp, pipelined=piped, **Residuals.of(values).model_dump())
+            for (tp, piped), values in sorted(groups.items())
+        ]
+
+    def label(self) -> str:
+        return f"TP {self.tp}, {'pipelined' if self.pipelined else 'no pipeline'}"
+
+
 @dataclass(frozen=True)
 class Calibration:
     """A calibration set and what it is: the regime its runs share (``framework megatron, Hopper``).

@@ -31,7 +31,7 @@ from costmodel.core.fields import (
     Within,
 )
 from costmodel.core.fileio import YamlDocument, builtin_path, load_builtin_or_file, read_input
-from costmodel.core.intervals import Residuals
+from costmodel.core.intervals import LayoutResiduals, Residuals
 from costmodel.core.resources import data_dir
 from costmodel.core.units import GIB
 
@@ -730,6 +730,11 @@ class HardwareProfile(_Strict):
         "ln(measured / predicted) of each run predicted by a fit that did not see it; step-time intervals "
         "are calibrated on them",
     )
+    fit_residuals_by_layout: list[LayoutResiduals] | None = Field(
+        default=None,
+        description="the same residuals by layout class (TP degree, pipelined or not): a plan's step-time "
+        "interval is calibrated on its class's runs where they are enough for the level, else on fit_residuals",
+    )
 
     # The user's file it was read from, for refusals that come later than its loading (not a field).
     _origin: str = PrivateAttr(default="")
@@ -754,6 +759,19 @@ class HardwareProfile(_Strict):
             raise ValueError(
                 f"topology.dims {shape} hold {math.prod(dims)} chips, not devices_per_node {self.devices_per_node}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _layout_classes(self) -> Self:
+        by_layout = self.fit_residuals_by_layout or []
+        if not by_layout:
+            return self
+        if self.fit_residuals is None:
+            raise ValueError("fit_residuals_by_layout needs fit_residuals, every class's runs pooled")
+        if len({(r.tp, r.pipelined) for r in by_layout}) < len(by_layout):
+            raise ValueError("fit_residuals_by_layout holds one set per (tp, pipelined), each at most once")
+        if sum(r.runs for r in by_layout) != self.fit_residuals.runs:
+            raise ValueError("fit_residuals_by_layout's runs must add up to fit_residuals.runs")
         return self
 
     @model_validator(mode="after")

@@ -10,7 +10,8 @@ GPU, its framework on its GPU generation, its framework on any GPU, every run (e
 What dominates sets which of
 the model's parts a figure leans on (a long sequence's attention, a short one's multiplies), so runs where it
 errs alike are calibrated together. A fitted hardware profile carries
-its own, narrower set: its k-fold residuals on the owner's runs (``cp-plan audit --fit-profile``).
+its own, narrower sets: its k-fold residuals on the owner's runs (``cp-plan audit --fit-profile``), by layout
+class (the TP degree and whether the step is pipelined) where a class holds enough of them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from costmodel.plans.inputs import MOST_HEADROOM
 from costmodel.symbolic.numeric import STEP_FIELDS
 
 if TYPE_CHECKING:
+    from costmodel.machines.profiles import HardwareProfile
     from costmodel.plans.job import Job
     from costmodel.plans.schema import Fit
 
@@ -162,10 +164,34 @@ def _regime(job: Job) -> tuple[str, str | None]:
 def _time_calibration(job: Job, level: float, breakdown: Mapping[str, float]) -> Calibration | None:
     """The step time's calibration set: the hardware profile's own k-fold residuals where it was fitted to
     measured runs, else the published runs of the job's regime and of the step's dominant term."""
-    fitted = job.machine.profile.fit_residuals
-    if fitted is not None:
-        return Calibration(f"the fitted profile's k-fold residuals: {fitted.runs} step times", fitted)
+    if job.machine.profile.fit_residuals is not None:
+        across = job_span(job) == "across nodes"
+        return fitted_calibration(job.machine.profile, job.tp, job.pp, across, level)
     return calibration("step_time", *_regime(job), level, dominant=dominant_term(breakdown))
+
+
+def fitted_calibration(
+    profile: HardwareProfile, tp: int, pp: int, across_nodes: bool, level: float
+) -> Calibration | None:
+    """A fitted profile's calibration set for a plan of ``tp`` and ``pp``: the k-fold residuals of its layout
+    class (:class:`~costmodel.core.intervals.LayoutResiduals`) where they are enough for ``level`` and for
+    80 %, else every class's pooled, bounded by the class's own as far as they vouch; None when the profile
+    was fitted to no runs. The fit learns from runs on one node: a plan ``across_nodes`` is like none of its
+    classes (the slower links its groups cross are not in them) and reads the pooled set."""
+    pooled = profile.fit_residuals
+    if pooled is None:
+        return None
+    whole = f"the fitted profile's k-fold residuals: {pooled.runs} step times"
+    mine = next(
+        (r for r in profile.fit_residuals_by_layout or [] if (r.tp, r.pipelined) == (tp, pp > 1)), None
+    )
+    if mine is None or across_nodes:
+        return Calibration(whole, pooled)
+    own = f"the fitted profile's k-fold residuals of its {mine.label()} runs: {mine.runs} step times"
+    if mine.runs >= runs_needed(max(level, DEFAULT_LEVEL)):
+        return Calibration(own, mine)
+    finer = ((own, mine),) if mine.runs >= runs_needed(DEFAULT_LEVEL) else ()
+    return Calibration(whole, pooled, finer=finer)
 
 
 def time_interval(job: Job, time_s: float, level: float, breakdown: Mapping[str, float]) -> Interval:
