@@ -283,3 +283,24 @@ def test_the_blackwell_gemm_tables_are_the_h100_curve_times_xlas_ratio(hw: str, 
         )
         assert bf16 == pytest.approx(expected, abs=0.06e12)  # the YAML's 0.1 TFLOP/s
         assert fp8 == pytest.approx(bf16 * fp8_over_bf16, abs=0.06e12)
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_the_b200_causal_flash_tables_reach_the_unmasked_rate_at_16k(backward: bool) -> None:
+    """FlashAttention-4 is published at 8K only: from 16K a causal call reads the unmasked kernel's 8K rate,
+    because cuDNN's causal sweep on the same B200 gains more from 8K to 16K than that rate is above the causal
+    one at 8K (masked work running no faster than unmasked caps it there). The profile's own tables hold both."""
+    attention = load_profile("b200-nvlink").kernels.attention
+
+    def curve(kernel: str | None, causal: bool):
+        (found,) = [
+            c
+            for c in attention
+            if c.kernel == kernel and c.head_dim == 128 and c.causal == causal and c.backward == backward
+        ]
+        return dict(zip(found.seq, found.flops_per_s, strict=True))
+
+    causal, unmasked, cudnn = curve(None, True), curve(None, False), curve("cudnn", True)
+    assert list(causal) == [8192, 16384] and list(unmasked) == [8192]
+    assert causal[16384] == unmasked[8192] > causal[8192]
+    assert cudnn[16384] / cudnn[8192] > unmasked[8192] / causal[8192]
