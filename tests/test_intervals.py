@@ -243,41 +243,6 @@ def test_a_class_too_small_for_the_level_still_bounds_the_pooled_interval() -> N
     assert (band.lo, band.hi) == pytest.approx((math.exp(wide[0]), math.exp(wide[-1])))
 
 
-@pytest.mark.parametrize(
-    ("classes", "said"),
-    [
-        (
-            "[{tp: 1, pipelined: false, runs: 1, log_residuals: [0.0]}, {tp: 1, pipelined: false, runs: 2, "
-            "log_residuals: [0.0, 0.1]}]",
-            "each at most once",
-        ),
-        ("[{tp: 1, pipelined: false, runs: 1, log_residuals: [0.0]}]", "must add up to fit_residuals.runs"),
-    ],
-)
-def test_a_profile_with_bad_layout_classes_is_one_line(cli, tmp_path, classes: str, said: str) -> None:
-    profile = tmp_path / "p.yaml"
-    text = cli("hw", "show", "h100-nvlink").out
-    profile.write_text(
-        text
-        + f"fit_residuals:\n  runs: 3\n  log_residuals: [0.0, 0.0, 0.1]\nfit_residuals_by_layout: {classes}\n"
-    )
-    args = [
-        "--model",
-        "llama3-8b",
-        "--seq",
-        "8192",
-        "--hw",
-        str(profile),
-        "--gpus",
-        "8",
-        "--global-batch",
-        "16",
-    ]
-    result = cli("step", *args)
-    assert result.code == 2 and said in result.err and "fit_residuals_by_layout" in result.err
-    assert len(result.err.strip().splitlines()) == 1
-
-
 def test_step_json_carries_the_intervals(cli) -> None:
     args = ["step", "--model", "llama3-8b", "--seq", "8192", "--hw", "h100-nvlink", "--gpus", "8"]
     data = cli(*args, "--global-batch", "16", "--zero", "3", "-f", "json").json()
@@ -416,17 +381,40 @@ def test_the_html_report_draws_the_memory_interval(cli, tmp_path) -> None:
     assert 'data-field="fit.total_bytes_interval"' in text and f"may not fit ({chance} it fits)" in text
 
 
+POOLED = "fit_residuals:\n  runs: 3\n  log_residuals: [0.0, 0.0, 0.1]\n"
+ONE_CLASS = "{tp: 1, pipelined: false, runs: 1, log_residuals: [0.0]}"
+
+
 @pytest.mark.parametrize(
-    ("residuals", "said"),
+    ("appended", "said", "field"),
     [
-        ("[0.3, 0.1, 0.2]", "log_residuals must be sorted, smallest first"),
-        ("[0.1, 0.2, 1e300]", "less than or equal to 10"),
+        (
+            "fit_residuals:\n  runs: 3\n  log_residuals: [0.3, 0.1, 0.2]\n",
+            "log_residuals must be sorted, smallest first",
+            "fit_residuals",
+        ),
+        (
+            "fit_residuals:\n  runs: 3\n  log_residuals: [0.1, 0.2, 1e300]\n",
+            "less than or equal to 10",
+            "fit_residuals",
+        ),
+        (
+            POOLED + f"fit_residuals_by_layout: [{ONE_CLASS}, {ONE_CLASS}]\n",
+            "each at most once",
+            "fit_residuals_by_layout",
+        ),
+        (
+            POOLED + f"fit_residuals_by_layout: [{ONE_CLASS}]\n",
+            "must add up to fit_residuals.runs",
+            "fit_residuals_by_layout",
+        ),
     ],
 )
-def test_a_profile_with_bad_residuals_is_one_line(cli, tmp_path, residuals: str, said: str) -> None:
+def test_a_profile_with_bad_residuals_is_one_line(
+    cli, tmp_path, appended: str, said: str, field: str
+) -> None:
     profile = tmp_path / "p.yaml"
-    text = cli("hw", "show", "h100-nvlink").out
-    profile.write_text(text + f"fit_residuals:\n  runs: 3\n  log_residuals: {residuals}\n")
+    profile.write_text(cli("hw", "show", "h100-nvlink").out + appended)
     args = [
         "--model",
         "llama3-8b",
@@ -440,7 +428,7 @@ def test_a_profile_with_bad_residuals_is_one_line(cli, tmp_path, residuals: str,
         "16",
     ]
     result = cli("step", *args)
-    assert result.code == 2 and said in result.err and "fit_residuals" in result.err
+    assert result.code == 2 and said in result.err and field in result.err
     assert len(result.err.strip().splitlines()) == 1
 
 
