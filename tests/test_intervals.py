@@ -382,7 +382,7 @@ def test_the_html_report_draws_the_memory_interval(cli, tmp_path) -> None:
 
 
 POOLED = "fit_residuals:\n  runs: 3\n  log_residuals: [0.0, 0.0, 0.1]\n"
-ONE_CLASS = "{tp: 1, pipelined: false, runs: 1, log_residuals: [0.0]}"
+ONE_CLASS = "{tp: 1, pipelined: false, residuals: {runs: 1, log_residuals: [0.0]}}"
 
 
 @pytest.mark.parametrize(

@@ -294,7 +294,7 @@ def test_fit_profile_is_written_and_step_reads_it(cli, monkeypatch, tmp_path: Pa
     residuals = profile.fit_residuals
     assert residuals is not None and residuals.runs == document["fit"]["fitted_runs"]
     classes = profile.fit_residuals_by_layout or []  # every fitted run in one layout class
-    assert len(classes) >= 2 and sum(c.runs for c in classes) == residuals.runs
+    assert len(classes) >= 2 and sum(c.residuals.runs for c in classes) == residuals.runs
     band = step.time_s_interval
     assert band.regime.startswith("the fitted profile's k-fold residuals")
     assert band.hi / band.lo == pytest.approx(math.exp(2 * 1.28 * 0.03), rel=0.05)

@@ -129,15 +129,19 @@ class Residuals(BaseModel):
         return next(r for r in kept if self.share_at_most(r) * (self.runs + 1) >= need - 1e-9)
 
 
-class LayoutResiduals(Residuals):
+class LayoutResiduals(BaseModel):
     """A fitted profile's residuals on the runs of one layout class: the tensor-parallel degree and whether the
     step is pipelined. These two choices set which of the fitted terms a step leans on (TP's collectives and
     kernel shapes, the pipeline's bubble and sends), so the fit errs differently across classes and alike
-    within one: each class calibrated on its own runs is group-balanced conformal prediction [Conformal-Tutorial §4.1],
-    narrower than the pool where a class errs less and wider where it errs more, each still at its level."""
+    within one: each class calibrated on its own runs is group-balanced conformal prediction
+    [Conformal-Tutorial §4.1], narrower than the pool where a class errs less and wider where it errs more, each
+    still at its level."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     tp: int = Field(ge=1, le=2**20, description="the tensor-parallel degree of the runs")
     pipelined: bool = Field(description="whether the runs' steps are pipelined (pp > 1)")
+    residuals: Residuals
 
     @classmethod
     def grouped(cls, runs: Sequence[tuple[int, int, float]]) -> list[LayoutResiduals]:
@@ -146,7 +150,7 @@ class LayoutResiduals(Residuals):
         for tp, pp, residual in runs:
             groups.setdefault((tp, pp > 1), []).append(residual)
         return [
-            cls(tp=tp, pipelined=piped, **Residuals.of(values).model_dump())
+            cls(tp=tp, pipelined=piped, residuals=Residuals.of(values))
             for (tp, piped), values in sorted(groups.items())
         ]
 

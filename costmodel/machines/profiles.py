@@ -770,7 +770,7 @@ class HardwareProfile(_Strict):
             raise ValueError("fit_residuals_by_layout needs fit_residuals, every class's runs pooled")
         if len({(r.tp, r.pipelined) for r in by_layout}) < len(by_layout):
             raise ValueError("fit_residuals_by_layout holds one set per (tp, pipelined), each at most once")
-        if sum(r.runs for r in by_layout) != self.fit_residuals.runs:
+        if sum(r.residuals.runs for r in by_layout) != self.fit_residuals.runs:
             raise ValueError("fit_residuals_by_layout's runs must add up to fit_residuals.runs")
         return self
 

@@ -187,10 +187,11 @@ def fitted_calibration(
     )
     if mine is None or across_nodes:
         return Calibration(whole, pooled)
-    own = f"the fitted profile's k-fold residuals of its {mine.label()} runs: {mine.runs} step times"
-    if mine.runs >= runs_needed(max(level, DEFAULT_LEVEL)):
-        return Calibration(own, mine)
-    finer = ((own, mine),) if mine.runs >= runs_needed(DEFAULT_LEVEL) else ()
+    held = mine.residuals
+    own = f"the fitted profile's k-fold residuals of its {mine.label()} runs: {held.runs} step times"
+    if held.runs >= runs_needed(max(level, DEFAULT_LEVEL)):
+        return Calibration(own, held)
+    finer = ((own, held),) if held.runs >= runs_needed(DEFAULT_LEVEL) else ()
     return Calibration(whole, pooled, finer=finer)
 
 
