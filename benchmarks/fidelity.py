@@ -222,12 +222,13 @@ def print_published() -> None:
 
 def fitted_coverage(label: str, profile: HardwareProfile, runs: list) -> str:
     """The fitted profile's own intervals (its k-fold residuals by layout class) on runs it was not fitted to:
-    the share inside and the median half-width."""
+    the share inside and the median half-width, over all of them and by the regime that calibrated each (those of
+    10 runs or more)."""
     if profile.fit_residuals is None:
         return "fitted profile: no residuals"
     fitted = Profiles(profile)
     reports = [predict(run, fitted) for run in runs]
-    parts = []
+    overall, regimes = [], {}
     for level in (0.8, 0.95):
         inside, widths = [], []
         for run, report in zip(runs, reports, strict=True):
@@ -236,13 +237,21 @@ def fitted_coverage(label: str, profile: HardwareProfile, runs: list) -> str:
             held = fitted_calibration(profile, tp, pp, spans_nodes(report), level)
             band = interval(1.0, held, level, "step time")
             if band.known:
-                inside.append(band.lo <= run.measured_s / report.step.time_s <= band.hi)
+                hit = band.lo <= run.measured_s / report.step.time_s <= band.hi
+                inside.append(hit)
                 widths.append((band.hi - band.lo) / 2)
-        parts.append(
+                regime = held.regime.split(": ")[0].removeprefix("the fitted profile's k-fold residuals")
+                regimes.setdefault(regime or " (pooled)", {}).setdefault(level, []).append(hit)
+        overall.append(
             f"{level:.0%} covers {sum(inside) / len(inside):.0%} of {len(inside)}, "
             f"median half-width ±{statistics.median(widths):.1%}"
         )
-    return f"{label:<44} " + "; ".join(parts)
+    lines = [f"{label:<44} " + "; ".join(overall)]
+    for regime, marks in sorted(regimes.items()):
+        if len(marks[0.8]) >= 10:
+            shares = ", ".join(f"{lvl:.0%}: {sum(m) / len(m):.0%} of {len(m)}" for lvl, m in marks.items())
+            lines.append(f"    {regime.strip():<40} {shares}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
