@@ -156,7 +156,9 @@ def main() -> None:
     print(fitted_coverage("  fitted profile intervals, kept-aside rows", fit["profile"], aside))
     if fit["transfer"] is not None:
         print(line("multi-node, predicted from the single-node fit", fit["transfer"]))
-        print(fitted_coverage("  fitted profile intervals, multi-node runs", fit["profile"], multi.runs))
+        print(
+            fitted_coverage("  fitted profile intervals, multi-node runs", fit["profile"], multi.runs, True)
+        )
         print(rank_line("  layouts ranked, from the fit", fit["transfer_ranking"]))
     print_published()
 
@@ -220,14 +222,15 @@ def print_published() -> None:
         print(f"  median 80 % half-width, {quantity:<10} " + ("none" if width is None else f"±{width:.1%}"))
 
 
-def fitted_coverage(label: str, profile: HardwareProfile, runs: list) -> str:
+def fitted_coverage(label: str, profile: HardwareProfile, runs: list, across_only: bool = False) -> str:
     """The fitted profile's own intervals (its k-fold residuals by layout class) on runs it was not fitted to:
     the share inside and the median half-width, over all of them and by the regime that calibrated each (those of
-    10 runs or more)."""
+    10 runs or more). ``across_only``: only the runs whose groups span nodes."""
     if profile.fit_residuals is None:
         return "fitted profile: no residuals"
     fitted = Profiles(profile)
-    reports = [predict(run, fitted) for run in runs]
+    pairs = [(run, predict(run, fitted)) for run in runs]
+    runs, reports = zip(*[(run, r) for run, r in pairs if spans_nodes(r) or not across_only], strict=True)
     overall, regimes = [], {}
     for level in (0.8, 0.95):
         inside, widths = [], []
@@ -248,7 +251,7 @@ def fitted_coverage(label: str, profile: HardwareProfile, runs: list) -> str:
         )
     lines = [f"{label:<44} " + "; ".join(overall)]
     for regime, marks in sorted(regimes.items()):
-        if len(marks[0.8]) >= 10:
+        if len(marks.get(0.8, [])) >= 10:  # a class too small at 95 % is read on the pool there
             shares = ", ".join(f"{lvl:.0%}: {sum(m) / len(m):.0%} of {len(m)}" for lvl, m in marks.items())
             lines.append(f"    {regime.strip():<40} {shares}")
     return "\n".join(lines)
