@@ -243,8 +243,9 @@ def fitted_coverage(label: str, profile: HardwareProfile, runs: list, across_onl
                 hit = band.lo <= run.measured_s / report.step.time_s <= band.hi
                 inside.append(hit)
                 widths.append((band.hi - band.lo) / 2)
-                regime = held.regime.split(": ")[0].removeprefix("the fitted profile's k-fold residuals")
-                regimes.setdefault(regime or " (pooled)", {}).setdefault(level, []).append(hit)
+                classes = profile.fit_residuals_by_layout or []
+                regime = next((c.label() for c in classes if c.residuals is held.residuals), "pooled")
+                regimes.setdefault(regime, {}).setdefault(level, []).append(hit)
         overall.append(
             f"{level:.0%} covers {sum(inside) / len(inside):.0%} of {len(inside)}, "
             f"median half-width ±{statistics.median(widths):.1%}"
@@ -253,7 +254,7 @@ def fitted_coverage(label: str, profile: HardwareProfile, runs: list, across_onl
     for regime, marks in sorted(regimes.items()):
         if len(marks.get(0.8, [])) >= 10:  # a class too small at 95 % is read on the pool there
             shares = ", ".join(f"{lvl:.0%}: {sum(m) / len(m):.0%} of {len(m)}" for lvl, m in marks.items())
-            lines.append(f"    {regime.strip():<40} {shares}")
+            lines.append(f"    {regime:<40} {shares}")
     return "\n".join(lines)
 
 

@@ -129,6 +129,11 @@ class Residuals(BaseModel):
         return next(r for r in kept if self.share_at_most(r) * (self.runs + 1) >= need - 1e-9)
 
 
+def layout_class(tp: int, pp: int) -> tuple[int, bool]:
+    """A layout's class for a fitted profile's residuals: its TP degree and whether it is pipelined."""
+    return tp, pp > 1
+
+
 class LayoutResiduals(BaseModel):
     """A fitted profile's residuals on the runs of one layout class: the tensor-parallel degree and whether the
     step is pipelined. These two choices set which of the fitted terms a step leans on (TP's collectives and
@@ -148,11 +153,15 @@ class LayoutResiduals(BaseModel):
         """``(tp, pp, residual)`` of each run, as one set per layout class, in order of (tp, pipelined)."""
         groups: dict[tuple[int, bool], list[float]] = {}
         for tp, pp, residual in runs:
-            groups.setdefault((tp, pp > 1), []).append(residual)
+            groups.setdefault(layout_class(tp, pp), []).append(residual)
         return [
             cls(tp=tp, pipelined=piped, residuals=Residuals.of(values))
             for (tp, piped), values in sorted(groups.items())
         ]
+
+    def holds(self, tp: int, pp: int) -> bool:
+        """Whether a plan of ``tp`` and ``pp`` is of this class."""
+        return (self.tp, self.pipelined) == layout_class(tp, pp)
 
     def label(self) -> str:
         return f"TP {self.tp}, {'pipelined' if self.pipelined else 'no pipeline'}"

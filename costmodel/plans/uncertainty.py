@@ -182,9 +182,7 @@ def fitted_calibration(
     if pooled is None:
         return None
     whole = f"the fitted profile's k-fold residuals: {pooled.runs} step times"
-    mine = next(
-        (r for r in profile.fit_residuals_by_layout or [] if (r.tp, r.pipelined) == (tp, pp > 1)), None
-    )
+    mine = next((r for r in profile.fit_residuals_by_layout or [] if r.holds(tp, pp)), None)
     if mine is None or across_nodes:
         return Calibration(whole, pooled)
     held = mine.residuals
