@@ -32,7 +32,7 @@ from pathlib import Path
 from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs, build
-from costmodel.plans.timing import predict
+from costmodel.plans.timing import predict, ring_overhead_s
 
 SHAPE = {"heads": 32, "kv_heads": 8, "head_dim": 128, "causal": True}
 SPLIT = Path(__file__).parent / "results" / "h200-linears-2026-12-04.json"
@@ -41,6 +41,12 @@ GPUS, LOCAL = 8, 8192
 # temporary (bf16 read, fp32 write, 6), out += it (two fp32 reads, one write, 12): 26 bytes an element
 REFERENCE_MERGE_BYTES = 26.0
 UNFUSED_MERGE_BYTES = 34.0  # ring-flash-attn's update_out_and_lse, op by op (see the module docstring)
+# ring-flash-attn's striped forward (stripe_flash_attn.py @8996282): a step past a rank's own attends queries and
+# keys shifted by one token and merges into the output's slice [:, 1:] (update_out_and_lse with slice_), then
+# copies the merged slice back (`out[slice_] = slice_out`: an fp32 read and write). Every step after the first
+# has ranks on that path (those below it), and a step lasts as long as its slowest rank. Zigzag's sliced path
+# merges half the output, so its full-path ranks set the step; the backward adds the slices in place.
+STRIPED_COPY_BACK_BYTES = 8.0
 # [ring-flash-attn] README, batch api: iterations a second of the single 8K call and of each ring layer; the
 # README's efficiency is (single / 8) / ring, to its rounding
 ITERATIONS = {
@@ -55,7 +61,8 @@ PROFILES = {"8xH800": "h800-nvlink", "8xA100": "a100-nvlink"}
 @dataclass(frozen=True)
 class Layer:
     """One attention layer of the comparison: the profile it names, its layout and pass, the merge charged
-    per element, the ring's size (1: the single call of LOCAL tokens) and the heads."""
+    per element (and what the forward's merge copies beside it), the ring's size (1: the single call of LOCAL
+    tokens) and the heads."""
 
     hw: str
     layout: str
@@ -63,6 +70,7 @@ class Layer:
     merge_bytes: float
     gpus: int = GPUS
     shape: tuple = tuple(SHAPE.items())
+    forward_copy_bytes: float = 0.0
 
     def seconds(self, machine: Machine) -> float:
         plan = build(
@@ -74,7 +82,12 @@ class Layer:
             **dict(self.shape),
         )
         backward = self.pass_ == "fwd+bwd"
-        return predict(plan, machine, "ring", backward, merge_bytes=self.merge_bytes).for_pass(self.pass_)[0]
+        layer = predict(plan, machine, "ring", backward, merge_bytes=self.merge_bytes).for_pass(self.pass_)[0]
+        # the merge's cost is linear in its bytes: the copy is the difference of two merges
+        copy = ring_overhead_s(plan, machine, self.merge_bytes + self.forward_copy_bytes) - ring_overhead_s(
+            plan, machine, self.merge_bytes
+        )
+        return layer + copy
 
     def efficiency(self, machine: Machine) -> float:
         """N single calls' time over the ring layer's."""
@@ -161,7 +174,8 @@ def published_rows() -> list[Row]:
                 continue
             single = Layer(hw, "contiguous", pass_, UNFUSED_MERGE_BYTES, 1).seconds(machine)
             for layout in ("contiguous", "zigzag", "striped"):
-                ring = Layer(hw, layout, pass_, UNFUSED_MERGE_BYTES).seconds(machine)
+                copy = STRIPED_COPY_BACK_BYTES if layout == "striped" else 0.0
+                ring = Layer(hw, layout, pass_, UNFUSED_MERGE_BYTES, forward_copy_bytes=copy).seconds(machine)
                 rows.append(
                     Row(
                         gpu,

@@ -108,9 +108,9 @@ def _published_rings():  # noqa: ANN202 - the benchmark's rows, shared by the ca
 
 
 STRIPED_MISS = (
-    "ring-flash-attention's striped layer runs 8-13 % slower than the model reads it: each step past a rank's "
-    "own is a causal call on a one-token shift whose merge is copied back from a slice, 1.3 ms of the A100 "
-    "forward's 4.0 ms gap; the rest not located"
+    "ring-flash-attention's striped forward on the A100 runs 8.9 % slower than the model reads it (+6.2 points): "
+    "the merge's copy-back from the output's slice is charged; the rest is not located (unmeasured guess: the "
+    "shifted calls' 8,191 tokens leave FlashAttention-2's last tiles ragged)"
 )
 PUBLISHED_RINGS = [
     pytest.param(gpus, tables, pass_, layout, marks=mark, id=f"{gpus}-{tables}-{pass_}-{layout}")
@@ -118,7 +118,9 @@ PUBLISHED_RINGS = [
     for pass_ in ("fwd", "fwd+bwd")
     for layout in ("contiguous", "zigzag", "striped")
     for mark in [
-        pytest.mark.xfail(strict=True, reason=STRIPED_MISS) if (layout, pass_) == ("striped", "fwd") else ()
+        pytest.mark.xfail(strict=True, reason=STRIPED_MISS)
+        if (gpus, layout, pass_) == ("8xA100", "striped", "fwd")
+        else ()
     ]
 ]
 
