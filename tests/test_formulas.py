@@ -423,6 +423,7 @@ def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
         "k_agm": 1,
         "x_eager": int(not causal),
         "x_rep": int(causal),
+        "x_qh": int(causal),
         "x_lf": int(causal),
         "a_q": 1,
         "a_k": int(causal),

@@ -227,6 +227,21 @@ def test_a_large_batch_decode_adds_its_compute_bound_multiplies_to_its_cache_rea
     assert dec.tpot_last_s > max(dec.weight_read_s + dec.kv_read_s, dec.compute_s) + dec.sampling_s
 
 
+@pytest.mark.parametrize(
+    ("model", "tp", "reads"), [("llama2-70b", 2, 8), ("llama2-70b", 16, 4), ("llama2-7b", 1, 1)]
+)
+def test_a_decode_kernel_reading_by_query_head_reads_the_cache_once_per_query_head(
+    model: str, tp: int, reads: int
+) -> None:
+    """TensorRT-LLM's masked MHA kernel: each of a rank's h/t query heads reads its KV head's cache, h/n_kv
+    times the bytes (64 over 8 heads), h/t where TP replicates the KV heads (TP 16: 4 query heads over one KV
+    head a rank), and no more for MHA; the cache it holds is the same."""
+    values = {"model": model, "hw": "h100-nvlink", "prompt": 2048, "output": 128, "batch": 8, "tp": tp}
+    once, per_head = infer(**values), infer(**values, decode_kv_reads="per_query_head")
+    assert per_head.decode.kv_read_s == pytest.approx(reads * once.decode.kv_read_s, rel=1e-12)
+    assert per_head.memory.kv_cache_bytes_per_device == once.memory.kv_cache_bytes_per_device
+
+
 def test_cp_for_decode_pays_at_1m_and_only_adds_latency_at_4k() -> None:
     long = infer(**H405, prompt="1M", cp=16).decode
     assert long.cp_latency_saved_s > 0 and long.cp_latency_added_s == 0 and long.max_batch_at_cp1 == 0

@@ -35,6 +35,7 @@ from costmodel.plans.inputs import (
 )
 
 CacheDtype = Literal["bf16", "fp8"]
+DecodeKvReads = Literal["per_kv_head", "per_query_head"]
 PrefillScheme = Literal[("auto", *registry.names(PREFILL))]
 MAX_CHUNKS = 1024  # chunks of one prefill the model walks one by one
 
@@ -76,6 +77,13 @@ class InferenceSetup(BaseModel):
         "bf16", "Weight element type; fp8 also runs the matrix multiplies at the profile's fp8 rate."
     )
     kv_dtype: CacheDtype = flag("bf16", "KV-cache element type.")
+    decode_kv_reads: DecodeKvReads = flag(
+        "per_kv_head",
+        "How the decode attention kernel reads a GQA model's cache: per_kv_head (each KV head's cache once a "
+        "step: XQA, FlashInfer, FlashAttention) or per_query_head (one thread block per query head reading its "
+        "KV head's cache: TensorRT-LLM before v0.7), h/n_kv times the bytes, an upper bound where L2 serves "
+        "some of the re-reads.",
+    )
     chunk: Tokens | None = flag(
         None,
         "Chunked prefill: new tokens per chunk, each attending to the cache and the chunks before it "

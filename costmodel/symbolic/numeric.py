@@ -1829,9 +1829,11 @@ def decode_weight_read_s(*, B_hbm, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, 
     return ops.select([ops.equal(pp, 1),True], [_x0*_x9*(_x1 + _x2*e_m + _x8*n_L),_x9*ops.maximum(ops.maximum(_x0*_x8*n_mid, _x0*(_x2 + _x8*n_first)), _x0*(_x1 + _x2 + _x8*n_last))], default=ops.nan)
 
 
-def decode_kv_read_s(*, B_hbm, S_kv, b, d, n_first, n_kv, n_last, n_mid, p_kv, t):
-    """t_kv_decode = 2*S_kv*b*d*p_kv*Max(1, n_kv/t)*Max(n_first, n_last, n_mid)/B_hbm: reading one device's KV cache once per decode step [s] ([Roofline], [CP-Infer])."""
-    return 2*S_kv*b*d*p_kv*ops.maximum(1, n_kv/t)*ops.maximum(ops.maximum(n_first, n_last), n_mid)/B_hbm
+def decode_kv_read_s(*, B_hbm, S_kv, b, d, h, n_first, n_kv, n_last, n_mid, p_kv, t, x_qh):
+    """t_kv_decode = 2*S_kv*b*d*p_kv*(t*Max(1, n_kv/t) + x_qh*(h - t*Max(1, n_kv/t)))*Max(n_first, n_last, n_mid)/(B_hbm*t): reading one device's KV cache once per decode step, or once per query head where the kernel reads by query head (x_qh = 1) [s] ([Roofline], [CP-Infer], [TRTLLM-MMHA])."""
+    _x0 = t**(-1.0)
+    _x1 = t*ops.maximum(1, _x0*n_kv)
+    return 2*S_kv*_x0*b*d*p_kv*(_x1 + x_qh*(-_x1 + h))*ops.maximum(ops.maximum(n_first, n_last), n_mid)/B_hbm
 
 
 def decode_gemm_compute_s(*, F_ffn, F_gemm, H, V, b, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_first, n_kv, n_last, n_mid, pp, r_kv, r_q, t):
@@ -1905,8 +1907,8 @@ def decode_sampling_s(*, B_hbm, V, b, p_acc):
     return 2*V*b*p_acc/B_hbm
 
 
-def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alpha, alpha_tp, b, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_first, n_kl, n_kv, n_last, n_mid, p, p_acc, p_kv, p_w, pp, r_kv, r_q, t, t_host, t_k, t_lf):
-    """t_token = Piecewise(((B_cp*B_hbm*B_tp*t*(t_host + Max(p_w*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(B_hbm*t), 2*b*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(F_gemm*t)) + Max(2*S_kv*b*d*p_kv*Max(1, n_kv/t)*Max(n_first, n_last, n_mid)/B_hbm, 4*S_kv*b*d*h*Max(n_first, n_last, n_mid)/(F_attn*t))) + 2*B_cp*B_tp*V*b*p_acc*t + n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_tp*t), Eq(pp, 1)), ((B_cp*B_hbm*B_pp*B_tp*t*(pp*(Max(p_w*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t)/B_hbm, 2*b*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t)/F_gemm) + Max(2*S_kv*b*d*p_kv*Max(1, n_kv/t)*Max(n_first, n_last, n_mid)/B_hbm, 4*S_kv*b*d*h*Max(n_first, n_last, n_mid)/(F_attn*t))) + t_host) + B_cp*B_hbm*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + 2*B_cp*B_pp*B_tp*V*b*p_acc*t + B_pp*n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_pp*B_tp*t), True)): time per output token: each stage in turn runs its multiplies, each bound by reading its weights or by its FLOP, then its attention, bound by reading the KV cache or by its FLOP (separate kernels, one after the other), every layer merges over CP, all-reduces over TP and pays its fixed cost, the stages hand the token on, it is sampled, and the host prepares the next step [s] ([Roofline], [CP-Infer])."""
+def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alpha, alpha_tp, b, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_first, n_kl, n_kv, n_last, n_mid, p, p_acc, p_kv, p_w, pp, r_kv, r_q, t, t_host, t_k, t_lf, x_qh):
+    """t_token = Piecewise(((B_cp*B_hbm*B_tp*t*(t_host + Max(p_w*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(B_hbm*t), 2*b*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(F_gemm*t)) + Max(4*S_kv*b*d*h*Max(n_first, n_last, n_mid)/(F_attn*t), 2*S_kv*b*d*p_kv*(t*Max(1, n_kv/t) + x_qh*(h - t*Max(1, n_kv/t)))*Max(n_first, n_last, n_mid)/(B_hbm*t))) + 2*B_cp*B_tp*V*b*p_acc*t + n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_tp*t), Eq(pp, 1)), ((B_cp*B_hbm*B_pp*B_tp*t*(pp*(Max(p_w*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t)/B_hbm, 2*b*Max((H*V + n_first*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, (H*V + H*t + n_last*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/t, n_mid*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))/t)/F_gemm) + Max(4*S_kv*b*d*h*Max(n_first, n_last, n_mid)/(F_attn*t), 2*S_kv*b*d*p_kv*(t*Max(1, n_kv/t) + x_qh*(h - t*Max(1, n_kv/t)))*Max(n_first, n_last, n_mid)/(B_hbm*t))) + t_host) + B_cp*B_hbm*B_tp*t*(pp - 1)*(B_pp*alpha + H*b*p) + 2*B_cp*B_pp*B_tp*V*b*p_acc*t + B_pp*n_L*(B_cp*B_hbm*B_tp*t*(n_kl*t_k + t_lf) + 4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + H*b*p) + 3*B_cp*B_tp*b*h*p_acc*(N - 1)*(d + 1) + B_hbm*B_tp*(N - 1)*(B_cp*alpha*t + b*h*(d*p + p_acc))))/(B_cp*B_hbm*B_pp*B_tp*t), True)): time per output token: each stage in turn runs its multiplies, each bound by reading its weights or by its FLOP, then its attention, bound by reading the KV cache or by its FLOP (separate kernels, one after the other), every layer merges over CP, all-reduces over TP and pays its fixed cost, the stages hand the token on, it is sampled, and the host prepares the next step [s] ([Roofline], [CP-Infer])."""
     _x0 = B_cp*t
     _x1 = 2*b
     _x2 = B_tp*p_acc
@@ -1919,22 +1921,24 @@ def tpot_s(*, B_cp, B_hbm, B_pp, B_tp, F_attn, F_ffn, F_gemm, H, N, S_kv, V, alp
     _x9 = n_L*(4*B_cp*B_hbm*(t - 1)*(B_tp*alpha_tp*t + _x8) + 3*B_cp*_x2*_x6*_x7*(d + 1) + _x4*_x6*(_x0*alpha + _x7*(d*p + p_acc)) + _x5*(n_kl*t_k + t_lf))
     _x10 = t**(-1.0)
     _x11 = S_kv*d*ops.maximum(ops.maximum(n_first, n_last), n_mid)
-    _x12 = B_hbm**(-1.0)
-    _x13 = ops.maximum(4*_x10*_x11*_x7/F_attn, _x1*_x11*_x12*p_kv*ops.maximum(1, _x10*n_kv))
-    _x14 = _x12*p_w
-    _x15 = H*t
-    _x16 = H*V
-    _x17 = c_q*r_q
-    _x18 = d_r + r_kv
-    _x19 = H*m_la*(_x17 + _x18)
-    _x20 = d*(m_la - 1)
-    _x21 = d_qk*h
-    _x22 = F_ffn*H*(g + 2) - H*_x20*(h + 2*n_kv) - H*h*(_x20 - d_v*m_la) - _x19 + m_la*(H*_x18 - H*_x21*(c_q - 1) + _x17*(H + _x21) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x19 + m_la*(_x17 + r_kv))
-    _x23 = _x10*(_x15 + _x16*e_m + _x22*n_L)
-    _x24 = _x1/F_gemm
-    _x25 = _x10*_x12/(B_cp*B_tp)
-    _x26 = ops.maximum(ops.maximum(_x10*_x22*n_mid, _x10*(_x16 + _x22*n_first)), _x10*(_x15 + _x16 + _x22*n_last))
-    return ops.select([ops.equal(pp, 1),True], [_x25*(_x3 + _x5*(_x13 + t_host + ops.maximum(_x14*_x23, _x23*_x24)) + _x9),_x25*(B_pp*_x3 + B_pp*_x5*(pp*(_x13 + ops.maximum(_x14*_x26, _x24*_x26)) + t_host) + B_pp*_x9 + _x5*(pp - 1)*(B_pp*alpha + _x8))/B_pp], default=ops.nan)
+    _x12 = t*ops.maximum(1, _x10*n_kv)
+    _x13 = B_hbm**(-1.0)
+    _x14 = _x10*_x13
+    _x15 = ops.maximum(4*_x10*_x11*_x7/F_attn, _x1*_x11*_x14*p_kv*(_x12 + x_qh*(-_x12 + h)))
+    _x16 = _x13*p_w
+    _x17 = H*t
+    _x18 = H*V
+    _x19 = c_q*r_q
+    _x20 = d_r + r_kv
+    _x21 = H*m_la*(_x19 + _x20)
+    _x22 = d*(m_la - 1)
+    _x23 = d_qk*h
+    _x24 = F_ffn*H*(g + 2) - H*_x22*(h + 2*n_kv) - H*h*(_x22 - d_v*m_la) - _x21 + m_la*(H*_x20 - H*_x23*(c_q - 1) + _x19*(H + _x23) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x21 + m_la*(_x19 + r_kv))
+    _x25 = _x10*(_x17 + _x18*e_m + _x24*n_L)
+    _x26 = _x1/F_gemm
+    _x27 = _x14/(B_cp*B_tp)
+    _x28 = ops.maximum(ops.maximum(_x10*_x24*n_mid, _x10*(_x18 + _x24*n_first)), _x10*(_x17 + _x18 + _x24*n_last))
+    return ops.select([ops.equal(pp, 1),True], [_x27*(_x3 + _x5*(_x15 + t_host + ops.maximum(_x16*_x25, _x25*_x26)) + _x9),_x27*(B_pp*_x3 + B_pp*_x5*(pp*(_x15 + ops.maximum(_x16*_x28, _x26*_x28)) + t_host) + B_pp*_x9 + _x5*(pp - 1)*(B_pp*alpha + _x8))/B_pp], default=ops.nan)
 
 
 def ring_hop_bandwidth(*, B_l, l_h):
@@ -3801,7 +3805,7 @@ ARGS = {
     'layer_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'g', 'h', 'm_la', 'n_kv', 'p_w', 'r_kv', 'r_q', 't'),
     'output_weight_read_s': ('B_hbm', 'H', 'V', 'p_w', 't'),
     'decode_weight_read_s': ('B_hbm', 'F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_w', 'pp', 'r_kv', 'r_q', 't'),
-    'decode_kv_read_s': ('B_hbm', 'S_kv', 'b', 'd', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_kv', 't'),
+    'decode_kv_read_s': ('B_hbm', 'S_kv', 'b', 'd', 'h', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_kv', 't', 'x_qh'),
     'decode_gemm_compute_s': ('F_ffn', 'F_gemm', 'H', 'V', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'pp', 'r_kv', 'r_q', 't'),
     'decode_attention_compute_s': ('F_attn', 'S_kv', 'b', 'd', 'h', 'n_first', 'n_last', 'n_mid', 't'),
     'decode_compute_s': ('F_attn', 'F_ffn', 'F_gemm', 'H', 'S_kv', 'V', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kv', 'n_last', 'n_mid', 'pp', 'r_kv', 'r_q', 't'),
@@ -3812,7 +3816,7 @@ ARGS = {
     'passkv_page_gather_s': ('B_hbm', 'K_c', 'N', 'T_n', 'b', 'd', 'g_pg', 'n_kv', 'p', 't'),
     'decode_partial_merge_s': ('B_hbm', 'N', 'b', 'd', 'h', 'p_acc', 't'),
     'decode_sampling_s': ('B_hbm', 'V', 'b', 'p_acc'),
-    'tpot_s': ('B_cp', 'B_hbm', 'B_pp', 'B_tp', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S_kv', 'V', 'alpha', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kl', 'n_kv', 'n_last', 'n_mid', 'p', 'p_acc', 'p_kv', 'p_w', 'pp', 'r_kv', 'r_q', 't', 't_host', 't_k', 't_lf'),
+    'tpot_s': ('B_cp', 'B_hbm', 'B_pp', 'B_tp', 'F_attn', 'F_ffn', 'F_gemm', 'H', 'N', 'S_kv', 'V', 'alpha', 'alpha_tp', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_first', 'n_kl', 'n_kv', 'n_last', 'n_mid', 'p', 'p_acc', 'p_kv', 'p_w', 'pp', 'r_kv', 'r_q', 't', 't_host', 't_k', 't_lf', 'x_qh'),
     'ring_hop_bandwidth': ('B_l', 'l_h'),
     'injection_bandwidth': ('B_l', 'n_l'),
     'switch_bisection_bandwidth': ('B_l', 'P_g'),

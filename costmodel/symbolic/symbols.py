@@ -465,6 +465,15 @@ x_rep = _symbol(
     "[torchtitan-code], [torch-CP]",
     nonnegative=True,
 )
+x_qh = _symbol(
+    "x_qh",
+    "1 where a decode attention kernel runs one thread block per query head, each reading its KV head's cache "
+    "(TensorRT-LLM's masked multi-head attention before v0.7's XQA kernels), so a step reads the cache once per "
+    "query head; 0 where it reads each KV head's cache once",
+    "1",
+    "[TRTLLM-MMHA]",
+    nonnegative=True,
+)
 k_copy = _symbol(
     "k_copy",
     "query copies per ring step when a layout shifts the mask (zigzag: 1, else 0)",

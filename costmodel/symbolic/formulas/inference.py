@@ -47,6 +47,7 @@ from costmodel.symbolic.symbols import (
     t_host,
     t_k,
     t_lf,
+    x_qh,
 )
 
 GROUP = "inference"
@@ -225,13 +226,18 @@ t_w_dec = define(
     "s",
     "[Roofline]",
 )
+# A kernel that reads by query head reads its KV head's cache once for each of the h/t query heads on the rank,
+# over its _kv_tp KV heads: h/n_kv times the bytes, or h/t where TP replicates the KV heads. An upper bound on the
+# traffic: where the blocks of one KV head run side by side, L2 serves part of the re-reads.
+_kv_reads = 1 + x_qh * (h / (t * _kv_tp) - 1)
 t_kv_dec = define(
     "decode_kv_read_s",
     "t_kv_decode",
-    M_kv / B_hbm,
-    "reading one device's KV cache once per decode step",
+    M_kv * _kv_reads / B_hbm,
+    "reading one device's KV cache once per decode step, or once per query head where the kernel reads by "
+    "query head (x_qh = 1)",
     "s",
-    "[Roofline], [CP-Infer]",
+    "[Roofline], [CP-Infer], [TRTLLM-MMHA]",
 )
 t_g_dec = define(
     "decode_gemm_compute_s",
