@@ -237,7 +237,7 @@ def test_a_decode_kernel_reading_by_query_head_reads_the_cache_once_per_query_he
     times the bytes (64 over 8 heads), h/t where TP replicates the KV heads (TP 16: 4 query heads over one KV
     head a rank), and no more for MHA; the cache it holds is the same."""
     values = {"model": model, "hw": "h100-nvlink", "prompt": 2048, "output": 128, "batch": 8, "tp": tp}
-    once, per_head = infer(**values), infer(**values, decode_kv_reads="per_query_head")
+    once, per_head = infer(**values), infer(**values, decode_kv_reads="per-query-head")
     assert per_head.decode.kv_read_s == pytest.approx(reads * once.decode.kv_read_s, rel=1e-12)
     assert per_head.memory.kv_cache_bytes_per_device == once.memory.kv_cache_bytes_per_device
 

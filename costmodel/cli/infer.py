@@ -97,7 +97,7 @@ def _table(report: dict) -> None:
         f"pp {given['pp']}; batch {given['batch']}, prompt {given['prompt']:,} after {given['cached']:,} "
         f"cached, {given['output']:,} out; weights {given['weights']}, KV cache {given['kv_dtype']}"
         + ("" if given["attention_kernel"] == "flash" else f"; attention {given['attention_kernel']}")
-        + ("; decode reads the cache per query head" if given["decode_kv_reads"] == "per_query_head" else "")
+        + ("; decode reads the cache per query head" if given["decode_kv_reads"] == "per-query-head" else "")
     )
     fit = "fits" if mem["fits"] else "DOES NOT FIT"
     screen.print(

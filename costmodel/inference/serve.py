@@ -216,7 +216,7 @@ def attention_bind(
         **layout_degrees(t, pp, {}),
         "p_w": BYTES_PER_ELEMENT[setup.weights],
         "p_kv": BYTES_PER_ELEMENT[setup.kv_dtype],
-        "x_qh": int(setup.decode_kv_reads == "per_query_head"),
+        "x_qh": int(setup.decode_kv_reads == "per-query-head"),
         "c": 0.5,
         "k_merge": FUSED_MERGE_BYTES,  # the merge as one fused kernel
         "k_copy": 1.0,  # a load-balanced (zigzag) shard copies its queries per step, as training's ring

@@ -35,7 +35,7 @@ from costmodel.plans.inputs import (
 )
 
 CacheDtype = Literal["bf16", "fp8"]
-DecodeKvReads = Literal["per_kv_head", "per_query_head"]
+DecodeKvReads = Literal["per-kv-head", "per-query-head"]
 PrefillScheme = Literal[("auto", *registry.names(PREFILL))]
 MAX_CHUNKS = 1024  # chunks of one prefill the model walks one by one
 
@@ -78,9 +78,9 @@ class InferenceSetup(BaseModel):
     )
     kv_dtype: CacheDtype = flag("bf16", "KV-cache element type.")
     decode_kv_reads: DecodeKvReads = flag(
-        "per_kv_head",
-        "How the decode attention kernel reads a GQA model's cache: per_kv_head (each KV head's cache once a "
-        "step: XQA, FlashInfer, FlashAttention) or per_query_head (one thread block per query head reading its "
+        "per-kv-head",
+        "How the decode attention kernel reads a GQA model's cache: per-kv-head (each KV head's cache once a "
+        "step: XQA, FlashInfer, FlashAttention) or per-query-head (one thread block per query head reading its "
         "KV head's cache: TensorRT-LLM before v0.7), h/n_kv times the bytes, an upper bound where L2 serves "
         "some of the re-reads.",
     )
