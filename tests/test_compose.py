@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -135,6 +136,41 @@ def test_more_memory_makes_a_plan_fit_and_slower_memory_a_step_longer(cli) -> No
     assert after["step"]["breakdown"]["elementwise_s"] == pytest.approx(elementwise * 3.35 / 2.4, rel=1e-6)
 
 
+def test_a_part_at_a_lower_clock_runs_its_compute_bound_kernels_at_that_share(cli) -> None:
+    """The same chip at a lower power limit (--clock-scale): the multiplies and attention take 1/0.9 as long,
+    the memory-bound passes and the memory do not move, and the MFU keeps the profile's peak as its
+    denominator (it falls as the step lengthens)."""
+    flags = (*TITAN_8B_8K, "--hbm-bytes", "96e9", "--hbm-bandwidth", "2.4TB/s")
+    before = cli(*flags, "-f", "json").json()
+    after = cli(*flags, "--clock-scale", "0.9", "-f", "json").json()
+    was, now = before["step"]["breakdown"], after["step"]["breakdown"]
+    for term in ("matmul_s", "attention_s"):
+        assert now[term] == pytest.approx(was[term] / 0.9, rel=1e-6)
+    assert now["elementwise_s"] == was["elementwise_s"]
+    assert after["memory"]["bytes_per_device"] == before["memory"]["bytes_per_device"]
+    step = after["step"]["time_s"] / before["step"]["time_s"]
+    assert after["step"]["mfu"] == pytest.approx(before["step"]["mfu"] / step, rel=1e-9)
+    part = override(load_profile("h100-nvlink"), ProfileChanges(clock_scale=0.9))
+    assert part.kernels.sustained_clock == pytest.approx(0.874 * 0.9, rel=1e-12)
+    assert part.device == load_profile("h100-nvlink").device and "sustained clock 0.9" in part.description
+
+
+def test_hw_show_prints_the_part_every_override_makes(cli) -> None:
+    """`hw show` takes the same changes as a plan: the 96 GB, 2.4 TB/s, 0.922-clock H100 of torchtitan's rows."""
+    flags = ("--hbm-bytes", "96e9", "--hbm-bandwidth", "2.4TB/s", "--clock-scale", "0.922")
+    shown = yaml.safe_load(cli("hw", "show", "h100-nvlink", *flags).out)
+    assert shown["device"]["hbm_bytes"] == 96e9 and shown["device"]["hbm_bandwidth"] == 2.4e12
+    assert shown["kernels"]["sustained_clock"] == pytest.approx(0.874 * 0.922, rel=1e-12)
+
+
+def test_a_lower_clock_needs_kernel_tables_and_a_clock_a_profile_accepts() -> None:
+    with pytest.raises(InputError, match="no kernel tables: its compute runs at --efficiency") as caught:
+        override(load_profile("mi300x-xgmi"), ProfileChanges(clock_scale=0.9))
+    assert caught.value.field == "--clock-scale"
+    with pytest.raises(InputError, match="under the 0.5 a profile accepts; give at least 0.572"):
+        override(load_profile("h100-nvlink"), ProfileChanges(clock_scale=0.5))
+
+
 def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
     nvlink = override(load_profile("h100-nvlink"), ProfileChanges(devices_per_node=4))
     assert nvlink.ranks_per_node == 4  # CP ranks filled the node and still do
@@ -157,6 +193,8 @@ def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
         ({"hbm_bytes": 0.0}, "--hbm-bytes", "positive, finite"),
         ({"hbm_bandwidth": "fast"}, "--hbm-bandwidth", "not a bandwidth"),
         ({"hbm_bandwidth": float("inf")}, "--hbm-bandwidth", "positive, finite"),
+        ({"clock_scale": 0.0}, "--clock-scale", r"a share of the profile's clock, in \(0, 1\]"),
+        ({"clock_scale": 1.2}, "--clock-scale", r"a share of the profile's clock, in \(0, 1\]"),
     ],
 )
 def test_bad_overrides_name_their_flag(kwargs: dict, field: str, why: str) -> None:

@@ -236,18 +236,7 @@ def hw_show(
     import yaml
 
     profile = load_profile(name, field="NAME")
-    o = machine_overrides
-    if any(value is not None for value in o.model_dump().values()):
-        profile = override(
-            profile,
-            ProfileChanges(
-                inter_bandwidth=o.inter_node_bandwidth,
-                intra_bandwidth=o.intra_node_bandwidth,
-                devices_per_node=o.devices_per_node,
-                cp_ranks_per_node=o.cp_ranks_per_node,
-                torus_dims=o.torus_dims,
-            ),
-        )
+    profile = override(profile, ProfileChanges(**machine_overrides.changes()))
     sources = [("profile", profile.source.url or f"measured on {profile.source.host}, {profile.source.date}")]
     for scope in ("intra_node", "inter_node"):
         link = getattr(profile.links, scope)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from costmodel.core.errors import InputError
-from costmodel.machines.profiles import HardwareProfile, parse_profile
+from costmodel.machines.profiles import SUSTAINED_CLOCK_RANGE, HardwareProfile, parse_profile
 
 BANDWIDTH_HELP = (
     "a number with a decimal prefix and b (bits) or B (bytes), per second and per direction, "
@@ -83,7 +83,9 @@ def _gbytes(value: float) -> str:
 class ProfileChanges:
     """What the command line changes in a profile; None leaves it as it is. Bandwidths are bytes/s (a link's
     per direction), or strings for :func:`parse_bandwidth`; the latency is in seconds; ``torus_dims`` as 4x4x8;
-    ``hbm_bytes`` the device's memory in bytes (a part of a GPU sold with more or less HBM than the profile's)."""
+    ``hbm_bytes`` the device's memory in bytes (a part of a GPU sold with more or less HBM than the profile's);
+    ``clock_scale`` the part's sustained tensor-core clock as a share of the profile's part's (a lower power
+    limit)."""
 
     inter_bandwidth: float | str | None = None
     intra_bandwidth: float | str | None = None
@@ -93,6 +95,7 @@ class ProfileChanges:
     torus_dims: str | None = None
     hbm_bytes: float | None = None
     hbm_bandwidth: float | str | None = None
+    clock_scale: float | None = None
 
 
 def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfile:
@@ -104,6 +107,7 @@ def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfi
     data = profile.model_dump(mode="python", exclude_none=True)
     said = [
         *_new_memory(data, changes),
+        *_new_clock(data, profile, changes.clock_scale),
         *_new_links(data, changes),
         *_new_latency(data, profile, changes.inter_latency),
         *_new_placement(data, profile, changes),
@@ -147,6 +151,31 @@ def _new_memory(data: dict, changes: ProfileChanges) -> list[str]:
         device["hbm_bandwidth"] = bandwidth
         said.append(f"HBM {bandwidth / 1e12:g} TB/s" + (f" (was {old / 1e12:g} TB/s)" if old else ""))
     return said
+
+
+def _new_clock(data: dict, profile: HardwareProfile, scale: float | None) -> list[str]:
+    """The same chip held to a lower clock (a power limit under the profile's part's): its kernel tables'
+    compute rates, read at the profile's sustained clock, scale by ``scale``. What HBM and the links carry, the
+    boost clock a memory-bound decode keeps, and the peak an MFU is stated against stay the profile's."""
+    if scale is None:
+        return []
+    if not math.isfinite(scale) or not 0 < scale <= 1:
+        raise InputError("--clock-scale", f"must be a share of the profile's clock, in (0, 1] (got {scale})")
+    kernels = data.get("kernels")
+    if kernels is None:
+        raise InputError(
+            "--clock-scale",
+            f"{profile.origin} has no kernel tables: its compute runs at --efficiency of the peak; lower that",
+        )
+    old, least = profile.kernels.sustained_clock, SUSTAINED_CLOCK_RANGE[0]  # type: ignore[union-attr]
+    if old * scale < least:
+        raise InputError(
+            "--clock-scale",
+            f"{scale:g} would hold the sustained clock at {old * scale:.3g} of the tables' clock ({profile.origin} "
+            f"holds {old:.3g}), under the {least:g} a profile accepts; give at least {least / old:.3g}",
+        )
+    kernels["sustained_clock"] = old * scale
+    return [f"sustained clock {scale:g} of the profile's ({old * scale:.3g} of the tables', was {old:.3g})"]
 
 
 def _new_links(data: dict, changes: ProfileChanges) -> list[str]:

@@ -44,6 +44,8 @@ TABLE_DTYPE = "bf16"
 # do not pin it down (audit --fit-profile refuses such fits too); within it the scaled table stays at or
 # under the device's peak as well (HardwareProfile._within_peak).
 SCALE_RANGE = (0.05, 20.0)
+# A step's sustained clock over its tables' (boost) clock: the deepest power-limit throttle taken as a profile.
+SUSTAINED_CLOCK_RANGE = (0.5, 1.0)
 # Formats a device computes in but attention is not planned in: fp4 and fp6 are sub-byte (and block-scaled,
 # so not even a fixed fraction of a byte per element), so they are recorded, shown, never used for Q, K, V.
 LowPrecision = Literal["fp6", "fp4"]
@@ -638,8 +640,8 @@ class Kernels(_Strict):
     )
     sustained_clock: Positive = Field(
         default=1.0,
-        ge=0.5,
-        le=1.0,
+        ge=SUSTAINED_CLOCK_RANGE[0],
+        le=SUSTAINED_CLOCK_RANGE[1],
         description="the SM clock a training step's or a prefill's sustained tensor-core load holds, as a share "
         "of the clock the tables were measured at (short kernel runs, boost clock): they read the tables' "
         "compute rates times it; a memory-bound decode, a kernel fit and comparisons with kernel benchmarks "

@@ -529,6 +529,27 @@ class MachineOverrides(BaseModel):
         "keep the profile's share of it.",
         max_length=40,
     )
+    clock_scale: Number | None = flag(
+        None,
+        "The part's sustained tensor-core clock as a share of the profile's part's (the same chip at a lower "
+        "power limit, e.g. 0.92): compute-bound kernels run at that share; memory, links and the peak MFU is "
+        "stated against stay the profile's.",
+        gt=0,
+        le=1,
+    )
+
+    def changes(self) -> dict[str, Any]:
+        """The profile changes these flags make, as :class:`~costmodel.machines.compose.ProfileChanges`' fields."""
+        return {
+            "inter_bandwidth": self.inter_node_bandwidth,
+            "intra_bandwidth": self.intra_node_bandwidth,
+            "devices_per_node": self.devices_per_node,
+            "cp_ranks_per_node": self.cp_ranks_per_node,
+            "torus_dims": self.torus_dims,
+            "hbm_bytes": self.hbm_bytes,
+            "hbm_bandwidth": self.hbm_bandwidth,
+            "clock_scale": self.clock_scale,
+        }
 
 
 def machine_for(
@@ -575,16 +596,7 @@ def job_machine(
 def _machine(
     inputs: PlanInputs, overrides: MachineOverrides | None, profile: HardwareProfile | None, job: bool
 ) -> Machine:
-    o = overrides or MachineOverrides()
-    changes = {
-        "inter_bandwidth": o.inter_node_bandwidth,
-        "intra_bandwidth": o.intra_node_bandwidth,
-        "devices_per_node": o.devices_per_node,
-        "cp_ranks_per_node": o.cp_ranks_per_node,
-        "torus_dims": o.torus_dims,
-        "hbm_bytes": o.hbm_bytes,
-        "hbm_bandwidth": o.hbm_bandwidth,
-    }
+    changes = (overrides or MachineOverrides()).changes()
     return build_machine(
         profile or load_profile(inputs.hw), inputs.dtype, inputs.efficiency, changes=changes, job=job
     )
