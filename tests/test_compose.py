@@ -150,6 +150,9 @@ def test_a_part_at_a_lower_clock_runs_its_compute_bound_kernels_at_that_share(cl
     assert after["memory"]["bytes_per_device"] == before["memory"]["bytes_per_device"]
     step = after["step"]["time_s"] / before["step"]["time_s"]
     assert after["step"]["mfu"] == pytest.approx(before["step"]["mfu"] / step, rel=1e-9)
+    assert after["inputs"]["clock_scale"] == 0.9 and "clock_scale" not in before["inputs"]
+    assert after["inputs"]["hbm_bandwidth"] == "2.4TB/s"  # the JSON says which part it priced
+    assert after["rates"]["source"].endswith("read at 0.787 of their clock as a sustained load holds it")
     part = override(load_profile("h100-nvlink"), ProfileChanges(clock_scale=0.9))
     assert part.kernels.sustained_clock == pytest.approx(0.874 * 0.9, rel=1e-12)
     assert part.device == load_profile("h100-nvlink").device and "sustained clock 0.9" in part.description

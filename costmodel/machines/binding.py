@@ -144,7 +144,9 @@ class Machine:
             return "measured curves (calibration)"
         if self.published_rates:
             named = f", attention: {self.attention_kernel}" if self.attention_kernel else ""
-            return f"published kernel tables (kernels:{named})"
+            clock = self.sustained_clock
+            held = f", read at {clock:.3g} of their clock as a sustained load holds it" if clock < 1 else ""
+            return f"published kernel tables (kernels:{named}){held}"
         if self.fallback_rates:
             fallback = self.profile.fallback_efficiency
             return f"{fallback.value:g} of peak, the profile's fallback_efficiency: {fallback.source}"  # type: ignore[union-attr]

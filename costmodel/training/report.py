@@ -133,7 +133,8 @@ class StepReport(_Strict):
     fits: bool = Field(description="the plan fits the device's memory (memory.fits)")
     memory: StepMemory
     inputs: dict[str, Any] = Field(
-        description="every input of the step, the derived DP degree, micro-batches, stage split and USP split"
+        description="every input of the step (with the profile changes given: hbm_bytes, clock_scale, ...), the "
+        "derived DP degree, micro-batches, stage split and USP split"
     )
     topology: dict[str, Any] = Field(description="every parallel group: size, placement and link")
     moe: dict[str, Any] = Field(

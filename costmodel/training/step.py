@@ -359,6 +359,7 @@ def evaluate_step(
         ),
         "attention_kernel": setup.attention_kernel,
         **step.model_dump(),
+        **job.overrides.model_dump(exclude_none=True),  # what the command line changed in the profile
     }
     memory = step_memory(job, level)
     return StepReport(
