@@ -565,9 +565,9 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
 @pytest.mark.parametrize(
     ("args", "schema"),
     [
-        (["--seq", "8k"], "cp-plan/report/v4"),
-        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v8"),
-        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v8"),
+        (["--seq", "8k"], "cp-plan/report/v5"),
+        (["recommend", "--seq", "128k", "--model", "llama3-8b"], "cp-plan/recommend/v9"),
+        (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v9"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
         (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v6"),

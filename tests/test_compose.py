@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 
 from costmodel.calibration.fit import build_profile
 from costmodel.core.errors import InputError
-from costmodel.machines.binding import Machine
+from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.compose import ProfileChanges, override, parse_bandwidth
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs
+from costmodel.plans.job import Job
 from costmodel.plans.timing import predict
 from tests.support import TITAN_8B_8K
 from tests.test_calibration import SHAPE, raw_measurements
@@ -164,6 +165,38 @@ def test_hw_show_prints_the_part_every_override_makes(cli) -> None:
     shown = yaml.safe_load(cli("hw", "show", "h100-nvlink", *flags).out)
     assert shown["device"]["hbm_bytes"] == 96e9 and shown["device"]["hbm_bandwidth"] == 2.4e12
     assert shown["kernels"]["sustained_clock"] == pytest.approx(0.874 * 0.922, rel=1e-12)
+
+
+def test_a_job_made_again_applies_the_command_lines_changes_once(cli) -> None:
+    """A search's candidates and what-ifs make the job again (Job.replace, Job.training, Job.on): each applies
+    --clock-scale to the profile as loaded, once; applied to the changed profile it would compound (0.9 four
+    times over in recommend's what-ifs read its clock at 0.573 of the tables' before this test)."""
+    job = Job.of(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=16, clock_scale=0.9)
+    once = pytest.approx(0.874 * 0.9, rel=1e-12)
+    for again in (job, job.replace(seq=16384).replace(gpus=16), job.training(), job.candidate(tp=2)):
+        assert again.machine.profile.kernels.sustained_clock == once
+    slower = build_machine(job.machine.profile, changes={"inter_bandwidth": 25e9})
+    what_if = job.on(slower).replace(seq=16384)  # a what-if's link stays, and the clock is not applied again
+    assert what_if.machine.profile.kernels.sustained_clock == once
+    assert what_if.machine.profile.links.inter_node.bandwidth_per_direction == 25e9
+    changed = cli(
+        "recommend",
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "32k",
+        "--gpus",
+        "16",
+        "--global-batch",
+        "16",
+        "--hw",
+        "h100-nvlink",
+        "--clock-scale",
+        "0.9",
+        "-f",
+        "json",
+    ).json()["changed"]
+    assert changed == "sustained clock 0.9 of the profile's (0.787 of the tables', was 0.874)"
 
 
 def test_a_lower_clock_needs_kernel_tables_and_a_clock_a_profile_accepts() -> None:

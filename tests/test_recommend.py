@@ -107,7 +107,7 @@ def test_no_memory_failure_of_another_layout_is_printed_when_the_pick_fits(searc
 def test_the_json_recommendation_describes_the_plan_it_recommends(searched) -> None:
     data = searched["json"]
     rec, pick = data["recommendation"], data["search"]["plans"][0]
-    assert data["schema"] == "cp-plan/recommend/v8"
+    assert data["schema"] == "cp-plan/recommend/v9"
     for key in ("tp", "cp", "pp", "vpp", "micro_batch", "recompute", "cp_scheme", "step_time_s", "mfu"):
         assert rec[key] == pick[key], key
     assert (rec["n_recommended"], rec["dp"], rec["scheme"], rec["layout"]) == (4, 1, "ring", "zigzag")

@@ -413,6 +413,8 @@ def _header(report):  # noqa: ANN001, ANN202
     head.add_column()
     mask = "causal" if i.causal else "non-causal"
     head.add_row("cp-plan", f"recommend · S = {i.seq:,} · {i.model} · {report.hw} · {mask} · {i.pass_}")
+    if report.changed:
+        head.add_row("changed", report.changed)
     if report.topology:
         head.add_row("topology", report.topology)
     return head

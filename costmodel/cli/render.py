@@ -148,7 +148,10 @@ def shape_line(report: Report) -> str:
 def machine_line(report: Report) -> str:
     hw = report.hardware
     eff = "" if hw.effective_flops == hw.peak_flops else f", effective {si(hw.effective_flops, 'FLOP/s', 3)}"
-    return f"{hw.name} ({hw.source}) · {si(hw.peak_flops, 'FLOP/s', 3)} {report.inputs.dtype} peak{eff}"
+    changed = f" · changed: {hw.changed}" if hw.changed else ""
+    return (
+        f"{hw.name} ({hw.source}) · {si(hw.peak_flops, 'FLOP/s', 3)} {report.inputs.dtype} peak{eff}{changed}"
+    )
 
 
 def link_line(report: Report) -> str:

@@ -122,7 +122,9 @@ def override(profile: HardwareProfile, changes: ProfileChanges) -> HardwareProfi
         if notes
         else f"Overridden on the command line: {text}."
     )
-    return parse_profile(data, f"{profile.name} with overrides", field="--hw")
+    changed = parse_profile(data, f"{profile.name} with overrides", field="--hw")
+    changed._changed = "; ".join(part for part in (profile.changed, text) if part)
+    return changed
 
 
 def _new_memory(data: dict, changes: ProfileChanges) -> list[str]:
@@ -250,7 +252,8 @@ def _new_placement(data: dict, profile: HardwareProfile, changes: ProfileChanges
                 "--cp-ranks-per-node", f"{ranks} exceeds the {data['devices_per_node']} devices per node"
             )
         data["cp_ranks_per_node"] = ranks
-        said.append(f"{ranks} consecutive CP ranks per node (was {profile.ranks_per_node})")
+        if ranks != profile.ranks_per_node:  # a placement restated as it is changes nothing to report
+            said.append(f"{ranks} consecutive CP ranks per node (was {profile.ranks_per_node})")
     return said
 
 

@@ -740,6 +740,8 @@ class HardwareProfile(_Strict):
 
     # The user's file it was read from, for refusals that come later than its loading (not a field).
     _origin: str = PrivateAttr(default="")
+    # What the command line changed in it (compose.override), for every output to say so; "" as loaded.
+    _changed: str = PrivateAttr(default="")
 
     def at_boost(self) -> HardwareProfile:
         """The profile with its kernel tables read as measured, at the boost clock of short kernel runs
@@ -830,6 +832,11 @@ class HardwareProfile(_Strict):
     def origin(self) -> str:
         """How a refusal names it: the user's file it was read from, else ``profile 'name'``."""
         return self._origin or f"profile {self.name!r}"
+
+    @property
+    def changed(self) -> str:
+        """What the command line changed in the profile (``--hbm-bytes``, ``--clock-scale``, a link), "" if nothing."""
+        return self._changed
 
 
 def builtin_names() -> list[str]:

@@ -81,6 +81,7 @@ def evaluate(inputs: PlanInputs, machine: Machine, trace: list[Evaluation] | Non
         cp_ranks_per_node=machine.ranks_per_node,
         topology=topology.describe(profile),
         attention_kernel=machine.attention_kernel or "flash",
+        changed=profile.changed,
     )
     schemes = compare(inputs, machine)
     kernel = predict(inputs, machine, backward=True)  # compute at the rates the layer time reads

@@ -42,7 +42,7 @@ from costmodel.frameworks.profiles import (
 )
 from costmodel.machines.binding import LinkBinding, Machine
 from costmodel.machines.kernels import check_kernel
-from costmodel.machines.profiles import HardwareProfile
+from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.machines.topology import strides
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import TRAINING, usp
@@ -353,6 +353,9 @@ class Job:
     micro_batches: int | None  # None when the job states no global batch (the CP window of `recommend`)
     stages: StageSplit
     _parts: dict[str, BaseModel] = field(repr=False, compare=False, default_factory=dict)
+    # The profile as loaded, before the command line's changes: a job made again (replace, training) applies
+    # them to it once, where reusing the machine's would apply them twice (--clock-scale compounds).
+    _profile: HardwareProfile | None = field(repr=False, compare=False, default=None)
     # (stride, size, collective) -> link on this machine, shared by the candidates of one search: a link
     # depends on nothing else, and placing a group is most of binding a candidate
     _links: dict[tuple[int, int, str], LinkBinding] = field(repr=False, compare=False, default_factory=dict)
@@ -457,7 +460,7 @@ class Job:
             parts[key] = build(type(part), **_fields(part) | {name: value})
         return make_job(
             *parts.values(),
-            profile=self.machine.profile if "hw" not in changes else None,
+            profile=self._profile if "hw" not in changes else None,
             model=self.model if "model" not in changes else None,
             framework=None
             if any(name in FrameworkKnobs.model_fields for name in changes)
@@ -472,9 +475,7 @@ class Job:
             return self
         parts = dict(self._parts)
         parts["workload"] = build(Workload, **{k: getattr(workload, k) for k in Workload.model_fields})
-        return make_job(
-            *parts.values(), profile=self.machine.profile, model=self.model, framework=self.framework
-        )
+        return make_job(*parts.values(), profile=self._profile, model=self.model, framework=self.framework)
 
     def candidate(self, **changes: Any) -> Job:
         """The job at another layout of the same workload and machine, for a search whose enumeration has
@@ -508,12 +509,22 @@ class Job:
             micro_batches=derived.micro_batches,
             stages=derived.stages,
             _parts=parts,
+            _profile=self._profile,
             _links=self._links,
         )
 
     def on(self, machine: Machine) -> Job:
-        """The same job on another machine binding (a what-if's slower link)."""
-        return dataclasses.replace(self, machine=machine, _links={})
+        """The same job on another machine binding (a what-if's slower link), whose profile holds the command
+        line's changes already: made again, the job starts from it and changes nothing more."""
+        unchanged = MachineOverrides()
+        return dataclasses.replace(
+            self,
+            machine=machine,
+            overrides=unchanged,
+            _parts={**self._parts, "overrides": unchanged},
+            _profile=machine.profile,
+            _links={},
+        )
 
 
 @functools.cache
@@ -561,6 +572,7 @@ def make_job(
         setup = setup.model_copy(update={"attention_kernel": framework.time.attention_kernel})
     inputs = _attention(workload, model, step)
     overrides = overrides or MachineOverrides()
+    profile = profile if profile is not None else load_profile(inputs.hw)
     machine = job_machine(inputs, overrides, profile)
     derived = Parallelism.of(inputs, setup, step).check(model, setup.gpus)
     # What was declared, in make_job's order: Job.replace changes one and makes the job again (the step as
@@ -585,6 +597,7 @@ def make_job(
         micro_batches=derived.micro_batches,
         stages=derived.stages,
         _parts=parts,
+        _profile=profile,
     )
     _check_step(job)
     _refuse_unused(job, declared)

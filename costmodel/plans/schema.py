@@ -15,10 +15,11 @@ from costmodel.plans.inputs import Pass, PlanInputs, TrainingSetup
 from costmodel.plans.verdict import Colour
 
 SCHEMA = (
-    "cp-plan/report/v4"  # v2: inputs.cp, the CP degree, was inputs.n; v3: verdict.comm_ratio_step_kernel;
+    "cp-plan/report/v5"  # v2: inputs.cp, the CP degree, was inputs.n; v3: verdict.comm_ratio_step_kernel;
 )
 # v4: verdict.{intensity_step, n_max, n_max_green, n_max_amber, critical_shard_tokens}, the pass's (the band
-# edges were ring.n_max_green and ring.n_max_amber, the forward's)
+# edges were ring.n_max_green and ring.n_max_amber, the forward's); v5: hardware.changed, what the command line
+# changed in the profile
 
 
 class _Section(BaseModel):
@@ -46,6 +47,11 @@ class Hardware(_Section):
     attention_kernel: str = Field(
         default="flash",
         description="the attention kernel whose tables the layer's calls read (flash: the profile's default)",
+    )
+    changed: str = Field(
+        default="",
+        description="what the command line changed in the profile (its memory, clock, links or placement); "
+        "empty when nothing",
     )
 
 
@@ -581,8 +587,9 @@ class RecommendReport(_Section):
     # v5: inputs.cp, the CP degree, was inputs.n; v6: setup.attention_kernel replaces setup.flash_attention,
     # and search.framework names the framework profile the plans are searched for; v7: fit.total_bytes_interval,
     # fit.fits_probability, and each searched plan's intervals with search.choice, the rule that picked;
-    # v8: budget.wall_days_interval and budget.cost_interval, and deadline (--deadline)
-    schema_: str = Field("cp-plan/recommend/v8", alias="schema", description="contract version")
+    # v8: budget.wall_days_interval and budget.cost_interval, and deadline (--deadline); v9: changed, what the
+    # command line changed in the profile
+    schema_: str = Field("cp-plan/recommend/v9", alias="schema", description="contract version")
     inputs: PlanInputs = Field(
         description="the layer, with the searched plan's micro-batch as b where there is one"
     )
@@ -591,6 +598,11 @@ class RecommendReport(_Section):
         "are search.constraints)"
     )
     hw: str
+    changed: str = Field(
+        default="",
+        description="what the command line changed in the profile (its memory, clock, links or placement); "
+        "empty when nothing",
+    )
     topology: str = Field(
         default="", description="the fast domain's shape and size, and how devices reach the fabric beyond it"
     )

@@ -128,6 +128,7 @@ def recommend(
         inputs=inputs,
         setup=setup,
         hw=machine.name,
+        changed=machine.profile.changed,
         topology=topology.describe(machine.profile),
         fit=certain_fit(fit, job, level),
         recommendation=recommendation,
