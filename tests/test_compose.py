@@ -199,6 +199,24 @@ def test_a_job_made_again_applies_the_command_lines_changes_once(cli) -> None:
     assert changed == "sustained clock 0.9 of the profile's (0.787 of the tables', was 0.874)"
 
 
+def test_every_table_says_what_the_command_line_changed_in_the_profile(cli) -> None:
+    """A plan on a changed part names the change wherever it prints the machine: the single layer's machine
+    line, the step's header, infer's, recommend's, each profile of a sweep; a placement restated as it is
+    changes nothing."""
+    said = "sustained clock 0.9 of the profile's (0.787 of the tables', was 0.874)"
+    flags = ("--hw", "h100-nvlink", "--clock-scale", "0.9")
+
+    def text(*args: str) -> str:  # the table's words, whatever the terminal's width wrapped
+        return " ".join(cli(*args).out.split())
+
+    assert f"changed: {said}" in text("--seq", "64k", "--n", "8", *flags)
+    assert said in text(*TITAN_8B_8K, "--clock-scale", "0.9")
+    assert said in text("infer", "--model", "llama3-8b", "--prompt", "1024", "--output", "8", *flags)
+    assert said in text("sweep", "--seq", "64k", "--cp", "4,8", *flags)
+    restated = cli("--seq", "64k", "--n", "8", "--hw", "h100-ib", "--cp-ranks-per-node", "1", "-f", "json")
+    assert restated.json()["hardware"]["changed"] == ""
+
+
 def test_a_lower_clock_needs_kernel_tables_and_a_clock_a_profile_accepts() -> None:
     with pytest.raises(InputError, match="no kernel tables: its compute runs at --efficiency") as caught:
         override(load_profile("mi300x-xgmi"), ProfileChanges(clock_scale=0.9))

@@ -699,7 +699,7 @@ def sweep_cmd(
     emit(
         {"schema": "cp-plan/sweep/v1", "pass": inputs.pass_, "causal": inputs.causal, "rows": rows},
         format,
-        table=lambda: _render_sweep(grids, inputs.pass_),
+        table=lambda: _render_sweep(grids, inputs.pass_, [machine.profile.changed for machine in machines]),
         csv=lambda: as_csv(rows),
         html=html,
     )
@@ -709,12 +709,13 @@ def sweep_cmd(
         sys.stderr.write(f"wrote {plot_sweep(grids, plot, inputs)}\n")
 
 
-def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
+def _render_sweep(grids, pass_: str, changed: list[str]) -> None:  # noqa: ANN001
+    """Each profile's grid; ``changed``, each profile's command-line changes (said under its grid)."""
     from rich.text import Text
 
     out = console()
     names = ["green", "amber", "red"]
-    for grid in grids:
+    for grid, said in zip(grids, changed, strict=True):
         table = house_table(
             title=f"{grid.profile}: {pass_} step comm ratio (rows S, columns N)",
         )
@@ -733,6 +734,8 @@ def _render_sweep(grids, pass_: str) -> None:  # noqa: ANN001
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
         out.print("* the ring leaves the node", style="dim")
+        if said:
+            out.print(f"{grid.profile} changed on the command line: {said}", style="dim")
         if grid.step_time_s is not None:
             _render_step_times(grid)
 
