@@ -21,6 +21,7 @@ import datetime
 import os
 import statistics
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from ring_efficiency import published_rows as ring_rows
@@ -50,6 +51,9 @@ from costmodel.training.memory_validation import fits_at_floor, out_of_memory, r
 from costmodel.training.validation import HELD_OUT, ROWS, by_framework, refused
 from costmodel.training.validation import predict as published
 
+# Dense bf16 TFLOP/s of the H100 SXM and NVL on NVIDIA's datasheet: the bracket torchtitan's benchmark puts its
+# 500 W part's peak in (its rows state the middle, clock_scale 0.922).
+SXM_PEAK, NVL_PEAK = 989.0, 835.0
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "tests" / "data" / "runs" / "a100-vtrain.yaml"  # the cluster vTrain's configurations state
 VTRAIN = [
@@ -178,6 +182,7 @@ def print_published() -> None:
         f"  held out (validation/training_published_holdout.yaml) {len(held):>3} rows  median |error| "
         f"{statistics.median(held):6.1%}, {sum(e <= 0.15 for e in held)} within 15 %"
     )
+    print(clock_bracket())
     predicted = {row.key: published(row) for row in [*ROWS, *HELD_OUT]}
     for job, layouts, rho in job_orders([*ROWS, *HELD_OUT], predicted):
         shown = "-" if rho is None else f"{rho:+.2f}"
@@ -221,6 +226,23 @@ def print_published() -> None:
     for quantity in ("step_time", "memory", "serving"):
         width = median_half_width(quantity, 0.8)
         print(f"  median 80 % half-width, {quantity:<10} " + ("none" if width is None else f"±{width:.1%}"))
+
+
+def clock_bracket() -> str:
+    """The rows that state a part's clock (``clock_scale``: torchtitan's 500 W H100, the middle of the peak its
+    benchmark puts "between SXM and NVL") read at the bracket's ends too: how much the unpublished clock moves."""
+    rows = [row for row in [*ROWS, *HELD_OUT] if "clock_scale" in row.setup]
+    ends = {"NVL end": NVL_PEAK / SXM_PEAK, "as stated": None, "SXM end": 1.0}
+    cells = []
+    for end, scale in ends.items():
+        at = [
+            row if scale is None else replace(row, setup=row.setup | {"clock_scale": scale}) for row in rows
+        ]
+        errors = [abs(published(row) / row.published - 1) for row in at]
+        cells.append(
+            f"{end} {sum(e <= 0.15 for e in errors)} within 15 %, median {statistics.median(errors):.1%}"
+        )
+    return f"  {len(rows)} rows state their part's clock; read at " + "; ".join(cells)
 
 
 def fitted_coverage(label: str, profile: HardwareProfile, runs: list, across_only: bool = False) -> str:
