@@ -570,10 +570,10 @@ def test_selftest_and_validate_run_under_the_progress_line(cli, monkeypatch) -> 
         (["recommend", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k"], "cp-plan/recommend/v9"),
         (["sweep"], "cp-plan/sweep/v1"),
         (["hw", "list"], "cp-plan/hw-list/v1"),
-        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v6"),
+        (["infer", "--model", "llama3-8b", "--prompt", "8k"], "cp-plan/inference/v7"),
         (
             ["step", "--model", "llama3-8b", "--gpus", "8", "--seq", "8k", "--global-batch", "8"],
-            "cp-plan/step/v8",
+            "cp-plan/step/v9",
         ),
         (["check", "configs/plans/fail-llama3-8b-128k-h100-ib.yaml"], "cp-plan/check/v1"),
         (["audit", "tests/data/audit/titan_cp2_16k.log"], "cp-plan/audit/v2"),

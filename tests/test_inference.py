@@ -346,7 +346,7 @@ def test_json_contract(cli) -> None:
     )
     assert result.code == 0, result.err
     out = json.loads(result.out)
-    assert out["schema"] == "cp-plan/inference/v6"
+    assert out["schema"] == "cp-plan/inference/v7"
     inference = out["inference"]
     assert inference["prefill"]["scheme"] in ("pass-kv", "pass-q", "allgather")
     for key in ("kv_cache_bytes_per_device", "ttft_s", "tpot_s"):

@@ -463,7 +463,7 @@ def test_step_states_memory_and_strict_fails_a_plan_that_does_not_fit(cli) -> No
         "none",
     )
     data = cli(*args, "-f", "json").json()
-    assert data["schema"] == "cp-plan/step/v8"
+    assert data["schema"] == "cp-plan/step/v9"
     assert data["fits"] is False and data["memory"]["fits"] is False
     assert data["memory"]["bytes_per_device"] == pytest.approx(4.075e12, rel=1e-3)
     assert data["memory"]["device_memory_bytes"] == pytest.approx(0.95 * 79.11 * 2**30, rel=1e-5)

@@ -76,7 +76,7 @@ def infer_cmd(
         report["explain"] = term_rows(trace)
 
     def table() -> None:
-        _table(report, machine_overrides.applied_to(setup.hw))
+        _table(report)
         if report.get("search") is not None:
             _search_table(report["search"])
         if trace is not None:
@@ -87,7 +87,7 @@ def infer_cmd(
         raise typer.Exit(1)
 
 
-def _table(report: dict, changed: str = "") -> None:
+def _table(report: dict) -> None:
 
     given, out = report["inputs"], report["inference"]
     mem, pre, dec = out["memory"], out["prefill"], out["decode"]
@@ -99,8 +99,8 @@ def _table(report: dict, changed: str = "") -> None:
         + ("" if given["attention_kernel"] == "flash" else f"; attention {given['attention_kernel']}")
         + ("; decode reads the cache per query head" if given["decode_kv_reads"] == "per-query-head" else "")
     )
-    if changed:
-        screen.print(f"profile changed on the command line: {changed}")
+    if report["changed"]:
+        screen.print(f"profile changed on the command line: {report['changed']}")
     fit = "fits" if mem["fits"] else "DOES NOT FIT"
     screen.print(
         f"memory per device: weights {si(mem['weight_bytes_per_device'], 'B')}, KV cache "

@@ -110,7 +110,7 @@ def step_cmd(
         data["memory"]["reference"] = reference
 
     def table() -> None:
-        _table(result, job.machine.profile.changed)
+        _table(result)
         if reference is not None:
             _reference_line(reference, result.memory.by_category.allocated_bytes)
         if trace is not None:
@@ -164,7 +164,7 @@ def _label(name: str, inputs: dict) -> str:
     return LABELS[name]
 
 
-def _table(report: StepReport, changed: str = "") -> None:
+def _table(report: StepReport) -> None:
 
     from costmodel.cli.render import certainty_lines, memory_line, topology_lines
 
@@ -187,8 +187,8 @@ def _table(report: StepReport, changed: str = "") -> None:
         + (f", offload {inputs['offload']}" if inputs.get("offload", "none") != "none" else "")
         + (f", fine-tuning {inputs['finetune']}" if inputs.get("finetune", "full") != "full" else "")
     )
-    if changed:
-        screen.print(f"profile changed on the command line: {changed}")
+    if report.changed:
+        screen.print(f"profile changed on the command line: {report.changed}")
     for line in topology_lines(result["topology"]):
         screen.print(line)
     screen.print(f"kernel rates: {result['rates']['source']}")

@@ -15,8 +15,9 @@ from costmodel.plans.cp import PREFILL
 # v3: inputs.tp_comm_overlap (chunked TP overlap) replaces the tp_overlap share. v4: the prefill's breakdown
 # is a typed object with identifier keys (matmul_s, exposed_cp_s, ...); its labels are display only.
 # v5: inference.ttft_s_interval and tpot_s_interval. v6: memory.bytes_per_device and its interval, and each
-# searched layout's time intervals (search.layouts[].ttft_s_interval, tpot_s_interval).
-SCHEMA = "cp-plan/inference/v6"
+# searched layout's time intervals (search.layouts[].ttft_s_interval, tpot_s_interval). v7: changed, what the
+# command line changed in the profile.
+SCHEMA = "cp-plan/inference/v7"
 Scheme = Literal[registry.names(PREFILL)]
 
 
@@ -260,6 +261,11 @@ class InferenceReport(_Strict):
 
     schema_: str = Field(SCHEMA, alias="schema", description="contract version")
     inputs: dict[str, str | int | float | bool | None] = Field(description="every input, defaults filled in")
+    changed: str = Field(
+        default="",
+        description="what the command line changed in the profile (its memory, clock, links or placement); "
+        "empty when nothing",
+    )
     inference: Inference
     search: ServingSearch | None = Field(default=None, description="only with --gpus: the layouts weighed")
 

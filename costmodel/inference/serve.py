@@ -641,6 +641,7 @@ def evaluate_infer(
     return InferenceReport(
         schema=SCHEMA,
         inputs=stated,
+        changed=job.attention.profile.changed,
         inference=Inference(
             kv_cache_bytes_per_device=mem["kv_cache_bytes_per_device"],
             ttft_s=ttft,

@@ -538,13 +538,6 @@ class MachineOverrides(BaseModel):
         le=1,
     )
 
-    def applied_to(self, hw: str) -> str:
-        """What these flags change in profile ``hw``, as every output says it ("" when they change nothing)."""
-        changes = self.changes()
-        if all(value is None for value in changes.values()):
-            return ""
-        return build_machine(load_profile(hw), changes=changes).profile.changed
-
     def changes(self) -> dict[str, Any]:
         """The profile changes these flags make, as :class:`~costmodel.machines.compose.ProfileChanges`' fields."""
         return {

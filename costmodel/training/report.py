@@ -24,8 +24,9 @@ from costmodel.symbolic import formula_text, numeric
 # mfu and hfu hold each part of the FLOP to the peak of its precision (FP8 multiplies to the FP8 peak), so
 # neither passes 1; mfu_full_square is null where the mask is packed documents, a window or chunks.
 # v7: step.time_s_interval, memory.bytes_per_device_interval and memory.fits_probability. v8:
-# budget.wall_days_interval and budget.cost_interval.
-SCHEMA = "cp-plan/step/v8"
+# budget.wall_days_interval and budget.cost_interval. v9: changed, what the command line changed in the profile
+# (and inputs echo those flags).
+SCHEMA = "cp-plan/step/v9"
 
 
 class _Strict(BaseModel):
@@ -135,6 +136,11 @@ class StepReport(_Strict):
     inputs: dict[str, Any] = Field(
         description="every input of the step (with the profile changes given: hbm_bytes, clock_scale, ...), the "
         "derived DP degree, micro-batches, stage split and USP split"
+    )
+    changed: str = Field(
+        default="",
+        description="what the command line changed in the profile (its memory, clock, links or placement); "
+        "empty when nothing",
     )
     topology: dict[str, Any] = Field(description="every parallel group: size, placement and link")
     moe: dict[str, Any] = Field(

@@ -372,6 +372,7 @@ def evaluate_step(
             "micro_batches": job.micro_batches,
             "usp_ulysses_degree": v["N_u"],
         },
+        changed=machine.profile.changed,
         topology=machine.describe_groups(*job.groups, job.collectives),
         moe=moe.summary(model, v, machine, *job.groups),
         rates=StepRates(
