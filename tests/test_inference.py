@@ -490,6 +490,18 @@ def test_infer_strict_exits_1_when_the_request_does_not_fit(cli) -> None:
     assert cli("infer", "--model", "llama3-8b", "--hw", "h100-nvlink", "--prompt", "8k", "--strict").code == 0
 
 
+def test_the_table_weighs_prefill_schemes_only_where_the_prompt_is_split(cli) -> None:
+    """At CP 1 there is no scheme to choose and no CP to compare decode against: the table says so in one
+    phrase and prints no scheme table; at CP 4 it names the chosen scheme and lists all three."""
+    job = ["infer", "--model", "llama3-8b", "--prompt", "128k", "--hw", "h100-ib"]
+    alone = cli(*job).out
+    assert "CP 1: no prefill scheme to choose" in alone
+    assert "pass-q" not in alone and "against CP 1" not in alone
+    split = cli(*job, "--cp", "4").out
+    assert "with pass-kv (rule:" in split and "against CP 1, CP" in split
+    assert all(scheme in split for scheme in ("pass-kv", "pass-q", "allgather"))
+
+
 def test_tp_comm_overlap_hides_all_but_one_chunk_of_the_prefills_tp_collectives(cli) -> None:
     """--tp-comm-overlap pipelines TP's collectives with the multiplies in t chunks, as in training: the
     prefill at TP 8 gets faster; at TP 1 there is nothing to hide and nothing moves."""

@@ -110,38 +110,37 @@ def _table(report: dict) -> None:
     )
     from costmodel.cli.render import interval_text
 
-    screen.print(
-        f"TTFT {seconds(out['ttft_s'])} with {pre['scheme']} (rule: {pre['rule_scheme']}; new share "
+    single = given["cp"] == 1  # no sequence split: no prefill scheme to choose, no CP against CP 1
+    prefill = (
+        f"TTFT {seconds(out['ttft_s'])} (CP 1: no prefill scheme to choose)"
+        if single
+        else f"TTFT {seconds(out['ttft_s'])} with {pre['scheme']} (rule: {pre['rule_scheme']}; new share "
         f"{pre['new_fraction']:.3g} vs 2·n_kv/h = {pre['passq_max_new_fraction']:.3g}, pass-KV hides from "
-        f"{pre['passkv_hidden_min_new_tokens']:,.0f} new tokens)   TPOT {seconds(out['tpot_s'])} "
-        f"({dec['tokens_per_s']:,.1f} tokens/s); against CP 1, CP "
-        + (
+        f"{pre['passkv_hidden_min_new_tokens']:,.0f} new tokens)"
+    )
+    decode = f"TPOT {seconds(out['tpot_s'])} ({dec['tokens_per_s']:,.1f} tokens/s)"
+    if not single:
+        decode += "; against CP 1, CP " + (
             f"saves {seconds(dec['cp_latency_saved_s'])} per token"
             if dec["cp_latency_saved_s"] > 0
             else f"adds {seconds(dec['cp_latency_added_s'])} per token"
         )
-    )
+    screen.print(f"{prefill}   {decode}")
     ttft, tpot = (Interval(**out[f"{name}_s_interval"]) for name in ("ttft", "tpot"))
     held = Interval(**mem["bytes_per_device_interval"])
     screen.print(
         f"{ttft.level:.0%} interval: TTFT {interval_text(ttft, seconds)}; TPOT {interval_text(tpot, seconds)}; "
         f"memory {interval_text(held, lambda b: si(b, 'B'))}"
     )
-    table = house_table(caption="prefill, chosen scheme")
+    table = house_table(caption="prefill" if single else "prefill, chosen scheme")
     for column in ("component", "time", "share"):
         table.add_column(column, justify="left" if column == "component" else "right")
     for name, value in pre["breakdown"].items():
         if value > 0:
             table.add_row(PREFILL_LABELS[name], seconds(value), f"{value / out['ttft_s']:.1%}")
     screen.print(table)
-    schemes = house_table()
-    for column in ("scheme", "TTFT", "exposed CP comm", "bytes per step"):
-        schemes.add_column(column, justify="left" if column == "scheme" else "right")
-    for name, row in pre["schemes"].items():
-        schemes.add_row(
-            name, seconds(row["ttft_s"]), seconds(row["exposed_comm_s"]), si(row["step_bytes"], "B")
-        )
-    screen.print(schemes)
+    if not single:
+        _schemes_table(pre["schemes"])
     if out.get("fits_with") is not None:
         screen.print(_fits_with_line(out["fits_with"], given))
     if out.get("decode_target") is not None:
@@ -155,6 +154,18 @@ def _table(report: dict) -> None:
                 f"within {seconds(target['target_ttft_s'])}: cp {target['cp']} ({target['gpus']} GPUs), "
                 f"{target['scheme']}, TTFT {seconds(target['ttft_s'])}"
             )
+
+
+def _schemes_table(schemes: dict) -> None:
+    """The prefill's CP schemes side by side: what each would take and move."""
+    table = house_table()
+    for column in ("scheme", "TTFT", "exposed CP comm", "bytes per step"):
+        table.add_column(column, justify="left" if column == "scheme" else "right")
+    for name, row in schemes.items():
+        table.add_row(
+            name, seconds(row["ttft_s"]), seconds(row["exposed_comm_s"]), si(row["step_bytes"], "B")
+        )
+    console().print(table)
 
 
 def _search_table(found: dict) -> None:
