@@ -520,6 +520,11 @@ def test_sweep_step_time_is_the_fastest_fitting_plan_at_each_n(cli) -> None:
         best = search(job, 2**22 // row["seq"], fixed, top=1).plans
         expected = best[0]["step_time_s"] if best else None
         assert row["step_time_s"] == (pytest.approx(expected, rel=1e-12) if expected else None)
+    # 1M tokens at TP 1 fits at no N of the grid: the cells are blank and the table says why
+    table = cli(
+        "sweep", "-m", "llama3-8b", "--gpus", "64", "--seq", "1M", "--n", "8,64", "--hw", "h100-ib"
+    ).out
+    assert "blank: no plan at that N fits in memory" in table
 
 
 def test_megatron_ulysses_splits_the_kv_heads_too() -> None:

@@ -741,7 +741,6 @@ def _render_sweep(grids, pass_: str, changed: list[str]) -> None:  # noqa: ANN00
 
 
 def _render_step_times(grid) -> None:  # noqa: ANN001
-
     table = house_table(
         title=f"{grid.profile}: step time, the fastest plan that fits at each N (rows S, columns N)",
     )
@@ -752,6 +751,12 @@ def _render_step_times(grid) -> None:  # noqa: ANN001
         cells = ["" if math.isnan(t) else seconds(float(t)) for t in grid.step_time_s[i]]
         table.add_row(tokens_label(int(seq)), *cells)
     console().print(table)
+    if any(math.isnan(t) for row in grid.step_time_s for t in row):
+        console().print(
+            "blank: no plan at that N fits in memory with the stated --tp, --pp and --recompute, or N does not "
+            "divide S or --gpus (cp-plan recommend says what would fit)",
+            style="dim",
+        )
 
 
 def check_cmd(
