@@ -11,8 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costmodel.cli.render import interval_text
 from costmodel.core.errors import InputError
-from costmodel.core.intervals import Calibration, LayoutResiduals, Residuals, interval, runs_needed
+from costmodel.core.intervals import (
+    Calibration,
+    Interval,
+    LayoutResiduals,
+    Residuals,
+    interval,
+    runs_needed,
+)
 from costmodel.plans.job import Job
 from costmodel.plans.uncertainty import (
     MeasuredResidual,
@@ -259,6 +267,24 @@ def test_step_json_carries_the_intervals(cli) -> None:
     assert wider["memory"]["fits_probability"] == data["memory"]["fits_probability"]  # not the level's
     bad = cli(*args, "--global-batch", "16", "--interval-level", "1")
     assert bad.code == 2 and "--interval-level" in bad.err
+
+
+def test_a_figure_outside_its_own_interval_says_which_way_the_runs_like_it_went(cli) -> None:
+    """Llama 3 70B at 128K on Hopper reads on Megatron's attention-led runs, which measured slower than the model
+    says: the 80 % interval lies wholly above the step's figure, and the table says so rather than leave the
+    two to read as a contradiction. A figure inside its interval gets no such clause."""
+    job = ["step", "--model", "llama3-70b", "--seq", "128k", "--gpus", "64", "--tp", "8", "--cp", "8"]
+    job += ["--global-batch", "16", "--hw", "h100-ib"]
+    step = cli(*job, "-f", "json").json()["step"]
+    assert step["time_s"] < step["time_s_interval"]["lo"]
+    assert "the figure lies below it: runs like this measured more than predicted" in " ".join(
+        cli(*job).out.split()
+    )
+    band = Interval(lo=1.0, hi=2.0, level=0.8, regime="r", runs=9)
+    assert interval_text(band, str, 1.5) == interval_text(band, str) == "1.0-2.0 (r)"
+    assert interval_text(band, str, 2.5) == (
+        "1.0-2.0 (r; the figure lies above it: runs like this measured less than predicted)"
+    )
 
 
 def test_check_gates_on_confidence(cli) -> None:

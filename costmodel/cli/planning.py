@@ -428,11 +428,12 @@ def _memory_line(fit) -> str:  # noqa: ANN001
     )
 
 
-def _certainty(time: Interval | None, fit) -> str:  # noqa: ANN001
-    """The pick's intervals and the chance it fits, on one line."""
+def _certainty(time: tuple[float, Interval] | None, fit) -> str:  # noqa: ANN001
+    """The pick's intervals, each with its figure, and the chance it fits, on one line."""
     from costmodel.cli.render import certainty_parts
 
-    parts = certainty_parts(time, fit.total_bytes_interval, fit.fits_probability, fit.fits)
+    memory = (fit.total_bytes, fit.total_bytes_interval)
+    parts = certainty_parts(time, memory, fit.fits_probability, fit.fits)
     return f"{fit.total_bytes_interval.level:.0%} interval: " + "; ".join(parts)
 
 
@@ -468,7 +469,7 @@ def _render_plan(report) -> None:  # noqa: ANN001
     head.add_row("use", Text(label(pick) + used, style="bold green"))
     head.add_row("step", f"{seconds(rec.step_time_s)} · MFU {rec.mfu:.0%} (layout search below)")
     head.add_row("memory", _memory_line(report.fit))
-    head.add_row("sure", _certainty(Interval(**pick["time_s_interval"]), report.fit))
+    head.add_row("sure", _certainty((pick["step_time_s"], Interval(**pick["time_s_interval"])), report.fit))
     head.add_row("window", f"at {_plan_flags(report)}: {_window_line(report)}")
     head.add_row("why", rec.reason)
     if report.budget is not None:

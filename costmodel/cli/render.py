@@ -89,11 +89,18 @@ def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -
     )
 
 
-def interval_text(band: Interval, shown: Callable[[float], str]) -> str:
-    """``1.47 s-2.25 s (megatron on Hopper: 21 step times)``, or why there is no interval."""
+def interval_text(band: Interval, shown: Callable[[float], str], point: float | None = None) -> str:
+    """``1.47 s-2.25 s (megatron on Hopper: 21 step times)``, or why there is no interval. Where the figure
+    ``point`` lies outside its own interval (the model errs one way on runs like it), it says which way, so the
+    two do not read as a contradiction."""
     if not band.known:
         return f"no interval ({band.note})"
-    return f"{shown(band.lo)}-{shown(band.hi)} ({band.regime})"  # type: ignore[arg-type]
+    text = f"{shown(band.lo)}-{shown(band.hi)} ({band.regime}"  # type: ignore[arg-type]
+    if point is not None and point < band.lo:  # type: ignore[operator]
+        text += "; the figure lies below it: runs like this measured more than predicted"
+    elif point is not None and point > band.hi:  # type: ignore[operator]
+        text += "; the figure lies above it: runs like this measured less than predicted"
+    return text + ")"
 
 
 def fits_text(probability: float | None, fits: bool, level: float) -> str:
@@ -106,20 +113,27 @@ def fits_text(probability: float | None, fits: bool, level: float) -> str:
 
 
 def certainty_parts(
-    time: Interval | None, memory: Interval, fits_probability: float | None, fits: bool
+    time: tuple[float, Interval] | None,
+    memory: tuple[float, Interval],
+    fits_probability: float | None,
+    fits: bool,
 ) -> list[str]:
-    """The intervals of a plan's figures and the chance it fits: ``step ...``, then ``memory ...; fits ...``."""
-    parts = [] if time is None else [f"step {interval_text(time, seconds)}"]
-    memory_text = interval_text(memory, lambda b: si(b, "B"))
-    return [*parts, f"memory {memory_text}; {fits_text(fits_probability, fits, memory.level)}"]
+    """The intervals of a plan's figures, each given with its figure, and the chance it fits: ``step ...``, then
+    ``memory ...; fits ...``."""
+    parts = [] if time is None else [f"step {interval_text(time[1], seconds, time[0])}"]
+    memory_text = interval_text(memory[1], lambda b: si(b, "B"), memory[0])
+    return [*parts, f"memory {memory_text}; {fits_text(fits_probability, fits, memory[1].level)}"]
 
 
 def certainty_lines(
-    time: Interval | None, memory: Interval, fits_probability: float | None, fits: bool
+    time: tuple[float, Interval] | None,
+    memory: tuple[float, Interval],
+    fits_probability: float | None,
+    fits: bool,
 ) -> list[str]:
     """:func:`certainty_parts`, one line each under the level."""
     return [
-        f"{memory.level:.0%} interval: {part}"
+        f"{memory[1].level:.0%} interval: {part}"
         for part in certainty_parts(time, memory, fits_probability, fits)
     ]
 
