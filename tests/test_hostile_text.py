@@ -460,7 +460,7 @@ def test_an_nccl_table_that_failed_or_disagrees_is_refused(cli, tmp_path: Path, 
     ("column", "value", "said"),
     [
         ("zero", "7", ["column zero", "Input should be 0, 1, 2 or 3"]),
-        ("cp", "3", ["column seq", "2N = 6"]),
+        ("cp", "3", ["column seq", "over N = 3 ranks"]),
         ("recompute", "sometimes", ["column recompute"]),
     ],
 )
@@ -484,7 +484,7 @@ TOML = (AUDIT / "titan_cp2_16k.toml").read_text()
 @pytest.mark.parametrize(
     ("old", "new", "said"),
     [
-        ("context_parallel_degree = 2", "context_parallel_degree = 3", ["training.seq_len", "2N = 6"]),
+        ("context_parallel_degree = 2", "context_parallel_degree = 3", ["training.seq_len", "over N = 3 ranks"]),
         (
             "context_parallel_degree = 2",
             "context_parallel_degree = 0",

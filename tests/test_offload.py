@@ -123,6 +123,18 @@ def test_parameter_offload_fetches_each_layer_twice_a_micro_batch() -> None:
     assert float(numeric.offload_weight_upload_s(**_args("offload_weight_upload_s", v))) == 0
 
 
+def test_optimizer_and_activation_offload_is_the_sum_of_its_parts() -> None:
+    """ZeRO-Offload with activation offload (Arctic Long Sequence Training's setup): the activations of
+    ``activations`` and the states of ``optimizer``, the weights staying on the device."""
+    _, both = _step(offload="optimizer+activations", zero=3)
+    _, states = _step(offload="optimizer", zero=3)
+    _, layers = _step(offload="activations", zero=3)
+    assert both["memory"]["activation_bytes"] == layers["memory"]["activation_bytes"]
+    assert both["memory"]["model_state_bytes"] == states["memory"]["model_state_bytes"]
+    assert both["step"]["breakdown"]["host_adam_s"] == states["step"]["breakdown"]["host_adam_s"] > 0
+    assert both["step"]["breakdown"]["offload_layer_s"] == layers["step"]["breakdown"]["offload_layer_s"]
+
+
 def test_the_search_ranks_with_the_offload_it_is_given() -> None:
     """The vectorised search and the plain loop agree under offload, and offload lets more plans fit."""
     job = {"model": "llama3-8b", "seq": 32768, "hw": "h100-nvlink", "gpus": 4, "global_batch": 4}

@@ -176,6 +176,34 @@ def test_frameworks_keep_only_what_they_run(framework: str) -> None:
     assert {p["cp_scheme"] for p in plans if p["cp"] > 1} <= set(job.framework.time.cp_schemes)
 
 
+def test_a_whole_sequence_scheme_shards_the_sequence_as_its_framework_does(cli) -> None:
+    """Ulysses has no layout: DeepSpeed's ranks hold contiguous shards (S divides by N: 15.5M over 32, as
+    Arctic Long Sequence Training ran), Megatron-Core's its zigzag chunks (S divides by 2N), so the same job
+    is planned on one and refused in one line on the other; the search finds the DeepSpeed plan too."""
+    job = [
+        "--model",
+        "llama3-8b",
+        "--seq",
+        "15500000",
+        "--gpus",
+        "32",
+        "--hw",
+        "h100-ib",
+        "--global-batch",
+        "1",
+    ]
+    deepspeed = cli(
+        "step", *job, "--cp", "32", "--cp-scheme", "ulysses", "--framework", "deepspeed", "-f", "json"
+    )
+    assert deepspeed.code == 0 and deepspeed.json()["step"]["time_s"] > 0
+    megatron = cli("step", *job, "--cp", "32", "--cp-scheme", "ulysses", "--framework", "megatron")
+    assert megatron.code == 2 and "2N = 64 (zigzag layout)" in megatron.err
+    odd = 32 * 31_745  # 1,015,840 tokens: a multiple of 32, not of 64
+    found = search(Job.of(model="llama3-8b", seq=odd, hw="h100-ib", gpus=32, framework="deepspeed", zero=3), 1,
+                   Constraints(cp=32), top=None).plans  # fmt: skip
+    assert found and {(p["cp_scheme"], p["cp"]) for p in found} == {("ulysses", 32)}
+
+
 def test_a_framework_of_every_scheme_searches_every_layout() -> None:
     every = search(
         *every_scheme(model="llama3-8b", seq=32768, hw="h100-ib", gpus=32, global_batch=32), top=None

@@ -161,7 +161,8 @@ class TimePolicy(_Strict):
     cp_layouts: list[Literal["zigzag", "striped", "contiguous"]] = Field(
         ["zigzag"],
         min_length=1,
-        description="the token layouts its ring and all-gather split a causal sequence into",
+        description="the token layouts its ring and all-gather split a causal sequence into; the first is how "
+        "its ranks hold the sequence under a whole-sequence scheme (Ulysses), which S must divide into",
     )
     a2a_splits_kv_heads: bool = Field(
         False,

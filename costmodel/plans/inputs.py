@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 Pass = Literal["fwd", "bwd", "fwd+bwd"]
 Recompute = Literal["none", "selective", "full"]
 LORA_RANK = 16  # the adapters' rank when --finetune lora names none (PEFT's and torchtune's recipes use 8-64)
-Offload = Literal["none", "optimizer", "optimizer+params", "activations", "all"]
+Offload = Literal["none", "optimizer", "optimizer+params", "activations", "optimizer+activations", "all"]
 
 MAX_TOKENS = 2**34  # 16G tokens: far past any context length in use, small enough for float64 exactness
 MAX_DEVICES = 2**20  # 1M accelerators
@@ -425,7 +425,10 @@ class Workload(BaseModel):
     def _split(self) -> Self:
         if self.cp > self.seq:
             raise InputError("cp", f"CP degree {self.cp} exceeds the sequence length {self.seq}")
-        check_divisible(self.layout, self.seq, self.cp)
+        # Every rank holds S/N tokens whatever the scheme; the layout's own chunks are checked where the layout
+        # is settled (PlanInputs): a job's whole-sequence scheme shards as its framework does (make_job).
+        if self.seq % self.cp:
+            raise InputError("seq", f"{self.seq} tokens do not split evenly over N = {self.cp} ranks")
         if self.masked:  # before packing: a refused S reads no documents
             if self.seq > MAX_MASKED_TOKENS or self.seq * self.cp > MAX_MASKED_WORK:
                 raise InputError(
@@ -466,6 +469,7 @@ class PlanInputs(Workload):
 
     @model_validator(mode="after")
     def _shape(self) -> Self:
+        check_divisible(self.layout, self.seq, self.cp)
         if self.kv_heads > self.heads:
             raise InputError("kv_heads", f"{self.kv_heads} exceeds --heads {self.heads}")
         if self.heads % self.kv_heads:
@@ -635,7 +639,7 @@ class TrainingSetup(BaseModel):
         "What lives in host memory over the profile's host link: optimizer (fp32 master weights and Adam "
         "moments; the CPU runs Adam, as ZeRO-Offload), optimizer+params (the weights too, fetched per layer, "
         "as ZeRO-3 or FSDP CPU offload), activations (each layer's copied out in the forward, back in the "
-        "backward), all.",
+        "backward), optimizer+activations (ZeRO-Offload with activation offload), all.",
     )
     sequence_parallel: Flag | None = flag(
         None, "Sequence parallelism with TP: splits norms and dropouts too [default: on when TP > 1]."

@@ -568,9 +568,14 @@ def make_job(
     framework = knobs.profile(loaded, declared.grad_bytes)
     _check_schemes(framework)
     step = declared.resolved(framework)
+    sharded = workload
+    if registry.get(step.cp_scheme).whole_sequence and workload.layout not in framework.time.cp_layouts:
+        # A scheme that attends the whole sequence per head has no layout of its own: its ranks hold the
+        # sequence as the framework shards it (DeepSpeed-Ulysses contiguously, Megatron-Core in zigzag chunks).
+        sharded = workload.model_copy(update={"layout": framework.time.cp_layouts[0]})
     if setup.attention_kernel is None:  # the framework's kernel, unless the job names one
         setup = setup.model_copy(update={"attention_kernel": framework.time.attention_kernel})
-    inputs = _attention(workload, model, step)
+    inputs = _attention(sharded, model, step)
     overrides = overrides or MachineOverrides()
     profile = profile if profile is not None else load_profile(inputs.hw)
     machine = job_machine(inputs, overrides, profile)
