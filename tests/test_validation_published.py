@@ -35,11 +35,13 @@ def test_median_error_over_the_table_is_within_ten_percent() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="21 of the 124 published runs, every one of which ran, are refused (median chance to fit 10 %): 15 "
+    reason="30 of the 146 published runs, every one of which ran, are refused (median chance to fit 10 %): 15 "
     "are Megatron-LM and NeMo layouts at the edge of 80 GB whose sources leave recompute unstated (taken as "
     "none) and, for Megatron-Bridge, whose allocator runs with expandable segments (a reserve the profile's "
     "share may overstate); the others are Llama 3's 8K and 128K stages (knobs the paper does not state), NeMo "
-    "AutoModel's LoRA runs and DeepSpeed's 256K offloaded run on the H200 (the memory table's named misses)",
+    "AutoModel's LoRA runs and DeepSpeed's 256K offloaded run on the H200 (the memory table's named misses), and "
+    "the nine Arctic Long Sequence Training runs, each at the longest sequence its memory allowed with tiled MLP "
+    "and expandable segments (the model counts an MLP's working set whole and a fragmentation share)",
 )
 def test_every_published_run_fits_the_memory_it_ran_in() -> None:
     """Each published run ran, so the memory model should say its layout fits its GPUs."""

@@ -38,6 +38,7 @@ DRAWS = (
     ("[Megatron-Bridge-Perf]",),
     ("[Megatron-Bridge-Memory]", "[Megatron-Bridge-Cards]"),
     ("[torchtitan-AsyncTP]",),
+    ("[ALST]",),
 )
 DRAWN = tuple(citation for draw in DRAWS for citation in draw)
 # The step's figures a row may compare: the numbers of its JSON's "step".
