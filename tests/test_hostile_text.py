@@ -484,7 +484,11 @@ TOML = (AUDIT / "titan_cp2_16k.toml").read_text()
 @pytest.mark.parametrize(
     ("old", "new", "said"),
     [
-        ("context_parallel_degree = 2", "context_parallel_degree = 3", ["training.seq_len", "over N = 3 ranks"]),
+        (
+            "context_parallel_degree = 2",
+            "context_parallel_degree = 3",
+            ["training.seq_len", "over N = 3 ranks"],
+        ),
         (
             "context_parallel_degree = 2",
             "context_parallel_degree = 0",
