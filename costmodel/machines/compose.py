@@ -156,25 +156,33 @@ def _new_memory(data: dict, changes: ProfileChanges) -> list[str]:
 
 
 def _new_clock(data: dict, profile: HardwareProfile, scale: float | None) -> list[str]:
-    """The same chip held to a lower clock (a power limit under the profile's part's): its kernel tables'
-    compute rates, read at the profile's sustained clock, scale by ``scale``. What HBM and the links carry, the
-    boost clock a memory-bound decode keeps, and the peak an MFU is stated against stay the profile's."""
+    """The same chip at another sustained clock: held lower (a power limit under the profile's part's), or
+    higher, up to the boost clock its kernel tables were measured at (a deployment that holds it under load).
+    Its tables' compute rates, read at the profile's sustained clock, scale by ``scale``. What HBM and the links
+    carry, the boost clock a memory-bound decode keeps, and the peak an MFU is stated against stay the
+    profile's."""
     if scale is None:
         return []
-    if not math.isfinite(scale) or not 0 < scale <= 1:
-        raise InputError("--clock-scale", f"must be a share of the profile's clock, in (0, 1] (got {scale})")
+    if not math.isfinite(scale) or scale <= 0:
+        raise InputError("--clock-scale", f"must be a positive share of the profile's clock (got {scale})")
     kernels = data.get("kernels")
     if kernels is None:
         raise InputError(
             "--clock-scale",
             f"{profile.origin} has no kernel tables: its compute runs at --efficiency of the peak; lower that",
         )
-    old, least = profile.kernels.sustained_clock, SUSTAINED_CLOCK_RANGE[0]  # type: ignore[union-attr]
-    if old * scale < least:
+    old = profile.kernels.sustained_clock  # type: ignore[union-attr]
+    least, most = SUSTAINED_CLOCK_RANGE
+    if not least <= old * scale <= most:
+        bound = (
+            f"under the {least:g} a profile accepts; give at least {least / old:.3g}"
+            if old * scale < least
+            else f"over the tables' own (boost) clock; give at most {most / old:.4g}"
+        )
         raise InputError(
             "--clock-scale",
             f"{scale:g} would hold the sustained clock at {old * scale:.3g} of the tables' clock ({profile.origin} "
-            f"holds {old:.3g}), under the {least:g} a profile accepts; give at least {least / old:.3g}",
+            f"holds {old:.3g}), {bound}",
         )
     kernels["sustained_clock"] = old * scale
     return [f"sustained clock {scale:g} of the profile's ({old * scale:.3g} of the tables', was {old:.3g})"]
