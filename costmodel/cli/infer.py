@@ -99,8 +99,10 @@ def _table(report: dict) -> None:
         + ("" if given["attention_kernel"] == "flash" else f"; attention {given['attention_kernel']}")
         + ("; decode reads the cache per query head" if given["decode_kv_reads"] == "per-query-head" else "")
     )
+    from costmodel.cli.render import changed_line, interval_text
+
     if report["changed"]:
-        screen.print(f"profile changed on the command line: {report['changed']}")
+        screen.print(changed_line(report["changed"]))
     fit = "fits" if mem["fits"] else "DOES NOT FIT"
     screen.print(
         f"memory per device: weights {si(mem['weight_bytes_per_device'], 'B')}, KV cache "
@@ -108,8 +110,6 @@ def _table(report: dict) -> None:
         f"{si(mem['prefill_activation_bytes'], 'B')} of {si(mem['usable_bytes'], 'B')}: {fit}; "
         f"max batch {mem['max_batch']}, max context {mem['max_context_tokens']:,} tokens"
     )
-    from costmodel.cli.render import interval_text
-
     single = given["cp"] == 1  # no sequence split: no prefill scheme to choose, no CP against CP 1
     prefill = (
         f"TTFT {seconds(out['ttft_s'])} (CP 1: no prefill scheme to choose)"

@@ -714,6 +714,8 @@ def _render_sweep(grids, pass_: str, changed: list[str]) -> None:  # noqa: ANN00
     """Each profile's grid; ``changed``, each profile's command-line changes (said under its grid)."""
     from rich.text import Text
 
+    from costmodel.cli.render import changed_line
+
     out = console()
     names = ["green", "amber", "red"]
     for grid, said in zip(grids, changed, strict=True):
@@ -736,7 +738,7 @@ def _render_sweep(grids, pass_: str, changed: list[str]) -> None:  # noqa: ANN00
         out.print(table)
         out.print("* the ring leaves the node", style="dim")
         if said:
-            out.print(f"{grid.profile} changed on the command line: {said}", style="dim")
+            out.print(changed_line(said, grid.profile), style="dim")
         if grid.step_time_s is not None:
             _render_step_times(grid)
 

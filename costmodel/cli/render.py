@@ -103,6 +103,11 @@ def interval_text(band: Interval, shown: Callable[[float], str], point: float | 
     return text + ")"
 
 
+def changed_line(changed: str, subject: str = "profile") -> str:
+    """What the command line changed in a profile, as every table but the single layer's says it."""
+    return f"{subject} changed on the command line: {changed}"
+
+
 def fits_text(probability: float | None, fits: bool, level: float) -> str:
     """Whether a plan fits, as a probability: "fits at 93 %", "may not fit (70 %)", "does not fit (4 %)"."""
     if probability is None:

@@ -166,7 +166,7 @@ def _label(name: str, inputs: dict) -> str:
 
 def _table(report: StepReport) -> None:
 
-    from costmodel.cli.render import certainty_lines, memory_line, topology_lines
+    from costmodel.cli.render import certainty_lines, changed_line, memory_line, topology_lines
 
     result = report.model_dump(mode="json", by_alias=True)
     step, inputs = result["step"], result["inputs"]
@@ -188,7 +188,7 @@ def _table(report: StepReport) -> None:
         + (f", fine-tuning {inputs['finetune']}" if inputs.get("finetune", "full") != "full" else "")
     )
     if report.changed:
-        screen.print(f"profile changed on the command line: {report.changed}")
+        screen.print(changed_line(report.changed))
     for line in topology_lines(result["topology"]):
         screen.print(line)
     screen.print(f"kernel rates: {result['rates']['source']}")

@@ -225,6 +225,12 @@ class TimePolicy(_Strict):
     grad_reduce_bytes: Count(minimum=1, maximum=8) = Field(description="bytes per gradient element reduced")
     optimizer_bytes: Positive = Field(description="HBM bytes the optimizer step moves per parameter")
 
+    def sharding(self, layout: str) -> str:
+        """How the ranks of a whole-sequence scheme (Ulysses) hold the sequence, asked for ``layout``: it, where
+        the framework shards in it, else the framework's first (DeepSpeed contiguously, Megatron-Core in zigzag
+        chunks). The scheme's time does not read it; what S must divide into does."""
+        return layout if layout in self.cp_layouts else self.cp_layouts[0]
+
 
 class FrameworkProfile(_Strict):
     """A training framework at a version: its memory and time policies, each knob with its source."""

@@ -568,11 +568,9 @@ def make_job(
     framework = knobs.profile(loaded, declared.grad_bytes)
     _check_schemes(framework)
     step = declared.resolved(framework)
-    sharded = workload
-    if registry.get(step.cp_scheme).whole_sequence and workload.layout not in framework.time.cp_layouts:
-        # A scheme that attends the whole sequence per head has no layout of its own: its ranks hold the
-        # sequence as the framework shards it (DeepSpeed-Ulysses contiguously, Megatron-Core in zigzag chunks).
-        sharded = workload.model_copy(update={"layout": framework.time.cp_layouts[0]})
+    sharded = workload  # a whole-sequence scheme has no layout of its own: its ranks hold the framework's
+    if registry.get(step.cp_scheme).whole_sequence:
+        sharded = workload.model_copy(update={"layout": framework.time.sharding(workload.layout)})
     if setup.attention_kernel is None:  # the framework's kernel, unless the job names one
         setup = setup.model_copy(update={"attention_kernel": framework.time.attention_kernel})
     inputs = _attention(sharded, model, step)

@@ -70,7 +70,7 @@ def framework_pairs(framework: FrameworkProfile) -> frozenset[tuple[str, str]]:
     """What a framework runs: the (scheme, layout) pairs of its profile's CP schemes and layouts that the
     registry times. A whole-sequence scheme's layout does not enter its time, so its one pair is kept
     whatever layouts the framework shards in (its ranks hold the sequence as the framework shards it:
-    :func:`_valid_pairs`, ``make_job``)."""
+    :meth:`~costmodel.frameworks.profiles.TimePolicy.sharding`)."""
     t = framework.time
     return frozenset(
         (s, lay)
@@ -348,11 +348,11 @@ def _valid_pairs(
     kv_heads = max(model.kv_heads // tp, 1)
     # Transformer Engine's all-to-all (Megatron-LM's a2a) splits the KV heads too; elsewhere they may be copied.
     a2a_kv = job.framework.time.a2a_splits_kv_heads
-    sharded = job.framework.time.cp_layouts[0]  # how a whole-sequence scheme's ranks hold the sequence
     valid = []
     for name, layout in allowed:
         scheme = registry.get(name)
-        if job.inputs.seq % (cp * chunks_per_rank(sharded if scheme.whole_sequence else layout)):
+        held = job.framework.time.sharding(layout) if scheme.whole_sequence else layout
+        if job.inputs.seq % (cp * chunks_per_rank(held)):
             continue
         if scheme.check(model.heads // tp, kv_heads, cp, a2a_kv):
             continue
