@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from costmodel.audit import fit
-from costmodel.audit.runs import Profiles, bound, predict, read_runs
+from costmodel.audit.runs import Profiles, bound, read_runs
 from costmodel.machines.profiles import HardwareProfile, load_profile
 from costmodel.plans.job import Job
 from costmodel.training.step import evaluate_step
@@ -61,10 +61,9 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> tuple[list, HardwareProfi
     )
     runs = read_runs(str(path), {}, "h100-nvlink").runs
     base = load_profile("h100-nvlink")
-    reports = [predict(run, Profiles(base)) for run in runs]
 
     def bind_all(profile: HardwareProfile) -> list[dict]:
-        return [bound(run, Profiles(profile), report) for run, report in zip(runs, reports, strict=True)]
+        return [bound(run, Profiles(profile)) for run in runs]
 
     return runs, base, fit.Steps(bind_all, base)
 

@@ -299,7 +299,7 @@ def test_dense_search_is_unchanged() -> None:
         (1, 8, 2, 1, "ulysses"),
     ]
     assert [p["step_time_s"] for p in found.plans] == pytest.approx(
-        [10.0211546264553, 10.054583785200135, 10.100417468129919], rel=1e-12
+        [10.004018502110641, 10.037447660855479, 10.061222044448696], rel=1e-12
     )
     assert [p["memory_bytes"] for p in found.plans] == pytest.approx(
         [58311220060.16, 58311220060.16, 56877462773.76], rel=1e-12

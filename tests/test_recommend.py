@@ -173,7 +173,7 @@ _JOBS = {
 }
 
 
-def _search_json(cli, model: str, hw: str, gpus: int, seq: int, batch: int | None) -> dict:  # noqa: ANN001
+def _search_json(cli, model: str, hw: str, gpus: int, seq: int, batch: int | None, *more: str) -> dict:  # noqa: ANN001
     args = [
         "recommend",
         "--model",
@@ -186,6 +186,7 @@ def _search_json(cli, model: str, hw: str, gpus: int, seq: int, batch: int | Non
         str(seq),
         "--format",
         "json",
+        *more,
     ]
     result = cli(*args, *(["--global-batch", str(batch)] if batch else []))
     assert result.code == 0, result.err
@@ -241,8 +242,8 @@ def test_a_pick_that_fills_the_device_says_so(cli) -> None:
 
 
 def test_a_tile_longer_than_the_picks_shard_is_the_whole_shard(cli) -> None:
-    """GPT-3 20B at 4K on 16 MI300X picks CP 8 (512-token shards): the default 1,024-token tile once refused it."""
-    data = _search_json(cli, "gpt3-20b", "mi300x-xgmi", 16, 4096, 256)
+    """GPT-3 20B at 4K on 16 MI300X at CP 8 (512-token shards): the default 1,024-token tile once refused it."""
+    data = _search_json(cli, "gpt3-20b", "mi300x-xgmi", 16, 4096, 256, "--cp", "8")
     assert data["recommendation"]["cp"] == 8 and data["inputs"]["block"] == 512
 
 

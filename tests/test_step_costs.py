@@ -142,6 +142,33 @@ def test_each_gradient_bucket_is_one_call_of_the_dp_ring() -> None:
     )
 
 
+def test_cp_ranks_reduce_their_gradients_as_dp_ranks_do() -> None:
+    """A CP rank runs the whole layer on other tokens: 8 ranks holding the same weights reduce the same
+    gradients over the same NVLink ring, whether they split the batch or the sequence."""
+    over_dp = _bound(model="llama3-8b", seq=8192, hw="a100-nvlink", gpus=8, global_batch=8)
+    over_cp = _bound(model="llama3-8b", seq=8192, hw="a100-nvlink", gpus=8, cp=8, global_batch=1)
+    assert (over_dp["D"], over_dp["N"], over_cp["D"], over_cp["N"]) == (8, 1, 1, 8)
+    reduction = [
+        float(numeric.dp_comm_s(**{a: v[a] for a in numeric.ARGS["dp_comm_s"]})) for v in (over_dp, over_cp)
+    ]
+    assert reduction[1] == pytest.approx(reduction[0], rel=1e-12)
+    assert reduction[1] > 0.1  # 8 B parameters' fp32 gradients: a tenth of a second and more on NVLink
+
+
+@pytest.mark.parametrize("zero, share", [(0, 1.0), (1, 1 / 8)])
+def test_the_optimizer_steps_the_states_zero_leaves_a_device(zero: int, share: float) -> None:
+    """Adam runs over the states a device keeps: all of them without ZeRO, whatever the DP degree; its
+    1/(DP x CP) share under ZeRO-1, CP ranks included."""
+
+    def step_s(**layout: int) -> float:
+        v = _bound(model="llama3-8b", seq=8192, hw="a100-nvlink", zero=zero, **layout)
+        return float(numeric.optimizer_s(**{a: v[a] for a in numeric.ARGS["optimizer_s"]}))
+
+    alone = step_s(gpus=1, global_batch=1)
+    assert step_s(gpus=8, global_batch=8) == pytest.approx(share * alone, rel=1e-12)
+    assert step_s(gpus=8, cp=8, global_batch=1) == pytest.approx(share * alone, rel=1e-12)
+
+
 def test_megatrons_default_reduces_every_gradient_after_the_backward() -> None:
     v = _bound(model="llama3-8b", seq=8192, hw="h100-nvlink", gpus=8, global_batch=8)
 

@@ -377,17 +377,17 @@ def predict(run: MeasuredRun, profiles: Profiles) -> StepReport:
     return evaluate_step(run_job(run, profiles))
 
 
-def bound(run: MeasuredRun, profiles: Profiles, report: StepReport) -> dict[str, Any]:
+def bound(run: MeasuredRun, profiles: Profiles) -> dict[str, Any]:
     """One run's bound step symbols and what a fit needs to know of them (:class:`~costmodel.audit.fit.FastSteps`)."""
     at = run_job(run, profiles)
-    groups = report.topology["groups"]
     return {
         "values": bind(at),
         "scheme": at.step.cp_scheme,
         "model": run.model,
         "unfused": at.setup.attention_kernel == "unfused",
-        "tp_inter": groups["tp"]["scope"] == "inter-node",
-        "dp_inter": groups["dp"]["scope"] == "inter-node",
+        # the links the step reads (the gradients' over DP x CP), as bind() placed them
+        "tp_inter": at.links["tp"].scope == "inter-node",
+        "dp_inter": at.links["dp"].scope == "inter-node",
     }
 
 
@@ -612,7 +612,7 @@ def fit_runs(
 
     def bind_all(profile: HardwareProfile) -> list[dict[str, Any]]:
         at = Profiles(profile)
-        return [bound(run, at, r) for run, r in zip(table.runs, reports, strict=True)]
+        return [bound(run, at) for run in table.runs]
 
     steps = fit.Steps(bind_all, base)
     measured = np.array([run.measured_s for run in table.runs])

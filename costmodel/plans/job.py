@@ -429,8 +429,9 @@ class Job:
 
     @functools.cached_property
     def links(self) -> dict[str, Any]:
-        """The link of every group, its members placed by the rank order (:meth:`Machine.group_links`); the
-        dense gradients of an MoE model reduce over EP x DP, from EP's stride."""
+        """The link of every group, its members placed by the rank order (:meth:`Machine.group_links`); "dp"
+        is the group gradients reduce over, every rank holding the same weights: DP x CP (and EP, which an
+        MoE model's dense gradients reduce over too), from the innermost of their strides."""
         order, sizes = self.groups
         placed, collectives = strides(order, sizes), self.collectives
         links = {
@@ -438,8 +439,8 @@ class Job:
             for dim, size in sizes.items()
             if dim in placed
         }
-        if "ep" in sizes:
-            links["dp"] = self._link(min(placed["ep"], placed["dp"]), self.dp, "ring")
+        weights = [placed[dim] for dim in ("cp", "ep", "dp") if dim in placed]
+        links["dp"] = self._link(min(weights), self.dp * self.cp, "ring")
         return links
 
     def _link(self, stride: int, size: int, collective: str) -> LinkBinding:

@@ -495,8 +495,8 @@ def evaluate_table(table: Table, job: Job, shapes: _Shapes | None = None) -> dic
         **_kept_columns(c, job),
         "n_h": np.minimum(offload.devices_per_host(machine), c["gpus"]).astype(float),
     }
-    # with EP: the dense gradients' group
-    v["B_dp"], v["a_dp"] = shapes.links_of(c["tp"] * c["cp"], c["dp"], "ring", "bandwidth", "call_latency_s")
+    # the ranks holding the same weights, DP x CP (and EP inside DP): the group gradients reduce over
+    v["B_dp"], v["a_dp"] = shapes.links_of(c["tp"], c["dp"] * c["cp"], "ring", "bandwidth", "call_latency_s")
     if model.experts:  # EP inside DP, next to CP (tp-cp-ep-dp-pp): its all-to-all over those ranks
         v["E_p"] = c["ep"].astype(float)
         (v["B_ep"],) = shapes.links_of(c["tp"] * c["cp"], c["ep"], "alltoall", "bandwidth")

@@ -195,7 +195,7 @@ def _link_values(links: dict[str, Any], t: int, n: int, dp: int, cp_step_latency
         "B_ep": bandwidths.get("B_ep", bandwidths["B_dp"]),
         "alpha_tp": links["tp"].latency_s if t > 1 else 0.0,
         "a_tp": links["tp"].call_latency_s if t > 1 else 0.0,
-        "a_dp": links["dp"].call_latency_s if dp > 1 else 0.0,
+        "a_dp": links["dp"].call_latency_s if dp * n > 1 else 0.0,
         "alpha_cp": links["cp"].latency_s if n > 1 and cp_step_latency else 0.0,
     }
 

@@ -165,9 +165,9 @@ define(
 define(
     "moe_optimizer_s",
     "t_opt_exp",
-    k_opt * P_exp * E_p / (D * B_hbm),
-    "optimizer step over the device's expert weights: Adam over their fp32 states, sharded over the D/E_p "
-    "ranks that hold the same experts, memory-bound",
+    k_opt * P_exp * sympy.Min(1, E_p * z_o, evaluate=False) / B_hbm,
+    "optimizer step over the device's expert weights: Adam over their fp32 states, sharded under ZeRO over "
+    "the D·N/E_p ranks that hold the same experts (E_p times the dense share z_o), memory-bound",
     "s",
     "[ZeRO §5], [GShard §2]",
 )
@@ -416,9 +416,9 @@ tau_dp_moe = define(
     "moe_dp_comm_s",
     "tau_DP_moe",
     sympy.Subs(tau_dp, F_ffn, F_sh)
-    + (2 - z3) * ((D - 1) * f_tr * X_dn / (t * pp) + (D - E_p) * P_exp) / D * p_g / B_dp,
-    "gradient reduction of an MoE model: its dense part (the dense layers' MLPs too) over the D ranks, each "
-    "expert's over the D/E_p ranks that hold it",
+    + (2 - z3) * ((D * N - 1) * f_tr * X_dn / (t * pp) + (D * N - E_p) * P_exp) / (D * N) * p_g / B_dp,
+    "gradient reduction of an MoE model: its dense part (the dense layers' MLPs too) over the D·N ranks "
+    "holding the same weights (DP x CP), each expert's over the D·N/E_p ranks that hold it",
     "s",
     "[ZeRO §5], [GShard §2]",
 )
@@ -442,9 +442,9 @@ define(
     "moe_zero3_gather_s",
     "tau_Z3_moe",
     sympy.Subs(FORMULAS["zero3_gather_s"].symbol, F_ffn, F_sh)
-    + z3 * 2 * ((D - 1) * X_dn / (t * pp) + (D - E_p) * P_exp) / D * p / B_dp,
-    "ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over D ranks, the "
-    "experts over D/E_p",
+    + z3 * 2 * ((D * N - 1) * X_dn / (t * pp) + (D * N - E_p) * P_exp) / (D * N) * p / B_dp,
+    "ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over the D·N ranks of "
+    "DP x CP, the experts over D·N/E_p",
     "s",
     "[ZeRO §5.3], [GShard §2]",
 )

@@ -87,6 +87,7 @@ from costmodel.symbolic.symbols import (
     x_eager,
     x_rep,
     z3,
+    z_o,
 )
 
 GROUP = "step"
@@ -543,12 +544,17 @@ P_dev = define(
     "1",
     "[Megatron21 §3]",
 )
+# The ranks holding the same weights: DP x CP. A CP rank runs the whole layer on other tokens, so its
+# gradients reduce, and ZeRO shards the states, over both (Megatron-Core's data-parallel group with context
+# parallel, torchtitan's dp_shard_cp mesh, DeepSpeed's sequence-data-parallel group).
+D_w = D * N
 tau_dp = define(
     "dp_comm_s",
     "tau_DP",
-    (2 - z3) * (D - 1) / D * f_tr * P_dev * p_g / B_dp + n_bkt * a_dp,
+    (2 - z3) * (D_w - 1) / D_w * f_tr * P_dev * p_g / B_dp + n_bkt * a_dp,
     "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) of the parameters that train "
-    "over the DP group, one call per gradient bucket; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter. "
+    "over the D·N ranks holding the same weights (DP x CP), one call per gradient bucket; under ZeRO-3 the "
+    "gathers are counted per layer instead, leaving the reduce-scatter. "
     "No latency per ring step: across many nodes NCCL reduces small buckets over trees, log D steps",
     "s",
     "[ZeRO §5]",
@@ -573,17 +579,17 @@ define(
 define(
     "zero3_gather_s",
     "tau_Z3",
-    z3 * 2 * (D - 1) / D * P_dev * p / B_dp,
-    "ZeRO-3 parameter all-gathers of one micro-batch (forward and backward), hidden by prefetch",
+    z3 * 2 * (D_w - 1) / D_w * P_dev * p / B_dp,
+    "ZeRO-3 parameter all-gathers over DP x CP of one micro-batch (forward and backward), hidden by prefetch",
     "s",
     "[ZeRO §5.3]",
 )
 define(
     "optimizer_s",
     "t_opt",
-    (1 - o_opt) * k_opt * f_tr * P_dev / (D * B_hbm),
-    "optimizer step: Adam over the device's 1/D share of the fp32 states of what trains, memory-bound; none on "
-    "the device under optimizer offload",
+    (1 - o_opt) * k_opt * f_tr * P_dev * z_o / B_hbm,
+    "optimizer step: Adam over the fp32 states of what trains that the device keeps (its ZeRO share z_o, all "
+    "of them without ZeRO), memory-bound; none on the device under optimizer offload",
     "s",
     "[ZeRO §5]",
 )
