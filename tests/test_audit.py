@@ -171,6 +171,31 @@ def test_torchtitan_toml_reads_torch_compile_as_fused_elementwise(
     assert config.get("elementwise") == elementwise
 
 
+@pytest.mark.parametrize(
+    ("shard", "replicate", "cp", "zero", "zero_shard"),
+    [
+        (8, 1, 1, 3, None),  # FSDP over every rank
+        (4, 2, 2, 3, 8),  # HSDP: FSDP over dp_shard x CP = 8, two replicas
+        (1, 4, 1, 0, None),  # DDP: nothing shards
+    ],
+)
+def test_torchtitan_toml_reads_its_data_parallel_mesh(
+    shard: int, replicate: int, cp: int, zero: int, zero_shard: int | None
+) -> None:
+    import tomllib
+
+    tables = (
+        f"[parallelism]\ndata_parallel_shard_degree = {shard}\ndata_parallel_replicate_degree = {replicate}\n"
+        f"context_parallel_degree = {cp}\n"
+    )
+    config, _ = torchtitan_config(tomllib.loads(tables))
+    assert (config["gpus"], config["zero"], config.get("zero_shard")) == (
+        shard * replicate * cp,
+        zero,
+        zero_shard,
+    )
+
+
 def test_megatron_shape_matches_its_preset() -> None:
     assert (
         match_preset({"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "ffn_hidden": 14336})

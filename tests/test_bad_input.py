@@ -247,3 +247,24 @@ def test_a_framework_names_only_schemes_and_layouts_there_are(
     args = ["step", "--model", "llama3-8b", "--seq", "8k", "--gpus", "8", "--global-batch", "8"]
     result = cli(*args, "--framework", str(tmp_path / "fw.yaml"))
     assert result.code == 2 and "--framework" in result.err and said in result.err, result.err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--zero", "0", "--zero-shard", "8"], "--zero-shard: shards ZeRO's states; --zero 0 shards nothing"),
+        (
+            ["--zero-shard", "3"],
+            "--zero-shard: 3 must divide the 16 ranks holding the same weights (DP x CP)",
+        ),
+        (["--zero-shard", "0"], "--zero-shard"),
+        (
+            ["--model", "deepseek-v3", "--zero-shard", "8"],
+            "--zero-shard: hybrid sharding of an MoE model (deepseek-v3) is not modelled",
+        ),
+    ],
+)
+def test_hybrid_sharding_that_cannot_run_is_refused_naming_the_flag(cli, flags: list[str], said: str) -> None:
+    args = ["step", "--model", "llama3-8b", "--seq", "8k", "--gpus", "16", "--global-batch", "16"]
+    result = cli(*args, *flags)
+    assert result.code == 2 and said in result.err and len(result.err.strip().splitlines()) == 1, result.err

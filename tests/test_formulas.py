@@ -355,6 +355,7 @@ def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
         "m_mb": 8,
         "v_pp": 2,
         "D": 4,
+        "Z_s": 2 * n,  # hybrid sharding: groups of 2N of the D·N = 4N ranks
         "B_hbm": 3e12,
         "F_gemm": 0.7 * flops,
         "F_attn": 0.6 * flops,
@@ -404,6 +405,7 @@ def _draw_values(seq_per, n, heads_per_kv, kv, d, p_, b, causal, flops, bw, lat)
         "B_cpa": bw / 3,
         "B_pp": bw / 4,
         "B_dp": bw / 8,
+        "B_dpr": bw / 16,
         "rc_sel": int(causal),
         "rc_full": 1 - int(causal),
         "u_cp": 0.75,

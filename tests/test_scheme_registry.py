@@ -41,9 +41,6 @@ EXEMPT = {
     ("cli/render.py", "ulysses"): 1,
     ("cli/render.py", "pass-kv"): 1,
     ("cli/render.py", "pass-q"): 1,
-    # NCCL's ring algorithm for the TP and DP collectives
-    ("plans/job.py", "ring"): 3,
-    ("training/search.py", "ring"): 1,
 }
 
 

@@ -47,6 +47,8 @@ def _job(model: str = "llama3-8b", seq: int = 32768, hw: str = "h100-ib", gpus: 
     [
         ({}, Constraints()),  # GQA (8 KV heads): ring, USP 2x4 and Ulysses all appear
         ({"model": "llama2-7b", "gpus": 8, "zero": 3, "global_batch": 8}, Constraints(recompute="selective")),
+        # hybrid sharding in groups of 4: the layouts whose DP x CP the groups tile, two links each
+        ({"gpus": 16, "zero": 3, "zero_shard": 4}, Constraints(recompute="full")),
     ],
 )
 def test_vectorised_search_ranks_as_the_plain_loop(job: dict, constraints: Constraints) -> None:
@@ -433,6 +435,7 @@ MEGATRON = {
     "--expert-model-parallel-size": {"type": int},
     "--decoder-last-pipeline-num-layers": {"type": int},
     "--use-distributed-optimizer": {"action": "store_true"},
+    "--num-distributed-optimizer-instances": {"type": int},
     "--overlap-grad-reduce": {"action": "store_true"},
     "--overlap-param-gather": {"action": "store_true"},
 }
@@ -452,6 +455,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
         ["--tp", "8", "--cp-scheme", "usp", "--model", "llama2-7b"],
         ["--cp-scheme", "ulysses", "--recompute", "full", "--model", "llama2-7b"],  # MHA: 32 KV heads
         ["--pp", "4", "--zero", "0", "--cp-scheme", "allgather"],
+        ["--zero-shard", "8"],
     ],
 )
 def test_megatron_export_parses_as_megatron_arguments(cli, extra: list[str]) -> None:
@@ -482,6 +486,9 @@ def test_megatron_export_parses_as_megatron_arguments(cli, extra: list[str]) -> 
     assert parsed.recompute_granularity == {"none": None}.get(plan["recompute"], plan["recompute"])
     if parsed.overlap_param_gather:  # Megatron asserts both with the distributed optimizer
         assert parsed.overlap_grad_reduce and parsed.use_distributed_optimizer
+    # hybrid sharding: one distributed optimizer per group of 8 of the DP x CP ranks
+    instances = plan["dp"] * plan["cp"] // 8 if "--zero-shard" in extra else None
+    assert parsed.num_distributed_optimizer_instances == (instances if instances != 1 else None)
 
 
 # torchtitan's TOML job-file tables as torchtitan/config/job_config.py declares them (its last version,
@@ -535,6 +542,21 @@ def test_torchtitan_export_is_its_job_file(cli, extra: list[str]) -> None:
     assert job["training"]["seq_len"] == 131072
     if "--zero" in extra:
         assert par["data_parallel_replicate_degree"] == 1
+
+
+def test_torchtitan_export_of_hybrid_sharding_is_hsdp(cli) -> None:
+    """FSDP in groups of 16 of the DP x CP ranks: torchtitan shards over dp_shard x CP, so dp_shard is 16 / CP and
+    the rest of DP replicates; a group that CP does not divide has no torchtitan mesh."""
+    args = [*RECOMMEND, "--zero", "3", "--zero-shard", "16", "--format"]
+    par = tomllib.loads(cli(*args, "torchtitan").out)["parallelism"]
+    plan = cli(*args, "json").json()["recommendation"]
+    assert par["data_parallel_shard_degree"] * par["context_parallel_degree"] == 16
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == plan["dp"]
+    refused = cli(*RECOMMEND, "--zero", "3", "--zero-shard", "2", "--cp", "4", "--format", "torchtitan")
+    assert (
+        refused.code == 2
+        and "--zero-shard: torchtitan v0.2.2's FSDP shards over its dp_shard x CP" in refused.err
+    )
 
 
 def test_sweep_step_time_is_the_fastest_fitting_plan_at_each_n(cli) -> None:

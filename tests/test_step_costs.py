@@ -5,6 +5,8 @@ gradient reduction that does not overlap."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from costmodel.core.errors import InputError
 from costmodel.machines.binding import Machine
@@ -167,6 +169,59 @@ def test_the_optimizer_steps_the_states_zero_leaves_a_device(zero: int, share: f
     alone = step_s(gpus=1, global_batch=1)
     assert step_s(gpus=8, global_batch=8) == pytest.approx(share * alone, rel=1e-12)
     assert step_s(gpus=8, cp=8, global_batch=1) == pytest.approx(share * alone, rel=1e-12)
+
+
+def test_hybrid_sharding_gathers_inside_the_node_and_all_reduces_its_shards_across() -> None:
+    """FSDP over 16 H100s of two nodes, a 100 Gb/s NIC a GPU, gathers every layer over the network; sharded over
+    each node's 8 (HSDP) it gathers over NVLink, the two nodes all-reducing their 1/8 of the gradients, and
+    keeps twice the states. (Eight 400 Gb/s NICs a node pool to NVLink's ring: there that memory buys nothing.)"""
+    job = dict(
+        model="llama3-8b",
+        seq=8192,
+        hw="h100-ib",
+        inter_node_bandwidth="12.5GB/s",
+        gpus=16,
+        zero=3,
+        global_batch=16,
+    )
+    flat, hybrid = _bound(**job), _bound(**job, zero_shard=8)
+    node = _bound(**{**job, "gpus": 8, "global_batch": 8})  # FSDP over one node's 8: the same NVLink ring
+    assert (flat["Z_s"], hybrid["Z_s"]) == (16, 8)
+    assert hybrid["B_dp"] == node["B_dp"] > flat["B_dp"]
+    assert hybrid["z_o"] == pytest.approx(2 * flat["z_o"], rel=1e-12)  # a shard of 8 ranks, not 16
+
+    def call(v: dict, name: str) -> float:
+        return float(getattr(numeric, name)(**{a: v[a] for a in numeric.ARGS[name]}))
+
+    params = call(hybrid, "device_params")
+    assert call(hybrid, "zero3_gather_s") == pytest.approx(2 * 7 / 8 * params * 2 / hybrid["B_dp"], rel=1e-12)
+    assert call(hybrid, "zero3_gather_s") < call(flat, "zero3_gather_s") / 2
+    scatter = 7 / 8 * params * hybrid["p_g"] / hybrid["B_dp"]
+    across = 2 * (1 / 2) * params / 8 * hybrid["p_g"] / hybrid["B_dpr"]
+    assert call(hybrid, "dp_comm_s") == pytest.approx(
+        scatter + across + hybrid["n_bkt"] * hybrid["a_dp"], rel=1e-12
+    )
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    gpus=st.sampled_from([8, 16, 32]),
+    tp=st.sampled_from([1, 2]),
+    cp=st.sampled_from([1, 2, 4]),
+    zero=st.sampled_from([1, 2, 3]),
+)
+def test_hybrid_groups_of_every_rank_are_plain_sharding_and_smaller_ones_keep_more(
+    gpus, tp, cp, zero
+) -> None:
+    """K = DP x CP is ZeRO over all of them, to the last bit; a group of 2 keeps at least as much a device."""
+    job = dict(model="llama3-8b", seq=8192, hw="h100-ib", gpus=gpus, tp=tp, cp=cp, zero=zero)
+    job["global_batch"] = gpus // (tp * cp)
+    plain = evaluate_step(Job.of(**job))
+    whole = evaluate_step(Job.of(**job, zero_shard=gpus // tp))
+    pair = evaluate_step(Job.of(**job, zero_shard=2))
+    assert whole.step.time_s == plain.step.time_s
+    assert whole.memory.bytes_per_device == plain.memory.bytes_per_device
+    assert pair.memory.bytes_per_device >= plain.memory.bytes_per_device
 
 
 def test_megatrons_default_reduces_every_gradient_after_the_backward() -> None:

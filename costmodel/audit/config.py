@@ -32,6 +32,7 @@ TOML_KEYS = {
     "cp": "parallelism.context_parallel_degree",
     "pp": "parallelism.pipeline_parallel_degree",
     "gpus": "parallelism.data_parallel_shard_degree",
+    "zero_shard": "parallelism.data_parallel_shard_degree",
     "seq": "training.seq_len",
     "micro_batch": "training.local_batch_size",
     "global_batch": "training.global_batch_size",
@@ -69,6 +70,10 @@ def torchtitan_config(data: dict[str, Any], origin: str = "job.toml") -> tuple[d
     out["zero"] = 3  # FSDP2 shards parameters, gradients and optimizer states
     if shard > 0:
         out["gpus"] = shard * replicate * out["tp"] * out["cp"] * out["pp"]
+        if replicate > 1 and shard * out["cp"] > 1:  # HSDP: FSDP over dp_shard x CP, replicated across
+            out["zero_shard"] = shard * out["cp"]
+        elif replicate > 1:  # DDP: nothing shards
+            out["zero"] = 0
     if "seq_len" in training:
         out["seq"] = integer(training, "training", "seq_len", 0)
     local_key = "local_batch_size" if "local_batch_size" in training else "batch_size"

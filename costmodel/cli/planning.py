@@ -460,7 +460,7 @@ def _render_plan(report) -> None:  # noqa: ANN001
     head = _header(report)
     head.add_row(
         "job",
-        f"{search['gpus']} GPUs · ZeRO-{s.zero} · global batch {rec.global_batch:,} sequences · "
+        f"{search['gpus']} GPUs · {s.zero_label} · global batch {rec.global_batch:,} sequences · "
         f"{search['framework']} plans"
         + (f" · {search['gemm_dtype']} linear layers" if search["gemm_dtype"] else ""),
     )
@@ -489,7 +489,7 @@ def _render_recommendation(report) -> None:  # noqa: ANN001
     head = _header(report)
     head.add_row(
         "job",
-        f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · ZeRO-{s.zero} · "
+        f"{s.gpus} GPUs = TP {s.tp} x PP {s.pp} x (DP x CP {s.shard_group}) · {s.zero_label} · "
         f"recompute {s.recompute}",
     )
     if rec.n_recommended:

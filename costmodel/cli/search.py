@@ -223,8 +223,10 @@ def export(data: dict[str, Any], fmt: str, inputs: PlanInputs, setup: TrainingSe
     plan = data["plans"][0]
     if fmt == "megatron":
         NOTES.append(f"cp-plan: note: arguments as {MEGATRON_VERSION} declares them")
-        return megatron_command(megatron_arguments(plan, inputs.seq, data["global_batch"], setup.zero))
-    tables = torchtitan_tables(plan, inputs.seq, data["global_batch"], setup.zero)
+        return megatron_command(
+            megatron_arguments(plan, inputs.seq, data["global_batch"], setup.zero, setup.zero_shard)
+        )
+    tables = torchtitan_tables(plan, inputs.seq, data["global_batch"], setup.zero, setup.zero_shard)
     return f"# {TORCHTITAN_VERSION} job file (later releases configure a job in Python)\n" + toml(tables)
 
 

@@ -24,6 +24,7 @@ from costmodel.symbolic import numeric
 # all-gather of TP, DP and PP groups); alltoall; allgather (Llama 3's CP, a ring collective too).
 Collective = Literal["p2p", "ring", "alltoall", "allgather"]
 RING_COLLECTIVES = ("ring", "allgather")
+NCCL_RING: Collective = "ring"  # NCCL's ring algorithm: the TP and DP collectives (no CP scheme's name)
 DIMENSIONS = ("tp", "cp", "ep", "dp", "pp")
 MEGATRON_ORDER = "tp-cp-dp-pp"  # Megatron-LM's default rank order, innermost first (EP, when used, after CP)
 

@@ -633,6 +633,16 @@ class TrainingSetup(BaseModel):
     zero: Annotated[Literal[0, 1, 2, 3], CountAsWritten] = flag(
         1, "ZeRO stage over DP x CP (1 = distributed optimizer)."
     )
+    zero_shard: Count | None = flag(
+        None,
+        "Hybrid sharding: ZeRO shards over groups of this many consecutive DP x CP ranks and replicates "
+        "across the groups, which all-reduce their gradient shards (torch's HSDP, Megatron's "
+        "--num-distributed-optimizer-instances, DeepSpeed's MiCS, InternEvo's zero1 size) [default: all of "
+        "DP x CP].",
+        unit="devices",
+        ge=1,
+        le=MAX_DEVICES,
+    )
     recompute: Recompute = flag("selective", "Activation recompute: selective recomputes the attention core.")
     offload: Offload = flag(
         "none",
@@ -722,6 +732,17 @@ class TrainingSetup(BaseModel):
     def shard_group(self) -> int:
         """D = DP x CP: ranks that hold the same weights, over which ZeRO shards optimizer states."""
         return self.gpus // (self.tp * self.pp)
+
+    @property
+    def zero_label(self) -> str:
+        """The ZeRO stage as a plan's header states it, with hybrid sharding's groups."""
+        hybrid = "" if self.zero_shard is None else f" in groups of {self.zero_shard} (hybrid)"
+        return f"ZeRO-{self.zero}{hybrid}"
+
+    def zero_group(self, weights: Any) -> Any:
+        """Ranks ZeRO shards over, of ``weights`` holding the same weights (DP x CP; a number or a column of
+        layouts): all of them, or the hybrid-sharding group."""
+        return weights if self.zero_shard is None else self.zero_shard
 
     def attention(self, inputs: PlanInputs) -> PlanInputs:
         """The attention one TP rank runs: h/t query heads and n_kv/t KV heads (at least one, replicated)."""

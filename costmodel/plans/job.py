@@ -43,7 +43,7 @@ from costmodel.frameworks.profiles import (
 from costmodel.machines.binding import LinkBinding, Machine
 from costmodel.machines.kernels import check_kernel
 from costmodel.machines.profiles import HardwareProfile, load_profile
-from costmodel.machines.topology import strides
+from costmodel.machines.topology import NCCL_RING, strides
 from costmodel.plans import cp as registry
 from costmodel.plans.cp import TRAINING, usp
 from costmodel.plans.inputs import (
@@ -421,17 +421,18 @@ class Job:
         """The collective each group waits on: CP its scheme's (all-to-all for Ulysses, all-gather for Llama 3's
         scheme, else ring sends), EP's all-to-all; "ring" is NCCL's ring algorithm."""
         return {
-            "tp": "ring",
+            "tp": NCCL_RING,
             "cp": registry.get(self.step.cp_scheme).collective,
             "ep": "alltoall",
-            "dp": "ring",
+            "dp": NCCL_RING,
         }
 
     @functools.cached_property
     def links(self) -> dict[str, Any]:
         """The link of every group, its members placed by the rank order (:meth:`Machine.group_links`); "dp"
-        is the group gradients reduce over, every rank holding the same weights: DP x CP (and EP, which an
-        MoE model's dense gradients reduce over too), from the innermost of their strides."""
+        is the group ZeRO shards over and gradients reduce-scatter over, of the ranks holding the same weights:
+        DP x CP (EP too, which an MoE model's dense gradients reduce over), from the innermost of their strides,
+        or its hybrid-sharding group; "dpr" links the hybrid groups' replicas."""
         order, sizes = self.groups
         placed, collectives = strides(order, sizes), self.collectives
         links = {
@@ -439,9 +440,17 @@ class Job:
             for dim, size in sizes.items()
             if dim in placed
         }
-        weights = [placed[dim] for dim in ("cp", "ep", "dp") if dim in placed]
-        links["dp"] = self._link(min(weights), self.dp * self.cp, "ring")
+        # ZeRO's group: the first zero_group of the DP x CP ranks; hybrid sharding's replicas: one rank of
+        # each such group, zero_group times as far apart
+        inner, group = min(placed[dim] for dim in ("cp", "ep", "dp") if dim in placed), self.zero_group
+        links["dp"] = self._link(inner, group, NCCL_RING)
+        links["dpr"] = self._link(inner * group, self.dp * self.cp // group, NCCL_RING)
         return links
+
+    @property
+    def zero_group(self) -> int:
+        """Ranks ZeRO shards over: DP x CP, or the hybrid-sharding group (``--zero-shard``)."""
+        return self.setup.zero_group(self.dp * self.cp)
 
     def _link(self, stride: int, size: int, collective: str) -> LinkBinding:
         key = (stride, size, collective)
@@ -604,8 +613,29 @@ def make_job(
         _profile=profile,
     )
     _check_step(job)
+    _check_sharding(job)
     _refuse_unused(job, declared)
     return job
+
+
+def _check_sharding(job: Job) -> None:
+    """Hybrid sharding shards ZeRO's states over groups of DP x CP ranks: a stage that shards, groups that
+    tile DP x CP, a dense model (an MoE model's experts shard over their own groups, not modelled here)."""
+    shard, weights = job.setup.zero_shard, job.dp * job.cp
+    if shard is None:
+        return
+    if job.setup.zero == 0:
+        raise InputError(
+            "--zero-shard", "shards ZeRO's states; --zero 0 shards nothing: give --zero 1, 2 or 3"
+        )
+    if weights % shard:
+        raise InputError(
+            "--zero-shard", f"{shard} must divide the {weights} ranks holding the same weights (DP x CP)"
+        )
+    if job.model.experts:
+        raise InputError(
+            "--zero-shard", f"hybrid sharding of an MoE model ({job.model.name}) is not modelled"
+        )
 
 
 def _check_schemes(framework: FrameworkProfile) -> None:

@@ -1424,47 +1424,53 @@ def device_params(*, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, 
     return (H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x3*(h + 2*n_kv) - H*h*(_x3 - d_v*m_la) - _x2 + m_la*(H*_x1 - H*_x4*(c_q - 1) + _x0*(H + _x4) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x2 + m_la*(_x0 + r_kv))))/(pp*t)
 
 
-def dp_comm_s(*, B_dp, D, F_ffn, H, N, V, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_L, n_bkt, n_kv, p_g, pp, r_kv, r_q, t, z3):
-    """tau_DP = (B_dp*D*N*a_dp*n_bkt*pp*t - f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*D*N*pp*t): gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) of the parameters that train over the D·N ranks holding the same weights (DP x CP), one call per gradient bucket; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter. No latency per ring step: across many nodes NCCL reduces small buckets over trees, log D steps [s] ([ZeRO §5])."""
+def dp_comm_s(*, B_dp, B_dpr, D, F_ffn, H, N, V, Z_s, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_L, n_bkt, n_kv, p_g, pp, r_kv, r_q, t, z3):
+    """tau_DP = (B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*pp*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*B_dpr*D*N*Z_s*pp*t): gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) of the parameters that train over the Z_s ranks ZeRO shards over (all D·N of DP x CP unless sharding is hybrid), and the all-reduce of each shard across the D·N/Z_s hybrid groups, one call per gradient bucket; under ZeRO-3 the gathers are counted per layer instead, leaving the reduce-scatter. No latency per ring step: across many nodes NCCL reduces small buckets over trees, log D steps [s] ([ZeRO §5])."""
     _x0 = D*N
-    _x1 = c_q*r_q
-    _x2 = d_r + r_kv
-    _x3 = H*m_la*(_x1 + _x2)
-    _x4 = d*(m_la - 1)
-    _x5 = d_qk*h
-    return (B_dp*_x0*a_dp*n_bkt*pp*t - f_tr*p_g*(_x0 - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x4*(h + 2*n_kv) - H*h*(_x4 - d_v*m_la) - _x3 + m_la*(H*_x2 - H*_x5*(c_q - 1) + _x1*(H + _x5) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x3 + m_la*(_x1 + r_kv)))))/(B_dp*D*N*pp*t)
+    _x1 = B_dpr*_x0
+    _x2 = c_q*r_q
+    _x3 = d_r + r_kv
+    _x4 = H*m_la*(_x2 + _x3)
+    _x5 = d*(m_la - 1)
+    _x6 = d_qk*h
+    _x7 = f_tr*p_g*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x5*(h + 2*n_kv) - H*h*(_x5 - d_v*m_la) - _x4 + m_la*(H*_x3 - H*_x6*(c_q - 1) + _x2*(H + _x6) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x4 + m_la*(_x2 + r_kv))))
+    return (B_dp*Z_s*_x1*a_dp*n_bkt*pp*t + 2*B_dp*_x7*(-Z_s + _x0) - _x1*_x7*(Z_s - 1)*(z3 - 2))/(B_dp*B_dpr*D*N*Z_s*pp*t)
 
 
-def dp_exposed_s(*, B_dp, D, F_ffn, H, N, V, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_L, n_bkt, n_kv, o_dp, p_g, pp, r_kv, r_q, t, z3):
-    """x_DP = (n_bkt*(1 - o_dp) + o_dp)*(B_dp*D*N*a_dp*n_bkt*pp*t - f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*D*N*n_bkt*pp*t): the gradient reduction after the backward ends: the last bucket of the overlapped share o_dp, and all the rest (Megatron reduces after the backward unless told to overlap) [s] (PyTorch DDP, [Megatron21 §5])."""
+def dp_exposed_s(*, B_dp, B_dpr, D, F_ffn, H, N, V, Z_s, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_L, n_bkt, n_kv, o_dp, p_g, pp, r_kv, r_q, t, z3):
+    """x_DP = (n_bkt*(1 - o_dp) + o_dp)*(B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*pp*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*B_dpr*D*N*Z_s*n_bkt*pp*t): the gradient reduction after the backward ends: the last bucket of the overlapped share o_dp, and all the rest (Megatron reduces after the backward unless told to overlap) [s] (PyTorch DDP, [Megatron21 §5])."""
     _x0 = D*N
-    _x1 = c_q*r_q
-    _x2 = d_r + r_kv
-    _x3 = H*m_la*(_x1 + _x2)
-    _x4 = d*(m_la - 1)
-    _x5 = d_qk*h
-    return (n_bkt*(1 - o_dp) + o_dp)*(B_dp*_x0*a_dp*n_bkt*pp*t - f_tr*p_g*(_x0 - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x4*(h + 2*n_kv) - H*h*(_x4 - d_v*m_la) - _x3 + m_la*(H*_x2 - H*_x5*(c_q - 1) + _x1*(H + _x5) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x3 + m_la*(_x1 + r_kv)))))/(B_dp*D*N*n_bkt*pp*t)
+    _x1 = B_dpr*_x0
+    _x2 = c_q*r_q
+    _x3 = d_r + r_kv
+    _x4 = H*m_la*(_x2 + _x3)
+    _x5 = d*(m_la - 1)
+    _x6 = d_qk*h
+    _x7 = f_tr*p_g*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x5*(h + 2*n_kv) - H*h*(_x5 - d_v*m_la) - _x4 + m_la*(H*_x3 - H*_x6*(c_q - 1) + _x2*(H + _x6) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x4 + m_la*(_x2 + r_kv))))
+    return (n_bkt*(1 - o_dp) + o_dp)*(B_dp*Z_s*_x1*a_dp*n_bkt*pp*t + 2*B_dp*_x7*(-Z_s + _x0) - _x1*_x7*(Z_s - 1)*(z3 - 2))/(B_dp*B_dpr*D*N*Z_s*n_bkt*pp*t)
 
 
-def dp_overflow_s(*, B_dp, D, F_ffn, H, N, V, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_L, n_bkt, n_kv, o_dp, p_g, pp, r_kv, r_q, t, z3):
-    """x_DP_over = o_dp*(n_bkt - 1)*(B_dp*D*N*a_dp*n_bkt*pp*t - f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*D*N*n_bkt*pp*t): the other buckets' reduction, to be compared with the last micro-batch's backward that hides it [s] (PyTorch DDP)."""
+def dp_overflow_s(*, B_dp, B_dpr, D, F_ffn, H, N, V, Z_s, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_L, n_bkt, n_kv, o_dp, p_g, pp, r_kv, r_q, t, z3):
+    """x_DP_over = o_dp*(n_bkt - 1)*(B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*pp*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*B_dpr*D*N*Z_s*n_bkt*pp*t): the other buckets' reduction, to be compared with the last micro-batch's backward that hides it [s] (PyTorch DDP)."""
     _x0 = D*N
-    _x1 = c_q*r_q
-    _x2 = d_r + r_kv
-    _x3 = H*m_la*(_x1 + _x2)
-    _x4 = d*(m_la - 1)
-    _x5 = d_qk*h
-    return o_dp*(n_bkt - 1)*(B_dp*_x0*a_dp*n_bkt*pp*t - f_tr*p_g*(_x0 - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x4*(h + 2*n_kv) - H*h*(_x4 - d_v*m_la) - _x3 + m_la*(H*_x2 - H*_x5*(c_q - 1) + _x1*(H + _x5) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x3 + m_la*(_x1 + r_kv)))))/(B_dp*D*N*n_bkt*pp*t)
+    _x1 = B_dpr*_x0
+    _x2 = c_q*r_q
+    _x3 = d_r + r_kv
+    _x4 = H*m_la*(_x2 + _x3)
+    _x5 = d*(m_la - 1)
+    _x6 = d_qk*h
+    _x7 = f_tr*p_g*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x5*(h + 2*n_kv) - H*h*(_x5 - d_v*m_la) - _x4 + m_la*(H*_x3 - H*_x6*(c_q - 1) + _x2*(H + _x6) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x4 + m_la*(_x2 + r_kv))))
+    return o_dp*(n_bkt - 1)*(B_dp*Z_s*_x1*a_dp*n_bkt*pp*t + 2*B_dp*_x7*(-Z_s + _x0) - _x1*_x7*(Z_s - 1)*(z3 - 2))/(B_dp*B_dpr*D*N*Z_s*n_bkt*pp*t)
 
 
-def zero3_gather_s(*, B_dp, D, F_ffn, H, N, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_kv, p, pp, r_kv, r_q, t, z3):
-    """tau_Z3 = 2*p*z3*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(B_dp*D*N*pp*t): ZeRO-3 parameter all-gathers over DP x CP of one micro-batch (forward and backward), hidden by prefetch [s] ([ZeRO §5.3])."""
+def zero3_gather_s(*, B_dp, F_ffn, H, V, Z_s, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_L, n_kv, p, pp, r_kv, r_q, t, z3):
+    """tau_Z3 = 2*p*z3*(Z_s - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv))))/(B_dp*Z_s*pp*t): ZeRO-3 parameter all-gathers of one micro-batch (forward and backward) over the Z_s ranks ZeRO shards over, hidden by prefetch [s] ([ZeRO §5.3])."""
     _x0 = c_q*r_q
     _x1 = d_r + r_kv
     _x2 = H*m_la*(_x0 + _x1)
     _x3 = d*(m_la - 1)
     _x4 = d_qk*h
-    return 2*p*z3*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x3*(h + 2*n_kv) - H*h*(_x3 - d_v*m_la) - _x2 + m_la*(H*_x1 - H*_x4*(c_q - 1) + _x0*(H + _x4) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x2 + m_la*(_x0 + r_kv))))/(B_dp*D*N*pp*t)
+    return 2*p*z3*(Z_s - 1)*(H*V*e_m + H*t + n_L*(F_ffn*H*(g + 2) - H*_x3*(h + 2*n_kv) - H*h*(_x3 - d_v*m_la) - _x2 + m_la*(H*_x1 - H*_x4*(c_q - 1) + _x0*(H + _x4) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x2 + m_la*(_x0 + r_kv))))/(B_dp*Z_s*pp*t)
 
 
 def optimizer_s(*, B_hbm, F_ffn, H, V, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, k_opt, m_la, n_L, n_kv, o_opt, pp, r_kv, r_q, t, z_o):
@@ -2842,92 +2848,99 @@ def moe_n_min_memory(*, C_f, E_p, F_dn, F_ffn, F_sh, H, M_dev, M_fw, S, T_c, V, 
     return _x0*(o_act*(_x1*_x69*_x71 + _x80) + (1 - o_act)*ops.select([_x26,True], [_x24*_x82 + _x80 + _x81,ops.maximum(ops.maximum(_x80 + _x82*n_last*ops.select([_x84,True], [1,_x85*ops.minimum(_x86, _x87 + 1)], default=ops.nan), _x79 + _x82*n_mid*ops.select([_x84,True], [ops.minimum(_x83, m_mb),_x85*ops.minimum(_x86, _x87 + 2*pp - 3)], default=ops.nan)), _x79 + (-_x27*_x82 + _x81)*ops.select([_x84,True], [ops.minimum(m_mb, pp),_x85*ops.minimum(_x86, _x83 + pp*v_pp)], default=ops.nan))], default=ops.nan))/(M_dev - M_fw - _x0*(_x28*_x40 + _x34*_x40 + _x38*(f_pf + 1)*(_x20*_x22 + _x21) + _x38*(_x18*f_pf + _x41)) - _x19*q_c - _x28*_x29*ops.minimum(1, E_p*z_o) - _x28*q_w*ops.minimum(1, E_p*z_w) - _x29*_x34*f_tr*z_o*(1 - o_opt) - _x35*q_w*z_w*(-f_b + f_tr + 1) - g_p*(_x28*q_g*ops.minimum(1, E_p*z_g) + f_tr*(_x19*q_g + _x35*q_g*z_g)))
 
 
-def moe_dp_comm_s(*, B_dp, D, E_p, F_dn, F_ffn, F_sh, H, N, V, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_E, n_L, n_bkt, n_dn, n_first, n_kv, n_last, n_mid, p_g, pp, r_kv, r_q, t, z3):
-    """tau_DP_moe = Piecewise(((B_dp*D*N*a_dp*n_bkt*t - f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*t), Eq(pp, 1)), ((B_dp*D*N*a_dp*n_bkt*pp*t - f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*pp*t), True)): gradient reduction of an MoE model: its dense part (the dense layers' MLPs too) over the D·N ranks holding the same weights (DP x CP), each expert's over the D·N/E_p ranks that hold it [s] ([ZeRO §5], [GShard §2])."""
-    _x0 = g + 2
-    _x1 = H*_x0
-    _x2 = D*N
-    _x3 = f_tr*(_x2 - 1)
-    _x4 = _x1*_x3*n_dn*(F_dn - F_sh)
-    _x5 = t**(-1.0)
-    _x6 = H*_x5*n_E*(E_p*t + F_ffn*_x0)/E_p
-    _x7 = _x6*n_mid
-    _x8 = t*(-E_p + _x2)
-    _x9 = p_g*(z3 - 2)
-    _x10 = c_q*r_q
-    _x11 = d_r + r_kv
-    _x12 = H*m_la*(_x10 + _x11)
-    _x13 = d*(m_la - 1)
-    _x14 = d_qk*h
-    _x15 = _x3*_x9*(H*V*e_m + H*t + n_L*(F_sh*_x1 - H*_x13*(h + 2*n_kv) - H*h*(_x13 - d_v*m_la) - _x12 + m_la*(H*_x11 - H*_x14*(c_q - 1) + _x10*(H + _x14) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x12 + m_la*(_x10 + r_kv))))
-    _x16 = _x5/(B_dp*D*N)
-    return ops.select([ops.equal(pp, 1),True], [_x16*(B_dp*D*N*a_dp*n_bkt*t - _x15 - _x9*(_x4 + _x8*ops.maximum(_x7, _x6*(n_L - n_dn)))),_x16*(B_dp*D*N*a_dp*n_bkt*pp*t - _x15 - _x9*(_x4 + _x8*pp*ops.maximum(ops.maximum(_x7, _x6*n_last), -_x6*(n_dn - n_first))))/pp], default=ops.nan)
-
-
-def moe_dp_exposed_s(*, B_dp, D, E_p, F_dn, F_ffn, F_sh, H, N, V, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_E, n_L, n_bkt, n_dn, n_first, n_kv, n_last, n_mid, o_dp, p_g, pp, r_kv, r_q, t, z3):
-    """x_DP_moe = Piecewise(((n_bkt*(o_dp - 1) - o_dp)*(-B_dp*D*N*a_dp*n_bkt*t + f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*n_bkt*t), Eq(pp, 1)), ((n_bkt*(o_dp - 1) - o_dp)*(-B_dp*D*N*a_dp*n_bkt*pp*t + f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*n_bkt*pp*t), True)): the gradient reduction of an MoE model after the backward ends (as dp_exposed_s) [s] (PyTorch DDP, [Megatron21 §5])."""
+def moe_dp_comm_s(*, B_dp, B_dpr, D, E_p, F_dn, F_ffn, F_sh, H, N, V, Z_s, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_E, n_L, n_bkt, n_dn, n_first, n_kv, n_last, n_mid, p_g, pp, r_kv, r_q, t, z3):
+    """tau_DP_moe = Piecewise(((B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*Z_s*p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*B_dpr*D*N*Z_s*t), Eq(pp, 1)), ((B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*pp*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*Z_s*p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*B_dpr*D*N*Z_s*pp*t), True)): gradient reduction of an MoE model: its dense part (the dense layers' MLPs too) over the D·N ranks holding the same weights (DP x CP), each expert's over the D·N/E_p ranks that hold it [s] ([ZeRO §5], [GShard §2])."""
     _x0 = D*N
-    _x1 = B_dp*_x0*a_dp*n_bkt*t
-    _x2 = g + 2
-    _x3 = H*_x2
-    _x4 = f_tr*(_x0 - 1)
-    _x5 = _x3*_x4*n_dn*(F_dn - F_sh)
-    _x6 = t**(-1.0)
-    _x7 = H*_x6*n_E*(E_p*t + F_ffn*_x2)/E_p
-    _x8 = _x7*n_mid
-    _x9 = t*(-E_p + _x0)
-    _x10 = p_g*(z3 - 2)
-    _x11 = c_q*r_q
-    _x12 = d_r + r_kv
-    _x13 = H*m_la*(_x11 + _x12)
-    _x14 = d*(m_la - 1)
-    _x15 = d_qk*h
-    _x16 = _x10*_x4*(H*V*e_m + H*t + n_L*(F_sh*_x3 - H*_x14*(h + 2*n_kv) - H*h*(_x14 - d_v*m_la) - _x13 + m_la*(H*_x12 - H*_x15*(c_q - 1) + _x11*(H + _x15) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x13 + m_la*(_x11 + r_kv))))
-    _x17 = _x6*(n_bkt*(o_dp - 1) - o_dp)/(B_dp*D*N*n_bkt)
-    return ops.select([ops.equal(pp, 1),True], [_x17*(-_x1 + _x10*(_x5 + _x9*ops.maximum(_x8, _x7*(n_L - n_dn))) + _x16),_x17*(-_x1*pp + _x10*(_x5 + _x9*pp*ops.maximum(ops.maximum(_x8, _x7*n_last), -_x7*(n_dn - n_first))) + _x16)/pp], default=ops.nan)
-
-
-def moe_dp_overflow_s(*, B_dp, D, E_p, F_dn, F_ffn, F_sh, H, N, V, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_E, n_L, n_bkt, n_dn, n_first, n_kv, n_last, n_mid, o_dp, p_g, pp, r_kv, r_q, t, z3):
-    """x_DP_over_moe = Piecewise((-o_dp*(n_bkt - 1)*(-B_dp*D*N*a_dp*n_bkt*t + f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*n_bkt*t), Eq(pp, 1)), (-o_dp*(n_bkt - 1)*(-B_dp*D*N*a_dp*n_bkt*pp*t + f_tr*p_g*(z3 - 2)*(D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*n_bkt*pp*t), True)): the other buckets' reduction of an MoE model, to be compared with the backward that hides it [s] (PyTorch DDP)."""
-    _x0 = D*N
-    _x1 = B_dp*_x0*a_dp*n_bkt*t
-    _x2 = g + 2
-    _x3 = H*_x2
-    _x4 = f_tr*(_x0 - 1)
-    _x5 = _x3*_x4*n_dn*(F_dn - F_sh)
-    _x6 = t**(-1.0)
-    _x7 = H*_x6*n_E*(E_p*t + F_ffn*_x2)/E_p
-    _x8 = _x7*n_mid
-    _x9 = t*(-E_p + _x0)
-    _x10 = p_g*(z3 - 2)
-    _x11 = c_q*r_q
-    _x12 = d_r + r_kv
-    _x13 = H*m_la*(_x11 + _x12)
-    _x14 = d*(m_la - 1)
-    _x15 = d_qk*h
-    _x16 = _x10*_x4*(H*V*e_m + H*t + n_L*(F_sh*_x3 - H*_x14*(h + 2*n_kv) - H*h*(_x14 - d_v*m_la) - _x13 + m_la*(H*_x12 - H*_x15*(c_q - 1) + _x11*(H + _x15) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x13 + m_la*(_x11 + r_kv))))
-    _x17 = _x6*o_dp*(n_bkt - 1)/(B_dp*D*N*n_bkt)
-    return ops.select([ops.equal(pp, 1),True], [-_x17*(-_x1 + _x10*(_x5 + _x9*ops.maximum(_x8, _x7*(n_L - n_dn))) + _x16),-_x17*(-_x1*pp + _x10*(_x5 + _x9*pp*ops.maximum(ops.maximum(_x8, _x7*n_last), -_x7*(n_dn - n_first))) + _x16)/pp], default=ops.nan)
-
-
-def moe_zero3_gather_s(*, B_dp, D, E_p, F_dn, F_ffn, F_sh, H, N, V, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_E, n_L, n_dn, n_first, n_kv, n_last, n_mid, p, pp, r_kv, r_q, t, z3):
-    """tau_Z3_moe = Piecewise((2*p*z3*(H*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t)) + (D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*D*N*t), Eq(pp, 1)), (2*p*z3*(H*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t)) + (D*N - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))))/(B_dp*D*N*pp*t), True)): ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over the D·N ranks of DP x CP, the experts over D·N/E_p [s] ([ZeRO §5.3], [GShard §2])."""
-    _x0 = t**(-1.0)
     _x1 = g + 2
-    _x2 = H*_x0*n_E*(E_p*t + F_ffn*_x1)/E_p
-    _x3 = _x2*n_mid
-    _x4 = D*N
-    _x5 = t*(-E_p + _x4)
-    _x6 = _x4 - 1
-    _x7 = H*_x1
+    _x2 = H*_x1
+    _x3 = _x2*f_tr*n_dn*(F_dn - F_sh)*(_x0 - 1)
+    _x4 = t**(-1.0)
+    _x5 = H*_x4*n_E*(E_p*t + F_ffn*_x1)/E_p
+    _x6 = _x5*n_mid
+    _x7 = t*(-E_p + _x0)
+    _x8 = B_dpr*Z_s
+    _x9 = p_g*(z3 - 2)
+    _x10 = _x8*_x9
+    _x11 = B_dp*_x0*_x8*a_dp*n_bkt*t
+    _x12 = c_q*r_q
+    _x13 = d_r + r_kv
+    _x14 = H*m_la*(_x12 + _x13)
+    _x15 = d*(m_la - 1)
+    _x16 = d_qk*h
+    _x17 = f_tr*(H*V*e_m + H*t + n_L*(F_sh*_x2 - H*_x15*(h + 2*n_kv) - H*h*(_x15 - d_v*m_la) - _x14 + m_la*(H*_x13 - H*_x16*(c_q - 1) + _x12*(H + _x16) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x14 + m_la*(_x12 + r_kv))))
+    _x18 = 2*B_dp*_x17*p_g*(-Z_s + _x0) - B_dpr*_x0*_x17*_x9*(Z_s - 1)
+    _x19 = _x4/(B_dp*B_dpr*D*N*Z_s)
+    return ops.select([ops.equal(pp, 1),True], [_x19*(-_x10*(_x3 + _x7*ops.maximum(_x6, _x5*(n_L - n_dn))) + _x11 + _x18),_x19*(-_x10*(_x3 + _x7*pp*ops.maximum(ops.maximum(_x6, _x5*n_last), -_x5*(n_dn - n_first))) + _x11*pp + _x18)/pp], default=ops.nan)
+
+
+def moe_dp_exposed_s(*, B_dp, B_dpr, D, E_p, F_dn, F_ffn, F_sh, H, N, V, Z_s, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_E, n_L, n_bkt, n_dn, n_first, n_kv, n_last, n_mid, o_dp, p_g, pp, r_kv, r_q, t, z3):
+    """x_DP_moe = Piecewise((-(n_bkt*(o_dp - 1) - o_dp)*(B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*Z_s*p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*B_dpr*D*N*Z_s*n_bkt*t), Eq(pp, 1)), (-(n_bkt*(o_dp - 1) - o_dp)*(B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*pp*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*Z_s*p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*B_dpr*D*N*Z_s*n_bkt*pp*t), True)): the gradient reduction of an MoE model after the backward ends (as dp_exposed_s) [s] (PyTorch DDP, [Megatron21 §5])."""
+    _x0 = D*N
+    _x1 = g + 2
+    _x2 = H*_x1
+    _x3 = _x2*f_tr*n_dn*(F_dn - F_sh)*(_x0 - 1)
+    _x4 = t**(-1.0)
+    _x5 = H*_x4*n_E*(E_p*t + F_ffn*_x1)/E_p
+    _x6 = _x5*n_mid
+    _x7 = t*(-E_p + _x0)
+    _x8 = B_dpr*Z_s
+    _x9 = p_g*(z3 - 2)
+    _x10 = _x8*_x9
+    _x11 = B_dp*_x0*_x8*a_dp*n_bkt*t
+    _x12 = c_q*r_q
+    _x13 = d_r + r_kv
+    _x14 = H*m_la*(_x12 + _x13)
+    _x15 = d*(m_la - 1)
+    _x16 = d_qk*h
+    _x17 = f_tr*(H*V*e_m + H*t + n_L*(F_sh*_x2 - H*_x15*(h + 2*n_kv) - H*h*(_x15 - d_v*m_la) - _x14 + m_la*(H*_x13 - H*_x16*(c_q - 1) + _x12*(H + _x16) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x14 + m_la*(_x12 + r_kv))))
+    _x18 = 2*B_dp*_x17*p_g*(-Z_s + _x0) - B_dpr*_x0*_x17*_x9*(Z_s - 1)
+    _x19 = _x4*(n_bkt*(o_dp - 1) - o_dp)/(B_dp*B_dpr*D*N*Z_s*n_bkt)
+    return ops.select([ops.equal(pp, 1),True], [-_x19*(-_x10*(_x3 + _x7*ops.maximum(_x6, _x5*(n_L - n_dn))) + _x11 + _x18),-_x19*(-_x10*(_x3 + _x7*pp*ops.maximum(ops.maximum(_x6, _x5*n_last), -_x5*(n_dn - n_first))) + _x11*pp + _x18)/pp], default=ops.nan)
+
+
+def moe_dp_overflow_s(*, B_dp, B_dpr, D, E_p, F_dn, F_ffn, F_sh, H, N, V, Z_s, a_dp, c_q, d, d_qk, d_r, d_v, e_m, f_tr, g, h, m_la, n_E, n_L, n_bkt, n_dn, n_first, n_kv, n_last, n_mid, o_dp, p_g, pp, r_kv, r_q, t, z3):
+    """x_DP_over_moe = Piecewise((o_dp*(n_bkt - 1)*(B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*Z_s*p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*B_dpr*D*N*Z_s*n_bkt*t), Eq(pp, 1)), (o_dp*(n_bkt - 1)*(B_dp*B_dpr*D*N*Z_s*a_dp*n_bkt*pp*t + 2*B_dp*f_tr*p_g*(D*N - Z_s)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*D*N*f_tr*p_g*(Z_s - 1)*(z3 - 2)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) - B_dpr*Z_s*p_g*(z3 - 2)*(H*f_tr*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*B_dpr*D*N*Z_s*n_bkt*pp*t), True)): the other buckets' reduction of an MoE model, to be compared with the backward that hides it [s] (PyTorch DDP)."""
+    _x0 = D*N
+    _x1 = g + 2
+    _x2 = H*_x1
+    _x3 = _x2*f_tr*n_dn*(F_dn - F_sh)*(_x0 - 1)
+    _x4 = t**(-1.0)
+    _x5 = H*_x4*n_E*(E_p*t + F_ffn*_x1)/E_p
+    _x6 = _x5*n_mid
+    _x7 = t*(-E_p + _x0)
+    _x8 = B_dpr*Z_s
+    _x9 = p_g*(z3 - 2)
+    _x10 = _x8*_x9
+    _x11 = B_dp*_x0*_x8*a_dp*n_bkt*t
+    _x12 = c_q*r_q
+    _x13 = d_r + r_kv
+    _x14 = H*m_la*(_x12 + _x13)
+    _x15 = d*(m_la - 1)
+    _x16 = d_qk*h
+    _x17 = f_tr*(H*V*e_m + H*t + n_L*(F_sh*_x2 - H*_x15*(h + 2*n_kv) - H*h*(_x15 - d_v*m_la) - _x14 + m_la*(H*_x13 - H*_x16*(c_q - 1) + _x12*(H + _x16) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x14 + m_la*(_x12 + r_kv))))
+    _x18 = 2*B_dp*_x17*p_g*(-Z_s + _x0) - B_dpr*_x0*_x17*_x9*(Z_s - 1)
+    _x19 = _x4*o_dp*(n_bkt - 1)/(B_dp*B_dpr*D*N*Z_s*n_bkt)
+    return ops.select([ops.equal(pp, 1),True], [_x19*(-_x10*(_x3 + _x7*ops.maximum(_x6, _x5*(n_L - n_dn))) + _x11 + _x18),_x19*(-_x10*(_x3 + _x7*pp*ops.maximum(ops.maximum(_x6, _x5*n_last), -_x5*(n_dn - n_first))) + _x11*pp + _x18)/pp], default=ops.nan)
+
+
+def moe_zero3_gather_s(*, B_dp, D, E_p, F_dn, F_ffn, F_sh, H, N, V, Z_s, c_q, d, d_qk, d_r, d_v, e_m, g, h, m_la, n_E, n_L, n_dn, n_first, n_kv, n_last, n_mid, p, pp, r_kv, r_q, t, z3):
+    """tau_Z3_moe = Piecewise((2*p*z3*(D*N*(Z_s - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + Z_s*(H*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + t*(D*N - E_p)*Max(H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*(n_L - n_dn)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*Z_s*t), Eq(pp, 1)), (2*p*z3*(D*N*(Z_s - 1)*(H*V*e_m + H*t + n_L*(F_sh*H*(g + 2) - H*d*(h + 2*n_kv)*(m_la - 1) - H*h*(d*(m_la - 1) - d_v*m_la) - H*m_la*(c_q*r_q + d_r + r_kv) + m_la*(-H*d_qk*h*(c_q - 1) + H*(d_r + r_kv) + c_q*r_q*(H + d_qk*h) + h*r_kv*(d_qk - d_r + d_v)) + t*(H*m_la*(c_q*r_q + d_r + r_kv) + 2*H + m_la*(c_q*r_q + r_kv)))) + Z_s*(H*n_dn*(F_dn - F_sh)*(g + 2)*(D*N - 1) + pp*t*(D*N - E_p)*Max(H*n_E*n_last*(E_p*t + F_ffn*(g + 2))/(E_p*t), H*n_E*n_mid*(E_p*t + F_ffn*(g + 2))/(E_p*t), -H*n_E*(n_dn - n_first)*(E_p*t + F_ffn*(g + 2))/(E_p*t))))/(B_dp*D*N*Z_s*pp*t), True)): ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over the D·N ranks of DP x CP, the experts over D·N/E_p [s] ([ZeRO §5.3], [GShard §2])."""
+    _x0 = D*N
+    _x1 = g + 2
+    _x2 = H*_x1
+    _x3 = _x2*n_dn*(F_dn - F_sh)*(_x0 - 1)
+    _x4 = t**(-1.0)
+    _x5 = H*_x4*n_E*(E_p*t + F_ffn*_x1)/E_p
+    _x6 = _x5*n_mid
+    _x7 = t*(-E_p + _x0)
     _x8 = c_q*r_q
     _x9 = d_r + r_kv
     _x10 = H*m_la*(_x8 + _x9)
     _x11 = d*(m_la - 1)
     _x12 = d_qk*h
-    _x13 = _x6*_x7*n_dn*(F_dn - F_sh) + _x6*(H*V*e_m + H*t + n_L*(F_sh*_x7 - H*_x11*(h + 2*n_kv) - H*h*(_x11 - d_v*m_la) - _x10 + m_la*(-H*_x12*(c_q - 1) + H*_x9 + _x8*(H + _x12) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x10 + m_la*(_x8 + r_kv))))
-    _x14 = 2*_x0*p*z3/(B_dp*D*N)
-    return ops.select([ops.equal(pp, 1),True], [_x14*(_x13 + _x5*ops.maximum(_x3, _x2*(n_L - n_dn))),_x14*(_x13 + _x5*pp*ops.maximum(ops.maximum(_x3, _x2*n_last), -_x2*(n_dn - n_first)))/pp], default=ops.nan)
+    _x13 = _x0*(Z_s - 1)*(H*V*e_m + H*t + n_L*(F_sh*_x2 - H*_x11*(h + 2*n_kv) - H*h*(_x11 - d_v*m_la) - _x10 + m_la*(-H*_x12*(c_q - 1) + H*_x9 + _x8*(H + _x12) + h*r_kv*(d_qk - d_r + d_v)) + t*(2*H + _x10 + m_la*(_x8 + r_kv))))
+    _x14 = 2*_x4*p*z3/(B_dp*D*N*Z_s)
+    return ops.select([ops.equal(pp, 1),True], [_x14*(Z_s*(_x3 + _x7*ops.maximum(_x6, _x5*(n_L - n_dn))) + _x13),_x14*(Z_s*(_x3 + _x7*pp*ops.maximum(ops.maximum(_x6, _x5*n_last), -_x5*(n_dn - n_first))) + _x13)/pp], default=ops.nan)
 
 
 def layer_gemm_s(*, F_ffn, F_gemm, F_gemm_b, H, N, S, b, c_q, d, d_qk, d_r, d_v, f_b, g, h, m_la, n_kv, r_kv, r_q, t):
@@ -3773,10 +3786,10 @@ ARGS = {
     'pipeline_bubble_s': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'n_L', 'n_first', 'n_last', 'n_mid', 't', 't_lay', 'v_pp'),
     'pipeline_bubble_fraction': ('B_hbm', 'F_head', 'H', 'N', 'S', 'V', 'b', 'f_b', 'm_mb', 'n_L', 'n_first', 'n_last', 'n_mid', 't', 't_lay', 'v_pp'),
     'device_params': ('F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'pp', 'r_kv', 'r_q', 't'),
-    'dp_comm_s': ('B_dp', 'D', 'F_ffn', 'H', 'N', 'V', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
-    'dp_exposed_s': ('B_dp', 'D', 'F_ffn', 'H', 'N', 'V', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
-    'dp_overflow_s': ('B_dp', 'D', 'F_ffn', 'H', 'N', 'V', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
-    'zero3_gather_s': ('B_dp', 'D', 'F_ffn', 'H', 'N', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'p', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'dp_comm_s': ('B_dp', 'B_dpr', 'D', 'F_ffn', 'H', 'N', 'V', 'Z_s', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_L', 'n_bkt', 'n_kv', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'dp_exposed_s': ('B_dp', 'B_dpr', 'D', 'F_ffn', 'H', 'N', 'V', 'Z_s', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'dp_overflow_s': ('B_dp', 'B_dpr', 'D', 'F_ffn', 'H', 'N', 'V', 'Z_s', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_L', 'n_bkt', 'n_kv', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'zero3_gather_s': ('B_dp', 'F_ffn', 'H', 'V', 'Z_s', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'p', 'pp', 'r_kv', 'r_q', 't', 'z3'),
     'optimizer_s': ('B_hbm', 'F_ffn', 'H', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'k_opt', 'm_la', 'n_L', 'n_kv', 'o_opt', 'pp', 'r_kv', 'r_q', 't', 'z_o'),
     'model_flops_per_token': ('F_ffn', 'H', 'S', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_q'),
     'model_flops_per_token_causal': ('F_ffn', 'H', 'S', 'V', 'c', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_b', 'g', 'h', 'm_la', 'n_L', 'n_kv', 'r_kv', 'r_q'),
@@ -3863,10 +3876,10 @@ ARGS = {
     'moe_reserved_memory_bytes': ('C_f', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'M_cpb', 'N', 'S', 'T_c', 'V', 'b', 'c_gm', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'e_m', 'f_b', 'f_fe', 'f_fr', 'f_pf', 'f_tr', 'g', 'g_p', 'h', 'k_E', 'k_l', 'k_li', 'l_f', 'm_la', 'm_mb', 'n_E', 'n_L', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_opt', 'o_par', 'p', 'p_acc', 'phi', 'phi_u', 'pp', 'q_c', 'q_g', 'q_m', 'q_o', 'q_w', 'r_k', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_g', 'u_w', 'v_pp', 'w_op', 'x_ek', 'x_rep', 'z_g', 'z_o', 'z_w'),
     'moe_training_memory_bytes': ('C_f', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'M_cpb', 'M_fw', 'N', 'S', 'T_c', 'V', 'b', 'c_gm', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'e_m', 'f_b', 'f_fe', 'f_fr', 'f_pf', 'f_tr', 'g', 'g_p', 'h', 'k_E', 'k_l', 'k_li', 'l_f', 'm_la', 'm_mb', 'n_E', 'n_L', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_opt', 'o_par', 'p', 'p_acc', 'phi', 'phi_u', 'pp', 'q_c', 'q_g', 'q_m', 'q_o', 'q_w', 'r_k', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_g', 'u_w', 'v_pp', 'w_op', 'x_ek', 'x_rep', 'z_g', 'z_o', 'z_w'),
     'moe_n_min_memory': ('C_f', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'M_dev', 'M_fw', 'S', 'T_c', 'V', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'delta', 'e_m', 'f_b', 'f_fr', 'f_pf', 'f_tr', 'g', 'g_p', 'h', 'k_E', 'k_l', 'k_li', 'l_f', 'm_la', 'm_mb', 'n_E', 'n_L', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_act', 'o_opt', 'o_par', 'p', 'p_acc', 'phi_u', 'pp', 'q_c', 'q_g', 'q_m', 'q_o', 'q_w', 'r_k', 'r_kv', 'r_q', 'rho', 's_ag', 'sigma', 't', 'u_g', 'u_w', 'v_pp', 'w_op', 'x_ek', 'x_rep', 'z_g', 'z_o', 'z_w'),
-    'moe_dp_comm_s': ('B_dp', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_bkt', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
-    'moe_dp_exposed_s': ('B_dp', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_bkt', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
-    'moe_dp_overflow_s': ('B_dp', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_bkt', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
-    'moe_zero3_gather_s': ('B_dp', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'moe_dp_comm_s': ('B_dp', 'B_dpr', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'Z_s', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_bkt', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'moe_dp_exposed_s': ('B_dp', 'B_dpr', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'Z_s', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_bkt', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'moe_dp_overflow_s': ('B_dp', 'B_dpr', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'Z_s', 'a_dp', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'f_tr', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_bkt', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'o_dp', 'p_g', 'pp', 'r_kv', 'r_q', 't', 'z3'),
+    'moe_zero3_gather_s': ('B_dp', 'D', 'E_p', 'F_dn', 'F_ffn', 'F_sh', 'H', 'N', 'V', 'Z_s', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'e_m', 'g', 'h', 'm_la', 'n_E', 'n_L', 'n_dn', 'n_first', 'n_kv', 'n_last', 'n_mid', 'p', 'pp', 'r_kv', 'r_q', 't', 'z3'),
     'layer_gemm_s': ('F_ffn', 'F_gemm', 'F_gemm_b', 'H', 'N', 'S', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'r_kv', 'r_q', 't'),
     'layer_attn_s': ('B_hbm', 'F_attn', 'F_attn_bwd', 'N', 'S', 'b', 'c', 'd', 'h', 'k_sb', 'k_sf', 't', 'u_cp', 'x_att'),
     'layer_elementwise_s': ('B_hbm', 'F_ffn', 'H', 'N', 'S', 'a_d', 'a_f8', 'a_g', 'a_k', 'a_o', 'a_q', 'a_u', 'a_v', 'b', 'c_q', 'd', 'd_qk', 'd_r', 'd_v', 'f8', 'f_b', 'g', 'h', 'm_la', 'n_kv', 'p', 'p_s', 'r_kv', 'r_q', 'sigma', 't', 'x_eager', 'x_lf', 'x_rep'),

@@ -287,6 +287,14 @@ v_pp = _symbol(
     integer=True,
 )
 D = _symbol("D", "data-parallel degree", "devices", STEP, integer=True)
+Z_s = _symbol(
+    "Z_s",
+    "ranks ZeRO shards over: all of DP x CP, or under hybrid sharding a group of them, the states replicated "
+    "across the D·N/Z_s groups",
+    "devices",
+    STEP,
+    integer=True,
+)
 n_first = _symbol(
     "n_first", "layers on the first pipeline stage (all of them at pp = 1)", "layers", STEP, integer=True
 )
@@ -322,7 +330,19 @@ F_attn_bwd = _symbol(
 B_tp = _symbol("B_tp", "per-direction bandwidth of the TP group's link", "B/s", "hardware profile")
 B_cp = _symbol("B_cp", "per-direction bandwidth of the CP group's link", "B/s", "hardware profile")
 B_pp = _symbol("B_pp", "per-direction bandwidth between pipeline stages", "B/s", "hardware profile")
-B_dp = _symbol("B_dp", "per-direction bandwidth of the DP group's link", "B/s", "hardware profile")
+B_dp = _symbol(
+    "B_dp",
+    "per-direction bandwidth of the link of the ranks ZeRO shards over (DP x CP, or a hybrid-sharding group)",
+    "B/s",
+    "hardware profile",
+)
+B_dpr = _symbol(
+    "B_dpr",
+    "per-direction bandwidth of the link between hybrid-sharding groups, which all-reduce their shards of the "
+    "gradients",
+    "B/s",
+    "hardware profile",
+)
 B_cpa = _symbol(
     "B_cpa",
     "per-direction bandwidth of an all-to-all over the CP group (bisection-bound)",

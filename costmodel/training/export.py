@@ -31,8 +31,11 @@ TORCHTITAN_VERSION = "torchtitan v0.2.2"  # its last release read from TOML job 
 # the ring).
 
 
-def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: int) -> list[str]:
-    """The plan as arguments of Megatron-LM's ``pretrain_gpt.py`` (model shape and data flags left to the user)."""
+def megatron_arguments(
+    plan: dict[str, Any], seq: int, global_batch: int, zero: int, zero_shard: int | None = None
+) -> list[str]:
+    """The plan as arguments of Megatron-LM's ``pretrain_gpt.py`` (model shape and data flags left to the user);
+    hybrid sharding as the distributed optimizer's instances, one per group of ``zero_shard`` ranks."""
     args = [
         "--tensor-model-parallel-size",
         str(plan["tp"]),
@@ -76,9 +79,19 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
         plan["recompute"] == "selective"
     ):  # Megatron's default module for it is core_attn: the attention core
         args += ["--recompute-granularity", "selective"]
+    return args + _megatron_data_parallel(plan["dp"] * plan["cp"], zero, zero_shard)
+
+
+def _megatron_data_parallel(weights: int, zero: int, zero_shard: int | None) -> list[str]:
+    """The gradient reduction and the optimizer's sharding over the ``weights`` ranks holding the same weights
+    (DP x CP)."""
+    args = []
     if zero >= 1:  # the distributed optimizer shards optimizer states (and, reduce-scattered, gradients)
         args.append("--use-distributed-optimizer")
-    if plan["dp"] * plan["cp"] > 1:  # the step model hides all but the last gradient bucket
+        instances = weights // (zero_shard or weights)
+        if instances > 1:  # partial distributed optimizer: sharded in each group, replicated across them
+            args += ["--num-distributed-optimizer-instances", str(instances)]
+    if weights > 1:  # the step model hides all but the last gradient bucket
         args.append("--overlap-grad-reduce")
         if zero >= 1:
             args.append("--overlap-param-gather")
@@ -86,15 +99,24 @@ def megatron_arguments(plan: dict[str, Any], seq: int, global_batch: int, zero: 
 
 
 def torchtitan_tables(
-    plan: dict[str, Any], seq: int, global_batch: int, zero: int
+    plan: dict[str, Any], seq: int, global_batch: int, zero: int, zero_shard: int | None = None
 ) -> dict[str, dict[str, Any]]:
     """The plan as torchtitan job-file tables, by table name; FSDP (ZeRO-3) shards over DP when ``zero`` is 3, else DP
-    replicates (torchtitan has no ZeRO-1 or -2)."""
+    replicates (torchtitan has no ZeRO-1 or -2). FSDP shards over its dp_shard x CP mesh: hybrid sharding's
+    groups of ``zero_shard`` ranks are zero_shard / CP of DP (HSDP), replicated over the rest."""
     dp, shard = plan["dp"], zero == 3
     check_torchtitan_runs(plan, zero)
+    sharded = dp
+    if shard and zero_shard is not None:
+        if zero_shard % plan["cp"]:
+            raise InputError(
+                "--zero-shard",
+                f"{TORCHTITAN_VERSION}'s FSDP shards over its dp_shard x CP mesh: give a multiple of CP {plan['cp']}",
+            )
+        sharded = zero_shard // plan["cp"]
     parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": 1 if shard else dp,
-        "data_parallel_shard_degree": dp if shard else 1,
+        "data_parallel_replicate_degree": dp // sharded if shard else dp,
+        "data_parallel_shard_degree": sharded if shard else 1,
         "tensor_parallel_degree": plan["tp"],
         "pipeline_parallel_degree": plan["pp"],
         "context_parallel_degree": plan["cp"],

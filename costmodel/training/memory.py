@@ -77,7 +77,8 @@ def keeps(job: Job, columns: Mapping[str, Any]) -> dict[str, Any]:
     them for the step, and how many tokens' logits a chunked loss holds at once."""
     setup, m = job.setup, job.framework.memory
     tp, pp, rc = (np.asarray(columns[k]) for k in ("tp", "pp", "rc"))
-    z_w, z_g, z_o = zero_fractions(setup.zero, np.asarray(columns["dp"] * columns["cp"], dtype=float))
+    weights = np.asarray(columns["dp"] * columns["cp"], dtype=float)
+    z_w, z_g, z_o = zero_fractions(setup.zero, setup.zero_group(weights))
     autocast = setup.zero < 3 and m.compute_weights != m.weights  # a cast copy of each weight, cached
     reshard = {"always": False, "never": True, "unless-pp": pp > 1}[m.reshard_after_forward]
     sp = tp > 1 if setup.sequence_parallel is None else (tp > 1) & setup.sequence_parallel
@@ -396,8 +397,8 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
         "optimizer_kernel": framework.optimizer_kernel,
         "grad_buffer": framework.gradients_persist or fsdp or master is None,
         "zero": setup.zero,
-        "shard_group": setup.shard_group,
-        "expert_shard_group": setup.shard_group // job.step.ep if experts else 0,
+        "shard_group": job.zero_group,
+        "expert_shard_group": job.zero_group // job.step.ep if experts else 0,
         "fsdp": fsdp,
         "reshard_after_forward": pp_keeps,
         "recompute": setup.recompute,

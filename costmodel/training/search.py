@@ -26,6 +26,7 @@ from costmodel.core.errors import InputError
 from costmodel.core.units import seconds, si
 from costmodel.frameworks.profiles import FrameworkProfile
 from costmodel.machines.binding import Collective, LinkBinding, build_machine
+from costmodel.machines.topology import NCCL_RING
 from costmodel.plans import cp as registry
 from costmodel.plans.bind import call
 from costmodel.plans.cp import TRAINING
@@ -207,8 +208,13 @@ def enumerate_plans(
     levels = [r for r, name in enumerate(RECOMPUTE) if c.recompute is None or name == c.recompute]
     data = np.concatenate([np.column_stack([base, np.full(len(base), rc)]) for rc in levels])
     columns = {name: data[:, i] for i, name in enumerate((*STRUCTURE, "rc"))}
+    if job.setup.zero_shard is not None:  # hybrid sharding's groups tile DP x CP
+        tiled = (columns["dp"] * columns["cp"]) % job.setup.zero_shard == 0
+        columns = {name: column[tiled] for name, column in columns.items()}
     columns["gpus"] = columns["tp"] * columns["cp"] * columns["pp"] * columns["dp"]
-    columns["pair"] = np.full(len(data), -1, dtype=np.int64)  # each row stands for its shape's valid pairs
+    columns["pair"] = np.full(
+        len(columns["tp"]), -1, dtype=np.int64
+    )  # each row stands for its shape's valid pairs
     layouts = Table(columns, pairs, model.kv_heads, global_batch)
     return (with_pairs(layouts, shape_pairs, job, c.tp_comm_overlap) if expand else layouts), shape_pairs
 
@@ -495,8 +501,13 @@ def evaluate_table(table: Table, job: Job, shapes: _Shapes | None = None) -> dic
         **_kept_columns(c, job),
         "n_h": np.minimum(offload.devices_per_host(machine), c["gpus"]).astype(float),
     }
-    # the ranks holding the same weights, DP x CP (and EP inside DP): the group gradients reduce over
-    v["B_dp"], v["a_dp"] = shapes.links_of(c["tp"], c["dp"] * c["cp"], "ring", "bandwidth", "call_latency_s")
+    # the ranks holding the same weights, DP x CP (EP inside DP): ZeRO's group, or hybrid sharding's and
+    # the link between its replicas, as Job.links places them
+    weights = c["dp"] * c["cp"]
+    group = np.broadcast_to(job.setup.zero_group(weights), weights.shape)
+    v["Z_s"] = group.astype(float)
+    v["B_dp"], v["a_dp"] = shapes.links_of(c["tp"], group, NCCL_RING, "bandwidth", "call_latency_s")
+    (v["B_dpr"],) = shapes.links_of(c["tp"] * group, weights // group, NCCL_RING, "bandwidth")
     if model.experts:  # EP inside DP, next to CP (tp-cp-ep-dp-pp): its all-to-all over those ranks
         v["E_p"] = c["ep"].astype(float)
         (v["B_ep"],) = shapes.links_of(c["tp"] * c["cp"], c["ep"], "alltoall", "bandwidth")

@@ -150,6 +150,7 @@ def bind(
         **(computed if computed is not None else compute_values(job, gemms)),
         **layout_degrees(t, job.pp, job.stages.values()),
         "D": job.dp,
+        "Z_s": job.zero_group,
         "m_mb": job.micro_batches,
         "F_peak": machine.peak_flops,
         "F_peak_g": linear_machine(job).peak_flops,

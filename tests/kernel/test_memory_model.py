@@ -4,7 +4,7 @@ grid from 8B to 405B is benchmarks/memory.py).
 
 One small model throughout (8 layers of H = 512, 8 query and 4 KV heads of 64, F = 1,024, V = 4,000) at 4,096
 tokens on 8 devices, over every framework profile, ZeRO-1 and FSDP, each recompute mode and loss, TP, PP and
-CP by ring, all-gather and all-to-all, and with the states most of the peak on one or two devices, where it
+CP by ring, all-gather and all-to-all, hybrid sharding, and with the states most of the peak on one or two devices, where it
 falls in the optimizer step (fused or foreach AdamW, gradients cast to the master copy); and its MoE twin (8 experts of that width, 2 a token) over EP 2 and 4,
 ZeRO-1, FSDP and PP, with its first two layers dense (DeepSeek's shape), PP placing them on the first stage,
 and with a shared expert (Qwen's). The total within 5 %; what persists
@@ -69,6 +69,10 @@ GRID = [
     {"micro_batch": 2, "gpus": 4, "global_batch": 8},
     {"tp": 2, "cp": 2, "pp": 2, "global_batch": 8, "recompute": "full"},
     {"tp": 2, "pp": 4, "global_batch": 8, "recompute": "none"},
+    # hybrid sharding: ZeRO's states over groups of the DP x CP ranks, replicated across them
+    {"zero_shard": 4},
+    {"cp": 2, "zero_shard": 2, "recompute": "full"},
+    {"framework": "torchtitan", "zero": 3, "recompute": "full", "zero_shard": 2},
     # InternEvo's hybrid ZeRO on one data-parallel rank: its peak in the backward, or (the states most of it)
     # in the optimizer step, the bf16 gradients cast to the fp32 master's and foreach AdamW's square root
     {"framework": "internevo", "zero": 1, "recompute": "none", "gpus": 1, "global_batch": 2},

@@ -14,6 +14,7 @@ from costmodel.symbolic.formulas.usp import C_ua
 from costmodel.symbolic.symbols import (
     B_cp,
     B_dp,
+    B_dpr,
     B_hbm,
     B_pp,
     B_tp,
@@ -30,6 +31,7 @@ from costmodel.symbolic.symbols import (
     N,
     S,
     V,
+    Z_s,
     a_dp,
     a_f8,
     a_tp,
@@ -546,14 +548,19 @@ P_dev = define(
 )
 # The ranks holding the same weights: DP x CP. A CP rank runs the whole layer on other tokens, so its
 # gradients reduce, and ZeRO shards the states, over both (Megatron-Core's data-parallel group with context
-# parallel, torchtitan's dp_shard_cp mesh, DeepSpeed's sequence-data-parallel group).
-D_w = D * N
+# parallel, torchtitan's dp_shard_cp mesh, DeepSpeed's sequence-data-parallel group). Hybrid sharding shards
+# over Z_s of them and replicates across the R_s groups: each group reduce-scatters, the groups all-reduce
+# their shards, each gathers (torch's HSDP, Megatron's --num-distributed-optimizer-instances).
+R_s = D * N / Z_s
 tau_dp = define(
     "dp_comm_s",
     "tau_DP",
-    (2 - z3) * (D_w - 1) / D_w * f_tr * P_dev * p_g / B_dp + n_bkt * a_dp,
+    (2 - z3) * (Z_s - 1) / Z_s * f_tr * P_dev * p_g / B_dp
+    + 2 * (R_s - 1) / R_s * f_tr * P_dev / Z_s * p_g / B_dpr
+    + n_bkt * a_dp,
     "gradient reduce-scatter plus parameter all-gather (an all-reduce's bytes) of the parameters that train "
-    "over the D·N ranks holding the same weights (DP x CP), one call per gradient bucket; under ZeRO-3 the "
+    "over the Z_s ranks ZeRO shards over (all D·N of DP x CP unless sharding is hybrid), and the all-reduce "
+    "of each shard across the D·N/Z_s hybrid groups, one call per gradient bucket; under ZeRO-3 the "
     "gathers are counted per layer instead, leaving the reduce-scatter. "
     "No latency per ring step: across many nodes NCCL reduces small buckets over trees, log D steps",
     "s",
@@ -579,8 +586,9 @@ define(
 define(
     "zero3_gather_s",
     "tau_Z3",
-    z3 * 2 * (D_w - 1) / D_w * P_dev * p / B_dp,
-    "ZeRO-3 parameter all-gathers over DP x CP of one micro-batch (forward and backward), hidden by prefetch",
+    z3 * 2 * (Z_s - 1) / Z_s * P_dev * p / B_dp,
+    "ZeRO-3 parameter all-gathers of one micro-batch (forward and backward) over the Z_s ranks ZeRO shards "
+    "over, hidden by prefetch",
     "s",
     "[ZeRO §5.3]",
 )
