@@ -201,6 +201,15 @@ def test_hybrid_sharding_gathers_inside_the_node_and_all_reduces_its_shards_acro
     assert call(hybrid, "dp_comm_s") == pytest.approx(
         scatter + across + hybrid["n_bkt"] * hybrid["a_dp"], rel=1e-12
     )
+    said = evaluate_step(Job.of(**job, zero_shard=8)).topology["zero"]  # what the report says of it
+    assert said == {
+        "size": 8,
+        "scope": "intra-node",
+        "bandwidth": hybrid["B_dp"],
+        "replicas": 2,
+        "replica_scope": "inter-node",
+        "replica_bandwidth": hybrid["B_dpr"],
+    }
 
 
 @settings(max_examples=12, deadline=None)

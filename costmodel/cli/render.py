@@ -816,13 +816,24 @@ def _render_inference_validation(report: dict, console: Console) -> None:
 
 def topology_lines(topology: dict) -> list[str]:
     """The network's shape, the rank order and the link every parallel group waits on, as two lines."""
+
+    def where(scope: str) -> str:
+        return "inside the fast domain" if scope == "intra-node" else "across domains"
+
     groups = []
     for dim, group in topology["groups"].items():
         if group["size"] > 1:
-            where = "inside the fast domain" if group["scope"] == "intra-node" else "across domains"
             nics = group.get("nics_per_node")
             over = f" over {nics:g} NIC{'s' if nics != 1 else ''} a node" if nics else ""
-            groups.append(f"{dim.upper()} {group['size']} {where}, {group['bandwidth'] / 1e9:g} GB/s{over}")
+            groups.append(
+                f"{dim.upper()} {group['size']} {where(group['scope'])}, {group['bandwidth'] / 1e9:g} GB/s{over}"
+            )
+    zero = topology.get("zero")
+    if zero and zero["replicas"] > 1:  # hybrid sharding: where its groups and their replicas lie
+        groups.append(
+            f"ZeRO in groups of {zero['size']} {where(zero['scope'])}, {zero['bandwidth'] / 1e9:g} GB/s, "
+            f"{zero['replicas']} replicas {where(zero['replica_scope'])}, {zero['replica_bandwidth'] / 1e9:g} GB/s"
+        )
     leaves = topology["cp_ring_leaves_fast_domain_at"]
     cp = topology["groups"].get("cp", {}).get("size", 1)
     ring = f"; a CP ring leaves the fast domain at {leaves} ranks" if cp > 1 else ""

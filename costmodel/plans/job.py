@@ -452,6 +452,20 @@ class Job:
         """Ranks ZeRO shards over: DP x CP, or the hybrid-sharding group (``--zero-shard``)."""
         return self.setup.zero_group(self.dp * self.cp)
 
+    @property
+    def zero_placement(self) -> dict[str, Any]:
+        """Where the ranks holding the same weights reduce their gradients, as the step reports it: ZeRO's
+        group (all of DP x CP, or hybrid sharding's) and the replicas across such groups, each with its link."""
+        group, replicas = self.links["dp"], self.links["dpr"]
+        return {
+            "size": self.zero_group,
+            "scope": group.scope,
+            "bandwidth": group.bandwidth,
+            "replicas": self.dp * self.cp // self.zero_group,
+            "replica_scope": replicas.scope,
+            "replica_bandwidth": replicas.bandwidth,
+        }
+
     def _link(self, stride: int, size: int, collective: str) -> LinkBinding:
         key = (stride, size, collective)
         if key not in self._links:

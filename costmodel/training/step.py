@@ -374,7 +374,7 @@ def evaluate_step(
             "usp_ulysses_degree": v["N_u"],
         },
         changed=machine.profile.changed,
-        topology=machine.describe_groups(*job.groups, job.collectives),
+        topology={**machine.describe_groups(*job.groups, job.collectives), "zero": job.zero_placement},
         moe=moe.summary(model, v, machine, *job.groups),
         rates=StepRates(
             gemm_flops_per_s=v["F_gemm"],
