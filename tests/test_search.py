@@ -25,6 +25,7 @@ from costmodel.training.search import (
     evaluate_plan,
     evaluate_table,
     framework_pairs,
+    plan_as_job,
     search,
     search_loop,
     sensitivity,
@@ -218,13 +219,33 @@ def test_sensitivity_moves_the_right_way() -> None:
     one more recompute level costs time and saves no memory it did not already save."""
     built = _job(model="llama3-70b", seq=65536, gpus=64, global_batch=16)
     pick = search(*built, top=1).plans[0]
-    link, longer, recompute = sensitivity(pick, *built)
+    link, longer, recompute, *hybrid = sensitivity(pick, *built)
     assert link["step_time_change"] >= 0
     assert longer["step_time_change"] >= 0.10
     if pick["recompute"] != "full":
         assert recompute["step_time_change"] > 0 and recompute["memory_bytes"] <= pick["memory_bytes"]
     again = evaluate_plan(pick, *built)
     assert again["step_time_s"] == pytest.approx(pick["step_time_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("zero", [3, 0])
+def test_sensitivity_tries_the_pick_sharded_per_node(zero: int) -> None:
+    """FSDP across 8 nodes: the what-ifs end with the pick sharded in groups of one node's DP x CP ranks, the
+    step and memory `step --zero-shard` gives it (more memory: 1/8 of the states, not 1/64 of them); DDP shards
+    nothing, so there is nothing to try."""
+    job, batch = _job(gpus=64, global_batch=64, zero=zero, recompute="full")
+    pick = search(job, batch, top=1).plans[0]
+    said = sensitivity(pick, job, batch)
+    if zero == 0:
+        assert len(said) == 3
+        return
+    group = 8 // pick["tp"]
+    hybrid = said[-1]
+    assert hybrid["change"] == f"ZeRO in groups of {group}, one node each (hybrid sharding)"
+    again = evaluate_step(plan_as_job(pick, job, batch).replace(zero_shard=group))
+    assert hybrid["step_time_s"] == pytest.approx(again.step.time_s, rel=1e-9)
+    assert hybrid["memory_bytes"] == pytest.approx(again.memory.bytes_per_device, rel=1e-9)
+    assert hybrid["memory_bytes"] > pick["memory_bytes"]
 
 
 @pytest.mark.parametrize("extra", [{}, {"framework": "torchtitan"}, {"model": "llama3-70b", "gpus": 64}])

@@ -959,8 +959,9 @@ def sensitivity(
     constraints: Constraints = Constraints(),
     found: SearchResult | None = None,
 ) -> list[dict[str, Any]]:
-    """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence and one more
-    recompute level, and whether another plan would then be fastest. ``found``: the search of these same
+    """What the pick's step becomes under a 2x slower inter-node link, a 10 % longer sequence, one more
+    recompute level and, where ZeRO spans nodes, sharding per node (hybrid), and whether another plan would
+    then be fastest. ``found``: the search of these same
     arguments, whose shapes bound inside one node the slower link leaves as they are."""
 
     def scenario(
@@ -1021,7 +1022,22 @@ def sensitivity(
         out.append(
             {"change": "one more recompute level", "text": "none left: the pick already recomputes fully"}
         )
+    group = _node_group(plan, job)
+    if group is not None:  # the pick as it is, sharded per node and replicated across nodes
+        at = plan_as_job(plan, job, global_batch).replace(zero_shard=group)
+        row = evaluate_plan(plan, at, global_batch)
+        out.append(_describe(f"ZeRO in groups of {group}, one node each (hybrid sharding)", plan, row, None))
     return out
+
+
+def _node_group(plan: dict[str, Any], job: Job) -> int | None:
+    """Hybrid sharding's group of one node for a plan whose ZeRO shards over more: the DP x CP ranks one node
+    holds beside TP (Megatron's rank order); None where there is nothing to try (no ZeRO, hybrid already, an
+    MoE model, a node holding fewer than two of them or all of them)."""
+    weights, per_node = plan["dp"] * plan["cp"], job.machine.profile.ranks_per_node // plan["tp"]
+    if job.setup.zero == 0 or job.setup.zero_shard is not None or job.model.experts:
+        return None
+    return per_node if 2 <= per_node < weights and weights % per_node == 0 else None
 
 
 def _reaches_inter_node(job: Job) -> bool:
