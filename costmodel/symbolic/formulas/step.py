@@ -564,7 +564,7 @@ tau_dp = define(
     "gathers are counted per layer instead, leaving the reduce-scatter. "
     "No latency per ring step: across many nodes NCCL reduces small buckets over trees, log D steps",
     "s",
-    "[ZeRO §5]",
+    "[ZeRO §5], [FSDP2]",
 )
 define(
     "dp_exposed_s",
