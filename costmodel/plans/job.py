@@ -444,13 +444,18 @@ class Job:
         # each such group, zero_group times as far apart
         inner, group = min(placed[dim] for dim in ("cp", "ep", "dp") if dim in placed), self.zero_group
         links["dp"] = self._link(inner, group, NCCL_RING)
-        links["dpr"] = self._link(inner * group, self.dp * self.cp // group, NCCL_RING)
+        links["dpr"] = self._link(inner * group, self.zero_replicas, NCCL_RING)
         return links
 
     @property
     def zero_group(self) -> int:
         """Ranks ZeRO shards over: DP x CP, or the hybrid-sharding group (``--zero-shard``)."""
         return self.setup.zero_group(self.dp * self.cp)
+
+    @property
+    def zero_replicas(self) -> int:
+        """Copies of ZeRO's shards: the hybrid-sharding groups DP x CP holds (1 unless sharding is hybrid)."""
+        return self.dp * self.cp // self.zero_group
 
     @property
     def zero_placement(self) -> dict[str, Any]:
@@ -461,7 +466,7 @@ class Job:
             "size": self.zero_group,
             "scope": group.scope,
             "bandwidth": group.bandwidth,
-            "replicas": self.dp * self.cp // self.zero_group,
+            "replicas": self.zero_replicas,
             "replica_scope": replicas.scope,
             "replica_bandwidth": replicas.bandwidth,
         }

@@ -27,13 +27,12 @@ from costmodel.symbolic.formulas.fit import (
     replacing,
 )
 from costmodel.symbolic.formulas.registry import FORMULAS, definer
-from costmodel.symbolic.formulas.step import P_dev, tau_dp
+from costmodel.symbolic.formulas.step import D_w, P_dev, tau_dp
 from costmodel.symbolic.symbols import (
     B_dp,
     B_ep,
     B_hbm,
     C_f,
-    D,
     E_p,
     F_dn,
     F_ffn,
@@ -416,7 +415,7 @@ tau_dp_moe = define(
     "moe_dp_comm_s",
     "tau_DP_moe",
     sympy.Subs(tau_dp, F_ffn, F_sh)
-    + (2 - z3) * ((D * N - 1) * f_tr * X_dn / (t * pp) + (D * N - E_p) * P_exp) / (D * N) * p_g / B_dp,
+    + (2 - z3) * ((D_w - 1) * f_tr * X_dn / (t * pp) + (D_w - E_p) * P_exp) / D_w * p_g / B_dp,
     "gradient reduction of an MoE model: its dense part (the dense layers' MLPs too) over the D·N ranks "
     "holding the same weights (DP x CP), each expert's over the D·N/E_p ranks that hold it",
     "s",
@@ -442,7 +441,7 @@ define(
     "moe_zero3_gather_s",
     "tau_Z3_moe",
     sympy.Subs(FORMULAS["zero3_gather_s"].symbol, F_ffn, F_sh)
-    + z3 * 2 * ((D * N - 1) * X_dn / (t * pp) + (D * N - E_p) * P_exp) / (D * N) * p / B_dp,
+    + z3 * 2 * ((D_w - 1) * X_dn / (t * pp) + (D_w - E_p) * P_exp) / D_w * p / B_dp,
     "ZeRO-3 parameter all-gathers of one micro-batch of an MoE model: the dense part over the D·N ranks of "
     "DP x CP, the experts over D·N/E_p",
     "s",

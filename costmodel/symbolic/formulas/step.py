@@ -551,7 +551,8 @@ P_dev = define(
 # parallel, torchtitan's dp_shard_cp mesh, DeepSpeed's sequence-data-parallel group). Hybrid sharding shards
 # over Z_s of them and replicates across the R_s groups: each group reduce-scatters, the groups all-reduce
 # their shards, each gathers (torch's HSDP, Megatron's --num-distributed-optimizer-instances).
-R_s = D * N / Z_s
+D_w = D * N  # the ranks holding the same weights, which reduce their gradients together
+R_s = D_w / Z_s
 tau_dp = define(
     "dp_comm_s",
     "tau_DP",
