@@ -170,8 +170,9 @@ def test_own_runs_only_widen_an_interval(pooled: list[float], own: list[float]) 
 
 def test_a_step_time_is_calibrated_on_runs_led_by_the_same_term() -> None:
     """Runs whose largest term is attention (long sequences) are calibrated apart from those led by the
-    multiplies: each regime holds only its own runs, and where the framework on this GPU has too few runs led
-    by that term, its runs on every GPU led by it stand in, before the framework's runs of every kind."""
+    multiplies: each regime holds only its own runs. Where the framework on this GPU has too few runs led by
+    that term, its runs on this GPU of every kind stand in (priced from the same tables) before its runs led
+    by the term on other GPUs, which stand in where the GPU's are too few as well."""
     runs = table().step_time
     by_term = calibration("step_time", "megatron", "Hopper", 0.8, dominant="matmul_s")
     assert by_term is not None and by_term.regime.startswith("megatron on Hopper, led by matrix multiplies: ")
@@ -180,9 +181,16 @@ def test_a_step_time_is_calibrated_on_runs_led_by_the_same_term() -> None:
     ]
     assert by_term.residuals.runs == len(members) >= runs_needed(0.8)
     attention = calibration("step_time", "megatron", "Hopper", 0.8, dominant="attention_s")
-    led = [r for r in runs if (r.framework, r.dominant) == ("megatron", "attention_s")]
-    assert attention is not None and attention.residuals.runs == len(led)
-    assert attention.regime.startswith("megatron, every GPU generation, led by attention: ")
+    hopper = [r for r in runs if (r.framework, r.generation) == ("megatron", "Hopper")]
+    assert runs_needed(0.8) > sum(r.dominant == "attention_s" for r in hopper)  # too few led by attention
+    assert attention is not None and attention.residuals.runs == len(hopper)
+    assert attention.regime.startswith("megatron on Hopper: ")
+    # too few on the GPU as well: the framework's runs led by the term on every GPU
+    few = [r for r in runs if (r.framework, r.generation) != ("megatron", "Hopper")]
+    led = [r for r in few if (r.framework, r.dominant) == ("megatron", "attention_s")]
+    wider = calibration("step_time", "megatron", "Hopper", 0.8, few + hopper[:3], dominant="attention_s")
+    assert wider is not None and wider.regime.startswith("megatron, every GPU generation, led by attention: ")
+    assert wider.residuals.runs == len(led) + sum(r.dominant == "attention_s" for r in hopper[:3])
     # a term no measured run was led by: the framework on its GPU, as before
     other = calibration("step_time", "megatron", "Hopper", 0.8, dominant="exposed_dp_s")
     assert other is not None and other.regime.startswith("megatron on Hopper: ")
@@ -270,11 +278,11 @@ def test_step_json_carries_the_intervals(cli) -> None:
 
 
 def test_a_figure_outside_its_own_interval_says_which_way_the_runs_like_it_went(cli) -> None:
-    """Llama 3 70B at 128K on Hopper reads on Megatron's attention-led runs, which measured slower than the model
-    says: the 80 % interval lies wholly above the step's figure, and the table says so rather than leave the
-    two to read as a contradiction. A figure inside its interval gets no such clause."""
+    """Llama 3 70B at 128K on A100s reads on Megatron's attention-led runs on Ampere, which measured slower than
+    the model says: the 80 % interval lies wholly above the step's figure, and the table says so rather than
+    leave the two to read as a contradiction. A figure inside its interval gets no such clause."""
     job = ["step", "--model", "llama3-70b", "--seq", "128k", "--gpus", "64", "--tp", "8", "--cp", "8"]
-    job += ["--global-batch", "16", "--hw", "h100-ib"]
+    job += ["--global-batch", "16", "--hw", "a100-ib"]
     step = cli(*job, "-f", "json").json()["step"]
     assert step["time_s"] < step["time_s_interval"]["lo"]
     assert "the figure lies below it: runs like this measured more than predicted" in " ".join(

@@ -5,11 +5,12 @@
 generation it ran on. It is generated with the docs (``python -m costmodel.codegen``) from the same
 predictions, so it follows the model. A plan's interval is calibrated on the most specific regime that holds
 enough runs for the level asked (:func:`costmodel.core.intervals.runs_needed`). A step time's regimes, most
-specific first: its framework on its GPU generation where the same term of the step dominates, the same on any
-GPU, its framework on its GPU generation, its framework on any GPU, every run (each framework counting alike).
-What dominates sets which of
-the model's parts a figure leans on (a long sequence's attention, a short one's multiplies), so runs where it
-errs alike are calibrated together. A fitted hardware profile carries
+specific first: its framework on its GPU generation where the same term of the step dominates, its framework on
+its GPU generation, the first on any GPU, its framework on any GPU, every run (each framework counting alike).
+What dominates sets which of the model's parts a figure leans on (a long sequence's attention, a short one's
+multiplies), so runs where it errs alike are calibrated together; the GPU generation sets which tables those
+parts are priced from (FlashAttention-2's curves on Ampere, FlashAttention-3's on Hopper), so a term's error on
+one generation says less of another's than the framework's other runs on the same one. A fitted hardware profile carries
 its own, narrower sets: its k-fold residuals on the owner's runs (``cp-plan audit --fit-profile``), by layout
 class (the TP degree and whether the step is pipelined) where a class holds enough of them.
 """
@@ -114,8 +115,9 @@ def calibration(
             alike = [r for r in mine if r.dominant == dominant]
             chain = [
                 (f"{framework} on {generation}, {term}", [r for r in alike if r.generation == generation]),
+                chain[0],  # the same generation's tables before the same term on another's
                 (f"{framework}, every GPU generation, {term}", alike),
-                *chain,
+                chain[1],
             ]
     chain.append((f"every {'run' if framework is None else 'framework and GPU'}", every))
     held = [(regime, members) for regime, members in chain if members]
