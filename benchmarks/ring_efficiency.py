@@ -10,7 +10,8 @@ shape), the H800 rows the H800 profile's `fa2` tables, and, to show what the wro
 default ones (FlashAttention-3's). Each row prints the efficiency (8 x the single call's time / the ring
 layer's) published and predicted, for the merge the step model charges by default (12 bytes an element: two
 fp32 partials read, one written) and for the merge ring-flash-attention runs (its update_out_and_lse: the step
-output cast to fp32, then three elementwise passes, 34 bytes an element unfused), and the layer's and the
+output cast to fp32, then three elementwise passes, 38 bytes an element unfused, as torch's context_parallel
+merger: `EAGER_MERGE_BYTES`), and the layer's and the
 single call's predicted time over the measured. Each is a kernel benchmark of seconds, so the profiles' tables
 are read as measured, at the boost clock (`HardwareProfile.at_boost`), not at the sustained clock of a
 training run.
@@ -29,6 +30,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from costmodel.frameworks.profiles import EAGER_MERGE_BYTES
 from costmodel.machines.binding import Machine, build_machine
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs, build
@@ -40,7 +42,6 @@ GPUS, LOCAL = 8, 8192
 # cp-plan's reference kernel's merge_lse, op by op: out *= w (fp32 read and write, 8), w_B x O_B into an fp32
 # temporary (bf16 read, fp32 write, 6), out += it (two fp32 reads, one write, 12): 26 bytes an element
 REFERENCE_MERGE_BYTES = 26.0
-UNFUSED_MERGE_BYTES = 34.0  # ring-flash-attn's update_out_and_lse, op by op (see the module docstring)
 # ring-flash-attn's striped forward (stripe_flash_attn.py @8996282): a step past a rank's own attends queries and
 # keys shifted by one token and merges into the output's slice [:, 1:] (update_out_and_lse with slice_), then
 # copies the merged slice back (`out[slice_] = slice_out`: an fp32 read and write). Every step after the first
@@ -172,10 +173,10 @@ def published_rows() -> list[Row]:
         for (g, pass_), measured in ITERATIONS.items():
             if g != gpu:
                 continue
-            single = Layer(hw, "contiguous", pass_, UNFUSED_MERGE_BYTES, 1).seconds(machine)
+            single = Layer(hw, "contiguous", pass_, EAGER_MERGE_BYTES, 1).seconds(machine)
             for layout in ("contiguous", "zigzag", "striped"):
                 copy = STRIPED_COPY_BACK_BYTES if layout == "striped" else 0.0
-                ring = Layer(hw, layout, pass_, UNFUSED_MERGE_BYTES, forward_copy_bytes=copy).seconds(machine)
+                ring = Layer(hw, layout, pass_, EAGER_MERGE_BYTES, forward_copy_bytes=copy).seconds(machine)
                 rows.append(
                     Row(
                         gpu,

@@ -107,21 +107,11 @@ def _published_rings():  # noqa: ANN202 - the benchmark's rows, shared by the ca
     return _bench().published_rows()
 
 
-STRIPED_MISS = (
-    "ring-flash-attention's striped forward on the A100 runs 8.9 % slower than the model reads it (+6.2 points): "
-    "the merge's copy-back from the output's slice is charged; the rest is not located (unmeasured guess: the "
-    "shifted calls' 8,191 tokens leave FlashAttention-2's last tiles ragged)"
-)
 PUBLISHED_RINGS = [
-    pytest.param(gpus, tables, pass_, layout, marks=mark, id=f"{gpus}-{tables}-{pass_}-{layout}")
+    pytest.param(gpus, tables, pass_, layout, id=f"{gpus}-{tables}-{pass_}-{layout}")
     for gpus, tables in (("8xA100", "profile"), ("8xH800", "fa2"))
     for pass_ in ("fwd", "fwd+bwd")
     for layout in ("contiguous", "zigzag", "striped")
-    for mark in [
-        pytest.mark.xfail(strict=True, reason=STRIPED_MISS)
-        if (gpus, layout, pass_) == ("8xA100", "striped", "fwd")
-        else ()
-    ]
 ]
 
 

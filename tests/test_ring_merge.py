@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costmodel.frameworks.profiles import FUSED_MERGE_BYTES, load_framework
+from costmodel.frameworks.profiles import EAGER_MERGE_BYTES, FUSED_MERGE_BYTES, load_framework
 from costmodel.machines.profiles import load_profile
 from costmodel.plans.inputs import PlanInputs, build, machine_for
 from costmodel.plans.job import Job
@@ -70,7 +70,9 @@ def test_a_fused_merge_is_the_default_and_a_framework_states_its_own() -> None:
     assert FUSED_MERGE_BYTES == 12.0  # two fp32 partials read, one written
     assert load_framework("megatron").time.ring_merge_bytes == 10.0  # Transformer Engine's fused correction
     torch_cp = load_framework("torchtitan").time
-    assert torch_cp.ring_merge_bytes == 6 + 12 + 8 + 12  # cast, difference, product, subtraction (eager)
+    assert (
+        torch_cp.ring_merge_bytes == EAGER_MERGE_BYTES == 6 + 12 + 8 + 12
+    )  # cast, difference, product, subtraction
     assert torch_cp.allgather_merges and not load_framework("megatron").time.allgather_merges
 
 

@@ -37,8 +37,10 @@ LOGIT_BYTES = {"torch": 12.0, "megatron": 6.0, "flash": 2.0, "fused": 2.0}
 # merge reads the step's output and the running one in fp32 and writes one (12); Transformer Engine's fused
 # correction reads the bf16 step output and updates the fp32 running one in place (10); torch's
 # context_parallel merger, eager, casts the step output to fp32 and runs three elementwise ops, each through
-# HBM (38).
+# HBM: the cast (2 read, 4 written), out - block (8, 4), sigmoid(dlse) x that (4, 4), out - the product (8, 4):
+# 38. ring-flash-attention's update_out_and_lse runs the same four ops.
 FUSED_MERGE_BYTES = 12.0
+EAGER_MERGE_BYTES = 6.0 + 12.0 + 8.0 + 12.0
 Reshard = Literal["always", "never", "unless-pp"]
 SelectiveRecompute = Literal["attention", "ops"]
 TpInputs = Literal["sharded", "gathered"]
