@@ -557,6 +557,27 @@ def test_a_job_runs_its_frameworks_attention_kernel_unless_it_names_one(tmp_path
     assert caught.value.field == "--framework"
 
 
+def test_a_job_shards_as_its_framework_does_unless_it_names_a_zero_stage(cli) -> None:
+    """Megatron-Core's data parallelism is its distributed optimizer (ZeRO-1), torchtitan's and accelerate's
+    FSDP2 (ZeRO-3): a job that names no stage gets its framework's, in the step, in every plan a search makes
+    (each a candidate of the job) and in the plan it exports; a job naming --zero keeps it, and a job moved to
+    another framework takes that one's."""
+    job = {"model": "llama3-8b", "seq": 8192, "hw": "h100-nvlink", "gpus": 16, "global_batch": 16}
+    stages = {fw: Job.of(**job, framework=fw).setup.zero for fw in ("megatron", "torchtitan", "hf-trainer")}
+    assert stages == {"megatron": 1, "torchtitan": 3, "hf-trainer": 3}
+    titan = Job.of(**job, framework="torchtitan")
+    assert Job.of(**job, framework="torchtitan", zero=1).setup.zero == 1
+    assert titan.replace(framework="megatron").setup.zero == 1
+    assert titan.candidate(tp=2, cp=1, gpus=16).setup.zero == 3
+    fsdp, zero1 = (evaluate_step(j).memory for j in (titan, titan.replace(zero=1)))
+    assert fsdp.model_state_bytes < zero1.model_state_bytes / 2  # FSDP shards the fp32 weights and gradients
+    args = ["recommend", "--model", "llama3-8b", "--seq", "8192", "--hw", "h100-nvlink", "--gpus", "16"]
+    data = cli(*args, "--global-batch", "16", "--framework", "torchtitan", "-f", "json").json()
+    assert data["setup"]["zero"] == 3
+    exported = cli(*args, "--global-batch", "16", "--framework", "torchtitan", "--format", "torchtitan").out
+    assert "data_parallel_shard_degree" in exported
+
+
 def test_a_plan_refused_only_by_the_allocator_reserve_says_so(cli) -> None:
     """USP's Llama 3 8B at 64K on 16 A800s, ring 16, no recompute (it ran): reserved 82.4 GB of 80.7 usable,
     its tensors and the runtime 77.6 GB. It stays refused (the fit is the reservation) and the line says the

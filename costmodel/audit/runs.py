@@ -97,7 +97,7 @@ COLUMNS: dict[str, tuple[Callable[[str], Any], str]] = {
     "dp_overlap": (number, "share of the gradient reduction overlapped with the backward (default 1)"),
     "sequence_parallel": (boolean, "true or false: sequence parallelism with TP (default: on where TP > 1)"),
     "cp_scheme": (str, f"{registry.listed(TRAINING)} (default {registry.default(TRAINING).name})"),
-    "zero": (integer, "ZeRO stage 0-3 (default 0)"),
+    "zero": (integer, "ZeRO stage 0-3 (default: the framework profile's)"),
     "hw": (str, "hardware profile of the run (default --hw)"),
     "framework": (
         str,

@@ -211,7 +211,7 @@ def recommend_cmd(
         planned = job.training() if margin is None else margin.planned(job.training())
         _write_all_plans(planned, fixed, found["global_batch"], all_plans)
     if exporting:
-        sys.stdout.write(export(found, format.value, inputs, setup))
+        sys.stdout.write(export(found, format.value, inputs, job.setup))
         return
     if found is not None and found["pick"] is not None:
         report = recommend_plan(job, found)

@@ -131,6 +131,12 @@ class MemoryPolicy(_Strict):
         "(Transformer Engine's Linear and LayerNormLinear), or the bf16 input, cast again in the backward "
         "(torchao's Float8Linear)",
     )
+    zero: Literal[0, 1, 2, 3] = Field(
+        1,
+        description="the ZeRO stage over DP x CP a job gets unless it names one (--zero): 1 where the states are "
+        "sharded by a distributed optimizer (Megatron-Core's), 3 where data parallelism is FSDP (torchtitan's "
+        "and accelerate's FSDP2 shard the weights too)",
+    )
     fsdp_prefetch_layers: Count(minimum=0, maximum=64) = Field(
         1, description="layers whose parameters ZeRO-3/FSDP gathers ahead of the one computing"
     )

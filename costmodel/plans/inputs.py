@@ -630,8 +630,10 @@ class TrainingSetup(BaseModel):
     pp: Count = declared_as(Parallelism, "pp")
     first_stage_layers: Count | None = declared_as(Parallelism, "first_stage_layers")
     last_stage_layers: Count | None = declared_as(Parallelism, "last_stage_layers")
-    zero: Annotated[Literal[0, 1, 2, 3], CountAsWritten] = flag(
-        1, "ZeRO stage over DP x CP (1 = distributed optimizer)."
+    zero: Annotated[Literal[0, 1, 2, 3], CountAsWritten] | None = flag(
+        None,
+        "ZeRO stage over DP x CP (1 = distributed optimizer, 3 = FSDP) [default: the framework's: 1 for "
+        "megatron, 3 for torchtitan and hf-trainer].",
     )
     zero_shard: Count | None = flag(
         None,

@@ -518,7 +518,7 @@ class Job:
         unknown = set(changes).difference(*(_names(type(part)) for part in parts.values()))
         if unknown:
             raise TypeError(f"Job has no input {', '.join(sorted(unknown))}")
-        setup, declared = parts["setup"], parts["step"]
+        setup, declared = _framework_defaults(parts["setup"], self.framework), parts["step"]
         step = declared.resolved(self.framework)
         attention = {k: changes[k] for k in ("cp", "layout") if k in changes}
         if "micro_batch" in changes and not isinstance(parts["workload"], PlanInputs):
@@ -568,6 +568,14 @@ def _fields(part: BaseModel) -> dict[str, Any]:
     return {name: getattr(part, name) for name in type(part).model_fields}
 
 
+def _framework_defaults(setup: TrainingSetup, framework: FrameworkProfile) -> TrainingSetup:
+    """The setup with what it leaves to the framework filled in: its attention kernel and its ZeRO stage (its
+    data parallelism: Megatron-Core's distributed optimizer, FSDP2's full sharding)."""
+    given = {"attention_kernel": framework.time.attention_kernel, "zero": framework.memory.zero}
+    missing = {name: value for name, value in given.items() if getattr(setup, name) is None}
+    return setup.model_copy(update=missing) if missing else setup
+
+
 def make_job(
     workload: Workload,
     setup: TrainingSetup,
@@ -600,8 +608,7 @@ def make_job(
     sharded = workload  # a whole-sequence scheme has no layout of its own: its ranks hold the framework's
     if registry.get(step.cp_scheme).whole_sequence:
         sharded = workload.model_copy(update={"layout": framework.time.sharding(workload.layout)})
-    if setup.attention_kernel is None:  # the framework's kernel, unless the job names one
-        setup = setup.model_copy(update={"attention_kernel": framework.time.attention_kernel})
+    setup = _framework_defaults(setup, framework)
     inputs = _attention(sharded, model, step)
     overrides = overrides or MachineOverrides()
     profile = profile if profile is not None else load_profile(inputs.hw)
