@@ -591,3 +591,25 @@ def test_a_higher_level_never_gives_a_narrower_interval(job: dict) -> None:
             if now.known and last is not None and last.known:
                 assert now.lo <= last.lo * (1 + 1e-12) and now.hi >= last.hi * (1 - 1e-12), (level, now, last)
         last_time, last_memory = time, memory
+
+
+def test_held_out_coverage_is_reported_whole_and_by_regime_where_a_regime_holds_enough_runs() -> None:
+    """The rows kept aside are each checked once against their regime's interval: the groups partition them,
+    the whole part's share is the groups' pooled one, and a regime's own line is printed only from ten runs."""
+    from costmodel.calibration.residuals import (
+        HELD_OUT_REGIME_RUNS,
+        coverage_report,
+        holdout_coverage,
+        step_residuals,
+    )
+
+    groups = holdout_coverage("step_time", 0.8)
+    marks = [m for group in groups.values() for m in group]
+    assert len(marks) == len(step_residuals("holdout"))
+    report = coverage_report((0.8,))
+    whole = report["step_time / holdout rows"]["80%"]
+    given = [m for m in marks if m is not None]
+    assert whole["runs"] == len(marks) and whole["covered"] == pytest.approx(sum(given) / len(given))
+    for name, levels in report.items():
+        if ", " in name and "/ holdout rows" in name:
+            assert levels["80%"]["runs"] >= HELD_OUT_REGIME_RUNS
