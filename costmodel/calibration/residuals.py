@@ -173,14 +173,11 @@ def coverage_report(levels: tuple[float, ...] = (0.8, 0.95)) -> dict[str, dict[s
             groups = holdout_coverage(kept, level)
             every = [m for marks in groups.values() for m in marks]
             report.setdefault(f"{kept} / holdout rows", {})[f"{level:.0%}"] = _summary(every)
-            for (
-                regime,
-                marks,
-            ) in groups.items():  # a regime's own share, where it holds enough runs to say one
+            # a regime's own share, where it holds enough runs to say one
+            for regime, marks in groups.items():
                 if len(marks) >= HELD_OUT_REGIME_RUNS:
-                    report.setdefault(f"{kept} / holdout rows, {regime}", {})[f"{level:.0%}"] = _summary(
-                        marks
-                    )
+                    line = report.setdefault(f"{kept} / holdout rows, {regime}", {})
+                    line[f"{level:.0%}"] = _summary(marks)
     for level in levels:
         order = _summary(holdout_order(level), "pairs")
         report.setdefault("layout order / held-out pairs", {})[f"{level:.0%}"] = order
