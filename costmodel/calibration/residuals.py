@@ -26,6 +26,7 @@ from costmodel.plans.uncertainty import (
     dominant_term,
     job_span,
     order_spread,
+    regime_of,
     table,
 )
 from costmodel.training import memory_validation as memory_rows
@@ -131,8 +132,9 @@ def holdout_coverage(quantity: Quantity, level: float) -> dict[str, list[bool | 
     out: dict[str, list[bool | None]] = {}
     for run in kept("holdout"):
         held = calibration(quantity, run.framework, run.generation, level, dominant=run.dominant)
-        regime = held.regime.split(":")[0] if held else "none"
-        out.setdefault(regime, []).append(interval(1.0, held, level, "run").holds(math.exp(run.residual)))
+        out.setdefault(regime_of(held), []).append(
+            interval(1.0, held, level, "run").holds(math.exp(run.residual))
+        )
     return out
 
 

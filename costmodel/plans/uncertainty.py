@@ -359,6 +359,10 @@ def coverage(quantity: Quantity, level: float) -> dict[str, list[bool | None]]:
         others = every[:i] + every[i + 1 :]
         held = calibration(quantity, run.framework, run.generation, level, others, run.dominant)
         band = interval(1.0, held, level, WHAT[quantity])
-        regime = held.regime.split(":")[0] if held else "none"
-        out.setdefault(regime, []).append(band.holds(math.exp(run.residual)))
+        out.setdefault(regime_of(held), []).append(band.holds(math.exp(run.residual)))
     return out
+
+
+def regime_of(held: Calibration | None) -> str:
+    """The regime a calibration set is named by in coverage tables: its name without the run count."""
+    return held.regime.split(":")[0] if held else "none"
