@@ -585,7 +585,10 @@ def _usp_columns(table: Table) -> dict[str, np.ndarray]:
         rows = c["pair"] == p
         if rows.any() and registry.get(scheme).hybrid:
             kv = np.maximum(table.kv_heads // c["tp"][rows], 1)
-            n_u[rows] = [registry.get(scheme).a2a_degree(int(k), int(n)) for k, n in zip(kv, c["cp"][rows])]
+            # a split per distinct (KV heads, CP degree), not per row: a table holds few of them
+            distinct, each = np.unique(np.stack([kv, c["cp"][rows]]).astype(int), axis=1, return_inverse=True)
+            split = registry.get(scheme).a2a_degree
+            n_u[rows] = np.array([split(int(k), int(n)) for k, n in distinct.T])[each.ravel()]
     return {"N_u": n_u, "N_r": c["cp"] / n_u}
 
 
