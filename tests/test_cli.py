@@ -76,6 +76,15 @@ def test_worked_example_table_on_one_screen(cli) -> None:
     assert len(out.splitlines()) <= 50
 
 
+def test_the_scope_line_names_every_mask_the_plan_has(cli) -> None:
+    """A window, chunks or packed documents shape the plan as much as causality: the header says so."""
+    assert "one layer, fwd, no mask;" in cli(*WORKED).out
+    out = cli(*WORKED, "--window", "8k").out
+    assert "one layer, fwd, window 8,192; for training add --causal --pass fwd+bwd" in out
+    out = " ".join(cli(*WORKED, "--causal", "--attention-chunk", "16k", "--docs", "100k,162144").out.split())
+    assert "one layer, fwd, causal + chunks of 16,384 + packed documents; for training add --pass" in out
+
+
 def test_ring_compute_column_reads_the_layer_times_rates_and_peak_only_when_asked(cli) -> None:
     """The compute column and the predicted layer time read the same rates: the kernel tables by default
     (layer 620 ms = the layer time, transfers hidden), peak x --efficiency when asked (the article's

@@ -279,18 +279,25 @@ def test_step_json_carries_the_intervals(cli) -> None:
 
 def test_a_figure_outside_its_own_interval_says_which_way_the_runs_like_it_went(cli) -> None:
     """Llama 3 70B at 128K on A100s reads on Megatron's attention-led runs on Ampere, which measured slower than
-    the model says: the 80 % interval lies wholly above the step's figure, and the table says so rather than
-    leave the two to read as a contradiction. A figure inside its interval gets no such clause."""
+    the model says: the 80 % interval lies wholly above the step's figure, and both the JSON (``figure``) and
+    the table say so rather than leave the two to read as a contradiction. A figure inside its interval gets
+    no such clause."""
     job = ["step", "--model", "llama3-70b", "--seq", "128k", "--gpus", "64", "--tp", "8", "--cp", "8"]
     job += ["--global-batch", "16", "--hw", "a100-ib"]
     step = cli(*job, "-f", "json").json()["step"]
-    assert step["time_s"] < step["time_s_interval"]["lo"]
+    assert step["time_s"] < step["time_s_interval"]["lo"] and step["time_s_interval"]["figure"] == "below"
     assert "the figure lies below it: runs like this measured more than predicted" in " ".join(
         cli(*job).out.split()
     )
-    band = Interval(lo=1.0, hi=2.0, level=0.8, regime="r", runs=9)
-    assert interval_text(band, str, 1.5) == interval_text(band, str) == "1.0-2.0 (r)"
-    assert interval_text(band, str, 2.5) == (
+    residuals = Residuals.of([-0.3, -0.2, -0.1, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    assert interval(1.0, Calibration("r", residuals), 0.8, "").figure == "inside"
+    high = interval(1.0, Calibration("r", Residuals.of([0.1 * k for k in range(1, 10)])), 0.8, "")
+    low = interval(1.0, Calibration("r", Residuals.of([-0.1 * k for k in range(1, 10)])), 0.8, "")
+    assert (high.figure, low.figure) == ("below", "above") and high.lo > 1.0 > low.hi
+    assert interval(1.0, None, 0.8, "step time").figure is None
+    band = Interval(lo=1.0, hi=2.0, level=0.8, regime="r", runs=9, figure="inside")
+    assert interval_text(band, str) == "1.0-2.0 (r)"
+    assert interval_text(band.model_copy(update={"figure": "above"}), str) == (
         "1.0-2.0 (r; the figure lies above it: runs like this measured less than predicted)"
     )
 

@@ -29,6 +29,7 @@ from costmodel.training.search import (
     search,
     search_loop,
     sensitivity,
+    why_lost,
     with_pairs,
 )
 from costmodel.training.step import bind, compute_values, evaluate_step
@@ -403,6 +404,19 @@ def test_recommend_json_contract(cli) -> None:
     assert set(search_["plans"][0]["exposed_s"]) == {"TP", "CP", "PP", "DP"}
 
 
+def test_a_runner_up_says_why_it_lost_and_never_lost_by_a_negative_margin() -> None:
+    """Behind the pick: by how much and the two components that grow most. Predicted faster than a pick chosen
+    for simplicity or memory (indistinguishable at the level): that rule, with the margin the other way."""
+    pick = {"step_time_s": 10.0, "breakdown": {"matmul_s": 6.0, "attention_s": 3.0, "exposed_tp_s": 1.0}}
+    slower = {"step_time_s": 10.5, "breakdown": {"matmul_s": 6.0, "attention_s": 3.1, "exposed_tp_s": 1.4}}
+    faster = {"step_time_s": 9.84, "breakdown": {"matmul_s": 6.0, "attention_s": 2.84, "exposed_tp_s": 1.0}}
+    assert why_lost(slower, pick).startswith("lost by +5.0%: ")
+    assert why_lost(faster, pick) == (
+        "predicted 1.6% faster, but cannot be told from the pick, which is simpler or safer"
+    )
+    assert why_lost(dict(pick), pick) == "lost by +0.0%"
+
+
 def test_recommend_table_shows_the_plans_side_by_side(cli) -> None:
     out = cli(*RECOMMEND).out
     assert "Layout search" in out and "#2 lost by" in out and "inter-node link 2x slower" in out
@@ -416,6 +430,7 @@ def test_recommend_table_shows_the_plans_side_by_side(cli) -> None:
         (["--gpus", "8", "--pp", "3"], "--gpus"),
         (["--gpus", "64", "--pp", "64"], "--pp: 64 pipeline stages exceed the model's 32 layers"),
         (["--gpus", "8", "--cp", "0"], "--cp"),
+        (["--gpus", "64", "--vpp", "17"], "--vpp: 17 virtual stages on each of at least 2 stages make 34"),
     ],
 )
 def test_bad_constraints_are_one_line_and_exit_2(cli, args: list[str], expected: str) -> None:

@@ -395,7 +395,7 @@ def _fit_bar(fit: Fit, hbm: float) -> str:
     if fit.total_bytes_interval is not None:
         band = fit.total_bytes_interval
         legend += (
-            f"<span>{band.level:.0%} interval {escape(render.interval_text(band, lambda b: si(b, 'B', 3), fit.total_bytes))}; "
+            f"<span>{band.level:.0%} interval {escape(render.interval_text(band, lambda b: si(b, 'B', 3)))}; "
             f"{escape(render.fits_text(fit.fits_probability, fit.fits, band.level))}</span>"
         )
     out.append(f'<div class="legend">{legend}</div>')

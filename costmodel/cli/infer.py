@@ -129,9 +129,8 @@ def _table(report: dict) -> None:
     ttft, tpot = (Interval(**out[f"{name}_s_interval"]) for name in ("ttft", "tpot"))
     held = Interval(**mem["bytes_per_device_interval"])
     screen.print(
-        f"{ttft.level:.0%} interval: TTFT {interval_text(ttft, seconds, out['ttft_s'])}; TPOT "
-        f"{interval_text(tpot, seconds, out['tpot_s'])}; memory "
-        f"{interval_text(held, lambda b: si(b, 'B'), mem['bytes_per_device'])}"
+        f"{ttft.level:.0%} interval: TTFT {interval_text(ttft, seconds)}; TPOT "
+        f"{interval_text(tpot, seconds)}; memory {interval_text(held, lambda b: si(b, 'B'))}"
     )
     table = house_table(caption="prefill" if single else "prefill, chosen scheme")
     for column in ("component", "time", "share"):

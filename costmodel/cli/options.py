@@ -252,8 +252,10 @@ def declared(
     """Give a command one flag per field of each model, and call it with the models built.
 
     ``defaults`` replaces declared defaults for this command (training commands default to causal
-    fwd+bwd); ``exclude`` and ``only`` pick fields, ``only`` per model when a mapping from the models'
-    names (a model it does not name gives every field). The command's own parameters come after."""
+    fwd+bwd), and gives an excluded field the value the command sets itself: a value, or a function of the
+    flags (the models' and the command's own, by name) that returns it. ``exclude`` and ``only`` pick fields,
+    ``only`` per model when a mapping from the models' names (a model it does not name gives every field).
+    The command's own parameters come after."""
     defaults, exclude = defaults or {}, set(exclude)
     wanted = {
         key: None
@@ -290,6 +292,7 @@ def declared(
 
                 registry.refuse_fixed_layout(kwargs["cp_scheme"], kwargs["layout"])
             built = {}
+            flags = dict(kwargs)  # every flag by name, for the excluded fields a command sets from them
             for key, model in models.items():
                 values = {name: kwargs.pop(name) for name, _ in fields(model)}
                 if str(values.get("model") or "").endswith(".json"):
@@ -297,7 +300,7 @@ def declared(
                 if any(_from_model(info) for _, info in fields(model)):
                     values = shape_from_model(values)
                 built[key] = build(
-                    model, **{k: v for k, v in values.items() if v is not None} | _fixed(model, defaults)
+                    model, **{k: v for k, v in values.items() if v is not None} | _fixed(model, flags)
                 )
             return command(**built, **kwargs)
 
@@ -309,9 +312,13 @@ def declared(
         run.__annotations__ = {p.name: p.annotation for p in params + own}
         return run
 
-    def _fixed(model: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
-        """Defaults of excluded fields that the command sets itself."""
-        return {k: v for k, v in values.items() if k in model.model_fields and k in exclude}
+    def _fixed(model: type[BaseModel], flags: dict[str, Any]) -> dict[str, Any]:
+        """The excluded fields the command sets itself, at ``flags``."""
+        return {
+            k: v(flags) if callable(v) else v
+            for k, v in defaults.items()
+            if k in model.model_fields and k in exclude
+        }
 
     return wrap
 

@@ -428,12 +428,11 @@ def _memory_line(fit) -> str:  # noqa: ANN001
     )
 
 
-def _certainty(time: tuple[float, Interval] | None, fit) -> str:  # noqa: ANN001
-    """The pick's intervals, each with its figure, and the chance it fits, on one line."""
+def _certainty(time: Interval | None, fit) -> str:  # noqa: ANN001
+    """The pick's intervals and the chance it fits, on one line."""
     from costmodel.cli.render import certainty_parts
 
-    memory = (fit.total_bytes, fit.total_bytes_interval)
-    parts = certainty_parts(time, memory, fit.fits_probability, fit.fits)
+    parts = certainty_parts(time, fit.total_bytes_interval, fit.fits_probability, fit.fits)
     return f"{fit.total_bytes_interval.level:.0%} interval: " + "; ".join(parts)
 
 
@@ -469,7 +468,7 @@ def _render_plan(report) -> None:  # noqa: ANN001
     head.add_row("use", Text(label(pick) + used, style="bold green"))
     head.add_row("step", f"{seconds(rec.step_time_s)} · MFU {rec.mfu:.0%} (layout search below)")
     head.add_row("memory", _memory_line(report.fit))
-    head.add_row("sure", _certainty((pick["step_time_s"], Interval(**pick["time_s_interval"])), report.fit))
+    head.add_row("sure", _certainty(Interval(**pick["time_s_interval"]), report.fit))
     head.add_row("window", f"at {_plan_flags(report)}: {_window_line(report)}")
     head.add_row("why", rec.reason)
     if report.budget is not None:
@@ -617,7 +616,13 @@ def _render_window(report, title: str, plan_cp: int | None = None) -> None:  # n
         "attention_chunk",
         *MachineOverrides.model_fields,
     },
-    defaults={"seq": 1, "cp": 1, "block": 1},
+    # A sweep's setup holds its --gpus, or where none is given (no step times) one TP x PP slice.
+    defaults={
+        "seq": 1,
+        "cp": 1,
+        "block": 1,
+        "gpus": lambda flags: flags["gpus"] or flags["tp"] * flags["pp"],
+    },
 )
 def sweep_cmd(
     inputs: PlanInputs,
@@ -654,7 +659,7 @@ def sweep_cmd(
     """
     from costmodel.training.sweep import parse_grid, sweep
 
-    seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_CP)
+    seqs, ns = parse_grid(seq, "--seq", MAX_TOKENS), parse_grid(cp, "--cp", MAX_CP, tokens=False)
     from costmodel.training.sweep import MAX_PROFILES, MAX_STEP_SEARCHES
 
     if hw.count(",") >= MAX_PROFILES:  # before splitting: a huge list is refused without building it
@@ -676,8 +681,6 @@ def sweep_cmd(
 
         check_plot(plot)
     machines = [machine_for(inputs.model_copy(update={"hw": name}), machine_overrides) for name in names]
-    if gpus is not None:
-        setup = build(TrainingSetup, **setup.model_dump() | {"gpus": gpus})
     jobs = [
         make_job(inputs.model_copy(update={"hw": name}), setup, None, machine_overrides) if timed else None
         for name in names

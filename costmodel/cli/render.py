@@ -89,16 +89,16 @@ def memory_line(by: MemoryCategories, total: float, usable: float, fits: bool) -
     )
 
 
-def interval_text(band: Interval, shown: Callable[[float], str], point: float | None = None) -> str:
+def interval_text(band: Interval, shown: Callable[[float], str]) -> str:
     """``1.47 s-2.25 s (megatron on Hopper: 21 step times)``, or why there is no interval. Where the figure
-    ``point`` lies outside its own interval (the model errs one way on runs like it), it says which way, so the
-    two do not read as a contradiction."""
+    lies outside its own interval (the model errs one way on runs like it), it says which way, so the two do
+    not read as a contradiction."""
     if not band.known:
         return f"no interval ({band.note})"
     text = f"{shown(band.lo)}-{shown(band.hi)} ({band.regime}"  # type: ignore[arg-type]
-    if point is not None and point < band.lo:  # type: ignore[operator]
+    if band.figure == "below":
         text += "; the figure lies below it: runs like this measured more than predicted"
-    elif point is not None and point > band.hi:  # type: ignore[operator]
+    elif band.figure == "above":
         text += "; the figure lies above it: runs like this measured less than predicted"
     return text + ")"
 
@@ -118,27 +118,20 @@ def fits_text(probability: float | None, fits: bool, level: float) -> str:
 
 
 def certainty_parts(
-    time: tuple[float, Interval] | None,
-    memory: tuple[float, Interval],
-    fits_probability: float | None,
-    fits: bool,
+    time: Interval | None, memory: Interval, fits_probability: float | None, fits: bool
 ) -> list[str]:
-    """The intervals of a plan's figures, each given with its figure, and the chance it fits: ``step ...``, then
-    ``memory ...; fits ...``."""
-    parts = [] if time is None else [f"step {interval_text(time[1], seconds, time[0])}"]
-    memory_text = interval_text(memory[1], lambda b: si(b, "B"), memory[0])
-    return [*parts, f"memory {memory_text}; {fits_text(fits_probability, fits, memory[1].level)}"]
+    """The intervals of a plan's figures and the chance it fits: ``step ...``, then ``memory ...; fits ...``."""
+    parts = [] if time is None else [f"step {interval_text(time, seconds)}"]
+    memory_text = interval_text(memory, lambda b: si(b, "B"))
+    return [*parts, f"memory {memory_text}; {fits_text(fits_probability, fits, memory.level)}"]
 
 
 def certainty_lines(
-    time: tuple[float, Interval] | None,
-    memory: tuple[float, Interval],
-    fits_probability: float | None,
-    fits: bool,
+    time: Interval | None, memory: Interval, fits_probability: float | None, fits: bool
 ) -> list[str]:
     """:func:`certainty_parts`, one line each under the level."""
     return [
-        f"{memory[1].level:.0%} interval: {part}"
+        f"{memory.level:.0%} interval: {part}"
         for part in certainty_parts(time, memory, fits_probability, fits)
     ]
 
@@ -207,8 +200,13 @@ def scope_line(report: Report) -> str | None:
     missing = " ".join(
         flag for flag, on in (("--causal", i.causal), ("--pass fwd+bwd", i.pass_ == "fwd+bwd")) if not on
     )
-    mask = "causal" if i.causal else "no mask"
-    return f"one layer, {i.pass_}, {mask}; for training add {missing}"
+    masks = [
+        *(["causal"] if i.causal else []),
+        *([f"window {count(i.window)}"] if i.window else []),
+        *([f"chunks of {count(i.attention_chunk)}"] if i.attention_chunk else []),
+        *(["packed documents"] if i.docs else []),
+    ]
+    return f"one layer, {i.pass_}, {' + '.join(masks) or 'no mask'}; for training add {missing}"
 
 
 def limits_lines(report: Report) -> list[str]:

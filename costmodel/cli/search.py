@@ -191,7 +191,7 @@ def render_search(data: dict[str, Any]) -> None:
         )
     )
     for i, plan in enumerate(data["plans"][1:], 2):
-        out.print(f"#{i} lost by {plan['why_lost']}")
+        out.print(f"#{i} {plan['why_lost']}")
     for item in data["sensitivity"]:
         out.print(f"if    {item['change']}: {item['text']}")
 

@@ -214,8 +214,8 @@ def _table(report: StepReport) -> None:
             table.add_row(_label(name, inputs), seconds(value), f"{value / report.step.time_s:.1%}")
     screen.print(table)
     for line in certainty_lines(
-        (report.step.time_s, report.step.time_s_interval),
-        (memory.bytes_per_device, memory.bytes_per_device_interval),
+        report.step.time_s_interval,
+        memory.bytes_per_device_interval,
         memory.fits_probability,
         memory.fits,
     ):

@@ -20,7 +20,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -198,6 +198,12 @@ class Interval(BaseModel):
     regime: str = Field(description="the measured runs the width comes from")
     runs: int = Field(description="how many measured runs")
     note: str = Field("", description="why there is no interval, where there is none")
+    figure: Literal["inside", "below", "above"] | None = Field(
+        None,
+        description="where the figure lies: inside its interval, or below (above) it where the model errs one "
+        "way on runs like it and their measured values lay above (below) its predictions; null when there is "
+        "no interval",
+    )
 
     @property
     def known(self) -> bool:
@@ -247,8 +253,14 @@ def interval(value: float, calibration: Calibration | None, level: float, what: 
             f"; spanning the range of {calibration.own_regime} too, which holds another of them "
             f"{(own.runs - 1) / (own.runs + 1):.0%} of the time"
         )
+    figure = "below" if lo > 0 else "above" if hi < 0 else "inside"
     return Interval(
-        lo=value * math.exp(lo), hi=value * math.exp(hi), level=level, regime=regime, runs=residuals.runs
+        lo=value * math.exp(lo),
+        hi=value * math.exp(hi),
+        level=level,
+        regime=regime,
+        runs=residuals.runs,
+        figure=figure,
     )
 
 

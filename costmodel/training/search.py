@@ -172,6 +172,14 @@ def check_constraints(model: ModelPreset, gpus: int, seq: int, c: Constraints) -
     never answered for another."""
     # The fixed degrees, through the layout's one check (a free PP leaves the stages to the search).
     Parallelism(tp=c.tp or 1, pp=c.pp or 1, vpp=(c.vpp or 1) if c.pp else 1).check(model)
+    if (
+        c.pp is None and c.vpp is not None and c.vpp > 1 and 2 * c.vpp > model.layers
+    ):  # interleaving needs PP 2+
+        raise InputError(
+            "--vpp",
+            f"{c.vpp} virtual stages on each of at least 2 stages make {2 * c.vpp} model chunks, more than the "
+            f"model's {model.layers} layers; accepted: at most {model.layers // 2}",
+        )
     fixed = (c.tp or 1) * (c.cp or 1) * (c.pp or 1)
     if fixed > gpus:
         raise InputError("--gpus", f"{gpus} GPUs are fewer than the fixed tp x cp x pp = {fixed}")
@@ -925,16 +933,19 @@ def search_loop(
 
 
 def why_lost(plan: dict[str, Any], best: dict[str, Any]) -> str:
-    """Where a runner-up spends more than the pick: the two components that grow most. A plan predicted faster
-    than a pick chosen for simplicity or memory lost on that rule, not on time."""
+    """Why a runner-up is not the pick: where it spends more, the two components that grow most; or, for a plan
+    predicted faster than a pick chosen for simplicity or memory, that rule, not time."""
     behind = plan["step_time_s"] - best["step_time_s"]
     if behind < 0:
-        return f"{behind / best['step_time_s']:.1%} predicted, but cannot be told from the pick, which is simpler or safer"
+        return (
+            f"predicted {-behind / best['step_time_s']:.1%} faster, but cannot be told from the pick, which is "
+            "simpler or safer"
+        )
     deltas = sorted(
         ((plan["breakdown"][k] - best["breakdown"][k], k) for k in plan["breakdown"]), reverse=True
     )
     worse = [f"{SHORT[name]} +{seconds(delta, 2)}" for delta, name in deltas[:2] if delta > 0]
-    return f"+{behind / best['step_time_s']:.1%}: " + ", ".join(worse)
+    return f"lost by +{behind / best['step_time_s']:.1%}" + (": " + ", ".join(worse) if worse else "")
 
 
 def table_of(plans: list[dict[str, Any]], kv_heads: int, global_batch: int) -> Table:
