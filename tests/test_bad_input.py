@@ -30,6 +30,7 @@ FILES = {  # name: YAML text written to a temporary file and passed as --hw
     "slow-link.yaml": profile_with("bandwidth_per_direction: 25.0e+09", "bandwidth_per_direction: 1.0e-30"),
     "python-tag.yaml": "!!python/object/apply:os.system ['touch {tmp}/pwned']\n",
     "list.yaml": "- a100\n- h100\n",
+    "blank.yaml": "",
     "typo.yaml": profile_with("devices_per_node: 8", "devices_per_node: 8\ndevice_per_node: 8"),
     "no-url.yaml": "\n".join(line for line in GOOD_PROFILE.splitlines() if not line.startswith("  url:")),
     "bidir.yaml": profile_with("bandwidth_bidirectional: 600.0e+09", "bandwidth_bidirectional: 300.0e+09"),
@@ -106,7 +107,7 @@ CASES: list[tuple[list[str], str]] = [
     (["--inter-node-bandwidth", "1e-30Gb"], "below any link (1 MB/s); check the prefix"),
     (["--hw", "{tmp}/zero-flops.yaml"], "device.peak_flops.bf16: must be more than 0 (got 0.0)"),
     (["--hw", "{tmp}/python-tag.yaml"], "could not determine a constructor for the tag"),
-    (["--hw", "{tmp}/list.yaml"], "expected a mapping of hardware fields, got list"),
+    (["--hw", "{tmp}/list.yaml"], "expected a mapping of hardware fields (key: value lines), got a list"),
     (["--hw", "{tmp}/typo.yaml"], "device_per_node: unknown key"),
     (["--hw", "{tmp}/no-url.yaml"], "source: a datasheet profile must give source.url"),
     (["--hw", "{tmp}/bidir.yaml"], "is not twice bandwidth_per_direction"),
@@ -116,6 +117,18 @@ CASES: list[tuple[list[str], str]] = [
         "--hw: {tmp}/one-node.yaml has no links.inter_node, but 16 CP ranks span nodes (8 per node)",
     ),
     (["--hw", "{tmp}"], "--hw"),
+    (
+        ["--hw", "{tmp}/blank.yaml"],
+        "expected a mapping of hardware fields (key: value lines), got an empty document",
+    ),
+    (["--hw", ""], "--hw: an empty name; give one of the built-in hardware names (a100-ib, "),
+    (["--model", " "], "--model: an empty name; give one of the built-in model names"),
+    (["check", ""], "'': an empty path; give the path of a YAML file"),
+    (
+        ["step", "--model", "llama3-8b", "--global-batch", "8", "--attention-kernel", "FLASH"],
+        "--attention-kernel: must be a name of 1 to 40 lower-case letters, digits and hyphens (e.g. sdpa-cudnn) "
+        "(got 'FLASH')",
+    ),
     (["--model", "{tmp}/bad-model.yaml"], "--model: {tmp}/bad-model.yaml: kv_heads 5 must divide heads 32"),
 ]
 

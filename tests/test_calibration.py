@@ -253,6 +253,8 @@ def test_calibrate_bad_input(cli, tmp_path) -> None:
         "--kv-heads"
         in cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--heads", "8", "--kv-heads", "3").err
     )
+    empty = cli("calibrate", "--out", str(tmp_path / "x.yaml"), "--name", " ")
+    assert empty.code == 2 and "--name: an empty name" in empty.err and not (tmp_path / "x.yaml").exists()
 
 
 @pytest.mark.parametrize("causal", [False, True])

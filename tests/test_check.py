@@ -105,7 +105,7 @@ INVALID = [
     ),
     ("name: [x\n", ":2: malformed YAML"),
     ("!!python/object/apply:os.system ['true']\n", "could not determine a constructor"),
-    ("- a\n- b\n", "expected a mapping of plan fields, got list"),
+    ("- a\n- b\n", "expected a mapping of plan fields (key: value lines), got a list"),
     ("name: x\nmodel: nosuch\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":2: model: unknown model 'nosuch'"),
     ("name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: nosuch\n", ":5: hw: unknown hardware 'nosuch'"),
     (

@@ -32,6 +32,7 @@ BANDWIDTHS = [  # text, bytes/s per direction
     ("450 GBps", 450e9),
     ("100 MB/s", 1e8),
     ("2.5e1GB/s", 25e9),
+    ("0.5PB/s", 5e14),  # the most a link direction may be: 1 PB/s both ways
 ]
 
 
@@ -252,6 +253,13 @@ def test_fast_domain_size_moves_where_the_ring_leaves_it() -> None:
         ({"hbm_bytes": 0.0}, "--hbm-bytes", "positive, finite"),
         ({"hbm_bandwidth": "fast"}, "--hbm-bandwidth", "not a bandwidth"),
         ({"hbm_bandwidth": float("inf")}, "--hbm-bandwidth", "positive, finite"),
+        # the profile sustains 0.726 of its HBM rate, and the sustained rate is a bandwidth of 1 MB/s at least
+        ({"hbm_bandwidth": "1MB/s"}, "--hbm-bandwidth", "accepted: 1.38e\\+06 to 1e\\+15 bytes/s"),
+        (
+            {"inter_bandwidth": "1PB/s"},
+            "--inter-node-bandwidth",
+            "accepted: at most 5e\\+14 \\(1 PB/s both ways",
+        ),
         ({"clock_scale": 0.0}, "--clock-scale", "a positive share of the profile's clock"),
         ({"clock_scale": float("nan")}, "--clock-scale", "a positive share of the profile's clock"),
         ({"clock_scale": 1.2}, "--clock-scale", "over the tables' own \\(boost\\) clock; give at most 1$"),

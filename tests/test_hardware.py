@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,29 @@ def test_a_profile_cannot_allocate_more_than_its_device_holds(tmp_path) -> None:
     path.write_text(text)
     with pytest.raises(InputError, match="allocatable_bytes 8.6e\\+10 passes hbm_bytes 8e\\+10 read as GiB"):
         load_profile(str(path))
+
+
+def test_a_shape_class_measured_twice_is_refused_not_read_first_come(tmp_path) -> None:
+    data = yaml.safe_load((data_dir("hardware") / "a100-nvlink.yaml").read_text())
+    first = data["kernels"]["attention"][
+        0
+    ]  # a copy 100x slower: every list its own (YAML aliases are refused)
+    twin = {**first, "seq": list(first["seq"]), "flops_per_s": [rate / 100 for rate in first["flops_per_s"]]}
+    data["kernels"]["attention"].append(twin)
+    path = tmp_path / "twice.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(
+        InputError, match="two attention curves for head_dim 128, causal False, backward False"
+    ):
+        load_profile(str(path))
+
+
+def test_a_file_that_is_no_profile_is_not_echoed_back_line_by_line(cli, tmp_path) -> None:
+    """Any text file given as a profile parses as YAML keys: the line names the first five, then a count."""
+    path = tmp_path / "passwd.yaml"
+    path.write_text("".join(f"user{i}: x\n" for i in range(30)))
+    result = cli("--hw", str(path))
+    assert result.code == 2 and result.err.count("\n") == 1 and len(result.err) < 400, result.err
+    # 25 more unknown keys, and the fields a profile needs that the file lacks
+    assert re.search(r"line 5: user4: unknown key; and \d\d more problems$", result.err.strip()), result.err
+    assert "user5" not in result.err

@@ -67,7 +67,8 @@ def test_hostile_yaml_is_refused_by_every_reader(cli, tmp_path, entry: str, text
     args, field = ENTRIES[entry]
     path = write(tmp_path, "hostile.yaml", text)
     line = one_line_error(cli(*args(path)), expected)
-    assert line.startswith(f"cp-plan: error: {field or path}")
+    # a plan's problems lead with its path, as every reader shows a path: cut in the middle past 80 characters
+    assert line.startswith(f"cp-plan: error: {field}") if field else "/hostile.yaml:" in line
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -127,6 +127,8 @@ BAD = [
     (["--docs", "books"], "neither lengths"),
     (["--docs", "lognormal:sigma=1"], "needs mean="),
     (["--docs", "lognormal:mean=4k,sigma=nan"], "sigma"),
+    (["--docs", "lognormal:mean=1M,count=10"], "mean=1,048,576 is longer than the window S = 262,144"),
+    (["--docs", "lognormal:mean=4k,mean=8k"], "mean= given twice"),
     (["--docs", "{tmp}/bad.json"], "malformed JSON"),
     (["--docs", "{tmp}/bad.csv"], "length,count"),
     (["--docs", "{tmp}/zero.txt"], "positive"),

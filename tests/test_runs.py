@@ -152,6 +152,7 @@ def test_predictions_in_the_measured_order_rank_every_layout_right(
 
 BAD = [
     ("gpus,tp,bogus\n8,1,2\n", "unknown column(s) 'bogus'"),
+    ("llama3-8b,8192,8\n", "unknown column(s) 'llama3-8b', '8192', '8' in its first line, the header"),
     ("# GPUs,tensor parallelism\n8,1,2\n", "3 cells for 2 columns"),
     (
         "# GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"

@@ -64,6 +64,13 @@ def test_given_ends_and_the_middle_shares_the_rest(first, last, split) -> None: 
         ({"layers": 32, "pp": 40}, "--pp", "40 pipeline stages exceed the model's 32 layers"),
         ({"layers": 32, "pp": 1, "vpp": 2}, "--vpp", "interleaving needs --pp > 1"),
         ({"layers": 32, "pp": 1, "first": 4}, "--first-stage-layers", "needs --pp > 1"),
+        ({"layers": 32, "pp": 1, "last": 1}, "--last-stage-layers", "needs --pp > 1"),
+        (
+            {"layers": 32, "pp": 2, "last": 40},
+            "--last-stage-layers",
+            "leave 0 for the other 1 stage, at least one each: accepted 1 to 31",
+        ),
+        ({"layers": 32, "pp": 4, "first": 40}, "--first-stage-layers", "accepted 1 to 29"),
         ({"layers": 32, "pp": 4, "first": 9, "last": 8}, "--first-stage-layers", "share 32 - first - last"),
         ({"layers": 32, "pp": 2, "first": 20, "last": 20}, "--first-stage-layers", "must be the model's 32"),
         ({"layers": 32, "pp": 4, "vpp": 9}, "--vpp", "36 model chunks exceed the model's 32 layers"),

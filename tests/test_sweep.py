@@ -41,6 +41,23 @@ def test_parse_grid_rejects(text: str, message: str) -> None:
         parse_grid(text, "--seq", 1 << 34)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1.5", "'1.5' is not a whole number; accepted: a whole number, a list \\(2,4,8\\)"),
+        ("-1", "'-1' is not a whole number"),
+        ("0", "values must lie in \\[1, 1,024\\] \\(got 0\\)"),
+        ("2..4096", "\\(got 4,096\\)"),
+        ("", "empty; accepted: a whole number"),
+    ],
+)
+def test_a_grid_of_cp_degrees_reads_whole_numbers(text: str, message: str) -> None:
+    assert parse_grid("1..8", "--cp", 1024, tokens=False) == [1, 2, 4, 8]
+    with pytest.raises(InputError, match=message) as caught:
+        parse_grid(text, "--cp", 1024, tokens=False)
+    assert caught.value.field == "--cp"
+
+
 @pytest.mark.parametrize("hw", ["a100-nvlink", "h100-ib"])
 @pytest.mark.parametrize(("causal", "pass_"), [(False, "fwd"), (True, "fwd+bwd")])
 def test_grid_equals_the_report_point_by_point(hw: str, causal: bool, pass_: str) -> None:

@@ -4,6 +4,7 @@ collective gets there (ring hop, all-to-all bisection, all-gather on a torus, NI
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given
@@ -139,6 +140,23 @@ def test_torus_needs_dims_not_devices_per_node() -> None:
 @pytest.mark.parametrize("text", ["4x4x", "0x4", "4x4x4x4", "four", "4.5x2"])
 def test_bad_torus_dims(text: str) -> None:
     with pytest.raises(InputError) as error:
+        override(load_profile("tpu-v5p-ici"), ProfileChanges(torus_dims=text))
+    assert error.value.field == "--torus-dims"
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("4x8", "is a 3-D torus (its largest slice 16x16x24); give 3 chip counts"),
+        ("32x4x4", "does not fit in the largest slice of profile 'tpu-v5p-ici', 16x16x24"),
+        ("64x64x64", "does not fit in the largest slice"),
+    ],
+)
+def test_a_slice_is_shaped_as_the_torus_and_fits_in_its_largest(text: str, says: str) -> None:
+    assert (
+        override(load_profile("tpu-v5p-ici"), ProfileChanges(torus_dims="24x16x4")).devices_per_node == 1536
+    )
+    with pytest.raises(InputError, match=re.escape(says)) as error:
         override(load_profile("tpu-v5p-ici"), ProfileChanges(torus_dims=text))
     assert error.value.field == "--torus-dims"
 

@@ -296,13 +296,18 @@ def _named(load: Callable[[str], Any], spec: str, where: str, column: str) -> An
 
 def _csv_rows(path: str) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     """The table's columns, and each run's line number and cells by column."""
-    header, cells = read_csv(path, "--runs", "runs", MAX_ROWS)
+
+    def known(header: list[str]) -> None:
+        unknown = [name for name in header if _column(name) not in COLUMNS]
+        if unknown:
+            shown = ", ".join(repr(name[:40]) for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            raise InputError(
+                "--runs",
+                f"{path}: unknown column(s) {shown} in its first line, the header; see docs/audit.md",
+            )
+
+    header, cells = read_csv(path, "--runs", "runs", MAX_ROWS, check_header=known)
     columns = [_column(name) for name in header]
-    unknown = [header[i] for i, c in enumerate(columns) if c not in COLUMNS]
-    if unknown:
-        raise InputError(
-            "--runs", f"{path}: unknown column(s) {', '.join(map(repr, unknown))}; see docs/audit.md"
-        )
     return columns, [(number, _cells(columns, row, f"{path} line {number}")) for number, row in cells]
 
 

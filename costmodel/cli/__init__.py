@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None, whole: bool = False) -> int:
     try:
         with _stdout_written_whole():
             return _run(argv, whole, starting)
+    except KeyboardInterrupt:  # in start-up's imports, before _run's own handler is in place
+        return fail("interrupted", 130)
     finally:
         forget_inputs()
         if argv is None:

@@ -346,6 +346,8 @@ def calibrate(
     from costmodel.calibration.fit import build_profile
 
     timeout = _seconds(timeout, "--timeout")
+    if name is not None and not name.strip():  # now, not in the profile written after minutes of measuring
+        raise InputError("--name", "an empty name; give one, or leave --name out for the file's stem")
     require_torch()
     from costmodel.kernel.calibrate import CalibrationConfig, measure
     from costmodel.kernel.launch import LaunchError, launch, under_torchrun

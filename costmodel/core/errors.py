@@ -22,6 +22,12 @@ class InputError(ValueError):
         )
 
 
+# A field's pattern in words: a regular expression is no answer to "what is accepted".
+PATTERNS = {
+    r"^[a-z0-9][a-z0-9-]{0,39}$": "a name of 1 to 40 lower-case letters, digits and hyphens (e.g. sdpa-cudnn)",
+}
+
+
 def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
     """Every problem of a pydantic ``ValidationError`` as (location, text), unknown keys first.
 
@@ -34,6 +40,8 @@ def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
             problems.append((0, loc, "unknown key"))
             continue
         msg = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "string_pattern_mismatch" and error["ctx"]["pattern"] in PATTERNS:
+            msg = f"must be {PATTERNS[error['ctx']['pattern']]}"
         got = error.get("input")
         shown = "" if isinstance(got, dict | list) or error["type"] == "missing" else f" (got {_short(got)})"
         problems.append((1, loc, f"{msg}{shown}"))
@@ -60,13 +68,21 @@ def another_kind(data: object, expected: str) -> str | None:
     return None
 
 
+# Problems one line names: a file that is not what was asked (any text file given as a profile) would
+# otherwise echo every line of it back as an unknown key.
+MAX_PROBLEMS = 5
+
+
 def describe_validation(exc: object, line: Callable[..., int] | None = None) -> str:
-    """One line for a pydantic ``ValidationError``: every field's dotted path and problem, ``; ``-separated,
-    each after its line in the file when ``line(*location)`` gives it."""
-    return "; ".join(
+    """One line for a pydantic ``ValidationError``: each field's dotted path and problem, ``; ``-separated,
+    each after its line in the file when ``line(*location)`` gives it; the first few, and how many more."""
+    problems = validation_problems(exc)
+    shown = "; ".join(
         (f"line {line(*loc)}: " if line and loc else "") + (f"{'.'.join(loc)}: " if loc else "") + text
-        for loc, text in validation_problems(exc)
+        for loc, text in problems[:MAX_PROBLEMS]
     )
+    more = len(problems) - MAX_PROBLEMS
+    return shown + (f"; and {more} more problem{'s' if more > 1 else ''}" if more > 0 else "")
 
 
 def _short(value: object, limit: int = 60) -> str:

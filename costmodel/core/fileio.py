@@ -271,6 +271,8 @@ def open_input(path: str | os.PathLike[str], field: str, kind: str) -> BinaryIO:
     def refuse(problem: str) -> FileInputError:
         return FileInputError(field, shown, None, problem)
 
+    if not name.strip():
+        raise FileInputError(field, repr(name), None, f"an empty path; give the path of a {bound.noun}")
     too_big = f"larger than {_size(bound.max_bytes)}, the bound for a {bound.noun}"
     if name == STDIN:
         return io.BytesIO(_stdin(field, kind, refuse, too_big))
@@ -670,6 +672,14 @@ def _key_lines(root: Any) -> dict[tuple[str, ...], int]:
     return lines
 
 
+def not_a_mapping(data: object, noun: str) -> str:
+    """Why a YAML document that should map ``noun`` fields does not, in the user's words."""
+    held = {type(None): "an empty document", list: "a list", str: "a single string"}.get(
+        type(data), f"a single {type(data).__name__} value"
+    )
+    return f"expected a mapping of {noun} fields (key: value lines), got {held}"
+
+
 def builtin_path(spec: str, directory: Path) -> Path | None:
     """The built-in file in ``directory`` that ``spec`` names (names are case-insensitive), or None."""
     return {p.stem.lower(): p for p in directory.glob("*.yaml")}.get(spec.lower())
@@ -681,6 +691,11 @@ def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> t
     Returns (data, where it came from, the document with its line map); unknown names list the
     built-ins. The caller validates."""
     builtins = sorted(p.stem for p in directory.glob("*.yaml"))
+    if not spec.strip():  # Path("") is the working directory
+        raise InputError(
+            field,
+            f"an empty name; give one of the built-in {noun} names ({', '.join(builtins)}) or a YAML file's path",
+        )
     named = builtin_path(spec, directory)
     path = named or Path(spec)
     if (
@@ -705,9 +720,7 @@ def load_builtin_or_file(spec: str, directory: Path, field: str, noun: str) -> t
         )
     document = read_yaml(path, field)
     if not isinstance(document.data, dict):
-        raise InputError(
-            field, f"{path}: expected a mapping of {noun} fields, got {type(document.data).__name__}"
-        )
+        raise InputError(field, f"{path}: {not_a_mapping(document.data, noun)}")
     return document.data, str(path), document
 
 

@@ -24,19 +24,29 @@ GOAL = 0.15  # |error| a prediction is held to; beyond it a row is a miss to exp
 
 
 def read_csv(
-    path: str, field: str, kind: str, max_rows: int
+    path: str,
+    field: str,
+    kind: str,
+    max_rows: int,
+    check_header: Callable[[list[str]], None] | None = None,
 ) -> tuple[list[str], list[tuple[int, list[str]]]]:
     """A CSV table's header and its non-blank rows with their line numbers, each as long as the header.
 
     A byte-order mark is dropped (spreadsheets and vTrain's tables write one); an empty file, a ragged row,
-    malformed quoting, no rows or more than ``max_rows`` are one :class:`InputError` line on ``field``."""
+    malformed quoting, no rows or more than ``max_rows`` are one :class:`InputError` line on ``field``.
+    ``check_header`` reads the header first: a table whose first line is a row, not a header, is told so
+    by its unknown columns, not as a header without rows."""
     text = read_input_text(path, field, kind)
     try:
         with io.StringIO(text, newline="") as handle:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None:
-                raise InputError(field, f"{path} is empty; expected a header row and one row per {kind}")
+                raise InputError(
+                    field, f"{path} is empty; expected a header row and a row for each of its {kind}"
+                )
+            if check_header is not None:
+                check_header(header)
             rows = []
             for number, cells in enumerate(reader, start=2):
                 if not any(cell.strip() for cell in cells):

@@ -156,7 +156,9 @@ def parse_integer(text: str | int, field: str) -> int:
         return text
     if not isinstance(text, str) or not _INTEGER.fullmatch(text):
         negative = isinstance(text, str) and text.strip().startswith("-") and text.strip()[1:].isdigit()
-        raise InputError(field, f"{_shown(text)} is not a whole number{' of 0 or more' if negative else ''}")
+        raise InputError(
+            field, f"{_shown(text)} is not a whole number{': counts are never negative' if negative else ''}"
+        )
     _check_digits(text.strip(), field)
     return int(text)
 

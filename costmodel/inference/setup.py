@@ -98,6 +98,7 @@ class InferenceSetup(BaseModel):
         "KV-cache page in tokens (paged attention; vLLM uses 16): each rank's cache rounds up to whole "
         "pages; 0 keeps exact token counts.",
         unit="tokens",
+        tokens=True,
         ge=0,
         le=2**20,
     )

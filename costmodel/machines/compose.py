@@ -18,13 +18,13 @@ BANDWIDTH_HELP = (
     "a number with a decimal prefix and b (bits) or B (bytes), per second and per direction, "
     "e.g. 200Gb, 400 Gbit/s, 25GB/s, 1.8TB/s"
 )
-_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BANDWIDTH = re.compile(
     r"^\s*(?P<number>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*"
-    r"(?P<prefix>[kKMGT]?)(?P<unit>bits?|bit|b|bytes?|B)"
+    r"(?P<prefix>[kKMGTP]?)(?P<unit>bits?|bit|b|bytes?|B)"
     r"(?:\s*(?:/\s*s|ps|/\s*sec))?\s*$"
 )
-_BINARY = re.compile(r"\d\s*[kKMGT]i")
+_BINARY = re.compile(r"\d\s*[kKMGTP]i")
 # Beyond any link built so far (NVLink 5 is 0.9 TB/s a direction), or below any link that would carry a
 # training job: a figure outside them is a unit slip.
 _MOST_PLAUSIBLE = 1e15
@@ -148,8 +148,16 @@ def _new_memory(data: dict, changes: ProfileChanges) -> list[str]:
         if not math.isfinite(bandwidth) or bandwidth <= 0:
             raise InputError("--hbm-bandwidth", f"must be a positive, finite bandwidth (got {value!r})")
         old = device.get("hbm_bandwidth")
-        if old and device.get("hbm_sustained"):
-            device["hbm_sustained"] = device["hbm_sustained"] * bandwidth / old
+        share = device["hbm_sustained"] / old if old and device.get("hbm_sustained") else 1.0
+        least = _LEAST_PLAUSIBLE / share  # the sustained rate, the profile's share of it, is a bandwidth too
+        if not least <= bandwidth <= _MOST_PLAUSIBLE:
+            raise InputError(
+                "--hbm-bandwidth",
+                f"{value!r} is {bandwidth:.3g} bytes/s; accepted: {least:.3g} to {_MOST_PLAUSIBLE:.3g} bytes/s"
+                + (f" (the profile sustains {share:.3g} of it, at least 1 MB/s)" if share < 1 else ""),
+            )
+        if share < 1:
+            device["hbm_sustained"] = share * bandwidth
         device["hbm_bandwidth"] = bandwidth
         said.append(f"HBM {bandwidth / 1e12:g} TB/s" + (f" (was {old / 1e12:g} TB/s)" if old else ""))
     return said
@@ -198,6 +206,11 @@ def _new_links(data: dict, changes: ProfileChanges) -> list[str]:
         bandwidth = parse_bandwidth(value, flag) if isinstance(value, str) else float(value)
         if not math.isfinite(bandwidth) or bandwidth <= 0:
             raise InputError(flag, f"must be a positive, finite bandwidth (got {value!r})")
+        if 2 * bandwidth > _MOST_PLAUSIBLE:  # both directions are a bandwidth too
+            raise InputError(
+                flag,
+                f"{value!r} is {bandwidth:.3g} bytes/s a direction; accepted: at most 5e+14 (1 PB/s both ways)",
+            )
         old = data["links"].get(scope)
         # only the bandwidth changes: the link's latencies and the share of it NCCL's collectives reach stay
         # (an all-to-all measured on the old link does not)
@@ -236,6 +249,19 @@ def _new_placement(data: dict, profile: HardwareProfile, changes: ProfileChanges
         dims = parse_dims(changes.torus_dims)
         if not torus:
             raise InputError("--torus-dims", f"{profile.origin} is not a torus; use --devices-per-node")
+        largest = data["topology"]["dims"]  # the profile's largest slice: a slice's shape fits inside it
+        shown = "x".join(map(str, largest))
+        if len(dims) != len(largest):
+            raise InputError(
+                "--torus-dims",
+                f"{changes.torus_dims!r}: {profile.origin} is a {len(largest)}-D torus (its largest slice "
+                f"{shown}); give {len(largest)} chip counts",
+            )
+        if any(d > most for d, most in zip(sorted(dims), sorted(largest), strict=True)):
+            raise InputError(
+                "--torus-dims",
+                f"{changes.torus_dims!r} does not fit in the largest slice of {profile.origin}, {shown}",
+            )
         if devices is not None and devices != math.prod(dims):
             raise InputError(
                 "--devices-per-node",

@@ -106,18 +106,23 @@ def _rate(cells: dict[str, str], flop: float, where: str, field: str) -> float:
 
 
 def _table(path: str, field: str, kind: str, required: set[str], allowed: set[str]) -> list[tuple[str, dict]]:
-    header, rows = read_csv(path, field, kind, MAX_ROWS)
+
+    def known(header: list[str]) -> None:
+        columns = [name.strip().lower() for name in header]
+        if len(set(columns)) != len(columns):
+            raise InputError(field, f"{path}: a column is named twice in the header")
+        unknown = sorted(set(columns) - allowed)
+        if unknown:
+            shown = ", ".join(name[:40] for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+            raise InputError(
+                field, f"{path}: unknown column(s) {shown}; accepted: {', '.join(sorted(allowed))}"
+            )
+        missing = sorted(required - set(columns))
+        if missing:
+            raise InputError(field, f"{path}: missing column(s) {', '.join(missing)}")
+
+    header, rows = read_csv(path, field, kind, MAX_ROWS, check_header=known)
     columns = [name.strip().lower() for name in header]
-    if len(set(columns)) != len(columns):
-        raise InputError(field, f"{path}: a column is named twice in the header")
-    unknown = sorted(set(columns) - allowed)
-    if unknown:
-        raise InputError(
-            field, f"{path}: unknown column(s) {', '.join(unknown)}; accepted: {', '.join(sorted(allowed))}"
-        )
-    missing = sorted(required - set(columns))
-    if missing:
-        raise InputError(field, f"{path}: missing column(s) {', '.join(missing)}")
     return [(f"{path} line {number}", dict(zip(columns, cells, strict=True))) for number, cells in rows]
 
 

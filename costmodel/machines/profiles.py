@@ -30,7 +30,7 @@ from costmodel.core.fields import (
     Switch,
     Within,
 )
-from costmodel.core.fileio import YamlDocument, builtin_path, load_builtin_or_file, read_input
+from costmodel.core.fileio import YamlDocument, builtin_path, load_builtin_or_file, not_a_mapping, read_input
 from costmodel.core.intervals import LayoutResiduals, Residuals
 from costmodel.core.resources import data_dir
 from costmodel.core.units import GIB
@@ -649,6 +649,21 @@ class Kernels(_Strict):
     )
     notes: str = Field(default="", description="how the numbers were derived")
 
+    @model_validator(mode="after")
+    def _one_curve_each(self) -> Self:
+        """A shape class measured twice would be read by whichever came first: refused, naming it."""
+        seen = set()
+        for curve in self.attention:
+            key = (curve.kernel, curve.head_dim, curve.causal, curve.backward)
+            if key in seen:
+                kernel = f"kernel {curve.kernel}, " if curve.kernel else ""
+                raise ValueError(
+                    f"two attention curves for {kernel}head_dim {curve.head_dim}, causal {curve.causal}, "
+                    f"backward {curve.backward}: give each shape class once"
+                )
+            seen.add(key)
+        return self
+
 
 TopologyKind = Literal["switch", "nvlink-domain", "mesh", "torus"]
 
@@ -849,7 +864,7 @@ def parse_profile(
     """Validate loaded YAML; any problem becomes one :class:`InputError` line naming the field (and its
     line, given the ``document`` the data came from)."""
     if not isinstance(data, dict):
-        raise InputError(field, f"{origin}: expected a mapping of hardware fields, got {type(data).__name__}")
+        raise InputError(field, f"{origin}: {not_a_mapping(data, 'hardware')}")
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:

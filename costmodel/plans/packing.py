@@ -175,10 +175,19 @@ def _synthetic(params: str, seq: int) -> tuple[list[int], str]:
         key, sep, value = part.partition("=")
         if not sep or key.strip() not in {"mean", "sigma", "count", "seed"}:
             raise InputError(FIELD, f"lognormal takes mean=, sigma=, count=, seed=; got {part!r}")
+        if key.strip() in given:
+            raise InputError(
+                FIELD,
+                f"lognormal: {key.strip()}= given twice; give each of mean=, sigma=, count=, seed= once",
+            )
         given[key.strip()] = value.strip()
     if "mean" not in given:
         raise InputError(FIELD, "lognormal needs mean= (e.g. lognormal:mean=4k,sigma=1,seed=0)")
     mean = _tokens(given["mean"])
+    if mean > seq:  # every draw would be cut to the window: no distribution of documents is left
+        raise InputError(
+            FIELD, f"lognormal: mean={mean:,} is longer than the window S = {seq:,}; accepted: at most S"
+        )
     try:
         sigma = parse_number(given.get("sigma", "1"), FIELD)
     except InputError:

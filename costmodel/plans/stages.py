@@ -102,7 +102,8 @@ def split_stages(
     if vpp > 1 and pp == 1:
         raise InputError(vpp_field, "interleaving needs --pp > 1")
     if (first is not None or last is not None) and pp == 1:
-        raise InputError("--first-stage-layers", "a stage split needs --pp > 1")
+        given = "--first-stage-layers" if first is not None else "--last-stage-layers"
+        raise InputError(given, "a stage split needs --pp > 1")
     split = _given(layers, pp, first, last) if first is not None or last is not None else balanced(layers, pp)
     assert split is not None  # pp <= layers always has a balanced split
     fewest = min([split.first, split.last] + ([split.middle] if pp > 2 else []))
@@ -124,8 +125,15 @@ def split_stages(
 def _given(layers: int, pp: int, first: int | None, last: int | None) -> StageSplit:
     inner = pp - 2
     if first is None or last is None:  # one end given: the other takes what an even middle leaves
-        fixed = first if first is not None else last
+        flag, fixed = ("--first-stage-layers", first) if first is not None else ("--last-stage-layers", last)
         assert fixed is not None
+        most = layers - (pp - 1)  # the other pp - 1 stages need a layer each
+        if not 1 <= fixed <= most:
+            raise InputError(
+                flag,
+                f"{fixed} of {layers} layers on one end stage leave {max(layers - fixed, 0)} for the other "
+                f"{pp - 1} stage{'s' if pp > 2 else ''}, at least one each: accepted 1 to {most}",
+            )
         rest = layers - fixed
         middles = (-(-rest // (pp - 1)), rest // (pp - 1)) if inner > 0 else (0,)
         other = next((rest - inner * m for m in middles if rest - inner * m >= 1), rest - inner * middles[-1])

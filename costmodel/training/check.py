@@ -22,7 +22,7 @@ from pydantic_core import PydanticUndefined
 
 from costmodel.core.errors import InputError, another_kind, validation_problems
 from costmodel.core.fields import NumberAsWritten, Positive, Switch
-from costmodel.core.fileio import YamlDocument, YamlInputError, read_yaml
+from costmodel.core.fileio import YamlDocument, YamlInputError, not_a_mapping, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
 from costmodel.machines.binding import Machine
 from costmodel.machines.profiles import load_profile
@@ -180,11 +180,11 @@ def load_plan(path: str) -> Located:
     """Parse with the hardened loader, keeping line numbers; every problem in the file is reported at once."""
     try:
         document = read_yaml(path, path)
-    except YamlInputError as exc:
-        raise InvalidPlan([(path, exc.line, exc.problem)]) from None
+    except YamlInputError as exc:  # the path as the reader shows it: shortened, quoted where empty
+        raise InvalidPlan([(exc.path, exc.line, exc.problem)]) from None
     data = document.data
     if not isinstance(data, dict):
-        raise InvalidPlan([(path, None, f"expected a mapping of plan fields, got {type(data).__name__}")])
+        raise InvalidPlan([(path, None, not_a_mapping(data, "plan"))])
     try:
         plan = PlanFile.model_validate(data)
     except ValidationError as exc:

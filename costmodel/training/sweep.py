@@ -22,6 +22,7 @@ from costmodel.plans.verdict import AMBER, BANDS, GREEN
 from costmodel.schedule.layouts import chunks_per_rank
 
 RANGE_HELP = "a value, a list (8k,32k,128k), or a doubling range (8k..1M)"
+RANGE_HELP_WHOLE = "a whole number, a list (2,4,8), or a doubling range (1..64)"
 
 MAX_POINTS = 256  # values per axis: a grid is answered in well under a second
 MAX_PROFILES = 16  # --hw entries: each is loaded, bound and swept (there are 15 built-in profiles)
@@ -30,20 +31,30 @@ MAX_PROFILES = 16  # --hw entries: each is loaded, bound and swept (there are 15
 MAX_STEP_SEARCHES = 64
 
 
-def parse_grid(text: str, field: str, upper: int) -> list[int]:
-    """``8k..1M`` doubles from 8k up to 1M; ``8k,32k`` lists; ``256k`` is one value. Each in [1, upper]."""
-    values = _grid(text.strip(), field)
-    if values[0] < 1 or values[-1] > upper:
-        raise InputError(field, f"values must lie in [1, {upper:,}] (got {values[0]:,}..{values[-1]:,})")
+def parse_grid(text: str, field: str, upper: int, tokens: bool = True) -> list[int]:
+    """``8k..1M`` doubles from 8k up to 1M; ``8k,32k`` lists; ``256k`` is one value. Each in [1, upper]: token
+    lengths, or with ``tokens`` False whole numbers (CP degrees: ``1..64``, ``2,4,8``)."""
+    values = _grid(text.strip(), field, tokens)
+    outside = next((v for v in (values[0], values[-1]) if not 1 <= v <= upper), None)
+    if outside is not None:
+        raise InputError(field, f"values must lie in [1, {upper:,}] (got {outside:,})")
     if len(values) > MAX_POINTS:
         raise InputError(field, f"{len(values)} values; a sweep takes at most {MAX_POINTS} per axis")
     return values
 
 
-def _grid(text: str, field: str) -> list[int]:
+def _value(text: str, field: str, tokens: bool) -> int:
+    if tokens:
+        return parse_tokens(text, field)
+    if not re.fullmatch(r"\s*\d+\s*", text):
+        raise InputError(field, f"{text.strip()[:40]!r} is not a whole number; accepted: {RANGE_HELP_WHOLE}")
+    return int(text)
+
+
+def _grid(text: str, field: str, tokens: bool) -> list[int]:
     if ".." in text:
         low_text, _, high_text = text.partition("..")
-        low, high = parse_tokens(low_text, field), parse_tokens(high_text, field)
+        low, high = _value(low_text, field, tokens), _value(high_text, field, tokens)
         if low > high:
             raise InputError(field, f"range {text!r} runs downwards; write low..high")
         if low < 1:
@@ -57,8 +68,9 @@ def _grid(text: str, field: str) -> list[int]:
     if len(parts) > MAX_POINTS:
         raise InputError(field, f"{len(parts)} values; a sweep takes at most {MAX_POINTS} per axis")
     if not parts:
-        raise InputError(field, f"empty; accepted: {RANGE_HELP}, each {TOKENS_HELP}")
-    return sorted({parse_tokens(p, field) for p in parts})
+        accepted = f"{RANGE_HELP}, each {TOKENS_HELP}" if tokens else RANGE_HELP_WHOLE
+        raise InputError(field, f"empty; accepted: {accepted}")
+    return sorted({_value(p, field, tokens) for p in parts})
 
 
 @dataclass
