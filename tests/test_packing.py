@@ -98,6 +98,22 @@ def test_sliding_window_skips_ring_steps_and_splits_layer_types() -> None:
     assert kinds["local"].n_max < kinds["global"].n_max
 
 
+@pytest.mark.parametrize("flag", ["--window", "--attention-chunk"])
+def test_a_window_or_chunk_no_narrower_than_the_sequence_masks_nothing(cli, flag: str) -> None:
+    """A query then sees every key it would without it: the plan is the unmasked one, figure for figure, and it
+    takes no mask simulator, so a length past the simulator's bound is planned, not refused."""
+    for seq, width in (("256k", "256k"), ("256k", "300k"), ("4M", "8M")):
+        plain = cli("--seq", seq, "--causal", "-f", "json").json()
+        wide = cli("--seq", seq, "--causal", flag, width, "-f", "json").json()
+        assert wide["mask"] is None and wide["packing"] == plain["packing"]
+        given = flag[2:].replace("-", "_")
+        assert {k: v for k, v in wide.items() if k != "inputs"} == {
+            k: v for k, v in plain.items() if k != "inputs"
+        }
+        assert wide["inputs"] == plain["inputs"] | {given: wide["inputs"][given]}
+    assert "(no narrower than S: it masks nothing)" in " ".join(cli("--seq", "4M", flag, "8M").out.split())
+
+
 def test_first_fit_in_order() -> None:
     assert first_fit([6, 5, 3, 2, 4], 10) == ((6, 3), (5, 2), (4,))
     assert pack("200k,4kx16,512x40", 262_144).windows[0] == (204_800, *[4096] * 14)

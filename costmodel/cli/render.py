@@ -202,11 +202,19 @@ def scope_line(report: Report) -> str | None:
     )
     masks = [
         *(["causal"] if i.causal else []),
-        *([f"window {count(i.window)}"] if i.window else []),
-        *([f"chunks of {count(i.attention_chunk)}"] if i.attention_chunk else []),
+        *([f"window {count(i.window)}{_nothing(i.window, i.seq)}"] if i.window else []),
+        *(
+            [f"chunks of {count(i.attention_chunk)}{_nothing(i.attention_chunk, i.seq)}"]
+            if i.attention_chunk
+            else []
+        ),
         *(["packed documents"] if i.docs else []),
     ]
     return f"one layer, {i.pass_}, {' + '.join(masks) or 'no mask'}; for training add {missing}"
+
+
+def _nothing(width: int, seq: int) -> str:
+    return " (no narrower than S: it masks nothing)" if width >= seq else ""
 
 
 def limits_lines(report: Report) -> list[str]:

@@ -418,8 +418,15 @@ class Workload(BaseModel):
 
     @property
     def masked(self) -> bool:
-        """Documents, a sliding window or chunks: the schedule comes from the mask simulator."""
-        return self.docs is not None or self.window is not None or self.attention_chunk is not None
+        """Documents, or a sliding window or chunks narrower than the sequence: the schedule comes from the mask
+        simulator. A window or a chunk of S tokens or more masks nothing."""
+        return self.docs is not None or self._narrower is not None
+
+    @property
+    def _narrower(self) -> str | None:
+        """The first of the window and the chunk that is narrower than the sequence, by its field's name."""
+        given = (("window", self.window), ("attention_chunk", self.attention_chunk))
+        return next((name for name, value in given if value is not None and value < self.seq), None)
 
     @model_validator(mode="after")
     def _split(self) -> Self:
@@ -432,7 +439,7 @@ class Workload(BaseModel):
         if self.masked:  # before packing: a refused S reads no documents
             if self.seq > MAX_MASKED_TOKENS or self.seq * self.cp > MAX_MASKED_WORK:
                 raise InputError(
-                    "docs" if self.docs else "window" if self.window else "attention_chunk",
+                    "docs" if self.docs else self._narrower,
                     f"packed and windowed masks are simulated up to S = {MAX_MASKED_TOKENS:,} tokens and "
                     f"S x N = {MAX_MASKED_WORK:,} (got S = {self.seq:,}, N = {self.cp})",
                 )

@@ -151,7 +151,7 @@ def sweep(
         "alpha": latency[None, :],
     }
     c_row = None
-    if docs is not None or shape.masked:
+    if docs is not None or shape.window is not None or shape.attention_chunk is not None:  # its seq is no S
         values["c"] = _compute_fractions(shape, seqs, ns, docs)
         c_row = _last_valid(values["c"])  # N_max per S at the compute fraction of the largest N swept
     profile = machine.profile
