@@ -28,6 +28,13 @@ PATTERNS = {
 }
 
 
+def pattern_in_words(error: dict) -> str | None:
+    """A pydantic pattern mismatch as what is accepted, where the pattern is one :data:`PATTERNS` words."""
+    if error["type"] == "string_pattern_mismatch" and error["ctx"]["pattern"] in PATTERNS:
+        return f"must be {PATTERNS[error['ctx']['pattern']]}"
+    return None
+
+
 def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
     """Every problem of a pydantic ``ValidationError`` as (location, text), unknown keys first.
 
@@ -39,9 +46,7 @@ def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
         if error["type"] == "extra_forbidden":
             problems.append((0, loc, "unknown key"))
             continue
-        msg = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "string_pattern_mismatch" and error["ctx"]["pattern"] in PATTERNS:
-            msg = f"must be {PATTERNS[error['ctx']['pattern']]}"
+        msg = pattern_in_words(error) or error["msg"].removeprefix("Value error, ")
         got = error.get("input")
         shown = "" if isinstance(got, dict | list) or error["type"] == "missing" else f" (got {_short(got)})"
         problems.append((1, loc, f"{msg}{shown}"))

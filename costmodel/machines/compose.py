@@ -209,7 +209,8 @@ def _new_links(data: dict, changes: ProfileChanges) -> list[str]:
         if 2 * bandwidth > _MOST_PLAUSIBLE:  # both directions are a bandwidth too
             raise InputError(
                 flag,
-                f"{value!r} is {bandwidth:.3g} bytes/s a direction; accepted: at most 5e+14 (1 PB/s both ways)",
+                f"{value!r} is {bandwidth:.3g} bytes/s a direction; accepted: at most {_MOST_PLAUSIBLE / 2:.3g} "
+                f"({_MOST_PLAUSIBLE / 1e15:g} PB/s both ways)",
             )
         old = data["links"].get(scope)
         # only the bandwidth changes: the link's latencies and the share of it NCCL's collectives reach stay

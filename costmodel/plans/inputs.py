@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from costmodel.core.errors import PATTERNS, InputError
+from costmodel.core.errors import InputError, pattern_in_words
 from costmodel.core.fields import CountAsWritten, NumberAsWritten, Switch
 from costmodel.core.units import TOKENS_HELP, parse_budget, parse_tokens
 from costmodel.machines.binding import Machine, build_machine
@@ -843,8 +843,7 @@ def _message(error: dict[str, Any]) -> str:
     """pydantic's message in our words, with the value that was given."""
     template = _MESSAGES.get(error["type"])
     text = template.format(**error.get("ctx", {})) if template else error["msg"].removeprefix("Value error, ")
-    if error["type"] == "string_pattern_mismatch" and error["ctx"]["pattern"] in PATTERNS:
-        text = f"must be {PATTERNS[error['ctx']['pattern']]}"
+    text = pattern_in_words(error) or text
     got = error.get("input")
     if error["type"] == "missing" or isinstance(got, dict | list):
         return text

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from costmodel.core.errors import InputError
-from costmodel.core.units import TOKENS_HELP, parse_tokens
+from costmodel.core.units import TOKENS_HELP, parse_integer, parse_tokens
 from costmodel.machines.binding import Machine
 from costmodel.plans.bind import PASSES, PHASE_PREFIX, RATIO, call, plan_values
 from costmodel.plans.inputs import PlanInputs
@@ -46,9 +46,12 @@ def parse_grid(text: str, field: str, upper: int, tokens: bool = True) -> list[i
 def _value(text: str, field: str, tokens: bool) -> int:
     if tokens:
         return parse_tokens(text, field)
-    if not re.fullmatch(r"\s*\d+\s*", text):
-        raise InputError(field, f"{text.strip()[:40]!r} is not a whole number; accepted: {RANGE_HELP_WHOLE}")
-    return int(text)
+    try:
+        return parse_integer(text.strip(), field)
+    except InputError:  # the grid's forms, not a lone count's
+        raise InputError(
+            field, f"{text.strip()[:40]!r} is not a whole number; accepted: {RANGE_HELP_WHOLE}"
+        ) from None
 
 
 def _grid(text: str, field: str, tokens: bool) -> list[int]:
