@@ -100,18 +100,26 @@ def test_module_docstring_examples_run() -> None:
 
 def test_notebook_import_reads_the_cache_and_builds_nothing() -> None:
     """Importing the formulas builds nothing: every simplified form comes from the generated cache, so the
-    first `.expr` of each one is a lookup. (How long the import takes is a benchmark's figure,
+    first `.expr` of each one is a lookup, and the unsimplified ones are substituted without sympy comparing
+    a Max's or Min's arguments again (its pairwise search, `_find_localzeros`, is never entered; it made
+    `cp-plan formulas --latex` take 47 s). (How long the import takes is a benchmark's figure,
     benchmarks/cli_latency.py, not a test's: a fresh environment's first import also compiles bytecode.)"""
     import subprocess
     import sys
 
     probe = (
+        "from sympy.functions.elementary.miscellaneous import MinMaxBase\n"
         "from costmodel.symbolic import formulas as f\n"
+        "compared = []\n"
+        "search = MinMaxBase._find_localzeros.__func__\n"
+        "MinMaxBase._find_localzeros = classmethod(lambda cls, *a: compared.append(1) or search(cls, *a))\n"
         "[x.expr for x in f.FORMULAS.values()]\n"
-        "print(len(f.COMPUTED))\n"
+        "print(len(f.COMPUTED), len(compared))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
-    assert int(out) == 0, "the cache is stale: run python -m costmodel.codegen"
+    computed, compared = map(int, out.split())
+    assert computed == 0, "the cache is stale: run python -m costmodel.codegen"
+    assert compared == 0, "a Max or Min was evaluated again while resolving the formulas"
 
 
 def test_seed_short_forms_at_bf16() -> None:
