@@ -15,7 +15,7 @@ import sympy
 
 from costmodel.symbolic.formulas.backward import C_bwd
 from costmodel.symbolic.formulas.memory import L
-from costmodel.symbolic.formulas.registry import FORMULAS, definer
+from costmodel.symbolic.formulas.registry import FORMULAS, definer, substitute
 from costmodel.symbolic.symbols import (
     F_ffn,
     H,
@@ -268,8 +268,8 @@ def replacing(expr: sympy.Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> symp
         )
 
     while written := {s: formulas[s] for s in expr.free_symbols if s in formulas and reaches(s)}:
-        expr = expr.xreplace(written)
-    return expr.xreplace(mapping)
+        expr = substitute(expr, written, carry_out=False)
+    return substitute(expr, mapping, carry_out=False)
 
 
 def at_stage(expr: sympy.Expr, params: sympy.Expr) -> sympy.Expr:
