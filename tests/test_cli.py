@@ -76,6 +76,13 @@ def test_worked_example_table_on_one_screen(cli) -> None:
     assert len(out.splitlines()) <= 50
 
 
+def test_a_sequence_shorter_than_l_star_says_so_rather_than_n_zero(cli) -> None:
+    """N = S / L* below one printed as "N = 0.0" at one decimal: two significant digits, and why."""
+    out = " ".join(cli("--seq", "1", "--n", "1", "--hw", "a100-nvlink").out.split())
+    assert "comm = compute at N = 0.0038 (S shorter than L*); L* = 260 tokens" in out  # 1 / 260
+    assert "(S shorter than L*)" not in cli(*WORKED).out
+
+
 def test_the_scope_line_names_every_mask_the_plan_has(cli) -> None:
     """A window, chunks or packed documents shape the plan as much as causality: the header says so."""
     assert "one layer, fwd, no mask;" in cli(*WORKED).out

@@ -223,9 +223,15 @@ def limits_lines(report: Report) -> list[str]:
     return [
         f"step intensity {count(round(v.intensity_step))} vs β {count(round(hw.beta))} FLOP per link byte",
         f"largest N: green {v.n_max_green}, amber {v.n_max_amber} (topology included)",
-        f"comm = compute at N = {v.n_max:,.1f}; L* = {count(round(v.critical_shard_tokens))} tokens "
+        f"comm = compute at N = {_degree(v.n_max)}; L* = {count(round(v.critical_shard_tokens))} tokens "
         "(shortest shard hiding it)",
     ]
+
+
+def _degree(n: float) -> str:
+    """A real-valued CP degree; below one (S shorter than L*: no split hides the link), two significant
+    digits, where one decimal would print 0.0."""
+    return f"{n:,.1f}" if n >= 1 else f"{n:.2g} (S shorter than L*)"
 
 
 def scheme_rows(report: Report) -> list[list[str]]:
