@@ -107,7 +107,12 @@ def test_sweep_cli_formats(cli) -> None:
     table = list(csv.DictReader(io.StringIO(cli(*args, "-f", "csv").out)))
     assert [float(r["comm_ratio_step"]) for r in table] == [r["comm_ratio_step"] for r in rows]
     screen = cli(*args).out
-    assert "a100-nvlink: fwd step comm ratio" in screen and "16*" in screen and "N_max" in screen
+    assert "16*" in screen and "N_max" in screen
+    # each grid's title on one line however narrow the grid, the footnote only under a grid with a '*'
+    assert "a100-nvlink: fwd step comm ratio (rows S, columns N)\n" in screen
+    assert "h100-ib: fwd step comm ratio (rows S, columns N)\n" in screen
+    assert "* the ring leaves the node" in screen
+    assert "*" not in cli("sweep", "--seq", "32k..128k", "--n", "2..8", "--hw", "a100-nvlink").out
 
 
 @pytest.mark.parametrize("suffix", [".png", ".svg"])

@@ -722,9 +722,8 @@ def _render_sweep(grids, pass_: str, changed: list[str]) -> None:  # noqa: ANN00
     out = console()
     names = ["green", "amber", "red"]
     for grid, said in zip(grids, changed, strict=True):
-        table = house_table(
-            title=f"{grid.profile}: {pass_} step comm ratio (rows S, columns N)",
-        )
+        out.print(f"{grid.profile}: {pass_} step comm ratio (rows S, columns N)", style="bold")
+        table = house_table()  # the title above it: a table's own wraps at its width, a few columns wide
         table.add_column("S", justify="right")
         for n in grid.ns:
             table.add_column(f"{n}{'*' if grid.inter_node[list(grid.ns).index(n)] else ''}", justify="right")
@@ -739,7 +738,8 @@ def _render_sweep(grids, pass_: str, changed: list[str]) -> None:  # noqa: ANN00
                 cells.append(Text(short_percent(grid.ratio[i, j]), style=COLOURS[names[verdicts[i, j]]]))
             table.add_row(tokens_label(int(seq)), *cells, f"{grid.n_max[i]:,.1f}")
         out.print(table)
-        out.print("* the ring leaves the node", style="dim")
+        if any(grid.inter_node):
+            out.print("* the ring leaves the node", style="dim")
         if said:
             out.print(changed_line(said, grid.profile), style="dim")
         if grid.step_time_s is not None:
@@ -747,9 +747,10 @@ def _render_sweep(grids, pass_: str, changed: list[str]) -> None:  # noqa: ANN00
 
 
 def _render_step_times(grid) -> None:  # noqa: ANN001
-    table = house_table(
-        title=f"{grid.profile}: step time, the fastest plan that fits at each N (rows S, columns N)",
+    console().print(
+        f"{grid.profile}: step time, the fastest plan that fits at each N (rows S, columns N)", style="bold"
     )
+    table = house_table()
     table.add_column("S", justify="right")
     for n in grid.ns:
         table.add_column(str(n), justify="right")
