@@ -126,7 +126,9 @@ def house_table(**options: Any) -> Any:
     from rich.table import Table
 
     style = {"box": box.SIMPLE_HEAD, "pad_edge": False, "show_edge": False}
-    return Table(**style | {"title_justify": "left", "title_style": "bold", "caption_justify": "left"} | options)
+    return Table(
+        **style | {"title_justify": "left", "title_style": "bold", "caption_justify": "left"} | options
+    )
 
 
 def _parser(parse: Callable[[str, str], int], field: str) -> Callable[[str], int]:
