@@ -58,10 +58,23 @@ ENTRIES = {
         (PLAN + alias_bomb(), "anchors and aliases"),
         ("name: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested deeper than 64 levels"),
         ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)), "nested deeper than 64 levels"),
-        ("x: " + "9" * 5000 + "\n", "unreadable value"),
+        ("x: " + "9" * 5000 + "\n", ":1: unreadable value"),
         ("\x00\x01binary", "a control character"),
+        # a standard tag on text it cannot read: PyYAML's constructors raised Python's own errors (a traceback)
+        ("a: 1\nx: !!bool maybe\n", ":2: 'maybe' cannot be read as the tag !!bool says"),
+        ("x: !!timestamp abc\n", ":1: 'abc' cannot be read as the tag !!timestamp says"),
+        ("x: !!int abc\n", ":1: unreadable value: invalid literal for int()"),
     ],
-    ids=["alias-bomb", "deep-flow", "deep-block", "huge-int", "binary"],
+    ids=[
+        "alias-bomb",
+        "deep-flow",
+        "deep-block",
+        "huge-int",
+        "binary",
+        "bool-tag",
+        "timestamp-tag",
+        "int-tag",
+    ],
 )
 def test_hostile_yaml_is_refused_by_every_reader(cli, tmp_path, entry: str, text: str, expected: str) -> None:
     args, field = ENTRIES[entry]

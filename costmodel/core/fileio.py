@@ -527,8 +527,6 @@ def read_yaml(path: str | os.PathLike[str], field: str) -> YamlDocument:
         raise YamlInputError(
             field, name, mark.line + 1 if mark else None, f"malformed YAML: {problem}"
         ) from None
-    except (ValueError, OverflowError) as exc:  # e.g. an integer of more digits than Python converts
-        raise YamlInputError(field, name, None, f"unreadable value: {str(exc).splitlines()[0]}") from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -598,6 +596,21 @@ def _hardened_loader() -> type:
             for index, item in enumerate(node.value):
                 _check_scalar(item, f"item {index}")
             return node
+
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep)
+            except (AttributeError, KeyError, TypeError, IndexError):
+                # a standard tag on text it cannot read (!!bool maybe, !!timestamp abc): PyYAML's constructors
+                # fail on it with Python's own errors, not a YAMLError
+                tag = node.tag.rsplit(":", 1)[-1]
+                value = f"{_short_key(node.value)} " if isinstance(node.value, str) else ""
+                raise _Refused(node, f"{value}cannot be read as the tag !!{tag} says") from None
+            except (
+                ValueError,
+                OverflowError,
+            ) as exc:  # an integer of more digits than Python converts, !!int x
+                raise _Refused(node, f"unreadable value: {str(exc).splitlines()[0]}") from None
 
     _core_schema_numbers(Loader)
     _no_merge_keys(Loader)
