@@ -104,6 +104,12 @@ INVALID = [
         "need gpus",
     ),
     ("name: [x\n", ":2: malformed YAML"),
+    (  # a file that is no plan names five of its lines, not every one
+        "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\n"
+        + "".join(f"k{i}: 1\n" for i in range(99)),
+        ":10: k4: unknown key; {path}: and 94 more problems",
+    ),
+    ("x: !!bool maybe\n", ":1: 'maybe' cannot be read as the tag !!bool says"),
     ("!!python/object/apply:os.system ['true']\n", "could not determine a constructor"),
     ("- a\n- b\n", "expected a mapping of plan fields (key: value lines), got a list"),
     ("name: x\nmodel: nosuch\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":2: model: unknown model 'nosuch'"),
@@ -166,7 +172,7 @@ def test_invalid_plan_is_one_line_naming_file_line_field(cli, tmp_path, text: st
     assert result.code == 2, result.out
     assert result.out == "" and len(result.err.splitlines()) == 1
     assert result.err.startswith(f"cp-plan: error: {path}")
-    assert expected in result.err
+    assert expected.format(path=path) in result.err
 
 
 def test_a_plans_micro_batch_is_the_memory_step_plans(cli, tmp_path) -> None:
