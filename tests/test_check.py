@@ -110,6 +110,10 @@ INVALID = [
         ":10: k4: unknown key; {path}: and 94 more problems",
     ),
     ("x: !!bool maybe\n", ":1: 'maybe' cannot be read as the tag !!bool says"),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 1536\nn: 2\nhw: a100-nvlink\nblock: 1024\n",
+        ":6: block: tile of 1024 tokens is larger than the shard S/N = 768",
+    ),
     ("!!python/object/apply:os.system ['true']\n", "could not determine a constructor"),
     ("- a\n- b\n", "expected a mapping of plan fields (key: value lines), got a list"),
     ("name: x\nmodel: nosuch\nseq: 8k\nn: 8\nhw: a100-nvlink\n", ":2: model: unknown model 'nosuch'"),
@@ -173,6 +177,18 @@ def test_invalid_plan_is_one_line_naming_file_line_field(cli, tmp_path, text: st
     assert result.out == "" and len(result.err.splitlines()) == 1
     assert result.err.startswith(f"cp-plan: error: {path}")
     assert expected.format(path=path) in result.err
+
+
+def test_a_plan_without_a_tile_runs_the_default_one_shrunk_to_a_shorter_shard(cli, tmp_path) -> None:
+    """As `cp-plan --seq 1536 --n 2` does: only a tile the plan states is held to the shard (the plan file
+    passed the default 1,024 on as if stated, and refused its own default at line 1)."""
+    path = write(tmp_path, "name: x\nmodel: llama3-8b\nseq: 1536\nn: 2\nhw: a100-nvlink\n")
+    result = cli("check", path, "-f", "json")
+    assert result.code == 1, (
+        result.err
+    )  # it runs, and fails its default verdict: the ring is red at 768 tokens
+    report = json.loads(result.out)
+    assert report["invalid"] == [] and [r["check"] for r in report["results"]] == ["worst_verdict"]
 
 
 def test_a_plans_micro_batch_is_the_memory_step_plans(cli, tmp_path) -> None:

@@ -273,7 +273,13 @@ def resolve(located: Located) -> Resolved:
     plan = located.plan
     with _blame(located):
         model = load_model(plan.model, field="model")
-    fields = plan.model_dump(exclude={"name", "expect"})
+    # what the file states and the training defaults; the rest is each declaration's own default, unset as a
+    # flag not given is (a default tile on a shorter shard shrinks to it; one the plan states is refused)
+    fields = {
+        k: v
+        for k, v in plan.model_dump(exclude={"name", "expect"}).items()
+        if k in plan.model_fields_set or k in TRAINING_DEFAULTS
+    }
     if (
         "micro_batch" in plan.model_fields_set
     ):  # the job's sequences a device runs at once, as in `cp-plan step`
