@@ -110,6 +110,14 @@ INVALID = [
         ":10: k4: unknown key; {path}: and 94 more problems",
     ),
     ("x: !!bool maybe\n", ":1: 'maybe' cannot be read as the tag !!bool says"),
+    (  # a line of its own beginning "::" would be a command to a CI log that shows the table
+        'name: "x\\n::error file=evil::injected"\nmodel: llama3-8b\nseq: 8k\nn: 8\nhw: a100-nvlink\n',
+        ":1: name: must be one line (no line break)",
+    ),
+    (
+        "name: x\nmodel: llama3-8b\nseq: 8k\ncp: 8\nn: 8\nhw: a100-nvlink\n",
+        "cp and n name one field: give one",
+    ),
     (
         "name: x\nmodel: llama3-8b\nseq: 1536\nn: 2\nhw: a100-nvlink\nblock: 1024\n",
         ":6: block: tile of 1024 tokens is larger than the shard S/N = 768",
@@ -132,7 +140,7 @@ INVALID = [
     ),
     (
         "name: x\nmodel: worked-example\nseq: 8k\nn: 8\nhw: a100-nvlink\ngpus: 12\nexpect:\n  fits_memory: true\n",
-        ":4: cp: 8 does not divide the 12 ranks",
+        ":6: gpus: 12 is not divisible by tp x cp x pp = 8",  # the job's one check, as `cp-plan step` says it
     ),
     (
         "name: x\nmodel: llama3-8b\nseq: 8k\nn: 1\nhw: h100-nvlink\ngpus: 8\nmicro_batch: 2\nbatch: 4\n",
@@ -189,6 +197,14 @@ def test_a_plan_without_a_tile_runs_the_default_one_shrunk_to_a_shorter_shard(cl
     )  # it runs, and fails its default verdict: the ring is red at 768 tokens
     report = json.loads(result.out)
     assert report["invalid"] == [] and [r["check"] for r in report["results"]] == ["worst_verdict"]
+
+
+def test_the_table_shows_a_plans_path_with_its_control_characters_escaped(cli, tmp_path) -> None:
+    """A file name is shown as error messages show it: an escape sequence in it does not reach the terminal."""
+    path = tmp_path / "e\x1b[31mx.yaml"
+    path.write_text("name: x\nmodel: llama3-8b\nseq: 8k\nn: 8\nhw: a100-nvlink\n", encoding="utf-8")
+    out = cli("check", str(path)).out
+    assert "\x1b" not in out and "e\\x1b[3" in out  # (a long temporary path wraps in the test's console)
 
 
 def test_a_plans_micro_batch_is_the_memory_step_plans(cli, tmp_path) -> None:

@@ -12,6 +12,7 @@ from costmodel.cli.options import console
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text
 from costmodel.core.intervals import DEFAULT_LEVEL
+from costmodel.core.text import displayed
 
 
 def report_cmd(
@@ -59,4 +60,4 @@ def report_cmd(
         title=located.plan.name,
     )
     written = atomic_write_text(html, text, "--html")
-    sys.stderr.write(f"wrote {written}\n")
+    sys.stderr.write(f"wrote {displayed(str(written))}\n")

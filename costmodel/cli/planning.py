@@ -44,6 +44,7 @@ from costmodel.cli.search import (
 from costmodel.core.errors import InputError
 from costmodel.core.fileio import atomic_write_text, check_writable
 from costmodel.core.intervals import Interval
+from costmodel.core.text import displayed
 from costmodel.core.units import parse_days, percent, seconds, short_percent, si, tokens_label
 from costmodel.plans.inputs import (
     MAX_CP,
@@ -288,7 +289,9 @@ def _write_all_plans(job, fixed: dict, global_batch: int, path: Path) -> None:  
     rows = weighed(job, global_batch, Constraints(**fixed))
     text = as_csv(rows) if path.suffix.lower() == ".csv" else json.dumps(rows, indent=1) + "\n"
     atomic_write_text(path, text, "--all-plans")
-    sys.stderr.write(f"wrote {path}: {len(rows):,} plans, {sum(r['fits'] for r in rows):,} fit\n")
+    sys.stderr.write(
+        f"wrote {displayed(str(path))}: {len(rows):,} plans, {sum(r['fits'] for r in rows):,} fit\n"
+    )
 
 
 def _max_seq(job, fixed: dict, global_batch: int | None, format: Format, margin=None) -> None:  # noqa: ANN001
@@ -827,7 +830,7 @@ def _render_checks(results) -> None:  # noqa: ANN001
         ok = all(r.passed for r in items)
         out.print(
             Text("pass  " if ok else "FAIL  ", style="bold green" if ok else "bold red")
-            + Text(path, style="bold")
+            + Text(displayed(path), style="bold")  # a name as the shell passed it, control characters escaped
         )
         out.print(f"      {items[0].name}", style="dim")
         for r in items:

@@ -25,6 +25,7 @@ class InputError(ValueError):
 # A field's pattern in words: a regular expression is no answer to "what is accepted".
 PATTERNS = {
     r"^[a-z0-9][a-z0-9-]{0,39}$": "a name of 1 to 40 lower-case letters, digits and hyphens (e.g. sdpa-cudnn)",
+    r"^[^\n]*$": "one line (no line break)",
 }
 
 

@@ -600,21 +600,25 @@ def _hardened_loader() -> type:
         def construct_object(self, node: Any, deep: bool = False) -> Any:
             try:
                 return super().construct_object(node, deep)
-            except (AttributeError, KeyError, TypeError, IndexError):
-                # a standard tag on text it cannot read (!!bool maybe, !!timestamp abc): PyYAML's constructors
-                # fail on it with Python's own errors, not a YAMLError
-                tag = node.tag.rsplit(":", 1)[-1]
-                value = f"{_short_key(node.value)} " if isinstance(node.value, str) else ""
-                raise _Refused(node, f"{value}cannot be read as the tag !!{tag} says") from None
-            except (
-                ValueError,
-                OverflowError,
-            ) as exc:  # an integer of more digits than Python converts, !!int x
-                raise _Refused(node, f"unreadable value: {str(exc).splitlines()[0]}") from None
+            except (AttributeError, KeyError, TypeError, IndexError, ValueError, OverflowError) as exc:
+                raise _Refused(node, _unconstructed(node, exc)) from None
 
     _core_schema_numbers(Loader)
     _no_merge_keys(Loader)
     return Loader
+
+
+def _unconstructed(node: Any, exc: Exception) -> str:
+    """Why a node's value cannot be built: a standard tag on text it cannot read (``!!bool maybe``,
+    ``!!timestamp abc``: PyYAML's constructors fail there with Python's own errors, not a YAMLError), or a
+    number Python does not convert (``!!int abc``, an integer of more digits than it reads)."""
+    if not isinstance(exc, ValueError | OverflowError):
+        value = f"{_short_key(node.value)} " if isinstance(node.value, str) else ""
+        return f"{value}cannot be read as the tag !!{node.tag.rsplit(':', 1)[-1]} says"
+    if "Exceeds the limit" in str(exc):  # Python's own advice (sys.set_int_max_str_digits) is not the user's
+        digits = sys.get_int_max_str_digits()
+        return f"unreadable value: a number of {len(node.value):,} characters; at most {digits:,} digits are read"
+    return f"unreadable value: {str(exc).splitlines()[0]}"
 
 
 def _check_scalar(node: Any, where: str) -> None:

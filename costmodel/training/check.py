@@ -96,12 +96,25 @@ class _PlanHead(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    name: str = Field(description="what the plan is for", max_length=1000)
+    # one line: a report prints it on one, and a line of its own that began "::" would be a command to a CI log
+    name: str = Field(description="what the plan is for, on one line", max_length=1000, pattern=r"^[^\n]*$")
     model: str = Field(description="model preset name or YAML path", max_length=4096)
     tokens: TokenBudget | None = Field(
         None, description="a token budget (1T, 300B: decimal multiples): what expect.max_days trains"
     )
     expect: Expectations = Field(default_factory=Expectations)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_spelling(cls, data: Any) -> Any:
+        """A field under two of its names (``cp`` and ``n``) is one field given twice, not an unknown key."""
+        if isinstance(data, dict):
+            for name, info in cls.model_fields.items():
+                choices = getattr(info.validation_alias, "choices", [info.alias or name])
+                given = [key for key in dict.fromkeys([name, *choices]) if key in data]
+                if len(given) > 1:
+                    raise ValueError(f"{' and '.join(given)} name one field: give one")
+        return data
 
     @model_validator(mode="after")
     def _memory_checks_need_gpus(self) -> _PlanHead:
@@ -306,10 +319,6 @@ def resolve(located: Located) -> Resolved:
         Parallelism.of(setup).check(model)  # TP and PP alone: a plan without GPUs plans one layer
         job = None
         if plan.gpus is not None:
-            if setup.shard_group % inputs.cp:
-                raise InputError(
-                    "cp", f"{inputs.cp} does not divide the {setup.shard_group} ranks of a TP x PP slice"
-                )
             job = make_job(inputs, setup, step, overrides, knobs, model=model)  # the job's one check
         attention = setup.attention(inputs)
         # The job's placement, as `cp-plan step` and `recommend` make it: ranks by the rank order, a node
