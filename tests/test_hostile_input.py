@@ -58,22 +58,27 @@ ENTRIES = {
         (PLAN + alias_bomb(), "anchors and aliases"),
         ("name: " + "[" * 100_000 + "]" * 100_000 + "\n", "nested deeper than 64 levels"),
         ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)), "nested deeper than 64 levels"),
-        ("x: " + "9" * 5000 + "\n", ":1: unreadable value"),
         ("\x00\x01binary", "a control character"),
         # a standard tag on text it cannot read: PyYAML's constructors raised Python's own errors (a traceback)
         ("a: 1\nx: !!bool maybe\n", ":2: 'maybe' cannot be read as the tag !!bool says"),
         ("x: !!timestamp abc\n", ":1: 'abc' cannot be read as the tag !!timestamp says"),
         ("x: !!int abc\n", ":1: unreadable value: invalid literal for int()"),
+        ("a: 1\nyes: 2\n", ":2: 'yes' is read as a boolean, not a name: quote a key that is one"),
+        (
+            "x: " + "9" * 5000 + "\n",
+            ":1: unreadable value: a number of 5,000 characters; at most 4,300 digits",
+        ),
     ],
     ids=[
         "alias-bomb",
         "deep-flow",
         "deep-block",
-        "huge-int",
         "binary",
         "bool-tag",
         "timestamp-tag",
         "int-tag",
+        "bool-key",
+        "huge-int",
     ],
 )
 def test_hostile_yaml_is_refused_by_every_reader(cli, tmp_path, entry: str, text: str, expected: str) -> None:

@@ -579,8 +579,7 @@ def _hardened_loader() -> type:
             node = super().compose_mapping_node(anchor)
             seen: dict[tuple[str, str], int] = {}
             for key, value in node.value:
-                if not isinstance(key, yaml.ScalarNode):
-                    raise _Refused(key, "keys must be plain names, not lists or mappings")
+                _check_key(key)
                 line = key.start_mark.line + 1
                 if (key.tag, key.value) in seen:
                     raise _Refused(
@@ -606,6 +605,19 @@ def _hardened_loader() -> type:
     _core_schema_numbers(Loader)
     _no_merge_keys(Loader)
     return Loader
+
+
+def _check_key(key: Any) -> None:
+    """A mapping's key is a name: not a list or mapping, nor what YAML reads as null or a boolean (``null:``,
+    ``yes:``), which would reach a model as None or True."""
+    import yaml
+
+    if not isinstance(key, yaml.ScalarNode):
+        raise _Refused(key, "keys must be plain names, not lists or mappings")
+    if key.tag.endswith((":null", ":bool")):
+        shown = repr(displayed(key.value)) if key.value else "an empty key"
+        read = "null" if key.tag.endswith(":null") else "a boolean"
+        raise _Refused(key, f"{shown} is read as {read}, not a name: quote a key that is one")
 
 
 def _unconstructed(node: Any, exc: Exception) -> str:
