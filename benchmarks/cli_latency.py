@@ -9,7 +9,9 @@ beside it when a Python with llm-analysis is named by LLM_ANALYSIS_PYTHON (e.g. 
 `pip install llm-analysis`).
 Beside them, the import of the libraries the plan command loads (typer, and pydantic, which typer's option
 parsing is built on; numpy, PyYAML and rich it does not load) and nothing else: the floor under the plan
-command, which no change to cp-plan's own code lowers.
+command, which no change to cp-plan's own code lowers. Last, a notebook's first look at the symbolic model:
+importing the formulas, and every formula's expression in base symbols (read from the generated cache, with
+no Max or Min evaluated again: 36-45 s on two cores when they were), each as a ratio to importing sympy.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import time
 
 REPORT = ["--seq", "262144", "--n", "8", "--hw", "a100-nvlink", "--format", "json"]
 CORE = "  core libraries only"
+FORMULAS = "import the formulas"
+EXPRESSIONS = "  and every expression"
 
 
 def commands() -> dict[str, list[str]]:
@@ -42,6 +46,14 @@ def commands() -> dict[str, list[str]]:
         # the libraries the plan command loads, imported and nothing else: its floor (typer's option parsing
         # builds pydantic TypeAdapters, so the command would load pydantic even without its own models)
         CORE: [sys.executable, "-c", "import typer; from pydantic import BaseModel, Field, TypeAdapter"],
+        # a notebook's first look at the symbolic model: the import, then every formula in base symbols
+        # (read from the generated cache; what `cp-plan formulas --latex` builds before it prints)
+        FORMULAS: [sys.executable, "-c", "from costmodel.symbolic import formulas"],
+        EXPRESSIONS: [
+            sys.executable,
+            "-c",
+            "from costmodel.symbolic import formulas\nfor f in formulas.FORMULAS.values(): f.expr",
+        ],
     } | _llm_analysis()
 
 
@@ -83,6 +95,8 @@ def main() -> None:
     report = statistics.median(times["cp-plan ... --format json"])
     sympy_ = statistics.median(times['python -c "import sympy"'])
     print(f"\ncp-plan json / import sympy = {report / sympy_:.2f}")
+    for name in (FORMULAS, EXPRESSIONS):
+        print(f"{name.strip()} / import sympy = {statistics.median(times[name]) / sympy_:.2f}")
     other = next((name for name in times if name.startswith("llm-analysis")), None)
     if other:
         ratio = report / statistics.median(times[other])
