@@ -171,6 +171,29 @@ def test_names_are_case_insensitive_and_a_near_miss_gets_suggestions(cli) -> Non
     assert "did you mean a100-nvlink" in cli("--hw", "a100-nvlnk").err
 
 
+def test_an_unknown_key_is_named_with_the_key_it_likely_meant(cli, tmp_path: Path) -> None:
+    """A key missing beside the unknown one first (sequence: for the missing seq:, though sequence_parallel is
+    nearer in letters), else the nearest of its place's keys, nested models followed (device.peak_flop)."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: x\nmodel: llama3-8b\nsequence: 8k\ncp: 2\nhw: a100-nvlink\nglobal_bach: 8\n")
+    err = cli("check", str(plan)).err
+    assert "plan.yaml:3: sequence: unknown key; did you mean seq;" in err
+    assert "plan.yaml:6: global_bach: unknown key; did you mean global_batch;" in err
+    profile = tmp_path / "hw.yaml"
+    profile.write_text(profile_with("hbm_bytes:", "hbm_byte:"))
+    assert "device.hbm_byte: unknown key; did you mean hbm_bytes;" in cli("--hw", str(profile)).err
+    model = tmp_path / "model.yaml"
+    model.write_text("name: x\nlayers: 2\nheads: 4\nhiden: 64\n")
+    assert "line 4: hiden: unknown key; did you mean hidden;" in cli("--model", str(model)).err
+    assert "k0: unknown key;" in cli("check", str(_keys(tmp_path))).err  # nothing near: nothing said
+
+
+def _keys(tmp_path: Path) -> Path:
+    path = tmp_path / "keys.yaml"
+    path.write_text("name: x\nmodel: llama3-8b\nseq: 8k\ncp: 2\nhw: a100-nvlink\nk0: 1\nk1: 2\n")
+    return path
+
+
 @pytest.mark.parametrize("flag", ["--runtime-bytes", "--allocator-reserve"])
 def test_a_framework_knob_below_the_smallest_quantity_is_one_line(cli, flag: str) -> None:
     """A knob that lands in the framework profile is held to the profile's own bounds where it is read: a

@@ -272,7 +272,7 @@ def test_check_lists_every_problem_and_names_an_unknown_key(cli, tmp_path) -> No
     path = write(tmp_path, "plan.yaml", PLAN.replace("seq:", "sequence:") + "tp: 0\ncolour: blue\n")
     line = one_line_error(cli("check", path))
     assert line == (
-        f"cp-plan: error: {path}:3: sequence: unknown key; {path}:7: colour: unknown key; "
+        f"cp-plan: error: {path}:3: sequence: unknown key; did you mean seq; {path}:7: colour: unknown key; "
         f"{path}:1: seq: Field required; {path}:6: tp: Input should be greater than or equal to 1 (got 0)"
     )
 
@@ -284,7 +284,7 @@ def test_check_annotates_invalid_plans_for_github(cli, tmp_path) -> None:
     assert result.code == 2 and len(result.err.splitlines()) == 1
     escaped = bad.replace(":", "%3A").replace(",", "%2C")
     assert result.out.splitlines() == [
-        f"::error file={escaped},line=3,title=cp-plan invalid plan::sequence: unknown key",
+        f"::error file={escaped},line=3,title=cp-plan invalid plan::sequence: unknown key; did you mean seq",
         f"::error file={escaped},line=1,title=cp-plan invalid plan::seq: Field required",
         f"::error file={dup},line=6,title=cp-plan invalid plan::duplicate key 'n' on lines 4 and 6",
     ]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from collections.abc import Callable
+
+from pydantic import BaseModel
 
 
 class InputError(ValueError):
@@ -36,16 +40,27 @@ def pattern_in_words(error: dict) -> str | None:
     return None
 
 
-def validation_problems(exc: object) -> list[tuple[tuple[str, ...], str]]:
+def validation_problems(exc: object, model: type | None = None) -> list[tuple[tuple[str, ...], str]]:
     """Every problem of a pydantic ``ValidationError`` as (location, text), unknown keys first.
 
     An unknown key is usually a misspelt known one (``sequence:`` for ``seq:``), so it is named as
-    unknown before the "Field required" it causes."""
+    unknown before the "Field required" it causes, with the nearest key of its place in ``model`` (the model
+    validated) where one is close."""
     problems = []
-    for error in exc.errors():  # type: ignore[attr-defined]
+    errors = exc.errors()  # type: ignore[attr-defined]
+    # a key missing beside an unknown one is the likeliest it stands for (sequence: for seq:)
+    missing = [e["loc"] for e in errors if e["type"] == "missing" and e["loc"]]
+    unknown = 0
+    for error in errors:
         loc = tuple(_key(part) for part in error["loc"])
-        if error["type"] == "extra_forbidden":
-            problems.append((0, loc, "unknown key"))
+        if error["type"] == "extra_forbidden" and loc:
+            place, near = error["loc"][:-1], None
+            if unknown < MAX_PROBLEMS:  # only the ones a line names: unknown keys lead it
+                near = _nearest(loc[-1], [str(m[-1]) for m in missing if m[:-1] == place], 0.5) or _nearest(
+                    loc[-1], _keys_at(model, place), 0.8
+                )
+            unknown += 1
+            problems.append((0, loc, "unknown key" + (f"; did you mean {near}" if near else "")))
             continue
         msg = pattern_in_words(error) or error["msg"].removeprefix("Value error, ")
         got = error.get("input")
@@ -79,16 +94,50 @@ def another_kind(data: object, expected: str) -> str | None:
 MAX_PROBLEMS = 5
 
 
-def describe_validation(exc: object, line: Callable[..., int] | None = None) -> str:
+def describe_validation(
+    exc: object, line: Callable[..., int] | None = None, model: type | None = None
+) -> str:
     """One line for a pydantic ``ValidationError``: each field's dotted path and problem, ``; ``-separated,
-    each after its line in the file when ``line(*location)`` gives it; the first few, and how many more."""
-    problems = validation_problems(exc)
+    each after its line in the file when ``line(*location)`` gives it; the first few, and how many more.
+    ``model``, the model validated, names the nearest key to an unknown one."""
+    problems = validation_problems(exc, model)
     shown = "; ".join(
         (f"line {line(*loc)}: " if line and loc else "") + (f"{'.'.join(loc)}: " if loc else "") + text
         for loc, text in problems[:MAX_PROBLEMS]
     )
     more = len(problems) - MAX_PROBLEMS
     return shown + (f"; and {more} more problem{'s' if more > 1 else ''}" if more > 0 else "")
+
+
+def _keys_at(model: type | None, path: tuple[object, ...]) -> list[str]:
+    """The keys a mapping at ``path`` inside ``model`` accepts (its fields' names and aliases), following
+    nested models through lists, dicts and optionals; none where the path leaves the models."""
+
+    def models_in(annotation: object) -> list[type]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
+
+    for part in path:
+        if model is None:
+            return []
+        if not isinstance(part, str):  # an item of a list or a dict's value: the same model's items
+            continue
+        fields = model.model_fields  # type: ignore[attr-defined]
+        field = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
+        if field is None:
+            return []
+        inner = models_in(field.annotation)
+        model = inner[0] if inner else None
+    if model is None:
+        return []
+    fields = model.model_fields  # type: ignore[attr-defined]
+    return [*fields, *(f.alias for f in fields.values() if f.alias)]
+
+
+def _nearest(key: str, known: list[str], cutoff: float) -> str | None:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=cutoff)
+    return close[0] if close else None
 
 
 def _short(value: object, limit: int = 60) -> str:

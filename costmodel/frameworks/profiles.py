@@ -295,7 +295,7 @@ def parse_framework(
         return FrameworkProfile.model_validate(data)
     except ValidationError as exc:
         where = document.line if document is not None else None
-        said = another_kind(data, "framework profile") or describe_validation(exc, where)
+        said = another_kind(data, "framework profile") or describe_validation(exc, where, FrameworkProfile)
         raise InputError(field, f"{origin}: {said}") from None
 
 

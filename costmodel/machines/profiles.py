@@ -869,7 +869,7 @@ def parse_profile(
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
         said = another_kind(data, "hardware profile") or describe_validation(
-            exc, document.line if document else None
+            exc, document.line if document else None, HardwareProfile
         )
         raise InputError(field, f"{origin}: {said}") from None
 

@@ -141,7 +141,7 @@ def load_model(spec: str, field: str = "--model", unmapped: list[str] | None = N
     try:
         return ModelPreset.model_validate(data)
     except ValidationError as exc:
-        said = another_kind(data, "model preset") or describe_validation(exc, document.line)
+        said = another_kind(data, "model preset") or describe_validation(exc, document.line, ModelPreset)
         raise InputError(field, f"{origin}: {said}") from None
 
 

@@ -204,7 +204,7 @@ def load_plan(path: str) -> Located:
         other = another_kind(data, "capacity plan")
         if other is not None:
             raise InvalidPlan([(path, None, other)]) from None
-        every = validation_problems(exc)
+        every = validation_problems(exc, PlanFile)
         problems = [
             (path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
             for loc, text in every[:MAX_PROBLEMS]
