@@ -105,8 +105,14 @@ def describe_validation(
         (f"line {line(*loc)}: " if line and loc else "") + (f"{'.'.join(loc)}: " if loc else "") + text
         for loc, text in problems[:MAX_PROBLEMS]
     )
-    more = len(problems) - MAX_PROBLEMS
-    return shown + (f"; and {more} more problem{'s' if more > 1 else ''}" if more > 0 else "")
+    more = more_problems(len(problems))
+    return shown + (f"; {more}" if more else "")
+
+
+def more_problems(total: int) -> str | None:
+    """What a line naming the first :data:`MAX_PROBLEMS` of ``total`` problems says of the rest, if any."""
+    more = total - MAX_PROBLEMS
+    return f"and {more} more problem{'s' if more > 1 else ''}" if more > 0 else None
 
 
 def _keys_at(model: type | None, path: tuple[object, ...]) -> list[str]:

@@ -20,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from costmodel.core.errors import MAX_PROBLEMS, InputError, another_kind, validation_problems
+from costmodel.core.errors import (
+    MAX_PROBLEMS,
+    InputError,
+    another_kind,
+    more_problems,
+    validation_problems,
+)
 from costmodel.core.fields import NumberAsWritten, Positive, Switch
 from costmodel.core.fileio import YamlDocument, YamlInputError, not_a_mapping, read_yaml
 from costmodel.core.intervals import DEFAULT_LEVEL
@@ -209,9 +215,8 @@ def load_plan(path: str) -> Located:
             (path, document.line(*loc), (f"{'.'.join(loc)}: " if loc else "") + text)
             for loc, text in every[:MAX_PROBLEMS]
         ]
-        if len(every) > MAX_PROBLEMS:  # a file that is no plan would name each of its lines
-            more = len(every) - MAX_PROBLEMS
-            problems.append((path, None, f"and {more} more problem{'s' if more > 1 else ''}"))
+        if more := more_problems(len(every)):  # a file that is no plan would name each of its lines
+            problems.append((path, None, more))
         raise InvalidPlan(problems) from None
     return Located(path, plan, document)
 
