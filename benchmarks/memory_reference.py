@@ -76,7 +76,7 @@ def device(
         heads=model.heads // tp,
         kv_heads=max(model.kv_heads // tp, 1),
         head_dim=model.head_dim,
-        ffn_hidden=model.ffn // tp,
+        ffn_hidden=0 if model.experts else model.ffn // tp,  # an MoE's: its shared expert (Mixtral has none)
         vocab=model.vocab // tp,
         tp=tp,
         sequence_parallel=tp > 1,
