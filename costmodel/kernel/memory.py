@@ -88,6 +88,7 @@ few seconds (``benchmarks/memory_reference.py``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
@@ -111,6 +112,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore  # registers t
 from torch.utils.checkpoint import checkpoint
 
 from costmodel.core.errors import InputError
+from costmodel.kernel.allocator import Replay
 
 aten = torch.ops.aten
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -281,11 +283,15 @@ def _one_of(case: MemoryCase, name: str, choices: tuple) -> None:
 @dataclass(frozen=True)
 class MemoryMeasurement:
     """The peak of the measured iteration: its bytes, what they were (every key of :data:`CATEGORIES`, the
-    sum being ``peak_bytes``), and whether it came in forward, backward or the optimizer step."""
+    sum being ``peak_bytes``), and whether it came in forward, backward or the optimizer step; and the most
+    the caching allocator would reserve over the whole run, replayed (:mod:`costmodel.kernel.allocator`):
+    on fake tensors run whole and without FSDP, whose collectives allocate on streams of their own; else
+    None."""
 
     peak_bytes: int
     by_category: dict[str, int] = field(default_factory=dict)
     moment: str = "forward"
+    reserved_bytes: int | None = None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -340,6 +346,8 @@ class _Attributed:
     with its breakdown and phase; and the peak of each part of the step, a phase at one place of the stage
     (see :func:`measure`). MemTracker's per-module peaks are not kept: they walk every module after every op,
     which dominates the time of a deep stage; its per-module snapshots at hooks still are."""
+
+    reserved: int | None = None  # the replayed allocator's peak reservation (:func:`_run`)
 
     def _attribute(self, layers: int, sharded_param: str) -> None:
         self.bytes = dict.fromkeys(CATEGORIES, 0)
@@ -1454,10 +1462,28 @@ def measure(
         total, parts, moment = _run(case, warmup, device).peak
         return MemoryMeasurement(total, parts, moment)
     if full or accumulating or all(getattr(case, name) <= points[-1] for name, points in MEASURED.items()):
-        total, parts, moment = _run(case, warmup).peak
-        return MemoryMeasurement(total, parts, moment)
+        tracker = _run(case, warmup)
+        total, parts, moment = tracker.peak
+        return MemoryMeasurement(total, parts, moment, tracker.reserved)
     (moment, _), peak = min(_peaks(case, warmup).items(), key=lambda item: (-item[1].bytes, item[1].op))
     return MemoryMeasurement(peak.bytes, peak.by_category, moment)
+
+
+def stages_peak(stages: dict[str, dict], *, reserved: bool = False) -> tuple[str, MemoryMeasurement]:
+    """The largest peak of a job's stages (``costmodel.training.memory.reference_cases``: their
+    :class:`MemoryCase` fields by where they are), and where; its ``reserved_bytes`` the most any stage
+    reserves. ``reserved``: with the caching allocator's replayed reservation, each stage run whole over two
+    iterations (seconds a stage, where the peak alone is extrapolated from shallower runs in a second); a
+    ZeRO-3 stage, which the replay cannot place, is not."""
+    measured = {}
+    for where, fields in stages.items():
+        case = MemoryCase(**fields)
+        whole = reserved and not case.fsdp
+        measured[where] = measure(case, full=whole, warmup=whole)
+    where, peak = max(measured.items(), key=lambda item: item[1].peak_bytes)
+    each = [m.reserved_bytes for m in measured.values()]
+    most = None if None in each else max(each)  # type: ignore[type-var]
+    return where, replace(peak, reserved_bytes=most)
 
 
 def _peaks(case: MemoryCase, warmup: bool) -> dict[tuple[str, object], _Peak]:
@@ -1477,8 +1503,14 @@ def _peaks(case: MemoryCase, warmup: bool) -> dict[tuple[str, object], _Peak]:
 
 
 def _run(case: MemoryCase, warmup: bool, device: str = "cpu") -> _Attributed:
-    """The tracker after one iteration of ``case`` (or two: the peaks are the second's)."""
-    with _fake_world(case, device) as meshes, warnings.catch_warnings():
+    """The tracker after one iteration of ``case`` (or two: the peaks are the second's), with the caching
+    allocator's replayed peak reservation over the whole run (``reserved``) where one is replayed."""
+    replaying = device == "cpu" and not case.fsdp
+    with (
+        _fake_world(case, device) as meshes,
+        warnings.catch_warnings(),
+        Replay(_thread) if replaying else contextlib.nullcontext() as replay,
+    ):
         # MemTracker's post-accumulate hook runs after ours has moved the gradient out, and warns at None.
         warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
         stage = Stage(
@@ -1514,7 +1546,13 @@ def _run(case: MemoryCase, warmup: bool, device: str = "cpu") -> _Attributed:
                 gc.collect(1)
                 tracker.reset_peak()
                 _iteration(case, stage, optimizer, tracker)
+        tracker.reserved = replay.allocator.peak_reserved if replay is not None else None
         return tracker
+
+
+def _thread() -> str:
+    """The thread that would run the step's GEMMs now: autograd's in backward, else the caller's."""
+    return "autograd" if _Now.phase == "backward" else "caller"
 
 
 def _tracker(case: MemoryCase, stage: Stage, meshes) -> _Attributed:
