@@ -6,7 +6,9 @@
 (a) Each job of the grid is planned by the model (``costmodel.training.memory``) and run by the torch
 reference (``costmodel.kernel.memory``: its stages as real model code on fake tensors, PyTorch's MemTracker
 counting every tensor): allocated bytes at the step's peak, total and by group of categories (what
-persists and what comes and goes: ``costmodel.training.memory.against_reference``).
+persists and what comes and goes: ``costmodel.training.memory.against_reference``); and, without ZeRO-3,
+what PyTorch's caching allocator reserves for the stages, replayed (``costmodel.kernel.allocator``), against
+the model's reserve.
 (b) Published peaks per GPU (validation/memory_peaks.yaml; validation/SOURCES.md): each row's figure of its
 kind (reserved, allocated, or the device's whole use) against the model's, the fitting part and the
 held-out part apart.
@@ -19,7 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
-from costmodel.kernel.memory import MemoryCase, measure
+from costmodel.kernel.memory import stages_peak
 from costmodel.plans.job import Job
 from costmodel.training.memory import against_reference, reference_cases
 from costmodel.training.memory_validation import GOAL, NotExpressible, predicted_bytes, rows
@@ -72,36 +74,47 @@ GRID: list[dict] = [
 SMOKE = GRID[:2] + [GRID[8]]
 
 
-def reference(job: Job) -> tuple[int, dict[str, int], str]:
-    """The reference's peak: the largest of the job's stages, its bytes by category and where it falls."""
-    found = {where: measure(MemoryCase(**fields)) for where, fields in reference_cases(job).items()}
-    where, peak = max(found.items(), key=lambda item: item[1].peak_bytes)
-    return peak.peak_bytes, peak.by_category, f"{where}, {peak.moment}"
-
-
 def grid(cases: list[dict]) -> None:
-    print("(a) the model against the torch reference, allocated bytes at the step's peak")
-    errors, worst_group = [], 0.0
+    print(
+        "(a) the model against the torch reference: allocated bytes at the step's peak, and what the caching "
+        "allocator reserves (replayed; not under ZeRO-3)"
+    )
+    errors, worst_group, reserve_errors = [], 0.0, []
     for flags in cases:
         job = Job.of(**H100 | flags)
         start = time.process_time()
-        peak, by, where = reference(job)
+        where, measured = stages_peak(reference_cases(job), reserved=True)
         seconds = time.process_time() - start
+        peak, by = measured.peak_bytes, measured.by_category
         model = step_memory(job).by_category
         error = model.allocated_bytes / peak - 1
         errors.append(abs(error))
         errors_by_group = against_reference(model.model_dump(), {k: float(v) for k, v in by.items()}, peak)
         group_error = max(map(abs, errors_by_group.values()))
         worst_group = max(worst_group, group_error)
+        reserve = ""
+        if measured.reserved_bytes is not None:
+            reserve_errors.append(model.reserved_bytes / measured.reserved_bytes - 1)
+            reserve = (
+                f"\n        reserved: replayed {measured.reserved_bytes / GIB:7.2f} GiB, model "
+                f"{model.reserved_bytes / GIB:7.2f} GiB {reserve_errors[-1]:+.1%}"
+            )
         name = " ".join(f"{k}={v}" for k, v in flags.items())
         print(
-            f"    {name}\n        reference {peak / GIB:7.2f} GiB ({where}, {seconds:.1f} s)   model "
-            f"{model.allocated_bytes / GIB:7.2f} GiB ({model.peak}) {error:+.1%}; worst group {group_error:.1%}"
+            f"    {name}\n        reference {peak / GIB:7.2f} GiB ({where}, {measured.moment}, {seconds:.1f} s)"
+            f"   model {model.allocated_bytes / GIB:7.2f} GiB ({model.peak}) {error:+.1%}; worst group "
+            f"{group_error:.1%}{reserve}"
         )
     print(
         f"    {len(errors)} jobs: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}; "
         f"worst group of categories {worst_group:.1%}"
     )
+    if reserve_errors:
+        print(
+            f"    reserved, {len(reserve_errors)} jobs without ZeRO-3: median |error| "
+            f"{statistics.median(map(abs, reserve_errors)):.1%}, signed median "
+            f"{statistics.median(reserve_errors):+.1%}, worst {max(reserve_errors, key=abs):+.1%}"
+        )
 
 
 def published() -> None:

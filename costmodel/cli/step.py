@@ -41,6 +41,7 @@ from costmodel.training.report import LABELS
 from costmodel.training.step import evaluate_step
 
 if TYPE_CHECKING:
+    from costmodel.plans.schema import MemoryCategories
     from costmodel.training.report import StepReport
 
 
@@ -71,8 +72,8 @@ def step_cmd(
         typer.Option(
             "--memory-reference",
             help="Also run the torch memory reference: this job's stages as real model code on fake tensors "
-            "(PyTorch's MemTracker, allocating nothing), its peak beside the model's (needs torch: the kernel "
-            "extra).",
+            "(PyTorch's MemTracker, allocating nothing), its peak and what PyTorch's caching allocator would "
+            "reserve for it beside the model's (needs torch: the kernel extra; seconds a stage).",
         ),
     ] = False,
     tokens: TokensOpt = None,
@@ -112,7 +113,7 @@ def step_cmd(
     def table() -> None:
         _table(result)
         if reference is not None:
-            _reference_line(reference, result.memory.by_category.allocated_bytes)
+            _reference_line(reference, result.memory.by_category)
         if trace is not None:
             render_terms(trace, console())
 
@@ -122,7 +123,9 @@ def step_cmd(
 
 
 def _memory_reference(job: Job) -> dict:
-    """The torch reference's peak of the job: the largest of its stages', as allocated bytes by category."""
+    """The torch reference's peak of the job: the largest of its stages', as allocated bytes by category, and
+    the caching allocator's reservation for that stage, replayed over two iterations (None under ZeRO-3,
+    whose collectives allocate on streams of their own): each stage is run whole, not extrapolated."""
     from costmodel.cli.kernel import require_torch
 
     require_torch("--memory-reference")
@@ -130,27 +133,35 @@ def _memory_reference(job: Job) -> dict:
         raise InputError(
             "--memory-reference", "the torch reference builds GQA attention; not a latent-attention model"
         )
-    from costmodel.kernel.memory import MemoryCase, measure
+    from costmodel.kernel.memory import stages_peak
 
-    measured = {where: measure(MemoryCase(**fields)) for where, fields in reference_cases(job).items()}
-    where, peak = max(measured.items(), key=lambda item: item[1].peak_bytes)
+    where, peak = stages_peak(reference_cases(job), reserved=True)
     return {
         "total_bytes": peak.peak_bytes,
         "by_category": peak.by_category,
         "stage": where,
         "moment": peak.moment,
         "kind": "allocated",
+        "reserved_bytes": peak.reserved_bytes,
     }
 
 
-def _reference_line(reference: dict, allocated: float) -> None:
-    share = allocated / reference["total_bytes"] - 1
+def _reference_line(reference: dict, model: MemoryCategories) -> None:
+    allocated, reserved = model.allocated_bytes, model.reserved_bytes
     parts = ", ".join(f"{name} {si(value, 'B')}" for name, value in reference["by_category"].items() if value)
-    console().print(
+    line = (
         f"torch reference (fake tensors): {si(reference['total_bytes'], 'B')} allocated at its peak "
         f"({reference['stage']}, {reference['moment']}): {parts}; the model's {si(allocated, 'B')} is "
-        f"{share:+.1%}"
+        f"{allocated / reference['total_bytes'] - 1:+.1%}. "
     )
+    if reference["reserved_bytes"] is None:
+        line += "Its reservation is not replayed under ZeRO-3 (FSDP's collectives allocate on streams of their own)."
+    else:
+        line += (
+            f"PyTorch's caching allocator, replayed, reserves {si(reference['reserved_bytes'], 'B')}; the model's "
+            f"{si(reserved, 'B')} is {reserved / reference['reserved_bytes'] - 1:+.1%}."
+        )
+    console().print(line)
 
 
 def _label(name: str, inputs: dict) -> str:

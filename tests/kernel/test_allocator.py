@@ -156,3 +156,24 @@ def test_zero3_and_extrapolated_stages_replay_no_reservation() -> None:
     deep = replace(case, layers=8)
     assert measure(deep).reserved_bytes is None  # extrapolated from four and five layers
     assert measure(replace(case, zero=3, fsdp=True, shard_group=4), full=True).reserved_bytes is None
+
+
+SMALL = "name: small\ndescription: four small layers\nsource: tests\nheads: 8\nkv_heads: 8\nhead_dim: 64\nlayers: 4\nhidden: 512\nffn_hidden: 1536\nvocab: 4096\n"
+
+
+@pytest.mark.parametrize("zero", ["1", "3"])
+def test_step_memory_reference_prints_the_replayed_reservation(cli, tmp_path, zero: str) -> None:
+    model = tmp_path / "small.yaml"
+    model.write_text(SMALL)
+    args = ["step", "--model", str(model), "--seq", "4k", "--gpus", "8", "--global-batch", "8"]
+    args += ["--zero", zero, "--memory-reference"]
+    data = cli(*args, "--format", "json").json()
+    reference, memory = data["memory"]["reference"], data["memory"]["by_category"]
+    line = cli(*args).out
+    if zero == "3":
+        assert reference["reserved_bytes"] is None
+        assert "not replayed under ZeRO-3" in line
+        return
+    reserved = reference["reserved_bytes"]
+    assert reserved >= reference["total_bytes"]  # the allocator holds at least the tensors at the peak
+    assert f"{memory['reserved_bytes'] / reserved - 1:+.1%}" in line.replace("\n", " ")
