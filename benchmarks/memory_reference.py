@@ -13,7 +13,8 @@ every layer of every stage instead of extrapolating from four and five (the same
 Llama 2 7B-shaped model, whose query and KV heads are equal, as FlashAttention's CUDA op wants them; every
 recompute and loss mode, CP by each scheme, TP with sequence parallelism, a pipeline's first stage) runs on
 fake tensors and again on real CUDA tensors, and prints the tracker's peak on each beside the caching
-allocator's own peaks (``max_memory_allocated``, ``max_memory_reserved``).
+allocator's own peaks (``max_memory_allocated``, ``max_memory_reserved``) and the reservation the fake run
+replays (``costmodel.kernel.allocator``).
 """
 
 from __future__ import annotations
@@ -162,8 +163,9 @@ def cuda_case(name: str) -> dict:
 
     case = CUDA_GRID[name]
     row = {"case": name, **{k: getattr(case, k) for k in ("tokens", "micro_batch", "layers", "tp", "cp")}}
-    fake = measure(case, full=True)
+    fake = measure(case, full=True, warmup=True)
     row.update(fake_bytes=fake.peak_bytes, fake_moment=fake.moment, fake_by_category=fake.by_category)
+    row.update(replayed_reserved_bytes=fake.reserved_bytes)
     try:
         real = measure(case, device="cuda", warmup=True)
     except Exception as error:  # noqa: BLE001 - a lease is short: keep the other cases
@@ -185,7 +187,10 @@ def cuda_case(name: str) -> dict:
 
 def on_cuda(out: str | None) -> None:
     """Each case of :data:`CUDA_GRID` on fake tensors and on the GPU, beside the caching allocator's peaks."""
-    print(f"{'case':32} {'fake GiB':>9} {'cuda':>9} {'allocated':>10} {'reserved':>9}  moment (fake / cuda)")
+    print(
+        f"{'case':32} {'fake GiB':>9} {'cuda':>9} {'allocated':>10} {'reserved':>9} {'replayed':>9}  "
+        "moment (fake / cuda)"
+    )
     rows = []
     for name in CUDA_GRID:
         done = subprocess.run(
@@ -199,8 +204,8 @@ def on_cuda(out: str | None) -> None:
             continue
         print(
             f"{name:32} {row['fake_bytes'] / GIB:9.3f} {row['cuda_bytes'] / GIB:9.3f} "
-            f"{row['allocated_bytes'] / GIB:10.3f} {row['reserved_bytes'] / GIB:9.3f}  "
-            f"{row['fake_moment']} / {row['cuda_moment']}",
+            f"{row['allocated_bytes'] / GIB:10.3f} {row['reserved_bytes'] / GIB:9.3f} "
+            f"{row['replayed_reserved_bytes'] / GIB:9.3f}  {row['fake_moment']} / {row['cuda_moment']}",
             flush=True,
         )
     if out:
