@@ -12,6 +12,8 @@ the model's reserve.
 (b) Published peaks per GPU (validation/memory_peaks.yaml; validation/SOURCES.md): each row's figure of its
 kind (reserved, allocated, or the device's whole use) against the model's, the fitting part and the
 held-out part apart.
+(c) Of those, the reserved and whole-device peaks the replay can run (no ZeRO-3, no offload): the model's
+figure beside the reference's replayed reservation (with the model's runtime for a whole-device one).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from costmodel.kernel.memory import stages_peak
 from costmodel.plans.job import Job
 from costmodel.training.memory import against_reference, reference_cases
-from costmodel.training.memory_validation import GOAL, NotExpressible, predicted_bytes, rows
+from costmodel.training.memory_validation import GOAL, NotExpressible, job_of, predicted_bytes, rows
 from costmodel.training.step import step_memory
 
 GIB = 2**30
@@ -140,12 +142,40 @@ def published() -> None:
             print(f"        not planned: {line}")
 
 
+def replayed() -> None:
+    """The published reserved and whole-device peaks the replay can run (no ZeRO-3, no offload): the model's
+    figure and the reference's replayed reservation (plus the model's runtime for a whole-device figure)."""
+    print("(c) published peaks the allocator replay runs (no ZeRO-3, no offload): the model, then the replay")
+    for part in ("fitting", "holdout"):
+        errors: list[tuple[float, float]] = []
+        for row in rows(part):
+            try:
+                job = job_of(row)
+                figure = predicted_bytes(row)
+            except NotExpressible:
+                continue
+            if row.kind == "allocated" or job.setup.zero == 3 or job.setup.offload != "none":
+                continue
+            reserved = stages_peak(reference_cases(job), reserved=True)[1].reserved_bytes
+            runtime = figure - step_memory(job).by_category.reserved_bytes if row.kind != "reserved" else 0.0
+            errors.append((figure / row.measured_bytes - 1, (reserved + runtime) / row.measured_bytes - 1))
+            print(f"        {row.id} ({row.kind}): model {errors[-1][0]:+.1%}, replay {errors[-1][1]:+.1%}")
+        model, replay = (statistics.median(abs(e[i]) for e in errors) for i in (0, 1))
+        closer = sum(abs(b) < abs(a) for a, b in errors)
+        print(
+            f"    {part}: {len(errors)} rows, median |error| model {model:.1%}, replay {replay:.1%}; the replay "
+            f"closer in {closer}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="three small grid cases")
+    parser.add_argument("--smoke", action="store_true", help="three small grid cases, no replayed rows")
     args = parser.parse_args()
     grid(SMOKE if args.smoke else GRID)
     published()
+    if not args.smoke:
+        replayed()
 
 
 if __name__ == "__main__":
