@@ -78,7 +78,8 @@ class CachingAllocator:
     peak_allocated: int = 0
     segments: int = 0
     allocations: int = 0
-    _free: dict[bool, list[tuple[int, int, int]]] = field(default_factory=lambda: {True: [], False: []})
+    # each pool's free blocks as (size, address), sorted: best fit is the first that holds a request
+    _free: dict[bool, list[tuple[int, int]]] = field(default_factory=lambda: {True: [], False: []})
     _blocks: dict[int, _Block] = field(default_factory=dict)  # free blocks by address
     _live: dict[Hashable, _Block] = field(default_factory=dict)
     _top: int = 0  # the next segment's address: segments never overlap
@@ -87,9 +88,9 @@ class CachingAllocator:
         size = rounded(nbytes)
         small = size <= SMALL_SIZE
         pool = self._free[small]
-        at = bisect.bisect_left(pool, (size, -1, -1))
+        at = bisect.bisect_left(pool, (size, -1))
         if at < len(pool):
-            _, address, _ = pool.pop(at)
+            _, address = pool.pop(at)
             block = self._blocks.pop(address)
         else:
             grant = segment_size(size)
@@ -131,13 +132,17 @@ class CachingAllocator:
                         neighbour.next.prev = block
         self._insert(block)
 
+    def free_blocks(self) -> list[int]:
+        """The sizes of the blocks it holds free, small pool and large."""
+        return [size for pool in self._free.values() for size, _ in pool]
+
     def _insert(self, block: _Block) -> None:
-        bisect.insort(self._free[block.small], (block.size, block.address, 0))
+        bisect.insort(self._free[block.small], (block.size, block.address))
         self._blocks[block.address] = block
 
     def _remove(self, block: _Block) -> None:
         pool = self._free[block.small]
-        del pool[bisect.bisect_left(pool, (block.size, block.address, 0))]
+        del pool[bisect.bisect_left(pool, (block.size, block.address))]
         del self._blocks[block.address]
 
 

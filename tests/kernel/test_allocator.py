@@ -106,9 +106,9 @@ def test_reserved_is_its_segments_and_freeing_everything_leaves_them_whole(steps
     for key in live:
         allocator.free(key)
     assert allocator.allocated == 0
-    free_blocks = allocator._free[True] + allocator._free[False]
+    free_blocks = allocator.free_blocks()
     assert len(free_blocks) == allocator.segments  # each segment merged back into one block
-    assert sum(size for size, _, _ in free_blocks) == allocator.reserved
+    assert sum(free_blocks) == allocator.reserved
 
 
 # One H200 ran the grid's stages and reported the allocator's peaks (benchmarks/memory_reference.py --cuda).
