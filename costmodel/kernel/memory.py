@@ -1462,7 +1462,7 @@ def measure(
         total, parts, moment = _run(case, warmup, device).peak
         return MemoryMeasurement(total, parts, moment)
     if full or accumulating or all(getattr(case, name) <= points[-1] for name, points in MEASURED.items()):
-        tracker = _run(case, warmup)
+        tracker = _run(case, warmup, replay=True)
         total, parts, moment = tracker.peak
         return MemoryMeasurement(total, parts, moment, tracker.reserved)
     (moment, _), peak = min(_peaks(case, warmup).items(), key=lambda item: (-item[1].bytes, item[1].op))
@@ -1502,14 +1502,15 @@ def _peaks(case: MemoryCase, warmup: bool) -> dict[tuple[str, object], _Peak]:
     return _run(case, warmup).peaks
 
 
-def _run(case: MemoryCase, warmup: bool, device: str = "cpu") -> _Attributed:
-    """The tracker after one iteration of ``case`` (or two: the peaks are the second's), with the caching
-    allocator's replayed peak reservation over the whole run (``reserved``) where one is replayed."""
-    replaying = device == "cpu" and not case.fsdp
+def _run(case: MemoryCase, warmup: bool, device: str = "cpu", replay: bool = False) -> _Attributed:
+    """The tracker after one iteration of ``case`` (or two: the peaks are the second's); with ``replay``, the
+    caching allocator's peak reservation over the whole run (``reserved``) where it can be replayed (a
+    quarter more time: only a case measured whole uses it)."""
+    replaying = replay and device == "cpu" and not case.fsdp
     with (
         _fake_world(case, device) as meshes,
         warnings.catch_warnings(),
-        Replay(_thread) if replaying else contextlib.nullcontext() as replay,
+        Replay(_thread) if replaying else contextlib.nullcontext() as replayed,
     ):
         # MemTracker's post-accumulate hook runs after ours has moved the gradient out, and warns at None.
         warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
@@ -1546,7 +1547,7 @@ def _run(case: MemoryCase, warmup: bool, device: str = "cpu") -> _Attributed:
                 gc.collect(1)
                 tracker.reset_peak()
                 _iteration(case, stage, optimizer, tracker)
-        tracker.reserved = replay.allocator.peak_reserved if replay is not None else None
+        tracker.reserved = replayed.allocator.peak_reserved if replayed is not None else None
         return tracker
 
 
