@@ -365,8 +365,15 @@ def reference_cases(job: Job) -> dict[str, dict[str, Any]]:
     """The job's stages as the torch memory reference measures them (``costmodel.kernel.memory.MemoryCase``'s
     fields, plain values: this module never loads torch): one stage without a pipeline; the first (the most
     micro-batches in flight) and the last (the loss) with one. The reference runs ZeRO-3 as FSDP2, whose
-    sharded weights are the fp32 master copy, and the attention core's selective recompute."""
+    sharded weights are the fp32 master copy, and the attention core's selective recompute: an op-level one
+    (torchtitan's) is refused, not measured as another."""
     model, setup, framework = job.model, job.setup, job.framework.memory
+    if setup.recompute == "selective" and framework.selective_recompute == "ops":
+        raise InputError(
+            "--memory-reference",
+            f"the torch reference's selective recompute is the core attention's, not {job.framework.name}'s "
+            "op-level one: give --selective-recompute attention, or --recompute full or none",
+        )
     t, n = setup.tp, job.cp
     experts = (model.experts or 0) // job.step.ep
     fsdp = setup.zero == 3

@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from costmodel.core.errors import InputError
 from costmodel.kernel.memory import MemoryCase, measure
 from costmodel.plans.job import Job
 from costmodel.plans.models import ModelPreset
@@ -148,6 +149,14 @@ def _named(grid: list) -> list[str]:
 @pytest.mark.parametrize("flags", GRID, ids=_named(GRID))
 def test_the_model_is_the_reference(flags: dict) -> None:
     _holds(Job.of(**BASE | flags, _model=TINY))
+
+
+def test_an_op_level_selective_recompute_is_refused_not_measured_as_another() -> None:
+    flags = BASE | {"framework": "torchtitan", "zero": 3, "recompute": "selective"}
+    with pytest.raises(InputError, match="op-level") as refused:
+        reference_cases(Job.of(**flags, _model=TINY))
+    assert refused.value.field == "--memory-reference"
+    _holds(Job.of(**flags, selective_recompute="attention", _model=TINY))  # the core attention's is measured
 
 
 @pytest.mark.parametrize("flags", MOE_GRID, ids=_named(MOE_GRID))
