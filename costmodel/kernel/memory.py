@@ -6,7 +6,8 @@ PyTorch's ``MemTracker`` [MemTracker], or ``FSDPMemTracker`` with ``fully_shard`
 when the case is ZeRO-3, as torchtitan's memory estimator does [torchtitan-estimate]. The tracker sees every
 storage an aten op creates, and its weakref callbacks see it freed, so the peak it reports is what a caching
 allocator would have to hold live, to the byte: fake tensors on the CPU device skip the 512-byte rounding it
-applies to CUDA tensors, and fragmentation is not modelled. A 405B stage costs a second or two, not 50 GB.
+applies to CUDA tensors. What the allocator reserves beyond it is replayed apart, for a case measured whole
+(:mod:`costmodel.kernel.allocator`). A 405B stage costs a second or two, not 50 GB.
 
 What is measured (:func:`measure`): ``in_flight`` forwards keeping their graphs, then their backwards, then
 the optimizer step, once the optimizer's states exist; the peak is the most the live storages ever add up
