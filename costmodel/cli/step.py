@@ -73,7 +73,8 @@ def step_cmd(
             "--memory-reference",
             help="Also run the torch memory reference: this job's stages as real model code on fake tensors "
             "(PyTorch's MemTracker, allocating nothing), its peak and what PyTorch's caching allocator would "
-            "reserve for it beside the model's (needs torch: the kernel extra; seconds a stage).",
+            "reserve for it beside the model's (needs torch: the kernel extra; each stage is run whole, twice: "
+            "8 s for an 8B job, a minute for a 405B pipeline).",
         ),
     ] = False,
     tokens: TokensOpt = None,
